@@ -1,0 +1,97 @@
+# DwarfStar build. One static library (src/, src/server/) plus thin binaries:
+#   app/NAME.c   -> ./NAME      (ds4, ds4-server, ds4-bench, ds4-eval, ds4-agent)
+#   tools/NAME.c -> ./NAME      (ds4-convert, ds4-quantize, ...)
+#   tests/unit/test_*.c -> $(BUILD)/tests/test_*   (run by `make test`)
+#   fuzz/fuzz_*.c       -> $(BUILD)/fuzz/fuzz_*    (libFuzzer, clang)
+# Files named *_avx2.c / *_avx512.c get their ISA flags; everything else is
+# plain x86-64, and kernels_cpu picks the level at run time.
+# BUILD may be overridden so several builds (asan, ubsan, helpers) coexist.
+
+BUILD   ?= build
+CC      ?= gcc
+OPT     ?= -O2
+SAN     ?=
+CFLAGS  ?= -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter $(OPT) -g -pthread -Isrc -Isrc/server $(SAN)
+LDFLAGS ?= -pthread $(SAN)
+LDLIBS  ?= -lcjson -lpcre2-8 -ledit -lm
+
+AVX2_FLAGS   = -mavx2 -mfma -mf16c
+AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+
+LIB_SRC   := $(wildcard src/*.c src/server/*.c)
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB       := $(BUILD)/libds4.a
+APP_SRC   := $(wildcard app/*.c tools/*.c)
+APPS      := $(notdir $(APP_SRC:.c=))
+TEST_SRC  := $(wildcard tests/unit/test_*.c)
+TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+FUZZ_SRC  := $(wildcard fuzz/fuzz_*.c)
+FUZZERS   := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
+
+.PHONY: all cpu test test-quick asan ubsan bench-kernels demo fuzz fuzz-smoke clean help
+all: $(APPS)
+cpu: all
+
+help:
+	@echo "targets: all (=cpu) test asan ubsan bench-kernels demo fuzz fuzz-smoke clean"
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+# Binaries land in the repository root, as the README's commands expect.
+define APP_RULE
+$(1): $(2) $(LIB)
+	$$(CC) $$(CFLAGS) $(2) $(LIB) -o $$@ $$(LDFLAGS) $$(LDLIBS)
+endef
+$(foreach s,$(APP_SRC),$(eval $(call APP_RULE,$(notdir $(s:.c=)),$(s))))
+
+$(BUILD)/tests/%: tests/unit/%.c $(LIB) tests/unit/check.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit $< $(LIB) -o $@ $(LDFLAGS) $(LDLIBS)
+
+test: $(APPS) $(TESTS)
+	@BUILD=$(BUILD) bash tests/run_tests.sh
+
+# Sanitizer builds run the same unit tests from their own build directories.
+asan:
+	$(MAKE) BUILD=build-asan SAN="-fsanitize=address -fno-omit-frame-pointer" OPT=-O1 test
+ubsan:
+	$(MAKE) BUILD=build-ubsan SAN="-fsanitize=undefined -fno-sanitize-recover=all" OPT=-O1 test
+
+bench-kernels: ds4-bench
+	./ds4-bench --kernels
+
+# libFuzzer targets: the library is rebuilt with clang and coverage.
+FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -O1 -g -Isrc -Isrc/server -fsanitize=address,undefined -fno-sanitize-recover=undefined
+$(BUILD)/fuzzobj/%.o: %.c
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+$(BUILD)/fuzzobj/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) $(AVX2_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+$(BUILD)/fuzzobj/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) $(AVX512_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/fuzzobj/%.o)
+$(BUILD)/fuzz/%: fuzz/%.c $(FUZZ_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer $^ -o $@ -pthread $(LDLIBS)
+fuzz: $(FUZZERS)
+fuzz-smoke: $(FUZZERS)
+	@bash fuzz/smoke.sh $(BUILD)
+
+clean:
+	rm -rf build build-asan build-ubsan $(APPS)
+
+-include $(LIB_OBJ:.o=.d)

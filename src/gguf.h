@@ -1,0 +1,121 @@
+/* gguf.h -- GGUF container: read (mmap, validated) and write.
+ *
+ * Contract
+ * - ds4_gguf_open() maps a file read-only and validates *every* count, length,
+ *   offset and size against the file size before anything is exposed. After a
+ *   successful open every pointer handed out (strings, arrays, tensor data) is
+ *   in bounds, so callers never re-check. On failure it returns NULL and writes
+ *   one human-readable line naming what is wrong into err.
+ * - Split models ("NAME-00001-of-0000N.gguf"): opening any shard opens all of
+ *   them as one logical model. Metadata comes from the first shard, tensors
+ *   from all shards (names must be unique across shards).
+ * - Key and tensor lookup by name is O(1) expected (hash tables).
+ * - Strings in the file are NOT NUL-terminated: ds4_gguf_str is (ptr,len).
+ * - The writer (ds4_gguf_writer_*) produces files gguf-py and llama.cpp read:
+ *   version 3, little endian, tensor data aligned to general.alignment.
+ */
+#ifndef DS4_GGUF_H
+#define DS4_GGUF_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+enum ds4_gguf_vtype {
+    DS4_GGUF_U8 = 0, DS4_GGUF_I8 = 1, DS4_GGUF_U16 = 2, DS4_GGUF_I16 = 3,
+    DS4_GGUF_U32 = 4, DS4_GGUF_I32 = 5, DS4_GGUF_F32 = 6, DS4_GGUF_BOOL = 7,
+    DS4_GGUF_STRING = 8, DS4_GGUF_ARRAY = 9, DS4_GGUF_U64 = 10, DS4_GGUF_I64 = 11,
+    DS4_GGUF_F64 = 12,
+};
+
+typedef struct { const char *ptr; uint64_t len; } ds4_gguf_str;
+
+typedef struct ds4_gguf_kv {
+    ds4_gguf_str key;
+    enum ds4_gguf_vtype type;
+    /* scalars: decoded value (ints widened, floats as double) */
+    union { uint64_t u; int64_t i; double f; bool b; } v;
+    ds4_gguf_str str;                 /* type == STRING */
+    enum ds4_gguf_vtype arr_type;     /* type == ARRAY: element type */
+    uint64_t arr_n;                   /* type == ARRAY: element count */
+    const uint8_t *arr_data;          /* raw little-endian elements (non-string arrays) */
+    const ds4_gguf_str *arr_strs;     /* string arrays: arr_n decoded (ptr,len) pairs */
+} ds4_gguf_kv;
+
+#define DS4_GGUF_MAX_DIMS 8
+
+typedef struct ds4_gguf_tensor {
+    ds4_gguf_str name;
+    uint32_t type;                    /* ggml type id (see quant.h) */
+    uint32_t n_dims;
+    uint64_t ne[DS4_GGUF_MAX_DIMS];   /* ne[0] fastest; unused dims = 1 */
+    uint64_t n_elements;
+    uint64_t n_bytes;
+    const void *data;                 /* points into the mapping */
+    int shard;                        /* which file of a split model */
+} ds4_gguf_tensor;
+
+typedef struct ds4_gguf ds4_gguf;
+
+ds4_gguf *ds4_gguf_open(const char *path, char *err, size_t errlen);
+/* Same validation, over a caller-owned buffer (fuzzing, tests). The buffer must
+ * outlive the returned handle. Split detection is not done. */
+ds4_gguf *ds4_gguf_open_buffer(const void *buf, size_t len, char *err, size_t errlen);
+void ds4_gguf_close(ds4_gguf *g);
+
+uint32_t ds4_gguf_version(const ds4_gguf *g);
+uint32_t ds4_gguf_alignment(const ds4_gguf *g);
+size_t ds4_gguf_n_kv(const ds4_gguf *g);
+const ds4_gguf_kv *ds4_gguf_kv_at(const ds4_gguf *g, size_t i);
+const ds4_gguf_kv *ds4_gguf_find_kv(const ds4_gguf *g, const char *key);
+size_t ds4_gguf_n_tensors(const ds4_gguf *g);
+const ds4_gguf_tensor *ds4_gguf_tensor_at(const ds4_gguf *g, size_t i);
+const ds4_gguf_tensor *ds4_gguf_find_tensor(const ds4_gguf *g, const char *name);
+uint64_t ds4_gguf_file_bytes(const ds4_gguf *g);   /* all shards together */
+
+/* Typed getters: return false (and leave *out alone) when the key is missing
+ * or has an incompatible type. Integer getters accept any integer type whose
+ * value fits; float getters accept f32/f64 and integers. */
+bool ds4_gguf_get_u32(const ds4_gguf *g, const char *key, uint32_t *out);
+bool ds4_gguf_get_u64(const ds4_gguf *g, const char *key, uint64_t *out);
+bool ds4_gguf_get_f32(const ds4_gguf *g, const char *key, float *out);
+bool ds4_gguf_get_bool(const ds4_gguf *g, const char *key, bool *out);
+bool ds4_gguf_get_str(const ds4_gguf *g, const char *key, ds4_gguf_str *out);
+/* Array element i as integer / float (any numeric element type). */
+bool ds4_gguf_arr_i64(const ds4_gguf_kv *kv, uint64_t i, int64_t *out);
+bool ds4_gguf_arr_f64(const ds4_gguf_kv *kv, uint64_t i, double *out);
+
+/* ---- writer ----
+ * Usage: w = ds4_gguf_writer_new(); add kvs; add tensor infos (name, type,
+ * dims, data pointer or NULL for streamed data); ds4_gguf_writer_write_file()
+ * writes header+infos, then each tensor's bytes (calling the fill callback for
+ * tensors added without data, so a converter can stream tensor by tensor). */
+typedef struct ds4_gguf_writer ds4_gguf_writer;
+typedef int (*ds4_gguf_fill_fn)(void *ctx, size_t tensor_index, void *dst, size_t n_bytes);
+
+ds4_gguf_writer *ds4_gguf_writer_new(uint32_t alignment);
+void ds4_gguf_writer_free(ds4_gguf_writer *w);
+void ds4_gguf_w_u8(ds4_gguf_writer *w, const char *k, uint8_t v);
+void ds4_gguf_w_i8(ds4_gguf_writer *w, const char *k, int8_t v);
+void ds4_gguf_w_u16(ds4_gguf_writer *w, const char *k, uint16_t v);
+void ds4_gguf_w_i16(ds4_gguf_writer *w, const char *k, int16_t v);
+void ds4_gguf_w_u32(ds4_gguf_writer *w, const char *k, uint32_t v);
+void ds4_gguf_w_i32(ds4_gguf_writer *w, const char *k, int32_t v);
+void ds4_gguf_w_u64(ds4_gguf_writer *w, const char *k, uint64_t v);
+void ds4_gguf_w_i64(ds4_gguf_writer *w, const char *k, int64_t v);
+void ds4_gguf_w_f32(ds4_gguf_writer *w, const char *k, float v);
+void ds4_gguf_w_f64(ds4_gguf_writer *w, const char *k, double v);
+void ds4_gguf_w_bool(ds4_gguf_writer *w, const char *k, bool v);
+void ds4_gguf_w_str(ds4_gguf_writer *w, const char *k, const char *v);
+/* numeric array: elem_type is a scalar vtype, data holds n little-endian elements */
+void ds4_gguf_w_arr(ds4_gguf_writer *w, const char *k, enum ds4_gguf_vtype elem_type,
+                    const void *data, uint64_t n);
+void ds4_gguf_w_arr_str(ds4_gguf_writer *w, const char *k, const char *const *v, uint64_t n);
+/* Returns the tensor index. data may be NULL: then fill() provides it at write time. */
+size_t ds4_gguf_w_tensor(ds4_gguf_writer *w, const char *name, uint32_t type,
+                         uint32_t n_dims, const uint64_t *ne, const void *data);
+/* Returns 0 on success, -1 with err filled. */
+int ds4_gguf_writer_write_file(ds4_gguf_writer *w, const char *path,
+                               ds4_gguf_fill_fn fill, void *ctx, char *err, size_t errlen);
+
+#endif

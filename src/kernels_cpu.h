@@ -1,0 +1,46 @@
+/* kernels_cpu.h -- fast CPU dot products and matrix drivers with runtime SIMD
+ * dispatch (scalar, AVX2, AVX-512/VNNI), over the block formats of quant.h.
+ *
+ * Contract
+ * - ds4_cpu_features() probes the CPU once; ds4_kernels_set_level() may force
+ *   a lower level (tests compare every level the machine has against scalar).
+ * - ds4_vec_dot(type, ...) equals ds4_vec_dot_ref within float rounding.
+ * - ds4_quantize_act() turns an f32 activation row into the partner format
+ *   of a weight type (Q8_0 for Q8_0; Q8_K for K-quants and IQ2_XXS; f32 for
+ *   F32/F16/BF16), so it is done once per input and reused for every row.
+ * - ds4_matvec: y[r] = W[r,:]·x for r in [0,rows), x already converted with
+ *   ds4_quantize_act; split across the thread pool by rows.
+ * - ds4_matmul: Y[t,r] = W[r,:]·X[t,:] for a batch of T activations (prefill):
+ *   each weight row is read once per tile of tokens.
+ * - No allocation in the hot path: callers own scratch.
+ */
+#ifndef DS4_KERNELS_CPU_H
+#define DS4_KERNELS_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "quant.h"
+
+struct ds4_pool;
+
+enum ds4_simd_level { DS4_SIMD_SCALAR = 0, DS4_SIMD_AVX2 = 1, DS4_SIMD_AVX512 = 2 };
+
+enum ds4_simd_level ds4_cpu_best_level(void);        /* what this CPU supports */
+enum ds4_simd_level ds4_kernels_level(void);         /* what is in use */
+void ds4_kernels_set_level(enum ds4_simd_level lvl); /* clamped to best */
+const char *ds4_simd_level_name(enum ds4_simd_level lvl);
+
+/* bytes needed to hold n activations converted for weight type `type` */
+size_t ds4_act_bytes(uint32_t type, int64_t n);
+void ds4_quantize_act(uint32_t type, const float *x, void *dst, int64_t n);
+
+float ds4_vec_dot(uint32_t type, const void *w, const void *act, int64_t n);
+
+/* W: rows x n of `type` (row stride = ds4_type_row_bytes(type,n)). */
+void ds4_matvec(struct ds4_pool *pool, uint32_t type, const void *W, int64_t rows, int64_t n,
+                const void *act, float *y);
+/* acts: T rows, each ds4_act_bytes(type,n) bytes; Y: T x rows floats (row-major by token). */
+void ds4_matmul(struct ds4_pool *pool, uint32_t type, const void *W, int64_t rows, int64_t n,
+                const void *acts, int64_t T, float *Y);
+
+#endif

@@ -1,0 +1,22 @@
+/* threadpool.h -- one small persistent pool of worker threads.
+ *
+ * Contract
+ * - ds4_pool_run(pool, fn, ctx, n_tasks) calls fn(ctx, task, n_tasks, thread)
+ *   for every task in [0, n_tasks) across the pool's threads (the caller's
+ *   thread participates) and returns when all are done. No allocation per
+ *   call; workers spin briefly, then sleep on a condition variable.
+ * - A NULL pool or a pool of 1 thread runs everything inline.
+ * - Not reentrant: fn must not call ds4_pool_run on the same pool.
+ */
+#ifndef DS4_THREADPOOL_H
+#define DS4_THREADPOOL_H
+
+typedef void (*ds4_pool_fn)(void *ctx, int task, int n_tasks, int thread);
+typedef struct ds4_pool ds4_pool;
+
+ds4_pool *ds4_pool_new(int n_threads);   /* n_threads <= 0: number of online CPUs */
+void ds4_pool_free(ds4_pool *p);
+int ds4_pool_threads(const ds4_pool *p);
+void ds4_pool_run(ds4_pool *p, ds4_pool_fn fn, void *ctx, int n_tasks);
+
+#endif
