@@ -60,7 +60,12 @@ $(BUILD)/tests/%: tests/unit/%.c $(LIB) tests/unit/check.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit $< $(LIB) -o $@ $(LDFLAGS) $(LDLIBS)
 
-test: $(APPS) $(TESTS)
+# mk/*.mk fragments add generated test inputs (converted oracle models, the
+# demo model) to TEST_DATA; they are built before the tests run.
+TEST_DATA :=
+-include mk/*.mk
+
+test: $(APPS) $(TESTS) $(TEST_DATA)
 	@BUILD=$(BUILD) bash tests/run_tests.sh
 
 # Sanitizer builds run the same unit tests from their own build directories.
