@@ -1,0 +1,115 @@
+/* http.h -- the HTTP/1.1 layer of ds4-server: a small request-head parser,
+ * a chunked request-body decoder, and blocking socket I/O with timeouts.
+ *
+ * Why hand-rolled: the server needs a tiny, auditable subset of HTTP/1.1
+ * (one request at a time per connection, Content-Length or chunked bodies,
+ * keep-alive, SSE over chunked responses). A pure parser over a byte buffer is
+ * easy to fuzz (fuzz/fuzz_http.c) and keeps the binary free of a large
+ * dependency whose limits and timeouts we would have to configure anyway.
+ *
+ * Contract
+ * - ds4_http_parse_head() is pure: it looks at buf[0..len) and returns the
+ *   byte length of a complete request head (request line + headers + blank
+ *   line) with *req filled, 0 if more bytes are needed, or -STATUS for a
+ *   request that must be rejected (400 malformed, 414 target too long,
+ *   431 head over max_head, 413 declared body over max_body, 501 unsupported
+ *   transfer coding, 505 version). Line ends may be CRLF or bare LF.
+ *   The query string and fragment are stripped from the path; routing never
+ *   sees them.
+ * - Content-Length and Transfer-Encoding together are rejected (400): with
+ *   both present two parsers could disagree on where the body ends.
+ * - ds4_http_chunked_feed() decodes a chunked body incrementally: it consumes
+ *   input, appends payload to out (bounded by max_body: -413), and reports
+ *   1 when the terminating chunk and trailers have been read, 0 for more,
+ *   -400 for malformed framing.
+ * - Connection I/O: reads use a per-read timeout (slow clients are dropped),
+ *   writes use poll() with a stall timeout so a client that stops reading
+ *   cannot block the inference worker. All writes use MSG_NOSIGNAL.
+ */
+#ifndef DS4_HTTP_H
+#define DS4_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#define DS4_HTTP_PATH_MAX 1024
+#define DS4_HTTP_ACRH_MAX 512
+
+typedef struct {
+    char method[16];
+    char path[DS4_HTTP_PATH_MAX];   /* no query string, no fragment */
+    int minor;                      /* HTTP/1.<minor> */
+    bool has_length;
+    uint64_t content_length;
+    bool chunked;
+    bool expect_continue;
+    bool keep_alive;
+    char acr_headers[DS4_HTTP_ACRH_MAX]; /* Access-Control-Request-Headers, sanitised */
+} ds4_http_req;
+
+int ds4_http_parse_head(const char *buf, size_t len, size_t max_head, uint64_t max_body,
+                        ds4_http_req *req);
+
+typedef struct {
+    int state;
+    uint64_t remaining;   /* bytes left in the current chunk */
+    int size_digits;
+} ds4_http_chunked;
+
+/* A growable byte buffer; always NUL-terminated when data != NULL. */
+typedef struct {
+    char *data;
+    size_t len, cap;
+} ds4_buf;
+
+int ds4_buf_append(ds4_buf *b, const void *p, size_t n);   /* 0 ok, -1 out of memory */
+int ds4_buf_printf(ds4_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ds4_buf_free(ds4_buf *b);
+
+void ds4_http_chunked_init(ds4_http_chunked *c);
+int ds4_http_chunked_feed(ds4_http_chunked *c, const char *in, size_t n, size_t *consumed,
+                          ds4_buf *out, uint64_t max_body);
+
+typedef struct {
+    size_t max_head;      /* default 64 KiB */
+    uint64_t max_body;    /* default 64 MiB */
+    int read_timeout_ms;  /* per read while a request is arriving, default 10 s */
+    int idle_timeout_ms;  /* keep-alive wait for the next request, default 60 s */
+    int write_stall_ms;   /* a write that makes no progress this long fails, default 2 s */
+} ds4_http_limits;
+
+void ds4_http_limits_default(ds4_http_limits *l);
+
+typedef struct {
+    int fd;
+    ds4_buf in;           /* bytes read but not yet consumed (pipelined requests) */
+    ds4_http_limits lim;
+    bool chunked_out;     /* the current response uses chunked framing */
+    bool broken;          /* a write failed; the peer is gone */
+} ds4_http_conn;
+
+/* Reads the next request. Returns 0 with *req and body filled; 1 when the
+ * client closed (or idled out) between requests; -STATUS when the request
+ * must be answered with that error and the connection closed afterwards
+ * (-408 for a timeout mid-request, answered best-effort). */
+int ds4_http_read_request(ds4_http_conn *c, ds4_http_req *req, ds4_buf *body);
+
+/* A complete response with Content-Length. extra_headers is "" or lines
+ * each ending in CRLF. Returns 0 or -1 (peer gone). */
+int ds4_http_respond(ds4_http_conn *c, int status, const char *content_type,
+                     const char *body, size_t len, bool keep_alive, const char *extra_headers);
+
+/* Streaming response: 200 + text/event-stream with chunked framing. */
+int ds4_http_stream_begin(ds4_http_conn *c, const char *extra_headers);
+int ds4_http_stream_write(ds4_http_conn *c, const char *data, size_t len);
+int ds4_http_stream_end(ds4_http_conn *c);
+
+/* True when the peer has closed or reset its side (EOF readable, HUP or
+ * error). A half-closed client is treated as gone: nobody can tell it apart
+ * from one that vanished, and generating for nobody wastes the worker. */
+bool ds4_http_peer_gone(ds4_http_conn *c);
+
+const char *ds4_http_reason(int status);
+
+#endif
