@@ -3,7 +3,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,43 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
-int ds4_buf_append(ds4_buf *b, const void *p, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *d = realloc(b->data, cap);
-        if (!d) return -1;
-        b->data = d;
-        b->cap = cap;
-    }
-    if (n) memcpy(b->data + b->len, p, n);
-    b->len += n;
-    b->data[b->len] = 0;
-    return 0;
-}
-
-int ds4_buf_printf(ds4_buf *b, const char *fmt, ...) {
-    char small[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0) return -1;
-    if ((size_t)n < sizeof small) return ds4_buf_append(b, small, (size_t)n);
-    char *big = malloc((size_t)n + 1);
-    if (!big) return -1;
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    int rc = ds4_buf_append(b, big, (size_t)n);
-    free(big);
-    return rc;
-}
-
-void ds4_buf_free(ds4_buf *b) {
-    free(b->data);
-    b->data = NULL;
-    b->len = b->cap = 0;
+/* Appends and reports allocation failure, which callers map to 413. */
+static int buf_append(ds4_buf *b, const void *p, size_t n) {
+    ds4_buf_put(b, p, n);
+    return b->oom ? -1 : 0;
 }
 
 /* ---- request head ---------------------------------------------------- */
@@ -242,7 +208,7 @@ int ds4_http_chunked_feed(ds4_http_chunked *c, const char *in, size_t n, size_t 
         case CK_DATA: {
             size_t take = n - i;
             if (take > c->remaining) take = (size_t)c->remaining;
-            if (ds4_buf_append(out, in + i, take)) { rc = -413; goto out; }
+            if (buf_append(out, in + i, take)) { rc = -413; goto out; }
             i += take;
             c->remaining -= take;
             if (!c->remaining) c->state = CK_DATA_CR;
@@ -339,7 +305,7 @@ static ssize_t read_some(ds4_http_conn *c, int timeout_ms) {
         if (pr < 0) return -1;
         ssize_t r = recv(c->fd, tmp, sizeof tmp, 0);
         if (r < 0 && errno == EINTR) continue;
-        if (r > 0 && ds4_buf_append(&c->in, tmp, (size_t)r)) return -1;
+        if (r > 0 && buf_append(&c->in, tmp, (size_t)r)) return -1;
         return r;
     }
 }
@@ -351,7 +317,7 @@ static void consume_in(ds4_http_conn *c, size_t n) {
 }
 
 int ds4_http_read_request(ds4_http_conn *c, ds4_http_req *req, ds4_buf *body) {
-    body->len = 0;
+    ds4_buf_clear(body);
     int hl;
     for (;;) {
         hl = c->in.len ? ds4_http_parse_head(c->in.data, c->in.len, c->lim.max_head,
@@ -388,26 +354,25 @@ int ds4_http_read_request(ds4_http_conn *c, ds4_http_req *req, ds4_buf *body) {
             if (r == 0 || r == -1) return 1;
             if (r == -2) return -408;
         }
-        if (ds4_buf_append(body, c->in.data, (size_t)req->content_length)) return -413;
+        if (buf_append(body, c->in.data, (size_t)req->content_length)) return -413;
         consume_in(c, (size_t)req->content_length);
     }
-    if (!body->data && ds4_buf_append(body, "", 0)) return -413;
     return 0;
 }
 
 static int send_head(ds4_http_conn *c, int status, const char *ctype, long long clen,
                      bool keep_alive, const char *extra) {
-    ds4_buf h = {0};
-    int rc = ds4_buf_printf(&h, "HTTP/1.1 %d %s\r\n", status, ds4_http_reason(status));
-    if (ctype) rc |= ds4_buf_printf(&h, "Content-Type: %s\r\n", ctype);
-    if (clen >= 0) rc |= ds4_buf_printf(&h, "Content-Length: %lld\r\n", clen);
-    else rc |= ds4_buf_printf(&h, "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n"
-                                  "X-Accel-Buffering: no\r\n");
-    rc |= ds4_buf_printf(&h, "Connection: %s\r\n%s\r\n", keep_alive ? "keep-alive" : "close",
-                         extra ? extra : "");
-    if (!rc) rc = write_all(c, h.data, h.len);
-    ds4_buf_free(&h);
-    return rc ? -1 : 0;
+    char h[1024];
+    int n = snprintf(h, sizeof h, "HTTP/1.1 %d %s\r\n", status, ds4_http_reason(status));
+    if (ctype) n += snprintf(h + n, sizeof h - (size_t)n, "Content-Type: %s\r\n", ctype);
+    if (clen >= 0) n += snprintf(h + n, sizeof h - (size_t)n, "Content-Length: %lld\r\n", clen);
+    else n += snprintf(h + n, sizeof h - (size_t)n, "Transfer-Encoding: chunked\r\n"
+                       "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
+    n += snprintf(h + n, sizeof h - (size_t)n, "Connection: %s\r\n",
+                  keep_alive ? "keep-alive" : "close");
+    if (write_all(c, h, (size_t)n)) return -1;
+    if (extra && *extra && write_all(c, extra, strlen(extra))) return -1;
+    return write_all(c, "\r\n", 2);
 }
 
 int ds4_http_respond(ds4_http_conn *c, int status, const char *ctype, const char *body,

@@ -33,6 +33,8 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#include "json_util.h"
+
 #define DS4_HTTP_PATH_MAX 1024
 #define DS4_HTTP_ACRH_MAX 512
 
@@ -56,16 +58,6 @@ typedef struct {
     uint64_t remaining;   /* bytes left in the current chunk */
     int size_digits;
 } ds4_http_chunked;
-
-/* A growable byte buffer; always NUL-terminated when data != NULL. */
-typedef struct {
-    char *data;
-    size_t len, cap;
-} ds4_buf;
-
-int ds4_buf_append(ds4_buf *b, const void *p, size_t n);   /* 0 ok, -1 out of memory */
-int ds4_buf_printf(ds4_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void ds4_buf_free(ds4_buf *b);
 
 void ds4_http_chunked_init(ds4_http_chunked *c);
 int ds4_http_chunked_feed(ds4_http_chunked *c, const char *in, size_t n, size_t *consumed,
