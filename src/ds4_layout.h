@@ -1,0 +1,147 @@
+/* ds4_layout.h -- the DS4 GGUF layout as data: every deepseek4.* metadata key
+ * and every tensor (GGUF name, shape as a function of the hyperparameters,
+ * which layers carry it, and its type in each file mix). The converter, the
+ * random-model maker and the model binder all use this one table, so they
+ * cannot disagree about names or shapes.
+ *
+ * Contract
+ * - ds4_hparams holds every hyperparameter that has a GGUF key (sheet section
+ *   2). Nothing here has a Flash default: whoever fills it (config.json, GGUF
+ *   metadata, command-line flags) sets every field.
+ * - ds4_hparams_write() writes general.architecture plus every key of the
+ *   table with its GGUF type; ds4_hparams_read() reads them back (accepting
+ *   any integer/float type whose value fits, as the sheet allows) and fails
+ *   with one line naming the first missing or invalid key.
+ * - ds4_hparams_check() rejects combinations the layout cannot express
+ *   (heads not divisible into output groups, rotary dims wider than a head,
+ *   more than DS4_MAX_LAYERS layers, zero sizes, ...).
+ * - Layer kinds: compress_ratio 0 = raw window only; ratio 4 = overlapping
+ *   compressor (coff 2) with a lightning indexer; any other ratio =
+ *   non-overlapping compressor (coff 1), no indexer. Layers below
+ *   n_hash_layer route by tid2eid, the others by top-k with exp_probs_b.
+ * - Tensor shapes use GGUF order (ne[0] fastest); ds4_tensor_shape() returns
+ *   n_dims. Per-layer names are "blk.<l>.<suffix>".
+ */
+#ifndef DS4_LAYOUT_H
+#define DS4_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+struct ds4_gguf;
+struct ds4_gguf_writer;
+
+#define DS4_ARCH "deepseek4"
+#define DS4_MAX_LAYERS 128
+
+typedef struct ds4_hparams {
+    uint32_t n_layer;              /* block_count */
+    uint64_t n_ctx_train;          /* context_length */
+    uint32_t n_embd;               /* embedding_length */
+    uint32_t n_vocab;
+    uint32_t n_head, n_head_kv;
+    uint32_t key_length, value_length;  /* head dim (K = V, one shared KV head) */
+    uint32_t n_rot;                /* rotary dims at the tail of each head */
+    uint32_t q_lora_rank, o_lora_rank, o_groups;
+    uint32_t sliding_window;
+    uint32_t compress_ratio[DS4_MAX_LAYERS];
+    float compress_rope_base, rope_base;
+    float yarn_factor;
+    uint32_t yarn_orig_ctx;
+    float yarn_beta_fast, yarn_beta_slow;
+    float rms_eps;
+    uint32_t idx_n_head, idx_head_dim, idx_topk;
+    uint32_t hc_count, hc_sinkhorn_iters;
+    float hc_eps;
+    uint32_t n_expert, n_expert_used, expert_ff, n_expert_shared, n_hash_layer;
+    float expert_weights_scale;
+    bool expert_weights_norm;
+    uint32_t expert_gating_func;   /* 4 = sqrt(softplus) */
+    float swiglu_clamp_exp[DS4_MAX_LAYERS], swiglu_clamp_shexp[DS4_MAX_LAYERS];
+    uint32_t nextn_predict_layers;
+} ds4_hparams;
+
+/* GGUF value kinds of the metadata table. */
+enum ds4_hp_kind { DS4_HP_U32, DS4_HP_U64, DS4_HP_F32, DS4_HP_BOOL,
+                   DS4_HP_U32_PER_LAYER, DS4_HP_F32_PER_LAYER, DS4_HP_STR_CONST };
+
+typedef struct ds4_hparam_key {
+    const char *key;               /* full key, e.g. "deepseek4.block_count" */
+    enum ds4_hp_kind kind;
+    size_t offset;                 /* offsetof(ds4_hparams, field); unused for STR_CONST */
+    const char *str_value;         /* STR_CONST: the value written */
+    bool optional;                 /* reading tolerates its absence */
+} ds4_hparam_key;
+
+extern const ds4_hparam_key ds4_hparam_keys[];
+extern const size_t ds4_n_hparam_keys;
+
+void ds4_hparams_write(struct ds4_gguf_writer *w, const ds4_hparams *hp);
+int ds4_hparams_read(const struct ds4_gguf *g, ds4_hparams *hp, char *err, size_t errlen);
+int ds4_hparams_check(const ds4_hparams *hp, char *err, size_t errlen);
+
+static inline bool ds4_layer_compressed(const ds4_hparams *hp, int l) { return hp->compress_ratio[l] != 0; }
+static inline bool ds4_layer_indexed(const ds4_hparams *hp, int l) { return hp->compress_ratio[l] == 4; }
+static inline uint32_t ds4_layer_coff(const ds4_hparams *hp, int l) { return hp->compress_ratio[l] == 4 ? 2 : 1; }
+static inline bool ds4_layer_hashed(const ds4_hparams *hp, int l) { return (uint32_t)l < hp->n_hash_layer; }
+
+/* ---- tensors ---- */
+enum ds4_tensor_id {
+    /* global */
+    DS4_T_TOKEN_EMBD, DS4_T_OUTPUT_HC_FN, DS4_T_OUTPUT_HC_SCALE, DS4_T_OUTPUT_HC_BASE,
+    DS4_T_OUTPUT_NORM, DS4_T_OUTPUT,
+    /* every layer */
+    DS4_T_HC_ATTN_FN, DS4_T_HC_ATTN_SCALE, DS4_T_HC_ATTN_BASE, DS4_T_ATTN_NORM,
+    DS4_T_ATTN_Q_A, DS4_T_ATTN_Q_A_NORM, DS4_T_ATTN_Q_B, DS4_T_ATTN_KV, DS4_T_ATTN_KV_A_NORM,
+    DS4_T_ATTN_SINKS, DS4_T_ATTN_OUTPUT_A, DS4_T_ATTN_OUTPUT_B,
+    DS4_T_HC_FFN_FN, DS4_T_HC_FFN_SCALE, DS4_T_HC_FFN_BASE, DS4_T_FFN_NORM,
+    DS4_T_FFN_GATE_INP, DS4_T_FFN_GATE_EXPS, DS4_T_FFN_UP_EXPS, DS4_T_FFN_DOWN_EXPS,
+    DS4_T_FFN_GATE_SHEXP, DS4_T_FFN_UP_SHEXP, DS4_T_FFN_DOWN_SHEXP,
+    /* routing: hash layers / top-k layers */
+    DS4_T_FFN_GATE_TID2EID, DS4_T_EXP_PROBS_B,
+    /* compressed layers */
+    DS4_T_COMP_APE, DS4_T_COMP_KV, DS4_T_COMP_GATE, DS4_T_COMP_NORM,
+    /* indexed (ratio-4) layers */
+    DS4_T_IDX_Q_B, DS4_T_IDX_PROJ, DS4_T_IDX_COMP_APE, DS4_T_IDX_COMP_KV,
+    DS4_T_IDX_COMP_GATE, DS4_T_IDX_COMP_NORM,
+    DS4_T_COUNT
+};
+
+enum ds4_tensor_scope { DS4_SCOPE_GLOBAL, DS4_SCOPE_LAYER, DS4_SCOPE_HASH, DS4_SCOPE_TOPK,
+                        DS4_SCOPE_COMPRESSED, DS4_SCOPE_INDEXED };
+
+/* Type class: what the released files use, and what the converter's --type
+ * touches. F32/I32 classes never change. */
+enum ds4_tensor_class {
+    DS4_TC_F32,        /* norms, sinks, HC scale/base, router bias */
+    DS4_TC_I32,        /* tid2eid */
+    DS4_TC_F16,        /* F16 in released files: embedding, HC fn, router, compressor, indexer */
+    DS4_TC_Q8,         /* Q8_0 in released files: attention, shared expert, output head */
+    DS4_TC_EXP_GATE_UP,/* routed gate/up experts */
+    DS4_TC_EXP_DOWN,   /* routed down experts */
+};
+
+typedef struct ds4_tensor_desc {
+    const char *name;              /* global name, or per-layer suffix after "blk.N." */
+    enum ds4_tensor_scope scope;
+    enum ds4_tensor_class cls;
+} ds4_tensor_desc;
+
+extern const ds4_tensor_desc ds4_tensor_table[DS4_T_COUNT];
+
+/* File mixes. F32/F16: every float matrix in that type. Q8_0: the released
+ * non-expert types (F16 class stays F16) with Q8_0 experts. Q2/Q4: the released
+ * mixes (IQ2_XXS gate/up + Q2_K down; Q4_K experts). */
+enum ds4_mix { DS4_MIX_F32, DS4_MIX_F16, DS4_MIX_Q8_0, DS4_MIX_Q2, DS4_MIX_Q4 };
+int ds4_mix_from_name(const char *s);          /* "f32","f16","q8_0","q2","q4"; -1 if unknown */
+const char *ds4_mix_name(enum ds4_mix m);
+
+bool ds4_tensor_present(const ds4_hparams *hp, enum ds4_tensor_id id, int layer);
+/* Fills ne[0..3] (unused = 1); returns n_dims. layer is ignored for globals. */
+int ds4_tensor_shape(const ds4_hparams *hp, enum ds4_tensor_id id, int layer, uint64_t ne[4]);
+/* "blk.<layer>.<suffix>" or the global name; returns snprintf's result. */
+int ds4_tensor_name(enum ds4_tensor_id id, int layer, char *buf, size_t n);
+uint32_t ds4_tensor_type(enum ds4_tensor_id id, enum ds4_mix mix);   /* ggml type id */
+
+#endif
