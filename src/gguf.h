@@ -34,13 +34,17 @@ typedef struct ds4_gguf_kv {
     ds4_gguf_str key;
     enum ds4_gguf_vtype type;
     /* scalars: decoded value (ints widened, floats as double) */
-    union { uint64_t u; int64_t i; double f; bool b; } v;
+    union ds4_gguf_value { uint64_t u; int64_t i; double f; bool b; } v;
     ds4_gguf_str str;                 /* type == STRING */
     enum ds4_gguf_vtype arr_type;     /* type == ARRAY: element type */
     uint64_t arr_n;                   /* type == ARRAY: element count */
     const uint8_t *arr_data;          /* raw little-endian elements (non-string arrays) */
     const ds4_gguf_str *arr_strs;     /* string arrays: arr_n decoded (ptr,len) pairs */
 } ds4_gguf_kv;
+/* Nested arrays (arr_type == ARRAY, up to 8 deep) are validated and skipped:
+ * arr_data points at the first inner array's raw encoding, arr_i64/arr_f64
+ * refuse them. Bool values must be 0 or 1. Keys are 1..65535 bytes without
+ * NUL; tensor names 1..63 bytes without NUL (ggml's limit). */
 
 #define DS4_GGUF_MAX_DIMS 8
 
@@ -53,6 +57,7 @@ typedef struct ds4_gguf_tensor {
     uint64_t n_bytes;
     const void *data;                 /* points into the mapping */
     int shard;                        /* which file of a split model */
+    uint64_t file_offset;             /* absolute offset of data in that shard's file */
 } ds4_gguf_tensor;
 
 typedef struct ds4_gguf ds4_gguf;
@@ -72,6 +77,8 @@ size_t ds4_gguf_n_tensors(const ds4_gguf *g);
 const ds4_gguf_tensor *ds4_gguf_tensor_at(const ds4_gguf *g, size_t i);
 const ds4_gguf_tensor *ds4_gguf_find_tensor(const ds4_gguf *g, const char *name);
 uint64_t ds4_gguf_file_bytes(const ds4_gguf *g);   /* all shards together */
+int ds4_gguf_n_shards(const ds4_gguf *g);
+const char *ds4_gguf_shard_path(const ds4_gguf *g, int shard);  /* NULL for buffers */
 
 /* Typed getters: return false (and leave *out alone) when the key is missing
  * or has an incompatible type. Integer getters accept any integer type whose
@@ -111,7 +118,13 @@ void ds4_gguf_w_str(ds4_gguf_writer *w, const char *k, const char *v);
 void ds4_gguf_w_arr(ds4_gguf_writer *w, const char *k, enum ds4_gguf_vtype elem_type,
                     const void *data, uint64_t n);
 void ds4_gguf_w_arr_str(ds4_gguf_writer *w, const char *k, const char *const *v, uint64_t n);
-/* Returns the tensor index. data may be NULL: then fill() provides it at write time. */
+/* Returns the tensor index (SIZE_MAX if the tensor is invalid; the error is
+ * then reported by write_file). data may be NULL: then fill() provides it at
+ * write time; otherwise it must stay valid until write_file returns.
+ * Invalid keys/values are likewise reported by write_file. alignment 0 means
+ * 32; general.alignment is written automatically when it differs from 32 (a
+ * caller-added general.alignment must be a UINT32 equal to it). The file is
+ * written to PATH.tmp and renamed, so a failed write leaves no partial PATH. */
 size_t ds4_gguf_w_tensor(ds4_gguf_writer *w, const char *name, uint32_t type,
                          uint32_t n_dims, const uint64_t *ne, const void *data);
 /* Returns 0 on success, -1 with err filled. */
