@@ -74,6 +74,10 @@ asan:
 ubsan:
 	$(MAKE) BUILD=build-ubsan SAN="-fsanitize=undefined -fno-sanitize-recover=all" OPT=-O1 test
 
+# The README's first command: build, make the demo model, run CLI + server.
+demo: all demo-model
+	bash scripts/demo.sh
+
 bench-kernels: ds4-bench
 	./ds4-bench --kernels
 
