@@ -1,0 +1,177 @@
+/* kernels_cpu.c -- SIMD level probe and dispatch, activation quantization,
+ * and the matvec/matmul drivers over the thread pool.
+ *
+ * The scalar level is the reference dot of quant.c itself: the SIMD files
+ * are tested against it, so there is exactly one scalar implementation.
+ */
+#include "kernels_cpu.h"
+
+#include <cpuid.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "kernels_cpu_internal.h"
+#include "threadpool.h"
+
+/* ---- CPU probe ---- */
+
+static uint64_t xgetbv0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* Instruction support alone is not enough: the OS must save the wider
+ * register state on context switches (XCR0), or the upper halves would be
+ * silently lost. AVX-512 is used only together with VNNI, BW, DQ and VL,
+ * the set its translation unit is compiled for. */
+static enum ds4_simd_level probe_level(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return DS4_SIMD_SCALAR;
+    const unsigned need1 = bit_OSXSAVE | bit_AVX | bit_FMA | bit_F16C;
+    if ((c & need1) != need1) return DS4_SIMD_SCALAR;
+    uint64_t xcr0 = xgetbv0();
+    if ((xcr0 & 0x6) != 0x6) return DS4_SIMD_SCALAR; /* XMM + YMM state */
+    if (__get_cpuid_max(0, NULL) < 7) return DS4_SIMD_SCALAR;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!(b & bit_AVX2)) return DS4_SIMD_SCALAR;
+    const unsigned need512 = bit_AVX512F | bit_AVX512DQ | bit_AVX512BW | bit_AVX512VL;
+    if ((b & need512) == need512 && (c & bit_AVX512VNNI) && (xcr0 & 0xE6) == 0xE6) /* + opmask, ZMM */
+        return DS4_SIMD_AVX512;
+    return DS4_SIMD_AVX2;
+}
+
+static atomic_int best_level = -1;
+static atomic_int cur_level = -1;
+
+enum ds4_simd_level ds4_cpu_best_level(void) {
+    int l = atomic_load_explicit(&best_level, memory_order_relaxed);
+    if (l < 0) {
+        l = (int)probe_level();
+        atomic_store_explicit(&best_level, l, memory_order_relaxed);
+    }
+    return (enum ds4_simd_level)l;
+}
+
+enum ds4_simd_level ds4_kernels_level(void) {
+    int l = atomic_load_explicit(&cur_level, memory_order_relaxed);
+    return l < 0 ? ds4_cpu_best_level() : (enum ds4_simd_level)l;
+}
+
+void ds4_kernels_set_level(enum ds4_simd_level lvl) {
+    enum ds4_simd_level best = ds4_cpu_best_level();
+    if ((int)lvl < 0) lvl = DS4_SIMD_SCALAR;
+    atomic_store_explicit(&cur_level, (int)(lvl > best ? best : lvl), memory_order_relaxed);
+}
+
+const char *ds4_simd_level_name(enum ds4_simd_level lvl) {
+    switch (lvl) {
+    case DS4_SIMD_SCALAR: return "scalar";
+    case DS4_SIMD_AVX2: return "avx2";
+    case DS4_SIMD_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+/* NULL means: use ds4_vec_dot_ref */
+static ds4_dot_fn dot_fn(uint32_t type) {
+    enum ds4_simd_level lvl = ds4_kernels_level();
+    ds4_dot_fn f = NULL;
+    if (lvl >= DS4_SIMD_AVX512) f = ds4_kernels_avx512_dot(type);
+    if (!f && lvl >= DS4_SIMD_AVX2) f = ds4_kernels_avx2_dot(type);
+    return f;
+}
+
+static inline float call_dot(ds4_dot_fn f, uint32_t type, const void *w, const void *act, int64_t n) {
+    return f ? f(w, act, n) : ds4_vec_dot_ref(type, w, act, n);
+}
+
+float ds4_vec_dot(uint32_t type, const void *w, const void *act, int64_t n) {
+    return call_dot(dot_fn(type), type, w, act, n);
+}
+
+/* ---- activation quantization ---- */
+
+static uint32_t act_type(uint32_t type) {
+    switch (type) {
+    case DS4_TYPE_F32:
+    case DS4_TYPE_F16:
+    case DS4_TYPE_BF16: return DS4_TYPE_F32;
+    default: return ds4_type_vec_dot_type(type);
+    }
+}
+
+size_t ds4_act_bytes(uint32_t type, int64_t n) {
+    if (n < 0 || ds4_type_block_elems(type) == 0) return 0;
+    return ds4_type_row_bytes(act_type(type), (uint64_t)n);
+}
+
+void ds4_quantize_act(uint32_t type, const float *x, void *dst, int64_t n) {
+    ds4_quantize_row(act_type(type), x, dst, n, NULL);
+}
+
+/* ---- matvec / matmul drivers ---- */
+
+/* A task should stream a contiguous run of weight rows long enough for the
+ * hardware prefetchers to ramp up, yet there should be several tasks per
+ * thread so a descheduled thread does not stall the whole call. */
+#define MIN_TASK_BYTES (64 * 1024)
+#define TASKS_PER_THREAD 8
+/* matmul: a block of weight rows stays in L2 while every token tile reads it */
+#define MM_BLOCK_BYTES (128 * 1024)
+#define MM_TILE_ACT_BYTES (256 * 1024)
+
+struct mm_ctx {
+    ds4_dot_fn fn;
+    uint32_t type;
+    const uint8_t *W;
+    size_t row_bytes, act_bytes;
+    int64_t rows, n, chunk, T, tile;
+    const uint8_t *acts;
+    float *Y;
+};
+
+static void mm_task(void *p, int task, int n_tasks, int thread) {
+    const struct mm_ctx *c = p;
+    int64_t r0 = (int64_t)task * c->chunk, r1 = r0 + c->chunk < c->rows ? r0 + c->chunk : c->rows;
+    for (int64_t t0 = 0; t0 < c->T; t0 += c->tile) {
+        int64_t t1 = t0 + c->tile < c->T ? t0 + c->tile : c->T;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *w = c->W + (size_t)r * c->row_bytes;
+            for (int64_t t = t0; t < t1; t++)
+                c->Y[t * c->rows + r] = call_dot(c->fn, c->type, w, c->acts + (size_t)t * c->act_bytes, c->n);
+        }
+    }
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static void run_rows(struct ds4_pool *pool, struct mm_ctx *c, int64_t max_chunk) {
+    if (c->rows <= 0) return;
+    int64_t want_tasks = (int64_t)ds4_pool_threads(pool) * TASKS_PER_THREAD;
+    int64_t chunk = ceil_div(c->rows, want_tasks);
+    int64_t min_rows = ceil_div(MIN_TASK_BYTES, (int64_t)c->row_bytes > 0 ? (int64_t)c->row_bytes : 1);
+    if (chunk < min_rows) chunk = min_rows;
+    if (max_chunk > 0 && chunk > max_chunk) chunk = max_chunk;
+    c->chunk = chunk;
+    ds4_pool_run(pool, mm_task, c, (int)ceil_div(c->rows, chunk));
+}
+
+void ds4_matvec(struct ds4_pool *pool, uint32_t type, const void *W, int64_t rows, int64_t n, const void *act,
+                float *y) {
+    struct mm_ctx c = {.fn = dot_fn(type), .type = type, .W = W, .row_bytes = ds4_type_row_bytes(type, (uint64_t)n),
+                       .act_bytes = 0, .rows = rows, .n = n, .T = 1, .tile = 1, .acts = act, .Y = y};
+    run_rows(pool, &c, 0);
+}
+
+void ds4_matmul(struct ds4_pool *pool, uint32_t type, const void *W, int64_t rows, int64_t n, const void *acts,
+                int64_t T, float *Y) {
+    if (T <= 0) return;
+    struct mm_ctx c = {.fn = dot_fn(type), .type = type, .W = W, .row_bytes = ds4_type_row_bytes(type, (uint64_t)n),
+                       .act_bytes = ds4_act_bytes(type, n), .rows = rows, .n = n, .T = T, .acts = acts, .Y = Y};
+    c.tile = c.act_bytes ? MM_TILE_ACT_BYTES / (int64_t)c.act_bytes : T;
+    if (c.tile < 1) c.tile = 1;
+    int64_t block = MM_BLOCK_BYTES / (c.row_bytes ? (int64_t)c.row_bytes : 1);
+    run_rows(pool, &c, block < 1 ? 1 : block);
+}

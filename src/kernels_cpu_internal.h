@@ -1,0 +1,22 @@
+/* kernels_cpu_internal.h -- private glue between kernels_cpu.c (dispatch,
+ * drivers) and the ISA-specific files kernels_cpu_avx2.c / _avx512.c.
+ *
+ * - A dot function computes one weight row (n elements of its type) against
+ *   an activation already in the partner format (ds4_quantize_act), with
+ *   n a multiple of the type's block size.
+ * - Each ISA file returns NULL for types it has no kernel for; the
+ *   dispatcher then falls back to the next lower level (AVX-512 -> AVX2 ->
+ *   scalar reference). Calling anything from an ISA file is only allowed
+ *   after the CPU/OS probe has cleared that level.
+ */
+#ifndef DS4_KERNELS_CPU_INTERNAL_H
+#define DS4_KERNELS_CPU_INTERNAL_H
+
+#include <stdint.h>
+
+typedef float (*ds4_dot_fn)(const void *w, const void *act, int64_t n);
+
+ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type);
+ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type);
+
+#endif

@@ -1,0 +1,233 @@
+/* test_kernels.c -- every SIMD level this CPU has, for every weight type,
+ * against two oracles: quant.c's scalar reference dot (same integer
+ * algebra, written independently) and an f64 dot of the dequantized weight
+ * row with the dequantized activation (sheet section 10.4: both must agree
+ * up to f32 rounding). Weights are both properly quantized rows and raw
+ * random bytes with sane f16 scales, so every bit pattern of the packed
+ * fields (all IQ2_XXS sign indices, Q6_K scale -128, Q8_0 -128, ...) is hit.
+ * Then matvec/matmul against per-row ds4_vec_dot with 1..4 threads.
+ */
+#include <math.h>
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+#include "check.h"
+#include "kernels_cpu.h"
+#include "quant.h"
+#include "threadpool.h"
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t next_u64(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(next_u64() >> 40) / (float)(1 << 24); }
+
+static const uint32_t types[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16, DS4_TYPE_Q8_0, DS4_TYPE_Q2_K,
+                                 DS4_TYPE_Q4_K, DS4_TYPE_Q5_K, DS4_TYPE_Q6_K, DS4_TYPE_IQ2_XXS};
+#define N_TYPES (sizeof(types) / sizeof(types[0]))
+
+/* floats whose magnitude varies by block, so scales differ between blocks */
+static void random_floats(float *x, int64_t n) {
+    float scale = 1.0f;
+    for (int64_t i = 0; i < n; i++) {
+        if (i % 32 == 0) scale = uniform(0.01f, 4.0f);
+        x[i] = uniform(-scale, scale);
+    }
+}
+
+static ds4_half random_half_scale(void) { return ds4_f32_to_half(uniform(-0.02f, 0.02f)); }
+
+/* Raw random bytes, then the f16 factors replaced by finite modest values
+ * (random bytes there could be inf/NaN, which says nothing about kernels). */
+static void random_raw_row(uint32_t type, void *row, int64_t n) {
+    size_t bytes = ds4_type_row_bytes(type, (uint64_t)n);
+    for (size_t i = 0; i < bytes; i++) ((uint8_t *)row)[i] = (uint8_t)next_u64();
+    size_t nb = (size_t)n / ds4_type_block_elems(type);
+    for (size_t b = 0; b < nb; b++) {
+        switch (type) {
+        case DS4_TYPE_F32: ((float *)row)[b] = uniform(-2, 2); break;
+        case DS4_TYPE_F16: ((ds4_half *)row)[b] = ds4_f32_to_half(uniform(-2, 2)); break;
+        case DS4_TYPE_BF16: ((uint16_t *)row)[b] = ds4_f32_to_bf16(uniform(-2, 2)); break;
+        case DS4_TYPE_Q8_0: ((ds4_block_q8_0 *)row)[b].d = random_half_scale(); break;
+        case DS4_TYPE_Q2_K:
+            ((ds4_block_q2_K *)row)[b].d = random_half_scale();
+            ((ds4_block_q2_K *)row)[b].dmin = random_half_scale();
+            break;
+        case DS4_TYPE_Q4_K:
+            ((ds4_block_q4_K *)row)[b].d = random_half_scale();
+            ((ds4_block_q4_K *)row)[b].dmin = random_half_scale();
+            break;
+        case DS4_TYPE_Q5_K:
+            ((ds4_block_q5_K *)row)[b].d = random_half_scale();
+            ((ds4_block_q5_K *)row)[b].dmin = random_half_scale();
+            break;
+        case DS4_TYPE_Q6_K: ((ds4_block_q6_K *)row)[b].d = random_half_scale(); break;
+        case DS4_TYPE_IQ2_XXS: ((ds4_block_iq2_xxs *)row)[b].d = random_half_scale(); break;
+        }
+    }
+}
+
+static void quantized_row(uint32_t type, void *row, int64_t n) {
+    float *x = malloc((size_t)n * sizeof(float)), *imp = malloc((size_t)n * sizeof(float));
+    random_floats(x, n);
+    for (int64_t i = 0; i < n; i++) imp[i] = uniform(0.1f, 1.0f);
+    ds4_quantize_row(type, x, row, n, type == DS4_TYPE_IQ2_XXS ? imp : NULL);
+    free(x);
+    free(imp);
+}
+
+/* lengths: several block counts, odd ones included; float types any n */
+static int lengths(uint32_t type, int64_t *out) {
+    int64_t be = (int64_t)ds4_type_block_elems(type);
+    if (be == 1) {
+        const int64_t f[] = {1, 7, 8, 33, 100, 257, 1024};
+        memcpy(out, f, sizeof(f));
+        return 7;
+    }
+    const int64_t blocks[] = {1, 2, 3, 5, 9};
+    for (int i = 0; i < 5; i++) out[i] = blocks[i] * be;
+    return 5;
+}
+
+/* f64 oracle: dequantized weights · dequantized activation; also returns
+ * Σ|w·a| as the scale for the rounding tolerance */
+static double dequant_dot(uint32_t type, const void *w, const void *act, int64_t n, double *mag) {
+    float *wf = malloc((size_t)n * sizeof(float)), *af = malloc((size_t)n * sizeof(float));
+    ds4_dequantize_row(type, w, wf, n);
+    uint32_t at = (type == DS4_TYPE_F16 || type == DS4_TYPE_BF16) ? DS4_TYPE_F32 : ds4_type_vec_dot_type(type);
+    ds4_dequantize_row(at, act, af, n);
+    double s = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s += (double)wf[i] * af[i];
+        m += fabs((double)wf[i] * af[i]);
+    }
+    free(wf);
+    free(af);
+    *mag = m;
+    return s;
+}
+
+static void test_dots(enum ds4_simd_level lvl) {
+    ds4_kernels_set_level(lvl);
+    CHECK(ds4_kernels_level() == lvl, "level %s not applied", ds4_simd_level_name(lvl));
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t type = types[ti];
+        int64_t ns[8];
+        int nn = lengths(type, ns);
+        for (int li = 0; li < nn; li++) {
+            int64_t n = ns[li];
+            void *w = malloc(ds4_type_row_bytes(type, (uint64_t)n));
+            void *act = malloc(ds4_act_bytes(type, n));
+            float *x = malloc((size_t)n * sizeof(float));
+            for (int rep = 0; rep < 6; rep++) {
+                if (rep % 2) random_raw_row(type, w, n);
+                else quantized_row(type, w, n);
+                random_floats(x, n);
+                ds4_quantize_act(type, x, act, n);
+                float got = ds4_vec_dot(type, w, act, n);
+                float ref = ds4_vec_dot_ref(type, w, act, n);
+                double mag, exact = dequant_dot(type, w, act, n, &mag);
+                /* every block adds at most a few roundings of size eps·Σ|w·a| */
+                double tol = 1e-5 * mag + 1e-30;
+                CHECK(fabs((double)got - ref) <= tol, "%s %s n=%lld rep=%d: simd %.9g ref %.9g (tol %.3g)",
+                      ds4_simd_level_name(lvl), ds4_type_name(type), (long long)n, rep, got, ref, tol);
+                CHECK(fabs((double)got - exact) <= tol, "%s %s n=%lld rep=%d: simd %.9g dequant %.9g (tol %.3g)",
+                      ds4_simd_level_name(lvl), ds4_type_name(type), (long long)n, rep, got, exact, tol);
+            }
+            free(w);
+            free(act);
+            free(x);
+        }
+    }
+}
+
+/* Drivers must give exactly the per-row ds4_vec_dot result (same kernel, so
+ * bit-exact), whatever the thread count and however rows are chunked. */
+static void test_drivers(enum ds4_simd_level lvl) {
+    ds4_kernels_set_level(lvl);
+    const int64_t rows_list[] = {1, 37, 301};
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t type = types[ti];
+        int64_t n = ds4_type_block_elems(type) == 1 ? 200 : 3 * (int64_t)ds4_type_block_elems(type);
+        if (type == DS4_TYPE_Q8_0) n = 7 * 32;
+        size_t rb = ds4_type_row_bytes(type, (uint64_t)n), ab = ds4_act_bytes(type, n);
+        const int64_t T = 5;
+        int64_t max_rows = 301;
+        uint8_t *W = malloc(rb * (size_t)max_rows);
+        uint8_t *acts = malloc(ab * (size_t)T);
+        float *x = malloc((size_t)n * sizeof(float));
+        float *y = malloc(sizeof(float) * (size_t)(max_rows * T)), *want = malloc(sizeof(float) * (size_t)(max_rows * T));
+        for (int64_t r = 0; r < max_rows; r++) random_raw_row(type, W + rb * (size_t)r, n);
+        for (int64_t t = 0; t < T; t++) {
+            random_floats(x, n);
+            ds4_quantize_act(type, x, acts + ab * (size_t)t, n);
+        }
+        for (int nt = 1; nt <= 4; nt++) {
+            ds4_pool *pool = nt == 1 ? NULL : ds4_pool_new(nt);
+            for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++) {
+                int64_t rows = rows_list[ri];
+                for (int64_t r = 0; r < rows; r++) want[r] = ds4_vec_dot(type, W + rb * (size_t)r, acts, n);
+                for (int64_t r = 0; r < rows; r++) y[r] = NAN;
+                ds4_matvec(pool, type, W, rows, n, acts, y);
+                int bad = 0;
+                for (int64_t r = 0; r < rows; r++) bad += memcmp(&y[r], &want[r], sizeof(float)) != 0;
+                CHECK(bad == 0, "%s matvec %s rows=%lld threads=%d: %d rows differ", ds4_simd_level_name(lvl),
+                      ds4_type_name(type), (long long)rows, nt, bad);
+
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t r = 0; r < rows; r++)
+                        want[t * rows + r] = ds4_vec_dot(type, W + rb * (size_t)r, acts + ab * (size_t)t, n);
+                for (int64_t i = 0; i < rows * T; i++) y[i] = NAN;
+                ds4_matmul(pool, type, W, rows, n, acts, T, y);
+                bad = 0;
+                for (int64_t i = 0; i < rows * T; i++) bad += memcmp(&y[i], &want[i], sizeof(float)) != 0;
+                CHECK(bad == 0, "%s matmul %s rows=%lld T=%lld threads=%d: %d outputs differ",
+                      ds4_simd_level_name(lvl), ds4_type_name(type), (long long)rows, (long long)T, nt, bad);
+            }
+            ds4_pool_free(pool);
+        }
+        free(W);
+        free(acts);
+        free(x);
+        free(y);
+        free(want);
+    }
+}
+
+static void test_act(void) {
+    CHECK(ds4_act_bytes(DS4_TYPE_Q4_K, 512) == 2 * sizeof(ds4_block_q8_K), "Q4_K act bytes");
+    CHECK(ds4_act_bytes(DS4_TYPE_IQ2_XXS, 256) == sizeof(ds4_block_q8_K), "IQ2_XXS act bytes");
+    CHECK(ds4_act_bytes(DS4_TYPE_Q8_0, 64) == 2 * sizeof(ds4_block_q8_0), "Q8_0 act bytes");
+    CHECK(ds4_act_bytes(DS4_TYPE_F16, 10) == 40 && ds4_act_bytes(DS4_TYPE_BF16, 3) == 12, "float acts are f32");
+    CHECK(ds4_act_bytes(12345, 256) == 0, "unknown type");
+    /* activation format is the reference quantizer's, byte for byte */
+    float x[512];
+    random_floats(x, 512);
+    x[5] = -9.0f; /* largest magnitude is negative: Q8_K must map it to -127 */
+    ds4_block_q8_K a[2], b[2];
+    ds4_quantize_act(DS4_TYPE_Q6_K, x, a, 512);
+    ds4_quantize_row(DS4_TYPE_Q8_K, x, b, 512, NULL);
+    CHECK(memcmp(a, b, sizeof(a)) == 0, "Q8_K act differs from quantize_row");
+    CHECK(a[0].qs[5] == -127 && a[0].d > 0, "Q8_K max element %d d %g", a[0].qs[5], a[0].d);
+    int s = 0;
+    for (int i = 16; i < 32; i++) s += a[1].qs[i];
+    CHECK(a[1].bsums[1] == s, "bsums");
+}
+
+int main(void) {
+    enum ds4_simd_level best = ds4_cpu_best_level();
+    printf("test_kernels: cpu supports up to %s\n", ds4_simd_level_name(best));
+    CHECK(!strcmp(ds4_simd_level_name(DS4_SIMD_AVX2), "avx2"), "names");
+    ds4_kernels_set_level(DS4_SIMD_AVX512);
+    CHECK(ds4_kernels_level() == best, "set_level clamps to the best level");
+    test_act();
+    for (int l = DS4_SIMD_SCALAR; l <= (int)best; l++) {
+        test_dots((enum ds4_simd_level)l);
+        test_drivers((enum ds4_simd_level)l);
+    }
+    ds4_kernels_set_level(best);
+    return check_done("test_kernels");
+}
