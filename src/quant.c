@@ -297,3 +297,206 @@ void ds4_dequantize_row(uint32_t type, const void *vx, float *y, int64_t n) {
         break;
     }
 }
+
+/* ---- simple quantizers ---- */
+
+static void quantize_q8_0(const float *x, ds4_block_q8_0 *y, int64_t n) {
+    for (int64_t i = 0; i < n / DS4_QK8_0; i++, x += DS4_QK8_0) {
+        float amax = 0.0f;
+        for (int e = 0; e < DS4_QK8_0; e++) amax = fmaxf(amax, fabsf(x[e]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = ds4_f32_to_half(d);
+        for (int e = 0; e < DS4_QK8_0; e++) y[i].qs[e] = (int8_t)roundf(x[e] * id);
+    }
+}
+
+static void quantize_q8_K(const float *x, ds4_block_q8_K *y, int64_t n) {
+    for (int64_t i = 0; i < n / DS4_QK_K; i++, x += DS4_QK_K) {
+        float m = 0.0f;
+        for (int e = 0; e < DS4_QK_K; e++)
+            if (fabsf(x[e]) > fabsf(m)) m = x[e];
+        memset(y[i].bsums, 0, sizeof(y[i].bsums));
+        if (m == 0.0f) {
+            y[i].d = 0.0f;
+            memset(y[i].qs, 0, sizeof(y[i].qs));
+            continue;
+        }
+        /* -127/m (not 128) so the largest element is exactly -127 */
+        float iscale = -127.0f / m;
+        for (int e = 0; e < DS4_QK_K; e++) {
+            int v = ds4_round_even(iscale * x[e]);
+            y[i].qs[e] = (int8_t)(v < 127 ? v : 127);
+            y[i].bsums[e >> 4] = (int16_t)(y[i].bsums[e >> 4] + y[i].qs[e]);
+        }
+        y[i].d = 1.0f / iscale;
+    }
+}
+
+bool ds4_type_can_quantize(uint32_t type) {
+    switch (type) {
+    case DS4_TYPE_F32: case DS4_TYPE_F16: case DS4_TYPE_BF16: case DS4_TYPE_Q8_0:
+    case DS4_TYPE_Q2_K: case DS4_TYPE_Q4_K: case DS4_TYPE_Q5_K: case DS4_TYPE_Q6_K:
+    case DS4_TYPE_Q8_K: case DS4_TYPE_IQ2_XXS: return true;
+    default: return false;
+    }
+}
+
+size_t ds4_quantize_row(uint32_t type, const float *x, void *y, int64_t n, const float *imatrix) {
+    size_t bytes = ds4_type_row_bytes(type, (uint64_t)n);
+    if (n < 0 || !ds4_type_can_quantize(type) || (n > 0 && bytes == 0)) return 0;
+    switch (type) {
+    case DS4_TYPE_F32: memcpy(y, x, bytes); break;
+    case DS4_TYPE_F16:
+        for (int64_t i = 0; i < n; i++) ((ds4_half *)y)[i] = ds4_f32_to_half(x[i]);
+        break;
+    case DS4_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)y)[i] = ds4_f32_to_bf16(x[i]);
+        break;
+    case DS4_TYPE_Q8_0: quantize_q8_0(x, y, n); break;
+    case DS4_TYPE_Q8_K: quantize_q8_K(x, y, n); break;
+    case DS4_TYPE_Q2_K: ds4_quantize_q2_K(x, y, n, imatrix); break;
+    case DS4_TYPE_Q4_K: ds4_quantize_q4_K(x, y, n, imatrix); break;
+    case DS4_TYPE_Q5_K: ds4_quantize_q5_K(x, y, n, imatrix); break;
+    case DS4_TYPE_Q6_K: ds4_quantize_q6_K(x, y, n, imatrix); break;
+    case DS4_TYPE_IQ2_XXS: ds4_quantize_iq2_xxs(x, y, n, imatrix); break;
+    }
+    return bytes;
+}
+
+/* ---- scalar reference dots (sheet section 10: integer sums per block, one
+ * float multiply per block or super-block) ---- */
+
+static float dot_q8_0(const ds4_block_q8_0 *w, const ds4_block_q8_0 *a, int64_t nb) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t isum = 0;
+        for (int e = 0; e < DS4_QK8_0; e++) isum += w[i].qs[e] * a[i].qs[e];
+        sum += ds4_half_to_f32(w[i].d) * ds4_half_to_f32(a[i].d) * (float)isum;
+    }
+    return sum;
+}
+
+/* Σ over 16-element groups g of bsums[g]·m(g): the min term of the affine
+ * K-quants, computed without touching the activation quants */
+static float dot_q2_K(const ds4_block_q2_K *w, const ds4_block_q8_K *a, int64_t nb) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t s = 0;
+            for (int e = 16 * j; e < 16 * j + 16; e++) s += q2k_quant(&w[i], e) * a[i].qs[e];
+            isum += (w[i].scales[j] & 15) * s;
+            msum += (w[i].scales[j] >> 4) * a[i].bsums[j];
+        }
+        sum += a[i].d * (ds4_half_to_f32(w[i].d) * (float)isum -
+                         ds4_half_to_f32(w[i].dmin) * (float)msum);
+    }
+    return sum;
+}
+
+static float dot_q3_K(const uint8_t *w, const ds4_block_q8_K *a, int64_t nb) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++, w += 110) {
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t s = 0;
+            for (int e = 16 * j; e < 16 * j + 16; e++) s += q3k_quant(w, w + 32, e) * a[i].qs[e];
+            isum += q3k_scale(w + 96, j) * s;
+        }
+        ds4_half dh;
+        memcpy(&dh, w + 108, 2);
+        sum += ds4_half_to_f32(dh) * a[i].d * (float)isum;
+    }
+    return sum;
+}
+
+/* Q4_K and Q5_K share everything but the quant extraction */
+static float dot_q45_K(uint32_t type, const void *w, const ds4_block_q8_K *a, int64_t nb) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const ds4_block_q4_K *w4 = (const ds4_block_q4_K *)w + i;
+        const ds4_block_q5_K *w5 = (const ds4_block_q5_K *)w + i;
+        const uint8_t *S = type == DS4_TYPE_Q4_K ? w4->scales : w5->scales;
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            k4_scale_min(S, j, &sc, &m);
+            int32_t s = 0;
+            for (int e = 32 * j; e < 32 * j + 32; e++)
+                s += (type == DS4_TYPE_Q4_K ? q4k_low(w4->qs, e) : q5k_quant(w5, e)) * a[i].qs[e];
+            isum += sc * s;
+            msum += m * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
+        }
+        ds4_half d = type == DS4_TYPE_Q4_K ? w4->d : w5->d;
+        ds4_half dmin = type == DS4_TYPE_Q4_K ? w4->dmin : w5->dmin;
+        sum += a[i].d * (ds4_half_to_f32(d) * (float)isum - ds4_half_to_f32(dmin) * (float)msum);
+    }
+    return sum;
+}
+
+static float dot_q6_K(const ds4_block_q6_K *w, const ds4_block_q8_K *a, int64_t nb) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t s = 0;
+            for (int e = 16 * j; e < 16 * j + 16; e++) s += q6k_quant(&w[i], e) * a[i].qs[e];
+            isum += w[i].scales[j] * s;
+        }
+        sum += ds4_half_to_f32(w[i].d) * a[i].d * (float)isum;
+    }
+    return sum;
+}
+
+static float dot_q8_K(const ds4_block_q8_K *w, const ds4_block_q8_K *a, int64_t nb) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t isum = 0;
+        for (int e = 0; e < DS4_QK_K; e++) isum += w[i].qs[e] * a[i].qs[e];
+        sum += w[i].d * a[i].d * (float)isum;
+    }
+    return sum;
+}
+
+static float dot_iq2_xxs(const ds4_block_iq2_xxs *w, const ds4_block_q8_K *a, int64_t nb) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t isum = 0;
+        for (int sb = 0; sb < 8; sb++) {
+            int32_t s = 0;
+            for (int k = 0; k < 4; k++) {
+                int8_t g[8];
+                iq2_group(&w[i], sb, k, g);
+                for (int j = 0; j < 8; j++) s += g[j] * a[i].qs[32 * sb + 8 * k + j];
+            }
+            isum += (2 * (int32_t)(iq2_w(&w[i], sb) >> 28) + 1) * s;
+        }
+        sum += ds4_half_to_f32(w[i].d) * a[i].d * 0.125f * (float)isum;
+    }
+    return sum;
+}
+
+float ds4_vec_dot_ref(uint32_t type, const void *w, const void *act, int64_t n) {
+    const float *af = act;
+    int64_t nbk = n / DS4_QK_K;
+    float sum = 0.0f;
+    switch (type) {
+    case DS4_TYPE_F32:
+        for (int64_t i = 0; i < n; i++) sum += ((const float *)w)[i] * af[i];
+        return sum;
+    case DS4_TYPE_F16:
+        for (int64_t i = 0; i < n; i++) sum += ds4_half_to_f32(((const ds4_half *)w)[i]) * af[i];
+        return sum;
+    case DS4_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) sum += ds4_bf16_to_f32(((const uint16_t *)w)[i]) * af[i];
+        return sum;
+    case DS4_TYPE_Q8_0: return dot_q8_0(w, act, n / DS4_QK8_0);
+    case DS4_TYPE_Q2_K: return dot_q2_K(w, act, nbk);
+    case DS4_TYPE_Q3_K: return dot_q3_K(w, act, nbk);
+    case DS4_TYPE_Q4_K: case DS4_TYPE_Q5_K: return dot_q45_K(type, w, act, nbk);
+    case DS4_TYPE_Q6_K: return dot_q6_K(w, act, nbk);
+    case DS4_TYPE_Q8_K: return dot_q8_K(w, act, nbk);
+    case DS4_TYPE_IQ2_XXS: return dot_iq2_xxs(w, act, nbk);
+    default: return 0.0f;
+    }
+}

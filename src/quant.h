@@ -63,13 +63,14 @@ void ds4_dequantize_row(uint32_t type, const void *x, float *y, int64_t n);
  * importance weight per element of the row (IQ2_XXS uses it; K-quants use it
  * when given). Returns bytes written. */
 size_t ds4_quantize_row(uint32_t type, const float *x, void *y, int64_t n, const float *imatrix);
-/* Whether ds4_quantize_row supports `type` as a weight format. IQ2_XXS needs
- * ds4_quant_init() to have run (builds its search tables). */
+/* Whether ds4_quantize_row supports `type` as a weight format. IQ2_XXS builds
+ * its search tables on first use; ds4_quant_init() does that ahead of time. */
 bool ds4_type_can_quantize(uint32_t type);
 void ds4_quant_init(void);                           /* thread-safe, idempotent */
 
 /* Reference dot product: weight row (n elements of `type`) · activation row
- * already in ds4_type_vec_dot_type(type) format. F32/F16/BF16 take f32 acts. */
+ * already in ds4_type_vec_dot_type(type) format. F32/F16/BF16 take f32 acts.
+ * Covers every type ds4_dequantize_row does; 0 for any other type. */
 float ds4_vec_dot_ref(uint32_t type, const void *w, const void *act, int64_t n);
 
 /* IQ2_XXS format tables (from shared/data/iq2xxs-tables.txt, facts of the format) */

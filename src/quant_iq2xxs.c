@@ -4,6 +4,10 @@
 #include "quant.h"
 #include "quant_internal.h"
 
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
 const uint64_t ds4_iq2xxs_grid[256] = {
     0x0808080808080808ull, 0x080808080808082bull, 0x0808080808081919ull, 0x0808080808082b08ull,
     0x0808080808082b2bull, 0x0808080808190819ull, 0x0808080808191908ull, 0x08080808082b0808ull,
@@ -83,3 +87,178 @@ const uint8_t ds4_ksigns_iq2xs[128] = {
 const uint8_t ds4_kmask_iq2xs[8] = {
     0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x80,
 };
+
+/* ---- search tables, built once by ds4_quant_init() ----
+ * Patterns are 8 levels in {0,1,2} (standing for magnitudes 1,3,5 in units
+ * of the sub-block scale), indexed in base 3 with element 0 least
+ * significant. A pattern that is a grid point maps to its index; every other
+ * pattern owns a neighbour list: the grid points at its two smallest distinct
+ * squared distances, by distance then index (so ties resolve to the first). */
+#define N_PATTERNS 6561
+
+static int16_t pattern_grid[N_PATTERNS];     /* grid index, or -1 */
+static uint32_t nb_start[N_PATTERNS + 1];    /* neighbour list of pattern p */
+static uint8_t *nb_list;
+static uint8_t grid_level[256][8];
+static float grid_q[256][8];                /* 2·level + 1 */
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static void build_tables(void) {
+    static const int pow3[8] = {1, 3, 9, 27, 81, 243, 729, 2187};
+    for (int p = 0; p < N_PATTERNS; p++) pattern_grid[p] = -1;
+    for (int g = 0; g < 256; g++) {
+        int code = 0;
+        for (int j = 0; j < 8; j++) {
+            int byte = (int)((ds4_iq2xxs_grid[g] >> (8 * j)) & 0xff);
+            grid_level[g][j] = (uint8_t)(byte == 0x08 ? 0 : byte == 0x19 ? 1 : 2);
+            grid_q[g][j] = (float)(2 * grid_level[g][j] + 1);
+            code += grid_level[g][j] * pow3[j];
+        }
+        pattern_grid[code] = (int16_t)g;
+    }
+    size_t cap = 1 << 16, len = 0;
+    nb_list = malloc(cap);
+    for (int p = 0; p < N_PATTERNS; p++) {
+        nb_start[p] = (uint32_t)len;
+        if (pattern_grid[p] >= 0 || !nb_list) continue;
+        int dist[256], d1 = INT32_MAX, d2 = INT32_MAX;
+        for (int g = 0; g < 256; g++) {
+            dist[g] = 0;
+            for (int j = 0; j < 8; j++) {
+                int diff = (p / pow3[j]) % 3 - grid_level[g][j];
+                dist[g] += diff * diff;
+            }
+            if (dist[g] < d1) { d2 = d1; d1 = dist[g]; }
+            else if (dist[g] > d1 && dist[g] < d2) d2 = dist[g];
+        }
+        if (len + 512 > cap) {
+            uint8_t *grown = realloc(nb_list, cap *= 2);
+            if (!grown) { free(nb_list); nb_list = NULL; continue; }
+            nb_list = grown;
+        }
+        for (int g = 0; g < 256; g++) if (dist[g] == d1) nb_list[len++] = (uint8_t)g;
+        for (int g = 0; g < 256; g++) if (dist[g] == d2) nb_list[len++] = (uint8_t)g;
+    }
+    nb_start[N_PATTERNS] = (uint32_t)len;
+}
+
+void ds4_quant_init(void) { pthread_once(&init_once, build_tables); }
+
+/* Snap 8 magnitudes to levels at inverse scale id; off-grid patterns take
+ * the neighbour minimising Σ sw·(scale·q - x)². Returns the grid index. */
+static int snap_group(const float *xv, const float *sw, float id, float scale) {
+    int code = 0, p3 = 1;
+    for (int j = 0; j < 8; j++, p3 *= 3) {
+        int l = ds4_round_even(0.5f * (id * xv[j] - 1.0f));
+        code += (l < 0 ? 0 : l > 2 ? 2 : l) * p3;
+    }
+    if (pattern_grid[code] >= 0) return pattern_grid[code];
+    int best_g = nb_list[nb_start[code]];
+    float best = INFINITY;
+    for (uint32_t t = nb_start[code]; t < nb_start[code + 1]; t++) {
+        int g = nb_list[t];
+        float d2 = 0.0f;
+        for (int j = 0; j < 8; j++) {
+            float diff = scale * grid_q[g][j] - xv[j];
+            d2 += sw[j] * diff * diff;
+        }
+        if (d2 < best) { best = d2; best_g = g; }
+    }
+    return best_g;
+}
+
+/* Snap all four groups at inverse scale id; returns Σ w·x·q and Σ w·q². */
+static void snap_subblock(const float *xv, const float *w, const float *sw, float id,
+                          uint8_t gidx[4], float *sqx, float *sq2) {
+    *sqx = *sq2 = 0.0f;
+    for (int k = 0; k < 4; k++) {
+        gidx[k] = (uint8_t)snap_group(xv + 8 * k, sw + 8 * k, id, 1.0f / id);
+        for (int j = 0; j < 8; j++) {
+            float q = grid_q[gidx[k]][j];
+            *sqx += w[8 * k + j] * xv[8 * k + j] * q;
+            *sq2 += w[8 * k + j] * q * q;
+        }
+    }
+}
+
+/* One 32-element sub-block: grid indices and 7-bit sign indices; returns the
+ * (non-negative) float scale, 0 for an all-zero sub-block. */
+static float quantize_subblock(const float *x, const float *w, uint8_t gidx[4], uint8_t sign7[4]) {
+    float xv[32], sw[32];
+    for (int i = 0; i < 32; i++) sw[i] = sqrtf(w[i]);
+    for (int k = 0; k < 4; k++) {
+        uint8_t s = 0;
+        int imin = 0;
+        for (int j = 0; j < 8; j++) {
+            int i = 8 * k + j;
+            xv[i] = fabsf(x[i]);
+            if (x[i] < 0.0f) s ^= (uint8_t)(1 << j);
+            if (w[i] * x[i] * x[i] < w[8 * k + imin] * x[8 * k + imin] * x[8 * k + imin]) imin = j;
+        }
+        /* only even sign counts are representable: flip the cheapest one */
+        if (__builtin_popcount(s) & 1) {
+            s ^= (uint8_t)(1 << imin);
+            xv[8 * k + imin] = -xv[8 * k + imin];
+        }
+        sign7[k] = s & 127;
+    }
+    float vmax = 0.0f;
+    for (int i = 0; i < 32; i++) vmax = fmaxf(vmax, xv[i]);
+    memset(gidx, 0, 4);
+    if (!(vmax >= DS4_GROUP_MAX_EPS)) return 0.0f;
+    uint8_t codes[32], trial[4];
+    float scale = ds4_quant_search_positive(32, 4, xv, w, codes);
+    if (!(scale > 0.0f)) return 0.0f;
+    float eff_max = 3.0f * scale, best = 0.0f, sqx, sq2;
+    for (int t = -6; t <= 6; t++) {
+        snap_subblock(xv, w, sw, (5.0f + 0.1f * (float)t) / eff_max, trial, &sqx, &sq2);
+        if (sq2 > 0.0f && sqx * sqx > best * sq2) {
+            scale = sqx / sq2;
+            best = scale * sqx;
+            memcpy(gidx, trial, 4);
+        }
+    }
+    /* a negative winner (only possible through a parity-flipped element)
+     * keeps its trial snapping and is fixed by flipping every sign */
+    if (scale > 0.0f) {
+        snap_subblock(xv, w, sw, 1.0f / scale, gidx, &sqx, &sq2);
+        if (sq2 > 0.0f) scale = sqx / sq2;
+    }
+    if (scale < 0.0f) {
+        scale = -scale;
+        for (int k = 0; k < 4; k++) sign7[k] = (uint8_t)(~sign7[k] & 127);
+    }
+    return scale;
+}
+
+void ds4_quantize_iq2_xxs(const float *x, ds4_block_iq2_xxs *y, int64_t n, const float *imp) {
+    ds4_quant_init();
+    for (int64_t b = 0; b < n / DS4_QK_K; b++, x += DS4_QK_K, y++) {
+        float sumx2 = 0.0f, scales[8], max_scale = 0.0f, w[32];
+        uint8_t gidx[8][4], sign7[8][4];
+        for (int i = 0; i < DS4_QK_K; i++) sumx2 += x[i] * x[i];
+        float sigma2 = sumx2 / DS4_QK_K;
+        for (int sb = 0; sb < 8; sb++) {
+            for (int i = 0; i < 32; i++) {
+                float xi = x[32 * sb + i];
+                w[i] = (imp ? imp[b * DS4_QK_K + 32 * sb + i] : 1.0f) * sqrtf(sigma2 + xi * xi);
+            }
+            scales[sb] = quantize_subblock(x + 32 * sb, w, gidx[sb], sign7[sb]);
+            max_scale = fmaxf(max_scale, scales[sb]);
+        }
+        memset(y, 0, sizeof(*y));
+        if (!(max_scale > 0.0f)) continue;
+        float d = max_scale / 31.0f, id = 1.0f / d;
+        y->d = ds4_f32_to_half(d);
+        for (int sb = 0; sb < 8; sb++) {
+            if (!(scales[sb] > 0.0f)) continue;
+            int s = ds4_round_even(0.5f * (id * scales[sb] - 1.0f));
+            uint32_t W = (uint32_t)(s < 0 ? 0 : s > 15 ? 15 : s) << 28;
+            for (int k = 0; k < 4; k++) W |= (uint32_t)sign7[sb][k] << (7 * k);
+            y->qs[4 * sb + 0] = (uint16_t)(gidx[sb][0] | gidx[sb][1] << 8);
+            y->qs[4 * sb + 1] = (uint16_t)(gidx[sb][2] | gidx[sb][3] << 8);
+            y->qs[4 * sb + 2] = (uint16_t)(W & 0xffff);
+            y->qs[4 * sb + 3] = (uint16_t)(W >> 16);
+        }
+    }
+}
