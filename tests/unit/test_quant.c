@@ -6,7 +6,8 @@
  * quantizers) is checked live by tests/quant/test_quant_ggufpy.py, which
  * drives this binary's pipe modes:
  *   test_quant --quantize TYPE N [IMATRIX.f32]   f32 rows on stdin -> blocks
- *   test_quant --dequantize TYPE N               blocks on stdin -> f32 rows */
+ *   test_quant --dequantize TYPE N               blocks on stdin -> f32 rows
+ *   test_quant --traits                          "id name elems bytes" lines */
 #include "check.h"
 #include "quant.h"
 
@@ -31,6 +32,13 @@ static float rng_gauss(void) {
 /* ---- pipe modes for the python cross-check ---- */
 
 static int pipe_mode(int argc, char **argv) {
+    if (strcmp(argv[1], "--traits") == 0) {
+        for (uint32_t id = 0; id < 64; id++)
+            if (ds4_type_name(id))
+                printf("%u %s %zu %zu\n", id, ds4_type_name(id), ds4_type_block_elems(id),
+                       ds4_type_block_bytes(id));
+        return 0;
+    }
     if (argc < 4) return 2;
     int type = ds4_type_from_name(argv[2]);
     int64_t n = atoll(argv[3]);
