@@ -39,6 +39,8 @@ typedef struct {
 void ds4_buf_put(ds4_buf *b, const void *p, size_t n);
 void ds4_buf_puts(ds4_buf *b, const char *s);
 void ds4_buf_putc(ds4_buf *b, char c);
+/* Appends s[0..n) with every occurrence of needle replaced by `with`. */
+void ds4_buf_put_replaced(ds4_buf *b, const char *s, size_t n, const char *needle, const char *with);
 void ds4_buf_clear(ds4_buf *b);               /* len = 0, keeps memory */
 void ds4_buf_free(ds4_buf *b);
 /* Moves the bytes out: returns a malloc'ed NUL-terminated string (an empty
@@ -78,5 +80,8 @@ typedef struct {
  * returns false. */
 bool ds4_json_object_each(const char *s, size_t n,
                           bool (*fn)(void *ud, const ds4_json_member *m), void *ud);
+/* The same for the elements of an array (value spans without outer space). */
+bool ds4_json_array_each(const char *s, size_t n,
+                         bool (*fn)(void *ud, const char *v, size_t len), void *ud);
 
 #endif

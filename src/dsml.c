@@ -1,0 +1,641 @@
+/* dsml.c -- see dsml.h. The parser keeps every fed byte in `raw` (needed for
+ * error reports and the exact replay block) and consumes it from `pos` with a
+ * small state machine; a state that cannot decide yet leaves its bytes
+ * unconsumed, which is what makes any chunking give the same events. */
+#include "dsml.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DSML_TAGS(F) { "<" F "tool_calls>", "</" F "tool_calls>", "<" F "invoke", \
+                       "</" F "invoke>", "<" F "parameter", "</" F "parameter>" }
+enum { T_OPEN_BLOCK, T_CLOSE_BLOCK, T_OPEN_INVOKE, T_CLOSE_INVOKE, T_OPEN_PARAM, T_CLOSE_PARAM };
+enum { N_FAMILIES = 3 };
+/* Families in ds4's order of preference: canonical, first bar lost, plain. */
+static const char *const TAGS[N_FAMILIES][6] = {
+    DSML_TAGS("｜DSML｜"), DSML_TAGS("DSML｜"), DSML_TAGS(""),
+};
+static const char THINK_OPEN[] = "<think>";
+static const char THINK_CLOSE[] = "</think>";
+/* Longer than any real tag; bounds how long an unclosed tag is buffered. */
+enum { MAX_TAG = 4096 };
+/* "&quot;" and "&apos;" are the longest entities. */
+enum { MAX_ENTITY = 6 };
+
+enum state {
+    S_THINK_START, S_REASONING, S_CONTENT,
+    S_BLOCK, S_INVOKE_TAG, S_INVOKE, S_PARAM_TAG, S_VALUE,
+    S_DONE, S_FAILED,
+};
+
+struct ds4_dsml_parser {
+    ds4_dsml_opts o;
+    ds4_dsml_event_fn fn;
+    void *ud;
+    enum state st;
+    ds4_buf raw;
+    size_t pos;
+    int fam;
+    size_t block_start;
+    int call, nparams;
+    bool pstring, args_valid;
+    bool js_in_str, js_esc;            /* minifier state inside a string="false" value */
+    ds4_buf name, pname, args, value, tmp;
+    ds4_buf pend;                      /* coalesced text event */
+    ds4_dsml_event_kind pend_kind;
+    bool has_pend;
+};
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static bool ascii_ws(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+enum match { M_NO, M_PARTIAL, M_FULL };
+
+static enum match match(const char *s, size_t n, const char *lit) {
+    size_t l = strlen(lit);
+    if (n >= l) return memcmp(s, lit, l) == 0 ? M_FULL : M_NO;
+    return memcmp(s, lit, n) == 0 ? M_PARTIAL : M_NO;
+}
+
+static size_t find(const char *s, size_t n, const char *lit) {
+    const char *h = memmem(s, n, lit, strlen(lit));
+    return h ? (size_t)(h - s) : n + 1;
+}
+
+/* Length of the longest suffix of s[0..n) that is a proper prefix of lit. */
+static size_t partial_suffix(const char *s, size_t n, const char *lit) {
+    size_t l = strlen(lit);
+    for (size_t k = l - 1 < n ? l - 1 : n; k > 0; k--)
+        if (memcmp(s + n - k, lit, k) == 0) return k;
+    return 0;
+}
+
+/* Largest cut <= n that does not split a UTF-8 sequence. */
+static size_t utf8_cut(const char *s, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned char c = (unsigned char)s[n - back];
+        if ((c & 0xC0) == 0x80) continue;
+        size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return len > back ? n - back : n;
+    }
+    return n;
+}
+
+static void decode_entities(const char *s, size_t n, ds4_buf *out) {
+    static const struct { const char *e; char c; } ents[] = {
+        { "&amp;", '&' }, { "&lt;", '<' }, { "&gt;", '>' }, { "&quot;", '"' }, { "&apos;", '\'' },
+    };
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '&') continue;
+        for (size_t k = 0; k < sizeof ents / sizeof ents[0]; k++) {
+            if (match(s + i, n - i, ents[k].e) != M_FULL) continue;
+            ds4_buf_put(out, s + run, i - run);
+            ds4_buf_putc(out, ents[k].c);
+            i += strlen(ents[k].e) - 1;
+            run = i + 1;
+            break;
+        }
+    }
+    ds4_buf_put(out, s + run, n - run);
+}
+
+/* Cut before an '&' whose entity could still complete past n. */
+static size_t entity_cut(const char *s, size_t n) {
+    for (size_t i = n > MAX_ENTITY - 1 ? n - (MAX_ENTITY - 1) : 0; i < n; i++)
+        if (s[i] == '&' && !memchr(s + i, ';', n - i)) return i;
+    return n;
+}
+
+/* ---- events --------------------------------------------------------------- */
+
+static void flush(ds4_dsml_parser *p) {
+    if (!p->has_pend) return;
+    p->has_pend = false;
+    ds4_dsml_event ev = { .kind = p->pend_kind, .text = p->pend.data, .len = p->pend.len,
+                          .index = p->call };
+    p->fn(p->ud, &ev);
+    ds4_buf_clear(&p->pend);
+}
+
+static void emit_text(ds4_dsml_parser *p, ds4_dsml_event_kind kind, const char *s, size_t n) {
+    if (!n) return;
+    if (p->has_pend && p->pend_kind != kind) flush(p);
+    p->has_pend = true;
+    p->pend_kind = kind;
+    ds4_buf_put(&p->pend, s, n);
+}
+
+static void emit(ds4_dsml_parser *p, ds4_dsml_event ev) {
+    flush(p);
+    p->fn(p->ud, &ev);
+}
+
+static void emit_args(ds4_dsml_parser *p, const char *s, size_t n) {
+    ds4_buf_put(&p->args, s, n);
+    emit_text(p, DS4_DSML_EV_ARGS, s, n);
+}
+
+static void fail(ds4_dsml_parser *p, const char *msg) {
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_ERROR, .message = msg,
+                              .text = p->raw.data ? p->raw.data : "", .len = p->raw.len,
+                              .index = p->call });
+    p->st = S_FAILED;
+}
+
+/* ---- tag attributes ------------------------------------------------------- */
+
+typedef struct { const char *name; size_t name_len; const char *str; size_t str_len; bool has_name, has_str; } attrs;
+
+/* ` name="v" string="v"` in any order; unknown attributes are skipped. */
+static bool parse_attrs(const char *s, size_t n, attrs *a) {
+    memset(a, 0, sizeof *a);
+    size_t i = 0;
+    for (;;) {
+        while (i < n && ascii_ws(s[i])) i++;
+        if (i >= n) return true;
+        size_t k = i;
+        while (i < n && s[i] != '=' && !ascii_ws(s[i])) i++;
+        size_t klen = i - k;
+        while (i < n && ascii_ws(s[i])) i++;
+        if (i >= n || s[i] != '=') return false;
+        i++;
+        while (i < n && ascii_ws(s[i])) i++;
+        if (i >= n || s[i] != '"') return false;
+        size_t v = ++i;
+        while (i < n && s[i] != '"') i++;
+        if (i >= n) return false;
+        if (klen == 4 && memcmp(s + k, "name", 4) == 0) {
+            a->name = s + v; a->name_len = i - v; a->has_name = true;
+        } else if (klen == 6 && memcmp(s + k, "string", 6) == 0) {
+            a->str = s + v; a->str_len = i - v; a->has_str = true;
+        }
+        i++;
+    }
+}
+
+static void decode_name(ds4_dsml_parser *p, const char *s, size_t n, ds4_buf *out) {
+    ds4_buf_clear(out);
+    if (p->o.decode_entities) decode_entities(s, n, out);
+    else ds4_buf_put(out, s, n);
+    ds4_buf_putc(out, 0);   /* names are NUL-terminated for the event */
+    out->len--;
+}
+
+/* ---- states ---------------------------------------------------------------- */
+
+/* Each step consumes what it can decide; false = nothing more until more
+ * input (or, at eof, nothing more at all). */
+
+static bool step_think_start(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
+    enum match m = match(s, n, THINK_OPEN);
+    if (m == M_PARTIAL && !eof) return false;
+    if (m == M_FULL) p->pos += strlen(THINK_OPEN);
+    p->st = S_REASONING;
+    return true;
+}
+
+static bool step_reasoning(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
+    size_t k = find(s, n, THINK_CLOSE);
+    if (k <= n) {
+        emit_text(p, DS4_DSML_EV_REASONING, s, k);
+        emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_REASONING_END });
+        p->pos += k + strlen(THINK_CLOSE);
+        p->st = S_CONTENT;
+        return true;
+    }
+    size_t keep = eof ? n : utf8_cut(s, n - partial_suffix(s, n, THINK_CLOSE));
+    emit_text(p, DS4_DSML_EV_REASONING, s, keep);
+    p->pos += keep;
+    return false;
+}
+
+static bool step_content(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
+    if (!p->o.tools) {
+        size_t keep = eof ? n : utf8_cut(s, n);
+        emit_text(p, DS4_DSML_EV_CONTENT, s, keep);
+        p->pos += keep;
+        return false;
+    }
+    size_t hold = n;
+    for (size_t i = 0; i < n && hold == n; i++) {
+        if (s[i] != '<') continue;
+        for (int f = 0; f < N_FAMILIES; f++) {
+            enum match m = match(s + i, n - i, TAGS[f][T_OPEN_BLOCK]);
+            if (m == M_FULL) {
+                size_t e = i;
+                while (e > 0 && ascii_ws(s[e - 1])) e--;
+                emit_text(p, DS4_DSML_EV_CONTENT, s, e);
+                p->block_start = p->pos + i - (i >= 2 && s[i - 1] == '\n' && s[i - 2] == '\n' ? 2 : 0);
+                p->fam = f;
+                p->pos += i + strlen(TAGS[f][T_OPEN_BLOCK]);
+                p->st = S_BLOCK;
+                emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_BLOCK_START });
+                return true;
+            }
+            if (m == M_PARTIAL && !eof) hold = i;
+        }
+    }
+    size_t keep = hold;
+    if (!eof) {
+        while (keep > 0 && ascii_ws(s[keep - 1])) keep--;
+        keep = utf8_cut(s, keep);
+    }
+    emit_text(p, DS4_DSML_EV_CONTENT, s, keep);
+    p->pos += keep;
+    return false;
+}
+
+static void open_call(ds4_dsml_parser *p) {
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_START, .index = p->call, .name = p->name.data });
+    ds4_buf_clear(&p->args);
+    p->nparams = 0;
+    p->args_valid = true;
+    emit_args(p, "{", 1);
+}
+
+static void close_call(ds4_dsml_parser *p) {
+    emit_args(p, "}", 1);
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_END, .index = p->call, .name = p->name.data,
+                              .text = p->args_valid ? p->args.data : "{}",
+                              .len = p->args_valid ? p->args.len : 2, .args_valid = p->args_valid });
+    p->call++;
+}
+
+static void open_param(ds4_dsml_parser *p) {
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_START, .index = p->call,
+                              .name = p->pname.data, .is_string = p->pstring });
+    ds4_buf_clear(&p->tmp);
+    if (p->nparams) ds4_buf_putc(&p->tmp, ',');
+    ds4_json_quote(p->pname.data, p->pname.len, DS4_JSON_COMPACT, &p->tmp);
+    ds4_buf_putc(&p->tmp, ':');
+    if (p->pstring) ds4_buf_putc(&p->tmp, '"');
+    emit_args(p, p->tmp.data, p->tmp.len);
+    ds4_buf_clear(&p->value);
+    p->js_in_str = p->js_esc = false;
+}
+
+/* Streams a decided piece of a parameter value into the arguments. */
+static void value_bytes(ds4_dsml_parser *p, const char *s, size_t n) {
+    ds4_buf_put(&p->value, s, n);
+    ds4_buf_clear(&p->tmp);
+    if (p->pstring) {
+        ds4_buf dec = {0};
+        if (p->o.decode_entities) { decode_entities(s, n, &dec); s = dec.data ? dec.data : ""; n = dec.len; }
+        ds4_json_quote(s, n, DS4_JSON_COMPACT, &p->tmp);
+        ds4_buf_free(&dec);
+        emit_args(p, p->tmp.data + 1, p->tmp.len - 2);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (p->js_in_str) {
+            if (p->js_esc) p->js_esc = false;
+            else if (c == '\\') p->js_esc = true;
+            else if (c == '"') p->js_in_str = false;
+        } else if (c == '"') {
+            p->js_in_str = true;
+        } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+            continue;
+        }
+        ds4_buf_putc(&p->tmp, c);
+    }
+    emit_args(p, p->tmp.data, p->tmp.len);
+}
+
+static void close_param(ds4_dsml_parser *p) {
+    if (p->pstring) emit_args(p, "\"", 1);
+    else if (!ds4_json_valid(p->value.data ? p->value.data : "", p->value.len)) p->args_valid = false;
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_END, .index = p->call, .name = p->pname.data,
+                              .is_string = p->pstring, .text = p->value.data ? p->value.data : "",
+                              .len = p->value.len });
+    p->nparams++;
+}
+
+/* Between elements: after the opening block tag (S_BLOCK) or inside an
+ * invoke (S_INVOKE). */
+static bool step_between(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
+    size_t i = 0;
+    while (i < n && ascii_ws(s[i])) i++;
+    p->pos += i;
+    s += i; n -= i;
+    const char *const *t = TAGS[p->fam];
+    bool in_block = p->st == S_BLOCK;
+    const char *open = t[in_block ? T_OPEN_INVOKE : T_OPEN_PARAM];
+    const char *close = t[in_block ? T_CLOSE_BLOCK : T_CLOSE_INVOKE];
+    enum match mo = match(s, n, open), mc = match(s, n, close);
+    if (mo == M_FULL) {
+        p->pos += strlen(open);
+        p->st = in_block ? S_INVOKE_TAG : S_PARAM_TAG;
+        return true;
+    }
+    if (mc == M_FULL) {
+        p->pos += strlen(close);
+        if (!in_block) { close_call(p); p->st = S_BLOCK; return true; }
+        if (!p->call) { fail(p, "tool_calls block without any invoke"); return false; }
+        p->st = S_DONE;
+        emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_BLOCK_END, .text = p->raw.data + p->block_start,
+                                  .len = p->pos - p->block_start });
+        return true;
+    }
+    if (n == 0 || mo == M_PARTIAL || mc == M_PARTIAL) {
+        if (eof) fail(p, "unterminated tool call");
+        return false;
+    }
+    fail(p, in_block ? "expected an invoke tag in the tool_calls block"
+                     : "expected a parameter tag in the invoke");
+    return false;
+}
+
+static bool step_tag(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
+    size_t gt = find(s, n < MAX_TAG ? n : MAX_TAG, ">");
+    if (gt > n || gt >= MAX_TAG) {
+        if (n >= MAX_TAG) fail(p, "tool-call tag too long");
+        else if (eof) fail(p, "unterminated tool call");
+        return false;
+    }
+    bool invoke = p->st == S_INVOKE_TAG;
+    attrs a;
+    if ((gt && !ascii_ws(s[0])) || !parse_attrs(s, gt, &a)) {
+        fail(p, invoke ? "malformed invoke tag" : "malformed parameter tag");
+        return false;
+    }
+    if (!a.has_name || (invoke && a.name_len == 0)) {
+        fail(p, invoke ? "invoke tag without a name" : "parameter tag without a name");
+        return false;
+    }
+    p->pos += gt + 1;
+    if (invoke) {
+        decode_name(p, a.name, a.name_len, &p->name);
+        open_call(p);
+        p->st = S_INVOKE;
+    } else {
+        decode_name(p, a.name, a.name_len, &p->pname);
+        p->pstring = !a.has_str || (a.str_len == 4 && memcmp(a.str, "true", 4) == 0);
+        open_param(p);
+        p->st = S_VALUE;
+    }
+    return true;
+}
+
+static bool step_value(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
+    const char *close = TAGS[p->fam][T_CLOSE_PARAM];
+    size_t k = find(s, n, close);
+    if (k <= n) {
+        value_bytes(p, s, k);
+        p->pos += k + strlen(close);
+        close_param(p);
+        p->st = S_INVOKE;
+        return true;
+    }
+    if (eof) { fail(p, "unterminated tool call"); return false; }
+    size_t keep = n - partial_suffix(s, n, close);
+    if (p->pstring && p->o.decode_entities) keep = entity_cut(s, keep);
+    keep = utf8_cut(s, keep);
+    value_bytes(p, s, keep);
+    p->pos += keep;
+    return false;
+}
+
+static bool step_done(ds4_dsml_parser *p, const char *s, size_t n) {
+    size_t i = 0;
+    while (i < n && ascii_ws(s[i])) i++;
+    p->pos += i;
+    if (i < n) fail(p, "text after the tool_calls block");
+    return false;
+}
+
+static void run(ds4_dsml_parser *p, bool eof) {
+    for (;;) {
+        const char *s = p->raw.data ? p->raw.data + p->pos : "";
+        size_t n = p->raw.len - p->pos;
+        bool more;
+        switch (p->st) {
+        case S_THINK_START: more = step_think_start(p, s, n, eof); break;
+        case S_REASONING:   more = step_reasoning(p, s, n, eof); break;
+        case S_CONTENT:     more = step_content(p, s, n, eof); break;
+        case S_BLOCK:
+        case S_INVOKE:      more = step_between(p, s, n, eof); break;
+        case S_INVOKE_TAG:
+        case S_PARAM_TAG:   more = step_tag(p, s, n, eof); break;
+        case S_VALUE:       more = step_value(p, s, n, eof); break;
+        case S_DONE:        more = step_done(p, s, n); break;
+        default:            more = false; break;
+        }
+        if (!more) break;
+    }
+    flush(p);
+}
+
+/* ---- public parser API ------------------------------------------------------ */
+
+ds4_dsml_parser *ds4_dsml_new(const ds4_dsml_opts *o, ds4_dsml_event_fn fn, void *ud) {
+    ds4_dsml_parser *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->o = *o;
+    p->fn = fn;
+    p->ud = ud;
+    p->st = o->thinking ? S_THINK_START : S_CONTENT;
+    return p;
+}
+
+void ds4_dsml_free(ds4_dsml_parser *p) {
+    if (!p) return;
+    ds4_buf *bufs[] = { &p->raw, &p->name, &p->pname, &p->args, &p->value, &p->tmp, &p->pend };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ds4_buf_free(bufs[i]);
+    free(p);
+}
+
+void ds4_dsml_feed(ds4_dsml_parser *p, const char *s, size_t n) {
+    if (p->st == S_FAILED || !n) return;
+    ds4_buf_put(&p->raw, s, n);
+    if (p->raw.oom) { fail(p, "out of memory"); return; }
+    run(p, false);
+}
+
+void ds4_dsml_finish(ds4_dsml_parser *p) {
+    if (p->st != S_FAILED) run(p, true);
+}
+
+bool ds4_dsml_in_structure(const ds4_dsml_parser *p) {
+    switch (p->st) {
+    case S_BLOCK: case S_INVOKE_TAG: case S_INVOKE: case S_PARAM_TAG:
+        return true;
+    case S_VALUE: {
+        /* a closing tag under way ("</" or more held back) is structure */
+        size_t held = p->raw.len - p->pos;
+        if (held >= 2 && match(p->raw.data + p->pos, held, TAGS[p->fam][T_CLOSE_PARAM]) == M_PARTIAL)
+            return true;
+        return !p->pstring && !p->js_in_str;
+    }
+    default:
+        return false;
+    }
+}
+
+bool ds4_dsml_in_reasoning(const ds4_dsml_parser *p) { return p->st == S_THINK_START || p->st == S_REASONING; }
+bool ds4_dsml_block_open(const ds4_dsml_parser *p) { return p->st >= S_BLOCK && p->st <= S_VALUE; }
+bool ds4_dsml_done(const ds4_dsml_parser *p) { return p->st == S_DONE; }
+bool ds4_dsml_failed(const ds4_dsml_parser *p) { return p->st == S_FAILED; }
+
+/* ---- one-shot parse ---------------------------------------------------------- */
+
+typedef struct { ds4_dsml_result *r; ds4_buf reasoning, content; bool oom; } collect;
+
+static char *dup_n(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (d) { memcpy(d, s, n); d[n] = 0; }
+    return d;
+}
+
+static void collect_event(void *ud, const ds4_dsml_event *ev) {
+    collect *c = ud;
+    ds4_dsml_result *r = c->r;
+    switch (ev->kind) {
+    case DS4_DSML_EV_REASONING: ds4_buf_put(&c->reasoning, ev->text, ev->len); break;
+    case DS4_DSML_EV_CONTENT:   ds4_buf_put(&c->content, ev->text, ev->len); break;
+    case DS4_DSML_EV_CALL_END: {
+        ds4_dsml_call *calls = realloc(r->calls, (size_t)(r->n_calls + 1) * sizeof *calls);
+        if (!calls) { c->oom = true; break; }
+        r->calls = calls;
+        ds4_dsml_call *k = &calls[r->n_calls++];
+        k->name = dup_n(ev->name, strlen(ev->name));
+        k->arguments = dup_n(ev->text, ev->len);
+        k->args_valid = ev->args_valid;
+        if (!k->name || !k->arguments) c->oom = true;
+        break;
+    }
+    case DS4_DSML_EV_BLOCK_END:
+        free(r->raw_block);
+        if (!(r->raw_block = dup_n(ev->text, ev->len))) c->oom = true;
+        break;
+    case DS4_DSML_EV_ERROR:
+        if (!r->error) r->error = dup_n(ev->message, strlen(ev->message));
+        break;
+    default: break;
+    }
+}
+
+void ds4_dsml_parse(const ds4_dsml_opts *o, const char *s, size_t n, ds4_dsml_result *r) {
+    memset(r, 0, sizeof *r);
+    collect c = { .r = r };
+    ds4_dsml_parser *p = ds4_dsml_new(o, collect_event, &c);
+    if (p) {
+        ds4_dsml_feed(p, s, n);
+        ds4_dsml_finish(p);
+        ds4_dsml_free(p);
+    }
+    if (o->thinking) r->reasoning = ds4_buf_take(&c.reasoning);
+    else ds4_buf_free(&c.reasoning);
+    r->content = ds4_buf_take(&c.content);
+    if ((!p || c.oom || !r->content || (o->thinking && !r->reasoning)) && !r->error)
+        r->error = dup_n("out of memory", 13);
+}
+
+void ds4_dsml_result_free(ds4_dsml_result *r) {
+    for (int i = 0; i < r->n_calls; i++) { free(r->calls[i].name); free(r->calls[i].arguments); }
+    free(r->calls);
+    free(r->reasoning);
+    free(r->content);
+    free(r->raw_block);
+    free(r->error);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- JSON -> DSML -------------------------------------------------------------- */
+
+static const char PARAM_CLOSE[] = "</｜DSML｜parameter>";
+
+static void put_attr(ds4_buf *out, const char *s, size_t n, ds4_dsml_style style) {
+    if (style == DS4_DSML_OFFICIAL) { ds4_buf_put(out, s, n); return; }
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *e = s[i] == '&' ? "&amp;" : s[i] == '<' ? "&lt;" : s[i] == '>' ? "&gt;"
+                      : s[i] == '"' ? "&quot;" : NULL;
+        if (!e) continue;
+        ds4_buf_put(out, s + run, i - run);
+        ds4_buf_puts(out, e);
+        run = i + 1;
+    }
+    ds4_buf_put(out, s + run, n - run);
+}
+
+typedef struct { ds4_buf *out; ds4_dsml_style style; ds4_buf tmp; } render_ctx;
+
+static void put_param(render_ctx *c, const char *key, size_t key_len, bool is_string,
+                      const char *v, size_t vn) {
+    ds4_buf *out = c->out;
+    ds4_buf_puts(out, "<｜DSML｜parameter name=\"");
+    put_attr(out, key, key_len, c->style);
+    ds4_buf_puts(out, is_string ? "\" string=\"true\">" : "\" string=\"false\">");
+    if (c->style == DS4_DSML_OFFICIAL) ds4_buf_put(out, v, vn);
+    else ds4_buf_put_replaced(out, v, vn, PARAM_CLOSE, is_string ? "&lt;/｜DSML｜parameter>" : "\\u003c/｜DSML｜parameter>");
+    ds4_buf_puts(out, PARAM_CLOSE);
+}
+
+static bool render_member(void *ud, const ds4_json_member *m) {
+    render_ctx *c = ud;
+    ds4_buf key = {0};
+    ds4_json_unquote(m->key, m->key_len, &key);
+    ds4_buf_clear(&c->tmp);
+    bool is_string = m->value[0] == '"';
+    if (is_string) ds4_json_unquote(m->value, m->value_len, &c->tmp);
+    else if (c->style == DS4_DSML_OFFICIAL) ds4_buf_put(&c->tmp, m->value, m->value_len);  /* already Python style */
+    else ds4_json_reformat(m->value, m->value_len, DS4_JSON_COMPACT, &c->tmp);
+    if (c->style == DS4_DSML_OFFICIAL && c->out->data[c->out->len - 1] != '\n') ds4_buf_putc(c->out, '\n');
+    put_param(c, key.data ? key.data : "", key.len, is_string, c->tmp.data ? c->tmp.data : "", c->tmp.len);
+    if (c->style == DS4_DSML_DS4) ds4_buf_putc(c->out, '\n');
+    ds4_buf_free(&key);
+    return true;
+}
+
+static bool is_object(const char *s, size_t n) {
+    if (!ds4_json_valid(s, n)) return false;
+    while (n && (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')) { s++; n--; }
+    return *s == '{';
+}
+
+bool ds4_dsml_render_calls(const ds4_tool_call *calls, int n, ds4_dsml_style style,
+                           ds4_buf *out, char *err, size_t errlen) {
+    for (int i = 0; i < n; i++) {
+        if (!calls[i].name || !calls[i].name[0]) {
+            if (errlen) snprintf(err, errlen, "tool call %d has no name", i);
+            return false;
+        }
+    }
+    render_ctx c = { .out = out, .style = style };
+    ds4_buf py = {0};
+    ds4_buf_puts(out, "\n\n<｜DSML｜tool_calls>\n");
+    for (int i = 0; i < n; i++) {
+        const char *args = calls[i].arguments ? calls[i].arguments : "{}";
+        size_t an = strlen(args);
+        if (style == DS4_DSML_OFFICIAL && i) ds4_buf_putc(out, '\n');
+        ds4_buf_puts(out, "<｜DSML｜invoke name=\"");
+        put_attr(out, calls[i].name, strlen(calls[i].name), style);
+        ds4_buf_puts(out, "\">\n");
+        if (!is_object(args, an)) {
+            put_param(&c, "arguments", 9, true, args, an);
+            if (style == DS4_DSML_DS4) ds4_buf_putc(out, '\n');
+        } else if (style == DS4_DSML_OFFICIAL) {
+            /* Python dict semantics (duplicates collapse) come with the reformat */
+            ds4_buf_clear(&py);
+            ds4_json_reformat(args, an, DS4_JSON_PY, &py);
+            ds4_json_object_each(py.data, py.len, render_member, &c);
+        } else {
+            ds4_json_object_each(args, an, render_member, &c);
+        }
+        ds4_buf_puts(out, style == DS4_DSML_OFFICIAL ? "\n</｜DSML｜invoke>" : "</｜DSML｜invoke>\n");
+    }
+    ds4_buf_puts(out, style == DS4_DSML_OFFICIAL ? "\n</｜DSML｜tool_calls>" : "</｜DSML｜tool_calls>");
+    ds4_buf_free(&py);
+    ds4_buf_free(&c.tmp);
+    if (out->oom) {
+        if (errlen) snprintf(err, errlen, "out of memory");
+        return false;
+    }
+    return true;
+}
