@@ -1,0 +1,230 @@
+/* engine.c -- the public engine API over the model binding, the CPU backend
+ * and the session state. */
+#include "engine.h"
+#include "backend.h"
+#include "forward_cpu.h"
+#include "gguf.h"
+#include "kv.h"
+#include "model.h"
+#include "tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Positions a session can drop without recomputing (kv.h): covers the usual
+ * rewinds of a turn's tail; deeper rewinds re-prefill from the token list. */
+enum { REWIND_SLACK = 256 };
+
+struct ds4_engine {
+    ds4_gguf *g;
+    ds4_model *m;
+    ds4_backend *be;
+    ds4_tokenizer *tok;
+    int prefill_chunk;
+};
+
+struct ds4_session {
+    ds4_engine *e;
+    ds4_kv *kv;
+    int ctx;
+    int32_t *toks;      /* [ctx]; kv->n_pos of them are live */
+    float *logits;      /* [n_vocab], valid when kv->n_pos > 0 */
+};
+
+struct ds4_snapshot {
+    int ctx, n_toks;
+    int32_t *toks;
+    float *logits;
+    void *kv;
+    size_t kv_bytes;
+};
+
+void ds4_engine_params_default(ds4_engine_params *p) {
+    memset(p, 0, sizeof *p);
+    p->numerics = -1;
+}
+
+static uint64_t rss_bytes(void) {
+    unsigned long size = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
+    fclose(f);
+    return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen) {
+    ds4_engine *e = calloc(1, sizeof *e);
+    e->g = ds4_gguf_open(p->model_path, err, errlen);
+    if (!e->g) goto fail;
+    e->m = ds4_model_bind(e->g, err, errlen);
+    if (!e->m) goto fail;
+    if (ds4_gguf_find_kv(e->g, "tokenizer.ggml.tokens")) {
+        e->tok = ds4_tokenizer_from_gguf(e->g, err, errlen);
+        if (!e->tok) goto fail;
+    }
+    bool numerics = p->numerics < 0 ? ds4_cpu_numerics_supported(&e->m->cfg) : p->numerics > 0;
+    e->prefill_chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 4096;
+    e->be = ds4_cpu_backend_new(e->m, p->n_threads, e->prefill_chunk, numerics, err, errlen);
+    if (!e->be) goto fail;
+    if (!p->quiet) {
+        const ds4_config *c = &e->m->cfg;
+        fprintf(stderr, "ds4: %s: %d layers, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
+                        "%d threads, numerics %s\n",
+                e->m->name, c->n_layer, c->n_expert, ds4_model_expert_bits(e->m),
+                (double)e->m->file_bytes / (1 << 30), (double)rss_bytes() / (1 << 20),
+                ds4_cpu_backend_threads(e->be), numerics ? "ds4" : "f32");
+    }
+    return e;
+fail:
+    ds4_engine_free(e);
+    return NULL;
+}
+
+void ds4_engine_free(ds4_engine *e) {
+    if (!e) return;
+    if (e->be) e->be->free(e->be);
+    ds4_tokenizer_free(e->tok);
+    ds4_model_free(e->m);
+    ds4_gguf_close(e->g);
+    free(e);
+}
+
+const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e) { return e->tok; }
+int ds4_engine_n_vocab(const ds4_engine *e) { return e->m->cfg.n_vocab; }
+int ds4_engine_n_layers(const ds4_engine *e) { return e->m->cfg.n_layer; }
+int ds4_engine_train_ctx(const ds4_engine *e) {
+    uint64_t c = e->m->cfg.train_ctx;
+    return c > (1u << 30) ? 1 << 30 : (int)c;
+}
+int ds4_engine_expert_bits(const ds4_engine *e) { return ds4_model_expert_bits(e->m); }
+const char *ds4_engine_model_name(const ds4_engine *e) { return e->m->name; }
+uint64_t ds4_engine_model_bytes(const ds4_engine *e) { return e->m->file_bytes; }
+uint64_t ds4_engine_kv_bytes(const ds4_engine *e, int ctx) {
+    return ds4_kv_bytes_for(&e->m->cfg, ctx, REWIND_SLACK);
+}
+
+/* ---- sessions ---- */
+
+ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen) {
+    if (ctx <= 0) { snprintf(err, errlen, "context size must be positive (got %d)", ctx); return NULL; }
+    ds4_session *s = calloc(1, sizeof *s);
+    s->e = e;
+    s->ctx = ctx;
+    s->kv = ds4_kv_new(&e->m->cfg, ctx, REWIND_SLACK);
+    s->toks = malloc((size_t)ctx * sizeof(int32_t));
+    s->logits = malloc((size_t)e->m->cfg.n_vocab * sizeof(float));
+    if (!s->kv || !s->toks || !s->logits) {
+        snprintf(err, errlen, "out of memory for a %d-token session (%.1f MiB of state)", ctx,
+                 (double)ds4_engine_kv_bytes(e, ctx) / (1 << 20));
+        ds4_session_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void ds4_session_free(ds4_session *s) {
+    if (!s) return;
+    ds4_kv_free(s->kv);
+    free(s->toks);
+    free(s->logits);
+    free(s);
+}
+
+int ds4_session_ctx(const ds4_session *s) { return s->ctx; }
+int ds4_session_n_tokens(const ds4_session *s) { return s->kv->n_pos; }
+const int32_t *ds4_session_tokens(const ds4_session *s) { return s->toks; }
+const float *ds4_session_logits(const ds4_session *s) { return s->kv->n_pos ? s->logits : NULL; }
+
+/* Runs toks through the backend in chunks. all_logits: n x vocab, else the
+ * last token's logits land in s->logits. */
+static int run(ds4_session *s, const int32_t *toks, int n, float *all_logits, ds4_progress_fn progress, void *ud,
+               char *err, size_t errlen) {
+    ds4_backend *be = s->e->be;
+    const int V = s->e->m->cfg.n_vocab;
+    if (n < 0 || s->kv->n_pos + n > s->ctx) {
+        snprintf(err, errlen, "context full: %d + %d tokens exceed ctx %d", s->kv->n_pos, n, s->ctx);
+        return -1;
+    }
+    for (int done = 0; done < n;) {
+        int len = n - done < be->max_batch ? n - done : be->max_batch;
+        int base = s->kv->n_pos;
+        float *out = all_logits ? all_logits + (size_t)done * V : s->logits;
+        if (be->eval(be, s->kv, toks + done, len, out, all_logits != NULL, err, errlen)) return -1;
+        memcpy(s->toks + base, toks + done, (size_t)len * sizeof(int32_t));
+        if (all_logits) memcpy(s->logits, out + (size_t)(len - 1) * V, (size_t)V * sizeof(float));
+        done += len;
+        if (progress && progress(ud, done, n)) return 1;
+    }
+    return 0;
+}
+
+int ds4_session_prefill(ds4_session *s, const int32_t *toks, int n, float *all_logits,
+                        ds4_progress_fn progress, void *ud, char *err, size_t errlen) {
+    return run(s, toks, n, all_logits, progress, ud, err, errlen);
+}
+
+int ds4_session_decode(ds4_session *s, int32_t tok, char *err, size_t errlen) {
+    return run(s, &tok, 1, NULL, NULL, NULL, err, errlen);
+}
+
+/* The logits after token n-1 are not kept, so a rewind always recomputes the
+ * last kept token: from the truncated state when the rings still cover it,
+ * else from the start of the token list. */
+int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
+    const int have = s->kv->n_pos;
+    if (n_tokens < 0 || n_tokens > have) {
+        snprintf(err, errlen, "cannot rewind to %d tokens: the session holds %d", n_tokens, have);
+        return -1;
+    }
+    if (n_tokens == have) return 0;
+    if (n_tokens == 0) { ds4_kv_reset(s->kv); return 0; }
+    int keep = n_tokens - 1;
+    if (!ds4_kv_truncate(s->kv, keep)) {
+        keep = 0;
+        ds4_kv_reset(s->kv);
+    }
+    int32_t *tail = malloc((size_t)(n_tokens - keep) * sizeof(int32_t));
+    memcpy(tail, s->toks + keep, (size_t)(n_tokens - keep) * sizeof(int32_t));
+    int rc = run(s, tail, n_tokens - keep, NULL, NULL, NULL, err, errlen);
+    free(tail);
+    return rc;
+}
+
+/* ---- snapshots ---- */
+
+ds4_snapshot *ds4_session_snapshot(const ds4_session *s) {
+    const int V = s->e->m->cfg.n_vocab, n = s->kv->n_pos;
+    ds4_snapshot *snap = calloc(1, sizeof *snap);
+    snap->ctx = s->ctx;
+    snap->n_toks = n;
+    snap->kv_bytes = ds4_kv_live_bytes(s->kv);
+    snap->kv = malloc(snap->kv_bytes);
+    snap->toks = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    snap->logits = malloc((size_t)V * sizeof(float));
+    if (!snap->kv || !snap->toks || !snap->logits) { ds4_snapshot_free(snap); return NULL; }
+    ds4_kv_save(s->kv, snap->kv);
+    memcpy(snap->toks, s->toks, (size_t)n * sizeof(int32_t));
+    memcpy(snap->logits, s->logits, (size_t)V * sizeof(float));
+    return snap;
+}
+
+int ds4_session_restore(ds4_session *s, const ds4_snapshot *snap, char *err, size_t errlen) {
+    if (snap->ctx != s->ctx || !ds4_kv_load(s->kv, snap->kv, snap->kv_bytes)) {
+        snprintf(err, errlen, "snapshot does not fit this session (ctx %d vs %d)", snap->ctx, s->ctx);
+        return -1;
+    }
+    memcpy(s->toks, snap->toks, (size_t)snap->n_toks * sizeof(int32_t));
+    memcpy(s->logits, snap->logits, (size_t)s->e->m->cfg.n_vocab * sizeof(float));
+    return 0;
+}
+
+void ds4_snapshot_free(ds4_snapshot *snap) {
+    if (!snap) return;
+    free(snap->kv);
+    free(snap->toks);
+    free(snap->logits);
+    free(snap);
+}

@@ -1,0 +1,39 @@
+/* forward_cpu.h -- the CPU backend: the DS4 forward pass over a session state.
+ *
+ * Contract
+ * - ds4_cpu_backend_new() creates a backend (see backend.h) for a bound model:
+ *   a thread pool of n_threads (<= 0: all CPUs) and scratch that grows to the
+ *   largest batch seen (at most max_batch tokens).
+ * - One eval() processes its tokens layer-major: every matrix product over
+ *   the batch is one ds4_matmul (a single token uses ds4_matvec); attention,
+ *   indexer and per-token work run across the pool. Decode is a batch of one.
+ *   Any split of a token sequence into batches gives the same logits up to
+ *   float rounding (compressor windows and frontiers carry across calls).
+ * - numerics = true adds ds4's simulation of the reference graph's storage
+ *   precision: FP8 (E4M3) round trip of the non-rotary KV dims in blocks of
+ *   64, F16 storage of raw/compressed/indexer rows, Hadamard + FP4 (E2M1)
+ *   round trip of indexer queries and rows. false = plain f32 math, matching
+ *   transformers. ds4_cpu_numerics_supported() says whether the geometry
+ *   allows it (non-rotary dims a multiple of 64, indexer head a power of two
+ *   and a multiple of 32).
+ * - The round-trip helpers are exposed for unit tests; n is a multiple of the
+ *   block (64 for FP8, 32 for FP4), Hadamard needs a power of two.
+ */
+#ifndef DS4_FORWARD_CPU_H
+#define DS4_FORWARD_CPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include "backend.h"
+#include "model.h"
+
+ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batch, bool numerics,
+                                 char *err, size_t errlen);
+bool ds4_cpu_numerics_supported(const ds4_config *c);
+int ds4_cpu_backend_threads(const ds4_backend *be);
+
+void ds4_fp8_e4m3_roundtrip(float *x, int n);
+void ds4_fp4_e2m1_roundtrip(float *x, int n);
+void ds4_hadamard(float *x, int n);
+
+#endif

@@ -1,0 +1,149 @@
+/* kv.c -- session state allocation, truncation and serialisation. */
+#include "kv.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KV_MAGIC 0x3456534bu /* "KSV4" */
+
+typedef struct {
+    size_t raw, comp, idx, f, fi;   /* float counts of each buffer */
+} layer_sizes;
+
+static layer_sizes sizes_of(const ds4_config *c, int l, int ctx, int slack, int *comp_cap, int *f_cap) {
+    layer_sizes s = {0};
+    const size_t D = (size_t)c->head_dim, DI = (size_t)c->idx_head_dim;
+    s.raw = (size_t)(c->window + slack) * D;
+    int r = ds4_layer_ratio(c, l);
+    *comp_cap = *f_cap = 0;
+    if (r) {
+        int coff = ds4_layer_coff(c, l);
+        *comp_cap = ctx / r + 1;
+        *f_cap = coff * r + slack;
+        s.comp = (size_t)*comp_cap * D;
+        s.f = (size_t)*f_cap * coff * D;
+        if (ds4_layer_has_indexer(c, l)) {
+            s.idx = (size_t)*comp_cap * DI;
+            s.fi = (size_t)*f_cap * 2 * DI;
+        }
+    }
+    return s;
+}
+
+static size_t layer_floats(layer_sizes s) { return s.raw + s.comp + s.idx + 2 * s.f + 2 * s.fi; }
+
+uint64_t ds4_kv_bytes_for(const ds4_config *c, int ctx, int slack) {
+    uint64_t n = 0;
+    int cc, fc;
+    for (int l = 0; l < c->n_layer; l++) n += layer_floats(sizes_of(c, l, ctx, slack, &cc, &fc));
+    return n * sizeof(float);
+}
+
+ds4_kv *ds4_kv_new(const ds4_config *c, int ctx, int slack) {
+    ds4_kv *kv = calloc(1, sizeof *kv);
+    kv->n_layer = c->n_layer;
+    kv->ctx = ctx;
+    kv->slack = slack;
+    kv->raw_cap = c->window + slack;
+    kv->head_dim = c->head_dim;
+    kv->idx_head_dim = c->idx_head_dim;
+    kv->L = calloc((size_t)c->n_layer, sizeof(ds4_kv_layer));
+    kv->bytes = ds4_kv_bytes_for(c, ctx, slack);
+    /* calloc: pages of rows not yet produced stay unmapped until written */
+    float *p = calloc(kv->bytes / sizeof(float), sizeof(float));
+    if (!p) { free(kv->L); free(kv); return NULL; }
+    kv->block = p;
+    for (int l = 0; l < c->n_layer; l++) {
+        ds4_kv_layer *L = &kv->L[l];
+        layer_sizes s = sizes_of(c, l, ctx, slack, &L->comp_cap, &L->f_cap);
+        L->ratio = ds4_layer_ratio(c, l);
+        L->coff = L->ratio ? ds4_layer_coff(c, l) : 0;
+        L->raw = p; p += s.raw;
+        if (s.comp) { L->comp = p; p += s.comp; }
+        if (s.idx) { L->idx = p; p += s.idx; }
+        if (s.f) { L->fk = p; p += s.f; L->fz = p; p += s.f; }
+        if (s.fi) { L->ik = p; p += s.fi; L->iz = p; p += s.fi; }
+    }
+    return kv;
+}
+
+void ds4_kv_free(ds4_kv *kv) {
+    if (!kv) return;
+    free(kv->block);
+    free(kv->L);
+    free(kv);
+}
+
+void ds4_kv_reset(ds4_kv *kv) { kv->n_pos = 0; }
+
+bool ds4_kv_truncate(ds4_kv *kv, int n) {
+    if (n < 0 || n > kv->n_pos || n < kv->n_pos - kv->slack) return false;
+    /* rows of windows completed at or after n are simply no longer counted;
+     * ring slots past n are overwritten by the next tokens */
+    kv->n_pos = n;
+    return true;
+}
+
+/* ---- serialisation: header, then per layer the fixed rings and the live rows ---- */
+
+typedef struct { uint32_t magic, n_layer; int32_t ctx, slack, n_pos; } kv_header;
+
+/* Walks every buffer of the live state in a fixed order; fn copies one span. */
+static size_t walk(const ds4_kv *kv, int n_pos, void (*fn)(void *, float *, size_t), void *ud) {
+    size_t total = 0;
+    for (int l = 0; l < kv->n_layer; l++) {
+        const ds4_kv_layer *L = &kv->L[l];
+        size_t wc = (size_t)L->coff * kv->head_dim, wi = 2 * (size_t)kv->idx_head_dim;
+        size_t rows = L->ratio ? (size_t)(n_pos / L->ratio) : 0;
+        struct { float *p; size_t n; } spans[] = {
+            {L->raw, (size_t)kv->raw_cap * kv->head_dim},
+            {L->comp, rows * kv->head_dim},
+            {L->idx, rows * kv->idx_head_dim},
+            {L->fk, (size_t)L->f_cap * wc}, {L->fz, (size_t)L->f_cap * wc},
+            {L->ik, (size_t)L->f_cap * wi}, {L->iz, (size_t)L->f_cap * wi},
+        };
+        for (size_t i = 0; i < sizeof spans / sizeof spans[0]; i++) {
+            if (!spans[i].p || !spans[i].n) continue;
+            if (fn) fn(ud, spans[i].p, spans[i].n);
+            total += spans[i].n * sizeof(float);
+        }
+    }
+    return total;
+}
+
+size_t ds4_kv_live_bytes(const ds4_kv *kv) {
+    return sizeof(kv_header) + walk(kv, kv->n_pos, NULL, NULL);
+}
+
+static void put(void *ud, float *p, size_t n) {
+    char **dst = ud;
+    memcpy(*dst, p, n * sizeof(float));
+    *dst += n * sizeof(float);
+}
+
+static void get(void *ud, float *p, size_t n) {
+    const char **src = ud;
+    memcpy(p, *src, n * sizeof(float));
+    *src += n * sizeof(float);
+}
+
+void ds4_kv_save(const ds4_kv *kv, void *dst) {
+    kv_header h = {KV_MAGIC, (uint32_t)kv->n_layer, kv->ctx, kv->slack, kv->n_pos};
+    memcpy(dst, &h, sizeof h);
+    char *p = (char *)dst + sizeof h;
+    walk(kv, kv->n_pos, put, &p);
+}
+
+bool ds4_kv_load(ds4_kv *kv, const void *src, size_t n) {
+    kv_header h;
+    if (n < sizeof h) return false;
+    memcpy(&h, src, sizeof h);
+    if (h.magic != KV_MAGIC || h.n_layer != (uint32_t)kv->n_layer || h.ctx != kv->ctx || h.slack != kv->slack ||
+        h.n_pos < 0 || h.n_pos > kv->ctx)
+        return false;
+    if (n != sizeof h + walk(kv, h.n_pos, NULL, NULL)) return false;
+    const char *p = (const char *)src + sizeof h;
+    walk(kv, h.n_pos, get, &p);
+    kv->n_pos = h.n_pos;
+    return true;
+}

@@ -1,0 +1,58 @@
+/* kv.h -- one conversation's decode state for the DS4 forward pass.
+ *
+ * Contract
+ * - Per layer: a raw ring of post-RoPE KV rows (slot = position mod raw_cap),
+ *   the compressed attention rows and (ratio-4 layers) indexer rows produced
+ *   so far (row w covers window w; ctx/ratio + 1 rows reserved), and the
+ *   compressor frontier: projected K and Z (position bias already added) of the
+ *   most recent positions (slot = position mod f_cap).
+ * - Rings hold `slack` more positions than the math needs (window, or the
+ *   current plus previous compression window), so ds4_kv_truncate() can drop
+ *   up to `slack` trailing positions exactly, with no recomputation. Deeper
+ *   rewinds return false; the caller then recomputes from the token list.
+ * - All buffers are allocated once at creation (one block per layer kind),
+ *   with exact byte accounting; nothing grows afterwards.
+ * - ds4_kv_save() serialises the live part (rings, frontiers, the rows
+ *   produced so far) into a flat buffer; ds4_kv_load() restores it into a state
+ *   of the same config and ctx, bit-identically (snapshots use this).
+ */
+#ifndef DS4_KV_H
+#define DS4_KV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "model.h"
+
+typedef struct {
+    int ratio, coff;
+    float *raw;          /* [raw_cap][head_dim] */
+    float *comp;         /* [comp_cap][head_dim] */
+    float *idx;          /* [comp_cap][idx_head_dim] or NULL */
+    float *fk, *fz;      /* [f_cap][coff*head_dim] */
+    float *ik, *iz;      /* [f_cap][2*idx_head_dim] or NULL */
+    int comp_cap, f_cap;
+} ds4_kv_layer;
+
+typedef struct ds4_kv {
+    int n_layer, ctx, raw_cap, slack;
+    int head_dim, idx_head_dim;
+    int n_pos;           /* positions consumed so far */
+    ds4_kv_layer *L;
+    void *block;         /* the single allocation behind every buffer */
+    uint64_t bytes;
+} ds4_kv;
+
+/* Bytes a state for `ctx` tokens needs (what ds4_kv_new allocates). */
+uint64_t ds4_kv_bytes_for(const ds4_config *c, int ctx, int slack);
+ds4_kv *ds4_kv_new(const ds4_config *c, int ctx, int slack);
+void ds4_kv_free(ds4_kv *kv);
+/* Drop positions >= n. False (state untouched) when n < n_pos - slack. */
+bool ds4_kv_truncate(ds4_kv *kv, int n);
+void ds4_kv_reset(ds4_kv *kv);
+size_t ds4_kv_live_bytes(const ds4_kv *kv);
+void ds4_kv_save(const ds4_kv *kv, void *dst);            /* writes ds4_kv_live_bytes() */
+/* False when the buffer does not fit this state's geometry. */
+bool ds4_kv_load(ds4_kv *kv, const void *src, size_t n);
+
+#endif

@@ -1,0 +1,348 @@
+/* model.c -- DS4 config from metadata, tensor binding and validation. */
+#include "model.h"
+#include "gguf.h"
+#include "quant.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const ds4_gguf *g;
+    char *err;
+    size_t errlen;
+    bool failed;
+} binder;
+
+static void fail(binder *b, const char *fmt, ...) {
+    if (b->failed) return;               /* report only the first problem */
+    b->failed = true;
+    int n = snprintf(b->err, b->errlen, "not a DeepSeek V4 GGUF: ");
+    if (n < 0 || (size_t)n >= b->errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->err + n, b->errlen - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- metadata ---- */
+
+static int key_int(binder *b, const char *key, int min, int max) {
+    uint64_t v = 0;
+    if (b->failed) return min;
+    if (!ds4_gguf_get_u64(b->g, key, &v)) { fail(b, "missing or non-integer key %s", key); return min; }
+    if (v < (uint64_t)min || v > (uint64_t)max) {
+        fail(b, "key %s = %llu out of range [%d, %d]", key, (unsigned long long)v, min, max);
+        return min;
+    }
+    return (int)v;
+}
+
+static float key_float(binder *b, const char *key) {
+    float v = 0;
+    if (b->failed) return 0;
+    if (!ds4_gguf_get_f32(b->g, key, &v) || !isfinite(v)) fail(b, "missing or non-numeric key %s", key);
+    return v;
+}
+
+/* Per-layer array key (compress ratios, clamps): at least n_layer numeric entries. */
+static const ds4_gguf_kv *key_layer_array(binder *b, const char *key, int n_layer) {
+    if (b->failed) return NULL;
+    const ds4_gguf_kv *kv = ds4_gguf_find_kv(b->g, key);
+    if (!kv || kv->type != DS4_GGUF_ARRAY || kv->arr_type == DS4_GGUF_STRING) {
+        fail(b, "missing numeric array key %s", key);
+        return NULL;
+    }
+    if (kv->arr_n < (uint64_t)n_layer) {
+        fail(b, "key %s has %llu entries, need %d", key, (unsigned long long)kv->arr_n, n_layer);
+        return NULL;
+    }
+    return kv;
+}
+
+static void read_clamps(binder *b, const ds4_gguf_kv *kv, const char *key, float *dst, int n) {
+    for (int l = 0; kv && l < n && !b->failed; l++) {
+        double v;
+        if (!ds4_gguf_arr_f64(kv, (uint64_t)l, &v) || !(v > 0) || !isfinite(v)) fail(b, "key %s[%d] invalid", key, l);
+        else dst[l] = (float)v;
+    }
+}
+
+#define K(s) "deepseek4." s
+
+static void read_config(binder *b, ds4_config *c) {
+    const uint32_t big = 1u << 30;
+    c->n_layer = key_int(b, K("block_count"), 1, 4096);
+    c->n_embd = key_int(b, K("embedding_length"), 1, 1 << 20);
+    c->n_vocab = key_int(b, K("vocab_size"), 1, 1 << 24);
+    c->n_head = key_int(b, K("attention.head_count"), 1, 4096);
+    int n_head_kv = key_int(b, K("attention.head_count_kv"), 1, 4096);
+    c->head_dim = key_int(b, K("attention.key_length"), 2, 1 << 16);
+    int v_len = key_int(b, K("attention.value_length"), 2, 1 << 16);
+    c->n_rot = key_int(b, K("rope.dimension_count"), 2, 1 << 16);
+    c->q_lora = key_int(b, K("attention.q_lora_rank"), 1, 1 << 20);
+    c->o_lora = key_int(b, K("attention.output_lora_rank"), 1, 1 << 20);
+    c->o_groups = key_int(b, K("attention.output_group_count"), 1, 4096);
+    c->window = key_int(b, K("attention.sliding_window"), 1, 1 << 20);
+    c->compress_rope_base = key_float(b, K("attention.compress_rope_freq_base"));
+    c->rope_base = key_float(b, K("rope.freq_base"));
+    c->yarn_factor = key_float(b, K("rope.scaling.factor"));
+    uint64_t orig = 0;
+    if (!b->failed && !ds4_gguf_get_u64(b->g, K("rope.scaling.original_context_length"), &orig))
+        fail(b, "missing key " K("rope.scaling.original_context_length"));
+    c->yarn_orig_ctx = orig;
+    c->yarn_beta_fast = key_float(b, K("rope.scaling.yarn_beta_fast"));
+    c->yarn_beta_slow = key_float(b, K("rope.scaling.yarn_beta_slow"));
+    c->rms_eps = key_float(b, K("attention.layer_norm_rms_epsilon"));
+    c->n_idx_head = key_int(b, K("attention.indexer.head_count"), 1, 4096);
+    c->idx_head_dim = key_int(b, K("attention.indexer.key_length"), 2, 1 << 16);
+    c->idx_topk = key_int(b, K("attention.indexer.top_k"), 1, (int)big);
+    c->n_hc = key_int(b, K("hyper_connection.count"), 1, 64);
+    c->sinkhorn_iters = key_int(b, K("hyper_connection.sinkhorn_iterations"), 1, 1000);
+    c->hc_eps = key_float(b, K("hyper_connection.epsilon"));
+    c->n_expert = key_int(b, K("expert_count"), 1, 1 << 16);
+    c->n_expert_used = key_int(b, K("expert_used_count"), 1, 1 << 16);
+    c->n_ff_exp = key_int(b, K("expert_feed_forward_length"), 1, 1 << 20);
+    int n_shared = key_int(b, K("expert_shared_count"), 0, 64);
+    c->n_hash_layer = key_int(b, K("hash_layer_count"), 0, 4096);
+    c->expert_weights_scale = key_float(b, K("expert_weights_scale"));
+    if (!b->failed && !ds4_gguf_get_bool(b->g, K("expert_weights_norm"), &c->expert_weights_norm))
+        fail(b, "missing bool key " K("expert_weights_norm"));
+    if (b->failed) return;
+
+    uint64_t ctx = 0;
+    c->train_ctx = ds4_gguf_get_u64(b->g, K("context_length"), &ctx) ? ctx : 0;
+    uint32_t u;
+    if (ds4_gguf_get_u32(b->g, K("expert_gating_func"), &u) && u != 4)
+        fail(b, "key " K("expert_gating_func") " = %u, only 4 (sqrt-softplus) is DS4", u);
+    if (ds4_gguf_get_u32(b->g, K("expert_group_count"), &u) && u != 0)
+        fail(b, "key " K("expert_group_count") " = %u, DS4 has no expert groups", u);
+
+    if (n_head_kv != 1) fail(b, "attention.head_count_kv = %d, DS4 has one shared KV head", n_head_kv);
+    if (v_len != c->head_dim) fail(b, "value_length %d != key_length %d", v_len, c->head_dim);
+    if (c->n_rot > c->head_dim || c->n_rot > c->idx_head_dim || c->n_rot % 2)
+        fail(b, "rope.dimension_count %d does not fit the heads", c->n_rot);
+    if (c->n_head % c->o_groups) fail(b, "head_count %d not a multiple of output_group_count %d", c->n_head, c->o_groups);
+    if (n_shared != 1) fail(b, "expert_shared_count = %d, DS4 has one shared expert", n_shared);
+    if (c->n_expert_used > c->n_expert) fail(b, "expert_used_count > expert_count");
+    if (c->n_hash_layer > c->n_layer) fail(b, "hash_layer_count > block_count");
+    if (c->yarn_factor < 1 || c->yarn_orig_ctx == 0 || c->rope_base <= 1 || c->compress_rope_base <= 1)
+        fail(b, "RoPE/YaRN parameters out of range");
+    if (b->failed) return;
+
+    c->compress_ratio = calloc((size_t)c->n_layer, sizeof(int));
+    c->clamp_exp = calloc((size_t)c->n_layer, sizeof(float));
+    c->clamp_shexp = calloc((size_t)c->n_layer, sizeof(float));
+    const ds4_gguf_kv *kr = key_layer_array(b, K("attention.compress_ratios"), c->n_layer);
+    for (int l = 0; kr && l < c->n_layer && !b->failed; l++) {
+        int64_t r;
+        if (!ds4_gguf_arr_i64(kr, (uint64_t)l, &r) || r < 0 || r > (1 << 20) || r == 1)
+            fail(b, "compress_ratios[%d] invalid", l);
+        else c->compress_ratio[l] = (int)r;
+    }
+    const ds4_gguf_kv *ke = key_layer_array(b, K("swiglu_clamp_exp"), c->n_layer);
+    read_clamps(b, ke, K("swiglu_clamp_exp"), c->clamp_exp, c->n_layer);
+    /* the shared-expert limit defaults to the routed one when absent */
+    const ds4_gguf_kv *ks = ds4_gguf_find_kv(b->g, K("swiglu_clamp_shexp"));
+    if (ks) read_clamps(b, key_layer_array(b, K("swiglu_clamp_shexp"), c->n_layer), K("swiglu_clamp_shexp"),
+                        c->clamp_shexp, c->n_layer);
+    else if (!b->failed) memcpy(c->clamp_shexp, c->clamp_exp, (size_t)c->n_layer * sizeof(float));
+}
+
+/* ---- tensors ---- */
+
+static bool is_matrix_type(uint32_t t) {
+    switch (t) {
+    case DS4_TYPE_F32: case DS4_TYPE_F16: case DS4_TYPE_BF16: case DS4_TYPE_Q8_0:
+    case DS4_TYPE_Q2_K: case DS4_TYPE_Q3_K: case DS4_TYPE_Q4_K: case DS4_TYPE_Q5_K:
+    case DS4_TYPE_Q6_K: case DS4_TYPE_IQ2_XXS:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static bool is_float_type(uint32_t t) {
+    return t == DS4_TYPE_F32 || t == DS4_TYPE_F16 || t == DS4_TYPE_BF16;
+}
+
+/* Looks up `name` and checks its shape; dims beyond n are 1. */
+static const ds4_gguf_tensor *find(binder *b, const char *name, int n, const int64_t *ne) {
+    if (b->failed) return NULL;
+    const ds4_gguf_tensor *t = ds4_gguf_find_tensor(b->g, name);
+    if (!t) { fail(b, "missing tensor %s", name); return NULL; }
+    for (int i = 0; i < DS4_GGUF_MAX_DIMS; i++) {
+        uint64_t want = i < n ? (uint64_t)ne[i] : 1;
+        if (t->ne[i] != want) {
+            fail(b, "tensor %s has shape [%llu, %llu, %llu], expected [%lld, %lld, %lld]", name,
+                 (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                 (long long)ne[0], (long long)(n > 1 ? ne[1] : 1), (long long)(n > 2 ? ne[2] : 1));
+            return NULL;
+        }
+    }
+    return t;
+}
+
+static ds4_tensor bind_matrix(binder *b, const char *name, int64_t ne0, int64_t ne1, int64_t ne2) {
+    ds4_tensor v = {0};
+    int64_t ne[3] = {ne0, ne1, ne2};
+    const ds4_gguf_tensor *t = find(b, name, ne2 > 1 ? 3 : 2, ne);
+    if (!t) return v;
+    size_t rb = ds4_type_row_bytes(t->type, (uint64_t)ne0);
+    if (!is_matrix_type(t->type) || rb == 0) {
+        const char *tn = ds4_type_name(t->type);
+        fail(b, "tensor %s has type %s, not usable for a %lld-wide matrix", name, tn ? tn : "unknown", (long long)ne0);
+        return v;
+    }
+    v.data = t->data;
+    v.type = t->type;
+    v.ne[0] = ne0; v.ne[1] = ne1; v.ne[2] = ne2;
+    v.row_bytes = rb;
+    return v;
+}
+
+/* Small float tensors are converted to f32 once (n elements, given shape). */
+static float *bind_floats(binder *b, const char *name, int n, const int64_t *ne) {
+    const ds4_gguf_tensor *t = find(b, name, n, ne);
+    if (!t) return NULL;
+    if (!is_float_type(t->type)) { fail(b, "tensor %s must be F32/F16/BF16", name); return NULL; }
+    float *v = malloc(t->n_elements * sizeof(float));
+    ds4_dequantize_row(t->type, t->data, v, (int64_t)t->n_elements);
+    return v;
+}
+
+static float *bind_vec(binder *b, const char *name, int64_t n) {
+    return bind_floats(b, name, 1, &n);
+}
+
+static void lname(char *dst, size_t cap, int l, const char *suffix) {
+    snprintf(dst, cap, "blk.%d.%s", l, suffix);
+}
+
+static void bind_layer(binder *b, const ds4_config *c, int l, ds4_layer *L) {
+    char n[160];
+    const int64_t E = c->n_embd, D = c->head_dim, hc = c->n_hc, mix = (2 + hc) * hc;
+#define LN(s) (lname(n, sizeof n, l, s), n)
+    L->hc_attn_fn = bind_matrix(b, LN("hc_attn_fn.weight"), hc * E, mix, 1);
+    L->hc_attn_scale = bind_vec(b, LN("hc_attn_scale.weight"), 3);
+    L->hc_attn_base = bind_vec(b, LN("hc_attn_base.weight"), mix);
+    L->attn_norm = bind_vec(b, LN("attn_norm.weight"), E);
+    L->q_a = bind_matrix(b, LN("attn_q_a.weight"), E, c->q_lora, 1);
+    L->q_a_norm = bind_vec(b, LN("attn_q_a_norm.weight"), c->q_lora);
+    L->q_b = bind_matrix(b, LN("attn_q_b.weight"), c->q_lora, (int64_t)c->n_head * D, 1);
+    L->kv = bind_matrix(b, LN("attn_kv.weight"), E, D, 1);
+    L->kv_norm = bind_vec(b, LN("attn_kv_a_norm.weight"), D);
+    L->sinks = bind_vec(b, LN("attn_sinks.weight"), c->n_head);
+    L->out_a = bind_matrix(b, LN("attn_output_a.weight"), (int64_t)c->n_head / c->o_groups * D,
+                           (int64_t)c->o_groups * c->o_lora, 1);
+    L->out_b = bind_matrix(b, LN("attn_output_b.weight"), (int64_t)c->o_groups * c->o_lora, E, 1);
+    L->hc_ffn_fn = bind_matrix(b, LN("hc_ffn_fn.weight"), hc * E, mix, 1);
+    L->hc_ffn_scale = bind_vec(b, LN("hc_ffn_scale.weight"), 3);
+    L->hc_ffn_base = bind_vec(b, LN("hc_ffn_base.weight"), mix);
+    L->ffn_norm = bind_vec(b, LN("ffn_norm.weight"), E);
+    L->gate_inp = bind_matrix(b, LN("ffn_gate_inp.weight"), E, c->n_expert, 1);
+    L->gate_exps = bind_matrix(b, LN("ffn_gate_exps.weight"), E, c->n_ff_exp, c->n_expert);
+    L->up_exps = bind_matrix(b, LN("ffn_up_exps.weight"), E, c->n_ff_exp, c->n_expert);
+    L->down_exps = bind_matrix(b, LN("ffn_down_exps.weight"), c->n_ff_exp, E, c->n_expert);
+    L->gate_shexp = bind_matrix(b, LN("ffn_gate_shexp.weight"), E, c->n_ff_exp, 1);
+    L->up_shexp = bind_matrix(b, LN("ffn_up_shexp.weight"), E, c->n_ff_exp, 1);
+    L->down_shexp = bind_matrix(b, LN("ffn_down_shexp.weight"), c->n_ff_exp, E, 1);
+
+    if (l < c->n_hash_layer) {
+        int64_t ne[2] = {c->n_expert_used, c->n_vocab};
+        const ds4_gguf_tensor *t = find(b, LN("ffn_gate_tid2eid.weight"), 2, ne);
+        if (t && t->type != DS4_TYPE_I32) fail(b, "tensor %s must be I32", n);
+        if (t && !b->failed) {
+            L->tid2eid = t->data;
+            for (uint64_t i = 0; i < t->n_elements; i++)
+                if (L->tid2eid[i] < 0 || L->tid2eid[i] >= c->n_expert) { fail(b, "tensor %s holds expert id %d", n, L->tid2eid[i]); break; }
+        }
+    } else if (ds4_gguf_find_tensor(b->g, LN("exp_probs_b.bias"))) {
+        L->exp_probs_b = bind_vec(b, n, c->n_expert);
+    }
+
+    int ratio = c->compress_ratio[l];
+    if (ratio) {
+        int64_t Wc = ds4_layer_coff(c, l) * D;
+        int64_t ape[2] = {Wc, ratio};
+        L->comp_ape = bind_floats(b, LN("attn_compressor_ape.weight"), 2, ape);
+        L->comp_kv = bind_matrix(b, LN("attn_compressor_kv.weight"), E, Wc, 1);
+        L->comp_gate = bind_matrix(b, LN("attn_compressor_gate.weight"), E, Wc, 1);
+        L->comp_norm = bind_vec(b, LN("attn_compressor_norm.weight"), D);
+    }
+    if (ratio && ds4_layer_has_indexer(c, l)) {
+        int64_t DI = c->idx_head_dim, Wi = 2 * DI;
+        int64_t ape[2] = {Wi, ratio};
+        L->idx_q_b = bind_matrix(b, LN("indexer.attn_q_b.weight"), c->q_lora, (int64_t)c->n_idx_head * DI, 1);
+        L->idx_proj = bind_matrix(b, LN("indexer.proj.weight"), E, c->n_idx_head, 1);
+        L->idx_ape = bind_floats(b, LN("indexer_compressor_ape.weight"), 2, ape);
+        L->idx_kv = bind_matrix(b, LN("indexer_compressor_kv.weight"), E, Wi, 1);
+        L->idx_gate = bind_matrix(b, LN("indexer_compressor_gate.weight"), E, Wi, 1);
+        L->idx_norm = bind_vec(b, LN("indexer_compressor_norm.weight"), DI);
+    }
+#undef LN
+}
+
+static void free_layer(ds4_layer *L) {
+    float *owned[] = {L->hc_attn_scale, L->hc_attn_base, L->hc_ffn_scale, L->hc_ffn_base, L->attn_norm,
+                      L->q_a_norm, L->kv_norm, L->sinks, L->ffn_norm, L->comp_ape, L->comp_norm,
+                      L->idx_ape, L->idx_norm, L->exp_probs_b};
+    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
+}
+
+void ds4_model_free(ds4_model *m) {
+    if (!m) return;
+    for (int l = 0; m->layers && l < m->cfg.n_layer; l++) free_layer(&m->layers[l]);
+    free(m->layers);
+    free(m->output_hc_scale);
+    free(m->output_hc_base);
+    free(m->output_norm);
+    free(m->cfg.compress_ratio);
+    free(m->cfg.clamp_exp);
+    free(m->cfg.clamp_shexp);
+    free(m);
+}
+
+ds4_model *ds4_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
+    binder b = {g, err, errlen, false};
+    ds4_model *m = calloc(1, sizeof *m);
+    ds4_config *c = &m->cfg;
+    ds4_gguf_str arch;
+    if (!ds4_gguf_get_str(g, "general.architecture", &arch) || arch.len != 9 || memcmp(arch.ptr, "deepseek4", 9))
+        fail(&b, "general.architecture is not \"deepseek4\"");
+    read_config(&b, c);
+    if (!b.failed) {
+        const int64_t E = c->n_embd, hc = c->n_hc;
+        m->token_embd = bind_matrix(&b, "token_embd.weight", E, c->n_vocab, 1);
+        m->output_hc_fn = bind_matrix(&b, "output_hc_fn.weight", hc * E, hc, 1);
+        m->output_hc_scale = bind_vec(&b, "output_hc_scale.weight", 1);
+        m->output_hc_base = bind_vec(&b, "output_hc_base.weight", hc);
+        m->output_norm = bind_vec(&b, "output_norm.weight", E);
+        m->output = bind_matrix(&b, "output.weight", E, c->n_vocab, 1);
+        m->layers = calloc((size_t)c->n_layer, sizeof(ds4_layer));
+        for (int l = 0; l < c->n_layer && !b.failed; l++) bind_layer(&b, c, l, &m->layers[l]);
+    }
+    if (b.failed) { ds4_model_free(m); return NULL; }
+    ds4_gguf_str name;
+    if (ds4_gguf_get_str(g, "general.name", &name))
+        snprintf(m->name, sizeof m->name, "%.*s", (int)(name.len < 127 ? name.len : 127), name.ptr);
+    else
+        snprintf(m->name, sizeof m->name, "deepseek4");
+    m->file_bytes = ds4_gguf_file_bytes(g);
+    return m;
+}
+
+int ds4_model_expert_bits(const ds4_model *m) {
+    switch (m->layers[0].gate_exps.type) {
+    case DS4_TYPE_IQ2_XXS: case DS4_TYPE_Q2_K: return 2;
+    case DS4_TYPE_Q3_K: return 3;
+    case DS4_TYPE_Q4_K: return 4;
+    case DS4_TYPE_Q5_K: return 5;
+    case DS4_TYPE_Q6_K: return 6;
+    case DS4_TYPE_Q8_0: return 8;
+    case DS4_TYPE_F16: case DS4_TYPE_BF16: return 16;
+    default: return 32;
+    }
+}
