@@ -29,7 +29,8 @@ static inline int ds4_round_even(float v) {
 }
 
 /* Weighted positive-code search (sheet section 7): codes c[j] in 0..nmax for
- * non-negative v[j] with weights u[j]; returns the scale. */
+ * v[j] with weights u[j]; returns the scale. Codes are clamped at 0 because
+ * IQ2_XXS passes magnitudes where a parity-flipped element is negative. */
 float ds4_quant_search_positive(int n, int nmax, const float *v, const float *u, uint8_t *c);
 
 void ds4_quantize_q2_K(const float *x, ds4_block_q2_K *y, int64_t n, const float *imp);

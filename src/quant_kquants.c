@@ -78,8 +78,7 @@ float ds4_quant_search_positive(int n, int nmax, const float *v, const float *u,
     for (int t = -4; t <= 4; t++) {
         float iv = ((float)nmax + 0.1f * (float)t) / vmax, s = 1.0f / iv, err = 0.0f;
         for (int i = 0; i < n; i++) {
-            int q = ds4_round_even(iv * v[i]);
-            float diff = v[i] - s * (float)(q < nmax ? q : nmax);
+            float diff = v[i] - s * (float)clampi(ds4_round_even(iv * v[i]), 0, nmax);
             err += u[i] * diff * diff;
         }
         if (err < best_err) {
@@ -89,8 +88,7 @@ float ds4_quant_search_positive(int n, int nmax, const float *v, const float *u,
     }
     float sxl = 0.0f, sl2 = 0.0f;
     for (int i = 0; i < n; i++) {
-        int q = ds4_round_even(best_iv * v[i]);
-        c[i] = (uint8_t)(q < nmax ? q : nmax);
+        c[i] = (uint8_t)clampi(ds4_round_even(best_iv * v[i]), 0, nmax);
         sxl += u[i] * v[i] * (float)c[i];
         sl2 += u[i] * (float)(c[i] * c[i]);
     }
@@ -101,8 +99,7 @@ float ds4_quant_search_positive(int n, int nmax, const float *v, const float *u,
         for (int i = 0; i < n; i++) {
             float s1 = sxl - u[i] * v[i] * (float)c[i], s2 = sl2 - u[i] * (float)(c[i] * c[i]);
             if (!(s1 > 0.0f && s2 > 0.0f)) continue;
-            int q = ds4_round_even(v[i] * s2 / s1);
-            if (q > nmax) q = nmax;
+            int q = clampi(ds4_round_even(v[i] * s2 / s1), 0, nmax);
             if (q == c[i]) continue;
             s1 += u[i] * v[i] * (float)q;
             s2 += u[i] * (float)(q * q);
