@@ -87,22 +87,29 @@ void ds4_toolmem_free(ds4_toolmem *m) {
     free(m);
 }
 
+void ds4_random_hex(char *out, int nbytes) {
+    unsigned char r[32];
+    if (nbytes > 32) nbytes = 32;
+    size_t got = 0;
+    while (got < (size_t)nbytes) {
+        ssize_t n = getrandom(r + got, (size_t)nbytes - got, 0);
+        if (n > 0) got += (size_t)n;
+    }
+    for (int i = 0; i < nbytes; i++) snprintf(out + 2 * i, 3, "%02x", r[i]);
+}
+
 void ds4_toolmem_new_id(ds4_toolmem *m, const char *prefix, const char *const *taken, int n_taken,
                         char *out) {
     for (;;) {
-        unsigned char r[16];
-        size_t got = 0;
-        while (got < sizeof r) {
-            ssize_t n = getrandom(r + got, sizeof r - got, 0);
-            if (n > 0) got += (size_t)n;
-        }
         int o = snprintf(out, 40, "%.7s", prefix);
-        for (int i = 0; i < 16; i++) o += snprintf(out + o, 40 - (size_t)o, "%02x", r[i]);
+        ds4_random_hex(out + o, 16);
         bool dup = false;
         for (int i = 0; i < n_taken && !dup; i++) dup = taken[i] && !strcmp(taken[i], out);
-        pthread_mutex_lock(&m->mu);
-        dup = dup || *slot(m, out);
-        pthread_mutex_unlock(&m->mu);
+        if (m) {
+            pthread_mutex_lock(&m->mu);
+            dup = dup || *slot(m, out);
+            pthread_mutex_unlock(&m->mu);
+        }
         if (!dup) return;
     }
 }

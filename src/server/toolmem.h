@@ -24,6 +24,8 @@ typedef struct ds4_toolmem ds4_toolmem;
 ds4_toolmem *ds4_toolmem_new(size_t max_ids, size_t max_bytes);
 void ds4_toolmem_free(ds4_toolmem *m);
 
+/* 2*nbytes lowercase hex digits from getrandom() into out (NUL-terminated). */
+void ds4_random_hex(char *out, int nbytes);
 /* out must hold at least 40 bytes. */
 void ds4_toolmem_new_id(ds4_toolmem *m, const char *prefix, const char *const *taken, int n_taken,
                         char *out);

@@ -1,0 +1,96 @@
+/* request.h -- decoding of API request bodies into one internal request.
+ *
+ * Contract
+ * - ds4_request_decode() parses the JSON body of one API family (OpenAI chat
+ *   completions, legacy completions, Responses, Anthropic Messages and
+ *   count_tokens) into a ds4_request: the chat.h conversation (messages,
+ *   tool definitions), resolved thinking mode, sampling parameters, limits,
+ *   stop strings, streaming flags, and for completions the prompt list.
+ *   Semantics follow server-api.md sections 2, 4-7 and
+ *   deepseek-v4-prompt-format.md 7-8.
+ * - Unknown fields are ignored everywhere; duplicate keys: the last wins.
+ *   Wrong types, missing required fields, unsupported values and invalid
+ *   UTF-8 fail with an HTTP status (400) and a message, `param` and `code`
+ *   for the family's error shape; the request is then empty.
+ * - Sampling: omitted knobs take the ds4 defaults (temperature 1, top_p 1,
+ *   min_p 0.05, no top_k), explicit ones always win, also in thinking mode.
+ * - Tool continuation: tool results (Responses function_call_output,
+ *   Anthropic tool_result) whose id is not matched by a call replayed
+ *   earlier in the same request are listed in live_ids; the server accepts
+ *   the request only if those ids belong to its live tool-call turn.
+ * - All strings belong to the request and live until ds4_request_free().
+ * - The decoder never touches the engine; it is safe on any thread.
+ */
+#ifndef DS4_REQUEST_H
+#define DS4_REQUEST_H
+
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "chat.h"
+#include "sampler.h"
+
+typedef enum {
+    DS4_API_CHAT, DS4_API_COMPLETIONS, DS4_API_RESPONSES, DS4_API_MESSAGES, DS4_API_COUNT_TOKENS,
+} ds4_api;
+
+/* How a Responses tool is returned to the client. */
+typedef enum { DS4_TOOL_FUNCTION, DS4_TOOL_SEARCH, DS4_TOOL_CUSTOM } ds4_tool_kind;
+
+typedef struct {
+    const char *name;       /* the name the model sees (namespace + name) */
+    const char *ns;         /* Responses namespace, or NULL */
+    const char *short_name; /* name without the namespace */
+    ds4_tool_kind kind;
+} ds4_tool_meta;
+
+typedef struct {
+    const char *text;       /* string prompt, or NULL */
+    size_t text_len;
+    const int32_t *ids;     /* token-id prompt, or NULL */
+    int n_ids;
+} ds4_prompt;
+
+typedef struct {
+    int status;             /* 0 = no error */
+    char message[400];
+    char param[32];         /* "" = null */
+    char code[40];          /* "" = null */
+} ds4_req_error;
+
+typedef struct ds4_request {
+    ds4_api api;
+    const char *model;      /* echoed back verbatim */
+    bool stream, include_usage;
+
+    ds4_sampler_params sampling;
+    bool seed_set;
+    int max_tokens;         /* -1: server default */
+    const char **stop; int n_stop;
+
+    ds4_think_mode think;   /* before the context rule (chat.h demotes MAX) */
+    bool expose_reasoning;  /* Responses: reasoning.summary opted in */
+
+    ds4_chat_msg *msgs; int n_msgs;
+    ds4_tool_def *tools; int n_tools;      /* active tools only */
+    ds4_tool_meta *tool_meta;              /* parallel to tools */
+    const char **live_ids; int n_live_ids; /* tool results needing live state */
+
+    /* legacy completions */
+    ds4_prompt *prompts; int n_prompts;
+    bool echo;
+    int logprobs;           /* completions: top-k count; chat: top_logprobs; -1 = off */
+
+    struct ds4_req_alloc *allocs;   /* private */
+    void *json;                     /* private: the parsed body */
+} ds4_request;
+
+/* Returns 0, or the HTTP status with e filled (r is then freed/empty). */
+int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r,
+                       ds4_req_error *e);
+void ds4_request_free(ds4_request *r);
+
+/* True when s[0..n) is valid UTF-8 (no overlongs, surrogates or > U+10FFFF). */
+bool ds4_utf8_valid(const char *s, size_t n);
+
+#endif

@@ -1,0 +1,95 @@
+/* stream.h -- turns generated text into each API family's response: SSE
+ * events while generating (stream) or one JSON body at the end.
+ *
+ * Contract
+ * - One ds4_enc per chat-style request (chat completions, Responses,
+ *   Messages). ds4_enc_feed() takes the decoded text of each sampled token;
+ *   it applies the client's stop strings (holding back bytes that may start
+ *   one), runs the DSML parser (reasoning / content / tool calls) and, when
+ *   streaming, writes the family's events through `out` as soon as the
+ *   parser releases text. Event order, field sets and terminal events follow
+ *   server-api.md 4.4-4.5, 6.4-6.6 and 7.3-7.4.
+ * - Tool calls get their id (toolmem.h) when the invoke header is parsed;
+ *   argument bytes stream as JSON fragments that only parse at the end.
+ *   ds4_enc_feed() returns true when generation must stop: the tool block
+ *   closed or a stop string matched.
+ * - ds4_enc_finish() ends the response: terminal events (stream) or the
+ *   complete body (ds4_enc_body). The finish reason is derived from what was
+ *   seen: tool calls > stop string > the caller's cause (EOS or length).
+ *   A tool block that never closed or did not parse is an in-stream error
+ *   when streaming (partial arguments cannot be retracted); non-streaming
+ *   returns the raw text as plain content.
+ * - ds4_enc_fail() reports an engine failure in the family's in-stream
+ *   error shape (only meaningful after ds4_enc_begin()).
+ * - The stop-string filter is also used alone by legacy completions.
+ */
+#ifndef DS4_STREAM_H
+#define DS4_STREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "json_util.h"
+#include "request.h"
+#include "toolmem.h"
+
+typedef int (*ds4_out_fn)(void *ud, const char *data, size_t len);
+
+typedef struct {
+    int prompt_tokens;      /* P */
+    int cached_tokens;      /* C <= P */
+    int completion_tokens;  /* G */
+    int reasoning_tokens;   /* R */
+} ds4_usage;
+
+typedef enum { DS4_CAUSE_EOS, DS4_CAUSE_LENGTH } ds4_cause;
+
+/* Stop strings over a byte stream: push() appends text and returns how many
+ * bytes (from the start of the not-yet-released region) may be released;
+ * `matched` is set when a stop string was found (text from it on is dropped). */
+typedef struct {
+    const char *const *stop; int n_stop;
+    size_t maxlen;
+    ds4_buf text;           /* everything pushed */
+    size_t released;
+    int matched;            /* index of the matched stop string, -1 none */
+} ds4_stopper;
+
+void ds4_stopper_init(ds4_stopper *s, const char *const *stop, int n_stop);
+/* Appends; returns the newly releasable span [released_before, released). */
+size_t ds4_stopper_push(ds4_stopper *s, const char *p, size_t n, const char **span);
+/* End of text: releases the held-back tail (unless matched). */
+size_t ds4_stopper_flush(ds4_stopper *s, const char **span);
+void ds4_stopper_free(ds4_stopper *s);
+
+typedef struct ds4_enc ds4_enc;
+
+typedef struct {
+    const ds4_request *req;
+    bool thinking;          /* the prompt ended with <think> */
+    ds4_toolmem *mem;       /* ids are checked unique against it; NULL allowed */
+    ds4_out_fn out;         /* stream writer; NULL for non-streaming */
+    void *ud;
+} ds4_enc_opts;
+
+ds4_enc *ds4_enc_new(const ds4_enc_opts *o);
+void ds4_enc_free(ds4_enc *e);
+
+void ds4_enc_begin(ds4_enc *e, const ds4_usage *u);
+void ds4_enc_keepalive(ds4_enc *e);
+bool ds4_enc_feed(ds4_enc *e, const char *s, size_t n);
+bool ds4_enc_in_structure(const ds4_enc *e);
+bool ds4_enc_in_reasoning(const ds4_enc *e);
+void ds4_enc_finish(ds4_enc *e, ds4_cause cause, const ds4_usage *u);
+void ds4_enc_fail(ds4_enc *e, const char *message, const char *code);
+
+/* Non-streaming body, valid after finish. */
+const char *ds4_enc_body(const ds4_enc *e, size_t *len);
+/* The tool-call turn just produced (for the replay map and live bindings):
+ * the exact block (NULL if none) and the call ids. */
+const char *ds4_enc_block(const ds4_enc *e, size_t *len);
+int ds4_enc_call_ids(const ds4_enc *e, const char **ids, int max);
+/* True when the output writer failed (client gone). */
+bool ds4_enc_broken(const ds4_enc *e);
+
+#endif
