@@ -1,0 +1,645 @@
+/* tokenizer.c -- vocabulary tables, special-token matching, byte-level BPE,
+ * decoding and the streaming detokenizer. Loading from HF JSON and the GGUF
+ * export live in tokenizer_import.c, the regex splits in tokenizer_pretok.c. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenizer_internal.h"
+
+/* ---------------------------------------------------------------- UTF-8 */
+
+enum ds4_u8 ds4_utf8_scan(const unsigned char *s, size_t n, size_t *len, uint32_t *cp) {
+    unsigned c = s[0];
+    if (c < 0x80) { *len = 1; *cp = c; return DS4_U8_OK; }
+    /* Allowed range of the second byte per lead byte (Unicode Table 3-7);
+     * every later byte is 80..BF. */
+    size_t need; unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) need = 2;
+    else if (c >= 0xE0 && c <= 0xEF) { need = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+    else if (c >= 0xF0 && c <= 0xF4) { need = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+    else { *len = 1; return DS4_U8_INVALID; }
+    uint32_t v = c & (0x7F >> need);
+    for (size_t i = 1; i < need; i++) {
+        if (i >= n) { *len = n; return DS4_U8_TRUNCATED; }
+        unsigned b = s[i];
+        if (b < lo || b > hi) { *len = i; return DS4_U8_INVALID; }
+        lo = 0x80; hi = 0xBF;
+        v = v << 6 | (b & 0x3F);
+    }
+    *len = need; *cp = v;
+    return DS4_U8_OK;
+}
+
+size_t ds4_utf8_valid_prefix(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        if (s[i] < 0x80) { i++; continue; }
+        size_t l; uint32_t cp;
+        if (ds4_utf8_scan(s + i, n - i, &l, &cp) != DS4_U8_OK) break;
+        i += l;
+    }
+    return i;
+}
+
+/* Appends s[0..n) to out with every invalid subpart (and, when final, a
+ * truncated tail) replaced by U+FFFD. Returns the bytes consumed: a truncated
+ * tail is left unconsumed when !final. out needs 3*n bytes. */
+static size_t utf8_sanitize(const unsigned char *s, size_t n, bool final, char *out, size_t *olen) {
+    size_t i = 0, o = *olen;
+    while (i < n) {
+        size_t l; uint32_t cp;
+        enum ds4_u8 r = ds4_utf8_scan(s + i, n - i, &l, &cp);
+        if (r == DS4_U8_OK) { memcpy(out + o, s + i, l); o += l; }
+        else if (r == DS4_U8_TRUNCATED && !final) break;
+        else { memcpy(out + o, "\xef\xbf\xbd", 3); o += 3; }
+        i += l;
+    }
+    *olen = o;
+    return i;
+}
+
+/* ------------------------------------------------------- byte alphabet */
+
+uint32_t ds4_byte_to_cp(uint8_t b) {
+    if ((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE) return b;
+    /* the other 68 bytes, in increasing order, take U+0100.. */
+    if (b <= 0x20) return 0x100 + b;
+    if (b <= 0xA0) return 0x100 + 0x21 + (b - 0x7F);
+    return 0x143;   /* 0xAD */
+}
+
+int ds4_cp_to_byte(uint32_t cp) {
+    if (cp < 0x100) return ds4_byte_to_cp((uint8_t)cp) == cp ? (int)cp : -1;
+    if (cp <= 0x120) return (int)(cp - 0x100);
+    if (cp <= 0x142) return (int)(cp - 0x121 + 0x7F);
+    if (cp == 0x143) return 0xAD;
+    return -1;
+}
+
+/* Byte-level string -> bytes into out (room for len bytes); -1 when a code
+ * point is outside the alphabet. */
+static long alphabet_decode(const char *s, size_t len, unsigned char *out) {
+    size_t i = 0, o = 0;
+    while (i < len) {
+        size_t l; uint32_t cp;
+        if (ds4_utf8_scan((const unsigned char *)s + i, len - i, &l, &cp) != DS4_U8_OK) return -1;
+        int b = ds4_cp_to_byte(cp);
+        if (b < 0) return -1;
+        out[o++] = (unsigned char)b;
+        i += l;
+    }
+    return (long)o;
+}
+
+/* ------------------------------------------------------------- tables */
+
+static uint64_t hash_bytes(const unsigned char *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ULL ^ n;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+    return h ^ (h >> 31);
+}
+
+static uint64_t hash_u64(uint64_t k) {
+    k ^= k >> 33; k *= 0xff51afd7ed558ccdULL; k ^= k >> 33;
+    return k;
+}
+
+struct merge_slot { uint64_t key; int32_t rank, id; };
+#define MERGE_EMPTY UINT64_MAX
+
+/* Words that recur (" the", "\n", "{") are BPE-encoded once and then served
+ * from this direct-mapped table. Striped locks keep encode() thread-safe. */
+#define CACHE_BITS 15
+#define CACHE_MAX_BYTES 22
+#define CACHE_MAX_IDS 8
+#define CACHE_STRIPES 64
+struct cache_ent {
+    uint64_t h;
+    uint8_t len, n_ids;
+    char bytes[CACHE_MAX_BYTES];
+    int32_t ids[CACHE_MAX_IDS];
+};
+
+/* A set of added tokens sorted by their bytes, for leftmost-longest matching. */
+struct special_set {
+    int32_t *ids;
+    size_t n;
+    uint8_t first[32];   /* bitmap of first bytes */
+};
+
+struct ds4_tokenizer {
+    int32_t n_vocab;
+    char *bytes;            /* every token's decoded bytes */
+    uint32_t *off;          /* token i = bytes[off[i] .. off[i+1]) */
+    uint8_t *type;          /* DS4_TT_* */
+    int32_t byte_id[256];
+    int32_t *vslots;        /* normal tokens by bytes (open addressing) */
+    uint32_t vmask;
+    struct merge_slot *mslots;
+    uint32_t mmask;
+    struct special_set all, chat;
+    ds4_special_ids sp;
+    ds4_pretok *pretok;
+    struct cache_ent *cache;
+    pthread_mutex_t locks[CACHE_STRIPES];
+};
+
+static inline const unsigned char *tok_ptr(const ds4_tokenizer *t, int32_t id) {
+    return (const unsigned char *)t->bytes + t->off[id];
+}
+static inline size_t tok_len(const ds4_tokenizer *t, int32_t id) {
+    return t->off[id + 1] - t->off[id];
+}
+
+static int32_t vocab_find(const ds4_tokenizer *t, const unsigned char *p, size_t n) {
+    for (uint32_t i = (uint32_t)hash_bytes(p, n) & t->vmask;; i = (i + 1) & t->vmask) {
+        int32_t id = t->vslots[i];
+        if (id < 0) return -1;
+        if (tok_len(t, id) == n && memcmp(tok_ptr(t, id), p, n) == 0) return id;
+    }
+}
+
+static const struct merge_slot *merge_find(const ds4_tokenizer *t, int32_t a, int32_t b) {
+    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    for (uint32_t i = (uint32_t)hash_u64(key) & t->mmask;; i = (i + 1) & t->mmask) {
+        const struct merge_slot *m = &t->mslots[i];
+        if (m->key == key) return m;
+        if (m->key == MERGE_EMPTY) return NULL;
+    }
+}
+
+static uint32_t pow2_at_least(size_t n) {
+    uint32_t c = 1024;
+    while (c < 2 * n) c <<= 1;
+    return c;
+}
+
+/* -------------------------------------------------------- specials */
+
+static int cmp_bytes(const unsigned char *a, size_t la, const unsigned char *b, size_t lb) {
+    int c = memcmp(a, b, la < lb ? la : lb);
+    return c ? c : (la > lb) - (la < lb);
+}
+
+static int cmp_tok(const void *x, const void *y, void *ctx) {
+    const ds4_tokenizer *t = ctx;
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    return cmp_bytes(tok_ptr(t, a), tok_len(t, a), tok_ptr(t, b), tok_len(t, b));
+}
+
+static void special_set_sort(const ds4_tokenizer *t, struct special_set *s) {
+    qsort_r(s->ids, s->n, sizeof *s->ids, cmp_tok, (void *)t);
+    memset(s->first, 0, sizeof s->first);
+    for (size_t i = 0; i < s->n; i++) {
+        unsigned c = tok_ptr(t, s->ids[i])[0];
+        s->first[c >> 3] |= (uint8_t)(1u << (c & 7));
+    }
+}
+
+/* Longest member of s that is a prefix of p[0..n), or -1. The sorted order
+ * keeps the members sharing a prefix contiguous, so each byte narrows the
+ * range [lo, hi) with two binary searches. */
+static int32_t special_match(const ds4_tokenizer *t, const struct special_set *s,
+                             const unsigned char *p, size_t n, size_t *mlen) {
+    size_t lo = 0, hi = s->n;
+    int32_t best = -1;
+    for (size_t k = 0; lo < hi; k++) {
+        /* a member of length k sorts first in the range and matched fully */
+        if (tok_len(t, s->ids[lo]) == k) { best = s->ids[lo]; *mlen = k; lo++; }
+        if (k == n || lo == hi) break;
+        unsigned c = p[k];
+        size_t a = lo, b = hi;
+        while (a < b) {   /* first member whose byte k >= c */
+            size_t m = (a + b) / 2;
+            if (tok_ptr(t, s->ids[m])[k] < c) a = m + 1; else b = m;
+        }
+        size_t e = a, f = hi;
+        while (e < f) {   /* first member whose byte k > c */
+            size_t m = (e + f) / 2;
+            if (tok_ptr(t, s->ids[m])[k] <= c) e = m + 1; else f = m;
+        }
+        lo = a; hi = e;
+    }
+    return best;
+}
+
+int32_t ds4_tokenizer_find_special(const ds4_tokenizer *t, const char *s, size_t len) {
+    size_t ml = 0;
+    int32_t id = special_match(t, &t->all, (const unsigned char *)s, len, &ml);
+    return id >= 0 && ml == len ? id : -1;
+}
+
+/* ------------------------------------------------------------- build */
+
+void ds4_tokenizer_free(ds4_tokenizer *t) {
+    if (!t) return;
+    if (t->cache) {
+        for (int i = 0; i < CACHE_STRIPES; i++) pthread_mutex_destroy(&t->locks[i]);
+        free(t->cache);
+    }
+    ds4_pretok_free(t->pretok);
+    free(t->bytes); free(t->off); free(t->type); free(t->vslots); free(t->mslots);
+    free(t->all.ids); free(t->chat.ids);
+    free(t);
+}
+
+#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); goto fail; } while (0)
+
+#define MERGE_MAX_BYTES (8 * DS4_TOKEN_MAX_BYTES)
+
+/* Parses merge i ("LEFT RIGHT") into the ids of both halves and the result. */
+static int merge_ids(const ds4_tokenizer *t, ds4_gguf_str m, unsigned char *scratch,
+                     int32_t ids[3]) {
+    const char *sp = m.len <= MERGE_MAX_BYTES ? memchr(m.ptr, ' ', m.len) : NULL;
+    if (!sp || sp == m.ptr || sp == m.ptr + m.len - 1) return -1;
+    long la = alphabet_decode(m.ptr, (size_t)(sp - m.ptr), scratch);
+    if (la < 0) return -1;
+    long lb = alphabet_decode(sp + 1, m.len - (size_t)(sp - m.ptr) - 1, scratch + la);
+    if (lb < 0) return -1;
+    ids[0] = vocab_find(t, scratch, (size_t)la);
+    ids[1] = vocab_find(t, scratch + la, (size_t)lb);
+    ids[2] = vocab_find(t, scratch, (size_t)(la + lb));
+    return ids[0] < 0 || ids[1] < 0 || ids[2] < 0 ? -1 : 0;
+}
+
+static void vocab_insert(ds4_tokenizer *t, int32_t id) {
+    uint32_t i = (uint32_t)hash_bytes(tok_ptr(t, id), tok_len(t, id)) & t->vmask;
+    while (t->vslots[i] >= 0) {
+        int32_t o = t->vslots[i];
+        if (tok_len(t, o) == tok_len(t, id) && memcmp(tok_ptr(t, o), tok_ptr(t, id), tok_len(t, id)) == 0)
+            return;   /* keep the lower id; the caller rejects duplicates */
+        i = (i + 1) & t->vmask;
+    }
+    t->vslots[i] = id;
+}
+
+ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *types,
+                                   size_t n_tokens, const ds4_gguf_str *merges,
+                                   size_t n_merges, char *err, size_t errlen) {
+    ds4_tokenizer *t = calloc(1, sizeof *t);
+    unsigned char scratch[MERGE_MAX_BYTES];
+    if (!t) { snprintf(err, errlen, "tokenizer: out of memory"); return NULL; }
+    if (n_tokens < 256 || n_tokens > INT32_MAX / 2) FAIL("tokenizer: implausible vocabulary size %zu", n_tokens);
+    t->n_vocab = (int32_t)n_tokens;
+    size_t total = 0;
+    for (size_t i = 0; i < n_tokens; i++) total += tokens[i].len;
+    t->bytes = malloc(total + 1);
+    t->off = malloc((n_tokens + 1) * sizeof *t->off);
+    t->type = malloc(n_tokens);
+    t->vmask = pow2_at_least(n_tokens) - 1;
+    t->vslots = malloc(((size_t)t->vmask + 1) * sizeof *t->vslots);
+    t->mmask = pow2_at_least(n_merges) - 1;
+    t->mslots = malloc(((size_t)t->mmask + 1) * sizeof *t->mslots);
+    if (!t->bytes || !t->off || !t->type || !t->vslots || !t->mslots || total > UINT32_MAX)
+        FAIL("tokenizer: out of memory");
+    memset(t->vslots, 0xff, ((size_t)t->vmask + 1) * sizeof *t->vslots);
+    for (size_t i = 0; i <= t->mmask; i++) t->mslots[i].key = MERGE_EMPTY;
+
+    /* Decode every token. Without types, anything in the byte alphabet is
+     * provisionally normal; the merges below settle it. */
+    size_t o = 0;
+    for (size_t i = 0; i < n_tokens; i++) {
+        int32_t ty = types ? types[i] : DS4_TT_NORMAL;
+        if (ty != DS4_TT_NORMAL && ty != DS4_TT_CONTROL && ty != DS4_TT_USER_DEFINED)
+            FAIL("tokenizer: token %zu has unsupported type %d", i, (int)ty);
+        if (tokens[i].len == 0) FAIL("tokenizer: token %zu is empty", i);
+        t->off[i] = (uint32_t)o;
+        long l = -1;
+        if (ty == DS4_TT_NORMAL) l = alphabet_decode(tokens[i].ptr, tokens[i].len, (unsigned char *)t->bytes + o);
+        if (l < 0) {
+            if (ty == DS4_TT_NORMAL && types)
+                FAIL("tokenizer: normal token %zu is not a byte-level string", i);
+            if (ty == DS4_TT_NORMAL) ty = DS4_TT_CONTROL;
+            memcpy(t->bytes + o, tokens[i].ptr, tokens[i].len);
+            l = (long)tokens[i].len;
+        }
+        if (l > DS4_TOKEN_MAX_BYTES) FAIL("tokenizer: token %zu is longer than %d bytes", i, DS4_TOKEN_MAX_BYTES);
+        t->type[i] = (uint8_t)ty;
+        o += (size_t)l;
+    }
+    t->off[n_tokens] = (uint32_t)o;
+    for (int32_t i = 0; i < t->n_vocab; i++)
+        if (t->type[i] == DS4_TT_NORMAL) vocab_insert(t, i);
+
+    for (int b = 0; b < 256; b++) {
+        unsigned char c = (unsigned char)b;
+        t->byte_id[b] = vocab_find(t, &c, 1);
+        if (t->byte_id[b] < 0) FAIL("tokenizer: no token for byte 0x%02x", b);
+    }
+    uint8_t *is_result = types ? NULL : calloc(n_tokens, 1);
+    if (!types && !is_result) FAIL("tokenizer: out of memory");
+    for (size_t r = 0; r < n_merges; r++) {
+        int32_t ids[3];
+        if (merge_ids(t, merges[r], scratch, ids) < 0) {
+            free(is_result);
+            FAIL("tokenizer: merge %zu (\"%.*s\") does not join two vocabulary tokens into one",
+                 r, (int)(merges[r].len > 60 ? 60 : merges[r].len), merges[r].ptr);
+        }
+        if (is_result) is_result[ids[2]] = 1;
+        uint64_t key = (uint64_t)(uint32_t)ids[0] << 32 | (uint32_t)ids[1];
+        uint32_t i = (uint32_t)hash_u64(key) & t->mmask;
+        while (t->mslots[i].key != MERGE_EMPTY && t->mslots[i].key != key) i = (i + 1) & t->mmask;
+        if (t->mslots[i].key == key) continue;   /* a repeated rule keeps its first rank */
+        t->mslots[i] = (struct merge_slot){ key, (int32_t)r, ids[2] };
+    }
+    if (is_result) {
+        for (int b = 0; b < 256; b++) is_result[t->byte_id[b]] = 1;
+        for (int32_t i = 0; i < t->n_vocab; i++)
+            if (t->type[i] == DS4_TT_NORMAL && !is_result[i]) t->type[i] = DS4_TT_CONTROL;
+        free(is_result);
+    }
+    /* Two normal tokens with the same bytes would make BPE ambiguous. */
+    for (int32_t i = 0; i < t->n_vocab; i++)
+        if (t->type[i] == DS4_TT_NORMAL && vocab_find(t, tok_ptr(t, i), tok_len(t, i)) != i)
+            FAIL("tokenizer: tokens %d and %d have the same bytes",
+                 vocab_find(t, tok_ptr(t, i), tok_len(t, i)), i);
+
+    size_t n_added = 0;
+    for (int32_t i = 0; i < t->n_vocab; i++) n_added += t->type[i] != DS4_TT_NORMAL;
+    t->all.ids = malloc((n_added + 1) * sizeof *t->all.ids);
+    t->chat.ids = malloc(7 * sizeof *t->chat.ids);
+    if (!t->all.ids || !t->chat.ids) FAIL("tokenizer: out of memory");
+    for (int32_t i = 0; i < t->n_vocab; i++)
+        if (t->type[i] != DS4_TT_NORMAL) t->all.ids[t->all.n++] = i;
+    special_set_sort(t, &t->all);
+    for (size_t i = 1; i < t->all.n; i++)
+        if (cmp_tok(&t->all.ids[i - 1], &t->all.ids[i], t) == 0)
+            FAIL("tokenizer: added tokens %d and %d have the same text", t->all.ids[i - 1], t->all.ids[i]);
+
+    static const char *const chat_strs[7] = {
+        DS4_TOK_BOS, DS4_TOK_EOS, DS4_TOK_USER, DS4_TOK_ASSISTANT,
+        DS4_TOK_THINK, DS4_TOK_THINK_END, DS4_TOK_DSML,
+    };
+    int32_t *chat_ids[7] = { &t->sp.bos, &t->sp.eos, &t->sp.user, &t->sp.assistant,
+                             &t->sp.think, &t->sp.think_end, &t->sp.dsml };
+    for (int k = 0; k < 7; k++) {
+        *chat_ids[k] = ds4_tokenizer_find_special(t, chat_strs[k], strlen(chat_strs[k]));
+        if (*chat_ids[k] < 0) FAIL("tokenizer: vocabulary has no added token \"%s\"", chat_strs[k]);
+        t->chat.ids[t->chat.n++] = *chat_ids[k];
+    }
+    special_set_sort(t, &t->chat);
+    t->sp.latest_reminder = ds4_tokenizer_find_special(t, DS4_TOK_LATEST_REMINDER, strlen(DS4_TOK_LATEST_REMINDER));
+
+    t->pretok = ds4_pretok_new(err, errlen);
+    if (!t->pretok) goto fail;
+    t->cache = calloc((size_t)1 << CACHE_BITS, sizeof *t->cache);
+    if (!t->cache) FAIL("tokenizer: out of memory");
+    for (int i = 0; i < CACHE_STRIPES; i++) pthread_mutex_init(&t->locks[i], NULL);
+    return t;
+fail:
+    ds4_tokenizer_free(t);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ queries */
+
+int32_t ds4_tokenizer_n_vocab(const ds4_tokenizer *t) { return t->n_vocab; }
+const ds4_special_ids *ds4_tokenizer_specials(const ds4_tokenizer *t) { return &t->sp; }
+
+bool ds4_tokenizer_is_special(const ds4_tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n_vocab && t->type[id] != DS4_TT_NORMAL;
+}
+
+const char *ds4_tokenizer_token_bytes(const ds4_tokenizer *t, int32_t id, size_t *len) {
+    if (id < 0 || id >= t->n_vocab) { *len = 0; return NULL; }
+    *len = tok_len(t, id);
+    return (const char *)tok_ptr(t, id);
+}
+
+/* ------------------------------------------------------------- encode */
+
+void ds4_token_ids_free(ds4_token_ids *ids) {
+    free(ids->v);
+    ids->v = NULL; ids->n = ids->cap = 0;
+}
+
+static int ids_reserve(ds4_token_ids *v, size_t extra) {
+    if (v->n + extra <= v->cap) return 0;
+    size_t cap = v->cap ? v->cap : 64;
+    while (cap < v->n + extra) cap *= 2;
+    int32_t *p = realloc(v->v, cap * sizeof *p);
+    if (!p) return -1;
+    v->v = p; v->cap = cap;
+    return 0;
+}
+
+/* BPE over one piece: repeatedly merge the adjacent pair with the lowest
+ * rank, leftmost first. Symbols live in a linked list over byte positions
+ * (a merged symbol keeps its left position); candidate pairs sit in a binary
+ * heap keyed by (rank, position). A heap entry goes stale when either side
+ * has changed since it was pushed, which shows as a different right end. */
+struct cand { int32_t rank; uint32_t pos, end; int32_t id; };
+
+static bool cand_less(const struct cand *a, const struct cand *b) {
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+typedef struct {
+    int32_t *id;
+    uint32_t *next, *prev;
+    struct cand *heap;
+    size_t nheap;
+} bpe_work;
+
+static void heap_push(bpe_work *w, struct cand c) {
+    size_t i = w->nheap++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!cand_less(&c, &w->heap[p])) break;
+        w->heap[i] = w->heap[p];
+        i = p;
+    }
+    w->heap[i] = c;
+}
+
+static struct cand heap_pop(bpe_work *w) {
+    struct cand top = w->heap[0], last = w->heap[--w->nheap];
+    size_t i = 0, n = w->nheap;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && cand_less(&w->heap[c + 1], &w->heap[c])) c++;
+        if (!cand_less(&w->heap[c], &last)) break;
+        w->heap[i] = w->heap[c];
+        i = c;
+    }
+    if (n) w->heap[i] = last;
+    return top;
+}
+
+static void push_pair(const ds4_tokenizer *t, bpe_work *w, uint32_t l, uint32_t n) {
+    uint32_t r = w->next[l];
+    if (r >= n) return;
+    const struct merge_slot *m = merge_find(t, w->id[l], w->id[r]);
+    if (m) heap_push(w, (struct cand){ m->rank, l, w->next[r], m->id });
+}
+
+static int bpe(const ds4_tokenizer *t, const unsigned char *p, size_t n, ds4_token_ids *out) {
+    enum { SMALL = 128 };
+    int32_t id_s[SMALL]; uint32_t next_s[SMALL], prev_s[SMALL]; struct cand heap_s[3 * SMALL];
+    bpe_work w = { id_s, next_s, prev_s, heap_s, 0 };
+    void *mem = NULL;
+    if (n > SMALL) {
+        /* the heap holds at most n-1 initial pairs plus two per merge */
+        mem = malloc(n * (sizeof *w.id + 2 * sizeof *w.next + 3 * sizeof *w.heap));
+        if (!mem) return -1;
+        w.heap = mem;
+        w.id = (int32_t *)(w.heap + 3 * n);
+        w.next = (uint32_t *)(w.id + n);
+        w.prev = w.next + n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        w.id[i] = t->byte_id[p[i]];
+        w.next[i] = (uint32_t)i + 1;
+        w.prev[i] = (uint32_t)i - 1;   /* wraps to UINT32_MAX for the first */
+    }
+    for (size_t i = 0; i + 1 < n; i++) push_pair(t, &w, (uint32_t)i, (uint32_t)n);
+    while (w.nheap) {
+        struct cand c = heap_pop(&w);
+        uint32_t r = w.next[c.pos];
+        /* stale: c.pos was absorbed (its next no longer points forward from
+         * a live symbol) or a side changed (the pair's right end moved) */
+        if (r >= n || w.next[r] != c.end || w.prev[r] != c.pos) continue;
+        w.id[c.pos] = c.id;
+        w.next[c.pos] = c.end;
+        if (c.end < n) w.prev[c.end] = c.pos;
+        w.prev[r] = UINT32_MAX - 1;   /* dead */
+        if (w.prev[c.pos] < n) push_pair(t, &w, w.prev[c.pos], (uint32_t)n);
+        push_pair(t, &w, c.pos, (uint32_t)n);
+    }
+    int rc = 0;
+    size_t cnt = 0;
+    for (uint32_t i = 0; i < n; i = w.next[i]) cnt++;
+    if (ids_reserve(out, cnt) < 0) rc = -1;
+    else for (uint32_t i = 0; i < n; i = w.next[i]) out->v[out->n++] = w.id[i];
+    free(mem);
+    return rc;
+}
+
+typedef struct { const ds4_tokenizer *t; ds4_token_ids *out; } piece_ctx;
+
+static int encode_piece(void *vctx, const char *s, size_t n) {
+    piece_ctx *pc = vctx;
+    const ds4_tokenizer *t = pc->t;
+    const unsigned char *p = (const unsigned char *)s;
+    if (n == 1) {
+        if (ids_reserve(pc->out, 1) < 0) return -1;
+        pc->out->v[pc->out->n++] = t->byte_id[p[0]];
+        return 0;
+    }
+    if (n > CACHE_MAX_BYTES) return bpe(t, p, n, pc->out);
+    uint64_t h = hash_bytes(p, n);
+    size_t slot = (size_t)(h >> (64 - CACHE_BITS));
+    pthread_mutex_t *lock = (pthread_mutex_t *)&t->locks[slot % CACHE_STRIPES];
+    struct cache_ent *e = &t->cache[slot];
+    pthread_mutex_lock(lock);
+    if (e->h == h && e->len == n && memcmp(e->bytes, p, n) == 0) {
+        int rc = ids_reserve(pc->out, e->n_ids);
+        if (rc == 0) {
+            memcpy(pc->out->v + pc->out->n, e->ids, e->n_ids * sizeof *e->ids);
+            pc->out->n += e->n_ids;
+        }
+        pthread_mutex_unlock(lock);
+        return rc;
+    }
+    pthread_mutex_unlock(lock);
+    size_t before = pc->out->n;
+    if (bpe(t, p, n, pc->out) < 0) return -1;
+    size_t k = pc->out->n - before;
+    if (k <= CACHE_MAX_IDS) {
+        pthread_mutex_lock(lock);
+        e->h = h; e->len = (uint8_t)n; e->n_ids = (uint8_t)k;
+        memcpy(e->bytes, p, n);
+        memcpy(e->ids, pc->out->v + before, k * sizeof *e->ids);
+        pthread_mutex_unlock(lock);
+    }
+    return 0;
+}
+
+static int encode_segment(const ds4_tokenizer *t, const char *s, size_t n, ds4_token_ids *out) {
+    if (!n) return 0;
+    piece_ctx pc = { t, out };
+    return ds4_pretok_run(t->pretok, s, n, encode_piece, &pc) ? -1 : 0;
+}
+
+int ds4_tokenizer_encode(const ds4_tokenizer *t, const char *text, size_t len,
+                         enum ds4_tok_specials specials, ds4_token_ids *out) {
+    char *clean = NULL;
+    if (ds4_utf8_valid_prefix((const unsigned char *)text, len) != len) {
+        clean = malloc(3 * len);
+        if (!clean) return -1;
+        size_t cl = 0;
+        utf8_sanitize((const unsigned char *)text, len, true, clean, &cl);
+        text = clean; len = cl;
+    }
+    const struct special_set *set = specials == DS4_TOK_SPECIALS_ALL ? &t->all
+                                  : specials == DS4_TOK_SPECIALS_CHAT ? &t->chat : NULL;
+    const unsigned char *p = (const unsigned char *)text;
+    size_t seg = 0, i = 0;
+    int rc = 0;
+    if (set) {
+        while (i < len && rc == 0) {
+            size_t ml;
+            int32_t id;
+            if (!(set->first[p[i] >> 3] & (1u << (p[i] & 7))) ||
+                (id = special_match(t, set, p + i, len - i, &ml)) < 0) { i++; continue; }
+            rc = encode_segment(t, text + seg, i - seg, out);
+            if (rc == 0 && (rc = ids_reserve(out, 1)) == 0) out->v[out->n++] = id;
+            i += ml;
+            seg = i;
+        }
+    }
+    if (rc == 0) rc = encode_segment(t, text + seg, len - seg, out);
+    free(clean);
+    return rc;
+}
+
+/* ------------------------------------------------------------- decode */
+
+char *ds4_tokenizer_decode(const ds4_tokenizer *t, const int32_t *ids, size_t n,
+                           bool valid_utf8, size_t *len) {
+    size_t raw = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < t->n_vocab) raw += tok_len(t, ids[i]);
+    char *buf = malloc(raw + 1);
+    if (!buf) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < t->n_vocab) {
+            memcpy(buf + o, tok_ptr(t, ids[i]), tok_len(t, ids[i]));
+            o += tok_len(t, ids[i]);
+        }
+    if (valid_utf8 && ds4_utf8_valid_prefix((unsigned char *)buf, o) != o) {
+        char *clean = malloc(3 * o + 1);
+        if (!clean) { free(buf); return NULL; }
+        size_t cl = 0;
+        utf8_sanitize((unsigned char *)buf, o, true, clean, &cl);
+        free(buf);
+        buf = clean; o = cl;
+    }
+    buf[o] = 0;
+    *len = o;
+    return buf;
+}
+
+size_t ds4_detok_push(ds4_detok *d, const ds4_tokenizer *t, int32_t id, char *out) {
+    if (id < 0 || id >= t->n_vocab) return 0;
+    unsigned char buf[4 + DS4_TOKEN_MAX_BYTES];
+    size_t l = tok_len(t, id);
+    memcpy(buf, d->pend, d->npend);
+    memcpy(buf + d->npend, tok_ptr(t, id), l);
+    l += d->npend;
+    size_t o = 0, used = utf8_sanitize(buf, l, false, out, &o);
+    d->npend = (unsigned)(l - used);   /* a truncated tail is at most 3 bytes */
+    memcpy(d->pend, buf + used, d->npend);
+    return o;
+}
+
+size_t ds4_detok_flush(ds4_detok *d, char *out) {
+    size_t o = 0;
+    utf8_sanitize(d->pend, d->npend, true, out, &o);
+    d->npend = 0;
+    return o;
+}
