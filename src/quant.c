@@ -201,7 +201,8 @@ static void iq2_group(const ds4_block_iq2_xxs *b, int sb, int k, int8_t out[8]) 
 }
 
 void ds4_dequantize_row(uint32_t type, const void *vx, float *y, int64_t n) {
-    int64_t nb = n / (int64_t)(ds4_type_block_elems(type) ? ds4_type_block_elems(type) : 1);
+    size_t be = ds4_type_block_elems(type);
+    int64_t nb = be ? n / (int64_t)be : 0;
     switch (type) {
     case DS4_TYPE_F32: memcpy(y, vx, (size_t)n * sizeof(float)); break;
     case DS4_TYPE_F16: {

@@ -5,7 +5,7 @@
 #include "quant_internal.h"
 
 #include <pthread.h>
-#include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 const uint64_t ds4_iq2xxs_grid[256] = {
@@ -98,7 +98,8 @@ const uint8_t ds4_kmask_iq2xs[8] = {
 
 static int16_t pattern_grid[N_PATTERNS];     /* grid index, or -1 */
 static uint32_t nb_start[N_PATTERNS + 1];    /* neighbour list of pattern p */
-static uint8_t *nb_list;
+/* the lists of this grid hold 113157 entries in total (at most 150 each) */
+static uint8_t nb_list[1 << 17];
 static uint8_t grid_level[256][8];
 static float grid_q[256][8];                /* 2·level + 1 */
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -116,11 +117,10 @@ static void build_tables(void) {
         }
         pattern_grid[code] = (int16_t)g;
     }
-    size_t cap = 1 << 16, len = 0;
-    nb_list = malloc(cap);
+    size_t len = 0;
     for (int p = 0; p < N_PATTERNS; p++) {
         nb_start[p] = (uint32_t)len;
-        if (pattern_grid[p] >= 0 || !nb_list) continue;
+        if (pattern_grid[p] >= 0 || len + 256 > sizeof(nb_list)) continue;
         int dist[256], d1 = INT32_MAX, d2 = INT32_MAX;
         for (int g = 0; g < 256; g++) {
             dist[g] = 0;
@@ -130,11 +130,6 @@ static void build_tables(void) {
             }
             if (dist[g] < d1) { d2 = d1; d1 = dist[g]; }
             else if (dist[g] > d1 && dist[g] < d2) d2 = dist[g];
-        }
-        if (len + 512 > cap) {
-            uint8_t *grown = realloc(nb_list, cap *= 2);
-            if (!grown) { free(nb_list); nb_list = NULL; continue; }
-            nb_list = grown;
         }
         for (int g = 0; g < 256; g++) if (dist[g] == d1) nb_list[len++] = (uint8_t)g;
         for (int g = 0; g < 256; g++) if (dist[g] == d2) nb_list[len++] = (uint8_t)g;
