@@ -83,6 +83,11 @@ static ds4_dot_fn dot_fn(uint32_t type) {
     return f;
 }
 
+/* multi-token micro-kernel; NULL means one dot per token */
+static ds4_dotn_fn dotn_fn(uint32_t type) {
+    return ds4_kernels_level() >= DS4_SIMD_AVX2 ? ds4_kernels_avx2_dotn(type) : NULL;
+}
+
 static inline float call_dot(ds4_dot_fn f, uint32_t type, const void *w, const void *act, int64_t n) {
     return f ? f(w, act, n) : ds4_vec_dot_ref(type, w, act, n);
 }
@@ -124,6 +129,7 @@ void ds4_quantize_act(uint32_t type, const float *x, void *dst, int64_t n) {
 
 struct mm_ctx {
     ds4_dot_fn fn;
+    ds4_dotn_fn fnn;
     uint32_t type;
     const uint8_t *W;
     size_t row_bytes, act_bytes;
@@ -139,7 +145,15 @@ static void mm_task(void *p, int task, int n_tasks, int thread) {
         int64_t t1 = t0 + c->tile < c->T ? t0 + c->tile : c->T;
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *w = c->W + (size_t)r * c->row_bytes;
-            for (int64_t t = t0; t < t1; t++)
+            int64_t t = t0;
+            if (c->fnn) {
+                for (; t + DS4_DOT_TOKENS <= t1; t += DS4_DOT_TOKENS) {
+                    float out[DS4_DOT_TOKENS];
+                    c->fnn(w, c->acts + (size_t)t * c->act_bytes, c->act_bytes, c->n, out);
+                    for (int j = 0; j < DS4_DOT_TOKENS; j++) c->Y[(t + j) * c->rows + r] = out[j];
+                }
+            }
+            for (; t < t1; t++)
                 c->Y[t * c->rows + r] = call_dot(c->fn, c->type, w, c->acts + (size_t)t * c->act_bytes, c->n);
         }
     }
@@ -168,8 +182,8 @@ void ds4_matvec(struct ds4_pool *pool, uint32_t type, const void *W, int64_t row
 void ds4_matmul(struct ds4_pool *pool, uint32_t type, const void *W, int64_t rows, int64_t n, const void *acts,
                 int64_t T, float *Y) {
     if (T <= 0) return;
-    struct mm_ctx c = {.fn = dot_fn(type), .type = type, .W = W, .row_bytes = ds4_type_row_bytes(type, (uint64_t)n),
-                       .act_bytes = ds4_act_bytes(type, n), .rows = rows, .n = n, .T = T, .acts = acts, .Y = Y};
+    struct mm_ctx c = {.fn = dot_fn(type), .fnn = dotn_fn(type), .type = type, .W = W,
+                       .row_bytes = ds4_type_row_bytes(type, (uint64_t)n), .act_bytes = ds4_act_bytes(type, n), .rows = rows, .n = n, .T = T, .acts = acts, .Y = Y};
     c.tile = c.act_bytes ? MM_TILE_ACT_BYTES / (int64_t)c.act_bytes : T;
     if (c.tile < 1) c.tile = 1;
     int64_t block = MM_BLOCK_BYTES / (c.row_bytes ? (int64_t)c.row_bytes : 1);

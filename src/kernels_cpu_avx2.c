@@ -7,8 +7,14 @@
  * offset, IQ2_XXS by moving the signs onto the activation), and the sheet's
  * bound "two adjacent products stay below 2^15" makes the i16 step exact.
  * The following madd by the sub-block scale widens to i32.
+ *
+ * Every kernel is written once for NT activation rows (tokens): the weight
+ * block is loaded and unpacked once, then multiplied against each token.
+ * NT = 1 is the matvec dot, NT = DS4_DOT_TOKENS the matmul micro-kernel;
+ * the per-token arithmetic is the same in both, so they agree bit for bit.
  */
 #include <immintrin.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "kernels_cpu_internal.h"
@@ -23,11 +29,30 @@ static inline float hsum_ps(__m256 v) {
 
 static inline float h2f(ds4_half h) { return _cvtsh_ss(h); }
 
+#define INLINE static inline __attribute__((always_inline))
+#define NT_MAX DS4_DOT_TOKENS
+/* the fixed-count loops over tokens and sub-blocks must become straight-line
+ * code: lane masks and shift counts then fold to immediates */
+#define UNROLL _Pragma("GCC unroll 8")
+
+INLINE const void *tok(const void *acts, size_t stride, int t) { return (const uint8_t *)acts + stride * (size_t)t; }
+
+/* the two entry points of every kernel NAME_nt */
+#define DOT_ENTRY_POINTS(name)                                                                      \
+    static float dot_##name(const void *w, const void *act, int64_t n) {                           \
+        float r;                                                                                    \
+        name##_nt(w, act, 0, n, 1, &r);                                                             \
+        return r;                                                                                   \
+    }                                                                                               \
+    static void dotn_##name(const void *w, const void *acts, size_t stride, int64_t n, float *out) { \
+        name##_nt(w, acts, stride, n, NT_MAX, out);                                                 \
+    }
+
 /* ---- float weights against f32 activations ---- */
 
 enum float_kind { KIND_F32, KIND_F16, KIND_BF16 };
 
-static inline __attribute__((always_inline)) __m256 load8(enum float_kind k, const void *p, int64_t i) {
+INLINE __m256 load8(enum float_kind k, const void *p, int64_t i) {
     switch (k) {
     case KIND_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
     case KIND_BF16:
@@ -37,7 +62,7 @@ static inline __attribute__((always_inline)) __m256 load8(enum float_kind k, con
     }
 }
 
-static inline __attribute__((always_inline)) float load1(enum float_kind k, const void *p, int64_t i) {
+INLINE float load1(enum float_kind k, const void *p, int64_t i) {
     switch (k) {
     case KIND_F16: return h2f(((const uint16_t *)p)[i]);
     case KIND_BF16: return ds4_bf16_to_f32(((const uint16_t *)p)[i]);
@@ -45,207 +70,277 @@ static inline __attribute__((always_inline)) float load1(enum float_kind k, cons
     }
 }
 
-static inline __attribute__((always_inline)) float dot_float(enum float_kind k, const void *w, const float *a,
-                                                            int64_t n) {
-    /* four chains hide the FMA latency */
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+/* two FMA chains per token */
+INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t stride, int64_t n, int nt,
+                     float *out) {
+    __m256 acc[NT_MAX][2];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        acc0 = _mm256_fmadd_ps(load8(k, w, i), _mm256_loadu_ps(a + i), acc0);
-        acc1 = _mm256_fmadd_ps(load8(k, w, i + 8), _mm256_loadu_ps(a + i + 8), acc1);
-        acc2 = _mm256_fmadd_ps(load8(k, w, i + 16), _mm256_loadu_ps(a + i + 16), acc2);
-        acc3 = _mm256_fmadd_ps(load8(k, w, i + 24), _mm256_loadu_ps(a + i + 24), acc3);
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = load8(k, w, i), w1 = load8(k, w, i + 8);
+        UNROLL
+        for (int t = 0; t < nt; t++) {
+            const float *a = tok(acts, stride, t);
+            acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a + i), acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a + i + 8), acc[t][1]);
+        }
     }
-    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load8(k, w, i), _mm256_loadu_ps(a + i), acc0);
-    float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-    for (; i < n; i++) s += load1(k, w, i) * a[i];
-    return s;
+    for (; i + 8 <= n; i += 8) {
+        __m256 w0 = load8(k, w, i);
+        UNROLL
+        for (int t = 0; t < nt; t++)
+            acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps((const float *)tok(acts, stride, t) + i), acc[t][0]);
+    }
+    UNROLL
+    for (int t = 0; t < nt; t++) {
+        const float *a = tok(acts, stride, t);
+        float sum = hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1]));
+        for (int64_t j = i; j < n; j++) sum += load1(k, w, j) * a[j];
+        out[t] = sum;
+    }
 }
 
-static float dot_f32(const void *w, const void *a, int64_t n) { return dot_float(KIND_F32, w, a, n); }
-static float dot_f16(const void *w, const void *a, int64_t n) { return dot_float(KIND_F16, w, a, n); }
-static float dot_bf16(const void *w, const void *a, int64_t n) { return dot_float(KIND_BF16, w, a, n); }
+INLINE void f32_nt(const void *w, const void *a, size_t s, int64_t n, int nt, float *o) { float_nt(KIND_F32, w, a, s, n, nt, o); }
+INLINE void f16_nt(const void *w, const void *a, size_t s, int64_t n, int nt, float *o) { float_nt(KIND_F16, w, a, s, n, nt, o); }
+INLINE void bf16_nt(const void *w, const void *a, size_t s, int64_t n, int nt, float *o) { float_nt(KIND_BF16, w, a, s, n, nt, o); }
+DOT_ENTRY_POINTS(f32)
+DOT_ENTRY_POINTS(f16)
+DOT_ENTRY_POINTS(bf16)
 
 /* ---- Q8_0 x Q8_0 ---- */
 
-static inline __m256 q8_0_block(const ds4_block_q8_0 *x, const ds4_block_q8_0 *y, __m256 acc) {
+/* block b into accumulator slot `slot` of every token (two slots per token
+ * alternate between blocks to hide the FMA latency) */
+INLINE void q8_0_block(const ds4_block_q8_0 *x, const void *acts, size_t stride, int64_t b, int nt,
+                       __m256 acc[][2], int slot) {
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256i qx = _mm256_loadu_si256((const __m256i *)x->qs);
-    __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
-    __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
-    __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-    return _mm256_fmadd_ps(s, _mm256_set1_ps(h2f(x->d) * h2f(y->d)), acc);
+    __m256i qx = _mm256_loadu_si256((const __m256i *)x[b].qs);
+    __m256i ux = _mm256_sign_epi8(qx, qx);
+    float dx = h2f(x[b].d);
+    UNROLL
+    for (int t = 0; t < nt; t++) {
+        const ds4_block_q8_0 *y = (const ds4_block_q8_0 *)tok(acts, stride, t) + b;
+        __m256i p = _mm256_maddubs_epi16(ux, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), qx));
+        __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        acc[t][slot] = _mm256_fmadd_ps(s, _mm256_set1_ps(dx * h2f(y->d)), acc[t][slot]);
+    }
 }
 
-static float dot_q8_0(const void *w, const void *act, int64_t n) {
-    const ds4_block_q8_0 *x = w, *y = act;
+INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
     int64_t nb = n / DS4_QK8_0, b = 0;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    __m256 acc[NT_MAX][2];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (; b + 2 <= nb; b += 2) {
-        acc0 = q8_0_block(x + b, y + b, acc0);
-        acc1 = q8_0_block(x + b + 1, y + b + 1, acc1);
+        q8_0_block(w, acts, stride, b, nt, acc, 0);
+        q8_0_block(w, acts, stride, b + 1, nt, acc, 1);
     }
-    if (b < nb) acc0 = q8_0_block(x + b, y + b, acc0);
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
+    if (b < nb) q8_0_block(w, acts, stride, b, nt, acc, 0);
+    UNROLL
+    for (int t = 0; t < nt; t++) out[t] = hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
+DOT_ENTRY_POINTS(q8_0)
 
 /* ---- K-quants x Q8_K ---- */
 
-/* Broadcast helpers: a 32-element vector spans two 16-element sub-blocks
- * (low 128-bit lane, high lane), so the i16 multiplier vector carries the
- * scale of sub-block j in the low lane and of j+1 in the high lane. The
- * shuffle masks select byte j / j+1 of a lane-broadcast scale vector, with
- * 0x80 (zero) for the high byte; adding 2 per step keeps 0x80 bytes >= 0x80. */
-static inline __m256i pair_mask_u8(void) {
-    return _mm256_setr_epi8(0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128,
-                            1, -128, 1, -128, 1, -128, 1, -128, 1, -128, 1, -128, 1, -128, 1, -128);
+INLINE const ds4_block_q8_K *q8k(const void *acts, size_t stride, int t, int64_t i) {
+    return (const ds4_block_q8_K *)tok(acts, stride, t) + i;
 }
 
-static inline __m256i madd_u8_scaled(__m256i q, const int8_t *a, __m256i scale16) {
+INLINE __m256i madd_u8_scaled(__m256i q, const int8_t *a, __m256i scale16) {
     __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)a));
     return _mm256_madd_epi16(p, scale16);
 }
 
-static float dot_q2_K(const void *w, const void *act, int64_t n) {
+/* acc -= (d_a·dmin)·Σ m·bsum, with mins16 lined up with the 16 bsums */
+INLINE __m256 sub_mins(__m256 acc, __m256i mins16, const ds4_block_q8_K *y, float dmin) {
+    __m256i p = _mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)y->bsums));
+    return _mm256_fnmadd_ps(_mm256_set1_ps(y->d * dmin), _mm256_cvtepi32_ps(p), acc);
+}
+
+/* Q2_K: a 32-element vector spans two 16-element sub-blocks (low 128-bit
+ * lane, high lane), so the i16 multiplier carries the scale of sub-block j
+ * in the low lane and of j+1 in the high lane. The shuffle mask selects
+ * byte j / j+1 of the lane-broadcast scales with 0x80 (zero) as the high
+ * byte; adding 2 per step keeps those bytes >= 0x80. */
+INLINE void q2_K_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
     const ds4_block_q2_K *x = w;
-    const ds4_block_q8_K *y = act;
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0x0F);
     const __m256i two = _mm256_set1_epi8(2);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    const __m256i mask0 = _mm256_setr_epi8(0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128,
+                                           1, -128, 1, -128, 1, -128, 1, -128, 1, -128, 1, -128, 1, -128, 1, -128);
+    __m256 acc[NT_MAX];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / DS4_QK_K; i++) {
         __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
-        __m256i bs = _mm256_loadu_si256((const __m256i *)y[i].bsums);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].dmin)),
-                               _mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, bs)), accm);
-
         __m256i scales = _mm256_broadcastsi128_si256(_mm_and_si128(sc8, m4));
-        __m256i mask = pair_mask_u8();
-        __m256i sumi = _mm256_setzero_si256();
+        __m256i mask = mask0, sumi[NT_MAX];
+        UNROLL
+        for (int t = 0; t < nt; t++) sumi[t] = _mm256_setzero_si256();
+        UNROLL
         for (int h = 0; h < 2; h++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
-            const int8_t *a = y[i].qs + 128 * h;
+            UNROLL
             for (int k = 0; k < 4; k++) {
                 __m256i qk = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), m3);
-                sumi = _mm256_add_epi32(sumi, madd_u8_scaled(qk, a + 32 * k, _mm256_shuffle_epi8(scales, mask)));
+                __m256i sc = _mm256_shuffle_epi8(scales, mask);
+                UNROLL
+                for (int t = 0; t < nt; t++)
+                    sumi[t] = _mm256_add_epi32(sumi[t], madd_u8_scaled(qk, q8k(acts, stride, t, i)->qs + 128 * h + 32 * k, sc));
                 mask = _mm256_add_epi8(mask, two);
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    return hsum_ps(acc) - hsum_ps(accm);
-}
-
-/* Shared by Q4_K and Q5_K: decodes the 6-bit codes (sheet 5.2) into sm
- * (scales in bytes 0..7, mins in 8..15) and folds dmin·Σ m_j·(the two
- * bsums of sub-block j) into accm. */
-static inline void k4_prepare(const uint8_t *S, const ds4_block_q8_K *y, float dmin, uint8_t sm[16],
-                              __m256 *accm) {
-    for (int j = 0; j < 4; j++) {
-        sm[j] = S[j] & 63;
-        sm[8 + j] = S[j + 4] & 63;
-        sm[4 + j] = (uint8_t)((S[j + 8] & 15) | ((S[j] >> 6) << 4));
-        sm[12 + j] = (uint8_t)((S[j + 8] >> 4) | ((S[j + 4] >> 6) << 4));
-    }
-    __m128i v = _mm_loadu_si128((const __m128i *)sm);
-    __m128i mins = _mm_unpackhi_epi8(v, v); /* m_j twice: one per 16-element bsum */
-    __m256i p = _mm256_madd_epi16(_mm256_cvtepu8_epi16(mins), _mm256_loadu_si256((const __m256i *)y->bsums));
-    *accm = _mm256_fmadd_ps(_mm256_set1_ps(y->d * dmin), _mm256_cvtepi32_ps(p), *accm);
-}
-
-static float dot_q4_K(const void *w, const void *act, int64_t n) {
-    const ds4_block_q4_K *x = w;
-    const ds4_block_q8_K *y = act;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / DS4_QK_K; i++) {
-        uint8_t sm[16];
-        k4_prepare(x[i].scales, &y[i], h2f(x[i].dmin), sm, &accm);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
-            const int8_t *a = y[i].qs + 64 * c;
-            sumi = _mm256_add_epi32(sumi, madd_u8_scaled(_mm256_and_si256(q, m4), a, _mm256_set1_epi16(sm[2 * c])));
-            sumi = _mm256_add_epi32(sumi, madd_u8_scaled(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), a + 32,
-                                                         _mm256_set1_epi16(sm[2 * c + 1])));
+        float dx = h2f(x[i].d), dmin = h2f(x[i].dmin);
+        UNROLL
+        for (int t = 0; t < nt; t++) {
+            const ds4_block_q8_K *y = q8k(acts, stride, t, i);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+            acc[t] = sub_mins(acc[t], mins16, y, dmin);
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum_ps(acc) - hsum_ps(accm);
+    UNROLL
+    for (int t = 0; t < nt; t++) out[t] = hsum_ps(acc[t]);
+}
+DOT_ENTRY_POINTS(q2_K)
+
+/* Q4_K and Q5_K: the 6-bit codes (sheet 5.2) decoded four at a time in u32
+ * words. Returns the 8 scales as bytes in both 128-bit lanes (for per
+ * sub-block shuffles) and the mins as i16, each twice (one per bsum). */
+INLINE __m256i k4_scales(const uint8_t *S, __m256i *mins16) {
+    uint32_t a0, a1, a2;
+    memcpy(&a0, S, 4);
+    memcpy(&a1, S + 4, 4);
+    memcpy(&a2, S + 8, 4);
+    uint32_t sc03 = a0 & 0x3F3F3F3F, m03 = a1 & 0x3F3F3F3F;
+    uint32_t sc47 = (a2 & 0x0F0F0F0F) | ((a0 >> 6) & 0x03030303) << 4;
+    uint32_t m47 = ((a2 >> 4) & 0x0F0F0F0F) | ((a1 >> 6) & 0x03030303) << 4;
+    __m128i mins = _mm_setr_epi32((int)m03, (int)m47, 0, 0);
+    *mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins));
+    return _mm256_broadcastsi128_si256(_mm_setr_epi32((int)sc03, (int)sc47, 0, 0));
 }
 
 /* bit j of every byte of qh, moved to bit 4 (the fifth quant bit). The
  * 16-bit shifts cannot leak between bytes because of the mask by 1 first. */
-static inline __m256i q5_high(__m256i qh, int j) {
+INLINE __m256i q5_high(__m256i qh, int j) {
     return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1)), 4);
 }
 
-static float dot_q5_K(const void *w, const void *act, int64_t n) {
-    const ds4_block_q5_K *x = w;
-    const ds4_block_q8_K *y = act;
+/* one layout walk for both: Q5_K adds the fifth bit from qh (qh_off 0: Q4_K) */
+INLINE void k45_nt(const uint8_t *blocks, size_t block_bytes, size_t qs_off, size_t qh_off, const void *acts,
+                   size_t stride, int64_t n, int nt, float *out) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / DS4_QK_K; i++) {
-        uint8_t sm[16];
-        k4_prepare(x[i].scales, &y[i], h2f(x[i].dmin), sm, &accm);
-        __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
-        __m256i sumi = _mm256_setzero_si256();
+    const __m256i one = _mm256_set1_epi8(1);
+    /* selects scale byte j into every i16 lane; 0x80 zeroes the high byte */
+    const __m256i mask0 = _mm256_set1_epi16((short)0x8000);
+    __m256 acc[NT_MAX];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / DS4_QK_K; i++, blocks += block_bytes) {
+        ds4_half d, dmin;
+        memcpy(&d, blocks, 2);
+        memcpy(&dmin, blocks + 2, 2);
+        __m256i mins16, scales = k4_scales(blocks + 4, &mins16);
+        __m256i qh = qh_off ? _mm256_loadu_si256((const __m256i *)(blocks + qh_off)) : _mm256_setzero_si256();
+        __m256i mask = mask0, sumi[NT_MAX];
+        UNROLL
+        for (int t = 0; t < nt; t++) sumi[t] = _mm256_setzero_si256();
+        UNROLL
         for (int c = 0; c < 4; c++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
-            const int8_t *a = y[i].qs + 64 * c;
-            __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), q5_high(qh, 2 * c));
-            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), q5_high(qh, 2 * c + 1));
-            sumi = _mm256_add_epi32(sumi, madd_u8_scaled(lo, a, _mm256_set1_epi16(sm[2 * c])));
-            sumi = _mm256_add_epi32(sumi, madd_u8_scaled(hi, a + 32, _mm256_set1_epi16(sm[2 * c + 1])));
+            __m256i q = _mm256_loadu_si256((const __m256i *)(blocks + qs_off + 32 * c));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (qh_off) {
+                lo = _mm256_or_si256(lo, q5_high(qh, 2 * c));
+                hi = _mm256_or_si256(hi, q5_high(qh, 2 * c + 1));
+            }
+            __m256i sc_lo = _mm256_shuffle_epi8(scales, mask);
+            mask = _mm256_add_epi8(mask, one);
+            __m256i sc_hi = _mm256_shuffle_epi8(scales, mask);
+            mask = _mm256_add_epi8(mask, one);
+            UNROLL
+            for (int t = 0; t < nt; t++) {
+                const int8_t *a = q8k(acts, stride, t, i)->qs + 64 * c;
+                sumi[t] = _mm256_add_epi32(sumi[t], madd_u8_scaled(lo, a, sc_lo));
+                sumi[t] = _mm256_add_epi32(sumi[t], madd_u8_scaled(hi, a + 32, sc_hi));
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+        float dx = h2f(d), dm = h2f(dmin);
+        UNROLL
+        for (int t = 0; t < nt; t++) {
+            const ds4_block_q8_K *y = q8k(acts, stride, t, i);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+            acc[t] = sub_mins(acc[t], mins16, y, dm);
+        }
     }
-    return hsum_ps(acc) - hsum_ps(accm);
+    UNROLL
+    for (int t = 0; t < nt; t++) out[t] = hsum_ps(acc[t]);
 }
 
-static float dot_q6_K(const void *w, const void *act, int64_t n) {
-    const ds4_block_q6_K *x = w;
-    const ds4_block_q8_K *y = act;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+INLINE void q4_K_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    k45_nt(w, sizeof(ds4_block_q4_K), offsetof(ds4_block_q4_K, qs), 0, acts, stride, n, nt, out);
+}
+INLINE void q5_K_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    k45_nt(w, sizeof(ds4_block_q5_K), offsetof(ds4_block_q5_K, qs), offsetof(ds4_block_q5_K, qh), acts, stride, n,
+           nt, out);
+}
+DOT_ENTRY_POINTS(q4_K)
+DOT_ENTRY_POINTS(q5_K)
+
+/* Q6_K: quants are used with their +32 offset (unsigned for maddubs) and
+ * 32·Σ sc_j·bsum_j is subtracted. Scale pairs: i16 word 2p in the low lane,
+ * word 2p+1 in the high lane, from a half-broadcast of the 16 scales. */
+INLINE __m256i q6_quant(__m256i lo4, __m256i H, int k) {
     const __m256i m2 = _mm256_set1_epi8(0x03);
+    return _mm256_or_si256(lo4, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 2 * k), m2), 4));
+}
+
+INLINE void q6_K_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    const ds4_block_q6_K *x = w;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i four = _mm256_set1_epi8(4);
-    /* i16 scale pairs: word 2p in the low lane, word 2p+1 in the high lane */
     const __m256i base = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
                                           2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[NT_MAX];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / DS4_QK_K; i++) {
         __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        /* the +32 offset of the quants: subtract 32·Σ sc_j·bsum_j */
-        __m256i offs = _mm256_slli_epi32(
-            _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[i].bsums)), 5);
-        __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), offs);
+        __m256i sumi[NT_MAX];
+        UNROLL
+        for (int t = 0; t < nt; t++) {
+            __m256i offs = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)q8k(acts, stride, t, i)->bsums));
+            sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offs, 5));
+        }
+        UNROLL
         for (int h = 0; h < 2; h++) {
             __m256i A = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h));
             __m256i B = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h + 32));
             __m256i H = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
-            __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_slli_epi16(_mm256_and_si256(H, m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(B, m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 2), m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 4), m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 6), m2), 4)),
-            };
-            __m256i scales = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
-                               : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+            __m256i scales = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11) : _mm256_permute2x128_si256(sc16, sc16, 0x00);
             __m256i mask = base;
+            UNROLL
             for (int k = 0; k < 4; k++) {
-                sumi = _mm256_add_epi32(
-                    sumi, madd_u8_scaled(q[k], y[i].qs + 128 * h + 32 * k, _mm256_shuffle_epi8(scales, mask)));
+                __m256i lo4 = _mm256_and_si256(k < 2 ? (k ? B : A) : _mm256_srli_epi16(k == 3 ? B : A, 4), m4);
+                __m256i q = q6_quant(lo4, H, k);
+                __m256i sc = _mm256_shuffle_epi8(scales, mask);
+                UNROLL
+                for (int t = 0; t < nt; t++)
+                    sumi[t] = _mm256_add_epi32(sumi[t], madd_u8_scaled(q, q8k(acts, stride, t, i)->qs + 128 * h + 32 * k, sc));
                 mask = _mm256_add_epi8(mask, four);
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+        float dx = h2f(x[i].d);
+        UNROLL
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(q8k(acts, stride, t, i)->d * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
     }
-    return hsum_ps(acc);
+    UNROLL
+    for (int t = 0; t < nt; t++) out[t] = hsum_ps(acc[t]);
 }
+DOT_ENTRY_POINTS(q6_K)
 
 /* ---- IQ2_XXS x Q8_K ----
  * The signs are applied to the activation (sign_epi8), so the grid bytes
@@ -266,44 +361,62 @@ static inline __m256i iq2_sign_bytes(uint32_t W) {
     return _mm256_or_si256(neg7, _mm256_sub_epi64(_mm256_setzero_si256(), odd));
 }
 
-static inline __m256i iq2_subblock(const uint8_t *q8, const int8_t *a) {
+/* sub-block b of super-block i into slot `slot` of every token */
+INLINE void iq2_subblock(const uint8_t *q8, const void *acts, size_t stride, int64_t i, int b, int nt,
+                         __m256i sumi[][2], int slot) {
     uint32_t W;
     memcpy(&W, q8 + 4, 4);
     __m256i grid = _mm256_setr_epi64x((long long)ds4_iq2xxs_grid[q8[0]], (long long)ds4_iq2xxs_grid[q8[1]],
                                       (long long)ds4_iq2xxs_grid[q8[2]], (long long)ds4_iq2xxs_grid[q8[3]]);
     __m256i sgn = _mm256_or_si256(iq2_sign_bytes(W), _mm256_set1_epi8(1));
-    __m256i p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a), sgn));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16((short)(2 * (W >> 28) + 1)));
+    __m256i scale = _mm256_set1_epi16((short)(2 * (W >> 28) + 1));
+    UNROLL
+    for (int t = 0; t < nt; t++) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(q8k(acts, stride, t, i)->qs + 32 * b));
+        __m256i p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(a, sgn));
+        sumi[t][slot] = _mm256_add_epi32(sumi[t][slot], _mm256_madd_epi16(p, scale));
+    }
 }
 
-static float dot_iq2_xxs(const void *w, const void *act, int64_t n) {
+INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
     const ds4_block_iq2_xxs *x = w;
-    const ds4_block_q8_K *y = act;
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[NT_MAX];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / DS4_QK_K; i++) {
         const uint8_t *q = (const uint8_t *)x[i].qs;
-        __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+        __m256i sumi[NT_MAX][2];
+        UNROLL
+        for (int t = 0; t < nt; t++) sumi[t][0] = sumi[t][1] = _mm256_setzero_si256();
+        UNROLL
         for (int b = 0; b < 8; b += 2) {
-            s0 = _mm256_add_epi32(s0, iq2_subblock(q + 8 * b, y[i].qs + 32 * b));
-            s1 = _mm256_add_epi32(s1, iq2_subblock(q + 8 * b + 8, y[i].qs + 32 * b + 32));
+            iq2_subblock(q + 8 * b, acts, stride, i, b, nt, sumi, 0);
+            iq2_subblock(q + 8 * b + 8, acts, stride, i, b + 1, nt, sumi, 1);
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(0.125f * y[i].d * h2f(x[i].d)),
-                              _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
+        float dx = 0.125f * h2f(x[i].d);
+        UNROLL
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * q8k(acts, stride, t, i)->d),
+                                     _mm256_cvtepi32_ps(_mm256_add_epi32(sumi[t][0], sumi[t][1])), acc[t]);
     }
-    return hsum_ps(acc);
+    UNROLL
+    for (int t = 0; t < nt; t++) out[t] = hsum_ps(acc[t]);
 }
+DOT_ENTRY_POINTS(iq2_xxs)
 
-ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type) {
-    switch (type) {
-    case DS4_TYPE_F32: return dot_f32;
-    case DS4_TYPE_F16: return dot_f16;
-    case DS4_TYPE_BF16: return dot_bf16;
-    case DS4_TYPE_Q8_0: return dot_q8_0;
-    case DS4_TYPE_Q2_K: return dot_q2_K;
-    case DS4_TYPE_Q4_K: return dot_q4_K;
-    case DS4_TYPE_Q5_K: return dot_q5_K;
-    case DS4_TYPE_Q6_K: return dot_q6_K;
-    case DS4_TYPE_IQ2_XXS: return dot_iq2_xxs;
-    default: return NULL;
+#define DISPATCH(prefix)                                                                            \
+    switch (type) {                                                                                 \
+    case DS4_TYPE_F32: return prefix##f32;                                                          \
+    case DS4_TYPE_F16: return prefix##f16;                                                          \
+    case DS4_TYPE_BF16: return prefix##bf16;                                                        \
+    case DS4_TYPE_Q8_0: return prefix##q8_0;                                                        \
+    case DS4_TYPE_Q2_K: return prefix##q2_K;                                                        \
+    case DS4_TYPE_Q4_K: return prefix##q4_K;                                                        \
+    case DS4_TYPE_Q5_K: return prefix##q5_K;                                                        \
+    case DS4_TYPE_Q6_K: return prefix##q6_K;                                                        \
+    case DS4_TYPE_IQ2_XXS: return prefix##iq2_xxs;                                                  \
+    default: return NULL;                                                                           \
     }
-}
+
+ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type) { DISPATCH(dot_) }
+ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type) { DISPATCH(dotn_) }

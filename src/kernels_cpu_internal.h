@@ -4,6 +4,9 @@
  * - A dot function computes one weight row (n elements of its type) against
  *   an activation already in the partner format (ds4_quantize_act), with
  *   n a multiple of the type's block size.
+ * - A dotn function does the same for DS4_DOT_TOKENS activation rows at once
+ *   (act_stride bytes apart), unpacking each weight block only once: the
+ *   matmul micro-kernel. Its result per token equals the dot function's.
  * - Each ISA file returns NULL for types it has no kernel for; the
  *   dispatcher then falls back to the next lower level (AVX-512 -> AVX2 ->
  *   scalar reference). Calling anything from an ISA file is only allowed
@@ -14,9 +17,15 @@
 
 #include <stdint.h>
 
+#include <stddef.h>
+
+#define DS4_DOT_TOKENS 4
+
 typedef float (*ds4_dot_fn)(const void *w, const void *act, int64_t n);
+typedef void (*ds4_dotn_fn)(const void *w, const void *acts, size_t act_stride, int64_t n, float *out);
 
 ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type);
+ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type);
 ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type);
 
 #endif

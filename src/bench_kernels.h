@@ -1,0 +1,23 @@
+/* bench_kernels.h -- the kernel benchmark behind `ds4-bench --kernels`.
+ *
+ * Contract
+ * - ds4_bench_kernels(threads, out) measures, in one run, the machine's
+ *   memory bandwidth (STREAM-like read, copy and triad over arrays far
+ *   larger than the last-level cache) and, for every weight type the
+ *   kernels support, matvec throughput in GB/s of weight bytes on a matrix
+ *   larger than cache, with 1 and `threads` threads, next to the percentage
+ *   of the measured bandwidth; then matmul (prefill) throughput for a batch
+ *   of tokens in GFLOP/s-equivalent (2·rows·n·T / time).
+ * - It prints tables to `out` and never asserts; returns 0, or -1 with a
+ *   one-line message on stderr when memory cannot be allocated.
+ * - Timings take the best of several repetitions, as STREAM does, so a
+ *   busy shared machine disturbs the numbers as little as possible.
+ */
+#ifndef DS4_BENCH_KERNELS_H
+#define DS4_BENCH_KERNELS_H
+
+#include <stdio.h>
+
+int ds4_bench_kernels(int threads, FILE *out);
+
+#endif
