@@ -775,6 +775,11 @@ bool ds4_gguf_arr_i64(const ds4_gguf_kv *kv, uint64_t i, int64_t *out) {
     return arr_elem(kv, i, &v) && value_as_i64(kv->arr_type, v, out);
 }
 
+bool ds4_gguf_arr_u64(const ds4_gguf_kv *kv, uint64_t i, uint64_t *out) {
+    union ds4_gguf_value v;
+    return arr_elem(kv, i, &v) && value_as_u64(kv->arr_type, v, out);
+}
+
 bool ds4_gguf_arr_f64(const ds4_gguf_kv *kv, uint64_t i, double *out) {
     union ds4_gguf_value v;
     return arr_elem(kv, i, &v) && value_as_f64(kv->arr_type, v, out);

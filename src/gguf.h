@@ -90,6 +90,7 @@ bool ds4_gguf_get_bool(const ds4_gguf *g, const char *key, bool *out);
 bool ds4_gguf_get_str(const ds4_gguf *g, const char *key, ds4_gguf_str *out);
 /* Array element i as integer / float (any numeric element type). */
 bool ds4_gguf_arr_i64(const ds4_gguf_kv *kv, uint64_t i, int64_t *out);
+bool ds4_gguf_arr_u64(const ds4_gguf_kv *kv, uint64_t i, uint64_t *out);
 bool ds4_gguf_arr_f64(const ds4_gguf_kv *kv, uint64_t i, double *out);
 
 /* ---- writer ----
