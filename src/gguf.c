@@ -379,6 +379,35 @@ static bool checked_mul(uint64_t a, uint64_t b, uint64_t *out) {
     return !__builtin_mul_overflow(a, b, out) && *out <= INT64_MAX;
 }
 
+/* Element and byte counts of a tensor, shared by reader and writer so both
+ * accept exactly the same shapes. On failure why gets a phrase that follows
+ * the tensor's name in an error message. */
+static bool tensor_size(uint32_t type, uint32_t n_dims, const uint64_t *ne, uint64_t *elems,
+                        uint64_t *bytes, char *why, size_t whylen) {
+    size_t blk = ds4_type_block_elems(type), blk_bytes = ds4_type_block_bytes(type);
+    for (uint32_t d = 0; d < n_dims; d++)
+        if (ne[d] > INT64_MAX) {
+            snprintf(why, whylen, "ne[%" PRIu32 "] = %" PRIu64 " is negative as int64", d, ne[d]);
+            return false;
+        }
+    if (blk == 0 || blk_bytes == 0) {
+        snprintf(why, whylen, "has unknown ggml type id %" PRIu32, type);
+        return false;
+    }
+    uint64_t ne0 = n_dims ? ne[0] : 1;
+    if (ne0 % blk) {
+        snprintf(why, whylen, "row length ne[0] = %" PRIu64 " is not a multiple of the %s block "
+                 "size %zu", ne0, ds4_type_name(type), blk);
+        return false;
+    }
+    *elems = ne0;
+    bool ok = checked_mul(ne0 / blk, blk_bytes, bytes);
+    for (uint32_t d = 1; ok && d < n_dims; d++)
+        ok = checked_mul(*elems, ne[d], elems) && checked_mul(*bytes, ne[d], bytes);
+    if (!ok) snprintf(why, whylen, "shape overflows 63-bit element or byte counts");
+    return ok;
+}
+
 static bool parse_tensor_info(parser *ps, ds4_gguf_tensor *t, uint64_t *rel_offset) {
     if (!rd_str(ps, &t->name, "tensor name")) return false;
     shown_name sn = shown(t->name);
@@ -394,29 +423,13 @@ static bool parse_tensor_info(parser *ps, ds4_gguf_tensor *t, uint64_t *rel_offs
         return perr(ps, "tensor '%s' has %" PRIu32 " dimensions (limit %d)", name, t->n_dims,
                     DS4_GGUF_MAX_DIMS);
     for (int d = 0; d < DS4_GGUF_MAX_DIMS; d++) t->ne[d] = 1;
-    for (uint32_t d = 0; d < t->n_dims; d++) {
+    for (uint32_t d = 0; d < t->n_dims; d++)
         if (!rd_u64(ps, &t->ne[d], "tensor dimension")) return false;
-        if (t->ne[d] > INT64_MAX)
-            return perr(ps, "tensor '%s' ne[%" PRIu32 "] = %" PRIu64 " is negative as int64",
-                        name, d, t->ne[d]);
-    }
     if (!rd_u32(ps, &t->type, "tensor type") || !rd_u64(ps, rel_offset, "tensor offset"))
         return false;
-    size_t blk = ds4_type_block_elems(t->type), blk_bytes = ds4_type_block_bytes(t->type);
-    if (blk == 0 || blk_bytes == 0)
-        return perr(ps, "tensor '%s' has unknown ggml type id %" PRIu32, name, t->type);
-    if (t->ne[0] % blk)
-        return perr(ps, "tensor '%s' row length ne[0] = %" PRIu64 " is not a multiple of the %s "
-                    "block size %zu", name, t->ne[0], ds4_type_name(t->type), blk);
-    uint64_t elems = 1, bytes = 0;
-    bool ok = checked_mul(t->ne[0] / blk, blk_bytes, &bytes);
-    for (uint32_t d = 0; ok && d < t->n_dims; d++) {
-        ok = checked_mul(elems, t->ne[d], &elems);
-        if (ok && d > 0) ok = checked_mul(bytes, t->ne[d], &bytes);
-    }
-    if (!ok) return perr(ps, "tensor '%s' shape overflows 63-bit element or byte counts", name);
-    t->n_elements = elems;
-    t->n_bytes = bytes;
+    char why[160];
+    if (!tensor_size(t->type, t->n_dims, t->ne, &t->n_elements, &t->n_bytes, why, sizeof why))
+        return perr(ps, "tensor '%s' %s", name, why);
     return true;
 }
 
@@ -966,23 +979,20 @@ void ds4_gguf_w_arr_str(ds4_gguf_writer *w, const char *k, const char *const *v,
 size_t ds4_gguf_w_tensor(ds4_gguf_writer *w, const char *name, uint32_t type,
                          uint32_t n_dims, const uint64_t *ne, const void *data) {
     wtensor t = {{NULL, 0}, type, n_dims, {0}, 0, data};
-    size_t blk = ds4_type_block_elems(type), blk_bytes = ds4_type_block_bytes(type);
     const char *shown_name = name ? name : "(null)";
     if (!name || !*name || strlen(name) > GGUF_MAX_NAME_LEN) {
         wfail(w, "tensor name '%s' is empty or longer than %u bytes", shown_name, GGUF_MAX_NAME_LEN);
         return SIZE_MAX;
     }
-    if (!blk || !blk_bytes || n_dims > DS4_GGUF_MAX_DIMS || (n_dims && !ne)) {
-        wfail(w, "tensor '%s': unknown type id %" PRIu32 " or bad dimension count %" PRIu32,
-              shown_name, type, n_dims);
+    if (n_dims > DS4_GGUF_MAX_DIMS || (n_dims && !ne)) {
+        wfail(w, "tensor '%s' has %" PRIu32 " dimensions (limit %d)", name, n_dims, DS4_GGUF_MAX_DIMS);
         return SIZE_MAX;
     }
     for (int d = 0; d < DS4_GGUF_MAX_DIMS; d++) t.ne[d] = (uint32_t)d < n_dims ? ne[d] : 1;
-    bool ok = t.ne[0] % blk == 0 && checked_mul(t.ne[0] / blk, blk_bytes, &t.n_bytes);
-    for (uint32_t d = 1; ok && d < n_dims; d++) ok = checked_mul(t.n_bytes, t.ne[d], &t.n_bytes);
-    if (!ok) {
-        wfail(w, "tensor '%s': ne[0] = %" PRIu64 " is not a multiple of the %s block size %zu, "
-              "or the size overflows", shown_name, t.ne[0], ds4_type_name(type), blk);
+    uint64_t elems;
+    char why[160];
+    if (!tensor_size(type, n_dims, t.ne, &elems, &t.n_bytes, why, sizeof why)) {
+        wfail(w, "tensor '%s' %s", name, why);
         return SIZE_MAX;
     }
     if (!grow((void **)&w->t, &w->cap_t, w->n_t, sizeof *w->t) || !owned_str(&t.name, name)) {

@@ -537,7 +537,7 @@ static void test_writer_errors(void) {
     struct { const char *want; } cases[] = {
         {"duplicate metadata key 'k'"}, {"duplicate tensor name 't'"}, {"not a multiple of the Q8_0"},
         {"not a power of two"}, {"general.alignment was added"}, {"the fill callback failed"},
-        {"no fill callback was given"}, {"unknown type id 4"}, {"string array 'k2' has a NULL element"},
+        {"no fill callback was given"}, {"unknown ggml type id 4"}, {"string array 'k2' has a NULL element"},
     };
     for (int c = 0; c < 9; c++) {
         ds4_gguf_writer *w = ds4_gguf_writer_new(c == 3 ? 48 : c == 4 ? 64 : 0);
@@ -694,6 +694,8 @@ static void test_hostile(void) {
     tensor_file(&m, "t", 1, ne1, DS4_TYPE_F32, UINT64_MAX - 31, 32); EXPECT(&m, "exceeds file size");
     tensor_file(&m, "t", 1, ne1, DS4_TYPE_F32, 16, 64); EXPECT(&m, "offset 16 is not a multiple of the alignment 32");
     tensor_file(&m, "t", 9, ne9, DS4_TYPE_F32, 0, 32); EXPECT(&m, "has 9 dimensions");
+    uint64_t ne_iq[2] = {256, 1ull << 56};   /* 2^64 elements but only 66 * 2^56 bytes */
+    tensor_file(&m, "t", 2, ne_iq, DS4_TYPE_IQ2_XXS, 0, 32); EXPECT(&m, "shape overflows");
     tensor_file(&m, "t", 1, ne1, 4, 0, 32); EXPECT(&m, "unknown ggml type id 4");
     tensor_file(&m, "t", 1, ne1, 1000, 0, 32); EXPECT(&m, "unknown ggml type id 1000");
     tensor_file(&m, "t", 1, ne_q8, DS4_TYPE_Q8_0, 0, 64); EXPECT(&m, "ne[0] = 33 is not a multiple of the Q8_0 block size 32");
