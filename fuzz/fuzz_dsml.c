@@ -1,0 +1,121 @@
+/* fuzz_dsml.c -- the DSML parser and the JSON <-> DSML conversions.
+ * Input: byte 0 = parser options (bits 0-2) and chunking seed, the rest is
+ * fed as generated text. Oracles beyond "no crash":
+ *  - feeding in pseudo-random chunks gives the same events as one piece
+ *    (text events coalesced, ERROR compared by message only);
+ *  - the same bytes as tool-call arguments: the ds4 rendering parses back
+ *    to exactly one call, JSON-equal to the input when that is a valid
+ *    object free of entities and \u escapes (cJSON is the judge);
+ *  - Python-style and compact JSON reformatting accept exactly the valid
+ *    inputs and are idempotent. */
+#include "dsml.h"
+#include "json_util.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { ds4_buf log; int last; } evlog;
+
+static void on_event(void *ud, const ds4_dsml_event *ev) {
+    evlog *l = ud;
+    bool text = ev->kind == DS4_DSML_EV_REASONING || ev->kind == DS4_DSML_EV_CONTENT || ev->kind == DS4_DSML_EV_ARGS;
+    if (text && ev->len == 0) return;
+    if (!(text && (int)ev->kind == l->last)) {
+        char head[64];
+        int n = snprintf(head, sizeof head, "\x1e%d|%d|%d|%d|", ev->kind, ev->index, ev->is_string, ev->args_valid);
+        ds4_buf_put(&l->log, head, (size_t)n);
+        if (ev->name) ds4_buf_puts(&l->log, ev->name);
+        if (ev->message) ds4_buf_puts(&l->log, ev->message);
+        ds4_buf_putc(&l->log, '|');
+    }
+    if (ev->kind != DS4_DSML_EV_ERROR && ev->text) ds4_buf_put(&l->log, ev->text, ev->len);
+    l->last = text ? (int)ev->kind : -1;
+}
+
+static void parse(const ds4_dsml_opts *o, const uint8_t *d, size_t n, uint32_t seed, evlog *l) {
+    memset(l, 0, sizeof *l);
+    l->last = -1;
+    ds4_dsml_parser *p = ds4_dsml_new(o, on_event, l);
+    if (!p) abort();
+    for (size_t i = 0; i < n;) {
+        size_t k = seed ? 1 + (seed = seed * 1103515245u + 12345u) % 13 : n;
+        if (k > n - i) k = n - i;
+        ds4_dsml_feed(p, (const char *)d + i, k);
+        (void)ds4_dsml_in_structure(p);
+        i += k;
+    }
+    ds4_dsml_finish(p);
+    ds4_dsml_free(p);
+}
+
+static void check_parser(const uint8_t *d, size_t n, uint8_t ctl) {
+    ds4_dsml_opts o = { .thinking = ctl & 1, .tools = ctl & 2, .decode_entities = ctl & 4 };
+    evlog a, b;
+    parse(&o, d, n, 0, &a);
+    parse(&o, d, n, (uint32_t)ctl * 2654435761u | 1, &b);
+    if (a.log.len != b.log.len || (a.log.len && memcmp(a.log.data, b.log.data, a.log.len) != 0)) abort();
+    ds4_buf_free(&a.log);
+    ds4_buf_free(&b.log);
+}
+
+/* cJSON compares numbers with a relative epsilon, which breaks on inf */
+static bool finite_tree(const cJSON *j) {
+    if (cJSON_IsNumber(j) && !(j->valuedouble - j->valuedouble == 0)) return false;
+    for (const cJSON *c = j->child; c; c = c->next)
+        if (!finite_tree(c)) return false;
+    return true;
+}
+
+static void check_render(const char *args) {
+    ds4_tool_call call = { "id", "f<&\">", args };
+    ds4_buf out = {0};
+    if (!ds4_dsml_render_calls(&call, 1, DS4_DSML_OFFICIAL, &out, NULL, 0)) abort();
+    ds4_buf_clear(&out);
+    if (!ds4_dsml_render_calls(&call, 1, DS4_DSML_DS4, &out, NULL, 0)) abort();
+    ds4_dsml_opts o = { .tools = true, .decode_entities = true };
+    ds4_dsml_result r;
+    ds4_dsml_parse(&o, out.data, out.len, &r);
+    if (r.error || r.n_calls != 1 || strcmp(r.calls[0].name, call.name) != 0) abort();
+    size_t n = strlen(args);
+    if (!strchr(args, '&') && !strstr(args, "\\u") && ds4_json_valid(args, n)) {
+        cJSON *x = cJSON_Parse(args), *y = cJSON_Parse(r.calls[0].arguments);
+        if (x && cJSON_IsObject(x) && finite_tree(x) && (!y || !cJSON_Compare(x, y, true))) abort();
+        cJSON_Delete(x);
+        cJSON_Delete(y);
+    }
+    ds4_dsml_result_free(&r);
+    ds4_buf_free(&out);
+}
+
+static void check_reformat(const char *s, size_t n) {
+    for (int st = 0; st < 2; st++) {
+        ds4_json_style style = st ? DS4_JSON_COMPACT : DS4_JSON_PY;
+        ds4_buf a = {0}, b = {0};
+        bool ok = ds4_json_reformat(s, n, style, &a);
+        if (ok != ds4_json_valid(s, n)) abort();
+        /* Python writes an overflowing float as Infinity, which is not JSON */
+        if (ok && !memmem(a.data, a.len, "Infinity", 8)) {
+            if (!ds4_json_reformat(a.data, a.len, style, &b)) abort();
+            if (a.len != b.len || (a.len && memcmp(a.data, b.data, a.len) != 0)) abort();
+        }
+        ds4_buf_free(&a);
+        ds4_buf_free(&b);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1 || size > 1 << 16) return 0;
+    uint8_t ctl = data[0];
+    check_parser(data + 1, size - 1, ctl);
+    char *text = malloc(size);
+    if (!text) return 0;
+    memcpy(text, data + 1, size - 1);
+    text[size - 1] = 0;
+    check_render(text);
+    check_reformat(text, size - 1);
+    free(text);
+    return 0;
+}
