@@ -14,15 +14,15 @@ static layer_sizes sizes_of(const ds4_config *c, int l, int ctx, int slack, int 
     layer_sizes s = {0};
     const size_t D = (size_t)c->head_dim, DI = (size_t)c->idx_head_dim;
     s.raw = (size_t)(c->window + slack) * D;
-    int r = ds4_layer_ratio(c, l);
+    int r = ds4_cfg_ratio(c, l);
     *comp_cap = *f_cap = 0;
     if (r) {
-        int coff = ds4_layer_coff(c, l);
+        int coff = ds4_cfg_coff(c, l);
         *comp_cap = ctx / r + 1;
         *f_cap = coff * r + slack;
         s.comp = (size_t)*comp_cap * D;
         s.f = (size_t)*f_cap * coff * D;
-        if (ds4_layer_has_indexer(c, l)) {
+        if (ds4_cfg_has_indexer(c, l)) {
             s.idx = (size_t)*comp_cap * DI;
             s.fi = (size_t)*f_cap * 2 * DI;
         }
@@ -56,8 +56,8 @@ ds4_kv *ds4_kv_new(const ds4_config *c, int ctx, int slack) {
     for (int l = 0; l < c->n_layer; l++) {
         ds4_kv_layer *L = &kv->L[l];
         layer_sizes s = sizes_of(c, l, ctx, slack, &L->comp_cap, &L->f_cap);
-        L->ratio = ds4_layer_ratio(c, l);
-        L->coff = L->ratio ? ds4_layer_coff(c, l) : 0;
+        L->ratio = ds4_cfg_ratio(c, l);
+        L->coff = L->ratio ? ds4_cfg_coff(c, l) : 0;
         L->raw = p; p += s.raw;
         if (s.comp) { L->comp = p; p += s.comp; }
         if (s.idx) { L->idx = p; p += s.idx; }

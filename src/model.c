@@ -265,14 +265,14 @@ static void bind_layer(binder *b, const ds4_config *c, int l, ds4_layer *L) {
 
     int ratio = c->compress_ratio[l];
     if (ratio) {
-        int64_t Wc = ds4_layer_coff(c, l) * D;
+        int64_t Wc = ds4_cfg_coff(c, l) * D;
         int64_t ape[2] = {Wc, ratio};
         L->comp_ape = bind_floats(b, LN("attn_compressor_ape.weight"), 2, ape);
         L->comp_kv = bind_matrix(b, LN("attn_compressor_kv.weight"), E, Wc, 1);
         L->comp_gate = bind_matrix(b, LN("attn_compressor_gate.weight"), E, Wc, 1);
         L->comp_norm = bind_vec(b, LN("attn_compressor_norm.weight"), D);
     }
-    if (ratio && ds4_layer_has_indexer(c, l)) {
+    if (ratio && ds4_cfg_has_indexer(c, l)) {
         int64_t DI = c->idx_head_dim, Wi = 2 * DI;
         int64_t ape[2] = {Wi, ratio};
         L->idx_q_b = bind_matrix(b, LN("indexer.attn_q_b.weight"), c->q_lora, (int64_t)c->n_idx_head * DI, 1);

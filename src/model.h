@@ -82,9 +82,9 @@ void ds4_model_free(ds4_model *m);
 
 /* Compressor geometry of layer l: ratio, and coff = 2 when windows overlap
  * (ratio 4: each token feeds its own and the next window), else 1. */
-static inline int ds4_layer_ratio(const ds4_config *c, int l) { return c->compress_ratio[l]; }
-static inline int ds4_layer_coff(const ds4_config *c, int l) { return c->compress_ratio[l] == 4 ? 2 : 1; }
-static inline bool ds4_layer_has_indexer(const ds4_config *c, int l) { return c->compress_ratio[l] == 4; }
+static inline int ds4_cfg_ratio(const ds4_config *c, int l) { return c->compress_ratio[l]; }
+static inline int ds4_cfg_coff(const ds4_config *c, int l) { return c->compress_ratio[l] == 4 ? 2 : 1; }
+static inline bool ds4_cfg_has_indexer(const ds4_config *c, int l) { return c->compress_ratio[l] == 4; }
 
 /* Bits per weight class of the routed experts (2 for IQ2_XXS/Q2_K, 4 for Q4_K,
  * 8 for Q8_0, 16 for F16/BF16, 32 for F32). */
