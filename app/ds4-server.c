@@ -1,0 +1,68 @@
+/* ds4-server -- OpenAI / Anthropic / Responses compatible HTTP server.
+ * Argument parsing only; everything else is src/server/server.c. */
+#include "server.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: ds4-server [options]\n"
+        "  -m, --model FILE              GGUF model (default ./ds4flash.gguf)\n"
+        "      --host ADDR               IPv4 bind address (default 127.0.0.1; 0.0.0.0 for LAN)\n"
+        "      --port N                  TCP port (default 8000)\n"
+        "  -c, --ctx N                   context size in tokens (default 32768)\n"
+        "  -n, --tokens N                default output limit when a request gives none (default 393216)\n"
+        "  -t, --threads N               CPU threads (default: all)\n"
+        "      --cors                    send Access-Control-Allow-* headers\n"
+        "      --chdir DIR               change directory before loading anything\n"
+        "      --trace FILE              log rendered prompts, cache decisions, outputs, tool parsing\n"
+        "      --tool-memory-max-ids N   exact-DSML replay map size (default 100000)\n"
+        "      --disable-exact-dsml-tool-replay  always render tool calls canonically\n"
+        "      --completions-chat        wrap /v1/completions string prompts as a chat turn (default: raw)\n"
+        "      --scripted-output FILE    TEST ONLY: every generation emits this file's text\n"
+        "  -h, --help\n");
+}
+
+static int parse_int(const char *flag, const char *v, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || *end || x < lo || x > hi) {
+        fprintf(stderr, "ds4-server: %s needs an integer in [%ld, %ld]\n", flag, lo, hi);
+        exit(2);
+    }
+    return (int)x;
+}
+
+int main(int argc, char **argv) {
+    ds4_server_opts o;
+    ds4_server_opts_default(&o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(s) (!strcmp(a, s))
+        if (ARG("-h") || ARG("--help")) { usage(stdout); return 0; }
+        else if (ARG("--cors")) o.cors = true;
+        else if (ARG("--disable-exact-dsml-tool-replay")) o.disable_exact_replay = true;
+        else if (ARG("--completions-chat")) o.completions_chat = true;
+        else if (!v) { fprintf(stderr, "ds4-server: %s needs a value (or is unknown)\n", a); usage(stderr); return 2; }
+        else if (ARG("-m") || ARG("--model")) { o.model_path = v; i++; }
+        else if (ARG("--host")) { o.host = v; i++; }
+        else if (ARG("--port")) { o.port = parse_int(a, v, 0, 65535); i++; }
+        else if (ARG("-c") || ARG("--ctx")) { o.ctx = parse_int(a, v, 16, 1 << 24); i++; }
+        else if (ARG("-n") || ARG("--tokens")) { o.default_max_tokens = parse_int(a, v, 0, 1 << 30); i++; }
+        else if (ARG("-t") || ARG("--threads")) { o.threads = parse_int(a, v, 0, 4096); i++; }
+        else if (ARG("--trace")) { o.trace_path = v; i++; }
+        else if (ARG("--tool-memory-max-ids")) { o.tool_memory_max_ids = (size_t)parse_int(a, v, 1, 1 << 30); i++; }
+        else if (ARG("--scripted-output")) { o.scripted_output = v; i++; }
+        else if (ARG("--chdir")) {
+            if (chdir(v)) { fprintf(stderr, "ds4-server: --chdir %s: %s\n", v, strerror(errno)); return 2; }
+            i++;
+        } else { fprintf(stderr, "ds4-server: unknown option %s\n", a); usage(stderr); return 2; }
+#undef ARG
+    }
+    return ds4_server_run(&o);
+}

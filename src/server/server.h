@@ -1,0 +1,59 @@
+/* server.h -- ds4-server: routes, the inference worker, prefix reuse.
+ *
+ * Contract
+ * - ds4_server_run() loads the model, binds host:port, and serves until
+ *   SIGINT/SIGTERM. Connections get one thread each (HTTP parsing, JSON
+ *   decoding, token counting, errors); everything that touches the engine
+ *   runs on one worker thread that takes jobs in FIFO order, so requests are
+ *   served fairly and the single live KV session is never shared.
+ * - The worker writes the response itself (SSE as it generates) and watches
+ *   the socket: a client that disconnects stops prefill/generation at the
+ *   next chunk or token and frees the worker.
+ * - Prefix reuse on the live session, first hit wins: trailing tool results
+ *   that answer the live tool-call turn (only the tail is rendered); live
+ *   tokens as an exact prefix of the new prompt tokens; the live text (the
+ *   decoded live tokens) as a byte prefix of the new rendered prompt (only
+ *   the byte suffix is tokenized); else the longest common token prefix.
+ *   Usage reports the reused tokens as cached.
+ * - Disk-cache hooks (NULL = none): before_evict runs before a request
+ *   replaces most of the live session, frontier after a prefill completes,
+ *   shutdown once at exit; each receives the live session.
+ */
+#ifndef DS4_SERVER_H
+#define DS4_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "engine.h"
+#include "http.h"
+
+typedef struct {
+    void (*before_evict)(void *ud, ds4_session *s, int keep_tokens);
+    void (*frontier)(void *ud, ds4_session *s);
+    void (*shutdown)(void *ud, ds4_session *s);
+    void *ud;
+} ds4_server_cache_hooks;
+
+typedef struct {
+    const char *host;            /* default 127.0.0.1; "localhost" = 127.0.0.1 */
+    int port;                    /* default 8000 */
+    int ctx;                     /* default 32768 */
+    int default_max_tokens;      /* -n/--tokens, default 393216 */
+    const char *model_path;      /* default ./ds4flash.gguf */
+    int threads;                 /* <= 0: all CPUs */
+    bool cors;
+    const char *trace_path;      /* NULL: no trace */
+    size_t tool_memory_max_ids;  /* default 100000 */
+    bool disable_exact_replay;
+    bool completions_chat;       /* wrap /v1/completions prompts as a chat turn */
+    const char *scripted_output; /* test only: every generation emits this file's text */
+    ds4_http_limits limits;
+    ds4_server_cache_hooks hooks;
+} ds4_server_opts;
+
+void ds4_server_opts_default(ds4_server_opts *o);
+/* Returns the process exit status. */
+int ds4_server_run(const ds4_server_opts *o);
+
+#endif
