@@ -345,20 +345,23 @@ DOT_ENTRY_POINTS(q6_K)
 /* ---- IQ2_XXS x Q8_K ----
  * The signs are applied to the activation (sign_epi8), so the grid bytes
  * stay unsigned for maddubs; Q8_K never holds -128, so negation is exact.
- * Sign bits are expanded in registers instead of through ksigns: bit j < 7
- * of group k is bit 7k+j of W, and bit 7 is the parity of the other seven
- * (every group has an even number of negatives, sheet section 6). */
-static inline __m256i iq2_sign_bytes(uint32_t W) {
-    /* byte 8k+j selects the byte of W holding bit 7k+j, and tests that bit */
-    const __m256i idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, -128, 0, 1, 1, 1, 1, 1, 1, -128,
-                                         1, 1, 2, 2, 2, 2, 2, -128, 2, 2, 2, 3, 3, 3, 3, -128);
-    const __m256i bit = _mm256_setr_epi8(1, 2, 4, 8, 16, 32, 64, -1, -128, 1, 2, 4, 8, 16, 32, -1,
-                                         64, -128, 1, 2, 4, 8, 16, -1, 32, 64, -128, 1, 2, 4, 8, -1);
-    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)W), idx), bit);
-    __m256i neg7 = _mm256_cmpeq_epi8(v, bit); /* byte 7 of each group: 0 == 0xFF fails */
-    __m256i count = _mm256_sad_epu8(_mm256_and_si256(neg7, _mm256_set1_epi8(1)), _mm256_setzero_si256());
-    __m256i odd = _mm256_slli_epi64(_mm256_and_si256(count, _mm256_set1_epi64x(1)), 56);
-    return _mm256_or_si256(neg7, _mm256_sub_epi64(_mm256_setzero_si256(), odd));
+ * iq2_sign8[k] holds the eight ±1 multipliers of 7-bit sign index k: bit
+ * j < 7 of k gives element j, and element 7 is negative when k has odd
+ * parity (sheet section 6: every group has an even number of negatives).
+ * Built by the compiler, so it needs no run-time initialisation. */
+#define SGN_BYTE(k, j) ((((k) >> (j)) & 1) ? 0xFFull : 0x01ull) << (8 * (j))
+#define SGN_PARITY(k) (((k) ^ (k) >> 1 ^ (k) >> 2 ^ (k) >> 3 ^ (k) >> 4 ^ (k) >> 5 ^ (k) >> 6) & 1)
+#define SGN(k)                                                                                        \
+    (SGN_BYTE(k, 0) | SGN_BYTE(k, 1) | SGN_BYTE(k, 2) | SGN_BYTE(k, 3) | SGN_BYTE(k, 4) | SGN_BYTE(k, 5) | \
+     SGN_BYTE(k, 6) | (SGN_PARITY(k) ? 0xFFull : 0x01ull) << 56)
+#define SGN4(k) SGN(k), SGN(k + 1), SGN(k + 2), SGN(k + 3)
+#define SGN16(k) SGN4(k), SGN4(k + 4), SGN4(k + 8), SGN4(k + 12)
+static const uint64_t iq2_sign8[128] = {SGN16(0),  SGN16(16), SGN16(32), SGN16(48),
+                                        SGN16(64), SGN16(80), SGN16(96), SGN16(112)};
+
+INLINE __m256i iq2_sign_bytes(uint32_t W) {
+    return _mm256_setr_epi64x((long long)iq2_sign8[W & 127], (long long)iq2_sign8[(W >> 7) & 127],
+                              (long long)iq2_sign8[(W >> 14) & 127], (long long)iq2_sign8[(W >> 21) & 127]);
 }
 
 /* sub-block b of super-block i into slot `slot` of every token */
@@ -368,7 +371,7 @@ INLINE void iq2_subblock(const uint8_t *q8, const void *acts, size_t stride, int
     memcpy(&W, q8 + 4, 4);
     __m256i grid = _mm256_setr_epi64x((long long)ds4_iq2xxs_grid[q8[0]], (long long)ds4_iq2xxs_grid[q8[1]],
                                       (long long)ds4_iq2xxs_grid[q8[2]], (long long)ds4_iq2xxs_grid[q8[3]]);
-    __m256i sgn = _mm256_or_si256(iq2_sign_bytes(W), _mm256_set1_epi8(1));
+    __m256i sgn = iq2_sign_bytes(W);
     __m256i scale = _mm256_set1_epi16((short)(2 * (W >> 28) + 1));
     UNROLL
     for (int t = 0; t < nt; t++) {
