@@ -1,30 +1,69 @@
 /* ds4-bench -- benchmarks. `--kernels` measures memory bandwidth and the
- * CPU kernels (no model needed); model benchmark modes come with the
- * forward pass. */
+ * CPU kernels (no model needed); `-m MODEL` walks context frontiers and
+ * prints prefill/generation speed as CSV (bench_model.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench_kernels.h"
+#include "bench_model.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ds4-bench --kernels [-t N]\n"
+               "       ds4-bench -m MODEL.gguf [--prompt-file F] [--ctx-start N] [--ctx-max N]\n"
+               "                 [--step-incr N | --step-mul F] [--gen-tokens N] [--prefill-chunk N]\n"
+               "                 [--numerics 0|1] [-t N]\n"
                "  --kernels   memory bandwidth, matvec GB/s per weight type, matmul GFLOP/s\n"
-               "  -t N        threads (default 2); also measured with 1 thread\n");
+               "  -m MODEL    CSV per context frontier: frontier,prefill_tps,gen_tps,kvcache_bytes\n"
+               "  -t N        threads (--kernels: default 2, also measured with 1 thread;\n"
+               "              -m: default all CPUs)\n");
+}
+
+/* Integer option value in [lo, hi]; -1 (after a message) when invalid. */
+static long int_arg(int argc, char **argv, int *i, long lo, long hi) {
+    const char *opt = argv[*i];
+    char *end = NULL;
+    long v = *i + 1 < argc ? strtol(argv[++*i], &end, 10) : 0;
+    if (!end || *end || v < lo || v > hi) {
+        fprintf(stderr, "ds4-bench: %s needs an integer between %ld and %ld\n", opt, lo, hi);
+        return -1;
+    }
+    return v;
 }
 
 int main(int argc, char **argv) {
-    int kernels = 0, threads = 2;
+    int kernels = 0, threads = 2, threads_set = 0;
+    ds4_bench_model_params mp;
+    ds4_bench_model_defaults(&mp);
+    struct { const char *name; int *dst; long lo, hi; } ints[] = {
+        {"--ctx-start", &mp.ctx_start, 1, 1 << 30}, {"--ctx-max", &mp.ctx_max, 1, 1 << 30},
+        {"--step-incr", &mp.step_incr, 1, 1 << 30}, {"--gen-tokens", &mp.gen_tokens, 0, 1 << 20},
+        {"--prefill-chunk", &mp.prefill_chunk, 1, 1 << 20}, {"--numerics", &mp.numerics, 0, 1},
+    };
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--kernels")) kernels = 1;
-        else if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
+        size_t k = 0;
+        while (k < sizeof ints / sizeof ints[0] && strcmp(argv[i], ints[k].name)) k++;
+        if (k < sizeof ints / sizeof ints[0]) {
+            long v = int_arg(argc, argv, &i, ints[k].lo, ints[k].hi);
+            if (v < 0) return 2;
+            *ints[k].dst = (int)v;
+        } else if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model") || !strcmp(argv[i], "--prompt-file")) {
+            if (i + 1 >= argc) { fprintf(stderr, "ds4-bench: %s needs a file\n", argv[i]); return 2; }
+            if (!strcmp(argv[i], "--prompt-file")) mp.prompt_file = argv[++i];
+            else mp.model_path = argv[++i];
+        } else if (!strcmp(argv[i], "--step-mul")) {
             char *end = NULL;
-            long v = i + 1 < argc ? strtol(argv[++i], &end, 10) : 0;
-            if (!end || *end || v < 1 || v > 1024) {
-                fprintf(stderr, "ds4-bench: -t needs a thread count between 1 and 1024\n");
+            mp.step_mul = i + 1 < argc ? strtod(argv[++i], &end) : 0;
+            if (!end || *end || !(mp.step_mul > 1 && mp.step_mul < 1e6)) {
+                fprintf(stderr, "ds4-bench: --step-mul needs a factor > 1\n");
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--kernels")) kernels = 1;
+        else if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
+            long v = int_arg(argc, argv, &i, 1, 1024);
+            if (v < 0) return 2;
             threads = (int)v;
+            threads_set = 1;
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
             return 0;
@@ -33,6 +72,10 @@ int main(int argc, char **argv) {
             usage(stderr);
             return 2;
         }
+    }
+    if (mp.model_path && !kernels) {
+        mp.threads = threads_set ? threads : 0;
+        return ds4_bench_model(&mp, stdout) ? 1 : 0;
     }
     if (!kernels) {
         usage(stderr);

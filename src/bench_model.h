@@ -1,0 +1,33 @@
+/* bench_model.h -- the model benchmark behind `ds4-bench -m MODEL`.
+ *
+ * Contract
+ * - Loads the model once and walks one fixed token sequence (the tokenized
+ *   prompt file repeated as needed, or, for a model without a tokenizer or
+ *   without a prompt file, a fixed pseudo-random sequence) to context
+ *   frontiers ctx_start, then +step_incr (or *step_mul) up to ctx_max.
+ * - Prefill is incremental: each row times only the tokens added since the
+ *   previous frontier. At each frontier the live state is snapshotted in
+ *   memory, gen_tokens greedy tokens are decoded (never EOS: the best non-EOS
+ *   token is taken) and timed, and the snapshot is restored before the walk
+ *   continues, so generation never perturbs the prefill path.
+ * - Output: CSV on `out`, header "frontier,prefill_tps,gen_tps,kvcache_bytes",
+ *   one row per frontier; kvcache_bytes is the session state a context of
+ *   that many tokens needs. Never asserts; returns 0, or -1 with a one-line
+ *   message on stderr.
+ */
+#ifndef DS4_BENCH_MODEL_H
+#define DS4_BENCH_MODEL_H
+
+#include <stdio.h>
+
+typedef struct {
+    const char *model_path, *prompt_file;
+    int threads, prefill_chunk, numerics;
+    int ctx_start, ctx_max, step_incr, gen_tokens;
+    double step_mul;                    /* > 1: geometric frontiers instead of step_incr */
+} ds4_bench_model_params;
+
+void ds4_bench_model_defaults(ds4_bench_model_params *p);
+int ds4_bench_model(const ds4_bench_model_params *p, FILE *out);
+
+#endif
