@@ -1,0 +1,762 @@
+/* ds4 -- the command-line front end: one-shot prompts, an interactive
+ * multi-turn chat, and the debugging dumps (tokens, logits, logprobs).
+ *
+ * Everything model-related goes through engine.h; this file only parses
+ * arguments, renders conversations with chat.h, and talks to the terminal.
+ *
+ * The interactive chat keeps the conversation as chat messages and one live
+ * session. Each turn renders the whole conversation, finds how much of the
+ * session's checkpoint is still a prefix of the new prompt (earlier turns'
+ * reasoning is dropped from history, so the tail usually differs), rewinds
+ * to that point and prefills only the rest.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <editline/readline.h>
+
+#include "chat.h"
+#include "engine.h"
+#include "json_util.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+typedef struct {
+    const char *model;
+    const char *prompt;
+    const char *prompt_file;
+    const char *system;
+    int n_predict;
+    int ctx;
+    int threads;
+    int prefill_chunk;
+    int numerics;
+    ds4_sampler_params sampling;
+    ds4_think_mode think;
+    bool dump_tokens;
+    const char *dump_logprobs;
+    int logprobs_top_k;
+    const char *dump_logits;
+    bool logits_all;
+    const char *token_ids;
+} cli_opts;
+
+/* Set by SIGINT; generation and prefill poll it. */
+static volatile sig_atomic_t g_interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    g_interrupted = 1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: ds4 [options]\n"
+        "  -m, --model FILE        GGUF model (default ./ds4flash.gguf)\n"
+        "  -p, --prompt TEXT       one-shot prompt (without -p: interactive chat)\n"
+        "      --prompt-file FILE  read the prompt from a file\n"
+        "  -sys, --system TEXT     system prompt\n"
+        "  -n, --tokens N          max tokens to generate (default 4096)\n"
+        "  -c, --ctx N             context size in tokens (default 32768)\n"
+        "      --temp F            temperature (default 1.0; 0 = greedy)\n"
+        "      --top-p F           nucleus mass (default 1.0)\n"
+        "      --top-k N           top-k (default 0 = off)\n"
+        "      --min-p F           min-p relative to the top token (default 0.05)\n"
+        "      --seed N            sampling seed (default: random)\n"
+        "  -t, --threads N         CPU threads (default: all)\n"
+        "      --think             thinking mode (default)\n"
+        "      --think-max         Think Max (needs --ctx >= 393216, else thinking)\n"
+        "      --nothink           direct answers\n"
+        "      --prefill-chunk N   prefill chunk size (default 4096)\n"
+        "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
+        "      --cpu               use the CPU backend (the only one in this build)\n"
+        "debugging:\n"
+        "      --dump-tokens       print the prompt's tokens (id, hex bytes, text) and exit\n"
+        "      --dump-logprobs F   greedy continuation with top alternatives, as JSON\n"
+        "      --logprobs-top-k K  alternatives per step for --dump-logprobs (default 20)\n"
+        "      --dump-logits F     next-token logits of the prompt as JSON\n"
+        "      --logits-all        with --dump-logits: every position, not just the last\n"
+        "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
+        "  -h, --help              this text\n"
+        "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n");
+}
+
+static bool parse_int(const char *s, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < -2147483647L || v > 2147483647L) return false;
+    *out = (int)v;
+    return true;
+}
+
+static bool parse_float(const char *s, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end) return false;
+    *out = v;
+    return true;
+}
+
+/* Returns 0 on success, 1 after printing help, -1 on a bad argument. */
+static int parse_args(int argc, char **argv, cli_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->model = "./ds4flash.gguf";
+    o->n_predict = 4096;
+    o->ctx = 32768;
+    o->numerics = -1;
+    o->logprobs_top_k = 20;
+    o->think = DS4_THINK_HIGH;
+    ds4_sampler_params_default(&o->sampling);
+    o->sampling.seed = ds4_sampler_random_seed();
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDS_VALUE() do { if (!v) { fprintf(stderr, "ds4: %s needs a value\n", a); return -1; } i++; } while (0)
+#define BAD_VALUE() do { fprintf(stderr, "ds4: bad value for %s: %s\n", a, v); return -1; } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 1; }
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDS_VALUE(); o->model = v; }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDS_VALUE(); o->prompt = v; }
+        else if (!strcmp(a, "--prompt-file")) { NEEDS_VALUE(); o->prompt_file = v; }
+        else if (!strcmp(a, "-sys") || !strcmp(a, "--system")) { NEEDS_VALUE(); o->system = v; }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--tokens")) { NEEDS_VALUE(); if (!parse_int(v, &o->n_predict) || o->n_predict < 0) BAD_VALUE(); }
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { NEEDS_VALUE(); if (!parse_int(v, &o->ctx) || o->ctx < 16) BAD_VALUE(); }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDS_VALUE(); if (!parse_int(v, &o->threads) || o->threads < 1) BAD_VALUE(); }
+        else if (!strcmp(a, "--prefill-chunk")) { NEEDS_VALUE(); if (!parse_int(v, &o->prefill_chunk) || o->prefill_chunk < 1) BAD_VALUE(); }
+        else if (!strcmp(a, "--temp")) { NEEDS_VALUE(); if (!parse_float(v, &o->sampling.temperature)) BAD_VALUE(); }
+        else if (!strcmp(a, "--top-p")) { NEEDS_VALUE(); if (!parse_float(v, &o->sampling.top_p)) BAD_VALUE(); }
+        else if (!strcmp(a, "--min-p")) { NEEDS_VALUE(); if (!parse_float(v, &o->sampling.min_p)) BAD_VALUE(); }
+        else if (!strcmp(a, "--top-k")) { NEEDS_VALUE(); if (!parse_int(v, &o->sampling.top_k) || o->sampling.top_k < 0) BAD_VALUE(); }
+        else if (!strcmp(a, "--seed")) {
+            NEEDS_VALUE();
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (errno || end == v || *end) BAD_VALUE();
+            o->sampling.seed = s;
+        }
+        else if (!strcmp(a, "--think")) o->think = DS4_THINK_HIGH;
+        else if (!strcmp(a, "--think-max")) o->think = DS4_THINK_MAX;
+        else if (!strcmp(a, "--nothink")) o->think = DS4_THINK_NONE;
+        else if (!strcmp(a, "--numerics")) {
+            NEEDS_VALUE();
+            if (!strcmp(v, "exact")) o->numerics = 0;
+            else if (!strcmp(v, "ds4")) o->numerics = 1;
+            else BAD_VALUE();
+        }
+        else if (!strcmp(a, "--cpu")) { /* the CPU backend is the only one built here */ }
+        else if (!strcmp(a, "--dump-tokens")) o->dump_tokens = true;
+        else if (!strcmp(a, "--dump-logprobs")) { NEEDS_VALUE(); o->dump_logprobs = v; }
+        else if (!strcmp(a, "--logprobs-top-k")) { NEEDS_VALUE(); if (!parse_int(v, &o->logprobs_top_k) || o->logprobs_top_k < 0) BAD_VALUE(); }
+        else if (!strcmp(a, "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
+        else if (!strcmp(a, "--logits-all")) o->logits_all = true;
+        else if (!strcmp(a, "--token-ids")) { NEEDS_VALUE(); o->token_ids = v; }
+        else { fprintf(stderr, "ds4: unknown option %s (see --help)\n", a); return -1; }
+#undef NEEDS_VALUE
+#undef BAD_VALUE
+    }
+    if (o->prompt && o->prompt_file) {
+        fprintf(stderr, "ds4: use either -p or --prompt-file, not both\n");
+        return -1;
+    }
+    return 0;
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    ds4_buf b = {0};
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) ds4_buf_put(&b, chunk, n);
+    bool bad = ferror(f) || b.oom;
+    fclose(f);
+    if (bad) { ds4_buf_free(&b); return NULL; }
+    if (len) *len = b.len;
+    return ds4_buf_take(&b);
+}
+
+/* ---------------------------------------------------------------- dumps */
+
+static void print_json_string(FILE *f, const char *s, size_t n) {
+    ds4_buf b = {0};
+    ds4_json_quote(s, n, DS4_JSON_COMPACT, &b);
+    fwrite(b.data, 1, b.len, f);
+    ds4_buf_free(&b);
+}
+
+static int argmax(const float *v, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (v[i] > v[best]) best = i;
+    return best;
+}
+
+static void dump_tokens(const ds4_tokenizer *tok, const int32_t *ids, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        size_t len = 0;
+        const char *bytes = ds4_tokenizer_token_bytes(tok, ids[i], &len);
+        printf("%d\t", ids[i]);
+        for (size_t j = 0; j < len; j++) printf("%02x", (unsigned char)bytes[j]);
+        putchar('\t');
+        for (size_t j = 0; j < len; j++) {
+            unsigned char c = (unsigned char)bytes[j];
+            if (c == '\n') fputs("\\n", stdout);
+            else if (c == '\t') fputs("\\t", stdout);
+            else if (c == '\r') fputs("\\r", stdout);
+            else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
+            else putchar(c);
+        }
+        putchar('\n');
+    }
+}
+
+static bool parse_token_ids(const char *list, int n_vocab, ds4_token_ids *out) {
+    const char *p = list;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v >= n_vocab) {
+            fprintf(stderr, "ds4: bad token id near '%.20s' (vocabulary has %d tokens)\n", p, n_vocab);
+            return false;
+        }
+        if (out->n == out->cap) {
+            size_t cap = out->cap ? out->cap * 2 : 64;
+            int32_t *nv = realloc(out->v, cap * sizeof *nv);
+            if (!nv) return false;
+            out->v = nv;
+            out->cap = cap;
+        }
+        out->v[out->n++] = (int32_t)v;
+        p = end;
+        if (*p == ',') p++;
+        else if (*p) {
+            fprintf(stderr, "ds4: token ids must be comma separated near '%.20s'\n", p);
+            return false;
+        }
+    }
+    if (out->n == 0) {
+        fprintf(stderr, "ds4: --token-ids needs at least one id\n");
+        return false;
+    }
+    return true;
+}
+
+static void write_logits_row(FILE *f, const float *row, int n_vocab) {
+    fputc('[', f);
+    for (int j = 0; j < n_vocab; j++) fprintf(f, "%s%.9g", j ? "," : "", row[j]);
+    fputc(']', f);
+}
+
+/* {"n_vocab":V,"tokens":[...],"logits":[[...],...]}: last position, or all. */
+static int write_logits_json(const char *path, const int32_t *ids, size_t n, const float *all,
+                             int n_vocab, bool every_position) {
+    FILE *f = fopen(path, "w");
+    if (!f) { fprintf(stderr, "ds4: cannot write %s: %s\n", path, strerror(errno)); return -1; }
+    fprintf(f, "{\"n_vocab\":%d,\"tokens\":[", n_vocab);
+    for (size_t i = 0; i < n; i++) fprintf(f, "%s%d", i ? "," : "", ids[i]);
+    fputs("],\"logits\":[", f);
+    size_t first = every_position ? 0 : n - 1;
+    for (size_t i = first; i < n; i++) {
+        if (i > first) fputc(',', f);
+        write_logits_row(f, all + i * (size_t)n_vocab, n_vocab);
+    }
+    fputs("]}\n", f);
+    if (fclose(f) != 0) { fprintf(stderr, "ds4: write error on %s\n", path); return -1; }
+    return 0;
+}
+
+/* ------------------------------------------------------------- sessions */
+
+typedef struct {
+    double t0;
+    bool shown;
+} prefill_progress;
+
+/* Long prefills show a live tokens/s line; Ctrl+C cancels. */
+static int on_prefill_progress(void *ud, int done, int total) {
+    prefill_progress *p = ud;
+    double dt = now_s() - p->t0;
+    if (total >= 256 && dt > 0.5 && isatty(STDERR_FILENO)) {
+        fprintf(stderr, "\r\033[Kprefill %d/%d tokens, %.1f t/s", done, total, done / dt);
+        p->shown = true;
+    }
+    return g_interrupted ? 1 : 0;
+}
+
+/* Brings the session to exactly `ids`, reusing the longest common prefix of
+ * its checkpoint. Returns 0, 1 when interrupted, -1 on error. */
+static int sync_session(ds4_session *s, const int32_t *ids, size_t n, double *prefill_tps,
+                        int *prefilled) {
+    int have = ds4_session_n_tokens(s);
+    const int32_t *cur = ds4_session_tokens(s);
+    int common = 0;
+    while (common < have && (size_t)common < n && cur[common] == ids[common]) common++;
+    /* Keep at least one token to prefill so fresh logits exist for it. */
+    if ((size_t)common == n && common > 0 && common == have) { *prefilled = 0; *prefill_tps = 0; return 0; }
+    if ((size_t)common == n) common--;
+    char err[256];
+    if (common < have && ds4_session_rewind(s, common, err, sizeof err) != 0) {
+        fprintf(stderr, "ds4: %s\n", err);
+        return -1;
+    }
+    prefill_progress pp = { now_s(), false };
+    int todo = (int)n - common;
+    int rc = ds4_session_prefill(s, ids + common, todo, NULL, on_prefill_progress, &pp, err, sizeof err);
+    double dt = now_s() - pp.t0;
+    if (pp.shown) fprintf(stderr, "\r\033[K");
+    if (rc < 0) { fprintf(stderr, "ds4: %s\n", err); return -1; }
+    *prefilled = todo;
+    *prefill_tps = dt > 0 ? todo / dt : 0;
+    return rc;
+}
+
+typedef struct {
+    ds4_buf text;          /* everything generated this turn */
+    int n_generated;
+    double gen_tps;
+    bool hit_eos;
+    bool interrupted;
+} gen_result;
+
+/* Samples up to n_predict tokens, streaming text to stdout. Reasoning (up to
+ * </think>) is shown dimmed on a terminal. */
+static int generate(ds4_engine *e, ds4_session *s, ds4_sampler *smp, int n_predict,
+                    bool thinking, gen_result *out) {
+    const ds4_tokenizer *tok = ds4_engine_tokenizer(e);
+    const ds4_special_ids *sp = ds4_tokenizer_specials(tok);
+    bool tty = isatty(STDOUT_FILENO);
+    bool in_reasoning = thinking;
+    ds4_detok dt;
+    ds4_detok_init(&dt);
+    char piece[DS4_DETOK_OUT_MAX];
+    double t0 = now_s();
+    char err[256];
+    int rc = 0;
+
+    if (in_reasoning && tty) fputs("\033[2m", stdout);
+    while (out->n_generated < n_predict) {
+        if (g_interrupted) { out->interrupted = true; break; }
+        if (ds4_session_n_tokens(s) >= ds4_session_ctx(s)) {
+            fprintf(stderr, "\nds4: context full (%d tokens)\n", ds4_session_ctx(s));
+            break;
+        }
+        int id = ds4_sampler_sample(smp, ds4_session_logits(s), false);
+        if (id == sp->eos) { out->hit_eos = true; break; }
+        if (ds4_session_decode(s, id, err, sizeof err) != 0) {
+            fprintf(stderr, "\nds4: %s\n", err);
+            rc = -1;
+            break;
+        }
+        out->n_generated++;
+        if (id == sp->think_end && in_reasoning) {
+            in_reasoning = false;
+            if (tty) fputs("\033[0m", stdout);
+            fputs("\n", stdout);
+            ds4_buf_puts(&out->text, DS4_TOK_THINK_END);
+            fflush(stdout);
+            continue;
+        }
+        size_t n = ds4_detok_push(&dt, tok, id, piece);
+        ds4_buf_put(&out->text, piece, n);
+        fwrite(piece, 1, n, stdout);
+        fflush(stdout);
+    }
+    size_t n = ds4_detok_flush(&dt, piece);
+    ds4_buf_put(&out->text, piece, n);
+    fwrite(piece, 1, n, stdout);
+    if (in_reasoning && tty) fputs("\033[0m", stdout);
+    fputs("\n", stdout);
+    double el = now_s() - t0;
+    out->gen_tps = el > 0 ? out->n_generated / el : 0;
+    return rc;
+}
+
+/* Splits generated text at </think> into reasoning and answer (thinking mode). */
+static void split_reasoning(const char *text, bool thinking, char **reasoning, char **answer) {
+    const char *end = thinking ? strstr(text, DS4_TOK_THINK_END) : NULL;
+    if (end) {
+        *reasoning = strndup(text, (size_t)(end - text));
+        *answer = strdup(end + strlen(DS4_TOK_THINK_END));
+    } else {
+        *reasoning = thinking ? strdup(text) : NULL;
+        *answer = thinking ? strdup("") : strdup(text);
+    }
+}
+
+/* ------------------------------------------------------------- chat */
+
+typedef struct {
+    ds4_chat_msg *msgs;
+    char **owned;          /* strings owned by the transcript */
+    int n, cap, n_owned, cap_owned;
+} transcript;
+
+static char *own(transcript *t, char *s) {
+    if (!s) return NULL;
+    if (t->n_owned == t->cap_owned) {
+        t->cap_owned = t->cap_owned ? t->cap_owned * 2 : 16;
+        t->owned = realloc(t->owned, (size_t)t->cap_owned * sizeof *t->owned);
+        if (!t->owned) { perror("ds4"); exit(1); }
+    }
+    t->owned[t->n_owned++] = s;
+    return s;
+}
+
+static void add_msg(transcript *t, ds4_chat_role role, char *content, char *reasoning) {
+    if (t->n == t->cap) {
+        t->cap = t->cap ? t->cap * 2 : 16;
+        t->msgs = realloc(t->msgs, (size_t)t->cap * sizeof *t->msgs);
+        if (!t->msgs) { perror("ds4"); exit(1); }
+    }
+    ds4_chat_msg *m = &t->msgs[t->n++];
+    memset(m, 0, sizeof *m);
+    m->role = role;
+    m->content = own(t, content);
+    m->reasoning_content = own(t, reasoning);
+}
+
+static void transcript_free(transcript *t) {
+    for (int i = 0; i < t->n_owned; i++) free(t->owned[i]);
+    free(t->owned);
+    free(t->msgs);
+    memset(t, 0, sizeof *t);
+}
+
+typedef struct {
+    ds4_engine *engine;
+    ds4_session *session;
+    cli_opts *opts;
+    transcript tr;
+} chat_state;
+
+/* Renders the transcript with a generation prompt and tokenizes it: the
+ * template's protocol strings are specials, which is why CHAT specials are
+ * recognised here. */
+static bool render_prompt(chat_state *c, ds4_token_ids *ids) {
+    ds4_chat_opts co;
+    ds4_chat_opts_default(&co);
+    co.think = c->opts->think;
+    co.ctx = ds4_session_ctx(c->session);
+    ds4_buf text = {0};
+    char err[256];
+    if (!ds4_chat_render(c->tr.msgs, c->tr.n, &co, &text, err, sizeof err)) {
+        fprintf(stderr, "ds4: %s\n", err);
+        ds4_buf_free(&text);
+        return false;
+    }
+    int rc = ds4_tokenizer_encode(ds4_engine_tokenizer(c->engine), text.data, text.len,
+                                  DS4_TOK_SPECIALS_CHAT, ids);
+    ds4_buf_free(&text);
+    return rc == 0;
+}
+
+/* One user turn: render, reuse the KV prefix, prefill, generate, record. */
+static int chat_turn(chat_state *c, const char *user_text, ds4_sampler *smp, bool report) {
+    add_msg(&c->tr, DS4_ROLE_USER, strdup(user_text), NULL);
+    ds4_token_ids ids = {0};
+    if (!render_prompt(c, &ids)) return -1;
+    if ((int)ids.n >= ds4_session_ctx(c->session)) {
+        fprintf(stderr, "ds4: prompt has %zu tokens, context is %d (use --ctx or /ctx)\n",
+                ids.n, ds4_session_ctx(c->session));
+        c->tr.n--;
+        ds4_token_ids_free(&ids);
+        return -1;
+    }
+    double prefill_tps = 0;
+    int prefilled = 0;
+    g_interrupted = 0;
+    int rc = sync_session(c->session, ids.v, ids.n, &prefill_tps, &prefilled);
+    ds4_token_ids_free(&ids);
+    if (rc != 0) {
+        c->tr.n--;          /* the turn never happened */
+        if (rc > 0) fprintf(stderr, "\n[interrupted during prefill]\n");
+        return rc < 0 ? -1 : 0;
+    }
+    bool thinking = ds4_chat_effective_think(c->opts->think, ds4_session_ctx(c->session)) != DS4_THINK_NONE;
+    gen_result g = {0};
+    rc = generate(c->engine, c->session, smp, c->opts->n_predict, thinking, &g);
+    char *reasoning = NULL, *answer = NULL;
+    split_reasoning(g.text.data ? g.text.data : "", thinking, &reasoning, &answer);
+    add_msg(&c->tr, DS4_ROLE_ASSISTANT, answer, reasoning);
+    ds4_buf_free(&g.text);
+    if (g.interrupted) fprintf(stderr, "[interrupted]\n");
+    if (report)
+        fprintf(stderr, "prefill: %d tokens, %.2f t/s | generation: %d tokens, %.2f t/s\n",
+                prefilled, prefill_tps, g.n_generated, g.gen_tps);
+    return rc;
+}
+
+static void repl_help(void) {
+    printf("/help          this text\n"
+           "/think         thinking mode\n"
+           "/think-max     Think Max (needs a context of at least %d tokens)\n"
+           "/nothink       direct answers\n"
+           "/ctx N         new context size (starts a fresh session, keeps the transcript)\n"
+           "/read FILE     send a file's contents as the next message\n"
+           "/quit          exit (Ctrl+D too); Ctrl+C stops the current generation\n",
+           DS4_THINK_MAX_MIN_CTX);
+}
+
+static char *history_path(void) {
+    const char *home = getenv("HOME");
+    if (!home) return NULL;
+    size_t n = strlen(home) + 32;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/.ds4_history", home);
+    return p;
+}
+
+static int run_repl(chat_state *c, ds4_sampler *smp) {
+    char *hist = history_path();
+    using_history();
+    if (hist) read_history(hist);
+    printf("DwarfStar interactive chat. /help for commands.\n");
+    for (;;) {
+        g_interrupted = 0;
+        char *line = readline("ds4> ");
+        if (!line) { putchar('\n'); break; }
+        if (g_interrupted) { free(line); continue; }
+        char *s = line;
+        while (*s == ' ' || *s == '\t') s++;
+        if (!*s) { free(line); continue; }
+        add_history(s);
+        if (s[0] == '/') {
+            char *arg = strchr(s, ' ');
+            if (arg) { *arg++ = 0; while (*arg == ' ') arg++; }
+            if (!strcmp(s, "/quit") || !strcmp(s, "/exit")) { free(line); break; }
+            else if (!strcmp(s, "/help")) repl_help();
+            else if (!strcmp(s, "/think")) { c->opts->think = DS4_THINK_HIGH; printf("thinking mode\n"); }
+            else if (!strcmp(s, "/nothink")) { c->opts->think = DS4_THINK_NONE; printf("non-thinking mode\n"); }
+            else if (!strcmp(s, "/think-max")) {
+                c->opts->think = DS4_THINK_MAX;
+                if (ds4_chat_effective_think(DS4_THINK_MAX, ds4_session_ctx(c->session)) != DS4_THINK_MAX)
+                    printf("Think Max needs --ctx >= %d; using normal thinking at ctx %d\n",
+                           DS4_THINK_MAX_MIN_CTX, ds4_session_ctx(c->session));
+                else
+                    printf("Think Max mode\n");
+            }
+            else if (!strcmp(s, "/ctx")) {
+                int n;
+                char err[256];
+                if (!arg || !parse_int(arg, &n) || n < 16) { printf("usage: /ctx N\n"); }
+                else {
+                    ds4_session *ns = ds4_session_new(c->engine, n, err, sizeof err);
+                    if (!ns) printf("ds4: %s\n", err);
+                    else {
+                        ds4_session_free(c->session);
+                        c->session = ns;
+                        c->opts->ctx = n;
+                        printf("context %d tokens (%.1f MiB KV)\n", n,
+                               ds4_engine_kv_bytes(c->engine, n) / 1048576.0);
+                    }
+                }
+            }
+            else if (!strcmp(s, "/read")) {
+                size_t len;
+                char *text = arg && *arg ? read_file(arg, &len) : NULL;
+                if (!text) printf("ds4: cannot read %s\n", arg && *arg ? arg : "(no file given)");
+                else { chat_turn(c, text, smp, true); free(text); }
+            }
+            else printf("unknown command %s (/help)\n", s);
+            free(line);
+            continue;
+        }
+        chat_turn(c, s, smp, true);
+        free(line);
+    }
+    if (hist) { write_history(hist); free(hist); }
+    return 0;
+}
+
+/* ------------------------------------------------------------- main */
+
+static int run_logprobs(ds4_engine *e, ds4_session *s, const cli_opts *o) {
+    const ds4_tokenizer *tok = ds4_engine_tokenizer(e);
+    int n_vocab = ds4_engine_n_vocab(e);
+    int k = o->logprobs_top_k;
+    int *top_ids = malloc(sizeof(int) * (size_t)(k > 0 ? k : 1));
+    float *top_lp = malloc(sizeof(float) * (size_t)(k > 0 ? k : 1));
+    FILE *f = fopen(o->dump_logprobs, "w");
+    if (!f || !top_ids || !top_lp) {
+        fprintf(stderr, "ds4: cannot write %s\n", o->dump_logprobs);
+        if (f) fclose(f);
+        free(top_ids); free(top_lp);
+        return 1;
+    }
+    fprintf(f, "{\"prompt_tokens\":%d,\"steps\":[", ds4_session_n_tokens(s));
+    char err[256];
+    int rc = 0;
+    for (int i = 0; i < o->n_predict; i++) {
+        const float *logits = ds4_session_logits(s);
+        int n_top = ds4_top_logprobs(logits, n_vocab, k, top_ids, top_lp);
+        int id = n_top > 0 ? top_ids[0] : argmax(logits, n_vocab);
+        size_t len;
+        const char *bytes = ds4_tokenizer_token_bytes(tok, id, &len);
+        fprintf(f, "%s{\"id\":%d,\"text\":", i ? "," : "", id);
+        print_json_string(f, bytes, len);
+        fputs(",\"bytes\":\"", f);
+        for (size_t b = 0; b < len; b++) fprintf(f, "%02x", (unsigned char)bytes[b]);
+        fputc('"', f);
+        fprintf(f, ",\"logprob\":%.9g,\"top\":[", ds4_logprob(logits, n_vocab, id));
+        for (int j = 0; j < n_top; j++) {
+            const char *tb = ds4_tokenizer_token_bytes(tok, top_ids[j], &len);
+            fprintf(f, "%s{\"id\":%d,\"text\":", j ? "," : "", top_ids[j]);
+            print_json_string(f, tb, len);
+            fprintf(f, ",\"logprob\":%.9g}", top_lp[j]);
+        }
+        fputs("]}", f);
+        if (id == ds4_tokenizer_specials(tok)->eos) break;
+        if (ds4_session_n_tokens(s) >= ds4_session_ctx(s)) break;
+        if (ds4_session_decode(s, id, err, sizeof err) != 0) {
+            fprintf(stderr, "ds4: %s\n", err);
+            rc = 1;
+            break;
+        }
+    }
+    fputs("]}\n", f);
+    fclose(f);
+    free(top_ids);
+    free(top_lp);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    cli_opts o;
+    int pr = parse_args(argc, argv, &o);
+    if (pr != 0) return pr > 0 ? 0 : 2;
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigaction(SIGINT, &sa, NULL);   /* no SA_RESTART: readline returns on Ctrl+C */
+
+    ds4_engine_params ep;
+    ds4_engine_params_default(&ep);
+    ep.model_path = o.model;
+    ep.n_threads = o.threads;
+    ep.prefill_chunk = o.prefill_chunk;
+    ep.numerics = o.numerics;
+    ep.quiet = o.dump_tokens;
+    char err[512];
+    ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
+    if (!e) {
+        fprintf(stderr, "ds4: %s\n", err);
+        if (access(o.model, F_OK) != 0 && !strcmp(o.model, "./ds4flash.gguf"))
+            fprintf(stderr, "ds4: download a model with ./download_model.sh, or run `make demo` for the demo model\n");
+        return 1;
+    }
+    const ds4_tokenizer *tok = ds4_engine_tokenizer(e);
+    int n_vocab = ds4_engine_n_vocab(e);
+    int status = 0;
+
+    char *prompt_text = NULL;
+    if (o.prompt_file) {
+        prompt_text = read_file(o.prompt_file, NULL);
+        if (!prompt_text) { fprintf(stderr, "ds4: cannot read %s\n", o.prompt_file); ds4_engine_free(e); return 1; }
+    } else if (o.prompt) {
+        prompt_text = strdup(o.prompt);
+    }
+
+    if (o.dump_tokens) {
+        if (!tok || !prompt_text) {
+            fprintf(stderr, "ds4: --dump-tokens needs -p or --prompt-file and a model with a tokenizer\n");
+            status = 2;
+        } else {
+            ds4_token_ids ids = {0};
+            ds4_tokenizer_encode(tok, prompt_text, strlen(prompt_text), DS4_TOK_SPECIALS_CHAT, &ids);
+            dump_tokens(tok, ids.v, ids.n);
+            ds4_token_ids_free(&ids);
+        }
+        free(prompt_text);
+        ds4_engine_free(e);
+        return status;
+    }
+
+    ds4_session *s = ds4_session_new(e, o.ctx, err, sizeof err);
+    if (!s) { fprintf(stderr, "ds4: %s\n", err); free(prompt_text); ds4_engine_free(e); return 1; }
+
+    if (o.token_ids || o.dump_logits) {
+        ds4_token_ids ids = {0};
+        bool ok = true;
+        if (o.token_ids) ok = parse_token_ids(o.token_ids, n_vocab, &ids);
+        else if (!tok || !prompt_text) {
+            fprintf(stderr, "ds4: --dump-logits needs --token-ids, or -p/--prompt-file with a tokenizer\n");
+            ok = false;
+        } else {
+            chat_state c = { e, s, &o, {0} };
+            if (o.system) add_msg(&c.tr, DS4_ROLE_SYSTEM, strdup(o.system), NULL);
+            add_msg(&c.tr, DS4_ROLE_USER, strdup(prompt_text), NULL);
+            ok = render_prompt(&c, &ids);
+            transcript_free(&c.tr);
+        }
+        if (ok && (int)ids.n > o.ctx) { fprintf(stderr, "ds4: %zu tokens exceed --ctx %d\n", ids.n, o.ctx); ok = false; }
+        float *all = ok ? malloc(ids.n * (size_t)n_vocab * sizeof(float)) : NULL;
+        if (ok && !all) { fprintf(stderr, "ds4: out of memory for %zu x %d logits\n", ids.n, n_vocab); ok = false; }
+        if (ok && ds4_session_prefill(s, ids.v, (int)ids.n, all, NULL, NULL, err, sizeof err) != 0) {
+            fprintf(stderr, "ds4: %s\n", err);
+            ok = false;
+        }
+        if (ok && o.dump_logits)
+            ok = write_logits_json(o.dump_logits, ids.v, ids.n, all, n_vocab, o.logits_all) == 0;
+        if (ok && !o.dump_logits) {
+            /* raw ids without a dump: print the greedy next token */
+            int best = argmax(ds4_session_logits(s), n_vocab);
+            printf("next token: %d\n", best);
+        }
+        free(all);
+        ds4_token_ids_free(&ids);
+        status = ok ? 0 : 1;
+        goto done;
+    }
+
+    if (!tok) {
+        fprintf(stderr, "ds4: this model has no tokenizer; use --token-ids\n");
+        status = 2;
+        goto done;
+    }
+
+    ds4_sampler_params sp = o.sampling;
+    if (o.dump_logprobs) sp.temperature = 0;
+    ds4_sampler *smp = ds4_sampler_new(&sp, n_vocab);
+    if (!smp) { fprintf(stderr, "ds4: out of memory\n"); status = 1; goto done; }
+
+    chat_state c = { e, s, &o, {0} };
+    if (o.system) add_msg(&c.tr, DS4_ROLE_SYSTEM, strdup(o.system), NULL);
+    if (o.dump_logprobs) {
+        if (!prompt_text) { fprintf(stderr, "ds4: --dump-logprobs needs -p or --prompt-file\n"); status = 2; }
+        else {
+            add_msg(&c.tr, DS4_ROLE_USER, strdup(prompt_text), NULL);
+            ds4_token_ids ids = {0};
+            double tps;
+            int np;
+            if (!render_prompt(&c, &ids) || sync_session(c.session, ids.v, ids.n, &tps, &np) != 0) status = 1;
+            else status = run_logprobs(e, c.session, &o);
+            ds4_token_ids_free(&ids);
+        }
+    } else if (prompt_text) {
+        status = chat_turn(&c, prompt_text, smp, true) == 0 ? 0 : 1;
+    } else {
+        status = run_repl(&c, smp);
+    }
+    s = c.session;   /* /ctx may have replaced it */
+    transcript_free(&c.tr);
+    ds4_sampler_free(smp);
+done:
+    free(prompt_text);
+    ds4_session_free(s);
+    ds4_engine_free(e);
+    return status;
+}
