@@ -1,0 +1,625 @@
+/* ds4-convert -- HF DeepSeek V4 checkpoint (config.json + safetensors) to a
+ * DS4-layout GGUF.
+ *
+ *   ds4-convert HF_DIR OUT.gguf --type f32|f16|q8_0|q2|q4
+ *               [--imatrix FILE] [--vocab tokenizer.json] [--name NAME]
+ *
+ * Inputs. Hyperparameters come from HF_DIR/config.json (transformers'
+ * DeepseekV4Config fields, legacy spellings included); nothing is defaulted to
+ * Flash values. Tensors are found under any of three namings: the official
+ * DeepSeek checkpoint ("layers.N.attn.wq_a.weight", FP8 E4M3 matrices with a
+ * UE8M0 128x128 block scale, FP4 E2M1 experts packed two per byte with a
+ * UE8M0 scale per 32 inputs, int64 tid2eid), transformers' save_pretrained
+ * output (the official names under "model.", kv_norm saved as "attn.norm"),
+ * and transformers' module names ("model.layers.N.self_attn.q_a_proj.weight",
+ * merged experts.gate_up_proj).
+ *
+ * Output. The DS4 layout of ds4_layout.h with every deepseek4.* key. --type
+ * picks the mix (ds4_layout.h): f32/f16 turn every float matrix into that
+ * type; q8_0 keeps the released non-expert types (F16 embedding/HC/router/
+ * compressor/indexer, Q8_0 attention/shared/head) with Q8_0 experts; q2/q4
+ * are the released mixes. Norms, sinks, HC scale/base, router bias stay F32
+ * and tid2eid I32 in every mix.
+ *
+ * IQ2_XXS needs per-column importance: from --imatrix (llama.cpp's imatrix.dat
+ * layout: i32 entry count, then per entry i32 name length, name, i32 calls,
+ * i32 value count, f32 values; entries named by GGUF tensor name, ne0 values
+ * per expert), else Σ over rows of W² of that expert matrix. K-quants use the
+ * imatrix when one is given.
+ *
+ * Memory: sources are mmapped; one output tensor and one source row block
+ * are in RAM at a time.
+ */
+#include "ds4_layout.h"
+#include "gguf.h"
+#include "quant.h"
+#include "safetensors.h"
+#include "tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("ds4-convert: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+/* ---------------------------------------------------------------- config.json */
+
+static const cJSON *jget(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
+
+static double jnum(const cJSON *o, const char *k) {
+    const cJSON *v = jget(o, k);
+    if (!cJSON_IsNumber(v)) die("config.json: missing number '%s'", k);
+    return v->valuedouble;
+}
+
+static uint32_t ju32(const cJSON *o, const char *k) {
+    double v = jnum(o, k);
+    if (v < 0 || v > UINT32_MAX || v != floor(v)) die("config.json: '%s' is not a u32", k);
+    return (uint32_t)v;
+}
+
+static uint32_t ju32_or(const cJSON *o, const char *k, uint32_t dflt) {
+    return jget(o, k) ? ju32(o, k) : dflt;
+}
+
+/* YaRN settings live in rope_parameters.compress (current transformers) or in
+ * rope_scaling (legacy and official configs). */
+static const cJSON *yarn_object(const cJSON *cfg) {
+    const cJSON *rp = jget(cfg, "rope_parameters");
+    const cJSON *c = rp ? jget(rp, "compress") : NULL;
+    if (cJSON_IsObject(c)) return c;
+    if (cJSON_IsObject(rp) && jget(rp, "factor")) return rp;
+    const cJSON *rs = jget(cfg, "rope_scaling");
+    if (cJSON_IsObject(rs)) return rs;
+    die("config.json: no YaRN parameters (rope_parameters.compress or rope_scaling)");
+    return NULL;
+}
+
+static uint32_t layer_ratio(const cJSON *cfg, const char *type) {
+    const cJSON *rates = jget(cfg, "compress_rates");
+    if (!strcmp(type, "sliding_attention")) return 0;
+    if (cJSON_IsObject(rates) && cJSON_IsNumber(jget(rates, type))) return ju32(rates, type);
+    if (!strcmp(type, "compressed_sparse_attention")) return ju32_or(cfg, "compress_rate_csa", 4);
+    if (!strcmp(type, "heavily_compressed_attention")) return ju32_or(cfg, "compress_rate_hca", 128);
+    die("config.json: unknown layer type '%s'", type);
+    return 0;
+}
+
+static void read_config(const char *dir, ds4_hparams *hp) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) die("%s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)len + 1);
+    if (!text || fread(text, 1, (size_t)len, f) != (size_t)len) die("%s: read error", path);
+    fclose(f);
+    cJSON *cfg = cJSON_ParseWithLength(text, (size_t)len);
+    free(text);
+    if (!cJSON_IsObject(cfg)) die("%s: not a JSON object", path);
+
+    memset(hp, 0, sizeof *hp);
+    hp->n_layer = ju32(cfg, "num_hidden_layers");
+    if (hp->n_layer == 0 || hp->n_layer > DS4_MAX_LAYERS) die("num_hidden_layers %u unsupported", hp->n_layer);
+    hp->n_ctx_train = (uint64_t)jnum(cfg, "max_position_embeddings");
+    hp->n_embd = ju32(cfg, "hidden_size");
+    hp->n_vocab = ju32(cfg, "vocab_size");
+    hp->n_head = ju32(cfg, "num_attention_heads");
+    hp->n_head_kv = ju32_or(cfg, "num_key_value_heads", 1);
+    hp->key_length = hp->value_length = ju32(cfg, "head_dim");
+    if (jget(cfg, "qk_rope_head_dim")) hp->n_rot = ju32(cfg, "qk_rope_head_dim");
+    else hp->n_rot = (uint32_t)lround(jnum(cfg, "partial_rotary_factor") * hp->key_length);
+    hp->q_lora_rank = ju32(cfg, "q_lora_rank");
+    hp->o_lora_rank = ju32(cfg, "o_lora_rank");
+    hp->o_groups = ju32(cfg, "o_groups");
+    hp->sliding_window = ju32(cfg, "sliding_window");
+
+    const cJSON *lt = jget(cfg, "layer_types"), *cr = jget(cfg, "compress_ratios");
+    if (cJSON_IsArray(lt)) {
+        if ((uint32_t)cJSON_GetArraySize(lt) < hp->n_layer) die("config.json: layer_types too short");
+        for (uint32_t l = 0; l < hp->n_layer; l++) {
+            const cJSON *t = cJSON_GetArrayItem(lt, (int)l);
+            if (!cJSON_IsString(t)) die("config.json: layer_types[%u] is not a string", l);
+            hp->compress_ratio[l] = layer_ratio(cfg, t->valuestring);
+        }
+    } else if (cJSON_IsArray(cr)) {
+        /* The official list has one more entry (the MTP layer); only the first n_layer count. */
+        if ((uint32_t)cJSON_GetArraySize(cr) < hp->n_layer) die("config.json: compress_ratios too short");
+        for (uint32_t l = 0; l < hp->n_layer; l++) {
+            const cJSON *v = cJSON_GetArrayItem(cr, (int)l);
+            if (!cJSON_IsNumber(v) || v->valuedouble < 0) die("config.json: compress_ratios[%u] invalid", l);
+            hp->compress_ratio[l] = (uint32_t)v->valuedouble;
+        }
+    } else {
+        die("config.json: neither layer_types nor compress_ratios");
+    }
+
+    hp->rope_base = (float)jnum(cfg, "rope_theta");
+    hp->compress_rope_base = (float)jnum(cfg, "compress_rope_theta");
+    const cJSON *y = yarn_object(cfg);
+    hp->yarn_factor = (float)jnum(y, "factor");
+    hp->yarn_orig_ctx = ju32(y, "original_max_position_embeddings");
+    hp->yarn_beta_fast = (float)jnum(y, "beta_fast");
+    hp->yarn_beta_slow = (float)jnum(y, "beta_slow");
+    hp->rms_eps = (float)jnum(cfg, "rms_norm_eps");
+    hp->idx_n_head = ju32(cfg, "index_n_heads");
+    hp->idx_head_dim = ju32(cfg, "index_head_dim");
+    hp->idx_topk = ju32(cfg, "index_topk");
+    hp->hc_count = ju32(cfg, "hc_mult");
+    hp->hc_sinkhorn_iters = ju32(cfg, "hc_sinkhorn_iters");
+    hp->hc_eps = (float)jnum(cfg, "hc_eps");
+    hp->n_expert = ju32(cfg, "n_routed_experts");
+    hp->n_expert_used = ju32(cfg, "num_experts_per_tok");
+    hp->expert_ff = ju32(cfg, "moe_intermediate_size");
+    hp->n_expert_shared = ju32(cfg, "n_shared_experts");
+
+    const cJSON *mt = jget(cfg, "mlp_layer_types");
+    if (cJSON_IsArray(mt)) {
+        /* Hash layers must form a prefix: the GGUF stores only their count. */
+        uint32_t n = 0;
+        bool seen_topk = false;
+        for (uint32_t l = 0; l < hp->n_layer; l++) {
+            const cJSON *t = cJSON_GetArrayItem(mt, (int)l);
+            if (!cJSON_IsString(t)) die("config.json: mlp_layer_types[%u] is not a string", l);
+            bool hash = !strcmp(t->valuestring, "hash_moe");
+            if (hash && seen_topk) die("config.json: hash_moe layers must come first");
+            if (!hash && strcmp(t->valuestring, "moe")) die("config.json: unknown mlp layer type '%s'", t->valuestring);
+            seen_topk |= !hash;
+            n += hash;
+        }
+        hp->n_hash_layer = n;
+    } else {
+        hp->n_hash_layer = ju32(cfg, "num_hash_layers");
+    }
+    hp->expert_weights_scale = (float)jnum(cfg, "routed_scaling_factor");
+    const cJSON *norm = jget(cfg, "norm_topk_prob");
+    if (!cJSON_IsBool(norm)) die("config.json: missing bool 'norm_topk_prob'");
+    hp->expert_weights_norm = cJSON_IsTrue(norm);
+    const cJSON *sf = jget(cfg, "scoring_func");
+    if (!cJSON_IsString(sf) || strcmp(sf->valuestring, "sqrtsoftplus"))
+        die("config.json: scoring_func must be \"sqrtsoftplus\" (the only DS4 router)");
+    hp->expert_gating_func = 4;
+    float limit = (float)jnum(cfg, "swiglu_limit");
+    for (uint32_t l = 0; l < hp->n_layer; l++) hp->swiglu_clamp_exp[l] = hp->swiglu_clamp_shexp[l] = limit;
+    hp->nextn_predict_layers = ju32_or(cfg, "num_nextn_predict_layers", 0);
+    cJSON_Delete(cfg);
+
+    char err[256];
+    if (ds4_hparams_check(hp, err, sizeof err)) die("config.json: %s", err);
+}
+
+/* ---------------------------------------------------------------- sources */
+
+/* Source name alternatives per tensor, after the "layers.N." / "model.layers.N."
+ * (or ""/"model." for globals) prefix: official name first, then transformers'. */
+static const char *const src_names[DS4_T_COUNT][3] = {
+    [DS4_T_TOKEN_EMBD] = {"embed.weight", "embed_tokens.weight"},
+    [DS4_T_OUTPUT_HC_FN] = {"hc_head_fn", "hc_head.hc_fn"},
+    [DS4_T_OUTPUT_HC_SCALE] = {"hc_head_scale", "hc_head.hc_scale"},
+    [DS4_T_OUTPUT_HC_BASE] = {"hc_head_base", "hc_head.hc_base"},
+    [DS4_T_OUTPUT_NORM] = {"norm.weight"},
+    [DS4_T_OUTPUT] = {"head.weight", "lm_head.weight"},
+    [DS4_T_HC_ATTN_FN] = {"hc_attn_fn", "attn_hc.fn"},
+    [DS4_T_HC_ATTN_SCALE] = {"hc_attn_scale", "attn_hc.scale"},
+    [DS4_T_HC_ATTN_BASE] = {"hc_attn_base", "attn_hc.base"},
+    [DS4_T_ATTN_NORM] = {"attn_norm.weight", "input_layernorm.weight"},
+    [DS4_T_ATTN_Q_A] = {"attn.wq_a.weight", "self_attn.q_a_proj.weight"},
+    [DS4_T_ATTN_Q_A_NORM] = {"attn.q_norm.weight", "self_attn.q_a_norm.weight"},
+    [DS4_T_ATTN_Q_B] = {"attn.wq_b.weight", "self_attn.q_b_proj.weight"},
+    [DS4_T_ATTN_KV] = {"attn.wkv.weight", "self_attn.kv_proj.weight"},
+    [DS4_T_ATTN_KV_A_NORM] = {"attn.kv_norm.weight", "attn.norm.weight", "self_attn.kv_norm.weight"},
+    [DS4_T_ATTN_SINKS] = {"attn.attn_sink", "self_attn.sinks"},
+    [DS4_T_ATTN_OUTPUT_A] = {"attn.wo_a.weight", "self_attn.o_a_proj.weight"},
+    [DS4_T_ATTN_OUTPUT_B] = {"attn.wo_b.weight", "self_attn.o_b_proj.weight"},
+    [DS4_T_HC_FFN_FN] = {"hc_ffn_fn", "ffn_hc.fn"},
+    [DS4_T_HC_FFN_SCALE] = {"hc_ffn_scale", "ffn_hc.scale"},
+    [DS4_T_HC_FFN_BASE] = {"hc_ffn_base", "ffn_hc.base"},
+    [DS4_T_FFN_NORM] = {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    [DS4_T_FFN_GATE_INP] = {"ffn.gate.weight", "mlp.gate.weight"},
+    /* experts: per-expert official names ("%u" = expert), then the merged tensor */
+    [DS4_T_FFN_GATE_EXPS] = {"ffn.experts.%u.w1.weight", "mlp.experts.gate_up_proj"},
+    [DS4_T_FFN_UP_EXPS] = {"ffn.experts.%u.w3.weight", "mlp.experts.gate_up_proj"},
+    [DS4_T_FFN_DOWN_EXPS] = {"ffn.experts.%u.w2.weight", "mlp.experts.down_proj"},
+    [DS4_T_FFN_GATE_SHEXP] = {"ffn.shared_experts.w1.weight", "mlp.shared_experts.gate_proj.weight"},
+    [DS4_T_FFN_UP_SHEXP] = {"ffn.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight"},
+    [DS4_T_FFN_DOWN_SHEXP] = {"ffn.shared_experts.w2.weight", "mlp.shared_experts.down_proj.weight"},
+    [DS4_T_FFN_GATE_TID2EID] = {"ffn.gate.tid2eid", "mlp.gate.tid2eid"},
+    [DS4_T_EXP_PROBS_B] = {"ffn.gate.bias", "mlp.gate.e_score_correction_bias"},
+    [DS4_T_COMP_APE] = {"attn.compressor.ape", "self_attn.compressor.position_bias"},
+    [DS4_T_COMP_KV] = {"attn.compressor.wkv.weight", "self_attn.compressor.kv_proj.weight"},
+    [DS4_T_COMP_GATE] = {"attn.compressor.wgate.weight", "self_attn.compressor.gate_proj.weight"},
+    [DS4_T_COMP_NORM] = {"attn.compressor.norm.weight", "self_attn.compressor.kv_norm.weight"},
+    [DS4_T_IDX_Q_B] = {"attn.indexer.wq_b.weight", "self_attn.compressor.indexer.q_b_proj.weight"},
+    [DS4_T_IDX_PROJ] = {"attn.indexer.weights_proj.weight",
+                        "self_attn.compressor.indexer.scorer.weights_proj.weight",
+                        "self_attn.compressor.indexer.weights_proj.weight"},
+    [DS4_T_IDX_COMP_APE] = {"attn.indexer.compressor.ape", "self_attn.compressor.indexer.position_bias"},
+    [DS4_T_IDX_COMP_KV] = {"attn.indexer.compressor.wkv.weight", "self_attn.compressor.indexer.kv_proj.weight"},
+    [DS4_T_IDX_COMP_GATE] = {"attn.indexer.compressor.wgate.weight",
+                             "self_attn.compressor.indexer.gate_proj.weight"},
+    [DS4_T_IDX_COMP_NORM] = {"attn.indexer.compressor.norm.weight",
+                             "self_attn.compressor.indexer.kv_norm.weight"},
+};
+
+enum encoding { ENC_PLAIN, ENC_FP8_BLOCK, ENC_FP4 };
+
+/* One source matrix: rows of `cols` values, decoded with its encoding. */
+typedef struct {
+    const ds4_st_tensor *w, *scale;
+    enum encoding enc;
+    uint64_t rows;          /* rows of the whole source tensor (all experts if merged) */
+} part;
+
+typedef struct {
+    char name[96];
+    enum ds4_tensor_id id;
+    int layer;
+    uint32_t type;
+    int n_dims;
+    uint64_t ne[4];
+    part *parts;            /* one per expert (per-expert source) or a single one */
+    int n_parts;
+    uint64_t src_rows_per_matrix; /* merged experts: rows per expert in the source */
+    uint64_t row_offset;          /* merged gate_up: 0 for gate, F for up */
+    const float *imatrix;         /* ne0 per matrix, or NULL */
+    bool imatrix_per_expert;
+} out_tensor;
+
+static const ds4_st_tensor *find_prefixed(const ds4_st *st, int layer, const char *suffix) {
+    static const char *const gpre[] = {"", "model."};
+    static const char *const lpre[] = {"layers.%d.", "model.layers.%d."};
+    char name[256], pre[64];
+    for (int i = 0; i < 2; i++) {
+        snprintf(pre, sizeof pre, layer < 0 ? gpre[i] : lpre[i], layer);
+        snprintf(name, sizeof name, "%s%s", pre, suffix);
+        const ds4_st_tensor *t = ds4_st_find(st, name);
+        if (t) return t;
+    }
+    return NULL;
+}
+
+/* The FP8 block scale sits next to the weight as "<base>.scale" (official) or
+ * "<base>.weight_scale_inv" (HF FP8 convention). */
+static const ds4_st_tensor *find_scale(const ds4_st *st, const char *wname) {
+    char base[256];
+    snprintf(base, sizeof base, "%s", wname);
+    char *dot = strrchr(base, '.');
+    if (dot && !strcmp(dot, ".weight")) *dot = 0;
+    static const char *const suffixes[] = {".scale", ".weight_scale_inv", "_scale", "_scale_inv"};
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+        char n[300];
+        snprintf(n, sizeof n, "%s%s", base, suffixes[i]);
+        const ds4_st_tensor *t = ds4_st_find(st, n);
+        if (t) return t;
+    }
+    return NULL;
+}
+
+static uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+/* Checks a source tensor against the expected matrix (rows x cols in total)
+ * and classifies its encoding. */
+static void bind_part(const ds4_st *st, part *p, const ds4_st_tensor *w, uint64_t rows, uint64_t cols,
+                      const char *what) {
+    p->w = w;
+    p->rows = rows;
+    p->scale = NULL;
+    p->enc = ENC_PLAIN;
+    uint64_t last = w->n_dims ? w->shape[w->n_dims - 1] : 1;
+    bool packed = (w->dtype == DS4_ST_I8 || w->dtype == DS4_ST_U8) && last * 2 == cols;
+    if (packed) {
+        p->enc = ENC_FP4;
+        p->scale = find_scale(st, w->name);
+        if (!p->scale || p->scale->n_elements != rows * ceil_div(cols, 32))
+            die("%s: FP4 tensor %s needs a scale of %llu x %llu", what, w->name,
+                (unsigned long long)rows, (unsigned long long)ceil_div(cols, 32));
+        if (cols % 32) die("%s: FP4 tensor %s has %llu columns, not a multiple of 32", what, w->name,
+                           (unsigned long long)cols);
+    } else {
+        if (w->n_elements != rows * cols || (w->n_dims > 0 && last != cols))
+            die("%s: source %s has %llu elements (last dim %llu), expected %llu x %llu", what, w->name,
+                (unsigned long long)w->n_elements, (unsigned long long)last, (unsigned long long)rows,
+                (unsigned long long)cols);
+        if (w->dtype == DS4_ST_F8_E4M3) {
+            p->enc = ENC_FP8_BLOCK;
+            p->scale = find_scale(st, w->name);
+            if (!p->scale || p->scale->n_elements != ceil_div(rows, 128) * ceil_div(cols, 128))
+                die("%s: FP8 tensor %s needs a %llu x %llu block scale", what, w->name,
+                    (unsigned long long)ceil_div(rows, 128), (unsigned long long)ceil_div(cols, 128));
+        }
+    }
+}
+
+static void resolve(const ds4_st *st, out_tensor *o) {
+    const char *const *alts = src_names[o->id];
+    const uint64_t cols = o->ne[0], rows = o->ne[1] * o->ne[3], n_mat = o->ne[2];
+    bool experts = o->id == DS4_T_FFN_GATE_EXPS || o->id == DS4_T_FFN_UP_EXPS || o->id == DS4_T_FFN_DOWN_EXPS;
+    if (experts) {
+        char n[128];
+        snprintf(n, sizeof n, alts[0], 0u);
+        if (find_prefixed(st, o->layer, n)) {
+            o->n_parts = (int)n_mat;
+            o->parts = calloc(n_mat, sizeof *o->parts);
+            for (uint32_t e = 0; e < n_mat; e++) {
+                snprintf(n, sizeof n, alts[0], e);
+                const ds4_st_tensor *w = find_prefixed(st, o->layer, n);
+                if (!w) die("%s: missing source for expert %u (%s)", o->name, e, n);
+                bind_part(st, &o->parts[e], w, rows, cols, o->name);
+            }
+            return;
+        }
+        const ds4_st_tensor *w = find_prefixed(st, o->layer, alts[1]);
+        if (!w) die("%s: no source tensor (tried %s, %s)", o->name, n, alts[1]);
+        bool gate_up = o->id != DS4_T_FFN_DOWN_EXPS;
+        o->src_rows_per_matrix = gate_up ? 2 * rows : rows;
+        o->row_offset = o->id == DS4_T_FFN_UP_EXPS ? rows : 0;
+        o->n_parts = 1;
+        o->parts = calloc(1, sizeof *o->parts);
+        bind_part(st, o->parts, w, n_mat * o->src_rows_per_matrix, cols, o->name);
+        return;
+    }
+    for (int i = 0; i < 3 && alts[i]; i++) {
+        const ds4_st_tensor *w = find_prefixed(st, o->layer, alts[i]);
+        if (!w) continue;
+        o->n_parts = 1;
+        o->parts = calloc(1, sizeof *o->parts);
+        bind_part(st, o->parts, w, rows * n_mat, cols, o->name);
+        if (o->id == DS4_T_FFN_GATE_TID2EID) {
+            if (w->dtype != DS4_ST_I64 && w->dtype != DS4_ST_I32)
+                die("%s: tid2eid source %s must be I64 or I32", o->name, w->name);
+        }
+        return;
+    }
+    die("%s: no source tensor (tried %s%s%s)", o->name, alts[0], alts[1] ? ", " : "", alts[1] ? alts[1] : "");
+}
+
+/* Decodes source row r of a part into out[cols]. */
+static void read_row(const part *p, uint64_t r, uint64_t cols, float *out) {
+    switch (p->enc) {
+    case ENC_PLAIN:
+        ds4_st_read_f32(p->w, r * cols, cols, out);
+        break;
+    case ENC_FP8_BLOCK: {
+        uint64_t scols = ceil_div(cols, 128);
+        float sc[scols];
+        ds4_st_read_f32(p->w, r * cols, cols, out);
+        ds4_st_read_f32(p->scale, (r / 128) * scols, scols, sc);
+        for (uint64_t c = 0; c < cols; c++) out[c] *= sc[c / 128];
+        break;
+    }
+    case ENC_FP4: {
+        const uint8_t *q = (const uint8_t *)p->w->data + r * (cols / 2);
+        uint64_t scols = cols / 32;
+        float sc[scols];
+        ds4_st_read_f32(p->scale, r * scols, scols, sc);
+        for (uint64_t c = 0; c < cols; c += 2) {
+            out[c] = ds4_fp4_e2m1_to_f32(q[c / 2] & 15) * sc[c / 32];
+            out[c + 1] = ds4_fp4_e2m1_to_f32(q[c / 2] >> 4) * sc[c / 32];
+        }
+        break;
+    }
+    }
+}
+
+/* ---------------------------------------------------------------- imatrix */
+
+typedef struct { char *name; float *v; uint32_t n; } imat_entry;
+typedef struct { imat_entry *e; size_t n; } imatrix;
+
+static void imatrix_load(const char *path, imatrix *im) {
+    FILE *f = fopen(path, "rb");
+    if (!f) die("%s: %s", path, strerror(errno));
+    int32_t n;
+    if (fread(&n, 4, 1, f) != 1 || n < 0 || n > 1000000) die("%s: not an imatrix file", path);
+    im->e = calloc((size_t)n, sizeof *im->e);
+    im->n = (size_t)n;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t len, ncall, nval;
+        if (fread(&len, 4, 1, f) != 1 || len <= 0 || len > 4096) die("%s: entry %d: bad name length", path, i);
+        im->e[i].name = calloc((size_t)len + 1, 1);
+        if (fread(im->e[i].name, 1, (size_t)len, f) != (size_t)len || fread(&ncall, 4, 1, f) != 1 ||
+            fread(&nval, 4, 1, f) != 1 || nval <= 0 || nval > (1 << 28))
+            die("%s: entry %d truncated", path, i);
+        im->e[i].n = (uint32_t)nval;
+        im->e[i].v = malloc((size_t)nval * sizeof(float));
+        if (fread(im->e[i].v, 4, (size_t)nval, f) != (size_t)nval) die("%s: entry %d truncated", path, i);
+        for (int32_t j = 0; j < nval; j++)
+            if (!(im->e[i].v[j] >= 0) || !isfinite(im->e[i].v[j]))
+                die("%s: entry %s has a negative or non-finite value", path, im->e[i].name);
+    }
+    fclose(f);
+}
+
+static void imatrix_bind(const imatrix *im, out_tensor *o) {
+    for (size_t i = 0; i < im->n; i++) {
+        if (strcmp(im->e[i].name, o->name)) continue;
+        if (im->e[i].n == o->ne[0] * o->ne[2]) o->imatrix_per_expert = true;
+        else if (im->e[i].n != o->ne[0])
+            die("imatrix entry %s has %u values, expected %llu or %llu", o->name, im->e[i].n,
+                (unsigned long long)o->ne[0], (unsigned long long)(o->ne[0] * o->ne[2]));
+        o->imatrix = im->e[i].v;
+        return;
+    }
+}
+
+/* ---------------------------------------------------------------- writing */
+
+typedef struct {
+    out_tensor *t;
+    size_t n;
+    double t0_bytes, done_bytes;
+} plan;
+
+static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
+    plan *pl = ctx;
+    out_tensor *o = &pl->t[ti];
+    const uint64_t cols = o->ne[0], rows = o->ne[1] * o->ne[3], n_mat = o->ne[2];
+    const size_t row_bytes = ds4_type_row_bytes(o->type, cols);
+    uint8_t *out = dst;
+
+    if (o->type == DS4_TYPE_I32) {
+        const ds4_st_tensor *w = o->parts[0].w;
+        for (uint64_t i = 0; i < w->n_elements; i++) {
+            int64_t v;
+            if (w->dtype == DS4_ST_I64) memcpy(&v, (const uint8_t *)w->data + 8 * i, 8);
+            else { int32_t v32; memcpy(&v32, (const uint8_t *)w->data + 4 * i, 4); v = v32; }
+            int32_t v32 = (int32_t)v;
+            if (v != v32) die("%s: value %lld does not fit in I32", o->name, (long long)v);
+            memcpy(out + 4 * i, &v32, 4);
+        }
+        return 0;
+    }
+
+    /* IQ2_XXS without a measured imatrix: Σ_rows W² per expert matrix. */
+    bool need_imp = o->type == DS4_TYPE_IQ2_XXS && !o->imatrix;
+    float *row = malloc(cols * sizeof(float));
+    float *imp = need_imp ? malloc(cols * sizeof(float)) : NULL;
+    for (uint64_t m = 0; m < n_mat; m++) {
+        const part *p = &o->parts[o->n_parts > 1 ? m : 0];
+        uint64_t base = (o->n_parts > 1 ? 0 : m * o->src_rows_per_matrix) + o->row_offset;
+        const float *im = o->imatrix ? o->imatrix + (o->imatrix_per_expert ? m * cols : 0) : NULL;
+        if (need_imp) {
+            memset(imp, 0, cols * sizeof(float));
+            for (uint64_t r = 0; r < rows; r++) {
+                read_row(p, base + r, cols, row);
+                for (uint64_t c = 0; c < cols; c++) imp[c] += row[c] * row[c];
+            }
+            im = imp;
+        }
+        for (uint64_t r = 0; r < rows; r++) {
+            read_row(p, base + r, cols, row);
+            for (uint64_t c = 0; c < cols; c++)
+                if (!isfinite(row[c])) die("%s: non-finite value at matrix %llu row %llu col %llu", o->name,
+                                           (unsigned long long)m, (unsigned long long)r, (unsigned long long)c);
+            if (ds4_quantize_row(o->type, row, out + (m * rows + r) * row_bytes, (int64_t)cols, im) != row_bytes)
+                die("%s: cannot produce %s rows of %llu", o->name, ds4_type_name(o->type), (unsigned long long)cols);
+        }
+    }
+    free(row);
+    free(imp);
+    pl->done_bytes += (double)n_bytes;
+    fprintf(stderr, "[%4zu/%zu] %-40s %-8s [%llu, %llu, %llu] %5.1f%%\n", ti + 1, pl->n, o->name,
+            ds4_type_name(o->type), (unsigned long long)o->ne[0], (unsigned long long)o->ne[1],
+            (unsigned long long)o->ne[2], 100.0 * pl->done_bytes / pl->t0_bytes);
+    return 0;
+}
+
+static void add_plan(plan *pl, const ds4_st *st, const ds4_hparams *hp, enum ds4_mix mix,
+                     const imatrix *im, enum ds4_tensor_id id, int layer) {
+    if (!ds4_tensor_present(hp, id, layer)) return;
+    out_tensor *o = &pl->t[pl->n++];
+    memset(o, 0, sizeof *o);
+    o->id = id;
+    o->layer = layer;
+    ds4_tensor_name(id, layer, o->name, sizeof o->name);
+    o->n_dims = ds4_tensor_shape(hp, id, layer, o->ne);
+    o->type = ds4_tensor_type(id, mix);
+    if (ds4_type_row_bytes(o->type, o->ne[0]) == 0)
+        die("%s: row length %llu is not a multiple of the %s block (%zu)", o->name,
+            (unsigned long long)o->ne[0], ds4_type_name(o->type), ds4_type_block_elems(o->type));
+    resolve(st, o);
+    if (im) imatrix_bind(im, o);
+}
+
+static void usage(void) {
+    fputs("usage: ds4-convert HF_DIR OUT.gguf --type f32|f16|q8_0|q2|q4 [--imatrix FILE]\n"
+          "                   [--vocab tokenizer.json] [--name NAME]\n", stderr);
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    const char *in = NULL, *out = NULL, *type = NULL, *imatrix_path = NULL, *vocab = NULL, *name = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char **opt = !strcmp(a, "--type") ? &type : !strcmp(a, "--imatrix") ? &imatrix_path
+                         : !strcmp(a, "--vocab") ? &vocab : !strcmp(a, "--name") ? &name : NULL;
+        if (opt) {
+            if (++i >= argc) usage();
+            *opt = argv[i];
+        } else if (a[0] == '-') {
+            usage();
+        } else if (!in) {
+            in = a;
+        } else if (!out) {
+            out = a;
+        } else {
+            usage();
+        }
+    }
+    if (!in || !out || !type) usage();
+    int mix = ds4_mix_from_name(type);
+    if (mix < 0) die("unknown --type %s (f32, f16, q8_0, q2, q4)", type);
+
+    ds4_hparams hp;
+    read_config(in, &hp);
+    char err[512];
+    ds4_st *st = ds4_st_open(in, err, sizeof err);
+    if (!st) die("%s", err);
+    ds4_quant_init();
+
+    imatrix im = {0};
+    if (imatrix_path) imatrix_load(imatrix_path, &im);
+
+    plan pl = {0};
+    pl.t = calloc(DS4_T_COUNT * (hp.n_layer + 1), sizeof *pl.t);
+    for (int id = 0; id < DS4_T_COUNT; id++)
+        add_plan(&pl, st, &hp, (enum ds4_mix)mix, imatrix_path ? &im : NULL, (enum ds4_tensor_id)id, -1);
+    for (int l = 0; l < (int)hp.n_layer; l++)
+        for (int id = 0; id < DS4_T_COUNT; id++)
+            add_plan(&pl, st, &hp, (enum ds4_mix)mix, imatrix_path ? &im : NULL, (enum ds4_tensor_id)id, l);
+
+    ds4_gguf_writer *w = ds4_gguf_writer_new(32);
+    ds4_hparams_write(w, &hp);
+    char dflt_name[256];
+    if (!name) {
+        const char *b = strrchr(in, '/');
+        snprintf(dflt_name, sizeof dflt_name, "%s", b && b[1] ? b + 1 : in);
+        name = dflt_name;
+    }
+    ds4_gguf_w_str(w, "general.name", name);
+    ds4_gguf_w_u32(w, "general.quantization_version", 2);
+    if (imatrix_path) {
+        ds4_gguf_w_str(w, "quantize.imatrix.file", imatrix_path);
+        ds4_gguf_w_u32(w, "quantize.imatrix.entries_count", (uint32_t)im.n);
+    }
+    char tok_path[4096];
+    if (!vocab) {
+        snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", in);
+        if (!access(tok_path, R_OK)) vocab = tok_path;
+    }
+    if (vocab && ds4_tokenizer_gguf_from_hf_json(w, vocab, NULL, err, sizeof err))
+        die("%s: %s", vocab, err);
+
+    for (size_t i = 0; i < pl.n; i++) {
+        out_tensor *o = &pl.t[i];
+        ds4_gguf_w_tensor(w, o->name, o->type, (uint32_t)o->n_dims, o->ne, NULL);
+        pl.t0_bytes += (double)ds4_type_row_bytes(o->type, o->ne[0]) * (double)(o->ne[1] * o->ne[2] * o->ne[3]);
+    }
+    fprintf(stderr, "ds4-convert: %s -> %s (%s, %zu tensors, %.1f MiB, %d source shard%s%s)\n", in, out,
+            ds4_mix_name((enum ds4_mix)mix), pl.n, pl.t0_bytes / 1048576.0, ds4_st_n_shards(st),
+            ds4_st_n_shards(st) == 1 ? "" : "s", vocab ? ", with tokenizer" : ", no tokenizer");
+    if (ds4_gguf_writer_write_file(w, out, fill, &pl, err, sizeof err)) die("%s", err);
+    ds4_gguf_writer_free(w);
+    for (size_t i = 0; i < pl.n; i++) free(pl.t[i].parts);
+    free(pl.t);
+    for (size_t i = 0; i < im.n; i++) { free(im.e[i].name); free(im.e[i].v); }
+    free(im.e);
+    ds4_st_close(st);
+    return 0;
+}
