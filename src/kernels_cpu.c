@@ -113,7 +113,10 @@ size_t ds4_act_bytes(uint32_t type, int64_t n) {
 }
 
 void ds4_quantize_act(uint32_t type, const float *x, void *dst, int64_t n) {
-    ds4_quantize_row(act_type(type), x, dst, n, NULL);
+    uint32_t at = act_type(type);
+    if (ds4_kernels_level() >= DS4_SIMD_AVX2 && at == DS4_TYPE_Q8_0) ds4_kernels_avx2_quantize_q8_0(x, dst, n);
+    else if (ds4_kernels_level() >= DS4_SIMD_AVX2 && at == DS4_TYPE_Q8_K) ds4_kernels_avx2_quantize_q8_K(x, dst, n);
+    else ds4_quantize_row(at, x, dst, n, NULL);
 }
 
 /* ---- matvec / matmul drivers ---- */

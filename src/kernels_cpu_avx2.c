@@ -14,6 +14,7 @@
  * the per-token arithmetic is the same in both, so they agree bit for bit.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -406,6 +407,86 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
     for (int t = 0; t < nt; t++) out[t] = hsum_ps(acc[t]);
 }
 DOT_ENTRY_POINTS(iq2_xxs)
+
+/* ---- activation quantization, byte-identical to ds4_quantize_row ---- */
+
+static inline float hmax_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static inline __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+/* 32 integral floats (within int8 range) to bytes in element order: the
+ * two packs interleave 128-bit lanes, the dword permute undoes it */
+static inline __m256i pack_i8(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+    __m256i p01 = _mm256_packs_epi32(_mm256_cvttps_epi32(v0), _mm256_cvttps_epi32(v1));
+    __m256i p23 = _mm256_packs_epi32(_mm256_cvttps_epi32(v2), _mm256_cvttps_epi32(v3));
+    return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* roundf: ties away from zero. v - trunc(v) is exact, so the tie test is. */
+static inline __m256 round_away(__m256 v) {
+    __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 up = _mm256_cmp_ps(abs_ps(_mm256_sub_ps(v, t)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    __m256 step = _mm256_or_ps(_mm256_and_ps(v, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(1.0f));
+    return _mm256_add_ps(t, _mm256_and_ps(up, step));
+}
+
+void ds4_kernels_avx2_quantize_q8_0(const float *x, ds4_block_q8_0 *y, int64_t n) {
+    for (int64_t b = 0; b < n / DS4_QK8_0; b++, x += DS4_QK8_0) {
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k);
+        float amax = hmax_ps(_mm256_max_ps(_mm256_max_ps(abs_ps(v[0]), abs_ps(v[1])),
+                                           _mm256_max_ps(abs_ps(v[2]), abs_ps(v[3]))));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = ds4_f32_to_half(d);
+        __m256 vid = _mm256_set1_ps(id);
+        for (int k = 0; k < 4; k++) v[k] = round_away(_mm256_mul_ps(v[k], vid));
+        _mm256_storeu_si256((__m256i *)y[b].qs, pack_i8(v[0], v[1], v[2], v[3]));
+    }
+}
+
+/* Σ of each 16-byte group of four 32-byte vectors: per vector the dword
+ * sums of 4; two hadds leave the 8 groups in [0,2,4,6 | 1,3,5,7] order */
+static inline __m256i group_sums8(const __m256i q[4]) {
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256i s[4];
+    for (int k = 0; k < 4; k++) s[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q[k]), ones16);
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    return _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+void ds4_kernels_avx2_quantize_q8_K(const float *x, ds4_block_q8_K *y, int64_t n) {
+    for (int64_t b = 0; b < n / DS4_QK_K; b++, x += DS4_QK_K) {
+        __m256 mx = _mm256_setzero_ps();
+        for (int k = 0; k < DS4_QK_K / 8; k++) mx = _mm256_max_ps(mx, abs_ps(_mm256_loadu_ps(x + 8 * k)));
+        float amax = hmax_ps(mx);
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof(y[b]));
+            continue;
+        }
+        /* the reference keeps the first element of largest magnitude */
+        int e = 0;
+        while (fabsf(x[e]) != amax) e++;
+        float iscale = -127.0f / x[e];
+        __m256 vs = _mm256_set1_ps(iscale), lim = _mm256_set1_ps(127.0f);
+        __m256i q[8];
+        for (int g = 0; g < 8; g++) {
+            __m256 v[4];
+            for (int k = 0; k < 4; k++)
+                v[k] = _mm256_min_ps(lim, _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * g + 8 * k), vs),
+                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            q[g] = pack_i8(v[0], v[1], v[2], v[3]);
+            _mm256_storeu_si256((__m256i *)(y[b].qs + 32 * g), q[g]);
+        }
+        __m256i bs = _mm256_packs_epi32(group_sums8(q), group_sums8(q + 4));
+        _mm256_storeu_si256((__m256i *)y[b].bsums, _mm256_permute4x64_epi64(bs, 0xD8));
+        y[b].d = 1.0f / iscale;
+    }
+}
 
 #define DISPATCH(prefix)                                                                            \
     switch (type) {                                                                                 \

@@ -210,24 +210,42 @@ static void test_drivers(enum ds4_simd_level lvl) {
     }
 }
 
-static void test_act(void) {
+/* ds4_quantize_act must produce the reference quantizer's bytes at every
+ * level, including rounding ties, all-zero blocks and a negative maximum */
+static void test_act(enum ds4_simd_level lvl) {
+    ds4_kernels_set_level(lvl);
+    const char *ln = ds4_simd_level_name(lvl);
     CHECK(ds4_act_bytes(DS4_TYPE_Q4_K, 512) == 2 * sizeof(ds4_block_q8_K), "Q4_K act bytes");
     CHECK(ds4_act_bytes(DS4_TYPE_IQ2_XXS, 256) == sizeof(ds4_block_q8_K), "IQ2_XXS act bytes");
     CHECK(ds4_act_bytes(DS4_TYPE_Q8_0, 64) == 2 * sizeof(ds4_block_q8_0), "Q8_0 act bytes");
     CHECK(ds4_act_bytes(DS4_TYPE_F16, 10) == 40 && ds4_act_bytes(DS4_TYPE_BF16, 3) == 12, "float acts are f32");
     CHECK(ds4_act_bytes(12345, 256) == 0, "unknown type");
-    /* activation format is the reference quantizer's, byte for byte */
-    float x[512];
-    random_floats(x, 512);
-    x[5] = -9.0f; /* largest magnitude is negative: Q8_K must map it to -127 */
-    ds4_block_q8_K a[2], b[2];
-    ds4_quantize_act(DS4_TYPE_Q6_K, x, a, 512);
-    ds4_quantize_row(DS4_TYPE_Q8_K, x, b, 512, NULL);
-    CHECK(memcmp(a, b, sizeof(a)) == 0, "Q8_K act differs from quantize_row");
-    CHECK(a[0].qs[5] == -127 && a[0].d > 0, "Q8_K max element %d d %g", a[0].qs[5], a[0].d);
+    enum { N = 1024 };
+    static float x[N];
+    static uint8_t got[N * 2], want[N * 2];
+    for (int rep = 0; rep < 20; rep++) {
+        random_floats(x, N);
+        if (rep == 1) /* all-zero blocks */
+            for (int i = 0; i < 256; i++) x[i] = 0.0f;
+        if (rep == 2)                                    /* exact .5 ties after scaling by 127/127 */
+            for (int i = 0; i < N; i++) x[i] = (i % 32 == 0) ? 127.0f : (float)((i * 7) % 254 - 127) / 2.0f;
+        x[(rep * 37) % N] = -9.0f; /* negative maximum: Q8_K maps it to -127 */
+        x[(rep * 37 + 3) % N] = 9.0f; /* tie in magnitude: the first one wins */
+        const uint32_t weight_types[] = {DS4_TYPE_Q8_0, DS4_TYPE_Q6_K, DS4_TYPE_F16};
+        for (int k = 0; k < 3; k++) {
+            uint32_t at = k == 0 ? DS4_TYPE_Q8_0 : k == 1 ? DS4_TYPE_Q8_K : DS4_TYPE_F32;
+            size_t bytes = ds4_act_bytes(weight_types[k], N);
+            ds4_quantize_act(weight_types[k], x, got, N);
+            ds4_quantize_row(at, x, want, N, NULL);
+            CHECK(memcmp(got, want, bytes) == 0, "%s: act for %s differs from quantize_row (rep %d)", ln,
+                  ds4_type_name(weight_types[k]), rep);
+        }
+    }
+    ds4_block_q8_K a[N / 256];
+    ds4_quantize_act(DS4_TYPE_Q6_K, x, a, N);
     int s = 0;
     for (int i = 16; i < 32; i++) s += a[1].qs[i];
-    CHECK(a[1].bsums[1] == s, "bsums");
+    CHECK(a[1].bsums[1] == s, "%s: bsums", ln);
 }
 
 int main(void) {
@@ -236,8 +254,8 @@ int main(void) {
     CHECK(!strcmp(ds4_simd_level_name(DS4_SIMD_AVX2), "avx2"), "names");
     ds4_kernels_set_level(DS4_SIMD_AVX512);
     CHECK(ds4_kernels_level() == best, "set_level clamps to the best level");
-    test_act();
     for (int l = DS4_SIMD_SCALAR; l <= (int)best; l++) {
+        test_act((enum ds4_simd_level)l);
         test_dots((enum ds4_simd_level)l);
         test_drivers((enum ds4_simd_level)l);
     }
