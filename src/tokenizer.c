@@ -1,6 +1,6 @@
 /* tokenizer.c -- vocabulary tables, special-token matching, byte-level BPE,
  * decoding and the streaming detokenizer. Loading from HF JSON and the GGUF
- * export live in tokenizer_import.c, the regex splits in tokenizer_pretok.c. */
+ * export live in tokenizer_import.c, the pre-tokenizer in tokenizer_pretok.c. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,15 +95,18 @@ static long alphabet_decode(const char *s, size_t len, unsigned char *out) {
 
 /* ------------------------------------------------------------- tables */
 
+static uint64_t hash_u64(uint64_t k) {
+    k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33; k *= 0xc4ceb9fe1a85ec53ULL;
+    return k ^ (k >> 33);
+}
+
+/* FNV-1a leaves the high bits poorly mixed for short strings; the final
+ * avalanche makes every bit usable as a table index. */
 static uint64_t hash_bytes(const unsigned char *p, size_t n) {
     uint64_t h = 0xcbf29ce484222325ULL ^ n;
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
-    return h ^ (h >> 31);
-}
-
-static uint64_t hash_u64(uint64_t k) {
-    k ^= k >> 33; k *= 0xff51afd7ed558ccdULL; k ^= k >> 33;
-    return k;
+    return hash_u64(h);
 }
 
 struct merge_slot { uint64_t key; int32_t rank, id; };
@@ -141,7 +144,6 @@ struct ds4_tokenizer {
     uint32_t mmask;
     struct special_set all, chat;
     ds4_special_ids sp;
-    ds4_pretok *pretok;
     struct cache_ent *cache;
     pthread_mutex_t locks[CACHE_STRIPES];
 };
@@ -239,7 +241,6 @@ void ds4_tokenizer_free(ds4_tokenizer *t) {
         for (int i = 0; i < CACHE_STRIPES; i++) pthread_mutex_destroy(&t->locks[i]);
         free(t->cache);
     }
-    ds4_pretok_free(t->pretok);
     free(t->bytes); free(t->off); free(t->type); free(t->vslots); free(t->mslots);
     free(t->all.ids); free(t->chat.ids);
     free(t);
@@ -382,8 +383,6 @@ ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *ty
     special_set_sort(t, &t->chat);
     t->sp.latest_reminder = ds4_tokenizer_find_special(t, DS4_TOK_LATEST_REMINDER, strlen(DS4_TOK_LATEST_REMINDER));
 
-    t->pretok = ds4_pretok_new(err, errlen);
-    if (!t->pretok) goto fail;
     t->cache = calloc((size_t)1 << CACHE_BITS, sizeof *t->cache);
     if (!t->cache) FAIL("tokenizer: out of memory");
     for (int i = 0; i < CACHE_STRIPES; i++) pthread_mutex_init(&t->locks[i], NULL);
@@ -561,7 +560,7 @@ static int encode_piece(void *vctx, const char *s, size_t n) {
 static int encode_segment(const ds4_tokenizer *t, const char *s, size_t n, ds4_token_ids *out) {
     if (!n) return 0;
     piece_ctx pc = { t, out };
-    return ds4_pretok_run(t->pretok, s, n, encode_piece, &pc) ? -1 : 0;
+    return ds4_pretok_run(s, n, encode_piece, &pc) ? -1 : 0;
 }
 
 int ds4_tokenizer_encode(const ds4_tokenizer *t, const char *text, size_t len,

@@ -19,17 +19,33 @@ enum ds4_u8 ds4_utf8_scan(const unsigned char *s, size_t n, size_t *len, uint32_
 /* Length of the longest valid UTF-8 prefix of s[0..n). */
 size_t ds4_utf8_valid_prefix(const unsigned char *s, size_t n);
 
+/* ---- Unicode classes ----
+ * What the pre-tokenizer regexes test: \p{L} \p{M} \p{N} \p{P} \p{S} and
+ * \s (the White_Space set). The ranges are generated from the HF tokenizers
+ * regex engine (tokenizer_unicode.c), so they carry its Unicode version. */
+enum { DS4_UC_OTHER, DS4_UC_L, DS4_UC_M, DS4_UC_N, DS4_UC_P, DS4_UC_S, DS4_UC_W };
+typedef struct { uint32_t lo, hi; uint8_t cls; } ds4_uc_range;
+extern const ds4_uc_range ds4_uc_ranges[];
+extern const size_t ds4_uc_n_ranges;
+int ds4_uc_class(uint32_t cp);
+
 /* ---- pre-tokenizer ----
  * The three isolated regex splits of deepseek-v4-prompt-format.md 3.5 over
  * valid UTF-8 (callers sanitise first). Pieces are reported in order and
- * cover the input exactly; the callback returns nonzero to abort. */
-typedef struct ds4_pretok ds4_pretok;
+ * cover the input exactly; the callback returns nonzero to abort, and that
+ * value is returned (0 otherwise).
+ * ds4_pretok_run is the hand-written matcher the tokenizer uses; the PCRE2
+ * version runs the regexes themselves and is the reference the tests and the
+ * fuzz target hold the fast one to. */
 typedef int (*ds4_piece_fn)(void *ctx, const char *p, size_t n);
-ds4_pretok *ds4_pretok_new(char *err, size_t errlen);
-void ds4_pretok_free(ds4_pretok *pt);
-/* Returns 0, the callback's nonzero value, or -1 on a regex engine failure. */
-int ds4_pretok_run(const ds4_pretok *pt, const char *s, size_t n,
-                   ds4_piece_fn fn, void *ctx);
+int ds4_pretok_run(const char *s, size_t n, ds4_piece_fn fn, void *ctx);
+
+typedef struct ds4_pretok_regex ds4_pretok_regex;
+ds4_pretok_regex *ds4_pretok_regex_new(char *err, size_t errlen);
+void ds4_pretok_regex_free(ds4_pretok_regex *pt);
+/* Returns 0, the callback's value, or -1 on a regex engine failure. */
+int ds4_pretok_regex_run(const ds4_pretok_regex *pt, const char *s, size_t n,
+                         ds4_piece_fn fn, void *ctx);
 
 /* ---- vocabulary builder ----
  * tokens[i] is id i's vocabulary string (byte-level alphabet, or literal text

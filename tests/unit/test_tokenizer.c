@@ -193,20 +193,22 @@ static void sheet_pretokenization(const ds4_tokenizer *t) {
           " \xe2\x80\x9c", "quotes", "\xe2\x80\x9d", " ", "\xc2\xbd", " ", "\xc2\xb2", NULL },
     };
     char err[256];
-    ds4_pretok *pt = ds4_pretok_new(err, sizeof err);
+    ds4_pretok_regex *pt = ds4_pretok_regex_new(err, sizeof err);
     CHECK(pt != NULL, "%s", err);
     if (!pt) return;
-    for (size_t r = 0; r < sizeof rows / sizeof *rows; r++) {
+    for (size_t r = 0; r < 2 * sizeof rows / sizeof *rows; r++) {
         piece_list l = { .n = 0 };
-        ds4_pretok_run(pt, rows[r][0], strlen(rows[r][0]), collect, &l);
+        const char *const *row = rows[r / 2];
+        if (r % 2) ds4_pretok_regex_run(pt, row[0], strlen(row[0]), collect, &l);
+        else ds4_pretok_run(row[0], strlen(row[0]), collect, &l);
         int want = 0;
-        while (rows[r][want + 1]) want++;
-        CHECK(l.n == want, "row %zu: %d pieces, want %d", r, l.n, want);
+        while (row[want + 1]) want++;
+        CHECK(l.n == want, "row %zu (%s): %d pieces, want %d", r / 2, r % 2 ? "regex" : "fast", l.n, want);
         for (int i = 0; i < want && i < l.n; i++)
-            CHECK(!strcmp(l.pieces[i], rows[r][i + 1]), "row %zu piece %d: \"%s\" want \"%s\"",
-                  r, i, l.pieces[i], rows[r][i + 1]);
+            CHECK(!strcmp(l.pieces[i], row[i + 1]), "row %zu piece %d: \"%s\" want \"%s\"",
+                  r / 2, i, l.pieces[i], row[i + 1]);
     }
-    ds4_pretok_free(pt);
+    ds4_pretok_regex_free(pt);
 }
 
 static void byte_alphabet(void) {
