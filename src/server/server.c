@@ -1073,6 +1073,12 @@ static void *conn_main(void *ud) {
                 ds4_http_req *h = hr.path[0] ? &hr : NULL;
                 send_error(s, &c, h, status, http_error_text(status), NULL, NULL, 0, false);
             }
+            /* Lingering close: closing with unread input makes the kernel send
+             * a reset that can destroy the error response in flight. */
+            shutdown(a.fd, SHUT_WR);
+            char sink[65536];
+            struct pollfd pf = {.fd = a.fd, .events = POLLIN};
+            for (int i = 0; i < 64 && poll(&pf, 1, 1000) > 0 && recv(a.fd, sink, sizeof sink, 0) > 0; i++) {}
             break;
         }
         if (!handle(s, &c, &hr, &body)) break;

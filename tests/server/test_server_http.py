@@ -1,0 +1,219 @@
+"""ds4-server HTTP layer against raw sockets: routing, error shapes
+(server-api.md 8), limits, keep-alive, chunked bodies, half-closed and
+vanishing clients, 200 concurrent connections; the server must keep serving
+after every one of them."""
+import json
+import socket
+import threading
+import time
+
+from server_helper import Results, Server, demo_model_or_skip
+
+NAME = "test_server_http"
+
+
+def raw(port, data, shutdown_write=False, timeout=30, read=True):
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(data)
+    if shutdown_write:
+        s.shutdown(socket.SHUT_WR)
+    out = b""
+    if read:
+        try:
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    break
+                out += b
+                if response_complete(out):
+                    break
+        except OSError:
+            pass
+    s.close()
+    return out
+
+
+def response_complete(buf):
+    head, sep, body = buf.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            return len(body) >= int(v)
+    return False
+
+
+def parse(buf):
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split()[1]) if lines and len(lines[0].split()) > 1 else 0
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(b":")
+        headers[k.strip().lower().decode()] = v.strip().decode()
+    return status, headers, body
+
+
+def openai_error(body):
+    try:
+        e = json.loads(body)["error"]
+        return isinstance(e["message"], str) and e["type"] in ("invalid_request_error", "server_error") \
+            and "param" in e and "code" in e
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def anthropic_error(body, etype):
+    try:
+        o = json.loads(body)
+        return o["type"] == "error" and o["error"]["type"] == etype and isinstance(o["error"]["message"], str)
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def post(path, body, extra=b""):
+    if isinstance(body, str):
+        body = body.encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n").encode() + extra + b"\r\n" + body
+
+
+def main():
+    demo_model_or_skip(NAME)
+    t = Results(NAME)
+    srv = Server("--cors")
+    p = srv.port
+    try:
+        # models, query strings, aliases
+        st, _, body = srv.request("GET", "/v1/models?client_version=1")
+        ids = [m["id"] for m in json.loads(body)["data"]]
+        t.check(st == 200 and "deepseek-v4-flash" in ids and "deepseek-v4-pro" in ids, f"models list {ids}")
+        st, _, body = srv.request("GET", "/v1/models/deepseek-v4-pro")
+        t.check(st == 200 and json.loads(body)["object"] == "model", "model retrieve")
+        st, _, body = srv.request("GET", "/v1/models/gpt-x")
+        t.check(st == 404 and json.loads(body)["error"]["code"] == "model_not_found", "unknown model 404")
+        st, _, body = srv.request("GET", "/nope")
+        t.check(st == 404 and openai_error(body), "unknown path 404 OpenAI shape")
+        st, _, body = srv.request("POST", "/v1/messages/nope?beta=true", b"{}")
+        t.check(st == 404 and anthropic_error(body, "not_found_error"), "unknown messages path: Anthropic shape")
+
+        # CORS preflight echoes requested headers
+        st, h, body = parse(raw(p, b"OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                   b"Access-Control-Request-Headers: authorization, content-type\r\n\r\n"))
+        t.check(st == 204 and h.get("access-control-allow-origin") == "*" and
+                h.get("access-control-allow-headers") == "authorization, content-type" and body == b"",
+                f"CORS preflight {st} {h}")
+
+        # bad JSON / types / UTF-8 / missing fields, per family
+        st, _, body = parse(raw(p, post("/v1/chat/completions", "{\"messages\": [")))
+        t.check(st == 400 and openai_error(body) and json.loads(body)["error"]["message"] == "invalid JSON request",
+                "malformed JSON")
+        st, _, body = parse(raw(p, post("/v1/chat/completions", '{"messages":"hi"}')))
+        t.check(st == 400 and openai_error(body), "wrong type")
+        st, _, body = parse(raw(p, post("/v1/chat/completions", b'{"messages":[{"content":"\xff\xfe"}]}')))
+        t.check(st == 400 and openai_error(body) and b"UTF-8" in body, "invalid UTF-8")
+        st, _, body = parse(raw(p, post("/v1/chat/completions", "{}")))
+        t.check(st == 400 and json.loads(body)["error"]["param"] == "messages", "missing messages")
+        st, h, body = parse(raw(p, post("/v1/messages?beta=true", '{"messages":7}')))
+        t.check(st == 400 and anthropic_error(body, "invalid_request_error") and h.get("x-should-retry") == "false",
+                "Anthropic 400 shape")
+        st, _, body = parse(raw(p, post("/v1/responses", '{"input":"x","previous_response_id":"resp_1"}')))
+        t.check(st == 400 and json.loads(body)["error"]["param"] == "previous_response_id", "previous_response_id")
+        st, _, body = parse(raw(p, post("/v1/responses", '{"input":[{"type":"function_call_output","call_id":"call_zz","output":"x"}]}')))
+        t.check(st == 400 and b"continuation state is not available" in body, "unknown continuation id")
+
+        # body limits: a declared 100 MiB body is refused before it is sent
+        st, _, body = parse(raw(p, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n{"))
+        t.check(st == 413 and anthropic_error(body, "request_too_large"), f"413 Anthropic {st}")
+        st, _, body = parse(raw(p, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n"))
+        t.check(st == 413 and openai_error(body), "413 OpenAI")
+        big_head = b"GET /v1/models HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n"
+        st, _, _ = parse(raw(p, big_head))
+        t.check(st == 431, f"huge header {st}")
+        st, _, _ = parse(raw(p, b"GARBAGE\r\n\r\n"))
+        t.check(st == 400, "garbage request line")
+
+        # keep-alive: two requests on one connection; chunked body; Expect
+        s = socket.create_connection(("127.0.0.1", p), timeout=30)
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while not response_complete(first):
+            first += s.recv(65536)
+        body = b'{"messages":[{"role":"user","content":"hello"}]}'
+        s.sendall(b"POST /v1/messages/count_tokens?beta=true HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                  b"Expect: 100-continue\r\n\r\n" + b"%x\r\n" % 10 + body[:10] + b"\r\n" +
+                  b"%x\r\n" % (len(body) - 10) + body[10:] + b"\r\n0\r\n\r\n")
+        second = b""
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            second += s.recv(65536)
+            if b"100 Continue" in second:
+                second = second.split(b"\r\n\r\n", 1)[1]
+            if response_complete(second):
+                break
+        s.close()
+        st, _, b2 = parse(second)
+        t.check(parse(first)[0] == 200 and st == 200 and json.loads(b2)["input_tokens"] > 4,
+                f"keep-alive + chunked count_tokens {second[:200]}")
+
+        # half-closed: full request then SHUT_WR still gets its answer;
+        # a partial head then SHUT_WR just closes
+        st, _, _ = parse(raw(p, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", shutdown_write=True))
+        t.check(st == 200, "half-closed after a complete request")
+        out = raw(p, b"GET /v1/models HTTP/1.1\r\nHo", shutdown_write=True)
+        t.check(out == b"", f"half-closed mid-head: {out[:80]}")
+
+        # a client that vanishes mid-stream frees the worker
+        s = socket.create_connection(("127.0.0.1", p), timeout=60)
+        s.sendall(post("/v1/chat/completions", json.dumps({
+            "messages": [{"role": "user", "content": "write forever"}], "stream": True,
+            "max_tokens": 100000, "temperature": 1})))
+        got = b""
+        while got.count(b"data:") < 3:
+            b = s.recv(65536)
+            if not b:
+                break
+            got += b
+        s.close()
+        t.check(b"text/event-stream" in got, "stream started")
+        t0 = time.time()
+        st, _, body = srv.request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0})
+        t.check(st == 200 and json.loads(body)["object"] == "chat.completion",
+                f"served after a vanished client ({time.time() - t0:.1f}s)")
+        t.check("client went away during generation" in srv.trace_text(), "trace notes the disconnect")
+
+        # 200 concurrent connections: every one answered
+        results = [None] * 200
+
+        def one(i):
+            try:
+                if i % 20 == 0:
+                    r = raw(p, post("/v1/chat/completions", json.dumps({
+                        "messages": [{"role": "user", "content": f"n{i}"}], "max_tokens": 1, "temperature": 0})),
+                        timeout=300)
+                elif i % 3 == 0:
+                    r = raw(p, post("/v1/chat/completions", "{bad"), timeout=120)
+                else:
+                    r = raw(p, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", timeout=120)
+                results[i] = parse(r)[0]
+            except OSError as e:
+                results[i] = str(e)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(200)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        expect = [200 if i % 20 == 0 else 400 if i % 3 == 0 else 200 for i in range(200)]
+        bad = [(i, r) for i, (r, e) in enumerate(zip(results, expect)) if r != e]
+        t.check(not bad, f"concurrent: {bad[:5]}")
+        t.check(srv.alive(), "server alive at the end")
+    finally:
+        srv.stop()
+    t.done()
+
+
+if __name__ == "__main__":
+    main()
