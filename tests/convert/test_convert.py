@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""ds4-convert round trips, checked with gguf-py and a numpy safetensors reader:
+
+* tiny oracle model A (transformers save_pretrained naming, BF16) -> f32: the
+  exact tensor inventory of the sheet, every tensor equal to the checkpoint
+  values, every section-2 metadata key with the right type and value;
+* A -> f16 / q8_0: F16 tensors equal numpy's float16 rounding of the source,
+  Q8_0 tensors byte-identical to gguf-py's reference Q8_0 quantizer;
+* A -> q2 / q4: per-tensor types are the released mixes and every quantized
+  tensor decodes (gguf-py) close to the source;
+* a synthetic official-naming checkpoint (FP8 E4M3 + 128x128 UE8M0 block
+  scales, FP4 E2M1 experts + per-32 UE8M0 scales, BF16, int64 tid2eid, two
+  shards with an index) -> f32 equals the dequantized values.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from gguf import GGUFReader, GGMLQuantizationType as QT
+from gguf.quants import dequantize, quantize
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ds4_sheet  # noqa: E402
+import make_official_checkpoint  # noqa: E402
+import st_np  # noqa: E402
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+CONVERT = os.path.join(ROOT, "ds4-convert")
+FIX_A = os.path.join(ROOT, "tests", "fixtures", "ds4tiny", "A")
+
+failures = 0
+checks = 0
+
+
+def check(cond, msg):
+    global failures, checks
+    checks += 1
+    if not cond:
+        failures += 1
+        print("FAIL", msg)
+
+
+def convert(src, out, typ, *extra):
+    r = subprocess.run([CONVERT, src, out, "--type", typ, *extra], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stderr)
+        raise SystemExit(f"ds4-convert {typ} failed")
+    return GGUFReader(out)
+
+
+def field_value(f):
+    return f.contents()
+
+
+def values_of(t):
+    """Float values of a GGUF tensor in numpy order (ne reversed)."""
+    shape = tuple(int(x) for x in reversed(t.shape))
+    if t.tensor_type in (QT.F32, QT.F16, QT.I32):
+        return np.asarray(t.data).reshape(shape)
+    return dequantize(np.asarray(t.data), t.tensor_type).reshape(shape)
+
+
+def expected_type(fam, mix):
+    table = {
+        "f32": dict(F32=QT.F32, I32=QT.I32, F16=QT.F32, Q8=QT.F32, EXP_GU=QT.F32, EXP_D=QT.F32),
+        "f16": dict(F32=QT.F32, I32=QT.I32, F16=QT.F16, Q8=QT.F16, EXP_GU=QT.F16, EXP_D=QT.F16),
+        "q8_0": dict(F32=QT.F32, I32=QT.I32, F16=QT.F16, Q8=QT.Q8_0, EXP_GU=QT.Q8_0, EXP_D=QT.Q8_0),
+        "q2": dict(F32=QT.F32, I32=QT.I32, F16=QT.F16, Q8=QT.Q8_0, EXP_GU=QT.IQ2_XXS, EXP_D=QT.Q2_K),
+        "q4": dict(F32=QT.F32, I32=QT.I32, F16=QT.F16, Q8=QT.Q8_0, EXP_GU=QT.Q4_K, EXP_D=QT.Q4_K),
+    }
+    return table[mix][fam]
+
+
+def check_inventory(r, cfg, mix, tag):
+    want = ds4_sheet.tensors(cfg)
+    got = {t.name: t for t in r.tensors}
+    check(sorted(got) == sorted(n for n, *_ in want),
+          f"{tag}: tensor set differs: extra {sorted(set(got) - {n for n, *_ in want})[:5]}, "
+          f"missing {sorted({n for n, *_ in want} - set(got))[:5]}")
+    for name, ne, fam, _ in want:
+        t = got.get(name)
+        if t is None:
+            continue
+        check([int(x) for x in t.shape] == ne, f"{tag}: {name} shape {list(t.shape)} != {ne}")
+        check(t.tensor_type == expected_type(fam, mix),
+              f"{tag}: {name} type {t.tensor_type.name} != {expected_type(fam, mix).name}")
+    return want, got
+
+
+def check_metadata(r, cfg, tag):
+    for key, (vtype, val) in ds4_sheet.metadata(cfg).items():
+        f = r.fields.get(key)
+        if f is None:
+            check(False, f"{tag}: missing key {key}")
+            continue
+        check(f.types[0].name == vtype, f"{tag}: {key} type {f.types[0].name} != {vtype}")
+        got = field_value(f)
+        if isinstance(val, float) or (isinstance(val, list) and val and isinstance(val[0], float)):
+            ok = np.allclose(np.asarray(got, np.float64), np.float32(val), rtol=0, atol=0)
+        else:
+            ok = got == val
+        check(ok, f"{tag}: {key} = {got!r}, expected {val!r}")
+
+
+def check_exact(r, cfg, st, tag, want, got):
+    for name, ne, fam, src in want:
+        if name not in got:
+            continue
+        exp = ds4_sheet.source_values(st, cfg, src)
+        val = values_of(got[name])
+        exp = exp.reshape(val.shape)
+        if fam == "I32":
+            check(np.array_equal(val, exp.astype(np.int32)), f"{tag}: {name} values differ")
+        else:
+            check(np.array_equal(val, exp.astype(np.float32)),
+                  f"{tag}: {name} max |diff| {np.abs(val - exp).max():.3g}")
+
+
+def test_tiny_a(tmp):
+    cfg = json.load(open(os.path.join(FIX_A, "config.json")))
+    st = st_np.read_dir(FIX_A)
+
+    r = convert(FIX_A, os.path.join(tmp, "A-f32.gguf"), "f32")
+    want, got = check_inventory(r, cfg, "f32", "A f32")
+    check_metadata(r, cfg, "A f32")
+    check_exact(r, cfg, st, "A f32", want, got)
+    check("tokenizer.ggml.tokens" not in r.fields, "A f32: tokenizer keys without a tokenizer")
+
+    r = convert(FIX_A, os.path.join(tmp, "A-f16.gguf"), "f16")
+    want, got = check_inventory(r, cfg, "f16", "A f16")
+    for name, ne, fam, src in want:
+        t = got.get(name)
+        if t is None or t.tensor_type != QT.F16:
+            continue
+        exp = ds4_sheet.source_values(st, cfg, src).astype(np.float16)
+        check(np.array_equal(np.asarray(t.data).reshape(exp.shape).view(np.uint16), exp.view(np.uint16)),
+              f"A f16: {name} is not the float16 rounding of the source")
+
+    r = convert(FIX_A, os.path.join(tmp, "A-q8_0.gguf"), "q8_0")
+    want, got = check_inventory(r, cfg, "q8_0", "A q8_0")
+    for name, ne, fam, src in want:
+        t = got.get(name)
+        if t is None or t.tensor_type != QT.Q8_0:
+            continue
+        exp = ds4_sheet.source_values(st, cfg, src).reshape(-1, ne[0])
+        ref = quantize(exp.astype(np.float32), QT.Q8_0)
+        check(np.array_equal(np.asarray(t.data).reshape(ref.shape), ref),
+              f"A q8_0: {name} differs from gguf-py's Q8_0 quantization")
+
+    # Quantized mixes: types as released; decoded values near the source
+    # (relative RMS error well below 1, which any mis-ordered or garbage
+    # block would exceed).
+    for mix, bound in (("q2", 0.6), ("q4", 0.15)):
+        r = convert(FIX_A, os.path.join(tmp, f"A-{mix}.gguf"), mix)
+        want, got = check_inventory(r, cfg, mix, f"A {mix}")
+        for name, ne, fam, src in want:
+            t = got.get(name)
+            if t is None or fam not in ("EXP_GU", "EXP_D"):
+                continue
+            exp = ds4_sheet.source_values(st, cfg, src).reshape(-1, ne[0])
+            val = values_of(t).reshape(exp.shape)
+            rel = np.sqrt(np.mean((val - exp) ** 2) / np.mean(exp ** 2))
+            check(rel < bound, f"A {mix}: {name} relative RMS error {rel:.3f} >= {bound}")
+        if mix == "q2":
+            print(f"A q2: last expert tensor relative RMS error {rel:.3f}")
+
+
+def test_official(tmp):
+    d = os.path.join(tmp, "official")
+    cfg = make_official_checkpoint.make(d, seed=7)
+    st = st_np.read_dir(d)
+    check(any(e[0] == "F8_E4M3" for e in st.values()), "generator made no FP8 tensor")
+    r = convert(d, os.path.join(tmp, "official-f32.gguf"), "f32")
+    want, got = check_inventory(r, cfg, "f32", "official f32")
+    check_metadata(r, cfg, "official f32")
+    check_exact(r, cfg, st, "official f32", want, got)
+
+
+def main():
+    if not os.path.exists(CONVERT):
+        raise SystemExit(f"{CONVERT} not built")
+    with tempfile.TemporaryDirectory() as tmp:
+        test_tiny_a(tmp)
+        test_official(tmp)
+    print(f"test_convert: {checks - failures} passed, {failures} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
