@@ -11,7 +11,9 @@
  * - It prints tables to `out` and never asserts; returns 0, or -1 with a
  *   one-line message on stderr when memory cannot be allocated.
  * - Timings take the best of several repetitions, as STREAM does, so a
- *   busy shared machine disturbs the numbers as little as possible.
+ *   busy shared machine disturbs the numbers as little as possible; a
+ *   result whose best run did not get the requested cores (process CPU
+ *   time < 90% of threads x wall time) is marked '*' as a lower bound.
  */
 #ifndef DS4_BENCH_KERNELS_H
 #define DS4_BENCH_KERNELS_H
