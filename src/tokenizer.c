@@ -79,16 +79,22 @@ int ds4_cp_to_byte(uint32_t cp) {
 }
 
 /* Byte-level string -> bytes into out (room for len bytes); -1 when a code
- * point is outside the alphabet. */
+ * point is outside the alphabet. The alphabet is U+0021..U+0143, so only
+ * one- and two-byte UTF-8 forms can occur. */
 static long alphabet_decode(const char *s, size_t len, unsigned char *out) {
+    const unsigned char *p = (const unsigned char *)s;
     size_t i = 0, o = 0;
     while (i < len) {
-        size_t l; uint32_t cp;
-        if (ds4_utf8_scan((const unsigned char *)s + i, len - i, &l, &cp) != DS4_U8_OK) return -1;
+        uint32_t cp = p[i];
+        if (cp >= 0x80) {
+            if (cp < 0xC2 || cp > 0xC5 || i + 1 >= len || (p[i + 1] & 0xC0) != 0x80) return -1;
+            cp = (cp & 0x1F) << 6 | (p[i + 1] & 0x3F);
+            i++;
+        }
+        i++;
         int b = ds4_cp_to_byte(cp);
         if (b < 0) return -1;
         out[o++] = (unsigned char)b;
-        i += l;
     }
     return (long)o;
 }
@@ -138,7 +144,7 @@ struct ds4_tokenizer {
     uint32_t *off;          /* token i = bytes[off[i] .. off[i+1]) */
     uint8_t *type;          /* DS4_TT_* */
     int32_t byte_id[256];
-    int32_t *vslots;        /* normal tokens by bytes (open addressing) */
+    struct vocab_slot { int32_t id; uint32_t tag; } *vslots;   /* normal tokens by bytes */
     uint32_t vmask;
     struct merge_slot *mslots;
     uint32_t mmask;
@@ -155,11 +161,15 @@ static inline size_t tok_len(const ds4_tokenizer *t, int32_t id) {
     return t->off[id + 1] - t->off[id];
 }
 
+/* The slot's tag (high hash bits) spares reading the token bytes of most
+ * non-matching entries. */
 static int32_t vocab_find(const ds4_tokenizer *t, const unsigned char *p, size_t n) {
-    for (uint32_t i = (uint32_t)hash_bytes(p, n) & t->vmask;; i = (i + 1) & t->vmask) {
-        int32_t id = t->vslots[i];
-        if (id < 0) return -1;
-        if (tok_len(t, id) == n && memcmp(tok_ptr(t, id), p, n) == 0) return id;
+    uint64_t h = hash_bytes(p, n);
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (uint32_t i = (uint32_t)h & t->vmask;; i = (i + 1) & t->vmask) {
+        const struct vocab_slot *v = &t->vslots[i];
+        if (v->id < 0) return -1;
+        if (v->tag == tag && tok_len(t, v->id) == n && memcmp(tok_ptr(t, v->id), p, n) == 0) return v->id;
     }
 }
 
@@ -250,30 +260,39 @@ void ds4_tokenizer_free(ds4_tokenizer *t) {
 
 #define MERGE_MAX_BYTES (8 * DS4_TOKEN_MAX_BYTES)
 
-/* Parses merge i ("LEFT RIGHT") into the ids of both halves and the result. */
+/* Parses merge r ("LEFT RIGHT") into the ids of both halves and the result.
+ * Vocabularies trained by BPE list merge results in rank order, so the id
+ * after the previous result is tried (and verified) before hashing; guess is
+ * -1 when that shortcut could pick a different id than vocab_find. */
 static int merge_ids(const ds4_tokenizer *t, ds4_gguf_str m, unsigned char *scratch,
-                     int32_t ids[3]) {
+                     int32_t guess, int32_t ids[3]) {
     const char *sp = m.len <= MERGE_MAX_BYTES ? memchr(m.ptr, ' ', m.len) : NULL;
     if (!sp || sp == m.ptr || sp == m.ptr + m.len - 1) return -1;
     long la = alphabet_decode(m.ptr, (size_t)(sp - m.ptr), scratch);
     if (la < 0) return -1;
     long lb = alphabet_decode(sp + 1, m.len - (size_t)(sp - m.ptr) - 1, scratch + la);
     if (lb < 0) return -1;
+    size_t l = (size_t)(la + lb);
     ids[0] = vocab_find(t, scratch, (size_t)la);
     ids[1] = vocab_find(t, scratch + la, (size_t)lb);
-    ids[2] = vocab_find(t, scratch, (size_t)(la + lb));
+    ids[2] = guess >= 0 && guess < t->n_vocab && t->type[guess] == DS4_TT_NORMAL &&
+             tok_len(t, guess) == l && memcmp(tok_ptr(t, guess), scratch, l) == 0
+           ? guess : vocab_find(t, scratch, l);
     return ids[0] < 0 || ids[1] < 0 || ids[2] < 0 ? -1 : 0;
 }
 
-static void vocab_insert(ds4_tokenizer *t, int32_t id) {
-    uint32_t i = (uint32_t)hash_bytes(tok_ptr(t, id), tok_len(t, id)) & t->vmask;
-    while (t->vslots[i] >= 0) {
-        int32_t o = t->vslots[i];
-        if (tok_len(t, o) == tok_len(t, id) && memcmp(tok_ptr(t, o), tok_ptr(t, id), tok_len(t, id)) == 0)
-            return;   /* keep the lower id; the caller rejects duplicates */
-        i = (i + 1) & t->vmask;
+/* Returns -1, or the id already holding the same bytes (which stays). */
+static int32_t vocab_insert(ds4_tokenizer *t, int32_t id) {
+    uint64_t h = hash_bytes(tok_ptr(t, id), tok_len(t, id));
+    uint32_t i = (uint32_t)h & t->vmask;
+    for (; t->vslots[i].id >= 0; i = (i + 1) & t->vmask) {
+        int32_t o = t->vslots[i].id;
+        if (t->vslots[i].tag == (uint32_t)(h >> 32) && tok_len(t, o) == tok_len(t, id) &&
+            memcmp(tok_ptr(t, o), tok_ptr(t, id), tok_len(t, id)) == 0)
+            return o;
     }
-    t->vslots[i] = id;
+    t->vslots[i] = (struct vocab_slot){ id, (uint32_t)(h >> 32) };
+    return -1;
 }
 
 ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *types,
@@ -321,8 +340,15 @@ ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *ty
         o += (size_t)l;
     }
     t->off[n_tokens] = (uint32_t)o;
-    for (int32_t i = 0; i < t->n_vocab; i++)
-        if (t->type[i] == DS4_TT_NORMAL) vocab_insert(t, i);
+    /* Two normal tokens with the same bytes would make BPE ambiguous. When
+     * the types are inferred, the higher id of such a pair is never found by
+     * a merge below, so it ends up an added token. */
+    bool dups = false;
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        int32_t d = t->type[i] == DS4_TT_NORMAL ? vocab_insert(t, i) : -1;
+        if (d >= 0 && types) FAIL("tokenizer: tokens %d and %d have the same bytes", d, i);
+        dups |= d >= 0;
+    }
 
     for (int b = 0; b < 256; b++) {
         unsigned char c = (unsigned char)b;
@@ -331,14 +357,16 @@ ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *ty
     }
     uint8_t *is_result = types ? NULL : calloc(n_tokens, 1);
     if (!types && !is_result) FAIL("tokenizer: out of memory");
+    int32_t guess = -1;
     for (size_t r = 0; r < n_merges; r++) {
         int32_t ids[3];
-        if (merge_ids(t, merges[r], scratch, ids) < 0) {
+        if (merge_ids(t, merges[r], scratch, dups ? -1 : guess, ids) < 0) {
             free(is_result);
             FAIL("tokenizer: merge %zu (\"%.*s\") does not join two vocabulary tokens into one",
                  r, (int)(merges[r].len > 60 ? 60 : merges[r].len), merges[r].ptr);
         }
         if (is_result) is_result[ids[2]] = 1;
+        guess = ids[2] + 1;
         uint64_t key = (uint64_t)(uint32_t)ids[0] << 32 | (uint32_t)ids[1];
         uint32_t i = (uint32_t)hash_u64(key) & t->mmask;
         while (t->mslots[i].key != MERGE_EMPTY && t->mslots[i].key != key) i = (i + 1) & t->mmask;
@@ -351,12 +379,6 @@ ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *ty
             if (t->type[i] == DS4_TT_NORMAL && !is_result[i]) t->type[i] = DS4_TT_CONTROL;
         free(is_result);
     }
-    /* Two normal tokens with the same bytes would make BPE ambiguous. */
-    for (int32_t i = 0; i < t->n_vocab; i++)
-        if (t->type[i] == DS4_TT_NORMAL && vocab_find(t, tok_ptr(t, i), tok_len(t, i)) != i)
-            FAIL("tokenizer: tokens %d and %d have the same bytes",
-                 vocab_find(t, tok_ptr(t, i), tok_len(t, i)), i);
-
     size_t n_added = 0;
     for (int32_t i = 0; i < t->n_vocab; i++) n_added += t->type[i] != DS4_TT_NORMAL;
     t->all.ids = malloc((n_added + 1) * sizeof *t->all.ids);

@@ -147,7 +147,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "--write-gguf")) return i + 1 < argc ? write_gguf(source, added, argv[i + 1]) : usage();
 
     char err[512];
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s();
     ds4_gguf *g = NULL;
     ds4_tokenizer *t;
     if (is_gguf(source)) {
@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
     } else {
         t = ds4_tokenizer_from_hf_json(source, added, err, sizeof err);
     }
-    double load = now_s() - t0;
+    double load = now_s() - t0, load_cpu = cpu_s() - c0;
     if (!t) { fprintf(stderr, "ds4-vocab: %s\n", err); ds4_gguf_close(g); return 1; }
 
     int rc = 0;
@@ -164,8 +164,8 @@ int main(int argc, char **argv) {
         const ds4_special_ids *s = ds4_tokenizer_specials(t);
         int n_special = 0;
         for (int32_t id = 0; id < ds4_tokenizer_n_vocab(t); id++) n_special += ds4_tokenizer_is_special(t, id);
-        printf("source          %s\nload time       %.1f ms\nn_vocab         %d\nadded tokens    %d\n",
-               source, load * 1e3, ds4_tokenizer_n_vocab(t), n_special);
+        printf("source          %s\nload time       %.1f ms CPU, %.1f ms wall\nn_vocab         %d\n"
+               "added tokens    %d\n", source, load_cpu * 1e3, load * 1e3, ds4_tokenizer_n_vocab(t), n_special);
         printf("bos %d  eos %d  user %d  assistant %d  think %d  /think %d  dsml %d  latest_reminder %d\n",
                s->bos, s->eos, s->user, s->assistant, s->think, s->think_end, s->dsml, s->latest_reminder);
     } else if (!strcmp(cmd, "--encode") && i + 1 < argc) {
@@ -198,7 +198,7 @@ int main(int argc, char **argv) {
         fwrite(out, 1, ds4_detok_flush(&d, out), stdout);
         printf("\n");
     } else if (!strcmp(cmd, "--bench") && i + 1 < argc) {
-        printf("tokenizer load: %.1f ms\n", load * 1e3);
+        printf("tokenizer load: %.1f ms CPU, %.1f ms wall\n", load_cpu * 1e3, load * 1e3);
         rc = bench(t, argv[i + 1], sp);
     } else {
         rc = usage();

@@ -211,6 +211,75 @@ static void sheet_pretokenization(const ds4_tokenizer *t) {
     ds4_pretok_regex_free(pt);
 }
 
+/* The hand-written pre-tokenizer equals the PCRE2 regexes on random text
+ * drawn from long-assigned blocks (whose classes PCRE2's Unicode tables and
+ * the HF-generated ones agree on), with the class boundaries exercised:
+ * marks, numbers of several scripts, white space variants, CR/LF, kana and
+ * the edges of the CJK ranges. */
+typedef struct { size_t off[512], len[512]; int n; const char *base; } span_list;
+
+static int collect_span(void *ctx, const char *p, size_t n) {
+    span_list *l = ctx;
+    if (l->n < 512) { l->off[l->n] = (size_t)(p - l->base); l->len[l->n] = n; }
+    l->n++;
+    return 0;
+}
+
+static size_t put_utf8(char *o, uint32_t c) {
+    if (c < 0x80) { o[0] = (char)c; return 1; }
+    if (c < 0x800) { o[0] = (char)(0xC0 | c >> 6); o[1] = (char)(0x80 | (c & 63)); return 2; }
+    if (c < 0x10000) {
+        o[0] = (char)(0xE0 | c >> 12); o[1] = (char)(0x80 | (c >> 6 & 63)); o[2] = (char)(0x80 | (c & 63));
+        return 3;
+    }
+    o[0] = (char)(0xF0 | c >> 18); o[1] = (char)(0x80 | (c >> 12 & 63));
+    o[2] = (char)(0x80 | (c >> 6 & 63)); o[3] = (char)(0x80 | (c & 63));
+    return 4;
+}
+
+static void pretok_differential(void) {
+    static const uint32_t blocks[][2] = {
+        { 0x00, 0x7F }, { 0x20, 0x7E }, { 0x20, 0x7E }, { 0x80, 0xFF }, { 0x300, 0x36F },
+        { 0x370, 0x3FF }, { 0x400, 0x4FF }, { 0x590, 0x6FF }, { 0x900, 0x97F }, { 0xE00, 0xE7F },
+        { 0x1100, 0x11FF }, { 0x2000, 0x206F }, { 0x20A0, 0x20BF }, { 0x2100, 0x22FF },
+        { 0x2460, 0x24FF }, { 0x3000, 0x30FF }, { 0x4E00, 0x4E40 }, { 0x9F90, 0x9FB0 },
+        { 0xAC00, 0xAC40 }, { 0xFE00, 0xFE0F }, { 0xFF00, 0xFFEF }, { 0x1F300, 0x1F64F },
+        { 0x1D400, 0x1D4FF }, { 0x20000, 0x20010 }, { 0xE0020, 0xE007F }, { 0xE000, 0xE010 },
+        { '\r', '\r' }, { '\n', '\n' }, { ' ', ' ' }, { '0', '9' }, { 'a', 'z' },
+    };
+    const size_t nb = sizeof blocks / sizeof *blocks;
+    char err[256];
+    ds4_pretok_regex *re = ds4_pretok_regex_new(err, sizeof err);
+    CHECK(re != NULL, "%s", err);
+    if (!re) return;
+    uint64_t rng = 0x9E3779B97F4A7C15ULL;
+    int bad = 0;
+    char buf[4 * 48];
+    for (int it = 0; it < 4000; it++) {
+        size_t n = 0;
+        int len = 1 + (int)((rng >> 33) % 40);
+        for (int k = 0; k < len; k++) {
+            rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+            const uint32_t *b = blocks[(rng >> 33) % nb];
+            uint32_t c = b[0] + (uint32_t)((rng >> 17) % (b[1] - b[0] + 1));
+            n += put_utf8(buf + n, c);
+        }
+        span_list a = { .n = 0, .base = buf }, r = { .n = 0, .base = buf };
+        ds4_pretok_run(buf, n, collect_span, &a);
+        ds4_pretok_regex_run(re, buf, n, collect_span, &r);
+        bool same = a.n == r.n;
+        for (int i = 0; same && i < a.n && i < 512; i++)
+            same = a.off[i] == r.off[i] && a.len[i] == r.len[i];
+        if (!same && bad++ < 3) {
+            fprintf(stderr, "  pretok mismatch on:");
+            for (size_t i = 0; i < n; i++) fprintf(stderr, " %02x", (unsigned char)buf[i]);
+            fprintf(stderr, "\n");
+        }
+    }
+    CHECK(bad == 0, "%d random strings pre-tokenize differently (hand-written vs PCRE2)", bad);
+    ds4_pretok_regex_free(re);
+}
+
 static void byte_alphabet(void) {
     CHECK(ds4_byte_to_cp(0x00) == 0x100 && ds4_byte_to_cp(0x09) == 0x109, "low controls");
     CHECK(ds4_byte_to_cp(0x0A) == 0x10A && ds4_byte_to_cp(0x20) == 0x120, "LF, space");
@@ -456,6 +525,7 @@ int main(void) {
 
     sheet_vectors(t);
     sheet_pretokenization(t);
+    pretok_differential();
     byte_alphabet();
     roundtrip(t, bc, nb);
     roundtrip(t, hc, nh);
