@@ -1,0 +1,365 @@
+/* ds4-make-model -- writes a RANDOM-weight GGUF in the exact DS4 layout
+ * (ds4_layout.h) for given dimensions. Its output text is meaningless by
+ * construction; it exists so the engine, CLI, server and benchmarks can run
+ * end to end without downloading a model.
+ *
+ *   ds4-make-model -o OUT.gguf [--preset demo|flash] [--layers N] [--type MIX]
+ *                  [--seed N] [--vocab tokenizer.json] [--vocab-added FILE]
+ *                  [--no-vocab] [--name NAME] [--<key> VALUE ...]
+ *
+ * Presets:
+ *   demo  (default) tiny dims (hidden 256, 4 heads x 128, 8 experts x 256,
+ *         6 layers with Flash's schedule: ratios 0,0,4,128,4,128, 3 hash
+ *         layers), the real DeepSeek vocabulary (129280 ids; V3
+ *         tokenizer.json + the V4 added tokens), q2 mix.
+ *   flash Flash's real per-layer shapes (sheet sections 1-2) with --layers N
+ *         (default 4) layers, q2 mix: for decode-speed benchmarks.
+ * Every metadata key of the layout can be overridden with --<key> VALUE,
+ * where <key> is the key without "deepseek4." (e.g. --embedding_length 512,
+ * --attention.head_count 8, --attention.compress_ratios 0,4,128; per-layer
+ * keys take a comma list or one value for all layers). --layers N resizes
+ * the preset's schedule (ratio 0 for layers 0-1, then 4 on even and 128 on
+ * odd layers; hash routing on the first min(3, N)).
+ *
+ * Values: norms ~U(0.8, 1.2), matrices uniform with std 1/sqrt(row length);
+ * quantized tensors are filled with random but valid blocks whose scales
+ * give about that std (no quantizer run, so gigabytes take seconds).
+ */
+#include "ds4_layout.h"
+#include "gguf.h"
+#include "quant.h"
+#include "tokenizer.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("ds4-make-model: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+/* ---------------------------------------------------------------- presets */
+
+static void schedule(ds4_hparams *hp) {
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        hp->compress_ratio[l] = l < 2 ? 0 : l % 2 == 0 ? 4 : 128;
+        hp->swiglu_clamp_exp[l] = hp->swiglu_clamp_shexp[l] = 10.0f;
+    }
+    hp->n_hash_layer = hp->n_layer < 3 ? hp->n_layer : 3;
+}
+
+static void preset(ds4_hparams *hp, const char *name, uint32_t n_layer) {
+    memset(hp, 0, sizeof *hp);
+    /* Shared by both presets: Flash's values for everything not a size. */
+    hp->n_ctx_train = 1048576;
+    hp->n_vocab = 129280;
+    hp->n_head_kv = 1;
+    hp->sliding_window = 128;
+    hp->compress_rope_base = 160000.0f;
+    hp->rope_base = 10000.0f;
+    hp->yarn_factor = 16.0f;
+    hp->yarn_orig_ctx = 65536;
+    hp->yarn_beta_fast = 32.0f;
+    hp->yarn_beta_slow = 1.0f;
+    hp->rms_eps = 1e-6f;
+    hp->hc_count = 4;
+    hp->hc_sinkhorn_iters = 20;
+    hp->hc_eps = 1e-6f;
+    hp->n_expert_shared = 1;
+    hp->expert_weights_scale = 1.5f;
+    hp->expert_weights_norm = true;
+    hp->expert_gating_func = 4;
+    hp->nextn_predict_layers = 0;
+    if (!strcmp(name, "flash")) {
+        hp->n_layer = n_layer ? n_layer : 4;
+        hp->n_embd = 4096;
+        hp->n_head = 64;
+        hp->key_length = hp->value_length = 512;
+        hp->n_rot = 64;
+        hp->q_lora_rank = 1024;
+        hp->o_lora_rank = 1024;
+        hp->o_groups = 8;
+        hp->idx_n_head = 64;
+        hp->idx_head_dim = 128;
+        hp->idx_topk = 512;
+        hp->n_expert = 256;
+        hp->n_expert_used = 6;
+        hp->expert_ff = 2048;
+    } else if (!strcmp(name, "demo")) {
+        hp->n_layer = n_layer ? n_layer : 6;
+        hp->n_embd = 256;
+        hp->n_head = 4;
+        hp->key_length = hp->value_length = 128;
+        hp->n_rot = 64;
+        hp->q_lora_rank = 64;
+        hp->o_lora_rank = 64;
+        hp->o_groups = 2;
+        hp->idx_n_head = 4;
+        hp->idx_head_dim = 128;
+        hp->idx_topk = 8;
+        hp->n_expert = 8;
+        hp->n_expert_used = 2;
+        hp->expert_ff = 256;
+    } else {
+        die("unknown preset '%s' (demo, flash)", name);
+    }
+    if (hp->n_layer > DS4_MAX_LAYERS) die("--layers %u exceeds %d", hp->n_layer, DS4_MAX_LAYERS);
+    schedule(hp);
+}
+
+/* --<key> VALUE: set one field of the metadata table. */
+static void override(ds4_hparams *hp, const char *key, const char *val) {
+    char full[256];
+    if (!strcmp(key, "block_count")) die("use --layers N to change the layer count");
+    snprintf(full, sizeof full, "deepseek4.%s", key);
+    for (size_t i = 0; i < ds4_n_hparam_keys; i++) {
+        const ds4_hparam_key *k = &ds4_hparam_keys[i];
+        if (strcmp(k->key, full)) continue;
+        char *base = (char *)hp + k->offset, *end;
+        switch (k->kind) {
+        case DS4_HP_U32: *(uint32_t *)base = (uint32_t)strtoul(val, &end, 0); break;
+        case DS4_HP_U64: *(uint64_t *)base = strtoull(val, &end, 0); break;
+        case DS4_HP_F32: *(float *)base = strtof(val, &end); break;
+        case DS4_HP_BOOL: *(bool *)base = !strcmp(val, "true") || !strcmp(val, "1"); end = (char *)val + strlen(val); break;
+        case DS4_HP_U32_PER_LAYER:
+        case DS4_HP_F32_PER_LAYER: {
+            const char *p = val;
+            uint32_t n = 0;
+            for (;;) {
+                if (n >= DS4_MAX_LAYERS) die("--%s: too many entries", key);
+                if (k->kind == DS4_HP_U32_PER_LAYER) ((uint32_t *)base)[n++] = (uint32_t)strtoul(p, &end, 0);
+                else ((float *)base)[n++] = strtof(p, &end);
+                if (end == p) die("--%s: bad list '%s'", key, val);
+                if (*end != ',') break;
+                p = end + 1;
+            }
+            if (n == 1) {
+                for (uint32_t l = 1; l < DS4_MAX_LAYERS; l++) {
+                    if (k->kind == DS4_HP_U32_PER_LAYER) ((uint32_t *)base)[l] = ((uint32_t *)base)[0];
+                    else ((float *)base)[l] = ((float *)base)[0];
+                }
+            } else if (n != hp->n_layer) {
+                die("--%s: %u entries for %u layers", key, n, hp->n_layer);
+            }
+            break;
+        }
+        case DS4_HP_STR_CONST: die("--%s cannot be changed", key);
+        }
+        if (*end) die("--%s: bad value '%s'", key, val);
+        return;
+    }
+    die("unknown option --%s", key);
+}
+
+/* ---------------------------------------------------------------- random values */
+
+static uint64_t rng_state;
+static inline uint64_t rnd64(void) {
+    /* splitmix64: fast, good enough for random weights */
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static inline float rnd_unit(void) { return (float)(rnd64() >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
+
+static void rnd_bytes(uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t r = rnd64();
+        memcpy(p + i, &r, n - i < 8 ? n - i : 8);
+    }
+}
+
+/* centre and half-width of the uniform values of a float tensor */
+static void spread(enum ds4_tensor_id id, uint64_t ne0, float *c, float *hw) {
+    *c = 0.0f;
+    *hw = sqrtf(3.0f / (float)ne0);             /* std 1/sqrt(ne0) */
+    switch (id) {
+    case DS4_T_ATTN_NORM: case DS4_T_ATTN_Q_A_NORM: case DS4_T_ATTN_KV_A_NORM: case DS4_T_FFN_NORM:
+    case DS4_T_OUTPUT_NORM: case DS4_T_COMP_NORM: case DS4_T_IDX_COMP_NORM:
+        *c = 1.0f; *hw = 0.2f; break;
+    case DS4_T_HC_ATTN_SCALE: case DS4_T_HC_FFN_SCALE: case DS4_T_OUTPUT_HC_SCALE:
+        *c = 1.25f; *hw = 0.75f; break;
+    case DS4_T_HC_ATTN_BASE: case DS4_T_HC_FFN_BASE: case DS4_T_OUTPUT_HC_BASE: case DS4_T_COMP_APE:
+    case DS4_T_IDX_COMP_APE:
+        *hw = 0.5f; break;
+    case DS4_T_ATTN_SINKS: *hw = 1.0f; break;
+    case DS4_T_EXP_PROBS_B: *hw = 0.1f; break;
+    case DS4_T_TOKEN_EMBD: *hw = 1.7f; break;
+    case DS4_T_OUTPUT: *hw *= 2.0f; break;
+    default: break;
+    }
+}
+
+/* Random valid blocks of a quantized type with values of about std sigma and
+ * zero mean (the affine K-quant mins cancel the mean of d*sc*q). */
+static void random_blocks(uint32_t type, uint8_t *dst, size_t n_blocks, float sigma) {
+    size_t bb = ds4_type_block_bytes(type);
+    rnd_bytes(dst, n_blocks * bb);
+    for (size_t b = 0; b < n_blocks; b++) {
+        uint8_t *blk = dst + b * bb;
+        switch (type) {
+        case DS4_TYPE_Q8_0: {
+            ds4_block_q8_0 *q = (ds4_block_q8_0 *)blk;
+            q->d = ds4_f32_to_half(sigma / 73.0f);
+            for (int i = 0; i < DS4_QK8_0; i++) if (q->qs[i] == -128) q->qs[i] = -127;
+            break;
+        }
+        case DS4_TYPE_Q2_K: {
+            ds4_block_q2_K *q = (ds4_block_q2_K *)blk;
+            q->d = ds4_f32_to_half(sigma / 12.0f);
+            q->dmin = ds4_f32_to_half(1.5f * sigma / 12.0f);
+            break;
+        }
+        case DS4_TYPE_Q4_K: {
+            ds4_block_q4_K *q = (ds4_block_q4_K *)blk;
+            q->d = ds4_f32_to_half(sigma / 200.0f);
+            q->dmin = ds4_f32_to_half(7.5f * sigma / 200.0f);
+            break;
+        }
+        case DS4_TYPE_IQ2_XXS:
+            ((ds4_block_iq2_xxs *)blk)->d = ds4_f32_to_half(sigma / 40.0f);
+            break;
+        default:
+            die("no random block recipe for %s", ds4_type_name(type));
+        }
+    }
+}
+
+typedef struct {
+    enum ds4_tensor_id id;
+    int layer;
+    char name[96];
+    uint32_t type;
+    int n_dims;
+    uint64_t ne[4];
+} mtensor;
+
+typedef struct { mtensor *t; size_t n; const ds4_hparams *hp; } plan;
+
+static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
+    plan *pl = ctx;
+    const mtensor *t = &pl->t[ti];
+    uint64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    if (t->type == DS4_TYPE_I32) {
+        /* tid2eid [k, vocab]: k distinct experts per token */
+        int32_t *ids = dst;
+        uint32_t k = (uint32_t)t->ne[0], X = pl->hp->n_expert;
+        for (uint64_t tok = 0; tok < t->ne[1]; tok++)
+            for (uint32_t j = 0; j < k; j++) {
+                int32_t e;
+                bool dup;
+                do {
+                    e = (int32_t)(rnd64() % X);
+                    dup = false;
+                    for (uint32_t i = 0; i < j; i++) dup |= ids[tok * k + i] == e;
+                } while (dup);
+                ids[tok * k + j] = e;
+            }
+        return 0;
+    }
+    float c, hw;
+    spread(t->id, t->ne[0], &c, &hw);
+    if (t->type == DS4_TYPE_F32 || t->type == DS4_TYPE_F16) {
+        for (uint64_t i = 0; i < n; i++) {
+            float v = c + hw * rnd_unit();
+            if (t->type == DS4_TYPE_F32) ((float *)dst)[i] = v;
+            else ((ds4_half *)dst)[i] = ds4_f32_to_half(v);
+        }
+    } else {
+        random_blocks(t->type, dst, n_bytes / ds4_type_block_bytes(t->type), hw / sqrtf(3.0f));
+    }
+    fprintf(stderr, "[%4zu/%zu] %-40s %s\n", ti + 1, pl->n, t->name, ds4_type_name(t->type));
+    return 0;
+}
+
+static void usage(void) {
+    fputs("usage: ds4-make-model -o OUT.gguf [--preset demo|flash] [--layers N] [--type f32|f16|q8_0|q2|q4]\n"
+          "       [--seed N] [--vocab tokenizer.json] [--vocab-added FILE] [--no-vocab] [--name NAME]\n"
+          "       [--<metadata key without 'deepseek4.'> VALUE ...]\n", stderr);
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    const char *out = NULL, *pname = "demo", *type = "q2", *name = NULL;
+    const char *vocab = "../shared/data/deepseek-v3-tokenizer.json";
+    const char *vocab_added = "tests/fixtures/tokenizer/v4-added-tokens.json";
+    uint32_t n_layer = 0;
+    uint64_t seed = 1;
+    bool no_vocab = false;
+    /* First pass: everything except the per-key overrides, which apply to the
+     * preset once its layer count is known. */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--no-vocab")) { no_vocab = true; continue; }
+        if (strncmp(a, "-", 1) || i + 1 >= argc) usage();
+        const char *v = argv[++i];
+        if (!strcmp(a, "-o")) out = v;
+        else if (!strcmp(a, "--preset")) pname = v;
+        else if (!strcmp(a, "--layers")) n_layer = (uint32_t)strtoul(v, NULL, 0);
+        else if (!strcmp(a, "--type")) type = v;
+        else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 0);
+        else if (!strcmp(a, "--vocab")) vocab = v;
+        else if (!strcmp(a, "--vocab-added")) vocab_added = *v ? v : NULL;
+        else if (!strcmp(a, "--name")) name = v;
+        else if (strncmp(a, "--", 2)) usage();
+    }
+    if (!out) usage();
+    int mix = ds4_mix_from_name(type);
+    if (mix < 0) die("unknown --type %s (f32, f16, q8_0, q2, q4)", type);
+    ds4_hparams hp;
+    preset(&hp, pname, n_layer);
+    static const char *const own[] = {"-o", "--preset", "--layers", "--type", "--seed", "--vocab",
+                                      "--vocab-added", "--name"};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-vocab")) continue;
+        bool mine = false;
+        for (size_t j = 0; j < sizeof own / sizeof own[0]; j++) mine |= !strcmp(argv[i], own[j]);
+        if (!mine) override(&hp, argv[i] + 2, argv[i + 1]);
+        i++;
+    }
+    char err[512];
+    if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
+    rng_state = seed;
+
+    plan pl = {.hp = &hp};
+    pl.t = calloc(DS4_T_COUNT * (hp.n_layer + 1), sizeof *pl.t);
+    for (int l = -1; l < (int)hp.n_layer; l++)
+        for (int id = 0; id < DS4_T_COUNT; id++) {
+            if (!ds4_tensor_present(&hp, (enum ds4_tensor_id)id, l)) continue;
+            mtensor *t = &pl.t[pl.n++];
+            t->id = (enum ds4_tensor_id)id;
+            t->layer = l;
+            ds4_tensor_name(t->id, l, t->name, sizeof t->name);
+            t->n_dims = ds4_tensor_shape(&hp, t->id, l, t->ne);
+            t->type = ds4_tensor_type(t->id, (enum ds4_mix)mix);
+            if (!ds4_type_row_bytes(t->type, t->ne[0]))
+                die("%s: row length %llu is not a multiple of the %s block", t->name,
+                    (unsigned long long)t->ne[0], ds4_type_name(t->type));
+        }
+
+    ds4_gguf_writer *w = ds4_gguf_writer_new(32);
+    ds4_hparams_write(w, &hp);
+    char dflt[128];
+    snprintf(dflt, sizeof dflt, "ds4 random %s (meaningless weights)", pname);
+    ds4_gguf_w_str(w, "general.name", name ? name : dflt);
+    ds4_gguf_w_u32(w, "general.quantization_version", 2);
+    if (!no_vocab && ds4_tokenizer_gguf_from_hf_json(w, vocab, vocab_added, err, sizeof err))
+        die("tokenizer %s: %s (use --vocab/--vocab-added, or --no-vocab)", vocab, err);
+    for (size_t i = 0; i < pl.n; i++)
+        ds4_gguf_w_tensor(w, pl.t[i].name, pl.t[i].type, (uint32_t)pl.t[i].n_dims, pl.t[i].ne, NULL);
+    fprintf(stderr, "ds4-make-model: %s preset, %u layers, %s mix, %zu tensors -> %s (random weights)\n",
+            pname, hp.n_layer, ds4_mix_name((enum ds4_mix)mix), pl.n, out);
+    if (ds4_gguf_writer_write_file(w, out, fill, &pl, err, sizeof err)) die("%s", err);
+    ds4_gguf_writer_free(w);
+    free(pl.t);
+    return 0;
+}
