@@ -1,7 +1,7 @@
 /* tokenizer.c -- vocabulary tables, special-token matching, byte-level BPE,
  * decoding and the streaming detokenizer. Loading from HF JSON and the GGUF
  * export live in tokenizer_import.c, the pre-tokenizer in tokenizer_pretok.c. */
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,8 +115,15 @@ static uint64_t hash_bytes(const unsigned char *p, size_t n) {
     return hash_u64(h);
 }
 
-struct merge_slot { uint64_t key; int32_t rank, id; };
+/* A merge slot packs (left id, right id, rank) into 63 bits, so the table
+ * BPE probes for every adjacent pair stays half the size; the result id is
+ * looked up by rank only when a merge is applied. */
+#define MERGE_BITS 21
+#define MERGE_LIMIT (1 << MERGE_BITS)
 #define MERGE_EMPTY UINT64_MAX
+static inline uint64_t merge_key(int32_t a, int32_t b) {
+    return (uint64_t)(uint32_t)a << MERGE_BITS | (uint32_t)b;
+}
 
 /* Words that recur (" the", "\n", "{") are BPE-encoded once and then served
  * from this direct-mapped table. Striped locks keep encode() thread-safe. */
@@ -130,6 +137,7 @@ struct cache_ent {
     char bytes[CACHE_MAX_BYTES];
     int32_t ids[CACHE_MAX_IDS];
 };
+_Static_assert(sizeof(struct cache_ent) == 64, "a cache entry is one cache line");
 
 /* A set of added tokens sorted by their bytes, for leftmost-longest matching. */
 struct special_set {
@@ -146,12 +154,13 @@ struct ds4_tokenizer {
     int32_t byte_id[256];
     struct vocab_slot { int32_t id; uint32_t tag; } *vslots;   /* normal tokens by bytes */
     uint32_t vmask;
-    struct merge_slot *mslots;
+    uint64_t *mslots;       /* merge_key << MERGE_BITS | rank */
+    int32_t *merge_result;  /* rank -> id */
     uint32_t mmask;
     struct special_set all, chat;
     ds4_special_ids sp;
     struct cache_ent *cache;
-    pthread_mutex_t locks[CACHE_STRIPES];
+    atomic_bool locks[CACHE_STRIPES];
 };
 
 static inline const unsigned char *tok_ptr(const ds4_tokenizer *t, int32_t id) {
@@ -173,12 +182,13 @@ static int32_t vocab_find(const ds4_tokenizer *t, const unsigned char *p, size_t
     }
 }
 
-static const struct merge_slot *merge_find(const ds4_tokenizer *t, int32_t a, int32_t b) {
-    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+/* Rank of the merge joining tokens a and b, or -1. */
+static int32_t merge_rank(const ds4_tokenizer *t, int32_t a, int32_t b) {
+    uint64_t key = merge_key(a, b);
     for (uint32_t i = (uint32_t)hash_u64(key) & t->mmask;; i = (i + 1) & t->mmask) {
-        const struct merge_slot *m = &t->mslots[i];
-        if (m->key == key) return m;
-        if (m->key == MERGE_EMPTY) return NULL;
+        uint64_t m = t->mslots[i];
+        if (m >> MERGE_BITS == key) return (int32_t)(m & (MERGE_LIMIT - 1));
+        if (m == MERGE_EMPTY) return -1;
     }
 }
 
@@ -247,11 +257,8 @@ int32_t ds4_tokenizer_find_special(const ds4_tokenizer *t, const char *s, size_t
 
 void ds4_tokenizer_free(ds4_tokenizer *t) {
     if (!t) return;
-    if (t->cache) {
-        for (int i = 0; i < CACHE_STRIPES; i++) pthread_mutex_destroy(&t->locks[i]);
-        free(t->cache);
-    }
-    free(t->bytes); free(t->off); free(t->type); free(t->vslots); free(t->mslots);
+    free(t->cache);
+    free(t->bytes); free(t->off); free(t->type); free(t->vslots); free(t->mslots); free(t->merge_result);
     free(t->all.ids); free(t->chat.ids);
     free(t);
 }
@@ -301,7 +308,8 @@ ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *ty
     ds4_tokenizer *t = calloc(1, sizeof *t);
     unsigned char scratch[MERGE_MAX_BYTES];
     if (!t) { snprintf(err, errlen, "tokenizer: out of memory"); return NULL; }
-    if (n_tokens < 256 || n_tokens > INT32_MAX / 2) FAIL("tokenizer: implausible vocabulary size %zu", n_tokens);
+    if (n_tokens < 256 || n_tokens >= MERGE_LIMIT) FAIL("tokenizer: unsupported vocabulary size %zu", n_tokens);
+    if (n_merges >= MERGE_LIMIT) FAIL("tokenizer: unsupported number of merges %zu", n_merges);
     t->n_vocab = (int32_t)n_tokens;
     size_t total = 0;
     for (size_t i = 0; i < n_tokens; i++) total += tokens[i].len;
@@ -312,10 +320,11 @@ ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *ty
     t->vslots = malloc(((size_t)t->vmask + 1) * sizeof *t->vslots);
     t->mmask = pow2_at_least(n_merges) - 1;
     t->mslots = malloc(((size_t)t->mmask + 1) * sizeof *t->mslots);
-    if (!t->bytes || !t->off || !t->type || !t->vslots || !t->mslots || total > UINT32_MAX)
+    t->merge_result = malloc((n_merges + 1) * sizeof *t->merge_result);
+    if (!t->bytes || !t->off || !t->type || !t->vslots || !t->mslots || !t->merge_result || total > UINT32_MAX)
         FAIL("tokenizer: out of memory");
     memset(t->vslots, 0xff, ((size_t)t->vmask + 1) * sizeof *t->vslots);
-    for (size_t i = 0; i <= t->mmask; i++) t->mslots[i].key = MERGE_EMPTY;
+    memset(t->mslots, 0xff, ((size_t)t->mmask + 1) * sizeof *t->mslots);
 
     /* Decode every token. Without types, anything in the byte alphabet is
      * provisionally normal; the merges below settle it. */
@@ -367,11 +376,12 @@ ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *ty
         }
         if (is_result) is_result[ids[2]] = 1;
         guess = ids[2] + 1;
-        uint64_t key = (uint64_t)(uint32_t)ids[0] << 32 | (uint32_t)ids[1];
+        t->merge_result[r] = ids[2];
+        uint64_t key = merge_key(ids[0], ids[1]);
         uint32_t i = (uint32_t)hash_u64(key) & t->mmask;
-        while (t->mslots[i].key != MERGE_EMPTY && t->mslots[i].key != key) i = (i + 1) & t->mmask;
-        if (t->mslots[i].key == key) continue;   /* a repeated rule keeps its first rank */
-        t->mslots[i] = (struct merge_slot){ key, (int32_t)r, ids[2] };
+        while (t->mslots[i] != MERGE_EMPTY && t->mslots[i] >> MERGE_BITS != key) i = (i + 1) & t->mmask;
+        if (t->mslots[i] != MERGE_EMPTY) continue;   /* a repeated rule keeps its first rank */
+        t->mslots[i] = key << MERGE_BITS | r;
     }
     if (is_result) {
         for (int b = 0; b < 256; b++) is_result[t->byte_id[b]] = 1;
@@ -405,9 +415,11 @@ ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *ty
     special_set_sort(t, &t->chat);
     t->sp.latest_reminder = ds4_tokenizer_find_special(t, DS4_TOK_LATEST_REMINDER, strlen(DS4_TOK_LATEST_REMINDER));
 
-    t->cache = calloc((size_t)1 << CACHE_BITS, sizeof *t->cache);
+    /* line-aligned, so a lookup touches one cache line */
+    t->cache = aligned_alloc(64, ((size_t)1 << CACHE_BITS) * sizeof *t->cache);
     if (!t->cache) FAIL("tokenizer: out of memory");
-    for (int i = 0; i < CACHE_STRIPES; i++) pthread_mutex_init(&t->locks[i], NULL);
+    memset(t->cache, 0, ((size_t)1 << CACHE_BITS) * sizeof *t->cache);
+    for (int i = 0; i < CACHE_STRIPES; i++) atomic_init(&t->locks[i], false);
     return t;
 fail:
     ds4_tokenizer_free(t);
@@ -451,7 +463,7 @@ static int ids_reserve(ds4_token_ids *v, size_t extra) {
  * (a merged symbol keeps its left position); candidate pairs sit in a binary
  * heap keyed by (rank, position). A heap entry goes stale when either side
  * has changed since it was pushed, which shows as a different right end. */
-struct cand { int32_t rank; uint32_t pos, end; int32_t id; };
+struct cand { int32_t rank; uint32_t pos, end; };
 
 static bool cand_less(const struct cand *a, const struct cand *b) {
     return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
@@ -493,8 +505,8 @@ static struct cand heap_pop(bpe_work *w) {
 static void push_pair(const ds4_tokenizer *t, bpe_work *w, uint32_t l, uint32_t n) {
     uint32_t r = w->next[l];
     if (r >= n) return;
-    const struct merge_slot *m = merge_find(t, w->id[l], w->id[r]);
-    if (m) heap_push(w, (struct cand){ m->rank, l, w->next[r], m->id });
+    int32_t rank = merge_rank(t, w->id[l], w->id[r]);
+    if (rank >= 0) heap_push(w, (struct cand){ rank, l, w->next[r] });
 }
 
 static int bpe(const ds4_tokenizer *t, const unsigned char *p, size_t n, ds4_token_ids *out) {
@@ -523,7 +535,7 @@ static int bpe(const ds4_tokenizer *t, const unsigned char *p, size_t n, ds4_tok
         /* stale: c.pos was absorbed (its next no longer points forward from
          * a live symbol) or a side changed (the pair's right end moved) */
         if (r >= n || w.next[r] != c.end || w.prev[r] != c.pos) continue;
-        w.id[c.pos] = c.id;
+        w.id[c.pos] = t->merge_result[c.rank];
         w.next[c.pos] = c.end;
         if (c.end < n) w.prev[c.end] = c.pos;
         w.prev[r] = UINT32_MAX - 1;   /* dead */
@@ -551,30 +563,29 @@ static int encode_piece(void *vctx, const char *s, size_t n) {
         return 0;
     }
     if (n > CACHE_MAX_BYTES) return bpe(t, p, n, pc->out);
+    if (ids_reserve(pc->out, CACHE_MAX_IDS) < 0) return -1;
     uint64_t h = hash_bytes(p, n);
     size_t slot = (size_t)(h >> (64 - CACHE_BITS));
-    pthread_mutex_t *lock = (pthread_mutex_t *)&t->locks[slot % CACHE_STRIPES];
+    atomic_bool *lock = (atomic_bool *)&t->locks[slot % CACHE_STRIPES];
     struct cache_ent *e = &t->cache[slot];
-    pthread_mutex_lock(lock);
-    if (e->h == h && e->len == n && memcmp(e->bytes, p, n) == 0) {
-        int rc = ids_reserve(pc->out, e->n_ids);
-        if (rc == 0) {
+    /* try-locks: a thread that finds the stripe busy just runs BPE itself */
+    if (!atomic_exchange_explicit(lock, true, memory_order_acquire)) {
+        bool hit = e->h == h && e->len == n && memcmp(e->bytes, p, n) == 0;
+        if (hit) {
             memcpy(pc->out->v + pc->out->n, e->ids, e->n_ids * sizeof *e->ids);
             pc->out->n += e->n_ids;
         }
-        pthread_mutex_unlock(lock);
-        return rc;
+        atomic_store_explicit(lock, false, memory_order_release);
+        if (hit) return 0;
     }
-    pthread_mutex_unlock(lock);
     size_t before = pc->out->n;
     if (bpe(t, p, n, pc->out) < 0) return -1;
     size_t k = pc->out->n - before;
-    if (k <= CACHE_MAX_IDS) {
-        pthread_mutex_lock(lock);
+    if (k <= CACHE_MAX_IDS && !atomic_exchange_explicit(lock, true, memory_order_acquire)) {
         e->h = h; e->len = (uint8_t)n; e->n_ids = (uint8_t)k;
         memcpy(e->bytes, p, n);
         memcpy(e->ids, pc->out->v + before, k * sizeof *e->ids);
-        pthread_mutex_unlock(lock);
+        atomic_store_explicit(lock, false, memory_order_release);
     }
     return 0;
 }
