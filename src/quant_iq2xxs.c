@@ -102,6 +102,7 @@ static uint32_t nb_start[N_PATTERNS + 1];    /* neighbour list of pattern p */
 static uint8_t nb_list[1 << 17];
 static uint8_t grid_level[256][8];
 static float grid_q[256][8];                /* 2·level + 1 */
+static uint8_t grid_pair[256][4];           /* level pair (2p, 2p+1) as l0 + 3·l1 */
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 static void build_tables(void) {
@@ -116,6 +117,8 @@ static void build_tables(void) {
             code += grid_level[g][j] * pow3[j];
         }
         pattern_grid[code] = (int16_t)g;
+        for (int p = 0; p < 4; p++)
+            grid_pair[g][p] = (uint8_t)(grid_level[g][2 * p] + 3 * grid_level[g][2 * p + 1]);
     }
     size_t len = 0;
     for (int p = 0; p < N_PATTERNS; p++) {
@@ -148,16 +151,24 @@ static int snap_group(const float *xv, const float *sw, float id, float scale) {
         code += (l < 0 ? 0 : l > 2 ? 2 : l) * p3;
     }
     if (pattern_grid[code] >= 0) return pattern_grid[code];
+    /* the error of a candidate is a sum of per-element terms that depend only
+     * on that element's level: tabulate them per element pair, so each of the
+     * (up to 150) candidates costs four lookups */
+    float cost[8][3], pair[4][9];
+    for (int j = 0; j < 8; j++)
+        for (int l = 0; l < 3; l++) {
+            float diff = scale * (float)(2 * l + 1) - xv[j];
+            cost[j][l] = sw[j] * diff * diff;
+        }
+    for (int p = 0; p < 4; p++)
+        for (int l1 = 0; l1 < 3; l1++)
+            for (int l0 = 0; l0 < 3; l0++) pair[p][l0 + 3 * l1] = cost[2 * p][l0] + cost[2 * p + 1][l1];
     int best_g = nb_list[nb_start[code]];
     float best = INFINITY;
     for (uint32_t t = nb_start[code]; t < nb_start[code + 1]; t++) {
-        int g = nb_list[t];
-        float d2 = 0.0f;
-        for (int j = 0; j < 8; j++) {
-            float diff = scale * grid_q[g][j] - xv[j];
-            d2 += sw[j] * diff * diff;
-        }
-        if (d2 < best) { best = d2; best_g = g; }
+        const uint8_t *gp = grid_pair[nb_list[t]];
+        float d2 = (pair[0][gp[0]] + pair[1][gp[1]]) + (pair[2][gp[2]] + pair[3][gp[3]]);
+        if (d2 < best) { best = d2; best_g = nb_list[t]; }
     }
     return best_g;
 }
