@@ -309,17 +309,20 @@ static void test_q8_K(void) {
     CHECK(memcmp(&b, &zero, sizeof(b)) == 0, "zero block is all zero bytes");
 }
 
-/* Degenerate rows: all zero, constant, a single spike, tiny values. Every
- * quantizer must give finite output, zero rows must decode to exact zeros. */
+/* Degenerate rows: all zero, constant, a single spike, tiny values, and an
+ * importance vector that is zero on the first block. Every quantizer must
+ * give finite output, zero rows must decode to exact zeros. */
 static void test_degenerate(void) {
-    float x[512], y[512];
+    float x[512], y[512], imp[512];
     uint8_t q[1024];
+    for (int i = 0; i < 512; i++) imp[i] = i < 256 ? 0.0f : 1.0f;
     for (size_t t = 0; t < N_WEIGHT_TYPES; t++) {
         uint32_t type = WEIGHT_TYPES[t];
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < 8; c++) {
             for (int i = 0; i < 512; i++)
-                x[i] = c == 0 ? 0.0f : c == 1 ? -0.75f : c == 2 ? (i == 300 ? 5.0f : 0.0f) : 1e-20f * rng_gauss();
-            ds4_quantize_row(type, x, q, 512, NULL);
+                x[i] = c % 4 == 0 ? 0.0f : c % 4 == 1 ? -0.75f : c % 4 == 2 ? (i == 300 ? 5.0f : 0.0f)
+                                                                        : 1e-20f * rng_gauss();
+            ds4_quantize_row(type, x, q, 512, c < 4 ? NULL : imp);
             ds4_dequantize_row(type, q, y, 512);
             int bad = 0;
             for (int i = 0; i < 512; i++) bad += !isfinite(y[i]) || (c == 0 && y[i] != 0.0f);
