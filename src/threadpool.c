@@ -1,13 +1,20 @@
-/* threadpool.c -- persistent workers woken by a generation counter.
+/* threadpool.c -- persistent workers claiming tasks from one atomic word.
  *
- * A run publishes (fn, ctx, n_tasks), bumps `gen`, and everyone (the caller
- * included) claims tasks from an atomic counter, so uneven tasks balance
- * themselves. Workers spin on `gen` for a short while after each run because
+ * A run is published as a single 64-bit word: generation (32 bits), task
+ * count (16) and next unclaimed task (16). Everyone, the caller included,
+ * claims tasks by compare-and-swap on that word, and a claim only succeeds
+ * while the word still carries the generation the claimer woke up for.
+ * Hence the caller waits for *finished tasks*, never for workers to check
+ * in: on an oversubscribed machine a descheduled worker simply takes no
+ * task, and a worker waking up late can never run a task of a newer run
+ * with a stale function.
+ *
+ * Workers spin on the word for a short while after each run because
  * matvecs during decode arrive back to back and a futex wake costs more than
- * a small matvec; after the spin they sleep on a condition variable so an
- * idle engine does not burn CPU. The sleep uses the Dekker pattern on two
- * seq_cst atomics (`sleepers` and `gen`) so the caller only takes the mutex
- * when somebody actually sleeps.
+ * a small matvec; then they sleep on a condition variable so an idle engine
+ * burns no CPU. Sleeping uses the Dekker pattern on two seq_cst atomics
+ * (`sleepers` and the word), so the caller takes the mutex only when
+ * somebody actually sleeps.
  */
 #include "threadpool.h"
 
@@ -16,72 +23,84 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 /* ~50-100 us of pause instructions: covers the gap between consecutive
  * matvecs of one decode step without holding a core for long when idle. */
 #define SPIN_ITERS 4096
+#define MAX_BATCH 0xFFFF /* tasks per published word; larger runs go in batches */
 
 struct ds4_pool {
     int n_threads;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint gen;
+    _Atomic uint64_t work; /* gen << 32 | n_tasks << 16 | next */
+    uint32_t gen;          /* last published generation; caller only */
     atomic_int sleepers;
-    atomic_int next_task;
-    atomic_int pending; /* workers that have not finished the current run */
+    atomic_int done;       /* tasks of the current run that finished */
+    _Atomic(ds4_pool_fn) fn;
+    _Atomic(void *) ctx;
     atomic_bool stop;
-    ds4_pool_fn fn;
-    void *ctx;
-    int n_tasks;
 };
+
+static inline uint32_t word_gen(uint64_t w) { return (uint32_t)(w >> 32); }
+
+/* claims and runs tasks of generation g until none is left */
+static void run_tasks(ds4_pool *p, uint32_t g, int thread) {
+    uint64_t w = atomic_load_explicit(&p->work, memory_order_acquire);
+    for (;;) {
+        unsigned n = (unsigned)(w >> 16) & 0xFFFF, t = (unsigned)w & 0xFFFF;
+        if (word_gen(w) != g || t >= n) return;
+        if (atomic_compare_exchange_weak_explicit(&p->work, &w, w + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            /* the run cannot finish before this task does, so fn/ctx are its own */
+            ds4_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+            fn(atomic_load_explicit(&p->ctx, memory_order_relaxed), (int)t, (int)n, thread);
+            atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+            w = atomic_load_explicit(&p->work, memory_order_acquire);
+        }
+    }
+}
+
+static uint32_t wait_new_gen(ds4_pool *p, uint32_t seen) {
+    for (int i = 0; i < SPIN_ITERS; i++) {
+        uint32_t g = word_gen(atomic_load_explicit(&p->work, memory_order_acquire));
+        if (g != seen) return g;
+        _mm_pause();
+    }
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add(&p->sleepers, 1);
+    uint32_t g;
+    while ((g = word_gen(atomic_load(&p->work))) == seen) pthread_cond_wait(&p->cv, &p->mu);
+    atomic_fetch_sub(&p->sleepers, 1);
+    pthread_mutex_unlock(&p->mu);
+    return g;
+}
 
 struct worker_arg {
     ds4_pool *pool;
     int index;
 };
 
-static void do_tasks(ds4_pool *p, int thread) {
-    for (;;) {
-        int t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
-        if (t >= p->n_tasks) break;
-        p->fn(p->ctx, t, p->n_tasks, thread);
-    }
-}
-
-static unsigned wait_new_gen(ds4_pool *p, unsigned seen) {
-    for (int i = 0; i < SPIN_ITERS; i++) {
-        unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
-        if (g != seen) return g;
-        _mm_pause();
-    }
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add(&p->sleepers, 1);
-    unsigned g;
-    while ((g = atomic_load(&p->gen)) == seen) pthread_cond_wait(&p->cv, &p->mu);
-    atomic_fetch_sub(&p->sleepers, 1);
-    pthread_mutex_unlock(&p->mu);
-    return g;
-}
-
 static void *worker_main(void *arg) {
     struct worker_arg wa = *(struct worker_arg *)arg;
     free(arg);
     ds4_pool *p = wa.pool;
-    unsigned seen = 0;
+    uint32_t seen = 0;
     for (;;) {
         seen = wait_new_gen(p, seen);
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) break;
-        do_tasks(p, wa.index);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+        run_tasks(p, seen, wa.index);
     }
     return NULL;
 }
 
-static void publish(ds4_pool *p) {
-    atomic_fetch_add(&p->gen, 1);
+static void publish(ds4_pool *p, unsigned n_tasks) {
+    p->gen++;
+    atomic_store(&p->work, (uint64_t)p->gen << 32 | (uint64_t)n_tasks << 16);
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->cv);
@@ -101,7 +120,7 @@ ds4_pool *ds4_pool_new(int n_threads) {
     pthread_cond_init(&p->cv, NULL);
     if (n_threads > 1) {
         p->threads = calloc((size_t)n_threads - 1, sizeof(pthread_t));
-        if (!p->threads) { ds4_pool_free(p); return NULL; }
+        if (!p->threads) { p->n_threads = 1; ds4_pool_free(p); return NULL; }
     }
     for (int i = 1; i < n_threads; i++) {
         struct worker_arg *wa = malloc(sizeof(*wa));
@@ -119,7 +138,7 @@ ds4_pool *ds4_pool_new(int n_threads) {
 void ds4_pool_free(ds4_pool *p) {
     if (!p) return;
     atomic_store(&p->stop, true);
-    publish(p);
+    publish(p, 0);
     for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i - 1], NULL);
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
@@ -129,23 +148,43 @@ void ds4_pool_free(ds4_pool *p) {
 
 int ds4_pool_threads(const ds4_pool *p) { return p ? p->n_threads : 1; }
 
+static void run_batch(ds4_pool *p, ds4_pool_fn fn, void *ctx, int n_tasks) {
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    publish(p, (unsigned)n_tasks);
+    run_tasks(p, p->gen, 0);
+    /* only tasks claimed by other threads are still running; yielding after
+     * a while lets a descheduled one finish instead of spinning against it */
+    for (int i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; i++) {
+        if (i < SPIN_ITERS) _mm_pause();
+        else sched_yield();
+    }
+}
+
+/* tasks beyond one word's 16-bit count: batches that keep the global index */
+struct big_run {
+    ds4_pool_fn fn;
+    void *ctx;
+    int base, total;
+};
+
+static void big_task(void *c, int task, int n_tasks, int thread) {
+    struct big_run *b = c;
+    b->fn(b->ctx, b->base + task, b->total, thread);
+}
+
 void ds4_pool_run(ds4_pool *p, ds4_pool_fn fn, void *ctx, int n_tasks) {
     if (n_tasks <= 0) return;
     if (!p || p->n_threads == 1 || n_tasks == 1) {
         for (int t = 0; t < n_tasks; t++) fn(ctx, t, n_tasks, 0);
         return;
     }
-    p->fn = fn;
-    p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
-    publish(p);
-    do_tasks(p, 0);
-    /* On an oversubscribed machine a worker may be descheduled mid-task;
-     * yielding after a while lets it finish instead of spinning against it. */
-    for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
-        if (i < SPIN_ITERS) _mm_pause();
-        else sched_yield();
+    if (n_tasks <= MAX_BATCH) {
+        run_batch(p, fn, ctx, n_tasks);
+        return;
     }
+    struct big_run b = {fn, ctx, 0, n_tasks};
+    for (; b.base < n_tasks; b.base += MAX_BATCH)
+        run_batch(p, big_task, &b, n_tasks - b.base < MAX_BATCH ? n_tasks - b.base : MAX_BATCH);
 }

@@ -1,6 +1,7 @@
 /* test_threadpool.c -- every task of every run executes exactly once, on a
  * valid thread index, with 1..4 threads, across many back-to-back runs (the
- * spin path) and runs separated by sleeps (the condition-variable path). */
+ * spin path), runs separated by sleeps (the condition-variable path) and a
+ * run with more tasks than one published batch holds. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,18 @@ static void count_task(void *ctx, int task, int n_tasks, int thread) {
     if (thread < 0 || thread >= c->n_threads) atomic_fetch_add(&c->bad_thread, 1);
     if (n_tasks != c->expect_tasks) atomic_fetch_add(&c->bad_ntasks, 1);
     c->per_thread[thread] += task; /* safe: one thread owns its slot */
+}
+
+enum { BIG = 70001 };
+struct big {
+    atomic_int hits[BIG];
+    atomic_int bad_ntasks;
+};
+
+static void big_task(void *ctx, int task, int n_tasks, int thread) {
+    struct big *b = ctx;
+    atomic_fetch_add(&b->hits[task], 1);
+    if (n_tasks != BIG) atomic_fetch_add(&b->bad_ntasks, 1);
 }
 
 static int run_and_check(ds4_pool *pool, struct counts *c, int n_tasks) {
@@ -66,6 +79,17 @@ int main(void) {
         CHECK(atomic_load(&c.bad_thread) == 0, "%d threads: thread index out of range", nt);
         CHECK(atomic_load(&c.bad_ntasks) == 0, "%d threads: wrong n_tasks passed", nt);
         ds4_pool_run(pool, count_task, &c, 0); /* no tasks: returns at once */
+        ds4_pool_free(pool);
+    }
+
+    /* more than 65535 tasks: each index once, n_tasks passed unchanged */
+    {
+        static struct big big;
+        ds4_pool *pool = ds4_pool_new(3);
+        ds4_pool_run(pool, big_task, &big, BIG);
+        int bad = 0;
+        for (int t = 0; t < BIG; t++) bad += atomic_load(&big.hits[t]) != 1;
+        CHECK(bad == 0 && atomic_load(&big.bad_ntasks) == 0, "big run: %d tasks not run exactly once", bad);
         ds4_pool_free(pool);
     }
 
