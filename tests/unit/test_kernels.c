@@ -222,7 +222,7 @@ static void test_act(enum ds4_simd_level lvl) {
     CHECK(ds4_act_bytes(12345, 256) == 0, "unknown type");
     enum { N = 1024 };
     static float x[N];
-    static uint8_t got[N * 2], want[N * 2];
+    static uint8_t got[N * sizeof(float)], want[N * sizeof(float)]; /* the largest act format: f32 */
     for (int rep = 0; rep < 20; rep++) {
         random_floats(x, N);
         if (rep == 1) /* all-zero blocks */
