@@ -105,6 +105,42 @@ static int add_tensor(ds4_st *st, const char *path, int shard_ix, const cJSON *e
     return 0;
 }
 
+/* Registers a shard (map == NULL: caller-owned buffer, never unmapped). */
+static int add_shard(ds4_st *st, void *map, size_t size, char *err, size_t errlen) {
+    shard *ns = realloc(st->shards, (size_t)(st->n_shards + 1) * sizeof *ns);
+    if (!ns) {
+        if (map) munmap((void *)map, size);
+        return fail(err, errlen, "out of memory");
+    }
+    st->shards = ns;
+    st->shards[st->n_shards++] = (shard){map, size};
+    return 0;
+}
+
+static int parse_shard(ds4_st *st, const char *label, const uint8_t *p, size_t size, int ix,
+                       char *err, size_t errlen) {
+    if (size < 8) return fail(err, errlen, "%s: not a safetensors file (too short)", label);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | p[i];
+    if (hlen > size - 8 || hlen > MAX_HEADER_BYTES)
+        return fail(err, errlen, "%s: header length %llu exceeds the file", label, (unsigned long long)hlen);
+    cJSON *root = cJSON_ParseWithLength((const char *)p + 8, (size_t)hlen);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return fail(err, errlen, "%s: header is not a JSON object", label);
+    }
+    const uint8_t *data = p + 8 + hlen;
+    uint64_t data_size = size - 8 - hlen;
+    const cJSON *e;
+    int rc = 0;
+    cJSON_ArrayForEach(e, root) {
+        if (!strcmp(e->string, "__metadata__")) continue;
+        if ((rc = add_tensor(st, label, ix, e, data, data_size, err, errlen))) break;
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
 static int open_shard(ds4_st *st, const char *path, char *err, size_t errlen) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return fail(err, errlen, "%s: %s", path, strerror(errno));
@@ -118,32 +154,8 @@ static int open_shard(ds4_st *st, const char *path, char *err, size_t errlen) {
     close(fd);
     if (map == MAP_FAILED) return fail(err, errlen, "%s: mmap: %s", path, strerror(errno));
     int ix = st->n_shards;
-    shard *ns = realloc(st->shards, (size_t)(ix + 1) * sizeof *ns);
-    if (!ns) { munmap(map, size); return fail(err, errlen, "out of memory"); }
-    st->shards = ns;
-    st->shards[ix] = (shard){map, size};
-    st->n_shards++;
-
-    const uint8_t *p = map;
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | p[i];
-    if (hlen > size - 8 || hlen > MAX_HEADER_BYTES)
-        return fail(err, errlen, "%s: header length %llu exceeds the file", path, (unsigned long long)hlen);
-    cJSON *root = cJSON_ParseWithLength((const char *)p + 8, (size_t)hlen);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return fail(err, errlen, "%s: header is not a JSON object", path);
-    }
-    const uint8_t *data = p + 8 + hlen;
-    uint64_t data_size = size - 8 - hlen;
-    const cJSON *e;
-    int rc = 0;
-    cJSON_ArrayForEach(e, root) {
-        if (!strcmp(e->string, "__metadata__")) continue;
-        if ((rc = add_tensor(st, path, ix, e, data, data_size, err, errlen))) break;
-    }
-    cJSON_Delete(root);
-    return rc;
+    if (add_shard(st, map, size, err, errlen)) return -1;
+    return parse_shard(st, path, map, size, ix, err, errlen);
 }
 
 static char *read_text(const char *path, size_t *len) {
@@ -226,6 +238,20 @@ static int open_index(ds4_st *st, const char *dir, const char *index_path, char 
     return rc;
 }
 
+/* Sorts by name and rejects duplicates; frees st on any failure. */
+static ds4_st *finish(ds4_st *st, int rc, char *err, size_t errlen) {
+    if (!rc) {
+        qsort(st->tensors, st->n, sizeof *st->tensors, by_name);
+        for (size_t i = 1; i < st->n; i++)
+            if (!strcmp(st->tensors[i - 1].name, st->tensors[i].name)) {
+                rc = fail(err, errlen, "tensor '%s' appears twice", st->tensors[i].name);
+                break;
+            }
+    }
+    if (rc) { ds4_st_close(st); return NULL; }
+    return st;
+}
+
 ds4_st *ds4_st_open(const char *path, char *err, size_t errlen) {
     ds4_st *st = calloc(1, sizeof *st);
     if (!st) { fail(err, errlen, "out of memory"); return NULL; }
@@ -245,23 +271,23 @@ ds4_st *ds4_st_open(const char *path, char *err, size_t errlen) {
     } else {
         rc = open_shard(st, path, err, errlen);
     }
-    if (!rc) {
-        qsort(st->tensors, st->n, sizeof *st->tensors, by_name);
-        for (size_t i = 1; i < st->n; i++)
-            if (!strcmp(st->tensors[i - 1].name, st->tensors[i].name)) {
-                rc = fail(err, errlen, "tensor '%s' appears twice", st->tensors[i].name);
-                break;
-            }
-    }
-    if (rc) { ds4_st_close(st); return NULL; }
-    return st;
+    return finish(st, rc, err, errlen);
+}
+
+ds4_st *ds4_st_open_buffer(const void *buf, size_t len, char *err, size_t errlen) {
+    ds4_st *st = calloc(1, sizeof *st);
+    if (!st) { fail(err, errlen, "out of memory"); return NULL; }
+    int rc = add_shard(st, NULL, len, err, errlen);
+    if (!rc) rc = parse_shard(st, "buffer", buf, len, 0, err, errlen);
+    return finish(st, rc, err, errlen);
 }
 
 void ds4_st_close(ds4_st *st) {
     if (!st) return;
     for (size_t i = 0; i < st->n; i++) free((char *)st->tensors[i].name);
     free(st->tensors);
-    for (int i = 0; i < st->n_shards; i++) munmap(st->shards[i].map, st->shards[i].size);
+    for (int i = 0; i < st->n_shards; i++)
+        if (st->shards[i].map) munmap(st->shards[i].map, st->shards[i].size);
     free(st->shards);
     free(st);
 }

@@ -48,6 +48,8 @@ typedef struct ds4_st_tensor {
 typedef struct ds4_st ds4_st;
 
 ds4_st *ds4_st_open(const char *path, char *err, size_t errlen);
+/* One in-memory file (fuzzing, tests); the buffer must outlive the handle. */
+ds4_st *ds4_st_open_buffer(const void *buf, size_t len, char *err, size_t errlen);
 void ds4_st_close(ds4_st *st);
 
 size_t ds4_st_n_tensors(const ds4_st *st);

@@ -1,0 +1,113 @@
+/* ds4_layout: the table against the fact sheet's own totals for DeepSeek V4
+ * Flash (section 4: 1328 tensors; section 5: q2 and q4 tensor bytes, which
+ * pin every shape and type of the released mixes), spot shapes from the
+ * section-4 tables, and a metadata write -> GGUF -> read round trip. */
+#include "check.h"
+#include "ds4_layout.h"
+#include "gguf.h"
+#include "quant.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void flash(ds4_hparams *hp) {
+    memset(hp, 0, sizeof *hp);
+    hp->n_layer = 43; hp->n_ctx_train = 1048576; hp->n_embd = 4096; hp->n_vocab = 129280;
+    hp->n_head = 64; hp->n_head_kv = 1; hp->key_length = hp->value_length = 512; hp->n_rot = 64;
+    hp->q_lora_rank = 1024; hp->o_lora_rank = 1024; hp->o_groups = 8; hp->sliding_window = 128;
+    for (uint32_t l = 0; l < 43; l++) {
+        hp->compress_ratio[l] = l < 2 ? 0 : l % 2 ? 128 : 4;
+        hp->swiglu_clamp_exp[l] = hp->swiglu_clamp_shexp[l] = 10.0f;
+    }
+    hp->compress_rope_base = 160000; hp->rope_base = 10000; hp->yarn_factor = 16;
+    hp->yarn_orig_ctx = 65536; hp->yarn_beta_fast = 32; hp->yarn_beta_slow = 1; hp->rms_eps = 1e-6f;
+    hp->idx_n_head = 64; hp->idx_head_dim = 128; hp->idx_topk = 512;
+    hp->hc_count = 4; hp->hc_sinkhorn_iters = 20; hp->hc_eps = 1e-6f;
+    hp->n_expert = 256; hp->n_expert_used = 6; hp->expert_ff = 2048; hp->n_expert_shared = 1;
+    hp->n_hash_layer = 3; hp->expert_weights_scale = 1.5f; hp->expert_weights_norm = true;
+    hp->expert_gating_func = 4; hp->nextn_predict_layers = 1;
+}
+
+static int shape_is(const ds4_hparams *hp, enum ds4_tensor_id id, int l, uint64_t a, uint64_t b, uint64_t c) {
+    uint64_t ne[4];
+    ds4_tensor_shape(hp, id, l, ne);
+    return ne[0] == a && ne[1] == b && ne[2] == c && ne[3] == 1;
+}
+
+int main(void) {
+    ds4_hparams hp;
+    flash(&hp);
+    char err[256];
+    CHECK(ds4_hparams_check(&hp, err, sizeof err) == 0, "flash rejected: %s", err);
+
+    size_t n = 0;
+    uint64_t bytes[2] = {0, 0};
+    const enum ds4_mix mixes[2] = {DS4_MIX_Q2, DS4_MIX_Q4};
+    for (int l = -1; l < 43; l++)
+        for (int id = 0; id < DS4_T_COUNT; id++) {
+            if (!ds4_tensor_present(&hp, id, l)) continue;
+            n++;
+            uint64_t ne[4];
+            ds4_tensor_shape(&hp, id, l, ne);
+            for (int m = 0; m < 2; m++)
+                bytes[m] += ds4_type_row_bytes(ds4_tensor_type(id, mixes[m]), ne[0]) * ne[1] * ne[2] * ne[3];
+        }
+    CHECK(n == 1328, "Flash tensor count %zu, sheet says 1328", n);
+    CHECK(bytes[0] == 86714775900ull, "q2 tensor bytes %llu, sheet says 86714775900", (unsigned long long)bytes[0]);
+    CHECK(bytes[1] == 164628167004ull, "q4 tensor bytes %llu, sheet says 164628167004", (unsigned long long)bytes[1]);
+
+    /* spot checks from the section-4 tables */
+    CHECK(shape_is(&hp, DS4_T_ATTN_Q_B, 0, 1024, 32768, 1), "attn_q_b");
+    CHECK(shape_is(&hp, DS4_T_ATTN_OUTPUT_A, 0, 4096, 8192, 1), "attn_output_a");
+    CHECK(shape_is(&hp, DS4_T_HC_ATTN_FN, 0, 16384, 24, 1), "hc_attn_fn");
+    CHECK(shape_is(&hp, DS4_T_FFN_DOWN_EXPS, 5, 2048, 4096, 256), "ffn_down_exps");
+    CHECK(shape_is(&hp, DS4_T_FFN_GATE_TID2EID, 1, 6, 129280, 1), "tid2eid");
+    CHECK(shape_is(&hp, DS4_T_COMP_APE, 2, 1024, 4, 1), "ratio-4 ape");
+    CHECK(shape_is(&hp, DS4_T_COMP_APE, 3, 512, 128, 1), "ratio-128 ape");
+    CHECK(shape_is(&hp, DS4_T_IDX_Q_B, 4, 1024, 8192, 1), "indexer q_b");
+    CHECK(shape_is(&hp, DS4_T_IDX_COMP_KV, 4, 4096, 256, 1), "indexer compressor kv");
+    CHECK(!ds4_tensor_present(&hp, DS4_T_IDX_PROJ, 3) && ds4_tensor_present(&hp, DS4_T_IDX_PROJ, 2),
+          "indexer only on ratio-4 layers");
+    CHECK(!ds4_tensor_present(&hp, DS4_T_EXP_PROBS_B, 2) && ds4_tensor_present(&hp, DS4_T_EXP_PROBS_B, 3),
+          "exp_probs_b only on top-k layers");
+    CHECK(!ds4_tensor_present(&hp, DS4_T_COMP_KV, 1), "no compressor on ratio-0 layers");
+    char name[96];
+    ds4_tensor_name(DS4_T_IDX_COMP_APE, 42, name, sizeof name);
+    CHECK(!strcmp(name, "blk.42.indexer_compressor_ape.weight"), "name %s", name);
+    ds4_tensor_name(DS4_T_OUTPUT_HC_FN, -1, name, sizeof name);
+    CHECK(!strcmp(name, "output_hc_fn.weight"), "name %s", name);
+    CHECK(ds4_tensor_type(DS4_T_ATTN_NORM, DS4_MIX_F16) == DS4_TYPE_F32, "norms stay F32");
+    CHECK(ds4_tensor_type(DS4_T_TOKEN_EMBD, DS4_MIX_Q8_0) == DS4_TYPE_F16, "q8_0 mix keeps F16 class");
+    CHECK(ds4_mix_from_name("Q8_0") == DS4_MIX_Q8_0 && ds4_mix_from_name("q3") == -1, "mix names");
+
+    /* metadata round trip through a real GGUF file */
+    hp.compress_ratio[7] = 16;           /* distinguishable per-layer values */
+    hp.swiglu_clamp_shexp[5] = 7.5f;
+    char path[] = "/tmp/ds4_layout_testXXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0, "mkstemp");
+    close(fd);
+    ds4_gguf_writer *w = ds4_gguf_writer_new(32);
+    ds4_hparams_write(w, &hp);
+    CHECK(ds4_gguf_writer_write_file(w, path, NULL, NULL, err, sizeof err) == 0, "write: %s", err);
+    ds4_gguf_writer_free(w);
+    ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
+    CHECK(g != NULL, "open: %s", err);
+    if (g) {
+        ds4_hparams back;
+        CHECK(ds4_hparams_read(g, &back, err, sizeof err) == 0, "read: %s", err);
+        CHECK(memcmp(&back, &hp, sizeof hp) == 0, "hparams differ after the round trip");
+        ds4_gguf_str s;
+        CHECK(ds4_gguf_get_str(g, "general.architecture", &s) && s.len == 9 && !memcmp(s.ptr, "deepseek4", 9),
+              "architecture");
+        CHECK(ds4_gguf_n_kv(g) == ds4_n_hparam_keys + 1, "%zu keys", ds4_gguf_n_kv(g));
+        ds4_gguf_close(g);
+    }
+    unlink(path);
+
+    hp.o_groups = 7;
+    CHECK(ds4_hparams_check(&hp, err, sizeof err) != 0 && strstr(err, "output_group_count"), "groups: %s", err);
+    return check_done("ds4_layout");
+}
