@@ -23,6 +23,7 @@
 #define BENCH_N 4096                     /* DS4's hidden size: typical row length */
 #define DISTINCT_ROWS 8
 #define REPS 10
+#define L2_BYTES ((size_t)256 << 10) /* fits the L2 of any x86 core of the last decade */
 #define MM_T 32
 #define MM_ROWS 2048
 
@@ -215,9 +216,10 @@ int ds4_bench_kernels(int threads, FILE *out) {
     free(s.a); free(s.b); free(s.c);
     fprintf(out, "  (%%bw below: of the best of read/copy/triad at the same thread count)\n\n");
 
-    fprintf(out, "matvec, n=%d, ~%zu MiB of weights, best of %d (GB/s of weight bytes); matmul T=%d\n", BENCH_N,
-            WEIGHT_BYTES >> 20, REPS, MM_T);
-    fprintf(out, "  %-8s %5s", "type", "bpw");
+    fprintf(out, "matvec, n=%d, ~%zu MiB of weights, best of %d (GB/s of weight bytes); L2 1t: %zu KiB of\n"
+                 "weights, so the kernel's compute ceiling; matmul: %d rows x T=%d tokens\n",
+            BENCH_N, WEIGHT_BYTES >> 20, REPS, L2_BYTES >> 10, MM_ROWS, MM_T);
+    fprintf(out, "  %-8s %5s  %9s", "type", "bpw", "L2 1t");
     for (int c = 0; c < ncol; c++) fprintf(out, "  %3dt GB/s    %%bw", nth[c]);
     fprintf(out, "  matmul %dt GFLOP/s\n", threads);
     for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
@@ -230,6 +232,11 @@ int ds4_bench_kernels(int threads, FILE *out) {
             ds4_quantize_act(type, x, acts + ab * (size_t)t, BENCH_N);
         }
         fprintf(out, "  %-8s %5.2f", ds4_type_name(type), 8.0 * (double)rb / BENCH_N);
+        /* compute ceiling: the same kernel on a matrix that stays in L2 */
+        struct mm_run rc = {NULL, type, W, (int64_t)(L2_BYTES / rb), 1, acts, Y};
+        struct timing tc = time_best(mm_run, &rc, 1);
+        any_starved |= tc.starved;
+        fprintf(out, "  %8.1f%c", (double)(rb * (size_t)rc.rows) / tc.wall / 1e9, tc.starved ? '*' : ' ');
         for (int c = 0; c < ncol; c++) {
             struct mm_run r = {pools[c], type, W, rows, 1, acts, Y};
             struct timing t = time_best(mm_run, &r, nth[c]);

@@ -6,7 +6,8 @@
  *   larger than the last-level cache) and, for every weight type the
  *   kernels support, matvec throughput in GB/s of weight bytes on a matrix
  *   larger than cache, with 1 and `threads` threads, next to the percentage
- *   of the measured bandwidth; then matmul (prefill) throughput for a batch
+ *   of the measured bandwidth, and on an L2-resident matrix (the kernel's
+ *   compute ceiling, which explains a low percentage); then matmul (prefill) throughput for a batch
  *   of tokens in GFLOP/s-equivalent (2·rows·n·T / time).
  * - It prints tables to `out` and never asserts; returns 0, or -1 with a
  *   one-line message on stderr when memory cannot be allocated.
