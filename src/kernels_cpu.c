@@ -123,7 +123,7 @@ void ds4_quantize_act(uint32_t type, const float *x, void *dst, int64_t n) {
 
 /* A task should stream a contiguous run of weight rows long enough for the
  * hardware prefetchers to ramp up, yet there should be several tasks per
- * thread so a descheduled thread does not stall the whole call. */
+ * thread so the threads finish together even when one runs slower. */
 #define MIN_TASK_BYTES (64 * 1024)
 #define TASKS_PER_THREAD 8
 /* matmul: a block of weight rows stays in L2 while every token tile reads it */
@@ -186,7 +186,8 @@ void ds4_matmul(struct ds4_pool *pool, uint32_t type, const void *W, int64_t row
                 int64_t T, float *Y) {
     if (T <= 0) return;
     struct mm_ctx c = {.fn = dot_fn(type), .fnn = dotn_fn(type), .type = type, .W = W,
-                       .row_bytes = ds4_type_row_bytes(type, (uint64_t)n), .act_bytes = ds4_act_bytes(type, n), .rows = rows, .n = n, .T = T, .acts = acts, .Y = Y};
+                       .row_bytes = ds4_type_row_bytes(type, (uint64_t)n), .act_bytes = ds4_act_bytes(type, n),
+                       .rows = rows, .n = n, .T = T, .acts = acts, .Y = Y};
     c.tile = c.act_bytes ? MM_TILE_ACT_BYTES / (int64_t)c.act_bytes : T;
     if (c.tile < 1) c.tile = 1;
     int64_t block = MM_BLOCK_BYTES / (c.row_bytes ? (int64_t)c.row_bytes : 1);
