@@ -154,10 +154,22 @@ INLINE __m256i madd_u8_scaled(__m256i q, const int8_t *a, __m256i scale16) {
     return _mm256_madd_epi16(p, scale16);
 }
 
-/* acc -= (d_a·dmin)·Σ m·bsum, with mins16 lined up with the 16 bsums */
-INLINE __m256 sub_mins(__m256 acc, __m256i mins16, const ds4_block_q8_K *y, float dmin) {
-    __m256i p = _mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)y->bsums));
-    return _mm256_fnmadd_ps(_mm256_set1_ps(y->d * dmin), _mm256_cvtepi32_ps(p), acc);
+/* super-block i of the affine K-quants into each token's accumulator:
+ * acc += (d_a·d)·sumi − (d_a·dmin)·Σ m·bsum, mins16 lined up with the bsums */
+INLINE void fold_affine(__m256 acc[], const __m256i sumi[], __m256i mins16, const void *acts, size_t stride,
+                        int64_t i, int nt, float d, float dmin) {
+    UNROLL
+    for (int t = 0; t < nt; t++) {
+        const ds4_block_q8_K *y = q8k(acts, stride, t, i);
+        __m256i m = _mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)y->bsums));
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(y->d * dmin), _mm256_cvtepi32_ps(m), acc[t]);
+    }
+}
+
+INLINE void store_sums(const __m256 acc[], int nt, float *out) {
+    UNROLL
+    for (int t = 0; t < nt; t++) out[t] = hsum_ps(acc[t]);
 }
 
 /* Q2_K: a 32-element vector spans two 16-element sub-blocks (low 128-bit
@@ -195,16 +207,9 @@ INLINE void q2_K_nt(const void *w, const void *acts, size_t stride, int64_t n, i
                 mask = _mm256_add_epi8(mask, two);
             }
         }
-        float dx = h2f(x[i].d), dmin = h2f(x[i].dmin);
-        UNROLL
-        for (int t = 0; t < nt; t++) {
-            const ds4_block_q8_K *y = q8k(acts, stride, t, i);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-            acc[t] = sub_mins(acc[t], mins16, y, dmin);
-        }
+        fold_affine(acc, sumi, mins16, acts, stride, i, nt, h2f(x[i].d), h2f(x[i].dmin));
     }
-    UNROLL
-    for (int t = 0; t < nt; t++) out[t] = hsum_ps(acc[t]);
+    store_sums(acc, nt, out);
 }
 DOT_ENTRY_POINTS(q2_K)
 
@@ -268,16 +273,9 @@ INLINE void k45_nt(const uint8_t *blocks, size_t block_bytes, size_t qs_off, siz
                 sumi[t] = _mm256_add_epi32(sumi[t], madd_u8_scaled(hi, a + 32, sc_hi));
             }
         }
-        float dx = h2f(d), dm = h2f(dmin);
-        UNROLL
-        for (int t = 0; t < nt; t++) {
-            const ds4_block_q8_K *y = q8k(acts, stride, t, i);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-            acc[t] = sub_mins(acc[t], mins16, y, dm);
-        }
+        fold_affine(acc, sumi, mins16, acts, stride, i, nt, h2f(d), h2f(dmin));
     }
-    UNROLL
-    for (int t = 0; t < nt; t++) out[t] = hsum_ps(acc[t]);
+    store_sums(acc, nt, out);
 }
 
 INLINE void q4_K_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
@@ -338,8 +336,7 @@ INLINE void q6_K_nt(const void *w, const void *acts, size_t stride, int64_t n, i
         for (int t = 0; t < nt; t++)
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(q8k(acts, stride, t, i)->d * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
     }
-    UNROLL
-    for (int t = 0; t < nt; t++) out[t] = hsum_ps(acc[t]);
+    store_sums(acc, nt, out);
 }
 DOT_ENTRY_POINTS(q6_K)
 
@@ -403,8 +400,7 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * q8k(acts, stride, t, i)->d),
                                      _mm256_cvtepi32_ps(_mm256_add_epi32(sumi[t][0], sumi[t][1])), acc[t]);
     }
-    UNROLL
-    for (int t = 0; t < nt; t++) out[t] = hsum_ps(acc[t]);
+    store_sums(acc, nt, out);
 }
 DOT_ENTRY_POINTS(iq2_xxs)
 
