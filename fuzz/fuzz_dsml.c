@@ -61,14 +61,6 @@ static void check_parser(const uint8_t *d, size_t n, uint8_t ctl) {
     ds4_buf_free(&b.log);
 }
 
-/* cJSON compares numbers with a relative epsilon, which breaks on inf */
-static bool finite_tree(const cJSON *j) {
-    if (cJSON_IsNumber(j) && !(j->valuedouble - j->valuedouble == 0)) return false;
-    for (const cJSON *c = j->child; c; c = c->next)
-        if (!finite_tree(c)) return false;
-    return true;
-}
-
 static void check_render(const char *args) {
     ds4_tool_call call = { "id", "f<&\">", args };
     ds4_buf out = {0};
@@ -81,8 +73,14 @@ static void check_render(const char *args) {
     if (r.error || r.n_calls != 1 || strcmp(r.calls[0].name, call.name) != 0) abort();
     size_t n = strlen(args);
     if (!strchr(args, '&') && !strstr(args, "\\u") && ds4_json_valid(args, n)) {
+        /* compared as cJSON's own serialisation: cJSON_Compare would look
+         * duplicate keys up by name and call equal objects different */
         cJSON *x = cJSON_Parse(args), *y = cJSON_Parse(r.calls[0].arguments);
-        if (x && cJSON_IsObject(x) && finite_tree(x) && (!y || !cJSON_Compare(x, y, true))) abort();
+        char *px = x && cJSON_IsObject(x) ? cJSON_PrintUnformatted(x) : NULL;
+        char *py = px && y ? cJSON_PrintUnformatted(y) : NULL;
+        if (px && (!py || strcmp(px, py) != 0)) abort();
+        cJSON_free(px);
+        cJSON_free(py);
         cJSON_Delete(x);
         cJSON_Delete(y);
     }
