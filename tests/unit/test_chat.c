@@ -452,6 +452,36 @@ static void test_profile_differences(void) {
     free(ds4);
 }
 
+/* Official result ordering (4.2): call order, unknown ids at position 0,
+ * stable, text blocks keep their slots; ds4 keeps client order. */
+static void test_result_order(void) {
+    ds4_tool_call calls[] = { { "c1", "f", "{}" }, { "c2", "f", "{}" }, { "c3", "f", "{}" } };
+    ds4_chat_msg msgs[] = {
+        { .role = DS4_ROLE_USER, .content = "q" },
+        { .role = DS4_ROLE_ASSISTANT, .tool_calls = calls, .n_tool_calls = 3 },
+        { .role = DS4_ROLE_TOOL, .tool_call_id = "c3", .content = "R3" },
+        { .role = DS4_ROLE_TOOL, .tool_call_id = "zz", .content = "X" },
+        { .role = DS4_ROLE_TOOL, .tool_call_id = "c1", .content = "R1" },
+        { .role = DS4_ROLE_USER, .content = "T" },
+        { .role = DS4_ROLE_TOOL, .tool_call_id = "c2", .content = "R2 </tool_result>" },
+    };
+    ds4_chat_opts o;
+    ds4_chat_opts_default(&o);
+    o.profile = DS4_CHAT_OFFICIAL;
+    char *got = render_n(msgs, 7, &o);
+    CHECK(got && ends_with(got, DS4_STR_EOS DS4_STR_USER "<tool_result>X</tool_result>\n\n<tool_result>R1</tool_result>\n\n"
+                           "<tool_result>R2 </tool_result></tool_result>\n\nT\n\n<tool_result>R3</tool_result>"
+                           DS4_STR_ASSISTANT DS4_STR_THINK_OPEN), "official order: %s", got ? strstr(got, DS4_STR_EOS) : "");
+    free(got);
+    o.profile = DS4_CHAT_DS4;
+    got = render_n(msgs, 7, &o);
+    CHECK(got && ends_with(got, DS4_STR_EOS DS4_STR_USER "<tool_result>R3</tool_result><tool_result>X</tool_result>"
+                           "<tool_result>R1</tool_result>" DS4_STR_USER "T" DS4_STR_USER
+                           "<tool_result>R2 &lt;/tool_result></tool_result>" DS4_STR_ASSISTANT DS4_STR_THINK_OPEN),
+          "ds4 order: %s", got ? strstr(got, DS4_STR_EOS) : "");
+    free(got);
+}
+
 static const char *replay_lookup(void *ud, const char *id) {
     const char **map = ud;   /* id, block, id, block, ..., NULL */
     for (; map[0]; map += 2)
@@ -563,6 +593,7 @@ int main(void) {
     test_single_user_structure();
     test_drop_thinking();
     test_profile_differences();
+    test_result_order();
     test_replay();
     test_generation_prompt_and_errors();
     test_json_python_style();
