@@ -8,7 +8,8 @@
  *   what it recognised through a callback. Feeding the same bytes in any
  *   chunking yields the same event sequence once consecutive text events of
  *   the same kind are concatenated (text events are coalesced within one
- *   ds4_dsml_feed call only).
+ *   ds4_dsml_feed call only), except for an ERROR's raw text, which is
+ *   whatever had been fed when the error was detected.
  * - Channels: with `thinking` the text starts as reasoning (one leading
  *   "<think>" is skipped) until the first "</think>"; afterwards, or from the
  *   start without `thinking`, it is content. Reasoning is never scanned for
