@@ -56,6 +56,11 @@ typedef struct {
     char live_ids[MAX_LIVE_CALLS][40];
     int n_live_ids;
     int live_ids_tokens;          /* session length the binding belongs to */
+    /* What clients replay for the last thinking turn when its reasoning is
+     * hidden or dropped: the prompt with an empty or no think block, then
+     * content and tool block (worker only). */
+    ds4_buf visible[2];
+    int visible_tokens;
 } server;
 
 struct job {
@@ -407,6 +412,31 @@ typedef struct {
     const char *how;
 } plan;
 
+/* toks = the live tokens, then the tokens of text[from..n) on their own. */
+static int live_plus(server *s, const char *text, size_t from, size_t n, plan *p, const char *how) {
+    int live_n = ds4_session_n_tokens(s->sess);
+    ds4_token_ids suffix = {0};
+    if (encode(s, text + from, n - from, &suffix)) { ds4_token_ids_free(&suffix); return -1; }
+    size_t need = (size_t)live_n + suffix.n + 1;
+    if (p->toks.cap < need) {
+        int32_t *v = realloc(p->toks.v, need * sizeof *v);
+        if (!v) { ds4_token_ids_free(&suffix); return -1; }
+        p->toks.v = v;
+        p->toks.cap = need;
+    }
+    memcpy(p->toks.v, ds4_session_tokens(s->sess), (size_t)live_n * sizeof *p->toks.v);
+    memcpy(p->toks.v + live_n, suffix.v, suffix.n * sizeof *p->toks.v);
+    p->toks.n = (size_t)live_n + suffix.n;
+    ds4_token_ids_free(&suffix);
+    p->reuse = live_n;
+    p->how = how;
+    return 0;
+}
+
+static bool starts_with(const char *text, size_t n, const ds4_buf *key) {
+    return key->len && key->len <= n && !memcmp(text, key->data, key->len);
+}
+
 /* Decides what of the live session to keep and tokenizes the rest. */
 static int plan_prompt(server *s, const char *text, size_t n, plan *p) {
     int live_n = ds4_session_n_tokens(s->sess);
@@ -415,43 +445,41 @@ static int plan_prompt(server *s, const char *text, size_t n, plan *p) {
     int lcp = 0;
     while (lcp < live_n && (size_t)lcp < p->toks.n && live[lcp] == p->toks.v[lcp]) lcp++;
     if (lcp == live_n && live_n > 0) { p->reuse = live_n; p->how = "exact token prefix"; return 0; }
+    if (s->visible_tokens == live_n && live_n > 0) {
+        for (int k = 0; k < 2; k++)
+            if (starts_with(text, n, &s->visible[k]))
+                return live_plus(s, text, s->visible[k].len, n, p, "visible transcript prefix (hidden reasoning)");
+    }
     size_t lt_len = 0;
     char *lt = live_n ? live_text(s, &lt_len) : NULL;
-    if (lt && lt_len <= n && !memcmp(lt, text, lt_len)) {
-        ds4_token_ids suffix = {0};
-        int rc = encode(s, text + lt_len, n - lt_len, &suffix);
-        free(lt);
-        if (rc) { ds4_token_ids_free(&suffix); return -1; }
-        p->toks.n = 0;
-        for (int i = 0; i < live_n; i++) {
-            if (p->toks.n == p->toks.cap) {
-                size_t cap = p->toks.cap ? p->toks.cap * 2 : 1024;
-                int32_t *v = realloc(p->toks.v, cap * sizeof *v);
-                if (!v) return -1;
-                p->toks.v = v;
-                p->toks.cap = cap;
-            }
-            p->toks.v[p->toks.n++] = live[i];
-        }
-        for (size_t i = 0; i < suffix.n; i++) {
-            if (p->toks.n == p->toks.cap) {
-                size_t cap = p->toks.cap * 2 + 16;
-                int32_t *v = realloc(p->toks.v, cap * sizeof *v);
-                if (!v) return -1;
-                p->toks.v = v;
-                p->toks.cap = cap;
-            }
-            p->toks.v[p->toks.n++] = suffix.v[i];
-        }
-        ds4_token_ids_free(&suffix);
-        p->reuse = live_n;
-        p->how = "live text prefix";
-        return 0;
-    }
+    bool text_hit = lt && lt_len <= n && !memcmp(lt, text, lt_len);
     free(lt);
+    if (text_hit) return live_plus(s, text, lt_len, n, p, "live text prefix");
     p->reuse = lcp;
     p->how = lcp ? "common token prefix" : "cold";
     return 0;
+}
+
+/* Remembers the transcript a client will replay for this turn when it does
+ * not send the reasoning back (Responses without summaries, chat turns whose
+ * reasoning the template drops). */
+static void remember_visible(server *s, const ds4_buf *prompt, const ds4_enc *enc) {
+    s->visible_tokens = -1;
+    size_t open = strlen(DS4_STR_THINK_OPEN), clen, blen;
+    if (!ds4_enc_reasoning_len(enc) || prompt->len < open ||
+        memcmp(prompt->data + prompt->len - open, DS4_STR_THINK_OPEN, open)) return;
+    const char *content = ds4_enc_content(enc, &clen);
+    const char *block = ds4_enc_block(enc, &blen);
+    for (int k = 0; k < 2; k++) {
+        ds4_buf *v = &s->visible[k];
+        ds4_buf_clear(v);
+        /* k = 0: empty think block kept (tool context); 1: reasoning dropped */
+        ds4_buf_put(v, prompt->data, prompt->len - (k ? open : 0));
+        ds4_buf_puts(v, DS4_STR_THINK_CLOSE);
+        ds4_buf_put(v, content, clen);
+        if (block) ds4_buf_put(v, block, blen);
+    }
+    s->visible_tokens = ds4_session_n_tokens(s->sess);
 }
 
 static int sample_eos(server *s) {
@@ -501,19 +529,11 @@ static void run_chat(server *s, job *j) {
         char *lt = live_text(s, &lt_len);
         ds4_buf_put(&text, lt, lt_len);
         free(lt);
-        size_t tail_at = text.len;
         render_tail(s, r, &text);
-        ds4_token_ids suffix = {0};
-        encode(s, text.data + tail_at, text.len - tail_at, &suffix);
-        int live_n = ds4_session_n_tokens(s->sess);
-        p.toks.cap = (size_t)live_n + suffix.n + 1;
-        p.toks.v = malloc(p.toks.cap * sizeof *p.toks.v);
-        memcpy(p.toks.v, ds4_session_tokens(s->sess), (size_t)live_n * sizeof *p.toks.v);
-        memcpy(p.toks.v + live_n, suffix.v, suffix.n * sizeof *p.toks.v);
-        p.toks.n = (size_t)live_n + suffix.n;
-        p.reuse = live_n;
-        p.how = "live tool-call continuation";
-        ds4_token_ids_free(&suffix);
+        if (live_plus(s, text.data, lt_len, text.len, &p, "live tool-call continuation")) {
+            send_error(s, c, hr, 500, "tokenization failed", NULL, NULL, 0, j->keep_alive);
+            goto out;
+        }
     } else {
         if (!render_prompt(s, r, true, &text, err, sizeof err)) {
             send_error(s, c, hr, 400, err, NULL, NULL, 0, j->keep_alive);
@@ -524,7 +544,8 @@ static void run_chat(server *s, job *j) {
             goto out;
         }
     }
-    s->n_live_ids = 0; /* any other request replaces the binding */
+    s->n_live_ids = 0; /* any other request replaces the bindings */
+    s->visible_tokens = -1;
     int P = (int)p.toks.n;
     trace_text(s, "rendered prompt", text.data ? text.data : "", text.len);
     trace(s, "cache: %s, prompt %d tokens, reused %d, prefill %d", p.how, P, p.reuse, P - p.reuse);
@@ -625,6 +646,7 @@ static void run_chat(server *s, job *j) {
         s->live_ids_tokens = ds4_session_n_tokens(s->sess);
         trace(s, "tool calls: %d, exact DSML block remembered (%zu bytes), first id %s", nids, blen, ids[0]);
     }
+    if (eo.thinking) remember_visible(s, &text, enc);
     trace(s, "usage: prompt %d cached %d completion %d reasoning %d", u.prompt_tokens, u.cached_tokens,
           u.completion_tokens, u.reasoning_tokens);
     if (stream) {
@@ -792,6 +814,7 @@ static void run_completions(server *s, job *j) {
         }
     }
     s->n_live_ids = 0;
+    s->visible_tokens = -1;
     if (r->stream) {
         char hdr[1024];
         cors_headers(s, hr, hdr, sizeof hdr);

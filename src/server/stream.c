@@ -666,6 +666,15 @@ int ds4_enc_call_ids(const ds4_enc *e, const char **ids, int max) {
     return n;
 }
 
+const char *ds4_enc_content(const ds4_enc *e, size_t *len) {
+    *len = e->content.len;
+    return e->content.data ? e->content.data : "";
+}
+
+size_t ds4_enc_reasoning_len(const ds4_enc *e) {
+    return e->reasoning.len;
+}
+
 const char *ds4_enc_body(const ds4_enc *e, size_t *len) {
     *len = e->body.len;
     return e->body.data;

@@ -89,6 +89,9 @@ const char *ds4_enc_body(const ds4_enc *e, size_t *len);
  * the exact block (NULL if none) and the call ids. */
 const char *ds4_enc_block(const ds4_enc *e, size_t *len);
 int ds4_enc_call_ids(const ds4_enc *e, const char **ids, int max);
+/* The visible content and the reasoning text produced (valid after finish). */
+const char *ds4_enc_content(const ds4_enc *e, size_t *len);
+size_t ds4_enc_reasoning_len(const ds4_enc *e);
 /* True when the output writer failed (client gone). */
 bool ds4_enc_broken(const ds4_enc *e);
 

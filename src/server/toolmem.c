@@ -165,3 +165,10 @@ size_t ds4_toolmem_count(ds4_toolmem *m) {
     pthread_mutex_unlock(&m->mu);
     return n;
 }
+
+void ds4_toolmem_each(ds4_toolmem *m, void (*fn)(void *ud, const char *id, const char *block, size_t len),
+                      void *ud) {
+    pthread_mutex_lock(&m->mu);
+    for (entry *e = m->head; e; e = e->next) fn(ud, e->id, e->blk->text, e->blk->len);
+    pthread_mutex_unlock(&m->mu);
+}

@@ -32,5 +32,9 @@ void ds4_toolmem_new_id(ds4_toolmem *m, const char *prefix, const char *const *t
 void ds4_toolmem_put(ds4_toolmem *m, const char *const *ids, int n, const char *block, size_t len);
 char *ds4_toolmem_get(ds4_toolmem *m, const char *id);
 size_t ds4_toolmem_count(ds4_toolmem *m);
+/* Calls fn for every id, most recently used first, under the map's lock (fn
+ * must not call back into the map). The disk KV cache persists entries. */
+void ds4_toolmem_each(ds4_toolmem *m, void (*fn)(void *ud, const char *id, const char *block, size_t len),
+                      void *ud);
 
 #endif

@@ -14,7 +14,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.environ.get("DS4_SERVER_TEST_MODEL") or os.path.join(ROOT, "models", "demo.gguf")
-SERVER = os.path.join(ROOT, "ds4-server")
+SERVER = os.environ.get("DS4_SERVER_BIN") or os.path.join(ROOT, "ds4-server")
 
 
 def demo_model_or_skip(name):

@@ -159,6 +159,29 @@ def scripted_server_tests(t, srv):
     t.check(rr.usage.input_tokens_details.cached_tokens > 0 and "live tool-call continuation" in srv.trace_text(),
             f"responses live continuation {rr.usage}")
 
+    # Responses with hidden reasoning: the replayed history lacks the
+    # reasoning, yet the live KV (which has it) is reused up to the new items
+    rtools = [{"type": "function", "name": "read_file", "parameters": {}}]
+    h1 = oc.responses.create(model="m", input="Read src/main.c", tools=rtools)
+    fc = [o for o in h1.output if o.type == "function_call"]
+    t.check(len(fc) == 1 and not any(o.type == "reasoning" for o in h1.output), "hidden reasoning: no reasoning item")
+    h2 = oc.responses.create(model="m", tools=rtools, input=[
+        {"role": "user", "content": "Read src/main.c"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": h1.output_text}]},
+        {"type": "function_call", "call_id": fc[0].call_id, "name": "read_file", "arguments": fc[0].arguments},
+        {"type": "function_call_output", "call_id": fc[0].call_id, "output": "ok"}])
+    t.check(h2.usage.input_tokens_details.cached_tokens >= h1.usage.input_tokens + h1.usage.output_tokens - 1 and
+            "visible transcript prefix" in srv.trace_text(), f"hidden-reasoning replay reuse {h2.usage}")
+
+    # chat without tools: the next turn drops the reasoning, the live KV is reused
+    c1 = oc.chat.completions.create(model="m", messages=msgs)
+    t.check(c1.choices[0].message.reasoning_content == "Let me check." and not c1.choices[0].message.tool_calls,
+            "no tools: DSML text is plain content")
+    c2 = oc.chat.completions.create(model="m", messages=msgs + [
+        {"role": "assistant", "content": c1.choices[0].message.content}, {"role": "user", "content": "more"}])
+    t.check(c2.usage.prompt_tokens_details.cached_tokens >= c1.usage.prompt_tokens + c1.usage.completion_tokens - 1,
+            f"dropped-reasoning replay reuse {c2.usage} after {c1.usage}")
+
     # Anthropic: streamed tool_use, then a tool_result-only continuation
     with ac.messages.stream(model="claude", max_tokens=200, messages=msgs, tools=A_TOOLS) as st:
         fm = st.get_final_message()
