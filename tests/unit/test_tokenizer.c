@@ -178,8 +178,7 @@ static int collect(void *ctx, const char *p, size_t n) {
     return 0;
 }
 
-static void sheet_pretokenization(const ds4_tokenizer *t) {
-    (void)t;
+static void sheet_pretokenization(void) {
     static const char *const rows[][20] = {
         { "Rispondi in italiano con una frase: chi era Ada Lovelace?",
           "Rispondi", " in", " italiano", " con", " una", " frase", ":", " chi", " era", " Ada",
@@ -524,7 +523,7 @@ int main(void) {
     check_cases(t, "hf-cases", hc, nh);
 
     sheet_vectors(t);
-    sheet_pretokenization(t);
+    sheet_pretokenization();
     pretok_differential();
     byte_alphabet();
     roundtrip(t, bc, nb);
