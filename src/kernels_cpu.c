@@ -27,6 +27,11 @@ static uint64_t xgetbv0(void) {
  * silently lost. AVX-512 is used only together with VNNI, BW, DQ and VL,
  * the set its translation unit is compiled for. */
 static enum ds4_simd_level probe_level(void) {
+#ifdef DS4_KERNELS_ASSUME_AVX512
+    /* test build only: tests/kernels/test_avx512_emulated.sh links an
+     * AVX-512 file compiled against an emulation of the intrinsics */
+    return DS4_SIMD_AVX512;
+#endif
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return DS4_SIMD_SCALAR;
     const unsigned need1 = bit_OSXSAVE | bit_AVX | bit_FMA | bit_F16C;
