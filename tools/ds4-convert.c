@@ -3,6 +3,7 @@
  *
  *   ds4-convert HF_DIR OUT.gguf --type f32|f16|q8_0|q2|q4
  *               [--imatrix FILE] [--vocab tokenizer.json] [--name NAME]
+ *               [--threads N (default: all CPUs)]
  *
  * Inputs. Hyperparameters come from HF_DIR/config.json (transformers'
  * DeepseekV4Config fields, legacy spellings included); nothing is defaulted to
@@ -34,6 +35,7 @@
 #include "gguf.h"
 #include "quant.h"
 #include "safetensors.h"
+#include "threadpool.h"
 #include "tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -464,7 +466,34 @@ typedef struct {
     out_tensor *t;
     size_t n;
     double t0_bytes, done_bytes;
+    ds4_pool *pool;
 } plan;
+
+/* One matrix's rows, quantized in parallel (each thread its own row buffer). */
+typedef struct {
+    const out_tensor *o;
+    const part *p;
+    uint64_t base, m, rows, cols;
+    size_t row_bytes;
+    const float *im;
+    uint8_t *out;
+    float *bufs;
+} rows_job;
+
+static void quantize_rows(void *ctx, int task, int n_tasks, int thread) {
+    const rows_job *j = ctx;
+    float *row = j->bufs + (size_t)thread * j->cols;
+    uint64_t r0 = j->rows * (uint64_t)task / (uint64_t)n_tasks, r1 = j->rows * (uint64_t)(task + 1) / (uint64_t)n_tasks;
+    for (uint64_t r = r0; r < r1; r++) {
+        read_row(j->p, j->base + r, j->cols, row);
+        for (uint64_t c = 0; c < j->cols; c++)
+            if (!isfinite(row[c])) die("%s: non-finite value at matrix %llu row %llu col %llu", j->o->name,
+                                       (unsigned long long)j->m, (unsigned long long)r, (unsigned long long)c);
+        if (ds4_quantize_row(j->o->type, row, j->out + r * j->row_bytes, (int64_t)j->cols, j->im) != j->row_bytes)
+            die("%s: cannot produce %s rows of %llu", j->o->name, ds4_type_name(j->o->type),
+                (unsigned long long)j->cols);
+    }
+}
 
 static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
     plan *pl = ctx;
@@ -488,30 +517,27 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
 
     /* IQ2_XXS without a measured imatrix: Σ_rows W² per expert matrix. */
     bool need_imp = o->type == DS4_TYPE_IQ2_XXS && !o->imatrix;
-    float *row = malloc(cols * sizeof(float));
     float *imp = need_imp ? malloc(cols * sizeof(float)) : NULL;
+    rows_job j = {.o = o, .cols = cols, .rows = rows, .row_bytes = row_bytes,
+                  .bufs = malloc((size_t)ds4_pool_threads(pl->pool) * cols * sizeof(float))};
     for (uint64_t m = 0; m < n_mat; m++) {
-        const part *p = &o->parts[o->n_parts > 1 ? m : 0];
-        uint64_t base = (o->n_parts > 1 ? 0 : m * o->src_rows_per_matrix) + o->row_offset;
-        const float *im = o->imatrix ? o->imatrix + (o->imatrix_per_expert ? m * cols : 0) : NULL;
+        j.p = &o->parts[o->n_parts > 1 ? m : 0];
+        j.base = (o->n_parts > 1 ? 0 : m * o->src_rows_per_matrix) + o->row_offset;
+        j.m = m;
+        j.out = out + m * rows * row_bytes;
+        j.im = o->imatrix ? o->imatrix + (o->imatrix_per_expert ? m * cols : 0) : NULL;
         if (need_imp) {
             memset(imp, 0, cols * sizeof(float));
             for (uint64_t r = 0; r < rows; r++) {
-                read_row(p, base + r, cols, row);
-                for (uint64_t c = 0; c < cols; c++) imp[c] += row[c] * row[c];
+                read_row(j.p, j.base + r, cols, j.bufs);
+                for (uint64_t c = 0; c < cols; c++) imp[c] += j.bufs[c] * j.bufs[c];
             }
-            im = imp;
+            j.im = imp;
         }
-        for (uint64_t r = 0; r < rows; r++) {
-            read_row(p, base + r, cols, row);
-            for (uint64_t c = 0; c < cols; c++)
-                if (!isfinite(row[c])) die("%s: non-finite value at matrix %llu row %llu col %llu", o->name,
-                                           (unsigned long long)m, (unsigned long long)r, (unsigned long long)c);
-            if (ds4_quantize_row(o->type, row, out + (m * rows + r) * row_bytes, (int64_t)cols, im) != row_bytes)
-                die("%s: cannot produce %s rows of %llu", o->name, ds4_type_name(o->type), (unsigned long long)cols);
-        }
+        uint64_t tasks = (uint64_t)ds4_pool_threads(pl->pool) * 4;
+        ds4_pool_run(pl->pool, quantize_rows, &j, (int)(tasks < rows ? tasks : rows));
     }
-    free(row);
+    free(j.bufs);
     free(imp);
     pl->done_bytes += (double)n_bytes;
     fprintf(stderr, "[%4zu/%zu] %-40s %-8s [%llu, %llu, %llu] %5.1f%%\n", ti + 1, pl->n, o->name,
@@ -539,16 +565,18 @@ static void add_plan(plan *pl, const ds4_st *st, const ds4_hparams *hp, enum ds4
 
 static void usage(void) {
     fputs("usage: ds4-convert HF_DIR OUT.gguf --type f32|f16|q8_0|q2|q4 [--imatrix FILE]\n"
-          "                   [--vocab tokenizer.json] [--name NAME]\n", stderr);
+          "                   [--vocab tokenizer.json] [--name NAME] [--threads N]\n", stderr);
     exit(2);
 }
 
 int main(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *type = NULL, *imatrix_path = NULL, *vocab = NULL, *name = NULL;
+    const char *threads = "0";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char **opt = !strcmp(a, "--type") ? &type : !strcmp(a, "--imatrix") ? &imatrix_path
-                         : !strcmp(a, "--vocab") ? &vocab : !strcmp(a, "--name") ? &name : NULL;
+                         : !strcmp(a, "--vocab") ? &vocab : !strcmp(a, "--name") ? &name
+                         : !strcmp(a, "--threads") ? &threads : NULL;
         if (opt) {
             if (++i >= argc) usage();
             *opt = argv[i];
@@ -576,7 +604,7 @@ int main(int argc, char **argv) {
     imatrix im = {0};
     if (imatrix_path) imatrix_load(imatrix_path, &im);
 
-    plan pl = {0};
+    plan pl = {.pool = ds4_pool_new(atoi(threads))};
     pl.t = calloc(DS4_T_COUNT * (hp.n_layer + 1), sizeof *pl.t);
     for (int id = 0; id < DS4_T_COUNT; id++)
         add_plan(&pl, st, &hp, (enum ds4_mix)mix, imatrix_path ? &im : NULL, (enum ds4_tensor_id)id, -1);
@@ -618,6 +646,7 @@ int main(int argc, char **argv) {
     ds4_gguf_writer_free(w);
     for (size_t i = 0; i < pl.n; i++) free(pl.t[i].parts);
     free(pl.t);
+    ds4_pool_free(pl.pool);
     for (size_t i = 0; i < im.n; i++) { free(im.e[i].name); free(im.e[i].v); }
     free(im.e);
     ds4_st_close(st);

@@ -7,13 +7,16 @@
 * A -> f16 / q8_0: F16 tensors equal numpy's float16 rounding of the source,
   Q8_0 tensors byte-identical to gguf-py's reference Q8_0 quantizer;
 * A -> q2 / q4: per-tensor types are the released mixes and every quantized
-  tensor decodes (gguf-py) close to the source;
+  tensor decodes (gguf-py) close to the source; an imatrix shifts the q2
+  error towards the columns it marks unimportant;
+* B -> f32: inventory, metadata, exact values;
 * a synthetic official-naming checkpoint (FP8 E4M3 + 128x128 UE8M0 block
   scales, FP4 E2M1 experts + per-32 UE8M0 scales, BF16, int64 tid2eid, two
   shards with an index) -> f32 equals the dequantized values.
 """
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -168,6 +171,39 @@ def test_tiny_a(tmp):
             print(f"A q2: last expert tensor relative RMS error {rel:.3f}")
 
 
+def test_tiny_b(tmp):
+    d = os.path.join(ROOT, "tests", "fixtures", "ds4tiny", "B")
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    r = convert(d, os.path.join(tmp, "B-f32.gguf"), "f32")
+    want, got = check_inventory(r, cfg, "f32", "B f32")
+    check_metadata(r, cfg, "B f32")
+    check_exact(r, cfg, st_np.read_dir(d), "B f32", want, got)
+
+
+def test_imatrix(tmp):
+    """An imatrix weighting even columns 1000x must move the q2 error from the
+    even to the odd columns of every routed expert tensor (IQ2_XXS and Q2_K),
+    compared with the conversion without one."""
+    cfg = json.load(open(os.path.join(FIX_A, "config.json")))
+    st = st_np.read_dir(FIX_A)
+    experts = [(n, ne, src) for n, ne, fam, src in ds4_sheet.tensors(cfg) if fam in ("EXP_GU", "EXP_D")]
+    path = os.path.join(tmp, "im.dat")
+    with open(path, "wb") as f:        # llama.cpp imatrix.dat layout
+        f.write(struct.pack("<i", len(experts)))
+        for name, ne, _ in experts:
+            v = np.ones((ne[2], ne[0]), np.float32)
+            v[:, 0::2] = 1000
+            f.write(struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", 1, v.size) + v.tobytes())
+    with_im = {t.name: t for t in convert(FIX_A, os.path.join(tmp, "A-q2-im.gguf"), "q2", "--imatrix", path).tensors}
+    without = {t.name: t for t in convert(FIX_A, os.path.join(tmp, "A-q2.gguf"), "q2").tensors}
+    for name, ne, src in experts:
+        exp = ds4_sheet.source_values(st, cfg, src).reshape(-1, ne[0])
+        e1 = (values_of(with_im[name]).reshape(exp.shape) - exp) ** 2
+        e0 = (values_of(without[name]).reshape(exp.shape) - exp) ** 2
+        even, odd = e1[:, 0::2].mean() / e0[:, 0::2].mean(), e1[:, 1::2].mean() / e0[:, 1::2].mean()
+        check(even < 0.8 and odd > 1.2, f"imatrix: {name} error ratio even {even:.2f} odd {odd:.2f}")
+
+
 def test_official(tmp):
     d = os.path.join(tmp, "official")
     cfg = make_official_checkpoint.make(d, seed=7)
@@ -184,6 +220,8 @@ def main():
         raise SystemExit(f"{CONVERT} not built")
     with tempfile.TemporaryDirectory() as tmp:
         test_tiny_a(tmp)
+        test_tiny_b(tmp)
+        test_imatrix(tmp)
         test_official(tmp)
     print(f"test_convert: {checks - failures} passed, {failures} failed")
     sys.exit(1 if failures else 0)
