@@ -5,6 +5,7 @@
 #include "forward_cpu.h"
 #include "gguf.h"
 #include "kv.h"
+#include "kv_payload.h"
 #include "model.h"
 #include "tokenizer.h"
 
@@ -227,4 +228,16 @@ void ds4_snapshot_free(ds4_snapshot *snap) {
     free(snap->toks);
     free(snap->logits);
     free(snap);
+}
+
+size_t ds4_session_payload_bytes(const ds4_session *s) {
+    return ds4_payload_bytes(s->kv, s->e->m->cfg.n_vocab);
+}
+
+void ds4_session_save_payload(const ds4_session *s, void *dst) {
+    ds4_payload_write(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, s->e->prefill_chunk, dst);
+}
+
+int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *err, size_t errlen) {
+    return ds4_payload_load(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen) ? 0 : -1;
 }

@@ -80,4 +80,12 @@ ds4_snapshot *ds4_session_snapshot(const ds4_session *s);
 int ds4_session_restore(ds4_session *s, const ds4_snapshot *snap, char *err, size_t errlen);
 void ds4_snapshot_free(ds4_snapshot *snap);
 
+/* The DSV4 session payload (kv_payload.h): the same exact state as bytes, for
+ * the disk KV cache. Loading validates everything first and leaves the
+ * session unchanged on error; it accepts payloads saved for a context no
+ * larger than this session's. */
+size_t ds4_session_payload_bytes(const ds4_session *s);
+void ds4_session_save_payload(const ds4_session *s, void *dst);
+int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *err, size_t errlen);
+
 #endif

@@ -1,0 +1,167 @@
+/* kv_payload.c -- DSV4 session payload serialisation (layout in kv_payload.h). */
+#include "kv_payload.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Floats and u32 fields are copied in host order, which is the file order. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the DSV4 payload is little-endian");
+
+#define PAYLOAD_MAGIC 0x34565344u /* "DSV4" read as a little-endian u32 */
+
+/* A position in the stream: bytes counted always, copied when p is set.
+ * save: state -> stream, else stream -> state. */
+typedef struct {
+    unsigned char *p;
+    bool save;
+    size_t total;
+} cursor;
+
+/* Rows [first, first + n) of a ring of cap slots (slot = position mod cap),
+ * or of a plain row array when cap is 0. */
+static void rows(cursor *c, float *base, int cap, size_t row_floats, int first, int n) {
+    const size_t bytes = row_floats * sizeof(float);
+    if (c->p) {
+        for (int i = 0; i < n; i++) {
+            int pos = first + i;
+            float *r = base + (size_t)(cap ? pos % cap : pos) * row_floats;
+            if (c->save) memcpy(c->p, r, bytes);
+            else memcpy(r, c->p, bytes);
+            c->p += bytes;
+        }
+    }
+    c->total += (size_t)n * bytes;
+}
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+/* The per-layer tensor stream for a state holding n_pos positions. */
+static void walk_layers(const ds4_kv *kv, int n_pos, cursor *c) {
+    const size_t D = (size_t)kv->head_dim, DI = (size_t)kv->idx_head_dim;
+    for (int l = 0; l < kv->n_layer; l++) {
+        const ds4_kv_layer *L = &kv->L[l];
+        int raw_n = min_int(n_pos, kv->raw_cap);
+        rows(c, L->raw, kv->raw_cap, D, n_pos - raw_n, raw_n);
+        if (!L->ratio) continue;
+        int comp_n = n_pos / L->ratio, f_n = min_int(n_pos, L->f_cap);
+        rows(c, L->comp, 0, D, 0, comp_n);
+        rows(c, L->fk, L->f_cap, (size_t)L->coff * D, n_pos - f_n, f_n);
+        rows(c, L->fz, L->f_cap, (size_t)L->coff * D, n_pos - f_n, f_n);
+        if (!L->idx) continue;
+        rows(c, L->idx, 0, DI, 0, comp_n);
+        rows(c, L->ik, L->f_cap, 2 * DI, n_pos - f_n, f_n);
+        rows(c, L->iz, L->f_cap, 2 * DI, n_pos - f_n, f_n);
+    }
+}
+
+/* Largest compressed-row capacity any layer of kv would have for ctx. */
+static uint32_t comp_capacity(const ds4_kv *kv, int ctx) {
+    uint32_t cap = 0;
+    for (int l = 0; l < kv->n_layer; l++)
+        if (kv->L[l].ratio && (uint32_t)(ctx / kv->L[l].ratio + 1) > cap) cap = (uint32_t)(ctx / kv->L[l].ratio + 1);
+    return cap;
+}
+
+static size_t fixed_bytes(uint32_t n_tokens, uint32_t n_vocab, uint32_t n_layer) {
+    return DS4_PAYLOAD_HEADER_BYTES + 4 * ((size_t)n_tokens + n_vocab + 2 * (size_t)n_layer);
+}
+
+size_t ds4_payload_bytes(const ds4_kv *kv, int n_vocab) {
+    cursor c = {0};
+    walk_layers(kv, kv->n_pos, &c);
+    return fixed_bytes((uint32_t)kv->n_pos, (uint32_t)n_vocab, (uint32_t)kv->n_layer) + c.total;
+}
+
+static unsigned char *put_u32(unsigned char *p, uint32_t v) {
+    memcpy(p, &v, 4);
+    return p + 4;
+}
+
+void ds4_payload_write(const ds4_kv *kv, const int32_t *toks, const float *logits, int n_vocab,
+                       int prefill_chunk, void *dst) {
+    const int n = kv->n_pos;
+    const uint32_t head[13] = {
+        PAYLOAD_MAGIC, DS4_PAYLOAD_VERSION, (uint32_t)kv->ctx, (uint32_t)prefill_chunk, (uint32_t)kv->raw_cap,
+        (uint32_t)(kv->raw_cap - kv->slack), comp_capacity(kv, kv->ctx), (uint32_t)n, (uint32_t)kv->n_layer,
+        (uint32_t)kv->head_dim, (uint32_t)kv->idx_head_dim, (uint32_t)n_vocab, (uint32_t)min_int(n, kv->raw_cap),
+    };
+    unsigned char *p = dst;
+    memcpy(p, head, sizeof head);
+    p += sizeof head;
+    memcpy(p, toks, (size_t)n * 4);
+    p += (size_t)n * 4;
+    /* an empty session has no logits; zeros keep the file deterministic */
+    if (n) memcpy(p, logits, (size_t)n_vocab * 4);
+    else memset(p, 0, (size_t)n_vocab * 4);
+    p += (size_t)n_vocab * 4;
+    for (int l = 0; l < kv->n_layer; l++) p = put_u32(p, kv->L[l].ratio ? (uint32_t)(n / kv->L[l].ratio) : 0);
+    for (int l = 0; l < kv->n_layer; l++) p = put_u32(p, kv->L[l].idx ? (uint32_t)(n / kv->L[l].ratio) : 0);
+    cursor c = {.p = p, .save = true};
+    walk_layers(kv, n, &c);
+}
+
+#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return false; } while (0)
+
+bool ds4_payload_peek(const void *src, size_t n, ds4_payload_header *h, char *err, size_t errlen) {
+    uint32_t f[13];
+    if (n < DS4_PAYLOAD_HEADER_BYTES) FAIL("DSV4 payload truncated: %zu bytes, header needs %u", n, DS4_PAYLOAD_HEADER_BYTES);
+    memcpy(f, src, sizeof f);
+    if (f[0] != PAYLOAD_MAGIC) FAIL("not a DSV4 payload (bad magic 0x%08x)", f[0]);
+    if (f[1] != DS4_PAYLOAD_VERSION) FAIL("DSV4 payload version %u, this build reads %u", f[1], DS4_PAYLOAD_VERSION);
+    *h = (ds4_payload_header){.version = f[1], .ctx = f[2], .prefill_chunk = f[3], .raw_cap = f[4], .window = f[5],
+                              .comp_cap = f[6], .n_tokens = f[7], .n_layer = f[8], .head_dim = f[9],
+                              .idx_head_dim = f[10], .n_vocab = f[11], .raw_rows = f[12]};
+    if (h->n_tokens > h->ctx) FAIL("DSV4 payload holds %u tokens for a %u-token context", h->n_tokens, h->ctx);
+    if (h->window > h->raw_cap) FAIL("DSV4 payload window %u exceeds its raw ring capacity %u", h->window, h->raw_cap);
+    uint32_t want_raw = h->n_tokens < h->raw_cap ? h->n_tokens : h->raw_cap;
+    if (h->raw_rows != want_raw) FAIL("DSV4 payload lists %u raw rows, %u tokens need %u", h->raw_rows, h->n_tokens, want_raw);
+    if (fixed_bytes(h->n_tokens, h->n_vocab, h->n_layer) > n)
+        FAIL("DSV4 payload truncated: %zu bytes for %u tokens, %u logits, %u layers", n, h->n_tokens, h->n_vocab, h->n_layer);
+    return true;
+}
+
+/* Compares one geometry field of the payload with the target's. */
+#define SAME(field, want) \
+    if (h.field != (uint32_t)(want)) FAIL("DSV4 payload " #field " %u does not match this model/session (%u)", h.field, (uint32_t)(want))
+
+bool ds4_payload_load(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab, const void *src, size_t n,
+                      char *err, size_t errlen) {
+    ds4_payload_header h;
+    if (!ds4_payload_peek(src, n, &h, err, errlen)) return false;
+    SAME(n_layer, kv->n_layer);
+    SAME(head_dim, kv->head_dim);
+    SAME(idx_head_dim, kv->idx_head_dim);
+    SAME(n_vocab, n_vocab);
+    SAME(raw_cap, kv->raw_cap);
+    SAME(window, kv->raw_cap - kv->slack);
+    if (h.ctx > (uint32_t)kv->ctx) FAIL("DSV4 payload was saved for a %u-token context, this session has %d", h.ctx, kv->ctx);
+    SAME(comp_cap, comp_capacity(kv, (int)h.ctx));
+    const int n_pos = (int)h.n_tokens;
+    cursor size = {0};
+    walk_layers(kv, n_pos, &size);
+    const size_t want = fixed_bytes(h.n_tokens, h.n_vocab, h.n_layer) + size.total;
+    if (n != want) FAIL("DSV4 payload is %zu bytes, its header describes %zu", n, want);
+    const unsigned char *p = (const unsigned char *)src + DS4_PAYLOAD_HEADER_BYTES;
+    const unsigned char *tp = p, *lp = p + (size_t)n_pos * 4, *cp = lp + (size_t)n_vocab * 4;
+    for (int i = 0; i < n_pos; i++) {
+        uint32_t t;
+        memcpy(&t, tp + (size_t)i * 4, 4);
+        if (t >= (uint32_t)n_vocab) FAIL("DSV4 payload token %d is id %u, outside the vocabulary (%d)", i, t, n_vocab);
+    }
+    for (int l = 0; l < kv->n_layer; l++) {
+        uint32_t rc, ri;
+        memcpy(&rc, cp + (size_t)l * 4, 4);
+        memcpy(&ri, cp + ((size_t)kv->n_layer + l) * 4, 4);
+        const ds4_kv_layer *L = &kv->L[l];
+        uint32_t want_c = L->ratio ? (uint32_t)(n_pos / L->ratio) : 0, want_i = L->idx ? want_c : 0;
+        if (rc != want_c || ri != want_i)
+            FAIL("DSV4 payload layer %d lists %u compressed / %u indexer rows, %d tokens give %u / %u", l, rc, ri,
+                 n_pos, want_c, want_i);
+    }
+    memcpy(toks, tp, (size_t)n_pos * 4);
+    memcpy(logits, lp, (size_t)n_vocab * 4);
+    cursor c = {.p = (unsigned char *)cp + (size_t)kv->n_layer * 8, .save = false};
+    walk_layers(kv, n_pos, &c);
+    kv->n_pos = n_pos;
+    return true;
+}

@@ -1,0 +1,244 @@
+/* test_kv_payload -- the DSV4 session payload: saving, restoring and then
+ * continuing must give bit-identical logits to never stopping (tiny model A
+ * from mk/models.mk, and models/demo.gguf when present), across ring wrap,
+ * into a larger context, and through a rewind; every damaged or mismatched
+ * payload is rejected with the target session left untouched. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "engine.h"
+#include "kv_payload.h"
+
+enum { STEPS = 12 };
+
+static ds4_engine *load(const char *path) {
+    char err[512];
+    ds4_engine_params p;
+    ds4_engine_params_default(&p);
+    p.model_path = path;
+    p.n_threads = 2;
+    p.numerics = 0;
+    p.quiet = true;
+    ds4_engine *e = ds4_engine_load(&p, err, sizeof err);
+    if (!e) fprintf(stderr, "load %s: %s\n", path, err);
+    return e;
+}
+
+static void make_tokens(int32_t *t, int n, int V, uint32_t seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        t[i] = (int32_t)((seed >> 8) % (uint32_t)V);
+    }
+}
+
+static ds4_session *session(ds4_engine *e, int ctx) {
+    char err[256];
+    ds4_session *s = ds4_session_new(e, ctx, err, sizeof err);
+    CHECK(s != NULL, "session: %s", err);
+    return s;
+}
+
+static void *save(const ds4_session *s, size_t *n) {
+    *n = ds4_session_payload_bytes(s);
+    void *p = malloc(*n);
+    ds4_session_save_payload(s, p);
+    return p;
+}
+
+/* Decodes steps tokens, returning the logits after each (steps x V). */
+static float *continue_run(ds4_session *s, const int32_t *toks, int steps, int V) {
+    char err[256];
+    float *out = malloc((size_t)steps * V * sizeof(float));
+    for (int i = 0; i < steps; i++) {
+        CHECK(ds4_session_decode(s, toks[i], err, sizeof err) == 0, "decode: %s", err);
+        memcpy(out + (size_t)i * V, ds4_session_logits(s), (size_t)V * sizeof(float));
+    }
+    return out;
+}
+
+static bool rejects(ds4_session *s, const void *p, size_t n, const char *what) {
+    char err[256] = "";
+    bool rejected = ds4_session_load_payload(s, p, n, err, sizeof err) != 0;
+    CHECK(rejected, "%s was accepted", what);
+    CHECK(!rejected || err[0], "%s: no error message", what);
+    return rejected;
+}
+
+static void put32(void *p, size_t field, uint32_t v) { memcpy((char *)p + 4 * field, &v, 4); }
+static uint32_t get32(const void *p, size_t field) {
+    uint32_t v;
+    memcpy(&v, (const char *)p + 4 * field, 4);
+    return v;
+}
+
+/* Round trips at one length: prefill n, save, continue = the reference;
+ * restore into a dirty session and a larger one, continue, compare bits. */
+static void round_trip(ds4_engine *e, const char *model, int n, int ctx) {
+    const int V = ds4_engine_n_vocab(e);
+    int32_t *toks = malloc((size_t)(n + STEPS + 64) * sizeof(int32_t));
+    make_tokens(toks, n + STEPS, V, 7u + (uint32_t)n);
+    char err[256];
+    ds4_session *a = session(e, ctx);
+    if (n) CHECK(ds4_session_prefill(a, toks, n, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+    size_t pn;
+    void *p = save(a, &pn);
+    CHECK(get32(p, 7) == (uint32_t)n && get32(p, 2) == (uint32_t)ctx && get32(p, 11) == (uint32_t)V,
+          "%s n=%d: header fields tokens/ctx/vocab", model, n);
+    CHECK(!memcmp((char *)p + DS4_PAYLOAD_HEADER_BYTES, toks, (size_t)n * 4), "%s n=%d: tokens follow the header", model, n);
+    if (n)
+        CHECK(!memcmp((char *)p + DS4_PAYLOAD_HEADER_BYTES + (size_t)n * 4, ds4_session_logits(a), (size_t)V * 4),
+              "%s n=%d: logits follow the tokens", model, n);
+    float *ref = continue_run(a, toks + n, STEPS, V);
+
+    /* a session holding other state first: restore must replace all of it */
+    int32_t junk[40];
+    make_tokens(junk, 40, V, 99);
+    const int sizes[2] = {ctx, 2 * ctx};
+    for (int k = 0; k < 2; k++) {
+        ds4_session *b = session(e, sizes[k]);
+        CHECK(ds4_session_prefill(b, junk, 40, NULL, NULL, NULL, err, sizeof err) == 0, "junk prefill: %s", err);
+        CHECK(ds4_session_load_payload(b, p, pn, err, sizeof err) == 0, "%s n=%d ctx %d: load: %s", model, n, sizes[k], err);
+        CHECK(ds4_session_n_tokens(b) == n, "%s n=%d: restored %d tokens", model, n, ds4_session_n_tokens(b));
+        CHECK(!memcmp(ds4_session_tokens(b), toks, (size_t)n * 4), "%s n=%d: restored tokens", model, n);
+        if (k == 0) {
+            size_t qn;
+            void *q = save(b, &qn);
+            CHECK(qn == pn && !memcmp(p, q, pn), "%s n=%d: save(restore(x)) == x byte for byte", model, n);
+            free(q);
+        }
+        float *got = continue_run(b, toks + n, STEPS, V);
+        CHECK(!memcmp(ref, got, (size_t)STEPS * V * sizeof(float)),
+              "%s n=%d ctx %d: continued logits differ from the uninterrupted run", model, n, sizes[k]);
+        free(got);
+        ds4_session_free(b);
+    }
+    free(ref);
+    free(p);
+    free(toks);
+    ds4_session_free(a);
+}
+
+/* A restored session must rewind within its rings exactly as the original. */
+static void rewind_after_restore(ds4_engine *e, int n, int ctx) {
+    const int V = ds4_engine_n_vocab(e);
+    int32_t *toks = malloc((size_t)(n + STEPS) * sizeof(int32_t));
+    make_tokens(toks, n + STEPS, V, 5);
+    char err[256];
+    ds4_session *a = session(e, ctx), *b = session(e, ctx);
+    CHECK(ds4_session_prefill(a, toks, n, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+    size_t pn;
+    void *p = save(a, &pn);
+    CHECK(ds4_session_load_payload(b, p, pn, err, sizeof err) == 0, "load: %s", err);
+    const int back = n - 5;
+    CHECK(ds4_session_rewind(a, back, err, sizeof err) == 0 && ds4_session_rewind(b, back, err, sizeof err) == 0,
+          "rewind: %s", err);
+    float *ra = continue_run(a, toks + back, STEPS, V), *rb = continue_run(b, toks + back, STEPS, V);
+    CHECK(!memcmp(ra, rb, (size_t)STEPS * V * sizeof(float)), "rewind after restore differs from rewind of the original");
+    free(ra);
+    free(rb);
+    free(p);
+    free(toks);
+    ds4_session_free(a);
+    ds4_session_free(b);
+}
+
+static void corruption(ds4_engine *e, ds4_engine *other) {
+    const int V = ds4_engine_n_vocab(e), n = 300, ctx = 1024;
+    int32_t toks[300 + STEPS];
+    make_tokens(toks, n + STEPS, V, 11);
+    char err[256];
+    ds4_session *a = session(e, ctx);
+    CHECK(ds4_session_prefill(a, toks, n, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+    size_t pn;
+    void *p = save(a, &pn);
+    float *ref = continue_run(a, toks + n, STEPS, V);
+    ds4_session *b = session(e, ctx);
+    CHECK(ds4_session_load_payload(b, p, pn, err, sizeof err) == 0, "load: %s", err);
+    unsigned char *q = malloc(pn + 4);
+
+    /* truncation: every header/token offset, then a stride, then the tail */
+    int bad = 0, tried = 0;
+    for (size_t cut = 0; cut < pn; cut += cut < 2048 ? 1 : cut > pn - 64 ? 1 : 997) {
+        tried++;
+        if (ds4_session_load_payload(b, p, cut, err, sizeof err) == 0) bad++;
+    }
+    CHECK(bad == 0, "%d of %d truncated payloads were accepted", bad, tried);
+    memcpy(q, p, pn);
+    q[pn] = 0;
+    rejects(b, q, pn + 1, "payload with a trailing byte");
+
+    /* every header field off by one; the prefill chunk is informational */
+    for (size_t f = 0; f < 13; f++) {
+        memcpy(q, p, pn);
+        put32(q, f, get32(p, f) + 1);
+        char what[64];
+        snprintf(what, sizeof what, "header field %zu + 1", f);
+        if (f == 3) CHECK(ds4_session_load_payload(b, q, pn, err, sizeof err) == 0, "prefill chunk field: %s", err);
+        else rejects(b, q, pn, what);
+        put32(q, f, get32(p, f) - 1);
+        snprintf(what, sizeof what, "header field %zu - 1", f);
+        if (f != 3) rejects(b, q, pn, what);
+    }
+    /* a bad compressed-row count, a token outside the vocabulary */
+    const size_t counts = 13 + (size_t)n + (size_t)V;
+    for (size_t l = 0; l < 12; l++) {
+        memcpy(q, p, pn);
+        put32(q, counts + l, get32(p, counts + l) ^ 1);
+        rejects(b, q, pn, "altered row count");
+    }
+    memcpy(q, p, pn);
+    put32(q, 13 + 17, (uint32_t)V);
+    rejects(b, q, pn, "token id == vocabulary size");
+
+    /* geometry: a smaller context, another model */
+    ds4_session *small = session(e, 512);
+    CHECK(rejects(small, p, pn, "payload saved for ctx 1024 into ctx 512") && ds4_session_n_tokens(small) == 0,
+          "small session untouched");
+    ds4_session_free(small);
+    if (other) {
+        ds4_session *o = session(other, ctx);
+        rejects(o, p, pn, "payload of model A into model B");
+        ds4_session_free(o);
+    }
+
+    /* after all of that, b still holds exactly what the good load put there */
+    float *got = continue_run(b, toks + n, STEPS, V);
+    CHECK(!memcmp(ref, got, (size_t)STEPS * V * sizeof(float)), "failed loads changed the session");
+    free(got);
+    free(ref);
+    free(q);
+    free(p);
+    ds4_session_free(a);
+    ds4_session_free(b);
+}
+
+int main(void) {
+    const char *build = getenv("BUILD");
+    char a_path[512], b_path[512];
+    snprintf(a_path, sizeof a_path, "%s/ds4tiny/A-f32.gguf", build ? build : "build");
+    snprintf(b_path, sizeof b_path, "%s/ds4tiny/B-f32.gguf", build ? build : "build");
+    ds4_engine *a = load(a_path), *b = load(b_path);
+    CHECK(a != NULL, "cannot load %s (make %s)", a_path, a_path);
+    if (a) {
+        /* A: window 8, ratios 4 and 16, rewind slack 256: 300+ wraps every ring */
+        const int lens[] = {0, 1, 3, 4, 5, 16, 17, 64, 271, 272, 300, 530};
+        for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) round_trip(a, "A", lens[i], 1024);
+        rewind_after_restore(a, 300, 1024);
+        corruption(a, b);
+    }
+    FILE *f = fopen("models/demo.gguf", "rb");
+    if (f) {
+        fclose(f);
+        ds4_engine *d = load("models/demo.gguf");
+        CHECK(d != NULL, "cannot load models/demo.gguf");
+        if (d) round_trip(d, "demo", 150, 512);
+        ds4_engine_free(d);
+    } else {
+        printf("test_kv_payload: models/demo.gguf absent, demo round trip skipped\n");
+    }
+    ds4_engine_free(a);
+    ds4_engine_free(b);
+    return check_done("test_kv_payload");
+}
