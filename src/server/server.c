@@ -503,6 +503,43 @@ static ds4_sampler *make_sampler(server *s, const ds4_request *r) {
     return ds4_sampler_new(&sp, s->n_vocab);
 }
 
+/* Token text for logprobs: the bytes when they are valid UTF-8, else a
+ * lossless "bytes:\xNN" spelling (never silently replaced). */
+static char *token_text(server *s, int32_t id) {
+    size_t n = 0;
+    const char *b = ds4_tokenizer_token_bytes(s->tok, id, &n);
+    if (!b) return strdup("");
+    if (ds4_utf8_valid(b, n)) return strndup(b, n);
+    char *out = malloc(6 + 4 * n + 1);
+    size_t o = (size_t)sprintf(out, "bytes:");
+    for (size_t i = 0; i < n; i++) o += (size_t)sprintf(out + o, "\\x%02x", (unsigned char)b[i]);
+    return out;
+}
+
+static cJSON *token_lp(server *s, int32_t id, float lp) {
+    cJSON *o = cJSON_CreateObject();
+    char *t = token_text(s, id);
+    cJSON_AddStringToObject(o, "token", t);
+    free(t);
+    cJSON_AddNumberToObject(o, "logprob", lp);
+    size_t n = 0;
+    const char *b = ds4_tokenizer_token_bytes(s->tok, id, &n);
+    cJSON *bytes = cJSON_AddArrayToObject(o, "bytes");
+    for (size_t i = 0; b && i < n; i++) cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)b[i]));
+    return o;
+}
+
+/* One chat logprobs entry: raw log-softmax, before temperature/filters. */
+static cJSON *chat_lp_entry(server *s, const float *lg, int32_t tok, int k) {
+    cJSON *o = token_lp(s, tok, ds4_logprob(lg, s->n_vocab, tok));
+    cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
+    int ids[20];
+    float lps[20];
+    int n = k > 0 ? ds4_top_logprobs(lg, s->n_vocab, k > 20 ? 20 : k, ids, lps) : 0;
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(top, token_lp(s, ids[i], lps[i]));
+    return o;
+}
+
 /* Chat completions, Responses, Messages. */
 static void run_chat(server *s, job *j) {
     ds4_request *r = &j->req;
@@ -609,9 +646,12 @@ static void run_chat(server *s, job *j) {
         if (i >= limit) { cause = DS4_CAUSE_LENGTH; break; }
         if (ds4_http_peer_gone(c)) { pc.gone = true; break; }
         int tok;
+        const float *lg = ds4_session_logits(s->sess);
         if (s->script) tok = (size_t)i < script.n ? script.v[i] : eos;
-        else tok = ds4_sampler_sample(smp, ds4_session_logits(s->sess), ds4_enc_in_structure(enc));
+        else tok = ds4_sampler_sample(smp, lg, ds4_enc_in_structure(enc));
         if (tok == eos) break;
+        if (ds4_enc_wants_logprobs(enc) && ds4_enc_in_content(enc))
+            ds4_enc_logprob(enc, chat_lp_entry(s, lg, tok, r->logprobs));
         bool reasoning = ds4_enc_in_reasoning(enc);
         u.completion_tokens++;
         if (reasoning) u.reasoning_tokens++;
@@ -666,19 +706,6 @@ out:
 }
 
 /* ---- legacy completions ------------------------------------------- */
-
-/* Token text for logprobs: the bytes when they are valid UTF-8, else a
- * lossless "bytes:\xNN" spelling (never silently replaced). */
-static char *token_text(server *s, int32_t id) {
-    size_t n = 0;
-    const char *b = ds4_tokenizer_token_bytes(s->tok, id, &n);
-    if (!b) return strdup("");
-    if (ds4_utf8_valid(b, n)) return strndup(b, n);
-    char *out = malloc(6 + 4 * n + 1);
-    size_t o = (size_t)sprintf(out, "bytes:");
-    for (size_t i = 0; i < n; i++) o += (size_t)sprintf(out + o, "\\x%02x", (unsigned char)b[i]);
-    return out;
-}
 
 typedef struct {
     cJSON *tokens, *token_logprobs, *top_logprobs, *text_offset;

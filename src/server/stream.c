@@ -96,6 +96,9 @@ struct ds4_enc {
     int seq, out_index, open_index;
     char rs_id[40], msg_id[40];
     cJSON *items;           /* completed output items */
+    /* chat logprobs: entries of content tokens not yet attached to a chunk
+     * (stream) or all of them (non-stream); NULL when not requested */
+    cJSON *lp_pending, *lp_all;
 };
 
 static void write_raw(ds4_enc *e, const char *s, size_t n) {
@@ -154,7 +157,15 @@ static cJSON *chat_chunk(ds4_enc *e, cJSON *delta, const char *finish) {
 static void chat_delta_text(ds4_enc *e, const char *key, const char *s, size_t n) {
     cJSON *d = cJSON_CreateObject();
     add_strn(d, key, s, n);
-    send_json(e, NULL, chat_chunk(e, d, NULL));
+    cJSON *o = chat_chunk(e, d, NULL);
+    if (e->lp_pending && !strcmp(key, "content")) {
+        /* the tokens whose text this delta releases */
+        cJSON *lp = cJSON_CreateObject();
+        cJSON_AddItemToObject(lp, "content", e->lp_pending);
+        e->lp_pending = cJSON_CreateArray();
+        cJSON_AddItemToObject(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "logprobs", lp);
+    }
+    send_json(e, NULL, o);
 }
 
 static cJSON *chat_call_json(const call_t *c, int index, bool header, const char *args, size_t n) {
@@ -582,6 +593,10 @@ ds4_enc *ds4_enc_new(const ds4_enc_opts *o) {
     snprintf(e->msg_id, sizeof e->msg_id, "msg_%s", hex);
     e->created = (long long)time(NULL);
     e->items = cJSON_CreateArray();
+    if (e->r->api == DS4_API_CHAT && e->r->logprobs >= 0) {
+        if (e->stream) e->lp_pending = cJSON_CreateArray();
+        else e->lp_all = cJSON_CreateArray();
+    }
     return e;
 }
 
@@ -598,6 +613,8 @@ void ds4_enc_free(ds4_enc *e) {
     free(e->error);
     free(e->error_raw);
     cJSON_Delete(e->items);
+    cJSON_Delete(e->lp_pending);
+    cJSON_Delete(e->lp_all);
     free(e);
 }
 
@@ -649,6 +666,20 @@ bool ds4_enc_in_structure(const ds4_enc *e) {
 
 bool ds4_enc_in_reasoning(const ds4_enc *e) {
     return ds4_dsml_in_reasoning(e->p);
+}
+
+bool ds4_enc_wants_logprobs(const ds4_enc *e) {
+    return e->lp_pending || e->lp_all;
+}
+
+bool ds4_enc_in_content(const ds4_enc *e) {
+    return !ds4_dsml_in_reasoning(e->p) && !ds4_dsml_block_open(e->p) && !ds4_dsml_done(e->p);
+}
+
+void ds4_enc_logprob(ds4_enc *e, cJSON *entry) {
+    cJSON *a = e->lp_pending ? e->lp_pending : e->lp_all;
+    if (a) cJSON_AddItemToArray(a, entry);
+    else cJSON_Delete(entry);
 }
 
 bool ds4_enc_broken(const ds4_enc *e) {
@@ -734,7 +765,13 @@ static void finish_chat(ds4_enc *e, int f, const ds4_usage *u) {
             cJSON_AddItemToArray(tc, t);
         }
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    if (e->lp_all) {
+        cJSON *lp = cJSON_AddObjectToObject(c, "logprobs");
+        cJSON_AddItemToObject(lp, "content", e->lp_all);
+        e->lp_all = NULL;
+    } else {
+        cJSON_AddNullToObject(c, "logprobs");
+    }
     cJSON_AddStringToObject(c, "finish_reason", chat_finish(f));
     cJSON_AddItemToObject(o, "usage", chat_usage(u));
     set_body(e, o);

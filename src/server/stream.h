@@ -33,6 +33,7 @@
 #include "request.h"
 #include "toolmem.h"
 
+struct cJSON;
 typedef int (*ds4_out_fn)(void *ud, const char *data, size_t len);
 
 typedef struct {
@@ -92,6 +93,13 @@ int ds4_enc_call_ids(const ds4_enc *e, const char **ids, int max);
 /* The visible content and the reasoning text produced (valid after finish). */
 const char *ds4_enc_content(const ds4_enc *e, size_t *len);
 size_t ds4_enc_reasoning_len(const ds4_enc *e);
+/* Chat logprobs (server-api.md 4.6): when requested, the caller passes one
+ * entry {"token","logprob","bytes","top_logprobs"} per sampled token that
+ * is visible content (ds4_enc_in_content() before feeding it); entries ride
+ * on the next content delta (stream) or in choices[0].logprobs.content. */
+bool ds4_enc_wants_logprobs(const ds4_enc *e);
+bool ds4_enc_in_content(const ds4_enc *e);
+void ds4_enc_logprob(ds4_enc *e, struct cJSON *entry);   /* takes ownership */
 /* True when the output writer failed (client gone). */
 bool ds4_enc_broken(const ds4_enc *e);
 

@@ -85,6 +85,16 @@ def main():
     srv = Server("--cors")
     p = srv.port
     try:
+        # a slow client (head never finished) is answered 408 and dropped
+        # after the 10 s read timeout; runs alongside the other checks
+        slow = {}
+
+        def slow_client():
+            slow["out"] = raw(p, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n", timeout=60)
+
+        slow_thread = threading.Thread(target=slow_client)
+        slow_thread.start()
+
         # models, query strings, aliases
         st, _, body = srv.request("GET", "/v1/models?client_version=1")
         ids = [m["id"] for m in json.loads(body)["data"]]
@@ -209,6 +219,8 @@ def main():
         expect = [200 if i % 20 == 0 else 400 if i % 3 == 0 else 200 for i in range(200)]
         bad = [(i, r) for i, (r, e) in enumerate(zip(results, expect)) if r != e]
         t.check(not bad, f"concurrent: {bad[:5]}")
+        slow_thread.join()
+        t.check(parse(slow.get("out", b""))[0] == 408, f"slow client: {slow.get('out', b'')[:60]}")
         t.check(srv.alive(), "server alive at the end")
     finally:
         srv.stop()

@@ -61,6 +61,20 @@ def plain_server_tests(t, srv):
     t.check(not any(getattr(c.choices[0].delta, "reasoning_content", None) for c in chunks if c.choices),
             "thinking disabled: no reasoning")
 
+    # chat logprobs (content tokens only; non-thinking so every token is content)
+    lr = oc.chat.completions.create(model="deepseek-chat", messages=msgs, max_tokens=4, temperature=0,
+                                    logprobs=True, top_logprobs=3)
+    ent = lr.choices[0].logprobs.content
+    joined = b"".join(bytes(e.bytes) for e in ent)
+    t.check(len(ent) == lr.usage.completion_tokens and all(len(e.top_logprobs) == 3 for e in ent),
+            f"chat logprobs entries {len(ent)} vs {lr.usage.completion_tokens}")
+    t.check(joined.decode("utf-8", "replace") == lr.choices[0].message.content, "logprob bytes == content")
+    t.check(all(abs(e.logprob - e.top_logprobs[0].logprob) < 1e-5 for e in ent), "greedy token is the top logprob")
+    sl = list(oc.chat.completions.create(model="deepseek-chat", messages=msgs, max_tokens=4, temperature=0,
+                                         logprobs=True, top_logprobs=3, stream=True))
+    sent = [e for c in sl if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    t.check([e.logprob for e in sent] == [e.logprob for e in ent], "streamed logprobs == non-streamed")
+
     # legacy completions, lm-eval style: token-id batch, echo + logprobs
     ids = [[791, 8415, 7731], [791, 8415, 11013, 389]]
     c = oc.completions.create(model="m", prompt=ids, max_tokens=1, logprobs=1, echo=True, temperature=0, seed=1234)
