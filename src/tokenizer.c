@@ -126,7 +126,7 @@ static inline uint64_t merge_key(int32_t a, int32_t b) {
 }
 
 /* Words that recur (" the", "\n", "{") are BPE-encoded once and then served
- * from this direct-mapped table. Striped locks keep encode() thread-safe. */
+ * from this direct-mapped table, guarded by striped try-locks. */
 #define CACHE_BITS 15
 #define CACHE_MAX_BYTES 22
 #define CACHE_MAX_IDS 8
@@ -384,9 +384,28 @@ ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *ty
         t->mslots[i] = key << MERGE_BITS | r;
     }
     if (is_result) {
+        /* Tokens that turned out to be added decode to their literal text,
+         * not to the byte-alphabet reading stored so far: rebuild the bytes
+         * (vocab_find is not used after this point). */
         for (int b = 0; b < 256; b++) is_result[t->byte_id[b]] = 1;
-        for (int32_t i = 0; i < t->n_vocab; i++)
+        char *nb = malloc(total + 1);
+        if (!nb) { free(is_result); FAIL("tokenizer: out of memory"); }
+        o = 0;
+        for (int32_t i = 0; i < t->n_vocab; i++) {
             if (t->type[i] == DS4_TT_NORMAL && !is_result[i]) t->type[i] = DS4_TT_CONTROL;
+            bool lit = t->type[i] != DS4_TT_NORMAL;
+            size_t l = lit ? tokens[i].len : tok_len(t, i);
+            if (l > DS4_TOKEN_MAX_BYTES) {
+                free(nb); free(is_result);
+                FAIL("tokenizer: token %d is longer than %d bytes", i, DS4_TOKEN_MAX_BYTES);
+            }
+            memcpy(nb + o, lit ? (const unsigned char *)tokens[i].ptr : tok_ptr(t, i), l);
+            t->off[i] = (uint32_t)o;
+            o += l;
+        }
+        t->off[t->n_vocab] = (uint32_t)o;
+        free(t->bytes);
+        t->bytes = nb;
         free(is_result);
     }
     size_t n_added = 0;

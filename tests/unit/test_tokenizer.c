@@ -478,6 +478,49 @@ static void gguf_roundtrip(const ds4_tokenizer *ref, tcase *c, size_t n) {
     unlink(path); unlink(path2);
 }
 
+/* A tiny GGUF without token_type: the seven chat specials, the 256 byte
+ * symbols, "Ġt" (from the one merge) and "<é>", whose characters all lie in
+ * the byte alphabet. Inference must make "<é>" an added token that decodes
+ * to its literal UTF-8 (3C C3 A9 3E), not to the alphabet reading (3C E9 3E). */
+static void inferred_types_tiny(void) {
+    static const char *const chat[7] = { DS4_TOK_BOS, DS4_TOK_EOS, DS4_TOK_USER, DS4_TOK_ASSISTANT,
+                                         DS4_TOK_THINK, DS4_TOK_THINK_END, DS4_TOK_DSML };
+    const char *toks[265];
+    char sym[256][4];
+    for (int i = 0; i < 7; i++) toks[i] = chat[i];
+    for (int b = 0; b < 256; b++) {
+        sym[b][put_utf8(sym[b], ds4_byte_to_cp((uint8_t)b))] = 0;
+        toks[7 + b] = sym[b];
+    }
+    toks[263] = "\xc4\xa0t";   /* Ġt */
+    toks[264] = "<\xc3\xa9>";
+    const char *merges[1] = { "\xc4\xa0 t" };
+    char err[256] = "", path[] = "/tmp/ds4_tok_tiny_XXXXXX";
+    close(mkstemp(path));
+    ds4_gguf_writer *w = ds4_gguf_writer_new(32);
+    ds4_gguf_w_arr_str(w, "tokenizer.ggml.tokens", toks, 265);
+    ds4_gguf_w_arr_str(w, "tokenizer.ggml.merges", merges, 1);
+    CHECK(ds4_gguf_writer_write_file(w, path, NULL, NULL, err, sizeof err) == 0, "write: %s", err);
+    ds4_gguf_writer_free(w);
+    ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
+    ds4_tokenizer *t = g ? ds4_tokenizer_from_gguf(g, err, sizeof err) : NULL;
+    CHECK(t != NULL, "tiny load: %s", err);
+    if (t) {
+        size_t l;
+        const char *p = ds4_tokenizer_token_bytes(t, 264, &l);
+        CHECK(l == 4 && !memcmp(p, "<\xc3\xa9>", 4), "inferred added token decodes literally");
+        CHECK(ds4_tokenizer_is_special(t, 264) && !ds4_tokenizer_is_special(t, 263), "inferred types");
+        CHECK(ds4_tokenizer_find_special(t, "<\xc3\xa9>", 4) == 264, "found by its text");
+        ds4_token_ids ids = {0};
+        ds4_tokenizer_encode(t, " t<\xc3\xa9>", 6, DS4_TOK_SPECIALS_ALL, &ids);
+        CHECK(ids.n == 2 && ids.v[0] == 263 && ids.v[1] == 264, "tiny encode: %zu ids", ids.n);
+        ds4_token_ids_free(&ids);
+    }
+    ds4_tokenizer_free(t);
+    ds4_gguf_close(g);
+    unlink(path);
+}
+
 typedef struct { const ds4_tokenizer *t; tcase *c; size_t n; int bad; } thr_arg;
 
 static void *thr_encode(void *p) {
@@ -532,6 +575,7 @@ int main(void) {
     detok_edges(t);
     load_errors();
     gguf_roundtrip(t, hc, nh);
+    inferred_types_tiny();
     concurrent(t, hc, nh);
 
     free_cases(bc, nb);
