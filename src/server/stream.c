@@ -357,12 +357,29 @@ static cJSON *resp_message_item(ds4_enc *e, const char *status, bool with_text) 
     return it;
 }
 
+/* A custom (freeform) tool's input: the single string parameter the model
+ * wrote (the mirror of how a replayed custom_tool_call is rendered), else
+ * the arguments text. */
+static char *custom_input(const call_t *c) {
+    cJSON *a = cJSON_ParseWithLength(c->args.data ? c->args.data : "", c->args.len);
+    char *r = NULL;
+    if (cJSON_IsObject(a) && a->child && !a->child->next && cJSON_IsString(a->child))
+        r = strdup(a->child->valuestring);
+    cJSON_Delete(a);
+    return r ? r : strdup(c->args.data ? c->args.data : "");
+}
+
+static bool is_custom(const ds4_enc *e, const call_t *c) {
+    const ds4_tool_meta *m = call_meta(e, c);
+    return m && m->kind == DS4_TOOL_CUSTOM;
+}
+
 static cJSON *resp_call_item(ds4_enc *e, const call_t *c, const char *status, bool with_args) {
     const ds4_tool_meta *m = call_meta(e, c);
     cJSON *it = cJSON_CreateObject();
     cJSON_AddStringToObject(it, "id", c->item_id);
-    bool search = m && m->kind == DS4_TOOL_SEARCH;
-    cJSON_AddStringToObject(it, "type", search ? "tool_search_call" : "function_call");
+    bool search = m && m->kind == DS4_TOOL_SEARCH, custom = is_custom(e, c);
+    cJSON_AddStringToObject(it, "type", search ? "tool_search_call" : custom ? "custom_tool_call" : "function_call");
     cJSON_AddStringToObject(it, "status", status);
     if (search) {
         cJSON_AddStringToObject(it, "call_id", c->id);
@@ -374,7 +391,13 @@ static cJSON *resp_call_item(ds4_enc *e, const call_t *c, const char *status, bo
     cJSON_AddStringToObject(it, "name", m ? m->short_name : c->name);
     if (m && m->ns) cJSON_AddStringToObject(it, "namespace", m->ns);
     cJSON_AddStringToObject(it, "call_id", c->id);
-    cJSON_AddStringToObject(it, "arguments", with_args && c->args.data ? c->args.data : "");
+    if (custom) {
+        char *in = with_args ? custom_input(c) : NULL;
+        cJSON_AddStringToObject(it, "input", in ? in : "");
+        free(in);
+    } else {
+        cJSON_AddStringToObject(it, "arguments", with_args && c->args.data ? c->args.data : "");
+    }
     return it;
 }
 
@@ -520,7 +543,7 @@ static void on_event(void *ud, const ds4_dsml_event *ev) {
         if (!e->stream) break;
         if (api == DS4_API_CHAT) chat_delta_call(e, e->n_calls - 1, false, ev->text, ev->len);
         else if (api == DS4_API_MESSAGES) anth_delta(e, "input_json_delta", "partial_json", ev->text, ev->len);
-        else {
+        else if (!is_custom(e, c)) {   /* custom input is only known at the end */
             cJSON *o = resp_new(e, "response.function_call_arguments.delta");
             cJSON_AddStringToObject(o, "item_id", c->item_id);
             cJSON_AddNumberToObject(o, "output_index", e->out_index);
@@ -538,16 +561,29 @@ static void on_event(void *ud, const ds4_dsml_event *ev) {
         c->ended = true;
         if (!e->stream) break;
         if (api == DS4_API_MESSAGES) anth_close(e);
-        else if (api == DS4_API_RESPONSES) {
+        else if (api == DS4_API_RESPONSES && is_custom(e, c)) {
+            char *in = custom_input(c);
+            const char *kinds[2] = {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"};
+            for (int k = 0; k < 2; k++) {
+                cJSON *o = resp_new(e, kinds[k]);
+                cJSON_AddStringToObject(o, "item_id", c->item_id);
+                cJSON_AddNumberToObject(o, "output_index", e->out_index);
+                cJSON_AddStringToObject(o, k ? "input" : "delta", in);
+                resp_send(e, o);
+            }
+            free(in);
+        } else if (api == DS4_API_RESPONSES) {
             cJSON *o = resp_new(e, "response.function_call_arguments.done");
             cJSON_AddStringToObject(o, "item_id", c->item_id);
             cJSON_AddNumberToObject(o, "output_index", e->out_index);
             cJSON_AddStringToObject(o, "name", c->name);
             cJSON_AddStringToObject(o, "arguments", c->args.data ? c->args.data : "");
             resp_send(e, o);
+        }
+        if (api == DS4_API_RESPONSES) {
             cJSON *item = resp_call_item(e, c, "completed", true);
             cJSON_AddItemToArray(e->items, cJSON_Duplicate(item, 1));
-            o = resp_new(e, "response.output_item.done");
+            cJSON *o = resp_new(e, "response.output_item.done");
             cJSON_AddNumberToObject(o, "output_index", e->out_index++);
             cJSON_AddItemToObject(o, "item", item);
             resp_send(e, o);

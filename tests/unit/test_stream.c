@@ -338,6 +338,52 @@ static void test_stopper(void) {
     ds4_stopper_free(&s);
 }
 
+/* A call to a tool declared {"type":"custom"} comes back as a
+ * custom_tool_call whose input is the single string parameter. */
+static void test_custom_tool(void) {
+    static const char gen[] = "\n\n" DSML_OPEN "tool_calls>\n" DSML_OPEN "invoke name=\"apply_patch\">\n"
+        DSML_OPEN "parameter name=\"input\" string=\"true\">*** Begin Patch\n+x" DSML_CLOSE "parameter>\n"
+        DSML_CLOSE "invoke>\n" DSML_CLOSE "tool_calls>";
+    ds4_tool_meta meta = {.name = "apply_patch", .short_name = "apply_patch", .kind = DS4_TOOL_CUSTOM};
+    ds4_tool_def def = {.name = "apply_patch"};
+    for (int stream = 0; stream < 2; stream++) {
+        ds4_request r;
+        make_req(&r, DS4_API_RESPONSES, stream);
+        r.tools = &def;
+        r.tool_meta = &meta;
+        r.n_tools = 1;
+        ds4_buf out = {0};
+        ds4_enc_opts o = {.req = &r, .out = stream ? collect : NULL, .ud = &out};
+        ds4_enc *e = ds4_enc_new(&o);
+        run(e, gen, DS4_CAUSE_EOS);
+        const cJSON *resp;
+        cJSON *body = NULL;
+        static sse_ev ev[100];
+        int n = 0;
+        if (stream) {
+            n = parse_sse(out.data, ev, 100);
+            resp = cJSON_GetObjectItem(ev[n - 1].data, "response");
+            bool done = false;
+            for (int i = 0; i < n; i++)
+                if (!strcmp(ev[i].name, "response.custom_tool_call_input.done"))
+                    done = !strcmp(str(ev[i].data, "input"), "*** Begin Patch\n+x");
+            CHECK(done, "custom_tool_call_input.done event");
+        } else {
+            size_t len;
+            body = cJSON_Parse(ds4_enc_body(e, &len));
+            resp = body;
+        }
+        const cJSON *outp = cJSON_GetObjectItem(resp, "output");
+        CHECK(str(outp, "0.type") && !strcmp(str(outp, "0.type"), "custom_tool_call") &&
+              !strcmp(str(outp, "0.input"), "*** Begin Patch\n+x") && !strcmp(str(outp, "0.name"), "apply_patch"),
+              "custom_tool_call item (stream %d)", stream);
+        cJSON_Delete(body);
+        free_sse(ev, n);
+        ds4_buf_free(&out);
+        ds4_enc_free(e);
+    }
+}
+
 int main(void) {
     for (int i = 0; i < 2; i++) DEFS[i].name = META[i].name;
     test_stopper();
@@ -345,5 +391,6 @@ int main(void) {
     test_anthropic_stream();
     test_responses_stream();
     test_bodies();
+    test_custom_tool();
     return check_done("test_stream");
 }
