@@ -379,6 +379,7 @@ static int generate(ds4_engine *e, ds4_session *s, ds4_sampler *smp, int n_predi
     fwrite(piece, 1, n, stdout);
     if (in_reasoning && tty) fputs("\033[0m", stdout);
     fputs("\n", stdout);
+    fflush(stdout);   /* the speed report goes to stderr right after */
     double el = now_s() - t0;
     out->gen_tps = el > 0 ? out->n_generated / el : 0;
     return rc;
