@@ -88,9 +88,14 @@ static ds4_dot_fn dot_fn(uint32_t type) {
     return f;
 }
 
-/* multi-token micro-kernel; NULL means one dot per token */
+/* multi-token micro-kernel from the same file as dot_fn's choice, so the
+ * two agree bit for bit; NULL means one dot per token */
 static ds4_dotn_fn dotn_fn(uint32_t type) {
-    return ds4_kernels_level() >= DS4_SIMD_AVX2 ? ds4_kernels_avx2_dotn(type) : NULL;
+    enum ds4_simd_level lvl = ds4_kernels_level();
+    ds4_dotn_fn f = NULL;
+    if (lvl >= DS4_SIMD_AVX512) f = ds4_kernels_avx512_dotn(type);
+    if (!f && lvl >= DS4_SIMD_AVX2) f = ds4_kernels_avx2_dotn(type);
+    return f;
 }
 
 static inline float call_dot(ds4_dot_fn f, uint32_t type, const void *w, const void *act, int64_t n) {

@@ -29,6 +29,7 @@ typedef void (*ds4_dotn_fn)(const void *w, const void *acts, size_t act_stride, 
 ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type);
 ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type);
+ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type); /* non-NULL exactly where _dot is */
 
 /* activation quantizers, byte-identical to ds4_quantize_row's */
 void ds4_kernels_avx2_quantize_q8_0(const float *x, ds4_block_q8_0 *y, int64_t n);
