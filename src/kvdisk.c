@@ -529,6 +529,14 @@ static double score(const entry *e) {
     return (double)e->h.last_used + HALF_LIFE_S * log2(1.0 + e->h.hits);
 }
 
+/* Whether a should go before b; equal scores (same second) by file age. */
+static bool evict_first(const entry *a, const entry *b) {
+    double sa = score(a), sb = score(b);
+    if (sa != sb) return sa < sb;
+    if (a->mtime.tv_sec != b->mtime.tv_sec) return a->mtime.tv_sec < b->mtime.tv_sec;
+    return a->mtime.tv_nsec < b->mtime.tv_nsec;
+}
+
 /* Removes the lowest-scored files until the directory fits the budget. */
 static void evict(ds4_kvdisk *d) {
     for (;;) {
@@ -536,7 +544,7 @@ static void evict(ds4_kvdisk *d) {
         int worst = -1;
         for (int i = 0; i < d->n_ents; i++) {
             total += (uint64_t)d->ents[i].size;
-            if (worst < 0 || score(&d->ents[i]) < score(&d->ents[worst])) worst = i;
+            if (worst < 0 || evict_first(&d->ents[i], &d->ents[worst])) worst = i;
         }
         if (total <= d->o.space_bytes || worst < 0) return;
         char path[4096];
