@@ -86,6 +86,13 @@ static void rmsnorm(float *x, int n, const float *w, float eps) {
 
 static float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
 
+/* f32 dot product through the SIMD kernels (the F32 "activation" is f32). */
+static float dotf(const float *a, const float *b, int n) { return ds4_vec_dot(DS4_TYPE_F32, a, b, n); }
+
+static void axpy(float *restrict y, float a, const float *restrict x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
 /* Rotates the last n_rot dims of x (interleaved pairs) with a cos/sin table. */
 static void rope_apply(float *x, int dim, int n_rot, const float *cs, bool inverse) {
     float *r = x + dim - n_rot;
@@ -326,8 +333,7 @@ static void idx_score(const batch *b, int t, int w0, int w1, float *out) {
         const float *k = rows + (size_t)w * DI;
         float acc = 0;
         for (int h = 0; h < HI; h++) {
-            float dot = 0;
-            for (int i = 0; i < DI; i++) dot += q[(size_t)h * DI + i] * k[i];
+            float dot = dotf(k, q + (size_t)h * DI, DI);
             if (dot > 0) acc += dot * ks * (om[h] * ws);
         }
         out[w] = acc;
@@ -402,21 +408,14 @@ static void attn_task(batch *b, int task, int thread) {
     const int n = n_raw + n_comp;
     float mx = f->m->layers[b->l].sinks[h];
     for (int i = 0; i < n; i++) {
-        const float *v = ROW(i);
-        float dot = 0;
-        for (int d = 0; d < D; d++) dot += q[d] * v[d];
-        sc[i] = dot * scale;
+        sc[i] = dotf(ROW(i), q, D) * scale;
         mx = fmaxf(mx, sc[i]);
     }
     double den = exp((double)f->m->layers[b->l].sinks[h] - mx);
     for (int i = 0; i < n; i++) { sc[i] = (float)exp((double)sc[i] - mx); den += sc[i]; }
     float *o = f->o + ((size_t)t * H + h) * D;
     memset(o, 0, (size_t)D * sizeof(float));
-    for (int i = 0; i < n; i++) {
-        const float *v = ROW(i);
-        const float wgt = (float)(sc[i] / den);
-        for (int d = 0; d < D; d++) o[d] += wgt * v[d];
-    }
+    for (int i = 0; i < n; i++) axpy(o, (float)(sc[i] / den), ROW(i), D);
 #undef ROW
     rope_apply(o, D, c->n_rot, rope_cs(b, t), true);
 }
@@ -516,10 +515,7 @@ static void expert(batch *b, int e, int n) {
     for (int i = 0; i < n; i++) swiglu(f->ge + (size_t)i * F, f->ue + (size_t)i * F, F, c->clamp_exp[b->l]);
     linear(f, &W->down_exps, e, 0, E, f->ge, F, n, f->oe);
     for (int i = 0; i < n; i++) {
-        const float w = f->ew[f->elist[i]];
-        float *y = f->y + (size_t)(f->elist[i] / k) * E;
-        const float *o = f->oe + (size_t)i * E;
-        for (int d = 0; d < E; d++) y[d] += w * o[d];
+        axpy(f->y + (size_t)(f->elist[i] / k) * E, f->ew[f->elist[i]], f->oe + (size_t)i * E, E);
     }
 }
 
