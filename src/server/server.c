@@ -40,6 +40,7 @@ typedef struct {
     const ds4_tokenizer *tok;
     ds4_session *sess;
     ds4_toolmem *mem;
+    ds4_kvdisk *kvd;              /* disk KV cache, or NULL */
     int n_vocab;
     char *script;                 /* scripted output (test only) */
     size_t script_len;
@@ -91,7 +92,8 @@ static void trace(server *s, const char *fmt, ...) {
     pthread_mutex_lock(&s->trace_mu);
     time_t t = time(NULL);
     char ts[32];
-    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
+    struct tm tm;
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
     fprintf(s->trace, "[%s] ", ts);
     va_list ap;
     va_start(ap, fmt);
@@ -239,6 +241,7 @@ static const char *replay_lookup(void *ud, const char *id) {
     replay_ctx *r = ud;
     if (!id || r->n_held == 64) return NULL;
     char *b = ds4_toolmem_get(r->s->mem, id);
+    if (!b && r->s->kvd && ds4_kvdisk_find_tool(r->s->kvd, id)) b = ds4_toolmem_get(r->s->mem, id);
     if (b) r->held[r->n_held++] = b;
     return b;
 }
@@ -336,13 +339,15 @@ typedef struct {
     ds4_enc *enc;           /* chat-family keep-alives; NULL for completions */
     ds4_out_fn out;         /* completions keep-alive comments */
     double last_ping;
-    bool gone;
+    bool gone;              /* the client went away */
+    bool stopping;          /* the server is shutting down */
 } progress_ctx;
 
 static int on_progress(void *ud, int done, int total) {
     (void)done; (void)total;
     progress_ctx *p = ud;
     if (ds4_http_peer_gone(p->conn)) { p->gone = true; return 1; }
+    if (g_stop) { p->stopping = true; return 1; }
     if (now_s() - p->last_ping >= KEEPALIVE_SECONDS) {
         p->last_ping = now_s();
         if (p->enc) ds4_enc_keepalive(p->enc);
@@ -356,13 +361,32 @@ static int conn_out(void *ud, const char *data, size_t len) {
     return ds4_http_stream_write(ud, data, len);
 }
 
-/* Prefills toks[from..n) in slices; 0 ok, 1 cancelled, -1 error. */
+/* ---- disk KV cache ---- */
+
+static void kv_log(void *ud, bool warning, const char *line) {
+    trace(ud, "%s", line);
+    if (warning) fprintf(stderr, "ds4-server: %s\n", line);
+}
+
+/* A continued save when generation lands on an absolute frontier. */
+static void disk_frontier(server *s) {
+    if (s->kvd && ds4_kvdisk_is_frontier(ds4_kvdisk_options(s->kvd), ds4_session_n_tokens(s->sess)))
+        ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_CONTINUED);
+}
+
+/* Prefills toks[from..n) in slices; 0 ok, 1 cancelled, -1 error. Slices also
+ * end at disk-cache save points (a first prompt's stable prefix, absolute
+ * frontiers), where the state is saved. */
 static int prefill(server *s, const int32_t *toks, int from, int n, progress_ctx *pc, char *err, size_t errlen) {
-    for (int i = from; i < n; i += PREFILL_SLICE) {
-        int len = n - i < PREFILL_SLICE ? n - i : PREFILL_SLICE;
+    for (int i = from; i < n;) {
+        int len = n - i < PREFILL_SLICE ? n - i : PREFILL_SLICE, reason = 0;
+        int stop = s->kvd ? ds4_kvdisk_prefill_stop(s->kvd, toks, n, i, from == 0, &reason) : -1;
+        if (stop > i && stop < i + len) len = stop - i;
         int rc = ds4_session_prefill(s->sess, toks + i, len, NULL, NULL, NULL, err, errlen);
         if (rc) return rc;
-        if (on_progress(pc, i + len, n)) return 1;
+        i += len;
+        if (i == stop) ds4_kvdisk_save(s->kvd, s->sess, reason);
+        if (on_progress(pc, i, n)) return 1;
     }
     return 0;
 }
@@ -455,6 +479,11 @@ static int plan_prompt(server *s, const char *text, size_t n, plan *p) {
     bool text_hit = lt && lt_len <= n && !memcmp(lt, text, lt_len);
     free(lt);
     if (text_hit) return live_plus(s, text, lt_len, n, p, "live text prefix");
+    size_t disk = s->kvd ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
+    if (disk) {
+        s->visible_tokens = -1; /* the live session is another conversation now */
+        return live_plus(s, text, disk, n, p, "disk cache");
+    }
     p->reuse = lcp;
     p->how = lcp ? "common token prefix" : "cold";
     return 0;
@@ -489,11 +518,9 @@ static int sample_eos(server *s) {
 /* Brings the session to toks[0..reuse) then prefills the rest. */
 static int load_prompt(server *s, const plan *p, progress_ctx *pc, char *err, size_t errlen) {
     int live_n = ds4_session_n_tokens(s->sess);
-    if (p->reuse < live_n && s->o.hooks.before_evict && p->reuse < live_n / 2)
-        s->o.hooks.before_evict(s->o.hooks.ud, s->sess, p->reuse);
+    if (p->reuse < live_n && s->kvd && p->reuse < live_n / 2) ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_EVICT);
     if (p->reuse < live_n && ds4_session_rewind(s->sess, p->reuse, err, errlen)) return -1;
     int rc = prefill(s, p->toks.v, p->reuse, (int)p->toks.n, pc, err, errlen);
-    if (rc == 0 && s->o.hooks.frontier) s->o.hooks.frontier(s->o.hooks.ud, s->sess);
     return rc;
 }
 
@@ -621,11 +648,13 @@ static void run_chat(server *s, job *j) {
     }
     progress_ctx pc = {.s = s, .conn = c, .enc = enc, .last_ping = now_s()};
     int rc = load_prompt(s, &p, &pc, err, sizeof err);
-    if (rc == 1) { trace(s, "client went away during prefill"); j->keep_alive = false; goto out; }
-    if (rc < 0) {
+    if (rc == 1 && pc.gone) { trace(s, "client went away during prefill"); j->keep_alive = false; goto out; }
+    if (rc == 1) snprintf(err, sizeof err, "server shutting down");
+    if (rc) {
         trace(s, "prefill failed: %s", err);
         if (stream) { ds4_enc_fail(enc, err, "server_error"); ds4_http_stream_end(c); }
-        else send_error(s, c, hr, 500, err, NULL, NULL, 0, false);
+        else send_error(s, c, hr, pc.stopping ? 503 : 500, err, NULL, NULL, 0, false);
+        j->keep_alive = false;
         goto out;
     }
 
@@ -645,6 +674,7 @@ static void run_chat(server *s, job *j) {
     for (int i = 0; !stopped; i++) {
         if (i >= limit) { cause = DS4_CAUSE_LENGTH; break; }
         if (ds4_http_peer_gone(c)) { pc.gone = true; break; }
+        if (g_stop) { pc.stopping = true; break; }
         int tok;
         const float *lg = ds4_session_logits(s->sess);
         if (s->script) tok = (size_t)i < script.n ? script.v[i] : eos;
@@ -663,6 +693,7 @@ static void run_chat(server *s, job *j) {
             trace(s, "decode failed: %s", err);
             break;
         }
+        disk_frontier(s);
     }
     size_t k = ds4_detok_flush(&dt, piece);
     if (k) { ds4_buf_put(&gen, piece, k); ds4_enc_feed(enc, piece, k); }
@@ -671,6 +702,12 @@ static void run_chat(server *s, job *j) {
     ds4_buf_free(&gen);
     if (pc.gone || ds4_enc_broken(enc)) {
         trace(s, "client went away during generation after %d tokens", u.completion_tokens);
+        j->keep_alive = false;
+        goto out;
+    }
+    if (pc.stopping) {
+        if (stream) { ds4_enc_fail(enc, "server shutting down", "server_error"); ds4_http_stream_end(c); }
+        else send_error(s, c, hr, 503, "server shutting down", NULL, NULL, 0, false);
         j->keep_alive = false;
         goto out;
     }
@@ -718,33 +755,38 @@ static void lp_init(lp_arrays *a) {
     a->text_offset = cJSON_CreateArray();
 }
 
+/* {token_text: logprob} of the k most likely tokens plus the actual one;
+ * on a text collision the higher logprob (listed first) is kept. */
+static cJSON *lp_top(server *s, const float *logits, int32_t id, int k) {
+    int ids[21];
+    float lps[21];
+    int kk = ds4_top_logprobs(logits, s->n_vocab, k < 1 ? 1 : k > 20 ? 20 : k, ids, lps);
+    ids[kk] = id;
+    lps[kk] = ds4_logprob(logits, s->n_vocab, id);
+    cJSON *top = cJSON_CreateObject();
+    for (int i = 0; i <= kk; i++) {
+        char *tt = token_text(s, ids[i]);
+        if (!cJSON_GetObjectItemCaseSensitive(top, tt)) cJSON_AddNumberToObject(top, tt, lps[i]);
+        free(tt);
+    }
+    return top;
+}
+
 /* Adds one position: logits == NULL for the first prompt token (no context). */
 static void lp_add(server *s, lp_arrays *a, const float *logits, int32_t id, int k, size_t offset) {
     char *t = token_text(s, id);
     cJSON_AddItemToArray(a->tokens, cJSON_CreateString(t));
     free(t);
     cJSON_AddItemToArray(a->text_offset, cJSON_CreateNumber((double)offset));
-    if (!logits) {
-        cJSON_AddItemToArray(a->token_logprobs, cJSON_CreateNull());
-        cJSON_AddItemToArray(a->top_logprobs, cJSON_CreateNull());
-        return;
-    }
-    float lp = ds4_logprob(logits, s->n_vocab, id);
-    cJSON_AddItemToArray(a->token_logprobs, cJSON_CreateNumber(lp));
-    int ids[21];
-    float lps[21];
-    int kk = ds4_top_logprobs(logits, s->n_vocab, k < 1 ? 1 : k, ids, lps);
-    cJSON *top = cJSON_CreateObject();
-    for (int i = 0; i < kk; i++) {
-        char *tt = token_text(s, ids[i]);
-        cJSON *prev = cJSON_GetObjectItemCaseSensitive(top, tt);
-        if (!prev) cJSON_AddNumberToObject(top, tt, lps[i]);
-        free(tt);
-    }
-    char *tt = token_text(s, id);
-    if (!cJSON_GetObjectItemCaseSensitive(top, tt)) cJSON_AddNumberToObject(top, tt, lp);
-    free(tt);
-    cJSON_AddItemToArray(a->top_logprobs, top);
+    cJSON_AddItemToArray(a->token_logprobs, logits ? cJSON_CreateNumber(ds4_logprob(logits, s->n_vocab, id))
+                                                   : cJSON_CreateNull());
+    cJSON_AddItemToArray(a->top_logprobs, logits ? lp_top(s, logits, id, k) : cJSON_CreateNull());
+}
+
+/* Fills position i (entered with null values) once its logits are known. */
+static void lp_set(server *s, lp_arrays *a, int i, const float *logits, int32_t id, int k) {
+    cJSON_ReplaceItemInArray(a->token_logprobs, i, cJSON_CreateNumber(ds4_logprob(logits, s->n_vocab, id)));
+    cJSON_ReplaceItemInArray(a->top_logprobs, i, lp_top(s, logits, id, k));
 }
 
 static cJSON *lp_object(lp_arrays *a) {
@@ -788,6 +830,23 @@ static void sse_data(ds4_http_conn *c, cJSON *o) {
     free(s);
     ds4_http_stream_write(c, b.data, b.len);
     ds4_buf_free(&b);
+}
+
+/* An engine failure or shutdown: in-stream error object, or a 5xx. */
+static void cmpl_fail(server *s, job *j, const char *msg, int status) {
+    j->keep_alive = false;
+    if (!j->req.stream) {
+        send_error(s, j->conn, j->hreq, status, msg, NULL, NULL, 0, false);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(er, "message", msg);
+    cJSON_AddStringToObject(er, "type", "server_error");
+    cJSON_AddNullToObject(er, "param");
+    cJSON_AddNullToObject(er, "code");
+    sse_data(j->conn, o);
+    ds4_http_stream_write(j->conn, "data: [DONE]\n\n", 14);
+    ds4_http_stream_end(j->conn);
 }
 
 static void run_completions(server *s, job *j) {
@@ -888,17 +947,8 @@ static void run_completions(server *s, job *j) {
                 int len = P - k < ECHO_SLICE ? P - k : ECHO_SLICE;
                 rc = ds4_session_prefill(s->sess, pt->v + k, len, row, NULL, NULL, err, sizeof err);
                 /* row q predicts token k+q+1: fill position k+q+1's entry */
-                for (int q = 0; q < len && !rc && k + q + 1 < P; q++) {
-                    cJSON *lpn = cJSON_GetArrayItem(lpa.token_logprobs, k + q + 1);
-                    float *lg = row + (size_t)q * s->n_vocab;
-                    cJSON_ReplaceItemViaPointer(lpa.token_logprobs, lpn, cJSON_CreateNumber(ds4_logprob(lg, s->n_vocab, pt->v[k + q + 1])));
-                    lp_arrays one;
-                    lp_init(&one);
-                    lp_add(s, &one, lg, pt->v[k + q + 1], r->logprobs, 0);
-                    cJSON *top = cJSON_DetachItemFromArray(one.top_logprobs, 0);
-                    cJSON_ReplaceItemViaPointer(lpa.top_logprobs, cJSON_GetArrayItem(lpa.top_logprobs, k + q + 1), top);
-                    cJSON_Delete(lp_object(&one));
-                }
+                for (int q = 0; q < len && !rc && k + q + 1 < P; q++)
+                    lp_set(s, &lpa, k + q + 1, row + (size_t)q * s->n_vocab, pt->v[k + q + 1], r->logprobs);
                 if (!rc && on_progress(&pc, k + len, P)) rc = 1;
             }
         } else {
@@ -908,16 +958,8 @@ static void run_completions(server *s, job *j) {
         if (rc) {
             ds4_buf_free(&text);
             if (logprobs) cJSON_Delete(lp_object(&lpa));
-            if (rc == 1) { j->keep_alive = false; goto out_row; }
-            if (r->stream) {
-                cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
-                cJSON_AddStringToObject(er, "message", err);
-                cJSON_AddStringToObject(er, "type", "server_error");
-                sse_data(c, o);
-                ds4_http_stream_end(c);
-            } else {
-                send_error(s, c, hr, 500, err, NULL, NULL, 0, false);
-            }
+            if (rc == 1 && pc.gone) { j->keep_alive = false; goto out_row; }
+            cmpl_fail(s, j, rc == 1 ? "server shutting down" : err, rc == 1 ? 503 : 500);
             goto out_row;
         }
         int limit = r->max_tokens >= 0 ? r->max_tokens : s->o.default_max_tokens;
@@ -933,6 +975,7 @@ static void run_completions(server *s, job *j) {
         for (int g = 0;; g++) {
             if (g >= limit) { finish = "length"; break; }
             if (ds4_http_peer_gone(c)) { pc.gone = true; break; }
+            if (g_stop) { pc.stopping = true; break; }
             const float *lg = ds4_session_logits(s->sess);
             int tok = ds4_sampler_sample(smp, lg, false);
             G++;
@@ -945,6 +988,7 @@ static void run_completions(server *s, job *j) {
             if (r->stream && rel) sse_data(c, cmpl_chunk(id, created, r, i, span, rel, NULL));
             if (st.matched >= 0) break;
             if (ds4_session_n_tokens(s->sess) < s->o.ctx && ds4_session_decode(s->sess, tok, err, sizeof err)) break;
+            disk_frontier(s);
         }
         size_t k = ds4_detok_flush(&dt, piece);
         const char *span;
@@ -956,6 +1000,12 @@ static void run_completions(server *s, job *j) {
         if (r->stream && rel) sse_data(c, cmpl_chunk(id, created, r, i, span, rel, NULL));
         ds4_stopper_free(&st);
         ds4_sampler_free(smp);
+        if (pc.stopping) {
+            ds4_buf_free(&text);
+            if (logprobs) cJSON_Delete(lp_object(&lpa));
+            cmpl_fail(s, j, "server shutting down", 503);
+            goto out_row;
+        }
         total.prompt_tokens += P;
         total.cached_tokens += p.reuse;
         total.completion_tokens += G;
@@ -1169,6 +1219,7 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     o->default_max_tokens = 393216;
     o->model_path = "ds4flash.gguf";
     o->tool_memory_max_ids = 100000;
+    ds4_kvdisk_opts_default(&o->kvdisk);
     ds4_http_limits_default(&o->limits);
 }
 
@@ -1212,6 +1263,10 @@ int ds4_server_run(const ds4_server_opts *opts) {
     s->sess = ds4_session_new(s->eng, s->o.ctx, err, sizeof err);
     if (!s->sess) { fprintf(stderr, "ds4-server: %s\n", err); ds4_engine_free(s->eng); return 1; }
     s->mem = ds4_toolmem_new(s->o.tool_memory_max_ids, (size_t)512 << 20);
+    if (s->o.kvdisk.dir && !(s->kvd = ds4_kvdisk_open(&s->o.kvdisk, s->eng, s->mem, kv_log, s, err, sizeof err))) {
+        fprintf(stderr, "ds4-server: %s\n", err);
+        return 1;
+    }
     int lfd = listen_on(s->o.host, s->o.port, err, sizeof err);
     if (lfd < 0) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
 
@@ -1257,7 +1312,10 @@ int ds4_server_run(const ds4_server_opts *opts) {
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(worker, NULL);
-    if (s->o.hooks.shutdown) s->o.hooks.shutdown(s->o.hooks.ud, s->sess);
+    if (s->kvd) {
+        ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_SHUTDOWN);
+        ds4_kvdisk_close(s->kvd);
+    }
     /* Connection threads may still be reading; give them a moment. */
     for (int i = 0; i < 50; i++) {
         pthread_mutex_lock(&s->mu);

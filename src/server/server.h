@@ -15,9 +15,13 @@
  *   decoded live tokens) as a byte prefix of the new rendered prompt (only
  *   the byte suffix is tokenized); else the longest common token prefix.
  *   Usage reports the reused tokens as cached.
- * - Disk-cache hooks (NULL = none): before_evict runs before a request
- *   replaces most of the live session, frontier after a prefill completes,
- *   shutdown once at exit; each receives the live session.
+ * - Disk KV cache (kvdisk.h; on when opts.kvdisk.dir is set): after the
+ *   live-session checks miss, the longest cached rendered prefix is restored
+ *   (the live session is saved first, reason evict) and only the text after
+ *   it is tokenized; prefill stops at cold / continued save points and saves
+ *   there, generation saves on absolute frontiers, a request that replaces
+ *   most of the live session saves it first, and exit saves it (shutdown).
+ *   Tool ids missing from the replay map are looked up in the cache files.
  */
 #ifndef DS4_SERVER_H
 #define DS4_SERVER_H
@@ -27,13 +31,7 @@
 
 #include "engine.h"
 #include "http.h"
-
-typedef struct {
-    void (*before_evict)(void *ud, ds4_session *s, int keep_tokens);
-    void (*frontier)(void *ud, ds4_session *s);
-    void (*shutdown)(void *ud, ds4_session *s);
-    void *ud;
-} ds4_server_cache_hooks;
+#include "kvdisk.h"
 
 typedef struct {
     const char *host;            /* default 127.0.0.1; "localhost" = 127.0.0.1 */
@@ -49,7 +47,7 @@ typedef struct {
     bool completions_chat;       /* wrap /v1/completions prompts as a chat turn */
     const char *scripted_output; /* test only: every generation emits this file's text */
     ds4_http_limits limits;
-    ds4_server_cache_hooks hooks;
+    ds4_kvdisk_opts kvdisk;      /* dir NULL: no disk KV cache */
 } ds4_server_opts;
 
 void ds4_server_opts_default(ds4_server_opts *o);

@@ -222,6 +222,27 @@ def main():
         slow_thread.join()
         t.check(parse(slow.get("out", b""))[0] == 408, f"slow client: {slow.get('out', b'')[:60]}")
         t.check(srv.alive(), "server alive at the end")
+
+        # SIGTERM mid-stream: the stream ends with an in-stream error and the
+        # chunked terminator, then the process exits cleanly
+        s = socket.create_connection(("127.0.0.1", p), timeout=60)
+        s.sendall(post("/v1/chat/completions", json.dumps({
+            "messages": [{"role": "user", "content": "go on"}], "stream": True, "max_tokens": 100000})))
+        got = b""
+        while got.count(b"data:") < 3:
+            got += s.recv(65536)
+        srv.proc.terminate()
+        try:
+            while not got.endswith(b"0\r\n\r\n"):
+                b = s.recv(65536)
+                if not b:
+                    break
+                got += b
+        except OSError:
+            pass
+        s.close()
+        t.check(b"server shutting down" in got and got.endswith(b"0\r\n\r\n"), f"shutdown mid-stream: {got[-200:]}")
+        t.check(srv.proc.wait(timeout=30) == 0, "clean exit")
     finally:
         srv.stop()
     t.done()
