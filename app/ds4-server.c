@@ -22,6 +22,14 @@ static void usage(FILE *f) {
         "      --trace FILE              log rendered prompts, cache decisions, outputs, tool parsing\n"
         "      --tool-memory-max-ids N   exact-DSML replay map size (default 100000)\n"
         "      --disable-exact-dsml-tool-replay  always render tool calls canonically\n"
+        "      --kv-disk-dir DIR         disk KV cache directory (default: off)\n"
+        "      --kv-disk-space-mb N      disk KV cache budget (default 4096)\n"
+        "      --kv-cache-min-tokens N   never save/load shorter prefixes (default 512)\n"
+        "      --kv-cache-cold-max-tokens N  cold-save first prompts up to N tokens (default 30000, 0 off)\n"
+        "      --kv-cache-continued-interval-tokens N  continued-save spacing (default 10000, 0 off)\n"
+        "      --kv-cache-boundary-trim-tokens N  tail trimmed before a cold save (default 32)\n"
+        "      --kv-cache-boundary-align-tokens N  alignment of cold/continued saves (default 2048)\n"
+        "      --kv-cache-reject-different-quant  only reuse snapshots of the same expert quant\n"
         "      --completions-chat        wrap /v1/completions string prompts as a chat turn (default: raw)\n"
         "      --scripted-output FILE    TEST ONLY: every generation emits this file's text\n"
         "  -h, --help\n");
@@ -48,6 +56,7 @@ int main(int argc, char **argv) {
         else if (ARG("--cors")) o.cors = true;
         else if (ARG("--disable-exact-dsml-tool-replay")) o.disable_exact_replay = true;
         else if (ARG("--completions-chat")) o.completions_chat = true;
+        else if (ARG("--kv-cache-reject-different-quant")) o.kvdisk.reject_different_quant = true;
         else if (!v) { fprintf(stderr, "ds4-server: %s needs a value (or is unknown)\n", a); usage(stderr); return 2; }
         else if (ARG("-m") || ARG("--model")) { o.model_path = v; i++; }
         else if (ARG("--host")) { o.host = v; i++; }
@@ -58,6 +67,13 @@ int main(int argc, char **argv) {
         else if (ARG("--trace")) { o.trace_path = v; i++; }
         else if (ARG("--tool-memory-max-ids")) { o.tool_memory_max_ids = (size_t)parse_int(a, v, 1, 1 << 30); i++; }
         else if (ARG("--scripted-output")) { o.scripted_output = v; i++; }
+        else if (ARG("--kv-disk-dir")) { o.kvdisk.dir = v; i++; }
+        else if (ARG("--kv-disk-space-mb")) { o.kvdisk.space_bytes = (uint64_t)parse_int(a, v, 1, 1 << 30) << 20; i++; }
+        else if (ARG("--kv-cache-min-tokens")) { o.kvdisk.min_tokens = parse_int(a, v, 1, 1 << 30); i++; }
+        else if (ARG("--kv-cache-cold-max-tokens")) { o.kvdisk.cold_max_tokens = parse_int(a, v, 0, 1 << 30); i++; }
+        else if (ARG("--kv-cache-continued-interval-tokens")) { o.kvdisk.continued_interval = parse_int(a, v, 0, 1 << 30); i++; }
+        else if (ARG("--kv-cache-boundary-trim-tokens")) { o.kvdisk.boundary_trim = parse_int(a, v, 0, 1 << 30); i++; }
+        else if (ARG("--kv-cache-boundary-align-tokens")) { o.kvdisk.boundary_align = parse_int(a, v, 1, 1 << 30); i++; }
         else if (ARG("--chdir")) {
             if (chdir(v)) { fprintf(stderr, "ds4-server: --chdir %s: %s\n", v, strerror(errno)); return 2; }
             i++;

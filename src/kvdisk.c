@@ -740,6 +740,12 @@ size_t ds4_kvdisk_restore(ds4_kvdisk *d, ds4_session *s, const char *text, size_
     }
 }
 
+int ds4_kvdisk_prefill_stop(const ds4_kvdisk *d, const int32_t *toks, int n_prompt, int from, bool cold, int *reason) {
+    if (!d->tok) return -1;
+    const ds4_special_ids *sp = ds4_tokenizer_specials(d->tok);
+    return ds4_kvdisk_next_stop(&d->o, toks, n_prompt, from, cold, sp->user, sp->assistant, reason);
+}
+
 bool ds4_kvdisk_find_tool(ds4_kvdisk *d, const char *id) {
     if (!d->mem) return false;
     rescan(d);

@@ -128,6 +128,9 @@ int ds4_kvdisk_save(ds4_kvdisk *d, const ds4_session *s, int reason);
  * text[0..n) and that holds more than `beat` tokens, then loads its tool
  * map. Returns the key text length (0: nothing restored, session unchanged). */
 size_t ds4_kvdisk_restore(ds4_kvdisk *d, ds4_session *s, const char *text, size_t n, int beat);
+/* ds4_kvdisk_next_stop() with this cache's options and its tokenizer's
+ * <|User|> / <|Assistant|> ids. */
+int ds4_kvdisk_prefill_stop(const ds4_kvdisk *d, const int32_t *toks, int n_prompt, int from, bool cold, int *reason);
 /* Loads the replay mapping of tool id from any cache file into the map. */
 bool ds4_kvdisk_find_tool(ds4_kvdisk *d, const char *id);
 
