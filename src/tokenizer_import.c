@@ -14,6 +14,13 @@ ds4_tokenizer *ds4_tokenizer_from_gguf(const ds4_gguf *g, char *err, size_t errl
     const ds4_gguf_kv *tk = ds4_gguf_find_kv(g, "tokenizer.ggml.tokens");
     const ds4_gguf_kv *mk = ds4_gguf_find_kv(g, "tokenizer.ggml.merges");
     const ds4_gguf_kv *ty = ds4_gguf_find_kv(g, "tokenizer.ggml.token_type");
+    ds4_gguf_str model;
+    if (ds4_gguf_get_str(g, "tokenizer.ggml.model", &model) &&
+        !(model.len == 4 && memcmp(model.ptr, "gpt2", 4) == 0)) {
+        snprintf(err, errlen, "tokenizer: tokenizer.ggml.model is \"%.*s\", not byte-level BPE (\"gpt2\")",
+                 (int)(model.len > 40 ? 40 : model.len), model.ptr);
+        return NULL;
+    }
     if (!tk || tk->type != DS4_GGUF_ARRAY || tk->arr_type != DS4_GGUF_STRING) {
         snprintf(err, errlen, "tokenizer: GGUF has no string array tokenizer.ggml.tokens");
         return NULL;

@@ -518,6 +518,20 @@ static void inferred_types_tiny(void) {
     }
     ds4_tokenizer_free(t);
     ds4_gguf_close(g);
+
+    /* the same vocabulary declared as another tokenizer model is refused */
+    w = ds4_gguf_writer_new(32);
+    ds4_gguf_w_str(w, "tokenizer.ggml.model", "llama");
+    ds4_gguf_w_arr_str(w, "tokenizer.ggml.tokens", toks, 265);
+    ds4_gguf_w_arr_str(w, "tokenizer.ggml.merges", merges, 1);
+    CHECK(ds4_gguf_writer_write_file(w, path, NULL, NULL, err, sizeof err) == 0, "write: %s", err);
+    ds4_gguf_writer_free(w);
+    g = ds4_gguf_open(path, err, sizeof err);
+    err[0] = 0;
+    t = g ? ds4_tokenizer_from_gguf(g, err, sizeof err) : NULL;
+    CHECK(t == NULL && strstr(err, "gpt2"), "non-BPE model refused: %s", err);
+    ds4_tokenizer_free(t);
+    ds4_gguf_close(g);
     unlink(path);
 }
 
