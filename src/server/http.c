@@ -329,6 +329,7 @@ int ds4_http_read_request(ds4_http_conn *c, ds4_http_req *req, ds4_buf *body) {
     }
     if (hl < 0) return hl;
     consume_in(c, (size_t)hl);
+    c->http10 = req->minor == 0;
 
     if (req->expect_continue && (req->chunked || req->content_length > 0) && c->in.len == 0) {
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -365,9 +366,10 @@ static int send_head(ds4_http_conn *c, int status, const char *ctype, long long 
     char h[1024];
     int n = snprintf(h, sizeof h, "HTTP/1.1 %d %s\r\n", status, ds4_http_reason(status));
     if (ctype) n += snprintf(h + n, sizeof h - (size_t)n, "Content-Type: %s\r\n", ctype);
+    /* clen -1: chunked stream; -2: stream delimited by close (HTTP/1.0) */
     if (clen >= 0) n += snprintf(h + n, sizeof h - (size_t)n, "Content-Length: %lld\r\n", clen);
-    else n += snprintf(h + n, sizeof h - (size_t)n, "Transfer-Encoding: chunked\r\n"
-                       "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
+    else n += snprintf(h + n, sizeof h - (size_t)n, "%sCache-Control: no-cache\r\nX-Accel-Buffering: no\r\n",
+                       clen == -1 ? "Transfer-Encoding: chunked\r\n" : "");
     n += snprintf(h + n, sizeof h - (size_t)n, "Connection: %s\r\n",
                   keep_alive ? "keep-alive" : "close");
     if (write_all(c, h, (size_t)n)) return -1;
@@ -377,18 +379,19 @@ static int send_head(ds4_http_conn *c, int status, const char *ctype, long long 
 
 int ds4_http_respond(ds4_http_conn *c, int status, const char *ctype, const char *body,
                      size_t len, bool keep_alive, const char *extra) {
-    c->chunked_out = false;
+    c->streaming = false;
     if (send_head(c, status, ctype, (long long)len, keep_alive, extra)) return -1;
     return len ? write_all(c, body, len) : 0;
 }
 
 int ds4_http_stream_begin(ds4_http_conn *c, const char *extra) {
-    c->chunked_out = true;
-    return send_head(c, 200, "text/event-stream", -1, true, extra);
+    c->streaming = true;
+    return send_head(c, 200, "text/event-stream", c->http10 ? -2 : -1, !c->http10, extra);
 }
 
 int ds4_http_stream_write(ds4_http_conn *c, const char *data, size_t len) {
     if (!len) return c->broken ? -1 : 0;
+    if (c->http10) return write_all(c, data, len);
     char hdr[32];
     int hn = snprintf(hdr, sizeof hdr, "%zx\r\n", len);
     if (write_all(c, hdr, (size_t)hn) || write_all(c, data, len) || write_all(c, "\r\n", 2))
@@ -397,8 +400,8 @@ int ds4_http_stream_write(ds4_http_conn *c, const char *data, size_t len) {
 }
 
 int ds4_http_stream_end(ds4_http_conn *c) {
-    c->chunked_out = false;
-    return write_all(c, "0\r\n\r\n", 5);
+    c->streaming = false;
+    return c->http10 ? 0 : write_all(c, "0\r\n\r\n", 5);
 }
 
 bool ds4_http_peer_gone(ds4_http_conn *c) {

@@ -77,7 +77,8 @@ typedef struct {
     int fd;
     ds4_buf in;           /* bytes read but not yet consumed (pipelined requests) */
     ds4_http_limits lim;
-    bool chunked_out;     /* the current response uses chunked framing */
+    bool http10;          /* the current request is HTTP/1.0: no chunked framing */
+    bool streaming;       /* an SSE response is open */
     bool broken;          /* a write failed; the peer is gone */
 } ds4_http_conn;
 
@@ -92,7 +93,8 @@ int ds4_http_read_request(ds4_http_conn *c, ds4_http_req *req, ds4_buf *body);
 int ds4_http_respond(ds4_http_conn *c, int status, const char *content_type,
                      const char *body, size_t len, bool keep_alive, const char *extra_headers);
 
-/* Streaming response: 200 + text/event-stream with chunked framing. */
+/* Streaming response: 200 + text/event-stream with chunked framing, or for
+ * an HTTP/1.0 client delimited by closing the connection. */
 int ds4_http_stream_begin(ds4_http_conn *c, const char *extra_headers);
 int ds4_http_stream_write(ds4_http_conn *c, const char *data, size_t len);
 int ds4_http_stream_end(ds4_http_conn *c);

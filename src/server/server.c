@@ -351,7 +351,7 @@ static int on_progress(void *ud, int done, int total) {
     if (now_s() - p->last_ping >= KEEPALIVE_SECONDS) {
         p->last_ping = now_s();
         if (p->enc) ds4_enc_keepalive(p->enc);
-        else if (p->conn->chunked_out) ds4_http_stream_write(p->conn, ": prefill\n\n", 11);
+        else if (p->conn->streaming) ds4_http_stream_write(p->conn, ": prefill\n\n", 11);
         if (p->conn->broken) { p->gone = true; return 1; }
     }
     return 0;
@@ -1153,7 +1153,7 @@ static bool handle(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body)
     while (!j.done) pthread_cond_wait(&s->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
     ds4_request_free(&j.req);
-    return j.keep_alive && !c->broken;
+    return j.keep_alive && !c->broken && !c->http10;
 }
 
 static void *conn_main(void *ud) {

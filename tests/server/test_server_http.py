@@ -167,6 +167,21 @@ def main():
         t.check(parse(first)[0] == 200 and st == 200 and json.loads(b2)["input_tokens"] > 4,
                 f"keep-alive + chunked count_tokens {second[:200]}")
 
+        # an HTTP/1.0 client gets a close-delimited (not chunked) stream
+        body = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 2})
+        s = socket.create_connection(("127.0.0.1", p), timeout=60)
+        s.sendall(f"POST /v1/chat/completions HTTP/1.0\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+        got = b""
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            got += b
+        s.close()
+        st, h, b10 = parse(got)
+        t.check(st == 200 and "transfer-encoding" not in h and b10.startswith(b"data: {") and
+                b10.endswith(b"data: [DONE]\n\n"), f"HTTP/1.0 stream {got[:300]}")
+
         # half-closed: full request then SHUT_WR still gets its answer;
         # a partial head then SHUT_WR just closes
         st, _, _ = parse(raw(p, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", shutdown_write=True))

@@ -1,0 +1,184 @@
+"""Disk KV cache across a server restart, through the openai SDK.
+
+A multi-turn tool-calling conversation (scripted tool calls on the demo
+model, so ids and exact-DSML replay are real) runs on three servers with the
+same small cache thresholds:
+  A  never stops: turns 1-3; its turn-3 logprobs are the reference.
+  B  turns 1-2, SIGTERM (shutdown save), restart on the same directory,
+     turn 3 with the tool-call arguments re-serialised by the client.
+The restarted turn 3 must report cached tokens >= the shutdown snapshot,
+show a disk hit and the replay block loaded from disk in the trace (canonical
+rendering of the reordered arguments would not match the cached text), and
+give logprobs equal to A's. The cache files are checked against the seed's
+KVC layout with Python's own SHA-1 and CRC-32. Finally a copy of the cache
+with a flipped byte is ignored (logged, removed) by a third start."""
+import glob
+import hashlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+import zlib
+
+import openai
+
+from server_helper import Results, Server, demo_model_or_skip
+
+NAME = "test_kv_restart"
+D = "\uff5cDSML\uff5c"
+SCRIPT = ("Let me check.</think>I'll read it now.\n\n<" + D + "tool_calls>\n<" + D + "invoke name=\"read_file\">\n<" + D +
+          "parameter name=\"path\" string=\"true\">src/main.c</" + D + "parameter>\n<" + D +
+          "parameter name=\"limit\" string=\"false\">200</" + D + "parameter>\n</" + D + "invoke>\n</" + D + "tool_calls>")
+TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+                                            "parameters": {"type": "object", "properties": {
+                                                "path": {"type": "string"}, "limit": {"type": "integer"}}}}}]
+SYSTEM = ("You are a careful coding agent working in a C repository. Read files before editing them, "
+          "keep changes small, explain what you did in one sentence, and never invent file contents. ") * 3
+FLAGS = ["--kv-cache-min-tokens", "16", "--kv-cache-cold-max-tokens", "100000", "--kv-cache-boundary-trim-tokens", "4",
+         "--kv-cache-boundary-align-tokens", "16", "--kv-cache-continued-interval-tokens", "64",
+         "--kv-disk-space-mb", "64"]
+
+
+def parse_kvc(path):
+    """The seed's KVC layout, read independently of the C code."""
+    b = open(path, "rb").read()
+    assert b[:3] == b"KVC" and b[3] == 1, "magic/version"
+    quant, reason, flags = b[4], b[5], b[6]
+    n_tokens, hits, ctx = struct.unpack_from("<III", b, 8)
+    created, last_used, payload = struct.unpack_from("<QQQ", b, 24)
+    (tlen,) = struct.unpack_from("<I", b, 48)
+    text = b[52:52 + tlen]
+    off = 52 + tlen
+    assert b[off:off + 4] == b"DSV4", "payload magic"
+    fields = struct.unpack_from("<13I", b, off)
+    assert fields[1] == 2 and fields[7] == n_tokens and fields[2] == ctx, "payload header"
+    off += payload
+    tools = {}
+    if flags & 1:
+        assert b[off:off + 4] == b"KTM\x01"
+        (count,) = struct.unpack_from("<I", b, off + 4)
+        off += 8
+        for _ in range(count):
+            il, dl = struct.unpack_from("<II", b, off)
+            tools[b[off + 8:off + 8 + il].decode()] = b[off + 8 + il:off + 8 + il + dl].decode()
+            off += 8 + il + dl
+    assert flags & 8 and b[off:off + 4] == b"KCK\x01" and off + 8 == len(b), "trailer"
+    z = bytearray(b[:off])
+    z[12:16] = bytes(4)
+    z[32:40] = bytes(8)
+    assert struct.unpack_from("<I", b, off + 4)[0] == zlib.crc32(bytes(z)), "crc"
+    assert os.path.basename(path) == hashlib.sha1(text).hexdigest() + ".kv", "name = sha1(text)"
+    return {"reason": reason, "tokens": n_tokens, "hits": hits, "text": text, "tools": tools, "quant": quant}
+
+
+def turns(oc, t, upto):
+    """Runs turns 1..upto; returns (messages so far, list of responses)."""
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Read src/main.c and summarise it."}]
+    out = []
+    for k in range(upto):
+        r = oc.chat.completions.create(model="m", messages=msgs, tools=TOOLS, temperature=0)
+        out.append(r)
+        m = r.choices[0].message
+        t.check(r.choices[0].finish_reason == "tool_calls" and len(m.tool_calls or []) == 1, f"turn {k + 1} tool call")
+        tc = m.tool_calls[0]
+        # the client re-serialises the arguments (key order, whitespace)
+        args = json.dumps(dict(reversed(list(json.loads(tc.function.arguments).items()))), indent=1)
+        msgs = msgs + [{"role": "assistant", "content": m.content, "reasoning_content": m.reasoning_content,
+                        "tool_calls": [{"id": tc.id, "type": "function",
+                                        "function": {"name": "read_file", "arguments": args}}]},
+                       {"role": "tool", "tool_call_id": tc.id, "content": f"int main(void) {{ return {k}; }}"}]
+    return msgs, out
+
+
+def final_turn(oc, msgs):
+    return oc.chat.completions.create(model="m", messages=msgs, tools=TOOLS, temperature=0, logprobs=True,
+                                      top_logprobs=3)
+
+
+def lp_list(r):
+    return [(c.token, c.logprob, [(x.token, x.logprob) for x in c.top_logprobs]) for c in r.choices[0].logprobs.content]
+
+
+def main():
+    demo_model_or_skip(NAME)
+    t = Results(NAME)
+    tmp = tempfile.mkdtemp(prefix="ds4-kvrestart-")
+    script = os.path.join(tmp, "script.txt")
+    with open(script, "w", encoding="utf-8") as f:
+        f.write(SCRIPT)
+    dir_a, dir_b, dir_c = (os.path.join(tmp, x) for x in ("a", "b", "c"))
+    client = lambda srv: openai.OpenAI(base_url=srv.base + "/v1", api_key="dummy", max_retries=0, timeout=300)
+    try:
+        # A: the uninterrupted reference
+        a = Server("--scripted-output", script, "--kv-disk-dir", dir_a, *FLAGS)
+        try:
+            oa = client(a)
+            msgs, _ = turns(oa, t, 2)
+            ref = final_turn(oa, msgs)
+            t.check("cold" in a.trace_text() and "kv-disk: saved" in a.trace_text(), "cold save on the first prompt")
+        finally:
+            a.stop()
+        ref_lp = lp_list(ref)
+        t.check(len(ref_lp) > 0, "reference turn has content logprobs")
+
+        # B: two turns, clean stop, restart, third turn
+        b = Server("--scripted-output", script, "--kv-disk-dir", dir_b, *FLAGS)
+        try:
+            msgs_b, rs = turns(client(b), t, 2)
+        finally:
+            b.proc.terminate()
+            b.proc.wait(timeout=60)
+            t.check(b.proc.returncode == 0, f"clean exit after SIGTERM ({b.proc.returncode})")
+            b.stop()
+        files = {os.path.basename(p): parse_kvc(p) for p in glob.glob(os.path.join(dir_b, "*.kv"))}
+        shut = [f for f in files.values() if f["reason"] == 4]
+        t.check(len(shut) == 1, f"one shutdown snapshot ({[f['reason'] for f in files.values()]})")
+        ids = [r.choices[0].message.tool_calls[0].id for r in rs]
+        if shut:
+            s = shut[0]
+            t.check(set(ids) <= set(s["tools"]), f"KTM holds both tool ids {ids} vs {list(s['tools'])}")
+            t.check(all(v.encode() in s["text"] for v in s["tools"].values()), "KTM blocks are in the cached text")
+            t.check(s["text"].endswith(b"</" + D.encode() + b"tool_calls>"), "snapshot ends with the last tool call")
+
+        b2 = Server("--scripted-output", script, "--kv-disk-dir", dir_b, *FLAGS)
+        try:
+            got = final_turn(client(b2), msgs_b)
+            tr = b2.trace_text()
+        finally:
+            b2.stop()
+        cached = got.usage.prompt_tokens_details.cached_tokens
+        t.check(shut and cached >= shut[0]["tokens"], f"cached {cached} >= snapshot {shut[0]['tokens'] if shut else '?'}")
+        t.check(cached > got.usage.prompt_tokens // 2, f"cached {cached} of {got.usage.prompt_tokens}")
+        t.check("cache: disk cache" in tr and "kv-disk: hit" in tr, "trace shows the disk hit")
+        t.check("replay block loaded" in tr or "2 tool ids" in tr, "replay map restored from disk")
+        t.check(lp_list(got) == ref_lp, f"logprobs after restart differ from the uninterrupted run:\n{lp_list(got)[:3]}\n{ref_lp[:3]}")
+        t.check(got.choices[0].message.content == ref.choices[0].message.content, "same answer")
+
+        # C: a damaged copy of the cache is ignored, logged and removed
+        shutil.copytree(dir_b, dir_c)
+        victims = sorted(glob.glob(os.path.join(dir_c, "*.kv")), key=os.path.getsize)
+        for v in victims:
+            with open(v, "r+b") as f:
+                f.seek(os.path.getsize(v) // 2)
+                c = f.read(1)
+                f.seek(-1, 1)
+                f.write(bytes([c[0] ^ 0x40]))
+        c = Server("--scripted-output", script, "--kv-disk-dir", dir_c, *FLAGS)
+        try:
+            r = final_turn(client(c), msgs_b)
+            tr = c.trace_text()
+            log = open(c.log.name, encoding="utf-8", errors="replace").read()
+        finally:
+            c.stop()
+        t.check(r.choices[0].finish_reason == "tool_calls", "damaged cache: request still served")
+        t.check("kv-disk: hit" not in tr, "damaged file was used")
+        t.check("checksum mismatch" in log, "damaged file logged on stderr")
+        t.check(not any(os.path.exists(v) for v in victims), "damaged files removed")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    t.done()
+
+
+if __name__ == "__main__":
+    main()
