@@ -7,6 +7,7 @@
 #include "kernels_cpu.h"
 
 #include <cpuid.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
@@ -123,6 +124,7 @@ size_t ds4_act_bytes(uint32_t type, int64_t n) {
 }
 
 void ds4_quantize_act(uint32_t type, const float *x, void *dst, int64_t n) {
+    if (ds4_act_bytes(type, n) == 0) return; /* unknown type or partial block: dst has no room */
     uint32_t at = act_type(type);
     if (ds4_kernels_level() >= DS4_SIMD_AVX2 && at == DS4_TYPE_Q8_0) ds4_kernels_avx2_quantize_q8_0(x, dst, n);
     else if (ds4_kernels_level() >= DS4_SIMD_AVX2 && at == DS4_TYPE_Q8_K) ds4_kernels_avx2_quantize_q8_K(x, dst, n);
@@ -176,6 +178,12 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 static void run_rows(struct ds4_pool *pool, struct mm_ctx *c, int64_t max_chunk) {
     if (c->rows <= 0) return;
+    if (c->row_bytes == 0 && c->n > 0) {
+        /* n is not a whole number of blocks (or the type is unknown): there
+         * is no row layout to read, so the outputs say so loudly */
+        for (int64_t i = 0; i < c->rows * c->T; i++) c->Y[i] = NAN;
+        return;
+    }
     int64_t want_tasks = (int64_t)ds4_pool_threads(pool) * TASKS_PER_THREAD;
     int64_t chunk = ceil_div(c->rows, want_tasks);
     int64_t min_rows = ceil_div(MIN_TASK_BYTES, (int64_t)c->row_bytes > 0 ? (int64_t)c->row_bytes : 1);

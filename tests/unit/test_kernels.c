@@ -209,6 +209,17 @@ static void test_act(enum ds4_simd_level lvl) {
     CHECK(ds4_act_bytes(DS4_TYPE_Q8_0, 64) == 2 * sizeof(ds4_block_q8_0), "Q8_0 act bytes");
     CHECK(ds4_act_bytes(DS4_TYPE_F16, 10) == 40 && ds4_act_bytes(DS4_TYPE_BF16, 3) == 12, "float acts are f32");
     CHECK(ds4_act_bytes(12345, 256) == 0, "unknown type");
+    CHECK(ds4_act_bytes(DS4_TYPE_Q4_K, 300) == 0, "partial block");
+    {
+        /* invalid shapes: nothing written to the act buffer, NaN outputs */
+        uint8_t guard[8] = {0};
+        float xs[300] = {0}, y[3] = {0, 0, 0};
+        ds4_quantize_act(DS4_TYPE_Q4_K, xs, guard, 300);
+        ds4_quantize_act(12345, xs, guard, 256);
+        CHECK(!memcmp(guard, (uint8_t[8]){0}, 8), "%s: act written for an invalid shape", ln);
+        ds4_matvec(NULL, DS4_TYPE_Q8_0, guard, 3, 40, guard, y);
+        CHECK(isnan(y[0]) && isnan(y[2]), "%s: matvec with a partial block must give NaN", ln);
+    }
     enum { N = 1024 };
     static float x[N];
     static uint8_t got[N * sizeof(float)], want[N * sizeof(float)]; /* the largest act format: f32 */
