@@ -760,6 +760,7 @@ bool ds4_kvdisk_find_tool(ds4_kvdisk *d, const char *id) {
         char err[512];
         bool ok = read_file(d, e, &buf, &v, err, sizeof err);
         if (ok) load_tools(d, &v, id);
+        else drop_damaged(d, e, err);
         free(v.tools);
         free(buf);
         if (ok) {
