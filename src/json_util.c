@@ -416,7 +416,8 @@ static bool reformat_py_object(const char *s, size_t n, ds4_buf *out) {
     py_members pm = {0};
     bool ok = ds4_json_object_each(s, n, collect_member, &pm) && !pm.keys.oom;
     if (ok && pm.n) {
-        for (size_t i = 0; i < pm.n; i++) pm.m[i].key = pm.keys.data + pm.m[i].key_off;
+        const char *keys = pm.keys.data ? pm.keys.data : "";   /* all keys may be empty */
+        for (size_t i = 0; i < pm.n; i++) pm.m[i].key = keys + pm.m[i].key_off;
         py_member *sorted = malloc(pm.n * sizeof *sorted);
         if (!sorted) ok = false;
         else {
