@@ -15,8 +15,9 @@
  *   off; NaN logits are never chosen (-inf ones are never chosen either,
  *   unless every logit is -inf/NaN, in which case id 0 is returned).
  * - Determinism: the same seed, parameters and logits sequence give the
- *   same ids on every build and platform (xoshiro256** seeded by splitmix64;
- *   probabilities summed in double in id order).
+ *   same ids (xoshiro256** seeded by splitmix64, one draw per non-greedy
+ *   sample, weights in double). Across libm versions exp() may differ in
+ *   the last bit, so bit-identical streams are promised per build only.
  * - A sampler owns O(n_vocab) scratch; not thread-safe, one per session.
  */
 #ifndef DS4_SAMPLER_H
