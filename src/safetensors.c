@@ -32,6 +32,7 @@ static const struct { const char *name; size_t size; } dtypes[] = {
     [DS4_ST_BF16] = {"BF16", 2}, [DS4_ST_F8_E4M3] = {"F8_E4M3", 1}, [DS4_ST_F8_E8M0] = {"F8_E8M0", 1},
     [DS4_ST_I8] = {"I8", 1}, [DS4_ST_U8] = {"U8", 1}, [DS4_ST_I16] = {"I16", 2},
     [DS4_ST_I32] = {"I32", 4}, [DS4_ST_I64] = {"I64", 8}, [DS4_ST_BOOL] = {"BOOL", 1},
+    [DS4_ST_F4] = {"F4", 0},
 };
 #define N_DTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
 
@@ -88,7 +89,12 @@ static int add_tensor(ds4_st *st, const char *path, int shard_ix, const cJSON *e
     if (cJSON_GetArraySize(offs) != 2 || json_u64(cJSON_GetArrayItem(offs, 0), &b) ||
         json_u64(cJSON_GetArrayItem(offs, 1), &end) || b > end || end > data_size)
         return fail(err, errlen, "%s: tensor '%s' has data_offsets outside the file", path, name);
-    if (t.n_elements > UINT64_MAX / dtypes[d].size || end - b != t.n_elements * dtypes[d].size)
+    /* F4 packs two elements per byte, pairs never straddling rows */
+    bool f4 = t.dtype == DS4_ST_F4;
+    if (f4 && nd > 0 && t.shape[nd - 1] % 2)
+        return fail(err, errlen, "%s: F4 tensor '%s' has an odd last dimension", path, name);
+    uint64_t want = f4 ? (t.n_elements + 1) / 2 : t.n_elements * dtypes[d].size;
+    if ((!f4 && t.n_elements > UINT64_MAX / dtypes[d].size) || end - b != want)
         return fail(err, errlen, "%s: tensor '%s': %llu bytes do not match shape x %s", path, name,
                     (unsigned long long)(end - b), dtypes[d].name);
     t.n_bytes = end - b;
@@ -320,6 +326,12 @@ float ds4_fp4_e2m1_to_f32(uint8_t nibble) {
 
 int ds4_st_read_f32(const ds4_st_tensor *t, uint64_t first, uint64_t n, float *out) {
     if (first > t->n_elements || n > t->n_elements - first) return -1;
+    if (t->dtype == DS4_ST_F4) {
+        const uint8_t *q = t->data;
+        for (uint64_t i = first; i < first + n; i++)
+            out[i - first] = ds4_fp4_e2m1_to_f32(i % 2 ? q[i / 2] >> 4 : q[i / 2] & 15);
+        return 0;
+    }
     const uint8_t *p = (const uint8_t *)t->data + first * ds4_st_dtype_size(t->dtype);
     /* The mapping gives no alignment guarantee for odd offsets: copy each element. */
 #define LOOP(T, EXPR) for (uint64_t i = 0; i < n; i++) { T v; memcpy(&v, p + i * sizeof v, sizeof v); out[i] = (EXPR); } break
@@ -335,6 +347,7 @@ int ds4_st_read_f32(const ds4_st_tensor *t, uint64_t first, uint64_t n, float *o
     case DS4_ST_I16: LOOP(int16_t, (float)v);
     case DS4_ST_I32: LOOP(int32_t, (float)v);
     case DS4_ST_I64: LOOP(int64_t, (float)v);
+    case DS4_ST_F4: break;
     }
 #undef LOOP
     return 0;

@@ -10,16 +10,18 @@
  *   is exposed: header length within the file, JSON parsed with cJSON, every
  *   entry has a known dtype, a shape of non-negative integers, and
  *   data_offsets [begin, end] inside the data section with end - begin equal
- *   to the shape's element count times the dtype size (no overflow). Tensor
+ *   to the shape's element count times the dtype size (F4: half a byte, the
+ *   last dimension even) without overflow. Tensor
  *   names are unique across shards. On failure: NULL and one line in err.
  * - Tensor data pointers point into the mappings; nothing is copied, so a
  *   converter can stream tensor by tensor with bounded memory.
  * - Element decoding: ds4_st_read_f32() converts any numeric dtype (F64, F32,
  *   F16, BF16, F8_E4M3 (the "fn" variant: no infinities), F8_E8M0 (2^(e-127)),
- *   I8, U8, I16, I32, I64) to float for a range of elements. FP4 (E2M1) values
- *   are not a safetensors dtype: the official DeepSeek checkpoint stores them
- *   packed two per byte in I8/U8 tensors (low nibble = even element); decode
- *   them with ds4_fp4_e2m1_to_f32().
+ *   I8, U8, I16, I32, I64, F4) to float for a range of elements. FP4 (E2M1)
+ *   values come either as dtype F4 (what torch's float4_e2m1fn_x2 saves) or,
+ *   in the official DeepSeek checkpoint, packed two per byte in I8/U8 tensors
+ *   whose shape counts bytes (low nibble = even element); decode those with
+ *   ds4_fp4_e2m1_to_f32().
  */
 #ifndef DS4_SAFETENSORS_H
 #define DS4_SAFETENSORS_H
@@ -30,6 +32,7 @@
 enum ds4_st_dtype {
     DS4_ST_F64, DS4_ST_F32, DS4_ST_F16, DS4_ST_BF16, DS4_ST_F8_E4M3, DS4_ST_F8_E8M0,
     DS4_ST_I8, DS4_ST_U8, DS4_ST_I16, DS4_ST_I32, DS4_ST_I64, DS4_ST_BOOL,
+    DS4_ST_F4,   /* E2M1, two per byte, low nibble first; shape counts elements */
 };
 
 #define DS4_ST_MAX_DIMS 8
@@ -58,7 +61,7 @@ const ds4_st_tensor *ds4_st_find(const ds4_st *st, const char *name);
 int ds4_st_n_shards(const ds4_st *st);
 
 const char *ds4_st_dtype_name(enum ds4_st_dtype t);
-size_t ds4_st_dtype_size(enum ds4_st_dtype t);
+size_t ds4_st_dtype_size(enum ds4_st_dtype t);   /* bytes per element; 0 for F4 */
 
 /* Converts elements [first, first + n) of t to float. Returns 0, or -1 when
  * the range is outside the tensor. */

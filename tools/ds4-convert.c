@@ -9,8 +9,10 @@
  * DeepseekV4Config fields, legacy spellings included); nothing is defaulted to
  * Flash values. Tensors are found under any of three namings: the official
  * DeepSeek checkpoint ("layers.N.attn.wq_a.weight", FP8 E4M3 matrices with a
- * UE8M0 128x128 block scale, FP4 E2M1 experts packed two per byte with a
- * UE8M0 scale per 32 inputs, int64 tid2eid), transformers' save_pretrained
+ * 128x128 block scale, FP4 E2M1 experts packed two per byte in I8/U8 with a
+ * scale per 32 inputs, int64 tid2eid; scales are "<base>.scale" or
+ * "<base>.weight_scale_inv", stored as F8_E8M0 or U8 exponents (2^(e-127)) or
+ * as floats), transformers' save_pretrained
  * output (the official names under "model.", kv_norm saved as "attn.norm"),
  * and transformers' module names ("model.layers.N.self_attn.q_a_proj.weight",
  * merged experts.gate_up_proj).
@@ -325,6 +327,7 @@ static void bind_part(const ds4_st *st, part *p, const ds4_st_tensor *w, uint64_
     p->enc = ENC_PLAIN;
     uint64_t last = w->n_dims ? w->shape[w->n_dims - 1] : 1;
     bool packed = (w->dtype == DS4_ST_I8 || w->dtype == DS4_ST_U8) && last * 2 == cols;
+    if (w->dtype == DS4_ST_F4 && last == cols && w->n_elements == rows * cols) packed = true;
     if (packed) {
         p->enc = ENC_FP4;
         p->scale = find_scale(st, w->name);
@@ -391,6 +394,15 @@ static void resolve(const ds4_st *st, out_tensor *o) {
     die("%s: no source tensor (tried %s%s%s)", o->name, alts[0], alts[1] ? ", " : "", alts[1] ? alts[1] : "");
 }
 
+/* Block scales: U8 scale tensors hold UE8M0 exponents too (transformers'
+ * MXFP convention), any float dtype holds the multiplier itself. */
+static void read_scales(const ds4_st_tensor *t, uint64_t first, uint64_t n, float *out) {
+    if (t->dtype == DS4_ST_U8)
+        for (uint64_t i = 0; i < n; i++) out[i] = ds4_e8m0_to_f32(((const uint8_t *)t->data)[first + i]);
+    else
+        ds4_st_read_f32(t, first, n, out);
+}
+
 /* Decodes source row r of a part into out[cols]. */
 static void read_row(const part *p, uint64_t r, uint64_t cols, float *out) {
     switch (p->enc) {
@@ -401,7 +413,7 @@ static void read_row(const part *p, uint64_t r, uint64_t cols, float *out) {
         uint64_t scols = ceil_div(cols, 128);
         float sc[scols];
         ds4_st_read_f32(p->w, r * cols, cols, out);
-        ds4_st_read_f32(p->scale, (r / 128) * scols, scols, sc);
+        read_scales(p->scale, (r / 128) * scols, scols, sc);
         for (uint64_t c = 0; c < cols; c++) out[c] *= sc[c / 128];
         break;
     }
@@ -409,7 +421,7 @@ static void read_row(const part *p, uint64_t r, uint64_t cols, float *out) {
         const uint8_t *q = (const uint8_t *)p->w->data + r * (cols / 2);
         uint64_t scols = cols / 32;
         float sc[scols];
-        ds4_st_read_f32(p->scale, r * scols, scols, sc);
+        read_scales(p->scale, r * scols, scols, sc);
         for (uint64_t c = 0; c < cols; c += 2) {
             out[c] = ds4_fp4_e2m1_to_f32(q[c / 2] & 15) * sc[c / 32];
             out[c + 1] = ds4_fp4_e2m1_to_f32(q[c / 2] >> 4) * sc[c / 32];

@@ -102,6 +102,11 @@ def _find(st, layer, names):
     raise KeyError(f"none of {names} (layer {layer}) in checkpoint")
 
 
+def _scale(entry):
+    # U8 scales are UE8M0 exponents, like F8_E8M0
+    return st_np.e8m0_to_f32(entry[2]) if entry[0] == "U8" else st_np.to_f32(entry)
+
+
 def dequant_official(st, name):
     """Float values of an official-encoding tensor: FP8 E4M3 with a 128x128
     UE8M0 block scale, FP4 E2M1 packed (low nibble first) with a UE8M0 scale
@@ -109,15 +114,15 @@ def dequant_official(st, name):
     dtype, shape, arr = st[name]
     scale_name = name[:-len(".weight")] + ".scale" if name.endswith(".weight") else None
     if dtype == "F8_E4M3":
-        s = st_np.to_f32(st[scale_name])
+        s = _scale(st[scale_name])
         full = np.kron(s, np.ones((128, 128), np.float32))[:shape[0], :shape[1]]
         return st_np.e4m3_to_f32(arr) * full
-    if dtype in ("I8", "U8") and scale_name in st:
+    if dtype in ("I8", "U8", "F4") and scale_name in st:
         b = arr.view(np.uint8)
-        vals = np.empty((shape[0], shape[1] * 2), np.float32)
+        vals = np.empty((b.shape[0], b.shape[1] * 2), np.float32)
         vals[:, 0::2] = st_np.FP4_VALUES[b & 15]
         vals[:, 1::2] = st_np.FP4_VALUES[b >> 4]
-        s = st_np.to_f32(st[scale_name])
+        s = _scale(st[scale_name])
         return vals * np.repeat(s, 32, axis=1)
     return st_np.to_f32(st[name])
 

@@ -6,8 +6,9 @@ encodings (fact sheet 4.5), with numpy only:
   "<name>.scale" UE8M0 tensor, one exponent per 128x128 block (partial blocks
   at the edges included);
 * routed experts "layers.N.ffn.experts.E.w{1,2,3}.weight": FP4 E2M1 codes
-  packed two per byte (low nibble = even element) in I8/U8, plus a UE8M0
-  scale per 32 consecutive inputs;
+  packed two per byte (low nibble = even element) in I8 (w1), U8 (w2) or
+  the F4 dtype (w3, torch's float4_e2m1fn_x2), plus a UE8M0 scale per 32
+  consecutive inputs (F8_E8M0, or raw U8 exponents for w2);
 * embedding, compressor and indexer projections BF16; norms, HC, sinks, ape,
   router bias F32; tid2eid int64;
 * legacy config.json spellings (compress_ratios with the trailing MTP entry,
@@ -56,9 +57,10 @@ def make(out_dir, seed=0):
 
     def fp4(name, rows, cols, dtype):
         packed = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
-        t[name] = (dtype, packed.view(np.int8) if dtype == "I8" else packed)
-        t[name[:-len(".weight")] + ".scale"] = ("F8_E8M0", rng.integers(118, 129, (rows, cols // 32),
-                                                                           dtype=np.uint8))
+        t[name] = (dtype, packed.view(np.int8) if dtype == "I8" else packed)   # F4: shape counts values
+        # w2 scales as raw U8 exponents (transformers' MXFP convention), others F8_E8M0
+        t[name[:-len(".weight")] + ".scale"] = ("U8" if dtype == "U8" else "F8_E8M0",
+                                                rng.integers(118, 129, (rows, cols // 32), dtype=np.uint8))
 
     t["embed.weight"] = bf16((V, E))
     fp8("head.weight", V, E)
@@ -85,7 +87,7 @@ def make(out_dir, seed=0):
         t[p + "ffn.gate.weight"] = bf16((X, E))
         for e in range(X):
             fp4(p + f"ffn.experts.{e}.w1.weight", Fe, E, "I8")
-            fp4(p + f"ffn.experts.{e}.w3.weight", Fe, E, "I8")
+            fp4(p + f"ffn.experts.{e}.w3.weight", Fe, E, "F4")
             fp4(p + f"ffn.experts.{e}.w2.weight", E, Fe, "U8")
         fp8(p + "ffn.shared_experts.w1.weight", Fe, E)
         fp8(p + "ffn.shared_experts.w3.weight", Fe, E)

@@ -12,6 +12,7 @@ _STORAGE = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
     "F8_E4M3": np.uint8, "F8_E8M0": np.uint8, "I8": np.int8, "U8": np.uint8,
     "I16": np.int16, "I32": np.int32, "I64": np.int64,
+    "F4": np.uint8,  # two E2M1 values per byte; the header shape counts values
 }
 
 
@@ -50,7 +51,10 @@ def read(path):
         if name == "__metadata__":
             continue
         b, end = e["data_offsets"]
-        arr = np.frombuffer(data[b:end], dtype=_STORAGE[e["dtype"]]).reshape(e["shape"])
+        shape = list(e["shape"])
+        if e["dtype"] == "F4":
+            shape[-1] //= 2
+        arr = np.frombuffer(data[b:end], dtype=_STORAGE[e["dtype"]]).reshape(shape)
         out[name] = (e["dtype"], tuple(e["shape"]), arr)
     return out
 
@@ -79,11 +83,15 @@ def to_f32(entry):
 
 
 def write(path, tensors):
-    """tensors: {name: (dtype_name, numpy array already in storage dtype)}."""
+    """tensors: {name: (dtype_name, numpy array already in storage dtype)};
+    F4 arrays hold the packed bytes (the header shape doubles the last dim)."""
     header, blobs, off = {}, [], 0
     for name, (dtype, arr) in tensors.items():
         raw = np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(raw)]}
+        shape = list(arr.shape)
+        if dtype == "F4":
+            shape[-1] *= 2
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
     h = json.dumps(header).encode()

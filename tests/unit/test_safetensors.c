@@ -66,6 +66,7 @@ int main(void) {
     memcpy(data + 18, i64, 16);                               /* I64 at 18..34 */
     data[34] = 0xfe;                                          /* I8: -2 */
     data[35] = 0xfe;                                          /* U8: 254 */
+    data[36] = 0x9f; data[37] = 0x42;                         /* F4 [1,4]: -6, -0.5, 1, 2 */
     const char *json =
         "{\"__metadata__\":{\"format\":\"pt\"},"
         "\"z.f32\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[1,9]},"
@@ -76,15 +77,16 @@ int main(void) {
         "\"f.i64\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[18,34]},"
         "\"g.i8\":{\"dtype\":\"I8\",\"shape\":[1],\"data_offsets\":[34,35]},"
         "\"h.u8\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[35,36]},"
-        "\"i.empty\":{\"dtype\":\"F32\",\"shape\":[0,3],\"data_offsets\":[36,36]}}";
+        "\"i.empty\":{\"dtype\":\"F32\",\"shape\":[0,3],\"data_offsets\":[36,36]},"
+        "\"j.f4\":{\"dtype\":\"F4\",\"shape\":[1,4],\"data_offsets\":[36,38]}}";
     static uint8_t buf[8192];
-    size_t len = build(buf, json, data, 36);
+    size_t len = build(buf, json, data, 38);
     char err[256];
     ds4_st *st = ds4_st_open_buffer(buf, len, err, sizeof err);
     CHECK(st != NULL, "valid file rejected: %s", err);
     if (st) {
-        CHECK(ds4_st_n_tensors(st) == 9, "%zu tensors", ds4_st_n_tensors(st));
-        CHECK(!strcmp(ds4_st_tensor_at(st, 0)->name, "b.bf16") && !strcmp(ds4_st_tensor_at(st, 8)->name, "z.f32"),
+        CHECK(ds4_st_n_tensors(st) == 10, "%zu tensors", ds4_st_n_tensors(st));
+        CHECK(!strcmp(ds4_st_tensor_at(st, 0)->name, "b.bf16") && !strcmp(ds4_st_tensor_at(st, 9)->name, "z.f32"),
               "sorted by name");
         float v[4];
         const ds4_st_tensor *t = ds4_st_find(st, "z.f32");
@@ -107,6 +109,9 @@ int main(void) {
         CHECK(t && ds4_st_read_f32(t, 0, 1, v) == 0 && v[0] == 254.0f, "U8");
         t = ds4_st_find(st, "i.empty");
         CHECK(t && t->n_elements == 0 && t->n_bytes == 0, "empty tensor");
+        t = ds4_st_find(st, "j.f4");
+        CHECK(t && t->n_elements == 4 && t->n_bytes == 2 && ds4_st_read_f32(t, 1, 3, v) == 0 && v[0] == -0.5f &&
+              v[1] == 1.0f && v[2] == 2.0f && ds4_st_read_f32(t, 0, 1, v) == 0 && v[0] == -6.0f, "F4");
         CHECK(ds4_st_find(st, "nope") == NULL, "missing name");
         ds4_st_close(st);
     }
@@ -129,6 +134,10 @@ int main(void) {
     CHECK(rejects("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", z, 8,
                   "overflows"), "element count overflow");
     CHECK(rejects("{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", z, 8, "lacks"), "missing offsets");
+    CHECK(rejects("{\"a\":{\"dtype\":\"F4\",\"shape\":[2,3],\"data_offsets\":[0,3]}}", z, 8, "odd last"),
+          "F4 odd row");
+    CHECK(rejects("{\"a\":{\"dtype\":\"F4\",\"shape\":[4],\"data_offsets\":[0,4]}}", z, 8, "do not match"),
+          "F4 size");
     CHECK(rejects("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                   "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", z, 8, "appears twice"),
           "duplicate name");
