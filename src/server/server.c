@@ -712,6 +712,7 @@ static void run_chat(server *s, job *j) {
         goto out;
     }
     ds4_enc_finish(enc, cause, &u);
+    if (ds4_enc_error(enc)) trace(s, "tool parser: %s", ds4_enc_error(enc));
     size_t blen;
     const char *block = ds4_enc_block(enc, &blen);
     const char *ids[MAX_LIVE_CALLS];

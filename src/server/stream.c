@@ -733,6 +733,10 @@ int ds4_enc_call_ids(const ds4_enc *e, const char **ids, int max) {
     return n;
 }
 
+const char *ds4_enc_error(const ds4_enc *e) {
+    return e->error;
+}
+
 const char *ds4_enc_content(const ds4_enc *e, size_t *len) {
     *len = e->content.len;
     return e->content.data ? e->content.data : "";

@@ -90,6 +90,8 @@ const char *ds4_enc_body(const ds4_enc *e, size_t *len);
  * the exact block (NULL if none) and the call ids. */
 const char *ds4_enc_block(const ds4_enc *e, size_t *len);
 int ds4_enc_call_ids(const ds4_enc *e, const char **ids, int max);
+/* The DSML parser's error message (malformed or unterminated tool block), or NULL. */
+const char *ds4_enc_error(const ds4_enc *e);
 /* The visible content and the reasoning text produced (valid after finish). */
 const char *ds4_enc_content(const ds4_enc *e, size_t *len);
 size_t ds4_enc_reasoning_len(const ds4_enc *e);
