@@ -528,7 +528,11 @@ static int run_repl(chat_state *c, ds4_sampler *smp) {
     for (;;) {
         g_interrupted = 0;
         char *line = readline("ds4> ");
-        if (!line) { putchar('\n'); break; }
+        if (!line) {
+            putchar('\n');
+            if (g_interrupted) continue;   /* Ctrl+C at the prompt clears the line */
+            break;                         /* Ctrl+D */
+        }
         if (g_interrupted) { free(line); continue; }
         char *s = line;
         while (*s == ' ' || *s == '\t') s++;

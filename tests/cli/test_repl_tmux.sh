@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Drives the interactive CLI as a person would, in a real terminal (tmux):
+# help, mode switches, two turns of a conversation on the live KV, Ctrl+C in
+# the middle of a long generation (must return to the prompt, and the next
+# turn must still work), /read, /ctx, and /quit. Uses the random-weight demo
+# model, so only the behaviour is checked, never the text.
+set -u
+cd "$(dirname "$0")/../.."
+MODEL=models/demo.gguf
+[ -f "$MODEL" ] || { echo "repl: $MODEL missing (make demo-model)"; exit 1; }
+command -v tmux >/dev/null || { echo "repl: tmux missing"; exit 1; }
+S=ds4test$$
+T=$(mktemp -d)
+fail=0; n=0
+cleanup() { tmux kill-session -t "$S" 2>/dev/null; rm -rf "$T"; }
+trap cleanup EXIT
+screen() { tmux capture-pane -p -J -S -2000 -t "$S"; }
+# wait_for PATTERN COUNT SECONDS: until PATTERN occurs at least COUNT times
+wait_for() {
+    local i
+    for ((i = 0; i < $3 * 10; i++)); do
+        [ "$(screen | grep -c -- "$1")" -ge "$2" ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+expect() { n=$((n+1)); if ! eval "$2"; then echo "FAIL: $1"; screen | tail -15; fail=$((fail+1)); fi; }
+send() { tmux send-keys -t "$S" -l -- "$1"; tmux send-keys -t "$S" Enter; }
+
+printf 'Summarise this file.\n' > "$T/note.txt"
+# Short answers for the conversation turns (random weights rarely emit EOS).
+tmux new-session -d -s "$S" -x 200 -y 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 24 -t 2 --temp 0; echo EXITED-\$?; sleep 30"
+expect "banner and prompt" 'wait_for "^ds4> " 1 60'
+send "/help"
+expect "help lists commands" 'wait_for "/think-max" 1 10'
+send "/nothink"
+expect "nothink acknowledged" 'wait_for "non-thinking mode" 1 10'
+send "hello there"
+expect "first turn generates and reports speed" 'wait_for "generation: 24 tokens" 1 60'
+send "and a second question"
+expect "second turn reuses the session" 'wait_for "generation: 24 tokens" 2 60'
+send "/ctx 8192"
+expect "ctx switch" 'wait_for "context 8192 tokens" 1 20'
+send "/read $T/note.txt"
+expect "/read runs a turn" 'wait_for "generation: 24 tokens" 3 60'
+send "/think"
+expect "think acknowledged" 'wait_for "^thinking mode" 1 10'
+send "/quit"
+expect "quit exits cleanly" 'wait_for "EXITED-0" 1 20'
+expect "history saved" 'grep -q "second" "$T/.ds4_history"'
+tmux kill-session -t "$S"
+
+# Ctrl+C in the middle of an unbounded generation returns to the prompt and
+# the conversation goes on.
+tmux new-session -d -s "$S" -x 200 -y 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 100000 -t 2 --nothink; echo EXITED-\$?; sleep 30"
+expect "second run prompt" 'wait_for "^ds4> " 1 60'
+send "write a very long story"
+sleep 4
+tmux send-keys -t "$S" C-c
+expect "Ctrl+C interrupts generation" 'wait_for "^\[interrupted\]" 1 20'
+expect "prompt returns after Ctrl+C" 'wait_for "^ds4> " 2 15'
+tmux send-keys -t "$S" C-c
+expect "Ctrl+C at the prompt keeps the REPL" 'sleep 1; ! screen | grep -q EXITED'
+send "/quit"
+expect "quit after interrupt" 'wait_for "EXITED-0" 1 20'
+echo "repl_tmux: $((n-fail)) passed, $fail failed"
+[ $fail = 0 ]
