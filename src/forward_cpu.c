@@ -34,8 +34,7 @@ typedef struct cpu {
     float *S, *S2, *flat, *mix, *hcw, *a, *x, *cq, *q, *kvr, *ck, *cz, *ik, *iz, *qi, *om;
     float *o, *z, *zg, *y, *rl, *ew, *xe, *ge, *ue, *oe, *rope_cs;
     int *sel, *nsel, *eidx, *elist;
-    void *act;
-    size_t act_bytes;
+    void *act;                      /* activations converted for the weight type */
 
     /* per-thread scratch, grown to the largest state seen */
     int rows_cap;
@@ -385,6 +384,16 @@ static void indexer(batch *b) {
     }
 }
 
+/* Candidate row i of a query: raw rows first (positions lo..p, from the batch
+ * or, before the batch, from the ring), then the usable compressed rows. */
+static const float *attn_row(const batch *b, const ds4_kv_layer *L, int64_t lo, int n_raw, const int *sel, int i) {
+    const int D = b->f->c->head_dim;
+    if (i >= n_raw) return L->comp + (size_t)(sel ? sel[i - n_raw] : i - n_raw) * D;
+    const int64_t pos = lo + i;
+    if (pos >= b->p0) return b->f->kvr + (size_t)(pos - b->p0) * D;
+    return L->raw + (size_t)(pos % b->kv->raw_cap) * D;
+}
+
 /* One head of one token: softmax with sink over raw + usable compressed rows. */
 static void attn_task(batch *b, int task, int thread) {
     const cpu *f = b->f;
@@ -394,7 +403,7 @@ static void attn_task(batch *b, int task, int thread) {
     const int64_t p = b->p0 + t, lo = p - c->window + 1 > 0 ? p - c->window + 1 : 0;
     const float *q = f->q + ((size_t)t * H + h) * D;
     float *sc = f->ts[thread].scores;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = 1.0f / sqrtf((float)D), sink = f->m->layers[b->l].sinks[h];
     const int n_raw = (int)(p - lo + 1);
     int n_comp = 0;
     const int *sel = NULL;
@@ -402,21 +411,17 @@ static void attn_task(batch *b, int task, int thread) {
         n_comp = n_visible(b, t);
         if (L->idx) { sel = f->sel + (size_t)t * c->idx_topk; n_comp = f->nsel[t]; }
     }
-#define ROW(i) ((i) < n_raw ? ((lo + (i) >= b->p0) ? f->kvr + (size_t)(lo + (i) - b->p0) * D \
-                                                   : L->raw + (size_t)((lo + (i)) % b->kv->raw_cap) * D) \
-                            : L->comp + (size_t)(sel ? sel[(i) - n_raw] : (i) - n_raw) * D)
     const int n = n_raw + n_comp;
-    float mx = f->m->layers[b->l].sinks[h];
+    float mx = sink;
     for (int i = 0; i < n; i++) {
-        sc[i] = dotf(ROW(i), q, D) * scale;
+        sc[i] = dotf(attn_row(b, L, lo, n_raw, sel, i), q, D) * scale;
         mx = fmaxf(mx, sc[i]);
     }
-    double den = exp((double)f->m->layers[b->l].sinks[h] - mx);
+    double den = exp((double)sink - mx);
     for (int i = 0; i < n; i++) { sc[i] = (float)exp((double)sc[i] - mx); den += sc[i]; }
     float *o = f->o + ((size_t)t * H + h) * D;
     memset(o, 0, (size_t)D * sizeof(float));
-    for (int i = 0; i < n; i++) axpy(o, (float)(sc[i] / den), ROW(i), D);
-#undef ROW
+    for (int i = 0; i < n; i++) axpy(o, (float)(sc[i] / den), attn_row(b, L, lo, n_raw, sel, i), D);
     rope_apply(o, D, c->n_rot, rope_cs(b, t), true);
 }
 
@@ -575,9 +580,9 @@ static bool grow_batch(cpu *f, int T) {
     size_t widest = hcE;
     size_t ins[] = {HD, F, (size_t)c->o_groups * c->o_lora, (size_t)c->q_lora, E};
     for (size_t i = 0; i < sizeof ins / sizeof ins[0]; i++) if (ins[i] > widest) widest = ins[i];
-    f->act_bytes = (size_t)T * ds4_act_bytes(DS4_TYPE_F32, (int64_t)widest);
+    /* f32 activations are the widest conversion of any weight type */
     free(f->act);
-    f->act = malloc(f->act_bytes);
+    f->act = malloc((size_t)T * ds4_act_bytes(DS4_TYPE_F32, (int64_t)widest));
     if (!f->act) return false;
     f->cap = T;
     return true;
