@@ -575,6 +575,27 @@ static void add_plan(plan *pl, const ds4_st *st, const ds4_hparams *hp, enum ds4
     if (im) imatrix_bind(im, o);
 }
 
+/* Source tensors no output tensor reads usually mean a naming mismatch; the
+ * MTP block (mtp.*) is knowingly skipped (it is not part of the main layout). */
+static void warn_unused(const ds4_st *st, const plan *pl) {
+    size_t n = ds4_st_n_tensors(st), unused = 0;
+    if (!n) return;
+    const ds4_st_tensor *base = ds4_st_tensor_at(st, 0);
+    bool *used = calloc(n, 1);
+    for (size_t i = 0; i < pl->n; i++)
+        for (int k = 0; k < pl->t[i].n_parts; k++) {
+            used[pl->t[i].parts[k].w - base] = true;
+            if (pl->t[i].parts[k].scale) used[pl->t[i].parts[k].scale - base] = true;
+        }
+    for (size_t i = 0; i < n; i++) {
+        const char *name = base[i].name;
+        if (used[i] || !strncmp(name, "mtp.", 4) || !strncmp(name, "model.mtp.", 10)) continue;
+        if (unused++ < 5) fprintf(stderr, "ds4-convert: warning: source tensor %s is not used\n", name);
+    }
+    if (unused > 5) fprintf(stderr, "ds4-convert: warning: ... %zu unused source tensors in all\n", unused);
+    free(used);
+}
+
 static void usage(void) {
     fputs("usage: ds4-convert HF_DIR OUT.gguf --type f32|f16|q8_0|q2|q4 [--imatrix FILE]\n"
           "                   [--vocab tokenizer.json] [--name NAME] [--threads N]\n", stderr);
@@ -623,6 +644,8 @@ int main(int argc, char **argv) {
     for (int l = 0; l < (int)hp.n_layer; l++)
         for (int id = 0; id < DS4_T_COUNT; id++)
             add_plan(&pl, st, &hp, (enum ds4_mix)mix, imatrix_path ? &im : NULL, (enum ds4_tensor_id)id, l);
+
+    warn_unused(st, &pl);
 
     ds4_gguf_writer *w = ds4_gguf_writer_new(32);
     ds4_hparams_write(w, &hp);

@@ -51,6 +51,7 @@ def convert(src, out, typ, *extra):
     if r.returncode != 0:
         print(r.stderr)
         raise SystemExit(f"ds4-convert {typ} failed")
+    check("warning" not in r.stderr, f"{src} {typ}: {r.stderr[:300]}")
     return GGUFReader(out)
 
 
