@@ -1194,17 +1194,30 @@ static void *conn_main(void *ud) {
     return NULL;
 }
 
+/* IPv4 or IPv6 literal; "localhost" = 127.0.0.1. */
 static int listen_on(const char *host, int port, char *err, size_t errlen) {
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct sockaddr_storage ss = {0};
+    socklen_t len;
     if (!strcmp(host, "localhost")) host = "127.0.0.1";
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-        snprintf(err, errlen, "invalid --host '%s' (an IPv4 address)", host);
+    struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
+    if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons((uint16_t)port);
+        len = sizeof *v4;
+    } else if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons((uint16_t)port);
+        len = sizeof *v6;
+    } else {
+        snprintf(err, errlen, "invalid --host '%s' (an IPv4 or IPv6 address)", host);
         return -1;
     }
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 512)) {
+    if (ss.ss_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&ss, len) || listen(fd, 512)) {
         snprintf(err, errlen, "cannot listen on %s:%d: %s", host, port, strerror(errno));
         close(fd);
         return -1;
@@ -1268,8 +1281,12 @@ int ds4_server_run(const ds4_server_opts *opts) {
         fprintf(stderr, "ds4-server: %s\n", err);
         return 1;
     }
-    int lfd = listen_on(s->o.host, s->o.port, err, sizeof err);
-    if (lfd < 0) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
+    struct pollfd lfds[2] = {{.fd = listen_on(s->o.host, s->o.port, err, sizeof err), .events = POLLIN},
+                             {.fd = -1, .events = POLLIN}};
+    if (lfds[0].fd < 0) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
+    /* Clients configured with "localhost" may try ::1 first. */
+    if (!strcmp(s->o.host, "127.0.0.1") || !strcmp(s->o.host, "localhost"))
+        lfds[1].fd = listen_on("::1", s->o.port, err, sizeof err);
 
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
@@ -1285,9 +1302,8 @@ int ds4_server_run(const ds4_server_opts *opts) {
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_attr_setstacksize(&attr, 512 * 1024);
     while (!g_stop) {
-        struct pollfd pf = {.fd = lfd, .events = POLLIN};
-        if (poll(&pf, 1, 200) <= 0) continue;
-        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (poll(lfds, 2, 200) <= 0) continue;
+        int fd = accept4(lfds[lfds[0].revents & POLLIN ? 0 : 1].fd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0) continue;
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -1306,7 +1322,8 @@ int ds4_server_run(const ds4_server_opts *opts) {
             if (!full) { pthread_mutex_lock(&s->mu); s->n_conns--; pthread_mutex_unlock(&s->mu); }
         }
     }
-    close(lfd);
+    for (int i = 0; i < 2; i++)
+        if (lfds[i].fd >= 0) close(lfds[i].fd);
     fprintf(stderr, "ds4-server: shutting down\n");
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
