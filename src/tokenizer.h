@@ -10,8 +10,10 @@
  *   always resolved by string, never hard-coded.
  * - Encoding is exactly Hugging Face `tokenizers` on the same tokenizer.json:
  *   specials are cut out first (leftmost-longest), every segment between them
- *   goes through the three regex splits of the sheet (Unicode classes), then
- *   byte-level BPE by merge rank. No BOS/EOS is ever added.
+ *   goes through the three regex splits of the sheet, then byte-level BPE by
+ *   merge rank. No BOS/EOS is ever added. The Unicode classes the splits use
+ *   are generated from HF's own regex engine (tokenizer_unicode.c), so they
+ *   do not depend on the system's PCRE2 or Unicode version.
  * - Which added-token strings are recognised inside text is the caller's
  *   explicit choice (enum ds4_tok_specials). Raw user text should use NONE:
  *   otherwise a user (or a tool result, or a web page) that types
