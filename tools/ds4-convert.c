@@ -44,6 +44,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -479,10 +480,23 @@ typedef struct {
     size_t n;
     double t0_bytes, done_bytes;
     ds4_pool *pool;
+    /* A failure while writing is reported through the writer (fill returns
+     * -1), which then deletes its temporary file; the first message wins. */
+    atomic_int failed;
+    char err[512];
 } plan;
+
+static void plan_fail(plan *pl, const char *fmt, ...) {
+    if (atomic_exchange(&pl->failed, 1)) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pl->err, sizeof pl->err, fmt, ap);
+    va_end(ap);
+}
 
 /* One matrix's rows, quantized in parallel (each thread its own row buffer). */
 typedef struct {
+    plan *pl;
     const out_tensor *o;
     const part *p;
     uint64_t base, m, rows, cols;
@@ -496,14 +510,19 @@ static void quantize_rows(void *ctx, int task, int n_tasks, int thread) {
     const rows_job *j = ctx;
     float *row = j->bufs + (size_t)thread * j->cols;
     uint64_t r0 = j->rows * (uint64_t)task / (uint64_t)n_tasks, r1 = j->rows * (uint64_t)(task + 1) / (uint64_t)n_tasks;
-    for (uint64_t r = r0; r < r1; r++) {
+    for (uint64_t r = r0; r < r1 && !atomic_load(&j->pl->failed); r++) {
         read_row(j->p, j->base + r, j->cols, row);
         for (uint64_t c = 0; c < j->cols; c++)
-            if (!isfinite(row[c])) die("%s: non-finite value at matrix %llu row %llu col %llu", j->o->name,
-                                       (unsigned long long)j->m, (unsigned long long)r, (unsigned long long)c);
-        if (ds4_quantize_row(j->o->type, row, j->out + r * j->row_bytes, (int64_t)j->cols, j->im) != j->row_bytes)
-            die("%s: cannot produce %s rows of %llu", j->o->name, ds4_type_name(j->o->type),
-                (unsigned long long)j->cols);
+            if (!isfinite(row[c])) {
+                plan_fail(j->pl, "%s: non-finite source value at matrix %llu row %llu col %llu", j->o->name,
+                          (unsigned long long)j->m, (unsigned long long)r, (unsigned long long)c);
+                return;
+            }
+        if (ds4_quantize_row(j->o->type, row, j->out + r * j->row_bytes, (int64_t)j->cols, j->im) != j->row_bytes) {
+            plan_fail(j->pl, "%s: cannot produce %s rows of %llu", j->o->name, ds4_type_name(j->o->type),
+                      (unsigned long long)j->cols);
+            return;
+        }
     }
 }
 
@@ -521,7 +540,10 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
             if (w->dtype == DS4_ST_I64) memcpy(&v, (const uint8_t *)w->data + 8 * i, 8);
             else { int32_t v32; memcpy(&v32, (const uint8_t *)w->data + 4 * i, 4); v = v32; }
             int32_t v32 = (int32_t)v;
-            if (v != v32) die("%s: value %lld does not fit in I32", o->name, (long long)v);
+            if (v != v32) {
+                plan_fail(pl, "%s: value %lld does not fit in I32", o->name, (long long)v);
+                return -1;
+            }
             memcpy(out + 4 * i, &v32, 4);
         }
         return 0;
@@ -530,9 +552,9 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
     /* IQ2_XXS without a measured imatrix: Σ_rows W² per expert matrix. */
     bool need_imp = o->type == DS4_TYPE_IQ2_XXS && !o->imatrix;
     float *imp = need_imp ? malloc(cols * sizeof(float)) : NULL;
-    rows_job j = {.o = o, .cols = cols, .rows = rows, .row_bytes = row_bytes,
+    rows_job j = {.pl = pl, .o = o, .cols = cols, .rows = rows, .row_bytes = row_bytes,
                   .bufs = malloc((size_t)ds4_pool_threads(pl->pool) * cols * sizeof(float))};
-    for (uint64_t m = 0; m < n_mat; m++) {
+    for (uint64_t m = 0; m < n_mat && !atomic_load(&pl->failed); m++) {
         j.p = &o->parts[o->n_parts > 1 ? m : 0];
         j.base = (o->n_parts > 1 ? 0 : m * o->src_rows_per_matrix) + o->row_offset;
         j.m = m;
@@ -551,6 +573,7 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
     }
     free(j.bufs);
     free(imp);
+    if (atomic_load(&pl->failed)) return -1;
     pl->done_bytes += (double)n_bytes;
     fprintf(stderr, "[%4zu/%zu] %-40s %-8s [%llu, %llu, %llu] %5.1f%%\n", ti + 1, pl->n, o->name,
             ds4_type_name(o->type), (unsigned long long)o->ne[0], (unsigned long long)o->ne[1],
@@ -637,7 +660,8 @@ int main(int argc, char **argv) {
     imatrix im = {0};
     if (imatrix_path) imatrix_load(imatrix_path, &im);
 
-    plan pl = {.pool = ds4_pool_new(atoi(threads))};
+    static plan pl;
+    pl.pool = ds4_pool_new(atoi(threads));
     pl.t = calloc(DS4_T_COUNT * (hp.n_layer + 1), sizeof *pl.t);
     for (int id = 0; id < DS4_T_COUNT; id++)
         add_plan(&pl, st, &hp, (enum ds4_mix)mix, imatrix_path ? &im : NULL, (enum ds4_tensor_id)id, -1);
@@ -677,7 +701,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ds4-convert: %s -> %s (%s, %zu tensors, %.1f MiB, %d source shard%s%s)\n", in, out,
             ds4_mix_name((enum ds4_mix)mix), pl.n, pl.t0_bytes / 1048576.0, ds4_st_n_shards(st),
             ds4_st_n_shards(st) == 1 ? "" : "s", vocab ? ", with tokenizer" : ", no tokenizer");
-    if (ds4_gguf_writer_write_file(w, out, fill, &pl, err, sizeof err)) die("%s", err);
+    if (ds4_gguf_writer_write_file(w, out, fill, &pl, err, sizeof err))
+        die("%s", atomic_load(&pl.failed) ? pl.err : err);
     ds4_gguf_writer_free(w);
     for (size_t i = 0; i < pl.n; i++) free(pl.t[i].parts);
     free(pl.t);

@@ -217,6 +217,37 @@ def test_official(tmp):
     check_exact(r, cfg, st, "official f32", want, got)
 
 
+def test_errors(tmp):
+    """Bad inputs: exit status 1 and one final line naming the problem (after
+    any progress lines), and no output file left behind."""
+    d = os.path.join(tmp, "bad")
+    make_official_checkpoint.make(d, seed=1)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg["hidden_size"] = 512
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    cases = [
+        ([os.path.join(tmp, "nonexistent"), "--type", "f32"], "config.json"),
+        ([d, "--type", "f32"], "expected"),
+        ([FIX_A, "--type", "q3"], "unknown --type"),
+    ]
+    # a NaN code (0x7f) in an FP8 matrix is found while writing
+    n = os.path.join(tmp, "nan")
+    make_official_checkpoint.make(n, seed=2)
+    shard = os.path.join(n, "model-00001-of-00002.safetensors")
+    st = st_np.read(shard)
+    name = next(k for k, e in st.items() if e[0] == "F8_E4M3")
+    tensors = {k: (e[0], e[2].copy()) for k, e in st.items()}
+    tensors[name][1].flat[5] = 0x7F
+    st_np.write(shard, tensors)
+    cases.append(([n, "--type", "q8_0"], "non-finite"))
+    for args, want in cases:
+        r = subprocess.run([CONVERT, args[0], os.path.join(tmp, "x.gguf"), *args[1:]], capture_output=True, text=True)
+        last = (r.stderr.strip().splitlines() or [""])[-1]
+        check(r.returncode == 1 and want in last and last.startswith("ds4-convert: "),
+              f"error case {args[-1]} {want!r}: rc {r.returncode}, stderr {r.stderr!r}")
+    check(not any(f.startswith("x.gguf") for f in os.listdir(tmp)), "a failed conversion left an output file")
+
+
 def main():
     if not os.path.exists(CONVERT):
         raise SystemExit(f"{CONVERT} not built")
@@ -225,6 +256,7 @@ def main():
         test_tiny_b(tmp)
         test_imatrix(tmp)
         test_official(tmp)
+        test_errors(tmp)
     print(f"test_convert: {checks - failures} passed, {failures} failed")
     sys.exit(1 if failures else 0)
 
