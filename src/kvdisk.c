@@ -446,7 +446,7 @@ static void rescan(ds4_kvdisk *d) {
         } else {
             entry_free(e);
         }
-        snprintf(e->name, sizeof e->name, "%s", de->d_name);
+        memcpy(e->name, de->d_name, 44); /* is_cache_name: 43 characters */
         e->ino = st.st_ino;
         e->dev = st.st_dev;
         e->size = st.st_size;
