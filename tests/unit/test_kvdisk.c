@@ -7,7 +7,8 @@
  *   file nor a temp file, and an existing file of the same name intact.
  * - Save-point policy with the README defaults.
  * - The cache on models/demo.gguf: save, prefix lookup, restore bit-exact,
- *   hit counts, tool-id map persistence, damaged files ignored and removed,
+ *   hit counts, tool-id map persistence, context and quant rules, damaged
+ *   files ignored and removed,
  *   eviction by score, a full disk during save, two processes on one dir.
  */
 #include <dirent.h>
@@ -360,6 +361,28 @@ static void test_cache(ds4_engine *e, const char *dir) {
     ds4_session *small = ds4_session_new(e, 256, err, sizeof err);
     CHECK(ds4_kvdisk_restore(d, small, prompt, tn + 10, 0) == 0, "ctx 512 snapshot into ctx 256");
     ds4_session_free(small);
+
+    /* another routed-expert quant: reused by default, refused when strict */
+    f = read_all(path, &fn);
+    CHECK(f && ds4_kvc_parse(f, fn, &v, err, sizeof err), "reparse: %s", err);
+    if (f) {
+        char name[64];
+        snprintf(name, sizeof name, "%s", strrchr(path, '/') + 1);
+        ds4_kvc_header hq = v.h;
+        hq.quant_bits = (uint8_t)(ds4_engine_expert_bits(e) == 4 ? 2 : 4);
+        CHECK(ds4_kvc_write(dir, name, &hq, v.text, v.text_len, v.payload, v.tools, v.n_tools, err, sizeof err) == 0,
+              "rewrite with another quant: %s", err);
+        free(v.tools);
+        ds4_kvdisk_opts strict = o;
+        strict.reject_different_quant = true;
+        ds4_kvdisk *ds = ds4_kvdisk_open(&strict, e, NULL, on_log, &lg, err, sizeof err);
+        ds4_session *q = ds4_session_new(e, 1024, err, sizeof err);
+        CHECK(ds4_kvdisk_restore(ds, q, prompt, tn + 10, 0) == 0, "strict: other quant refused");
+        CHECK(ds4_kvdisk_restore(d, q, prompt, tn + 10, 0) == tn && same_state(a, q), "default: other quant reused");
+        ds4_session_free(q);
+        ds4_kvdisk_close(ds);
+    }
+    free(f);
 
     /* damage: a flipped payload byte and a truncation are ignored, logged, removed */
     for (int kind = 0; kind < 2; kind++) {
