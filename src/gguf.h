@@ -8,7 +8,13 @@
  *   one human-readable line naming what is wrong into err.
  * - Split models ("NAME-00001-of-0000N.gguf"): opening any shard opens all of
  *   them as one logical model. Metadata comes from the first shard, tensors
- *   from all shards (names must be unique across shards).
+ *   from all shards (names must be unique across shards). The shard count
+ *   comes from split.count when present, else from the file name; split.no /
+ *   split.count / split.tensors.count, where present, must agree with it.
+ * - Accepted: versions 2 and 3, little endian; general.alignment a UINT32
+ *   power of two up to 1 MiB (default 32); tensor offsets multiples of it and
+ *   data inside the file (overlap and gaps are allowed); known ggml types
+ *   only, ne[0] a multiple of the block size, 0..8 dims, counts < 2^63.
  * - Key and tensor lookup by name is O(1) expected (hash tables).
  * - Strings in the file are NOT NUL-terminated: ds4_gguf_str is (ptr,len).
  * - The writer (ds4_gguf_writer_*) produces files gguf-py and llama.cpp read:
