@@ -9,7 +9,8 @@ same small cache thresholds:
 The restarted turn 3 must report cached tokens >= the shutdown snapshot,
 show a disk hit and the replay block loaded from disk in the trace (canonical
 rendering of the reordered arguments would not match the cached text), and
-give logprobs equal to A's. The cache files are checked against the seed's
+give logprobs equal to A's. The traces show the cold, continued (64-token
+frontier) and evict saves. The cache files are checked against the seed's
 KVC layout with Python's own SHA-1 and CRC-32. Finally a copy of the cache
 with a byte flipped in every file is ignored by a third start (logged, and
 the snapshot it tried is removed)."""
@@ -117,7 +118,9 @@ def main():
             oa = client(a)
             msgs, _ = turns(oa, t, 2)
             ref = final_turn(oa, msgs)
-            t.check("cold" in a.trace_text() and "kv-disk: saved" in a.trace_text(), "cold save on the first prompt")
+            tr = a.trace_text()
+            t.check(".kv (cold, " in tr, "cold save on the first prompt")
+            t.check(".kv (continued, 64 tokens" in tr, "continued save at the 64-token frontier")
         finally:
             a.stop()
         ref_lp = lp_list(ref)
@@ -145,7 +148,11 @@ def main():
         b2 = Server("--scripted-output", script, "--kv-disk-dir", dir_b, *FLAGS)
         try:
             got = final_turn(client(b2), msgs_b)
+            # an unrelated conversation replaces the live session: evict save first
+            client(b2).chat.completions.create(model="m", messages=[{"role": "user", "content": "Something else " * 8}],
+                                               max_tokens=1)
             tr = b2.trace_text()
+            t.check(".kv (evict, " in tr, "evict save before an unrelated request")
         finally:
             b2.stop()
         cached = got.usage.prompt_tokens_details.cached_tokens
