@@ -73,7 +73,6 @@ static void read_clamps(binder *b, const ds4_gguf_kv *kv, const char *key, float
 #define K(s) "deepseek4." s
 
 static void read_config(binder *b, ds4_config *c) {
-    const uint32_t big = 1u << 30;
     c->n_layer = key_int(b, K("block_count"), 1, 4096);
     c->n_embd = key_int(b, K("embedding_length"), 1, 1 << 20);
     c->n_vocab = key_int(b, K("vocab_size"), 1, 1 << 24);
@@ -85,7 +84,8 @@ static void read_config(binder *b, ds4_config *c) {
     c->q_lora = key_int(b, K("attention.q_lora_rank"), 1, 1 << 20);
     c->o_lora = key_int(b, K("attention.output_lora_rank"), 1, 1 << 20);
     c->o_groups = key_int(b, K("attention.output_group_count"), 1, 4096);
-    c->window = key_int(b, K("attention.sliding_window"), 1, 1 << 20);
+    /* window and top-k size per-token buffers but no tensor: bounded here */
+    c->window = key_int(b, K("attention.sliding_window"), 1, 1 << 16);
     c->compress_rope_base = key_float(b, K("attention.compress_rope_freq_base"));
     c->rope_base = key_float(b, K("rope.freq_base"));
     c->yarn_factor = key_float(b, K("rope.scaling.factor"));
@@ -98,7 +98,7 @@ static void read_config(binder *b, ds4_config *c) {
     c->rms_eps = key_float(b, K("attention.layer_norm_rms_epsilon"));
     c->n_idx_head = key_int(b, K("attention.indexer.head_count"), 1, 4096);
     c->idx_head_dim = key_int(b, K("attention.indexer.key_length"), 2, 1 << 16);
-    c->idx_topk = key_int(b, K("attention.indexer.top_k"), 1, (int)big);
+    c->idx_topk = key_int(b, K("attention.indexer.top_k"), 1, 1 << 16);
     c->n_hc = key_int(b, K("hyper_connection.count"), 1, 64);
     c->sinkhorn_iters = key_int(b, K("hyper_connection.sinkhorn_iterations"), 1, 1000);
     c->hc_eps = key_float(b, K("hyper_connection.epsilon"));
