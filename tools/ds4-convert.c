@@ -24,11 +24,11 @@
  * are the released mixes. Norms, sinks, HC scale/base, router bias stay F32
  * and tid2eid I32 in every mix.
  *
- * IQ2_XXS needs per-column importance: from --imatrix (llama.cpp's imatrix.dat
- * layout: i32 entry count, then per entry i32 name length, name, i32 calls,
- * i32 value count, f32 values; entries named by GGUF tensor name, ne0 values
- * per expert), else Σ over rows of W² of that expert matrix. K-quants use the
- * imatrix when one is given.
+ * IQ2_XXS needs per-column importance: from --imatrix (llama.cpp's formats,
+ * entries named by GGUF tensor name with ne0 values per expert or one shared
+ * vector: the GGUF "<name>.in_sum2" / "<name>.counts" pair, or the legacy
+ * imatrix.dat), else Σ over rows of W² of that expert matrix. K-quants use
+ * the imatrix when one is given.
  *
  * Memory: sources are mmapped; one output tensor and one source row block
  * are in RAM at a time.
@@ -437,9 +437,15 @@ static void read_row(const part *p, uint64_t r, uint64_t cols, float *out) {
 typedef struct { char *name; float *v; uint32_t n; } imat_entry;
 typedef struct { imat_entry *e; size_t n; } imatrix;
 
-static void imatrix_load(const char *path, imatrix *im) {
-    FILE *f = fopen(path, "rb");
-    if (!f) die("%s: %s", path, strerror(errno));
+static void imatrix_check(const char *path, const imat_entry *e) {
+    for (uint32_t j = 0; j < e->n; j++)
+        if (!(e->v[j] >= 0) || !isfinite(e->v[j]))
+            die("%s: entry %s has a negative or non-finite value", path, e->name);
+}
+
+/* llama.cpp's legacy imatrix.dat: i32 count, then per entry i32 name length,
+ * name, i32 calls, i32 value count, f32 values. */
+static void imatrix_load_dat(const char *path, FILE *f, imatrix *im) {
     int32_t n;
     if (fread(&n, 4, 1, f) != 1 || n < 0 || n > 1000000) die("%s: not an imatrix file", path);
     im->e = calloc((size_t)n, sizeof *im->e);
@@ -454,10 +460,63 @@ static void imatrix_load(const char *path, imatrix *im) {
         im->e[i].n = (uint32_t)nval;
         im->e[i].v = malloc((size_t)nval * sizeof(float));
         if (fread(im->e[i].v, 4, (size_t)nval, f) != (size_t)nval) die("%s: entry %d truncated", path, i);
-        for (int32_t j = 0; j < nval; j++)
-            if (!(im->e[i].v[j] >= 0) || !isfinite(im->e[i].v[j]))
-                die("%s: entry %s has a negative or non-finite value", path, im->e[i].name);
+        imatrix_check(path, &im->e[i]);
     }
+}
+
+/* llama.cpp's GGUF imatrix: per weight "<name>.in_sum2" F32 [ne0, n_mat]
+ * (sums of squared inputs) and "<name>.counts" F32 [1, n_mat]; the importance
+ * is their quotient. A matrix that saw no tokens gets neutral weights. */
+static void imatrix_load_gguf(const char *path, imatrix *im) {
+    char err[512];
+    ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
+    if (!g) die("%s", err);
+    im->e = calloc(ds4_gguf_n_tensors(g), sizeof *im->e);
+    for (size_t i = 0; i < ds4_gguf_n_tensors(g); i++) {
+        const ds4_gguf_tensor *s = ds4_gguf_tensor_at(g, i);
+        static const char suf[] = ".in_sum2";
+        if (s->name.len <= sizeof suf - 1 || memcmp(s->name.ptr + s->name.len - (sizeof suf - 1), suf, sizeof suf - 1))
+            continue;
+        imat_entry *e = &im->e[im->n++];
+        size_t base_len = s->name.len - (sizeof suf - 1);
+        e->name = calloc(base_len + sizeof ".counts", 1);
+        memcpy(e->name, s->name.ptr, base_len);
+        memcpy(e->name + base_len, ".counts", sizeof ".counts");
+        const ds4_gguf_tensor *c = ds4_gguf_find_tensor(g, e->name);
+        e->name[base_len] = 0;
+        uint64_t n_mat = s->ne[1];
+        if (s->type != DS4_TYPE_F32 || !c || c->type != DS4_TYPE_F32 || c->n_elements != n_mat ||
+            s->n_elements > (1u << 28))
+            die("%s: %s needs an F32 .in_sum2 [ne0, n] and .counts [1, n]", path, e->name);
+        e->n = (uint32_t)s->n_elements;
+        e->v = malloc(s->n_elements * sizeof(float));
+        uint64_t ne0 = s->ne[0];
+        for (uint64_t m = 0; m < n_mat; m++) {
+            float cnt;
+            memcpy(&cnt, (const uint8_t *)c->data + 4 * m, 4);
+            for (uint64_t k = 0; k < ne0; k++) {
+                float v;
+                memcpy(&v, (const uint8_t *)s->data + 4 * (m * ne0 + k), 4);
+                e->v[m * ne0 + k] = cnt > 0 ? v / cnt : 1.0f;
+            }
+        }
+        imatrix_check(path, e);
+    }
+    ds4_gguf_close(g);
+}
+
+static void imatrix_load(const char *path, imatrix *im) {
+    FILE *f = fopen(path, "rb");
+    if (!f) die("%s: %s", path, strerror(errno));
+    char magic[4] = {0};
+    bool gguf = fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+    if (gguf) {
+        fclose(f);
+        imatrix_load_gguf(path, im);
+        return;
+    }
+    rewind(f);
+    imatrix_load_dat(path, f, im);
     fclose(f);
 }
 

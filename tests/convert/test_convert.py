@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 import numpy as np
-from gguf import GGUFReader, GGMLQuantizationType as QT
+from gguf import GGUFReader, GGUFWriter, GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -184,7 +184,8 @@ def test_tiny_b(tmp):
 def test_imatrix(tmp):
     """An imatrix weighting even columns 1000x must move the q2 error from the
     even to the odd columns of every routed expert tensor (IQ2_XXS and Q2_K),
-    compared with the conversion without one."""
+    compared with the conversion without one; the legacy .dat and the GGUF
+    imatrix layouts with the same importance give identical tensors."""
     cfg = json.load(open(os.path.join(FIX_A, "config.json")))
     st = st_np.read_dir(FIX_A)
     experts = [(n, ne, src) for n, ne, fam, src in ds4_sheet.tensors(cfg) if fam in ("EXP_GU", "EXP_D")]
@@ -195,7 +196,20 @@ def test_imatrix(tmp):
             v = np.ones((ne[2], ne[0]), np.float32)
             v[:, 0::2] = 1000
             f.write(struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", 1, v.size) + v.tobytes())
+    # the same importance in llama.cpp's GGUF imatrix layout (in_sum2 / counts)
+    gpath = os.path.join(tmp, "im.gguf")
+    gw = GGUFWriter(gpath, "imatrix")
+    for name, ne, _ in experts:
+        v = np.ones((ne[2], ne[0]), np.float32)
+        v[:, 0::2] = 1000
+        gw.add_tensor(name + ".in_sum2", v * 4)
+        gw.add_tensor(name + ".counts", np.full((ne[2], 1), 4, np.float32))
+    gw.write_header_to_file()
+    gw.write_kv_data_to_file()
+    gw.write_tensors_to_file()
+    gw.close()
     with_im = {t.name: t for t in convert(FIX_A, os.path.join(tmp, "A-q2-im.gguf"), "q2", "--imatrix", path).tensors}
+    with_gim = {t.name: t for t in convert(FIX_A, os.path.join(tmp, "A-q2-gim.gguf"), "q2", "--imatrix", gpath).tensors}
     without = {t.name: t for t in convert(FIX_A, os.path.join(tmp, "A-q2.gguf"), "q2").tensors}
     for name, ne, src in experts:
         exp = ds4_sheet.source_values(st, cfg, src).reshape(-1, ne[0])
@@ -203,6 +217,8 @@ def test_imatrix(tmp):
         e0 = (values_of(without[name]).reshape(exp.shape) - exp) ** 2
         even, odd = e1[:, 0::2].mean() / e0[:, 0::2].mean(), e1[:, 1::2].mean() / e0[:, 1::2].mean()
         check(even < 0.8 and odd > 1.2, f"imatrix: {name} error ratio even {even:.2f} odd {odd:.2f}")
+        check(np.array_equal(np.asarray(with_im[name].data), np.asarray(with_gim[name].data)),
+              f"imatrix: {name} differs between the .dat and the GGUF imatrix")
 
 
 def test_official(tmp):
