@@ -495,7 +495,9 @@ static int plan_prompt(server *s, const char *text, size_t n, plan *p) {
 static void remember_visible(server *s, const ds4_buf *prompt, const ds4_enc *enc) {
     s->visible_tokens = -1;
     size_t open = strlen(DS4_STR_THINK_OPEN), clen, blen;
-    if (!ds4_enc_reasoning_len(enc) || prompt->len < open ||
+    /* Only a closed think block makes the live text "<think>R</think>C":
+     * an unfinished one has no visible transcript to match. */
+    if (!ds4_enc_reasoning_closed(enc) || ds4_enc_stop_matched(enc) || prompt->len < open ||
         memcmp(prompt->data + prompt->len - open, DS4_STR_THINK_OPEN, open)) return;
     const char *content = ds4_enc_content(enc, &clen);
     const char *block = ds4_enc_block(enc, &blen);

@@ -742,8 +742,12 @@ const char *ds4_enc_content(const ds4_enc *e, size_t *len) {
     return e->content.data ? e->content.data : "";
 }
 
-size_t ds4_enc_reasoning_len(const ds4_enc *e) {
-    return e->reasoning.len;
+bool ds4_enc_reasoning_closed(const ds4_enc *e) {
+    return e->reasoning_closed;
+}
+
+bool ds4_enc_stop_matched(const ds4_enc *e) {
+    return e->st.matched >= 0;
 }
 
 const char *ds4_enc_body(const ds4_enc *e, size_t *len) {

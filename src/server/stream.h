@@ -92,9 +92,12 @@ const char *ds4_enc_block(const ds4_enc *e, size_t *len);
 int ds4_enc_call_ids(const ds4_enc *e, const char **ids, int max);
 /* The DSML parser's error message (malformed or unterminated tool block), or NULL. */
 const char *ds4_enc_error(const ds4_enc *e);
-/* The visible content and the reasoning text produced (valid after finish). */
+/* The visible content (valid after finish), and whether "</think>" closed
+ * the reasoning channel. */
 const char *ds4_enc_content(const ds4_enc *e, size_t *len);
-size_t ds4_enc_reasoning_len(const ds4_enc *e);
+bool ds4_enc_reasoning_closed(const ds4_enc *e);
+/* True when a stop string cut the output (the live KV then holds more). */
+bool ds4_enc_stop_matched(const ds4_enc *e);
 /* Chat logprobs (server-api.md 4.6): when requested, the caller passes one
  * entry {"token","logprob","bytes","top_logprobs"} per sampled token that
  * is visible content (ds4_enc_in_content() before feeding it); entries ride

@@ -133,6 +133,20 @@ def main():
         st, _, body = parse(raw(p, post("/v1/responses", '{"input":[{"type":"function_call_output","call_id":"call_zz","output":"x"}]}')))
         t.check(st == 400 and b"continuation state is not available" in body, "unknown continuation id")
 
+        # context overflow: wording and codes that clients key on (server-api.md 2.9)
+        long = "word " * 3000
+        st, h, body = srv.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": long}]})
+        e = json.loads(body)["error"] if st == 400 else {}
+        t.check(st == 400 and e.get("code") == "context_length_exceeded" and e.get("param") == "messages" and
+                "maximum context length is 2048 tokens" in e.get("message", "") and e.get("n_ctx") == 2048,
+                f"chat overflow {st} {body[:200]}")
+        st, h, body = srv.request("POST", "/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": long}]})
+        t.check(st == 400 and anthropic_error(body, "invalid_request_error") and b"prompt is too long" in body,
+                f"anthropic overflow {body[:200]}")
+        st, h, body = srv.request("POST", "/v1/responses", {"input": long, "stream": True})
+        t.check(st == 200 and b"event: response.failed" in body and b'"code":"context_length_exceeded"' in body and
+                b"exceeds the context window" in body, f"responses stream overflow {body[-300:]}")
+
         # body limits: a declared 100 MiB body is refused before it is sent
         st, _, body = parse(raw(p, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n{"))
         t.check(st == 413 and anthropic_error(body, "request_too_large"), f"413 Anthropic {st}")
