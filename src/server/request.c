@@ -741,6 +741,50 @@ bool ds4_utf8_valid(const char *s, size_t n) {
     return true;
 }
 
+static int hex4(const char *p) {
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* JavaScript strings may hold lone UTF-16 surrogates, which JSON.stringify
+ * writes as "\udXXX" escapes; cJSON rejects them. They become U+FFFD (same
+ * escape length, so the copy is rewritten in place) instead of failing the
+ * whole request. Returns a malloc'ed copy only when something changed. */
+static char *fix_lone_surrogates(const char *s, size_t n) {
+    char *out = NULL;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '"') { in_str = !in_str; continue; }
+        if (!in_str || s[i] != '\\' || i + 1 >= n) continue;
+        if (s[i + 1] != 'u' || i + 6 > n) { i++; continue; }
+        int u = hex4(s + i + 2);
+        bool lone = false;
+        if (u >= 0xd800 && u <= 0xdbff) {
+            int lo = i + 12 <= n && s[i + 6] == '\\' && s[i + 7] == 'u' ? hex4(s + i + 8) : -1;
+            if (lo >= 0xdc00 && lo <= 0xdfff) { i += 11; continue; }
+            lone = true;
+        } else if (u >= 0xdc00 && u <= 0xdfff) {
+            lone = true;
+        }
+        if (lone) {
+            if (!out) {
+                if (!(out = malloc(n + 1))) return NULL;
+                memcpy(out, s, n);
+                out[n] = 0;
+            }
+            memcpy(out + i + 2, "fffd", 4);
+        }
+        i += 5;
+    }
+    return out;
+}
+
 void ds4_request_free(ds4_request *r) {
     for (struct ds4_req_alloc *a = r->allocs, *n; a; a = n) {
         n = a->next;
@@ -762,7 +806,9 @@ int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r
         fail(&d, 400, NULL, NULL, "request body is not valid UTF-8");
         return e->status;
     }
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    char *fixed = fix_lone_surrogates(body, len);
+    cJSON *root = cJSON_ParseWithLength(fixed ? fixed : body, len);
+    free(fixed);
     r->json = root;
     if (!cJSON_IsObject(root)) {
         bad_json(&d);

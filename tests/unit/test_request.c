@@ -86,6 +86,10 @@ static void test_chat(void) {
     CHECK(dec(DS4_API_CHAT, "{\"messages\":[{\"content\":\"\\ud83d\\ude00\"}]}", &r, &e) == 0 &&
           !strcmp(r.msgs[0].content, "\xf0\x9f\x98\x80"), "surrogate pair");
     ds4_request_free(&r);
+    CHECK(dec(DS4_API_CHAT, "{\"messages\":[{\"content\":\"a\\ud83d|\\ude00\\\\ud800\"}]}", &r, &e) == 0 &&
+          !strcmp(r.msgs[0].content, "a\xef\xbf\xbd|\xef\xbf\xbd\\ud800"), "lone surrogates -> U+FFFD, escaped backslash untouched: %s",
+          r.msgs[0].content);
+    ds4_request_free(&r);
 }
 
 static void test_completions(void) {
