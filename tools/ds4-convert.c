@@ -2,7 +2,8 @@
  * DS4-layout GGUF.
  *
  *   ds4-convert HF_DIR OUT.gguf --type f32|f16|q8_0|q2|q4
- *               [--imatrix FILE] [--vocab tokenizer.json] [--name NAME]
+ *               [--imatrix FILE] [--vocab tokenizer.json [--vocab-added FILE]]
+ *               [--name NAME]
  *               [--threads N (default: all CPUs)]
  *
  * Inputs. Hyperparameters come from HF_DIR/config.json (transformers'
@@ -29,6 +30,11 @@
  * vector: the GGUF "<name>.in_sum2" / "<name>.counts" pair, or the legacy
  * imatrix.dat), else Σ over rows of W² of that expert matrix. K-quants use
  * the imatrix when one is given.
+ *
+ * Tokenizer: --vocab (default HF_DIR/tokenizer.json when present), with
+ * --vocab-added overlaying another file's added_tokens (the V4 specials over
+ * the V3 base file); its token count must equal vocab_size. Without one the
+ * GGUF has no tokenizer keys (the tiny oracle models have none).
  *
  * Memory: sources are mmapped; one output tensor and one source row block
  * are in RAM at a time.
@@ -680,18 +686,19 @@ static void warn_unused(const ds4_st *st, const plan *pl) {
 
 static void usage(void) {
     fputs("usage: ds4-convert HF_DIR OUT.gguf --type f32|f16|q8_0|q2|q4 [--imatrix FILE]\n"
-          "                   [--vocab tokenizer.json] [--name NAME] [--threads N]\n", stderr);
+          "                   [--vocab tokenizer.json [--vocab-added FILE]] [--name NAME] [--threads N]\n", stderr);
     exit(2);
 }
 
 int main(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *type = NULL, *imatrix_path = NULL, *vocab = NULL, *name = NULL;
-    const char *threads = "0";
+    const char *threads = "0", *vocab_added = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char **opt = !strcmp(a, "--type") ? &type : !strcmp(a, "--imatrix") ? &imatrix_path
                          : !strcmp(a, "--vocab") ? &vocab : !strcmp(a, "--name") ? &name
-                         : !strcmp(a, "--threads") ? &threads : NULL;
+                         : !strcmp(a, "--threads") ? &threads
+                         : !strcmp(a, "--vocab-added") ? &vocab_added : NULL;
         if (opt) {
             if (++i >= argc) usage();
             *opt = argv[i];
@@ -749,8 +756,16 @@ int main(int argc, char **argv) {
         snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", in);
         if (!access(tok_path, R_OK)) vocab = tok_path;
     }
-    if (vocab && ds4_tokenizer_gguf_from_hf_json(w, vocab, NULL, err, sizeof err))
-        die("%s: %s", vocab, err);
+    if (vocab) {
+        /* The embedding rows and the token list must describe the same ids. */
+        ds4_tokenizer *tok = ds4_tokenizer_from_hf_json(vocab, vocab_added, err, sizeof err);
+        if (!tok) die("%s: %s", vocab, err);
+        int32_t n_tok = ds4_tokenizer_n_vocab(tok);
+        ds4_tokenizer_free(tok);
+        if ((uint32_t)n_tok != hp.n_vocab)
+            die("%s has %d tokens but vocab_size is %u", vocab, n_tok, hp.n_vocab);
+        if (ds4_tokenizer_gguf_from_hf_json(w, vocab, vocab_added, err, sizeof err)) die("%s: %s", vocab, err);
+    }
 
     for (size_t i = 0; i < pl.n; i++) {
         out_tensor *o = &pl.t[i];

@@ -246,6 +246,11 @@ def test_errors(tmp):
         ([d, "--type", "f32"], "expected"),
         ([FIX_A, "--type", "q3"], "unknown --type"),
     ]
+    v3 = os.path.join(ROOT, "..", "shared", "data", "deepseek-v3-tokenizer.json")
+    if os.path.exists(v3):
+        added = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "v4-added-tokens.json")
+        cases.append(([FIX_A, "--type", "f32", "--vocab", v3, "--vocab-added", added],
+                      "129280 tokens but vocab_size is 512"))
     # a NaN code (0x7f) in an FP8 matrix is found while writing
     n = os.path.join(tmp, "nan")
     make_official_checkpoint.make(n, seed=2)
