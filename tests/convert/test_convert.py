@@ -10,6 +10,8 @@
   tensor decodes (gguf-py) close to the source; an imatrix shifts the q2
   error towards the columns it marks unimportant;
 * B -> f32: inventory, metadata, exact values;
+* A rewritten in transformers' module names with merged experts gives the
+  same tensors;
 * a synthetic official-naming checkpoint (FP8 E4M3 + 128x128 UE8M0 block
   scales, FP4 E2M1 experts + per-32 UE8M0 scales, BF16, int64 tid2eid, two
   shards with an index) -> f32 equals the dequantized values.
@@ -181,6 +183,70 @@ def test_tiny_b(tmp):
     check_exact(r, cfg, st_np.read_dir(d), "B f32", want, got)
 
 
+# official leaf name -> transformers module parameter name (transformers'
+# deepseek_v4 conversion mapping, applied by hand)
+MODULE_NAMES = [
+    ("attn.indexer.compressor.ape", "self_attn.compressor.indexer.position_bias"),
+    ("attn.indexer.compressor.wkv.", "self_attn.compressor.indexer.kv_proj."),
+    ("attn.indexer.compressor.wgate.", "self_attn.compressor.indexer.gate_proj."),
+    ("attn.indexer.compressor.norm.", "self_attn.compressor.indexer.kv_norm."),
+    ("attn.indexer.wq_b.", "self_attn.compressor.indexer.q_b_proj."),
+    ("attn.indexer.weights_proj.", "self_attn.compressor.indexer.scorer.weights_proj."),
+    ("attn.compressor.ape", "self_attn.compressor.position_bias"),
+    ("attn.compressor.wkv.", "self_attn.compressor.kv_proj."),
+    ("attn.compressor.wgate.", "self_attn.compressor.gate_proj."),
+    ("attn.compressor.norm.", "self_attn.compressor.kv_norm."),
+    ("attn.wq_a.", "self_attn.q_a_proj."), ("attn.q_norm.", "self_attn.q_a_norm."),
+    ("attn.wq_b.", "self_attn.q_b_proj."), ("attn.wkv.", "self_attn.kv_proj."),
+    ("attn.norm.", "self_attn.kv_norm."), ("attn.attn_sink", "self_attn.sinks"),
+    ("attn.wo_a.", "self_attn.o_a_proj."), ("attn.wo_b.", "self_attn.o_b_proj."),
+    ("attn_norm.", "input_layernorm."), ("ffn_norm.", "post_attention_layernorm."),
+    ("hc_attn_fn", "attn_hc.fn"), ("hc_attn_base", "attn_hc.base"), ("hc_attn_scale", "attn_hc.scale"),
+    ("hc_ffn_fn", "ffn_hc.fn"), ("hc_ffn_base", "ffn_hc.base"), ("hc_ffn_scale", "ffn_hc.scale"),
+    ("ffn.gate.bias", "mlp.gate.e_score_correction_bias"), ("ffn.gate.", "mlp.gate."),
+    ("ffn.shared_experts.w1.", "mlp.shared_experts.gate_proj."),
+    ("ffn.shared_experts.w3.", "mlp.shared_experts.up_proj."),
+    ("ffn.shared_experts.w2.", "mlp.shared_experts.down_proj."),
+]
+
+
+def test_module_naming(tmp):
+    """A rewritten into transformers' module parameter names, experts merged
+    into gate_up_proj [X, 2F, E] / down_proj [X, E, F], converts to exactly
+    the tensors the save_pretrained naming gives."""
+    cfg = json.load(open(os.path.join(FIX_A, "config.json")))
+    st = st_np.read_dir(FIX_A)
+    X = cfg["n_routed_experts"]
+    out = {}
+    for name, (dtype, _, arr) in st.items():
+        if ".experts." in name:
+            continue
+        new = "lm_head.weight" if name == "head.weight" else name
+        if new.startswith("model.layers."):
+            pre, rest = new.split(".", 3)[:3], new.split(".", 3)[3]
+            for old, repl in MODULE_NAMES:
+                if rest.startswith(old):
+                    rest = repl + rest[len(old):]
+                    break
+            new = ".".join(pre) + "." + rest
+        out[new] = (dtype, arr)
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        w = lambda e, k: st[f"{p}ffn.experts.{e}.{k}.weight"][2]  # noqa: E731
+        out[p + "mlp.experts.gate_up_proj"] = ("BF16", np.stack([np.concatenate([w(e, "w1"), w(e, "w3")]) for e in range(X)]))
+        out[p + "mlp.experts.down_proj"] = ("BF16", np.stack([w(e, "w2") for e in range(X)]))
+    d = os.path.join(tmp, "module")
+    os.makedirs(d)
+    st_np.write(os.path.join(d, "model.safetensors"), out)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    ref = {t.name: np.asarray(t.data) for t in convert(FIX_A, os.path.join(tmp, "ref.gguf"), "q8_0").tensors}
+    got = {t.name: np.asarray(t.data) for t in convert(d, os.path.join(tmp, "module.gguf"), "q8_0").tensors}
+    check(sorted(ref) == sorted(got), "module naming: tensor sets differ")
+    for name in ref:
+        check(name in got and np.array_equal(ref[name], got[name]), f"module naming: {name} differs")
+
+
 def test_imatrix(tmp):
     """An imatrix weighting even columns 1000x must move the q2 error from the
     even to the odd columns of every routed expert tensor (IQ2_XXS and Q2_K),
@@ -275,6 +341,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_tiny_a(tmp)
         test_tiny_b(tmp)
+        test_module_naming(tmp)
         test_imatrix(tmp)
         test_official(tmp)
         test_errors(tmp)
