@@ -100,6 +100,8 @@ static const cJSON *yarn_object(const cJSON *cfg) {
     return NULL;
 }
 
+/* Ratios per layer type: compress_rates, legacy compress_rate_csa/hca, else
+ * DeepseekV4Config's own defaults (the config class applies them too). */
 static uint32_t layer_ratio(const cJSON *cfg, const char *type) {
     const cJSON *rates = jget(cfg, "compress_rates");
     if (!strcmp(type, "sliding_attention")) return 0;
@@ -115,9 +117,8 @@ static void read_config(const char *dir, ds4_hparams *hp) {
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "rb");
     if (!f) die("%s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
+    long len = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (len < 0 || fseek(f, 0, SEEK_SET) != 0) die("%s: cannot size the file", path);
     char *text = malloc((size_t)len + 1);
     if (!text || fread(text, 1, (size_t)len, f) != (size_t)len) die("%s: read error", path);
     fclose(f);
@@ -168,6 +169,10 @@ static void read_config(const char *dir, ds4_hparams *hp) {
     hp->yarn_orig_ctx = ju32(y, "original_max_position_embeddings");
     hp->yarn_beta_fast = (float)jnum(y, "beta_fast");
     hp->yarn_beta_slow = (float)jnum(y, "beta_slow");
+    const cJSON *af = jget(y, "attention_factor");
+    if (cJSON_IsNumber(af) && af->valuedouble != 1.0)
+        fprintf(stderr, "ds4-convert: warning: YaRN attention_factor %g is not representable; "
+                "DS4 never scales cos/sin (sheet 6.4)\n", af->valuedouble);
     hp->rms_eps = (float)jnum(cfg, "rms_norm_eps");
     hp->idx_n_head = ju32(cfg, "index_n_heads");
     hp->idx_head_dim = ju32(cfg, "index_head_dim");
