@@ -67,7 +67,7 @@ typedef struct {
     char item_id[40];   /* Responses fc_ item id */
     char *name;
     ds4_buf args;
-    bool valid, ended;
+    bool valid;
     int meta;           /* index into req->tool_meta, -1 unknown */
 } call_t;
 
@@ -558,7 +558,6 @@ static void on_event(void *ud, const ds4_dsml_event *ev) {
         ds4_buf_clear(&c->args);
         ds4_buf_put(&c->args, ev->text, ev->len);
         c->valid = ev->args_valid;
-        c->ended = true;
         if (!e->stream) break;
         if (api == DS4_API_MESSAGES) anth_close(e);
         else if (api == DS4_API_RESPONSES && is_custom(e, c)) {
