@@ -28,7 +28,7 @@ TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC  := $(wildcard fuzz/fuzz_*.c)
 FUZZERS   := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
 
-.PHONY: all cpu test test-quick asan ubsan bench-kernels demo fuzz fuzz-smoke clean help
+.PHONY: all cpu test unit-tests asan ubsan bench-kernels demo fuzz fuzz-smoke clean help
 all: $(APPS)
 cpu: all
 
@@ -68,11 +68,14 @@ TEST_DATA :=
 test: $(APPS) $(TESTS) $(TEST_DATA)
 	@BUILD=$(BUILD) bash tests/run_tests.sh
 
-# Sanitizer builds run the same unit tests from their own build directories.
+# Sanitizer builds run the unit tests from their own build directories (the
+# script tests drive the release binaries in the repository root).
+unit-tests: $(TESTS) $(TEST_DATA)
+	@UNIT_ONLY=1 BUILD=$(BUILD) bash tests/run_tests.sh
 asan:
-	$(MAKE) BUILD=build-asan SAN="-fsanitize=address -fno-omit-frame-pointer" OPT=-O1 test
+	$(MAKE) BUILD=build-asan SAN="-fsanitize=address -fno-omit-frame-pointer" OPT=-O1 unit-tests
 ubsan:
-	$(MAKE) BUILD=build-ubsan SAN="-fsanitize=undefined -fno-sanitize-recover=all" OPT=-O1 test
+	$(MAKE) BUILD=build-ubsan SAN="-fsanitize=undefined -fno-sanitize-recover=all" OPT=-O1 unit-tests
 
 # The README's first command: build, make the demo model, run CLI + server.
 demo: all demo-model

@@ -16,13 +16,13 @@ for t in "$BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     run "$(basename "$t")" "$t"
 done
-while IFS= read -r s; do
+[ "${UNIT_ONLY:-0}" = 1 ] || while IFS= read -r s; do
     case $s in
         *.sh) run "$s" env BUILD="$BUILD" bash "$s" ;;
         *.py) run "$s" env BUILD="$BUILD" python3 "$s" ;;
     esac
 done < <(find tests -path tests/unit -prune -o \( -name 'test_*.sh' -o -name 'test_*.py' \) -print | sort)
-if [ "$BUILD" = build ] && [ -d fuzz ] && ls fuzz/fuzz_*.c >/dev/null 2>&1 && command -v clang >/dev/null; then
+if [ "${UNIT_ONLY:-0}" != 1 ] && [ "$BUILD" = build ] && [ -d fuzz ] && ls fuzz/fuzz_*.c >/dev/null 2>&1 && command -v clang >/dev/null; then
     run fuzz-smoke make -s fuzz-smoke
 fi
 [ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
