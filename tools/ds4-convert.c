@@ -55,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static void die(const char *fmt, ...) {
@@ -548,13 +549,20 @@ static void imatrix_bind(const imatrix *im, out_tensor *o) {
 typedef struct {
     out_tensor *t;
     size_t n;
-    double t0_bytes, done_bytes;
+    double t0_bytes, done_bytes;   /* output bytes: all / written so far */
+    double t_start;
     ds4_pool *pool;
     /* A failure while writing is reported through the writer (fill returns
      * -1), which then deletes its temporary file; the first message wins. */
     atomic_int failed;
     char err[512];
 } plan;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static void plan_fail(plan *pl, const char *fmt, ...) {
     if (atomic_exchange(&pl->failed, 1)) return;
@@ -596,29 +604,26 @@ static void quantize_rows(void *ctx, int task, int n_tasks, int thread) {
     }
 }
 
-static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
-    plan *pl = ctx;
-    out_tensor *o = &pl->t[ti];
+/* tid2eid: int64/int32 source ids to I32, refusing values that do not fit. */
+static int fill_ids(plan *pl, const out_tensor *o, uint8_t *out) {
+    const ds4_st_tensor *w = o->parts[0].w;
+    for (uint64_t i = 0; i < w->n_elements; i++) {
+        int64_t v;
+        if (w->dtype == DS4_ST_I64) memcpy(&v, (const uint8_t *)w->data + 8 * i, 8);
+        else { int32_t v32; memcpy(&v32, (const uint8_t *)w->data + 4 * i, 4); v = v32; }
+        int32_t v32 = (int32_t)v;
+        if (v != v32) {
+            plan_fail(pl, "%s: value %lld does not fit in I32", o->name, (long long)v);
+            return -1;
+        }
+        memcpy(out + 4 * i, &v32, 4);
+    }
+    return 0;
+}
+
+static int fill_rows(plan *pl, const out_tensor *o, uint8_t *out) {
     const uint64_t cols = o->ne[0], rows = o->ne[1] * o->ne[3], n_mat = o->ne[2];
     const size_t row_bytes = ds4_type_row_bytes(o->type, cols);
-    uint8_t *out = dst;
-
-    if (o->type == DS4_TYPE_I32) {
-        const ds4_st_tensor *w = o->parts[0].w;
-        for (uint64_t i = 0; i < w->n_elements; i++) {
-            int64_t v;
-            if (w->dtype == DS4_ST_I64) memcpy(&v, (const uint8_t *)w->data + 8 * i, 8);
-            else { int32_t v32; memcpy(&v32, (const uint8_t *)w->data + 4 * i, 4); v = v32; }
-            int32_t v32 = (int32_t)v;
-            if (v != v32) {
-                plan_fail(pl, "%s: value %lld does not fit in I32", o->name, (long long)v);
-                return -1;
-            }
-            memcpy(out + 4 * i, &v32, 4);
-        }
-        return 0;
-    }
-
     /* IQ2_XXS without a measured imatrix: Σ_rows W² per expert matrix. */
     bool need_imp = o->type == DS4_TYPE_IQ2_XXS && !o->imatrix;
     float *imp = need_imp ? malloc(cols * sizeof(float)) : NULL;
@@ -643,11 +648,18 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
     }
     free(j.bufs);
     free(imp);
-    if (atomic_load(&pl->failed)) return -1;
+    return atomic_load(&pl->failed) ? -1 : 0;
+}
+
+static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
+    plan *pl = ctx;
+    const out_tensor *o = &pl->t[ti];
+    if ((o->type == DS4_TYPE_I32 ? fill_ids(pl, o, dst) : fill_rows(pl, o, dst)) != 0) return -1;
     pl->done_bytes += (double)n_bytes;
-    fprintf(stderr, "[%4zu/%zu] %-40s %-8s [%llu, %llu, %llu] %5.1f%%\n", ti + 1, pl->n, o->name,
-            ds4_type_name(o->type), (unsigned long long)o->ne[0], (unsigned long long)o->ne[1],
-            (unsigned long long)o->ne[2], 100.0 * pl->done_bytes / pl->t0_bytes);
+    double el = now_s() - pl->t_start, frac = pl->done_bytes / pl->t0_bytes;
+    fprintf(stderr, "[%4zu/%zu] %-40s %-8s [%llu, %llu, %llu] %5.1f%%  %.0fs, ~%.0fs left\n", ti + 1, pl->n,
+            o->name, ds4_type_name(o->type), (unsigned long long)o->ne[0], (unsigned long long)o->ne[1],
+            (unsigned long long)o->ne[2], 100.0 * frac, el, frac > 0 ? el * (1 - frac) / frac : 0.0);
     return 0;
 }
 
@@ -780,6 +792,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ds4-convert: %s -> %s (%s, %zu tensors, %.1f MiB, %d source shard%s%s)\n", in, out,
             ds4_mix_name((enum ds4_mix)mix), pl.n, pl.t0_bytes / 1048576.0, ds4_st_n_shards(st),
             ds4_st_n_shards(st) == 1 ? "" : "s", vocab ? ", with tokenizer" : ", no tokenizer");
+    pl.t_start = now_s();
     if (ds4_gguf_writer_write_file(w, out, fill, &pl, err, sizeof err))
         die("%s", atomic_load(&pl.failed) ? pl.err : err);
     ds4_gguf_writer_free(w);
