@@ -56,6 +56,18 @@ static void schedule(ds4_hparams *hp) {
     hp->n_hash_layer = hp->n_layer < 3 ? hp->n_layer : 3;
 }
 
+/* The sizes that differ between presets (Flash's from the sheet, sections 1-2). */
+typedef struct {
+    const char *name;
+    uint32_t n_layer, n_embd, n_head, head_dim, q_lora, o_lora, o_groups;
+    uint32_t idx_heads, idx_topk, n_expert, n_expert_used, expert_ff;
+} preset_dims;
+
+static const preset_dims presets[] = {
+    {"demo", 6, 256, 4, 128, 64, 64, 2, 4, 8, 8, 2, 256},
+    {"flash", 4, 4096, 64, 512, 1024, 1024, 8, 64, 512, 256, 6, 2048},
+};
+
 static void preset(ds4_hparams *hp, const char *name, uint32_t n_layer) {
     memset(hp, 0, sizeof *hp);
     /* Shared by both presets: Flash's values for everything not a size. */
@@ -78,39 +90,24 @@ static void preset(ds4_hparams *hp, const char *name, uint32_t n_layer) {
     hp->expert_weights_norm = true;
     hp->expert_gating_func = 4;
     hp->nextn_predict_layers = 0;
-    if (!strcmp(name, "flash")) {
-        hp->n_layer = n_layer ? n_layer : 4;
-        hp->n_embd = 4096;
-        hp->n_head = 64;
-        hp->key_length = hp->value_length = 512;
-        hp->n_rot = 64;
-        hp->q_lora_rank = 1024;
-        hp->o_lora_rank = 1024;
-        hp->o_groups = 8;
-        hp->idx_n_head = 64;
-        hp->idx_head_dim = 128;
-        hp->idx_topk = 512;
-        hp->n_expert = 256;
-        hp->n_expert_used = 6;
-        hp->expert_ff = 2048;
-    } else if (!strcmp(name, "demo")) {
-        hp->n_layer = n_layer ? n_layer : 6;
-        hp->n_embd = 256;
-        hp->n_head = 4;
-        hp->key_length = hp->value_length = 128;
-        hp->n_rot = 64;
-        hp->q_lora_rank = 64;
-        hp->o_lora_rank = 64;
-        hp->o_groups = 2;
-        hp->idx_n_head = 4;
-        hp->idx_head_dim = 128;
-        hp->idx_topk = 8;
-        hp->n_expert = 8;
-        hp->n_expert_used = 2;
-        hp->expert_ff = 256;
-    } else {
-        die("unknown preset '%s' (demo, flash)", name);
-    }
+    const preset_dims *d = NULL;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (!strcmp(name, presets[i].name)) d = &presets[i];
+    if (!d) die("unknown preset '%s' (demo, flash)", name);
+    hp->n_layer = n_layer ? n_layer : d->n_layer;
+    hp->n_embd = d->n_embd;
+    hp->n_head = d->n_head;
+    hp->key_length = hp->value_length = d->head_dim;
+    hp->n_rot = 64;
+    hp->q_lora_rank = d->q_lora;
+    hp->o_lora_rank = d->o_lora;
+    hp->o_groups = d->o_groups;
+    hp->idx_n_head = d->idx_heads;
+    hp->idx_head_dim = 128;
+    hp->idx_topk = d->idx_topk;
+    hp->n_expert = d->n_expert;
+    hp->n_expert_used = d->n_expert_used;
+    hp->expert_ff = d->expert_ff;
     if (hp->n_layer > DS4_MAX_LAYERS) die("--layers %u exceeds %d", hp->n_layer, DS4_MAX_LAYERS);
     schedule(hp);
 }

@@ -29,6 +29,7 @@ from gguf.quants import dequantize, quantize
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds4_sheet  # noqa: E402
+from harness import check, finish  # noqa: E402
 import make_official_checkpoint  # noqa: E402
 import st_np  # noqa: E402
 
@@ -36,16 +37,6 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 CONVERT = os.path.join(ROOT, "ds4-convert")
 FIX_A = os.path.join(ROOT, "tests", "fixtures", "ds4tiny", "A")
 
-failures = 0
-checks = 0
-
-
-def check(cond, msg):
-    global failures, checks
-    checks += 1
-    if not cond:
-        failures += 1
-        print("FAIL", msg)
 
 
 def convert(src, out, typ, *extra):
@@ -135,26 +126,19 @@ def test_tiny_a(tmp):
     check_exact(r, cfg, st, "A f32", want, got)
     check("tokenizer.ggml.tokens" not in r.fields, "A f32: tokenizer keys without a tokenizer")
 
-    r = convert(FIX_A, os.path.join(tmp, "A-f16.gguf"), "f16")
-    want, got = check_inventory(r, cfg, "f16", "A f16")
-    for name, ne, fam, src in want:
-        t = got.get(name)
-        if t is None or t.tensor_type != QT.F16:
-            continue
-        exp = ds4_sheet.source_values(st, cfg, src).astype(np.float16)
-        check(np.array_equal(np.asarray(t.data).reshape(exp.shape).view(np.uint16), exp.view(np.uint16)),
-              f"A f16: {name} is not the float16 rounding of the source")
-
-    r = convert(FIX_A, os.path.join(tmp, "A-q8_0.gguf"), "q8_0")
-    want, got = check_inventory(r, cfg, "q8_0", "A q8_0")
-    for name, ne, fam, src in want:
-        t = got.get(name)
-        if t is None or t.tensor_type != QT.Q8_0:
-            continue
-        exp = ds4_sheet.source_values(st, cfg, src).reshape(-1, ne[0])
-        ref = quantize(exp.astype(np.float32), QT.Q8_0)
-        check(np.array_equal(np.asarray(t.data).reshape(ref.shape), ref),
-              f"A q8_0: {name} differs from gguf-py's Q8_0 quantization")
+    # F16 / Q8_0 tensors of both mixes: byte-identical to gguf-py's reference
+    # conversion of the source values (numpy float16 rounding; ggml's Q8_0).
+    for mix in ("f16", "q8_0"):
+        r = convert(FIX_A, os.path.join(tmp, f"A-{mix}.gguf"), mix)
+        want, got = check_inventory(r, cfg, mix, f"A {mix}")
+        for name, ne, fam, src in want:
+            t = got.get(name)
+            if t is None or t.tensor_type not in (QT.F16, QT.Q8_0):
+                continue
+            exp = ds4_sheet.source_values(st, cfg, src).reshape(-1, ne[0]).astype(np.float32)
+            ref = quantize(exp, t.tensor_type)
+            check(np.asarray(t.data).tobytes() == ref.tobytes(),
+                  f"A {mix}: {name} differs from gguf-py's {t.tensor_type.name} conversion")
 
     # Quantized mixes: types as released; decoded values near the source
     # (relative RMS error well below 1, which any mis-ordered or garbage
@@ -345,8 +329,7 @@ def main():
         test_imatrix(tmp)
         test_official(tmp)
         test_errors(tmp)
-    print(f"test_convert: {checks - failures} passed, {failures} failed")
-    sys.exit(1 if failures else 0)
+    finish("test_convert")
 
 
 if __name__ == "__main__":

@@ -15,18 +15,10 @@ from gguf.quants import dequantize
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ds4_sheet  # noqa: E402
+from harness import check, finish  # noqa: E402
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 MAKE = os.path.join(ROOT, "ds4-make-model")
-failures = checks = 0
-
-
-def check(cond, msg):
-    global failures, checks
-    checks += 1
-    if not cond:
-        failures += 1
-        print("FAIL", msg)
 
 
 def run(*args):
@@ -103,8 +95,7 @@ def main():
         check(info.returncode == 0, f"demo tokenizer does not load: {info.stderr.strip()}")
         lines = dict(line.split(None, 1) for line in info.stdout.splitlines() if " " in line)
         check(lines.get("n_vocab", "").strip() == "129280", f"demo n_vocab {lines.get('n_vocab')}")
-    print(f"test_make_model: {checks - failures} passed, {failures} failed")
-    sys.exit(1 if failures else 0)
+    finish("test_make_model")
 
 
 if __name__ == "__main__":
