@@ -6,7 +6,8 @@
  * Per model and weight type: full prefill, uneven chunks, prefill + token by
  * token decode, rewinds (shallow: rings still cover it; deep: recompute from
  * the token list) and snapshot/restore (must be bit-identical to never
- * stopping). Plus the ds4 numeric round trips against their format tables. */
+ * stopping). Plus the ds4 numeric round trips against their format tables,
+ * and one batch longer than every ring against token-by-token decode. */
 #include "check.h"
 #include "engine.h"
 #include "forward_cpu.h"
@@ -273,8 +274,32 @@ static void test_roundtrips(void) {
     CHECK(flat, "hadamard of e0 is flat");
 }
 
+/* One batch much longer than the raw ring and compressor frontiers (window 4,
+ * top-k 2 of up to 150 rows) equals token-by-token decode: the micro model of
+ * the fuzz corpus, random weights. */
+static void test_long_batch(void) {
+    char err[512];
+    ds4_engine *e = load("fuzz/corpus/model/micro-f16.gguf", 0, 0);
+    CHECK(e != NULL, "micro model");
+    if (!e) return;
+    const int n = 600, V = ds4_engine_n_vocab(e);
+    int32_t toks[600];
+    for (int i = 0; i < n; i++) toks[i] = (i * 7919 + 13) % V;
+    ds4_session *a = ds4_session_new(e, n, err, sizeof err), *b = ds4_session_new(e, n, err, sizeof err);
+    CHECK(ds4_session_prefill(a, toks, n, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < n; i++) CHECK(ds4_session_decode(b, toks[i], err, sizeof err) == 0, "%s", err);
+    const float *la = ds4_session_logits(a), *lb = ds4_session_logits(b);
+    double md = 0, mx = 0;
+    for (int v = 0; v < V; v++) { md = fmax(md, fabs(la[v] - lb[v])); mx = fmax(mx, fabs(la[v])); }
+    CHECK(md <= 1e-5 * mx, "600-token batch vs decode: max|diff| %g of %g", md, mx);
+    ds4_session_free(a);
+    ds4_session_free(b);
+    ds4_engine_free(e);
+}
+
 int main(void) {
     test_roundtrips();
+    test_long_batch();
     const char *build = getenv("BUILD");
     const char *dir = getenv("DS4_TINY_GGUF_DIR");
     char base[512];
