@@ -3,7 +3,9 @@
  * Assistant and </think> -- and the thinking prompt likewise with <think>.
  * This is the budget rule clients rely on when they count prompt tokens,
  * and it breaks if the template adds stray bytes or the tokenizer stops
- * treating the protocol strings as single added tokens. */
+ * treating the protocol strings as single added tokens.
+ * Also: the official and ds4-server profiles render ordinary tool-less
+ * conversations identically (the README's stated rendering choice). */
 #include <string.h>
 #include "check.h"
 #include "chat.h"
@@ -56,6 +58,32 @@ int main(void) {
         }
     }
     ds4_token_ids_free(&ids);
+
+    ds4_chat_msg conv[] = {
+        { .role = DS4_ROLE_SYSTEM, .content = "Be brief." },
+        { .role = DS4_ROLE_USER, .content = "hi" },
+        { .role = DS4_ROLE_ASSISTANT, .content = "hello", .reasoning_content = "the user greets" },
+        { .role = DS4_ROLE_USER, .content = "and now?" },
+        { .role = DS4_ROLE_ASSISTANT, .content = "done" },
+        { .role = DS4_ROLE_USER, .content = "thanks" },
+    };
+    for (int n = 2; n <= 6; n++) {
+        for (int think = 0; think < 3; think++) {
+            ds4_chat_opts a, b;
+            ds4_chat_opts_default(&a);
+            ds4_chat_opts_default(&b);
+            a.profile = DS4_CHAT_OFFICIAL;
+            b.profile = DS4_CHAT_DS4;
+            a.think = b.think = think == 0 ? DS4_THINK_NONE : think == 1 ? DS4_THINK_HIGH : DS4_THINK_MAX;
+            ds4_buf x = {0}, y = {0};
+            CHECK(ds4_chat_render(conv, n, &a, &x, err, sizeof err), "official: %s", err);
+            CHECK(ds4_chat_render(conv, n, &b, &y, err, sizeof err), "ds4: %s", err);
+            CHECK(x.len == y.len && memcmp(x.data, y.data, x.len) == 0,
+                  "profiles differ for %d messages, think %d:\n%s\n---\n%s", n, think, x.data, y.data);
+            ds4_buf_free(&x);
+            ds4_buf_free(&y);
+        }
+    }
     ds4_tokenizer_free(t);
     return check_done("prompt_tokens");
 }
