@@ -307,10 +307,14 @@ static void route_tokenizer(server *s, ds4_http_conn *c, const ds4_http_req *hr,
             send_error(s, c, hr, 400, "missing prompt", "prompt", NULL, 0, ka);
             return;
         }
+        /* As HF tokenizers do: added tokens are always matched (clients such
+         * as lm-eval find BOS/EOS ids by tokenizing their strings), and
+         * add_special_tokens only decides whether BOS is prepended. */
         cJSON *asp = cJSON_GetObjectItem(in, "add_special_tokens");
         ds4_token_ids ids = {0};
-        ds4_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring),
-                             cJSON_IsTrue(asp) ? DS4_TOK_SPECIALS_ALL : DS4_TOK_SPECIALS_NONE, &ids);
+        if (cJSON_IsTrue(asp))
+            ds4_tokenizer_encode(s->tok, DS4_TOK_BOS, strlen(DS4_TOK_BOS), DS4_TOK_SPECIALS_ALL, &ids);
+        ds4_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), DS4_TOK_SPECIALS_ALL, &ids);
         cJSON *a = cJSON_AddArrayToObject(o, "tokens");
         for (size_t i = 0; i < ids.n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids.v[i]));
         ds4_token_ids_free(&ids);

@@ -47,6 +47,7 @@ TASKS = ["ds4_lmeval_mc", "ds4_lmeval_ll", "ds4_lmeval_rolling"]
 VOCAB = os.path.join(ROOT, "..", "shared", "data", "deepseek-v3-tokenizer.json")
 DS4 = os.path.join(ROOT, "ds4")
 BOS = "<\uff5cbegin\u2581of\u2581sentence\uff5c>"
+EOS = "<\uff5cend\u2581of\u2581sentence\uff5c>"
 TOL = 1e-4
 
 
@@ -90,7 +91,7 @@ class Forward(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def run_lm_eval(url, bos_id):
+def run_lm_eval(t, url, bos_id, eos_id):
     """Returns lm-eval's results (with samples) and everything it printed."""
     import lm_eval.api.registry
     from lm_eval.evaluator import evaluate
@@ -98,12 +99,14 @@ def run_lm_eval(url, bos_id):
 
     out = io.StringIO()
     with contextlib.redirect_stderr(out), contextlib.redirect_stdout(out):
-        # custom_prefix_token_id: lm-eval's remote tokenizer derives the BOS id
-        # as /tokenize(bos_token)[0] with add_special_tokens false, and
-        # ds4-server does not match special tokens in that mode (see report).
+        # lm-eval starts rolling/empty-context sequences with the EOT token
+        # unless told otherwise; DeepSeek documents start with BOS, so say so.
         lm = lm_eval.api.registry.get_model("local-completions")(
             base_url=url + "/v1/completions", model="deepseek-v4-flash", tokenizer_backend="remote",
             batch_size=4, num_concurrent=2, max_retries=1, custom_prefix_token_id=bos_id)
+        # The remote tokenizer finds EOS as /tokenize(eos_token)[0] with
+        # add_special_tokens false: the server must match added tokens there.
+        t.check(lm.eot_token_id == eos_id, f"lm-eval sees EOS as {lm.eot_token_id}, expected {eos_id}")
         tasks = TaskManager(include_path=TASK_DIR, include_defaults=False).load(TASKS)
         for t in tasks["tasks"].values():
             t.set_config(key="num_fewshot", value=0)
@@ -256,7 +259,7 @@ def main():
     proxy = Recorder(srv.base)
     try:
         try:
-            res, printed = run_lm_eval(proxy.url, bos)
+            res, printed = run_lm_eval(t, proxy.url, bos, tk.token_to_id(EOS))
             ok = res is not None and set(TASKS) <= set(res["results"])
             t.check(ok, f"results for {TASKS}: {printed[-2000:]}")
         except Exception as e:  # the whole run is one check; show why it failed
