@@ -227,6 +227,23 @@ def scripted_server_tests(t, srv):
         t.check("continuation state is not available" in str(e), f"unknown tool_use_id: {e}")
 
 
+def no_replay_tests(t, srv):
+    """--disable-exact-dsml-tool-replay: the client's re-serialised call is
+    rendered canonically, so the sampled block is not reused byte for byte."""
+    oc = openai.OpenAI(base_url=srv.base + "/v1", api_key="dummy", max_retries=0, timeout=300)
+    msgs = [{"role": "user", "content": "Read src/main.c"}]
+    r = oc.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+    m, tc = r.choices[0].message, r.choices[0].message.tool_calls[0]
+    turn2 = msgs + [{"role": "assistant", "content": m.content, "reasoning_content": m.reasoning_content,
+                     "tool_calls": [{"id": tc.id, "type": "function", "function": {
+                         "name": "read_file", "arguments": json.dumps({"limit": 200, "path": "src/main.c"})}}]},
+                    {"role": "tool", "tool_call_id": tc.id, "content": "x"}]
+    r2 = oc.chat.completions.create(model="m", messages=turn2, tools=TOOLS)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    t.check(r.usage.prompt_tokens <= cached < r.usage.prompt_tokens + r.usage.completion_tokens - 1 and
+            "common token prefix" in srv.trace_text(), f"canonical rendering without replay: cached {cached}")
+
+
 def main():
     demo_model_or_skip(NAME)
     t = Results(NAME)
@@ -239,11 +256,18 @@ def main():
     fd, script = tempfile.mkstemp(suffix=".txt")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(SCRIPT)
-    srv = Server("--scripted-output", script)
     try:
-        scripted_server_tests(t, srv)
+        srv = Server("--scripted-output", script)
+        try:
+            scripted_server_tests(t, srv)
+        finally:
+            srv.stop()
+        srv = Server("--scripted-output", script, "--disable-exact-dsml-tool-replay")
+        try:
+            no_replay_tests(t, srv)
+        finally:
+            srv.stop()
     finally:
-        srv.stop()
         os.unlink(script)
     t.done()
 
