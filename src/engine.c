@@ -15,8 +15,10 @@
 #include <unistd.h>
 
 /* Positions a session can drop without recomputing (kv.h): covers the usual
- * rewinds of a turn's tail; deeper rewinds re-prefill from the token list. */
-enum { REWIND_SLACK = 256 };
+ * rewinds of a turn's tail. Deeper rewinds restore the nearest ring checkpoint
+ * (one per prefill_chunk tokens, at most MAX_CKPT, thinned to every other one
+ * when full) and recompute from there, or from the start without one. */
+enum { REWIND_SLACK = 256, MAX_CKPT = 16 };
 
 struct ds4_engine {
     ds4_gguf *g;
@@ -32,6 +34,8 @@ struct ds4_session {
     int ctx;
     int32_t *toks;      /* [ctx]; kv->n_pos of them are live */
     float *logits;      /* [n_vocab], valid when kv->n_pos > 0 */
+    void *ckpt[MAX_CKPT];   /* ring checkpoints, ascending positions */
+    int ckpt_pos[MAX_CKPT], n_ckpt, ckpt_every;
 };
 
 struct ds4_snapshot {
@@ -117,6 +121,7 @@ ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen) {
     s->kv = ds4_kv_new(&e->m->cfg, ctx, REWIND_SLACK);
     s->toks = malloc((size_t)ctx * sizeof(int32_t));
     s->logits = malloc((size_t)e->m->cfg.n_vocab * sizeof(float));
+    s->ckpt_every = e->prefill_chunk;
     if (!s->kv || !s->toks || !s->logits) {
         snprintf(err, errlen, "out of memory for a %d-token session (%.1f MiB of state)", ctx,
                  (double)ds4_engine_kv_bytes(e, ctx) / (1 << 20));
@@ -126,8 +131,33 @@ ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen) {
     return s;
 }
 
+/* Forgets checkpoints past position n (all of them for n < 0). */
+static void drop_ckpts(ds4_session *s, int n) {
+    while (s->n_ckpt && s->ckpt_pos[s->n_ckpt - 1] > n) free(s->ckpt[--s->n_ckpt]);
+}
+
+static void maybe_ckpt(ds4_session *s) {
+    const int pos = s->kv->n_pos, last = s->n_ckpt ? s->ckpt_pos[s->n_ckpt - 1] : 0;
+    if (pos - last < s->ckpt_every) return;
+    if (s->n_ckpt == MAX_CKPT) {
+        for (int i = 0; i < MAX_CKPT; i += 2) free(s->ckpt[i]);
+        for (int i = 0; i < MAX_CKPT / 2; i++) {
+            s->ckpt[i] = s->ckpt[2 * i + 1];
+            s->ckpt_pos[i] = s->ckpt_pos[2 * i + 1];
+        }
+        s->n_ckpt = MAX_CKPT / 2;
+        s->ckpt_every *= 2;
+    }
+    void *c = malloc(ds4_kv_ring_bytes(s->kv));
+    if (!c) return;   /* a missing checkpoint only makes a deep rewind slower */
+    ds4_kv_ring_save(s->kv, c);
+    s->ckpt[s->n_ckpt] = c;
+    s->ckpt_pos[s->n_ckpt++] = pos;
+}
+
 void ds4_session_free(ds4_session *s) {
     if (!s) return;
+    drop_ckpts(s, -1);
     ds4_kv_free(s->kv);
     free(s->toks);
     free(s->logits);
@@ -156,6 +186,7 @@ static int run(ds4_session *s, const int32_t *toks, int n, float *all_logits, ds
         if (be->eval(be, s->kv, toks + done, len, out, all_logits != NULL, err, errlen)) return -1;
         memcpy(s->toks + base, toks + done, (size_t)len * sizeof(int32_t));
         if (all_logits) memcpy(s->logits, out + (size_t)(len - 1) * V, (size_t)V * sizeof(float));
+        maybe_ckpt(s);
         done += len;
         if (progress && progress(ud, done, n)) return 1;
     }
@@ -173,7 +204,7 @@ int ds4_session_decode(ds4_session *s, int32_t tok, char *err, size_t errlen) {
 
 /* The logits after token n-1 are not kept, so a rewind always recomputes the
  * last kept token: from the truncated state when the rings still cover it,
- * else from the start of the token list. */
+ * else from the nearest checkpoint, else from the start of the token list. */
 int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
     const int have = s->kv->n_pos;
     if (n_tokens < 0 || n_tokens > have) {
@@ -181,11 +212,17 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
         return -1;
     }
     if (n_tokens == have) return 0;
-    if (n_tokens == 0) { ds4_kv_reset(s->kv); return 0; }
     int keep = n_tokens - 1;
+    drop_ckpts(s, keep);
+    if (n_tokens == 0) { ds4_kv_reset(s->kv); return 0; }
     if (!ds4_kv_truncate(s->kv, keep)) {
-        keep = 0;
-        ds4_kv_reset(s->kv);
+        if (s->n_ckpt) {
+            ds4_kv_ring_load(s->kv, s->ckpt[s->n_ckpt - 1]);
+            keep = s->ckpt_pos[s->n_ckpt - 1];
+        } else {
+            keep = 0;
+            ds4_kv_reset(s->kv);
+        }
     }
     int32_t *tail = malloc((size_t)(n_tokens - keep) * sizeof(int32_t));
     memcpy(tail, s->toks + keep, (size_t)(n_tokens - keep) * sizeof(int32_t));
@@ -217,6 +254,7 @@ int ds4_session_restore(ds4_session *s, const ds4_snapshot *snap, char *err, siz
         snprintf(err, errlen, "snapshot does not fit this session (ctx %d vs %d)", snap->ctx, s->ctx);
         return -1;
     }
+    drop_ckpts(s, -1);
     memcpy(s->toks, snap->toks, (size_t)snap->n_toks * sizeof(int32_t));
     memcpy(s->logits, snap->logits, (size_t)s->e->m->cfg.n_vocab * sizeof(float));
     return 0;
@@ -239,5 +277,7 @@ void ds4_session_save_payload(const ds4_session *s, void *dst) {
 }
 
 int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *err, size_t errlen) {
-    return ds4_payload_load(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen) ? 0 : -1;
+    if (!ds4_payload_load(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen)) return -1;
+    drop_ckpts(s, -1);
+    return 0;
 }

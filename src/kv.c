@@ -84,6 +84,62 @@ bool ds4_kv_truncate(ds4_kv *kv, int n) {
     return true;
 }
 
+/* ---- ring checkpoints: n_pos, then per layer the ring slots of the last
+ * window positions and the last coff*ratio frontier positions ---- */
+
+/* Copies the slots of positions [q - span, q) of a ring of `cap` rows of
+ * `width` floats to (save) or from (load) a packed buffer; returns floats used. */
+static size_t ring_span(float *ring, int cap, int width, int64_t q, int span, float *buf, bool save) {
+    if (!ring || !span) return 0;
+    for (int i = 0; i < span; i++) {
+        int64_t pos = q - span + i;
+        if (pos < 0) continue;
+        float *slot = ring + (size_t)(pos % cap) * width, *packed = buf + (size_t)i * width;
+        memcpy(save ? packed : slot, save ? slot : packed, (size_t)width * sizeof(float));
+    }
+    return (size_t)span * width;
+}
+
+static size_t ring_walk(const ds4_kv *kv, int64_t q, float *buf, bool save) {
+    size_t n = 0;
+    const int window = kv->raw_cap - kv->slack;
+    for (int l = 0; l < kv->n_layer; l++) {
+        const ds4_kv_layer *L = &kv->L[l];
+        const int span = L->coff * L->ratio, wc = L->coff * kv->head_dim, wi = 2 * kv->idx_head_dim;
+        n += ring_span(L->raw, kv->raw_cap, kv->head_dim, q, window, buf + n, save);
+        n += ring_span(L->fk, L->f_cap, wc, q, span, buf + n, save);
+        n += ring_span(L->fz, L->f_cap, wc, q, span, buf + n, save);
+        n += ring_span(L->ik, L->f_cap, wi, q, span, buf + n, save);
+        n += ring_span(L->iz, L->f_cap, wi, q, span, buf + n, save);
+    }
+    return n;
+}
+
+size_t ds4_kv_ring_bytes(const ds4_kv *kv) {
+    size_t n = 0;
+    const int window = kv->raw_cap - kv->slack;
+    for (int l = 0; l < kv->n_layer; l++) {
+        const ds4_kv_layer *L = &kv->L[l];
+        const size_t span = (size_t)L->coff * L->ratio;
+        n += (size_t)window * kv->head_dim + 2 * span * L->coff * kv->head_dim;
+        if (L->ik) n += 2 * span * 2 * kv->idx_head_dim;
+    }
+    return sizeof(int64_t) + n * sizeof(float);
+}
+
+void ds4_kv_ring_save(const ds4_kv *kv, void *dst) {
+    int64_t q = kv->n_pos;
+    memcpy(dst, &q, sizeof q);
+    ring_walk(kv, q, (float *)((char *)dst + sizeof q), true);
+}
+
+void ds4_kv_ring_load(ds4_kv *kv, const void *src) {
+    int64_t q;
+    memcpy(&q, src, sizeof q);
+    ring_walk(kv, q, (float *)((char *)src + sizeof q), false);
+    kv->n_pos = (int)q;
+}
+
 /* ---- serialisation: header, then per layer the fixed rings and the live rows ---- */
 
 typedef struct { uint32_t magic, n_layer; int32_t ctx, slack, n_pos; } kv_header;

@@ -50,6 +50,16 @@ void ds4_kv_free(ds4_kv *kv);
 /* Drop positions >= n. False (state untouched) when n < n_pos - slack. */
 bool ds4_kv_truncate(ds4_kv *kv, int n);
 void ds4_kv_reset(ds4_kv *kv);
+/* Ring checkpoint: what a state at n_pos needs from its rings (raw rows of
+ * the last window, compressor K/Z of the current and previous window), in a
+ * fixed-size buffer. Loading one sets n_pos back to the saved position; it is
+ * exact as long as the compressed rows before that position are unchanged,
+ * i.e. the state has not been truncated below it since the save. The engine
+ * keeps a few of these so a deep rewind recomputes from the nearest one. */
+size_t ds4_kv_ring_bytes(const ds4_kv *kv);
+void ds4_kv_ring_save(const ds4_kv *kv, void *dst);
+void ds4_kv_ring_load(ds4_kv *kv, const void *src);
+
 size_t ds4_kv_live_bytes(const ds4_kv *kv);
 void ds4_kv_save(const ds4_kv *kv, void *dst);            /* writes ds4_kv_live_bytes() */
 /* False when the buffer does not fit this state's geometry. */

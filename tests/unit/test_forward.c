@@ -131,8 +131,11 @@ static void run_model(const char *model, const variant *v, const fixture *fx, ds
     CHECK(ds4_session_prefill(s, fx->toks + r1, n - r1, out, NULL, NULL, err, sizeof err) == 0, "%s", err);
     report("rewind (ring) + re-prefill", model, v, compare(fx, out, r1, n - r1, v->gap));
 
-    /* deep rewind: beyond the rings for the long model, recomputed */
-    const int r2 = 6;
+    /* deep rewind, beyond the rings (256 positions of slack) for B: recomputed
+     * from the start (f32, q8_0: one chunk, no checkpoint) or from the ring
+     * checkpoint at position 32 (f16: 16-token chunks, checkpoints thinned
+     * to every 32 tokens once more than 16 exist) */
+    const int r2 = n / 8;
     CHECK(ds4_session_rewind(s, r2, err, sizeof err) == 0, "rewind: %s", err);
     CHECK(ds4_session_prefill(s, fx->toks + r2, n - r2, out, NULL, NULL, err, sizeof err) == 0, "%s", err);
     report("rewind (deep) + re-prefill", model, v, compare(fx, out, r2, n - r2, v->gap));
