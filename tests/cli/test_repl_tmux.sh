@@ -10,9 +10,11 @@ MODEL=models/demo.gguf
 [ -f "$MODEL" ] || { echo "repl: $MODEL missing (make demo-model)"; exit 1; }
 command -v tmux >/dev/null || { echo "repl: tmux missing"; exit 1; }
 S=ds4test$$
+# A private tmux server per run: concurrent runs cannot disturb each other.
+tmux() { command tmux -L "$S" "$@"; }
 T=$(mktemp -d)
 fail=0; n=0
-cleanup() { tmux kill-session -t "$S" 2>/dev/null; rm -rf "$T"; }
+cleanup() { tmux kill-server 2>/dev/null; rm -rf "$T"; }
 trap cleanup EXIT
 screen() { tmux capture-pane -p -J -S -2000 -t "$S"; }
 # wait_for PATTERN COUNT SECONDS: until PATTERN occurs at least COUNT times
