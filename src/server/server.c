@@ -25,6 +25,9 @@
 
 #define MAX_CONNECTIONS 1024
 #define KEEPALIVE_SECONDS 5.0
+/* How often a connection thread whose request is queued checks that its
+ * client is still there. */
+#define QUEUE_POLL_MS 250
 /* Prefill runs in slices so keep-alives and disconnect checks happen at
  * least this often (in tokens), whatever the engine's own chunking. */
 #define PREFILL_SLICE 256
@@ -64,13 +67,17 @@ typedef struct {
     int visible_tokens;
 } server;
 
+/* Until the worker takes a job (running), only its connection thread
+ * writes to the socket (queued keep-alives); `writing` marks such a write in
+ * progress, and the worker waits for it before it starts. */
 struct job {
     job *next;
     ds4_http_conn *conn;
     ds4_http_req *hreq;
     ds4_request req;
+    ds4_enc *enc;                 /* chat family, made on first use */
     bool keep_alive;              /* set by the worker */
-    bool done;
+    bool running, writing, done;
 };
 
 static volatile sig_atomic_t g_stop;
@@ -139,6 +146,19 @@ static void send_json_obj(server *s, ds4_http_conn *c, const ds4_http_req *hr, i
     ds4_http_respond(c, status, "application/json", body ? body : "{}", body ? strlen(body) : 2,
                      keep_alive, hdr);
     free(body);
+}
+
+static void sse_data(ds4_http_conn *c, cJSON *o) {
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!s) return;
+    ds4_buf b = {0};
+    ds4_buf_puts(&b, "data: ");
+    ds4_buf_puts(&b, s);
+    ds4_buf_puts(&b, "\n\n");
+    free(s);
+    ds4_http_stream_write(c, b.data, b.len);
+    ds4_buf_free(&b);
 }
 
 static bool anthropic_path(const char *path) {
@@ -354,8 +374,8 @@ static int on_progress(void *ud, int done, int total) {
     if (g_stop) { p->stopping = true; return 1; }
     if (now_s() - p->last_ping >= KEEPALIVE_SECONDS) {
         p->last_ping = now_s();
+        if (p->conn->streaming) ds4_http_stream_write(p->conn, ": prefill\n\n", 11);
         if (p->enc) ds4_enc_keepalive(p->enc);
-        else if (p->conn->streaming) ds4_http_stream_write(p->conn, ": prefill\n\n", 11);
         if (p->conn->broken) { p->gone = true; return 1; }
     }
     return 0;
@@ -363,6 +383,49 @@ static int on_progress(void *ud, int done, int total) {
 
 static int conn_out(void *ud, const char *data, size_t len) {
     return ds4_http_stream_write(ud, data, len);
+}
+
+static ds4_enc *job_encoder(server *s, job *j) {
+    if (!j->enc) {
+        ds4_enc_opts eo = {.req = &j->req, .thinking = effective_think(s, &j->req) != DS4_THINK_NONE,
+                           .mem = s->mem, .out = j->req.stream ? conn_out : NULL, .ud = j->conn};
+        j->enc = ds4_enc_new(&eo);
+    }
+    return j->enc;
+}
+
+/* 200 + SSE headers, once per response. */
+static int open_stream(server *s, job *j) {
+    if (j->conn->streaming) return 0;
+    char hdr[1024];
+    cors_headers(s, j->hreq, hdr, sizeof hdr);
+    return ds4_http_stream_begin(j->conn, hdr);
+}
+
+/* A request that cannot be served: its status response, or, once its SSE
+ * stream is open (a long queue wait opens it early), the family's in-stream
+ * error. */
+static void job_error(server *s, job *j, int status, const char *msg, const char *param, const char *code,
+                      int n_prompt) {
+    ds4_http_conn *c = j->conn;
+    if (status >= 500) j->keep_alive = false;
+    if (!c->streaming) {
+        send_error(s, c, j->hreq, status, msg, param, code, n_prompt, j->keep_alive);
+        return;
+    }
+    j->keep_alive = false;
+    if (j->req.api == DS4_API_COMPLETIONS) {
+        cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
+        cJSON_AddStringToObject(er, "message", msg);
+        cJSON_AddStringToObject(er, "type", status >= 500 ? "server_error" : "invalid_request_error");
+        cJSON_AddNullToObject(er, "param");
+        cJSON_AddNullToObject(er, "code");
+        sse_data(c, o);
+        ds4_http_stream_write(c, "data: [DONE]\n\n", 14);
+    } else if (j->enc) {
+        ds4_enc_fail(j->enc, msg, code ? code : status >= 500 ? "server_error" : "invalid_request_error");
+    }
+    ds4_http_stream_end(c);
 }
 
 /* ---- disk KV cache ---- */
@@ -581,9 +644,10 @@ static void run_chat(server *s, job *j) {
     char err[512];
     ds4_buf text = {0};
     plan p = {0};
-    ds4_enc *enc = NULL;
     ds4_sampler *smp = NULL;
     j->keep_alive = hr->keep_alive;
+    ds4_enc *enc = job_encoder(s, j);
+    if (!enc) { job_error(s, j, 500, "out of memory", NULL, NULL, 0); goto out; }
 
     bool tail = r->n_live_ids > 0;
     if (tail && !ids_are_live(s, r)) {
@@ -591,7 +655,7 @@ static void run_chat(server *s, job *j) {
         snprintf(err, sizeof err, "%s continuation state is not available for %s %s; retry by replaying the full %s history",
                  fam, r->api == DS4_API_MESSAGES ? "tool_use_id" : "call_id", r->live_ids[0],
                  r->api == DS4_API_MESSAGES ? "messages" : "input");
-        send_error(s, c, hr, 400, err, r->api == DS4_API_MESSAGES ? "messages" : "input", NULL, 0, j->keep_alive);
+        job_error(s, j, 400, err, r->api == DS4_API_MESSAGES ? "messages" : "input", NULL, 0);
         goto out;
     }
     if (tail) {
@@ -601,16 +665,16 @@ static void run_chat(server *s, job *j) {
         free(lt);
         render_tail(s, r, &text);
         if (live_plus(s, text.data, lt_len, text.len, &p, "live tool-call continuation")) {
-            send_error(s, c, hr, 500, "tokenization failed", NULL, NULL, 0, j->keep_alive);
+            job_error(s, j, 500, "tokenization failed", NULL, NULL, 0);
             goto out;
         }
     } else {
         if (!render_prompt(s, r, true, &text, err, sizeof err)) {
-            send_error(s, c, hr, 400, err, NULL, NULL, 0, j->keep_alive);
+            job_error(s, j, 400, err, NULL, NULL, 0);
             goto out;
         }
         if (plan_prompt(s, text.data, text.len, &p)) {
-            send_error(s, c, hr, 500, "tokenization failed", NULL, NULL, 0, j->keep_alive);
+            job_error(s, j, 500, "tokenization failed", NULL, NULL, 0);
             goto out;
         }
     }
@@ -620,36 +684,28 @@ static void run_chat(server *s, job *j) {
     trace_text(s, "rendered prompt", text.data ? text.data : "", text.len);
     trace(s, "cache: %s, prompt %d tokens, reused %d, prefill %d", p.how, P, p.reuse, P - p.reuse);
 
-    bool stream = r->stream;
-    ds4_enc_opts eo = {.req = r, .thinking = effective_think(s, r) != DS4_THINK_NONE, .mem = s->mem,
-                       .out = stream ? conn_out : NULL, .ud = c};
-    enc = ds4_enc_new(&eo);
+    bool stream = r->stream, thinking = effective_think(s, r) != DS4_THINK_NONE;
     ds4_usage u = {.prompt_tokens = P, .cached_tokens = p.reuse < P ? p.reuse : P};
-    if (!enc) { send_error(s, c, hr, 500, "out of memory", NULL, NULL, 0, false); goto out; }
 
     if (P >= s->o.ctx) {
         if (r->api == DS4_API_RESPONSES && stream) {
-            char hdr[1024];
-            cors_headers(s, hr, hdr, sizeof hdr);
-            ds4_http_stream_begin(c, hdr);
+            /* Responses reports an overflow in-stream. */
+            if (open_stream(s, j)) goto out;
             ds4_enc_begin(enc, &u);
             snprintf(err, sizeof err, "Your input exceeds the context window of this model. This model's maximum context length is %d tokens; the request has %d prompt tokens.", s->o.ctx, P);
-            ds4_enc_fail(enc, err, "context_length_exceeded");
-            ds4_http_stream_end(c);
+            job_error(s, j, 400, err, "input", "context_length_exceeded", P);
         } else if (r->api == DS4_API_MESSAGES) {
             snprintf(err, sizeof err, "prompt is too long: %d tokens > %d maximum", P, s->o.ctx - 1);
-            send_error(s, c, hr, 400, err, NULL, NULL, P, j->keep_alive);
+            job_error(s, j, 400, err, NULL, NULL, P);
         } else {
             snprintf(err, sizeof err, "This model's maximum context length is %d tokens. However, your request has %d prompt tokens (the request exceeds the available context size).", s->o.ctx, P);
-            send_error(s, c, hr, 400, err, r->api == DS4_API_CHAT ? "messages" : "input", "context_length_exceeded", P, j->keep_alive);
+            job_error(s, j, 400, err, r->api == DS4_API_CHAT ? "messages" : "input", "context_length_exceeded", P);
         }
         goto out;
     }
 
     if (stream) {
-        char hdr[1024];
-        cors_headers(s, hr, hdr, sizeof hdr);
-        if (ds4_http_stream_begin(c, hdr)) goto out;
+        if (open_stream(s, j)) goto out;
         ds4_enc_begin(enc, &u);
     }
     progress_ctx pc = {.s = s, .conn = c, .enc = enc, .last_ping = now_s()};
@@ -658,9 +714,7 @@ static void run_chat(server *s, job *j) {
     if (rc == 1) snprintf(err, sizeof err, "server shutting down");
     if (rc) {
         trace(s, "prefill failed: %s", err);
-        if (stream) { ds4_enc_fail(enc, err, "server_error"); ds4_http_stream_end(c); }
-        else send_error(s, c, hr, pc.stopping ? 503 : 500, err, NULL, NULL, 0, false);
-        j->keep_alive = false;
+        job_error(s, j, pc.stopping ? 503 : 500, err, NULL, NULL, 0);
         goto out;
     }
 
@@ -712,9 +766,7 @@ static void run_chat(server *s, job *j) {
         goto out;
     }
     if (pc.stopping) {
-        if (stream) { ds4_enc_fail(enc, "server shutting down", "server_error"); ds4_http_stream_end(c); }
-        else send_error(s, c, hr, 503, "server shutting down", NULL, NULL, 0, false);
-        j->keep_alive = false;
+        job_error(s, j, 503, "server shutting down", NULL, NULL, 0);
         goto out;
     }
     ds4_enc_finish(enc, cause, &u);
@@ -730,7 +782,7 @@ static void run_chat(server *s, job *j) {
         s->live_ids_tokens = ds4_session_n_tokens(s->sess);
         trace(s, "tool calls: %d, exact DSML block remembered (%zu bytes), first id %s", nids, blen, ids[0]);
     }
-    if (eo.thinking) remember_visible(s, &text, enc);
+    if (thinking) remember_visible(s, &text, enc);
     trace(s, "usage: prompt %d cached %d completion %d reasoning %d", u.prompt_tokens, u.cached_tokens,
           u.completion_tokens, u.reasoning_tokens);
     if (stream) {
@@ -744,7 +796,6 @@ static void run_chat(server *s, job *j) {
     }
 out:
     ds4_sampler_free(smp);
-    ds4_enc_free(enc);
     ds4_token_ids_free(&p.toks);
     ds4_buf_free(&text);
 }
@@ -826,36 +877,6 @@ static cJSON *cmpl_chunk(const char *id, long long created, const ds4_request *r
     return o;
 }
 
-static void sse_data(ds4_http_conn *c, cJSON *o) {
-    char *s = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    if (!s) return;
-    ds4_buf b = {0};
-    ds4_buf_puts(&b, "data: ");
-    ds4_buf_puts(&b, s);
-    ds4_buf_puts(&b, "\n\n");
-    free(s);
-    ds4_http_stream_write(c, b.data, b.len);
-    ds4_buf_free(&b);
-}
-
-/* An engine failure or shutdown: in-stream error object, or a 5xx. */
-static void cmpl_fail(server *s, job *j, const char *msg, int status) {
-    j->keep_alive = false;
-    if (!j->req.stream) {
-        send_error(s, j->conn, j->hreq, status, msg, NULL, NULL, 0, false);
-        return;
-    }
-    cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
-    cJSON_AddStringToObject(er, "message", msg);
-    cJSON_AddStringToObject(er, "type", "server_error");
-    cJSON_AddNullToObject(er, "param");
-    cJSON_AddNullToObject(er, "code");
-    sse_data(j->conn, o);
-    ds4_http_stream_write(j->conn, "data: [DONE]\n\n", 14);
-    ds4_http_stream_end(j->conn);
-}
-
 static void run_completions(server *s, job *j) {
     ds4_request *r = &j->req;
     ds4_http_conn *c = j->conn;
@@ -877,7 +898,7 @@ static void run_completions(server *s, job *j) {
             for (int k = 0; k < pr->n_ids; k++) {
                 if (pr->ids[k] >= s->n_vocab) {
                     snprintf(err, sizeof err, "prompt token id %d is outside the vocabulary (%d)", pr->ids[k], s->n_vocab);
-                    send_error(s, c, hr, 400, err, "prompt", "invalid_value", 0, j->keep_alive);
+                    job_error(s, j, 400, err, "prompt", "invalid_value", 0);
                     goto out;
                 }
             }
@@ -901,18 +922,13 @@ static void run_completions(server *s, job *j) {
         if (prompts[i].n == 0 || (int)prompts[i].n >= s->o.ctx) {
             if (prompts[i].n == 0) snprintf(err, sizeof err, "prompt is empty");
             else snprintf(err, sizeof err, "This model's maximum context length is %d tokens. However, your request has %zu prompt tokens (the request exceeds the available context size).", s->o.ctx, prompts[i].n);
-            send_error(s, c, hr, 400, err, "prompt", prompts[i].n ? "context_length_exceeded" : NULL,
-                       (int)prompts[i].n, j->keep_alive);
+            job_error(s, j, 400, err, "prompt", prompts[i].n ? "context_length_exceeded" : NULL, (int)prompts[i].n);
             goto out;
         }
     }
     s->n_live_ids = 0;
     s->visible_tokens = -1;
-    if (r->stream) {
-        char hdr[1024];
-        cors_headers(s, hr, hdr, sizeof hdr);
-        if (ds4_http_stream_begin(c, hdr)) goto out;
-    }
+    if (r->stream && open_stream(s, j)) goto out;
     progress_ctx pc = {.s = s, .conn = c, .last_ping = now_s()};
     float *row = malloc(sizeof(float) * (size_t)s->n_vocab * ECHO_SLICE);
     for (int i = 0; i < r->n_prompts && !pc.gone; i++) {
@@ -966,7 +982,7 @@ static void run_completions(server *s, job *j) {
             ds4_buf_free(&text);
             if (logprobs) cJSON_Delete(lp_object(&lpa));
             if (rc == 1 && pc.gone) { j->keep_alive = false; goto out_row; }
-            cmpl_fail(s, j, rc == 1 ? "server shutting down" : err, rc == 1 ? 503 : 500);
+            job_error(s, j, rc == 1 ? 503 : 500, rc == 1 ? "server shutting down" : err, NULL, NULL, 0);
             goto out_row;
         }
         int limit = r->max_tokens >= 0 ? r->max_tokens : s->o.default_max_tokens;
@@ -1010,7 +1026,7 @@ static void run_completions(server *s, job *j) {
         if (pc.stopping) {
             ds4_buf_free(&text);
             if (logprobs) cJSON_Delete(lp_object(&lpa));
-            cmpl_fail(s, j, "server shutting down", 503);
+            job_error(s, j, 503, "server shutting down", NULL, NULL, 0);
             goto out_row;
         }
         total.prompt_tokens += P;
@@ -1075,13 +1091,17 @@ static void *worker_main(void *ud) {
         pthread_mutex_lock(&s->mu);
         while (!s->head && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
         job *j = s->head;
-        if (j) { s->head = j->next; if (!s->head) s->tail = NULL; }
+        if (j) {
+            s->head = j->next;
+            if (!s->head) s->tail = NULL;
+            j->running = true;
+            while (j->writing) pthread_cond_wait(&s->cv, &s->mu);
+        }
         bool stopping = s->stopping;
         pthread_mutex_unlock(&s->mu);
         if (!j) break;
         if (stopping) {
-            send_error(s, j->conn, j->hreq, 503, "server shutting down", NULL, NULL, 0, false);
-            j->keep_alive = false;
+            job_error(s, j, 503, "server shutting down", NULL, NULL, 0);
         } else if (ds4_http_peer_gone(j->conn)) {
             trace(s, "queued request dropped: client went away");
             j->keep_alive = false;
@@ -1099,6 +1119,60 @@ static void *worker_main(void *ud) {
 }
 
 /* ---- connections ---------------------------------------------------- */
+
+static void unlink_job(server *s, job *j) {
+    job *prev = NULL;
+    for (job *q = s->head; q; prev = q, q = q->next) {
+        if (q != j) continue;
+        if (prev) prev->next = j->next; else s->head = j->next;
+        if (s->tail == j) s->tail = prev;
+        return;
+    }
+}
+
+/* Keep-alive for a streamed request still in the queue: the SSE stream
+ * opens and gets what prefill would send (server-api.md 1.4); Messages'
+ * message_start waits for the token counts, pings go first. */
+static void queued_keepalive(server *s, job *j) {
+    if (open_stream(s, j)) return;
+    ds4_http_stream_write(j->conn, ": queued\n\n", 10);
+    if (j->req.api != DS4_API_COMPLETIONS && job_encoder(s, j)) ds4_enc_keepalive(j->enc);
+}
+
+/* Waits (s->mu held) until the worker takes j or its client leaves. A
+ * streamed request keeps getting keep-alives meanwhile, so a long queue
+ * does not trip client idle timers; a client that disconnects takes its job
+ * out of the queue, so it never runs. The worker is never held up for more
+ * than one write (it waits for `writing` to clear). */
+static void wait_queued(server *s, job *j) {
+    double next_ping = now_s() + KEEPALIVE_SECONDS;
+    while (!j->running && !j->done) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += QUEUE_POLL_MS * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        if (j->running || j->done) break;
+        j->writing = true;
+        pthread_mutex_unlock(&s->mu);
+        bool gone = ds4_http_peer_gone(j->conn);
+        if (!gone && j->req.stream && now_s() >= next_ping) {
+            next_ping = now_s() + KEEPALIVE_SECONDS;
+            queued_keepalive(s, j);
+            gone = j->conn->broken;
+        }
+        pthread_mutex_lock(&s->mu);
+        j->writing = false;
+        pthread_cond_broadcast(&s->cv);
+        if (gone && !j->running) {
+            unlink_job(s, j);
+            j->keep_alive = false;
+            j->done = true;
+            trace(s, "queued request left the queue: client went away");
+        }
+    }
+}
 
 typedef struct {
     server *s;
@@ -1157,8 +1231,10 @@ static bool handle(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body)
     if (s->tail) s->tail->next = &j; else s->head = &j;
     s->tail = &j;
     pthread_cond_broadcast(&s->cv);
+    wait_queued(s, &j);
     while (!j.done) pthread_cond_wait(&s->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
+    ds4_enc_free(j.enc);
     ds4_request_free(&j.req);
     return j.keep_alive && !c->broken && !c->http10;
 }

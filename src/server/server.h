@@ -6,6 +6,11 @@
  *   decoding, token counting, errors); everything that touches the engine
  *   runs on one worker thread that takes jobs in FIFO order, so requests are
  *   served fairly and the single live KV session is never shared.
+ * - While a request waits in the queue its connection thread watches the
+ *   socket: a client that disconnects takes its job out of the queue (it
+ *   never runs), and a streamed request gets keep-alives every 5 s (the SSE
+ *   stream opens early, with the family's no-op events, server-api.md 1.4);
+ *   errors found later are then reported in-stream.
  * - The worker writes the response itself (SSE as it generates) and watches
  *   the socket: a client that disconnects stops prefill/generation at the
  *   next chunk or token and frees the worker.

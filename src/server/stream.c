@@ -680,10 +680,11 @@ void ds4_enc_begin(ds4_enc *e, const ds4_usage *u) {
 
 void ds4_enc_keepalive(ds4_enc *e) {
     if (!e->stream) return;
-    /* Comments keep HTTP-level timers alive; the family no-op events reset
-     * clients that only count parsed events (Codex, Claude Code). */
-    write_raw(e, ": prefill\n\n", 11);
+    /* The family no-op events reset clients that only count parsed events
+     * (Codex, Claude Code). Chat's and Responses' opening events need no
+     * token counts, so a keep-alive before begin sends them. */
     if (e->r->api == DS4_API_MESSAGES) anth_event(e, "ping", NULL);
+    else if (!e->began) ds4_enc_begin(e, NULL);
     else if (e->r->api == DS4_API_RESPONSES)
         resp_wrap(e, "response.in_progress", resp_object(e, "in_progress", NULL, NULL, NULL));
 }

@@ -77,6 +77,10 @@ ds4_enc *ds4_enc_new(const ds4_enc_opts *o);
 void ds4_enc_free(ds4_enc *e);
 
 void ds4_enc_begin(ds4_enc *e, const ds4_usage *u);
+/* Keep-alive events while the response waits (queue, prefill); the caller
+ * writes the SSE comment. Before begin it sends the opening events that need
+ * no usage (Chat's role chunk, Responses' created + in_progress; a later
+ * begin adds only Messages' message_start); Messages gets pings throughout. */
 void ds4_enc_keepalive(ds4_enc *e);
 bool ds4_enc_feed(ds4_enc *e, const char *s, size_t n);
 bool ds4_enc_in_structure(const ds4_enc *e);
