@@ -13,13 +13,11 @@
  * NT = 1 is the matvec dot, NT = DS4_DOT_TOKENS the matmul micro-kernel;
  * the per-token arithmetic is the same in both, so they agree bit for bit.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
 
-#include "kernels_cpu_internal.h"
-#include "quant.h"
+#include "kernels_cpu_simd.h"
 
 static inline float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -28,30 +26,7 @@ static inline float hsum_ps(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-static inline float h2f(ds4_half h) { return _cvtsh_ss(h); }
-
-#define INLINE static inline __attribute__((always_inline))
-#define NT_MAX DS4_DOT_TOKENS
-/* the fixed-count loops over tokens and sub-blocks must become straight-line
- * code: lane masks and shift counts then fold to immediates */
-#define UNROLL _Pragma("GCC unroll 8")
-
-INLINE const void *tok(const void *acts, size_t stride, int t) { return (const uint8_t *)acts + stride * (size_t)t; }
-
-/* the two entry points of every kernel NAME_nt */
-#define DOT_ENTRY_POINTS(name)                                                                      \
-    static float dot_##name(const void *w, const void *act, int64_t n) {                           \
-        float r;                                                                                    \
-        name##_nt(w, act, 0, n, 1, &r);                                                             \
-        return r;                                                                                   \
-    }                                                                                               \
-    static void dotn_##name(const void *w, const void *acts, size_t stride, int64_t n, float *out) { \
-        name##_nt(w, acts, stride, n, NT_MAX, out);                                                 \
-    }
-
 /* ---- float weights against f32 activations ---- */
-
-enum float_kind { KIND_F32, KIND_F16, KIND_BF16 };
 
 INLINE __m256 load8(enum float_kind k, const void *p, int64_t i) {
     switch (k) {
@@ -102,12 +77,7 @@ INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t 
     }
 }
 
-INLINE void f32_nt(const void *w, const void *a, size_t s, int64_t n, int nt, float *o) { float_nt(KIND_F32, w, a, s, n, nt, o); }
-INLINE void f16_nt(const void *w, const void *a, size_t s, int64_t n, int nt, float *o) { float_nt(KIND_F16, w, a, s, n, nt, o); }
-INLINE void bf16_nt(const void *w, const void *a, size_t s, int64_t n, int nt, float *o) { float_nt(KIND_BF16, w, a, s, n, nt, o); }
-DOT_ENTRY_POINTS(f32)
-DOT_ENTRY_POINTS(f16)
-DOT_ENTRY_POINTS(bf16)
+FLOAT_KERNELS
 
 /* ---- Q8_0 x Q8_0 ---- */
 

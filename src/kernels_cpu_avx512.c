@@ -13,33 +13,11 @@
  * is the dot, NT = DS4_DOT_TOKENS the matmul micro-kernel, with the same
  * per-token arithmetic so both give identical results.
  */
-#include <immintrin.h>
 #include <string.h>
 
-#include "kernels_cpu_internal.h"
-#include "quant.h"
-
-#define INLINE static inline __attribute__((always_inline))
-#define NT_MAX DS4_DOT_TOKENS
-#define UNROLL _Pragma("GCC unroll 8")
-
-INLINE float h2f(ds4_half h) { return _cvtsh_ss(h); }
-
-INLINE const void *tok(const void *acts, size_t stride, int t) { return (const uint8_t *)acts + stride * (size_t)t; }
-
-#define DOT_ENTRY_POINTS(name)                                                                      \
-    static float dot_##name(const void *w, const void *act, int64_t n) {                           \
-        float r;                                                                                    \
-        name##_nt(w, act, 0, n, 1, &r);                                                             \
-        return r;                                                                                   \
-    }                                                                                               \
-    static void dotn_##name(const void *w, const void *acts, size_t stride, int64_t n, float *out) { \
-        name##_nt(w, acts, stride, n, NT_MAX, out);                                                 \
-    }
+#include "kernels_cpu_simd.h"
 
 /* ---- float weights against f32 activations ---- */
-
-enum float_kind { KIND_F32, KIND_F16, KIND_BF16 };
 
 INLINE __m512 load16(enum float_kind k, const void *p, int64_t i, __mmask16 m) {
     switch (k) {
@@ -79,12 +57,7 @@ INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t 
     for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
 
-INLINE void f32_nt(const void *w, const void *a, size_t s, int64_t n, int nt, float *o) { float_nt(KIND_F32, w, a, s, n, nt, o); }
-INLINE void f16_nt(const void *w, const void *a, size_t s, int64_t n, int nt, float *o) { float_nt(KIND_F16, w, a, s, n, nt, o); }
-INLINE void bf16_nt(const void *w, const void *a, size_t s, int64_t n, int nt, float *o) { float_nt(KIND_BF16, w, a, s, n, nt, o); }
-DOT_ENTRY_POINTS(f32)
-DOT_ENTRY_POINTS(f16)
-DOT_ENTRY_POINTS(bf16)
+FLOAT_KERNELS
 
 /* ---- Q8_0 x Q8_0 ---- */
 

@@ -1,0 +1,57 @@
+/* kernels_cpu_simd.h -- helpers shared by the ISA files kernels_cpu_avx2.c
+ * and kernels_cpu_avx512.c (and only them).
+ *
+ * Contract
+ * - Included only by files compiled with at least the AVX2 flags
+ *   (-mavx2 -mfma -mf16c); everything here is valid at that level, so the
+ *   AVX-512 file can share it. The ISA files get <immintrin.h> from here
+ *   only (the SIMDe shim of tests/kernels/test_avx512_emulated.sh has no
+ *   include guard).
+ * - Every kernel is written once as NAME_nt(w, acts, stride, n, nt, out)
+ *   for nt activation rows; DOT_ENTRY_POINTS(NAME) derives the matvec dot
+ *   (nt = 1) and the matmul micro-kernel (nt = DS4_DOT_TOKENS) from it, so
+ *   both run the same per-token arithmetic.
+ */
+#ifndef DS4_KERNELS_CPU_SIMD_H
+#define DS4_KERNELS_CPU_SIMD_H
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels_cpu_internal.h"
+#include "quant.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define NT_MAX DS4_DOT_TOKENS
+/* the fixed-count loops over tokens and sub-blocks must become straight-line
+ * code: lane masks and shift counts then fold to immediates */
+#define UNROLL _Pragma("GCC unroll 8")
+
+INLINE float h2f(ds4_half h) { return _cvtsh_ss(h); }
+
+/* activation row t of a token batch */
+INLINE const void *tok(const void *acts, size_t stride, int t) { return (const uint8_t *)acts + stride * (size_t)t; }
+
+#define DOT_ENTRY_POINTS(name)                                                                      \
+    static float dot_##name(const void *w, const void *act, int64_t n) {                           \
+        float r;                                                                                    \
+        name##_nt(w, act, 0, n, 1, &r);                                                             \
+        return r;                                                                                   \
+    }                                                                                               \
+    static void dotn_##name(const void *w, const void *acts, size_t stride, int64_t n, float *out) { \
+        name##_nt(w, acts, stride, n, NT_MAX, out);                                                 \
+    }
+
+/* float weights: one float_nt(kind, ...) per file, three kernels from it */
+enum float_kind { KIND_F32, KIND_F16, KIND_BF16 };
+
+#define FLOAT_KERNELS                                                                                         \
+    INLINE void f32_nt(const void *w, const void *a, size_t s, int64_t n, int nt, float *o) { float_nt(KIND_F32, w, a, s, n, nt, o); }   \
+    INLINE void f16_nt(const void *w, const void *a, size_t s, int64_t n, int nt, float *o) { float_nt(KIND_F16, w, a, s, n, nt, o); }   \
+    INLINE void bf16_nt(const void *w, const void *a, size_t s, int64_t n, int nt, float *o) { float_nt(KIND_BF16, w, a, s, n, nt, o); } \
+    DOT_ENTRY_POINTS(f32)                                                                                     \
+    DOT_ENTRY_POINTS(f16)                                                                                     \
+    DOT_ENTRY_POINTS(bf16)
+
+#endif
