@@ -174,20 +174,6 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     return 0;
 }
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    ds4_buf b = {0};
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) ds4_buf_put(&b, chunk, n);
-    bool bad = ferror(f) || b.oom;
-    fclose(f);
-    if (bad) { ds4_buf_free(&b); return NULL; }
-    if (len) *len = b.len;
-    return ds4_buf_take(&b);
-}
-
 /* ---------------------------------------------------------------- dumps */
 
 static void print_json_string(FILE *f, const char *s, size_t n) {
@@ -571,7 +557,7 @@ static int run_repl(chat_state *c, ds4_sampler *smp) {
             }
             else if (!strcmp(s, "/read")) {
                 size_t len;
-                char *text = arg && *arg ? read_file(arg, &len) : NULL;
+                char *text = arg && *arg ? ds4_read_file(arg, &len) : NULL;
                 if (!text) printf("ds4: cannot read %s\n", arg && *arg ? arg : "(no file given)");
                 else { chat_turn(c, text, smp, true); free(text); }
             }
@@ -669,7 +655,7 @@ int main(int argc, char **argv) {
 
     char *prompt_text = NULL;
     if (o.prompt_file) {
-        prompt_text = read_file(o.prompt_file, NULL);
+        prompt_text = ds4_read_file(o.prompt_file, NULL);
         if (!prompt_text) { fprintf(stderr, "ds4: cannot read %s\n", o.prompt_file); ds4_engine_free(e); return 1; }
     } else if (o.prompt) {
         prompt_text = strdup(o.prompt);

@@ -64,6 +64,20 @@ char *ds4_buf_take(ds4_buf *b) {
     return s;
 }
 
+char *ds4_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    ds4_buf b = {0};
+    char tmp[65536];
+    size_t n;
+    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) ds4_buf_put(&b, tmp, n);
+    bool bad = ferror(f) || b.oom;
+    fclose(f);
+    if (bad) { ds4_buf_free(&b); return NULL; }
+    if (len) *len = b.len;
+    return ds4_buf_take(&b);
+}
+
 /* ---- reader ------------------------------------------------------------ */
 
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }

@@ -46,6 +46,9 @@ void ds4_buf_free(ds4_buf *b);
 /* Moves the bytes out: returns a malloc'ed NUL-terminated string (an empty
  * one for an empty buffer, NULL on oom) and leaves b empty. */
 char *ds4_buf_take(ds4_buf *b);
+/* The whole file as a malloc'ed NUL-terminated string (*len bytes, len may
+ * be NULL), or NULL when it cannot be opened or read, or memory runs out. */
+char *ds4_read_file(const char *path, size_t *len);
 
 typedef enum { DS4_JSON_PY, DS4_JSON_COMPACT } ds4_json_style;
 

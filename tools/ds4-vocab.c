@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "json_util.h"
 #include "tokenizer_internal.h"
 
 static double now_s(void) {
@@ -47,19 +48,6 @@ static int usage(void) {
     return 2;
 }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *b = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)n + 1)) &&
-        fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) { b[n] = 0; *len = (size_t)n; }
-    return b;
-}
-
 static bool is_gguf(const char *path) {
     size_t l = strlen(path);
     return l >= 5 && strcmp(path + l - 5, ".gguf") == 0;
@@ -77,7 +65,7 @@ static void print_ids(const ds4_token_ids *ids) {
  * measure the neighbours. */
 static int bench(const ds4_tokenizer *t, const char *path, enum ds4_tok_specials sp) {
     size_t len;
-    char *text = slurp(path, &len);
+    char *text = ds4_read_file(path, &len);
     if (!text) { fprintf(stderr, "ds4-vocab: cannot read %s\n", path); return 1; }
     ds4_token_ids ids = {0};
     double t0 = cpu_s();
@@ -178,7 +166,7 @@ int main(int argc, char **argv) {
         ds4_token_ids_free(&ids);
     } else if (!strcmp(cmd, "--encode-file") && i + 1 < argc) {
         size_t len;
-        char *text = slurp(argv[i + 1], &len);
+        char *text = ds4_read_file(argv[i + 1], &len);
         ds4_token_ids ids = {0};
         if (!text) { fprintf(stderr, "ds4-vocab: cannot read %s\n", argv[i + 1]); rc = 1; }
         else { rc = ds4_tokenizer_encode(t, text, len, sp, &ids) ? 1 : 0; print_ids(&ids); }

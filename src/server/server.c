@@ -1319,18 +1319,6 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     ds4_http_limits_default(&o->limits);
 }
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    ds4_buf b = {0};
-    char tmp[65536];
-    size_t n;
-    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) ds4_buf_put(&b, tmp, n);
-    fclose(f);
-    *len = b.len;
-    return ds4_buf_take(&b);
-}
-
 int ds4_server_run(const ds4_server_opts *opts) {
     static server S;
     server *s = &S;
@@ -1343,7 +1331,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
         fprintf(stderr, "ds4-server: cannot open trace file %s: %s\n", s->o.trace_path, strerror(errno));
         return 1;
     }
-    if (s->o.scripted_output && !(s->script = read_file(s->o.scripted_output, &s->script_len))) {
+    if (s->o.scripted_output && !(s->script = ds4_read_file(s->o.scripted_output, &s->script_len))) {
         fprintf(stderr, "ds4-server: cannot read %s\n", s->o.scripted_output);
         return 1;
     }

@@ -15,14 +15,9 @@
 static char *slurp(const char *name) {
     char path[256];
     snprintf(path, sizeof path, FIX "%s", name);
-    FILE *f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "missing fixture %s\n", path); exit(1); }
-    ds4_buf b = {0};
-    char tmp[4096];
-    size_t n;
-    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) ds4_buf_put(&b, tmp, n);
-    fclose(f);
-    return ds4_buf_take(&b);
+    char *s = ds4_read_file(path, NULL);
+    if (!s) { fprintf(stderr, "missing fixture %s\n", path); exit(1); }
+    return s;
 }
 
 /* ---- an OpenAI chat request as the server would hand it over ---------------- */

@@ -15,14 +15,9 @@
 #define DSML "｜DSML｜"
 
 static char *slurp(const char *name) {
-    FILE *f = fopen(name, "rb");
-    if (!f) { fprintf(stderr, "missing fixture %s\n", name); exit(1); }
-    ds4_buf b = {0};
-    char tmp[4096];
-    size_t n;
-    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) ds4_buf_put(&b, tmp, n);
-    fclose(f);
-    return ds4_buf_take(&b);
+    char *s = ds4_read_file(name, NULL);
+    if (!s) { fprintf(stderr, "missing fixture %s\n", name); exit(1); }
+    return s;
 }
 
 /* ---- event log: text events of one kind coalesced, everything else verbatim -- */
