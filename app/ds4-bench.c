@@ -7,6 +7,7 @@
 
 #include "bench_kernels.h"
 #include "bench_model.h"
+#include "cli_args.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ds4-bench --kernels [-t N]\n"
@@ -22,9 +23,8 @@ static void usage(FILE *f) {
 /* Integer option value in [lo, hi]; -1 (after a message) when invalid. */
 static long int_arg(int argc, char **argv, int *i, long lo, long hi) {
     const char *opt = argv[*i];
-    char *end = NULL;
-    long v = *i + 1 < argc ? strtol(argv[++*i], &end, 10) : 0;
-    if (!end || *end || v < lo || v > hi) {
+    int v;
+    if (!ds4_parse_int(*i + 1 < argc ? argv[++*i] : NULL, lo, hi, &v)) {
         fprintf(stderr, "ds4-bench: %s needs an integer between %ld and %ld\n", opt, lo, hi);
         return -1;
     }

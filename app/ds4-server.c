@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli_args.h"
+
 static void usage(FILE *f) {
     fprintf(f,
         "usage: ds4-server [options]\n"
@@ -36,14 +38,12 @@ static void usage(FILE *f) {
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || errno || *end || x < lo || x > hi) {
+    int x;
+    if (!ds4_parse_int(v, lo, hi, &x)) {
         fprintf(stderr, "ds4-server: %s needs an integer in [%ld, %ld]\n", flag, lo, hi);
         exit(2);
     }
-    return (int)x;
+    return x;
 }
 
 int main(int argc, char **argv) {

@@ -11,6 +11,7 @@
  * to that point and prefills only the rest.
  */
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 #include <editline/readline.h>
 
 #include "chat.h"
+#include "cli_args.h"
 #include "engine.h"
 #include "json_util.h"
 #include "sampler.h"
@@ -91,24 +93,6 @@ static void usage(FILE *f) {
         "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n");
 }
 
-static bool parse_int(const char *s, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < -2147483647L || v > 2147483647L) return false;
-    *out = (int)v;
-    return true;
-}
-
-static bool parse_float(const char *s, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end) return false;
-    *out = v;
-    return true;
-}
-
 /* Returns 0 on success, 1 after printing help, -1 on a bad argument. */
 static int parse_args(int argc, char **argv, cli_opts *o) {
     memset(o, 0, sizeof *o);
@@ -131,14 +115,14 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDS_VALUE(); o->prompt = v; }
         else if (!strcmp(a, "--prompt-file")) { NEEDS_VALUE(); o->prompt_file = v; }
         else if (!strcmp(a, "-sys") || !strcmp(a, "--system")) { NEEDS_VALUE(); o->system = v; }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--tokens")) { NEEDS_VALUE(); if (!parse_int(v, &o->n_predict) || o->n_predict < 0) BAD_VALUE(); }
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { NEEDS_VALUE(); if (!parse_int(v, &o->ctx) || o->ctx < 16) BAD_VALUE(); }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDS_VALUE(); if (!parse_int(v, &o->threads) || o->threads < 1) BAD_VALUE(); }
-        else if (!strcmp(a, "--prefill-chunk")) { NEEDS_VALUE(); if (!parse_int(v, &o->prefill_chunk) || o->prefill_chunk < 1) BAD_VALUE(); }
-        else if (!strcmp(a, "--temp")) { NEEDS_VALUE(); if (!parse_float(v, &o->sampling.temperature)) BAD_VALUE(); }
-        else if (!strcmp(a, "--top-p")) { NEEDS_VALUE(); if (!parse_float(v, &o->sampling.top_p)) BAD_VALUE(); }
-        else if (!strcmp(a, "--min-p")) { NEEDS_VALUE(); if (!parse_float(v, &o->sampling.min_p)) BAD_VALUE(); }
-        else if (!strcmp(a, "--top-k")) { NEEDS_VALUE(); if (!parse_int(v, &o->sampling.top_k) || o->sampling.top_k < 0) BAD_VALUE(); }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--tokens")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->n_predict)) BAD_VALUE(); }
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 16, INT_MAX, &o->ctx)) BAD_VALUE(); }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
+        else if (!strcmp(a, "--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
+        else if (!strcmp(a, "--temp")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.temperature)) BAD_VALUE(); }
+        else if (!strcmp(a, "--top-p")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.top_p)) BAD_VALUE(); }
+        else if (!strcmp(a, "--min-p")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.min_p)) BAD_VALUE(); }
+        else if (!strcmp(a, "--top-k")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->sampling.top_k)) BAD_VALUE(); }
         else if (!strcmp(a, "--seed")) {
             NEEDS_VALUE();
             char *end;
@@ -159,7 +143,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--cpu")) { /* the CPU backend is the only one built here */ }
         else if (!strcmp(a, "--dump-tokens")) o->dump_tokens = true;
         else if (!strcmp(a, "--dump-logprobs")) { NEEDS_VALUE(); o->dump_logprobs = v; }
-        else if (!strcmp(a, "--logprobs-top-k")) { NEEDS_VALUE(); if (!parse_int(v, &o->logprobs_top_k) || o->logprobs_top_k < 0) BAD_VALUE(); }
+        else if (!strcmp(a, "--logprobs-top-k")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->logprobs_top_k)) BAD_VALUE(); }
         else if (!strcmp(a, "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
         else if (!strcmp(a, "--logits-all")) o->logits_all = true;
         else if (!strcmp(a, "--token-ids")) { NEEDS_VALUE(); o->token_ids = v; }
@@ -542,7 +526,7 @@ static int run_repl(chat_state *c, ds4_sampler *smp) {
             else if (!strcmp(s, "/ctx")) {
                 int n;
                 char err[256];
-                if (!arg || !parse_int(arg, &n) || n < 16) { printf("usage: /ctx N\n"); }
+                if (!ds4_parse_int(arg, 16, INT_MAX, &n)) { printf("usage: /ctx N\n"); }
                 else {
                     ds4_session *ns = ds4_session_new(c->engine, n, err, sizeof err);
                     if (!ns) printf("ds4: %s\n", err);
