@@ -328,11 +328,12 @@ static void resp_wrap(ds4_enc *e, const char *type, cJSON *resp) {
     resp_send(e, o);
 }
 
-static cJSON *resp_text_part(const char *type, const char *s, size_t n, bool annotations) {
+/* The reasoning summary's or the message's text part. */
+static cJSON *resp_part(bool reasoning, const char *s, size_t n) {
     cJSON *p = cJSON_CreateObject();
-    cJSON_AddStringToObject(p, "type", type);
+    cJSON_AddStringToObject(p, "type", reasoning ? "summary_text" : "output_text");
     add_strn(p, "text", s, n);
-    if (annotations) cJSON_AddArrayToObject(p, "annotations");
+    if (!reasoning) cJSON_AddArrayToObject(p, "annotations");
     return p;
 }
 
@@ -342,7 +343,7 @@ static cJSON *resp_reasoning_item(ds4_enc *e, const char *status, bool with_text
     cJSON_AddStringToObject(it, "type", "reasoning");
     cJSON_AddStringToObject(it, "status", status);
     cJSON *s = cJSON_AddArrayToObject(it, "summary");
-    if (with_text) cJSON_AddItemToArray(s, resp_text_part("summary_text", e->reasoning.data ? e->reasoning.data : "", e->reasoning.len, false));
+    if (with_text) cJSON_AddItemToArray(s, resp_part(true, e->reasoning.data ? e->reasoning.data : "", e->reasoning.len));
     return it;
 }
 
@@ -353,7 +354,7 @@ static cJSON *resp_message_item(ds4_enc *e, const char *status, bool with_text) 
     cJSON_AddStringToObject(it, "status", status);
     cJSON_AddStringToObject(it, "role", "assistant");
     cJSON *c = cJSON_AddArrayToObject(it, "content");
-    if (with_text) cJSON_AddItemToArray(c, resp_text_part("output_text", e->content.data ? e->content.data : "", e->content.len, true));
+    if (with_text) cJSON_AddItemToArray(c, resp_part(false, e->content.data ? e->content.data : "", e->content.len));
     return it;
 }
 
@@ -401,82 +402,70 @@ static cJSON *resp_call_item(ds4_enc *e, const call_t *c, const char *status, bo
     return it;
 }
 
+/* response.output_item.added / .done */
+static void resp_item_event(ds4_enc *e, const char *type, int index, cJSON *item) {
+    cJSON *o = resp_new(e, type);
+    cJSON_AddNumberToObject(o, "output_index", index);
+    cJSON_AddItemToObject(o, "item", item);
+    resp_send(e, o);
+}
+
+/* An event of the open item's only text part: the reasoning summary or the
+ * message's output text. */
+static cJSON *resp_part_event(ds4_enc *e, bool reasoning, const char *type) {
+    cJSON *o = resp_new(e, type);
+    cJSON_AddStringToObject(o, "item_id", reasoning ? e->rs_id : e->msg_id);
+    cJSON_AddNumberToObject(o, "output_index", e->open_index);
+    cJSON_AddNumberToObject(o, reasoning ? "summary_index" : "content_index", 0);
+    return o;
+}
+
 /* Closes the open reasoning or message item (stream and body alike). */
 static void resp_close(ds4_enc *e, const char *status) {
     if (e->open == OPEN_NONE) return;
-    int idx = e->open_index;
-    if (e->open == OPEN_THINKING) {
-        const char *rtext = e->reasoning.data ? e->reasoning.data : "";
-        cJSON *o = resp_new(e, "response.reasoning_summary_text.done");
-        cJSON_AddStringToObject(o, "item_id", e->rs_id);
-        cJSON_AddNumberToObject(o, "output_index", idx);
-        cJSON_AddNumberToObject(o, "summary_index", 0);
-        cJSON_AddStringToObject(o, "text", rtext);
-        resp_send(e, o);
-        o = resp_new(e, "response.reasoning_summary_part.done");
-        cJSON_AddStringToObject(o, "item_id", e->rs_id);
-        cJSON_AddNumberToObject(o, "output_index", idx);
-        cJSON_AddNumberToObject(o, "summary_index", 0);
-        cJSON_AddItemToObject(o, "part", resp_text_part("summary_text", rtext, e->reasoning.len, false));
-        resp_send(e, o);
-        cJSON *item = resp_reasoning_item(e, e->reasoning_closed ? "completed" : "incomplete", true);
-        cJSON_AddItemToArray(e->items, cJSON_Duplicate(item, 1));
-        o = resp_new(e, "response.output_item.done");
-        cJSON_AddNumberToObject(o, "output_index", idx);
-        cJSON_AddItemToObject(o, "item", item);
-        resp_send(e, o);
-    } else if (e->open == OPEN_TEXT) {
-        const char *ctext = e->content.data ? e->content.data : "";
-        cJSON *o = resp_new(e, "response.output_text.done");
-        cJSON_AddStringToObject(o, "item_id", e->msg_id);
-        cJSON_AddNumberToObject(o, "output_index", idx);
-        cJSON_AddNumberToObject(o, "content_index", 0);
-        cJSON_AddStringToObject(o, "text", ctext);
-        cJSON_AddArrayToObject(o, "logprobs");
-        resp_send(e, o);
-        o = resp_new(e, "response.content_part.done");
-        cJSON_AddStringToObject(o, "item_id", e->msg_id);
-        cJSON_AddNumberToObject(o, "output_index", idx);
-        cJSON_AddNumberToObject(o, "content_index", 0);
-        cJSON_AddItemToObject(o, "part", resp_text_part("output_text", ctext, e->content.len, true));
-        resp_send(e, o);
-        cJSON *item = resp_message_item(e, status, true);
-        cJSON_AddItemToArray(e->items, cJSON_Duplicate(item, 1));
-        o = resp_new(e, "response.output_item.done");
-        cJSON_AddNumberToObject(o, "output_index", idx);
-        cJSON_AddItemToObject(o, "item", item);
-        resp_send(e, o);
-    }
+    bool r = e->open == OPEN_THINKING;
+    const ds4_buf *text = r ? &e->reasoning : &e->content;
+    const char *t = text->data ? text->data : "";
+    cJSON *o = resp_part_event(e, r, r ? "response.reasoning_summary_text.done" : "response.output_text.done");
+    cJSON_AddStringToObject(o, "text", t);
+    if (!r) cJSON_AddArrayToObject(o, "logprobs");
+    resp_send(e, o);
+    o = resp_part_event(e, r, r ? "response.reasoning_summary_part.done" : "response.content_part.done");
+    cJSON_AddItemToObject(o, "part", resp_part(r, t, text->len));
+    resp_send(e, o);
+    cJSON *item = r ? resp_reasoning_item(e, e->reasoning_closed ? "completed" : "incomplete", true)
+                    : resp_message_item(e, status, true);
+    cJSON_AddItemToArray(e->items, cJSON_Duplicate(item, 1));
+    resp_item_event(e, "response.output_item.done", e->open_index, item);
     e->open = OPEN_NONE;
 }
 
 static void resp_open(ds4_enc *e, int kind) {
     if (e->open == kind) return;
     resp_close(e, "completed");
+    bool r = kind == OPEN_THINKING;
     e->open = kind;
     e->open_index = e->out_index++;
-    cJSON *o = resp_new(e, "response.output_item.added");
-    cJSON_AddNumberToObject(o, "output_index", e->open_index);
-    cJSON_AddItemToObject(o, "item", kind == OPEN_THINKING ? resp_reasoning_item(e, "in_progress", false)
-                                                           : resp_message_item(e, "in_progress", false));
-    resp_send(e, o);
-    o = resp_new(e, kind == OPEN_THINKING ? "response.reasoning_summary_part.added" : "response.content_part.added");
-    cJSON_AddStringToObject(o, "item_id", kind == OPEN_THINKING ? e->rs_id : e->msg_id);
-    cJSON_AddNumberToObject(o, "output_index", e->open_index);
-    cJSON_AddNumberToObject(o, kind == OPEN_THINKING ? "summary_index" : "content_index", 0);
-    cJSON_AddItemToObject(o, "part", kind == OPEN_THINKING ? resp_text_part("summary_text", "", 0, false)
-                                                           : resp_text_part("output_text", "", 0, true));
+    resp_item_event(e, "response.output_item.added", e->open_index,
+                    r ? resp_reasoning_item(e, "in_progress", false) : resp_message_item(e, "in_progress", false));
+    cJSON *o = resp_part_event(e, r, r ? "response.reasoning_summary_part.added" : "response.content_part.added");
+    cJSON_AddItemToObject(o, "part", resp_part(r, "", 0));
     resp_send(e, o);
 }
 
 static void resp_delta(ds4_enc *e, bool reasoning, const char *s, size_t n) {
-    cJSON *o = resp_new(e, reasoning ? "response.reasoning_summary_text.delta" : "response.output_text.delta");
-    cJSON_AddStringToObject(o, "item_id", reasoning ? e->rs_id : e->msg_id);
-    cJSON_AddNumberToObject(o, "output_index", e->open_index);
-    cJSON_AddNumberToObject(o, reasoning ? "summary_index" : "content_index", 0);
+    cJSON *o = resp_part_event(e, reasoning, reasoning ? "response.reasoning_summary_text.delta" : "response.output_text.delta");
     add_strn(o, "delta", s, n);
     if (!reasoning) cJSON_AddArrayToObject(o, "logprobs");
     resp_send(e, o);
+}
+
+/* An event of the function/custom call item being streamed. */
+static cJSON *resp_call_event(ds4_enc *e, const call_t *c, const char *type) {
+    cJSON *o = resp_new(e, type);
+    cJSON_AddStringToObject(o, "item_id", c->item_id);
+    cJSON_AddNumberToObject(o, "output_index", e->out_index);
+    return o;
 }
 
 /* ---- DSML events ---------------------------------------------------- */
@@ -529,10 +518,7 @@ static void on_event(void *ud, const ds4_dsml_event *ev) {
         else if (api == DS4_API_MESSAGES) anth_open(e, OPEN_TOOL, c);
         else {
             resp_close(e, "completed");
-            cJSON *o = resp_new(e, "response.output_item.added");
-            cJSON_AddNumberToObject(o, "output_index", e->out_index);
-            cJSON_AddItemToObject(o, "item", resp_call_item(e, c, "in_progress", false));
-            resp_send(e, o);
+            resp_item_event(e, "response.output_item.added", e->out_index, resp_call_item(e, c, "in_progress", false));
         }
         break;
     }
@@ -544,9 +530,7 @@ static void on_event(void *ud, const ds4_dsml_event *ev) {
         if (api == DS4_API_CHAT) chat_delta_call(e, e->n_calls - 1, false, ev->text, ev->len);
         else if (api == DS4_API_MESSAGES) anth_delta(e, "input_json_delta", "partial_json", ev->text, ev->len);
         else if (!is_custom(e, c)) {   /* custom input is only known at the end */
-            cJSON *o = resp_new(e, "response.function_call_arguments.delta");
-            cJSON_AddStringToObject(o, "item_id", c->item_id);
-            cJSON_AddNumberToObject(o, "output_index", e->out_index);
+            cJSON *o = resp_call_event(e, c, "response.function_call_arguments.delta");
             add_strn(o, "delta", ev->text, ev->len);
             resp_send(e, o);
         }
@@ -564,17 +548,13 @@ static void on_event(void *ud, const ds4_dsml_event *ev) {
             char *in = custom_input(c);
             const char *kinds[2] = {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"};
             for (int k = 0; k < 2; k++) {
-                cJSON *o = resp_new(e, kinds[k]);
-                cJSON_AddStringToObject(o, "item_id", c->item_id);
-                cJSON_AddNumberToObject(o, "output_index", e->out_index);
+                cJSON *o = resp_call_event(e, c, kinds[k]);
                 cJSON_AddStringToObject(o, k ? "input" : "delta", in);
                 resp_send(e, o);
             }
             free(in);
         } else if (api == DS4_API_RESPONSES) {
-            cJSON *o = resp_new(e, "response.function_call_arguments.done");
-            cJSON_AddStringToObject(o, "item_id", c->item_id);
-            cJSON_AddNumberToObject(o, "output_index", e->out_index);
+            cJSON *o = resp_call_event(e, c, "response.function_call_arguments.done");
             cJSON_AddStringToObject(o, "name", c->name);
             cJSON_AddStringToObject(o, "arguments", c->args.data ? c->args.data : "");
             resp_send(e, o);
@@ -582,10 +562,7 @@ static void on_event(void *ud, const ds4_dsml_event *ev) {
         if (api == DS4_API_RESPONSES) {
             cJSON *item = resp_call_item(e, c, "completed", true);
             cJSON_AddItemToArray(e->items, cJSON_Duplicate(item, 1));
-            cJSON *o = resp_new(e, "response.output_item.done");
-            cJSON_AddNumberToObject(o, "output_index", e->out_index++);
-            cJSON_AddItemToObject(o, "item", item);
-            resp_send(e, o);
+            resp_item_event(e, "response.output_item.done", e->out_index++, item);
         }
         break;
     }
