@@ -106,14 +106,59 @@ static bool json_eq(const char *a, const char *b) {
     return eq;
 }
 
+/* A streaming encoder (thinking prompt) writing into out. */
+static ds4_enc *stream_enc(ds4_request *r, ds4_api api, ds4_buf *out) {
+    make_req(r, api, true);
+    ds4_enc_opts o = {.req = r, .thinking = true, .out = collect, .ud = out};
+    return ds4_enc_new(&o);
+}
+
+/* Keep-alives before begin (a request waiting in the server's queue) send
+ * the opening events that need no usage, and begin then adds only what is
+ * missing: one role chunk (Chat), one created (Responses), pings then
+ * message_start (Messages). */
+static void test_keepalive_before_begin(void) {
+    const ds4_api apis[3] = {DS4_API_CHAT, DS4_API_RESPONSES, DS4_API_MESSAGES};
+    for (int k = 0; k < 3; k++) {
+        ds4_request r;
+        ds4_buf out = {0};
+        ds4_enc *e = stream_enc(&r, apis[k], &out);
+        ds4_enc_keepalive(e);
+        ds4_enc_keepalive(e);
+        size_t before = out.len;
+        run(e, "a</think>b", DS4_CAUSE_EOS);
+        static sse_ev ev[64];
+        int n = parse_sse(out.data, ev, 64), roles = 0, created = 0, first_start = -1, pings_before = 0;
+        for (int i = 0; i < n; i++) {
+            if (ev[i].done || !ev[i].data) continue;
+            if (apis[k] == DS4_API_CHAT && str(ev[i].data, "choices.0.delta.role")) roles++;
+            if (!strcmp(ev[i].name, "response.created")) created++;
+            if (!strcmp(ev[i].name, "message_start") && first_start < 0) first_start = i;
+            if (!strcmp(ev[i].name, "ping") && first_start < 0) pings_before++;
+        }
+        if (apis[k] == DS4_API_CHAT) {
+            CHECK(roles == 1 && memmem(out.data, before, "\"role\":\"assistant\"", 18), "chat: one role chunk, sent by the keep-alive");
+        } else if (apis[k] == DS4_API_RESPONSES) {
+            CHECK(created == 1 && !strcmp(ev[0].name, "response.created") && !strcmp(ev[1].name, "response.in_progress") &&
+                  !strcmp(ev[2].name, "response.in_progress"), "responses: created, in_progress, in_progress first");
+            for (int i = 0; i < n; i++)
+                CHECK(cJSON_GetObjectItem(ev[i].data, "sequence_number")->valueint == i, "sequence %d", i);
+        } else {
+            CHECK(pings_before == 2 && first_start == 2 && !strcmp(ev[n - 1].name, "message_stop"),
+                  "messages: two pings, then message_start (%d, %d)", pings_before, first_start);
+        }
+        free_sse(ev, n);
+        ds4_buf_free(&out);
+        ds4_enc_free(e);
+    }
+}
+
 static const char *ARGS0 = "{\"path\":\"src/a & b.c\",\"limit\":200}";
 
 static void test_chat_stream(void) {
     ds4_request r;
-    make_req(&r, DS4_API_CHAT, true);
     ds4_buf out = {0};
-    ds4_enc_opts o = {.req = &r, .thinking = true, .out = collect, .ud = &out};
-    ds4_enc *e = ds4_enc_new(&o);
+    ds4_enc *e = stream_enc(&r, DS4_API_CHAT, &out);
     CHECK(run(e, GEN_TOOL, DS4_CAUSE_EOS), "tool block end stops generation");
     static sse_ev ev[400];
     int n = parse_sse(out.data, ev, 400);
@@ -182,10 +227,8 @@ static void test_chat_stream(void) {
 
 static void test_anthropic_stream(void) {
     ds4_request r;
-    make_req(&r, DS4_API_MESSAGES, true);
     ds4_buf out = {0};
-    ds4_enc_opts o = {.req = &r, .thinking = true, .out = collect, .ud = &out};
-    ds4_enc *e = ds4_enc_new(&o);
+    ds4_enc *e = stream_enc(&r, DS4_API_MESSAGES, &out);
     run(e, GEN_TOOL, DS4_CAUSE_EOS);
     static sse_ev ev[400];
     int n = parse_sse(out.data, ev, 400);
@@ -226,10 +269,8 @@ static void test_anthropic_stream(void) {
 
 static void test_responses_stream(void) {
     ds4_request r;
-    make_req(&r, DS4_API_RESPONSES, true);
     ds4_buf out = {0};
-    ds4_enc_opts o = {.req = &r, .thinking = true, .out = collect, .ud = &out};
-    ds4_enc *e = ds4_enc_new(&o);
+    ds4_enc *e = stream_enc(&r, DS4_API_RESPONSES, &out);
     run(e, GEN_TOOL, DS4_CAUSE_EOS);
     static sse_ev ev[400];
     int n = parse_sse(out.data, ev, 400);
@@ -392,5 +433,6 @@ int main(void) {
     test_responses_stream();
     test_bodies();
     test_custom_tool();
+    test_keepalive_before_begin();
     return check_done("test_stream");
 }
