@@ -454,19 +454,11 @@ void ds4_kernels_avx2_quantize_q8_K(const float *x, ds4_block_q8_K *y, int64_t n
     }
 }
 
-#define DISPATCH(prefix)                                                                            \
-    switch (type) {                                                                                 \
-    case DS4_TYPE_F32: return prefix##f32;                                                          \
-    case DS4_TYPE_F16: return prefix##f16;                                                          \
-    case DS4_TYPE_BF16: return prefix##bf16;                                                        \
-    case DS4_TYPE_Q8_0: return prefix##q8_0;                                                        \
+#define K_QUANTS(prefix)                                                                            \
     case DS4_TYPE_Q2_K: return prefix##q2_K;                                                        \
     case DS4_TYPE_Q4_K: return prefix##q4_K;                                                        \
     case DS4_TYPE_Q5_K: return prefix##q5_K;                                                        \
-    case DS4_TYPE_Q6_K: return prefix##q6_K;                                                        \
-    case DS4_TYPE_IQ2_XXS: return prefix##iq2_xxs;                                                  \
-    default: return NULL;                                                                           \
-    }
+    case DS4_TYPE_Q6_K: return prefix##q6_K;
 
-ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type) { DISPATCH(dot_) }
-ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type) { DISPATCH(dotn_) }
+ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type) { DISPATCH(dot_, K_QUANTS) }
+ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type) { DISPATCH(dotn_, K_QUANTS) }

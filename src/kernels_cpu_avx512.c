@@ -149,15 +149,8 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
 }
 DOT_ENTRY_POINTS(iq2_xxs)
 
-#define DISPATCH(prefix)                                                                            \
-    switch (type) {                                                                                 \
-    case DS4_TYPE_F32: return prefix##f32;                                                          \
-    case DS4_TYPE_F16: return prefix##f16;                                                          \
-    case DS4_TYPE_BF16: return prefix##bf16;                                                        \
-    case DS4_TYPE_Q8_0: return prefix##q8_0;                                                        \
-    case DS4_TYPE_IQ2_XXS: return prefix##iq2_xxs;                                                  \
-    default: return NULL;                                                                           \
-    }
+/* the K-quants fall back to the AVX2 kernels */
+#define NO_EXTRA(prefix)
 
-ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type) { DISPATCH(dot_) }
-ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) { DISPATCH(dotn_) }
+ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type) { DISPATCH(dot_, NO_EXTRA) }
+ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) { DISPATCH(dotn_, NO_EXTRA) }

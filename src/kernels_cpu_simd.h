@@ -54,4 +54,17 @@ enum float_kind { KIND_F32, KIND_F16, KIND_BF16 };
     DOT_ENTRY_POINTS(f16)                                                                                     \
     DOT_ENTRY_POINTS(bf16)
 
+/* The body of each file's ds4_kernels_ISA_dot / _dotn lookup: the kernels
+ * every ISA file has, then EXTRA(prefix), case lines for its own. */
+#define DISPATCH(prefix, EXTRA)                                                                     \
+    switch (type) {                                                                                 \
+    case DS4_TYPE_F32: return prefix##f32;                                                          \
+    case DS4_TYPE_F16: return prefix##f16;                                                          \
+    case DS4_TYPE_BF16: return prefix##bf16;                                                        \
+    case DS4_TYPE_Q8_0: return prefix##q8_0;                                                        \
+    case DS4_TYPE_IQ2_XXS: return prefix##iq2_xxs;                                                  \
+    EXTRA(prefix)                                                                                   \
+    default: return NULL;                                                                           \
+    }
+
 #endif
