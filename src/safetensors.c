@@ -226,7 +226,7 @@ static int open_index(ds4_st *st, const char *dir, const char *index_path, char 
         else
             rc = open_shard(st, path, err, errlen);
     }
-    if (!rc) {
+    if (!rc && st->n > 1) {   /* qsort's pointer must not be NULL, even for n = 0 */
         qsort(st->tensors, st->n, sizeof *st->tensors, by_name);
         cJSON_ArrayForEach(e, map) {
             const ds4_st_tensor *t = ds4_st_find(st, e->string);
@@ -246,7 +246,7 @@ static int open_index(ds4_st *st, const char *dir, const char *index_path, char 
 
 /* Sorts by name and rejects duplicates; frees st on any failure. */
 static ds4_st *finish(ds4_st *st, int rc, char *err, size_t errlen) {
-    if (!rc) {
+    if (!rc && st->n > 1) {   /* qsort's pointer must not be NULL, even for n = 0 */
         qsort(st->tensors, st->n, sizeof *st->tensors, by_name);
         for (size_t i = 1; i < st->n; i++)
             if (!strcmp(st->tensors[i - 1].name, st->tensors[i].name)) {
