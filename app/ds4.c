@@ -662,6 +662,13 @@ int main(int argc, char **argv) {
 
     ds4_session *s = ds4_session_new(e, o.ctx, err, sizeof err);
     if (!s) { fprintf(stderr, "ds4: %s\n", err); free(prompt_text); ds4_engine_free(e); return 1; }
+    if (!o.token_ids && !o.dump_logits) {
+        /* KV grows with context: report the marginal cost so users can size --ctx. */
+        int half = o.ctx / 2;
+        double per_tok = (double)(ds4_engine_kv_bytes(e, o.ctx) - ds4_engine_kv_bytes(e, half)) / (o.ctx - half);
+        fprintf(stderr, "ds4: context %d tokens: KV state %.1f MiB (%.1f KiB per token)\n", o.ctx,
+                ds4_engine_kv_bytes(e, o.ctx) / 1048576.0, per_tok / 1024.0);
+    }
 
     if (o.token_ids || o.dump_logits) {
         ds4_token_ids ids = {0};
