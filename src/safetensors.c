@@ -226,8 +226,8 @@ static int open_index(ds4_st *st, const char *dir, const char *index_path, char 
         else
             rc = open_shard(st, path, err, errlen);
     }
-    if (!rc && st->n > 1) {   /* qsort's pointer must not be NULL, even for n = 0 */
-        qsort(st->tensors, st->n, sizeof *st->tensors, by_name);
+    if (!rc) {
+        if (st->n > 1) qsort(st->tensors, st->n, sizeof *st->tensors, by_name);
         cJSON_ArrayForEach(e, map) {
             const ds4_st_tensor *t = ds4_st_find(st, e->string);
             int f;
@@ -303,6 +303,7 @@ const ds4_st_tensor *ds4_st_tensor_at(const ds4_st *st, size_t i) { return i < s
 int ds4_st_n_shards(const ds4_st *st) { return st->n_shards; }
 
 const ds4_st_tensor *ds4_st_find(const ds4_st *st, const char *name) {
+    if (st->n == 0) return NULL;   /* bsearch's base must not be NULL */
     ds4_st_tensor key = {.name = name};
     return bsearch(&key, st->tensors, st->n, sizeof key, by_name);
 }
