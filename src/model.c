@@ -1,5 +1,6 @@
 /* model.c -- DS4 config from metadata, tensor binding and validation. */
 #include "model.h"
+#include "ds4_layout.h"
 #include "gguf.h"
 #include "quant.h"
 
@@ -73,7 +74,7 @@ static void read_clamps(binder *b, const ds4_gguf_kv *kv, const char *key, float
 #define K(s) "deepseek4." s
 
 static void read_config(binder *b, ds4_config *c) {
-    c->n_layer = key_int(b, K("block_count"), 1, 4096);
+    c->n_layer = key_int(b, K("block_count"), 1, DS4_MAX_LAYERS);
     c->n_embd = key_int(b, K("embedding_length"), 1, 1 << 20);
     c->n_vocab = key_int(b, K("vocab_size"), 1, 1 << 24);
     c->n_head = key_int(b, K("attention.head_count"), 1, 4096);
@@ -185,104 +186,129 @@ static const ds4_gguf_tensor *find(binder *b, const char *name, int n, const int
     return t;
 }
 
-static ds4_tensor bind_matrix(binder *b, const char *name, int64_t ne0, int64_t ne1, int64_t ne2) {
+/* Names and expected shapes come from the shared layout table (ds4_layout.h),
+ * so the binder, the converter and the model maker cannot disagree. */
+typedef struct {
+    char name[160];
+    int n_dims;
+    int64_t ne[4];
+} tensor_spec;
+
+static void spec(const ds4_hparams *hp, enum ds4_tensor_id id, int l, tensor_spec *ts) {
+    uint64_t ne[4];
+    ds4_tensor_name(id, l, ts->name, sizeof ts->name);
+    ts->n_dims = ds4_tensor_shape(hp, id, l, ne);
+    for (int i = 0; i < 4; i++) ts->ne[i] = (int64_t)ne[i];
+}
+
+static ds4_tensor bind_matrix(binder *b, const ds4_hparams *hp, enum ds4_tensor_id id, int l) {
     ds4_tensor v = {0};
-    int64_t ne[3] = {ne0, ne1, ne2};
-    const ds4_gguf_tensor *t = find(b, name, ne2 > 1 ? 3 : 2, ne);
+    tensor_spec ts;
+    spec(hp, id, l, &ts);
+    const ds4_gguf_tensor *t = find(b, ts.name, ts.n_dims, ts.ne);
     if (!t) return v;
-    size_t rb = ds4_type_row_bytes(t->type, (uint64_t)ne0);
+    size_t rb = ds4_type_row_bytes(t->type, (uint64_t)ts.ne[0]);
     if (!is_matrix_type(t->type) || rb == 0) {
         const char *tn = ds4_type_name(t->type);
-        fail(b, "tensor %s has type %s, not usable for a %lld-wide matrix", name, tn ? tn : "unknown", (long long)ne0);
+        fail(b, "tensor %s has type %s, not usable for a %lld-wide matrix", ts.name, tn ? tn : "unknown",
+             (long long)ts.ne[0]);
         return v;
     }
     v.data = t->data;
     v.type = t->type;
-    v.ne[0] = ne0; v.ne[1] = ne1; v.ne[2] = ne2;
+    v.ne[0] = ts.ne[0]; v.ne[1] = ts.ne[1]; v.ne[2] = ts.ne[2];
     v.row_bytes = rb;
     return v;
 }
 
-/* Small float tensors are converted to f32 once (n elements, given shape). */
-static float *bind_floats(binder *b, const char *name, int n, const int64_t *ne) {
-    const ds4_gguf_tensor *t = find(b, name, n, ne);
+/* Small float tensors are converted to f32 once. */
+static float *bind_floats(binder *b, const ds4_hparams *hp, enum ds4_tensor_id id, int l) {
+    tensor_spec ts;
+    spec(hp, id, l, &ts);
+    const ds4_gguf_tensor *t = find(b, ts.name, ts.n_dims, ts.ne);
     if (!t) return NULL;
-    if (!is_float_type(t->type)) { fail(b, "tensor %s must be F32/F16/BF16", name); return NULL; }
+    if (!is_float_type(t->type)) { fail(b, "tensor %s must be F32/F16/BF16", ts.name); return NULL; }
     float *v = malloc(t->n_elements * sizeof(float));
     ds4_dequantize_row(t->type, t->data, v, (int64_t)t->n_elements);
     return v;
 }
 
-static float *bind_vec(binder *b, const char *name, int64_t n) {
-    return bind_floats(b, name, 1, &n);
-}
+static void bind_layer(binder *b, const ds4_config *c, const ds4_hparams *hp, int l, ds4_layer *L) {
+    L->hc_attn_fn = bind_matrix(b, hp, DS4_T_HC_ATTN_FN, l);
+    L->hc_attn_scale = bind_floats(b, hp, DS4_T_HC_ATTN_SCALE, l);
+    L->hc_attn_base = bind_floats(b, hp, DS4_T_HC_ATTN_BASE, l);
+    L->attn_norm = bind_floats(b, hp, DS4_T_ATTN_NORM, l);
+    L->q_a = bind_matrix(b, hp, DS4_T_ATTN_Q_A, l);
+    L->q_a_norm = bind_floats(b, hp, DS4_T_ATTN_Q_A_NORM, l);
+    L->q_b = bind_matrix(b, hp, DS4_T_ATTN_Q_B, l);
+    L->kv = bind_matrix(b, hp, DS4_T_ATTN_KV, l);
+    L->kv_norm = bind_floats(b, hp, DS4_T_ATTN_KV_A_NORM, l);
+    L->sinks = bind_floats(b, hp, DS4_T_ATTN_SINKS, l);
+    L->out_a = bind_matrix(b, hp, DS4_T_ATTN_OUTPUT_A, l);
+    L->out_b = bind_matrix(b, hp, DS4_T_ATTN_OUTPUT_B, l);
+    L->hc_ffn_fn = bind_matrix(b, hp, DS4_T_HC_FFN_FN, l);
+    L->hc_ffn_scale = bind_floats(b, hp, DS4_T_HC_FFN_SCALE, l);
+    L->hc_ffn_base = bind_floats(b, hp, DS4_T_HC_FFN_BASE, l);
+    L->ffn_norm = bind_floats(b, hp, DS4_T_FFN_NORM, l);
+    L->gate_inp = bind_matrix(b, hp, DS4_T_FFN_GATE_INP, l);
+    L->gate_exps = bind_matrix(b, hp, DS4_T_FFN_GATE_EXPS, l);
+    L->up_exps = bind_matrix(b, hp, DS4_T_FFN_UP_EXPS, l);
+    L->down_exps = bind_matrix(b, hp, DS4_T_FFN_DOWN_EXPS, l);
+    L->gate_shexp = bind_matrix(b, hp, DS4_T_FFN_GATE_SHEXP, l);
+    L->up_shexp = bind_matrix(b, hp, DS4_T_FFN_UP_SHEXP, l);
+    L->down_shexp = bind_matrix(b, hp, DS4_T_FFN_DOWN_SHEXP, l);
 
-static void lname(char *dst, size_t cap, int l, const char *suffix) {
-    snprintf(dst, cap, "blk.%d.%s", l, suffix);
-}
-
-static void bind_layer(binder *b, const ds4_config *c, int l, ds4_layer *L) {
-    char n[160];
-    const int64_t E = c->n_embd, D = c->head_dim, hc = c->n_hc, mix = (2 + hc) * hc;
-#define LN(s) (lname(n, sizeof n, l, s), n)
-    L->hc_attn_fn = bind_matrix(b, LN("hc_attn_fn.weight"), hc * E, mix, 1);
-    L->hc_attn_scale = bind_vec(b, LN("hc_attn_scale.weight"), 3);
-    L->hc_attn_base = bind_vec(b, LN("hc_attn_base.weight"), mix);
-    L->attn_norm = bind_vec(b, LN("attn_norm.weight"), E);
-    L->q_a = bind_matrix(b, LN("attn_q_a.weight"), E, c->q_lora, 1);
-    L->q_a_norm = bind_vec(b, LN("attn_q_a_norm.weight"), c->q_lora);
-    L->q_b = bind_matrix(b, LN("attn_q_b.weight"), c->q_lora, (int64_t)c->n_head * D, 1);
-    L->kv = bind_matrix(b, LN("attn_kv.weight"), E, D, 1);
-    L->kv_norm = bind_vec(b, LN("attn_kv_a_norm.weight"), D);
-    L->sinks = bind_vec(b, LN("attn_sinks.weight"), c->n_head);
-    L->out_a = bind_matrix(b, LN("attn_output_a.weight"), (int64_t)c->n_head / c->o_groups * D,
-                           (int64_t)c->o_groups * c->o_lora, 1);
-    L->out_b = bind_matrix(b, LN("attn_output_b.weight"), (int64_t)c->o_groups * c->o_lora, E, 1);
-    L->hc_ffn_fn = bind_matrix(b, LN("hc_ffn_fn.weight"), hc * E, mix, 1);
-    L->hc_ffn_scale = bind_vec(b, LN("hc_ffn_scale.weight"), 3);
-    L->hc_ffn_base = bind_vec(b, LN("hc_ffn_base.weight"), mix);
-    L->ffn_norm = bind_vec(b, LN("ffn_norm.weight"), E);
-    L->gate_inp = bind_matrix(b, LN("ffn_gate_inp.weight"), E, c->n_expert, 1);
-    L->gate_exps = bind_matrix(b, LN("ffn_gate_exps.weight"), E, c->n_ff_exp, c->n_expert);
-    L->up_exps = bind_matrix(b, LN("ffn_up_exps.weight"), E, c->n_ff_exp, c->n_expert);
-    L->down_exps = bind_matrix(b, LN("ffn_down_exps.weight"), c->n_ff_exp, E, c->n_expert);
-    L->gate_shexp = bind_matrix(b, LN("ffn_gate_shexp.weight"), E, c->n_ff_exp, 1);
-    L->up_shexp = bind_matrix(b, LN("ffn_up_shexp.weight"), E, c->n_ff_exp, 1);
-    L->down_shexp = bind_matrix(b, LN("ffn_down_shexp.weight"), c->n_ff_exp, E, 1);
-
+    tensor_spec ts;
     if (l < c->n_hash_layer) {
-        int64_t ne[2] = {c->n_expert_used, c->n_vocab};
-        const ds4_gguf_tensor *t = find(b, LN("ffn_gate_tid2eid.weight"), 2, ne);
-        if (t && t->type != DS4_TYPE_I32) fail(b, "tensor %s must be I32", n);
+        spec(hp, DS4_T_FFN_GATE_TID2EID, l, &ts);
+        const ds4_gguf_tensor *t = find(b, ts.name, ts.n_dims, ts.ne);
+        if (t && t->type != DS4_TYPE_I32) fail(b, "tensor %s must be I32", ts.name);
         if (t && !b->failed) {
             L->tid2eid = t->data;
             for (uint64_t i = 0; i < t->n_elements; i++)
-                if (L->tid2eid[i] < 0 || L->tid2eid[i] >= c->n_expert) { fail(b, "tensor %s holds expert id %d", n, L->tid2eid[i]); break; }
+                if (L->tid2eid[i] < 0 || L->tid2eid[i] >= c->n_expert) { fail(b, "tensor %s holds expert id %d", ts.name, L->tid2eid[i]); break; }
         }
-    } else if (ds4_gguf_find_tensor(b->g, LN("exp_probs_b.bias"))) {
-        L->exp_probs_b = bind_vec(b, n, c->n_expert);
+    } else {
+        spec(hp, DS4_T_EXP_PROBS_B, l, &ts);
+        if (ds4_gguf_find_tensor(b->g, ts.name)) L->exp_probs_b = bind_floats(b, hp, DS4_T_EXP_PROBS_B, l);
     }
 
-    int ratio = c->compress_ratio[l];
-    if (ratio) {
-        int64_t Wc = ds4_cfg_coff(c, l) * D;
-        int64_t ape[2] = {Wc, ratio};
-        L->comp_ape = bind_floats(b, LN("attn_compressor_ape.weight"), 2, ape);
-        L->comp_kv = bind_matrix(b, LN("attn_compressor_kv.weight"), E, Wc, 1);
-        L->comp_gate = bind_matrix(b, LN("attn_compressor_gate.weight"), E, Wc, 1);
-        L->comp_norm = bind_vec(b, LN("attn_compressor_norm.weight"), D);
+    if (c->compress_ratio[l]) {
+        L->comp_ape = bind_floats(b, hp, DS4_T_COMP_APE, l);
+        L->comp_kv = bind_matrix(b, hp, DS4_T_COMP_KV, l);
+        L->comp_gate = bind_matrix(b, hp, DS4_T_COMP_GATE, l);
+        L->comp_norm = bind_floats(b, hp, DS4_T_COMP_NORM, l);
     }
-    if (ratio && ds4_cfg_has_indexer(c, l)) {
-        int64_t DI = c->idx_head_dim, Wi = 2 * DI;
-        int64_t ape[2] = {Wi, ratio};
-        L->idx_q_b = bind_matrix(b, LN("indexer.attn_q_b.weight"), c->q_lora, (int64_t)c->n_idx_head * DI, 1);
-        L->idx_proj = bind_matrix(b, LN("indexer.proj.weight"), E, c->n_idx_head, 1);
-        L->idx_ape = bind_floats(b, LN("indexer_compressor_ape.weight"), 2, ape);
-        L->idx_kv = bind_matrix(b, LN("indexer_compressor_kv.weight"), E, Wi, 1);
-        L->idx_gate = bind_matrix(b, LN("indexer_compressor_gate.weight"), E, Wi, 1);
-        L->idx_norm = bind_vec(b, LN("indexer_compressor_norm.weight"), DI);
+    if (c->compress_ratio[l] && ds4_cfg_has_indexer(c, l)) {
+        L->idx_q_b = bind_matrix(b, hp, DS4_T_IDX_Q_B, l);
+        L->idx_proj = bind_matrix(b, hp, DS4_T_IDX_PROJ, l);
+        L->idx_ape = bind_floats(b, hp, DS4_T_IDX_COMP_APE, l);
+        L->idx_kv = bind_matrix(b, hp, DS4_T_IDX_COMP_KV, l);
+        L->idx_gate = bind_matrix(b, hp, DS4_T_IDX_COMP_GATE, l);
+        L->idx_norm = bind_floats(b, hp, DS4_T_IDX_COMP_NORM, l);
     }
-#undef LN
+}
+
+/* The layout table's shape rules need only these hyperparameters; they are
+ * taken from the validated config rather than re-read from metadata. */
+static void shape_hparams(const ds4_config *c, ds4_hparams *hp) {
+    memset(hp, 0, sizeof *hp);
+    hp->n_layer = (uint32_t)c->n_layer;
+    hp->n_embd = (uint32_t)c->n_embd;
+    hp->n_vocab = (uint32_t)c->n_vocab;
+    hp->n_head = (uint32_t)c->n_head;
+    hp->key_length = hp->value_length = (uint32_t)c->head_dim;
+    hp->q_lora_rank = (uint32_t)c->q_lora;
+    hp->o_lora_rank = (uint32_t)c->o_lora;
+    hp->o_groups = (uint32_t)c->o_groups;
+    hp->idx_n_head = (uint32_t)c->n_idx_head;
+    hp->idx_head_dim = (uint32_t)c->idx_head_dim;
+    hp->hc_count = (uint32_t)c->n_hc;
+    hp->n_expert = (uint32_t)c->n_expert;
+    hp->n_expert_used = (uint32_t)c->n_expert_used;
+    hp->expert_ff = (uint32_t)c->n_ff_exp;
+    hp->n_hash_layer = (uint32_t)c->n_hash_layer;
+    for (int l = 0; l < c->n_layer; l++) hp->compress_ratio[l] = (uint32_t)c->compress_ratio[l];
 }
 
 static void free_layer(ds4_layer *L) {
@@ -314,15 +340,16 @@ ds4_model *ds4_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
         fail(&b, "general.architecture is not \"deepseek4\"");
     read_config(&b, c);
     if (!b.failed) {
-        const int64_t E = c->n_embd, hc = c->n_hc;
-        m->token_embd = bind_matrix(&b, "token_embd.weight", E, c->n_vocab, 1);
-        m->output_hc_fn = bind_matrix(&b, "output_hc_fn.weight", hc * E, hc, 1);
-        m->output_hc_scale = bind_vec(&b, "output_hc_scale.weight", 1);
-        m->output_hc_base = bind_vec(&b, "output_hc_base.weight", hc);
-        m->output_norm = bind_vec(&b, "output_norm.weight", E);
-        m->output = bind_matrix(&b, "output.weight", E, c->n_vocab, 1);
+        ds4_hparams hp;
+        shape_hparams(c, &hp);
+        m->token_embd = bind_matrix(&b, &hp, DS4_T_TOKEN_EMBD, 0);
+        m->output_hc_fn = bind_matrix(&b, &hp, DS4_T_OUTPUT_HC_FN, 0);
+        m->output_hc_scale = bind_floats(&b, &hp, DS4_T_OUTPUT_HC_SCALE, 0);
+        m->output_hc_base = bind_floats(&b, &hp, DS4_T_OUTPUT_HC_BASE, 0);
+        m->output_norm = bind_floats(&b, &hp, DS4_T_OUTPUT_NORM, 0);
+        m->output = bind_matrix(&b, &hp, DS4_T_OUTPUT, 0);
         m->layers = calloc((size_t)c->n_layer, sizeof(ds4_layer));
-        for (int l = 0; l < c->n_layer && !b.failed; l++) bind_layer(&b, c, l, &m->layers[l]);
+        for (int l = 0; l < c->n_layer && !b.failed; l++) bind_layer(&b, c, &hp, l, &m->layers[l]);
     }
     if (b.failed) { ds4_model_free(m); return NULL; }
     ds4_gguf_str name;
