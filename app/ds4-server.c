@@ -19,6 +19,10 @@ static void usage(FILE *f) {
         "  -c, --ctx N                   context size in tokens (default 32768)\n"
         "  -n, --tokens N                default output limit when a request gives none (default 393216)\n"
         "  -t, --threads N               CPU threads (default: all)\n"
+        "      --api-key KEY             require KEY (Authorization: Bearer or x-api-key); default $DS4_API_KEY\n"
+        "      --no-api-key              allow a non-loopback --host without a key\n"
+        "      --max-client-connections N  open connections per client address (default 256)\n"
+        "      --request-timeout S       a request's head and body must arrive within S seconds (default 30)\n"
         "      --cors                    send Access-Control-Allow-* headers\n"
         "      --chdir DIR               change directory before loading anything\n"
         "      --trace FILE              log rendered prompts, cache decisions, outputs, tool parsing\n"
@@ -49,6 +53,7 @@ static int parse_int(const char *flag, const char *v, long lo, long hi) {
 int main(int argc, char **argv) {
     ds4_server_opts o;
     ds4_server_opts_default(&o);
+    o.api_key = getenv("DS4_API_KEY");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(s) (!strcmp(a, s))
@@ -57,6 +62,7 @@ int main(int argc, char **argv) {
         else if (ARG("--disable-exact-dsml-tool-replay")) o.disable_exact_replay = true;
         else if (ARG("--completions-chat")) o.completions_chat = true;
         else if (ARG("--kv-cache-reject-different-quant")) o.kvdisk.reject_different_quant = true;
+        else if (ARG("--no-api-key")) o.no_api_key = true;
         else if (!v) { fprintf(stderr, "ds4-server: %s needs a value (or is unknown)\n", a); usage(stderr); return 2; }
         else if (ARG("-m") || ARG("--model")) { o.model_path = v; i++; }
         else if (ARG("--host")) { o.host = v; i++; }
@@ -65,6 +71,9 @@ int main(int argc, char **argv) {
         else if (ARG("-n") || ARG("--tokens")) { o.default_max_tokens = parse_int(a, v, 0, 1 << 30); i++; }
         else if (ARG("-t") || ARG("--threads")) { o.threads = parse_int(a, v, 0, 4096); i++; }
         else if (ARG("--trace")) { o.trace_path = v; i++; }
+        else if (ARG("--api-key")) { o.api_key = v; i++; }
+        else if (ARG("--max-client-connections")) { o.max_client_connections = parse_int(a, v, 1, 1 << 20); i++; }
+        else if (ARG("--request-timeout")) { o.limits.request_timeout_ms = parse_int(a, v, 1, 3600) * 1000; i++; }
         else if (ARG("--tool-memory-max-ids")) { o.tool_memory_max_ids = (size_t)parse_int(a, v, 1, 1 << 30); i++; }
         else if (ARG("--scripted-output")) { o.scripted_output = v; i++; }
         else if (ARG("--kv-disk-dir")) { o.kvdisk.dir = v; i++; }

@@ -1,10 +1,12 @@
 #include "routes.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "access.h"
 #include "prefix.h"
 #include "respond.h"
 #include "server_state.h"
@@ -74,45 +76,88 @@ static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *
     ds4_request_free(&r);
 }
 
-static void route_tokenizer(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
-    cJSON *in = cJSON_ParseWithLength(body->data ? body->data : "", body->len);
+static void route_tokenizer_info(server *s, ds4_http_conn *c, const ds4_http_req *hr, bool ka) {
     cJSON *o = cJSON_CreateObject();
-    if (!strcmp(hr->path, "/tokenizer_info")) {
-        cJSON_AddStringToObject(o, "eos_token", DS4_TOK_EOS);
-        cJSON_AddStringToObject(o, "bos_token", DS4_TOK_BOS);
-    } else if (!strcmp(hr->path, "/tokenize")) {
-        cJSON *p = cJSON_GetObjectItem(in, "prompt");
-        if (!cJSON_IsString(p)) p = cJSON_GetObjectItem(in, "content");
-        if (!cJSON_IsString(p)) {
-            cJSON_Delete(in); cJSON_Delete(o);
-            ds4_send_error(s, c, hr, 400, "missing prompt", "prompt", NULL, 0, ka);
-            return;
-        }
-        /* As HF tokenizers do: added tokens are always matched (clients such
-         * as lm-eval find BOS/EOS ids by tokenizing their strings), and
-         * add_special_tokens only decides whether BOS is prepended. */
-        cJSON *asp = cJSON_GetObjectItem(in, "add_special_tokens");
-        ds4_token_ids ids = {0};
-        if (cJSON_IsTrue(asp))
-            ds4_tokenizer_encode(s->tok, DS4_TOK_BOS, strlen(DS4_TOK_BOS), DS4_TOK_SPECIALS_ALL, &ids);
-        ds4_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), DS4_TOK_SPECIALS_ALL, &ids);
-        cJSON *a = cJSON_AddArrayToObject(o, "tokens");
-        for (size_t i = 0; i < ids.n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids.v[i]));
+    cJSON_AddStringToObject(o, "eos_token", DS4_TOK_EOS);
+    cJSON_AddStringToObject(o, "bos_token", DS4_TOK_BOS);
+    ds4_send_json(s, c, hr, 200, o, ka, NULL);
+}
+
+/* The body of /tokenize or /detokenize as a JSON object; NULL after
+ * answering 400. */
+static cJSON *tokenizer_body(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
+    ds4_req_error e;
+    cJSON *in = ds4_json_body_parse(body->data ? body->data : "", body->len, &e);
+    if (in && cJSON_IsObject(in)) return in;
+    cJSON_Delete(in);
+    ds4_send_error(s, c, hr, 400, in ? "request body must be a JSON object" : e.message, NULL, NULL, 0, ka);
+    return NULL;
+}
+
+static void route_tokenize(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
+    cJSON *in = tokenizer_body(s, c, hr, body, ka);
+    if (!in) return;
+    cJSON *p = cJSON_GetObjectItem(in, "prompt");
+    if (!p) p = cJSON_GetObjectItem(in, "content");
+    cJSON *asp = cJSON_GetObjectItem(in, "add_special_tokens");
+    if (!cJSON_IsString(p) || (asp && !cJSON_IsBool(asp))) {
+        cJSON_Delete(in);
+        ds4_send_error(s, c, hr, 400, p && cJSON_IsString(p) ? "add_special_tokens must be a boolean"
+                       : "prompt must be a string", p && cJSON_IsString(p) ? "add_special_tokens" : "prompt",
+                       NULL, 0, ka);
+        return;
+    }
+    /* As HF tokenizers do: added tokens are always matched (clients such
+     * as lm-eval find BOS/EOS ids by tokenizing their strings), and
+     * add_special_tokens only decides whether BOS is prepended. */
+    ds4_token_ids ids = {0};
+    int rc = 0;
+    if (cJSON_IsTrue(asp))
+        rc = ds4_tokenizer_encode(s->tok, DS4_TOK_BOS, strlen(DS4_TOK_BOS), DS4_TOK_SPECIALS_ALL, &ids);
+    if (!rc) rc = ds4_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), DS4_TOK_SPECIALS_ALL, &ids);
+    cJSON_Delete(in);
+    if (rc) {
         ds4_token_ids_free(&ids);
-    } else {
-        cJSON *t = cJSON_GetObjectItem(in, "tokens");
-        int n = cJSON_GetArraySize(t);
-        int32_t *ids = calloc((size_t)n + 1, sizeof *ids);
-        int k = 0;
-        for (cJSON *x = cJSON_IsArray(t) ? t->child : NULL; x; x = x->next)
-            if (cJSON_IsNumber(x)) ids[k++] = (int32_t)x->valuedouble;
-        size_t len = 0;
-        char *text = ds4_tokenizer_decode(s->tok, ids, (size_t)k, true, &len);
-        cJSON_AddStringToObject(o, "prompt", text ? text : "");
-        free(text);
-        free(ids);
+        ds4_send_error(s, c, hr, 500, "tokenization failed", NULL, NULL, 0, ka);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON *a = cJSON_AddArrayToObject(o, "tokens");
+    for (size_t i = 0; i < ids.n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids.v[i]));
+    ds4_token_ids_free(&ids);
+    ds4_send_json(s, c, hr, 200, o, ka, NULL);
+}
+
+static void route_detokenize(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
+    cJSON *in = tokenizer_body(s, c, hr, body, ka);
+    if (!in) return;
+    cJSON *t = cJSON_GetObjectItem(in, "tokens");
+    int n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1;
+    int32_t *ids = n >= 0 ? malloc(sizeof *ids * (size_t)(n + 1)) : NULL;
+    char msg[160] = "tokens must be an array of token ids";
+    int k = 0;
+    bool ok = ids != NULL;
+    for (cJSON *x = ok ? t->child : NULL; x && ok; x = x->next) {
+        /* Checked before the conversion: a double outside int32 is undefined
+         * behaviour to convert. */
+        double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
+        ok = v >= 0 && v < s->n_vocab && v == floor(v);
+        if (ok) ids[k++] = (int32_t)v;
+        else snprintf(msg, sizeof msg, "tokens[%d] is not a token id in [0, %d)", k, s->n_vocab);
     }
     cJSON_Delete(in);
+    if (!ok) {
+        free(ids);
+        ds4_send_error(s, c, hr, n >= 0 && !ids ? 500 : 400, n >= 0 && !ids ? "out of memory" : msg, "tokens",
+                       NULL, 0, ka);
+        return;
+    }
+    size_t len = 0;
+    char *text = ds4_tokenizer_decode(s->tok, ids, (size_t)k, true, &len);
+    free(ids);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "prompt", text ? text : "");
+    free(text);
     ds4_send_json(s, c, hr, 200, o, ka, NULL);
 }
 
@@ -140,12 +185,17 @@ static bool route_inference(server *s, ds4_http_conn *c, ds4_http_req *hr, const
     }
     ds4_enc_free(j.enc);
     ds4_request_free(&j.req);
-    return j.keep_alive && !c->broken && !c->http10;
+    return j.keep_alive && !c->broken && !c->close_after;
 }
 
 bool route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body) {
     bool ka = hr->keep_alive;
-    const char *m = hr->method, *path = hr->path;
+    const char *m = hr->method, *path = hr->path, *denied, *code;
+    int status = access_check(&s->o, hr, &denied, &code);
+    if (status) {
+        ds4_send_error(s, c, hr, status, denied, NULL, code, 0, ka);
+        return ka;
+    }
     if (!strcmp(m, "OPTIONS")) {
         char hdr[1024];
         ds4_cors_headers(s, hr, hdr, sizeof hdr);
@@ -160,10 +210,9 @@ bool route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body)
         ds4_send_json(s, c, hr, 200, o, ka, NULL);
         return ka;
     }
-    if ((get && !strcmp(path, "/tokenizer_info")) || (post && (!strcmp(path, "/tokenize") || !strcmp(path, "/detokenize")))) {
-        route_tokenizer(s, c, hr, body, ka);
-        return ka;
-    }
+    if (get && !strcmp(path, "/tokenizer_info")) { route_tokenizer_info(s, c, hr, ka); return ka; }
+    if (post && !strcmp(path, "/tokenize")) { route_tokenize(s, c, hr, body, ka); return ka; }
+    if (post && !strcmp(path, "/detokenize")) { route_detokenize(s, c, hr, body, ka); return ka; }
     if (post && !strcmp(path, "/v1/messages/count_tokens")) { route_count_tokens(s, c, hr, body, ka); return ka; }
     ds4_api api = route_api(path);
     if (!post || (int)api < 0) {

@@ -61,7 +61,9 @@ class Server:
 
     def request(self, method, path, body=None, headers=None, timeout=120):
         data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers or {})
+        # urllib would label a body form-encoded; the server wants JSON.
+        headers = {"Content-Type": "application/json", **(headers or {})}
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, dict(r.headers), r.read()
