@@ -55,6 +55,8 @@ class Server:
                 with urllib.request.urlopen(self.base + "/v1/models", timeout=2) as r:
                     if r.status == 200:
                         return
+            except urllib.error.HTTPError:
+                return  # it answers (401 when started with an API key)
             except OSError:
                 time.sleep(0.2)
         raise RuntimeError("ds4-server did not come up")

@@ -75,7 +75,7 @@ def anthropic_error(body, etype):
 def post(path, body, extra=b""):
     if isinstance(body, str):
         body = body.encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Type: application/json\r\n"
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n").encode() + extra + b"\r\n" + body
 
 
