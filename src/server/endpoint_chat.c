@@ -172,6 +172,11 @@ void run_chat(server *s, job *j) {
         job_error(s, j, 503, "server shutting down", NULL, NULL, 0);
         goto out;
     }
+    if (gr.end == DS4_GEN_ERROR) {
+        /* A truncated answer must not look like a finished one. */
+        job_error(s, j, 500, err, NULL, NULL, 0);
+        goto out;
+    }
     bool hit_length = gr.end == DS4_GEN_LENGTH || gr.end == DS4_GEN_CTX_FULL;
     ds4_enc_finish(enc, hit_length ? DS4_CAUSE_LENGTH : DS4_CAUSE_EOS, &u);
     if (ds4_enc_error(enc)) trace(s, "tool parser: %s", ds4_enc_error(enc));

@@ -211,10 +211,12 @@ void run_completions(server *s, job *j) {
         ds4_stopper_free(&g.st);
         ds4_sampler_free(smp);
         const char *finish = gr.end == DS4_GEN_LENGTH || gr.end == DS4_GEN_CTX_FULL ? "length" : "stop";
-        if (pc.stopping) {
+        if (pc.stopping || gr.end == DS4_GEN_ERROR) {
+            /* A truncated answer must not look like a finished one. */
+            if (gr.end == DS4_GEN_ERROR) trace(s, "decode failed: %s", err);
             ds4_buf_free(&text);
             if (logprobs) cJSON_Delete(cmpl_logprobs_object(&lpa));
-            job_error(s, j, 503, "server shutting down", NULL, NULL, 0);
+            job_error(s, j, pc.stopping ? 503 : 500, pc.stopping ? "server shutting down" : err, NULL, NULL, 0);
             goto out;
         }
         total.prompt_tokens += n_prompt;
