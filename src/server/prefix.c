@@ -135,7 +135,10 @@ int plan_prompt(server *s, const char *text, size_t n, prompt_plan *p) {
     bool text_hit = lt && lt_len <= n && !memcmp(lt, text, lt_len);
     free(lt);
     if (text_hit) return live_plus(s, text, lt_len, n, p, "live text prefix");
-    size_t disk = s->kvd ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
+    /* A prompt that cannot fit is rejected by the caller: restoring a disk
+     * checkpoint for it would replace the live session for nothing. */
+    bool fits = (int)p->toks.n < s->o.ctx;
+    size_t disk = s->kvd && fits ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
     if (disk) {
         s->visible_tokens = -1; /* the live session is another conversation now */
         return live_plus(s, text, disk, n, p, "disk cache");

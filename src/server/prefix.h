@@ -9,7 +9,9 @@
  *   clients replay when reasoning is hidden or dropped); the live text (the
  *   decoded live tokens) as a byte prefix of the new prompt (only the byte
  *   suffix is tokenized); the disk cache's longest rendered prefix (restored
- *   into the session); else the longest common token prefix.
+ *   into the session, only when the prompt fits the context: a prompt the
+ *   caller will reject never replaces the live session); else the longest
+ *   common token prefix.
  * - plan_tool_tail(): trailing tool results that answer the live tool-call
  *   turn: only the tail (EOS, result turn, generation prompt) is rendered and
  *   tokenized after the live tokens.

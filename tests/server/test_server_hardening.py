@@ -4,6 +4,7 @@ bytes on the wire matter, the official SDKs where the client convention does.
 Every wait is bounded and short (seconds)."""
 import json
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -200,6 +201,35 @@ def invalid_values_are_400_in_family_shape(t, srv):
     t.check(st == 200 and json.loads(b)["prompt"] == "hello world", f"tokenize/detokenize round trip: {st} {b[:80]}")
 
 
+def rejected_prompt_keeps_live_session(t):
+    """Defect 8: an over-long prompt whose prefix is in the disk cache used to
+    restore that checkpoint (replacing the live session) before the context
+    check rejected it."""
+    d = tempfile.mkdtemp(prefix="ds4-kv-")
+    srv = Server("--kv-disk-dir", d, "--kv-cache-min-tokens", "16", "--kv-cache-boundary-align-tokens", "16",
+                 "--kv-cache-boundary-trim-tokens", "4", ctx=512)
+    try:
+        doc = "The quick brown fox jumps over the lazy dog while the cat watches. " * 8
+        a = [{"role": "user", "content": doc}]
+        st, _, _ = srv.request("POST", "/v1/chat/completions", {"messages": a, "max_tokens": 1, "temperature": 0})
+        t.check(st == 200 and "kv-disk: saved" in srv.trace_text(), f"conversation A is cached on disk ({st})")
+        b = [{"role": "user", "content": "A different conversation about rivers and mountains, " * 4}]
+        st, _, body = srv.request("POST", "/v1/chat/completions", {"messages": b, "max_tokens": 1, "temperature": 0})
+        t.check(st == 200, f"conversation B runs ({st})")
+        hits = srv.trace_text().count("kv-disk: hit")
+        huge = [{"role": "user", "content": doc + "overflow " * 600}]
+        st, _, body = srv.request("POST", "/v1/chat/completions", {"messages": huge, "max_tokens": 1})
+        t.check(st == 400 and b"context" in body, f"the over-long prompt is rejected: {st} {body[:100]}")
+        t.check(srv.trace_text().count("kv-disk: hit") == hits, "the rejected prompt restored nothing from disk")
+        st, _, body = srv.request("POST", "/v1/chat/completions", {"messages": b, "max_tokens": 1, "temperature": 0})
+        cached = json.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"] if st == 200 else -1
+        t.check(cached > 0 and srv.trace_text().count("kv-disk: hit") == hits,
+                f"B continues on the live session afterwards (cached {cached})")
+    finally:
+        srv.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def fifo_model_path_is_refused(t):
     """Defect 9: -m on a FIFO used to block forever in open()."""
     d = tempfile.mkdtemp(prefix="ds4-fifo-")
@@ -296,6 +326,7 @@ def main():
     finally:
         srv.stop()
     slow_senders_cannot_lock_out(t)
+    rejected_prompt_keeps_live_session(t)
     fifo_model_path_is_refused(t)
     api_key_is_required_everywhere(t)
     t.done()
