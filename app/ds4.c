@@ -417,24 +417,25 @@ typedef struct {
 } chat_state;
 
 /* Renders the transcript with a generation prompt and tokenizes it: the
- * template's protocol strings are specials, which is why CHAT specials are
- * recognised here. */
+ * template's markers become protocol tokens, what the user typed never does. */
 static bool render_prompt(chat_state *c, ds4_token_ids *ids) {
     ds4_chat_opts co;
     ds4_chat_opts_default(&co);
     co.think = c->opts->think;
     co.ctx = ds4_session_ctx(c->session);
+    ds4_chat_spans client = {0};
+    co.client_spans = &client;
     ds4_buf text = {0};
     char err[256];
-    if (!ds4_chat_render(c->tr.msgs, c->tr.n, &co, &text, err, sizeof err)) {
-        fprintf(stderr, "ds4: %s\n", err);
-        ds4_buf_free(&text);
-        return false;
+    bool ok = ds4_chat_render(c->tr.msgs, c->tr.n, &co, &text, err, sizeof err);
+    if (!ok) fprintf(stderr, "ds4: %s\n", err);
+    else if (client.oom || ds4_chat_encode(ds4_engine_tokenizer(c->engine), text.data, 0, text.len, &client, ids)) {
+        fprintf(stderr, "ds4: out of memory\n");
+        ok = false;
     }
-    int rc = ds4_tokenizer_encode(ds4_engine_tokenizer(c->engine), text.data, text.len,
-                                  DS4_TOK_SPECIALS_CHAT, ids);
+    ds4_chat_spans_free(&client);
     ds4_buf_free(&text);
-    return rc == 0;
+    return ok;
 }
 
 /* One user turn: render, reuse the KV prefix, prefill, generate, record. */

@@ -58,12 +58,17 @@ static bool tokenize_prompt(server *s, job *j, const ds4_prompt *pr, ds4_token_i
         ds4_chat_opts_default(&o);
         o.think = srv_effective_think(s, &j->req);
         o.ctx = s->o.ctx;
-        ds4_buf t = {0};
-        ds4_chat_render(m, 2, &o, &t, err, sizeof err);
-        srv_encode(s, t.data ? t.data : "", t.len, out);
-        ds4_buf_free(&t);
-    } else {
-        srv_encode(s, pr->text, pr->text_len, out);
+        srv_prompt prompt = {0};
+        o.client_spans = &prompt.client;
+        bool ok = ds4_chat_render(m, 2, &o, &prompt.text, err, sizeof err) && !prompt.client.oom &&
+                  !srv_encode(s, &prompt, 0, out);
+        srv_prompt_free(&prompt);
+        if (!ok) { job_error(s, j, 500, "out of memory", NULL, NULL, 0); return false; }
+    } else if (ds4_tokenizer_encode(s->tok, pr->text, pr->text_len, DS4_TOK_SPECIALS_CHAT, out)) {
+        /* A raw prompt is the whole model input: its protocol strings are
+         * the client's to use (lm-eval, prompt engineering). */
+        job_error(s, j, 500, "out of memory", NULL, NULL, 0);
+        return false;
     }
     if (out->n == 0 || (int)out->n >= s->o.ctx) {
         if (out->n == 0) snprintf(err, sizeof err, "prompt is empty");

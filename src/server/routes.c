@@ -61,10 +61,10 @@ static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *
         ds4_send_error(s, c, hr, e.status, e.message, e.param, e.code, 0, ka);
         return;
     }
-    ds4_buf text = {0};
+    srv_prompt prompt = {0};
     char err[256];
     ds4_token_ids ids = {0};
-    if (!srv_render_prompt(s, &r, false, &text, err, sizeof err) || srv_encode(s, text.data, text.len, &ids)) {
+    if (!srv_render_prompt(s, &r, false, &prompt, err, sizeof err) || srv_encode(s, &prompt, 0, &ids)) {
         ds4_send_error(s, c, hr, 400, err, NULL, NULL, 0, ka);
     } else {
         cJSON *o = cJSON_CreateObject();
@@ -72,7 +72,7 @@ static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *
         ds4_send_json(s, c, hr, 200, o, ka, NULL);
     }
     ds4_token_ids_free(&ids);
-    ds4_buf_free(&text);
+    srv_prompt_free(&prompt);
     ds4_request_free(&r);
 }
 

@@ -65,7 +65,6 @@ int main(void) {
     ds4_engine_params ep;
     ds4_engine_params_default(&ep);
     ep.model_path = DEMO;
-    ep.n_threads = 2;
     ep.quiet = true;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     CHECK(e != NULL, "load %s: %s (make demo-model)", DEMO, err);
