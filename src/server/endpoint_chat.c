@@ -120,6 +120,19 @@ void run_chat(server *s, job *j) {
             job_error(s, j, 400, err, NULL, NULL, 0);
             goto out;
         }
+        /* Tokenizing is the costly step before the context check: skip it
+         * for a prompt that cannot fit or a client that has left. */
+        size_t at_least = prompt.text.len / s->max_token_bytes;
+        if (at_least >= (size_t)s->o.ctx) {
+            ds4_usage u = {.prompt_tokens = (int)at_least};
+            reject_overflow(s, j, enc, &u, (int)at_least);
+            goto out;
+        }
+        if (ds4_http_peer_gone(c)) {
+            trace(s, "client went away before tokenization");
+            j->keep_alive = false;
+            goto out;
+        }
         if (plan_prompt(s, &prompt, &p)) {
             job_error(s, j, 500, "tokenization failed", NULL, NULL, 0);
             goto out;

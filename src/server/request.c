@@ -900,3 +900,20 @@ int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r
     if (e->status) ds4_request_free(r);
     return e->status;
 }
+
+size_t ds4_request_text_bytes(const ds4_request *r, int *max_ids) {
+    size_t sum = 0, longest = 0;
+    *max_ids = 0;
+    for (int i = 0; i < r->n_msgs; i++) {
+        const ds4_chat_msg *m = &r->msgs[i];
+        /* Not reasoning (earlier turns may drop it) nor tool-call arguments
+         * (DSML renders string values unescaped, shorter than their JSON). */
+        sum += m->content ? strlen(m->content) : 0;
+    }
+    for (int i = 0; i < r->n_tools; i++) sum += r->tools[i].json ? strlen(r->tools[i].json) : 0;
+    for (int i = 0; i < r->n_prompts; i++) {
+        if (r->prompts[i].text_len > longest) longest = r->prompts[i].text_len;
+        if (r->prompts[i].n_ids > *max_ids) *max_ids = r->prompts[i].n_ids;
+    }
+    return sum > longest ? sum : longest;
+}

@@ -99,6 +99,14 @@ int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r
                        ds4_req_error *e);
 void ds4_request_free(ds4_request *r);
 
+/* A lower bound on the prompt a request renders to, for rejecting what
+ * cannot fit the context before any tokenizing: the bytes of its client
+ * text (chat families: message contents and tool schemas, which
+ * the ds4-server prompt contains verbatim or escaped longer; completions: the longest
+ * string prompt, each prompt being checked alone), and in *max_ids the
+ * longest token-id prompt. */
+size_t ds4_request_text_bytes(const ds4_request *r, int *max_ids);
+
 /* True when s[0..n) is valid UTF-8 (no overlongs, surrogates or > U+10FFFF). */
 bool ds4_utf8_valid(const char *s, size_t n);
 

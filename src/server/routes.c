@@ -2,6 +2,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,17 +55,44 @@ static void route_models(server *s, ds4_http_conn *c, const ds4_http_req *hr, bo
     ds4_send_error(s, c, hr, 404, msg, "model", "model_not_found", 0, ka);
 }
 
+/* Request bodies parsed (and, for count_tokens, tokenized) at once on
+ * connection threads: that work costs memory and CPU in proportion to the
+ * body, and nothing else bounds how many clients send a large one. */
+#define MAX_PARALLEL_PARSES 4
+
+static pthread_mutex_t g_parse_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_parse_cv = PTHREAD_COND_INITIALIZER;
+static int g_parsing;
+
+static void parse_slot_take(void) {
+    pthread_mutex_lock(&g_parse_mu);
+    while (g_parsing >= MAX_PARALLEL_PARSES) pthread_cond_wait(&g_parse_cv, &g_parse_mu);
+    g_parsing++;
+    pthread_mutex_unlock(&g_parse_mu);
+}
+
+static void parse_slot_give(void) {
+    pthread_mutex_lock(&g_parse_mu);
+    g_parsing--;
+    pthread_cond_signal(&g_parse_cv);
+    pthread_mutex_unlock(&g_parse_mu);
+}
+
 static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
     ds4_request r;
     ds4_req_error e;
+    parse_slot_take();
     if (ds4_request_decode(DS4_API_COUNT_TOKENS, body->data ? body->data : "", body->len, &r, &e)) {
+        parse_slot_give();
         ds4_send_error(s, c, hr, e.status, e.message, e.param, e.code, 0, ka);
         return;
     }
     srv_prompt prompt = {0};
-    char err[256];
+    char err[256] = "out of memory";
     ds4_token_ids ids = {0};
-    if (!srv_render_prompt(s, &r, false, &prompt, err, sizeof err) || srv_encode(s, &prompt, 0, &ids)) {
+    bool ok = srv_render_prompt(s, &r, false, &prompt, err, sizeof err) && !srv_encode(s, &prompt, 0, &ids);
+    parse_slot_give();
+    if (!ok) {
         ds4_send_error(s, c, hr, 400, err, NULL, NULL, 0, ka);
     } else {
         cJSON *o = cJSON_CreateObject();
@@ -169,13 +197,41 @@ static ds4_api route_api(const char *path) {
     return (ds4_api)-1;
 }
 
+/* A request whose client text alone needs more tokens than the context
+ * (no token is longer than max_token_bytes) is refused before it is
+ * rendered, queued or tokenized. */
+static bool refuse_oversized(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_request *r, bool ka) {
+    int max_ids;
+    size_t at_least = ds4_request_text_bytes(r, &max_ids) / s->max_token_bytes;
+    if ((size_t)max_ids > at_least) at_least = (size_t)max_ids;
+    if (at_least < (size_t)s->o.ctx) return false;
+    trace(s, "request refused before tokenizing: at least %zu tokens, context %d", at_least, s->o.ctx);
+    char msg[300];
+    const char *param = r->api == DS4_API_CHAT ? "messages" : r->api == DS4_API_COMPLETIONS ? "prompt" : "input";
+    if (r->api == DS4_API_MESSAGES)
+        snprintf(msg, sizeof msg, "prompt is too long: at least %zu tokens > %d maximum", at_least, s->o.ctx - 1);
+    else
+        snprintf(msg, sizeof msg, "This model's maximum context length is %d tokens. However, your request has at "
+                 "least %zu prompt tokens (the request exceeds the available context size).", s->o.ctx, at_least);
+    ds4_send_error(s, c, hr, 400, msg, r->api == DS4_API_MESSAGES ? NULL : param,
+                   r->api == DS4_API_MESSAGES ? NULL : "context_length_exceeded", 0, ka);
+    return true;
+}
+
 /* Decodes an inference request and waits for the worker to run it. */
 static bool route_inference(server *s, ds4_http_conn *c, ds4_http_req *hr, const ds4_buf *body, ds4_api api) {
     bool ka = hr->keep_alive;
     job j = {.conn = c, .hreq = hr};
     ds4_req_error e;
-    if (ds4_request_decode(api, body->data ? body->data : "", body->len, &j.req, &e)) {
+    parse_slot_take();
+    int rc = ds4_request_decode(api, body->data ? body->data : "", body->len, &j.req, &e);
+    parse_slot_give();
+    if (rc) {
         ds4_send_error(s, c, hr, e.status, e.message, e.param, e.code, 0, ka);
+        return ka;
+    }
+    if (refuse_oversized(s, c, hr, &j.req, ka)) {
+        ds4_request_free(&j.req);
         return ka;
     }
     if (!ds4_queue_submit(s, &j)) {

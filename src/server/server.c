@@ -229,6 +229,11 @@ int ds4_server_run(const ds4_server_opts *opts) {
     s->tok = ds4_engine_tokenizer(s->eng);
     if (!s->tok) { fprintf(stderr, "ds4-server: %s has no tokenizer\n", s->o.model_path); ds4_engine_free(s->eng); return 1; }
     s->n_vocab = ds4_engine_n_vocab(s->eng);
+    s->max_token_bytes = 1;
+    for (int32_t id = 0; id < s->n_vocab; id++) {
+        size_t len = 0;
+        if (ds4_tokenizer_token_bytes(s->tok, id, &len) && len > s->max_token_bytes) s->max_token_bytes = len;
+    }
     s->sess = ds4_session_new(s->eng, s->o.ctx, err, sizeof err);
     if (!s->sess) { fprintf(stderr, "ds4-server: %s\n", err); ds4_engine_free(s->eng); return 1; }
     s->mem = ds4_toolmem_new(s->o.tool_memory_max_ids, (size_t)512 << 20);

@@ -98,6 +98,25 @@ def tool_call_memory_is_linear(t, srv):
     t.check(grew < 32 * len(body), f"peak RSS grew {grew} bytes for a {len(body)}-byte body (limit 32x)")
 
 
+def oversized_prompt_refused_before_tokenizing(t, srv):
+    """Defect 3: a prompt whose text alone exceeds the context is refused
+    before it is rendered, queued or tokenized (tokenizing 60 MB took 79 s
+    and 1.9 GB)."""
+    text = "lorem ipsum dolor sit amet " * 600000   # 16 MB, far over a 2048-token context
+    for path, body, check in (
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}, lambda b: openai_error(b, "messages")),
+            ("/v1/messages", {"max_tokens": 1, "messages": [{"role": "user", "content": text}]}, anthropic_error),
+            ("/v1/completions", {"prompt": text, "max_tokens": 1}, lambda b: openai_error(b, "prompt"))):
+        data = json.dumps(body).encode()
+        before = vm_hwm(srv.proc.pid)
+        st, _, b = srv.request("POST", path, data)
+        grew = vm_hwm(srv.proc.pid) - before
+        t.check(st == 400 and check(b) and (b"context" in b or b"too long" in b), f"{path}: oversized 400: {st} {b[:150]}")
+        t.check(grew < 8 * len(data), f"{path}: peak RSS grew {grew} for a {len(data)}-byte body (limit 8x)")
+    n = srv.trace_text().count("refused before tokenizing")
+    t.check(n == 3, f"refused on the connection thread ({n} of 3)")
+
+
 def slow_senders_cannot_lock_out(t):
     """Defect 2: a request must arrive within its total deadline, and one
     address cannot take every connection."""
@@ -322,6 +341,7 @@ def main():
         nul_text_is_refused(t, srv)
         http10_keep_alive_post_keeps_connection(t, srv)
         invalid_values_are_400_in_family_shape(t, srv)
+        oversized_prompt_refused_before_tokenizing(t, srv)
         t.check(srv.alive(), "server survived")
     finally:
         srv.stop()
