@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "chat.h"
+#include "engine_kvdisk.h"
 #include "request.h"
 #include "sampler.h"
 #include "stream.h"
@@ -547,6 +549,8 @@ static int plan_prompt(server *s, const char *text, size_t n, plan *p) {
     free(lt);
     if (text_hit) return live_plus(s, text, lt_len, n, p, "live text prefix");
     size_t disk = s->kvd ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
+    /* a restore that failed part-way leaves the session empty */
+    if (!disk && ds4_session_n_tokens(s->sess) != live_n) lcp = 0;
     if (disk) {
         s->visible_tokens = -1; /* the live session is another conversation now */
         return live_plus(s, text, disk, n, p, "disk cache");
@@ -1327,7 +1331,10 @@ int ds4_server_run(const ds4_server_opts *opts) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_mutex_init(&s->trace_mu, NULL);
-    if (s->o.trace_path && !(s->trace = fopen(s->o.trace_path, "a"))) {
+    /* the trace holds prompts: private to this user, like the disk cache */
+    int trace_fd = s->o.trace_path ? open(s->o.trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600) : -1;
+    if (s->o.trace_path && (trace_fd < 0 || !(s->trace = fdopen(trace_fd, "a")))) {
+        if (trace_fd >= 0) close(trace_fd);
         fprintf(stderr, "ds4-server: cannot open trace file %s: %s\n", s->o.trace_path, strerror(errno));
         return 1;
     }
@@ -1347,7 +1354,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
     s->sess = ds4_session_new(s->eng, s->o.ctx, err, sizeof err);
     if (!s->sess) { fprintf(stderr, "ds4-server: %s\n", err); ds4_engine_free(s->eng); return 1; }
     s->mem = ds4_toolmem_new(s->o.tool_memory_max_ids, (size_t)512 << 20);
-    if (s->o.kvdisk.dir && !(s->kvd = ds4_kvdisk_open(&s->o.kvdisk, s->eng, s->mem, kv_log, s, err, sizeof err))) {
+    if (s->o.kvdisk.dir && !(s->kvd = ds4_engine_kvdisk_open(&s->o.kvdisk, s->eng, s->mem, kv_log, s, err, sizeof err))) {
         fprintf(stderr, "ds4-server: %s\n", err);
         return 1;
     }

@@ -12,6 +12,7 @@
  *   eviction by score, a full disk during save, two processes on one dir.
  */
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include "chat.h"
 #include "check.h"
 #include "engine.h"
+#include "engine_kvdisk.h"
 #include "kvdisk.h"
 #include "sha1.h"
 #include "tokenizer.h"
@@ -108,6 +110,22 @@ static int count_temps(const char *dir) {
     return n;
 }
 
+/* A payload already in memory, for ds4_kvc_write(). */
+typedef struct { const void *p; size_t n; } mem_payload;
+static bool emit_mem(void *ud, const ds4_sink *sink) {
+    const mem_payload *m = ud;
+    return sink->write(sink->ud, m->p, m->n);
+}
+
+static int write_kvc(const char *dir, const char *name, const ds4_kvc_header *h, const char *text, uint32_t text_len,
+                     const void *payload, const ds4_kvc_tool *tools, uint32_t n_tools, char *err, size_t errlen) {
+    int dirfd = open(dir, O_RDONLY | O_DIRECTORY);
+    mem_payload m = {payload, (size_t)h->payload_bytes};
+    int rc = ds4_kvc_write(dirfd, name, h, text, text_len, emit_mem, &m, tools, n_tools, err, errlen);
+    close(dirfd);
+    return rc;
+}
+
 static void test_format(const char *dir) {
     const char text[] = "<\xef\xbd\x9cUser\xef\xbd\x9c>hello";
     unsigned char payload[100];
@@ -117,7 +135,7 @@ static void test_format(const char *dir) {
     ds4_kvc_header h = {.quant_bits = 2, .reason = DS4_KVC_EVICT, .n_tokens = 7, .hits = 3, .ctx = 4096,
                         .created = 1700000000, .last_used = 1700000500, .payload_bytes = 100};
     char err[256];
-    CHECK(ds4_kvc_write(dir, "f.kv", &h, text, (uint32_t)strlen(text), payload, tools, 2, err, sizeof err) == 0,
+    CHECK(write_kvc(dir, "f.kv", &h, text, (uint32_t)strlen(text), payload, tools, 2, err, sizeof err) == 0,
           "write: %s", err);
 
     /* the seed's layout, built independently */
@@ -198,7 +216,7 @@ static void test_format(const char *dir) {
         static unsigned char big[4096];
         ds4_kvc_header hb = h;
         hb.payload_bytes = sizeof big;
-        int rc = ds4_kvc_write(dir, "f.kv", &hb, text, (uint32_t)strlen(text), big, NULL, 0, err, sizeof err);
+        int rc = write_kvc(dir, "f.kv", &hb, text, (uint32_t)strlen(text), big, NULL, 0, err, sizeof err);
         _exit(rc == -1 && strstr(err, "cannot write") ? 0 : 1);
     }
     int st = 0;
@@ -298,7 +316,7 @@ static void test_cache(ds4_engine *e, const char *dir) {
     o.min_tokens = 8;
     logbuf lg = {0};
     ds4_toolmem *mem = ds4_toolmem_new(100, 1 << 20);
-    ds4_kvdisk *d = ds4_kvdisk_open(&o, e, mem, on_log, &lg, err, sizeof err);
+    ds4_kvdisk *d = ds4_engine_kvdisk_open(&o, e, mem, on_log, &lg, err, sizeof err);
     CHECK(d != NULL, "open: %s", err);
     if (!d) return;
 
@@ -333,7 +351,7 @@ static void test_cache(ds4_engine *e, const char *dir) {
     memcpy(prompt, ta, tn);
     strcpy(prompt + tn, "</\xef\xbd\x9c" "DSML\xef\xbd\x9ctool_calls>more");
     ds4_toolmem *mem2 = ds4_toolmem_new(100, 1 << 20);
-    ds4_kvdisk *d2 = ds4_kvdisk_open(&o, e, mem2, on_log, &lg, err, sizeof err);
+    ds4_kvdisk *d2 = ds4_engine_kvdisk_open(&o, e, mem2, on_log, &lg, err, sizeof err);
     ds4_session *b = ds4_session_new(e, 1024, err, sizeof err);
     CHECK(ds4_kvdisk_restore(d2, b, "unrelated", 9, 0) == 0 && ds4_session_n_tokens(b) == 0, "miss");
     CHECK(ds4_kvdisk_restore(d2, b, prompt, tn + 10, ds4_session_n_tokens(a)) == 0, "a hit must beat the live tokens");
@@ -351,7 +369,7 @@ static void test_cache(ds4_engine *e, const char *dir) {
     ds4_toolmem_free(mem2);
     /* find a single tool id without a hit (restart, history scan) */
     mem2 = ds4_toolmem_new(100, 1 << 20);
-    d2 = ds4_kvdisk_open(&o, e, mem2, on_log, &lg, err, sizeof err);
+    d2 = ds4_engine_kvdisk_open(&o, e, mem2, on_log, &lg, err, sizeof err);
     CHECK(ds4_kvdisk_find_tool(d2, "call_aaaa") && !ds4_kvdisk_find_tool(d2, "call_notintext"), "find_tool");
     CHECK(ds4_toolmem_count(mem2) == 1, "only the asked id loaded");
     ds4_kvdisk_close(d2);
@@ -370,12 +388,12 @@ static void test_cache(ds4_engine *e, const char *dir) {
         snprintf(name, sizeof name, "%s", strrchr(path, '/') + 1);
         ds4_kvc_header hq = v.h;
         hq.quant_bits = (uint8_t)(ds4_engine_expert_bits(e) == 4 ? 2 : 4);
-        CHECK(ds4_kvc_write(dir, name, &hq, v.text, v.text_len, v.payload, v.tools, v.n_tools, err, sizeof err) == 0,
+        CHECK(write_kvc(dir, name, &hq, v.text, v.text_len, v.payload, v.tools, v.n_tools, err, sizeof err) == 0,
               "rewrite with another quant: %s", err);
         free(v.tools);
         ds4_kvdisk_opts strict = o;
         strict.reject_different_quant = true;
-        ds4_kvdisk *ds = ds4_kvdisk_open(&strict, e, NULL, on_log, &lg, err, sizeof err);
+        ds4_kvdisk *ds = ds4_engine_kvdisk_open(&strict, e, NULL, on_log, &lg, err, sizeof err);
         ds4_session *q = ds4_session_new(e, 1024, err, sizeof err);
         CHECK(ds4_kvdisk_restore(ds, q, prompt, tn + 10, 0) == 0, "strict: other quant refused");
         CHECK(ds4_kvdisk_restore(d, q, prompt, tn + 10, 0) == tn && same_state(a, q), "default: other quant reused");
@@ -435,7 +453,7 @@ static void test_cache(ds4_engine *e, const char *dir) {
     size_t one = ds4_session_payload_bytes(s3[0]) + 400;
     ds4_kvdisk_close(d);
     o.space_bytes = 2 * one + one / 2;
-    d = ds4_kvdisk_open(&o, e, mem, on_log, &lg, err, sizeof err);
+    d = ds4_engine_kvdisk_open(&o, e, mem, on_log, &lg, err, sizeof err);
     CHECK(ds4_kvdisk_save(d, s3[0], DS4_KVC_COLD) == 0 && ds4_kvdisk_save(d, s3[1], DS4_KVC_COLD) == 0, "save 2");
     ds4_session_free(c);
     c = ds4_session_new(e, 1024, err, sizeof err);
@@ -454,7 +472,7 @@ static void test_cache(ds4_engine *e, const char *dir) {
     for (int k = 0; k < 2; k++) {
         if ((kids[k] = fork()) == 0) {
             logbuf l2 = {0};
-            ds4_kvdisk *dk = ds4_kvdisk_open(&o, e, NULL, on_log, &l2, err, sizeof err);
+            ds4_kvdisk *dk = ds4_engine_kvdisk_open(&o, e, NULL, on_log, &l2, err, sizeof err);
             int fails = 0;
             for (int r = 0; r < 6; r++)
                 for (int i = 0; i < 3; i++) {
@@ -488,7 +506,7 @@ static void test_cache(ds4_engine *e, const char *dir) {
     }
     closedir(dd);
     CHECK(invalid == 0 && count_temps(dir) == 0, "%d invalid files / temps after concurrent saves", invalid);
-    d = ds4_kvdisk_open(&o, e, mem, on_log, &lg, err, sizeof err);
+    d = ds4_engine_kvdisk_open(&o, e, mem, on_log, &lg, err, sizeof err);
     for (int i = 0; i < 3; i++) {
         ds4_session *r = ds4_session_new(e, 1024, err, sizeof err);
         CHECK(ds4_kvdisk_restore(d, r, texts[i], strlen(texts[i]), 0) > 0 && same_state(r, s3[i]),
