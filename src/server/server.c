@@ -33,7 +33,6 @@
 /* Prefill runs in slices so keep-alives and disconnect checks happen at
  * least this often (in tokens), whatever the engine's own chunking. */
 #define PREFILL_SLICE 256
-#define MAX_LIVE_CALLS 64
 /* Echo logprobs keep full-vocabulary rows for this many positions at once. */
 #define ECHO_SLICE 16
 
@@ -59,7 +58,7 @@ typedef struct {
     int n_conns;
 
     /* Live tool-call turn (worker only): ids the model produced last. */
-    char live_ids[MAX_LIVE_CALLS][40];
+    char (*live_ids)[40];         /* every call id of the live turn */
     int n_live_ids;
     int live_ids_tokens;          /* session length the binding belongs to */
     /* What clients replay for the last thinking turn when its reasoning is
@@ -255,13 +254,21 @@ static void route_models(server *s, ds4_http_conn *c, const ds4_http_req *hr, bo
 
 typedef struct {
     server *s;
-    char *held[64];   /* copies returned to the renderer, freed after */
-    int n_held;
+    char **held;      /* copies returned to the renderer, freed after */
+    int n_held, cap_held;
 } replay_ctx;
 
 static const char *replay_lookup(void *ud, const char *id) {
     replay_ctx *r = ud;
-    if (!id || r->n_held == 64) return NULL;
+    if (!id) return NULL;
+    if (r->n_held == r->cap_held) {
+        /* a turn may carry any number of tool calls */
+        int cap = r->cap_held ? 2 * r->cap_held : 16;
+        char **held = realloc(r->held, (size_t)cap * sizeof *held);
+        if (!held) return NULL;
+        r->held = held;
+        r->cap_held = cap;
+    }
     char *b = ds4_toolmem_get(r->s->mem, id);
     if (!b && r->s->kvd && ds4_kvdisk_find_tool(r->s->kvd, id)) b = ds4_toolmem_get(r->s->mem, id);
     if (b) r->held[r->n_held++] = b;
@@ -285,6 +292,7 @@ static bool render_prompt(server *s, const ds4_request *r, bool replay, ds4_buf 
     if (replay && !s->o.disable_exact_replay) { o.replay = replay_lookup; o.replay_ud = &rc; }
     bool ok = ds4_chat_render(r->msgs, r->n_msgs, &o, out, err, errlen);
     for (int i = 0; i < rc.n_held; i++) free(rc.held[i]);
+    free(rc.held);
     if (ok && out->oom) { snprintf(err, errlen, "out of memory"); ok = false; }
     return ok;
 }
@@ -777,15 +785,22 @@ static void run_chat(server *s, job *j) {
     if (ds4_enc_error(enc)) trace(s, "tool parser: %s", ds4_enc_error(enc));
     size_t blen;
     const char *block = ds4_enc_block(enc, &blen);
-    const char *ids[MAX_LIVE_CALLS];
-    int nids = ds4_enc_call_ids(enc, ids, MAX_LIVE_CALLS);
-    if (block && nids) {
+    int nids = ds4_enc_call_ids(enc, NULL, 0);
+    const char **ids = block && nids ? malloc((size_t)nids * sizeof *ids) : NULL;
+    char (*live)[40] = ids ? malloc((size_t)nids * sizeof *live) : NULL;
+    if (live) {
+        ds4_enc_call_ids(enc, ids, nids);
         ds4_toolmem_put(s->mem, ids, nids, block, blen);
-        for (int i = 0; i < nids; i++) snprintf(s->live_ids[i], sizeof s->live_ids[i], "%s", ids[i]);
+        for (int i = 0; i < nids; i++) snprintf(live[i], sizeof live[i], "%s", ids[i]);
+        free(s->live_ids);
+        s->live_ids = live;
         s->n_live_ids = nids;
         s->live_ids_tokens = ds4_session_n_tokens(s->sess);
         trace(s, "tool calls: %d, exact DSML block remembered (%zu bytes), first id %s", nids, blen, ids[0]);
+    } else if (block && nids) {
+        trace(s, "out of memory remembering %d tool calls; their continuation needs the full history", nids);
     }
+    free(ids);
     if (thinking) remember_visible(s, &text, enc);
     trace(s, "usage: prompt %d cached %d completion %d reasoning %d", u.prompt_tokens, u.cached_tokens,
           u.completion_tokens, u.reasoning_tokens);
