@@ -151,15 +151,33 @@ static void rewind_after_restore(ds4_engine *e, int n, int ctx) {
     free(toks);
 }
 
-static void corruption(ds4_engine *e, ds4_engine *other) {
-    const int V = ds4_engine_n_vocab(e), n = 300, ctx = 1024;
-    int32_t toks[300 + STEPS];
-    make_tokens(toks, n + STEPS, V, 11);
-    char err[256];
-    ds4_session *a = session(e, ctx);
-    CHECK(ds4_session_prefill(a, toks, n, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+enum { SAVED_N = 300, SAVED_CTX = 1024 };
+
+/* A ctx-1024 session after SAVED_N tokens and its payload. */
+typedef struct {
+    int32_t toks[SAVED_N + STEPS];
+    ds4_session *a;
+    void *p;
     size_t pn;
-    void *p = save(a, &pn);
+} saved;
+
+static void saved_session(ds4_engine *e, uint32_t seed, saved *sv) {
+    char err[256];
+    make_tokens(sv->toks, SAVED_N + STEPS, ds4_engine_n_vocab(e), seed);
+    sv->a = session(e, SAVED_CTX);
+    CHECK(ds4_session_prefill(sv->a, sv->toks, SAVED_N, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+    sv->p = save(sv->a, &sv->pn);
+}
+
+static void corruption(ds4_engine *e, ds4_engine *other) {
+    const int V = ds4_engine_n_vocab(e), n = SAVED_N, ctx = SAVED_CTX;
+    saved sv;
+    saved_session(e, 11, &sv);
+    char err[256];
+    const int32_t *toks = sv.toks;
+    ds4_session *a = sv.a;
+    void *p = sv.p;
+    size_t pn = sv.pn;
     float *ref = continue_run(a, toks + n, STEPS, V);
     ds4_session *b = session(e, ctx);
     CHECK(ds4_session_load_payload(b, p, pn, err, sizeof err) == 0, "load: %s", err);
@@ -248,43 +266,40 @@ static bool failing_read(void *ud, void *data, size_t n) {
  * piece; a source that fails before the rows leaves the session unchanged,
  * one that fails inside them leaves it empty, never half restored. */
 static void streaming(ds4_engine *e) {
-    const int V = ds4_engine_n_vocab(e), n = 300, ctx = 1024;
-    int32_t toks[300 + STEPS];
-    make_tokens(toks, n + STEPS, V, 13);
+    const int V = ds4_engine_n_vocab(e), n = SAVED_N, ctx = SAVED_CTX;
+    saved sv;
+    saved_session(e, 13, &sv);
     char err[256];
-    ds4_session *a = session(e, ctx);
-    CHECK(ds4_session_prefill(a, toks, n, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
-    size_t pn;
-    void *p = save(a, &pn);
     collected c = {0};
     const ds4_sink sink = {collect, &c};
-    CHECK(ds4_session_save_payload_to(a, &sink), "streamed save");
-    CHECK(c.n == pn && !memcmp(c.p, p, pn), "streamed save differs from the buffer form (%zu vs %zu bytes)", c.n, pn);
-    CHECK(c.pieces > 100 && c.largest < pn / 4, "not streamed: %zu pieces, largest %zu of %zu bytes", c.pieces,
-          c.largest, pn);
-    float *ref = continue_run(a, toks + n, STEPS, V);
+    CHECK(ds4_session_save_payload_to(sv.a, &sink), "streamed save");
+    CHECK(c.n == sv.pn && !memcmp(c.p, sv.p, sv.pn), "streamed save differs from the buffer form (%zu vs %zu bytes)",
+          c.n, sv.pn);
+    CHECK(c.pieces > 100 && c.largest < sv.pn / 4, "not streamed: %zu pieces, largest %zu of %zu bytes", c.pieces,
+          c.largest, sv.pn);
+    float *ref = continue_run(sv.a, sv.toks + n, STEPS, V);
 
     ds4_session *b = session(e, ctx);
-    failing f = {.p = p, .n = pn, .fail_at = pn};
+    failing f = {.p = sv.p, .n = sv.pn, .fail_at = sv.pn};
     ds4_source src = {failing_read, &f};
-    CHECK(ds4_session_load_payload_from(b, &src, pn, err, sizeof err) == 0, "streamed load: %s", err);
+    CHECK(ds4_session_load_payload_from(b, &src, sv.pn, err, sizeof err) == 0, "streamed load: %s", err);
     /* fails in the token list: b keeps what it has */
-    f = (failing){.p = p, .n = pn, .fail_at = DS4_PAYLOAD_HEADER_BYTES + 40};
-    CHECK(ds4_session_load_payload_from(b, &src, pn, err, sizeof err) != 0 && ds4_session_n_tokens(b) == n,
+    f = (failing){.p = sv.p, .n = sv.pn, .fail_at = DS4_PAYLOAD_HEADER_BYTES + 40};
+    CHECK(ds4_session_load_payload_from(b, &src, sv.pn, err, sizeof err) != 0 && ds4_session_n_tokens(b) == n,
           "a source failing before the rows changed the session");
-    float *got = continue_run(b, toks + n, STEPS, V);
+    float *got = continue_run(b, sv.toks + n, STEPS, V);
     CHECK(!memcmp(ref, got, (size_t)STEPS * V * sizeof(float)), "streamed load differs from the original");
     free(got);
     /* fails in the rows: b is empty */
     ds4_session *d = session(e, ctx);
-    CHECK(ds4_session_prefill(d, toks, n, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
-    f = (failing){.p = p, .n = pn, .fail_at = pn - pn / 3};
-    CHECK(ds4_session_load_payload_from(d, &src, pn, err, sizeof err) != 0 && ds4_session_n_tokens(d) == 0,
+    CHECK(ds4_session_prefill(d, sv.toks, n, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+    f = (failing){.p = sv.p, .n = sv.pn, .fail_at = sv.pn - sv.pn / 3};
+    CHECK(ds4_session_load_payload_from(d, &src, sv.pn, err, sizeof err) != 0 && ds4_session_n_tokens(d) == 0,
           "a source failing inside the rows left %d tokens", ds4_session_n_tokens(d));
     free(ref);
     free(c.p);
-    free(p);
-    ds4_session_free(a);
+    free(sv.p);
+    ds4_session_free(sv.a);
     ds4_session_free(b);
     ds4_session_free(d);
 }

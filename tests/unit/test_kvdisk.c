@@ -629,10 +629,12 @@ static void do_restore(void *ud) { io_job *j = ud; j->got = restore_fake(j->d, j
 
 static void rm_dir(const char *dir);
 
-/* Fresh private directory under base. */
-static void sub_dir(const char *base, const char *name, char *out, size_t n) {
-    snprintf(out, n, "%s/%s", base, name);
-    CHECK(mkdir(out, 0700) == 0, "mkdir %s", out);
+/* A cache over the synthetic host in a fresh private directory base/name. */
+static ds4_kvdisk *fake_dir(const char *base, const char *name, char *dir, size_t n, uint64_t space, ds4_toolmem *mem,
+                            logbuf *lg) {
+    snprintf(dir, n, "%s/%s", base, name);
+    CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+    return fake_open(dir, space, mem, lg);
 }
 
 #define BIG_PAYLOAD ((size_t)48 << 20)
@@ -641,9 +643,8 @@ static void sub_dir(const char *base, const char *name, char *out, size_t n) {
  * files; both must stream. */
 static void test_streaming_memory(const char *base) {
     char dir[300];
-    sub_dir(base, "stream", dir, sizeof dir);
     logbuf lg = {0};
-    ds4_kvdisk *d = fake_open(dir, (uint64_t)1 << 30, NULL, &lg);
+    ds4_kvdisk *d = fake_dir(base, "stream", dir, sizeof dir, (uint64_t)1 << 30, NULL, &lg);
     if (!d) return;
     fake_session s = {.n_tokens = 100, .ctx = 1000, .text = "streamed conversation", .bytes = BIG_PAYLOAD, .seed = 77};
     io_job j = {.d = d, .s = &s, .prompt = "streamed conversation and more"};
@@ -686,10 +687,9 @@ static void test_streaming_memory(const char *base) {
  * older files with a hit outranked it. */
 static void test_new_file_survives_eviction(const char *base) {
     char dir[300], path[700];
-    sub_dir(base, "evict", dir, sizeof dir);
     logbuf lg = {0};
     const size_t one = 1 << 20;
-    ds4_kvdisk *d = fake_open(dir, 2 * one + one / 2, NULL, &lg);
+    ds4_kvdisk *d = fake_dir(base, "evict", dir, sizeof dir, 2 * one + one / 2, NULL, &lg);
     if (!d) return;
     fake_session a = {.n_tokens = 50, .ctx = 1000, .text = "conversation about apples", .bytes = one, .seed = 1};
     fake_session b = {.n_tokens = 50, .ctx = 1000, .text = "conversation about boats", .bytes = one, .seed = 2};
@@ -712,9 +712,8 @@ static void test_new_file_survives_eviction(const char *base) {
  * in rescans without the lock. */
 static void test_temps_and_lock(const char *base) {
     char dir[300], path[700];
-    sub_dir(base, "temps", dir, sizeof dir);
     logbuf lg = {0};
-    ds4_kvdisk *d = fake_open(dir, (uint64_t)1 << 30, NULL, &lg);
+    ds4_kvdisk *d = fake_dir(base, "temps", dir, sizeof dir, (uint64_t)1 << 30, NULL, &lg);
     if (!d) return;
     fake_session a = {.n_tokens = 50, .ctx = 1000, .text = "conversation about temps", .bytes = 4096, .seed = 5};
     /* a writer that is alive: it holds the lock while its temp file exists */
@@ -847,7 +846,6 @@ static void test_long_dir(const char *base) {
 /* Defect: only 64 tool ids of one turn were remembered. */
 static void test_many_tool_ids(const char *base) {
     char dir[300];
-    sub_dir(base, "tools", dir, sizeof dir);
     logbuf lg = {0};
     ds4_toolmem *mem = ds4_toolmem_new(1000, 1 << 20);
     enum { N = 100 };
@@ -858,7 +856,7 @@ static void test_many_tool_ids(const char *base) {
         ids[i] = names[i];
     }
     ds4_toolmem_put(mem, ids, N, "<one turn, 100 calls>", 21);
-    ds4_kvdisk *d = fake_open(dir, (uint64_t)1 << 30, mem, &lg);
+    ds4_kvdisk *d = fake_dir(base, "tools", dir, sizeof dir, (uint64_t)1 << 30, mem, &lg);
     fake_session a = {.n_tokens = 50, .ctx = 1000, .text = "text <one turn, 100 calls> end", .bytes = 4096, .seed = 3};
     CHECK(d && ds4_kvdisk_save(d, AS_SESSION(&a), DS4_KVC_COLD) == 0, "save");
     ds4_kvdisk_close(d);
