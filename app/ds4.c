@@ -64,7 +64,7 @@ static double now_s(void) {
 static void usage(FILE *f) {
     fprintf(f,
         "usage: ds4 [options]\n"
-        "  -m, --model FILE        GGUF model (default ./ds4flash.gguf)\n"
+        "  -m, --model FILE        GGUF model (default ./ds4flash.gguf; `make demo` builds models/demo.gguf)\n"
         "  -p, --prompt TEXT       one-shot prompt (without -p: interactive chat)\n"
         "      --prompt-file FILE  read the prompt from a file\n"
         "  -sys, --system TEXT     system prompt\n"
@@ -108,7 +108,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDS_VALUE() do { if (!v) { fprintf(stderr, "ds4: %s needs a value\n", a); return -1; } i++; } while (0)
+#define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4", a); return -1; } i++; } while (0)
 #define BAD_VALUE() do { fprintf(stderr, "ds4: bad value for %s: %s\n", a, v); return -1; } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 1; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDS_VALUE(); o->model = v; }
@@ -136,9 +136,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--nothink")) o->think = DS4_THINK_NONE;
         else if (!strcmp(a, "--numerics")) {
             NEEDS_VALUE();
-            if (!strcmp(v, "exact")) o->numerics = 0;
-            else if (!strcmp(v, "ds4")) o->numerics = 1;
-            else BAD_VALUE();
+            if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE();
         }
         else if (!strcmp(a, "--cpu")) { /* the CPU backend is the only one built here */ }
         else if (!strcmp(a, "--dump-tokens")) o->dump_tokens = true;
@@ -147,7 +145,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
         else if (!strcmp(a, "--logits-all")) o->logits_all = true;
         else if (!strcmp(a, "--token-ids")) { NEEDS_VALUE(); o->token_ids = v; }
-        else { fprintf(stderr, "ds4: unknown option %s (see --help)\n", a); return -1; }
+        else { ds4_cli_unknown_option("ds4", a); return -1; }
 #undef NEEDS_VALUE
 #undef BAD_VALUE
     }
@@ -618,6 +616,7 @@ int main(int argc, char **argv) {
     sa.sa_handler = on_sigint;
     sigaction(SIGINT, &sa, NULL);   /* no SA_RESTART: readline returns on Ctrl+C */
 
+    if (!ds4_cli_model_usable("ds4", o.model)) return 1;
     ds4_engine_params ep;
     ds4_engine_params_default(&ep);
     ep.model_path = o.model;
@@ -629,8 +628,6 @@ int main(int argc, char **argv) {
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) {
         fprintf(stderr, "ds4: %s\n", err);
-        if (access(o.model, F_OK) != 0 && !strcmp(o.model, "./ds4flash.gguf"))
-            fprintf(stderr, "ds4: download a model with ./download_model.sh, or run `make demo` for the demo model\n");
         return 1;
     }
     const ds4_tokenizer *tok = ds4_engine_tokenizer(e);
