@@ -14,7 +14,8 @@
  *   in plain text). Files are created 0600.
  * - Save: under the directory lock, the payload is streamed from the session
  *   into the file (no whole-session copy in memory), then files are evicted
- *   until the budget fits, never the file just written. A lock that cannot
+ *   until the budget fits, lowest score first (score = last-used time +
+ *   6 h * log2(1 + hits), kvdisk_policy.h), never the file just written. A lock that cannot
  *   be taken fails the save.
  * - Lookup re-reads the directory (changed files only), so entries written
  *   by another server are seen. The longest key text that is a byte prefix
