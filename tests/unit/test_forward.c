@@ -9,6 +9,7 @@
  * stopping). Plus the ds4 numeric round trips against their format tables,
  * and one batch longer than every ring against token-by-token decode. */
 #include "check.h"
+#include "engine_load.h"
 #include "engine.h"
 #include "forward_cpu.h"
 #include "quant.h"
@@ -82,19 +83,7 @@ static cmp_result compare(const fixture *fx, const float *out, int t0, int n, do
     return r;
 }
 
-static ds4_engine *load(const char *path, int numerics, int chunk) {
-    char err[512];
-    ds4_engine_params p;
-    ds4_engine_params_default(&p);
-    p.model_path = path;
-    p.n_threads = 2;
-    p.numerics = numerics;
-    p.prefill_chunk = chunk;
-    p.quiet = true;
-    ds4_engine *e = ds4_engine_load(&p, err, sizeof err);
-    if (!e) fprintf(stderr, "load %s: %s\n", path, err);
-    return e;
-}
+static ds4_engine *load(const char *path, int numerics, int chunk) { return test_engine_load(path, numerics, chunk); }
 
 typedef struct { const char *type; double tol, gap; int chunk; } variant;
 
@@ -261,6 +250,26 @@ static void test_roundtrips(void) {
         CHECK(y[1] == mag[k], "e2m1 %g not exact", mag[k]);
         CHECK(y[2] == mag[k & 1 ? k + 1 : k], "e2m1 midpoint %g: got %g", 0.5f * (mag[k] + mag[k + 1]), y[2]);
     }
+
+    /* NaN stays NaN (a fault must stay visible) and does not disturb the
+     * rest of its block: the others round as if it were zero */
+    float with_nan[64], with_zero[64];
+    for (int i = 0; i < 64; i++) with_nan[i] = with_zero[i] = sinf((float)i) * 3.0f;
+    with_nan[5] = NAN;
+    with_zero[5] = 0;
+    ds4_fp8_e4m3_roundtrip(with_nan, 64);
+    ds4_fp8_e4m3_roundtrip(with_zero, 64);
+    CHECK(isnan(with_nan[5]), "e4m3 round trip turned NaN into %g", with_nan[5]);
+    with_nan[5] = 0;
+    CHECK(memcmp(with_nan, with_zero, sizeof with_nan) == 0, "e4m3: NaN changed the rest of its block");
+    for (int i = 0; i < 32; i++) with_nan[i] = with_zero[i] = cosf((float)i);
+    with_nan[7] = NAN;
+    with_zero[7] = 0;
+    ds4_fp4_e2m1_roundtrip(with_nan, 32);
+    ds4_fp4_e2m1_roundtrip(with_zero, 32);
+    CHECK(isnan(with_nan[7]), "e2m1 round trip turned NaN into %g", with_nan[7]);
+    with_nan[7] = 0;
+    CHECK(memcmp(with_nan, with_zero, 32 * sizeof(float)) == 0, "e2m1: NaN changed the rest of its block");
 
     /* the normalised Hadamard transform is its own inverse and maps e0 to a flat vector */
     float h[128], h0[128];
