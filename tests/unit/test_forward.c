@@ -7,7 +7,8 @@
  * token decode, rewinds (shallow: rings still cover it; deep: recompute from
  * the token list) and snapshot/restore (must be bit-identical to never
  * stopping). Plus the ds4 numeric round trips against their format tables,
- * and one batch longer than every ring against token-by-token decode. */
+ * and one batch longer than every ring against token-by-token decode.
+ * (Batches of several sessions: test_batch.c.) */
 #include "check.h"
 #include "engine_load.h"
 #include "engine.h"
@@ -217,6 +218,20 @@ static float e4m3_value(int code) {          /* code 0..126, non-negative */
     return ex ? ldexpf(1.0f + mant / 8.0f, ex - 7) : ldexpf((float)mant, -9);
 }
 
+/* NaN stays NaN (a fault must stay visible) and does not disturb the rest of
+ * its block: the others round as if it were zero. */
+static void check_nan_kept(const char *fmt, void (*roundtrip)(float *, int), int n, int at) {
+    float with_nan[64], with_zero[64];
+    for (int i = 0; i < n; i++) with_nan[i] = with_zero[i] = sinf((float)i) * 3.0f;
+    with_nan[at] = NAN;
+    with_zero[at] = 0;
+    roundtrip(with_nan, n);
+    roundtrip(with_zero, n);
+    CHECK(isnan(with_nan[at]), "%s round trip turned NaN into %g", fmt, with_nan[at]);
+    with_nan[at] = 0;
+    CHECK(memcmp(with_nan, with_zero, (size_t)n * sizeof(float)) == 0, "%s: NaN changed the rest of its block", fmt);
+}
+
 static void test_roundtrips(void) {
     /* every E4M3 magnitude (scale 1: a block whose max is 448) maps to itself,
      * and midpoints go to the even code */
@@ -251,25 +266,8 @@ static void test_roundtrips(void) {
         CHECK(y[2] == mag[k & 1 ? k + 1 : k], "e2m1 midpoint %g: got %g", 0.5f * (mag[k] + mag[k + 1]), y[2]);
     }
 
-    /* NaN stays NaN (a fault must stay visible) and does not disturb the
-     * rest of its block: the others round as if it were zero */
-    float with_nan[64], with_zero[64];
-    for (int i = 0; i < 64; i++) with_nan[i] = with_zero[i] = sinf((float)i) * 3.0f;
-    with_nan[5] = NAN;
-    with_zero[5] = 0;
-    ds4_fp8_e4m3_roundtrip(with_nan, 64);
-    ds4_fp8_e4m3_roundtrip(with_zero, 64);
-    CHECK(isnan(with_nan[5]), "e4m3 round trip turned NaN into %g", with_nan[5]);
-    with_nan[5] = 0;
-    CHECK(memcmp(with_nan, with_zero, sizeof with_nan) == 0, "e4m3: NaN changed the rest of its block");
-    for (int i = 0; i < 32; i++) with_nan[i] = with_zero[i] = cosf((float)i);
-    with_nan[7] = NAN;
-    with_zero[7] = 0;
-    ds4_fp4_e2m1_roundtrip(with_nan, 32);
-    ds4_fp4_e2m1_roundtrip(with_zero, 32);
-    CHECK(isnan(with_nan[7]), "e2m1 round trip turned NaN into %g", with_nan[7]);
-    with_nan[7] = 0;
-    CHECK(memcmp(with_nan, with_zero, 32 * sizeof(float)) == 0, "e2m1: NaN changed the rest of its block");
+    check_nan_kept("e4m3", ds4_fp8_e4m3_roundtrip, 64, 5);
+    check_nan_kept("e2m1", ds4_fp4_e2m1_roundtrip, 32, 7);
 
     /* the normalised Hadamard transform is its own inverse and maps e0 to a flat vector */
     float h[128], h0[128];
