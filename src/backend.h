@@ -40,6 +40,7 @@ typedef struct ds4_backend ds4_backend;
 struct ds4_backend {
     const char *name;
     int max_batch;          /* rows (tokens of all sequences) per eval */
+    uint64_t weight_bytes;  /* weight bytes the matrix products have streamed so far (benchmarks) */
     int (*eval)(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen);
     void (*free)(ds4_backend *be);
 };

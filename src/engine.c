@@ -228,6 +228,7 @@ int ds4_sessions_step(ds4_engine *e, const ds4_step *steps, int n_steps, char *e
 }
 
 int ds4_engine_max_batch(const ds4_engine *e) { return e->be->max_batch; }
+uint64_t ds4_engine_weight_bytes_read(const ds4_engine *e) { return e->be->weight_bytes; }
 
 /* Runs toks through the backend in chunks of at most max_batch. */
 static int run(ds4_session *s, const int32_t *toks, int n, float *all_logits, ds4_progress_fn progress, void *ud,

@@ -62,6 +62,9 @@ uint64_t ds4_engine_model_bytes(const ds4_engine *e);
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, int ctx);
 /* Most tokens one ds4_sessions_step() evaluates (the prefill chunk). */
 int ds4_engine_max_batch(const ds4_engine *e);
+/* Weight bytes the backend's matrix products have read since load: a batch
+ * reads each weight once for all its rows (benchmarks report it per token). */
+uint64_t ds4_engine_weight_bytes_read(const ds4_engine *e);
 
 typedef int (*ds4_progress_fn)(void *ud, int done, int total);
 

@@ -122,6 +122,7 @@ static void linear(cpu *f, const ds4_tensor *W, int64_t e, int64_t row0, int64_t
     const size_t ab = ds4_act_bytes(W->type, n);
     for (int t = 0; t < T; t++) ds4_quantize_act(W->type, x + (size_t)t * xstride, (char *)f->s.act + (size_t)t * ab, n);
     const char *w = (const char *)W->data + ((size_t)e * (size_t)W->ne[1] + (size_t)row0) * W->row_bytes;
+    f->base.weight_bytes += (uint64_t)rows * W->row_bytes;
     if (T == 1) ds4_matvec(f->pool, W->type, w, rows, n, f->s.act, y);
     else ds4_matmul(f->pool, W->type, w, rows, n, f->s.act, T, y);
 }
