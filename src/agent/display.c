@@ -63,12 +63,16 @@ void ds4_agent_display_end(ds4_agent_display *d) {
     fflush(d->out);
 }
 
-void ds4_agent_display_tool(ds4_agent_display *d, const char *name, const char *args, bool ok, const char *summary,
-                            const char *extra, size_t extra_len) {
+void ds4_agent_display_tool_start(ds4_agent_display *d, const char *name, const char *args) {
     switch_channel(d, 0);
     size_t alen = strlen(args);
-    fprintf(d->out, "-> %s %.*s%s  %s%s\n", name, (int)(alen > 90 ? 90 : alen), args, alen > 90 ? "..." : "",
-            ok ? "" : "", summary);
+    fprintf(d->out, "-> %s %.*s%s", name, (int)(alen > 90 ? 90 : alen), args, alen > 90 ? "..." : "");
+    d->mid_line = true;
+    fflush(d->out);
+}
+
+void ds4_agent_display_tool_end(ds4_agent_display *d, const char *summary, const char *extra, size_t extra_len) {
+    fprintf(d->out, "  %s\n", summary);
     if (extra_len) {
         if (d->color) fputs(DIM, d->out);
         fwrite(extra, 1, extra_len, d->out);

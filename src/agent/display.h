@@ -33,9 +33,10 @@ void ds4_agent_display_reasoning(ds4_agent_display *d, const char *s, size_t n);
 void ds4_agent_display_answer(ds4_agent_display *d, const char *s, size_t n);
 /* Ends the streamed message: colours off, cursor at column 0. */
 void ds4_agent_display_end(ds4_agent_display *d);
-/* "-> name args  ok|error: summary", then the extra lines (a diff) if any. */
-void ds4_agent_display_tool(ds4_agent_display *d, const char *name, const char *args, bool ok, const char *summary,
-                            const char *extra, size_t extra_len);
+/* "-> name args" while the tool runs, then "  summary" on the same line
+ * and the extra lines (a diff) if any. */
+void ds4_agent_display_tool_start(ds4_agent_display *d, const char *name, const char *args);
+void ds4_agent_display_tool_end(ds4_agent_display *d, const char *summary, const char *extra, size_t extra_len);
 void ds4_agent_display_note(ds4_agent_display *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ds4_agent_display_progress_begin(ds4_agent_display *d);
 void ds4_agent_display_progress(ds4_agent_display *d, int done, int total);

@@ -268,12 +268,14 @@ static int run_tools(ds4_agent *a, gen_state *g) {
         ds4_buf_puts(&msg, "error: malformed tool call (");
         ds4_buf_puts(&msg, g->error);
         ds4_buf_puts(&msg, "); nothing was run. Write the call again in the DSML tool_calls format.");
-        ds4_agent_display_tool(a->o.display, "(malformed tool call)", "", false, g->error, NULL, 0);
+        ds4_agent_display_tool_start(a->o.display, "(malformed tool call)", "");
+        ds4_agent_display_tool_end(a->o.display, g->error, NULL, 0);
         ds4_chat_tool_result(msg.data ? msg.data : "", msg.len, DS4_CHAT_DS4, &results);
         ds4_buf_free(&msg);
     }
     for (int i = 0; !g->error && i < g->n_calls; i++) {
         ds4_agent_tool_result r;
+        ds4_agent_display_tool_start(a->o.display, g->calls[i].name, g->calls[i].args);
         if (interrupted(a)) {
             memset(&r, 0, sizeof r);
             ds4_buf_puts(&r.text, "error: not run, the user interrupted");
@@ -281,8 +283,7 @@ static int run_tools(ds4_agent *a, gen_state *g) {
         } else {
             ds4_agent_tool_run(&a->o.tools, g->calls[i].name, g->calls[i].args, &r);
         }
-        ds4_agent_display_tool(a->o.display, g->calls[i].name, g->calls[i].args, r.ok, r.summary, r.display.data,
-                               r.display.len);
+        ds4_agent_display_tool_end(a->o.display, r.summary, r.display.data, r.display.len);
         ds4_chat_tool_result(r.text.data ? r.text.data : "", r.text.len, DS4_CHAT_DS4, &results);
         ds4_agent_tool_result_free(&r);
     }

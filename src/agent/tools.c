@@ -486,6 +486,17 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The agent's notes after a command's output start on their own line. */
+static void status_line(ds4_buf *b, const char *fmt, ...) {
+    char line[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (b->len) ds4_buf_putc(b, '\n');
+    ds4_buf_puts(b, line);
+}
+
 static void tool_bash(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_tool_result *r) {
     const char *cmd = arg_str(a, "command");
     if (!cmd || !*cmd) { fail(r, "bash: command (a string) is required"); return; }
@@ -532,21 +543,21 @@ static void tool_bash(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_t
     close(fds[0]);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
-    if (truncated) buf_printf(&r->text, "\n[output truncated at %zu bytes]", o->output_cap);
+    if (truncated) status_line(&r->text, "[output truncated at %zu bytes]", o->output_cap);
     if (timed_out) {
-        buf_printf(&r->text, "\n[killed: no exit after %d s]", o->bash_timeout_s);
+        status_line(&r->text, "[killed: no exit after %d s]", o->bash_timeout_s);
         r->ok = false;
         snprintf(r->summary, sizeof r->summary, "timed out after %d s (killed)", o->bash_timeout_s);
     } else if (interrupted) {
-        ds4_buf_puts(&r->text, "\n[interrupted by the user]");
+        status_line(&r->text, "[interrupted by the user]");
         r->ok = false;
         snprintf(r->summary, sizeof r->summary, "interrupted (killed)");
     } else if (WIFEXITED(status)) {
-        buf_printf(&r->text, "\n[exit status %d]", WEXITSTATUS(status));
+        status_line(&r->text, "[exit status %d]", WEXITSTATUS(status));
         r->ok = WEXITSTATUS(status) == 0;
         snprintf(r->summary, sizeof r->summary, "exit %d, %zu bytes of output", WEXITSTATUS(status), r->text.len);
     } else {
-        buf_printf(&r->text, "\n[killed by signal %d]", WTERMSIG(status));
+        status_line(&r->text, "[killed by signal %d]", WTERMSIG(status));
         r->ok = false;
         snprintf(r->summary, sizeof r->summary, "killed by signal %d", WTERMSIG(status));
     }
