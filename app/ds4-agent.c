@@ -123,7 +123,7 @@ static char *absolute(const char *path) {
 }
 
 static bool confirm(void *ud, const char *question) {
-    (void)ud;
+    ds4_agent_display_interject(ud);
     char prompt[1024];
     snprintf(prompt, sizeof prompt, "%s [y/N] ", question);
     g_interrupted = 0;
@@ -329,6 +329,7 @@ int main(int argc, char **argv) {
     ao.tools.auto_yes = o.yes;
     ao.tools.bash_timeout_s = o.bash_timeout;
     ao.tools.confirm = confirm;
+    ao.tools.confirm_ud = &display;
     ao.tools.interrupted = &g_interrupted;
     if (!(agent = ds4_agent_new(&ao, err, sizeof err))) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
 

@@ -67,18 +67,27 @@ void ds4_agent_display_tool_start(ds4_agent_display *d, const char *name, const 
     switch_channel(d, 0);
     size_t alen = strlen(args);
     fprintf(d->out, "-> %s %.*s%s", name, (int)(alen > 90 ? 90 : alen), args, alen > 90 ? "..." : "");
+    snprintf(d->tool, sizeof d->tool, "%s", name);
+    d->tool_interrupted = false;
     d->mid_line = true;
     fflush(d->out);
 }
 
 void ds4_agent_display_tool_end(ds4_agent_display *d, const char *summary, const char *extra, size_t extra_len) {
-    fprintf(d->out, "  %s\n", summary);
+    if (d->tool_interrupted) fprintf(d->out, "-> %s  %s\n", d->tool, summary);
+    else fprintf(d->out, "  %s\n", summary);
     if (extra_len) {
         if (d->color) fputs(DIM, d->out);
         fwrite(extra, 1, extra_len, d->out);
         if (d->color) fputs(RESET, d->out);
     }
     d->mid_line = false;
+    fflush(d->out);
+}
+
+void ds4_agent_display_interject(ds4_agent_display *d) {
+    newline_if_needed(d);
+    d->tool_interrupted = true;
     fflush(d->out);
 }
 

@@ -24,6 +24,8 @@ typedef struct {
     bool show_reasoning;
     int channel;              /* 0 none, 1 reasoning, 2 answer */
     bool mid_line;            /* the last byte written to out was not '\n' */
+    char tool[64];            /* the running tool, for its summary line */
+    bool tool_interrupted;    /* something (a question) was printed since tool_start */
     double bar_t0, bar_last;
     bool bar_shown;
 } ds4_agent_display;
@@ -37,6 +39,9 @@ void ds4_agent_display_end(ds4_agent_display *d);
  * and the extra lines (a diff) if any. */
 void ds4_agent_display_tool_start(ds4_agent_display *d, const char *name, const char *args);
 void ds4_agent_display_tool_end(ds4_agent_display *d, const char *summary, const char *extra, size_t extra_len);
+/* Before something else writes to the terminal (a confirmation question):
+ * ends the current line; a running tool's summary then repeats its name. */
+void ds4_agent_display_interject(ds4_agent_display *d);
 void ds4_agent_display_note(ds4_agent_display *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ds4_agent_display_progress_begin(ds4_agent_display *d);
 void ds4_agent_display_progress(ds4_agent_display *d, int done, int total);
