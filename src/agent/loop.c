@@ -327,8 +327,10 @@ int ds4_agent_turn(ds4_agent *a, const char *user_text) {
                 ds4_agent_display_note(a->o.display, "[%d tool rounds: stopping here; send a message to go on]", a->o.max_steps);
                 rc = 1;
             }
-            if (rc == 0 && !add_generation_prompt(a)) rc = -1;
-            if (rc == 0) rc = prefill_pending(a);
+            if (rc == 0) {
+                if (!add_generation_prompt(a)) rc = -1;
+                else if ((rc = prefill_pending(a)) != 0) a->pending.n -= 2;   /* the results wait for the next message */
+            }
             gen_free(&g);
             if (rc == 0) continue;
         } else {
