@@ -69,6 +69,7 @@ static int parse_args(int argc, char **argv, agent_args *o) {
     o->sampling.seed = ds4_sampler_random_seed();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int sampling;
 #define NEEDS_VALUE() do { if (!v) { fprintf(stderr, "ds4-agent: %s needs a value\n", a); return -1; } i++; } while (0)
 #define BAD_VALUE() do { fprintf(stderr, "ds4-agent: bad value for %s: %s\n", a, v); return -1; } while (0)
 #define IS(x) (!strcmp(a, x))
@@ -79,17 +80,9 @@ static int parse_args(int argc, char **argv, agent_args *o) {
         else if (IS("-n") || IS("--tokens")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->max_tokens)) BAD_VALUE(); }
         else if (IS("--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
         else if (IS("--bash-timeout")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, 86400, &o->bash_timeout)) BAD_VALUE(); }
-        else if (IS("--temp")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.temperature)) BAD_VALUE(); }
-        else if (IS("--top-p")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.top_p)) BAD_VALUE(); }
-        else if (IS("--min-p")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.min_p)) BAD_VALUE(); }
-        else if (IS("--top-k")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->sampling.top_k)) BAD_VALUE(); }
-        else if (IS("--seed")) {
-            NEEDS_VALUE();
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end) BAD_VALUE();
-            o->sampling.seed = s;
+        else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0) {
+            if (sampling < 0) { if (!v) NEEDS_VALUE(); BAD_VALUE(); }
+            i++;
         }
         else if (IS("--think")) o->think = DS4_THINK_HIGH;
         else if (IS("--think-max")) o->think = DS4_THINK_MAX;

@@ -65,35 +65,41 @@ void ds4_agent_tool_result_free(ds4_agent_tool_result *r) {
     ds4_buf_free(&r->display);
 }
 
-static void buf_printf(ds4_buf *b, const char *fmt, ...) {
+static void buf_vprintf(ds4_buf *b, const char *fmt, va_list ap) {
+    va_list again;
+    va_copy(again, ap);
     char small[512];
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    if (n >= 0 && (size_t)n < sizeof small) ds4_buf_put(b, small, (size_t)n);
+    else if (n >= 0) {
+        char *big = malloc((size_t)n + 1);
+        if (!big) b->oom = true;
+        else {
+            vsnprintf(big, (size_t)n + 1, fmt, again);
+            ds4_buf_put(b, big, (size_t)n);
+            free(big);
+        }
+    }
+    va_end(again);
+}
+
+static void buf_printf(ds4_buf *b, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
+    buf_vprintf(b, fmt, ap);
     va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof small) { ds4_buf_put(b, small, (size_t)n); return; }
-    char *big = malloc((size_t)n + 1);
-    if (!big) { b->oom = true; return; }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    ds4_buf_put(b, big, (size_t)n);
-    free(big);
 }
 
 /* Sets the result's outcome: the model gets the message, the user a summary. */
 static void fail(ds4_agent_tool_result *r, const char *fmt, ...) {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     r->ok = false;
     ds4_buf_free(&r->text);   /* also clears a sticky out-of-memory flag */
     ds4_buf_puts(&r->text, "error: ");
-    ds4_buf_puts(&r->text, msg);
-    snprintf(r->summary, sizeof r->summary, "error: %.180s", msg);
+    va_list ap;
+    va_start(ap, fmt);
+    buf_vprintf(&r->text, fmt, ap);
+    va_end(ap);
+    snprintf(r->summary, sizeof r->summary, "%.199s", r->text.data ? r->text.data : "error: out of memory");
 }
 
 static void succeed(ds4_agent_tool_result *r, const char *fmt, ...) {
@@ -488,13 +494,11 @@ static double now_s(void) {
 
 /* The agent's notes after a command's output start on their own line. */
 static void status_line(ds4_buf *b, const char *fmt, ...) {
-    char line[160];
+    if (b->len) ds4_buf_putc(b, '\n');
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    buf_vprintf(b, fmt, ap);
     va_end(ap);
-    if (b->len) ds4_buf_putc(b, '\n');
-    ds4_buf_puts(b, line);
 }
 
 static void tool_bash(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_tool_result *r) {

@@ -13,23 +13,7 @@ MODEL=models/demo.gguf
 [ -f "$MODEL" ] || { echo "agent: $MODEL missing (make demo-model)"; exit 1; }
 [ -x ./ds4-agent ] || { echo "agent: ./ds4-agent missing (make)"; exit 1; }
 command -v tmux >/dev/null || { echo "agent: tmux missing"; exit 1; }
-S=ds4agent$$
-tmux() { command tmux -L "$S" "$@"; }
-T=$(mktemp -d)
-fail=0; n=0
-cleanup() { tmux kill-server 2>/dev/null; rm -rf "$T"; }
-trap cleanup EXIT
-screen() { tmux capture-pane -p -J -S -3000 -t "$S"; }
-wait_for() {
-    local i
-    for ((i = 0; i < $3 * 10; i++)); do
-        [ "$(screen | grep -c -- "$1")" -ge "$2" ] && return 0
-        sleep 0.1
-    done
-    return 1
-}
-expect() { n=$((n+1)); if ! eval "$2"; then echo "FAIL: $1"; screen | tail -25; fail=$((fail+1)); fi; }
-send() { tmux send-keys -t "$S" -l -- "$1"; tmux send-keys -t "$S" Enter; }
+source tests/tmux_lib.sh
 start() {   # start NAME WORKDIR SCRIPT [extra flags]
     local name=$1 work=$2 script=$3; shift 3
     tmux kill-session -t "$S" 2>/dev/null
@@ -62,18 +46,18 @@ mkdir -p "$T/wa"; printf 'hello world\nsecond line\n' > "$T/wa/notes.txt"
 # A: three turns in one process
 start a "$T/wa" "$T/script-a" --yes --dump-logits "$T/logits-a"
 send "fix the greeting"
-expect "tool lines" 'wait_for "^-> read_file" 1 30 && wait_for "^-> edit_file" 1 30 && wait_for "^-> bash" 1 30'
-expect "diff shown" 'wait_for "^+hello agent" 1 30'
-expect "answer streamed" 'wait_for "^The greeting now says hello agent." 1 30'
+expect "tool lines" 'wait_for "^-> read_file" 1 90 && wait_for "^-> edit_file" 1 90 && wait_for "^-> bash" 1 90'
+expect "diff shown" 'wait_for "^+hello agent" 1 90'
+expect "answer streamed" 'wait_for "^The greeting now says hello agent." 1 90'
 expect "file edited on disk" '[ "$(cat $T/wa/notes.txt)" = "$(printf "hello agent\nsecond line")" ]'
 send "thanks"
-expect "turn 2" 'wait_for "^You are welcome." 1 30'
+expect "turn 2" 'wait_for "^You are welcome." 1 90'
 send "/ctx"
-expect "/ctx counters" 'wait_for "^context [0-9]*/4096 tokens | restored 0, prefilled" 1 10'
+expect "/ctx counters" 'wait_for "^context [0-9]*/4096 tokens | restored 0, prefilled" 1 90'
 send "one more"
-expect "turn 3" 'wait_for "^Here is one more." 1 30'
+expect "turn 3" 'wait_for "^Here is one more." 1 90'
 send "/quit"
-expect "A exits" 'wait_for "EXITED-0" 1 30'
+expect "A exits" 'wait_for "EXITED-0" 1 90'
 expect "autosaved, private" '[ "$(stat -c %a $T/sessions/*.kv)" = 600 ]'
 # Every prefill starts where the session ended: nothing is prefilled twice.
 expect "each step prefills only new tokens" 'python3 - "$T/trace-a" <<"PY"
@@ -111,40 +95,40 @@ rm -f "$T"/sessions/*.kv
 printf 'hello world\nsecond line\n' > "$T/wa/notes.txt"
 start b "$T/wa" "$T/script-b" --yes --no-autosave
 send "fix the greeting"
-expect "B turn 1" 'wait_for "^The greeting now says" 1 30'
+expect "B turn 1" 'wait_for "^The greeting now says" 1 90'
 send "thanks"
-expect "B turn 2" 'wait_for "^You are welcome." 1 30'
+expect "B turn 2" 'wait_for "^You are welcome." 1 90'
 send "/save"
-expect "/save" 'wait_for "^\[saved session" 1 10'
+expect "/save" 'wait_for "^\[saved session" 1 90'
 send "/quit"
-expect "B exits" 'wait_for "EXITED-0" 1 30'
+expect "B exits" 'wait_for "EXITED-0" 1 90'
 ID=$(basename "$T"/sessions/*.kv .kv)
 printf 'garbage' > "$T/sessions/0000000000000000000000000000000000000000.kv"
 start c "$T/wa" "$T/script-c" --yes --dump-logits "$T/logits-c"
 send "/list"
-expect "/list: title, tokens" 'wait_for "${ID:0:12}  .* tokens .*fix the greeting" 1 10'
-expect "/list: damaged file unreadable" 'wait_for "000000000000  unreadable: " 1 10'
+expect "/list: title, tokens" 'wait_for "${ID:0:12}  .* tokens .*fix the greeting" 1 90'
+expect "/list: damaged file unreadable" 'wait_for "000000000000  unreadable: " 1 90'
 send "/switch ${ID:0:8}"
-expect "/switch restores without prefill" 'wait_for "^switched to ${ID:0:12}: [0-9]* tokens, restored from its KV payload" 1 20'
+expect "/switch restores without prefill" 'wait_for "^switched to ${ID:0:12}: [0-9]* tokens, restored from its KV payload" 1 90'
 send "one more"
-expect "C turn 3" 'wait_for "^Here is one more." 1 30'
+expect "C turn 3" 'wait_for "^Here is one more." 1 90'
 send "/quit"
-expect "C exits" 'wait_for "EXITED-0" 1 30'
+expect "C exits" 'wait_for "EXITED-0" 1 90'
 expect "logits after /save + restart + /switch are bit-identical" 'cmp -s "$T/logits-a" "$T/logits-c" && [ -s "$T/logits-a" ]'
 expect "C prefilled only the third turn" '[ "$(head -1 $T/trace-c | cut -d" " -f2)" != "from=0" ]'
 
 # /strip, then switching re-prefills the saved text (progress line).
 start d "$T/wa" "$T/script-c" --yes
 send "/strip ${ID:0:8}"
-expect "/strip" 'wait_for "^stripped ${ID:0:12}" 1 10'
+expect "/strip" 'wait_for "^stripped ${ID:0:12}" 1 90'
 send "/list"
-expect "/list marks stripped" 'wait_for "(stripped)  fix the greeting" 1 10'
+expect "/list marks stripped" 'wait_for "(stripped)  fix the greeting" 1 90'
 send "/switch ${ID:0:8}"
-expect "stripped switch prefills" 'wait_for "^switched to ${ID:0:12}: [0-9]* tokens, rebuilt by prefilling" 1 30 && [ "$(head -1 $T/trace-d | cut -d" " -f1-2)" = "prefill from=0" ]'
+expect "stripped switch prefills" 'wait_for "^switched to ${ID:0:12}: [0-9]* tokens, rebuilt by prefilling" 1 90 && [ "$(head -1 $T/trace-d | cut -d" " -f1-2)" = "prefill from=0" ]'
 send "/del ${ID:0:8}"
-expect "/del" 'wait_for "^deleted ${ID:0:12}" 1 10'
+expect "/del" 'wait_for "^deleted ${ID:0:12}" 1 90'
 send "/quit"
-expect "D exits" 'wait_for "EXITED-0" 1 30'
+expect "D exits" 'wait_for "EXITED-0" 1 90'
 
 # Refusals and Ctrl+C during a tool.
 mkdir -p "$T/we"
@@ -159,21 +143,21 @@ head -c 10485760 /dev/zero | tr '\0' 'a' > "$T/we/big.txt"
 } > "$T/script-e"
 start e "$T/we" "$T/script-e" --yes --bash-timeout 1 --no-autosave
 send "try things"
-expect "outside path asks" 'wait_for "outside .*Allow? \[y/N\]" 1 30'
+expect "outside path asks" 'wait_for "outside .*Allow? \[y/N\]" 1 90'
 send "n"
-expect "outside path refused" 'wait_for "^-> read_file .*outside the working directory .*(refused)" 1 20'
-expect "timeout kills the command" 'wait_for "^-> bash .*timed out after 1 s (killed)" 1 20'
-expect "10 MB read refused" 'wait_for "^-> read_file .*10485760 bytes, over the" 1 20'
-expect "answer after refusals" 'wait_for "^Nothing worked." 1 20'
+expect "outside path refused" 'wait_for "^-> read_file .*outside the working directory .*(refused)" 1 90'
+expect "timeout kills the command" 'wait_for "^-> bash .*timed out after 1 s (killed)" 1 90'
+expect "10 MB read refused" 'wait_for "^-> read_file .*10485760 bytes, over the" 1 90'
+expect "answer after refusals" 'wait_for "^Nothing worked." 1 90'
 send "again"
 expect "slow command runs" 'wait_for "^-> bash {\"command\":\"sleep 60" 1 20'
 tmux send-keys -t "$S" C-c
-expect "Ctrl+C kills the tool" 'wait_for "interrupted (killed)" 1 10'
-expect "prompt back after Ctrl+C" 'wait_for "^agent> " 3 10'
+expect "Ctrl+C kills the tool" 'wait_for "interrupted (killed)" 1 90'
+expect "prompt back after Ctrl+C" 'wait_for "^agent> " 3 90'
 send "go on"
-expect "session consistent after Ctrl+C" 'wait_for "^Stopped." 1 20'
+expect "session consistent after Ctrl+C" 'wait_for "^Stopped." 1 90'
 send "/quit"
-expect "E exits" 'wait_for "EXITED-0" 1 30'
+expect "E exits" 'wait_for "EXITED-0" 1 90'
 expect "no sleeping child left" '! pgrep -f "sleep 60; echo late" >/dev/null'
 echo "agent_tmux: $((n-fail)) passed, $fail failed"
 [ $fail = 0 ]
