@@ -305,9 +305,19 @@ static void tool_edit(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_t
     ds4_buf_free(&out);
     if (!ok) { fail(r, "edit_file: %s: %s", path, out.oom ? "out of memory" : err); free(text); return; }
     size_t line = count_lines(text, at) + 1;
+    /* the diff shows whole lines: the change plus the rest of its first and last line */
+    size_t head = at, tail = at + old_n;
+    while (head > 0 && text[head - 1] != '\n') head--;
+    while (tail < n && text[tail] != '\n') tail++;
+    ds4_buf after = {0};
+    ds4_buf_put(&after, text + head, at - head);
+    ds4_buf_put(&after, new_s, new_n);
+    ds4_buf_put(&after, text + at + old_n, tail - at - old_n);
     buf_printf(&r->display, "@@ %s:%zu\n", arg_str(a, "path"), line);
-    diff_lines(&r->display, '-', old_s, old_n);
-    diff_lines(&r->display, '+', new_s, new_n);
+    diff_lines(&r->display, '-', text + head, tail - head);
+    diff_lines(&r->display, '+', after.data ? after.data : "", after.len);
+    if (after.oom) r->display.oom = true;
+    ds4_buf_free(&after);
     buf_printf(&r->text, "edited %s at line %zu: replaced %zu lines with %zu lines", arg_str(a, "path"), line,
                count_lines(old_s, old_n) + 1, count_lines(new_s, new_n) + 1);
     succeed(r, "line %zu: -%zu +%zu lines", line, count_lines(old_s, old_n) + 1, count_lines(new_s, new_n) + 1);

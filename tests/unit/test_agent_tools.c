@@ -103,6 +103,10 @@ int main(void) {
           "diff: %s", r.display.data ? r.display.data : "(none)");
     free(b);
     ds4_agent_tool_result_free(&r);
+    ds4_agent_tool_run(&o, "edit_file", "{\"path\":\"b.c\",\"old_string\":\"x = 1\",\"new_string\":\"x = 0\"}", &r);
+    CHECK(r.ok && r.display.data && !strcmp(r.display.data, "@@ b.c:1\n-int x = 1;\n+int x = 0;\n"),
+          "a diff shows whole lines: %s", r.display.data ? r.display.data : "(none)");
+    ds4_agent_tool_result_free(&r);
 
     /* list, glob, grep */
     char sub[PATH_MAX + 8];
