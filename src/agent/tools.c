@@ -526,7 +526,9 @@ static void tool_bash(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_t
     if (pid == 0) {
         /* own process group: a timeout or Ctrl+C kills the whole pipeline */
         setpgid(0, 0);
+        /* ignored signals stay ignored across exec: give the command the defaults */
         signal(SIGINT, SIG_DFL);
+        signal(SIGXFSZ, SIG_DFL);
         int null = open("/dev/null", O_RDONLY);
         if (null >= 0) dup2(null, 0);
         dup2(fds[1], 1);
@@ -537,7 +539,8 @@ static void tool_bash(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_t
     setpgid(pid, pid);
     close(fds[1]);
     double deadline = now_s() + o->bash_timeout_s;
-    bool timed_out = false, interrupted = false, truncated = false;
+    bool timed_out = false, interrupted = false, truncated = false, reaped = false;
+    int status = 0;
     char chunk[4096];
     for (;;) {
         if (o->interrupted && *o->interrupted) { interrupted = true; break; }
@@ -545,6 +548,9 @@ static void tool_bash(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_t
         struct pollfd p = {fds[0], POLLIN, 0};
         int pr = poll(&p, 1, 100);
         if (pr < 0 && errno != EINTR) break;
+        /* the shell is done and its output drained: a background job that
+         * still holds the pipe (`server &`) does not keep us waiting */
+        if (pr == 0 && waitpid(pid, &status, WNOHANG) == pid) { reaped = true; break; }
         if (pr <= 0) continue;
         ssize_t got = read(fds[0], chunk, sizeof chunk);
         if (got < 0 && errno == EINTR) continue;
@@ -555,8 +561,7 @@ static void tool_bash(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_t
     }
     if (timed_out || interrupted) kill(-pid, SIGKILL);
     close(fds[0]);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    while (!reaped && waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     if (truncated) status_line(&r->text, "[output truncated at %zu bytes]", o->output_cap);
     if (timed_out) {
         status_line(&r->text, "[killed: no exit after %d s]", o->bash_timeout_s);

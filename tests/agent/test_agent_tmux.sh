@@ -49,6 +49,7 @@ send "fix the greeting"
 expect "tool lines" 'wait_for "^-> read_file" 1 90 && wait_for "^-> edit_file" 1 90 && wait_for "^-> bash" 1 90'
 expect "diff shown" 'wait_for "^+hello agent" 1 90'
 expect "answer streamed" 'wait_for "^The greeting now says hello agent." 1 90'
+expect "prefill line" 'wait_for "^\[prefill [0-9]* tokens, .* t/s\]" 4 90'
 expect "file edited on disk" '[ "$(cat $T/wa/notes.txt)" = "$(printf "hello agent\nsecond line")" ]'
 send "thanks"
 expect "turn 2" 'wait_for "^You are welcome." 1 90'
@@ -159,5 +160,26 @@ expect "session consistent after Ctrl+C" 'wait_for "^Stopped." 1 90'
 send "/quit"
 expect "E exits" 'wait_for "EXITED-0" 1 90'
 expect "no sleeping child left" '! pgrep -f "sleep 60; echo late" >/dev/null'
+
+# Ctrl+C during sampling (the demo model's random text never ends): the
+# message keeps what was written and the next one follows it.
+tmux kill-session -t "$S" 2>/dev/null
+tmux new-session -d -s "$S" -x 220 -y 60 "HOME=$T ./ds4-agent -m $MODEL --ctx 4096 -t 2 --chdir $T/we --nothink \
+    --sessions-dir $T/sessions --no-autosave -n 100000 --trace $T/trace-f; echo EXITED-\$?; sleep 60"
+expect "F starts" 'wait_for "^agent> " 1 60'
+send "write forever"
+expect "F prefills" 'wait_for "^\[prefill" 1 90'
+sleep 2   # let it sample for a while
+tmux send-keys -t "$S" C-c
+expect "Ctrl+C stops generation" 'wait_for "^\[interrupted\]" 1 60'
+expect "prompt back" 'wait_for "^agent> " 2 30'
+send "/ctx"
+expect "counters consistent after Ctrl+C" 'wait_for "^context [0-9]*/4096 tokens" 1 30 && screen | python3 -c "
+import re, sys
+m = [l for l in sys.stdin if l.startswith(\"context \")][-1]
+n, restored, pre, gen = map(int, re.search(r\"context (\\d+)/.*restored (\\d+), prefilled (\\d+), generated (\\d+)\", m).groups())
+assert gen > 0 and n == restored + pre + gen, m"'
+send "/quit"
+expect "F exits" 'wait_for "EXITED-0" 1 60'
 echo "agent_tmux: $((n-fail)) passed, $fail failed"
 [ $fail = 0 ]

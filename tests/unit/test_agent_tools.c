@@ -155,6 +155,8 @@ int main(void) {
     CHECK(!ok && !strcmp(t, want), "bash output: %s", t);
     t = run(&o, "bash", "{\"command\":\"sleep 30 & sleep 30; echo never\"}", &ok);
     CHECK(!ok && strstr(t, "[killed: no exit after 1 s]") && !strstr(t, "never"), "timeout: %s", t);
+    t = run(&o, "bash", "{\"command\":\"sleep 30 & echo started\"}", &ok);
+    CHECK(ok && !strcmp(t, "started\n\n[exit status 0]"), "a background job does not hold the result: %s", t);
     o.output_cap = 100;
     t = run(&o, "bash", "{\"command\":\"yes | head -c 5000\"}", &ok);
     CHECK(ok && strstr(t, "[output truncated at 100 bytes]") && strlen(t) < 200, "output cap: %zu", strlen(t));
