@@ -25,13 +25,11 @@ static bool push(ds4_agent_script *s, char *start, size_t len, int *cap) {
     return true;
 }
 
-int ds4_agent_script_load(const char *path, ds4_agent_script *s, char *err, size_t errlen) {
+int ds4_agent_script_parse(ds4_agent_script *s, char *text, size_t n) {
     memset(s, 0, sizeof *s);
-    size_t n;
-    s->text = ds4_read_file(path, &n);
-    if (!s->text) { snprintf(err, errlen, "cannot read %s", path); return -1; }
+    s->text = text;
     const size_t sep = strlen(SEPARATOR);
-    char *end = s->text + n, *entry = s->text, *line = s->text;
+    char *end = text + n, *entry = text, *line = text;
     int cap = 0;
     bool ok = true;
     while (ok && line < end) {
@@ -45,10 +43,17 @@ int ds4_agent_script_load(const char *path, ds4_agent_script *s, char *err, size
     }
     /* text after the last separator is a final entry (its last newline dropped) */
     if (ok && entry < end) ok = push(s, entry, (size_t)(end - entry) - (end[-1] == '\n'), &cap);
-    if (ok) return 0;
-    ds4_agent_script_free(s);
-    snprintf(err, errlen, "out of memory reading %s", path);
-    return -1;
+    if (!ok) ds4_agent_script_free(s);
+    return ok ? 0 : -1;
+}
+
+int ds4_agent_script_load(const char *path, ds4_agent_script *s, char *err, size_t errlen) {
+    size_t n;
+    char *text = ds4_read_file(path, &n);
+    memset(s, 0, sizeof *s);
+    if (!text) { snprintf(err, errlen, "cannot read %s", path); return -1; }
+    if (ds4_agent_script_parse(s, text, n)) { snprintf(err, errlen, "out of memory reading %s", path); return -1; }
+    return 0;
 }
 
 const char *ds4_agent_script_next(ds4_agent_script *s, size_t *len) {

@@ -27,6 +27,9 @@ typedef struct {
 } ds4_agent_script;
 
 int ds4_agent_script_load(const char *path, ds4_agent_script *s, char *err, size_t errlen);
+/* Splits text[0..n) (malloc'ed; the script owns it from now on, also on
+ * failure). -1 only when out of memory. */
+int ds4_agent_script_parse(ds4_agent_script *s, char *text, size_t n);
 const char *ds4_agent_script_next(ds4_agent_script *s, size_t *len);
 void ds4_agent_script_free(ds4_agent_script *s);
 
