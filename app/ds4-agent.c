@@ -20,7 +20,7 @@
 
 typedef struct {
     const char *model;
-    int ctx, threads, prefill_chunk, max_tokens, bash_timeout;
+    int ctx, threads, prefill_chunk, max_tokens, bash_timeout, numerics;
     ds4_think_mode think;
     ds4_sampler_params sampling;
     const char *chdir_to;
@@ -46,6 +46,8 @@ static void usage(FILE *f) {
         "      --think | --think-max | --nothink   thinking mode (default --think)\n"
         "      --temp F --top-p F --top-k N --min-p F --seed N   sampling (as ds4)\n"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
+        "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
+        "      --cpu               use the CPU backend (the only one in this build)\n"
         "      --chdir DIR         working directory of the tools (default: the current one)\n"
         "      --yes               run bash commands without asking\n"
         "      --bash-timeout S    seconds before a command is killed (default 30)\n"
@@ -65,12 +67,13 @@ static int parse_args(int argc, char **argv, agent_args *o) {
     o->bash_timeout = 30;
     o->think = DS4_THINK_HIGH;
     o->autosave = true;
+    o->numerics = -1;
     ds4_sampler_params_default(&o->sampling);
     o->sampling.seed = ds4_sampler_random_seed();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int sampling;
-#define NEEDS_VALUE() do { if (!v) { fprintf(stderr, "ds4-agent: %s needs a value\n", a); return -1; } i++; } while (0)
+#define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4-agent", a); return -1; } i++; } while (0)
 #define BAD_VALUE() do { fprintf(stderr, "ds4-agent: bad value for %s: %s\n", a, v); return -1; } while (0)
 #define IS(x) (!strcmp(a, x))
         if (IS("-h") || IS("--help")) { usage(stdout); return 1; }
@@ -78,6 +81,8 @@ static int parse_args(int argc, char **argv, agent_args *o) {
         else if (IS("-c") || IS("--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 256, INT_MAX, &o->ctx)) BAD_VALUE(); }
         else if (IS("-t") || IS("--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
         else if (IS("-n") || IS("--tokens")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->max_tokens)) BAD_VALUE(); }
+        else if (IS("--numerics")) { NEEDS_VALUE(); if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE(); }
+        else if (IS("--cpu")) { /* the CPU backend is the only one built here */ }
         else if (IS("--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
         else if (IS("--bash-timeout")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, 86400, &o->bash_timeout)) BAD_VALUE(); }
         else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0) {
@@ -95,7 +100,7 @@ static int parse_args(int argc, char **argv, agent_args *o) {
         else if (IS("--scripted-output")) { NEEDS_VALUE(); o->script = v; }
         /* test hook: the final next-token logits as raw f32, to compare runs bit for bit */
         else if (IS("--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
-        else { fprintf(stderr, "ds4-agent: unknown option %s (see --help)\n", a); return -1; }
+        else { ds4_cli_unknown_option("ds4-agent", a); return -1; }
 #undef NEEDS_VALUE
 #undef BAD_VALUE
 #undef IS
@@ -299,7 +304,9 @@ int main(int argc, char **argv) {
     FILE *trace = NULL;
     ds4_agent_script script = {0};
     char err[512], root[PATH_MAX];
-    if (!dir || !model) { fprintf(stderr, "ds4-agent: no sessions directory (set HOME or --sessions-dir)\n"); goto out; }
+    /* the model first: a wrong -m should not leave a sessions directory behind */
+    if (!model || !ds4_cli_model_usable("ds4-agent", model)) goto out;
+    if (!dir) { fprintf(stderr, "ds4-agent: no sessions directory (set HOME or --sessions-dir)\n"); goto out; }
     if (ds4_agent_store_init(dir, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
     if (o.script && ds4_agent_script_load(o.script, &script, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
     if (trace_path && !(trace = fopen(trace_path, "a"))) { fprintf(stderr, "ds4-agent: cannot open %s: %s\n", trace_path, strerror(errno)); goto out; }
@@ -311,6 +318,7 @@ int main(int argc, char **argv) {
     ep.model_path = model;
     ep.n_threads = o.threads;
     ep.prefill_chunk = o.prefill_chunk;
+    ep.numerics = o.numerics;
     if (!(e = ds4_engine_load(&ep, err, sizeof err))) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
 
     ds4_agent_display display;

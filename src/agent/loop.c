@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "dsml.h"
+#include "generate.h"
 #include "json_util.h"
 #include "tokenizer.h"
 
@@ -209,52 +210,70 @@ static void gen_free(gen_state *g) {
     free(g->error);
 }
 
+/* ds4_generate hooks: the DSML parser decides when a message ends and
+ * when sampling is protocol-greedy; the script, when there is one, forces
+ * every token (EOS after its last). */
+typedef struct {
+    ds4_agent *a;
+    ds4_dsml_parser *p;
+    const ds4_token_ids *scripted;
+} gen_hooks_state;
+
+static bool hook_cancelled(void *ud) { return interrupted(((gen_hooks_state *)ud)->a); }
+
+static int hook_forced(void *ud, int step) {
+    gen_hooks_state *h = ud;
+    if (!h->scripted) return -1;
+    return (size_t)step < h->scripted->n ? h->scripted->v[step] : h->a->sp->eos;
+}
+
+static bool hook_greedy(void *ud) { return ds4_dsml_in_structure(((gen_hooks_state *)ud)->p); }
+
+static bool hook_text(void *ud, const char *text, size_t len) {
+    gen_hooks_state *h = ud;
+    ds4_dsml_feed(h->p, text, len);
+    return ds4_dsml_done(h->p) || ds4_dsml_failed(h->p);
+}
+
+static void hook_decoded(void *ud) { ((gen_hooks_state *)ud)->a->st.decoded++; }
+
 /* Samples (or takes from the script) one assistant message into the
  * session. 0 done, 1 interrupted, -1 error. */
 static int generate(ds4_agent *a, gen_state *g) {
     ds4_token_ids scripted = {0};
-    size_t script_pos = 0;
+    bool have_script = false;
     if (a->o.script) {
         size_t len = 0;
         const char *entry = ds4_agent_script_next(a->o.script, &len);
         if (!entry) ds4_agent_display_note(a->o.display, "[scripted output exhausted: the model stops]");
         /* what the model writes contains protocol tokens: chat specials on */
         else if (ds4_tokenizer_encode(a->tok, entry, len, DS4_TOK_SPECIALS_CHAT, &scripted)) return -1;
+        have_script = true;
     }
     ds4_dsml_opts po = {.thinking = think_mode(a) != DS4_THINK_NONE, .tools = true, .decode_entities = true};
     ds4_dsml_parser *p = ds4_dsml_new(&po, on_event, g);
     if (!p) { ds4_token_ids_free(&scripted); return -1; }
-    ds4_detok dt;
-    ds4_detok_init(&dt);
-    char piece[DS4_DETOK_OUT_MAX], err[256];
-    int rc = 0, from = ds4_session_n_tokens(a->s), n = 0;
-    for (; n < a->o.max_gen_tokens; n++) {
-        if (interrupted(a)) { rc = 1; break; }
-        if (ds4_session_n_tokens(a->s) >= ds4_session_ctx(a->s) - 1) {
-            ds4_agent_display_note(a->o.display, "context full (%d tokens)", ds4_session_ctx(a->s));
-            break;
-        }
-        int32_t id;
-        if (a->o.script) id = script_pos < scripted.n ? scripted.v[script_pos++] : a->sp->eos;
-        else id = ds4_sampler_sample(a->smp, ds4_session_logits(a->s), ds4_dsml_in_structure(p));
-        if (id == a->sp->eos) break;
-        if (ds4_session_decode(a->s, id, err, sizeof err)) {
-            ds4_agent_display_note(a->o.display, "decode failed: %s", err);
-            rc = -1;
-            break;
-        }
-        a->st.decoded++;
-        ds4_dsml_feed(p, piece, ds4_detok_push(&dt, a->tok, id, piece));
-        if (ds4_dsml_done(p) || ds4_dsml_failed(p)) { n++; break; }
-    }
-    ds4_dsml_feed(p, piece, ds4_detok_flush(&dt, piece));
+    gen_hooks_state hs = {a, p, have_script ? &scripted : NULL};
+    ds4_gen_hooks hooks = {.cancelled = hook_cancelled, .forced = hook_forced, .greedy = hook_greedy,
+                           .on_text = hook_text, .after_decode = hook_decoded, .ud = &hs};
+    char err[256];
+    int from = ds4_session_n_tokens(a->s), rc = 0;
+    ds4_gen_result r = ds4_generate(a->s, a->tok, a->smp, a->o.max_gen_tokens, &hooks, err, sizeof err);
+    if (r.end == DS4_GEN_CANCELLED) rc = 1;
     /* an interrupted block is cut off by the user, not malformed */
-    if (rc == 0) ds4_dsml_finish(p);
+    else ds4_dsml_finish(p);
     ds4_dsml_free(p);
     ds4_token_ids_free(&scripted);
     ds4_agent_display_end(a->o.display);
     a->open_message = true;
     if (a->o.trace) { fprintf(a->o.trace, "generate from=%d n=%d\n", from, ds4_session_n_tokens(a->s) - from); fflush(a->o.trace); }
+    if (r.end == DS4_GEN_ERROR) { ds4_agent_display_note(a->o.display, "decode failed: %s", err); rc = -1; }
+    if (r.end == DS4_GEN_CTX_FULL) {
+        /* the last token was shown but is not in the session: no calls from it */
+        ds4_agent_display_note(a->o.display, "context full (%d tokens): start a /new session or a larger --ctx",
+                               ds4_session_ctx(a->s));
+        rc = -1;
+    }
     if (g->oom) return -1;
     return rc;
 }

@@ -6,13 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "chat.h"
-#include "kvdisk.h"
+#include "kvdisk_file.h"
 #include "sha1.h"
 #include "tokenizer.h"
 
@@ -48,8 +47,6 @@ void ds4_agent_title(const char *text, size_t n, char out[DS4_AGENT_TITLE_MAX + 
     strcpy(out + len, cut ? "..." : "");
 }
 
-static void path_of(const char *dir, const char *id, char *out, size_t n) { snprintf(out, n, "%s/%s.kv", dir, id); }
-
 int ds4_agent_store_init(const char *dir, char *err, size_t errlen) {
     char buf[4096];
     if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf) FAIL("sessions directory path too long");
@@ -69,67 +66,72 @@ fail:
     return -1;
 }
 
-/* The mapped file, validated by ds4_kvc_parse. */
-typedef struct {
-    void *map;
-    size_t bytes;
-    ds4_kvc_view v;
-} mapped;
-
-static void unmap(mapped *m) {
-    if (m->map) munmap(m->map, m->bytes);
-    free(m->v.tools);
-    memset(m, 0, sizeof *m);
+static int open_dir(const char *dir, char *err, size_t errlen) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) snprintf(err, errlen, "cannot open %s: %s", dir, strerror(errno));
+    return fd;
 }
 
-static bool map_file(const char *path, mapped *m, char *err, size_t errlen) {
-    memset(m, 0, sizeof *m);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) FAIL("cannot open %s: %s", path, strerror(errno));
+/* One open session file: its layout checked against its size, and its text. */
+typedef struct {
+    int fd;
+    ds4_kvc_input in;
+    ds4_kvc_layout L;
+    char *text;
+} session_file;
+
+static void file_close(session_file *f) {
+    if (f->fd >= 0) close(f->fd);
+    free(f->text);
+    f->fd = -1;
+    f->text = NULL;
+}
+
+/* Opens <id>.kv and reads header, layout and text; with verify, the CRC
+ * pass over the whole file too. */
+static bool file_open(int dfd, const char *id, bool verify, session_file *f, char *err, size_t errlen) {
+    char name[DS4_AGENT_ID_HEX + 8];
+    snprintf(name, sizeof name, "%s.kv", id);
+    memset(f, 0, sizeof *f);
+    f->fd = openat(dfd, name, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    if (fstat(fd, &st)) { close(fd); FAIL("cannot stat %s: %s", path, strerror(errno)); }
-    if (st.st_size < (off_t)DS4_KVC_HEADER_BYTES) { close(fd); FAIL("truncated (%lld bytes)", (long long)st.st_size); }
-    m->bytes = (size_t)st.st_size;
-    m->map = mmap(NULL, m->bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (m->map == MAP_FAILED) { m->map = NULL; FAIL("cannot map %s: %s", path, strerror(errno)); }
-    if (!ds4_kvc_parse(m->map, m->bytes, &m->v, err, errlen)) goto fail;
+    bool foreign;
+    if (f->fd < 0 || fstat(f->fd, &st)) FAIL("cannot open: %s", strerror(errno));
+    if (!S_ISREG(st.st_mode)) FAIL("not a regular file");
+    f->in = ds4_kvc_fd_input(&f->fd, (uint64_t)st.st_size);
+    if (!ds4_kvc_read_layout(&f->in, &f->L, &foreign, err, errlen)) goto fail;
+    if (verify && !ds4_kvc_verify(&f->in, &f->L, err, errlen)) goto fail;
+    f->text = malloc((size_t)f->L.text_len + 1);
+    if (!f->text) FAIL("out of memory for %u bytes of text", f->L.text_len);
+    if (!f->in.pread(f->in.ud, f->text, f->L.text_len, f->L.text_off)) FAIL("cannot read the text section");
+    f->text[f->L.text_len] = 0;
     return true;
 fail:
-    unmap(m);
+    file_close(f);
     return false;
 }
 
-/* Writes the file with the directory's privacy: kvdisk's writer creates
- * files with the process umask applied, so it is narrowed for the call. */
-static int write_private(const char *dir, const char *id, const ds4_kvc_header *h, const char *text, size_t text_len,
-                         const void *payload, char *err, size_t errlen) {
-    char name[DS4_AGENT_ID_HEX + 8];
-    snprintf(name, sizeof name, "%s.kv", id);
-    mode_t old = umask(077);
-    int rc = ds4_kvc_write(dir, name, h, text, (uint32_t)text_len, payload, NULL, 0, err, errlen);
-    umask(old);
-    return rc;
-}
+static bool save_payload(void *ud, const ds4_sink *sink) { return ds4_session_save_payload_to(ud, sink); }
+static bool no_payload(void *ud, const ds4_sink *sink) { (void)ud; (void)sink; return true; }
 
 int ds4_agent_store_save(const char *dir, const char *id, uint64_t created, ds4_engine *e, const ds4_session *s,
                          char *err, size_t errlen) {
-    int n = ds4_session_n_tokens(s);
+    int n = ds4_session_n_tokens(s), rc = -1;
     size_t text_len = 0;
     char *text = ds4_tokenizer_decode(ds4_engine_tokenizer(e), ds4_session_tokens(s), (size_t)n, false, &text_len);
-    size_t pbytes = ds4_session_payload_bytes(s);
-    void *payload = malloc(pbytes ? pbytes : 1);
-    int rc = -1;
-    if (!text || !payload) FAIL("out of memory for a %zu-byte session", pbytes);
+    int dfd = -1;
+    if (!text) FAIL("out of memory for the session text");
     if (text_len > UINT32_MAX) FAIL("session text too large to save");
-    ds4_session_save_payload(s, payload);
+    if ((dfd = open_dir(dir, err, errlen)) < 0) goto fail;
     ds4_kvc_header h = {.quant_bits = (uint8_t)ds4_engine_expert_bits(e), .reason = DS4_KVC_UNKNOWN,
                         .n_tokens = (uint32_t)n, .ctx = (uint32_t)ds4_session_ctx(s), .created = created,
-                        .last_used = (uint64_t)time(NULL), .payload_bytes = pbytes};
-    rc = write_private(dir, id, &h, text, text_len, payload, err, errlen);
+                        .last_used = (uint64_t)time(NULL), .payload_bytes = ds4_session_payload_bytes(s)};
+    char name[DS4_AGENT_ID_HEX + 8];
+    snprintf(name, sizeof name, "%s.kv", id);
+    rc = ds4_kvc_write(dfd, name, &h, text, (uint32_t)text_len, save_payload, (void *)s, NULL, 0, err, errlen);
 fail:
+    if (dfd >= 0) close(dfd);
     free(text);
-    free(payload);
     return rc;
 }
 
@@ -139,16 +141,19 @@ static int newest_first(const void *a, const void *b) {
     return strcmp(x->id, y->id);
 }
 
+/* <40 hex digits>.kv: the names this store writes (temp files start with '.') */
 static bool is_session_name(const char *name) {
-    size_t n = strlen(name);
-    return n > 3 && !strcmp(name + n - 3, ".kv") && name[0] != '.';
+    return strlen(name) == DS4_AGENT_ID_HEX + 3 && strspn(name, "0123456789abcdef") == DS4_AGENT_ID_HEX &&
+           !strcmp(name + DS4_AGENT_ID_HEX, ".kv");
 }
 
 int ds4_agent_store_list(const char *dir, ds4_agent_session_info **out, int *n_out, char *err, size_t errlen) {
     *out = NULL;
     *n_out = 0;
-    DIR *d = opendir(dir);
-    if (!d) FAIL("cannot open %s: %s", dir, strerror(errno));
+    int dfd = open_dir(dir, err, errlen);
+    if (dfd < 0) return -1;
+    DIR *d = fdopendir(dup(dfd));
+    if (!d) { close(dfd); FAIL("cannot read %s: %s", dir, strerror(errno)); }
     ds4_agent_session_info *list = NULL;
     int n = 0, cap = 0;
     struct dirent *ent;
@@ -157,26 +162,25 @@ int ds4_agent_store_list(const char *dir, ds4_agent_session_info **out, int *n_o
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
             ds4_agent_session_info *nl = realloc(list, (size_t)cap * sizeof *nl);
-            if (!nl) { free(list); closedir(d); FAIL("out of memory"); }
+            if (!nl) { free(list); closedir(d); close(dfd); FAIL("out of memory"); }
             list = nl;
         }
         ds4_agent_session_info *info = &list[n++];
         memset(info, 0, sizeof *info);
-        snprintf(info->id, sizeof info->id, "%.*s", (int)(strlen(ent->d_name) - 3), ent->d_name);
-        char path[4096];
-        path_of(dir, info->id, path, sizeof path);
-        mapped m;
-        if (!map_file(path, &m, info->why, sizeof info->why)) { info->unreadable = true; continue; }
-        info->n_tokens = m.v.h.n_tokens;
-        info->ctx = m.v.h.ctx;
-        info->created = m.v.h.created;
-        info->updated = m.v.h.last_used;
-        info->file_bytes = m.bytes;
-        info->stripped = m.v.h.payload_bytes == 0;
-        ds4_agent_title(m.v.text, m.v.text_len, info->title);
-        unmap(&m);
+        snprintf(info->id, sizeof info->id, "%.*s", DS4_AGENT_ID_HEX, ent->d_name);
+        session_file f;
+        if (!file_open(dfd, info->id, false, &f, info->why, sizeof info->why)) { info->unreadable = true; continue; }
+        info->n_tokens = f.L.h.n_tokens;
+        info->ctx = f.L.h.ctx;
+        info->created = f.L.h.created;
+        info->updated = f.L.h.last_used;
+        info->file_bytes = f.L.file_bytes;
+        info->stripped = f.L.h.payload_bytes == 0;
+        ds4_agent_title(f.text, f.L.text_len, info->title);
+        file_close(&f);
     }
     closedir(d);
+    close(dfd);
     if (n) qsort(list, (size_t)n, sizeof *list, newest_first);
     *out = list;
     *n_out = n;
@@ -194,8 +198,7 @@ int ds4_agent_store_find(const char *dir, const char *prefix, char id[DS4_AGENT_
     int found = 0;
     struct dirent *ent;
     while ((ent = readdir(d))) {
-        size_t n = strlen(ent->d_name);
-        if (n != DS4_AGENT_ID_HEX + 3 || !is_session_name(ent->d_name) || strncmp(ent->d_name, prefix, pl)) continue;
+        if (!is_session_name(ent->d_name) || strncmp(ent->d_name, prefix, pl)) continue;
         if (found++ == 0) snprintf(id, DS4_AGENT_ID_HEX + 1, "%.*s", DS4_AGENT_ID_HEX, ent->d_name);
     }
     closedir(d);
@@ -208,52 +211,64 @@ fail:
 
 int ds4_agent_store_load(const char *dir, const char *id, ds4_engine *e, ds4_session *s, char **text, size_t *text_len,
                          uint64_t *created, bool *stripped, char *err, size_t errlen) {
-    char path[4096], why[256];
-    path_of(dir, id, path, sizeof path);
-    mapped m;
+    char why[256];
+    session_file f = {.fd = -1};
+    ds4_kvc_section_reader r;
+    ds4_source src;
     *text = NULL;
-    if (!map_file(path, &m, why, sizeof why)) FAIL("session %.12s is unreadable: %s", id, why);
-    if (m.v.h.quant_bits != (uint8_t)ds4_engine_expert_bits(e))
-        { unmap(&m); FAIL("session %.12s was saved with another model (%u-bit experts, this one has %d)", id,
-                          m.v.h.quant_bits, ds4_engine_expert_bits(e)); }
-    if (m.v.h.ctx > (uint32_t)ds4_session_ctx(s))
-        { unmap(&m); FAIL("session %.12s needs a context of %u tokens; start with --ctx %u", id, m.v.h.ctx, m.v.h.ctx); }
-    *stripped = m.v.h.payload_bytes == 0;
-    if (!*stripped && ds4_session_load_payload(s, m.v.payload, (size_t)m.v.h.payload_bytes, why, sizeof why)) {
-        unmap(&m);
-        FAIL("session %.12s was saved with another model: %s", id, why);
+    int dfd = open_dir(dir, err, errlen);
+    if (dfd < 0) return -1;
+    if (!file_open(dfd, id, true, &f, why, sizeof why)) FAIL("session %.12s is unreadable: %s", id, why);
+    const ds4_kvc_header *h = &f.L.h;
+    if (h->quant_bits != (uint8_t)ds4_engine_expert_bits(e))
+        FAIL("session %.12s was saved with another model (%u-bit experts, this one has %d)", id, h->quant_bits,
+             ds4_engine_expert_bits(e));
+    if (h->ctx > (uint32_t)ds4_session_ctx(s))
+        FAIL("session %.12s needs a context of %u tokens; start with --ctx %u", id, h->ctx, h->ctx);
+    *stripped = h->payload_bytes == 0;
+    if (!*stripped) {
+        if (!ds4_kvc_payload_reader(&f.in, &f.L, &r, &src)) FAIL("out of memory for the payload reader");
+        int rc = ds4_session_load_payload_from(s, &src, (size_t)h->payload_bytes, why, sizeof why);
+        ds4_kvc_reader_free(&r);
+        if (rc) FAIL("session %.12s was saved with another model: %s", id, why);
     }
-    *text = malloc(m.v.text_len + 1);
-    if (!*text) { unmap(&m); FAIL("out of memory"); }
-    memcpy(*text, m.v.text, m.v.text_len);
-    (*text)[m.v.text_len] = 0;
-    *text_len = m.v.text_len;
-    *created = m.v.h.created;
-    unmap(&m);
+    *text = f.text;
+    *text_len = f.L.text_len;
+    *created = h->created;
+    f.text = NULL;
+    file_close(&f);
+    close(dfd);
     return 0;
 fail:
+    file_close(&f);
+    close(dfd);
     return -1;
 }
 
 int ds4_agent_store_strip(const char *dir, const char *id, char *err, size_t errlen) {
-    char path[4096], why[256];
-    path_of(dir, id, path, sizeof path);
-    mapped m;
-    if (!map_file(path, &m, why, sizeof why)) FAIL("session %.12s is unreadable: %s", id, why);
-    ds4_kvc_header h = m.v.h;
+    char why[256];
+    session_file f = {.fd = -1};
+    int dfd = open_dir(dir, err, errlen), rc = -1;
+    if (dfd < 0) return -1;
+    if (!file_open(dfd, id, true, &f, why, sizeof why)) FAIL("session %.12s is unreadable: %s", id, why);
+    ds4_kvc_header h = f.L.h;
     h.payload_bytes = 0;
-    int rc = write_private(dir, id, &h, m.v.text, m.v.text_len, NULL, err, errlen);
-    unmap(&m);
-    return rc;
+    char name[DS4_AGENT_ID_HEX + 8];
+    snprintf(name, sizeof name, "%s.kv", id);
+    rc = ds4_kvc_write(dfd, name, &h, f.text, f.L.text_len, no_payload, NULL, NULL, 0, err, errlen);
 fail:
-    return -1;
+    file_close(&f);
+    close(dfd);
+    return rc;
 }
 
 int ds4_agent_store_delete(const char *dir, const char *id, char *err, size_t errlen) {
-    char path[4096];
-    path_of(dir, id, path, sizeof path);
-    if (unlink(path)) FAIL("cannot delete %s: %s", path, strerror(errno));
-    return 0;
-fail:
-    return -1;
+    char name[DS4_AGENT_ID_HEX + 8];
+    snprintf(name, sizeof name, "%s.kv", id);
+    int dfd = open_dir(dir, err, errlen);
+    if (dfd < 0) return -1;
+    int rc = unlinkat(dfd, name, 0);
+    if (rc) snprintf(err, errlen, "cannot delete %s/%s: %s", dir, name, strerror(errno));
+    close(dfd);
+    return rc ? -1 : 0;
 }

@@ -12,10 +12,13 @@
  *   (payload_bytes = 0); loading it gives the text, and the caller
  *   re-prefills it.
  * - Files and the directory are private (0600 / 0700). A failed save (full
- *   disk, size limit) leaves the previous file untouched.
- * - Listing validates every *.kv file completely (ds4_kvc_parse, CRC
- *   included); a damaged or foreign file is listed as unreadable with the
- *   reason and is never loaded. Sorted by last update, newest first.
+ *   disk, size limit) leaves the previous file untouched (the codec writes a
+ *   temp file and renames it). The payload streams to and from the file.
+ * - Listing reads each <sha>.kv file's header, section layout (checked
+ *   against the file size) and text, not its payload; a damaged or foreign
+ *   file is listed as unreadable with the reason. Loading and stripping also
+ *   verify the CRC of the whole file first, so a damaged file is never
+ *   loaded. Sorted by last update, newest first.
  * - Loading refuses a file saved for another routed-expert quantization or
  *   whose payload does not fit the engine (another model), or a context
  *   larger than the session's, with one clear line; the session is then
