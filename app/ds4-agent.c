@@ -60,14 +60,8 @@ static void usage(FILE *f) {
 }
 
 static int parse_args(int argc, char **argv, agent_args *o) {
-    memset(o, 0, sizeof *o);
-    o->model = "./ds4flash.gguf";
-    o->ctx = 65536;
-    o->max_tokens = 8192;
-    o->bash_timeout = 30;
-    o->think = DS4_THINK_HIGH;
-    o->autosave = true;
-    o->numerics = -1;
+    *o = (agent_args){.model = "./ds4flash.gguf", .ctx = 65536, .max_tokens = 8192, .bash_timeout = 30,
+                      .numerics = -1, .think = DS4_THINK_HIGH, .autosave = true};
     ds4_sampler_params_default(&o->sampling);
     o->sampling.seed = ds4_sampler_random_seed();
     for (int i = 1; i < argc; i++) {
