@@ -109,6 +109,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int sampling;
 #define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4", a); return -1; } i++; } while (0)
 #define BAD_VALUE() do { fprintf(stderr, "ds4: bad value for %s: %s\n", a, v); return -1; } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 1; }
@@ -120,17 +121,9 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 16, INT_MAX, &o->ctx)) BAD_VALUE(); }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
         else if (!strcmp(a, "--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
-        else if (!strcmp(a, "--temp")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.temperature)) BAD_VALUE(); }
-        else if (!strcmp(a, "--top-p")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.top_p)) BAD_VALUE(); }
-        else if (!strcmp(a, "--min-p")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.min_p)) BAD_VALUE(); }
-        else if (!strcmp(a, "--top-k")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->sampling.top_k)) BAD_VALUE(); }
-        else if (!strcmp(a, "--seed")) {
-            NEEDS_VALUE();
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end) BAD_VALUE();
-            o->sampling.seed = s;
+        else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0) {
+            if (sampling < 0) { if (!v) NEEDS_VALUE(); BAD_VALUE(); }
+            i++;
         }
         else if (!strcmp(a, "--think")) o->think = DS4_THINK_HIGH;
         else if (!strcmp(a, "--think-max")) o->think = DS4_THINK_MAX;
