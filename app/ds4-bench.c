@@ -13,11 +13,14 @@ static void usage(FILE *f) {
     fprintf(f, "usage: ds4-bench --kernels [-t N]\n"
                "       ds4-bench -m MODEL.gguf [--prompt-file F] [--ctx-start N] [--ctx-max N]\n"
                "                 [--step-incr N | --step-mul F] [--gen-tokens N] [--prefill-chunk N]\n"
-               "                 [--numerics 0|1] [-t N]\n"
+               "                 [--numerics 0|1] [-t N] [--ssd-streaming...]\n"
                "  --kernels   memory bandwidth, matvec GB/s per weight type, matmul GFLOP/s\n"
                "  -m MODEL    CSV per context frontier: frontier,prefill_tps,gen_tps,kvcache_bytes\n"
                "  -t N        threads (--kernels: default 2, also measured with 1 thread;\n"
-               "              -m: default all CPUs)\n");
+               "              -m: default all CPUs)\n"
+               "  --ssd-streaming-trace F  record every layer's routing (int32 records: layer, n, ids)\n"
+               "  --expert-policy F [SLOTS...]  replay a routing trace: hit rates of aged LFU vs LRU\n"
+               "%s", ds4_ssd_usage);
 }
 
 /* Integer option value in [lo, hi]; -1 (after a message) when invalid. */
@@ -41,6 +44,10 @@ int main(int argc, char **argv) {
         {"--prefill-chunk", &mp.prefill_chunk, 1, 1 << 20}, {"--numerics", &mp.numerics, 0, 1},
     };
     for (int i = 1; i < argc; i++) {
+        char ssd_err[256];
+        int ssd = ds4_ssd_parse_option(&mp.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (ssd < 0) { fprintf(stderr, "ds4-bench: %s\n", ssd_err); return 2; }
+        if (ssd) continue;
         size_t k = 0;
         while (k < sizeof ints / sizeof ints[0] && strcmp(argv[i], ints[k].name)) k++;
         if (k < sizeof ints / sizeof ints[0]) {

@@ -2,6 +2,7 @@
  * a ds4_kv session state (sections 6-8 of the model sheet). */
 #include "forward_cpu.h"
 #include "forward_cpu_impl.h"
+#include "expert_cache.h"
 #include "kernels_cpu.h"
 #include "kv.h"
 #include "quant.h"
@@ -25,6 +26,7 @@ typedef struct cpu {
     ds4_pool *pool;
     int n_threads;
     bool numerics;
+    ds4_expert_cache *experts;      /* --ssd-streaming: routed weights come from its slots */
     float *inv_freq[2];             /* [n_rot/2] per RoPE kind */
     float *comp_cs;                 /* RoPE table of the row being compressed */
     int mixn;                       /* HC mix rows: (2 + n_hc) * n_hc */
@@ -515,10 +517,13 @@ static void expert(batch *b, int e, int n) {
     const ds4_config *c = f->c;
     const ds4_layer *W = &f->m->layers[b->l];
     const int E = c->n_embd, F = c->n_ff_exp, k = c->n_expert_used;
-    linear(f, &W->gate_exps, e, 0, F, f->xe, E, n, f->ge);
-    linear(f, &W->up_exps, e, 0, F, f->xe, E, n, f->ue);
+    ds4_tensor w[3] = {W->gate_exps, W->up_exps, W->down_exps};
+    int64_t we = e;
+    if (f->experts) { ds4_expert_cache_get(f->experts, b->l, e, w); we = 0; }
+    linear(f, &w[0], we, 0, F, f->xe, E, n, f->ge);
+    linear(f, &w[1], we, 0, F, f->xe, E, n, f->ue);
     for (int i = 0; i < n; i++) swiglu(f->ge + (size_t)i * F, f->ue + (size_t)i * F, F, c->clamp_exp[b->l]);
-    linear(f, &W->down_exps, e, 0, E, f->ge, F, n, f->oe);
+    linear(f, &w[2], we, 0, E, f->ge, F, n, f->oe);
     for (int i = 0; i < n; i++) {
         axpy(f->y + (size_t)(f->elist[i] / k) * E, f->ew[f->elist[i]], f->oe + (size_t)i * E, E);
     }
@@ -533,6 +538,8 @@ static void ffn(batch *b) {
     hc_pre(b, &W->hc_ffn_fn, W->hc_ffn_scale, W->hc_ffn_base, W->ffn_norm);
     linear(f, &W->gate_inp, 0, 0, c->n_expert, f->x, E, T, f->rl);
     par(b, T, route_task);
+    /* the reads of missing experts overlap the shared expert */
+    if (f->experts) ds4_expert_cache_fetch(f->experts, b->l, f->eidx, T, k);
 
     /* shared expert over the whole batch, into y */
     linear(f, &W->gate_shexp, 0, 0, F, f->x, E, T, f->ge);
@@ -653,6 +660,10 @@ static int cpu_eval(ds4_backend *be, ds4_kv *kv, const int32_t *toks, int n, flo
     for (b.l = 0; b.l < c->n_layer; b.l++) {
         attention(&b);
         ffn(&b);
+        if (f->experts && ds4_expert_cache_error(f->experts)) {
+            snprintf(err, errlen, "%s", ds4_expert_cache_error(f->experts));
+            return -1;
+        }
     }
     kv->n_pos += n;
     if (all_logits) head(&b, 0, n, logits);
@@ -711,6 +722,7 @@ bool ds4_cpu_numerics_supported(const ds4_config *c) {
 }
 
 int ds4_cpu_backend_threads(const ds4_backend *be) { return ((const cpu *)be)->n_threads; }
+void ds4_cpu_backend_stream_experts(ds4_backend *be, ds4_expert_cache *experts) { ((cpu *)be)->experts = experts; }
 
 ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batch, bool numerics,
                                  char *err, size_t errlen) {
