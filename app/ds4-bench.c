@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_experts.h"
 #include "bench_kernels.h"
 #include "bench_model.h"
 #include "cli_args.h"
@@ -19,7 +20,7 @@ static void usage(FILE *f) {
                "  -t N        threads (--kernels: default 2, also measured with 1 thread;\n"
                "              -m: default all CPUs)\n"
                "  --ssd-streaming-trace F  record every layer's routing (int32 records: layer, n, ids)\n"
-               "  --expert-policy F [SLOTS...]  replay a routing trace: hit rates of aged LFU vs LRU\n"
+               "  --expert-policy F  replay a routing trace: hit rates of aged LFU vs LRU\n"
                "%s", ds4_ssd_usage);
 }
 
@@ -65,6 +66,9 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "ds4-bench: --step-mul needs a factor > 1\n");
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--expert-policy")) {
+            if (i + 1 >= argc) { fprintf(stderr, "ds4-bench: --expert-policy needs a trace file\n"); return 2; }
+            return ds4_bench_expert_policy(argv[i + 1], stdout) ? 1 : 0;
         } else if (!strcmp(argv[i], "--kernels")) kernels = 1;
         else if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
             long v = int_arg(argc, argv, &i, 1, 1024);

@@ -112,7 +112,8 @@ int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char 
 bool ds4_engine_ssd_stats(const ds4_engine *e, ds4_ssd_stats *out) {
     if (!e->experts) return false;
     ds4_expert_stats st = ds4_expert_cache_stats(e->experts);
-    *out = (ds4_ssd_stats){st.hits, st.misses, st.bytes_read, st.tokens, st.preloaded, st.read_seconds, st.stall_seconds};
+    *out = (ds4_ssd_stats){st.hits, st.misses, st.bytes_read, st.tokens, st.preloaded, st.prefetched,
+                           st.read_seconds, st.stall_seconds};
     return true;
 }
 
@@ -140,7 +141,9 @@ static bool start_streaming(ds4_engine *e, const ds4_engine_params *p, char *err
     const uint64_t routed = ds4_expert_routed_bytes(e->m);
     ds4_expert_budget b = {0};
     b.resident_bytes = e->m->file_bytes - routed;
-    b.reserve_bytes = scratch_bytes(c, e->prefill_chunk) + (p->ssd.ctx > 0 ? ds4_kv_bytes_for(c, p->ssd.ctx, REWIND_SLACK) : 0);
+    /* a batch never exceeds the context */
+    const int batch = p->ssd.ctx > 0 && p->ssd.ctx < e->prefill_chunk ? p->ssd.ctx : e->prefill_chunk;
+    b.reserve_bytes = scratch_bytes(c, batch) + (p->ssd.ctx > 0 ? ds4_kv_bytes_for(c, p->ssd.ctx, REWIND_SLACK) : 0);
     b.budget_bytes = p->ssd.cache_bytes;
     b.slots = p->ssd.cache_slots;
     char note[160];
@@ -212,11 +215,11 @@ static void print_ssd_stats(const ds4_engine *e) {
     if (!ds4_engine_ssd_stats(e, &st)) return;
     const uint64_t acc = st.hits + st.misses;
     fprintf(stderr, "ds4: ssd-streaming stats: %llu tokens, hit rate %.1f%% (%llu of %llu), %.2f MiB read per token, "
-                    "read %.1f MiB/s, stall %.2f s, %llu preloaded\n",
+                    "read %.1f MiB/s, stall %.2f s, %llu preloaded, %llu prefetched\n",
             (unsigned long long)st.tokens, acc ? 100.0 * st.hits / acc : 0.0, (unsigned long long)st.hits,
             (unsigned long long)acc, st.tokens ? (double)st.bytes_read / st.tokens / (1 << 20) : 0.0,
             st.read_seconds > 0 ? (double)st.bytes_read / st.read_seconds / (1 << 20) : 0.0, st.stall_seconds,
-            (unsigned long long)st.preloaded);
+            (unsigned long long)st.preloaded, (unsigned long long)st.prefetched);
 }
 
 void ds4_engine_free(ds4_engine *e) {

@@ -61,7 +61,7 @@ int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char 
 extern const char ds4_ssd_usage[];
 
 typedef struct {
-    uint64_t hits, misses, bytes_read, tokens, preloaded;
+    uint64_t hits, misses, bytes_read, tokens, preloaded, prefetched;
     double read_seconds, stall_seconds;
 } ds4_ssd_stats;
 /* false when the engine does not stream experts */

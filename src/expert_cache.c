@@ -14,8 +14,9 @@
 #include <unistd.h>
 
 /* O_DIRECT wants offset, length and buffer aligned to the logical block
- * size; 4 KiB covers every common device. */
-enum { IO_ALIGN = 4096, N_READERS = 4 };
+ * size; 4 KiB covers every common device. Eight readers keep an SSD's queue
+ * busy (one decode layer is 3 x n_expert_used reads). */
+enum { IO_ALIGN = 4096, N_READERS = 8 };
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -42,7 +43,8 @@ typedef struct {
     int32_t *where;      /* [n_keys] slot or -1 */
     int32_t *key;        /* [n_slots] key or -1 */
     uint64_t *last_use;  /* [n_slots] tick of the last access */
-    uint64_t *pin;       /* [n_slots] epoch it is pinned in (needed by the current layer) */
+    uint64_t *pin;       /* [n_slots] pinned while pin >= epoch: needed by the current layer
+                            (or, = epoch + 1, prefetched for the next one) */
     uint8_t *busy;       /* [n_slots] being read: not evictable */
     uint32_t *freq;      /* [n_keys] aged access counts */
     uint64_t tick, epoch, since_aging;
@@ -91,7 +93,7 @@ static int index_touch(slot_index *ix, int key) {
 static int index_victim(const slot_index *ix) {
     int best = -1;
     for (int s = 0; s < ix->n_slots; s++) {
-        if (ix->pin[s] == ix->epoch || ix->busy[s]) continue;
+        if (ix->pin[s] >= ix->epoch || ix->busy[s]) continue;
         if (ix->key[s] < 0) return s;
         if (best < 0) { best = s; continue; }
         if (ix->policy == DS4_EVICT_LFU_AGED) {
@@ -160,6 +162,7 @@ struct ds4_expert_cache {
     expert_src *src;                 /* [n_layer * 3] */
     size_t region_off[3], slot_bytes;
     uint8_t *pool, *state;           /* state: [n_slots] SLOT_* */
+    uint8_t *parts_left, *part_failed;   /* [n_slots] matrices still being read / any failed */
     int32_t *distinct, *pending;     /* [n_expert] keys of the current layer */
     uint8_t *seen;
     int n_pending, pending_head, in_use;
@@ -169,7 +172,7 @@ struct ds4_expert_cache {
     int n_readers;
     pthread_mutex_t mu;
     pthread_cond_t work, done;
-    int32_t *queue;                  /* ring of slots to read, capacity n_slots */
+    int32_t *queue;                  /* ring of slot * 3 + matrix to read, capacity 3 * n_slots */
     int q_head, q_len, in_flight;
     bool stop, failed;
     double busy_since;
@@ -227,49 +230,46 @@ static bool read_span(int fd, bool direct, uint8_t *dst, uint64_t off, size_t le
     return true;
 }
 
-/* Returns the bytes read, 0 on failure (err). */
-static uint64_t read_expert(ds4_expert_cache *c, int slot, int key, char *err, size_t errlen) {
+/* Reads matrix j of key's expert into its slot region; false on failure (err). */
+static bool read_part(ds4_expert_cache *c, int slot, int key, int j, char *err, size_t errlen) {
     const int layer = key / c->n_expert, e = key % c->n_expert;
-    uint8_t *base = c->pool + (size_t)slot * c->slot_bytes;
-    uint64_t total = 0;
-    for (int j = 0; j < 3; j++) {
-        const expert_src *s = &c->src[layer * 3 + j];
-        const uint64_t off = s->offset + (uint64_t)e * s->bytes;
-        if (!read_span(c->fd[s->shard], c->direct, base + c->region_off[j] + off % IO_ALIGN, off, s->bytes, err, errlen))
-            return 0;
-        total += s->bytes;
-    }
-    return total;
+    const expert_src *s = &c->src[layer * 3 + j];
+    const uint64_t off = s->offset + (uint64_t)e * s->bytes;
+    uint8_t *dst = c->pool + (size_t)slot * c->slot_bytes + c->region_off[j] + off % IO_ALIGN;
+    return read_span(c->fd[s->shard], c->direct, dst, off, s->bytes, err, errlen);
 }
 
+/* Readers take one matrix of one expert at a time, so the three matrices of
+ * an expert and the experts of a layer are all in flight together. */
 static void *reader_main(void *arg) {
     ds4_expert_cache *c = arg;
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (!c->stop && c->q_len == 0) pthread_cond_wait(&c->work, &c->mu);
         if (c->stop) break;
-        const int slot = c->queue[c->q_head];
-        c->q_head = (c->q_head + 1) % c->ix.n_slots;
+        const int part = c->queue[c->q_head];
+        c->q_head = (c->q_head + 1) % (3 * c->ix.n_slots);
         c->q_len--;
-        const int key = c->ix.key[slot];
+        const int slot = part / 3, j = part % 3, key = c->ix.key[slot];
         if (c->in_flight++ == 0) c->busy_since = now_s();
         pthread_mutex_unlock(&c->mu);
         char err[200];
-        const uint64_t got = read_expert(c, slot, key, err, sizeof err);
-        const bool ok = got > 0;
-        if (!ok) memset(c->pool + (size_t)slot * c->slot_bytes, 0, c->slot_bytes);
+        const bool ok = read_part(c, slot, key, j, err, sizeof err);
         pthread_mutex_lock(&c->mu);
         if (--c->in_flight == 0) c->st.read_seconds += now_s() - c->busy_since;
+        if (ok) c->st.bytes_read += c->src[(key / c->n_expert) * 3 + j].bytes;
+        else if (!c->failed) { snprintf(c->err, sizeof c->err, "%s", err); c->failed = true; }
+        c->part_failed[slot] |= !ok;
+        if (--c->parts_left[slot]) continue;
         c->ix.busy[slot] = 0;
-        if (ok) {
+        if (!c->part_failed[slot]) {
             c->state[slot] = SLOT_READY;
-            c->st.bytes_read += got;
         } else {
-            /* forget the key so no later fetch mistakes the zeros for it */
+            /* zeros, never stale bytes; and forget the key so no later fetch
+             * mistakes them for the expert */
+            memset(c->pool + (size_t)slot * c->slot_bytes, 0, c->slot_bytes);
             c->state[slot] = SLOT_FAILED;
             index_forget(&c->ix, slot);
-            if (!c->failed) snprintf(c->err, sizeof c->err, "%s", err);
-            c->failed = true;
         }
         pthread_cond_broadcast(&c->done);
     }
@@ -277,14 +277,15 @@ static void *reader_main(void *arg) {
     return NULL;
 }
 
-/* Under mu: key goes into slot and is queued for reading. */
+/* Under mu: key goes into slot and its three matrices are queued. */
 static void issue(ds4_expert_cache *c, int slot, int key, bool pin) {
     index_assign(&c->ix, slot, key, pin);
     c->ix.busy[slot] = 1;
     c->state[slot] = SLOT_LOADING;
-    c->queue[(c->q_head + c->q_len) % c->ix.n_slots] = slot;
-    c->q_len++;
-    pthread_cond_signal(&c->work);
+    c->parts_left[slot] = 3;
+    c->part_failed[slot] = 0;
+    for (int j = 0; j < 3; j++) c->queue[(c->q_head + c->q_len++) % (3 * c->ix.n_slots)] = slot * 3 + j;
+    pthread_cond_broadcast(&c->work);
 }
 
 /* Under mu: issue the layer's remaining experts while slots can be freed. */
@@ -374,9 +375,12 @@ ds4_expert_cache *ds4_expert_cache_new(const ds4_gguf *g, const ds4_model *m, in
     c->distinct = malloc((size_t)cf->n_expert * sizeof *c->distinct);
     c->pending = malloc((size_t)cf->n_expert * sizeof *c->pending);
     c->seen = calloc((size_t)cf->n_expert, 1);
-    c->queue = malloc((size_t)n_slots * sizeof *c->queue);
+    c->queue = malloc((size_t)n_slots * 3 * sizeof *c->queue);
+    c->parts_left = calloc((size_t)n_slots, 1);
+    c->part_failed = calloc((size_t)n_slots, 1);
     if (posix_memalign((void **)&c->pool, IO_ALIGN, (size_t)n_slots * c->slot_bytes)) c->pool = NULL;
     if (!c->src || !c->state || !c->distinct || !c->pending || !c->seen || !c->queue || !c->pool ||
+        !c->parts_left || !c->part_failed ||
         !index_init(&c->ix, policy, n_keys, n_slots)) {
         snprintf(err, errlen, "out of memory for %d expert slots (%.1f MiB)", n_slots,
                  (double)n_slots * (double)c->slot_bytes / (1 << 20));
@@ -410,6 +414,7 @@ void ds4_expert_cache_free(ds4_expert_cache *c) {
     free(c->fd);
     if (c->ix.where) index_free(&c->ix);
     free(c->src); free(c->state); free(c->distinct); free(c->pending); free(c->seen); free(c->queue); free(c->pool);
+    free(c->parts_left); free(c->part_failed);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->work);
     pthread_cond_destroy(&c->done);
@@ -422,6 +427,23 @@ static void release_in_use(ds4_expert_cache *c) {
     c->ix.pin[c->in_use] = 0;
     c->in_use = -1;
     refill(c);
+}
+
+/* Under mu: a batch that needs (nearly) every expert of a layer is a
+ * prefill; its next layer will too, so it is read now, into slots reserved
+ * for the next fetch, while this layer computes. Only when the pool holds two
+ * whole layers, so this layer's own experts are never displaced. */
+static void prefetch_next_layer(ds4_expert_cache *c, int layer, int n_distinct) {
+    if (layer + 1 >= c->n_layer || 10 * n_distinct < 9 * c->n_expert || c->ix.n_slots < 2 * c->n_expert) return;
+    for (int e = 0; e < c->n_expert; e++) {
+        const int key = (layer + 1) * c->n_expert + e;
+        if (c->ix.where[key] >= 0) continue;
+        const int v = index_victim(&c->ix);
+        if (v < 0) return;
+        issue(c, v, key, false);
+        c->ix.pin[v] = c->ix.epoch + 1;
+        c->st.prefetched++;
+    }
 }
 
 void ds4_expert_cache_fetch(ds4_expert_cache *c, int layer, const int *ids, int n_tokens, int k) {
@@ -447,6 +469,7 @@ void ds4_expert_cache_fetch(ds4_expert_cache *c, int layer, const int *ids, int 
         c->pending[c->n_pending++] = key;
     }
     refill(c);
+    if (c->pending_head == c->n_pending) prefetch_next_layer(c, layer, n);
     pthread_mutex_unlock(&c->mu);
 }
 

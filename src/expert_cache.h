@@ -23,6 +23,9 @@
  *   miss; all misses that fit are issued to the readers at once and the
  *   layer's experts are pinned until the next fetch. Experts beyond the slot
  *   count are read as earlier ones are consumed (prefill streams the layer).
+ *   A batch that needs at least 90% of a layer's experts also reads the next
+ *   layer's missing experts ahead, when the pool holds two whole layers (the
+ *   seed's prefill headroom); those slots are kept for the next fetch.
  * - ds4_expert_cache_get(layer, e, views[3]) waits for expert e (reading it
  *   now if the fetch could not) and fills gate/up/down views with ne[2] = 1
  *   pointing into its slot. Valid until the next get or fetch. Calls must
@@ -56,6 +59,7 @@ typedef struct {
     double read_seconds;          /* wall time with at least one read in flight */
     double stall_seconds;         /* time get() waited for a read */
     uint64_t preloaded;
+    uint64_t prefetched;          /* whole next layers read ahead during prefill */
 } ds4_expert_stats;
 
 typedef struct ds4_expert_cache ds4_expert_cache;

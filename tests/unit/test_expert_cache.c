@@ -26,13 +26,19 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-static int experts_used(const char *path) {
+static void model_shape(const char *path, int *used, int *experts) {
     char err[256];
     ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
     ds4_model *m = g ? ds4_model_bind(g, err, sizeof err) : NULL;
-    int k = m ? m->cfg.n_expert_used : 1;
+    *used = m ? m->cfg.n_expert_used : 1;
+    *experts = m ? m->cfg.n_expert : 1;
     ds4_model_free(m);
     ds4_gguf_close(g);
+}
+
+static int experts_used(const char *path) {
+    int k, n;
+    model_shape(path, &k, &n);
     return k;
 }
 
@@ -100,18 +106,22 @@ static void identical_to_mapped(const char *path, int n) {
     float *a = malloc(cap * sizeof(float)), *b = malloc(cap * sizeof(float));
     size_t na = script(ref, toks, n, a);
     ds4_engine_free(ref);
-    /* slot counts: the minimum (k) and one more; chunk 7 puts more distinct
-     * experts in a batch than there are slots */
-    const int k = experts_used(path);
-    for (int extra = 0; extra < 2; extra++) {
-        ds4_engine *st = load(path, true, k + extra, 7);
+    /* slot counts: the minimum (k) and one more (chunk 7 puts more distinct
+     * experts in a batch than there are slots), and two whole layers (the
+     * prefill reads the next layer ahead) */
+    int k, n_expert;
+    model_shape(path, &k, &n_expert);
+    const int slot_counts[] = {k, k + 1, 2 * n_expert};
+    for (int run = 0; run < 3; run++) {
+        ds4_engine *st = load(path, true, slot_counts[run], 7);
         if (!st) break;
         memset(b, 0xff, cap * sizeof(float));
         size_t nb = script(st, toks, n, b);
-        CHECK(na == nb && memcmp(a, b, na * sizeof(float)) == 0, "%s: streamed logits differ (slots %d)", path, k + extra);
+        CHECK(na == nb && memcmp(a, b, na * sizeof(float)) == 0, "%s: streamed logits differ (slots %d)", path, slot_counts[run]);
         ds4_ssd_stats stats;
         CHECK(ds4_engine_ssd_stats(st, &stats), "no stats");
         CHECK(stats.misses > 0 && stats.bytes_read > 0, "%s: no reads counted", path);
+        CHECK(run < 2 || stats.prefetched > 0, "%s: no layer read ahead", path);
         CHECK(stats.tokens >= (uint64_t)n, "%s: %llu tokens counted for %d run", path, (unsigned long long)stats.tokens, n);
         ds4_engine_free(st);
     }
@@ -288,7 +298,7 @@ int main(void) {
         snprintf(path, sizeof path, "%s/ds4tiny/%s.gguf", build, models[i]);
         identical_to_mapped(path, 24);
     }
-    if (access("models/demo.gguf", R_OK) == 0) identical_to_mapped("models/demo.gguf", 12);
+    if (access("models/demo.gguf", R_OK) == 0) identical_to_mapped("models/demo.gguf", 24);
     else CHECK(0, "models/demo.gguf missing (make builds it)");
     snprintf(path, sizeof path, "%s/ds4tiny/A-f32.gguf", build);
     snprintf(tmp, sizeof tmp, "%s/ds4tiny/stream-copy-%d.gguf", build, (int)getpid());
