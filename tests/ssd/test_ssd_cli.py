@@ -13,21 +13,13 @@ weights: only equality with the mapped path and structure are checked):
 import json, os, re, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "server"))
-from server_helper import Server, demo_model_or_skip  # noqa: E402
+from server_helper import Results, Server, demo_model_or_skip  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.chdir(ROOT)
 MODEL = "models/demo.gguf"
-fails = passes = 0
-
-
-def check(cond, msg):
-    global fails, passes
-    if cond:
-        passes += 1
-    else:
-        fails += 1
-        print("FAIL:", msg)
+results = Results("test_ssd_cli")
+check = results.check
 
 
 def run(argv, prefix=()):
@@ -122,5 +114,4 @@ def complete(*extra):
 a, b = complete(), complete(*STREAM)
 check(a[0] == 200 and a == b, f"server completions differ: {a} vs {b}")
 
-print(f"test_ssd_cli: {passes} passed, {fails} failed")
-sys.exit(1 if fails else 0)
+results.done()

@@ -42,16 +42,10 @@ static int experts_used(const char *path) {
     return k;
 }
 
+/* 2 threads, quiet; streaming with exactly `slots` slots and no preload */
 static ds4_engine *load(const char *path, bool stream, int slots, int chunk) {
-    ds4_engine_params p;
-    ds4_engine_params_default(&p);
-    p.model_path = path;
-    p.n_threads = 2;
-    p.prefill_chunk = chunk;
-    p.quiet = true;
-    p.ssd.enabled = stream;
-    p.ssd.cache_slots = slots;
-    p.ssd.cold = true;
+    ds4_engine_params p = {.model_path = path, .n_threads = 2, .prefill_chunk = chunk, .numerics = -1, .quiet = true,
+                           .ssd = {.enabled = stream, .cache_slots = slots, .cold = true}};
     char err[512];
     ds4_engine *e = ds4_engine_load(&p, err, sizeof err);
     CHECK(e != NULL, "%s: %s", path, err);
