@@ -3,7 +3,7 @@
 # --ssd-streaming against plain mmap inside a cgroup v1 memory limit, for a
 # model larger than the limit (e.g. ds4-make-model --preset flash --layers 8).
 #
-#   tests/ssd/bench_ssd_cgroup.sh MODEL LIMIT_GIB [GEN_TOKENS] [PROMPT_TOKENS]
+#   tests/ssd/bench_ssd_cgroup.sh MODEL LIMIT_GIB [GEN_TOKENS] [PROMPT_TOKENS] [REPS]
 #
 # Needs root and the cgroup v1 memory controller: the runs go into a child of
 # this shell's memory cgroup. Before every run the model's page cache is
@@ -11,9 +11,10 @@
 # mmap, the automatic budget (with the default preload), exact slot counts of
 # 25/50/75% of all experts (cold), and the fully resident ceiling (no limit,
 # page cache warm). RSS is the peak resident set (GNU time %M); cgroup peak is
-# memory.max_usage_in_bytes (RSS + page cache charged to the run).
+# memory.max_usage_in_bytes (RSS + page cache charged to the run). REPS
+# sweeps run the rows in turn, so a change in machine load hits every row.
 set -eu
-model=$1; limit_gib=$2; gen=${3:-16}; prompt=${4:-32}
+model=$1; limit_gib=$2; gen=${3:-16}; prompt=${4:-32}; reps=${5:-1}
 cd "$(dirname "$0")/../.."
 own=$(awk -F: '$2=="memory"{print $3}' /proc/self/cgroup)
 cg=/sys/fs/cgroup/memory${own}/ds4-ssd-bench-$$
@@ -41,7 +42,7 @@ run() {
     fi
     if ! "${enter[@]}" /usr/bin/time -f 'maxrss_kb %M' ./ds4-bench -m "$model" -t 2 --ctx-start "$prompt" \
             --ctx-max "$prompt" --gen-tokens "$gen" "$@" > "$out" 2> "$err"; then
-        echo "| $name | failed: $(grep -v maxrss "$err" | tail -1) |"
+        echo "| $name | failed: $(grep -v -e maxrss -e 'Command exited' "$err" | tail -1) |"
         return
     fi
     local row rss peak=-
@@ -59,10 +60,12 @@ printf 'model %s: %s layers x %s experts, %.2f GiB file; limit %s GiB; %s prompt
     "$(cut -d' ' -f1-3 /proc/loadavg)"
 echo '| run | prefill t/s | decode t/s | decode hit rate | MiB read / token | read MiB/s | decode stall s | peak RSS GiB | cgroup peak GiB |'
 echo '|---|---:|---:|---:|---:|---:|---:|---:|---:|'
-run "plain mmap, limit ${limit_gib} GiB" 1
-run "--ssd-streaming (auto budget, preload)" 1 --ssd-streaming
-for pct in 25 50 75; do
-    run "--ssd-streaming, ${pct}% of experts ($((all * pct / 100)) slots), cold" 1 --ssd-streaming \
-        --ssd-streaming-cache-experts $((all * pct / 100)) --ssd-streaming-cold
+for rep in $(seq "$reps"); do
+    run "plain mmap, limit ${limit_gib} GiB" 1
+    run "--ssd-streaming (auto budget, preload)" 1 --ssd-streaming
+    for pct in 25 50 75; do
+        run "--ssd-streaming, ${pct}% of experts ($((all * pct / 100)) slots), cold" 1 --ssd-streaming \
+            --ssd-streaming-cache-experts $((all * pct / 100)) --ssd-streaming-cold
+    done
+    run "fully resident (no limit, warm page cache)" 0
 done
-run "fully resident (no limit, warm page cache)" 0

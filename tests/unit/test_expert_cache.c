@@ -4,7 +4,8 @@
  *   slot count (one layer's selection: every layer evicts) are bit-identical
  *   to the fully mapped engine on the oracle models ($BUILD/ds4tiny) and the
  *   demo model: full prefill (all positions), chunked prefill (more experts
- *   per batch than slots), token-by-token decode, snapshot restore.
+ *   per batch than slots), token-by-token decode, snapshot restore, and two
+ *   sessions in one batched step.
  * - The routed byte ranges are never brought into memory through the
  *   mapping (mincore on a copy whose page cache was dropped first).
  * - A file truncated after load fails prefill/decode with one line; the
@@ -87,6 +88,18 @@ static size_t script(ds4_engine *e, const int32_t *toks, int n, float *out) {
     }
     ds4_snapshot_free(snap);
     ds4_session_free(s);
+    /* two sessions in one batched pass: a prefill chunk next to a decode */
+    ds4_session *pair[2] = {ds4_session_new(e, n + 8, err, sizeof err), ds4_session_new(e, n + 8, err, sizeof err)};
+    for (int round = 0; pair[0] && pair[1] && round < 2; round++) {
+        ds4_step steps[2] = {{pair[0], toks + 4 * round, 4}, {pair[1], toks + n - 1 - round, 1}};
+        CHECK(ds4_sessions_step(e, steps, 2, err, sizeof err) == 0, "batched step: %s", err);
+        for (int q = 0; q < 2; q++) {
+            memcpy(out + at, ds4_session_logits(pair[q]), (size_t)V * sizeof(float));
+            at += (size_t)V;
+        }
+    }
+    ds4_session_free(pair[0]);
+    ds4_session_free(pair[1]);
     return at;
 }
 
