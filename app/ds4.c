@@ -46,6 +46,7 @@ typedef struct {
     const char *dump_logits;
     bool logits_all;
     const char *token_ids;
+    ds4_ssd_params ssd;
 } cli_opts;
 
 /* Set by SIGINT; generation and prefill poll it. */
@@ -65,7 +66,7 @@ static double now_s(void) {
 static void usage(FILE *f) {
     fprintf(f,
         "usage: ds4 [options]\n"
-        "  -m, --model FILE        GGUF model (default ./ds4flash.gguf)\n"
+        "  -m, --model FILE        GGUF model (default ./ds4flash.gguf; `make demo` builds models/demo.gguf)\n"
         "  -p, --prompt TEXT       one-shot prompt (without -p: interactive chat)\n"
         "      --prompt-file FILE  read the prompt from a file\n"
         "  -sys, --system TEXT     system prompt\n"
@@ -83,6 +84,7 @@ static void usage(FILE *f) {
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "      --cpu               use the CPU backend (the only one in this build)\n"
+        "%s"
         "debugging:\n"
         "      --dump-tokens       print the prompt's tokens (id, hex bytes, text) and exit\n"
         "      --dump-logprobs F   greedy continuation with top alternatives, as JSON\n"
@@ -91,7 +93,7 @@ static void usage(FILE *f) {
         "      --logits-all        with --dump-logits: every position, not just the last\n"
         "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
         "  -h, --help              this text\n"
-        "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n");
+        "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_ssd_usage);
 }
 
 /* Returns 0 on success, 1 after printing help, -1 on a bad argument. */
@@ -109,8 +111,13 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDS_VALUE() do { if (!v) { fprintf(stderr, "ds4: %s needs a value\n", a); return -1; } i++; } while (0)
+        int sampling;
+#define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4", a); return -1; } i++; } while (0)
 #define BAD_VALUE() do { fprintf(stderr, "ds4: bad value for %s: %s\n", a, v); return -1; } while (0)
+        char ssd_err[256];
+        int ssd = ds4_ssd_parse_option(&o->ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (ssd < 0) { fprintf(stderr, "ds4: %s\n", ssd_err); return -1; }
+        if (ssd) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 1; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDS_VALUE(); o->model = v; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDS_VALUE(); o->prompt = v; }
@@ -120,26 +127,16 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 16, INT_MAX, &o->ctx)) BAD_VALUE(); }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
         else if (!strcmp(a, "--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
-        else if (!strcmp(a, "--temp")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.temperature)) BAD_VALUE(); }
-        else if (!strcmp(a, "--top-p")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.top_p)) BAD_VALUE(); }
-        else if (!strcmp(a, "--min-p")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.min_p)) BAD_VALUE(); }
-        else if (!strcmp(a, "--top-k")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->sampling.top_k)) BAD_VALUE(); }
-        else if (!strcmp(a, "--seed")) {
-            NEEDS_VALUE();
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end) BAD_VALUE();
-            o->sampling.seed = s;
+        else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0) {
+            if (sampling < 0) { if (!v) NEEDS_VALUE(); BAD_VALUE(); }
+            i++;
         }
         else if (!strcmp(a, "--think")) o->think = DS4_THINK_HIGH;
         else if (!strcmp(a, "--think-max")) o->think = DS4_THINK_MAX;
         else if (!strcmp(a, "--nothink")) o->think = DS4_THINK_NONE;
         else if (!strcmp(a, "--numerics")) {
             NEEDS_VALUE();
-            if (!strcmp(v, "exact")) o->numerics = 0;
-            else if (!strcmp(v, "ds4")) o->numerics = 1;
-            else BAD_VALUE();
+            if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE();
         }
         else if (!strcmp(a, "--cpu")) { /* the CPU backend is the only one built here */ }
         else if (!strcmp(a, "--dump-tokens")) o->dump_tokens = true;
@@ -148,7 +145,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
         else if (!strcmp(a, "--logits-all")) o->logits_all = true;
         else if (!strcmp(a, "--token-ids")) { NEEDS_VALUE(); o->token_ids = v; }
-        else { fprintf(stderr, "ds4: unknown option %s (see --help)\n", a); return -1; }
+        else { ds4_cli_unknown_option("ds4", a); return -1; }
 #undef NEEDS_VALUE
 #undef BAD_VALUE
     }
@@ -628,6 +625,7 @@ int main(int argc, char **argv) {
     sa.sa_handler = on_sigint;
     sigaction(SIGINT, &sa, NULL);   /* no SA_RESTART: readline returns on Ctrl+C */
 
+    if (!ds4_cli_model_usable("ds4", o.model)) return 1;
     ds4_engine_params ep;
     ds4_engine_params_default(&ep);
     ep.model_path = o.model;
@@ -635,12 +633,12 @@ int main(int argc, char **argv) {
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
     ep.quiet = o.dump_tokens;
+    ep.ssd = o.ssd;
+    ep.ssd.ctx = o.ctx;
     char err[512];
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) {
         fprintf(stderr, "ds4: %s\n", err);
-        if (access(o.model, F_OK) != 0 && !strcmp(o.model, "./ds4flash.gguf"))
-            fprintf(stderr, "ds4: download a model with ./download_model.sh, or run `make demo` for the demo model\n");
         return 1;
     }
     const ds4_tokenizer *tok = ds4_engine_tokenizer(e);

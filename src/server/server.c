@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "access.h"
+#include "engine_kvdisk.h"
 #include "respond.h"
 #include "routes.h"
 #include "server_state.h"
@@ -196,6 +198,7 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     o->model_path = "ds4flash.gguf";
     o->tool_memory_max_ids = 100000;
     o->max_client_connections = 256;
+    o->numerics = -1;
     ds4_kvdisk_opts_default(&o->kvdisk);
     ds4_http_limits_default(&o->limits);
 }
@@ -212,7 +215,10 @@ int ds4_server_run(const ds4_server_opts *opts) {
     }
     ds4_queue_init(&s->queue);
     pthread_mutex_init(&s->trace_mu, NULL);
-    if (s->o.trace_path && !(s->trace = fopen(s->o.trace_path, "a"))) {
+    /* the trace holds prompts: private to this user, like the disk cache */
+    int trace_fd = s->o.trace_path ? open(s->o.trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600) : -1;
+    if (s->o.trace_path && (trace_fd < 0 || !(s->trace = fdopen(trace_fd, "a")))) {
+        if (trace_fd >= 0) close(trace_fd);
         fprintf(stderr, "ds4-server: cannot open trace file %s: %s\n", s->o.trace_path, strerror(errno));
         return 1;
     }
@@ -224,6 +230,10 @@ int ds4_server_run(const ds4_server_opts *opts) {
     ds4_engine_params_default(&ep);
     ep.model_path = s->o.model_path;
     ep.n_threads = s->o.threads;
+    ep.prefill_chunk = s->o.prefill_chunk;
+    ep.numerics = s->o.numerics;
+    ep.ssd = s->o.ssd;
+    ep.ssd.ctx = s->o.ctx;
     s->eng = ds4_engine_load(&ep, err, sizeof err);
     if (!s->eng) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
     s->tok = ds4_engine_tokenizer(s->eng);
@@ -237,7 +247,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
     s->sess = ds4_session_new(s->eng, s->o.ctx, err, sizeof err);
     if (!s->sess) { fprintf(stderr, "ds4-server: %s\n", err); ds4_engine_free(s->eng); return 1; }
     s->mem = ds4_toolmem_new(s->o.tool_memory_max_ids, (size_t)512 << 20);
-    if (s->o.kvdisk.dir && !(s->kvd = ds4_kvdisk_open(&s->o.kvdisk, s->eng, s->mem, kv_log, s, err, sizeof err))) {
+    if (s->o.kvdisk.dir && !(s->kvd = ds4_engine_kvdisk_open(&s->o.kvdisk, s->eng, s->mem, kv_log, s, err, sizeof err))) {
         fprintf(stderr, "ds4-server: %s\n", err);
         return 1;
     }
