@@ -18,7 +18,7 @@ LDLIBS  ?= -lcjson -lpcre2-8 -ledit -lm
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_SRC   := $(wildcard src/*.c src/server/*.c)
+LIB_SRC   := $(wildcard src/*.c src/server/*.c src/agent/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 LIB       := $(BUILD)/libds4.a
 APP_SRC   := $(wildcard app/*.c tools/*.c)
