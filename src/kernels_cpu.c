@@ -107,6 +107,15 @@ float ds4_vec_dot(uint32_t type, const void *w, const void *act, int64_t n) {
     return call_dot(dot_fn(type), type, w, act, n);
 }
 
+float ds4_read_sum(const float *x, int64_t n) {
+    enum ds4_simd_level lvl = ds4_kernels_level();
+    if (lvl >= DS4_SIMD_AVX512) return ds4_kernels_avx512_read_sum(x, n);
+    if (lvl >= DS4_SIMD_AVX2) return ds4_kernels_avx2_read_sum(x, n);
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += x[i];
+    return s;
+}
+
 /* ---- activation quantization ---- */
 
 static uint32_t act_type(uint32_t type) {

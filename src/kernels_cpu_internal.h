@@ -31,6 +31,9 @@ ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type);
 ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type); /* non-NULL exactly where _dot is */
 
+float ds4_kernels_avx2_read_sum(const float *x, int64_t n);
+float ds4_kernels_avx512_read_sum(const float *x, int64_t n);
+
 /* activation quantizers, byte-identical to ds4_quantize_row's */
 void ds4_kernels_avx2_quantize_q8_0(const float *x, ds4_block_q8_0 *y, int64_t n);
 void ds4_kernels_avx2_quantize_q8_K(const float *x, ds4_block_q8_K *y, int64_t n);
