@@ -57,6 +57,20 @@ static inline float _mm512_reduce_add_ps(__m512 v) {
     for (int i = 0; i < 16; i++) s += f[i];
     return s;
 }
+static inline __m512i _mm512_cvtepu8_epi64(__m128i v) {
+    uint8_t b[16]; int64_t o[8]; __m512i r;
+    memcpy(b, &v, 16);
+    for (int k = 0; k < 8; k++) o[k] = b[k];
+    memcpy(&r, o, 64);
+    return r;
+}
+static inline __m512i _mm512_i64gather_epi64(__m512i idx, const void *base, int scale) {
+    int64_t i[8], o[8]; __m512i r;
+    memcpy(i, &idx, 64);
+    for (int k = 0; k < 8; k++) memcpy(&o[k], (const char *)base + i[k] * scale, 8);
+    memcpy(&r, o, 64);
+    return r;
+}
 static inline __m512 _mm512_cvtepi32_ps(__m512i v) {
     int32_t x[16]; float f[16]; __m512 r;
     memcpy(x, &v, 64);
