@@ -35,7 +35,7 @@ typedef struct ds4_session ds4_session;
 
 typedef struct {
     const char *model_path;
-    int n_threads;          /* <= 0: all online CPUs */
+    int n_threads;          /* <= 0: the physical cores we may run on */
     int prefill_chunk;      /* <= 0: 4096 */
     int numerics;           /* -1: default (ds4 simulation on for real models), 0: exact f32, 1: ds4 simulation */
     bool quiet;             /* no load report on stderr */
