@@ -104,6 +104,7 @@ INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, i
     UNROLL
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (; b + 2 <= nb; b += 2) {
+        prefetch_weights((const ds4_block_q8_0 *)w + b);
         q8_0_block(w, acts, stride, b, nt, acc, 0);
         q8_0_block(w, acts, stride, b + 1, nt, acc, 1);
     }

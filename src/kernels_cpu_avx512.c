@@ -75,6 +75,7 @@ INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, i
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b += 2) {
         int64_t b1 = b + 1 < nb ? b + 1 : b;
+        prefetch_weights(x + b);
         __m512i qx = pair256(x[b].qs, x[b1].qs);
         __mmask64 neg = _mm512_movepi8_mask(qx);
         __m512i ux = _mm512_abs_epi8(qx);

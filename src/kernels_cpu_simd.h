@@ -30,6 +30,10 @@
 
 INLINE float h2f(ds4_half h) { return _cvtsh_ss(h); }
 
+/* one line of the weight stream DS4_PREFETCH_AHEAD bytes on: interleaved with
+ * the arithmetic, so requests never queue up in a burst */
+INLINE void prefetch_weights(const void *p) { _mm_prefetch((const char *)p + DS4_PREFETCH_AHEAD, _MM_HINT_T0); }
+
 /* activation row t of a token batch */
 INLINE const void *tok(const void *acts, size_t stride, int t) { return (const uint8_t *)acts + stride * (size_t)t; }
 
