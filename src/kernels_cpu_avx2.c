@@ -402,19 +402,7 @@ static inline __m256 round_away(__m256 v) {
     return _mm256_add_ps(t, _mm256_and_ps(up, step));
 }
 
-float ds4_kernels_avx2_read_sum(const float *x, int64_t n) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + i));
-        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + i + 8));
-        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(x + i + 16));
-        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(x + i + 24));
-    }
-    float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; i < n; i++) s += x[i];
-    return s;
-}
+READ_SUM_KERNEL(ds4_kernels_avx2_read_sum, 32)
 
 void ds4_kernels_avx2_quantize_q8_0(const float *x, ds4_block_q8_0 *y, int64_t n) {
     for (int64_t b = 0; b < n / DS4_QK8_0; b++, x += DS4_QK8_0) {

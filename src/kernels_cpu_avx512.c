@@ -180,19 +180,7 @@ DOT_ENTRY_POINTS(iq2_xxs)
 
 /* ---- plain read loop (bandwidth denominator) ---- */
 
-float ds4_kernels_avx512_read_sum(const float *x, int64_t n) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(x + i));
-        a1 = _mm512_add_ps(a1, _mm512_loadu_ps(x + i + 16));
-        a2 = _mm512_add_ps(a2, _mm512_loadu_ps(x + i + 32));
-        a3 = _mm512_add_ps(a3, _mm512_loadu_ps(x + i + 48));
-    }
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-    for (; i < n; i++) s += x[i];
-    return s;
-}
+READ_SUM_KERNEL(ds4_kernels_avx512_read_sum, 64)
 
 /* the K-quants fall back to the AVX2 kernels */
 #define NO_EXTRA(prefix)
