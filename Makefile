@@ -1,6 +1,6 @@
 # DwarfStar build. One static library (src/, src/server/) plus thin binaries:
-#   app/NAME.c   -> ./NAME      (ds4, ds4-server, ds4-bench, ds4-eval, ds4-agent)
-#   tools/NAME.c -> ./NAME      (ds4-convert, ds4-quantize, ...)
+#   app/NAME.c   -> ./NAME      (ds4, ds4-server, ds4-bench)
+#   tools/NAME.c -> ./NAME      (ds4-convert, ds4-make-model, ds4-vocab, ds4-gguf-dump)
 #   tests/unit/test_*.c -> $(BUILD)/tests/test_*   (run by `make test`)
 #   fuzz/fuzz_*.c       -> $(BUILD)/fuzz/fuzz_*    (libFuzzer, clang)
 # Files named *_avx2.c / *_avx512.c get their ISA flags; everything else is
@@ -18,7 +18,7 @@ LDLIBS  ?= -lcjson -lpcre2-8 -ledit -lm
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_SRC   := $(wildcard src/*.c src/server/*.c)
+LIB_SRC   := $(wildcard src/*.c src/server/*.c src/agent/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 LIB       := $(BUILD)/libds4.a
 APP_SRC   := $(wildcard app/*.c tools/*.c)
@@ -28,12 +28,12 @@ TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC  := $(wildcard fuzz/fuzz_*.c)
 FUZZERS   := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
 
-.PHONY: all cpu test unit-tests asan ubsan bench-kernels demo fuzz fuzz-smoke clean help
+.PHONY: all cpu test unit-tests asan ubsan bench-kernels demo fuzz fuzz-smoke venv clean distclean help
 all: $(APPS)
 cpu: all
 
 help:
-	@echo "targets: all (=cpu) test asan ubsan bench-kernels demo fuzz fuzz-smoke clean"
+	@echo "targets: all (=cpu) test asan ubsan bench-kernels demo fuzz fuzz-smoke venv clean distclean"
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -65,8 +65,21 @@ $(BUILD)/tests/%: tests/unit/%.c $(LIB) tests/unit/check.h
 TEST_DATA :=
 -include mk/*.mk
 
-test: $(APPS) $(TESTS) $(TEST_DATA)
-	@BUILD=$(BUILD) bash tests/run_tests.sh
+# The script tests' Python oracles (tests/requirements-ci.txt) live in a
+# virtual environment under the repository, never in the system Python
+# (Debian/Ubuntu refuse a bare pip install). It sees the system's packages,
+# so where they are installed already it costs seconds and no download.
+# Nothing a user runs needs it: the binaries and `make demo` use no Python
+# packages.
+VENV ?= .venv
+venv: $(VENV)/.requirements-installed
+$(VENV)/.requirements-installed: tests/requirements-ci.txt
+	python3 -m venv --system-site-packages $(VENV)
+	$(VENV)/bin/python3 -m pip install -q --disable-pip-version-check -r tests/requirements-ci.txt
+	touch $@
+
+test: $(APPS) $(TESTS) $(TEST_DATA) venv
+	@PATH="$(abspath $(VENV))/bin:$$PATH" BUILD=$(BUILD) bash tests/run_tests.sh
 
 # Sanitizer builds run the unit tests from their own build directories (the
 # script tests drive the release binaries in the repository root).
@@ -105,5 +118,8 @@ fuzz-smoke: $(FUZZERS)
 
 clean:
 	rm -rf build build-asan build-ubsan $(APPS)
+
+distclean: clean
+	rm -rf $(VENV) models/demo.gguf
 
 -include $(LIB_OBJ:.o=.d)

@@ -1,10 +1,13 @@
 /* ds4-bench -- benchmarks. `--kernels` measures memory bandwidth and the
  * CPU kernels (no model needed); `-m MODEL` walks context frontiers and
- * prints prefill/generation speed as CSV (bench_model.h). */
+ * prints prefill/generation speed as CSV, `-m MODEL --sessions LIST`
+ * compares batched decode of several sessions (bench_model.h). */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_experts.h"
 #include "bench_kernels.h"
 #include "bench_model.h"
 #include "cli_args.h"
@@ -13,11 +16,18 @@ static void usage(FILE *f) {
     fprintf(f, "usage: ds4-bench --kernels [-t N]\n"
                "       ds4-bench -m MODEL.gguf [--prompt-file F] [--ctx-start N] [--ctx-max N]\n"
                "                 [--step-incr N | --step-mul F] [--gen-tokens N] [--prefill-chunk N]\n"
-               "                 [--numerics 0|1] [-t N]\n"
+               "                 [--numerics exact|ds4] [--cpu] [-t N] [--ssd-streaming...]\n"
+               "       ds4-bench -m MODEL.gguf --sessions 1,2,4,8,16 [--prompt-tokens N] [--gen-tokens N]\n"
+               "                 [--repeat N] [--prompt-file F] [-t N]\n"
                "  --kernels   memory bandwidth, matvec GB/s per weight type, matmul GFLOP/s\n"
                "  -m MODEL    CSV per context frontier: frontier,prefill_tps,gen_tps,kvcache_bytes\n"
+               "  --sessions  table: that many sessions decoding together (batched), per-session and\n"
+               "              aggregate tokens/s, weight bytes read per token (prompt default 64)\n"
                "  -t N        threads (--kernels: default 2, also measured with 1 thread;\n"
-               "              -m: default all CPUs)\n");
+               "              -m: default all CPUs)\n"
+               "  --ssd-streaming-trace F  record every layer's routing (int32 records: layer, n, ids)\n"
+               "  --expert-policy F  replay a routing trace: hit rates of aged LFU vs LRU\n"
+               "%s", ds4_ssd_usage);
 }
 
 /* Integer option value in [lo, hi]; -1 (after a message) when invalid. */
@@ -31,6 +41,23 @@ static long int_arg(int argc, char **argv, int *i, long lo, long hi) {
     return v;
 }
 
+/* "1,2,4,8,16" into mp->session_counts; false when malformed. */
+static bool session_counts(const char *list, ds4_bench_model_params *mp) {
+    mp->n_session_counts = 0;
+    while (list && *list) {
+        char item[16];
+        size_t len = strcspn(list, ",");
+        int v;
+        if (len == 0 || len >= sizeof item || mp->n_session_counts == 16) return false;
+        memcpy(item, list, len);
+        item[len] = 0;
+        if (!ds4_parse_int(item, 1, 4096, &v)) return false;
+        mp->session_counts[mp->n_session_counts++] = v;
+        list += len + (list[len] == ',');
+    }
+    return mp->n_session_counts > 0;
+}
+
 int main(int argc, char **argv) {
     int kernels = 0, threads = 2, threads_set = 0;
     ds4_bench_model_params mp;
@@ -38,9 +65,14 @@ int main(int argc, char **argv) {
     struct { const char *name; int *dst; long lo, hi; } ints[] = {
         {"--ctx-start", &mp.ctx_start, 1, 1 << 30}, {"--ctx-max", &mp.ctx_max, 1, 1 << 30},
         {"--step-incr", &mp.step_incr, 1, 1 << 30}, {"--gen-tokens", &mp.gen_tokens, 0, 1 << 20},
-        {"--prefill-chunk", &mp.prefill_chunk, 1, 1 << 20}, {"--numerics", &mp.numerics, 0, 1},
+        {"--prefill-chunk", &mp.prefill_chunk, 1, 1 << 20}, {"--repeat", &mp.repeat, 1, 64},
+        {"--prompt-tokens", &mp.prompt_tokens, 1, 1 << 20},
     };
     for (int i = 1; i < argc; i++) {
+        char ssd_err[256];
+        int ssd = ds4_ssd_parse_option(&mp.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (ssd < 0) { fprintf(stderr, "ds4-bench: %s\n", ssd_err); return 2; }
+        if (ssd) continue;
         size_t k = 0;
         while (k < sizeof ints / sizeof ints[0] && strcmp(argv[i], ints[k].name)) k++;
         if (k < sizeof ints / sizeof ints[0]) {
@@ -48,7 +80,7 @@ int main(int argc, char **argv) {
             if (v < 0) return 2;
             *ints[k].dst = (int)v;
         } else if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model") || !strcmp(argv[i], "--prompt-file")) {
-            if (i + 1 >= argc) { fprintf(stderr, "ds4-bench: %s needs a file\n", argv[i]); return 2; }
+            if (i + 1 >= argc) { ds4_cli_missing_value("ds4-bench", argv[i]); return 2; }
             if (!strcmp(argv[i], "--prompt-file")) mp.prompt_file = argv[++i];
             else mp.model_path = argv[++i];
         } else if (!strcmp(argv[i], "--step-mul")) {
@@ -58,7 +90,21 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "ds4-bench: --step-mul needs a factor > 1\n");
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--expert-policy")) {
+            if (i + 1 >= argc) { fprintf(stderr, "ds4-bench: --expert-policy needs a trace file\n"); return 2; }
+            return ds4_bench_expert_policy(argv[i + 1], stdout) ? 1 : 0;
+        } else if (!strcmp(argv[i], "--numerics")) {
+            if (!ds4_parse_numerics(i + 1 < argc ? argv[++i] : NULL, &mp.numerics)) {
+                fprintf(stderr, "ds4-bench: --numerics takes exact or ds4\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--sessions")) {
+            if (!session_counts(i + 1 < argc ? argv[++i] : NULL, &mp)) {
+                fprintf(stderr, "ds4-bench: --sessions takes up to 16 comma-separated counts, each 1..4096\n");
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--kernels")) kernels = 1;
+        else if (!strcmp(argv[i], "--cpu")) { /* the CPU backend is the only one built here */ }
         else if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
             long v = int_arg(argc, argv, &i, 1, 1024);
             if (v < 0) return 2;
@@ -68,13 +114,14 @@ int main(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else {
-            fprintf(stderr, "ds4-bench: unknown option '%s'\n", argv[i]);
-            usage(stderr);
+            ds4_cli_unknown_option("ds4-bench", argv[i]);
             return 2;
         }
     }
     if (mp.model_path && !kernels) {
+        if (!ds4_cli_model_usable("ds4-bench", mp.model_path)) return 1;
         mp.threads = threads_set ? threads : 0;
+        if (mp.n_session_counts) return ds4_bench_sessions(&mp, stdout) ? 1 : 0;
         return ds4_bench_model(&mp, stdout) ? 1 : 0;
     }
     if (!kernels) {

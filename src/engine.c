@@ -2,6 +2,8 @@
  * and the session state. */
 #include "engine.h"
 #include "backend.h"
+#include "cli_args.h"
+#include "expert_cache.h"
 #include "forward_cpu.h"
 #include "gguf.h"
 #include "kv.h"
@@ -9,6 +11,7 @@
 #include "model.h"
 #include "tokenizer.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +20,9 @@
 /* Positions a session can drop without recomputing (kv.h): covers the usual
  * rewinds of a turn's tail. Deeper rewinds restore the nearest ring checkpoint
  * (one per prefill_chunk tokens, at most MAX_CKPT, thinned to every other one
- * when full) and recompute from there, or from the start without one. */
+ * when full) and recompute from there, or from the start without one. The
+ * checkpoint slots are allocated with the session, so its memory is known
+ * (and refused) up front rather than growing during a long prefill. */
 enum { REWIND_SLACK = 256, MAX_CKPT = 16 };
 
 struct ds4_engine {
@@ -26,6 +31,10 @@ struct ds4_engine {
     ds4_backend *be;
     ds4_tokenizer *tok;
     int prefill_chunk;
+    ds4_backend_seq *seqs;  /* [max_batch]: one backend call's sequences */
+    ds4_expert_cache *experts;      /* --ssd-streaming */
+    FILE *trace;
+    bool ssd_stats;
 };
 
 struct ds4_session {
@@ -34,8 +43,9 @@ struct ds4_session {
     int ctx;
     int32_t *toks;      /* [ctx]; kv->n_pos of them are live */
     float *logits;      /* [n_vocab], valid when kv->n_pos > 0 */
-    void *ckpt[MAX_CKPT];   /* ring checkpoints, ascending positions */
+    void *ckpt[MAX_CKPT];   /* ring checkpoint slots; the first n_ckpt hold ascending positions */
     int ckpt_pos[MAX_CKPT], n_ckpt, ckpt_every;
+    void *ckpt_block;       /* the MAX_CKPT slots */
 };
 
 struct ds4_snapshot {
@@ -51,6 +61,66 @@ void ds4_engine_params_default(ds4_engine_params *p) {
     p->numerics = -1;
 }
 
+const char ds4_ssd_usage[] =
+    "      --ssd-streaming           keep non-routed weights resident, stream routed experts from the file\n"
+    "      --ssd-streaming-cache-experts B  expert cache: NGB/NMB bytes, or a plain number of slots (default: auto)\n"
+    "      --ssd-streaming-preload-experts N  hot experts read at start (default: half the slots)\n"
+    "      --ssd-streaming-cold      no preload (measurements)\n"
+    "      --ssd-streaming-stats     print hit rate, bytes read per token, read throughput and stall time at exit\n";
+
+/* "32GB", "1.5GiB", "512MB" (binary units) -> bytes; a plain integer -> slots. */
+static bool parse_cache_size(const char *v, ds4_ssd_params *p) {
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || !isfinite(x) || x <= 0) return false;
+    static const struct { const char *unit; double scale; } units[] = {
+        {"KB", 1 << 10}, {"KiB", 1 << 10}, {"MB", 1 << 20}, {"MiB", 1 << 20},
+        {"GB", 1 << 30}, {"GiB", 1 << 30}, {"TB", 1099511627776.0}, {"TiB", 1099511627776.0}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (!strcmp(end, units[i].unit) && x * units[i].scale < 1.8e19) {
+            p->cache_bytes = (uint64_t)(x * units[i].scale);
+            p->cache_slots = 0;
+            return true;
+        }
+    int slots;
+    if (!ds4_parse_int(v, 1, 1 << 30, &slots)) return false;
+    p->cache_slots = slots;
+    p->cache_bytes = 0;
+    return true;
+}
+
+int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char *err, size_t errlen) {
+    const char *a = argv[*i];
+    if (strncmp(a, "--ssd-streaming", 15)) return 0;
+    if (!strcmp(a, "--ssd-streaming")) { p->enabled = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-cold")) { p->cold = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-stats")) { p->stats = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-lru")) { p->lru = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-trace")) {
+        if (*i + 1 >= argc) { snprintf(err, errlen, "%s needs a file", a); return -1; }
+        p->trace_path = argv[++*i];
+        return 1;
+    }
+    const bool cache = !strcmp(a, "--ssd-streaming-cache-experts"), preload = !strcmp(a, "--ssd-streaming-preload-experts");
+    if (!cache && !preload) return 0;
+    if (*i + 1 >= argc) { snprintf(err, errlen, "%s needs a value", a); return -1; }
+    const char *v = argv[++*i];
+    if (cache ? !parse_cache_size(v, p) : !ds4_parse_int(v, 0, 1 << 30, &p->preload_experts)) {
+        snprintf(err, errlen, "%s: bad value '%s' (%s)", a, v, cache ? "NGB, NMB or a slot count" : "an expert count");
+        return -1;
+    }
+    if (preload && p->preload_experts == 0) p->cold = true;
+    return 1;
+}
+
+bool ds4_engine_ssd_stats(const ds4_engine *e, ds4_ssd_stats *out) {
+    if (!e->experts) return false;
+    ds4_expert_stats st = ds4_expert_cache_stats(e->experts);
+    *out = (ds4_ssd_stats){st.hits, st.misses, st.bytes_read, st.tokens, st.preloaded, st.prefetched,
+                           st.read_seconds, st.stall_seconds};
+    return true;
+}
+
 static uint64_t rss_bytes(void) {
     unsigned long size = 0, resident = 0;
     FILE *f = fopen("/proc/self/statm", "r");
@@ -60,8 +130,64 @@ static uint64_t rss_bytes(void) {
     return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
+/* Batch scratch of the CPU backend at its largest batch (forward_cpu's
+ * grow_batch, rounded up): the automatic expert budget leaves room for it. */
+static uint64_t scratch_bytes(const ds4_config *c, int batch) {
+    const uint64_t E = (uint64_t)c->n_embd, hcE = (uint64_t)c->n_hc * E, HD = (uint64_t)c->n_head * c->head_dim;
+    const uint64_t per_token = 4 * hcE + 6 * E + 4 * (uint64_t)c->n_ff_exp + 3 * HD + (uint64_t)c->n_expert +
+                               (uint64_t)c->o_groups * c->o_lora + (uint64_t)c->q_lora + (uint64_t)c->idx_topk;
+    return (uint64_t)batch * per_token * sizeof(float) + ((uint64_t)64 << 20);
+}
+
+/* --ssd-streaming: size the cache, make the rest resident, preload. */
+static bool start_streaming(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
+    const ds4_config *c = &e->m->cfg;
+    const uint64_t routed = ds4_expert_routed_bytes(e->m);
+    ds4_expert_budget b = {0};
+    b.resident_bytes = e->m->file_bytes - routed;
+    /* a batch never exceeds the context */
+    const int batch = p->ssd.ctx > 0 && p->ssd.ctx < e->prefill_chunk ? p->ssd.ctx : e->prefill_chunk;
+    b.reserve_bytes = scratch_bytes(c, batch) + (p->ssd.ctx > 0 ? ds4_kv_bytes_for(c, p->ssd.ctx, REWIND_SLACK) : 0);
+    b.budget_bytes = p->ssd.cache_bytes;
+    b.slots = p->ssd.cache_slots;
+    char note[160];
+    int slots = ds4_expert_cache_plan(e->m, &b, note, sizeof note, err, errlen);
+    if (slots < 0) return false;
+    if (!ds4_expert_cache_make_resident(e->g, e->m, err, errlen)) return false;
+    e->experts = ds4_expert_cache_new(e->g, e->m, slots, p->ssd.lru ? DS4_EVICT_LRU : DS4_EVICT_LFU_AGED, err, errlen);
+    if (!e->experts) return false;
+    if (p->ssd.trace_path) {
+        e->trace = fopen(p->ssd.trace_path, "wb");
+        if (!e->trace) { snprintf(err, errlen, "cannot write %s", p->ssd.trace_path); return false; }
+        ds4_expert_cache_record(e->experts, e->trace);
+    }
+    const size_t slot = ds4_expert_slot_bytes(e->m);
+    int preloaded = 0;
+    const int want = p->ssd.cold ? 0 : p->ssd.preload_experts > 0 ? p->ssd.preload_experts : slots / 2;
+    if (want > 0) {
+        uint32_t *hist = ds4_expert_static_histogram(e->m);
+        if (!hist) { snprintf(err, errlen, "out of memory"); return false; }
+        preloaded = ds4_expert_cache_preload(e->experts, hist, want);
+        free(hist);
+        if (ds4_expert_cache_error(e->experts)) { snprintf(err, errlen, "%s", ds4_expert_cache_error(e->experts)); return false; }
+    }
+    ds4_cpu_backend_stream_experts(e->be, e->experts);
+    e->ssd_stats = p->ssd.stats;
+    if (!p->quiet) {
+        const double GiB = 1 << 30;
+        fprintf(stderr, "ds4: ssd-streaming: %.2f GiB resident, expert cache %d slots x %.1f MiB = %.2f GiB "
+                        "(%.0f%% of %.2f GiB routed), working set %.1f MiB per token, %d preloaded, %s reads%s%s\n",
+                (double)b.resident_bytes / GiB, slots, (double)slot / (1 << 20), (double)slots * slot / GiB,
+                100.0 * slots / ((double)c->n_layer * c->n_expert), (double)routed / GiB,
+                (double)c->n_layer * c->n_expert_used * routed / ((double)c->n_layer * c->n_expert) / (1 << 20),
+                preloaded, ds4_expert_cache_direct(e->experts) ? "O_DIRECT" : "buffered", note[0] ? "; " : "", note);
+    }
+    return true;
+}
+
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen) {
     ds4_engine *e = calloc(1, sizeof *e);
+    if (!e) { snprintf(err, errlen, "out of memory loading %s", p->model_path); return NULL; }
     e->g = ds4_gguf_open(p->model_path, err, errlen);
     if (!e->g) goto fail;
     e->m = ds4_model_bind(e->g, err, errlen);
@@ -74,6 +200,9 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     e->prefill_chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 4096;
     e->be = ds4_cpu_backend_new(e->m, p->n_threads, e->prefill_chunk, numerics, err, errlen);
     if (!e->be) goto fail;
+    e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
+    if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); goto fail; }
+    if (p->ssd.enabled && !start_streaming(e, p, err, errlen)) goto fail;
     if (!p->quiet) {
         const ds4_config *c = &e->m->cfg;
         fprintf(stderr, "ds4: %s: %d layers, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
@@ -88,9 +217,25 @@ fail:
     return NULL;
 }
 
+static void print_ssd_stats(const ds4_engine *e) {
+    ds4_ssd_stats st;
+    if (!ds4_engine_ssd_stats(e, &st)) return;
+    const uint64_t acc = st.hits + st.misses;
+    fprintf(stderr, "ds4: ssd-streaming stats: %llu tokens, hit rate %.1f%% (%llu of %llu), %.2f MiB read per token, "
+                    "read %.1f MiB/s, stall %.2f s, %llu preloaded, %llu prefetched\n",
+            (unsigned long long)st.tokens, acc ? 100.0 * st.hits / acc : 0.0, (unsigned long long)st.hits,
+            (unsigned long long)acc, st.tokens ? (double)st.bytes_read / st.tokens / (1 << 20) : 0.0,
+            st.read_seconds > 0 ? (double)st.bytes_read / st.read_seconds / (1 << 20) : 0.0, st.stall_seconds,
+            (unsigned long long)st.preloaded, (unsigned long long)st.prefetched);
+}
+
 void ds4_engine_free(ds4_engine *e) {
     if (!e) return;
+    if (e->ssd_stats) print_ssd_stats(e);
     if (e->be) e->be->free(e->be);
+    free(e->seqs);
+    ds4_expert_cache_free(e->experts);
+    if (e->trace) fclose(e->trace);
     ds4_tokenizer_free(e->tok);
     ds4_model_free(e->m);
     ds4_gguf_close(e->g);
@@ -108,7 +253,9 @@ int ds4_engine_expert_bits(const ds4_engine *e) { return ds4_model_expert_bits(e
 const char *ds4_engine_model_name(const ds4_engine *e) { return e->m->name; }
 uint64_t ds4_engine_model_bytes(const ds4_engine *e) { return e->m->file_bytes; }
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, int ctx) {
-    return ds4_kv_bytes_for(&e->m->cfg, ctx, REWIND_SLACK);
+    const ds4_config *c = &e->m->cfg;
+    return ds4_kv_bytes_for(c, ctx, REWIND_SLACK) + (uint64_t)MAX_CKPT * ds4_kv_ring_bytes_for(c) +
+           (uint64_t)ctx * sizeof(int32_t) + (uint64_t)c->n_vocab * sizeof(float);
 }
 
 /* ---- sessions ---- */
@@ -116,13 +263,19 @@ uint64_t ds4_engine_kv_bytes(const ds4_engine *e, int ctx) {
 ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen) {
     if (ctx <= 0) { snprintf(err, errlen, "context size must be positive (got %d)", ctx); return NULL; }
     ds4_session *s = calloc(1, sizeof *s);
-    s->e = e;
-    s->ctx = ctx;
-    s->kv = ds4_kv_new(&e->m->cfg, ctx, REWIND_SLACK);
-    s->toks = malloc((size_t)ctx * sizeof(int32_t));
-    s->logits = malloc((size_t)e->m->cfg.n_vocab * sizeof(float));
-    s->ckpt_every = e->prefill_chunk;
-    if (!s->kv || !s->toks || !s->logits) {
+    if (s) {
+        s->e = e;
+        s->ctx = ctx;
+        s->kv = ds4_kv_new(&e->m->cfg, ctx, REWIND_SLACK);
+        s->toks = malloc((size_t)ctx * sizeof(int32_t));
+        s->logits = malloc((size_t)e->m->cfg.n_vocab * sizeof(float));
+        s->ckpt_every = e->prefill_chunk;
+        const size_t ring = ds4_kv_ring_bytes_for(&e->m->cfg);
+        /* calloc: a slot's pages are touched only when a checkpoint is taken */
+        s->ckpt_block = calloc(MAX_CKPT, ring);
+        for (int i = 0; s->ckpt_block && i < MAX_CKPT; i++) s->ckpt[i] = (char *)s->ckpt_block + (size_t)i * ring;
+    }
+    if (!s || !s->kv || !s->toks || !s->logits || !s->ckpt_block) {
         snprintf(err, errlen, "out of memory for a %d-token session (%.1f MiB of state)", ctx,
                  (double)ds4_engine_kv_bytes(e, ctx) / (1 << 20));
         ds4_session_free(s);
@@ -133,31 +286,31 @@ ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen) {
 
 /* Forgets checkpoints past position n (all of them for n < 0). */
 static void drop_ckpts(ds4_session *s, int n) {
-    while (s->n_ckpt && s->ckpt_pos[s->n_ckpt - 1] > n) free(s->ckpt[--s->n_ckpt]);
+    while (s->n_ckpt && s->ckpt_pos[s->n_ckpt - 1] > n) s->n_ckpt--;
 }
 
 static void maybe_ckpt(ds4_session *s) {
     const int pos = s->kv->n_pos, last = s->n_ckpt ? s->ckpt_pos[s->n_ckpt - 1] : 0;
     if (pos - last < s->ckpt_every) return;
     if (s->n_ckpt == MAX_CKPT) {
-        for (int i = 0; i < MAX_CKPT; i += 2) free(s->ckpt[i]);
+        /* keep the odd ones; the even ones' slots go to the free end */
+        void *freed[MAX_CKPT / 2];
         for (int i = 0; i < MAX_CKPT / 2; i++) {
+            freed[i] = s->ckpt[2 * i];
             s->ckpt[i] = s->ckpt[2 * i + 1];
             s->ckpt_pos[i] = s->ckpt_pos[2 * i + 1];
         }
+        memcpy(s->ckpt + MAX_CKPT / 2, freed, sizeof freed);
         s->n_ckpt = MAX_CKPT / 2;
         s->ckpt_every *= 2;
     }
-    void *c = malloc(ds4_kv_ring_bytes(s->kv));
-    if (!c) return;   /* a missing checkpoint only makes a deep rewind slower */
-    ds4_kv_ring_save(s->kv, c);
-    s->ckpt[s->n_ckpt] = c;
+    ds4_kv_ring_save(s->kv, s->ckpt[s->n_ckpt]);
     s->ckpt_pos[s->n_ckpt++] = pos;
 }
 
 void ds4_session_free(ds4_session *s) {
     if (!s) return;
-    drop_ckpts(s, -1);
+    free(s->ckpt_block);
     ds4_kv_free(s->kv);
     free(s->toks);
     free(s->logits);
@@ -169,25 +322,64 @@ int ds4_session_n_tokens(const ds4_session *s) { return s->kv->n_pos; }
 const int32_t *ds4_session_tokens(const ds4_session *s) { return s->toks; }
 const float *ds4_session_logits(const ds4_session *s) { return s->kv->n_pos ? s->logits : NULL; }
 
-/* Runs toks through the backend in chunks. all_logits: n x vocab, else the
- * last token's logits land in s->logits. */
+/* One backend call appending each step's tokens to its session. all_logits
+ * (NULL, or one pointer per step, each NULL or n x vocab) asks for every
+ * position's logits; the last token's always land in the session. Nothing
+ * changes on error. */
+static int eval_steps(ds4_engine *e, const ds4_step *steps, float *const *all_logits, int n_steps, char *err,
+                      size_t errlen) {
+    ds4_backend *be = e->be;
+    const int V = e->m->cfg.n_vocab;
+    if (n_steps < 0 || n_steps > be->max_batch) {
+        snprintf(err, errlen, "%d sessions in one step (at most %d)", n_steps, be->max_batch);
+        return -1;
+    }
+    for (int i = 0; i < n_steps; i++) {
+        const ds4_session *s = steps[i].session;
+        if (!s || s->e != e || steps[i].n < 1 || !steps[i].toks) {
+            snprintf(err, errlen, "step %d: needs a session of this engine and at least one token", i);
+            return -1;
+        }
+        if (s->kv->n_pos + steps[i].n > s->ctx) {
+            snprintf(err, errlen, "context full: %d + %d tokens exceed ctx %d", s->kv->n_pos, steps[i].n, s->ctx);
+            return -1;
+        }
+        float *all = all_logits ? all_logits[i] : NULL;
+        e->seqs[i] = (ds4_backend_seq){s->kv, steps[i].toks, steps[i].n, all ? all : s->logits, all != NULL};
+    }
+    if (be->eval(be, e->seqs, n_steps, err, errlen)) return -1;
+    for (int i = 0; i < n_steps; i++) {
+        ds4_session *s = steps[i].session;
+        const int n = steps[i].n, base = s->kv->n_pos - n;
+        /* memmove: a rewind replays the session's own token list */
+        memmove(s->toks + base, steps[i].toks, (size_t)n * sizeof(int32_t));
+        if (all_logits && all_logits[i])
+            memcpy(s->logits, all_logits[i] + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
+        maybe_ckpt(s);
+    }
+    return 0;
+}
+
+int ds4_sessions_step(ds4_engine *e, const ds4_step *steps, int n_steps, char *err, size_t errlen) {
+    return eval_steps(e, steps, NULL, n_steps, err, errlen);
+}
+
+int ds4_engine_max_batch(const ds4_engine *e) { return e->be->max_batch; }
+uint64_t ds4_engine_weight_bytes_read(const ds4_engine *e) { return e->be->weight_bytes; }
+
+/* Runs toks through the backend in chunks of at most max_batch. */
 static int run(ds4_session *s, const int32_t *toks, int n, float *all_logits, ds4_progress_fn progress, void *ud,
                char *err, size_t errlen) {
-    ds4_backend *be = s->e->be;
-    const int V = s->e->m->cfg.n_vocab;
+    const int chunk = s->e->be->max_batch, V = s->e->m->cfg.n_vocab;
     if (n < 0 || s->kv->n_pos + n > s->ctx) {
         snprintf(err, errlen, "context full: %d + %d tokens exceed ctx %d", s->kv->n_pos, n, s->ctx);
         return -1;
     }
     for (int done = 0; done < n;) {
-        int len = n - done < be->max_batch ? n - done : be->max_batch;
-        int base = s->kv->n_pos;
-        float *out = all_logits ? all_logits + (size_t)done * V : s->logits;
-        if (be->eval(be, s->kv, toks + done, len, out, all_logits != NULL, err, errlen)) return -1;
-        memcpy(s->toks + base, toks + done, (size_t)len * sizeof(int32_t));
-        if (all_logits) memcpy(s->logits, out + (size_t)(len - 1) * V, (size_t)V * sizeof(float));
-        maybe_ckpt(s);
-        done += len;
+        ds4_step step = {s, toks + done, n - done < chunk ? n - done : chunk};
+        float *out = all_logits ? all_logits + (size_t)done * V : NULL;
+        if (eval_steps(s->e, &step, &out, 1, err, errlen)) return -1;
+        done += step.n;
         if (progress && progress(ud, done, n)) return 1;
     }
     return 0;
@@ -224,11 +416,7 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
             ds4_kv_reset(s->kv);
         }
     }
-    int32_t *tail = malloc((size_t)(n_tokens - keep) * sizeof(int32_t));
-    memcpy(tail, s->toks + keep, (size_t)(n_tokens - keep) * sizeof(int32_t));
-    int rc = run(s, tail, n_tokens - keep, NULL, NULL, NULL, err, errlen);
-    free(tail);
-    return rc;
+    return run(s, s->toks + keep, n_tokens - keep, NULL, NULL, NULL, err, errlen);
 }
 
 /* ---- snapshots ---- */
@@ -236,6 +424,7 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
 ds4_snapshot *ds4_session_snapshot(const ds4_session *s) {
     const int V = s->e->m->cfg.n_vocab, n = s->kv->n_pos;
     ds4_snapshot *snap = calloc(1, sizeof *snap);
+    if (!snap) return NULL;
     snap->ctx = s->ctx;
     snap->n_toks = n;
     snap->kv_bytes = ds4_kv_live_bytes(s->kv);
@@ -280,4 +469,16 @@ int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *er
     if (!ds4_payload_load(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen)) return -1;
     drop_ckpts(s, -1);
     return 0;
+}
+
+bool ds4_session_save_payload_to(const ds4_session *s, const ds4_sink *sink) {
+    return ds4_payload_write_to(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, s->e->prefill_chunk, sink);
+}
+
+int ds4_session_load_payload_from(ds4_session *s, const ds4_source *src, size_t n, char *err, size_t errlen) {
+    const int before = s->kv->n_pos;
+    bool ok = ds4_payload_load_from(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen);
+    /* rewind checkpoints describe the old state once the rows changed */
+    if (ok || s->kv->n_pos != before) drop_ckpts(s, -1);
+    return ok ? 0 : -1;
 }

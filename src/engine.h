@@ -1,5 +1,5 @@
 /* engine.h -- the public C API every front end uses (ds4, ds4-server,
- * ds4-bench, ds4-eval, ds4-agent). Front ends never reach into kernels,
+ * ds4-bench). Front ends never reach into kernels,
  * model binding or the forward pass directly.
  *
  * Contract
@@ -12,14 +12,27 @@
  *   checkpoint token list and the logits for the next token.
  * - ds4_session_prefill() appends tokens (chunked by prefill_chunk) and leaves
  *   the next-token logits of the last one; ds4_session_decode() appends one.
- *   Results do not depend on chunking beyond float rounding.
+ *   Results do not depend on chunking or on batching with other sessions:
+ *   they are bit-identical.
  * - ds4_session_rewind() truncates the checkpoint to n tokens (prefix reuse);
  *   it may need to recompute state for the last partial compression window,
  *   which it does itself.
  * - Progress callbacks may request cancellation by returning nonzero; the
  *   session then holds a consistent (shorter) checkpoint.
- * - Not thread-safe per session; one engine may serve several sessions from
- *   one thread at a time (the backend's scratch is shared).
+ * - ssd.enabled (--ssd-streaming): the routed experts are read from the file
+ *   into a bounded expert cache (expert_cache.h) instead of being mapped; the
+ *   rest of the weights is made resident. Logits equal the mapped path bit
+ *   for bit. Load prints one report line (resident bytes, slots, working
+ *   set) unless quiet, and refuses with one line when the budget cannot work.
+ *   An expert read failure (truncated file, I/O error) fails that call and
+ *   every later one of this engine with the same line (the file changed
+ *   under it: restart); it is the one failure that does not leave the
+ *   engine usable.
+ * - Not thread-safe: one engine serves all its sessions from one thread at a
+ *   time (the backend's scratch is shared); ds4_sessions_step() is how
+ *   several sessions advance together.
+ * - Allocation failures are errors (NULL / -1 with err), never crashes; a
+ *   failed call leaves the engine and its sessions usable.
  */
 #ifndef DS4_ENGINE_H
 #define DS4_ENGINE_H
@@ -28,10 +41,39 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#include "byte_stream.h"
+
 struct ds4_tokenizer;
 
 typedef struct ds4_engine ds4_engine;
 typedef struct ds4_session ds4_session;
+
+/* --ssd-streaming* options (README "Running models larger than RAM"). */
+typedef struct {
+    bool enabled;
+    uint64_t cache_bytes;   /* --ssd-streaming-cache-experts NGB (0: automatic) */
+    int cache_slots;        /* --ssd-streaming-cache-experts N: exactly N slots */
+    int preload_experts;    /* hot experts read at load; 0: half the slots */
+    bool cold;              /* --ssd-streaming-cold: no preload */
+    bool stats;             /* --ssd-streaming-stats: counters on stderr when the engine is freed */
+    bool lru;               /* plain LRU eviction instead of aged LFU (for measurements) */
+    int ctx;                /* context the front end will use: KV reserved by the automatic budget */
+    const char *trace_path; /* record every layer's routing here (policy measurements) */
+} ds4_ssd_params;
+
+/* Parses argv[*i] if it is an --ssd-streaming* option (advancing *i past a
+ * value it takes). Returns 1 if consumed, 0 if not one of them, -1 with a
+ * line in err for a bad or missing value. */
+int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char *err, size_t errlen);
+/* The options' help lines, for usage texts. */
+extern const char ds4_ssd_usage[];
+
+typedef struct {
+    uint64_t hits, misses, bytes_read, tokens, preloaded, prefetched;
+    double read_seconds, stall_seconds;
+} ds4_ssd_stats;
+/* false when the engine does not stream experts */
+bool ds4_engine_ssd_stats(const ds4_engine *e, ds4_ssd_stats *out);
 
 typedef struct {
     const char *model_path;
@@ -39,6 +81,7 @@ typedef struct {
     int prefill_chunk;      /* <= 0: 4096 */
     int numerics;           /* -1: default (ds4 simulation on for real models), 0: exact f32, 1: ds4 simulation */
     bool quiet;             /* no load report on stderr */
+    ds4_ssd_params ssd;
 } ds4_engine_params;
 
 void ds4_engine_params_default(ds4_engine_params *p);
@@ -53,8 +96,14 @@ int ds4_engine_train_ctx(const ds4_engine *e);
 int ds4_engine_expert_bits(const ds4_engine *e);
 const char *ds4_engine_model_name(const ds4_engine *e);
 uint64_t ds4_engine_model_bytes(const ds4_engine *e);
-/* KV/session bytes per token of context and fixed bytes, for reporting */
+/* Bytes one session of ctx tokens allocates (KV state, its rewind
+ * checkpoint slots, token list, logits): what ds4_session_new() needs. */
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, int ctx);
+/* Most tokens one ds4_sessions_step() evaluates (the prefill chunk). */
+int ds4_engine_max_batch(const ds4_engine *e);
+/* Weight bytes the backend's matrix products have read since load: a batch
+ * reads each weight once for all its rows (benchmarks report it per token). */
+uint64_t ds4_engine_weight_bytes_read(const ds4_engine *e);
 
 typedef int (*ds4_progress_fn)(void *ud, int done, int total);
 
@@ -74,6 +123,20 @@ int ds4_session_prefill(ds4_session *s, const int32_t *toks, int n, float *all_l
 int ds4_session_decode(ds4_session *s, int32_t tok, char *err, size_t errlen);
 int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen);
 
+/* Several sessions advanced by one batched pass: each step appends its n >= 1
+ * tokens (1 = a decode step, more = a prefill chunk) to its own session and
+ * leaves that session's next-token logits. Sessions must be distinct and
+ * belong to this engine; the tokens of all steps together must not exceed
+ * ds4_engine_max_batch(). Every session's logits and state are bit-identical
+ * to advancing it alone (backend.h), so batching never changes an answer.
+ * Returns 0, or -1 (err) with no session changed. */
+typedef struct {
+    ds4_session *session;
+    const int32_t *toks;
+    int n;
+} ds4_step;
+int ds4_sessions_step(ds4_engine *e, const ds4_step *steps, int n_steps, char *err, size_t errlen);
+
 /* In-memory snapshot of the full decode state (exact; restore is bit-identical). */
 typedef struct ds4_snapshot ds4_snapshot;
 ds4_snapshot *ds4_session_snapshot(const ds4_session *s);
@@ -87,5 +150,10 @@ void ds4_snapshot_free(ds4_snapshot *snap);
 size_t ds4_session_payload_bytes(const ds4_session *s);
 void ds4_session_save_payload(const ds4_session *s, void *dst);
 int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *err, size_t errlen);
+/* Streaming forms (byte_stream.h) for files: save returns false when the sink
+ * failed; load reads exactly n bytes and leaves the session unchanged on a
+ * validation error, empty when src fails part-way through the rows. */
+bool ds4_session_save_payload_to(const ds4_session *s, const ds4_sink *sink);
+int ds4_session_load_payload_from(ds4_session *s, const ds4_source *src, size_t n, char *err, size_t errlen);
 
 #endif

@@ -3,12 +3,17 @@
  * Contract
  * - ds4_cpu_backend_new() creates a backend (see backend.h) for a bound model:
  *   a thread pool of n_threads (<= 0: all CPUs) and scratch that grows to the
- *   largest batch seen (at most max_batch tokens).
- * - One eval() processes its tokens layer-major: every matrix product over
- *   the batch is one ds4_matmul (a single token uses ds4_matvec); attention,
- *   indexer and per-token work run across the pool. Decode is a batch of one.
- *   Any split of a token sequence into batches gives the same logits up to
- *   float rounding (compressor windows and frontiers carry across calls).
+ *   largest batch seen (at most max_batch rows); a grow that fails leaves the
+ *   previous scratch in place and the call fails cleanly.
+ * - One eval() processes all rows of all its sequences layer-major: every
+ *   matrix product over the batch is one ds4_matmul (a single row uses
+ *   ds4_matvec); routed experts gather their rows from every sequence, so
+ *   each selected expert is read once per call; compressors, indexer and
+ *   attention read and write each row's own state. Decode is a batch of one
+ *   row per session.
+ * - Bit-exact as backend.h requires: per-row activation quantization, kernels
+ *   whose (row, token) dot does not depend on the batch (kernels_cpu.h), and
+ *   compressor windows and frontiers carried across calls.
  * - numerics = true adds ds4's simulation of the reference graph's storage
  *   precision: FP8 (E4M3) round trip of the non-rotary KV dims in blocks of
  *   64, F16 storage of raw/compressed/indexer rows, Hadamard + FP4 (E2M1)
@@ -16,6 +21,9 @@
  *   transformers. ds4_cpu_numerics_supported() says whether the geometry
  *   allows it (non-rotary dims a multiple of 64, indexer head a power of two
  *   and a multiple of 32).
+ * - ds4_cpu_backend_stream_experts() makes the routed experts come from an
+ *   expert cache (expert_cache.h) instead of the mapping; an expert read
+ *   failure fails the eval with the cache's message.
  * - The round-trip helpers are exposed for unit tests; n is a multiple of the
  *   block (64 for FP8, 32 for FP4), Hadamard needs a power of two.
  */
@@ -31,6 +39,8 @@ ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batc
                                  char *err, size_t errlen);
 bool ds4_cpu_numerics_supported(const ds4_config *c);
 int ds4_cpu_backend_threads(const ds4_backend *be);
+struct ds4_expert_cache;
+void ds4_cpu_backend_stream_experts(ds4_backend *be, struct ds4_expert_cache *experts);
 
 void ds4_fp8_e4m3_roundtrip(float *x, int n);
 void ds4_fp4_e2m1_roundtrip(float *x, int n);

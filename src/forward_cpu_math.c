@@ -31,6 +31,7 @@ void ds4_fp8_e4m3_roundtrip(float *x, int n) {
         for (int i = 0; i < 64; i++) amax = fmaxf(amax, fabsf(x[b + i]));
         float scale = pow2_ceil(amax / 448.0f);
         for (int i = 0; i < 64; i++) {
+            if (isnan(x[b + i])) continue;   /* a fault stays visible (fminf would clamp it to 448) */
             float v = fminf(fabsf(x[b + i]) / scale, 448.0f);
             x[b + i] = copysignf(e4m3_round(v), x[b + i]) * scale;
         }
@@ -45,6 +46,7 @@ void ds4_fp4_e2m1_roundtrip(float *x, int n) {
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b + i]));
         float scale = pow2_ceil(amax / 6.0f);
         for (int i = 0; i < 32; i++) {
+            if (isnan(x[b + i])) continue;   /* a fault stays visible (fminf would clamp it to 6) */
             float v = fminf(fabsf(x[b + i]) / scale, 6.0f);
             int best = 0;
             for (int k = 1; k < 8; k++) {

@@ -28,6 +28,13 @@ static void fail(binder *b, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* Out of memory is not a property of the file: its own message. */
+static void fail_oom(binder *b, const char *what) {
+    if (b->failed) return;
+    b->failed = true;
+    snprintf(b->err, b->errlen, "out of memory for %s", what);
+}
+
 /* ---- metadata ---- */
 
 static int key_int(binder *b, const char *key, int min, int max) {
@@ -72,6 +79,11 @@ static void read_clamps(binder *b, const ds4_gguf_kv *kv, const char *key, float
 }
 
 #define K(s) "deepseek4." s
+
+/* Largest compress ratio accepted. The frontier ring holds coff * ratio
+ * positions of every compressed layer, so a ratio far beyond Flash's 128
+ * would only turn a corrupt file into a multi-gigabyte allocation. */
+#define DS4_MAX_COMPRESS_RATIO 65536
 
 static void read_config(binder *b, ds4_config *c) {
     c->n_layer = key_int(b, K("block_count"), 1, DS4_MAX_LAYERS);
@@ -129,18 +141,36 @@ static void read_config(binder *b, ds4_config *c) {
     if (n_shared != 1) fail(b, "expert_shared_count = %d, DS4 has one shared expert", n_shared);
     if (c->n_expert_used > c->n_expert) fail(b, "expert_used_count > expert_count");
     if (c->n_hash_layer > c->n_layer) fail(b, "hash_layer_count > block_count");
-    if (c->yarn_factor < 1 || c->yarn_orig_ctx == 0 || c->rope_base <= 1 || c->compress_rope_base <= 1)
-        fail(b, "RoPE/YaRN parameters out of range");
+    /* The YaRN ramp (forward_cpu.c make_inv_freq) takes logarithms of the
+     * betas and of both bases and needs the fast correction dim below the
+     * slow one: anything else gives NaN or inverted frequencies, not an error. */
+    if (c->rope_base <= 1) fail(b, "rope.freq_base = %g, must be > 1", c->rope_base);
+    if (c->compress_rope_base <= 1)
+        fail(b, "attention.compress_rope_freq_base = %g, must be > 1", c->compress_rope_base);
+    if (c->yarn_factor < 1) fail(b, "rope.scaling.factor = %g, must be >= 1", c->yarn_factor);
+    if (c->yarn_orig_ctx == 0) fail(b, "rope.scaling.original_context_length = 0, must be > 0");
+    if (!(c->yarn_beta_fast > 0)) fail(b, "rope.scaling.yarn_beta_fast = %g, must be > 0", c->yarn_beta_fast);
+    if (!(c->yarn_beta_slow > 0)) fail(b, "rope.scaling.yarn_beta_slow = %g, must be > 0", c->yarn_beta_slow);
+    if (c->yarn_beta_fast < c->yarn_beta_slow)
+        fail(b, "rope.scaling.yarn_beta_fast %g < yarn_beta_slow %g: the pair is reversed", c->yarn_beta_fast,
+             c->yarn_beta_slow);
     if (b->failed) return;
 
     c->compress_ratio = calloc((size_t)c->n_layer, sizeof(int));
     c->clamp_exp = calloc((size_t)c->n_layer, sizeof(float));
     c->clamp_shexp = calloc((size_t)c->n_layer, sizeof(float));
+    if (!c->compress_ratio || !c->clamp_exp || !c->clamp_shexp) { fail_oom(b, "the layer schedule"); return; }
+    /* The forward pass implements three kinds of layer: 0 (raw window only),
+     * 4 (overlapping windows, coff 2, with the indexer) and any other ratio
+     * >= 2 as non-overlapping windows (Flash: 128; ds4tiny: 16). Ratio 1
+     * would compress nothing and is no DS4 layer. */
     const ds4_gguf_kv *kr = key_layer_array(b, K("attention.compress_ratios"), c->n_layer);
     for (int l = 0; kr && l < c->n_layer && !b->failed; l++) {
         int64_t r;
-        if (!ds4_gguf_arr_i64(kr, (uint64_t)l, &r) || r < 0 || r > (1 << 20) || r == 1)
-            fail(b, "compress_ratios[%d] invalid", l);
+        if (!ds4_gguf_arr_i64(kr, (uint64_t)l, &r)) fail(b, "compress_ratios[%d] is not an integer", l);
+        else if (r < 0 || r == 1 || r > DS4_MAX_COMPRESS_RATIO)
+            fail(b, "compress_ratios[%d] = %lld; supported: 0 (no compressor), 4 (overlapping, with indexer) "
+                 "or a non-overlapping ratio in 2..%d", l, (long long)r, DS4_MAX_COMPRESS_RATIO);
         else c->compress_ratio[l] = (int)r;
     }
     const ds4_gguf_kv *ke = key_layer_array(b, K("swiglu_clamp_exp"), c->n_layer);
@@ -229,6 +259,7 @@ static float *bind_floats(binder *b, const ds4_hparams *hp, enum ds4_tensor_id i
     if (!t) return NULL;
     if (!is_float_type(t->type)) { fail(b, "tensor %s must be F32/F16/BF16", ts.name); return NULL; }
     float *v = malloc(t->n_elements * sizeof(float));
+    if (!v) { fail_oom(b, ts.name); return NULL; }
     ds4_dequantize_row(t->type, t->data, v, (int64_t)t->n_elements);
     return v;
 }
@@ -334,6 +365,7 @@ void ds4_model_free(ds4_model *m) {
 ds4_model *ds4_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
     binder b = {g, err, errlen, false};
     ds4_model *m = calloc(1, sizeof *m);
+    if (!m) { snprintf(err, errlen, "out of memory for the model"); return NULL; }
     ds4_config *c = &m->cfg;
     ds4_gguf_str arch;
     if (!ds4_gguf_get_str(g, "general.architecture", &arch) || arch.len != 9 || memcmp(arch.ptr, "deepseek4", 9))
@@ -349,6 +381,7 @@ ds4_model *ds4_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
         m->output_norm = bind_floats(&b, &hp, DS4_T_OUTPUT_NORM, 0);
         m->output = bind_matrix(&b, &hp, DS4_T_OUTPUT, 0);
         m->layers = calloc((size_t)c->n_layer, sizeof(ds4_layer));
+        if (!m->layers) fail_oom(&b, "the layer table");
         for (int l = 0; l < c->n_layer && !b.failed; l++) bind_layer(&b, c, &hp, l, &m->layers[l]);
     }
     if (b.failed) { ds4_model_free(m); return NULL; }
