@@ -60,7 +60,8 @@ make_model() {
     [ -s "$MODEL" ] && return 0
     note "making $MODEL (Flash shapes, 4 layers, q2 mix, random blocks)"
     [ -x "$ROOT/ds4-make-model" ] || (cd "$ROOT" && make -j"$NCPU" ds4-make-model >/dev/null) || return 1
-    "$ROOT/ds4-make-model" -o "$MODEL.tmp" --preset flash --layers 4 --no-vocab 2>/dev/null &&
+    # with the repository's DeepSeek vocabulary: llama.cpp refuses a file without one
+    (cd "$ROOT" && ./ds4-make-model -o "$MODEL.tmp" --preset flash --layers 4 2>/dev/null) &&
         mv "$MODEL.tmp" "$MODEL"
 }
 
