@@ -5,6 +5,10 @@
  *   prompt file repeated as needed, or, for a model without a tokenizer or
  *   without a prompt file, a fixed pseudo-random sequence) to context
  *   frontiers ctx_start, then +step_incr (or *step_mul) up to ctx_max.
+ * - Before the first row an untimed warm-up prefills up to 128 tokens (fewer
+ *   if the session is smaller) and decodes one, then restores the empty
+ *   state, so first-touch page faults of the mmapped weights do not land in
+ *   the figures.
  * - Prefill is incremental: each row times only the tokens added since the
  *   previous frontier. At each frontier the live state is snapshotted in
  *   memory, gen_tokens greedy tokens are decoded (never EOS: the best non-EOS

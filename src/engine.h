@@ -77,7 +77,7 @@ bool ds4_engine_ssd_stats(const ds4_engine *e, ds4_ssd_stats *out);
 
 typedef struct {
     const char *model_path;
-    int n_threads;          /* <= 0: all online CPUs */
+    int n_threads;          /* <= 0: the physical cores we may run on */
     int prefill_chunk;      /* <= 0: 4096 */
     int numerics;           /* -1: default (ds4 simulation on for real models), 0: exact f32, 1: ds4 simulation */
     bool quiet;             /* no load report on stderr */
