@@ -4,6 +4,7 @@
  * line editor and the slash commands.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -112,6 +113,14 @@ static char *absolute(const char *path) {
     char *out = malloc(n);
     if (out) snprintf(out, n, "%s/%s", cwd, path);
     return out;
+}
+
+/* Files the agent writes for the user (trace, logits dump) are private. */
+static FILE *open_private(const char *path, const char *mode, int flags) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | flags, 0600);
+    FILE *f = fd >= 0 ? fdopen(fd, mode) : NULL;
+    if (fd >= 0 && !f) close(fd);
+    return f;
 }
 
 static bool confirm(void *ud, const char *question) {
@@ -255,7 +264,12 @@ static void run_repl(repl *r, const char *history) {
         if (rc >= 0 && r->autosave) save_now(r, true);
         free(line);
     }
-    if (history) write_history(history);
+    if (history) {
+        /* the history holds what was typed: created private like the sessions */
+        int fd = open(history, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0) close(fd);
+        write_history(history);
+    }
 }
 
 static char *home_path(const char *rel) {
@@ -269,7 +283,7 @@ static char *home_path(const char *rel) {
 
 static int write_logits(const char *path, ds4_engine *e, const ds4_session *s) {
     const float *logits = ds4_session_logits(s);
-    FILE *f = fopen(path, "wb");
+    FILE *f = open_private(path, "wb", O_TRUNC);
     if (!f || !logits) { if (f) fclose(f); fprintf(stderr, "ds4-agent: cannot dump logits to %s\n", path); return -1; }
     size_t n = (size_t)ds4_engine_n_vocab(e);
     bool ok = fwrite(logits, sizeof *logits, n, f) == n;
@@ -303,7 +317,7 @@ int main(int argc, char **argv) {
     if (!dir) { fprintf(stderr, "ds4-agent: no sessions directory (set HOME or --sessions-dir)\n"); goto out; }
     if (ds4_agent_store_init(dir, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
     if (o.script && ds4_agent_script_load(o.script, &script, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
-    if (trace_path && !(trace = fopen(trace_path, "a"))) { fprintf(stderr, "ds4-agent: cannot open %s: %s\n", trace_path, strerror(errno)); goto out; }
+    if (trace_path && !(trace = open_private(trace_path, "a", O_APPEND))) { fprintf(stderr, "ds4-agent: cannot open %s: %s\n", trace_path, strerror(errno)); goto out; }
     if (o.chdir_to && chdir(o.chdir_to)) { fprintf(stderr, "ds4-agent: --chdir %s: %s\n", o.chdir_to, strerror(errno)); goto out; }
     if (!realpath(".", root)) { fprintf(stderr, "ds4-agent: cannot resolve the working directory: %s\n", strerror(errno)); goto out; }
 
