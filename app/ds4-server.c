@@ -37,7 +37,8 @@ static void usage(FILE *f) {
         "      --kv-cache-reject-different-quant  only reuse snapshots of the same expert quant\n"
         "      --completions-chat        wrap /v1/completions string prompts as a chat turn (default: raw)\n"
         "      --scripted-output FILE    TEST ONLY: every generation emits this file's text\n"
-        "  -h, --help\n");
+        "%s"
+        "  -h, --help\n", ds4_ssd_usage);
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi) {
@@ -54,6 +55,10 @@ int main(int argc, char **argv) {
     ds4_server_opts_default(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char ssd_err[256];
+        int ssd = ds4_ssd_parse_option(&o.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (ssd < 0) { fprintf(stderr, "ds4-server: %s\n", ssd_err); return 2; }
+        if (ssd) continue;
 #define ARG(s) (!strcmp(a, s))
 /* consumes the option's value, or stops with the shared message */
 #define VALUE() do { if (!v) { ds4_cli_missing_value("ds4-server", a); return 2; } i++; } while (0)

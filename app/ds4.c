@@ -46,6 +46,7 @@ typedef struct {
     const char *dump_logits;
     bool logits_all;
     const char *token_ids;
+    ds4_ssd_params ssd;
 } cli_opts;
 
 /* Set by SIGINT; generation and prefill poll it. */
@@ -83,6 +84,7 @@ static void usage(FILE *f) {
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "      --cpu               use the CPU backend (the only one in this build)\n"
+        "%s"
         "debugging:\n"
         "      --dump-tokens       print the prompt's tokens (id, hex bytes, text) and exit\n"
         "      --dump-logprobs F   greedy continuation with top alternatives, as JSON\n"
@@ -91,7 +93,7 @@ static void usage(FILE *f) {
         "      --logits-all        with --dump-logits: every position, not just the last\n"
         "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
         "  -h, --help              this text\n"
-        "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n");
+        "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_ssd_usage);
 }
 
 /* Returns 0 on success, 1 after printing help, -1 on a bad argument. */
@@ -112,6 +114,10 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         int sampling;
 #define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4", a); return -1; } i++; } while (0)
 #define BAD_VALUE() do { fprintf(stderr, "ds4: bad value for %s: %s\n", a, v); return -1; } while (0)
+        char ssd_err[256];
+        int ssd = ds4_ssd_parse_option(&o->ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (ssd < 0) { fprintf(stderr, "ds4: %s\n", ssd_err); return -1; }
+        if (ssd) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 1; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDS_VALUE(); o->model = v; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDS_VALUE(); o->prompt = v; }
@@ -626,6 +632,8 @@ int main(int argc, char **argv) {
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
     ep.quiet = o.dump_tokens;
+    ep.ssd = o.ssd;
+    ep.ssd.ctx = o.ctx;
     char err[512];
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) {

@@ -143,6 +143,8 @@ int ds4_server_run(const ds4_server_opts *opts) {
     ep.n_threads = s->o.threads;
     ep.prefill_chunk = s->o.prefill_chunk;
     ep.numerics = s->o.numerics;
+    ep.ssd = s->o.ssd;
+    ep.ssd.ctx = s->o.ctx;
     s->eng = ds4_engine_load(&ep, err, sizeof err);
     if (!s->eng) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
     s->tok = ds4_engine_tokenizer(s->eng);

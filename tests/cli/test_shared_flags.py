@@ -18,7 +18,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_BINARIES = ["ds4", "ds4-server", "ds4-bench", "ds4-agent"]
-ALL_BINARIES = MODEL_BINARIES + ["ds4-convert", "ds4-gguf-dump"]
+ALL_BINARIES = MODEL_BINARIES + ["ds4-convert", "ds4-gguf-dump", "ds4-make-model", "ds4-vocab"]
 fails = passes = 0
 
 
