@@ -24,6 +24,7 @@ typedef struct {
     int ctx, threads, prefill_chunk, max_tokens, bash_timeout, numerics;
     ds4_think_mode think;
     ds4_sampler_params sampling;
+    ds4_ssd_params ssd;
     const char *chdir_to;
     const char *sessions_dir;
     bool yes, autosave;
@@ -49,6 +50,7 @@ static void usage(FILE *f) {
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "      --cpu               use the CPU backend (the only one in this build)\n"
+        "%s"
         "      --chdir DIR         working directory of the tools (default: the current one)\n"
         "      --yes               run bash commands without asking\n"
         "      --bash-timeout S    seconds before a command is killed (default 30)\n"
@@ -57,7 +59,8 @@ static void usage(FILE *f) {
         "      --trace FILE        append one line per prefill/generation (token counts)\n"
         "      --scripted-output F TEST ONLY: the model's messages come from F (entries split by '@@@' lines)\n"
         "  -h, --help              this text\n"
-        "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /think /nothink /think-show /quit\n");
+        "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /think /nothink /think-show /quit\n",
+        ds4_ssd_usage);
 }
 
 static int parse_args(int argc, char **argv, agent_args *o) {
@@ -67,11 +70,15 @@ static int parse_args(int argc, char **argv, agent_args *o) {
     o->sampling.seed = ds4_sampler_random_seed();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int sampling;
+        int sampling, ssd;
+        char ssd_err[256];
 #define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4-agent", a); return -1; } i++; } while (0)
 #define BAD_VALUE() do { fprintf(stderr, "ds4-agent: bad value for %s: %s\n", a, v); return -1; } while (0)
 #define IS(x) (!strcmp(a, x))
-        if (IS("-h") || IS("--help")) { usage(stdout); return 1; }
+        if ((ssd = ds4_ssd_parse_option(&o->ssd, argc, argv, &i, ssd_err, sizeof ssd_err)) != 0) {
+            if (ssd < 0) { fprintf(stderr, "ds4-agent: %s\n", ssd_err); return -1; }
+        }
+        else if (IS("-h") || IS("--help")) { usage(stdout); return 1; }
         else if (IS("-m") || IS("--model")) { NEEDS_VALUE(); o->model = v; }
         else if (IS("-c") || IS("--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 256, INT_MAX, &o->ctx)) BAD_VALUE(); }
         else if (IS("-t") || IS("--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
@@ -327,6 +334,8 @@ int main(int argc, char **argv) {
     ep.n_threads = o.threads;
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
+    ep.ssd = o.ssd;
+    ep.ssd.ctx = o.ctx;
     if (!(e = ds4_engine_load(&ep, err, sizeof err))) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
 
     ds4_agent_display display;
