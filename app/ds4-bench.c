@@ -13,7 +13,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: ds4-bench --kernels [-t N]\n"
                "       ds4-bench -m MODEL.gguf [--prompt-file F] [--ctx-start N] [--ctx-max N]\n"
                "                 [--step-incr N | --step-mul F] [--gen-tokens N] [--prefill-chunk N]\n"
-               "                 [--numerics 0|1] [-t N]\n"
+               "                 [--numerics 0|1] [-t N] [--cuda|--cpu] [--gpu-vram ..] [--gpu-devices ..]\n"
                "  --kernels   memory bandwidth, matvec GB/s per weight type, matmul GFLOP/s\n"
                "  -m MODEL    CSV per context frontier: frontier,prefill_tps,gen_tps,kvcache_bytes\n"
                "  -t N        threads (--kernels: default 2, also measured with 1 thread;\n"
@@ -41,6 +41,10 @@ int main(int argc, char **argv) {
         {"--prefill-chunk", &mp.prefill_chunk, 1, 1 << 20}, {"--numerics", &mp.numerics, 0, 1},
     };
     for (int i = 1; i < argc; i++) {
+        char gpu_err[256];
+        int gpu_arg = ds4_gpu_option(&mp.gpu, argv[i], i + 1 < argc ? argv[i + 1] : NULL, gpu_err, sizeof gpu_err);
+        if (gpu_arg < 0) { fprintf(stderr, "ds4-bench: %s\n", gpu_err); return 2; }
+        if (gpu_arg > 0) { i += gpu_arg - 1; continue; }
         size_t k = 0;
         while (k < sizeof ints / sizeof ints[0] && strcmp(argv[i], ints[k].name)) k++;
         if (k < sizeof ints / sizeof ints[0]) {

@@ -19,6 +19,7 @@ static void usage(FILE *f) {
         "  -c, --ctx N                   context size in tokens (default 32768)\n"
         "  -n, --tokens N                default output limit when a request gives none (default 393216)\n"
         "  -t, --threads N               CPU threads (default: all)\n"
+        "%s"
         "      --cors                    send Access-Control-Allow-* headers\n"
         "      --chdir DIR               change directory before loading anything\n"
         "      --trace FILE              log rendered prompts, cache decisions, outputs, tool parsing\n"
@@ -34,7 +35,7 @@ static void usage(FILE *f) {
         "      --kv-cache-reject-different-quant  only reuse snapshots of the same expert quant\n"
         "      --completions-chat        wrap /v1/completions string prompts as a chat turn (default: raw)\n"
         "      --scripted-output FILE    TEST ONLY: every generation emits this file's text\n"
-        "  -h, --help\n");
+        "  -h, --help\n", ds4_gpu_usage);
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi) {
@@ -51,6 +52,10 @@ int main(int argc, char **argv) {
     ds4_server_opts_default(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char gpu_err[256];
+        int gpu_arg = ds4_gpu_option(&o.gpu, a, v, gpu_err, sizeof gpu_err);
+        if (gpu_arg < 0) { fprintf(stderr, "ds4-server: %s\n", gpu_err); return 2; }
+        if (gpu_arg > 0) { i += gpu_arg - 1; continue; }
 #define ARG(s) (!strcmp(a, s))
         if (ARG("-h") || ARG("--help")) { usage(stdout); return 0; }
         else if (ARG("--cors")) o.cors = true;

@@ -9,6 +9,11 @@
  *   kv->n_pos + n must not exceed kv->ctx (the engine checks both).
  * - A backend owns its scratch and reuses it across calls; it may serve several
  *   states, one call at a time.
+ * - kv_sync (NULL for backends that compute in the host ds4_kv) makes the
+ *   host copy of a state current before the engine reads its buffers
+ *   (to_host) or the backend's copy current after the engine wrote them
+ *   (!to_host). kv_release (may be NULL) drops what the backend keeps for a
+ *   state that is being freed.
  */
 #ifndef DS4_BACKEND_H
 #define DS4_BACKEND_H
@@ -26,6 +31,8 @@ struct ds4_backend {
     int (*eval)(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks, int n, float *logits,
                 bool all_logits, char *err, size_t errlen);
     void (*free)(ds4_backend *be);
+    int (*kv_sync)(ds4_backend *be, struct ds4_kv *kv, bool to_host, char *err, size_t errlen);
+    void (*kv_release)(ds4_backend *be, struct ds4_kv *kv);
 };
 
 #endif

@@ -14,6 +14,7 @@ void ds4_bench_model_defaults(ds4_bench_model_params *p) {
     p->ctx_max = 65536;
     p->step_incr = 2048;
     p->gen_tokens = 128;
+    ds4_gpu_opts_default(&p->gpu);
 }
 
 static double now(void) {
@@ -68,6 +69,8 @@ int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
     ep.n_threads = p->threads;
     ep.prefill_chunk = p->prefill_chunk;
     ep.numerics = p->numerics;
+    ep.gpu = p->gpu;
+    ep.gpu_ctx = p->ctx_max;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) { fprintf(stderr, "ds4-bench: %s\n", err); return -1; }
     const ds4_tokenizer *tk = ds4_engine_tokenizer(e);

@@ -19,12 +19,14 @@
 #define DS4_BENCH_MODEL_H
 
 #include <stdio.h>
+#include "cuda_plan.h"
 
 typedef struct {
     const char *model_path, *prompt_file;
     int threads, prefill_chunk, numerics;
     int ctx_start, ctx_max, step_incr, gen_tokens;
     double step_mul;                    /* > 1: geometric frontiers instead of step_incr */
+    ds4_gpu_opts gpu;                   /* backend and placement (cuda_plan.h) */
 } ds4_bench_model_params;
 
 void ds4_bench_model_defaults(ds4_bench_model_params *p);

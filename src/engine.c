@@ -1,7 +1,8 @@
-/* engine.c -- the public engine API over the model binding, the CPU backend
- * and the session state. */
+/* engine.c -- the public engine API over the model binding, the backend
+ * (CPU or CUDA) and the session state. */
 #include "engine.h"
 #include "backend.h"
+#include "cuda/cuda_backend.h"
 #include "forward_cpu.h"
 #include "gguf.h"
 #include "kv.h"
@@ -49,6 +50,7 @@ struct ds4_snapshot {
 void ds4_engine_params_default(ds4_engine_params *p) {
     memset(p, 0, sizeof *p);
     p->numerics = -1;
+    ds4_gpu_opts_default(&p->gpu);
 }
 
 static uint64_t rss_bytes(void) {
@@ -72,15 +74,21 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     }
     bool numerics = p->numerics < 0 ? ds4_cpu_numerics_supported(&e->m->cfg) : p->numerics > 0;
     e->prefill_chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 4096;
-    e->be = ds4_cpu_backend_new(e->m, p->n_threads, e->prefill_chunk, numerics, err, errlen);
+    if (p->gpu.backend == DS4_BACKEND_CUDA)
+        e->be = ds4_cuda_backend_new(e->m, &p->gpu, p->gpu_ctx > 0 ? p->gpu_ctx : 32768, e->prefill_chunk, numerics,
+                                     p->quiet, err, errlen);
+    else
+        e->be = ds4_cpu_backend_new(e->m, p->n_threads, e->prefill_chunk, numerics, err, errlen);
     if (!e->be) goto fail;
     if (!p->quiet) {
         const ds4_config *c = &e->m->cfg;
+        char where[64] = "cuda";
+        if (p->gpu.backend == DS4_BACKEND_CPU) snprintf(where, sizeof where, "%d threads", ds4_cpu_backend_threads(e->be));
         fprintf(stderr, "ds4: %s: %d layers, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
-                        "%d threads, numerics %s\n",
+                        "%s, numerics %s\n",
                 e->m->name, c->n_layer, c->n_expert, ds4_model_expert_bits(e->m),
                 (double)e->m->file_bytes / (1 << 30), (double)rss_bytes() / (1 << 20),
-                ds4_cpu_backend_threads(e->be), numerics ? "ds4" : "f32");
+                where, numerics ? "ds4" : "f32");
     }
     return e;
 fail:
@@ -131,6 +139,13 @@ ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen) {
     return s;
 }
 
+/* The backend may hold the state elsewhere (CUDA): bring the host copy up to
+ * date before reading its buffers, and push it back after writing them. */
+static int kv_sync(const ds4_session *s, bool to_host, char *err, size_t errlen) {
+    ds4_backend *be = s->e->be;
+    return be->kv_sync ? be->kv_sync(be, s->kv, to_host, err, errlen) : 0;
+}
+
 /* Forgets checkpoints past position n (all of them for n < 0). */
 static void drop_ckpts(ds4_session *s, int n) {
     while (s->n_ckpt && s->ckpt_pos[s->n_ckpt - 1] > n) free(s->ckpt[--s->n_ckpt]);
@@ -148,8 +163,10 @@ static void maybe_ckpt(ds4_session *s) {
         s->n_ckpt = MAX_CKPT / 2;
         s->ckpt_every *= 2;
     }
+    char err[256];
     void *c = malloc(ds4_kv_ring_bytes(s->kv));
-    if (!c) return;   /* a missing checkpoint only makes a deep rewind slower */
+    /* a missing checkpoint only makes a deep rewind slower */
+    if (!c || kv_sync(s, true, err, sizeof err)) { free(c); return; }
     ds4_kv_ring_save(s->kv, c);
     s->ckpt[s->n_ckpt] = c;
     s->ckpt_pos[s->n_ckpt++] = pos;
@@ -158,6 +175,7 @@ static void maybe_ckpt(ds4_session *s) {
 void ds4_session_free(ds4_session *s) {
     if (!s) return;
     drop_ckpts(s, -1);
+    if (s->kv && s->e->be->kv_release) s->e->be->kv_release(s->e->be, s->kv);
     ds4_kv_free(s->kv);
     free(s->toks);
     free(s->logits);
@@ -217,7 +235,9 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
     if (n_tokens == 0) { ds4_kv_reset(s->kv); return 0; }
     if (!ds4_kv_truncate(s->kv, keep)) {
         if (s->n_ckpt) {
+            if (kv_sync(s, true, err, errlen)) return -1;
             ds4_kv_ring_load(s->kv, s->ckpt[s->n_ckpt - 1]);
+            if (kv_sync(s, false, err, errlen)) return -1;
             keep = s->ckpt_pos[s->n_ckpt - 1];
         } else {
             keep = 0;
@@ -242,7 +262,11 @@ ds4_snapshot *ds4_session_snapshot(const ds4_session *s) {
     snap->kv = malloc(snap->kv_bytes);
     snap->toks = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
     snap->logits = malloc((size_t)V * sizeof(float));
-    if (!snap->kv || !snap->toks || !snap->logits) { ds4_snapshot_free(snap); return NULL; }
+    char err[256];
+    if (!snap->kv || !snap->toks || !snap->logits || kv_sync(s, true, err, sizeof err)) {
+        ds4_snapshot_free(snap);
+        return NULL;
+    }
     ds4_kv_save(s->kv, snap->kv);
     memcpy(snap->toks, s->toks, (size_t)n * sizeof(int32_t));
     memcpy(snap->logits, s->logits, (size_t)V * sizeof(float));
@@ -254,6 +278,7 @@ int ds4_session_restore(ds4_session *s, const ds4_snapshot *snap, char *err, siz
         snprintf(err, errlen, "snapshot does not fit this session (ctx %d vs %d)", snap->ctx, s->ctx);
         return -1;
     }
+    if (kv_sync(s, false, err, errlen)) return -1;
     drop_ckpts(s, -1);
     memcpy(s->toks, snap->toks, (size_t)snap->n_toks * sizeof(int32_t));
     memcpy(s->logits, snap->logits, (size_t)s->e->m->cfg.n_vocab * sizeof(float));
@@ -273,11 +298,18 @@ size_t ds4_session_payload_bytes(const ds4_session *s) {
 }
 
 void ds4_session_save_payload(const ds4_session *s, void *dst) {
+    char err[256];
+    if (kv_sync(s, true, err, sizeof err)) {
+        /* the device lost the state: save an empty session rather than stale rows */
+        fprintf(stderr, "ds4: %s; the session is dropped\n", err);
+        ds4_kv_reset(s->kv);
+    }
     ds4_payload_write(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, s->e->prefill_chunk, dst);
 }
 
 int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *err, size_t errlen) {
     if (!ds4_payload_load(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen)) return -1;
+    if (kv_sync(s, false, err, errlen)) return -1;
     drop_ckpts(s, -1);
     return 0;
 }

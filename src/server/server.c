@@ -1317,6 +1317,7 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     o->tool_memory_max_ids = 100000;
     ds4_kvdisk_opts_default(&o->kvdisk);
     ds4_http_limits_default(&o->limits);
+    ds4_gpu_opts_default(&o->gpu);
 }
 
 int ds4_server_run(const ds4_server_opts *opts) {
@@ -1339,6 +1340,8 @@ int ds4_server_run(const ds4_server_opts *opts) {
     ds4_engine_params_default(&ep);
     ep.model_path = s->o.model_path;
     ep.n_threads = s->o.threads;
+    ep.gpu = s->o.gpu;
+    ep.gpu_ctx = s->o.ctx;
     s->eng = ds4_engine_load(&ep, err, sizeof err);
     if (!s->eng) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
     s->tok = ds4_engine_tokenizer(s->eng);

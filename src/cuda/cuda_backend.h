@@ -1,0 +1,40 @@
+/* cuda_backend.h -- the CUDA backend (backend.h) for a bound DS4 model.
+ *
+ * Contract
+ * - ds4_cuda_backend_new() finds the devices (--gpu-devices, default 0),
+ *   resolves the budgets (--gpu-vram, auto = free memory), places the layers
+ *   (cuda_plan.h) reserving KV for `ctx` tokens and scratch for `max_batch`,
+ *   and uploads every weight once, in its stored (quantized) format. No GPU, a
+ *   driver too old, a placement that would spill, or running out of device
+ *   memory: NULL and one line in err; nothing is left allocated.
+ * - eval() mirrors the CPU forward pass (forward_cpu.c) op by op, including
+ *   the activation quantization before every matrix product and the ds4
+ *   numerics simulation, so logits agree with the CPU backend to float
+ *   rounding. Session state lives on the device in the same layout as the
+ *   host ds4_kv (one block, same offsets); kv_sync() copies it to or from the
+ *   host so snapshots and payloads are the CPU's, byte for byte in layout.
+ *   Decode (one token) replays a captured CUDA graph per session.
+ * - Builds without CUDA link src/cuda/none.c, whose constructor refuses with
+ *   one line.
+ */
+#ifndef DS4_CUDA_BACKEND_H
+#define DS4_CUDA_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include "backend.h"
+#include "cuda_plan.h"
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+ds4_backend *ds4_cuda_backend_new(const ds4_model *m, const ds4_gpu_opts *o, int ctx, int max_batch, bool numerics,
+                                  bool quiet, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
