@@ -14,8 +14,9 @@ CUDA_PTX   ?= compute_80
 ifeq ($(CUDA_ARCH),native)
 CUDA_GENCODE := -arch=native
 else
-CUDA_GENCODE := $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(subst sm_,,$(a)),code=$(a)) \
-                $(if $(CUDA_PTX),-gencode=arch=$(CUDA_PTX),code=$(CUDA_PTX))
+cuda_comma := ,
+CUDA_GENCODE := $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(subst sm_,,$(a))$(cuda_comma)code=$(a)) \
+                $(if $(CUDA_PTX),-gencode=arch=$(CUDA_PTX)$(cuda_comma)code=$(CUDA_PTX))
 endif
 # no fast-math: the kernels must round like the CPU reference (exact path)
 NVCCFLAGS  ?= -O3 -std=c++17 -g -lineinfo $(CUDA_GENCODE) -Isrc -Werror all-warnings \

@@ -75,8 +75,8 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     bool numerics = p->numerics < 0 ? ds4_cpu_numerics_supported(&e->m->cfg) : p->numerics > 0;
     e->prefill_chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 4096;
     if (p->gpu.backend == DS4_BACKEND_CUDA)
-        e->be = ds4_cuda_backend_new(e->m, &p->gpu, p->gpu_ctx > 0 ? p->gpu_ctx : 32768, e->prefill_chunk, numerics,
-                                     p->quiet, err, errlen);
+        e->be = ds4_cuda_backend_new(e->m, &p->gpu, p->gpu_ctx > 0 ? p->gpu_ctx : 32768, REWIND_SLACK,
+                                     e->prefill_chunk, numerics, p->quiet, err, errlen);
     else
         e->be = ds4_cpu_backend_new(e->m, p->n_threads, e->prefill_chunk, numerics, err, errlen);
     if (!e->be) goto fail;

@@ -680,7 +680,7 @@ static void cpu_free(ds4_backend *be) {
 /* Inverse frequencies as the reference computes them in f32: plain RoPE, or
  * YaRN (ramp between the beta_fast/beta_slow correction dims, no magnitude
  * scaling) for compressed layers (sheet 6.4). */
-static float *make_inv_freq(const ds4_config *c, bool yarn) {
+float *ds4_rope_inv_freq(const ds4_config *c, bool yarn) {
     const int n = c->n_rot / 2;
     float *inv = malloc((size_t)n * sizeof(float));
     const double base = yarn ? c->compress_rope_base : c->rope_base;
@@ -731,8 +731,8 @@ ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batc
     f->pool = ds4_pool_new(n_threads);
     f->n_threads = ds4_pool_threads(f->pool);
     f->ts = calloc((size_t)f->n_threads, sizeof(thread_scratch));
-    f->inv_freq[ROPE_MAIN] = make_inv_freq(&m->cfg, false);
-    f->inv_freq[ROPE_COMPRESS] = make_inv_freq(&m->cfg, true);
+    f->inv_freq[ROPE_MAIN] = ds4_rope_inv_freq(&m->cfg, false);
+    f->inv_freq[ROPE_COMPRESS] = ds4_rope_inv_freq(&m->cfg, true);
     f->comp_cs = malloc((size_t)m->cfg.n_rot * sizeof(float));
     if (!f->pool || !f->ts) { cpu_free(&f->base); snprintf(err, errlen, "cannot create the thread pool"); return NULL; }
     return &f->base;

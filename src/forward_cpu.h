@@ -18,6 +18,9 @@
  *   and a multiple of 32).
  * - The round-trip helpers are exposed for unit tests; n is a multiple of the
  *   block (64 for FP8, 32 for FP4), Hadamard needs a power of two.
+ * - ds4_rope_inv_freq() is the RoPE (yarn = false) or YaRN inverse-frequency
+ *   table (n_rot/2 floats, malloc'd, NULL when out of memory), shared with
+ *   the CUDA backend so both rotate by the same angles.
  */
 #ifndef DS4_FORWARD_CPU_H
 #define DS4_FORWARD_CPU_H
@@ -35,5 +38,6 @@ int ds4_cpu_backend_threads(const ds4_backend *be);
 void ds4_fp8_e4m3_roundtrip(float *x, int n);
 void ds4_fp4_e2m1_roundtrip(float *x, int n);
 void ds4_hadamard(float *x, int n);
+float *ds4_rope_inv_freq(const ds4_config *c, bool yarn);
 
 #endif

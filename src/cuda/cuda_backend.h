@@ -3,7 +3,8 @@
  * Contract
  * - ds4_cuda_backend_new() finds the devices (--gpu-devices, default 0),
  *   resolves the budgets (--gpu-vram, auto = free memory), places the layers
- *   (cuda_plan.h) reserving KV for `ctx` tokens and scratch for `max_batch`,
+ *   (cuda_plan.h) reserving KV for one `ctx`-token session (kv.h with
+ *   kv_slack) and scratch for `max_batch` tokens,
  *   and uploads every weight once, in its stored (quantized) format. No GPU, a
  *   driver too old, a placement that would spill, or running out of device
  *   memory: NULL and one line in err; nothing is left allocated.
@@ -20,18 +21,18 @@
 #ifndef DS4_CUDA_BACKEND_H
 #define DS4_CUDA_BACKEND_H
 
+#ifdef __cplusplus
+extern "C" {   /* the C headers below too: backend.cu is C++ */
+#endif
+
 #include <stdbool.h>
 #include <stddef.h>
 #include "backend.h"
 #include "cuda_plan.h"
 #include "model.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-ds4_backend *ds4_cuda_backend_new(const ds4_model *m, const ds4_gpu_opts *o, int ctx, int max_batch, bool numerics,
-                                  bool quiet, char *err, size_t errlen);
+ds4_backend *ds4_cuda_backend_new(const ds4_model *m, const ds4_gpu_opts *o, int ctx, int kv_slack, int max_batch,
+                                  bool numerics, bool quiet, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }
