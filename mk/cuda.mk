@@ -31,7 +31,12 @@ ifeq ($(CUDA),1)
 # static cudart: the binaries need only the driver (libcuda) at run time, and
 # without one they start and say so instead of failing to load
 LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcudart_static -lrt -ldl -lstdc++
-$(BUILD)/%.o: %.cu
+# the objects depend on the nvcc command line, so a CUDA_ARCH change rebuilds them
+.PHONY: cuda-flags-check
+$(BUILD)/cuda-flags: cuda-flags-check
+	@mkdir -p $(dir $@)
+	@echo '$(NVCC) $(NVCCFLAGS)' | cmp -s - $@ || echo '$(NVCC) $(NVCCFLAGS)' > $@
+$(BUILD)/%.o: %.cu $(BUILD)/cuda-flags
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 $(BIN)ds4-cuda-ops: tests/cuda/cuda_ops.c $(LIB)

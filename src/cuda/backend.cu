@@ -74,7 +74,6 @@ static size_t scratch_bytes(const ds4_config *c, size_t T) {
 #define SUM(name, count) n += ((size_t)(count) * sizeof(float) + DS4_GPU_ALIGN - 1) / DS4_GPU_ALIGN * DS4_GPU_ALIGN;
     SCRATCH_FLOATS(SUM)
 #undef SUM
-    (void)hcE; (void)HD; (void)DI; (void)F; (void)mixn;
     n += 2 * J * sizeof(int32_t) + T * c->idx_topk * sizeof(int) + (T + 1) * sizeof(int) + T * sizeof(int32_t);
     const size_t acts = T * widest_input(c) > J * F ? T * widest_input(c) : J * F;
     return n + acts * sizeof(float);
@@ -395,7 +394,6 @@ static bool alloc_scratch(cu *f, size_t T, char *err, size_t errlen) {
     const ds4_config *c = f->c;
     const size_t E = c->n_embd, hcE = (size_t)c->n_hc * E, D = c->head_dim, HD = (size_t)c->n_head * D;
     const size_t DI = c->idx_head_dim, F = c->n_ff_exp, J = T * c->n_expert_used, mixn = (size_t)(2 + c->n_hc) * c->n_hc;
-    (void)hcE; (void)HD; (void)DI; (void)F; (void)mixn;
 #define ALLOC(name, count) \
     if (!ok(cudaMalloc((void **)&f->name, (size_t)(count) * sizeof(float)), "allocating scratch " #name, err, errlen)) \
         return false;
@@ -471,6 +469,13 @@ extern "C" ds4_backend *ds4_cuda_backend_new(const ds4_model *m, const ds4_gpu_o
 
     uint64_t layer_kv[DS4_MAX_LAYERS];
     ds4_gpu_layer_kv_bytes(m, ctx, kv_slack, layer_kv);
+    /* the session's indexer scores (get_mirror) count as its KV: max_batch
+     * scores per compressed row of the first indexer layer */
+    for (int l = 0; l < c->n_layer; l++)
+        if (ds4_cfg_has_indexer(c, l)) {
+            layer_kv[l] += (uint64_t)f->base.max_batch * (uint64_t)(ctx / ds4_cfg_ratio(c, l) + 1) * sizeof(float);
+            break;
+        }
     ds4_gpu_placement pl;
     f->plan = ds4_upload_plan_new(m, err, errlen);
     if (!f->plan ||
