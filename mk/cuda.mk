@@ -47,9 +47,11 @@ endif
 
 # make test checks the CUDA build on this (GPU-less) machine: it links, and
 # --cuda fails cleanly (tests/cuda/test_cuda_nogpu.sh). Without nvcc that test
-# reports a skip.
+# fails, saying the CUDA build is missing.
+# Only for the default build: sanitizer builds (BUILD=build-asan ...) pass
+# their flags down to sub-makes and run no script tests anyway.
 ifneq ($(NVCC),)
-ifneq ($(CUDA),1)
+ifeq ($(CUDA)$(BUILD),build)
 TEST_DATA += cuda-test-bins
 .PHONY: cuda-test-bins
 cuda-test-bins:

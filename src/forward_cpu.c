@@ -2,6 +2,7 @@
  * a ds4_kv session state (sections 6-8 of the model sheet). */
 #include "forward_cpu.h"
 #include "forward_cpu_impl.h"
+#include "forward_shared.h"
 #include "kernels_cpu.h"
 #include "kv.h"
 #include "quant.h"
@@ -83,8 +84,6 @@ static void rmsnorm(float *x, int n, const float *w, float eps) {
     for (int i = 0; i < n; i++) x[i] = w ? w[i] * (x[i] * r) : x[i] * r;
 }
 
-static float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
-
 /* f32 dot product through the SIMD kernels (the F32 "activation" is f32). */
 static float dotf(const float *a, const float *b, int n) { return ds4_vec_dot(DS4_TYPE_F32, a, b, n); }
 
@@ -132,39 +131,11 @@ static void hc_pre_task(batch *b, int t, int thread) {
     const cpu *f = b->f;
     const ds4_config *c = f->c;
     const int hc = c->n_hc, E = c->n_embd;
-    const float *m = f->mix + (size_t)t * f->mixn;
-    const float *sc = b->hc_scale, *bs = b->hc_base;
     float *post = f->hcw + (size_t)t * f->mixn, *comb = post + hc;
     float pre[64];
-    for (int s = 0; s < hc; s++) {
-        pre[s] = sigmoidf(m[s] * sc[0] + bs[s]) + c->hc_eps;
-        post[s] = 2.0f * sigmoidf(m[hc + s] * sc[1] + bs[hc + s]);
-    }
     double C[64 * 64];
-    for (int j = 0; j < hc; j++) {
-        float z[64], mx = -INFINITY;
-        for (int k = 0; k < hc; k++) {
-            z[k] = m[2 * hc + j * hc + k] * sc[2] + bs[2 * hc + j * hc + k];
-            mx = fmaxf(mx, z[k]);
-        }
-        double sum = 0;
-        for (int k = 0; k < hc; k++) sum += exp((double)z[k] - mx);
-        for (int k = 0; k < hc; k++) C[j * hc + k] = exp((double)z[k] - mx) / sum + c->hc_eps;
-    }
-    for (int it = 0; it < c->sinkhorn_iters; it++) {
-        if (it > 0)
-            for (int j = 0; j < hc; j++) {
-                double s = 0;
-                for (int k = 0; k < hc; k++) s += C[j * hc + k];
-                for (int k = 0; k < hc; k++) C[j * hc + k] /= s + c->hc_eps;
-            }
-        for (int k = 0; k < hc; k++) {
-            double s = 0;
-            for (int j = 0; j < hc; j++) s += C[j * hc + k];
-            for (int j = 0; j < hc; j++) C[j * hc + k] /= s + c->hc_eps;
-        }
-    }
-    for (int i = 0; i < hc * hc; i++) comb[i] = (float)C[i];
+    ds4_hc_weights(f->mix + (size_t)t * f->mixn, b->hc_scale, b->hc_base, hc, c->sinkhorn_iters, c->hc_eps, pre, post,
+                   comb, C);
     const float *S = f->S + (size_t)t * hc * E;
     float *a = f->a + (size_t)t * E;
     for (int d = 0; d < E; d++) {
@@ -232,28 +203,10 @@ static void q_task(batch *b, int t, int thread) {
     }
 }
 
-/* Pools window w of one compressor from its frontier ring (sheet 6.5): ratio-4
- * style (coff 2) mixes window w-1's A lanes with window w's B lanes. */
+/* Pools window w of one compressor from its frontier ring (sheet 6.5). */
 static void pool_window(const float *fk, const float *fz, int f_cap, int coff, int d, int ratio, int64_t w,
                         float *out) {
-    const int Wc = coff * d;
-    const int64_t first = (coff == 2 && w > 0) ? (w - 1) * ratio : w * ratio, end = (w + 1) * ratio;
-    for (int j = 0; j < d; j++) {
-        float mx = -INFINITY;
-        for (int64_t p = first; p < end; p++) {
-            int lane = (coff == 2 && p >= w * ratio) ? d + j : j;
-            mx = fmaxf(mx, fz[(size_t)(p % f_cap) * Wc + lane]);
-        }
-        double num = 0, den = 0;
-        for (int64_t p = first; p < end; p++) {
-            int lane = (coff == 2 && p >= w * ratio) ? d + j : j;
-            size_t o = (size_t)(p % f_cap) * Wc + lane;
-            double e = exp((double)fz[o] - mx);
-            den += e;
-            num += e * fk[o];
-        }
-        out[j] = (float)(num / den);
-    }
+    for (int j = 0; j < d; j++) out[j] = ds4_pool_lane(fk, fz, f_cap, coff, d, ratio, w, j);
 }
 
 /* Feeds the batch's projected K/Z into layer l's compressor(s) in token order,
@@ -476,37 +429,14 @@ static void swiglu(float *g, const float *u, int n, float limit) {
     }
 }
 
-static float sqrt_softplus(float z) { return sqrtf(z > 20.0f ? z : log1pf(expf(z))); }
-
 static void route_task(batch *b, int t, int thread) {
     const cpu *f = b->f;
     const ds4_config *c = f->c;
     const ds4_layer *W = &f->m->layers[b->l];
-    const int X = c->n_expert, k = c->n_expert_used;
-    float *s = f->rl + (size_t)t * X;
-    int *ei = f->eidx + (size_t)t * k;
-    float *ew = f->ew + (size_t)t * k;
-    for (int e = 0; e < X; e++) s[e] = sqrt_softplus(s[e]);
-    if (W->tid2eid) {
-        for (int i = 0; i < k; i++) ei[i] = W->tid2eid[(size_t)b->toks[t] * k + i];
-    } else {
-        for (int i = 0; i < k; i++) {
-            int best = -1;
-            float bv = 0;
-            for (int e = 0; e < X; e++) {
-                bool used = false;
-                for (int j = 0; j < i; j++) used |= ei[j] == e;
-                float v = s[e] + (W->exp_probs_b ? W->exp_probs_b[e] : 0.0f);
-                if (!used && (best < 0 || v > bv)) { best = e; bv = v; }
-            }
-            ei[i] = best;
-        }
-    }
-    double sum = 0;
-    for (int i = 0; i < k; i++) sum += s[ei[i]];
-    if (sum < 0x1p-14) sum = 0x1p-14;
-    for (int i = 0; i < k; i++)
-        ew[i] = (float)((c->expert_weights_norm ? s[ei[i]] / sum : s[ei[i]]) * c->expert_weights_scale);
+    const int k = c->n_expert_used;
+    ds4_route_token(f->rl + (size_t)t * c->n_expert, c->n_expert, k,
+                    W->tid2eid ? W->tid2eid + (size_t)b->toks[t] * k : NULL, W->exp_probs_b, c->expert_weights_norm,
+                    c->expert_weights_scale, f->eidx + (size_t)t * k, f->ew + (size_t)t * k);
 }
 
 /* Expert e over the n gathered rows of xe; adds weighted outputs into y. */
@@ -618,7 +548,7 @@ static void head(batch *b, int t0, int n, float *logits) {
         float *h = f->x + (size_t)i * E;
         memset(h, 0, (size_t)E * sizeof(float));
         for (int s = 0; s < hc; s++) {
-            float w = sigmoidf(f->mix[(size_t)i * hc + s] * m->output_hc_scale[0] + m->output_hc_base[s]) + c->hc_eps;
+            float w = ds4_sigmoid(f->mix[(size_t)i * hc + s] * m->output_hc_scale[0] + m->output_hc_base[s]) + c->hc_eps;
             for (int d = 0; d < E; d++) h[d] += w * S[(size_t)s * E + d];
         }
         rmsnorm(h, E, m->output_norm, c->rms_eps);

@@ -4,6 +4,7 @@
 #include "cuda/ops.h"
 
 extern "C" {
+#include "forward_shared.h"
 #include "kernels_cpu.h"
 #include "quant.h"
 }
@@ -65,29 +66,17 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-/* Sum of one double per thread over the block (blockDim a multiple of 32, <= 1024). */
-static __device__ double block_sum_double(double v) {
-    __shared__ double part[32];
+/* Sum of one value per thread over the block (blockDim a multiple of 32,
+ * <= 1024); every thread gets the total. */
+template <typename V> static __device__ V block_sum(V v) {
+    __shared__ V part[32];
     for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     __syncthreads();
     if (lane == 0) part[warp] = v;
     __syncthreads();
-    double s = 0;
+    V s = 0;
     for (int w = 0; w < nw; w++) s += part[w];
-    __syncthreads();
-    return s;
-}
-
-static __device__ int block_sum_int(int v) {
-    __shared__ int ipart[32];
-    for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    __syncthreads();
-    if (lane == 0) ipart[warp] = v;
-    __syncthreads();
-    int s = 0;
-    for (int w = 0; w < nw; w++) s += ipart[w];
     __syncthreads();
     return s;
 }
@@ -399,7 +388,7 @@ extern "C" int ds4_cu_embed(uint32_t type, const void *table, size_t row_bytes, 
 static __device__ void blk_rmsnorm(float *x, int n, const float *w, float eps) {
     double ss = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)x[i] * x[i];
-    ss = block_sum_double(ss);
+    ss = block_sum<double>(ss);
     const float r = (float)(1.0 / sqrt(ss / n + eps));
     for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = w ? w[i] * (x[i] * r) : x[i] * r;
     __syncthreads();
@@ -416,48 +405,20 @@ static __device__ void blk_rope(float *x, int dim, int n_rot, const float *cs, b
     __syncthreads();
 }
 
-static __device__ float pow2_ceil(float r) {
-    int e;
-    const float m = frexpf(r, &e);
-    return ldexpf(1.0f, m == 0.5f ? e - 1 : e);
-}
-
-static __device__ float e4m3_round(float v) {
-    if (v < 0x1p-6f) return rintf(v * 512.0f) / 512.0f;
-    int e;
-    frexpf(v, &e);
-    const float step = ldexpf(1.0f, e - 1 - 3);
-    const float r = rintf(v / step) * step;
-    return r > 448.0f ? 448.0f : r;
-}
-
-static __device__ float e2m1_round(float v) {
-    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    int best = 0;
-    for (int k = 1; k < 8; k++) {
-        const float d = fabsf(v - mag[k]), db = fabsf(v - mag[best]);
-        if (d < db || (d == db && (k & 1) == 0)) best = k;
-    }
-    return mag[best];
-}
-
 enum { MAX_SCALE_BLOCKS = 64 };
 
 /* ds4_fp8_e4m3_roundtrip (blk 64, kind FP8) / ds4_fp4_e2m1_roundtrip (blk 32). */
 static __device__ void blk_scaled_round(float *x, int n, bool fp8) {
     __shared__ float scale[MAX_SCALE_BLOCKS];
     const int bs = fp8 ? 64 : 32;
-    const float top = fp8 ? 448.0f : 6.0f;
     for (int b = threadIdx.x; b < n / bs; b += blockDim.x) {
-        float amax = fp8 ? 1e-4f : 6.0f * 0x1p-126f;
+        float amax = 0;
         for (int i = 0; i < bs; i++) amax = fmaxf(amax, fabsf(x[b * bs + i]));
-        scale[b] = pow2_ceil(amax / top);
+        scale[b] = fp8 ? ds4_fp8_block_scale(amax) : ds4_fp4_block_scale(amax);
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float sc = scale[i / bs], v = fminf(fabsf(x[i]) / sc, top);
-        x[i] = copysignf(fp8 ? e4m3_round(v) : e2m1_round(v), x[i]) * sc;
-    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        x[i] = fp8 ? ds4_fp8_value(x[i], scale[i / bs]) : ds4_fp4_value(x[i], scale[i / bs]);
     __syncthreads();
 }
 
@@ -486,7 +447,7 @@ __global__ void k_rmsnorm(const float *x, int64_t xstride, float *y, int64_t yst
     float *yr = y + (size_t)blockIdx.x * ystride;
     double ss = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
-    ss = block_sum_double(ss);
+    ss = block_sum<double>(ss);
     const float r = (float)(1.0 / sqrt(ss / n + eps));
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? w[i] * (xr[i] * r) : xr[i] * r;
 }
@@ -542,47 +503,15 @@ extern "C" void ds4_cu_swiglu(float *g, const float *u, int64_t n, float limit, 
 
 enum { HC_MAX = 16 };
 
-static __device__ float sigmoidf_dev(float v) { return 1.0f / (1.0f + expf(-v)); }
-
-/* hc_pre_task: thread 0 builds pre/post/comb (Sinkhorn in double), then the
- * block collapses the streams into a. */
+/* hc_pre_task: thread 0 builds pre/post/comb, then the block collapses the
+ * streams into a. */
 __global__ void k_hc_pre(const float *mix, const float *sc, const float *bs, const float *S, float *hcw, float *a, int hc,
                          int E, int iters, float eps) {
     __shared__ float pre[HC_MAX];
+    __shared__ double C[HC_MAX * HC_MAX];
     const int t = blockIdx.x, mixn = (2 + hc) * hc;
-    const float *m = mix + (size_t)t * mixn;
-    float *post = hcw + (size_t)t * mixn, *comb = post + hc;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < hc; s++) {
-            pre[s] = sigmoidf_dev(m[s] * sc[0] + bs[s]) + eps;
-            post[s] = 2.0f * sigmoidf_dev(m[hc + s] * sc[1] + bs[hc + s]);
-        }
-        double C[HC_MAX * HC_MAX];
-        for (int j = 0; j < hc; j++) {
-            float z[HC_MAX], mx = -INFINITY;
-            for (int k = 0; k < hc; k++) {
-                z[k] = m[2 * hc + j * hc + k] * sc[2] + bs[2 * hc + j * hc + k];
-                mx = fmaxf(mx, z[k]);
-            }
-            double sum = 0;
-            for (int k = 0; k < hc; k++) sum += exp((double)z[k] - mx);
-            for (int k = 0; k < hc; k++) C[j * hc + k] = exp((double)z[k] - mx) / sum + eps;
-        }
-        for (int it = 0; it < iters; it++) {
-            if (it > 0)
-                for (int j = 0; j < hc; j++) {
-                    double s = 0;
-                    for (int k = 0; k < hc; k++) s += C[j * hc + k];
-                    for (int k = 0; k < hc; k++) C[j * hc + k] /= s + eps;
-                }
-            for (int k = 0; k < hc; k++) {
-                double s = 0;
-                for (int j = 0; j < hc; j++) s += C[j * hc + k];
-                for (int j = 0; j < hc; j++) C[j * hc + k] /= s + eps;
-            }
-        }
-        for (int i = 0; i < hc * hc; i++) comb[i] = (float)C[i];
-    }
+    float *post = hcw + (size_t)t * mixn;
+    if (threadIdx.x == 0) ds4_hc_weights(mix + (size_t)t * mixn, sc, bs, hc, iters, eps, pre, post, post + hc, C);
     __syncthreads();
     const float *St = S + (size_t)t * hc * E;
     for (int d = threadIdx.x; d < E; d += blockDim.x) {
@@ -622,7 +551,7 @@ __global__ void k_head_mix(const float *mix, const float *sc, const float *bs, c
     for (int d = threadIdx.x; d < E; d += blockDim.x) {
         float acc = 0;
         for (int s = 0; s < hc; s++)
-            acc += (sigmoidf_dev(mix[(size_t)t * hc + s] * sc[0] + bs[s]) + hc_eps) * St[(size_t)s * E + d];
+            acc += (ds4_sigmoid(mix[(size_t)t * hc + s] * sc[0] + bs[s]) + hc_eps) * St[(size_t)s * E + d];
         ht[d] = acc;
     }
     __syncthreads();
@@ -665,27 +594,9 @@ extern "C" void ds4_cu_q_prep(const ds4_cu_attn_geom *g, float *q, float *kvr, c
     k_q_prep<<<dim3(g->T, g->n_head + 1), 128, 0, stream>>>(*g, q, kvr, kv_norm);
 }
 
-/* pool_window: softmax over Z of the window's frontier lanes, K weighted. */
 static __device__ void blk_pool_window(const float *fk, const float *fz, int f_cap, int coff, int d, int ratio, int64_t w,
                                        float *out) {
-    const int Wc = coff * d;
-    const int64_t first = (coff == 2 && w > 0) ? (w - 1) * ratio : w * ratio, end = (w + 1) * ratio;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        float mx = -INFINITY;
-        for (int64_t p = first; p < end; p++) {
-            const int lane = (coff == 2 && p >= w * ratio) ? d + j : j;
-            mx = fmaxf(mx, fz[(size_t)(p % f_cap) * Wc + lane]);
-        }
-        double num = 0, den = 0;
-        for (int64_t p = first; p < end; p++) {
-            const int lane = (coff == 2 && p >= w * ratio) ? d + j : j;
-            const size_t o = (size_t)(p % f_cap) * Wc + lane;
-            const double e = exp((double)fz[o] - mx);
-            den += e;
-            num += e * fk[o];
-        }
-        out[j] = (float)(num / den);
-    }
+    for (int j = threadIdx.x; j < d; j += blockDim.x) out[j] = ds4_pool_lane(fk, fz, f_cap, coff, d, ratio, w, j);
     __syncthreads();
 }
 
@@ -824,11 +735,11 @@ __global__ void k_topk(const ds4_cu_attn_geom g, const float *iscore, int *sel, 
         const uint32_t cand = kth | (1u << bit);
         int c = 0;
         for (int w = threadIdx.x; w < nv; w += blockDim.x) c += fkey(s[w]) >= cand;
-        if (block_sum_int(c) >= k) kth = cand;
+        if (block_sum<int>(c) >= k) kth = cand;
     }
     int above = 0;
     for (int w = threadIdx.x; w < nv; w += blockDim.x) above += fkey(s[w]) > kth;
-    const int ties_kept = k - block_sum_int(above);
+    const int ties_kept = k - block_sum<int>(above);
     int written = 0, ties_seen = 0;
     for (int base = 0; base < nv; base += blockDim.x) {
         const int w = base + threadIdx.x;
@@ -931,33 +842,9 @@ extern "C" void ds4_cu_ring_write(const ds4_cu_attn_geom *g, const float *kvr, f
 __global__ void k_route(const ds4_cu_route_geom g, float *scores, int32_t *eidx, float *ew) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= g.T) return;
-    const int X = g.n_expert, k = g.k;
-    float *s = scores + (size_t)t * X;
-    int32_t *ei = eidx + (size_t)t * k;
-    for (int e = 0; e < X; e++) {
-        const float z = s[e];
-        s[e] = sqrtf(z > 20.0f ? z : log1pf(expf(z)));
-    }
-    if (g.tid2eid) {
-        for (int i = 0; i < k; i++) ei[i] = g.tid2eid[(size_t)g.toks[t] * k + i];
-    } else {
-        for (int i = 0; i < k; i++) {
-            int best = -1;
-            float bv = 0;
-            for (int e = 0; e < X; e++) {
-                bool used = false;
-                for (int j = 0; j < i; j++) used |= ei[j] == e;
-                const float v = s[e] + (g.bias ? g.bias[e] : 0.0f);
-                if (!used && (best < 0 || v > bv)) { best = e; bv = v; }
-            }
-            ei[i] = best;
-        }
-    }
-    double sum = 0;
-    for (int i = 0; i < k; i++) sum += s[ei[i]];
-    if (sum < 0x1p-14) sum = 0x1p-14;
-    for (int i = 0; i < k; i++)
-        ew[(size_t)t * k + i] = (float)((g.weights_norm ? s[ei[i]] / sum : s[ei[i]]) * g.weights_scale);
+    ds4_route_token(scores + (size_t)t * g.n_expert, g.n_expert, g.k,
+                    g.tid2eid ? g.tid2eid + (size_t)g.toks[t] * g.k : NULL, g.bias, g.weights_norm, g.weights_scale,
+                    eidx + (size_t)t * g.k, ew + (size_t)t * g.k);
 }
 
 extern "C" void ds4_cu_route(const ds4_cu_route_geom *g, float *scores, int32_t *eidx, float *ew, ds4_cu_stream stream) {

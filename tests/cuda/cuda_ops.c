@@ -3,7 +3,7 @@
  * then whole-model CPU-vs-CUDA checks.
  *
  *   ds4-cuda-ops                      per-op table (op, shape, max abs, rel, tolerance)
- *   ds4-cuda-ops --model M.gguf [--gold DIR] [--numerics exact|ds4] [--tokens N]
+ *   ds4-cuda-ops [--numerics exact|ds4] [--tokens N] [--tol R] [--gold DIR] --model M.gguf
  *       prefill logits (every position), 8 greedy decode steps (the CUDA
  *       graph path), a session payload saved on CUDA and continued on the
  *       CPU; with --gold, the CUDA logits against the transformers fixture.
@@ -11,8 +11,12 @@
  * rel = max|cuda - ref| / max|ref|. Tolerances: 0 where both sides do the
  * same IEEE operations in the same order (activation bytes, storage round
  * trips); 1e-5 for dot products and norms (summation order, FMA); whole
- * models 1e-3 (errors of ~2 x layers matrix products compound through the
- * norms). Exit status 1 when any check fails, 2 without a usable GPU. */
+ * models --tol: gpu-check.sh gives f32/f16 models in exact numerics the
+ * CPU's own tolerance against transformers (2e-5, test_forward.c) and
+ * models with quantized activations or ds4 numerics 1e-3 (a summation-order
+ * difference can move an activation across a rounding boundary; the CPU's
+ * decode-vs-prefill agreement under ds4 numerics is 1e-4). Exit status 1 when
+ * any check fails, 2 without a usable GPU. */
 #include "cuda/ops.h"
 #include "engine.h"
 #include "forward_cpu.h"
@@ -444,7 +448,7 @@ static int32_t *read_tokens(const char *dir, int *n) {
     return t;
 }
 
-static void run_model(const char *path, const char *gold, int numerics, int n_tokens) {
+static void run_model(const char *path, const char *gold, int numerics, int n_tokens, double tol) {
     char err[512];
     int n = n_tokens;
     int32_t *toks = gold ? read_tokens(gold, &n) : NULL;
@@ -465,13 +469,13 @@ static void run_model(const char *path, const char *gold, int numerics, int n_to
         n_failed++;
         goto out;
     }
-    compare_rows("model_prefill", path, lg, lc, n, V, 1e-3);
+    compare_rows("model_prefill", path, lg, lc, n, V, tol);
     if (gold) {
         char lp[512];
         snprintf(lp, sizeof lp, "%s/logits", gold);
         FILE *f = fopen(lp, "rb");
         float *g = xmalloc((size_t)n * V * sizeof(float));
-        if (f && fread(g, sizeof(float), (size_t)n * V, f) == (size_t)n * V) compare_rows("model_vs_gold", path, lg, g, n, V, 1e-3);
+        if (f && fread(g, sizeof(float), (size_t)n * V, f) == (size_t)n * V) compare_rows("model_vs_gold", path, lg, g, n, V, tol);
         else { fprintf(stderr, "ds4-cuda-ops: cannot read %s\n", lp); n_failed++; }
         if (f) fclose(f);
         free(g);
@@ -485,7 +489,7 @@ static void run_model(const char *path, const char *gold, int numerics, int n_to
             goto out;
         }
     }
-    compare_rows("model_decode8", path, ds4_session_logits(sg), ds4_session_logits(sc), 1, V, 1e-3);
+    compare_rows("model_decode8", path, ds4_session_logits(sg), ds4_session_logits(sc), 1, V, tol);
     {   /* the CUDA session's payload continues on the CPU */
         const size_t pb = ds4_session_payload_bytes(sg);
         void *payload = xmalloc(pb);
@@ -497,7 +501,7 @@ static void run_model(const char *path, const char *gold, int numerics, int n_to
             fprintf(stderr, "ds4-cuda-ops: payload: %s\n", err);
             n_failed++;
         } else {
-            compare_rows("payload_cuda2cpu", path, ds4_session_logits(moved), ds4_session_logits(sc), 1, V, 1e-3);
+            compare_rows("payload_cuda2cpu", path, ds4_session_logits(moved), ds4_session_logits(sc), 1, V, tol);
         }
         ds4_session_free(moved);
         free(payload);
@@ -517,14 +521,19 @@ int main(int argc, char **argv) {
         return 2;
     }
     int numerics = 0, n_tokens = 64, models = 0;
+    double tol = 1e-3;
     const char *gold = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--numerics") && v) { numerics = !strcmp(v, "ds4"); i++; }
         else if (!strcmp(a, "--tokens") && v) { n_tokens = atoi(v) > 0 ? atoi(v) : 64; i++; }
         else if (!strcmp(a, "--gold") && v) { gold = v; i++; }
-        else if (!strcmp(a, "--model") && v) { run_model(v, gold, numerics, n_tokens); gold = NULL; models++; i++; }
-        else { fprintf(stderr, "usage: ds4-cuda-ops [--numerics exact|ds4] [--tokens N] [[--gold DIR] --model M.gguf]...\n"); return 2; }
+        else if (!strcmp(a, "--tol") && v) { tol = atof(v) > 0 ? atof(v) : tol; i++; }
+        else if (!strcmp(a, "--model") && v) { run_model(v, gold, numerics, n_tokens, tol); gold = NULL; models++; i++; }
+        else {
+            fprintf(stderr, "usage: ds4-cuda-ops [--numerics exact|ds4] [--tokens N] [--tol R] [[--gold DIR] --model M.gguf]...\n");
+            return 2;
+        }
     }
     if (!models) run_ops();
     printf("ds4-cuda-ops: %d checks, %d failed\n", n_checks, n_failed);
