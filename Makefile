@@ -1,6 +1,6 @@
 # DwarfStar build. One static library (src/, src/server/) plus thin binaries:
-#   app/NAME.c   -> ./NAME      (ds4, ds4-server, ds4-bench, ds4-eval, ds4-agent)
-#   tools/NAME.c -> ./NAME      (ds4-convert, ds4-quantize, ...)
+#   app/NAME.c   -> ./NAME      (ds4, ds4-server, ds4-bench)
+#   tools/NAME.c -> ./NAME      (ds4-convert, ds4-make-model, ds4-vocab, ds4-gguf-dump)
 #   tests/unit/test_*.c -> $(BUILD)/tests/test_*   (run by `make test`)
 #   fuzz/fuzz_*.c       -> $(BUILD)/fuzz/fuzz_*    (libFuzzer, clang)
 # Files named *_avx2.c / *_avx512.c get their ISA flags; everything else is
@@ -36,12 +36,12 @@ TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC  := $(wildcard fuzz/fuzz_*.c)
 FUZZERS   := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
 
-.PHONY: all cpu test unit-tests asan ubsan bench-kernels demo fuzz fuzz-smoke clean help cuda
+.PHONY: all cpu test unit-tests asan ubsan bench-kernels demo fuzz fuzz-smoke venv clean distclean help cuda
 all: $(APPS)
 cpu: all
 
 help:
-	@echo "targets: all (=cpu) cuda test asan ubsan bench-kernels demo fuzz fuzz-smoke clean"
+	@echo "targets: all (=cpu) cuda test asan ubsan bench-kernels demo fuzz fuzz-smoke venv clean distclean"
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -75,8 +75,21 @@ $(BUILD)/tests/%: tests/unit/%.c $(LIB) tests/unit/check.h
 TEST_DATA :=
 -include mk/*.mk
 
-test: $(APPS) $(TESTS) $(TEST_DATA)
-	@BUILD=$(BUILD) bash tests/run_tests.sh
+# The script tests' Python oracles (tests/requirements-ci.txt) live in a
+# virtual environment under the repository, never in the system Python
+# (Debian/Ubuntu refuse a bare pip install). It sees the system's packages,
+# so where they are installed already it costs seconds and no download.
+# Nothing a user runs needs it: the binaries and `make demo` use no Python
+# packages.
+VENV ?= .venv
+venv: $(VENV)/.requirements-installed
+$(VENV)/.requirements-installed: tests/requirements-ci.txt
+	python3 -m venv --system-site-packages $(VENV)
+	$(VENV)/bin/python3 -m pip install -q --disable-pip-version-check -r tests/requirements-ci.txt
+	touch $@
+
+test: $(APPS) $(TESTS) $(TEST_DATA) venv
+	@PATH="$(abspath $(VENV))/bin:$$PATH" BUILD=$(BUILD) bash tests/run_tests.sh
 
 # Sanitizer builds run the unit tests from their own build directories (the
 # script tests drive the release binaries in the repository root).
@@ -115,5 +128,8 @@ fuzz-smoke: $(FUZZERS)
 
 clean:
 	rm -rf build build-asan build-ubsan build-cuda $(APPS)
+
+distclean: clean
+	rm -rf $(VENV) models/demo.gguf
 
 -include $(LIB_OBJ:.o=.d)

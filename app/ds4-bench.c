@@ -13,7 +13,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: ds4-bench --kernels [-t N]\n"
                "       ds4-bench -m MODEL.gguf [--prompt-file F] [--ctx-start N] [--ctx-max N]\n"
                "                 [--step-incr N | --step-mul F] [--gen-tokens N] [--prefill-chunk N]\n"
-               "                 [--numerics 0|1] [-t N] [--cuda|--cpu] [--gpu-vram ..] [--gpu-devices ..]\n"
+               "                 [--numerics exact|ds4] [-t N] [--cuda|--cpu] [--gpu-vram ..] [--gpu-devices ..]\n"
                "  --kernels   memory bandwidth, matvec GB/s per weight type, matmul GFLOP/s\n"
                "  -m MODEL    CSV per context frontier: frontier,prefill_tps,gen_tps,kvcache_bytes\n"
                "  -t N        threads (--kernels: default 2, also measured with 1 thread;\n"
@@ -38,7 +38,7 @@ int main(int argc, char **argv) {
     struct { const char *name; int *dst; long lo, hi; } ints[] = {
         {"--ctx-start", &mp.ctx_start, 1, 1 << 30}, {"--ctx-max", &mp.ctx_max, 1, 1 << 30},
         {"--step-incr", &mp.step_incr, 1, 1 << 30}, {"--gen-tokens", &mp.gen_tokens, 0, 1 << 20},
-        {"--prefill-chunk", &mp.prefill_chunk, 1, 1 << 20}, {"--numerics", &mp.numerics, 0, 1},
+        {"--prefill-chunk", &mp.prefill_chunk, 1, 1 << 20},
     };
     for (int i = 1; i < argc; i++) {
         char gpu_err[256];
@@ -52,7 +52,7 @@ int main(int argc, char **argv) {
             if (v < 0) return 2;
             *ints[k].dst = (int)v;
         } else if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model") || !strcmp(argv[i], "--prompt-file")) {
-            if (i + 1 >= argc) { fprintf(stderr, "ds4-bench: %s needs a file\n", argv[i]); return 2; }
+            if (i + 1 >= argc) { ds4_cli_missing_value("ds4-bench", argv[i]); return 2; }
             if (!strcmp(argv[i], "--prompt-file")) mp.prompt_file = argv[++i];
             else mp.model_path = argv[++i];
         } else if (!strcmp(argv[i], "--step-mul")) {
@@ -60,6 +60,11 @@ int main(int argc, char **argv) {
             mp.step_mul = i + 1 < argc ? strtod(argv[++i], &end) : 0;
             if (!end || *end || !(mp.step_mul > 1 && mp.step_mul < 1e6)) {
                 fprintf(stderr, "ds4-bench: --step-mul needs a factor > 1\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--numerics")) {
+            if (!ds4_parse_numerics(i + 1 < argc ? argv[++i] : NULL, &mp.numerics)) {
+                fprintf(stderr, "ds4-bench: --numerics takes exact or ds4\n");
                 return 2;
             }
         } else if (!strcmp(argv[i], "--kernels")) kernels = 1;
@@ -72,12 +77,12 @@ int main(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else {
-            fprintf(stderr, "ds4-bench: unknown option '%s'\n", argv[i]);
-            usage(stderr);
+            ds4_cli_unknown_option("ds4-bench", argv[i]);
             return 2;
         }
     }
     if (mp.model_path && !kernels) {
+        if (!ds4_cli_model_usable("ds4-bench", mp.model_path)) return 1;
         mp.threads = threads_set ? threads : 0;
         return ds4_bench_model(&mp, stdout) ? 1 : 0;
     }

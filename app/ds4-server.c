@@ -13,12 +13,14 @@
 static void usage(FILE *f) {
     fprintf(f,
         "usage: ds4-server [options]\n"
-        "  -m, --model FILE              GGUF model (default ./ds4flash.gguf)\n"
+        "  -m, --model FILE              GGUF model (default ./ds4flash.gguf; `make demo` builds models/demo.gguf)\n"
         "      --host ADDR               IPv4 bind address (default 127.0.0.1; 0.0.0.0 for LAN)\n"
         "      --port N                  TCP port (default 8000)\n"
         "  -c, --ctx N                   context size in tokens (default 32768)\n"
         "  -n, --tokens N                default output limit when a request gives none (default 393216)\n"
         "  -t, --threads N               CPU threads (default: all)\n"
+        "      --prefill-chunk N         prefill chunk size (default 4096)\n"
+        "      --numerics MODE           exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "%s"
         "      --cors                    send Access-Control-Allow-* headers\n"
         "      --chdir DIR               change directory before loading anything\n"
@@ -57,33 +59,42 @@ int main(int argc, char **argv) {
         if (gpu_arg < 0) { fprintf(stderr, "ds4-server: %s\n", gpu_err); return 2; }
         if (gpu_arg > 0) { i += gpu_arg - 1; continue; }
 #define ARG(s) (!strcmp(a, s))
+/* consumes the option's value, or stops with the shared message */
+#define VALUE() do { if (!v) { ds4_cli_missing_value("ds4-server", a); return 2; } i++; } while (0)
         if (ARG("-h") || ARG("--help")) { usage(stdout); return 0; }
         else if (ARG("--cors")) o.cors = true;
         else if (ARG("--disable-exact-dsml-tool-replay")) o.disable_exact_replay = true;
         else if (ARG("--completions-chat")) o.completions_chat = true;
         else if (ARG("--kv-cache-reject-different-quant")) o.kvdisk.reject_different_quant = true;
-        else if (!v) { fprintf(stderr, "ds4-server: %s needs a value (or is unknown)\n", a); usage(stderr); return 2; }
-        else if (ARG("-m") || ARG("--model")) { o.model_path = v; i++; }
-        else if (ARG("--host")) { o.host = v; i++; }
-        else if (ARG("--port")) { o.port = parse_int(a, v, 0, 65535); i++; }
-        else if (ARG("-c") || ARG("--ctx")) { o.ctx = parse_int(a, v, 16, 1 << 24); i++; }
-        else if (ARG("-n") || ARG("--tokens")) { o.default_max_tokens = parse_int(a, v, 0, 1 << 30); i++; }
-        else if (ARG("-t") || ARG("--threads")) { o.threads = parse_int(a, v, 0, 4096); i++; }
-        else if (ARG("--trace")) { o.trace_path = v; i++; }
-        else if (ARG("--tool-memory-max-ids")) { o.tool_memory_max_ids = (size_t)parse_int(a, v, 1, 1 << 30); i++; }
-        else if (ARG("--scripted-output")) { o.scripted_output = v; i++; }
-        else if (ARG("--kv-disk-dir")) { o.kvdisk.dir = v; i++; }
-        else if (ARG("--kv-disk-space-mb")) { o.kvdisk.space_bytes = (uint64_t)parse_int(a, v, 1, 1 << 30) << 20; i++; }
-        else if (ARG("--kv-cache-min-tokens")) { o.kvdisk.min_tokens = parse_int(a, v, 1, 1 << 30); i++; }
-        else if (ARG("--kv-cache-cold-max-tokens")) { o.kvdisk.cold_max_tokens = parse_int(a, v, 0, 1 << 30); i++; }
-        else if (ARG("--kv-cache-continued-interval-tokens")) { o.kvdisk.continued_interval = parse_int(a, v, 0, 1 << 30); i++; }
-        else if (ARG("--kv-cache-boundary-trim-tokens")) { o.kvdisk.boundary_trim = parse_int(a, v, 0, 1 << 30); i++; }
-        else if (ARG("--kv-cache-boundary-align-tokens")) { o.kvdisk.boundary_align = parse_int(a, v, 1, 1 << 30); i++; }
+        else if (ARG("-m") || ARG("--model")) { VALUE(); o.model_path = v; }
+        else if (ARG("--host")) { VALUE(); o.host = v; }
+        else if (ARG("--port")) { VALUE(); o.port = parse_int(a, v, 0, 65535); }
+        else if (ARG("-c") || ARG("--ctx")) { VALUE(); o.ctx = parse_int(a, v, 16, 1 << 24); }
+        else if (ARG("-n") || ARG("--tokens")) { VALUE(); o.default_max_tokens = parse_int(a, v, 0, 1 << 30); }
+        else if (ARG("-t") || ARG("--threads")) { VALUE(); o.threads = parse_int(a, v, 0, 4096); }
+        else if (ARG("--prefill-chunk")) { VALUE(); o.prefill_chunk = parse_int(a, v, 1, 1 << 30); }
+        else if (ARG("--numerics")) {
+            VALUE();
+            if (!ds4_parse_numerics(v, &o.numerics)) { fprintf(stderr, "ds4-server: --numerics takes exact or ds4\n"); return 2; }
+        }
+        else if (ARG("--trace")) { VALUE(); o.trace_path = v; }
+        else if (ARG("--tool-memory-max-ids")) { VALUE(); o.tool_memory_max_ids = (size_t)parse_int(a, v, 1, 1 << 30); }
+        else if (ARG("--scripted-output")) { VALUE(); o.scripted_output = v; }
+        else if (ARG("--kv-disk-dir")) { VALUE(); o.kvdisk.dir = v; }
+        else if (ARG("--kv-disk-space-mb")) { VALUE(); o.kvdisk.space_bytes = (uint64_t)parse_int(a, v, 1, 1 << 30) << 20; }
+        else if (ARG("--kv-cache-min-tokens")) { VALUE(); o.kvdisk.min_tokens = parse_int(a, v, 1, 1 << 30); }
+        else if (ARG("--kv-cache-cold-max-tokens")) { VALUE(); o.kvdisk.cold_max_tokens = parse_int(a, v, 0, 1 << 30); }
+        else if (ARG("--kv-cache-continued-interval-tokens")) { VALUE(); o.kvdisk.continued_interval = parse_int(a, v, 0, 1 << 30); }
+        else if (ARG("--kv-cache-boundary-trim-tokens")) { VALUE(); o.kvdisk.boundary_trim = parse_int(a, v, 0, 1 << 30); }
+        else if (ARG("--kv-cache-boundary-align-tokens")) { VALUE(); o.kvdisk.boundary_align = parse_int(a, v, 1, 1 << 30); }
         else if (ARG("--chdir")) {
+            VALUE();
             if (chdir(v)) { fprintf(stderr, "ds4-server: --chdir %s: %s\n", v, strerror(errno)); return 2; }
-            i++;
-        } else { fprintf(stderr, "ds4-server: unknown option %s\n", a); usage(stderr); return 2; }
+        }
+        else { ds4_cli_unknown_option("ds4-server", a); return 2; }
+#undef VALUE
 #undef ARG
     }
+    if (!ds4_cli_model_usable("ds4-server", o.model_path)) return 1;
     return ds4_server_run(&o);
 }

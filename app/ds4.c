@@ -24,6 +24,7 @@
 #include "cli_args.h"
 #include "engine.h"
 #include "json_util.h"
+#include "generate.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -65,7 +66,7 @@ static double now_s(void) {
 static void usage(FILE *f) {
     fprintf(f,
         "usage: ds4 [options]\n"
-        "  -m, --model FILE        GGUF model (default ./ds4flash.gguf)\n"
+        "  -m, --model FILE        GGUF model (default ./ds4flash.gguf; `make demo` builds models/demo.gguf)\n"
         "  -p, --prompt TEXT       one-shot prompt (without -p: interactive chat)\n"
         "      --prompt-file FILE  read the prompt from a file\n"
         "  -sys, --system TEXT     system prompt\n"
@@ -112,7 +113,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         char gpu_err[256];
         int gpu_arg;
-#define NEEDS_VALUE() do { if (!v) { fprintf(stderr, "ds4: %s needs a value\n", a); return -1; } i++; } while (0)
+#define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4", a); return -1; } i++; } while (0)
 #define BAD_VALUE() do { fprintf(stderr, "ds4: bad value for %s: %s\n", a, v); return -1; } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 1; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDS_VALUE(); o->model = v; }
@@ -140,9 +141,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--nothink")) o->think = DS4_THINK_NONE;
         else if (!strcmp(a, "--numerics")) {
             NEEDS_VALUE();
-            if (!strcmp(v, "exact")) o->numerics = 0;
-            else if (!strcmp(v, "ds4")) o->numerics = 1;
-            else BAD_VALUE();
+            if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE();
         }
         else if ((gpu_arg = ds4_gpu_option(&o->gpu, a, v, gpu_err, sizeof gpu_err)) != 0) {
             if (gpu_arg < 0) { fprintf(stderr, "ds4: %s\n", gpu_err); return -1; }
@@ -154,7 +153,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
         else if (!strcmp(a, "--logits-all")) o->logits_all = true;
         else if (!strcmp(a, "--token-ids")) { NEEDS_VALUE(); o->token_ids = v; }
-        else { fprintf(stderr, "ds4: unknown option %s (see --help)\n", a); return -1; }
+        else { ds4_cli_unknown_option("ds4", a); return -1; }
 #undef NEEDS_VALUE
 #undef BAD_VALUE
     }
@@ -304,62 +303,64 @@ typedef struct {
     ds4_buf text;          /* everything generated this turn */
     int n_generated;
     double gen_tps;
-    bool hit_eos;
     bool interrupted;
 } gen_result;
 
-/* Samples up to n_predict tokens, streaming text to stdout. Reasoning (up to
- * </think>) is shown dimmed on a terminal. */
+/* What the shared loop's hooks need to print a turn. */
+typedef struct {
+    gen_result *out;
+    int32_t last_id;
+    int32_t think_end;
+    bool tty, in_reasoning;
+} turn_printer;
+
+static bool turn_cancelled(void *ud) {
+    (void)ud;
+    return g_interrupted;
+}
+
+static void turn_token(void *ud, int32_t tok, const float *logits) {
+    (void)logits;
+    ((turn_printer *)ud)->last_id = tok;
+}
+
+/* Reasoning (up to </think>) is shown dimmed on a terminal and the marker
+ * itself as a line break; the recorded text keeps it for split_reasoning. */
+static bool turn_text(void *ud, const char *text, size_t len) {
+    turn_printer *p = ud;
+    ds4_buf_put(&p->out->text, text, len);
+    if (p->last_id == p->think_end && p->in_reasoning) {
+        p->in_reasoning = false;
+        if (p->tty) fputs("\033[0m", stdout);
+        fputs("\n", stdout);
+    } else {
+        fwrite(text, 1, len, stdout);
+    }
+    fflush(stdout);
+    return false;
+}
+
+/* Samples up to n_predict tokens, streaming text to stdout. */
 static int generate(ds4_engine *e, ds4_session *s, ds4_sampler *smp, int n_predict,
                     bool thinking, gen_result *out) {
     const ds4_tokenizer *tok = ds4_engine_tokenizer(e);
-    const ds4_special_ids *sp = ds4_tokenizer_specials(tok);
-    bool tty = isatty(STDOUT_FILENO);
-    bool in_reasoning = thinking;
-    ds4_detok dt;
-    ds4_detok_init(&dt);
-    char piece[DS4_DETOK_OUT_MAX];
+    turn_printer tp = {.out = out, .last_id = -1, .think_end = ds4_tokenizer_specials(tok)->think_end,
+                       .tty = isatty(STDOUT_FILENO), .in_reasoning = thinking};
+    ds4_gen_hooks hooks = {.cancelled = turn_cancelled, .on_token = turn_token, .on_text = turn_text, .ud = &tp};
     double t0 = now_s();
     char err[256];
-    int rc = 0;
-
-    if (in_reasoning && tty) fputs("\033[2m", stdout);
-    while (out->n_generated < n_predict) {
-        if (g_interrupted) { out->interrupted = true; break; }
-        if (ds4_session_n_tokens(s) >= ds4_session_ctx(s)) {
-            fprintf(stderr, "\nds4: context full (%d tokens)\n", ds4_session_ctx(s));
-            break;
-        }
-        int id = ds4_sampler_sample(smp, ds4_session_logits(s), false);
-        if (id == sp->eos) { out->hit_eos = true; break; }
-        if (ds4_session_decode(s, id, err, sizeof err) != 0) {
-            fprintf(stderr, "\nds4: %s\n", err);
-            rc = -1;
-            break;
-        }
-        out->n_generated++;
-        if (id == sp->think_end && in_reasoning) {
-            in_reasoning = false;
-            if (tty) fputs("\033[0m", stdout);
-            fputs("\n", stdout);
-            ds4_buf_puts(&out->text, DS4_TOK_THINK_END);
-            fflush(stdout);
-            continue;
-        }
-        size_t n = ds4_detok_push(&dt, tok, id, piece);
-        ds4_buf_put(&out->text, piece, n);
-        fwrite(piece, 1, n, stdout);
-        fflush(stdout);
-    }
-    size_t n = ds4_detok_flush(&dt, piece);
-    ds4_buf_put(&out->text, piece, n);
-    fwrite(piece, 1, n, stdout);
-    if (in_reasoning && tty) fputs("\033[0m", stdout);
+    if (tp.in_reasoning && tp.tty) fputs("\033[2m", stdout);
+    ds4_gen_result r = ds4_generate(s, tok, smp, n_predict, &hooks, err, sizeof err);
+    if (tp.in_reasoning && tp.tty) fputs("\033[0m", stdout);
     fputs("\n", stdout);
     fflush(stdout);   /* the speed report goes to stderr right after */
+    if (r.end == DS4_GEN_CTX_FULL) fprintf(stderr, "ds4: context full (%d tokens)\n", ds4_session_ctx(s));
+    if (r.end == DS4_GEN_ERROR) fprintf(stderr, "ds4: %s\n", err);
+    out->interrupted = r.end == DS4_GEN_CANCELLED;
+    out->n_generated = r.n_decoded;
     double el = now_s() - t0;
     out->gen_tps = el > 0 ? out->n_generated / el : 0;
-    return rc;
+    return r.end == DS4_GEN_ERROR ? -1 : 0;
 }
 
 /* Splits generated text at </think> into reasoning and answer (thinking mode). */
@@ -565,53 +566,59 @@ static int run_repl(chat_state *c, ds4_sampler *smp) {
 
 /* ------------------------------------------------------------- main */
 
-static int run_logprobs(ds4_engine *e, ds4_session *s, const cli_opts *o) {
-    const ds4_tokenizer *tok = ds4_engine_tokenizer(e);
-    int n_vocab = ds4_engine_n_vocab(e);
-    int k = o->logprobs_top_k;
-    int *top_ids = malloc(sizeof(int) * (size_t)(k > 0 ? k : 1));
-    float *top_lp = malloc(sizeof(float) * (size_t)(k > 0 ? k : 1));
-    FILE *f = fopen(o->dump_logprobs, "w");
-    if (!f || !top_ids || !top_lp) {
-        fprintf(stderr, "ds4: cannot write %s\n", o->dump_logprobs);
-        if (f) fclose(f);
-        free(top_ids); free(top_lp);
-        return 1;
+typedef struct {
+    FILE *f;
+    const ds4_tokenizer *tok;
+    int n_vocab, k, n_steps;
+    int *top_ids;
+    float *top_lp;
+} logprob_writer;
+
+/* One JSON step per chosen token (the greedy sampler's pick), EOS included. */
+static void write_logprob_step(void *ud, int32_t id, const float *logits) {
+    logprob_writer *w = ud;
+    int n_top = ds4_top_logprobs(logits, w->n_vocab, w->k, w->top_ids, w->top_lp);
+    size_t len;
+    const char *bytes = ds4_tokenizer_token_bytes(w->tok, id, &len);
+    fprintf(w->f, "%s{\"id\":%d,\"text\":", w->n_steps++ ? "," : "", id);
+    print_json_string(w->f, bytes, len);
+    fputs(",\"bytes\":\"", w->f);
+    for (size_t b = 0; b < len; b++) fprintf(w->f, "%02x", (unsigned char)bytes[b]);
+    fputc('"', w->f);
+    fprintf(w->f, ",\"logprob\":%.9g,\"top\":[", ds4_logprob(logits, w->n_vocab, id));
+    for (int j = 0; j < n_top; j++) {
+        const char *tb = ds4_tokenizer_token_bytes(w->tok, w->top_ids[j], &len);
+        fprintf(w->f, "%s{\"id\":%d,\"text\":", j ? "," : "", w->top_ids[j]);
+        print_json_string(w->f, tb, len);
+        fprintf(w->f, ",\"logprob\":%.9g}", w->top_lp[j]);
     }
-    fprintf(f, "{\"prompt_tokens\":%d,\"steps\":[", ds4_session_n_tokens(s));
-    char err[256];
+    fputs("]}", w->f);
+}
+
+/* smp must be greedy (temperature 0): the dump follows the argmax path. */
+static int run_logprobs(ds4_engine *e, ds4_session *s, ds4_sampler *smp, const cli_opts *o) {
+    int k = o->logprobs_top_k;
+    logprob_writer w = {.tok = ds4_engine_tokenizer(e), .n_vocab = ds4_engine_n_vocab(e), .k = k,
+                        .top_ids = malloc(sizeof(int) * (size_t)(k > 0 ? k : 1)),
+                        .top_lp = malloc(sizeof(float) * (size_t)(k > 0 ? k : 1)),
+                        .f = fopen(o->dump_logprobs, "w")};
     int rc = 0;
-    for (int i = 0; i < o->n_predict; i++) {
-        const float *logits = ds4_session_logits(s);
-        int n_top = ds4_top_logprobs(logits, n_vocab, k, top_ids, top_lp);
-        int id = n_top > 0 ? top_ids[0] : argmax(logits, n_vocab);
-        size_t len;
-        const char *bytes = ds4_tokenizer_token_bytes(tok, id, &len);
-        fprintf(f, "%s{\"id\":%d,\"text\":", i ? "," : "", id);
-        print_json_string(f, bytes, len);
-        fputs(",\"bytes\":\"", f);
-        for (size_t b = 0; b < len; b++) fprintf(f, "%02x", (unsigned char)bytes[b]);
-        fputc('"', f);
-        fprintf(f, ",\"logprob\":%.9g,\"top\":[", ds4_logprob(logits, n_vocab, id));
-        for (int j = 0; j < n_top; j++) {
-            const char *tb = ds4_tokenizer_token_bytes(tok, top_ids[j], &len);
-            fprintf(f, "%s{\"id\":%d,\"text\":", j ? "," : "", top_ids[j]);
-            print_json_string(f, tb, len);
-            fprintf(f, ",\"logprob\":%.9g}", top_lp[j]);
-        }
-        fputs("]}", f);
-        if (id == ds4_tokenizer_specials(tok)->eos) break;
-        if (ds4_session_n_tokens(s) >= ds4_session_ctx(s)) break;
-        if (ds4_session_decode(s, id, err, sizeof err) != 0) {
+    if (!w.f || !w.top_ids || !w.top_lp) {
+        fprintf(stderr, "ds4: cannot write %s\n", o->dump_logprobs);
+        rc = 1;
+    } else {
+        fprintf(w.f, "{\"prompt_tokens\":%d,\"steps\":[", ds4_session_n_tokens(s));
+        ds4_gen_hooks hooks = {.on_token = write_logprob_step, .ud = &w};
+        char err[256];
+        if (ds4_generate(s, w.tok, smp, o->n_predict, &hooks, err, sizeof err).end == DS4_GEN_ERROR) {
             fprintf(stderr, "ds4: %s\n", err);
             rc = 1;
-            break;
         }
+        fputs("]}\n", w.f);
     }
-    fputs("]}\n", f);
-    fclose(f);
-    free(top_ids);
-    free(top_lp);
+    if (w.f) fclose(w.f);
+    free(w.top_ids);
+    free(w.top_lp);
     return rc;
 }
 
@@ -625,6 +632,7 @@ int main(int argc, char **argv) {
     sa.sa_handler = on_sigint;
     sigaction(SIGINT, &sa, NULL);   /* no SA_RESTART: readline returns on Ctrl+C */
 
+    if (!ds4_cli_model_usable("ds4", o.model)) return 1;
     ds4_engine_params ep;
     ds4_engine_params_default(&ep);
     ep.model_path = o.model;
@@ -638,8 +646,6 @@ int main(int argc, char **argv) {
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) {
         fprintf(stderr, "ds4: %s\n", err);
-        if (access(o.model, F_OK) != 0 && !strcmp(o.model, "./ds4flash.gguf"))
-            fprintf(stderr, "ds4: download a model with ./download_model.sh, or run `make demo` for the demo model\n");
         return 1;
     }
     const ds4_tokenizer *tok = ds4_engine_tokenizer(e);
@@ -734,7 +740,7 @@ int main(int argc, char **argv) {
             double tps;
             int np;
             if (!render_prompt(&c, &ids) || sync_session(c.session, ids.v, ids.n, &tps, &np) != 0) status = 1;
-            else status = run_logprobs(e, c.session, &o);
+            else status = run_logprobs(e, c.session, smp, &o);
             ds4_token_ids_free(&ids);
         }
     } else if (prompt_text) {

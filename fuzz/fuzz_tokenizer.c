@@ -7,7 +7,7 @@
  *        PCRE2's Unicode tables and in the generated ones);
  *   4    a GGUF file, loaded as a tokenizer: no crash, one-line errors;
  *   5    a tokenizer.json, loaded: the same.
- * The real vocabulary comes from ../shared/data (run from the repo root).
+ * The real vocabulary comes from data/ (run from the repo root).
  * The seed corpus holds one input per mode; the GGUF and JSON seeds carry a
  * minimal valid vocabulary (256 byte tokens, the seven chat specials, one
  * merge). */
@@ -61,7 +61,7 @@ static void build_agree(void) {
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
     char err[256];
-    tok = ds4_tokenizer_from_hf_json("../shared/data/deepseek-v3-tokenizer.json",
+    tok = ds4_tokenizer_from_hf_json("data/deepseek-v3-tokenizer.json",
                                      "tests/fixtures/tokenizer/v4-added-tokens.json", err, sizeof err);
     re = ds4_pretok_regex_new(err, sizeof err);
     if (!tok || !re) { fprintf(stderr, "fuzz_tokenizer: %s\n", err); exit(1); }

@@ -19,6 +19,6 @@ $(foreach m,$(DS4TINY_MODELS),$(foreach t,$(DS4TINY_TYPES),$(eval $(call DS4TINY
 
 .PHONY: demo-model
 demo-model: models/demo.gguf
-models/demo.gguf: ds4-make-model ../shared/data/deepseek-v3-tokenizer.json tests/fixtures/tokenizer/v4-added-tokens.json
+models/demo.gguf: ds4-make-model data/deepseek-v3-tokenizer.json tests/fixtures/tokenizer/v4-added-tokens.json
 	@mkdir -p models
 	./ds4-make-model --preset demo -o $@

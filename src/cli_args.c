@@ -1,7 +1,11 @@
 #include "cli_args.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 bool ds4_parse_int(const char *s, long lo, long hi, int *out) {
     if (!s) return false;
@@ -20,5 +24,40 @@ bool ds4_parse_float(const char *s, float *out) {
     float v = strtof(s, &end);
     if (errno || end == s || *end) return false;
     *out = v;
+    return true;
+}
+
+bool ds4_parse_numerics(const char *s, int *out) {
+    if (!s) return false;
+    if (!strcmp(s, "exact")) *out = 0;
+    else if (!strcmp(s, "ds4")) *out = 1;
+    else return false;
+    return true;
+}
+
+void ds4_cli_unknown_option(const char *prog, const char *opt) {
+    fprintf(stderr, "%s: unknown option %s (see --help)\n", prog, opt);
+}
+
+void ds4_cli_missing_value(const char *prog, const char *opt) {
+    fprintf(stderr, "%s: %s needs a value\n", prog, opt);
+}
+
+bool ds4_cli_model_usable(const char *prog, const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        fprintf(stderr, "%s: no model at %s (%s): pass -m models/demo.gguf for the random-weight demo model "
+                "that `make demo` builds, or fetch DeepSeek V4 Flash with ./download_model.sh\n",
+                prog, path, strerror(errno));
+        return false;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fprintf(stderr, "%s: %s is not a regular file; -m takes a GGUF file\n", prog, path);
+        return false;
+    }
+    if (access(path, R_OK) != 0) {
+        fprintf(stderr, "%s: cannot read %s: %s\n", prog, path, strerror(errno));
+        return false;
+    }
     return true;
 }

@@ -1,5 +1,6 @@
-/* cli_args.h -- option values of the command-line mains (ds4, ds4-server,
- * ds4-bench), parsed strictly.
+/* cli_args.h -- what the command-line mains (ds4, ds4-server, ds4-bench and
+ * the tools) share: option values parsed strictly, the flags every binary
+ * that loads a model spells the same way, and one wording per mistake.
  *
  * Contract
  * - The whole string must be the number: empty strings, leading garbage and
@@ -16,5 +17,20 @@
 
 bool ds4_parse_int(const char *s, long lo, long hi, int *out);
 bool ds4_parse_float(const char *s, float *out);
+
+/* `--numerics exact|ds4` -> 0 | 1, the values of ds4_engine_params.numerics
+ * (exact f32, or the FP8 KV / FP4 indexer simulation). */
+bool ds4_parse_numerics(const char *s, int *out);
+
+/* One line on stderr, "PROG: unknown option OPT (see --help)" and
+ * "PROG: OPT needs a value", so every binary words these mistakes alike. */
+void ds4_cli_unknown_option(const char *prog, const char *opt);
+void ds4_cli_missing_value(const char *prog, const char *opt);
+
+/* Whether `path` is a regular file this process can read. If not, prints one
+ * line that says what to do instead (the demo model `make demo` builds, or
+ * ./download_model.sh) and returns false. Checked before the engine opens
+ * the file, so a FIFO or a directory is refused instead of blocking. */
+bool ds4_cli_model_usable(const char *prog, const char *path);
 
 #endif

@@ -73,6 +73,11 @@ static void read_clamps(binder *b, const ds4_gguf_kv *kv, const char *key, float
 
 #define K(s) "deepseek4." s
 
+/* Largest compress ratio accepted. The frontier ring holds coff * ratio
+ * positions of every compressed layer, so a ratio far beyond Flash's 128
+ * would only turn a corrupt file into a multi-gigabyte allocation. */
+#define DS4_MAX_COMPRESS_RATIO 65536
+
 static void read_config(binder *b, ds4_config *c) {
     c->n_layer = key_int(b, K("block_count"), 1, DS4_MAX_LAYERS);
     c->n_embd = key_int(b, K("embedding_length"), 1, 1 << 20);
@@ -129,18 +134,35 @@ static void read_config(binder *b, ds4_config *c) {
     if (n_shared != 1) fail(b, "expert_shared_count = %d, DS4 has one shared expert", n_shared);
     if (c->n_expert_used > c->n_expert) fail(b, "expert_used_count > expert_count");
     if (c->n_hash_layer > c->n_layer) fail(b, "hash_layer_count > block_count");
-    if (c->yarn_factor < 1 || c->yarn_orig_ctx == 0 || c->rope_base <= 1 || c->compress_rope_base <= 1)
-        fail(b, "RoPE/YaRN parameters out of range");
+    /* The YaRN ramp (forward_cpu.c make_inv_freq) takes logarithms of the
+     * betas and of both bases and needs the fast correction dim below the
+     * slow one: anything else gives NaN or inverted frequencies, not an error. */
+    if (c->rope_base <= 1) fail(b, "rope.freq_base = %g, must be > 1", c->rope_base);
+    if (c->compress_rope_base <= 1)
+        fail(b, "attention.compress_rope_freq_base = %g, must be > 1", c->compress_rope_base);
+    if (c->yarn_factor < 1) fail(b, "rope.scaling.factor = %g, must be >= 1", c->yarn_factor);
+    if (c->yarn_orig_ctx == 0) fail(b, "rope.scaling.original_context_length = 0, must be > 0");
+    if (!(c->yarn_beta_fast > 0)) fail(b, "rope.scaling.yarn_beta_fast = %g, must be > 0", c->yarn_beta_fast);
+    if (!(c->yarn_beta_slow > 0)) fail(b, "rope.scaling.yarn_beta_slow = %g, must be > 0", c->yarn_beta_slow);
+    if (c->yarn_beta_fast < c->yarn_beta_slow)
+        fail(b, "rope.scaling.yarn_beta_fast %g < yarn_beta_slow %g: the pair is reversed", c->yarn_beta_fast,
+             c->yarn_beta_slow);
     if (b->failed) return;
 
     c->compress_ratio = calloc((size_t)c->n_layer, sizeof(int));
     c->clamp_exp = calloc((size_t)c->n_layer, sizeof(float));
     c->clamp_shexp = calloc((size_t)c->n_layer, sizeof(float));
+    /* The forward pass implements three kinds of layer: 0 (raw window only),
+     * 4 (overlapping windows, coff 2, with the indexer) and any other ratio
+     * >= 2 as non-overlapping windows (Flash: 128; ds4tiny: 16). Ratio 1
+     * would compress nothing and is no DS4 layer. */
     const ds4_gguf_kv *kr = key_layer_array(b, K("attention.compress_ratios"), c->n_layer);
     for (int l = 0; kr && l < c->n_layer && !b->failed; l++) {
         int64_t r;
-        if (!ds4_gguf_arr_i64(kr, (uint64_t)l, &r) || r < 0 || r > (1 << 20) || r == 1)
-            fail(b, "compress_ratios[%d] invalid", l);
+        if (!ds4_gguf_arr_i64(kr, (uint64_t)l, &r)) fail(b, "compress_ratios[%d] is not an integer", l);
+        else if (r < 0 || r == 1 || r > DS4_MAX_COMPRESS_RATIO)
+            fail(b, "compress_ratios[%d] = %lld; supported: 0 (no compressor), 4 (overlapping, with indexer) "
+                 "or a non-overlapping ratio in 2..%d", l, (long long)r, DS4_MAX_COMPRESS_RATIO);
         else c->compress_ratio[l] = (int)r;
     }
     const ds4_gguf_kv *ke = key_layer_array(b, K("swiglu_clamp_exp"), c->n_layer);

@@ -73,7 +73,7 @@ void ds4_quant_init(void);                           /* thread-safe, idempotent 
  * Covers every type ds4_dequantize_row does; 0 for any other type. */
 float ds4_vec_dot_ref(uint32_t type, const void *w, const void *act, int64_t n);
 
-/* IQ2_XXS format tables (from shared/data/iq2xxs-tables.txt, facts of the format) */
+/* IQ2_XXS format tables (from tests/fixtures/quant/iq2xxs-tables.txt, facts of the format) */
 extern const uint64_t ds4_iq2xxs_grid[256];
 extern const uint8_t ds4_ksigns_iq2xs[128];
 extern const uint8_t ds4_kmask_iq2xs[8];

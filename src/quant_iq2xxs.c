@@ -1,5 +1,5 @@
 /* quant_iq2xxs.c -- IQ2_XXS: the format tables (facts of the format, from
- * shared/data/iq2xxs-tables.txt via tests/oracles/quant_gen_iq2xxs_tables.py)
+ * tests/fixtures/quant/iq2xxs-tables.txt via tests/oracles/quant_gen_iq2xxs_tables.py)
  * and the importance-weighted grid-search quantizer. */
 #include "quant.h"
 #include "quant_internal.h"

@@ -39,6 +39,7 @@
  * Memory: sources are mmapped; one output tensor and one source row block
  * are in RAM at a time.
  */
+#include "cli_args.h"
 #include "ds4_layout.h"
 #include "gguf.h"
 #include "quant.h"
@@ -719,8 +720,11 @@ int main(int argc, char **argv) {
         if (opt) {
             if (++i >= argc) usage();
             *opt = argv[i];
-        } else if (a[0] == '-') {
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
+        } else if (a[0] == '-') {
+            ds4_cli_unknown_option("ds4-convert", a);
+            exit(2);
         } else if (!in) {
             in = a;
         } else if (!out) {

@@ -5,6 +5,7 @@
  * With neither flag both sections are printed. Any shard of a split model
  * opens the whole model. Long strings and arrays are abbreviated; the exit
  * status is 1 when the file does not validate (the reason is printed). */
+#include "cli_args.h"
 #include "gguf.h"
 #include "quant.h"
 
@@ -92,7 +93,10 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--kv") == 0) kv = true;
         else if (strcmp(argv[i], "--tensors") == 0) tensors = true;
         else if (argv[i][0] != '-' && !path) path = argv[i];
-        else {
+        else if (argv[i][0] == '-' && strcmp(argv[i], "-h") && strcmp(argv[i], "--help")) {
+            ds4_cli_unknown_option("ds4-gguf-dump", argv[i]);
+            return 2;
+        } else {
             fprintf(stderr, "usage: %s [--kv] [--tensors] FILE.gguf\n", argv[0]);
             return 2;
         }

@@ -287,7 +287,7 @@ static void usage(void) {
 
 int main(int argc, char **argv) {
     const char *out = NULL, *pname = "demo", *type = "q2", *name = NULL;
-    const char *vocab = "../shared/data/deepseek-v3-tokenizer.json";
+    const char *vocab = "data/deepseek-v3-tokenizer.json";
     const char *vocab_added = "tests/fixtures/tokenizer/v4-added-tokens.json";
     uint32_t n_layer = 0;
     uint64_t seed = 1;

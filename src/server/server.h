@@ -45,6 +45,8 @@ typedef struct {
     int default_max_tokens;      /* -n/--tokens, default 393216 */
     const char *model_path;      /* default ./ds4flash.gguf */
     int threads;                 /* <= 0: all CPUs */
+    int prefill_chunk;           /* <= 0: the engine's default */
+    int numerics;                /* ds4_engine_params.numerics: -1 default, 0 exact, 1 ds4 */
     bool cors;
     const char *trace_path;      /* NULL: no trace */
     size_t tool_memory_max_ids;  /* default 100000 */

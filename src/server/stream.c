@@ -73,9 +73,14 @@ typedef struct {
 
 enum { OPEN_NONE, OPEN_THINKING, OPEN_TEXT, OPEN_TOOL };
 
+typedef struct family_ops family_ops;
+/* NULL for an API that is not chat-shaped. */
+static const family_ops *family_of(ds4_api api);
+
 struct ds4_enc {
     ds4_enc_opts o;
     const ds4_request *r;
+    const family_ops *ops;      /* the request's API family */
     bool stream, broken, began;
     ds4_dsml_parser *p;
     ds4_stopper st;
@@ -476,26 +481,135 @@ static int find_meta(const ds4_request *r, const char *name) {
     return -1;
 }
 
+/* ---- per-family stream events -------------------------------------
+ * What each API family sends while generating, one table per family
+ * (FAMILIES, at the end); on_event() keeps the family-independent record
+ * (reasoning, content, calls) and calls the table only when streaming. */
+
+struct family_ops {
+    const char *id_prefix;          /* response id */
+    const char *call_id_prefix;     /* tool-call ids */
+    void (*reasoning)(ds4_enc *e, const char *s, size_t n);
+    void (*content)(ds4_enc *e, const char *s, size_t n);
+    void (*call_start)(ds4_enc *e, int index, const call_t *c);
+    void (*call_args)(ds4_enc *e, int index, const call_t *c, const char *s, size_t n);
+    void (*call_end)(ds4_enc *e, const call_t *c);
+    /* opening events, once the token counts are known (u may be NULL for a
+     * keep-alive before them) */
+    void (*begin)(ds4_enc *e, const ds4_usage *u);
+    void (*keepalive)(ds4_enc *e);
+    /* f: 0 EOS, 1 stop string, 2 tool calls, 3 length */
+    void (*finish)(ds4_enc *e, int f, const ds4_usage *u);
+    void (*fail)(ds4_enc *e, const char *message, const char *code);
+};
+
+static void chat_reasoning(ds4_enc *e, const char *s, size_t n) {
+    chat_delta_text(e, "reasoning_content", s, n);
+}
+
+static void chat_content(ds4_enc *e, const char *s, size_t n) {
+    chat_delta_text(e, "content", s, n);
+}
+
+static void chat_call_start(ds4_enc *e, int index, const call_t *c) {
+    (void)c;
+    chat_delta_call(e, index, true, "", 0);
+}
+
+static void chat_call_args(ds4_enc *e, int index, const call_t *c, const char *s, size_t n) {
+    (void)c;
+    chat_delta_call(e, index, false, s, n);
+}
+
+static void chat_call_end(ds4_enc *e, const call_t *c) {
+    (void)e; (void)c;   /* arguments are complete with their last delta */
+}
+
+static void anth_reasoning(ds4_enc *e, const char *s, size_t n) {
+    anth_open(e, OPEN_THINKING, NULL);
+    anth_delta(e, "thinking_delta", "thinking", s, n);
+}
+
+static void anth_content(ds4_enc *e, const char *s, size_t n) {
+    anth_open(e, OPEN_TEXT, NULL);
+    anth_delta(e, "text_delta", "text", s, n);
+}
+
+static void anth_call_start(ds4_enc *e, int index, const call_t *c) {
+    (void)index;
+    anth_open(e, OPEN_TOOL, c);
+}
+
+static void anth_call_args(ds4_enc *e, int index, const call_t *c, const char *s, size_t n) {
+    (void)index; (void)c;
+    anth_delta(e, "input_json_delta", "partial_json", s, n);
+}
+
+static void anth_call_end(ds4_enc *e, const call_t *c) {
+    (void)c;
+    anth_close(e);
+}
+
+static void resp_reasoning(ds4_enc *e, const char *s, size_t n) {
+    if (!e->r->expose_reasoning) return;
+    resp_open(e, OPEN_THINKING);
+    resp_delta(e, true, s, n);
+}
+
+static void resp_content(ds4_enc *e, const char *s, size_t n) {
+    resp_open(e, OPEN_TEXT);
+    resp_delta(e, false, s, n);
+}
+
+static void resp_call_start(ds4_enc *e, int index, const call_t *c) {
+    (void)index;
+    resp_close(e, "completed");
+    resp_item_event(e, "response.output_item.added", e->out_index, resp_call_item(e, c, "in_progress", false));
+}
+
+static void resp_call_args(ds4_enc *e, int index, const call_t *c, const char *s, size_t n) {
+    (void)index;
+    if (is_custom(e, c)) return;   /* custom input is only known at the end */
+    cJSON *o = resp_call_event(e, c, "response.function_call_arguments.delta");
+    add_strn(o, "delta", s, n);
+    resp_send(e, o);
+}
+
+static void resp_call_end(ds4_enc *e, const call_t *c) {
+    if (is_custom(e, c)) {
+        char *in = custom_input(c);
+        const char *kinds[2] = {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"};
+        for (int k = 0; k < 2; k++) {
+            cJSON *o = resp_call_event(e, c, kinds[k]);
+            cJSON_AddStringToObject(o, k ? "input" : "delta", in ? in : "");
+            resp_send(e, o);
+        }
+        free(in);
+    } else {
+        cJSON *o = resp_call_event(e, c, "response.function_call_arguments.done");
+        cJSON_AddStringToObject(o, "name", c->name);
+        cJSON_AddStringToObject(o, "arguments", c->args.data ? c->args.data : "");
+        resp_send(e, o);
+    }
+    cJSON *item = resp_call_item(e, c, "completed", true);
+    cJSON_AddItemToArray(e->items, cJSON_Duplicate(item, 1));
+    resp_item_event(e, "response.output_item.done", e->out_index++, item);
+}
+
 static void on_event(void *ud, const ds4_dsml_event *ev) {
     ds4_enc *e = ud;
-    ds4_api api = e->r->api;
+    const family_ops *f = e->ops;
     switch (ev->kind) {
     case DS4_DSML_EV_REASONING:
         ds4_buf_put(&e->reasoning, ev->text, ev->len);
-        if (!e->stream) break;
-        if (api == DS4_API_CHAT) chat_delta_text(e, "reasoning_content", ev->text, ev->len);
-        else if (api == DS4_API_MESSAGES) { anth_open(e, OPEN_THINKING, NULL); anth_delta(e, "thinking_delta", "thinking", ev->text, ev->len); }
-        else if (e->r->expose_reasoning) { resp_open(e, OPEN_THINKING); resp_delta(e, true, ev->text, ev->len); }
+        if (e->stream) f->reasoning(e, ev->text, ev->len);
         break;
     case DS4_DSML_EV_REASONING_END:
         e->reasoning_closed = true;
         break;
     case DS4_DSML_EV_CONTENT:
         ds4_buf_put(&e->content, ev->text, ev->len);
-        if (!e->stream) break;
-        if (api == DS4_API_CHAT) chat_delta_text(e, "content", ev->text, ev->len);
-        else if (api == DS4_API_MESSAGES) { anth_open(e, OPEN_TEXT, NULL); anth_delta(e, "text_delta", "text", ev->text, ev->len); }
-        else { resp_open(e, OPEN_TEXT); resp_delta(e, false, ev->text, ev->len); }
+        if (e->stream) f->content(e, ev->text, ev->len);
         break;
     case DS4_DSML_EV_CALL_START: {
         call_t *nc = realloc(e->calls, sizeof *nc * (size_t)(e->n_calls + 1));
@@ -508,32 +622,19 @@ static void on_event(void *ud, const ds4_dsml_event *ev) {
         const char *taken[64];
         int nt = 0;
         for (int i = 0; i < e->n_calls && nt < 64; i++) taken[nt++] = e->calls[i].id;
-        ds4_toolmem_new_id(e->o.mem, api == DS4_API_MESSAGES ? "toolu_" : "call_", taken, nt, c->id);
+        ds4_toolmem_new_id(e->o.mem, f->call_id_prefix, taken, nt, c->id);
         char hex[25];
         ds4_random_hex(hex, 12);
         snprintf(c->item_id, sizeof c->item_id, "fc_%s", hex);
         int idx = e->n_calls++;
-        if (!e->stream) break;
-        if (api == DS4_API_CHAT) chat_delta_call(e, idx, true, "", 0);
-        else if (api == DS4_API_MESSAGES) anth_open(e, OPEN_TOOL, c);
-        else {
-            resp_close(e, "completed");
-            resp_item_event(e, "response.output_item.added", e->out_index, resp_call_item(e, c, "in_progress", false));
-        }
+        if (e->stream) f->call_start(e, idx, c);
         break;
     }
     case DS4_DSML_EV_ARGS: {
         if (!e->n_calls) break;
         call_t *c = &e->calls[e->n_calls - 1];
         ds4_buf_put(&c->args, ev->text, ev->len);
-        if (!e->stream) break;
-        if (api == DS4_API_CHAT) chat_delta_call(e, e->n_calls - 1, false, ev->text, ev->len);
-        else if (api == DS4_API_MESSAGES) anth_delta(e, "input_json_delta", "partial_json", ev->text, ev->len);
-        else if (!is_custom(e, c)) {   /* custom input is only known at the end */
-            cJSON *o = resp_call_event(e, c, "response.function_call_arguments.delta");
-            add_strn(o, "delta", ev->text, ev->len);
-            resp_send(e, o);
-        }
+        if (e->stream) f->call_args(e, e->n_calls - 1, c, ev->text, ev->len);
         break;
     }
     case DS4_DSML_EV_CALL_END: {
@@ -542,28 +643,7 @@ static void on_event(void *ud, const ds4_dsml_event *ev) {
         ds4_buf_clear(&c->args);
         ds4_buf_put(&c->args, ev->text, ev->len);
         c->valid = ev->args_valid;
-        if (!e->stream) break;
-        if (api == DS4_API_MESSAGES) anth_close(e);
-        else if (api == DS4_API_RESPONSES && is_custom(e, c)) {
-            char *in = custom_input(c);
-            const char *kinds[2] = {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"};
-            for (int k = 0; k < 2; k++) {
-                cJSON *o = resp_call_event(e, c, kinds[k]);
-                cJSON_AddStringToObject(o, k ? "input" : "delta", in);
-                resp_send(e, o);
-            }
-            free(in);
-        } else if (api == DS4_API_RESPONSES) {
-            cJSON *o = resp_call_event(e, c, "response.function_call_arguments.done");
-            cJSON_AddStringToObject(o, "name", c->name);
-            cJSON_AddStringToObject(o, "arguments", c->args.data ? c->args.data : "");
-            resp_send(e, o);
-        }
-        if (api == DS4_API_RESPONSES) {
-            cJSON *item = resp_call_item(e, c, "completed", true);
-            cJSON_AddItemToArray(e->items, cJSON_Duplicate(item, 1));
-            resp_item_event(e, "response.output_item.done", e->out_index++, item);
-        }
+        if (e->stream) f->call_end(e, c);
         break;
     }
     case DS4_DSML_EV_BLOCK_END:
@@ -590,6 +670,8 @@ ds4_enc *ds4_enc_new(const ds4_enc_opts *o) {
     if (!e) return NULL;
     e->o = *o;
     e->r = o->req;
+    e->ops = family_of(o->req->api);
+    if (!e->ops) { free(e); return NULL; }
     e->stream = o->req->stream && o->out;
     ds4_dsml_opts po = {.thinking = o->thinking, .tools = o->req->n_tools > 0, .decode_entities = true};
     e->p = ds4_dsml_new(&po, on_event, e);
@@ -597,8 +679,7 @@ ds4_enc *ds4_enc_new(const ds4_enc_opts *o) {
     ds4_stopper_init(&e->st, o->req->stop, o->req->n_stop);
     char hex[25];
     ds4_random_hex(hex, 12);
-    const char *prefix = e->r->api == DS4_API_CHAT ? "chatcmpl-" : e->r->api == DS4_API_MESSAGES ? "msg_" : "resp_";
-    snprintf(e->id, sizeof e->id, "%s%s", prefix, hex);
+    snprintf(e->id, sizeof e->id, "%s%s", e->ops->id_prefix, hex);
     ds4_random_hex(hex, 12);
     snprintf(e->rs_id, sizeof e->rs_id, "rs_%s", hex);
     ds4_random_hex(hex, 12);
@@ -630,40 +711,59 @@ void ds4_enc_free(ds4_enc *e) {
     free(e);
 }
 
+/* Chat's role chunk and Responses' created + in_progress need no token
+ * counts; Messages' message_start carries them. */
+static void chat_begin(ds4_enc *e, const ds4_usage *u) {
+    (void)u;
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "role", "assistant");
+    cJSON_AddStringToObject(d, "content", "");
+    send_json(e, NULL, chat_chunk(e, d, NULL));
+}
+
+static void anth_begin(ds4_enc *e, const ds4_usage *u) {
+    cJSON *o = cJSON_CreateObject(), *m = cJSON_AddObjectToObject(o, "message");
+    cJSON_AddStringToObject(m, "id", e->id);
+    cJSON_AddStringToObject(m, "type", "message");
+    cJSON_AddStringToObject(m, "role", "assistant");
+    cJSON_AddStringToObject(m, "model", e->r->model);
+    cJSON_AddArrayToObject(m, "content");
+    cJSON_AddNullToObject(m, "stop_reason");
+    cJSON_AddNullToObject(m, "stop_sequence");
+    cJSON_AddItemToObject(m, "usage", anth_usage(u, true));
+    anth_event(e, "message_start", o);
+}
+
+static void resp_begin(ds4_enc *e, const ds4_usage *u) {
+    (void)u;
+    resp_wrap(e, "response.created", resp_object(e, "in_progress", NULL, NULL, NULL));
+    resp_wrap(e, "response.in_progress", resp_object(e, "in_progress", NULL, NULL, NULL));
+}
+
 void ds4_enc_begin(ds4_enc *e, const ds4_usage *u) {
     if (!e->stream || e->began) return;
     e->began = true;
-    if (e->r->api == DS4_API_CHAT) {
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "role", "assistant");
-        cJSON_AddStringToObject(d, "content", "");
-        send_json(e, NULL, chat_chunk(e, d, NULL));
-    } else if (e->r->api == DS4_API_MESSAGES) {
-        cJSON *o = cJSON_CreateObject(), *m = cJSON_AddObjectToObject(o, "message");
-        cJSON_AddStringToObject(m, "id", e->id);
-        cJSON_AddStringToObject(m, "type", "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "model", e->r->model);
-        cJSON_AddArrayToObject(m, "content");
-        cJSON_AddNullToObject(m, "stop_reason");
-        cJSON_AddNullToObject(m, "stop_sequence");
-        cJSON_AddItemToObject(m, "usage", anth_usage(u, true));
-        anth_event(e, "message_start", o);
-    } else {
-        resp_wrap(e, "response.created", resp_object(e, "in_progress", NULL, NULL, NULL));
-        resp_wrap(e, "response.in_progress", resp_object(e, "in_progress", NULL, NULL, NULL));
-    }
+    e->ops->begin(e, u);
+}
+
+/* The family no-op events reset clients that only count parsed events
+ * (Codex, Claude Code). Chat's and Responses' opening events need no token
+ * counts, so a keep-alive before begin sends them. */
+static void chat_keepalive(ds4_enc *e) {
+    ds4_enc_begin(e, NULL);
+}
+
+static void anth_keepalive(ds4_enc *e) {
+    anth_event(e, "ping", NULL);
+}
+
+static void resp_keepalive(ds4_enc *e) {
+    if (!e->began) ds4_enc_begin(e, NULL);
+    else resp_wrap(e, "response.in_progress", resp_object(e, "in_progress", NULL, NULL, NULL));
 }
 
 void ds4_enc_keepalive(ds4_enc *e) {
-    if (!e->stream) return;
-    /* The family no-op events reset clients that only count parsed events
-     * (Codex, Claude Code). Chat's and Responses' opening events need no
-     * token counts, so a keep-alive before begin sends them. */
-    if (e->r->api == DS4_API_MESSAGES) anth_event(e, "ping", NULL);
-    else if (!e->began) ds4_enc_begin(e, NULL);
-    else if (e->r->api == DS4_API_RESPONSES)
-        resp_wrap(e, "response.in_progress", resp_object(e, "in_progress", NULL, NULL, NULL));
+    if (e->stream) e->ops->keepalive(e);
 }
 
 bool ds4_enc_feed(ds4_enc *e, const char *s, size_t n) {
@@ -896,28 +996,45 @@ void ds4_enc_finish(ds4_enc *e, ds4_cause cause, const ds4_usage *u) {
     } else if (e->n_calls) {
         f = 2;
     }
-    if (e->r->api == DS4_API_CHAT) finish_chat(e, f, u);
-    else if (e->r->api == DS4_API_MESSAGES) finish_messages(e, f, u);
-    else finish_responses(e, f, u);
+    e->ops->finish(e, f, u);
+}
+
+static void chat_fail(ds4_enc *e, const char *message, const char *code) {
+    cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(er, "message", message);
+    cJSON_AddStringToObject(er, "type", "server_error");
+    cJSON_AddNullToObject(er, "param");
+    if (code && strcmp(code, "server_error")) cJSON_AddStringToObject(er, "code", code);
+    else cJSON_AddNullToObject(er, "code");
+    send_json(e, NULL, o);
+    write_raw(e, "data: [DONE]\n\n", 14);
+}
+
+static void anth_fail(ds4_enc *e, const char *message, const char *code) {
+    (void)code;
+    cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(er, "type", "api_error");
+    cJSON_AddStringToObject(er, "message", message);
+    anth_event(e, "error", o);
+}
+
+static void resp_fail(ds4_enc *e, const char *message, const char *code) {
+    resp_wrap(e, "response.failed", resp_object(e, "failed", NULL, code ? code : "server_error", message));
 }
 
 void ds4_enc_fail(ds4_enc *e, const char *message, const char *code) {
-    if (!e->stream) return;
-    if (e->r->api == DS4_API_CHAT) {
-        cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
-        cJSON_AddStringToObject(er, "message", message);
-        cJSON_AddStringToObject(er, "type", "server_error");
-        cJSON_AddNullToObject(er, "param");
-        if (code && strcmp(code, "server_error")) cJSON_AddStringToObject(er, "code", code);
-        else cJSON_AddNullToObject(er, "code");
-        send_json(e, NULL, o);
-        write_raw(e, "data: [DONE]\n\n", 14);
-    } else if (e->r->api == DS4_API_MESSAGES) {
-        cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
-        cJSON_AddStringToObject(er, "type", "api_error");
-        cJSON_AddStringToObject(er, "message", message);
-        anth_event(e, "error", o);
-    } else {
-        resp_wrap(e, "response.failed", resp_object(e, "failed", NULL, code ? code : "server_error", message));
-    }
+    if (e->stream) e->ops->fail(e, message, code);
+}
+
+static const family_ops FAMILIES[] = {
+    [DS4_API_CHAT] = {"chatcmpl-", "call_", chat_reasoning, chat_content, chat_call_start, chat_call_args,
+                      chat_call_end, chat_begin, chat_keepalive, finish_chat, chat_fail},
+    [DS4_API_MESSAGES] = {"msg_", "toolu_", anth_reasoning, anth_content, anth_call_start, anth_call_args,
+                          anth_call_end, anth_begin, anth_keepalive, finish_messages, anth_fail},
+    [DS4_API_RESPONSES] = {"resp_", "call_", resp_reasoning, resp_content, resp_call_start, resp_call_args,
+                           resp_call_end, resp_begin, resp_keepalive, finish_responses, resp_fail},
+};
+
+static const family_ops *family_of(ds4_api api) {
+    return (size_t)api < sizeof FAMILIES / sizeof FAMILIES[0] && FAMILIES[api].id_prefix ? &FAMILIES[api] : NULL;
 }

@@ -296,7 +296,7 @@ def test_errors(tmp):
         ([d, "--type", "f32"], "expected"),
         ([FIX_A, "--type", "q3"], "unknown --type"),
     ]
-    v3 = os.path.join(ROOT, "..", "shared", "data", "deepseek-v3-tokenizer.json")
+    v3 = os.path.join(ROOT, "data", "deepseek-v3-tokenizer.json")
     if os.path.exists(v3):
         added = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "v4-added-tokens.json")
         cases.append(([FIX_A, "--type", "f32", "--vocab", v3, "--vocab-added", added],

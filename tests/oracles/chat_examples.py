@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Regenerates tests/fixtures/chat/ from the fact sheet
-../shared/docs/deepseek-v4-prompt-format.md: the worked examples E1-E7 of
+deepseek-v4-prompt-format.md (project documentation kept outside this
+repository, so its path is an argument): the worked examples E1-E7 of
 section 9 (request bodies and the exact prompt bytes, which the sheet's
 reviewers produced by running the official encoder and ds4's renderer), the
 two tools-block templates (5.2, 6.2) and the Think Max preamble (4.6) in
 their JSON-string form, plus Python json.dumps(..., ensure_ascii=False)
 outputs used as the oracle for the official schema-line serialisation.
 
-usage: python3 tests/oracles/chat_examples.py [path/to/prompt-format.md]
+usage: python3 tests/oracles/chat_examples.py path/to/deepseek-v4-prompt-format.md
 """
 import json
 import os
@@ -16,7 +17,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "tests", "fixtures", "chat")
-DOC = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "..", "shared", "docs", "deepseek-v4-prompt-format.md")
+if len(sys.argv) != 2:
+    sys.exit("usage: python3 tests/oracles/chat_examples.py path/to/deepseek-v4-prompt-format.md")
+DOC = sys.argv[1]
 
 
 def text_blocks(s):

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Print the IQ2_XXS format tables from shared/data/iq2xxs-tables.txt as C
+"""Print the IQ2_XXS format tables from tests/fixtures/quant/iq2xxs-tables.txt as C
 initializers, for pasting into src/quant_iq2xxs.c (the committed C does not
 need this script). Parsing follows the file's documented rule: a '#' line
 opens a table named by its first word; hex literals up to the next '#' line
 belong to it."""
 import sys
 
-path = sys.argv[1] if len(sys.argv) > 1 else "../shared/data/iq2xxs-tables.txt"
+path = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/quant/iq2xxs-tables.txt"
 tables, cur = {}, None
 for line in open(path):
     if line.startswith("#"):

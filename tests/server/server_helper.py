@@ -18,13 +18,14 @@ SERVER = os.environ.get("DS4_SERVER_BIN") or os.path.join(ROOT, "ds4-server")
 
 
 def demo_model_or_skip(name):
-    """Builds models/demo.gguf if needed; exits 0 with a SKIP line if it can't."""
+    """Builds models/demo.gguf if needed; exits 77 (skipped, see
+    tests/run_tests.sh) with a SKIP line if it can't."""
     if not os.path.exists(MODEL):
         r = subprocess.run(["make", "-s", "demo-model"], cwd=ROOT, capture_output=True, text=True)
         if r.returncode != 0 or not os.path.exists(MODEL):
             print(f"SKIP {name}: the demo model could not be built (make demo-model): "
                   f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
-            sys.exit(0)
+            sys.exit(77)
     if not os.path.exists(SERVER):
         print(f"FAIL {name}: {SERVER} is missing (make ds4-server)")
         sys.exit(1)

@@ -44,7 +44,7 @@ from server_helper import MODEL, ROOT, Results, Server, demo_model_or_skip
 NAME = "test_lm_eval"
 TASK_DIR = os.path.join(ROOT, "tests", "server", "lmeval")
 TASKS = ["ds4_lmeval_mc", "ds4_lmeval_ll", "ds4_lmeval_rolling"]
-VOCAB = os.path.join(ROOT, "..", "shared", "data", "deepseek-v3-tokenizer.json")
+VOCAB = os.path.join(ROOT, "data", "deepseek-v3-tokenizer.json")
 DS4 = os.path.join(ROOT, "ds4")
 BOS = "<\uff5cbegin\u2581of\u2581sentence\uff5c>"
 EOS = "<\uff5cend\u2581of\u2581sentence\uff5c>"

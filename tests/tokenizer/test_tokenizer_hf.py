@@ -23,7 +23,7 @@ import tempfile
 from gguf import GGUFReader
 from tokenizers import Tokenizer
 
-V3 = "../shared/data/deepseek-v3-tokenizer.json"
+V3 = "data/deepseek-v3-tokenizer.json"
 ADDED = "tests/fixtures/tokenizer/v4-added-tokens.json"
 TOOL = "./ds4-vocab"
 EOS = "<｜end▁of▁sentence｜>"

@@ -536,10 +536,12 @@ int main(void) {
     p.n_threads = 2;
     p.quiet = true;
     char err[512];
-    ds4_engine *e = access(p.model_path, R_OK) ? NULL : ds4_engine_load(&p, err, sizeof err);
+    bool have_model = !access(p.model_path, R_OK);
+    ds4_engine *e = have_model ? ds4_engine_load(&p, err, sizeof err) : NULL;
+    CHECK(!have_model || e, "models/demo.gguf does not load: %s", err);
     if (e) test_cache(e, dir);
-    else printf("test_kvdisk: models/demo.gguf unavailable, cache tests skipped\n");
     ds4_engine_free(e);
     rm_dir(dir);
-    return check_done("test_kvdisk");
+    return have_model ? check_done("test_kvdisk")
+                      : check_skipped("test_kvdisk", "models/demo.gguf unavailable, cache tests not run");
 }

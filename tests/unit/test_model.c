@@ -85,6 +85,7 @@ typedef struct {
     const char *retype;          /* tensor written as I32 bits */
     int mix;                     /* -1, or a ds4_mix whose matrix types are applied */
     bool no_keys, wrong_arch;
+    void (*edit)(ds4_hparams *); /* changes the metadata written (tensors stay) */
 } mutation;
 
 /* Type the mix gives `name`, found through the shared layout table. */
@@ -108,7 +109,10 @@ static bool rewrite(const char *dst, const mutation *mu) {
     ds4_gguf_writer *w = ds4_gguf_writer_new(32);
     if (mu->wrong_arch) ds4_gguf_w_str(w, "general.architecture", "llama");
     else if (mu->no_keys) { ds4_gguf_w_str(w, "general.architecture", "deepseek4"); ds4_gguf_w_u32(w, "deepseek4.block_count", 6); }
-    else ds4_hparams_write(w, &hp);
+    else {
+        if (mu->edit) mu->edit(&hp);
+        ds4_hparams_write(w, &hp);
+    }
     size_t nt = ds4_gguf_n_tensors(g);
     void **owned = calloc(nt, sizeof(void *));
     for (size_t i = 0; i < nt; i++) {
@@ -164,6 +168,36 @@ static void expect_error(const char *tmp, mutation mu, const char *needle) {
     if (m) { ds4_model_free(m); ds4_gguf_close(g); }
 }
 
+/* Metadata the forward pass does not implement (crafted from the valid
+ * file, one field at a time): each is refused with a line naming the key. */
+static void beta_fast_zero(ds4_hparams *hp) { hp->yarn_beta_fast = 0; }
+static void beta_slow_negative(ds4_hparams *hp) { hp->yarn_beta_slow = -1; }
+static void betas_reversed(ds4_hparams *hp) { float f = hp->yarn_beta_fast; hp->yarn_beta_fast = hp->yarn_beta_slow; hp->yarn_beta_slow = f; }
+static void yarn_factor_below_one(ds4_hparams *hp) { hp->yarn_factor = 0.5f; }
+static void yarn_orig_ctx_zero(ds4_hparams *hp) { hp->yarn_orig_ctx = 0; }
+static void compress_rope_base_one(ds4_hparams *hp) { hp->compress_rope_base = 1; }
+static void indexer_top_k_zero(ds4_hparams *hp) { hp->idx_topk = 0; }
+static void expert_top_k_zero(ds4_hparams *hp) { hp->n_expert_used = 0; }
+static void ratio_one(ds4_hparams *hp) { hp->compress_ratio[2] = 1; }
+static void ratio_huge(ds4_hparams *hp) { hp->compress_ratio[3] = 1u << 20; }
+
+static void test_unsupported_metadata(const char *tmp) {
+    static const struct { void (*edit)(ds4_hparams *); const char *needle; } cases[] = {
+        {beta_fast_zero, "yarn_beta_fast = 0, must be > 0"},
+        {beta_slow_negative, "yarn_beta_slow = -1, must be > 0"},
+        {betas_reversed, "the pair is reversed"},
+        {yarn_factor_below_one, "rope.scaling.factor = 0.5, must be >= 1"},
+        {yarn_orig_ctx_zero, "original_context_length = 0"},
+        {compress_rope_base_one, "compress_rope_freq_base = 1, must be > 1"},
+        {indexer_top_k_zero, "indexer.top_k = 0 out of range"},
+        {expert_top_k_zero, "expert_used_count = 0 out of range"},
+        {ratio_one, "compress_ratios[2] = 1; supported"},
+        {ratio_huge, "compress_ratios[3] = 1048576; supported"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_error(tmp, (mutation){.edit = cases[i].edit, .mix = -1}, cases[i].needle);
+}
+
 /* The released type mixes at tiny dims: bind, report bits, and run. */
 static void test_mix(const char *tmp, int mix, int bits) {
     char err[512];
@@ -214,6 +248,7 @@ int main(void) {
     expect_error(tmp, (mutation){.no_keys = true, .mix = -1}, "deepseek4.embedding_length");
     expect_error(tmp, (mutation){.wrong_arch = true, .mix = -1}, "architecture");
 
+    test_unsupported_metadata(tmp);
     test_mix(tmp, DS4_MIX_Q2, 2);
     test_mix(tmp, DS4_MIX_Q4, 4);
     unlink(tmp);

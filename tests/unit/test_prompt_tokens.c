@@ -11,7 +11,7 @@
 #include "chat.h"
 #include "tokenizer.h"
 
-#define V3_JSON "../shared/data/deepseek-v3-tokenizer.json"
+#define V3_JSON "data/deepseek-v3-tokenizer.json"
 #define V4_ADDED "tests/fixtures/tokenizer/v4-added-tokens.json"
 
 static size_t count(const ds4_tokenizer *t, const char *s, size_t n, enum ds4_tok_specials sp,

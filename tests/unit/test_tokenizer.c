@@ -1,5 +1,5 @@
 /* test_tokenizer.c -- the tokenizer against independent oracles:
- *  - ../shared/data/tokenizer-vectors/deepseek-bpe-cases.jsonl (ids from an
+ *  - tests/fixtures/tokenizer/deepseek-bpe-cases.jsonl (ids from an
  *    independent implementation),
  *  - tests/fixtures/tokenizer/hf-cases.jsonl (HF `tokenizers` on DeepSeek V4's
  *    tokenizer.json, three special-token modes, raw invalid UTF-8 included),
@@ -17,7 +17,7 @@
 #include "check.h"
 #include "tokenizer_internal.h"
 
-#define V3_JSON "../shared/data/deepseek-v3-tokenizer.json"
+#define V3_JSON "data/deepseek-v3-tokenizer.json"
 #define V4_ADDED "tests/fixtures/tokenizer/v4-added-tokens.json"
 
 static double now_s(void) {
@@ -570,7 +570,7 @@ int main(void) {
     printf("tokenizer: load from tokenizer.json %.1f ms\n", (now_s() - t0) * 1e3);
 
     tcase *bc, *hc;
-    size_t nb = load_cases("../shared/data/tokenizer-vectors/deepseek-bpe-cases.jsonl", &bc);
+    size_t nb = load_cases("tests/fixtures/tokenizer/deepseek-bpe-cases.jsonl", &bc);
     size_t nh = load_cases("tests/fixtures/tokenizer/hf-cases.jsonl", &hc);
     CHECK(nb == 87, "deepseek-bpe-cases: %zu cases", nb);
     CHECK(nh > 500, "hf-cases: %zu cases", nh);

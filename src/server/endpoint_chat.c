@@ -1,0 +1,195 @@
+#include "endpoints.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "generate.h"
+#include "job.h"
+#include "logprobs.h"
+#include "prefix.h"
+#include "respond.h"
+
+/* The shared generation loop's view of a chat-family job. */
+typedef struct {
+    server *s;
+    ds4_enc *enc;
+    job_progress *pc;
+    ds4_usage *u;
+    const ds4_request *r;
+    ds4_buf generated;          /* for the trace */
+    ds4_token_ids script;       /* --scripted-output tokens (test only) */
+    int eos;
+} chat_gen;
+
+static bool chat_cancelled(void *ud) {
+    return job_cancelled(((chat_gen *)ud)->pc);
+}
+
+static int chat_forced(void *ud, int step) {
+    chat_gen *g = ud;
+    if (!g->s->script) return -1;
+    return (size_t)step < g->script.n ? g->script.v[step] : g->eos;
+}
+
+/* DSML structure is sampled greedy (server-api.md 2.3). */
+static bool chat_greedy(void *ud) {
+    return ds4_enc_in_structure(((chat_gen *)ud)->enc);
+}
+
+static void chat_token(void *ud, int32_t tok, const float *logits) {
+    chat_gen *g = ud;
+    if (tok == g->eos) return;
+    if (ds4_enc_wants_logprobs(g->enc) && ds4_enc_in_content(g->enc))
+        ds4_enc_logprob(g->enc, chat_logprob_entry(g->s, logits, tok, g->r->logprobs));
+    g->u->completion_tokens++;
+    if (ds4_enc_in_reasoning(g->enc)) g->u->reasoning_tokens++;
+}
+
+static bool chat_text(void *ud, const char *text, size_t len) {
+    chat_gen *g = ud;
+    ds4_buf_put(&g->generated, text, len);
+    return ds4_enc_feed(g->enc, text, len);
+}
+
+static void chat_after_decode(void *ud) {
+    job_disk_frontier(((chat_gen *)ud)->s);
+}
+
+/* The family's context-overflow answer. */
+static void reject_overflow(server *s, job *j, ds4_enc *enc, ds4_usage *u, int n_prompt) {
+    const ds4_request *r = &j->req;
+    char err[512];
+    if (r->api == DS4_API_RESPONSES && r->stream) {
+        /* Responses reports an overflow in-stream. */
+        if (job_open_stream(s, j)) return;
+        ds4_enc_begin(enc, u);
+        snprintf(err, sizeof err, "Your input exceeds the context window of this model. This model's maximum context length is %d tokens; the request has %d prompt tokens.", s->o.ctx, n_prompt);
+        job_error(s, j, 400, err, "input", "context_length_exceeded", n_prompt);
+    } else if (r->api == DS4_API_MESSAGES) {
+        snprintf(err, sizeof err, "prompt is too long: %d tokens > %d maximum", n_prompt, s->o.ctx - 1);
+        job_error(s, j, 400, err, NULL, NULL, n_prompt);
+    } else {
+        snprintf(err, sizeof err, "This model's maximum context length is %d tokens. However, your request has %d prompt tokens (the request exceeds the available context size).", s->o.ctx, n_prompt);
+        job_error(s, j, 400, err, r->api == DS4_API_CHAT ? "messages" : "input", "context_length_exceeded", n_prompt);
+    }
+}
+
+/* Remembers the tool-call turn just produced: the replay map gets the exact
+ * block, and the live bindings let a continuation answer by id alone. */
+static void remember_tool_calls(server *s, ds4_enc *enc) {
+    size_t blen;
+    const char *block = ds4_enc_block(enc, &blen);
+    const char *ids[DS4_SRV_MAX_LIVE_CALLS];
+    int nids = ds4_enc_call_ids(enc, ids, DS4_SRV_MAX_LIVE_CALLS);
+    if (!block || !nids) return;
+    ds4_toolmem_put(s->mem, ids, nids, block, blen);
+    for (int i = 0; i < nids; i++) snprintf(s->live_ids[i], sizeof s->live_ids[i], "%s", ids[i]);
+    s->n_live_ids = nids;
+    s->live_ids_tokens = ds4_session_n_tokens(s->sess);
+    trace(s, "tool calls: %d, exact DSML block remembered (%zu bytes), first id %s", nids, blen, ids[0]);
+}
+
+void run_chat(server *s, job *j) {
+    ds4_request *r = &j->req;
+    ds4_http_conn *c = j->conn;
+    char err[512];
+    ds4_buf text = {0};
+    prompt_plan p = {0};
+    ds4_sampler *smp = NULL;
+    j->keep_alive = j->hreq->keep_alive;
+    ds4_enc *enc = job_encoder(s, j);
+    if (!enc) { job_error(s, j, 500, "out of memory", NULL, NULL, 0); goto out; }
+
+    bool tail = r->n_live_ids > 0;
+    if (tail && !live_ids_match(s, r)) {
+        const char *fam = r->api == DS4_API_MESSAGES ? "Anthropic" : "Responses";
+        snprintf(err, sizeof err, "%s continuation state is not available for %s %s; retry by replaying the full %s history",
+                 fam, r->api == DS4_API_MESSAGES ? "tool_use_id" : "call_id", r->live_ids[0],
+                 r->api == DS4_API_MESSAGES ? "messages" : "input");
+        job_error(s, j, 400, err, r->api == DS4_API_MESSAGES ? "messages" : "input", NULL, 0);
+        goto out;
+    }
+    if (tail) {
+        if (plan_tool_tail(s, r, &text, &p)) {
+            job_error(s, j, 500, "tokenization failed", NULL, NULL, 0);
+            goto out;
+        }
+    } else {
+        if (!srv_render_prompt(s, r, true, &text, err, sizeof err)) {
+            job_error(s, j, 400, err, NULL, NULL, 0);
+            goto out;
+        }
+        if (plan_prompt(s, text.data, text.len, &p)) {
+            job_error(s, j, 500, "tokenization failed", NULL, NULL, 0);
+            goto out;
+        }
+    }
+    s->n_live_ids = 0; /* any other request replaces the bindings */
+    s->visible_tokens = -1;
+    int n_prompt = (int)p.toks.n;
+    trace_text(s, "rendered prompt", text.data ? text.data : "", text.len);
+    trace(s, "cache: %s, prompt %d tokens, reused %d, prefill %d", p.how, n_prompt, p.reuse, n_prompt - p.reuse);
+
+    bool thinking = srv_effective_think(s, r) != DS4_THINK_NONE;
+    ds4_usage u = {.prompt_tokens = n_prompt, .cached_tokens = p.reuse < n_prompt ? p.reuse : n_prompt};
+    if (n_prompt >= s->o.ctx) { reject_overflow(s, j, enc, &u, n_prompt); goto out; }
+
+    if (r->stream) {
+        if (job_open_stream(s, j)) goto out;
+        ds4_enc_begin(enc, &u);
+    }
+    job_progress pc;
+    job_progress_init(&pc, s, j, enc);
+    int rc = job_load_prompt(s, &p, &pc, err, sizeof err);
+    if (rc == 1 && pc.gone) { trace(s, "client went away during prefill"); j->keep_alive = false; goto out; }
+    if (rc == 1) snprintf(err, sizeof err, "server shutting down");
+    if (rc) {
+        trace(s, "prefill failed: %s", err);
+        job_error(s, j, pc.stopping ? 503 : 500, err, NULL, NULL, 0);
+        goto out;
+    }
+
+    int limit = r->max_tokens >= 0 ? r->max_tokens : s->o.default_max_tokens;
+    if (limit > s->o.ctx - n_prompt) limit = s->o.ctx - n_prompt;
+    smp = job_sampler(s, r);
+    chat_gen g = {.s = s, .enc = enc, .pc = &pc, .u = &u, .r = r, .eos = ds4_tokenizer_specials(s->tok)->eos};
+    if (s->script) srv_encode(s, s->script, s->script_len, &g.script);
+    ds4_gen_hooks hooks = {.cancelled = chat_cancelled, .forced = chat_forced, .greedy = chat_greedy,
+                           .on_token = chat_token, .on_text = chat_text, .after_decode = chat_after_decode,
+                           .ud = &g};
+    ds4_gen_result gr = ds4_generate(s->sess, s->tok, smp, limit, &hooks, err, sizeof err);
+    if (gr.end == DS4_GEN_ERROR) trace(s, "decode failed: %s", err);
+    ds4_token_ids_free(&g.script);
+    trace_text(s, "generated", g.generated.data ? g.generated.data : "", g.generated.len);
+    ds4_buf_free(&g.generated);
+    if (pc.gone || ds4_enc_broken(enc)) {
+        trace(s, "client went away during generation after %d tokens", u.completion_tokens);
+        j->keep_alive = false;
+        goto out;
+    }
+    if (pc.stopping) {
+        job_error(s, j, 503, "server shutting down", NULL, NULL, 0);
+        goto out;
+    }
+    bool hit_length = gr.end == DS4_GEN_LENGTH || gr.end == DS4_GEN_CTX_FULL;
+    ds4_enc_finish(enc, hit_length ? DS4_CAUSE_LENGTH : DS4_CAUSE_EOS, &u);
+    if (ds4_enc_error(enc)) trace(s, "tool parser: %s", ds4_enc_error(enc));
+    remember_tool_calls(s, enc);
+    if (thinking) remember_visible(s, &text, enc);
+    trace(s, "usage: prompt %d cached %d completion %d reasoning %d", u.prompt_tokens, u.cached_tokens,
+          u.completion_tokens, u.reasoning_tokens);
+    if (r->stream) {
+        ds4_http_stream_end(c);
+    } else {
+        size_t n;
+        const char *b = ds4_enc_body(enc, &n);
+        char hdr[1024];
+        ds4_cors_headers(s, j->hreq, hdr, sizeof hdr);
+        ds4_http_respond(c, 200, "application/json", b, n, j->keep_alive, hdr);
+    }
+out:
+    ds4_sampler_free(smp);
+    ds4_token_ids_free(&p.toks);
+    ds4_buf_free(&text);
+}

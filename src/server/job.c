@@ -1,0 +1,116 @@
+#include "job.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+
+#include "respond.h"
+
+#define KEEPALIVE_SECONDS 5.0
+/* Prefill runs in slices so keep-alives and disconnect checks happen at
+ * least this often (in tokens), whatever the engine's own chunking. */
+#define PREFILL_SLICE 256
+
+static int conn_out(void *ud, const char *data, size_t len) {
+    return ds4_http_stream_write(ud, data, len);
+}
+
+ds4_enc *job_encoder(server *s, job *j) {
+    if (!j->enc) {
+        ds4_enc_opts eo = {.req = &j->req, .thinking = srv_effective_think(s, &j->req) != DS4_THINK_NONE,
+                           .mem = s->mem, .out = j->req.stream ? conn_out : NULL, .ud = j->conn};
+        j->enc = ds4_enc_new(&eo);
+    }
+    return j->enc;
+}
+
+int job_open_stream(server *s, job *j) {
+    if (j->conn->streaming) return 0;
+    char hdr[1024];
+    ds4_cors_headers(s, j->hreq, hdr, sizeof hdr);
+    return ds4_http_stream_begin(j->conn, hdr);
+}
+
+void job_error(server *s, job *j, int status, const char *msg, const char *param, const char *code,
+               int n_prompt) {
+    ds4_http_conn *c = j->conn;
+    if (status >= 500) j->keep_alive = false;
+    if (!c->streaming) {
+        ds4_send_error(s, c, j->hreq, status, msg, param, code, n_prompt, j->keep_alive);
+        return;
+    }
+    j->keep_alive = false;
+    if (j->req.api == DS4_API_COMPLETIONS) {
+        cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
+        cJSON_AddStringToObject(er, "message", msg);
+        cJSON_AddStringToObject(er, "type", status >= 500 ? "server_error" : "invalid_request_error");
+        cJSON_AddNullToObject(er, "param");
+        cJSON_AddNullToObject(er, "code");
+        ds4_sse_data(c, o);
+        ds4_http_stream_write(c, "data: [DONE]\n\n", 14);
+    } else if (j->enc) {
+        ds4_enc_fail(j->enc, msg, code ? code : status >= 500 ? "server_error" : "invalid_request_error");
+    }
+    ds4_http_stream_end(c);
+}
+
+/* The SSE stream opens and gets what prefill would send (server-api.md 1.4);
+ * Messages' message_start waits for the token counts, pings go first. */
+void job_queued_keepalive(server *s, job *j) {
+    if (job_open_stream(s, j)) return;
+    ds4_http_stream_write(j->conn, ": queued\n\n", 10);
+    if (j->req.api != DS4_API_COMPLETIONS && job_encoder(s, j)) ds4_enc_keepalive(j->enc);
+}
+
+void job_progress_init(job_progress *p, server *s, job *j, ds4_enc *enc) {
+    *p = (job_progress){.s = s, .conn = j->conn, .enc = enc, .last_ping = now_s()};
+}
+
+bool job_cancelled(job_progress *p) {
+    if (ds4_http_peer_gone(p->conn)) { p->gone = true; return true; }
+    if (atomic_load(&ds4_srv_stop)) { p->stopping = true; return true; }
+    return false;
+}
+
+bool job_progress_check(job_progress *p) {
+    if (job_cancelled(p)) return true;
+    if (now_s() - p->last_ping >= KEEPALIVE_SECONDS) {
+        p->last_ping = now_s();
+        if (p->conn->streaming) ds4_http_stream_write(p->conn, ": prefill\n\n", 11);
+        if (p->enc) ds4_enc_keepalive(p->enc);
+        if (p->conn->broken) { p->gone = true; return true; }
+    }
+    return false;
+}
+
+/* Prefills toks[from..n) in slices; 0 ok, 1 cancelled, -1 error. */
+static int prefill(server *s, const int32_t *toks, int from, int n, job_progress *pc, char *err, size_t errlen) {
+    for (int i = from; i < n;) {
+        int len = n - i < PREFILL_SLICE ? n - i : PREFILL_SLICE, reason = 0;
+        int stop = s->kvd ? ds4_kvdisk_prefill_stop(s->kvd, toks, n, i, from == 0, &reason) : -1;
+        if (stop > i && stop < i + len) len = stop - i;
+        int rc = ds4_session_prefill(s->sess, toks + i, len, NULL, NULL, NULL, err, errlen);
+        if (rc) return rc;
+        i += len;
+        if (i == stop) ds4_kvdisk_save(s->kvd, s->sess, reason);
+        if (job_progress_check(pc)) return 1;
+    }
+    return 0;
+}
+
+int job_load_prompt(server *s, const prompt_plan *p, job_progress *pc, char *err, size_t errlen) {
+    int live_n = ds4_session_n_tokens(s->sess);
+    if (p->reuse < live_n && s->kvd && p->reuse < live_n / 2) ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_EVICT);
+    if (p->reuse < live_n && ds4_session_rewind(s->sess, p->reuse, err, errlen)) return -1;
+    return prefill(s, p->toks.v, p->reuse, (int)p->toks.n, pc, err, errlen);
+}
+
+void job_disk_frontier(server *s) {
+    if (s->kvd && ds4_kvdisk_is_frontier(ds4_kvdisk_options(s->kvd), ds4_session_n_tokens(s->sess)))
+        ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_CONTINUED);
+}
+
+ds4_sampler *job_sampler(server *s, const ds4_request *r) {
+    ds4_sampler_params sp = r->sampling;
+    if (!r->seed_set) sp.seed = ds4_sampler_random_seed();
+    return ds4_sampler_new(&sp, s->n_vocab);
+}

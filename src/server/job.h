@@ -1,0 +1,58 @@
+/* job.h -- running one job on the live session: its response channel
+ * (stream opening, family encoder, errors in or out of stream), the client
+ * watch (disconnects, shutdown, keep-alives) and the sliced prefill with the
+ * disk cache's save points.
+ *
+ * Contract
+ * - job_error() answers with the status response, or, once the job's SSE
+ *   stream is open (a long queue wait opens it early), with the family's
+ *   in-stream error; a 5xx or an in-stream error closes the connection.
+ * - job_progress is polled between prefill slices and generated tokens:
+ *   it stops the work when the client is gone (`gone`) or the server is
+ *   stopping (`stopping`), and sends the family's keep-alive events every 5 s.
+ * - job_load_prompt() brings the session to toks[0..reuse) (saving a
+ *   session that is mostly replaced first, when the disk cache is on) and
+ *   prefills the rest in slices of at most 256 tokens that also end at the
+ *   disk cache's save points; 0 ok, 1 cancelled, -1 error (err filled).
+ */
+#ifndef DS4_JOB_H
+#define DS4_JOB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "prefix.h"
+#include "sampler.h"
+#include "server_state.h"
+
+ds4_enc *job_encoder(server *s, job *j);
+/* 200 + SSE headers, once per response; nonzero when the peer is gone. */
+int job_open_stream(server *s, job *j);
+void job_error(server *s, job *j, int status, const char *msg, const char *param, const char *code,
+               int n_prompt);
+/* What a streamed job gets while it is still queued (queue.h). */
+void job_queued_keepalive(server *s, job *j);
+
+typedef struct {
+    server *s;
+    ds4_http_conn *conn;
+    ds4_enc *enc;           /* chat-family keep-alives; NULL for completions */
+    double last_ping;
+    bool gone;              /* the client went away */
+    bool stopping;          /* the server is shutting down */
+} job_progress;
+
+void job_progress_init(job_progress *p, server *s, job *j, ds4_enc *enc);
+/* true when the work must stop (sets gone or stopping). */
+bool job_cancelled(job_progress *p);
+/* job_cancelled(), and the keep-alives a long prefill owes the client. */
+bool job_progress_check(job_progress *p);
+
+int job_load_prompt(server *s, const prompt_plan *p, job_progress *pc, char *err, size_t errlen);
+/* A continued save when generation lands on an absolute frontier. */
+void job_disk_frontier(server *s);
+/* The request's sampler; a request without a seed gets a random one. */
+ds4_sampler *job_sampler(server *s, const ds4_request *r);
+
+#endif

@@ -1,0 +1,167 @@
+#include "prefix.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Copies of replayed DSML blocks handed to the renderer, freed after it. */
+#define MAX_REPLAY_HELD 64
+
+ds4_think_mode srv_effective_think(const server *s, const ds4_request *r) {
+    return ds4_chat_effective_think(r->think, s->o.ctx);
+}
+
+typedef struct {
+    server *s;
+    char *held[MAX_REPLAY_HELD];
+    int n_held;
+} replay_ctx;
+
+static const char *replay_lookup(void *ud, const char *id) {
+    replay_ctx *r = ud;
+    if (!id || r->n_held == MAX_REPLAY_HELD) return NULL;
+    char *b = ds4_toolmem_get(r->s->mem, id);
+    if (!b && r->s->kvd && ds4_kvdisk_find_tool(r->s->kvd, id)) b = ds4_toolmem_get(r->s->mem, id);
+    if (b) r->held[r->n_held++] = b;
+    return b;
+}
+
+bool srv_render_prompt(server *s, const ds4_request *r, bool replay, ds4_buf *out, char *err, size_t errlen) {
+    ds4_chat_opts o;
+    ds4_chat_opts_default(&o);
+    o.profile = DS4_CHAT_DS4;
+    o.think = srv_effective_think(s, r);
+    o.ctx = s->o.ctx;
+    o.tools = r->tools;
+    o.n_tools = r->n_tools;
+    replay_ctx rc = {.s = s};
+    if (replay && !s->o.disable_exact_replay) { o.replay = replay_lookup; o.replay_ud = &rc; }
+    bool ok = ds4_chat_render(r->msgs, r->n_msgs, &o, out, err, errlen);
+    for (int i = 0; i < rc.n_held; i++) free(rc.held[i]);
+    if (ok && out->oom) { snprintf(err, errlen, "out of memory"); ok = false; }
+    return ok;
+}
+
+int srv_encode(server *s, const char *text, size_t n, ds4_token_ids *out) {
+    return ds4_tokenizer_encode(s->tok, text, n, DS4_TOK_SPECIALS_CHAT, out);
+}
+
+/* The live session's text, decoded byte-exactly. */
+static char *live_text(server *s, size_t *len) {
+    return ds4_tokenizer_decode(s->tok, ds4_session_tokens(s->sess), (size_t)ds4_session_n_tokens(s->sess), false, len);
+}
+
+bool live_ids_match(server *s, const ds4_request *r) {
+    if (!s->n_live_ids || s->live_ids_tokens != ds4_session_n_tokens(s->sess)) return false;
+    for (int i = 0; i < r->n_live_ids; i++) {
+        bool hit = false;
+        for (int j = 0; j < s->n_live_ids && !hit; j++) hit = !strcmp(r->live_ids[i], s->live_ids[j]);
+        if (!hit) return false;
+    }
+    return true;
+}
+
+/* The continuation tail for trailing tool results of the live turn:
+ * EOS, the tool-result user turn(s), the generation prompt. */
+static void render_tail(server *s, const ds4_request *r, ds4_buf *out) {
+    int first = r->n_msgs;
+    while (first > 0 && r->msgs[first - 1].role != DS4_ROLE_ASSISTANT) first--;
+    ds4_buf_puts(out, DS4_STR_EOS);
+    bool in_results = false;
+    for (int i = first; i < r->n_msgs; i++) {
+        const ds4_chat_msg *m = &r->msgs[i];
+        const char *c = m->content ? m->content : "";
+        if (m->role == DS4_ROLE_TOOL) {
+            if (!in_results) ds4_buf_puts(out, DS4_STR_USER);
+            ds4_chat_tool_result(c, strlen(c), DS4_CHAT_DS4, out);
+            in_results = true;
+        } else if (m->role == DS4_ROLE_USER) {
+            ds4_buf_puts(out, DS4_STR_USER);
+            ds4_buf_puts(out, c);
+            in_results = false;
+        }
+    }
+    ds4_buf_puts(out, DS4_STR_ASSISTANT);
+    ds4_buf_puts(out, srv_effective_think(s, r) == DS4_THINK_NONE ? DS4_STR_THINK_CLOSE : DS4_STR_THINK_OPEN);
+}
+
+/* toks = the live tokens, then the tokens of text[from..n) on their own. */
+static int live_plus(server *s, const char *text, size_t from, size_t n, prompt_plan *p, const char *how) {
+    int live_n = ds4_session_n_tokens(s->sess);
+    ds4_token_ids suffix = {0};
+    if (srv_encode(s, text + from, n - from, &suffix)) { ds4_token_ids_free(&suffix); return -1; }
+    size_t need = (size_t)live_n + suffix.n + 1;
+    if (p->toks.cap < need) {
+        int32_t *v = realloc(p->toks.v, need * sizeof *v);
+        if (!v) { ds4_token_ids_free(&suffix); return -1; }
+        p->toks.v = v;
+        p->toks.cap = need;
+    }
+    memcpy(p->toks.v, ds4_session_tokens(s->sess), (size_t)live_n * sizeof *p->toks.v);
+    memcpy(p->toks.v + live_n, suffix.v, suffix.n * sizeof *p->toks.v);
+    p->toks.n = (size_t)live_n + suffix.n;
+    ds4_token_ids_free(&suffix);
+    p->reuse = live_n;
+    p->how = how;
+    return 0;
+}
+
+int plan_tool_tail(server *s, const ds4_request *r, ds4_buf *text, prompt_plan *p) {
+    size_t lt_len = 0;
+    char *lt = live_text(s, &lt_len);
+    ds4_buf_put(text, lt, lt_len);
+    free(lt);
+    render_tail(s, r, text);
+    return live_plus(s, text->data, lt_len, text->len, p, "live tool-call continuation");
+}
+
+static bool starts_with(const char *text, size_t n, const ds4_buf *key) {
+    return key->len && key->len <= n && !memcmp(text, key->data, key->len);
+}
+
+int plan_prompt(server *s, const char *text, size_t n, prompt_plan *p) {
+    int live_n = ds4_session_n_tokens(s->sess);
+    const int32_t *live = ds4_session_tokens(s->sess);
+    if (srv_encode(s, text, n, &p->toks)) return -1;
+    int lcp = 0;
+    while (lcp < live_n && (size_t)lcp < p->toks.n && live[lcp] == p->toks.v[lcp]) lcp++;
+    if (lcp == live_n && live_n > 0) { p->reuse = live_n; p->how = "exact token prefix"; return 0; }
+    if (s->visible_tokens == live_n && live_n > 0) {
+        for (int k = 0; k < 2; k++)
+            if (starts_with(text, n, &s->visible[k]))
+                return live_plus(s, text, s->visible[k].len, n, p, "visible transcript prefix (hidden reasoning)");
+    }
+    size_t lt_len = 0;
+    char *lt = live_n ? live_text(s, &lt_len) : NULL;
+    bool text_hit = lt && lt_len <= n && !memcmp(lt, text, lt_len);
+    free(lt);
+    if (text_hit) return live_plus(s, text, lt_len, n, p, "live text prefix");
+    size_t disk = s->kvd ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
+    if (disk) {
+        s->visible_tokens = -1; /* the live session is another conversation now */
+        return live_plus(s, text, disk, n, p, "disk cache");
+    }
+    p->reuse = lcp;
+    p->how = lcp ? "common token prefix" : "cold";
+    return 0;
+}
+
+void remember_visible(server *s, const ds4_buf *prompt, const ds4_enc *enc) {
+    s->visible_tokens = -1;
+    size_t open = strlen(DS4_STR_THINK_OPEN), clen, blen;
+    /* Only a closed think block makes the live text "<think>R</think>C":
+     * an unfinished one has no visible transcript to match. */
+    if (!ds4_enc_reasoning_closed(enc) || ds4_enc_stop_matched(enc) || prompt->len < open ||
+        memcmp(prompt->data + prompt->len - open, DS4_STR_THINK_OPEN, open)) return;
+    const char *content = ds4_enc_content(enc, &clen);
+    const char *block = ds4_enc_block(enc, &blen);
+    for (int k = 0; k < 2; k++) {
+        ds4_buf *v = &s->visible[k];
+        ds4_buf_clear(v);
+        /* k = 0: empty think block kept (tool context); 1: reasoning dropped */
+        ds4_buf_put(v, prompt->data, prompt->len - (k ? open : 0));
+        ds4_buf_puts(v, DS4_STR_THINK_CLOSE);
+        ds4_buf_put(v, content, clen);
+        if (block) ds4_buf_put(v, block, blen);
+    }
+    s->visible_tokens = ds4_session_n_tokens(s->sess);
+}

@@ -1,0 +1,47 @@
+/* prefix.h -- the prompt planner: renders a chat-family request and decides
+ * how much of the live session (or of the disk cache) the new prompt reuses,
+ * tokenizing only what is new.
+ *
+ * Contract (worker thread only; it reads and updates the live-session memory
+ * in `server`)
+ * - plan_prompt(): first hit wins: live tokens as an exact prefix of the new
+ *   prompt's tokens; the visible transcript of the last thinking turn (what
+ *   clients replay when reasoning is hidden or dropped); the live text (the
+ *   decoded live tokens) as a byte prefix of the new prompt (only the byte
+ *   suffix is tokenized); the disk cache's longest rendered prefix (restored
+ *   into the session); else the longest common token prefix.
+ * - plan_tool_tail(): trailing tool results that answer the live tool-call
+ *   turn: only the tail (EOS, result turn, generation prompt) is rendered and
+ *   tokenized after the live tokens.
+ * - remember_visible() records, after a thinking turn, the transcript a client
+ *   will replay for it.
+ */
+#ifndef DS4_PREFIX_H
+#define DS4_PREFIX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "chat.h"
+#include "server_state.h"
+
+typedef struct {
+    ds4_token_ids toks;     /* the full prompt */
+    int reuse;              /* tokens kept from the live session */
+    const char *how;
+} prompt_plan;
+
+ds4_think_mode srv_effective_think(const server *s, const ds4_request *r);
+/* Chat-family rendering (ds4-server profile); `replay` uses the tool-id map
+ * for exact DSML replay. false with err on failure. */
+bool srv_render_prompt(server *s, const ds4_request *r, bool replay, ds4_buf *out, char *err, size_t errlen);
+int srv_encode(server *s, const char *text, size_t n, ds4_token_ids *out);
+
+/* Whether every call id the request answers belongs to the live turn. */
+bool live_ids_match(server *s, const ds4_request *r);
+/* text = live text + tail; -1 on tokenizer failure. */
+int plan_tool_tail(server *s, const ds4_request *r, ds4_buf *text, prompt_plan *p);
+int plan_prompt(server *s, const char *text, size_t n, prompt_plan *p);
+void remember_visible(server *s, const ds4_buf *prompt, const ds4_enc *enc);
+
+#endif

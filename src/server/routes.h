@@ -1,0 +1,24 @@
+/* routes.h -- request routing on a connection thread: the cheap endpoints
+ * (models, health, tokenizer, token counting) are answered here; inference
+ * requests are decoded and handed to the worker through the queue.
+ *
+ * Contract
+ * - route_request() answers exactly one request and returns whether the
+ *   connection stays open (keep-alive, not broken, not HTTP/1.0 after a
+ *   streamed answer).
+ * - Unknown paths or methods get 404 in the family's error shape; request
+ *   decoding errors get the status request.h chose.
+ */
+#ifndef DS4_ROUTES_H
+#define DS4_ROUTES_H
+
+#include <stdbool.h>
+
+#include "http.h"
+#include "json_util.h"
+
+typedef struct server server;
+
+bool route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body);
+
+#endif

@@ -1,0 +1,82 @@
+/* server_state.h -- the state ds4-server's modules share: the one live
+ * session with its prefix-reuse memory, the job a connection hands to the
+ * worker, and the trace log.
+ *
+ * Contract
+ * - One `server` per process. Fields under "worker only" are touched only
+ *   by the inference worker thread (worker.c and the endpoint runners it
+ *   calls), so they need no lock; the queue has its own lock (queue.h).
+ * - A `job` lives on its connection thread's stack from submission until the
+ *   worker marks it done; until the worker takes it (running), only the
+ *   connection thread writes to its socket.
+ * - ds4_srv_stop is set by the signal handler and read by every thread.
+ * - trace()/trace_text() append to --trace (no-ops without it); kv_log()
+ *   is the disk cache's log sink.
+ */
+#ifndef DS4_SERVER_STATE_H
+#define DS4_SERVER_STATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "engine.h"
+#include "http.h"
+#include "json_util.h"
+#include "kvdisk.h"
+#include "queue.h"
+#include "request.h"
+#include "server.h"
+#include "stream.h"
+#include "tokenizer.h"
+#include "toolmem.h"
+
+/* Tool calls of one live turn that a continuation may answer by id alone. */
+#define DS4_SRV_MAX_LIVE_CALLS 64
+
+typedef struct server {
+    ds4_server_opts o;
+    ds4_engine *eng;
+    const ds4_tokenizer *tok;
+    ds4_session *sess;
+    ds4_toolmem *mem;
+    ds4_kvdisk *kvd;              /* disk KV cache, or NULL */
+    int n_vocab;
+    char *script;                 /* scripted output (test only) */
+    size_t script_len;
+    FILE *trace;
+    pthread_mutex_t trace_mu;
+
+    ds4_job_queue queue;
+
+    /* Live tool-call turn (worker only): ids the model produced last. */
+    char live_ids[DS4_SRV_MAX_LIVE_CALLS][40];
+    int n_live_ids;
+    int live_ids_tokens;          /* session length the binding belongs to */
+    /* What clients replay for the last thinking turn when its reasoning is
+     * hidden or dropped: the prompt with an empty or no think block, then
+     * content and tool block (worker only). */
+    ds4_buf visible[2];
+    int visible_tokens;
+} server;
+
+struct job {
+    job *next;
+    ds4_http_conn *conn;
+    ds4_http_req *hreq;
+    ds4_request req;
+    ds4_enc *enc;                 /* chat family, made on first use */
+    bool keep_alive;              /* set by the worker */
+    bool running, writing, done;  /* queue.h */
+};
+
+extern atomic_int ds4_srv_stop;
+
+double now_s(void);
+__attribute__((format(printf, 2, 3)))
+void trace(server *s, const char *fmt, ...);
+void trace_text(server *s, const char *label, const char *text, size_t n);
+void kv_log(void *ud, bool warning, const char *line);
+
+#endif

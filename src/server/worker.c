@@ -1,0 +1,25 @@
+#include "worker.h"
+
+#include "endpoints.h"
+#include "job.h"
+
+void *worker_main(void *server_state) {
+    server *s = server_state;
+    for (;;) {
+        bool stopping;
+        job *j = ds4_queue_take(s, &stopping);
+        if (!j) break;
+        if (stopping) {
+            job_error(s, j, 503, "server shutting down", NULL, NULL, 0);
+        } else if (ds4_http_peer_gone(j->conn)) {
+            trace(s, "queued request dropped: client went away");
+            j->keep_alive = false;
+        } else if (j->req.api == DS4_API_COMPLETIONS) {
+            run_completions(s, j);
+        } else {
+            run_chat(s, j);
+        }
+        ds4_queue_finish(s, j);
+    }
+    return NULL;
+}

@@ -1,0 +1,79 @@
+"""The binaries speak one command-line dialect (src/cli_args.h):
+- every binary rejects an unknown option with exit 2 and the same line,
+  "PROG: unknown option OPT (see --help)";
+- ds4, ds4-server and ds4-bench accept the shared model flags
+  (-m, -t, --cpu, --prefill-chunk N, --numerics exact|ds4) and refuse any other
+  --numerics spelling (ds4-bench took 0|1 once);
+- a missing model says what to do (-m models/demo.gguf, ./download_model.sh),
+  including when no -m is given and the default ./ds4flash.gguf is absent,
+  instead of the circular "run make demo";
+- a FIFO or directory given as the model is refused at once, not opened.
+Flags are checked by parsing only: a model path that does not exist stops
+every binary right after its arguments were accepted (exit 1, not 2).
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL_BINARIES = ["ds4", "ds4-server", "ds4-bench"]
+ALL_BINARIES = MODEL_BINARIES + ["ds4-convert", "ds4-gguf-dump"]
+fails = passes = 0
+
+
+def check(cond, msg):
+    global fails, passes
+    if cond:
+        passes += 1
+    else:
+        fails += 1
+        print("FAIL:", msg)
+
+
+def run(binary, *args, cwd=ROOT):
+    # stdin closed: the interactive ds4 must never wait for input here. A
+    # binary still running after 60 s (blocked opening a FIFO) fails.
+    try:
+        return subprocess.run([os.path.join(ROOT, binary), *args], cwd=cwd, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=60)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, None, "", "still running after 60 s")
+
+
+def says_what_to_do(stderr):
+    return "-m models/demo.gguf" in stderr and "./download_model.sh" in stderr and "run make demo" not in stderr
+
+
+for b in ALL_BINARIES:
+    r = run(b, "--frobnicate")
+    check(r.returncode == 2 and r.stderr == f"{b}: unknown option --frobnicate (see --help)\n",
+          f"{b} unknown option: rc {r.returncode}, {r.stderr!r}")
+
+with tempfile.TemporaryDirectory() as tmp:
+    absent = os.path.join(tmp, "absent.gguf")
+    for b in MODEL_BINARIES:
+        for numerics in ("exact", "ds4"):
+            r = run(b, "--cpu", "--numerics", numerics, "--prefill-chunk", "64", "-t", "1", "-m", absent)
+            check(r.returncode == 1 and says_what_to_do(r.stderr) and r.stderr.count("\n") == 1,
+                  f"{b} shared flags (--numerics {numerics}) then a one-line missing-model hint: "
+                  f"rc {r.returncode}, {r.stderr!r}")
+        r = run(b, "--numerics", "1", "-m", absent)
+        check(r.returncode == 2 and "--numerics" in r.stderr, f"{b} refuses --numerics 1: {r.stderr!r}")
+        r = run(b, "-m")
+        check(r.returncode == 2 and r.stderr == f"{b}: -m needs a value\n", f"{b} -m without value: {r.stderr!r}")
+        fifo = os.path.join(tmp, "model.fifo")
+        os.mkfifo(fifo)
+        r = run(b, "-m", fifo)
+        check(r.returncode == 1 and "not a regular file" in r.stderr, f"{b} refuses a FIFO: {r.stderr!r}")
+        os.unlink(fifo)
+        r = run(b, "-m", tmp)
+        check(r.returncode == 1 and "not a regular file" in r.stderr, f"{b} refuses a directory: {r.stderr!r}")
+    # the default model (no -m) of the CLI and the server, run where it is absent
+    for b, args in (("ds4", ["-p", "hi"]), ("ds4-server", [])):
+        r = run(b, *args, cwd=tmp)
+        check(r.returncode == 1 and says_what_to_do(r.stderr) and "ds4flash.gguf" in r.stderr,
+              f"{b} without -m: rc {r.returncode}, {r.stderr!r}")
+
+print(f"test_shared_flags: {passes} passed, {fails} failed")
+sys.exit(1 if fails else 0)
