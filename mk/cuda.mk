@@ -1,8 +1,8 @@
 # The CUDA build (owner: cuda). `make cuda` rebuilds the library with the
 # CUDA backend (src/cuda/*.cu, nvcc) in $(CUDA_BUILD) and links the usual
-# binaries (in the repository root, or BIN=dir/) plus ds4-cuda-ops, the
+# binaries (in the repository root, or BIN=dir/) plus $(CUDA_BUILD)/cuda-ops, the
 # per-operation CUDA-vs-CPU check. CUDA_ARCH lists the machine-code targets;
-# the default is a fat build for Ampere, Ada, Hopper (sm_90a: wgmma) and
+# the default is a fat build for Ampere, Ada, Hopper (sm_90a, arch-specific) and
 # Blackwell workstation parts, plus compute_80 PTX so any later GPU can JIT it.
 # CUDA_ARCH=native builds for the GPUs of this machine only.
 
@@ -25,7 +25,7 @@ NVCCFLAGS  ?= -O3 -std=c++17 -g -lineinfo $(CUDA_GENCODE) -Isrc -Werror all-warn
 .PHONY: cuda cuda-bins
 cuda:
 	@test -n "$(NVCC)" || { echo "make cuda: nvcc not found (install the CUDA toolkit or set NVCC=)"; exit 1; }
-	$(MAKE) CUDA=1 BUILD=$(CUDA_BUILD) NVCC="$(NVCC)" all $(BIN)ds4-cuda-ops
+	$(MAKE) CUDA=1 BUILD=$(CUDA_BUILD) NVCC="$(NVCC)" all $(CUDA_BUILD)/cuda-ops
 
 ifeq ($(CUDA),1)
 # static cudart: the binaries need only the driver (libcuda) at run time, and
@@ -39,7 +39,7 @@ $(BUILD)/cuda-flags: cuda-flags-check
 $(BUILD)/%.o: %.cu $(BUILD)/cuda-flags
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
-$(BIN)ds4-cuda-ops: tests/cuda/cuda_ops.c $(LIB)
+$(BUILD)/cuda-ops: tests/cuda/cuda_ops.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(LIB) -o $@ $(LDFLAGS) $(LDLIBS)
 -include $(LIB_CU:%.cu=$(BUILD)/%.d)

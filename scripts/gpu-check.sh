@@ -4,7 +4,7 @@
 # script always finishes and says which steps did not). Writes to $OUT:
 #   gpu-check.log   everything printed
 #   gpu-check.csv   step,status,seconds,detail  (one row per step and per bench frontier)
-#   ops.txt         ds4-cuda-ops: per-op errors and tolerances
+#   ops.txt         cuda-ops: per-op errors and tolerances
 # Steps: machine facts; CPU build + the converted oracle models; make cuda
 # (CUDA_ARCH, default sm_90a: Hopper's own instructions; a fat build would
 # only cost time here); the per-op check; whole-model checks on the
@@ -46,14 +46,14 @@ step build-cuda 180 make -j"$JOBS" cuda CUDA_ARCH="$ARCH" CUDA_PTX= BIN=build-cu
 step oracle-models 60 make -j"$JOBS" build/ds4tiny/A-f32.gguf build/ds4tiny/A-f16.gguf build/ds4tiny/A-q8_0.gguf \
     build/ds4tiny/B-f32.gguf build/ds4tiny/B-f16.gguf build/ds4tiny/B-q8_0.gguf
 
-step ops 120 bash -c "build-cuda/bin/ds4-cuda-ops | tee '$OUT/ops.txt'"
+step ops 120 bash -c "build-cuda/cuda-ops | tee '$OUT/ops.txt'"
 
 for m in A B; do
-    step "oracle-$m-f32-exact" 60 build-cuda/bin/ds4-cuda-ops --numerics exact --tol 2e-5 \
+    step "oracle-$m-f32-exact" 60 build-cuda/cuda-ops --numerics exact --tol 2e-5 \
         --gold "tests/fixtures/ds4tiny/$m" --model "build/ds4tiny/$m-f32.gguf"
-    step "oracle-$m-f16-exact" 60 build-cuda/bin/ds4-cuda-ops --numerics exact --tol 2e-5 --model "build/ds4tiny/$m-f16.gguf"
-    step "oracle-$m-q8_0-exact" 60 build-cuda/bin/ds4-cuda-ops --numerics exact --tol 1e-3 --model "build/ds4tiny/$m-q8_0.gguf"
-    step "oracle-$m-f32-ds4numerics" 60 build-cuda/bin/ds4-cuda-ops --numerics ds4 --model "build/ds4tiny/$m-f32.gguf"
+    step "oracle-$m-f16-exact" 60 build-cuda/cuda-ops --numerics exact --tol 2e-5 --model "build/ds4tiny/$m-f16.gguf"
+    step "oracle-$m-q8_0-exact" 60 build-cuda/cuda-ops --numerics exact --tol 1e-3 --model "build/ds4tiny/$m-q8_0.gguf"
+    step "oracle-$m-f32-ds4numerics" 60 build-cuda/cuda-ops --numerics ds4 --model "build/ds4tiny/$m-f32.gguf"
 done
 
 FLASH=$MODEL_DIR/flash4.gguf
@@ -68,7 +68,7 @@ if [ ! -f "$FLASH" ]; then
     fi && mv "$FLASH.part" "$FLASH"
 fi
 if [ -f "$FLASH" ]; then
-    step flash-cpu-vs-cuda 120 build-cuda/bin/ds4-cuda-ops --tokens 24 --model "$FLASH"
+    step flash-cpu-vs-cuda 120 build-cuda/cuda-ops --tokens 24 --model "$FLASH"
     # bench: one frontier per run; decode tokens/s at the frontier, prefill
     # tokens/s with the frontier as one chunk (512, 4096)
     for f in 512 4096 8192 32768; do

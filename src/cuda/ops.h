@@ -1,5 +1,5 @@
 /* ops.h -- the CUDA kernels of the DS4 forward pass, as C-callable launches
- * on a stream (used by the CUDA backend and by ds4-cuda-ops, which checks
+ * on a stream (used by the CUDA backend and by cuda-ops, which checks
  * each one against the CPU reference).
  *
  * Contract

@@ -1,9 +1,16 @@
-/* cuda_ops.c -- ds4-cuda-ops (built by `make cuda`): every CUDA kernel
+/* cuda_ops.c -- cuda-ops (built by `make cuda`): every CUDA kernel
  * against the CPU reference on random inputs of the model's real shapes,
  * then whole-model CPU-vs-CUDA checks.
  *
- *   ds4-cuda-ops                      per-op table (op, shape, max abs, rel, tolerance)
- *   ds4-cuda-ops [--numerics exact|ds4] [--tokens N] [--tol R] [--gold DIR] --model M.gguf
+ *   cuda-ops                      per-op table (op, shape, max abs, rel, tolerance):
+ *       activation bytes and matrix products for every weight type, grouped
+ *       expert products, embedding, RMSNorm, RoPE/YaRN tables, FP8/FP4/
+ *       Hadamard/F16 round trips, SwiGLU, sliding-window attention with sinks
+ *       (oracle: softmax in double), HC pre/post and routing (oracle: the
+ *       shared forward_shared.h definitions on the CPU), indexer top-k
+ *       (oracle: a sort with the CPU's tie order). The compressor, q/kv
+ *       preparation and the head mix are covered by the whole-model checks.
+ *   cuda-ops [--numerics exact|ds4] [--tokens N] [--tol R] [--gold DIR] --model M.gguf
  *       prefill logits (every position), 8 greedy decode steps (the CUDA
  *       graph path), a session payload saved on CUDA and continued on the
  *       CPU; with --gold, the CUDA logits against the transformers fixture.
@@ -20,6 +27,7 @@
 #include "cuda/ops.h"
 #include "engine.h"
 #include "forward_cpu.h"
+#include "forward_shared.h"
 #include "kernels_cpu.h"
 #include "model.h"
 #include "quant.h"
@@ -47,18 +55,18 @@ static void fill(float *x, size_t n, float scale) { for (size_t i = 0; i < n; i+
 
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
-    if (!p) { fprintf(stderr, "ds4-cuda-ops: out of memory\n"); exit(1); }
+    if (!p) { fprintf(stderr, "cuda-ops: out of memory\n"); exit(1); }
     return p;
 }
 static void *up(const void *h, size_t n) {
     void *d = ds4_cu_alloc(n);
-    if (!d || ds4_cu_copy(d, h, n, true)) { fprintf(stderr, "ds4-cuda-ops: device allocation failed\n"); exit(1); }
+    if (!d || ds4_cu_copy(d, h, n, true)) { fprintf(stderr, "cuda-ops: device allocation failed\n"); exit(1); }
     return d;
 }
 static void down(void *h, const void *d, size_t n) {
     char err[256];
     if (ds4_cu_finish(err, sizeof err) || ds4_cu_copy(h, d, n, false)) {
-        fprintf(stderr, "ds4-cuda-ops: CUDA error: %s\n", err);
+        fprintf(stderr, "cuda-ops: CUDA error: %s\n", err);
         exit(1);
     }
 }
@@ -362,6 +370,148 @@ static void check_attention(int T, int H, int D, int window, int pos0) {
     free(q); free(kvr); free(raw); free(sinks); free(cs); free(ref); free(got); free(sc); free(o);
 }
 
+/* Hyper-connection pre (weights + collapse) and post mixes against the
+ * shared per-token definition run on the CPU. */
+static void check_hc(int T, int hc, int E) {
+    const int mixn = (2 + hc) * hc;
+    float *mix = xmalloc((size_t)T * mixn * sizeof(float)), *sc = xmalloc(3 * sizeof(float));
+    float *bs = xmalloc((size_t)mixn * sizeof(float)), *S = xmalloc((size_t)T * hc * E * sizeof(float));
+    float *y = xmalloc((size_t)T * E * sizeof(float));
+    float *ra = xmalloc((size_t)T * E * sizeof(float)), *rs = xmalloc((size_t)T * hc * E * sizeof(float));
+    float *ga = xmalloc((size_t)T * E * sizeof(float)), *gs = xmalloc((size_t)T * hc * E * sizeof(float));
+    fill(mix, (size_t)T * mixn, 3.0f); fill(sc, 3, 1.0f); fill(bs, (size_t)mixn, 1.0f);
+    fill(S, (size_t)T * hc * E, 1.0f); fill(y, (size_t)T * E, 1.0f);
+    float pre[64], post[64], comb[64 * 64];
+    double C[64 * 64];
+    for (int t = 0; t < T; t++) {
+        ds4_hc_weights(mix + (size_t)t * mixn, sc, bs, hc, 20, 1e-6f, pre, post, comb, C);
+        const float *St = S + (size_t)t * hc * E;
+        for (int d = 0; d < E; d++) {
+            float acc = 0;
+            for (int s = 0; s < hc; s++) acc += pre[s] * St[(size_t)s * E + d];
+            ra[(size_t)t * E + d] = acc;
+            for (int k = 0; k < hc; k++) {
+                float o = post[k] * y[(size_t)t * E + d];
+                for (int j = 0; j < hc; j++) o += comb[j * hc + k] * St[(size_t)j * E + d];
+                rs[((size_t)t * hc + k) * E + d] = o;
+            }
+        }
+    }
+    float *dmix = up(mix, (size_t)T * mixn * 4), *dsc = up(sc, 12), *dbs = up(bs, (size_t)mixn * 4);
+    float *dS = up(S, (size_t)T * hc * E * 4), *dy = up(y, (size_t)T * E * 4);
+    float *dhcw = ds4_cu_alloc((size_t)T * mixn * 4), *da = ds4_cu_alloc((size_t)T * E * 4);
+    float *dout = ds4_cu_alloc((size_t)T * hc * E * 4);
+    ds4_cu_hc_pre(dmix, dsc, dbs, dS, dhcw, da, T, hc, E, 20, 1e-6f, NULL);
+    ds4_cu_hc_post(dhcw, dS, dy, dout, T, hc, E, NULL);
+    down(ga, da, (size_t)T * E * 4);
+    down(gs, dout, (size_t)T * hc * E * 4);
+    char shape[64];
+    snprintf(shape, sizeof shape, "T=%d hc=%d E=%d", T, hc, E);
+    double a, r;
+    errs(ga, ra, (size_t)T * E, &a, &r);
+    report("hc_pre", shape, a, r, 1e-5);
+    errs(gs, rs, (size_t)T * hc * E, &a, &r);
+    report("hc_post", shape, a, r, 1e-5);
+    ds4_cu_free(dmix); ds4_cu_free(dsc); ds4_cu_free(dbs); ds4_cu_free(dS); ds4_cu_free(dy); ds4_cu_free(dhcw);
+    ds4_cu_free(da); ds4_cu_free(dout);
+    free(mix); free(sc); free(bs); free(S); free(y); free(ra); free(rs); free(ga); free(gs);
+}
+
+/* Routing (hash rows or biased top-k) against the shared definition. */
+static void check_route(int T, int X, int k, bool hash) {
+    const int V = 50;
+    float *s = xmalloc((size_t)T * X * 4), *bias = xmalloc((size_t)X * 4), *ew = xmalloc((size_t)T * k * 4);
+    float *gew = xmalloc((size_t)T * k * 4);
+    int32_t *tid = xmalloc((size_t)V * k * 4), toks[16];
+    int *ei = xmalloc((size_t)T * k * sizeof(int)), *gei = xmalloc((size_t)T * k * sizeof(int));
+    fill(s, (size_t)T * X, 4.0f); fill(bias, (size_t)X, 0.5f);
+    for (int i = 0; i < V * k; i++) tid[i] = (int32_t)((frand() + 1.0f) * 0.5f * X) % X;
+    for (int t = 0; t < T; t++) toks[t] = (int32_t)((frand() + 1.0f) * 0.5f * V) % V;
+    float *ds = up(s, (size_t)T * X * 4), *db = up(bias, (size_t)X * 4);
+    int32_t *dtid = up(tid, (size_t)V * k * 4), *dtok = up(toks, sizeof toks);
+    int32_t *dei = ds4_cu_alloc((size_t)T * k * 4);
+    float *dew = ds4_cu_alloc((size_t)T * k * 4);
+    for (int t = 0; t < T; t++)
+        ds4_route_token(s + (size_t)t * X, X, k, hash ? tid + (size_t)toks[t] * k : NULL, hash ? NULL : bias, true, 1.5f,
+                        ei + (size_t)t * k, ew + (size_t)t * k);
+    ds4_cu_route_geom g = {T, X, k, true, 1.5f, hash ? dtid : NULL, hash ? NULL : db, dtok};
+    ds4_cu_route(&g, ds, dei, dew, NULL);
+    down(gei, dei, (size_t)T * k * 4);
+    down(gew, dew, (size_t)T * k * 4);
+    int differ = 0;
+    for (int i = 0; i < T * k; i++) differ += gei[i] != ei[i];
+    char shape[64];
+    snprintf(shape, sizeof shape, "T=%d X=%d k=%d %s", T, X, k, hash ? "hash" : "top-k+bias");
+    report("route_experts", shape, differ, differ, 0);
+    double a, r;
+    errs(gew, ew, (size_t)T * k, &a, &r);
+    report("route_weights", shape, a, r, 1e-6);
+    ds4_cu_free(ds); ds4_cu_free(db); ds4_cu_free(dtid); ds4_cu_free(dtok); ds4_cu_free(dei); ds4_cu_free(dew);
+    free(s); free(bias); free(ew); free(gew); free(tid); free(ei); free(gei);
+}
+
+static const float *sort_scores;
+static int by_score(const void *a, const void *b) {   /* score desc, index asc */
+    int i = *(const int *)a, j = *(const int *)b;
+    if (sort_scores[i] != sort_scores[j]) return sort_scores[i] > sort_scores[j] ? -1 : 1;
+    return (i > j) - (i < j);
+}
+static int by_index(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
+
+/* Indexer scores + top-k selection. Integer inputs, one weighted head and an
+ * identity rotation make every score exact, so ties are real and the order
+ * (score desc, index asc; then ascending) is checked exactly. */
+static void check_indexer(int T, int pos0, int topk) {
+    const int HI = 4, DI = 128, ratio = 4, n_rot = 64, comp_cap = (pos0 + T) / ratio + 1;
+    float *qi = xmalloc((size_t)T * HI * DI * 4), *om = xmalloc((size_t)T * HI * 4);
+    float *rows = xmalloc((size_t)comp_cap * DI * 4), *cs = xmalloc((size_t)T * 2 * n_rot * 4);
+    for (int i = 0; i < T * HI * DI; i++) qi[i] = (float)((int)((frand() + 1.0f) * 1.5f) - 1);
+    for (int i = 0; i < comp_cap * DI; i++) rows[i] = (float)((int)((frand() + 1.0f) * 1.5f) - 1);
+    for (int i = 0; i < T * HI; i++) om[i] = i % HI == 0 ? 1.0f : 0.0f;
+    for (int i = 0; i < T * n_rot; i++) { cs[2 * i] = 1.0f; cs[2 * i + 1] = 0.0f; }
+    int *gsel = xmalloc((size_t)T * topk * sizeof(int));
+    int *order = xmalloc((size_t)comp_cap * sizeof(int)), gn[64];
+    float *sc = xmalloc((size_t)comp_cap * 4);
+    const float ks = 1.0f / sqrtf((float)DI), ws = 1.0f / sqrtf((float)HI);
+    float *dq = up(qi, (size_t)T * HI * DI * 4), *dom = up(om, (size_t)T * HI * 4);
+    float *drows = up(rows, (size_t)comp_cap * DI * 4), *dcs = up(cs, (size_t)T * 2 * n_rot * 4);
+    float *dsc = ds4_cu_alloc((size_t)T * comp_cap * 4);
+    int *dsel = ds4_cu_alloc((size_t)T * topk * sizeof(int)), *dn = ds4_cu_alloc((size_t)T * sizeof(int));
+    int *dp = up(&pos0, sizeof pos0);
+    ds4_cu_attn_geom g;
+    memset(&g, 0, sizeof g);
+    g.T = T; g.n_rot = n_rot; g.ratio = ratio; g.idx_head_dim = DI; g.n_idx_head = HI; g.idx_topk = topk;
+    g.comp_cap = comp_cap; g.pos0 = dp; g.rope_cs = dcs;
+    ds4_cu_indexer(&g, dq, dom, drows, dsc, dsel, dn, NULL);
+    down(gsel, dsel, (size_t)T * topk * sizeof(int));
+    down(gn, dn, (size_t)T * sizeof(int));
+    int differ = 0;
+    for (int t = 0; t < T; t++) {
+        const int nv = (pos0 + t + 1) / ratio, n = nv < topk ? nv : topk;
+        for (int w = 0; w < nv; w++) {
+            float acc = 0;
+            for (int h = 0; h < HI; h++) {
+                float dot = 0;
+                for (int i = 0; i < DI; i++) dot += rows[(size_t)w * DI + i] * qi[((size_t)t * HI + h) * DI + i];
+                if (dot > 0) acc += dot * ks * (om[(size_t)t * HI + h] * ws);
+            }
+            sc[w] = acc;
+            order[w] = w;
+        }
+        sort_scores = sc;
+        qsort(order, (size_t)nv, sizeof(int), by_score);
+        qsort(order, (size_t)n, sizeof(int), by_index);
+        differ += gn[t] != n;
+        for (int i = 0; i < n && gn[t] == n; i++) differ += gsel[(size_t)t * topk + i] != order[i];
+    }
+    char shape[64];
+    snprintf(shape, sizeof shape, "T=%d pos=%d topk=%d HI=%d DI=%d", T, pos0, topk, HI, DI);
+    report("indexer_topk", shape, differ, differ, 0);
+    ds4_cu_free(dq); ds4_cu_free(dom); ds4_cu_free(drows); ds4_cu_free(dcs); ds4_cu_free(dsc); ds4_cu_free(dsel);
+    ds4_cu_free(dn); ds4_cu_free(dp);
+    free(qi); free(om); free(rows); free(cs); free(gsel); free(order); free(sc);
+}
+
 static void run_ops(void) {
     ds4_quant_init();
     ds4_kernels_set_level(DS4_SIMD_SCALAR);   /* the reference activation quantizers */
@@ -389,6 +539,11 @@ static void run_ops(void) {
     check_roundtrip(DS4_CU_HADAMARD, 9, 128);
     check_roundtrip(DS4_CU_F16, 9, 512);
     check_swiglu(5 * 2048, 10.0f);
+    check_hc(3, 4, 4096);
+    check_route(9, 256, 6, false);
+    check_route(9, 256, 6, true);
+    check_indexer(5, 2040, 512);    /* 510..511 visible rows: all selected */
+    check_indexer(7, 8190, 512);    /* 2047..2049 visible rows: top 512 */
     check_attention(1, 64, 512, 128, 5000);
     check_attention(6, 8, 512, 128, 125);
     check_attention(3, 4, 512, 128, 0);
@@ -406,7 +561,7 @@ static ds4_engine *load(const char *path, bool cuda, int numerics, int ctx) {
     p.gpu.backend = cuda ? DS4_BACKEND_CUDA : DS4_BACKEND_CPU;
     p.gpu_ctx = ctx;
     ds4_engine *e = ds4_engine_load(&p, err, sizeof err);
-    if (!e) fprintf(stderr, "ds4-cuda-ops: %s (%s): %s\n", path, cuda ? "cuda" : "cpu", err);
+    if (!e) fprintf(stderr, "cuda-ops: %s (%s): %s\n", path, cuda ? "cuda" : "cpu", err);
     return e;
 }
 
@@ -452,7 +607,7 @@ static void run_model(const char *path, const char *gold, int numerics, int n_to
     char err[512];
     int n = n_tokens;
     int32_t *toks = gold ? read_tokens(gold, &n) : NULL;
-    if (gold && !toks) { fprintf(stderr, "ds4-cuda-ops: cannot read %s/tokens\n", gold); n_failed++; return; }
+    if (gold && !toks) { fprintf(stderr, "cuda-ops: cannot read %s/tokens\n", gold); n_failed++; return; }
     const int ctx = n + 32;
     ds4_engine *cpu = load(path, false, numerics, ctx), *gpu = load(path, true, numerics, ctx);
     if (!cpu || !gpu) { n_failed++; ds4_engine_free(cpu); ds4_engine_free(gpu); free(toks); return; }
@@ -465,7 +620,7 @@ static void run_model(const char *path, const char *gold, int numerics, int n_to
     ds4_session *sc = ds4_session_new(cpu, ctx, err, sizeof err), *sg = ds4_session_new(gpu, ctx, err, sizeof err);
     if (!sc || !sg || ds4_session_prefill(sc, toks, n, lc, NULL, NULL, err, sizeof err) ||
         ds4_session_prefill(sg, toks, n, lg, NULL, NULL, err, sizeof err)) {
-        fprintf(stderr, "ds4-cuda-ops: %s: %s\n", path, err);
+        fprintf(stderr, "cuda-ops: %s: %s\n", path, err);
         n_failed++;
         goto out;
     }
@@ -476,7 +631,7 @@ static void run_model(const char *path, const char *gold, int numerics, int n_to
         FILE *f = fopen(lp, "rb");
         float *g = xmalloc((size_t)n * V * sizeof(float));
         if (f && fread(g, sizeof(float), (size_t)n * V, f) == (size_t)n * V) compare_rows("model_vs_gold", path, lg, g, n, V, tol);
-        else { fprintf(stderr, "ds4-cuda-ops: cannot read %s\n", lp); n_failed++; }
+        else { fprintf(stderr, "cuda-ops: cannot read %s\n", lp); n_failed++; }
         if (f) fclose(f);
         free(g);
     }
@@ -484,7 +639,7 @@ static void run_model(const char *path, const char *gold, int numerics, int n_to
     for (int step = 0; step < 8; step++) {
         const int32_t next = argmax(ds4_session_logits(sc), V);
         if (ds4_session_decode(sc, next, err, sizeof err) || ds4_session_decode(sg, next, err, sizeof err)) {
-            fprintf(stderr, "ds4-cuda-ops: decode: %s\n", err);
+            fprintf(stderr, "cuda-ops: decode: %s\n", err);
             n_failed++;
             goto out;
         }
@@ -498,7 +653,7 @@ static void run_model(const char *path, const char *gold, int numerics, int n_to
         const int32_t next = argmax(ds4_session_logits(sc), V);
         if (!moved || ds4_session_load_payload(moved, payload, pb, err, sizeof err) ||
             ds4_session_decode(moved, next, err, sizeof err) || ds4_session_decode(sc, next, err, sizeof err)) {
-            fprintf(stderr, "ds4-cuda-ops: payload: %s\n", err);
+            fprintf(stderr, "cuda-ops: payload: %s\n", err);
             n_failed++;
         } else {
             compare_rows("payload_cuda2cpu", path, ds4_session_logits(moved), ds4_session_logits(sc), 1, V, tol);
@@ -517,7 +672,7 @@ out:
 int main(int argc, char **argv) {
     char err[256];
     if (ds4_cu_probe(err, sizeof err)) {
-        fprintf(stderr, "ds4-cuda-ops: no usable GPU: %s\n", err);
+        fprintf(stderr, "cuda-ops: no usable GPU: %s\n", err);
         return 2;
     }
     int numerics = 0, n_tokens = 64, models = 0;
@@ -531,11 +686,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--tol") && v) { tol = atof(v) > 0 ? atof(v) : tol; i++; }
         else if (!strcmp(a, "--model") && v) { run_model(v, gold, numerics, n_tokens, tol); gold = NULL; models++; i++; }
         else {
-            fprintf(stderr, "usage: ds4-cuda-ops [--numerics exact|ds4] [--tokens N] [--tol R] [[--gold DIR] --model M.gguf]...\n");
+            fprintf(stderr, "usage: cuda-ops [--numerics exact|ds4] [--tokens N] [--tol R] [[--gold DIR] --model M.gguf]...\n");
             return 2;
         }
     }
     if (!models) run_ops();
-    printf("ds4-cuda-ops: %d checks, %d failed\n", n_checks, n_failed);
+    printf("cuda-ops: %d checks, %d failed\n", n_checks, n_failed);
     return n_failed ? 1 : 0;
 }
