@@ -1,6 +1,8 @@
 /* ds4-bench -- benchmarks. `--kernels` measures memory bandwidth and the
  * CPU kernels (no model needed); `-m MODEL` walks context frontiers and
- * prints prefill/generation speed as CSV (bench_model.h). */
+ * prints prefill/generation speed as CSV, `-m MODEL --sessions LIST`
+ * compares batched decode of several sessions (bench_model.h). */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +16,12 @@ static void usage(FILE *f) {
                "       ds4-bench -m MODEL.gguf [--prompt-file F] [--ctx-start N] [--ctx-max N]\n"
                "                 [--step-incr N | --step-mul F] [--gen-tokens N] [--prefill-chunk N]\n"
                "                 [--numerics exact|ds4] [-t N] [--cuda|--cpu] [--gpu-vram ..] [--gpu-devices ..]\n"
+               "       ds4-bench -m MODEL.gguf --sessions 1,2,4,8,16 [--prompt-tokens N] [--gen-tokens N]\n"
+               "                 [--repeat N] [--prompt-file F] [-t N] [--cuda|--cpu] [--gpu-vram ..]\n"
                "  --kernels   memory bandwidth, matvec GB/s per weight type, matmul GFLOP/s\n"
                "  -m MODEL    CSV per context frontier: frontier,prefill_tps,gen_tps,kvcache_bytes\n"
+               "  --sessions  table: that many sessions decoding together (batched), per-session and\n"
+               "              aggregate tokens/s, weight bytes read per token (prompt default 64)\n"
                "  -t N        threads (--kernels: default 2, also measured with 1 thread;\n"
                "              -m: default all CPUs)\n");
 }
@@ -31,6 +37,23 @@ static long int_arg(int argc, char **argv, int *i, long lo, long hi) {
     return v;
 }
 
+/* "1,2,4,8,16" into mp->session_counts; false when malformed. */
+static bool session_counts(const char *list, ds4_bench_model_params *mp) {
+    mp->n_session_counts = 0;
+    while (list && *list) {
+        char item[16];
+        size_t len = strcspn(list, ",");
+        int v;
+        if (len == 0 || len >= sizeof item || mp->n_session_counts == 16) return false;
+        memcpy(item, list, len);
+        item[len] = 0;
+        if (!ds4_parse_int(item, 1, 4096, &v)) return false;
+        mp->session_counts[mp->n_session_counts++] = v;
+        list += len + (list[len] == ',');
+    }
+    return mp->n_session_counts > 0;
+}
+
 int main(int argc, char **argv) {
     int kernels = 0, threads = 2, threads_set = 0;
     ds4_bench_model_params mp;
@@ -38,7 +61,8 @@ int main(int argc, char **argv) {
     struct { const char *name; int *dst; long lo, hi; } ints[] = {
         {"--ctx-start", &mp.ctx_start, 1, 1 << 30}, {"--ctx-max", &mp.ctx_max, 1, 1 << 30},
         {"--step-incr", &mp.step_incr, 1, 1 << 30}, {"--gen-tokens", &mp.gen_tokens, 0, 1 << 20},
-        {"--prefill-chunk", &mp.prefill_chunk, 1, 1 << 20},
+        {"--prefill-chunk", &mp.prefill_chunk, 1, 1 << 20}, {"--repeat", &mp.repeat, 1, 64},
+        {"--prompt-tokens", &mp.prompt_tokens, 1, 1 << 20},
     };
     for (int i = 1; i < argc; i++) {
         char gpu_err[256];
@@ -67,6 +91,11 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "ds4-bench: --numerics takes exact or ds4\n");
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--sessions")) {
+            if (!session_counts(i + 1 < argc ? argv[++i] : NULL, &mp)) {
+                fprintf(stderr, "ds4-bench: --sessions takes up to 16 comma-separated counts, each 1..4096\n");
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--kernels")) kernels = 1;
         else if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
             long v = int_arg(argc, argv, &i, 1, 1024);
@@ -84,6 +113,7 @@ int main(int argc, char **argv) {
     if (mp.model_path && !kernels) {
         if (!ds4_cli_model_usable("ds4-bench", mp.model_path)) return 1;
         mp.threads = threads_set ? threads : 0;
+        if (mp.n_session_counts) return ds4_bench_sessions(&mp, stdout) ? 1 : 0;
         return ds4_bench_model(&mp, stdout) ? 1 : 0;
     }
     if (!kernels) {

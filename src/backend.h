@@ -2,12 +2,21 @@
  * (the CPU forward pass today; a GPU backend can implement the same calls).
  *
  * Contract
- * - eval() runs n tokens at positions kv->n_pos ... kv->n_pos+n-1 through the
- *   model as one batch, appending their state to kv (kv->n_pos += n). It
- *   writes next-token logits: for every token (n x n_vocab) when all_logits,
- *   else for the last token only (n_vocab). n must not exceed max_batch and
- *   kv->n_pos + n must not exceed kv->ctx (the engine checks both).
- * - A backend owns its scratch and reuses it across calls; it may serve several
+ * - eval() runs one batch made of n_seqs sequences, each a run of n >= 1
+ *   tokens appended to its own state at positions kv->n_pos ... kv->n_pos+n-1
+ *   (kv->n_pos += n). Decode is a sequence of one token; several sessions'
+ *   decode rows and a prefill chunk of another may share one call. The states
+ *   must be distinct, the total of n must not exceed max_batch and every
+ *   kv->n_pos + n must fit kv->ctx.
+ * - Each sequence receives next-token logits: for every token (n x n_vocab)
+ *   when all_logits, else for its last token only (n_vocab).
+ * - Exactness: a sequence's logits and state are bit-identical to evaluating
+ *   that sequence alone, whatever other sequences share the batch, and the
+ *   same for any split of a token run into consecutive calls (prefill chunk
+ *   sizes, decode one by one). A backend whose kernels cannot promise this
+ *   must evaluate sequences separately.
+ * - On error (-1, one line in err) no state has changed.
+ * - A backend owns its scratch and reuses it across calls; it may serve many
  *   states, one call at a time.
  * - kv_sync (NULL for backends that compute in the host ds4_kv) makes the
  *   host copy of a state current before the engine reads its buffers
@@ -24,12 +33,20 @@
 
 struct ds4_kv;
 
+typedef struct {
+    struct ds4_kv *kv;
+    const int32_t *toks;
+    int n;
+    float *logits;
+    bool all_logits;
+} ds4_backend_seq;
+
 typedef struct ds4_backend ds4_backend;
 struct ds4_backend {
     const char *name;
-    int max_batch;
-    int (*eval)(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks, int n, float *logits,
-                bool all_logits, char *err, size_t errlen);
+    int max_batch;          /* rows (tokens of all sequences) per eval */
+    uint64_t weight_bytes;  /* weight bytes the matrix products have streamed so far (benchmarks) */
+    int (*eval)(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen);
     void (*free)(ds4_backend *be);
     int (*kv_sync)(ds4_backend *be, struct ds4_kv *kv, bool to_host, char *err, size_t errlen);
     void (*kv_release)(ds4_backend *be, struct ds4_kv *kv);

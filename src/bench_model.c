@@ -14,6 +14,8 @@ void ds4_bench_model_defaults(ds4_bench_model_params *p) {
     p->ctx_max = 65536;
     p->step_incr = 2048;
     p->gen_tokens = 128;
+    p->repeat = 3;
+    p->prompt_tokens = 64;
     ds4_gpu_opts_default(&p->gpu);
 }
 
@@ -57,12 +59,8 @@ static int32_t greedy(const float *lg, int V, int32_t eos) {
     return best;
 }
 
-int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
+static ds4_engine *load_engine(const ds4_bench_model_params *p) {
     char err[512];
-    if (p->ctx_start < 1 || p->ctx_max < p->ctx_start || (p->step_incr < 1 && p->step_mul <= 1)) {
-        fprintf(stderr, "ds4-bench: need 1 <= --ctx-start <= --ctx-max and a positive step\n");
-        return -1;
-    }
     ds4_engine_params ep;
     ds4_engine_params_default(&ep);
     ep.model_path = p->model_path;
@@ -72,9 +70,24 @@ int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
     ep.gpu = p->gpu;
     ep.gpu_ctx = p->ctx_max;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
-    if (!e) { fprintf(stderr, "ds4-bench: %s\n", err); return -1; }
+    if (!e) fprintf(stderr, "ds4-bench: %s\n", err);
+    return e;
+}
+
+static int32_t eos_of(const ds4_engine *e) {
     const ds4_tokenizer *tk = ds4_engine_tokenizer(e);
-    const int32_t eos = tk ? ds4_tokenizer_specials(tk)->eos : -1;
+    return tk ? ds4_tokenizer_specials(tk)->eos : -1;
+}
+
+int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
+    char err[512];
+    if (p->ctx_start < 1 || p->ctx_max < p->ctx_start || (p->step_incr < 1 && p->step_mul <= 1)) {
+        fprintf(stderr, "ds4-bench: need 1 <= --ctx-start <= --ctx-max and a positive step\n");
+        return -1;
+    }
+    ds4_engine *e = load_engine(p);
+    if (!e) return -1;
+    const int32_t eos = eos_of(e);
     int32_t *toks = bench_tokens(e, p->prompt_file, p->ctx_max);
     ds4_session *s = toks ? ds4_session_new(e, p->ctx_max + p->gen_tokens, err, sizeof err) : NULL;
     if (!s) {
@@ -109,6 +122,105 @@ int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
     }
     if (rc) fprintf(stderr, "ds4-bench: %s\n", err);
     ds4_session_free(s);
+    free(toks);
+    ds4_engine_free(e);
+    return rc;
+}
+
+/* ---- several sessions decoding together (ds4_sessions_step) ---- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One timed run: every session (already holding its prompt) decodes
+ * gen_tokens greedy tokens in lockstep, then rewinds to the prompt. Returns
+ * seconds, or -1; *bytes gets the weight bytes read. */
+static double decode_together(ds4_engine *e, ds4_session **ss, int n, int prompt, int gen, int32_t eos,
+                              ds4_step *steps, int32_t *next, uint64_t *bytes) {
+    char err[512];
+    const int V = ds4_engine_n_vocab(e);
+    const uint64_t b0 = ds4_engine_weight_bytes_read(e);
+    const double t0 = now();
+    for (int g = 0; g < gen; g++) {
+        for (int i = 0; i < n; i++) {
+            next[i] = greedy(ds4_session_logits(ss[i]), V, eos);
+            steps[i] = (ds4_step){ss[i], &next[i], 1};
+        }
+        if (ds4_sessions_step(e, steps, n, err, sizeof err)) { fprintf(stderr, "ds4-bench: %s\n", err); return -1; }
+    }
+    const double secs = now() - t0;
+    *bytes = ds4_engine_weight_bytes_read(e) - b0;
+    for (int i = 0; i < n; i++)
+        if (ds4_session_rewind(ss[i], prompt, err, sizeof err)) { fprintf(stderr, "ds4-bench: %s\n", err); return -1; }
+    return secs;
+}
+
+int ds4_bench_sessions(const ds4_bench_model_params *p, FILE *out) {
+    char err[512];
+    int most = 0;
+    for (int k = 0; k < p->n_session_counts; k++) if (p->session_counts[k] > most) most = p->session_counts[k];
+    if (most < 1 || p->gen_tokens < 1 || p->repeat < 1 || p->repeat > 64 || p->prompt_tokens < 1) {
+        fprintf(stderr, "ds4-bench: --sessions needs counts >= 1, --gen-tokens >= 1, --repeat 1..64\n");
+        return -1;
+    }
+    ds4_engine *e = load_engine(p);
+    if (!e) return -1;
+    const int prompt = p->prompt_tokens, gen = p->gen_tokens;
+    const int32_t eos = eos_of(e);
+    /* session i's prompt starts i tokens into one fixed sequence, so the
+     * sessions route to different experts */
+    int32_t *toks = bench_tokens(e, p->prompt_file, prompt + most);
+    ds4_session **ss = calloc((size_t)most, sizeof *ss);
+    ds4_step *steps = calloc((size_t)most, sizeof *steps);
+    int32_t *next = calloc((size_t)most, sizeof *next);
+    const int runs = p->n_session_counts * p->repeat;
+    double *secs = calloc((size_t)runs, sizeof *secs);
+    uint64_t *bytes = calloc((size_t)runs, sizeof *bytes);
+    int rc = toks && ss && steps && next && secs && bytes ? 0 : -1;
+    if (rc) fprintf(stderr, "ds4-bench: out of memory\n");
+    for (int i = 0; i < most && rc == 0; i++) {
+        ss[i] = ds4_session_new(e, prompt + gen, err, sizeof err);
+        if (!ss[i] || ds4_session_prefill(ss[i], toks + i, prompt, NULL, NULL, NULL, err, sizeof err)) {
+            fprintf(stderr, "ds4-bench: %s\n", err);
+            rc = -1;
+        }
+    }
+    /* the counts interleave (1,2,4,...,1,2,4,...) so a noisy neighbour hits them alike */
+    for (int r = 0; r < p->repeat && rc == 0; r++)
+        for (int k = 0; k < p->n_session_counts && rc == 0; k++) {
+            const int run = k * p->repeat + r;
+            secs[run] = decode_together(e, ss, p->session_counts[k], prompt, gen, eos, steps, next, &bytes[run]);
+            if (secs[run] < 0) rc = -1;
+        }
+    if (rc == 0) {
+        fprintf(out, "decode, %d sessions at most, prompt %d tokens each, %d tokens generated per session, "
+                     "%d runs per row (min / median / max)\n\n", most, prompt, gen, p->repeat);
+        fprintf(out, "| sessions | per-session tok/s | aggregate tok/s | aggregate vs 1 session (median) | "
+                     "GB of weights read per generated token |\n|---|---|---|---|---|\n");
+        double base = 0;   /* median aggregate of the 1-session row */
+        for (int pass = 0; pass < 2; pass++)
+            for (int k = 0; k < p->n_session_counts; k++) {
+                const int n = p->session_counts[k];
+                double agg[64];
+                for (int r = 0; r < p->repeat; r++) agg[r] = (double)n * gen / secs[k * p->repeat + r];
+                qsort(agg, (size_t)p->repeat, sizeof agg[0], cmp_double);
+                const double med = agg[p->repeat / 2];
+                if (pass == 0) { if (n == 1) base = med; continue; }
+                char ratio[32] = "n/a";
+                if (base > 0) snprintf(ratio, sizeof ratio, "%.2fx", med / base);
+                fprintf(out, "| %d | %.2f / %.2f / %.2f | %.2f / %.2f / %.2f | %s | %.3f |\n", n, agg[0] / n,
+                        med / n, agg[p->repeat - 1] / n, agg[0], med, agg[p->repeat - 1], ratio,
+                        (double)bytes[k * p->repeat] / ((double)n * gen) / 1e9);
+            }
+    }
+    for (int i = 0; ss && i < most; i++) ds4_session_free(ss[i]);
+    free(ss);
+    free(steps);
+    free(next);
+    free(secs);
+    free(bytes);
     free(toks);
     ds4_engine_free(e);
     return rc;

@@ -26,10 +26,21 @@ typedef struct {
     int threads, prefill_chunk, numerics;
     int ctx_start, ctx_max, step_incr, gen_tokens;
     double step_mul;                    /* > 1: geometric frontiers instead of step_incr */
+    /* ds4_bench_sessions: the session counts to compare and runs per count */
+    int session_counts[16], n_session_counts, repeat, prompt_tokens;
     ds4_gpu_opts gpu;                   /* backend and placement (cuda_plan.h) */
 } ds4_bench_model_params;
 
 void ds4_bench_model_defaults(ds4_bench_model_params *p);
 int ds4_bench_model(const ds4_bench_model_params *p, FILE *out);
+
+/* `ds4-bench -m MODEL --sessions 1,2,4,8,16`: up to max(counts) sessions,
+ * each prefilled with prompt_tokens tokens (session i's prompt starts i tokens
+ * into the fixed sequence), then for each count N the first N sessions decode
+ * gen_tokens greedy tokens together through ds4_sessions_step() and rewind;
+ * counts interleave, `repeat` runs each. Prints a Markdown table: per-session
+ * and aggregate decode tokens/s (min / median / max), the median aggregate
+ * against one session, and the weight bytes read per generated token. */
+int ds4_bench_sessions(const ds4_bench_model_params *p, FILE *out);
 
 #endif

@@ -18,7 +18,9 @@
 /* Positions a session can drop without recomputing (kv.h): covers the usual
  * rewinds of a turn's tail. Deeper rewinds restore the nearest ring checkpoint
  * (one per prefill_chunk tokens, at most MAX_CKPT, thinned to every other one
- * when full) and recompute from there, or from the start without one. */
+ * when full) and recompute from there, or from the start without one. The
+ * checkpoint slots are allocated with the session, so its memory is known
+ * (and refused) up front rather than growing during a long prefill. */
 enum { REWIND_SLACK = 256, MAX_CKPT = 16 };
 
 struct ds4_engine {
@@ -27,6 +29,7 @@ struct ds4_engine {
     ds4_backend *be;
     ds4_tokenizer *tok;
     int prefill_chunk;
+    ds4_backend_seq *seqs;  /* [max_batch]: one backend call's sequences */
 };
 
 struct ds4_session {
@@ -35,8 +38,9 @@ struct ds4_session {
     int ctx;
     int32_t *toks;      /* [ctx]; kv->n_pos of them are live */
     float *logits;      /* [n_vocab], valid when kv->n_pos > 0 */
-    void *ckpt[MAX_CKPT];   /* ring checkpoints, ascending positions */
+    void *ckpt[MAX_CKPT];   /* ring checkpoint slots; the first n_ckpt hold ascending positions */
     int ckpt_pos[MAX_CKPT], n_ckpt, ckpt_every;
+    void *ckpt_block;       /* the MAX_CKPT slots */
 };
 
 struct ds4_snapshot {
@@ -64,6 +68,7 @@ static uint64_t rss_bytes(void) {
 
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen) {
     ds4_engine *e = calloc(1, sizeof *e);
+    if (!e) { snprintf(err, errlen, "out of memory loading %s", p->model_path); return NULL; }
     e->g = ds4_gguf_open(p->model_path, err, errlen);
     if (!e->g) goto fail;
     e->m = ds4_model_bind(e->g, err, errlen);
@@ -80,6 +85,8 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     else
         e->be = ds4_cpu_backend_new(e->m, p->n_threads, e->prefill_chunk, numerics, err, errlen);
     if (!e->be) goto fail;
+    e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
+    if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); goto fail; }
     if (!p->quiet) {
         const ds4_config *c = &e->m->cfg;
         char where[64] = "cuda";
@@ -99,6 +106,7 @@ fail:
 void ds4_engine_free(ds4_engine *e) {
     if (!e) return;
     if (e->be) e->be->free(e->be);
+    free(e->seqs);
     ds4_tokenizer_free(e->tok);
     ds4_model_free(e->m);
     ds4_gguf_close(e->g);
@@ -116,7 +124,9 @@ int ds4_engine_expert_bits(const ds4_engine *e) { return ds4_model_expert_bits(e
 const char *ds4_engine_model_name(const ds4_engine *e) { return e->m->name; }
 uint64_t ds4_engine_model_bytes(const ds4_engine *e) { return e->m->file_bytes; }
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, int ctx) {
-    return ds4_kv_bytes_for(&e->m->cfg, ctx, REWIND_SLACK);
+    const ds4_config *c = &e->m->cfg;
+    return ds4_kv_bytes_for(c, ctx, REWIND_SLACK) + (uint64_t)MAX_CKPT * ds4_kv_ring_bytes_for(c) +
+           (uint64_t)ctx * sizeof(int32_t) + (uint64_t)c->n_vocab * sizeof(float);
 }
 
 /* ---- sessions ---- */
@@ -124,13 +134,19 @@ uint64_t ds4_engine_kv_bytes(const ds4_engine *e, int ctx) {
 ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen) {
     if (ctx <= 0) { snprintf(err, errlen, "context size must be positive (got %d)", ctx); return NULL; }
     ds4_session *s = calloc(1, sizeof *s);
-    s->e = e;
-    s->ctx = ctx;
-    s->kv = ds4_kv_new(&e->m->cfg, ctx, REWIND_SLACK);
-    s->toks = malloc((size_t)ctx * sizeof(int32_t));
-    s->logits = malloc((size_t)e->m->cfg.n_vocab * sizeof(float));
-    s->ckpt_every = e->prefill_chunk;
-    if (!s->kv || !s->toks || !s->logits) {
+    if (s) {
+        s->e = e;
+        s->ctx = ctx;
+        s->kv = ds4_kv_new(&e->m->cfg, ctx, REWIND_SLACK);
+        s->toks = malloc((size_t)ctx * sizeof(int32_t));
+        s->logits = malloc((size_t)e->m->cfg.n_vocab * sizeof(float));
+        s->ckpt_every = e->prefill_chunk;
+        const size_t ring = ds4_kv_ring_bytes_for(&e->m->cfg);
+        /* calloc: a slot's pages are touched only when a checkpoint is taken */
+        s->ckpt_block = calloc(MAX_CKPT, ring);
+        for (int i = 0; s->ckpt_block && i < MAX_CKPT; i++) s->ckpt[i] = (char *)s->ckpt_block + (size_t)i * ring;
+    }
+    if (!s || !s->kv || !s->toks || !s->logits || !s->ckpt_block) {
         snprintf(err, errlen, "out of memory for a %d-token session (%.1f MiB of state)", ctx,
                  (double)ds4_engine_kv_bytes(e, ctx) / (1 << 20));
         ds4_session_free(s);
@@ -148,33 +164,33 @@ static int kv_sync(const ds4_session *s, bool to_host, char *err, size_t errlen)
 
 /* Forgets checkpoints past position n (all of them for n < 0). */
 static void drop_ckpts(ds4_session *s, int n) {
-    while (s->n_ckpt && s->ckpt_pos[s->n_ckpt - 1] > n) free(s->ckpt[--s->n_ckpt]);
+    while (s->n_ckpt && s->ckpt_pos[s->n_ckpt - 1] > n) s->n_ckpt--;
 }
 
 static void maybe_ckpt(ds4_session *s) {
     const int pos = s->kv->n_pos, last = s->n_ckpt ? s->ckpt_pos[s->n_ckpt - 1] : 0;
     if (pos - last < s->ckpt_every) return;
     if (s->n_ckpt == MAX_CKPT) {
-        for (int i = 0; i < MAX_CKPT; i += 2) free(s->ckpt[i]);
+        /* keep the odd ones; the even ones' slots go to the free end */
+        void *freed[MAX_CKPT / 2];
         for (int i = 0; i < MAX_CKPT / 2; i++) {
+            freed[i] = s->ckpt[2 * i];
             s->ckpt[i] = s->ckpt[2 * i + 1];
             s->ckpt_pos[i] = s->ckpt_pos[2 * i + 1];
         }
+        memcpy(s->ckpt + MAX_CKPT / 2, freed, sizeof freed);
         s->n_ckpt = MAX_CKPT / 2;
         s->ckpt_every *= 2;
     }
     char err[256];
-    void *c = malloc(ds4_kv_ring_bytes(s->kv));
-    /* a missing checkpoint only makes a deep rewind slower */
-    if (!c || kv_sync(s, true, err, sizeof err)) { free(c); return; }
-    ds4_kv_ring_save(s->kv, c);
-    s->ckpt[s->n_ckpt] = c;
+    if (kv_sync(s, true, err, sizeof err)) return;   /* a missing checkpoint only makes a deep rewind slower */
+    ds4_kv_ring_save(s->kv, s->ckpt[s->n_ckpt]);
     s->ckpt_pos[s->n_ckpt++] = pos;
 }
 
 void ds4_session_free(ds4_session *s) {
     if (!s) return;
-    drop_ckpts(s, -1);
+    free(s->ckpt_block);
     if (s->kv && s->e->be->kv_release) s->e->be->kv_release(s->e->be, s->kv);
     ds4_kv_free(s->kv);
     free(s->toks);
@@ -187,25 +203,64 @@ int ds4_session_n_tokens(const ds4_session *s) { return s->kv->n_pos; }
 const int32_t *ds4_session_tokens(const ds4_session *s) { return s->toks; }
 const float *ds4_session_logits(const ds4_session *s) { return s->kv->n_pos ? s->logits : NULL; }
 
-/* Runs toks through the backend in chunks. all_logits: n x vocab, else the
- * last token's logits land in s->logits. */
+/* One backend call appending each step's tokens to its session. all_logits
+ * (NULL, or one pointer per step, each NULL or n x vocab) asks for every
+ * position's logits; the last token's always land in the session. Nothing
+ * changes on error. */
+static int eval_steps(ds4_engine *e, const ds4_step *steps, float *const *all_logits, int n_steps, char *err,
+                      size_t errlen) {
+    ds4_backend *be = e->be;
+    const int V = e->m->cfg.n_vocab;
+    if (n_steps < 0 || n_steps > be->max_batch) {
+        snprintf(err, errlen, "%d sessions in one step (at most %d)", n_steps, be->max_batch);
+        return -1;
+    }
+    for (int i = 0; i < n_steps; i++) {
+        const ds4_session *s = steps[i].session;
+        if (!s || s->e != e || steps[i].n < 1 || !steps[i].toks) {
+            snprintf(err, errlen, "step %d: needs a session of this engine and at least one token", i);
+            return -1;
+        }
+        if (s->kv->n_pos + steps[i].n > s->ctx) {
+            snprintf(err, errlen, "context full: %d + %d tokens exceed ctx %d", s->kv->n_pos, steps[i].n, s->ctx);
+            return -1;
+        }
+        float *all = all_logits ? all_logits[i] : NULL;
+        e->seqs[i] = (ds4_backend_seq){s->kv, steps[i].toks, steps[i].n, all ? all : s->logits, all != NULL};
+    }
+    if (be->eval(be, e->seqs, n_steps, err, errlen)) return -1;
+    for (int i = 0; i < n_steps; i++) {
+        ds4_session *s = steps[i].session;
+        const int n = steps[i].n, base = s->kv->n_pos - n;
+        /* memmove: a rewind replays the session's own token list */
+        memmove(s->toks + base, steps[i].toks, (size_t)n * sizeof(int32_t));
+        if (all_logits && all_logits[i])
+            memcpy(s->logits, all_logits[i] + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
+        maybe_ckpt(s);
+    }
+    return 0;
+}
+
+int ds4_sessions_step(ds4_engine *e, const ds4_step *steps, int n_steps, char *err, size_t errlen) {
+    return eval_steps(e, steps, NULL, n_steps, err, errlen);
+}
+
+int ds4_engine_max_batch(const ds4_engine *e) { return e->be->max_batch; }
+uint64_t ds4_engine_weight_bytes_read(const ds4_engine *e) { return e->be->weight_bytes; }
+
+/* Runs toks through the backend in chunks of at most max_batch. */
 static int run(ds4_session *s, const int32_t *toks, int n, float *all_logits, ds4_progress_fn progress, void *ud,
                char *err, size_t errlen) {
-    ds4_backend *be = s->e->be;
-    const int V = s->e->m->cfg.n_vocab;
+    const int chunk = s->e->be->max_batch, V = s->e->m->cfg.n_vocab;
     if (n < 0 || s->kv->n_pos + n > s->ctx) {
         snprintf(err, errlen, "context full: %d + %d tokens exceed ctx %d", s->kv->n_pos, n, s->ctx);
         return -1;
     }
     for (int done = 0; done < n;) {
-        int len = n - done < be->max_batch ? n - done : be->max_batch;
-        int base = s->kv->n_pos;
-        float *out = all_logits ? all_logits + (size_t)done * V : s->logits;
-        if (be->eval(be, s->kv, toks + done, len, out, all_logits != NULL, err, errlen)) return -1;
-        memcpy(s->toks + base, toks + done, (size_t)len * sizeof(int32_t));
-        if (all_logits) memcpy(s->logits, out + (size_t)(len - 1) * V, (size_t)V * sizeof(float));
-        maybe_ckpt(s);
-        done += len;
+        ds4_step step = {s, toks + done, n - done < chunk ? n - done : chunk};
+        float *out = all_logits ? all_logits + (size_t)done * V : NULL;
+        if (eval_steps(s->e, &step, &out, 1, err, errlen)) return -1;
+        done += step.n;
         if (progress && progress(ud, done, n)) return 1;
     }
     return 0;
@@ -244,11 +299,7 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
             ds4_kv_reset(s->kv);
         }
     }
-    int32_t *tail = malloc((size_t)(n_tokens - keep) * sizeof(int32_t));
-    memcpy(tail, s->toks + keep, (size_t)(n_tokens - keep) * sizeof(int32_t));
-    int rc = run(s, tail, n_tokens - keep, NULL, NULL, NULL, err, errlen);
-    free(tail);
-    return rc;
+    return run(s, s->toks + keep, n_tokens - keep, NULL, NULL, NULL, err, errlen);
 }
 
 /* ---- snapshots ---- */
@@ -256,6 +307,7 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
 ds4_snapshot *ds4_session_snapshot(const ds4_session *s) {
     const int V = s->e->m->cfg.n_vocab, n = s->kv->n_pos;
     ds4_snapshot *snap = calloc(1, sizeof *snap);
+    if (!snap) return NULL;
     snap->ctx = s->ctx;
     snap->n_toks = n;
     snap->kv_bytes = ds4_kv_live_bytes(s->kv);
@@ -297,19 +349,38 @@ size_t ds4_session_payload_bytes(const ds4_session *s) {
     return ds4_payload_bytes(s->kv, s->e->m->cfg.n_vocab);
 }
 
-void ds4_session_save_payload(const ds4_session *s, void *dst) {
+/* Before a payload is written from the host copy: when the device lost the
+ * state, an empty session is saved rather than stale rows. */
+static void payload_sync(const ds4_session *s) {
     char err[256];
-    if (kv_sync(s, true, err, sizeof err)) {
-        /* the device lost the state: save an empty session rather than stale rows */
-        fprintf(stderr, "ds4: %s; the session is dropped\n", err);
-        ds4_kv_reset(s->kv);
-    }
+    if (!kv_sync(s, true, err, sizeof err)) return;
+    fprintf(stderr, "ds4: %s; the session is dropped\n", err);
+    ds4_kv_reset(s->kv);
+}
+
+void ds4_session_save_payload(const ds4_session *s, void *dst) {
+    payload_sync(s);
     ds4_payload_write(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, s->e->prefill_chunk, dst);
 }
 
 int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *err, size_t errlen) {
     if (!ds4_payload_load(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen)) return -1;
-    if (kv_sync(s, false, err, errlen)) return -1;
     drop_ckpts(s, -1);
-    return 0;
+    return kv_sync(s, false, err, errlen);
+}
+
+bool ds4_session_save_payload_to(const ds4_session *s, const ds4_sink *sink) {
+    payload_sync(s);
+    return ds4_payload_write_to(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, s->e->prefill_chunk, sink);
+}
+
+int ds4_session_load_payload_from(ds4_session *s, const ds4_source *src, size_t n, char *err, size_t errlen) {
+    const int before = s->kv->n_pos;
+    bool ok = ds4_payload_load_from(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen);
+    /* rewind checkpoints describe the old state once the rows changed */
+    if (ok || s->kv->n_pos != before) drop_ckpts(s, -1);
+    /* a part-way load changed the host rows too: the device copy follows */
+    char sync_err[256];
+    if (kv_sync(s, false, ok ? err : sync_err, ok ? errlen : sizeof sync_err)) return -1;
+    return ok ? 0 : -1;
 }

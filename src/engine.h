@@ -13,14 +13,18 @@
  *   checkpoint token list and the logits for the next token.
  * - ds4_session_prefill() appends tokens (chunked by prefill_chunk) and leaves
  *   the next-token logits of the last one; ds4_session_decode() appends one.
- *   Results do not depend on chunking beyond float rounding.
+ *   Results do not depend on chunking or on batching with other sessions:
+ *   they are bit-identical.
  * - ds4_session_rewind() truncates the checkpoint to n tokens (prefix reuse);
  *   it may need to recompute state for the last partial compression window,
  *   which it does itself.
  * - Progress callbacks may request cancellation by returning nonzero; the
  *   session then holds a consistent (shorter) checkpoint.
- * - Not thread-safe per session; one engine may serve several sessions from
- *   one thread at a time (the backend's scratch is shared).
+ * - Not thread-safe: one engine serves all its sessions from one thread at a
+ *   time (the backend's scratch is shared); ds4_sessions_step() is how
+ *   several sessions advance together.
+ * - Allocation failures are errors (NULL / -1 with err), never crashes; a
+ *   failed call leaves the engine and its sessions usable.
  */
 #ifndef DS4_ENGINE_H
 #define DS4_ENGINE_H
@@ -29,6 +33,8 @@
 #include <stdint.h>
 #include <stdbool.h>
 #include "cuda_plan.h"
+
+#include "byte_stream.h"
 
 struct ds4_tokenizer;
 
@@ -57,8 +63,14 @@ int ds4_engine_train_ctx(const ds4_engine *e);
 int ds4_engine_expert_bits(const ds4_engine *e);
 const char *ds4_engine_model_name(const ds4_engine *e);
 uint64_t ds4_engine_model_bytes(const ds4_engine *e);
-/* KV/session bytes per token of context and fixed bytes, for reporting */
+/* Bytes one session of ctx tokens allocates (KV state, its rewind
+ * checkpoint slots, token list, logits): what ds4_session_new() needs. */
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, int ctx);
+/* Most tokens one ds4_sessions_step() evaluates (the prefill chunk). */
+int ds4_engine_max_batch(const ds4_engine *e);
+/* Weight bytes the backend's matrix products have read since load: a batch
+ * reads each weight once for all its rows (benchmarks report it per token). */
+uint64_t ds4_engine_weight_bytes_read(const ds4_engine *e);
 
 typedef int (*ds4_progress_fn)(void *ud, int done, int total);
 
@@ -78,6 +90,20 @@ int ds4_session_prefill(ds4_session *s, const int32_t *toks, int n, float *all_l
 int ds4_session_decode(ds4_session *s, int32_t tok, char *err, size_t errlen);
 int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen);
 
+/* Several sessions advanced by one batched pass: each step appends its n >= 1
+ * tokens (1 = a decode step, more = a prefill chunk) to its own session and
+ * leaves that session's next-token logits. Sessions must be distinct and
+ * belong to this engine; the tokens of all steps together must not exceed
+ * ds4_engine_max_batch(). Every session's logits and state are bit-identical
+ * to advancing it alone (backend.h), so batching never changes an answer.
+ * Returns 0, or -1 (err) with no session changed. */
+typedef struct {
+    ds4_session *session;
+    const int32_t *toks;
+    int n;
+} ds4_step;
+int ds4_sessions_step(ds4_engine *e, const ds4_step *steps, int n_steps, char *err, size_t errlen);
+
 /* In-memory snapshot of the full decode state (exact; restore is bit-identical). */
 typedef struct ds4_snapshot ds4_snapshot;
 ds4_snapshot *ds4_session_snapshot(const ds4_session *s);
@@ -91,5 +117,10 @@ void ds4_snapshot_free(ds4_snapshot *snap);
 size_t ds4_session_payload_bytes(const ds4_session *s);
 void ds4_session_save_payload(const ds4_session *s, void *dst);
 int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *err, size_t errlen);
+/* Streaming forms (byte_stream.h) for files: save returns false when the sink
+ * failed; load reads exactly n bytes and leaves the session unchanged on a
+ * validation error, empty when src fails part-way through the rows. */
+bool ds4_session_save_payload_to(const ds4_session *s, const ds4_sink *sink);
+int ds4_session_load_payload_from(ds4_session *s, const ds4_source *src, size_t n, char *err, size_t errlen);
 
 #endif

@@ -1,5 +1,12 @@
-/* forward_cpu.c -- the DS4 forward pass on the CPU: layer-major batches over
- * a ds4_kv session state (sections 6-8 of the model sheet). */
+/* forward_cpu.c -- the DS4 forward pass on the CPU: layer-major batches whose
+ * rows may belong to several session states (sections 6-8 of the model sheet).
+ *
+ * Exactness across batch compositions: every per-row quantity is computed by
+ * code that sees only that row (activations are quantized per row, each
+ * (weight row, token) dot runs the same kernel arithmetic in matvec and
+ * matmul, norms and attention are per row, expert outputs are added in
+ * ascending expert order), so which other rows share a batch never changes a
+ * row's result. */
 #include "forward_cpu.h"
 #include "forward_cpu_impl.h"
 #include "forward_shared.h"
@@ -13,6 +20,46 @@
 #include <string.h>
 
 enum { ROPE_MAIN = 0, ROPE_COMPRESS = 1 };
+
+/* Batch scratch, carved out of one block sized for `cap` rows. */
+typedef struct {
+    float *hc_state;        /* [T][n_hc][E] the residual streams */
+    float *hc_state_next;   /* [T][n_hc][E] streams being written by HC-post */
+    float *hc_flat;         /* [T][n_hc*E] RMS-normalised streams, input of the mix */
+    float *hc_mix;          /* [T][mixn] mix projection */
+    float *hc_weights;      /* [T][mixn] post [n_hc] then comb [n_hc][n_hc] */
+    float *hc_collapsed;    /* [T][E] pre-weighted sum of the streams */
+    float *normed;          /* [T][E] sublayer input after its RMSNorm; the head's hidden */
+    float *sublayer_out;    /* [T][E] attention or FFN output before HC-post */
+    float *q_latent;        /* [T][q_lora] */
+    float *q_heads;         /* [T][n_head*D] */
+    float *attn_out;        /* [T][n_head*D] */
+    float *kv_row;          /* [T][D] this row's raw KV row */
+    float *comp_k, *comp_z; /* [T][2*D] compressor K and gate projections */
+    float *idx_k, *idx_z;   /* [T][2*DI] indexer compressor projections */
+    float *idx_q;           /* [T][n_idx_head*DI] indexer queries */
+    float *idx_head_w;      /* [T][n_idx_head] indexer head weights */
+    float *out_latent;      /* [T][o_groups*o_lora] grouped output projection */
+    float *out_group;       /* [T][o_lora] one group's output */
+    float *router;          /* [T][n_expert] router logits, then scores */
+    float *expert_w;        /* [T][k] weights of the selected experts */
+    float *expert_in;       /* [T][E] rows gathered for one expert */
+    float *expert_out;      /* [T][E] */
+    float *ffn_gate;        /* [T][F] */
+    float *ffn_up;          /* [T][F] */
+    float *rope_cs;         /* [T][2][n_rot] cos/sin per row and RoPE kind */
+    int *idx_sel;           /* [T][idx_topk] selected compressed rows */
+    int *idx_nsel;          /* [T] */
+    int *expert_ids;        /* [T][k] */
+    int *expert_rows;       /* [T] (row * k + slot) of the rows gathered for one expert */
+    int32_t *tokens;        /* [T] */
+    int *row_seq;           /* [T] which sequence a row belongs to */
+    int *seq_row0;          /* [T] a sequence's first row (at most T sequences) */
+    int64_t *row_pos;       /* [T] a row's position in its sequence */
+    int *head_rows;         /* [T] rows of one all-logits sequence */
+    int *last_rows;         /* [T] last rows of the sequences that want only those */
+    void *act;              /* [T] activations converted for the weight type */
+} batch_scratch;
 
 typedef struct {
     float *scores;      /* attention logits over raw + compressed rows */
@@ -30,26 +77,29 @@ typedef struct cpu {
     float *comp_cs;                 /* RoPE table of the row being compressed */
     int mixn;                       /* HC mix rows: (2 + n_hc) * n_hc */
 
-    /* batch scratch, grown to `cap` tokens */
+    /* Every buffer below is replaced only after its larger successor is
+     * allocated, so a failed grow leaves the backend as it was. */
     int cap;
-    float *S, *S2, *flat, *mix, *hcw, *a, *x, *cq, *q, *kvr, *ck, *cz, *ik, *iz, *qi, *om;
-    float *o, *z, *zg, *y, *rl, *ew, *xe, *ge, *ue, *oe, *rope_cs;
-    int *sel, *nsel, *eidx, *elist;
-    void *act;                      /* activations converted for the weight type */
-
-    /* per-thread scratch, grown to the largest state seen */
-    int rows_cap;
+    batch_scratch s;
+    void *s_block;
+    int head_cap;                   /* rows of head_logits */
+    float *head_logits;             /* last-row logits of several sequences */
+    int rows_cap;                   /* per-thread scratch, for states of up to rows_cap - 8 tokens */
     thread_scratch *ts;
+    void *ts_block;
 } cpu;
 
-/* one eval: which layer and which tokens */
+/* one eval: its sequences and the layer being run */
 typedef struct {
     cpu *f;
-    ds4_kv *kv;
-    const int32_t *toks;
-    int T, p0, l;
+    const ds4_backend_seq *seqs;
+    int n_seqs;
+    int T, l;
     const float *hc_scale, *hc_base;   /* the HC sublayer being applied */
 } batch;
+
+static ds4_kv *row_kv(const batch *b, int t) { return b->seqs[b->f->s.row_seq[t]].kv; }
+static int64_t row_pos(const batch *b, int t) { return b->f->s.row_pos[t]; }
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -71,10 +121,11 @@ static void linear(cpu *f, const ds4_tensor *W, int64_t e, int64_t row0, int64_t
                    int64_t xstride, int T, float *y) {
     const int64_t n = W->ne[0];
     const size_t ab = ds4_act_bytes(W->type, n);
-    for (int t = 0; t < T; t++) ds4_quantize_act(W->type, x + (size_t)t * xstride, (char *)f->act + (size_t)t * ab, n);
+    for (int t = 0; t < T; t++) ds4_quantize_act(W->type, x + (size_t)t * xstride, (char *)f->s.act + (size_t)t * ab, n);
     const char *w = (const char *)W->data + ((size_t)e * (size_t)W->ne[1] + (size_t)row0) * W->row_bytes;
-    if (T == 1) ds4_matvec(f->pool, W->type, w, rows, n, f->act, y);
-    else ds4_matmul(f->pool, W->type, w, rows, n, f->act, T, y);
+    f->base.weight_bytes += (uint64_t)rows * W->row_bytes;
+    if (T == 1) ds4_matvec(f->pool, W->type, w, rows, n, f->s.act, y);
+    else ds4_matmul(f->pool, W->type, w, rows, n, f->s.act, T, y);
 }
 
 static void rmsnorm(float *x, int n, const float *w, float eps) {
@@ -95,10 +146,10 @@ static void axpy(float *restrict y, float a, const float *restrict x, int n) {
 static void rope_apply(float *x, int dim, int n_rot, const float *cs, bool inverse) {
     float *r = x + dim - n_rot;
     for (int i = 0; i < n_rot / 2; i++) {
-        float c = cs[2 * i], s = inverse ? -cs[2 * i + 1] : cs[2 * i + 1];
-        float a = r[2 * i], b = r[2 * i + 1];
-        r[2 * i] = a * c - b * s;
-        r[2 * i + 1] = b * c + a * s;
+        float cosv = cs[2 * i], sinv = inverse ? -cs[2 * i + 1] : cs[2 * i + 1];
+        float re = r[2 * i], im = r[2 * i + 1];
+        r[2 * i] = re * cosv - im * sinv;
+        r[2 * i + 1] = im * cosv + re * sinv;
     }
 }
 
@@ -114,72 +165,73 @@ static int rope_kind(const ds4_config *c, int l) { return c->compress_ratio[l] ?
 
 static const float *rope_cs(const batch *b, int t) {
     const cpu *f = b->f;
-    return f->rope_cs + ((size_t)t * 2 + rope_kind(f->c, b->l)) * f->c->n_rot;
+    return f->s.rope_cs + ((size_t)t * 2 + rope_kind(f->c, b->l)) * f->c->n_rot;
 }
 
 /* ------------------------------------------------------- hyper-connections */
 
 static void hc_norm_task(batch *b, int t, int thread) {
-    const cpu *f = b->f;
-    const int n = f->c->n_hc * f->c->n_embd;
-    memcpy(f->flat + (size_t)t * n, f->S + (size_t)t * n, (size_t)n * sizeof(float));
-    rmsnorm(f->flat + (size_t)t * n, n, NULL, f->c->rms_eps);
+    const batch_scratch *s = &b->f->s;
+    const int n = b->f->c->n_hc * b->f->c->n_embd;
+    memcpy(s->hc_flat + (size_t)t * n, s->hc_state + (size_t)t * n, (size_t)n * sizeof(float));
+    rmsnorm(s->hc_flat + (size_t)t * n, n, NULL, b->f->c->rms_eps);
 }
 
-/* pre/post/comb from the mix (sheet 6.2), then the collapsed input a. */
+/* pre/post/comb weights from the mix (sheet 6.2), then the collapsed input. */
 static void hc_pre_task(batch *b, int t, int thread) {
     const cpu *f = b->f;
     const ds4_config *c = f->c;
-    const int hc = c->n_hc, E = c->n_embd;
-    float *post = f->hcw + (size_t)t * f->mixn, *comb = post + hc;
+    const int n_hc = c->n_hc, E = c->n_embd;
+    const float *mix = f->s.hc_mix + (size_t)t * f->mixn;
+    const float *scale = b->hc_scale, *base = b->hc_base;
+    float *post = f->s.hc_weights + (size_t)t * f->mixn, *comb = post + n_hc;
     float pre[64];
-    double C[64 * 64];
-    ds4_hc_weights(f->mix + (size_t)t * f->mixn, b->hc_scale, b->hc_base, hc, c->sinkhorn_iters, c->hc_eps, pre, post,
-                   comb, C);
-    const float *S = f->S + (size_t)t * hc * E;
-    float *a = f->a + (size_t)t * E;
+    double sinkhorn[64 * 64];
+    ds4_hc_weights(mix, scale, base, n_hc, c->sinkhorn_iters, c->hc_eps, pre, post, comb, sinkhorn);
+    const float *streams = f->s.hc_state + (size_t)t * n_hc * E;
+    float *collapsed = f->s.hc_collapsed + (size_t)t * E;
     for (int d = 0; d < E; d++) {
         float acc = 0;
-        for (int s = 0; s < hc; s++) acc += pre[s] * S[(size_t)s * E + d];
-        a[d] = acc;
+        for (int k = 0; k < n_hc; k++) acc += pre[k] * streams[(size_t)k * E + d];
+        collapsed[d] = acc;
     }
 }
 
-/* S'[k] = post_k * y + sum_j C[j][k] * S[j], into S2 (swapped afterwards). */
+/* next[k] = post_k * out + sum_j comb[j][k] * streams[j] (swapped in afterwards). */
 static void hc_post_task(batch *b, int t, int thread) {
     const cpu *f = b->f;
-    const int hc = f->c->n_hc, E = f->c->n_embd;
-    const float *post = f->hcw + (size_t)t * f->mixn, *comb = post + hc;
-    const float *S = f->S + (size_t)t * hc * E, *y = f->y + (size_t)t * E;
-    float *o = f->S2 + (size_t)t * hc * E;
-    for (int k = 0; k < hc; k++)
+    const int n_hc = f->c->n_hc, E = f->c->n_embd;
+    const float *post = f->s.hc_weights + (size_t)t * f->mixn, *comb = post + n_hc;
+    const float *streams = f->s.hc_state + (size_t)t * n_hc * E, *out = f->s.sublayer_out + (size_t)t * E;
+    float *next = f->s.hc_state_next + (size_t)t * n_hc * E;
+    for (int k = 0; k < n_hc; k++)
         for (int d = 0; d < E; d++) {
-            float acc = post[k] * y[d];
-            for (int j = 0; j < hc; j++) acc += comb[j * hc + k] * S[(size_t)j * E + d];
-            o[(size_t)k * E + d] = acc;
+            float acc = post[k] * out[d];
+            for (int j = 0; j < n_hc; j++) acc += comb[j * n_hc + k] * streams[(size_t)j * E + d];
+            next[(size_t)k * E + d] = acc;
         }
 }
 
-/* a = HC-pre(S) for every token of the batch, then x = RMSNorm(a; norm). */
+/* collapsed = HC-pre(streams) for every row of the batch, then normed = RMSNorm(collapsed; norm). */
 static void hc_pre(batch *b, const ds4_tensor *fn, const float *scale, const float *base, const float *norm) {
     cpu *f = b->f;
-    const int n = f->c->n_hc * f->c->n_embd;
+    const int E = f->c->n_embd;
     par(b, b->T, hc_norm_task);
-    linear(f, fn, 0, 0, f->mixn, f->flat, n, b->T, f->mix);
+    linear(f, fn, 0, 0, f->mixn, f->s.hc_flat, (int64_t)f->c->n_hc * E, b->T, f->s.hc_mix);
     b->hc_scale = scale;
     b->hc_base = base;
     par(b, b->T, hc_pre_task);
     for (int t = 0; t < b->T; t++) {
-        float *x = f->x + (size_t)t * f->c->n_embd;
-        memcpy(x, f->a + (size_t)t * f->c->n_embd, (size_t)f->c->n_embd * sizeof(float));
-        rmsnorm(x, f->c->n_embd, norm, f->c->rms_eps);
+        float *x = f->s.normed + (size_t)t * E;
+        memcpy(x, f->s.hc_collapsed + (size_t)t * E, (size_t)E * sizeof(float));
+        rmsnorm(x, E, norm, f->c->rms_eps);
     }
 }
 
 static void hc_post(batch *b) {
-    cpu *f = b->f;
+    batch_scratch *s = &b->f->s;
     par(b, b->T, hc_post_task);
-    float *t = f->S; f->S = f->S2; f->S2 = t;
+    float *swap = s->hc_state; s->hc_state = s->hc_state_next; s->hc_state_next = swap;
 }
 
 /* ------------------------------------------------------------- attention */
@@ -190,12 +242,12 @@ static void q_task(batch *b, int t, int thread) {
     const int D = c->head_dim;
     const float *cs = rope_cs(b, t);
     for (int h = 0; h < c->n_head; h++) {
-        float *q = f->q + ((size_t)t * c->n_head + h) * D;
+        float *q = f->s.q_heads + ((size_t)t * c->n_head + h) * D;
         rmsnorm(q, D, NULL, c->rms_eps);
         rope_apply(q, D, c->n_rot, cs, false);
     }
-    float *kv = f->kvr + (size_t)t * D;
-    rmsnorm(kv, D, b->f->m->layers[b->l].kv_norm, c->rms_eps);
+    float *kv = f->s.kv_row + (size_t)t * D;
+    rmsnorm(kv, D, f->m->layers[b->l].kv_norm, c->rms_eps);
     rope_apply(kv, D, c->n_rot, cs, false);
     if (f->numerics) {
         ds4_fp8_e4m3_roundtrip(kv, D - c->n_rot);
@@ -209,28 +261,29 @@ static void pool_window(const float *fk, const float *fz, int f_cap, int coff, i
     for (int j = 0; j < d; j++) out[j] = ds4_pool_lane(fk, fz, f_cap, coff, d, ratio, w, j);
 }
 
-/* Feeds the batch's projected K/Z into layer l's compressor(s) in token order,
- * emitting a row whenever a window completes. */
-static void compress_batch(batch *b) {
+/* Feeds sequence q's projected K/Z into layer l's compressor(s) in token
+ * order, emitting a row whenever a window completes. */
+static void compress_seq(batch *b, int q) {
     cpu *f = b->f;
     const ds4_config *c = f->c;
     const ds4_layer *W = &f->m->layers[b->l];
-    ds4_kv_layer *L = &b->kv->L[b->l];
+    ds4_kv_layer *L = &b->seqs[q].kv->L[b->l];
     const int D = c->head_dim, DI = c->idx_head_dim, r = L->ratio, Wc = L->coff * D, Wi = 2 * DI;
+    const int row0 = f->s.seq_row0[q];
     float *cs = f->comp_cs;
-    for (int t = 0; t < b->T; t++) {
-        const int64_t p = b->p0 + t;
+    for (int t = row0; t < row0 + b->seqs[q].n; t++) {
+        const int64_t p = row_pos(b, t);
         const size_t slot = (size_t)(p % L->f_cap);
         const float *ape = W->comp_ape + (size_t)(p % r) * Wc;
         for (int i = 0; i < Wc; i++) {
-            L->fk[slot * Wc + i] = f->ck[(size_t)t * Wc + i];
-            L->fz[slot * Wc + i] = f->cz[(size_t)t * Wc + i] + ape[i];
+            L->fk[slot * Wc + i] = f->s.comp_k[(size_t)t * Wc + i];
+            L->fz[slot * Wc + i] = f->s.comp_z[(size_t)t * Wc + i] + ape[i];
         }
         if (L->idx) {
             const float *iape = W->idx_ape + (size_t)(p % r) * Wi;
             for (int i = 0; i < Wi; i++) {
-                L->ik[slot * Wi + i] = f->ik[(size_t)t * Wi + i];
-                L->iz[slot * Wi + i] = f->iz[(size_t)t * Wi + i] + iape[i];
+                L->ik[slot * Wi + i] = f->s.idx_k[(size_t)t * Wi + i];
+                L->iz[slot * Wi + i] = f->s.idx_z[(size_t)t * Wi + i] + iape[i];
             }
         }
         if ((p + 1) % r) continue;
@@ -264,7 +317,7 @@ static void idx_q_task(batch *b, int t, int thread) {
     const int DI = c->idx_head_dim;
     const float *cs = rope_cs(b, t);
     for (int h = 0; h < c->n_idx_head; h++) {
-        float *q = f->qi + ((size_t)t * c->n_idx_head + h) * DI;
+        float *q = f->s.idx_q + ((size_t)t * c->n_idx_head + h) * DI;
         rope_apply(q, DI, c->n_rot, cs, false);
         if (f->numerics) {
             ds4_hadamard(q, DI);
@@ -278,40 +331,42 @@ static void idx_score(const batch *b, int t, int w0, int w1, float *out) {
     const cpu *f = b->f;
     const ds4_config *c = f->c;
     const int DI = c->idx_head_dim, HI = c->n_idx_head;
-    const float *rows = b->kv->L[b->l].idx;
-    const float *q = f->qi + (size_t)t * HI * DI, *om = f->om + (size_t)t * HI;
+    const float *rows = row_kv(b, t)->L[b->l].idx;
+    const float *q = f->s.idx_q + (size_t)t * HI * DI, *head_w = f->s.idx_head_w + (size_t)t * HI;
     const float ks = 1.0f / sqrtf((float)DI), ws = 1.0f / sqrtf((float)HI);
     for (int w = w0; w < w1; w++) {
         const float *k = rows + (size_t)w * DI;
         float acc = 0;
         for (int h = 0; h < HI; h++) {
             float dot = dotf(k, q + (size_t)h * DI, DI);
-            if (dot > 0) acc += dot * ks * (om[h] * ws);
+            if (dot > 0) acc += dot * ks * (head_w[h] * ws);
         }
         out[w] = acc;
     }
 }
 
+/* compressed rows visible to row t: windows completed at or before its position */
 static int n_visible(const batch *b, int t) {
-    return (int)((b->p0 + t + 1) / b->kv->L[b->l].ratio);
+    return (int)((row_pos(b, t) + 1) / row_kv(b, t)->L[b->l].ratio);
 }
 
-/* Whole-token indexer selection (prefill: one task per token). */
+/* Whole-row indexer selection (one task per row). */
 static void idx_select_task(batch *b, int t, int thread) {
     const cpu *f = b->f;
     const int nv = n_visible(b, t), k = f->c->idx_topk;
-    int *sel = f->sel + (size_t)t * k;
+    int *sel = f->s.idx_sel + (size_t)t * k;
     if (nv <= k) {
         for (int w = 0; w < nv; w++) sel[w] = w;
-        f->nsel[t] = nv;
+        f->s.idx_nsel[t] = nv;
         return;
     }
     float *sc = f->ts[thread].iscore;
     idx_score(b, t, 0, nv, sc);
-    f->nsel[t] = fwd_topk(sc, nv, k, sel);
+    f->s.idx_nsel[t] = fwd_topk(sc, nv, k, sel);
 }
 
-/* Decode: the single token's scores split into row blocks across threads. */
+/* A single row: its scores split into blocks across threads (each score is
+ * computed alone, so the split does not change them). */
 enum { IDX_BLOCK = 256 };
 static void idx_block_task(batch *b, int task, int thread) {
     const int nv = n_visible(b, 0);
@@ -323,38 +378,45 @@ static void indexer(batch *b) {
     cpu *f = b->f;
     const ds4_config *c = f->c;
     const ds4_layer *W = &f->m->layers[b->l];
-    if (n_visible(b, b->T - 1) > c->idx_topk) {
-        linear(f, &W->idx_q_b, 0, 0, (int64_t)c->n_idx_head * c->idx_head_dim, f->cq, c->q_lora, b->T, f->qi);
+    bool scores_needed = false;
+    for (int t = 0; t < b->T && !scores_needed; t++) scores_needed = n_visible(b, t) > c->idx_topk;
+    if (scores_needed) {
+        linear(f, &W->idx_q_b, 0, 0, (int64_t)c->n_idx_head * c->idx_head_dim, f->s.q_latent, c->q_lora, b->T,
+               f->s.idx_q);
         par(b, b->T, idx_q_task);
-        linear(f, &W->idx_proj, 0, 0, c->n_idx_head, f->x, c->n_embd, b->T, f->om);
+        linear(f, &W->idx_proj, 0, 0, c->n_idx_head, f->s.normed, c->n_embd, b->T, f->s.idx_head_w);
     }
-    if (b->T == 1 && n_visible(b, 0) > c->idx_topk) {
+    if (b->T == 1 && scores_needed) {
         const int nv = n_visible(b, 0);
         par(b, (nv + IDX_BLOCK - 1) / IDX_BLOCK, idx_block_task);
-        f->nsel[0] = fwd_topk(f->ts[0].iscore, nv, c->idx_topk, f->sel);
+        f->s.idx_nsel[0] = fwd_topk(f->ts[0].iscore, nv, c->idx_topk, f->s.idx_sel);
     } else {
         par(b, b->T, idx_select_task);
     }
 }
 
-/* Candidate row i of a query: raw rows first (positions lo..p, from the batch
- * or, before the batch, from the ring), then the usable compressed rows. */
-static const float *attn_row(const batch *b, const ds4_kv_layer *L, int64_t lo, int n_raw, const int *sel, int i) {
+/* Candidate row i of row t's query: raw rows first (positions lo..p, from the
+ * batch or, before the sequence's first batch row, from the ring), then the
+ * usable compressed rows. */
+static const float *attn_row(const batch *b, int t, const ds4_kv_layer *L, int64_t lo, int n_raw, const int *sel,
+                             int i) {
     const int D = b->f->c->head_dim;
     if (i >= n_raw) return L->comp + (size_t)(sel ? sel[i - n_raw] : i - n_raw) * D;
     const int64_t pos = lo + i;
-    if (pos >= b->p0) return b->f->kvr + (size_t)(pos - b->p0) * D;
-    return L->raw + (size_t)(pos % b->kv->raw_cap) * D;
+    const int row0 = b->f->s.seq_row0[b->f->s.row_seq[t]];
+    const int64_t p0 = row_pos(b, row0);
+    if (pos >= p0) return b->f->s.kv_row + (size_t)(row0 + (pos - p0)) * D;
+    return L->raw + (size_t)(pos % row_kv(b, t)->raw_cap) * D;
 }
 
-/* One head of one token: softmax with sink over raw + usable compressed rows. */
+/* One head of one row: softmax with sink over raw + usable compressed rows. */
 static void attn_task(batch *b, int task, int thread) {
     const cpu *f = b->f;
     const ds4_config *c = f->c;
     const int H = c->n_head, D = c->head_dim, t = task / H, h = task % H;
-    const ds4_kv_layer *L = &b->kv->L[b->l];
-    const int64_t p = b->p0 + t, lo = p - c->window + 1 > 0 ? p - c->window + 1 : 0;
-    const float *q = f->q + ((size_t)t * H + h) * D;
+    const ds4_kv_layer *L = &row_kv(b, t)->L[b->l];
+    const int64_t p = row_pos(b, t), lo = p - c->window + 1 > 0 ? p - c->window + 1 : 0;
+    const float *q = f->s.q_heads + ((size_t)t * H + h) * D;
     float *sc = f->ts[thread].scores;
     const float scale = 1.0f / sqrtf((float)D), sink = f->m->layers[b->l].sinks[h];
     const int n_raw = (int)(p - lo + 1);
@@ -362,70 +424,77 @@ static void attn_task(batch *b, int task, int thread) {
     const int *sel = NULL;
     if (L->ratio) {
         n_comp = n_visible(b, t);
-        if (L->idx) { sel = f->sel + (size_t)t * c->idx_topk; n_comp = f->nsel[t]; }
+        if (L->idx) { sel = f->s.idx_sel + (size_t)t * c->idx_topk; n_comp = f->s.idx_nsel[t]; }
     }
     const int n = n_raw + n_comp;
     float mx = sink;
     for (int i = 0; i < n; i++) {
-        sc[i] = dotf(attn_row(b, L, lo, n_raw, sel, i), q, D) * scale;
+        sc[i] = dotf(attn_row(b, t, L, lo, n_raw, sel, i), q, D) * scale;
         mx = fmaxf(mx, sc[i]);
     }
     double den = exp((double)sink - mx);
     for (int i = 0; i < n; i++) { sc[i] = (float)exp((double)sc[i] - mx); den += sc[i]; }
-    float *o = f->o + ((size_t)t * H + h) * D;
+    float *o = f->s.attn_out + ((size_t)t * H + h) * D;
     memset(o, 0, (size_t)D * sizeof(float));
-    for (int i = 0; i < n; i++) axpy(o, (float)(sc[i] / den), attn_row(b, L, lo, n_raw, sel, i), D);
+    for (int i = 0; i < n; i++) axpy(o, (float)(sc[i] / den), attn_row(b, t, L, lo, n_raw, sel, i), D);
     rope_apply(o, D, c->n_rot, rope_cs(b, t), true);
 }
 
 static void attention(batch *b) {
     cpu *f = b->f;
+    batch_scratch *s = &f->s;
     const ds4_config *c = f->c;
     const ds4_layer *W = &f->m->layers[b->l];
-    ds4_kv_layer *L = &b->kv->L[b->l];
     const int T = b->T, E = c->n_embd, D = c->head_dim, HD = c->n_head * D;
+    const int ratio = ds4_cfg_ratio(c, b->l), coff = ratio ? ds4_cfg_coff(c, b->l) : 0;
+    const bool has_indexer = ratio && ds4_cfg_has_indexer(c, b->l);
 
     hc_pre(b, &W->hc_attn_fn, W->hc_attn_scale, W->hc_attn_base, W->attn_norm);
-    linear(f, &W->q_a, 0, 0, c->q_lora, f->x, E, T, f->cq);
-    for (int t = 0; t < T; t++) rmsnorm(f->cq + (size_t)t * c->q_lora, c->q_lora, W->q_a_norm, c->rms_eps);
-    linear(f, &W->q_b, 0, 0, HD, f->cq, c->q_lora, T, f->q);
-    linear(f, &W->kv, 0, 0, D, f->x, E, T, f->kvr);
+    linear(f, &W->q_a, 0, 0, c->q_lora, s->normed, E, T, s->q_latent);
+    for (int t = 0; t < T; t++) rmsnorm(s->q_latent + (size_t)t * c->q_lora, c->q_lora, W->q_a_norm, c->rms_eps);
+    linear(f, &W->q_b, 0, 0, HD, s->q_latent, c->q_lora, T, s->q_heads);
+    linear(f, &W->kv, 0, 0, D, s->normed, E, T, s->kv_row);
     par(b, T, q_task);
 
-    if (L->ratio) {
-        linear(f, &W->comp_kv, 0, 0, (int64_t)L->coff * D, f->x, E, T, f->ck);
-        linear(f, &W->comp_gate, 0, 0, (int64_t)L->coff * D, f->x, E, T, f->cz);
-        if (L->idx) {
-            linear(f, &W->idx_kv, 0, 0, 2 * c->idx_head_dim, f->x, E, T, f->ik);
-            linear(f, &W->idx_gate, 0, 0, 2 * c->idx_head_dim, f->x, E, T, f->iz);
+    if (ratio) {
+        linear(f, &W->comp_kv, 0, 0, (int64_t)coff * D, s->normed, E, T, s->comp_k);
+        linear(f, &W->comp_gate, 0, 0, (int64_t)coff * D, s->normed, E, T, s->comp_z);
+        if (has_indexer) {
+            linear(f, &W->idx_kv, 0, 0, 2 * c->idx_head_dim, s->normed, E, T, s->idx_k);
+            linear(f, &W->idx_gate, 0, 0, 2 * c->idx_head_dim, s->normed, E, T, s->idx_z);
         }
-        compress_batch(b);
-        if (L->idx) indexer(b);
+        for (int q = 0; q < b->n_seqs; q++) compress_seq(b, q);
+        if (has_indexer) indexer(b);
     }
     par(b, T * c->n_head, attn_task);
 
-    /* the batch's rows become the ring only now: attention above read the
+    /* a sequence's rows become its ring only now: attention above read the
      * previous ring contents for positions before the batch */
-    for (int t = T > b->kv->raw_cap ? T - b->kv->raw_cap : 0; t < T; t++)
-        memcpy(L->raw + (size_t)((b->p0 + t) % b->kv->raw_cap) * D, f->kvr + (size_t)t * D, (size_t)D * sizeof(float));
+    for (int q = 0; q < b->n_seqs; q++) {
+        ds4_kv *kv = b->seqs[q].kv;
+        const int row0 = s->seq_row0[q], n = b->seqs[q].n;
+        for (int t = row0 + (n > kv->raw_cap ? n - kv->raw_cap : 0); t < row0 + n; t++)
+            memcpy(kv->L[b->l].raw + (size_t)(row_pos(b, t) % kv->raw_cap) * D, s->kv_row + (size_t)t * D,
+                   (size_t)D * sizeof(float));
+    }
 
     /* grouped output projection: group g = heads g*hpg ... */
     const int G = c->o_groups, OL = c->o_lora, gin = HD / G;
     for (int g = 0; g < G; g++) {
-        linear(f, &W->out_a, 0, (int64_t)g * OL, OL, f->o + (size_t)g * gin, HD, T, f->zg);
+        linear(f, &W->out_a, 0, (int64_t)g * OL, OL, s->attn_out + (size_t)g * gin, HD, T, s->out_group);
         for (int t = 0; t < T; t++)
-            memcpy(f->z + ((size_t)t * G + g) * OL, f->zg + (size_t)t * OL, (size_t)OL * sizeof(float));
+            memcpy(s->out_latent + ((size_t)t * G + g) * OL, s->out_group + (size_t)t * OL, (size_t)OL * sizeof(float));
     }
-    linear(f, &W->out_b, 0, 0, E, f->z, (int64_t)G * OL, T, f->y);
+    linear(f, &W->out_b, 0, 0, E, s->out_latent, (int64_t)G * OL, T, s->sublayer_out);
     hc_post(b);
 }
 
 /* ------------------------------------------------------------------- MoE */
 
-static void swiglu(float *g, const float *u, int n, float limit) {
+static void swiglu(float *gate, const float *up, int n, float limit) {
     for (int i = 0; i < n; i++) {
-        float gv = fminf(g[i], limit), uv = fminf(fmaxf(u[i], -limit), limit);
-        g[i] = gv / (1.0f + expf(-gv)) * uv;
+        float g = fminf(gate[i], limit), u = fminf(fmaxf(up[i], -limit), limit);
+        gate[i] = g / (1.0f + expf(-g)) * u;
     }
 }
 
@@ -434,50 +503,55 @@ static void route_task(batch *b, int t, int thread) {
     const ds4_config *c = f->c;
     const ds4_layer *W = &f->m->layers[b->l];
     const int k = c->n_expert_used;
-    ds4_route_token(f->rl + (size_t)t * c->n_expert, c->n_expert, k,
-                    W->tid2eid ? W->tid2eid + (size_t)b->toks[t] * k : NULL, W->exp_probs_b, c->expert_weights_norm,
-                    c->expert_weights_scale, f->eidx + (size_t)t * k, f->ew + (size_t)t * k);
+    ds4_route_token(f->s.router + (size_t)t * c->n_expert, c->n_expert, k,
+                    W->tid2eid ? W->tid2eid + (size_t)f->s.tokens[t] * k : NULL, W->exp_probs_b,
+                    c->expert_weights_norm, c->expert_weights_scale, f->s.expert_ids + (size_t)t * k,
+                    f->s.expert_w + (size_t)t * k);
 }
 
-/* Expert e over the n gathered rows of xe; adds weighted outputs into y. */
+/* Expert e over the n rows gathered in expert_in; adds weighted outputs into sublayer_out. */
 static void expert(batch *b, int e, int n) {
     cpu *f = b->f;
+    batch_scratch *s = &f->s;
     const ds4_config *c = f->c;
     const ds4_layer *W = &f->m->layers[b->l];
     const int E = c->n_embd, F = c->n_ff_exp, k = c->n_expert_used;
-    linear(f, &W->gate_exps, e, 0, F, f->xe, E, n, f->ge);
-    linear(f, &W->up_exps, e, 0, F, f->xe, E, n, f->ue);
-    for (int i = 0; i < n; i++) swiglu(f->ge + (size_t)i * F, f->ue + (size_t)i * F, F, c->clamp_exp[b->l]);
-    linear(f, &W->down_exps, e, 0, E, f->ge, F, n, f->oe);
-    for (int i = 0; i < n; i++) {
-        axpy(f->y + (size_t)(f->elist[i] / k) * E, f->ew[f->elist[i]], f->oe + (size_t)i * E, E);
-    }
+    linear(f, &W->gate_exps, e, 0, F, s->expert_in, E, n, s->ffn_gate);
+    linear(f, &W->up_exps, e, 0, F, s->expert_in, E, n, s->ffn_up);
+    for (int i = 0; i < n; i++) swiglu(s->ffn_gate + (size_t)i * F, s->ffn_up + (size_t)i * F, F, c->clamp_exp[b->l]);
+    linear(f, &W->down_exps, e, 0, E, s->ffn_gate, F, n, s->expert_out);
+    for (int i = 0; i < n; i++)
+        axpy(s->sublayer_out + (size_t)(s->expert_rows[i] / k) * E, s->expert_w[s->expert_rows[i]],
+             s->expert_out + (size_t)i * E, E);
 }
 
 static void ffn(batch *b) {
     cpu *f = b->f;
+    batch_scratch *s = &f->s;
     const ds4_config *c = f->c;
     const ds4_layer *W = &f->m->layers[b->l];
     const int T = b->T, E = c->n_embd, F = c->n_ff_exp, k = c->n_expert_used;
 
     hc_pre(b, &W->hc_ffn_fn, W->hc_ffn_scale, W->hc_ffn_base, W->ffn_norm);
-    linear(f, &W->gate_inp, 0, 0, c->n_expert, f->x, E, T, f->rl);
+    linear(f, &W->gate_inp, 0, 0, c->n_expert, s->normed, E, T, s->router);
     par(b, T, route_task);
 
-    /* shared expert over the whole batch, into y */
-    linear(f, &W->gate_shexp, 0, 0, F, f->x, E, T, f->ge);
-    linear(f, &W->up_shexp, 0, 0, F, f->x, E, T, f->ue);
-    for (int t = 0; t < T; t++) swiglu(f->ge + (size_t)t * F, f->ue + (size_t)t * F, F, c->clamp_shexp[b->l]);
-    linear(f, &W->down_shexp, 0, 0, E, f->ge, F, T, f->y);
+    /* shared expert over the whole batch, into sublayer_out */
+    linear(f, &W->gate_shexp, 0, 0, F, s->normed, E, T, s->ffn_gate);
+    linear(f, &W->up_shexp, 0, 0, F, s->normed, E, T, s->ffn_up);
+    for (int t = 0; t < T; t++) swiglu(s->ffn_gate + (size_t)t * F, s->ffn_up + (size_t)t * F, F, c->clamp_shexp[b->l]);
+    linear(f, &W->down_shexp, 0, 0, E, s->ffn_gate, F, T, s->sublayer_out);
 
-    /* routed experts: tokens grouped per expert so each expert is one matmul
-     * (flushed every T rows, since a hash row may name an expert twice) */
+    /* routed experts: rows grouped per expert so each expert's weights are
+     * read once per batch, whichever sequences the rows belong to (flushed
+     * every T rows, since a hash row may name an expert twice); every row
+     * receives its experts in ascending order */
     for (int e = 0; e < c->n_expert; e++) {
         int n = 0;
         for (int j = 0; j < T * k; j++) {
-            if (f->eidx[j] != e) continue;
-            f->elist[n] = j;
-            memcpy(f->xe + (size_t)n * E, f->x + (size_t)(j / k) * E, (size_t)E * sizeof(float));
+            if (s->expert_ids[j] != e) continue;
+            s->expert_rows[n] = j;
+            memcpy(s->expert_in + (size_t)n * E, s->normed + (size_t)(j / k) * E, (size_t)E * sizeof(float));
             if (++n == T) { expert(b, e, n); n = 0; }
         }
         if (n) expert(b, e, n);
@@ -487,106 +561,220 @@ static void ffn(batch *b) {
 
 /* ---------------------------------------------------------------- driver */
 
-#define GROW(ptr, n) do { free(ptr); (ptr) = malloc((size_t)(n) * sizeof(*(ptr))); if (!(ptr)) return false; } while (0)
+/* Hands out consecutive 64-byte aligned pieces of a block; with a NULL base it
+ * only adds up the size. */
+typedef struct { char *base; size_t used; } carver;
+
+static void *carve(carver *cv, size_t count, size_t elem) {
+    void *p = cv->base ? cv->base + cv->used : NULL;
+    cv->used += (count * elem + 63) & ~(size_t)63;
+    return p;
+}
+
+/* Lays out the scratch for T rows over cv; returns the bytes it needs. */
+static size_t layout_batch(const cpu *f, int T, carver *cv, batch_scratch *s) {
+    const ds4_config *c = f->c;
+    const size_t rows = (size_t)T, E = c->n_embd, hcE = (size_t)c->n_hc * E, D = c->head_dim;
+    const size_t HD = (size_t)c->n_head * D, DI = c->idx_head_dim, F = c->n_ff_exp, k = c->n_expert_used;
+    const size_t fl = sizeof(float);
+    s->hc_state = carve(cv, rows * hcE, fl);
+    s->hc_state_next = carve(cv, rows * hcE, fl);
+    s->hc_flat = carve(cv, rows * hcE, fl);
+    s->hc_mix = carve(cv, rows * f->mixn, fl);
+    s->hc_weights = carve(cv, rows * f->mixn, fl);
+    s->hc_collapsed = carve(cv, rows * E, fl);
+    s->normed = carve(cv, rows * E, fl);
+    s->sublayer_out = carve(cv, rows * E, fl);
+    s->q_latent = carve(cv, rows * c->q_lora, fl);
+    s->q_heads = carve(cv, rows * HD, fl);
+    s->attn_out = carve(cv, rows * HD, fl);
+    s->kv_row = carve(cv, rows * D, fl);
+    s->comp_k = carve(cv, rows * 2 * D, fl);
+    s->comp_z = carve(cv, rows * 2 * D, fl);
+    s->idx_k = carve(cv, rows * 2 * DI, fl);
+    s->idx_z = carve(cv, rows * 2 * DI, fl);
+    s->idx_q = carve(cv, rows * c->n_idx_head * DI, fl);
+    s->idx_head_w = carve(cv, rows * c->n_idx_head, fl);
+    s->out_latent = carve(cv, rows * c->o_groups * c->o_lora, fl);
+    s->out_group = carve(cv, rows * c->o_lora, fl);
+    s->router = carve(cv, rows * c->n_expert, fl);
+    s->expert_w = carve(cv, rows * k, fl);
+    s->expert_in = carve(cv, rows * E, fl);
+    s->expert_out = carve(cv, rows * E, fl);
+    s->ffn_gate = carve(cv, rows * F, fl);
+    s->ffn_up = carve(cv, rows * F, fl);
+    s->rope_cs = carve(cv, rows * 2 * c->n_rot, fl);
+    s->idx_sel = carve(cv, rows * c->idx_topk, sizeof(int));
+    s->idx_nsel = carve(cv, rows, sizeof(int));
+    s->expert_ids = carve(cv, rows * k, sizeof(int));
+    s->expert_rows = carve(cv, rows, sizeof(int));
+    s->tokens = carve(cv, rows, sizeof(int32_t));
+    s->row_seq = carve(cv, rows, sizeof(int));
+    s->seq_row0 = carve(cv, rows, sizeof(int));
+    s->row_pos = carve(cv, rows, sizeof(int64_t));
+    s->head_rows = carve(cv, rows, sizeof(int));
+    s->last_rows = carve(cv, rows, sizeof(int));
+    size_t widest = hcE;
+    const size_t inputs[] = {HD, F, (size_t)c->o_groups * c->o_lora, (size_t)c->q_lora, E};
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) if (inputs[i] > widest) widest = inputs[i];
+    /* f32 activations are the widest conversion of any weight type */
+    s->act = carve(cv, rows, ds4_act_bytes(DS4_TYPE_F32, (int64_t)widest));
+    return cv->used;
+}
 
 static bool grow_batch(cpu *f, int T) {
     if (T <= f->cap) return true;
-    const ds4_config *c = f->c;
-    const size_t E = c->n_embd, hcE = (size_t)c->n_hc * E, D = c->head_dim, HD = (size_t)c->n_head * D;
-    const size_t DI = c->idx_head_dim, F = c->n_ff_exp, k = c->n_expert_used;
-    GROW(f->S, T * hcE); GROW(f->S2, T * hcE); GROW(f->flat, T * hcE);
-    GROW(f->mix, T * f->mixn); GROW(f->hcw, T * f->mixn);
-    GROW(f->a, T * E); GROW(f->x, T * E); GROW(f->y, T * E);
-    GROW(f->cq, T * c->q_lora);
-    GROW(f->q, T * HD); GROW(f->o, T * HD); GROW(f->kvr, T * D);
-    GROW(f->ck, T * 2 * D); GROW(f->cz, T * 2 * D); GROW(f->ik, T * 2 * DI); GROW(f->iz, T * 2 * DI);
-    GROW(f->qi, T * c->n_idx_head * DI); GROW(f->om, T * c->n_idx_head);
-    GROW(f->z, T * c->o_groups * c->o_lora); GROW(f->zg, T * c->o_lora);
-    GROW(f->rl, T * c->n_expert); GROW(f->ew, T * k); GROW(f->eidx, T * k);
-    GROW(f->elist, T); GROW(f->xe, T * E);
-    GROW(f->ge, T * F); GROW(f->ue, T * F); GROW(f->oe, T * E);
-    GROW(f->sel, T * c->idx_topk); GROW(f->nsel, T);
-    GROW(f->rope_cs, T * 2 * c->n_rot);
-    size_t widest = hcE;
-    size_t ins[] = {HD, F, (size_t)c->o_groups * c->o_lora, (size_t)c->q_lora, E};
-    for (size_t i = 0; i < sizeof ins / sizeof ins[0]; i++) if (ins[i] > widest) widest = ins[i];
-    /* f32 activations are the widest conversion of any weight type */
-    free(f->act);
-    f->act = malloc((size_t)T * ds4_act_bytes(DS4_TYPE_F32, (int64_t)widest));
-    if (!f->act) return false;
+    carver sizing = {NULL, 0};
+    batch_scratch unused;
+    char *block = malloc(layout_batch(f, T, &sizing, &unused));
+    if (!block) return false;
+    carver cv = {block, 0};
+    layout_batch(f, T, &cv, &f->s);
+    free(f->s_block);
+    f->s_block = block;
     f->cap = T;
     return true;
 }
 
-/* Per-thread buffers sized for the rows a state of this ctx can expose. */
-static bool grow_rows(cpu *f, const ds4_kv *kv) {
-    int rows = kv->ctx + 8;
+/* Per-thread buffers sized for the rows a state of ctx tokens can expose. */
+static bool grow_rows(cpu *f, int ctx) {
+    const int rows = ctx + 8;
     if (rows <= f->rows_cap) return true;
+    const size_t per_thread = (size_t)f->c->window + 2 * (size_t)rows;
+    float *block = malloc((size_t)f->n_threads * per_thread * sizeof(float));
+    if (!block) return false;
     for (int i = 0; i < f->n_threads; i++) {
-        thread_scratch *s = &f->ts[i];
-        GROW(s->scores, (size_t)f->c->window + rows);
-        GROW(s->iscore, rows);
+        f->ts[i].scores = block + (size_t)i * per_thread;
+        f->ts[i].iscore = f->ts[i].scores + f->c->window + rows;
     }
+    free(f->ts_block);
+    f->ts_block = block;
     f->rows_cap = rows;
     return true;
 }
 
-/* Output head (sheet 6.10) for tokens [t0, t0+n) into logits (n x vocab). */
-static void head(batch *b, int t0, int n, float *logits) {
-    cpu *f = b->f;
-    const ds4_config *c = f->c;
-    const ds4_model *m = f->m;
-    const int hc = c->n_hc, E = c->n_embd;
-    const size_t hcE = (size_t)hc * E;
-    for (int i = 0; i < n; i++) {
-        memcpy(f->flat + i * hcE, f->S + (size_t)(t0 + i) * hcE, hcE * sizeof(float));
-        rmsnorm(f->flat + i * hcE, (int)hcE, NULL, c->rms_eps);
-    }
-    linear(f, &m->output_hc_fn, 0, 0, hc, f->flat, (int64_t)hcE, n, f->mix);
-    for (int i = 0; i < n; i++) {
-        const float *S = f->S + (size_t)(t0 + i) * hcE;
-        float *h = f->x + (size_t)i * E;
-        memset(h, 0, (size_t)E * sizeof(float));
-        for (int s = 0; s < hc; s++) {
-            float w = ds4_sigmoid(f->mix[(size_t)i * hc + s] * m->output_hc_scale[0] + m->output_hc_base[s]) + c->hc_eps;
-            for (int d = 0; d < E; d++) h[d] += w * S[(size_t)s * E + d];
-        }
-        rmsnorm(h, E, m->output_norm, c->rms_eps);
-    }
-    linear(f, &m->output, 0, 0, c->n_vocab, f->x, E, n, logits);
+static bool grow_head(cpu *f, int rows) {
+    if (rows <= f->head_cap) return true;
+    float *p = malloc((size_t)rows * f->c->n_vocab * sizeof(float));
+    if (!p) return false;
+    free(f->head_logits);
+    f->head_logits = p;
+    f->head_cap = rows;
+    return true;
 }
 
-static int cpu_eval(ds4_backend *be, ds4_kv *kv, const int32_t *toks, int n, float *logits, bool all_logits,
-                    char *err, size_t errlen) {
+/* Output head (sheet 6.10) for the n batch rows listed in `rows` into logits (n x vocab). */
+static void head(batch *b, const int *rows, int n, float *logits) {
+    cpu *f = b->f;
+    batch_scratch *s = &f->s;
+    const ds4_config *c = f->c;
+    const ds4_model *m = f->m;
+    const int n_hc = c->n_hc, E = c->n_embd;
+    const size_t hcE = (size_t)n_hc * E;
+    for (int i = 0; i < n; i++) {
+        memcpy(s->hc_flat + i * hcE, s->hc_state + (size_t)rows[i] * hcE, hcE * sizeof(float));
+        rmsnorm(s->hc_flat + i * hcE, (int)hcE, NULL, c->rms_eps);
+    }
+    linear(f, &m->output_hc_fn, 0, 0, n_hc, s->hc_flat, (int64_t)hcE, n, s->hc_mix);
+    for (int i = 0; i < n; i++) {
+        const float *streams = s->hc_state + (size_t)rows[i] * hcE;
+        float *hidden = s->normed + (size_t)i * E;
+        memset(hidden, 0, (size_t)E * sizeof(float));
+        for (int k = 0; k < n_hc; k++) {
+            float w = ds4_sigmoid(s->hc_mix[(size_t)i * n_hc + k] * m->output_hc_scale[0] + m->output_hc_base[k]) +
+                      c->hc_eps;
+            for (int d = 0; d < E; d++) hidden[d] += w * streams[(size_t)k * E + d];
+        }
+        rmsnorm(hidden, E, m->output_norm, c->rms_eps);
+    }
+    linear(f, &m->output, 0, 0, c->n_vocab, s->normed, E, n, logits);
+}
+
+/* Logits of every sequence: all rows of the all_logits ones straight into
+ * their buffers; the last rows of the others together (the output matrix is
+ * then read once for all of them) through head_logits. */
+static void heads(batch *b) {
+    cpu *f = b->f;
+    const int V = f->c->n_vocab;
+    int *last = f->s.last_rows, n_last = 0;
+    for (int q = 0; q < b->n_seqs; q++) {
+        const ds4_backend_seq *sq = &b->seqs[q];
+        const int row0 = f->s.seq_row0[q];
+        if (sq->all_logits) {
+            for (int i = 0; i < sq->n; i++) f->s.head_rows[i] = row0 + i;
+            head(b, f->s.head_rows, sq->n, sq->logits);
+        } else {
+            last[n_last++] = row0 + sq->n - 1;
+        }
+    }
+    if (n_last == 1) {
+        for (int q = 0; q < b->n_seqs; q++)
+            if (!b->seqs[q].all_logits) head(b, last, 1, b->seqs[q].logits);
+        return;
+    }
+    if (!n_last) return;
+    head(b, last, n_last, f->head_logits);
+    for (int q = 0, i = 0; q < b->n_seqs; q++)
+        if (!b->seqs[q].all_logits)
+            memcpy(b->seqs[q].logits, f->head_logits + (size_t)i++ * V, (size_t)V * sizeof(float));
+}
+
+static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
     cpu *f = (cpu *)be;
     const ds4_config *c = f->c;
-    if (n <= 0) return 0;
-    for (int i = 0; i < n; i++)
-        if (toks[i] < 0 || toks[i] >= c->n_vocab) {
-            snprintf(err, errlen, "token id %d out of range [0, %d)", toks[i], c->n_vocab);
+    int T = 0, max_ctx = 0, n_last = 0;
+    for (int q = 0; q < n_seqs; q++) {
+        const ds4_backend_seq *sq = &seqs[q];
+        if (sq->n <= 0 || sq->kv->n_pos + sq->n > sq->kv->ctx) {
+            snprintf(err, errlen, "sequence %d: %d tokens at position %d do not fit its context of %d", q, sq->n,
+                     sq->kv->n_pos, sq->kv->ctx);
             return -1;
         }
-    if (!grow_batch(f, n) || !grow_rows(f, kv)) {
-        snprintf(err, errlen, "out of memory for a batch of %d tokens", n);
+        for (int j = 0; j < q; j++)
+            if (seqs[j].kv == sq->kv) { snprintf(err, errlen, "one state appears twice in a batch"); return -1; }
+        for (int i = 0; i < sq->n; i++)
+            if (sq->toks[i] < 0 || sq->toks[i] >= c->n_vocab) {
+                snprintf(err, errlen, "token id %d out of range [0, %d)", sq->toks[i], c->n_vocab);
+                return -1;
+            }
+        T += sq->n;
+        if (sq->kv->ctx > max_ctx) max_ctx = sq->kv->ctx;
+        n_last += !sq->all_logits;
+    }
+    if (T == 0) return 0;
+    if (T > be->max_batch) {
+        snprintf(err, errlen, "a batch of %d rows exceeds the backend's %d", T, be->max_batch);
         return -1;
     }
-    batch b = {f, kv, toks, n, kv->n_pos, 0, NULL, NULL};
-    const int E = c->n_embd, hc = c->n_hc;
-    for (int t = 0; t < n; t++) {
-        float *S = f->S + (size_t)t * hc * E;
-        ds4_dequantize_row(f->m->token_embd.type,
-                           (const char *)f->m->token_embd.data + (size_t)toks[t] * f->m->token_embd.row_bytes, S, E);
-        for (int s = 1; s < hc; s++) memcpy(S + (size_t)s * E, S, (size_t)E * sizeof(float));
+    if (!grow_batch(f, T) || !grow_rows(f, max_ctx) || (n_last > 1 && !grow_head(f, n_last))) {
+        snprintf(err, errlen, "out of memory for a batch of %d rows", T);
+        return -1;
+    }
+    batch b = {f, seqs, n_seqs, T, 0, NULL, NULL};
+    batch_scratch *s = &f->s;
+    const int E = c->n_embd, n_hc = c->n_hc;
+    for (int q = 0, t = 0; q < n_seqs; q++) {
+        s->seq_row0[q] = t;
+        for (int i = 0; i < seqs[q].n; i++, t++) {
+            s->tokens[t] = seqs[q].toks[i];
+            s->row_seq[t] = q;
+            s->row_pos[t] = seqs[q].kv->n_pos + i;
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        float *streams = s->hc_state + (size_t)t * n_hc * E;
+        const ds4_tensor *emb = &f->m->token_embd;
+        ds4_dequantize_row(emb->type, (const char *)emb->data + (size_t)s->tokens[t] * emb->row_bytes, streams, E);
+        for (int k = 1; k < n_hc; k++) memcpy(streams + (size_t)k * E, streams, (size_t)E * sizeof(float));
         for (int kind = 0; kind < 2; kind++)
-            rope_table(f, kind, b.p0 + t, f->rope_cs + ((size_t)t * 2 + kind) * c->n_rot);
+            rope_table(f, kind, s->row_pos[t], s->rope_cs + ((size_t)t * 2 + kind) * c->n_rot);
     }
     for (b.l = 0; b.l < c->n_layer; b.l++) {
         attention(&b);
         ffn(&b);
     }
-    kv->n_pos += n;
-    if (all_logits) head(&b, 0, n, logits);
-    else head(&b, n - 1, 1, logits);
+    for (int q = 0; q < n_seqs; q++) seqs[q].kv->n_pos += seqs[q].n;
+    heads(&b);
     return 0;
 }
 
@@ -597,12 +785,10 @@ static void cpu_free(ds4_backend *be) {
     if (!f) return;
     ds4_pool_free(f->pool);
     free(f->inv_freq[0]); free(f->inv_freq[1]);
-    float *bufs[] = {f->S, f->S2, f->flat, f->mix, f->hcw, f->a, f->x, f->cq, f->q, f->kvr, f->ck, f->cz,
-                     f->ik, f->iz, f->qi, f->om, f->o, f->z, f->zg, f->y, f->rl, f->ew, f->xe, f->ge, f->ue,
-                     f->oe, f->rope_cs, f->comp_cs};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    free(f->sel); free(f->nsel); free(f->eidx); free(f->elist); free(f->act);
-    for (int i = 0; f->ts && i < f->n_threads; i++) { free(f->ts[i].scores); free(f->ts[i].iscore); }
+    free(f->comp_cs);
+    free(f->s_block);
+    free(f->head_logits);
+    free(f->ts_block);
     free(f->ts);
     free(f);
 }
@@ -613,6 +799,7 @@ static void cpu_free(ds4_backend *be) {
 float *ds4_rope_inv_freq(const ds4_config *c, bool yarn) {
     const int n = c->n_rot / 2;
     float *inv = malloc((size_t)n * sizeof(float));
+    if (!inv) return NULL;
     const double base = yarn ? c->compress_rope_base : c->rope_base;
     double lo = 0, hi = 0;
     if (yarn) {
@@ -650,6 +837,7 @@ ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batc
     }
     if (m->cfg.n_hc > 64) { snprintf(err, errlen, "more than 64 hyper-connection streams"); return NULL; }
     cpu *f = calloc(1, sizeof *f);
+    if (!f) { snprintf(err, errlen, "out of memory for the CPU backend"); return NULL; }
     f->base.name = "cpu";
     f->base.max_batch = max_batch > 0 ? max_batch : 1;
     f->base.eval = cpu_eval;
@@ -664,6 +852,11 @@ ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batc
     f->inv_freq[ROPE_MAIN] = ds4_rope_inv_freq(&m->cfg, false);
     f->inv_freq[ROPE_COMPRESS] = ds4_rope_inv_freq(&m->cfg, true);
     f->comp_cs = malloc((size_t)m->cfg.n_rot * sizeof(float));
-    if (!f->pool || !f->ts) { cpu_free(&f->base); snprintf(err, errlen, "cannot create the thread pool"); return NULL; }
+    if (!f->pool) { cpu_free(&f->base); snprintf(err, errlen, "cannot create the thread pool"); return NULL; }
+    if (!f->ts || !f->inv_freq[ROPE_MAIN] || !f->inv_freq[ROPE_COMPRESS] || !f->comp_cs) {
+        cpu_free(&f->base);
+        snprintf(err, errlen, "out of memory for the CPU backend");
+        return NULL;
+    }
     return &f->base;
 }

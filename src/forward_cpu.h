@@ -3,12 +3,17 @@
  * Contract
  * - ds4_cpu_backend_new() creates a backend (see backend.h) for a bound model:
  *   a thread pool of n_threads (<= 0: all CPUs) and scratch that grows to the
- *   largest batch seen (at most max_batch tokens).
- * - One eval() processes its tokens layer-major: every matrix product over
- *   the batch is one ds4_matmul (a single token uses ds4_matvec); attention,
- *   indexer and per-token work run across the pool. Decode is a batch of one.
- *   Any split of a token sequence into batches gives the same logits up to
- *   float rounding (compressor windows and frontiers carry across calls).
+ *   largest batch seen (at most max_batch rows); a grow that fails leaves the
+ *   previous scratch in place and the call fails cleanly.
+ * - One eval() processes all rows of all its sequences layer-major: every
+ *   matrix product over the batch is one ds4_matmul (a single row uses
+ *   ds4_matvec); routed experts gather their rows from every sequence, so
+ *   each selected expert is read once per call; compressors, indexer and
+ *   attention read and write each row's own state. Decode is a batch of one
+ *   row per session.
+ * - Bit-exact as backend.h requires: per-row activation quantization, kernels
+ *   whose (row, token) dot does not depend on the batch (kernels_cpu.h), and
+ *   compressor windows and frontiers carried across calls.
  * - numerics = true adds ds4's simulation of the reference graph's storage
  *   precision: FP8 (E4M3) round trip of the non-rotary KV dims in blocks of
  *   64, F16 storage of raw/compressed/indexer rows, Hadamard + FP4 (E2M1)

@@ -120,8 +120,10 @@ DS4_HD static inline float ds4_fp8_block_scale(float amax) { return ds4_pow2_cei
 
 /* Nearest E4M3 value of |x|/scale in [0, 448], ties to the even code (normal
  * codes step by 2^(exp-3), subnormals by 2^-9; code parity equals the parity
- * of the integer rintf() rounds to), with x's sign, times scale. */
+ * of the integer rintf() rounds to), with x's sign, times scale. NaN stays
+ * NaN so a fault stays visible (fminf would clamp it). */
 DS4_HD static inline float ds4_fp8_value(float x, float scale) {
+    if (isnan(x)) return x;
     float v = fminf(fabsf(x) / scale, 448.0f), r;
     if (v < 0x1p-6f) {
         r = rintf(v * 512.0f) / 512.0f;
@@ -137,8 +139,10 @@ DS4_HD static inline float ds4_fp8_value(float x, float scale) {
 
 DS4_HD static inline float ds4_fp4_block_scale(float amax) { return ds4_pow2_ceil(fmaxf(amax, 6.0f * 0x1p-126f) / 6.0f); }
 
-/* Nearest E2M1 magnitude of |x|/scale (ties to the even code), signed, times scale. */
+/* Nearest E2M1 magnitude of |x|/scale (ties to the even code), signed, times
+ * scale; NaN stays NaN. */
 DS4_HD static inline float ds4_fp4_value(float x, float scale) {
+    if (isnan(x)) return x;
     const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     float v = fminf(fabsf(x) / scale, 6.0f);
     int best = 0;

@@ -41,6 +41,7 @@ uint64_t ds4_kv_bytes_for(const ds4_config *c, int ctx, int slack) {
 
 ds4_kv *ds4_kv_new(const ds4_config *c, int ctx, int slack) {
     ds4_kv *kv = calloc(1, sizeof *kv);
+    if (!kv) return NULL;
     kv->n_layer = c->n_layer;
     kv->ctx = ctx;
     kv->slack = slack;
@@ -49,8 +50,9 @@ ds4_kv *ds4_kv_new(const ds4_config *c, int ctx, int slack) {
     kv->idx_head_dim = c->idx_head_dim;
     kv->L = calloc((size_t)c->n_layer, sizeof(ds4_kv_layer));
     kv->bytes = ds4_kv_bytes_for(c, ctx, slack);
+    kv->ring_bytes = ds4_kv_ring_bytes_for(c);
     /* calloc: pages of rows not yet produced stay unmapped until written */
-    float *p = calloc(kv->bytes / sizeof(float), sizeof(float));
+    float *p = kv->L ? calloc(kv->bytes / sizeof(float), sizeof(float)) : NULL;
     if (!p) { free(kv->L); free(kv); return NULL; }
     kv->block = p;
     for (int l = 0; l < c->n_layer; l++) {
@@ -115,17 +117,18 @@ static size_t ring_walk(const ds4_kv *kv, int64_t q, float *buf, bool save) {
     return n;
 }
 
-size_t ds4_kv_ring_bytes(const ds4_kv *kv) {
+size_t ds4_kv_ring_bytes_for(const ds4_config *c) {
     size_t n = 0;
-    const int window = kv->raw_cap - kv->slack;
-    for (int l = 0; l < kv->n_layer; l++) {
-        const ds4_kv_layer *L = &kv->L[l];
-        const size_t span = (size_t)L->coff * L->ratio;
-        n += (size_t)window * kv->head_dim + 2 * span * L->coff * kv->head_dim;
-        if (L->ik) n += 2 * span * 2 * kv->idx_head_dim;
+    for (int l = 0; l < c->n_layer; l++) {
+        const int ratio = ds4_cfg_ratio(c, l), coff = ratio ? ds4_cfg_coff(c, l) : 0;
+        const size_t span = (size_t)coff * ratio;
+        n += (size_t)c->window * c->head_dim + 2 * span * coff * c->head_dim;
+        if (ds4_cfg_has_indexer(c, l)) n += 2 * span * 2 * c->idx_head_dim;
     }
     return sizeof(int64_t) + n * sizeof(float);
 }
+
+size_t ds4_kv_ring_bytes(const ds4_kv *kv) { return kv->ring_bytes; }
 
 void ds4_kv_ring_save(const ds4_kv *kv, void *dst) {
     int64_t q = kv->n_pos;

@@ -41,11 +41,12 @@ typedef struct ds4_kv {
     ds4_kv_layer *L;
     void *block;         /* the single allocation behind every buffer */
     uint64_t bytes;
+    size_t ring_bytes;   /* one ring checkpoint (ds4_kv_ring_bytes) */
 } ds4_kv;
 
 /* Bytes a state for `ctx` tokens needs (what ds4_kv_new allocates). */
 uint64_t ds4_kv_bytes_for(const ds4_config *c, int ctx, int slack);
-ds4_kv *ds4_kv_new(const ds4_config *c, int ctx, int slack);
+ds4_kv *ds4_kv_new(const ds4_config *c, int ctx, int slack);   /* NULL: out of memory */
 void ds4_kv_free(ds4_kv *kv);
 /* Drop positions >= n. False (state untouched) when n < n_pos - slack. */
 bool ds4_kv_truncate(ds4_kv *kv, int n);
@@ -57,6 +58,7 @@ void ds4_kv_reset(ds4_kv *kv);
  * i.e. the state has not been truncated below it since the save. The engine
  * keeps a few of these so a deep rewind recomputes from the nearest one. */
 size_t ds4_kv_ring_bytes(const ds4_kv *kv);
+size_t ds4_kv_ring_bytes_for(const ds4_config *c);
 void ds4_kv_ring_save(const ds4_kv *kv, void *dst);
 void ds4_kv_ring_load(ds4_kv *kv, const void *src);
 

@@ -28,6 +28,13 @@ static void fail(binder *b, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* Out of memory is not a property of the file: its own message. */
+static void fail_oom(binder *b, const char *what) {
+    if (b->failed) return;
+    b->failed = true;
+    snprintf(b->err, b->errlen, "out of memory for %s", what);
+}
+
 /* ---- metadata ---- */
 
 static int key_int(binder *b, const char *key, int min, int max) {
@@ -152,6 +159,7 @@ static void read_config(binder *b, ds4_config *c) {
     c->compress_ratio = calloc((size_t)c->n_layer, sizeof(int));
     c->clamp_exp = calloc((size_t)c->n_layer, sizeof(float));
     c->clamp_shexp = calloc((size_t)c->n_layer, sizeof(float));
+    if (!c->compress_ratio || !c->clamp_exp || !c->clamp_shexp) { fail_oom(b, "the layer schedule"); return; }
     /* The forward pass implements three kinds of layer: 0 (raw window only),
      * 4 (overlapping windows, coff 2, with the indexer) and any other ratio
      * >= 2 as non-overlapping windows (Flash: 128; ds4tiny: 16). Ratio 1
@@ -251,6 +259,7 @@ static float *bind_floats(binder *b, const ds4_hparams *hp, enum ds4_tensor_id i
     if (!t) return NULL;
     if (!is_float_type(t->type)) { fail(b, "tensor %s must be F32/F16/BF16", ts.name); return NULL; }
     float *v = malloc(t->n_elements * sizeof(float));
+    if (!v) { fail_oom(b, ts.name); return NULL; }
     ds4_dequantize_row(t->type, t->data, v, (int64_t)t->n_elements);
     return v;
 }
@@ -356,6 +365,7 @@ void ds4_model_free(ds4_model *m) {
 ds4_model *ds4_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
     binder b = {g, err, errlen, false};
     ds4_model *m = calloc(1, sizeof *m);
+    if (!m) { snprintf(err, errlen, "out of memory for the model"); return NULL; }
     ds4_config *c = &m->cfg;
     ds4_gguf_str arch;
     if (!ds4_gguf_get_str(g, "general.architecture", &arch) || arch.len != 9 || memcmp(arch.ptr, "deepseek4", 9))
@@ -371,6 +381,7 @@ ds4_model *ds4_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
         m->output_norm = bind_floats(&b, &hp, DS4_T_OUTPUT_NORM, 0);
         m->output = bind_matrix(&b, &hp, DS4_T_OUTPUT, 0);
         m->layers = calloc((size_t)c->n_layer, sizeof(ds4_layer));
+        if (!m->layers) fail_oom(&b, "the layer table");
         for (int l = 0; l < c->n_layer && !b.failed; l++) bind_layer(&b, c, &hp, l, &m->layers[l]);
     }
     if (b.failed) { ds4_model_free(m); return NULL; }

@@ -23,6 +23,7 @@ typedef struct {
     float *iscore;                 /* indexer scores: max_batch x comp_cap */
     int comp_cap;
     cudaGraphExec_t decode;        /* captured one-token forward, or NULL */
+    uint64_t decode_bytes;         /* weight bytes one replay streams */
 } mirror;
 
 enum { MAX_MIRRORS = 64, HEAD_CHUNK = 64 };
@@ -115,6 +116,7 @@ typedef struct {
     mirror *mr;
     int T, l;
     bool failed;                   /* a launch was refused (unsupported type) */
+    uint64_t bytes;                /* weight bytes the pass's products stream */
 } pass;
 
 static void linear_rows(pass *b, const ds4_tensor *W, int64_t row0, int64_t rows, const float *x, int64_t xstride,
@@ -125,6 +127,8 @@ static void linear_rows(pass *b, const ds4_tensor *W, int64_t row0, int64_t rows
     if (ds4_cu_quantize_act(W->type, x, xstride, T, n, f->act, f->st) ||
         ds4_cu_matmul(W->type, w, W->row_bytes, rows, n, f->act, T, y, ystride, f->st))
         b->failed = true;
+    b->bytes += (uint64_t)rows * W->row_bytes;
+    f->base.weight_bytes += (uint64_t)rows * W->row_bytes;
 }
 
 static void linear(pass *b, const ds4_tensor *W, const float *x, int64_t xstride, int T, float *y) {
@@ -140,6 +144,10 @@ static void linear_experts(pass *b, const ds4_tensor *W, const float *x, int row
         ds4_cu_matmul_experts(W->type, dev(f, W->data), W->row_bytes, expert_bytes, f->eidx, W->ne[1], n, f->act,
                               act_div, b->T * f->c->n_expert_used, y, W->ne[1], f->st))
         b->failed = true;
+    /* one expert matrix per (token, slot) pair: an upper bound when pairs share an expert */
+    const uint64_t read = (uint64_t)b->T * f->c->n_expert_used * expert_bytes;
+    b->bytes += read;
+    f->base.weight_bytes += read;
 }
 
 static void hc_pre(pass *b, const ds4_tensor *fn, const float *scale, const float *base, const float *norm) {
@@ -326,24 +334,16 @@ static bool run_head(pass *b, int n, float *logits, bool all_logits, char *err, 
     return true;
 }
 
-static int cu_eval(ds4_backend *be, ds4_kv *kv, const int32_t *toks, int n, float *logits, bool all_logits, char *err,
-                   size_t errlen) {
-    cu *f = (cu *)be;
+/* One sequence through the model; its state advances only in the caller. */
+static int eval_seq(cu *f, mirror *mr, const ds4_backend_seq *q, char *err, size_t errlen) {
     const ds4_config *c = f->c;
-    if (n <= 0) return 0;
-    for (int i = 0; i < n; i++)
-        if (toks[i] < 0 || toks[i] >= c->n_vocab) {
-            snprintf(err, errlen, "token id %d out of range [0, %d)", toks[i], c->n_vocab);
-            return -1;
-        }
-    mirror *mr = get_mirror(f, kv, err, errlen);
-    if (!mr) return -1;
-    const int pos = kv->n_pos;
-    if (!ok(cudaMemcpyAsync(f->toks, toks, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, f->st), "tokens", err,
-            errlen) ||
+    const int n = q->n, pos = q->kv->n_pos;
+    if (!ok(cudaMemcpyAsync(f->toks, q->toks, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, f->st), "tokens",
+            err, errlen) ||
         !ok(cudaMemcpyAsync(f->pos0, &pos, sizeof pos, cudaMemcpyHostToDevice, f->st), "position", err, errlen))
         return -1;
-    pass b = {f, mr, n, 0, false};
+    pass b = {f, mr, n, 0, false, 0};
+    const uint64_t bytes_before = f->base.weight_bytes;
     if (n == 1 && !mr->decode) {
         /* decode: capture the one-token pass once per session, replay it after */
         cudaGraph_t graph;
@@ -352,24 +352,53 @@ static int cu_eval(ds4_backend *be, ds4_kv *kv, const int32_t *toks, int n, floa
         layers(&b);
         head(&b, 0, 1);
         cudaError_t e = cudaStreamEndCapture(f->st, &graph);
-        if (b.failed) { if (e == cudaSuccess) cudaGraphDestroy(graph); snprintf(err, errlen, "CUDA backend: a tensor type has no kernel"); return -1; }
+        f->base.weight_bytes = bytes_before;   /* counted per replay below */
+        if (b.failed) {
+            if (e == cudaSuccess) cudaGraphDestroy(graph);
+            snprintf(err, errlen, "CUDA backend: a tensor type has no kernel");
+            return -1;
+        }
         if (!ok(e, "graph capture", err, errlen)) return -1;
         e = cudaGraphInstantiate(&mr->decode, graph, 0);
         cudaGraphDestroy(graph);
         if (!ok(e, "graph instantiation", err, errlen)) { mr->decode = NULL; return -1; }
+        mr->decode_bytes = b.bytes;
     }
     if (n == 1) {
         if (!ok(cudaGraphLaunch(mr->decode, f->st), "graph launch", err, errlen) ||
-            !ok(cudaMemcpyAsync(logits, f->logits, (size_t)c->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, f->st),
+            !ok(cudaMemcpyAsync(q->logits, f->logits, (size_t)c->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, f->st),
                 "copying logits", err, errlen))
             return -1;
+        f->base.weight_bytes += mr->decode_bytes;
     } else {
         layers(&b);
         if (b.failed) { snprintf(err, errlen, "CUDA backend: a tensor type has no kernel"); return -1; }
-        if (!run_head(&b, n, logits, all_logits, err, errlen)) return -1;
+        if (!run_head(&b, n, q->logits, q->all_logits, err, errlen)) return -1;
     }
-    if (!ok(cudaStreamSynchronize(f->st), "the forward pass", err, errlen)) return -1;
-    kv->n_pos += n;
+    return ok(cudaStreamSynchronize(f->st), "the forward pass", err, errlen) ? 0 : -1;
+}
+
+/* Sequences run one after another, each exactly as alone (every kernel
+ * computes a row from that row only), so batching never changes a result.
+ * Inputs are checked and device state allocated before any sequence runs;
+ * states advance only when all have run. A device fault past that point
+ * leaves CUDA unusable (sticky errors) and is reported as such. */
+static int cu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
+    cu *f = (cu *)be;
+    const ds4_config *c = f->c;
+    mirror *mrs[MAX_MIRRORS];
+    if (n_seqs > MAX_MIRRORS) { snprintf(err, errlen, "more than %d sequences in one call", MAX_MIRRORS); return -1; }
+    for (int s = 0; s < n_seqs; s++) {
+        for (int i = 0; i < seqs[s].n; i++)
+            if (seqs[s].toks[i] < 0 || seqs[s].toks[i] >= c->n_vocab) {
+                snprintf(err, errlen, "token id %d out of range [0, %d)", seqs[s].toks[i], c->n_vocab);
+                return -1;
+            }
+        if (!(mrs[s] = get_mirror(f, seqs[s].kv, err, errlen))) return -1;
+    }
+    for (int s = 0; s < n_seqs; s++)
+        if (seqs[s].n > 0 && eval_seq(f, mrs[s], &seqs[s], err, errlen)) return -1;
+    for (int s = 0; s < n_seqs; s++) seqs[s].kv->n_pos += seqs[s].n;
     return 0;
 }
 

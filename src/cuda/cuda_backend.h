@@ -8,7 +8,11 @@
  *   and uploads every weight once, in its stored (quantized) format. No GPU, a
  *   driver too old, a placement that would spill, or running out of device
  *   memory: NULL and one line in err; nothing is left allocated.
- * - eval() mirrors the CPU forward pass (forward_cpu.c) op by op, including
+ * - eval() runs the batch's sequences one after another, each exactly as it
+ *   would run alone (every kernel computes a row from that row only; the
+ *   same holds for any split into calls), so backend.h's exactness holds by
+ *   construction; states advance only after all sequences ran.
+ * - The forward pass mirrors the CPU's (forward_cpu.c) op by op, including
  *   the activation quantization before every matrix product and the ds4
  *   numerics simulation, so logits agree with the CPU backend to float
  *   rounding. Session state lives on the device in the same layout as the

@@ -12,8 +12,9 @@
  *       preparation and the head mix are covered by the whole-model checks.
  *   cuda-ops [--numerics exact|ds4] [--tokens N] [--tol R] [--gold DIR] --model M.gguf
  *       prefill logits (every position), 8 greedy decode steps (the CUDA
- *       graph path), a session payload saved on CUDA and continued on the
- *       CPU; with --gold, the CUDA logits against the transformers fixture.
+ *       graph path), two sessions stepped together against one alone (bit
+ *       for bit), a session payload saved on CUDA and continued on the CPU;
+ *       with --gold, the CUDA logits against the transformers fixture.
  *
  * rel = max|cuda - ref| / max|ref|. Tolerances: 0 where both sides do the
  * same IEEE operations in the same order (activation bytes, storage round
@@ -645,6 +646,25 @@ static void run_model(const char *path, const char *gold, int numerics, int n_to
         }
     }
     compare_rows("model_decode8", path, ds4_session_logits(sg), ds4_session_logits(sc), 1, V, tol);
+    {   /* batched == solo: two sessions stepped together give each one's solo logits, bit for bit */
+        ds4_session *a = ds4_session_new(gpu, ctx, err, sizeof err), *b2 = ds4_session_new(gpu, ctx, err, sizeof err);
+        ds4_session *solo = ds4_session_new(gpu, ctx, err, sizeof err);
+        const int32_t next[2] = {toks[0], toks[n - 1]};
+        int differ = -1;
+        if (a && b2 && solo && !ds4_session_prefill(a, toks, n, NULL, NULL, NULL, err, sizeof err) &&
+            !ds4_session_prefill(b2, toks, n / 2, NULL, NULL, NULL, err, sizeof err) &&
+            !ds4_session_prefill(solo, toks, n / 2, NULL, NULL, NULL, err, sizeof err) &&
+            !ds4_session_decode(solo, next[1], err, sizeof err)) {
+            ds4_step steps[2] = {{a, &next[0], 1}, {b2, &next[1], 1}};
+            if (!ds4_sessions_step(gpu, steps, 2, err, sizeof err))
+                differ = memcmp(ds4_session_logits(b2), ds4_session_logits(solo), (size_t)V * sizeof(float)) != 0;
+        }
+        if (differ < 0) fprintf(stderr, "cuda-ops: batched step: %s\n", err);
+        report("batched_vs_solo", path, differ < 0 ? INFINITY : differ, differ < 0 ? INFINITY : differ, 0);
+        ds4_session_free(a);
+        ds4_session_free(b2);
+        ds4_session_free(solo);
+    }
     {   /* the CUDA session's payload continues on the CPU */
         const size_t pb = ds4_session_payload_bytes(sg);
         void *payload = xmalloc(pb);
