@@ -18,7 +18,7 @@ LDLIBS  ?= -lcjson -lpcre2-8 -ledit -lm
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_SRC   := $(wildcard src/*.c src/server/*.c)
+LIB_SRC   := $(wildcard src/*.c src/server/*.c src/agent/*.c)
 # CUDA=1 (`make cuda`, mk/cuda.mk) links the CUDA backend; other builds get
 # its stub, which refuses --cuda with one line.
 ifeq ($(CUDA),1)

@@ -21,7 +21,6 @@ static void usage(FILE *f) {
         "  -t, --threads N               CPU threads (default: all)\n"
         "      --prefill-chunk N         prefill chunk size (default 4096)\n"
         "      --numerics MODE           exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
-        "%s"
         "      --cors                    send Access-Control-Allow-* headers\n"
         "      --chdir DIR               change directory before loading anything\n"
         "      --trace FILE              log rendered prompts, cache decisions, outputs, tool parsing\n"
@@ -37,7 +36,9 @@ static void usage(FILE *f) {
         "      --kv-cache-reject-different-quant  only reuse snapshots of the same expert quant\n"
         "      --completions-chat        wrap /v1/completions string prompts as a chat turn (default: raw)\n"
         "      --scripted-output FILE    TEST ONLY: every generation emits this file's text\n"
-        "  -h, --help\n", ds4_gpu_usage);
+        "%s"
+        "%s"
+        "  -h, --help\n", ds4_ssd_usage, ds4_gpu_usage);
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi) {
@@ -58,6 +59,10 @@ int main(int argc, char **argv) {
         int gpu_arg = ds4_gpu_option(&o.gpu, a, v, gpu_err, sizeof gpu_err);
         if (gpu_arg < 0) { fprintf(stderr, "ds4-server: %s\n", gpu_err); return 2; }
         if (gpu_arg > 0) { i += gpu_arg - 1; continue; }
+        char ssd_err[256];
+        int ssd = ds4_ssd_parse_option(&o.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (ssd < 0) { fprintf(stderr, "ds4-server: %s\n", ssd_err); return 2; }
+        if (ssd) continue;
 #define ARG(s) (!strcmp(a, s))
 /* consumes the option's value, or stops with the shared message */
 #define VALUE() do { if (!v) { ds4_cli_missing_value("ds4-server", a); return 2; } i++; } while (0)

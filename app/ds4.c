@@ -47,6 +47,7 @@ typedef struct {
     const char *dump_logits;
     bool logits_all;
     const char *token_ids;
+    ds4_ssd_params ssd;
 } cli_opts;
 
 /* Set by SIGINT; generation and prefill poll it. */
@@ -84,6 +85,7 @@ static void usage(FILE *f) {
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "%s"
+        "%s"
         "debugging:\n"
         "      --dump-tokens       print the prompt's tokens (id, hex bytes, text) and exit\n"
         "      --dump-logprobs F   greedy continuation with top alternatives, as JSON\n"
@@ -92,7 +94,8 @@ static void usage(FILE *f) {
         "      --logits-all        with --dump-logits: every position, not just the last\n"
         "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
         "  -h, --help              this text\n"
-        "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_gpu_usage);
+        "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_ssd_usage,
+        ds4_gpu_usage);
 }
 
 /* Returns 0 on success, 1 after printing help, -1 on a bad argument. */
@@ -113,8 +116,13 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         char gpu_err[256];
         int gpu_arg;
+        int sampling;
 #define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4", a); return -1; } i++; } while (0)
 #define BAD_VALUE() do { fprintf(stderr, "ds4: bad value for %s: %s\n", a, v); return -1; } while (0)
+        char ssd_err[256];
+        int ssd = ds4_ssd_parse_option(&o->ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (ssd < 0) { fprintf(stderr, "ds4: %s\n", ssd_err); return -1; }
+        if (ssd) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 1; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDS_VALUE(); o->model = v; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDS_VALUE(); o->prompt = v; }
@@ -124,17 +132,9 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 16, INT_MAX, &o->ctx)) BAD_VALUE(); }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
         else if (!strcmp(a, "--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
-        else if (!strcmp(a, "--temp")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.temperature)) BAD_VALUE(); }
-        else if (!strcmp(a, "--top-p")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.top_p)) BAD_VALUE(); }
-        else if (!strcmp(a, "--min-p")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.min_p)) BAD_VALUE(); }
-        else if (!strcmp(a, "--top-k")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->sampling.top_k)) BAD_VALUE(); }
-        else if (!strcmp(a, "--seed")) {
-            NEEDS_VALUE();
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end) BAD_VALUE();
-            o->sampling.seed = s;
+        else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0) {
+            if (sampling < 0) { if (!v) NEEDS_VALUE(); BAD_VALUE(); }
+            i++;
         }
         else if (!strcmp(a, "--think")) o->think = DS4_THINK_HIGH;
         else if (!strcmp(a, "--think-max")) o->think = DS4_THINK_MAX;
@@ -642,6 +642,8 @@ int main(int argc, char **argv) {
     ep.gpu = o.gpu;
     ep.gpu_ctx = o.ctx;
     ep.quiet = o.dump_tokens;
+    ep.ssd = o.ssd;
+    ep.ssd.ctx = o.ctx;
     char err[512];
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) {

@@ -67,6 +67,8 @@ static ds4_engine *load_engine(const ds4_bench_model_params *p) {
     ep.n_threads = p->threads;
     ep.prefill_chunk = p->prefill_chunk;
     ep.numerics = p->numerics;
+    ep.ssd = p->ssd;
+    ep.ssd.ctx = p->ctx_max + p->gen_tokens;
     ep.gpu = p->gpu;
     ep.gpu_ctx = p->ctx_max;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
@@ -98,7 +100,10 @@ int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
     }
     const int V = ds4_engine_n_vocab(e);
     int rc = 0;
-    fprintf(out, "frontier,prefill_tps,gen_tps,kvcache_bytes\n");
+    ds4_ssd_stats st0, st1;
+    const bool ssd = ds4_engine_ssd_stats(e, &st0);
+    fprintf(out, "frontier,prefill_tps,gen_tps,kvcache_bytes%s\n",
+            ssd ? ",gen_hit_rate,gen_mib_per_token,read_mib_s,gen_stall_s" : "");
     for (int done = 0, f = p->ctx_start; done < p->ctx_max;) {
         if (f > p->ctx_max) f = p->ctx_max;
         double t0 = now();
@@ -106,6 +111,7 @@ int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
         double t_pre = now() - t0;
         ds4_snapshot *snap = ds4_session_snapshot(s);
         if (!snap) { snprintf(err, sizeof err, "out of memory for a snapshot"); rc = -1; break; }
+        ds4_engine_ssd_stats(e, &st0);
         t0 = now();
         for (int g = 0; g < p->gen_tokens && rc == 0; g++)
             if (ds4_session_decode(s, greedy(ds4_session_logits(s), V, eos), err, sizeof err)) rc = -1;
@@ -113,8 +119,17 @@ int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
         if (rc == 0 && ds4_session_restore(s, snap, err, sizeof err)) rc = -1;
         ds4_snapshot_free(snap);
         if (rc) break;
-        fprintf(out, "%d,%.2f,%.2f,%llu\n", f, (f - done) / t_pre, p->gen_tokens ? p->gen_tokens / t_gen : 0.0,
+        fprintf(out, "%d,%.2f,%.2f,%llu", f, (f - done) / t_pre, p->gen_tokens ? p->gen_tokens / t_gen : 0.0,
                 (unsigned long long)ds4_engine_kv_bytes(e, f));
+        if (ssd && ds4_engine_ssd_stats(e, &st1)) {
+            const double acc = (double)(st1.hits + st1.misses - st0.hits - st0.misses);
+            const double mib = (double)(st1.bytes_read - st0.bytes_read) / (1 << 20);
+            const double busy = st1.read_seconds - st0.read_seconds;
+            fprintf(out, ",%.4f,%.3f,%.1f,%.3f", acc > 0 ? (double)(st1.hits - st0.hits) / acc : 0.0,
+                    p->gen_tokens ? mib / p->gen_tokens : 0.0, busy > 0 ? mib / busy : 0.0,
+                    st1.stall_seconds - st0.stall_seconds);
+        }
+        fputc('\n', out);
         fflush(out);
         done = f;
         int next = p->step_mul > 1 ? (int)(f * p->step_mul) : f + p->step_incr;

@@ -9,6 +9,7 @@
  * row's result. */
 #include "forward_cpu.h"
 #include "forward_cpu_impl.h"
+#include "expert_cache.h"
 #include "forward_shared.h"
 #include "kernels_cpu.h"
 #include "kv.h"
@@ -73,6 +74,7 @@ typedef struct cpu {
     ds4_pool *pool;
     int n_threads;
     bool numerics;
+    ds4_expert_cache *experts;      /* --ssd-streaming: routed weights come from its slots */
     float *inv_freq[2];             /* [n_rot/2] per RoPE kind */
     float *comp_cs;                 /* RoPE table of the row being compressed */
     int mixn;                       /* HC mix rows: (2 + n_hc) * n_hc */
@@ -516,10 +518,13 @@ static void expert(batch *b, int e, int n) {
     const ds4_config *c = f->c;
     const ds4_layer *W = &f->m->layers[b->l];
     const int E = c->n_embd, F = c->n_ff_exp, k = c->n_expert_used;
-    linear(f, &W->gate_exps, e, 0, F, s->expert_in, E, n, s->ffn_gate);
-    linear(f, &W->up_exps, e, 0, F, s->expert_in, E, n, s->ffn_up);
+    ds4_tensor w[3] = {W->gate_exps, W->up_exps, W->down_exps};
+    int64_t we = e;
+    if (f->experts) { ds4_expert_cache_get(f->experts, b->l, e, w); we = 0; }
+    linear(f, &w[0], we, 0, F, s->expert_in, E, n, s->ffn_gate);
+    linear(f, &w[1], we, 0, F, s->expert_in, E, n, s->ffn_up);
     for (int i = 0; i < n; i++) swiglu(s->ffn_gate + (size_t)i * F, s->ffn_up + (size_t)i * F, F, c->clamp_exp[b->l]);
-    linear(f, &W->down_exps, e, 0, E, s->ffn_gate, F, n, s->expert_out);
+    linear(f, &w[2], we, 0, E, s->ffn_gate, F, n, s->expert_out);
     for (int i = 0; i < n; i++)
         axpy(s->sublayer_out + (size_t)(s->expert_rows[i] / k) * E, s->expert_w[s->expert_rows[i]],
              s->expert_out + (size_t)i * E, E);
@@ -535,6 +540,8 @@ static void ffn(batch *b) {
     hc_pre(b, &W->hc_ffn_fn, W->hc_ffn_scale, W->hc_ffn_base, W->ffn_norm);
     linear(f, &W->gate_inp, 0, 0, c->n_expert, s->normed, E, T, s->router);
     par(b, T, route_task);
+    /* the reads of missing experts overlap the shared expert */
+    if (f->experts) ds4_expert_cache_fetch(f->experts, b->l, s->expert_ids, T, k);
 
     /* shared expert over the whole batch, into sublayer_out */
     linear(f, &W->gate_shexp, 0, 0, F, s->normed, E, T, s->ffn_gate);
@@ -772,6 +779,10 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
     for (b.l = 0; b.l < c->n_layer; b.l++) {
         attention(&b);
         ffn(&b);
+        if (f->experts && ds4_expert_cache_error(f->experts)) {
+            snprintf(err, errlen, "%s", ds4_expert_cache_error(f->experts));
+            return -1;
+        }
     }
     for (int q = 0; q < n_seqs; q++) seqs[q].kv->n_pos += seqs[q].n;
     heads(&b);
@@ -828,6 +839,7 @@ bool ds4_cpu_numerics_supported(const ds4_config *c) {
 }
 
 int ds4_cpu_backend_threads(const ds4_backend *be) { return ((const cpu *)be)->n_threads; }
+void ds4_cpu_backend_stream_experts(ds4_backend *be, ds4_expert_cache *experts) { ((cpu *)be)->experts = experts; }
 
 ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batch, bool numerics,
                                  char *err, size_t errlen) {

@@ -144,6 +144,8 @@ int ds4_server_run(const ds4_server_opts *opts) {
     ep.n_threads = s->o.threads;
     ep.prefill_chunk = s->o.prefill_chunk;
     ep.numerics = s->o.numerics;
+    ep.ssd = s->o.ssd;
+    ep.ssd.ctx = s->o.ctx;
     ep.gpu = s->o.gpu;
     ep.gpu_ctx = s->o.ctx;
     s->eng = ds4_engine_load(&ep, err, sizeof err);
