@@ -31,6 +31,10 @@ for prog in "ds4 --token-ids 1,2" "ds4-server --port 0" "ds4-bench --ctx-start 1
     check "$name --cuda says why in one line" '[ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q -- "--cuda: .*CPU backend" "$tmp/err"'
 done
 
+# the SSD expert cache feeds the CPU kernels only
+"$BIN/ds4" -m "$MODEL" --cuda --ssd-streaming --token-ids 1 >/dev/null 2>"$tmp/err"; rc=$?
+check "--cuda with --ssd-streaming refused (rc $rc)" '[ $rc -ne 0 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q -- "--ssd-streaming" "$tmp/err"'
+
 # bad GPU options are refused before loading anything
 "$BIN/ds4" -m "$MODEL" --gpu-vram 0 --token-ids 1 >/dev/null 2>"$tmp/err"; rc=$?
 check "--gpu-vram 0 refused (rc $rc)" '[ $rc -eq 2 ] && grep -q -- "--gpu-vram" "$tmp/err"'
