@@ -16,6 +16,7 @@ void ds4_bench_model_defaults(ds4_bench_model_params *p) {
     p->gen_tokens = 128;
     p->repeat = 3;
     p->prompt_tokens = 64;
+    ds4_gpu_opts_default(&p->gpu);
 }
 
 static double now(void) {
@@ -85,6 +86,8 @@ static ds4_engine *load_engine(const ds4_bench_model_params *p) {
     ep.numerics = p->numerics;
     ep.ssd = p->ssd;
     ep.ssd.ctx = p->ctx_max + p->gen_tokens;
+    ep.gpu = p->gpu;
+    ep.gpu_ctx = p->ctx_max;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) fprintf(stderr, "ds4-bench: %s\n", err);
     return e;
