@@ -201,6 +201,7 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     o->numerics = -1;
     ds4_kvdisk_opts_default(&o->kvdisk);
     ds4_http_limits_default(&o->limits);
+    ds4_gpu_opts_default(&o->gpu);
 }
 
 int ds4_server_run(const ds4_server_opts *opts) {
@@ -234,6 +235,8 @@ int ds4_server_run(const ds4_server_opts *opts) {
     ep.numerics = s->o.numerics;
     ep.ssd = s->o.ssd;
     ep.ssd.ctx = s->o.ctx;
+    ep.gpu = s->o.gpu;
+    ep.gpu_ctx = s->o.ctx;
     s->eng = ds4_engine_load(&ep, err, sizeof err);
     if (!s->eng) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
     s->tok = ds4_engine_tokenizer(s->eng);

@@ -74,6 +74,7 @@ typedef struct {
     ds4_http_limits limits;
     ds4_kvdisk_opts kvdisk;      /* dir NULL: no disk KV cache */
     ds4_ssd_params ssd;             /* --ssd-streaming* (engine.h) */
+    ds4_gpu_opts gpu;            /* --cuda/--cpu/--gpu-* (cuda_plan.h) */
 } ds4_server_opts;
 
 void ds4_server_opts_default(ds4_server_opts *o);

@@ -59,7 +59,7 @@ send "one more"
 expect "turn 3" 'wait_for "^Here is one more." 1 90'
 send "/quit"
 expect "A exits" 'wait_for "EXITED-0" 1 90'
-expect "autosaved, private" '[ "$(stat -c %a $T/sessions/*.kv)" = 600 ]'
+expect "autosaved; session, trace and history private" '[ "$(stat -c %a $T/sessions/*.kv $T/trace-a $T/.ds4_agent_history | sort -u)" = 600 ]'
 # Every prefill starts where the session ended: nothing is prefilled twice.
 expect "each step prefills only new tokens" 'python3 - "$T/trace-a" <<"PY"
 import sys
