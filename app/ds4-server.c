@@ -20,6 +20,8 @@ static void usage(FILE *f) {
         "  -n, --tokens N                default output limit when a request gives none (default 393216)\n"
         "  -t, --threads N               CPU threads (default: all)\n"
         "      --prefill-chunk N         prefill chunk size (default 4096)\n"
+        "      --batched-session N       N resident sessions serving N requests at once, decoded\n"
+        "                                together in batches (default 1: one request at a time)\n"
         "      --numerics MODE           exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "      --cpu                     use the CPU backend (the only one in this build)\n"
         "      --cors                    send Access-Control-Allow-* headers\n"
@@ -70,6 +72,7 @@ int main(int argc, char **argv) {
         else if (ARG("-n") || ARG("--tokens")) { VALUE(); o.default_max_tokens = parse_int(a, v, 0, 1 << 30); }
         else if (ARG("-t") || ARG("--threads")) { VALUE(); o.threads = parse_int(a, v, 0, 4096); }
         else if (ARG("--prefill-chunk")) { VALUE(); o.prefill_chunk = parse_int(a, v, 1, 1 << 30); }
+        else if (ARG("--batched-session")) { VALUE(); o.batched_sessions = parse_int(a, v, 1, 256); }
         else if (ARG("--numerics")) {
             VALUE();
             if (!ds4_parse_numerics(v, &o.numerics)) { fprintf(stderr, "ds4-server: --numerics takes exact or ds4\n"); return 2; }

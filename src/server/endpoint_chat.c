@@ -52,6 +52,10 @@ static bool chat_text(void *ud, const char *text, size_t len) {
     return ds4_enc_feed(g->enc, text, len);
 }
 
+static int chat_decode(void *ud, int32_t tok, char *err, size_t errlen) {
+    return srv_eval(((chat_gen *)ud)->s, &tok, 1, err, errlen);
+}
+
 static void chat_after_decode(void *ud) {
     job_disk_frontier(((chat_gen *)ud)->s);
 }
@@ -157,7 +161,7 @@ void run_chat(server *s, job *j) {
     if (s->script) srv_encode(s, s->script, s->script_len, &g.script);
     ds4_gen_hooks hooks = {.cancelled = chat_cancelled, .forced = chat_forced, .greedy = chat_greedy,
                            .on_token = chat_token, .on_text = chat_text, .after_decode = chat_after_decode,
-                           .ud = &g};
+                           .decode = chat_decode, .ud = &g};
     ds4_gen_result gr = ds4_generate(s->sess, s->tok, smp, limit, &hooks, err, sizeof err);
     if (gr.end == DS4_GEN_ERROR) trace(s, "decode failed: %s", err);
     ds4_token_ids_free(&g.script);

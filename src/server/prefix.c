@@ -20,7 +20,11 @@ static const char *replay_lookup(void *ud, const char *id) {
     replay_ctx *r = ud;
     if (!id || r->n_held == MAX_REPLAY_HELD) return NULL;
     char *b = ds4_toolmem_get(r->s->mem, id);
-    if (!b && r->s->kvd && ds4_kvdisk_find_tool(r->s->kvd, id)) b = ds4_toolmem_get(r->s->mem, id);
+    if (!b && r->s->kvd) {
+        srv_kvd_lock(r->s);
+        if (ds4_kvdisk_find_tool(r->s->kvd, id)) b = ds4_toolmem_get(r->s->mem, id);
+        srv_kvd_unlock(r->s);
+    }
     if (b) r->held[r->n_held++] = b;
     return b;
 }
@@ -135,7 +139,9 @@ int plan_prompt(server *s, const char *text, size_t n, prompt_plan *p) {
     bool text_hit = lt && lt_len <= n && !memcmp(lt, text, lt_len);
     free(lt);
     if (text_hit) return live_plus(s, text, lt_len, n, p, "live text prefix");
+    srv_kvd_lock(s);
     size_t disk = s->kvd ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
+    srv_kvd_unlock(s);
     if (disk) {
         s->visible_tokens = -1; /* the live session is another conversation now */
         return live_plus(s, text, disk, n, p, "disk cache");

@@ -127,7 +127,7 @@ static ds4_api route_api(const char *path) {
 /* Decodes an inference request and waits for the worker to run it. */
 static bool route_inference(server *s, ds4_http_conn *c, ds4_http_req *hr, const ds4_buf *body, ds4_api api) {
     bool ka = hr->keep_alive;
-    job j = {.conn = c, .hreq = hr};
+    job j = {.conn = c, .hreq = hr, .body = body->data, .body_len = body->len};
     ds4_req_error e;
     if (ds4_request_decode(api, body->data ? body->data : "", body->len, &j.req, &e)) {
         ds4_send_error(s, c, hr, e.status, e.message, e.param, e.code, 0, ka);
@@ -156,7 +156,12 @@ bool route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body)
     if (get && (!strcmp(path, "/v1/models") || !strncmp(path, "/v1/models/", 11))) { route_models(s, c, hr, ka); return ka; }
     if (get && !strcmp(path, "/health")) {
         cJSON *o = cJSON_CreateObject();
+        int n_slots, busy;
+        ds4_queue_slots(s, &n_slots, &busy);
         cJSON_AddStringToObject(o, "status", "ok");
+        cJSON_AddNumberToObject(o, "slots", n_slots);
+        cJSON_AddNumberToObject(o, "slots_busy", busy);
+        cJSON_AddNumberToObject(o, "slots_free", n_slots - busy);
         ds4_send_json(s, c, hr, 200, o, ka, NULL);
         return ka;
     }
