@@ -7,6 +7,7 @@
 #include "generate.h"
 #include "job.h"
 #include "logprobs.h"
+#include "metrics.h"
 #include "prefix.h"
 #include "respond.h"
 
@@ -134,6 +135,7 @@ void run_chat(server *s, job *j) {
     int n_prompt = (int)p.toks.n;
     trace_text(s, "rendered prompt", text.data ? text.data : "", text.len);
     trace(s, "cache: %s, prompt %d tokens, reused %d, prefill %d", p.how, n_prompt, p.reuse, n_prompt - p.reuse);
+    ds4_metrics_prefix(p.how);
 
     bool thinking = srv_effective_think(s, r) != DS4_THINK_NONE;
     ds4_usage u = {.prompt_tokens = n_prompt, .cached_tokens = p.reuse < n_prompt ? p.reuse : n_prompt};
@@ -162,7 +164,9 @@ void run_chat(server *s, job *j) {
     ds4_gen_hooks hooks = {.cancelled = chat_cancelled, .forced = chat_forced, .greedy = chat_greedy,
                            .on_token = chat_token, .on_text = chat_text, .after_decode = chat_after_decode,
                            .decode = chat_decode, .ud = &g};
+    const double t_decode = now_s();
     ds4_gen_result gr = ds4_generate(s->sess, s->tok, smp, limit, &hooks, err, sizeof err);
+    ds4_metrics_decode(gr.n_decoded, now_s() - t_decode);
     if (gr.end == DS4_GEN_ERROR) trace(s, "decode failed: %s", err);
     ds4_token_ids_free(&g.script);
     trace_text(s, "generated", g.generated.data ? g.generated.data : "", g.generated.len);
@@ -183,6 +187,7 @@ void run_chat(server *s, job *j) {
     if (thinking) remember_visible(s, &text, enc);
     trace(s, "usage: prompt %d cached %d completion %d reasoning %d", u.prompt_tokens, u.cached_tokens,
           u.completion_tokens, u.reasoning_tokens);
+    ds4_metrics_tokens(u.prompt_tokens, u.cached_tokens, u.completion_tokens);
     if (r->stream) {
         ds4_http_stream_end(c);
     } else {

@@ -9,6 +9,7 @@
 #include "generate.h"
 #include "job.h"
 #include "logprobs.h"
+#include "metrics.h"
 #include "prefix.h"
 #include "respond.h"
 
@@ -209,7 +210,9 @@ void run_completions(server *s, job *j) {
         ds4_gen_hooks hooks = {.cancelled = cmpl_cancelled, .greedy = NULL, .on_token = cmpl_token,
                                .on_text = cmpl_text, .after_decode = cmpl_after_decode, .decode = cmpl_decode,
                                .ud = &g};
+        const double t_decode = now_s();
         ds4_gen_result gr = ds4_generate(s->sess, s->tok, smp, limit, &hooks, err, sizeof err);
+        ds4_metrics_decode(gr.n_decoded, now_s() - t_decode);
         const char *span;
         size_t rel = ds4_stopper_flush(&g.st, &span);
         cmpl_release(&g, span, rel);
@@ -226,6 +229,7 @@ void run_completions(server *s, job *j) {
         total.cached_tokens += p.reuse;
         total.completion_tokens += g.n_sampled;
         trace(s, "completion %d: prompt %d reused %d generated %d", i, n_prompt, p.reuse, g.n_sampled);
+        ds4_metrics_tokens(n_prompt, p.reuse, g.n_sampled);
         if (r->stream) {
             cJSON *ch = cmpl_chunk(id, created, r, i, "", 0, finish);
             if (logprobs) cJSON_ReplaceItemInObject(cJSON_GetArrayItem(cJSON_GetObjectItem(ch, "choices"), 0), "logprobs", cmpl_logprobs_object(&lpa));

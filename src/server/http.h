@@ -80,6 +80,7 @@ typedef struct {
     bool http10;          /* the current request is HTTP/1.0: no chunked framing */
     bool streaming;       /* an SSE response is open */
     bool broken;          /* a write failed; the peer is gone */
+    int status;           /* of the last response head sent (metrics) */
 } ds4_http_conn;
 
 /* Reads the next request. Returns 0 with *req and body filled; 1 when the

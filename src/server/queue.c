@@ -149,12 +149,13 @@ void ds4_queue_finish(server *s, job *j) {
     pthread_mutex_unlock(&q->mu);
 }
 
-void ds4_queue_slots(server *s, int *n_slots, int *busy) {
+void ds4_queue_slots(server *s, int *n_slots, int *busy, int *queued) {
     ds4_job_queue *q = s->queue;
     pthread_mutex_lock(&q->mu);
     *n_slots = q->n_slots;
-    *busy = 0;
+    *busy = *queued = 0;
     for (int k = 0; k < q->n_slots; k++) *busy += !q->slots[k].idle;
+    for (const job *j = q->head; j; j = j->next) ++*queued;
     pthread_mutex_unlock(&q->mu);
 }
 

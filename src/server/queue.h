@@ -51,8 +51,8 @@ bool ds4_queue_init(ds4_job_queue *q, int n_slots);
 bool ds4_queue_submit(server *s, job *j);
 job *ds4_queue_take(server *s, bool *stopping);
 void ds4_queue_finish(server *s, job *j);
-/* Slots and how many of them are running a job (for /health). */
-void ds4_queue_slots(server *s, int *n_slots, int *busy);
+/* Slots, how many of them are running a job, and jobs waiting (/health, /metrics). */
+void ds4_queue_slots(server *s, int *n_slots, int *busy, int *queued);
 /* Refuse new jobs and wake the worker. */
 void ds4_queue_stop(server *s);
 

@@ -7,15 +7,17 @@ at a time. Then 11 clients at once (openai and anthropic SDKs, streamed and
 not, chat / completions / messages, some of them continuing a conversation
 of an earlier request) go through a server with 4 slots; each answer must
 equal its reference. A client that disconnects mid-stream frees its slot (the
-server keeps answering), /health reports the slots, and a slot count whose
+server keeps answering), /health and /metrics (Prometheus text: every
+sample line parses, the counters add up to what the test sent) report the
+slots, and a slot count whose
 KV cannot fit is refused at start with one line. Greedy sampling
 (temperature 0) makes the answers deterministic; the demo model's text is
 meaningless, so only equality is checked."""
 import concurrent.futures
-import os
+import json
+import re
 import socket
 import subprocess
-import json
 
 import anthropic
 import openai
@@ -80,6 +82,27 @@ def abandon_stream(port):
     s.close()
 
 
+SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? '
+                    r'(-?[0-9.e+-]+|NaN|[+-]Inf)$')
+
+
+def metrics(srv):
+    """{name or name{labels}: value}; None when a line is not Prometheus text."""
+    status, headers, body = srv.request("GET", "/metrics")
+    if status != 200 or not headers.get("Content-Type", "").startswith("text/plain"):
+        return None
+    out = {}
+    for line in body.decode().splitlines():
+        if not line or line.startswith("# HELP ") or line.startswith("# TYPE "):
+            continue
+        m = SAMPLE.match(line)
+        if not m:
+            print(f"bad metrics line: {line!r}")
+            return None
+        out[m.group(1) + (m.group(2) or "")] = float(m.group(4))
+    return out
+
+
 def main():
     demo_model_or_skip(NAME)
     res = Results(NAME)
@@ -106,6 +129,20 @@ def main():
         health = json.loads(body)
         res.check(status == 200 and health.get("slots") == 4 and health.get("slots_busy") == 0,
                   f"/health reports 4 idle slots: {health}")
+        m = metrics(srv)
+        res.check(m is not None, "/metrics is Prometheus text")
+        m = m or {}
+        n_chat = sum(1 for k, _ in reqs if k.startswith("chat")) + 1
+        chat_ok = m.get('ds4_requests_total{endpoint="/v1/chat/completions",status="200"}', 0)
+        res.check(chat_ok >= n_chat, f"chat requests counted: {chat_ok} < {n_chat}")
+        res.check(m.get('ds4_requests_total{endpoint="/v1/messages",status="200"}', 0) >= 4, "messages counted")
+        res.check(m.get("ds4_slots") == 4 and m.get("ds4_slots_busy") == 0 and m.get("ds4_queue_depth") == 0,
+                  "slot gauges")
+        res.check(m.get("ds4_generated_tokens_total", 0) > 0 and m.get("ds4_decode_tokens_total", 0) > 0 and
+                  m.get("ds4_prefill_tokens_total", 0) > 0 and m.get("ds4_kv_bytes", 0) > 0, "token counters")
+        res.check(m.get('ds4_prompt_reuse_total{how="exact token prefix"}', 0) +
+                  m.get('ds4_prompt_reuse_total{how="common token prefix"}', 0) +
+                  m.get('ds4_prompt_reuse_total{how="live text prefix"}', 0) > 0, "prefix reuse counted")
         res.check(srv.alive(), "server alive")
     finally:
         srv.stop()
