@@ -24,7 +24,10 @@ bool ds4_queue_init(ds4_job_queue *q, int n_slots) {
     q->n_slots = n_slots;
     q->clock = 0;
     q->slots = calloc((size_t)n_slots, sizeof *q->slots);
-    return q->slots != NULL;
+    if (!q->slots) return false;
+    for (int k = 0; k < n_slots; k++)
+        if (!(q->slots[k].live_ids = calloc(DS4_SRV_MAX_LIVE_CALLS, sizeof *q->slots[k].live_ids))) return false;
+    return true;
 }
 
 static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) {
@@ -33,8 +36,17 @@ static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) 
     return i;
 }
 
-/* The idle slot that should run j (q->mu held), or -1. */
+static bool holds_id(const ds4_queue_slot *sl, const char *id) {
+    for (int i = 0; i < sl->n_live_ids; i++)
+        if (!strcmp(sl->live_ids[i], id)) return true;
+    return false;
+}
+
+/* The idle slot that should run j (q->mu held), or -1 (none yet). */
 static int best_slot(const ds4_job_queue *q, const job *j) {
+    if (j->req.n_live_ids)
+        for (int k = 0; k < q->n_slots; k++)
+            if (holds_id(&q->slots[k], j->req.live_ids[0])) return q->slots[k].idle ? k : -1;
     int best = -1;
     size_t best_len = 0;
     for (int k = 0; k < q->n_slots; k++) {
@@ -144,6 +156,9 @@ job *ds4_queue_take(server *s, bool *stopping) {
 void ds4_queue_finish(server *s, job *j) {
     ds4_job_queue *q = s->queue;
     pthread_mutex_lock(&q->mu);
+    ds4_queue_slot *sl = &q->slots[s->slot];
+    sl->n_live_ids = s->n_live_ids;
+    memcpy(sl->live_ids, s->live_ids, (size_t)s->n_live_ids * sizeof sl->live_ids[0]);
     j->done = true;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);

@@ -12,12 +12,14 @@
  *   waits for `writing` to clear before it starts the job).
  * - Slot workers take jobs in FIFO order with ds4_queue_take() (NULL once
  *   stopping and empty; *stopping tells it to refuse what is left) and
- *   report each one with ds4_queue_finish(). The head job goes to the idle
- *   slot whose previous request body shares the longest prefix with its
- *   body (a conversation's next turn usually extends the previous body, and
- *   that slot holds its KV), ties to the least recently used slot. The
- *   choice affects only speed: every slot's prefix planner finds what its
- *   session can reuse.
+ *   report each one with ds4_queue_finish(). A job answering a live
+ *   tool-call turn by id goes to the slot that produced those ids (waiting
+ *   for it when it is busy: no other slot could serve it). Any other head
+ *   job goes to the idle slot whose previous request body shares the
+ *   longest prefix with its body (a conversation's next turn usually extends
+ *   the previous body, and that slot holds its KV), ties to the least
+ *   recently used slot. That choice affects only speed: every slot's prefix
+ *   planner finds what its session can reuse.
  * - This is the only place that knows how waiting requests are ordered.
  */
 #ifndef DS4_QUEUE_H
@@ -34,6 +36,8 @@ typedef struct {
     char *body;                 /* the start of its last request body */
     size_t body_len;
     unsigned long last_used;
+    char (*live_ids)[40];       /* copy of the slot's live tool-call ids at its last finish */
+    int n_live_ids;
 } ds4_queue_slot;
 
 typedef struct {
