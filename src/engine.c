@@ -333,3 +333,15 @@ int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *er
     drop_ckpts(s, -1);
     return 0;
 }
+
+bool ds4_session_save_payload_to(const ds4_session *s, const ds4_sink *sink) {
+    return ds4_payload_write_to(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, s->e->prefill_chunk, sink);
+}
+
+int ds4_session_load_payload_from(ds4_session *s, const ds4_source *src, size_t n, char *err, size_t errlen) {
+    const int before = s->kv->n_pos;
+    bool ok = ds4_payload_load_from(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen);
+    /* rewind checkpoints describe the old state once the rows changed */
+    if (ok || s->kv->n_pos != before) drop_ckpts(s, -1);
+    return ok ? 0 : -1;
+}

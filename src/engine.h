@@ -32,6 +32,8 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#include "byte_stream.h"
+
 struct ds4_tokenizer;
 
 typedef struct ds4_engine ds4_engine;
@@ -111,5 +113,10 @@ void ds4_snapshot_free(ds4_snapshot *snap);
 size_t ds4_session_payload_bytes(const ds4_session *s);
 void ds4_session_save_payload(const ds4_session *s, void *dst);
 int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *err, size_t errlen);
+/* Streaming forms (byte_stream.h) for files: save returns false when the sink
+ * failed; load reads exactly n bytes and leaves the session unchanged on a
+ * validation error, empty when src fails part-way through the rows. */
+bool ds4_session_save_payload_to(const ds4_session *s, const ds4_sink *sink);
+int ds4_session_load_payload_from(ds4_session *s, const ds4_source *src, size_t n, char *err, size_t errlen);
 
 #endif

@@ -2,6 +2,7 @@
 #include "kv_payload.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Floats and u32 fields are copied in host order, which is the file order. */
@@ -9,11 +10,13 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the DSV4 payload is l
 
 #define PAYLOAD_MAGIC 0x34565344u /* "DSV4" read as a little-endian u32 */
 
-/* A position in the stream: bytes counted always, copied when p is set.
- * save: state -> stream, else stream -> state. */
+/* A walk over the layer rows: to a sink (save), from a source (load), or
+ * only counting bytes when both are NULL. ok turns false at the first failed
+ * piece and the walk stops moving bytes. */
 typedef struct {
-    unsigned char *p;
-    bool save;
+    const ds4_sink *sink;
+    const ds4_source *src;
+    bool ok;
     size_t total;
 } cursor;
 
@@ -21,14 +24,10 @@ typedef struct {
  * or of a plain row array when cap is 0. */
 static void rows(cursor *c, float *base, int cap, size_t row_floats, int first, int n) {
     const size_t bytes = row_floats * sizeof(float);
-    if (c->p) {
-        for (int i = 0; i < n; i++) {
-            int pos = first + i;
-            float *r = base + (size_t)(cap ? pos % cap : pos) * row_floats;
-            if (c->save) memcpy(c->p, r, bytes);
-            else memcpy(r, c->p, bytes);
-            c->p += bytes;
-        }
+    for (int i = 0; c->ok && (c->sink || c->src) && i < n; i++) {
+        int pos = first + i;
+        float *r = base + (size_t)(cap ? pos % cap : pos) * row_floats;
+        c->ok = c->sink ? c->sink->write(c->sink->ud, r, bytes) : c->src->read(c->src->ud, r, bytes);
     }
     c->total += (size_t)n * bytes;
 }
@@ -72,32 +71,56 @@ size_t ds4_payload_bytes(const ds4_kv *kv, int n_vocab) {
     return fixed_bytes((uint32_t)kv->n_pos, (uint32_t)n_vocab, (uint32_t)kv->n_layer) + c.total;
 }
 
-static unsigned char *put_u32(unsigned char *p, uint32_t v) {
-    memcpy(p, &v, 4);
-    return p + 4;
-}
+static bool put_u32(const ds4_sink *sink, uint32_t v) { return sink->write(sink->ud, &v, 4); }
 
-void ds4_payload_write(const ds4_kv *kv, const int32_t *toks, const float *logits, int n_vocab,
-                       int prefill_chunk, void *dst) {
+bool ds4_payload_write_to(const ds4_kv *kv, const int32_t *toks, const float *logits, int n_vocab, int prefill_chunk,
+                          const ds4_sink *sink) {
+    static const float zeros[1024];
     const int n = kv->n_pos;
     const uint32_t head[13] = {
         PAYLOAD_MAGIC, DS4_PAYLOAD_VERSION, (uint32_t)kv->ctx, (uint32_t)prefill_chunk, (uint32_t)kv->raw_cap,
         (uint32_t)(kv->raw_cap - kv->slack), comp_capacity(kv, kv->ctx), (uint32_t)n, (uint32_t)kv->n_layer,
         (uint32_t)kv->head_dim, (uint32_t)kv->idx_head_dim, (uint32_t)n_vocab, (uint32_t)min_int(n, kv->raw_cap),
     };
-    unsigned char *p = dst;
-    memcpy(p, head, sizeof head);
-    p += sizeof head;
-    memcpy(p, toks, (size_t)n * 4);
-    p += (size_t)n * 4;
+    bool ok = sink->write(sink->ud, head, sizeof head) && sink->write(sink->ud, toks, (size_t)n * 4);
     /* an empty session has no logits; zeros keep the file deterministic */
-    if (n) memcpy(p, logits, (size_t)n_vocab * 4);
-    else memset(p, 0, (size_t)n_vocab * 4);
-    p += (size_t)n_vocab * 4;
-    for (int l = 0; l < kv->n_layer; l++) p = put_u32(p, kv->L[l].ratio ? (uint32_t)(n / kv->L[l].ratio) : 0);
-    for (int l = 0; l < kv->n_layer; l++) p = put_u32(p, kv->L[l].idx ? (uint32_t)(n / kv->L[l].ratio) : 0);
-    cursor c = {.p = p, .save = true};
+    if (n) ok = ok && sink->write(sink->ud, logits, (size_t)n_vocab * 4);
+    for (int left = n ? 0 : n_vocab; ok && left > 0; left -= 1024)
+        ok = sink->write(sink->ud, zeros, (size_t)min_int(left, 1024) * 4);
+    for (int l = 0; ok && l < kv->n_layer; l++) ok = put_u32(sink, kv->L[l].ratio ? (uint32_t)(n / kv->L[l].ratio) : 0);
+    for (int l = 0; ok && l < kv->n_layer; l++) ok = put_u32(sink, kv->L[l].idx ? (uint32_t)(n / kv->L[l].ratio) : 0);
+    cursor c = {.sink = sink, .ok = ok};
     walk_layers(kv, n, &c);
+    return c.ok;
+}
+
+typedef struct {
+    unsigned char *p;
+    const unsigned char *src;
+    size_t left;
+} memory_stream;
+
+static bool memory_write(void *ud, const void *data, size_t n) {
+    memory_stream *m = ud;
+    memcpy(m->p, data, n);
+    m->p += n;
+    return true;
+}
+
+static bool memory_read(void *ud, void *data, size_t n) {
+    memory_stream *m = ud;
+    if (n > m->left) return false;
+    memcpy(data, m->src, n);
+    m->src += n;
+    m->left -= n;
+    return true;
+}
+
+void ds4_payload_write(const ds4_kv *kv, const int32_t *toks, const float *logits, int n_vocab,
+                       int prefill_chunk, void *dst) {
+    memory_stream m = {.p = dst};
+    const ds4_sink sink = {memory_write, &m};
+    ds4_payload_write_to(kv, toks, logits, n_vocab, prefill_chunk, &sink);
 }
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return false; } while (0)
@@ -124,10 +147,37 @@ bool ds4_payload_peek(const void *src, size_t n, ds4_payload_header *h, char *er
 #define SAME(field, want) \
     if (h.field != (uint32_t)(want)) FAIL("DSV4 payload " #field " %u does not match this model/session (%u)", h.field, (uint32_t)(want))
 
-bool ds4_payload_load(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab, const void *src, size_t n,
-                      char *err, size_t errlen) {
+/* Everything between the header and the layer rows: the token ids, the
+ * logits and the two per-layer row-count arrays, staged so they are checked
+ * before the target is touched. */
+typedef struct {
+    uint32_t *toks, *counts;
+    float *logits;
+    void *block;
+} staged_prefix;
+
+static bool check_prefix(const ds4_kv *kv, const staged_prefix *sp, int n_pos, int n_vocab, char *err, size_t errlen) {
+    for (int i = 0; i < n_pos; i++)
+        if (sp->toks[i] >= (uint32_t)n_vocab)
+            FAIL("DSV4 payload token %d is id %u, outside the vocabulary (%d)", i, sp->toks[i], n_vocab);
+    for (int l = 0; l < kv->n_layer; l++) {
+        uint32_t rc = sp->counts[l], ri = sp->counts[kv->n_layer + l];
+        const ds4_kv_layer *L = &kv->L[l];
+        uint32_t want_c = L->ratio ? (uint32_t)(n_pos / L->ratio) : 0, want_i = L->idx ? want_c : 0;
+        if (rc != want_c || ri != want_i)
+            FAIL("DSV4 payload layer %d lists %u compressed / %u indexer rows, %d tokens give %u / %u", l, rc, ri,
+                 n_pos, want_c, want_i);
+    }
+    return true;
+}
+
+bool ds4_payload_load_from(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab, const ds4_source *src, size_t n,
+                           char *err, size_t errlen) {
+    unsigned char head[DS4_PAYLOAD_HEADER_BYTES];
     ds4_payload_header h;
-    if (!ds4_payload_peek(src, n, &h, err, errlen)) return false;
+    if (n < sizeof head) FAIL("DSV4 payload truncated: %zu bytes, header needs %u", n, DS4_PAYLOAD_HEADER_BYTES);
+    if (!src->read(src->ud, head, sizeof head)) FAIL("cannot read the DSV4 payload header");
+    if (!ds4_payload_peek(head, n, &h, err, errlen)) return false;
     SAME(n_layer, kv->n_layer);
     SAME(head_dim, kv->head_dim);
     SAME(idx_head_dim, kv->idx_head_dim);
@@ -141,27 +191,34 @@ bool ds4_payload_load(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab, con
     walk_layers(kv, n_pos, &size);
     const size_t want = fixed_bytes(h.n_tokens, h.n_vocab, h.n_layer) + size.total;
     if (n != want) FAIL("DSV4 payload is %zu bytes, its header describes %zu", n, want);
-    const unsigned char *p = (const unsigned char *)src + DS4_PAYLOAD_HEADER_BYTES;
-    const unsigned char *tp = p, *lp = p + (size_t)n_pos * 4, *cp = lp + (size_t)n_vocab * 4;
-    for (int i = 0; i < n_pos; i++) {
-        uint32_t t;
-        memcpy(&t, tp + (size_t)i * 4, 4);
-        if (t >= (uint32_t)n_vocab) FAIL("DSV4 payload token %d is id %u, outside the vocabulary (%d)", i, t, n_vocab);
+    const size_t prefix_bytes = want - DS4_PAYLOAD_HEADER_BYTES - size.total;
+    staged_prefix sp = {.block = malloc(prefix_bytes)};
+    if (!sp.block) FAIL("out of memory staging %zu bytes of DSV4 payload", prefix_bytes);
+    sp.toks = sp.block;
+    sp.logits = (float *)(sp.toks + n_pos);
+    sp.counts = (uint32_t *)(sp.logits + n_vocab);
+    if (!src->read(src->ud, sp.block, prefix_bytes)) {
+        free(sp.block);
+        FAIL("cannot read the DSV4 payload token list");
     }
-    for (int l = 0; l < kv->n_layer; l++) {
-        uint32_t rc, ri;
-        memcpy(&rc, cp + (size_t)l * 4, 4);
-        memcpy(&ri, cp + ((size_t)kv->n_layer + l) * 4, 4);
-        const ds4_kv_layer *L = &kv->L[l];
-        uint32_t want_c = L->ratio ? (uint32_t)(n_pos / L->ratio) : 0, want_i = L->idx ? want_c : 0;
-        if (rc != want_c || ri != want_i)
-            FAIL("DSV4 payload layer %d lists %u compressed / %u indexer rows, %d tokens give %u / %u", l, rc, ri,
-                 n_pos, want_c, want_i);
-    }
-    memcpy(toks, tp, (size_t)n_pos * 4);
-    memcpy(logits, lp, (size_t)n_vocab * 4);
-    cursor c = {.p = (unsigned char *)cp + (size_t)kv->n_layer * 8, .save = false};
+    if (!check_prefix(kv, &sp, n_pos, n_vocab, err, errlen)) { free(sp.block); return false; }
+    memcpy(toks, sp.toks, (size_t)n_pos * 4);
+    memcpy(logits, sp.logits, (size_t)n_vocab * 4);
+    free(sp.block);
+    cursor c = {.src = src, .ok = true};
     walk_layers(kv, n_pos, &c);
+    if (!c.ok) {
+        /* rows are overwritten in place: a half-read state must not pass for one */
+        ds4_kv_reset(kv);
+        FAIL("DSV4 payload rows could not be read; the session is now empty");
+    }
     kv->n_pos = n_pos;
     return true;
+}
+
+bool ds4_payload_load(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab, const void *src, size_t n,
+                      char *err, size_t errlen) {
+    memory_stream m = {.src = src, .left = n};
+    const ds4_source source = {memory_read, &m};
+    return ds4_payload_load_from(kv, toks, logits, n_vocab, &source, n, err, errlen);
 }

@@ -25,6 +25,13 @@
  *   unchanged. A state may be restored into a session with a larger context.
  * - Restore is bit-exact: the restored state continues exactly as the saved
  *   one would have (same logits, same rewind reach).
+ * - Streaming forms (byte_stream.h) move the same bytes piece by piece, so a
+ *   session is saved to or restored from a file without a whole-payload
+ *   buffer. ds4_payload_load_from() stages only the token ids, logits and row
+ *   counts (checked before the target is touched, as above); if the source
+ *   fails while the layer rows are read in place, the target is left empty
+ *   (n_pos 0) rather than half restored. The buffer forms are these with a
+ *   memory sink/source.
  */
 #ifndef DS4_KV_PAYLOAD_H
 #define DS4_KV_PAYLOAD_H
@@ -33,6 +40,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "byte_stream.h"
 #include "kv.h"
 
 #define DS4_PAYLOAD_VERSION 2u
@@ -48,6 +56,9 @@ size_t ds4_payload_bytes(const ds4_kv *kv, int n_vocab);
 /* toks: kv->n_pos ids; logits: n_vocab floats (ignored when kv is empty). */
 void ds4_payload_write(const ds4_kv *kv, const int32_t *toks, const float *logits, int n_vocab,
                        int prefill_chunk, void *dst);
+/* ds4_payload_write() to a sink; false when the sink failed. */
+bool ds4_payload_write_to(const ds4_kv *kv, const int32_t *toks, const float *logits, int n_vocab, int prefill_chunk,
+                          const ds4_sink *sink);
 /* Reads and sanity-checks the fixed header only (magic, version, counts that
  * do not depend on a model). */
 bool ds4_payload_peek(const void *src, size_t n, ds4_payload_header *h, char *err, size_t errlen);
@@ -55,5 +66,8 @@ bool ds4_payload_peek(const void *src, size_t n, ds4_payload_header *h, char *er
  * first n_tokens entries of toks and n_vocab logits. toks must hold kv->ctx. */
 bool ds4_payload_load(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab, const void *src, size_t n,
                       char *err, size_t errlen);
+/* ds4_payload_load() from a source holding exactly n payload bytes. */
+bool ds4_payload_load_from(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab, const ds4_source *src, size_t n,
+                           char *err, size_t errlen);
 
 #endif

@@ -85,14 +85,24 @@ static void reject_overflow(server *s, job *j, ds4_enc *enc, ds4_usage *u, int n
 static void remember_tool_calls(server *s, ds4_enc *enc) {
     size_t blen;
     const char *block = ds4_enc_block(enc, &blen);
-    const char *ids[DS4_SRV_MAX_LIVE_CALLS];
-    int nids = ds4_enc_call_ids(enc, ids, DS4_SRV_MAX_LIVE_CALLS);
+    int nids = ds4_enc_call_ids(enc, NULL, 0);
     if (!block || !nids) return;
+    const char **ids = malloc((size_t)nids * sizeof *ids);
+    char (*live)[40] = ids ? malloc((size_t)nids * sizeof *live) : NULL;
+    if (!live) {
+        trace(s, "out of memory remembering %d tool calls; their continuation needs the full history", nids);
+        free(ids);
+        return;
+    }
+    ds4_enc_call_ids(enc, ids, nids);
     ds4_toolmem_put(s->mem, ids, nids, block, blen);
-    for (int i = 0; i < nids; i++) snprintf(s->live_ids[i], sizeof s->live_ids[i], "%s", ids[i]);
+    for (int i = 0; i < nids; i++) snprintf(live[i], sizeof live[i], "%s", ids[i]);
+    free(s->live_ids);
+    s->live_ids = live;
     s->n_live_ids = nids;
     s->live_ids_tokens = ds4_session_n_tokens(s->sess);
     trace(s, "tool calls: %d, exact DSML block remembered (%zu bytes), first id %s", nids, blen, ids[0]);
+    free(ids);
 }
 
 void run_chat(server *s, job *j) {

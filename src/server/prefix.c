@@ -3,22 +3,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Copies of replayed DSML blocks handed to the renderer, freed after it. */
-#define MAX_REPLAY_HELD 64
-
 ds4_think_mode srv_effective_think(const server *s, const ds4_request *r) {
     return ds4_chat_effective_think(r->think, s->o.ctx);
 }
 
 typedef struct {
     server *s;
-    char *held[MAX_REPLAY_HELD];
-    int n_held;
+    char **held;      /* copies handed to the renderer, freed after it */
+    int n_held, cap_held;
 } replay_ctx;
 
 static const char *replay_lookup(void *ud, const char *id) {
     replay_ctx *r = ud;
-    if (!id || r->n_held == MAX_REPLAY_HELD) return NULL;
+    if (!id) return NULL;
+    if (r->n_held == r->cap_held) {
+        /* a turn may carry any number of tool calls */
+        int cap = r->cap_held ? 2 * r->cap_held : 16;
+        char **held = realloc(r->held, (size_t)cap * sizeof *held);
+        if (!held) return NULL;
+        r->held = held;
+        r->cap_held = cap;
+    }
     char *b = ds4_toolmem_get(r->s->mem, id);
     if (!b && r->s->kvd) {
         srv_kvd_lock(r->s);
@@ -41,6 +46,7 @@ bool srv_render_prompt(server *s, const ds4_request *r, bool replay, ds4_buf *ou
     if (replay && !s->o.disable_exact_replay) { o.replay = replay_lookup; o.replay_ud = &rc; }
     bool ok = ds4_chat_render(r->msgs, r->n_msgs, &o, out, err, errlen);
     for (int i = 0; i < rc.n_held; i++) free(rc.held[i]);
+    free(rc.held);
     if (ok && out->oom) { snprintf(err, errlen, "out of memory"); ok = false; }
     return ok;
 }
@@ -142,6 +148,8 @@ int plan_prompt(server *s, const char *text, size_t n, prompt_plan *p) {
     srv_kvd_lock(s);
     size_t disk = s->kvd ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
     srv_kvd_unlock(s);
+    /* a restore that failed part-way leaves the session empty */
+    if (!disk && ds4_session_n_tokens(s->sess) != live_n) lcp = 0;
     if (disk) {
         s->visible_tokens = -1; /* the live session is another conversation now */
         return live_plus(s, text, disk, n, p, "disk cache");

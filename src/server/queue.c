@@ -24,10 +24,7 @@ bool ds4_queue_init(ds4_job_queue *q, int n_slots) {
     q->n_slots = n_slots;
     q->clock = 0;
     q->slots = calloc((size_t)n_slots, sizeof *q->slots);
-    if (!q->slots) return false;
-    for (int k = 0; k < n_slots; k++)
-        if (!(q->slots[k].live_ids = calloc(DS4_SRV_MAX_LIVE_CALLS, sizeof *q->slots[k].live_ids))) return false;
-    return true;
+    return q->slots != NULL;
 }
 
 static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) {
@@ -157,8 +154,13 @@ void ds4_queue_finish(server *s, job *j) {
     ds4_job_queue *q = s->queue;
     pthread_mutex_lock(&q->mu);
     ds4_queue_slot *sl = &q->slots[s->slot];
-    sl->n_live_ids = s->n_live_ids;
-    memcpy(sl->live_ids, s->live_ids, (size_t)s->n_live_ids * sizeof sl->live_ids[0]);
+    if (s->n_live_ids > sl->cap_live_ids) {
+        void *grown = realloc(sl->live_ids, (size_t)s->n_live_ids * sizeof sl->live_ids[0]);
+        if (grown) { sl->live_ids = grown; sl->cap_live_ids = s->n_live_ids; }
+    }
+    /* out of memory only loses the routing: the continuation then gets the usual 400 */
+    sl->n_live_ids = s->n_live_ids <= sl->cap_live_ids ? s->n_live_ids : 0;
+    if (sl->n_live_ids) memcpy(sl->live_ids, s->live_ids, (size_t)sl->n_live_ids * sizeof sl->live_ids[0]);
     j->done = true;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);

@@ -37,7 +37,7 @@ typedef struct {
     size_t body_len;
     unsigned long last_used;
     char (*live_ids)[40];       /* copy of the slot's live tool-call ids at its last finish */
-    int n_live_ids;
+    int n_live_ids, cap_live_ids;
 } ds4_queue_slot;
 
 typedef struct {

@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "batcher.h"
+#include "engine_kvdisk.h"
 #include "respond.h"
 #include "routes.h"
 #include "server_state.h"
@@ -167,7 +169,10 @@ int ds4_server_run(const ds4_server_opts *opts) {
     s->queue = &queue;
     s->trace_mu = &trace_mu;
     s->kvd_mu = &kvd_mu;
-    if (s->o.trace_path && !(s->trace = fopen(s->o.trace_path, "a"))) {
+    /* the trace holds prompts: private to this user, like the disk cache */
+    int trace_fd = s->o.trace_path ? open(s->o.trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600) : -1;
+    if (s->o.trace_path && (trace_fd < 0 || !(s->trace = fdopen(trace_fd, "a")))) {
+        if (trace_fd >= 0) close(trace_fd);
         fprintf(stderr, "ds4-server: cannot open trace file %s: %s\n", s->o.trace_path, strerror(errno));
         return 1;
     }
@@ -191,7 +196,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
         fprintf(stderr, "ds4-server: out of memory\n");
         return 1;
     }
-    if (s->o.kvdisk.dir && !(s->kvd = ds4_kvdisk_open(&s->o.kvdisk, s->eng, s->mem, kv_log, s, err, sizeof err))) {
+    if (s->o.kvdisk.dir && !(s->kvd = ds4_engine_kvdisk_open(&s->o.kvdisk, s->eng, s->mem, kv_log, s, err, sizeof err))) {
         fprintf(stderr, "ds4-server: %s\n", err);
         return 1;
     }

@@ -37,7 +37,6 @@
 #include "toolmem.h"
 
 /* Tool calls of one live turn that a continuation may answer by id alone. */
-#define DS4_SRV_MAX_LIVE_CALLS 64
 
 typedef struct server {
     ds4_server_opts o;
@@ -59,7 +58,7 @@ typedef struct server {
     int slot;
 
     /* Live tool-call turn (slot only): ids the model produced last. */
-    char live_ids[DS4_SRV_MAX_LIVE_CALLS][40];
+    char (*live_ids)[40];         /* every call id of the live turn */
     int n_live_ids;
     int live_ids_tokens;          /* session length the binding belongs to */
     /* What clients replay for the last thinking turn when its reasoning is

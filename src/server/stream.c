@@ -805,9 +805,8 @@ const char *ds4_enc_block(const ds4_enc *e, size_t *len) {
 }
 
 int ds4_enc_call_ids(const ds4_enc *e, const char **ids, int max) {
-    int n = 0;
-    for (int i = 0; i < e->n_calls && n < max; i++) ids[n++] = e->calls[i].id;
-    return n;
+    for (int i = 0; i < e->n_calls && i < max; i++) ids[i] = e->calls[i].id;
+    return e->n_calls;
 }
 
 const char *ds4_enc_error(const ds4_enc *e) {

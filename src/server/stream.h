@@ -93,6 +93,7 @@ const char *ds4_enc_body(const ds4_enc *e, size_t *len);
 /* The tool-call turn just produced (for the replay map and live bindings):
  * the exact block (NULL if none) and the call ids. */
 const char *ds4_enc_block(const ds4_enc *e, size_t *len);
+/* Fills up to max ids; returns how many the turn has (all of them matter). */
 int ds4_enc_call_ids(const ds4_enc *e, const char **ids, int max);
 /* The DSML parser's error message (malformed or unterminated tool block), or NULL. */
 const char *ds4_enc_error(const ds4_enc *e);

@@ -13,12 +13,17 @@ give logprobs equal to A's. The traces show the cold, continued (64-token
 frontier) and evict saves. The cache files are checked against the seed's
 KVC layout with Python's own SHA-1 and CRC-32. Finally a copy of the cache
 with a byte flipped in every file is ignored by a third start (logged, and
-the snapshot it tried is removed)."""
+the snapshot it tried is removed). Cache directory, files and the trace are
+private (0700 / 0600).
+A turn of 66 tool calls (more than the old fixed 64) is remembered whole:
+a Responses continuation sending only the 66 outputs is served from the live
+state (no 400), and the shutdown snapshot's KTM lists all 66 ids."""
 import glob
 import hashlib
 import json
 import os
 import shutil
+import stat
 import struct
 import tempfile
 import zlib
@@ -100,6 +105,47 @@ def final_turn(oc, msgs):
 
 def lp_list(r):
     return [(c.token, c.logprob, [(x.token, x.logprob) for x in c.top_logprobs]) for c in r.choices[0].logprobs.content]
+
+
+MANY = 66
+
+
+def private_modes(t, d, trace):
+    t.check(stat.S_IMODE(os.stat(d).st_mode) == 0o700, f"cache dir mode {oct(os.stat(d).st_mode)}")
+    modes = {os.path.basename(p): stat.S_IMODE(os.stat(p).st_mode) for p in glob.glob(os.path.join(d, "*.kv"))}
+    t.check(modes and all(m == 0o600 for m in modes.values()), f"cache file modes {modes}")
+    t.check(stat.S_IMODE(os.stat(trace).st_mode) == 0o600, f"trace file mode {oct(os.stat(trace).st_mode)}")
+
+
+def many_calls(t, tmp):
+    script = os.path.join(tmp, "many.txt")
+    with open(script, "w", encoding="utf-8") as f:
+        f.write("Calling.</think>\n\n<" + D + "tool_calls>\n" +
+                "".join("<" + D + "invoke name=\"ping\">\n</" + D + "invoke>\n" for _ in range(MANY)) +
+                "</" + D + "tool_calls>")
+    d = os.path.join(tmp, "many")
+    trace = os.path.join(tmp, "many-trace.log")  # created by the server itself
+    tools = [{"type": "function", "name": "ping", "parameters": {"type": "object", "properties": {}}}]
+    srv = Server("--scripted-output", script, "--kv-disk-dir", d, *FLAGS, "--trace", trace, ctx=4096)
+    try:
+        oc = openai.OpenAI(base_url=srv.base + "/v1", api_key="dummy", max_retries=0, timeout=300)
+        r = oc.responses.create(model="m", input="Ping everything", tools=tools)
+        calls = [o for o in r.output if o.type == "function_call"]
+        t.check(len(calls) == MANY, f"{len(calls)} calls in one turn")
+        try:
+            r2 = oc.responses.create(model="m", tools=tools, max_output_tokens=1, input=[
+                {"type": "function_call_output", "call_id": c.call_id, "output": "pong"} for c in calls])
+            t.check(r2.usage.input_tokens_details.cached_tokens > 0, f"live continuation of {MANY} calls {r2.usage}")
+        except openai.APIStatusError as e:
+            t.check(False, f"continuation of {MANY} calls refused: {e}")
+    finally:
+        srv.proc.terminate()
+        srv.proc.wait(timeout=60)
+        srv.stop()
+    files = [parse_kvc(p) for p in glob.glob(os.path.join(d, "*.kv"))]
+    ids = {c.call_id for c in calls}
+    t.check(any(ids <= set(f["tools"]) for f in files), f"no snapshot lists all {MANY} ids")
+    private_modes(t, d, trace)
 
 
 def main():
@@ -184,6 +230,7 @@ def main():
         t.check("checksum mismatch" in log, "damaged file logged on stderr")
         shut_name = [n for n, f in files.items() if f["reason"] == 4]
         t.check(shut_name and not os.path.exists(os.path.join(dir_c, shut_name[0])), "damaged snapshot removed")
+        many_calls(t, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     t.done()

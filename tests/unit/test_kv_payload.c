@@ -2,7 +2,9 @@
  * continuing must give bit-identical logits to never stopping (tiny model A
  * from mk/models.mk, and models/demo.gguf when present), across ring wrap,
  * into a larger context, and through a rewind; every damaged or mismatched
- * payload is rejected with the target session left untouched. */
+ * payload is rejected with the target session left untouched; the streaming
+ * forms write the same bytes piece by piece and never leave a half-restored
+ * session. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,15 +151,33 @@ static void rewind_after_restore(ds4_engine *e, int n, int ctx) {
     free(toks);
 }
 
-static void corruption(ds4_engine *e, ds4_engine *other) {
-    const int V = ds4_engine_n_vocab(e), n = 300, ctx = 1024;
-    int32_t toks[300 + STEPS];
-    make_tokens(toks, n + STEPS, V, 11);
-    char err[256];
-    ds4_session *a = session(e, ctx);
-    CHECK(ds4_session_prefill(a, toks, n, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+enum { SAVED_N = 300, SAVED_CTX = 1024 };
+
+/* A ctx-1024 session after SAVED_N tokens and its payload. */
+typedef struct {
+    int32_t toks[SAVED_N + STEPS];
+    ds4_session *a;
+    void *p;
     size_t pn;
-    void *p = save(a, &pn);
+} saved;
+
+static void saved_session(ds4_engine *e, uint32_t seed, saved *sv) {
+    char err[256];
+    make_tokens(sv->toks, SAVED_N + STEPS, ds4_engine_n_vocab(e), seed);
+    sv->a = session(e, SAVED_CTX);
+    CHECK(ds4_session_prefill(sv->a, sv->toks, SAVED_N, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+    sv->p = save(sv->a, &sv->pn);
+}
+
+static void corruption(ds4_engine *e, ds4_engine *other) {
+    const int V = ds4_engine_n_vocab(e), n = SAVED_N, ctx = SAVED_CTX;
+    saved sv;
+    saved_session(e, 11, &sv);
+    char err[256];
+    const int32_t *toks = sv.toks;
+    ds4_session *a = sv.a;
+    void *p = sv.p;
+    size_t pn = sv.pn;
     float *ref = continue_run(a, toks + n, STEPS, V);
     ds4_session *b = session(e, ctx);
     CHECK(ds4_session_load_payload(b, p, pn, err, sizeof err) == 0, "load: %s", err);
@@ -219,6 +239,71 @@ static void corruption(ds4_engine *e, ds4_engine *other) {
     ds4_session_free(b);
 }
 
+/* A sink collecting the pieces, and a source that fails after `fail_at`. */
+typedef struct { unsigned char *p; size_t n, pieces, largest; } collected;
+static bool collect(void *ud, const void *data, size_t n) {
+    collected *c = ud;
+    unsigned char *g = realloc(c->p, c->n + n + 1);
+    if (!g) return false;
+    c->p = g;
+    memcpy(c->p + c->n, data, n);
+    c->n += n;
+    c->pieces++;
+    if (n > c->largest) c->largest = n;
+    return true;
+}
+
+typedef struct { const unsigned char *p; size_t n, off, fail_at; } failing;
+static bool failing_read(void *ud, void *data, size_t n) {
+    failing *f = ud;
+    if (f->off + n > f->fail_at || f->off + n > f->n) return false;
+    memcpy(data, f->p + f->off, n);
+    f->off += n;
+    return true;
+}
+
+/* The streaming forms move the same bytes as the buffer forms, piece by
+ * piece; a source that fails before the rows leaves the session unchanged,
+ * one that fails inside them leaves it empty, never half restored. */
+static void streaming(ds4_engine *e) {
+    const int V = ds4_engine_n_vocab(e), n = SAVED_N, ctx = SAVED_CTX;
+    saved sv;
+    saved_session(e, 13, &sv);
+    char err[256];
+    collected c = {0};
+    const ds4_sink sink = {collect, &c};
+    CHECK(ds4_session_save_payload_to(sv.a, &sink), "streamed save");
+    CHECK(c.n == sv.pn && !memcmp(c.p, sv.p, sv.pn), "streamed save differs from the buffer form (%zu vs %zu bytes)",
+          c.n, sv.pn);
+    CHECK(c.pieces > 100 && c.largest < sv.pn / 4, "not streamed: %zu pieces, largest %zu of %zu bytes", c.pieces,
+          c.largest, sv.pn);
+    float *ref = continue_run(sv.a, sv.toks + n, STEPS, V);
+
+    ds4_session *b = session(e, ctx);
+    failing f = {.p = sv.p, .n = sv.pn, .fail_at = sv.pn};
+    ds4_source src = {failing_read, &f};
+    CHECK(ds4_session_load_payload_from(b, &src, sv.pn, err, sizeof err) == 0, "streamed load: %s", err);
+    /* fails in the token list: b keeps what it has */
+    f = (failing){.p = sv.p, .n = sv.pn, .fail_at = DS4_PAYLOAD_HEADER_BYTES + 40};
+    CHECK(ds4_session_load_payload_from(b, &src, sv.pn, err, sizeof err) != 0 && ds4_session_n_tokens(b) == n,
+          "a source failing before the rows changed the session");
+    float *got = continue_run(b, sv.toks + n, STEPS, V);
+    CHECK(!memcmp(ref, got, (size_t)STEPS * V * sizeof(float)), "streamed load differs from the original");
+    free(got);
+    /* fails in the rows: b is empty */
+    ds4_session *d = session(e, ctx);
+    CHECK(ds4_session_prefill(d, sv.toks, n, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+    f = (failing){.p = sv.p, .n = sv.pn, .fail_at = sv.pn - sv.pn / 3};
+    CHECK(ds4_session_load_payload_from(d, &src, sv.pn, err, sizeof err) != 0 && ds4_session_n_tokens(d) == 0,
+          "a source failing inside the rows left %d tokens", ds4_session_n_tokens(d));
+    free(ref);
+    free(c.p);
+    free(sv.p);
+    ds4_session_free(sv.a);
+    ds4_session_free(b);
+    ds4_session_free(d);
+}
+
 int main(void) {
     const char *build = getenv("BUILD");
     char a_path[512], b_path[512];
@@ -232,6 +317,7 @@ int main(void) {
         for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) round_trip(a, "A", lens[i], 1024);
         rewind_after_restore(a, 300, 1024);
         corruption(a, b);
+        streaming(a);
     }
     FILE *f = fopen("models/demo.gguf", "rb");
     bool have_demo = f != NULL;

@@ -12,10 +12,12 @@
  *   eviction by score, a full disk during save, two processes on one dir.
  */
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -24,6 +26,7 @@
 #include "chat.h"
 #include "check.h"
 #include "engine.h"
+#include "engine_kvdisk.h"
 #include "kvdisk.h"
 #include "sha1.h"
 #include "tokenizer.h"
@@ -108,6 +111,22 @@ static int count_temps(const char *dir) {
     return n;
 }
 
+/* A payload already in memory, for ds4_kvc_write(). */
+typedef struct { const void *p; size_t n; } mem_payload;
+static bool emit_mem(void *ud, const ds4_sink *sink) {
+    const mem_payload *m = ud;
+    return sink->write(sink->ud, m->p, m->n);
+}
+
+static int write_kvc(const char *dir, const char *name, const ds4_kvc_header *h, const char *text, uint32_t text_len,
+                     const void *payload, const ds4_kvc_tool *tools, uint32_t n_tools, char *err, size_t errlen) {
+    int dirfd = open(dir, O_RDONLY | O_DIRECTORY);
+    mem_payload m = {payload, (size_t)h->payload_bytes};
+    int rc = ds4_kvc_write(dirfd, name, h, text, text_len, emit_mem, &m, tools, n_tools, err, errlen);
+    close(dirfd);
+    return rc;
+}
+
 static void test_format(const char *dir) {
     const char text[] = "<\xef\xbd\x9cUser\xef\xbd\x9c>hello";
     unsigned char payload[100];
@@ -117,7 +136,7 @@ static void test_format(const char *dir) {
     ds4_kvc_header h = {.quant_bits = 2, .reason = DS4_KVC_EVICT, .n_tokens = 7, .hits = 3, .ctx = 4096,
                         .created = 1700000000, .last_used = 1700000500, .payload_bytes = 100};
     char err[256];
-    CHECK(ds4_kvc_write(dir, "f.kv", &h, text, (uint32_t)strlen(text), payload, tools, 2, err, sizeof err) == 0,
+    CHECK(write_kvc(dir, "f.kv", &h, text, (uint32_t)strlen(text), payload, tools, 2, err, sizeof err) == 0,
           "write: %s", err);
 
     /* the seed's layout, built independently */
@@ -198,7 +217,7 @@ static void test_format(const char *dir) {
         static unsigned char big[4096];
         ds4_kvc_header hb = h;
         hb.payload_bytes = sizeof big;
-        int rc = ds4_kvc_write(dir, "f.kv", &hb, text, (uint32_t)strlen(text), big, NULL, 0, err, sizeof err);
+        int rc = write_kvc(dir, "f.kv", &hb, text, (uint32_t)strlen(text), big, NULL, 0, err, sizeof err);
         _exit(rc == -1 && strstr(err, "cannot write") ? 0 : 1);
     }
     int st = 0;
@@ -251,8 +270,10 @@ typedef struct { char text[8192]; int warnings; } logbuf;
 static void on_log(void *ud, bool warning, const char *line) {
     logbuf *l = ud;
     l->warnings += warning;
-    strncat(l->text, line, sizeof l->text - strlen(l->text) - 2);
-    strcat(l->text, "\n");
+    size_t used = strlen(l->text);
+    /* keep the latest lines when full */
+    if (used + strlen(line) + 2 > sizeof l->text) used = 0;
+    snprintf(l->text + used, sizeof l->text - used, "%s\n", line);
 }
 
 static ds4_session *prompt_session(ds4_engine *e, const char *text, int ctx) {
@@ -298,7 +319,7 @@ static void test_cache(ds4_engine *e, const char *dir) {
     o.min_tokens = 8;
     logbuf lg = {0};
     ds4_toolmem *mem = ds4_toolmem_new(100, 1 << 20);
-    ds4_kvdisk *d = ds4_kvdisk_open(&o, e, mem, on_log, &lg, err, sizeof err);
+    ds4_kvdisk *d = ds4_engine_kvdisk_open(&o, e, mem, on_log, &lg, err, sizeof err);
     CHECK(d != NULL, "open: %s", err);
     if (!d) return;
 
@@ -333,7 +354,7 @@ static void test_cache(ds4_engine *e, const char *dir) {
     memcpy(prompt, ta, tn);
     strcpy(prompt + tn, "</\xef\xbd\x9c" "DSML\xef\xbd\x9ctool_calls>more");
     ds4_toolmem *mem2 = ds4_toolmem_new(100, 1 << 20);
-    ds4_kvdisk *d2 = ds4_kvdisk_open(&o, e, mem2, on_log, &lg, err, sizeof err);
+    ds4_kvdisk *d2 = ds4_engine_kvdisk_open(&o, e, mem2, on_log, &lg, err, sizeof err);
     ds4_session *b = ds4_session_new(e, 1024, err, sizeof err);
     CHECK(ds4_kvdisk_restore(d2, b, "unrelated", 9, 0) == 0 && ds4_session_n_tokens(b) == 0, "miss");
     CHECK(ds4_kvdisk_restore(d2, b, prompt, tn + 10, ds4_session_n_tokens(a)) == 0, "a hit must beat the live tokens");
@@ -351,7 +372,7 @@ static void test_cache(ds4_engine *e, const char *dir) {
     ds4_toolmem_free(mem2);
     /* find a single tool id without a hit (restart, history scan) */
     mem2 = ds4_toolmem_new(100, 1 << 20);
-    d2 = ds4_kvdisk_open(&o, e, mem2, on_log, &lg, err, sizeof err);
+    d2 = ds4_engine_kvdisk_open(&o, e, mem2, on_log, &lg, err, sizeof err);
     CHECK(ds4_kvdisk_find_tool(d2, "call_aaaa") && !ds4_kvdisk_find_tool(d2, "call_notintext"), "find_tool");
     CHECK(ds4_toolmem_count(mem2) == 1, "only the asked id loaded");
     ds4_kvdisk_close(d2);
@@ -370,12 +391,12 @@ static void test_cache(ds4_engine *e, const char *dir) {
         snprintf(name, sizeof name, "%s", strrchr(path, '/') + 1);
         ds4_kvc_header hq = v.h;
         hq.quant_bits = (uint8_t)(ds4_engine_expert_bits(e) == 4 ? 2 : 4);
-        CHECK(ds4_kvc_write(dir, name, &hq, v.text, v.text_len, v.payload, v.tools, v.n_tools, err, sizeof err) == 0,
+        CHECK(write_kvc(dir, name, &hq, v.text, v.text_len, v.payload, v.tools, v.n_tools, err, sizeof err) == 0,
               "rewrite with another quant: %s", err);
         free(v.tools);
         ds4_kvdisk_opts strict = o;
         strict.reject_different_quant = true;
-        ds4_kvdisk *ds = ds4_kvdisk_open(&strict, e, NULL, on_log, &lg, err, sizeof err);
+        ds4_kvdisk *ds = ds4_engine_kvdisk_open(&strict, e, NULL, on_log, &lg, err, sizeof err);
         ds4_session *q = ds4_session_new(e, 1024, err, sizeof err);
         CHECK(ds4_kvdisk_restore(ds, q, prompt, tn + 10, 0) == 0, "strict: other quant refused");
         CHECK(ds4_kvdisk_restore(d, q, prompt, tn + 10, 0) == tn && same_state(a, q), "default: other quant reused");
@@ -435,7 +456,7 @@ static void test_cache(ds4_engine *e, const char *dir) {
     size_t one = ds4_session_payload_bytes(s3[0]) + 400;
     ds4_kvdisk_close(d);
     o.space_bytes = 2 * one + one / 2;
-    d = ds4_kvdisk_open(&o, e, mem, on_log, &lg, err, sizeof err);
+    d = ds4_engine_kvdisk_open(&o, e, mem, on_log, &lg, err, sizeof err);
     CHECK(ds4_kvdisk_save(d, s3[0], DS4_KVC_COLD) == 0 && ds4_kvdisk_save(d, s3[1], DS4_KVC_COLD) == 0, "save 2");
     ds4_session_free(c);
     c = ds4_session_new(e, 1024, err, sizeof err);
@@ -454,7 +475,7 @@ static void test_cache(ds4_engine *e, const char *dir) {
     for (int k = 0; k < 2; k++) {
         if ((kids[k] = fork()) == 0) {
             logbuf l2 = {0};
-            ds4_kvdisk *dk = ds4_kvdisk_open(&o, e, NULL, on_log, &l2, err, sizeof err);
+            ds4_kvdisk *dk = ds4_engine_kvdisk_open(&o, e, NULL, on_log, &l2, err, sizeof err);
             int fails = 0;
             for (int r = 0; r < 6; r++)
                 for (int i = 0; i < 3; i++) {
@@ -488,7 +509,7 @@ static void test_cache(ds4_engine *e, const char *dir) {
     }
     closedir(dd);
     CHECK(invalid == 0 && count_temps(dir) == 0, "%d invalid files / temps after concurrent saves", invalid);
-    d = ds4_kvdisk_open(&o, e, mem, on_log, &lg, err, sizeof err);
+    d = ds4_engine_kvdisk_open(&o, e, mem, on_log, &lg, err, sizeof err);
     for (int i = 0; i < 3; i++) {
         ds4_session *r = ds4_session_new(e, 1024, err, sizeof err);
         CHECK(ds4_kvdisk_restore(d, r, texts[i], strlen(texts[i]), 0) > 0 && same_state(r, s3[i]),
@@ -506,14 +527,358 @@ static void test_cache(ds4_engine *e, const char *dir) {
     ds4_toolmem_free(mem);
 }
 
+/* ---- the cache over a synthetic host: big payloads without a model ---- */
+
+/* A stand-in session: its payload is `bytes` pattern bytes made on the fly,
+ * so the test itself never holds a payload in memory. */
+typedef struct {
+    int n_tokens, ctx;
+    const char *text;
+    size_t bytes;
+    unsigned seed, loaded_seed;
+} fake_session;
+
+#define FAKE(s) ((fake_session *)(void *)(s))
+#define AS_SESSION(f) ((struct ds4_session *)(void *)(f))
+
+static unsigned char pattern(unsigned seed, size_t i) { return (unsigned char)((i * 131u) ^ (i >> 12) ^ seed); }
+
+static int fake_n_tokens(const struct ds4_session *s) { return FAKE(s)->n_tokens; }
+static int fake_ctx(const struct ds4_session *s) { return FAKE(s)->ctx; }
+static size_t fake_bytes(const struct ds4_session *s) { return FAKE(s)->bytes; }
+static char *fake_text(void *ud, const struct ds4_session *s, size_t *len) {
+    *len = strlen(FAKE(s)->text);
+    return strdup(FAKE(s)->text);
+}
+static bool fake_save(const struct ds4_session *s, const ds4_sink *sink) {
+    unsigned char piece[65536];
+    const fake_session *f = FAKE(s);
+    for (size_t off = 0; off < f->bytes; off += sizeof piece) {
+        size_t n = f->bytes - off < sizeof piece ? f->bytes - off : sizeof piece;
+        for (size_t i = 0; i < n; i++) piece[i] = pattern(f->seed, off + i);
+        if (!sink->write(sink->ud, piece, n)) return false;
+    }
+    return true;
+}
+/* The seed is in byte 0 of the pattern (i = 0 gives 0 ^ 0 ^ seed). */
+static int fake_load(struct ds4_session *s, const ds4_source *src, size_t n, char *err, size_t errlen) {
+    unsigned char piece[65536];
+    unsigned seed = 0;
+    for (size_t off = 0; off < n; off += sizeof piece) {
+        size_t k = n - off < sizeof piece ? n - off : sizeof piece;
+        if (!src->read(src->ud, piece, k)) { snprintf(err, errlen, "short read"); return -1; }
+        if (!off) seed = piece[0];
+        for (size_t i = 0; i < k; i++)
+            if (piece[i] != pattern(seed, off + i)) { snprintf(err, errlen, "pattern broken at %zu", off + i); return -1; }
+    }
+    FAKE(s)->loaded_seed = seed;
+    FAKE(s)->n_tokens = 1 << 20; /* stands for "restored": tests compare it */
+    return 0;
+}
+
+static const ds4_kvdisk_host fake_host = {
+    .quant_bits = 2, .user_tok = 1, .assistant_tok = 2, .n_tokens = fake_n_tokens, .ctx = fake_ctx,
+    .key_text = fake_text, .payload_bytes = fake_bytes, .save_payload = fake_save, .load_payload = fake_load,
+};
+
+static ds4_kvdisk *fake_open(const char *dir, uint64_t space, ds4_toolmem *mem, logbuf *lg) {
+    char err[512];
+    ds4_kvdisk_opts o;
+    ds4_kvdisk_opts_default(&o);
+    o.dir = dir;
+    o.min_tokens = 8;
+    o.space_bytes = space;
+    ds4_kvdisk *d = ds4_kvdisk_open(&o, &fake_host, mem, on_log, lg, err, sizeof err);
+    CHECK(d != NULL, "open %s: %s", dir, err);
+    return d;
+}
+
+static void fake_path(const char *dir, const char *text, char *out, size_t n) { kv_path(dir, text, strlen(text), out, n); }
+
+static size_t restore_fake(ds4_kvdisk *d, const char *prompt, unsigned *seed) {
+    fake_session into = {.n_tokens = 0, .ctx = 100000};
+    size_t got = ds4_kvdisk_restore(d, AS_SESSION(&into), prompt, strlen(prompt), 0);
+    *seed = into.loaded_seed;
+    return got;
+}
+
+static long proc_field(const char *file, const char *key) {
+    FILE *f = fopen(file, "r");
+    char line[256];
+    long v = -1;
+    size_t kl = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl)) v = strtol(line + kl, NULL, 10);
+    if (f) fclose(f);
+    return v;
+}
+
+/* Peak RSS growth (KiB) over fn: the peak is reset first (clear_refs 5). */
+static long peak_growth_kib(void (*fn)(void *), void *ud) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    CHECK(f && fputs("5", f) >= 0, "cannot reset the peak RSS");
+    if (f) fclose(f);
+    long before = proc_field("/proc/self/status", "VmRSS:");
+    fn(ud);
+    return proc_field("/proc/self/status", "VmHWM:") - before;
+}
+
+typedef struct { ds4_kvdisk *d; fake_session *s; int rc; unsigned seed; size_t got; const char *prompt; } io_job;
+static void do_save(void *ud) { io_job *j = ud; j->rc = ds4_kvdisk_save(j->d, AS_SESSION(j->s), DS4_KVC_COLD); }
+static void do_restore(void *ud) { io_job *j = ud; j->got = restore_fake(j->d, j->prompt, &j->seed); }
+
+static void rm_dir(const char *dir);
+
+/* A cache over the synthetic host in a fresh private directory base/name. */
+static ds4_kvdisk *fake_dir(const char *base, const char *name, char *dir, size_t n, uint64_t space, ds4_toolmem *mem,
+                            logbuf *lg) {
+    snprintf(dir, n, "%s/%s", base, name);
+    CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+    return fake_open(dir, space, mem, lg);
+}
+
+#define BIG_PAYLOAD ((size_t)48 << 20)
+
+/* Defect: saves copied the whole session into memory, restores read whole
+ * files; both must stream. */
+static void test_streaming_memory(const char *base) {
+    char dir[300];
+    logbuf lg = {0};
+    ds4_kvdisk *d = fake_dir(base, "stream", dir, sizeof dir, (uint64_t)1 << 30, NULL, &lg);
+    if (!d) return;
+    fake_session s = {.n_tokens = 100, .ctx = 1000, .text = "streamed conversation", .bytes = BIG_PAYLOAD, .seed = 77};
+    io_job j = {.d = d, .s = &s, .prompt = "streamed conversation and more"};
+    long save_kib = peak_growth_kib(do_save, &j);
+    CHECK(j.rc == 0, "big save failed:\n%s", lg.text);
+    long restore_kib = peak_growth_kib(do_restore, &j);
+    CHECK(j.got == strlen(s.text) && j.seed == 77, "big restore: %zu bytes, seed %u\n%s", j.got, j.seed, lg.text);
+    printf("test_kvdisk: %zu MiB payload: peak RSS growth save %ld KiB, restore %ld KiB\n", BIG_PAYLOAD >> 20,
+           save_kib, restore_kib);
+    /* a quarter of the payload is far above the streaming buffers (a few MiB)
+     * and far below one copy */
+    CHECK(save_kib >= 0 && save_kib < (long)(BIG_PAYLOAD >> 12), "save grew RSS by %ld KiB", save_kib);
+    CHECK(restore_kib >= 0 && restore_kib < (long)(BIG_PAYLOAD >> 12), "restore grew RSS by %ld KiB", restore_kib);
+
+    /* find_tool reads the KTM section, not the file around it */
+    ds4_toolmem *mem = ds4_toolmem_new(100, 1 << 20);
+    const char *ids[1] = {"call_inbig"};
+    s.text = "streamed conversation with <tool block> inside";
+    ds4_toolmem_put(mem, ids, 1, "<tool block>", 12);
+    ds4_kvdisk_close(d);
+    d = fake_open(dir, (uint64_t)1 << 30, mem, &lg);
+    CHECK(ds4_kvdisk_save(d, AS_SESSION(&s), DS4_KVC_COLD) == 0, "save with a tool map");
+    ds4_kvdisk_close(d);
+    ds4_toolmem *mem2 = ds4_toolmem_new(100, 1 << 20);
+    d = fake_open(dir, (uint64_t)1 << 30, mem2, &lg);
+    long rchar = proc_field("/proc/self/io", "rchar:");
+    CHECK(ds4_kvdisk_find_tool(d, "call_inbig"), "find_tool in a big file");
+    rchar = proc_field("/proc/self/io", "rchar:") - rchar;
+    CHECK(rchar >= 0 && rchar < 65536, "find_tool read %ld bytes of a %zu-byte file", rchar, BIG_PAYLOAD);
+    char *got = ds4_toolmem_get(mem2, "call_inbig");
+    CHECK(got && !strcmp(got, "<tool block>"), "find_tool block");
+    free(got);
+    ds4_kvdisk_close(d);
+    ds4_toolmem_free(mem);
+    ds4_toolmem_free(mem2);
+    rm_dir(dir);
+}
+
+/* Defect: a checkpoint just written (0 hits) was evicted at once because
+ * older files with a hit outranked it. */
+static void test_new_file_survives_eviction(const char *base) {
+    char dir[300], path[700];
+    logbuf lg = {0};
+    const size_t one = 1 << 20;
+    ds4_kvdisk *d = fake_dir(base, "evict", dir, sizeof dir, 2 * one + one / 2, NULL, &lg);
+    if (!d) return;
+    fake_session a = {.n_tokens = 50, .ctx = 1000, .text = "conversation about apples", .bytes = one, .seed = 1};
+    fake_session b = {.n_tokens = 50, .ctx = 1000, .text = "conversation about boats", .bytes = one, .seed = 2};
+    fake_session c = {.n_tokens = 50, .ctx = 1000, .text = "conversation about clocks", .bytes = one, .seed = 3};
+    unsigned seed;
+    CHECK(ds4_kvdisk_save(d, AS_SESSION(&a), DS4_KVC_COLD) == 0 && ds4_kvdisk_save(d, AS_SESSION(&b), DS4_KVC_COLD) == 0,
+          "save two");
+    CHECK(restore_fake(d, a.text, &seed) && seed == 1 && restore_fake(d, b.text, &seed) && seed == 2, "hit both");
+    CHECK(ds4_kvdisk_save(d, AS_SESSION(&c), DS4_KVC_COLD) == 0, "save a third over budget");
+    fake_path(dir, c.text, path, sizeof path);
+    CHECK(access(path, F_OK) == 0, "the file just written was evicted in its own save:\n%s", lg.text);
+    CHECK(count_files(dir, ".kv") == 2, "%d files after eviction", count_files(dir, ".kv"));
+    ds4_kvdisk_close(d);
+    rm_dir(dir);
+}
+
+/* Defects: temp files judged by PID (a crashed PID-1 writer's name blocked
+ * saves forever; a live writer in another PID namespace could lose its
+ * file); a lock file that cannot be opened let saves run unlocked; deletions
+ * in rescans without the lock. */
+static void test_temps_and_lock(const char *base) {
+    char dir[300], path[700];
+    logbuf lg = {0};
+    ds4_kvdisk *d = fake_dir(base, "temps", dir, sizeof dir, (uint64_t)1 << 30, NULL, &lg);
+    if (!d) return;
+    fake_session a = {.n_tokens = 50, .ctx = 1000, .text = "conversation about temps", .bytes = 4096, .seed = 5};
+    /* a writer that is alive: it holds the lock while its temp file exists */
+    int to_child[2], to_parent[2];
+    CHECK(pipe(to_child) == 0 && pipe(to_parent) == 0, "pipes");
+    pid_t pid = fork();
+    if (pid == 0) {
+        snprintf(path, sizeof path, "%s/.lock", dir);
+        int lock = open(path, O_RDWR | O_CREAT, 0600);
+        flock(lock, LOCK_EX);
+        snprintf(path, sizeof path, "%s/.kvtmp.live-writer", dir);
+        close(open(path, O_WRONLY | O_CREAT, 0600));
+        char c = 1;
+        if (write(to_parent[1], &c, 1) != 1 || read(to_child[0], &c, 1) != 1) _exit(1);
+        _exit(0); /* dies holding the temp file: a crash mid-write */
+    }
+    char c;
+    CHECK(read(to_parent[0], &c, 1) == 1, "child ready");
+    unsigned seed;
+    restore_fake(d, "anything", &seed);
+    CHECK(!ds4_kvdisk_find_tool(d, "call_x"), "find_tool");
+    snprintf(path, sizeof path, "%s/.kvtmp.live-writer", dir);
+    CHECK(access(path, F_OK) == 0, "a live writer's temp file was deleted without the lock");
+    CHECK(write(to_child[1], &c, 1) == 1, "release child");
+    int st;
+    waitpid(pid, &st, 0);
+    /* names a PID-based scheme would keep: PID 1 never "dies" */
+    snprintf(path, sizeof path, "%s/.kvtmp.1.0", dir);
+    close(open(path, O_WRONLY | O_CREAT, 0600));
+    CHECK(ds4_kvdisk_save(d, AS_SESSION(&a), DS4_KVC_COLD) == 0, "save with leftover temp files: %s", lg.text);
+    CHECK(count_temps(dir) == 0, "%d leftover temp files after a save", count_temps(dir));
+
+    /* permissions: private directory, private files */
+    struct stat sb;
+    fake_path(dir, a.text, path, sizeof path);
+    CHECK(stat(path, &sb) == 0 && (sb.st_mode & 0777) == 0600, "cache file mode %o", sb.st_mode & 0777);
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    CHECK(stat(path, &sb) == 0 && (sb.st_mode & 0777) == 0600, "lock file mode %o", sb.st_mode & 0777);
+
+    /* a lock file that cannot be opened fails the save, and nothing is
+     * deleted without the lock (a damaged file stays) */
+    CHECK(unlink(path) == 0 && mkdir(path, 0700) == 0, "lock replaced by a directory");
+    fake_session b = {.n_tokens = 50, .ctx = 1000, .text = "conversation about locks", .bytes = 4096, .seed = 6};
+    int warn0 = lg.warnings;
+    CHECK(ds4_kvdisk_save(d, AS_SESSION(&b), DS4_KVC_COLD) == -1 && lg.warnings > warn0 && strstr(lg.text, ".lock"),
+          "save without the lock did not fail");
+    fake_path(dir, b.text, path, sizeof path);
+    CHECK(access(path, F_OK) != 0 && count_temps(dir) == 0, "save without the lock wrote a file");
+    fake_path(dir, a.text, path, sizeof path);
+    CHECK(truncate(path, 100) == 0, "damage");
+    ds4_kvdisk_close(d);
+    d = fake_open(dir, (uint64_t)1 << 30, NULL, &lg);
+    CHECK(d && access(path, F_OK) == 0, "damaged file deleted without the lock");
+    ds4_kvdisk_close(d);
+    rm_dir(dir);
+}
+
+/* Defect: the cache directory and files were world-readable, and any
+ * directory was accepted; a payload was used without checking that it
+ * belongs to the key it was found under. */
+static void test_private_dir_and_key(const char *base) {
+    char dir[300], path[700], other[700], err[512];
+    snprintf(dir, sizeof dir, "%s/created", base);
+    logbuf lg = {0};
+    ds4_kvdisk *d = fake_open(dir, (uint64_t)1 << 30, NULL, &lg);
+    struct stat sb;
+    CHECK(stat(dir, &sb) == 0 && (sb.st_mode & 0777) == 0700, "new cache dir mode %o", sb.st_mode & 0777);
+    fake_session a = {.n_tokens = 50, .ctx = 1000, .text = "conversation about keys", .bytes = 4096, .seed = 8};
+    fake_session b = {.n_tokens = 50, .ctx = 1000, .text = "conversation about locks", .bytes = 4096, .seed = 9};
+    CHECK(d && ds4_kvdisk_save(d, AS_SESSION(&a), DS4_KVC_COLD) == 0, "save");
+    /* b's file put under a's name: its text is a's prompt prefix no more */
+    CHECK(ds4_kvdisk_save(d, AS_SESSION(&b), DS4_KVC_COLD) == 0, "save b");
+    fake_path(dir, a.text, path, sizeof path);
+    fake_path(dir, b.text, other, sizeof other);
+    CHECK(rename(other, path) == 0, "move b over a");
+    unsigned seed = 0;
+    CHECK(restore_fake(d, "conversation about locks, continued", &seed) == 0 && seed == 0,
+          "a file whose key text does not hash to its name was loaded (seed %u)", seed);
+    CHECK(access(path, F_OK) != 0, "the misnamed file was not removed");
+    ds4_kvdisk_close(d);
+
+    ds4_kvdisk_opts o;
+    ds4_kvdisk_opts_default(&o);
+    o.dir = dir;
+    CHECK(chmod(dir, 0777) == 0, "chmod");
+    CHECK(!ds4_kvdisk_open(&o, &fake_host, NULL, on_log, &lg, err, sizeof err) && strstr(err, "writable by group or others"),
+          "world-writable dir accepted: %s", err);
+    CHECK(chmod(dir, 0770) == 0, "chmod");
+    CHECK(!ds4_kvdisk_open(&o, &fake_host, NULL, on_log, &lg, err, sizeof err), "group-writable dir accepted");
+    CHECK(chmod(dir, 0700) == 0, "chmod");
+    /* owned by someone else: root can make one; others find "/" */
+    if (geteuid() == 0) CHECK(chown(dir, 65534, 65534) == 0, "chown");
+    else o.dir = "/";
+    CHECK(!ds4_kvdisk_open(&o, &fake_host, NULL, on_log, &lg, err, sizeof err) && strstr(err, "owned by uid"),
+          "a directory of another user accepted: %s", err);
+    rm_dir(dir);
+}
+
+/* Defect: fixed 4096-byte path buffers truncated long names silently, so a
+ * save went to another (truncated) path. */
+static void test_long_dir(const char *base) {
+    char dir[4100];
+    size_t n = (size_t)snprintf(dir, sizeof dir, "%s", base);
+    char comp[201];
+    memset(comp, 'd', 200);
+    comp[200] = 0;
+    /* stop below PATH_MAX for the directory itself, past it with a file name */
+    while (n + 201 < 4070) {
+        n += (size_t)snprintf(dir + n, sizeof dir - n, "/%s", comp);
+        CHECK(mkdir(dir, 0700) == 0, "mkdir level %zu", n);
+    }
+    n += (size_t)snprintf(dir + n, sizeof dir - n, "/%.*s", (int)(4070 - n - 1), comp);
+    CHECK(mkdir(dir, 0700) == 0 && strlen(dir) == 4070, "mkdir %zu-byte dir", strlen(dir));
+    logbuf lg = {0};
+    ds4_kvdisk *d = fake_open(dir, (uint64_t)1 << 30, NULL, &lg);
+    fake_session a = {.n_tokens = 50, .ctx = 1000, .text = "conversation in a deep directory", .bytes = 4096, .seed = 4};
+    unsigned seed = 0;
+    CHECK(d && ds4_kvdisk_save(d, AS_SESSION(&a), DS4_KVC_COLD) == 0, "save in a long dir:\n%s", lg.text);
+    CHECK(d && restore_fake(d, a.text, &seed) == strlen(a.text) && seed == 4, "restore in a long dir:\n%s", lg.text);
+    CHECK(count_files(dir, ".kv") == 1, "the file did not land in the long directory");
+    ds4_kvdisk_close(d);
+    /* remove bottom-up */
+    rm_dir(dir);
+    for (char *slash; (slash = strrchr(dir, '/')) && (size_t)(slash - dir) > strlen(base);) {
+        *slash = 0;
+        rmdir(dir);
+    }
+}
+
+/* Defect: only 64 tool ids of one turn were remembered. */
+static void test_many_tool_ids(const char *base) {
+    char dir[300];
+    logbuf lg = {0};
+    ds4_toolmem *mem = ds4_toolmem_new(1000, 1 << 20);
+    enum { N = 100 };
+    char names[N][16];
+    const char *ids[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "call_%03d", i);
+        ids[i] = names[i];
+    }
+    ds4_toolmem_put(mem, ids, N, "<one turn, 100 calls>", 21);
+    ds4_kvdisk *d = fake_dir(base, "tools", dir, sizeof dir, (uint64_t)1 << 30, mem, &lg);
+    fake_session a = {.n_tokens = 50, .ctx = 1000, .text = "text <one turn, 100 calls> end", .bytes = 4096, .seed = 3};
+    CHECK(d && ds4_kvdisk_save(d, AS_SESSION(&a), DS4_KVC_COLD) == 0, "save");
+    ds4_kvdisk_close(d);
+    ds4_toolmem *mem2 = ds4_toolmem_new(1000, 1 << 20);
+    d = fake_open(dir, (uint64_t)1 << 30, mem2, &lg);
+    int found = 0;
+    for (int i = 0; i < N; i++) found += d && ds4_kvdisk_find_tool(d, ids[i]);
+    CHECK(found == N, "%d of %d tool ids of one turn found after a restart", found, N);
+    ds4_kvdisk_close(d);
+    ds4_toolmem_free(mem);
+    ds4_toolmem_free(mem2);
+    rm_dir(dir);
+}
+
+/* Removes dir and the files (and empty directories) in it. */
 static void rm_dir(const char *dir) {
-    DIR *d = opendir(dir);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     struct dirent *e;
-    char p[700];
     while (d && (e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
+        if (unlinkat(fd, e->d_name, 0)) unlinkat(fd, e->d_name, AT_REMOVEDIR);
     }
     if (d) closedir(d);
     rmdir(dir);
@@ -525,6 +890,12 @@ int main(void) {
     char dir[] = "/tmp/ds4-kvdisk-test-XXXXXX";
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
     test_format(dir);
+    test_streaming_memory(dir);
+    test_new_file_survives_eviction(dir);
+    test_temps_and_lock(dir);
+    test_private_dir_and_key(dir);
+    test_long_dir(dir);
+    test_many_tool_ids(dir);
     if (access("models/demo.gguf", R_OK)) {
         char cmd[600];
         snprintf(cmd, sizeof cmd, "make -s BUILD=%.500s demo-model >/dev/null 2>&1", getenv("BUILD") ? getenv("BUILD") : "build");
