@@ -10,19 +10,25 @@ equal its reference. A client that disconnects mid-stream frees its slot (the
 server keeps answering), /health and /metrics (Prometheus text: every
 sample line parses, the counters add up to what the test sent) report the
 slots, and a slot count whose
-KV cannot fit is refused at start with one line. Greedy sampling
+KV cannot fit is refused at start with one line. Tool calls: the SDK
+test's scripted tool-call flows (exact DSML replay, live continuations by
+id, streamed tool calls, Responses and Anthropic tool turns) run three at a
+time on a 3-slot server. Greedy sampling
 (temperature 0) makes the answers deterministic; the demo model's text is
 meaningless, so only equality is checked."""
 import concurrent.futures
 import json
+import os
 import re
 import socket
 import subprocess
+import tempfile
 
 import anthropic
 import openai
 
 from server_helper import MODEL, SERVER, Results, Server, demo_model_or_skip
+from test_server_sdk import SCRIPT, scripted_server_tests
 
 NAME = "test_batched_sessions"
 MAX_TOKENS = 12
@@ -146,6 +152,20 @@ def main():
         res.check(srv.alive(), "server alive")
     finally:
         srv.stop()
+
+    fd, script = tempfile.mkstemp(suffix=".txt")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(SCRIPT)
+    try:
+        srv = Server("--scripted-output", script, "--batched-session", "3", ctx=1024)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+                list(pool.map(lambda _: scripted_server_tests(res, srv), range(3)))
+            res.check(srv.alive(), "scripted server alive")
+        finally:
+            srv.stop()
+    finally:
+        os.unlink(script)
 
     # more sessions than memory: refused at start, one line
     r = subprocess.run([SERVER, "-m", MODEL, "--port", "0", "--ctx", str(1 << 24), "--batched-session", "256"],
