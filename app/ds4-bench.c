@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_experts.h"
 #include "bench_kernels.h"
 #include "bench_model.h"
 #include "cli_args.h"
@@ -15,15 +16,18 @@ static void usage(FILE *f) {
     fprintf(f, "usage: ds4-bench --kernels [-t N]\n"
                "       ds4-bench -m MODEL.gguf [--prompt-file F] [--ctx-start N] [--ctx-max N]\n"
                "                 [--step-incr N | --step-mul F] [--gen-tokens N] [--prefill-chunk N]\n"
-               "                 [--numerics exact|ds4] [--cpu] [-t N]\n"
+               "                 [--numerics exact|ds4] [-t N] [--ssd-streaming...] [--cuda|--cpu] [--gpu-vram ..]\n"
                "       ds4-bench -m MODEL.gguf --sessions 1,2,4,8,16 [--prompt-tokens N] [--gen-tokens N]\n"
-               "                 [--repeat N] [--prompt-file F] [-t N]\n"
+               "                 [--repeat N] [--prompt-file F] [-t N] [--cuda|--cpu] [--gpu-vram ..]\n"
                "  --kernels   memory bandwidth, matvec GB/s per weight type, matmul GFLOP/s\n"
                "  -m MODEL    CSV per context frontier: frontier,prefill_tps,gen_tps,kvcache_bytes\n"
                "  --sessions  table: that many sessions decoding together (batched), per-session and\n"
                "              aggregate tokens/s, weight bytes read per token (prompt default 64)\n"
                "  -t N        threads (--kernels: default 2, also measured with 1 thread;\n"
-               "              -m: default all CPUs)\n");
+               "              -m: default all CPUs)\n"
+               "  --ssd-streaming-trace F  record every layer's routing (int32 records: layer, n, ids)\n"
+               "  --expert-policy F  replay a routing trace: hit rates of aged LFU vs LRU\n"
+               "%s", ds4_ssd_usage);
 }
 
 /* Integer option value in [lo, hi]; -1 (after a message) when invalid. */
@@ -65,6 +69,14 @@ int main(int argc, char **argv) {
         {"--prompt-tokens", &mp.prompt_tokens, 1, 1 << 20},
     };
     for (int i = 1; i < argc; i++) {
+        char gpu_err[256];
+        int gpu_arg = ds4_gpu_option(&mp.gpu, argv[i], i + 1 < argc ? argv[i + 1] : NULL, gpu_err, sizeof gpu_err);
+        if (gpu_arg < 0) { fprintf(stderr, "ds4-bench: %s\n", gpu_err); return 2; }
+        if (gpu_arg > 0) { i += gpu_arg - 1; continue; }
+        char ssd_err[256];
+        int ssd = ds4_ssd_parse_option(&mp.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (ssd < 0) { fprintf(stderr, "ds4-bench: %s\n", ssd_err); return 2; }
+        if (ssd) continue;
         size_t k = 0;
         while (k < sizeof ints / sizeof ints[0] && strcmp(argv[i], ints[k].name)) k++;
         if (k < sizeof ints / sizeof ints[0]) {
@@ -82,6 +94,9 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "ds4-bench: --step-mul needs a factor > 1\n");
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--expert-policy")) {
+            if (i + 1 >= argc) { fprintf(stderr, "ds4-bench: --expert-policy needs a trace file\n"); return 2; }
+            return ds4_bench_expert_policy(argv[i + 1], stdout) ? 1 : 0;
         } else if (!strcmp(argv[i], "--numerics")) {
             if (!ds4_parse_numerics(i + 1 < argc ? argv[++i] : NULL, &mp.numerics)) {
                 fprintf(stderr, "ds4-bench: --numerics takes exact or ds4\n");
@@ -93,7 +108,6 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(argv[i], "--kernels")) kernels = 1;
-        else if (!strcmp(argv[i], "--cpu")) { /* the CPU backend is the only one built here */ }
         else if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
             long v = int_arg(argc, argv, &i, 1, 1024);
             if (v < 0) return 2;

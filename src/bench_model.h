@@ -5,6 +5,10 @@
  *   prompt file repeated as needed, or, for a model without a tokenizer or
  *   without a prompt file, a fixed pseudo-random sequence) to context
  *   frontiers ctx_start, then +step_incr (or *step_mul) up to ctx_max.
+ * - Before the first row an untimed warm-up prefills up to 128 tokens (fewer
+ *   if the session is smaller) and decodes one, then restores the empty
+ *   state, so first-touch page faults of the mmapped weights do not land in
+ *   the figures.
  * - Prefill is incremental: each row times only the tokens added since the
  *   previous frontier. At each frontier the live state is snapshotted in
  *   memory, gen_tokens greedy tokens are decoded (never EOS: the best non-EOS
@@ -12,21 +16,28 @@
  *   continues, so generation never perturbs the prefill path.
  * - Output: CSV on `out`, header "frontier,prefill_tps,gen_tps,kvcache_bytes",
  *   one row per frontier; kvcache_bytes is the session state a context of
- *   that many tokens needs. Never asserts; returns 0, or -1 with a one-line
+ *   that many tokens needs. With --ssd-streaming the row adds the expert
+ *   cache counters of its generation phase: gen_hit_rate, gen_mib_per_token
+ *   (MiB read from disk per generated token), read_mib_s (while reads were in
+ *   flight) and gen_stall_s (decode time spent waiting for reads). Never asserts; returns 0, or -1 with a one-line
  *   message on stderr.
  */
 #ifndef DS4_BENCH_MODEL_H
 #define DS4_BENCH_MODEL_H
 
 #include <stdio.h>
+#include "engine.h"
+#include "cuda_plan.h"
 
 typedef struct {
     const char *model_path, *prompt_file;
     int threads, prefill_chunk, numerics;
     int ctx_start, ctx_max, step_incr, gen_tokens;
     double step_mul;                    /* > 1: geometric frontiers instead of step_incr */
+    ds4_ssd_params ssd;                 /* --ssd-streaming*: adds the expert cache columns */
     /* ds4_bench_sessions: the session counts to compare and runs per count */
     int session_counts[16], n_session_counts, repeat, prompt_tokens;
+    ds4_gpu_opts gpu;                   /* backend and placement (cuda_plan.h) */
 } ds4_bench_model_params;
 
 void ds4_bench_model_defaults(ds4_bench_model_params *p);

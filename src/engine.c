@@ -1,7 +1,10 @@
-/* engine.c -- the public engine API over the model binding, the CPU backend
- * and the session state. */
+/* engine.c -- the public engine API over the model binding, the backend
+ * (CPU or CUDA) and the session state. */
 #include "engine.h"
 #include "backend.h"
+#include "cli_args.h"
+#include "cuda/cuda_backend.h"
+#include "expert_cache.h"
 #include "forward_cpu.h"
 #include "gguf.h"
 #include "kv.h"
@@ -9,6 +12,7 @@
 #include "model.h"
 #include "tokenizer.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +33,9 @@ struct ds4_engine {
     ds4_tokenizer *tok;
     int prefill_chunk;
     ds4_backend_seq *seqs;  /* [max_batch]: one backend call's sequences */
+    ds4_expert_cache *experts;      /* --ssd-streaming */
+    FILE *trace;
+    bool ssd_stats;
 };
 
 struct ds4_session {
@@ -53,6 +60,67 @@ struct ds4_snapshot {
 void ds4_engine_params_default(ds4_engine_params *p) {
     memset(p, 0, sizeof *p);
     p->numerics = -1;
+    ds4_gpu_opts_default(&p->gpu);
+}
+
+const char ds4_ssd_usage[] =
+    "      --ssd-streaming           keep non-routed weights resident, stream routed experts from the file\n"
+    "      --ssd-streaming-cache-experts B  expert cache: NGB/NMB bytes, or a plain number of slots (default: auto)\n"
+    "      --ssd-streaming-preload-experts N  hot experts read at start (default: half the slots)\n"
+    "      --ssd-streaming-cold      no preload (measurements)\n"
+    "      --ssd-streaming-stats     print hit rate, bytes read per token, read throughput and stall time at exit\n";
+
+/* "32GB", "1.5GiB", "512MB" (binary units) -> bytes; a plain integer -> slots. */
+static bool parse_cache_size(const char *v, ds4_ssd_params *p) {
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || !isfinite(x) || x <= 0) return false;
+    static const struct { const char *unit; double scale; } units[] = {
+        {"KB", 1 << 10}, {"KiB", 1 << 10}, {"MB", 1 << 20}, {"MiB", 1 << 20},
+        {"GB", 1 << 30}, {"GiB", 1 << 30}, {"TB", 1099511627776.0}, {"TiB", 1099511627776.0}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (!strcmp(end, units[i].unit) && x * units[i].scale < 1.8e19) {
+            p->cache_bytes = (uint64_t)(x * units[i].scale);
+            p->cache_slots = 0;
+            return true;
+        }
+    int slots;
+    if (!ds4_parse_int(v, 1, 1 << 30, &slots)) return false;
+    p->cache_slots = slots;
+    p->cache_bytes = 0;
+    return true;
+}
+
+int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char *err, size_t errlen) {
+    const char *a = argv[*i];
+    if (strncmp(a, "--ssd-streaming", 15)) return 0;
+    if (!strcmp(a, "--ssd-streaming")) { p->enabled = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-cold")) { p->cold = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-stats")) { p->stats = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-lru")) { p->lru = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-trace")) {
+        if (*i + 1 >= argc) { snprintf(err, errlen, "%s needs a file", a); return -1; }
+        p->trace_path = argv[++*i];
+        return 1;
+    }
+    const bool cache = !strcmp(a, "--ssd-streaming-cache-experts"), preload = !strcmp(a, "--ssd-streaming-preload-experts");
+    if (!cache && !preload) return 0;
+    if (*i + 1 >= argc) { snprintf(err, errlen, "%s needs a value", a); return -1; }
+    const char *v = argv[++*i];
+    if (cache ? !parse_cache_size(v, p) : !ds4_parse_int(v, 0, 1 << 30, &p->preload_experts)) {
+        snprintf(err, errlen, "%s: bad value '%s' (%s)", a, v, cache ? "NGB, NMB or a slot count" : "an expert count");
+        return -1;
+    }
+    if (preload && p->preload_experts == 0) p->cold = true;
+    return 1;
+}
+
+bool ds4_engine_ssd_stats(const ds4_engine *e, ds4_ssd_stats *out) {
+    if (!e->experts) return false;
+    ds4_expert_stats st = ds4_expert_cache_stats(e->experts);
+    *out = (ds4_ssd_stats){st.hits, st.misses, st.bytes_read, st.tokens, st.preloaded, st.prefetched,
+                           st.read_seconds, st.stall_seconds};
+    return true;
 }
 
 static uint64_t rss_bytes(void) {
@@ -62,6 +130,61 @@ static uint64_t rss_bytes(void) {
     if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
     fclose(f);
     return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* Batch scratch of the CPU backend at its largest batch (forward_cpu's
+ * grow_batch, rounded up): the automatic expert budget leaves room for it. */
+static uint64_t scratch_bytes(const ds4_config *c, int batch) {
+    const uint64_t E = (uint64_t)c->n_embd, hcE = (uint64_t)c->n_hc * E, HD = (uint64_t)c->n_head * c->head_dim;
+    const uint64_t per_token = 4 * hcE + 6 * E + 4 * (uint64_t)c->n_ff_exp + 3 * HD + (uint64_t)c->n_expert +
+                               (uint64_t)c->o_groups * c->o_lora + (uint64_t)c->q_lora + (uint64_t)c->idx_topk;
+    return (uint64_t)batch * per_token * sizeof(float) + ((uint64_t)64 << 20);
+}
+
+/* --ssd-streaming: size the cache, make the rest resident, preload. */
+static bool start_streaming(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
+    const ds4_config *c = &e->m->cfg;
+    const uint64_t routed = ds4_expert_routed_bytes(e->m);
+    ds4_expert_budget b = {0};
+    b.resident_bytes = e->m->file_bytes - routed;
+    /* a batch never exceeds the context */
+    const int batch = p->ssd.ctx > 0 && p->ssd.ctx < e->prefill_chunk ? p->ssd.ctx : e->prefill_chunk;
+    b.reserve_bytes = scratch_bytes(c, batch) + (p->ssd.ctx > 0 ? ds4_kv_bytes_for(c, p->ssd.ctx, REWIND_SLACK) : 0);
+    b.budget_bytes = p->ssd.cache_bytes;
+    b.slots = p->ssd.cache_slots;
+    char note[160];
+    int slots = ds4_expert_cache_plan(e->m, &b, note, sizeof note, err, errlen);
+    if (slots < 0) return false;
+    if (!ds4_expert_cache_make_resident(e->g, e->m, err, errlen)) return false;
+    e->experts = ds4_expert_cache_new(e->g, e->m, slots, p->ssd.lru ? DS4_EVICT_LRU : DS4_EVICT_LFU_AGED, err, errlen);
+    if (!e->experts) return false;
+    if (p->ssd.trace_path) {
+        e->trace = fopen(p->ssd.trace_path, "wb");
+        if (!e->trace) { snprintf(err, errlen, "cannot write %s", p->ssd.trace_path); return false; }
+        ds4_expert_cache_record(e->experts, e->trace);
+    }
+    const size_t slot = ds4_expert_slot_bytes(e->m);
+    int preloaded = 0;
+    const int want = p->ssd.cold ? 0 : p->ssd.preload_experts > 0 ? p->ssd.preload_experts : slots / 2;
+    if (want > 0) {
+        uint32_t *hist = ds4_expert_static_histogram(e->m);
+        if (!hist) { snprintf(err, errlen, "out of memory"); return false; }
+        preloaded = ds4_expert_cache_preload(e->experts, hist, want);
+        free(hist);
+        if (ds4_expert_cache_error(e->experts)) { snprintf(err, errlen, "%s", ds4_expert_cache_error(e->experts)); return false; }
+    }
+    ds4_cpu_backend_stream_experts(e->be, e->experts);
+    e->ssd_stats = p->ssd.stats;
+    if (!p->quiet) {
+        const double GiB = 1 << 30;
+        fprintf(stderr, "ds4: ssd-streaming: %.2f GiB resident, expert cache %d slots x %.1f MiB = %.2f GiB "
+                        "(%.0f%% of %.2f GiB routed), working set %.1f MiB per token, %d preloaded, %s reads%s%s\n",
+                (double)b.resident_bytes / GiB, slots, (double)slot / (1 << 20), (double)slots * slot / GiB,
+                100.0 * slots / ((double)c->n_layer * c->n_expert), (double)routed / GiB,
+                (double)c->n_layer * c->n_expert_used * routed / ((double)c->n_layer * c->n_expert) / (1 << 20),
+                preloaded, ds4_expert_cache_direct(e->experts) ? "O_DIRECT" : "buffered", note[0] ? "; " : "", note);
+    }
+    return true;
 }
 
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen) {
@@ -77,17 +200,29 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     }
     bool numerics = p->numerics < 0 ? ds4_cpu_numerics_supported(&e->m->cfg) : p->numerics > 0;
     e->prefill_chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 4096;
-    e->be = ds4_cpu_backend_new(e->m, p->n_threads, e->prefill_chunk, numerics, err, errlen);
+    if (p->gpu.backend == DS4_BACKEND_CUDA && p->ssd.enabled) {
+        /* the expert cache feeds the CPU kernels; the CUDA backend uploads every weight */
+        snprintf(err, errlen, "--ssd-streaming works with the CPU backend only, not with --cuda");
+        goto fail;
+    }
+    if (p->gpu.backend == DS4_BACKEND_CUDA)
+        e->be = ds4_cuda_backend_new(e->m, &p->gpu, p->gpu_ctx > 0 ? p->gpu_ctx : 32768, REWIND_SLACK,
+                                     e->prefill_chunk, numerics, p->quiet, err, errlen);
+    else
+        e->be = ds4_cpu_backend_new(e->m, p->n_threads, e->prefill_chunk, numerics, err, errlen);
     if (!e->be) goto fail;
     e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
     if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); goto fail; }
+    if (p->ssd.enabled && !start_streaming(e, p, err, errlen)) goto fail;
     if (!p->quiet) {
         const ds4_config *c = &e->m->cfg;
+        char where[64] = "cuda";
+        if (p->gpu.backend == DS4_BACKEND_CPU) snprintf(where, sizeof where, "%d threads", ds4_cpu_backend_threads(e->be));
         fprintf(stderr, "ds4: %s: %d layers, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
-                        "%d threads, numerics %s\n",
+                        "%s, numerics %s\n",
                 e->m->name, c->n_layer, c->n_expert, ds4_model_expert_bits(e->m),
                 (double)e->m->file_bytes / (1 << 30), (double)rss_bytes() / (1 << 20),
-                ds4_cpu_backend_threads(e->be), numerics ? "ds4" : "f32");
+                where, numerics ? "ds4" : "f32");
     }
     return e;
 fail:
@@ -95,10 +230,25 @@ fail:
     return NULL;
 }
 
+static void print_ssd_stats(const ds4_engine *e) {
+    ds4_ssd_stats st;
+    if (!ds4_engine_ssd_stats(e, &st)) return;
+    const uint64_t acc = st.hits + st.misses;
+    fprintf(stderr, "ds4: ssd-streaming stats: %llu tokens, hit rate %.1f%% (%llu of %llu), %.2f MiB read per token, "
+                    "read %.1f MiB/s, stall %.2f s, %llu preloaded, %llu prefetched\n",
+            (unsigned long long)st.tokens, acc ? 100.0 * st.hits / acc : 0.0, (unsigned long long)st.hits,
+            (unsigned long long)acc, st.tokens ? (double)st.bytes_read / st.tokens / (1 << 20) : 0.0,
+            st.read_seconds > 0 ? (double)st.bytes_read / st.read_seconds / (1 << 20) : 0.0, st.stall_seconds,
+            (unsigned long long)st.preloaded, (unsigned long long)st.prefetched);
+}
+
 void ds4_engine_free(ds4_engine *e) {
     if (!e) return;
+    if (e->ssd_stats) print_ssd_stats(e);
     if (e->be) e->be->free(e->be);
     free(e->seqs);
+    ds4_expert_cache_free(e->experts);
+    if (e->trace) fclose(e->trace);
     ds4_tokenizer_free(e->tok);
     ds4_model_free(e->m);
     ds4_gguf_close(e->g);
@@ -147,6 +297,13 @@ ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen) {
     return s;
 }
 
+/* The backend may hold the state elsewhere (CUDA): bring the host copy up to
+ * date before reading its buffers, and push it back after writing them. */
+static int kv_sync(const ds4_session *s, bool to_host, char *err, size_t errlen) {
+    ds4_backend *be = s->e->be;
+    return be->kv_sync ? be->kv_sync(be, s->kv, to_host, err, errlen) : 0;
+}
+
 /* Forgets checkpoints past position n (all of them for n < 0). */
 static void drop_ckpts(ds4_session *s, int n) {
     while (s->n_ckpt && s->ckpt_pos[s->n_ckpt - 1] > n) s->n_ckpt--;
@@ -167,6 +324,8 @@ static void maybe_ckpt(ds4_session *s) {
         s->n_ckpt = MAX_CKPT / 2;
         s->ckpt_every *= 2;
     }
+    char err[256];
+    if (kv_sync(s, true, err, sizeof err)) return;   /* a missing checkpoint only makes a deep rewind slower */
     ds4_kv_ring_save(s->kv, s->ckpt[s->n_ckpt]);
     s->ckpt_pos[s->n_ckpt++] = pos;
 }
@@ -174,6 +333,7 @@ static void maybe_ckpt(ds4_session *s) {
 void ds4_session_free(ds4_session *s) {
     if (!s) return;
     free(s->ckpt_block);
+    if (s->kv && s->e->be->kv_release) s->e->be->kv_release(s->e->be, s->kv);
     ds4_kv_free(s->kv);
     free(s->toks);
     free(s->logits);
@@ -272,7 +432,9 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
     if (n_tokens == 0) { ds4_kv_reset(s->kv); return 0; }
     if (!ds4_kv_truncate(s->kv, keep)) {
         if (s->n_ckpt) {
+            if (kv_sync(s, true, err, errlen)) return -1;
             ds4_kv_ring_load(s->kv, s->ckpt[s->n_ckpt - 1]);
+            if (kv_sync(s, false, err, errlen)) return -1;
             keep = s->ckpt_pos[s->n_ckpt - 1];
         } else {
             keep = 0;
@@ -294,7 +456,11 @@ ds4_snapshot *ds4_session_snapshot(const ds4_session *s) {
     snap->kv = malloc(snap->kv_bytes);
     snap->toks = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
     snap->logits = malloc((size_t)V * sizeof(float));
-    if (!snap->kv || !snap->toks || !snap->logits) { ds4_snapshot_free(snap); return NULL; }
+    char err[256];
+    if (!snap->kv || !snap->toks || !snap->logits || kv_sync(s, true, err, sizeof err)) {
+        ds4_snapshot_free(snap);
+        return NULL;
+    }
     ds4_kv_save(s->kv, snap->kv);
     memcpy(snap->toks, s->toks, (size_t)n * sizeof(int32_t));
     memcpy(snap->logits, s->logits, (size_t)V * sizeof(float));
@@ -306,6 +472,7 @@ int ds4_session_restore(ds4_session *s, const ds4_snapshot *snap, char *err, siz
         snprintf(err, errlen, "snapshot does not fit this session (ctx %d vs %d)", snap->ctx, s->ctx);
         return -1;
     }
+    if (kv_sync(s, false, err, errlen)) return -1;
     drop_ckpts(s, -1);
     memcpy(s->toks, snap->toks, (size_t)snap->n_toks * sizeof(int32_t));
     memcpy(s->logits, snap->logits, (size_t)s->e->m->cfg.n_vocab * sizeof(float));
@@ -324,17 +491,28 @@ size_t ds4_session_payload_bytes(const ds4_session *s) {
     return ds4_payload_bytes(s->kv, s->e->m->cfg.n_vocab);
 }
 
+/* Before a payload is written from the host copy: when the device lost the
+ * state, an empty session is saved rather than stale rows. */
+static void payload_sync(const ds4_session *s) {
+    char err[256];
+    if (!kv_sync(s, true, err, sizeof err)) return;
+    fprintf(stderr, "ds4: %s; the session is dropped\n", err);
+    ds4_kv_reset(s->kv);
+}
+
 void ds4_session_save_payload(const ds4_session *s, void *dst) {
+    payload_sync(s);
     ds4_payload_write(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, s->e->prefill_chunk, dst);
 }
 
 int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *err, size_t errlen) {
     if (!ds4_payload_load(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen)) return -1;
     drop_ckpts(s, -1);
-    return 0;
+    return kv_sync(s, false, err, errlen);
 }
 
 bool ds4_session_save_payload_to(const ds4_session *s, const ds4_sink *sink) {
+    payload_sync(s);
     return ds4_payload_write_to(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, s->e->prefill_chunk, sink);
 }
 
@@ -343,5 +521,8 @@ int ds4_session_load_payload_from(ds4_session *s, const ds4_source *src, size_t 
     bool ok = ds4_payload_load_from(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen);
     /* rewind checkpoints describe the old state once the rows changed */
     if (ok || s->kv->n_pos != before) drop_ckpts(s, -1);
+    /* a part-way load changed the host rows too: the device copy follows */
+    char sync_err[256];
+    if (kv_sync(s, false, ok ? err : sync_err, ok ? errlen : sizeof sync_err)) return -1;
     return ok ? 0 : -1;
 }

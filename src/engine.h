@@ -5,7 +5,8 @@
  * Contract
  * - ds4_engine_load() opens the GGUF (mmapped), binds and validates the DS4
  *   layout (every dimension from metadata), loads the tokenizer from the same
- *   file, creates the CPU backend and thread pool. On error: NULL and one
+ *   file, creates the backend (CPU, or CUDA with gpu.backend; no silent
+ *   fallback when CUDA was asked for) and thread pool. On error: NULL and one
  *   clear line in err ("not a DeepSeek V4 GGUF: missing tensor blk.3.ffn...").
  * - A session is one conversation's decode state (KV rings, compressed rows,
  *   indexer rows, compressor frontiers) sized for `ctx` tokens, plus the
@@ -19,6 +20,15 @@
  *   which it does itself.
  * - Progress callbacks may request cancellation by returning nonzero; the
  *   session then holds a consistent (shorter) checkpoint.
+ * - ssd.enabled (--ssd-streaming): the routed experts are read from the file
+ *   into a bounded expert cache (expert_cache.h) instead of being mapped; the
+ *   rest of the weights is made resident. Logits equal the mapped path bit
+ *   for bit. Load prints one report line (resident bytes, slots, working
+ *   set) unless quiet, and refuses with one line when the budget cannot work.
+ *   An expert read failure (truncated file, I/O error) fails that call and
+ *   every later one of this engine with the same line (the file changed
+ *   under it: restart); it is the one failure that does not leave the
+ *   engine usable.
  * - Not thread-safe: one engine serves all its sessions from one thread at a
  *   time (the backend's scratch is shared); ds4_sessions_step() is how
  *   several sessions advance together.
@@ -31,6 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include "cuda_plan.h"
 
 #include "byte_stream.h"
 
@@ -39,12 +50,42 @@ struct ds4_tokenizer;
 typedef struct ds4_engine ds4_engine;
 typedef struct ds4_session ds4_session;
 
+/* --ssd-streaming* options (README "Running models larger than RAM"). */
+typedef struct {
+    bool enabled;
+    uint64_t cache_bytes;   /* --ssd-streaming-cache-experts NGB (0: automatic) */
+    int cache_slots;        /* --ssd-streaming-cache-experts N: exactly N slots */
+    int preload_experts;    /* hot experts read at load; 0: half the slots */
+    bool cold;              /* --ssd-streaming-cold: no preload */
+    bool stats;             /* --ssd-streaming-stats: counters on stderr when the engine is freed */
+    bool lru;               /* plain LRU eviction instead of aged LFU (for measurements) */
+    int ctx;                /* context the front end will use: KV reserved by the automatic budget */
+    const char *trace_path; /* record every layer's routing here (policy measurements) */
+} ds4_ssd_params;
+
+/* Parses argv[*i] if it is an --ssd-streaming* option (advancing *i past a
+ * value it takes). Returns 1 if consumed, 0 if not one of them, -1 with a
+ * line in err for a bad or missing value. */
+int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char *err, size_t errlen);
+/* The options' help lines, for usage texts. */
+extern const char ds4_ssd_usage[];
+
+typedef struct {
+    uint64_t hits, misses, bytes_read, tokens, preloaded, prefetched;
+    double read_seconds, stall_seconds;
+} ds4_ssd_stats;
+/* false when the engine does not stream experts */
+bool ds4_engine_ssd_stats(const ds4_engine *e, ds4_ssd_stats *out);
+
 typedef struct {
     const char *model_path;
-    int n_threads;          /* <= 0: all online CPUs */
+    int n_threads;          /* <= 0: the physical cores we may run on */
     int prefill_chunk;      /* <= 0: 4096 */
     int numerics;           /* -1: default (ds4 simulation on for real models), 0: exact f32, 1: ds4 simulation */
     bool quiet;             /* no load report on stderr */
+    ds4_ssd_params ssd;
+    ds4_gpu_opts gpu;       /* backend choice and GPU placement (cuda_plan.h) */
+    int gpu_ctx;            /* context the GPU placement reserves KV for (<= 0: 32768) */
 } ds4_engine_params;
 
 void ds4_engine_params_default(ds4_engine_params *p);

@@ -21,8 +21,14 @@
  *   transformers. ds4_cpu_numerics_supported() says whether the geometry
  *   allows it (non-rotary dims a multiple of 64, indexer head a power of two
  *   and a multiple of 32).
+ * - ds4_cpu_backend_stream_experts() makes the routed experts come from an
+ *   expert cache (expert_cache.h) instead of the mapping; an expert read
+ *   failure fails the eval with the cache's message.
  * - The round-trip helpers are exposed for unit tests; n is a multiple of the
  *   block (64 for FP8, 32 for FP4), Hadamard needs a power of two.
+ * - ds4_rope_inv_freq() is the RoPE (yarn = false) or YaRN inverse-frequency
+ *   table (n_rot/2 floats, malloc'd, NULL when out of memory), shared with
+ *   the CUDA backend so both rotate by the same angles.
  */
 #ifndef DS4_FORWARD_CPU_H
 #define DS4_FORWARD_CPU_H
@@ -36,9 +42,12 @@ ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batc
                                  char *err, size_t errlen);
 bool ds4_cpu_numerics_supported(const ds4_config *c);
 int ds4_cpu_backend_threads(const ds4_backend *be);
+struct ds4_expert_cache;
+void ds4_cpu_backend_stream_experts(ds4_backend *be, struct ds4_expert_cache *experts);
 
 void ds4_fp8_e4m3_roundtrip(float *x, int n);
 void ds4_fp4_e2m1_roundtrip(float *x, int n);
 void ds4_hadamard(float *x, int n);
+float *ds4_rope_inv_freq(const ds4_config *c, bool yarn);
 
 #endif

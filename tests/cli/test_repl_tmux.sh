@@ -9,25 +9,7 @@ cd "$(dirname "$0")/../.."
 MODEL=models/demo.gguf
 [ -f "$MODEL" ] || { echo "repl: $MODEL missing (make demo-model)"; exit 1; }
 command -v tmux >/dev/null || { echo "repl: tmux missing"; exit 1; }
-S=ds4test$$
-# A private tmux server per run: concurrent runs cannot disturb each other.
-tmux() { command tmux -L "$S" "$@"; }
-T=$(mktemp -d)
-fail=0; n=0
-cleanup() { tmux kill-server 2>/dev/null; rm -rf "$T"; }
-trap cleanup EXIT
-screen() { tmux capture-pane -p -J -S -2000 -t "$S"; }
-# wait_for PATTERN COUNT SECONDS: until PATTERN occurs at least COUNT times
-wait_for() {
-    local i
-    for ((i = 0; i < $3 * 10; i++)); do
-        [ "$(screen | grep -c -- "$1")" -ge "$2" ] && return 0
-        sleep 0.1
-    done
-    return 1
-}
-expect() { n=$((n+1)); if ! eval "$2"; then echo "FAIL: $1"; screen | tail -15; fail=$((fail+1)); fi; }
-send() { tmux send-keys -t "$S" -l -- "$1"; tmux send-keys -t "$S" Enter; }
+source tests/tmux_lib.sh
 
 printf 'Summarise this file.\n' > "$T/note.txt"
 # Short answers for the conversation turns (random weights rarely emit EOS).

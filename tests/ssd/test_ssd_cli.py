@@ -1,0 +1,117 @@
+"""--ssd-streaming through the real binaries on the demo model (random
+weights: only equality with the mapped path and structure are checked):
+- ds4 --dump-logits --logits-all (prefill) and --dump-logprobs (decode) give
+  byte-identical JSON with the routed experts streamed through a cache of
+  one layer's selection (every layer evicts) and without streaming;
+- the start-up report line and the --ssd-streaming-stats line appear;
+- the automatic budget inside a cgroup v1 memory limit (where this process
+  may create one) stays under the limit and gives the same logits;
+- bad values and a budget below one layer's selection: one line, exit != 0;
+- ds4-bench adds the expert cache CSV columns; ds4-server answers a greedy
+  completion with the same text as a mapped server.
+"""
+import json, os, re, subprocess, sys, tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "server"))
+from server_helper import Results, Server, demo_model_or_skip  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.chdir(ROOT)
+MODEL = "models/demo.gguf"
+results = Results("test_ssd_cli")
+check = results.check
+
+
+def run(argv, prefix=()):
+    return subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=300)
+
+
+def ds4(*args, prefix=()):
+    return run(["./ds4", "-m", MODEL, "-t", "2", *args], prefix)
+
+
+demo_model_or_skip("test_ssd_cli")
+tmp = tempfile.mkdtemp(prefix="ds4-ssd-")
+ids = ",".join(str(i) for i in (0, 17, 300, 4242, 99, 12345, 7, 7, 512, 1000, 20000, 31, 64, 65, 66, 900))
+# the demo model selects this many experts per token (the minimum slot count)
+k = next(int(l.split()[-1]) for l in run(["./ds4-gguf-dump", MODEL]).stdout.splitlines()
+         if "expert_used_count" in l)
+STREAM = ["--ssd-streaming", "--ssd-streaming-cache-experts", str(k), "--ssd-streaming-cold"]
+
+
+def outputs(extra, prefix=()):
+    """(prefill logits JSON, greedy decode JSON, stderr) for one configuration."""
+    lg, lp = os.path.join(tmp, "lg.json"), os.path.join(tmp, "lp.json")
+    r1 = ds4("--token-ids", ids, "--dump-logits", lg, "--logits-all", *extra, prefix=prefix)
+    r2 = ds4("-p", "Streaming experts from disk", "--nothink", "--dump-logprobs", lp, "-n", "12", *extra,
+             prefix=prefix)
+    check(r1.returncode == 0 and r2.returncode == 0, f"ds4 {extra}: {r1.stderr[-300:]} {r2.stderr[-300:]}")
+    read = lambda p: open(p, "rb").read() if os.path.exists(p) else b""
+    out = (read(lg), read(lp), r1.stderr + r2.stderr)
+    for p in (lg, lp):
+        if os.path.exists(p):
+            os.unlink(p)
+    return out
+
+
+ref = outputs([])
+check(len(ref[0]) > 1000 and len(ref[1]) > 100, "mapped run produced logits")
+st = outputs([*STREAM, "--ssd-streaming-stats"])
+check(st[0] == ref[0], "prefill logits differ with --ssd-streaming")
+check(st[1] == ref[1], "decoded logprobs differ with --ssd-streaming")
+check(re.search(rf"ssd-streaming: .* resident, expert cache {k} slots", st[2]), "report line: " + st[2][:400])
+m = re.search(r"ssd-streaming stats: (\d+) tokens, hit rate ([\d.]+)%.*?([\d.]+) MiB read per token", st[2])
+check(m and int(m.group(1)) > 0 and float(m.group(3)) > 0, "stats line: " + st[2][-400:])
+
+# inside a memory cgroup (v1) of 256 MiB: the automatic budget must fit it
+cg = None
+own = [l.split(":")[2] for l in open("/proc/self/cgroup").read().splitlines() if l.split(":")[1] == "memory"]
+if own and os.access(f"/sys/fs/cgroup/memory{own[0]}", os.W_OK):
+    cg = f"/sys/fs/cgroup/memory{own[0]}/ds4-ssd-test-{os.getpid()}"
+    try:
+        os.mkdir(cg)
+        with open(f"{cg}/memory.limit_in_bytes", "w") as f:
+            f.write(str(256 << 20))
+    except OSError:
+        cg = None
+if cg:
+    enter = ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"]
+    lim = outputs(["--ssd-streaming", "--ssd-streaming-cold", "-c", "256", "--prefill-chunk", "64"], prefix=enter)
+    check(lim[0] == ref[0] and lim[1] == ref[1], "logits differ under the cgroup limit")
+    m = re.search(r"ssd-streaming: ([\d.]+) GiB resident, expert cache (\d+) slots x ([\d.]+) MiB", lim[2])
+    check(m and float(m.group(1)) * 1024 + int(m.group(2)) * float(m.group(3)) < 256, "auto budget: " + lim[2][:400])
+    peak = int(open(f"{cg}/memory.max_usage_in_bytes").read())
+    check(peak <= 256 << 20, f"cgroup peak {peak}")
+    os.rmdir(cg)
+else:
+    print("note: no writable memory cgroup here; the slot-budget checks above still ran")
+
+for bad in (["--ssd-streaming-cache-experts", "12XB"], ["--ssd-streaming-cache-experts"],
+            ["--ssd-streaming-preload-experts", "-3"]):
+    r = ds4("--token-ids", ids, "--ssd-streaming", *bad)
+    check(r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "ssd-streaming" in r.stderr,
+          f"{bad}: rc {r.returncode} '{r.stderr}'")
+r = ds4("--token-ids", ids, "--ssd-streaming", "--ssd-streaming-cache-experts", "64KB")
+check(r.returncode == 1 and "smaller than one layer" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+      f"tiny budget: rc {r.returncode} '{r.stderr}'")
+
+r = run(["./ds4-bench", "-m", MODEL, "-t", "2", "--ctx-start", "16", "--ctx-max", "16", "--gen-tokens", "4", *STREAM])
+rows = [l.split(",") for l in r.stdout.strip().splitlines()]
+check(r.returncode == 0 and rows and rows[0][-4:] == ["gen_hit_rate", "gen_mib_per_token", "read_mib_s", "gen_stall_s"]
+      and len(rows) == 2 and len(rows[1]) == len(rows[0]), "ds4-bench columns: " + r.stdout + r.stderr[-300:])
+
+
+def complete(*extra):
+    s = Server(*extra)
+    try:
+        body = {"model": "ds4", "prompt": "The quick brown fox", "max_tokens": 10, "temperature": 0}
+        code, _, data = s.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        return code, json.loads(data)["choices"][0]["text"] if code == 200 else data
+    finally:
+        s.stop()
+
+
+a, b = complete(), complete(*STREAM)
+check(a[0] == 200 and a == b, f"server completions differ: {a} vs {b}")
+
+results.done()
