@@ -29,6 +29,7 @@ typedef struct {
     const char *sessions_dir;
     bool yes, autosave;
     const char *script, *trace, *dump_logits;
+    ds4_gpu_opts gpu;
 } agent_args;
 
 static volatile sig_atomic_t g_interrupted;
@@ -49,8 +50,7 @@ static void usage(FILE *f) {
         "      --temp F --top-p F --top-k N --min-p F --seed N   sampling (as ds4)\n"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
-        "      --cpu               use the CPU backend (the only one in this build)\n"
-        "%s"
+        "%s%s"
         "      --chdir DIR         working directory of the tools (default: the current one)\n"
         "      --yes               run bash commands without asking\n"
         "      --bash-timeout S    seconds before a command is killed (default 30)\n"
@@ -60,7 +60,7 @@ static void usage(FILE *f) {
         "      --scripted-output F TEST ONLY: the model's messages come from F (entries split by '@@@' lines)\n"
         "  -h, --help              this text\n"
         "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /think /nothink /think-show /quit\n",
-        ds4_ssd_usage);
+        ds4_ssd_usage, ds4_gpu_usage);
 }
 
 static int parse_args(int argc, char **argv, agent_args *o) {
@@ -68,10 +68,11 @@ static int parse_args(int argc, char **argv, agent_args *o) {
                       .numerics = -1, .think = DS4_THINK_HIGH, .autosave = true};
     ds4_sampler_params_default(&o->sampling);
     o->sampling.seed = ds4_sampler_random_seed();
+    ds4_gpu_opts_default(&o->gpu);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int sampling, ssd;
-        char ssd_err[256];
+        int sampling, ssd, gpu_arg;
+        char ssd_err[256], gpu_err[256];
 #define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4-agent", a); return -1; } i++; } while (0)
 #define BAD_VALUE() do { fprintf(stderr, "ds4-agent: bad value for %s: %s\n", a, v); return -1; } while (0)
 #define IS(x) (!strcmp(a, x))
@@ -84,7 +85,10 @@ static int parse_args(int argc, char **argv, agent_args *o) {
         else if (IS("-t") || IS("--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
         else if (IS("-n") || IS("--tokens")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->max_tokens)) BAD_VALUE(); }
         else if (IS("--numerics")) { NEEDS_VALUE(); if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE(); }
-        else if (IS("--cpu")) { /* the CPU backend is the only one built here */ }
+        else if ((gpu_arg = ds4_gpu_option(&o->gpu, a, v, gpu_err, sizeof gpu_err)) != 0) {
+            if (gpu_arg < 0) { fprintf(stderr, "ds4-agent: %s\n", gpu_err); return -1; }
+            i += gpu_arg - 1;
+        }
         else if (IS("--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
         else if (IS("--bash-timeout")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, 86400, &o->bash_timeout)) BAD_VALUE(); }
         else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0) {
@@ -336,6 +340,8 @@ int main(int argc, char **argv) {
     ep.numerics = o.numerics;
     ep.ssd = o.ssd;
     ep.ssd.ctx = o.ctx;
+    ep.gpu = o.gpu;
+    ep.gpu_ctx = o.ctx;
     if (!(e = ds4_engine_load(&ep, err, sizeof err))) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
 
     ds4_agent_display display;

@@ -124,7 +124,6 @@ static void override(ds4_hparams *hp, const char *key, const char *val) {
         char *base = (char *)hp + k->offset, *end;
         switch (k->kind) {
         case DS4_HP_U32: *(uint32_t *)base = (uint32_t)strtoul(val, &end, 0); break;
-        case DS4_HP_U64: *(uint64_t *)base = strtoull(val, &end, 0); break;
         case DS4_HP_F32: *(float *)base = strtof(val, &end); break;
         case DS4_HP_BOOL: *(bool *)base = !strcmp(val, "true") || !strcmp(val, "1"); end = (char *)val + strlen(val); break;
         case DS4_HP_U32_PER_LAYER:
@@ -362,7 +361,7 @@ int main(int argc, char **argv) {
     char dflt[128];
     snprintf(dflt, sizeof dflt, "ds4 random %s (meaningless weights)", pname);
     ds4_gguf_w_str(w, "general.name", name ? name : dflt);
-    ds4_gguf_w_u32(w, "general.quantization_version", 2);
+    ds4_file_keys_write(w, (enum ds4_mix)mix);
     if (!no_vocab && ds4_tokenizer_gguf_from_hf_json(w, vocab, vocab_added, err, sizeof err))
         die("tokenizer %s: %s (use --vocab/--vocab-added, or --no-vocab)", vocab, err);
     for (size_t i = 0; i < pl.n; i++)
