@@ -22,6 +22,7 @@
 typedef struct {
     const char *model;
     int ctx, threads, prefill_chunk, max_tokens, bash_timeout, numerics;
+    const char *layers;     /* --layers */
     ds4_think_mode think;
     ds4_sampler_params sampling;
     ds4_ssd_params ssd;
@@ -50,6 +51,7 @@ static void usage(FILE *f) {
         "      --temp F --top-p F --top-k N --min-p F --seed N   sampling (as ds4)\n"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
+        "      --layers A:B|A:output  map only that layer slice (README \"Distributed inference\")\n"
         "%s%s"
         "      --chdir DIR         working directory of the tools (default: the current one)\n"
         "      --yes               run bash commands without asking\n"
@@ -84,6 +86,7 @@ static int parse_args(int argc, char **argv, agent_args *o) {
         else if (IS("-c") || IS("--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 256, INT_MAX, &o->ctx)) BAD_VALUE(); }
         else if (IS("-t") || IS("--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
         else if (IS("-n") || IS("--tokens")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->max_tokens)) BAD_VALUE(); }
+        else if (IS("--layers")) { NEEDS_VALUE(); o->layers = v; }
         else if (IS("--numerics")) { NEEDS_VALUE(); if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE(); }
         else if ((gpu_arg = ds4_gpu_option(&o->gpu, a, v, gpu_err, sizeof gpu_err)) != 0) {
             if (gpu_arg < 0) { fprintf(stderr, "ds4-agent: %s\n", gpu_err); return -1; }
@@ -338,6 +341,7 @@ int main(int argc, char **argv) {
     ep.n_threads = o.threads;
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
+    ep.layers = o.layers;
     ep.ssd = o.ssd;
     ep.ssd.ctx = o.ctx;
     ep.gpu = o.gpu;

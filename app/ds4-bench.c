@@ -16,7 +16,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: ds4-bench --kernels [-t N]\n"
                "       ds4-bench -m MODEL.gguf [--prompt-file F] [--ctx-start N] [--ctx-max N]\n"
                "                 [--step-incr N | --step-mul F] [--gen-tokens N] [--prefill-chunk N]\n"
-               "                 [--numerics exact|ds4] [-t N] [--ssd-streaming...] [--cuda|--cpu] [--gpu-vram ..]\n"
+               "                 [--numerics exact|ds4] [--layers A:B|A:output] [-t N] [--ssd-streaming...] [--cuda|--cpu] [--gpu-vram ..]\n"
                "       ds4-bench -m MODEL.gguf --sessions 1,2,4,8,16 [--prompt-tokens N] [--gen-tokens N]\n"
                "                 [--repeat N] [--prompt-file F] [-t N] [--cuda|--cpu] [--gpu-vram ..]\n"
                "  --kernels   memory bandwidth, matvec GB/s per weight type, matmul GFLOP/s\n"
@@ -97,6 +97,8 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--expert-policy")) {
             if (i + 1 >= argc) { fprintf(stderr, "ds4-bench: --expert-policy needs a trace file\n"); return 2; }
             return ds4_bench_expert_policy(argv[i + 1], stdout) ? 1 : 0;
+        } else if (!strcmp(argv[i], "--layers") && i + 1 < argc) {
+            mp.layers = argv[++i];
         } else if (!strcmp(argv[i], "--numerics")) {
             if (!ds4_parse_numerics(i + 1 < argc ? argv[++i] : NULL, &mp.numerics)) {
                 fprintf(stderr, "ds4-bench: --numerics takes exact or ds4\n");

@@ -28,6 +28,7 @@ static void usage(FILE *f) {
         "      --batched-session N       N resident sessions serving N requests at once, decoded\n"
         "                                together in batches (default 1: one request at a time)\n"
         "      --numerics MODE           exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
+        "      --layers A:B|A:output     map only that layer slice (README \"Distributed inference\")\n"
         "      --cors                    send Access-Control-Allow-* headers\n"
         "      --chdir DIR               change directory before loading anything\n"
         "      --trace FILE              log rendered prompts, cache decisions, outputs, tool parsing\n"
@@ -88,6 +89,7 @@ int main(int argc, char **argv) {
         else if (ARG("-t") || ARG("--threads")) { VALUE(); o.threads = parse_int(a, v, 0, 4096); }
         else if (ARG("--prefill-chunk")) { VALUE(); o.prefill_chunk = parse_int(a, v, 1, 1 << 30); }
         else if (ARG("--batched-session")) { VALUE(); o.batched_sessions = parse_int(a, v, 1, 256); }
+        else if (ARG("--layers")) { VALUE(); o.layers = v; }
         else if (ARG("--numerics")) {
             VALUE();
             if (!ds4_parse_numerics(v, &o.numerics)) { fprintf(stderr, "ds4-server: --numerics takes exact or ds4\n"); return 2; }

@@ -38,6 +38,7 @@ typedef struct {
     int threads;
     int prefill_chunk;
     int numerics;
+    const char *layers;     /* --layers */
     ds4_gpu_opts gpu;
     ds4_sampler_params sampling;
     ds4_think_mode think;
@@ -84,6 +85,7 @@ static void usage(FILE *f) {
         "      --nothink           direct answers\n"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
+        "      --layers A:B|A:output  map only that layer slice (README \"Distributed inference\")\n"
         "%s"
         "%s"
         "debugging:\n"
@@ -139,6 +141,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--think")) o->think = DS4_THINK_HIGH;
         else if (!strcmp(a, "--think-max")) o->think = DS4_THINK_MAX;
         else if (!strcmp(a, "--nothink")) o->think = DS4_THINK_NONE;
+        else if (!strcmp(a, "--layers")) { NEEDS_VALUE(); o->layers = v; }
         else if (!strcmp(a, "--numerics")) {
             NEEDS_VALUE();
             if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE();
@@ -640,6 +643,7 @@ int main(int argc, char **argv) {
     ep.n_threads = o.threads;
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
+    ep.layers = o.layers;
     ep.gpu = o.gpu;
     ep.gpu_ctx = o.ctx;
     ep.quiet = o.dump_tokens;

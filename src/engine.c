@@ -192,8 +192,17 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     if (!e) { snprintf(err, errlen, "out of memory loading %s", p->model_path); return NULL; }
     e->g = ds4_gguf_open(p->model_path, err, errlen);
     if (!e->g) goto fail;
-    e->m = ds4_model_bind(e->g, err, errlen);
+    ds4_layer_slice slice;
+    if (p->layers && !ds4_layer_slice_parse(p->layers, &slice, err, errlen)) goto fail;
+    e->m = ds4_model_bind_slice(e->g, p->layers ? &slice : NULL, err, errlen);
     if (!e->m) goto fail;
+    /* The expert cache and the GPU upload plan walk every layer; a slice
+     * process runs on the CPU with its layers mapped. */
+    if (!ds4_model_is_whole(e->m) && (p->ssd.enabled || p->gpu.backend == DS4_BACKEND_CUDA)) {
+        snprintf(err, errlen, "--layers with a part of the model works with the CPU backend only, "
+                              "without --ssd-streaming");
+        goto fail;
+    }
     if (ds4_gguf_find_kv(e->g, "tokenizer.ggml.tokens")) {
         e->tok = ds4_tokenizer_from_gguf(e->g, err, errlen);
         if (!e->tok) goto fail;
@@ -218,9 +227,14 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
         const ds4_config *c = &e->m->cfg;
         char where[64] = "cuda";
         if (p->gpu.backend == DS4_BACKEND_CPU) snprintf(where, sizeof where, "%d threads", ds4_cpu_backend_threads(e->be));
-        fprintf(stderr, "ds4: %s: %d layers, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
+        const ds4_layer_slice *sl = &e->m->slice;
+        char held[80] = "";
+        if (!ds4_model_is_whole(e->m))
+            snprintf(held, sizeof held, " (this process: layers %d..%d%s)", sl->first, sl->last,
+                     sl->output ? " + output head" : "");
+        fprintf(stderr, "ds4: %s: %d layers%s, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
                         "%s, numerics %s\n",
-                e->m->name, c->n_layer, c->n_expert, ds4_model_expert_bits(e->m),
+                e->m->name, c->n_layer, held, c->n_expert, ds4_model_expert_bits(e->m),
                 (double)e->m->file_bytes / (1 << 30), (double)rss_bytes() / (1 << 20),
                 where, numerics ? "ds4" : "f32");
     }
@@ -353,6 +367,13 @@ static int eval_steps(ds4_engine *e, const ds4_step *steps, float *const *all_lo
                       size_t errlen) {
     ds4_backend *be = e->be;
     const int V = e->m->cfg.n_vocab;
+    if (!ds4_model_is_whole(e->m)) {
+        const ds4_layer_slice *sl = &e->m->slice;
+        snprintf(err, errlen, "this process holds layers %d..%d%s only (--layers): it cannot compute logits "
+                              "alone, and distributed routes are not implemented yet",
+                 sl->first, sl->last, sl->output ? " and the output head" : "");
+        return -1;
+    }
     if (n_steps < 0 || n_steps > be->max_batch) {
         snprintf(err, errlen, "%d sessions in one step (at most %d)", n_steps, be->max_batch);
         return -1;

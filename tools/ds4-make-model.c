@@ -5,7 +5,7 @@
  *
  *   ds4-make-model -o OUT.gguf [--preset demo|flash] [--layers N] [--type MIX]
  *                  [--seed N] [--vocab tokenizer.json] [--vocab-added FILE]
- *                  [--no-vocab] [--name NAME] [--<key> VALUE ...]
+ *                  [--no-vocab] [--name NAME] [--slice A:B|A:output] [--<key> VALUE ...]
  *
  * Presets:
  *   demo  (default) tiny dims (hidden 256, 4 heads x 128, 8 experts x 256,
@@ -21,6 +21,11 @@
  * the preset's schedule (ratio 0 for layers 0-1, then 4 on even and 128 on
  * odd layers; hash routing on the first min(3, N)).
  *
+ * --slice writes only that layer range (the embedding with layer 0, the
+ * output head with "output") plus the ds4.slice.* keys (model.h), the way
+ * split files for pipeline-parallel hosts are laid out. Random values are
+ * drawn in file order, so a slice's weights differ from the whole file's.
+ *
  * Values: norms ~U(0.8, 1.2), matrices uniform with std 1/sqrt(row length);
  * quantized tensors are filled with random but valid blocks whose scales
  * give about that std (no quantizer run, so gigabytes take seconds).
@@ -28,6 +33,7 @@
 #include "cli_args.h"
 #include "ds4_layout.h"
 #include "gguf.h"
+#include "model.h"
 #include "quant.h"
 #include "tokenizer.h"
 
@@ -157,7 +163,7 @@ static void override(ds4_hparams *hp, const char *key, const char *val) {
 }
 
 static const char *const own_options[] = {"-o", "--preset", "--layers", "--type", "--seed", "--vocab",
-                                          "--vocab-added", "--name"};
+                                          "--vocab-added", "--name", "--slice"};
 
 /* An option of this tool, or `--KEY` for a metadata key it can override. */
 static bool known_option(const char *opt) {
@@ -295,12 +301,13 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
 static void usage(void) {
     fputs("usage: ds4-make-model -o OUT.gguf [--preset demo|flash] [--layers N] [--type f32|f16|q8_0|q2|q4]\n"
           "       [--seed N] [--vocab tokenizer.json] [--vocab-added FILE] [--no-vocab] [--name NAME]\n"
+          "       [--slice A:B|A:output]\n"
           "       [--<metadata key without 'deepseek4.'> VALUE ...]\n", stderr);
     exit(2);
 }
 
 int main(int argc, char **argv) {
-    const char *out = NULL, *pname = "demo", *type = "q2", *name = NULL;
+    const char *out = NULL, *pname = "demo", *type = "q2", *name = NULL, *slice_arg = NULL;
     const char *vocab = "data/deepseek-v3-tokenizer.json";
     const char *vocab_added = "tests/fixtures/tokenizer/v4-added-tokens.json";
     uint32_t n_layer = 0;
@@ -323,6 +330,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--vocab")) vocab = v;
         else if (!strcmp(a, "--vocab-added")) vocab_added = *v ? v : NULL;
         else if (!strcmp(a, "--name")) name = v;
+        else if (!strcmp(a, "--slice")) slice_arg = v;
     }
     if (!out) usage();
     int mix = ds4_mix_from_name(type);
@@ -339,12 +347,19 @@ int main(int argc, char **argv) {
     char err[512];
     if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
     rng_state = seed;
+    ds4_layer_slice slice = DS4_SLICE_ALL;
+    if (slice_arg && !ds4_layer_slice_parse(slice_arg, &slice, err, sizeof err)) die("%s", err);
+    if (slice.last < 0) slice.last = (int)hp.n_layer - 1;
+    if (slice.last >= (int)hp.n_layer) die("--slice %s: the model has layers 0..%u", slice_arg, hp.n_layer - 1);
 
     plan pl = {.hp = &hp};
     pl.t = calloc(DS4_T_COUNT * (hp.n_layer + 1), sizeof *pl.t);
     for (int l = -1; l < (int)hp.n_layer; l++)
         for (int id = 0; id < DS4_T_COUNT; id++) {
             if (!ds4_tensor_present(&hp, (enum ds4_tensor_id)id, l)) continue;
+            if (l >= 0 ? l < slice.first || l > slice.last
+                       : id == DS4_T_TOKEN_EMBD ? slice.first > 0 : !slice.output)
+                continue;
             mtensor *t = &pl.t[pl.n++];
             t->id = (enum ds4_tensor_id)id;
             t->layer = l;
@@ -362,6 +377,11 @@ int main(int argc, char **argv) {
     snprintf(dflt, sizeof dflt, "ds4 random %s (meaningless weights)", pname);
     ds4_gguf_w_str(w, "general.name", name ? name : dflt);
     ds4_file_keys_write(w, (enum ds4_mix)mix);
+    if (slice_arg) {
+        ds4_gguf_w_u32(w, DS4_SLICE_KEY_FIRST, (uint32_t)slice.first);
+        ds4_gguf_w_u32(w, DS4_SLICE_KEY_LAST, (uint32_t)slice.last);
+        ds4_gguf_w_bool(w, DS4_SLICE_KEY_OUTPUT, slice.output);
+    }
     if (!no_vocab && ds4_tokenizer_gguf_from_hf_json(w, vocab, vocab_added, err, sizeof err))
         die("tokenizer %s: %s (use --vocab/--vocab-added, or --no-vocab)", vocab, err);
     for (size_t i = 0; i < pl.n; i++)
