@@ -3,7 +3,7 @@
  * construction; it exists so the engine, CLI, server and benchmarks can run
  * end to end without downloading a model.
  *
- *   ds4-make-model -o OUT.gguf [--preset demo|flash] [--layers N] [--type MIX]
+ *   ds4-make-model -o OUT.gguf [--preset demo|flash|pro] [--layers N] [--type MIX]
  *                  [--seed N] [--vocab tokenizer.json] [--vocab-added FILE]
  *                  [--no-vocab] [--name NAME] [--slice A:B|A:output] [--<key> VALUE ...]
  *
@@ -14,6 +14,9 @@
  *         tokenizer.json + the V4 added tokens), q2 mix.
  *   flash Flash's real per-layer shapes (sheet sections 1-2) with --layers N
  *         (default 4) layers, q2 mix: for decode-speed benchmarks.
+ *   pro   V4 Pro's shapes (hidden 7168, 128 heads, 384 experts top-6, expert
+ *         width 3072, 61 layers unless --layers; its compress schedule and
+ *         routed scale 2.5): with --slice, the layout of the released halves.
  * Every metadata key of the layout can be overridden with --<key> VALUE,
  * where <key> is the key without "deepseek4." (e.g. --embedding_length 512,
  * --attention.head_count 8, --attention.compress_ratios 0,4,128; per-layer
@@ -55,9 +58,13 @@ static void die(const char *fmt, ...) {
 
 /* ---------------------------------------------------------------- presets */
 
-static void schedule(ds4_hparams *hp) {
+/* Flash's compress schedule (0, 0, then 4 on even and 128 on odd layers), or
+ * Pro's as the sheet gives it (transformers' default layer_types, documented
+ * as Pro's: 128, 128, then 128 / 4 alternating; not confirmed elsewhere). */
+static void schedule(ds4_hparams *hp, bool pro) {
     for (uint32_t l = 0; l < hp->n_layer; l++) {
-        hp->compress_ratio[l] = l < 2 ? 0 : l % 2 == 0 ? 4 : 128;
+        if (pro) hp->compress_ratio[l] = l < 2 || (l - 2) % 2 == 0 ? 128 : 4;
+        else hp->compress_ratio[l] = l < 2 ? 0 : l % 2 == 0 ? 4 : 128;
         hp->swiglu_clamp_exp[l] = hp->swiglu_clamp_shexp[l] = 10.0f;
     }
     hp->n_hash_layer = hp->n_layer < 3 ? hp->n_layer : 3;
@@ -68,11 +75,15 @@ typedef struct {
     const char *name;
     uint32_t n_layer, n_embd, n_head, head_dim, q_lora, o_lora, o_groups;
     uint32_t idx_heads, idx_topk, n_expert, n_expert_used, expert_ff;
+    float routed_scale;
+    bool pro_schedule;
 } preset_dims;
 
 static const preset_dims presets[] = {
-    {"demo", 6, 256, 4, 128, 64, 64, 2, 4, 8, 8, 2, 256},
-    {"flash", 4, 4096, 64, 512, 1024, 1024, 8, 64, 512, 256, 6, 2048},
+    {"demo", 6, 256, 4, 128, 64, 64, 2, 4, 8, 8, 2, 256, 1.5f, false},
+    {"flash", 4, 4096, 64, 512, 1024, 1024, 8, 64, 512, 256, 6, 2048, 1.5f, false},
+    /* V4 Pro (sheet section 2, Pro column): 61 layers in the released files */
+    {"pro", 61, 7168, 128, 512, 1536, 1024, 16, 64, 512, 384, 6, 3072, 2.5f, true},
 };
 
 static void preset(ds4_hparams *hp, const char *name, uint32_t n_layer) {
@@ -93,14 +104,14 @@ static void preset(ds4_hparams *hp, const char *name, uint32_t n_layer) {
     hp->hc_sinkhorn_iters = 20;
     hp->hc_eps = 1e-6f;
     hp->n_expert_shared = 1;
-    hp->expert_weights_scale = 1.5f;
     hp->expert_weights_norm = true;
     hp->expert_gating_func = 4;
     hp->nextn_predict_layers = 0;
     const preset_dims *d = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (!strcmp(name, presets[i].name)) d = &presets[i];
-    if (!d) die("unknown preset '%s' (demo, flash)", name);
+    if (!d) die("unknown preset '%s' (demo, flash, pro)", name);
+    hp->expert_weights_scale = d->routed_scale;
     hp->n_layer = n_layer ? n_layer : d->n_layer;
     hp->n_embd = d->n_embd;
     hp->n_head = d->n_head;
@@ -116,7 +127,7 @@ static void preset(ds4_hparams *hp, const char *name, uint32_t n_layer) {
     hp->n_expert_used = d->n_expert_used;
     hp->expert_ff = d->expert_ff;
     if (hp->n_layer > DS4_MAX_LAYERS) die("--layers %u exceeds %d", hp->n_layer, DS4_MAX_LAYERS);
-    schedule(hp);
+    schedule(hp, d->pro_schedule);
 }
 
 /* --<key> VALUE: set one field of the metadata table. */
@@ -299,7 +310,7 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
 }
 
 static void usage(void) {
-    fputs("usage: ds4-make-model -o OUT.gguf [--preset demo|flash] [--layers N] [--type f32|f16|q8_0|q2|q4]\n"
+    fputs("usage: ds4-make-model -o OUT.gguf [--preset demo|flash|pro] [--layers N] [--type f32|f16|q8_0|q2|q4]\n"
           "       [--seed N] [--vocab tokenizer.json] [--vocab-added FILE] [--no-vocab] [--name NAME]\n"
           "       [--slice A:B|A:output]\n"
           "       [--<metadata key without 'deepseek4.'> VALUE ...]\n", stderr);
