@@ -389,7 +389,7 @@ static int eval_steps(ds4_engine *e, const ds4_step *steps, float *const *all_lo
             return -1;
         }
         float *all = all_logits ? all_logits[i] : NULL;
-        e->seqs[i] = (ds4_backend_seq){s->kv, steps[i].toks, steps[i].n, all ? all : s->logits, all != NULL};
+        e->seqs[i] = (ds4_backend_seq){s->kv, steps[i].toks, steps[i].n, all ? all : s->logits, all != NULL, NULL, NULL};
     }
     if (be->eval(be, e->seqs, n_steps, err, errlen)) return -1;
     for (int i = 0; i < n_steps; i++) {
