@@ -55,7 +55,7 @@ static size_t str_len(size_t n) { return n > 0xffff ? 0xffff : n; }
 uint8_t *ds4_dist_encode_hello(const ds4_dist_hello *h, size_t *len) {
     const size_t ls = str_len(h->secret_len), lm = str_len(h->model_len), lu = str_len(h->data_url_len);
     writer w;
-    if (!start(&w, DS4_DIST_HELLO, 6 + ls + lm + lu + 4 * 8 + 1)) return NULL;
+    if (!start(&w, DS4_DIST_HELLO, 6 + ls + lm + lu + 4 * 8 + 2)) return NULL;
     put_str(&w, h->secret, ls);
     put_str(&w, h->model, lm);
     put_le(&w, h->n_layer, 4); put_le(&w, h->n_embd, 4); put_le(&w, h->n_hc, 4); put_le(&w, h->n_vocab, 4);
@@ -63,6 +63,7 @@ uint8_t *ds4_dist_encode_hello(const ds4_dist_hello *h, size_t *len) {
     put_le(&w, h->output, 1);
     put_le(&w, h->ctx, 4);
     put_str(&w, h->data_url, lu);
+    put_le(&w, h->numerics, 1);
     *len = w.at;
     return w.p;
 }
@@ -167,6 +168,9 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
         if (o > 1) r.bad = true;
         h->ctx = (uint32_t)get_le(&r, 4);
         h->data_url = get_str(&r, &h->data_url_len);
+        const uint64_t nu = get_le(&r, 1);
+        h->numerics = nu == 1;
+        if (nu > 1) r.bad = true;
         break;
     }
     case DS4_DIST_WELCOME: case DS4_DIST_REFUSED:
@@ -221,6 +225,11 @@ bool ds4_dist_hello_compatible(const ds4_dist_hello *mine, const ds4_dist_hello 
         snprintf(err, errlen, "refused: another model (%.*s, %u layers, hidden %u) than the coordinator's "
                  "(%.*s, %u layers, hidden %u)", (int)str_len(theirs->model_len), theirs->model, theirs->n_layer,
                  theirs->n_embd, (int)str_len(mine->model_len), mine->model, mine->n_layer, mine->n_embd);
+        return false;
+    }
+    if (mine->numerics != theirs->numerics) {
+        snprintf(err, errlen, "refused: numerics %s, the coordinator runs %s (--numerics)",
+                 theirs->numerics ? "ds4" : "exact", mine->numerics ? "ds4" : "exact");
         return false;
     }
     if (mine->expert_bits != theirs->expert_bits) {

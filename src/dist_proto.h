@@ -8,8 +8,8 @@
  *   integers and floats are little endian, strings length-prefixed (u16).
  * - HELLO (worker -> coordinator): the shared secret, the model identity
  *   (name, layer count, hidden size, HC streams, vocabulary, routed-expert
- *   bits), the layer slice, the context capacity and the worker's data
- *   address. ds4_dist_hello_compatible() says whether a registration fits
+ *   bits, numerics), the layer slice, the context capacity and the worker's
+ *   data address. ds4_dist_hello_compatible() says whether a registration fits
  *   the coordinator's model and secret (secret compared in constant time)
  *   and words the refusal in one line.
  * - WORK (one pipeline hop): session id, first position, token count, the
@@ -48,6 +48,7 @@ typedef struct {
     bool output;
     uint32_t ctx;
     const char *data_url; size_t data_url_len;
+    bool numerics;             /* the ds4 FP8/FP4 simulation (changes logits) */
 } ds4_dist_hello;
 
 typedef struct {

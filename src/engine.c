@@ -219,6 +219,9 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
                                      e->prefill_chunk, numerics, p->quiet, err, errlen);
     else
         e->be = ds4_cpu_backend_new(e->m, p->n_threads, e->prefill_chunk, numerics, err, errlen);
+    const int cpu_threads = e->be && p->gpu.backend == DS4_BACKEND_CPU ? ds4_cpu_backend_threads(e->be) : 0;
+    if (e->be && p->dist.role == DS4_DIST_COORDINATOR)
+        e->be = ds4_dist_coordinator_new(e->be, e->m, &p->dist, numerics, err, errlen);
     if (!e->be) goto fail;
     e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
     if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); goto fail; }
@@ -226,7 +229,7 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     if (!p->quiet) {
         const ds4_config *c = &e->m->cfg;
         char where[64] = "cuda";
-        if (p->gpu.backend == DS4_BACKEND_CPU) snprintf(where, sizeof where, "%d threads", ds4_cpu_backend_threads(e->be));
+        if (p->gpu.backend == DS4_BACKEND_CPU) snprintf(where, sizeof where, "%d threads", cpu_threads);
         const ds4_layer_slice *sl = &e->m->slice;
         char held[80] = "";
         if (!ds4_model_is_whole(e->m))
@@ -367,10 +370,10 @@ static int eval_steps(ds4_engine *e, const ds4_step *steps, float *const *all_lo
                       size_t errlen) {
     ds4_backend *be = e->be;
     const int V = e->m->cfg.n_vocab;
-    if (!ds4_model_is_whole(e->m)) {
+    if (!ds4_model_is_whole(e->m) && strcmp(be->name, "dist")) {
         const ds4_layer_slice *sl = &e->m->slice;
         snprintf(err, errlen, "this process holds layers %d..%d%s only (--layers): it cannot compute logits "
-                              "alone, and distributed routes are not implemented yet",
+                              "alone (run it with --role coordinator or --role worker)",
                  sl->first, sl->last, sl->output ? " and the output head" : "");
         return -1;
     }

@@ -27,7 +27,7 @@ static void check_all_cuts(const uint8_t *buf, size_t len, const char *what) {
 }
 
 static void test_hello(void) {
-    ds4_dist_hello h = {"s3cret", 6, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20};
+    ds4_dist_hello h = {"s3cret", 6, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20, true};
     size_t len;
     uint8_t *buf = ds4_dist_encode_hello(&h, &len);
     ds4_dist_frame f;
@@ -37,7 +37,7 @@ static void test_hello(void) {
     CHECK(g->secret_len == 6 && !memcmp(g->secret, "s3cret", 6) && g->model_len == 9 && !memcmp(g->model, "ds4tiny-A", 9),
           "strings");
     CHECK(g->n_layer == 6 && g->n_embd == 256 && g->n_hc == 4 && g->n_vocab == 1024 && g->expert_bits == 8 &&
-          g->first == 3 && g->last == 5 && g->output && g->ctx == 4096 && g->data_url_len == 20, "numbers");
+          g->first == 3 && g->last == 5 && g->output && g->ctx == 4096 && g->data_url_len == 20 && g->numerics, "numbers");
     check_all_cuts(buf, len, "hello");
 
     ds4_dist_hello mine = h;
@@ -52,6 +52,8 @@ static void test_hello(void) {
     CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "another model"), "%s", err);
     bad = *g; bad.n_embd = 512;
     CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "another model"), "%s", err);
+    bad = *g; bad.numerics = false;
+    CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "--numerics"), "%s", err);
     bad = *g; bad.expert_bits = 4;
     CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "another quant"), "%s", err);
     bad = *g; bad.last = 6;
