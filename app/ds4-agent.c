@@ -23,6 +23,7 @@ typedef struct {
     const char *model;
     int ctx, threads, prefill_chunk, max_tokens, bash_timeout, numerics;
     const char *layers;     /* --layers */
+    ds4_dist_params dist;   /* --role coordinator ... */
     ds4_think_mode think;
     ds4_sampler_params sampling;
     ds4_ssd_params ssd;
@@ -52,7 +53,7 @@ static void usage(FILE *f) {
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "      --layers A:B|A:output  map only that layer slice (README \"Distributed inference\")\n"
-        "%s%s"
+        "%s%s%s"
         "      --chdir DIR         working directory of the tools (default: the current one)\n"
         "      --yes               run bash commands without asking\n"
         "      --bash-timeout S    seconds before a command is killed (default 30)\n"
@@ -62,7 +63,7 @@ static void usage(FILE *f) {
         "      --scripted-output F TEST ONLY: the model's messages come from F (entries split by '@@@' lines)\n"
         "  -h, --help              this text\n"
         "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /think /nothink /think-show /quit\n",
-        ds4_ssd_usage, ds4_gpu_usage);
+        ds4_ssd_usage, ds4_gpu_usage, ds4_dist_usage);
 }
 
 static int parse_args(int argc, char **argv, agent_args *o) {
@@ -79,6 +80,9 @@ static int parse_args(int argc, char **argv, agent_args *o) {
 #define BAD_VALUE() do { fprintf(stderr, "ds4-agent: bad value for %s: %s\n", a, v); return -1; } while (0)
 #define IS(x) (!strcmp(a, x))
         if ((ssd = ds4_ssd_parse_option(&o->ssd, argc, argv, &i, ssd_err, sizeof ssd_err)) != 0) {
+            if (ssd < 0) { fprintf(stderr, "ds4-agent: %s\n", ssd_err); return -1; }
+        }
+        else if ((ssd = ds4_dist_parse_option(&o->dist, argc, argv, &i, ssd_err, sizeof ssd_err)) != 0) {
             if (ssd < 0) { fprintf(stderr, "ds4-agent: %s\n", ssd_err); return -1; }
         }
         else if (IS("-h") || IS("--help")) { usage(stdout); return 1; }
@@ -328,6 +332,7 @@ int main(int argc, char **argv) {
     char err[512], root[PATH_MAX];
     /* the model first: a wrong -m should not leave a sessions directory behind */
     if (!model || !ds4_cli_model_usable("ds4-agent", model)) goto out;
+    if (!ds4_dist_finish_options(&o.dist, false, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
     if (!dir) { fprintf(stderr, "ds4-agent: no sessions directory (set HOME or --sessions-dir)\n"); goto out; }
     if (ds4_agent_store_init(dir, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
     if (o.script && ds4_agent_script_load(o.script, &script, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
@@ -342,6 +347,7 @@ int main(int argc, char **argv) {
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
     ep.layers = o.layers;
+    ep.dist = o.dist;
     ep.ssd = o.ssd;
     ep.ssd.ctx = o.ctx;
     ep.gpu = o.gpu;

@@ -77,6 +77,9 @@ int main(int argc, char **argv) {
         int ssd = ds4_ssd_parse_option(&mp.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
         if (ssd < 0) { fprintf(stderr, "ds4-bench: %s\n", ssd_err); return 2; }
         if (ssd) continue;
+        int dist = ds4_dist_parse_option(&mp.dist, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (dist < 0) { fprintf(stderr, "ds4-bench: %s\n", ssd_err); return 2; }
+        if (dist) continue;
         size_t k = 0;
         while (k < sizeof ints / sizeof ints[0] && strcmp(argv[i], ints[k].name)) k++;
         if (k < sizeof ints / sizeof ints[0]) {
@@ -125,6 +128,11 @@ int main(int argc, char **argv) {
     }
     if (mp.model_path && !kernels) {
         if (!ds4_cli_model_usable("ds4-bench", mp.model_path)) return 1;
+        char dist_err[256];
+        if (!ds4_dist_finish_options(&mp.dist, false, dist_err, sizeof dist_err)) {
+            fprintf(stderr, "ds4-bench: %s\n", dist_err);
+            return 2;
+        }
         mp.threads = threads_set ? threads : 0;
         if (mp.n_session_counts) return ds4_bench_sessions(&mp, stdout) ? 1 : 0;
         return ds4_bench_model(&mp, stdout) ? 1 : 0;

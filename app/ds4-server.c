@@ -46,7 +46,8 @@ static void usage(FILE *f) {
         "      --scripted-output FILE    TEST ONLY: every generation emits this file's text\n"
         "%s"
         "%s"
-        "  -h, --help\n", ds4_ssd_usage, ds4_gpu_usage);
+        "%s"
+        "  -h, --help\n", ds4_ssd_usage, ds4_gpu_usage, ds4_dist_usage);
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi) {
@@ -72,6 +73,9 @@ int main(int argc, char **argv) {
         int ssd = ds4_ssd_parse_option(&o.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
         if (ssd < 0) { fprintf(stderr, "ds4-server: %s\n", ssd_err); return 2; }
         if (ssd) continue;
+        int dist = ds4_dist_parse_option(&o.dist, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (dist < 0) { fprintf(stderr, "ds4-server: %s\n", ssd_err); return 2; }
+        if (dist) continue;
 #define ARG(s) (!strcmp(a, s))
 /* consumes the option's value, or stops with the shared message */
 #define VALUE() do { if (!v) { ds4_cli_missing_value("ds4-server", a); return 2; } i++; } while (0)
@@ -117,5 +121,10 @@ int main(int argc, char **argv) {
 #undef ARG
     }
     if (!ds4_cli_model_usable("ds4-server", o.model_path)) return 1;
+    char dist_err[256];
+    if (!ds4_dist_finish_options(&o.dist, false, dist_err, sizeof dist_err)) {
+        fprintf(stderr, "ds4-server: %s\n", dist_err);
+        return 2;
+    }
     return ds4_server_run(&o);
 }

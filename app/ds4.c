@@ -643,7 +643,7 @@ int main(int argc, char **argv) {
 
     if (!ds4_cli_model_usable("ds4", o.model)) return 1;
     char err[512];
-    if (!ds4_dist_finish_options(&o.dist, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); return 2; }
+    if (!ds4_dist_finish_options(&o.dist, true, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); return 2; }
     if (o.dist.role == DS4_DIST_WORKER) return ds4_dist_worker_main(o.model, o.layers, o.ctx, o.threads, o.numerics, &o.dist);
     ds4_engine_params ep;
     ds4_engine_params_default(&ep);

@@ -63,7 +63,11 @@ int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, cha
     return 1;
 }
 
-bool ds4_dist_finish_options(ds4_dist_params *p, char *err, size_t errlen) {
+bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size_t errlen) {
+    if (p->role == DS4_DIST_WORKER && !worker_ok) {
+        snprintf(err, errlen, "workers run as ./ds4 --role worker; this binary can only be the coordinator");
+        return false;
+    }
     if (!p->secret) p->secret = getenv("DS4_DIST_SECRET");
     if (!p->secret) p->secret = "";
     if (p->role == DS4_DIST_NONE && p->host) { snprintf(err, errlen, "--listen/--coordinator need --role"); return false; }

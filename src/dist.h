@@ -55,8 +55,9 @@ typedef struct {
 int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, char *err, size_t errlen);
 extern const char ds4_dist_usage[];
 /* After parsing: the secret from the environment when not given, and one
- * line in err for an inconsistent set (a role without its address). */
-bool ds4_dist_finish_options(ds4_dist_params *p, char *err, size_t errlen);
+ * line in err for an inconsistent set (a role without its address, a worker
+ * role where the binary runs no worker loop: !worker_ok). */
+bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size_t errlen);
 
 /* Takes ownership of `local` (the backend over the coordinator's slice). */
 struct ds4_backend *ds4_dist_coordinator_new(struct ds4_backend *local, const struct ds4_model *m,
