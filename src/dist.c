@@ -161,7 +161,14 @@ static uint8_t *handle_hello(coord *c, const ds4_dist_hello *h, size_t *len) {
     for (int i = 0; i < MAX_WORKERS; i++) {
         worker_slot *w = &c->workers[i];
         if (!w->live) { if (!slot) slot = w; continue; }
-        if (w->first == (int)h->first && w->last == (int)h->last && w->output == h->output) { slot = w; break; }
+        if (w->first == (int)h->first && w->last == (int)h->last && w->output == h->output) {
+            if (strlen(w->url) == h->data_url_len && !memcmp(w->url, h->data_url, h->data_url_len)) {
+                pthread_mutex_unlock(&c->mu);   /* a heartbeat of a registered worker */
+                return ds4_dist_encode_text(DS4_DIST_WELCOME, "registered", len);
+            }
+            slot = w;
+            break;
+        }
         if ((int)h->first <= w->last && (int)h->last >= w->first) {
             snprintf(why, sizeof why, "refused: layers %u..%u overlap a registered worker's %d..%d", h->first,
                      h->last, w->first, w->last);
@@ -329,9 +336,10 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
         if (!grow_hidden(c, (size_t)sq.n * hcE)) { snprintf(err, errlen, "out of memory for hidden states"); return -1; }
         session_hash *sh = session_of(c, sq.kv);
         const int pos = sq.kv->n_pos;
-        /* a session rewound or restored since its last call has a prefix this
-         * backend did not see: its hash is unknown and the workers refuse it */
-        const uint64_t before = sh->n_pos == pos ? sh->hash : 0;
+        /* a session rewound (other than to the start) or restored since its
+         * last call has a prefix this backend did not see: its hash is
+         * unknown and the workers refuse it */
+        const uint64_t before = pos == 0 ? DS4_DIST_HASH_EMPTY : sh->n_pos == pos ? sh->hash : 0;
         const uint64_t after = ds4_dist_hash_tokens(before, sq.toks, sq.n);
         ds4_backend_seq local = sq;
         local.hidden_out = c->hidden[0];
@@ -534,18 +542,27 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     size_t len, blen;
     void *buf = NULL;
     ds4_dist_frame f;
-    uint8_t *hello = ds4_dist_encode_hello(&me, &len);
-    if (!exchange(control, hello, len, &buf, &blen, &f, err, sizeof err)) {
-        fprintf(stderr, "ds4 worker: registration with %s failed: %s\n", curl, err);
-        goto done;
-    }
-    const bool welcome = f.type == DS4_DIST_WELCOME;
-    fprintf(stderr, "ds4 worker: layers %d..%d%s: %s: %.*s\n", w.m->slice.first, w.m->slice.last,
-            w.m->slice.output ? " + output" : "", curl, (int)f.result.text_len, f.result.text);
-    nng_free(buf, blen);
-    if (!welcome) goto done;
+    /* The HELLO is repeated whenever no work came for a while: a restarted
+     * coordinator learns the route again without restarting its workers. */
+    nng_socket_set_ms(data, NNG_OPT_RECVTIMEO, 1000);
+    bool registered = false;
     for (;;) {
-        if (nng_recv(data, &buf, &blen, NNG_FLAG_ALLOC)) continue;
+        if (!registered || nng_recv(data, &buf, &blen, NNG_FLAG_ALLOC)) {
+            uint8_t *hello = ds4_dist_encode_hello(&me, &len);
+            if (!exchange(control, hello, len, &buf, &blen, &f, err, sizeof err)) {
+                if (!registered) { fprintf(stderr, "ds4 worker: registration with %s failed: %s\n", curl, err); goto done; }
+                continue;   /* the coordinator is away; ask again after the next quiet second */
+            }
+            const bool welcome = f.type == DS4_DIST_WELCOME;
+            if (!registered || !welcome)
+                fprintf(stderr, "ds4 worker: layers %d..%d%s: %s: %.*s\n", w.m->slice.first, w.m->slice.last,
+                        w.m->slice.output ? " + output" : "", curl, (int)f.result.text_len, f.result.text);
+            nng_free(buf, blen);
+            if (!welcome) goto done;
+            if (!registered) nng_socket_set_ms(control, NNG_OPT_RECVTIMEO, 1000);
+            registered = true;
+            continue;
+        }
         uint8_t *reply;
         if (ds4_dist_decode(buf, blen, &f, err, sizeof err) && f.type == DS4_DIST_WORK) {
             reply = serve_work(&w, &f.work, &len);
