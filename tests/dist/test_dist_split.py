@@ -134,6 +134,8 @@ def main():
                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                  text=True, cwd=ROOT)
         try:
+            # the overlap case needs this worker registered first
+            check("registered" in keep.stderr.readline(), "the first worker registers")
             for layers, secret, extra, line in [("3:output", "wrong", (), "wrong --dist-secret"),
                                                 ("3:output", SECRET, ("--numerics", "exact"), "--numerics"),
                                                 ("4:output", SECRET, (), "overlap a registered worker")]:
