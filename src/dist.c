@@ -184,7 +184,7 @@ static uint8_t *handle_hello(coord *c, const ds4_dist_hello *h, size_t *len) {
     *slot = (worker_slot){true, (int)h->first, (int)h->last, h->output, "", NNG_SOCKET_INITIALIZER, false};
     memcpy(slot->url, h->data_url, h->data_url_len);
     if (c->p.debug)
-        fprintf(stderr, "ds4-dist: worker registered: layers %d..%d%s at %s\n", slot->first, slot->last,
+        fprintf(stderr, "ds4 coordinator: worker registered: layers %d..%d%s at %s\n", slot->first, slot->last,
                 slot->output ? " + output" : "", slot->url);
     pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->mu);
@@ -306,7 +306,7 @@ static int remote_hops(coord *c, worker_slot **hops, int n_hops, const ds4_backe
             in = dst;
         }
         if (c->p.debug)
-            fprintf(stderr, "ds4-dist: hop layers %d..%d: tokens %d..%d, %zu bytes out, %zu back, %.2f ms\n", w->first,
+            fprintf(stderr, "ds4 coordinator: hop layers %d..%d: tokens %d..%d, %zu bytes out, %zu back, %.2f ms\n", w->first,
                     w->last, pos, pos + sq->n - 1, len, blen, (now_seconds() - t0) * 1e3);
         nng_free(buf, blen);
         if (rc) return rc;
@@ -415,7 +415,7 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
         return NULL;
     }
     c->thread_started = true;
-    if (p->debug) fprintf(stderr, "ds4-dist: coordinator layers 0..%d listening on %s\n", m->slice.last, url);
+    if (p->debug) fprintf(stderr, "ds4 coordinator: coordinator layers 0..%d listening on %s\n", m->slice.last, url);
     return &c->base;
 }
 
