@@ -4,6 +4,7 @@
  * line editor and the slash commands.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -23,10 +24,12 @@ typedef struct {
     int ctx, threads, prefill_chunk, max_tokens, bash_timeout, numerics;
     ds4_think_mode think;
     ds4_sampler_params sampling;
+    ds4_ssd_params ssd;
     const char *chdir_to;
     const char *sessions_dir;
     bool yes, autosave;
     const char *script, *trace, *dump_logits;
+    ds4_gpu_opts gpu;
 } agent_args;
 
 static volatile sig_atomic_t g_interrupted;
@@ -47,7 +50,7 @@ static void usage(FILE *f) {
         "      --temp F --top-p F --top-k N --min-p F --seed N   sampling (as ds4)\n"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
-        "      --cpu               use the CPU backend (the only one in this build)\n"
+        "%s%s"
         "      --chdir DIR         working directory of the tools (default: the current one)\n"
         "      --yes               run bash commands without asking\n"
         "      --bash-timeout S    seconds before a command is killed (default 30)\n"
@@ -56,7 +59,8 @@ static void usage(FILE *f) {
         "      --trace FILE        append one line per prefill/generation (token counts)\n"
         "      --scripted-output F TEST ONLY: the model's messages come from F (entries split by '@@@' lines)\n"
         "  -h, --help              this text\n"
-        "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /think /nothink /think-show /quit\n");
+        "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /think /nothink /think-show /quit\n",
+        ds4_ssd_usage, ds4_gpu_usage);
 }
 
 static int parse_args(int argc, char **argv, agent_args *o) {
@@ -64,19 +68,27 @@ static int parse_args(int argc, char **argv, agent_args *o) {
                       .numerics = -1, .think = DS4_THINK_HIGH, .autosave = true};
     ds4_sampler_params_default(&o->sampling);
     o->sampling.seed = ds4_sampler_random_seed();
+    ds4_gpu_opts_default(&o->gpu);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int sampling;
+        int sampling, ssd, gpu_arg;
+        char ssd_err[256], gpu_err[256];
 #define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4-agent", a); return -1; } i++; } while (0)
 #define BAD_VALUE() do { fprintf(stderr, "ds4-agent: bad value for %s: %s\n", a, v); return -1; } while (0)
 #define IS(x) (!strcmp(a, x))
-        if (IS("-h") || IS("--help")) { usage(stdout); return 1; }
+        if ((ssd = ds4_ssd_parse_option(&o->ssd, argc, argv, &i, ssd_err, sizeof ssd_err)) != 0) {
+            if (ssd < 0) { fprintf(stderr, "ds4-agent: %s\n", ssd_err); return -1; }
+        }
+        else if (IS("-h") || IS("--help")) { usage(stdout); return 1; }
         else if (IS("-m") || IS("--model")) { NEEDS_VALUE(); o->model = v; }
         else if (IS("-c") || IS("--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 256, INT_MAX, &o->ctx)) BAD_VALUE(); }
         else if (IS("-t") || IS("--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
         else if (IS("-n") || IS("--tokens")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->max_tokens)) BAD_VALUE(); }
         else if (IS("--numerics")) { NEEDS_VALUE(); if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE(); }
-        else if (IS("--cpu")) { /* the CPU backend is the only one built here */ }
+        else if ((gpu_arg = ds4_gpu_option(&o->gpu, a, v, gpu_err, sizeof gpu_err)) != 0) {
+            if (gpu_arg < 0) { fprintf(stderr, "ds4-agent: %s\n", gpu_err); return -1; }
+            i += gpu_arg - 1;
+        }
         else if (IS("--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
         else if (IS("--bash-timeout")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, 86400, &o->bash_timeout)) BAD_VALUE(); }
         else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0) {
@@ -112,6 +124,14 @@ static char *absolute(const char *path) {
     char *out = malloc(n);
     if (out) snprintf(out, n, "%s/%s", cwd, path);
     return out;
+}
+
+/* Files the agent writes for the user (trace, logits dump) are private. */
+static FILE *open_private(const char *path, const char *mode, int flags) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | flags, 0600);
+    FILE *f = fd >= 0 ? fdopen(fd, mode) : NULL;
+    if (fd >= 0 && !f) close(fd);
+    return f;
 }
 
 static bool confirm(void *ud, const char *question) {
@@ -255,7 +275,12 @@ static void run_repl(repl *r, const char *history) {
         if (rc >= 0 && r->autosave) save_now(r, true);
         free(line);
     }
-    if (history) write_history(history);
+    if (history) {
+        /* the history holds what was typed: created private like the sessions */
+        int fd = open(history, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0) close(fd);
+        write_history(history);
+    }
 }
 
 static char *home_path(const char *rel) {
@@ -269,7 +294,7 @@ static char *home_path(const char *rel) {
 
 static int write_logits(const char *path, ds4_engine *e, const ds4_session *s) {
     const float *logits = ds4_session_logits(s);
-    FILE *f = fopen(path, "wb");
+    FILE *f = open_private(path, "wb", O_TRUNC);
     if (!f || !logits) { if (f) fclose(f); fprintf(stderr, "ds4-agent: cannot dump logits to %s\n", path); return -1; }
     size_t n = (size_t)ds4_engine_n_vocab(e);
     bool ok = fwrite(logits, sizeof *logits, n, f) == n;
@@ -303,7 +328,7 @@ int main(int argc, char **argv) {
     if (!dir) { fprintf(stderr, "ds4-agent: no sessions directory (set HOME or --sessions-dir)\n"); goto out; }
     if (ds4_agent_store_init(dir, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
     if (o.script && ds4_agent_script_load(o.script, &script, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
-    if (trace_path && !(trace = fopen(trace_path, "a"))) { fprintf(stderr, "ds4-agent: cannot open %s: %s\n", trace_path, strerror(errno)); goto out; }
+    if (trace_path && !(trace = open_private(trace_path, "a", O_APPEND))) { fprintf(stderr, "ds4-agent: cannot open %s: %s\n", trace_path, strerror(errno)); goto out; }
     if (o.chdir_to && chdir(o.chdir_to)) { fprintf(stderr, "ds4-agent: --chdir %s: %s\n", o.chdir_to, strerror(errno)); goto out; }
     if (!realpath(".", root)) { fprintf(stderr, "ds4-agent: cannot resolve the working directory: %s\n", strerror(errno)); goto out; }
 
@@ -313,6 +338,10 @@ int main(int argc, char **argv) {
     ep.n_threads = o.threads;
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
+    ep.ssd = o.ssd;
+    ep.ssd.ctx = o.ctx;
+    ep.gpu = o.gpu;
+    ep.gpu_ctx = o.ctx;
     if (!(e = ds4_engine_load(&ep, err, sizeof err))) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
 
     ds4_agent_display display;

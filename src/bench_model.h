@@ -27,6 +27,7 @@
 
 #include <stdio.h>
 #include "engine.h"
+#include "cuda_plan.h"
 
 typedef struct {
     const char *model_path, *prompt_file;
@@ -36,6 +37,7 @@ typedef struct {
     ds4_ssd_params ssd;                 /* --ssd-streaming*: adds the expert cache columns */
     /* ds4_bench_sessions: the session counts to compare and runs per count */
     int session_counts[16], n_session_counts, repeat, prompt_tokens;
+    ds4_gpu_opts gpu;                   /* backend and placement (cuda_plan.h) */
 } ds4_bench_model_params;
 
 void ds4_bench_model_defaults(ds4_bench_model_params *p);
