@@ -82,7 +82,7 @@ def abandon_stream(port):
     body = json.dumps({"model": "deepseek-chat", "max_tokens": 2000, "stream": True, "temperature": 0,
                        "messages": [{"role": "user", "content": "a long answer please"}]}).encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=120)
-    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
               f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     s.recv(1)
     s.close()
@@ -108,7 +108,7 @@ def storm(port, n):
         body = json.dumps({"model": "m", "max_tokens": 4, "stream": i % 2 == 0, "temperature": 0,
                            "messages": [{"role": "user", "content": f"storm {i}"}]}).encode()
         s = socket.create_connection(("127.0.0.1", port), timeout=300)
-        s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
                   f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
         if i % 3 == 1:
             s.recv(1)
