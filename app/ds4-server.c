@@ -21,6 +21,7 @@ static void usage(FILE *f) {
         "  -t, --threads N               CPU threads (default: all)\n"
         "      --api-key KEY             require KEY (Authorization: Bearer or x-api-key); default $DS4_API_KEY\n"
         "      --no-api-key              allow a non-loopback --host without a key\n"
+        "      --max-connections N       open connections, at most 1024 (default 1024)\n"
         "      --max-client-connections N  open connections per client address (default 256)\n"
         "      --request-timeout S       a request's head and body must arrive within S seconds (default 30)\n"
         "      --prefill-chunk N         prefill chunk size (default 4096)\n"
@@ -93,6 +94,7 @@ int main(int argc, char **argv) {
         }
         else if (ARG("--trace")) { VALUE(); o.trace_path = v; }
         else if (ARG("--api-key")) { VALUE(); o.api_key = v; }
+        else if (ARG("--max-connections")) { VALUE(); o.max_connections = parse_int(a, v, 1, DS4_SERVER_MAX_CONNECTIONS); }
         else if (ARG("--max-client-connections")) { VALUE(); o.max_client_connections = parse_int(a, v, 1, 1 << 20); }
         else if (ARG("--request-timeout")) { VALUE(); o.limits.request_timeout_ms = parse_int(a, v, 1, 3600) * 1000; }
         else if (ARG("--tool-memory-max-ids")) { VALUE(); o.tool_memory_max_ids = (size_t)parse_int(a, v, 1, 1 << 30); }

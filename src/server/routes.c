@@ -163,6 +163,11 @@ static void route_detokenize(server *s, ds4_http_conn *c, const ds4_http_req *hr
     cJSON *t = cJSON_GetObjectItem(in, "tokens");
     int n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1;
     int32_t *ids = n >= 0 ? malloc(sizeof *ids * (size_t)(n + 1)) : NULL;
+    if (n >= 0 && !ids) {
+        cJSON_Delete(in);
+        ds4_send_error(s, c, hr, 500, "out of memory", NULL, NULL, 0, ka);
+        return;
+    }
     char msg[160] = "tokens must be an array of token ids";
     int k = 0;
     bool ok = ids != NULL;
@@ -177,8 +182,7 @@ static void route_detokenize(server *s, ds4_http_conn *c, const ds4_http_req *hr
     cJSON_Delete(in);
     if (!ok) {
         free(ids);
-        ds4_send_error(s, c, hr, n >= 0 && !ids ? 500 : 400, n >= 0 && !ids ? "out of memory" : msg, "tokens",
-                       NULL, 0, ka);
+        ds4_send_error(s, c, hr, 400, msg, "tokens", NULL, 0, ka);
         return;
     }
     size_t len = 0;

@@ -25,11 +25,10 @@
 #include "server_state.h"
 #include "worker.h"
 
-#define MAX_CONNECTIONS 1024
-/* The last RESERVED_SLOTS go only to addresses holding fewer than
- * FEW_CONNECTIONS, so a new client still gets in when a few addresses hold
- * everything else. */
-#define RESERVED_SLOTS 64
+/* The last 1/RESERVE_DIVISOR of the connection slots go only to addresses
+ * holding fewer than FEW_CONNECTIONS, so a new client still gets in when a
+ * few addresses hold everything else. */
+#define RESERVE_DIVISOR 16
 #define FEW_CONNECTIONS 4
 
 static void on_signal(int sig) {
@@ -45,7 +44,7 @@ typedef struct {
 } client_count;
 
 static pthread_mutex_t g_conns_mu = PTHREAD_MUTEX_INITIALIZER;
-static client_count g_clients[MAX_CONNECTIONS];
+static client_count g_clients[DS4_SERVER_MAX_CONNECTIONS];
 static int g_n_clients, g_n_conns;
 
 static void client_key(const struct sockaddr_storage *ss, unsigned char key[16]) {
@@ -65,12 +64,12 @@ static client_count *find_client(const unsigned char key[16]) {
 }
 
 /* Takes a connection slot for the address, or refuses (false). */
-static bool admit(const unsigned char key[16], int per_client_max) {
+static bool admit(const unsigned char key[16], int max_total, int per_client_max) {
     pthread_mutex_lock(&g_conns_mu);
     client_count *c = find_client(key);
     int held = c ? c->n : 0;
-    bool ok = g_n_conns < MAX_CONNECTIONS && held < per_client_max &&
-              (g_n_conns < MAX_CONNECTIONS - RESERVED_SLOTS || held < FEW_CONNECTIONS);
+    bool ok = g_n_conns < max_total && held < per_client_max &&
+              (g_n_conns < max_total - max_total / RESERVE_DIVISOR || held < FEW_CONNECTIONS);
     if (ok) {
         if (!c) {
             c = &g_clients[g_n_clients++];
@@ -177,7 +176,7 @@ static void accept_one(server *s, int listen_fd, const pthread_attr_t *attr) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     unsigned char key[16];
     client_key(&peer, key);
-    bool admitted = admit(key, s->o.max_client_connections);
+    bool admitted = admit(key, s->o.max_connections, s->o.max_client_connections);
     conn_arg *a = admitted ? malloc(sizeof *a) : NULL;
     pthread_t th;
     if (a) { a->s = s; a->fd = fd; memcpy(a->client, key, 16); }
@@ -198,6 +197,7 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     o->default_max_tokens = 393216;
     o->model_path = "ds4flash.gguf";
     o->tool_memory_max_ids = 100000;
+    o->max_connections = DS4_SERVER_MAX_CONNECTIONS;
     o->max_client_connections = 256;
     o->numerics = -1;
     o->batched_sessions = 1;

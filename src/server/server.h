@@ -41,10 +41,11 @@
  *   unless no_api_key. Bound to loopback, a Host header that names another
  *   host is refused (DNS rebinding); POST bodies must be application/json
  *   (a browser cannot send that cross-site without a CORS preflight).
- * - Connections: at most 1024, at most max_client_connections per client
- *   address, and the last 64 slots only for addresses holding fewer than 4,
- *   so a crowd from a few addresses cannot lock new clients out; a request
- *   must arrive completely within limits.request_timeout_ms.
+ * - Connections: at most max_connections, at most max_client_connections
+ *   per client address, and the last 1/16 of the slots only for addresses
+ *   holding fewer than 4, so a crowd from a few addresses cannot lock new
+ *   clients out; a request must arrive completely within
+ *   limits.request_timeout_ms.
  */
 #ifndef DS4_SERVER_H
 #define DS4_SERVER_H
@@ -55,6 +56,9 @@
 #include "engine.h"
 #include "http.h"
 #include "kvdisk.h"
+
+/* One thread per connection: this bounds them. */
+#define DS4_SERVER_MAX_CONNECTIONS 1024
 
 typedef struct {
     const char *host;            /* default 127.0.0.1; "localhost" = 127.0.0.1 */
@@ -74,6 +78,7 @@ typedef struct {
     const char *scripted_output; /* test only: every generation emits this file's text */
     const char *api_key;         /* NULL: no authentication (DS4_API_KEY in ds4-server) */
     bool no_api_key;             /* allow a non-loopback --host without a key */
+    int max_connections;         /* open connections, 1..DS4_SERVER_MAX_CONNECTIONS (default) */
     int max_client_connections;  /* per client address, default 256 */
     ds4_http_limits limits;
     ds4_kvdisk_opts kvdisk;      /* dir NULL: no disk KV cache */

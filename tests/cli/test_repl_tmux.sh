@@ -32,11 +32,14 @@ expect "think acknowledged" 'wait_for "^thinking mode" 1 10'
 send "/quit"
 expect "quit exits cleanly" 'wait_for "EXITED-0" 1 20'
 expect "history saved" 'grep -q "second" "$T/.ds4_history"'
-tmux kill-session -t "$S"
 
 # Ctrl+C in the middle of an unbounded generation returns to the prompt and
-# the conversation goes on.
-tmux new-session -d -s "$S" -x 200 -y 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 100000 -t 2 --nothink; echo EXITED-\$?; sleep 30"
+# the conversation goes on. The second run gets its own session, created
+# before the first one is killed (tmux_lib: the server must not run out of
+# sessions in between).
+W=$S-second
+tmux new-session -d -s "$W" -x 200 -y 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 100000 -t 2 --nothink; echo EXITED-\$?; sleep 30"
+tmux kill-session -t "$S"
 expect "second run prompt" 'wait_for "^ds4> " 1 60'
 send "write a very long story"
 sleep 4
