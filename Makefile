@@ -18,22 +18,30 @@ LDLIBS  ?= -lcjson -lpcre2-8 -ledit -lm
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_SRC   := $(wildcard src/*.c src/server/*.c)
-LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB_SRC   := $(wildcard src/*.c src/server/*.c src/agent/*.c)
+# CUDA=1 (`make cuda`, mk/cuda.mk) links the CUDA backend; other builds get
+# its stub, which refuses --cuda with one line.
+ifeq ($(CUDA),1)
+LIB_CU    := $(wildcard src/cuda/*.cu)
+else
+LIB_SRC   += src/cuda/none.c
+endif
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.o)
 LIB       := $(BUILD)/libds4.a
 APP_SRC   := $(wildcard app/*.c tools/*.c)
-APPS      := $(notdir $(APP_SRC:.c=))
+BIN       ?=
+APPS      := $(addprefix $(BIN),$(notdir $(APP_SRC:.c=)))
 TEST_SRC  := $(wildcard tests/unit/test_*.c)
 TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC  := $(wildcard fuzz/fuzz_*.c)
 FUZZERS   := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
 
-.PHONY: all cpu test unit-tests asan ubsan bench-kernels demo fuzz fuzz-smoke venv clean distclean help
+.PHONY: all cpu test unit-tests asan ubsan bench-kernels demo fuzz fuzz-smoke venv clean distclean help cuda
 all: $(APPS)
 cpu: all
 
 help:
-	@echo "targets: all (=cpu) test asan ubsan bench-kernels demo fuzz fuzz-smoke venv clean distclean"
+	@echo "targets: all (=cpu) cuda test asan ubsan bench-kernels demo fuzz fuzz-smoke venv clean distclean"
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -49,12 +57,14 @@ $(LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-# Binaries land in the repository root, as the README's commands expect.
+# Binaries land in the repository root, as the README's commands expect
+# (BIN=dir/ puts them elsewhere: CI keeps the CUDA build's binaries apart).
 define APP_RULE
 $(1): $(2) $(LIB)
+	@mkdir -p $$(dir $$@)
 	$$(CC) $$(CFLAGS) $(2) $(LIB) -o $$@ $$(LDFLAGS) $$(LDLIBS)
 endef
-$(foreach s,$(APP_SRC),$(eval $(call APP_RULE,$(notdir $(s:.c=)),$(s))))
+$(foreach s,$(APP_SRC),$(eval $(call APP_RULE,$(BIN)$(notdir $(s:.c=)),$(s))))
 
 $(BUILD)/tests/%: tests/unit/%.c $(LIB) tests/unit/check.h
 	@mkdir -p $(dir $@)
@@ -117,7 +127,7 @@ fuzz-smoke: $(FUZZERS)
 	@bash fuzz/smoke.sh $(BUILD)
 
 clean:
-	rm -rf build build-asan build-ubsan $(APPS)
+	rm -rf build build-asan build-ubsan build-cuda $(APPS)
 
 distclean: clean
 	rm -rf $(VENV) models/demo.gguf

@@ -16,9 +16,9 @@ static void usage(FILE *f) {
     fprintf(f, "usage: ds4-bench --kernels [-t N]\n"
                "       ds4-bench -m MODEL.gguf [--prompt-file F] [--ctx-start N] [--ctx-max N]\n"
                "                 [--step-incr N | --step-mul F] [--gen-tokens N] [--prefill-chunk N]\n"
-               "                 [--numerics exact|ds4] [--cpu] [-t N] [--ssd-streaming...]\n"
+               "                 [--numerics exact|ds4] [-t N] [--ssd-streaming...] [--cuda|--cpu] [--gpu-vram ..]\n"
                "       ds4-bench -m MODEL.gguf --sessions 1,2,4,8,16 [--prompt-tokens N] [--gen-tokens N]\n"
-               "                 [--repeat N] [--prompt-file F] [-t N]\n"
+               "                 [--repeat N] [--prompt-file F] [-t N] [--cuda|--cpu] [--gpu-vram ..]\n"
                "  --kernels   memory bandwidth, matvec GB/s per weight type, matmul GFLOP/s\n"
                "  -m MODEL    CSV per context frontier: frontier,prefill_tps,gen_tps,kvcache_bytes\n"
                "  --sessions  table: that many sessions decoding together (batched), per-session and\n"
@@ -70,6 +70,10 @@ int main(int argc, char **argv) {
         {"--prompt-tokens", &mp.prompt_tokens, 1, 1 << 20},
     };
     for (int i = 1; i < argc; i++) {
+        char gpu_err[256];
+        int gpu_arg = ds4_gpu_option(&mp.gpu, argv[i], i + 1 < argc ? argv[i + 1] : NULL, gpu_err, sizeof gpu_err);
+        if (gpu_arg < 0) { fprintf(stderr, "ds4-bench: %s\n", gpu_err); return 2; }
+        if (gpu_arg > 0) { i += gpu_arg - 1; continue; }
         char ssd_err[256];
         int ssd = ds4_ssd_parse_option(&mp.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
         if (ssd < 0) { fprintf(stderr, "ds4-bench: %s\n", ssd_err); return 2; }
@@ -105,7 +109,6 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(argv[i], "--kernels")) kernels = 1;
-        else if (!strcmp(argv[i], "--cpu")) { /* the CPU backend is the only one built here */ }
         else if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
             long v = int_arg(argc, argv, &i, 1, 1024);
             if (v < 0) return 2;

@@ -19,9 +19,12 @@ static void usage(FILE *f) {
         "  -c, --ctx N                   context size in tokens (default 32768)\n"
         "  -n, --tokens N                default output limit when a request gives none (default 393216)\n"
         "  -t, --threads N               CPU threads (default: all)\n"
+        "      --api-key KEY             require KEY (Authorization: Bearer or x-api-key); default $DS4_API_KEY\n"
+        "      --no-api-key              allow a non-loopback --host without a key\n"
+        "      --max-client-connections N  open connections per client address (default 256)\n"
+        "      --request-timeout S       a request's head and body must arrive within S seconds (default 30)\n"
         "      --prefill-chunk N         prefill chunk size (default 4096)\n"
         "      --numerics MODE           exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
-        "      --cpu                     use the CPU backend (the only one in this build)\n"
         "      --cors                    send Access-Control-Allow-* headers\n"
         "      --chdir DIR               change directory before loading anything\n"
         "      --trace FILE              log rendered prompts, cache decisions, outputs, tool parsing\n"
@@ -38,7 +41,8 @@ static void usage(FILE *f) {
         "      --completions-chat        wrap /v1/completions string prompts as a chat turn (default: raw)\n"
         "      --scripted-output FILE    TEST ONLY: every generation emits this file's text\n"
         "%s"
-        "  -h, --help\n", ds4_ssd_usage);
+        "%s"
+        "  -h, --help\n", ds4_ssd_usage, ds4_gpu_usage);
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi) {
@@ -53,8 +57,13 @@ static int parse_int(const char *flag, const char *v, long lo, long hi) {
 int main(int argc, char **argv) {
     ds4_server_opts o;
     ds4_server_opts_default(&o);
+    o.api_key = getenv("DS4_API_KEY");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char gpu_err[256];
+        int gpu_arg = ds4_gpu_option(&o.gpu, a, v, gpu_err, sizeof gpu_err);
+        if (gpu_arg < 0) { fprintf(stderr, "ds4-server: %s\n", gpu_err); return 2; }
+        if (gpu_arg > 0) { i += gpu_arg - 1; continue; }
         char ssd_err[256];
         int ssd = ds4_ssd_parse_option(&o.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
         if (ssd < 0) { fprintf(stderr, "ds4-server: %s\n", ssd_err); return 2; }
@@ -67,7 +76,7 @@ int main(int argc, char **argv) {
         else if (ARG("--disable-exact-dsml-tool-replay")) o.disable_exact_replay = true;
         else if (ARG("--completions-chat")) o.completions_chat = true;
         else if (ARG("--kv-cache-reject-different-quant")) o.kvdisk.reject_different_quant = true;
-        else if (ARG("--cpu")) { /* the CPU backend is the only one built here */ }
+        else if (ARG("--no-api-key")) o.no_api_key = true;
         else if (ARG("-m") || ARG("--model")) { VALUE(); o.model_path = v; }
         else if (ARG("--host")) { VALUE(); o.host = v; }
         else if (ARG("--port")) { VALUE(); o.port = parse_int(a, v, 0, 65535); }
@@ -80,6 +89,9 @@ int main(int argc, char **argv) {
             if (!ds4_parse_numerics(v, &o.numerics)) { fprintf(stderr, "ds4-server: --numerics takes exact or ds4\n"); return 2; }
         }
         else if (ARG("--trace")) { VALUE(); o.trace_path = v; }
+        else if (ARG("--api-key")) { VALUE(); o.api_key = v; }
+        else if (ARG("--max-client-connections")) { VALUE(); o.max_client_connections = parse_int(a, v, 1, 1 << 20); }
+        else if (ARG("--request-timeout")) { VALUE(); o.limits.request_timeout_ms = parse_int(a, v, 1, 3600) * 1000; }
         else if (ARG("--tool-memory-max-ids")) { VALUE(); o.tool_memory_max_ids = (size_t)parse_int(a, v, 1, 1 << 30); }
         else if (ARG("--scripted-output")) { VALUE(); o.scripted_output = v; }
         else if (ARG("--kv-disk-dir")) { VALUE(); o.kvdisk.dir = v; }

@@ -38,6 +38,7 @@ typedef struct {
     int threads;
     int prefill_chunk;
     int numerics;
+    ds4_gpu_opts gpu;
     ds4_sampler_params sampling;
     ds4_think_mode think;
     bool dump_tokens;
@@ -83,7 +84,7 @@ static void usage(FILE *f) {
         "      --nothink           direct answers\n"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
-        "      --cpu               use the CPU backend (the only one in this build)\n"
+        "%s"
         "%s"
         "debugging:\n"
         "      --dump-tokens       print the prompt's tokens (id, hex bytes, text) and exit\n"
@@ -93,7 +94,8 @@ static void usage(FILE *f) {
         "      --logits-all        with --dump-logits: every position, not just the last\n"
         "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
         "  -h, --help              this text\n"
-        "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_ssd_usage);
+        "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_ssd_usage,
+        ds4_gpu_usage);
 }
 
 /* Returns 0 on success, 1 after printing help, -1 on a bad argument. */
@@ -103,6 +105,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     o->n_predict = 4096;
     o->ctx = 32768;
     o->numerics = -1;
+    ds4_gpu_opts_default(&o->gpu);
     o->logprobs_top_k = 20;
     o->think = DS4_THINK_HIGH;
     ds4_sampler_params_default(&o->sampling);
@@ -111,6 +114,9 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char gpu_err[256];
+        int gpu_arg;
+        int sampling;
 #define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4", a); return -1; } i++; } while (0)
 #define BAD_VALUE() do { fprintf(stderr, "ds4: bad value for %s: %s\n", a, v); return -1; } while (0)
         char ssd_err[256];
@@ -126,17 +132,9 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 16, INT_MAX, &o->ctx)) BAD_VALUE(); }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
         else if (!strcmp(a, "--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
-        else if (!strcmp(a, "--temp")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.temperature)) BAD_VALUE(); }
-        else if (!strcmp(a, "--top-p")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.top_p)) BAD_VALUE(); }
-        else if (!strcmp(a, "--min-p")) { NEEDS_VALUE(); if (!ds4_parse_float(v, &o->sampling.min_p)) BAD_VALUE(); }
-        else if (!strcmp(a, "--top-k")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->sampling.top_k)) BAD_VALUE(); }
-        else if (!strcmp(a, "--seed")) {
-            NEEDS_VALUE();
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end) BAD_VALUE();
-            o->sampling.seed = s;
+        else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0) {
+            if (sampling < 0) { if (!v) NEEDS_VALUE(); BAD_VALUE(); }
+            i++;
         }
         else if (!strcmp(a, "--think")) o->think = DS4_THINK_HIGH;
         else if (!strcmp(a, "--think-max")) o->think = DS4_THINK_MAX;
@@ -145,7 +143,10 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
             NEEDS_VALUE();
             if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE();
         }
-        else if (!strcmp(a, "--cpu")) { /* the CPU backend is the only one built here */ }
+        else if ((gpu_arg = ds4_gpu_option(&o->gpu, a, v, gpu_err, sizeof gpu_err)) != 0) {
+            if (gpu_arg < 0) { fprintf(stderr, "ds4: %s\n", gpu_err); return -1; }
+            i += gpu_arg - 1;
+        }
         else if (!strcmp(a, "--dump-tokens")) o->dump_tokens = true;
         else if (!strcmp(a, "--dump-logprobs")) { NEEDS_VALUE(); o->dump_logprobs = v; }
         else if (!strcmp(a, "--logprobs-top-k")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->logprobs_top_k)) BAD_VALUE(); }
@@ -421,24 +422,25 @@ typedef struct {
 } chat_state;
 
 /* Renders the transcript with a generation prompt and tokenizes it: the
- * template's protocol strings are specials, which is why CHAT specials are
- * recognised here. */
+ * template's markers become protocol tokens, what the user typed never does. */
 static bool render_prompt(chat_state *c, ds4_token_ids *ids) {
     ds4_chat_opts co;
     ds4_chat_opts_default(&co);
     co.think = c->opts->think;
     co.ctx = ds4_session_ctx(c->session);
+    ds4_chat_spans client = {0};
+    co.client_spans = &client;
     ds4_buf text = {0};
     char err[256];
-    if (!ds4_chat_render(c->tr.msgs, c->tr.n, &co, &text, err, sizeof err)) {
-        fprintf(stderr, "ds4: %s\n", err);
-        ds4_buf_free(&text);
-        return false;
+    bool ok = ds4_chat_render(c->tr.msgs, c->tr.n, &co, &text, err, sizeof err);
+    if (!ok) fprintf(stderr, "ds4: %s\n", err);
+    else if (client.oom || ds4_chat_encode(ds4_engine_tokenizer(c->engine), text.data, 0, text.len, &client, ids)) {
+        fprintf(stderr, "ds4: out of memory\n");
+        ok = false;
     }
-    int rc = ds4_tokenizer_encode(ds4_engine_tokenizer(c->engine), text.data, text.len,
-                                  DS4_TOK_SPECIALS_CHAT, ids);
+    ds4_chat_spans_free(&client);
     ds4_buf_free(&text);
-    return rc == 0;
+    return ok;
 }
 
 /* One user turn: render, reuse the KV prefix, prefill, generate, record. */
@@ -638,6 +640,8 @@ int main(int argc, char **argv) {
     ep.n_threads = o.threads;
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
+    ep.gpu = o.gpu;
+    ep.gpu_ctx = o.ctx;
     ep.quiet = o.dump_tokens;
     ep.ssd = o.ssd;
     ep.ssd.ctx = o.ctx;

@@ -5,7 +5,9 @@
  * mutations get past the checksum; bit 1 feeds the bytes straight to the
  * payload loader. Invariants (abort() on violation): everything the parser
  * hands out lies inside the input; a payload that loads is written back
- * byte-identically (up to the fields that describe the target session). */
+ * byte-identically (up to the fields that describe the target session); the
+ * file reader path (layout by seek, payload streamed through the section
+ * reader) agrees with the in-memory parse and load. */
 #include "kv.h"
 #include "kv_payload.h"
 #include "kvdisk.h"
@@ -47,6 +49,39 @@ static uint32_t crc32_of(const uint8_t *p, size_t n) {
 static void inside(const uint8_t *lo, size_t n, const void *p, size_t len) {
     const uint8_t *q = p;
     if (len && (q < lo || q > lo + n || len > (size_t)(lo + n - q))) abort();
+}
+
+typedef struct { const uint8_t *p; size_t n; } image;
+static bool image_pread(void *ud, void *dst, size_t n, uint64_t off) {
+    const image *m = ud;
+    if (off > m->n || n > m->n - off) return false;
+    memcpy(dst, m->p + off, n);
+    return true;
+}
+
+/* The streaming file path over the same bytes: same verdict, same state. */
+static void streamed_agrees(const uint8_t *buf, size_t n, const ds4_kvc_view *v) {
+    image m = {buf, n};
+    const ds4_kvc_input in = {image_pread, &m, n};
+    ds4_kvc_layout L;
+    bool foreign;
+    char err[256];
+    if (!ds4_kvc_read_layout(&in, &L, &foreign, err, sizeof err) || !ds4_kvc_verify(&in, &L, err, sizeof err)) abort();
+    if (L.text_len != v->text_len || L.h.payload_bytes != v->h.payload_bytes) abort();
+    char *block;
+    ds4_kvc_tool *tools;
+    uint32_t n_tools;
+    if (!ds4_kvc_read_tools(&in, &L, &block, &tools, &n_tools, err, sizeof err) || n_tools != v->n_tools) abort();
+    free(tools);
+    free(block);
+    ds4_kvc_section_reader r;
+    ds4_source src;
+    if (!ds4_kvc_payload_reader(&in, &L, &r, &src)) abort();
+    bool mem_ok = ds4_payload_load(kv, toks, logits, VOCAB, v->payload, (size_t)v->h.payload_bytes, err, sizeof err);
+    int mem_pos = kv->n_pos;
+    bool stream_ok = ds4_payload_load_from(kv, toks, logits, VOCAB, &src, (size_t)L.h.payload_bytes, err, sizeof err);
+    ds4_kvc_reader_free(&r);
+    if (mem_ok != stream_ok || (stream_ok && kv->n_pos != mem_pos)) abort();
 }
 
 static void payload_round_trip(const uint8_t *p, size_t n) {
@@ -96,6 +131,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             inside(buf, n, v.tools[i].dsml, v.tools[i].dsml_len);
         }
         payload_round_trip(v.payload, (size_t)v.h.payload_bytes);
+        streamed_agrees(buf, n, &v);
         free(v.tools);
     }
     free(buf);

@@ -22,8 +22,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int32_t toks[8];
         float *logits = malloc((size_t)m->cfg.n_vocab * sizeof(float));
         for (int i = 0; i < 8; i++) toks[i] = (int32_t)((size + (size_t)i * 7) % (size_t)m->cfg.n_vocab);
-        be->eval(be, kv, toks, 5, logits, false, err, sizeof err);
-        be->eval(be, kv, toks + 5, 1, logits, false, err, sizeof err);
+        if (logits) {
+            ds4_backend_seq prefill = {kv, toks, 5, logits, false};
+            ds4_backend_seq decode = {kv, toks + 5, 1, logits, false};
+            if (be->eval(be, &prefill, 1, err, sizeof err) == 0) be->eval(be, &decode, 1, err, sizeof err);
+        }
         free(logits);
     }
     ds4_kv_free(kv);

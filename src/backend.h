@@ -18,6 +18,11 @@
  * - On error (-1, one line in err) no state has changed.
  * - A backend owns its scratch and reuses it across calls; it may serve many
  *   states, one call at a time.
+ * - kv_sync (NULL for backends that compute in the host ds4_kv) makes the
+ *   host copy of a state current before the engine reads its buffers
+ *   (to_host) or the backend's copy current after the engine wrote them
+ *   (!to_host). kv_release (may be NULL) drops what the backend keeps for a
+ *   state that is being freed.
  */
 #ifndef DS4_BACKEND_H
 #define DS4_BACKEND_H
@@ -43,6 +48,8 @@ struct ds4_backend {
     uint64_t weight_bytes;  /* weight bytes the matrix products have streamed so far (benchmarks) */
     int (*eval)(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen);
     void (*free)(ds4_backend *be);
+    int (*kv_sync)(ds4_backend *be, struct ds4_kv *kv, bool to_host, char *err, size_t errlen);
+    void (*kv_release)(ds4_backend *be, struct ds4_kv *kv);
 };
 
 #endif

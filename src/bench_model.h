@@ -5,6 +5,10 @@
  *   prompt file repeated as needed, or, for a model without a tokenizer or
  *   without a prompt file, a fixed pseudo-random sequence) to context
  *   frontiers ctx_start, then +step_incr (or *step_mul) up to ctx_max.
+ * - Before the first row an untimed warm-up prefills up to 128 tokens (fewer
+ *   if the session is smaller) and decodes one, then restores the empty
+ *   state, so first-touch page faults of the mmapped weights do not land in
+ *   the figures.
  * - Prefill is incremental: each row times only the tokens added since the
  *   previous frontier. At each frontier the live state is snapshotted in
  *   memory, gen_tokens greedy tokens are decoded (never EOS: the best non-EOS
@@ -23,6 +27,7 @@
 
 #include <stdio.h>
 #include "engine.h"
+#include "cuda_plan.h"
 
 typedef struct {
     const char *model_path, *prompt_file;
@@ -32,6 +37,7 @@ typedef struct {
     ds4_ssd_params ssd;                 /* --ssd-streaming*: adds the expert cache columns */
     /* ds4_bench_sessions: the session counts to compare and runs per count */
     int session_counts[16], n_session_counts, repeat, prompt_tokens;
+    ds4_gpu_opts gpu;                   /* backend and placement (cuda_plan.h) */
 } ds4_bench_model_params;
 
 void ds4_bench_model_defaults(ds4_bench_model_params *p);

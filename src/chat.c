@@ -2,6 +2,8 @@
  * (4.6, 5.2, 6.2); the two profiles share them where the bytes agree. */
 #include "chat.h"
 
+#include "tokenizer.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +51,30 @@ static const char DS4_TOOLS_HEAD[] =
 static const char DS4_TOOLS_TAIL[] = TOOLS_MUST " Use the exact parameter names from the schemas.";
 
 static const char *nz(const char *s) { return s ? s : ""; }
+
+void ds4_chat_spans_add(ds4_chat_spans *sp, size_t start, size_t end) {
+    if (!sp || end <= start) return;
+    if (sp->n == sp->cap) {
+        size_t cap = sp->cap ? 2 * sp->cap : 16;
+        ds4_chat_span *v = realloc(sp->v, cap * sizeof *v);
+        if (!v) { sp->oom = true; return; }
+        sp->v = v;
+        sp->cap = cap;
+    }
+    sp->v[sp->n++] = (ds4_chat_span){start, end};
+}
+
+static void put_client(const ds4_chat_opts *o, ds4_buf *out, const char *text) {
+    size_t start = out->len;
+    ds4_buf_puts(out, nz(text));
+    ds4_chat_spans_add(o->client_spans, start, out->len);
+}
+
+static void put_client_result(const ds4_chat_opts *o, ds4_buf *out, const char *content) {
+    size_t start = out->len;
+    ds4_chat_tool_result(nz(content), strlen(nz(content)), o->profile, out);
+    ds4_chat_spans_add(o->client_spans, start, out->len);
+}
 
 static bool set_err(char *err, size_t errlen, const char *msg, int i) {
     if (errlen) snprintf(err, errlen, msg, i);
@@ -113,6 +139,17 @@ bool ds4_chat_tools_block(const ds4_tool_def *tools, int n, ds4_chat_profile pro
     return ok;
 }
 
+/* The tools block with its schemas marked as client text: they sit between
+ * the head and tail, whose DSML examples are the template's own. */
+static bool put_tools_block(const ds4_chat_opts *o, ds4_chat_profile profile, ds4_buf *out, char *err, size_t errlen) {
+    size_t head = strlen(profile == DS4_CHAT_OFFICIAL ? OFFICIAL_TOOLS_HEAD : DS4_TOOLS_HEAD);
+    size_t tail = strlen(profile == DS4_CHAT_OFFICIAL ? OFFICIAL_TOOLS_TAIL : DS4_TOOLS_TAIL);
+    size_t start = out->len;
+    if (!ds4_chat_tools_block(o->tools, o->n_tools, profile, out, err, errlen)) return false;
+    ds4_chat_spans_add(o->client_spans, start + head, out->len - tail);
+    return true;
+}
+
 /* ---- shared pieces ------------------------------------------------------------ */
 
 static void put_preamble(ds4_buf *out, ds4_think_mode think) {
@@ -164,12 +201,11 @@ static bool render_ds4(const ds4_chat_msg *msgs, int n, const ds4_chat_opts *o, 
     /* tools first, then all system/developer text hoisted: a changing
      * system-prompt tail then leaves the cached tool block intact */
     size_t sys_start = out->len;
-    if (o->n_tools > 0 && !ds4_chat_tools_block(o->tools, o->n_tools, DS4_CHAT_DS4, out, err, errlen))
-        return false;
+    if (o->n_tools > 0 && !put_tools_block(o, DS4_CHAT_DS4, out, err, errlen)) return false;
     for (int i = 0; i < n; i++) {
         if (msgs[i].role != DS4_ROLE_SYSTEM && msgs[i].role != DS4_ROLE_DEVELOPER) continue;
         if (out->len > sys_start) ds4_buf_puts(out, "\n\n");
-        ds4_buf_puts(out, nz(msgs[i].content));
+        put_client(o, out, msgs[i].content);
     }
     bool pending_assistant = false, pending_tool_result = false;
     for (int i = 0; i < n; i++) {
@@ -177,13 +213,13 @@ static bool render_ds4(const ds4_chat_msg *msgs, int n, const ds4_chat_opts *o, 
         switch (m->role) {
         case DS4_ROLE_USER:
             ds4_buf_puts(out, DS4_STR_USER);
-            ds4_buf_puts(out, nz(m->content));
+            put_client(o, out, m->content);
             pending_assistant = true;
             pending_tool_result = false;
             break;
         case DS4_ROLE_TOOL:
             if (!pending_tool_result) ds4_buf_puts(out, DS4_STR_USER);
-            ds4_chat_tool_result(nz(m->content), strlen(nz(m->content)), DS4_CHAT_DS4, out);
+            put_client_result(o, out, m->content);
             pending_assistant = pending_tool_result = true;
             break;
         case DS4_ROLE_ASSISTANT:
@@ -191,11 +227,11 @@ static bool render_ds4(const ds4_chat_msg *msgs, int n, const ds4_chat_opts *o, 
                 ds4_buf_puts(out, DS4_STR_ASSISTANT);
                 if (think != DS4_THINK_NONE && (tool_context || i > last_user)) {
                     ds4_buf_puts(out, DS4_STR_THINK_OPEN);
-                    ds4_buf_puts(out, nz(m->reasoning_content));
+                    put_client(o, out, m->reasoning_content);
                 }
                 ds4_buf_puts(out, DS4_STR_THINK_CLOSE);
             }
-            ds4_buf_puts(out, nz(m->content));
+            put_client(o, out, m->content);
             if (!put_tool_calls(m, o, out, err, errlen)) return false;
             ds4_buf_puts(out, DS4_STR_EOS);
             pending_assistant = pending_tool_result = false;
@@ -300,33 +336,31 @@ static bool render_official(const ds4_chat_msg *msgs, int n, const ds4_chat_opts
         const turn *u = &t[k];
         switch (u->role) {
         case DS4_ROLE_SYSTEM:
-            ds4_buf_puts(out, u->m ? nz(u->m->content) : "");
+            put_client(o, out, u->m ? u->m->content : NULL);
             if (u->tools) {
                 ds4_buf_puts(out, "\n\n");
-                ok = ds4_chat_tools_block(o->tools, o->n_tools, DS4_CHAT_OFFICIAL, out, err, errlen);
+                ok = put_tools_block(o, DS4_CHAT_OFFICIAL, out, err, errlen);
             }
             break;
         case DS4_ROLE_DEVELOPER:
             ds4_buf_puts(out, DS4_STR_USER);
-            ds4_buf_puts(out, u->m->content);
+            put_client(o, out, u->m->content);
             break;
         case DS4_ROLE_USER:
             ds4_buf_puts(out, DS4_STR_USER);
             for (int j = 0; j < u->nblocks; j++) {
                 const ds4_chat_msg *m = b[u->first + j].m;
                 if (j) ds4_buf_puts(out, "\n\n");
-                if (m->role == DS4_ROLE_TOOL)
-                    ds4_chat_tool_result(nz(m->content), strlen(nz(m->content)), DS4_CHAT_OFFICIAL, out);
-                else
-                    ds4_buf_puts(out, nz(m->content));
+                if (m->role == DS4_ROLE_TOOL) put_client_result(o, out, m->content);
+                else put_client(o, out, m->content);
             }
             break;
         default:   /* assistant */
             if (think != DS4_THINK_NONE && !u->drop_reasoning) {
-                ds4_buf_puts(out, nz(u->m->reasoning_content));
+                put_client(o, out, u->m->reasoning_content);
                 ds4_buf_puts(out, DS4_STR_THINK_CLOSE);
             }
-            ds4_buf_puts(out, nz(u->m->content));
+            put_client(o, out, u->m->content);
             ok = put_tool_calls(u->m, o, out, err, errlen);
             ds4_buf_puts(out, DS4_STR_EOS);
             break;
@@ -360,4 +394,42 @@ bool ds4_chat_render(const ds4_chat_msg *msgs, int n, const ds4_chat_opts *o,
     }
     if (ok && out->oom) return set_err(err, errlen, "out of memory", 0);
     return ok;
+}
+
+void ds4_chat_spans_free(ds4_chat_spans *s) {
+    free(s->v);
+    memset(s, 0, sizeof *s);
+}
+
+/* The chat-protocol strings (DS4_TOK_SPECIALS_CHAT's set). */
+static const char *const CHAT_SPECIALS[] = {
+    DS4_TOK_BOS, DS4_TOK_EOS, DS4_TOK_USER, DS4_TOK_ASSISTANT, DS4_TOK_THINK, DS4_TOK_THINK_END, DS4_TOK_DSML,
+};
+
+/* Length of the chat special string at p (longest), or 0. */
+static size_t special_at(const char *p, size_t n) {
+    size_t best = 0;
+    for (size_t k = 0; k < sizeof CHAT_SPECIALS / sizeof CHAT_SPECIALS[0]; k++) {
+        size_t l = strlen(CHAT_SPECIALS[k]);
+        if (l <= n && l > best && !memcmp(p, CHAT_SPECIALS[k], l)) best = l;
+    }
+    return best;
+}
+
+int ds4_chat_encode(const ds4_tokenizer *t, const char *text, size_t from, size_t to,
+                    const ds4_chat_spans *client, ds4_token_ids *out) {
+    size_t seg = from, span = 0;
+    for (size_t i = from; i < to;) {
+        size_t len = (text[i] == '<' || (unsigned char)text[i] == 0xef) ? special_at(text + i, to - i) : 0;
+        if (!len) { i++; continue; }
+        while (client && span < client->n && client->v[span].end <= i) span++;
+        if (client && span < client->n && client->v[span].start < i + len) { i += len; continue; }
+        /* A template marker: the text before it is plain, exactly as the
+         * tokenizer splits at specials itself. */
+        if (ds4_tokenizer_encode(t, text + seg, i - seg, DS4_TOK_SPECIALS_NONE, out) ||
+            ds4_tokenizer_encode(t, text + i, len, DS4_TOK_SPECIALS_CHAT, out)) return -1;
+        i += len;
+        seg = i;
+    }
+    return ds4_tokenizer_encode(t, text + seg, to - seg, DS4_TOK_SPECIALS_NONE, out);
 }

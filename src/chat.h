@@ -33,6 +33,13 @@
  * - Errors (unknown role or profile, a tool call without a name, invalid
  *   schema JSON in the OFFICIAL profile, out of memory) return false with
  *   one line in err; out may then hold a partial prompt.
+ * - Client text: with opts.client_spans set, the renderer records the byte
+ *   ranges that hold client-supplied text (system/developer/user contents,
+ *   reasoning, assistant contents, tool results, tool schemas), and
+ *   ds4_chat_encode() tokenizes a special string inside them as ordinary
+ *   text, so a pasted document cannot forge turns or tool calls. Tool-call
+ *   arguments are rendered by dsml.h inside the template's own DSML markup
+ *   and are not marked.
  * - Not supported (official-only features): latest_reminder, quick-
  *   instruction tasks, response_format, wo_eos, context continuation.
  */
@@ -88,6 +95,13 @@ typedef enum { DS4_CHAT_OFFICIAL, DS4_CHAT_DS4 } ds4_chat_profile;
  * through "</｜DSML｜tool_calls>") remembered for a tool-call id, or NULL. */
 typedef const char *(*ds4_dsml_replay_fn)(void *ud, const char *tool_call_id);
 
+/* Byte ranges [start, end) of a rendered prompt, in rendering order. */
+typedef struct { size_t start, end; } ds4_chat_span;
+typedef struct { ds4_chat_span *v; size_t n, cap; bool oom; } ds4_chat_spans;
+void ds4_chat_spans_free(ds4_chat_spans *s);
+/* Appends [start, end) (NULL s: nothing); an allocation failure sets oom. */
+void ds4_chat_spans_add(ds4_chat_spans *s, size_t start, size_t end);
+
 typedef struct {
     ds4_chat_profile profile;
     ds4_think_mode think;
@@ -98,6 +112,7 @@ typedef struct {
     int n_tools;
     ds4_dsml_replay_fn replay;     /* DS4 profile only; NULL = canonical only */
     void *replay_ud;
+    ds4_chat_spans *client_spans;  /* NULL = not recorded; appended to, never cleared */
 } ds4_chat_opts;
 
 /* profile DS4, think HIGH, ctx 0, drop_thinking, add_generation_prompt, no tools */
@@ -108,6 +123,16 @@ ds4_think_mode ds4_chat_effective_think(ds4_think_mode m, int ctx);
 
 bool ds4_chat_render(const ds4_chat_msg *msgs, int n, const ds4_chat_opts *o,
                      ds4_buf *out, char *err, size_t errlen);
+
+/* Tokenizes text[from..to) of a rendered prompt: the chat special strings
+ * (DS4_TOK_SPECIALS_CHAT) become protocol tokens except where they overlap
+ * a client span (offsets in text; NULL = none), where they stay text. With
+ * no such overlap the ids equal ds4_tokenizer_encode(SPECIALS_CHAT) of the
+ * same bytes. Returns 0, or -1 when out of memory. */
+struct ds4_tokenizer;
+struct ds4_token_ids;
+int ds4_chat_encode(const struct ds4_tokenizer *t, const char *text, size_t from, size_t to,
+                    const ds4_chat_spans *client, struct ds4_token_ids *out);
 
 /* "<tool_result>" + content + "</tool_result>" as the profile writes it
  * (DS4 escapes "</tool_result>" inside as "&lt;/tool_result>"). Servers use it

@@ -9,14 +9,21 @@
  * - Integers are decimal with an optional sign and leading white space
  *   (strtol); lo and hi must lie within int's range.
  * - Floats take everything strtof takes.
+ * - ds4_parse_sampling_option() recognises the sampling options every
+ *   generating binary shares (--temp, --top-p, --min-p, --top-k, --seed):
+ *   0 when name is not one of them, 1 when it is and the value was stored,
+ *   -1 when it is but the value is missing or bad (p untouched).
  */
 #ifndef DS4_CLI_ARGS_H
 #define DS4_CLI_ARGS_H
 
 #include <stdbool.h>
 
+#include "sampler.h"
+
 bool ds4_parse_int(const char *s, long lo, long hi, int *out);
 bool ds4_parse_float(const char *s, float *out);
+int ds4_parse_sampling_option(const char *name, const char *value, ds4_sampler_params *p);
 
 /* `--numerics exact|ds4` -> 0 | 1, the values of ds4_engine_params.numerics
  * (exact f32, or the FP8 KV / FP4 indexer simulation). */

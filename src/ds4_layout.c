@@ -15,7 +15,7 @@
  * informational), so files without them still load. */
 const ds4_hparam_key ds4_hparam_keys[] = {
     {K("block_count"), DS4_HP_U32, F(n_layer), NULL, false},
-    {K("context_length"), DS4_HP_U64, F(n_ctx_train), NULL, true},
+    {K("context_length"), DS4_HP_U32, F(n_ctx_train), NULL, true},
     {K("embedding_length"), DS4_HP_U32, F(n_embd), NULL, false},
     {K("vocab_size"), DS4_HP_U32, F(n_vocab), NULL, false},
     {K("attention.head_count"), DS4_HP_U32, F(n_head), NULL, false},
@@ -66,7 +66,6 @@ void ds4_hparams_write(struct ds4_gguf_writer *w, const ds4_hparams *hp) {
         const void *p = base + k->offset;
         switch (k->kind) {
         case DS4_HP_U32: ds4_gguf_w_u32(w, k->key, *(const uint32_t *)p); break;
-        case DS4_HP_U64: ds4_gguf_w_u64(w, k->key, *(const uint64_t *)p); break;
         case DS4_HP_F32: ds4_gguf_w_f32(w, k->key, *(const float *)p); break;
         case DS4_HP_BOOL: ds4_gguf_w_bool(w, k->key, *(const bool *)p); break;
         case DS4_HP_U32_PER_LAYER: ds4_gguf_w_arr(w, k->key, DS4_GGUF_U32, p, hp->n_layer); break;
@@ -128,7 +127,6 @@ int ds4_hparams_read(const struct ds4_gguf *g, ds4_hparams *hp, char *err, size_
         }
         switch (k->kind) {
         case DS4_HP_U32: ok = ds4_gguf_get_u32(g, k->key, p); break;
-        case DS4_HP_U64: ok = ds4_gguf_get_u64(g, k->key, p); break;
         case DS4_HP_F32: ok = ds4_gguf_get_f32(g, k->key, p); break;
         case DS4_HP_BOOL: ok = ds4_gguf_get_bool(g, k->key, p); break;
         case DS4_HP_U32_PER_LAYER:
@@ -239,6 +237,20 @@ int ds4_mix_from_name(const char *s) {
 }
 
 const char *ds4_mix_name(enum ds4_mix m) { return mix_names[m]; }
+
+uint32_t ds4_mix_file_type(enum ds4_mix m) {
+    /* llama_ftype values (llama.h): ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7,
+     * MOSTLY_IQ2_XXS 19, MOSTLY_Q4_K_M 15. */
+    static const uint32_t ftype[] = {[DS4_MIX_F32] = 0, [DS4_MIX_F16] = 1, [DS4_MIX_Q8_0] = 7,
+                                     [DS4_MIX_Q2] = 19, [DS4_MIX_Q4] = 15};
+    return ftype[m];
+}
+
+void ds4_file_keys_write(struct ds4_gguf_writer *w, enum ds4_mix mix) {
+    ds4_gguf_w_u32(w, "general.file_type", ds4_mix_file_type(mix));
+    ds4_gguf_w_u32(w, "general.quantization_version", 2);
+    ds4_gguf_w_str(w, "tokenizer.chat_template", ds4_v4_chat_template);
+}
 
 bool ds4_tensor_present(const ds4_hparams *hp, enum ds4_tensor_id id, int layer) {
     switch (ds4_tensor_table[id].scope) {

@@ -9,9 +9,17 @@
  *   2). Nothing here has a Flash default: whoever fills it (config.json, GGUF
  *   metadata, command-line flags) sets every field.
  * - ds4_hparams_write() writes general.architecture plus every key of the
- *   table with its GGUF type; ds4_hparams_read() reads them back (accepting
- *   any integer/float type whose value fits, as the sheet allows) and fails
- *   with one line naming the first missing or invalid key.
+ *   table with the GGUF type llama.cpp's deepseek4 loader requires (its
+ *   get_key() accepts exactly the type of the hparams field: UINT32 for
+ *   every count including context_length, FLOAT32, BOOL, arrays of UINT32 /
+ *   FLOAT32 with one entry per layer); ds4_hparams_read() reads them back
+ *   (accepting any integer/float type whose value fits, so older files with
+ *   a UINT64 context_length still load) and fails with one line naming the
+ *   first missing or invalid key.
+ * - ds4_file_keys_write() writes the file-level keys the released files carry
+ *   besides the hyperparameters: general.file_type (the llama_ftype of the
+ *   mix), general.quantization_version and tokenizer.chat_template (the V4
+ *   template, ds4_chat_template.c).
  * - ds4_hparams_check() rejects combinations the layout cannot express
  *   (heads not divisible into output groups, rotary dims wider than a head,
  *   more than DS4_MAX_LAYERS layers, zero sizes, ...).
@@ -37,7 +45,7 @@ struct ds4_gguf_writer;
 
 typedef struct ds4_hparams {
     uint32_t n_layer;              /* block_count */
-    uint64_t n_ctx_train;          /* context_length */
+    uint32_t n_ctx_train;          /* context_length */
     uint32_t n_embd;               /* embedding_length */
     uint32_t n_vocab;
     uint32_t n_head, n_head_kv;
@@ -63,7 +71,7 @@ typedef struct ds4_hparams {
 } ds4_hparams;
 
 /* GGUF value kinds of the metadata table. */
-enum ds4_hp_kind { DS4_HP_U32, DS4_HP_U64, DS4_HP_F32, DS4_HP_BOOL,
+enum ds4_hp_kind { DS4_HP_U32, DS4_HP_F32, DS4_HP_BOOL,
                    DS4_HP_U32_PER_LAYER, DS4_HP_F32_PER_LAYER, DS4_HP_STR_CONST };
 
 typedef struct ds4_hparam_key {
@@ -136,6 +144,11 @@ extern const ds4_tensor_desc ds4_tensor_table[DS4_T_COUNT];
 enum ds4_mix { DS4_MIX_F32, DS4_MIX_F16, DS4_MIX_Q8_0, DS4_MIX_Q2, DS4_MIX_Q4 };
 int ds4_mix_from_name(const char *s);          /* "f32","f16","q8_0","q2","q4"; -1 if unknown */
 const char *ds4_mix_name(enum ds4_mix m);
+/* general.file_type of a mix: llama_ftype named after the routed experts'
+ * type (they are 90% of the bytes), the way llama-quantize labels such mixes. */
+uint32_t ds4_mix_file_type(enum ds4_mix m);
+extern const char ds4_v4_chat_template[];
+void ds4_file_keys_write(struct ds4_gguf_writer *w, enum ds4_mix mix);
 
 bool ds4_tensor_present(const ds4_hparams *hp, enum ds4_tensor_id id, int layer);
 /* Fills ne[0..3] (unused = 1); returns n_dims. layer is ignored for globals. */

@@ -1,8 +1,9 @@
-/* engine.c -- the public engine API over the model binding, the CPU backend
- * and the session state. */
+/* engine.c -- the public engine API over the model binding, the backend
+ * (CPU or CUDA) and the session state. */
 #include "engine.h"
 #include "backend.h"
 #include "cli_args.h"
+#include "cuda/cuda_backend.h"
 #include "expert_cache.h"
 #include "forward_cpu.h"
 #include "gguf.h"
@@ -59,6 +60,7 @@ struct ds4_snapshot {
 void ds4_engine_params_default(ds4_engine_params *p) {
     memset(p, 0, sizeof *p);
     p->numerics = -1;
+    ds4_gpu_opts_default(&p->gpu);
 }
 
 const char ds4_ssd_usage[] =
@@ -198,18 +200,29 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     }
     bool numerics = p->numerics < 0 ? ds4_cpu_numerics_supported(&e->m->cfg) : p->numerics > 0;
     e->prefill_chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 4096;
-    e->be = ds4_cpu_backend_new(e->m, p->n_threads, e->prefill_chunk, numerics, err, errlen);
+    if (p->gpu.backend == DS4_BACKEND_CUDA && p->ssd.enabled) {
+        /* the expert cache feeds the CPU kernels; the CUDA backend uploads every weight */
+        snprintf(err, errlen, "--ssd-streaming works with the CPU backend only, not with --cuda");
+        goto fail;
+    }
+    if (p->gpu.backend == DS4_BACKEND_CUDA)
+        e->be = ds4_cuda_backend_new(e->m, &p->gpu, p->gpu_ctx > 0 ? p->gpu_ctx : 32768, REWIND_SLACK,
+                                     e->prefill_chunk, numerics, p->quiet, err, errlen);
+    else
+        e->be = ds4_cpu_backend_new(e->m, p->n_threads, e->prefill_chunk, numerics, err, errlen);
     if (!e->be) goto fail;
     e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
     if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); goto fail; }
     if (p->ssd.enabled && !start_streaming(e, p, err, errlen)) goto fail;
     if (!p->quiet) {
         const ds4_config *c = &e->m->cfg;
+        char where[64] = "cuda";
+        if (p->gpu.backend == DS4_BACKEND_CPU) snprintf(where, sizeof where, "%d threads", ds4_cpu_backend_threads(e->be));
         fprintf(stderr, "ds4: %s: %d layers, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
-                        "%d threads, numerics %s\n",
+                        "%s, numerics %s\n",
                 e->m->name, c->n_layer, c->n_expert, ds4_model_expert_bits(e->m),
                 (double)e->m->file_bytes / (1 << 30), (double)rss_bytes() / (1 << 20),
-                ds4_cpu_backend_threads(e->be), numerics ? "ds4" : "f32");
+                where, numerics ? "ds4" : "f32");
     }
     return e;
 fail:
@@ -284,6 +297,13 @@ ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen) {
     return s;
 }
 
+/* The backend may hold the state elsewhere (CUDA): bring the host copy up to
+ * date before reading its buffers, and push it back after writing them. */
+static int kv_sync(const ds4_session *s, bool to_host, char *err, size_t errlen) {
+    ds4_backend *be = s->e->be;
+    return be->kv_sync ? be->kv_sync(be, s->kv, to_host, err, errlen) : 0;
+}
+
 /* Forgets checkpoints past position n (all of them for n < 0). */
 static void drop_ckpts(ds4_session *s, int n) {
     while (s->n_ckpt && s->ckpt_pos[s->n_ckpt - 1] > n) s->n_ckpt--;
@@ -304,6 +324,8 @@ static void maybe_ckpt(ds4_session *s) {
         s->n_ckpt = MAX_CKPT / 2;
         s->ckpt_every *= 2;
     }
+    char err[256];
+    if (kv_sync(s, true, err, sizeof err)) return;   /* a missing checkpoint only makes a deep rewind slower */
     ds4_kv_ring_save(s->kv, s->ckpt[s->n_ckpt]);
     s->ckpt_pos[s->n_ckpt++] = pos;
 }
@@ -311,6 +333,7 @@ static void maybe_ckpt(ds4_session *s) {
 void ds4_session_free(ds4_session *s) {
     if (!s) return;
     free(s->ckpt_block);
+    if (s->kv && s->e->be->kv_release) s->e->be->kv_release(s->e->be, s->kv);
     ds4_kv_free(s->kv);
     free(s->toks);
     free(s->logits);
@@ -409,7 +432,9 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
     if (n_tokens == 0) { ds4_kv_reset(s->kv); return 0; }
     if (!ds4_kv_truncate(s->kv, keep)) {
         if (s->n_ckpt) {
+            if (kv_sync(s, true, err, errlen)) return -1;
             ds4_kv_ring_load(s->kv, s->ckpt[s->n_ckpt - 1]);
+            if (kv_sync(s, false, err, errlen)) return -1;
             keep = s->ckpt_pos[s->n_ckpt - 1];
         } else {
             keep = 0;
@@ -431,7 +456,11 @@ ds4_snapshot *ds4_session_snapshot(const ds4_session *s) {
     snap->kv = malloc(snap->kv_bytes);
     snap->toks = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
     snap->logits = malloc((size_t)V * sizeof(float));
-    if (!snap->kv || !snap->toks || !snap->logits) { ds4_snapshot_free(snap); return NULL; }
+    char err[256];
+    if (!snap->kv || !snap->toks || !snap->logits || kv_sync(s, true, err, sizeof err)) {
+        ds4_snapshot_free(snap);
+        return NULL;
+    }
     ds4_kv_save(s->kv, snap->kv);
     memcpy(snap->toks, s->toks, (size_t)n * sizeof(int32_t));
     memcpy(snap->logits, s->logits, (size_t)V * sizeof(float));
@@ -443,6 +472,7 @@ int ds4_session_restore(ds4_session *s, const ds4_snapshot *snap, char *err, siz
         snprintf(err, errlen, "snapshot does not fit this session (ctx %d vs %d)", snap->ctx, s->ctx);
         return -1;
     }
+    if (kv_sync(s, false, err, errlen)) return -1;
     drop_ckpts(s, -1);
     memcpy(s->toks, snap->toks, (size_t)snap->n_toks * sizeof(int32_t));
     memcpy(s->logits, snap->logits, (size_t)s->e->m->cfg.n_vocab * sizeof(float));
@@ -461,17 +491,28 @@ size_t ds4_session_payload_bytes(const ds4_session *s) {
     return ds4_payload_bytes(s->kv, s->e->m->cfg.n_vocab);
 }
 
+/* Before a payload is written from the host copy: when the device lost the
+ * state, an empty session is saved rather than stale rows. */
+static void payload_sync(const ds4_session *s) {
+    char err[256];
+    if (!kv_sync(s, true, err, sizeof err)) return;
+    fprintf(stderr, "ds4: %s; the session is dropped\n", err);
+    ds4_kv_reset(s->kv);
+}
+
 void ds4_session_save_payload(const ds4_session *s, void *dst) {
+    payload_sync(s);
     ds4_payload_write(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, s->e->prefill_chunk, dst);
 }
 
 int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *err, size_t errlen) {
     if (!ds4_payload_load(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen)) return -1;
     drop_ckpts(s, -1);
-    return 0;
+    return kv_sync(s, false, err, errlen);
 }
 
 bool ds4_session_save_payload_to(const ds4_session *s, const ds4_sink *sink) {
+    payload_sync(s);
     return ds4_payload_write_to(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, s->e->prefill_chunk, sink);
 }
 
@@ -480,5 +521,8 @@ int ds4_session_load_payload_from(ds4_session *s, const ds4_source *src, size_t 
     bool ok = ds4_payload_load_from(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen);
     /* rewind checkpoints describe the old state once the rows changed */
     if (ok || s->kv->n_pos != before) drop_ckpts(s, -1);
+    /* a part-way load changed the host rows too: the device copy follows */
+    char sync_err[256];
+    if (kv_sync(s, false, ok ? err : sync_err, ok ? errlen : sizeof sync_err)) return -1;
     return ok ? 0 : -1;
 }

@@ -5,7 +5,8 @@
  * Contract
  * - ds4_engine_load() opens the GGUF (mmapped), binds and validates the DS4
  *   layout (every dimension from metadata), loads the tokenizer from the same
- *   file, creates the CPU backend and thread pool. On error: NULL and one
+ *   file, creates the backend (CPU, or CUDA with gpu.backend; no silent
+ *   fallback when CUDA was asked for) and thread pool. On error: NULL and one
  *   clear line in err ("not a DeepSeek V4 GGUF: missing tensor blk.3.ffn...").
  * - A session is one conversation's decode state (KV rings, compressed rows,
  *   indexer rows, compressor frontiers) sized for `ctx` tokens, plus the
@@ -40,6 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include "cuda_plan.h"
 
 #include "byte_stream.h"
 
@@ -77,11 +79,13 @@ bool ds4_engine_ssd_stats(const ds4_engine *e, ds4_ssd_stats *out);
 
 typedef struct {
     const char *model_path;
-    int n_threads;          /* <= 0: all online CPUs */
+    int n_threads;          /* <= 0: the physical cores we may run on */
     int prefill_chunk;      /* <= 0: 4096 */
     int numerics;           /* -1: default (ds4 simulation on for real models), 0: exact f32, 1: ds4 simulation */
     bool quiet;             /* no load report on stderr */
     ds4_ssd_params ssd;
+    ds4_gpu_opts gpu;       /* backend choice and GPU placement (cuda_plan.h) */
+    int gpu_ctx;            /* context the GPU placement reserves KV for (<= 0: 32768) */
 } ds4_engine_params;
 
 void ds4_engine_params_default(ds4_engine_params *p);

@@ -10,6 +10,7 @@
 #include "forward_cpu.h"
 #include "forward_cpu_impl.h"
 #include "expert_cache.h"
+#include "forward_shared.h"
 #include "kernels_cpu.h"
 #include "kv.h"
 #include "quant.h"
@@ -136,8 +137,6 @@ static void rmsnorm(float *x, int n, const float *w, float eps) {
     for (int i = 0; i < n; i++) x[i] = w ? w[i] * (x[i] * r) : x[i] * r;
 }
 
-static float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
-
 /* f32 dot product through the SIMD kernels (the F32 "activation" is f32). */
 static float dotf(const float *a, const float *b, int n) { return ds4_vec_dot(DS4_TYPE_F32, a, b, n); }
 
@@ -189,36 +188,8 @@ static void hc_pre_task(batch *b, int t, int thread) {
     const float *scale = b->hc_scale, *base = b->hc_base;
     float *post = f->s.hc_weights + (size_t)t * f->mixn, *comb = post + n_hc;
     float pre[64];
-    for (int k = 0; k < n_hc; k++) {
-        pre[k] = sigmoidf(mix[k] * scale[0] + base[k]) + c->hc_eps;
-        post[k] = 2.0f * sigmoidf(mix[n_hc + k] * scale[1] + base[n_hc + k]);
-    }
-    /* comb: row-wise softmax, then Sinkhorn normalisation in double */
     double sinkhorn[64 * 64];
-    for (int j = 0; j < n_hc; j++) {
-        float logit[64], row_max = -INFINITY;
-        for (int k = 0; k < n_hc; k++) {
-            logit[k] = mix[2 * n_hc + j * n_hc + k] * scale[2] + base[2 * n_hc + j * n_hc + k];
-            row_max = fmaxf(row_max, logit[k]);
-        }
-        double sum = 0;
-        for (int k = 0; k < n_hc; k++) sum += exp((double)logit[k] - row_max);
-        for (int k = 0; k < n_hc; k++) sinkhorn[j * n_hc + k] = exp((double)logit[k] - row_max) / sum + c->hc_eps;
-    }
-    for (int it = 0; it < c->sinkhorn_iters; it++) {
-        if (it > 0)
-            for (int j = 0; j < n_hc; j++) {
-                double row_sum = 0;
-                for (int k = 0; k < n_hc; k++) row_sum += sinkhorn[j * n_hc + k];
-                for (int k = 0; k < n_hc; k++) sinkhorn[j * n_hc + k] /= row_sum + c->hc_eps;
-            }
-        for (int k = 0; k < n_hc; k++) {
-            double col_sum = 0;
-            for (int j = 0; j < n_hc; j++) col_sum += sinkhorn[j * n_hc + k];
-            for (int j = 0; j < n_hc; j++) sinkhorn[j * n_hc + k] /= col_sum + c->hc_eps;
-        }
-    }
-    for (int i = 0; i < n_hc * n_hc; i++) comb[i] = (float)sinkhorn[i];
+    ds4_hc_weights(mix, scale, base, n_hc, c->sinkhorn_iters, c->hc_eps, pre, post, comb, sinkhorn);
     const float *streams = f->s.hc_state + (size_t)t * n_hc * E;
     float *collapsed = f->s.hc_collapsed + (size_t)t * E;
     for (int d = 0; d < E; d++) {
@@ -286,28 +257,10 @@ static void q_task(batch *b, int t, int thread) {
     }
 }
 
-/* Pools window w of one compressor from its frontier ring (sheet 6.5): ratio-4
- * style (coff 2) mixes window w-1's A lanes with window w's B lanes. */
+/* Pools window w of one compressor from its frontier ring (sheet 6.5). */
 static void pool_window(const float *fk, const float *fz, int f_cap, int coff, int d, int ratio, int64_t w,
                         float *out) {
-    const int Wc = coff * d;
-    const int64_t first = (coff == 2 && w > 0) ? (w - 1) * ratio : w * ratio, end = (w + 1) * ratio;
-    for (int j = 0; j < d; j++) {
-        float mx = -INFINITY;
-        for (int64_t p = first; p < end; p++) {
-            int lane = (coff == 2 && p >= w * ratio) ? d + j : j;
-            mx = fmaxf(mx, fz[(size_t)(p % f_cap) * Wc + lane]);
-        }
-        double num = 0, den = 0;
-        for (int64_t p = first; p < end; p++) {
-            int lane = (coff == 2 && p >= w * ratio) ? d + j : j;
-            size_t o = (size_t)(p % f_cap) * Wc + lane;
-            double e = exp((double)fz[o] - mx);
-            den += e;
-            num += e * fk[o];
-        }
-        out[j] = (float)(num / den);
-    }
+    for (int j = 0; j < d; j++) out[j] = ds4_pool_lane(fk, fz, f_cap, coff, d, ratio, w, j);
 }
 
 /* Feeds sequence q's projected K/Z into layer l's compressor(s) in token
@@ -547,37 +500,15 @@ static void swiglu(float *gate, const float *up, int n, float limit) {
     }
 }
 
-static float sqrt_softplus(float z) { return sqrtf(z > 20.0f ? z : log1pf(expf(z))); }
-
 static void route_task(batch *b, int t, int thread) {
     const cpu *f = b->f;
     const ds4_config *c = f->c;
     const ds4_layer *W = &f->m->layers[b->l];
-    const int X = c->n_expert, k = c->n_expert_used;
-    float *score = f->s.router + (size_t)t * X;
-    int *ids = f->s.expert_ids + (size_t)t * k;
-    float *weight = f->s.expert_w + (size_t)t * k;
-    for (int e = 0; e < X; e++) score[e] = sqrt_softplus(score[e]);
-    if (W->tid2eid) {
-        for (int i = 0; i < k; i++) ids[i] = W->tid2eid[(size_t)f->s.tokens[t] * k + i];
-    } else {
-        for (int i = 0; i < k; i++) {
-            int best = -1;
-            float best_v = 0;
-            for (int e = 0; e < X; e++) {
-                bool used = false;
-                for (int j = 0; j < i; j++) used |= ids[j] == e;
-                float v = score[e] + (W->exp_probs_b ? W->exp_probs_b[e] : 0.0f);
-                if (!used && (best < 0 || v > best_v)) { best = e; best_v = v; }
-            }
-            ids[i] = best;
-        }
-    }
-    double sum = 0;
-    for (int i = 0; i < k; i++) sum += score[ids[i]];
-    if (sum < 0x1p-14) sum = 0x1p-14;
-    for (int i = 0; i < k; i++)
-        weight[i] = (float)((c->expert_weights_norm ? score[ids[i]] / sum : score[ids[i]]) * c->expert_weights_scale);
+    const int k = c->n_expert_used;
+    ds4_route_token(f->s.router + (size_t)t * c->n_expert, c->n_expert, k,
+                    W->tid2eid ? W->tid2eid + (size_t)f->s.tokens[t] * k : NULL, W->exp_probs_b,
+                    c->expert_weights_norm, c->expert_weights_scale, f->s.expert_ids + (size_t)t * k,
+                    f->s.expert_w + (size_t)t * k);
 }
 
 /* Expert e over the n rows gathered in expert_in; adds weighted outputs into sublayer_out. */
@@ -757,7 +688,7 @@ static void head(batch *b, const int *rows, int n, float *logits) {
         float *hidden = s->normed + (size_t)i * E;
         memset(hidden, 0, (size_t)E * sizeof(float));
         for (int k = 0; k < n_hc; k++) {
-            float w = sigmoidf(s->hc_mix[(size_t)i * n_hc + k] * m->output_hc_scale[0] + m->output_hc_base[k]) +
+            float w = ds4_sigmoid(s->hc_mix[(size_t)i * n_hc + k] * m->output_hc_scale[0] + m->output_hc_base[k]) +
                       c->hc_eps;
             for (int d = 0; d < E; d++) hidden[d] += w * streams[(size_t)k * E + d];
         }
@@ -876,7 +807,7 @@ static void cpu_free(ds4_backend *be) {
 /* Inverse frequencies as the reference computes them in f32: plain RoPE, or
  * YaRN (ramp between the beta_fast/beta_slow correction dims, no magnitude
  * scaling) for compressed layers (sheet 6.4). */
-static float *make_inv_freq(const ds4_config *c, bool yarn) {
+float *ds4_rope_inv_freq(const ds4_config *c, bool yarn) {
     const int n = c->n_rot / 2;
     float *inv = malloc((size_t)n * sizeof(float));
     if (!inv) return NULL;
@@ -930,8 +861,8 @@ ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batc
     f->pool = ds4_pool_new(n_threads);
     f->n_threads = ds4_pool_threads(f->pool);
     f->ts = calloc((size_t)f->n_threads, sizeof(thread_scratch));
-    f->inv_freq[ROPE_MAIN] = make_inv_freq(&m->cfg, false);
-    f->inv_freq[ROPE_COMPRESS] = make_inv_freq(&m->cfg, true);
+    f->inv_freq[ROPE_MAIN] = ds4_rope_inv_freq(&m->cfg, false);
+    f->inv_freq[ROPE_COMPRESS] = ds4_rope_inv_freq(&m->cfg, true);
     f->comp_cs = malloc((size_t)m->cfg.n_rot * sizeof(float));
     if (!f->pool) { cpu_free(&f->base); snprintf(err, errlen, "cannot create the thread pool"); return NULL; }
     if (!f->ts || !f->inv_freq[ROPE_MAIN] || !f->inv_freq[ROPE_COMPRESS] || !f->comp_cs) {

@@ -26,6 +26,9 @@
  *   failure fails the eval with the cache's message.
  * - The round-trip helpers are exposed for unit tests; n is a multiple of the
  *   block (64 for FP8, 32 for FP4), Hadamard needs a power of two.
+ * - ds4_rope_inv_freq() is the RoPE (yarn = false) or YaRN inverse-frequency
+ *   table (n_rot/2 floats, malloc'd, NULL when out of memory), shared with
+ *   the CUDA backend so both rotate by the same angles.
  */
 #ifndef DS4_FORWARD_CPU_H
 #define DS4_FORWARD_CPU_H
@@ -45,5 +48,6 @@ void ds4_cpu_backend_stream_experts(ds4_backend *be, struct ds4_expert_cache *ex
 void ds4_fp8_e4m3_roundtrip(float *x, int n);
 void ds4_fp4_e2m1_roundtrip(float *x, int n);
 void ds4_hadamard(float *x, int n);
+float *ds4_rope_inv_freq(const ds4_config *c, bool yarn);
 
 #endif

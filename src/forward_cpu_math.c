@@ -2,59 +2,26 @@
  * ds4's storage round trips (FP8/FP4/Hadamard/F16) and the bounded top-k. */
 #include "forward_cpu.h"
 #include "forward_cpu_impl.h"
+#include "forward_shared.h"
 #include "quant.h"
 
 #include <math.h>
 
-/* 2^ceil(log2(r)) for r > 0, exact (no log rounding at powers of two). */
-static float pow2_ceil(float r) {
-    int e;
-    float m = frexpf(r, &e);            /* r = m * 2^e, m in [0.5, 1) */
-    return ldexpf(1.0f, m == 0.5f ? e - 1 : e);
-}
-
-/* Nearest E4M3 value of v in [0, 448], ties to the even code. Normal codes
- * (exponent >= 1) step by 2^(exp-3), subnormals by 2^-9; code parity equals
- * the parity of the integer rintf() rounds to, so rintf's ties-to-even is it. */
-static float e4m3_round(float v) {
-    if (v < 0x1p-6f) return rintf(v * 512.0f) / 512.0f;
-    int e;
-    frexpf(v, &e);                      /* v in [2^(e-1), 2^e) */
-    float step = ldexpf(1.0f, e - 1 - 3);
-    float r = rintf(v / step) * step;
-    return r > 448.0f ? 448.0f : r;
-}
-
 void ds4_fp8_e4m3_roundtrip(float *x, int n) {
     for (int b = 0; b < n; b += 64) {
-        float amax = 1e-4f;
+        float amax = 0;
         for (int i = 0; i < 64; i++) amax = fmaxf(amax, fabsf(x[b + i]));
-        float scale = pow2_ceil(amax / 448.0f);
-        for (int i = 0; i < 64; i++) {
-            if (isnan(x[b + i])) continue;   /* a fault stays visible (fminf would clamp it to 448) */
-            float v = fminf(fabsf(x[b + i]) / scale, 448.0f);
-            x[b + i] = copysignf(e4m3_round(v), x[b + i]) * scale;
-        }
+        const float scale = ds4_fp8_block_scale(amax);
+        for (int i = 0; i < 64; i++) x[b + i] = ds4_fp8_value(x[b + i], scale);
     }
 }
 
-static const float e2m1_mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
 void ds4_fp4_e2m1_roundtrip(float *x, int n) {
     for (int b = 0; b < n; b += 32) {
-        float amax = 6.0f * 0x1p-126f;
+        float amax = 0;
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b + i]));
-        float scale = pow2_ceil(amax / 6.0f);
-        for (int i = 0; i < 32; i++) {
-            if (isnan(x[b + i])) continue;   /* a fault stays visible (fminf would clamp it to 6) */
-            float v = fminf(fabsf(x[b + i]) / scale, 6.0f);
-            int best = 0;
-            for (int k = 1; k < 8; k++) {
-                float d = fabsf(v - e2m1_mag[k]), db = fabsf(v - e2m1_mag[best]);
-                if (d < db || (d == db && (k & 1) == 0)) best = k;
-            }
-            x[b + i] = copysignf(e2m1_mag[best], x[b + i]) * scale;
-        }
+        const float scale = ds4_fp4_block_scale(amax);
+        for (int i = 0; i < 32; i++) x[b + i] = ds4_fp4_value(x[b + i], scale);
     }
 }
 

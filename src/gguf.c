@@ -524,7 +524,9 @@ static bool parse_shard(shard *sh, char *err, size_t errlen) {
 static bool map_file(const char *path, shard *sh, char *err, size_t errlen) {
     sh->path = strdup(path);
     if (!sh->path) return fail(err, errlen, path, "out of memory");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer before the
+     * regular-file check below can refuse it (mmap ignores the flag). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return fail(err, errlen, path, "cannot open: %s", strerror(errno));
     struct stat st;
     bool ok = fstat(fd, &st) == 0;

@@ -36,6 +36,11 @@ void ds4_quantize_act(uint32_t type, const float *x, void *dst, int64_t n);
 
 float ds4_vec_dot(uint32_t type, const void *w, const void *act, int64_t n);
 
+/* Sum of x[0..n) read with the widest vector loads of the level in use
+ * (64-byte on AVX-512, four independent accumulators): the plain read loop
+ * whose bandwidth is the honest denominator for the streaming kernels. */
+float ds4_read_sum(const float *x, int64_t n);
+
 /* W: rows x n of `type` (row stride = ds4_type_row_bytes(type,n)). */
 void ds4_matvec(struct ds4_pool *pool, uint32_t type, const void *W, int64_t rows, int64_t n,
                 const void *act, float *y);

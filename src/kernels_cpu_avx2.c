@@ -104,6 +104,7 @@ INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, i
     UNROLL
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (; b + 2 <= nb; b += 2) {
+        prefetch_weights((const ds4_block_q8_0 *)w + b);
         q8_0_block(w, acts, stride, b, nt, acc, 0);
         q8_0_block(w, acts, stride, b + 1, nt, acc, 1);
     }
@@ -400,6 +401,8 @@ static inline __m256 round_away(__m256 v) {
     __m256 step = _mm256_or_ps(_mm256_and_ps(v, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(1.0f));
     return _mm256_add_ps(t, _mm256_and_ps(up, step));
 }
+
+READ_SUM_KERNEL(ds4_kernels_avx2_read_sum, 32)
 
 void ds4_kernels_avx2_quantize_q8_0(const float *x, ds4_block_q8_0 *y, int64_t n) {
     for (int64_t b = 0; b < n / DS4_QK8_0; b++, x += DS4_QK8_0) {

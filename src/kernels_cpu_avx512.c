@@ -75,6 +75,7 @@ INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, i
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b += 2) {
         int64_t b1 = b + 1 < nb ? b + 1 : b;
+        prefetch_weights(x + b);
         __m512i qx = pair256(x[b].qs, x[b1].qs);
         __mmask64 neg = _mm512_movepi8_mask(qx);
         __m512i ux = _mm512_abs_epi8(qx);
@@ -95,33 +96,59 @@ INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, i
 DOT_ENTRY_POINTS(q8_0)
 
 /* ---- IQ2_XXS x Q8_K ----
- * One sub-block (32 elements) takes 32 mask bits: the ksigns byte of each
- * group of eight. Two sub-blocks fill a register and a 64-bit mask. */
-INLINE uint32_t iq2_sign_mask(uint32_t W) {
-    return (uint32_t)ds4_ksigns_iq2xs[W & 127] | (uint32_t)ds4_ksigns_iq2xs[(W >> 7) & 127] << 8 |
-           (uint32_t)ds4_ksigns_iq2xs[(W >> 14) & 127] << 16 | (uint32_t)ds4_ksigns_iq2xs[(W >> 21) & 127] << 24;
+ * A sub-block (32 elements) is one 8-byte word: four grid indices, then
+ * four 7-bit sign indices and a 4-bit scale. The signs of a whole
+ * super-block are decoded at once in vector registers: each 7-bit index
+ * becomes its ksigns byte (the index plus an even-parity bit 7, the rule the
+ * ksigns table encodes), and the four bytes of a sub-block are exactly the
+ * 32 opmask bits of its elements. Two sub-blocks fill a register and a
+ * 64-bit mask. The integer sums are the same as decoding through the table,
+ * so results do not change. */
+struct iq2_signs {
+    uint64_t neg[4];      /* opmask of sub-blocks 2p, 2p+1 */
+    __m256i scale;        /* 2 * (W >> 28) + 1 per sub-block */
+};
+
+INLINE void iq2_decode_signs(const uint8_t *q, struct iq2_signs *sg) {
+    __m512i words = _mm512_srli_epi64(_mm512_loadu_si512(q), 32); /* the W of each sub-block */
+    const __m512i m7 = _mm512_set1_epi64(127);
+    __m512i idx = _mm512_or_si512(
+        _mm512_or_si512(_mm512_and_si512(words, m7), _mm512_slli_epi64(_mm512_and_si512(_mm512_srli_epi64(words, 7), m7), 8)),
+        _mm512_or_si512(_mm512_slli_epi64(_mm512_and_si512(_mm512_srli_epi64(words, 14), m7), 16),
+                        _mm512_slli_epi64(_mm512_and_si512(_mm512_srli_epi64(words, 21), m7), 24)));
+    /* bit 0 of each byte becomes the parity of that byte: every shift only
+     * brings higher bits of the same byte down to the bits still read */
+    __m512i par = _mm512_xor_si512(idx, _mm512_srli_epi64(idx, 4));
+    par = _mm512_xor_si512(par, _mm512_srli_epi64(par, 2));
+    par = _mm512_xor_si512(par, _mm512_srli_epi64(par, 1));
+    __m512i bytes = _mm512_or_si512(idx, _mm512_slli_epi64(_mm512_and_si512(par, _mm512_set1_epi64(0x01010101)), 7));
+    _mm256_storeu_si256((__m256i *)sg->neg, _mm512_cvtepi64_epi32(bytes));
+    sg->scale = _mm512_cvtepi64_epi32(_mm512_add_epi64(_mm512_slli_epi64(_mm512_srli_epi64(words, 28), 1),
+                                                        _mm512_set1_epi64(1)));
 }
 
 /* sub-blocks b, b+1 of super-block i into every token's sum */
-INLINE void iq2_two_subblocks(const uint8_t *q, const void *acts, size_t stride, int64_t i, int b, int nt,
-                              __m512i sumi[]) {
-    uint32_t W0, W1;
-    memcpy(&W0, q + 4, 4);
-    memcpy(&W1, q + 12, 4);
-    __m512i grid = _mm512_setr_epi64((long long)ds4_iq2xxs_grid[q[0]], (long long)ds4_iq2xxs_grid[q[1]],
-                                     (long long)ds4_iq2xxs_grid[q[2]], (long long)ds4_iq2xxs_grid[q[3]],
-                                     (long long)ds4_iq2xxs_grid[q[8]], (long long)ds4_iq2xxs_grid[q[9]],
-                                     (long long)ds4_iq2xxs_grid[q[10]], (long long)ds4_iq2xxs_grid[q[11]]);
-    __mmask64 neg = (__mmask64)iq2_sign_mask(W0) | (__mmask64)iq2_sign_mask(W1) << 32;
-    __m512i scale = _mm512_inserti64x4(_mm512_set1_epi32((int)(2 * (W0 >> 28) + 1)),
-                                       _mm256_set1_epi32((int)(2 * (W1 >> 28) + 1)), 1);
+INLINE void iq2_two_subblocks(const uint8_t *q, const struct iq2_signs *sg, const void *acts, size_t stride,
+                              int64_t i, int b, int nt, __m512i sumi[]) {
+    uint32_t g0, g1;
+    memcpy(&g0, q, 4);
+    memcpy(&g1, q + 8, 4);
+    __m512i grid = _mm512_i64gather_epi64(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128((long long)((uint64_t)g1 << 32 | g0))),
+                                          (const void *)ds4_iq2xxs_grid, 8);
+    __mmask64 neg = sg->neg[b / 2];
+    __m512i scale = _mm512_permutexvar_epi32(_mm512_setr_epi32(b, b, b, b, b, b, b, b, b + 1, b + 1, b + 1, b + 1,
+                                                               b + 1, b + 1, b + 1, b + 1),
+                                             _mm512_castsi256_si512(sg->scale));
     UNROLL
     for (int t = 0; t < nt; t++) {
         const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
         __m512i av = _mm512_loadu_si512(y->qs + 32 * b);
         __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), grid,
                                         _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av));
-        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(s, scale));
+        /* |s| <= 4 * 43 * 127 fits in its low 16 bits (the high 16 are its
+         * sign extension) and the scale's high 16 bits are zero, so the
+         * 16-bit multiply-add equals sumi + s * scale exactly */
+        sumi[t] = _mm512_dpwssd_epi32(sumi[t], s, scale);
     }
 }
 
@@ -132,11 +159,13 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / DS4_QK_K; i++) {
         const uint8_t *q = (const uint8_t *)x[i].qs;
+        struct iq2_signs sg;
+        iq2_decode_signs(q, &sg);
         __m512i sumi[NT_MAX];
         UNROLL
         for (int t = 0; t < nt; t++) sumi[t] = _mm512_setzero_si512();
         UNROLL
-        for (int b = 0; b < 8; b += 2) iq2_two_subblocks(q + 8 * b, acts, stride, i, b, nt, sumi);
+        for (int b = 0; b < 8; b += 2) iq2_two_subblocks(q + 8 * b, &sg, acts, stride, i, b, nt, sumi);
         float dx = 0.125f * h2f(x[i].d);
         UNROLL
         for (int t = 0; t < nt; t++) {
@@ -148,6 +177,10 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
     for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
 DOT_ENTRY_POINTS(iq2_xxs)
+
+/* ---- plain read loop (bandwidth denominator) ---- */
+
+READ_SUM_KERNEL(ds4_kernels_avx512_read_sum, 64)
 
 /* the K-quants fall back to the AVX2 kernels */
 #define NO_EXTRA(prefix)

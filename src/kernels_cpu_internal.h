@@ -22,14 +22,24 @@
 #include <stddef.h>
 
 #define DS4_DOT_TOKENS 4
+/* Weight streams are prefetched this many bytes ahead of the row being
+ * read (kernels_cpu.c explains why): by the matvec driver, row by row, or by
+ * a kernel itself, line by line, where ds4_kernels_self_prefetch() says so. */
+#define DS4_PREFETCH_AHEAD 2048
 
 typedef float (*ds4_dot_fn)(const void *w, const void *act, int64_t n);
 typedef void (*ds4_dotn_fn)(const void *w, const void *acts, size_t act_stride, int64_t n, float *out);
+
+#include <stdbool.h>
+bool ds4_kernels_self_prefetch(uint32_t type);   /* at the level in use */
 
 ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type);
 ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type); /* non-NULL exactly where _dot is */
+
+float ds4_kernels_avx2_read_sum(const float *x, int64_t n);
+float ds4_kernels_avx512_read_sum(const float *x, int64_t n);
 
 /* activation quantizers, byte-identical to ds4_quantize_row's */
 void ds4_kernels_avx2_quantize_q8_0(const float *x, ds4_block_q8_0 *y, int64_t n);

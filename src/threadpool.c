@@ -24,6 +24,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -108,11 +109,48 @@ static void publish(ds4_pool *p, unsigned n_tasks) {
     }
 }
 
-ds4_pool *ds4_pool_new(int n_threads) {
-    if (n_threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = n > 0 ? (int)n : 1;
+/* topology/<name> of one CPU as an integer, -1 if unreadable */
+static long cpu_topology(int cpu, const char *name) {
+    char path[128];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/%s", cpu, name);
+    FILE *f = fopen(path, "r");
+    long v = -1;
+    if (f) {
+        if (fscanf(f, "%ld", &v) != 1) v = -1;
+        fclose(f);
     }
+    return v;
+}
+
+int ds4_physical_cores(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        return n > 0 ? (int)n : 1;
+    }
+    /* distinct (package, core) pairs among the CPUs we may run on; SMT
+     * siblings share one core's load ports and bandwidth, so a second
+     * thread per core only adds synchronisation to a streaming matvec */
+    long seen[CPU_SETSIZE][2];
+    int n_cores = 0, n_cpus = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+        if (!CPU_ISSET(cpu, &set)) continue;
+        n_cpus++;
+        long pkg = cpu_topology(cpu, "physical_package_id"), core = cpu_topology(cpu, "core_id");
+        if (pkg < 0 || core < 0) return CPU_COUNT(&set); /* no topology: count CPUs */
+        bool dup = false;
+        for (int i = 0; i < n_cores && !dup; i++) dup = seen[i][0] == pkg && seen[i][1] == core;
+        if (!dup) {
+            seen[n_cores][0] = pkg;
+            seen[n_cores][1] = core;
+            n_cores++;
+        }
+    }
+    return n_cores > 0 ? n_cores : n_cpus > 0 ? n_cpus : 1;
+}
+
+ds4_pool *ds4_pool_new(int n_threads) {
+    if (n_threads <= 0) n_threads = ds4_physical_cores();
     ds4_pool *p = calloc(1, sizeof(*p));
     if (!p) return NULL;
     p->n_threads = n_threads;

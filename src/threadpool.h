@@ -14,7 +14,10 @@
 typedef void (*ds4_pool_fn)(void *ctx, int task, int n_tasks, int thread);
 typedef struct ds4_pool ds4_pool;
 
-ds4_pool *ds4_pool_new(int n_threads);   /* n_threads <= 0: number of online CPUs */
+/* Physical cores this process may run on (its affinity mask; SMT siblings
+ * count once); the CPU count when the topology is not readable. */
+int ds4_physical_cores(void);
+ds4_pool *ds4_pool_new(int n_threads);   /* n_threads <= 0: ds4_physical_cores() */
 void ds4_pool_free(ds4_pool *p);
 int ds4_pool_threads(const ds4_pool *p);
 void ds4_pool_run(ds4_pool *p, ds4_pool_fn fn, void *ctx, int n_tasks);

@@ -131,7 +131,7 @@ static void read_config(const char *dir, ds4_hparams *hp) {
     memset(hp, 0, sizeof *hp);
     hp->n_layer = ju32(cfg, "num_hidden_layers");
     if (hp->n_layer == 0 || hp->n_layer > DS4_MAX_LAYERS) die("num_hidden_layers %u unsupported", hp->n_layer);
-    hp->n_ctx_train = (uint64_t)jnum(cfg, "max_position_embeddings");
+    hp->n_ctx_train = ju32(cfg, "max_position_embeddings");
     hp->n_embd = ju32(cfg, "hidden_size");
     hp->n_vocab = ju32(cfg, "vocab_size");
     hp->n_head = ju32(cfg, "num_attention_heads");
@@ -767,7 +767,7 @@ int main(int argc, char **argv) {
         name = dflt_name;
     }
     ds4_gguf_w_str(w, "general.name", name);
-    ds4_gguf_w_u32(w, "general.quantization_version", 2);
+    ds4_file_keys_write(w, (enum ds4_mix)mix);
     if (imatrix_path) {
         ds4_gguf_w_str(w, "quantize.imatrix.file", imatrix_path);
         ds4_gguf_w_u32(w, "quantize.imatrix.entries_count", (uint32_t)im.n);

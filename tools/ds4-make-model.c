@@ -25,6 +25,7 @@
  * quantized tensors are filled with random but valid blocks whose scales
  * give about that std (no quantizer run, so gigabytes take seconds).
  */
+#include "cli_args.h"
 #include "ds4_layout.h"
 #include "gguf.h"
 #include "quant.h"
@@ -123,7 +124,6 @@ static void override(ds4_hparams *hp, const char *key, const char *val) {
         char *base = (char *)hp + k->offset, *end;
         switch (k->kind) {
         case DS4_HP_U32: *(uint32_t *)base = (uint32_t)strtoul(val, &end, 0); break;
-        case DS4_HP_U64: *(uint64_t *)base = strtoull(val, &end, 0); break;
         case DS4_HP_F32: *(float *)base = strtof(val, &end); break;
         case DS4_HP_BOOL: *(bool *)base = !strcmp(val, "true") || !strcmp(val, "1"); end = (char *)val + strlen(val); break;
         case DS4_HP_U32_PER_LAYER:
@@ -154,6 +154,20 @@ static void override(ds4_hparams *hp, const char *key, const char *val) {
         return;
     }
     die("unknown option --%s", key);
+}
+
+static const char *const own_options[] = {"-o", "--preset", "--layers", "--type", "--seed", "--vocab",
+                                          "--vocab-added", "--name"};
+
+/* An option of this tool, or `--KEY` for a metadata key it can override. */
+static bool known_option(const char *opt) {
+    for (size_t j = 0; j < sizeof own_options / sizeof own_options[0]; j++)
+        if (!strcmp(opt, own_options[j])) return true;
+    char full[256];
+    if (strncmp(opt, "--", 2) || snprintf(full, sizeof full, "deepseek4.%s", opt + 2) >= (int)sizeof full) return false;
+    for (size_t i = 0; i < ds4_n_hparam_keys; i++)
+        if (!strcmp(ds4_hparam_keys[i].key, full)) return true;
+    return !strcmp(opt, "--block_count");   /* refused with its own message by override() */
 }
 
 /* ---------------------------------------------------------------- random values */
@@ -297,7 +311,9 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--no-vocab")) { no_vocab = true; continue; }
-        if (strncmp(a, "-", 1) || i + 1 >= argc) usage();
+        if (!strcmp(a, "-h") || !strcmp(a, "--help") || a[0] != '-') usage();
+        if (!known_option(a)) { ds4_cli_unknown_option("ds4-make-model", a); exit(2); }
+        if (i + 1 >= argc) { ds4_cli_missing_value("ds4-make-model", a); exit(2); }
         const char *v = argv[++i];
         if (!strcmp(a, "-o")) out = v;
         else if (!strcmp(a, "--preset")) pname = v;
@@ -307,19 +323,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--vocab")) vocab = v;
         else if (!strcmp(a, "--vocab-added")) vocab_added = *v ? v : NULL;
         else if (!strcmp(a, "--name")) name = v;
-        else if (strncmp(a, "--", 2)) usage();
     }
     if (!out) usage();
     int mix = ds4_mix_from_name(type);
     if (mix < 0) die("unknown --type %s (f32, f16, q8_0, q2, q4)", type);
     ds4_hparams hp;
     preset(&hp, pname, n_layer);
-    static const char *const own[] = {"-o", "--preset", "--layers", "--type", "--seed", "--vocab",
-                                      "--vocab-added", "--name"};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-vocab")) continue;
         bool mine = false;
-        for (size_t j = 0; j < sizeof own / sizeof own[0]; j++) mine |= !strcmp(argv[i], own[j]);
+        for (size_t j = 0; j < sizeof own_options / sizeof own_options[0]; j++) mine |= !strcmp(argv[i], own_options[j]);
         if (!mine) override(&hp, argv[i] + 2, argv[i + 1]);
         i++;
     }
@@ -348,7 +361,7 @@ int main(int argc, char **argv) {
     char dflt[128];
     snprintf(dflt, sizeof dflt, "ds4 random %s (meaningless weights)", pname);
     ds4_gguf_w_str(w, "general.name", name ? name : dflt);
-    ds4_gguf_w_u32(w, "general.quantization_version", 2);
+    ds4_file_keys_write(w, (enum ds4_mix)mix);
     if (!no_vocab && ds4_tokenizer_gguf_from_hf_json(w, vocab, vocab_added, err, sizeof err))
         die("tokenizer %s: %s (use --vocab/--vocab-added, or --no-vocab)", vocab, err);
     for (size_t i = 0; i < pl.n; i++)

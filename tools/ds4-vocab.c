@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli_args.h"
 #include "json_util.h"
 #include "tokenizer_internal.h"
 
@@ -118,6 +119,13 @@ static int write_gguf(const char *json, const char *added, const char *out) {
     return 0;
 }
 
+static bool is_command(const char *arg) {
+    static const char *const commands[] = {"--info", "--encode", "--encode-file", "--decode", "--bench", "--write-gguf"};
+    for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++)
+        if (!strcmp(arg, commands[k])) return true;
+    return false;
+}
+
 int main(int argc, char **argv) {
     const char *added = NULL, *source = NULL;
     enum ds4_tok_specials sp = DS4_TOK_SPECIALS_NONE;
@@ -131,7 +139,13 @@ int main(int argc, char **argv) {
             else if (!strcmp(m, "all")) sp = DS4_TOK_SPECIALS_ALL;
             else return usage();
         } else if (argv[i][0] != '-' && !source) source = argv[i];
-        else break;
+        else if (!strcmp(argv[i], "--added") || !strcmp(argv[i], "--specials")) {
+            ds4_cli_missing_value("ds4-vocab", argv[i]);
+            return 2;
+        } else if (argv[i][0] == '-' && !is_command(argv[i]) && strcmp(argv[i], "-h") && strcmp(argv[i], "--help")) {
+            ds4_cli_unknown_option("ds4-vocab", argv[i]);
+            return 2;
+        } else break;
     }
     if (!source || i >= argc) return usage();
     const char *cmd = argv[i];

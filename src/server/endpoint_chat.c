@@ -104,7 +104,7 @@ void run_chat(server *s, job *j) {
     ds4_request *r = &j->req;
     ds4_http_conn *c = j->conn;
     char err[512];
-    ds4_buf text = {0};
+    srv_prompt prompt = {0};
     prompt_plan p = {0};
     ds4_sampler *smp = NULL;
     j->keep_alive = j->hreq->keep_alive;
@@ -121,16 +121,29 @@ void run_chat(server *s, job *j) {
         goto out;
     }
     if (tail) {
-        if (plan_tool_tail(s, r, &text, &p)) {
+        if (plan_tool_tail(s, r, &prompt, &p)) {
             job_error(s, j, 500, "tokenization failed", NULL, NULL, 0);
             goto out;
         }
     } else {
-        if (!srv_render_prompt(s, r, true, &text, err, sizeof err)) {
+        if (!srv_render_prompt(s, r, true, &prompt, err, sizeof err)) {
             job_error(s, j, 400, err, NULL, NULL, 0);
             goto out;
         }
-        if (plan_prompt(s, text.data, text.len, &p)) {
+        /* Tokenizing is the costly step before the context check: skip it
+         * for a prompt that cannot fit or a client that has left. */
+        size_t at_least = prompt.text.len / s->max_token_bytes;
+        if (at_least >= (size_t)s->o.ctx) {
+            ds4_usage u = {.prompt_tokens = (int)at_least};
+            reject_overflow(s, j, enc, &u, (int)at_least);
+            goto out;
+        }
+        if (ds4_http_peer_gone(c)) {
+            trace(s, "client went away before tokenization");
+            j->keep_alive = false;
+            goto out;
+        }
+        if (plan_prompt(s, &prompt, &p)) {
             job_error(s, j, 500, "tokenization failed", NULL, NULL, 0);
             goto out;
         }
@@ -138,7 +151,7 @@ void run_chat(server *s, job *j) {
     s->n_live_ids = 0; /* any other request replaces the bindings */
     s->visible_tokens = -1;
     int n_prompt = (int)p.toks.n;
-    trace_text(s, "rendered prompt", text.data ? text.data : "", text.len);
+    trace_text(s, "rendered prompt", prompt.text.data ? prompt.text.data : "", prompt.text.len);
     trace(s, "cache: %s, prompt %d tokens, reused %d, prefill %d", p.how, n_prompt, p.reuse, n_prompt - p.reuse);
 
     bool thinking = srv_effective_think(s, r) != DS4_THINK_NONE;
@@ -164,7 +177,8 @@ void run_chat(server *s, job *j) {
     if (limit > s->o.ctx - n_prompt) limit = s->o.ctx - n_prompt;
     smp = job_sampler(s, r);
     chat_gen g = {.s = s, .enc = enc, .pc = &pc, .u = &u, .r = r, .eos = ds4_tokenizer_specials(s->tok)->eos};
-    if (s->script) srv_encode(s, s->script, s->script_len, &g.script);
+    /* The script stands for model output: its protocol strings are tokens. */
+    if (s->script) ds4_tokenizer_encode(s->tok, s->script, s->script_len, DS4_TOK_SPECIALS_CHAT, &g.script);
     ds4_gen_hooks hooks = {.cancelled = chat_cancelled, .forced = chat_forced, .greedy = chat_greedy,
                            .on_token = chat_token, .on_text = chat_text, .after_decode = chat_after_decode,
                            .ud = &g};
@@ -182,11 +196,16 @@ void run_chat(server *s, job *j) {
         job_error(s, j, 503, "server shutting down", NULL, NULL, 0);
         goto out;
     }
+    if (gr.end == DS4_GEN_ERROR) {
+        /* A truncated answer must not look like a finished one. */
+        job_error(s, j, 500, err, NULL, NULL, 0);
+        goto out;
+    }
     bool hit_length = gr.end == DS4_GEN_LENGTH || gr.end == DS4_GEN_CTX_FULL;
     ds4_enc_finish(enc, hit_length ? DS4_CAUSE_LENGTH : DS4_CAUSE_EOS, &u);
     if (ds4_enc_error(enc)) trace(s, "tool parser: %s", ds4_enc_error(enc));
     remember_tool_calls(s, enc);
-    if (thinking) remember_visible(s, &text, enc);
+    if (thinking) remember_visible(s, &prompt.text, enc);
     trace(s, "usage: prompt %d cached %d completion %d reasoning %d", u.prompt_tokens, u.cached_tokens,
           u.completion_tokens, u.reasoning_tokens);
     if (r->stream) {
@@ -201,5 +220,5 @@ void run_chat(server *s, job *j) {
 out:
     ds4_sampler_free(smp);
     ds4_token_ids_free(&p.toks);
-    ds4_buf_free(&text);
+    srv_prompt_free(&prompt);
 }

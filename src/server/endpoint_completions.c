@@ -58,12 +58,17 @@ static bool tokenize_prompt(server *s, job *j, const ds4_prompt *pr, ds4_token_i
         ds4_chat_opts_default(&o);
         o.think = srv_effective_think(s, &j->req);
         o.ctx = s->o.ctx;
-        ds4_buf t = {0};
-        ds4_chat_render(m, 2, &o, &t, err, sizeof err);
-        srv_encode(s, t.data ? t.data : "", t.len, out);
-        ds4_buf_free(&t);
-    } else {
-        srv_encode(s, pr->text, pr->text_len, out);
+        srv_prompt prompt = {0};
+        o.client_spans = &prompt.client;
+        bool ok = ds4_chat_render(m, 2, &o, &prompt.text, err, sizeof err) && !prompt.client.oom &&
+                  !srv_encode(s, &prompt, 0, out);
+        srv_prompt_free(&prompt);
+        if (!ok) { job_error(s, j, 500, "out of memory", NULL, NULL, 0); return false; }
+    } else if (ds4_tokenizer_encode(s->tok, pr->text, pr->text_len, DS4_TOK_SPECIALS_CHAT, out)) {
+        /* A raw prompt is the whole model input: its protocol strings are
+         * the client's to use (lm-eval, prompt engineering). */
+        job_error(s, j, 500, "out of memory", NULL, NULL, 0);
+        return false;
     }
     if (out->n == 0 || (int)out->n >= s->o.ctx) {
         if (out->n == 0) snprintf(err, sizeof err, "prompt is empty");
@@ -211,10 +216,12 @@ void run_completions(server *s, job *j) {
         ds4_stopper_free(&g.st);
         ds4_sampler_free(smp);
         const char *finish = gr.end == DS4_GEN_LENGTH || gr.end == DS4_GEN_CTX_FULL ? "length" : "stop";
-        if (pc.stopping) {
+        if (pc.stopping || gr.end == DS4_GEN_ERROR) {
+            /* A truncated answer must not look like a finished one. */
+            if (gr.end == DS4_GEN_ERROR) trace(s, "decode failed: %s", err);
             ds4_buf_free(&text);
             if (logprobs) cJSON_Delete(cmpl_logprobs_object(&lpa));
-            job_error(s, j, 503, "server shutting down", NULL, NULL, 0);
+            job_error(s, j, pc.stopping ? 503 : 500, pc.stopping ? "server shutting down" : err, NULL, NULL, 0);
             goto out;
         }
         total.prompt_tokens += n_prompt;

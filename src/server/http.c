@@ -48,6 +48,13 @@ static bool has_token(const char *v, size_t n, const char *tok) {
     return false;
 }
 
+/* Copies a header value; over-long values become "" (never a prefix). */
+static void keep_value(char *dst, size_t cap, const char *v, size_t vl) {
+    if (vl >= cap) vl = 0;
+    memcpy(dst, v, vl);
+    dst[vl] = 0;
+}
+
 static int parse_header(ds4_http_req *r, const char *name, size_t nl, const char *v, size_t vl,
                         uint64_t max_body) {
 #define HNAME(s) (nl == sizeof(s) - 1 && strncasecmp(name, s, nl) == 0)
@@ -76,6 +83,17 @@ static int parse_header(ds4_http_req *r, const char *name, size_t nl, const char
     } else if (HNAME("expect")) {
         if (vl == 12 && strncasecmp(v, "100-continue", 12) == 0) r->expect_continue = true;
         else return -417;
+    } else if (HNAME("host")) {
+        keep_value(r->host, sizeof r->host, v, vl);
+    } else if (HNAME("content-type")) {
+        size_t e = 0;
+        while (e < vl && v[e] != ';' && v[e] != ' ' && v[e] != '\t') e++;
+        keep_value(r->content_type, sizeof r->content_type, v, e);
+        for (char *c = r->content_type; *c; c++) *c = (char)tolower((unsigned char)*c);
+    } else if (HNAME("authorization")) {
+        if (vl > 7 && strncasecmp(v, "bearer ", 7) == 0) keep_value(r->bearer, sizeof r->bearer, v + 7, vl - 7);
+    } else if (HNAME("x-api-key")) {
+        keep_value(r->api_key, sizeof r->api_key, v, vl);
     } else if (HNAME("access-control-request-headers")) {
         /* Echoed back in CORS preflights: keep only token characters,
          * commas and spaces so nothing can inject a header line. */
@@ -249,6 +267,7 @@ void ds4_http_limits_default(ds4_http_limits *l) {
     l->max_head = 64 * 1024;
     l->max_body = 64ull * 1024 * 1024;
     l->read_timeout_ms = 10000;
+    l->request_timeout_ms = 30000;
     l->idle_timeout_ms = 60000;
     l->write_stall_ms = 2000;
 }
@@ -260,12 +279,14 @@ const char *ds4_http_reason(int s) {
     case 204: return "No Content";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
     case 409: return "Conflict";
     case 413: return "Payload Too Large";
     case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
     case 417: return "Expectation Failed";
     case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
@@ -310,6 +331,20 @@ static ssize_t read_some(ds4_http_conn *c, int timeout_ms) {
     }
 }
 
+static double mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* A read while a request is arriving: the per-read timeout, cut to what is
+ * left of the request's total deadline (-2 once it has passed). */
+static ssize_t read_request_bytes(ds4_http_conn *c, double deadline_ms) {
+    double left = deadline_ms - mono_ms();
+    if (left <= 0) return -2;
+    return read_some(c, left < c->lim.read_timeout_ms ? (int)left + 1 : c->lim.read_timeout_ms);
+}
+
 static void consume_in(ds4_http_conn *c, size_t n) {
     memmove(c->in.data, c->in.data + n, c->in.len - n);
     c->in.len -= n;
@@ -318,14 +353,18 @@ static void consume_in(ds4_http_conn *c, size_t n) {
 
 int ds4_http_read_request(ds4_http_conn *c, ds4_http_req *req, ds4_buf *body) {
     ds4_buf_clear(body);
+    c->close_after = false;
+    /* The deadline starts with the request's first byte, not the idle wait. */
+    double deadline = c->in.len ? mono_ms() + c->lim.request_timeout_ms : 0;
     int hl;
     for (;;) {
         hl = c->in.len ? ds4_http_parse_head(c->in.data, c->in.len, c->lim.max_head,
                                              c->lim.max_body, req) : 0;
         if (hl) break;
-        ssize_t r = read_some(c, c->in.len ? c->lim.read_timeout_ms : c->lim.idle_timeout_ms);
+        ssize_t r = c->in.len ? read_request_bytes(c, deadline) : read_some(c, c->lim.idle_timeout_ms);
         if (r == 0 || (r < 0 && c->in.len == 0)) return 1;
         if (r < 0) return r == -2 ? -408 : 1;
+        if (!deadline) deadline = mono_ms() + c->lim.request_timeout_ms;
     }
     if (hl < 0) return hl;
     consume_in(c, (size_t)hl);
@@ -345,13 +384,13 @@ int ds4_http_read_request(ds4_http_conn *c, ds4_http_req *req, ds4_buf *body) {
             consume_in(c, used);
             if (rc < 0) return rc;
             if (rc == 1) break;
-            ssize_t r = read_some(c, c->lim.read_timeout_ms);
+            ssize_t r = read_request_bytes(c, deadline);
             if (r == 0 || r == -1) return 1;
             if (r == -2) return -408;
         }
     } else if (req->content_length) {
         while (c->in.len < req->content_length) {
-            ssize_t r = read_some(c, c->lim.read_timeout_ms);
+            ssize_t r = read_request_bytes(c, deadline);
             if (r == 0 || r == -1) return 1;
             if (r == -2) return -408;
         }
@@ -386,6 +425,7 @@ int ds4_http_respond(ds4_http_conn *c, int status, const char *ctype, const char
 
 int ds4_http_stream_begin(ds4_http_conn *c, const char *extra) {
     c->streaming = true;
+    c->close_after = c->http10;
     return send_head(c, 200, "text/event-stream", c->http10 ? -2 : -1, !c->http10, extra);
 }
 

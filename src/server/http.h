@@ -22,9 +22,15 @@
  *   input, appends payload to out (bounded by max_body: -413), and reports
  *   1 when the terminating chunk and trailers have been read, 0 for more,
  *   -400 for malformed framing.
- * - Connection I/O: reads use a per-read timeout (slow clients are dropped),
- *   writes use poll() with a stall timeout so a client that stops reading
- *   cannot block the inference worker. All writes use MSG_NOSIGNAL.
+ * - Connection I/O: once a request's first byte has arrived, its head and
+ *   body must be complete within request_timeout_ms in total, and no read
+ *   may wait longer than read_timeout_ms (a client trickling a byte at a
+ *   time cannot hold a connection); writes use poll() with a stall timeout
+ *   so a client that stops reading cannot block the inference worker. All
+ *   writes use MSG_NOSIGNAL.
+ * - A response keeps the connection open when asked to, for HTTP/1.0 too
+ *   (Content-Length delimits it); only an HTTP/1.0 stream, which ends when
+ *   the connection closes, sets `close_after`.
  */
 #ifndef DS4_HTTP_H
 #define DS4_HTTP_H
@@ -37,6 +43,7 @@
 
 #define DS4_HTTP_PATH_MAX 1024
 #define DS4_HTTP_ACRH_MAX 512
+#define DS4_HTTP_CRED_MAX 512
 
 typedef struct {
     char method[16];
@@ -48,6 +55,12 @@ typedef struct {
     bool expect_continue;
     bool keep_alive;
     char acr_headers[DS4_HTTP_ACRH_MAX]; /* Access-Control-Request-Headers, sanitised */
+    /* For the access checks (routes.c); "" when absent or longer than the
+     * field (an over-long credential then matches nothing). */
+    char host[256];
+    char content_type[128];         /* media type only: lowercased, no parameters */
+    char bearer[DS4_HTTP_CRED_MAX]; /* Authorization: Bearer <token> */
+    char api_key[DS4_HTTP_CRED_MAX];/* x-api-key */
 } ds4_http_req;
 
 int ds4_http_parse_head(const char *buf, size_t len, size_t max_head, uint64_t max_body,
@@ -67,6 +80,7 @@ typedef struct {
     size_t max_head;      /* default 64 KiB */
     uint64_t max_body;    /* default 64 MiB */
     int read_timeout_ms;  /* per read while a request is arriving, default 10 s */
+    int request_timeout_ms; /* whole head + body from its first byte, default 30 s */
     int idle_timeout_ms;  /* keep-alive wait for the next request, default 60 s */
     int write_stall_ms;   /* a write that makes no progress this long fails, default 2 s */
 } ds4_http_limits;
@@ -79,6 +93,7 @@ typedef struct {
     ds4_http_limits lim;
     bool http10;          /* the current request is HTTP/1.0: no chunked framing */
     bool streaming;       /* an SSE response is open */
+    bool close_after;     /* the response is delimited by closing the connection */
     bool broken;          /* a write failed; the peer is gone */
 } ds4_http_conn;
 

@@ -30,7 +30,12 @@ static const char *replay_lookup(void *ud, const char *id) {
     return b;
 }
 
-bool srv_render_prompt(server *s, const ds4_request *r, bool replay, ds4_buf *out, char *err, size_t errlen) {
+void srv_prompt_free(srv_prompt *p) {
+    ds4_buf_free(&p->text);
+    ds4_chat_spans_free(&p->client);
+}
+
+bool srv_render_prompt(server *s, const ds4_request *r, bool replay, srv_prompt *out, char *err, size_t errlen) {
     ds4_chat_opts o;
     ds4_chat_opts_default(&o);
     o.profile = DS4_CHAT_DS4;
@@ -38,17 +43,19 @@ bool srv_render_prompt(server *s, const ds4_request *r, bool replay, ds4_buf *ou
     o.ctx = s->o.ctx;
     o.tools = r->tools;
     o.n_tools = r->n_tools;
+    o.client_spans = &out->client;
     replay_ctx rc = {.s = s};
     if (replay && !s->o.disable_exact_replay) { o.replay = replay_lookup; o.replay_ud = &rc; }
-    bool ok = ds4_chat_render(r->msgs, r->n_msgs, &o, out, err, errlen);
+    bool ok = ds4_chat_render(r->msgs, r->n_msgs, &o, &out->text, err, errlen);
     for (int i = 0; i < rc.n_held; i++) free(rc.held[i]);
     free(rc.held);
-    if (ok && out->oom) { snprintf(err, errlen, "out of memory"); ok = false; }
+    if (ok && (out->text.oom || out->client.oom)) { snprintf(err, errlen, "out of memory"); ok = false; }
     return ok;
 }
 
-int srv_encode(server *s, const char *text, size_t n, ds4_token_ids *out) {
-    return ds4_tokenizer_encode(s->tok, text, n, DS4_TOK_SPECIALS_CHAT, out);
+int srv_encode(server *s, const srv_prompt *prompt, size_t from, ds4_token_ids *out) {
+    return ds4_chat_encode(s->tok, prompt->text.data ? prompt->text.data : "", from, prompt->text.len,
+                           &prompt->client, out);
 }
 
 /* The live session's text, decoded byte-exactly. */
@@ -68,7 +75,8 @@ bool live_ids_match(server *s, const ds4_request *r) {
 
 /* The continuation tail for trailing tool results of the live turn:
  * EOS, the tool-result user turn(s), the generation prompt. */
-static void render_tail(server *s, const ds4_request *r, ds4_buf *out) {
+static void render_tail(server *s, const ds4_request *r, srv_prompt *prompt) {
+    ds4_buf *out = &prompt->text;
     int first = r->n_msgs;
     while (first > 0 && r->msgs[first - 1].role != DS4_ROLE_ASSISTANT) first--;
     ds4_buf_puts(out, DS4_STR_EOS);
@@ -76,25 +84,32 @@ static void render_tail(server *s, const ds4_request *r, ds4_buf *out) {
     for (int i = first; i < r->n_msgs; i++) {
         const ds4_chat_msg *m = &r->msgs[i];
         const char *c = m->content ? m->content : "";
+        size_t start;
         if (m->role == DS4_ROLE_TOOL) {
             if (!in_results) ds4_buf_puts(out, DS4_STR_USER);
+            start = out->len;
             ds4_chat_tool_result(c, strlen(c), DS4_CHAT_DS4, out);
             in_results = true;
         } else if (m->role == DS4_ROLE_USER) {
             ds4_buf_puts(out, DS4_STR_USER);
+            start = out->len;
             ds4_buf_puts(out, c);
             in_results = false;
+        } else {
+            continue;
         }
+        ds4_chat_spans_add(&prompt->client, start, out->len);
     }
     ds4_buf_puts(out, DS4_STR_ASSISTANT);
     ds4_buf_puts(out, srv_effective_think(s, r) == DS4_THINK_NONE ? DS4_STR_THINK_CLOSE : DS4_STR_THINK_OPEN);
 }
 
-/* toks = the live tokens, then the tokens of text[from..n) on their own. */
-static int live_plus(server *s, const char *text, size_t from, size_t n, prompt_plan *p, const char *how) {
+/* toks = the live tokens, then the tokens of the prompt text from `from` on
+ * their own. */
+static int live_plus(server *s, const srv_prompt *prompt, size_t from, prompt_plan *p, const char *how) {
     int live_n = ds4_session_n_tokens(s->sess);
     ds4_token_ids suffix = {0};
-    if (srv_encode(s, text + from, n - from, &suffix)) { ds4_token_ids_free(&suffix); return -1; }
+    if (srv_encode(s, prompt, from, &suffix)) { ds4_token_ids_free(&suffix); return -1; }
     size_t need = (size_t)live_n + suffix.n + 1;
     if (p->toks.cap < need) {
         int32_t *v = realloc(p->toks.v, need * sizeof *v);
@@ -111,42 +126,48 @@ static int live_plus(server *s, const char *text, size_t from, size_t n, prompt_
     return 0;
 }
 
-int plan_tool_tail(server *s, const ds4_request *r, ds4_buf *text, prompt_plan *p) {
+int plan_tool_tail(server *s, const ds4_request *r, srv_prompt *prompt, prompt_plan *p) {
     size_t lt_len = 0;
     char *lt = live_text(s, &lt_len);
-    ds4_buf_put(text, lt, lt_len);
+    ds4_buf_put(&prompt->text, lt, lt_len);
     free(lt);
-    render_tail(s, r, text);
-    return live_plus(s, text->data, lt_len, text->len, p, "live tool-call continuation");
+    render_tail(s, r, prompt);
+    if (prompt->text.oom || prompt->client.oom) return -1;
+    return live_plus(s, prompt, lt_len, p, "live tool-call continuation");
 }
 
 static bool starts_with(const char *text, size_t n, const ds4_buf *key) {
     return key->len && key->len <= n && !memcmp(text, key->data, key->len);
 }
 
-int plan_prompt(server *s, const char *text, size_t n, prompt_plan *p) {
+int plan_prompt(server *s, const srv_prompt *prompt, prompt_plan *p) {
+    const char *text = prompt->text.data ? prompt->text.data : "";
+    size_t n = prompt->text.len;
     int live_n = ds4_session_n_tokens(s->sess);
     const int32_t *live = ds4_session_tokens(s->sess);
-    if (srv_encode(s, text, n, &p->toks)) return -1;
+    if (srv_encode(s, prompt, 0, &p->toks)) return -1;
     int lcp = 0;
     while (lcp < live_n && (size_t)lcp < p->toks.n && live[lcp] == p->toks.v[lcp]) lcp++;
     if (lcp == live_n && live_n > 0) { p->reuse = live_n; p->how = "exact token prefix"; return 0; }
     if (s->visible_tokens == live_n && live_n > 0) {
         for (int k = 0; k < 2; k++)
             if (starts_with(text, n, &s->visible[k]))
-                return live_plus(s, text, s->visible[k].len, n, p, "visible transcript prefix (hidden reasoning)");
+                return live_plus(s, prompt, s->visible[k].len, p, "visible transcript prefix (hidden reasoning)");
     }
     size_t lt_len = 0;
     char *lt = live_n ? live_text(s, &lt_len) : NULL;
     bool text_hit = lt && lt_len <= n && !memcmp(lt, text, lt_len);
     free(lt);
-    if (text_hit) return live_plus(s, text, lt_len, n, p, "live text prefix");
-    size_t disk = s->kvd ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
+    if (text_hit) return live_plus(s, prompt, lt_len, p, "live text prefix");
+    /* A prompt that cannot fit is rejected by the caller: restoring a disk
+     * checkpoint for it would replace the live session for nothing. */
+    bool fits = (int)p->toks.n < s->o.ctx;
+    size_t disk = s->kvd && fits ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
     /* a restore that failed part-way leaves the session empty */
     if (!disk && ds4_session_n_tokens(s->sess) != live_n) lcp = 0;
     if (disk) {
         s->visible_tokens = -1; /* the live session is another conversation now */
-        return live_plus(s, text, disk, n, p, "disk cache");
+        return live_plus(s, prompt, disk, p, "disk cache");
     }
     p->reuse = lcp;
     p->how = lcp ? "common token prefix" : "cold";

@@ -9,7 +9,9 @@
  *   clients replay when reasoning is hidden or dropped); the live text (the
  *   decoded live tokens) as a byte prefix of the new prompt (only the byte
  *   suffix is tokenized); the disk cache's longest rendered prefix (restored
- *   into the session); else the longest common token prefix.
+ *   into the session, only when the prompt fits the context: a prompt the
+ *   caller will reject never replaces the live session); else the longest
+ *   common token prefix.
  * - plan_tool_tail(): trailing tool results that answer the live tool-call
  *   turn: only the tail (EOS, result turn, generation prompt) is rendered and
  *   tokenized after the live tokens.
@@ -25,6 +27,15 @@
 #include "chat.h"
 #include "server_state.h"
 
+/* A rendered chat-family prompt: its text and where client text sits in it
+ * (tokenized as plain text, chat.h). */
+typedef struct {
+    ds4_buf text;
+    ds4_chat_spans client;
+} srv_prompt;
+
+void srv_prompt_free(srv_prompt *p);
+
 typedef struct {
     ds4_token_ids toks;     /* the full prompt */
     int reuse;              /* tokens kept from the live session */
@@ -34,14 +45,16 @@ typedef struct {
 ds4_think_mode srv_effective_think(const server *s, const ds4_request *r);
 /* Chat-family rendering (ds4-server profile); `replay` uses the tool-id map
  * for exact DSML replay. false with err on failure. */
-bool srv_render_prompt(server *s, const ds4_request *r, bool replay, ds4_buf *out, char *err, size_t errlen);
-int srv_encode(server *s, const char *text, size_t n, ds4_token_ids *out);
+bool srv_render_prompt(server *s, const ds4_request *r, bool replay, srv_prompt *out, char *err, size_t errlen);
+/* Tokens of prompt text[from..): template markers are protocol tokens,
+ * client text never is. */
+int srv_encode(server *s, const srv_prompt *prompt, size_t from, ds4_token_ids *out);
 
 /* Whether every call id the request answers belongs to the live turn. */
 bool live_ids_match(server *s, const ds4_request *r);
-/* text = live text + tail; -1 on tokenizer failure. */
-int plan_tool_tail(server *s, const ds4_request *r, ds4_buf *text, prompt_plan *p);
-int plan_prompt(server *s, const char *text, size_t n, prompt_plan *p);
+/* prompt = live text + tail; -1 on tokenizer failure. */
+int plan_tool_tail(server *s, const ds4_request *r, srv_prompt *prompt, prompt_plan *p);
+int plan_prompt(server *s, const srv_prompt *prompt, prompt_plan *p);
 void remember_visible(server *s, const ds4_buf *prompt, const ds4_enc *enc);
 
 #endif

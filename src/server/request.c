@@ -104,14 +104,24 @@ static void get_max_tokens(dec *d, const cJSON *o, const char *key) {
     d->r->max_tokens = x > 1e9 ? 1000000000 : (int)x;
 }
 
+/* Number member within [lo, hi]; out of range fails naming the field. */
+static bool get_ranged(dec *d, const cJSON *o, const char *key, double lo, double hi, double *out) {
+    if (!get_num(d, o, key, out)) return false;
+    if (*out >= lo && *out <= hi) return true;
+    if (isinf(hi)) fail(d, 400, key, "invalid_value", "%s must be >= %g", key, lo);
+    else fail(d, 400, key, "invalid_value", "%s must be between %g and %g", key, lo, hi);
+    return false;
+}
+
 static void get_sampling(dec *d, const cJSON *o, bool min_p, bool top_k) {
     ds4_sampler_params *sp = &d->r->sampling;
     double x;
-    if (get_num(d, o, "temperature", &x)) sp->temperature = (float)x;
-    if (get_num(d, o, "top_p", &x)) sp->top_p = (float)x;
-    if (min_p && get_num(d, o, "min_p", &x)) sp->min_p = (float)x;
-    if (top_k && get_num(d, o, "top_k", &x))
-        sp->top_k = x <= 0 ? 0 : x > DS4_SAMPLER_MAX_TOP_K ? DS4_SAMPLER_MAX_TOP_K : (int)x;
+    /* 0 is greedy (server-api.md 2.3); a negative value is a client bug. */
+    if (get_ranged(d, o, "temperature", 0, INFINITY, &x)) sp->temperature = (float)x;
+    if (get_ranged(d, o, "top_p", 0, 1, &x)) sp->top_p = (float)x;
+    if (min_p && get_ranged(d, o, "min_p", 0, 1, &x)) sp->min_p = (float)x;
+    if (top_k && get_ranged(d, o, "top_k", 0, INFINITY, &x))
+        sp->top_k = x > DS4_SAMPLER_MAX_TOP_K ? DS4_SAMPLER_MAX_TOP_K : (int)x;
     if (get_num(d, o, "seed", &x) && x > 0) {
         sp->seed = x >= 1.8e19 ? UINT64_MAX : (uint64_t)x;
         d->r->seed_set = true;
@@ -239,13 +249,22 @@ static ds4_chat_msg *push_msg(dec *d, msg_vec *m, ds4_chat_role role) {
     return x;
 }
 
+/* Room for element n of an arena array whose capacity is implicitly the
+ * smallest power of two >= n: growth is geometric without a capacity field,
+ * and since the arena keeps the old copies until the request is freed, all
+ * copies together stay under twice the final array. */
+static void *grow_pow2(dec *d, void *v, size_t n, size_t elem) {
+    if (n & (n - 1)) return v;
+    void *nv = ralloc(d, elem * (n ? 2 * n : 1));
+    if (!nv) { oom(d); return NULL; }
+    if (n) memcpy(nv, v, elem * n);
+    return nv;
+}
+
 static bool push_call(dec *d, ds4_chat_msg *m, const char *id, const char *name, const char *args) {
-    ds4_tool_call *nv = ralloc(d, sizeof *nv * (size_t)(m->n_tool_calls + 1));
-    if (!nv) { oom(d); return false; }
-    if (m->n_tool_calls) memcpy(nv, m->tool_calls, sizeof *nv * (size_t)m->n_tool_calls);
-    nv[m->n_tool_calls].id = id;
-    nv[m->n_tool_calls].name = name;
-    nv[m->n_tool_calls].arguments = args;
+    ds4_tool_call *nv = grow_pow2(d, (void *)m->tool_calls, (size_t)m->n_tool_calls, sizeof *nv);
+    if (!nv) return false;
+    nv[m->n_tool_calls] = (ds4_tool_call){.id = id, .name = name, .arguments = args};
     m->tool_calls = nv;
     m->n_tool_calls++;
     return true;
@@ -253,9 +272,8 @@ static bool push_call(dec *d, ds4_chat_msg *m, const char *id, const char *name,
 
 static void push_live(dec *d, const char *id) {
     ds4_request *r = d->r;
-    const char **nv = ralloc(d, sizeof *nv * (size_t)(r->n_live_ids + 1));
-    if (!nv) { oom(d); return; }
-    if (r->n_live_ids) memcpy(nv, r->live_ids, sizeof *nv * (size_t)r->n_live_ids);
+    const char **nv = grow_pow2(d, (void *)r->live_ids, (size_t)r->n_live_ids, sizeof *nv);
+    if (!nv) return;
     nv[r->n_live_ids++] = id;
     r->live_ids = nv;
 }
@@ -271,17 +289,11 @@ static bool call_replayed(const msg_vec *m, const char *id) {
 static void push_tool(dec *d, const char *name, const char *json, const char *ns,
                       const char *short_name, ds4_tool_kind kind) {
     ds4_request *r = d->r;
-    if (r->n_tools % 16 == 0) {
-        ds4_tool_def *t = ralloc(d, sizeof *t * (size_t)(r->n_tools + 16));
-        ds4_tool_meta *m = ralloc(d, sizeof *m * (size_t)(r->n_tools + 16));
-        if (!t || !m) { oom(d); return; }
-        if (r->n_tools) {
-            memcpy(t, r->tools, sizeof *t * (size_t)r->n_tools);
-            memcpy(m, r->tool_meta, sizeof *m * (size_t)r->n_tools);
-        }
-        r->tools = t;
-        r->tool_meta = m;
-    }
+    ds4_tool_def *t = grow_pow2(d, r->tools, (size_t)r->n_tools, sizeof *t);
+    ds4_tool_meta *m = grow_pow2(d, r->tool_meta, (size_t)r->n_tools, sizeof *m);
+    if (!t || !m) return;
+    r->tools = t;
+    r->tool_meta = m;
     r->tools[r->n_tools] = (ds4_tool_def){.name = name, .json = json};
     r->tool_meta[r->n_tools] = (ds4_tool_meta){.name = name, .ns = ns,
                                                .short_name = short_name ? short_name : name,
@@ -794,21 +806,54 @@ void ds4_request_free(ds4_request *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* A NUL character, raw or escaped as \u0000: C strings downstream would
+ * silently end the text there. Backslash pairs are skipped so an escaped
+ * backslash followed by "u0000" is ordinary text. */
+static bool has_nul_char(const char *s, size_t n) {
+    if (memchr(s, 0, n)) return true;
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (s[i] != '\\') continue;
+        if (s[i + 1] == 'u' && i + 5 < n && !memcmp(s + i + 2, "0000", 4)) return true;
+        i++;
+    }
+    return false;
+}
+
+cJSON *ds4_json_body_parse(const char *body, size_t len, ds4_req_error *e) {
+    memset(e, 0, sizeof *e);
+    ds4_request scratch = {0};
+    dec d = {&scratch, e};
+    if (!ds4_utf8_valid(body, len)) {
+        fail(&d, 400, NULL, NULL, "request body is not valid UTF-8");
+        return NULL;
+    }
+    if (has_nul_char(body, len)) {
+        fail(&d, 400, NULL, NULL, "NUL characters (\\u0000) are not supported in request text");
+        return NULL;
+    }
+    char *fixed = fix_lone_surrogates(body, len);
+    const char *text = fixed ? fixed : body, *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
+    size_t used = root && end ? (size_t)(end - text) : len;
+    free(fixed);
+    while (used < len && strchr(" \t\r\n", body[used])) used++;
+    if (!root || used < len) {
+        cJSON_Delete(root);
+        fail(&d, 400, NULL, NULL, root ? "unexpected bytes after the JSON body" : "invalid JSON request");
+        return NULL;
+    }
+    return root;
+}
+
 int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r, ds4_req_error *e) {
     memset(r, 0, sizeof *r);
-    memset(e, 0, sizeof *e);
     dec d = {r, e};
     r->api = api;
     r->max_tokens = -1;
     r->logprobs = -1;
     ds4_sampler_params_default(&r->sampling);
-    if (!ds4_utf8_valid(body, len)) {
-        fail(&d, 400, NULL, NULL, "request body is not valid UTF-8");
-        return e->status;
-    }
-    char *fixed = fix_lone_surrogates(body, len);
-    cJSON *root = cJSON_ParseWithLength(fixed ? fixed : body, len);
-    free(fixed);
+    cJSON *root = ds4_json_body_parse(body, len, e);
+    if (!root) return e->status;
     r->json = root;
     if (!cJSON_IsObject(root)) {
         bad_json(&d);
@@ -854,4 +899,21 @@ int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r
     think_resolve(&d, &t);
     if (e->status) ds4_request_free(r);
     return e->status;
+}
+
+size_t ds4_request_text_bytes(const ds4_request *r, int *max_ids) {
+    size_t sum = 0, longest = 0;
+    *max_ids = 0;
+    for (int i = 0; i < r->n_msgs; i++) {
+        const ds4_chat_msg *m = &r->msgs[i];
+        /* Not reasoning (earlier turns may drop it) nor tool-call arguments
+         * (DSML renders string values unescaped, shorter than their JSON). */
+        sum += m->content ? strlen(m->content) : 0;
+    }
+    for (int i = 0; i < r->n_tools; i++) sum += r->tools[i].json ? strlen(r->tools[i].json) : 0;
+    for (int i = 0; i < r->n_prompts; i++) {
+        if (r->prompts[i].text_len > longest) longest = r->prompts[i].text_len;
+        if (r->prompts[i].n_ids > *max_ids) *max_ids = r->prompts[i].n_ids;
+    }
+    return sum > longest ? sum : longest;
 }

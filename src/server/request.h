@@ -14,6 +14,8 @@
  *   for the family's error shape; the request is then empty.
  * - Sampling: omitted knobs take the ds4 defaults (temperature 1, top_p 1,
  *   min_p 0.05, no top_k), explicit ones always win, also in thinking mode.
+ *   Out-of-range values (negative temperature or top_k, top_p or min_p
+ *   outside [0, 1]) fail with 400 naming the field.
  * - Tool continuation: tool results (Responses function_call_output,
  *   Anthropic tool_result) whose id is not matched by a call replayed
  *   earlier in the same request are listed in live_ids; the server accepts
@@ -29,6 +31,8 @@
 
 #include "chat.h"
 #include "sampler.h"
+
+struct cJSON;
 
 typedef enum {
     DS4_API_CHAT, DS4_API_COMPLETIONS, DS4_API_RESPONSES, DS4_API_MESSAGES, DS4_API_COUNT_TOKENS,
@@ -85,10 +89,23 @@ typedef struct ds4_request {
     void *json;                     /* private: the parsed body */
 } ds4_request;
 
+/* The strict body parse every JSON route uses: valid UTF-8, no NUL
+ * character (raw or \u0000; text is never cut short silently), exactly one
+ * JSON value with only whitespace after it. NULL with e filled (400). */
+struct cJSON *ds4_json_body_parse(const char *body, size_t len, ds4_req_error *e);
+
 /* Returns 0, or the HTTP status with e filled (r is then freed/empty). */
 int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r,
                        ds4_req_error *e);
 void ds4_request_free(ds4_request *r);
+
+/* A lower bound on the prompt a request renders to, for rejecting what
+ * cannot fit the context before any tokenizing: the bytes of its client
+ * text (chat families: message contents and tool schemas, which
+ * the ds4-server prompt contains verbatim or escaped longer; completions: the longest
+ * string prompt, each prompt being checked alone), and in *max_ids the
+ * longest token-id prompt. */
+size_t ds4_request_text_bytes(const ds4_request *r, int *max_ids);
 
 /* True when s[0..n) is valid UTF-8 (no overlongs, surrogates or > U+10FFFF). */
 bool ds4_utf8_valid(const char *s, size_t n);

@@ -1,10 +1,13 @@
 #include "routes.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "access.h"
 #include "prefix.h"
 #include "respond.h"
 #include "server_state.h"
@@ -52,17 +55,44 @@ static void route_models(server *s, ds4_http_conn *c, const ds4_http_req *hr, bo
     ds4_send_error(s, c, hr, 404, msg, "model", "model_not_found", 0, ka);
 }
 
+/* Request bodies parsed (and, for count_tokens, tokenized) at once on
+ * connection threads: that work costs memory and CPU in proportion to the
+ * body, and nothing else bounds how many clients send a large one. */
+#define MAX_PARALLEL_PARSES 4
+
+static pthread_mutex_t g_parse_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_parse_cv = PTHREAD_COND_INITIALIZER;
+static int g_parsing;
+
+static void parse_slot_take(void) {
+    pthread_mutex_lock(&g_parse_mu);
+    while (g_parsing >= MAX_PARALLEL_PARSES) pthread_cond_wait(&g_parse_cv, &g_parse_mu);
+    g_parsing++;
+    pthread_mutex_unlock(&g_parse_mu);
+}
+
+static void parse_slot_give(void) {
+    pthread_mutex_lock(&g_parse_mu);
+    g_parsing--;
+    pthread_cond_signal(&g_parse_cv);
+    pthread_mutex_unlock(&g_parse_mu);
+}
+
 static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
     ds4_request r;
     ds4_req_error e;
+    parse_slot_take();
     if (ds4_request_decode(DS4_API_COUNT_TOKENS, body->data ? body->data : "", body->len, &r, &e)) {
+        parse_slot_give();
         ds4_send_error(s, c, hr, e.status, e.message, e.param, e.code, 0, ka);
         return;
     }
-    ds4_buf text = {0};
-    char err[256];
+    srv_prompt prompt = {0};
+    char err[256] = "out of memory";
     ds4_token_ids ids = {0};
-    if (!srv_render_prompt(s, &r, false, &text, err, sizeof err) || srv_encode(s, text.data, text.len, &ids)) {
+    bool ok = srv_render_prompt(s, &r, false, &prompt, err, sizeof err) && !srv_encode(s, &prompt, 0, &ids);
+    parse_slot_give();
+    if (!ok) {
         ds4_send_error(s, c, hr, 400, err, NULL, NULL, 0, ka);
     } else {
         cJSON *o = cJSON_CreateObject();
@@ -70,49 +100,92 @@ static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *
         ds4_send_json(s, c, hr, 200, o, ka, NULL);
     }
     ds4_token_ids_free(&ids);
-    ds4_buf_free(&text);
+    srv_prompt_free(&prompt);
     ds4_request_free(&r);
 }
 
-static void route_tokenizer(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
-    cJSON *in = cJSON_ParseWithLength(body->data ? body->data : "", body->len);
+static void route_tokenizer_info(server *s, ds4_http_conn *c, const ds4_http_req *hr, bool ka) {
     cJSON *o = cJSON_CreateObject();
-    if (!strcmp(hr->path, "/tokenizer_info")) {
-        cJSON_AddStringToObject(o, "eos_token", DS4_TOK_EOS);
-        cJSON_AddStringToObject(o, "bos_token", DS4_TOK_BOS);
-    } else if (!strcmp(hr->path, "/tokenize")) {
-        cJSON *p = cJSON_GetObjectItem(in, "prompt");
-        if (!cJSON_IsString(p)) p = cJSON_GetObjectItem(in, "content");
-        if (!cJSON_IsString(p)) {
-            cJSON_Delete(in); cJSON_Delete(o);
-            ds4_send_error(s, c, hr, 400, "missing prompt", "prompt", NULL, 0, ka);
-            return;
-        }
-        /* As HF tokenizers do: added tokens are always matched (clients such
-         * as lm-eval find BOS/EOS ids by tokenizing their strings), and
-         * add_special_tokens only decides whether BOS is prepended. */
-        cJSON *asp = cJSON_GetObjectItem(in, "add_special_tokens");
-        ds4_token_ids ids = {0};
-        if (cJSON_IsTrue(asp))
-            ds4_tokenizer_encode(s->tok, DS4_TOK_BOS, strlen(DS4_TOK_BOS), DS4_TOK_SPECIALS_ALL, &ids);
-        ds4_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), DS4_TOK_SPECIALS_ALL, &ids);
-        cJSON *a = cJSON_AddArrayToObject(o, "tokens");
-        for (size_t i = 0; i < ids.n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids.v[i]));
+    cJSON_AddStringToObject(o, "eos_token", DS4_TOK_EOS);
+    cJSON_AddStringToObject(o, "bos_token", DS4_TOK_BOS);
+    ds4_send_json(s, c, hr, 200, o, ka, NULL);
+}
+
+/* The body of /tokenize or /detokenize as a JSON object; NULL after
+ * answering 400. */
+static cJSON *tokenizer_body(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
+    ds4_req_error e;
+    cJSON *in = ds4_json_body_parse(body->data ? body->data : "", body->len, &e);
+    if (in && cJSON_IsObject(in)) return in;
+    cJSON_Delete(in);
+    ds4_send_error(s, c, hr, 400, in ? "request body must be a JSON object" : e.message, NULL, NULL, 0, ka);
+    return NULL;
+}
+
+static void route_tokenize(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
+    cJSON *in = tokenizer_body(s, c, hr, body, ka);
+    if (!in) return;
+    cJSON *p = cJSON_GetObjectItem(in, "prompt");
+    if (!p) p = cJSON_GetObjectItem(in, "content");
+    cJSON *asp = cJSON_GetObjectItem(in, "add_special_tokens");
+    if (!cJSON_IsString(p) || (asp && !cJSON_IsBool(asp))) {
+        cJSON_Delete(in);
+        ds4_send_error(s, c, hr, 400, p && cJSON_IsString(p) ? "add_special_tokens must be a boolean"
+                       : "prompt must be a string", p && cJSON_IsString(p) ? "add_special_tokens" : "prompt",
+                       NULL, 0, ka);
+        return;
+    }
+    /* As HF tokenizers do: added tokens are always matched (clients such
+     * as lm-eval find BOS/EOS ids by tokenizing their strings), and
+     * add_special_tokens only decides whether BOS is prepended. */
+    ds4_token_ids ids = {0};
+    int rc = 0;
+    if (cJSON_IsTrue(asp))
+        rc = ds4_tokenizer_encode(s->tok, DS4_TOK_BOS, strlen(DS4_TOK_BOS), DS4_TOK_SPECIALS_ALL, &ids);
+    if (!rc) rc = ds4_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), DS4_TOK_SPECIALS_ALL, &ids);
+    cJSON_Delete(in);
+    if (rc) {
         ds4_token_ids_free(&ids);
-    } else {
-        cJSON *t = cJSON_GetObjectItem(in, "tokens");
-        int n = cJSON_GetArraySize(t);
-        int32_t *ids = calloc((size_t)n + 1, sizeof *ids);
-        int k = 0;
-        for (cJSON *x = cJSON_IsArray(t) ? t->child : NULL; x; x = x->next)
-            if (cJSON_IsNumber(x)) ids[k++] = (int32_t)x->valuedouble;
-        size_t len = 0;
-        char *text = ds4_tokenizer_decode(s->tok, ids, (size_t)k, true, &len);
-        cJSON_AddStringToObject(o, "prompt", text ? text : "");
-        free(text);
-        free(ids);
+        ds4_send_error(s, c, hr, 500, "tokenization failed", NULL, NULL, 0, ka);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON *a = cJSON_AddArrayToObject(o, "tokens");
+    for (size_t i = 0; i < ids.n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids.v[i]));
+    ds4_token_ids_free(&ids);
+    ds4_send_json(s, c, hr, 200, o, ka, NULL);
+}
+
+static void route_detokenize(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
+    cJSON *in = tokenizer_body(s, c, hr, body, ka);
+    if (!in) return;
+    cJSON *t = cJSON_GetObjectItem(in, "tokens");
+    int n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1;
+    int32_t *ids = n >= 0 ? malloc(sizeof *ids * (size_t)(n + 1)) : NULL;
+    char msg[160] = "tokens must be an array of token ids";
+    int k = 0;
+    bool ok = ids != NULL;
+    for (cJSON *x = ok ? t->child : NULL; x && ok; x = x->next) {
+        /* Checked before the conversion: a double outside int32 is undefined
+         * behaviour to convert. */
+        double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
+        ok = v >= 0 && v < s->n_vocab && v == floor(v);
+        if (ok) ids[k++] = (int32_t)v;
+        else snprintf(msg, sizeof msg, "tokens[%d] is not a token id in [0, %d)", k, s->n_vocab);
     }
     cJSON_Delete(in);
+    if (!ok) {
+        free(ids);
+        ds4_send_error(s, c, hr, n >= 0 && !ids ? 500 : 400, n >= 0 && !ids ? "out of memory" : msg, "tokens",
+                       NULL, 0, ka);
+        return;
+    }
+    size_t len = 0;
+    char *text = ds4_tokenizer_decode(s->tok, ids, (size_t)k, true, &len);
+    free(ids);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "prompt", text ? text : "");
+    free(text);
     ds4_send_json(s, c, hr, 200, o, ka, NULL);
 }
 
@@ -124,13 +197,41 @@ static ds4_api route_api(const char *path) {
     return (ds4_api)-1;
 }
 
+/* A request whose client text alone needs more tokens than the context
+ * (no token is longer than max_token_bytes) is refused before it is
+ * rendered, queued or tokenized. */
+static bool refuse_oversized(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_request *r, bool ka) {
+    int max_ids;
+    size_t at_least = ds4_request_text_bytes(r, &max_ids) / s->max_token_bytes;
+    if ((size_t)max_ids > at_least) at_least = (size_t)max_ids;
+    if (at_least < (size_t)s->o.ctx) return false;
+    trace(s, "request refused before tokenizing: at least %zu tokens, context %d", at_least, s->o.ctx);
+    char msg[300];
+    const char *param = r->api == DS4_API_CHAT ? "messages" : r->api == DS4_API_COMPLETIONS ? "prompt" : "input";
+    if (r->api == DS4_API_MESSAGES)
+        snprintf(msg, sizeof msg, "prompt is too long: at least %zu tokens > %d maximum", at_least, s->o.ctx - 1);
+    else
+        snprintf(msg, sizeof msg, "This model's maximum context length is %d tokens. However, your request has at "
+                 "least %zu prompt tokens (the request exceeds the available context size).", s->o.ctx, at_least);
+    ds4_send_error(s, c, hr, 400, msg, r->api == DS4_API_MESSAGES ? NULL : param,
+                   r->api == DS4_API_MESSAGES ? NULL : "context_length_exceeded", 0, ka);
+    return true;
+}
+
 /* Decodes an inference request and waits for the worker to run it. */
 static bool route_inference(server *s, ds4_http_conn *c, ds4_http_req *hr, const ds4_buf *body, ds4_api api) {
     bool ka = hr->keep_alive;
     job j = {.conn = c, .hreq = hr};
     ds4_req_error e;
-    if (ds4_request_decode(api, body->data ? body->data : "", body->len, &j.req, &e)) {
+    parse_slot_take();
+    int rc = ds4_request_decode(api, body->data ? body->data : "", body->len, &j.req, &e);
+    parse_slot_give();
+    if (rc) {
         ds4_send_error(s, c, hr, e.status, e.message, e.param, e.code, 0, ka);
+        return ka;
+    }
+    if (refuse_oversized(s, c, hr, &j.req, ka)) {
+        ds4_request_free(&j.req);
         return ka;
     }
     if (!ds4_queue_submit(s, &j)) {
@@ -140,12 +241,17 @@ static bool route_inference(server *s, ds4_http_conn *c, ds4_http_req *hr, const
     }
     ds4_enc_free(j.enc);
     ds4_request_free(&j.req);
-    return j.keep_alive && !c->broken && !c->http10;
+    return j.keep_alive && !c->broken && !c->close_after;
 }
 
 bool route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body) {
     bool ka = hr->keep_alive;
-    const char *m = hr->method, *path = hr->path;
+    const char *m = hr->method, *path = hr->path, *denied, *code;
+    int status = access_check(&s->o, hr, &denied, &code);
+    if (status) {
+        ds4_send_error(s, c, hr, status, denied, NULL, code, 0, ka);
+        return ka;
+    }
     if (!strcmp(m, "OPTIONS")) {
         char hdr[1024];
         ds4_cors_headers(s, hr, hdr, sizeof hdr);
@@ -160,10 +266,9 @@ bool route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body)
         ds4_send_json(s, c, hr, 200, o, ka, NULL);
         return ka;
     }
-    if ((get && !strcmp(path, "/tokenizer_info")) || (post && (!strcmp(path, "/tokenize") || !strcmp(path, "/detokenize")))) {
-        route_tokenizer(s, c, hr, body, ka);
-        return ka;
-    }
+    if (get && !strcmp(path, "/tokenizer_info")) { route_tokenizer_info(s, c, hr, ka); return ka; }
+    if (post && !strcmp(path, "/tokenize")) { route_tokenize(s, c, hr, body, ka); return ka; }
+    if (post && !strcmp(path, "/detokenize")) { route_detokenize(s, c, hr, body, ka); return ka; }
     if (post && !strcmp(path, "/v1/messages/count_tokens")) { route_count_tokens(s, c, hr, body, ka); return ka; }
     ds4_api api = route_api(path);
     if (!post || (int)api < 0) {

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "access.h"
 #include "engine_kvdisk.h"
 #include "respond.h"
 #include "routes.h"
@@ -24,19 +25,76 @@
 #include "worker.h"
 
 #define MAX_CONNECTIONS 1024
+/* The last RESERVED_SLOTS go only to addresses holding fewer than
+ * FEW_CONNECTIONS, so a new client still gets in when a few addresses hold
+ * everything else. */
+#define RESERVED_SLOTS 64
+#define FEW_CONNECTIONS 4
 
 static void on_signal(int sig) {
     (void)sig;
     atomic_store(&ds4_srv_stop, 1);
 }
 
-/* Open connections; their own lock, so accepting never waits on the queue. */
+/* Open connections per client address; their own lock, so accepting never
+ * waits on the queue. IPv4 addresses are kept in their v4-mapped form. */
+typedef struct {
+    unsigned char addr[16];
+    int n;
+} client_count;
+
 static pthread_mutex_t g_conns_mu = PTHREAD_MUTEX_INITIALIZER;
-static int g_n_conns;
+static client_count g_clients[MAX_CONNECTIONS];
+static int g_n_clients, g_n_conns;
+
+static void client_key(const struct sockaddr_storage *ss, unsigned char key[16]) {
+    memset(key, 0, 16);
+    if (ss->ss_family == AF_INET6) {
+        memcpy(key, &((const struct sockaddr_in6 *)ss)->sin6_addr, 16);
+    } else {
+        key[10] = key[11] = 0xff;
+        memcpy(key + 12, &((const struct sockaddr_in *)ss)->sin_addr, 4);
+    }
+}
+
+static client_count *find_client(const unsigned char key[16]) {
+    for (int i = 0; i < g_n_clients; i++)
+        if (!memcmp(g_clients[i].addr, key, 16)) return &g_clients[i];
+    return NULL;
+}
+
+/* Takes a connection slot for the address, or refuses (false). */
+static bool admit(const unsigned char key[16], int per_client_max) {
+    pthread_mutex_lock(&g_conns_mu);
+    client_count *c = find_client(key);
+    int held = c ? c->n : 0;
+    bool ok = g_n_conns < MAX_CONNECTIONS && held < per_client_max &&
+              (g_n_conns < MAX_CONNECTIONS - RESERVED_SLOTS || held < FEW_CONNECTIONS);
+    if (ok) {
+        if (!c) {
+            c = &g_clients[g_n_clients++];
+            memcpy(c->addr, key, 16);
+            c->n = 0;
+        }
+        c->n++;
+        g_n_conns++;
+    }
+    pthread_mutex_unlock(&g_conns_mu);
+    return ok;
+}
+
+static void release(const unsigned char key[16]) {
+    pthread_mutex_lock(&g_conns_mu);
+    client_count *c = find_client(key);
+    if (c && --c->n == 0) *c = g_clients[--g_n_clients];
+    g_n_conns--;
+    pthread_mutex_unlock(&g_conns_mu);
+}
 
 typedef struct {
     server *s;
     int fd;
+    unsigned char client[16];
 } conn_arg;
 
 static void *conn_main(void *ud) {
@@ -69,9 +127,7 @@ static void *conn_main(void *ud) {
     ds4_buf_free(&body);
     ds4_buf_free(&c.in);
     close(a.fd);
-    pthread_mutex_lock(&g_conns_mu);
-    g_n_conns--;
-    pthread_mutex_unlock(&g_conns_mu);
+    release(a.client);
     return NULL;
 }
 
@@ -106,6 +162,33 @@ static int listen_on(const char *host, int port, char *err, size_t errlen) {
     return fd;
 }
 
+static void accept_one(server *s, int listen_fd, const pthread_attr_t *attr) {
+    struct sockaddr_storage peer;
+    socklen_t plen = sizeof peer;
+    int fd = accept4(listen_fd, (struct sockaddr *)&peer, &plen, SOCK_CLOEXEC);
+    if (fd < 0) {
+        /* Out of descriptors or memory: the pending connection keeps the
+         * listener readable, so wait a little instead of spinning. */
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) usleep(50000);
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    unsigned char key[16];
+    client_key(&peer, key);
+    bool admitted = admit(key, s->o.max_client_connections);
+    conn_arg *a = admitted ? malloc(sizeof *a) : NULL;
+    pthread_t th;
+    if (a) { a->s = s; a->fd = fd; memcpy(a->client, key, 16); }
+    if (!a || pthread_create(&th, attr, conn_main, a)) {
+        static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        send(fd, busy, sizeof busy - 1, MSG_NOSIGNAL);
+        close(fd);
+        free(a);
+        if (admitted) release(key);
+    }
+}
+
 void ds4_server_opts_default(ds4_server_opts *o) {
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
@@ -114,9 +197,11 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     o->default_max_tokens = 393216;
     o->model_path = "ds4flash.gguf";
     o->tool_memory_max_ids = 100000;
+    o->max_client_connections = 256;
     o->numerics = -1;
     ds4_kvdisk_opts_default(&o->kvdisk);
     ds4_http_limits_default(&o->limits);
+    ds4_gpu_opts_default(&o->gpu);
 }
 
 int ds4_server_run(const ds4_server_opts *opts) {
@@ -124,6 +209,11 @@ int ds4_server_run(const ds4_server_opts *opts) {
     server *s = &S;
     s->o = *opts;
     char err[512];
+    if (!access_is_loopback(s->o.host) && !(s->o.api_key && s->o.api_key[0]) && !s->o.no_api_key) {
+        fprintf(stderr, "ds4-server: --host %s is reachable from other machines: set --api-key KEY (or DS4_API_KEY), "
+                        "or pass --no-api-key to serve without authentication\n", s->o.host);
+        return 2;
+    }
     ds4_queue_init(&s->queue);
     pthread_mutex_init(&s->trace_mu, NULL);
     /* the trace holds prompts: private to this user, like the disk cache */
@@ -145,11 +235,18 @@ int ds4_server_run(const ds4_server_opts *opts) {
     ep.numerics = s->o.numerics;
     ep.ssd = s->o.ssd;
     ep.ssd.ctx = s->o.ctx;
+    ep.gpu = s->o.gpu;
+    ep.gpu_ctx = s->o.ctx;
     s->eng = ds4_engine_load(&ep, err, sizeof err);
     if (!s->eng) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
     s->tok = ds4_engine_tokenizer(s->eng);
     if (!s->tok) { fprintf(stderr, "ds4-server: %s has no tokenizer\n", s->o.model_path); ds4_engine_free(s->eng); return 1; }
     s->n_vocab = ds4_engine_n_vocab(s->eng);
+    s->max_token_bytes = 1;
+    for (int32_t id = 0; id < s->n_vocab; id++) {
+        size_t len = 0;
+        if (ds4_tokenizer_token_bytes(s->tok, id, &len) && len > s->max_token_bytes) s->max_token_bytes = len;
+    }
     s->sess = ds4_session_new(s->eng, s->o.ctx, err, sizeof err);
     if (!s->sess) { fprintf(stderr, "ds4-server: %s\n", err); ds4_engine_free(s->eng); return 1; }
     s->mem = ds4_toolmem_new(s->o.tool_memory_max_ids, (size_t)512 << 20);
@@ -177,25 +274,25 @@ int ds4_server_run(const ds4_server_opts *opts) {
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_attr_setstacksize(&attr, 512 * 1024);
+    int status = 0;
     while (!atomic_load(&ds4_srv_stop)) {
         if (poll(lfds, 2, 200) <= 0) continue;
-        int fd = accept4(lfds[lfds[0].revents & POLLIN ? 0 : 1].fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0) continue;
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        pthread_mutex_lock(&g_conns_mu);
-        bool full = g_n_conns >= MAX_CONNECTIONS;
-        if (!full) g_n_conns++;
-        pthread_mutex_unlock(&g_conns_mu);
-        conn_arg *a = full ? NULL : malloc(sizeof *a);
-        pthread_t th;
-        if (a) { a->s = s; a->fd = fd; }
-        if (!a || pthread_create(&th, &attr, conn_main, a)) {
-            static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-            send(fd, busy, sizeof busy - 1, MSG_NOSIGNAL);
-            close(fd);
-            free(a);
-            if (!full) { pthread_mutex_lock(&g_conns_mu); g_n_conns--; pthread_mutex_unlock(&g_conns_mu); }
+        for (int i = 0; i < 2; i++) {
+            if (lfds[i].fd < 0) continue;
+            if (lfds[i].revents & POLLIN) {
+                accept_one(s, lfds[i].fd, &attr);
+            } else if (lfds[i].revents & (POLLERR | POLLHUP | POLLNVAL)) {
+                /* A listener in error would be reported again at once:
+                 * retire it instead of spinning on it. */
+                fprintf(stderr, "ds4-server: a listening socket failed; closing it\n");
+                close(lfds[i].fd);
+                lfds[i].fd = -1;
+            }
+        }
+        if (lfds[0].fd < 0 && lfds[1].fd < 0) {
+            fprintf(stderr, "ds4-server: no listening socket left\n");
+            status = 1;
+            break;
         }
     }
     for (int i = 0; i < 2; i++)
@@ -216,5 +313,5 @@ int ds4_server_run(const ds4_server_opts *opts) {
         usleep(20000);
     }
     trace(s, "server stop");
-    return 0;
+    return status;
 }

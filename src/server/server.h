@@ -27,6 +27,16 @@
  *   there, generation saves on absolute frontiers, a request that replaces
  *   most of the live session saves it first, and exit saves it (shutdown).
  *   Tool ids missing from the replay map are looked up in the cache files.
+ * - Access (routes.c): with an api_key every route but /health and CORS
+ *   preflights needs it (Authorization: Bearer or x-api-key), else 401 in
+ *   the family's shape; start-up refuses a non-loopback host without a key
+ *   unless no_api_key. Bound to loopback, a Host header that names another
+ *   host is refused (DNS rebinding); POST bodies must be application/json
+ *   (a browser cannot send that cross-site without a CORS preflight).
+ * - Connections: at most 1024, at most max_client_connections per client
+ *   address, and the last 64 slots only for addresses holding fewer than 4,
+ *   so a crowd from a few addresses cannot lock new clients out; a request
+ *   must arrive completely within limits.request_timeout_ms.
  */
 #ifndef DS4_SERVER_H
 #define DS4_SERVER_H
@@ -53,9 +63,13 @@ typedef struct {
     bool disable_exact_replay;
     bool completions_chat;       /* wrap /v1/completions prompts as a chat turn */
     const char *scripted_output; /* test only: every generation emits this file's text */
+    const char *api_key;         /* NULL: no authentication (DS4_API_KEY in ds4-server) */
+    bool no_api_key;             /* allow a non-loopback --host without a key */
+    int max_client_connections;  /* per client address, default 256 */
     ds4_http_limits limits;
     ds4_kvdisk_opts kvdisk;      /* dir NULL: no disk KV cache */
     ds4_ssd_params ssd;             /* --ssd-streaming* (engine.h) */
+    ds4_gpu_opts gpu;            /* --cuda/--cpu/--gpu-* (cuda_plan.h) */
 } ds4_server_opts;
 
 void ds4_server_opts_default(ds4_server_opts *o);

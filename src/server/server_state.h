@@ -42,6 +42,7 @@ typedef struct server {
     ds4_toolmem *mem;
     ds4_kvdisk *kvd;              /* disk KV cache, or NULL */
     int n_vocab;
+    size_t max_token_bytes;       /* the longest token's text: prompt bytes / this <= tokens */
     char *script;                 /* scripted output (test only) */
     size_t script_len;
     FILE *trace;

@@ -9,29 +9,11 @@ cd "$(dirname "$0")/../.."
 MODEL=models/demo.gguf
 [ -f "$MODEL" ] || { echo "repl: $MODEL missing (make demo-model)"; exit 1; }
 command -v tmux >/dev/null || { echo "repl: tmux missing"; exit 1; }
-S=ds4test$$
-# A private tmux server per run: concurrent runs cannot disturb each other.
-tmux() { command tmux -L "$S" "$@"; }
-T=$(mktemp -d)
-fail=0; n=0
-cleanup() { tmux kill-server 2>/dev/null; rm -rf "$T"; }
-trap cleanup EXIT
-screen() { tmux capture-pane -p -J -S -2000 -t "$S"; }
-# wait_for PATTERN COUNT SECONDS: until PATTERN occurs at least COUNT times
-wait_for() {
-    local i
-    for ((i = 0; i < $3 * 10; i++)); do
-        [ "$(screen | grep -c -- "$1")" -ge "$2" ] && return 0
-        sleep 0.1
-    done
-    return 1
-}
-expect() { n=$((n+1)); if ! eval "$2"; then echo "FAIL: $1"; screen | tail -15; fail=$((fail+1)); fi; }
-send() { tmux send-keys -t "$S" -l -- "$1"; tmux send-keys -t "$S" Enter; }
+source tests/tmux_lib.sh
 
 printf 'Summarise this file.\n' > "$T/note.txt"
 # Short answers for the conversation turns (random weights rarely emit EOS).
-tmux new-session -d -s "$S" -x 200 -y 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 24 -t 2 --temp 0; echo EXITED-\$?; sleep 30"
+new_session 200 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 24 -t 2 --temp 0; echo EXITED-\$?; sleep 30"
 expect "banner and prompt" 'wait_for "^ds4> " 1 60'
 send "/help"
 expect "help lists commands" 'wait_for "/think-max" 1 10'
@@ -50,11 +32,10 @@ expect "think acknowledged" 'wait_for "^thinking mode" 1 10'
 send "/quit"
 expect "quit exits cleanly" 'wait_for "EXITED-0" 1 20'
 expect "history saved" 'grep -q "second" "$T/.ds4_history"'
-tmux kill-session -t "$S"
 
 # Ctrl+C in the middle of an unbounded generation returns to the prompt and
 # the conversation goes on.
-tmux new-session -d -s "$S" -x 200 -y 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 100000 -t 2 --nothink; echo EXITED-\$?; sleep 30"
+new_session 200 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 100000 -t 2 --nothink; echo EXITED-\$?; sleep 30"
 expect "second run prompt" 'wait_for "^ds4> " 1 60'
 send "write a very long story"
 sleep 4

@@ -157,7 +157,7 @@ def metadata(cfg):
     return {
         "general.architecture": (S, "deepseek4"),
         "deepseek4.block_count": (U32, n),
-        "deepseek4.context_length": ("UINT64", cfg["max_position_embeddings"]),
+        "deepseek4.context_length": (U32, cfg["max_position_embeddings"]),
         "deepseek4.embedding_length": (U32, cfg["hidden_size"]),
         "deepseek4.vocab_size": (U32, cfg["vocab_size"]),
         "deepseek4.attention.head_count": (U32, cfg["num_attention_heads"]),

@@ -38,13 +38,18 @@ static inline __m256i _mm256_maskz_loadu_epi16(__mmask16 m, const void *p) {
     memcpy(&r, h, 32);
     return r;
 }
-static inline __m512i _mm512_cvtepu16_epi32(__m256i v) {
-    uint16_t h[16]; int32_t o[16]; __m512i r;
-    memcpy(h, &v, 32);
-    for (int i = 0; i < 16; i++) o[i] = h[i];
-    memcpy(&r, o, 64);
-    return r;
-}
+/* lane-wise conversion of the first n lanes of an input vector */
+#define CONVERT(name, in_vec, in_t, out_vec, out_t, n)                \
+    static inline out_vec name(in_vec v) {                           \
+        in_t a[sizeof(in_vec) / sizeof(in_t)]; out_t o[n]; out_vec r; \
+        memcpy(a, &v, sizeof a);                                      \
+        for (int i = 0; i < n; i++) o[i] = (out_t)a[i];               \
+        memcpy(&r, o, sizeof r);                                      \
+        return r;                                                     \
+    }
+CONVERT(_mm512_cvtepu16_epi32, __m256i, uint16_t, __m512i, int32_t, 16)
+CONVERT(_mm512_cvtepu8_epi64, __m128i, uint8_t, __m512i, int64_t, 8)
+CONVERT(_mm512_cvtepi32_ps, __m512i, int32_t, __m512, float, 16)
 static inline __m512 _mm512_maskz_loadu_ps(__mmask16 m, const void *p) {
     float f[16] = {0}; __m512 r;
     for (int i = 0; i < 16; i++) if (m >> i & 1) memcpy(&f[i], (const char *)p + 4 * i, 4);
@@ -57,11 +62,11 @@ static inline float _mm512_reduce_add_ps(__m512 v) {
     for (int i = 0; i < 16; i++) s += f[i];
     return s;
 }
-static inline __m512 _mm512_cvtepi32_ps(__m512i v) {
-    int32_t x[16]; float f[16]; __m512 r;
-    memcpy(x, &v, 64);
-    for (int i = 0; i < 16; i++) f[i] = (float)x[i];
-    memcpy(&r, f, 64);
+static inline __m512i _mm512_i64gather_epi64(__m512i idx, const void *base, int scale) {
+    int64_t i[8], o[8]; __m512i r;
+    memcpy(i, &idx, 64);
+    for (int k = 0; k < 8; k++) memcpy(&o[k], (const char *)base + i[k] * scale, 8);
+    memcpy(&r, o, 64);
     return r;
 }
 EOF

@@ -56,13 +56,17 @@ class Server:
                 with urllib.request.urlopen(self.base + "/v1/models", timeout=2) as r:
                     if r.status == 200:
                         return
+            except urllib.error.HTTPError:
+                return  # it answers (401 when started with an API key)
             except OSError:
                 time.sleep(0.2)
         raise RuntimeError("ds4-server did not come up")
 
     def request(self, method, path, body=None, headers=None, timeout=120):
         data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers or {})
+        # urllib would label a body form-encoded; the server wants JSON.
+        headers = {"Content-Type": "application/json", **(headers or {})}
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, dict(r.headers), r.read()

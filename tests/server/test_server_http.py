@@ -75,7 +75,7 @@ def anthropic_error(body, etype):
 def post(path, body, extra=b""):
     if isinstance(body, str):
         body = body.encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n").encode() + extra + b"\r\n" + body
 
 
@@ -90,7 +90,7 @@ def main():
         slow = {}
 
         def slow_client():
-            slow["out"] = raw(p, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n", timeout=60)
+            slow["out"] = raw(p, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n", timeout=60)
 
         slow_thread = threading.Thread(target=slow_client)
         slow_thread.start()
@@ -109,7 +109,7 @@ def main():
         t.check(st == 404 and anthropic_error(body, "not_found_error"), "unknown messages path: Anthropic shape")
 
         # CORS preflight echoes requested headers
-        st, h, body = parse(raw(p, b"OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        st, h, body = parse(raw(p, b"OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                    b"Access-Control-Request-Headers: authorization, content-type\r\n\r\n"))
         t.check(st == 204 and h.get("access-control-allow-origin") == "*" and
                 h.get("access-control-allow-headers") == "authorization, content-type" and body == b"",
@@ -148,9 +148,9 @@ def main():
                 b"exceeds the context window" in body, f"responses stream overflow {body[-300:]}")
 
         # body limits: a declared 100 MiB body is refused before it is sent
-        st, _, body = parse(raw(p, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n{"))
+        st, _, body = parse(raw(p, b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 104857600\r\n\r\n{"))
         t.check(st == 413 and anthropic_error(body, "request_too_large"), f"413 Anthropic {st}")
-        st, _, body = parse(raw(p, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n"))
+        st, _, body = parse(raw(p, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 104857600\r\n\r\n"))
         t.check(st == 413 and openai_error(body), "413 OpenAI")
         big_head = b"GET /v1/models HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n"
         st, _, _ = parse(raw(p, big_head))
@@ -160,12 +160,12 @@ def main():
 
         # keep-alive: two requests on one connection; chunked body; Expect
         s = socket.create_connection(("127.0.0.1", p), timeout=30)
-        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         first = b""
         while not response_complete(first):
             first += s.recv(65536)
         body = b'{"messages":[{"role":"user","content":"hello"}]}'
-        s.sendall(b"POST /v1/messages/count_tokens?beta=true HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        s.sendall(b"POST /v1/messages/count_tokens?beta=true HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
                   b"Expect: 100-continue\r\n\r\n" + b"%x\r\n" % 10 + body[:10] + b"\r\n" +
                   b"%x\r\n" % (len(body) - 10) + body[10:] + b"\r\n0\r\n\r\n")
         second = b""
@@ -184,7 +184,7 @@ def main():
         # an HTTP/1.0 client gets a close-delimited (not chunked) stream
         body = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 2})
         s = socket.create_connection(("127.0.0.1", p), timeout=60)
-        s.sendall(f"POST /v1/chat/completions HTTP/1.0\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+        s.sendall(f"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
         got = b""
         while True:
             b = s.recv(65536)
@@ -198,7 +198,7 @@ def main():
 
         # half-closed: full request then SHUT_WR still gets its answer;
         # a partial head then SHUT_WR just closes
-        st, _, _ = parse(raw(p, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", shutdown_write=True))
+        st, _, _ = parse(raw(p, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", shutdown_write=True))
         t.check(st == 200, "half-closed after a complete request")
         out = raw(p, b"GET /v1/models HTTP/1.1\r\nHo", shutdown_write=True)
         t.check(out == b"", f"half-closed mid-head: {out[:80]}")
@@ -235,7 +235,7 @@ def main():
                 elif i % 3 == 0:
                     r = raw(p, post("/v1/chat/completions", "{bad"), timeout=120)
                 else:
-                    r = raw(p, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", timeout=120)
+                    r = raw(p, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", timeout=120)
                 results[i] = parse(r)[0]
             except OSError as e:
                 results[i] = str(e)

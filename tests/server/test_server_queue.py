@@ -21,7 +21,7 @@ NAME = "test_server_queue"
 def open_stream(port, path, body):
     data = json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=120)
-    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
     return s
 

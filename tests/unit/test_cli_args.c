@@ -5,6 +5,8 @@
 #include "cli_args.h"
 
 #include <limits.h>
+#include <stdint.h>
+#include <string.h>
 
 int main(void) {
     int v = -7;
@@ -30,5 +32,15 @@ int main(void) {
     for (size_t i = 0; i < sizeof badf / sizeof *badf; i++)
         CHECK(!ds4_parse_float(badf[i], &f) && f == -1.0f, "'%s' refused", badf[i]);
     CHECK(!ds4_parse_float(NULL, &f), "missing value refused");
+
+    ds4_sampler_params sp, before;
+    ds4_sampler_params_default(&sp);
+    CHECK(ds4_parse_sampling_option("--temp", "0.5", &sp) == 1 && sp.temperature == 0.5f, "--temp");
+    CHECK(ds4_parse_sampling_option("--top-k", "40", &sp) == 1 && sp.top_k == 40, "--top-k");
+    CHECK(ds4_parse_sampling_option("--seed", "18446744073709551615", &sp) == 1 && sp.seed == UINT64_MAX, "--seed max");
+    before = sp;
+    CHECK(ds4_parse_sampling_option("--top-p", "x", &sp) == -1 && ds4_parse_sampling_option("--seed", NULL, &sp) == -1 &&
+          ds4_parse_sampling_option("--seed", "12x", &sp) == -1 && !memcmp(&sp, &before, sizeof sp), "bad values refused");
+    CHECK(ds4_parse_sampling_option("--ctx", "5", &sp) == 0, "not a sampling option");
     return check_done("test_cli_args");
 }

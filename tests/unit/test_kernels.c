@@ -248,6 +248,19 @@ static void test_act(enum ds4_simd_level lvl) {
     CHECK(a[1].bsums[1] == s, "%s: bsums", ln);
 }
 
+/* ds4_read_sum against an exact (double) sum, for every length remainder of
+ * the vector loop; integer values keep the float partial sums exact. */
+static void test_read_sum(enum ds4_simd_level lvl) {
+    ds4_kernels_set_level(lvl);
+    static float x[1000];
+    for (int i = 0; i < 1000; i++) x[i] = (float)((i * 7919) % 201 - 100);
+    for (int n = 0; n <= 1000; n += n < 130 ? 1 : 87) {
+        double want = 0.0;
+        for (int i = 0; i < n; i++) want += x[i];
+        CHECK(ds4_read_sum(x, n) == (float)want, "%s: read_sum n=%d", ds4_simd_level_name(lvl), n);
+    }
+}
+
 int main(void) {
     enum ds4_simd_level best = ds4_cpu_best_level();
     printf("test_kernels: cpu supports up to %s\n", ds4_simd_level_name(best));
@@ -258,6 +271,7 @@ int main(void) {
         test_act((enum ds4_simd_level)l);
         test_dots((enum ds4_simd_level)l);
         test_drivers((enum ds4_simd_level)l);
+        test_read_sum((enum ds4_simd_level)l);
     }
     ds4_kernels_set_level(best);
     return check_done("test_kernels");

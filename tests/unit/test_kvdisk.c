@@ -849,7 +849,7 @@ static void test_many_tool_ids(const char *base) {
     logbuf lg = {0};
     ds4_toolmem *mem = ds4_toolmem_new(1000, 1 << 20);
     enum { N = 100 };
-    char names[N][16];
+    char names[N][24];
     const char *ids[N];
     for (int i = 0; i < N; i++) {
         snprintf(names[i], sizeof names[i], "call_%03d", i);

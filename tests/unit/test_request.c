@@ -4,6 +4,7 @@
 #include "check.h"
 #include "request.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static int dec(ds4_api api, const char *body, ds4_request *r, ds4_req_error *e) {
@@ -158,11 +159,80 @@ static void test_messages(void) {
     CHECK(dec(DS4_API_MESSAGES, "{\"messages\":[],\"stop_sequences\":\"S\"}", &r, &e) == 400, "stop_sequences must be an array");
 }
 
+/* Strict bodies: one JSON value, no NUL character, ranges named. */
+static void test_body_strictness(void) {
+    ds4_request r;
+    ds4_req_error e;
+    const ds4_api C = DS4_API_CHAT;
+    CHECK(dec(C, "{\"messages\":[]} x", &r, &e) == 400 && strstr(e.message, "after the JSON"), "trailing bytes");
+    CHECK(dec(C, "{\"messages\":[]}{}", &r, &e) == 400, "two JSON values");
+    CHECK(dec(C, "{\"messages\":[]}\r\n \t", &r, &e) == 0, "trailing whitespace is fine");
+    ds4_request_free(&r);
+    CHECK(dec(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", &r, &e) == 400 &&
+          strstr(e.message, "NUL"), "escaped NUL refused");
+    const char raw_nul[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\0b\"}]}";
+    CHECK(ds4_request_decode(C, raw_nul, sizeof raw_nul - 1, &r, &e) == 400, "raw NUL refused");
+    CHECK(dec(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\\\u0000b\"}]}", &r, &e) == 0 &&
+          !strcmp(r.msgs[0].content, "a\\u0000b"), "escaped backslash + u0000 is text");
+    ds4_request_free(&r);
+    const char *bad[][2] = {{"temperature", "-0.5"}, {"top_p", "1.01"}, {"top_p", "-1"}, {"min_p", "2"}, {"top_k", "-1"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[200];
+        snprintf(body, sizeof body, "{\"messages\":[],\"%s\":%s}", bad[i][0], bad[i][1]);
+        CHECK(dec(C, body, &r, &e) == 400 && !strcmp(e.param, bad[i][0]) && strstr(e.message, bad[i][0]),
+              "%s=%s: 400 naming the field (%s)", bad[i][0], bad[i][1], e.message);
+    }
+    CHECK(dec(C, "{\"messages\":[],\"temperature\":0,\"top_p\":1,\"min_p\":0,\"top_k\":0}", &r, &e) == 0 &&
+          r.sampling.temperature == 0, "boundary values accepted");
+    ds4_request_free(&r);
+}
+
+/* The lower bound used to refuse oversized prompts before tokenizing. */
+static void test_text_bytes(void) {
+    ds4_request r;
+    ds4_req_error e;
+    int ids;
+    CHECK(dec(DS4_API_CHAT, "{\"messages\":[{\"role\":\"system\",\"content\":\"abc\"},"
+              "{\"role\":\"user\",\"content\":\"hello\"}],\"tools\":[{\"type\":\"function\","
+              "\"function\":{\"name\":\"f\"}}]}", &r, &e) == 0, "decode");
+    CHECK(ds4_request_text_bytes(&r, &ids) == 3 + 5 + strlen(r.tools[0].json) && ids == 0, "chat text bytes");
+    ds4_request_free(&r);
+    CHECK(dec(DS4_API_COMPLETIONS, "{\"prompt\":[\"ab\",\"abcdef\"]}", &r, &e) == 0, "decode");
+    CHECK(ds4_request_text_bytes(&r, &ids) == 6, "completions: the longest prompt");
+    ds4_request_free(&r);
+    CHECK(dec(DS4_API_COMPLETIONS, "{\"prompt\":[[1,2,3],[4]]}", &r, &e) == 0, "decode");
+    CHECK(ds4_request_text_bytes(&r, &ids) == 0 && ids == 3, "token-id prompts count ids");
+    ds4_request_free(&r);
+}
+
+/* Many tool calls in one message: all kept, in order (arrays grow geometrically). */
+static void test_many_tool_calls(void) {
+    ds4_buf b = {0};
+    ds4_buf_puts(&b, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[");
+    for (int i = 0; i < 5000; i++) {
+        char one[120];
+        snprintf(one, sizeof one, "%s{\"id\":\"c%d\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}",
+                 i ? "," : "", i);
+        ds4_buf_puts(&b, one);
+    }
+    ds4_buf_puts(&b, "]}]}");
+    ds4_request r;
+    ds4_req_error e;
+    CHECK(ds4_request_decode(DS4_API_CHAT, b.data, b.len, &r, &e) == 0, "decode: %s", e.message);
+    CHECK(r.n_msgs == 1 && r.msgs[0].n_tool_calls == 5000 && !strcmp(r.msgs[0].tool_calls[4999].id, "c4999") &&
+          !strcmp(r.msgs[0].tool_calls[1234].id, "c1234"), "5000 calls kept in order");
+    ds4_request_free(&r);
+    ds4_buf_free(&b);
+}
+
 int main(void) {
     test_thinking();
     test_chat();
     test_completions();
     test_responses();
     test_messages();
+    test_body_strictness();
+    test_text_bytes();
+    test_many_tool_calls();
     return check_done("test_request");
 }

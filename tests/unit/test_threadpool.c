@@ -2,11 +2,13 @@
  * valid thread index, with 1..4 threads, across many back-to-back runs (the
  * spin path), runs separated by sleeps (the condition-variable path) and a
  * run with more tasks than one published batch holds. */
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "check.h"
+
 #include "threadpool.h"
 
 #define MAX_TASKS 1000
@@ -98,9 +100,13 @@ int main(void) {
     CHECK(run_and_check(NULL, &c, 17), "NULL pool");
     CHECK(ds4_pool_threads(NULL) == 1, "NULL pool has one thread");
 
-    /* default size: online CPUs */
+    /* default size: physical cores, at most the CPUs we may run on */
+    cpu_set_t set;
+    CHECK(sched_getaffinity(0, sizeof set, &set) == 0, "affinity");
+    int cores = ds4_physical_cores();
+    CHECK(cores >= 1 && cores <= CPU_COUNT(&set), "physical cores %d, CPUs %d", cores, CPU_COUNT(&set));
     ds4_pool *def = ds4_pool_new(0);
-    CHECK(def && ds4_pool_threads(def) >= 1, "default pool");
+    CHECK(def && ds4_pool_threads(def) == cores, "default pool");
     if (def && ds4_pool_threads(def) <= 8) {
         c.n_threads = ds4_pool_threads(def);
         CHECK(run_and_check(def, &c, 100), "default pool run");

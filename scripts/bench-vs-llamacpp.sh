@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# bench-vs-llamacpp.sh -- DwarfStar and llama.cpp side by side on the identical
+# GGUF, interleaved (A B A B ...), printing min/median/max per engine and the
+# per-pair ratio. A benchmark: it prints and always exits 0 (a failed step is
+# reported as a line, never as a CI failure).
+#
+# llama.cpp comes from PyPI: the llama-cpp-python source distribution vendors a
+# pinned llama.cpp tree (with the deepseek4 architecture). Only llama-bench is
+# built, once, into a cache directory outside the repository. The model is the
+# Flash-shaped random file (ds4-make-model --preset flash --layers 4: Flash's
+# real per-layer shapes, random valid quantized blocks), made once and reused.
+#
+# Environment (defaults in brackets):
+#   DS4_BENCH_CACHE  cache dir [~/.cache/dwarfstar/bench-vs-llamacpp]
+#   MODEL            GGUF to use [$DS4_BENCH_CACHE/flash-4l-q2.gguf, made if missing]
+#   PAIRS            interleaved pairs per case [3]
+#   THREADS          thread counts [1 and all CPUs]
+#   DECODE_DEPTHS    decode cases: context depth before decoding [512 4096]
+#   PREFILLS         prefill cases: prompt lengths [512 2048]
+#   GEN              tokens decoded per decode run [32]
+#   ONLY             "check": only build llama-bench and check it loads MODEL
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${DS4_BENCH_CACHE:-$HOME/.cache/dwarfstar/bench-vs-llamacpp}
+MODEL=${MODEL:-$CACHE/flash-4l-q2.gguf}
+PAIRS=${PAIRS:-3}
+NCPU=$(nproc)
+THREADS=${THREADS:-$( [ "$NCPU" -gt 1 ] && echo "1 $NCPU" || echo 1 )}
+DECODE_DEPTHS=${DECODE_DEPTHS:-512 4096}
+PREFILLS=${PREFILLS:-512 2048}
+GEN=${GEN:-32}
+LLAMA_BENCH=$CACHE/llama.cpp-build/bin/llama-bench
+
+note() { echo "# $*"; }
+fail() { echo "# SKIPPED: $*"; exit 0; }
+mkdir -p "$CACHE" || fail "cannot create $CACHE"
+
+build_llamacpp() {
+    [ -x "$LLAMA_BENCH" ] && return 0
+    local src
+    src=$(ls -d "$CACHE"/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | head -1)
+    if [ -z "$src" ]; then
+        note "downloading the llama-cpp-python source distribution (vendored llama.cpp)"
+        (cd "$CACHE" && pip download --no-deps --no-binary :all: llama-cpp-python -d . >/dev/null) ||
+            return 1
+        (cd "$CACHE" && tar xzf llama_cpp_python-*.tar.gz) || return 1
+        src=$(ls -d "$CACHE"/llama_cpp_python-*/vendor/llama.cpp | head -1)
+    fi
+    command -v cmake >/dev/null || pip install cmake >/dev/null || return 1
+    note "building llama-bench from $src (CPU backend, native ISA)"
+    cmake -S "$src" -B "$CACHE/llama.cpp-build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF >"$CACHE/cmake.log" 2>&1 || return 1
+    nice cmake --build "$CACHE/llama.cpp-build" --target llama-bench -j "$NCPU" \
+        >"$CACHE/build.log" 2>&1 || return 1
+    [ -x "$LLAMA_BENCH" ]
+}
+
+make_model() {
+    [ -s "$MODEL" ] && return 0
+    note "making $MODEL (Flash shapes, 4 layers, q2 mix, random blocks)"
+    [ -x "$ROOT/ds4-make-model" ] || (cd "$ROOT" && make -j"$NCPU" ds4-make-model >/dev/null) || return 1
+    # with the repository's DeepSeek vocabulary: llama.cpp refuses a file without one
+    (cd "$ROOT" && ./ds4-make-model -o "$MODEL.tmp" --preset flash --layers 4 2>/dev/null) &&
+        mv "$MODEL.tmp" "$MODEL"
+}
+
+build_llamacpp || fail "could not build llama-bench (see $CACHE/*.log)"
+make_model || fail "could not make the model"
+[ -x "$ROOT/ds4-bench" ] || (cd "$ROOT" && make -j"$NCPU" ds4-bench >/dev/null) || fail "no ds4-bench"
+
+# Acceptance check: llama.cpp loads and runs the ds4-make-model file.
+if ! "$LLAMA_BENCH" -m "$MODEL" -p 0 -n 1 -r 1 -t "$NCPU" -o csv >"$CACHE/load-check.csv" \
+        2>"$CACHE/load-check.log"; then
+    tail -3 "$CACHE/load-check.log" | sed 's/^/# llama.cpp: /'
+    fail "llama.cpp does not load $MODEL"
+fi
+note "llama.cpp loads $(basename "$MODEL"): ok"
+[ "${ONLY:-}" = check ] && exit 0
+
+# One timed run; prints tokens/s. kind: pp (prefill N tokens from empty) or
+# tg (decode GEN tokens after a context of N tokens).
+run_ds4() {  # kind n threads
+    local start=$2 gen=0 col=2
+    [ "$1" = tg ] && { gen=$GEN; col=3; }
+    "$ROOT/ds4-bench" -m "$MODEL" -t "$3" --ctx-start "$start" --ctx-max "$start" --gen-tokens "$gen" \
+        2>/dev/null | awk -F, -v c=$col 'NR == 2 { print $c }'
+}
+run_llama() {  # kind n threads
+    local args
+    if [ "$1" = pp ]; then args=(-p "$2" -n 0 -b "$2"); else args=(-p 0 -n "$GEN" -d "$2"); fi
+    "$LLAMA_BENCH" -m "$MODEL" "${args[@]}" -t "$3" -r 1 -o csv 2>/dev/null |
+        python3 -c 'import csv, sys; r = list(csv.DictReader(sys.stdin)); print(r[-1]["avg_ts"] if r else "")'
+}
+
+stats() { python3 -c '
+import statistics, sys
+v = [float(x) for x in sys.argv[1:] if x]
+print("%7.2f %7.2f %7.2f" % (min(v), statistics.median(v), max(v)) if v else "    n/a     n/a     n/a")' "$@"; }
+
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(lscpu | sed -n 's/^Model name: *//p'), $NCPU CPUs; model $(basename "$MODEL")"
+echo "# llama.cpp: $(basename "$(ls -d "$CACHE"/llama_cpp_python-*/ | head -1)") vendored tree; pairs: $PAIRS, run order ds4, llama.cpp, ds4, ..."
+printf "%-24s %3s | %-23s | %-23s | %-23s\n" case thr "ds4 t/s min/med/max" "llama.cpp min/med/max" "ratio ds4/llama min/med/max"
+cases=()
+for d in $DECODE_DEPTHS; do cases+=("tg $d"); done
+for p in $PREFILLS; do cases+=("pp $p"); done
+for c in "${cases[@]}"; do
+    set -- $c
+    kind=$1 n=$2
+    for t in $THREADS; do
+        a=() b=() r=()
+        for ((i = 0; i < PAIRS; i++)); do
+            x=$(run_ds4 "$kind" "$n" "$t")
+            y=$(run_llama "$kind" "$n" "$t")
+            a+=("$x") b+=("$y")
+            [ -n "$x" ] && [ -n "$y" ] && r+=("$(python3 -c "print($x / $y)")")
+        done
+        label=$([ "$kind" = tg ] && echo "decode @ depth $n" || echo "prefill $n")
+        printf "%-24s %3s | %s | %s | %s\n" "$label" "$t" "$(stats "${a[@]}")" "$(stats "${b[@]}")" \
+            "$(stats "${r[@]}")"
+        note "pairs (ds4 llama.cpp): $(for ((i = 0; i < PAIRS; i++)); do printf '%s/%s ' "${a[i]:-?}" "${b[i]:-?}"; done)"
+    done
+done
+exit 0

@@ -1,0 +1,400 @@
+#include "loop.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dsml.h"
+#include "generate.h"
+#include "json_util.h"
+#include "tokenizer.h"
+
+#define DEFAULT_SYSTEM_PROMPT                                                                                   \
+    "You are ds4-agent, a coding agent working in the directory %s. Use the tools to read, search and change " \
+    "files and to run commands; prefer small exact edits with edit_file. When the task is done, answer briefly."
+
+struct ds4_agent {
+    ds4_agent_opts o;
+    const ds4_tokenizer *tok;
+    const ds4_special_ids *sp;
+    ds4_session *s;
+    ds4_sampler *smp;
+    ds4_token_ids pending;       /* tokens not yet in the KV state */
+    bool open_message;           /* the last assistant message has no EOS yet */
+    char id[DS4_AGENT_ID_HEX + 1];
+    uint64_t created;
+    ds4_agent_stats st;
+};
+
+static bool interrupted(const ds4_agent *a) { return a->o.interrupted && *a->o.interrupted; }
+
+ds4_agent *ds4_agent_new(const ds4_agent_opts *o, char *err, size_t errlen) {
+    ds4_agent *a = calloc(1, sizeof *a);
+    if (!a) { snprintf(err, errlen, "out of memory"); return NULL; }
+    a->o = *o;
+    a->tok = ds4_engine_tokenizer(o->engine);
+    if (!a->tok) { snprintf(err, errlen, "the model has no tokenizer"); free(a); return NULL; }
+    a->sp = ds4_tokenizer_specials(a->tok);
+    a->s = ds4_session_new(o->engine, o->ctx, err, errlen);
+    a->smp = a->s ? ds4_sampler_new(&o->sampling, ds4_engine_n_vocab(o->engine)) : NULL;
+    if (!a->smp) {
+        if (a->s) snprintf(err, errlen, "out of memory");
+        ds4_agent_free(a);
+        return NULL;
+    }
+    a->st.ctx = o->ctx;
+    return a;
+}
+
+void ds4_agent_free(ds4_agent *a) {
+    if (!a) return;
+    ds4_session_free(a->s);
+    ds4_sampler_free(a->smp);
+    ds4_token_ids_free(&a->pending);
+    free(a);
+}
+
+void ds4_agent_reset(ds4_agent *a) {
+    char err[256];
+    ds4_session_rewind(a->s, 0, err, sizeof err);
+    a->pending.n = 0;
+    a->open_message = false;
+    a->id[0] = 0;
+    a->created = 0;
+    a->st.prefilled = a->st.decoded = 0;
+    a->st.restored = a->st.last_prefill_from = a->st.last_prefill_n = 0;
+}
+
+void ds4_agent_set_think(ds4_agent *a, ds4_think_mode m) { a->o.think = m; }
+const char *ds4_agent_id(const ds4_agent *a) { return a->id; }
+const ds4_session *ds4_agent_session(const ds4_agent *a) { return a->s; }
+
+void ds4_agent_stats_get(const ds4_agent *a, ds4_agent_stats *st) {
+    *st = a->st;
+    st->n_tokens = ds4_session_n_tokens(a->s);
+    st->ctx = ds4_session_ctx(a->s);
+}
+
+/* ---- building the pending tokens ---- */
+
+static bool add_token(ds4_agent *a, int32_t id) {
+    if (a->pending.n == a->pending.cap) {
+        size_t cap = a->pending.cap ? a->pending.cap * 2 : 256;
+        int32_t *v = realloc(a->pending.v, cap * sizeof *v);
+        if (!v) return false;
+        a->pending.v = v;
+        a->pending.cap = cap;
+    }
+    a->pending.v[a->pending.n++] = id;
+    return true;
+}
+
+static bool add_text(ds4_agent *a, const char *s, size_t n, enum ds4_tok_specials specials) {
+    return ds4_tokenizer_encode(a->tok, s, n, specials, &a->pending) == 0;
+}
+
+static ds4_think_mode think_mode(const ds4_agent *a) { return ds4_chat_effective_think(a->o.think, ds4_session_ctx(a->s)); }
+
+/* BOS, tools block and system prompt: rendered by chat.c as for a
+ * conversation of just the system message. Our own text: chat specials. */
+static bool add_prefix(ds4_agent *a) {
+    int n_tools;
+    ds4_chat_opts co;
+    ds4_chat_opts_default(&co);
+    co.think = think_mode(a);
+    co.tools = ds4_agent_tool_defs(&n_tools);
+    co.n_tools = n_tools;
+    char sys[1200];
+    if (!a->o.system_prompt) snprintf(sys, sizeof sys, DEFAULT_SYSTEM_PROMPT, a->o.tools.root);
+    ds4_chat_msg m = {.role = DS4_ROLE_SYSTEM, .content = a->o.system_prompt ? a->o.system_prompt : sys};
+    ds4_buf text = {0};
+    char err[256];
+    bool ok = ds4_chat_render(&m, 1, &co, &text, err, sizeof err) && !text.oom &&
+              add_text(a, text.data, text.len, DS4_TOK_SPECIALS_CHAT);
+    ds4_buf_free(&text);
+    return ok;
+}
+
+static bool close_message(ds4_agent *a) {
+    if (!a->open_message) return true;
+    a->open_message = false;
+    return add_token(a, a->sp->eos);
+}
+
+static bool add_generation_prompt(ds4_agent *a) {
+    return add_token(a, a->sp->assistant) &&
+           add_token(a, think_mode(a) != DS4_THINK_NONE ? a->sp->think : a->sp->think_end);
+}
+
+/* ---- prefill ---- */
+
+static int on_progress(void *ud, int done, int total) {
+    ds4_agent *a = ud;
+    ds4_agent_display_progress(a->o.display, done, total);
+    return interrupted(a) ? 1 : 0;
+}
+
+/* Prefills the pending tokens. 0 done, 1 interrupted (session rewound to
+ * where it was, pending kept), -1 error. */
+static int prefill_pending(ds4_agent *a) {
+    int from = ds4_session_n_tokens(a->s), n = (int)a->pending.n;
+    if (n == 0) return 0;
+    if (from + n >= ds4_session_ctx(a->s)) {
+        ds4_agent_display_note(a->o.display, "context full: %d + %d tokens do not fit in %d (start with a larger --ctx, "
+                               "or /new)", from, n, ds4_session_ctx(a->s));
+        return -1;
+    }
+    char err[256];
+    ds4_agent_display_progress_begin(a->o.display);
+    int rc = ds4_session_prefill(a->s, a->pending.v, n, NULL, on_progress, a, err, sizeof err);
+    int done = ds4_session_n_tokens(a->s) - from;
+    ds4_agent_display_progress_end(a->o.display, done, rc == 1);
+    if (rc != 0) {
+        if (ds4_session_n_tokens(a->s) > from) ds4_session_rewind(a->s, from, err, sizeof err);
+        if (rc < 0) ds4_agent_display_note(a->o.display, "prefill failed: %s", err);
+        return rc < 0 ? -1 : 1;
+    }
+    a->st.prefilled += n;
+    a->st.last_prefill_from = from;
+    a->st.last_prefill_n = n;
+    if (a->o.trace) { fprintf(a->o.trace, "prefill from=%d n=%d\n", from, n); fflush(a->o.trace); }
+    a->pending.n = 0;
+    return 0;
+}
+
+/* ---- generation ---- */
+
+typedef struct {
+    char *name, *args;
+} call;
+
+typedef struct {
+    ds4_agent *a;
+    call *calls;
+    int n_calls, cap;
+    char *error;                 /* malformed DSML */
+    bool oom;
+} gen_state;
+
+static void on_event(void *ud, const ds4_dsml_event *ev) {
+    gen_state *g = ud;
+    ds4_agent_display *d = g->a->o.display;
+    switch (ev->kind) {
+    case DS4_DSML_EV_REASONING: ds4_agent_display_reasoning(d, ev->text, ev->len); break;
+    case DS4_DSML_EV_CONTENT: ds4_agent_display_answer(d, ev->text, ev->len); break;
+    case DS4_DSML_EV_CALL_END:
+        if (g->n_calls == g->cap) {
+            int cap = g->cap ? g->cap * 2 : 4;
+            call *c = realloc(g->calls, (size_t)cap * sizeof *c);
+            if (!c) { g->oom = true; return; }
+            g->calls = c;
+            g->cap = cap;
+        }
+        g->calls[g->n_calls].name = strdup(ev->name ? ev->name : "");
+        g->calls[g->n_calls].args = ev->args_valid ? strndup(ev->text, ev->len) : strdup("{}");
+        if (!g->calls[g->n_calls].name || !g->calls[g->n_calls].args) g->oom = true;
+        g->n_calls++;
+        break;
+    case DS4_DSML_EV_ERROR:
+        free(g->error);
+        g->error = strdup(ev->message ? ev->message : "malformed tool call");
+        if (!g->error) g->oom = true;
+        break;
+    default: break;
+    }
+}
+
+static void gen_free(gen_state *g) {
+    for (int i = 0; i < g->n_calls; i++) { free(g->calls[i].name); free(g->calls[i].args); }
+    free(g->calls);
+    free(g->error);
+}
+
+/* ds4_generate hooks: the DSML parser decides when a message ends and
+ * when sampling is protocol-greedy; the script, when there is one, forces
+ * every token (EOS after its last). */
+typedef struct {
+    ds4_agent *a;
+    ds4_dsml_parser *p;
+    const ds4_token_ids *scripted;
+} gen_hooks_state;
+
+static bool hook_cancelled(void *ud) { return interrupted(((gen_hooks_state *)ud)->a); }
+
+static int hook_forced(void *ud, int step) {
+    gen_hooks_state *h = ud;
+    if (!h->scripted) return -1;
+    return (size_t)step < h->scripted->n ? h->scripted->v[step] : h->a->sp->eos;
+}
+
+static bool hook_greedy(void *ud) { return ds4_dsml_in_structure(((gen_hooks_state *)ud)->p); }
+
+static bool hook_text(void *ud, const char *text, size_t len) {
+    gen_hooks_state *h = ud;
+    ds4_dsml_feed(h->p, text, len);
+    return ds4_dsml_done(h->p) || ds4_dsml_failed(h->p);
+}
+
+static void hook_decoded(void *ud) { ((gen_hooks_state *)ud)->a->st.decoded++; }
+
+/* Samples (or takes from the script) one assistant message into the
+ * session. 0 done, 1 interrupted, -1 error. */
+static int generate(ds4_agent *a, gen_state *g) {
+    ds4_token_ids scripted = {0};
+    bool have_script = false;
+    if (a->o.script) {
+        size_t len = 0;
+        const char *entry = ds4_agent_script_next(a->o.script, &len);
+        if (!entry) ds4_agent_display_note(a->o.display, "[scripted output exhausted: the model stops]");
+        /* what the model writes contains protocol tokens: chat specials on */
+        else if (ds4_tokenizer_encode(a->tok, entry, len, DS4_TOK_SPECIALS_CHAT, &scripted)) return -1;
+        have_script = true;
+    }
+    ds4_dsml_opts po = {.thinking = think_mode(a) != DS4_THINK_NONE, .tools = true, .decode_entities = true};
+    ds4_dsml_parser *p = ds4_dsml_new(&po, on_event, g);
+    if (!p) { ds4_token_ids_free(&scripted); return -1; }
+    gen_hooks_state hs = {a, p, have_script ? &scripted : NULL};
+    ds4_gen_hooks hooks = {.cancelled = hook_cancelled, .forced = hook_forced, .greedy = hook_greedy,
+                           .on_text = hook_text, .after_decode = hook_decoded, .ud = &hs};
+    char err[256];
+    int from = ds4_session_n_tokens(a->s), rc = 0;
+    ds4_gen_result r = ds4_generate(a->s, a->tok, a->smp, a->o.max_gen_tokens, &hooks, err, sizeof err);
+    if (r.end == DS4_GEN_CANCELLED) rc = 1;
+    /* an interrupted block is cut off by the user, not malformed */
+    else ds4_dsml_finish(p);
+    ds4_dsml_free(p);
+    ds4_token_ids_free(&scripted);
+    ds4_agent_display_end(a->o.display);
+    a->open_message = true;
+    if (a->o.trace) { fprintf(a->o.trace, "generate from=%d n=%d\n", from, ds4_session_n_tokens(a->s) - from); fflush(a->o.trace); }
+    if (r.end == DS4_GEN_ERROR) { ds4_agent_display_note(a->o.display, "decode failed: %s", err); rc = -1; }
+    if (r.end == DS4_GEN_CTX_FULL) {
+        /* the last token was shown but is not in the session: no calls from it */
+        ds4_agent_display_note(a->o.display, "context full (%d tokens): start a /new session or a larger --ctx",
+                               ds4_session_ctx(a->s));
+        rc = -1;
+    }
+    if (g->oom) return -1;
+    return rc;
+}
+
+/* Runs the calls and appends their results as one tool-result turn. */
+static int run_tools(ds4_agent *a, gen_state *g) {
+    ds4_buf results = {0};
+    int rc = 0;
+    if (g->error) {
+        ds4_buf msg = {0};
+        ds4_buf_puts(&msg, "error: malformed tool call (");
+        ds4_buf_puts(&msg, g->error);
+        ds4_buf_puts(&msg, "); nothing was run. Write the call again in the DSML tool_calls format.");
+        ds4_agent_display_tool_start(a->o.display, "(malformed tool call)", "");
+        ds4_agent_display_tool_end(a->o.display, g->error, NULL, 0);
+        ds4_chat_tool_result(msg.data ? msg.data : "", msg.len, DS4_CHAT_DS4, &results);
+        ds4_buf_free(&msg);
+    }
+    for (int i = 0; !g->error && i < g->n_calls; i++) {
+        ds4_agent_tool_result r;
+        ds4_agent_display_tool_start(a->o.display, g->calls[i].name, g->calls[i].args);
+        if (interrupted(a)) {
+            memset(&r, 0, sizeof r);
+            ds4_buf_puts(&r.text, "error: not run, the user interrupted");
+            snprintf(r.summary, sizeof r.summary, "skipped (interrupted)");
+        } else {
+            ds4_agent_tool_run(&a->o.tools, g->calls[i].name, g->calls[i].args, &r);
+        }
+        ds4_agent_display_tool_end(a->o.display, r.summary, r.display.data, r.display.len);
+        ds4_chat_tool_result(r.text.data ? r.text.data : "", r.text.len, DS4_CHAT_DS4, &results);
+        ds4_agent_tool_result_free(&r);
+    }
+    if (interrupted(a)) rc = 1;
+    /* tool output is client text: no specials, so a file cannot forge turns */
+    if (results.oom || !close_message(a) || !add_token(a, a->sp->user) ||
+        !add_text(a, results.data ? results.data : "", results.len, DS4_TOK_SPECIALS_NONE))
+        rc = -1;
+    ds4_buf_free(&results);
+    return rc;
+}
+
+int ds4_agent_turn(ds4_agent *a, const char *user_text) {
+    size_t pending_before = a->pending.n;
+    bool open_before = a->open_message;
+    bool fresh = ds4_session_n_tokens(a->s) == 0 && a->pending.n == 0;
+    if (fresh && !add_prefix(a)) { ds4_agent_display_note(a->o.display, "cannot render the system prompt"); return -1; }
+    if (!close_message(a) || !add_token(a, a->sp->user) || !add_text(a, user_text, strlen(user_text), DS4_TOK_SPECIALS_NONE) ||
+        !add_generation_prompt(a)) {
+        ds4_agent_display_note(a->o.display, "out of memory");
+        return -1;
+    }
+    int rc = prefill_pending(a);
+    if (rc != 0) {
+        /* the message was not taken: back to the state before it */
+        a->pending.n = pending_before;
+        a->open_message = open_before;
+        if (rc > 0) ds4_agent_display_note(a->o.display, "[interrupted: message not sent]");
+        return rc;
+    }
+    if (fresh && !a->id[0]) {
+        a->created = (uint64_t)time(NULL);
+        ds4_agent_session_id(user_text, a->created, a->id);
+    }
+    for (int step = 0;; step++) {
+        gen_state g = {.a = a};
+        rc = generate(a, &g);
+        if (rc == 0 && (g.n_calls > 0 || g.error)) {
+            rc = run_tools(a, &g);
+            if (rc == 0 && step + 1 >= a->o.max_steps) {
+                ds4_agent_display_note(a->o.display, "[%d tool rounds: stopping here; send a message to go on]", a->o.max_steps);
+                rc = 1;
+            }
+            if (rc == 0) {
+                if (!add_generation_prompt(a)) rc = -1;
+                else if ((rc = prefill_pending(a)) != 0) a->pending.n -= 2;   /* the results wait for the next message */
+            }
+            gen_free(&g);
+            if (rc == 0) continue;
+        } else {
+            gen_free(&g);
+        }
+        if (rc > 0) ds4_agent_display_note(a->o.display, "[interrupted]");
+        return rc;
+    }
+}
+
+/* ---- sessions ---- */
+
+int ds4_agent_save(ds4_agent *a, const char *dir, char *err, size_t errlen) {
+    if (!a->id[0]) { snprintf(err, errlen, "nothing to save yet"); return -1; }
+    return ds4_agent_store_save(dir, a->id, a->created, a->o.engine, a->s, err, errlen);
+}
+
+int ds4_agent_switch(ds4_agent *a, const char *dir, const char *id, char *err, size_t errlen) {
+    char *text = NULL;
+    size_t text_len = 0;
+    uint64_t created = 0;
+    bool stripped = false;
+    /* the payload loader leaves the session unchanged on error */
+    if (ds4_agent_store_load(dir, id, a->o.engine, a->s, &text, &text_len, &created, &stripped, err, errlen)) return -1;
+    a->pending.n = 0;
+    a->st.prefilled = a->st.decoded = 0;
+    a->st.last_prefill_from = a->st.last_prefill_n = 0;
+    a->st.restored = stripped ? 0 : ds4_session_n_tokens(a->s);
+    int rc = 0;
+    if (stripped) {
+        char e2[256];
+        ds4_session_rewind(a->s, 0, e2, sizeof e2);
+        /* the saved text is the rendered conversation: its markers are protocol */
+        if (!add_text(a, text, text_len, DS4_TOK_SPECIALS_CHAT)) { snprintf(err, errlen, "out of memory"); rc = -1; }
+        else rc = prefill_pending(a);
+        if (rc != 0) { a->pending.n = 0; ds4_session_rewind(a->s, 0, e2, sizeof e2); }
+        if (rc < 0) snprintf(err, errlen, "re-prefilling the saved text failed");
+        if (rc > 0) snprintf(err, errlen, "interrupted: the session is empty now");
+    }
+    free(text);
+    if (rc != 0) { a->id[0] = 0; a->open_message = false; return rc; }
+    int n = ds4_session_n_tokens(a->s);
+    /* every message ends after generation, and EOS is only ever prefilled */
+    a->open_message = n > 0 && ds4_session_tokens(a->s)[n - 1] != a->sp->eos;
+    snprintf(a->id, sizeof a->id, "%s", id);
+    a->created = created;
+    return 0;
+}

@@ -1,0 +1,95 @@
+/* agent/loop.h -- the ds4-agent conversation: one live engine session whose
+ * token list *is* the transcript, and the turn loop (prefill, generate,
+ * parse DSML tool calls as they stream, run the tools, append the results,
+ * generate again).
+ *
+ * Contract
+ * - The transcript is token-level and append-only: the first turn renders
+ *   BOS + the V4 tools block + the system prompt (chat.h, DS4 profile);
+ *   every later step appends only new tokens -- the EOS that closes the
+ *   previous assistant message, "<｜User｜>" + the user text, or the tool
+ *   results as "<｜User｜><tool_result>...</tool_result>..." (DS4 profile
+ *   escaping), then "<｜Assistant｜>" + "<think>" or "</think>". The sampled
+ *   tokens are decoded into the session as they are sampled and are never
+ *   re-rendered, so the KV state always holds exactly what the model wrote,
+ *   and the text equals ds4_chat_render of the same conversation.
+ * - Client text (user prompts, tool results, file contents) is tokenized
+ *   with specials off: typing "<｜User｜>" cannot forge a turn. Only the
+ *   template's own markers are special tokens.
+ * - A model message that ends in a complete tool-call block stops there;
+ *   the calls run in order and their results go back as one tool-result
+ *   turn. Malformed DSML becomes an error tool result and the model tries
+ *   again. Up to max_steps tool rounds per user turn.
+ * - Ctrl+C (*interrupted) stops prefill (the session is rewound to the
+ *   start of that prefill: the step did not happen), generation (the
+ *   message keeps what was written) or a running tool (its result says so
+ *   and is sent with the next user message). The session stays consistent.
+ * - Scripted mode: sampled tokens come from the script entry (tokenized
+ *   with chat specials) and are decoded one by one like sampled ones; the
+ *   prefill of everything else is real.
+ * - Counters: every token in the session was restored from a payload,
+ *   prefilled or decoded exactly once (restored + prefilled + decoded ==
+ *   n_tokens); the trace file gets one line per prefill and generation.
+ */
+#ifndef DS4_AGENT_LOOP_H
+#define DS4_AGENT_LOOP_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "chat.h"
+#include "engine.h"
+#include "sampler.h"
+#include "display.h"
+#include "script.h"
+#include "store.h"
+#include "tools.h"
+
+typedef struct {
+    ds4_engine *engine;
+    int ctx;
+    ds4_think_mode think;
+    ds4_sampler_params sampling;
+    int max_gen_tokens;              /* per assistant message */
+    int max_steps;                   /* tool rounds per user turn */
+    const char *system_prompt;       /* NULL: the built-in one */
+    ds4_agent_tools_opts tools;
+    ds4_agent_script *script;        /* NULL: sample from the model */
+    FILE *trace;                     /* may be NULL */
+    volatile sig_atomic_t *interrupted;
+    ds4_agent_display *display;
+} ds4_agent_opts;
+
+typedef struct ds4_agent ds4_agent;
+
+typedef struct {
+    int n_tokens, ctx;
+    long long prefilled, decoded;    /* since the last reset or switch */
+    int restored;                    /* tokens the last switch loaded from a payload */
+    int last_prefill_from, last_prefill_n;
+} ds4_agent_stats;
+
+ds4_agent *ds4_agent_new(const ds4_agent_opts *o, char *err, size_t errlen);
+void ds4_agent_free(ds4_agent *a);
+
+/* One user message and everything the model does until it answers.
+ * 0 done, 1 interrupted, -1 error (printed). */
+int ds4_agent_turn(ds4_agent *a, const char *user_text);
+/* Forget the conversation: empty session, a new id at the next prompt. */
+void ds4_agent_reset(ds4_agent *a);
+void ds4_agent_set_think(ds4_agent *a, ds4_think_mode m);
+
+/* "" until the first user message. */
+const char *ds4_agent_id(const ds4_agent *a);
+void ds4_agent_stats_get(const ds4_agent *a, ds4_agent_stats *st);
+const ds4_session *ds4_agent_session(const ds4_agent *a);
+
+int ds4_agent_save(ds4_agent *a, const char *dir, char *err, size_t errlen);
+/* Replaces the conversation with a saved one: a full session resumes from
+ * its payload, a stripped one re-prefills its text (progress bar, Ctrl+C
+ * leaves an empty session). 0, 1 interrupted, -1 err. */
+int ds4_agent_switch(ds4_agent *a, const char *dir, const char *id, char *err, size_t errlen);
+
+#endif

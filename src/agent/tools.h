@@ -1,0 +1,68 @@
+/* agent/tools.h -- the coding agent's tools: their declarations for the V4
+ * tools block and their execution inside one working directory.
+ *
+ * Contract
+ * - ds4_agent_tool_defs() lists read_file, write_file, edit_file, list_dir,
+ *   glob, grep and bash with JSON-schema parameters (static storage).
+ * - ds4_agent_tool_run() executes one call given its name and arguments JSON
+ *   text (as the DSML parser produced it). It never aborts: unknown tools,
+ *   bad arguments, I/O errors, refusals, timeouts all become a result with
+ *   ok = false and a one-line explanation the model can act on.
+ * - Paths are resolved against the working directory with realpath(3)
+ *   (symlinks included; for a file that does not exist yet, its parent).
+ *   A path that resolves outside the root is refused unless confirm() says
+ *   yes -- also with auto_yes, which only skips the bash confirmation.
+ * - read_file: optional 1-based inclusive line range; a file over read_cap
+ *   bytes is refused unless a range is given, and output is capped at
+ *   read_cap either way. edit_file: old_string must occur exactly once; the
+ *   result's display holds a -/+ diff of the changed lines. grep: PCRE2
+ *   pattern over regular text files under a path (.git skipped, files with
+ *   NUL bytes skipped), at most max_results lines. glob: fnmatch(3) over the
+ *   paths under the root relative to it, or over basenames when the pattern
+ *   has no '/'.
+ * - bash: /bin/sh -c in the root, in its own process group, stdin from
+ *   /dev/null, stdout+stderr captured up to output_cap bytes; after
+ *   bash_timeout_s seconds or when *interrupted becomes nonzero the whole
+ *   group is killed and the result says so. Needs confirm() unless auto_yes.
+ * - Results end up in the model's context, so every output is bounded.
+ */
+#ifndef DS4_AGENT_TOOLS_H
+#define DS4_AGENT_TOOLS_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "chat.h"
+#include "json_util.h"
+
+typedef bool (*ds4_agent_confirm_fn)(void *ud, const char *question);
+
+typedef struct {
+    const char *root;               /* absolute, already realpath'ed */
+    bool auto_yes;                  /* bash runs without asking */
+    int bash_timeout_s;
+    size_t read_cap;
+    size_t output_cap;
+    int max_results;
+    ds4_agent_confirm_fn confirm;   /* NULL: every question is answered no */
+    void *confirm_ud;
+    volatile sig_atomic_t *interrupted;  /* may be NULL */
+} ds4_agent_tools_opts;
+
+/* 30 s, 256 KiB read cap, 64 KiB output cap, 200 results, no confirm. */
+void ds4_agent_tools_opts_default(ds4_agent_tools_opts *o, const char *root);
+
+typedef struct {
+    bool ok;
+    ds4_buf text;          /* what the model receives */
+    ds4_buf display;       /* extra lines for the user (edit diffs); may be empty */
+    char summary[200];     /* one line for the user */
+} ds4_agent_tool_result;
+
+const ds4_tool_def *ds4_agent_tool_defs(int *n);
+void ds4_agent_tool_run(const ds4_agent_tools_opts *o, const char *name, const char *args_json,
+                        ds4_agent_tool_result *r);
+void ds4_agent_tool_result_free(ds4_agent_tool_result *r);
+
+#endif

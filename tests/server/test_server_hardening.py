@@ -1,0 +1,356 @@
+"""Regression tests for the server defects of issue 9 (section 2), one
+function per defect, each named after what it guards. Raw sockets where the
+bytes on the wire matter, the official SDKs where the client convention does.
+Every wait is bounded and short (seconds)."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+import anthropic
+import openai
+
+from server_helper import MODEL, ROOT, SERVER, Results, Server, demo_model_or_skip, free_port
+
+NAME = "test_server_hardening"
+JSON = {"Content-Type": "application/json"}
+
+
+def raw(port, data, timeout=20, src="127.0.0.1", responses=1):
+    """Sends data, reads until `responses` complete Content-Length responses
+    (or EOF); returns the bytes."""
+    s = socket.socket()
+    s.settimeout(timeout)
+    s.bind((src, 0))
+    s.connect(("127.0.0.1", port))
+    s.sendall(data)
+    out = b""
+    try:
+        while len(split_responses(out)) < responses:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+    except OSError:
+        pass
+    s.close()
+    return out
+
+
+def split_responses(buf):
+    """Complete Content-Length responses in buf: [(status, headers, body)]."""
+    got = []
+    while True:
+        head, sep, rest = buf.partition(b"\r\n\r\n")
+        if not sep:
+            return got
+        lines = head.split(b"\r\n")
+        headers = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(b":")
+            headers[k.strip().lower().decode()] = v.strip().decode()
+        n = int(headers.get("content-length", "0"))
+        if len(rest) < n:
+            return got
+        got.append((int(lines[0].split()[1]), headers, rest[:n]))
+        buf = rest[n:]
+
+
+def vm_hwm(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def openai_error(body, param=None):
+    try:
+        e = json.loads(body)["error"]
+        return e["type"] == "invalid_request_error" and (param is None or e["param"] == param)
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def anthropic_error(body, etype="invalid_request_error"):
+    try:
+        o = json.loads(body)
+        return o["type"] == "error" and o["error"]["type"] == etype
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def tool_call_memory_is_linear(t, srv):
+    """Defect 1: 10k tool calls in one request used to cost O(n^2) memory."""
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+             for i in range(10000)]
+    body = json.dumps({"max_tokens": 1, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": calls},
+        {"role": "user", "content": "go"}]}).encode()
+    before = vm_hwm(srv.proc.pid)
+    st, _, _ = srv.request("POST", "/v1/chat/completions", body)
+    grew = vm_hwm(srv.proc.pid) - before
+    t.check(st == 400, f"10k-call body over the context is refused, got {st}")
+    t.check(grew < 32 * len(body), f"peak RSS grew {grew} bytes for a {len(body)}-byte body (limit 32x)")
+
+
+def oversized_prompt_refused_before_tokenizing(t, srv):
+    """Defect 3: a prompt whose text alone exceeds the context is refused
+    before it is rendered, queued or tokenized (tokenizing 60 MB took 79 s
+    and 1.9 GB)."""
+    text = "lorem ipsum dolor sit amet " * 600000   # 16 MB, far over a 2048-token context
+    for path, body, check in (
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}, lambda b: openai_error(b, "messages")),
+            ("/v1/messages", {"max_tokens": 1, "messages": [{"role": "user", "content": text}]}, anthropic_error),
+            ("/v1/completions", {"prompt": text, "max_tokens": 1}, lambda b: openai_error(b, "prompt"))):
+        data = json.dumps(body).encode()
+        before = vm_hwm(srv.proc.pid)
+        st, _, b = srv.request("POST", path, data)
+        grew = vm_hwm(srv.proc.pid) - before
+        t.check(st == 400 and check(b) and (b"context" in b or b"too long" in b), f"{path}: oversized 400: {st} {b[:150]}")
+        t.check(grew < 8 * len(data), f"{path}: peak RSS grew {grew} for a {len(data)}-byte body (limit 8x)")
+    n = srv.trace_text().count("refused before tokenizing")
+    t.check(n == 3, f"refused on the connection thread ({n} of 3)")
+
+
+def slow_senders_cannot_lock_out(t):
+    """Defect 2: a request must arrive within its total deadline, and one
+    address cannot take every connection."""
+    srv = Server("--request-timeout", "2", "--max-client-connections", "4")
+    try:
+        stop = threading.Event()
+        socks = []
+        for _ in range(4):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n")
+            socks.append(s)
+
+        def trickle():
+            # one byte every 0.5 s: each read succeeds, only the total deadline ends it
+            while not stop.wait(0.5):
+                for s in socks:
+                    try:
+                        s.sendall(b"X")
+                    except OSError:
+                        pass
+
+        th = threading.Thread(target=trickle)
+        th.start()
+        time.sleep(0.5)
+        out = raw(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        t.check(out.startswith(b"HTTP/1.1 503"), f"a 5th connection from the same address is refused: {out[:40]}")
+        got = split_responses(raw(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", src="127.0.0.2"))
+        t.check(got and got[0][0] == 200, "another address is served while one address is at its cap")
+        # the trickling requests end at their 2 s deadline with 408
+        answers = []
+        for s in socks:
+            s.settimeout(6)
+            try:
+                answers.append(s.recv(200))
+            except OSError:
+                answers.append(b"")
+        stop.set()
+        th.join()
+        t.check(all(a.startswith(b"HTTP/1.1 408") for a in answers),
+                f"slow senders time out on the total deadline: {[a[:20] for a in answers]}")
+        for s in socks:
+            s.close()
+        time.sleep(0.3)
+        got = split_responses(raw(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
+        t.check(got and got[0][0] == 200, "the address is served again once its slow connections are gone")
+    finally:
+        srv.stop()
+
+
+def nul_text_is_refused(t, srv):
+    """Defect 4: text with a NUL character is refused, never cut short."""
+    for path, body in (("/v1/chat/completions", '{"max_tokens":1,"messages":[{"role":"user","content":"a\\u0000b"}]}'),
+                       ("/v1/completions", '{"max_tokens":1,"prompt":"a\\u0000b"}'),
+                       ("/v1/messages", '{"max_tokens":1,"messages":[{"role":"user","content":"a\\u0000b"}]}'),
+                       ("/tokenize", '{"prompt":"a\\u0000b"}')):
+        st, _, b = srv.request("POST", path, body.encode())
+        t.check(st == 400 and b"NUL" in b, f"{path}: \\u0000 in text gives 400, got {st} {b[:120]}")
+    # an escaped backslash before "u0000" is ordinary text
+    st, _, b = srv.request("POST", "/tokenize", b'{"prompt":"a\\\\u0000b"}')
+    t.check(st == 200, f"escaped backslash + u0000 is text: {st} {b[:120]}")
+
+
+def http10_keep_alive_post_keeps_connection(t, srv):
+    """Defect 5: an HTTP/1.0 keep-alive POST is answered and the pipelined
+    follow-up on the same connection is answered too."""
+    body = b'{"max_tokens":1,"messages":[{"role":"user","content":"hello"}]}'
+    req = (b"POST /v1/chat/completions HTTP/1.0\r\nConnection: keep-alive\r\nContent-Type: application/json\r\n"
+           b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = split_responses(raw(srv.port, req + req, responses=2))
+    t.check(len(got) == 2 and all(g[0] == 200 for g in got),
+            f"two pipelined HTTP/1.0 keep-alive POSTs get two answers: {[g[0] for g in got]}")
+    t.check(got and got[0][1].get("connection") == "keep-alive", "the first answer says keep-alive")
+
+
+def invalid_values_are_400_in_family_shape(t, srv):
+    """Defect 6: sampling ranges, trailing bytes, tokenizer routes."""
+    msgs = [{"role": "user", "content": "x"}]
+    for field, value in (("temperature", -1), ("top_p", -0.1), ("top_p", 1.5), ("min_p", 1.5), ("top_k", -3)):
+        st, _, b = srv.request("POST", "/v1/chat/completions", {"messages": msgs, field: value, "max_tokens": 1})
+        t.check(st == 400 and openai_error(b, field), f"chat {field}={value}: 400 naming it, got {st} {b[:160]}")
+    st, _, b = srv.request("POST", "/v1/messages", {"messages": msgs, "max_tokens": 1, "temperature": -0.5})
+    t.check(st == 400 and anthropic_error(b) and b"temperature" in b, f"messages temperature<0: {st} {b[:160]}")
+    st, _, b = srv.request("POST", "/v1/responses", {"input": "x", "top_p": 2})
+    t.check(st == 400 and openai_error(b, "top_p"), f"responses top_p>1: {st} {b[:160]}")
+    st, _, b = srv.request("POST", "/v1/chat/completions", {"messages": msgs, "temperature": 0, "max_tokens": 1})
+    t.check(st == 200, f"temperature 0 stays valid (greedy): {st}")
+    st, _, b = srv.request("POST", "/v1/chat/completions",
+                           json.dumps({"messages": msgs, "max_tokens": 1}).encode() + b' {"x":1}')
+    t.check(st == 400 and openai_error(b) and b"after the JSON" in b, f"trailing bytes: {st} {b[:160]}")
+    st, _, b = srv.request("POST", "/v1/chat/completions", json.dumps({"messages": msgs, "max_tokens": 1}).encode() + b"\n ")
+    t.check(st == 200, f"trailing whitespace is fine: {st}")
+    for body in (b"[1,2]", b'{"prompt":5}', b"not json", b'{"prompt":"a","add_special_tokens":"yes"}'):
+        st, _, b = srv.request("POST", "/tokenize", body)
+        t.check(st == 400, f"/tokenize {body!r}: 400, got {st}")
+    for tokens in ([1e300], [-1], [1.5], ["a"], "abc", [10**9]):
+        st, _, b = srv.request("POST", "/detokenize", {"tokens": tokens})
+        t.check(st == 400 and b"tokens" in b, f"/detokenize {tokens!r}: 400, got {st} {b[:120]}")
+    st, _, b = srv.request("POST", "/tokenize", {"prompt": "hello world"})
+    ids = json.loads(b)["tokens"] if st == 200 else []
+    st, _, b = srv.request("POST", "/detokenize", {"tokens": ids})
+    t.check(st == 200 and json.loads(b)["prompt"] == "hello world", f"tokenize/detokenize round trip: {st} {b[:80]}")
+
+
+def rejected_prompt_keeps_live_session(t):
+    """Defect 8: an over-long prompt whose prefix is in the disk cache used to
+    restore that checkpoint (replacing the live session) before the context
+    check rejected it."""
+    d = tempfile.mkdtemp(prefix="ds4-kv-")
+    srv = Server("--kv-disk-dir", d, "--kv-cache-min-tokens", "16", "--kv-cache-boundary-align-tokens", "16",
+                 "--kv-cache-boundary-trim-tokens", "4", ctx=512)
+    try:
+        doc = "The quick brown fox jumps over the lazy dog while the cat watches. " * 8
+        a = [{"role": "user", "content": doc}]
+        st, _, _ = srv.request("POST", "/v1/chat/completions", {"messages": a, "max_tokens": 1, "temperature": 0})
+        t.check(st == 200 and "kv-disk: saved" in srv.trace_text(), f"conversation A is cached on disk ({st})")
+        b = [{"role": "user", "content": "A different conversation about rivers and mountains, " * 4}]
+        st, _, body = srv.request("POST", "/v1/chat/completions", {"messages": b, "max_tokens": 1, "temperature": 0})
+        t.check(st == 200, f"conversation B runs ({st})")
+        hits = srv.trace_text().count("kv-disk: hit")
+        huge = [{"role": "user", "content": doc + "overflow " * 600}]
+        st, _, body = srv.request("POST", "/v1/chat/completions", {"messages": huge, "max_tokens": 1})
+        t.check(st == 400 and b"context" in body, f"the over-long prompt is rejected: {st} {body[:100]}")
+        t.check(srv.trace_text().count("kv-disk: hit") == hits, "the rejected prompt restored nothing from disk")
+        st, _, body = srv.request("POST", "/v1/chat/completions", {"messages": b, "max_tokens": 1, "temperature": 0})
+        cached = json.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"] if st == 200 else -1
+        t.check(cached > 0 and srv.trace_text().count("kv-disk: hit") == hits,
+                f"B continues on the live session afterwards (cached {cached})")
+    finally:
+        srv.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def fifo_model_path_is_refused(t):
+    """Defect 9: -m on a FIFO used to block forever in open()."""
+    d = tempfile.mkdtemp(prefix="ds4-fifo-")
+    fifo = os.path.join(d, "model.gguf")
+    os.mkfifo(fifo)
+    try:
+        r = subprocess.run([SERVER, "-m", fifo, "--port", str(free_port())], capture_output=True, text=True,
+                           timeout=20, cwd=ROOT)
+        t.check(r.returncode != 0 and "not a regular file" in r.stderr, f"FIFO model refused: {r.stderr[-200:]}")
+    except subprocess.TimeoutExpired:
+        t.check(False, "ds4-server -m FIFO blocked")
+    finally:
+        os.unlink(fifo)
+        os.rmdir(d)
+
+
+def api_key_is_required_everywhere(t):
+    """Defect 10: --api-key / DS4_API_KEY with both SDK conventions, Host and
+    Content-Type checks, and no unauthenticated non-loopback start."""
+    r = subprocess.run([SERVER, "-m", MODEL, "--host", "0.0.0.0", "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=20, cwd=ROOT, env={**os.environ, "DS4_API_KEY": ""})
+    t.check(r.returncode == 2 and "--api-key" in r.stderr, f"non-loopback host without a key refused: {r.stderr[-200:]}")
+    srv = Server("--api-key", "sekrit")
+    try:
+        base = srv.base + "/v1"
+        bad = openai.OpenAI(base_url=base, api_key="wrong", max_retries=0)
+        try:
+            bad.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+            t.check(False, "openai with a wrong key must fail")
+        except openai.AuthenticationError as e:
+            t.check(e.status_code == 401 and e.body.get("code") == "invalid_api_key", f"openai 401 shape: {e.body}")
+        good = openai.OpenAI(base_url=base, api_key="sekrit", max_retries=0)
+        r1 = good.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+        t.check(r1.choices[0].finish_reason in ("stop", "length"), "openai with the key is served")
+        t.check(len(good.models.list().data) == 2, "models needs (and accepts) the key")
+        abad = anthropic.Anthropic(base_url=srv.base, api_key="wrong", max_retries=0)
+        try:
+            abad.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "x"}])
+            t.check(False, "anthropic with a wrong key must fail")
+        except anthropic.AuthenticationError as e:
+            t.check(e.status_code == 401 and e.body["error"]["type"] == "authentication_error", f"anthropic 401: {e.body}")
+        agood = anthropic.Anthropic(base_url=srv.base, api_key="sekrit", max_retries=0)
+        m = agood.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "x"}])
+        t.check(m.stop_reason in ("end_turn", "max_tokens"), "anthropic with the key is served")
+        for path, hdr in (("/tokenize", {}), ("/v1/models", {"Authorization": "Bearer sekri"}),
+                          ("/v1/models", {"x-api-key": "sekrit-longer"})):
+            st, _, _ = srv.request("POST" if path == "/tokenize" else "GET", path,
+                                   {"prompt": "x"} if path == "/tokenize" else None, hdr)
+            t.check(st == 401, f"{path} {hdr}: 401, got {st}")
+        st, _, _ = srv.request("GET", "/health")
+        t.check(st == 200, "/health needs no key")
+        auth = {"Authorization": "Bearer sekrit"}
+        st, _, b = srv.request("GET", "/v1/models", None, {**auth, "Host": "evil.example:8000"})
+        t.check(st == 403, f"a foreign Host is refused on loopback (DNS rebinding): {st}")
+        for host in (f"localhost:{srv.port}", f"127.0.0.1:{srv.port}", f"[::1]:{srv.port}"):
+            st, _, _ = srv.request("GET", "/v1/models", None, {**auth, "Host": host})
+            t.check(st == 200, f"Host {host} is served: {st}")
+        st, _, b = srv.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]},
+                               {**auth, "Content-Type": "text/plain"})
+        t.check(st == 415 and openai_error(b), f"text/plain POST is refused: {st} {b[:100]}")
+        st, _, b = srv.request("POST", "/v1/messages", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
+                               {**auth, "Content-Type": "application/x-www-form-urlencoded"})
+        t.check(st == 415 and anthropic_error(b), f"form POST is refused in the Anthropic shape: {st} {b[:100]}")
+        st, _, _ = srv.request("POST", "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "x"}]},
+                               {**auth, "Content-Type": "application/json; charset=utf-8"})
+        t.check(st == 200, f"application/json with parameters is accepted: {st}")
+    finally:
+        srv.stop()
+    os.environ["DS4_API_KEY"] = "fromenv"
+    try:
+        srv = Server()
+    finally:
+        del os.environ["DS4_API_KEY"]
+    try:
+        st, _, _ = srv.request("POST", "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "x"}]})
+        t.check(st == 401, f"DS4_API_KEY is enforced: {st}")
+        st, _, _ = srv.request("POST", "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "x"}]},
+                               {"x-api-key": "fromenv"})
+        t.check(st == 200, f"DS4_API_KEY accepted through x-api-key: {st}")
+    finally:
+        srv.stop()
+
+
+def main():
+    demo_model_or_skip(NAME)
+    t = Results(NAME)
+    srv = Server()
+    try:
+        tool_call_memory_is_linear(t, srv)
+        nul_text_is_refused(t, srv)
+        http10_keep_alive_post_keeps_connection(t, srv)
+        invalid_values_are_400_in_family_shape(t, srv)
+        oversized_prompt_refused_before_tokenizing(t, srv)
+        t.check(srv.alive(), "server survived")
+    finally:
+        srv.stop()
+    slow_senders_cannot_lock_out(t)
+    rejected_prompt_keeps_live_session(t)
+    fifo_model_path_is_refused(t)
+    api_key_is_required_everywhere(t)
+    t.done()
+
+
+if __name__ == "__main__":
+    main()

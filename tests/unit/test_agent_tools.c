@@ -1,0 +1,193 @@
+/* The agent's tools against a scratch tree: results are checked against the
+ * files on disk (the independent truth), refusals against the rules of
+ * agent/tools.h. Also the scripted-output file format. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent/script.h"
+#include "agent/tools.h"
+#include "check.h"
+
+static char root[PATH_MAX];
+static int asked;
+static bool answer;
+
+static bool confirm(void *ud, const char *q) {
+    (void)ud;
+    (void)q;
+    asked++;
+    return answer;
+}
+
+static void put(const char *rel, const char *text) {
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/%s", root, rel);
+    FILE *f = fopen(p, "w");
+    fputs(text, f);
+    fclose(f);
+}
+
+static char *get(const char *rel) {
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/%s", root, rel);
+    return ds4_read_file(p, NULL);
+}
+
+/* Runs one call; returns the result text (static, valid until the next run). */
+static const char *run(const ds4_agent_tools_opts *o, const char *name, const char *args, bool *ok) {
+    static ds4_agent_tool_result r;
+    static bool have;
+    if (have) ds4_agent_tool_result_free(&r);
+    ds4_agent_tool_run(o, name, args, &r);
+    have = true;
+    *ok = r.ok;
+    return r.text.data ? r.text.data : "";
+}
+
+int main(void) {
+    char tmpl[] = "/tmp/ds4-agent-tools-XXXXXX";
+    if (!mkdtemp(tmpl) || !realpath(tmpl, root)) { perror("mkdtemp"); return 1; }
+    ds4_agent_tools_opts o;
+    ds4_agent_tools_opts_default(&o, root);
+    o.confirm = confirm;
+    o.bash_timeout_s = 1;
+    bool ok;
+    const char *t;
+
+    put("a.txt", "one\ntwo\nthree\nfour\n");
+    t = run(&o, "read_file", "{\"path\":\"a.txt\"}", &ok);
+    CHECK(ok && !strcmp(t, "one\ntwo\nthree\nfour\n"), "whole file: %s", t);
+    t = run(&o, "read_file", "{\"path\":\"a.txt\",\"start_line\":2,\"end_line\":3}", &ok);
+    CHECK(ok && !strcmp(t, "two\nthree\n"), "range: %s", t);
+    t = run(&o, "read_file", "{\"path\":\"a.txt\",\"start_line\":\"3\"}", &ok);
+    CHECK(ok && !strcmp(t, "three\nfour\n"), "quoted start: %s", t);
+    t = run(&o, "read_file", "{\"path\":\"a.txt\",\"start_line\":9}", &ok);
+    CHECK(!ok && strstr(t, "past the end"), "past the end: %s", t);
+    t = run(&o, "read_file", "{\"path\":\"a.txt\",\"start_line\":3,\"end_line\":1}", &ok);
+    CHECK(!ok && strstr(t, "start_line"), "bad range: %s", t);
+    t = run(&o, "read_file", "{\"path\":\"missing.txt\"}", &ok);
+    CHECK(!ok && strstr(t, "No such file"), "missing: %s", t);
+
+    /* a file over the cap: refused whole, readable by range, output capped */
+    o.read_cap = 1000;
+    char *big = malloc(20001);
+    for (int i = 0; i < 20000; i++) big[i] = (i % 50 == 49) ? '\n' : 'x';
+    big[20000] = 0;
+    put("big.txt", big);
+    free(big);
+    t = run(&o, "read_file", "{\"path\":\"big.txt\"}", &ok);
+    CHECK(!ok && strstr(t, "over the 1000-byte cap"), "cap: %s", t);
+    t = run(&o, "read_file", "{\"path\":\"big.txt\",\"start_line\":1,\"end_line\":2}", &ok);
+    CHECK(ok && strlen(t) == 100, "range of a big file: %zu bytes", strlen(t));
+    t = run(&o, "read_file", "{\"path\":\"big.txt\",\"start_line\":1}", &ok);
+    CHECK(ok && strstr(t, "[truncated at 1000 bytes after line 20;"), "open range truncated: %s", t + (strlen(t) > 80 ? strlen(t) - 80 : 0));
+    o.read_cap = 256u << 10;
+
+    /* write + edit with the unique-match rule */
+    t = run(&o, "write_file", "{\"path\":\"b.c\",\"content\":\"int x = 1;\\nint y = 1;\\n\"}", &ok);
+    char *b = get("b.c");
+    CHECK(ok && b && !strcmp(b, "int x = 1;\nint y = 1;\n"), "write: %s", t);
+    free(b);
+    t = run(&o, "edit_file", "{\"path\":\"b.c\",\"old_string\":\" = 1;\",\"new_string\":\" = 2;\"}", &ok);
+    CHECK(!ok && strstr(t, "occurs 2 times"), "ambiguous edit refused: %s", t);
+    t = run(&o, "edit_file", "{\"path\":\"b.c\",\"old_string\":\"nope\",\"new_string\":\"x\"}", &ok);
+    CHECK(!ok && strstr(t, "not found"), "missing text: %s", t);
+    ds4_agent_tool_result r;
+    ds4_agent_tool_run(&o, "edit_file", "{\"path\":\"b.c\",\"old_string\":\"int y = 1;\",\"new_string\":\"int y = 2;\\nint z = 3;\"}", &r);
+    b = get("b.c");
+    CHECK(r.ok && b && !strcmp(b, "int x = 1;\nint y = 2;\nint z = 3;\n"), "edit applied: %s", b ? b : "(null)");
+    CHECK(r.display.data && !strcmp(r.display.data, "@@ b.c:2\n-int y = 1;\n+int y = 2;\n+int z = 3;\n"),
+          "diff: %s", r.display.data ? r.display.data : "(none)");
+    free(b);
+    ds4_agent_tool_result_free(&r);
+    ds4_agent_tool_run(&o, "edit_file", "{\"path\":\"b.c\",\"old_string\":\"x = 1\",\"new_string\":\"x = 0\"}", &r);
+    CHECK(r.ok && r.display.data && !strcmp(r.display.data, "@@ b.c:1\n-int x = 1;\n+int x = 0;\n"),
+          "a diff shows whole lines: %s", r.display.data ? r.display.data : "(none)");
+    ds4_agent_tool_result_free(&r);
+
+    /* list, glob, grep */
+    char sub[PATH_MAX + 8];
+    snprintf(sub, sizeof sub, "%s/sub", root);
+    CHECK(mkdir(sub, 0700) == 0, "mkdir sub");
+    put("sub/c.c", "// TODO: fix\nint main(void) { return 0; }\n");
+    t = run(&o, "list_dir", "{}", &ok);
+    CHECK(ok && !strcmp(t, "a.txt\nb.c\nbig.txt\nsub/\n"), "list: %s", t);
+    t = run(&o, "glob", "{\"pattern\":\"*.c\"}", &ok);
+    CHECK(ok && !strcmp(t, "b.c\nsub/c.c\n"), "glob basenames: %s", t);
+    t = run(&o, "glob", "{\"pattern\":\"sub/*\"}", &ok);
+    CHECK(ok && !strcmp(t, "sub/c.c\n"), "glob path: %s", t);
+    t = run(&o, "grep", "{\"pattern\":\"TODO|int z\"}", &ok);
+    CHECK(ok && !strcmp(t, "b.c:3:int z = 3;\nsub/c.c:1:// TODO: fix\n"), "grep: %s", t);
+    t = run(&o, "grep", "{\"pattern\":\"(unclosed\"}", &ok);
+    CHECK(!ok && strstr(t, "bad regular expression"), "bad regex: %s", t);
+    o.max_results = 3;
+    t = run(&o, "grep", "{\"pattern\":\"x\",\"path\":\"big.txt\"}", &ok);
+    CHECK(ok && strstr(t, "[stopped after 3 matches]"), "grep cap: %s", t);
+    o.max_results = 200;
+
+    /* outside the root: refused unless confirmed, symlinks resolved */
+    char link[PATH_MAX + 16];
+    snprintf(link, sizeof link, "%s/escape", root);
+    CHECK(symlink("/etc", link) == 0, "symlink");
+    answer = false;
+    asked = 0;
+    t = run(&o, "read_file", "{\"path\":\"/etc/passwd\"}", &ok);
+    CHECK(!ok && strstr(t, "outside the working directory") && asked == 1, "absolute outside: %s", t);
+    t = run(&o, "read_file", "{\"path\":\"escape/passwd\"}", &ok);
+    CHECK(!ok && strstr(t, "outside the working directory"), "symlink escape: %s", t);
+    t = run(&o, "write_file", "{\"path\":\"../ds4-agent-evil.txt\",\"content\":\"x\"}", &ok);
+    CHECK(!ok && strstr(t, "outside the working directory"), "dot-dot write: %s", t);
+    answer = true;
+    t = run(&o, "list_dir", "{\"path\":\"escape\"}", &ok);
+    CHECK(ok, "confirmed outside access: %s", t);
+
+    /* bash: confirmation, output, status, timeout, output cap */
+    answer = false;
+    t = run(&o, "bash", "{\"command\":\"echo hi\"}", &ok);
+    CHECK(!ok && strstr(t, "declined"), "bash needs confirmation: %s", t);
+    o.auto_yes = true;
+    t = run(&o, "bash", "{\"command\":\"pwd; echo err >&2; exit 3\"}", &ok);
+    char want[PATH_MAX + 64];
+    snprintf(want, sizeof want, "%s\nerr\n\n[exit status 3]", root);
+    CHECK(!ok && !strcmp(t, want), "bash output: %s", t);
+    t = run(&o, "bash", "{\"command\":\"sleep 30 & sleep 30; echo never\"}", &ok);
+    CHECK(!ok && strstr(t, "[killed: no exit after 1 s]") && !strstr(t, "never"), "timeout: %s", t);
+    t = run(&o, "bash", "{\"command\":\"sleep 30 & echo started\"}", &ok);
+    CHECK(ok && !strcmp(t, "started\n\n[exit status 0]"), "a background job does not hold the result: %s", t);
+    o.output_cap = 100;
+    t = run(&o, "bash", "{\"command\":\"yes | head -c 5000\"}", &ok);
+    CHECK(ok && strstr(t, "[output truncated at 100 bytes]") && strlen(t) < 200, "output cap: %zu", strlen(t));
+
+    /* model mistakes become results, never crashes */
+    t = run(&o, "nope", "{}", &ok);
+    CHECK(!ok && strstr(t, "unknown tool"), "unknown tool: %s", t);
+    t = run(&o, "read_file", "[1,2]", &ok);
+    CHECK(!ok && strstr(t, "not a JSON object"), "bad args: %s", t);
+    t = run(&o, "write_file", "{\"path\":\"x\"}", &ok);
+    CHECK(!ok && strstr(t, "content"), "missing content: %s", t);
+    run(&o, "list_dir", "{}", &ok);   /* frees the last static result */
+
+    /* the scripted-output format */
+    put("script.txt", "first\n@@@\nsecond\nline\n@@@\n@@@\nlast\n");
+    char sp[PATH_MAX + 16], err[256];
+    snprintf(sp, sizeof sp, "%s/script.txt", root);
+    ds4_agent_script s;
+    CHECK(ds4_agent_script_load(sp, &s, err, sizeof err) == 0, "%s", err);
+    size_t len;
+    const char *e;
+    CHECK(s.n == 4, "entries: %d", s.n);
+    CHECK((e = ds4_agent_script_next(&s, &len)) && len == 5 && !memcmp(e, "first", 5), "entry 1");
+    CHECK((e = ds4_agent_script_next(&s, &len)) && len == 11 && !memcmp(e, "second\nline", 11), "entry 2");
+    CHECK((e = ds4_agent_script_next(&s, &len)) && len == 0, "entry 3 empty");
+    CHECK((e = ds4_agent_script_next(&s, &len)) && len == 4 && !memcmp(e, "last", 4), "entry 4");
+    CHECK(!ds4_agent_script_next(&s, &len), "exhausted");
+    ds4_agent_script_free(&s);
+
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    if (system(cmd)) fprintf(stderr, "cannot remove %s\n", root);
+    return check_done("agent_tools");
+}
