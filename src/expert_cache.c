@@ -120,10 +120,10 @@ static void index_forget(slot_index *ix, int slot) {
 
 uint64_t ds4_expert_policy_simulate(ds4_evict_policy policy, int n_layer, int n_expert, int n_slots,
                                     const int32_t *trace, size_t n_ints, uint64_t *accesses) {
-    slot_index ix;
+    slot_index ix = {0};
     uint64_t hits = 0, n_acc = 0;
     if (n_layer <= 0 || n_expert <= 0 || n_slots <= 0 || !index_init(&ix, policy, n_layer * n_expert, n_slots)) {
-        if (n_slots > 0) index_free(&ix);
+        index_free(&ix);
         if (accesses) *accesses = 0;
         return 0;
     }
@@ -405,7 +405,7 @@ void ds4_expert_cache_free(ds4_expert_cache *c) {
     for (int i = 0; i < c->n_readers; i++) pthread_join(c->readers[i], NULL);
     for (int i = 0; c->fd && i < c->n_shards; i++) if (c->fd[i] >= 0) close(c->fd[i]);
     free(c->fd);
-    if (c->ix.where) index_free(&c->ix);
+    index_free(&c->ix);
     free(c->src); free(c->state); free(c->distinct); free(c->pending); free(c->seen); free(c->queue); free(c->pool);
     free(c->parts_left); free(c->part_failed);
     pthread_mutex_destroy(&c->mu);

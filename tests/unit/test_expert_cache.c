@@ -296,6 +296,9 @@ static void policies(void) {
     uint64_t lru = ds4_expert_policy_simulate(DS4_EVICT_LRU, 1, 4 + 50 * 8, 8, trace, (size_t)n, NULL);
     CHECK(lfu == 48 * 4 && lru == 0, "hot set under a scan: LFU %llu hits, LRU %llu", (unsigned long long)lfu,
           (unsigned long long)lru);
+    uint64_t acc = 1;
+    CHECK(ds4_expert_policy_simulate(DS4_EVICT_LRU, 0, 16, 8, trace, (size_t)n, &acc) == 0 && acc == 0,
+          "an empty geometry simulates nothing");
     free(trace); free(keys);
 }
 
