@@ -13,29 +13,19 @@ bool glm_gguf_is_glm(const ds4_gguf *g) {
            !memcmp(arch.ptr, GLM_ARCH, arch.len);
 }
 
-typedef struct {
-    char name[160];
-    int n_dims;
-    int64_t ne[4];
-} tensor_spec;
-
-static void spec(const glm_hparams *hp, enum glm_tensor_id id, int l, tensor_spec *ts) {
-    uint64_t ne[4];
-    glm_tensor_name(id, l, ts->name, sizeof ts->name);
-    ts->n_dims = glm_tensor_shape(hp, id, l, ne);
-    for (int i = 0; i < 4; i++) ts->ne[i] = (int64_t)ne[i];
-}
-
+/* Names and shapes from the layout table (glm_layout.h). */
 static ds4_tensor bind_matrix(ds4_binder *b, const glm_hparams *hp, enum glm_tensor_id id, int l) {
-    tensor_spec ts;
-    spec(hp, id, l, &ts);
-    return ds4_bind_matrix(b, ts.name, ts.n_dims, ts.ne);
+    char name[160];
+    uint64_t ne[4];
+    glm_tensor_name(id, l, name, sizeof name);
+    return ds4_bind_matrix(b, name, glm_tensor_shape(hp, id, l, ne), ne);
 }
 
 static float *bind_floats(ds4_binder *b, const glm_hparams *hp, enum glm_tensor_id id, int l) {
-    tensor_spec ts;
-    spec(hp, id, l, &ts);
-    return ds4_bind_floats(b, ts.name, ts.n_dims, ts.ne);
+    char name[160];
+    uint64_t ne[4];
+    glm_tensor_name(id, l, name, sizeof name);
+    return ds4_bind_floats(b, name, glm_tensor_shape(hp, id, l, ne), ne);
 }
 
 static bool has_tensor(ds4_binder *b, const glm_hparams *hp, enum glm_tensor_id id, int l) {

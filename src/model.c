@@ -160,31 +160,20 @@ static void read_config(ds4_binder *b, ds4_config *c) {
 /* ---- tensors ---- */
 
 /* Names and expected shapes come from the shared layout table (ds4_layout.h),
- * so the ds4_binder, the converter and the model maker cannot disagree. */
-typedef struct {
-    char name[160];
-    int n_dims;
-    int64_t ne[4];
-} tensor_spec;
-
-static void spec(const ds4_hparams *hp, enum ds4_tensor_id id, int l, tensor_spec *ts) {
-    uint64_t ne[4];
-    ds4_tensor_name(id, l, ts->name, sizeof ts->name);
-    ts->n_dims = ds4_tensor_shape(hp, id, l, ne);
-    for (int i = 0; i < 4; i++) ts->ne[i] = (int64_t)ne[i];
-}
-
+ * so the binder, the converter and the model maker cannot disagree. */
 static ds4_tensor bind_matrix(ds4_binder *b, const ds4_hparams *hp, enum ds4_tensor_id id, int l) {
-    tensor_spec ts;
-    spec(hp, id, l, &ts);
-    return ds4_bind_matrix(b, ts.name, ts.n_dims, ts.ne);
+    char name[160];
+    uint64_t ne[4];
+    ds4_tensor_name(id, l, name, sizeof name);
+    return ds4_bind_matrix(b, name, ds4_tensor_shape(hp, id, l, ne), ne);
 }
 
 /* Small float tensors are converted to f32 once. */
 static float *bind_floats(ds4_binder *b, const ds4_hparams *hp, enum ds4_tensor_id id, int l) {
-    tensor_spec ts;
-    spec(hp, id, l, &ts);
-    return ds4_bind_floats(b, ts.name, ts.n_dims, ts.ne);
+    char name[160];
+    uint64_t ne[4];
+    ds4_tensor_name(id, l, name, sizeof name);
+    return ds4_bind_floats(b, name, ds4_tensor_shape(hp, id, l, ne), ne);
 }
 
 static void bind_layer(ds4_binder *b, const ds4_config *c, const ds4_hparams *hp, int l, ds4_layer *L) {
@@ -212,19 +201,20 @@ static void bind_layer(ds4_binder *b, const ds4_config *c, const ds4_hparams *hp
     L->up_shexp = bind_matrix(b, hp, DS4_T_FFN_UP_SHEXP, l);
     L->down_shexp = bind_matrix(b, hp, DS4_T_FFN_DOWN_SHEXP, l);
 
-    tensor_spec ts;
+    char name[160];
+    uint64_t ne[4];
     if (l < c->n_hash_layer) {
-        spec(hp, DS4_T_FFN_GATE_TID2EID, l, &ts);
-        const ds4_gguf_tensor *t = ds4_bind_find(b, ts.name, ts.n_dims, ts.ne);
-        if (t && t->type != DS4_TYPE_I32) ds4_bind_fail(b, "tensor %s must be I32", ts.name);
+        ds4_tensor_name(DS4_T_FFN_GATE_TID2EID, l, name, sizeof name);
+        const ds4_gguf_tensor *t = ds4_bind_find(b, name, ds4_tensor_shape(hp, DS4_T_FFN_GATE_TID2EID, l, ne), ne);
+        if (t && t->type != DS4_TYPE_I32) ds4_bind_fail(b, "tensor %s must be I32", name);
         if (t && !b->failed) {
             L->tid2eid = t->data;
             for (uint64_t i = 0; i < t->n_elements; i++)
-                if (L->tid2eid[i] < 0 || L->tid2eid[i] >= c->n_expert) { ds4_bind_fail(b, "tensor %s holds expert id %d", ts.name, L->tid2eid[i]); break; }
+                if (L->tid2eid[i] < 0 || L->tid2eid[i] >= c->n_expert) { ds4_bind_fail(b, "tensor %s holds expert id %d", name, L->tid2eid[i]); break; }
         }
     } else {
-        spec(hp, DS4_T_EXP_PROBS_B, l, &ts);
-        if (ds4_gguf_find_tensor(b->g, ts.name)) L->exp_probs_b = bind_floats(b, hp, DS4_T_EXP_PROBS_B, l);
+        ds4_tensor_name(DS4_T_EXP_PROBS_B, l, name, sizeof name);
+        if (ds4_gguf_find_tensor(b->g, name)) L->exp_probs_b = bind_floats(b, hp, DS4_T_EXP_PROBS_B, l);
     }
 
     if (c->compress_ratio[l]) {

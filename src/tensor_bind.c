@@ -40,12 +40,12 @@ static bool is_float_type(uint32_t t) {
     return t == DS4_TYPE_F32 || t == DS4_TYPE_F16 || t == DS4_TYPE_BF16;
 }
 
-const ds4_gguf_tensor *ds4_bind_find(ds4_binder *b, const char *name, int n, const int64_t *ne) {
+const ds4_gguf_tensor *ds4_bind_find(ds4_binder *b, const char *name, int n, const uint64_t *ne) {
     if (b->failed) return NULL;
     const ds4_gguf_tensor *t = ds4_gguf_find_tensor(b->g, name);
     if (!t) { ds4_bind_fail(b, "missing tensor %s", name); return NULL; }
     for (int i = 0; i < DS4_GGUF_MAX_DIMS; i++) {
-        uint64_t want = i < n ? (uint64_t)ne[i] : 1;
+        uint64_t want = i < n ? ne[i] : 1;
         if (t->ne[i] != want) {
             ds4_bind_fail(b, "tensor %s has shape [%llu, %llu, %llu], expected [%lld, %lld, %lld]", name,
                           (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
@@ -56,11 +56,11 @@ const ds4_gguf_tensor *ds4_bind_find(ds4_binder *b, const char *name, int n, con
     return t;
 }
 
-ds4_tensor ds4_bind_matrix(ds4_binder *b, const char *name, int n_dims, const int64_t *ne) {
+ds4_tensor ds4_bind_matrix(ds4_binder *b, const char *name, int n_dims, const uint64_t *ne) {
     ds4_tensor v = {0};
     const ds4_gguf_tensor *t = ds4_bind_find(b, name, n_dims, ne);
     if (!t) return v;
-    size_t rb = ds4_type_row_bytes(t->type, (uint64_t)ne[0]);
+    size_t rb = ds4_type_row_bytes(t->type, ne[0]);
     if (!is_matrix_type(t->type) || rb == 0) {
         const char *tn = ds4_type_name(t->type);
         ds4_bind_fail(b, "tensor %s has type %s, not usable for a %lld-wide matrix", name, tn ? tn : "unknown",
@@ -69,14 +69,14 @@ ds4_tensor ds4_bind_matrix(ds4_binder *b, const char *name, int n_dims, const in
     }
     v.data = t->data;
     v.type = t->type;
-    v.ne[0] = ne[0];
-    v.ne[1] = n_dims > 1 ? ne[1] : 1;
-    v.ne[2] = n_dims > 2 ? ne[2] : 1;
+    v.ne[0] = (int64_t)ne[0];
+    v.ne[1] = n_dims > 1 ? (int64_t)ne[1] : 1;
+    v.ne[2] = n_dims > 2 ? (int64_t)ne[2] : 1;
     v.row_bytes = rb;
     return v;
 }
 
-float *ds4_bind_floats(ds4_binder *b, const char *name, int n_dims, const int64_t *ne) {
+float *ds4_bind_floats(ds4_binder *b, const char *name, int n_dims, const uint64_t *ne) {
     const ds4_gguf_tensor *t = ds4_bind_find(b, name, n_dims, ne);
     if (!t) return NULL;
     if (!is_float_type(t->type)) { ds4_bind_fail(b, "tensor %s must be F32/F16/BF16", name); return NULL; }

@@ -36,8 +36,8 @@ typedef struct {
 
 void ds4_bind_fail(ds4_binder *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ds4_bind_fail_oom(ds4_binder *b, const char *what);
-const struct ds4_gguf_tensor *ds4_bind_find(ds4_binder *b, const char *name, int n_dims, const int64_t *ne);
-ds4_tensor ds4_bind_matrix(ds4_binder *b, const char *name, int n_dims, const int64_t *ne);
-float *ds4_bind_floats(ds4_binder *b, const char *name, int n_dims, const int64_t *ne);
+const struct ds4_gguf_tensor *ds4_bind_find(ds4_binder *b, const char *name, int n_dims, const uint64_t *ne);
+ds4_tensor ds4_bind_matrix(ds4_binder *b, const char *name, int n_dims, const uint64_t *ne);
+float *ds4_bind_floats(ds4_binder *b, const char *name, int n_dims, const uint64_t *ne);
 
 #endif

@@ -800,22 +800,32 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
     return 0;
 }
 
-static void add_plan(plan *pl, const ds4_st *st, const ds4_hparams *hp, enum ds4_mix mix,
-                     const imatrix *im, enum ds4_tensor_id id, int layer) {
-    if (!ds4_tensor_present(hp, id, layer)) return;
+/* The next output tensor of the plan; the caller fills name, shape, type. */
+static out_tensor *new_out(plan *pl, int layer, const char *const *alts, enum expert_part expert) {
     out_tensor *o = &pl->t[pl->n++];
     memset(o, 0, sizeof *o);
     o->layer = layer;
-    o->alts = src_names[id];
-    o->expert = id == DS4_T_FFN_GATE_EXPS ? EXP_GATE : id == DS4_T_FFN_UP_EXPS ? EXP_UP
-              : id == DS4_T_FFN_DOWN_EXPS ? EXP_DOWN : EXP_NONE;
+    o->alts = alts;
+    o->expert = expert;
+    return o;
+}
+
+static void check_row_type(const out_tensor *o) {
+    if (ds4_type_row_bytes(o->type, o->ne[0]) == 0)
+        die("%s: row length %llu is not a multiple of the %s block (%zu)", o->name,
+            (unsigned long long)o->ne[0], ds4_type_name(o->type), ds4_type_block_elems(o->type));
+}
+
+static void add_plan(plan *pl, const ds4_st *st, const ds4_hparams *hp, enum ds4_mix mix,
+                     const imatrix *im, enum ds4_tensor_id id, int layer) {
+    if (!ds4_tensor_present(hp, id, layer)) return;
+    out_tensor *o = new_out(pl, layer, src_names[id], id == DS4_T_FFN_GATE_EXPS ? EXP_GATE
+                            : id == DS4_T_FFN_UP_EXPS ? EXP_UP : id == DS4_T_FFN_DOWN_EXPS ? EXP_DOWN : EXP_NONE);
     o->ids = id == DS4_T_FFN_GATE_TID2EID;
     ds4_tensor_name(id, layer, o->name, sizeof o->name);
     o->n_dims = ds4_tensor_shape(hp, id, layer, o->ne);
     o->type = ds4_tensor_type(id, mix);
-    if (ds4_type_row_bytes(o->type, o->ne[0]) == 0)
-        die("%s: row length %llu is not a multiple of the %s block (%zu)", o->name,
-            (unsigned long long)o->ne[0], ds4_type_name(o->type), ds4_type_block_elems(o->type));
+    check_row_type(o);
     resolve(st, o);
     if (im) imatrix_bind(im, o);
 }
@@ -880,18 +890,12 @@ static void add_plan_glm(plan *pl, const ds4_st *st, const glm_hparams *hp, enum
      * reference implementations: converted when the checkpoint has them. */
     const bool idx_optional = scope == GLM_SCOPE_INDEXER && (glm_block_nextn(hp, layer) || !hp->indexer_full[layer]);
     if ((idx_optional || glm_tensor_table[id].optional) && !glm_source_present(st, id, layer)) return;
-    out_tensor *o = &pl->t[pl->n++];
-    memset(o, 0, sizeof *o);
-    o->layer = layer;
-    o->alts = glm_src_names[id];
-    o->expert = id == GLM_T_FFN_GATE_EXPS ? EXP_GATE : id == GLM_T_FFN_UP_EXPS ? EXP_UP
-              : id == GLM_T_FFN_DOWN_EXPS ? EXP_DOWN : EXP_NONE;
+    out_tensor *o = new_out(pl, layer, glm_src_names[id], id == GLM_T_FFN_GATE_EXPS ? EXP_GATE
+                            : id == GLM_T_FFN_UP_EXPS ? EXP_UP : id == GLM_T_FFN_DOWN_EXPS ? EXP_DOWN : EXP_NONE);
     glm_tensor_name(id, layer, o->name, sizeof o->name);
     o->n_dims = glm_tensor_shape(hp, id, layer, o->ne);
     o->type = glm_tensor_type(id, mix);
-    if (ds4_type_row_bytes(o->type, o->ne[0]) == 0)
-        die("%s: row length %llu is not a multiple of the %s block (%zu)", o->name,
-            (unsigned long long)o->ne[0], ds4_type_name(o->type), ds4_type_block_elems(o->type));
+    check_row_type(o);
     if (id == GLM_T_ATTN_K_B || id == GLM_T_ATTN_V_B) {
         /* kv_b_proj: per head, qk_nope rows (k) then v_head rows (v), each
          * kv_lora wide (GLM sheet section 4.3). */
