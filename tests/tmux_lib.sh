@@ -20,4 +20,17 @@ wait_for() {
     return 1
 }
 expect() { n=$((n+1)); if ! eval "$2"; then echo "FAIL: $1"; screen | grep -v '^$' | tail -25; fail=$((fail+1)); fi; }
+# new_session WIDTH HEIGHT COMMAND: replace the private server's session with
+# one running COMMAND. A server whose last session was just killed may still
+# be shutting down, and a new-session that reaches it fails: so stop it and
+# retry until the new session exists.
+new_session() {
+    local try
+    tmux kill-server 2>/dev/null
+    for try in 1 2 3 4 5 6 7 8 9 10; do
+        tmux new-session -d -s "$S" -x "$1" -y "$2" "$3" 2>/dev/null && tmux has-session -t "$S" 2>/dev/null && return 0
+        sleep 0.5
+    done
+    echo "tmux: cannot start a session"; return 1
+}
 send() { tmux send-keys -t "$S" -l -- "$1"; tmux send-keys -t "$S" Enter; }

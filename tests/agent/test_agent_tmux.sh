@@ -16,8 +16,7 @@ command -v tmux >/dev/null || { echo "agent: tmux missing"; exit 1; }
 source tests/tmux_lib.sh
 start() {   # start NAME WORKDIR SCRIPT [extra flags]
     local name=$1 work=$2 script=$3; shift 3
-    tmux kill-session -t "$S" 2>/dev/null
-    tmux new-session -d -s "$S" -x 220 -y 60 "HOME=$T ./ds4-agent -m $MODEL --ctx 4096 -t 2 --chdir $work \
+    new_session 220 60 "HOME=$T ./ds4-agent -m $MODEL --ctx 4096 -t 2 --chdir $work \
         --sessions-dir $T/sessions --scripted-output $script --trace $T/trace-$name $*; echo EXITED-\$?; sleep 60"
     expect "$name starts" 'wait_for "^agent> " 1 60'
 }
@@ -163,8 +162,7 @@ expect "no sleeping child left" '! pgrep -f "sleep 60; echo late" >/dev/null'
 
 # Ctrl+C during sampling (the demo model's random text never ends): the
 # message keeps what was written and the next one follows it.
-tmux kill-session -t "$S" 2>/dev/null
-tmux new-session -d -s "$S" -x 220 -y 60 "HOME=$T ./ds4-agent -m $MODEL --ctx 4096 -t 2 --chdir $T/we --nothink \
+new_session 220 60 "HOME=$T ./ds4-agent -m $MODEL --ctx 4096 -t 2 --chdir $T/we --nothink \
     --sessions-dir $T/sessions --no-autosave -n 100000 --trace $T/trace-f; echo EXITED-\$?; sleep 60"
 expect "F starts" 'wait_for "^agent> " 1 60'
 send "write forever"
