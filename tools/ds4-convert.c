@@ -273,6 +273,15 @@ static void read_glm_config(const cJSON *cfg, bool mtp, glm_hparams *hp) {
     hp->value_length = hp->kv_lora_rank;
     hp->dense_ff = ju32(cfg, "intermediate_size");
     hp->n_leading_dense = ju32_or(cfg, "first_k_dense_replace", 0);
+    /* transformers also saves the per-layer kinds; the layout has dense layers only in front */
+    const cJSON *mlt = jget(cfg, "mlp_layer_types");
+    for (uint32_t l = 0; cJSON_IsArray(mlt) && l < trunk; l++) {
+        const cJSON *v = cJSON_GetArrayItem(mlt, (int)l);
+        const char *want = l < hp->n_leading_dense ? "dense" : "sparse";
+        if (!cJSON_IsString(v) || strcmp(v->valuestring, want))
+            die("config.json: mlp_layer_types[%u] must be \"%s\" (first_k_dense_replace %u dense layers, then MoE)",
+                l, want, hp->n_leading_dense);
+    }
     hp->n_expert = ju32(cfg, "n_routed_experts");
     hp->n_expert_used = ju32(cfg, "num_experts_per_tok");
     hp->expert_ff = ju32(cfg, "moe_intermediate_size");

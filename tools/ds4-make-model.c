@@ -453,7 +453,7 @@ int main(int argc, char **argv) {
     const char *vocab_added = "tests/fixtures/tokenizer/v4-added-tokens.json";
     uint32_t n_layer = 0;
     uint64_t seed = 1;
-    bool no_vocab = false;
+    bool no_vocab = false, vocab_given = false;
     /* First pass: everything except the per-key overrides, which apply to the
      * preset once its layer count is known. */
     for (int i = 1; i < argc; i++) {
@@ -468,8 +468,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--layers")) n_layer = (uint32_t)strtoul(v, NULL, 0);
         else if (!strcmp(a, "--type")) type = v;
         else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 0);
-        else if (!strcmp(a, "--vocab")) vocab = v;
-        else if (!strcmp(a, "--vocab-added")) vocab_added = *v ? v : NULL;
+        else if (!strcmp(a, "--vocab")) { vocab = v; vocab_given = true; }
+        else if (!strcmp(a, "--vocab-added")) { vocab_added = *v ? v : NULL; vocab_given = true; }
         else if (!strcmp(a, "--name")) name = v;
     }
     if (!out) usage();
@@ -486,6 +486,7 @@ int main(int argc, char **argv) {
     snprintf(dflt, sizeof dflt, "ds4 random %s (meaningless weights)", pname);
     ds4_gguf_w_str(w, "general.name", name ? name : dflt);
     /* GLM's tokenizer ships with no package here: GLM models carry none */
+    if (glm && vocab_given) die("--vocab/--vocab-added: GLM presets carry no vocabulary");
     if (!no_vocab && !glm && ds4_tokenizer_gguf_from_hf_json(w, vocab, vocab_added, err, sizeof err))
         die("tokenizer %s: %s (use --vocab/--vocab-added, or --no-vocab)", vocab, err);
     for (size_t i = 0; i < pl.n; i++)

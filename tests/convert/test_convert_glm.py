@@ -9,7 +9,8 @@ stacked, e_score_correction_bias -> exp_probs_b, model.layers.<n>.* ->
 nextn.*); the metadata must carry config.json's values (indexer_types ->
 indexer.types, first_k_dense_replace -> leading_dense_block_count); the
 engine's GLM binder must accept the file; f16 / q8_0 / q2 / q4 give the
-documented types; bad configs fail with one line."""
+documented types; bad configs fail with one line. The same tensor check runs
+on transformers' own save_pretrained output (tests/fixtures/glmtiny/A)."""
 import json
 import os
 import subprocess
@@ -98,9 +99,8 @@ def checkpoint(rng, merged):
     return t
 
 
-def expected(src, merged):
+def expected(src, merged, c):
     """GGUF name -> numpy array (gguf-py's shape: GGUF ne reversed)."""
-    c = CFG
     H, nope, dv, LKV = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
     Fe, X = c["moe_intermediate_size"], c["n_routed_experts"]
     out = {"token_embd.weight": src["model.embed_tokens.weight"], "output_norm.weight": src["model.norm.weight"],
@@ -123,7 +123,8 @@ def expected(src, merged):
              "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
              "eh_proj.weight": "nextn.eh_proj.weight", "enorm.weight": "nextn.enorm.weight",
              "hnorm.weight": "nextn.hnorm.weight", "shared_head.norm.weight": "nextn.shared_head_norm.weight"}
-    for layer in range(c["num_hidden_layers"] + 1):
+    n_blocks = c["num_hidden_layers"] + (1 if f"model.layers.{c['num_hidden_layers']}.eh_proj.weight" in src else 0)
+    for layer in range(n_blocks):
         p = f"model.layers.{layer}."
         for s, g in plain.items():
             if p + s in src:
@@ -175,7 +176,7 @@ def main():
             check([bool(x) for x in f["glm-dsa.attention.indexer.types"].contents()] == [True, False, True, False],
                   "indexer.types")
             check(abs(f["glm-dsa.rope.freq_base"].contents() - 8e6) < 1, "rope base")
-            want = expected(src, merged)
+            want = expected(src, merged, CFG)
             got = {t.name: t for t in rd.tensors}
             check(set(got) == set(want), f"tensor set: extra {sorted(set(got) - set(want))[:4]}, "
                                          f"missing {sorted(set(want) - set(got))[:4]}")
@@ -189,6 +190,28 @@ def main():
             r = subprocess.run([DS4, "-m", out, "--token-ids", "1,2"], capture_output=True, text=True, cwd=ROOT)
             check(r.returncode != 0 and "GLM 5.2 (glm-dsa)" in r.stderr and "validated" in r.stderr and
                   r.stderr.strip().count("\n") == 0, f"engine binds the GLM file: {r.stderr.strip()}")
+
+        # transformers' own save_pretrained output (tests/fixtures/glmtiny/A, BF16 sources)
+        fx = os.path.join(ROOT, "tests", "fixtures", "glmtiny", "A")
+        with open(os.path.join(fx, "config.json")) as f:
+            fcfg = json.load(f)
+        src = {k: st_np.to_f32(v) for k, v in st_np.read(os.path.join(fx, "model.safetensors")).items()}
+        out = os.path.join(tmp, "fixture.gguf")
+        r = convert(fx, out, "f32")
+        check(r.returncode == 0 and "warning" not in r.stderr, f"convert the oracle fixture: {r.stderr[-400:]}")
+        if r.returncode == 0:
+            rd = GGUFReader(out)
+            want = expected(src, False, fcfg)
+            got = {t.name: t for t in rd.tensors}
+            check(set(got) == set(want), f"fixture tensor set: extra {sorted(set(got) - set(want))[:4]}, "
+                                         f"missing {sorted(set(want) - set(got))[:4]}")
+            for name, arr in want.items():
+                t = got.get(name)
+                ok = t is not None and t.data.size == arr.size and \
+                    np.array_equal(np.asarray(t.data).reshape(arr.shape), arr.astype(np.float32))
+                check(ok, f"fixture {name}: values differ from the source mapping")
+            types_f = [bool(x) for x in rd.fields["glm-dsa.attention.indexer.types"].contents()]
+            check(types_f == [x == "full" for x in fcfg["indexer_types"]], "fixture indexer.types")
 
         d = os.path.join(tmp, "glm-0")
         types = {"f16": (QT.F16, QT.F16), "q8_0": (QT.Q8_0, QT.Q8_0), "q2": (QT.Q8_0, QT.Q2_K),
@@ -213,7 +236,8 @@ def main():
         bad = [({"rope_parameters": {"rope_theta": 8e6, "rope_type": "yarn", "factor": 4}}, "rope_type"),
                ({"indexer_types": ["shared", "full", "full", "full"]}, "trunk layer 0 is a shared"),
                ({"scoring_func": "softmax"}, "scoring_func"),
-               ({"kv_lora_rank": None}, "kv_lora_rank")]
+               ({"kv_lora_rank": None}, "kv_lora_rank"),
+               ({"mlp_layer_types": ["dense", "sparse", "dense", "sparse"]}, "mlp_layer_types[2]")]
         for change, want in bad:
             cfg = dict(CFG)
             for k, v in change.items():

@@ -10,7 +10,10 @@
  *   dropped / misshaped / mistyped tensors, a missing key, a wrong gating
  *   function, a bad indexer.types array; the DeepSeek binder refuses a GLM
  *   file naming its architecture. Indexer tensors may be missing on shared
- *   layers, not on full ones. */
+ *   layers, not on full ones.
+ * - transformers' tiny GLM (tests/fixtures/glmtiny/A) converted by make test
+ *   ($BUILD/glmtiny/A-<type>.gguf) binds with config.json's values in f32,
+ *   f16 and q8_0. */
 #include "check.h"
 #include "gguf.h"
 #include "glm_layout.h"
@@ -18,6 +21,8 @@
 #include "model.h"
 #include "quant.h"
 
+#include <cjson/cJSON.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -282,6 +287,56 @@ static void test_bad_files(const char *tmp) {
     if (g) ds4_gguf_close(g);
 }
 
+/* ---- the converted transformers fixture ---- */
+
+static int jint(const cJSON *o, const char *k) { return cJSON_GetObjectItem(o, k)->valueint; }
+
+static void test_fixture(const char *type) {
+    char path[512], err[512];
+    const char *b = getenv("BUILD");
+    snprintf(path, sizeof path, "%s/glmtiny/A-%s.gguf", b ? b : "build", type);
+    FILE *f = fopen("tests/fixtures/glmtiny/A/config.json", "rb");
+    CHECK(f != NULL, "config.json");
+    if (!f) return;
+    char buf[1 << 14];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *j = cJSON_Parse(buf);
+    ds4_gguf *g;
+    glm_model *m = bind_file(path, &g, err, sizeof err);
+    CHECK(m != NULL, "bind %s: %s", path, err);
+    if (m) {
+        const glm_hparams *hp = &m->hp;
+        CHECK(hp->n_block == (uint32_t)jint(j, "num_hidden_layers") && hp->n_nextn == 0, "blocks %u", hp->n_block);
+        CHECK(hp->n_embd == (uint32_t)jint(j, "hidden_size") && hp->n_vocab == (uint32_t)jint(j, "vocab_size"), "embd/vocab");
+        CHECK(hp->n_head == (uint32_t)jint(j, "num_attention_heads") && hp->n_head_kv == 1, "heads");
+        CHECK(hp->n_rot == (uint32_t)jint(j, "qk_rope_head_dim") &&
+              hp->key_length_mla == (uint32_t)(jint(j, "qk_nope_head_dim") + jint(j, "qk_rope_head_dim")) &&
+              hp->value_length_mla == (uint32_t)jint(j, "v_head_dim"), "head dims");
+        CHECK(hp->q_lora_rank == (uint32_t)jint(j, "q_lora_rank") && hp->kv_lora_rank == (uint32_t)jint(j, "kv_lora_rank"),
+              "lora ranks");
+        CHECK(hp->n_leading_dense == (uint32_t)jint(j, "first_k_dense_replace") &&
+              hp->dense_ff == (uint32_t)jint(j, "intermediate_size"), "dense layers");
+        CHECK(hp->n_expert == (uint32_t)jint(j, "n_routed_experts") &&
+              hp->n_expert_used == (uint32_t)jint(j, "num_experts_per_tok") &&
+              hp->expert_ff == (uint32_t)jint(j, "moe_intermediate_size"), "experts");
+        CHECK(hp->idx_n_head == (uint32_t)jint(j, "index_n_heads") && hp->idx_head_dim == (uint32_t)jint(j, "index_head_dim") &&
+              hp->idx_topk == (uint32_t)jint(j, "index_topk"), "indexer");
+        CHECK(fabsf(hp->expert_weights_scale - (float)cJSON_GetObjectItem(j, "routed_scaling_factor")->valuedouble) < 1e-6f &&
+              fabsf(hp->rms_eps - (float)cJSON_GetObjectItem(j, "rms_norm_eps")->valuedouble) < 1e-12f, "scale/eps");
+        const cJSON *it = cJSON_GetObjectItem(j, "indexer_types");
+        for (uint32_t l = 0; l < hp->n_block; l++) {
+            bool full = !strcmp(cJSON_GetArrayItem(it, (int)l)->valuestring, "full");
+            CHECK(hp->indexer_full[l] == full, "%s: indexer type of layer %u", type, l);
+            CHECK((m->layers[l].idx_q_b.data != NULL) == full, "%s: indexer bound on layer %u", type, l);
+        }
+        glm_model_free(m);
+        ds4_gguf_close(g);
+    }
+    cJSON_Delete(j);
+}
+
 int main(void) {
     ds4_quant_init();
     test_real_layout();
@@ -290,5 +345,8 @@ int main(void) {
     test_roundtrip(tmp);
     test_bad_files(tmp);
     unlink(tmp);
+    test_fixture("f32");
+    test_fixture("f16");
+    test_fixture("q8_0");
     return check_done("test_glm_model");
 }
