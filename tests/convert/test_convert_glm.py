@@ -145,6 +145,18 @@ def expected(src, merged, c):
     return out
 
 
+def compare(rd, want, label):
+    """Every F32 tensor of the converted file equals its expected source array."""
+    got = {t.name: t for t in rd.tensors}
+    check(set(got) == set(want), f"{label}: tensor set: extra {sorted(set(got) - set(want))[:4]}, "
+                                 f"missing {sorted(set(want) - set(got))[:4]}")
+    for name, arr in want.items():
+        t = got.get(name)
+        ok = t is not None and t.tensor_type == QT.F32 and t.data.size == arr.size and \
+            np.array_equal(np.asarray(t.data).reshape(arr.shape), arr.astype(np.float32))
+        check(ok, f"{label}: {name}: values differ from the source mapping")
+
+
 def convert(d, out, typ):
     return subprocess.run([CONVERT, d, out, "--type", typ, "--threads", "2"], capture_output=True, text=True, cwd=ROOT)
 
@@ -176,17 +188,7 @@ def main():
             check([bool(x) for x in f["glm-dsa.attention.indexer.types"].contents()] == [True, False, True, False],
                   "indexer.types")
             check(abs(f["glm-dsa.rope.freq_base"].contents() - 8e6) < 1, "rope base")
-            want = expected(src, merged, CFG)
-            got = {t.name: t for t in rd.tensors}
-            check(set(got) == set(want), f"tensor set: extra {sorted(set(got) - set(want))[:4]}, "
-                                         f"missing {sorted(set(want) - set(got))[:4]}")
-            for name, arr in want.items():
-                t = got.get(name)
-                if t is None:
-                    continue
-                data = np.asarray(t.data).reshape(arr.shape) if t.data.size == arr.size else None
-                check(t.tensor_type == QT.F32 and data is not None and np.array_equal(data, arr),
-                      f"{name}: values differ from the source mapping")
+            compare(rd, expected(src, merged, CFG), f"merged={merged}")
             r = subprocess.run([DS4, "-m", out, "--token-ids", "1,2"], capture_output=True, text=True, cwd=ROOT)
             check(r.returncode != 0 and "GLM 5.2 (glm-dsa)" in r.stderr and "validated" in r.stderr and
                   r.stderr.strip().count("\n") == 0, f"engine binds the GLM file: {r.stderr.strip()}")
@@ -201,15 +203,7 @@ def main():
         check(r.returncode == 0 and "warning" not in r.stderr, f"convert the oracle fixture: {r.stderr[-400:]}")
         if r.returncode == 0:
             rd = GGUFReader(out)
-            want = expected(src, False, fcfg)
-            got = {t.name: t for t in rd.tensors}
-            check(set(got) == set(want), f"fixture tensor set: extra {sorted(set(got) - set(want))[:4]}, "
-                                         f"missing {sorted(set(want) - set(got))[:4]}")
-            for name, arr in want.items():
-                t = got.get(name)
-                ok = t is not None and t.data.size == arr.size and \
-                    np.array_equal(np.asarray(t.data).reshape(arr.shape), arr.astype(np.float32))
-                check(ok, f"fixture {name}: values differ from the source mapping")
+            compare(rd, expected(src, False, fcfg), "fixture")
             types_f = [bool(x) for x in rd.fields["glm-dsa.attention.indexer.types"].contents()]
             check(types_f == [x == "full" for x in fcfg["indexer_types"]], "fixture indexer.types")
 

@@ -36,6 +36,9 @@ import sys
 import torch
 from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ds4_tiny_oracle import bf16_round, chunked_logits, uneven  # noqa: E402  (shared helpers)
+
 COMMON = dict(
     vocab_size=256, hidden_size=128, num_attention_heads=4, num_key_value_heads=4,
     q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32,
@@ -57,10 +60,6 @@ CONFIGS = {
 TIE_TOLERANCE = 1e-3
 
 
-def bf16_round(t):
-    return t.to(torch.bfloat16).to(t.dtype)
-
-
 @torch.no_grad()
 def randomise(model, gen):
     def rnd(shape, lo, hi):
@@ -80,31 +79,6 @@ def randomise(model, gen):
     for p in weights:
         if p.is_floating_point():
             p.copy_(bf16_round(p))
-
-
-def cache_of(out):
-    return getattr(out, "past_key_values", None) or getattr(out, "cache", None)
-
-
-@torch.no_grad()
-def chunked_logits(model, ids, chunks):
-    cache, pos, parts = None, 0, []
-    for n in chunks:
-        out = model(input_ids=ids[:, pos:pos + n], cache=cache, use_cache=True)
-        cache = cache_of(out)
-        parts.append(out.logits)
-        pos += n
-    assert pos == ids.shape[1]
-    return torch.cat(parts, dim=1)
-
-
-def uneven(total):
-    sizes, i = [], 0
-    pattern = [5, 7, 1, 13, 3, 9, 2, 17]
-    while sum(sizes) < total:
-        sizes.append(min(pattern[i % len(pattern)], total - sum(sizes)))
-        i += 1
-    return sizes
 
 
 @torch.no_grad()
