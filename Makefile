@@ -1,5 +1,5 @@
-# DwarfStar build. One static library (src/, src/server/) plus thin binaries:
-#   app/NAME.c   -> ./NAME      (ds4, ds4-server, ds4-bench)
+# DwarfStar build. One static library (src/, src/server/, src/agent/) plus thin binaries:
+#   app/NAME.c   -> ./NAME      (ds4, ds4-server, ds4-bench, ds4-agent)
 #   tools/NAME.c -> ./NAME      (ds4-convert, ds4-make-model, ds4-vocab, ds4-gguf-dump)
 #   tests/unit/test_*.c -> $(BUILD)/tests/test_*   (run by `make test`)
 #   fuzz/fuzz_*.c       -> $(BUILD)/fuzz/fuzz_*    (libFuzzer, clang)

@@ -21,9 +21,12 @@ static void usage(FILE *f) {
         "  -t, --threads N               CPU threads (default: all)\n"
         "      --api-key KEY             require KEY (Authorization: Bearer or x-api-key); default $DS4_API_KEY\n"
         "      --no-api-key              allow a non-loopback --host without a key\n"
+        "      --max-connections N       open connections, at most 1024 (default 1024)\n"
         "      --max-client-connections N  open connections per client address (default 256)\n"
         "      --request-timeout S       a request's head and body must arrive within S seconds (default 30)\n"
         "      --prefill-chunk N         prefill chunk size (default 4096)\n"
+        "      --batched-session N       N resident sessions serving N requests at once, decoded\n"
+        "                                together in batches (default 1: one request at a time)\n"
         "      --numerics MODE           exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "      --cors                    send Access-Control-Allow-* headers\n"
         "      --chdir DIR               change directory before loading anything\n"
@@ -84,12 +87,14 @@ int main(int argc, char **argv) {
         else if (ARG("-n") || ARG("--tokens")) { VALUE(); o.default_max_tokens = parse_int(a, v, 0, 1 << 30); }
         else if (ARG("-t") || ARG("--threads")) { VALUE(); o.threads = parse_int(a, v, 0, 4096); }
         else if (ARG("--prefill-chunk")) { VALUE(); o.prefill_chunk = parse_int(a, v, 1, 1 << 30); }
+        else if (ARG("--batched-session")) { VALUE(); o.batched_sessions = parse_int(a, v, 1, 256); }
         else if (ARG("--numerics")) {
             VALUE();
             if (!ds4_parse_numerics(v, &o.numerics)) { fprintf(stderr, "ds4-server: --numerics takes exact or ds4\n"); return 2; }
         }
         else if (ARG("--trace")) { VALUE(); o.trace_path = v; }
         else if (ARG("--api-key")) { VALUE(); o.api_key = v; }
+        else if (ARG("--max-connections")) { VALUE(); o.max_connections = parse_int(a, v, 1, DS4_SERVER_MAX_CONNECTIONS); }
         else if (ARG("--max-client-connections")) { VALUE(); o.max_client_connections = parse_int(a, v, 1, 1 << 20); }
         else if (ARG("--request-timeout")) { VALUE(); o.limits.request_timeout_ms = parse_int(a, v, 1, 3600) * 1000; }
         else if (ARG("--tool-memory-max-ids")) { VALUE(); o.tool_memory_max_ids = (size_t)parse_int(a, v, 1, 1 << 30); }

@@ -46,7 +46,9 @@ build_llamacpp() {
         (cd "$CACHE" && tar xzf llama_cpp_python-*.tar.gz) || return 1
         src=$(ls -d "$CACHE"/llama_cpp_python-*/vendor/llama.cpp | head -1)
     fi
-    command -v cmake >/dev/null || pip install cmake >/dev/null || return 1
+    # cmake from PyPI goes into the repository's venv, never the system Python
+    command -v cmake >/dev/null || { (cd "$ROOT" && make -s venv) &&
+        "$ROOT/.venv/bin/python3" -m pip install -q cmake >/dev/null && PATH="$ROOT/.venv/bin:$PATH"; } || return 1
     note "building llama-bench from $src (CPU backend, native ISA)"
     cmake -S "$src" -B "$CACHE/llama.cpp-build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \

@@ -61,7 +61,8 @@ step() {
     return $rc
 }
 
-step machine 30 bash -c 'nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv; nvcc --version | tail -1; nproc'
+step machine 30 bash -c 'nproc; nvcc --version | tail -1; nvidia-smi -L &&
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv'
 if [ -x $B/ds4 ] && [ -x build-cuda/cuda-ops ] && $B/ds4 --help >/dev/null 2>&1; then
     echo "using the carried build in build-cuda"
     echo "build-cuda,carried,0," >> "$CSV"
@@ -77,7 +78,7 @@ for m in A B; do
     done
 done
 
-step ops 120 bash -c "build-cuda/cuda-ops | tee '$OUT/ops.txt'"
+step ops 120 bash -o pipefail -c "build-cuda/cuda-ops | tee '$OUT/ops.txt'"
 
 for m in A B; do
     step "oracle-$m-f32-exact" 60 build-cuda/cuda-ops --numerics exact --tol 2e-5 \
@@ -89,14 +90,9 @@ done
 
 FLASH=$MODEL_DIR/flash4.gguf
 if [ ! -f "$FLASH" ]; then
-    # ds4-make-model's random-blocks mode writes valid random quantized blocks
-    # directly (fast); without it the tool quantizes random floats (slow).
-    if $B/ds4-make-model --help 2>&1 | grep -q -- "--random-blocks"; then
-        step flash-model 120 $B/ds4-make-model --preset flash --layers 4 --random-blocks -o "$FLASH.part"
-    else
-        echo "ds4-make-model has no --random-blocks mode here: quantizing random floats (--preset flash --layers 4)"
-        step flash-model 240 $B/ds4-make-model --preset flash --layers 4 -o "$FLASH.part"
-    fi && mv "$FLASH.part" "$FLASH"
+    # ds4-make-model fills quantized tensors with random valid blocks (seconds for GBs)
+    step flash-model 120 $B/ds4-make-model --preset flash --layers 4 -o "$FLASH.part" &&
+        mv "$FLASH.part" "$FLASH"
 fi
 if [ -f "$FLASH" ]; then
     step flash-cpu-vs-cuda 120 build-cuda/cuda-ops --tokens 24 --model "$FLASH"
@@ -107,7 +103,7 @@ if [ -f "$FLASH" ]; then
         [ $left -lt 20 ] && { echo "bench-$f,skipped(time),0," >> "$CSV"; continue; }
         lim=$((left < 150 ? left : 150))
         chunk=$((f < 4096 ? f : 4096))
-        step "bench-$f" "$lim" bash -c "$B/ds4-bench -m '$FLASH' --cuda --ctx-start $f --ctx-max $f \
+        step "bench-$f" "$lim" bash -o pipefail -c "$B/ds4-bench -m '$FLASH' --cuda --ctx-start $f --ctx-max $f \
             --gen-tokens 32 --prefill-chunk $chunk | tee '$OUT/bench-$f.csv'"
         row=$(tail -1 "$OUT/bench-$f.csv" 2>/dev/null | grep -E '^[0-9]')
         [ -n "$row" ] && echo "bench-row-$f,ok,0,$row" >> "$CSV"

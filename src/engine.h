@@ -1,5 +1,5 @@
 /* engine.h -- the public C API every front end uses (ds4, ds4-server,
- * ds4-bench). Front ends never reach into kernels,
+ * ds4-bench, ds4-agent). Front ends never reach into kernels,
  * model binding or the forward pass directly.
  *
  * Contract

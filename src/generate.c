@@ -24,7 +24,8 @@ ds4_gen_result ds4_generate(ds4_session *s, const ds4_tokenizer *tok, ds4_sample
         size_t n = ds4_detok_push(&dt, tok, id, piece);
         bool stop = h->on_text && n ? h->on_text(h->ud, piece, n) : false;
         if (ds4_session_n_tokens(s) >= ds4_session_ctx(s)) { r.end = DS4_GEN_CTX_FULL; break; }
-        if (ds4_session_decode(s, id, err, errlen)) { r.end = DS4_GEN_ERROR; break; }
+        int rc = h->decode ? h->decode(h->ud, id, err, errlen) : ds4_session_decode(s, id, err, errlen);
+        if (rc) { r.end = DS4_GEN_ERROR; break; }
         r.n_decoded++;
         if (h->after_decode) h->after_decode(h->ud);
         if (stop) { r.end = DS4_GEN_STOPPED; break; }

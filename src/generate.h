@@ -48,6 +48,9 @@ typedef struct {
     void (*on_token)(void *ud, int32_t tok, const float *logits);
     bool (*on_text)(void *ud, const char *text, size_t len);
     void (*after_decode)(void *ud);
+    /* appends the token to the session instead of ds4_session_decode() (the
+     * server batches it with other sessions); same contract */
+    int (*decode)(void *ud, int32_t tok, char *err, size_t errlen);
     void *ud;
 } ds4_gen_hooks;
 

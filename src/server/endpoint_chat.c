@@ -7,6 +7,7 @@
 #include "generate.h"
 #include "job.h"
 #include "logprobs.h"
+#include "metrics.h"
 #include "prefix.h"
 #include "respond.h"
 
@@ -50,6 +51,10 @@ static bool chat_text(void *ud, const char *text, size_t len) {
     chat_gen *g = ud;
     ds4_buf_put(&g->generated, text, len);
     return ds4_enc_feed(g->enc, text, len);
+}
+
+static int chat_decode(void *ud, int32_t tok, char *err, size_t errlen) {
+    return srv_eval(((chat_gen *)ud)->s, &tok, 1, err, errlen);
 }
 
 static void chat_after_decode(void *ud) {
@@ -153,6 +158,7 @@ void run_chat(server *s, job *j) {
     int n_prompt = (int)p.toks.n;
     trace_text(s, "rendered prompt", prompt.text.data ? prompt.text.data : "", prompt.text.len);
     trace(s, "cache: %s, prompt %d tokens, reused %d, prefill %d", p.how, n_prompt, p.reuse, n_prompt - p.reuse);
+    ds4_metrics_prefix(p.how);
 
     bool thinking = srv_effective_think(s, r) != DS4_THINK_NONE;
     ds4_usage u = {.prompt_tokens = n_prompt, .cached_tokens = p.reuse < n_prompt ? p.reuse : n_prompt};
@@ -181,8 +187,10 @@ void run_chat(server *s, job *j) {
     if (s->script) ds4_tokenizer_encode(s->tok, s->script, s->script_len, DS4_TOK_SPECIALS_CHAT, &g.script);
     ds4_gen_hooks hooks = {.cancelled = chat_cancelled, .forced = chat_forced, .greedy = chat_greedy,
                            .on_token = chat_token, .on_text = chat_text, .after_decode = chat_after_decode,
-                           .ud = &g};
+                           .decode = chat_decode, .ud = &g};
+    const double t_decode = now_s();
     ds4_gen_result gr = ds4_generate(s->sess, s->tok, smp, limit, &hooks, err, sizeof err);
+    ds4_metrics_decode(gr.n_decoded, now_s() - t_decode);
     if (gr.end == DS4_GEN_ERROR) trace(s, "decode failed: %s", err);
     ds4_token_ids_free(&g.script);
     trace_text(s, "generated", g.generated.data ? g.generated.data : "", g.generated.len);
@@ -208,6 +216,7 @@ void run_chat(server *s, job *j) {
     if (thinking) remember_visible(s, &prompt.text, enc);
     trace(s, "usage: prompt %d cached %d completion %d reasoning %d", u.prompt_tokens, u.cached_tokens,
           u.completion_tokens, u.reasoning_tokens);
+    ds4_metrics_tokens(u.prompt_tokens, u.cached_tokens, u.completion_tokens);
     if (r->stream) {
         ds4_http_stream_end(c);
     } else {

@@ -9,6 +9,7 @@
 #include "generate.h"
 #include "job.h"
 #include "logprobs.h"
+#include "metrics.h"
 #include "prefix.h"
 #include "respond.h"
 
@@ -117,6 +118,10 @@ static bool cmpl_text(void *ud, const char *text, size_t len) {
     return g->st.matched >= 0;
 }
 
+static int cmpl_decode(void *ud, int32_t tok, char *err, size_t errlen) {
+    return srv_eval(((cmpl_gen *)ud)->s, &tok, 1, err, errlen);
+}
+
 static void cmpl_after_decode(void *ud) {
     job_disk_frontier(((cmpl_gen *)ud)->s);
 }
@@ -126,10 +131,10 @@ static void cmpl_after_decode(void *ud) {
 static int prefill_echo(server *s, const ds4_token_ids *pt, float *rows, cmpl_logprobs *lpa, int top_k,
                         job_progress *pc, char *err, size_t errlen) {
     int n = (int)pt->n;
-    if (ds4_session_n_tokens(s->sess) && ds4_session_rewind(s->sess, 0, err, errlen)) return -1;
+    if (ds4_session_n_tokens(s->sess) && srv_rewind(s, 0, err, errlen)) return -1;
     for (int k = 0; k < n; k += ECHO_SLICE) {
         int len = n - k < ECHO_SLICE ? n - k : ECHO_SLICE;
-        int rc = ds4_session_prefill(s->sess, pt->v + k, len, rows, NULL, NULL, err, errlen);
+        int rc = srv_prefill_rows(s, pt->v + k, len, rows, err, errlen);
         if (rc) return rc;
         /* row q predicts token k+q+1: fill position k+q+1's entry */
         for (int q = 0; q < len && k + q + 1 < n; q++)
@@ -208,8 +213,11 @@ void run_completions(server *s, job *j) {
                       .lp = logprobs ? &lpa : NULL};
         ds4_stopper_init(&g.st, r->stop, r->n_stop);
         ds4_gen_hooks hooks = {.cancelled = cmpl_cancelled, .greedy = NULL, .on_token = cmpl_token,
-                               .on_text = cmpl_text, .after_decode = cmpl_after_decode, .ud = &g};
+                               .on_text = cmpl_text, .after_decode = cmpl_after_decode, .decode = cmpl_decode,
+                               .ud = &g};
+        const double t_decode = now_s();
         ds4_gen_result gr = ds4_generate(s->sess, s->tok, smp, limit, &hooks, err, sizeof err);
+        ds4_metrics_decode(gr.n_decoded, now_s() - t_decode);
         const char *span;
         size_t rel = ds4_stopper_flush(&g.st, &span);
         cmpl_release(&g, span, rel);
@@ -228,6 +236,7 @@ void run_completions(server *s, job *j) {
         total.cached_tokens += p.reuse;
         total.completion_tokens += g.n_sampled;
         trace(s, "completion %d: prompt %d reused %d generated %d", i, n_prompt, p.reuse, g.n_sampled);
+        ds4_metrics_tokens(n_prompt, p.reuse, g.n_sampled);
         if (r->stream) {
             cJSON *ch = cmpl_chunk(id, created, r, i, "", 0, finish);
             if (logprobs) cJSON_ReplaceItemInObject(cJSON_GetArrayItem(cJSON_GetObjectItem(ch, "choices"), 0), "logprobs", cmpl_logprobs_object(&lpa));

@@ -402,6 +402,7 @@ int ds4_http_read_request(ds4_http_conn *c, ds4_http_req *req, ds4_buf *body) {
 
 static int send_head(ds4_http_conn *c, int status, const char *ctype, long long clen,
                      bool keep_alive, const char *extra) {
+    c->status = status;
     char h[1024];
     int n = snprintf(h, sizeof h, "HTTP/1.1 %d %s\r\n", status, ds4_http_reason(status));
     if (ctype) n += snprintf(h + n, sizeof h - (size_t)n, "Content-Type: %s\r\n", ctype);

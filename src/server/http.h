@@ -95,6 +95,7 @@ typedef struct {
     bool streaming;       /* an SSE response is open */
     bool close_after;     /* the response is delimited by closing the connection */
     bool broken;          /* a write failed; the peer is gone */
+    int status;           /* of the last response head sent (metrics) */
 } ds4_http_conn;
 
 /* Reads the next request. Returns 0 with *req and body filled; 1 when the

@@ -3,6 +3,7 @@
 #include <cjson/cJSON.h>
 #include <stdio.h>
 
+#include "metrics.h"
 #include "respond.h"
 
 #define KEEPALIVE_SECONDS 5.0
@@ -84,29 +85,45 @@ bool job_progress_check(job_progress *p) {
 
 /* Prefills toks[from..n) in slices; 0 ok, 1 cancelled, -1 error. */
 static int prefill(server *s, const int32_t *toks, int from, int n, job_progress *pc, char *err, size_t errlen) {
-    for (int i = from; i < n;) {
+    const double t0 = now_s();
+    int rc = 0, i = from;
+    while (i < n && rc == 0) {
         int len = n - i < PREFILL_SLICE ? n - i : PREFILL_SLICE, reason = 0;
+        srv_kvd_lock(s);
         int stop = s->kvd ? ds4_kvdisk_prefill_stop(s->kvd, toks, n, i, from == 0, &reason) : -1;
+        srv_kvd_unlock(s);
         if (stop > i && stop < i + len) len = stop - i;
-        int rc = ds4_session_prefill(s->sess, toks + i, len, NULL, NULL, NULL, err, errlen);
-        if (rc) return rc;
+        rc = srv_eval(s, toks + i, len, err, errlen);
+        if (rc) break;
         i += len;
-        if (i == stop) ds4_kvdisk_save(s->kvd, s->sess, reason);
-        if (job_progress_check(pc)) return 1;
+        if (i == stop) {
+            srv_kvd_lock(s);
+            ds4_kvdisk_save(s->kvd, s->sess, reason);
+            srv_kvd_unlock(s);
+        }
+        if (job_progress_check(pc)) rc = 1;
     }
-    return 0;
+    ds4_metrics_prefill(i - from, now_s() - t0);
+    return rc;
 }
 
 int job_load_prompt(server *s, const prompt_plan *p, job_progress *pc, char *err, size_t errlen) {
     int live_n = ds4_session_n_tokens(s->sess);
-    if (p->reuse < live_n && s->kvd && p->reuse < live_n / 2) ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_EVICT);
-    if (p->reuse < live_n && ds4_session_rewind(s->sess, p->reuse, err, errlen)) return -1;
+    if (p->reuse < live_n && s->kvd && p->reuse < live_n / 2) {
+        srv_kvd_lock(s);
+        ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_EVICT);
+        srv_kvd_unlock(s);
+    }
+    if (p->reuse < live_n && srv_rewind(s, p->reuse, err, errlen)) return -1;
     return prefill(s, p->toks.v, p->reuse, (int)p->toks.n, pc, err, errlen);
 }
 
 void job_disk_frontier(server *s) {
-    if (s->kvd && ds4_kvdisk_is_frontier(ds4_kvdisk_options(s->kvd), ds4_session_n_tokens(s->sess)))
+    if (s->kvd && ds4_kvdisk_is_frontier(ds4_kvdisk_options(s->kvd), ds4_session_n_tokens(s->sess))) {
+        srv_kvd_lock(s);
         ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_CONTINUED);
+        srv_kvd_unlock(s);
+    }
 }
 
 ds4_sampler *job_sampler(server *s, const ds4_request *r) {

@@ -25,7 +25,11 @@ static const char *replay_lookup(void *ud, const char *id) {
         r->cap_held = cap;
     }
     char *b = ds4_toolmem_get(r->s->mem, id);
-    if (!b && r->s->kvd && ds4_kvdisk_find_tool(r->s->kvd, id)) b = ds4_toolmem_get(r->s->mem, id);
+    if (!b && r->s->kvd) {
+        srv_kvd_lock(r->s);
+        if (ds4_kvdisk_find_tool(r->s->kvd, id)) b = ds4_toolmem_get(r->s->mem, id);
+        srv_kvd_unlock(r->s);
+    }
     if (b) r->held[r->n_held++] = b;
     return b;
 }
@@ -162,7 +166,9 @@ int plan_prompt(server *s, const srv_prompt *prompt, prompt_plan *p) {
     /* A prompt that cannot fit is rejected by the caller: restoring a disk
      * checkpoint for it would replace the live session for nothing. */
     bool fits = (int)p->toks.n < s->o.ctx;
+    srv_kvd_lock(s);
     size_t disk = s->kvd && fits ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
+    srv_kvd_unlock(s);
     /* a restore that failed part-way leaves the session empty */
     if (!disk && ds4_session_n_tokens(s->sess) != live_n) lcp = 0;
     if (disk) {

@@ -1,5 +1,7 @@
 #include "queue.h"
 
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "job.h"
@@ -10,11 +12,62 @@
  * client is still there. */
 #define QUEUE_POLL_MS 250
 
-void ds4_queue_init(ds4_job_queue *q) {
+/* Bytes of a slot's last body kept for matching: enough to tell
+ * conversations apart, bounded whatever the bodies weigh. */
+#define BODY_KEPT (64 * 1024)
+
+bool ds4_queue_init(ds4_job_queue *q, int n_slots) {
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
     q->head = q->tail = NULL;
     q->stopping = false;
+    q->n_slots = n_slots;
+    q->clock = 0;
+    q->slots = calloc((size_t)n_slots, sizeof *q->slots);
+    return q->slots != NULL;
+}
+
+static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) {
+    size_t i = 0, n = na < nb ? na : nb;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+static bool holds_id(const ds4_queue_slot *sl, const char *id) {
+    for (int i = 0; i < sl->n_live_ids; i++)
+        if (!strcmp(sl->live_ids[i], id)) return true;
+    return false;
+}
+
+/* The idle slot that should run j (q->mu held), or -1 (none yet). */
+static int best_slot(const ds4_job_queue *q, const job *j) {
+    if (j->req.n_live_ids)
+        for (int k = 0; k < q->n_slots; k++)
+            if (holds_id(&q->slots[k], j->req.live_ids[0])) return q->slots[k].idle ? k : -1;
+    int best = -1;
+    size_t best_len = 0;
+    for (int k = 0; k < q->n_slots; k++) {
+        const ds4_queue_slot *sl = &q->slots[k];
+        if (!sl->idle) continue;
+        size_t len = common_prefix(sl->body, sl->body_len, j->body, j->body_len);
+        if (best < 0 || len > best_len || (len == best_len && sl->last_used < q->slots[best].last_used)) {
+            best = k;
+            best_len = len;
+        }
+    }
+    return best;
+}
+
+/* Slot k remembers the start of the body it now serves. */
+static void slot_took(ds4_job_queue *q, int k, const job *j) {
+    ds4_queue_slot *sl = &q->slots[k];
+    size_t keep = j->body_len < BODY_KEPT ? j->body_len : BODY_KEPT;
+    char *copy = keep ? malloc(keep) : NULL;
+    free(sl->body);
+    sl->body = copy;
+    sl->body_len = copy ? keep : 0;   /* out of memory only costs the match */
+    if (copy) memcpy(copy, j->body, keep);
+    sl->last_used = ++q->clock;
 }
 
 static void unlink_job(ds4_job_queue *q, job *j) {
@@ -29,7 +82,7 @@ static void unlink_job(ds4_job_queue *q, job *j) {
 
 /* Waits (q->mu held) until the worker takes j or its client leaves. */
 static void wait_queued(server *s, job *j) {
-    ds4_job_queue *q = &s->queue;
+    ds4_job_queue *q = s->queue;
     double next_ping = now_s() + KEEPALIVE_SECONDS;
     while (!j->running && !j->done) {
         struct timespec ts;
@@ -60,7 +113,7 @@ static void wait_queued(server *s, job *j) {
 }
 
 bool ds4_queue_submit(server *s, job *j) {
-    ds4_job_queue *q = &s->queue;
+    ds4_job_queue *q = s->queue;
     pthread_mutex_lock(&q->mu);
     if (q->stopping) {
         pthread_mutex_unlock(&q->mu);
@@ -76,14 +129,20 @@ bool ds4_queue_submit(server *s, job *j) {
 }
 
 job *ds4_queue_take(server *s, bool *stopping) {
-    ds4_job_queue *q = &s->queue;
+    ds4_job_queue *q = s->queue;
     pthread_mutex_lock(&q->mu);
-    while (!q->head && !q->stopping) pthread_cond_wait(&q->cv, &q->mu);
+    q->slots[s->slot].idle = true;
+    pthread_cond_broadcast(&q->cv);
+    /* when stopping, any slot refuses what is left */
+    while (!q->stopping && !(q->head && best_slot(q, q->head) == s->slot)) pthread_cond_wait(&q->cv, &q->mu);
+    q->slots[s->slot].idle = false;
     job *j = q->head;
     if (j) {
         q->head = j->next;
         if (!q->head) q->tail = NULL;
         j->running = true;
+        slot_took(q, s->slot, j);
+        pthread_cond_broadcast(&q->cv);   /* the next job may suit another idle slot */
         while (j->writing) pthread_cond_wait(&q->cv, &q->mu);
     }
     *stopping = q->stopping;
@@ -92,15 +151,33 @@ job *ds4_queue_take(server *s, bool *stopping) {
 }
 
 void ds4_queue_finish(server *s, job *j) {
-    ds4_job_queue *q = &s->queue;
+    ds4_job_queue *q = s->queue;
     pthread_mutex_lock(&q->mu);
+    ds4_queue_slot *sl = &q->slots[s->slot];
+    if (s->n_live_ids > sl->cap_live_ids) {
+        void *grown = realloc(sl->live_ids, (size_t)s->n_live_ids * sizeof sl->live_ids[0]);
+        if (grown) { sl->live_ids = grown; sl->cap_live_ids = s->n_live_ids; }
+    }
+    /* out of memory only loses the routing: the continuation then gets the usual 400 */
+    sl->n_live_ids = s->n_live_ids <= sl->cap_live_ids ? s->n_live_ids : 0;
+    if (sl->n_live_ids) memcpy(sl->live_ids, s->live_ids, (size_t)sl->n_live_ids * sizeof sl->live_ids[0]);
     j->done = true;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
 }
 
+void ds4_queue_slots(server *s, int *n_slots, int *busy, int *queued) {
+    ds4_job_queue *q = s->queue;
+    pthread_mutex_lock(&q->mu);
+    *n_slots = q->n_slots;
+    *busy = *queued = 0;
+    for (int k = 0; k < q->n_slots; k++) *busy += !q->slots[k].idle;
+    for (const job *j = q->head; j; j = j->next) ++*queued;
+    pthread_mutex_unlock(&q->mu);
+}
+
 void ds4_queue_stop(server *s) {
-    ds4_job_queue *q = &s->queue;
+    ds4_job_queue *q = s->queue;
     pthread_mutex_lock(&q->mu);
     q->stopping = true;
     pthread_cond_broadcast(&q->cv);

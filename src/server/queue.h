@@ -10,11 +10,17 @@
  *   keep-alives every 5 s (job.h), so a long queue does not trip client idle
  *   timers; the worker is never held up for more than one such write (it
  *   waits for `writing` to clear before it starts the job).
- * - The worker takes jobs in FIFO order with ds4_queue_take() (NULL once
+ * - Slot workers take jobs in FIFO order with ds4_queue_take() (NULL once
  *   stopping and empty; *stopping tells it to refuse what is left) and
- *   reports each one with ds4_queue_finish().
- * - This is the only place that knows how waiting requests are ordered: a
- *   scheduler with several slots replaces take/finish, nothing else.
+ *   report each one with ds4_queue_finish(). A job answering a live
+ *   tool-call turn by id goes to the slot that produced those ids (waiting
+ *   for it when it is busy: no other slot could serve it). Any other head
+ *   job goes to the idle slot whose previous request body shares the
+ *   longest prefix with its body (a conversation's next turn usually extends
+ *   the previous body, and that slot holds its KV), ties to the least
+ *   recently used slot. That choice affects only speed: every slot's prefix
+ *   planner finds what its session can reuse.
+ * - This is the only place that knows how waiting requests are ordered.
  */
 #ifndef DS4_QUEUE_H
 #define DS4_QUEUE_H
@@ -26,16 +32,31 @@ typedef struct job job;
 typedef struct server server;
 
 typedef struct {
+    bool idle;                  /* waiting in ds4_queue_take */
+    char *body;                 /* the start of its last request body */
+    size_t body_len;
+    unsigned long last_used;
+    char (*live_ids)[40];       /* copy of the slot's live tool-call ids at its last finish */
+    int n_live_ids, cap_live_ids;
+} ds4_queue_slot;
+
+typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     job *head, *tail;
     bool stopping;
+    int n_slots;
+    ds4_queue_slot *slots;
+    unsigned long clock;
 } ds4_job_queue;
 
-void ds4_queue_init(ds4_job_queue *q);
+/* false: out of memory */
+bool ds4_queue_init(ds4_job_queue *q, int n_slots);
 bool ds4_queue_submit(server *s, job *j);
 job *ds4_queue_take(server *s, bool *stopping);
 void ds4_queue_finish(server *s, job *j);
+/* Slots, how many of them are running a job, and jobs waiting (/health, /metrics). */
+void ds4_queue_slots(server *s, int *n_slots, int *busy, int *queued);
 /* Refuse new jobs and wake the worker. */
 void ds4_queue_stop(server *s);
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "access.h"
+#include "metrics.h"
 #include "prefix.h"
 #include "respond.h"
 #include "server_state.h"
@@ -162,6 +163,11 @@ static void route_detokenize(server *s, ds4_http_conn *c, const ds4_http_req *hr
     cJSON *t = cJSON_GetObjectItem(in, "tokens");
     int n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1;
     int32_t *ids = n >= 0 ? malloc(sizeof *ids * (size_t)(n + 1)) : NULL;
+    if (n >= 0 && !ids) {
+        cJSON_Delete(in);
+        ds4_send_error(s, c, hr, 500, "out of memory", NULL, NULL, 0, ka);
+        return;
+    }
     char msg[160] = "tokens must be an array of token ids";
     int k = 0;
     bool ok = ids != NULL;
@@ -176,8 +182,7 @@ static void route_detokenize(server *s, ds4_http_conn *c, const ds4_http_req *hr
     cJSON_Delete(in);
     if (!ok) {
         free(ids);
-        ds4_send_error(s, c, hr, n >= 0 && !ids ? 500 : 400, n >= 0 && !ids ? "out of memory" : msg, "tokens",
-                       NULL, 0, ka);
+        ds4_send_error(s, c, hr, 400, msg, "tokens", NULL, 0, ka);
         return;
     }
     size_t len = 0;
@@ -221,7 +226,7 @@ static bool refuse_oversized(server *s, ds4_http_conn *c, const ds4_http_req *hr
 /* Decodes an inference request and waits for the worker to run it. */
 static bool route_inference(server *s, ds4_http_conn *c, ds4_http_req *hr, const ds4_buf *body, ds4_api api) {
     bool ka = hr->keep_alive;
-    job j = {.conn = c, .hreq = hr};
+    job j = {.conn = c, .hreq = hr, .body = body->data, .body_len = body->len};
     ds4_req_error e;
     parse_slot_take();
     int rc = ds4_request_decode(api, body->data ? body->data : "", body->len, &j.req, &e);
@@ -244,7 +249,19 @@ static bool route_inference(server *s, ds4_http_conn *c, ds4_http_req *hr, const
     return j.keep_alive && !c->broken && !c->close_after;
 }
 
-bool route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body) {
+static void route_metrics(server *s, ds4_http_conn *c, const ds4_http_req *hr, bool ka) {
+    ds4_metrics_gauges g = {.kv_bytes = 0};
+    ds4_queue_slots(s, &g.slots, &g.slots_busy, &g.queued);
+    g.kv_bytes = (uint64_t)g.slots * ds4_engine_kv_bytes(s->eng, s->o.ctx);
+    ds4_buf text = {0};
+    ds4_metrics_render(&text, &g);
+    char hdr[1024];
+    ds4_cors_headers(s, hr, hdr, sizeof hdr);
+    ds4_http_respond(c, 200, "text/plain; version=0.0.4", text.data ? text.data : "", text.len, ka, hdr);
+    ds4_buf_free(&text);
+}
+
+static bool dispatch(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body) {
     bool ka = hr->keep_alive;
     const char *m = hr->method, *path = hr->path, *denied, *code;
     int status = access_check(&s->o, hr, &denied, &code);
@@ -260,9 +277,16 @@ bool route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body)
     }
     bool get = !strcmp(m, "GET"), post = !strcmp(m, "POST");
     if (get && (!strcmp(path, "/v1/models") || !strncmp(path, "/v1/models/", 11))) { route_models(s, c, hr, ka); return ka; }
+    if (get && !strcmp(path, "/metrics")) { route_metrics(s, c, hr, ka); return ka; }
     if (get && !strcmp(path, "/health")) {
         cJSON *o = cJSON_CreateObject();
+        int n_slots, busy, queued;
+        ds4_queue_slots(s, &n_slots, &busy, &queued);
         cJSON_AddStringToObject(o, "status", "ok");
+        cJSON_AddNumberToObject(o, "slots", n_slots);
+        cJSON_AddNumberToObject(o, "slots_busy", busy);
+        cJSON_AddNumberToObject(o, "slots_free", n_slots - busy);
+        cJSON_AddNumberToObject(o, "queued", queued);
         ds4_send_json(s, c, hr, 200, o, ka, NULL);
         return ka;
     }
@@ -276,4 +300,11 @@ bool route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body)
         return ka;
     }
     return route_inference(s, c, hr, body, api);
+}
+
+bool route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body) {
+    c->status = 0;
+    bool ka = dispatch(s, c, hr, body);
+    ds4_metrics_request(hr->path, c->status);
+    return ka;
 }

@@ -1,6 +1,7 @@
 /* routes.h -- request routing on a connection thread: the cheap endpoints
- * (models, health, tokenizer, token counting) are answered here; inference
- * requests are decoded and handed to the worker through the queue.
+ * (models, health with the slots, Prometheus metrics, tokenizer, token
+ * counting) are answered here; inference requests are decoded and handed to
+ * a slot's worker through the queue.
  *
  * Contract
  * - route_request() answers exactly one request and returns whether the
@@ -8,6 +9,7 @@
  *   streamed answer).
  * - Unknown paths or methods get 404 in the family's error shape; request
  *   decoding errors get the status request.h chose.
+ * - Every request is counted in metrics.h by path and the status sent.
  */
 #ifndef DS4_ROUTES_H
 #define DS4_ROUTES_H

@@ -18,17 +18,17 @@
 #include <unistd.h>
 
 #include "access.h"
+#include "batcher.h"
 #include "engine_kvdisk.h"
 #include "respond.h"
 #include "routes.h"
 #include "server_state.h"
 #include "worker.h"
 
-#define MAX_CONNECTIONS 1024
-/* The last RESERVED_SLOTS go only to addresses holding fewer than
- * FEW_CONNECTIONS, so a new client still gets in when a few addresses hold
- * everything else. */
-#define RESERVED_SLOTS 64
+/* The last 1/RESERVE_DIVISOR of the connection slots go only to addresses
+ * holding fewer than FEW_CONNECTIONS, so a new client still gets in when a
+ * few addresses hold everything else. */
+#define RESERVE_DIVISOR 16
 #define FEW_CONNECTIONS 4
 
 static void on_signal(int sig) {
@@ -44,7 +44,7 @@ typedef struct {
 } client_count;
 
 static pthread_mutex_t g_conns_mu = PTHREAD_MUTEX_INITIALIZER;
-static client_count g_clients[MAX_CONNECTIONS];
+static client_count g_clients[DS4_SERVER_MAX_CONNECTIONS];
 static int g_n_clients, g_n_conns;
 
 static void client_key(const struct sockaddr_storage *ss, unsigned char key[16]) {
@@ -64,12 +64,12 @@ static client_count *find_client(const unsigned char key[16]) {
 }
 
 /* Takes a connection slot for the address, or refuses (false). */
-static bool admit(const unsigned char key[16], int per_client_max) {
+static bool admit(const unsigned char key[16], int max_total, int per_client_max) {
     pthread_mutex_lock(&g_conns_mu);
     client_count *c = find_client(key);
     int held = c ? c->n : 0;
-    bool ok = g_n_conns < MAX_CONNECTIONS && held < per_client_max &&
-              (g_n_conns < MAX_CONNECTIONS - RESERVED_SLOTS || held < FEW_CONNECTIONS);
+    bool ok = g_n_conns < max_total && held < per_client_max &&
+              (g_n_conns < max_total - max_total / RESERVE_DIVISOR || held < FEW_CONNECTIONS);
     if (ok) {
         if (!c) {
             c = &g_clients[g_n_clients++];
@@ -176,7 +176,7 @@ static void accept_one(server *s, int listen_fd, const pthread_attr_t *attr) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     unsigned char key[16];
     client_key(&peer, key);
-    bool admitted = admit(key, s->o.max_client_connections);
+    bool admitted = admit(key, s->o.max_connections, s->o.max_client_connections);
     conn_arg *a = admitted ? malloc(sizeof *a) : NULL;
     pthread_t th;
     if (a) { a->s = s; a->fd = fd; memcpy(a->client, key, 16); }
@@ -197,25 +197,68 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     o->default_max_tokens = 393216;
     o->model_path = "ds4flash.gguf";
     o->tool_memory_max_ids = 100000;
+    o->max_connections = DS4_SERVER_MAX_CONNECTIONS;
     o->max_client_connections = 256;
     o->numerics = -1;
+    o->batched_sessions = 1;
     ds4_kvdisk_opts_default(&o->kvdisk);
     ds4_http_limits_default(&o->limits);
     ds4_gpu_opts_default(&o->gpu);
 }
 
+/* Bytes the kernel could give this process now (MemAvailable), or 0. */
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* The slots' views of the server (server_state.h), each with its session;
+ * 0 or 1 after one line on stderr. */
+static int make_slots(server *s, server **slots_out) {
+    char err[512];
+    const int n = s->o.batched_sessions;
+    const uint64_t need = (uint64_t)n * ds4_engine_kv_bytes(s->eng, s->o.ctx), avail = mem_available();
+    if (avail && need > avail) {
+        fprintf(stderr, "ds4-server: %d sessions of %d tokens need %.2f GiB of KV state, only %.2f GiB of memory is "
+                        "available (lower --batched-session or --ctx)\n",
+                n, s->o.ctx, (double)need / (1 << 30), (double)avail / (1 << 30));
+        return 1;
+    }
+    server *slots = calloc((size_t)n, sizeof *slots);
+    if (!slots) { fprintf(stderr, "ds4-server: out of memory for %d slots\n", n); return 1; }
+    *slots_out = slots;
+    for (int k = 0; k < n; k++) {
+        slots[k] = *s;
+        slots[k].slot = k;
+        slots[k].sess = ds4_session_new(s->eng, s->o.ctx, err, sizeof err);
+        if (!slots[k].sess) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
+    }
+    return 0;
+}
+
 int ds4_server_run(const ds4_server_opts *opts) {
     static server S;
+    static ds4_job_queue queue;
+    static pthread_mutex_t trace_mu = PTHREAD_MUTEX_INITIALIZER, kvd_mu = PTHREAD_MUTEX_INITIALIZER;
     server *s = &S;
     s->o = *opts;
+    if (s->o.batched_sessions < 1) s->o.batched_sessions = 1;
     char err[512];
     if (!access_is_loopback(s->o.host) && !(s->o.api_key && s->o.api_key[0]) && !s->o.no_api_key) {
         fprintf(stderr, "ds4-server: --host %s is reachable from other machines: set --api-key KEY (or DS4_API_KEY), "
                         "or pass --no-api-key to serve without authentication\n", s->o.host);
         return 2;
     }
-    ds4_queue_init(&s->queue);
-    pthread_mutex_init(&s->trace_mu, NULL);
+    if (!ds4_queue_init(&queue, s->o.batched_sessions)) { fprintf(stderr, "ds4-server: out of memory\n"); return 1; }
+    s->queue = &queue;
+    s->trace_mu = &trace_mu;
+    s->kvd_mu = &kvd_mu;
     /* the trace holds prompts: private to this user, like the disk cache */
     int trace_fd = s->o.trace_path ? open(s->o.trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600) : -1;
     if (s->o.trace_path && (trace_fd < 0 || !(s->trace = fdopen(trace_fd, "a")))) {
@@ -247,13 +290,17 @@ int ds4_server_run(const ds4_server_opts *opts) {
         size_t len = 0;
         if (ds4_tokenizer_token_bytes(s->tok, id, &len) && len > s->max_token_bytes) s->max_token_bytes = len;
     }
-    s->sess = ds4_session_new(s->eng, s->o.ctx, err, sizeof err);
-    if (!s->sess) { fprintf(stderr, "ds4-server: %s\n", err); ds4_engine_free(s->eng); return 1; }
     s->mem = ds4_toolmem_new(s->o.tool_memory_max_ids, (size_t)512 << 20);
+    if (s->o.batched_sessions > 1 && !(s->batcher = ds4_batcher_new(s->eng))) {
+        fprintf(stderr, "ds4-server: out of memory\n");
+        return 1;
+    }
     if (s->o.kvdisk.dir && !(s->kvd = ds4_engine_kvdisk_open(&s->o.kvdisk, s->eng, s->mem, kv_log, s, err, sizeof err))) {
         fprintf(stderr, "ds4-server: %s\n", err);
         return 1;
     }
+    server *slots = NULL;
+    if (make_slots(s, &slots)) return 1;
     struct pollfd lfds[2] = {{.fd = listen_on(s->o.host, s->o.port, err, sizeof err), .events = POLLIN},
                              {.fd = -1, .events = POLLIN}};
     if (lfds[0].fd < 0) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
@@ -265,9 +312,17 @@ int ds4_server_run(const ds4_server_opts *opts) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    pthread_t worker;
-    pthread_create(&worker, NULL, worker_main, s);
-    fprintf(stderr, "ds4-server: listening on http://%s:%d (ctx %d)\n", s->o.host, s->o.port, s->o.ctx);
+    pthread_t *workers = calloc((size_t)s->o.batched_sessions, sizeof *workers);
+    int n_workers = 0;
+    while (workers && n_workers < s->o.batched_sessions &&
+           !pthread_create(&workers[n_workers], NULL, worker_main, &slots[n_workers]))
+        n_workers++;
+    if (n_workers < s->o.batched_sessions) {
+        fprintf(stderr, "ds4-server: cannot start %d slot threads\n", s->o.batched_sessions);
+        atomic_store(&ds4_srv_stop, 1);
+    }
+    fprintf(stderr, "ds4-server: listening on http://%s:%d (ctx %d, %d session slot%s)\n", s->o.host, s->o.port,
+            s->o.ctx, s->o.batched_sessions, s->o.batched_sessions > 1 ? "s" : "");
     trace(s, "server start: model %s ctx %d", s->o.model_path, s->o.ctx);
 
     pthread_attr_t attr;
@@ -299,9 +354,10 @@ int ds4_server_run(const ds4_server_opts *opts) {
         if (lfds[i].fd >= 0) close(lfds[i].fd);
     fprintf(stderr, "ds4-server: shutting down\n");
     ds4_queue_stop(s);
-    pthread_join(worker, NULL);
+    for (int k = 0; k < n_workers; k++) pthread_join(workers[k], NULL);
+    free(workers);
     if (s->kvd) {
-        ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_SHUTDOWN);
+        for (int k = 0; k < s->o.batched_sessions; k++) ds4_kvdisk_save(s->kvd, slots[k].sess, DS4_KVC_SHUTDOWN);
         ds4_kvdisk_close(s->kvd);
     }
     /* Connection threads may still be reading; give them a moment. */

@@ -3,9 +3,17 @@
  * Contract
  * - ds4_server_run() loads the model, binds host:port, and serves until
  *   SIGINT/SIGTERM. Connections get one thread each (HTTP parsing, JSON
- *   decoding, token counting, errors); everything that touches the engine
- *   runs on one worker thread that takes jobs in FIFO order, so requests are
- *   served fairly and the single live KV session is never shared.
+ *   decoding, token counting, errors). Requests run on `batched_sessions`
+ *   slots, each a worker thread with its own resident session (all
+ *   allocated at start; refused at start when they cannot fit the memory
+ *   available), taking jobs in FIFO order, so requests are served fairly and
+ *   no session is ever shared. A new job goes to the idle slot whose last
+ *   request body shares the longest prefix with it (a conversation's next
+ *   turn finds its own KV), ties to the least recently used. With several
+ *   slots the engine work of all of them is batched (batcher.h): every
+ *   decoding slot advances in one step and a long prompt is prefilled in
+ *   bounded chunks between those steps. One slot (the default) is exactly
+ *   the single-session server.
  * - While a request waits in the queue its connection thread watches the
  *   socket: a client that disconnects takes its job out of the queue (it
  *   never runs), and a streamed request gets keep-alives every 5 s (the SSE
@@ -33,10 +41,11 @@
  *   unless no_api_key. Bound to loopback, a Host header that names another
  *   host is refused (DNS rebinding); POST bodies must be application/json
  *   (a browser cannot send that cross-site without a CORS preflight).
- * - Connections: at most 1024, at most max_client_connections per client
- *   address, and the last 64 slots only for addresses holding fewer than 4,
- *   so a crowd from a few addresses cannot lock new clients out; a request
- *   must arrive completely within limits.request_timeout_ms.
+ * - Connections: at most max_connections, at most max_client_connections
+ *   per client address, and the last 1/16 of the slots only for addresses
+ *   holding fewer than 4, so a crowd from a few addresses cannot lock new
+ *   clients out; a request must arrive completely within
+ *   limits.request_timeout_ms.
  */
 #ifndef DS4_SERVER_H
 #define DS4_SERVER_H
@@ -48,6 +57,9 @@
 #include "http.h"
 #include "kvdisk.h"
 
+/* One thread per connection: this bounds them. */
+#define DS4_SERVER_MAX_CONNECTIONS 1024
+
 typedef struct {
     const char *host;            /* default 127.0.0.1; "localhost" = 127.0.0.1 */
     int port;                    /* default 8000 */
@@ -56,6 +68,7 @@ typedef struct {
     const char *model_path;      /* default ./ds4flash.gguf */
     int threads;                 /* <= 0: all CPUs */
     int prefill_chunk;           /* <= 0: the engine's default */
+    int batched_sessions;        /* --batched-session N: resident sessions (slots), default 1 */
     int numerics;                /* ds4_engine_params.numerics: -1 default, 0 exact, 1 ds4 */
     bool cors;
     const char *trace_path;      /* NULL: no trace */
@@ -65,6 +78,7 @@ typedef struct {
     const char *scripted_output; /* test only: every generation emits this file's text */
     const char *api_key;         /* NULL: no authentication (DS4_API_KEY in ds4-server) */
     bool no_api_key;             /* allow a non-loopback --host without a key */
+    int max_connections;         /* open connections, 1..DS4_SERVER_MAX_CONNECTIONS (default) */
     int max_client_connections;  /* per client address, default 256 */
     ds4_http_limits limits;
     ds4_kvdisk_opts kvdisk;      /* dir NULL: no disk KV cache */

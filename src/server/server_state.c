@@ -1,5 +1,7 @@
 #include "server_state.h"
 
+#include "batcher.h"
+
 #include <stdarg.h>
 #include <time.h>
 
@@ -13,7 +15,7 @@ double now_s(void) {
 
 void trace(server *s, const char *fmt, ...) {
     if (!s->trace) return;
-    pthread_mutex_lock(&s->trace_mu);
+    pthread_mutex_lock(s->trace_mu);
     time_t t = time(NULL);
     char ts[32];
     struct tm tm;
@@ -25,20 +27,42 @@ void trace(server *s, const char *fmt, ...) {
     va_end(ap);
     fputc('\n', s->trace);
     fflush(s->trace);
-    pthread_mutex_unlock(&s->trace_mu);
+    pthread_mutex_unlock(s->trace_mu);
 }
 
 void trace_text(server *s, const char *label, const char *text, size_t n) {
     if (!s->trace) return;
-    pthread_mutex_lock(&s->trace_mu);
+    pthread_mutex_lock(s->trace_mu);
     fprintf(s->trace, "---- %s (%zu bytes)\n", label, n);
     fwrite(text, 1, n, s->trace);
     fprintf(s->trace, "\n---- end %s\n", label);
     fflush(s->trace);
-    pthread_mutex_unlock(&s->trace_mu);
+    pthread_mutex_unlock(s->trace_mu);
 }
 
 void kv_log(void *ud, bool warning, const char *line) {
     trace(ud, "%s", line);
     if (warning) fprintf(stderr, "ds4-server: %s\n", line);
 }
+
+int srv_eval(server *s, const int32_t *toks, int n, char *err, size_t errlen) {
+    if (s->batcher) return ds4_batcher_eval(s->batcher, s->sess, toks, n, err, errlen);
+    return ds4_session_prefill(s->sess, toks, n, NULL, NULL, NULL, err, errlen);
+}
+
+int srv_rewind(server *s, int n_tokens, char *err, size_t errlen) {
+    if (s->batcher) ds4_batcher_lock(s->batcher);
+    int rc = ds4_session_rewind(s->sess, n_tokens, err, errlen);
+    if (s->batcher) ds4_batcher_unlock(s->batcher);
+    return rc;
+}
+
+int srv_prefill_rows(server *s, const int32_t *toks, int n, float *rows, char *err, size_t errlen) {
+    if (s->batcher) ds4_batcher_lock(s->batcher);
+    int rc = ds4_session_prefill(s->sess, toks, n, rows, NULL, NULL, err, errlen);
+    if (s->batcher) ds4_batcher_unlock(s->batcher);
+    return rc;
+}
+
+void srv_kvd_lock(server *s) { if (s->kvd) pthread_mutex_lock(s->kvd_mu); }
+void srv_kvd_unlock(server *s) { if (s->kvd) pthread_mutex_unlock(s->kvd_mu); }

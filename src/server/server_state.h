@@ -1,11 +1,15 @@
-/* server_state.h -- the state ds4-server's modules share: the one live
- * session with its prefix-reuse memory, the job a connection hands to the
- * worker, and the trace log.
+/* server_state.h -- the state ds4-server's modules share: one slot's live
+ * session with its prefix-reuse memory, the job a connection hands to a
+ * slot's worker, and the trace log.
  *
  * Contract
- * - One `server` per process. Fields under "worker only" are touched only
- *   by the inference worker thread (worker.c and the endpoint runners it
- *   calls), so they need no lock; the queue has its own lock (queue.h).
+ * - A `server` is one slot's view of the process: its own session and
+ *   live-turn memory ("slot only": touched only by that slot's worker thread
+ *   and the endpoint runners it calls, so no lock), plus pointers to what
+ *   every slot shares (engine, tokenizer, tool memory, queue, trace, disk
+ *   cache). Shared objects are thread-safe (tokenizer, toolmem), have their
+ *   own lock (queue.h, the trace, the disk cache: kvd_mu), or go through the
+ *   batcher (the engine, when there are several slots).
  * - A `job` lives on its connection thread's stack from submission until the
  *   worker marks it done; until the worker takes it (running), only the
  *   connection thread writes to its socket.
@@ -46,17 +50,21 @@ typedef struct server {
     char *script;                 /* scripted output (test only) */
     size_t script_len;
     FILE *trace;
-    pthread_mutex_t trace_mu;
+    pthread_mutex_t *trace_mu;
+    pthread_mutex_t *kvd_mu;      /* the disk cache is single-threaded */
+    ds4_job_queue *queue;
+    struct ds4_batcher *batcher;  /* several slots: the engine's only user; NULL with one */
 
-    ds4_job_queue queue;
+    /* this slot */
+    int slot;
 
-    /* Live tool-call turn (worker only): ids the model produced last. */
+    /* Live tool-call turn (slot only): ids the model produced last. */
     char (*live_ids)[40];         /* every call id of the live turn */
     int n_live_ids;
     int live_ids_tokens;          /* session length the binding belongs to */
     /* What clients replay for the last thinking turn when its reasoning is
      * hidden or dropped: the prompt with an empty or no think block, then
-     * content and tool block (worker only). */
+     * content and tool block (slot only). */
     ds4_buf visible[2];
     int visible_tokens;
 } server;
@@ -65,6 +73,8 @@ struct job {
     job *next;
     ds4_http_conn *conn;
     ds4_http_req *hreq;
+    const char *body;             /* the request body (slot choice, queue.h) */
+    size_t body_len;
     ds4_request req;
     ds4_enc *enc;                 /* chat family, made on first use */
     bool keep_alive;              /* set by the worker */
@@ -78,5 +88,13 @@ __attribute__((format(printf, 2, 3)))
 void trace(server *s, const char *fmt, ...);
 void trace_text(server *s, const char *label, const char *text, size_t n);
 void kv_log(void *ud, bool warning, const char *line);
+
+/* The engine calls a slot makes, through the batcher when there is one. */
+int srv_eval(server *s, const int32_t *toks, int n, char *err, size_t errlen);
+int srv_rewind(server *s, int n_tokens, char *err, size_t errlen);
+int srv_prefill_rows(server *s, const int32_t *toks, int n, float *rows, char *err, size_t errlen);
+/* The disk cache's lock (no-op without a cache). */
+void srv_kvd_lock(server *s);
+void srv_kvd_unlock(server *s);
 
 #endif

@@ -1,5 +1,6 @@
 #include "worker.h"
 
+#include "batcher.h"
 #include "endpoints.h"
 #include "job.h"
 
@@ -14,10 +15,11 @@ void *worker_main(void *server_state) {
         } else if (ds4_http_peer_gone(j->conn)) {
             trace(s, "queued request dropped: client went away");
             j->keep_alive = false;
-        } else if (j->req.api == DS4_API_COMPLETIONS) {
-            run_completions(s, j);
         } else {
-            run_chat(s, j);
+            if (s->batcher) ds4_batcher_busy(s->batcher, true);
+            if (j->req.api == DS4_API_COMPLETIONS) run_completions(s, j);
+            else run_chat(s, j);
+            if (s->batcher) ds4_batcher_busy(s->batcher, false);
         }
         ds4_queue_finish(s, j);
     }

@@ -14,11 +14,17 @@ MODEL=models/demo.gguf
 [ -x ./ds4-agent ] || { echo "agent: ./ds4-agent missing (make)"; exit 1; }
 command -v tmux >/dev/null || { echo "agent: tmux missing"; exit 1; }
 source tests/tmux_lib.sh
+run_in_new_session() {   # run_in_new_session NAME COMMAND: a fresh screen, then the old one goes
+    local old=$W
+    W=$S-$1
+    tmux new-session -d -s "$W" -x 220 -y 60 "$2; echo EXITED-\$?; sleep 600"
+    [ "$old" = "$S" ] || tmux kill-session -t "$old"
+    expect "$1 starts" 'wait_for "^agent> " 1 60'
+}
 start() {   # start NAME WORKDIR SCRIPT [extra flags]
     local name=$1 work=$2 script=$3; shift 3
-    new_session 220 60 "HOME=$T ./ds4-agent -m $MODEL --ctx 4096 -t 2 --chdir $work \
-        --sessions-dir $T/sessions --scripted-output $script --trace $T/trace-$name $*; echo EXITED-\$?; sleep 60"
-    expect "$name starts" 'wait_for "^agent> " 1 60'
+    run_in_new_session "$name" "HOME=$T ./ds4-agent -m $MODEL --ctx 4096 -t 2 --chdir $work \
+        --sessions-dir $T/sessions --scripted-output $script --trace $T/trace-$name $*"
 }
 
 D='｜DSML｜'
@@ -151,7 +157,7 @@ expect "10 MB read refused" 'wait_for "^-> read_file .*10485760 bytes, over the"
 expect "answer after refusals" 'wait_for "^Nothing worked." 1 90'
 send "again"
 expect "slow command runs" 'wait_for "^-> bash {\"command\":\"sleep 60" 1 20'
-tmux send-keys -t "$S" C-c
+tmux send-keys -t "$W" C-c
 expect "Ctrl+C kills the tool" 'wait_for "interrupted (killed)" 1 90'
 expect "prompt back after Ctrl+C" 'wait_for "^agent> " 3 90'
 send "go on"
@@ -162,13 +168,12 @@ expect "no sleeping child left" '! pgrep -f "sleep 60; echo late" >/dev/null'
 
 # Ctrl+C during sampling (the demo model's random text never ends): the
 # message keeps what was written and the next one follows it.
-new_session 220 60 "HOME=$T ./ds4-agent -m $MODEL --ctx 4096 -t 2 --chdir $T/we --nothink \
-    --sessions-dir $T/sessions --no-autosave -n 100000 --trace $T/trace-f; echo EXITED-\$?; sleep 60"
-expect "F starts" 'wait_for "^agent> " 1 60'
+run_in_new_session f "HOME=$T ./ds4-agent -m $MODEL --ctx 4096 -t 2 --chdir $T/we --nothink \
+    --sessions-dir $T/sessions --no-autosave -n 100000 --trace $T/trace-f"
 send "write forever"
 expect "F prefills" 'wait_for "^\[prefill" 1 90'
 sleep 2   # let it sample for a while
-tmux send-keys -t "$S" C-c
+tmux send-keys -t "$W" C-c
 expect "Ctrl+C stops generation" 'wait_for "^\[interrupted\]" 1 60'
 expect "prompt back" 'wait_for "^agent> " 2 30'
 send "/ctx"

@@ -13,7 +13,7 @@ source tests/tmux_lib.sh
 
 printf 'Summarise this file.\n' > "$T/note.txt"
 # Short answers for the conversation turns (random weights rarely emit EOS).
-new_session 200 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 24 -t 2 --temp 0; echo EXITED-\$?; sleep 30"
+tmux new-session -d -s "$S" -x 200 -y 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 24 -t 2 --temp 0; echo EXITED-\$?; sleep 30"
 expect "banner and prompt" 'wait_for "^ds4> " 1 60'
 send "/help"
 expect "help lists commands" 'wait_for "/think-max" 1 10'
@@ -34,8 +34,12 @@ expect "quit exits cleanly" 'wait_for "EXITED-0" 1 20'
 expect "history saved" 'grep -q "second" "$T/.ds4_history"'
 
 # Ctrl+C in the middle of an unbounded generation returns to the prompt and
-# the conversation goes on.
-new_session 200 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 100000 -t 2 --nothink; echo EXITED-\$?; sleep 30"
+# the conversation goes on. The second run gets its own session, created
+# before the first one is killed (tmux_lib: the server must not run out of
+# sessions in between).
+W=$S-second
+tmux new-session -d -s "$W" -x 200 -y 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 100000 -t 2 --nothink; echo EXITED-\$?; sleep 30"
+tmux kill-session -t "$S"
 expect "second run prompt" 'wait_for "^ds4> " 1 60'
 send "write a very long story"
 sleep 4

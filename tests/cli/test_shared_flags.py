@@ -8,8 +8,10 @@
   including when no -m is given and the default ./ds4flash.gguf is absent,
   instead of the circular "run make demo";
 - a FIFO or directory given as the model is refused at once, not opened.
-Flags are checked by parsing only: a model path that does not exist stops
-every binary right after its arguments were accepted (exit 1, not 2).
+Flags are parsed against a model path that does not exist, which stops every
+binary right after its arguments were accepted (exit 1, not 2); on the demo
+model, the load line shows --numerics took effect in ds4, ds4-server and
+ds4-bench.
 """
 import os
 import subprocess
@@ -74,6 +76,35 @@ with tempfile.TemporaryDirectory() as tmp:
         r = run(b, *args, cwd=tmp)
         check(r.returncode == 1 and says_what_to_do(r.stderr) and "ds4flash.gguf" in r.stderr,
               f"{b} without -m: rc {r.returncode}, {r.stderr!r}")
+
+# The shared flags take effect, not only parse: each binary's load line on the
+# demo model reports the numerics asked for ("f32" is what exact runs as).
+DEMO = os.path.join(ROOT, "models", "demo.gguf")
+check(os.path.exists(DEMO), "models/demo.gguf is missing (make demo-model)")
+
+
+def load_line(binary, *args):
+    """The engine's load line ("...numerics X"); the server is stopped once it has printed it."""
+    p = subprocess.Popen([os.path.join(ROOT, binary), "-m", DEMO, "-t", "1", "--cpu", "--prefill-chunk", "64", *args],
+                         cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        for line in p.stderr:
+            if " numerics " in line:
+                return line.strip()
+        return ""
+    finally:
+        p.kill()
+        p.wait()
+
+
+if os.path.exists(DEMO):
+    for numerics, shown in (("exact", "numerics f32"), ("ds4", "numerics ds4")):
+        for binary, args in (("ds4", ["--nothink", "-n", "1", "-p", "hi"]),
+                             ("ds4-server", ["--port", "0"]),
+                             ("ds4-bench", ["--ctx-start", "64", "--ctx-max", "64", "--gen-tokens", "1"])):
+            line = load_line(binary, "--numerics", numerics, *args)
+            check(line.endswith(shown), f"{binary} --numerics {numerics}: load line {line!r}")
 
 print(f"test_shared_flags: {passes} passed, {fails} failed")
 sys.exit(1 if fails else 0)

@@ -98,6 +98,25 @@ def tool_call_memory_is_linear(t, srv):
     t.check(grew < 32 * len(body), f"peak RSS grew {grew} bytes for a {len(body)}-byte body (limit 32x)")
 
 
+def reserve_keeps_room_for_new_clients(t):
+    """Defect 2: the last 1/16 of the connection slots only go to addresses
+    holding few connections (32 slots: 2 reserved)."""
+    srv = Server("--max-connections", "32", "--max-client-connections", "100")
+    socks = []
+    try:
+        for _ in range(30):
+            socks.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
+        time.sleep(0.5)   # let the server account for all 30
+        out = raw(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        t.check(out.startswith(b"HTTP/1.1 503"), f"the crowding address does not get a reserved slot: {out[:40]}")
+        got = split_responses(raw(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", src="127.0.0.3"))
+        t.check(got and got[0][0] == 200, "a new address gets a reserved slot")
+    finally:
+        for s in socks:
+            s.close()
+        srv.stop()
+
+
 def oversized_prompt_refused_before_tokenizing(t, srv):
     """Defect 3: a prompt whose text alone exceeds the context is refused
     before it is rendered, queued or tokenized (tokenizing 60 MB took 79 s
@@ -346,6 +365,7 @@ def main():
     finally:
         srv.stop()
     slow_senders_cannot_lock_out(t)
+    reserve_keeps_room_for_new_clients(t)
     rejected_prompt_keeps_live_session(t)
     fifo_model_path_is_refused(t)
     api_key_is_required_everywhere(t)

@@ -1,0 +1,42 @@
+/* batcher.h -- one engine shared by the server's slot threads: the decode
+ * tokens and prefill slices they submit are gathered into batched engine
+ * steps (ds4_sessions_step), so N streaming clients cost about one pass over
+ * the dense weights per token instead of N.
+ *
+ * Contract
+ * - ds4_batcher_eval() appends n tokens to the caller's session and returns
+ *   when they are in (0, or -1 with err). Batching never changes a result
+ *   (engine.h: batched sessions are bit-identical to sessions alone), so
+ *   when a step runs only affects speed.
+ * - A step runs once every busy slot (ds4_batcher_busy) has work pending, or
+ *   GRACE_MS after the oldest pending work arrived (a slot busy writing to a
+ *   client or tokenizing does not hold the others back longer). A step takes
+ *   every pending decode token and at most one prefill submission's next
+ *   PREFILL_ROWS tokens, so a long prompt is prefilled in bounded chunks
+ *   interleaved with everyone's decode steps.
+ * - The engine is not thread-safe: any other engine call a slot makes
+ *   (rewind, prefill that keeps every position's logits) goes between
+ *   ds4_batcher_lock() and ds4_batcher_unlock().
+ * - The thread that completes the group runs the step itself (no extra
+ *   thread); each session may have one submission in flight.
+ */
+#ifndef DS4_BATCHER_H
+#define DS4_BATCHER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+typedef struct ds4_batcher ds4_batcher;
+
+ds4_batcher *ds4_batcher_new(ds4_engine *e);
+void ds4_batcher_free(ds4_batcher *b);
+/* A slot starts (true) or ends (false) a request. */
+void ds4_batcher_busy(ds4_batcher *b, bool busy);
+int ds4_batcher_eval(ds4_batcher *b, ds4_session *s, const int32_t *toks, int n, char *err, size_t errlen);
+void ds4_batcher_lock(ds4_batcher *b);
+void ds4_batcher_unlock(ds4_batcher *b);
+
+#endif

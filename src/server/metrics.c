@@ -1,0 +1,111 @@
+/* metrics.c -- process-wide counters and their Prometheus rendering. */
+#include "metrics.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Endpoints get their own label; anything else is "other". */
+static const char *const ENDPOINTS[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+                                        "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics",
+                                        "/tokenize", "/detokenize", "other"};
+enum { N_ENDPOINTS = sizeof ENDPOINTS / sizeof ENDPOINTS[0], MAX_PAIRS = 128 };
+/* Reuse kinds, matched by prefix of the planner's description. */
+static const char *const REUSE[] = {"exact token prefix", "live text prefix", "visible transcript prefix",
+                                    "live tool-call continuation", "disk cache", "common token prefix", "cold"};
+enum { N_REUSE = sizeof REUSE / sizeof REUSE[0] };
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+typedef struct { int endpoint, status; unsigned long long n; } request_count;
+static request_count pairs[MAX_PAIRS];
+static int n_pairs;
+static unsigned long long prompt_tokens, cached_tokens, generated_tokens, prefill_tokens, decode_tokens;
+static double prefill_seconds, decode_seconds;
+static unsigned long long reuse[N_REUSE];
+
+void ds4_metrics_request(const char *path, int status) {
+    int e = 0;
+    while (e < N_ENDPOINTS - 1 && strcmp(ENDPOINTS[e], path)) e++;
+    pthread_mutex_lock(&mu);
+    int i = 0;
+    while (i < n_pairs && (pairs[i].endpoint != e || pairs[i].status != status)) i++;
+    if (i == n_pairs && n_pairs < MAX_PAIRS) pairs[n_pairs++] = (request_count){e, status, 0};
+    if (i < n_pairs) pairs[i].n++;
+    pthread_mutex_unlock(&mu);
+}
+
+void ds4_metrics_tokens(int prompt, int cached, int generated) {
+    pthread_mutex_lock(&mu);
+    prompt_tokens += (unsigned long long)prompt;
+    cached_tokens += (unsigned long long)cached;
+    generated_tokens += (unsigned long long)generated;
+    pthread_mutex_unlock(&mu);
+}
+
+void ds4_metrics_prefill(int tokens, double seconds) {
+    pthread_mutex_lock(&mu);
+    prefill_tokens += (unsigned long long)tokens;
+    prefill_seconds += seconds;
+    pthread_mutex_unlock(&mu);
+}
+
+void ds4_metrics_decode(int tokens, double seconds) {
+    pthread_mutex_lock(&mu);
+    decode_tokens += (unsigned long long)tokens;
+    decode_seconds += seconds;
+    pthread_mutex_unlock(&mu);
+}
+
+void ds4_metrics_prefix(const char *how) {
+    for (int k = 0; k < N_REUSE; k++)
+        if (!strncmp(how, REUSE[k], strlen(REUSE[k]))) {
+            pthread_mutex_lock(&mu);
+            reuse[k]++;
+            pthread_mutex_unlock(&mu);
+            return;
+        }
+}
+
+static void line(ds4_buf *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void line(ds4_buf *out, const char *fmt, ...) {
+    char b[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b, sizeof b, fmt, ap);
+    va_end(ap);
+    if (n > 0) ds4_buf_put(out, b, (size_t)n < sizeof b ? (size_t)n : sizeof b - 1);
+}
+
+static void counter(ds4_buf *out, const char *name, const char *help, unsigned long long v) {
+    line(out, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, v);
+}
+
+static void gauge(ds4_buf *out, const char *name, const char *help, double v) {
+    line(out, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
+}
+
+void ds4_metrics_render(ds4_buf *out, const ds4_metrics_gauges *g) {
+    pthread_mutex_lock(&mu);
+    line(out, "# HELP ds4_requests_total HTTP requests by endpoint and status.\n"
+              "# TYPE ds4_requests_total counter\n");
+    for (int i = 0; i < n_pairs; i++)
+        line(out, "ds4_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", ENDPOINTS[pairs[i].endpoint],
+             pairs[i].status, pairs[i].n);
+    counter(out, "ds4_prompt_tokens_total", "Prompt tokens of answered requests.", prompt_tokens);
+    counter(out, "ds4_prompt_tokens_cached_total", "Prompt tokens reused from a session or the disk cache.",
+            cached_tokens);
+    counter(out, "ds4_generated_tokens_total", "Generated tokens.", generated_tokens);
+    counter(out, "ds4_prefill_tokens_total", "Tokens prefilled.", prefill_tokens);
+    gauge(out, "ds4_prefill_seconds_total", "Seconds spent prefilling (wall, per request).", prefill_seconds);
+    counter(out, "ds4_decode_tokens_total", "Tokens decoded.", decode_tokens);
+    gauge(out, "ds4_decode_seconds_total", "Seconds spent decoding (wall, per request).", decode_seconds);
+    line(out, "# HELP ds4_prompt_reuse_total Prompts by how their prefix was reused.\n"
+              "# TYPE ds4_prompt_reuse_total counter\n");
+    for (int k = 0; k < N_REUSE; k++) line(out, "ds4_prompt_reuse_total{how=\"%s\"} %llu\n", REUSE[k], reuse[k]);
+    pthread_mutex_unlock(&mu);
+    gauge(out, "ds4_slots", "Resident sessions (--batched-session).", g->slots);
+    gauge(out, "ds4_slots_busy", "Slots running a request.", g->slots_busy);
+    gauge(out, "ds4_queue_depth", "Requests waiting for a slot.", g->queued);
+    gauge(out, "ds4_kv_bytes", "Bytes of session state allocated for the slots.", (double)g->kv_bytes);
+}

@@ -1,0 +1,34 @@
+/* metrics.h -- the counters behind GET /metrics (Prometheus text format
+ * 0.0.4), as llama-server and vLLM expose them.
+ *
+ * Contract
+ * - One set of counters per process; every function is thread-safe (the
+ *   connection threads and every slot's worker record into it).
+ * - Counters only grow: requests by endpoint and HTTP status, prompt /
+ *   cached / generated tokens, prefill and decode tokens with the seconds
+ *   they took (a scraper derives tokens/s from their rates), prompts by how
+ *   their prefix was reused (live session, disk cache, cold).
+ * - ds4_metrics_render() appends the exposition text, with the gauges the
+ *   caller passes in (slots, busy slots, queued requests, KV bytes).
+ */
+#ifndef DS4_METRICS_H
+#define DS4_METRICS_H
+
+#include <stdint.h>
+
+#include "json_util.h"
+
+void ds4_metrics_request(const char *path, int status);
+void ds4_metrics_tokens(int prompt, int cached, int generated);
+void ds4_metrics_prefill(int tokens, double seconds);
+void ds4_metrics_decode(int tokens, double seconds);
+/* how: the prompt planner's reuse description (prefix.h) */
+void ds4_metrics_prefix(const char *how);
+
+typedef struct {
+    int slots, slots_busy, queued;
+    uint64_t kv_bytes;
+} ds4_metrics_gauges;
+void ds4_metrics_render(ds4_buf *out, const ds4_metrics_gauges *g);
+
+#endif
