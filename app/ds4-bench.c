@@ -26,6 +26,7 @@ static void usage(FILE *f) {
                "  -t N        threads (--kernels: default 2, also measured with 1 thread;\n"
                "              -m: default all CPUs)\n"
                "  --ssd-streaming-trace F  record every layer's routing (int32 records: layer, n, ids)\n"
+               "  --ssd-streaming-lru      plain LRU eviction instead of aged LFU (measurements)\n"
                "  --expert-policy F  replay a routing trace: hit rates of aged LFU vs LRU\n"
                "%s", ds4_ssd_usage);
 }

@@ -120,10 +120,10 @@ static void index_forget(slot_index *ix, int slot) {
 
 uint64_t ds4_expert_policy_simulate(ds4_evict_policy policy, int n_layer, int n_expert, int n_slots,
                                     const int32_t *trace, size_t n_ints, uint64_t *accesses) {
-    slot_index ix;
+    slot_index ix = {0};
     uint64_t hits = 0, n_acc = 0;
     if (n_layer <= 0 || n_expert <= 0 || n_slots <= 0 || !index_init(&ix, policy, n_layer * n_expert, n_slots)) {
-        if (n_slots > 0) index_free(&ix);
+        index_free(&ix);
         if (accesses) *accesses = 0;
         return 0;
     }
@@ -180,18 +180,20 @@ struct ds4_expert_cache {
     char err[256];
 };
 
-size_t ds4_expert_slot_bytes(const ds4_model *m) {
-    size_t total = 0;
-    for (int j = 0; j < 3; j++) {
-        size_t widest = 0;
-        for (int l = 0; l < m->cfg.n_layer; l++) {
-            size_t b = expert_bytes(routed(&m->layers[l], j));
-            if (b > widest) widest = b;
-        }
-        /* the aligned read may start up to IO_ALIGN - 1 bytes early */
-        total += round_up(widest, IO_ALIGN) + IO_ALIGN;
+/* A slot's region for matrix j: the widest expert of any layer (types may
+ * differ per layer), plus the up to IO_ALIGN - 1 bytes an aligned read
+ * starts early. */
+static size_t region_bytes(const ds4_model *m, int j) {
+    size_t widest = 0;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        size_t b = expert_bytes(routed(&m->layers[l], j));
+        if (b > widest) widest = b;
     }
-    return total;
+    return round_up(widest, IO_ALIGN) + IO_ALIGN;
+}
+
+size_t ds4_expert_slot_bytes(const ds4_model *m) {
+    return region_bytes(m, 0) + region_bytes(m, 1) + region_bytes(m, 2);
 }
 
 uint64_t ds4_expert_routed_bytes(const ds4_model *m) {
@@ -298,7 +300,6 @@ static void refill(ds4_expert_cache *c) {
 }
 
 bool ds4_expert_cache_direct(const ds4_expert_cache *c) { return c->direct; }
-int ds4_expert_cache_slots(const ds4_expert_cache *c) { return c->ix.n_slots; }
 const char *ds4_expert_cache_error(const ds4_expert_cache *c) { return c->failed ? c->err : NULL; }
 void ds4_expert_cache_record(ds4_expert_cache *c, FILE *trace) { c->trace = trace; }
 
@@ -360,16 +361,8 @@ ds4_expert_cache *ds4_expert_cache_new(const ds4_gguf *g, const ds4_model *m, in
     pthread_cond_init(&c->work, NULL);
     pthread_cond_init(&c->done, NULL);
     c->slot_bytes = ds4_expert_slot_bytes(m);
-    size_t off = 0;
-    for (int j = 0; j < 3; j++) {
-        c->region_off[j] = off;
-        size_t widest = 0;
-        for (int l = 0; l < cf->n_layer; l++) {
-            size_t b = expert_bytes(routed(&m->layers[l], j));
-            if (b > widest) widest = b;
-        }
-        off += round_up(widest, IO_ALIGN) + IO_ALIGN;
-    }
+    c->region_off[1] = region_bytes(m, 0);
+    c->region_off[2] = c->region_off[1] + region_bytes(m, 1);
     c->src = calloc((size_t)cf->n_layer * 3, sizeof *c->src);
     c->state = calloc((size_t)n_slots, 1);
     c->distinct = malloc((size_t)cf->n_expert * sizeof *c->distinct);
@@ -412,7 +405,7 @@ void ds4_expert_cache_free(ds4_expert_cache *c) {
     for (int i = 0; i < c->n_readers; i++) pthread_join(c->readers[i], NULL);
     for (int i = 0; c->fd && i < c->n_shards; i++) if (c->fd[i] >= 0) close(c->fd[i]);
     free(c->fd);
-    if (c->ix.where) index_free(&c->ix);
+    index_free(&c->ix);
     free(c->src); free(c->state); free(c->distinct); free(c->pending); free(c->seen); free(c->queue); free(c->pool);
     free(c->parts_left); free(c->part_failed);
     pthread_mutex_destroy(&c->mu);

@@ -73,7 +73,6 @@ ds4_expert_cache *ds4_expert_cache_new(const struct ds4_gguf *g, const ds4_model
                                        ds4_evict_policy policy, char *err, size_t errlen);
 void ds4_expert_cache_free(ds4_expert_cache *c);
 bool ds4_expert_cache_direct(const ds4_expert_cache *c);
-int ds4_expert_cache_slots(const ds4_expert_cache *c);
 /* false with err on a read or mapping failure. */
 bool ds4_expert_cache_make_resident(const struct ds4_gguf *g, const ds4_model *m, char *err, size_t errlen);
 

@@ -43,10 +43,11 @@ static int experts_used(const char *path) {
     return k;
 }
 
-/* 2 threads, quiet; streaming with exactly `slots` slots and no preload */
-static ds4_engine *load(const char *path, bool stream, int slots, int chunk) {
+/* 2 threads, quiet; streaming with exactly `slots` slots, preloading half
+ * of them (or none when cold) */
+static ds4_engine *load(const char *path, bool stream, int slots, int chunk, bool cold) {
     ds4_engine_params p = {.model_path = path, .n_threads = 2, .prefill_chunk = chunk, .numerics = -1, .quiet = true,
-                           .ssd = {.enabled = stream, .cache_slots = slots, .cold = true}};
+                           .ssd = {.enabled = stream, .cache_slots = slots, .cold = cold}};
     char err[512];
     ds4_engine *e = ds4_engine_load(&p, err, sizeof err);
     CHECK(e != NULL, "%s: %s", path, err);
@@ -105,7 +106,7 @@ static size_t script(ds4_engine *e, const int32_t *toks, int n, float *out) {
 
 static void identical_to_mapped(const char *path, int n) {
     if (access(path, R_OK)) { CHECK(0, "missing %s (make builds it)", path); return; }
-    ds4_engine *ref = load(path, false, 0, 7);
+    ds4_engine *ref = load(path, false, 0, 7, true);
     if (!ref) return;
     const int V = ds4_engine_n_vocab(ref);
     int32_t *toks = tokens(n, V);
@@ -114,13 +115,13 @@ static void identical_to_mapped(const char *path, int n) {
     size_t na = script(ref, toks, n, a);
     ds4_engine_free(ref);
     /* slot counts: the minimum (k) and one more (chunk 7 puts more distinct
-     * experts in a batch than there are slots), and two whole layers (the
-     * prefill reads the next layer ahead) */
+     * experts in a batch than there are slots), two whole layers (the
+     * prefill reads the next layer ahead), and two layers half preloaded */
     int k, n_expert;
     model_shape(path, &k, &n_expert);
-    const int slot_counts[] = {k, k + 1, 2 * n_expert};
-    for (int run = 0; run < 3; run++) {
-        ds4_engine *st = load(path, true, slot_counts[run], 7);
+    const int slot_counts[] = {k, k + 1, 2 * n_expert, 2 * n_expert};
+    for (int run = 0; run < 4; run++) {
+        ds4_engine *st = load(path, true, slot_counts[run], 7, run < 3);
         if (!st) break;
         memset(b, 0xff, cap * sizeof(float));
         size_t nb = script(st, toks, n, b);
@@ -129,6 +130,8 @@ static void identical_to_mapped(const char *path, int n) {
         CHECK(ds4_engine_ssd_stats(st, &stats), "no stats");
         CHECK(stats.misses > 0 && stats.bytes_read > 0, "%s: no reads counted", path);
         CHECK(run < 2 || stats.prefetched > 0, "%s: no layer read ahead", path);
+        CHECK(stats.preloaded == (run == 3 ? (uint64_t)n_expert : 0), "%s: %llu preloaded", path,
+              (unsigned long long)stats.preloaded);
         CHECK(stats.tokens >= (uint64_t)n, "%s: %llu tokens counted for %d run", path, (unsigned long long)stats.tokens, n);
         ds4_engine_free(st);
     }
@@ -182,7 +185,7 @@ static void cold_file_and_truncation(const char *path, const char *tmp) {
     if (!cold_copy(path, tmp)) { CHECK(0, "cannot copy %s", path); return; }
     size_t res = routed_pages_resident(path, tmp);
     CHECK(res == 0, "the copy starts with %zu routed pages cached", res);
-    ds4_engine *e = load(tmp, true, experts_used(path), 7);
+    ds4_engine *e = load(tmp, true, experts_used(path), 7, true);
     if (!e) { unlink(tmp); return; }
     const int V = ds4_engine_n_vocab(e);
     int32_t *toks = tokens(16, V);
@@ -293,6 +296,9 @@ static void policies(void) {
     uint64_t lru = ds4_expert_policy_simulate(DS4_EVICT_LRU, 1, 4 + 50 * 8, 8, trace, (size_t)n, NULL);
     CHECK(lfu == 48 * 4 && lru == 0, "hot set under a scan: LFU %llu hits, LRU %llu", (unsigned long long)lfu,
           (unsigned long long)lru);
+    uint64_t acc = 1;
+    CHECK(ds4_expert_policy_simulate(DS4_EVICT_LRU, 0, 16, 8, trace, (size_t)n, &acc) == 0 && acc == 0,
+          "an empty geometry simulates nothing");
     free(trace); free(keys);
 }
 
