@@ -9,6 +9,9 @@
 2. A request cancelled mid-prefill (its client hangs up) stops prefilling,
    frees its slot (the next request is answered, /health shows no busy slot)
    and leaves the disk KV cache with only complete, CRC-valid files.
+3. An idle slot taken over by another conversation is first saved to the
+   disk KV cache (an evict checkpoint holding that conversation), and when
+   the conversation returns its next turn is restored from disk.
 Greedy sampling makes the decoder deterministic, so the checks do too."""
 import json
 import os
@@ -24,6 +27,7 @@ from server_helper import Results, Server, demo_model_or_skip
 from test_kv_restart import FLAGS, parse_kvc
 
 NAME = "test_batched_faults"
+DS4_KVC_EVICT = 3   # kvdisk_file.h: why a checkpoint was written
 STEP = re.compile(r"batch step (\d+): decode rows (\d+), prefill rows (\d+), decode waited (\d+) steps")
 
 
@@ -133,6 +137,35 @@ def cancel_mid_prefill(res, srv, cache_dir):
             res.check(False, f"cache file {n} invalid: {e}")
 
 
+def chat(srv, msgs):
+    # "messages" first: the queue routes by the longest common body prefix
+    status, _, body = srv.request("POST", "/v1/chat/completions",
+                                  {"messages": msgs, "model": "m", "max_tokens": 6, "temperature": 0})
+    return status, json.loads(body)
+
+
+def evict_and_return(res, srv, cache_dir):
+    conv = [{"role": "user", "content": long_prompt("a", 200)}]
+    status, a1 = chat(srv, conv)
+    res.check(status == 200, "conversation A answered")
+    # B's body shares the most with A's, so it takes A's slot
+    status, _ = chat(srv, [{"role": "user", "content": long_prompt("b", 200)}])
+    res.check(status == 200, "conversation B answered")
+    evicted = []
+    for n in os.listdir(cache_dir):
+        if n.endswith(".kv"):
+            kvc = parse_kvc(os.path.join(cache_dir, n))
+            if kvc["reason"] == DS4_KVC_EVICT and b"a199" in kvc["text"]:
+                evicted.append(n)
+    res.check(len(evicted) == 1, f"A's slot saved to disk before B reused it: {evicted}")
+    before = len(srv.trace_text())
+    conv = conv + [{"role": "assistant", "content": a1["choices"][0]["message"]["content"]},
+                   {"role": "user", "content": "and then?"}]
+    status, _ = chat(srv, conv)
+    res.check(status == 200, "conversation A's next turn answered")
+    res.check("cache: disk cache" in srv.trace_text()[before:], "A's next turn restored from the disk cache")
+
+
 def main():
     demo_model_or_skip(NAME)
     res = Results(NAME)
@@ -142,6 +175,7 @@ def main():
         try:
             interleaving(res, srv)
             cancel_mid_prefill(res, srv, cache_dir)
+            evict_and_return(res, srv, cache_dir)
             res.check(srv.alive(), "server alive")
         finally:
             srv.stop()
