@@ -18,6 +18,7 @@ typedef struct submission {
     const int32_t *toks;
     int n, done;                /* tokens appended so far */
     int taken;                  /* tokens in the running step */
+    long steps_at_arrival;      /* b->n_steps when it was submitted */
     struct timespec arrived;
     bool finished;
     int rc;
@@ -32,15 +33,20 @@ struct ds4_batcher {
     submission *head, *tail;
     int n_pending, n_busy;
     bool stepping;
+    long n_steps;               /* steps started so far */
+    void (*log)(void *ud, bool warning, const char *line);
+    void *log_ud;
     ds4_step *steps;            /* [max_batch] */
     submission **in_step;       /* [max_batch] */
 };
 
-ds4_batcher *ds4_batcher_new(ds4_engine *e) {
+ds4_batcher *ds4_batcher_new(ds4_engine *e, void (*log)(void *ud, bool warning, const char *line), void *log_ud) {
     ds4_batcher *b = calloc(1, sizeof *b);
     if (!b) return NULL;
     const int rows = ds4_engine_max_batch(e);
     b->e = e;
+    b->log = log;
+    b->log_ud = log_ud;
     b->steps = calloc((size_t)rows, sizeof *b->steps);
     b->in_step = calloc((size_t)rows, sizeof *b->in_step);
     if (!b->steps || !b->in_step) { ds4_batcher_free(b); return NULL; }
@@ -94,8 +100,10 @@ static void unlink_sub(ds4_batcher *b, submission *x) {
  * while the engine runs, so new work can queue meanwhile). */
 static void run_step(ds4_batcher *b) {
     const int max_rows = ds4_engine_max_batch(b->e);
-    int k = 0, rows = 0;
+    int k = 0, rows = 0, decode_rows = 0;
+    long decode_waited = 0;     /* steps started after a decode's arrival without it */
     bool prefill_taken = false;
+    const long step_no = b->n_steps++;
     for (submission *x = b->head; x && rows < max_rows; x = x->next) {
         const int left = x->n - x->done;
         int take = 1;
@@ -107,6 +115,10 @@ static void run_step(ds4_batcher *b) {
             prefill_taken = true;
         }
         x->taken = take;
+        if (x->n == 1) {
+            decode_rows++;
+            if (step_no - x->steps_at_arrival > decode_waited) decode_waited = step_no - x->steps_at_arrival;
+        }
         b->steps[k] = (ds4_step){x->s, x->toks + x->done, take};
         b->in_step[k++] = x;
         rows += take;
@@ -124,6 +136,12 @@ static void run_step(ds4_batcher *b) {
                                                       sizeof b->in_step[i]->err);
     }
     pthread_mutex_unlock(&b->engine_mu);
+    if (b->log) {
+        char line[160];
+        snprintf(line, sizeof line, "batch step %ld: decode rows %d, prefill rows %d, decode waited %ld steps%s",
+                 step_no, decode_rows, rows - decode_rows, decode_waited, rc ? ", refused" : "");
+        b->log(b->log_ud, false, line);
+    }
 
     pthread_mutex_lock(&b->mu);
     for (int i = 0; i < k; i++) {
@@ -146,6 +164,7 @@ int ds4_batcher_eval(ds4_batcher *b, ds4_session *s, const int32_t *toks, int n,
     pthread_mutex_lock(&b->mu);
     if (b->tail) b->tail->next = &me; else b->head = &me;
     b->tail = &me;
+    me.steps_at_arrival = b->n_steps;
     b->n_pending++;
     pthread_cond_broadcast(&b->cv);
     while (!me.finished) {

@@ -31,7 +31,9 @@
 
 typedef struct ds4_batcher ds4_batcher;
 
-ds4_batcher *ds4_batcher_new(ds4_engine *e);
+/* log may be NULL; otherwise it is called (outside the engine lock) once per
+ * step with warning false. */
+ds4_batcher *ds4_batcher_new(ds4_engine *e, void (*log)(void *ud, bool warning, const char *line), void *log_ud);
 void ds4_batcher_free(ds4_batcher *b);
 /* A slot starts (true) or ends (false) a request. */
 void ds4_batcher_busy(ds4_batcher *b, bool busy);

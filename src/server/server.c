@@ -293,7 +293,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
         if (ds4_tokenizer_token_bytes(s->tok, id, &len) && len > s->max_token_bytes) s->max_token_bytes = len;
     }
     s->mem = ds4_toolmem_new(s->o.tool_memory_max_ids, (size_t)512 << 20);
-    if (s->o.batched_sessions > 1 && !(s->batcher = ds4_batcher_new(s->eng))) {
+    if (s->o.batched_sessions > 1 && !(s->batcher = ds4_batcher_new(s->eng, s->trace ? kv_log : NULL, s))) {
         fprintf(stderr, "ds4-server: out of memory\n");
         return 1;
     }

@@ -3,7 +3,7 @@ once, their decode steps batched, and every greedy answer byte-identical to
 the same request served alone.
 
 The reference answers come from a --batched-session 1 server, one request
-at a time. Then 11 clients at once (openai and anthropic SDKs, streamed and
+at a time. Then 16 clients at once (openai and anthropic SDKs, streamed and
 not, chat / completions / messages, some of them continuing a conversation
 of an earlier request) go through a server with 4 slots; each answer must
 equal its reference. A client that disconnects mid-stream frees its slot (the
@@ -38,12 +38,13 @@ def requests():
     """(kind, payload) pairs: prompts differ in length so prefill chunks and
     decode steps of different slots overlap."""
     out = []
-    for i in range(10):
+    for i in range(15):
         words = " ".join(f"w{i}x{k}" for k in range(3 + 7 * (i % 5)))
         kind = ("chat", "chat_stream", "messages", "messages_stream", "completions")[i % 5]
         out.append((kind, f"request {i}: {words}"))
     # a conversation continued: its first turn is request 0's prompt
     out.append(("chat_turn2", out[0][1]))
+    assert len(out) == 16  # the issue's load: 16 clients through 4 slots
     return out
 
 

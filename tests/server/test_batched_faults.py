@@ -1,0 +1,188 @@
+"""ds4-server --batched-session N under a long prefill (issue 11).
+
+1. A streaming client keeps decoding while another slot prefills a prompt of
+   many chunks: the batcher's per-step trace lines ("batch step K: decode
+   rows D, prefill rows P, decode waited W steps") must show decode rows in
+   steps between the long prompt's first and last chunk, and no decode token
+   ever waited for a step that started after it was submitted (W == 0: it
+   waits at most for the chunk already running). Ordering, not timing.
+2. A request cancelled mid-prefill (its client hangs up) stops prefilling,
+   frees its slot (the next request is answered, /health shows no busy slot)
+   and leaves the disk KV cache with only complete, CRC-valid files.
+3. An idle slot taken over by another conversation is first saved to the
+   disk KV cache (an evict checkpoint holding that conversation), and when
+   the conversation returns its next turn is restored from disk.
+Greedy sampling makes the decoder deterministic, so the checks do too."""
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+import time
+
+from server_helper import Results, Server, demo_model_or_skip
+from test_kv_restart import FLAGS, parse_kvc
+
+NAME = "test_batched_faults"
+DS4_KVC_EVICT = 3   # kvdisk_file.h: why a checkpoint was written
+STEP = re.compile(r"batch step (\d+): decode rows (\d+), prefill rows (\d+), decode waited (\d+) steps")
+
+
+def post(port, body):
+    """A raw streaming-capable request; returns the socket."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=300)
+    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+              f"Connection: close\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+def long_prompt(tag, words):
+    return " ".join(f"{tag}{k}" for k in range(words))
+
+
+def steps(srv):
+    """[(line index, decode rows, prefill rows, waited)] of the trace so far, and its lines."""
+    lines = srv.trace_text().splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        m = STEP.search(line)
+        if m:
+            out.append((i, int(m.group(2)), int(m.group(3)), int(m.group(4))))
+    return out, lines
+
+
+def wait_for(cond, what, res):
+    """Polls cond (a bounded wait for the server's state, not a timing check)."""
+    for _ in range(3000):
+        if cond():
+            return True
+        time.sleep(0.1)
+    res.check(False, f"never happened: {what}")
+    return False
+
+
+def interleaving(res, srv):
+    decoder = post(srv.port, {"model": "m", "max_tokens": 3000, "stream": True, "temperature": 0,
+                              "messages": [{"role": "user", "content": "keep talking"}]})
+    got = bytearray()
+    while got.count(b"data: ") < 3:       # it is decoding
+        b = decoder.recv(65536)
+        if not b:
+            break
+        got += b
+    res.check(got.count(b"data: ") >= 3, "the decoder streams")
+    stop = threading.Event()
+
+    def drain():
+        while not stop.is_set():
+            try:
+                if not decoder.recv(65536):
+                    return
+            except OSError:
+                return
+    reader = threading.Thread(target=drain)
+    reader.start()
+    before = len(srv.trace_text().splitlines())
+    status, _, _ = srv.request("POST", "/v1/chat/completions", {
+        "model": "m", "max_tokens": 2, "temperature": 0,
+        "messages": [{"role": "user", "content": long_prompt("p", 1500)}]}, timeout=600)
+    res.check(status == 200, f"long prompt answered: {status}")
+    all_steps, lines = steps(srv)
+    after = [st for st in all_steps if st[0] >= before]
+    chunks = [st for st in after if st[2] > 0]
+    res.check(len(chunks) >= 6, f"the long prompt took {len(chunks)} prefill chunks, want >= 6")
+    if chunks:
+        first, last = chunks[0][0], chunks[-1][0]
+        between = [st for st in after if first < st[0] < last and st[1] > 0]
+        print(f"long prompt: {len(chunks)} chunks, {len(between)} steps between them with decode rows")
+        res.check(len(between) >= 1, "the decoder advanced between the long prompt's chunks")
+        res.check(not any("client went away" in l or "usage:" in l for l in lines[before:last]),
+                  "the decoder was still running during the whole prefill")
+    res.check(all(st[3] == 0 for st in after),
+              f"a decode token waited for a later step: {[st for st in after if st[3]]}")
+    stop.set()
+    decoder.close()
+    reader.join()
+
+
+def health_idle(srv):
+    status, _, body = srv.request("GET", "/health")
+    return status == 200 and json.loads(body).get("slots_busy") == 0
+
+
+def cancel_mid_prefill(res, srv, cache_dir):
+    n_before = len(steps(srv)[0])
+    s = post(srv.port, {"model": "m", "max_tokens": 4, "temperature": 0,
+                        "messages": [{"role": "user", "content": long_prompt("c", 3000)}]})
+    # hang up once its prefill has begun (a step with prefill rows appeared)
+    wait_for(lambda: any(st[2] > 0 for st in steps(srv)[0][n_before:]), "the cancelled prompt prefills", res)
+    s.close()
+    wait_for(lambda: "client went away during prefill" in srv.trace_text(), "the prefill notices the hang-up", res)
+    wait_for(lambda: health_idle(srv), "its slot is freed", res)
+    chunks = sum(1 for st in steps(srv)[0][n_before:] if st[2] > 0)
+    res.check(chunks < 24, f"the cancelled prompt stopped early ({chunks} chunks)")
+    status, _, body = srv.request("POST", "/v1/chat/completions", {
+        "model": "m", "max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "after"}]})
+    res.check(status == 200 and json.loads(body)["choices"], "the next request is answered")
+    names = [n for n in os.listdir(cache_dir) if n != ".lock"]   # the directory's owner lock
+    res.check(all(n.endswith(".kv") for n in names), f"no half-written files in the cache: {names}")
+    for n in names:
+        try:
+            parse_kvc(os.path.join(cache_dir, n))
+        except (AssertionError, struct.error) as e:
+            res.check(False, f"cache file {n} invalid: {e}")
+
+
+def chat(srv, msgs):
+    # "messages" first: the queue routes by the longest common body prefix
+    status, _, body = srv.request("POST", "/v1/chat/completions",
+                                  {"messages": msgs, "model": "m", "max_tokens": 6, "temperature": 0})
+    return status, json.loads(body)
+
+
+def evict_and_return(res, srv, cache_dir):
+    conv = [{"role": "user", "content": long_prompt("a", 200)}]
+    status, a1 = chat(srv, conv)
+    res.check(status == 200, "conversation A answered")
+    # B's body shares the most with A's, so it takes A's slot
+    status, _ = chat(srv, [{"role": "user", "content": long_prompt("b", 200)}])
+    res.check(status == 200, "conversation B answered")
+    evicted = []
+    for n in os.listdir(cache_dir):
+        if n.endswith(".kv"):
+            kvc = parse_kvc(os.path.join(cache_dir, n))
+            if kvc["reason"] == DS4_KVC_EVICT and b"a199" in kvc["text"]:
+                evicted.append(n)
+    res.check(len(evicted) == 1, f"A's slot saved to disk before B reused it: {evicted}")
+    before = len(srv.trace_text())
+    conv = conv + [{"role": "assistant", "content": a1["choices"][0]["message"]["content"]},
+                   {"role": "user", "content": "and then?"}]
+    status, _ = chat(srv, conv)
+    res.check(status == 200, "conversation A's next turn answered")
+    res.check("cache: disk cache" in srv.trace_text()[before:], "A's next turn restored from the disk cache")
+
+
+def main():
+    demo_model_or_skip(NAME)
+    res = Results(NAME)
+    cache_dir = tempfile.mkdtemp(prefix="ds4-batched-kv-")
+    try:
+        srv = Server("--batched-session", "2", "--kv-disk-dir", cache_dir, *FLAGS, ctx=8192)
+        try:
+            interleaving(res, srv)
+            cancel_mid_prefill(res, srv, cache_dir)
+            evict_and_return(res, srv, cache_dir)
+            res.check(srv.alive(), "server alive")
+        finally:
+            srv.stop()
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    res.done()
+
+
+if __name__ == "__main__":
+    main()
