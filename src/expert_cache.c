@@ -402,6 +402,7 @@ ds4_expert_cache *ds4_expert_cache_new(const ds4_gguf *g, const ds4_model *m, in
         }
     const char *fail_read = getenv("DS4_TEST_EXPERT_READ_EIO");
     c->test_fail_read = fail_read ? strtoull(fail_read, NULL, 10) : 0;
+    atomic_init(&c->test_reads, 0);
     if (!open_shards(c, g, err, errlen)) { ds4_expert_cache_free(c); return NULL; }
     for (int i = 0; i < N_READERS; i++) {
         if (pthread_create(&c->readers[i], NULL, reader_main, c)) break;
