@@ -13,7 +13,7 @@ OPT     ?= -O2
 SAN     ?=
 CFLAGS  ?= -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter $(OPT) -g -pthread -Isrc -Isrc/server $(SAN)
 LDFLAGS ?= -pthread $(SAN)
-LDLIBS  ?= -lcjson -lpcre2-8 -ledit -lm
+LDLIBS  ?= -lcjson -lpcre2-8 -ledit -lnng -lm
 
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni

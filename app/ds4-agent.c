@@ -22,6 +22,8 @@
 typedef struct {
     const char *model;
     int ctx, threads, prefill_chunk, max_tokens, bash_timeout, numerics;
+    const char *layers;     /* --layers */
+    ds4_dist_params dist;   /* --role coordinator ... */
     ds4_think_mode think;
     ds4_sampler_params sampling;
     ds4_ssd_params ssd;
@@ -50,7 +52,8 @@ static void usage(FILE *f) {
         "      --temp F --top-p F --top-k N --min-p F --seed N   sampling (as ds4)\n"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
-        "%s%s"
+        "      --layers A:B|A:output  map only that layer slice (README \"Distributed inference\")\n"
+        "%s%s%s"
         "      --chdir DIR         working directory of the tools (default: the current one)\n"
         "      --yes               run bash commands without asking\n"
         "      --bash-timeout S    seconds before a command is killed (default 30)\n"
@@ -60,7 +63,7 @@ static void usage(FILE *f) {
         "      --scripted-output F TEST ONLY: the model's messages come from F (entries split by '@@@' lines)\n"
         "  -h, --help              this text\n"
         "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /think /nothink /think-show /quit\n",
-        ds4_ssd_usage, ds4_gpu_usage);
+        ds4_ssd_usage, ds4_gpu_usage, ds4_dist_usage);
 }
 
 static int parse_args(int argc, char **argv, agent_args *o) {
@@ -79,11 +82,15 @@ static int parse_args(int argc, char **argv, agent_args *o) {
         if ((ssd = ds4_ssd_parse_option(&o->ssd, argc, argv, &i, ssd_err, sizeof ssd_err)) != 0) {
             if (ssd < 0) { fprintf(stderr, "ds4-agent: %s\n", ssd_err); return -1; }
         }
+        else if ((ssd = ds4_dist_parse_option(&o->dist, argc, argv, &i, ssd_err, sizeof ssd_err)) != 0) {
+            if (ssd < 0) { fprintf(stderr, "ds4-agent: %s\n", ssd_err); return -1; }
+        }
         else if (IS("-h") || IS("--help")) { usage(stdout); return 1; }
         else if (IS("-m") || IS("--model")) { NEEDS_VALUE(); o->model = v; }
         else if (IS("-c") || IS("--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 256, INT_MAX, &o->ctx)) BAD_VALUE(); }
         else if (IS("-t") || IS("--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
         else if (IS("-n") || IS("--tokens")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->max_tokens)) BAD_VALUE(); }
+        else if (IS("--layers")) { NEEDS_VALUE(); o->layers = v; }
         else if (IS("--numerics")) { NEEDS_VALUE(); if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE(); }
         else if ((gpu_arg = ds4_gpu_option(&o->gpu, a, v, gpu_err, sizeof gpu_err)) != 0) {
             if (gpu_arg < 0) { fprintf(stderr, "ds4-agent: %s\n", gpu_err); return -1; }
@@ -325,6 +332,7 @@ int main(int argc, char **argv) {
     char err[512], root[PATH_MAX];
     /* the model first: a wrong -m should not leave a sessions directory behind */
     if (!model || !ds4_cli_model_usable("ds4-agent", model)) goto out;
+    if (!ds4_dist_finish_options(&o.dist, false, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
     if (!dir) { fprintf(stderr, "ds4-agent: no sessions directory (set HOME or --sessions-dir)\n"); goto out; }
     if (ds4_agent_store_init(dir, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
     if (o.script && ds4_agent_script_load(o.script, &script, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
@@ -338,6 +346,8 @@ int main(int argc, char **argv) {
     ep.n_threads = o.threads;
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
+    ep.layers = o.layers;
+    ep.dist = o.dist;
     ep.ssd = o.ssd;
     ep.ssd.ctx = o.ctx;
     ep.gpu = o.gpu;

@@ -16,7 +16,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: ds4-bench --kernels [-t N]\n"
                "       ds4-bench -m MODEL.gguf [--prompt-file F] [--ctx-start N] [--ctx-max N]\n"
                "                 [--step-incr N | --step-mul F] [--gen-tokens N] [--prefill-chunk N]\n"
-               "                 [--numerics exact|ds4] [-t N] [--ssd-streaming...] [--cuda|--cpu] [--gpu-vram ..]\n"
+               "                 [--numerics exact|ds4] [--layers A:B|A:output] [-t N] [--ssd-streaming...] [--cuda|--cpu] [--gpu-vram ..]\n"
                "       ds4-bench -m MODEL.gguf --sessions 1,2,4,8,16 [--prompt-tokens N] [--gen-tokens N]\n"
                "                 [--repeat N] [--prompt-file F] [-t N] [--cuda|--cpu] [--gpu-vram ..]\n"
                "  --kernels   memory bandwidth, matvec GB/s per weight type, matmul GFLOP/s\n"
@@ -78,6 +78,9 @@ int main(int argc, char **argv) {
         int ssd = ds4_ssd_parse_option(&mp.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
         if (ssd < 0) { fprintf(stderr, "ds4-bench: %s\n", ssd_err); return 2; }
         if (ssd) continue;
+        int dist = ds4_dist_parse_option(&mp.dist, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (dist < 0) { fprintf(stderr, "ds4-bench: %s\n", ssd_err); return 2; }
+        if (dist) continue;
         size_t k = 0;
         while (k < sizeof ints / sizeof ints[0] && strcmp(argv[i], ints[k].name)) k++;
         if (k < sizeof ints / sizeof ints[0]) {
@@ -98,6 +101,8 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--expert-policy")) {
             if (i + 1 >= argc) { fprintf(stderr, "ds4-bench: --expert-policy needs a trace file\n"); return 2; }
             return ds4_bench_expert_policy(argv[i + 1], stdout) ? 1 : 0;
+        } else if (!strcmp(argv[i], "--layers") && i + 1 < argc) {
+            mp.layers = argv[++i];
         } else if (!strcmp(argv[i], "--numerics")) {
             if (!ds4_parse_numerics(i + 1 < argc ? argv[++i] : NULL, &mp.numerics)) {
                 fprintf(stderr, "ds4-bench: --numerics takes exact or ds4\n");
@@ -124,6 +129,11 @@ int main(int argc, char **argv) {
     }
     if (mp.model_path && !kernels) {
         if (!ds4_cli_model_usable("ds4-bench", mp.model_path)) return 1;
+        char dist_err[256];
+        if (!ds4_dist_finish_options(&mp.dist, false, dist_err, sizeof dist_err)) {
+            fprintf(stderr, "ds4-bench: %s\n", dist_err);
+            return 2;
+        }
         mp.threads = threads_set ? threads : 0;
         if (mp.n_session_counts) return ds4_bench_sessions(&mp, stdout) ? 1 : 0;
         return ds4_bench_model(&mp, stdout) ? 1 : 0;

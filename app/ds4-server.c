@@ -28,6 +28,7 @@ static void usage(FILE *f) {
         "      --batched-session N       N resident sessions serving N requests at once, decoded\n"
         "                                together in batches (default 1: one request at a time)\n"
         "      --numerics MODE           exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
+        "      --layers A:B|A:output     map only that layer slice (README \"Distributed inference\")\n"
         "      --cors                    send Access-Control-Allow-* headers\n"
         "      --chdir DIR               change directory before loading anything\n"
         "      --trace FILE              log rendered prompts, cache decisions, outputs, tool parsing\n"
@@ -45,7 +46,8 @@ static void usage(FILE *f) {
         "      --scripted-output FILE    TEST ONLY: every generation emits this file's text\n"
         "%s"
         "%s"
-        "  -h, --help\n", ds4_ssd_usage, ds4_gpu_usage);
+        "%s"
+        "  -h, --help\n", ds4_ssd_usage, ds4_gpu_usage, ds4_dist_usage);
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi) {
@@ -71,6 +73,9 @@ int main(int argc, char **argv) {
         int ssd = ds4_ssd_parse_option(&o.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
         if (ssd < 0) { fprintf(stderr, "ds4-server: %s\n", ssd_err); return 2; }
         if (ssd) continue;
+        int dist = ds4_dist_parse_option(&o.dist, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (dist < 0) { fprintf(stderr, "ds4-server: %s\n", ssd_err); return 2; }
+        if (dist) continue;
 #define ARG(s) (!strcmp(a, s))
 /* consumes the option's value, or stops with the shared message */
 #define VALUE() do { if (!v) { ds4_cli_missing_value("ds4-server", a); return 2; } i++; } while (0)
@@ -88,6 +93,7 @@ int main(int argc, char **argv) {
         else if (ARG("-t") || ARG("--threads")) { VALUE(); o.threads = parse_int(a, v, 0, 4096); }
         else if (ARG("--prefill-chunk")) { VALUE(); o.prefill_chunk = parse_int(a, v, 1, 1 << 30); }
         else if (ARG("--batched-session")) { VALUE(); o.batched_sessions = parse_int(a, v, 1, 256); }
+        else if (ARG("--layers")) { VALUE(); o.layers = v; }
         else if (ARG("--numerics")) {
             VALUE();
             if (!ds4_parse_numerics(v, &o.numerics)) { fprintf(stderr, "ds4-server: --numerics takes exact or ds4\n"); return 2; }
@@ -115,5 +121,10 @@ int main(int argc, char **argv) {
 #undef ARG
     }
     if (!ds4_cli_model_usable("ds4-server", o.model_path)) return 1;
+    char dist_err[256];
+    if (!ds4_dist_finish_options(&o.dist, false, dist_err, sizeof dist_err)) {
+        fprintf(stderr, "ds4-server: %s\n", dist_err);
+        return 2;
+    }
     return ds4_server_run(&o);
 }

@@ -38,6 +38,8 @@ typedef struct {
     int threads;
     int prefill_chunk;
     int numerics;
+    const char *layers;     /* --layers */
+    ds4_dist_params dist;   /* --role, --listen, --coordinator, --dist-secret */
     ds4_gpu_opts gpu;
     ds4_sampler_params sampling;
     ds4_think_mode think;
@@ -84,6 +86,8 @@ static void usage(FILE *f) {
         "      --nothink           direct answers\n"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
+        "      --layers A:B|A:output  map only that layer slice (README \"Distributed inference\")\n"
+        "%s"
         "%s"
         "%s"
         "debugging:\n"
@@ -95,7 +99,7 @@ static void usage(FILE *f) {
         "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
         "  -h, --help              this text\n"
         "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_ssd_usage,
-        ds4_gpu_usage);
+        ds4_gpu_usage, ds4_dist_usage);
 }
 
 /* Returns 0 on success, 1 after printing help, -1 on a bad argument. */
@@ -123,6 +127,9 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         int ssd = ds4_ssd_parse_option(&o->ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
         if (ssd < 0) { fprintf(stderr, "ds4: %s\n", ssd_err); return -1; }
         if (ssd) continue;
+        int dist = ds4_dist_parse_option(&o->dist, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (dist < 0) { fprintf(stderr, "ds4: %s\n", ssd_err); return -1; }
+        if (dist) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 1; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDS_VALUE(); o->model = v; }
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDS_VALUE(); o->prompt = v; }
@@ -139,6 +146,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--think")) o->think = DS4_THINK_HIGH;
         else if (!strcmp(a, "--think-max")) o->think = DS4_THINK_MAX;
         else if (!strcmp(a, "--nothink")) o->think = DS4_THINK_NONE;
+        else if (!strcmp(a, "--layers")) { NEEDS_VALUE(); o->layers = v; }
         else if (!strcmp(a, "--numerics")) {
             NEEDS_VALUE();
             if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE();
@@ -634,18 +642,22 @@ int main(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);   /* no SA_RESTART: readline returns on Ctrl+C */
 
     if (!ds4_cli_model_usable("ds4", o.model)) return 1;
+    char err[512];
+    if (!ds4_dist_finish_options(&o.dist, true, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); return 2; }
+    if (o.dist.role == DS4_DIST_WORKER) return ds4_dist_worker_main(o.model, o.layers, o.ctx, o.threads, o.numerics, &o.dist);
     ds4_engine_params ep;
     ds4_engine_params_default(&ep);
     ep.model_path = o.model;
     ep.n_threads = o.threads;
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
+    ep.layers = o.layers;
     ep.gpu = o.gpu;
     ep.gpu_ctx = o.ctx;
     ep.quiet = o.dump_tokens;
     ep.ssd = o.ssd;
     ep.ssd.ctx = o.ctx;
-    char err[512];
+    ep.dist = o.dist;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) {
         fprintf(stderr, "ds4: %s\n", err);

@@ -15,6 +15,14 @@
  *   same for any split of a token run into consecutive calls (prefill chunk
  *   sizes, decode one by one). A backend whose kernels cannot promise this
  *   must evaluate sequences separately.
+ * - A backend over a layer slice (model.h; pipeline parallelism) evaluates
+ *   only its layers: when the slice does not start at layer 0 each sequence
+ *   brings the hidden state entering it (hidden_in: n rows of n_hc x n_embd
+ *   floats, the hyper-connection streams) instead of the embedding; when it
+ *   does not own the output head it leaves the streams after its last layer
+ *   in hidden_out (same shape) and writes no logits. Tokens are still given:
+ *   hash-routed layers and positions need them. Chaining slices over the
+ *   same tokens gives the whole model's logits bit for bit.
  * - On error (-1, one line in err) no state has changed.
  * - A backend owns its scratch and reuses it across calls; it may serve many
  *   states, one call at a time.
@@ -39,6 +47,8 @@ typedef struct {
     int n;
     float *logits;
     bool all_logits;
+    const float *hidden_in;     /* slices not starting at layer 0 */
+    float *hidden_out;          /* slices without the output head */
 } ds4_backend_seq;
 
 typedef struct ds4_backend ds4_backend;

@@ -84,6 +84,8 @@ static ds4_engine *load_engine(const ds4_bench_model_params *p) {
     ep.n_threads = p->threads;
     ep.prefill_chunk = p->prefill_chunk;
     ep.numerics = p->numerics;
+    ep.layers = p->layers;
+    ep.dist = p->dist;
     ep.ssd = p->ssd;
     ep.ssd.ctx = p->ctx_max + p->gen_tokens;
     ep.gpu = p->gpu;

@@ -32,6 +32,8 @@
 typedef struct {
     const char *model_path, *prompt_file;
     int threads, prefill_chunk, numerics;
+    const char *layers;     /* --layers A:B | A:output */
+    ds4_dist_params dist;   /* --role coordinator ... */
     int ctx_start, ctx_max, step_incr, gen_tokens;
     double step_mul;                    /* > 1: geometric frontiers instead of step_incr */
     ds4_ssd_params ssd;                 /* --ssd-streaming*: adds the expert cache columns */

@@ -204,8 +204,17 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
         }
         goto fail;
     }
-    e->m = ds4_model_bind(e->g, err, errlen);
+    ds4_layer_slice slice;
+    if (p->layers && !ds4_layer_slice_parse(p->layers, &slice, err, errlen)) goto fail;
+    e->m = ds4_model_bind_slice(e->g, p->layers ? &slice : NULL, err, errlen);
     if (!e->m) goto fail;
+    /* The expert cache and the GPU upload plan walk every layer; a slice
+     * process runs on the CPU with its layers mapped. */
+    if (!ds4_model_is_whole(e->m) && (p->ssd.enabled || p->gpu.backend == DS4_BACKEND_CUDA)) {
+        snprintf(err, errlen, "--layers with a part of the model works with the CPU backend only, "
+                              "without --ssd-streaming");
+        goto fail;
+    }
     if (ds4_gguf_find_kv(e->g, "tokenizer.ggml.tokens")) {
         e->tok = ds4_tokenizer_from_gguf(e->g, err, errlen);
         if (!e->tok) goto fail;
@@ -229,6 +238,9 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
                                      e->prefill_chunk, numerics, p->quiet, err, errlen);
     else
         e->be = ds4_cpu_backend_new(e->m, p->n_threads, e->prefill_chunk, numerics, err, errlen);
+    const int cpu_threads = e->be && p->gpu.backend == DS4_BACKEND_CPU ? ds4_cpu_backend_threads(e->be) : 0;
+    if (e->be && p->dist.role == DS4_DIST_COORDINATOR)
+        e->be = ds4_dist_coordinator_new(e->be, e->m, &p->dist, numerics, err, errlen);
     if (!e->be) goto fail;
     e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
     if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); goto fail; }
@@ -236,10 +248,15 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     if (!p->quiet) {
         const ds4_config *c = &e->m->cfg;
         char where[64] = "cuda";
-        if (p->gpu.backend == DS4_BACKEND_CPU) snprintf(where, sizeof where, "%d threads", ds4_cpu_backend_threads(e->be));
-        fprintf(stderr, "ds4: %s: %d layers, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
+        if (p->gpu.backend == DS4_BACKEND_CPU) snprintf(where, sizeof where, "%d threads", cpu_threads);
+        const ds4_layer_slice *sl = &e->m->slice;
+        char held[80] = "";
+        if (!ds4_model_is_whole(e->m))
+            snprintf(held, sizeof held, " (this process: layers %d..%d%s)", sl->first, sl->last,
+                     sl->output ? " + output head" : "");
+        fprintf(stderr, "ds4: %s: %d layers%s, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
                         "%s, numerics %s\n",
-                e->m->name, c->n_layer, c->n_expert, ds4_model_expert_bits(e->m),
+                e->m->name, c->n_layer, held, c->n_expert, ds4_model_expert_bits(e->m),
                 (double)e->m->file_bytes / (1 << 30), (double)rss_bytes() / (1 << 20),
                 where, numerics ? "ds4" : "f32");
     }
@@ -372,6 +389,13 @@ static int eval_steps(ds4_engine *e, const ds4_step *steps, float *const *all_lo
                       size_t errlen) {
     ds4_backend *be = e->be;
     const int V = e->m->cfg.n_vocab;
+    if (!ds4_model_is_whole(e->m) && strcmp(be->name, "dist")) {
+        const ds4_layer_slice *sl = &e->m->slice;
+        snprintf(err, errlen, "this process holds layers %d..%d%s only (--layers): it cannot compute logits "
+                              "alone (run it with --role coordinator or --role worker)",
+                 sl->first, sl->last, sl->output ? " and the output head" : "");
+        return -1;
+    }
     if (n_steps < 0 || n_steps > be->max_batch) {
         snprintf(err, errlen, "%d sessions in one step (at most %d)", n_steps, be->max_batch);
         return -1;
@@ -387,7 +411,7 @@ static int eval_steps(ds4_engine *e, const ds4_step *steps, float *const *all_lo
             return -1;
         }
         float *all = all_logits ? all_logits[i] : NULL;
-        e->seqs[i] = (ds4_backend_seq){s->kv, steps[i].toks, steps[i].n, all ? all : s->logits, all != NULL};
+        e->seqs[i] = (ds4_backend_seq){s->kv, steps[i].toks, steps[i].n, all ? all : s->logits, all != NULL, NULL, NULL};
     }
     if (be->eval(be, e->seqs, n_steps, err, errlen)) return -1;
     for (int i = 0; i < n_steps; i++) {

@@ -32,6 +32,12 @@
  * - Not thread-safe: one engine serves all its sessions from one thread at a
  *   time (the backend's scratch is shared); ds4_sessions_step() is how
  *   several sessions advance together.
+ * - layers (--layers A:B, A:output; model.h): only that slice's tensors are
+ *   bound and touched, the embedding with layer 0, the head with "output";
+ *   a file holding a layer range loads with its own range by default. An
+ *   engine holding less than the whole model loads (CPU backend only) but
+ *   refuses prefill/decode with one line unless it is a pipeline coordinator
+ *   (dist.role), whose backend runs the other layers on its workers.
  * - Allocation failures are errors (NULL / -1 with err), never crashes; a
  *   failed call leaves the engine and its sessions usable.
  */
@@ -42,6 +48,7 @@
 #include <stdint.h>
 #include <stdbool.h>
 #include "cuda_plan.h"
+#include "dist.h"
 
 #include "byte_stream.h"
 
@@ -86,6 +93,8 @@ typedef struct {
     ds4_ssd_params ssd;
     ds4_gpu_opts gpu;       /* backend choice and GPU placement (cuda_plan.h) */
     int gpu_ctx;            /* context the GPU placement reserves KV for (<= 0: 32768) */
+    const char *layers;     /* --layers A:B | A:output: bind only that slice (NULL: what the file holds) */
+    ds4_dist_params dist;   /* --role coordinator: the other layers run on registered workers (dist.h) */
 } ds4_engine_params;
 
 void ds4_engine_params_default(ds4_engine_params *p);

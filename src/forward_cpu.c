@@ -729,6 +729,7 @@ static void heads(batch *b) {
 static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
     cpu *f = (cpu *)be;
     const ds4_config *c = f->c;
+    const ds4_layer_slice *sl = &f->m->slice;
     int T = 0, max_ctx = 0, n_last = 0;
     for (int q = 0; q < n_seqs; q++) {
         const ds4_backend_seq *sq = &seqs[q];
@@ -744,6 +745,11 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
                 snprintf(err, errlen, "token id %d out of range [0, %d)", sq->toks[i], c->n_vocab);
                 return -1;
             }
+        if ((sl->first > 0 && !sq->hidden_in) || (!sl->output && !sq->hidden_out)) {
+            snprintf(err, errlen, "sequence %d: the layer slice %d..%d needs hidden states %s", q, sl->first,
+                     sl->last, sl->first > 0 && !sq->hidden_in ? "in" : "out");
+            return -1;
+        }
         T += sq->n;
         if (sq->kv->ctx > max_ctx) max_ctx = sq->kv->ctx;
         n_last += !sq->all_logits;
@@ -768,21 +774,30 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
             s->row_pos[t] = seqs[q].kv->n_pos + i;
         }
     }
+    const size_t hcE = (size_t)n_hc * E;
     for (int t = 0; t < T; t++) {
-        float *streams = s->hc_state + (size_t)t * n_hc * E;
-        const ds4_tensor *emb = &f->m->token_embd;
-        ds4_dequantize_row(emb->type, (const char *)emb->data + (size_t)s->tokens[t] * emb->row_bytes, streams, E);
-        for (int k = 1; k < n_hc; k++) memcpy(streams + (size_t)k * E, streams, (size_t)E * sizeof(float));
+        float *streams = s->hc_state + (size_t)t * hcE;
+        const int q = s->row_seq[t];
+        if (sl->first > 0) {
+            memcpy(streams, seqs[q].hidden_in + (size_t)(t - s->seq_row0[q]) * hcE, hcE * sizeof(float));
+        } else {
+            const ds4_tensor *emb = &f->m->token_embd;
+            ds4_dequantize_row(emb->type, (const char *)emb->data + (size_t)s->tokens[t] * emb->row_bytes, streams, E);
+            for (int k = 1; k < n_hc; k++) memcpy(streams + (size_t)k * E, streams, (size_t)E * sizeof(float));
+        }
         for (int kind = 0; kind < 2; kind++)
             rope_table(f, kind, s->row_pos[t], s->rope_cs + ((size_t)t * 2 + kind) * c->n_rot);
     }
-    for (b.l = 0; b.l < c->n_layer; b.l++) {
+    for (b.l = sl->first; b.l <= sl->last; b.l++) {
         attention(&b);
         ffn(&b);
         if (f->experts && ds4_expert_cache_take_error(f->experts, err, errlen)) return -1;
     }
     for (int q = 0; q < n_seqs; q++) seqs[q].kv->n_pos += seqs[q].n;
-    heads(&b);
+    if (sl->output) heads(&b);
+    else
+        for (int q = 0; q < n_seqs; q++)
+            memcpy(seqs[q].hidden_out, s->hc_state + (size_t)s->seq_row0[q] * hcE, (size_t)seqs[q].n * hcE * sizeof(float));
     return 0;
 }
 

@@ -275,7 +275,45 @@ void ds4_model_free(ds4_model *m) {
     free(m);
 }
 
-ds4_model *ds4_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
+/* A layer number: decimal digits only, below DS4_MAX_LAYERS; *end past it. */
+static bool layer_number(const char *s, const char **end, int *out) {
+    long v = 0;
+    const char *p = s;
+    while (*p >= '0' && *p <= '9' && v < DS4_MAX_LAYERS) v = v * 10 + (*p++ - '0');
+    *end = p;
+    *out = (int)v;
+    return p > s && v < DS4_MAX_LAYERS;
+}
+
+bool ds4_layer_slice_parse(const char *s, ds4_layer_slice *out, char *err, size_t errlen) {
+    const char *p;
+    int a, b = -1;
+    if (layer_number(s, &p, &a) && *p == ':' &&
+        (!strcmp(p + 1, "output") || (layer_number(p + 1, &p, &b) && !*p && b >= a))) {
+        *out = (ds4_layer_slice){a, b, b < 0};
+        return true;
+    }
+    snprintf(err, errlen, "--layers %s: expected A:B (inclusive, A <= B < %d) or A:output", s, DS4_MAX_LAYERS);
+    return false;
+}
+
+/* The range a file holds: its slice keys, or everything. */
+static ds4_layer_slice file_slice(ds4_binder *b, int n_layer) {
+    ds4_layer_slice f = {0, n_layer - 1, true};
+    if (!ds4_gguf_find_kv(b->g, DS4_SLICE_KEY_FIRST)) return f;
+    f.first = key_int(b, DS4_SLICE_KEY_FIRST, 0, n_layer - 1);
+    f.last = key_int(b, DS4_SLICE_KEY_LAST, f.first, n_layer - 1);
+    if (!b->failed && !ds4_gguf_get_bool(b->g, DS4_SLICE_KEY_OUTPUT, &f.output))
+        ds4_bind_fail(b, "missing bool key " DS4_SLICE_KEY_OUTPUT);
+    return f;
+}
+
+static const char *slice_text(const ds4_layer_slice *s, char *buf, size_t n) {
+    snprintf(buf, n, "layers %d..%d%s", s->first, s->last, s->output ? " and the output head" : "");
+    return buf;
+}
+
+ds4_model *ds4_model_bind_slice(const ds4_gguf *g, const ds4_layer_slice *want, char *err, size_t errlen) {
     ds4_binder b = {g, "not a DeepSeek V4 GGUF: ", err, errlen, false};
     ds4_model *m = calloc(1, sizeof *m);
     if (!m) { snprintf(err, errlen, "out of memory for the model"); return NULL; }
@@ -287,18 +325,34 @@ ds4_model *ds4_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
         ds4_bind_fail(&b, "general.architecture is \"%.*s\", not \"deepseek4\"", (int)(arch.len < 64 ? arch.len : 64),
                       arch.ptr);
     read_config(&b, c);
+    const ds4_layer_slice held = b.failed ? DS4_SLICE_ALL : file_slice(&b, c->n_layer);
+    ds4_layer_slice *sl = &m->slice;
+    *sl = want ? *want : held;
+    if (sl->last < 0) sl->last = c->n_layer - 1;
+    if (!b.failed && sl->last >= c->n_layer) {
+        snprintf(err, errlen, "--layers %d:%d: the model has layers 0..%d", sl->first, sl->last, c->n_layer - 1);
+        b.failed = true;
+    }
+    if (!b.failed && (sl->first < held.first || sl->last > held.last || (sl->output && !held.output))) {
+        char h[80], w[80];
+        snprintf(err, errlen, "this file holds %s; %s asked for", slice_text(&held, h, sizeof h),
+                 slice_text(sl, w, sizeof w));
+        b.failed = true;
+    }
     if (!b.failed) {
         ds4_hparams hp;
         shape_hparams(c, &hp);
-        m->token_embd = bind_matrix(&b, &hp, DS4_T_TOKEN_EMBD, 0);
-        m->output_hc_fn = bind_matrix(&b, &hp, DS4_T_OUTPUT_HC_FN, 0);
-        m->output_hc_scale = bind_floats(&b, &hp, DS4_T_OUTPUT_HC_SCALE, 0);
-        m->output_hc_base = bind_floats(&b, &hp, DS4_T_OUTPUT_HC_BASE, 0);
-        m->output_norm = bind_floats(&b, &hp, DS4_T_OUTPUT_NORM, 0);
-        m->output = bind_matrix(&b, &hp, DS4_T_OUTPUT, 0);
+        if (sl->first == 0) m->token_embd = bind_matrix(&b, &hp, DS4_T_TOKEN_EMBD, 0);
+        if (sl->output) {
+            m->output_hc_fn = bind_matrix(&b, &hp, DS4_T_OUTPUT_HC_FN, 0);
+            m->output_hc_scale = bind_floats(&b, &hp, DS4_T_OUTPUT_HC_SCALE, 0);
+            m->output_hc_base = bind_floats(&b, &hp, DS4_T_OUTPUT_HC_BASE, 0);
+            m->output_norm = bind_floats(&b, &hp, DS4_T_OUTPUT_NORM, 0);
+            m->output = bind_matrix(&b, &hp, DS4_T_OUTPUT, 0);
+        }
         m->layers = calloc((size_t)c->n_layer, sizeof(ds4_layer));
         if (!m->layers) ds4_bind_fail_oom(&b, "the layer table");
-        for (int l = 0; l < c->n_layer && !b.failed; l++) bind_layer(&b, c, &hp, l, &m->layers[l]);
+        for (int l = sl->first; l <= sl->last && !b.failed; l++) bind_layer(&b, c, &hp, l, &m->layers[l]);
     }
     if (b.failed) { ds4_model_free(m); return NULL; }
     ds4_gguf_str name;
@@ -310,8 +364,12 @@ ds4_model *ds4_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
     return m;
 }
 
+ds4_model *ds4_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
+    return ds4_model_bind_slice(g, NULL, err, errlen);
+}
+
 int ds4_model_expert_bits(const ds4_model *m) {
-    switch (m->layers[0].gate_exps.type) {
+    switch (m->layers[m->slice.first].gate_exps.type) {
     case DS4_TYPE_IQ2_XXS: case DS4_TYPE_Q2_K: return 2;
     case DS4_TYPE_Q3_K: return 3;
     case DS4_TYPE_Q4_K: return 4;

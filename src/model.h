@@ -13,6 +13,18 @@
  * - Any missing key, wrong value type, missing tensor or wrong shape/type gives
  *   NULL and one line "not a DeepSeek V4 GGUF: <first problem>".
  * - The ds4_model does not own the ds4_gguf; it must outlive the model.
+ * - Layer slices (pipeline parallelism, README "Distributed inference"):
+ *   ds4_model_bind_slice() binds only layers first..last, the token
+ *   embedding when first == 0 and the output head (HC merge, norm, output
+ *   matrix) when the slice owns it; every other tensor is neither looked up
+ *   nor read, so its pages are never touched, and ds4_layer entries outside
+ *   the slice stay zero. A file that holds only a layer range says so with
+ *   DS4_SLICE_KEY_FIRST / _LAST / _OUTPUT; the slice asked for must lie inside
+ *   it, and without a request the file's own range is bound. The config is
+ *   always the whole model's (all layers' schedule), so positions, KV layout
+ *   and hashes agree between the processes of a route.
+ * - ds4_layer_slice_parse() reads "A:B" (inclusive) or "A:output"; the layer
+ *   count is checked at bind time.
  */
 #ifndef DS4_MODEL_H
 #define DS4_MODEL_H
@@ -67,8 +79,26 @@ typedef struct {
     ds4_tensor gate_shexp, up_shexp, down_shexp;
 } ds4_layer;
 
+/* Metadata of a file holding a layer range (u32, u32, bool). DwarfStar's own
+ * keys: llama.cpp-family readers ignore them. */
+#define DS4_SLICE_KEY_FIRST "ds4.slice.first_layer"
+#define DS4_SLICE_KEY_LAST "ds4.slice.last_layer"
+#define DS4_SLICE_KEY_OUTPUT "ds4.slice.output"
+
+/* Layers first..last inclusive; last < 0: through the final layer. */
+typedef struct {
+    int first, last;
+    bool output;          /* the output head (logits) */
+} ds4_layer_slice;
+
+#define DS4_SLICE_ALL ((ds4_layer_slice){0, -1, true})
+
+/* false (and a line in err) for anything but "A:B" with A <= B or "A:output" */
+bool ds4_layer_slice_parse(const char *s, ds4_layer_slice *out, char *err, size_t errlen);
+
 typedef struct ds4_model {
     ds4_config cfg;
+    ds4_layer_slice slice;                /* resolved: 0 <= first <= last < n_layer */
     ds4_tensor token_embd, output;
     ds4_tensor output_hc_fn;
     float *output_hc_scale, *output_hc_base, *output_norm;
@@ -78,6 +108,14 @@ typedef struct ds4_model {
 } ds4_model;
 
 ds4_model *ds4_model_bind(const struct ds4_gguf *g, char *err, size_t errlen);
+/* want NULL: the file's own range (all of it for an ordinary file) */
+ds4_model *ds4_model_bind_slice(const struct ds4_gguf *g, const ds4_layer_slice *want, char *err, size_t errlen);
+
+static inline bool ds4_model_has_layer(const ds4_model *m, int l) { return l >= m->slice.first && l <= m->slice.last; }
+/* Whether this model computes logits from tokens alone (embedding, every layer, head). */
+static inline bool ds4_model_is_whole(const ds4_model *m) {
+    return m->slice.first == 0 && m->slice.last == m->cfg.n_layer - 1 && m->slice.output;
+}
 void ds4_model_free(ds4_model *m);
 
 /* Compressor geometry of layer l: ratio, and coff = 2 when windows overlap

@@ -3,9 +3,9 @@
  * construction; it exists so the engine, CLI, server and benchmarks can run
  * end to end without downloading a model.
  *
- *   ds4-make-model -o OUT.gguf [--preset demo|flash|glm|glm-demo] [--layers N] [--type MIX]
+ *   ds4-make-model -o OUT.gguf [--preset demo|flash|pro|glm|glm-demo] [--layers N] [--type MIX]
  *                  [--seed N] [--vocab tokenizer.json] [--vocab-added FILE]
- *                  [--no-vocab] [--name NAME] [--<key> VALUE ...]
+ *                  [--no-vocab] [--name NAME] [--slice A:B|A:output] [--<key> VALUE ...]
  *
  * Presets:
  *   demo  (default) tiny dims (hidden 256, 4 heads x 128, 8 experts x 256,
@@ -14,6 +14,9 @@
  *         tokenizer.json + the V4 added tokens), q2 mix.
  *   flash Flash's real per-layer shapes (sheet sections 1-2) with --layers N
  *         (default 4) layers, q2 mix: for decode-speed benchmarks.
+ *   pro   V4 Pro's shapes (hidden 7168, 128 heads, 384 experts top-6, expert
+ *         width 3072, 61 layers unless --layers; its compress schedule and
+ *         routed scale 2.5): with --slice, the layout of the released halves.
  *   glm   GLM 5.2 (glm-dsa, glm_layout.h) with its real per-layer shapes
  *         (GLM sheet section 2): --layers N trunk layers (default 4; the
  *         first min(3, N) dense) plus the MTP block, GLM 5.2's indexer
@@ -31,6 +34,12 @@
  * the preset's schedule (ratio 0 for layers 0-1, then 4 on even and 128 on
  * odd layers; hash routing on the first min(3, N)).
  *
+ * --slice (DeepSeek presets) writes only that layer range (the embedding
+ * with layer 0, the output head with "output") plus the ds4.slice.* keys
+ * (model.h), the way split files for pipeline-parallel hosts are laid out.
+ * Random values are drawn in file order, so a slice's weights differ from
+ * the whole file's.
+ *
  * Values: norms ~U(0.8, 1.2), matrices uniform with std 1/sqrt(row length);
  * quantized tensors are filled with random but valid blocks whose scales
  * give about that std (no quantizer run, so gigabytes take seconds).
@@ -38,6 +47,7 @@
 #include "cli_args.h"
 #include "ds4_layout.h"
 #include "gguf.h"
+#include "model.h"
 #include "glm_layout.h"
 #include "quant.h"
 #include "tokenizer.h"
@@ -60,9 +70,13 @@ static void die(const char *fmt, ...) {
 
 /* ---------------------------------------------------------------- presets */
 
-static void schedule(ds4_hparams *hp) {
+/* Flash's compress schedule (0, 0, then 4 on even and 128 on odd layers), or
+ * Pro's as the sheet gives it (transformers' default layer_types, documented
+ * as Pro's: 128, 128, then 128 / 4 alternating; not confirmed elsewhere). */
+static void schedule(ds4_hparams *hp, bool pro) {
     for (uint32_t l = 0; l < hp->n_layer; l++) {
-        hp->compress_ratio[l] = l < 2 ? 0 : l % 2 == 0 ? 4 : 128;
+        if (pro) hp->compress_ratio[l] = l < 2 || (l - 2) % 2 == 0 ? 128 : 4;
+        else hp->compress_ratio[l] = l < 2 ? 0 : l % 2 == 0 ? 4 : 128;
         hp->swiglu_clamp_exp[l] = hp->swiglu_clamp_shexp[l] = 10.0f;
     }
     hp->n_hash_layer = hp->n_layer < 3 ? hp->n_layer : 3;
@@ -73,11 +87,15 @@ typedef struct {
     const char *name;
     uint32_t n_layer, n_embd, n_head, head_dim, q_lora, o_lora, o_groups;
     uint32_t idx_heads, idx_topk, n_expert, n_expert_used, expert_ff;
+    float routed_scale;
+    bool pro_schedule;
 } preset_dims;
 
 static const preset_dims presets[] = {
-    {"demo", 6, 256, 4, 128, 64, 64, 2, 4, 8, 8, 2, 256},
-    {"flash", 4, 4096, 64, 512, 1024, 1024, 8, 64, 512, 256, 6, 2048},
+    {"demo", 6, 256, 4, 128, 64, 64, 2, 4, 8, 8, 2, 256, 1.5f, false},
+    {"flash", 4, 4096, 64, 512, 1024, 1024, 8, 64, 512, 256, 6, 2048, 1.5f, false},
+    /* V4 Pro (sheet section 2, Pro column): 61 layers in the released files */
+    {"pro", 61, 7168, 128, 512, 1536, 1024, 16, 64, 512, 384, 6, 3072, 2.5f, true},
 };
 
 static void preset(ds4_hparams *hp, const char *name, uint32_t n_layer) {
@@ -98,14 +116,14 @@ static void preset(ds4_hparams *hp, const char *name, uint32_t n_layer) {
     hp->hc_sinkhorn_iters = 20;
     hp->hc_eps = 1e-6f;
     hp->n_expert_shared = 1;
-    hp->expert_weights_scale = 1.5f;
     hp->expert_weights_norm = true;
     hp->expert_gating_func = 4;
     hp->nextn_predict_layers = 0;
     const preset_dims *d = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (!strcmp(name, presets[i].name)) d = &presets[i];
-    if (!d) die("unknown preset '%s' (demo, flash, glm, glm-demo)", name);
+    if (!d) die("unknown preset '%s' (demo, flash, pro, glm, glm-demo)", name);
+    hp->expert_weights_scale = d->routed_scale;
     hp->n_layer = n_layer ? n_layer : d->n_layer;
     hp->n_embd = d->n_embd;
     hp->n_head = d->n_head;
@@ -121,7 +139,7 @@ static void preset(ds4_hparams *hp, const char *name, uint32_t n_layer) {
     hp->n_expert_used = d->n_expert_used;
     hp->expert_ff = d->expert_ff;
     if (hp->n_layer > DS4_MAX_LAYERS) die("--layers %u exceeds %d", hp->n_layer, DS4_MAX_LAYERS);
-    schedule(hp);
+    schedule(hp, d->pro_schedule);
 }
 
 /* A family's metadata table, for --<key> VALUE. */
@@ -177,7 +195,7 @@ static void override(const key_table *kt, const char *key, const char *val) {
 }
 
 static const char *const own_options[] = {"-o", "--preset", "--layers", "--type", "--seed", "--vocab",
-                                          "--vocab-added", "--name"};
+                                          "--vocab-added", "--name", "--slice"};
 
 /* An option of this tool, or `--KEY` for a metadata key it can override. */
 static bool known_option(const char *opt) {
@@ -331,9 +349,10 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
 }
 
 static void usage(void) {
-    fputs("usage: ds4-make-model -o OUT.gguf [--preset demo|flash|glm|glm-demo] [--layers N]\n"
+    fputs("usage: ds4-make-model -o OUT.gguf [--preset demo|flash|pro|glm|glm-demo] [--layers N]\n"
           "       [--type f32|f16|q8_0|q2|q4] [--seed N] [--vocab tokenizer.json] [--vocab-added FILE]\n"
-          "       [--no-vocab] [--name NAME] [--<metadata key without 'deepseek4.' / 'glm-dsa.'> VALUE ...]\n",
+          "       [--no-vocab] [--name NAME] [--slice A:B|A:output]\n"
+          "       [--<metadata key without 'deepseek4.' / 'glm-dsa.'> VALUE ...]\n",
           stderr);
     exit(2);
 }
@@ -362,18 +381,25 @@ static void apply_overrides(int argc, char **argv, const key_table *kt) {
 }
 
 static void plan_ds4(ds4_gguf_writer *w, int argc, char **argv, const char *pname, uint32_t n_layer,
-                     enum ds4_mix mix, plan *pl) {
+                     enum ds4_mix mix, const char *slice_arg, plan *pl) {
     static ds4_hparams hp;
     preset(&hp, pname, n_layer);
     apply_overrides(argc, argv, &(key_table){DS4_ARCH, ds4_hparam_keys, ds4_n_hparam_keys, &hp, hp.n_layer});
     char err[512];
     if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
+    ds4_layer_slice slice = DS4_SLICE_ALL;
+    if (slice_arg && !ds4_layer_slice_parse(slice_arg, &slice, err, sizeof err)) die("%s", err);
+    if (slice.last < 0) slice.last = (int)hp.n_layer - 1;
+    if (slice.last >= (int)hp.n_layer) die("--slice %s: the model has layers 0..%u", slice_arg, hp.n_layer - 1);
     pl->n_expert = hp.n_expert;
     pl->t = calloc(DS4_T_COUNT * (hp.n_layer + 1), sizeof *pl->t);
     if (!pl->t) die("out of memory");
     for (int l = -1; l < (int)hp.n_layer; l++)
         for (int id = 0; id < DS4_T_COUNT; id++) {
             if (!ds4_tensor_present(&hp, (enum ds4_tensor_id)id, l)) continue;
+            if (l >= 0 ? l < slice.first || l > slice.last
+                       : id == DS4_T_TOKEN_EMBD ? slice.first > 0 : !slice.output)
+                continue;
             char name[96];
             uint64_t ne[4];
             ds4_tensor_name((enum ds4_tensor_id)id, l, name, sizeof name);
@@ -383,6 +409,11 @@ static void plan_ds4(ds4_gguf_writer *w, int argc, char **argv, const char *pnam
         }
     ds4_hparams_write(w, &hp);
     ds4_file_keys_write(w, mix);
+    if (slice_arg) {
+        ds4_gguf_w_u32(w, DS4_SLICE_KEY_FIRST, (uint32_t)slice.first);
+        ds4_gguf_w_u32(w, DS4_SLICE_KEY_LAST, (uint32_t)slice.last);
+        ds4_gguf_w_bool(w, DS4_SLICE_KEY_OUTPUT, slice.output);
+    }
 }
 
 /* GLM 5.2's hyperparameters (GLM sheet section 2) with the preset's sizes. */
@@ -448,7 +479,7 @@ static void plan_glm(ds4_gguf_writer *w, int argc, char **argv, const char *pnam
 }
 
 int main(int argc, char **argv) {
-    const char *out = NULL, *pname = "demo", *type = "q2", *name = NULL;
+    const char *out = NULL, *pname = "demo", *type = "q2", *name = NULL, *slice_arg = NULL;
     const char *vocab = "data/deepseek-v3-tokenizer.json";
     const char *vocab_added = "tests/fixtures/tokenizer/v4-added-tokens.json";
     uint32_t n_layer = 0;
@@ -471,17 +502,19 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--vocab")) { vocab = v; vocab_given = true; }
         else if (!strcmp(a, "--vocab-added")) { vocab_added = *v ? v : NULL; vocab_given = true; }
         else if (!strcmp(a, "--name")) name = v;
+        else if (!strcmp(a, "--slice")) slice_arg = v;
     }
     if (!out) usage();
     int mix = ds4_mix_from_name(type);
     if (mix < 0) die("unknown --type %s (f32, f16, q8_0, q2, q4)", type);
     const bool glm = !strcmp(pname, "glm") || !strcmp(pname, "glm-demo");
+    if (glm && slice_arg) die("--slice: GLM presets are written whole");
     rng_state = seed;
 
     plan pl = {0};
     ds4_gguf_writer *w = ds4_gguf_writer_new(32);
     if (glm) plan_glm(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, &pl);
-    else plan_ds4(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, &pl);
+    else plan_ds4(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, slice_arg, &pl);
     char dflt[128], err[512];
     snprintf(dflt, sizeof dflt, "ds4 random %s (meaningless weights)", pname);
     ds4_gguf_w_str(w, "general.name", name ? name : dflt);

@@ -276,6 +276,8 @@ int ds4_server_run(const ds4_server_opts *opts) {
     ep.n_threads = s->o.threads;
     ep.prefill_chunk = s->o.prefill_chunk;
     ep.numerics = s->o.numerics;
+    ep.layers = s->o.layers;
+    ep.dist = s->o.dist;
     ep.ssd = s->o.ssd;
     ep.ssd.ctx = s->o.ctx;
     ep.gpu = s->o.gpu;

@@ -70,6 +70,8 @@ typedef struct {
     int prefill_chunk;           /* <= 0: the engine's default */
     int batched_sessions;        /* --batched-session N: resident sessions (slots), default 1 */
     int numerics;                /* ds4_engine_params.numerics: -1 default, 0 exact, 1 ds4 */
+    const char *layers;          /* --layers A:B | A:output (ds4_engine_params.layers) */
+    ds4_dist_params dist;        /* --role coordinator ... (ds4_engine_params.dist) */
     bool cors;
     const char *trace_path;      /* NULL: no trace */
     size_t tool_memory_max_ids;  /* default 100000 */

@@ -1,0 +1,66 @@
+/* Fuzz target: the pipeline frame decoder (dist_proto.h). Invariants
+ * (abort() on violation): a decoded frame's arrays and strings lie inside
+ * the input; re-encoding a decoded frame gives the input back byte for byte
+ * (the format has one spelling per frame). */
+#include "dist_proto.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void inside(const uint8_t *data, size_t size, const void *p, size_t n) {
+    if (n && (!p || (const uint8_t *)p < data || (const uint8_t *)p + n > data + size)) abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    ds4_dist_frame f;
+    char err[256];
+    if (!ds4_dist_decode(data, size, &f, err, sizeof err)) return 0;
+    uint8_t *again = NULL;
+    size_t len = 0;
+    switch (f.type) {
+    case DS4_DIST_HELLO:
+        inside(data, size, f.hello.secret, f.hello.secret_len);
+        inside(data, size, f.hello.model, f.hello.model_len);
+        inside(data, size, f.hello.data_url, f.hello.data_url_len);
+        again = ds4_dist_encode_hello(&f.hello, &len);
+        break;
+    case DS4_DIST_WORK: {
+        inside(data, size, f.work.tokens, 4 * (size_t)f.work.n);
+        inside(data, size, f.work.floats, 4 * (size_t)f.work.n_floats);
+        int32_t *toks = malloc(4 * (size_t)f.work.n);
+        float *fl = malloc(4 * (size_t)f.work.n_floats + 4);
+        if (!toks || !fl) abort();
+        for (uint32_t i = 0; i < f.work.n; i++) toks[i] = ds4_dist_token_at(f.work.tokens, i);
+        for (uint32_t i = 0; i < f.work.n_floats; i++) fl[i] = ds4_dist_float_at(f.work.floats, i);
+        again = ds4_dist_encode_work(&f.work, toks, fl, &len);
+        free(toks);
+        free(fl);
+        break;
+    }
+    case DS4_DIST_RESULT: {
+        inside(data, size, f.result.floats, 4 * (size_t)f.result.n_floats);
+        inside(data, size, f.result.text, f.result.text_len);
+        float *fl = malloc(4 * (size_t)f.result.n_floats + 4);
+        if (!fl) abort();
+        for (uint32_t i = 0; i < f.result.n_floats; i++) fl[i] = ds4_dist_float_at(f.result.floats, i);
+        again = ds4_dist_encode_result(&f.result, fl, &len);
+        free(fl);
+        break;
+    }
+    case DS4_DIST_WELCOME: case DS4_DIST_REFUSED: {
+        inside(data, size, f.result.text, f.result.text_len);
+        char *t = malloc(f.result.text_len + 1);
+        if (!t) abort();
+        memcpy(t, f.result.text, f.result.text_len);
+        t[f.result.text_len] = 0;
+        /* a text with a NUL inside re-encodes shorter: only compare clean ones */
+        if (strlen(t) == f.result.text_len) again = ds4_dist_encode_text(f.type, t, &len);
+        free(t);
+        if (!again) return 0;
+        break;
+    }
+    }
+    if (!again || len != size || memcmp(again, data, size)) abort();
+    free(again);
+    return 0;
+}

@@ -1,0 +1,72 @@
+/* dist.h -- pipeline parallelism over hosts (README "Distributed
+ * inference"): the coordinator's "remote layers" backend and the worker
+ * loop, on NNG (request/reply sockets over TCP).
+ *
+ * Contract
+ * - Roles: a coordinator holds layers 0..K (its engine's --layers) and
+ *   listens for registrations (--listen HOST PORT); a worker holds a slice
+ *   K+1..M or M..output, registers with the coordinator (--coordinator HOST
+ *   PORT) and serves WORK frames on its own data socket. Registration carries
+ *   the shared secret (--dist-secret or DS4_DIST_SECRET), the model identity,
+ *   the quant, the slice and the context; an incompatible worker is refused
+ *   with one line, which the worker prints before it exits. The numerics
+ *   (exact or the ds4 simulation) must match too: they change the logits.
+ *   numerics: -1 default (the simulation where supported), 0 exact, 1 ds4.
+ * - ds4_dist_coordinator_new() wraps the local slice's backend: eval() runs
+ *   the local layers, then each worker of the route in layer order (the
+ *   hidden states go coordinator -> worker -> coordinator -> next worker; the
+ *   last worker owns the output head and returns logits). The engine above
+ *   sees a whole-model backend: logits are the single process's bit for bit.
+ *   Until a route covers every layer, eval() waits up to wait_seconds for
+ *   registrations, then fails with "incomplete route: ...".
+ * - A worker that stops answering (killed, network gone) fails the call with
+ *   one line and leaves the route; later calls report the incomplete route
+ *   until a compatible worker registers for that slice. A worker keeps one KV
+ *   state per session and checks every WORK frame's position and rolling
+ *   token-prefix hash against it: a mismatch (a restarted worker asked for
+ *   position N) is answered HASH_MISMATCH, never computed.
+ * - Binding is the caller's business: loopback by default in the tests;
+ *   ports a LAN can reach need the secret (refused without one).
+ */
+#ifndef DS4_DIST_H
+#define DS4_DIST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct ds4_backend;
+struct ds4_model;
+
+enum ds4_dist_role { DS4_DIST_NONE, DS4_DIST_COORDINATOR, DS4_DIST_WORKER };
+
+typedef struct {
+    enum ds4_dist_role role;
+    const char *host;           /* coordinator: --listen HOST; worker: --coordinator HOST */
+    int port;
+    const char *secret;         /* --dist-secret, else $DS4_DIST_SECRET, else "" */
+    double wait_seconds;        /* coordinator: how long eval waits for a complete route (<= 0: 30) */
+    double reply_seconds;       /* how long a hop may take before the worker counts as gone (<= 0: 120) */
+    bool debug;                 /* --debug: route formation and per-hop telemetry on stderr */
+} ds4_dist_params;
+
+/* Parses argv[*i] if it is one of --role, --listen, --coordinator,
+ * --dist-secret, --dist-wait, --debug (advancing *i past its values).
+ * 1 consumed, 0 not ours, -1 with a line in err. */
+int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, char *err, size_t errlen);
+extern const char ds4_dist_usage[];
+/* After parsing: the secret from the environment when not given, and one
+ * line in err for an inconsistent set (a role without its address, a worker
+ * role where the binary runs no worker loop: !worker_ok). */
+bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size_t errlen);
+
+/* Takes ownership of `local` (the backend over the coordinator's slice). */
+struct ds4_backend *ds4_dist_coordinator_new(struct ds4_backend *local, const struct ds4_model *m,
+                                             const ds4_dist_params *p, bool numerics, char *err, size_t errlen);
+
+/* The worker: loads model_path's slice (layers as --layers), registers and
+ * serves until killed. Returns a process exit status (1 with a line on
+ * stderr when it cannot start or is refused). */
+int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, int n_threads, int numerics,
+                         const ds4_dist_params *p);
+
+#endif

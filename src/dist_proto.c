@@ -1,0 +1,246 @@
+/* dist_proto.c -- pipeline-parallel frames (see dist_proto.h). */
+#include "dist_proto.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { VERSION = 1, HEADER = 8 };
+static const uint8_t MAGIC[4] = {'D', 'S', '4', 'P'};
+
+uint64_t ds4_dist_hash_tokens(uint64_t h, const int32_t *toks, int n) {
+    for (int i = 0; i < n; i++) {
+        const uint32_t t = (uint32_t)toks[i];
+        for (int b = 0; b < 4; b++) {
+            h ^= (t >> (8 * b)) & 0xff;
+            h *= 0x100000001b3ull;
+        }
+    }
+    return h;
+}
+
+/* ---- encoding: the size is known before writing, so one allocation ---- */
+
+typedef struct { uint8_t *p; size_t at; } writer;
+
+static void put_le(writer *w, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; i++) w->p[w->at++] = (uint8_t)(v >> (8 * i));
+}
+static void put_bytes(writer *w, const void *src, size_t n) {
+    if (n) memcpy(w->p + w->at, src, n);
+    w->at += n;
+}
+static void put_str(writer *w, const char *s, size_t n) { put_le(w, n, 2); put_bytes(w, s, n); }
+static void put_floats(writer *w, const float *f, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &f[i], 4);
+        put_le(w, u, 4);
+    }
+}
+
+static bool start(writer *w, enum ds4_dist_type type, size_t body) {
+    w->p = malloc(HEADER + body);
+    w->at = 0;
+    if (!w->p) return false;
+    put_bytes(w, MAGIC, 4);
+    put_le(w, VERSION, 2);
+    put_le(w, type, 2);
+    return true;
+}
+
+/* strings longer than a u16 are refused by truncation at the caller's cost: names and URLs are short */
+static size_t str_len(size_t n) { return n > 0xffff ? 0xffff : n; }
+
+uint8_t *ds4_dist_encode_hello(const ds4_dist_hello *h, size_t *len) {
+    const size_t ls = str_len(h->secret_len), lm = str_len(h->model_len), lu = str_len(h->data_url_len);
+    writer w;
+    if (!start(&w, DS4_DIST_HELLO, 6 + ls + lm + lu + 4 * 8 + 2)) return NULL;
+    put_str(&w, h->secret, ls);
+    put_str(&w, h->model, lm);
+    put_le(&w, h->n_layer, 4); put_le(&w, h->n_embd, 4); put_le(&w, h->n_hc, 4); put_le(&w, h->n_vocab, 4);
+    put_le(&w, h->expert_bits, 4); put_le(&w, h->first, 4); put_le(&w, h->last, 4);
+    put_le(&w, h->output, 1);
+    put_le(&w, h->ctx, 4);
+    put_str(&w, h->data_url, lu);
+    put_le(&w, h->numerics, 1);
+    *len = w.at;
+    return w.p;
+}
+
+uint8_t *ds4_dist_encode_text(enum ds4_dist_type type, const char *text, size_t *len) {
+    const size_t n = str_len(strlen(text));
+    writer w;
+    if (!start(&w, type, 2 + n)) return NULL;
+    put_str(&w, text, n);
+    *len = w.at;
+    return w.p;
+}
+
+uint8_t *ds4_dist_encode_work(const ds4_dist_work *wk, const int32_t *toks, const float *floats, size_t *len) {
+    writer w;
+    if (!start(&w, DS4_DIST_WORK, 8 + 4 + 4 + 8 + 8 + 1 + 4 * (size_t)wk->n + 4 + 4 * (size_t)wk->n_floats)) return NULL;
+    put_le(&w, wk->session, 8);
+    put_le(&w, wk->pos, 4);
+    put_le(&w, wk->n, 4);
+    put_le(&w, wk->hash_before, 8);
+    put_le(&w, wk->hash_after, 8);
+    put_le(&w, wk->all_logits, 1);
+    for (uint32_t i = 0; i < wk->n; i++) put_le(&w, (uint32_t)toks[i], 4);
+    put_le(&w, wk->n_floats, 4);
+    put_floats(&w, floats, wk->n_floats);
+    *len = w.at;
+    return w.p;
+}
+
+uint8_t *ds4_dist_encode_result(const ds4_dist_result *r, const float *floats, size_t *len) {
+    const size_t lt = str_len(r->text_len);
+    writer w;
+    if (!start(&w, DS4_DIST_RESULT, 8 + 1 + 8 + 4 + 4 * (size_t)r->n_floats + 2 + lt)) return NULL;
+    put_le(&w, r->session, 8);
+    put_le(&w, r->status, 1);
+    put_le(&w, r->hash_after, 8);
+    put_le(&w, r->n_floats, 4);
+    put_floats(&w, floats, r->n_floats);
+    put_str(&w, r->text, lt);
+    *len = w.at;
+    return w.p;
+}
+
+/* ---- decoding: every read checked against the end ---- */
+
+typedef struct { const uint8_t *p; size_t n, at; bool bad; } reader;
+
+static uint64_t get_le(reader *r, int bytes) {
+    if (r->bad || r->n - r->at < (size_t)bytes) { r->bad = true; return 0; }
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; i++) v |= (uint64_t)r->p[r->at + i] << (8 * i);
+    r->at += (size_t)bytes;
+    return v;
+}
+static const uint8_t *get_bytes(reader *r, uint64_t n) {
+    if (r->bad || r->n - r->at < n) { r->bad = true; return NULL; }
+    const uint8_t *p = r->p + r->at;
+    r->at += (size_t)n;
+    return p;
+}
+static const char *get_str(reader *r, size_t *len) {
+    *len = (size_t)get_le(r, 2);
+    return (const char *)get_bytes(r, *len);
+}
+
+float ds4_dist_float_at(const uint8_t *floats, size_t i) {
+    uint32_t u = (uint32_t)floats[4 * i] | (uint32_t)floats[4 * i + 1] << 8 | (uint32_t)floats[4 * i + 2] << 16 |
+                 (uint32_t)floats[4 * i + 3] << 24;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+int32_t ds4_dist_token_at(const uint8_t *tokens, size_t i) {
+    return (int32_t)((uint32_t)tokens[4 * i] | (uint32_t)tokens[4 * i + 1] << 8 | (uint32_t)tokens[4 * i + 2] << 16 |
+                     (uint32_t)tokens[4 * i + 3] << 24);
+}
+
+bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    reader r = {buf, len, 0, false};
+    const uint8_t *magic = get_bytes(&r, 4);
+    const unsigned version = (unsigned)get_le(&r, 2), type = (unsigned)get_le(&r, 2);
+    if (r.bad || memcmp(magic, MAGIC, 4)) { snprintf(err, errlen, "not a ds4 pipeline frame"); return false; }
+    if (version != VERSION) {
+        snprintf(err, errlen, "pipeline protocol version %u, this build speaks %d (build both sides from one commit)",
+                 version, VERSION);
+        return false;
+    }
+    out->type = (enum ds4_dist_type)type;
+    switch (type) {
+    case DS4_DIST_HELLO: {
+        ds4_dist_hello *h = &out->hello;
+        h->secret = get_str(&r, &h->secret_len);
+        h->model = get_str(&r, &h->model_len);
+        h->n_layer = (uint32_t)get_le(&r, 4); h->n_embd = (uint32_t)get_le(&r, 4);
+        h->n_hc = (uint32_t)get_le(&r, 4); h->n_vocab = (uint32_t)get_le(&r, 4);
+        h->expert_bits = (uint32_t)get_le(&r, 4);
+        h->first = (uint32_t)get_le(&r, 4); h->last = (uint32_t)get_le(&r, 4);
+        const uint64_t o = get_le(&r, 1);
+        h->output = o == 1;
+        if (o > 1) r.bad = true;
+        h->ctx = (uint32_t)get_le(&r, 4);
+        h->data_url = get_str(&r, &h->data_url_len);
+        const uint64_t nu = get_le(&r, 1);
+        h->numerics = nu == 1;
+        if (nu > 1) r.bad = true;
+        break;
+    }
+    case DS4_DIST_WELCOME: case DS4_DIST_REFUSED:
+        out->result.text = get_str(&r, &out->result.text_len);
+        break;
+    case DS4_DIST_WORK: {
+        ds4_dist_work *w = &out->work;
+        w->session = get_le(&r, 8);
+        w->pos = (uint32_t)get_le(&r, 4);
+        w->n = (uint32_t)get_le(&r, 4);
+        w->hash_before = get_le(&r, 8);
+        w->hash_after = get_le(&r, 8);
+        const uint64_t a = get_le(&r, 1);
+        w->all_logits = a == 1;
+        if (a > 1 || w->n == 0) r.bad = true;
+        w->tokens = get_bytes(&r, 4 * (uint64_t)w->n);
+        w->n_floats = (uint32_t)get_le(&r, 4);
+        w->floats = get_bytes(&r, 4 * (uint64_t)w->n_floats);
+        break;
+    }
+    case DS4_DIST_RESULT: {
+        ds4_dist_result *res = &out->result;
+        res->session = get_le(&r, 8);
+        res->status = (uint8_t)get_le(&r, 1);
+        if (res->status > DS4_DIST_ERROR) r.bad = true;
+        res->hash_after = get_le(&r, 8);
+        res->n_floats = (uint32_t)get_le(&r, 4);
+        res->floats = get_bytes(&r, 4 * (uint64_t)res->n_floats);
+        res->text = get_str(&r, &res->text_len);
+        break;
+    }
+    default:
+        snprintf(err, errlen, "unknown pipeline frame type %u", type);
+        return false;
+    }
+    if (r.bad || r.at != r.n) {
+        snprintf(err, errlen, "malformed pipeline frame (type %u, %zu bytes)", type, len);
+        return false;
+    }
+    return true;
+}
+
+bool ds4_dist_hello_compatible(const ds4_dist_hello *mine, const ds4_dist_hello *theirs, char *err, size_t errlen) {
+    /* constant time over the secret bytes: a wrong guess learns nothing from timing */
+    uint8_t diff = mine->secret_len != theirs->secret_len;
+    for (size_t i = 0; i < mine->secret_len; i++)
+        diff |= (uint8_t)(mine->secret[i] ^ (i < theirs->secret_len ? theirs->secret[i] : 0));
+    if (diff) { snprintf(err, errlen, "refused: wrong --dist-secret"); return false; }
+    if (mine->model_len != theirs->model_len || memcmp(mine->model, theirs->model, mine->model_len) ||
+        mine->n_layer != theirs->n_layer || mine->n_embd != theirs->n_embd || mine->n_hc != theirs->n_hc ||
+        mine->n_vocab != theirs->n_vocab) {
+        snprintf(err, errlen, "refused: another model (%.*s, %u layers, hidden %u) than the coordinator's "
+                 "(%.*s, %u layers, hidden %u)", (int)str_len(theirs->model_len), theirs->model, theirs->n_layer,
+                 theirs->n_embd, (int)str_len(mine->model_len), mine->model, mine->n_layer, mine->n_embd);
+        return false;
+    }
+    if (mine->numerics != theirs->numerics) {
+        snprintf(err, errlen, "refused: numerics %s, the coordinator runs %s (--numerics)",
+                 theirs->numerics ? "ds4" : "exact", mine->numerics ? "ds4" : "exact");
+        return false;
+    }
+    if (mine->expert_bits != theirs->expert_bits) {
+        snprintf(err, errlen, "refused: routed experts of %u bits, the coordinator's are %u bits (another quant)",
+                 theirs->expert_bits, mine->expert_bits);
+        return false;
+    }
+    if (theirs->first > theirs->last || theirs->last >= theirs->n_layer) {
+        snprintf(err, errlen, "refused: layer slice %u..%u outside the model's 0..%u", theirs->first, theirs->last,
+                 theirs->n_layer - 1);
+        return false;
+    }
+    return true;
+}

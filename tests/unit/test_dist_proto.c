@@ -1,0 +1,123 @@
+/* test_dist_proto.c -- pipeline frames (dist_proto.h): every frame type
+ * round-trips field for field and float for float (bit patterns, NaN and
+ * -0 included); every truncation and every extension of a valid frame is
+ * refused with one line; the rolling hash composes (hash of a prefix then
+ * a span = hash of the whole) and tells spans apart; registration checks
+ * refuse a wrong secret, another model, another quant and slices outside
+ * the model, each with its own line. */
+#include "check.h"
+#include "dist_proto.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void check_all_cuts(const uint8_t *buf, size_t len, const char *what) {
+    ds4_dist_frame f;
+    char err[256];
+    bool all_refused = true;
+    for (size_t n = 0; n < len; n++) all_refused &= !ds4_dist_decode(buf, n, &f, err, sizeof err);
+    CHECK(all_refused, "%s: a truncated frame decoded", what);
+    uint8_t *longer = malloc(len + 1);
+    memcpy(longer, buf, len);
+    longer[len] = 0;
+    CHECK(!ds4_dist_decode(longer, len + 1, &f, err, sizeof err) && strstr(err, "malformed"), "%s: trailing byte: %s",
+          what, err);
+    free(longer);
+}
+
+static void test_hello(void) {
+    ds4_dist_hello h = {"s3cret", 6, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20, true};
+    size_t len;
+    uint8_t *buf = ds4_dist_encode_hello(&h, &len);
+    ds4_dist_frame f;
+    char err[256];
+    CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_HELLO, "hello decodes");
+    const ds4_dist_hello *g = &f.hello;
+    CHECK(g->secret_len == 6 && !memcmp(g->secret, "s3cret", 6) && g->model_len == 9 && !memcmp(g->model, "ds4tiny-A", 9),
+          "strings");
+    CHECK(g->n_layer == 6 && g->n_embd == 256 && g->n_hc == 4 && g->n_vocab == 1024 && g->expert_bits == 8 &&
+          g->first == 3 && g->last == 5 && g->output && g->ctx == 4096 && g->data_url_len == 20 && g->numerics, "numbers");
+    check_all_cuts(buf, len, "hello");
+
+    ds4_dist_hello mine = h;
+    mine.first = 0; mine.last = 2; mine.output = false;
+    CHECK(ds4_dist_hello_compatible(&mine, g, err, sizeof err), "compatible: %s", err);
+    ds4_dist_hello bad = *g;
+    bad.secret = "s3creT";
+    CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "--dist-secret"), "%s", err);
+    bad = *g; bad.secret_len = 5;
+    CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "--dist-secret"), "%s", err);
+    bad = *g; bad.model = "ds4tiny-B";
+    CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "another model"), "%s", err);
+    bad = *g; bad.n_embd = 512;
+    CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "another model"), "%s", err);
+    bad = *g; bad.numerics = false;
+    CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "--numerics"), "%s", err);
+    bad = *g; bad.expert_bits = 4;
+    CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "another quant"), "%s", err);
+    bad = *g; bad.last = 6;
+    CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "outside"), "%s", err);
+    bad = *g; bad.first = 5; bad.last = 4;
+    CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "outside"), "%s", err);
+    free(buf);
+}
+
+static void test_work_and_result(void) {
+    const int32_t toks[] = {0, 1, 129279, -1, 77};
+    float fl[7] = {1.0f, -0.0f, NAN, INFINITY, 1e-45f, -3.25f, 65504.0f};
+    ds4_dist_work w = {0xfeedface12345678ull, 4096, 5, 11, 22, true, NULL, 7, NULL};
+    size_t len;
+    uint8_t *buf = ds4_dist_encode_work(&w, toks, fl, &len);
+    ds4_dist_frame f;
+    char err[256];
+    CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_WORK, "work decodes: %s", err);
+    CHECK(f.work.session == w.session && f.work.pos == 4096 && f.work.n == 5 && f.work.hash_before == 11 &&
+          f.work.hash_after == 22 && f.work.all_logits && f.work.n_floats == 7, "work fields");
+    for (int i = 0; i < 5; i++) CHECK(ds4_dist_token_at(f.work.tokens, (size_t)i) == toks[i], "token %d", i);
+    for (int i = 0; i < 7; i++) {
+        float v = ds4_dist_float_at(f.work.floats, (size_t)i);
+        CHECK(!memcmp(&v, &fl[i], 4), "float %d bit pattern", i);
+    }
+    check_all_cuts(buf, len, "work");
+    free(buf);
+
+    ds4_dist_result r = {42, DS4_DIST_HASH_MISMATCH, 99, 3, NULL, "position 0, asked for 17", 24};
+    buf = ds4_dist_encode_result(&r, fl, &len);
+    CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_RESULT, "result decodes");
+    CHECK(f.result.session == 42 && f.result.status == DS4_DIST_HASH_MISMATCH && f.result.hash_after == 99 &&
+          f.result.n_floats == 3 && f.result.text_len == 24 && !memcmp(f.result.text, r.text, 24), "result fields");
+    check_all_cuts(buf, len, "result");
+    free(buf);
+
+    buf = ds4_dist_encode_text(DS4_DIST_REFUSED, "refused: wrong --dist-secret", &len);
+    CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_REFUSED &&
+          f.result.text_len == 28, "refused decodes");
+    buf[6] = 99;    /* type */
+    CHECK(!ds4_dist_decode(buf, len, &f, err, sizeof err) && strstr(err, "unknown pipeline frame type 99"), "%s", err);
+    buf[6] = DS4_DIST_REFUSED;
+    buf[4] = 2;     /* version */
+    CHECK(!ds4_dist_decode(buf, len, &f, err, sizeof err) && strstr(err, "version 2"), "%s", err);
+    buf[0] = 'X';
+    CHECK(!ds4_dist_decode(buf, len, &f, err, sizeof err) && strstr(err, "not a ds4 pipeline frame"), "%s", err);
+    free(buf);
+}
+
+static void test_hash(void) {
+    const int32_t t[] = {5, 6, 7, 8, 9};
+    const uint64_t whole = ds4_dist_hash_tokens(DS4_DIST_HASH_EMPTY, t, 5);
+    for (int cut = 0; cut <= 5; cut++)
+        CHECK(ds4_dist_hash_tokens(ds4_dist_hash_tokens(DS4_DIST_HASH_EMPTY, t, cut), t + cut, 5 - cut) == whole,
+              "cut %d composes", cut);
+    const int32_t u[] = {5, 6, 7, 9, 8};
+    CHECK(ds4_dist_hash_tokens(DS4_DIST_HASH_EMPTY, u, 5) != whole, "order matters");
+    CHECK(ds4_dist_hash_tokens(DS4_DIST_HASH_EMPTY, t, 4) != whole, "length matters");
+    CHECK(ds4_dist_hash_tokens(DS4_DIST_HASH_EMPTY, t, 0) == DS4_DIST_HASH_EMPTY, "empty span");
+}
+
+int main(void) {
+    test_hello();
+    test_work_and_result();
+    test_hash();
+    return check_done("test_dist_proto");
+}
