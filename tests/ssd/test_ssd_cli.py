@@ -17,7 +17,7 @@ weights: only equality with the mapped path and structure are checked):
   fails once answers that request with an error and the next one with the
   mapped server's text (a transient error does not kill a server).
 """
-import json, os, re, subprocess, sys, tempfile
+import json, os, re, shutil, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "server"))
 from server_helper import Results, Server, demo_model_or_skip  # noqa: E402
@@ -150,4 +150,5 @@ try:
 finally:
     s.stop()
 
+shutil.rmtree(tmp, ignore_errors=True)
 results.done()
