@@ -172,7 +172,7 @@ static bool start_streaming(ds4_engine *e, const ds4_engine_params *p, char *err
         if (!hist) { snprintf(err, errlen, "out of memory"); return false; }
         preloaded = ds4_expert_cache_preload(e->experts, hist, want);
         free(hist);
-        if (ds4_expert_cache_error(e->experts)) { snprintf(err, errlen, "%s", ds4_expert_cache_error(e->experts)); return false; }
+        if (ds4_expert_cache_take_error(e->experts, err, errlen)) return false;
     }
     ds4_cpu_backend_stream_experts(e->be, e->experts);
     e->ssd_stats = p->ssd.stats;
@@ -221,6 +221,13 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     }
     bool numerics = p->numerics < 0 ? ds4_cpu_numerics_supported(&e->m->cfg) : p->numerics > 0;
     e->prefill_chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 4096;
+    const ds4_ssd_params *ssd = &p->ssd;
+    if (!ssd->enabled && (ssd->cold || ssd->stats || ssd->lru || ssd->trace_path || ssd->cache_bytes ||
+                          ssd->cache_slots || ssd->preload_experts)) {
+        /* a silently ignored sub-option would make a measurement lie */
+        snprintf(err, errlen, "the --ssd-streaming-* options need --ssd-streaming");
+        goto fail;
+    }
     if (p->gpu.backend == DS4_BACKEND_CUDA && p->ssd.enabled) {
         /* the expert cache feeds the CPU kernels; the CUDA backend uploads every weight */
         snprintf(err, errlen, "--ssd-streaming works with the CPU backend only, not with --cuda");

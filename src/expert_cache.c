@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,6 +160,8 @@ struct ds4_expert_cache {
     slot_index ix;
     int n_shards, *fd;
     bool direct;
+    uint64_t test_fail_read;         /* DS4_TEST_EXPERT_READ_EIO (0: off) */
+    atomic_uint_fast64_t test_reads; /* matrix reads started, for that hook */
     expert_src *src;                 /* [n_layer * 3] */
     size_t region_off[3], slot_bytes;
     uint8_t *pool, *state;           /* state: [n_slots] SLOT_* */
@@ -211,14 +214,15 @@ static const ds4_gguf_tensor *gguf_tensor_of(const ds4_gguf *g, const void *data
 
 /* Reads bytes [off, off+len) of fd into dst, whose address is congruent to
  * off modulo IO_ALIGN, with an aligned O_DIRECT read when direct. */
-static bool read_span(int fd, bool direct, uint8_t *dst, uint64_t off, size_t len, char *err, size_t errlen) {
+static bool read_span(int fd, bool direct, bool inject_eio, uint8_t *dst, uint64_t off, size_t len, char *err,
+                      size_t errlen) {
     const uint64_t start = direct ? off / IO_ALIGN * IO_ALIGN : off;
     const size_t want = (size_t)(off - start) + len;
     const size_t ask = direct ? round_up(want, IO_ALIGN) : want;
     uint8_t *buf = dst - (off - start);
     size_t got = 0;
     while (got < want) {
-        ssize_t r = pread(fd, buf + got, ask - got, (off_t)(start + got));
+        ssize_t r = inject_eio ? (errno = EIO, -1) : pread(fd, buf + got, ask - got, (off_t)(start + got));
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) { snprintf(err, errlen, "expert read at offset %llu failed: %s", (unsigned long long)off, strerror(errno)); return false; }
         if (r == 0) {
@@ -238,7 +242,8 @@ static bool read_part(ds4_expert_cache *c, int slot, int key, int j, char *err, 
     const expert_src *s = &c->src[layer * 3 + j];
     const uint64_t off = s->offset + (uint64_t)e * s->bytes;
     uint8_t *dst = c->pool + (size_t)slot * c->slot_bytes + c->region_off[j] + off % IO_ALIGN;
-    return read_span(c->fd[s->shard], c->direct, dst, off, s->bytes, err, errlen);
+    const bool inject_eio = c->test_fail_read && atomic_fetch_add(&c->test_reads, 1) + 1 == c->test_fail_read;
+    return read_span(c->fd[s->shard], c->direct, inject_eio, dst, off, s->bytes, err, errlen);
 }
 
 /* Readers take one matrix of one expert at a time, so the three matrices of
@@ -300,7 +305,15 @@ static void refill(ds4_expert_cache *c) {
 }
 
 bool ds4_expert_cache_direct(const ds4_expert_cache *c) { return c->direct; }
-const char *ds4_expert_cache_error(const ds4_expert_cache *c) { return c->failed ? c->err : NULL; }
+bool ds4_expert_cache_take_error(ds4_expert_cache *c, char *err, size_t errlen) {
+    pthread_mutex_lock(&c->mu);
+    const bool failed = c->failed;
+    if (failed) snprintf(err, errlen, "%s", c->err);
+    /* the failed slots were forgotten: the next fetch reads them again */
+    c->failed = false;
+    pthread_mutex_unlock(&c->mu);
+    return failed;
+}
 void ds4_expert_cache_record(ds4_expert_cache *c, FILE *trace) { c->trace = trace; }
 
 ds4_expert_stats ds4_expert_cache_stats(const ds4_expert_cache *c) {
@@ -317,7 +330,7 @@ static bool open_shards(ds4_expert_cache *c, const ds4_gguf *g, char *err, size_
     c->fd = malloc((size_t)c->n_shards * sizeof *c->fd);
     if (!c->fd) { snprintf(err, errlen, "out of memory"); return false; }
     for (int i = 0; i < c->n_shards; i++) c->fd[i] = -1;
-    c->direct = true;
+    c->direct = !getenv("DS4_TEST_EXPERT_NO_DIRECT");
     for (int i = 0; i < c->n_shards; i++) {
         const char *path = ds4_gguf_shard_path(g, i);
         if (!path) { snprintf(err, errlen, "--ssd-streaming needs a model file"); return false; }
@@ -387,6 +400,9 @@ ds4_expert_cache *ds4_expert_cache_new(const ds4_gguf *g, const ds4_model *m, in
             if (!gt) { snprintf(err, errlen, "routed tensor of layer %d not found in the file", l); ds4_expert_cache_free(c); return NULL; }
             c->src[l * 3 + j] = (expert_src){gt->shard, gt->file_offset, expert_bytes(t)};
         }
+    const char *fail_read = getenv("DS4_TEST_EXPERT_READ_EIO");
+    c->test_fail_read = fail_read ? strtoull(fail_read, NULL, 10) : 0;
+    atomic_init(&c->test_reads, 0);
     if (!open_shards(c, g, err, errlen)) { ds4_expert_cache_free(c); return NULL; }
     for (int i = 0; i < N_READERS; i++) {
         if (pthread_create(&c->readers[i], NULL, reader_main, c)) break;
@@ -569,7 +585,7 @@ static bool copy_range(int fd, uint8_t *base, uint64_t lo, uint64_t hi, uint64_t
     void *p = mmap(base + lo, (size_t)(hi - lo), PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) { snprintf(err, errlen, "cannot map resident weights: %s", strerror(errno)); return false; }
     const uint64_t end = hi < file_size ? hi : file_size;
-    if (end > lo && !read_span(fd, false, base + lo, lo, (size_t)(end - lo), err, errlen)) return false;
+    if (end > lo && !read_span(fd, false, false, base + lo, lo, (size_t)(end - lo), err, errlen)) return false;
     mprotect(p, (size_t)(hi - lo), PROT_READ);
     return true;
 }

@@ -31,9 +31,16 @@
  *   pointing into its slot. Valid until the next get or fetch. Calls must
  *   follow the fetch of that layer, from one thread.
  * - A short read (file truncated) or read error makes the cache failed:
- *   ds4_expert_cache_error() returns the one-line message (NULL while fine);
- *   views then point at zeroed memory, never at stale bytes, and the caller
- *   must drop the results.
+ *   views then point at zeroed memory, never at stale bytes, and
+ *   ds4_expert_cache_take_error() returns true with the one-line message;
+ *   the caller must drop the results. Taking the error clears it and the
+ *   experts that failed were forgotten, so the next fetch reads them again:
+ *   a transient error fails one evaluation, not the process.
+ * - Test-only fault hooks (environment, read by ds4_expert_cache_new; never
+ *   set outside tests): DS4_TEST_EXPERT_READ_EIO=N makes the Nth matrix read
+ *   (1-based, preload included) fail once with EIO through the real error
+ *   path; DS4_TEST_EXPERT_NO_DIRECT=1 takes the path of a filesystem that
+ *   refuses O_DIRECT (buffered reads, one warning line).
  * - Eviction: LFU with aging (each access counts; all counts halve every
  *   10 x n_slots accesses; ties go to the least recently used) or plain
  *   LRU, for measurement. ds4_expert_policy_simulate() runs a recorded
@@ -78,7 +85,8 @@ bool ds4_expert_cache_make_resident(const struct ds4_gguf *g, const ds4_model *m
 
 void ds4_expert_cache_fetch(ds4_expert_cache *c, int layer, const int *ids, int n_tokens, int k);
 void ds4_expert_cache_get(ds4_expert_cache *c, int layer, int e, ds4_tensor views[3]);
-const char *ds4_expert_cache_error(const ds4_expert_cache *c);
+/* true (err: the line) if a read failed since the last call; clears it. */
+bool ds4_expert_cache_take_error(ds4_expert_cache *c, char *err, size_t errlen);
 ds4_expert_stats ds4_expert_cache_stats(const ds4_expert_cache *c);
 
 /* Reads the n experts with the highest counts of hist[layer * n_expert + e]

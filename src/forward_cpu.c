@@ -791,10 +791,7 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
     for (b.l = sl->first; b.l <= sl->last; b.l++) {
         attention(&b);
         ffn(&b);
-        if (f->experts && ds4_expert_cache_error(f->experts)) {
-            snprintf(err, errlen, "%s", ds4_expert_cache_error(f->experts));
-            return -1;
-        }
+        if (f->experts && ds4_expert_cache_take_error(f->experts, err, errlen)) return -1;
     }
     for (int q = 0; q < n_seqs; q++) seqs[q].kv->n_pos += seqs[q].n;
     if (sl->output) heads(&b);
