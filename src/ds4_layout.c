@@ -58,36 +58,41 @@ const ds4_hparam_key ds4_hparam_keys[] = {
 #define N_KEYS (sizeof ds4_hparam_keys / sizeof ds4_hparam_keys[0])
 const size_t ds4_n_hparam_keys = N_KEYS;
 
-void ds4_hparams_write(struct ds4_gguf_writer *w, const ds4_hparams *hp) {
-    const char *base = (const char *)hp;
-    ds4_gguf_w_str(w, "general.architecture", DS4_ARCH);
-    for (size_t i = 0; i < N_KEYS; i++) {
-        const ds4_hparam_key *k = &ds4_hparam_keys[i];
+void ds4_hparam_table_write(struct ds4_gguf_writer *w, const ds4_hparam_key *keys, size_t n_keys,
+                            const void *fields, uint32_t n_layer) {
+    const char *base = fields;
+    for (size_t i = 0; i < n_keys; i++) {
+        const ds4_hparam_key *k = &keys[i];
         const void *p = base + k->offset;
         switch (k->kind) {
         case DS4_HP_U32: ds4_gguf_w_u32(w, k->key, *(const uint32_t *)p); break;
         case DS4_HP_F32: ds4_gguf_w_f32(w, k->key, *(const float *)p); break;
         case DS4_HP_BOOL: ds4_gguf_w_bool(w, k->key, *(const bool *)p); break;
-        case DS4_HP_U32_PER_LAYER: ds4_gguf_w_arr(w, k->key, DS4_GGUF_U32, p, hp->n_layer); break;
-        case DS4_HP_F32_PER_LAYER: ds4_gguf_w_arr(w, k->key, DS4_GGUF_F32, p, hp->n_layer); break;
+        case DS4_HP_U32_PER_LAYER: ds4_gguf_w_arr(w, k->key, DS4_GGUF_U32, p, n_layer); break;
+        case DS4_HP_F32_PER_LAYER: ds4_gguf_w_arr(w, k->key, DS4_GGUF_F32, p, n_layer); break;
         case DS4_HP_STR_CONST: ds4_gguf_w_str(w, k->key, k->str_value); break;
         }
     }
 }
 
-static int read_array(const struct ds4_gguf *g, const ds4_hparam_key *k, ds4_hparams *hp,
+void ds4_hparams_write(struct ds4_gguf_writer *w, const ds4_hparams *hp) {
+    ds4_gguf_w_str(w, "general.architecture", DS4_ARCH);
+    ds4_hparam_table_write(w, ds4_hparam_keys, N_KEYS, hp, hp->n_layer);
+}
+
+static int read_array(const struct ds4_gguf *g, const ds4_hparam_key *k, uint32_t n_layer,
                       void *dst, char *err, size_t errlen) {
     const ds4_gguf_kv *kv = ds4_gguf_find_kv(g, k->key);
     if (!kv || kv->type != DS4_GGUF_ARRAY) {
         snprintf(err, errlen, "missing or non-array key %s", k->key);
         return -1;
     }
-    if (kv->arr_n < hp->n_layer) {
+    if (kv->arr_n < n_layer) {
         snprintf(err, errlen, "key %s has %llu entries, need %u", k->key,
-                 (unsigned long long)kv->arr_n, hp->n_layer);
+                 (unsigned long long)kv->arr_n, n_layer);
         return -1;
     }
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
+    for (uint32_t l = 0; l < n_layer; l++) {
         if (k->kind == DS4_HP_U32_PER_LAYER) {
             int64_t v;
             if (!ds4_gguf_arr_i64(kv, l, &v) || v < 0 || v > UINT32_MAX) {
@@ -107,17 +112,11 @@ static int read_array(const struct ds4_gguf *g, const ds4_hparam_key *k, ds4_hpa
     return 0;
 }
 
-int ds4_hparams_read(const struct ds4_gguf *g, ds4_hparams *hp, char *err, size_t errlen) {
-    memset(hp, 0, sizeof *hp);
-    char *base = (char *)hp;
-    /* block_count first: the per-layer arrays need it. */
-    if (!ds4_gguf_get_u32(g, K("block_count"), &hp->n_layer) || hp->n_layer == 0 ||
-        hp->n_layer > DS4_MAX_LAYERS) {
-        snprintf(err, errlen, "missing or invalid key %s", K("block_count"));
-        return -1;
-    }
-    for (size_t i = 0; i < N_KEYS; i++) {
-        const ds4_hparam_key *k = &ds4_hparam_keys[i];
+int ds4_hparam_table_read(const struct ds4_gguf *g, const ds4_hparam_key *keys, size_t n_keys,
+                          void *fields, uint32_t n_layer, char *err, size_t errlen) {
+    char *base = fields;
+    for (size_t i = 0; i < n_keys; i++) {
+        const ds4_hparam_key *k = &keys[i];
         void *p = base + k->offset;
         bool ok = true;
         if (!ds4_gguf_find_kv(g, k->key)) {
@@ -131,7 +130,7 @@ int ds4_hparams_read(const struct ds4_gguf *g, ds4_hparams *hp, char *err, size_
         case DS4_HP_BOOL: ok = ds4_gguf_get_bool(g, k->key, p); break;
         case DS4_HP_U32_PER_LAYER:
         case DS4_HP_F32_PER_LAYER:
-            if (read_array(g, k, hp, p, err, errlen)) return -1;
+            if (read_array(g, k, n_layer, p, err, errlen)) return -1;
             break;
         case DS4_HP_STR_CONST: break;
         }
@@ -140,6 +139,18 @@ int ds4_hparams_read(const struct ds4_gguf *g, ds4_hparams *hp, char *err, size_
             return -1;
         }
     }
+    return 0;
+}
+
+int ds4_hparams_read(const struct ds4_gguf *g, ds4_hparams *hp, char *err, size_t errlen) {
+    memset(hp, 0, sizeof *hp);
+    /* block_count first: the per-layer arrays need it. */
+    if (!ds4_gguf_get_u32(g, K("block_count"), &hp->n_layer) || hp->n_layer == 0 ||
+        hp->n_layer > DS4_MAX_LAYERS) {
+        snprintf(err, errlen, "missing or invalid key %s", K("block_count"));
+        return -1;
+    }
+    if (ds4_hparam_table_read(g, ds4_hparam_keys, N_KEYS, hp, hp->n_layer, err, errlen)) return -1;
     if (!ds4_gguf_find_kv(g, K("swiglu_clamp_shexp")))
         memcpy(hp->swiglu_clamp_shexp, hp->swiglu_clamp_exp, sizeof hp->swiglu_clamp_exp);
     return ds4_hparams_check(hp, err, errlen);

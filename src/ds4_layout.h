@@ -85,6 +85,14 @@ typedef struct ds4_hparam_key {
 extern const ds4_hparam_key ds4_hparam_keys[];
 extern const size_t ds4_n_hparam_keys;
 
+/* The table walkers behind ds4_hparams_write/read, shared with other
+ * families' layouts (glm_layout.h): `fields` is the struct the offsets point
+ * into; per-layer arrays have n_layer entries. read fails on the first
+ * missing non-optional key or wrong value type. */
+void ds4_hparam_table_write(struct ds4_gguf_writer *w, const ds4_hparam_key *keys, size_t n_keys,
+                            const void *fields, uint32_t n_layer);
+int ds4_hparam_table_read(const struct ds4_gguf *g, const ds4_hparam_key *keys, size_t n_keys,
+                          void *fields, uint32_t n_layer, char *err, size_t errlen);
 void ds4_hparams_write(struct ds4_gguf_writer *w, const ds4_hparams *hp);
 int ds4_hparams_read(const struct ds4_gguf *g, ds4_hparams *hp, char *err, size_t errlen);
 int ds4_hparams_check(const ds4_hparams *hp, char *err, size_t errlen);

@@ -7,6 +7,7 @@
 #include "expert_cache.h"
 #include "forward_cpu.h"
 #include "gguf.h"
+#include "glm_model.h"
 #include "kv.h"
 #include "kv_payload.h"
 #include "model.h"
@@ -193,6 +194,17 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     if (!e) { snprintf(err, errlen, "out of memory loading %s", p->model_path); return NULL; }
     e->g = ds4_gguf_open(p->model_path, err, errlen);
     if (!e->g) goto fail;
+    if (glm_gguf_is_glm(e->g)) {
+        /* The GLM family is bound and validated, but its forward pass is not
+         * in this build: say so in one line rather than a DeepSeek error. */
+        glm_model *glm = glm_model_bind(e->g, err, errlen);
+        if (glm) {
+            snprintf(err, errlen, "%s: GLM 5.2 (glm-dsa) model \"%s\" with %u layers validated, but this build "
+                     "has no GLM forward pass yet", p->model_path, glm->name, glm_n_trunk(&glm->hp));
+            glm_model_free(glm);
+        }
+        goto fail;
+    }
     e->m = ds4_model_bind(e->g, err, errlen);
     if (!e->m) goto fail;
     if (ds4_gguf_find_kv(e->g, "tokenizer.ggml.tokens")) {

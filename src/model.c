@@ -3,77 +3,52 @@
 #include "ds4_layout.h"
 #include "gguf.h"
 #include "quant.h"
+#include "tensor_bind.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    const ds4_gguf *g;
-    char *err;
-    size_t errlen;
-    bool failed;
-} binder;
-
-static void fail(binder *b, const char *fmt, ...) {
-    if (b->failed) return;               /* report only the first problem */
-    b->failed = true;
-    int n = snprintf(b->err, b->errlen, "not a DeepSeek V4 GGUF: ");
-    if (n < 0 || (size_t)n >= b->errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(b->err + n, b->errlen - (size_t)n, fmt, ap);
-    va_end(ap);
-}
-
-/* Out of memory is not a property of the file: its own message. */
-static void fail_oom(binder *b, const char *what) {
-    if (b->failed) return;
-    b->failed = true;
-    snprintf(b->err, b->errlen, "out of memory for %s", what);
-}
-
 /* ---- metadata ---- */
 
-static int key_int(binder *b, const char *key, int min, int max) {
+static int key_int(ds4_binder *b, const char *key, int min, int max) {
     uint64_t v = 0;
     if (b->failed) return min;
-    if (!ds4_gguf_get_u64(b->g, key, &v)) { fail(b, "missing or non-integer key %s", key); return min; }
+    if (!ds4_gguf_get_u64(b->g, key, &v)) { ds4_bind_fail(b, "missing or non-integer key %s", key); return min; }
     if (v < (uint64_t)min || v > (uint64_t)max) {
-        fail(b, "key %s = %llu out of range [%d, %d]", key, (unsigned long long)v, min, max);
+        ds4_bind_fail(b, "key %s = %llu out of range [%d, %d]", key, (unsigned long long)v, min, max);
         return min;
     }
     return (int)v;
 }
 
-static float key_float(binder *b, const char *key) {
+static float key_float(ds4_binder *b, const char *key) {
     float v = 0;
     if (b->failed) return 0;
-    if (!ds4_gguf_get_f32(b->g, key, &v) || !isfinite(v)) fail(b, "missing or non-numeric key %s", key);
+    if (!ds4_gguf_get_f32(b->g, key, &v) || !isfinite(v)) ds4_bind_fail(b, "missing or non-numeric key %s", key);
     return v;
 }
 
 /* Per-layer array key (compress ratios, clamps): at least n_layer numeric entries. */
-static const ds4_gguf_kv *key_layer_array(binder *b, const char *key, int n_layer) {
+static const ds4_gguf_kv *key_layer_array(ds4_binder *b, const char *key, int n_layer) {
     if (b->failed) return NULL;
     const ds4_gguf_kv *kv = ds4_gguf_find_kv(b->g, key);
     if (!kv || kv->type != DS4_GGUF_ARRAY || kv->arr_type == DS4_GGUF_STRING) {
-        fail(b, "missing numeric array key %s", key);
+        ds4_bind_fail(b, "missing numeric array key %s", key);
         return NULL;
     }
     if (kv->arr_n < (uint64_t)n_layer) {
-        fail(b, "key %s has %llu entries, need %d", key, (unsigned long long)kv->arr_n, n_layer);
+        ds4_bind_fail(b, "key %s has %llu entries, need %d", key, (unsigned long long)kv->arr_n, n_layer);
         return NULL;
     }
     return kv;
 }
 
-static void read_clamps(binder *b, const ds4_gguf_kv *kv, const char *key, float *dst, int n) {
+static void read_clamps(ds4_binder *b, const ds4_gguf_kv *kv, const char *key, float *dst, int n) {
     for (int l = 0; kv && l < n && !b->failed; l++) {
         double v;
-        if (!ds4_gguf_arr_f64(kv, (uint64_t)l, &v) || !(v > 0) || !isfinite(v)) fail(b, "key %s[%d] invalid", key, l);
+        if (!ds4_gguf_arr_f64(kv, (uint64_t)l, &v) || !(v > 0) || !isfinite(v)) ds4_bind_fail(b, "key %s[%d] invalid", key, l);
         else dst[l] = (float)v;
     }
 }
@@ -85,7 +60,7 @@ static void read_clamps(binder *b, const ds4_gguf_kv *kv, const char *key, float
  * would only turn a corrupt file into a multi-gigabyte allocation. */
 #define DS4_MAX_COMPRESS_RATIO 65536
 
-static void read_config(binder *b, ds4_config *c) {
+static void read_config(ds4_binder *b, ds4_config *c) {
     c->n_layer = key_int(b, K("block_count"), 1, DS4_MAX_LAYERS);
     c->n_embd = key_int(b, K("embedding_length"), 1, 1 << 20);
     c->n_vocab = key_int(b, K("vocab_size"), 1, 1 << 24);
@@ -104,7 +79,7 @@ static void read_config(binder *b, ds4_config *c) {
     c->yarn_factor = key_float(b, K("rope.scaling.factor"));
     uint64_t orig = 0;
     if (!b->failed && !ds4_gguf_get_u64(b->g, K("rope.scaling.original_context_length"), &orig))
-        fail(b, "missing key " K("rope.scaling.original_context_length"));
+        ds4_bind_fail(b, "missing key " K("rope.scaling.original_context_length"));
     c->yarn_orig_ctx = orig;
     c->yarn_beta_fast = key_float(b, K("rope.scaling.yarn_beta_fast"));
     c->yarn_beta_slow = key_float(b, K("rope.scaling.yarn_beta_slow"));
@@ -122,44 +97,44 @@ static void read_config(binder *b, ds4_config *c) {
     c->n_hash_layer = key_int(b, K("hash_layer_count"), 0, 4096);
     c->expert_weights_scale = key_float(b, K("expert_weights_scale"));
     if (!b->failed && !ds4_gguf_get_bool(b->g, K("expert_weights_norm"), &c->expert_weights_norm))
-        fail(b, "missing bool key " K("expert_weights_norm"));
+        ds4_bind_fail(b, "missing bool key " K("expert_weights_norm"));
     if (b->failed) return;
 
     uint64_t ctx = 0;
     c->train_ctx = ds4_gguf_get_u64(b->g, K("context_length"), &ctx) ? ctx : 0;
     uint32_t u;
     if (ds4_gguf_get_u32(b->g, K("expert_gating_func"), &u) && u != 4)
-        fail(b, "key " K("expert_gating_func") " = %u, only 4 (sqrt-softplus) is DS4", u);
+        ds4_bind_fail(b, "key " K("expert_gating_func") " = %u, only 4 (sqrt-softplus) is DS4", u);
     if (ds4_gguf_get_u32(b->g, K("expert_group_count"), &u) && u != 0)
-        fail(b, "key " K("expert_group_count") " = %u, DS4 has no expert groups", u);
+        ds4_bind_fail(b, "key " K("expert_group_count") " = %u, DS4 has no expert groups", u);
 
-    if (n_head_kv != 1) fail(b, "attention.head_count_kv = %d, DS4 has one shared KV head", n_head_kv);
-    if (v_len != c->head_dim) fail(b, "value_length %d != key_length %d", v_len, c->head_dim);
+    if (n_head_kv != 1) ds4_bind_fail(b, "attention.head_count_kv = %d, DS4 has one shared KV head", n_head_kv);
+    if (v_len != c->head_dim) ds4_bind_fail(b, "value_length %d != key_length %d", v_len, c->head_dim);
     if (c->n_rot > c->head_dim || c->n_rot > c->idx_head_dim || c->n_rot % 2)
-        fail(b, "rope.dimension_count %d does not fit the heads", c->n_rot);
-    if (c->n_head % c->o_groups) fail(b, "head_count %d not a multiple of output_group_count %d", c->n_head, c->o_groups);
-    if (n_shared != 1) fail(b, "expert_shared_count = %d, DS4 has one shared expert", n_shared);
-    if (c->n_expert_used > c->n_expert) fail(b, "expert_used_count > expert_count");
-    if (c->n_hash_layer > c->n_layer) fail(b, "hash_layer_count > block_count");
+        ds4_bind_fail(b, "rope.dimension_count %d does not fit the heads", c->n_rot);
+    if (c->n_head % c->o_groups) ds4_bind_fail(b, "head_count %d not a multiple of output_group_count %d", c->n_head, c->o_groups);
+    if (n_shared != 1) ds4_bind_fail(b, "expert_shared_count = %d, DS4 has one shared expert", n_shared);
+    if (c->n_expert_used > c->n_expert) ds4_bind_fail(b, "expert_used_count > expert_count");
+    if (c->n_hash_layer > c->n_layer) ds4_bind_fail(b, "hash_layer_count > block_count");
     /* The YaRN ramp (forward_cpu.c make_inv_freq) takes logarithms of the
      * betas and of both bases and needs the fast correction dim below the
      * slow one: anything else gives NaN or inverted frequencies, not an error. */
-    if (c->rope_base <= 1) fail(b, "rope.freq_base = %g, must be > 1", c->rope_base);
+    if (c->rope_base <= 1) ds4_bind_fail(b, "rope.freq_base = %g, must be > 1", c->rope_base);
     if (c->compress_rope_base <= 1)
-        fail(b, "attention.compress_rope_freq_base = %g, must be > 1", c->compress_rope_base);
-    if (c->yarn_factor < 1) fail(b, "rope.scaling.factor = %g, must be >= 1", c->yarn_factor);
-    if (c->yarn_orig_ctx == 0) fail(b, "rope.scaling.original_context_length = 0, must be > 0");
-    if (!(c->yarn_beta_fast > 0)) fail(b, "rope.scaling.yarn_beta_fast = %g, must be > 0", c->yarn_beta_fast);
-    if (!(c->yarn_beta_slow > 0)) fail(b, "rope.scaling.yarn_beta_slow = %g, must be > 0", c->yarn_beta_slow);
+        ds4_bind_fail(b, "attention.compress_rope_freq_base = %g, must be > 1", c->compress_rope_base);
+    if (c->yarn_factor < 1) ds4_bind_fail(b, "rope.scaling.factor = %g, must be >= 1", c->yarn_factor);
+    if (c->yarn_orig_ctx == 0) ds4_bind_fail(b, "rope.scaling.original_context_length = 0, must be > 0");
+    if (!(c->yarn_beta_fast > 0)) ds4_bind_fail(b, "rope.scaling.yarn_beta_fast = %g, must be > 0", c->yarn_beta_fast);
+    if (!(c->yarn_beta_slow > 0)) ds4_bind_fail(b, "rope.scaling.yarn_beta_slow = %g, must be > 0", c->yarn_beta_slow);
     if (c->yarn_beta_fast < c->yarn_beta_slow)
-        fail(b, "rope.scaling.yarn_beta_fast %g < yarn_beta_slow %g: the pair is reversed", c->yarn_beta_fast,
+        ds4_bind_fail(b, "rope.scaling.yarn_beta_fast %g < yarn_beta_slow %g: the pair is reversed", c->yarn_beta_fast,
              c->yarn_beta_slow);
     if (b->failed) return;
 
     c->compress_ratio = calloc((size_t)c->n_layer, sizeof(int));
     c->clamp_exp = calloc((size_t)c->n_layer, sizeof(float));
     c->clamp_shexp = calloc((size_t)c->n_layer, sizeof(float));
-    if (!c->compress_ratio || !c->clamp_exp || !c->clamp_shexp) { fail_oom(b, "the layer schedule"); return; }
+    if (!c->compress_ratio || !c->clamp_exp || !c->clamp_shexp) { ds4_bind_fail_oom(b, "the layer schedule"); return; }
     /* The forward pass implements three kinds of layer: 0 (raw window only),
      * 4 (overlapping windows, coff 2, with the indexer) and any other ratio
      * >= 2 as non-overlapping windows (Flash: 128; ds4tiny: 16). Ratio 1
@@ -167,9 +142,9 @@ static void read_config(binder *b, ds4_config *c) {
     const ds4_gguf_kv *kr = key_layer_array(b, K("attention.compress_ratios"), c->n_layer);
     for (int l = 0; kr && l < c->n_layer && !b->failed; l++) {
         int64_t r;
-        if (!ds4_gguf_arr_i64(kr, (uint64_t)l, &r)) fail(b, "compress_ratios[%d] is not an integer", l);
+        if (!ds4_gguf_arr_i64(kr, (uint64_t)l, &r)) ds4_bind_fail(b, "compress_ratios[%d] is not an integer", l);
         else if (r < 0 || r == 1 || r > DS4_MAX_COMPRESS_RATIO)
-            fail(b, "compress_ratios[%d] = %lld; supported: 0 (no compressor), 4 (overlapping, with indexer) "
+            ds4_bind_fail(b, "compress_ratios[%d] = %lld; supported: 0 (no compressor), 4 (overlapping, with indexer) "
                  "or a non-overlapping ratio in 2..%d", l, (long long)r, DS4_MAX_COMPRESS_RATIO);
         else c->compress_ratio[l] = (int)r;
     }
@@ -184,87 +159,24 @@ static void read_config(binder *b, ds4_config *c) {
 
 /* ---- tensors ---- */
 
-static bool is_matrix_type(uint32_t t) {
-    switch (t) {
-    case DS4_TYPE_F32: case DS4_TYPE_F16: case DS4_TYPE_BF16: case DS4_TYPE_Q8_0:
-    case DS4_TYPE_Q2_K: case DS4_TYPE_Q3_K: case DS4_TYPE_Q4_K: case DS4_TYPE_Q5_K:
-    case DS4_TYPE_Q6_K: case DS4_TYPE_IQ2_XXS:
-        return true;
-    default:
-        return false;
-    }
-}
-
-static bool is_float_type(uint32_t t) {
-    return t == DS4_TYPE_F32 || t == DS4_TYPE_F16 || t == DS4_TYPE_BF16;
-}
-
-/* Looks up `name` and checks its shape; dims beyond n are 1. */
-static const ds4_gguf_tensor *find(binder *b, const char *name, int n, const int64_t *ne) {
-    if (b->failed) return NULL;
-    const ds4_gguf_tensor *t = ds4_gguf_find_tensor(b->g, name);
-    if (!t) { fail(b, "missing tensor %s", name); return NULL; }
-    for (int i = 0; i < DS4_GGUF_MAX_DIMS; i++) {
-        uint64_t want = i < n ? (uint64_t)ne[i] : 1;
-        if (t->ne[i] != want) {
-            fail(b, "tensor %s has shape [%llu, %llu, %llu], expected [%lld, %lld, %lld]", name,
-                 (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
-                 (long long)ne[0], (long long)(n > 1 ? ne[1] : 1), (long long)(n > 2 ? ne[2] : 1));
-            return NULL;
-        }
-    }
-    return t;
-}
-
 /* Names and expected shapes come from the shared layout table (ds4_layout.h),
  * so the binder, the converter and the model maker cannot disagree. */
-typedef struct {
+static ds4_tensor bind_matrix(ds4_binder *b, const ds4_hparams *hp, enum ds4_tensor_id id, int l) {
     char name[160];
-    int n_dims;
-    int64_t ne[4];
-} tensor_spec;
-
-static void spec(const ds4_hparams *hp, enum ds4_tensor_id id, int l, tensor_spec *ts) {
     uint64_t ne[4];
-    ds4_tensor_name(id, l, ts->name, sizeof ts->name);
-    ts->n_dims = ds4_tensor_shape(hp, id, l, ne);
-    for (int i = 0; i < 4; i++) ts->ne[i] = (int64_t)ne[i];
-}
-
-static ds4_tensor bind_matrix(binder *b, const ds4_hparams *hp, enum ds4_tensor_id id, int l) {
-    ds4_tensor v = {0};
-    tensor_spec ts;
-    spec(hp, id, l, &ts);
-    const ds4_gguf_tensor *t = find(b, ts.name, ts.n_dims, ts.ne);
-    if (!t) return v;
-    size_t rb = ds4_type_row_bytes(t->type, (uint64_t)ts.ne[0]);
-    if (!is_matrix_type(t->type) || rb == 0) {
-        const char *tn = ds4_type_name(t->type);
-        fail(b, "tensor %s has type %s, not usable for a %lld-wide matrix", ts.name, tn ? tn : "unknown",
-             (long long)ts.ne[0]);
-        return v;
-    }
-    v.data = t->data;
-    v.type = t->type;
-    v.ne[0] = ts.ne[0]; v.ne[1] = ts.ne[1]; v.ne[2] = ts.ne[2];
-    v.row_bytes = rb;
-    return v;
+    ds4_tensor_name(id, l, name, sizeof name);
+    return ds4_bind_matrix(b, name, ds4_tensor_shape(hp, id, l, ne), ne);
 }
 
 /* Small float tensors are converted to f32 once. */
-static float *bind_floats(binder *b, const ds4_hparams *hp, enum ds4_tensor_id id, int l) {
-    tensor_spec ts;
-    spec(hp, id, l, &ts);
-    const ds4_gguf_tensor *t = find(b, ts.name, ts.n_dims, ts.ne);
-    if (!t) return NULL;
-    if (!is_float_type(t->type)) { fail(b, "tensor %s must be F32/F16/BF16", ts.name); return NULL; }
-    float *v = malloc(t->n_elements * sizeof(float));
-    if (!v) { fail_oom(b, ts.name); return NULL; }
-    ds4_dequantize_row(t->type, t->data, v, (int64_t)t->n_elements);
-    return v;
+static float *bind_floats(ds4_binder *b, const ds4_hparams *hp, enum ds4_tensor_id id, int l) {
+    char name[160];
+    uint64_t ne[4];
+    ds4_tensor_name(id, l, name, sizeof name);
+    return ds4_bind_floats(b, name, ds4_tensor_shape(hp, id, l, ne), ne);
 }
 
-static void bind_layer(binder *b, const ds4_config *c, const ds4_hparams *hp, int l, ds4_layer *L) {
+static void bind_layer(ds4_binder *b, const ds4_config *c, const ds4_hparams *hp, int l, ds4_layer *L) {
     L->hc_attn_fn = bind_matrix(b, hp, DS4_T_HC_ATTN_FN, l);
     L->hc_attn_scale = bind_floats(b, hp, DS4_T_HC_ATTN_SCALE, l);
     L->hc_attn_base = bind_floats(b, hp, DS4_T_HC_ATTN_BASE, l);
@@ -289,19 +201,20 @@ static void bind_layer(binder *b, const ds4_config *c, const ds4_hparams *hp, in
     L->up_shexp = bind_matrix(b, hp, DS4_T_FFN_UP_SHEXP, l);
     L->down_shexp = bind_matrix(b, hp, DS4_T_FFN_DOWN_SHEXP, l);
 
-    tensor_spec ts;
+    char name[160];
+    uint64_t ne[4];
     if (l < c->n_hash_layer) {
-        spec(hp, DS4_T_FFN_GATE_TID2EID, l, &ts);
-        const ds4_gguf_tensor *t = find(b, ts.name, ts.n_dims, ts.ne);
-        if (t && t->type != DS4_TYPE_I32) fail(b, "tensor %s must be I32", ts.name);
+        ds4_tensor_name(DS4_T_FFN_GATE_TID2EID, l, name, sizeof name);
+        const ds4_gguf_tensor *t = ds4_bind_find(b, name, ds4_tensor_shape(hp, DS4_T_FFN_GATE_TID2EID, l, ne), ne);
+        if (t && t->type != DS4_TYPE_I32) ds4_bind_fail(b, "tensor %s must be I32", name);
         if (t && !b->failed) {
             L->tid2eid = t->data;
             for (uint64_t i = 0; i < t->n_elements; i++)
-                if (L->tid2eid[i] < 0 || L->tid2eid[i] >= c->n_expert) { fail(b, "tensor %s holds expert id %d", ts.name, L->tid2eid[i]); break; }
+                if (L->tid2eid[i] < 0 || L->tid2eid[i] >= c->n_expert) { ds4_bind_fail(b, "tensor %s holds expert id %d", name, L->tid2eid[i]); break; }
         }
     } else {
-        spec(hp, DS4_T_EXP_PROBS_B, l, &ts);
-        if (ds4_gguf_find_tensor(b->g, ts.name)) L->exp_probs_b = bind_floats(b, hp, DS4_T_EXP_PROBS_B, l);
+        ds4_tensor_name(DS4_T_EXP_PROBS_B, l, name, sizeof name);
+        if (ds4_gguf_find_tensor(b->g, name)) L->exp_probs_b = bind_floats(b, hp, DS4_T_EXP_PROBS_B, l);
     }
 
     if (c->compress_ratio[l]) {
@@ -363,13 +276,16 @@ void ds4_model_free(ds4_model *m) {
 }
 
 ds4_model *ds4_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
-    binder b = {g, err, errlen, false};
+    ds4_binder b = {g, "not a DeepSeek V4 GGUF: ", err, errlen, false};
     ds4_model *m = calloc(1, sizeof *m);
     if (!m) { snprintf(err, errlen, "out of memory for the model"); return NULL; }
     ds4_config *c = &m->cfg;
     ds4_gguf_str arch;
-    if (!ds4_gguf_get_str(g, "general.architecture", &arch) || arch.len != 9 || memcmp(arch.ptr, "deepseek4", 9))
-        fail(&b, "general.architecture is not \"deepseek4\"");
+    if (!ds4_gguf_get_str(g, "general.architecture", &arch))
+        ds4_bind_fail(&b, "no general.architecture key");
+    else if (arch.len != 9 || memcmp(arch.ptr, "deepseek4", 9))
+        ds4_bind_fail(&b, "general.architecture is \"%.*s\", not \"deepseek4\"", (int)(arch.len < 64 ? arch.len : 64),
+                      arch.ptr);
     read_config(&b, c);
     if (!b.failed) {
         ds4_hparams hp;
@@ -381,7 +297,7 @@ ds4_model *ds4_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
         m->output_norm = bind_floats(&b, &hp, DS4_T_OUTPUT_NORM, 0);
         m->output = bind_matrix(&b, &hp, DS4_T_OUTPUT, 0);
         m->layers = calloc((size_t)c->n_layer, sizeof(ds4_layer));
-        if (!m->layers) fail_oom(&b, "the layer table");
+        if (!m->layers) ds4_bind_fail_oom(&b, "the layer table");
         for (int l = 0; l < c->n_layer && !b.failed; l++) bind_layer(&b, c, &hp, l, &m->layers[l]);
     }
     if (b.failed) { ds4_model_free(m); return NULL; }

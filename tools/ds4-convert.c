@@ -36,11 +36,22 @@
  * the V3 base file); its token count must equal vocab_size. Without one the
  * GGUF has no tokenizer keys (the tiny oracle models have none).
  *
+ * GLM 5.2: a config.json of transformers' GlmMoeDsaForCausalLM (model_type
+ * glm_moe_dsa) gives the GLM layout of glm_layout.h instead: every glm-dsa.*
+ * key (indexer.types from indexer_types, or from index_topk_freq /
+ * index_skip_topk_offset), kv_b_proj split per head into attn_k_b
+ * (transposed) and attn_v_b, experts stacked, the MTP block
+ * (model.layers.<num_hidden_layers>.*) when the checkpoint has it. Mixes:
+ * f32/f16 as above; q8_0, q2, q4 keep norms/router/indexer head weights F32
+ * and every other matrix Q8_0, with Q8_0 / Q2_K / Q4_K routed experts. No
+ * tokenizer is written for GLM yet.
+ *
  * Memory: sources are mmapped; one output tensor and one source row block
  * are in RAM at a time.
  */
 #include "cli_args.h"
 #include "ds4_layout.h"
+#include "glm_layout.h"
 #include "gguf.h"
 #include "quant.h"
 #include "safetensors.h"
@@ -114,7 +125,7 @@ static uint32_t layer_ratio(const cJSON *cfg, const char *type) {
     return 0;
 }
 
-static void read_config(const char *dir, ds4_hparams *hp) {
+static cJSON *load_config(const char *dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "rb");
@@ -127,7 +138,22 @@ static void read_config(const char *dir, ds4_hparams *hp) {
     cJSON *cfg = cJSON_ParseWithLength(text, (size_t)len);
     free(text);
     if (!cJSON_IsObject(cfg)) die("%s: not a JSON object", path);
+    return cfg;
+}
 
+/* The family: transformers' GlmMoeDsaForCausalLM (model_type glm_moe_dsa)
+ * is GLM; anything else goes through the DeepSeek V4 reader, which names
+ * what it misses. */
+static bool config_is_glm(const cJSON *cfg) {
+    const cJSON *mt = jget(cfg, "model_type"), *arch = jget(cfg, "architectures");
+    if (cJSON_IsString(mt) && !strcmp(mt->valuestring, "glm_moe_dsa")) return true;
+    const cJSON *a;
+    cJSON_ArrayForEach(a, arch)
+        if (cJSON_IsString(a) && !strcmp(a->valuestring, "GlmMoeDsaForCausalLM")) return true;
+    return false;
+}
+
+static void read_config(cJSON *cfg, ds4_hparams *hp) {
     memset(hp, 0, sizeof *hp);
     hp->n_layer = ju32(cfg, "num_hidden_layers");
     if (hp->n_layer == 0 || hp->n_layer > DS4_MAX_LAYERS) die("num_hidden_layers %u unsupported", hp->n_layer);
@@ -222,6 +248,88 @@ static void read_config(const char *dir, ds4_hparams *hp) {
     if (ds4_hparams_check(hp, err, sizeof err)) die("config.json: %s", err);
 }
 
+/* GlmMoeDsaConfig fields (GLM sheet section 2). mtp: the checkpoint holds
+ * the MTP block (model.layers.<num_hidden_layers>.*); a transformers save
+ * does not, and the file then has no nextn block. */
+static void read_glm_config(const cJSON *cfg, bool mtp, glm_hparams *hp) {
+    memset(hp, 0, sizeof *hp);
+    const uint32_t trunk = ju32(cfg, "num_hidden_layers");
+    hp->n_nextn = mtp ? ju32_or(cfg, "num_nextn_predict_layers", 0) : 0;
+    if (trunk == 0 || trunk + hp->n_nextn > GLM_MAX_LAYERS)
+        die("config.json: num_hidden_layers %u (+%u MTP) unsupported (at most %d blocks)", trunk, hp->n_nextn,
+            GLM_MAX_LAYERS);
+    hp->n_block = trunk + hp->n_nextn;
+    hp->n_ctx_train = ju32(cfg, "max_position_embeddings");
+    hp->n_embd = ju32(cfg, "hidden_size");
+    hp->n_vocab = ju32(cfg, "vocab_size");
+    hp->n_head = ju32(cfg, "num_attention_heads");
+    hp->n_head_kv = 1;   /* MLA runs as MQA over the latent (llama.cpp writes 1) */
+    hp->n_rot = ju32(cfg, "qk_rope_head_dim");
+    hp->key_length_mla = ju32(cfg, "qk_nope_head_dim") + hp->n_rot;
+    hp->value_length_mla = ju32(cfg, "v_head_dim");
+    hp->q_lora_rank = ju32(cfg, "q_lora_rank");
+    hp->kv_lora_rank = ju32(cfg, "kv_lora_rank");
+    hp->key_length = hp->kv_lora_rank + hp->n_rot;
+    hp->value_length = hp->kv_lora_rank;
+    hp->dense_ff = ju32(cfg, "intermediate_size");
+    hp->n_leading_dense = ju32_or(cfg, "first_k_dense_replace", 0);
+    /* transformers also saves the per-layer kinds; the layout has dense layers only in front */
+    const cJSON *mlt = jget(cfg, "mlp_layer_types");
+    for (uint32_t l = 0; cJSON_IsArray(mlt) && l < trunk; l++) {
+        const cJSON *v = cJSON_GetArrayItem(mlt, (int)l);
+        const char *want = l < hp->n_leading_dense ? "dense" : "sparse";
+        if (!cJSON_IsString(v) || strcmp(v->valuestring, want))
+            die("config.json: mlp_layer_types[%u] must be \"%s\" (first_k_dense_replace %u dense layers, then MoE)",
+                l, want, hp->n_leading_dense);
+    }
+    hp->n_expert = ju32(cfg, "n_routed_experts");
+    hp->n_expert_used = ju32(cfg, "num_experts_per_tok");
+    hp->expert_ff = ju32(cfg, "moe_intermediate_size");
+    hp->n_expert_shared = ju32_or(cfg, "n_shared_experts", 1);
+    hp->n_expert_groups = ju32_or(cfg, "n_group", 1);
+    hp->n_expert_groups_used = ju32_or(cfg, "topk_group", 1);
+    hp->expert_weights_scale = (float)jnum(cfg, "routed_scaling_factor");
+    const cJSON *norm = jget(cfg, "norm_topk_prob");
+    hp->expert_weights_norm = !norm || cJSON_IsTrue(norm);
+    hp->expert_gating_func = 2;
+    const cJSON *sf = jget(cfg, "scoring_func");
+    if (sf && (!cJSON_IsString(sf) || strcmp(sf->valuestring, "sigmoid")))
+        die("config.json: scoring_func must be \"sigmoid\" (GLM's router)");
+    hp->rms_eps = (float)jnum(cfg, "rms_norm_eps");
+    const cJSON *rp = jget(cfg, "rope_parameters");
+    const cJSON *rope = cJSON_IsObject(rp) ? rp : cfg;
+    hp->rope_base = (float)jnum(rope, "rope_theta");
+    const cJSON *rt = jget(rope, "rope_type");
+    if ((rt && (!cJSON_IsString(rt) || strcmp(rt->valuestring, "default"))) || cJSON_IsObject(jget(cfg, "rope_scaling")))
+        die("config.json: only rope_type \"default\" is supported for GLM (GLM 5.2 uses it); no YaRN");
+    hp->idx_n_head = ju32(cfg, "index_n_heads");
+    hp->idx_head_dim = ju32(cfg, "index_head_dim");
+    hp->idx_topk = ju32(cfg, "index_topk");
+    /* indexer_types as given, else GlmMoeDsaConfig's rule from the frequency
+     * and offset (defaults 1 / 2: every layer full); written to the file
+     * either way so it never depends on llama.cpp's context-length guess. */
+    hp->indexer_types_key = true;
+    const cJSON *it = jget(cfg, "indexer_types");
+    if (cJSON_IsArray(it)) {
+        if ((uint32_t)cJSON_GetArraySize(it) != trunk) die("config.json: indexer_types needs %u entries", trunk);
+        for (uint32_t l = 0; l < trunk; l++) {
+            const cJSON *v = cJSON_GetArrayItem(it, (int)l);
+            if (!cJSON_IsString(v) || (strcmp(v->valuestring, "full") && strcmp(v->valuestring, "shared")))
+                die("config.json: indexer_types[%u] must be \"full\" or \"shared\"", l);
+            hp->indexer_full[l] = !strcmp(v->valuestring, "full");
+        }
+    } else {
+        const int64_t freq = ju32_or(cfg, "index_topk_freq", 1), offset = ju32_or(cfg, "index_skip_topk_offset", 2);
+        if (freq == 0) die("config.json: index_topk_freq is 0");
+        for (uint32_t l = 0; l < trunk; l++) {
+            const int64_t shifted = (int64_t)l - offset + 1;
+            hp->indexer_full[l] = (shifted < 0 ? 0 : shifted) % freq == 0;
+        }
+    }
+    char err[256];
+    if (glm_hparams_check(hp, err, sizeof err)) die("config.json: %s", err);
+}
+
 /* ---------------------------------------------------------------- sources */
 
 /* Source name alternatives per tensor, after the "layers.N." / "model.layers.N."
@@ -284,17 +392,22 @@ typedef struct {
     uint64_t rows;          /* rows of the whole source tensor (all experts if merged) */
 } part;
 
+enum expert_part { EXP_NONE, EXP_GATE, EXP_UP, EXP_DOWN };
+
 typedef struct {
     char name[96];
-    enum ds4_tensor_id id;
     int layer;
+    const char *const *alts;      /* up to 3 source name alternatives (NULL-terminated if fewer) */
+    enum expert_part expert;      /* routed expert stack: which projection */
+    bool ids;                     /* tid2eid: integer ids, not rows */
+    bool transpose;               /* GLM attn_k_b: output rows are source columns (below) */
     uint32_t type;
     int n_dims;
     uint64_t ne[4];
     part *parts;            /* one per expert (per-expert source) or a single one */
     int n_parts;
-    uint64_t src_rows_per_matrix; /* merged experts: rows per expert in the source */
-    uint64_t row_offset;          /* merged gate_up: 0 for gate, F for up */
+    uint64_t src_rows_per_matrix; /* merged experts / kv_b heads: source rows per output matrix */
+    uint64_t row_offset;          /* merged gate_up: 0 for gate, F for up; kv_b: 0 for k, nope for v */
     const float *imatrix;         /* ne0 per matrix, or NULL */
     bool imatrix_per_expert;
 } out_tensor;
@@ -366,10 +479,9 @@ static void bind_part(const ds4_st *st, part *p, const ds4_st_tensor *w, uint64_
 }
 
 static void resolve(const ds4_st *st, out_tensor *o) {
-    const char *const *alts = src_names[o->id];
+    const char *const *alts = o->alts;
     const uint64_t cols = o->ne[0], rows = o->ne[1] * o->ne[3], n_mat = o->ne[2];
-    bool experts = o->id == DS4_T_FFN_GATE_EXPS || o->id == DS4_T_FFN_UP_EXPS || o->id == DS4_T_FFN_DOWN_EXPS;
-    if (experts) {
+    if (o->expert != EXP_NONE) {
         char n[128];
         snprintf(n, sizeof n, alts[0], 0u);
         if (find_prefixed(st, o->layer, n)) {
@@ -385,9 +497,9 @@ static void resolve(const ds4_st *st, out_tensor *o) {
         }
         const ds4_st_tensor *w = find_prefixed(st, o->layer, alts[1]);
         if (!w) die("%s: no source tensor (tried %s, %s)", o->name, n, alts[1]);
-        bool gate_up = o->id != DS4_T_FFN_DOWN_EXPS;
+        bool gate_up = o->expert != EXP_DOWN;
         o->src_rows_per_matrix = gate_up ? 2 * rows : rows;
-        o->row_offset = o->id == DS4_T_FFN_UP_EXPS ? rows : 0;
+        o->row_offset = o->expert == EXP_UP ? rows : 0;
         o->n_parts = 1;
         o->parts = calloc(1, sizeof *o->parts);
         bind_part(st, o->parts, w, n_mat * o->src_rows_per_matrix, cols, o->name);
@@ -399,10 +511,8 @@ static void resolve(const ds4_st *st, out_tensor *o) {
         o->n_parts = 1;
         o->parts = calloc(1, sizeof *o->parts);
         bind_part(st, o->parts, w, rows * n_mat, cols, o->name);
-        if (o->id == DS4_T_FFN_GATE_TID2EID) {
-            if (w->dtype != DS4_ST_I64 && w->dtype != DS4_ST_I32)
-                die("%s: tid2eid source %s must be I64 or I32", o->name, w->name);
-        }
+        if (o->ids && w->dtype != DS4_ST_I64 && w->dtype != DS4_ST_I32)
+            die("%s: tid2eid source %s must be I64 or I32", o->name, w->name);
         return;
     }
     die("%s: no source tensor (tried %s%s%s)", o->name, alts[0], alts[1] ? ", " : "", alts[1] ? alts[1] : "");
@@ -585,24 +695,58 @@ typedef struct {
     float *bufs;
 } rows_job;
 
+/* Quantizes output row r of matrix m from row[cols]; false (and the plan
+ * failed) on a non-finite value or an unproducible row. */
+static bool quantize_row_checked(plan *pl, const out_tensor *o, const float *row, uint64_t cols, uint64_t m,
+                                 uint64_t r, const float *im, uint8_t *dst, size_t row_bytes) {
+    for (uint64_t c = 0; c < cols; c++)
+        if (!isfinite(row[c])) {
+            plan_fail(pl, "%s: non-finite source value at matrix %llu row %llu col %llu", o->name,
+                      (unsigned long long)m, (unsigned long long)r, (unsigned long long)c);
+            return false;
+        }
+    if (ds4_quantize_row(o->type, row, dst, (int64_t)cols, im) != row_bytes) {
+        plan_fail(pl, "%s: cannot produce %s rows of %llu", o->name, ds4_type_name(o->type), (unsigned long long)cols);
+        return false;
+    }
+    return true;
+}
+
 static void quantize_rows(void *ctx, int task, int n_tasks, int thread) {
     const rows_job *j = ctx;
     float *row = j->bufs + (size_t)thread * j->cols;
     uint64_t r0 = j->rows * (uint64_t)task / (uint64_t)n_tasks, r1 = j->rows * (uint64_t)(task + 1) / (uint64_t)n_tasks;
     for (uint64_t r = r0; r < r1 && !atomic_load(&j->pl->failed); r++) {
         read_row(j->p, j->base + r, j->cols, row);
-        for (uint64_t c = 0; c < j->cols; c++)
-            if (!isfinite(row[c])) {
-                plan_fail(j->pl, "%s: non-finite source value at matrix %llu row %llu col %llu", j->o->name,
-                          (unsigned long long)j->m, (unsigned long long)r, (unsigned long long)c);
-                return;
-            }
-        if (ds4_quantize_row(j->o->type, row, j->out + r * j->row_bytes, (int64_t)j->cols, j->im) != j->row_bytes) {
-            plan_fail(j->pl, "%s: cannot produce %s rows of %llu", j->o->name, ds4_type_name(j->o->type),
-                      (unsigned long long)j->cols);
+        if (!quantize_row_checked(j->pl, j->o, row, j->cols, j->m, r, j->im, j->out + r * j->row_bytes, j->row_bytes))
             return;
+    }
+}
+
+/* GLM attn_k_b: head m's source block is `cols` rows (k_nope dims) of
+ * `rows` values (latent dims) from row m * src_rows_per_matrix; output row j
+ * of head m is column j of that block (llama.cpp's converter stores W_k,h
+ * transposed so decode can multiply the query into the latent). Small
+ * (kv_lora x qk_nope per head): one thread. */
+static int fill_transposed(plan *pl, const out_tensor *o, uint8_t *out) {
+    const uint64_t cols = o->ne[0], rows = o->ne[1], n_mat = o->ne[2];
+    const size_t row_bytes = ds4_type_row_bytes(o->type, cols);
+    float *block = malloc(cols * rows * sizeof(float)), *row = malloc(cols * sizeof(float));
+    if (!block || !row) {
+        plan_fail(pl, "%s: out of memory", o->name);
+    } else {
+        for (uint64_t m = 0; m < n_mat && !atomic_load(&pl->failed); m++) {
+            for (uint64_t i = 0; i < cols; i++)
+                read_row(o->parts, m * o->src_rows_per_matrix + o->row_offset + i, rows, block + i * rows);
+            for (uint64_t r = 0; r < rows && !atomic_load(&pl->failed); r++) {
+                for (uint64_t i = 0; i < cols; i++) row[i] = block[i * rows + r];
+                quantize_row_checked(pl, o, row, cols, m, r, o->imatrix, out + (m * rows + r) * row_bytes, row_bytes);
+            }
         }
     }
+    free(block);
+    free(row);
+    return atomic_load(&pl->failed) ? -1 : 0;
 }
 
 /* tid2eid: int64/int32 source ids to I32, refusing values that do not fit. */
@@ -655,7 +799,8 @@ static int fill_rows(plan *pl, const out_tensor *o, uint8_t *out) {
 static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
     plan *pl = ctx;
     const out_tensor *o = &pl->t[ti];
-    if ((o->type == DS4_TYPE_I32 ? fill_ids(pl, o, dst) : fill_rows(pl, o, dst)) != 0) return -1;
+    int rc = o->ids ? fill_ids(pl, o, dst) : o->transpose ? fill_transposed(pl, o, dst) : fill_rows(pl, o, dst);
+    if (rc != 0) return -1;
     pl->done_bytes += (double)n_bytes;
     double el = now_s() - pl->t_start, frac = pl->done_bytes / pl->t0_bytes;
     fprintf(stderr, "[%4zu/%zu] %-40s %-8s [%llu, %llu, %llu] %5.1f%%  %.0fs, ~%.0fs left\n", ti + 1, pl->n,
@@ -664,21 +809,124 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
     return 0;
 }
 
-static void add_plan(plan *pl, const ds4_st *st, const ds4_hparams *hp, enum ds4_mix mix,
-                     const imatrix *im, enum ds4_tensor_id id, int layer) {
-    if (!ds4_tensor_present(hp, id, layer)) return;
+/* The next output tensor of the plan; the caller fills name, shape, type. */
+static out_tensor *new_out(plan *pl, int layer, const char *const *alts, enum expert_part expert) {
     out_tensor *o = &pl->t[pl->n++];
     memset(o, 0, sizeof *o);
-    o->id = id;
     o->layer = layer;
-    ds4_tensor_name(id, layer, o->name, sizeof o->name);
-    o->n_dims = ds4_tensor_shape(hp, id, layer, o->ne);
-    o->type = ds4_tensor_type(id, mix);
+    o->alts = alts;
+    o->expert = expert;
+    return o;
+}
+
+static void check_row_type(const out_tensor *o) {
     if (ds4_type_row_bytes(o->type, o->ne[0]) == 0)
         die("%s: row length %llu is not a multiple of the %s block (%zu)", o->name,
             (unsigned long long)o->ne[0], ds4_type_name(o->type), ds4_type_block_elems(o->type));
+}
+
+static void add_plan(plan *pl, const ds4_st *st, const ds4_hparams *hp, enum ds4_mix mix,
+                     const imatrix *im, enum ds4_tensor_id id, int layer) {
+    if (!ds4_tensor_present(hp, id, layer)) return;
+    out_tensor *o = new_out(pl, layer, src_names[id], id == DS4_T_FFN_GATE_EXPS ? EXP_GATE
+                            : id == DS4_T_FFN_UP_EXPS ? EXP_UP : id == DS4_T_FFN_DOWN_EXPS ? EXP_DOWN : EXP_NONE);
+    o->ids = id == DS4_T_FFN_GATE_TID2EID;
+    ds4_tensor_name(id, layer, o->name, sizeof o->name);
+    o->n_dims = ds4_tensor_shape(hp, id, layer, o->ne);
+    o->type = ds4_tensor_type(id, mix);
+    check_row_type(o);
     resolve(st, o);
     if (im) imatrix_bind(im, o);
+}
+
+/* GLM source names after "model.layers.N." (or "model."/"" for globals):
+ * transformers' GlmMoeDsa module names (GLM sheet section 4.2); experts
+ * per expert or merged. attn_k_b / attn_v_b both come from kv_b_proj. */
+static const char *const glm_src_names[GLM_T_COUNT][3] = {
+    [GLM_T_TOKEN_EMBD] = {"embed_tokens.weight"},
+    [GLM_T_OUTPUT_NORM] = {"norm.weight"},
+    [GLM_T_OUTPUT] = {"lm_head.weight"},
+    [GLM_T_ATTN_NORM] = {"input_layernorm.weight"},
+    [GLM_T_ATTN_Q_A] = {"self_attn.q_a_proj.weight"},
+    [GLM_T_ATTN_Q_A_NORM] = {"self_attn.q_a_layernorm.weight"},
+    [GLM_T_ATTN_Q_B] = {"self_attn.q_b_proj.weight"},
+    [GLM_T_ATTN_KV_A_MQA] = {"self_attn.kv_a_proj_with_mqa.weight"},
+    [GLM_T_ATTN_KV_A_NORM] = {"self_attn.kv_a_layernorm.weight"},
+    [GLM_T_ATTN_K_B] = {"self_attn.kv_b_proj.weight"},
+    [GLM_T_ATTN_V_B] = {"self_attn.kv_b_proj.weight"},
+    [GLM_T_ATTN_OUTPUT] = {"self_attn.o_proj.weight"},
+    [GLM_T_FFN_NORM] = {"post_attention_layernorm.weight"},
+    [GLM_T_IDX_Q_B] = {"self_attn.indexer.wq_b.weight"},
+    [GLM_T_IDX_K] = {"self_attn.indexer.wk.weight"},
+    [GLM_T_IDX_K_NORM] = {"self_attn.indexer.k_norm.weight"},
+    [GLM_T_IDX_K_NORM_B] = {"self_attn.indexer.k_norm.bias"},
+    [GLM_T_IDX_PROJ] = {"self_attn.indexer.weights_proj.weight"},
+    [GLM_T_FFN_GATE] = {"mlp.gate_proj.weight"},
+    [GLM_T_FFN_UP] = {"mlp.up_proj.weight"},
+    [GLM_T_FFN_DOWN] = {"mlp.down_proj.weight"},
+    [GLM_T_FFN_GATE_INP] = {"mlp.gate.weight"},
+    [GLM_T_EXP_PROBS_B] = {"mlp.gate.e_score_correction_bias"},
+    [GLM_T_FFN_GATE_EXPS] = {"mlp.experts.%u.gate_proj.weight", "mlp.experts.gate_up_proj"},
+    [GLM_T_FFN_UP_EXPS] = {"mlp.experts.%u.up_proj.weight", "mlp.experts.gate_up_proj"},
+    [GLM_T_FFN_DOWN_EXPS] = {"mlp.experts.%u.down_proj.weight", "mlp.experts.down_proj"},
+    [GLM_T_FFN_GATE_SHEXP] = {"mlp.shared_experts.gate_proj.weight"},
+    [GLM_T_FFN_UP_SHEXP] = {"mlp.shared_experts.up_proj.weight"},
+    [GLM_T_FFN_DOWN_SHEXP] = {"mlp.shared_experts.down_proj.weight"},
+    [GLM_T_NEXTN_EH_PROJ] = {"eh_proj.weight"},
+    [GLM_T_NEXTN_ENORM] = {"enorm.weight"},
+    [GLM_T_NEXTN_HNORM] = {"hnorm.weight"},
+    [GLM_T_NEXTN_SHARED_HEAD_NORM] = {"shared_head.norm.weight"},
+    [GLM_T_NEXTN_EMBED_TOKENS] = {"embed_tokens.weight"},
+    [GLM_T_NEXTN_SHARED_HEAD_HEAD] = {"shared_head.head.weight"},
+};
+
+/* Whether block `layer` of the checkpoint has GLM tensor id's source. */
+static bool glm_source_present(const ds4_st *st, enum glm_tensor_id id, int layer) {
+    char n[128];
+    snprintf(n, sizeof n, glm_src_names[id][0], 0u);
+    return find_prefixed(st, layer, n) || (glm_src_names[id][1] && find_prefixed(st, layer, glm_src_names[id][1]));
+}
+
+static void add_plan_glm(plan *pl, const ds4_st *st, const glm_hparams *hp, enum ds4_mix mix,
+                         const imatrix *im, enum glm_tensor_id id, int layer) {
+    const enum glm_tensor_scope scope = glm_tensor_table[id].scope;
+    if (scope == GLM_SCOPE_NEXTN_EXTRA) {
+        if (layer < 0 || !glm_block_nextn(hp, layer) || !glm_source_present(st, id, layer)) return;
+    } else if (!glm_tensor_present(hp, id, layer)) {
+        return;
+    }
+    /* Indexer weights of shared layers and the MTP block are unused by both
+     * reference implementations: converted when the checkpoint has them. */
+    const bool idx_optional = scope == GLM_SCOPE_INDEXER && (glm_block_nextn(hp, layer) || !hp->indexer_full[layer]);
+    if ((idx_optional || glm_tensor_table[id].optional) && !glm_source_present(st, id, layer)) return;
+    out_tensor *o = new_out(pl, layer, glm_src_names[id], id == GLM_T_FFN_GATE_EXPS ? EXP_GATE
+                            : id == GLM_T_FFN_UP_EXPS ? EXP_UP : id == GLM_T_FFN_DOWN_EXPS ? EXP_DOWN : EXP_NONE);
+    glm_tensor_name(id, layer, o->name, sizeof o->name);
+    o->n_dims = glm_tensor_shape(hp, id, layer, o->ne);
+    o->type = glm_tensor_type(id, mix);
+    check_row_type(o);
+    if (id == GLM_T_ATTN_K_B || id == GLM_T_ATTN_V_B) {
+        /* kv_b_proj: per head, qk_nope rows (k) then v_head rows (v), each
+         * kv_lora wide (GLM sheet section 4.3). */
+        const uint64_t nope = hp->key_length_mla - hp->n_rot, dv = hp->value_length_mla;
+        const ds4_st_tensor *w = find_prefixed(st, layer, o->alts[0]);
+        if (!w) die("%s: no source tensor (tried %s)", o->name, o->alts[0]);
+        o->n_parts = 1;
+        o->parts = calloc(1, sizeof *o->parts);
+        if (!o->parts) die("out of memory");
+        bind_part(st, o->parts, w, (uint64_t)hp->n_head * (nope + dv), hp->kv_lora_rank, o->name);
+        o->src_rows_per_matrix = nope + dv;
+        o->row_offset = id == GLM_T_ATTN_V_B ? nope : 0;
+        o->transpose = id == GLM_T_ATTN_K_B;
+    } else {
+        resolve(st, o);
+    }
+    if (im) imatrix_bind(im, o);
+}
+
+/* The checkpoint has the MTP block when block num_hidden_layers exists. */
+static bool glm_checkpoint_has_mtp(const ds4_st *st, const cJSON *cfg) {
+    return find_prefixed(st, (int)ju32(cfg, "num_hidden_layers"), glm_src_names[GLM_T_NEXTN_EH_PROJ][0]) != NULL;
 }
 
 /* Source tensors no output tensor reads usually mean a naming mismatch; the
@@ -737,29 +985,45 @@ int main(int argc, char **argv) {
     int mix = ds4_mix_from_name(type);
     if (mix < 0) die("unknown --type %s (f32, f16, q8_0, q2, q4)", type);
 
-    ds4_hparams hp;
-    read_config(in, &hp);
     char err[512];
+    cJSON *cfg = load_config(in);
     ds4_st *st = ds4_st_open(in, err, sizeof err);
     if (!st) die("%s", err);
+    const bool glm = config_is_glm(cfg);
+    static ds4_hparams hp;
+    static glm_hparams ghp;
+    if (glm) {
+        read_glm_config(cfg, glm_checkpoint_has_mtp(st, cfg), &ghp);
+        cJSON_Delete(cfg);
+    } else {
+        read_config(cfg, &hp);
+    }
+    const uint32_t n_vocab = glm ? ghp.n_vocab : hp.n_vocab;
     ds4_quant_init();
 
     imatrix im = {0};
     if (imatrix_path) imatrix_load(imatrix_path, &im);
+    const imatrix *imp = imatrix_path ? &im : NULL;
 
     static plan pl;
     pl.pool = ds4_pool_new(atoi(threads));
-    pl.t = calloc(DS4_T_COUNT * (hp.n_layer + 1), sizeof *pl.t);
-    for (int id = 0; id < DS4_T_COUNT; id++)
-        add_plan(&pl, st, &hp, (enum ds4_mix)mix, imatrix_path ? &im : NULL, (enum ds4_tensor_id)id, -1);
-    for (int l = 0; l < (int)hp.n_layer; l++)
-        for (int id = 0; id < DS4_T_COUNT; id++)
-            add_plan(&pl, st, &hp, (enum ds4_mix)mix, imatrix_path ? &im : NULL, (enum ds4_tensor_id)id, l);
+    const int n_blocks = glm ? (int)ghp.n_block : (int)hp.n_layer;
+    pl.t = calloc((size_t)(glm ? GLM_T_COUNT : DS4_T_COUNT) * (size_t)(n_blocks + 1), sizeof *pl.t);
+    if (!pl.t) die("out of memory");
+    for (int l = -1; l < n_blocks; l++) {
+        if (glm)
+            for (int id = 0; id < GLM_T_COUNT; id++)
+                add_plan_glm(&pl, st, &ghp, (enum ds4_mix)mix, imp, (enum glm_tensor_id)id, l);
+        else
+            for (int id = 0; id < DS4_T_COUNT; id++)
+                add_plan(&pl, st, &hp, (enum ds4_mix)mix, imp, (enum ds4_tensor_id)id, l);
+    }
 
     warn_unused(st, &pl);
 
     ds4_gguf_writer *w = ds4_gguf_writer_new(32);
-    ds4_hparams_write(w, &hp);
+    if (glm) glm_hparams_write(w, &ghp);
+    else ds4_hparams_write(w, &hp);
     char dflt_name[256];
     if (!name) {
         const char *b = strrchr(in, '/');
@@ -767,13 +1031,17 @@ int main(int argc, char **argv) {
         name = dflt_name;
     }
     ds4_gguf_w_str(w, "general.name", name);
-    ds4_file_keys_write(w, (enum ds4_mix)mix);
+    if (glm) glm_file_keys_write(w, (enum ds4_mix)mix);
+    else ds4_file_keys_write(w, (enum ds4_mix)mix);
     if (imatrix_path) {
         ds4_gguf_w_str(w, "quantize.imatrix.file", imatrix_path);
         ds4_gguf_w_u32(w, "quantize.imatrix.entries_count", (uint32_t)im.n);
     }
     char tok_path[4096];
-    if (!vocab) {
+    /* ds4's tokenizer import is DeepSeek's; GLM's vocabulary (glm4
+     * pre-tokenizer, padded to vocab_size) is not converted yet */
+    if (glm && vocab) die("--vocab: GLM tokenizers are not converted yet");
+    if (!vocab && !glm) {
         snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", in);
         if (!access(tok_path, R_OK)) vocab = tok_path;
     }
@@ -783,8 +1051,8 @@ int main(int argc, char **argv) {
         if (!tok) die("%s: %s", vocab, err);
         int32_t n_tok = ds4_tokenizer_n_vocab(tok);
         ds4_tokenizer_free(tok);
-        if ((uint32_t)n_tok != hp.n_vocab)
-            die("%s has %d tokens but vocab_size is %u", vocab, n_tok, hp.n_vocab);
+        if ((uint32_t)n_tok != n_vocab)
+            die("%s has %d tokens but vocab_size is %u", vocab, n_tok, n_vocab);
         if (ds4_tokenizer_gguf_from_hf_json(w, vocab, vocab_added, err, sizeof err)) die("%s: %s", vocab, err);
     }
 

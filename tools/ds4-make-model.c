@@ -3,7 +3,7 @@
  * construction; it exists so the engine, CLI, server and benchmarks can run
  * end to end without downloading a model.
  *
- *   ds4-make-model -o OUT.gguf [--preset demo|flash] [--layers N] [--type MIX]
+ *   ds4-make-model -o OUT.gguf [--preset demo|flash|glm|glm-demo] [--layers N] [--type MIX]
  *                  [--seed N] [--vocab tokenizer.json] [--vocab-added FILE]
  *                  [--no-vocab] [--name NAME] [--<key> VALUE ...]
  *
@@ -14,6 +14,16 @@
  *         tokenizer.json + the V4 added tokens), q2 mix.
  *   flash Flash's real per-layer shapes (sheet sections 1-2) with --layers N
  *         (default 4) layers, q2 mix: for decode-speed benchmarks.
+ *   glm   GLM 5.2 (glm-dsa, glm_layout.h) with its real per-layer shapes
+ *         (GLM sheet section 2): --layers N trunk layers (default 4; the
+ *         first min(3, N) dense) plus the MTP block, GLM 5.2's indexer
+ *         schedule (no indexer.types key, as in the released files), q2 mix
+ *         (routed Q2_K, the rest Q8_0/F32). No vocabulary (none is shipped).
+ *   glm-demo  the same structure with tiny dims (hidden 256, 4 heads,
+ *         8 experts x 256, 4 trunk layers: 1 dense, layers 0-2 full and 3
+ *         shared indexer, vocab 4096).
+ * GLM keys are overridden the same way without "glm-dsa." (e.g.
+ * --attention.indexer.top_k 16).
  * Every metadata key of the layout can be overridden with --<key> VALUE,
  * where <key> is the key without "deepseek4." (e.g. --embedding_length 512,
  * --attention.head_count 8, --attention.compress_ratios 0,4,128; per-layer
@@ -28,6 +38,7 @@
 #include "cli_args.h"
 #include "ds4_layout.h"
 #include "gguf.h"
+#include "glm_layout.h"
 #include "quant.h"
 #include "tokenizer.h"
 
@@ -94,7 +105,7 @@ static void preset(ds4_hparams *hp, const char *name, uint32_t n_layer) {
     const preset_dims *d = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (!strcmp(name, presets[i].name)) d = &presets[i];
-    if (!d) die("unknown preset '%s' (demo, flash)", name);
+    if (!d) die("unknown preset '%s' (demo, flash, glm, glm-demo)", name);
     hp->n_layer = n_layer ? n_layer : d->n_layer;
     hp->n_embd = d->n_embd;
     hp->n_head = d->n_head;
@@ -113,15 +124,24 @@ static void preset(ds4_hparams *hp, const char *name, uint32_t n_layer) {
     schedule(hp);
 }
 
+/* A family's metadata table, for --<key> VALUE. */
+typedef struct {
+    const char *arch;              /* key prefix */
+    const ds4_hparam_key *keys;
+    size_t n_keys;
+    void *fields;
+    uint32_t n_layer;
+} key_table;
+
 /* --<key> VALUE: set one field of the metadata table. */
-static void override(ds4_hparams *hp, const char *key, const char *val) {
+static void override(const key_table *kt, const char *key, const char *val) {
     char full[256];
     if (!strcmp(key, "block_count")) die("use --layers N to change the layer count");
-    snprintf(full, sizeof full, "deepseek4.%s", key);
-    for (size_t i = 0; i < ds4_n_hparam_keys; i++) {
-        const ds4_hparam_key *k = &ds4_hparam_keys[i];
+    snprintf(full, sizeof full, "%s.%s", kt->arch, key);
+    for (size_t i = 0; i < kt->n_keys; i++) {
+        const ds4_hparam_key *k = &kt->keys[i];
         if (strcmp(k->key, full)) continue;
-        char *base = (char *)hp + k->offset, *end;
+        char *base = (char *)kt->fields + k->offset, *end;
         switch (k->kind) {
         case DS4_HP_U32: *(uint32_t *)base = (uint32_t)strtoul(val, &end, 0); break;
         case DS4_HP_F32: *(float *)base = strtof(val, &end); break;
@@ -143,8 +163,8 @@ static void override(ds4_hparams *hp, const char *key, const char *val) {
                     if (k->kind == DS4_HP_U32_PER_LAYER) ((uint32_t *)base)[l] = ((uint32_t *)base)[0];
                     else ((float *)base)[l] = ((float *)base)[0];
                 }
-            } else if (n != hp->n_layer) {
-                die("--%s: %u entries for %u layers", key, n, hp->n_layer);
+            } else if (n != kt->n_layer) {
+                die("--%s: %u entries for %u layers", key, n, kt->n_layer);
             }
             break;
         }
@@ -164,9 +184,14 @@ static bool known_option(const char *opt) {
     for (size_t j = 0; j < sizeof own_options / sizeof own_options[0]; j++)
         if (!strcmp(opt, own_options[j])) return true;
     char full[256];
-    if (strncmp(opt, "--", 2) || snprintf(full, sizeof full, "deepseek4.%s", opt + 2) >= (int)sizeof full) return false;
-    for (size_t i = 0; i < ds4_n_hparam_keys; i++)
-        if (!strcmp(ds4_hparam_keys[i].key, full)) return true;
+    if (strncmp(opt, "--", 2)) return false;
+    /* either family's key: override() checks it against the chosen preset's */
+    if (snprintf(full, sizeof full, "%s.%s", DS4_ARCH, opt + 2) < (int)sizeof full)
+        for (size_t i = 0; i < ds4_n_hparam_keys; i++)
+            if (!strcmp(ds4_hparam_keys[i].key, full)) return true;
+    if (snprintf(full, sizeof full, "%s.%s", GLM_ARCH, opt + 2) < (int)sizeof full)
+        for (size_t i = 0; i < glm_n_hparam_keys; i++)
+            if (!strcmp(glm_hparam_keys[i].key, full)) return true;
     return !strcmp(opt, "--block_count");   /* refused with its own message by override() */
 }
 
@@ -210,6 +235,21 @@ static void spread(enum ds4_tensor_id id, uint64_t ne0, float *c, float *hw) {
     }
 }
 
+static void glm_spread(enum glm_tensor_id id, uint64_t ne0, float *c, float *hw) {
+    *c = 0.0f;
+    *hw = sqrtf(3.0f / (float)ne0);             /* std 1/sqrt(ne0) */
+    switch (id) {
+    case GLM_T_ATTN_NORM: case GLM_T_ATTN_Q_A_NORM: case GLM_T_ATTN_KV_A_NORM: case GLM_T_FFN_NORM:
+    case GLM_T_OUTPUT_NORM: case GLM_T_IDX_K_NORM: case GLM_T_NEXTN_ENORM: case GLM_T_NEXTN_HNORM:
+    case GLM_T_NEXTN_SHARED_HEAD_NORM:
+        *c = 1.0f; *hw = 0.2f; break;
+    case GLM_T_IDX_K_NORM_B: case GLM_T_EXP_PROBS_B: *hw = 0.1f; break;
+    case GLM_T_TOKEN_EMBD: *hw = 1.7f; break;
+    case GLM_T_OUTPUT: *hw *= 2.0f; break;
+    default: break;
+    }
+}
+
 /* Random valid blocks of a quantized type with values of about std sigma and
  * zero mean (the affine K-quant mins cancel the mean of d*sc*q). */
 static void random_blocks(uint32_t type, uint8_t *dst, size_t n_blocks, float sigma) {
@@ -246,15 +286,14 @@ static void random_blocks(uint32_t type, uint8_t *dst, size_t n_blocks, float si
 }
 
 typedef struct {
-    enum ds4_tensor_id id;
-    int layer;
     char name[96];
     uint32_t type;
     int n_dims;
     uint64_t ne[4];
+    float centre, half_width;      /* uniform values of a float tensor (spread) */
 } mtensor;
 
-typedef struct { mtensor *t; size_t n; const ds4_hparams *hp; } plan;
+typedef struct { mtensor *t; size_t n; uint32_t n_expert; } plan;
 
 static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
     plan *pl = ctx;
@@ -263,7 +302,7 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
     if (t->type == DS4_TYPE_I32) {
         /* tid2eid [k, vocab]: k distinct experts per token */
         int32_t *ids = dst;
-        uint32_t k = (uint32_t)t->ne[0], X = pl->hp->n_expert;
+        uint32_t k = (uint32_t)t->ne[0], X = pl->n_expert;
         for (uint64_t tok = 0; tok < t->ne[1]; tok++)
             for (uint32_t j = 0; j < k; j++) {
                 int32_t e;
@@ -277,8 +316,7 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
             }
         return 0;
     }
-    float c, hw;
-    spread(t->id, t->ne[0], &c, &hw);
+    const float c = t->centre, hw = t->half_width;
     if (t->type == DS4_TYPE_F32 || t->type == DS4_TYPE_F16) {
         for (uint64_t i = 0; i < n; i++) {
             float v = c + hw * rnd_unit();
@@ -293,10 +331,120 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
 }
 
 static void usage(void) {
-    fputs("usage: ds4-make-model -o OUT.gguf [--preset demo|flash] [--layers N] [--type f32|f16|q8_0|q2|q4]\n"
-          "       [--seed N] [--vocab tokenizer.json] [--vocab-added FILE] [--no-vocab] [--name NAME]\n"
-          "       [--<metadata key without 'deepseek4.'> VALUE ...]\n", stderr);
+    fputs("usage: ds4-make-model -o OUT.gguf [--preset demo|flash|glm|glm-demo] [--layers N]\n"
+          "       [--type f32|f16|q8_0|q2|q4] [--seed N] [--vocab tokenizer.json] [--vocab-added FILE]\n"
+          "       [--no-vocab] [--name NAME] [--<metadata key without 'deepseek4.' / 'glm-dsa.'> VALUE ...]\n",
+          stderr);
     exit(2);
+}
+
+static mtensor *add_tensor(plan *pl, const char *name, int n_dims, const uint64_t ne[4], uint32_t type) {
+    mtensor *t = &pl->t[pl->n++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->n_dims = n_dims;
+    memcpy(t->ne, ne, sizeof t->ne);
+    t->type = type;
+    if (!ds4_type_row_bytes(t->type, t->ne[0]))
+        die("%s: row length %llu is not a multiple of the %s block", t->name, (unsigned long long)t->ne[0],
+            ds4_type_name(t->type));
+    return t;
+}
+
+/* Every -- option that is not this tool's own is a metadata override. */
+static void apply_overrides(int argc, char **argv, const key_table *kt) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-vocab")) continue;
+        bool mine = false;
+        for (size_t j = 0; j < sizeof own_options / sizeof own_options[0]; j++) mine |= !strcmp(argv[i], own_options[j]);
+        if (!mine) override(kt, argv[i] + 2, argv[i + 1]);
+        i++;
+    }
+}
+
+static void plan_ds4(ds4_gguf_writer *w, int argc, char **argv, const char *pname, uint32_t n_layer,
+                     enum ds4_mix mix, plan *pl) {
+    static ds4_hparams hp;
+    preset(&hp, pname, n_layer);
+    apply_overrides(argc, argv, &(key_table){DS4_ARCH, ds4_hparam_keys, ds4_n_hparam_keys, &hp, hp.n_layer});
+    char err[512];
+    if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
+    pl->n_expert = hp.n_expert;
+    pl->t = calloc(DS4_T_COUNT * (hp.n_layer + 1), sizeof *pl->t);
+    if (!pl->t) die("out of memory");
+    for (int l = -1; l < (int)hp.n_layer; l++)
+        for (int id = 0; id < DS4_T_COUNT; id++) {
+            if (!ds4_tensor_present(&hp, (enum ds4_tensor_id)id, l)) continue;
+            char name[96];
+            uint64_t ne[4];
+            ds4_tensor_name((enum ds4_tensor_id)id, l, name, sizeof name);
+            int nd = ds4_tensor_shape(&hp, (enum ds4_tensor_id)id, l, ne);
+            mtensor *t = add_tensor(pl, name, nd, ne, ds4_tensor_type((enum ds4_tensor_id)id, mix));
+            spread((enum ds4_tensor_id)id, ne[0], &t->centre, &t->half_width);
+        }
+    ds4_hparams_write(w, &hp);
+    ds4_file_keys_write(w, mix);
+}
+
+/* GLM 5.2's hyperparameters (GLM sheet section 2) with the preset's sizes. */
+static void glm_preset(glm_hparams *hp, const char *name, uint32_t n_layer) {
+    const bool real = !strcmp(name, "glm");
+    memset(hp, 0, sizeof *hp);
+    const uint32_t trunk = n_layer ? n_layer : 4;
+    if (trunk + 1 > GLM_MAX_LAYERS) die("--layers %u exceeds %d", trunk, GLM_MAX_LAYERS - 1);
+    hp->n_block = trunk + 1;
+    hp->n_nextn = 1;
+    hp->n_ctx_train = GLM_52_CONTEXT;
+    hp->n_vocab = real ? 154880 : 4096;
+    hp->n_embd = real ? 6144 : 256;
+    hp->n_head = real ? 64 : 4;
+    hp->n_head_kv = 1;
+    hp->n_rot = 64;
+    hp->key_length_mla = real ? 256 : 128;
+    hp->value_length_mla = real ? 256 : 128;
+    hp->q_lora_rank = real ? 2048 : 128;
+    hp->kv_lora_rank = real ? 512 : 128;
+    hp->key_length = hp->kv_lora_rank + hp->n_rot;
+    hp->value_length = hp->kv_lora_rank;
+    hp->dense_ff = real ? 12288 : 512;
+    hp->n_leading_dense = real ? (trunk < 3 ? trunk : 3) : 1;
+    hp->n_expert = real ? 256 : 8;
+    hp->n_expert_used = real ? 8 : 2;
+    hp->expert_ff = real ? 2048 : 256;
+    hp->n_expert_shared = 1;
+    hp->n_expert_groups = hp->n_expert_groups_used = 1;
+    hp->expert_weights_scale = 2.5f;
+    hp->expert_weights_norm = true;
+    hp->expert_gating_func = 2;
+    hp->rope_base = 8e6f;
+    hp->rms_eps = 1e-5f;
+    hp->idx_n_head = real ? 32 : 8;
+    hp->idx_head_dim = 128;
+    hp->idx_topk = real ? 2048 : 16;
+}
+
+static void plan_glm(ds4_gguf_writer *w, int argc, char **argv, const char *pname, uint32_t n_layer,
+                     enum ds4_mix mix, plan *pl) {
+    static glm_hparams hp;
+    glm_preset(&hp, pname, n_layer);
+    apply_overrides(argc, argv, &(key_table){GLM_ARCH, glm_hparam_keys, glm_n_hparam_keys, &hp, hp.n_block});
+    glm_default_indexer_types(&hp);   /* after overrides: it follows context_length */
+    char err[512];
+    if (glm_hparams_check(&hp, err, sizeof err)) die("%s", err);
+    pl->n_expert = hp.n_expert;
+    pl->t = calloc(GLM_T_COUNT * (hp.n_block + 1), sizeof *pl->t);
+    if (!pl->t) die("out of memory");
+    for (int l = -1; l < (int)hp.n_block; l++)
+        for (int id = 0; id < GLM_T_COUNT; id++) {
+            if (!glm_tensor_present(&hp, (enum glm_tensor_id)id, l)) continue;
+            char name[96];
+            uint64_t ne[4];
+            glm_tensor_name((enum glm_tensor_id)id, l, name, sizeof name);
+            int nd = glm_tensor_shape(&hp, (enum glm_tensor_id)id, l, ne);
+            mtensor *t = add_tensor(pl, name, nd, ne, glm_tensor_type((enum glm_tensor_id)id, mix));
+            glm_spread((enum glm_tensor_id)id, ne[0], &t->centre, &t->half_width);
+        }
+    glm_hparams_write(w, &hp);
+    glm_file_keys_write(w, mix);
 }
 
 int main(int argc, char **argv) {
@@ -305,7 +453,7 @@ int main(int argc, char **argv) {
     const char *vocab_added = "tests/fixtures/tokenizer/v4-added-tokens.json";
     uint32_t n_layer = 0;
     uint64_t seed = 1;
-    bool no_vocab = false;
+    bool no_vocab = false, vocab_given = false;
     /* First pass: everything except the per-key overrides, which apply to the
      * preset once its layer count is known. */
     for (int i = 1; i < argc; i++) {
@@ -320,54 +468,31 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--layers")) n_layer = (uint32_t)strtoul(v, NULL, 0);
         else if (!strcmp(a, "--type")) type = v;
         else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 0);
-        else if (!strcmp(a, "--vocab")) vocab = v;
-        else if (!strcmp(a, "--vocab-added")) vocab_added = *v ? v : NULL;
+        else if (!strcmp(a, "--vocab")) { vocab = v; vocab_given = true; }
+        else if (!strcmp(a, "--vocab-added")) { vocab_added = *v ? v : NULL; vocab_given = true; }
         else if (!strcmp(a, "--name")) name = v;
     }
     if (!out) usage();
     int mix = ds4_mix_from_name(type);
     if (mix < 0) die("unknown --type %s (f32, f16, q8_0, q2, q4)", type);
-    ds4_hparams hp;
-    preset(&hp, pname, n_layer);
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--no-vocab")) continue;
-        bool mine = false;
-        for (size_t j = 0; j < sizeof own_options / sizeof own_options[0]; j++) mine |= !strcmp(argv[i], own_options[j]);
-        if (!mine) override(&hp, argv[i] + 2, argv[i + 1]);
-        i++;
-    }
-    char err[512];
-    if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
+    const bool glm = !strcmp(pname, "glm") || !strcmp(pname, "glm-demo");
     rng_state = seed;
 
-    plan pl = {.hp = &hp};
-    pl.t = calloc(DS4_T_COUNT * (hp.n_layer + 1), sizeof *pl.t);
-    for (int l = -1; l < (int)hp.n_layer; l++)
-        for (int id = 0; id < DS4_T_COUNT; id++) {
-            if (!ds4_tensor_present(&hp, (enum ds4_tensor_id)id, l)) continue;
-            mtensor *t = &pl.t[pl.n++];
-            t->id = (enum ds4_tensor_id)id;
-            t->layer = l;
-            ds4_tensor_name(t->id, l, t->name, sizeof t->name);
-            t->n_dims = ds4_tensor_shape(&hp, t->id, l, t->ne);
-            t->type = ds4_tensor_type(t->id, (enum ds4_mix)mix);
-            if (!ds4_type_row_bytes(t->type, t->ne[0]))
-                die("%s: row length %llu is not a multiple of the %s block", t->name,
-                    (unsigned long long)t->ne[0], ds4_type_name(t->type));
-        }
-
+    plan pl = {0};
     ds4_gguf_writer *w = ds4_gguf_writer_new(32);
-    ds4_hparams_write(w, &hp);
-    char dflt[128];
+    if (glm) plan_glm(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, &pl);
+    else plan_ds4(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, &pl);
+    char dflt[128], err[512];
     snprintf(dflt, sizeof dflt, "ds4 random %s (meaningless weights)", pname);
     ds4_gguf_w_str(w, "general.name", name ? name : dflt);
-    ds4_file_keys_write(w, (enum ds4_mix)mix);
-    if (!no_vocab && ds4_tokenizer_gguf_from_hf_json(w, vocab, vocab_added, err, sizeof err))
+    /* GLM's tokenizer ships with no package here: GLM models carry none */
+    if (glm && vocab_given) die("--vocab/--vocab-added: GLM presets carry no vocabulary");
+    if (!no_vocab && !glm && ds4_tokenizer_gguf_from_hf_json(w, vocab, vocab_added, err, sizeof err))
         die("tokenizer %s: %s (use --vocab/--vocab-added, or --no-vocab)", vocab, err);
     for (size_t i = 0; i < pl.n; i++)
         ds4_gguf_w_tensor(w, pl.t[i].name, pl.t[i].type, (uint32_t)pl.t[i].n_dims, pl.t[i].ne, NULL);
-    fprintf(stderr, "ds4-make-model: %s preset, %u layers, %s mix, %zu tensors -> %s (random weights)\n",
-            pname, hp.n_layer, ds4_mix_name((enum ds4_mix)mix), pl.n, out);
+    fprintf(stderr, "ds4-make-model: %s preset, %s mix, %zu tensors -> %s (random weights)\n",
+            pname, ds4_mix_name((enum ds4_mix)mix), pl.n, out);
     if (ds4_gguf_writer_write_file(w, out, fill, &pl, err, sizeof err)) die("%s", err);
     ds4_gguf_writer_free(w);
     free(pl.t);

@@ -7,7 +7,8 @@
 #   "externally-managed-environment"): `make venv` makes .venv, `make test`
 #   depends on it, and the venv it makes imports every test oracle package;
 # - .ci/run uses exactly that path, and the README's first block stays the
-#   two commands `make demo` and `make test`.
+#   two commands for a fresh machine: `scripts/install-deps.sh && make demo`
+#   (set up, build, run the demo) and `make test`.
 set -u
 cd "$(dirname "$0")/../.."
 status=0
@@ -35,7 +36,8 @@ grep -qx 'bash scripts/install-deps.sh' .ci/run && grep -qx 'make test' .ci/run 
     ! grep -qE 'pip3? install' .ci/run && ok ".ci/run = install-deps.sh + make test" || bad ".ci/run does not follow the README's path"
 
 first_block=$(awk '/^```/{n++; next} n==1' README.md | sed 's/[[:space:]]*#.*//; s/[[:space:]]*$//' | grep -v '^$')
-[ "$first_block" = "$(printf 'make demo\nmake test')" ] && ok "README's first block: make demo, make test" ||
+[ "$first_block" = "$(printf 'scripts/install-deps.sh && make demo\nmake test')" ] &&
+    ok "README's first block: scripts/install-deps.sh && make demo, make test" ||
     bad "README's first block is: $first_block"
 
 make -n test 2>/dev/null | grep -q '\.venv/bin' && ok "make test runs with .venv first on PATH" || bad "make test does not use .venv"
