@@ -37,6 +37,7 @@ struct ds4_engine {
     ds4_expert_cache *experts;      /* --ssd-streaming */
     FILE *trace;
     bool ssd_stats;
+    int test_fail_decode_after;     /* DS4_TEST_FAIL_DECODE_AFTER, -1: unset */
 };
 
 struct ds4_session {
@@ -228,6 +229,10 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
         snprintf(err, errlen, "the --ssd-streaming-* options need --ssd-streaming");
         goto fail;
     }
+    /* No real input makes a healthy engine fail one decode step, so the
+     * end-to-end tests of the decode-error answers need this switch. */
+    const char *fail_after = getenv("DS4_TEST_FAIL_DECODE_AFTER");
+    e->test_fail_decode_after = fail_after && *fail_after ? atoi(fail_after) : -1;
     if (p->gpu.backend == DS4_BACKEND_CUDA && p->ssd.enabled) {
         /* the expert cache feeds the CPU kernels; the CUDA backend uploads every weight */
         snprintf(err, errlen, "--ssd-streaming works with the CPU backend only, not with --cuda");
@@ -378,6 +383,7 @@ void ds4_session_free(ds4_session *s) {
 
 int ds4_session_ctx(const ds4_session *s) { return s->ctx; }
 int ds4_session_n_tokens(const ds4_session *s) { return s->kv->n_pos; }
+int ds4_session_test_fail_decode_after(const ds4_session *s) { return s->e->test_fail_decode_after; }
 const int32_t *ds4_session_tokens(const ds4_session *s) { return s->toks; }
 const float *ds4_session_logits(const ds4_session *s) { return s->kv->n_pos ? s->logits : NULL; }
 

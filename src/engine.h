@@ -123,6 +123,11 @@ typedef int (*ds4_progress_fn)(void *ud, int done, int total);
 ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen);
 void ds4_session_free(ds4_session *s);
 int ds4_session_ctx(const ds4_session *s);
+/* TEST-ONLY: DS4_TEST_FAIL_DECODE_AFTER=N in the environment (read once by
+ * ds4_engine_load) makes every ds4_generate() on this engine's sessions fail
+ * its decode after N generated tokens, so tests can drive the decode-error
+ * answers of the front ends end to end. -1 when unset; never set it in use. */
+int ds4_session_test_fail_decode_after(const ds4_session *s);
 int ds4_session_n_tokens(const ds4_session *s);
 const int32_t *ds4_session_tokens(const ds4_session *s);
 /* next-token logits after the checkpoint (n_vocab floats); NULL when empty */

@@ -20,6 +20,7 @@
 #include "access.h"
 #include "batcher.h"
 #include "engine_kvdisk.h"
+#include "listeners.h"
 #include "respond.h"
 #include "routes.h"
 #include "server_state.h"
@@ -189,6 +190,16 @@ static void accept_one(server *s, int listen_fd, const pthread_attr_t *attr) {
     }
 }
 
+typedef struct {
+    server *s;
+    const pthread_attr_t *attr;
+} accept_ctx;
+
+static void accept_ready(int listen_fd, void *ud) {
+    const accept_ctx *a = ud;
+    accept_one(a->s, listen_fd, a->attr);
+}
+
 void ds4_server_opts_default(ds4_server_opts *o) {
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
@@ -332,21 +343,10 @@ int ds4_server_run(const ds4_server_opts *opts) {
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_attr_setstacksize(&attr, 512 * 1024);
     int status = 0;
+    accept_ctx accept_ctx = {s, &attr};
     while (!atomic_load(&ds4_srv_stop)) {
         if (poll(lfds, 2, 200) <= 0) continue;
-        for (int i = 0; i < 2; i++) {
-            if (lfds[i].fd < 0) continue;
-            if (lfds[i].revents & POLLIN) {
-                accept_one(s, lfds[i].fd, &attr);
-            } else if (lfds[i].revents & (POLLERR | POLLHUP | POLLNVAL)) {
-                /* A listener in error would be reported again at once:
-                 * retire it instead of spinning on it. */
-                fprintf(stderr, "ds4-server: a listening socket failed; closing it\n");
-                close(lfds[i].fd);
-                lfds[i].fd = -1;
-            }
-        }
-        if (lfds[0].fd < 0 && lfds[1].fd < 0) {
+        if (!ds4_listeners_dispatch(lfds, 2, accept_ready, &accept_ctx)) {
             fprintf(stderr, "ds4-server: no listening socket left\n");
             status = 1;
             break;

@@ -342,24 +342,17 @@ static cJSON *resp_part(bool reasoning, const char *s, size_t n) {
     return p;
 }
 
-static cJSON *resp_reasoning_item(ds4_enc *e, const char *status, bool with_text) {
+/* The reasoning item (its text in "summary") or the message item (in
+ * "content", with the assistant role). */
+static cJSON *resp_output_item(ds4_enc *e, bool reasoning, const char *status, bool with_text) {
     cJSON *it = cJSON_CreateObject();
-    cJSON_AddStringToObject(it, "id", e->rs_id);
-    cJSON_AddStringToObject(it, "type", "reasoning");
+    cJSON_AddStringToObject(it, "id", reasoning ? e->rs_id : e->msg_id);
+    cJSON_AddStringToObject(it, "type", reasoning ? "reasoning" : "message");
     cJSON_AddStringToObject(it, "status", status);
-    cJSON *s = cJSON_AddArrayToObject(it, "summary");
-    if (with_text) cJSON_AddItemToArray(s, resp_part(true, e->reasoning.data ? e->reasoning.data : "", e->reasoning.len));
-    return it;
-}
-
-static cJSON *resp_message_item(ds4_enc *e, const char *status, bool with_text) {
-    cJSON *it = cJSON_CreateObject();
-    cJSON_AddStringToObject(it, "id", e->msg_id);
-    cJSON_AddStringToObject(it, "type", "message");
-    cJSON_AddStringToObject(it, "status", status);
-    cJSON_AddStringToObject(it, "role", "assistant");
-    cJSON *c = cJSON_AddArrayToObject(it, "content");
-    if (with_text) cJSON_AddItemToArray(c, resp_part(false, e->content.data ? e->content.data : "", e->content.len));
+    if (!reasoning) cJSON_AddStringToObject(it, "role", "assistant");
+    cJSON *parts = cJSON_AddArrayToObject(it, reasoning ? "summary" : "content");
+    const ds4_buf *text = reasoning ? &e->reasoning : &e->content;
+    if (with_text) cJSON_AddItemToArray(parts, resp_part(reasoning, text->data ? text->data : "", text->len));
     return it;
 }
 
@@ -438,8 +431,7 @@ static void resp_close(ds4_enc *e, const char *status) {
     o = resp_part_event(e, r, r ? "response.reasoning_summary_part.done" : "response.content_part.done");
     cJSON_AddItemToObject(o, "part", resp_part(r, t, text->len));
     resp_send(e, o);
-    cJSON *item = r ? resp_reasoning_item(e, e->reasoning_closed ? "completed" : "incomplete", true)
-                    : resp_message_item(e, status, true);
+    cJSON *item = resp_output_item(e, r, r ? (e->reasoning_closed ? "completed" : "incomplete") : status, true);
     cJSON_AddItemToArray(e->items, cJSON_Duplicate(item, 1));
     resp_item_event(e, "response.output_item.done", e->open_index, item);
     e->open = OPEN_NONE;
@@ -452,7 +444,7 @@ static void resp_open(ds4_enc *e, int kind) {
     e->open = kind;
     e->open_index = e->out_index++;
     resp_item_event(e, "response.output_item.added", e->open_index,
-                    r ? resp_reasoning_item(e, "in_progress", false) : resp_message_item(e, "in_progress", false));
+                    resp_output_item(e, r, "in_progress", false));
     cJSON *o = resp_part_event(e, r, r ? "response.reasoning_summary_part.added" : "response.content_part.added");
     cJSON_AddItemToObject(o, "part", resp_part(r, "", 0));
     resp_send(e, o);
@@ -959,8 +951,8 @@ static void finish_responses(ds4_enc *e, int f, const ds4_usage *u) {
     if (!e->stream) {
         /* Build the same items the stream would have produced. */
         if (e->r->expose_reasoning && e->reasoning.len)
-            cJSON_AddItemToArray(e->items, resp_reasoning_item(e, e->reasoning_closed ? "completed" : "incomplete", true));
-        if (e->content.len) cJSON_AddItemToArray(e->items, resp_message_item(e, item_status, true));
+            cJSON_AddItemToArray(e->items, resp_output_item(e, true, e->reasoning_closed ? "completed" : "incomplete", true));
+        if (e->content.len) cJSON_AddItemToArray(e->items, resp_output_item(e, false, item_status, true));
     } else {
         resp_close(e, item_status);
     }

@@ -14,17 +14,14 @@ import json, math, os, subprocess, sys, tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.chdir(ROOT)
 MODEL = "models/demo.gguf"
-fails = 0
-passes = 0
 
 
-def check(cond, msg):
-    global fails, passes
-    if cond:
-        passes += 1
-    else:
-        fails += 1
-        print("FAIL:", msg)
+# One check collector for every script test (tests/server/server_helper.py).
+sys.path.insert(0, os.path.join(ROOT, "tests", "server"))
+from server_helper import Results  # noqa: E402
+
+results = Results("cli_flags")
+check = results.check
 
 
 def ds4(*args, ok=True):
@@ -81,5 +78,4 @@ check(r.returncode == 1 and r.stderr.strip() != "", "missing model exits 1 with 
 r = subprocess.run(["./ds4", "--help"], capture_output=True, text=True)
 check(r.returncode == 0 and "--dump-logprobs" in r.stdout, "--help")
 
-print(f"cli_flags: {passes} passed, {fails} failed")
-sys.exit(1 if fails else 0)
+results.done()

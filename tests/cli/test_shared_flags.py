@@ -21,16 +21,14 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_BINARIES = ["ds4", "ds4-server", "ds4-bench", "ds4-agent"]
 ALL_BINARIES = MODEL_BINARIES + ["ds4-convert", "ds4-gguf-dump", "ds4-make-model", "ds4-vocab"]
-fails = passes = 0
 
 
-def check(cond, msg):
-    global fails, passes
-    if cond:
-        passes += 1
-    else:
-        fails += 1
-        print("FAIL:", msg)
+# One check collector for every script test (tests/server/server_helper.py).
+sys.path.insert(0, os.path.join(ROOT, "tests", "server"))
+from server_helper import Results  # noqa: E402
+
+results = Results("test_shared_flags")
+check = results.check
 
 
 def run(binary, *args, cwd=ROOT):
@@ -106,5 +104,4 @@ if os.path.exists(DEMO):
             line = load_line(binary, "--numerics", numerics, *args)
             check(line.endswith(shown), f"{binary} --numerics {numerics}: load line {line!r}")
 
-print(f"test_shared_flags: {passes} passed, {fails} failed")
-sys.exit(1 if fails else 0)
+results.done()

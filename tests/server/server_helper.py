@@ -31,6 +31,25 @@ def demo_model_or_skip(name):
         sys.exit(1)
 
 
+def write_temp_file(text, suffix=".txt"):
+    """A private temporary file holding text (a --scripted-output script);
+    the caller unlinks it."""
+    fd, path = tempfile.mkstemp(suffix=suffix)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def read_to_eof(sock):
+    """Everything the peer sends until it closes the connection."""
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

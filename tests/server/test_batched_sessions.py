@@ -22,12 +22,11 @@ import os
 import re
 import socket
 import subprocess
-import tempfile
 
 import anthropic
 import openai
 
-from server_helper import MODEL, SERVER, Results, Server, demo_model_or_skip
+from server_helper import MODEL, SERVER, Results, Server, demo_model_or_skip, read_to_eof, write_temp_file
 from test_server_sdk import SCRIPT, scripted_server_tests
 
 NAME = "test_batched_sessions"
@@ -116,12 +115,7 @@ def storm(port, n):
         if i % 3 != 2:
             s.close()
             return 0
-        data = b""
-        while True:
-            b = s.recv(65536)
-            if not b:
-                break
-            data += b
+        data = read_to_eof(s)
         s.close()
         return 1 if data.startswith(b"HTTP/1.1 200") else 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
@@ -196,9 +190,7 @@ def main():
     finally:
         srv.stop()
 
-    fd, script = tempfile.mkstemp(suffix=".txt")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(SCRIPT)
+    script = write_temp_file(SCRIPT)
     try:
         srv = Server("--scripted-output", script, "--batched-session", "3", ctx=1024)
         try:

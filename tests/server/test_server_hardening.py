@@ -351,6 +351,51 @@ def api_key_is_required_everywhere(t):
         srv.stop()
 
 
+def decode_error_is_an_error_answer(t):
+    """Defect 7: a failed decode step used to end the answer as a normal
+    "stop". The engine's test-only switch DS4_TEST_FAIL_DECODE_AFTER makes the
+    decode after 2 generated tokens fail (nothing real makes a healthy engine
+    fail one step); each family must answer 500 in its error shape, or end its
+    stream with its error event and no finish."""
+    os.environ["DS4_TEST_FAIL_DECODE_AFTER"] = "2"
+    try:
+        srv = Server()
+    finally:
+        del os.environ["DS4_TEST_FAIL_DECODE_AFTER"]
+    msgs = [{"role": "user", "content": "Count from one to twenty."}]
+    routes = [("/v1/chat/completions", {"messages": msgs}),
+              ("/v1/completions", {"prompt": "One, two, three, four, five,"}),
+              ("/v1/messages", {"messages": msgs})]
+    try:
+        for path, body in routes:
+            body = {**body, "model": "m", "max_tokens": 16, "temperature": 0}
+            st, _, out = srv.request("POST", path, body)
+            if path == "/v1/messages":
+                shaped = anthropic_error(out, "api_error")
+            else:
+                try:
+                    shaped = json.loads(out)["error"]["type"] == "server_error"
+                except (ValueError, KeyError, TypeError):
+                    shaped = False
+            t.check(st == 500 and shaped and b"DS4_TEST_FAIL_DECODE_AFTER" in out,
+                    f"{path}: a decode error is a 500 in the family's shape: {st} {out[:160]}")
+            st, _, out = srv.request("POST", path, {**body, "stream": True})
+            text = out.decode(errors="replace")
+            events = [json.loads(line[6:]) for line in text.splitlines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+            if path == "/v1/messages":
+                failed = "event: error" in text and events[-1].get("type") == "error"
+                finished = any(e.get("type") == "message_stop" for e in events)
+            else:
+                failed = bool(events) and events[-1].get("error", {}).get("type") == "server_error"
+                finished = any(c.get("finish_reason") for e in events for c in e.get("choices", []))
+            t.check(st == 200 and failed and not finished,
+                    f"{path} stream: ends with the error event, never a finish: {text[-240:]}")
+        t.check(srv.alive(), "server survived the decode errors")
+    finally:
+        srv.stop()
+
+
 def main():
     demo_model_or_skip(NAME)
     t = Results(NAME)
@@ -369,6 +414,7 @@ def main():
     rejected_prompt_keeps_live_session(t)
     fifo_model_path_is_refused(t)
     api_key_is_required_everywhere(t)
+    decode_error_is_an_error_answer(t)
     t.done()
 
 

@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 
-from server_helper import Results, Server, demo_model_or_skip
+from server_helper import Results, Server, demo_model_or_skip, read_to_eof
 
 NAME = "test_server_http"
 
@@ -185,12 +185,7 @@ def main():
         body = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 2})
         s = socket.create_connection(("127.0.0.1", p), timeout=60)
         s.sendall(f"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
-        got = b""
-        while True:
-            b = s.recv(65536)
-            if not b:
-                break
-            got += b
+        got = read_to_eof(s)
         s.close()
         st, h, b10 = parse(got)
         t.check(st == 200 and "transfer-encoding" not in h and b10.startswith(b"data: {") and

@@ -6,12 +6,11 @@ tool ids, exact-DSML replay and live continuations are exercised with the
 real decode loop even though the demo model's weights are random."""
 import json
 import os
-import tempfile
 
 import anthropic
 import openai
 
-from server_helper import Results, Server, demo_model_or_skip
+from server_helper import Results, Server, demo_model_or_skip, write_temp_file
 
 NAME = "test_server_sdk"
 FINISH = {"stop", "length", "tool_calls"}
@@ -253,9 +252,7 @@ def main():
         t.check(srv.alive(), "plain server alive")
     finally:
         srv.stop()
-    fd, script = tempfile.mkstemp(suffix=".txt")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(SCRIPT)
+    script = write_temp_file(SCRIPT)
     try:
         srv = Server("--scripted-output", script)
         try:
