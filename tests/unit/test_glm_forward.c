@@ -16,25 +16,13 @@
 #include "glm_model.h"
 #include "quant.h"
 #include "threadpool.h"
+#include "json_util.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) b[n] = 0;
-    *len = (size_t)n;
-    return b;
-}
 
 /* bound < 0: no accuracy check (printed only) */
 static void run(const char *type, ds4_pool *pool, const int32_t *toks, int n, const float *gold, double bound) {
@@ -84,8 +72,8 @@ static void run(const char *type, ds4_pool *pool, const int32_t *toks, int n, co
 int main(void) {
     ds4_quant_init();
     size_t len;
-    char *tj = slurp("tests/fixtures/glmtiny/A/tokens", &len);
-    float *gold = (float *)slurp("tests/fixtures/glmtiny/A/logits", &len);
+    char *tj = ds4_read_file("tests/fixtures/glmtiny/A/tokens", &len);
+    float *gold = (float *)ds4_read_file("tests/fixtures/glmtiny/A/logits", &len);
     CHECK(tj && gold, "fixture files");
     if (!tj || !gold) return check_done("test_glm_forward");
     cJSON *j = cJSON_Parse(tj);

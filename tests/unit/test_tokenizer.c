@@ -16,6 +16,7 @@
 
 #include "check.h"
 #include "tokenizer_internal.h"
+#include "json_util.h"
 
 #define V3_JSON "data/deepseek-v3-tokenizer.json"
 #define V4_ADDED "tests/fixtures/tokenizer/v4-added-tokens.json"
@@ -26,18 +27,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) { b[n] = 0; *len = (size_t)n; }
-    return b;
-}
 
 /* One oracle case: input bytes, the mode, the expected ids. */
 typedef struct {
@@ -49,7 +38,7 @@ typedef struct {
 
 static size_t load_cases(const char *path, tcase **out) {
     size_t len, n = 0, cap = 0;
-    char *buf = slurp(path, &len);
+    char *buf = ds4_read_file(path, &len);
     *out = NULL;
     if (!buf) return 0;
     for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
