@@ -41,9 +41,16 @@ static bool holds_id(const ds4_queue_slot *sl, const char *id) {
 
 /* The idle slot that should run j (q->mu held), or -1 (none yet). */
 static int best_slot(const ds4_job_queue *q, const job *j) {
-    if (j->req.n_live_ids)
+    if (j->req.n_live_ids) {
         for (int k = 0; k < q->n_slots; k++)
             if (holds_id(&q->slots[k], j->req.live_ids[0])) return q->slots[k].idle ? k : -1;
+        /* A slot publishes its ids when its job finishes, which can be after
+         * the client has read the answer and sent this continuation: a slot
+         * still busy with a job taken before this one was queued may be about
+         * to name them, so wait for those (never for later jobs: bounded). */
+        for (int k = 0; k < q->n_slots; k++)
+            if (!q->slots[k].idle && q->slots[k].last_used <= j->submitted_at) return -1;
+    }
     int best = -1;
     size_t best_len = 0;
     for (int k = 0; k < q->n_slots; k++) {
@@ -119,6 +126,7 @@ bool ds4_queue_submit(server *s, job *j) {
         pthread_mutex_unlock(&q->mu);
         return false;
     }
+    j->submitted_at = q->clock;
     if (q->tail) q->tail->next = j; else q->head = j;
     q->tail = j;
     pthread_cond_broadcast(&q->cv);

@@ -14,7 +14,10 @@
  *   stopping and empty; *stopping tells it to refuse what is left) and
  *   report each one with ds4_queue_finish(). A job answering a live
  *   tool-call turn by id goes to the slot that produced those ids (waiting
- *   for it when it is busy: no other slot could serve it). Any other head
+ *   for it when it is busy: no other slot could serve it); while no slot
+ *   holds them yet it also waits for the slots busy with jobs taken before
+ *   it was queued, since ids are published only when a job finishes, after
+ *   its client may already have read them. Any other head
  *   job goes to the idle slot whose previous request body shares the
  *   longest prefix with its body (a conversation's next turn usually extends
  *   the previous body, and that slot holds its KV), ties to the least

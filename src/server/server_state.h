@@ -79,6 +79,7 @@ struct job {
     ds4_enc *enc;                 /* chat family, made on first use */
     bool keep_alive;              /* set by the worker */
     bool running, writing, done;  /* queue.h */
+    unsigned long submitted_at;   /* the queue clock when it was queued (queue.h) */
 };
 
 extern atomic_int ds4_srv_stop;
