@@ -142,9 +142,13 @@ def slow_senders_cannot_lock_out(t):
     srv = Server("--request-timeout", "2", "--max-client-connections", "4")
     try:
         stop = threading.Event()
+        # The slow clients come from an address of their own: the helper's
+        # readiness checks came from 127.0.0.1, and a connection thread that
+        # has not yet released its slot would count against the cap.
+        slow_src = "127.0.0.3"
         socks = []
         for _ in range(4):
-            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10, source_address=(slow_src, 0))
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n")
             socks.append(s)
 
@@ -160,7 +164,7 @@ def slow_senders_cannot_lock_out(t):
         th = threading.Thread(target=trickle)
         th.start()
         time.sleep(0.5)
-        out = raw(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        out = raw(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", src=slow_src)
         t.check(out.startswith(b"HTTP/1.1 503"), f"a 5th connection from the same address is refused: {out[:40]}")
         got = split_responses(raw(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", src="127.0.0.2"))
         t.check(got and got[0][0] == 200, "another address is served while one address is at its cap")
