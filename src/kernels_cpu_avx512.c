@@ -65,35 +65,73 @@ INLINE __m512i pair256(const void *lo, const void *hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(lo)), _mm256_loadu_si256(hi), 1);
 }
 
-/* an odd last block is paired with itself and weighted 0 in the high half;
- * the weights' |x| and sign mask are shared by all tokens */
-INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
-    const ds4_block_q8_0 *x = w;
+/* Every Q8_0 product here -- the dot (1 row x 1 token), the multi-token
+ * micro-kernel (1 x DS4_DOT_TOKENS) and the matmul tile (DS4_TILE_ROWS x
+ * DS4_TILE_TOKENS) -- is this one function, so a (row, token) result is the
+ * same bit for bit whichever of them computes it.
+ * - Two blocks per register; an odd last block is paired with itself and
+ *   weighted 0 in the high half.
+ * - vpdpbusd wants one operand unsigned: the activation is made so by
+ *   a + 128 (xor 0x80), and 128 * sum(w), which depends on the row alone,
+ *   is subtracted back through the accumulator operand. Per (row, token)
+ *   one vpdpbusd remains; the sum is exact (no saturation, |sum| < 2^18).
+ * - The block scales d_w * d_a are one vector multiply per (row, token)
+ *   from per-row and per-token vectors, then one FMA into the lane chains. */
+INLINE __m512 pair_scales(const ds4_block_q8_0 *x, int64_t b, int64_t b1) {
+    return _mm512_insertf32x8(_mm512_set1_ps(h2f(x[b].d)), _mm256_set1_ps(b1 != b ? h2f(x[b1].d) : 0.0f), 1);
+}
+
+enum { TILE_ROWS_MAX = DS4_TILE_ROWS, TILE_TOKENS_MAX = DS4_TILE_TOKENS > NT_MAX ? DS4_TILE_TOKENS : NT_MAX };
+
+/* y[t * y_stride + r] for nr rows (row_bytes apart) x nt tokens */
+INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, int nt, int64_t n,
+                    float *y, int64_t y_stride) {
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
     int64_t nb = n / DS4_QK8_0;
-    __m512 acc[NT_MAX];
+    __m512 acc[TILE_ROWS_MAX][TILE_TOKENS_MAX];
     UNROLL
-    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int r = 0; r < nr; r++)
+        UNROLL
+        for (int t = 0; t < nt; t++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b += 2) {
         int64_t b1 = b + 1 < nb ? b + 1 : b;
-        prefetch_weights(x + b);
-        __m512i qx = pair256(x[b].qs, x[b1].qs);
-        __mmask64 neg = _mm512_movepi8_mask(qx);
-        __m512i ux = _mm512_abs_epi8(qx);
-        float d0 = h2f(x[b].d), d1 = b1 != b ? h2f(x[b1].d) : 0.0f;
+        __m512i wq[TILE_ROWS_MAX], base[TILE_ROWS_MAX];
+        __m512 dw[TILE_ROWS_MAX];
+        UNROLL
+        for (int r = 0; r < nr; r++) {
+            const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r);
+            prefetch_weights(x + b);
+            wq[r] = pair256(x[b].qs, x[b1].qs);
+            base[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq[r]));
+            dw[r] = pair_scales(x, b, b1);
+        }
         UNROLL
         for (int t = 0; t < nt; t++) {
-            const ds4_block_q8_0 *y = tok(acts, stride, t);
-            __m512i qy = pair256(y[b].qs, y[b1].qs);
-            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ux,
-                                            _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy));
-            __m512 d = _mm512_insertf32x8(_mm512_set1_ps(d0 * h2f(y[b].d)), _mm256_set1_ps(d1 * h2f(y[b1].d)), 1);
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc[t]);
+            const ds4_block_q8_0 *a = tok(acts, stride, t);
+            __m512i au = _mm512_xor_si512(pair256(a[b].qs, a[b1].qs), bias);
+            __m512 da = pair_scales(a, b, b1);
+            UNROLL
+            for (int r = 0; r < nr; r++) {
+                __m512i s = _mm512_dpbusd_epi32(base[r], au, wq[r]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[r], da), acc[r][t]);
+            }
         }
     }
     UNROLL
-    for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+    for (int r = 0; r < nr; r++)
+        UNROLL
+        for (int t = 0; t < nt; t++) y[t * y_stride + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    q8_0_rt(w, 0, 1, acts, stride, nt, n, out, 1);
 }
 DOT_ENTRY_POINTS(q8_0)
+
+static void q8_0_tile(const void *w, size_t row_bytes, const void *acts, size_t stride, int64_t n, float *y,
+                      int64_t y_stride) {
+    q8_0_rt(w, row_bytes, DS4_TILE_ROWS, acts, stride, DS4_TILE_TOKENS, n, y, y_stride);
+}
 
 /* ---- IQ2_XXS x Q8_K ----
  * A sub-block (32 elements) is one 8-byte word: four grid indices, then
@@ -187,3 +225,4 @@ READ_SUM_KERNEL(ds4_kernels_avx512_read_sum, 64)
 
 ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type) { DISPATCH(dot_, NO_EXTRA) }
 ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) { DISPATCH(dotn_, NO_EXTRA) }
+ds4_tile_fn ds4_kernels_avx512_tile(uint32_t type) { return type == DS4_TYPE_Q8_0 ? q8_0_tile : NULL; }

@@ -7,6 +7,11 @@
  * - A dotn function does the same for DS4_DOT_TOKENS activation rows at once
  *   (act_stride bytes apart), unpacking each weight block only once: the
  *   matmul micro-kernel. Its result per token equals the dot function's.
+ * - A tile function does DS4_TILE_ROWS weight rows (row_bytes apart) x
+ *   DS4_TILE_TOKENS activation rows, writing y[t * y_stride + r]: the matmul
+ *   kernel proper, where one weight load serves several tokens and one
+ *   activation load several rows. Its result per (row, token) equals the
+ *   dot function's.
  * - Each ISA file returns NULL for types it has no kernel for; the
  *   dispatcher then falls back to the next lower level (AVX-512 -> AVX2 ->
  *   scalar reference). Calling anything from an ISA file is only allowed
@@ -22,6 +27,8 @@
 #include <stddef.h>
 
 #define DS4_DOT_TOKENS 4
+#define DS4_TILE_ROWS 4
+#define DS4_TILE_TOKENS 4
 /* Weight streams are prefetched this many bytes ahead of the row being
  * read (kernels_cpu.c explains why): by the matvec driver, row by row, or by
  * a kernel itself, line by line, where ds4_kernels_self_prefetch() says so. */
@@ -29,6 +36,8 @@
 
 typedef float (*ds4_dot_fn)(const void *w, const void *act, int64_t n);
 typedef void (*ds4_dotn_fn)(const void *w, const void *acts, size_t act_stride, int64_t n, float *out);
+typedef void (*ds4_tile_fn)(const void *w, size_t row_bytes, const void *acts, size_t act_stride, int64_t n, float *y,
+                            int64_t y_stride);
 
 #include <stdbool.h>
 bool ds4_kernels_self_prefetch(uint32_t type);   /* at the level in use */
@@ -37,6 +46,7 @@ ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type);
 ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type); /* non-NULL exactly where _dot is */
+ds4_tile_fn ds4_kernels_avx512_tile(uint32_t type);  /* NULL: no tile kernel for the type */
 
 float ds4_kernels_avx2_read_sum(const float *x, int64_t n);
 float ds4_kernels_avx512_read_sum(const float *x, int64_t n);
