@@ -100,9 +100,9 @@ static ds4_dotn_fn dotn_fn(uint32_t type) {
 }
 
 /* the rows x tokens kernel of the same file as dot_fn's choice (only
- * AVX-512 has them); NULL means per-row micro-kernels */
-static ds4_tile_fn tile_fn(uint32_t type) {
-    return ds4_kernels_level() >= DS4_SIMD_AVX512 ? ds4_kernels_avx512_tile(type) : NULL;
+ * AVX-512 has them); false means per-row micro-kernels */
+static bool tile_kernel(uint32_t type, struct ds4_tile_kernel *k) {
+    return ds4_kernels_level() >= DS4_SIMD_AVX512 && ds4_kernels_avx512_tile(type, k);
 }
 
 static inline float call_dot(ds4_dot_fn f, uint32_t type, const void *w, const void *act, int64_t n) {
@@ -156,12 +156,16 @@ void ds4_quantize_act(uint32_t type, const float *x, void *dst, int64_t n) {
 /* matmul: a block of weight rows stays in L2 while every token tile reads it */
 #define MM_BLOCK_BYTES (128 * 1024)
 #define MM_TILE_ACT_BYTES (256 * 1024)
+/* one token group packed for a tile kernel, on the task's stack: 8n bytes
+ * for Q8_0, so rows of up to 16384 elements */
+#define MM_PACK_BYTES (128 * 1024)
 
 struct mm_ctx {
     bool prefetch;          /* the driver prefetches rows ahead (the kernel does not) */
     ds4_dot_fn fn;
     ds4_dotn_fn fnn;
-    ds4_tile_fn tilefn;     /* the rows x tokens kernel, NULL where the level has none */
+    bool tiled;             /* tk holds the level's rows x tokens kernel for the type */
+    struct ds4_tile_kernel tk;
     uint32_t type;
     const uint8_t *W;
     size_t row_bytes, act_bytes;
@@ -188,15 +192,18 @@ bool ds4_kernels_self_prefetch(uint32_t type) {
     return type == DS4_TYPE_Q8_0 && ds4_kernels_level() >= DS4_SIMD_AVX2;
 }
 
-/* tokens [t, t1) against row r, DS4_DOT_TOKENS at a time where the level
- * has a micro-kernel */
+/* tokens [t, t1) against row r, up to DS4_DOT_TOKENS at a time where the
+ * level has a micro-kernel: a weight row is unpacked once per group, so
+ * leftover tokens form one smaller group rather than single dots */
 static void row_tokens(const struct mm_ctx *c, int64_t r, int64_t t, int64_t t1) {
     const uint8_t *w = c->W + (size_t)r * c->row_bytes;
     if (c->fnn) {
-        for (; t + DS4_DOT_TOKENS <= t1; t += DS4_DOT_TOKENS) {
+        while (t < t1) {
+            int nt = t1 - t < DS4_DOT_TOKENS ? (int)(t1 - t) : DS4_DOT_TOKENS;
             float out[DS4_DOT_TOKENS];
-            c->fnn(w, c->acts + (size_t)t * c->act_bytes, c->act_bytes, c->n, out);
-            for (int j = 0; j < DS4_DOT_TOKENS; j++) c->Y[(t + j) * c->rows + r] = out[j];
+            c->fnn(w, c->acts + (size_t)t * c->act_bytes, c->act_bytes, c->n, nt, out);
+            for (int j = 0; j < nt; j++) c->Y[(t + j) * c->rows + r] = out[j];
+            t += nt;
         }
     }
     for (; t < t1; t++) c->Y[t * c->rows + r] = call_dot(c->fn, c->type, w, c->acts + (size_t)t * c->act_bytes, c->n);
@@ -206,19 +213,23 @@ static void mm_task(void *p, int task, int n_tasks, int thread) {
     const struct mm_ctx *c = p;
     int64_t r0 = (int64_t)task * c->chunk, r1 = r0 + c->chunk < c->rows ? r0 + c->chunk : c->rows;
     const uint8_t *w_end = c->W + (size_t)c->rows * c->row_bytes;
+    _Alignas(64) uint8_t packed[MM_PACK_BYTES];
     for (int64_t t0 = 0; t0 < c->T; t0 += c->tile) {
         int64_t t1 = t0 + c->tile < c->T ? t0 + c->tile : c->T;
         int64_t r = r0;
-        if (c->tilefn) {
-            /* whole tiles; the rows' leftover tokens and the leftover rows
-             * go through the per-row kernels, which give the same results */
-            int64_t tt = t0 + (t1 - t0) / DS4_TILE_TOKENS * DS4_TILE_TOKENS;
-            for (; r + DS4_TILE_ROWS <= r1; r += DS4_TILE_ROWS) {
-                for (int64_t t = t0; t < tt; t += DS4_TILE_TOKENS)
-                    c->tilefn(c->W + (size_t)r * c->row_bytes, c->row_bytes, c->acts + (size_t)t * c->act_bytes,
-                              c->act_bytes, c->n, c->Y + t * c->rows + r, c->rows);
-                for (int64_t i = r; i < r + DS4_TILE_ROWS; i++) row_tokens(c, i, tt, t1);
+        if (c->tiled) {
+            /* whole tiles, each token group packed once for all the rows;
+             * the leftover tokens and rows (and every token of a row too
+             * long to pack) go through the per-row kernels, which give the
+             * same results */
+            int64_t rt = r0 + (r1 - r0) / DS4_TILE_ROWS * DS4_TILE_ROWS, tt = t0;
+            for (; tt + DS4_TILE_TOKENS <= t1; tt += DS4_TILE_TOKENS) {
+                if (!c->tk.pack(c->acts + (size_t)tt * c->act_bytes, c->act_bytes, c->n, packed, sizeof packed)) break;
+                for (int64_t i = r0; i < rt; i += DS4_TILE_ROWS)
+                    c->tk.tile(c->W + (size_t)i * c->row_bytes, c->row_bytes, packed, c->n, c->Y + tt * c->rows + i,
+                               c->rows);
             }
+            for (; r < rt; r++) row_tokens(c, r, tt, t1);
         }
         for (; r < r1; r++) {
             if (t0 == 0 && c->prefetch) prefetch_ahead(c->W + (size_t)r * c->row_bytes, c->row_bytes, w_end);
@@ -242,7 +253,7 @@ static void run_rows(struct ds4_pool *pool, struct mm_ctx *c, int64_t max_chunk)
     int64_t min_rows = ceil_div(MIN_TASK_BYTES, (int64_t)c->row_bytes > 0 ? (int64_t)c->row_bytes : 1);
     if (chunk < min_rows) chunk = min_rows;
     if (max_chunk > 0 && chunk > max_chunk) chunk = max_chunk;
-    if (c->tilefn) chunk = ceil_div(chunk, DS4_TILE_ROWS) * DS4_TILE_ROWS; /* no row falls off a tile */
+    if (c->tiled) chunk = ceil_div(chunk, DS4_TILE_ROWS) * DS4_TILE_ROWS; /* no row falls off a tile */
     c->chunk = chunk;
     ds4_pool_run(pool, mm_task, c, (int)ceil_div(c->rows, chunk));
 }
@@ -259,8 +270,9 @@ void ds4_matmul(struct ds4_pool *pool, uint32_t type, const void *W, int64_t row
                 int64_t T, float *Y) {
     if (T <= 0) return;
     struct mm_ctx c = {.prefetch = !ds4_kernels_self_prefetch(type), .fn = dot_fn(type), .fnn = dotn_fn(type),
-                       .tilefn = tile_fn(type), .type = type, .W = W, .row_bytes = ds4_type_row_bytes(type, (uint64_t)n), .act_bytes = ds4_act_bytes(type, n),
+                       .type = type, .W = W, .row_bytes = ds4_type_row_bytes(type, (uint64_t)n), .act_bytes = ds4_act_bytes(type, n),
                        .rows = rows, .n = n, .T = T, .acts = acts, .Y = Y};
+    c.tiled = tile_kernel(type, &c.tk);
     c.tile = c.act_bytes ? MM_TILE_ACT_BYTES / (int64_t)c.act_bytes : T;
     if (c.tile < 1) c.tile = 1;
     int64_t block = MM_BLOCK_BYTES / (c.row_bytes ? (int64_t)c.row_bytes : 1);

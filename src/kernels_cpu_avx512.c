@@ -13,6 +13,7 @@
  * is the dot, NT = DS4_DOT_TOKENS the matmul micro-kernel, with the same
  * per-token arithmetic so both give identical results.
  */
+#include <stdbool.h>
 #include <string.h>
 
 #include "kernels_cpu_simd.h"
@@ -66,9 +67,9 @@ INLINE __m512i pair256(const void *lo, const void *hi) {
 }
 
 /* Every Q8_0 product here -- the dot (1 row x 1 token), the multi-token
- * micro-kernel (1 x DS4_DOT_TOKENS) and the matmul tile (DS4_TILE_ROWS x
- * DS4_TILE_TOKENS) -- is this one function, so a (row, token) result is the
- * same bit for bit whichever of them computes it.
+ * micro-kernel (1 x nt) and the matmul tile (DS4_TILE_ROWS x
+ * DS4_TILE_TOKENS) -- is q8_0_rt, so a (row, token) result is the same bit
+ * for bit whichever of them computes it.
  * - Two blocks per register; an odd last block is paired with itself and
  *   weighted 0 in the high half.
  * - vpdpbusd wants one operand unsigned: the activation is made so by
@@ -76,16 +77,46 @@ INLINE __m512i pair256(const void *lo, const void *hi) {
  *   is subtracted back through the accumulator operand. Per (row, token)
  *   one vpdpbusd remains; the sum is exact (no saturation, |sum| < 2^18).
  * - The block scales d_w * d_a are one vector multiply per (row, token)
- *   from per-row and per-token vectors, then one FMA into the lane chains. */
+ *   from per-row and per-token vectors, then one FMA into the lane chains.
+ * The tile reads its tokens' unsigned pairs and scale vectors from a
+ * buffer packed once per token group (q8_0_pack), the others compute them
+ * in place; both come from q8_0_act_pair, so the values are the same. */
 INLINE __m512 pair_scales(const ds4_block_q8_0 *x, int64_t b, int64_t b1) {
     return _mm512_insertf32x8(_mm512_set1_ps(h2f(x[b].d)), _mm256_set1_ps(b1 != b ? h2f(x[b1].d) : 0.0f), 1);
 }
 
+INLINE void q8_0_act_pair(const ds4_block_q8_0 *a, int64_t b, int64_t b1, __m512i *au, __m512 *da) {
+    *au = _mm512_xor_si512(pair256(a[b].qs, a[b1].qs), _mm512_set1_epi8((char)0x80));
+    *da = pair_scales(a, b, b1);
+}
+
+/* packed tile activations: per block pair, per token, 64 bytes of a + 128
+ * then the 16 scale floats */
+enum { PACKED_PAIR_BYTES = 128 };
+
+static bool q8_0_pack(const void *acts, size_t stride, int64_t n, void *packed, size_t packed_bytes) {
+    int64_t nb = n / DS4_QK8_0;
+    if ((size_t)((nb + 1) / 2) * DS4_TILE_TOKENS * PACKED_PAIR_BYTES > packed_bytes) return false;
+    uint8_t *p = packed;
+    for (int64_t b = 0; b < nb; b += 2) {
+        int64_t b1 = b + 1 < nb ? b + 1 : b;
+        for (int t = 0; t < DS4_TILE_TOKENS; t++, p += PACKED_PAIR_BYTES) {
+            __m512i au;
+            __m512 da;
+            q8_0_act_pair(tok(acts, stride, t), b, b1, &au, &da);
+            _mm512_store_si512(p, au);
+            _mm512_store_ps(p + 64, da);
+        }
+    }
+    return true;
+}
+
 enum { TILE_ROWS_MAX = DS4_TILE_ROWS, TILE_TOKENS_MAX = DS4_TILE_TOKENS > NT_MAX ? DS4_TILE_TOKENS : NT_MAX };
 
-/* y[t * y_stride + r] for nr rows (row_bytes apart) x nt tokens */
-INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, int nt, int64_t n,
-                    float *y, int64_t y_stride) {
+/* y[t * y_stride + r] for nr rows (row_bytes apart) x nt tokens; the tokens
+ * come packed (nt == DS4_TILE_TOKENS) or as activation rows */
+INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, const uint8_t *packed,
+                    int nt, int64_t n, float *y, int64_t y_stride) {
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     int64_t nb = n / DS4_QK8_0;
     __m512 acc[TILE_ROWS_MAX][TILE_TOKENS_MAX];
@@ -107,9 +138,15 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
         }
         UNROLL
         for (int t = 0; t < nt; t++) {
-            const ds4_block_q8_0 *a = tok(acts, stride, t);
-            __m512i au = _mm512_xor_si512(pair256(a[b].qs, a[b1].qs), bias);
-            __m512 da = pair_scales(a, b, b1);
+            __m512i au;
+            __m512 da;
+            if (packed) {
+                const uint8_t *p = packed + ((size_t)(b / 2) * DS4_TILE_TOKENS + (size_t)t) * PACKED_PAIR_BYTES;
+                au = _mm512_load_si512(p);
+                da = _mm512_load_ps(p + 64);
+            } else {
+                q8_0_act_pair(tok(acts, stride, t), b, b1, &au, &da);
+            }
             UNROLL
             for (int r = 0; r < nr; r++) {
                 __m512i s = _mm512_dpbusd_epi32(base[r], au, wq[r]);
@@ -124,13 +161,12 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
 }
 
 INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
-    q8_0_rt(w, 0, 1, acts, stride, nt, n, out, 1);
+    q8_0_rt(w, 0, 1, acts, stride, NULL, nt, n, out, 1);
 }
 DOT_ENTRY_POINTS(q8_0)
 
-static void q8_0_tile(const void *w, size_t row_bytes, const void *acts, size_t stride, int64_t n, float *y,
-                      int64_t y_stride) {
-    q8_0_rt(w, row_bytes, DS4_TILE_ROWS, acts, stride, DS4_TILE_TOKENS, n, y, y_stride);
+static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, float *y, int64_t y_stride) {
+    q8_0_rt(w, row_bytes, DS4_TILE_ROWS, NULL, 0, packed, DS4_TILE_TOKENS, n, y, y_stride);
 }
 
 /* ---- IQ2_XXS x Q8_K ----
@@ -225,4 +261,8 @@ READ_SUM_KERNEL(ds4_kernels_avx512_read_sum, 64)
 
 ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type) { DISPATCH(dot_, NO_EXTRA) }
 ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) { DISPATCH(dotn_, NO_EXTRA) }
-ds4_tile_fn ds4_kernels_avx512_tile(uint32_t type) { return type == DS4_TYPE_Q8_0 ? q8_0_tile : NULL; }
+bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k) {
+    if (type != DS4_TYPE_Q8_0) return false;
+    *k = (struct ds4_tile_kernel){.pack = q8_0_pack, .tile = q8_0_tile};
+    return true;
+}

@@ -4,14 +4,17 @@
  * - A dot function computes one weight row (n elements of its type) against
  *   an activation already in the partner format (ds4_quantize_act), with
  *   n a multiple of the type's block size.
- * - A dotn function does the same for DS4_DOT_TOKENS activation rows at once
+ * - A dotn function does the same for nt <= DS4_DOT_TOKENS activation rows at once
  *   (act_stride bytes apart), unpacking each weight block only once: the
  *   matmul micro-kernel. Its result per token equals the dot function's.
- * - A tile function does DS4_TILE_ROWS weight rows (row_bytes apart) x
+ * - A tile kernel does DS4_TILE_ROWS weight rows (row_bytes apart) x
  *   DS4_TILE_TOKENS activation rows, writing y[t * y_stride + r]: the matmul
  *   kernel proper, where one weight load serves several tokens and one
- *   activation load several rows. Its result per (row, token) equals the
- *   dot function's.
+ *   activation load several rows. pack() first lays a group of
+ *   DS4_TILE_TOKENS activation rows out for tile() (once per group, reused
+ *   for every row), or returns false when packed_bytes is too small; the
+ *   buffer is 64-byte aligned. Its result per (row, token) equals the dot
+ *   function's.
  * - Each ISA file returns NULL for types it has no kernel for; the
  *   dispatcher then falls back to the next lower level (AVX-512 -> AVX2 ->
  *   scalar reference). Calling anything from an ISA file is only allowed
@@ -24,9 +27,10 @@
 
 #include "quant.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
-#define DS4_DOT_TOKENS 4
+#define DS4_DOT_TOKENS 8
 #define DS4_TILE_ROWS 4
 #define DS4_TILE_TOKENS 4
 /* Weight streams are prefetched this many bytes ahead of the row being
@@ -35,18 +39,19 @@
 #define DS4_PREFETCH_AHEAD 2048
 
 typedef float (*ds4_dot_fn)(const void *w, const void *act, int64_t n);
-typedef void (*ds4_dotn_fn)(const void *w, const void *acts, size_t act_stride, int64_t n, float *out);
-typedef void (*ds4_tile_fn)(const void *w, size_t row_bytes, const void *acts, size_t act_stride, int64_t n, float *y,
-                            int64_t y_stride);
+typedef void (*ds4_dotn_fn)(const void *w, const void *acts, size_t act_stride, int64_t n, int nt, float *out);
+struct ds4_tile_kernel {
+    bool (*pack)(const void *acts, size_t act_stride, int64_t n, void *packed, size_t packed_bytes);
+    void (*tile)(const void *w, size_t row_bytes, const void *packed, int64_t n, float *y, int64_t y_stride);
+};
 
-#include <stdbool.h>
 bool ds4_kernels_self_prefetch(uint32_t type);   /* at the level in use */
 
 ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type);
 ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type); /* non-NULL exactly where _dot is */
-ds4_tile_fn ds4_kernels_avx512_tile(uint32_t type);  /* NULL: no tile kernel for the type */
+bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k); /* false: none for the type */
 
 float ds4_kernels_avx2_read_sum(const float *x, int64_t n);
 float ds4_kernels_avx512_read_sum(const float *x, int64_t n);

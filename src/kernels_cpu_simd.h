@@ -9,8 +9,9 @@
  *   include guard).
  * - Every kernel is written once as NAME_nt(w, acts, stride, n, nt, out)
  *   for nt activation rows; DOT_ENTRY_POINTS(NAME) derives the matvec dot
- *   (nt = 1) and the matmul micro-kernel (nt = DS4_DOT_TOKENS) from it, so
- *   both run the same per-token arithmetic.
+ *   (nt = 1) and the matmul micro-kernel (nt = 1..DS4_DOT_TOKENS, each count
+ *   its own straight-line instance) from it, so all run the same per-token
+ *   arithmetic.
  */
 #ifndef DS4_KERNELS_CPU_SIMD_H
 #define DS4_KERNELS_CPU_SIMD_H
@@ -25,6 +26,8 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define NT_MAX DS4_DOT_TOKENS
+/* dotn's switch instantiates every count below NT_MAX */
+_Static_assert(NT_MAX == 8, "DOT_ENTRY_POINTS lists nt = 1..7");
 /* the fixed-count loops over tokens and sub-blocks must become straight-line
  * code: lane masks and shift counts then fold to immediates */
 #define UNROLL _Pragma("GCC unroll 8")
@@ -66,8 +69,17 @@ INLINE const void *tok(const void *acts, size_t stride, int t) { return (const u
         name##_nt(w, act, 0, n, 1, &r);                                                             \
         return r;                                                                                   \
     }                                                                                               \
-    static void dotn_##name(const void *w, const void *acts, size_t stride, int64_t n, float *out) { \
-        name##_nt(w, acts, stride, n, NT_MAX, out);                                                 \
+    static void dotn_##name(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) { \
+        switch (nt) {                                                                               \
+        case 1: name##_nt(w, acts, stride, n, 1, out); break;                                       \
+        case 2: name##_nt(w, acts, stride, n, 2, out); break;                                       \
+        case 3: name##_nt(w, acts, stride, n, 3, out); break;                                       \
+        case 4: name##_nt(w, acts, stride, n, 4, out); break;                                       \
+        case 5: name##_nt(w, acts, stride, n, 5, out); break;                                       \
+        case 6: name##_nt(w, acts, stride, n, 6, out); break;                                       \
+        case 7: name##_nt(w, acts, stride, n, 7, out); break;                                       \
+        default: name##_nt(w, acts, stride, n, NT_MAX, out); break;                                 \
+        }                                                                                           \
     }
 
 /* float weights: one float_nt(kind, ...) per file, three kernels from it */
