@@ -5,7 +5,8 @@
  * up to f32 rounding). Weights are both properly quantized rows and raw
  * random bytes with sane f16 scales, so every bit pattern of the packed
  * fields (all IQ2_XXS sign indices, Q6_K scale -128, Q8_0 -128, ...) is hit.
- * Then matvec/matmul against per-row ds4_vec_dot with 1..4 threads.
+ * Then matvec/matmul against per-row ds4_vec_dot with 1..4 threads, and
+ * matmul on every batch size 1..40 and odd row counts (bit for bit).
  */
 #include <math.h>
 #include <float.h>
@@ -199,6 +200,91 @@ static void test_drivers(enum ds4_simd_level lvl) {
     }
 }
 
+/* matmul result (rows x T) against ds4_vec_dot per (row, token), memcmp */
+static int matmul_mismatches(ds4_pool *pool, uint32_t type, const uint8_t *W, int64_t rows, int64_t n,
+                             const uint8_t *acts, int64_t T, float *y) {
+    size_t rb = ds4_type_row_bytes(type, (uint64_t)n), ab = ds4_act_bytes(type, n);
+    for (int64_t i = 0; i < rows * T; i++) y[i] = NAN;
+    ds4_matmul(pool, type, W, rows, n, acts, T, y);
+    int bad = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            float want = ds4_vec_dot(type, W + rb * (size_t)r, acts + ab * (size_t)t, n);
+            bad += memcmp(&y[t * rows + r], &want, sizeof want) != 0;
+        }
+    return bad;
+}
+
+/* The matmul kernels (row x token tiles, token groups of any size, packed
+ * token groups) must reproduce the dot of every (row, token) exactly, for
+ * any batch size and any row count: rows and T that are not multiples of
+ * a tile, T = 1..40, with 1 and 2 threads. A token's result then does not
+ * depend on which other tokens share its batch (prefill == decode). */
+static void test_matmul_shapes(enum ds4_simd_level lvl) {
+    ds4_kernels_set_level(lvl);
+    const int64_t rows_list[] = {1, 3, 4, 5, 9, 38};
+    enum { T_MAX = 40, ROWS_MAX = 38 };
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t type = types[ti];
+        int64_t n = ds4_type_block_elems(type) == 1 ? 72 : 3 * (int64_t)ds4_type_block_elems(type);
+        if (type == DS4_TYPE_Q8_0) n = 5 * 32; /* an odd number of blocks: the last pair is half empty */
+        size_t rb = ds4_type_row_bytes(type, (uint64_t)n), ab = ds4_act_bytes(type, n);
+        uint8_t *W = malloc(rb * ROWS_MAX), *acts = malloc(ab * T_MAX);
+        float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * ROWS_MAX * T_MAX);
+        for (int64_t r = 0; r < ROWS_MAX; r++) random_raw_row(type, W + rb * (size_t)r, n);
+        for (int64_t t = 0; t < T_MAX; t++) {
+            random_floats(x, n);
+            ds4_quantize_act(type, x, acts + ab * (size_t)t, n);
+        }
+        for (int threads = 1; threads <= 2; threads++) {
+            ds4_pool *pool = threads == 1 ? NULL : ds4_pool_new(threads);
+            for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++)
+                for (int64_t T = 1; T <= T_MAX; T++) {
+                    int bad = matmul_mismatches(pool, type, W, rows_list[ri], n, acts, T, y);
+                    CHECK(bad == 0, "%s matmul %s rows=%lld T=%lld threads=%d: %d outputs differ from the dot",
+                          ds4_simd_level_name(lvl), ds4_type_name(type), (long long)rows_list[ri], (long long)T,
+                          threads, bad);
+                }
+            /* a batch that starts elsewhere in the same tokens gives the same rows */
+            int bad = matmul_mismatches(pool, type, W, ROWS_MAX, n, acts + 3 * ab, T_MAX - 3, y);
+            CHECK(bad == 0, "%s matmul %s offset batch: %d outputs differ", ds4_simd_level_name(lvl),
+                  ds4_type_name(type), bad);
+            ds4_pool_free(pool);
+        }
+        free(W);
+        free(acts);
+        free(x);
+        free(y);
+    }
+}
+
+/* Q8_0 rows around the longest a token group can be packed for (16384
+ * elements, then one block more): the packed tile and the per-row fallback
+ * both match the dot */
+static void test_matmul_long_rows(enum ds4_simd_level lvl) {
+    ds4_kernels_set_level(lvl);
+    const int64_t lengths[] = {16384, 16384 + 32};
+    const int64_t rows = 5, T = 9;
+    for (size_t li = 0; li < 2; li++) {
+        int64_t n = lengths[li];
+        size_t rb = ds4_type_row_bytes(DS4_TYPE_Q8_0, (uint64_t)n), ab = ds4_act_bytes(DS4_TYPE_Q8_0, n);
+        uint8_t *W = malloc(rb * rows), *acts = malloc(ab * T);
+        float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * rows * T);
+        for (int64_t r = 0; r < rows; r++) random_raw_row(DS4_TYPE_Q8_0, W + rb * (size_t)r, n);
+        for (int64_t t = 0; t < T; t++) {
+            random_floats(x, n);
+            ds4_quantize_act(DS4_TYPE_Q8_0, x, acts + ab * (size_t)t, n);
+        }
+        int bad = matmul_mismatches(NULL, DS4_TYPE_Q8_0, W, rows, n, acts, T, y);
+        CHECK(bad == 0, "%s matmul Q8_0 n=%lld: %d outputs differ from the dot", ds4_simd_level_name(lvl),
+              (long long)n, bad);
+        free(W);
+        free(acts);
+        free(x);
+        free(y);
+    }
+}
+
 /* ds4_quantize_act must produce the reference quantizer's bytes at every
  * level, including rounding ties, all-zero blocks and a negative maximum */
 static void test_act(enum ds4_simd_level lvl) {
@@ -271,6 +357,8 @@ int main(void) {
         test_act((enum ds4_simd_level)l);
         test_dots((enum ds4_simd_level)l);
         test_drivers((enum ds4_simd_level)l);
+        test_matmul_shapes((enum ds4_simd_level)l);
+        test_matmul_long_rows((enum ds4_simd_level)l);
         test_read_sum((enum ds4_simd_level)l);
     }
     ds4_kernels_set_level(best);
