@@ -154,7 +154,7 @@ void ds4_quantize_act(uint32_t type, const float *x, void *dst, int64_t n) {
 #define MIN_TASK_BYTES (64 * 1024)
 #define TASKS_PER_THREAD 8
 /* matmul: a block of weight rows stays in L2 while every token tile reads it */
-#define MM_BLOCK_BYTES (128 * 1024)
+#define MM_BLOCK_BYTES (256 * 1024)
 #define MM_TILE_ACT_BYTES (256 * 1024)
 /* one token group packed for a tile kernel, on the task's stack: 8n bytes
  * for Q8_0, so rows of up to 16384 elements */

@@ -81,8 +81,15 @@ INLINE __m512i pair256(const void *lo, const void *hi) {
  * The tile reads its tokens' unsigned pairs and scale vectors from a
  * buffer packed once per token group (q8_0_pack), the others compute them
  * in place; both come from q8_0_act_pair, so the values are the same. */
+/* [d of block b x 8 | d of block b1 x 8] as floats, 0 in the high half for
+ * an odd last block: the two f16 scales are half-words 0 and 17 of the 68
+ * bytes from block b, fetched by one masked load (which reads nothing past
+ * an odd last block and leaves its half 0) and spread by one permute */
 INLINE __m512 pair_scales(const ds4_block_q8_0 *x, int64_t b, int64_t b1) {
-    return _mm512_insertf32x8(_mm512_set1_ps(h2f(x[b].d)), _mm256_set1_ps(b1 != b ? h2f(x[b1].d) : 0.0f), 1);
+    _Static_assert(sizeof(ds4_block_q8_0) == 34, "Q8_0 blocks are 34 bytes: d at 0 and 34");
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0x110011, 0x110011, 0x110011, 0x110011, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512i halves = _mm512_maskz_loadu_epi16(b1 != b ? 1u | 1u << 17 : 1u, &x[b]);
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(spread, halves)));
 }
 
 INLINE void q8_0_act_pair(const ds4_block_q8_0 *a, int64_t b, int64_t b1, __m512i *au, __m512 *da) {
