@@ -38,6 +38,12 @@ static inline __m256i _mm256_maskz_loadu_epi16(__mmask16 m, const void *p) {
     memcpy(&r, h, 32);
     return r;
 }
+static inline __m512i _mm512_maskz_loadu_epi16(simde__mmask32 m, const void *p) {
+    uint16_t h[32] = {0}; __m512i r;
+    for (int i = 0; i < 32; i++) if (m >> i & 1) memcpy(&h[i], (const char *)p + 2 * i, 2);
+    memcpy(&r, h, 64);
+    return r;
+}
 /* lane-wise conversion of the first n lanes of an input vector */
 #define CONVERT(name, in_vec, in_t, out_vec, out_t, n)                \
     static inline out_vec name(in_vec v) {                           \
