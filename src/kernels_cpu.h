@@ -10,9 +10,14 @@
  *   F32/F16/BF16), so it is done once per input and reused for every row.
  * - ds4_matvec: y[r] = W[r,:]·x for r in [0,rows), x already converted with
  *   ds4_quantize_act; split across the thread pool by rows.
- * - ds4_matmul: Y[t,r] = W[r,:]·X[t,:] for a batch of T activations (prefill):
- *   each weight row is read once per tile of tokens.
- * - No allocation in the hot path: callers own scratch.
+ * - ds4_matmul: Y[t,r] = W[r,:]·X[t,:] for a batch of T activations (prefill,
+ *   batched decode): blocks of weight rows that stay in L2, and inside them
+ *   rows x tokens tiles where the level has them (AVX-512 Q8_0: 4 x 4, the
+ *   token group packed once per block), else one row against up to 8
+ *   tokens. Every Y[t,r] is bit-identical to ds4_matvec's y[r] for X[t]
+ *   (same kernel arithmetic, whatever T, the other tokens or the threads).
+ * - No allocation in the hot path: callers own scratch; ds4_matmul keeps a
+ *   128 KiB packing buffer on the stack of each thread that runs it.
  */
 #ifndef DS4_KERNELS_CPU_H
 #define DS4_KERNELS_CPU_H

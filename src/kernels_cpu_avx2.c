@@ -10,8 +10,8 @@
  *
  * Every kernel is written once for NT activation rows (tokens): the weight
  * block is loaded and unpacked once, then multiplied against each token.
- * NT = 1 is the matvec dot, NT = DS4_DOT_TOKENS the matmul micro-kernel;
- * the per-token arithmetic is the same in both, so they agree bit for bit.
+ * NT = 1 is the matvec dot, NT = 1..DS4_DOT_TOKENS the matmul micro-kernel;
+ * the per-token arithmetic is the same in all, so they agree bit for bit.
  */
 #include <math.h>
 #include <stddef.h>

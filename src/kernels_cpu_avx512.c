@@ -10,8 +10,9 @@
  * so unlike maddubs there is no i16 intermediate to saturate.
  *
  * As in the AVX2 file, each kernel is written once for NT tokens: NT = 1
- * is the dot, NT = DS4_DOT_TOKENS the matmul micro-kernel, with the same
- * per-token arithmetic so both give identical results.
+ * is the dot, NT = 1..DS4_DOT_TOKENS the matmul micro-kernel, with the same
+ * per-token arithmetic so all give identical results. Q8_0 also has the
+ * matmul tile (rows x tokens, packed tokens), from the same function.
  */
 #include <stdbool.h>
 #include <string.h>
