@@ -3,8 +3,9 @@
  * Only the formats where 512-bit registers and vpdpbusd change the inner
  * loop are here: the float types, Q8_0 (two blocks per register) and
  * IQ2_XXS (two sub-blocks per register, signs applied through a 64-bit
- * opmask instead of being expanded into bytes). The K-quants return NULL
- * and run the AVX2 kernels, which are already bound by memory bandwidth.
+ * opmask instead of being expanded into bytes) and Q2_K (the routed
+ * experts' down projections: one vpdpbusd and one vpdpwssd per 64 elements
+ * and token). The other K-quants return NULL and run the AVX2 kernels.
  *
  * vpdpbusd multiplies u8 by s8 and sums groups of four straight into i32,
  * so unlike maddubs there is no i16 intermediate to saturate.
@@ -260,15 +261,71 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
 }
 DOT_ENTRY_POINTS(iq2_xxs)
 
+/* ---- Q2_K x Q8_K ----
+ * 64 elements per register: the quants (0..3, unsigned, as vpdpbusd wants)
+ * of activation bytes 64m..64m+63 are one 32-byte qs half shifted by 4(m%2)
+ * (low 256 bits) and 4(m%2) + 2 (high 256 bits). vpdpbusd sums them in
+ * groups of four, each group inside one 16-element sub-block, and a
+ * vpdpwssd multiplies each group by its sub-block's scale: |group| <= 4 * 3
+ * * 127 fits the low 16 bits (the high 16 are its sign extension) and the
+ * scale's high 16 bits are zero, so the sum is exact. The mins term uses the
+ * activation's 16-element sums (bsums), as the AVX2 kernel does. */
+INLINE void q2_K_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    const ds4_block_q2_K *x = w;
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m512 acc[NT_MAX];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / DS4_QK_K; i++) {
+        prefetch_weights(x + i);
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
+        __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
+        __m512i scales32 = _mm512_cvtepu8_epi32(_mm_and_si128(sc8, m4));
+        __m512i sumi[NT_MAX];
+        UNROLL
+        for (int t = 0; t < nt; t++) sumi[t] = _mm512_setzero_si512();
+        UNROLL
+        for (int m = 0; m < 4; m++) {
+            __m512i half = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * (m / 2))));
+            __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * (m % 2))),
+                                               _mm256_set1_epi16((short)(4 * (m % 2) + 2)), 1);
+            __m512i q = _mm512_and_si512(_mm512_srlv_epi16(half, shift), m3);
+            __m512i sc = _mm512_permutexvar_epi32(
+                _mm512_setr_epi32(4 * m, 4 * m, 4 * m, 4 * m, 4 * m + 1, 4 * m + 1, 4 * m + 1, 4 * m + 1, 4 * m + 2,
+                                  4 * m + 2, 4 * m + 2, 4 * m + 2, 4 * m + 3, 4 * m + 3, 4 * m + 3, 4 * m + 3),
+                scales32);
+            UNROLL
+            for (int t = 0; t < nt; t++) {
+                const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
+                __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(y->qs + 64 * m));
+                sumi[t] = _mm512_dpwssd_epi32(sumi[t], s, sc);
+            }
+        }
+        float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
+        UNROLL
+        for (int t = 0; t < nt; t++) {
+            const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
+            __m256i mb = _mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)y->bsums));
+            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(y->d * d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_set1_ps(y->d * dmin), _mm512_cvtepi32_ps(_mm512_zextsi256_si512(mb)),
+                                      acc[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+DOT_ENTRY_POINTS(q2_K)
+
 /* ---- plain read loop (bandwidth denominator) ---- */
 
 READ_SUM_KERNEL(ds4_kernels_avx512_read_sum, 64)
 
-/* the K-quants fall back to the AVX2 kernels */
-#define NO_EXTRA(prefix)
+/* the other K-quants fall back to the AVX2 kernels */
+#define Q2_K_EXTRA(prefix) case DS4_TYPE_Q2_K: return prefix##q2_K;
 
-ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type) { DISPATCH(dot_, NO_EXTRA) }
-ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) { DISPATCH(dotn_, NO_EXTRA) }
+ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type) { DISPATCH(dot_, Q2_K_EXTRA) }
+ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) { DISPATCH(dotn_, Q2_K_EXTRA) }
 bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k) {
     if (type != DS4_TYPE_Q8_0) return false;
     *k = (struct ds4_tile_kernel){.pack = q8_0_pack, .tile = q8_0_tile};

@@ -55,6 +55,13 @@ static inline __m512i _mm512_maskz_loadu_epi16(simde__mmask32 m, const void *p) 
     }
 CONVERT(_mm512_cvtepu16_epi32, __m256i, uint16_t, __m512i, int32_t, 16)
 CONVERT(_mm512_cvtepu8_epi64, __m128i, uint8_t, __m512i, int64_t, 8)
+CONVERT(_mm512_cvtepu8_epi32, __m128i, uint8_t, __m512i, int32_t, 16)
+static inline __m512i _mm512_zextsi256_si512(__m256i v) {
+    __m512i r;
+    memset(&r, 0, sizeof r);
+    memcpy(&r, &v, sizeof v);
+    return r;
+}
 CONVERT(_mm512_cvtepi32_ps, __m512i, int32_t, __m512, float, 16)
 static inline __m512 _mm512_maskz_loadu_ps(__mmask16 m, const void *p) {
     float f[16] = {0}; __m512 r;
