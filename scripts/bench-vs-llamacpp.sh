@@ -15,8 +15,8 @@
 #   MODEL            GGUF to use [$DS4_BENCH_CACHE/flash-4l-q2.gguf, made if missing]
 #   PAIRS            interleaved pairs per case [3]
 #   THREADS          thread counts [1 and all CPUs]
-#   DECODE_DEPTHS    decode cases: context depth before decoding [512 4096]
-#   PREFILLS         prefill cases: prompt lengths [512 2048]
+#   DECODE_DEPTHS    decode cases: context depth before decoding [512 4096]; empty: none
+#   PREFILLS         prefill cases: prompt lengths [512 2048]; empty: none
 #   GEN              tokens decoded per decode run [32]
 #   ONLY             "check": only build llama-bench and check it loads MODEL
 #   LLAMA_ARGS       extra llama-bench arguments [--repack 0]: with its CPU
@@ -32,8 +32,8 @@ MODEL=${MODEL:-$CACHE/flash-4l-q2.gguf}
 PAIRS=${PAIRS:-3}
 NCPU=$(nproc)
 THREADS=${THREADS:-$( [ "$NCPU" -gt 1 ] && echo "1 $NCPU" || echo 1 )}
-DECODE_DEPTHS=${DECODE_DEPTHS:-512 4096}
-PREFILLS=${PREFILLS:-512 2048}
+DECODE_DEPTHS=${DECODE_DEPTHS-512 4096}
+PREFILLS=${PREFILLS-512 2048}
 GEN=${GEN:-32}
 LLAMA_BENCH=$CACHE/llama.cpp-build/bin/llama-bench
 read -r -a LLAMA_EXTRA <<< "${LLAMA_ARGS---repack 0}"
