@@ -215,6 +215,34 @@ static int matmul_mismatches(ds4_pool *pool, uint32_t type, const uint8_t *W, in
     return bad;
 }
 
+/* random weight rows and quantized activation rows for a matmul test */
+typedef struct {
+    uint8_t *W, *acts;
+    float *x, *y;
+    size_t rb, ab;
+} mm_case;
+
+static mm_case mm_case_new(uint32_t type, int64_t n, int64_t rows, int64_t T) {
+    mm_case c = {.rb = ds4_type_row_bytes(type, (uint64_t)n), .ab = ds4_act_bytes(type, n)};
+    c.W = malloc(c.rb * (size_t)rows);
+    c.acts = malloc(c.ab * (size_t)T);
+    c.x = malloc(sizeof(float) * (size_t)n);
+    c.y = malloc(sizeof(float) * (size_t)(rows * T));
+    for (int64_t r = 0; r < rows; r++) random_raw_row(type, c.W + c.rb * (size_t)r, n);
+    for (int64_t t = 0; t < T; t++) {
+        random_floats(c.x, n);
+        ds4_quantize_act(type, c.x, c.acts + c.ab * (size_t)t, n);
+    }
+    return c;
+}
+
+static void mm_case_free(mm_case *c) {
+    free(c->W);
+    free(c->acts);
+    free(c->x);
+    free(c->y);
+}
+
 /* The matmul kernels (row x token tiles, token groups of any size, packed
  * token groups) must reproduce the dot of every (row, token) exactly, for
  * any batch size and any row count: rows and T that are not multiples of
@@ -228,33 +256,23 @@ static void test_matmul_shapes(enum ds4_simd_level lvl) {
         uint32_t type = types[ti];
         int64_t n = ds4_type_block_elems(type) == 1 ? 72 : 3 * (int64_t)ds4_type_block_elems(type);
         if (type == DS4_TYPE_Q8_0) n = 5 * 32; /* an odd number of blocks: the last pair is half empty */
-        size_t rb = ds4_type_row_bytes(type, (uint64_t)n), ab = ds4_act_bytes(type, n);
-        uint8_t *W = malloc(rb * ROWS_MAX), *acts = malloc(ab * T_MAX);
-        float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * ROWS_MAX * T_MAX);
-        for (int64_t r = 0; r < ROWS_MAX; r++) random_raw_row(type, W + rb * (size_t)r, n);
-        for (int64_t t = 0; t < T_MAX; t++) {
-            random_floats(x, n);
-            ds4_quantize_act(type, x, acts + ab * (size_t)t, n);
-        }
+        mm_case c = mm_case_new(type, n, ROWS_MAX, T_MAX);
         for (int threads = 1; threads <= 2; threads++) {
             ds4_pool *pool = threads == 1 ? NULL : ds4_pool_new(threads);
             for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++)
                 for (int64_t T = 1; T <= T_MAX; T++) {
-                    int bad = matmul_mismatches(pool, type, W, rows_list[ri], n, acts, T, y);
+                    int bad = matmul_mismatches(pool, type, c.W, rows_list[ri], n, c.acts, T, c.y);
                     CHECK(bad == 0, "%s matmul %s rows=%lld T=%lld threads=%d: %d outputs differ from the dot",
                           ds4_simd_level_name(lvl), ds4_type_name(type), (long long)rows_list[ri], (long long)T,
                           threads, bad);
                 }
             /* a batch that starts elsewhere in the same tokens gives the same rows */
-            int bad = matmul_mismatches(pool, type, W, ROWS_MAX, n, acts + 3 * ab, T_MAX - 3, y);
+            int bad = matmul_mismatches(pool, type, c.W, ROWS_MAX, n, c.acts + 3 * c.ab, T_MAX - 3, c.y);
             CHECK(bad == 0, "%s matmul %s offset batch: %d outputs differ", ds4_simd_level_name(lvl),
                   ds4_type_name(type), bad);
             ds4_pool_free(pool);
         }
-        free(W);
-        free(acts);
-        free(x);
-        free(y);
+        mm_case_free(&c);
     }
 }
 
@@ -266,22 +284,11 @@ static void test_matmul_long_rows(enum ds4_simd_level lvl) {
     const int64_t lengths[] = {16384, 16384 + 32};
     const int64_t rows = 5, T = 9;
     for (size_t li = 0; li < 2; li++) {
-        int64_t n = lengths[li];
-        size_t rb = ds4_type_row_bytes(DS4_TYPE_Q8_0, (uint64_t)n), ab = ds4_act_bytes(DS4_TYPE_Q8_0, n);
-        uint8_t *W = malloc(rb * rows), *acts = malloc(ab * T);
-        float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * rows * T);
-        for (int64_t r = 0; r < rows; r++) random_raw_row(DS4_TYPE_Q8_0, W + rb * (size_t)r, n);
-        for (int64_t t = 0; t < T; t++) {
-            random_floats(x, n);
-            ds4_quantize_act(DS4_TYPE_Q8_0, x, acts + ab * (size_t)t, n);
-        }
-        int bad = matmul_mismatches(NULL, DS4_TYPE_Q8_0, W, rows, n, acts, T, y);
+        mm_case c = mm_case_new(DS4_TYPE_Q8_0, lengths[li], rows, T);
+        int bad = matmul_mismatches(NULL, DS4_TYPE_Q8_0, c.W, rows, lengths[li], c.acts, T, c.y);
         CHECK(bad == 0, "%s matmul Q8_0 n=%lld: %d outputs differ from the dot", ds4_simd_level_name(lvl),
-              (long long)n, bad);
-        free(W);
-        free(acts);
-        free(x);
-        free(y);
+              (long long)lengths[li], bad);
+        mm_case_free(&c);
     }
 }
 
