@@ -426,7 +426,6 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
         }
     }
     c->route_id = gen;
-    const uint32_t seq = ++c->seq;
     for (int i = 0; i < n; i++) {
         const char *next = i + 1 < n ? c->hops[i + 1].url : "";
         ds4_dist_route r = {gen, next, strlen(next), c->home, strlen(c->home)};
@@ -439,7 +438,6 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
             return -2;
         }
     }
-    (void)seq;
     for (int acks = 0; acks < n; acks++) {
         void *buf;
         size_t blen;
@@ -482,7 +480,7 @@ static void session_append(session_rec *r, int pos, const int32_t *toks, int n) 
     r->n = pos + n;
 }
 
-static void print_telemetry(const coord *c, const ds4_dist_result *r, double round_trip, size_t bytes) {
+static void print_telemetry(const ds4_dist_result *r, double round_trip, size_t bytes) {
     fprintf(stderr, "ds4 coordinator: request %u:", r->seq);
     for (uint32_t i = 0; i < r->n_hops; i++) {
         const ds4_dist_hop h = ds4_dist_hop_at(r->hops, i);
@@ -491,7 +489,6 @@ static void print_telemetry(const coord *c, const ds4_dist_result *r, double rou
                 h.bytes_in);
     }
     fprintf(stderr, " | result %zu B, round trip %.2f ms\n", bytes, round_trip * 1e3);
-    (void)c;
 }
 
 /* Runs n tokens through the route: the local slice on kv (at position pos,
@@ -530,8 +527,8 @@ static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t
             if (msg) ds4_dist_set_send_us(msg, len, elapsed_us(t1));
             const int rv = send_frame(c->hops[0].data, msg, len);
             if (rv) {
-                snprintf(err, errlen, "sending to layers %d..%d: %s: route dropped", c->hops[0].first,
-                         c->hops[0].last, nng_strerror(rv));
+                snprintf(err, errlen, "sending to layers %d..%d: %s%s", c->hops[0].first, c->hops[0].last,
+                         nng_strerror(rv), rv == NNG_ENOMEM ? "" : ": route dropped");
                 return rv == NNG_ENOMEM ? -1 : -2;
             }
             sent_at[sent % MAX_WINDOW] = t0;
@@ -562,7 +559,7 @@ static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t
                 copy_floats(all ? logits + (size_t)off * V : logits, r->floats, want);
             }
         }
-        if (!rc && c->p.debug) print_telemetry(c, r, now_seconds() - sent_at[done % MAX_WINDOW], blen);
+        if (!rc && c->p.debug) print_telemetry(r, now_seconds() - sent_at[done % MAX_WINDOW], blen);
         nng_free(buf, blen);
         if (rc) return rc;
         done++;
@@ -895,13 +892,18 @@ static worker_session *session_find(worker *w, uint64_t id, bool empty, char *wh
 
 /* The session at position pos with prefix hash `hash`: a state further on
  * whose prefix matches is truncated back (within the rings' slack); anything
- * else is a mismatch the coordinator resolves by a replay. */
-static worker_session *session_at(worker *w, uint64_t id, uint32_t pos, uint64_t hash, char *why, size_t whylen) {
+ * else is a mismatch (*status HASH_MISMATCH) the coordinator resolves by a
+ * replay. NULL with a line in why. */
+static worker_session *session_at(worker *w, uint64_t id, uint32_t pos, uint64_t hash, uint8_t *status, char *why,
+                                  size_t whylen) {
     worker_session *s = session_find(w, id, pos == 0, why, whylen);
+    *status = DS4_DIST_ERROR;
     if (s && (int)pos <= s->kv->n_pos && s->hashes[pos] == hash && ds4_kv_truncate(s->kv, (int)pos)) return s;
-    if (!why[0])
+    if (!why[0]) {
+        *status = DS4_DIST_HASH_MISMATCH;
         snprintf(why, whylen, "hash mismatch: this worker holds %d tokens of session %llu, asked for position %u "
                               "(replay needed)", s ? s->kv->n_pos : 0, (unsigned long long)id, pos);
+    }
     return NULL;
 }
 
@@ -939,8 +941,9 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
         send_error(w, wk, DS4_DIST_ERROR, why);
         return;
     }
-    worker_session *s = session_at(w, wk->session, wk->pos, wk->hash_before, why, sizeof why);
-    if (!s) { send_error(w, wk, why[0] == 'h' ? DS4_DIST_HASH_MISMATCH : DS4_DIST_ERROR, why); return; }
+    uint8_t status;
+    worker_session *s = session_at(w, wk->session, wk->pos, wk->hash_before, &status, why, sizeof why);
+    if (!s) { send_error(w, wk, status, why); return; }
     const bool output = w->m->slice.output;
     const size_t want_in = (size_t)wk->n * hcE;
     const size_t n_out = output ? (wk->logits == DS4_DIST_ALL ? (size_t)wk->n * V : V) : (size_t)wk->n * hcE;
@@ -992,8 +995,9 @@ static void serve_kv(worker *w, enum ds4_dist_type type, const ds4_dist_work *wk
     float *state = NULL;
     size_t n_floats = 0;
     int32_t *toks = NULL;
+    uint8_t status = DS4_DIST_ERROR;
     if (type == DS4_DIST_KV_GET) {
-        worker_session *s = session_at(w, wk->session, wk->pos, wk->hash_before, why, sizeof why);
+        worker_session *s = session_at(w, wk->session, wk->pos, wk->hash_before, &status, why, sizeof why);
         if (s) {
             n_floats = ds4_kv_layers_bytes(s->kv, sl->first, sl->last, s->kv->n_pos) / sizeof(float);
             if ((state = malloc(n_floats * sizeof(float) + 1))) ds4_kv_layers_save(s->kv, sl->first, sl->last, state);
@@ -1019,7 +1023,7 @@ static void serve_kv(worker *w, enum ds4_dist_type type, const ds4_dist_work *wk
         }
     }
     if (why[0]) {
-        send_error(w, wk, why[0] == 'h' ? DS4_DIST_HASH_MISMATCH : DS4_DIST_ERROR, why);
+        send_error(w, wk, status, why);
     } else {
         ds4_dist_result r = {wk->route, wk->seq, wk->session, DS4_DIST_OK, wk->hash_after,
                              (uint32_t)(type == DS4_DIST_KV_GET ? n_floats : 0), NULL, 0, NULL, "", 0};
