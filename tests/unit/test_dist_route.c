@@ -73,13 +73,13 @@ static int worker_main(const char *layers, const char *port) {
     return ds4_dist_worker_main(MODEL, layers, CTX, 1, -1, &p);
 }
 
+/* Both engines run one thread and an 8-token local batch; the split's
+ * pipelined chunks (3 tokens, 2 in flight) are smaller than that. */
 static ds4_engine *load(const char *layers, int port, char *err, size_t errlen) {
     ds4_engine_params p;
     ds4_engine_params_default(&p);
-    p.model_path = MODEL;
-    p.n_threads = 1;
-    p.prefill_chunk = 8;
-    p.quiet = true;
+    p = (ds4_engine_params){.model_path = MODEL, .n_threads = 1, .prefill_chunk = 8, .numerics = p.numerics,
+                           .quiet = true, .gpu = p.gpu};
     if (layers) {
         p.layers = layers;
         p.dist = (ds4_dist_params){.role = DS4_DIST_COORDINATOR, .host = "127.0.0.1", .port = port, .secret = SECRET,
