@@ -3,7 +3,7 @@
  * processes (this binary re-run as "worker"), on loopback ports, against a
  * single-process engine on the same model (the oracle: the split must not
  * change a bit). For a 2-way and a 3-way split of the demo model:
- * - pipelined chunked prefill (3-token chunks, 2 in flight, workers
+ * - pipelined chunked prefill (33-token chunks, 2 in flight, workers
  *   forwarding to the next hop): every position's logits equal;
  * - decode: each greedy step's logits equal;
  * - rewind then continue (workers truncate back): logits equal;
@@ -11,6 +11,10 @@
  *   byte for byte; a payload saved by the split loads in a single process
  *   and one saved by the single process loads into the split, and both
  *   continue with equal logits;
+ * - one engine call longer than the rewind slack (264 tokens) that fails
+ *   part-way (it runs past the workers' context): the session is unchanged
+ *   (the coordinator's slice restored from a ring checkpoint) and continues
+ *   equal to the single process (2-way split);
  * - kill -9 of the first worker between steps: the next step fails with one
  *   line and leaves the session unchanged (the coordinator's own slice rolled
  *   back), the one after reports the incomplete route; a restarted worker
@@ -33,7 +37,7 @@
 
 extern char **environ;
 
-enum { CTX = 256, N_PROMPT = 40, REWIND_TO = 30, N_MORE = 6 };
+enum { CTX = 256, N_PROMPT = 40, REWIND_TO = 30, N_MORE = 6, BIG_CTX = 512, N_LONG = 300 };
 static const char MODEL[] = "models/demo.gguf", SECRET[] = "route-test";
 
 static int free_port(void) {
@@ -73,17 +77,18 @@ static int worker_main(const char *layers, const char *port) {
     return ds4_dist_worker_main(MODEL, layers, CTX, 1, -1, &p);
 }
 
-/* Both engines run one thread and an 8-token local batch; the split's
- * pipelined chunks (3 tokens, 2 in flight) are smaller than that. */
+/* Both engines run one thread and a 40-token local batch. The split pipelines
+ * 33-token chunks, 2 in flight, and takes up to 8 chunks (264 tokens, more
+ * than the rewind slack) per engine call. */
 static ds4_engine *load(const char *layers, int port, char *err, size_t errlen) {
     ds4_engine_params p;
     ds4_engine_params_default(&p);
-    p = (ds4_engine_params){.model_path = MODEL, .n_threads = 1, .prefill_chunk = 8, .numerics = p.numerics,
+    p = (ds4_engine_params){.model_path = MODEL, .n_threads = 1, .prefill_chunk = 40, .numerics = p.numerics,
                            .quiet = true, .gpu = p.gpu};
     if (layers) {
         p.layers = layers;
         p.dist = (ds4_dist_params){.role = DS4_DIST_COORDINATOR, .host = "127.0.0.1", .port = port, .secret = SECRET,
-                                   .wait_seconds = 5, .reply_seconds = 30, .prefill_chunk = 3, .prefill_window = 2};
+                                   .wait_seconds = 5, .reply_seconds = 30, .prefill_chunk = 33, .prefill_window = 2};
         if (!ds4_dist_finish_options(&p.dist, false, err, errlen)) return NULL;
     }
     return ds4_engine_load(&p, err, errlen);
@@ -164,6 +169,28 @@ static void run_split(ds4_engine *single, const char *const *slices, int n_slice
     if (!decode_all(four, 4, argmax(ds4_session_logits(a), V))) goto out;
     CHECK(same_logits(a, b, V) && same_logits(a, c, V) && same_logits(a, d, V),
           "%s: sessions continued after a payload save/load differ", what);
+
+    if (n_slices == 2) {
+        /* a long step failing part-way: the workers hold CTX positions, this session more */
+        ds4_session *e = ds4_session_new(split, BIG_CTX, err, sizeof err), *g = ds4_session_new(single, BIG_CTX, err, sizeof err);
+        int32_t *lng = malloc(N_LONG * sizeof(int32_t));
+        if (e && g && lng) {
+            for (int i = 0; i < N_LONG; i++) lng[i] = (i * 29 + 3) % V;
+            CHECK(ds4_session_prefill(e, toks, N_PROMPT, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+            CHECK(ds4_session_prefill(g, toks, N_PROMPT, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+            CHECK(ds4_session_prefill(e, lng, N_LONG, NULL, NULL, NULL, err, sizeof err) != 0 && strstr(err, "do not fit"),
+                  "%s: a step past the workers' context: %s", what, err);
+            CHECK(ds4_session_n_tokens(e) == N_PROMPT, "%s: failed long step left %d tokens", what, ds4_session_n_tokens(e));
+            CHECK(ds4_session_prefill(e, more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "continue: %s", err);
+            CHECK(ds4_session_prefill(g, more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "continue: %s", err);
+            CHECK(same_logits(e, g, V), "%s: continuing after a failed long step differs", what);
+        } else {
+            CHECK(false, "%s: long-step sessions: %s", what, err);
+        }
+        free(lng);
+        ds4_session_free(e);
+        ds4_session_free(g);
+    }
 
     /* kill -9 of the first worker: a clean failure, nothing half advanced */
     const int32_t t = argmax(ds4_session_logits(a), V);
