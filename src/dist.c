@@ -582,55 +582,79 @@ static int replay(coord *c, session_rec *r, int n, char *err, size_t errlen) {
     return rc;
 }
 
-/* Runs one step through the route; a worker that reports a hash mismatch
- * (restarted, or left behind by a failed call or a rewind deeper than its
- * slack) is caught up by a replay of the session's tokens before the one
- * retry. On failure the local state is put back where it was: the engine
- * above sees no change. */
-static int route_step(coord *c, session_rec *r, const ds4_backend_seq *sq, char *err, size_t errlen) {
-    struct ds4_kv *kv = sq->kv;
-    const int pos = kv->n_pos;
-    /* a span longer than the rings' slack cannot be truncated away: keep the
-     * rings (ds4_kv_ring_save is exact while the rows before pos stay) */
-    void *rings = NULL;
-    if (sq->n > kv->slack) {
-        rings = malloc(ds4_kv_ring_bytes(kv));
-        if (!rings) { snprintf(err, errlen, "out of memory for a rollback checkpoint"); return -1; }
-        ds4_kv_ring_save(kv, rings);
-    }
+/* Where a sequence's local state was before this call, so a failed call
+ * puts it back: a span within the rings' slack is truncated away; a longer
+ * one restores a ring checkpoint (exact while the rows before pos stay). */
+typedef struct {
+    int pos;
+    void *rings;
+} undo;
+
+static bool undo_save(undo *u, const ds4_backend_seq *sq) {
+    u->pos = sq->kv->n_pos;
+    u->rings = NULL;
+    if (sq->n <= sq->kv->slack) return true;
+    if (!(u->rings = malloc(ds4_kv_ring_bytes(sq->kv)))) return false;
+    ds4_kv_ring_save(sq->kv, u->rings);
+    return true;
+}
+
+static void undo_apply(const undo *u, struct ds4_kv *kv) {
+    if (u->rings) ds4_kv_ring_load(kv, u->rings);
+    else ds4_kv_truncate(kv, u->pos);
+}
+
+/* Runs one sequence through the route; a worker that reports a hash
+ * mismatch (restarted, or left behind by a failed call or a rewind deeper
+ * than its slack) is caught up by a replay of the session's tokens before
+ * the one retry. On failure the local state is back at u. */
+static int route_step(coord *c, session_rec *r, const ds4_backend_seq *sq, const undo *u, char *err, size_t errlen) {
     int rc = 0;
     for (int attempt = 0; attempt < 2; attempt++) {
         rc = form_route(c, true, err, errlen);
-        if (!rc) rc = pipeline(c, kv, r->id, sq->toks, sq->n, r->hashes[pos], sq->logits, sq->all_logits, err, errlen);
-        if (rc) {
-            if (rings) ds4_kv_ring_load(kv, rings);
-            else ds4_kv_truncate(kv, pos);
-        }
+        if (!rc)
+            rc = pipeline(c, sq->kv, r->id, sq->toks, sq->n, r->hashes[u->pos], sq->logits, sq->all_logits, err, errlen);
+        if (rc) undo_apply(u, sq->kv);
         if (rc != -3 || attempt) break;
-        if ((rc = replay(c, r, pos, err, errlen))) break;
+        if ((rc = replay(c, r, u->pos, err, errlen))) break;
     }
-    free(rings);
     if (rc == -2) drop_route(c);
     return rc ? -1 : 0;
 }
 
+/* One sequence at a time: the route carries one span per request. When one
+ * fails, the ones before it are put back too, so the call changes nothing
+ * (backend.h); the workers truncate back at the next step. */
 static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
     coord *c = (coord *)be;
-    /* one sequence at a time: the route carries one span per request */
-    for (int q = 0; q < n_seqs; q++) {
-        const ds4_backend_seq *sq = &seqs[q];
-        session_rec *r = session_of(c, sq->kv);
-        if (!r) { snprintf(err, errlen, "out of memory for the session's token history"); return -1; }
-        const int pos = sq->kv->n_pos;
-        if (pos > r->n) {
-            snprintf(err, errlen, "the session holds %d tokens the route never saw (restored without the backend)", pos);
-            return -1;
+    undo *undos = calloc((size_t)n_seqs, sizeof *undos);
+    session_rec **recs = calloc((size_t)n_seqs, sizeof *recs);
+    int done = 0, rc = 0;
+    if (!undos || !recs) { snprintf(err, errlen, "out of memory for %d sequences", n_seqs); rc = -1; }
+    for (; !rc && done < n_seqs; done++) {
+        const ds4_backend_seq *sq = &seqs[done];
+        session_rec *r = recs[done] = session_of(c, sq->kv);
+        if (!r || !undo_save(&undos[done], sq)) {
+            snprintf(err, errlen, "out of memory for the session's token history or rollback checkpoint");
+            rc = -1;
+        } else if (sq->kv->n_pos > r->n) {
+            snprintf(err, errlen, "the session holds %d tokens the route never saw (restored without the backend)",
+                     sq->kv->n_pos);
+            rc = -1;
+        } else {
+            r->n = sq->kv->n_pos;   /* the engine rewound: what the route saw past it no longer counts */
+            rc = route_step(c, r, sq, &undos[done], err, errlen);
         }
-        r->n = pos;   /* the engine rewound: what the route saw past pos no longer counts */
-        if (route_step(c, r, sq, err, errlen)) return -1;
-        session_append(r, pos, sq->toks, sq->n);
+        if (!rc) session_append(r, undos[done].pos, sq->toks, sq->n);
     }
-    return 0;
+    for (int q = 0; rc && q < done - 1; q++) {
+        undo_apply(&undos[q], seqs[q].kv);
+        recs[q]->n = undos[q].pos;
+    }
+    for (int q = 0; undos && q < done; q++) free(undos[q].rings);
+    free(undos);
+    free(recs);
+    return rc;
 }
 
 /* One KV_GET or KV_PUT to hop h, its RESULT into *f (caller frees buf). */

@@ -15,6 +15,8 @@
  *   part-way (it runs past the workers' context): the session is unchanged
  *   (the coordinator's slice restored from a ring checkpoint) and continues
  *   equal to the single process (2-way split);
+ * - a batched call (two sessions) whose second sequence fails leaves the
+ *   first unchanged too;
  * - kill -9 of the first worker between steps: the next step fails with one
  *   line and leaves the session unchanged (the coordinator's own slice rolled
  *   back), the one after reports the incomplete route; a restarted worker
@@ -184,6 +186,14 @@ static void run_split(ds4_engine *single, const char *const *slices, int n_slice
             CHECK(ds4_session_prefill(e, more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "continue: %s", err);
             CHECK(ds4_session_prefill(g, more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "continue: %s", err);
             CHECK(same_logits(e, g, V), "%s: continuing after a failed long step differs", what);
+            /* a batched call whose second sequence fails puts the first back too */
+            const int b_before = ds4_session_n_tokens(b), e_before = ds4_session_n_tokens(e);
+            ds4_step steps[2] = {{b, more, 1}, {e, lng, N_LONG - 50}};
+            CHECK(ds4_sessions_step(split, steps, 2, err, sizeof err) != 0 && strstr(err, "do not fit"),
+                  "%s: batched step past the workers' context: %s", what, err);
+            CHECK(ds4_session_n_tokens(b) == b_before && ds4_session_n_tokens(e) == e_before,
+                  "%s: failed batched step left %d and %d tokens, had %d and %d", what, ds4_session_n_tokens(b),
+                  ds4_session_n_tokens(e), b_before, e_before);
         } else {
             CHECK(false, "%s: long-step sessions: %s", what, err);
         }
