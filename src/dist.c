@@ -132,6 +132,11 @@ static bool exchange(nng_socket s, uint8_t *msg, size_t len, void **buf, size_t 
     return true;
 }
 
+static void on_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *closed) {
+    (void)ev;
+    atomic_store((atomic_int *)closed, nng_socket_id(nng_pipe_socket(pipe)));
+}
+
 static uint32_t elapsed_us(double since) {
     const double us = (now_seconds() - since) * 1e6;
     return us > 4e9 ? 4000000000u : (uint32_t)us;
@@ -143,13 +148,16 @@ static void copy_floats(float *dst, const uint8_t *src, size_t n) {
 }
 
 /* A push socket dialed to url (blocking until connected: the peer listens
- * already); sends queue instead of blocking while the peer is busy. */
-static int open_push(nng_socket *s, const char *url, double timeout_s) {
+ * already); sends queue instead of blocking while the peer is busy. When
+ * closed is given, the closed connection's socket id is stored there (the
+ * watch is set before the dial, so no closing can be missed). */
+static int open_push(nng_socket *s, const char *url, double timeout_s, atomic_int *closed) {
     int rv = nng_push0_open(s);
     if (rv) return rv;
     nng_socket_set_ms(*s, NNG_OPT_SENDTIMEO, (nng_duration)(timeout_s * 1000));
     nng_socket_set_int(*s, NNG_OPT_SENDBUF, SEND_QUEUE);
-    rv = nng_dial(*s, url, NULL, 0);
+    if (closed) rv = nng_pipe_notify(*s, NNG_PIPE_EV_REM_POST, on_pipe_removed, closed);
+    if (!rv) rv = nng_dial(*s, url, NULL, 0);
     if (rv) nng_close(*s);
     return rv;
 }
@@ -180,7 +188,7 @@ typedef struct {
     char url[160];
     nng_socket data;
     bool open;
-    _Atomic int closed_socket;    /* id of a socket whose connection went away (pipe callback) */
+    atomic_int closed_socket;     /* id of a socket whose connection went away (pipe callback) */
 } hop;
 
 /* What the route has seen of one session: its tokens and the rolling hash
@@ -313,11 +321,6 @@ static int route(coord *c, worker_reg **out, char *err, size_t errlen) {
     return n;
 }
 
-static void on_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *arg) {
-    (void)ev;
-    hop *h = arg;
-    atomic_store(&h->closed_socket, nng_socket_id(nng_pipe_socket(pipe)));
-}
 
 static bool hop_gone(hop *h) { return atomic_load(&h->closed_socket) == nng_socket_id(h->data); }
 
@@ -410,14 +413,12 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
     if (!n) return -1;
     for (int i = 0; i < n; i++) {
         hop *h = &c->hops[i];
+        /* the previous socket of this slot is closed: its callbacks are done */
         *h = want[i];
-        atomic_init(&h->closed_socket, 0);
-        int rv = open_push(&h->data, h->url, c->p.reply_seconds);
-        if (!rv) {
-            h->open = true;
-            c->n_hops = i + 1;
-            rv = nng_pipe_notify(h->data, NNG_PIPE_EV_REM_POST, on_pipe_removed, h);
-        }
+        atomic_store(&h->closed_socket, 0);
+        const int rv = open_push(&h->data, h->url, c->p.reply_seconds, &h->closed_socket);
+        h->open = rv == 0;
+        c->n_hops = i + 1;
         if (rv) {
             snprintf(err, errlen, "cannot reach the worker for layers %d..%d at %s: %s", h->first, h->last, h->url,
                      nng_strerror(rv));
@@ -1066,7 +1067,7 @@ static int repoint(nng_socket *s, bool *open, char *cur, size_t cap, const char 
     if (len >= cap) return NNG_EINVAL;
     memcpy(cur, url, len);
     cur[len] = 0;
-    const int rv = open_push(s, cur, timeout_s);
+    const int rv = open_push(s, cur, timeout_s, NULL);
     *open = rv == 0;
     return rv;
 }
