@@ -222,7 +222,7 @@ typedef struct {
     int n_hops;
     uint32_t seq;
     uint64_t next_session;
-    session_rec *sessions;
+    session_rec **sessions;         /* one allocation each: a call holds pointers across session_of() */
     int n_sessions;
     float *hidden;
     size_t hidden_cap;
@@ -459,18 +459,26 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
     return 0;
 }
 
+static void session_rec_free(session_rec *r) {
+    if (!r) return;
+    free(r->toks);
+    free(r->hashes);
+    free(r);
+}
+
 static session_rec *session_of(coord *c, const struct ds4_kv *kv) {
     for (int i = 0; i < c->n_sessions; i++)
-        if (c->sessions[i].kv == kv) return &c->sessions[i];
-    session_rec *grown = realloc(c->sessions, (size_t)(c->n_sessions + 1) * sizeof *grown);
+        if (c->sessions[i]->kv == kv) return c->sessions[i];
+    session_rec **grown = realloc(c->sessions, (size_t)(c->n_sessions + 1) * sizeof *grown);
     if (!grown) return NULL;
     c->sessions = grown;
-    session_rec *r = &c->sessions[c->n_sessions];
+    session_rec *r = malloc(sizeof *r);
+    if (!r) return NULL;
     *r = (session_rec){kv, ++c->next_session, malloc((size_t)kv->ctx * sizeof(int32_t)),
                        malloc((size_t)(kv->ctx + 1) * sizeof(uint64_t)), 0, kv->ctx};
-    if (!r->toks || !r->hashes) { free(r->toks); free(r->hashes); return NULL; }
+    if (!r->toks || !r->hashes) { session_rec_free(r); return NULL; }
     r->hashes[0] = DS4_DIST_HASH_EMPTY;
-    c->n_sessions++;
+    c->sessions[c->n_sessions++] = r;
     return r;
 }
 
@@ -754,9 +762,8 @@ static int coord_scatter(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks
 static void coord_kv_release(ds4_backend *be, struct ds4_kv *kv) {
     coord *c = (coord *)be;
     for (int i = 0; i < c->n_sessions; i++)
-        if (c->sessions[i].kv == kv) {
-            free(c->sessions[i].toks);
-            free(c->sessions[i].hashes);
+        if (c->sessions[i]->kv == kv) {
+            session_rec_free(c->sessions[i]);
             c->sessions[i] = c->sessions[--c->n_sessions];
             return;
         }
@@ -771,7 +778,7 @@ static void coord_free(ds4_backend *be) {
     nng_close(c->control);
     nng_close(c->results);
     for (int i = 0; i < c->n_hops; i++) close_hop(&c->hops[i]);
-    for (int i = 0; i < c->n_sessions; i++) { free(c->sessions[i].toks); free(c->sessions[i].hashes); }
+    for (int i = 0; i < c->n_sessions; i++) session_rec_free(c->sessions[i]);
     free(c->sessions);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->changed);

@@ -6,7 +6,8 @@
  * - pipelined chunked prefill (33-token chunks, 2 in flight, workers
  *   forwarding to the next hop): every position's logits equal;
  * - decode: each greedy step's logits equal;
- * - rewind then continue (workers truncate back): logits equal;
+ * - rewind then continue (workers truncate back) and a rewind deeper than
+ *   the workers' slack (they refuse, the coordinator replays): logits equal;
  * - KV save through the route: the payload equals the single process's
  *   byte for byte; a payload saved by the split loads in a single process
  *   and one saved by the single process loads into the split, and both
@@ -39,7 +40,11 @@
 
 extern char **environ;
 
-enum { CTX = 256, N_PROMPT = 40, REWIND_TO = 30, N_MORE = 6, BIG_CTX = 512, N_LONG = 300 };
+/* Workers hold CTX positions per session; the long-step session holds more,
+ * so a step crossing CTX fails at the workers after the coordinator's own
+ * slice ran. N_FILL puts it past the rewind slack (256) for a deep rewind. */
+enum { CTX = 512, N_PROMPT = 40, REWIND_TO = 30, N_MORE = 6, BIG_CTX = 1024, N_FILL = 430, N_STEP = 264,
+       DEEP_REWIND_TO = 100 };
 static const char MODEL[] = "models/demo.gguf", SECRET[] = "route-test";
 
 static int free_port(void) {
@@ -175,25 +180,37 @@ static void run_split(ds4_engine *single, const char *const *slices, int n_slice
     if (n_slices == 2) {
         /* a long step failing part-way: the workers hold CTX positions, this session more */
         ds4_session *e = ds4_session_new(split, BIG_CTX, err, sizeof err), *g = ds4_session_new(single, BIG_CTX, err, sizeof err);
-        int32_t *lng = malloc(N_LONG * sizeof(int32_t));
+        int32_t *lng = malloc((N_FILL + N_STEP) * sizeof(int32_t));
         if (e && g && lng) {
-            for (int i = 0; i < N_LONG; i++) lng[i] = (i * 29 + 3) % V;
-            CHECK(ds4_session_prefill(e, toks, N_PROMPT, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
-            CHECK(ds4_session_prefill(g, toks, N_PROMPT, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
-            CHECK(ds4_session_prefill(e, lng, N_LONG, NULL, NULL, NULL, err, sizeof err) != 0 && strstr(err, "do not fit"),
-                  "%s: a step past the workers' context: %s", what, err);
-            CHECK(ds4_session_n_tokens(e) == N_PROMPT, "%s: failed long step left %d tokens", what, ds4_session_n_tokens(e));
+            for (int i = 0; i < N_FILL + N_STEP; i++) lng[i] = (i * 29 + 3) % V;
+            ds4_session *eg[2] = {e, g};
+            for (int i = 0; i < 2; i++) {
+                CHECK(ds4_session_prefill(eg[i], toks, N_PROMPT, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+                CHECK(ds4_session_prefill(eg[i], lng, N_FILL, NULL, NULL, NULL, err, sizeof err) == 0, "fill: %s", err);
+            }
+            /* one engine call (N_STEP tokens, more than the slack) crossing CTX */
+            CHECK(ds4_session_prefill(e, lng + N_FILL, N_STEP, NULL, NULL, NULL, err, sizeof err) != 0 &&
+                  strstr(err, "do not fit"), "%s: a step past the workers' context: %s", what, err);
+            CHECK(ds4_session_n_tokens(e) == N_PROMPT + N_FILL, "%s: failed long step left %d tokens", what,
+                  ds4_session_n_tokens(e));
             CHECK(ds4_session_prefill(e, more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "continue: %s", err);
             CHECK(ds4_session_prefill(g, more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "continue: %s", err);
             CHECK(same_logits(e, g, V), "%s: continuing after a failed long step differs", what);
             /* a batched call whose second sequence fails puts the first back too */
             const int b_before = ds4_session_n_tokens(b), e_before = ds4_session_n_tokens(e);
-            ds4_step steps[2] = {{b, more, 1}, {e, lng, N_LONG - 50}};
+            ds4_step steps[2] = {{b, more, 1}, {e, lng + N_FILL, N_STEP - 1}};
             CHECK(ds4_sessions_step(split, steps, 2, err, sizeof err) != 0 && strstr(err, "do not fit"),
                   "%s: batched step past the workers' context: %s", what, err);
             CHECK(ds4_session_n_tokens(b) == b_before && ds4_session_n_tokens(e) == e_before,
                   "%s: failed batched step left %d and %d tokens, had %d and %d", what, ds4_session_n_tokens(b),
                   ds4_session_n_tokens(e), b_before, e_before);
+            /* a rewind deeper than the workers' slack: they refuse the
+             * truncation, the coordinator replays the kept prefix */
+            for (int i = 0; i < 2; i++) {
+                CHECK(ds4_session_rewind(eg[i], DEEP_REWIND_TO, err, sizeof err) == 0, "deep rewind: %s", err);
+                CHECK(ds4_session_prefill(eg[i], more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "after: %s", err);
+            }
+            CHECK(same_logits(e, g, V), "%s: continuing after a deep rewind differs", what);
         } else {
             CHECK(false, "%s: long-step sessions: %s", what, err);
         }
