@@ -12,6 +12,8 @@
  *   byte for byte; a payload saved by the split loads in a single process
  *   and one saved by the single process loads into the split, and both
  *   continue with equal logits;
+ * - a snapshot taken through the route, two more steps, a restore: the next
+ *   step equals the single process's;
  * - one engine call longer than the rewind slack (264 tokens) that fails
  *   part-way (it runs past the workers' context): the session is unchanged
  *   (the coordinator's slice restored from a ring checkpoint) and continues
@@ -218,6 +220,22 @@ static void run_split(ds4_engine *single, const char *const *slices, int n_slice
         ds4_session_free(e);
         ds4_session_free(g);
     }
+
+    /* snapshot, two more steps, restore: the workers are put back to the snapshot */
+    ds4_snapshot *sa = ds4_session_snapshot(a), *sb = ds4_session_snapshot(b);
+    CHECK(sa && sb, "%s: snapshots", what);
+    if (!sa || !sb || !decode_all(both, 2, argmax(ds4_session_logits(a), V)) ||
+        !decode_all(both, 2, argmax(ds4_session_logits(a), V))) {
+        ds4_snapshot_free(sa);
+        ds4_snapshot_free(sb);
+        goto out;
+    }
+    CHECK(ds4_session_restore(a, sa, err, sizeof err) == 0, "single restore: %s", err);
+    CHECK(ds4_session_restore(b, sb, err, sizeof err) == 0, "%s restore: %s", what, err);
+    ds4_snapshot_free(sa);
+    ds4_snapshot_free(sb);
+    if (!decode_all(both, 2, (int32_t)(V / 3))) goto out;
+    CHECK(same_logits(a, b, V), "%s: a step after restoring a snapshot differs", what);
 
     /* kill -9 of the first worker: a clean failure, nothing half advanced */
     const int32_t t = argmax(ds4_session_logits(a), V);
