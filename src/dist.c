@@ -147,17 +147,20 @@ static void copy_floats(float *dst, const uint8_t *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = ds4_dist_float_at(src, i);
 }
 
-/* A push socket dialed to url (blocking until connected: the peer listens
- * already); sends queue instead of blocking while the peer is busy. When
- * closed is given, the closed connection's socket id is stored there (the
- * watch is set before the dial, so no closing can be missed). */
+/* A push socket dialed to url; sends queue instead of blocking while the
+ * peer is busy. The dial does not wait for the connection (a peer that
+ * accepts TCP but never answers, e.g. a stopped process, would block it
+ * for good): frames queue until it is up, and whoever waits for the answer
+ * bounds the wait. When closed is given, the closed connection's socket id
+ * is stored there (the watch is set before the dial, so no closing can be
+ * missed). */
 static int open_push(nng_socket *s, const char *url, double timeout_s, atomic_int *closed) {
     int rv = nng_push0_open(s);
     if (rv) return rv;
     nng_socket_set_ms(*s, NNG_OPT_SENDTIMEO, (nng_duration)(timeout_s * 1000));
     nng_socket_set_int(*s, NNG_OPT_SENDBUF, SEND_QUEUE);
     if (closed) rv = nng_pipe_notify(*s, NNG_PIPE_EV_REM_POST, on_pipe_removed, closed);
-    if (!rv) rv = nng_dial(*s, url, NULL, 0);
+    if (!rv) rv = nng_dial(*s, url, NULL, NNG_FLAG_NONBLOCK);
     if (rv) nng_close(*s);
     return rv;
 }
@@ -350,9 +353,10 @@ static void drop_route(coord *c) {
 
 /* The next RESULT of the current route with a request id at or after seq;
  * stale ones (an earlier route, an abandoned request) are skipped. -2 with
- * a line when a hop's connection closed or nothing came for reply_seconds. */
-static int await_result(coord *c, uint32_t seq, void **buf, size_t *blen, ds4_dist_frame *f, char *err, size_t errlen) {
-    const double deadline = now_seconds() + c->p.reply_seconds;
+ * a line when a hop's connection closed or nothing came for timeout_s. */
+static int await_result(coord *c, uint32_t seq, double timeout_s, void **buf, size_t *blen, ds4_dist_frame *f,
+                        char *err, size_t errlen) {
+    const double deadline = now_seconds() + timeout_s;
     for (;;) {
         const int rv = nng_recv(c->results, buf, blen, NNG_FLAG_ALLOC);
         if (rv == NNG_ETIMEDOUT) {
@@ -363,8 +367,7 @@ static int await_result(coord *c, uint32_t seq, void **buf, size_t *blen, ds4_di
                     return -2;
                 }
             if (now_seconds() < deadline) continue;
-            snprintf(err, errlen, "no answer from the route within %.0f s (--dist-reply-timeout): route dropped",
-                     c->p.reply_seconds);
+            snprintf(err, errlen, "no answer from the route within %.0f s: route dropped", timeout_s);
             return -2;
         }
         if (rv) { snprintf(err, errlen, "pipeline results: %s: route dropped", nng_strerror(rv)); return -2; }
@@ -443,7 +446,8 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
         void *buf;
         size_t blen;
         ds4_dist_frame f;
-        int rc = await_result(c, 0, &buf, &blen, &f, err, errlen);
+        /* a worker that cannot reach the result port never answers: bounded like the wait for workers */
+        int rc = await_result(c, 0, c->p.wait_seconds, &buf, &blen, &f, err, errlen);
         if (!rc) rc = result_status(&f.result, err, errlen);
         if (!rc) nng_free(buf, blen);
         if (rc) { drop_route(c); return -2; }
@@ -549,7 +553,7 @@ static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t
         void *buf;
         size_t blen;
         ds4_dist_frame f;
-        int rc = await_result(c, seq0 + (uint32_t)done, &buf, &blen, &f, err, errlen);
+        int rc = await_result(c, seq0 + (uint32_t)done, c->p.reply_seconds, &buf, &blen, &f, err, errlen);
         if (rc) return rc;
         const ds4_dist_result *r = &f.result;
         const int off = done * c->chunk, m = n - off < c->chunk ? n - off : c->chunk;
@@ -676,7 +680,7 @@ static int kv_exchange(coord *c, int h, enum ds4_dist_type type, const ds4_dist_
         snprintf(err, errlen, "layer state to layers %d..%d: %s", c->hops[h].first, c->hops[h].last, nng_strerror(rv));
         return rv == NNG_ENOMEM ? -1 : -2;
     }
-    int rc = await_result(c, wk->seq, buf, blen, f, err, errlen);
+    int rc = await_result(c, wk->seq, c->p.reply_seconds, buf, blen, f, err, errlen);
     if (!rc && (rc = result_status(&f->result, err, errlen))) nng_free(*buf, *blen);
     return rc;
 }

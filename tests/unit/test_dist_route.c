@@ -6,8 +6,9 @@
  * - pipelined chunked prefill (33-token chunks, 2 in flight, workers
  *   forwarding to the next hop): every position's logits equal;
  * - decode: each greedy step's logits equal;
- * - rewind then continue (workers truncate back) and a rewind deeper than
- *   the workers' slack (they refuse, the coordinator replays): logits equal;
+ * - rewind then continue (workers truncate back) and (2-way split) a rewind
+ *   deeper than the workers' slack (they refuse, the coordinator replays):
+ *   logits equal;
  * - KV save through the route: the payload equals the single process's
  *   byte for byte; a payload saved by the split loads in a single process
  *   and one saved by the single process loads into the split, and both
