@@ -342,3 +342,14 @@ uint32_t ds4_tensor_type(enum ds4_tensor_id id, enum ds4_mix mix) {
     };
     return by_mix[ds4_tensor_table[id].cls][mix];
 }
+
+void ds4_slice_keys_write(struct ds4_gguf_writer *w, uint32_t first, uint32_t last, bool output) {
+    ds4_gguf_w_u32(w, DS4_SLICE_KEY_FIRST, first);
+    ds4_gguf_w_u32(w, DS4_SLICE_KEY_LAST, last);
+    ds4_gguf_w_bool(w, DS4_SLICE_KEY_OUTPUT, output);
+}
+
+bool ds4_tensor_in_slice(enum ds4_tensor_id id, int layer, int first, int last, bool output) {
+    if (layer >= 0) return layer >= first && layer <= last;
+    return id == DS4_T_TOKEN_EMBD ? first == 0 : output;
+}

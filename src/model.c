@@ -297,6 +297,13 @@ bool ds4_layer_slice_parse(const char *s, ds4_layer_slice *out, char *err, size_
     return false;
 }
 
+bool ds4_layer_slice_resolve(ds4_layer_slice *s, int n_layer, char *err, size_t errlen) {
+    if (s->last < 0) s->last = n_layer - 1;
+    if (s->last < n_layer) return true;
+    snprintf(err, errlen, "layers %d:%d: the model has layers 0..%d", s->first, s->last, n_layer - 1);
+    return false;
+}
+
 /* The range a file holds: its slice keys, or everything. */
 static ds4_layer_slice file_slice(ds4_binder *b, int n_layer) {
     ds4_layer_slice f = {0, n_layer - 1, true};
@@ -328,11 +335,7 @@ ds4_model *ds4_model_bind_slice(const ds4_gguf *g, const ds4_layer_slice *want, 
     const ds4_layer_slice held = b.failed ? DS4_SLICE_ALL : file_slice(&b, c->n_layer);
     ds4_layer_slice *sl = &m->slice;
     *sl = want ? *want : held;
-    if (sl->last < 0) sl->last = c->n_layer - 1;
-    if (!b.failed && sl->last >= c->n_layer) {
-        snprintf(err, errlen, "--layers %d:%d: the model has layers 0..%d", sl->first, sl->last, c->n_layer - 1);
-        b.failed = true;
-    }
+    if (!b.failed && !ds4_layer_slice_resolve(sl, c->n_layer, err, errlen)) b.failed = true;
     if (!b.failed && (sl->first < held.first || sl->last > held.last || (sl->output && !held.output))) {
         char h[80], w[80];
         snprintf(err, errlen, "this file holds %s; %s asked for", slice_text(&held, h, sizeof h),

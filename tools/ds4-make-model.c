@@ -389,17 +389,14 @@ static void plan_ds4(ds4_gguf_writer *w, int argc, char **argv, const char *pnam
     if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
     ds4_layer_slice slice = DS4_SLICE_ALL;
     if (slice_arg && !ds4_layer_slice_parse(slice_arg, &slice, err, sizeof err)) die("%s", err);
-    if (slice.last < 0) slice.last = (int)hp.n_layer - 1;
-    if (slice.last >= (int)hp.n_layer) die("--slice %s: the model has layers 0..%u", slice_arg, hp.n_layer - 1);
+    if (!ds4_layer_slice_resolve(&slice, (int)hp.n_layer, err, sizeof err)) die("--slice: %s", err);
     pl->n_expert = hp.n_expert;
     pl->t = calloc(DS4_T_COUNT * (hp.n_layer + 1), sizeof *pl->t);
     if (!pl->t) die("out of memory");
     for (int l = -1; l < (int)hp.n_layer; l++)
         for (int id = 0; id < DS4_T_COUNT; id++) {
             if (!ds4_tensor_present(&hp, (enum ds4_tensor_id)id, l)) continue;
-            if (l >= 0 ? l < slice.first || l > slice.last
-                       : id == DS4_T_TOKEN_EMBD ? slice.first > 0 : !slice.output)
-                continue;
+            if (!ds4_tensor_in_slice((enum ds4_tensor_id)id, l, slice.first, slice.last, slice.output)) continue;
             char name[96];
             uint64_t ne[4];
             ds4_tensor_name((enum ds4_tensor_id)id, l, name, sizeof name);
@@ -409,11 +406,7 @@ static void plan_ds4(ds4_gguf_writer *w, int argc, char **argv, const char *pnam
         }
     ds4_hparams_write(w, &hp);
     ds4_file_keys_write(w, mix);
-    if (slice_arg) {
-        ds4_gguf_w_u32(w, DS4_SLICE_KEY_FIRST, (uint32_t)slice.first);
-        ds4_gguf_w_u32(w, DS4_SLICE_KEY_LAST, (uint32_t)slice.last);
-        ds4_gguf_w_bool(w, DS4_SLICE_KEY_OUTPUT, slice.output);
-    }
+    if (slice_arg) ds4_slice_keys_write(w, (uint32_t)slice.first, (uint32_t)slice.last, slice.output);
 }
 
 /* GLM 5.2's hyperparameters (GLM sheet section 2) with the preset's sizes. */
