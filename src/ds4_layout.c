@@ -193,6 +193,59 @@ int ds4_hparams_check(const ds4_hparams *hp, char *err, size_t errlen) {
     return 0;
 }
 
+/* Flash: 0, 0, then 4 on even and 128 on odd layers. Pro: the same from
+ * layer 2 on, but its first two layers compress by 128 instead of keeping the
+ * raw window only (published Pro configuration: layers 0-1 HCA, then CSA/HCA
+ * alternating from a CSA layer 2, 30 ratio-4 layers of 61; the fact sheet's
+ * transformers-default reading, 128 on layer 2, was not confirmed). Both: hash
+ * routing on the first three layers, SwiGLU clamp 10 everywhere. */
+void ds4_v4_schedule(ds4_hparams *hp, enum ds4_v4_model which) {
+    for (uint32_t l = 0; l < hp->n_layer && l < DS4_MAX_LAYERS; l++) {
+        if (l < 2) hp->compress_ratio[l] = which == DS4_V4_PRO ? 128 : 0;
+        else hp->compress_ratio[l] = l % 2 == 0 ? 4 : 128;
+        hp->swiglu_clamp_exp[l] = hp->swiglu_clamp_shexp[l] = 10.0f;
+    }
+    hp->n_hash_layer = hp->n_layer < 3 ? hp->n_layer : 3;
+}
+
+void ds4_hparams_v4(ds4_hparams *hp, enum ds4_v4_model which) {
+    const bool pro = which == DS4_V4_PRO;
+    memset(hp, 0, sizeof *hp);
+    hp->n_layer = pro ? 61 : 43;
+    hp->n_ctx_train = 1048576;
+    hp->n_embd = pro ? 7168 : 4096;
+    hp->n_vocab = 129280;
+    hp->n_head = pro ? 128 : 64;
+    hp->n_head_kv = 1;
+    hp->key_length = hp->value_length = 512;
+    hp->n_rot = 64;
+    hp->q_lora_rank = pro ? 1536 : 1024;
+    hp->o_lora_rank = 1024;
+    hp->o_groups = pro ? 16 : 8;
+    hp->sliding_window = 128;
+    hp->compress_rope_base = 160000.0f;
+    hp->rope_base = 10000.0f;
+    hp->yarn_factor = 16.0f;
+    hp->yarn_orig_ctx = 65536;
+    hp->yarn_beta_fast = 32.0f;
+    hp->yarn_beta_slow = 1.0f;
+    hp->rms_eps = 1e-6f;
+    hp->idx_n_head = 64;
+    hp->idx_head_dim = 128;
+    hp->idx_topk = pro ? 1024 : 512;
+    hp->hc_count = 4;
+    hp->hc_sinkhorn_iters = 20;
+    hp->hc_eps = 1e-6f;
+    hp->n_expert = pro ? 384 : 256;
+    hp->n_expert_used = 6;
+    hp->expert_ff = pro ? 3072 : 2048;
+    hp->n_expert_shared = 1;
+    hp->expert_weights_scale = pro ? 2.5f : 1.5f;
+    hp->expert_weights_norm = true;
+    hp->expert_gating_func = 4;
+    ds4_v4_schedule(hp, which);
+}
+
 /* ---- tensors ---- */
 
 const ds4_tensor_desc ds4_tensor_table[DS4_T_COUNT] = {

@@ -104,6 +104,16 @@ void ds4_hparams_write(struct ds4_gguf_writer *w, const ds4_hparams *hp);
 int ds4_hparams_read(const struct ds4_gguf *g, ds4_hparams *hp, char *err, size_t errlen);
 int ds4_hparams_check(const ds4_hparams *hp, char *err, size_t errlen);
 
+/* The released models' hyperparameters at their full depth (Flash: fact
+ * sheet section 2; Pro: the published Pro configuration, sheet section 2's
+ * Pro column where it agrees). ds4_v4_schedule() fills the per-layer arrays
+ * (compress ratios, SwiGLU clamps) and the hash-layer count for hp->n_layer
+ * layers, so a model maker keeps the model's shape with fewer layers. The
+ * files carry no MTP block: nextn_predict_layers is 0. */
+enum ds4_v4_model { DS4_V4_FLASH, DS4_V4_PRO };
+void ds4_hparams_v4(ds4_hparams *hp, enum ds4_v4_model which);
+void ds4_v4_schedule(ds4_hparams *hp, enum ds4_v4_model which);
+
 static inline bool ds4_layer_compressed(const ds4_hparams *hp, int l) { return hp->compress_ratio[l] != 0; }
 static inline bool ds4_layer_indexed(const ds4_hparams *hp, int l) { return hp->compress_ratio[l] == 4; }
 static inline uint32_t ds4_layer_coff(const ds4_hparams *hp, int l) { return hp->compress_ratio[l] == 4 ? 2 : 1; }
