@@ -19,8 +19,10 @@
  *   matrix) when the slice owns it; every other tensor is neither looked up
  *   nor read, so its pages are never touched, and ds4_layer entries outside
  *   the slice stay zero. A file that holds only a layer range says so with
- *   DS4_SLICE_KEY_FIRST / _LAST / _OUTPUT (ds4_layout.h); the slice asked for must lie inside
- *   it, and without a request the file's own range is bound. The config is
+ *   DS4_SLICE_KEY_FIRST / _LAST / _OUTPUT (ds4_layout.h), or, without those
+ *   keys, by which layers' tensors it has (the first run of layers, the head
+ *   when output.weight is there); the slice asked for must lie inside it,
+ *   and without a request the file's own range is bound. The config is
  *   always the whole model's (all layers' schedule), so positions, KV layout
  *   and hashes agree between the processes of a route.
  * - ds4_layer_slice_parse() reads "A:B" (inclusive) or "A:output"; the layer
