@@ -35,15 +35,10 @@ import ds4_tiny_oracle as tiny
 
 CSA, HCA = tiny.CSA, tiny.HCA
 
-PRO_COMMON = dict(
-    vocab_size=512, hidden_size=128, num_attention_heads=16, num_key_value_heads=1, head_dim=128,
-    partial_rotary_factor=0.5, q_lora_rank=96, o_groups=2, o_lora_rank=64,
-    n_routed_experts=64, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32,
-    scoring_func="sqrtsoftplus", norm_topk_prob=True, routed_scaling_factor=2.5, swiglu_limit=0.25,
-    index_n_heads=16, index_head_dim=128, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
-    rms_norm_eps=1e-6, rope_theta=10000.0, compress_rope_theta=160000.0,
-    tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
-)
+# The tiny fixtures' shared arguments with Pro's proportions where they differ.
+PRO_COMMON = {**tiny.COMMON, **dict(
+    hidden_size=128, num_attention_heads=16, q_lora_rank=96, o_lora_rank=64, o_groups=2,
+    n_routed_experts=64, num_experts_per_tok=2, moe_intermediate_size=32, routed_scaling_factor=2.5)}
 
 CONFIGS = {
     "P": dict(cfg=dict(
