@@ -300,7 +300,7 @@ bool ds4_layer_slice_parse(const char *s, ds4_layer_slice *out, char *err, size_
 bool ds4_layer_slice_resolve(ds4_layer_slice *s, int n_layer, char *err, size_t errlen) {
     if (s->last < 0) s->last = n_layer - 1;
     if (s->last < n_layer) return true;
-    snprintf(err, errlen, "layers %d:%d: the model has layers 0..%d", s->first, s->last, n_layer - 1);
+    snprintf(err, errlen, "%d:%d: the model has layers 0..%d", s->first, s->last, n_layer - 1);
     return false;
 }
 
@@ -362,7 +362,11 @@ ds4_model *ds4_model_bind_slice(const ds4_gguf *g, const ds4_layer_slice *want, 
     const ds4_layer_slice held = b.failed ? DS4_SLICE_ALL : file_slice(&b, c->n_layer);
     ds4_layer_slice *sl = &m->slice;
     *sl = want ? *want : held;
-    if (!b.failed && !ds4_layer_slice_resolve(sl, c->n_layer, err, errlen)) b.failed = true;
+    char why[128];
+    if (!b.failed && !ds4_layer_slice_resolve(sl, c->n_layer, why, sizeof why)) {
+        snprintf(err, errlen, "--layers %s", why);
+        b.failed = true;
+    }
     if (!b.failed && (sl->first < held.first || sl->last > held.last || (sl->output && !held.output))) {
         char h[80], w[80];
         snprintf(err, errlen, "this file holds %s; %s asked for", slice_text(&held, h, sizeof h),

@@ -91,7 +91,8 @@ typedef struct {
 
 /* false (and a line in err) for anything but "A:B" with A <= B or "A:output" */
 bool ds4_layer_slice_parse(const char *s, ds4_layer_slice *out, char *err, size_t errlen);
-/* Turns "through the final layer" into n_layer - 1; false (and a line) when
+/* Turns "through the final layer" into n_layer - 1; false (and "A:B: the
+ * model has layers 0..N", for the caller to prefix with its option) when
  * the slice ends past the model's last layer. */
 bool ds4_layer_slice_resolve(ds4_layer_slice *s, int n_layer, char *err, size_t errlen);
 

@@ -1010,7 +1010,7 @@ int main(int argc, char **argv) {
         cJSON_Delete(cfg);
     } else {
         read_config(cfg, &hp);
-        if (!ds4_layer_slice_resolve(&slice, (int)hp.n_layer, err, sizeof err)) die("--layers: %s", err);
+        if (!ds4_layer_slice_resolve(&slice, (int)hp.n_layer, err, sizeof err)) die("--layers %s", err);
     }
     const uint32_t n_vocab = glm ? ghp.n_vocab : hp.n_vocab;
     ds4_quant_init();

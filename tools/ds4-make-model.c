@@ -345,7 +345,7 @@ static void plan_ds4(ds4_gguf_writer *w, int argc, char **argv, const char *pnam
     if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
     ds4_layer_slice slice = DS4_SLICE_ALL;
     if (slice_arg && !ds4_layer_slice_parse(slice_arg, &slice, err, sizeof err)) die("%s", err);
-    if (!ds4_layer_slice_resolve(&slice, (int)hp.n_layer, err, sizeof err)) die("--slice: %s", err);
+    if (!ds4_layer_slice_resolve(&slice, (int)hp.n_layer, err, sizeof err)) die("--slice %s", err);
     pl->n_expert = hp.n_expert;
     pl->t = calloc(DS4_T_COUNT * (hp.n_layer + 1), sizeof *pl->t);
     if (!pl->t) die("out of memory");

@@ -88,8 +88,9 @@ def main():
 
         # the pair as a route equals the single process on the whole file
         out = os.path.join(tmp, "logits.json")
-        args = ["--token-ids", ",".join(str(t) for t in json.load(open(os.path.join(FIX_A, "tokens")))[:24]),
-                "--dump-logits", out, "--logits-all"]
+        with open(os.path.join(FIX_A, "tokens")) as f:
+            tokens = json.load(f)[:24]
+        args = ["--token-ids", ",".join(map(str, tokens)), "--dump-logits", out, "--logits-all"]
         want = dist.output_of(["-m", whole_path, *args], out)
         check(not want.startswith(b"exit"), f"single process: {want[:200]}")
         port = dist.free_port()
@@ -104,7 +105,8 @@ def main():
         check(r.returncode != 0 and "holds layers 3..5 and the output head only" in r.stderr,
               f"a piece alone: rc {r.returncode}, {r.stderr.strip()[-200:]}")
         r = convert(os.path.join(tmp, "bad.gguf"), "--layers", "4:6")
-        check(r.returncode == 1 and "the model has layers 0..5" in r.stderr, f"range past the model: {r.stderr}")
+        check(r.returncode == 1 and "--layers 4:6: the model has layers 0..5" in r.stderr,
+              f"range past the model: {r.stderr}")
         r = convert(os.path.join(tmp, "bad.gguf"), "--layers", "4")
         check(r.returncode == 1 and "expected A:B" in r.stderr, f"malformed range: {r.stderr}")
         r = subprocess.run([CONVERT, FIX_GLM, os.path.join(tmp, "g.gguf"), "--type", "f32", "--layers", "0:1"],
