@@ -208,41 +208,24 @@ void ds4_v4_schedule(ds4_hparams *hp, enum ds4_v4_model which) {
     hp->n_hash_layer = hp->n_layer < 3 ? hp->n_layer : 3;
 }
 
+/* What Flash and Pro share; the table below lists where they differ. Static
+ * storage, so the padding is zero and a copy compares equal with memcmp. */
+#define V4_SHARED .n_ctx_train = 1048576, .n_vocab = 129280, .n_head_kv = 1, .key_length = 512, \
+    .value_length = 512, .n_rot = 64, .o_lora_rank = 1024, .sliding_window = 128, .compress_rope_base = 160000.0f, \
+    .rope_base = 10000.0f, .yarn_factor = 16.0f, .yarn_orig_ctx = 65536, .yarn_beta_fast = 32.0f, \
+    .yarn_beta_slow = 1.0f, .rms_eps = 1e-6f, .idx_n_head = 64, .idx_head_dim = 128, .hc_count = 4, \
+    .hc_sinkhorn_iters = 20, .hc_eps = 1e-6f, .n_expert_used = 6, .n_expert_shared = 1, \
+    .expert_weights_norm = true, .expert_gating_func = 4
+static const ds4_hparams v4_models[] = {
+    [DS4_V4_FLASH] = {V4_SHARED, .n_layer = 43, .n_embd = 4096, .n_head = 64, .q_lora_rank = 1024, .o_groups = 8,
+                      .idx_topk = 512, .n_expert = 256, .expert_ff = 2048, .expert_weights_scale = 1.5f},
+    [DS4_V4_PRO] = {V4_SHARED, .n_layer = 61, .n_embd = 7168, .n_head = 128, .q_lora_rank = 1536, .o_groups = 16,
+                    .idx_topk = 1024, .n_expert = 384, .expert_ff = 3072, .expert_weights_scale = 2.5f},
+};
+#undef V4_SHARED
+
 void ds4_hparams_v4(ds4_hparams *hp, enum ds4_v4_model which) {
-    const bool pro = which == DS4_V4_PRO;
-    memset(hp, 0, sizeof *hp);
-    hp->n_layer = pro ? 61 : 43;
-    hp->n_ctx_train = 1048576;
-    hp->n_embd = pro ? 7168 : 4096;
-    hp->n_vocab = 129280;
-    hp->n_head = pro ? 128 : 64;
-    hp->n_head_kv = 1;
-    hp->key_length = hp->value_length = 512;
-    hp->n_rot = 64;
-    hp->q_lora_rank = pro ? 1536 : 1024;
-    hp->o_lora_rank = 1024;
-    hp->o_groups = pro ? 16 : 8;
-    hp->sliding_window = 128;
-    hp->compress_rope_base = 160000.0f;
-    hp->rope_base = 10000.0f;
-    hp->yarn_factor = 16.0f;
-    hp->yarn_orig_ctx = 65536;
-    hp->yarn_beta_fast = 32.0f;
-    hp->yarn_beta_slow = 1.0f;
-    hp->rms_eps = 1e-6f;
-    hp->idx_n_head = 64;
-    hp->idx_head_dim = 128;
-    hp->idx_topk = pro ? 1024 : 512;
-    hp->hc_count = 4;
-    hp->hc_sinkhorn_iters = 20;
-    hp->hc_eps = 1e-6f;
-    hp->n_expert = pro ? 384 : 256;
-    hp->n_expert_used = 6;
-    hp->expert_ff = pro ? 3072 : 2048;
-    hp->n_expert_shared = 1;
-    hp->expert_weights_scale = pro ? 2.5f : 1.5f;
-    hp->expert_weights_norm = true;
-    hp->expert_gating_func = 4;
+    memcpy(hp, &v4_models[which], sizeof *hp);
     ds4_v4_schedule(hp, which);
 }
 
