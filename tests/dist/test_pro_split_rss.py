@@ -16,7 +16,7 @@ process's peak resident set (getrusage of the child) must lie between
          the four tokens' rows of it are read), and
   upper: its half's bytes in the file (embedding included) + 64 MiB for the
          process itself (binary and libraries, the KV state of --ctx 64,
-         activations and scratch; measured at 20-40 MiB here).
+         activations and scratch; about 10 MiB measured here).
 
 The other half is about 500 MiB, so the upper bound fails if a process maps
 and touches the other half's weights; the lower bound fails if the half was
