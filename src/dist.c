@@ -15,12 +15,15 @@
 #include <nng/protocol/pipeline0/push.h>
 #include <nng/supplemental/util/platform.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* POLL_MS: how often a waiting coordinator looks at its workers'
  * connections; SEND_QUEUE: frames a push socket holds while the next hop is
@@ -163,6 +166,36 @@ static int open_push(nng_socket *s, const char *url, double timeout_s, atomic_in
     if (!rv) rv = nng_dial(*s, url, NULL, NNG_FLAG_NONBLOCK);
     if (rv) nng_close(*s);
     return rv;
+}
+
+/* The address of this host on the way to host:port, as a URL host part
+ * ("10.0.0.2", "[fe80::1]"): a worker's data socket listens there, so the
+ * coordinator and the other workers reach it over the network they share.
+ * A connected UDP socket only asks the routing table; nothing is sent. */
+static bool local_address_towards(const char *host, int port, char *out, size_t outlen, char *err, size_t errlen) {
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    struct addrinfo hints = {.ai_socktype = SOCK_DGRAM, .ai_flags = AI_NUMERICSERV}, *res = NULL;
+    const int gai = getaddrinfo(host, service, &hints, &res);
+    if (gai) { snprintf(err, errlen, "cannot resolve %s: %s", host, gai_strerror(gai)); return false; }
+    bool ok = false;
+    for (const struct addrinfo *ai = res; ai && !ok; ai = ai->ai_next) {
+        const int fd = socket(ai->ai_family, SOCK_DGRAM, 0);
+        struct sockaddr_storage local;
+        socklen_t len = sizeof local;
+        char ip[INET6_ADDRSTRLEN];
+        if (fd >= 0 && !connect(fd, ai->ai_addr, ai->ai_addrlen) && !getsockname(fd, (struct sockaddr *)&local, &len)) {
+            const bool v6 = local.ss_family == AF_INET6;
+            const void *a = v6 ? (const void *)&((struct sockaddr_in6 *)&local)->sin6_addr
+                               : (const void *)&((struct sockaddr_in *)&local)->sin_addr;
+            if (inet_ntop(local.ss_family, a, ip, sizeof ip))
+                ok = snprintf(out, outlen, v6 ? "[%s]" : "%s", ip) < (int)outlen;
+        }
+        if (fd >= 0) close(fd);
+    }
+    freeaddrinfo(res);
+    if (!ok) snprintf(err, errlen, "no local address routes to %s", host);
+    return ok;
 }
 
 /* Sends and frees msg (NULL: out of memory). */
@@ -1115,17 +1148,22 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     int rc = 1;
     if (!w.be) { fprintf(stderr, "ds4 worker: %s\n", err); goto done; }
     if (w.m->slice.first == 0) { fprintf(stderr, "ds4 worker: layer 0 belongs to the coordinator (--layers K:...)\n"); goto done; }
-    /* the data socket listens on the address family the coordinator is
-     * reached by, on a free port: the coordinator and the previous hop push
+    /* the data socket listens, on a free port, on this host's address on
+     * the way to the coordinator: the coordinator and the previous hop push
      * to it */
+    char here[INET6_ADDRSTRLEN + 2];
+    if (!local_address_towards(p->host, p->port, here, sizeof here, err, sizeof err)) {
+        fprintf(stderr, "ds4 worker: %s\n", err);
+        goto done;
+    }
     int rv = nng_pull0_open(&data);
-    snprintf(url, sizeof url, "tcp://%s:0", p->host);
+    snprintf(url, sizeof url, "tcp://%s:0", here);
     if (!rv) rv = nng_listener_create(&listener, data, url);
     if (!rv) rv = nng_listener_start(listener, 0);
     int port = 0;
     if (!rv) rv = nng_listener_get_int(listener, NNG_OPT_TCP_BOUND_PORT, &port);
     if (rv) { fprintf(stderr, "ds4 worker: cannot listen on %s: %s\n", url, nng_strerror(rv)); goto done; }
-    snprintf(url, sizeof url, "tcp://%s:%d", p->host, port);
+    snprintf(url, sizeof url, "tcp://%s:%d", here, port);
     char curl[200];
     snprintf(curl, sizeof curl, "tcp://%s:%d", p->host, p->port);
     rv = nng_req0_open(&control);

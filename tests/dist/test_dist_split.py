@@ -11,6 +11,8 @@ own layer slice, give the single process's output byte for byte:
   model, where every step goes through the route;
 - a worker killed with SIGKILL and restarted: the next request equals the
   single process again;
+- a worker's data socket listens on its own address on the way to the
+  coordinator (coordinator on 127.0.0.2, worker data on 127.0.0.1);
 - --debug on a 3-way split prints the route (each hop's layers and address)
   and, per request, every hop's telemetry gathered from the result frames.
 Refusals: a wrong secret, another numerics mode and a slice overlapping a
@@ -157,6 +159,21 @@ def main():
             and "layers 5..5 " + span in q and q.count(" eval ") == 3 and q.count(" wait ") == 3
             and q.count(" send ") == 3 and "round trip" in q for q, span in zip(requests, spans)),
             "--debug telemetry lines: %s" % requests)
+
+        # a worker listens on its own address, not the coordinator's: with the
+        # coordinator on 127.0.0.2 the worker's way there starts at 127.0.0.1
+        port = free_port()
+        w = subprocess.Popen([DS4, "-t", "1", "-m", DEMO, "--role", "worker", "--layers", "3:output", "--coordinator",
+                              "127.0.0.2", str(port), "--dist-secret", SECRET], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, cwd=ROOT)
+        try:
+            r = ds4(["-m", DEMO, "--role", "coordinator", "--layers", "0:2", "--listen", "127.0.0.2", str(port),
+                     "--dist-secret", SECRET, "--dist-wait", "20", "--debug", *args])
+            got = open(out, "rb").read() if r.returncode == 0 else b""
+        finally:
+            stop([w])
+        check(r.returncode == 0 and "+ output at tcp://127.0.0.1:" in r.stderr and "results at tcp://127.0.0.2:" in r.stderr
+              and got == want, "worker's own address: %s" % r.stderr.strip()[-400:])
 
         # bad pipelining flags: one line each
         for flags, line in [(("--dist-prefill-chunk", "0"), "--dist-prefill-chunk: bad value"),
