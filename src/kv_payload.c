@@ -1,5 +1,6 @@
 /* kv_payload.c -- DSV4 session payload serialisation (layout in kv_payload.h). */
 #include "kv_payload.h"
+#include "glm_payload.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,8 +8,6 @@
 
 /* Floats and u32 fields are copied in host order, which is the file order. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the DSV4 payload is little-endian");
-
-#define PAYLOAD_MAGIC 0x34565344u /* "DSV4" read as a little-endian u32 */
 
 /* A walk over the layer rows: to a sink (save), from a source (load), or
  * only counting bytes when both are NULL. ok turns false at the first failed
@@ -78,7 +77,7 @@ bool ds4_payload_write_to(const ds4_kv *kv, const int32_t *toks, const float *lo
     static const float zeros[1024];
     const int n = kv->n_pos;
     const uint32_t head[13] = {
-        PAYLOAD_MAGIC, DS4_PAYLOAD_VERSION, (uint32_t)kv->ctx, (uint32_t)prefill_chunk, (uint32_t)kv->raw_cap,
+        DS4_PAYLOAD_MAGIC, DS4_PAYLOAD_VERSION, (uint32_t)kv->ctx, (uint32_t)prefill_chunk, (uint32_t)kv->raw_cap,
         (uint32_t)(kv->raw_cap - kv->slack), comp_capacity(kv, kv->ctx), (uint32_t)n, (uint32_t)kv->n_layer,
         (uint32_t)kv->head_dim, (uint32_t)kv->idx_head_dim, (uint32_t)n_vocab, (uint32_t)min_int(n, kv->raw_cap),
     };
@@ -94,21 +93,15 @@ bool ds4_payload_write_to(const ds4_kv *kv, const int32_t *toks, const float *lo
     return c.ok;
 }
 
-typedef struct {
-    unsigned char *p;
-    const unsigned char *src;
-    size_t left;
-} memory_stream;
-
 static bool memory_write(void *ud, const void *data, size_t n) {
-    memory_stream *m = ud;
+    ds4_memory_stream *m = ud;
     memcpy(m->p, data, n);
     m->p += n;
     return true;
 }
 
 static bool memory_read(void *ud, void *data, size_t n) {
-    memory_stream *m = ud;
+    ds4_memory_stream *m = ud;
     if (n > m->left) return false;
     memcpy(data, m->src, n);
     m->src += n;
@@ -116,10 +109,13 @@ static bool memory_read(void *ud, void *data, size_t n) {
     return true;
 }
 
+ds4_sink ds4_memory_sink(ds4_memory_stream *m) { return (ds4_sink){memory_write, m}; }
+ds4_source ds4_memory_source(ds4_memory_stream *m) { return (ds4_source){memory_read, m}; }
+
 void ds4_payload_write(const ds4_kv *kv, const int32_t *toks, const float *logits, int n_vocab,
                        int prefill_chunk, void *dst) {
-    memory_stream m = {.p = dst};
-    const ds4_sink sink = {memory_write, &m};
+    ds4_memory_stream m = {.p = dst};
+    const ds4_sink sink = ds4_memory_sink(&m);
     ds4_payload_write_to(kv, toks, logits, n_vocab, prefill_chunk, &sink);
 }
 
@@ -129,7 +125,8 @@ bool ds4_payload_peek(const void *src, size_t n, ds4_payload_header *h, char *er
     uint32_t f[13];
     if (n < DS4_PAYLOAD_HEADER_BYTES) FAIL("DSV4 payload truncated: %zu bytes, header needs %u", n, DS4_PAYLOAD_HEADER_BYTES);
     memcpy(f, src, sizeof f);
-    if (f[0] != PAYLOAD_MAGIC) FAIL("not a DSV4 payload (bad magic 0x%08x)", f[0]);
+    if (f[0] == GLM_PAYLOAD_MAGIC) FAIL("this is a GLM 5.2 session payload; the model is DeepSeek V4");
+    if (f[0] != DS4_PAYLOAD_MAGIC) FAIL("not a DSV4 payload (bad magic 0x%08x)", f[0]);
     if (f[1] != DS4_PAYLOAD_VERSION) FAIL("DSV4 payload version %u, this build reads %u", f[1], DS4_PAYLOAD_VERSION);
     *h = (ds4_payload_header){.version = f[1], .ctx = f[2], .prefill_chunk = f[3], .raw_cap = f[4], .window = f[5],
                               .comp_cap = f[6], .n_tokens = f[7], .n_layer = f[8], .head_dim = f[9],
@@ -218,7 +215,7 @@ bool ds4_payload_load_from(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab
 
 bool ds4_payload_load(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab, const void *src, size_t n,
                       char *err, size_t errlen) {
-    memory_stream m = {.src = src, .left = n};
-    const ds4_source source = {memory_read, &m};
+    ds4_memory_stream m = {.src = src, .left = n};
+    const ds4_source source = ds4_memory_source(&m);
     return ds4_payload_load_from(kv, toks, logits, n_vocab, &source, n, err, errlen);
 }
