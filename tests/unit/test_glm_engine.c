@@ -5,8 +5,8 @@
  * $BUILD/glmtiny/A-<type>.gguf.
  * - f32 and f16: a 300-token prefill's logits at every position are within
  *   1e-5 of the logit scale of the oracle (its own float32-vs-float64 gap is
- *   2.6e-6) with every argmax equal; q8_0 within the bound in the q8_0 note
- *   below.
+ *   2.6e-6) with every argmax equal; q8_0 within a bound derived from how far
+ *   the oracle itself moves when its weights are rounded to Q8_0 (main()).
  * - Against that prefill, bit for bit (memcmp): uneven chunked prefill, an
  *   engine whose prefill chunk is 16, prefill-then-decode one by one, rewind
  *   (to inside and before the indexer's top-k reach, and to 0) then replay,
@@ -380,8 +380,13 @@ int main(void) {
         return check_done("test_glm_engine");
     }
     char path[512];
-    /* q8_0: see the note at the top; the f-types hold the bf16 weights exactly */
-    const struct { const char *type; double bound, argmax_gap; } types[] = {{"f32", 1e-5, 0}, {"f16", 1e-5, 0}};
+    /* f32 / f16 hold the bf16 weights exactly. q8_0: the oracle itself, its
+     * weights rounded to Q8_0 (tests/oracles/glm_q8_bound.py), moves by 0.362
+     * of max |logit| (indexer and router selections flip) and its argmax
+     * flips only where the golden top-2 gap is below 0.49: q8_0 gets 0.5 and
+     * argmax where the gap exceeds 1.0, the margins test_forward.c gives V4. */
+    const struct { const char *type; double bound, argmax_gap; } types[] = {
+        {"f32", 1e-5, 0}, {"f16", 1e-5, 0}, {"q8_0", 0.5, 1.0}};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         ds4_engine *e = test_engine_load(model_path(types[i].type, path, sizeof path), 0, 0);
         CHECK(e != NULL, "load %s", path);
