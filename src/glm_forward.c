@@ -32,9 +32,14 @@ struct glm_forward {
     float *x, *a, *qr, *q, *kvraw, *attn, *h, *y, *ffn, *gate, *up, *iq, *ik;
     int *picks, *n_picks;            /* [max_rows][idx_topk] selected positions (ascending), their counts */
     void *acts;                      /* [max_rows] quantized activation rows of the widest input */
-    /* one row at a time */
-    float *qlat, *obar, *iw, *router, *expert_out, *expert_gate, *expert_up;
+    /* routed experts: [max_rows][n_expert_used] selections, weights and outputs */
     int *experts;
+    float *expert_w, *expert_out;
+    /* the rows one expert runs over: their inputs ([max_rows][n_embd]) and (row, choice) slots */
+    float *expert_in;
+    int *expert_slot;
+    /* one row at a time */
+    float *qlat, *obar, *iw, *router;
     /* per position */
     float *score;
     candidate *cand;
@@ -223,25 +228,55 @@ static void swiglu(glm_forward *f, const ds4_tensor *gate, const ds4_tensor *up,
     matmul(f, down, mat, T, gate_buf, (size_t)F, out);
 }
 
-/* Routed experts of one row, added to out (which holds the shared expert). */
-static void route(glm_forward *f, const glm_layer *L, const float *y, float *out) {
+/* Row t's router: its experts in selection order and their weights. */
+static void route(glm_forward *f, const glm_layer *L, int t) {
     const glm_hparams *hp = &f->m->hp;
     const int E = (int)hp->n_embd, X = (int)hp->n_expert, K = (int)hp->n_expert_used;
-    float *prob = f->router, *choice = f->router + X;
+    const float *y = f->y + (size_t)t * E;
+    float *prob = f->router, *choice = f->router + X, *w = f->expert_w + (size_t)t * K;
+    int *chosen = f->experts + (size_t)t * K;
     for (int e = 0; e < X; e++) {
         prob[e] = 1.0f / (1.0f + expf(-dot(L->gate_inp + (size_t)e * E, y, E)));
         choice[e] = prob[e] + (L->exp_probs_b ? L->exp_probs_b[e] : 0.0f);
     }
-    top_k(choice, X, K, f->experts);
+    top_k(choice, X, K, chosen);
     float sum = 0;
-    for (int j = 0; j < K; j++) sum += prob[f->experts[j]];
+    for (int j = 0; j < K; j++) sum += prob[chosen[j]];
     for (int j = 0; j < K; j++) {
-        float w = prob[f->experts[j]];
-        if (hp->expert_weights_norm) w /= sum + 1e-20f;
-        w *= hp->expert_weights_scale;
-        swiglu(f, &L->gate_exps, &L->up_exps, &L->down_exps, f->experts[j], 1, y, f->expert_gate, f->expert_up,
-               f->expert_out);
-        for (int i = 0; i < E; i++) out[i] += w * f->expert_out[i];
+        w[j] = prob[chosen[j]];
+        if (hp->expert_weights_norm) w[j] /= sum + 1e-20f;
+        w[j] *= hp->expert_weights_scale;
+    }
+}
+
+/* Routed experts of T rows added to ffn (which holds the shared expert).
+ * Each selected expert runs once over every row that chose it (its weights
+ * read once per call); a row then adds its experts' outputs in selection
+ * order, so the sum is the same whatever else is in the batch. */
+static void routed(glm_forward *f, const glm_layer *L, int T) {
+    const glm_hparams *hp = &f->m->hp;
+    const int E = (int)hp->n_embd, X = (int)hp->n_expert, K = (int)hp->n_expert_used;
+    for (int t = 0; t < T; t++) route(f, L, t);
+    for (int e = 0; e < X; e++) {
+        int m = 0;
+        for (int i = 0; i < T * K; i++)
+            if (f->experts[i] == e) {
+                f->expert_slot[m] = i;
+                memcpy(f->expert_in + (size_t)m * E, f->y + (size_t)(i / K) * E, (size_t)E * sizeof(float));
+                m++;
+            }
+        if (!m) continue;
+        /* in place: the inputs are consumed by gate/up before down writes */
+        swiglu(f, &L->gate_exps, &L->up_exps, &L->down_exps, e, m, f->expert_in, f->gate, f->up, f->expert_in);
+        for (int r = 0; r < m; r++)
+            memcpy(f->expert_out + (size_t)f->expert_slot[r] * E, f->expert_in + (size_t)r * E, (size_t)E * sizeof(float));
+    }
+    for (int t = 0; t < T; t++) {
+        float *out = f->ffn + (size_t)t * E;
+        for (int j = 0; j < K; j++) {
+            const float w = f->expert_w[(size_t)t * K + j], *eo = f->expert_out + ((size_t)t * K + j) * E;
+            for (int i = 0; i < E; i++) out[i] += w * eo[i];
+        }
     }
 }
 
@@ -267,7 +302,7 @@ static void layer(glm_forward *f, glm_kv *kv, int l, int p0, int T) {
         swiglu(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, 0, T, f->y, f->gate, f->up, f->ffn);
     } else {
         swiglu(f, &L->gate_shexp, &L->up_shexp, &L->down_shexp, 0, T, f->y, f->gate, f->up, f->ffn);
-        for (int t = 0; t < T; t++) route(f, L, f->y + (size_t)t * E, f->ffn + (size_t)t * E);
+        routed(f, L, T);
     }
     for (int t = 0; t < T; t++) {
         float *x = f->x + (size_t)t * E;
@@ -338,7 +373,8 @@ void glm_forward_free(glm_forward *f) {
     if (!f) return;
     void *owned[] = {f->rope_inv, f->x, f->a, f->qr, f->q, f->kvraw, f->attn, f->h, f->y, f->ffn, f->gate, f->up,
                      f->iq, f->ik, f->picks, f->n_picks, f->acts, f->qlat, f->obar, f->iw, f->router,
-                     f->expert_out, f->expert_gate, f->expert_up, f->experts, f->score, f->cand, f->chosen};
+                     f->expert_w, f->expert_in, f->expert_out, f->experts, f->expert_slot, f->score, f->cand,
+                     f->chosen};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
     free(f);
 }
@@ -397,13 +433,15 @@ glm_forward *glm_forward_new(const glm_model *m, struct ds4_pool *pool, int max_
     f->obar = malloc(hp->kv_lora_rank * sizeof(float));
     f->iw = malloc(hp->idx_n_head * sizeof(float));
     f->router = malloc((2 * (size_t)hp->n_expert + 1) * sizeof(float));
-    f->expert_out = malloc(E * sizeof(float));
-    f->expert_gate = malloc(F * sizeof(float));
-    f->expert_up = malloc(F * sizeof(float));
-    f->experts = malloc(((size_t)hp->n_expert_used + 1) * sizeof(int));
+    const size_t K = (size_t)hp->n_expert_used + 1;
+    f->expert_w = malloc(T * K * sizeof(float));
+    f->expert_in = malloc(T * E * sizeof(float));
+    f->expert_out = malloc(T * K * E * sizeof(float));
+    f->experts = malloc(T * K * sizeof(int));
+    f->expert_slot = malloc(T * K * sizeof(int));
     if (!f->rope_inv || !f->x || !f->a || !f->qr || !f->q || !f->kvraw || !f->attn || !f->h || !f->y || !f->ffn ||
         !f->gate || !f->up || !f->iq || !f->ik || !f->picks || !f->n_picks || !f->acts || !f->qlat || !f->obar ||
-        !f->iw || !f->router || !f->expert_out || !f->expert_gate || !f->expert_up || !f->experts) {
+        !f->iw || !f->router || !f->expert_w || !f->expert_in || !f->expert_out || !f->experts || !f->expert_slot) {
         snprintf(err, errlen, "out of memory for the GLM forward pass scratch (%d rows)", max_rows);
         glm_forward_free(f);
         return NULL;
