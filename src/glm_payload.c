@@ -1,6 +1,6 @@
 /* glm_payload.c -- GLM session payload serialisation (layout in glm_payload.h). */
 #include "glm_payload.h"
-#include "kv_payload.h"   /* the DSV4 magic, memory streams */
+#include "kv_payload.h"   /* the DSV4 magic, memory streams, the row walk */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,27 +11,11 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the GLM payload is li
 enum { H_MAGIC, H_VERSION, H_FAMILY, H_CTX, H_TOKENS, H_LAYERS, H_LATENT, H_ROPE, H_INDEXER, H_VOCAB, H_COUNT };
 _Static_assert(H_COUNT * 4 == GLM_PAYLOAD_HEADER_BYTES, "header size");
 
-/* The layer rows of a state holding n_pos positions: to a sink, from a
- * source, or only counted when both are NULL; ok turns false at the first
- * failed piece. */
-typedef struct {
-    const ds4_sink *sink;
-    const ds4_source *src;
-    bool ok;
-    size_t total;
-} cursor;
-
-static void span(cursor *c, float *p, size_t floats) {
-    const size_t bytes = floats * sizeof(float);
-    if (c->ok && c->sink) c->ok = c->sink->write(c->sink->ud, p, bytes);
-    else if (c->ok && c->src) c->ok = c->src->read(c->src->ud, p, bytes);
-    c->total += bytes;
-}
-
-static void walk_layers(const glm_kv *kv, int n_pos, cursor *c) {
+/* The layer rows of a state holding n_pos positions (ds4_payload_rows). */
+static void walk_layers(const glm_kv *kv, int n_pos, ds4_payload_cursor *c) {
     for (int l = 0; l < kv->n_layer; l++) {
-        span(c, kv->rows[l], (size_t)n_pos * kv->row_width);
-        if (kv->idx[l]) span(c, kv->idx[l], (size_t)n_pos * kv->idx_width);
+        ds4_payload_rows(c, kv->rows[l], 0, (size_t)kv->row_width, 0, n_pos);
+        if (kv->idx[l]) ds4_payload_rows(c, kv->idx[l], 0, (size_t)kv->idx_width, 0, n_pos);
     }
 }
 
@@ -40,7 +24,7 @@ static size_t fixed_bytes(size_t n_tokens, size_t n_vocab, size_t n_layer) {
 }
 
 size_t glm_payload_bytes(const glm_kv *kv, int n_vocab) {
-    cursor c = {0};
+    ds4_payload_cursor c = {0};
     walk_layers(kv, kv->n_pos, &c);
     return fixed_bytes((size_t)kv->n_pos, (size_t)n_vocab, (size_t)kv->n_layer) + c.total;
 }
@@ -64,7 +48,7 @@ bool glm_payload_write_to(const glm_kv *kv, const int32_t *toks, const float *lo
         const uint32_t flag = kv->idx[l] != NULL;
         ok = sink->write(sink->ud, &flag, 4);
     }
-    cursor c = {.sink = sink, .ok = ok};
+    ds4_payload_cursor c = {.sink = sink, .ok = ok};
     walk_layers(kv, n, &c);
     return c.ok;
 }
@@ -99,7 +83,7 @@ static bool check_header(const glm_kv *kv, int n_vocab, const uint32_t *h, size_
     if (h[H_TOKENS] > h[H_CTX]) FAIL("GLM payload holds %u tokens for a %u-token context", h[H_TOKENS], h[H_CTX]);
     if (h[H_CTX] > (uint32_t)kv->ctx)
         FAIL("GLM payload was saved for a %u-token context, this session has %d", h[H_CTX], kv->ctx);
-    cursor size = {0};
+    ds4_payload_cursor size = {0};
     walk_layers(kv, (int)h[H_TOKENS], &size);
     const size_t want = fixed_bytes(h[H_TOKENS], h[H_VOCAB], h[H_LAYERS]) + size.total;
     if (n != want) FAIL("GLM payload is %zu bytes, its header describes %zu", n, want);
@@ -135,7 +119,7 @@ bool glm_payload_load_from(glm_kv *kv, int32_t *toks, float *logits, int n_vocab
     memcpy(toks, ids, (size_t)n_pos * 4);
     memcpy(logits, staged + n_pos, (size_t)n_vocab * 4);
     free(staged);
-    cursor c = {.src = src, .ok = true};
+    ds4_payload_cursor c = {.src = src, .ok = true};
     walk_layers(kv, n_pos, &c);
     if (!c.ok) {
         /* rows are overwritten in place: a half-read state must not pass for one */

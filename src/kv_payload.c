@@ -9,19 +9,7 @@
 /* Floats and u32 fields are copied in host order, which is the file order. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the DSV4 payload is little-endian");
 
-/* A walk over the layer rows: to a sink (save), from a source (load), or
- * only counting bytes when both are NULL. ok turns false at the first failed
- * piece and the walk stops moving bytes. */
-typedef struct {
-    const ds4_sink *sink;
-    const ds4_source *src;
-    bool ok;
-    size_t total;
-} cursor;
-
-/* Rows [first, first + n) of a ring of cap slots (slot = position mod cap),
- * or of a plain row array when cap is 0. */
-static void rows(cursor *c, float *base, int cap, size_t row_floats, int first, int n) {
+void ds4_payload_rows(ds4_payload_cursor *c, float *base, int cap, size_t row_floats, int first, int n) {
     const size_t bytes = row_floats * sizeof(float);
     for (int i = 0; c->ok && (c->sink || c->src) && i < n; i++) {
         int pos = first + i;
@@ -34,21 +22,21 @@ static void rows(cursor *c, float *base, int cap, size_t row_floats, int first, 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
 /* The per-layer tensor stream for a state holding n_pos positions. */
-static void walk_layers(const ds4_kv *kv, int n_pos, cursor *c) {
+static void walk_layers(const ds4_kv *kv, int n_pos, ds4_payload_cursor *c) {
     const size_t D = (size_t)kv->head_dim, DI = (size_t)kv->idx_head_dim;
     for (int l = 0; l < kv->n_layer; l++) {
         const ds4_kv_layer *L = &kv->L[l];
         int raw_n = min_int(n_pos, kv->raw_cap);
-        rows(c, L->raw, kv->raw_cap, D, n_pos - raw_n, raw_n);
+        ds4_payload_rows(c, L->raw, kv->raw_cap, D, n_pos - raw_n, raw_n);
         if (!L->ratio) continue;
         int comp_n = n_pos / L->ratio, f_n = min_int(n_pos, L->f_cap);
-        rows(c, L->comp, 0, D, 0, comp_n);
-        rows(c, L->fk, L->f_cap, (size_t)L->coff * D, n_pos - f_n, f_n);
-        rows(c, L->fz, L->f_cap, (size_t)L->coff * D, n_pos - f_n, f_n);
+        ds4_payload_rows(c, L->comp, 0, D, 0, comp_n);
+        ds4_payload_rows(c, L->fk, L->f_cap, (size_t)L->coff * D, n_pos - f_n, f_n);
+        ds4_payload_rows(c, L->fz, L->f_cap, (size_t)L->coff * D, n_pos - f_n, f_n);
         if (!L->idx) continue;
-        rows(c, L->idx, 0, DI, 0, comp_n);
-        rows(c, L->ik, L->f_cap, 2 * DI, n_pos - f_n, f_n);
-        rows(c, L->iz, L->f_cap, 2 * DI, n_pos - f_n, f_n);
+        ds4_payload_rows(c, L->idx, 0, DI, 0, comp_n);
+        ds4_payload_rows(c, L->ik, L->f_cap, 2 * DI, n_pos - f_n, f_n);
+        ds4_payload_rows(c, L->iz, L->f_cap, 2 * DI, n_pos - f_n, f_n);
     }
 }
 
@@ -65,7 +53,7 @@ static size_t fixed_bytes(uint32_t n_tokens, uint32_t n_vocab, uint32_t n_layer)
 }
 
 size_t ds4_payload_bytes(const ds4_kv *kv, int n_vocab) {
-    cursor c = {0};
+    ds4_payload_cursor c = {0};
     walk_layers(kv, kv->n_pos, &c);
     return fixed_bytes((uint32_t)kv->n_pos, (uint32_t)n_vocab, (uint32_t)kv->n_layer) + c.total;
 }
@@ -88,7 +76,7 @@ bool ds4_payload_write_to(const ds4_kv *kv, const int32_t *toks, const float *lo
         ok = sink->write(sink->ud, zeros, (size_t)min_int(left, 1024) * 4);
     for (int l = 0; ok && l < kv->n_layer; l++) ok = put_u32(sink, kv->L[l].ratio ? (uint32_t)(n / kv->L[l].ratio) : 0);
     for (int l = 0; ok && l < kv->n_layer; l++) ok = put_u32(sink, kv->L[l].idx ? (uint32_t)(n / kv->L[l].ratio) : 0);
-    cursor c = {.sink = sink, .ok = ok};
+    ds4_payload_cursor c = {.sink = sink, .ok = ok};
     walk_layers(kv, n, &c);
     return c.ok;
 }
@@ -184,7 +172,7 @@ bool ds4_payload_load_from(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab
     if (h.ctx > (uint32_t)kv->ctx) FAIL("DSV4 payload was saved for a %u-token context, this session has %d", h.ctx, kv->ctx);
     SAME(comp_cap, comp_capacity(kv, (int)h.ctx));
     const int n_pos = (int)h.n_tokens;
-    cursor size = {0};
+    ds4_payload_cursor size = {0};
     walk_layers(kv, n_pos, &size);
     const size_t want = fixed_bytes(h.n_tokens, h.n_vocab, h.n_layer) + size.total;
     if (n != want) FAIL("DSV4 payload is %zu bytes, its header describes %zu", n, want);
@@ -202,7 +190,7 @@ bool ds4_payload_load_from(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab
     memcpy(toks, sp.toks, (size_t)n_pos * 4);
     memcpy(logits, sp.logits, (size_t)n_vocab * 4);
     free(sp.block);
-    cursor c = {.src = src, .ok = true};
+    ds4_payload_cursor c = {.src = src, .ok = true};
     walk_layers(kv, n_pos, &c);
     if (!c.ok) {
         /* rows are overwritten in place: a half-read state must not pass for one */
