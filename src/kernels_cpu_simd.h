@@ -9,9 +9,9 @@
  *   include guard).
  * - Every kernel is written once as NAME_nt(w, acts, stride, n, nt, out)
  *   for nt activation rows; DOT_ENTRY_POINTS(NAME) derives the matvec dot
- *   (nt = 1) and the matmul micro-kernel (nt = 1..DS4_DOT_TOKENS, each count
- *   its own straight-line instance) from it, so all run the same per-token
- *   arithmetic.
+ *   (nt = 1) and the matmul micro-kernel (nt = 1..DS4_DOT_TOKENS, run as
+ *   straight-line groups of 8, 4, 2 and 1) from it, so all run the same
+ *   per-token arithmetic.
  */
 #ifndef DS4_KERNELS_CPU_SIMD_H
 #define DS4_KERNELS_CPU_SIMD_H
@@ -26,8 +26,10 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define NT_MAX DS4_DOT_TOKENS
-/* dotn's switch instantiates every count below NT_MAX */
-_Static_assert(NT_MAX == 8, "DOT_ENTRY_POINTS lists nt = 1..7");
+/* dotn runs any count as groups of 8, 4, 2 and 1 tokens: four straight-line
+ * instances per kernel (one per count 1..8 made the sanitizer builds of the
+ * ISA files 10-20x slower to compile) */
+_Static_assert(NT_MAX == 8, "DOT_ENTRY_POINTS splits counts into 8, 4, 2, 1");
 /* the fixed-count loops over tokens and sub-blocks must become straight-line
  * code: lane masks and shift counts then fold to immediates */
 #define UNROLL _Pragma("GCC unroll 8")
@@ -70,15 +72,12 @@ INLINE const void *tok(const void *acts, size_t stride, int t) { return (const u
         return r;                                                                                   \
     }                                                                                               \
     static void dotn_##name(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) { \
-        switch (nt) {                                                                               \
-        case 1: name##_nt(w, acts, stride, n, 1, out); break;                                       \
-        case 2: name##_nt(w, acts, stride, n, 2, out); break;                                       \
-        case 3: name##_nt(w, acts, stride, n, 3, out); break;                                       \
-        case 4: name##_nt(w, acts, stride, n, 4, out); break;                                       \
-        case 5: name##_nt(w, acts, stride, n, 5, out); break;                                       \
-        case 6: name##_nt(w, acts, stride, n, 6, out); break;                                       \
-        case 7: name##_nt(w, acts, stride, n, 7, out); break;                                       \
-        default: name##_nt(w, acts, stride, n, NT_MAX, out); break;                                 \
+        for (int t = 0; t < nt;) {                                                                  \
+            const void *a = tok(acts, stride, t);                                                   \
+            if (nt - t >= 8) { name##_nt(w, a, stride, n, 8, out + t); t += 8; }                    \
+            else if (nt - t >= 4) { name##_nt(w, a, stride, n, 4, out + t); t += 4; }               \
+            else if (nt - t >= 2) { name##_nt(w, a, stride, n, 2, out + t); t += 2; }               \
+            else { name##_nt(w, a, stride, n, 1, out + t); t += 1; }                                \
         }                                                                                           \
     }
 
