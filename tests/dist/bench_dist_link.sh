@@ -123,14 +123,42 @@ for link in "${LINKS[@]}"; do
     done
 done
 echo
-echo "per-hop telemetry, 3 processes, one --debug run per link (prefill hops, then the last decode step):"
+# telemetry LINK: the coordinator's --debug request lines of the timed
+# prefill (the last one starting at token 0, and its later chunks) and of the
+# last decode step, one table row per hop; the last hop's row also carries
+# the result frame's bytes and the round trip the coordinator measured
+telemetry() {
+    grep -E '^ds4 coordinator: request [0-9]+: ' "$TMP/coord.log" | awk -v link="$1" '
+        { line[NR] = $0; if ($0 ~ /: layers [0-9]+\.\.[0-9]+ tokens 0\.\./) first = NR }
+        function span(l,    ends) {
+            match(l, / tokens [0-9]+\.\.[0-9]+ /)
+            split(substr(l, RSTART + 8, RLENGTH - 9), ends, /\.\./)
+            return ends[2] - ends[1] + 1
+        }
+        function row(l, step,    n, hop, i, f, last) {
+            sub(/^ds4 coordinator: request [0-9]+: /, "", l)
+            n = split(l, hop, / \| /)
+            split(hop[n], last, " ")   # result R B, round trip T ms
+            for (i = 1; i < n; i++) {
+                split(hop[i], f, " ")   # layers A..B tokens C..D eval E ms wait W ms send S ms in N B
+                printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", link, step, f[2], f[4], f[6], f[9],
+                    f[12], f[15], i == n - 1 ? last[2] : "", i == n - 1 ? last[6] : ""
+            }
+        }
+        END {
+            for (r = first; r < NR && span(line[r]) > 1; r++) row(line[r], "prefill")
+            row(line[NR], "decode")
+        }'
+}
+echo "per-hop telemetry, 3 processes, one --debug run per link: the timed prefill, then the last decode step"
+echo
+echo "| link | step | layers | tokens | eval ms | wait ms | send ms | bytes in | result bytes | round trip ms |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for link in "${LINKS[@]}"; do
     [ "$link" = loopback ] || set_delay "${link#netns+}"
     # shellcheck disable=SC2086
     DEBUG=1 run "$link" ${SPLITS[3]} >/dev/null
-    echo "  $link:"
-    grep " hop .*tokens 0\.\.$((PROMPT - 1))," "$TMP/coord.log" | tail -2 | sed 's/^ds4 coordinator: /    /' || true
-    grep " hop " "$TMP/coord.log" | tail -2 | sed 's/^ds4 coordinator: /    /' || true
+    telemetry "$link"
 done
 [ -n "$NOTE" ] && echo "$NOTE"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
