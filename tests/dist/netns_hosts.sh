@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by tests/dist/test_dist_netns.sh and bench_dist_link.sh: N "hosts"
 # on one switch, each a network namespace of its own, so the pipeline's
 # processes talk as separate machines do (each its own addresses, routes and

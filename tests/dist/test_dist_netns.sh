@@ -12,7 +12,7 @@
 # prints why and exits 77, a skip, which CI (root) counts as a failure.
 # Every namespace is deleted at exit; nothing listens outside them.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit
 . tests/dist/netns_hosts.sh
 DEMO=models/demo.gguf
 SKIPPED=77
@@ -69,7 +69,7 @@ split() {
 
 for name in prefill decode; do
     case $name in
-        prefill) ARGS=(--token-ids 5,6,7,8,9,10,11,12,13,14 --dump-logits @OUT@ --logits-all) ;;
+        prefill) ARGS=(--token-ids "5,6,7,8,9,10,11,12,13,14" --dump-logits @OUT@ --logits-all) ;;
         decode) ARGS=(-p "hello there" --nothink --dump-logprobs @OUT@ -n 4) ;;
     esac
     ./ds4 -t 1 -m "$DEMO" "${ARGS[@]/@OUT@/$TMP/$name.1}" >/dev/null 2>"$TMP/$name.1.log"
