@@ -90,7 +90,7 @@ if netns_hosts_up "$TAG" "$HOSTS" 2>/dev/null; then
         if set_delay "$d"; then
             LINKS+=("netns+$d")
         else
-            NOTE="$NOTE netns+$d not run: this kernel has no netem qdisc (sch_netem)."
+            NOTE="${NOTE:+$NOTE }netns+$d not run: this kernel has no netem qdisc (sch_netem)."
         fi
     done
     set_delay 0
