@@ -558,7 +558,7 @@ static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t
         if (sent < chunks && sent - done < c->p.prefill_window) {
             const int off = sent * c->chunk, m = n - off < c->chunk ? n - off : c->chunk;
             const double t0 = now_seconds();
-            ds4_backend_seq local = {kv, toks + off, m, NULL, false, NULL, c->hidden};
+            ds4_backend_seq local = {.kv = kv, .toks = toks + off, .n = m, .hidden_out = c->hidden};
             if (c->local->eval(c->local, &local, 1, err, errlen)) return -1;
             const uint32_t eval_us = elapsed_us(t0);
             const uint64_t after = ds4_dist_hash_tokens(hash, toks + off, m);
@@ -1024,8 +1024,9 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
     } else {
         for (uint32_t i = 0; i < wk->n; i++) toks[i] = ds4_dist_token_at(wk->tokens, i);
         copy_floats(w->in, wk->floats, want_in);
-        ds4_backend_seq sq = {s->kv, toks, (int)wk->n, output ? w->out : NULL, wk->logits == DS4_DIST_ALL, w->in,
-                              output ? NULL : w->out};
+        ds4_backend_seq sq = {.kv = s->kv, .toks = toks, .n = (int)wk->n, .logits = output ? w->out : NULL,
+                              .all_logits = wk->logits == DS4_DIST_ALL, .hidden_in = w->in,
+                              .hidden_out = output ? NULL : w->out};
         const double t0 = now_seconds();
         if (w->be->eval(w->be, &sq, 1, why, sizeof why) == 0) {
             for (uint32_t i = 0; i < wk->n; i++)
