@@ -89,7 +89,9 @@ typedef struct {
 } ds4_tool_def;
 
 typedef enum { DS4_THINK_NONE, DS4_THINK_HIGH, DS4_THINK_MAX } ds4_think_mode;
-typedef enum { DS4_CHAT_OFFICIAL, DS4_CHAT_DS4 } ds4_chat_profile;
+/* GLM: GLM-5.2 (the official GLM-4.7 template plus the documented 5.2
+ * deltas); GLM47: the official GLM-4.7 template itself (glm_chat.h). */
+typedef enum { DS4_CHAT_OFFICIAL, DS4_CHAT_DS4, DS4_CHAT_GLM, DS4_CHAT_GLM47 } ds4_chat_profile;
 
 /* Exact-DSML replay lookup: the sampled block (from its leading "\n\n"
  * through "</｜DSML｜tool_calls>") remembered for a tool-call id, or NULL. */

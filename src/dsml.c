@@ -3,6 +3,7 @@
  * small state machine; a state that cannot decide yet leaves its bytes
  * unconsumed, which is what makes any chunking give the same events. */
 #include "dsml.h"
+#include "textscan.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,42 +50,6 @@ struct ds4_dsml_parser {
 
 /* ---- small helpers ------------------------------------------------------ */
 
-static bool ascii_ws(char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
-
-enum match { M_NO, M_PARTIAL, M_FULL };
-
-static enum match match(const char *s, size_t n, const char *lit) {
-    size_t l = strlen(lit);
-    if (n >= l) return memcmp(s, lit, l) == 0 ? M_FULL : M_NO;
-    return memcmp(s, lit, n) == 0 ? M_PARTIAL : M_NO;
-}
-
-static size_t find(const char *s, size_t n, const char *lit) {
-    const char *h = memmem(s, n, lit, strlen(lit));
-    return h ? (size_t)(h - s) : n + 1;
-}
-
-/* Length of the longest suffix of s[0..n) that is a proper prefix of lit. */
-static size_t partial_suffix(const char *s, size_t n, const char *lit) {
-    size_t l = strlen(lit);
-    for (size_t k = l - 1 < n ? l - 1 : n; k > 0; k--)
-        if (memcmp(s + n - k, lit, k) == 0) return k;
-    return 0;
-}
-
-/* Largest cut <= n that does not split a UTF-8 sequence. */
-static size_t utf8_cut(const char *s, size_t n) {
-    for (size_t back = 1; back <= 3 && back <= n; back++) {
-        unsigned char c = (unsigned char)s[n - back];
-        if ((c & 0xC0) == 0x80) continue;
-        size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        return len > back ? n - back : n;
-    }
-    return n;
-}
-
 static void decode_entities(const char *s, size_t n, ds4_buf *out) {
     static const struct { const char *e; char c; } ents[] = {
         { "&amp;", '&' }, { "&lt;", '<' }, { "&gt;", '>' }, { "&quot;", '"' }, { "&apos;", '\'' },
@@ -93,7 +58,7 @@ static void decode_entities(const char *s, size_t n, ds4_buf *out) {
     for (size_t i = 0; i < n; i++) {
         if (s[i] != '&') continue;
         for (size_t k = 0; k < sizeof ents / sizeof ents[0]; k++) {
-            if (match(s + i, n - i, ents[k].e) != M_FULL) continue;
+            if (ds4_scan_match(s + i, n - i, ents[k].e) != DS4_SCAN_FULL) continue;
             ds4_buf_put(out, s + run, i - run);
             ds4_buf_putc(out, ents[k].c);
             i += strlen(ents[k].e) - 1;
@@ -156,15 +121,15 @@ static bool parse_attrs(const char *s, size_t n, attrs *a) {
     memset(a, 0, sizeof *a);
     size_t i = 0;
     for (;;) {
-        while (i < n && ascii_ws(s[i])) i++;
+        while (i < n && ds4_scan_ws(s[i])) i++;
         if (i >= n) return true;
         size_t k = i;
-        while (i < n && s[i] != '=' && !ascii_ws(s[i])) i++;
+        while (i < n && s[i] != '=' && !ds4_scan_ws(s[i])) i++;
         size_t klen = i - k;
-        while (i < n && ascii_ws(s[i])) i++;
+        while (i < n && ds4_scan_ws(s[i])) i++;
         if (i >= n || s[i] != '=') return false;
         i++;
-        while (i < n && ascii_ws(s[i])) i++;
+        while (i < n && ds4_scan_ws(s[i])) i++;
         if (i >= n || s[i] != '"') return false;
         size_t v = ++i;
         while (i < n && s[i] != '"') i++;
@@ -192,15 +157,15 @@ static void decode_name(ds4_dsml_parser *p, const char *s, size_t n, ds4_buf *ou
  * input (or, at eof, nothing more at all). */
 
 static bool step_think_start(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
-    enum match m = match(s, n, THINK_OPEN);
-    if (m == M_PARTIAL && !eof) return false;
-    if (m == M_FULL) p->pos += strlen(THINK_OPEN);
+    enum ds4_scan_match m = ds4_scan_match(s, n, THINK_OPEN);
+    if (m == DS4_SCAN_PARTIAL && !eof) return false;
+    if (m == DS4_SCAN_FULL) p->pos += strlen(THINK_OPEN);
     p->st = S_REASONING;
     return true;
 }
 
 static bool step_reasoning(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
-    size_t k = find(s, n, THINK_CLOSE);
+    size_t k = ds4_scan_find(s, n, THINK_CLOSE);
     if (k <= n) {
         emit_text(p, DS4_DSML_EV_REASONING, s, k);
         emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_REASONING_END });
@@ -208,7 +173,7 @@ static bool step_reasoning(ds4_dsml_parser *p, const char *s, size_t n, bool eof
         p->st = S_CONTENT;
         return true;
     }
-    size_t keep = eof ? n : utf8_cut(s, n - partial_suffix(s, n, THINK_CLOSE));
+    size_t keep = eof ? n : ds4_scan_utf8_cut(s, n - ds4_scan_partial_suffix(s, n, THINK_CLOSE));
     emit_text(p, DS4_DSML_EV_REASONING, s, keep);
     p->pos += keep;
     return false;
@@ -216,7 +181,7 @@ static bool step_reasoning(ds4_dsml_parser *p, const char *s, size_t n, bool eof
 
 static bool step_content(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
     if (!p->o.tools) {
-        size_t keep = eof ? n : utf8_cut(s, n);
+        size_t keep = eof ? n : ds4_scan_utf8_cut(s, n);
         emit_text(p, DS4_DSML_EV_CONTENT, s, keep);
         p->pos += keep;
         return false;
@@ -225,10 +190,10 @@ static bool step_content(ds4_dsml_parser *p, const char *s, size_t n, bool eof) 
     for (size_t i = 0; i < n && hold == n; i++) {
         if (s[i] != '<') continue;
         for (int f = 0; f < N_FAMILIES; f++) {
-            enum match m = match(s + i, n - i, TAGS[f][T_OPEN_BLOCK]);
-            if (m == M_FULL) {
+            enum ds4_scan_match m = ds4_scan_match(s + i, n - i, TAGS[f][T_OPEN_BLOCK]);
+            if (m == DS4_SCAN_FULL) {
                 size_t e = i;
-                while (e > 0 && ascii_ws(s[e - 1])) e--;
+                while (e > 0 && ds4_scan_ws(s[e - 1])) e--;
                 emit_text(p, DS4_DSML_EV_CONTENT, s, e);
                 p->block_start = p->pos + i - (i >= 2 && s[i - 1] == '\n' && s[i - 2] == '\n' ? 2 : 0);
                 p->fam = f;
@@ -237,13 +202,13 @@ static bool step_content(ds4_dsml_parser *p, const char *s, size_t n, bool eof) 
                 emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_BLOCK_START });
                 return true;
             }
-            if (m == M_PARTIAL && !eof) hold = i;
+            if (m == DS4_SCAN_PARTIAL && !eof) hold = i;
         }
     }
     size_t keep = hold;
     if (!eof) {
-        while (keep > 0 && ascii_ws(s[keep - 1])) keep--;
-        keep = utf8_cut(s, keep);
+        while (keep > 0 && ds4_scan_ws(s[keep - 1])) keep--;
+        keep = ds4_scan_utf8_cut(s, keep);
     }
     emit_text(p, DS4_DSML_EV_CONTENT, s, keep);
     p->pos += keep;
@@ -320,20 +285,20 @@ static void close_param(ds4_dsml_parser *p) {
  * invoke (S_INVOKE). */
 static bool step_between(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
     size_t i = 0;
-    while (i < n && ascii_ws(s[i])) i++;
+    while (i < n && ds4_scan_ws(s[i])) i++;
     p->pos += i;
     s += i; n -= i;
     const char *const *t = TAGS[p->fam];
     bool in_block = p->st == S_BLOCK;
     const char *open = t[in_block ? T_OPEN_INVOKE : T_OPEN_PARAM];
     const char *close = t[in_block ? T_CLOSE_BLOCK : T_CLOSE_INVOKE];
-    enum match mo = match(s, n, open), mc = match(s, n, close);
-    if (mo == M_FULL) {
+    enum ds4_scan_match mo = ds4_scan_match(s, n, open), mc = ds4_scan_match(s, n, close);
+    if (mo == DS4_SCAN_FULL) {
         p->pos += strlen(open);
         p->st = in_block ? S_INVOKE_TAG : S_PARAM_TAG;
         return true;
     }
-    if (mc == M_FULL) {
+    if (mc == DS4_SCAN_FULL) {
         p->pos += strlen(close);
         if (!in_block) { close_call(p); p->st = S_BLOCK; return true; }
         if (!p->call) { fail(p, "tool_calls block without any invoke"); return false; }
@@ -342,7 +307,7 @@ static bool step_between(ds4_dsml_parser *p, const char *s, size_t n, bool eof) 
                                   .len = p->pos - p->block_start });
         return true;
     }
-    if (n == 0 || mo == M_PARTIAL || mc == M_PARTIAL) {
+    if (n == 0 || mo == DS4_SCAN_PARTIAL || mc == DS4_SCAN_PARTIAL) {
         if (eof) fail(p, "unterminated tool call");
         return false;
     }
@@ -352,7 +317,7 @@ static bool step_between(ds4_dsml_parser *p, const char *s, size_t n, bool eof) 
 }
 
 static bool step_tag(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
-    size_t gt = find(s, n < MAX_TAG ? n : MAX_TAG, ">");
+    size_t gt = ds4_scan_find(s, n < MAX_TAG ? n : MAX_TAG, ">");
     if (gt > n || gt >= MAX_TAG) {
         if (n >= MAX_TAG) fail(p, "tool-call tag too long");
         else if (eof) fail(p, "unterminated tool call");
@@ -360,7 +325,7 @@ static bool step_tag(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
     }
     bool invoke = p->st == S_INVOKE_TAG;
     attrs a;
-    if ((gt && !ascii_ws(s[0])) || !parse_attrs(s, gt, &a)) {
+    if ((gt && !ds4_scan_ws(s[0])) || !parse_attrs(s, gt, &a)) {
         fail(p, invoke ? "malformed invoke tag" : "malformed parameter tag");
         return false;
     }
@@ -384,7 +349,7 @@ static bool step_tag(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
 
 static bool step_value(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
     const char *close = TAGS[p->fam][T_CLOSE_PARAM];
-    size_t k = find(s, n, close);
+    size_t k = ds4_scan_find(s, n, close);
     if (k <= n) {
         value_bytes(p, s, k);
         p->pos += k + strlen(close);
@@ -393,9 +358,9 @@ static bool step_value(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
         return true;
     }
     if (eof) { fail(p, "unterminated tool call"); return false; }
-    size_t keep = n - partial_suffix(s, n, close);
+    size_t keep = n - ds4_scan_partial_suffix(s, n, close);
     if (p->pstring && p->o.decode_entities) keep = entity_cut(s, keep);
-    keep = utf8_cut(s, keep);
+    keep = ds4_scan_utf8_cut(s, keep);
     value_bytes(p, s, keep);
     p->pos += keep;
     return false;
@@ -403,7 +368,7 @@ static bool step_value(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
 
 static bool step_done(ds4_dsml_parser *p, const char *s, size_t n) {
     size_t i = 0;
-    while (i < n && ascii_ws(s[i])) i++;
+    while (i < n && ds4_scan_ws(s[i])) i++;
     p->pos += i;
     if (i < n) fail(p, "text after the tool_calls block");
     return false;
@@ -468,7 +433,7 @@ bool ds4_dsml_in_structure(const ds4_dsml_parser *p) {
     case S_VALUE: {
         /* a closing tag under way ("</" or more held back) is structure */
         size_t held = p->raw.len - p->pos;
-        if (held >= 2 && match(p->raw.data + p->pos, held, TAGS[p->fam][T_CLOSE_PARAM]) == M_PARTIAL)
+        if (held >= 2 && ds4_scan_match(p->raw.data + p->pos, held, TAGS[p->fam][T_CLOSE_PARAM]) == DS4_SCAN_PARTIAL)
             return true;
         return !p->pstring && !p->js_in_str;
     }
