@@ -7,7 +7,7 @@
 #include <string.h>
 
 static const char TOOLS_HEAD[] =
-    DS4_GLM_SYSTEM "\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    DS4_TOK_GLM_SYSTEM "\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n";
 static const char TOOLS_TAIL[] =
     "</tools>\n\nFor each function call, output the function name and arguments within the following "
@@ -124,6 +124,27 @@ bool ds4_glm_render_calls(const ds4_tool_call *calls, int n, ds4_buf *out, ds4_c
 
 /* ---- turns ----------------------------------------------------------------------- */
 
+/* A turn without kept reasoning: 4.7 closes an unopened block, 5.2 writes
+ * an empty one (glm-5.2-model.md 7.4). */
+static const char *empty_think(bool v52) { return v52 ? "<think></think>" : "</think>"; }
+
+static void put_turn(const char *tag, const ds4_chat_msg *m, const ds4_chat_opts *o, ds4_buf *out) {
+    ds4_buf_puts(out, tag);
+    ds4_chat_put_text(o, out, whole(m->content).s, whole(m->content).n);
+}
+
+static void put_result(const ds4_chat_msg *m, bool first_of_run, const ds4_chat_opts *o, ds4_buf *out) {
+    if (first_of_run) ds4_buf_puts(out, DS4_TOK_GLM_OBSERVATION);
+    ds4_buf_puts(out, "<tool_response>");
+    ds4_chat_put_text(o, out, whole(m->content).s, whole(m->content).n);
+    ds4_buf_puts(out, "</tool_response>");
+}
+
+static void put_generation_prompt(const ds4_chat_opts *o, ds4_buf *out) {
+    ds4_buf_puts(out, DS4_TOK_GLM_ASSISTANT);
+    ds4_buf_puts(out, o->think != DS4_THINK_NONE ? "<think>" : empty_think(o->profile == DS4_CHAT_GLM));
+}
+
 static bool put_tools(const ds4_chat_opts *o, ds4_buf *out, char *err, size_t errlen) {
     ds4_buf tmp = {0};
     bool ok = true;
@@ -155,14 +176,14 @@ static bool put_assistant(const ds4_chat_msg *m, bool keep_reasoning, bool v52, 
         /* content.split('</think>')[-1].lstrip('\n') */
         content = strip_char(after_last(content, "</think>"), '\n', true);
     }
-    ds4_buf_puts(out, DS4_GLM_ASSISTANT);
+    ds4_buf_puts(out, DS4_TOK_GLM_ASSISTANT);
     if (keep_reasoning && reasoning.n) {
         span r = py_strip(reasoning);
         ds4_buf_puts(out, "<think>");
         ds4_chat_put_text(o, out, r.s, r.n);
         ds4_buf_puts(out, "</think>");
     } else {
-        ds4_buf_puts(out, v52 ? "<think></think>" : "</think>");
+        ds4_buf_puts(out, empty_think(v52));
     }
     span c = py_strip(content);
     ds4_chat_put_text(o, out, c.s, c.n);
@@ -178,37 +199,47 @@ bool ds4_glm_chat_render(const ds4_chat_msg *msgs, int n, const ds4_chat_opts *o
     int last_user = -1;
     for (int i = 0; i < n; i++)
         if (msgs[i].role == DS4_ROLE_USER) last_user = i;
-    ds4_buf_puts(out, DS4_GLM_PREFIX);
+    ds4_buf_puts(out, DS4_TOK_GLM_GMASK DS4_TOK_GLM_SOP);
     if (v52 && thinking)
-        ds4_buf_puts(out, o->think == DS4_THINK_MAX ? DS4_GLM_SYSTEM "Reasoning Effort: Max"
-                                                   : DS4_GLM_SYSTEM "Reasoning Effort: High");
+        ds4_buf_puts(out, o->think == DS4_THINK_MAX ? DS4_TOK_GLM_SYSTEM "Reasoning Effort: Max"
+                                                   : DS4_TOK_GLM_SYSTEM "Reasoning Effort: High");
     if (o->n_tools > 0 && !put_tools(o, out, err, errlen)) return false;
     for (int i = 0; i < n; i++) {
         const ds4_chat_msg *m = &msgs[i];
         switch (m->role) {
         case DS4_ROLE_USER:
-            ds4_buf_puts(out, DS4_GLM_USER);
-            ds4_chat_put_text(o, out, whole(m->content).s, whole(m->content).n);
+            put_turn(DS4_TOK_GLM_USER, m, o, out);
             break;
         case DS4_ROLE_SYSTEM:
         case DS4_ROLE_DEVELOPER:
-            ds4_buf_puts(out, DS4_GLM_SYSTEM);
-            ds4_chat_put_text(o, out, whole(m->content).s, whole(m->content).n);
+            put_turn(DS4_TOK_GLM_SYSTEM, m, o, out);
             break;
         case DS4_ROLE_TOOL:
-            if (i == 0 || msgs[i - 1].role != DS4_ROLE_TOOL) ds4_buf_puts(out, DS4_GLM_OBSERVATION);
-            ds4_buf_puts(out, "<tool_response>");
-            ds4_chat_put_text(o, out, whole(m->content).s, whole(m->content).n);
-            ds4_buf_puts(out, "</tool_response>");
+            put_result(m, i == 0 || msgs[i - 1].role != DS4_ROLE_TOOL, o, out);
             break;
         case DS4_ROLE_ASSISTANT:
             if (!put_assistant(m, !o->drop_thinking || i > last_user, v52, o, out, err, errlen)) return false;
             break;
         }
     }
-    if (o->add_generation_prompt) {
-        ds4_buf_puts(out, DS4_GLM_ASSISTANT);
-        ds4_buf_puts(out, thinking ? "<think>" : v52 ? "<think></think>" : "</think>");
-    }
+    if (o->add_generation_prompt) put_generation_prompt(o, out);
     return true;
+}
+
+void ds4_glm_chat_render_tail(const ds4_chat_msg *msgs, int n, const ds4_chat_opts *o, ds4_buf *out) {
+    for (int i = 0; i < n; i++) {
+        if (msgs[i].role == DS4_ROLE_TOOL) put_result(&msgs[i], i == 0 || msgs[i - 1].role != DS4_ROLE_TOOL, o, out);
+        else if (msgs[i].role == DS4_ROLE_USER) put_turn(DS4_TOK_GLM_USER, &msgs[i], o, out);
+    }
+    put_generation_prompt(o, out);
+}
+
+void ds4_glm_chat_visible_turn(const char *prompt, size_t prompt_len, const char *content, size_t content_len,
+                               const char *calls, size_t calls_len, ds4_chat_profile profile, ds4_buf *out) {
+    size_t open = strlen("<think>");
+    ds4_buf_put(out, prompt, prompt_len >= open ? prompt_len - open : prompt_len);
+    ds4_buf_puts(out, empty_think(profile == DS4_CHAT_GLM));
+    span c = py_strip((span){ content, content_len });
+    ds4_buf_put(out, c.s, c.n);
+    ds4_buf_put(out, calls, calls_len);
 }

@@ -34,17 +34,26 @@
 #define DS4_GLM_CHAT_H
 
 #include "chat.h"
-
-#define DS4_GLM_PREFIX       "[gMASK]<sop>"
-#define DS4_GLM_SYSTEM       "<|system|>"
-#define DS4_GLM_USER         "<|user|>"
-#define DS4_GLM_ASSISTANT    "<|assistant|>"
-#define DS4_GLM_OBSERVATION  "<|observation|>"
-#define DS4_GLM_ENDOFTEXT    "<|endoftext|>"
+#include "tokenizer.h"
 
 /* The calls of one assistant message as the template writes them
  * (spans: client text ranges, may be NULL). */
 bool ds4_glm_render_calls(const ds4_tool_call *calls, int n, ds4_buf *out, ds4_chat_spans *spans,
                           char *err, size_t errlen);
+
+/* The continuation of a live assistant turn that the model ended with a
+ * stop token (which the session does not hold): the user and tool messages
+ * of msgs[0..n) exactly as ds4_chat_render writes them after an assistant
+ * message (an <|observation|> opens each run of results; other roles are
+ * skipped), then the generation prompt for o->think. */
+void ds4_glm_chat_render_tail(const ds4_chat_msg *msgs, int n, const ds4_chat_opts *o, ds4_buf *out);
+
+/* What a client replays for the thinking turn just sampled once its
+ * reasoning is dropped (the next user message makes it historical):
+ * prompt (ending "<think>") with "<think></think>" in place of "<think>"
+ * (GLM-5.2; GLM47: "</think>"), then content Python-strip()ped, then the
+ * exact tool-call text. */
+void ds4_glm_chat_visible_turn(const char *prompt, size_t prompt_len, const char *content, size_t content_len,
+                               const char *calls, size_t calls_len, ds4_chat_profile profile, ds4_buf *out);
 
 #endif

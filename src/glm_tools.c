@@ -187,7 +187,7 @@ static bool step_content(ds4_glm_parser *p, const char *s, size_t n, bool eof) {
             size_t e = i;
             while (e > 0 && ds4_scan_ws(s[e - 1])) e--;
             emit_text(p, DS4_DSML_EV_CONTENT, s, e);
-            p->block_start = p->pos + i;
+            p->block_start = p->pos + e;
             p->pos += i + strlen(CALL_OPEN);
             p->st = S_NAME;
             emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_BLOCK_START });
@@ -197,6 +197,7 @@ static bool step_content(ds4_glm_parser *p, const char *s, size_t n, bool eof) {
     }
     size_t keep = hold;
     if (!eof) {
+        /* trailing white space may belong to the block (held, not dropped) */
         while (p->o.tools && keep > 0 && ds4_scan_ws(s[keep - 1])) keep--;
         keep = ds4_scan_utf8_cut(s, keep);
     }

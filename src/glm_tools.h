@@ -29,7 +29,10 @@
  *   minified JSON when it parses as JSON, else a JSON string of its bytes
  *   (vLLM's and llama.cpp's fallback for untyped or mistyped values).
  * - BLOCK_END (at ds4_glm_finish) carries the exact sampled bytes from the
- *   first "<tool_call>" through the last "</tool_call>", for exact replay.
+ *   white space directly before the first "<tool_call>" (the bytes content
+ *   loses to its right-trim) through the last "</tool_call>": rendered
+ *   after the Python-strip()ped content, as the template writes a turn, it
+ *   reproduces the sampled text for exact replay.
  * - Errors (empty name, text between or after calls that is not a call, an
  *   unknown tag inside a call, a tag longer than 4 KiB, a call still open at
  *   finish): one ERROR event with a one-line message and the raw text fed so

@@ -136,8 +136,8 @@ static void test_turn(void) {
     CHECK(s.ncalls == 2 && json_eq(s.args[1], "{\"city\":\"Oslo\"}"), "args 1: %s", s.args[1]);
     for (int i = 0; i < s.ncalls; i++)
         CHECK(!strcmp(S(&s.streamed[i]), s.args[i]), "call %d: streamed %s != final %s", i, S(&s.streamed[i]), s.args[i]);
-    const char *from = strstr(gen, "<tool_call>");
-    CHECK(!strcmp(S(&s.block), from), "exact block: %s", S(&s.block));
+    const char *from = strstr(gen, "\n<tool_call>");
+    CHECK(!strcmp(S(&s.block), from), "exact block, the white space before it included: %s", S(&s.block));
     seen_free(&s);
     check_chunking(&OPTS, gen);
 }

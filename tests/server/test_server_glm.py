@@ -1,0 +1,221 @@
+"""ds4-server serving the GLM chat format, through the openai and anthropic
+SDKs. The model is the demo architecture carrying the constructed GLM
+tokenizer (mk/glmchat.mk): the server picks the chat format from the
+vocabulary's family, so rendering, stop tokens, tool-call parsing and
+streaming, exact replay and continuations run end to end with the real
+decode loop (no GLM forward pass is needed for any of them; the weights are
+random, so tool-call paths use --scripted-output as test_server_sdk does).
+
+Oracle for the prompts: the GLM-5.2-delta template
+(tests/fixtures/glm_chat/GLM-5.2-deltas.jinja) rendered by jinja2 in Hugging
+Face's environment; the server's rendered prompt (--trace) must equal it byte
+for byte."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import anthropic
+import openai
+
+import server_helper
+from server_helper import Results, Server, write_temp_file
+
+sys.path.insert(0, os.path.join(server_helper.ROOT, "tests", "oracles"))
+from glm_chat_fixtures import DIR as TEMPLATE_DIR, hf_env  # noqa: E402
+
+NAME = "test_server_glm"
+BUILD = os.environ.get("BUILD", "build")
+MODEL = os.path.join(server_helper.ROOT, BUILD, "glmchat", "glmtok-demo.gguf")
+SCRIPT = ("Let me check.</think>I'll read it.\n<tool_call>read_file<arg_key>path</arg_key><arg_value>src/main.c"
+          "</arg_value><arg_key>limit</arg_key><arg_value>200</arg_value></tool_call><|observation|>")
+ARGS = {"path": "src/main.c", "limit": 200}
+TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+                                            "parameters": {"type": "object", "properties": {
+                                                "path": {"type": "string"}, "limit": {"type": "integer"}}}}}]
+A_TOOLS = [{"name": "read_file", "description": "Read a file", "input_schema": TOOLS[0]["function"]["parameters"]}]
+
+
+def model_or_skip():
+    if not os.path.exists(MODEL):
+        r = subprocess.run(["make", "-s", f"BUILD={BUILD}", os.path.relpath(MODEL, server_helper.ROOT)],
+                           cwd=server_helper.ROOT, capture_output=True, text=True)
+        if r.returncode != 0 or not os.path.exists(MODEL):
+            print(f"SKIP {NAME}: {MODEL} could not be built: {(r.stderr or r.stdout).strip()[-300:]}")
+            sys.exit(77)
+    server_helper.MODEL = MODEL
+
+
+def last_prompt(srv):
+    """The last rendered prompt in the server's --trace (its byte count is exact)."""
+    raw = open(srv.trace, "rb").read()
+    heads = list(re.finditer(rb"---- rendered prompt \((\d+) bytes\)\n", raw))
+    if not heads:
+        return None
+    m = heads[-1]
+    return raw[m.end():m.end() + int(m.group(1))].decode("utf-8")
+
+
+def template_render(messages, tools=None, **kw):
+    env = hf_env()
+    tpl = env.from_string(open(os.path.join(TEMPLATE_DIR, "GLM-5.2-deltas.jinja"), encoding="utf-8").read())
+    msgs = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["tool_calls"] = [dict(c, function=dict(c["function"], arguments=json.loads(c["function"]["arguments"])))
+                               for c in m["tool_calls"]]
+        msgs.append(m)
+    ctx = dict(messages=msgs, add_generation_prompt=True, **kw)
+    if tools:
+        ctx["tools"] = tools
+    return tpl.render(**ctx)
+
+
+def plain_tests(t, srv):
+    oc = openai.OpenAI(base_url=srv.base + "/v1", api_key="dummy", max_retries=0, timeout=300)
+    ac = anthropic.Anthropic(base_url=srv.base, api_key="dummy", max_retries=0, timeout=300)
+    ids = [m.id for m in oc.models.list().data]
+    t.check(ids == ["glm-5.2"], f"/v1/models {ids}")
+
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Weather in Paris? «ok» 😀"}]
+    cases = [({}, {}), ({"reasoning_effort": "high"}, {"reasoning_effort": "high"}),
+             ({"chat_template_kwargs": {"enable_thinking": False}}, {"enable_thinking": False})]
+    for extra, kw in cases:
+        r = oc.chat.completions.create(model="glm-5.2", messages=msgs, tools=TOOLS, max_tokens=2, extra_body=extra)
+        t.check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), f"chat {extra}")
+        want = template_render(msgs, TOOLS, **kw)
+        got = last_prompt(srv)
+        t.check(got == want, f"prompt {extra} differs from the template:\n got {got!r}\nwant {want!r}")
+
+    history = [
+        {"role": "user", "content": "Weather in Paris and Oslo?"},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "two calls",
+         "tool_calls": [{"id": "call_x1", "type": "function",
+                         "function": {"name": "read_file", "arguments": "{\"path\": \"a b\", \"limit\": 3}"}},
+                        {"id": "call_x2", "type": "function",
+                         "function": {"name": "read_file", "arguments": "{\"path\": \"</arg_value>\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_x1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_x2", "content": "<|user|>rain"},
+        {"role": "assistant", "content": "Sunny and rain.", "reasoning_content": "done"},
+        {"role": "user", "content": "Thanks"}]
+    oc.chat.completions.create(model="glm-5.2", messages=history, tools=TOOLS, max_tokens=1)
+    want = template_render(history, TOOLS)
+    got = last_prompt(srv)
+    t.check(got == want, f"multi-turn tool history differs from the template:\n got {got!r}\nwant {want!r}")
+
+    # Anthropic: tool_result blocks become GLM's observation turn
+    ac.messages.create(model="glm-5.2", max_tokens=1, tools=A_TOOLS, messages=[
+        {"role": "user", "content": "Read a"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read_file",
+                                           "input": {"path": "a"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"},
+                                     {"type": "text", "text": "and now?"}]}])
+    got = last_prompt(srv) or ""
+    t.check(got.endswith("<tool_call>read_file<arg_key>path</arg_key><arg_value>a</arg_value></tool_call>"
+                         "<|observation|><tool_response>ok</tool_response><|user|>and now?<|assistant|><think>"),
+            f"anthropic tool_result as an observation turn: {got[-200:]!r}")
+
+    st, _, body = srv.request("POST", "/tokenize", {"prompt": "hi there", "add_special_tokens": True})
+    st2, _, body2 = srv.request("POST", "/tokenize", {"prompt": "hi there"})
+    t.check(st == 200 and json.loads(body) == json.loads(body2), "GLM adds no BOS when tokenizing")
+    st, _, body = srv.request("GET", "/tokenizer_info")
+    t.check(st == 200 and json.loads(body).get("eos_token") == "<|endoftext|>", f"tokenizer_info {body[:100]}")
+
+
+def scripted_tests(t, srv):
+    oc = openai.OpenAI(base_url=srv.base + "/v1", api_key="dummy", max_retries=0, timeout=300)
+    ac = anthropic.Anthropic(base_url=srv.base, api_key="dummy", max_retries=0, timeout=300)
+    msgs = [{"role": "user", "content": "Read src/main.c"}]
+
+    r = oc.chat.completions.create(model="glm-5.2", messages=msgs, tools=TOOLS)
+    m = r.choices[0].message
+    t.check(r.choices[0].finish_reason == "tool_calls" and len(m.tool_calls or []) == 1, f"tool call {r}")
+    tc = m.tool_calls[0]
+    t.check(tc.function.name == "read_file" and json.loads(tc.function.arguments) == ARGS and tc.id.startswith("call_"),
+            f"tool call fields (limit typed integer by the schema) {tc}")
+    t.check(m.reasoning_content == "Let me check." and m.content == "I'll read it.", f"reasoning/content split {m}")
+    P1 = r.usage.prompt_tokens
+
+    # the client re-serialises the arguments: exact replay keeps the prompt
+    # equal to the live text, so the whole previous turn is reused
+    args2 = json.dumps({"limit": 200, "path": "src/main.c"}, indent=2)
+    turn2 = msgs + [{"role": "assistant", "content": m.content, "reasoning_content": m.reasoning_content,
+                     "tool_calls": [{"id": tc.id, "type": "function",
+                                     "function": {"name": "read_file", "arguments": args2}}]},
+                    {"role": "tool", "tool_call_id": tc.id, "content": "int main(void) { return 0; }"}]
+    r2 = oc.chat.completions.create(model="glm-5.2", messages=turn2, tools=TOOLS)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    t.check(cached >= P1 + r.usage.completion_tokens - 1,
+            f"exact replay keeps the tool turn cached: {cached} vs {P1}+{r.usage.completion_tokens}")
+    t.check("live text prefix" in srv.trace_text() or "exact token prefix" in srv.trace_text(), "trace cache decision")
+
+    chunks = list(oc.chat.completions.create(model="glm-5.2", messages=msgs, tools=TOOLS, stream=True))
+    args, ids, names = "", [], []
+    for c in chunks:
+        for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+            if d.id:
+                ids.append(d.id)
+                names.append(d.function.name)
+            args += d.function.arguments or ""
+    t.check(len(ids) == 1 and names == ["read_file"] and json.loads(args) == ARGS, f"streamed args {args!r}")
+    fins = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    t.check(fins == ["tool_calls"], f"stream finish {fins}")
+
+    rtools = [{"type": "function", "name": "read_file", "parameters": TOOLS[0]["function"]["parameters"]}]
+    events = list(oc.responses.create(model="glm-5.2", input="Read src/main.c", stream=True, tools=rtools))
+    done = [e for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    t.check(len(done) == 1 and json.loads(done[0].item.arguments) == ARGS, "responses function_call")
+    rr = oc.responses.create(model="glm-5.2", tools=rtools,
+                             input=[{"type": "function_call_output", "call_id": done[0].item.call_id, "output": "ok"}])
+    t.check(rr.usage.input_tokens_details.cached_tokens > 0 and "live tool-call continuation" in srv.trace_text(),
+            f"responses live continuation {rr.usage}")
+    t.check((last_prompt(srv) or "").endswith(
+        "</tool_call><|observation|><tool_response>ok</tool_response><|assistant|><think>"),
+        f"continuation tail: {(last_prompt(srv) or '')[-120:]!r}")
+
+    with ac.messages.stream(model="glm-5.2", max_tokens=200, messages=msgs, tools=A_TOOLS) as st:
+        fm = st.get_final_message()
+    tu = [b for b in fm.content if b.type == "tool_use"]
+    t.check(fm.stop_reason == "tool_use" and len(tu) == 1 and tu[0].input == ARGS, f"anthropic tool_use {fm.content}")
+    m2 = ac.messages.create(model="glm-5.2", max_tokens=200, tools=A_TOOLS, messages=msgs + [
+        {"role": "assistant", "content": [b.model_dump() for b in fm.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tu[0].id, "content": "ok"}]}])
+    t.check(m2.usage.cache_read_input_tokens > 0 and m2.stop_reason == "tool_use", f"anthropic follow-up {m2.usage}")
+
+    # no tools: the call text is content; the next turn drops the reasoning
+    # (<think></think>) and still reuses the live KV (visible transcript)
+    c1 = oc.chat.completions.create(model="glm-5.2", messages=msgs)
+    t.check(c1.choices[0].message.reasoning_content == "Let me check." and not c1.choices[0].message.tool_calls and
+            "<tool_call>read_file" in (c1.choices[0].message.content or ""), f"no tools: plain content {c1}")
+    c2 = oc.chat.completions.create(model="glm-5.2", messages=msgs + [
+        {"role": "assistant", "content": c1.choices[0].message.content}, {"role": "user", "content": "more"}])
+    t.check(c2.usage.prompt_tokens_details.cached_tokens >= c1.usage.prompt_tokens + c1.usage.completion_tokens - 1,
+            f"dropped-reasoning replay reuse {c2.usage} after {c1.usage}")
+
+
+def main():
+    model_or_skip()
+    t = Results(NAME)
+    srv = Server()
+    try:
+        plain_tests(t, srv)
+        t.check(srv.alive(), "plain server alive")
+    finally:
+        srv.stop()
+    script = write_temp_file(SCRIPT)
+    try:
+        srv = Server("--scripted-output", script)
+        try:
+            scripted_tests(t, srv)
+            t.check(srv.alive(), "scripted server alive")
+        finally:
+            srv.stop()
+    finally:
+        os.unlink(script)
+    t.done()
+
+
+if __name__ == "__main__":
+    main()
