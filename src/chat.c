@@ -410,26 +410,11 @@ void ds4_chat_spans_free(ds4_chat_spans *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* The chat-protocol strings (DS4_TOK_SPECIALS_CHAT's set). */
-static const char *const CHAT_SPECIALS[] = {
-    DS4_TOK_BOS, DS4_TOK_EOS, DS4_TOK_USER, DS4_TOK_ASSISTANT, DS4_TOK_THINK, DS4_TOK_THINK_END, DS4_TOK_DSML,
-};
-
-/* Length of the chat special string at p (longest), or 0. */
-static size_t special_at(const char *p, size_t n) {
-    size_t best = 0;
-    for (size_t k = 0; k < sizeof CHAT_SPECIALS / sizeof CHAT_SPECIALS[0]; k++) {
-        size_t l = strlen(CHAT_SPECIALS[k]);
-        if (l <= n && l > best && !memcmp(p, CHAT_SPECIALS[k], l)) best = l;
-    }
-    return best;
-}
-
 int ds4_chat_encode(const ds4_tokenizer *t, const char *text, size_t from, size_t to,
                     const ds4_chat_spans *client, ds4_token_ids *out) {
     size_t seg = from, span = 0;
     for (size_t i = from; i < to;) {
-        size_t len = (text[i] == '<' || (unsigned char)text[i] == 0xef) ? special_at(text + i, to - i) : 0;
+        size_t len = ds4_tokenizer_chat_special_len(t, text + i, to - i);
         if (!len) { i++; continue; }
         while (client && span < client->n && client->v[span].end <= i) span++;
         if (client && span < client->n && client->v[span].start < i + len) { i += len; continue; }

@@ -127,7 +127,8 @@ bool ds4_chat_render(const ds4_chat_msg *msgs, int n, const ds4_chat_opts *o,
                      ds4_buf *out, char *err, size_t errlen);
 
 /* Tokenizes text[from..to) of a rendered prompt: the chat special strings
- * (DS4_TOK_SPECIALS_CHAT) become protocol tokens except where they overlap
+ * (DS4_TOK_SPECIALS_CHAT, the tokenizer family's set: GLM's for a GLM
+ * vocabulary) become protocol tokens except where they overlap
  * a client span (offsets in text; NULL = none), where they stay text. With
  * no such overlap the ids equal ds4_tokenizer_encode(SPECIALS_CHAT) of the
  * same bytes. Returns 0, or -1 when out of memory. */

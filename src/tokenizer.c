@@ -255,6 +255,13 @@ int32_t ds4_tokenizer_find_special(const ds4_tokenizer *t, const char *s, size_t
     return id >= 0 && ml == len ? id : -1;
 }
 
+size_t ds4_tokenizer_chat_special_len(const ds4_tokenizer *t, const char *s, size_t n) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t ml = 0;
+    if (!n || !(t->chat.first[p[0] >> 3] & (1u << (p[0] & 7)))) return 0;
+    return special_match(t, &t->chat, p, n, &ml) >= 0 ? ml : 0;
+}
+
 /* ------------------------------------------------------------- build */
 
 void ds4_tokenizer_free(ds4_tokenizer *t) {

@@ -111,6 +111,9 @@ ds4_tok_family ds4_tokenizer_family(const ds4_tokenizer *t);
 bool ds4_tokenizer_is_stop(const ds4_tokenizer *t, int32_t id);
 /* Id of the added token whose literal text is s[0..len), or -1. */
 int32_t ds4_tokenizer_find_special(const ds4_tokenizer *t, const char *s, size_t len);
+/* Length of the longest chat-protocol string (the family's SPECIALS_CHAT
+ * set) that s[0..n) starts with, or 0. */
+size_t ds4_tokenizer_chat_special_len(const ds4_tokenizer *t, const char *s, size_t n);
 /* True for added tokens (BOS/EOS/PAD, placeholders, protocol and task tokens). */
 bool ds4_tokenizer_is_special(const ds4_tokenizer *t, int32_t id);
 

@@ -18,6 +18,7 @@ import sys
 
 import anthropic
 import openai
+from tokenizers import Tokenizer
 
 import server_helper
 from server_helper import Results, Server, write_temp_file
@@ -34,6 +35,7 @@ ARGS = {"path": "src/main.c", "limit": 200}
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
                                             "parameters": {"type": "object", "properties": {
                                                 "path": {"type": "string"}, "limit": {"type": "integer"}}}}}]
+HF = Tokenizer.from_file(os.path.join(server_helper.ROOT, "data", "glm-constructed-tokenizer.json"))
 A_TOOLS = [{"name": "read_file", "description": "Read a file", "input_schema": TOOLS[0]["function"]["parameters"]}]
 
 
@@ -88,6 +90,10 @@ def plain_tests(t, srv):
         want = template_render(msgs, TOOLS, **kw)
         got = last_prompt(srv)
         t.check(got == want, f"prompt {extra} differs from the template:\n got {got!r}\nwant {want!r}")
+        # token level: HF encodes the template's text (every added token
+        # matched; the client text here holds none) to as many tokens
+        n_hf = len(HF.encode(want, add_special_tokens=False).ids)
+        t.check(r.usage.prompt_tokens == n_hf, f"prompt tokens {r.usage.prompt_tokens}, HF {n_hf}")
 
     history = [
         {"role": "user", "content": "Weather in Paris and Oslo?"},
