@@ -94,6 +94,10 @@ void ds4_chat_opts_default(ds4_chat_opts *o) {
     o->add_generation_prompt = true;
 }
 
+ds4_chat_profile ds4_chat_profile_for(const ds4_tokenizer *t) {
+    return ds4_tokenizer_family(t) == DS4_TOK_FAMILY_GLM ? DS4_CHAT_GLM : DS4_CHAT_DS4;
+}
+
 ds4_think_mode ds4_chat_effective_think(ds4_think_mode m, int ctx) {
     return m == DS4_THINK_MAX && ctx > 0 && ctx < DS4_THINK_MAX_MIN_CTX ? DS4_THINK_HIGH : m;
 }

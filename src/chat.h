@@ -120,6 +120,11 @@ typedef struct {
 /* profile DS4, think HIGH, ctx 0, drop_thinking, add_generation_prompt, no tools */
 void ds4_chat_opts_default(ds4_chat_opts *o);
 
+/* The profile a model's vocabulary speaks: GLM for a GLM tokenizer family,
+ * else the ds4-server DeepSeek profile. */
+struct ds4_tokenizer;
+ds4_chat_profile ds4_chat_profile_for(const struct ds4_tokenizer *t);
+
 /* The mode actually rendered: MAX -> HIGH when 0 < ctx < DS4_THINK_MAX_MIN_CTX. */
 ds4_think_mode ds4_chat_effective_think(ds4_think_mode m, int ctx);
 
@@ -132,7 +137,6 @@ bool ds4_chat_render(const ds4_chat_msg *msgs, int n, const ds4_chat_opts *o,
  * a client span (offsets in text; NULL = none), where they stay text. With
  * no such overlap the ids equal ds4_tokenizer_encode(SPECIALS_CHAT) of the
  * same bytes. Returns 0, or -1 when out of memory. */
-struct ds4_tokenizer;
 struct ds4_token_ids;
 int ds4_chat_encode(const struct ds4_tokenizer *t, const char *text, size_t from, size_t to,
                     const ds4_chat_spans *client, struct ds4_token_ids *out);

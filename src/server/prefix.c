@@ -11,7 +11,7 @@ ds4_think_mode srv_effective_think(const server *s, const ds4_request *r) {
 }
 
 ds4_chat_profile srv_profile(const server *s) {
-    return ds4_tokenizer_family(s->tok) == DS4_TOK_FAMILY_GLM ? DS4_CHAT_GLM : DS4_CHAT_DS4;
+    return ds4_chat_profile_for(s->tok);
 }
 
 typedef struct {
