@@ -3,7 +3,8 @@
  *
  * Contract
  * - eval() runs one batch made of n_seqs sequences, each a run of n >= 1
- *   tokens appended to its own state at positions kv->n_pos ... kv->n_pos+n-1
+ *   tokens appended to its own state (the model family's state type; both
+ *   keep n_pos and ctx) at positions kv->n_pos ... kv->n_pos+n-1
  *   (kv->n_pos += n). Decode is a sequence of one token; several sessions'
  *   decode rows and a prefill chunk of another may share one call. The states
  *   must be distinct, the total of n must not exceed max_batch and every
@@ -42,7 +43,12 @@
 struct ds4_kv;
 
 typedef struct {
-    struct ds4_kv *kv;
+    /* the sequence's state in its family's form: ds4_kv (kv.h) for the
+     * DeepSeek V4 backends, glm_kv (glm_kv.h) for the GLM backend */
+    union {
+        struct ds4_kv *kv;
+        struct glm_kv *glm;
+    };
     const int32_t *toks;
     int n;
     float *logits;

@@ -488,8 +488,9 @@ static uint8_t *serve_work(worker *w, const ds4_dist_work *wk, size_t *len) {
         } else {
             for (uint32_t i = 0; i < wk->n; i++) toks[i] = ds4_dist_token_at(wk->tokens, i);
             for (size_t i = 0; i < want_in; i++) w->in[i] = ds4_dist_float_at(wk->floats, i);
-            ds4_backend_seq sq = {s->kv, toks, (int)wk->n, w->m->slice.output ? w->out : NULL, wk->all_logits,
-                                  want_in ? w->in : NULL, w->m->slice.output ? NULL : w->out};
+            ds4_backend_seq sq = {.kv = s->kv, .toks = toks, .n = (int)wk->n,
+                                  .logits = w->m->slice.output ? w->out : NULL, .all_logits = wk->all_logits,
+                                  .hidden_in = want_in ? w->in : NULL, .hidden_out = w->m->slice.output ? NULL : w->out};
             if (w->be->eval(w->be, &sq, 1, why, sizeof why) == 0) {
                 s->hash = ds4_dist_hash_tokens(s->hash, toks, (int)wk->n);
                 s->last_use = ++w->clock;

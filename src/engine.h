@@ -101,6 +101,11 @@ void ds4_engine_params_default(ds4_engine_params *p);
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen);
 void ds4_engine_free(ds4_engine *e);
 
+/* The model family of the loaded file (general.architecture): front ends
+ * pick the chat format and tool-call syntax by it; everything else in this
+ * API works the same for both. */
+typedef enum { DS4_FAMILY_DEEPSEEK4, DS4_FAMILY_GLM } ds4_model_family;
+ds4_model_family ds4_engine_family(const ds4_engine *e);
 const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e);
 int ds4_engine_n_vocab(const ds4_engine *e);
 int ds4_engine_n_layers(const ds4_engine *e);
