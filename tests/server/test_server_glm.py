@@ -1,10 +1,10 @@
-"""ds4-server serving the GLM chat format, through the openai and anthropic
-SDKs. The model is the demo architecture carrying the constructed GLM
-tokenizer (mk/glmchat.mk): the server picks the chat format from the
-vocabulary's family, so rendering, stop tokens, tool-call parsing and
-streaming, exact replay and continuations run end to end with the real
-decode loop (no GLM forward pass is needed for any of them; the weights are
-random, so tool-call paths use --scripted-output as test_server_sdk does).
+"""ds4-server serving a GLM demo model through the openai and anthropic SDKs.
+The model is ds4-make-model's glm-demo (GLM 5.2 architecture, tiny dims,
+random weights) carrying the constructed GLM tokenizer (mk/glmchat.mk): the
+server picks the chat format from the vocabulary's family, so rendering,
+stop tokens, tool-call parsing and streaming, exact replay and
+continuations run end to end with the real decode loop; the weights are
+random, so tool-call paths use --scripted-output as test_server_sdk does.
 
 Oracle for the prompts: the GLM-5.2-delta template
 (tests/fixtures/glm_chat/GLM-5.2-deltas.jinja) rendered by jinja2 in Hugging
@@ -28,7 +28,7 @@ from glm_chat_fixtures import DIR as TEMPLATE_DIR, hf_env  # noqa: E402
 
 NAME = "test_server_glm"
 BUILD = os.environ.get("BUILD", "build")
-MODEL = os.path.join(server_helper.ROOT, BUILD, "glmchat", "glmtok-demo.gguf")
+MODEL = os.path.join(server_helper.ROOT, BUILD, "glmchat", "glm-demo.gguf")
 SCRIPT = ("Let me check.</think>I'll read it.\n<tool_call>read_file<arg_key>path</arg_key><arg_value>src/main.c"
           "</arg_value><arg_key>limit</arg_key><arg_value>200</arg_value></tool_call><|observation|>")
 ARGS = {"path": "src/main.c", "limit": 200}
