@@ -11,33 +11,23 @@
 #include "glm_chat.h"
 #include "glm_tools.h"
 #include "json_util.h"
+#include "tool_evlog.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct { ds4_buf log, streamed; int last; } evlog;
+typedef struct { tool_evlog events; ds4_buf streamed; } evlog;
 
 static void on_event(void *ud, const ds4_dsml_event *ev) {
     evlog *l = ud;
-    bool text = ev->kind == DS4_DSML_EV_REASONING || ev->kind == DS4_DSML_EV_CONTENT || ev->kind == DS4_DSML_EV_ARGS;
-    if (text && ev->len == 0) return;
     if (ev->kind == DS4_DSML_EV_CALL_START) ds4_buf_clear(&l->streamed);
     if (ev->kind == DS4_DSML_EV_ARGS) ds4_buf_put(&l->streamed, ev->text, ev->len);
     if (ev->kind == DS4_DSML_EV_CALL_END &&
         (!ds4_json_valid(ev->text, ev->len) || ev->len != l->streamed.len || memcmp(ev->text, l->streamed.data, ev->len)))
         abort();
-    if (!(text && (int)ev->kind == l->last)) {
-        char head[64];
-        int n = snprintf(head, sizeof head, "\x1e%d|%d|%d|", ev->kind, ev->index, ev->is_string);
-        ds4_buf_put(&l->log, head, (size_t)n);
-        if (ev->name) ds4_buf_puts(&l->log, ev->name);
-        if (ev->message) ds4_buf_puts(&l->log, ev->message);
-        ds4_buf_putc(&l->log, '|');
-    }
-    if (ev->kind != DS4_DSML_EV_ERROR && ev->text) ds4_buf_put(&l->log, ev->text, ev->len);
-    l->last = text ? (int)ev->kind : -1;
+    tool_evlog_add(&l->events, ev);
 }
 
 static ds4_glm_arg_type answer(void *ud, const char *tool, const char *key) {
@@ -48,7 +38,7 @@ static ds4_glm_arg_type answer(void *ud, const char *tool, const char *key) {
 
 static void parse(const ds4_glm_opts *o, const uint8_t *d, size_t n, uint32_t seed, evlog *l) {
     memset(l, 0, sizeof *l);
-    l->last = -1;
+    tool_evlog_init(&l->events);
     ds4_glm_parser *p = ds4_glm_new(o, on_event, l);
     if (!p) abort();
     for (size_t i = 0; i < n;) {
@@ -69,9 +59,7 @@ static void check_parser(const uint8_t *d, size_t n, uint8_t ctl) {
     evlog a, b;
     parse(&o, d, n, 0, &a);
     parse(&o, d, n, (uint32_t)ctl * 2654435761u | 1, &b);
-    if (a.log.len != b.log.len || (a.log.len && memcmp(a.log.data, b.log.data, a.log.len) != 0)) abort();
-    ds4_buf_free(&a.log);
-    ds4_buf_free(&b.log);
+    tool_evlog_same(&a.events, &b.events);
 }
 
 typedef struct { int calls, errors; const char *name; bool name_ok; } tally;

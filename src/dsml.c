@@ -4,6 +4,7 @@
  * unconsumed, which is what makes any chunking give the same events. */
 #include "dsml.h"
 #include "textscan.h"
+#include "tool_events.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,35 +18,27 @@ enum { N_FAMILIES = 3 };
 static const char *const TAGS[N_FAMILIES][6] = {
     DSML_TAGS("｜DSML｜"), DSML_TAGS("DSML｜"), DSML_TAGS(""),
 };
-static const char THINK_OPEN[] = "<think>";
-static const char THINK_CLOSE[] = "</think>";
 /* Longer than any real tag; bounds how long an unclosed tag is buffered. */
 enum { MAX_TAG = 4096 };
 /* "&quot;" and "&apos;" are the longest entities. */
 enum { MAX_ENTITY = 6 };
 
 enum state {
-    S_THINK_START, S_REASONING, S_CONTENT,
+    S_REASONING, S_CONTENT,
     S_BLOCK, S_INVOKE_TAG, S_INVOKE, S_PARAM_TAG, S_VALUE,
     S_DONE, S_FAILED,
 };
 
 struct ds4_dsml_parser {
     ds4_dsml_opts o;
-    ds4_dsml_event_fn fn;
-    void *ud;
+    ds4_tool_events ev;                /* raw input, events, call index */
     enum state st;
-    ds4_buf raw;
-    size_t pos;
     int fam;
     size_t block_start;
-    int call, nparams;
+    int nparams;
     bool pstring, args_valid;
     bool js_in_str, js_esc;            /* minifier state inside a string="false" value */
     ds4_buf name, pname, args, value, tmp;
-    ds4_buf pend;                      /* coalesced text event */
-    ds4_dsml_event_kind pend_kind;
-    bool has_pend;
 };
 
 /* ---- small helpers ------------------------------------------------------ */
@@ -78,38 +71,22 @@ static size_t entity_cut(const char *s, size_t n) {
 
 /* ---- events --------------------------------------------------------------- */
 
-static void flush(ds4_dsml_parser *p) {
-    if (!p->has_pend) return;
-    p->has_pend = false;
-    ds4_dsml_event ev = { .kind = p->pend_kind, .text = p->pend.data, .len = p->pend.len,
-                          .index = p->call };
-    p->fn(p->ud, &ev);
-    ds4_buf_clear(&p->pend);
-}
+static void flush(ds4_dsml_parser *p) { ds4_tool_events_flush(&p->ev); }
 
 static void emit_text(ds4_dsml_parser *p, ds4_dsml_event_kind kind, const char *s, size_t n) {
-    if (!n) return;
-    if (p->has_pend && p->pend_kind != kind) flush(p);
-    p->has_pend = true;
-    p->pend_kind = kind;
-    ds4_buf_put(&p->pend, s, n);
+    ds4_tool_events_text(&p->ev, kind, s, n);
 }
 
-static void emit(ds4_dsml_parser *p, ds4_dsml_event ev) {
-    flush(p);
-    p->fn(p->ud, &ev);
+static void emit(ds4_dsml_parser *p, ds4_dsml_event ev) { ds4_tool_events_emit(&p->ev, ev); }
+
+static void fail(ds4_dsml_parser *p, const char *msg) {
+    ds4_tool_events_error(&p->ev, msg);
+    p->st = S_FAILED;
 }
 
 static void emit_args(ds4_dsml_parser *p, const char *s, size_t n) {
     ds4_buf_put(&p->args, s, n);
     emit_text(p, DS4_DSML_EV_ARGS, s, n);
-}
-
-static void fail(ds4_dsml_parser *p, const char *msg) {
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_ERROR, .message = msg,
-                              .text = p->raw.data ? p->raw.data : "", .len = p->raw.len,
-                              .index = p->call });
-    p->st = S_FAILED;
 }
 
 /* ---- tag attributes ------------------------------------------------------- */
@@ -156,34 +133,11 @@ static void decode_name(ds4_dsml_parser *p, const char *s, size_t n, ds4_buf *ou
 /* Each step consumes what it can decide; false = nothing more until more
  * input (or, at eof, nothing more at all). */
 
-static bool step_think_start(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
-    enum ds4_scan_match m = ds4_scan_match(s, n, THINK_OPEN);
-    if (m == DS4_SCAN_PARTIAL && !eof) return false;
-    if (m == DS4_SCAN_FULL) p->pos += strlen(THINK_OPEN);
-    p->st = S_REASONING;
-    return true;
-}
-
-static bool step_reasoning(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
-    size_t k = ds4_scan_find(s, n, THINK_CLOSE);
-    if (k <= n) {
-        emit_text(p, DS4_DSML_EV_REASONING, s, k);
-        emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_REASONING_END });
-        p->pos += k + strlen(THINK_CLOSE);
-        p->st = S_CONTENT;
-        return true;
-    }
-    size_t keep = eof ? n : ds4_scan_utf8_cut(s, n - ds4_scan_partial_suffix(s, n, THINK_CLOSE));
-    emit_text(p, DS4_DSML_EV_REASONING, s, keep);
-    p->pos += keep;
-    return false;
-}
-
 static bool step_content(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
     if (!p->o.tools) {
         size_t keep = eof ? n : ds4_scan_utf8_cut(s, n);
         emit_text(p, DS4_DSML_EV_CONTENT, s, keep);
-        p->pos += keep;
+        p->ev.pos += keep;
         return false;
     }
     size_t hold = n;
@@ -195,9 +149,9 @@ static bool step_content(ds4_dsml_parser *p, const char *s, size_t n, bool eof) 
                 size_t e = i;
                 while (e > 0 && ds4_scan_ws(s[e - 1])) e--;
                 emit_text(p, DS4_DSML_EV_CONTENT, s, e);
-                p->block_start = p->pos + i - (i >= 2 && s[i - 1] == '\n' && s[i - 2] == '\n' ? 2 : 0);
+                p->block_start = p->ev.pos + i - (i >= 2 && s[i - 1] == '\n' && s[i - 2] == '\n' ? 2 : 0);
                 p->fam = f;
-                p->pos += i + strlen(TAGS[f][T_OPEN_BLOCK]);
+                p->ev.pos += i + strlen(TAGS[f][T_OPEN_BLOCK]);
                 p->st = S_BLOCK;
                 emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_BLOCK_START });
                 return true;
@@ -211,12 +165,12 @@ static bool step_content(ds4_dsml_parser *p, const char *s, size_t n, bool eof) 
         keep = ds4_scan_utf8_cut(s, keep);
     }
     emit_text(p, DS4_DSML_EV_CONTENT, s, keep);
-    p->pos += keep;
+    p->ev.pos += keep;
     return false;
 }
 
 static void open_call(ds4_dsml_parser *p) {
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_START, .index = p->call, .name = p->name.data });
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_START, .index = p->ev.call, .name = p->name.data });
     ds4_buf_clear(&p->args);
     p->nparams = 0;
     p->args_valid = true;
@@ -225,14 +179,14 @@ static void open_call(ds4_dsml_parser *p) {
 
 static void close_call(ds4_dsml_parser *p) {
     emit_args(p, "}", 1);
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_END, .index = p->call, .name = p->name.data,
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_END, .index = p->ev.call, .name = p->name.data,
                               .text = p->args_valid ? p->args.data : "{}",
                               .len = p->args_valid ? p->args.len : 2, .args_valid = p->args_valid });
-    p->call++;
+    p->ev.call++;
 }
 
 static void open_param(ds4_dsml_parser *p) {
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_START, .index = p->call,
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_START, .index = p->ev.call,
                               .name = p->pname.data, .is_string = p->pstring });
     ds4_buf_clear(&p->tmp);
     if (p->nparams) ds4_buf_putc(&p->tmp, ',');
@@ -275,7 +229,7 @@ static void value_bytes(ds4_dsml_parser *p, const char *s, size_t n) {
 static void close_param(ds4_dsml_parser *p) {
     if (p->pstring) emit_args(p, "\"", 1);
     else if (!ds4_json_valid(p->value.data ? p->value.data : "", p->value.len)) p->args_valid = false;
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_END, .index = p->call, .name = p->pname.data,
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_END, .index = p->ev.call, .name = p->pname.data,
                               .is_string = p->pstring, .text = p->value.data ? p->value.data : "",
                               .len = p->value.len });
     p->nparams++;
@@ -286,7 +240,7 @@ static void close_param(ds4_dsml_parser *p) {
 static bool step_between(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
     size_t i = 0;
     while (i < n && ds4_scan_ws(s[i])) i++;
-    p->pos += i;
+    p->ev.pos += i;
     s += i; n -= i;
     const char *const *t = TAGS[p->fam];
     bool in_block = p->st == S_BLOCK;
@@ -294,17 +248,17 @@ static bool step_between(ds4_dsml_parser *p, const char *s, size_t n, bool eof) 
     const char *close = t[in_block ? T_CLOSE_BLOCK : T_CLOSE_INVOKE];
     enum ds4_scan_match mo = ds4_scan_match(s, n, open), mc = ds4_scan_match(s, n, close);
     if (mo == DS4_SCAN_FULL) {
-        p->pos += strlen(open);
+        p->ev.pos += strlen(open);
         p->st = in_block ? S_INVOKE_TAG : S_PARAM_TAG;
         return true;
     }
     if (mc == DS4_SCAN_FULL) {
-        p->pos += strlen(close);
+        p->ev.pos += strlen(close);
         if (!in_block) { close_call(p); p->st = S_BLOCK; return true; }
-        if (!p->call) { fail(p, "tool_calls block without any invoke"); return false; }
+        if (!p->ev.call) { fail(p, "tool_calls block without any invoke"); return false; }
         p->st = S_DONE;
-        emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_BLOCK_END, .text = p->raw.data + p->block_start,
-                                  .len = p->pos - p->block_start });
+        emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_BLOCK_END, .text = p->ev.raw.data + p->block_start,
+                                  .len = p->ev.pos - p->block_start });
         return true;
     }
     if (n == 0 || mo == DS4_SCAN_PARTIAL || mc == DS4_SCAN_PARTIAL) {
@@ -333,7 +287,7 @@ static bool step_tag(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
         fail(p, invoke ? "invoke tag without a name" : "parameter tag without a name");
         return false;
     }
-    p->pos += gt + 1;
+    p->ev.pos += gt + 1;
     if (invoke) {
         decode_name(p, a.name, a.name_len, &p->name);
         open_call(p);
@@ -352,7 +306,7 @@ static bool step_value(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
     size_t k = ds4_scan_find(s, n, close);
     if (k <= n) {
         value_bytes(p, s, k);
-        p->pos += k + strlen(close);
+        p->ev.pos += k + strlen(close);
         close_param(p);
         p->st = S_INVOKE;
         return true;
@@ -362,26 +316,27 @@ static bool step_value(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
     if (p->pstring && p->o.decode_entities) keep = entity_cut(s, keep);
     keep = ds4_scan_utf8_cut(s, keep);
     value_bytes(p, s, keep);
-    p->pos += keep;
+    p->ev.pos += keep;
     return false;
 }
 
 static bool step_done(ds4_dsml_parser *p, const char *s, size_t n) {
     size_t i = 0;
     while (i < n && ds4_scan_ws(s[i])) i++;
-    p->pos += i;
+    p->ev.pos += i;
     if (i < n) fail(p, "text after the tool_calls block");
     return false;
 }
 
 static void run(ds4_dsml_parser *p, bool eof) {
     for (;;) {
-        const char *s = p->raw.data ? p->raw.data + p->pos : "";
-        size_t n = p->raw.len - p->pos;
+        const char *s = p->ev.raw.data ? p->ev.raw.data + p->ev.pos : "";
+        size_t n = p->ev.raw.len - p->ev.pos;
         bool more;
         switch (p->st) {
-        case S_THINK_START: more = step_think_start(p, s, n, eof); break;
-        case S_REASONING:   more = step_reasoning(p, s, n, eof); break;
+        case S_REASONING:
+            if ((more = ds4_tool_events_reasoning(&p->ev, s, n, eof))) p->st = S_CONTENT;
+            break;
         case S_CONTENT:     more = step_content(p, s, n, eof); break;
         case S_BLOCK:
         case S_INVOKE:      more = step_between(p, s, n, eof); break;
@@ -402,23 +357,22 @@ ds4_dsml_parser *ds4_dsml_new(const ds4_dsml_opts *o, ds4_dsml_event_fn fn, void
     ds4_dsml_parser *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->o = *o;
-    p->fn = fn;
-    p->ud = ud;
-    p->st = o->thinking ? S_THINK_START : S_CONTENT;
+    ds4_tool_events_init(&p->ev, fn, ud);
+    p->st = o->thinking ? S_REASONING : S_CONTENT;
     return p;
 }
 
 void ds4_dsml_free(ds4_dsml_parser *p) {
     if (!p) return;
-    ds4_buf *bufs[] = { &p->raw, &p->name, &p->pname, &p->args, &p->value, &p->tmp, &p->pend };
+    ds4_buf *bufs[] = { &p->name, &p->pname, &p->args, &p->value, &p->tmp };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ds4_buf_free(bufs[i]);
+    ds4_tool_events_free(&p->ev);
     free(p);
 }
 
 void ds4_dsml_feed(ds4_dsml_parser *p, const char *s, size_t n) {
     if (p->st == S_FAILED || !n) return;
-    ds4_buf_put(&p->raw, s, n);
-    if (p->raw.oom) { fail(p, "out of memory"); return; }
+    if (!ds4_tool_events_append(&p->ev, s, n)) { fail(p, "out of memory"); return; }
     run(p, false);
 }
 
@@ -432,8 +386,8 @@ bool ds4_dsml_in_structure(const ds4_dsml_parser *p) {
         return true;
     case S_VALUE: {
         /* a closing tag under way ("</" or more held back) is structure */
-        size_t held = p->raw.len - p->pos;
-        if (held >= 2 && ds4_scan_match(p->raw.data + p->pos, held, TAGS[p->fam][T_CLOSE_PARAM]) == DS4_SCAN_PARTIAL)
+        size_t held = p->ev.raw.len - p->ev.pos;
+        if (held >= 2 && ds4_scan_match(p->ev.raw.data + p->ev.pos, held, TAGS[p->fam][T_CLOSE_PARAM]) == DS4_SCAN_PARTIAL)
             return true;
         return !p->pstring && !p->js_in_str;
     }
@@ -442,7 +396,7 @@ bool ds4_dsml_in_structure(const ds4_dsml_parser *p) {
     }
 }
 
-bool ds4_dsml_in_reasoning(const ds4_dsml_parser *p) { return p->st == S_THINK_START || p->st == S_REASONING; }
+bool ds4_dsml_in_reasoning(const ds4_dsml_parser *p) { return p->st == S_REASONING; }
 bool ds4_dsml_block_open(const ds4_dsml_parser *p) { return p->st >= S_BLOCK && p->st <= S_VALUE; }
 bool ds4_dsml_done(const ds4_dsml_parser *p) { return p->st == S_DONE; }
 bool ds4_dsml_failed(const ds4_dsml_parser *p) { return p->st == S_FAILED; }

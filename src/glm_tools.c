@@ -3,13 +3,12 @@
  * leaves its bytes unconsumed, which makes any chunking give the same events. */
 #include "glm_tools.h"
 #include "textscan.h"
+#include "tool_events.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char THINK_OPEN[] = "<think>";
-static const char THINK_CLOSE[] = "</think>";
 static const char CALL_OPEN[] = DS4_GLM_TOOL_CALL_OPEN;
 static const char CALL_CLOSE[] = "</tool_call>";
 static const char KEY_OPEN[] = "<arg_key>";
@@ -20,59 +19,39 @@ static const char VALUE_CLOSE[] = "</arg_value>";
 enum { MAX_TAG = 4096 };
 
 enum state {
-    S_THINK_START, S_REASONING, S_CONTENT,
+    S_REASONING, S_CONTENT,
     S_NAME, S_KEY, S_AFTER_KEY, S_VALUE, S_ARGS, S_BETWEEN,
     S_FAILED,
 };
 
 struct ds4_glm_parser {
     ds4_glm_opts o;
-    ds4_dsml_event_fn fn;
-    void *ud;
+    ds4_tool_events ev;                /* raw input, events, call index */
     enum state st;
-    ds4_buf raw;
-    size_t pos;
     size_t block_start, block_end;
-    int call, nparams;
+    int nparams;
     bool vstring, js_in_str, js_esc;   /* the value being read */
     ds4_buf name, key, args, value, tmp;
-    ds4_buf pend;                      /* coalesced text event */
-    ds4_dsml_event_kind pend_kind;
-    bool has_pend;
 };
 
 /* ---- events ---------------------------------------------------------------- */
 
-static void flush(ds4_glm_parser *p) {
-    if (!p->has_pend) return;
-    p->has_pend = false;
-    ds4_dsml_event ev = { .kind = p->pend_kind, .text = p->pend.data, .len = p->pend.len, .index = p->call };
-    p->fn(p->ud, &ev);
-    ds4_buf_clear(&p->pend);
-}
+static void flush(ds4_glm_parser *p) { ds4_tool_events_flush(&p->ev); }
 
 static void emit_text(ds4_glm_parser *p, ds4_dsml_event_kind kind, const char *s, size_t n) {
-    if (!n) return;
-    if (p->has_pend && p->pend_kind != kind) flush(p);
-    p->has_pend = true;
-    p->pend_kind = kind;
-    ds4_buf_put(&p->pend, s, n);
+    ds4_tool_events_text(&p->ev, kind, s, n);
 }
 
-static void emit(ds4_glm_parser *p, ds4_dsml_event ev) {
-    flush(p);
-    p->fn(p->ud, &ev);
+static void emit(ds4_glm_parser *p, ds4_dsml_event ev) { ds4_tool_events_emit(&p->ev, ev); }
+
+static void fail(ds4_glm_parser *p, const char *msg) {
+    ds4_tool_events_error(&p->ev, msg);
+    p->st = S_FAILED;
 }
 
 static void emit_args(ds4_glm_parser *p, const char *s, size_t n) {
     ds4_buf_put(&p->args, s, n);
     emit_text(p, DS4_DSML_EV_ARGS, s, n);
-}
-
-static void fail(ds4_glm_parser *p, const char *msg) {
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_ERROR, .message = msg,
-                              .text = p->raw.data ? p->raw.data : "", .len = p->raw.len, .index = p->call });
-    p->st = S_FAILED;
 }
 
 /* s[0..n) without surrounding ASCII white space, NUL-terminated in out. */
@@ -88,7 +67,7 @@ static void put_trimmed(ds4_buf *out, const char *s, size_t n) {
 /* ---- call pieces -------------------------------------------------------------- */
 
 static void open_call(ds4_glm_parser *p) {
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_START, .index = p->call, .name = p->name.data });
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_START, .index = p->ev.call, .name = p->name.data });
     ds4_buf_clear(&p->args);
     p->nparams = 0;
     emit_args(p, "{", 1);
@@ -96,9 +75,9 @@ static void open_call(ds4_glm_parser *p) {
 
 static void close_call(ds4_glm_parser *p) {
     emit_args(p, "}", 1);
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_END, .index = p->call, .name = p->name.data,
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_END, .index = p->ev.call, .name = p->name.data,
                               .text = p->args.data, .len = p->args.len, .args_valid = true });
-    p->call++;
+    p->ev.call++;
 }
 
 static void open_param(ds4_glm_parser *p) {
@@ -107,7 +86,7 @@ static void open_param(ds4_glm_parser *p) {
     p->vstring = t == DS4_GLM_ARG_STRING;
     p->js_in_str = p->js_esc = false;
     ds4_buf_clear(&p->value);
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_START, .index = p->call,
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_START, .index = p->ev.call,
                               .name = p->key.data, .is_string = p->vstring });
     ds4_buf_clear(&p->tmp);
     if (p->nparams) ds4_buf_putc(&p->tmp, ',');
@@ -145,7 +124,7 @@ static void close_param(ds4_glm_parser *p) {
         is_string = true;
     }
     emit_args(p, p->tmp.data, p->tmp.len);
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_END, .index = p->call, .name = p->key.data,
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_END, .index = p->ev.call, .name = p->key.data,
                               .is_string = is_string, .text = v, .len = p->value.len });
     p->nparams++;
 }
@@ -154,29 +133,6 @@ static void close_param(ds4_glm_parser *p) {
 
 /* Each step consumes what it can decide; false = nothing more until more
  * input (or, at eof, nothing more at all). */
-
-static bool step_think_start(ds4_glm_parser *p, const char *s, size_t n, bool eof) {
-    enum ds4_scan_match m = ds4_scan_match(s, n, THINK_OPEN);
-    if (m == DS4_SCAN_PARTIAL && !eof) return false;
-    if (m == DS4_SCAN_FULL) p->pos += strlen(THINK_OPEN);
-    p->st = S_REASONING;
-    return true;
-}
-
-static bool step_reasoning(ds4_glm_parser *p, const char *s, size_t n, bool eof) {
-    size_t k = ds4_scan_find(s, n, THINK_CLOSE);
-    if (k <= n) {
-        emit_text(p, DS4_DSML_EV_REASONING, s, k);
-        emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_REASONING_END });
-        p->pos += k + strlen(THINK_CLOSE);
-        p->st = S_CONTENT;
-        return true;
-    }
-    size_t keep = eof ? n : ds4_scan_utf8_cut(s, n - ds4_scan_partial_suffix(s, n, THINK_CLOSE));
-    emit_text(p, DS4_DSML_EV_REASONING, s, keep);
-    p->pos += keep;
-    return false;
-}
 
 static bool step_content(ds4_glm_parser *p, const char *s, size_t n, bool eof) {
     size_t hold = n;
@@ -187,8 +143,8 @@ static bool step_content(ds4_glm_parser *p, const char *s, size_t n, bool eof) {
             size_t e = i;
             while (e > 0 && ds4_scan_ws(s[e - 1])) e--;
             emit_text(p, DS4_DSML_EV_CONTENT, s, e);
-            p->block_start = p->pos + e;
-            p->pos += i + strlen(CALL_OPEN);
+            p->block_start = p->ev.pos + e;
+            p->ev.pos += i + strlen(CALL_OPEN);
             p->st = S_NAME;
             emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_BLOCK_START });
             return true;
@@ -202,7 +158,7 @@ static bool step_content(ds4_glm_parser *p, const char *s, size_t n, bool eof) {
         keep = ds4_scan_utf8_cut(s, keep);
     }
     emit_text(p, DS4_DSML_EV_CONTENT, s, keep);
-    p->pos += keep;
+    p->ev.pos += keep;
     return false;
 }
 
@@ -228,12 +184,12 @@ static bool step_name(ds4_glm_parser *p, const char *s, size_t n, bool eof) {
     if (!p->name.len) { fail(p, "tool call without a name"); return false; }
     open_call(p);
     if (mk == DS4_SCAN_FULL) {
-        p->pos += i + strlen(KEY_OPEN);
+        p->ev.pos += i + strlen(KEY_OPEN);
         p->st = S_KEY;
     } else {
-        p->pos += i + strlen(CALL_CLOSE);
+        p->ev.pos += i + strlen(CALL_CLOSE);
         close_call(p);
-        p->block_end = p->pos;
+        p->block_end = p->ev.pos;
         p->st = S_BETWEEN;
     }
     return true;
@@ -243,7 +199,7 @@ static bool step_key(ds4_glm_parser *p, const char *s, size_t n, bool eof) {
     size_t k = ds4_scan_find(s, n, KEY_CLOSE);
     if (k > n) return need_more(p, n, eof, "argument key too long");
     put_trimmed(&p->key, s, k);
-    p->pos += k + strlen(KEY_CLOSE);
+    p->ev.pos += k + strlen(KEY_CLOSE);
     p->st = S_AFTER_KEY;
     return true;
 }
@@ -254,11 +210,11 @@ static int expect_tag(ds4_glm_parser *p, const char *s, size_t n, bool eof, cons
                       const char *msg) {
     size_t i = 0;
     while (i < n && ds4_scan_ws(s[i])) i++;
-    p->pos += i;
+    p->ev.pos += i;
     s += i; n -= i;
     enum ds4_scan_match ma = ds4_scan_match(s, n, a), mb = b ? ds4_scan_match(s, n, b) : DS4_SCAN_NO;
-    if (ma == DS4_SCAN_FULL) { p->pos += strlen(a); return 0; }
-    if (mb == DS4_SCAN_FULL) { p->pos += strlen(b); return 1; }
+    if (ma == DS4_SCAN_FULL) { p->ev.pos += strlen(a); return 0; }
+    if (mb == DS4_SCAN_FULL) { p->ev.pos += strlen(b); return 1; }
     if (n && ma == DS4_SCAN_NO && mb == DS4_SCAN_NO) { fail(p, msg); return -2; }
     return -1;
 }
@@ -276,7 +232,7 @@ static bool step_value(ds4_glm_parser *p, const char *s, size_t n, bool eof) {
     size_t k = ds4_scan_find(s, n, VALUE_CLOSE);
     if (k <= n) {
         value_bytes(p, s, k);
-        p->pos += k + strlen(VALUE_CLOSE);
+        p->ev.pos += k + strlen(VALUE_CLOSE);
         close_param(p);
         p->st = S_ARGS;
         return true;
@@ -284,7 +240,7 @@ static bool step_value(ds4_glm_parser *p, const char *s, size_t n, bool eof) {
     if (eof) { fail(p, "unterminated tool call"); return false; }
     size_t keep = ds4_scan_utf8_cut(s, n - ds4_scan_partial_suffix(s, n, VALUE_CLOSE));
     value_bytes(p, s, keep);
-    p->pos += keep;
+    p->ev.pos += keep;
     return false;
 }
 
@@ -294,7 +250,7 @@ static bool step_args(ds4_glm_parser *p, const char *s, size_t n, bool eof) {
     if (t < 0) return false;
     if (t == 0) { p->st = S_KEY; return true; }
     close_call(p);
-    p->block_end = p->pos;
+    p->block_end = p->ev.pos;
     p->st = S_BETWEEN;
     return true;
 }
@@ -308,11 +264,12 @@ static bool step_between(ds4_glm_parser *p, const char *s, size_t n, bool eof) {
 
 static void run(ds4_glm_parser *p, bool eof) {
     for (bool more = true; more;) {
-        const char *s = p->raw.data ? p->raw.data + p->pos : "";
-        size_t n = p->raw.len - p->pos;
+        const char *s = p->ev.raw.data ? p->ev.raw.data + p->ev.pos : "";
+        size_t n = p->ev.raw.len - p->ev.pos;
         switch (p->st) {
-        case S_THINK_START: more = step_think_start(p, s, n, eof); break;
-        case S_REASONING:   more = step_reasoning(p, s, n, eof); break;
+        case S_REASONING:
+            if ((more = ds4_tool_events_reasoning(&p->ev, s, n, eof))) p->st = S_CONTENT;
+            break;
         case S_CONTENT:     more = step_content(p, s, n, eof); break;
         case S_NAME:        more = step_name(p, s, n, eof); break;
         case S_KEY:         more = step_key(p, s, n, eof); break;
@@ -332,23 +289,22 @@ ds4_glm_parser *ds4_glm_new(const ds4_glm_opts *o, ds4_dsml_event_fn fn, void *u
     ds4_glm_parser *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->o = *o;
-    p->fn = fn;
-    p->ud = ud;
-    p->st = o->thinking ? S_THINK_START : S_CONTENT;
+    ds4_tool_events_init(&p->ev, fn, ud);
+    p->st = o->thinking ? S_REASONING : S_CONTENT;
     return p;
 }
 
 void ds4_glm_free(ds4_glm_parser *p) {
     if (!p) return;
-    ds4_buf *bufs[] = { &p->raw, &p->name, &p->key, &p->args, &p->value, &p->tmp, &p->pend };
+    ds4_buf *bufs[] = { &p->name, &p->key, &p->args, &p->value, &p->tmp };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ds4_buf_free(bufs[i]);
+    ds4_tool_events_free(&p->ev);
     free(p);
 }
 
 void ds4_glm_feed(ds4_glm_parser *p, const char *s, size_t n) {
     if (p->st == S_FAILED || !n) return;
-    ds4_buf_put(&p->raw, s, n);
-    if (p->raw.oom) { fail(p, "out of memory"); return; }
+    if (!ds4_tool_events_append(&p->ev, s, n)) { fail(p, "out of memory"); return; }
     run(p, false);
 }
 
@@ -356,9 +312,9 @@ void ds4_glm_finish(ds4_glm_parser *p) {
     if (p->st == S_FAILED) return;
     run(p, true);
     if (p->st == S_BETWEEN)
-        emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_BLOCK_END, .text = p->raw.data + p->block_start,
+        emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_BLOCK_END, .text = p->ev.raw.data + p->block_start,
                                   .len = p->block_end - p->block_start });
-    if (p->args.oom || p->pend.oom || p->tmp.oom || p->value.oom) fail(p, "out of memory");
+    if (p->args.oom || p->ev.pend.oom || p->tmp.oom || p->value.oom) fail(p, "out of memory");
 }
 
 bool ds4_glm_in_structure(const ds4_glm_parser *p) {
@@ -366,8 +322,8 @@ bool ds4_glm_in_structure(const ds4_glm_parser *p) {
     case S_NAME: case S_KEY: case S_AFTER_KEY: case S_ARGS: case S_BETWEEN:
         return true;
     case S_VALUE: {
-        size_t held = p->raw.len - p->pos;
-        if (held >= 2 && ds4_scan_match(p->raw.data + p->pos, held, VALUE_CLOSE) == DS4_SCAN_PARTIAL)
+        size_t held = p->ev.raw.len - p->ev.pos;
+        if (held >= 2 && ds4_scan_match(p->ev.raw.data + p->ev.pos, held, VALUE_CLOSE) == DS4_SCAN_PARTIAL)
             return true;
         return !p->vstring && !p->js_in_str;
     }
@@ -376,7 +332,7 @@ bool ds4_glm_in_structure(const ds4_glm_parser *p) {
     }
 }
 
-bool ds4_glm_in_reasoning(const ds4_glm_parser *p) { return p->st == S_THINK_START || p->st == S_REASONING; }
+bool ds4_glm_in_reasoning(const ds4_glm_parser *p) { return p->st == S_REASONING; }
 bool ds4_glm_block_open(const ds4_glm_parser *p) { return p->st >= S_NAME && p->st <= S_BETWEEN; }
 bool ds4_glm_failed(const ds4_glm_parser *p) { return p->st == S_FAILED; }
 

@@ -4,7 +4,8 @@ random weights) carrying the constructed GLM tokenizer (mk/glmchat.mk): the
 server picks the chat format from the vocabulary's family, so rendering,
 stop tokens, tool-call parsing and streaming, exact replay and
 continuations run end to end with the real decode loop; the weights are
-random, so tool-call paths use --scripted-output as test_server_sdk does.
+random, so tool-call paths run test_server_sdk's scripted scenario with
+the same turn written in GLM's syntax (--scripted-output).
 
 Oracle for the prompts: the GLM-5.2-delta template
 (tests/fixtures/glm_chat/GLM-5.2-deltas.jinja) rendered by jinja2 in Hugging
@@ -22,6 +23,7 @@ from tokenizers import Tokenizer
 
 import server_helper
 from server_helper import Results, Server, write_temp_file
+from test_server_sdk import A_TOOLS, ARGS, TOOLS, scripted_server_tests
 
 sys.path.insert(0, os.path.join(server_helper.ROOT, "tests", "oracles"))
 from glm_chat_fixtures import DIR as TEMPLATE_DIR, hf_env  # noqa: E402
@@ -29,14 +31,11 @@ from glm_chat_fixtures import DIR as TEMPLATE_DIR, hf_env  # noqa: E402
 NAME = "test_server_glm"
 BUILD = os.environ.get("BUILD", "build")
 MODEL = os.path.join(server_helper.ROOT, BUILD, "glmchat", "glm-demo.gguf")
+# test_server_sdk's scripted turn in GLM's syntax (its tools, arguments and
+# checks are reused as they are)
 SCRIPT = ("Let me check.</think>I'll read it.\n<tool_call>read_file<arg_key>path</arg_key><arg_value>src/main.c"
           "</arg_value><arg_key>limit</arg_key><arg_value>200</arg_value></tool_call><|observation|>")
-ARGS = {"path": "src/main.c", "limit": 200}
-TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
-                                            "parameters": {"type": "object", "properties": {
-                                                "path": {"type": "string"}, "limit": {"type": "integer"}}}}}]
 HF = Tokenizer.from_file(os.path.join(server_helper.ROOT, "data", "glm-constructed-tokenizer.json"))
-A_TOOLS = [{"name": "read_file", "description": "Read a file", "input_schema": TOOLS[0]["function"]["parameters"]}]
 
 
 def model_or_skip():
@@ -130,75 +129,19 @@ def plain_tests(t, srv):
     t.check(st == 200 and json.loads(body).get("eos_token") == "<|endoftext|>", f"tokenizer_info {body[:100]}")
 
 
-def scripted_tests(t, srv):
+def glm_scripted_tests(t, srv):
+    """What test_server_sdk's scripted scenario does not cover for GLM: the
+    live-continuation tail is GLM's observation turn."""
     oc = openai.OpenAI(base_url=srv.base + "/v1", api_key="dummy", max_retries=0, timeout=300)
-    ac = anthropic.Anthropic(base_url=srv.base, api_key="dummy", max_retries=0, timeout=300)
-    msgs = [{"role": "user", "content": "Read src/main.c"}]
-
-    r = oc.chat.completions.create(model="glm-5.2", messages=msgs, tools=TOOLS)
-    m = r.choices[0].message
-    t.check(r.choices[0].finish_reason == "tool_calls" and len(m.tool_calls or []) == 1, f"tool call {r}")
-    tc = m.tool_calls[0]
-    t.check(tc.function.name == "read_file" and json.loads(tc.function.arguments) == ARGS and tc.id.startswith("call_"),
-            f"tool call fields (limit typed integer by the schema) {tc}")
-    t.check(m.reasoning_content == "Let me check." and m.content == "I'll read it.", f"reasoning/content split {m}")
-    P1 = r.usage.prompt_tokens
-
-    # the client re-serialises the arguments: exact replay keeps the prompt
-    # equal to the live text, so the whole previous turn is reused
-    args2 = json.dumps({"limit": 200, "path": "src/main.c"}, indent=2)
-    turn2 = msgs + [{"role": "assistant", "content": m.content, "reasoning_content": m.reasoning_content,
-                     "tool_calls": [{"id": tc.id, "type": "function",
-                                     "function": {"name": "read_file", "arguments": args2}}]},
-                    {"role": "tool", "tool_call_id": tc.id, "content": "int main(void) { return 0; }"}]
-    r2 = oc.chat.completions.create(model="glm-5.2", messages=turn2, tools=TOOLS)
-    cached = r2.usage.prompt_tokens_details.cached_tokens
-    t.check(cached >= P1 + r.usage.completion_tokens - 1,
-            f"exact replay keeps the tool turn cached: {cached} vs {P1}+{r.usage.completion_tokens}")
-    t.check("live text prefix" in srv.trace_text() or "exact token prefix" in srv.trace_text(), "trace cache decision")
-
-    chunks = list(oc.chat.completions.create(model="glm-5.2", messages=msgs, tools=TOOLS, stream=True))
-    args, ids, names = "", [], []
-    for c in chunks:
-        for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
-            if d.id:
-                ids.append(d.id)
-                names.append(d.function.name)
-            args += d.function.arguments or ""
-    t.check(len(ids) == 1 and names == ["read_file"] and json.loads(args) == ARGS, f"streamed args {args!r}")
-    fins = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    t.check(fins == ["tool_calls"], f"stream finish {fins}")
-
     rtools = [{"type": "function", "name": "read_file", "parameters": TOOLS[0]["function"]["parameters"]}]
     events = list(oc.responses.create(model="glm-5.2", input="Read src/main.c", stream=True, tools=rtools))
     done = [e for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
-    t.check(len(done) == 1 and json.loads(done[0].item.arguments) == ARGS, "responses function_call")
-    rr = oc.responses.create(model="glm-5.2", tools=rtools,
-                             input=[{"type": "function_call_output", "call_id": done[0].item.call_id, "output": "ok"}])
-    t.check(rr.usage.input_tokens_details.cached_tokens > 0 and "live tool-call continuation" in srv.trace_text(),
-            f"responses live continuation {rr.usage}")
+    t.check(len(done) == 1 and json.loads(done[0].item.arguments) == ARGS, "responses function_call (typed limit)")
+    oc.responses.create(model="glm-5.2", tools=rtools,
+                        input=[{"type": "function_call_output", "call_id": done[0].item.call_id, "output": "ok"}])
     t.check((last_prompt(srv) or "").endswith(
         "</tool_call><|observation|><tool_response>ok</tool_response><|assistant|><think>"),
         f"continuation tail: {(last_prompt(srv) or '')[-120:]!r}")
-
-    with ac.messages.stream(model="glm-5.2", max_tokens=200, messages=msgs, tools=A_TOOLS) as st:
-        fm = st.get_final_message()
-    tu = [b for b in fm.content if b.type == "tool_use"]
-    t.check(fm.stop_reason == "tool_use" and len(tu) == 1 and tu[0].input == ARGS, f"anthropic tool_use {fm.content}")
-    m2 = ac.messages.create(model="glm-5.2", max_tokens=200, tools=A_TOOLS, messages=msgs + [
-        {"role": "assistant", "content": [b.model_dump() for b in fm.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tu[0].id, "content": "ok"}]}])
-    t.check(m2.usage.cache_read_input_tokens > 0 and m2.stop_reason == "tool_use", f"anthropic follow-up {m2.usage}")
-
-    # no tools: the call text is content; the next turn drops the reasoning
-    # (<think></think>) and still reuses the live KV (visible transcript)
-    c1 = oc.chat.completions.create(model="glm-5.2", messages=msgs)
-    t.check(c1.choices[0].message.reasoning_content == "Let me check." and not c1.choices[0].message.tool_calls and
-            "<tool_call>read_file" in (c1.choices[0].message.content or ""), f"no tools: plain content {c1}")
-    c2 = oc.chat.completions.create(model="glm-5.2", messages=msgs + [
-        {"role": "assistant", "content": c1.choices[0].message.content}, {"role": "user", "content": "more"}])
-    t.check(c2.usage.prompt_tokens_details.cached_tokens >= c1.usage.prompt_tokens + c1.usage.completion_tokens - 1,
-            f"dropped-reasoning replay reuse {c2.usage} after {c1.usage}")
 
 
 def main():
@@ -214,7 +157,10 @@ def main():
     try:
         srv = Server("--scripted-output", script)
         try:
-            scripted_tests(t, srv)
+            # the DeepSeek scenario, unchanged: the same SDK-visible results
+            # (reasoning, content, typed arguments, ids, replay, continuations)
+            scripted_server_tests(t, srv)
+            glm_scripted_tests(t, srv)
             t.check(srv.alive(), "scripted server alive")
         finally:
             srv.stop()

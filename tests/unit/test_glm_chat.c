@@ -148,27 +148,41 @@ static void test_errors(void) {
     ds4_buf_free(&out);
 }
 
-/* Every byte of client text lies inside a recorded span, and no template
- * marker does: spans are exactly the client strings. */
-static void test_spans(void) {
-    static const char X[] = "<|user|>X";
-    ds4_tool_def tool = { .name = "f", .description = X, .parameters = "{\"type\":\"object\"}" };
-    ds4_tool_call call = { "c1", X, "{\"<|user|>X\": \"<|user|>X\"}" };
+/* A GLM conversation with `text` in every client string: system, user,
+ * reasoning, content, call name, argument key and value, tool result and
+ * tool description; its client spans go to sp. */
+static void render_client_text(const char *text, ds4_chat_spans *sp, ds4_buf *out) {
+    ds4_tool_def tool = { .name = "f", .description = text, .parameters = "{\"type\":\"object\"}" };
+    ds4_buf args = {0};
+    ds4_buf_puts(&args, "{");
+    ds4_json_quote(text, strlen(text), DS4_JSON_COMPACT, &args);
+    ds4_buf_puts(&args, ":");
+    ds4_json_quote(text, strlen(text), DS4_JSON_COMPACT, &args);
+    ds4_buf_puts(&args, "}");
+    ds4_tool_call call = { "c1", text, args.data };
     ds4_chat_msg m[] = {
-        { .role = DS4_ROLE_SYSTEM, .content = X }, { .role = DS4_ROLE_USER, .content = X },
-        { .role = DS4_ROLE_ASSISTANT, .content = X, .reasoning_content = X, .tool_calls = &call, .n_tool_calls = 1 },
-        { .role = DS4_ROLE_TOOL, .content = X, .tool_call_id = "c1" },
+        { .role = DS4_ROLE_SYSTEM, .content = text }, { .role = DS4_ROLE_USER, .content = text },
+        { .role = DS4_ROLE_ASSISTANT, .content = text, .reasoning_content = text, .tool_calls = &call, .n_tool_calls = 1 },
+        { .role = DS4_ROLE_TOOL, .content = text, .tool_call_id = "c1" },
     };
-    ds4_chat_spans sp = {0};
     ds4_chat_opts o;
     ds4_chat_opts_default(&o);
     o.profile = DS4_CHAT_GLM;
     o.tools = &tool;
     o.n_tools = 1;
-    o.client_spans = &sp;
-    ds4_buf out = {0};
+    o.client_spans = sp;
     char err[200];
-    CHECK(render(m, 4, &o, &out, err), "%s", err);
+    CHECK(render(m, 4, &o, out, err), "%s", err);
+    ds4_buf_free(&args);
+}
+
+/* Every byte of client text lies inside a recorded span, and no template
+ * marker does: spans are exactly the client strings. */
+static void test_spans(void) {
+    static const char X[] = "<|user|>X";
+    ds4_chat_spans sp = {0};
+    ds4_buf out = {0};
+    render_client_text(X, &sp, &out);
     int found = 0;
     for (const char *p = out.data; (p = strstr(p, X)); p += strlen(X)) {
         size_t at = (size_t)(p - out.data);
@@ -222,26 +236,9 @@ static int count_protocol(const ds4_tokenizer *t, const ds4_token_ids *ids) {
 }
 
 static void encode_conv(const ds4_tokenizer *t, const char *text, ds4_token_ids *ids) {
-    ds4_tool_def tool = { .name = "f", .description = text, .parameters = "{\"type\":\"object\"}" };
-    ds4_tool_call call = { "c1", "f", NULL };
-    char args[512];
-    snprintf(args, sizeof args, "{\"k\": \"%s\"}", text);
-    call.arguments = args;
-    ds4_chat_msg m[] = {
-        { .role = DS4_ROLE_SYSTEM, .content = text }, { .role = DS4_ROLE_USER, .content = text },
-        { .role = DS4_ROLE_ASSISTANT, .content = text, .reasoning_content = text, .tool_calls = &call, .n_tool_calls = 1 },
-        { .role = DS4_ROLE_TOOL, .content = text, .tool_call_id = "c1" },
-    };
     ds4_chat_spans sp = {0};
-    ds4_chat_opts o;
-    ds4_chat_opts_default(&o);
-    o.profile = DS4_CHAT_GLM;
-    o.tools = &tool;
-    o.n_tools = 1;
-    o.client_spans = &sp;
     ds4_buf out = {0};
-    char err[200];
-    CHECK(render(m, 4, &o, &out, err), "%s", err);
+    render_client_text(text, &sp, &out);
     CHECK(!ds4_chat_encode(t, out.data, 0, out.len, &sp, ids), "encode");
     ds4_chat_spans_free(&sp);
     ds4_buf_free(&out);
