@@ -110,6 +110,15 @@ def plain_tests(t, srv):
     got = last_prompt(srv)
     t.check(got == want, f"multi-turn tool history differs from the template:\n got {got!r}\nwant {want!r}")
 
+    # the template iterates the arguments' items: anything but an object is one 400 line
+    bad = [{"role": "user", "content": "x"},
+           {"role": "assistant", "tool_calls": [{"id": "call_b", "type": "function",
+                                                 "function": {"name": "read_file", "arguments": "[1, 2]"}}]},
+           {"role": "tool", "tool_call_id": "call_b", "content": "y"}]
+    st, _, body = srv.request("POST", "/v1/chat/completions", {"model": "glm-5.2", "messages": bad, "max_tokens": 1})
+    msg = json.loads(body).get("error", {}).get("message", "")
+    t.check(st == 400 and "arguments are not a JSON object" in msg and "\n" not in msg, f"non-object arguments: {st} {msg}")
+
     # Anthropic: tool_result blocks become GLM's observation turn
     ac.messages.create(model="glm-5.2", max_tokens=1, tools=A_TOOLS, messages=[
         {"role": "user", "content": "Read a"},
