@@ -13,6 +13,9 @@
 
 #define GLM_LATENT_NORM_EPS 1e-6f
 #define GLM_INDEXER_NORM_EPS 1e-6f
+/* Last-token rows of different runs sharing one output-head product (bounds
+ * the head's scratch: HEAD_ROWS x n_vocab floats). */
+#define HEAD_ROWS 16
 
 /* One indexer candidate while the top-k is chosen. */
 typedef struct {
@@ -30,6 +33,8 @@ struct glm_forward {
     float *rope_inv;                 /* [n_rot/2] inverse frequencies */
     /* per row */
     float *x, *a, *qr, *q, *kvraw, *attn, *h, *y, *ffn, *gate, *up, *iq, *ik;
+    glm_kv **row_kv;                 /* [max_rows] the state each row belongs to */
+    int *row_pos;                    /* [max_rows] its position there */
     int *picks, *n_picks;            /* [max_rows][idx_topk] selected positions (ascending), their counts */
     void *acts;                      /* [max_rows] quantized activation rows of the widest input */
     /* routed experts: [max_rows][n_expert_used] selections, weights and outputs */
@@ -44,6 +49,7 @@ struct glm_forward {
     float *score;
     candidate *cand;
     unsigned char *chosen;
+    float *head_out;                 /* [HEAD_ROWS][n_vocab] */
 };
 
 /* Y[t][0..rows) = matrix `mat` of w times X[t] for t < T (X rows x_stride
@@ -124,9 +130,11 @@ static void select_keys(glm_forward *f, int pos, int *picks, int *n_picks) {
         *n_picks = visible;
         return;
     }
-    for (int u = 0; u < visible; u++) f->cand[u] = (candidate){f->score[u], u};
+    for (int u = 0; u < visible; u++) {
+        f->cand[u] = (candidate){f->score[u], u};
+        f->chosen[u] = 0;
+    }
     qsort(f->cand, (size_t)visible, sizeof *f->cand, by_score);
-    memset(f->chosen, 0, (size_t)visible);
     for (int j = 0; j < k; j++) f->chosen[f->cand[j].pos] = 1;
     int n = 0;
     for (int u = 0; u < visible; u++)
@@ -136,21 +144,21 @@ static void select_keys(glm_forward *f, int pos, int *picks, int *n_picks) {
 
 /* Full layer: the rows' indexer keys into the state, then each row's top-k
  * over every cached key up to its position. */
-static void indexer(glm_forward *f, const glm_layer *L, glm_kv *kv, int l, int p0, int T) {
+static void indexer(glm_forward *f, const glm_layer *L, int l, int T) {
     const glm_hparams *hp = &f->m->hp;
     const int E = (int)hp->n_embd, IH = (int)hp->idx_n_head, ID = (int)hp->idx_head_dim, LQ = (int)hp->q_lora_rank;
     const int K = (int)hp->idx_topk;
-    float *keys = kv->idx[l];
     matmul(f, &L->idx_k, 0, T, f->a, (size_t)E, f->ik);
     for (int t = 0; t < T; t++) {
-        float *k = keys + (size_t)(p0 + t) * ID;
+        float *k = f->row_kv[t]->idx[l] + (size_t)f->row_pos[t] * ID;
         memcpy(k, f->ik + (size_t)t * ID, (size_t)ID * sizeof(float));
         layer_norm(k, L->idx_k_norm, L->idx_k_norm_b, GLM_INDEXER_NORM_EPS, ID);
-        rope(f, k, p0 + t);
+        rope(f, k, f->row_pos[t]);
     }
     matmul(f, &L->idx_q_b, 0, T, f->qr, (size_t)LQ, f->iq);
     for (int t = 0; t < T; t++) {
-        const int pos = p0 + t;
+        const int pos = f->row_pos[t];
+        const float *keys = f->row_kv[t]->idx[l];
         if (pos + 1 > K) {
             float *iq = f->iq + (size_t)t * IH * ID;
             for (int j = 0; j < IH; j++) {
@@ -171,16 +179,16 @@ static void indexer(glm_forward *f, const glm_layer *L, glm_kv *kv, int l, int p
 }
 
 /* The rows' latent + rope key into the state. */
-static void cache_latent(glm_forward *f, const glm_layer *L, glm_kv *kv, int l, int p0, int T) {
+static void cache_latent(glm_forward *f, const glm_layer *L, int l, int T) {
     const glm_hparams *hp = &f->m->hp;
-    const int LKV = (int)hp->kv_lora_rank, R = (int)hp->n_rot, W = kv->row_width;
+    const int LKV = (int)hp->kv_lora_rank, R = (int)hp->n_rot, W = LKV + R;
     matmul(f, &L->kv_a_mqa, 0, T, f->a, hp->n_embd, f->kvraw);
     for (int t = 0; t < T; t++) {
         const float *raw = f->kvraw + (size_t)t * W;
-        float *row = kv->rows[l] + (size_t)(p0 + t) * W;
+        float *row = f->row_kv[t]->rows[l] + (size_t)f->row_pos[t] * W;
         rms(raw, L->kv_a_norm, GLM_LATENT_NORM_EPS, LKV, row);
         memcpy(row + LKV, raw + LKV, (size_t)R * sizeof(float));
-        rope(f, row + LKV, p0 + t);
+        rope(f, row + LKV, f->row_pos[t]);
     }
 }
 
@@ -189,8 +197,10 @@ static void mv(glm_forward *f, const ds4_tensor *w, int64_t mat, const float *x,
 }
 
 /* Absorbed MLA for row t over its selected cached positions. */
-static void attend(glm_forward *f, const glm_layer *L, const glm_kv *kv, int l, int t, int pos) {
+static void attend(glm_forward *f, const glm_layer *L, int l, int t) {
     const glm_hparams *hp = &f->m->hp;
+    const glm_kv *kv = f->row_kv[t];
+    const int pos = f->row_pos[t];
     const int H = (int)hp->n_head, R = (int)hp->n_rot, LKV = (int)hp->kv_lora_rank, W = kv->row_width;
     const int DK = (int)hp->key_length_mla, nope = DK - R, DV = (int)hp->value_length_mla;
     const float scale = 1.0f / sqrtf((float)DK);
@@ -280,7 +290,7 @@ static void routed(glm_forward *f, const glm_layer *L, int T) {
     }
 }
 
-static void layer(glm_forward *f, glm_kv *kv, int l, int p0, int T) {
+static void layer(glm_forward *f, int l, int T) {
     const glm_hparams *hp = &f->m->hp;
     const glm_layer *L = &f->m->layers[l];
     const int E = (int)hp->n_embd, LQ = (int)hp->q_lora_rank;
@@ -288,10 +298,10 @@ static void layer(glm_forward *f, glm_kv *kv, int l, int p0, int T) {
     matmul(f, &L->q_a, 0, T, f->a, (size_t)E, f->q);
     for (int t = 0; t < T; t++)
         rms(f->q + (size_t)t * LQ, L->q_a_norm, GLM_LATENT_NORM_EPS, LQ, f->qr + (size_t)t * LQ);
-    cache_latent(f, L, kv, l, p0, T);
-    if (hp->indexer_full[l]) indexer(f, L, kv, l, p0, T);
+    cache_latent(f, L, l, T);
+    if (hp->indexer_full[l]) indexer(f, L, l, T);
     matmul(f, &L->q_b, 0, T, f->qr, (size_t)LQ, f->q);
-    for (int t = 0; t < T; t++) attend(f, L, kv, l, t, p0 + t);
+    for (int t = 0; t < T; t++) attend(f, L, l, t);
     matmul(f, &L->attn_output, 0, T, f->attn, (size_t)hp->n_head * hp->value_length_mla, f->h);
     for (int t = 0; t < T; t++) {
         float *x = f->x + (size_t)t * E, *h = f->h + (size_t)t * E;
@@ -344,25 +354,60 @@ int glm_forward_prepare(glm_forward *f, const glm_kv *kv, const int32_t *toks, i
     return 0;
 }
 
-int glm_forward_eval(glm_forward *f, glm_kv *kv, const int32_t *toks, int n, float *logits, bool all_logits,
-                     char *err, size_t errlen) {
-    if (n > f->max_rows) {
-        snprintf(err, errlen, "a GLM evaluation takes at most %d tokens (got %d)", f->max_rows, n);
-        return -1;
+/* The output head over n rows of f->y from row `first` into out (n x n_vocab). */
+static void head(glm_forward *f, int first, int n, float *out) {
+    matmul(f, &f->m->output, 0, n, f->y + (size_t)first * f->m->hp.n_embd, f->m->hp.n_embd, out);
+}
+
+/* The last rows gathered at the front of f->y, one per run in group_run:
+ * one head product for all of them, then each run's copy. */
+static void head_group(glm_forward *f, const glm_run *runs, const int *group_run, int group) {
+    const size_t V = f->m->hp.n_vocab;
+    head(f, 0, group, f->head_out);
+    for (int g = 0; g < group; g++) memcpy(runs[group_run[g]].logits, f->head_out + g * V, V * sizeof(float));
+}
+
+int glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *err, size_t errlen) {
+    int T = 0;
+    for (int r = 0; r < n_runs; r++) {
+        if (glm_forward_prepare(f, runs[r].kv, runs[r].toks, runs[r].n, err, errlen)) return -1;
+        for (int q = 0; q < r; q++)
+            if (runs[q].kv == runs[r].kv) { snprintf(err, errlen, "one state appears twice in a GLM evaluation"); return -1; }
+        T += runs[r].n;
+        if (T > f->max_rows) {
+            snprintf(err, errlen, "a GLM evaluation takes at most %d rows (got more)", f->max_rows);
+            return -1;
+        }
     }
-    if (glm_forward_prepare(f, kv, toks, n, err, errlen)) return -1;
     const glm_model *m = f->m;
     const glm_hparams *hp = &m->hp;
-    const int E = (int)hp->n_embd, p0 = kv->n_pos;
-    for (int t = 0; t < n; t++)
-        ds4_dequantize_row(m->token_embd.type, (const char *)m->token_embd.data + (size_t)toks[t] * m->token_embd.row_bytes,
-                           f->x + (size_t)t * E, (int64_t)E);
-    for (int l = 0; l < kv->n_layer; l++) layer(f, kv, l, p0, n);
-    kv->n_pos = p0 + n;
-    if (!logits) return 0;
-    const int first = all_logits ? 0 : n - 1;
-    for (int t = first; t < n; t++) rms(f->x + (size_t)t * E, m->output_norm, hp->rms_eps, E, f->y + (size_t)t * E);
-    matmul(f, &m->output, 0, n - first, f->y + (size_t)first * E, (size_t)E, logits);
+    const int E = (int)hp->n_embd;
+    for (int r = 0, t = 0; r < n_runs; r++)
+        for (int i = 0; i < runs[r].n; i++, t++) {
+            f->row_kv[t] = runs[r].kv;
+            f->row_pos[t] = runs[r].kv->n_pos + i;
+            ds4_dequantize_row(m->token_embd.type,
+                               (const char *)m->token_embd.data + (size_t)runs[r].toks[i] * m->token_embd.row_bytes,
+                               f->x + (size_t)t * E, (int64_t)E);
+        }
+    for (int l = 0; l < (int)glm_n_trunk(hp); l++) layer(f, l, T);
+    for (int t = 0; t < T; t++) rms(f->x + (size_t)t * E, m->output_norm, hp->rms_eps, E, f->y + (size_t)t * E);
+    /* Every row of an all_logits run goes straight into its buffer. The last
+     * rows of the others move to the front of f->y (row `group` <= the run's
+     * index <= its first row, so no row still needed is overwritten) and
+     * share one head product per HEAD_ROWS: decode rows of several runs read
+     * the head's weights once. */
+    int group = 0, group_run[HEAD_ROWS];
+    for (int r = 0, t = 0; r < n_runs; t += runs[r].n, r++) {
+        const glm_run *run = &runs[r];
+        run->kv->n_pos += run->n;
+        if (!run->logits) continue;
+        if (run->all_logits) { head(f, t, run->n, run->logits); continue; }
+        memmove(f->y + (size_t)group * E, f->y + (size_t)(t + run->n - 1) * E, (size_t)E * sizeof(float));
+        group_run[group++] = r;
+        if (group == HEAD_ROWS) { head_group(f, runs, group_run, group); group = 0; }
+    }
+    if (group) head_group(f, runs, group_run, group);
     return 0;
 }
 
@@ -374,7 +419,7 @@ void glm_forward_free(glm_forward *f) {
     void *owned[] = {f->rope_inv, f->x, f->a, f->qr, f->q, f->kvraw, f->attn, f->h, f->y, f->ffn, f->gate, f->up,
                      f->iq, f->ik, f->picks, f->n_picks, f->acts, f->qlat, f->obar, f->iw, f->router,
                      f->expert_w, f->expert_in, f->expert_out, f->experts, f->expert_slot, f->score, f->cand,
-                     f->chosen};
+                     f->chosen, f->row_kv, f->row_pos, f->head_out};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
     free(f);
 }
@@ -426,6 +471,9 @@ glm_forward *glm_forward_new(const glm_model *m, struct ds4_pool *pool, int max_
     f->up = malloc(T * F * sizeof(float));
     f->iq = malloc(T * idx_q * sizeof(float));
     f->ik = malloc(T * hp->idx_head_dim * sizeof(float));
+    f->row_kv = malloc(T * sizeof(glm_kv *));
+    f->row_pos = malloc(T * sizeof(int));
+    f->head_out = malloc((size_t)HEAD_ROWS * hp->n_vocab * sizeof(float));
     f->picks = malloc(T * hp->idx_topk * sizeof(int));
     f->n_picks = malloc(T * sizeof(int));
     f->acts = malloc(T * act_row);
@@ -441,7 +489,8 @@ glm_forward *glm_forward_new(const glm_model *m, struct ds4_pool *pool, int max_
     f->expert_slot = malloc(T * K * sizeof(int));
     if (!f->rope_inv || !f->x || !f->a || !f->qr || !f->q || !f->kvraw || !f->attn || !f->h || !f->y || !f->ffn ||
         !f->gate || !f->up || !f->iq || !f->ik || !f->picks || !f->n_picks || !f->acts || !f->qlat || !f->obar ||
-        !f->iw || !f->router || !f->expert_w || !f->expert_in || !f->expert_out || !f->experts || !f->expert_slot) {
+        !f->iw || !f->router || !f->expert_w || !f->expert_in || !f->expert_out || !f->experts || !f->expert_slot ||
+        !f->row_kv || !f->row_pos || !f->head_out) {
         snprintf(err, errlen, "out of memory for the GLM forward pass scratch (%d rows)", max_rows);
         glm_forward_free(f);
         return NULL;
@@ -457,7 +506,8 @@ int glm_forward_sequence(const glm_model *m, struct ds4_pool *pool, const int32_
     glm_kv *kv = glm_kv_new(&m->hp, n);
     glm_forward *f = kv ? glm_forward_new(m, pool, n, err, errlen) : NULL;
     if (!kv) snprintf(err, errlen, "out of memory for a %d-token GLM state", n);
-    const int rc = f ? glm_forward_eval(f, kv, tokens, n, logits, true, err, errlen) : -1;
+    const glm_run run = {kv, tokens, n, logits, true};
+    const int rc = f ? glm_forward_eval(f, &run, 1, err, errlen) : -1;
     glm_forward_free(f);
     glm_kv_free(kv);
     return rc;

@@ -3,11 +3,13 @@
  * (glm_backend.h) and by the reference entry glm_forward_sequence().
  *
  * Contract
- * - glm_forward_eval() appends toks[0..n) (n <= max_rows) to kv at positions
- *   kv->n_pos .. kv->n_pos + n - 1 (then kv->n_pos += n) and writes
- *   next-token logits: n x n_vocab when all_logits, else the last token's
- *   n_vocab; logits NULL skips the output head (a run split into calls needs
- *   it only for its last call).
+ * - glm_forward_eval() evaluates n_runs runs together, up to max_rows tokens
+ *   in all: each appends its toks[0..n) to its own state (distinct states)
+ *   at positions kv->n_pos .. kv->n_pos + n - 1 (then kv->n_pos += n) and
+ *   writes next-token logits: n x n_vocab when all_logits, else the last
+ *   token's n_vocab; logits NULL skips the output head (a run split into
+ *   calls needs it only for its last call). Every projection runs once over
+ *   all rows of all runs, so weights are read once per call.
  *   Math (GLM sheet section 5, checked against transformers by
  *   tests/unit/test_glm_forward.c and tests/glm/test_glm_reference.py):
  *   pre-norm blocks; MLA in the absorbed form (the query's nope part
@@ -22,14 +24,16 @@
  *   reference code), the block and final norms rms_eps. The MTP block is
  *   not run.
  * - Exactness: every row's result depends only on its token, its position
- *   and the state before it (matrix products with the activation quantized
+ *   and its state before it (matrix products with the activation quantized
  *   per row; kernels whose dot order does not depend on the batch; the
- *   attention and indexer of a row read only cached rows <= its position),
- *   so any split of a run into calls gives bit-identical logits and state.
+ *   attention and indexer of a row read only its own state's rows <= its
+ *   position; routed experts added in selection order), so any split of a
+ *   run into calls, and any other runs sharing a call, give bit-identical
+ *   logits and state.
  * - Matrices are used in their stored types through the CPU kernels.
- * - Returns 0, or -1 with one line in err (bad token id, n outside
- *   1..max_rows, context full, out of memory); on error kv->n_pos is
- *   unchanged (rows past it may have been written: they are not state).
+ * - Returns 0, or -1 with one line in err (bad token id, more than max_rows
+ *   rows, a state twice, context full, out of memory) before any state
+ *   changed.
  * - glm_forward_weight_bytes(): bytes of weight matrices the products have
  *   read so far (a batched product reads its weights once for all rows).
  * - glm_forward_sequence() is the reference form: tokens[0..n) at positions
@@ -55,12 +59,19 @@ int glm_forward_max_rows(const glm_forward *f);
 uint64_t glm_forward_weight_bytes(const glm_forward *f);
 /* Checks what eval would refuse for a run of n tokens appended to kv (token
  * ids, context room) without running anything, and grows the per-position
- * scratch for it: after it returns 0, glm_forward_eval() on any split of the
- * run into calls of at most max_rows tokens cannot fail. */
+ * scratch for it: after it returns 0 for every run of distinct states,
+ * glm_forward_eval() on any packing of those runs (split at call
+ * boundaries) into calls of at most max_rows rows cannot fail. */
 int glm_forward_prepare(glm_forward *f, const struct glm_kv *kv, const int32_t *toks, int n, char *err,
                         size_t errlen);
-int glm_forward_eval(glm_forward *f, struct glm_kv *kv, const int32_t *toks, int n, float *logits, bool all_logits,
-                     char *err, size_t errlen);
+typedef struct glm_run {
+    struct glm_kv *kv;
+    const int32_t *toks;
+    int n;
+    float *logits;          /* NULL: no output head for this run */
+    bool all_logits;
+} glm_run;
+int glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *err, size_t errlen);
 
 int glm_forward_sequence(const struct glm_model *m, struct ds4_pool *pool, const int32_t *tokens, int n,
                          float *logits, char *err, size_t errlen);

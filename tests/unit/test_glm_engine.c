@@ -14,7 +14,9 @@
  *   and a round trip through the disk KV cache (kvdisk over the engine's
  *   payload functions).
  * - Batched mixtures (ds4_sessions_step with several sessions' decode rows
- *   and prefill chunks, in varying groupings) equal each session alone.
+ *   and prefill chunks, in varying groupings) equal each session alone;
+ *   20 decode rows in one step and two long prefills packed across forward
+ *   calls equal the prefill's rows.
  * - Bad input gets one line and leaves the session unchanged: a DeepSeek V4
  *   payload into a GLM session and a GLM payload into a DeepSeek V4 session
  *   (the micro model of the fuzz corpus), a truncated or corrupted payload,
@@ -308,6 +310,37 @@ static void batched(ds4_engine *e) {
     }
 }
 
+/* Steps the backend packs differently from a session alone: 20 decode rows
+ * in one step (more than one output-head group) and two prefills of 200 and
+ * 150 rows (more than one forward call, the second run split between them).
+ * Each session's logits equal the whole prefill's row for its position. */
+static void packed(ds4_engine *e, const float *all) {
+    char err[512];
+    enum { S = 20 };
+    ds4_session *s[S] = {0};
+    ds4_step steps[S];
+    int bad = 0;
+    for (int i = 0; i < S; i++) {
+        s[i] = ds4_session_new(e, n_toks, err, sizeof err);
+        if (!s[i] || ds4_session_prefill(s[i], toks, 10 + 7 * i, NULL, NULL, NULL, err, sizeof err)) {
+            CHECK(false, "session: %s", err);
+            goto done;
+        }
+        steps[i] = (ds4_step){s[i], toks + 10 + 7 * i, 1};
+    }
+    CHECK(ds4_sessions_step(e, steps, S, err, sizeof err) == 0, "decode step: %s", err);
+    for (int i = 0; i < S; i++) bad += !same_row(ds4_session_logits(s[i]), row(all, 10 + 7 * i));
+    CHECK(bad == 0, "%d of %d decode rows stepped together differ from the prefill", bad, S);
+    for (int i = 0; i < 2; i++) CHECK(ds4_session_rewind(s[i], 0, err, sizeof err) == 0, "%s", err);
+    steps[0] = (ds4_step){s[0], toks, 200};
+    steps[1] = (ds4_step){s[1], toks, 150};
+    CHECK(ds4_sessions_step(e, steps, 2, err, sizeof err) == 0, "prefill step: %s", err);
+    CHECK(same_row(ds4_session_logits(s[0]), row(all, 199)) && same_row(ds4_session_logits(s[1]), row(all, 149)),
+          "two prefills stepped together differ from the prefill");
+done:
+    for (int i = 0; i < S; i++) ds4_session_free(s[i]);
+}
+
 /* DSV4 and GLM payloads refuse each other's sessions. */
 static void cross_family(ds4_engine *glm) {
     char err[512];
@@ -405,6 +438,7 @@ int main(void) {
             ds4_engine_free(small);
             disk_cache(e, all);
             batched(e);
+            packed(e, all);
             cross_family(e);
             errors(e);
             refused_options(path);
