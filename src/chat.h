@@ -1,12 +1,15 @@
-/* chat.h -- DeepSeek V4 chat template: a plain C conversation model rendered
- * to the exact prompt text (deepseek-v4-prompt-format.md sections 4-6, 8, 9).
+/* chat.h -- the chat templates: a plain C conversation model rendered to the
+ * exact prompt text, for DeepSeek V4 (deepseek-v4-prompt-format.md sections
+ * 4-6, 8, 9) and, through the GLM profiles, GLM (glm_chat.h).
  *
  * Contract
  * - Input is a list of messages (system, developer, user, assistant, tool)
  *   plus the request-level tool definitions; output is the prompt *text*
  *   appended to a ds4_buf. Tokenising it (special strings) is the
  *   tokenizer's job, not the renderer's: user text is copied as given.
- * - Two profiles, byte-exact against the sheet's worked examples E1-E7:
+ * - DS4_CHAT_GLM / DS4_CHAT_GLM47 render GLM's format (glm_chat.h states
+ *   that contract; the Think Max context rule does not apply to them).
+ * - Two DeepSeek profiles, byte-exact against the sheet's worked examples E1-E7:
  *   DS4_CHAT_OFFICIAL reproduces DeepSeek's official encoder (request tools
  *     attached to message 0 when it is a system message, else to an empty
  *     system message inserted in front, as SGLang/vLLM do; developer = user
