@@ -23,6 +23,11 @@ typedef struct {
     int pos;
 } candidate;
 
+typedef struct head_scratch {
+    float *qlat, *obar, *score;
+    void *act;
+} head_scratch;
+
 /* Row scratch is [max_rows][width]; position scratch grows with the longest
  * state seen (pos_cap). */
 struct glm_forward {
@@ -44,7 +49,11 @@ struct glm_forward {
     float *expert_in;
     int *expert_slot;
     /* one row at a time */
-    float *qlat, *obar, *iw, *router;
+    float *iw, *router;
+    /* per pool thread: one attention head's latent query, output and scores
+     * (at most idx_topk keys are attended) and its activation row */
+    struct head_scratch *heads;
+    int n_heads_scratch;
     /* per position */
     float *score;
     candidate *cand;
@@ -142,6 +151,29 @@ static void select_keys(glm_forward *f, int pos, int *picks, int *n_picks) {
     *n_picks = n;
 }
 
+typedef struct {
+    glm_forward *f;
+    const float *iq, *keys;     /* one row's roped queries [IH][ID]; its state's keys */
+    int visible;
+} index_job;
+
+/* Task `task` of n scores its share of the visible keys (each score is one
+ * key's own sum, so the split changes nothing). */
+static void index_scores(void *ctx, int task, int n_tasks, int thread) {
+    const index_job *j = ctx;
+    const glm_hparams *hp = &j->f->m->hp;
+    const int IH = (int)hp->idx_n_head, ID = (int)hp->idx_head_dim;
+    const int first = (int)((int64_t)j->visible * task / n_tasks), end = (int)((int64_t)j->visible * (task + 1) / n_tasks);
+    for (int u = first; u < end; u++) {
+        float sc = 0;
+        for (int h = 0; h < IH; h++) {
+            const float qk = dot(j->iq + (size_t)h * ID, j->keys + (size_t)u * ID, ID) / sqrtf((float)ID);
+            sc += j->f->iw[h] * (qk > 0 ? qk : 0);
+        }
+        j->f->score[u] = sc / sqrtf((float)IH);
+    }
+}
+
 /* Full layer: the rows' indexer keys into the state, then each row's top-k
  * over every cached key up to its position. */
 static void indexer(glm_forward *f, const glm_layer *L, int l, int T) {
@@ -165,14 +197,8 @@ static void indexer(glm_forward *f, const glm_layer *L, int l, int T) {
                 rope(f, iq + (size_t)j * ID, pos);
                 f->iw[j] = dot(L->idx_proj + (size_t)j * E, f->a + (size_t)t * E, E);
             }
-            for (int u = 0; u <= pos; u++) {
-                float sc = 0;
-                for (int j = 0; j < IH; j++) {
-                    const float qk = dot(iq + (size_t)j * ID, keys + (size_t)u * ID, ID) / sqrtf((float)ID);
-                    sc += f->iw[j] * (qk > 0 ? qk : 0);
-                }
-                f->score[u] = sc / sqrtf((float)IH);
-            }
+            index_job job = {f, iq, keys, pos + 1};
+            ds4_pool_run(f->pool, index_scores, &job, ds4_pool_threads(f->pool));
         }
         select_keys(f, pos, f->picks + (size_t)t * K, &f->n_picks[t]);
     }
@@ -192,40 +218,51 @@ static void cache_latent(glm_forward *f, const glm_layer *L, int l, int T) {
     }
 }
 
-static void mv(glm_forward *f, const ds4_tensor *w, int64_t mat, const float *x, float *y) {
-    matmul(f, w, mat, 1, x, 0, y);
+/* y = matrix `mat` of w times x on the calling thread (inside a pool task). */
+static void head_mv(const ds4_tensor *w, int64_t mat, const float *x, float *y, void *act) {
+    const int64_t n = w->ne[0], rows = w->ne[1];
+    ds4_quantize_act(w->type, x, act, n);
+    ds4_matvec(NULL, w->type, (const char *)w->data + (size_t)mat * (size_t)rows * w->row_bytes, rows, n, act, y);
 }
 
-/* Absorbed MLA for row t over its selected cached positions. */
-static void attend(glm_forward *f, const glm_layer *L, int l, int t) {
+typedef struct {
+    glm_forward *f;
+    const glm_layer *L;
+    int l;
+} attend_job;
+
+/* Absorbed MLA for one (row, head) over the row's selected cached positions;
+ * tasks run on any thread with that thread's scratch. */
+static void attend_head(void *ctx, int task, int n_tasks, int thread) {
+    const attend_job *job = ctx;
+    glm_forward *f = job->f;
     const glm_hparams *hp = &f->m->hp;
+    const int H = (int)hp->n_head, t = task / H, h = task % H;
     const glm_kv *kv = f->row_kv[t];
-    const int pos = f->row_pos[t];
-    const int H = (int)hp->n_head, R = (int)hp->n_rot, LKV = (int)hp->kv_lora_rank, W = kv->row_width;
+    const int R = (int)hp->n_rot, LKV = (int)hp->kv_lora_rank, W = kv->row_width;
     const int DK = (int)hp->key_length_mla, nope = DK - R, DV = (int)hp->value_length_mla;
     const float scale = 1.0f / sqrtf((float)DK);
     const int *picks = f->picks + (size_t)t * hp->idx_topk, n_picks = f->n_picks[t];
-    const float *rows = kv->rows[l];
-    for (int h = 0; h < H; h++) {
-        float *qh = f->q + ((size_t)t * H + h) * DK;
-        rope(f, qh + nope, pos);
-        mv(f, &L->k_b, h, qh, f->qlat);                  /* W_k,h^T q_nope */
-        float mx = -INFINITY;
-        for (int j = 0; j < n_picks; j++) {
-            const float *row = rows + (size_t)picks[j] * W;
-            f->score[j] = scale * (dot(f->qlat, row, LKV) + dot(qh + nope, row + LKV, R));
-            if (f->score[j] > mx) mx = f->score[j];
-        }
-        double den = 0;
-        for (int j = 0; j < n_picks; j++) den += f->score[j] = expf(f->score[j] - mx);
-        memset(f->obar, 0, (size_t)LKV * sizeof(float));
-        for (int j = 0; j < n_picks; j++) {
-            const float p = (float)(f->score[j] / den);
-            const float *lu = rows + (size_t)picks[j] * W;
-            for (int i = 0; i < LKV; i++) f->obar[i] += p * lu[i];
-        }
-        mv(f, &L->v_b, h, f->obar, f->attn + ((size_t)t * H + h) * DV);
+    const float *rows = kv->rows[job->l];
+    head_scratch *hs = &f->heads[thread];
+    float *qh = f->q + ((size_t)t * H + h) * DK;
+    rope(f, qh + nope, f->row_pos[t]);
+    head_mv(&job->L->k_b, h, qh, hs->qlat, hs->act);                  /* W_k,h^T q_nope */
+    float mx = -INFINITY;
+    for (int j = 0; j < n_picks; j++) {
+        const float *row = rows + (size_t)picks[j] * W;
+        hs->score[j] = scale * (dot(hs->qlat, row, LKV) + dot(qh + nope, row + LKV, R));
+        if (hs->score[j] > mx) mx = hs->score[j];
     }
+    double den = 0;
+    for (int j = 0; j < n_picks; j++) den += hs->score[j] = expf(hs->score[j] - mx);
+    memset(hs->obar, 0, (size_t)LKV * sizeof(float));
+    for (int j = 0; j < n_picks; j++) {
+        const float p = (float)(hs->score[j] / den);
+        const float *lu = rows + (size_t)picks[j] * W;
+        for (int i = 0; i < LKV; i++) hs->obar[i] += p * lu[i];
+    }
+    head_mv(&job->L->v_b, h, hs->obar, f->attn + ((size_t)t * H + h) * DV, hs->act);
 }
 
 /* out[t] = down(silu(gate y[t]) * up y[t]) for T rows of y. */
@@ -301,7 +338,10 @@ static void layer(glm_forward *f, int l, int T) {
     cache_latent(f, L, l, T);
     if (hp->indexer_full[l]) indexer(f, L, l, T);
     matmul(f, &L->q_b, 0, T, f->qr, (size_t)LQ, f->q);
-    for (int t = 0; t < T; t++) attend(f, L, l, t);
+    attend_job job = {f, L, l};
+    ds4_pool_run(f->pool, attend_head, &job, T * (int)hp->n_head);
+    /* each (row, head) read that head's attn_k_b and attn_v_b matrices */
+    f->weight_bytes += (uint64_t)T * (uint64_t)(L->k_b.ne[1] * L->k_b.row_bytes + L->v_b.ne[1] * L->v_b.row_bytes) * hp->n_head;
     matmul(f, &L->attn_output, 0, T, f->attn, (size_t)hp->n_head * hp->value_length_mla, f->h);
     for (int t = 0; t < T; t++) {
         float *x = f->x + (size_t)t * E, *h = f->h + (size_t)t * E;
@@ -417,10 +457,17 @@ uint64_t glm_forward_weight_bytes(const glm_forward *f) { return f->weight_bytes
 void glm_forward_free(glm_forward *f) {
     if (!f) return;
     void *owned[] = {f->rope_inv, f->x, f->a, f->qr, f->q, f->kvraw, f->attn, f->h, f->y, f->ffn, f->gate, f->up,
-                     f->iq, f->ik, f->picks, f->n_picks, f->acts, f->qlat, f->obar, f->iw, f->router,
+                     f->iq, f->ik, f->picks, f->n_picks, f->acts, f->iw, f->router,
                      f->expert_w, f->expert_in, f->expert_out, f->experts, f->expert_slot, f->score, f->cand,
                      f->chosen, f->row_kv, f->row_pos, f->head_out};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
+    for (int i = 0; f->heads && i < f->n_heads_scratch; i++) {
+        free(f->heads[i].qlat);
+        free(f->heads[i].obar);
+        free(f->heads[i].score);
+        free(f->heads[i].act);
+    }
+    free(f->heads);
     free(f);
 }
 
@@ -477,8 +524,17 @@ glm_forward *glm_forward_new(const glm_model *m, struct ds4_pool *pool, int max_
     f->picks = malloc(T * hp->idx_topk * sizeof(int));
     f->n_picks = malloc(T * sizeof(int));
     f->acts = malloc(T * act_row);
-    f->qlat = malloc(hp->kv_lora_rank * sizeof(float));
-    f->obar = malloc(hp->kv_lora_rank * sizeof(float));
+    f->n_heads_scratch = ds4_pool_threads(pool);
+    f->heads = calloc((size_t)f->n_heads_scratch, sizeof(head_scratch));
+    bool heads_ok = f->heads != NULL;
+    for (int i = 0; heads_ok && i < f->n_heads_scratch; i++) {
+        head_scratch *hs = &f->heads[i];
+        hs->qlat = malloc(hp->kv_lora_rank * sizeof(float));
+        hs->obar = malloc(hp->kv_lora_rank * sizeof(float));
+        hs->score = malloc(((size_t)hp->idx_topk + 1) * sizeof(float));
+        hs->act = malloc(act_row);
+        heads_ok = hs->qlat && hs->obar && hs->score && hs->act;
+    }
     f->iw = malloc(hp->idx_n_head * sizeof(float));
     f->router = malloc((2 * (size_t)hp->n_expert + 1) * sizeof(float));
     const size_t K = (size_t)hp->n_expert_used + 1;
@@ -488,7 +544,7 @@ glm_forward *glm_forward_new(const glm_model *m, struct ds4_pool *pool, int max_
     f->experts = malloc(T * K * sizeof(int));
     f->expert_slot = malloc(T * K * sizeof(int));
     if (!f->rope_inv || !f->x || !f->a || !f->qr || !f->q || !f->kvraw || !f->attn || !f->h || !f->y || !f->ffn ||
-        !f->gate || !f->up || !f->iq || !f->ik || !f->picks || !f->n_picks || !f->acts || !f->qlat || !f->obar ||
+        !f->gate || !f->up || !f->iq || !f->ik || !f->picks || !f->n_picks || !f->acts || !heads_ok ||
         !f->iw || !f->router || !f->expert_w || !f->expert_in || !f->expert_out || !f->experts || !f->expert_slot ||
         !f->row_kv || !f->row_pos || !f->head_out) {
         snprintf(err, errlen, "out of memory for the GLM forward pass scratch (%d rows)", max_rows);

@@ -30,7 +30,9 @@
  *   position; routed experts added in selection order), so any split of a
  *   run into calls, and any other runs sharing a call, give bit-identical
  *   logits and state.
- * - Matrices are used in their stored types through the CPU kernels.
+ * - Matrices are used in their stored types through the CPU kernels; the
+ *   attention heads of all rows and each row's indexer scores are spread
+ *   over the thread pool (each head / score computed whole by one thread).
  * - Returns 0, or -1 with one line in err (bad token id, more than max_rows
  *   rows, a state twice, context full, out of memory) before any state
  *   changed.
