@@ -32,6 +32,12 @@
  *   (to_host) or the backend's copy current after the engine wrote them
  *   (!to_host). kv_release (may be NULL) drops what the backend keeps for a
  *   state that is being freed.
+ * - kv_gather / kv_scatter (NULL for backends that hold every layer's state
+ *   in the process): a backend keeping some layers' state elsewhere (dist.h:
+ *   the pipeline workers) copies it into the host ds4_kv before the engine
+ *   serialises the state (snapshot, payload save), and hands it out after the
+ *   engine replaced the state (restore, payload load), toks being the
+ *   kv->n_pos tokens the state now holds.
  */
 #ifndef DS4_BACKEND_H
 #define DS4_BACKEND_H
@@ -66,6 +72,8 @@ struct ds4_backend {
     void (*free)(ds4_backend *be);
     int (*kv_sync)(ds4_backend *be, struct ds4_kv *kv, bool to_host, char *err, size_t errlen);
     void (*kv_release)(ds4_backend *be, struct ds4_kv *kv);
+    int (*kv_gather)(ds4_backend *be, struct ds4_kv *kv, char *err, size_t errlen);
+    int (*kv_scatter)(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks, char *err, size_t errlen);
 };
 
 #endif

@@ -408,6 +408,21 @@ static int kv_sync(const ds4_session *s, bool to_host, char *err, size_t errlen)
     return be->kv_sync ? be->kv_sync(be, s->kv, to_host, err, errlen) : 0;
 }
 
+/* The host ds4_kv made to hold the whole state (device copy, and the layers
+ * a pipeline coordinator's workers hold), before the engine serialises it. */
+static int kv_gather(const ds4_session *s, char *err, size_t errlen) {
+    ds4_backend *be = s->e->be;
+    if (kv_sync(s, true, err, errlen)) return -1;
+    return be->kv_gather ? be->kv_gather(be, s->kv, err, errlen) : 0;
+}
+
+/* After the engine replaced the host state: the backend's copies follow. */
+static int kv_scatter(const ds4_session *s, char *err, size_t errlen) {
+    ds4_backend *be = s->e->be;
+    if (kv_sync(s, false, err, errlen)) return -1;
+    return be->kv_scatter ? be->kv_scatter(be, s->kv, s->toks, err, errlen) : 0;
+}
+
 /* Forgets checkpoints past position n (all of them for n < 0). */
 static void drop_ckpts(ds4_session *s, int n) {
     while (s->n_ckpt && s->ckpt_pos[s->n_ckpt - 1] > n) s->n_ckpt--;
@@ -586,7 +601,7 @@ ds4_snapshot *ds4_session_snapshot(const ds4_session *s) {
     snap->toks = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
     snap->logits = malloc((size_t)V * sizeof(float));
     char err[256];
-    if (!snap->kv || !snap->toks || !snap->logits || kv_sync(s, true, err, sizeof err)) {
+    if (!snap->kv || !snap->toks || !snap->logits || kv_gather(s, err, sizeof err)) {
         ds4_snapshot_free(snap);
         return NULL;
     }
@@ -605,11 +620,10 @@ int ds4_session_restore(ds4_session *s, const ds4_snapshot *snap, char *err, siz
         snprintf(err, errlen, "snapshot does not fit this session (ctx %d vs %d)", snap->ctx, s->ctx);
         return -1;
     }
-    if (kv_sync(s, false, err, errlen)) return -1;
     drop_ckpts(s, -1);
     memcpy(s->toks, snap->toks, (size_t)snap->n_toks * sizeof(int32_t));
     memcpy(s->logits, snap->logits, (size_t)s->e->n_vocab * sizeof(float));
-    return 0;
+    return kv_scatter(s, err, errlen);
 }
 
 void ds4_snapshot_free(ds4_snapshot *snap) {
@@ -628,7 +642,7 @@ size_t ds4_session_payload_bytes(const ds4_session *s) {
  * state, an empty session is saved rather than stale rows. */
 static void payload_sync(const ds4_session *s) {
     char err[256];
-    if (!kv_sync(s, true, err, sizeof err)) return;
+    if (!kv_gather(s, err, sizeof err)) return;
     fprintf(stderr, "ds4: %s; the session is dropped\n", err);
     ds4_kv_reset(s->kv);
 }
@@ -644,7 +658,7 @@ int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *er
                            : ds4_payload_load(s->kv, s->toks, s->logits, s->e->n_vocab, src, n, err, errlen);
     if (!ok) return -1;
     drop_ckpts(s, -1);
-    return kv_sync(s, false, err, errlen);
+    return kv_scatter(s, err, errlen);
 }
 
 bool ds4_session_save_payload_to(const ds4_session *s, const ds4_sink *sink) {
@@ -661,6 +675,6 @@ int ds4_session_load_payload_from(ds4_session *s, const ds4_source *src, size_t 
     if (ok || n_pos(s) != before) drop_ckpts(s, -1);
     /* a part-way load changed the host rows too: the device copy follows */
     char sync_err[256];
-    if (kv_sync(s, false, ok ? err : sync_err, ok ? errlen : sizeof sync_err)) return -1;
+    if (kv_scatter(s, ok ? err : sync_err, ok ? errlen : sizeof sync_err)) return -1;
     return ok ? 0 : -1;
 }
