@@ -20,7 +20,7 @@ typedef struct {
     const ds4_request *r;
     ds4_buf generated;          /* for the trace */
     ds4_token_ids script;       /* --scripted-output tokens (test only) */
-    int eos;
+    int eos;                    /* ends a script */
 } chat_gen;
 
 static bool chat_cancelled(void *ud) {
@@ -40,7 +40,7 @@ static bool chat_greedy(void *ud) {
 
 static void chat_token(void *ud, int32_t tok, const float *logits) {
     chat_gen *g = ud;
-    if (tok == g->eos) return;
+    if (ds4_tokenizer_is_stop(g->s->tok, tok)) return;
     if (ds4_enc_wants_logprobs(g->enc) && ds4_enc_in_content(g->enc))
         ds4_enc_logprob(g->enc, chat_logprob_entry(g->s, logits, tok, g->r->logprobs));
     g->u->completion_tokens++;
