@@ -210,6 +210,7 @@ void run_chat(server *s, job *j) {
         goto out;
     }
     bool hit_length = gr.end == DS4_GEN_LENGTH || gr.end == DS4_GEN_CTX_FULL;
+    ds4_queue_answered(s);
     ds4_enc_finish(enc, hit_length ? DS4_CAUSE_LENGTH : DS4_CAUSE_EOS, &u);
     if (ds4_enc_error(enc)) trace(s, "tool parser: %s", ds4_enc_error(enc));
     remember_tool_calls(s, enc);

@@ -254,6 +254,7 @@ void run_completions(server *s, job *j) {
         ds4_buf_free(&text);
     }
     if (pc.gone) { j->keep_alive = false; goto out; }
+    ds4_queue_answered(s);
     cJSON *usage = cJSON_CreateObject();
     cJSON_AddNumberToObject(usage, "prompt_tokens", total.prompt_tokens);
     cJSON_AddNumberToObject(usage, "completion_tokens", total.completion_tokens);

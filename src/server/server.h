@@ -78,6 +78,8 @@ typedef struct {
     bool disable_exact_replay;
     bool completions_chat;       /* wrap /v1/completions prompts as a chat turn */
     const char *scripted_output; /* test only: every generation emits this file's text */
+    int test_linger_ms;          /* test only (DS4_TEST_SLOT_LINGER_MS): a slot's worker waits this
+                                    long after answering a job, before it is idle again */
     const char *api_key;         /* NULL: no authentication (DS4_API_KEY in ds4-server) */
     bool no_api_key;             /* allow a non-loopback --host without a key */
     int max_connections;         /* open connections, 1..DS4_SERVER_MAX_CONNECTIONS (default) */
