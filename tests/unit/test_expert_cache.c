@@ -5,7 +5,9 @@
  *   to the fully mapped engine on the oracle models ($BUILD/ds4tiny) and the
  *   demo model: full prefill (all positions), chunked prefill (more experts
  *   per batch than slots), token-by-token decode, snapshot restore, and two
- *   sessions in one batched step.
+ *   sessions in one batched step; also with room for the next layer's
+ *   guessed experts to be read early (the guess changes reads, never
+ *   results).
  * - The routed byte ranges are never brought into memory through the
  *   mapping (mincore on a copy whose page cache was dropped first).
  * - A file truncated after load fails prefill/decode with one line; the
@@ -119,13 +121,15 @@ static void identical_to_mapped(const char *path, int n) {
     size_t na = script(ref, toks, n, a);
     ds4_engine_free(ref);
     /* slot counts: the minimum (k) and one more (chunk 7 puts more distinct
-     * experts in a batch than there are slots), two whole layers (the
+     * experts in a batch than there are slots), room for a decode layer's
+     * next-layer guess beside its own experts, two whole layers (the
      * prefill reads the next layer ahead), and two layers half preloaded */
     int k, n_expert;
     model_shape(path, &k, &n_expert);
-    const int slot_counts[] = {k, k + 1, 2 * n_expert, 2 * n_expert};
-    for (int run = 0; run < 4; run++) {
-        ds4_engine *st = load(path, true, slot_counts[run], 7, run < 3);
+    const int slot_counts[] = {k, k + 1, 3 * k, 2 * n_expert, 2 * n_expert};
+    enum { GUESS_RUN = 2, PREFETCH_RUN = 3, PRELOAD_RUN = 4, N_RUNS };
+    for (int run = 0; run < N_RUNS; run++) {
+        ds4_engine *st = load(path, true, slot_counts[run], 7, run < PRELOAD_RUN);
         if (!st) break;
         memset(b, 0xff, cap * sizeof(float));
         size_t nb = script(st, toks, n, b);
@@ -133,8 +137,12 @@ static void identical_to_mapped(const char *path, int n) {
         ds4_ssd_stats stats;
         CHECK(ds4_engine_ssd_stats(st, &stats), "no stats");
         CHECK(stats.misses > 0 && stats.bytes_read > 0, "%s: no reads counted", path);
-        CHECK(run < 2 || stats.prefetched > 0, "%s: no layer read ahead", path);
-        CHECK(stats.preloaded == (run == 3 ? (uint64_t)n_expert : 0), "%s: %llu preloaded", path,
+        CHECK(run < PREFETCH_RUN || stats.prefetched > 0, "%s: no layer read ahead", path);
+        /* decode guesses every layer after the first, and with room some are read early */
+        CHECK(stats.predicted > 0 && stats.predicted_right <= stats.predicted, "%s: %llu guesses, %llu right", path,
+              (unsigned long long)stats.predicted, (unsigned long long)stats.predicted_right);
+        CHECK(run != GUESS_RUN || stats.predicted_read > 0, "%s: no guessed expert read early", path);
+        CHECK(stats.preloaded == (run == PRELOAD_RUN ? (uint64_t)n_expert : 0), "%s: %llu preloaded", path,
               (unsigned long long)stats.preloaded);
         CHECK(stats.tokens >= (uint64_t)n, "%s: %llu tokens counted for %d run", path, (unsigned long long)stats.tokens, n);
         ds4_engine_free(st);
