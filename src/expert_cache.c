@@ -310,6 +310,10 @@ bool ds4_expert_cache_direct(const ds4_expert_cache *c) { return c->direct; }
 bool ds4_expert_cache_take_error(ds4_expert_cache *c, char *err, size_t errlen) {
     pthread_mutex_lock(&c->mu);
     const bool failed = c->failed;
+    /* a slot is forgotten only when its last matrix is read, and reads of a
+     * later layer (a guess, a prefill read-ahead) may still be in flight:
+     * settle them all, so the next fetch finds no slot failing under it */
+    while (failed && (c->q_len || c->in_flight)) pthread_cond_wait(&c->done, &c->mu);
     if (failed) snprintf(err, errlen, "%s", c->err);
     /* the failed slots were forgotten: the next fetch reads them again */
     c->failed = false;
