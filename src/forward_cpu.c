@@ -533,35 +533,37 @@ static void expert(batch *b, int e, int n) {
              s->expert_out + (size_t)i * E, E);
 }
 
-/* --ssd-streaming, decode-sized batches: the next layer's experts guessed a
- * layer early, so their reads overlap this layer's experts and the next
- * attention. A hash layer's are known from the token; otherwise the next
- * router runs on this layer's FFN input (the collapsed stream, normed with
- * the next layer's ffn_norm). Only reads depend on the guess: the next
- * layer's own router decides what is computed. */
-static void predict_next_experts(batch *b) {
+/* --ssd-streaming, decode-sized batches: the experts of `layer` guessed
+ * before its router runs, so their reads overlap the work in between. A hash
+ * layer's are known from the token (so layer 0's go out before its
+ * attention); otherwise, from the layer before, its router runs on that
+ * layer's FFN input (the collapsed stream, normed with this layer's
+ * ffn_norm), and the reads overlap the previous layer's experts and this
+ * layer's attention. Only reads depend on the guess: the layer's own router
+ * decides what is computed. */
+static void predict_experts(batch *b, int layer) {
     cpu *f = b->f;
     batch_scratch *s = &f->s;
     const ds4_config *c = f->c;
-    const ds4_layer *next = &f->m->layers[b->l + 1];
+    const ds4_layer *W = &f->m->layers[layer];
     const int T = b->T, E = c->n_embd, k = c->n_expert_used;
-    if (next->tid2eid) {
-        for (int i = 0; i < T * k; i++) s->predicted_ids[i] = next->tid2eid[(size_t)s->tokens[i / k] * k + i % k];
+    if (W->tid2eid) {
+        for (int i = 0; i < T * k; i++) s->predicted_ids[i] = W->tid2eid[(size_t)s->tokens[i / k] * k + i % k];
     } else {
         /* expert_in and router are free until the routed loop: the real
          * routing already sits in expert_ids */
         for (int t = 0; t < T; t++) {
             float *x = s->expert_in + (size_t)t * E;
             memcpy(x, s->hc_collapsed + (size_t)t * E, (size_t)E * sizeof(float));
-            rmsnorm(x, E, next->ffn_norm, c->rms_eps);
+            rmsnorm(x, E, W->ffn_norm, c->rms_eps);
         }
-        linear(f, &next->gate_inp, 0, 0, c->n_expert, s->expert_in, E, T, s->router);
+        linear(f, &W->gate_inp, 0, 0, c->n_expert, s->expert_in, E, T, s->router);
         for (int t = 0; t < T; t++)
-            ds4_route_token(s->router + (size_t)t * c->n_expert, c->n_expert, k, NULL, next->exp_probs_b,
+            ds4_route_token(s->router + (size_t)t * c->n_expert, c->n_expert, k, NULL, W->exp_probs_b,
                             c->expert_weights_norm, c->expert_weights_scale, s->predicted_ids + (size_t)t * k,
                             s->predicted_w + (size_t)t * k);
     }
-    ds4_expert_cache_predict(f->experts, b->l + 1, s->predicted_ids, T, k);
+    ds4_expert_cache_predict(f->experts, layer, s->predicted_ids, T, k);
 }
 
 static void ffn(batch *b) {
@@ -577,7 +579,7 @@ static void ffn(batch *b) {
     /* the reads of missing experts overlap the shared expert */
     if (f->experts) {
         ds4_expert_cache_fetch(f->experts, b->l, s->expert_ids, T, k);
-        if (f->predict && b->l < f->m->slice.last && T * k < c->n_expert) predict_next_experts(b);
+        if (f->predict && b->l < f->m->slice.last && T * k < c->n_expert) predict_experts(b, b->l + 1);
     }
 
     /* shared expert over the whole batch, into sublayer_out */
@@ -827,6 +829,8 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
         for (int kind = 0; kind < 2; kind++)
             rope_table(f, kind, s->row_pos[t], s->rope_cs + ((size_t)t * 2 + kind) * c->n_rot);
     }
+    if (f->experts && f->predict && T * c->n_expert_used < c->n_expert && f->m->layers[sl->first].tid2eid)
+        predict_experts(&b, sl->first);
     for (b.l = sl->first; b.l <= sl->last; b.l++) {
         attention(&b);
         ffn(&b);

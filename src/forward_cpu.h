@@ -26,7 +26,8 @@
  *   failure fails the eval with the cache's message. With predict, batches
  *   of fewer than n_expert routed rows also start reading the next layer's
  *   guessed experts (its router on this layer's FFN input; the token's row
- *   on hash layers) before this layer's experts are computed.
+ *   on hash layers) before this layer's experts are computed, and a
+ *   hash-routed first layer's experts before its attention.
  * - The round-trip helpers are exposed for unit tests; n is a multiple of the
  *   block (64 for FP8, 32 for FP4), Hadamard needs a power of two.
  * - ds4_rope_inv_freq() is the RoPE (yarn = false) or YaRN inverse-frequency
