@@ -66,6 +66,10 @@ void job_progress_init(job_progress *p, server *s, job *j, ds4_enc *enc) {
     *p = (job_progress){.s = s, .conn = j->conn, .enc = enc, .last_ping = now_s()};
 }
 
+const char *job_gone_how(const ds4_http_conn *c) {
+    return c->stalled ? "stopped reading (a write stalled) and was dropped" : "went away";
+}
+
 bool job_cancelled(job_progress *p) {
     if (ds4_http_peer_gone(p->conn)) { p->gone = true; return true; }
     if (atomic_load(&ds4_srv_stop)) { p->stopping = true; return true; }
