@@ -18,6 +18,7 @@ typedef struct submission {
     const int32_t *toks;
     int n, done;                /* tokens appended so far */
     int taken;                  /* tokens in the running step */
+    bool prompt_start;          /* the first slice of a prompt (its wait is logged) */
     long steps_at_arrival;      /* b->n_steps when it was submitted */
     struct timespec arrived;
     bool finished;
@@ -96,23 +97,37 @@ static void unlink_sub(ds4_batcher *b, submission *x) {
     }
 }
 
+/* The prefill submission the next step takes: a prompt's first slice when
+ * one waits (so a new request starts at the next step even while long
+ * prompts are being sliced), else the oldest; NULL when none. */
+static submission *next_prefill(const ds4_batcher *b) {
+    submission *oldest = NULL;
+    for (submission *x = b->head; x; x = x->next) {
+        if (x->n - x->done <= 1) continue;
+        if (x->prompt_start && x->done == 0) return x;
+        if (!oldest) oldest = x;
+    }
+    return oldest;
+}
+
 /* Runs one step over the pending work (b->mu held on entry and exit; released
  * while the engine runs, so new work can queue meanwhile). */
 static void run_step(ds4_batcher *b) {
     const int max_rows = ds4_engine_max_batch(b->e);
     int k = 0, rows = 0, decode_rows = 0;
     long decode_waited = 0;     /* steps started after a decode's arrival without it */
-    bool prefill_taken = false;
+    long prefill_waited = 0;    /* the same for a prompt's first slice */
+    const submission *prefill = next_prefill(b);
     const long step_no = b->n_steps++;
     for (submission *x = b->head; x && rows < max_rows; x = x->next) {
         const int left = x->n - x->done;
         int take = 1;
         if (left > 1) {
             /* one prompt per step, in bounded slices */
-            if (prefill_taken) continue;
+            if (x != prefill) continue;
             take = left < PREFILL_ROWS ? left : PREFILL_ROWS;
             if (take > max_rows - rows) take = max_rows - rows;
-            prefill_taken = true;
+            if (x->prompt_start && x->done == 0) prefill_waited = step_no - x->steps_at_arrival;
         }
         x->taken = take;
         if (x->n == 1) {
@@ -137,9 +152,10 @@ static void run_step(ds4_batcher *b) {
     }
     pthread_mutex_unlock(&b->engine_mu);
     if (b->log) {
-        char line[160];
-        snprintf(line, sizeof line, "batch step %ld: decode rows %d, prefill rows %d, decode waited %ld steps%s",
-                 step_no, decode_rows, rows - decode_rows, decode_waited, rc ? ", refused" : "");
+        char line[192];
+        snprintf(line, sizeof line, "batch step %ld: decode rows %d, prefill rows %d, decode waited %ld steps, "
+                 "prefill waited %ld steps%s", step_no, decode_rows, rows - decode_rows, decode_waited,
+                 prefill_waited, rc ? ", refused" : "");
         b->log(b->log_ud, false, line);
     }
 
@@ -157,8 +173,9 @@ static void run_step(ds4_batcher *b) {
     pthread_cond_broadcast(&b->cv);
 }
 
-int ds4_batcher_eval(ds4_batcher *b, ds4_session *s, const int32_t *toks, int n, char *err, size_t errlen) {
-    submission me = {.s = s, .toks = toks, .n = n};
+int ds4_batcher_eval(ds4_batcher *b, ds4_session *s, const int32_t *toks, int n, bool prompt_start,
+                     char *err, size_t errlen) {
+    submission me = {.s = s, .toks = toks, .n = n, .prompt_start = prompt_start};
     if (n <= 0) return 0;
     clock_gettime(CLOCK_REALTIME, &me.arrived);
     pthread_mutex_lock(&b->mu);

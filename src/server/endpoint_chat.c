@@ -54,7 +54,7 @@ static bool chat_text(void *ud, const char *text, size_t len) {
 }
 
 static int chat_decode(void *ud, int32_t tok, char *err, size_t errlen) {
-    return srv_eval(((chat_gen *)ud)->s, &tok, 1, err, errlen);
+    return srv_eval(((chat_gen *)ud)->s, &tok, 1, false, err, errlen);
 }
 
 static void chat_after_decode(void *ud) {

@@ -97,7 +97,7 @@ static int prefill(server *s, const int32_t *toks, int from, int n, job_progress
         int stop = s->kvd ? ds4_kvdisk_prefill_stop(s->kvd, toks, n, i, from == 0, &reason) : -1;
         srv_kvd_unlock(s);
         if (stop > i && stop < i + len) len = stop - i;
-        rc = srv_eval(s, toks + i, len, err, errlen);
+        rc = srv_eval(s, toks + i, len, i == from, err, errlen);
         if (rc) break;
         i += len;
         if (i == stop) {

@@ -6,6 +6,9 @@
    steps between the long prompt's first and last chunk, and no decode token
    ever waited for a step that started after it was submitted (W == 0: it
    waits at most for the chunk already running). Ordering, not timing.
+   A new request arriving during such a prefill is answered before it ends,
+   and its first prompt slice, like every decode token, was never left out
+   of a step that started after it was submitted ("prefill waited 0").
 2. A request cancelled mid-prefill (its client hangs up) stops prefilling,
    frees its slot (the next request is answered, /health shows no busy slot)
    and leaves the disk KV cache with only complete, CRC-valid files.
@@ -28,7 +31,8 @@ from test_kv_restart import FLAGS, parse_kvc
 
 NAME = "test_batched_faults"
 DS4_KVC_EVICT = 3   # kvdisk_file.h: why a checkpoint was written
-STEP = re.compile(r"batch step (\d+): decode rows (\d+), prefill rows (\d+), decode waited (\d+) steps")
+STEP = re.compile(r"batch step (\d+): decode rows (\d+), prefill rows (\d+), decode waited (\d+) steps, "
+                  r"prefill waited (\d+) steps")
 
 
 def post(port, body):
@@ -45,13 +49,14 @@ def long_prompt(tag, words):
 
 
 def steps(srv):
-    """[(line index, decode rows, prefill rows, waited)] of the trace so far, and its lines."""
+    """[(line index, decode rows, prefill rows, decode waited, prefill waited)] of
+    the trace so far, and its lines."""
     lines = srv.trace_text().splitlines()
     out = []
     for i, line in enumerate(lines):
         m = STEP.search(line)
         if m:
-            out.append((i, int(m.group(2)), int(m.group(3)), int(m.group(4))))
+            out.append((i, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))))
     return out, lines
 
 
@@ -107,6 +112,36 @@ def interleaving(res, srv):
     stop.set()
     decoder.close()
     reader.join()
+
+
+def new_request_during_long_prefill(res, srv):
+    """A request arriving while another slot prefills a prompt of dozens of
+    chunks starts its own prefill at the next step: it is answered before the
+    long prompt's prefill ends, and no step ever left out a prompt's first
+    slice that was already waiting (prefill waited 0)."""
+    wait_for(lambda: health_idle(srv), "both slots idle", res)
+    n_before = len(steps(srv)[0])
+    long_client = post(srv.port, {"model": "m", "max_tokens": 2, "temperature": 0,
+                                  "messages": [{"role": "user", "content": long_prompt("n", 3000)}]})
+    wait_for(lambda: any(st[2] > 0 for st in steps(srv)[0][n_before:]), "the long prompt prefills", res)
+    status, _, _ = srv.request("POST", "/v1/chat/completions", {
+        "model": "m", "max_tokens": 3, "temperature": 0,
+        "messages": [{"role": "user", "content": long_prompt("short", 120)}]})
+    res.check(status == 200, f"the new request is answered: {status}")
+    long_client.close()     # the rest of the long prefill is not needed
+    wait_for(lambda: health_idle(srv), "the long prompt's slot is freed", res)
+    all_steps, lines = steps(srv)
+    after = all_steps[n_before:]
+    first = after[0][0] if after else len(lines)
+    answered = next((i for i in range(first, len(lines)) if "usage:" in lines[i]), None)
+    cancelled = next((i for i in range(first, len(lines)) if "client went away during prefill" in lines[i]), None)
+    res.check(answered is not None and cancelled is not None and answered < cancelled,
+              f"the new request finished while the long prompt was still prefilling (lines {answered}, {cancelled})")
+    prefills = sum(1 for st in after if st[2] > 0 and (answered is None or st[0] < answered))
+    print(f"new request during a long prefill: {prefills} steps with prefill rows before its answer")
+    res.check(all(st[3] == 0 and st[4] == 0 for st in after),
+              f"a waiting decode token or first prompt slice was left out of a step: "
+              f"{[st for st in after if st[3] or st[4]]}")
 
 
 def health_idle(srv):
@@ -176,6 +211,9 @@ def main():
             interleaving(res, srv)
             cancel_mid_prefill(res, srv, cache_dir)
             evict_and_return(res, srv, cache_dir)
+            # last: the long prompt's save points fill the cache budget that
+            # evict_and_return's checkpoint must survive in
+            new_request_during_long_prefill(res, srv)
             res.check(srv.alive(), "server alive")
         finally:
             srv.stop()
