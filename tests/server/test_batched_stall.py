@@ -18,18 +18,16 @@ Checks (ordering and state, never timing):
 The waits are bounded polls of the server's state (generous bounds for a
 loaded machine), not timing checks."""
 import json
-import os
 import re
 import shutil
 import socket
-import struct
 import tempfile
 import threading
 import time
 
 from server_helper import Results, Server, demo_model_or_skip, read_to_eof
 from test_batched_sessions import rss_kb
-from test_kv_restart import FLAGS, parse_kvc
+from test_kv_restart import FLAGS, check_cache_dir
 
 NAME = "test_batched_stall"
 STEP = re.compile(r"batch step (\d+): decode rows (\d+), prefill rows (\d+)")
@@ -125,13 +123,7 @@ def stall_round(res, srv, cache_dir, label):
         "model": "m", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "after"}]})
     res.check(status == 200 and json.loads(body)["choices"], f"{label}: a new request is answered")
     wait_for(lambda: health(srv).get("slots_busy") == 0, f"{label}: every slot is free", res)
-    names = [n for n in os.listdir(cache_dir) if n != ".lock"]   # the directory's owner lock
-    res.check(all(n.endswith(".kv") for n in names), f"{label}: no half-written files in the cache: {names}")
-    for n in names:
-        try:
-            parse_kvc(os.path.join(cache_dir, n))
-        except (AssertionError, struct.error) as e:
-            res.check(False, f"{label}: cache file {n} invalid: {e}")
+    check_cache_dir(res, cache_dir, label)
 
 
 def main():
