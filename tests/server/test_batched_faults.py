@@ -23,9 +23,8 @@ import shutil
 import socket
 import tempfile
 import threading
-import time
 
-from server_helper import Results, Server, demo_model_or_skip
+from server_helper import Results, Server, demo_model_or_skip, wait_for
 from test_kv_restart import FLAGS, check_cache_dir, parse_kvc
 
 NAME = "test_batched_faults"
@@ -57,16 +56,6 @@ def steps(srv):
         if m:
             out.append((i, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))))
     return out, lines
-
-
-def wait_for(cond, what, res):
-    """Polls cond (a bounded wait for the server's state, not a timing check)."""
-    for _ in range(3000):
-        if cond():
-            return True
-        time.sleep(0.1)
-    res.check(False, f"never happened: {what}")
-    return False
 
 
 def interleaving(res, srv):

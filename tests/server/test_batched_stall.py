@@ -23,9 +23,8 @@ import shutil
 import socket
 import tempfile
 import threading
-import time
 
-from server_helper import Results, Server, demo_model_or_skip, read_to_eof
+from server_helper import Results, Server, demo_model_or_skip, read_to_eof, wait_for
 from test_batched_sessions import rss_kb
 from test_kv_restart import FLAGS, check_cache_dir
 
@@ -49,15 +48,6 @@ def stalled_client(port):
     s.sendall(request_bytes(port, {"model": "m", "max_tokens": 1800, "stream": True, "temperature": 0,
                                    "messages": [{"role": "user", "content": "never read this"}]}))
     return s
-
-
-def wait_for(cond, what, res):
-    for _ in range(1200):
-        if cond():
-            return True
-        time.sleep(0.1)
-    res.check(False, f"never happened: {what}")
-    return False
 
 
 def health(srv):
