@@ -97,47 +97,52 @@ static void unlink_sub(ds4_batcher *b, submission *x) {
     }
 }
 
-/* The prefill submission the next step takes: a prompt's first slice when
- * one waits (so a new request starts at the next step even while long
- * prompts are being sliced), else the oldest; NULL when none. */
-static submission *next_prefill(const ds4_batcher *b) {
-    submission *oldest = NULL;
-    for (submission *x = b->head; x; x = x->next) {
-        if (x->n - x->done <= 1) continue;
-        if (x->prompt_start && x->done == 0) return x;
-        if (!oldest) oldest = x;
+/* What one step takes, gathered under b->mu. */
+typedef struct {
+    long step_no;
+    int k, rows, decode_rows, max_rows;
+    int prefill_budget;         /* prompt rows still allowed in this step */
+    long decode_waited;         /* steps started after a decode's arrival without it */
+    long prefill_waited;        /* the same for a prompt's first slice */
+} step_plan;
+
+/* Puts x's next tokens into the step when they fit: a decode token always,
+ * prompt tokens as far as the step's prefill budget allows. */
+static void take(ds4_batcher *b, step_plan *p, submission *x) {
+    const int left = x->n - x->done;
+    const long waited = p->step_no - x->steps_at_arrival;
+    int n = 1;
+    if (left > 1) {
+        n = left < p->prefill_budget ? left : p->prefill_budget;
+        if (n > p->max_rows - p->rows) n = p->max_rows - p->rows;
+        if (n <= 0) return;
+        p->prefill_budget -= n;
+        if (x->prompt_start && x->done == 0 && waited > p->prefill_waited) p->prefill_waited = waited;
+    } else if (x->n == 1) {
+        p->decode_rows++;
+        if (waited > p->decode_waited) p->decode_waited = waited;
     }
-    return oldest;
+    x->taken = n;
+    b->steps[p->k] = (ds4_step){x->s, x->toks + x->done, n};
+    b->in_step[p->k++] = x;
+    p->rows += n;
 }
 
 /* Runs one step over the pending work (b->mu held on entry and exit; released
- * while the engine runs, so new work can queue meanwhile). */
+ * while the engine runs, so new work can queue meanwhile). Every pending
+ * decode token goes in, then prompt slices up to PREFILL_ROWS rows in all:
+ * prompts' first slices first (a new request starts at the next step even
+ * while long prompts are being sliced, and a burst of short prompts shares
+ * one pass over the weights), then the later slices of long prompts, each
+ * group oldest first. */
 static void run_step(ds4_batcher *b) {
-    const int max_rows = ds4_engine_max_batch(b->e);
-    int k = 0, rows = 0, decode_rows = 0;
-    long decode_waited = 0;     /* steps started after a decode's arrival without it */
-    long prefill_waited = 0;    /* the same for a prompt's first slice */
-    const submission *prefill = next_prefill(b);
-    const long step_no = b->n_steps++;
-    for (submission *x = b->head; x && rows < max_rows; x = x->next) {
-        const int left = x->n - x->done;
-        int take = 1;
-        if (left > 1) {
-            /* one prompt per step, in bounded slices */
-            if (x != prefill) continue;
-            take = left < PREFILL_ROWS ? left : PREFILL_ROWS;
-            if (take > max_rows - rows) take = max_rows - rows;
-            if (x->prompt_start && x->done == 0) prefill_waited = step_no - x->steps_at_arrival;
+    step_plan p = {.step_no = b->n_steps++, .max_rows = ds4_engine_max_batch(b->e), .prefill_budget = PREFILL_ROWS};
+    for (int pass = 0; pass < 2; pass++)
+        for (submission *x = b->head; x && p.rows < p.max_rows; x = x->next) {
+            const bool first_pass = x->n - x->done <= 1 || x->prompt_start;
+            if (first_pass == (pass == 0)) take(b, &p, x);
         }
-        x->taken = take;
-        if (x->n == 1) {
-            decode_rows++;
-            if (step_no - x->steps_at_arrival > decode_waited) decode_waited = step_no - x->steps_at_arrival;
-        }
-        b->steps[k] = (ds4_step){x->s, x->toks + x->done, take};
-        b->in_step[k++] = x;
-        rows += take;
-    }
+    const int k = p.k;
     b->stepping = true;
     pthread_mutex_unlock(&b->mu);
 
@@ -154,8 +159,8 @@ static void run_step(ds4_batcher *b) {
     if (b->log) {
         char line[192];
         snprintf(line, sizeof line, "batch step %ld: decode rows %d, prefill rows %d, decode waited %ld steps, "
-                 "prefill waited %ld steps%s", step_no, decode_rows, rows - decode_rows, decode_waited,
-                 prefill_waited, rc ? ", refused" : "");
+                 "prefill waited %ld steps%s", p.step_no, p.decode_rows, p.rows - p.decode_rows,
+                 p.decode_waited, p.prefill_waited, rc ? ", refused" : "");
         b->log(b->log_ud, false, line);
     }
 

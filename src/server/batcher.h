@@ -11,12 +11,14 @@
  * - A step runs once every busy slot (ds4_batcher_busy) has work pending, or
  *   GRACE_MS after the oldest pending work arrived (a slot busy writing to a
  *   client or tokenizing does not hold the others back longer). A step takes
- *   every pending decode token and at most one prefill submission's next
- *   PREFILL_ROWS tokens, so a long prompt is prefilled in bounded chunks
- *   interleaved with everyone's decode steps. The prefill taken is a
- *   prompt's first slice when one waits (the oldest such), else the oldest
- *   submitted; slots submit long prompts one slice at a time (job.c), so a
- *   new request's prompt waits at most for the step already running.
+ *   every pending decode token and at most PREFILL_ROWS prompt tokens in
+ *   all, so a long prompt is prefilled in bounded chunks interleaved with
+ *   everyone's decode steps. Prompts' first slices go first (oldest first),
+ *   then later slices of long prompts; slots submit long prompts one slice
+ *   at a time (job.c), so a new request's prompt waits at most for the step
+ *   already running (unless other new prompts fill that budget), and a burst
+ *   of short prompts is prefilled in one pass over the weights instead of
+ *   one pass each.
  * - The per-step log line names its decode and prefill rows and how many
  *   steps started after a decode token or a prompt's first slice arrived
  *   without taking it ("decode waited", "prefill waited": 0 is the promise
