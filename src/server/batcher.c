@@ -7,8 +7,20 @@
 #include <string.h>
 #include <time.h>
 
-/* How long pending work waits for busy slots that have not submitted yet. */
+/* How long pending work waits for busy slots that have not submitted yet,
+ * counted from when they could have (the end of the last step, or the
+ * work's arrival if later): GRACE_NS, or 1/GRACE_STEP_SHARE of the last step
+ * when that is longer. Counted from arrival instead, the work submitted
+ * during a step would start the next step alone the moment it ends, before
+ * the slots of the ending step have turned their tokens into text, and the
+ * slots would split into two groups stepping in turn, each step half full.
+ * A slot that misses a step waits a whole step for the next one, so on a
+ * busy machine, where a thread may need milliseconds to be scheduled again,
+ * waiting a small share of a long step keeps the rows together; a slot busy
+ * with something else (a stalled client, a disk save) holds the others back
+ * by that share at most. */
 #define GRACE_NS 2000000L
+#define GRACE_STEP_SHARE 8
 /* Most prompt tokens one step prefills, so decoders wait one chunk at most. */
 #define PREFILL_ROWS 256
 
@@ -35,6 +47,8 @@ struct ds4_batcher {
     int n_pending, n_busy;
     bool stepping;
     long n_steps;               /* steps started so far */
+    long last_step_ns;          /* how long the last step's engine call took */
+    struct timespec last_step_end;  /* CLOCK_REALTIME, as the condition waits use */
     void (*log)(void *ud, bool warning, const char *line);
     void *log_ud;
     ds4_step *steps;            /* [max_batch] */
@@ -74,8 +88,15 @@ void ds4_batcher_busy(ds4_batcher *b, bool busy) {
 void ds4_batcher_lock(ds4_batcher *b) { pthread_mutex_lock(&b->engine_mu); }
 void ds4_batcher_unlock(ds4_batcher *b) { pthread_mutex_unlock(&b->engine_mu); }
 
-static struct timespec deadline_of(struct timespec t) {
-    t.tv_nsec += GRACE_NS;
+static bool later(struct timespec a, struct timespec b) {
+    return a.tv_sec > b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec > b.tv_nsec);
+}
+
+/* When pending work that arrived at `arrived` stops waiting for the others. */
+static struct timespec deadline_of(const ds4_batcher *b, struct timespec arrived) {
+    struct timespec t = later(b->last_step_end, arrived) ? b->last_step_end : arrived;
+    const long share = b->last_step_ns / GRACE_STEP_SHARE;
+    t.tv_nsec += share > GRACE_NS ? share : GRACE_NS;
     t.tv_sec += t.tv_nsec / 1000000000L;
     t.tv_nsec %= 1000000000L;
     return t;
@@ -84,7 +105,7 @@ static struct timespec deadline_of(struct timespec t) {
 static bool past(struct timespec t) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    return now.tv_sec > t.tv_sec || (now.tv_sec == t.tv_sec && now.tv_nsec >= t.tv_nsec);
+    return !later(t, now);
 }
 
 static void unlink_sub(ds4_batcher *b, submission *x) {
@@ -148,7 +169,10 @@ static void run_step(ds4_batcher *b) {
 
     char err[256];
     pthread_mutex_lock(&b->engine_mu);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = ds4_sessions_step(b->e, b->steps, k, err, sizeof err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
     for (int i = 0; i < k; i++) {
         b->in_step[i]->rc = 0;
         /* a refused step changed nothing: find out whose work it was */
@@ -165,6 +189,8 @@ static void run_step(ds4_batcher *b) {
     }
 
     pthread_mutex_lock(&b->mu);
+    b->last_step_ns = (t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec);
+    clock_gettime(CLOCK_REALTIME, &b->last_step_end);
     for (int i = 0; i < k; i++) {
         submission *x = b->in_step[i];
         if (x->rc == 0) x->done += x->taken;
@@ -190,7 +216,7 @@ int ds4_batcher_eval(ds4_batcher *b, ds4_session *s, const int32_t *toks, int n,
     b->n_pending++;
     pthread_cond_broadcast(&b->cv);
     while (!me.finished) {
-        const struct timespec deadline = b->head ? deadline_of(b->head->arrived) : me.arrived;
+        const struct timespec deadline = b->head ? deadline_of(b, b->head->arrived) : me.arrived;
         if (!b->stepping && b->head && (b->n_pending >= b->n_busy || past(deadline))) {
             run_step(b);
             continue;

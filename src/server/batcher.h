@@ -9,8 +9,9 @@
  *   (engine.h: batched sessions are bit-identical to sessions alone), so
  *   when a step runs only affects speed.
  * - A step runs once every busy slot (ds4_batcher_busy) has work pending, or
- *   GRACE_MS after the oldest pending work arrived (a slot busy writing to a
- *   client or tokenizing does not hold the others back longer). A step takes
+ *   a grace period after the oldest pending work arrived: 2 ms, or an eighth
+ *   of the last step when that is longer (a slot busy writing to a client or
+ *   tokenizing does not hold the others back longer). A step takes
  *   every pending decode token and at most PREFILL_ROWS prompt tokens in
  *   all, so a long prompt is prefilled in bounded chunks interleaved with
  *   everyone's decode steps. Prompts' first slices go first (oldest first),
