@@ -118,8 +118,10 @@ int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
         return -1;
     }
     const int V = ds4_engine_n_vocab(e);
-    /* the warm-up's decoded token needs one more slot than its prefill */
+    /* the warm-up's decoded token needs one more slot than its prefill, and
+     * its prompt comes from toks, which holds ctx_max tokens */
     int warm = p->ctx_max + p->gen_tokens - 1 < WARMUP_TOKENS ? p->ctx_max + p->gen_tokens - 1 : WARMUP_TOKENS;
+    if (warm > p->ctx_max) warm = p->ctx_max;
     int rc = warm > 0 ? warm_up(s, toks, warm, V, eos, err, sizeof err) : 0;
     ds4_ssd_stats st0, st1;
     const bool ssd = ds4_engine_ssd_stats(e, &st0);

@@ -193,6 +193,42 @@ int ds4_hparams_check(const ds4_hparams *hp, char *err, size_t errlen) {
     return 0;
 }
 
+/* Flash: 0, 0, then 4 on even and 128 on odd layers. Pro: the same from
+ * layer 2 on, but its first two layers compress by 128 instead of keeping the
+ * raw window only (published Pro configuration: layers 0-1 HCA, then CSA/HCA
+ * alternating from a CSA layer 2, 30 ratio-4 layers of 61; the fact sheet's
+ * transformers-default reading, 128 on layer 2, was not confirmed). Both: hash
+ * routing on the first three layers, SwiGLU clamp 10 everywhere. */
+void ds4_v4_schedule(ds4_hparams *hp, enum ds4_v4_model which) {
+    for (uint32_t l = 0; l < hp->n_layer && l < DS4_MAX_LAYERS; l++) {
+        if (l < 2) hp->compress_ratio[l] = which == DS4_V4_PRO ? 128 : 0;
+        else hp->compress_ratio[l] = l % 2 == 0 ? 4 : 128;
+        hp->swiglu_clamp_exp[l] = hp->swiglu_clamp_shexp[l] = 10.0f;
+    }
+    hp->n_hash_layer = hp->n_layer < 3 ? hp->n_layer : 3;
+}
+
+/* What Flash and Pro share; the table below lists where they differ. Static
+ * storage, so the padding is zero and a copy compares equal with memcmp. */
+#define V4_SHARED .n_ctx_train = 1048576, .n_vocab = 129280, .n_head_kv = 1, .key_length = 512, \
+    .value_length = 512, .n_rot = 64, .o_lora_rank = 1024, .sliding_window = 128, .compress_rope_base = 160000.0f, \
+    .rope_base = 10000.0f, .yarn_factor = 16.0f, .yarn_orig_ctx = 65536, .yarn_beta_fast = 32.0f, \
+    .yarn_beta_slow = 1.0f, .rms_eps = 1e-6f, .idx_n_head = 64, .idx_head_dim = 128, .hc_count = 4, \
+    .hc_sinkhorn_iters = 20, .hc_eps = 1e-6f, .n_expert_used = 6, .n_expert_shared = 1, \
+    .expert_weights_norm = true, .expert_gating_func = 4
+static const ds4_hparams v4_models[] = {
+    [DS4_V4_FLASH] = {V4_SHARED, .n_layer = 43, .n_embd = 4096, .n_head = 64, .q_lora_rank = 1024, .o_groups = 8,
+                      .idx_topk = 512, .n_expert = 256, .expert_ff = 2048, .expert_weights_scale = 1.5f},
+    [DS4_V4_PRO] = {V4_SHARED, .n_layer = 61, .n_embd = 7168, .n_head = 128, .q_lora_rank = 1536, .o_groups = 16,
+                    .idx_topk = 1024, .n_expert = 384, .expert_ff = 3072, .expert_weights_scale = 2.5f},
+};
+#undef V4_SHARED
+
+void ds4_hparams_v4(ds4_hparams *hp, enum ds4_v4_model which) {
+    memcpy(hp, &v4_models[which], sizeof *hp);
+    ds4_v4_schedule(hp, which);
+}
+
 /* ---- tensors ---- */
 
 const ds4_tensor_desc ds4_tensor_table[DS4_T_COUNT] = {
@@ -341,4 +377,15 @@ uint32_t ds4_tensor_type(enum ds4_tensor_id id, enum ds4_mix mix) {
         [DS4_TC_EXP_DOWN]    = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_Q8_0, DS4_TYPE_Q2_K,    DS4_TYPE_Q4_K},
     };
     return by_mix[ds4_tensor_table[id].cls][mix];
+}
+
+void ds4_slice_keys_write(struct ds4_gguf_writer *w, uint32_t first, uint32_t last, bool output) {
+    ds4_gguf_w_u32(w, DS4_SLICE_KEY_FIRST, first);
+    ds4_gguf_w_u32(w, DS4_SLICE_KEY_LAST, last);
+    ds4_gguf_w_bool(w, DS4_SLICE_KEY_OUTPUT, output);
+}
+
+bool ds4_tensor_in_slice(enum ds4_tensor_id id, int layer, int first, int last, bool output) {
+    if (layer >= 0) return layer >= first && layer <= last;
+    return id == DS4_T_TOKEN_EMBD ? first == 0 : output;
 }

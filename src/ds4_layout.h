@@ -29,6 +29,13 @@
  *   n_hash_layer route by tid2eid, the others by top-k with exp_probs_b.
  * - Tensor shapes use GGUF order (ne[0] fastest); ds4_tensor_shape() returns
  *   n_dims. Per-layer names are "blk.<l>.<suffix>".
+ * - Layer-range files (pipeline parallelism, README "Distributed inference"):
+ *   a file holding layers first..last carries DS4_SLICE_KEY_FIRST / _LAST /
+ *   _OUTPUT (ds4_slice_keys_write) and exactly the tensors
+ *   ds4_tensor_in_slice() admits: those layers' tensors, the token embedding
+ *   when first == 0 and the output head (HC merge, norm, matrix) when output.
+ *   Its deepseek4.* keys are the whole model's (block_count, every layer's
+ *   schedule), so each piece knows the full route.
  */
 #ifndef DS4_LAYOUT_H
 #define DS4_LAYOUT_H
@@ -97,6 +104,16 @@ void ds4_hparams_write(struct ds4_gguf_writer *w, const ds4_hparams *hp);
 int ds4_hparams_read(const struct ds4_gguf *g, ds4_hparams *hp, char *err, size_t errlen);
 int ds4_hparams_check(const ds4_hparams *hp, char *err, size_t errlen);
 
+/* The released models' hyperparameters at their full depth (Flash: fact
+ * sheet section 2; Pro: the published Pro configuration, sheet section 2's
+ * Pro column where it agrees). ds4_v4_schedule() fills the per-layer arrays
+ * (compress ratios, SwiGLU clamps) and the hash-layer count for hp->n_layer
+ * layers, so a model maker keeps the model's shape with fewer layers. The
+ * files carry no MTP block: nextn_predict_layers is 0. */
+enum ds4_v4_model { DS4_V4_FLASH, DS4_V4_PRO };
+void ds4_hparams_v4(ds4_hparams *hp, enum ds4_v4_model which);
+void ds4_v4_schedule(ds4_hparams *hp, enum ds4_v4_model which);
+
 static inline bool ds4_layer_compressed(const ds4_hparams *hp, int l) { return hp->compress_ratio[l] != 0; }
 static inline bool ds4_layer_indexed(const ds4_hparams *hp, int l) { return hp->compress_ratio[l] == 4; }
 static inline uint32_t ds4_layer_coff(const ds4_hparams *hp, int l) { return hp->compress_ratio[l] == 4 ? 2 : 1; }
@@ -164,5 +181,14 @@ int ds4_tensor_shape(const ds4_hparams *hp, enum ds4_tensor_id id, int layer, ui
 /* "blk.<layer>.<suffix>" or the global name; returns snprintf's result. */
 int ds4_tensor_name(enum ds4_tensor_id id, int layer, char *buf, size_t n);
 uint32_t ds4_tensor_type(enum ds4_tensor_id id, enum ds4_mix mix);   /* ggml type id */
+
+/* ---- layer-range files ---- */
+/* u32, u32, bool. DwarfStar's own keys: llama.cpp-family readers ignore them. */
+#define DS4_SLICE_KEY_FIRST "ds4.slice.first_layer"
+#define DS4_SLICE_KEY_LAST "ds4.slice.last_layer"
+#define DS4_SLICE_KEY_OUTPUT "ds4.slice.output"
+void ds4_slice_keys_write(struct ds4_gguf_writer *w, uint32_t first, uint32_t last, bool output);
+/* layer -1: a global tensor */
+bool ds4_tensor_in_slice(enum ds4_tensor_id id, int layer, int first, int last, bool output);
 
 #endif

@@ -297,10 +297,44 @@ bool ds4_layer_slice_parse(const char *s, ds4_layer_slice *out, char *err, size_
     return false;
 }
 
-/* The range a file holds: its slice keys, or everything. */
+bool ds4_layer_slice_resolve(ds4_layer_slice *s, int n_layer, char *err, size_t errlen) {
+    if (s->last < 0) s->last = n_layer - 1;
+    if (s->last < n_layer) return true;
+    snprintf(err, errlen, "%d:%d: the model has layers 0..%d", s->first, s->last, n_layer - 1);
+    return false;
+}
+
+static bool file_has(const ds4_gguf *g, enum ds4_tensor_id id, int l) {
+    char name[96];
+    ds4_tensor_name(id, l, name, sizeof name);
+    return ds4_gguf_find_tensor(g, name) != NULL;
+}
+
+/* Every layer has attn_norm and ffn_norm: either one means the layer is there. */
+static bool file_has_layer(const ds4_gguf *g, int l) {
+    return file_has(g, DS4_T_ATTN_NORM, l) || file_has(g, DS4_T_FFN_NORM, l);
+}
+
+/* The range a file holds: its slice keys; without them, the first run of
+ * layers whose tensors it has, and the head when it has any of output_norm
+ * or output.weight, so a range file from a tool that writes no ds4.* keys
+ * (llama.cpp-based split workflows) still loads with its own range and
+ * refuses a wider one with the same line, while a whole file missing one
+ * head or layer tensor still fails binding with that tensor's name. A file
+ * with no layer tensors at all, or with layers after a gap, counts as whole
+ * for the same reason. */
 static ds4_layer_slice file_slice(ds4_binder *b, int n_layer) {
     ds4_layer_slice f = {0, n_layer - 1, true};
-    if (!ds4_gguf_find_kv(b->g, DS4_SLICE_KEY_FIRST)) return f;
+    if (!ds4_gguf_find_kv(b->g, DS4_SLICE_KEY_FIRST)) {
+        int first = 0;
+        while (first < n_layer && !file_has_layer(b->g, first)) first++;
+        if (first == n_layer) return f;
+        int last = first;
+        while (last + 1 < n_layer && file_has_layer(b->g, last + 1)) last++;
+        for (int l = last + 1; l < n_layer; l++)
+            if (file_has_layer(b->g, l)) return f;   /* layers after a gap: a damaged whole file */
+        return (ds4_layer_slice){first, last, file_has(b->g, DS4_T_OUTPUT_NORM, -1) || file_has(b->g, DS4_T_OUTPUT, -1)};
+    }
     f.first = key_int(b, DS4_SLICE_KEY_FIRST, 0, n_layer - 1);
     f.last = key_int(b, DS4_SLICE_KEY_LAST, f.first, n_layer - 1);
     if (!b->failed && !ds4_gguf_get_bool(b->g, DS4_SLICE_KEY_OUTPUT, &f.output))
@@ -328,9 +362,9 @@ ds4_model *ds4_model_bind_slice(const ds4_gguf *g, const ds4_layer_slice *want, 
     const ds4_layer_slice held = b.failed ? DS4_SLICE_ALL : file_slice(&b, c->n_layer);
     ds4_layer_slice *sl = &m->slice;
     *sl = want ? *want : held;
-    if (sl->last < 0) sl->last = c->n_layer - 1;
-    if (!b.failed && sl->last >= c->n_layer) {
-        snprintf(err, errlen, "--layers %d:%d: the model has layers 0..%d", sl->first, sl->last, c->n_layer - 1);
+    char why[128];
+    if (!b.failed && !ds4_layer_slice_resolve(sl, c->n_layer, why, sizeof why)) {
+        snprintf(err, errlen, "--layers %s", why);
         b.failed = true;
     }
     if (!b.failed && (sl->first < held.first || sl->last > held.last || (sl->output && !held.output))) {

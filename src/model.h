@@ -19,8 +19,10 @@
  *   matrix) when the slice owns it; every other tensor is neither looked up
  *   nor read, so its pages are never touched, and ds4_layer entries outside
  *   the slice stay zero. A file that holds only a layer range says so with
- *   DS4_SLICE_KEY_FIRST / _LAST / _OUTPUT; the slice asked for must lie inside
- *   it, and without a request the file's own range is bound. The config is
+ *   DS4_SLICE_KEY_FIRST / _LAST / _OUTPUT (ds4_layout.h), or, without those
+ *   keys, by which layers' tensors it has (the first run of layers, the head
+ *   when output.weight is there); the slice asked for must lie inside it,
+ *   and without a request the file's own range is bound. The config is
  *   always the whole model's (all layers' schedule), so positions, KV layout
  *   and hashes agree between the processes of a route.
  * - ds4_layer_slice_parse() reads "A:B" (inclusive) or "A:output"; the layer
@@ -79,12 +81,6 @@ typedef struct {
     ds4_tensor gate_shexp, up_shexp, down_shexp;
 } ds4_layer;
 
-/* Metadata of a file holding a layer range (u32, u32, bool). DwarfStar's own
- * keys: llama.cpp-family readers ignore them. */
-#define DS4_SLICE_KEY_FIRST "ds4.slice.first_layer"
-#define DS4_SLICE_KEY_LAST "ds4.slice.last_layer"
-#define DS4_SLICE_KEY_OUTPUT "ds4.slice.output"
-
 /* Layers first..last inclusive; last < 0: through the final layer. */
 typedef struct {
     int first, last;
@@ -95,6 +91,10 @@ typedef struct {
 
 /* false (and a line in err) for anything but "A:B" with A <= B or "A:output" */
 bool ds4_layer_slice_parse(const char *s, ds4_layer_slice *out, char *err, size_t errlen);
+/* Turns "through the final layer" into n_layer - 1; false (and "A:B: the
+ * model has layers 0..N", for the caller to prefix with its option) when
+ * the slice ends past the model's last layer. */
+bool ds4_layer_slice_resolve(ds4_layer_slice *s, int n_layer, char *err, size_t errlen);
 
 typedef struct ds4_model {
     ds4_config cfg;

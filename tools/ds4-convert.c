@@ -3,7 +3,7 @@
  *
  *   ds4-convert HF_DIR OUT.gguf --type f32|f16|q8_0|q2|q4
  *               [--imatrix FILE] [--vocab tokenizer.json [--vocab-added FILE]]
- *               [--name NAME]
+ *               [--name NAME] [--layers A:B|A:output]
  *               [--threads N (default: all CPUs)]
  *
  * Inputs. Hyperparameters come from HF_DIR/config.json (transformers'
@@ -17,6 +17,11 @@
  * output (the official names under "model.", kv_norm saved as "attn.norm"),
  * and transformers' module names ("model.layers.N.self_attn.q_a_proj.weight",
  * merged experts.gate_up_proj).
+ *
+ * --layers writes a layer-range file (ds4_layout.h): only those layers'
+ * tensors (the embedding with layer 0, the output head with "output") plus
+ * the ds4.slice.* keys, as ds4-make-model --slice does; every tensor it holds
+ * is byte-identical to the same tensor of the whole conversion.
  *
  * Output. The DS4 layout of ds4_layout.h with every deepseek4.* key. --type
  * picks the mix (ds4_layout.h): f32/f16 turn every float matrix into that
@@ -53,6 +58,7 @@
 #include "ds4_layout.h"
 #include "glm_layout.h"
 #include "gguf.h"
+#include "model.h"
 #include "quant.h"
 #include "safetensors.h"
 #include "threadpool.h"
@@ -826,8 +832,10 @@ static void check_row_type(const out_tensor *o) {
 }
 
 static void add_plan(plan *pl, const ds4_st *st, const ds4_hparams *hp, enum ds4_mix mix,
-                     const imatrix *im, enum ds4_tensor_id id, int layer) {
-    if (!ds4_tensor_present(hp, id, layer)) return;
+                     const imatrix *im, const ds4_layer_slice *slice, enum ds4_tensor_id id, int layer) {
+    if (!ds4_tensor_present(hp, id, layer) ||
+        !ds4_tensor_in_slice(id, layer, slice->first, slice->last, slice->output))
+        return;
     out_tensor *o = new_out(pl, layer, src_names[id], id == DS4_T_FFN_GATE_EXPS ? EXP_GATE
                             : id == DS4_T_FFN_UP_EXPS ? EXP_UP : id == DS4_T_FFN_DOWN_EXPS ? EXP_DOWN : EXP_NONE);
     o->ids = id == DS4_T_FFN_GATE_TID2EID;
@@ -952,19 +960,21 @@ static void warn_unused(const ds4_st *st, const plan *pl) {
 
 static void usage(void) {
     fputs("usage: ds4-convert HF_DIR OUT.gguf --type f32|f16|q8_0|q2|q4 [--imatrix FILE]\n"
-          "                   [--vocab tokenizer.json [--vocab-added FILE]] [--name NAME] [--threads N]\n", stderr);
+          "                   [--vocab tokenizer.json [--vocab-added FILE]] [--name NAME] [--threads N]\n"
+          "                   [--layers A:B|A:output]\n", stderr);
     exit(2);
 }
 
 int main(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *type = NULL, *imatrix_path = NULL, *vocab = NULL, *name = NULL;
-    const char *threads = "0", *vocab_added = NULL;
+    const char *threads = "0", *vocab_added = NULL, *layers = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char **opt = !strcmp(a, "--type") ? &type : !strcmp(a, "--imatrix") ? &imatrix_path
                          : !strcmp(a, "--vocab") ? &vocab : !strcmp(a, "--name") ? &name
                          : !strcmp(a, "--threads") ? &threads
-                         : !strcmp(a, "--vocab-added") ? &vocab_added : NULL;
+                         : !strcmp(a, "--vocab-added") ? &vocab_added
+                         : !strcmp(a, "--layers") ? &layers : NULL;
         if (opt) {
             if (++i >= argc) usage();
             *opt = argv[i];
@@ -986,6 +996,8 @@ int main(int argc, char **argv) {
     if (mix < 0) die("unknown --type %s (f32, f16, q8_0, q2, q4)", type);
 
     char err[512];
+    ds4_layer_slice slice = DS4_SLICE_ALL;
+    if (layers && !ds4_layer_slice_parse(layers, &slice, err, sizeof err)) die("%s", err);
     cJSON *cfg = load_config(in);
     ds4_st *st = ds4_st_open(in, err, sizeof err);
     if (!st) die("%s", err);
@@ -993,10 +1005,12 @@ int main(int argc, char **argv) {
     static ds4_hparams hp;
     static glm_hparams ghp;
     if (glm) {
+        if (layers) die("--layers: GLM files are written whole");
         read_glm_config(cfg, glm_checkpoint_has_mtp(st, cfg), &ghp);
         cJSON_Delete(cfg);
     } else {
         read_config(cfg, &hp);
+        if (!ds4_layer_slice_resolve(&slice, (int)hp.n_layer, err, sizeof err)) die("--layers %s", err);
     }
     const uint32_t n_vocab = glm ? ghp.n_vocab : hp.n_vocab;
     ds4_quant_init();
@@ -1016,10 +1030,11 @@ int main(int argc, char **argv) {
                 add_plan_glm(&pl, st, &ghp, (enum ds4_mix)mix, imp, (enum glm_tensor_id)id, l);
         else
             for (int id = 0; id < DS4_T_COUNT; id++)
-                add_plan(&pl, st, &hp, (enum ds4_mix)mix, imp, (enum ds4_tensor_id)id, l);
+                add_plan(&pl, st, &hp, (enum ds4_mix)mix, imp, &slice, (enum ds4_tensor_id)id, l);
     }
 
-    warn_unused(st, &pl);
+    /* a layer range leaves the other layers' sources unused on purpose */
+    if (!layers) warn_unused(st, &pl);
 
     ds4_gguf_writer *w = ds4_gguf_writer_new(32);
     if (glm) glm_hparams_write(w, &ghp);
@@ -1033,6 +1048,7 @@ int main(int argc, char **argv) {
     ds4_gguf_w_str(w, "general.name", name);
     if (glm) glm_file_keys_write(w, (enum ds4_mix)mix);
     else ds4_file_keys_write(w, (enum ds4_mix)mix);
+    if (layers) ds4_slice_keys_write(w, (uint32_t)slice.first, (uint32_t)slice.last, slice.output);
     if (imatrix_path) {
         ds4_gguf_w_str(w, "quantize.imatrix.file", imatrix_path);
         ds4_gguf_w_u32(w, "quantize.imatrix.entries_count", (uint32_t)im.n);

@@ -12,11 +12,12 @@
  *         6 layers with Flash's schedule: ratios 0,0,4,128,4,128, 3 hash
  *         layers), the real DeepSeek vocabulary (129280 ids; V3
  *         tokenizer.json + the V4 added tokens), q2 mix.
- *   flash Flash's real per-layer shapes (sheet sections 1-2) with --layers N
- *         (default 4) layers, q2 mix: for decode-speed benchmarks.
- *   pro   V4 Pro's shapes (hidden 7168, 128 heads, 384 experts top-6, expert
- *         width 3072, 61 layers unless --layers; its compress schedule and
- *         routed scale 2.5): with --slice, the layout of the released halves.
+ *   flash Flash's real per-layer shapes (ds4_hparams_v4, sheet sections 1-2)
+ *         with --layers N (default 4) layers, q2 mix: for decode-speed benchmarks.
+ *   pro   V4 Pro's shapes (ds4_hparams_v4: hidden 7168, 128 heads, 16 output
+ *         groups, q rank 1536, 384 experts top-6 of width 3072, indexer top-k
+ *         1024, routed scale 2.5, ratio 128 on layers 0-1), 61 layers unless
+ *         --layers, q2 mix: with --slice, the layout of the released halves.
  *   glm   GLM 5.2 (glm-dsa, glm_layout.h) with its real per-layer shapes
  *         (GLM sheet section 2): --layers N trunk layers (default 4; the
  *         first min(3, N) dense) plus the MTP block, GLM 5.2's indexer
@@ -31,8 +32,8 @@
  * where <key> is the key without "deepseek4." (e.g. --embedding_length 512,
  * --attention.head_count 8, --attention.compress_ratios 0,4,128; per-layer
  * keys take a comma list or one value for all layers). --layers N resizes
- * the preset's schedule (ratio 0 for layers 0-1, then 4 on even and 128 on
- * odd layers; hash routing on the first min(3, N)).
+ * the preset's schedule (ds4_v4_schedule: Flash's or Pro's first N layers;
+ * hash routing on the first min(3, N)).
  *
  * --slice (DeepSeek presets) writes only that layer range (the embedding
  * with layer 0, the output head with "output") plus the ds4.slice.* keys
@@ -70,76 +71,31 @@ static void die(const char *fmt, ...) {
 
 /* ---------------------------------------------------------------- presets */
 
-/* Flash's compress schedule (0, 0, then 4 on even and 128 on odd layers), or
- * Pro's as the sheet gives it (transformers' default layer_types, documented
- * as Pro's: 128, 128, then 128 / 4 alternating; not confirmed elsewhere). */
-static void schedule(ds4_hparams *hp, bool pro) {
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        if (pro) hp->compress_ratio[l] = l < 2 || (l - 2) % 2 == 0 ? 128 : 4;
-        else hp->compress_ratio[l] = l < 2 ? 0 : l % 2 == 0 ? 4 : 128;
-        hp->swiglu_clamp_exp[l] = hp->swiglu_clamp_shexp[l] = 10.0f;
-    }
-    hp->n_hash_layer = hp->n_layer < 3 ? hp->n_layer : 3;
-}
-
-/* The sizes that differ between presets (Flash's from the sheet, sections 1-2). */
-typedef struct {
-    const char *name;
-    uint32_t n_layer, n_embd, n_head, head_dim, q_lora, o_lora, o_groups;
-    uint32_t idx_heads, idx_topk, n_expert, n_expert_used, expert_ff;
-    float routed_scale;
-    bool pro_schedule;
-} preset_dims;
-
-static const preset_dims presets[] = {
-    {"demo", 6, 256, 4, 128, 64, 64, 2, 4, 8, 8, 2, 256, 1.5f, false},
-    {"flash", 4, 4096, 64, 512, 1024, 1024, 8, 64, 512, 256, 6, 2048, 1.5f, false},
-    /* V4 Pro (sheet section 2, Pro column): 61 layers in the released files */
-    {"pro", 61, 7168, 128, 512, 1536, 1024, 16, 64, 512, 384, 6, 3072, 2.5f, true},
-};
-
+/* The released model's shape (ds4_layout.h), at the preset's depth; demo
+ * keeps Flash's structure and values at tiny sizes. */
 static void preset(ds4_hparams *hp, const char *name, uint32_t n_layer) {
-    memset(hp, 0, sizeof *hp);
-    /* Shared by both presets: Flash's values for everything not a size. */
-    hp->n_ctx_train = 1048576;
-    hp->n_vocab = 129280;
-    hp->n_head_kv = 1;
-    hp->sliding_window = 128;
-    hp->compress_rope_base = 160000.0f;
-    hp->rope_base = 10000.0f;
-    hp->yarn_factor = 16.0f;
-    hp->yarn_orig_ctx = 65536;
-    hp->yarn_beta_fast = 32.0f;
-    hp->yarn_beta_slow = 1.0f;
-    hp->rms_eps = 1e-6f;
-    hp->hc_count = 4;
-    hp->hc_sinkhorn_iters = 20;
-    hp->hc_eps = 1e-6f;
-    hp->n_expert_shared = 1;
-    hp->expert_weights_norm = true;
-    hp->expert_gating_func = 4;
-    hp->nextn_predict_layers = 0;
-    const preset_dims *d = NULL;
-    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
-        if (!strcmp(name, presets[i].name)) d = &presets[i];
-    if (!d) die("unknown preset '%s' (demo, flash, pro, glm, glm-demo)", name);
-    hp->expert_weights_scale = d->routed_scale;
-    hp->n_layer = n_layer ? n_layer : d->n_layer;
-    hp->n_embd = d->n_embd;
-    hp->n_head = d->n_head;
-    hp->key_length = hp->value_length = d->head_dim;
-    hp->n_rot = 64;
-    hp->q_lora_rank = d->q_lora;
-    hp->o_lora_rank = d->o_lora;
-    hp->o_groups = d->o_groups;
-    hp->idx_n_head = d->idx_heads;
-    hp->idx_head_dim = 128;
-    hp->idx_topk = d->idx_topk;
-    hp->n_expert = d->n_expert;
-    hp->n_expert_used = d->n_expert_used;
-    hp->expert_ff = d->expert_ff;
+    const bool pro = !strcmp(name, "pro"), demo = !strcmp(name, "demo");
+    if (!pro && !demo && strcmp(name, "flash")) die("unknown preset '%s' (demo, flash, pro, glm, glm-demo)", name);
+    const enum ds4_v4_model base = pro ? DS4_V4_PRO : DS4_V4_FLASH;
+    ds4_hparams_v4(hp, base);
+    if (demo) {
+        hp->n_layer = 6;
+        hp->n_embd = 256;
+        hp->n_head = 4;
+        hp->key_length = hp->value_length = 128;
+        hp->q_lora_rank = hp->o_lora_rank = 64;
+        hp->o_groups = 2;
+        hp->idx_n_head = 4;
+        hp->idx_topk = 8;
+        hp->n_expert = 8;
+        hp->n_expert_used = 2;
+        hp->expert_ff = 256;
+    } else if (!pro) {
+        hp->n_layer = 4;            /* flash: a few layers for decode-speed benchmarks */
+    }
+    if (n_layer) hp->n_layer = n_layer;
     if (hp->n_layer > DS4_MAX_LAYERS) die("--layers %u exceeds %d", hp->n_layer, DS4_MAX_LAYERS);
-    schedule(hp, d->pro_schedule);
+    ds4_v4_schedule(hp, base);
 }
 
 /* A family's metadata table, for --<key> VALUE. */
@@ -389,17 +345,14 @@ static void plan_ds4(ds4_gguf_writer *w, int argc, char **argv, const char *pnam
     if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
     ds4_layer_slice slice = DS4_SLICE_ALL;
     if (slice_arg && !ds4_layer_slice_parse(slice_arg, &slice, err, sizeof err)) die("%s", err);
-    if (slice.last < 0) slice.last = (int)hp.n_layer - 1;
-    if (slice.last >= (int)hp.n_layer) die("--slice %s: the model has layers 0..%u", slice_arg, hp.n_layer - 1);
+    if (!ds4_layer_slice_resolve(&slice, (int)hp.n_layer, err, sizeof err)) die("--slice %s", err);
     pl->n_expert = hp.n_expert;
     pl->t = calloc(DS4_T_COUNT * (hp.n_layer + 1), sizeof *pl->t);
     if (!pl->t) die("out of memory");
     for (int l = -1; l < (int)hp.n_layer; l++)
         for (int id = 0; id < DS4_T_COUNT; id++) {
             if (!ds4_tensor_present(&hp, (enum ds4_tensor_id)id, l)) continue;
-            if (l >= 0 ? l < slice.first || l > slice.last
-                       : id == DS4_T_TOKEN_EMBD ? slice.first > 0 : !slice.output)
-                continue;
+            if (!ds4_tensor_in_slice((enum ds4_tensor_id)id, l, slice.first, slice.last, slice.output)) continue;
             char name[96];
             uint64_t ne[4];
             ds4_tensor_name((enum ds4_tensor_id)id, l, name, sizeof name);
@@ -409,11 +362,7 @@ static void plan_ds4(ds4_gguf_writer *w, int argc, char **argv, const char *pnam
         }
     ds4_hparams_write(w, &hp);
     ds4_file_keys_write(w, mix);
-    if (slice_arg) {
-        ds4_gguf_w_u32(w, DS4_SLICE_KEY_FIRST, (uint32_t)slice.first);
-        ds4_gguf_w_u32(w, DS4_SLICE_KEY_LAST, (uint32_t)slice.last);
-        ds4_gguf_w_bool(w, DS4_SLICE_KEY_OUTPUT, slice.output);
-    }
+    if (slice_arg) ds4_slice_keys_write(w, (uint32_t)slice.first, (uint32_t)slice.last, slice.output);
 }
 
 /* GLM 5.2's hyperparameters (GLM sheet section 2) with the preset's sizes. */

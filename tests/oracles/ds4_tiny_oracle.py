@@ -175,10 +175,12 @@ def uneven(total):
 
 
 @torch.no_grad()
-def build(name, spec, out_root):
+def build(name, spec, out_root, common=COMMON):
+    """common: the config arguments shared by a family of fixtures (the
+    PRO-shaped oracle, ds4_pro_oracle.py, passes its own)."""
     gen = torch.Generator().manual_seed(spec["seed"])
     torch.manual_seed(spec["seed"])
-    cfg = DeepseekV4Config(**COMMON, **spec["cfg"], attn_implementation="eager")
+    cfg = DeepseekV4Config(**common, **spec["cfg"], attn_implementation="eager")
     model = DeepseekV4ForCausalLM(cfg).float().eval()
     randomise(model, cfg, gen)
 

@@ -1,7 +1,8 @@
 /* ds4_layout: the table against the fact sheet's own totals for DeepSeek V4
  * Flash (section 4: 1328 tensors; section 5: q2 and q4 tensor bytes, which
  * pin every shape and type of the released mixes), spot shapes from the
- * section-4 tables, and a metadata write -> GGUF -> read round trip. */
+ * section-4 tables, the released Flash and Pro tables against the model
+ * cards' parameter counts, and a metadata write -> GGUF -> read round trip. */
 #include "check.h"
 #include "ds4_layout.h"
 #include "gguf.h"
@@ -36,7 +37,75 @@ static int shape_is(const ds4_hparams *hp, enum ds4_tensor_id id, int l, uint64_
     return ne[0] == a && ne[1] == b && ne[2] == c && ne[3] == 1;
 }
 
+/* Parameters (elements) of every tensor, of the routed experts, of the embedding. */
+static void count_params(const ds4_hparams *hp, double *total, double *routed, double *embd) {
+    *total = *routed = *embd = 0;
+    for (int l = -1; l < (int)hp->n_layer; l++)
+        for (int id = 0; id < DS4_T_COUNT; id++) {
+            if (!ds4_tensor_present(hp, id, l)) continue;
+            uint64_t ne[4];
+            ds4_tensor_shape(hp, id, l, ne);
+            const double n = (double)ne[0] * ne[1] * ne[2] * ne[3];
+            *total += n;
+            if (id == DS4_T_TOKEN_EMBD) *embd = n;
+            if (ds4_tensor_table[id].cls == DS4_TC_EXP_GATE_UP || ds4_tensor_table[id].cls == DS4_TC_EXP_DOWN)
+                *routed += n;
+        }
+}
+
+/* The released models' tables (ds4_hparams_v4) against independent numbers:
+ * Flash field by field against this file's transcription of the sheet, and
+ * both models' parameter totals against their model cards (Flash 284B total
+ * / 13B active, Pro 1.6T / 49B, given to two digits: within 3%); a token's
+ * active parameters are the non-routed weights but the embedding (a row
+ * lookup) and 6 of the routed experts (the sheet's 13.27B for Flash). */
+static void test_released_tables(void) {
+    ds4_hparams got, want;
+    char err[256];
+    ds4_hparams_v4(&got, DS4_V4_FLASH);
+    flash(&want);
+    want.nextn_predict_layers = 0;       /* the GGUFs carry no MTP block */
+    CHECK(memcmp(&got, &want, sizeof got) == 0, "ds4_hparams_v4(FLASH) differs from the sheet's Flash");
+    const struct { enum ds4_v4_model m; const char *name; double total, active; uint32_t layers; } cards[] = {
+        {DS4_V4_FLASH, "Flash", 284e9, 13e9, 43}, {DS4_V4_PRO, "Pro", 1.6e12, 49e9, 61}};
+    for (int i = 0; i < 2; i++) {
+        ds4_hparams hp;
+        ds4_hparams_v4(&hp, cards[i].m);
+        CHECK(ds4_hparams_check(&hp, err, sizeof err) == 0, "%s rejected: %s", cards[i].name, err);
+        double total, routed, embd;
+        count_params(&hp, &total, &routed, &embd);
+        const double active = total - routed - embd + routed * hp.n_expert_used / hp.n_expert;
+        printf("%s: %.4g parameters (%.4g routed), %.4g active per token\n", cards[i].name, total, routed, active);
+        CHECK(hp.n_layer == cards[i].layers, "%s: %u layers", cards[i].name, hp.n_layer);
+        CHECK(total > cards[i].total * 0.97 && total < cards[i].total * 1.03, "%s: %.4g parameters, card says %.3g",
+              cards[i].name, total, cards[i].total);
+        CHECK(active > cards[i].active * 0.97 && active < cards[i].active * 1.03, "%s: %.4g active, card says %.3g",
+              cards[i].name, active, cards[i].active);
+    }
+    ds4_hparams pro;
+    ds4_hparams_v4(&pro, DS4_V4_PRO);
+    CHECK(shape_is(&pro, DS4_T_ATTN_OUTPUT_A, 0, 4096, 16384, 1), "Pro attn_output_a: 16 groups of 8 heads x 512 -> 1024");
+    CHECK(shape_is(&pro, DS4_T_ATTN_OUTPUT_B, 0, 16384, 7168, 1), "Pro attn_output_b");
+    CHECK(shape_is(&pro, DS4_T_ATTN_Q_B, 0, 1536, 65536, 1), "Pro attn_q_b");
+    CHECK(shape_is(&pro, DS4_T_FFN_GATE_EXPS, 10, 7168, 3072, 384), "Pro routed gate");
+    CHECK(pro.compress_ratio[0] == 128 && pro.compress_ratio[1] == 128 && ds4_tensor_present(&pro, DS4_T_COMP_KV, 0),
+          "Pro's first layers compress by 128 (no raw-window-only layer)");
+    int csa = 0;
+    for (uint32_t l = 0; l < pro.n_layer; l++) csa += pro.compress_ratio[l] == 4;
+    CHECK(csa == 30 && pro.idx_topk == 1024 && pro.n_hash_layer == 3, "Pro: %d ratio-4 layers", csa);
+    /* the released Pro halves: every tensor of the model is in exactly one */
+    size_t n_whole = 0, n_halves = 0;
+    for (int l = -1; l < (int)pro.n_layer; l++)
+        for (int id = 0; id < DS4_T_COUNT; id++) {
+            if (!ds4_tensor_present(&pro, id, l)) continue;
+            n_whole++;
+            n_halves += ds4_tensor_in_slice(id, l, 0, 30, false) + ds4_tensor_in_slice(id, l, 31, 60, true);
+        }
+    CHECK(n_whole == n_halves, "Layers00-30 + Layers31-output hold %zu of %zu tensors", n_halves, n_whole);
+}
+
 int main(void) {
+    test_released_tables();
     ds4_hparams hp;
     flash(&hp);
     char err[256];
