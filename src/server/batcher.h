@@ -9,9 +9,11 @@
  *   (engine.h: batched sessions are bit-identical to sessions alone), so
  *   when a step runs only affects speed.
  * - A step runs once every busy slot (ds4_batcher_busy) has work pending, or
- *   a grace period after the oldest pending work arrived: 2 ms, or an eighth
- *   of the last step when that is longer (a slot busy writing to a client or
- *   tokenizing does not hold the others back longer). A step takes
+ *   after a grace period (2 ms, or an eighth of the last step when that is
+ *   longer) counted from the end of the last step or the oldest pending
+ *   work's arrival, whichever is later: the slots of the step that just ended
+ *   get that long to submit their next token, and a slot busy writing to a
+ *   client or tokenizing does not hold the others back longer. A step takes
  *   every pending decode token and at most PREFILL_ROWS prompt tokens in
  *   all, so a long prompt is prefilled in bounded chunks interleaved with
  *   everyone's decode steps. Prompts' first slices go first (oldest first),
