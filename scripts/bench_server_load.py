@@ -11,7 +11,8 @@ servers.
         --base b8=http://127.0.0.1:8001/v1,b1=http://127.0.0.1:8002/v1
 
 For each round, each concurrency level and each server in turn (so load on a
-shared machine falls on all of them alike), `requests` requests (distinct
+shared machine falls on all of them alike; every other round in reverse
+order, so no server always finds the page cache warmed by another), `requests` requests (distinct
 prompts, greedy) are sent with at most `concurrency` in flight. Prints one
 Markdown table: time to first token and inter-token latency percentiles
 (p50/p90/p99 ms, pooled over the rounds), aggregate output tokens/s (tokens
@@ -94,9 +95,11 @@ def main():
     stats = {(label, c): ([], [], []) for label, _ in bases for c in levels}   # ttft, itl, tok/s per round
     load_before = os.getloadavg()
     next_id = 0
-    for _ in range(a.rounds):
+    for rnd in range(a.rounds):
         for c in levels:
-            for label, url in bases:
+            # every other round in reverse order: the servers share the model's
+            # page cache, and whichever runs first warms it for the next
+            for label, url in bases if rnd % 2 == 0 else bases[::-1]:
                 ttft, itl, rates = stats[(label, c)]
                 # prompts differ between runs, so no server reuses another run's prefix
                 rates.append(asyncio.run(level(url, c, a.requests, a.max_tokens, next_id, ttft, itl)))
