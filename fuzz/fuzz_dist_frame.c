@@ -11,6 +11,14 @@ static void inside(const uint8_t *data, size_t size, const void *p, size_t n) {
     if (n && (!p || (const uint8_t *)p < data || (const uint8_t *)p + n > data + size)) abort();
 }
 
+/* The decoded hops (the encoded form is 32 bytes each, the struct's size). */
+static ds4_dist_hop *hops_of(const uint8_t *enc, uint32_t n) {
+    ds4_dist_hop *hops = malloc(sizeof(ds4_dist_hop) * (size_t)n + 1);
+    if (!hops) abort();
+    for (uint32_t i = 0; i < n; i++) hops[i] = ds4_dist_hop_at(enc, i);
+    return hops;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ds4_dist_frame f;
     char err[256];
@@ -24,29 +32,40 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         inside(data, size, f.hello.data_url, f.hello.data_url_len);
         again = ds4_dist_encode_hello(&f.hello, &len);
         break;
-    case DS4_DIST_WORK: {
+    case DS4_DIST_WORK: case DS4_DIST_KV_GET: case DS4_DIST_KV_PUT: {
         inside(data, size, f.work.tokens, 4 * (size_t)f.work.n);
         inside(data, size, f.work.floats, 4 * (size_t)f.work.n_floats);
+        inside(data, size, f.work.hops, sizeof(ds4_dist_hop) * (size_t)f.work.n_hops);
         int32_t *toks = malloc(4 * (size_t)f.work.n);
         float *fl = malloc(4 * (size_t)f.work.n_floats + 4);
+        ds4_dist_hop *hops = hops_of(f.work.hops, f.work.n_hops);
         if (!toks || !fl) abort();
         for (uint32_t i = 0; i < f.work.n; i++) toks[i] = ds4_dist_token_at(f.work.tokens, i);
         for (uint32_t i = 0; i < f.work.n_floats; i++) fl[i] = ds4_dist_float_at(f.work.floats, i);
-        again = ds4_dist_encode_work(&f.work, toks, fl, &len);
+        again = ds4_dist_encode_work(f.type, &f.work, toks, fl, hops, &len);
         free(toks);
         free(fl);
+        free(hops);
         break;
     }
     case DS4_DIST_RESULT: {
         inside(data, size, f.result.floats, 4 * (size_t)f.result.n_floats);
         inside(data, size, f.result.text, f.result.text_len);
+        inside(data, size, f.result.hops, sizeof(ds4_dist_hop) * (size_t)f.result.n_hops);
         float *fl = malloc(4 * (size_t)f.result.n_floats + 4);
+        ds4_dist_hop *hops = hops_of(f.result.hops, f.result.n_hops);
         if (!fl) abort();
         for (uint32_t i = 0; i < f.result.n_floats; i++) fl[i] = ds4_dist_float_at(f.result.floats, i);
-        again = ds4_dist_encode_result(&f.result, fl, &len);
+        again = ds4_dist_encode_result(&f.result, fl, hops, &len);
         free(fl);
+        free(hops);
         break;
     }
+    case DS4_DIST_ROUTE:
+        inside(data, size, f.route.next, f.route.next_len);
+        inside(data, size, f.route.home, f.route.home_len);
+        again = ds4_dist_encode_route(&f.route, &len);
+        break;
     case DS4_DIST_WELCOME: case DS4_DIST_REFUSED: {
         inside(data, size, f.result.text, f.result.text_len);
         char *t = malloc(f.result.text_len + 1);

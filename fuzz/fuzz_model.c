@@ -23,8 +23,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         float *logits = malloc((size_t)m->cfg.n_vocab * sizeof(float));
         for (int i = 0; i < 8; i++) toks[i] = (int32_t)((size + (size_t)i * 7) % (size_t)m->cfg.n_vocab);
         if (logits) {
-            ds4_backend_seq prefill = {kv, toks, 5, logits, false};
-            ds4_backend_seq decode = {kv, toks + 5, 1, logits, false};
+            ds4_backend_seq prefill = {.kv = kv, .toks = toks, .n = 5, .logits = logits};
+            ds4_backend_seq decode = {.kv = kv, .toks = toks + 5, .n = 1, .logits = logits};
             if (be->eval(be, &prefill, 1, err, sizeof err) == 0) be->eval(be, &decode, 1, err, sizeof err);
         }
         free(logits);

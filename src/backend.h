@@ -3,7 +3,8 @@
  *
  * Contract
  * - eval() runs one batch made of n_seqs sequences, each a run of n >= 1
- *   tokens appended to its own state at positions kv->n_pos ... kv->n_pos+n-1
+ *   tokens appended to its own state (the model family's state type; both
+ *   keep n_pos and ctx) at positions kv->n_pos ... kv->n_pos+n-1
  *   (kv->n_pos += n). Decode is a sequence of one token; several sessions'
  *   decode rows and a prefill chunk of another may share one call. The states
  *   must be distinct, the total of n must not exceed max_batch and every
@@ -31,6 +32,12 @@
  *   (to_host) or the backend's copy current after the engine wrote them
  *   (!to_host). kv_release (may be NULL) drops what the backend keeps for a
  *   state that is being freed.
+ * - kv_gather / kv_scatter (NULL for backends that hold every layer's state
+ *   in the process): a backend keeping some layers' state elsewhere (dist.h:
+ *   the pipeline workers) copies it into the host ds4_kv before the engine
+ *   serialises the state (snapshot, payload save), and hands it out after the
+ *   engine replaced the state (restore, payload load), toks being the
+ *   kv->n_pos tokens the state now holds.
  */
 #ifndef DS4_BACKEND_H
 #define DS4_BACKEND_H
@@ -42,7 +49,12 @@
 struct ds4_kv;
 
 typedef struct {
-    struct ds4_kv *kv;
+    /* the sequence's state in its family's form: ds4_kv (kv.h) for the
+     * DeepSeek V4 backends, glm_kv (glm_kv.h) for the GLM backend */
+    union {
+        struct ds4_kv *kv;
+        struct glm_kv *glm;
+    };
     const int32_t *toks;
     int n;
     float *logits;
@@ -60,6 +72,8 @@ struct ds4_backend {
     void (*free)(ds4_backend *be);
     int (*kv_sync)(ds4_backend *be, struct ds4_kv *kv, bool to_host, char *err, size_t errlen);
     void (*kv_release)(ds4_backend *be, struct ds4_kv *kv);
+    int (*kv_gather)(ds4_backend *be, struct ds4_kv *kv, char *err, size_t errlen);
+    int (*kv_scatter)(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks, char *err, size_t errlen);
 };
 
 #endif

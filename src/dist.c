@@ -1,6 +1,7 @@
 /* dist.c -- coordinator backend and worker loop over NNG (see dist.h). */
 #include "dist.h"
 #include "backend.h"
+#include "cli_args.h"
 #include "dist_proto.h"
 #include "forward_cpu.h"
 #include "gguf.h"
@@ -10,15 +11,25 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <nng/protocol/pipeline0/pull.h>
+#include <nng/protocol/pipeline0/push.h>
 #include <nng/supplemental/util/platform.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
-enum { MAX_WORKERS = 16, MAX_SESSIONS = 16, REWIND_SLACK = 256 };
+/* POLL_MS: how often a waiting coordinator looks at its workers'
+ * connections; SEND_QUEUE: frames a push socket holds while the next hop is
+ * busy (more than any prefill window, so a send never blocks a stage). */
+enum { MAX_WORKERS = DS4_DIST_MAX_HOPS - 1, MAX_SESSIONS = 16, REWIND_SLACK = 256, POLL_MS = 100, SEND_QUEUE = 64,
+       MAX_WINDOW = 32, CHUNKS_PER_CALL = 8 };
 
 const char ds4_dist_usage[] =
     "      --role coordinator|worker  pipeline parallelism over hosts (README \"Distributed inference\")\n"
@@ -26,6 +37,9 @@ const char ds4_dist_usage[] =
     "      --coordinator HOST PORT  worker: the coordinator to register with\n"
     "      --dist-secret S       shared secret checked at registration (else $DS4_DIST_SECRET)\n"
     "      --dist-wait SECONDS   coordinator: wait this long for a complete route (default 30)\n"
+    "      --dist-reply-timeout SECONDS  coordinator: a hop silent this long is gone (default 120)\n"
+    "      --dist-prefill-chunk N  coordinator: tokens per pipelined prefill chunk (default: --prefill-chunk)\n"
+    "      --dist-prefill-window W  coordinator: prefill chunks in flight along the route (default 2)\n"
     "      --debug               route formation and per-hop telemetry on stderr\n";
 
 static bool parse_port(const char *s, int *out) {
@@ -47,14 +61,27 @@ int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, cha
         *i += 2;
         return 1;
     }
-    if (strcmp(a, "--role") && strcmp(a, "--dist-secret") && strcmp(a, "--dist-wait")) return 0;
+    static const char *const valued[] = {"--role", "--dist-secret", "--dist-wait", "--dist-reply-timeout",
+                                         "--dist-prefill-chunk", "--dist-prefill-window"};
+    size_t k = 0;
+    while (k < sizeof valued / sizeof valued[0] && strcmp(a, valued[k])) k++;
+    if (k == sizeof valued / sizeof valued[0]) return 0;
     if (!v) { snprintf(err, errlen, "%s needs a value", a); return -1; }
     ++*i;
     if (!strcmp(a, "--dist-secret")) { p->secret = v; return 1; }
-    if (!strcmp(a, "--dist-wait")) {
+    if (!strcmp(a, "--dist-wait") || !strcmp(a, "--dist-reply-timeout")) {
         char *end;
-        p->wait_seconds = strtod(v, &end);
-        if (*end || !(p->wait_seconds > 0 && p->wait_seconds < 1e6)) { snprintf(err, errlen, "--dist-wait: bad value '%s'", v); return -1; }
+        const double x = strtod(v, &end);
+        if (*end || !(x > 0 && x < 1e6)) { snprintf(err, errlen, "%s: bad value '%s'", a, v); return -1; }
+        *(!strcmp(a, "--dist-wait") ? &p->wait_seconds : &p->reply_seconds) = x;
+        return 1;
+    }
+    if (!strcmp(a, "--dist-prefill-chunk") || !strcmp(a, "--dist-prefill-window")) {
+        const bool chunk = !strcmp(a, "--dist-prefill-chunk");
+        if (!ds4_parse_int(v, 1, chunk ? 1 << 20 : MAX_WINDOW, chunk ? &p->prefill_chunk : &p->prefill_window)) {
+            snprintf(err, errlen, "%s: bad value '%s' (1..%d)", a, v, chunk ? 1 << 20 : MAX_WINDOW);
+            return -1;
+        }
         return 1;
     }
     if (!strcmp(v, "coordinator")) p->role = DS4_DIST_COORDINATOR;
@@ -78,6 +105,7 @@ bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size
     }
     if (p->wait_seconds <= 0) p->wait_seconds = 30;
     if (p->reply_seconds <= 0) p->reply_seconds = 120;
+    if (p->prefill_window <= 0) p->prefill_window = 2;
     return true;
 }
 
@@ -107,22 +135,108 @@ static bool exchange(nng_socket s, uint8_t *msg, size_t len, void **buf, size_t 
     return true;
 }
 
+static void on_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *closed) {
+    (void)ev;
+    atomic_store((atomic_int *)closed, nng_socket_id(nng_pipe_socket(pipe)));
+}
+
+static uint32_t elapsed_us(double since) {
+    const double us = (now_seconds() - since) * 1e6;
+    return us > 4e9 ? 4000000000u : (uint32_t)us;
+}
+
+/* A float payload decoded into place (the frame's bytes need not be aligned). */
+static void copy_floats(float *dst, const uint8_t *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = ds4_dist_float_at(src, i);
+}
+
+/* A push socket dialed to url; sends queue instead of blocking while the
+ * peer is busy. The dial does not wait for the connection (a peer that
+ * accepts TCP but never answers, e.g. a stopped process, would block it
+ * for good): frames queue until it is up, and whoever waits for the answer
+ * bounds the wait. When closed is given, the closed connection's socket id
+ * is stored there (the watch is set before the dial, so no closing can be
+ * missed). */
+static int open_push(nng_socket *s, const char *url, double timeout_s, atomic_int *closed) {
+    int rv = nng_push0_open(s);
+    if (rv) return rv;
+    nng_socket_set_ms(*s, NNG_OPT_SENDTIMEO, (nng_duration)(timeout_s * 1000));
+    nng_socket_set_int(*s, NNG_OPT_SENDBUF, SEND_QUEUE);
+    if (closed) rv = nng_pipe_notify(*s, NNG_PIPE_EV_REM_POST, on_pipe_removed, closed);
+    if (!rv) rv = nng_dial(*s, url, NULL, NNG_FLAG_NONBLOCK);
+    if (rv) nng_close(*s);
+    return rv;
+}
+
+/* The address of this host on the way to host:port, as a URL host part
+ * ("10.0.0.2", "[fe80::1]"): a worker's data socket listens there, so the
+ * coordinator and the other workers reach it over the network they share.
+ * A connected UDP socket only asks the routing table; nothing is sent. */
+static bool local_address_towards(const char *host, int port, char *out, size_t outlen, char *err, size_t errlen) {
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    struct addrinfo hints = {.ai_socktype = SOCK_DGRAM, .ai_flags = AI_NUMERICSERV}, *res = NULL;
+    const int gai = getaddrinfo(host, service, &hints, &res);
+    if (gai) { snprintf(err, errlen, "cannot resolve %s: %s", host, gai_strerror(gai)); return false; }
+    bool ok = false;
+    for (const struct addrinfo *ai = res; ai && !ok; ai = ai->ai_next) {
+        const int fd = socket(ai->ai_family, SOCK_DGRAM, 0);
+        struct sockaddr_storage local;
+        socklen_t len = sizeof local;
+        char ip[INET6_ADDRSTRLEN];
+        if (fd >= 0 && !connect(fd, ai->ai_addr, ai->ai_addrlen) && !getsockname(fd, (struct sockaddr *)&local, &len)) {
+            const bool v6 = local.ss_family == AF_INET6;
+            const void *a = v6 ? (const void *)&((struct sockaddr_in6 *)&local)->sin6_addr
+                               : (const void *)&((struct sockaddr_in *)&local)->sin_addr;
+            if (inet_ntop(local.ss_family, a, ip, sizeof ip))
+                ok = snprintf(out, outlen, v6 ? "[%s]" : "%s", ip) < (int)outlen;
+        }
+        if (fd >= 0) close(fd);
+    }
+    freeaddrinfo(res);
+    if (!ok) snprintf(err, errlen, "no local address routes to %s", host);
+    return ok;
+}
+
+/* Sends and frees msg (NULL: out of memory). */
+static int send_frame(nng_socket s, uint8_t *msg, size_t len) {
+    int rv = msg ? nng_send(s, msg, len, 0) : NNG_ENOMEM;
+    free(msg);
+    return rv;
+}
+
 /* ================================================================ coordinator */
 
+/* A registration, written by the control thread under mu. */
 typedef struct {
     bool live;
     int first, last;
     bool output;
     char url[160];
-    nng_socket data;
-    bool dialed;
-} worker_slot;
+} worker_reg;
 
+/* One hop of the formed route, owned by the eval thread: the coordinator
+ * keeps a push connection to every worker (ROUTE and KV frames, and the
+ * first hop's WORK); a closed connection is how a dead worker shows. */
+typedef struct {
+    int first, last;
+    bool output;
+    char url[160];
+    nng_socket data;
+    bool open;
+    atomic_int closed_socket;     /* id of a socket whose connection went away (pipe callback) */
+} hop;
+
+/* What the route has seen of one session: its tokens and the rolling hash
+ * after each prefix, so a rewind knows the hash at any earlier position and
+ * a replay has the tokens. */
 typedef struct {
     const struct ds4_kv *kv;
-    int n_pos;
-    uint64_t hash;
-} session_hash;
+    uint64_t id;
+    int32_t *toks;
+    uint64_t *hashes;       /* [cap + 1]: hashes[i] after i tokens */
+    int n, cap;
+} session_rec;
 
 typedef struct {
     ds4_backend base;
@@ -130,15 +244,25 @@ typedef struct {
     const ds4_model *m;
     ds4_dist_params p;
     ds4_dist_hello me;
-    nng_socket control;
+    nng_socket control, results;
+    char home[200];
     pthread_t thread;
-    bool thread_started, stop;
+    bool thread_started;
+    atomic_bool stop;
     pthread_mutex_t mu;
     pthread_cond_t changed;
-    worker_slot workers[MAX_WORKERS];
-    session_hash sessions[MAX_SESSIONS];
-    float *hidden[2];
+    worker_reg regs[MAX_WORKERS];   /* under mu */
+    uint64_t gen;                   /* under mu: bumped when the registrations change */
+    uint64_t route_id;              /* the gen the hops were formed for; 0: none */
+    hop hops[MAX_WORKERS];
+    int n_hops;
+    uint32_t seq;
+    uint64_t next_session;
+    session_rec **sessions;         /* one allocation each: a call holds pointers across session_of() */
+    int n_sessions;
+    float *hidden;
     size_t hidden_cap;
+    int chunk;
 } coord;
 
 /* A registration: refused when incompatible or overlapping a live worker
@@ -152,14 +276,14 @@ static uint8_t *handle_hello(coord *c, const ds4_dist_hello *h, size_t *len) {
                  c->m->slice.last);
         return ds4_dist_encode_text(DS4_DIST_REFUSED, why, len);
     }
-    if (h->data_url_len == 0 || h->data_url_len >= sizeof c->workers[0].url) {
+    if (h->data_url_len == 0 || h->data_url_len >= sizeof c->regs[0].url) {
         snprintf(why, sizeof why, "refused: no usable data address");
         return ds4_dist_encode_text(DS4_DIST_REFUSED, why, len);
     }
     pthread_mutex_lock(&c->mu);
-    worker_slot *slot = NULL;
+    worker_reg *slot = NULL;
     for (int i = 0; i < MAX_WORKERS; i++) {
-        worker_slot *w = &c->workers[i];
+        worker_reg *w = &c->regs[i];
         if (!w->live) { if (!slot) slot = w; continue; }
         if (w->first == (int)h->first && w->last == (int)h->last && w->output == h->output) {
             if (strlen(w->url) == h->data_url_len && !memcmp(w->url, h->data_url, h->data_url_len)) {
@@ -180,9 +304,9 @@ static uint8_t *handle_hello(coord *c, const ds4_dist_hello *h, size_t *len) {
         pthread_mutex_unlock(&c->mu);
         return ds4_dist_encode_text(DS4_DIST_REFUSED, "refused: too many workers", len);
     }
-    if (slot->dialed) nng_close(slot->data);
-    *slot = (worker_slot){true, (int)h->first, (int)h->last, h->output, "", NNG_SOCKET_INITIALIZER, false};
+    *slot = (worker_reg){true, (int)h->first, (int)h->last, h->output, ""};
     memcpy(slot->url, h->data_url, h->data_url_len);
+    c->gen++;
     if (c->p.debug)
         fprintf(stderr, "ds4 coordinator: worker registered: layers %d..%d%s at %s\n", slot->first, slot->last,
                 slot->output ? " + output" : "", slot->url);
@@ -193,7 +317,7 @@ static uint8_t *handle_hello(coord *c, const ds4_dist_hello *h, size_t *len) {
 
 static void *control_loop(void *arg) {
     coord *c = arg;
-    while (!c->stop) {
+    while (!atomic_load(&c->stop)) {
         void *buf;
         size_t len;
         if (nng_recv(c->control, &buf, &len, NNG_FLAG_ALLOC)) continue;   /* timeout: look at stop */
@@ -211,174 +335,491 @@ static void *control_loop(void *arg) {
     return NULL;
 }
 
-/* The route after the coordinator's slice, in layer order; 0 with a line in
- * err while some layers have no live worker. Caller holds mu. */
-static int route(coord *c, worker_slot **hops, char *err, size_t errlen) {
+/* The registrations covering the layers after the coordinator's, in layer
+ * order; 0 with a line in err while some layers have no live worker.
+ * Caller holds mu. */
+static int route(coord *c, worker_reg **out, char *err, size_t errlen) {
     int n = 0, next = c->m->slice.last + 1;
     const int L = c->m->cfg.n_layer;
     while (next < L) {
-        worker_slot *w = NULL;
+        worker_reg *w = NULL;
         for (int i = 0; i < MAX_WORKERS && !w; i++)
-            if (c->workers[i].live && c->workers[i].first == next) w = &c->workers[i];
+            if (c->regs[i].live && c->regs[i].first == next) w = &c->regs[i];
         if (!w) { snprintf(err, errlen, "incomplete route: no worker holds layer %d (of 0..%d)", next, L - 1); return 0; }
-        hops[n++] = w;
+        out[n++] = w;
         next = w->last + 1;
     }
-    if (!hops[n - 1]->output) {
+    if (!out[n - 1]->output) {
         snprintf(err, errlen, "incomplete route: the last worker (layers %d..%d) does not own the output head",
-                 hops[n - 1]->first, hops[n - 1]->last);
+                 out[n - 1]->first, out[n - 1]->last);
         return 0;
     }
     return n;
 }
 
-static session_hash *session_of(coord *c, const struct ds4_kv *kv) {
-    session_hash *free_slot = NULL;
-    for (int i = 0; i < MAX_SESSIONS; i++) {
-        if (c->sessions[i].kv == kv) return &c->sessions[i];
-        if (!c->sessions[i].kv && !free_slot) free_slot = &c->sessions[i];
+
+static bool hop_gone(hop *h) { return atomic_load(&h->closed_socket) == nng_socket_id(h->data); }
+
+static void close_hop(hop *h) {
+    if (h->open) nng_close(h->data);
+    h->open = false;
+}
+
+/* The route is dropped: workers whose connection closed leave the
+ * registrations (all of the route's when none did: one stopped answering),
+ * and the next call forms a route anew once every layer is covered again. */
+static void drop_route(coord *c) {
+    bool any_gone = false;
+    for (int i = 0; i < c->n_hops; i++) any_gone |= c->hops[i].open && hop_gone(&c->hops[i]);
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n_hops; i++) {
+        if (any_gone && !(c->hops[i].open && hop_gone(&c->hops[i]))) continue;
+        for (int r = 0; r < MAX_WORKERS; r++)
+            if (c->regs[r].live && !strcmp(c->regs[r].url, c->hops[i].url)) c->regs[r].live = false;
     }
-    if (!free_slot) free_slot = &c->sessions[0];   /* forgetting one only costs that session a replay */
-    *free_slot = (session_hash){kv, 0, DS4_DIST_HASH_EMPTY};
-    return free_slot;
+    c->gen++;
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < c->n_hops; i++) close_hop(&c->hops[i]);
+    c->n_hops = 0;
+    c->route_id = 0;
 }
 
-static bool grow_hidden(coord *c, size_t floats) {
-    if (floats <= c->hidden_cap) return true;
-    float *a = malloc(floats * sizeof(float)), *b = malloc(floats * sizeof(float));
-    if (!a || !b) { free(a); free(b); return false; }
-    free(c->hidden[0]); free(c->hidden[1]);
-    c->hidden[0] = a; c->hidden[1] = b;
-    c->hidden_cap = floats;
-    return true;
-}
-
-/* One sequence through the remote hops; the local slice already left its
- * hidden states in c->hidden[0]. */
-static int remote_hops(coord *c, worker_slot **hops, int n_hops, const ds4_backend_seq *sq, int pos,
-                       uint64_t hash_before, uint64_t hash_after, char *err, size_t errlen) {
-    const size_t hcE = (size_t)c->m->cfg.n_hc * c->m->cfg.n_embd, V = (size_t)c->m->cfg.n_vocab;
-    const float *in = c->hidden[0];
-    for (int h = 0; h < n_hops; h++) {
-        worker_slot *w = hops[h];
-        const bool last = h == n_hops - 1;
-        if (!w->dialed) {
-            int rv = nng_req0_open(&w->data);
-            if (!rv) {
-                nng_socket_set_ms(w->data, NNG_OPT_RECVTIMEO, (nng_duration)(c->p.reply_seconds * 1000));
-                nng_socket_set_ms(w->data, NNG_OPT_SENDTIMEO, (nng_duration)(c->p.reply_seconds * 1000));
-                rv = nng_dial(w->data, w->url, NULL, 0);
-                if (rv) nng_close(w->data);
-            }
-            if (rv) { snprintf(err, errlen, "cannot reach the worker at %s: %s", w->url, nng_strerror(rv)); return -2; }
-            w->dialed = true;
-        }
-        ds4_dist_work wk = {(uint64_t)(uintptr_t)sq->kv, (uint32_t)pos, (uint32_t)sq->n, hash_before, hash_after,
-                            sq->all_logits, NULL, (uint32_t)((size_t)sq->n * hcE), NULL};
-        size_t len;
-        const double t0 = now_seconds();
-        uint8_t *msg = ds4_dist_encode_work(&wk, sq->toks, in, &len);
-        void *buf = NULL;
-        size_t blen = 0;
-        ds4_dist_frame f;
-        char why[256];
-        if (!exchange(w->data, msg, len, &buf, &blen, &f, why, sizeof why)) {
-            snprintf(err, errlen, "worker layers %d..%d at %s is gone (%s): route dropped", w->first, w->last, w->url, why);
+/* The next RESULT of the current route with a request id at or after seq;
+ * stale ones (an earlier route, an abandoned request) are skipped. -2 with
+ * a line when a hop's connection closed or nothing came for timeout_s. */
+static int await_result(coord *c, uint32_t seq, double timeout_s, void **buf, size_t *blen, ds4_dist_frame *f,
+                        char *err, size_t errlen) {
+    const double deadline = now_seconds() + timeout_s;
+    for (;;) {
+        const int rv = nng_recv(c->results, buf, blen, NNG_FLAG_ALLOC);
+        if (rv == NNG_ETIMEDOUT) {
+            for (int i = 0; i < c->n_hops; i++)
+                if (hop_gone(&c->hops[i])) {
+                    snprintf(err, errlen, "worker layers %d..%d at %s is gone (connection closed): route dropped",
+                             c->hops[i].first, c->hops[i].last, c->hops[i].url);
+                    return -2;
+                }
+            if (now_seconds() < deadline) continue;
+            snprintf(err, errlen, "no answer from the route within %.0f s: route dropped", timeout_s);
             return -2;
         }
-        const ds4_dist_result *r = &f.result;
-        const size_t want = last ? (sq->all_logits ? (size_t)sq->n * V : V) : (size_t)sq->n * hcE;
-        int rc = 0;
-        if (f.type != DS4_DIST_RESULT || r->session != wk.session) {
-            snprintf(err, errlen, "worker layers %d..%d answered out of turn", w->first, w->last);
-            rc = -2;
-        } else if (r->status != DS4_DIST_OK) {
-            snprintf(err, errlen, "worker layers %d..%d: %.*s", w->first, w->last, (int)r->text_len, r->text);
-            rc = -1;
-        } else if (r->n_floats != want || r->hash_after != hash_after) {
-            snprintf(err, errlen, "worker layers %d..%d returned %u floats (hash %016llx), expected %zu (hash %016llx)",
-                     w->first, w->last, r->n_floats, (unsigned long long)r->hash_after, want,
-                     (unsigned long long)hash_after);
-            rc = -1;
-        } else {
-            float *dst = last ? sq->logits : c->hidden[(h + 1) % 2];
-            for (size_t i = 0; i < want; i++) dst[i] = ds4_dist_float_at(r->floats, i);
-            in = dst;
+        if (rv) { snprintf(err, errlen, "pipeline results: %s: route dropped", nng_strerror(rv)); return -2; }
+        char why[256];
+        if (ds4_dist_decode(*buf, *blen, f, why, sizeof why) && f->type == DS4_DIST_RESULT &&
+            f->result.route == c->route_id && (int32_t)(f->result.seq - seq) >= 0)
+            return 0;
+        nng_free(*buf, *blen);
+    }
+}
+
+/* A result's status as a return code: 0 OK, -3 hash mismatch (replay
+ * recovers), -1 a worker's error (the route stays). */
+static int result_status(const ds4_dist_result *r, char *err, size_t errlen) {
+    if (r->status == DS4_DIST_OK) return 0;
+    snprintf(err, errlen, "%.*s", (int)r->text_len, r->text);
+    return r->status == DS4_DIST_HASH_MISMATCH ? -3 : -1;
+}
+
+/* Makes the hops follow the registrations: connects to every worker of the
+ * route and sends each its ROUTE frame (next hop, result address), then waits
+ * for every worker's ACK. Waits up to wait_seconds for a complete route. */
+static int form_route(coord *c, bool wait, char *err, size_t errlen) {
+    worker_reg *regs[MAX_WORKERS];
+    pthread_mutex_lock(&c->mu);
+    const double deadline = now_seconds() + (wait ? c->p.wait_seconds : 0);
+    int n;
+    while (!(n = route(c, regs, err, errlen)) && now_seconds() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += POLL_MS * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        pthread_cond_timedwait(&c->changed, &c->mu, &ts);
+    }
+    const uint64_t gen = c->gen;
+    if (n && gen == c->route_id) { pthread_mutex_unlock(&c->mu); return 0; }
+    hop want[MAX_WORKERS];
+    for (int i = 0; i < n; i++) {
+        want[i] = (hop){regs[i]->first, regs[i]->last, regs[i]->output, "", NNG_SOCKET_INITIALIZER, false, 0};
+        memcpy(want[i].url, regs[i]->url, sizeof want[i].url);
+    }
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < c->n_hops; i++) close_hop(&c->hops[i]);
+    c->n_hops = 0;
+    c->route_id = 0;
+    if (!n) return -1;
+    for (int i = 0; i < n; i++) {
+        hop *h = &c->hops[i];
+        /* the previous socket of this slot is closed: its callbacks are done */
+        *h = want[i];
+        atomic_store(&h->closed_socket, 0);
+        const int rv = open_push(&h->data, h->url, c->p.reply_seconds, &h->closed_socket);
+        h->open = rv == 0;
+        c->n_hops = i + 1;
+        if (rv) {
+            snprintf(err, errlen, "cannot reach the worker for layers %d..%d at %s: %s", h->first, h->last, h->url,
+                     nng_strerror(rv));
+            drop_route(c);
+            return -2;
         }
-        if (c->p.debug)
-            fprintf(stderr, "ds4 coordinator: hop layers %d..%d: tokens %d..%d, %zu bytes out, %zu back, %.2f ms\n", w->first,
-                    w->last, pos, pos + sq->n - 1, len, blen, (now_seconds() - t0) * 1e3);
-        nng_free(buf, blen);
-        if (rc) return rc;
+    }
+    c->route_id = gen;
+    for (int i = 0; i < n; i++) {
+        const char *next = i + 1 < n ? c->hops[i + 1].url : "";
+        ds4_dist_route r = {gen, next, strlen(next), c->home, strlen(c->home)};
+        size_t len = 0;
+        uint8_t *msg = ds4_dist_encode_route(&r, &len);
+        int rv = send_frame(c->hops[i].data, msg, len);
+        if (rv) {
+            snprintf(err, errlen, "route to layers %d..%d: %s", c->hops[i].first, c->hops[i].last, nng_strerror(rv));
+            drop_route(c);
+            return -2;
+        }
+    }
+    for (int acks = 0; acks < n; acks++) {
+        void *buf;
+        size_t blen;
+        ds4_dist_frame f;
+        /* a worker that cannot reach the result port never answers: bounded like the wait for workers */
+        int rc = await_result(c, 0, c->p.wait_seconds, &buf, &blen, &f, err, errlen);
+        if (!rc) rc = result_status(&f.result, err, errlen);
+        if (!rc) nng_free(buf, blen);
+        if (rc) { drop_route(c); return -2; }
+    }
+    if (c->p.debug) {
+        fprintf(stderr, "ds4 coordinator: route %llu formed: layers 0..%d here", (unsigned long long)gen,
+                c->m->slice.last);
+        for (int i = 0; i < n; i++)
+            fprintf(stderr, " -> layers %d..%d%s at %s", c->hops[i].first, c->hops[i].last,
+                    c->hops[i].output ? " + output" : "", c->hops[i].url);
+        fprintf(stderr, " -> results at %s\n", c->home);
     }
     return 0;
 }
 
+static void session_rec_free(session_rec *r) {
+    if (!r) return;
+    free(r->toks);
+    free(r->hashes);
+    free(r);
+}
+
+static session_rec *session_of(coord *c, const struct ds4_kv *kv) {
+    for (int i = 0; i < c->n_sessions; i++)
+        if (c->sessions[i]->kv == kv) return c->sessions[i];
+    session_rec **grown = realloc(c->sessions, (size_t)(c->n_sessions + 1) * sizeof *grown);
+    if (!grown) return NULL;
+    c->sessions = grown;
+    session_rec *r = malloc(sizeof *r);
+    if (!r) return NULL;
+    *r = (session_rec){kv, ++c->next_session, malloc((size_t)kv->ctx * sizeof(int32_t)),
+                       malloc((size_t)(kv->ctx + 1) * sizeof(uint64_t)), 0, kv->ctx};
+    if (!r->toks || !r->hashes) { session_rec_free(r); return NULL; }
+    r->hashes[0] = DS4_DIST_HASH_EMPTY;
+    c->sessions[c->n_sessions++] = r;
+    return r;
+}
+
+/* Appends n tokens to what the route has seen of the session at position pos. */
+static void session_append(session_rec *r, int pos, const int32_t *toks, int n) {
+    memmove(r->toks + pos, toks, (size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++) r->hashes[pos + i + 1] = ds4_dist_hash_tokens(r->hashes[pos + i], toks + i, 1);
+    r->n = pos + n;
+}
+
+static void print_telemetry(const ds4_dist_result *r, double round_trip, size_t bytes) {
+    fprintf(stderr, "ds4 coordinator: request %u:", r->seq);
+    for (uint32_t i = 0; i < r->n_hops; i++) {
+        const ds4_dist_hop h = ds4_dist_hop_at(r->hops, i);
+        fprintf(stderr, "%s layers %u..%u tokens %u..%u eval %.2f ms wait %.2f ms send %.2f ms in %u B", i ? " |" : "",
+                h.first, h.last, h.pos, h.pos + h.n - 1, h.eval_us / 1e3, h.wait_us / 1e3, h.send_us / 1e3,
+                h.bytes_in);
+    }
+    fprintf(stderr, " | result %zu B, round trip %.2f ms\n", bytes, round_trip * 1e3);
+}
+
+/* Runs n tokens through the route: the local slice on kv (at position pos,
+ * prefix hash `hash`) one chunk at a time, each chunk's hidden states pushed
+ * to the first worker, which forwards to the next, up to the final owner of
+ * the output head, which answers to the coordinator. Up to the prefill
+ * window's chunks are in flight, so the local slice computes chunk i+1 while
+ * the workers compute chunk i. logits: NULL (ACKs only: a replay), else the
+ * last token's or (all) every position's. 0, or -1/-2/-3 (result_status,
+ * -2: the route failed) with the local kv advanced by the chunks it ran. */
+static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t *toks, int n, uint64_t hash,
+                    float *logits, bool all, char *err, size_t errlen) {
+    const size_t hcE = (size_t)c->m->cfg.n_hc * c->m->cfg.n_embd, V = (size_t)c->m->cfg.n_vocab;
+    const int pos = kv->n_pos, chunks = (n + c->chunk - 1) / c->chunk;
+    const uint32_t seq0 = c->seq + 1;
+    c->seq += (uint32_t)chunks;
+    double sent_at[MAX_WINDOW];
+    uint64_t expect[MAX_WINDOW];
+    int sent = 0, done = 0;
+    while (done < chunks) {
+        if (sent < chunks && sent - done < c->p.prefill_window) {
+            const int off = sent * c->chunk, m = n - off < c->chunk ? n - off : c->chunk;
+            const double t0 = now_seconds();
+            ds4_backend_seq local = {.kv = kv, .toks = toks + off, .n = m, .hidden_out = c->hidden};
+            if (c->local->eval(c->local, &local, 1, err, errlen)) return -1;
+            const uint32_t eval_us = elapsed_us(t0);
+            const uint64_t after = ds4_dist_hash_tokens(hash, toks + off, m);
+            const uint8_t mode = !logits ? DS4_DIST_ACK : all ? DS4_DIST_ALL : sent == chunks - 1 ? DS4_DIST_LAST
+                                                                                                  : DS4_DIST_ACK;
+            ds4_dist_work wk = {c->route_id, seq0 + (uint32_t)sent, session, (uint32_t)(pos + off), (uint32_t)m, hash,
+                                after, mode, NULL, (uint32_t)((size_t)m * hcE), NULL, 1, NULL};
+            ds4_dist_hop me = {0, (uint32_t)c->m->slice.last, (uint32_t)(pos + off), (uint32_t)m, eval_us, 0, 0, 0};
+            const double t1 = now_seconds();
+            size_t len;
+            uint8_t *msg = ds4_dist_encode_work(DS4_DIST_WORK, &wk, toks + off, c->hidden, &me, &len);
+            if (msg) ds4_dist_set_send_us(msg, len, elapsed_us(t1));
+            const int rv = send_frame(c->hops[0].data, msg, len);
+            if (rv) {
+                snprintf(err, errlen, "sending to layers %d..%d: %s%s", c->hops[0].first, c->hops[0].last,
+                         nng_strerror(rv), rv == NNG_ENOMEM ? "" : ": route dropped");
+                return rv == NNG_ENOMEM ? -1 : -2;
+            }
+            sent_at[sent % MAX_WINDOW] = t0;
+            expect[sent % MAX_WINDOW] = after;
+            hash = after;
+            sent++;
+            continue;
+        }
+        void *buf;
+        size_t blen;
+        ds4_dist_frame f;
+        int rc = await_result(c, seq0 + (uint32_t)done, c->p.reply_seconds, &buf, &blen, &f, err, errlen);
+        if (rc) return rc;
+        const ds4_dist_result *r = &f.result;
+        const int off = done * c->chunk, m = n - off < c->chunk ? n - off : c->chunk;
+        const size_t want = !logits ? 0 : all ? (size_t)m * V : done == chunks - 1 ? V : 0;
+        if (!(rc = result_status(r, err, errlen))) {
+            if (r->seq != seq0 + (uint32_t)done) {
+                snprintf(err, errlen, "the route answered request %u before %u: route dropped", r->seq,
+                         seq0 + (uint32_t)done);
+                rc = -2;
+            } else if (r->n_floats != want || r->hash_after != expect[done % MAX_WINDOW] ||
+                       r->session != session) {
+                snprintf(err, errlen, "the route returned %u floats for session %llu (hash %016llx), expected %zu",
+                         r->n_floats, (unsigned long long)r->session, (unsigned long long)r->hash_after, want);
+                rc = -1;
+            } else if (want) {
+                copy_floats(all ? logits + (size_t)off * V : logits, r->floats, want);
+            }
+        }
+        if (!rc && c->p.debug) print_telemetry(r, now_seconds() - sent_at[done % MAX_WINDOW], blen);
+        nng_free(buf, blen);
+        if (rc) return rc;
+        done++;
+    }
+    return 0;
+}
+
+/* Recomputes the local slice over the session's first n tokens (on a
+ * scratch state: the session's own stays where it is) and runs them through
+ * the route, so workers that lost or diverged from the session hold it
+ * again: position 0 makes a worker start the session over. */
+static int replay(coord *c, session_rec *r, int n, char *err, size_t errlen) {
+    if (n == 0) return 0;
+    if (c->p.debug) fprintf(stderr, "ds4 coordinator: replaying %d tokens of session %llu through the route\n", n,
+                            (unsigned long long)r->id);
+    ds4_kv *scratch = ds4_kv_new(&c->m->cfg, r->cap, REWIND_SLACK);
+    if (!scratch) { snprintf(err, errlen, "out of memory for a %d-token replay", n); return -1; }
+    const int rc = pipeline(c, scratch, r->id, r->toks, n, DS4_DIST_HASH_EMPTY, NULL, false, err, errlen);
+    ds4_kv_free(scratch);
+    return rc;
+}
+
+/* Where a sequence's local state was before this call, so a failed call
+ * puts it back: a span within the rings' slack is truncated away; a longer
+ * one restores a ring checkpoint (exact while the rows before pos stay). */
+typedef struct {
+    int pos;
+    void *rings;
+} undo;
+
+static bool undo_save(undo *u, const ds4_backend_seq *sq) {
+    u->pos = sq->kv->n_pos;
+    u->rings = NULL;
+    if (sq->n <= sq->kv->slack) return true;
+    if (!(u->rings = malloc(ds4_kv_ring_bytes(sq->kv)))) return false;
+    ds4_kv_ring_save(sq->kv, u->rings);
+    return true;
+}
+
+static void undo_apply(const undo *u, struct ds4_kv *kv) {
+    if (u->rings) ds4_kv_ring_load(kv, u->rings);
+    else ds4_kv_truncate(kv, u->pos);
+}
+
+/* Runs one sequence through the route; a worker that reports a hash
+ * mismatch (restarted, or left behind by a failed call or a rewind deeper
+ * than its slack) is caught up by a replay of the session's tokens before
+ * the one retry. On failure the local state is back at u. */
+static int route_step(coord *c, session_rec *r, const ds4_backend_seq *sq, const undo *u, char *err, size_t errlen) {
+    int rc = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        rc = form_route(c, true, err, errlen);
+        if (!rc)
+            rc = pipeline(c, sq->kv, r->id, sq->toks, sq->n, r->hashes[u->pos], sq->logits, sq->all_logits, err, errlen);
+        if (rc) undo_apply(u, sq->kv);
+        if (rc != -3 || attempt) break;
+        if ((rc = replay(c, r, u->pos, err, errlen))) break;
+    }
+    if (rc == -2) drop_route(c);
+    return rc ? -1 : 0;
+}
+
+/* One sequence at a time: the route carries one span per request. When one
+ * fails, the ones before it are put back too, so the call changes nothing
+ * (backend.h); the workers truncate back at the next step. */
 static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
     coord *c = (coord *)be;
-    const size_t hcE = (size_t)c->m->cfg.n_hc * c->m->cfg.n_embd;
-    worker_slot *hops[MAX_WORKERS];
-    pthread_mutex_lock(&c->mu);
-    const double deadline = now_seconds() + c->p.wait_seconds;
-    int n_hops;
-    while (!(n_hops = route(c, hops, err, errlen)) && now_seconds() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
-        pthread_cond_timedwait(&c->changed, &c->mu, &ts);
+    undo *undos = calloc((size_t)n_seqs, sizeof *undos);
+    session_rec **recs = calloc((size_t)n_seqs, sizeof *recs);
+    int done = 0, rc = 0;
+    if (!undos || !recs) { snprintf(err, errlen, "out of memory for %d sequences", n_seqs); rc = -1; }
+    for (; !rc && done < n_seqs; done++) {
+        const ds4_backend_seq *sq = &seqs[done];
+        session_rec *r = recs[done] = session_of(c, sq->kv);
+        if (!r || !undo_save(&undos[done], sq)) {
+            snprintf(err, errlen, "out of memory for the session's token history or rollback checkpoint");
+            rc = -1;
+        } else if (sq->kv->n_pos > r->n) {
+            snprintf(err, errlen, "the session holds %d tokens the route never saw (restored without the backend)",
+                     sq->kv->n_pos);
+            rc = -1;
+        } else {
+            r->n = sq->kv->n_pos;   /* the engine rewound: what the route saw past it no longer counts */
+            rc = route_step(c, r, sq, &undos[done], err, errlen);
+        }
+        if (!rc) session_append(r, undos[done].pos, sq->toks, sq->n);
     }
-    pthread_mutex_unlock(&c->mu);
-    if (!n_hops) return -1;
-    /* one sequence at a time: the route carries one span per request */
-    for (int q = 0; q < n_seqs; q++) {
-        ds4_backend_seq sq = seqs[q];
-        if (!grow_hidden(c, (size_t)sq.n * hcE)) { snprintf(err, errlen, "out of memory for hidden states"); return -1; }
-        session_hash *sh = session_of(c, sq.kv);
-        const int pos = sq.kv->n_pos;
-        /* a session rewound (other than to the start) or restored since its
-         * last call has a prefix this backend did not see: its hash is
-         * unknown and the workers refuse it */
-        const uint64_t before = pos == 0 ? DS4_DIST_HASH_EMPTY : sh->n_pos == pos ? sh->hash : 0;
-        const uint64_t after = ds4_dist_hash_tokens(before, sq.toks, sq.n);
-        ds4_backend_seq local = sq;
-        local.hidden_out = c->hidden[0];
-        local.logits = NULL;
-        if (c->local->eval(c->local, &local, 1, err, errlen)) return -1;
-        pthread_mutex_lock(&c->mu);
-        int rc = remote_hops(c, hops, n_hops, &sq, pos, before, after, err, errlen);
-        if (rc == -2)
-            for (int h = 0; h < n_hops; h++) {
-                /* drop the route: a replacement must register before the next call */
-                if (hops[h]->dialed) nng_close(hops[h]->data);
-                hops[h]->live = hops[h]->dialed = false;
+    for (int q = 0; rc && q < done - 1; q++) {
+        undo_apply(&undos[q], seqs[q].kv);
+        recs[q]->n = undos[q].pos;
+    }
+    for (int q = 0; undos && q < done; q++) free(undos[q].rings);
+    free(undos);
+    free(recs);
+    return rc;
+}
+
+/* One KV_GET or KV_PUT to hop h, its RESULT into *f (caller frees buf). */
+static int kv_exchange(coord *c, int h, enum ds4_dist_type type, const ds4_dist_work *wk, const int32_t *toks,
+                       const float *floats, void **buf, size_t *blen, ds4_dist_frame *f, char *err, size_t errlen) {
+    size_t len = 0;
+    uint8_t *msg = ds4_dist_encode_work(type, wk, toks, floats, NULL, &len);
+    const int rv = send_frame(c->hops[h].data, msg, len);
+    if (rv) {
+        snprintf(err, errlen, "layer state to layers %d..%d: %s", c->hops[h].first, c->hops[h].last, nng_strerror(rv));
+        return rv == NNG_ENOMEM ? -1 : -2;
+    }
+    int rc = await_result(c, wk->seq, c->p.reply_seconds, buf, blen, f, err, errlen);
+    if (!rc && (rc = result_status(&f->result, err, errlen))) nng_free(*buf, *blen);
+    return rc;
+}
+
+/* Save through the route: every worker's layer state of the session, at
+ * the session's position, into the host state's layers (replaying first
+ * when a worker no longer holds it). */
+static int coord_gather(ds4_backend *be, struct ds4_kv *kv, char *err, size_t errlen) {
+    coord *c = (coord *)be;
+    const int n = kv->n_pos;
+    if (n == 0) return 0;
+    session_rec *r = session_of(c, kv);
+    if (!r) { snprintf(err, errlen, "out of memory for the session's token history"); return -1; }
+    if (r->n != n) { snprintf(err, errlen, "the route never saw this session's %d tokens", n); return -1; }
+    int rc = 0;
+    float *state = NULL;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        rc = form_route(c, true, err, errlen);
+        for (int h = 0; !rc && h < c->n_hops; h++) {
+            const hop *hp = &c->hops[h];
+            ds4_dist_work wk = {c->route_id, ++c->seq, r->id, (uint32_t)n, 0, r->hashes[n], r->hashes[n],
+                                DS4_DIST_ACK, NULL, 0, NULL, 0, NULL};
+            void *buf;
+            size_t blen;
+            ds4_dist_frame f;
+            if ((rc = kv_exchange(c, h, DS4_DIST_KV_GET, &wk, NULL, NULL, &buf, &blen, &f, err, errlen))) break;
+            const size_t bytes = ds4_kv_layers_bytes(kv, hp->first, hp->last, n);
+            float *grown = (size_t)f.result.n_floats * sizeof(float) == bytes ? realloc(state, bytes + 1) : NULL;
+            if (grown) {
+                state = grown;
+                copy_floats(state, f.result.floats, f.result.n_floats);
             }
-        pthread_mutex_unlock(&c->mu);
-        if (rc) { sq.kv->n_pos = pos; sh->n_pos = -1; return -1; }
-        sh->n_pos = pos + sq.n;
-        sh->hash = after;
+            if (!grown || !ds4_kv_layers_load(kv, hp->first, hp->last, n, state, bytes)) {
+                snprintf(err, errlen, "layers %d..%d sent %u floats of state, expected %zu%s", hp->first, hp->last,
+                         f.result.n_floats, bytes / sizeof(float), grown ? "" : " (or out of memory)");
+                rc = -1;
+            }
+            nng_free(buf, blen);
+        }
+        if (rc != -3 || attempt) break;
+        if ((rc = replay(c, r, n, err, errlen))) break;
     }
+    free(state);
+    if (rc == -2) drop_route(c);
+    return rc ? -1 : 0;
+}
+
+/* Load through the route: the session's history is now toks, and each
+ * worker of the current route gets its layers' part of the host state.
+ * Without a complete route, or when a worker fails to take it, the next step
+ * finds the mismatch and replays instead, so the load itself never fails. */
+static int coord_scatter(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks, char *err, size_t errlen) {
+    coord *c = (coord *)be;
+    session_rec *r = session_of(c, kv);
+    if (!r) { snprintf(err, errlen, "out of memory for the session's token history"); return -1; }
+    const int n = kv->n_pos;
+    session_append(r, 0, toks, n);
+    if (n == 0) return 0;
+    char why[256];
+    int rc = form_route(c, false, why, sizeof why);
+    float *state = NULL;
+    for (int h = 0; !rc && h < c->n_hops; h++) {
+        const hop *hp = &c->hops[h];
+        const size_t bytes = ds4_kv_layers_bytes(kv, hp->first, hp->last, n);
+        float *grown = realloc(state, bytes + 1);
+        if (!grown) { snprintf(why, sizeof why, "out of memory for %zu bytes of layer state", bytes); rc = -1; break; }
+        state = grown;
+        ds4_kv_layers_save(kv, hp->first, hp->last, state);
+        ds4_dist_work wk = {c->route_id, ++c->seq, r->id, 0, (uint32_t)n, DS4_DIST_HASH_EMPTY, r->hashes[n],
+                            DS4_DIST_ACK, NULL, (uint32_t)(bytes / sizeof(float)), NULL, 0, NULL};
+        void *buf;
+        size_t blen;
+        ds4_dist_frame f;
+        if (!(rc = kv_exchange(c, h, DS4_DIST_KV_PUT, &wk, toks, state, &buf, &blen, &f, why, sizeof why)))
+            nng_free(buf, blen);
+    }
+    free(state);
+    if (rc == -2) drop_route(c);
+    if (rc && c->p.debug) fprintf(stderr, "ds4 coordinator: loaded state not sent to the workers (%s): the next step replays\n", why);
     return 0;
 }
 
 static void coord_kv_release(ds4_backend *be, struct ds4_kv *kv) {
     coord *c = (coord *)be;
-    for (int i = 0; i < MAX_SESSIONS; i++)
-        if (c->sessions[i].kv == kv) c->sessions[i].kv = NULL;
+    for (int i = 0; i < c->n_sessions; i++)
+        if (c->sessions[i]->kv == kv) {
+            session_rec_free(c->sessions[i]);
+            c->sessions[i] = c->sessions[--c->n_sessions];
+            return;
+        }
 }
 
 static void coord_free(ds4_backend *be) {
     coord *c = (coord *)be;
     if (c->thread_started) {
-        c->stop = true;
+        atomic_store(&c->stop, true);
         pthread_join(c->thread, NULL);
     }
     nng_close(c->control);
-    for (int i = 0; i < MAX_WORKERS; i++)
-        if (c->workers[i].dialed) nng_close(c->workers[i].data);
+    nng_close(c->results);
+    for (int i = 0; i < c->n_hops; i++) close_hop(&c->hops[i]);
+    for (int i = 0; i < c->n_sessions; i++) session_rec_free(c->sessions[i]);
+    free(c->sessions);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->changed);
-    free(c->hidden[0]); free(c->hidden[1]);
+    free(c->hidden);
     c->local->free(c->local);
     free(c);
 }
@@ -390,13 +831,32 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
         local->free(local);
         return NULL;
     }
+    const int chunk = p->prefill_chunk > 0 ? p->prefill_chunk : local->max_batch;
+    if (chunk > local->max_batch) {
+        snprintf(err, errlen, "--dist-prefill-chunk %d exceeds the local batch of %d tokens (--prefill-chunk)", chunk,
+                 local->max_batch);
+        local->free(local);
+        return NULL;
+    }
     coord *c = calloc(1, sizeof *c);
-    if (!c) { snprintf(err, errlen, "out of memory for the coordinator"); local->free(local); return NULL; }
-    c->base = (ds4_backend){"dist", local->max_batch, 0, coord_eval, coord_free, NULL, coord_kv_release};
+    const size_t hidden = (size_t)chunk * m->cfg.n_hc * m->cfg.n_embd;
+    float *h = malloc(hidden * sizeof(float));
+    if (!c || !h) {
+        snprintf(err, errlen, "out of memory for the coordinator");
+        free(c); free(h);
+        local->free(local);
+        return NULL;
+    }
+    /* several chunks per call keep the pipeline full past its fill and drain */
+    c->base = (ds4_backend){"dist", chunk * CHUNKS_PER_CALL, 0, coord_eval, coord_free, NULL, coord_kv_release,
+                           coord_gather, coord_scatter};
     c->local = local;
     c->m = m;
     c->p = *p;
+    c->chunk = chunk;
+    c->hidden = h;
     c->me = identity(m, &c->p, numerics, 0, NULL);
+    atomic_init(&c->stop, false);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->changed, NULL);
     char url[200];
@@ -404,11 +864,22 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
     int rv = nng_rep0_open(&c->control);
     if (!rv) nng_socket_set_ms(c->control, NNG_OPT_RECVTIMEO, 200);
     if (!rv) rv = nng_listen(c->control, url, NULL, 0);
-    if (rv) {
-        snprintf(err, errlen, "cannot listen on %s: %s", url, nng_strerror(rv));
+    /* results come back on their own port: the final hop's answers and the
+     * workers' errors, whichever hop they come from */
+    char rurl[200];
+    snprintf(rurl, sizeof rurl, "tcp://%s:0", p->host);
+    nng_listener rl;
+    int port = 0;
+    int rv2 = rv ? rv : nng_pull0_open(&c->results);
+    if (!rv2) nng_socket_set_ms(c->results, NNG_OPT_RECVTIMEO, POLL_MS);
+    if (!rv2) rv2 = nng_listen(c->results, rurl, &rl, 0);
+    if (!rv2) rv2 = nng_listener_get_int(rl, NNG_OPT_TCP_BOUND_PORT, &port);
+    if (rv || rv2) {
+        snprintf(err, errlen, "cannot listen on %s: %s", rv ? url : rurl, nng_strerror(rv ? rv : rv2));
         coord_free(&c->base);
         return NULL;
     }
+    snprintf(c->home, sizeof c->home, "tcp://%s:%d", p->host, port);
     if (pthread_create(&c->thread, NULL, control_loop, c)) {
         snprintf(err, errlen, "cannot start the registration thread");
         coord_free(&c->base);
@@ -424,7 +895,7 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
 typedef struct {
     uint64_t id;
     ds4_kv *kv;
-    uint64_t hash;
+    uint64_t *hashes;       /* [ctx + 1]: the rolling hash after each prefix */
     uint64_t last_use;
 } worker_session;
 
@@ -436,6 +907,12 @@ typedef struct {
     uint64_t clock;
     float *in, *out;
     size_t in_cap, out_cap;
+    /* the route: where WORK goes next (none for the output owner) and home,
+     * where results and errors go */
+    uint64_t route;
+    nng_socket next, home;
+    bool next_open, home_open;
+    char next_url[160], home_url[200];
 } worker;
 
 static bool grow(float **p, size_t *cap, size_t n) {
@@ -448,63 +925,211 @@ static bool grow(float **p, size_t *cap, size_t n) {
     return true;
 }
 
-/* One WORK frame -> the RESULT to send back. */
-static uint8_t *serve_work(worker *w, const ds4_dist_work *wk, size_t *len) {
-    const ds4_config *cfg = &w->m->cfg;
-    const size_t hcE = (size_t)cfg->n_hc * cfg->n_embd, V = (size_t)cfg->n_vocab;
-    ds4_dist_result r = {wk->session, DS4_DIST_ERROR, 0, 0, NULL, NULL, 0};
-    char why[256] = "";
+static void session_drop(worker_session *s) {
+    ds4_kv_free(s->kv);
+    free(s->hashes);
+    *s = (worker_session){0};
+}
+
+/* The session's state, created (or started over) when empty is set; NULL
+ * with a line in why when it is not here or memory ran out. */
+static worker_session *session_find(worker *w, uint64_t id, bool empty, char *why, size_t whylen) {
     worker_session *s = NULL, *victim = &w->sessions[0];
     for (int i = 0; i < MAX_SESSIONS; i++) {
-        if (w->sessions[i].kv && w->sessions[i].id == wk->session) s = &w->sessions[i];
+        if (w->sessions[i].kv && w->sessions[i].id == id) s = &w->sessions[i];
         if (!w->sessions[i].kv || (victim->kv && w->sessions[i].last_use < victim->last_use)) victim = &w->sessions[i];
     }
-    if (!s && wk->pos == 0) {
-        ds4_kv_free(victim->kv);
-        *victim = (worker_session){wk->session, ds4_kv_new(cfg, w->ctx, REWIND_SLACK), DS4_DIST_HASH_EMPTY, 0};
-        if (!victim->kv) snprintf(why, sizeof why, "out of memory for a %d-token session", w->ctx);
-        else s = victim;
+    if (s) {
+        if (empty) ds4_kv_reset(s->kv);
+    } else if (empty) {
+        session_drop(victim);
+        *victim = (worker_session){id, ds4_kv_new(&w->m->cfg, w->ctx, REWIND_SLACK),
+                                   malloc((size_t)(w->ctx + 1) * sizeof(uint64_t)), 0};
+        if (!victim->kv || !victim->hashes) {
+            session_drop(victim);
+            snprintf(why, whylen, "out of memory for a %d-token session", w->ctx);
+            return NULL;
+        }
+        s = victim;
     }
-    if (s && wk->pos == 0 && s->kv->n_pos > 0) {   /* the session starts over */
-        ds4_kv_free(s->kv);
-        s->kv = ds4_kv_new(cfg, w->ctx, REWIND_SLACK);
-        s->hash = DS4_DIST_HASH_EMPTY;
-        if (!s->kv) { snprintf(why, sizeof why, "out of memory for a %d-token session", w->ctx); s->id = 0; s = NULL; }
+    if (s) {
+        s->last_use = ++w->clock;
+        if (empty) s->hashes[0] = DS4_DIST_HASH_EMPTY;
     }
-    const size_t want_in = w->m->slice.first > 0 ? (size_t)wk->n * hcE : 0;
-    if (!why[0] && (!s || s->kv->n_pos != (int)wk->pos || s->hash != wk->hash_before)) {
-        r.status = DS4_DIST_HASH_MISMATCH;
-        snprintf(why, sizeof why, "hash mismatch: this worker holds position %d of the session, asked for %u (replay needed)",
-                 s ? s->kv->n_pos : 0, wk->pos);
-    } else if (!why[0] && wk->n_floats != want_in) {
-        snprintf(why, sizeof why, "%u hidden floats for %u tokens, expected %zu", wk->n_floats, wk->n, want_in);
-    }
-    float *out = NULL;
+    return s;
+}
+
+/* The session at position pos with prefix hash `hash`: a state further on
+ * whose prefix matches is truncated back (within the rings' slack); anything
+ * else is a mismatch (*status HASH_MISMATCH) the coordinator resolves by a
+ * replay. NULL with a line in why. */
+static worker_session *session_at(worker *w, uint64_t id, uint32_t pos, uint64_t hash, uint8_t *status, char *why,
+                                  size_t whylen) {
+    worker_session *s = session_find(w, id, pos == 0, why, whylen);
+    *status = DS4_DIST_ERROR;
+    if (s && (int)pos <= s->kv->n_pos && s->hashes[pos] == hash && ds4_kv_truncate(s->kv, (int)pos)) return s;
     if (!why[0]) {
-        const size_t n_out = w->m->slice.output ? (wk->all_logits ? (size_t)wk->n * V : V) : (size_t)wk->n * hcE;
-        int32_t *toks = malloc((size_t)wk->n * sizeof(int32_t));
-        if (!toks || !grow(&w->in, &w->in_cap, want_in + 1) || !grow(&w->out, &w->out_cap, n_out)) {
-            snprintf(why, sizeof why, "out of memory for %u tokens", wk->n);
-        } else {
-            for (uint32_t i = 0; i < wk->n; i++) toks[i] = ds4_dist_token_at(wk->tokens, i);
-            for (size_t i = 0; i < want_in; i++) w->in[i] = ds4_dist_float_at(wk->floats, i);
-            ds4_backend_seq sq = {s->kv, toks, (int)wk->n, w->m->slice.output ? w->out : NULL, wk->all_logits,
-                                  want_in ? w->in : NULL, w->m->slice.output ? NULL : w->out};
-            if (w->be->eval(w->be, &sq, 1, why, sizeof why) == 0) {
-                s->hash = ds4_dist_hash_tokens(s->hash, toks, (int)wk->n);
-                s->last_use = ++w->clock;
-                r.status = DS4_DIST_OK;
-                r.hash_after = s->hash;
-                r.n_floats = (uint32_t)n_out;
-                out = w->out;
-                why[0] = 0;
+        *status = DS4_DIST_HASH_MISMATCH;
+        snprintf(why, whylen, "hash mismatch: this worker holds %d tokens of session %llu, asked for position %u "
+                              "(replay needed)", s ? s->kv->n_pos : 0, (unsigned long long)id, pos);
+    }
+    return NULL;
+}
+
+/* A result to home; hops (NULL when none ran) with the last one's send time
+ * filled in when sent. */
+static void send_home(worker *w, const ds4_dist_result *r, const float *floats, const ds4_dist_hop *hops, double t0) {
+    if (!w->home_open) return;   /* no route yet: nobody to tell */
+    size_t len;
+    uint8_t *msg = ds4_dist_encode_result(r, floats, hops, &len);
+    if (msg && r->n_hops) ds4_dist_set_send_us(msg, len, elapsed_us(t0));
+    if (send_frame(w->home, msg, len))
+        fprintf(stderr, "ds4 worker: cannot answer the coordinator at %s\n", w->home_url);
+}
+
+static void send_error(worker *w, const ds4_dist_work *wk, uint8_t status, const char *why) {
+    ds4_dist_result r = {wk->route, wk->seq, wk->session, status, 0, 0, NULL, 0, NULL, why, strlen(why)};
+    send_home(w, &r, NULL, NULL, 0);
+}
+
+/* One WORK frame: this slice's layers over the span, then the hidden states
+ * to the next hop, or (output owner) the logits or an ACK home. */
+static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint32_t wait_us) {
+    const ds4_config *cfg = &w->m->cfg;
+    const size_t hcE = (size_t)cfg->n_hc * cfg->n_embd, V = (size_t)cfg->n_vocab;
+    char why[256] = "";
+    if (wk->route != w->route) {
+        snprintf(why, sizeof why, "work for route %llu, this worker is on route %llu", (unsigned long long)wk->route,
+                 (unsigned long long)w->route);
+        send_error(w, wk, DS4_DIST_ERROR, why);
+        return;
+    }
+    if (wk->n_hops >= DS4_DIST_MAX_HOPS || wk->pos + wk->n > (uint32_t)w->ctx) {
+        snprintf(why, sizeof why, "%u tokens at position %u do not fit this worker (ctx %d, %u hops)", wk->n, wk->pos,
+                 w->ctx, wk->n_hops);
+        send_error(w, wk, DS4_DIST_ERROR, why);
+        return;
+    }
+    uint8_t status;
+    worker_session *s = session_at(w, wk->session, wk->pos, wk->hash_before, &status, why, sizeof why);
+    if (!s) { send_error(w, wk, status, why); return; }
+    const bool output = w->m->slice.output;
+    const size_t want_in = (size_t)wk->n * hcE;
+    const size_t n_out = output ? (wk->logits == DS4_DIST_ALL ? (size_t)wk->n * V : V) : (size_t)wk->n * hcE;
+    int32_t *toks = malloc((size_t)wk->n * sizeof(int32_t));
+    if (wk->n_floats != want_in) {
+        snprintf(why, sizeof why, "%u hidden floats for %u tokens, expected %zu", wk->n_floats, wk->n, want_in);
+    } else if (!toks || !grow(&w->in, &w->in_cap, want_in) || !grow(&w->out, &w->out_cap, n_out)) {
+        snprintf(why, sizeof why, "out of memory for %u tokens", wk->n);
+    } else {
+        for (uint32_t i = 0; i < wk->n; i++) toks[i] = ds4_dist_token_at(wk->tokens, i);
+        copy_floats(w->in, wk->floats, want_in);
+        ds4_backend_seq sq = {.kv = s->kv, .toks = toks, .n = (int)wk->n, .logits = output ? w->out : NULL,
+                              .all_logits = wk->logits == DS4_DIST_ALL, .hidden_in = w->in,
+                              .hidden_out = output ? NULL : w->out};
+        const double t0 = now_seconds();
+        if (w->be->eval(w->be, &sq, 1, why, sizeof why) == 0) {
+            for (uint32_t i = 0; i < wk->n; i++)
+                s->hashes[wk->pos + i + 1] = ds4_dist_hash_tokens(s->hashes[wk->pos + i], toks + i, 1);
+            ds4_dist_hop hops[DS4_DIST_MAX_HOPS];
+            for (uint32_t i = 0; i < wk->n_hops; i++) hops[i] = ds4_dist_hop_at(wk->hops, i);
+            hops[wk->n_hops] = (ds4_dist_hop){(uint32_t)w->m->slice.first, (uint32_t)w->m->slice.last, wk->pos, wk->n,
+                                              elapsed_us(t0), wait_us, 0, (uint32_t)bytes_in};
+            const double t1 = now_seconds();
+            if (output) {
+                const bool ack = wk->logits == DS4_DIST_ACK;
+                ds4_dist_result r = {wk->route, wk->seq, wk->session, DS4_DIST_OK, s->hashes[wk->pos + wk->n],
+                                     ack ? 0 : (uint32_t)n_out, NULL, wk->n_hops + 1, NULL, "", 0};
+                send_home(w, &r, w->out, hops, t1);
+            } else {
+                ds4_dist_work fw = *wk;
+                fw.n_floats = (uint32_t)n_out;
+                fw.n_hops = wk->n_hops + 1;
+                size_t len;
+                uint8_t *msg = ds4_dist_encode_work(DS4_DIST_WORK, &fw, toks, w->out, hops, &len);
+                if (msg) ds4_dist_set_send_us(msg, len, elapsed_us(t1));
+                const int rv = w->next_open ? send_frame(w->next, msg, len) : (free(msg), NNG_ECLOSED);
+                if (rv) snprintf(why, sizeof why, "next hop %s: %s", w->next_url, nng_strerror(rv));
             }
         }
-        free(toks);
     }
-    r.text = why;
-    r.text_len = strlen(why);
-    return ds4_dist_encode_result(&r, out, len);
+    free(toks);
+    if (why[0]) send_error(w, wk, DS4_DIST_ERROR, why);
+}
+
+/* KV_GET: this slice's layer state of a session; KV_PUT: a session replaced
+ * by the coordinator's tokens and layer state (persistent KV). */
+static void serve_kv(worker *w, enum ds4_dist_type type, const ds4_dist_work *wk) {
+    const ds4_layer_slice *sl = &w->m->slice;
+    char why[256] = "";
+    float *state = NULL;
+    size_t n_floats = 0;
+    int32_t *toks = NULL;
+    uint8_t status = DS4_DIST_ERROR;
+    if (type == DS4_DIST_KV_GET) {
+        worker_session *s = session_at(w, wk->session, wk->pos, wk->hash_before, &status, why, sizeof why);
+        if (s) {
+            n_floats = ds4_kv_layers_bytes(s->kv, sl->first, sl->last, s->kv->n_pos) / sizeof(float);
+            if ((state = malloc(n_floats * sizeof(float) + 1))) ds4_kv_layers_save(s->kv, sl->first, sl->last, state);
+            else snprintf(why, sizeof why, "out of memory for %zu floats of layer state", n_floats);
+        }
+    } else if (wk->n > (uint32_t)w->ctx) {
+        snprintf(why, sizeof why, "a %u-token session does not fit this worker's ctx %d", wk->n, w->ctx);
+    } else {
+        worker_session *s = session_find(w, wk->session, true, why, sizeof why);
+        state = malloc((size_t)wk->n_floats * sizeof(float) + 1);
+        toks = malloc((size_t)wk->n * sizeof(int32_t) + 1);
+        if (s && (!state || !toks)) snprintf(why, sizeof why, "out of memory for a %u-token session", wk->n);
+        if (s && !why[0]) {
+            copy_floats(state, wk->floats, wk->n_floats);
+            for (uint32_t i = 0; i < wk->n; i++) toks[i] = ds4_dist_token_at(wk->tokens, i);
+            for (uint32_t i = 0; i < wk->n; i++) s->hashes[i + 1] = ds4_dist_hash_tokens(s->hashes[i], toks + i, 1);
+            if (s->hashes[wk->n] != wk->hash_after ||
+                !ds4_kv_layers_load(s->kv, sl->first, sl->last, (int)wk->n, state, (size_t)wk->n_floats * sizeof(float))) {
+                ds4_kv_reset(s->kv);
+                snprintf(why, sizeof why, "layer state of %u floats for %u tokens does not fit layers %d..%d", wk->n_floats,
+                         wk->n, sl->first, sl->last);
+            }
+        }
+    }
+    if (why[0]) {
+        send_error(w, wk, status, why);
+    } else {
+        ds4_dist_result r = {wk->route, wk->seq, wk->session, DS4_DIST_OK, wk->hash_after,
+                             (uint32_t)(type == DS4_DIST_KV_GET ? n_floats : 0), NULL, 0, NULL, "", 0};
+        send_home(w, &r, state, NULL, 0);
+    }
+    free(state);
+    free(toks);
+}
+
+/* Re-points a push socket when its address changed. */
+static int repoint(nng_socket *s, bool *open, char *cur, size_t cap, const char *url, size_t len, double timeout_s) {
+    if (*open && strlen(cur) == len && !memcmp(cur, url, len)) return 0;
+    if (*open) nng_close(*s);
+    *open = false;
+    if (len == 0) { cur[0] = 0; return 0; }
+    if (len >= cap) return NNG_EINVAL;
+    memcpy(cur, url, len);
+    cur[len] = 0;
+    const int rv = open_push(s, cur, timeout_s, NULL);
+    *open = rv == 0;
+    return rv;
+}
+
+static void serve_route(worker *w, const ds4_dist_route *r, double timeout_s) {
+    int rv = repoint(&w->home, &w->home_open, w->home_url, sizeof w->home_url, r->home, r->home_len, timeout_s);
+    if (!w->home_open) {
+        fprintf(stderr, "ds4 worker: cannot reach the coordinator's results at %.*s: %s\n", (int)r->home_len, r->home,
+                nng_strerror(rv ? rv : NNG_EINVAL));
+        return;
+    }
+    if (!rv) rv = repoint(&w->next, &w->next_open, w->next_url, sizeof w->next_url, r->next, r->next_len, timeout_s);
+    w->route = r->route;
+    char why[300] = "";
+    if (rv) snprintf(why, sizeof why, "cannot reach the next hop %.*s: %s", (int)r->next_len, r->next, nng_strerror(rv));
+    ds4_dist_result res = {r->route, 0, 0, rv ? DS4_DIST_ERROR : DS4_DIST_OK, 0, 0, NULL, 0, NULL, why, strlen(why)};
+    send_home(w, &res, NULL, NULL, 0);
 }
 
 int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, int n_threads, int numerics,
@@ -524,15 +1149,22 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     int rc = 1;
     if (!w.be) { fprintf(stderr, "ds4 worker: %s\n", err); goto done; }
     if (w.m->slice.first == 0) { fprintf(stderr, "ds4 worker: layer 0 belongs to the coordinator (--layers K:...)\n"); goto done; }
-    /* the data socket listens on the address family the coordinator is reached by, on a free port */
-    int rv = nng_rep0_open(&data);
-    snprintf(url, sizeof url, "tcp://%s:0", p->host);
+    /* the data socket listens, on a free port, on this host's address on
+     * the way to the coordinator: the coordinator and the previous hop push
+     * to it */
+    char here[INET6_ADDRSTRLEN + 2];
+    if (!local_address_towards(p->host, p->port, here, sizeof here, err, sizeof err)) {
+        fprintf(stderr, "ds4 worker: %s\n", err);
+        goto done;
+    }
+    int rv = nng_pull0_open(&data);
+    snprintf(url, sizeof url, "tcp://%s:0", here);
     if (!rv) rv = nng_listener_create(&listener, data, url);
     if (!rv) rv = nng_listener_start(listener, 0);
     int port = 0;
     if (!rv) rv = nng_listener_get_int(listener, NNG_OPT_TCP_BOUND_PORT, &port);
     if (rv) { fprintf(stderr, "ds4 worker: cannot listen on %s: %s\n", url, nng_strerror(rv)); goto done; }
-    snprintf(url, sizeof url, "tcp://%s:%d", p->host, port);
+    snprintf(url, sizeof url, "tcp://%s:%d", here, port);
     char curl[200];
     snprintf(curl, sizeof curl, "tcp://%s:%d", p->host, p->port);
     rv = nng_req0_open(&control);
@@ -543,9 +1175,11 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     void *buf = NULL;
     ds4_dist_frame f;
     /* The HELLO is repeated whenever no work came for a while: a restarted
-     * coordinator learns the route again without restarting its workers. */
+     * coordinator, or one that dropped the route, learns this worker again
+     * without restarting it. */
     nng_socket_set_ms(data, NNG_OPT_RECVTIMEO, 1000);
     bool registered = false;
+    double idle_since = now_seconds();
     for (;;) {
         if (!registered || nng_recv(data, &buf, &blen, NNG_FLAG_ALLOC)) {
             uint8_t *hello = ds4_dist_encode_hello(&me, &len);
@@ -561,23 +1195,30 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
             if (!welcome) goto done;
             if (!registered) nng_socket_set_ms(control, NNG_OPT_RECVTIMEO, 1000);
             registered = true;
+            idle_since = now_seconds();
             continue;
         }
-        uint8_t *reply;
-        if (ds4_dist_decode(buf, blen, &f, err, sizeof err) && f.type == DS4_DIST_WORK) {
-            reply = serve_work(&w, &f.work, &len);
+        const uint32_t wait_us = elapsed_us(idle_since);
+        if (!ds4_dist_decode(buf, blen, &f, err, sizeof err)) {
+            fprintf(stderr, "ds4 worker: dropped a frame: %s\n", err);
+        } else if (f.type == DS4_DIST_ROUTE) {
+            serve_route(&w, &f.route, p->reply_seconds);
+        } else if (f.type == DS4_DIST_WORK) {
+            serve_work(&w, &f.work, blen, wait_us);
+        } else if (f.type == DS4_DIST_KV_GET || f.type == DS4_DIST_KV_PUT) {
+            serve_kv(&w, f.type, &f.work);
         } else {
-            ds4_dist_result r = {0, DS4_DIST_ERROR, 0, 0, NULL, err, strlen(err)};
-            reply = ds4_dist_encode_result(&r, NULL, &len);
+            fprintf(stderr, "ds4 worker: dropped a frame of type %d\n", f.type);
         }
         nng_free(buf, blen);
-        if (reply) nng_send(data, reply, len, 0);
-        free(reply);
+        idle_since = now_seconds();
     }
 done:
     nng_close(control);
     nng_close(data);
-    for (int i = 0; i < MAX_SESSIONS; i++) ds4_kv_free(w.sessions[i].kv);
+    if (w.next_open) nng_close(w.next);
+    if (w.home_open) nng_close(w.home);
+    for (int i = 0; i < MAX_SESSIONS; i++) session_drop(&w.sessions[i]);
     free(w.in); free(w.out);
     if (w.be) w.be->free(w.be);
     ds4_model_free(w.m);

@@ -12,19 +12,41 @@
  *   with one line, which the worker prints before it exits. The numerics
  *   (exact or the ds4 simulation) must match too: they change the logits.
  *   numerics: -1 default (the simulation where supported), 0 exact, 1 ds4.
- * - ds4_dist_coordinator_new() wraps the local slice's backend: eval() runs
- *   the local layers, then each worker of the route in layer order (the
- *   hidden states go coordinator -> worker -> coordinator -> next worker; the
- *   last worker owns the output head and returns logits). The engine above
- *   sees a whole-model backend: logits are the single process's bit for bit.
- *   Until a route covers every layer, eval() waits up to wait_seconds for
- *   registrations, then fails with "incomplete route: ...".
- * - A worker that stops answering (killed, network gone) fails the call with
- *   one line and leaves the route; later calls report the incomplete route
- *   until a compatible worker registers for that slice. A worker keeps one KV
- *   state per session and checks every WORK frame's position and rolling
- *   token-prefix hash against it: a mismatch (a restarted worker asked for
- *   position N) is answered HASH_MISMATCH, never computed.
+ * - ds4_dist_coordinator_new() wraps the local slice's backend. Before the
+ *   first step, and whenever the registrations changed, the coordinator
+ *   forms the route: it connects to every worker and sends each a ROUTE
+ *   frame (the next hop's address, or none for the owner of the output head,
+ *   and the coordinator's result address), waiting for every ACK. A step then
+ *   runs the local layers chunk by chunk (--dist-prefill-chunk, default the
+ *   local batch) and pushes each chunk's hidden states to the first worker;
+ *   workers forward straight to the next worker, and the final owner returns
+ *   the logits to the coordinator, or an ACK for a non-final prefill chunk.
+ *   Up to --dist-prefill-window chunks (default 2) are in flight, so the
+ *   coordinator computes chunk i+1 while the workers compute chunk i. The
+ *   engine above sees a whole-model backend: logits are the single
+ *   process's bit for bit. Until a route covers every layer, a step waits up
+ *   to wait_seconds for registrations, then fails with "incomplete route".
+ * - A worker whose connection closes (killed, restarted), or a route that
+ *   does not answer within reply_seconds, fails the step with one line: the
+ *   route is dropped, the coordinator's own slice state is put back where
+ *   it was before the step (the engine sees no change), and later steps
+ *   report the incomplete route until a compatible worker registers for the
+ *   slice (the surviving workers register again within a second).
+ * - Workers keep one KV state per session and check every WORK frame's
+ *   position and rolling token-prefix hash: a state further on whose prefix
+ *   matches is truncated back (a rewind, within the rings' slack); anything
+ *   else (a restarted worker asked for position N) is answered
+ *   HASH_MISMATCH, never computed. The coordinator keeps each session's
+ *   tokens and then replays them through the route (its own slice
+ *   recomputed on a scratch state) before it retries the step once.
+ * - Persistent KV (backend.h kv_gather/kv_scatter): saving fetches every
+ *   worker's layer state of the session into the host state, so the engine
+ *   writes one normal payload; loading sends each worker of the current
+ *   route its layers' part. A load without a complete route is not an error:
+ *   the next step replays instead.
+ * - --debug prints route formation and, per request, every hop's telemetry
+ *   (layers, tokens, eval, wait and send time, bytes), gathered from the
+ *   result frames.
  * - Binding is the caller's business: loopback by default in the tests;
  *   ports a LAN can reach need the secret (refused without one).
  */
@@ -45,12 +67,15 @@ typedef struct {
     int port;
     const char *secret;         /* --dist-secret, else $DS4_DIST_SECRET, else "" */
     double wait_seconds;        /* coordinator: how long eval waits for a complete route (<= 0: 30) */
-    double reply_seconds;       /* how long a hop may take before the worker counts as gone (<= 0: 120) */
+    double reply_seconds;       /* --dist-reply-timeout: how long the route may stay silent (<= 0: 120) */
+    int prefill_chunk;          /* --dist-prefill-chunk: tokens per pipelined chunk (<= 0: the local batch) */
+    int prefill_window;         /* --dist-prefill-window: chunks in flight (<= 0: 2) */
     bool debug;                 /* --debug: route formation and per-hop telemetry on stderr */
 } ds4_dist_params;
 
 /* Parses argv[*i] if it is one of --role, --listen, --coordinator,
- * --dist-secret, --dist-wait, --debug (advancing *i past its values).
+ * --dist-secret, --dist-wait, --dist-reply-timeout, --dist-prefill-chunk,
+ * --dist-prefill-window, --debug (advancing *i past its values).
  * 1 consumed, 0 not ours, -1 with a line in err. */
 int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, char *err, size_t errlen);
 extern const char ds4_dist_usage[];

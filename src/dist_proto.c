@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { VERSION = 1, HEADER = 8 };
+enum { VERSION = 2, HEADER = 8, HOP_BYTES = 8 * 4 };
 static const uint8_t MAGIC[4] = {'D', 'S', '4', 'P'};
 
 uint64_t ds4_dist_hash_tokens(uint64_t h, const int32_t *toks, int n) {
@@ -77,32 +77,68 @@ uint8_t *ds4_dist_encode_text(enum ds4_dist_type type, const char *text, size_t 
     return w.p;
 }
 
-uint8_t *ds4_dist_encode_work(const ds4_dist_work *wk, const int32_t *toks, const float *floats, size_t *len) {
+static void put_hops(writer *w, const ds4_dist_hop *hops, uint32_t n) {
+    put_le(w, n, 4);
+    for (uint32_t i = 0; i < n; i++) {
+        const ds4_dist_hop *h = &hops[i];
+        const uint32_t v[8] = {h->first, h->last, h->pos, h->n, h->eval_us, h->wait_us, h->send_us, h->bytes_in};
+        for (int k = 0; k < 8; k++) put_le(w, v[k], 4);
+    }
+}
+
+uint8_t *ds4_dist_encode_work(enum ds4_dist_type type, const ds4_dist_work *wk, const int32_t *toks,
+                              const float *floats, const ds4_dist_hop *hops, size_t *len) {
     writer w;
-    if (!start(&w, DS4_DIST_WORK, 8 + 4 + 4 + 8 + 8 + 1 + 4 * (size_t)wk->n + 4 + 4 * (size_t)wk->n_floats)) return NULL;
+    if (!start(&w, type, 8 + 4 + 8 + 4 + 4 + 8 + 8 + 1 + 4 * (size_t)wk->n + 4 + 4 * (size_t)wk->n_floats + 4 +
+                             HOP_BYTES * (size_t)wk->n_hops))
+        return NULL;
+    put_le(&w, wk->route, 8);
+    put_le(&w, wk->seq, 4);
     put_le(&w, wk->session, 8);
     put_le(&w, wk->pos, 4);
     put_le(&w, wk->n, 4);
     put_le(&w, wk->hash_before, 8);
     put_le(&w, wk->hash_after, 8);
-    put_le(&w, wk->all_logits, 1);
+    put_le(&w, wk->logits, 1);
     for (uint32_t i = 0; i < wk->n; i++) put_le(&w, (uint32_t)toks[i], 4);
     put_le(&w, wk->n_floats, 4);
     put_floats(&w, floats, wk->n_floats);
+    put_hops(&w, hops, wk->n_hops);
     *len = w.at;
     return w.p;
 }
 
-uint8_t *ds4_dist_encode_result(const ds4_dist_result *r, const float *floats, size_t *len) {
+uint8_t *ds4_dist_encode_result(const ds4_dist_result *r, const float *floats, const ds4_dist_hop *hops, size_t *len) {
     const size_t lt = str_len(r->text_len);
     writer w;
-    if (!start(&w, DS4_DIST_RESULT, 8 + 1 + 8 + 4 + 4 * (size_t)r->n_floats + 2 + lt)) return NULL;
+    if (!start(&w, DS4_DIST_RESULT,
+               8 + 4 + 8 + 1 + 8 + 4 + 4 * (size_t)r->n_floats + 4 + HOP_BYTES * (size_t)r->n_hops + 2 + lt))
+        return NULL;
+    put_le(&w, r->route, 8);
+    put_le(&w, r->seq, 4);
     put_le(&w, r->session, 8);
     put_le(&w, r->status, 1);
     put_le(&w, r->hash_after, 8);
     put_le(&w, r->n_floats, 4);
     put_floats(&w, floats, r->n_floats);
     put_str(&w, r->text, lt);
+    put_hops(&w, hops, r->n_hops);
+    *len = w.at;
+    return w.p;
+}
+
+void ds4_dist_set_send_us(uint8_t *frame, size_t len, uint32_t send_us) {
+    writer w = {frame, len - HOP_BYTES + 6 * 4};
+    put_le(&w, send_us, 4);
+}
+
+uint8_t *ds4_dist_encode_route(const ds4_dist_route *r, size_t *len) {
+    const size_t ln = str_len(r->next_len), lh = str_len(r->home_len);
+    writer w;
+    if (!start(&w, DS4_DIST_ROUTE, 8 + 2 + ln + 2 + lh)) return NULL;
+    put_le(&w, r->route, 8);
+    put_str(&w, r->next, ln);
+    put_str(&w, r->home, lh);
     *len = w.at;
     return w.p;
 }
@@ -142,6 +178,18 @@ int32_t ds4_dist_token_at(const uint8_t *tokens, size_t i) {
                      (uint32_t)tokens[4 * i + 3] << 24);
 }
 
+ds4_dist_hop ds4_dist_hop_at(const uint8_t *hops, size_t i) {
+    uint32_t v[8];
+    for (int k = 0; k < 8; k++) v[k] = (uint32_t)ds4_dist_token_at(hops + HOP_BYTES * i, (size_t)k);
+    return (ds4_dist_hop){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+}
+
+static const uint8_t *get_hops(reader *r, uint32_t *n) {
+    *n = (uint32_t)get_le(r, 4);
+    if (*n > DS4_DIST_MAX_HOPS) r->bad = true;
+    return get_bytes(r, (uint64_t)HOP_BYTES * *n);
+}
+
 bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     reader r = {buf, len, 0, false};
@@ -176,23 +224,27 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
     case DS4_DIST_WELCOME: case DS4_DIST_REFUSED:
         out->result.text = get_str(&r, &out->result.text_len);
         break;
-    case DS4_DIST_WORK: {
+    case DS4_DIST_WORK: case DS4_DIST_KV_GET: case DS4_DIST_KV_PUT: {
         ds4_dist_work *w = &out->work;
+        w->route = get_le(&r, 8);
+        w->seq = (uint32_t)get_le(&r, 4);
         w->session = get_le(&r, 8);
         w->pos = (uint32_t)get_le(&r, 4);
         w->n = (uint32_t)get_le(&r, 4);
         w->hash_before = get_le(&r, 8);
         w->hash_after = get_le(&r, 8);
-        const uint64_t a = get_le(&r, 1);
-        w->all_logits = a == 1;
-        if (a > 1 || w->n == 0) r.bad = true;
+        w->logits = (uint8_t)get_le(&r, 1);
+        if (w->logits > DS4_DIST_ALL || (type == DS4_DIST_WORK && w->n == 0)) r.bad = true;
         w->tokens = get_bytes(&r, 4 * (uint64_t)w->n);
         w->n_floats = (uint32_t)get_le(&r, 4);
         w->floats = get_bytes(&r, 4 * (uint64_t)w->n_floats);
+        w->hops = get_hops(&r, &w->n_hops);
         break;
     }
     case DS4_DIST_RESULT: {
         ds4_dist_result *res = &out->result;
+        res->route = get_le(&r, 8);
+        res->seq = (uint32_t)get_le(&r, 4);
         res->session = get_le(&r, 8);
         res->status = (uint8_t)get_le(&r, 1);
         if (res->status > DS4_DIST_ERROR) r.bad = true;
@@ -200,6 +252,14 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
         res->n_floats = (uint32_t)get_le(&r, 4);
         res->floats = get_bytes(&r, 4 * (uint64_t)res->n_floats);
         res->text = get_str(&r, &res->text_len);
+        res->hops = get_hops(&r, &res->n_hops);
+        break;
+    }
+    case DS4_DIST_ROUTE: {
+        ds4_dist_route *rt = &out->route;
+        rt->route = get_le(&r, 8);
+        rt->next = get_str(&r, &rt->next_len);
+        rt->home = get_str(&r, &rt->home_len);
         break;
     }
     default:

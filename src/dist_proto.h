@@ -4,7 +4,7 @@
  * carries whole messages, this module only says what is in them.
  *
  * Contract
- * - Every frame starts with the magic "DS4P", a version (1) and a type;
+ * - Every frame starts with the magic "DS4P", a version (2) and a type;
  *   integers and floats are little endian, strings length-prefixed (u16).
  * - HELLO (worker -> coordinator): the shared secret, the model identity
  *   (name, layer count, hidden size, HC streams, vocabulary, routed-expert
@@ -12,12 +12,27 @@
  *   data address. ds4_dist_hello_compatible() says whether a registration fits
  *   the coordinator's model and secret (secret compared in constant time)
  *   and words the refusal in one line.
- * - WORK (one pipeline hop): session id, first position, token count, the
- *   rolling token-prefix hashes before and after the span, whether every
- *   position's logits are wanted, the tokens and the hidden-state payload
- *   (n x n_hc x n_embd floats; empty for a slice that starts at layer 0).
- * - RESULT: session id, status (OK, HASH_MISMATCH, ERROR), the hash after
- *   the span, and floats (hidden states or logits) or an error line.
+ * - ROUTE (coordinator -> each worker at route formation): the route id, the
+ *   next hop's data address (empty for the worker owning the output head)
+ *   and the coordinator's result address ("home").
+ * - WORK (one pipeline hop, forwarded worker to worker): route id, request
+ *   id (seq), session id, first position, token count, the rolling
+ *   token-prefix hashes before and after the span, which logits the final
+ *   owner returns (ACK: none, for non-final prefill chunks; LAST: the last
+ *   token's; ALL: every position's), the tokens, the hidden-state payload
+ *   (n x n_hc x n_embd floats) and the telemetry of the hops done so far.
+ * - KV_GET / KV_PUT (coordinator -> one worker; persistent KV through the
+ *   route) share WORK's layout: KV_GET asks for the worker's layer state of
+ *   a session at position pos with prefix hash hash_before (n = 0 tokens);
+ *   KV_PUT replaces the session by n tokens (hash_after after them) and the
+ *   layer state in floats.
+ * - RESULT (to home): route id, request id, session id, status (OK,
+ *   HASH_MISMATCH, ERROR), the hash after the span, floats (logits, layer
+ *   state, or none for an ACK), an error line and the hops' telemetry.
+ * - Telemetry: one ds4_dist_hop per hop that ran (layers, span, eval, wait
+ *   and send microseconds, bytes received), at most DS4_DIST_MAX_HOPS, the
+ *   last field group of WORK and RESULT frames, so the sender fills in its
+ *   own send time after encoding (ds4_dist_set_send_us).
  * - ds4_dist_decode() checks every length against the buffer before reading
  *   (a truncated or oversized frame is an error, never a read past the end)
  *   and leaves pointers into the buffer for the arrays; floats and tokens
@@ -35,10 +50,20 @@
 #include <stdint.h>
 
 #define DS4_DIST_HASH_EMPTY 0xcbf29ce484222325ull
+#define DS4_DIST_MAX_HOPS 16
 
 enum ds4_dist_type { DS4_DIST_HELLO = 1, DS4_DIST_WELCOME = 2, DS4_DIST_REFUSED = 3, DS4_DIST_WORK = 4,
-                     DS4_DIST_RESULT = 5 };
+                     DS4_DIST_RESULT = 5, DS4_DIST_ROUTE = 6, DS4_DIST_KV_GET = 7, DS4_DIST_KV_PUT = 8 };
 enum ds4_dist_status { DS4_DIST_OK = 0, DS4_DIST_HASH_MISMATCH = 1, DS4_DIST_ERROR = 2 };
+enum ds4_dist_logits { DS4_DIST_ACK = 0, DS4_DIST_LAST = 1, DS4_DIST_ALL = 2 };
+
+/* One hop's telemetry: wait is the time the hop sat idle before the frame
+ * came (upstream compute and transfer), send the time it took to serialise
+ * and hand its outgoing frame to the transport. */
+typedef struct {
+    uint32_t first, last, pos, n;
+    uint32_t eval_us, wait_us, send_us, bytes_in;
+} ds4_dist_hop;
 
 typedef struct {
     const char *secret; size_t secret_len;
@@ -52,29 +77,44 @@ typedef struct {
 } ds4_dist_hello;
 
 typedef struct {
+    uint64_t route;
+    uint32_t seq;
     uint64_t session;
     uint32_t pos, n;
     uint64_t hash_before, hash_after;
-    bool all_logits;
+    uint8_t logits;            /* enum ds4_dist_logits */
     const uint8_t *tokens;     /* n little-endian i32 */
     uint32_t n_floats;
     const uint8_t *floats;     /* n_floats little-endian f32 */
+    uint32_t n_hops;
+    const uint8_t *hops;       /* n_hops encoded ds4_dist_hop (ds4_dist_hop_at) */
 } ds4_dist_work;
 
 typedef struct {
+    uint64_t route;
+    uint32_t seq;
     uint64_t session;
     uint8_t status;
     uint64_t hash_after;
     uint32_t n_floats;
     const uint8_t *floats;
+    uint32_t n_hops;
+    const uint8_t *hops;
     const char *text; size_t text_len;    /* ERROR / REFUSED line, WELCOME note */
 } ds4_dist_result;
 
 typedef struct {
+    uint64_t route;
+    const char *next; size_t next_len;   /* empty: this worker owns the output head */
+    const char *home; size_t home_len;
+} ds4_dist_route;
+
+typedef struct {
     enum ds4_dist_type type;
     ds4_dist_hello hello;      /* HELLO */
-    ds4_dist_work work;        /* WORK */
+    ds4_dist_work work;        /* WORK, KV_GET, KV_PUT */
     ds4_dist_result result;    /* RESULT, WELCOME, REFUSED (text only) */
+    ds4_dist_route route;      /* ROUTE */
 } ds4_dist_frame;
 
 uint64_t ds4_dist_hash_tokens(uint64_t h, const int32_t *toks, int n);
@@ -82,13 +122,22 @@ uint64_t ds4_dist_hash_tokens(uint64_t h, const int32_t *toks, int n);
 /* Encoders: a malloc'd buffer (caller frees) and its size in *len. */
 uint8_t *ds4_dist_encode_hello(const ds4_dist_hello *h, size_t *len);
 uint8_t *ds4_dist_encode_text(enum ds4_dist_type type, const char *text, size_t *len);
-uint8_t *ds4_dist_encode_work(const ds4_dist_work *w, const int32_t *toks, const float *floats, size_t *len);
-uint8_t *ds4_dist_encode_result(const ds4_dist_result *r, const float *floats, size_t *len);
+/* type: WORK, KV_GET or KV_PUT; w->n_hops entries of hops are written (their
+ * encoded form in w->hops is ignored) */
+uint8_t *ds4_dist_encode_work(enum ds4_dist_type type, const ds4_dist_work *w, const int32_t *toks,
+                              const float *floats, const ds4_dist_hop *hops, size_t *len);
+uint8_t *ds4_dist_encode_result(const ds4_dist_result *r, const float *floats, const ds4_dist_hop *hops, size_t *len);
+uint8_t *ds4_dist_encode_route(const ds4_dist_route *r, size_t *len);
+/* Writes send_us into the last hop of an encoded WORK or RESULT frame with
+ * at least one hop (the sender's own, whose send time is known only after
+ * the frame was encoded). */
+void ds4_dist_set_send_us(uint8_t *frame, size_t len, uint32_t send_us);
 
 /* false (and one line in err) for anything but one whole valid frame */
 bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *err, size_t errlen);
 float ds4_dist_float_at(const uint8_t *floats, size_t i);
 int32_t ds4_dist_token_at(const uint8_t *tokens, size_t i);
+ds4_dist_hop ds4_dist_hop_at(const uint8_t *hops, size_t i);
 
 /* Whether a worker's HELLO fits: same secret, same model, a non-empty slice
  * inside the model. On false, one line in err naming the first difference. */

@@ -7,10 +7,14 @@
 #include "expert_cache.h"
 #include "forward_cpu.h"
 #include "gguf.h"
+#include "glm_backend.h"
+#include "glm_kv.h"
 #include "glm_model.h"
+#include "glm_payload.h"
 #include "kv.h"
 #include "kv_payload.h"
 #include "model.h"
+#include "quant.h"
 #include "tokenizer.h"
 
 #include <math.h>
@@ -29,7 +33,9 @@ enum { REWIND_SLACK = 256, MAX_CKPT = 16 };
 
 struct ds4_engine {
     ds4_gguf *g;
-    ds4_model *m;
+    ds4_model *m;           /* DeepSeek V4; NULL for GLM */
+    glm_model *glm;         /* GLM 5.2; NULL for DeepSeek V4 */
+    int n_vocab;
     ds4_backend *be;
     ds4_tokenizer *tok;
     int prefill_chunk;
@@ -42,7 +48,8 @@ struct ds4_engine {
 
 struct ds4_session {
     ds4_engine *e;
-    ds4_kv *kv;
+    ds4_kv *kv;         /* DeepSeek V4 state */
+    glm_kv *glm;        /* GLM state: every position kept, so no ring checkpoints */
     int ctx;
     int32_t *toks;      /* [ctx]; kv->n_pos of them are live */
     float *logits;      /* [n_vocab], valid when kv->n_pos > 0 */
@@ -51,6 +58,7 @@ struct ds4_session {
     void *ckpt_block;       /* the MAX_CKPT slots */
 };
 
+/* GLM snapshots hold the GLM payload in kv (its tokens and logits included). */
 struct ds4_snapshot {
     int ctx, n_toks;
     int32_t *toks;
@@ -189,26 +197,74 @@ static bool start_streaming(ds4_engine *e, const ds4_engine_params *p, char *err
     return true;
 }
 
+static bool load_tokenizer(ds4_engine *e, char *err, size_t errlen) {
+    if (!ds4_gguf_find_kv(e->g, "tokenizer.ggml.tokens")) return true;
+    e->tok = ds4_tokenizer_from_gguf(e->g, err, errlen);
+    return e->tok != NULL;
+}
+
+/* What both families read from the parameters the same way. */
+static bool common_params(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
+    e->prefill_chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 4096;
+    const ds4_ssd_params *ssd = &p->ssd;
+    if (!ssd->enabled && (ssd->cold || ssd->stats || ssd->lru || ssd->trace_path || ssd->cache_bytes ||
+                          ssd->cache_slots || ssd->preload_experts)) {
+        /* a silently ignored sub-option would make a measurement lie */
+        snprintf(err, errlen, "the --ssd-streaming-* options need --ssd-streaming");
+        return false;
+    }
+    /* No real input makes a healthy engine fail one decode step, so the
+     * end-to-end tests of the decode-error answers need this switch. */
+    const char *fail_after = getenv("DS4_TEST_FAIL_DECODE_AFTER");
+    e->test_fail_decode_after = fail_after && *fail_after ? atoi(fail_after) : -1;
+    return true;
+}
+
+/* GLM 5.2: the CPU backend over glm_forward, exact f32 math. The
+ * DeepSeek-only features refuse the file by name rather than being ignored. */
+static bool load_glm(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
+    const char *refused = p->ssd.enabled ? "--ssd-streaming"
+                          : p->numerics > 0 ? "--numerics ds4 (DeepSeek V4's FP8/FP4 storage simulation)"
+                          : p->gpu.backend == DS4_BACKEND_CUDA ? "--cuda"
+                          : p->layers ? "--layers"
+                          : p->dist.role != DS4_DIST_NONE ? "--role" : NULL;
+    if (refused) {
+        snprintf(err, errlen, "%s: %s works with DeepSeek V4 models only, this is a GLM 5.2 (glm-dsa) model",
+                 p->model_path, refused);
+        return false;
+    }
+    e->glm = glm_model_bind(e->g, err, errlen);
+    if (!e->glm) return false;
+    e->n_vocab = (int)e->glm->hp.n_vocab;
+    if (!load_tokenizer(e, err, errlen) || !common_params(e, p, err, errlen)) return false;
+    e->be = glm_cpu_backend_new(e->glm, p->n_threads, e->prefill_chunk, err, errlen);
+    if (!e->be) return false;
+    e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
+    if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); return false; }
+    if (!p->quiet) {
+        const glm_hparams *hp = &e->glm->hp;
+        fprintf(stderr, "ds4: %s: GLM 5.2, %u layers, %u experts, %.2f GiB file, %.1f MiB resident, %d threads, "
+                        "numerics f32\n",
+                e->glm->name, glm_n_trunk(hp), hp->n_expert, (double)e->glm->file_bytes / (1 << 30),
+                (double)rss_bytes() / (1 << 20), glm_cpu_backend_threads(e->be));
+    }
+    return true;
+}
+
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen) {
     ds4_engine *e = calloc(1, sizeof *e);
     if (!e) { snprintf(err, errlen, "out of memory loading %s", p->model_path); return NULL; }
     e->g = ds4_gguf_open(p->model_path, err, errlen);
     if (!e->g) goto fail;
     if (glm_gguf_is_glm(e->g)) {
-        /* The GLM family is bound and validated, but its forward pass is not
-         * in this build: say so in one line rather than a DeepSeek error. */
-        glm_model *glm = glm_model_bind(e->g, err, errlen);
-        if (glm) {
-            snprintf(err, errlen, "%s: GLM 5.2 (glm-dsa) model \"%s\" with %u layers validated, but this build "
-                     "has no GLM forward pass yet", p->model_path, glm->name, glm_n_trunk(&glm->hp));
-            glm_model_free(glm);
-        }
-        goto fail;
+        if (!load_glm(e, p, err, errlen)) goto fail;
+        return e;
     }
     ds4_layer_slice slice;
     if (p->layers && !ds4_layer_slice_parse(p->layers, &slice, err, errlen)) goto fail;
     e->m = ds4_model_bind_slice(e->g, p->layers ? &slice : NULL, err, errlen);
     if (!e->m) goto fail;
+    e->n_vocab = e->m->cfg.n_vocab;
     /* The expert cache and the GPU upload plan walk every layer; a slice
      * process runs on the CPU with its layers mapped. */
     if (!ds4_model_is_whole(e->m) && (p->ssd.enabled || p->gpu.backend == DS4_BACKEND_CUDA)) {
@@ -216,23 +272,9 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
                               "without --ssd-streaming");
         goto fail;
     }
-    if (ds4_gguf_find_kv(e->g, "tokenizer.ggml.tokens")) {
-        e->tok = ds4_tokenizer_from_gguf(e->g, err, errlen);
-        if (!e->tok) goto fail;
-    }
+    if (!load_tokenizer(e, err, errlen)) goto fail;
     bool numerics = p->numerics < 0 ? ds4_cpu_numerics_supported(&e->m->cfg) : p->numerics > 0;
-    e->prefill_chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 4096;
-    const ds4_ssd_params *ssd = &p->ssd;
-    if (!ssd->enabled && (ssd->cold || ssd->stats || ssd->lru || ssd->trace_path || ssd->cache_bytes ||
-                          ssd->cache_slots || ssd->preload_experts)) {
-        /* a silently ignored sub-option would make a measurement lie */
-        snprintf(err, errlen, "the --ssd-streaming-* options need --ssd-streaming");
-        goto fail;
-    }
-    /* No real input makes a healthy engine fail one decode step, so the
-     * end-to-end tests of the decode-error answers need this switch. */
-    const char *fail_after = getenv("DS4_TEST_FAIL_DECODE_AFTER");
-    e->test_fail_decode_after = fail_after && *fail_after ? atoi(fail_after) : -1;
+    if (!common_params(e, p, err, errlen)) goto fail;
     if (p->gpu.backend == DS4_BACKEND_CUDA && p->ssd.enabled) {
         /* the expert cache feeds the CPU kernels; the CUDA backend uploads every weight */
         snprintf(err, errlen, "--ssd-streaming works with the CPU backend only, not with --cuda");
@@ -292,24 +334,35 @@ void ds4_engine_free(ds4_engine *e) {
     if (e->trace) fclose(e->trace);
     ds4_tokenizer_free(e->tok);
     ds4_model_free(e->m);
+    glm_model_free(e->glm);
     ds4_gguf_close(e->g);
     free(e);
 }
 
 const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e) { return e->tok; }
-int ds4_engine_n_vocab(const ds4_engine *e) { return e->m->cfg.n_vocab; }
-int ds4_engine_n_layers(const ds4_engine *e) { return e->m->cfg.n_layer; }
+ds4_model_family ds4_engine_family(const ds4_engine *e) { return e->glm ? DS4_FAMILY_GLM : DS4_FAMILY_DEEPSEEK4; }
+int ds4_engine_n_vocab(const ds4_engine *e) { return e->n_vocab; }
+int ds4_engine_n_layers(const ds4_engine *e) { return e->glm ? (int)glm_n_trunk(&e->glm->hp) : e->m->cfg.n_layer; }
 int ds4_engine_train_ctx(const ds4_engine *e) {
-    uint64_t c = e->m->cfg.train_ctx;
+    uint64_t c = e->glm ? e->glm->hp.n_ctx_train : e->m->cfg.train_ctx;
     return c > (1u << 30) ? 1 << 30 : (int)c;
 }
-int ds4_engine_expert_bits(const ds4_engine *e) { return ds4_model_expert_bits(e->m); }
-const char *ds4_engine_model_name(const ds4_engine *e) { return e->m->name; }
-uint64_t ds4_engine_model_bytes(const ds4_engine *e) { return e->m->file_bytes; }
+/* GLM: whole bits per weight of the routed experts (of the head in an
+ * all-dense file): the block formats' bits rounded down, as DS4 reports them. */
+static int glm_expert_bits(const glm_model *m) {
+    const ds4_tensor *t = &m->output;
+    for (uint32_t l = 0; l < glm_n_trunk(&m->hp) && t == &m->output; l++)
+        if (m->layers[l].gate_exps.data) t = &m->layers[l].gate_exps;
+    return (int)(8 * ds4_type_row_bytes(t->type, 256) / 256);
+}
+int ds4_engine_expert_bits(const ds4_engine *e) { return e->glm ? glm_expert_bits(e->glm) : ds4_model_expert_bits(e->m); }
+const char *ds4_engine_model_name(const ds4_engine *e) { return e->glm ? e->glm->name : e->m->name; }
+uint64_t ds4_engine_model_bytes(const ds4_engine *e) { return e->glm ? e->glm->file_bytes : e->m->file_bytes; }
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, int ctx) {
+    const uint64_t glue = (uint64_t)ctx * sizeof(int32_t) + (uint64_t)e->n_vocab * sizeof(float);
+    if (e->glm) return glm_kv_bytes_for(&e->glm->hp, ctx) + glue;
     const ds4_config *c = &e->m->cfg;
-    return ds4_kv_bytes_for(c, ctx, REWIND_SLACK) + (uint64_t)MAX_CKPT * ds4_kv_ring_bytes_for(c) +
-           (uint64_t)ctx * sizeof(int32_t) + (uint64_t)c->n_vocab * sizeof(float);
+    return ds4_kv_bytes_for(c, ctx, REWIND_SLACK) + (uint64_t)MAX_CKPT * ds4_kv_ring_bytes_for(c) + glue;
 }
 
 /* ---- sessions ---- */
@@ -317,19 +370,27 @@ uint64_t ds4_engine_kv_bytes(const ds4_engine *e, int ctx) {
 ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen) {
     if (ctx <= 0) { snprintf(err, errlen, "context size must be positive (got %d)", ctx); return NULL; }
     ds4_session *s = calloc(1, sizeof *s);
-    if (s) {
+    bool ok = s != NULL;
+    if (ok) {
         s->e = e;
         s->ctx = ctx;
-        s->kv = ds4_kv_new(&e->m->cfg, ctx, REWIND_SLACK);
         s->toks = malloc((size_t)ctx * sizeof(int32_t));
-        s->logits = malloc((size_t)e->m->cfg.n_vocab * sizeof(float));
+        s->logits = malloc((size_t)e->n_vocab * sizeof(float));
+        ok = s->toks && s->logits;
+    }
+    if (ok && e->glm) {
+        s->glm = glm_kv_new(&e->glm->hp, ctx);
+        ok = s->glm != NULL;
+    } else if (ok) {
+        s->kv = ds4_kv_new(&e->m->cfg, ctx, REWIND_SLACK);
         s->ckpt_every = e->prefill_chunk;
         const size_t ring = ds4_kv_ring_bytes_for(&e->m->cfg);
         /* calloc: a slot's pages are touched only when a checkpoint is taken */
         s->ckpt_block = calloc(MAX_CKPT, ring);
         for (int i = 0; s->ckpt_block && i < MAX_CKPT; i++) s->ckpt[i] = (char *)s->ckpt_block + (size_t)i * ring;
+        ok = s->kv && s->ckpt_block;
     }
-    if (!s || !s->kv || !s->toks || !s->logits || !s->ckpt_block) {
+    if (!ok) {
         snprintf(err, errlen, "out of memory for a %d-token session (%.1f MiB of state)", ctx,
                  (double)ds4_engine_kv_bytes(e, ctx) / (1 << 20));
         ds4_session_free(s);
@@ -338,11 +399,28 @@ ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen) {
     return s;
 }
 
+static int n_pos(const ds4_session *s) { return s->glm ? s->glm->n_pos : s->kv->n_pos; }
+
 /* The backend may hold the state elsewhere (CUDA): bring the host copy up to
  * date before reading its buffers, and push it back after writing them. */
 static int kv_sync(const ds4_session *s, bool to_host, char *err, size_t errlen) {
     ds4_backend *be = s->e->be;
     return be->kv_sync ? be->kv_sync(be, s->kv, to_host, err, errlen) : 0;
+}
+
+/* The host ds4_kv made to hold the whole state (device copy, and the layers
+ * a pipeline coordinator's workers hold), before the engine serialises it. */
+static int kv_gather(const ds4_session *s, char *err, size_t errlen) {
+    ds4_backend *be = s->e->be;
+    if (kv_sync(s, true, err, errlen)) return -1;
+    return be->kv_gather ? be->kv_gather(be, s->kv, err, errlen) : 0;
+}
+
+/* After the engine replaced the host state: the backend's copies follow. */
+static int kv_scatter(const ds4_session *s, char *err, size_t errlen) {
+    ds4_backend *be = s->e->be;
+    if (kv_sync(s, false, err, errlen)) return -1;
+    return be->kv_scatter ? be->kv_scatter(be, s->kv, s->toks, err, errlen) : 0;
 }
 
 /* Forgets checkpoints past position n (all of them for n < 0). */
@@ -351,6 +429,7 @@ static void drop_ckpts(ds4_session *s, int n) {
 }
 
 static void maybe_ckpt(ds4_session *s) {
+    if (s->glm) return;
     const int pos = s->kv->n_pos, last = s->n_ckpt ? s->ckpt_pos[s->n_ckpt - 1] : 0;
     if (pos - last < s->ckpt_every) return;
     if (s->n_ckpt == MAX_CKPT) {
@@ -376,16 +455,17 @@ void ds4_session_free(ds4_session *s) {
     free(s->ckpt_block);
     if (s->kv && s->e->be->kv_release) s->e->be->kv_release(s->e->be, s->kv);
     ds4_kv_free(s->kv);
+    glm_kv_free(s->glm);
     free(s->toks);
     free(s->logits);
     free(s);
 }
 
 int ds4_session_ctx(const ds4_session *s) { return s->ctx; }
-int ds4_session_n_tokens(const ds4_session *s) { return s->kv->n_pos; }
+int ds4_session_n_tokens(const ds4_session *s) { return n_pos(s); }
 int ds4_session_test_fail_decode_after(const ds4_session *s) { return s->e->test_fail_decode_after; }
 const int32_t *ds4_session_tokens(const ds4_session *s) { return s->toks; }
-const float *ds4_session_logits(const ds4_session *s) { return s->kv->n_pos ? s->logits : NULL; }
+const float *ds4_session_logits(const ds4_session *s) { return n_pos(s) ? s->logits : NULL; }
 
 /* One backend call appending each step's tokens to its session. all_logits
  * (NULL, or one pointer per step, each NULL or n x vocab) asks for every
@@ -394,8 +474,8 @@ const float *ds4_session_logits(const ds4_session *s) { return s->kv->n_pos ? s-
 static int eval_steps(ds4_engine *e, const ds4_step *steps, float *const *all_logits, int n_steps, char *err,
                       size_t errlen) {
     ds4_backend *be = e->be;
-    const int V = e->m->cfg.n_vocab;
-    if (!ds4_model_is_whole(e->m) && strcmp(be->name, "dist")) {
+    const int V = e->n_vocab;
+    if (e->m && !ds4_model_is_whole(e->m) && strcmp(be->name, "dist")) {
         const ds4_layer_slice *sl = &e->m->slice;
         snprintf(err, errlen, "this process holds layers %d..%d%s only (--layers): it cannot compute logits "
                               "alone (run it with --role coordinator or --role worker)",
@@ -412,17 +492,21 @@ static int eval_steps(ds4_engine *e, const ds4_step *steps, float *const *all_lo
             snprintf(err, errlen, "step %d: needs a session of this engine and at least one token", i);
             return -1;
         }
-        if (s->kv->n_pos + steps[i].n > s->ctx) {
-            snprintf(err, errlen, "context full: %d + %d tokens exceed ctx %d", s->kv->n_pos, steps[i].n, s->ctx);
+        if (n_pos(s) + steps[i].n > s->ctx) {
+            snprintf(err, errlen, "context full: %d + %d tokens exceed ctx %d", n_pos(s), steps[i].n, s->ctx);
             return -1;
         }
         float *all = all_logits ? all_logits[i] : NULL;
-        e->seqs[i] = (ds4_backend_seq){s->kv, steps[i].toks, steps[i].n, all ? all : s->logits, all != NULL, NULL, NULL};
+        ds4_backend_seq *q = &e->seqs[i];
+        *q = (ds4_backend_seq){.toks = steps[i].toks, .n = steps[i].n, .logits = all ? all : s->logits,
+                               .all_logits = all != NULL};
+        if (s->glm) q->glm = s->glm;
+        else q->kv = s->kv;
     }
     if (be->eval(be, e->seqs, n_steps, err, errlen)) return -1;
     for (int i = 0; i < n_steps; i++) {
         ds4_session *s = steps[i].session;
-        const int n = steps[i].n, base = s->kv->n_pos - n;
+        const int n = steps[i].n, base = n_pos(s) - n;
         /* memmove: a rewind replays the session's own token list */
         memmove(s->toks + base, steps[i].toks, (size_t)n * sizeof(int32_t));
         if (all_logits && all_logits[i])
@@ -442,9 +526,9 @@ uint64_t ds4_engine_weight_bytes_read(const ds4_engine *e) { return e->be->weigh
 /* Runs toks through the backend in chunks of at most max_batch. */
 static int run(ds4_session *s, const int32_t *toks, int n, float *all_logits, ds4_progress_fn progress, void *ud,
                char *err, size_t errlen) {
-    const int chunk = s->e->be->max_batch, V = s->e->m->cfg.n_vocab;
-    if (n < 0 || s->kv->n_pos + n > s->ctx) {
-        snprintf(err, errlen, "context full: %d + %d tokens exceed ctx %d", s->kv->n_pos, n, s->ctx);
+    const int chunk = s->e->be->max_batch, V = s->e->n_vocab;
+    if (n < 0 || n_pos(s) + n > s->ctx) {
+        snprintf(err, errlen, "context full: %d + %d tokens exceed ctx %d", n_pos(s), n, s->ctx);
         return -1;
     }
     for (int done = 0; done < n;) {
@@ -466,11 +550,22 @@ int ds4_session_decode(ds4_session *s, int32_t tok, char *err, size_t errlen) {
     return run(s, &tok, 1, NULL, NULL, NULL, err, errlen);
 }
 
+/* A GLM state keeps every position, so its truncation never fails (glm_kv.h). */
+static bool truncate_state(ds4_session *s, int n) {
+    return s->glm ? glm_kv_truncate(s->glm, n) : ds4_kv_truncate(s->kv, n);
+}
+
+static void reset_state(ds4_session *s) {
+    if (s->glm) s->glm->n_pos = 0;
+    else ds4_kv_reset(s->kv);
+}
+
 /* The logits after token n-1 are not kept, so a rewind always recomputes the
- * last kept token: from the truncated state when the rings still cover it,
- * else from the nearest checkpoint, else from the start of the token list. */
+ * last kept token: from the truncated state when the rings still cover it
+ * (always for GLM), else from the nearest checkpoint, else from the start of
+ * the token list. */
 int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
-    const int have = s->kv->n_pos;
+    const int have = n_pos(s);
     if (n_tokens < 0 || n_tokens > have) {
         snprintf(err, errlen, "cannot rewind to %d tokens: the session holds %d", n_tokens, have);
         return -1;
@@ -478,8 +573,8 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
     if (n_tokens == have) return 0;
     int keep = n_tokens - 1;
     drop_ckpts(s, keep);
-    if (n_tokens == 0) { ds4_kv_reset(s->kv); return 0; }
-    if (!ds4_kv_truncate(s->kv, keep)) {
+    if (n_tokens == 0) { reset_state(s); return 0; }
+    if (!truncate_state(s, keep)) {
         if (s->n_ckpt) {
             if (kv_sync(s, true, err, errlen)) return -1;
             ds4_kv_ring_load(s->kv, s->ckpt[s->n_ckpt - 1]);
@@ -496,36 +591,39 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
 /* ---- snapshots ---- */
 
 ds4_snapshot *ds4_session_snapshot(const ds4_session *s) {
-    const int V = s->e->m->cfg.n_vocab, n = s->kv->n_pos;
+    const int V = s->e->n_vocab, n = n_pos(s);
     ds4_snapshot *snap = calloc(1, sizeof *snap);
     if (!snap) return NULL;
     snap->ctx = s->ctx;
     snap->n_toks = n;
-    snap->kv_bytes = ds4_kv_live_bytes(s->kv);
+    snap->kv_bytes = s->glm ? glm_payload_bytes(s->glm, V) : ds4_kv_live_bytes(s->kv);
     snap->kv = malloc(snap->kv_bytes);
     snap->toks = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
     snap->logits = malloc((size_t)V * sizeof(float));
     char err[256];
-    if (!snap->kv || !snap->toks || !snap->logits || kv_sync(s, true, err, sizeof err)) {
+    if (!snap->kv || !snap->toks || !snap->logits || kv_gather(s, err, sizeof err)) {
         ds4_snapshot_free(snap);
         return NULL;
     }
-    ds4_kv_save(s->kv, snap->kv);
+    if (s->glm) glm_payload_write(s->glm, s->toks, s->logits, V, snap->kv);
+    else ds4_kv_save(s->kv, snap->kv);
     memcpy(snap->toks, s->toks, (size_t)n * sizeof(int32_t));
     memcpy(snap->logits, s->logits, (size_t)V * sizeof(float));
     return snap;
 }
 
 int ds4_session_restore(ds4_session *s, const ds4_snapshot *snap, char *err, size_t errlen) {
-    if (snap->ctx != s->ctx || !ds4_kv_load(s->kv, snap->kv, snap->kv_bytes)) {
+    if (s->glm && snap->ctx == s->ctx)
+        return glm_payload_load(s->glm, s->toks, s->logits, s->e->n_vocab, snap->kv, snap->kv_bytes, err, errlen) ? 0
+                                                                                                                   : -1;
+    if (snap->ctx != s->ctx || !s->kv || !ds4_kv_load(s->kv, snap->kv, snap->kv_bytes)) {
         snprintf(err, errlen, "snapshot does not fit this session (ctx %d vs %d)", snap->ctx, s->ctx);
         return -1;
     }
-    if (kv_sync(s, false, err, errlen)) return -1;
     drop_ckpts(s, -1);
     memcpy(s->toks, snap->toks, (size_t)snap->n_toks * sizeof(int32_t));
-    memcpy(s->logits, snap->logits, (size_t)s->e->m->cfg.n_vocab * sizeof(float));
-    return 0;
+    memcpy(s->logits, snap->logits, (size_t)s->e->n_vocab * sizeof(float));
+    return kv_scatter(s, err, errlen);
 }
 
 void ds4_snapshot_free(ds4_snapshot *snap) {
@@ -537,41 +635,46 @@ void ds4_snapshot_free(ds4_snapshot *snap) {
 }
 
 size_t ds4_session_payload_bytes(const ds4_session *s) {
-    return ds4_payload_bytes(s->kv, s->e->m->cfg.n_vocab);
+    return s->glm ? glm_payload_bytes(s->glm, s->e->n_vocab) : ds4_payload_bytes(s->kv, s->e->n_vocab);
 }
 
 /* Before a payload is written from the host copy: when the device lost the
  * state, an empty session is saved rather than stale rows. */
 static void payload_sync(const ds4_session *s) {
     char err[256];
-    if (!kv_sync(s, true, err, sizeof err)) return;
+    if (!kv_gather(s, err, sizeof err)) return;
     fprintf(stderr, "ds4: %s; the session is dropped\n", err);
     ds4_kv_reset(s->kv);
 }
 
 void ds4_session_save_payload(const ds4_session *s, void *dst) {
     payload_sync(s);
-    ds4_payload_write(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, s->e->prefill_chunk, dst);
+    if (s->glm) glm_payload_write(s->glm, s->toks, s->logits, s->e->n_vocab, dst);
+    else ds4_payload_write(s->kv, s->toks, s->logits, s->e->n_vocab, s->e->prefill_chunk, dst);
 }
 
 int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *err, size_t errlen) {
-    if (!ds4_payload_load(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen)) return -1;
+    const bool ok = s->glm ? glm_payload_load(s->glm, s->toks, s->logits, s->e->n_vocab, src, n, err, errlen)
+                           : ds4_payload_load(s->kv, s->toks, s->logits, s->e->n_vocab, src, n, err, errlen);
+    if (!ok) return -1;
     drop_ckpts(s, -1);
-    return kv_sync(s, false, err, errlen);
+    return kv_scatter(s, err, errlen);
 }
 
 bool ds4_session_save_payload_to(const ds4_session *s, const ds4_sink *sink) {
     payload_sync(s);
-    return ds4_payload_write_to(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, s->e->prefill_chunk, sink);
+    if (s->glm) return glm_payload_write_to(s->glm, s->toks, s->logits, s->e->n_vocab, sink);
+    return ds4_payload_write_to(s->kv, s->toks, s->logits, s->e->n_vocab, s->e->prefill_chunk, sink);
 }
 
 int ds4_session_load_payload_from(ds4_session *s, const ds4_source *src, size_t n, char *err, size_t errlen) {
-    const int before = s->kv->n_pos;
-    bool ok = ds4_payload_load_from(s->kv, s->toks, s->logits, s->e->m->cfg.n_vocab, src, n, err, errlen);
+    const int before = n_pos(s);
+    bool ok = s->glm ? glm_payload_load_from(s->glm, s->toks, s->logits, s->e->n_vocab, src, n, err, errlen)
+                     : ds4_payload_load_from(s->kv, s->toks, s->logits, s->e->n_vocab, src, n, err, errlen);
     /* rewind checkpoints describe the old state once the rows changed */
-    if (ok || s->kv->n_pos != before) drop_ckpts(s, -1);
+    if (ok || n_pos(s) != before) drop_ckpts(s, -1);
     /* a part-way load changed the host rows too: the device copy follows */
     char sync_err[256];
-    if (kv_sync(s, false, ok ? err : sync_err, ok ? errlen : sizeof sync_err)) return -1;
+    if (kv_scatter(s, ok ? err : sync_err, ok ? errlen : sizeof sync_err)) return -1;
     return ok ? 0 : -1;
 }

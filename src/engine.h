@@ -3,21 +3,27 @@
  * model binding or the forward pass directly.
  *
  * Contract
- * - ds4_engine_load() opens the GGUF (mmapped), binds and validates the DS4
- *   layout (every dimension from metadata), loads the tokenizer from the same
- *   file, creates the backend (CPU, or CUDA with gpu.backend; no silent
- *   fallback when CUDA was asked for) and thread pool. On error: NULL and one
- *   clear line in err ("not a DeepSeek V4 GGUF: missing tensor blk.3.ffn...").
- * - A session is one conversation's decode state (KV rings, compressed rows,
- *   indexer rows, compressor frontiers) sized for `ctx` tokens, plus the
- *   checkpoint token list and the logits for the next token.
+ * - ds4_engine_load() opens the GGUF (mmapped), binds and validates the
+ *   layout of its family by general.architecture (deepseek4: DeepSeek V4;
+ *   glm-dsa: GLM 5.2, ds4_engine_family()), every dimension from metadata,
+ *   loads the tokenizer from the same file, creates the backend (CPU, or CUDA
+ *   with gpu.backend; no silent fallback when CUDA was asked for) and thread
+ *   pool. On error: NULL and one clear line in err ("not a DeepSeek V4 GGUF:
+ *   missing tensor blk.3.ffn...", "not a GLM 5.2 GGUF: ..."). GLM runs on
+ *   the CPU in f32 math; the DeepSeek-only options (ssd, numerics ds4, cuda,
+ *   layers, dist role) refuse a GLM file with one line naming the option.
+ * - A session is one conversation's decode state (DeepSeek V4: KV rings,
+ *   compressed rows, indexer rows, compressor frontiers; GLM: glm_kv.h)
+ *   sized for `ctx` tokens, plus the checkpoint token list and the logits
+ *   for the next token. Every call below works the same for both families.
  * - ds4_session_prefill() appends tokens (chunked by prefill_chunk) and leaves
  *   the next-token logits of the last one; ds4_session_decode() appends one.
  *   Results do not depend on chunking or on batching with other sessions:
  *   they are bit-identical.
  * - ds4_session_rewind() truncates the checkpoint to n tokens (prefix reuse);
  *   it may need to recompute state for the last partial compression window,
- *   which it does itself.
+ *   which it does itself (GLM keeps every position: only the last kept
+ *   token is recomputed, for its logits).
  * - Progress callbacks may request cancellation by returning nonzero; the
  *   session then holds a consistent (shorter) checkpoint.
  * - ssd.enabled (--ssd-streaming): the routed experts are read from the file
@@ -101,6 +107,11 @@ void ds4_engine_params_default(ds4_engine_params *p);
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen);
 void ds4_engine_free(ds4_engine *e);
 
+/* The model family of the loaded file (general.architecture): front ends
+ * pick the chat format and tool-call syntax by it; everything else in this
+ * API works the same for both. */
+typedef enum { DS4_FAMILY_DEEPSEEK4, DS4_FAMILY_GLM } ds4_model_family;
+ds4_model_family ds4_engine_family(const ds4_engine *e);
 const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e);
 int ds4_engine_n_vocab(const ds4_engine *e);
 int ds4_engine_n_layers(const ds4_engine *e);
@@ -161,8 +172,9 @@ ds4_snapshot *ds4_session_snapshot(const ds4_session *s);
 int ds4_session_restore(ds4_session *s, const ds4_snapshot *snap, char *err, size_t errlen);
 void ds4_snapshot_free(ds4_snapshot *snap);
 
-/* The DSV4 session payload (kv_payload.h): the same exact state as bytes, for
- * the disk KV cache. Loading validates everything first and leaves the
+/* The session payload of the model's family (DSV4, kv_payload.h; GLM,
+ * glm_payload.h): the same exact state as bytes, for the disk KV cache; a
+ * payload of the other family is refused with one line. Loading validates everything first and leaves the
  * session unchanged on error; it accepts payloads saved for a context no
  * larger than this session's. */
 size_t ds4_session_payload_bytes(const ds4_session *s);

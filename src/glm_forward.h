@@ -1,33 +1,79 @@
-/* glm_forward.h -- GLM 5.2 forward pass on the CPU, reference form: one
- * sequence, every position's logits, recomputed from the tokens (no KV
- * state yet, so not behind backend.h: decode, batching, snapshots and the
- * engine come later). It states the math the batched backend must keep.
+/* glm_forward.h -- the GLM 5.2 forward pass on the CPU over a session state
+ * (glm_kv.h): the one implementation of GLM's math, used by the backend
+ * (glm_backend.h) and by the reference entry glm_forward_sequence().
  *
  * Contract
- * - glm_forward_sequence() runs tokens[0..n) at positions 0..n-1 and writes
- *   logits[n][n_vocab]. Math (GLM sheet section 5, checked by
- *   tests/glm/test_glm_reference.py against transformers): pre-norm blocks;
- *   MLA in the absorbed form (the query's nope part multiplied into the
- *   latent through attn_k_b, attention over the cached latent + rope key,
- *   attn_v_b out); interleaved-pair RoPE; the DSA indexer on full layers
- *   (ReLU head scores weighted by indexer.proj, top-k of the visible keys,
- *   ties to the earlier position), its selection reused by shared layers;
- *   dense SwiGLU or sigmoid routing with the correction bias for selection
- *   only, top-k, normalised weights times expert_weights_scale, plus the
- *   shared expert. The q / kv latent norms use eps 1e-6 (transformers and
- *   DeepSeek's reference code), the block and final norms rms_eps.
- * - Matrices are used in their stored types through the CPU kernels
- *   (activations quantized per row for the weight type).
- * - Returns 0, or -1 with one line in err (bad token id, out of memory).
+ * - glm_forward_eval() evaluates n_runs runs together, up to max_rows tokens
+ *   in all: each appends its toks[0..n) to its own state (distinct states)
+ *   at positions kv->n_pos .. kv->n_pos + n - 1 (then kv->n_pos += n) and
+ *   writes next-token logits: n x n_vocab when all_logits, else the last
+ *   token's n_vocab; logits NULL skips the output head (a run split into
+ *   calls needs it only for its last call). Every projection runs once over
+ *   all rows of all runs, so weights are read once per call.
+ *   Math (GLM sheet section 5, checked against transformers by
+ *   tests/unit/test_glm_forward.c and tests/glm/test_glm_reference.py):
+ *   pre-norm blocks; MLA in the absorbed form (the query's nope part
+ *   multiplied into the latent through attn_k_b, attention over the cached
+ *   latent + rope key, attn_v_b out); interleaved-pair RoPE; the DSA indexer
+ *   on full layers (ReLU head scores weighted by indexer.proj over the cached
+ *   indexer keys, top-k of the visible keys, ties to the earlier position),
+ *   its selection reused by the shared layers after it; dense SwiGLU or
+ *   sigmoid routing with the correction bias for selection only, top-k,
+ *   normalised weights times expert_weights_scale, plus the shared expert.
+ *   The q / kv latent norms use eps 1e-6 (transformers and DeepSeek's
+ *   reference code), the block and final norms rms_eps. The MTP block is
+ *   not run.
+ * - Exactness: every row's result depends only on its token, its position
+ *   and its state before it (matrix products with the activation quantized
+ *   per row; kernels whose dot order does not depend on the batch; the
+ *   attention and indexer of a row read only its own state's rows <= its
+ *   position; routed experts added in selection order), so any split of a
+ *   run into calls, and any other runs sharing a call, give bit-identical
+ *   logits and state.
+ * - Matrices are used in their stored types through the CPU kernels; the
+ *   attention heads of all rows and each row's indexer scores are spread
+ *   over the thread pool (each head / score computed whole by one thread).
+ * - Returns 0, or -1 with one line in err (bad token id, more than max_rows
+ *   rows, a state twice, context full, out of memory) before any state
+ *   changed.
+ * - glm_forward_weight_bytes(): bytes of weight matrices the products have
+ *   read so far (a batched product reads its weights once for all rows).
+ * - glm_forward_sequence() is the reference form: tokens[0..n) at positions
+ *   0..n-1 on a fresh state, every position's logits into logits[n][n_vocab].
  */
 #ifndef GLM_FORWARD_H
 #define GLM_FORWARD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 struct ds4_pool;
 struct glm_model;
+struct glm_kv;
+
+typedef struct glm_forward glm_forward;
+
+glm_forward *glm_forward_new(const struct glm_model *m, struct ds4_pool *pool, int max_rows, char *err,
+                             size_t errlen);
+void glm_forward_free(glm_forward *f);
+int glm_forward_max_rows(const glm_forward *f);
+uint64_t glm_forward_weight_bytes(const glm_forward *f);
+/* Checks what eval would refuse for a run of n tokens appended to kv (token
+ * ids, context room) without running anything, and grows the per-position
+ * scratch for it: after it returns 0 for every run of distinct states,
+ * glm_forward_eval() on any packing of those runs (split at call
+ * boundaries) into calls of at most max_rows rows cannot fail. */
+int glm_forward_prepare(glm_forward *f, const struct glm_kv *kv, const int32_t *toks, int n, char *err,
+                        size_t errlen);
+typedef struct glm_run {
+    struct glm_kv *kv;
+    const int32_t *toks;
+    int n;
+    float *logits;          /* NULL: no output head for this run */
+    bool all_logits;
+} glm_run;
+int glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *err, size_t errlen);
 
 int glm_forward_sequence(const struct glm_model *m, struct ds4_pool *pool, const int32_t *tokens, int n,
                          float *logits, char *err, size_t errlen);

@@ -147,10 +147,11 @@ void ds4_kv_ring_load(ds4_kv *kv, const void *src) {
 
 typedef struct { uint32_t magic, n_layer; int32_t ctx, slack, n_pos; } kv_header;
 
-/* Walks every buffer of the live state in a fixed order; fn copies one span. */
-static size_t walk(const ds4_kv *kv, int n_pos, void (*fn)(void *, float *, size_t), void *ud) {
+/* Walks every buffer of layers first..last of the live state in a fixed
+ * order; fn copies one span. */
+static size_t walk(const ds4_kv *kv, int first, int last, int n_pos, void (*fn)(void *, float *, size_t), void *ud) {
     size_t total = 0;
-    for (int l = 0; l < kv->n_layer; l++) {
+    for (int l = first; l <= last; l++) {
         const ds4_kv_layer *L = &kv->L[l];
         size_t wc = (size_t)L->coff * kv->head_dim, wi = 2 * (size_t)kv->idx_head_dim;
         size_t rows = L->ratio ? (size_t)(n_pos / L->ratio) : 0;
@@ -171,7 +172,7 @@ static size_t walk(const ds4_kv *kv, int n_pos, void (*fn)(void *, float *, size
 }
 
 size_t ds4_kv_live_bytes(const ds4_kv *kv) {
-    return sizeof(kv_header) + walk(kv, kv->n_pos, NULL, NULL);
+    return sizeof(kv_header) + walk(kv, 0, kv->n_layer - 1, kv->n_pos, NULL, NULL);
 }
 
 static void put(void *ud, float *p, size_t n) {
@@ -190,7 +191,7 @@ void ds4_kv_save(const ds4_kv *kv, void *dst) {
     kv_header h = {KV_MAGIC, (uint32_t)kv->n_layer, kv->ctx, kv->slack, kv->n_pos};
     memcpy(dst, &h, sizeof h);
     char *p = (char *)dst + sizeof h;
-    walk(kv, kv->n_pos, put, &p);
+    walk(kv, 0, kv->n_layer - 1, kv->n_pos, put, &p);
 }
 
 bool ds4_kv_load(ds4_kv *kv, const void *src, size_t n) {
@@ -200,9 +201,28 @@ bool ds4_kv_load(ds4_kv *kv, const void *src, size_t n) {
     if (h.magic != KV_MAGIC || h.n_layer != (uint32_t)kv->n_layer || h.ctx != kv->ctx || h.slack != kv->slack ||
         h.n_pos < 0 || h.n_pos > kv->ctx)
         return false;
-    if (n != sizeof h + walk(kv, h.n_pos, NULL, NULL)) return false;
+    if (n != sizeof h + walk(kv, 0, kv->n_layer - 1, h.n_pos, NULL, NULL)) return false;
     const char *p = (const char *)src + sizeof h;
-    walk(kv, h.n_pos, get, &p);
+    walk(kv, 0, kv->n_layer - 1, h.n_pos, get, &p);
     kv->n_pos = h.n_pos;
+    return true;
+}
+
+size_t ds4_kv_layers_bytes(const ds4_kv *kv, int first, int last, int n_pos) {
+    return walk(kv, first, last, n_pos, NULL, NULL);
+}
+
+void ds4_kv_layers_save(const ds4_kv *kv, int first, int last, void *dst) {
+    char *p = dst;
+    walk(kv, first, last, kv->n_pos, put, &p);
+}
+
+bool ds4_kv_layers_load(ds4_kv *kv, int first, int last, int n_pos, const void *src, size_t n) {
+    if (first < 0 || last >= kv->n_layer || first > last || n_pos < 0 || n_pos > kv->ctx ||
+        n != walk(kv, first, last, n_pos, NULL, NULL))
+        return false;
+    const char *p = src;
+    walk(kv, first, last, n_pos, get, &p);
+    kv->n_pos = n_pos;
     return true;
 }

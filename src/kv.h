@@ -15,6 +15,10 @@
  * - ds4_kv_save() serialises the live part (rings, frontiers, the rows
  *   produced so far) into a flat buffer; ds4_kv_load() restores it into a state
  *   of the same config and ctx, bit-identically (snapshots use this).
+ * - The layer-range forms move the same live buffers of layers first..last
+ *   only (pipeline parallelism: a worker's slice). They are independent of
+ *   ctx, so a state of another context size holding n_pos positions takes
+ *   them, as long as n_pos fits it.
  */
 #ifndef DS4_KV_H
 #define DS4_KV_H
@@ -66,5 +70,12 @@ size_t ds4_kv_live_bytes(const ds4_kv *kv);
 void ds4_kv_save(const ds4_kv *kv, void *dst);            /* writes ds4_kv_live_bytes() */
 /* False when the buffer does not fit this state's geometry. */
 bool ds4_kv_load(ds4_kv *kv, const void *src, size_t n);
+
+size_t ds4_kv_layers_bytes(const ds4_kv *kv, int first, int last, int n_pos);
+/* writes ds4_kv_layers_bytes(kv, first, last, kv->n_pos) */
+void ds4_kv_layers_save(const ds4_kv *kv, int first, int last, void *dst);
+/* Sets n_pos too (the caller loads every layer it uses); false (state
+ * untouched) when the range, n_pos or the size does not fit. */
+bool ds4_kv_layers_load(ds4_kv *kv, int first, int last, int n_pos, const void *src, size_t n);
 
 #endif

@@ -1,5 +1,6 @@
 /* kv_payload.c -- DSV4 session payload serialisation (layout in kv_payload.h). */
 #include "kv_payload.h"
+#include "glm_payload.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,21 +9,7 @@
 /* Floats and u32 fields are copied in host order, which is the file order. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the DSV4 payload is little-endian");
 
-#define PAYLOAD_MAGIC 0x34565344u /* "DSV4" read as a little-endian u32 */
-
-/* A walk over the layer rows: to a sink (save), from a source (load), or
- * only counting bytes when both are NULL. ok turns false at the first failed
- * piece and the walk stops moving bytes. */
-typedef struct {
-    const ds4_sink *sink;
-    const ds4_source *src;
-    bool ok;
-    size_t total;
-} cursor;
-
-/* Rows [first, first + n) of a ring of cap slots (slot = position mod cap),
- * or of a plain row array when cap is 0. */
-static void rows(cursor *c, float *base, int cap, size_t row_floats, int first, int n) {
+void ds4_payload_rows(ds4_payload_cursor *c, float *base, int cap, size_t row_floats, int first, int n) {
     const size_t bytes = row_floats * sizeof(float);
     for (int i = 0; c->ok && (c->sink || c->src) && i < n; i++) {
         int pos = first + i;
@@ -35,21 +22,21 @@ static void rows(cursor *c, float *base, int cap, size_t row_floats, int first, 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
 /* The per-layer tensor stream for a state holding n_pos positions. */
-static void walk_layers(const ds4_kv *kv, int n_pos, cursor *c) {
+static void walk_layers(const ds4_kv *kv, int n_pos, ds4_payload_cursor *c) {
     const size_t D = (size_t)kv->head_dim, DI = (size_t)kv->idx_head_dim;
     for (int l = 0; l < kv->n_layer; l++) {
         const ds4_kv_layer *L = &kv->L[l];
         int raw_n = min_int(n_pos, kv->raw_cap);
-        rows(c, L->raw, kv->raw_cap, D, n_pos - raw_n, raw_n);
+        ds4_payload_rows(c, L->raw, kv->raw_cap, D, n_pos - raw_n, raw_n);
         if (!L->ratio) continue;
         int comp_n = n_pos / L->ratio, f_n = min_int(n_pos, L->f_cap);
-        rows(c, L->comp, 0, D, 0, comp_n);
-        rows(c, L->fk, L->f_cap, (size_t)L->coff * D, n_pos - f_n, f_n);
-        rows(c, L->fz, L->f_cap, (size_t)L->coff * D, n_pos - f_n, f_n);
+        ds4_payload_rows(c, L->comp, 0, D, 0, comp_n);
+        ds4_payload_rows(c, L->fk, L->f_cap, (size_t)L->coff * D, n_pos - f_n, f_n);
+        ds4_payload_rows(c, L->fz, L->f_cap, (size_t)L->coff * D, n_pos - f_n, f_n);
         if (!L->idx) continue;
-        rows(c, L->idx, 0, DI, 0, comp_n);
-        rows(c, L->ik, L->f_cap, 2 * DI, n_pos - f_n, f_n);
-        rows(c, L->iz, L->f_cap, 2 * DI, n_pos - f_n, f_n);
+        ds4_payload_rows(c, L->idx, 0, DI, 0, comp_n);
+        ds4_payload_rows(c, L->ik, L->f_cap, 2 * DI, n_pos - f_n, f_n);
+        ds4_payload_rows(c, L->iz, L->f_cap, 2 * DI, n_pos - f_n, f_n);
     }
 }
 
@@ -66,7 +53,7 @@ static size_t fixed_bytes(uint32_t n_tokens, uint32_t n_vocab, uint32_t n_layer)
 }
 
 size_t ds4_payload_bytes(const ds4_kv *kv, int n_vocab) {
-    cursor c = {0};
+    ds4_payload_cursor c = {0};
     walk_layers(kv, kv->n_pos, &c);
     return fixed_bytes((uint32_t)kv->n_pos, (uint32_t)n_vocab, (uint32_t)kv->n_layer) + c.total;
 }
@@ -78,7 +65,7 @@ bool ds4_payload_write_to(const ds4_kv *kv, const int32_t *toks, const float *lo
     static const float zeros[1024];
     const int n = kv->n_pos;
     const uint32_t head[13] = {
-        PAYLOAD_MAGIC, DS4_PAYLOAD_VERSION, (uint32_t)kv->ctx, (uint32_t)prefill_chunk, (uint32_t)kv->raw_cap,
+        DS4_PAYLOAD_MAGIC, DS4_PAYLOAD_VERSION, (uint32_t)kv->ctx, (uint32_t)prefill_chunk, (uint32_t)kv->raw_cap,
         (uint32_t)(kv->raw_cap - kv->slack), comp_capacity(kv, kv->ctx), (uint32_t)n, (uint32_t)kv->n_layer,
         (uint32_t)kv->head_dim, (uint32_t)kv->idx_head_dim, (uint32_t)n_vocab, (uint32_t)min_int(n, kv->raw_cap),
     };
@@ -89,26 +76,20 @@ bool ds4_payload_write_to(const ds4_kv *kv, const int32_t *toks, const float *lo
         ok = sink->write(sink->ud, zeros, (size_t)min_int(left, 1024) * 4);
     for (int l = 0; ok && l < kv->n_layer; l++) ok = put_u32(sink, kv->L[l].ratio ? (uint32_t)(n / kv->L[l].ratio) : 0);
     for (int l = 0; ok && l < kv->n_layer; l++) ok = put_u32(sink, kv->L[l].idx ? (uint32_t)(n / kv->L[l].ratio) : 0);
-    cursor c = {.sink = sink, .ok = ok};
+    ds4_payload_cursor c = {.sink = sink, .ok = ok};
     walk_layers(kv, n, &c);
     return c.ok;
 }
 
-typedef struct {
-    unsigned char *p;
-    const unsigned char *src;
-    size_t left;
-} memory_stream;
-
 static bool memory_write(void *ud, const void *data, size_t n) {
-    memory_stream *m = ud;
+    ds4_memory_stream *m = ud;
     memcpy(m->p, data, n);
     m->p += n;
     return true;
 }
 
 static bool memory_read(void *ud, void *data, size_t n) {
-    memory_stream *m = ud;
+    ds4_memory_stream *m = ud;
     if (n > m->left) return false;
     memcpy(data, m->src, n);
     m->src += n;
@@ -116,10 +97,13 @@ static bool memory_read(void *ud, void *data, size_t n) {
     return true;
 }
 
+ds4_sink ds4_memory_sink(ds4_memory_stream *m) { return (ds4_sink){memory_write, m}; }
+ds4_source ds4_memory_source(ds4_memory_stream *m) { return (ds4_source){memory_read, m}; }
+
 void ds4_payload_write(const ds4_kv *kv, const int32_t *toks, const float *logits, int n_vocab,
                        int prefill_chunk, void *dst) {
-    memory_stream m = {.p = dst};
-    const ds4_sink sink = {memory_write, &m};
+    ds4_memory_stream m = {.p = dst};
+    const ds4_sink sink = ds4_memory_sink(&m);
     ds4_payload_write_to(kv, toks, logits, n_vocab, prefill_chunk, &sink);
 }
 
@@ -129,7 +113,8 @@ bool ds4_payload_peek(const void *src, size_t n, ds4_payload_header *h, char *er
     uint32_t f[13];
     if (n < DS4_PAYLOAD_HEADER_BYTES) FAIL("DSV4 payload truncated: %zu bytes, header needs %u", n, DS4_PAYLOAD_HEADER_BYTES);
     memcpy(f, src, sizeof f);
-    if (f[0] != PAYLOAD_MAGIC) FAIL("not a DSV4 payload (bad magic 0x%08x)", f[0]);
+    if (f[0] == GLM_PAYLOAD_MAGIC) FAIL("this is a GLM 5.2 session payload; the model is DeepSeek V4");
+    if (f[0] != DS4_PAYLOAD_MAGIC) FAIL("not a DSV4 payload (bad magic 0x%08x)", f[0]);
     if (f[1] != DS4_PAYLOAD_VERSION) FAIL("DSV4 payload version %u, this build reads %u", f[1], DS4_PAYLOAD_VERSION);
     *h = (ds4_payload_header){.version = f[1], .ctx = f[2], .prefill_chunk = f[3], .raw_cap = f[4], .window = f[5],
                               .comp_cap = f[6], .n_tokens = f[7], .n_layer = f[8], .head_dim = f[9],
@@ -187,7 +172,7 @@ bool ds4_payload_load_from(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab
     if (h.ctx > (uint32_t)kv->ctx) FAIL("DSV4 payload was saved for a %u-token context, this session has %d", h.ctx, kv->ctx);
     SAME(comp_cap, comp_capacity(kv, (int)h.ctx));
     const int n_pos = (int)h.n_tokens;
-    cursor size = {0};
+    ds4_payload_cursor size = {0};
     walk_layers(kv, n_pos, &size);
     const size_t want = fixed_bytes(h.n_tokens, h.n_vocab, h.n_layer) + size.total;
     if (n != want) FAIL("DSV4 payload is %zu bytes, its header describes %zu", n, want);
@@ -205,7 +190,7 @@ bool ds4_payload_load_from(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab
     memcpy(toks, sp.toks, (size_t)n_pos * 4);
     memcpy(logits, sp.logits, (size_t)n_vocab * 4);
     free(sp.block);
-    cursor c = {.src = src, .ok = true};
+    ds4_payload_cursor c = {.src = src, .ok = true};
     walk_layers(kv, n_pos, &c);
     if (!c.ok) {
         /* rows are overwritten in place: a half-read state must not pass for one */
@@ -218,7 +203,7 @@ bool ds4_payload_load_from(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab
 
 bool ds4_payload_load(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab, const void *src, size_t n,
                       char *err, size_t errlen) {
-    memory_stream m = {.src = src, .left = n};
-    const ds4_source source = {memory_read, &m};
+    ds4_memory_stream m = {.src = src, .left = n};
+    const ds4_source source = ds4_memory_source(&m);
     return ds4_payload_load_from(kv, toks, logits, n_vocab, &source, n, err, errlen);
 }

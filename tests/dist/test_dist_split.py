@@ -2,13 +2,19 @@
 coordinator and 1 or 2 workers, each a separate ./ds4 process holding its
 own layer slice, give the single process's output byte for byte:
 
-- prefill, every position's logits (--dump-logits --logits-all), whole and
-  in chunks of 3 (--prefill-chunk), on the oracle model (build/ds4tiny/A-f32)
-  and the demo model;
+- prefill, every position's logits (--dump-logits --logits-all), whole, in
+  chunks of 3 (--prefill-chunk) and pipelined (--dist-prefill-chunk 2
+  --dist-prefill-window 3 on the coordinator: chunks flow worker to worker
+  with up to 3 in flight), on the oracle model (build/ds4tiny/A-f32) and the
+  demo model;
 - decode: a greedy continuation with logprobs (--dump-logprobs) on the demo
   model, where every step goes through the route;
 - a worker killed with SIGKILL and restarted: the next request equals the
-  single process again.
+  single process again;
+- a worker's data socket listens on its own address on the way to the
+  coordinator (coordinator on 127.0.0.2, worker data on 127.0.0.1);
+- --debug on a 3-way split prints the route (each hop's layers and address)
+  and, per request, every hop's telemetry gathered from the result frames.
 Refusals: a wrong secret, another numerics mode and a slice overlapping a
 registered worker are refused with one line each (the worker exits 1); a
 coordinator without workers reports an incomplete route.
@@ -70,9 +76,13 @@ def output_of(args, out):
         return f.read()
 
 
+def coordinator_args(model, first_slice, port, wait="20"):
+    return ["-m", model, "--role", "coordinator", "--layers", first_slice, "--listen", "127.0.0.1", str(port),
+            "--dist-secret", SECRET, "--dist-wait", wait]
+
+
 def coordinator(model, first_slice, port, args, out, wait="20"):
-    return output_of(["-m", model, "--role", "coordinator", "--layers", first_slice, "--listen", "127.0.0.1",
-                      str(port), "--dist-secret", SECRET, "--dist-wait", wait, *args], out)
+    return output_of([*coordinator_args(model, first_slice, port, wait), *args], out)
 
 
 def splits(n_layer):
@@ -82,7 +92,8 @@ def splits(n_layer):
 
 
 def compare_splits(model, n_layer, cases, tmp):
-    for name, args in cases:
+    """cases: (name, args of both runs, extra args of the coordinator)"""
+    for name, args, coord_extra in cases:
         out = os.path.join(tmp, "out.json")
         want = output_of(["-m", model, *args(out)], out)
         check(not want.startswith(b"exit"), "%s %s single: %s" % (os.path.basename(model), name, want[:200]))
@@ -90,7 +101,7 @@ def compare_splits(model, n_layer, cases, tmp):
             port = free_port()
             workers = [start_worker(model, s, port) for s in parts[1:]]
             try:
-                got = coordinator(model, parts[0], port, args(out), out)
+                got = coordinator(model, parts[0], port, [*args(out), *coord_extra], out)
             finally:
                 stop(workers)
             check(got == want, "%s %s split %s: differs from the single process (%s)"
@@ -103,11 +114,13 @@ def main():
         return 77
     with tempfile.TemporaryDirectory() as tmp:
         ids = "--token-ids", "5,6,7,8,9,10,11,12,13,14"
-        prefill = [("prefill", lambda o: [*ids, "--dump-logits", o, "--logits-all"]),
-                   ("chunked prefill", lambda o: [*ids, "--dump-logits", o, "--logits-all", "--prefill-chunk", "3"])]
+        prefill = [("prefill", lambda o: [*ids, "--dump-logits", o, "--logits-all"], ()),
+                   ("chunked prefill", lambda o: [*ids, "--dump-logits", o, "--logits-all", "--prefill-chunk", "3"], ()),
+                   ("pipelined prefill", lambda o: [*ids, "--dump-logits", o, "--logits-all"],
+                    ("--dist-prefill-chunk", "2", "--dist-prefill-window", "3"))]
         compare_splits(TINY, 6, prefill, tmp)
         decode = [("decode", lambda o: ["-p", "hello there", "--nothink", "--dump-logprobs", o, "-n", "4",
-                                        "--prefill-chunk", "2"])]
+                                        "--prefill-chunk", "2"], ())]
         compare_splits(DEMO, 6, prefill + decode, tmp)
 
         # kill -9 a worker, restart it: the next request equals the single process
@@ -125,6 +138,49 @@ def main():
         finally:
             stop([w])
         check(first == want and again == want, "restarted worker: output differs")
+
+        # --debug: the route and each request's per-hop telemetry
+        port = free_port()
+        workers = [start_worker(DEMO, s, port) for s in ("1:4", "5:output")]
+        try:
+            r = ds4([*coordinator_args(DEMO, "0:0", port), *ids, "--dump-logits", out, "--debug",
+                     "--dist-prefill-chunk", "4"])
+        finally:
+            stop(workers)
+        lines = r.stderr.splitlines()
+        routes = [l for l in lines if "formed: layers 0..0 here -> layers 1..4 at tcp://127.0.0.1:" in l
+                  and " -> layers 5..5 + output at tcp://127.0.0.1:" in l]
+        requests = [l for l in lines if l.startswith("ds4 coordinator: request ")]
+        check(r.returncode == 0 and len(routes) == 1, "--debug route line: %s" % r.stderr.strip()[-600:])
+        # 10 tokens in chunks of 4: three requests, each through all three slices
+        spans = ["tokens 0..3", "tokens 4..7", "tokens 8..9"]
+        check(len(requests) == 3 and all(
+            span in q and q.count(span) == 3 and "layers 0..0 " + span in q and "layers 1..4 " + span in q
+            and "layers 5..5 " + span in q and q.count(" eval ") == 3 and q.count(" wait ") == 3
+            and q.count(" send ") == 3 and "round trip" in q for q, span in zip(requests, spans)),
+            "--debug telemetry lines: %s" % requests)
+
+        # a worker listens on its own address, not the coordinator's: with the
+        # coordinator on 127.0.0.2 the worker's way there starts at 127.0.0.1
+        port = free_port()
+        w = subprocess.Popen([DS4, "-t", "1", "-m", DEMO, "--role", "worker", "--layers", "3:output", "--coordinator",
+                              "127.0.0.2", str(port), "--dist-secret", SECRET], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, cwd=ROOT)
+        try:
+            r = ds4(["-m", DEMO, "--role", "coordinator", "--layers", "0:2", "--listen", "127.0.0.2", str(port),
+                     "--dist-secret", SECRET, "--dist-wait", "20", "--debug", *args])
+            got = open(out, "rb").read() if r.returncode == 0 else b""
+        finally:
+            stop([w])
+        check(r.returncode == 0 and "+ output at tcp://127.0.0.1:" in r.stderr and "results at tcp://127.0.0.2:" in r.stderr
+              and got == want, "worker's own address: %s" % r.stderr.strip()[-400:])
+
+        # bad pipelining flags: one line each
+        for flags, line in [(("--dist-prefill-chunk", "0"), "--dist-prefill-chunk: bad value"),
+                            (("--dist-prefill-window", "99"), "--dist-prefill-window: bad value"),
+                            (("--dist-prefill-chunk", "9000"), "exceeds the local batch")]:
+            r = ds4([*coordinator_args(DEMO, "0:2", free_port(), "0.5"), *ids, *flags])
+            check(r.returncode != 0 and line in r.stderr, "%s: %s" % (" ".join(flags), r.stderr.strip()))
 
         # refusals, each with its line; the refused worker exits 1
         port = free_port()

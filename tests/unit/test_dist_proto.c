@@ -1,6 +1,6 @@
 /* test_dist_proto.c -- pipeline frames (dist_proto.h): every frame type
  * round-trips field for field and float for float (bit patterns, NaN and
- * -0 included); every truncation and every extension of a valid frame is
+ * -0 included), hop telemetry included; every truncation and every extension of a valid frame is
  * refused with one line; the rolling hash composes (hash of a prefix then
  * a span = hash of the whole) and tells spans apart; registration checks
  * refuse a wrong secret, another model, another quant and slices outside
@@ -63,31 +63,77 @@ static void test_hello(void) {
     free(buf);
 }
 
+static void check_hops(const uint8_t *enc, const ds4_dist_hop *want, uint32_t n, const char *what) {
+    for (uint32_t i = 0; i < n; i++) {
+        const ds4_dist_hop h = ds4_dist_hop_at(enc, i);
+        CHECK(!memcmp(&h, &want[i], sizeof h), "%s: hop %u round-trips", what, i);
+    }
+}
+
 static void test_work_and_result(void) {
     const int32_t toks[] = {0, 1, 129279, -1, 77};
     float fl[7] = {1.0f, -0.0f, NAN, INFINITY, 1e-45f, -3.25f, 65504.0f};
-    ds4_dist_work w = {0xfeedface12345678ull, 4096, 5, 11, 22, true, NULL, 7, NULL};
+    const ds4_dist_hop hops[2] = {{0, 2, 4096, 5, 1234, 0, 56, 0}, {3, 5, 4096, 5, 4000000000u, 7, 8, 123456}};
+    ds4_dist_work w = {77, 9, 0xfeedface12345678ull, 4096, 5, 11, 22, DS4_DIST_ALL, NULL, 7, NULL, 2, NULL};
     size_t len;
-    uint8_t *buf = ds4_dist_encode_work(&w, toks, fl, &len);
+    uint8_t *buf = ds4_dist_encode_work(DS4_DIST_WORK, &w, toks, fl, hops, &len);
     ds4_dist_frame f;
     char err[256];
     CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_WORK, "work decodes: %s", err);
-    CHECK(f.work.session == w.session && f.work.pos == 4096 && f.work.n == 5 && f.work.hash_before == 11 &&
-          f.work.hash_after == 22 && f.work.all_logits && f.work.n_floats == 7, "work fields");
+    CHECK(f.work.route == 77 && f.work.seq == 9 && f.work.session == w.session && f.work.pos == 4096 &&
+          f.work.n == 5 && f.work.hash_before == 11 && f.work.hash_after == 22 && f.work.logits == DS4_DIST_ALL &&
+          f.work.n_floats == 7 && f.work.n_hops == 2, "work fields");
     for (int i = 0; i < 5; i++) CHECK(ds4_dist_token_at(f.work.tokens, (size_t)i) == toks[i], "token %d", i);
     for (int i = 0; i < 7; i++) {
         float v = ds4_dist_float_at(f.work.floats, (size_t)i);
         CHECK(!memcmp(&v, &fl[i], 4), "float %d bit pattern", i);
     }
+    check_hops(f.work.hops, hops, 2, "work");
+    /* the sender's own send time lands in its (last) hop only */
+    ds4_dist_set_send_us(buf, len, 31337);
+    CHECK(ds4_dist_decode(buf, len, &f, err, sizeof err) && ds4_dist_hop_at(f.work.hops, 1).send_us == 31337 &&
+          ds4_dist_hop_at(f.work.hops, 0).send_us == 56 && ds4_dist_hop_at(f.work.hops, 1).bytes_in == 123456,
+          "send time patched into the last hop");
     check_all_cuts(buf, len, "work");
     free(buf);
 
-    ds4_dist_result r = {42, DS4_DIST_HASH_MISMATCH, 99, 3, NULL, "position 0, asked for 17", 24};
-    buf = ds4_dist_encode_result(&r, fl, &len);
+    /* KV_GET carries no tokens; a WORK without tokens is refused */
+    ds4_dist_work g = {1, 2, 3, 40, 0, 5, 5, DS4_DIST_ACK, NULL, 0, NULL, 0, NULL};
+    buf = ds4_dist_encode_work(DS4_DIST_KV_GET, &g, NULL, NULL, NULL, &len);
+    CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_KV_GET && f.work.pos == 40 &&
+          f.work.n == 0, "kv_get decodes: %s", err);
+    check_all_cuts(buf, len, "kv_get");
+    free(buf);
+    buf = ds4_dist_encode_work(DS4_DIST_WORK, &g, NULL, NULL, NULL, &len);
+    CHECK(buf && !ds4_dist_decode(buf, len, &f, err, sizeof err), "work without tokens refused");
+    free(buf);
+    g.logits = 3;
+    buf = ds4_dist_encode_work(DS4_DIST_KV_PUT, &g, NULL, NULL, NULL, &len);
+    CHECK(buf && !ds4_dist_decode(buf, len, &f, err, sizeof err), "unknown logits mode refused");
+    free(buf);
+    ds4_dist_hop many[DS4_DIST_MAX_HOPS + 1] = {{0}};
+    g.logits = DS4_DIST_ACK;
+    g.n_hops = DS4_DIST_MAX_HOPS + 1;
+    buf = ds4_dist_encode_work(DS4_DIST_KV_PUT, &g, NULL, NULL, many, &len);
+    CHECK(buf && !ds4_dist_decode(buf, len, &f, err, sizeof err), "more hops than a route holds refused");
+    free(buf);
+
+    ds4_dist_result r = {5, 6, 42, DS4_DIST_HASH_MISMATCH, 99, 3, NULL, 2, NULL, "position 0, asked for 17", 24};
+    buf = ds4_dist_encode_result(&r, fl, hops, &len);
     CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_RESULT, "result decodes");
-    CHECK(f.result.session == 42 && f.result.status == DS4_DIST_HASH_MISMATCH && f.result.hash_after == 99 &&
-          f.result.n_floats == 3 && f.result.text_len == 24 && !memcmp(f.result.text, r.text, 24), "result fields");
+    CHECK(f.result.route == 5 && f.result.seq == 6 && f.result.session == 42 &&
+          f.result.status == DS4_DIST_HASH_MISMATCH && f.result.hash_after == 99 && f.result.n_floats == 3 &&
+          f.result.text_len == 24 && !memcmp(f.result.text, r.text, 24) && f.result.n_hops == 2, "result fields");
+    check_hops(f.result.hops, hops, 2, "result");
     check_all_cuts(buf, len, "result");
+    free(buf);
+
+    ds4_dist_route rt = {123, "tcp://127.0.0.1:4000", 20, "tcp://127.0.0.1:4001", 20};
+    buf = ds4_dist_encode_route(&rt, &len);
+    CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_ROUTE && f.route.route == 123 &&
+          f.route.next_len == 20 && !memcmp(f.route.next, rt.next, 20) && f.route.home_len == 20 &&
+          !memcmp(f.route.home, rt.home, 20), "route decodes: %s", err);
+    check_all_cuts(buf, len, "route");
     free(buf);
 
     buf = ds4_dist_encode_text(DS4_DIST_REFUSED, "refused: wrong --dist-secret", &len);
@@ -96,8 +142,8 @@ static void test_work_and_result(void) {
     buf[6] = 99;    /* type */
     CHECK(!ds4_dist_decode(buf, len, &f, err, sizeof err) && strstr(err, "unknown pipeline frame type 99"), "%s", err);
     buf[6] = DS4_DIST_REFUSED;
-    buf[4] = 2;     /* version */
-    CHECK(!ds4_dist_decode(buf, len, &f, err, sizeof err) && strstr(err, "version 2"), "%s", err);
+    buf[4] = 1;     /* version */
+    CHECK(!ds4_dist_decode(buf, len, &f, err, sizeof err) && strstr(err, "version 1"), "%s", err);
     buf[0] = 'X';
     CHECK(!ds4_dist_decode(buf, len, &f, err, sizeof err) && strstr(err, "not a ds4 pipeline frame"), "%s", err);
     free(buf);

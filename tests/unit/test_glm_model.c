@@ -8,13 +8,15 @@
  *   round-trips through the metadata (indexer.types key included).
  * - Bad files give one "not a GLM 5.2 GGUF: ..." line naming the problem:
  *   dropped / misshaped / mistyped tensors, a missing key, a wrong gating
- *   function, a bad indexer.types array; the DeepSeek binder refuses a GLM
+ *   function, a bad indexer.types array (ds4_engine_load gives the same
+ *   line for each); the DeepSeek binder refuses a GLM
  *   file naming its architecture. Indexer tensors may be missing on shared
  *   layers, not on full ones.
  * - transformers' tiny GLM (tests/fixtures/glmtiny/A) converted by make test
  *   ($BUILD/glmtiny/A-<type>.gguf) binds with config.json's values in f32,
  *   f16 and q8_0. */
 #include "check.h"
+#include "engine.h"
 #include "gguf.h"
 #include "glm_layout.h"
 #include "glm_model.h"
@@ -238,6 +240,17 @@ static void expect_error(const char *tmp, const mutation *mu, const char *want) 
           "error '%s' should name '%s'", err, want);
     glm_model_free(m);
     if (g) ds4_gguf_close(g);
+    /* the engine refuses a glm-dsa file with the same line (another
+     * architecture goes to the DeepSeek binder, which names it) */
+    if (mu->arch) return;
+    ds4_engine_params p;
+    ds4_engine_params_default(&p);
+    p.model_path = tmp;
+    p.quiet = true;
+    char eerr[512] = "";
+    ds4_engine *e = ds4_engine_load(&p, eerr, sizeof eerr);
+    CHECK(e == NULL && !strcmp(eerr, err), "engine on '%s': %s", want, eerr);
+    ds4_engine_free(e);
 }
 
 static void gating_softmax(glm_hparams *hp) { hp->expert_gating_func = 1; }

@@ -48,7 +48,8 @@ static bool run(stage *stages, int n_stages, const int32_t *toks, int n, bool al
     const float *in = NULL;
     for (int i = 0; i < n_stages; i++) {
         float *out = i % 2 ? hidden_b : hidden_a;
-        ds4_backend_seq sq = {stages[i].kv, toks, n, logits, all, in, out};
+        ds4_backend_seq sq = {.kv = stages[i].kv, .toks = toks, .n = n, .logits = logits, .all_logits = all,
+                              .hidden_in = in, .hidden_out = out};
         if (stages[i].be->eval(stages[i].be, &sq, 1, err, sizeof err)) {
             fprintf(stderr, "stage %d: %s\n", i, err);
             return false;
@@ -128,7 +129,7 @@ static void check_model(const char *path) {
     ds4_layer_slice tail = {1, -1, true};
     stage t;
     if (stage_open(&t, g, &tail, err, sizeof err)) {
-        ds4_backend_seq sq = {t.kv, toks, 1, got, false, NULL, NULL};
+        ds4_backend_seq sq = {.kv = t.kv, .toks = toks, .n = 1, .logits = got};
         err[0] = 0;
         CHECK(t.be->eval(t.be, &sq, 1, err, sizeof err) == -1 && strstr(err, "needs hidden states in") &&
               t.kv->n_pos == 0, "%s: missing hidden_in -> %s", path, err);

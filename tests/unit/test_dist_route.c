@@ -1,0 +1,275 @@
+/* test_dist_route.c -- pipeline parallelism through the engine API
+ * (dist.h): a coordinator engine in this process and its workers as child
+ * processes (this binary re-run as "worker"), on loopback ports, against a
+ * single-process engine on the same model (the oracle: the split must not
+ * change a bit). For a 2-way and a 3-way split of the demo model:
+ * - pipelined chunked prefill (33-token chunks, 2 in flight, workers
+ *   forwarding to the next hop): every position's logits equal;
+ * - decode: each greedy step's logits equal;
+ * - rewind then continue (workers truncate back) and (2-way split) a rewind
+ *   deeper than the workers' slack (they refuse, the coordinator replays):
+ *   logits equal;
+ * - KV save through the route: the payload equals the single process's
+ *   byte for byte; a payload saved by the split loads in a single process
+ *   and one saved by the single process loads into the split, and both
+ *   continue with equal logits;
+ * - a snapshot taken through the route, two more steps, a restore: the next
+ *   step equals the single process's;
+ * - one engine call longer than the rewind slack (264 tokens) that fails
+ *   part-way (it runs past the workers' context): the session is unchanged
+ *   (the coordinator's slice restored from a ring checkpoint) and continues
+ *   equal to the single process (2-way split);
+ * - a batched call (two sessions) whose second sequence fails leaves the
+ *   first unchanged too;
+ * - kill -9 of the first worker between steps: the next step fails with one
+ *   line and leaves the session unchanged (the coordinator's own slice rolled
+ *   back), the one after reports the incomplete route; a restarted worker
+ *   (at position 0) is caught up by a replay and the next step equals the
+ *   single process again. */
+#include "check.h"
+#include "dist.h"
+#include "engine.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* Workers hold CTX positions per session; the long-step session holds more,
+ * so a step crossing CTX fails at the workers after the coordinator's own
+ * slice ran. N_FILL puts it past the rewind slack (256) for a deep rewind. */
+enum { CTX = 512, N_PROMPT = 40, REWIND_TO = 30, N_MORE = 6, BIG_CTX = 1024, N_FILL = 430, N_STEP = 264,
+       DEEP_REWIND_TO = 100 };
+static const char MODEL[] = "models/demo.gguf", SECRET[] = "route-test";
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) && !getsockname(fd, (struct sockaddr *)&a, &len))
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+static pid_t start_worker(const char *layers, int port) {
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    char *argv[] = {"test_dist_route", "worker", (char *)layers, portstr, NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ)) pid = -1;
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
+}
+
+static void stop_worker(pid_t pid) {
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+static int worker_main(const char *layers, const char *port) {
+    ds4_dist_params p = {.role = DS4_DIST_WORKER, .host = "127.0.0.1", .port = atoi(port), .secret = SECRET};
+    char err[256];
+    if (!ds4_dist_finish_options(&p, true, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+    return ds4_dist_worker_main(MODEL, layers, CTX, 1, -1, &p);
+}
+
+/* Both engines run one thread and a 40-token local batch. The split pipelines
+ * 33-token chunks, 2 in flight, and takes up to 8 chunks (264 tokens, more
+ * than the rewind slack) per engine call. */
+static ds4_engine *load(const char *layers, int port, char *err, size_t errlen) {
+    ds4_engine_params p;
+    ds4_engine_params_default(&p);
+    p = (ds4_engine_params){.model_path = MODEL, .n_threads = 1, .prefill_chunk = 40, .numerics = p.numerics,
+                           .quiet = true, .gpu = p.gpu};
+    if (layers) {
+        p.layers = layers;
+        p.dist = (ds4_dist_params){.role = DS4_DIST_COORDINATOR, .host = "127.0.0.1", .port = port, .secret = SECRET,
+                                   .wait_seconds = 5, .reply_seconds = 30, .prefill_chunk = 33, .prefill_window = 2};
+        if (!ds4_dist_finish_options(&p.dist, false, err, errlen)) return NULL;
+    }
+    return ds4_engine_load(&p, err, errlen);
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static bool same_logits(const ds4_session *a, const ds4_session *b, int V) {
+    const float *x = ds4_session_logits(a), *y = ds4_session_logits(b);
+    return x && y && !memcmp(x, y, (size_t)V * sizeof(float));
+}
+
+/* One decode step of token t on every session given; true when all succeed. */
+static bool decode_all(ds4_session **s, int n, int32_t t) {
+    char err[256];
+    bool ok = true;
+    for (int i = 0; i < n; i++) {
+        const int rc = ds4_session_decode(s[i], t, err, sizeof err);
+        CHECK(rc == 0, "decode on session %d: %s", i, err);
+        ok &= rc == 0;
+    }
+    return ok;
+}
+
+static void run_split(ds4_engine *single, const char *const *slices, int n_slices) {
+    char err[256], what[64];
+    snprintf(what, sizeof what, "%d-way split", n_slices);
+    const int port = free_port();
+    pid_t workers[4] = {0};
+    for (int i = 1; i < n_slices; i++) workers[i] = start_worker(slices[i], port);
+    ds4_engine *split = load(slices[0], port, err, sizeof err);
+    CHECK(split, "%s: coordinator: %s", what, err);
+    const int V = ds4_engine_n_vocab(single);
+    ds4_session *a = ds4_session_new(single, CTX, err, sizeof err), *b = split ? ds4_session_new(split, CTX, err, sizeof err) : NULL;
+    float *la = malloc((size_t)N_PROMPT * V * sizeof(float)), *lb = malloc((size_t)N_PROMPT * V * sizeof(float));
+    void *pa = NULL, *pb = NULL;
+    ds4_session *c = NULL, *d = NULL;
+    if (!a || !b || !la || !lb) { CHECK(false, "%s: setup: %s", what, err); goto out; }
+
+    int32_t toks[N_PROMPT], more[N_MORE];
+    for (int i = 0; i < N_PROMPT; i++) toks[i] = (i * 37 + 11) % V;
+    for (int i = 0; i < N_MORE; i++) more[i] = (i * 53 + 7) % V;
+    CHECK(ds4_session_prefill(a, toks, N_PROMPT, la, NULL, NULL, err, sizeof err) == 0, "single prefill: %s", err);
+    CHECK(ds4_session_prefill(b, toks, N_PROMPT, lb, NULL, NULL, err, sizeof err) == 0, "%s prefill: %s", what, err);
+    CHECK(!memcmp(la, lb, (size_t)N_PROMPT * V * sizeof(float)), "%s: pipelined prefill logits differ", what);
+
+    ds4_session *both[2] = {a, b};
+    for (int step = 0; step < 3; step++) {
+        if (!decode_all(both, 2, argmax(ds4_session_logits(a), V))) goto out;
+        CHECK(same_logits(a, b, V), "%s: decode step %d differs", what, step);
+    }
+
+    CHECK(ds4_session_rewind(a, REWIND_TO, err, sizeof err) == 0, "single rewind: %s", err);
+    CHECK(ds4_session_rewind(b, REWIND_TO, err, sizeof err) == 0, "%s rewind: %s", what, err);
+    CHECK(ds4_session_prefill(a, more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "single continue: %s", err);
+    CHECK(ds4_session_prefill(b, more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "%s continue: %s", what, err);
+    CHECK(same_logits(a, b, V), "%s: rewind then continue differs", what);
+
+    /* KV through the route: one normal payload, both directions */
+    const size_t na = ds4_session_payload_bytes(a), nb = ds4_session_payload_bytes(b);
+    CHECK(na == nb, "%s: payload sizes %zu vs %zu", what, nb, na);
+    pa = malloc(na);
+    pb = malloc(nb);
+    c = ds4_session_new(single, CTX, err, sizeof err);
+    d = ds4_session_new(split, CTX, err, sizeof err);
+    if (na != nb || !pa || !pb || !c || !d) goto out;
+    ds4_session_save_payload(a, pa);
+    ds4_session_save_payload(b, pb);
+    CHECK(!memcmp(pa, pb, na), "%s: the payload saved through the route differs from the single process's", what);
+    CHECK(ds4_session_load_payload(c, pb, nb, err, sizeof err) == 0, "split payload into a single process: %s", err);
+    CHECK(ds4_session_load_payload(d, pa, na, err, sizeof err) == 0, "single payload into the split: %s", err);
+    ds4_session *four[4] = {a, b, c, d};
+    if (!decode_all(four, 4, argmax(ds4_session_logits(a), V))) goto out;
+    CHECK(same_logits(a, b, V) && same_logits(a, c, V) && same_logits(a, d, V),
+          "%s: sessions continued after a payload save/load differ", what);
+
+    if (n_slices == 2) {
+        /* a long step failing part-way: the workers hold CTX positions, this session more */
+        ds4_session *e = ds4_session_new(split, BIG_CTX, err, sizeof err), *g = ds4_session_new(single, BIG_CTX, err, sizeof err);
+        int32_t *lng = malloc((N_FILL + N_STEP) * sizeof(int32_t));
+        if (e && g && lng) {
+            for (int i = 0; i < N_FILL + N_STEP; i++) lng[i] = (i * 29 + 3) % V;
+            ds4_session *eg[2] = {e, g};
+            for (int i = 0; i < 2; i++) {
+                CHECK(ds4_session_prefill(eg[i], toks, N_PROMPT, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+                CHECK(ds4_session_prefill(eg[i], lng, N_FILL, NULL, NULL, NULL, err, sizeof err) == 0, "fill: %s", err);
+            }
+            /* one engine call (N_STEP tokens, more than the slack) crossing CTX */
+            CHECK(ds4_session_prefill(e, lng + N_FILL, N_STEP, NULL, NULL, NULL, err, sizeof err) != 0 &&
+                  strstr(err, "do not fit"), "%s: a step past the workers' context: %s", what, err);
+            CHECK(ds4_session_n_tokens(e) == N_PROMPT + N_FILL, "%s: failed long step left %d tokens", what,
+                  ds4_session_n_tokens(e));
+            CHECK(ds4_session_prefill(e, more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "continue: %s", err);
+            CHECK(ds4_session_prefill(g, more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "continue: %s", err);
+            CHECK(same_logits(e, g, V), "%s: continuing after a failed long step differs", what);
+            /* a batched call whose second sequence fails puts the first back too */
+            const int b_before = ds4_session_n_tokens(b), e_before = ds4_session_n_tokens(e);
+            ds4_step steps[2] = {{b, more, 1}, {e, lng + N_FILL, N_STEP - 1}};
+            CHECK(ds4_sessions_step(split, steps, 2, err, sizeof err) != 0 && strstr(err, "do not fit"),
+                  "%s: batched step past the workers' context: %s", what, err);
+            CHECK(ds4_session_n_tokens(b) == b_before && ds4_session_n_tokens(e) == e_before,
+                  "%s: failed batched step left %d and %d tokens, had %d and %d", what, ds4_session_n_tokens(b),
+                  ds4_session_n_tokens(e), b_before, e_before);
+            /* a rewind deeper than the workers' slack: they refuse the
+             * truncation, the coordinator replays the kept prefix */
+            for (int i = 0; i < 2; i++) {
+                CHECK(ds4_session_rewind(eg[i], DEEP_REWIND_TO, err, sizeof err) == 0, "deep rewind: %s", err);
+                CHECK(ds4_session_prefill(eg[i], more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "after: %s", err);
+            }
+            CHECK(same_logits(e, g, V), "%s: continuing after a deep rewind differs", what);
+        } else {
+            CHECK(false, "%s: long-step sessions: %s", what, err);
+        }
+        free(lng);
+        ds4_session_free(e);
+        ds4_session_free(g);
+    }
+
+    /* snapshot, two more steps, restore: the workers are put back to the snapshot */
+    ds4_snapshot *sa = ds4_session_snapshot(a), *sb = ds4_session_snapshot(b);
+    CHECK(sa && sb, "%s: snapshots", what);
+    if (!sa || !sb || !decode_all(both, 2, argmax(ds4_session_logits(a), V)) ||
+        !decode_all(both, 2, argmax(ds4_session_logits(a), V))) {
+        ds4_snapshot_free(sa);
+        ds4_snapshot_free(sb);
+        goto out;
+    }
+    CHECK(ds4_session_restore(a, sa, err, sizeof err) == 0, "single restore: %s", err);
+    CHECK(ds4_session_restore(b, sb, err, sizeof err) == 0, "%s restore: %s", what, err);
+    ds4_snapshot_free(sa);
+    ds4_snapshot_free(sb);
+    if (!decode_all(both, 2, (int32_t)(V / 3))) goto out;
+    CHECK(same_logits(a, b, V), "%s: a step after restoring a snapshot differs", what);
+
+    /* kill -9 of the first worker: a clean failure, nothing half advanced */
+    const int32_t t = argmax(ds4_session_logits(a), V);
+    const int before = ds4_session_n_tokens(b);
+    stop_worker(workers[1]);
+    workers[1] = 0;
+    CHECK(ds4_session_decode(b, t, err, sizeof err) != 0 && strstr(err, "gone"), "%s: step after kill: %s", what, err);
+    CHECK(ds4_session_n_tokens(b) == before, "%s: failed step left %d tokens, had %d", what, ds4_session_n_tokens(b), before);
+    CHECK(ds4_session_decode(b, t, err, sizeof err) != 0 && strstr(err, "incomplete route"), "%s: without the worker: %s",
+          what, err);
+    workers[1] = start_worker(slices[1], port);
+    /* the restarted worker holds nothing: the step replays the session first */
+    CHECK(decode_all(both, 2, t), "%s: step after restart", what);
+    CHECK(same_logits(a, b, V), "%s: after restart and replay differs", what);
+    if (!decode_all(both, 2, argmax(ds4_session_logits(a), V))) goto out;
+    CHECK(same_logits(a, b, V), "%s: the step after the replay differs", what);
+out:
+    free(pa); free(pb); free(la); free(lb);
+    ds4_session_free(a); ds4_session_free(b); ds4_session_free(c); ds4_session_free(d);
+    ds4_engine_free(split);
+    for (int i = 1; i < n_slices; i++) stop_worker(workers[i]);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "worker")) return worker_main(argv[2], argv[3]);
+    if (access(MODEL, R_OK)) return check_skipped("test_dist_route", "needs models/demo.gguf (make test builds it)");
+    signal(SIGPIPE, SIG_IGN);
+    char err[256];
+    ds4_engine *single = load(NULL, 0, err, sizeof err);
+    if (!single) { CHECK(false, "single engine: %s", err); return check_done("test_dist_route"); }
+    const char *two[] = {"0:2", "3:output"}, *three[] = {"0:1", "2:3", "4:output"};
+    run_split(single, two, 2);
+    run_split(single, three, 3);
+    ds4_engine_free(single);
+    return check_done("test_dist_route");
+}
