@@ -54,7 +54,7 @@ static bool chat_text(void *ud, const char *text, size_t len) {
 }
 
 static int chat_decode(void *ud, int32_t tok, char *err, size_t errlen) {
-    return srv_eval(((chat_gen *)ud)->s, &tok, 1, err, errlen);
+    return srv_eval(((chat_gen *)ud)->s, &tok, 1, false, err, errlen);
 }
 
 static void chat_after_decode(void *ud) {
@@ -171,7 +171,7 @@ void run_chat(server *s, job *j) {
     job_progress pc;
     job_progress_init(&pc, s, j, enc);
     int rc = job_load_prompt(s, &p, &pc, err, sizeof err);
-    if (rc == 1 && pc.gone) { trace(s, "client went away during prefill"); j->keep_alive = false; goto out; }
+    if (rc == 1 && pc.gone) { trace(s, "client %s during prefill", job_gone_how(c)); j->keep_alive = false; goto out; }
     if (rc == 1) snprintf(err, sizeof err, "server shutting down");
     if (rc) {
         trace(s, "prefill failed: %s", err);
@@ -196,7 +196,7 @@ void run_chat(server *s, job *j) {
     trace_text(s, "generated", g.generated.data ? g.generated.data : "", g.generated.len);
     ds4_buf_free(&g.generated);
     if (pc.gone || ds4_enc_broken(enc)) {
-        trace(s, "client went away during generation after %d tokens", u.completion_tokens);
+        trace(s, "client %s during generation after %d tokens", job_gone_how(c), u.completion_tokens);
         j->keep_alive = false;
         goto out;
     }

@@ -120,7 +120,7 @@ static bool cmpl_text(void *ud, const char *text, size_t len) {
 }
 
 static int cmpl_decode(void *ud, int32_t tok, char *err, size_t errlen) {
-    return srv_eval(((cmpl_gen *)ud)->s, &tok, 1, err, errlen);
+    return srv_eval(((cmpl_gen *)ud)->s, &tok, 1, false, err, errlen);
 }
 
 static void cmpl_after_decode(void *ud) {

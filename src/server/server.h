@@ -21,7 +21,11 @@
  *   errors found later are then reported in-stream.
  * - The worker writes the response itself (SSE as it generates) and watches
  *   the socket: a client that disconnects stops prefill/generation at the
- *   next chunk or token and frees the worker.
+ *   next chunk or token and frees the worker. A client that stops reading
+ *   is treated the same once a write has made no progress for
+ *   limits.write_stall_ms; each connection's send buffer is capped at
+ *   limits.send_buffer_bytes, so that happens within a few hundred tokens,
+ *   and meanwhile the other slots' steps go on without it (batcher.h).
  * - Prefix reuse on the live session, first hit wins: trailing tool results
  *   that answer the live tool-call turn (only the tail is rendered); live
  *   tokens as an exact prefix of the new prompt tokens; the live text (the
