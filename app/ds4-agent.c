@@ -16,6 +16,7 @@
 
 #include "agent/loop.h"
 #include "agent/store.h"
+#include "chat.h"
 #include "cli_args.h"
 #include "engine.h"
 
@@ -353,6 +354,11 @@ int main(int argc, char **argv) {
     ep.gpu = o.gpu;
     ep.gpu_ctx = o.ctx;
     if (!(e = ds4_engine_load(&ep, err, sizeof err))) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
+    if (ds4_engine_tokenizer(e) && ds4_chat_profile_for(ds4_engine_tokenizer(e)) != DS4_CHAT_DS4) {
+        fprintf(stderr, "ds4-agent: %s has GLM's chat format; the agent speaks only DeepSeek's DSML (use ds4-server)\n",
+                o.model);
+        goto out;
+    }
 
     ds4_agent_display display;
     ds4_agent_display_init(&display, stdout, stderr);

@@ -27,6 +27,7 @@ static void usage(FILE *f) {
                "              -m: default all CPUs)\n"
                "  --ssd-streaming-trace F  record every layer's routing (int32 records: layer, n, ids)\n"
                "  --ssd-streaming-lru      plain LRU eviction instead of aged LFU (measurements)\n"
+               "  --ssd-streaming-no-predict  no early reads of the next layer's guessed experts (measurements)\n"
                "  --expert-policy F  replay a routing trace: hit rates of aged LFU vs LRU\n"
                "%s", ds4_ssd_usage);
 }

@@ -434,6 +434,7 @@ typedef struct {
 static bool render_prompt(chat_state *c, ds4_token_ids *ids) {
     ds4_chat_opts co;
     ds4_chat_opts_default(&co);
+    co.profile = ds4_chat_profile_for(ds4_engine_tokenizer(c->engine));
     co.think = c->opts->think;
     co.ctx = ds4_session_ctx(c->session);
     ds4_chat_spans client = {0};

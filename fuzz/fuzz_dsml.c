@@ -10,6 +10,7 @@
  *    inputs and are idempotent. */
 #include "dsml.h"
 #include "json_util.h"
+#include "tool_evlog.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -17,27 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct { ds4_buf log; int last; } evlog;
-
 static void on_event(void *ud, const ds4_dsml_event *ev) {
-    evlog *l = ud;
-    bool text = ev->kind == DS4_DSML_EV_REASONING || ev->kind == DS4_DSML_EV_CONTENT || ev->kind == DS4_DSML_EV_ARGS;
-    if (text && ev->len == 0) return;
-    if (!(text && (int)ev->kind == l->last)) {
-        char head[64];
-        int n = snprintf(head, sizeof head, "\x1e%d|%d|%d|%d|", ev->kind, ev->index, ev->is_string, ev->args_valid);
-        ds4_buf_put(&l->log, head, (size_t)n);
-        if (ev->name) ds4_buf_puts(&l->log, ev->name);
-        if (ev->message) ds4_buf_puts(&l->log, ev->message);
-        ds4_buf_putc(&l->log, '|');
-    }
-    if (ev->kind != DS4_DSML_EV_ERROR && ev->text) ds4_buf_put(&l->log, ev->text, ev->len);
-    l->last = text ? (int)ev->kind : -1;
+    tool_evlog_add(ud, ev);
 }
 
-static void parse(const ds4_dsml_opts *o, const uint8_t *d, size_t n, uint32_t seed, evlog *l) {
-    memset(l, 0, sizeof *l);
-    l->last = -1;
+static void parse(const ds4_dsml_opts *o, const uint8_t *d, size_t n, uint32_t seed, tool_evlog *l) {
+    tool_evlog_init(l);
     ds4_dsml_parser *p = ds4_dsml_new(o, on_event, l);
     if (!p) abort();
     for (size_t i = 0; i < n;) {
@@ -53,12 +39,10 @@ static void parse(const ds4_dsml_opts *o, const uint8_t *d, size_t n, uint32_t s
 
 static void check_parser(const uint8_t *d, size_t n, uint8_t ctl) {
     ds4_dsml_opts o = { .thinking = ctl & 1, .tools = ctl & 2, .decode_entities = ctl & 4 };
-    evlog a, b;
+    tool_evlog a, b;
     parse(&o, d, n, 0, &a);
     parse(&o, d, n, (uint32_t)ctl * 2654435761u | 1, &b);
-    if (a.log.len != b.log.len || (a.log.len && memcmp(a.log.data, b.log.data, a.log.len) != 0)) abort();
-    ds4_buf_free(&a.log);
-    ds4_buf_free(&b.log);
+    tool_evlog_same(&a, &b);
 }
 
 static void check_render(const char *args) {

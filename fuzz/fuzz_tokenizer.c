@@ -6,7 +6,9 @@
  *        regexes: same pieces (when every code point has the same class in
  *        PCRE2's Unicode tables and in the generated ones);
  *   4    a GGUF file, loaded as a tokenizer: no crash, one-line errors;
- *   5    a tokenizer.json, loaded: the same.
+ *   5    a tokenizer.json, loaded: the same;
+ *   6-8  text, encoded like 0-2 by the constructed GLM tokenizer;
+ *   9    text, pre-tokenized like 3 by the GLM (glm4) matcher and regex.
  * The real vocabulary comes from data/ (run from the repo root).
  * The seed corpus holds one input per mode; the GGUF and JSON seeds carry a
  * minimal valid vocabulary (256 byte tokens, the seven chat specials, one
@@ -20,8 +22,8 @@
 
 #include "tokenizer_internal.h"
 
-static ds4_tokenizer *tok;
-static ds4_pretok_regex *re;
+static ds4_tokenizer *tok, *glm_tok;
+static ds4_pretok_regex *re, *glm_re;
 static uint8_t *agree;   /* per code point: PCRE2 class == generated class */
 static char json_path[64];
 
@@ -65,6 +67,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
                                      "tests/fixtures/tokenizer/v4-added-tokens.json", err, sizeof err);
     re = ds4_pretok_regex_new(err, sizeof err);
     if (!tok || !re) { fprintf(stderr, "fuzz_tokenizer: %s\n", err); exit(1); }
+    glm_tok = ds4_tokenizer_from_hf_json("data/glm-constructed-tokenizer.json", NULL, err, sizeof err);
+    glm_re = ds4_pretok_regex_glm4_new(err, sizeof err);
+    if (!glm_tok || !glm_re) { fprintf(stderr, "fuzz_tokenizer: %s\n", err); exit(1); }
     build_agree();
     snprintf(json_path, sizeof json_path, "/tmp/fuzz_tokenizer_%d.json", (int)getpid());
     return 0;
@@ -101,7 +106,8 @@ static void check_encode(const ds4_tokenizer *tok, const uint8_t *d, size_t n, e
     ds4_token_ids_free(&ids);
 }
 
-static void check_pretok(const uint8_t *d, size_t n) {
+static void check_pretok(const uint8_t *d, size_t n, int (*run)(const char *, size_t, ds4_piece_fn, void *),
+                         const ds4_pretok_regex *regex) {
     if (ds4_utf8_valid_prefix(d, n) != n) return;
     for (size_t i = 0; i < n;) {
         size_t l; uint32_t cp;
@@ -112,8 +118,8 @@ static void check_pretok(const uint8_t *d, size_t n) {
     static spans a, b;
     a.n = b.n = 0;
     a.base = b.base = (const char *)d;
-    ds4_pretok_run((const char *)d, n, collect, &a);
-    if (ds4_pretok_regex_run(re, (const char *)d, n, collect, &b) < 0) return;
+    run((const char *)d, n, collect, &a);
+    if (ds4_pretok_regex_run(regex, (const char *)d, n, collect, &b) < 0) return;
     if (a.n != b.n) abort();
     for (size_t i = 0; i < a.n && i < 4096; i++)
         if (a.off[i] != b.off[i] || a.len[i] != b.len[i]) abort();
@@ -130,12 +136,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *d = data + 1;
     size_t n = size - 1;
     char err[256] = "";
-    switch (data[0] % 6) {
+    switch (data[0] % 10) {
     case 0: case 1: case 2:
-        check_encode(tok, d, n, (enum ds4_tok_specials)(data[0] % 6));
+        check_encode(tok, d, n, (enum ds4_tok_specials)(data[0] % 10));
         break;
     case 3:
-        check_pretok(d, n);
+        check_pretok(d, n, ds4_pretok_run, re);
+        break;
+    case 6: case 7: case 8:
+        check_encode(glm_tok, d, n, (enum ds4_tok_specials)(data[0] % 10 - 6));
+        break;
+    case 9:
+        check_pretok(d, n, ds4_pretok_glm4_run, glm_re);
         break;
     case 4: {
         ds4_gguf *g = ds4_gguf_open_buffer(d, n, err, sizeof err);

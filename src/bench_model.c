@@ -109,7 +109,8 @@ int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
     ds4_engine *e = load_engine(p);
     if (!e) return -1;
     const int32_t eos = eos_of(e);
-    int32_t *toks = bench_tokens(e, p->prompt_file, p->ctx_max);
+    /* the warm-up prefills up to ctx_max + gen_tokens - 1 of them */
+    int32_t *toks = bench_tokens(e, p->prompt_file, p->ctx_max + p->gen_tokens);
     ds4_session *s = toks ? ds4_session_new(e, p->ctx_max + p->gen_tokens, err, sizeof err) : NULL;
     if (!s) {
         if (toks) fprintf(stderr, "ds4-bench: %s\n", err);

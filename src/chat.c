@@ -1,6 +1,7 @@
 /* chat.c -- see chat.h. Literal texts are from deepseek-v4-prompt-format.md
  * (4.6, 5.2, 6.2); the two profiles share them where the bytes agree. */
 #include "chat.h"
+#include "chat_internal.h"
 
 #include "tokenizer.h"
 
@@ -64,10 +65,14 @@ void ds4_chat_spans_add(ds4_chat_spans *sp, size_t start, size_t end) {
     sp->v[sp->n++] = (ds4_chat_span){start, end};
 }
 
-static void put_client(const ds4_chat_opts *o, ds4_buf *out, const char *text) {
+void ds4_chat_put_text(const ds4_chat_opts *o, ds4_buf *out, const char *s, size_t n) {
     size_t start = out->len;
-    ds4_buf_puts(out, nz(text));
+    ds4_buf_put(out, s, n);
     ds4_chat_spans_add(o->client_spans, start, out->len);
+}
+
+static void put_client(const ds4_chat_opts *o, ds4_buf *out, const char *text) {
+    ds4_chat_put_text(o, out, nz(text), strlen(nz(text)));
 }
 
 static void put_client_result(const ds4_chat_opts *o, ds4_buf *out, const char *content) {
@@ -76,7 +81,7 @@ static void put_client_result(const ds4_chat_opts *o, ds4_buf *out, const char *
     ds4_chat_spans_add(o->client_spans, start, out->len);
 }
 
-static bool set_err(char *err, size_t errlen, const char *msg, int i) {
+bool ds4_chat_fail(char *err, size_t errlen, const char *msg, int i) {
     if (errlen) snprintf(err, errlen, msg, i);
     return false;
 }
@@ -87,6 +92,10 @@ void ds4_chat_opts_default(ds4_chat_opts *o) {
     o->think = DS4_THINK_HIGH;
     o->drop_thinking = true;
     o->add_generation_prompt = true;
+}
+
+ds4_chat_profile ds4_chat_profile_for(const ds4_tokenizer *t) {
+    return ds4_tokenizer_family(t) == DS4_TOK_FAMILY_GLM ? DS4_CHAT_GLM : DS4_CHAT_DS4;
 }
 
 ds4_think_mode ds4_chat_effective_think(ds4_think_mode m, int ctx) {
@@ -116,6 +125,13 @@ static void compose_schema(const ds4_tool_def *t, ds4_buf *out) {
     ds4_buf_putc(out, '}');
 }
 
+const char *ds4_chat_tool_json(const ds4_tool_def *t, ds4_buf *tmp) {
+    if (t->json) return t->json;
+    ds4_buf_clear(tmp);
+    compose_schema(t, tmp);
+    return nz(tmp->data);
+}
+
 bool ds4_chat_tools_block(const ds4_tool_def *tools, int n, ds4_chat_profile profile,
                           ds4_buf *out, char *err, size_t errlen) {
     bool official = profile == DS4_CHAT_OFFICIAL;
@@ -124,15 +140,10 @@ bool ds4_chat_tools_block(const ds4_tool_def *tools, int n, ds4_chat_profile pro
     ds4_buf_puts(out, official ? OFFICIAL_TOOLS_HEAD : DS4_TOOLS_HEAD);
     for (int i = 0; i < n && ok; i++) {
         if (i) ds4_buf_putc(out, '\n');
-        const char *src = tools[i].json;
-        if (!src) {
-            ds4_buf_clear(&tmp);
-            compose_schema(&tools[i], &tmp);
-            src = nz(tmp.data);
-        }
+        const char *src = ds4_chat_tool_json(&tools[i], &tmp);
         if (!official) ds4_buf_puts(out, src);
         else if (!ds4_json_reformat(src, strlen(src), DS4_JSON_PY, out))
-            ok = set_err(err, errlen, "tool %d: schema is not valid JSON", i);
+            ok = ds4_chat_fail(err, errlen, "tool %d: schema is not valid JSON", i);
     }
     ds4_buf_puts(out, official ? OFFICIAL_TOOLS_TAIL : DS4_TOOLS_TAIL);
     ds4_buf_free(&tmp);
@@ -158,7 +169,7 @@ static void put_preamble(ds4_buf *out, ds4_think_mode think) {
 }
 
 /* DS4 exact replay: every call id known and all mapped to one block. */
-static const char *replay_block(const ds4_chat_msg *m, const ds4_chat_opts *o) {
+const char *ds4_chat_replay_block(const ds4_chat_msg *m, const ds4_chat_opts *o) {
     if (!o->replay || m->n_tool_calls <= 0) return NULL;
     const char *block = NULL;
     for (int i = 0; i < m->n_tool_calls; i++) {
@@ -173,7 +184,7 @@ static const char *replay_block(const ds4_chat_msg *m, const ds4_chat_opts *o) {
 static bool put_tool_calls(const ds4_chat_msg *m, const ds4_chat_opts *o, ds4_buf *out,
                            char *err, size_t errlen) {
     if (m->n_tool_calls <= 0) return true;
-    const char *exact = o->profile == DS4_CHAT_DS4 ? replay_block(m, o) : NULL;
+    const char *exact = o->profile == DS4_CHAT_DS4 ? ds4_chat_replay_block(m, o) : NULL;
     if (exact) { ds4_buf_puts(out, exact); return true; }
     return ds4_dsml_render_calls(m->tool_calls, m->n_tool_calls,
                                  o->profile == DS4_CHAT_DS4 ? DS4_DSML_DS4 : DS4_DSML_OFFICIAL,
@@ -182,7 +193,7 @@ static bool put_tool_calls(const ds4_chat_msg *m, const ds4_chat_opts *o, ds4_bu
 
 static bool check_roles(const ds4_chat_msg *msgs, int n, char *err, size_t errlen) {
     for (int i = 0; i < n; i++)
-        if ((unsigned)msgs[i].role > DS4_ROLE_TOOL) return set_err(err, errlen, "message %d: unknown role", i);
+        if ((unsigned)msgs[i].role > DS4_ROLE_TOOL) return ds4_chat_fail(err, errlen, "message %d: unknown role", i);
     return true;
 }
 
@@ -302,7 +313,7 @@ static bool render_official(const ds4_chat_msg *msgs, int n, const ds4_chat_opts
     for (int i = 0; ok && i < n; i++) {
         const ds4_chat_msg *m = &msgs[i];
         if (m->role == DS4_ROLE_DEVELOPER && !(m->content && m->content[0]))
-            ok = set_err(err, errlen, "message %d: developer message needs content", i);
+            ok = ds4_chat_fail(err, errlen, "message %d: developer message needs content", i);
         if (m->role != DS4_ROLE_USER && m->role != DS4_ROLE_TOOL) {
             t[nt++] = (turn){ .role = m->role, .m = m, .tools = i == 0 && o->n_tools > 0 && m->role == DS4_ROLE_SYSTEM };
             continue;
@@ -374,7 +385,7 @@ static bool render_official(const ds4_chat_msg *msgs, int n, const ds4_chat_opts
             ds4_buf_puts(out, open ? DS4_STR_THINK_OPEN : DS4_STR_THINK_CLOSE);
         }
     }
-    if (!t || !b) set_err(err, errlen, "out of memory", 0);
+    if (!t || !b) ds4_chat_fail(err, errlen, "out of memory", 0);
     free(t);
     free(b);
     return ok;
@@ -382,17 +393,19 @@ static bool render_official(const ds4_chat_msg *msgs, int n, const ds4_chat_opts
 
 bool ds4_chat_render(const ds4_chat_msg *msgs, int n, const ds4_chat_opts *o,
                      ds4_buf *out, char *err, size_t errlen) {
-    if (n < 0 || (n > 0 && !msgs)) return set_err(err, errlen, "bad message list (%d)", n);
+    if (n < 0 || (n > 0 && !msgs)) return ds4_chat_fail(err, errlen, "bad message list (%d)", n);
     if (!check_roles(msgs, n, err, errlen)) return false;
-    if ((unsigned)o->think > DS4_THINK_MAX) return set_err(err, errlen, "unknown thinking mode %d", (int)o->think);
+    if ((unsigned)o->think > DS4_THINK_MAX) return ds4_chat_fail(err, errlen, "unknown thinking mode %d", (int)o->think);
     ds4_think_mode think = ds4_chat_effective_think(o->think, o->ctx);
     bool ok;
     switch (o->profile) {
+    case DS4_CHAT_GLM:
+    case DS4_CHAT_GLM47:    ok = ds4_glm_chat_render(msgs, n, o, out, err, errlen); break;
     case DS4_CHAT_DS4:      ok = render_ds4(msgs, n, o, think, out, err, errlen); break;
     case DS4_CHAT_OFFICIAL: ok = render_official(msgs, n, o, think, out, err, errlen); break;
-    default:                return set_err(err, errlen, "unknown chat profile %d", (int)o->profile);
+    default:                return ds4_chat_fail(err, errlen, "unknown chat profile %d", (int)o->profile);
     }
-    if (ok && out->oom) return set_err(err, errlen, "out of memory", 0);
+    if (ok && out->oom) return ds4_chat_fail(err, errlen, "out of memory", 0);
     return ok;
 }
 
@@ -401,26 +414,11 @@ void ds4_chat_spans_free(ds4_chat_spans *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* The chat-protocol strings (DS4_TOK_SPECIALS_CHAT's set). */
-static const char *const CHAT_SPECIALS[] = {
-    DS4_TOK_BOS, DS4_TOK_EOS, DS4_TOK_USER, DS4_TOK_ASSISTANT, DS4_TOK_THINK, DS4_TOK_THINK_END, DS4_TOK_DSML,
-};
-
-/* Length of the chat special string at p (longest), or 0. */
-static size_t special_at(const char *p, size_t n) {
-    size_t best = 0;
-    for (size_t k = 0; k < sizeof CHAT_SPECIALS / sizeof CHAT_SPECIALS[0]; k++) {
-        size_t l = strlen(CHAT_SPECIALS[k]);
-        if (l <= n && l > best && !memcmp(p, CHAT_SPECIALS[k], l)) best = l;
-    }
-    return best;
-}
-
 int ds4_chat_encode(const ds4_tokenizer *t, const char *text, size_t from, size_t to,
                     const ds4_chat_spans *client, ds4_token_ids *out) {
     size_t seg = from, span = 0;
     for (size_t i = from; i < to;) {
-        size_t len = (text[i] == '<' || (unsigned char)text[i] == 0xef) ? special_at(text + i, to - i) : 0;
+        size_t len = ds4_tokenizer_chat_special_len(t, text + i, to - i);
         if (!len) { i++; continue; }
         while (client && span < client->n && client->v[span].end <= i) span++;
         if (client && span < client->n && client->v[span].start < i + len) { i += len; continue; }

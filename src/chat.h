@@ -1,12 +1,15 @@
-/* chat.h -- DeepSeek V4 chat template: a plain C conversation model rendered
- * to the exact prompt text (deepseek-v4-prompt-format.md sections 4-6, 8, 9).
+/* chat.h -- the chat templates: a plain C conversation model rendered to the
+ * exact prompt text, for DeepSeek V4 (deepseek-v4-prompt-format.md sections
+ * 4-6, 8, 9) and, through the GLM profiles, GLM (glm_chat.h).
  *
  * Contract
  * - Input is a list of messages (system, developer, user, assistant, tool)
  *   plus the request-level tool definitions; output is the prompt *text*
  *   appended to a ds4_buf. Tokenising it (special strings) is the
  *   tokenizer's job, not the renderer's: user text is copied as given.
- * - Two profiles, byte-exact against the sheet's worked examples E1-E7:
+ * - DS4_CHAT_GLM / DS4_CHAT_GLM47 render GLM's format (glm_chat.h states
+ *   that contract; the Think Max context rule does not apply to them).
+ * - Two DeepSeek profiles, byte-exact against the sheet's worked examples E1-E7:
  *   DS4_CHAT_OFFICIAL reproduces DeepSeek's official encoder (request tools
  *     attached to message 0 when it is a system message, else to an empty
  *     system message inserted in front, as SGLang/vLLM do; developer = user
@@ -89,7 +92,9 @@ typedef struct {
 } ds4_tool_def;
 
 typedef enum { DS4_THINK_NONE, DS4_THINK_HIGH, DS4_THINK_MAX } ds4_think_mode;
-typedef enum { DS4_CHAT_OFFICIAL, DS4_CHAT_DS4 } ds4_chat_profile;
+/* GLM: GLM-5.2 (the official GLM-4.7 template plus the documented 5.2
+ * deltas); GLM47: the official GLM-4.7 template itself (glm_chat.h). */
+typedef enum { DS4_CHAT_OFFICIAL, DS4_CHAT_DS4, DS4_CHAT_GLM, DS4_CHAT_GLM47 } ds4_chat_profile;
 
 /* Exact-DSML replay lookup: the sampled block (from its leading "\n\n"
  * through "</｜DSML｜tool_calls>") remembered for a tool-call id, or NULL. */
@@ -118,6 +123,11 @@ typedef struct {
 /* profile DS4, think HIGH, ctx 0, drop_thinking, add_generation_prompt, no tools */
 void ds4_chat_opts_default(ds4_chat_opts *o);
 
+/* The profile a model's vocabulary speaks: GLM for a GLM tokenizer family,
+ * else the ds4-server DeepSeek profile. */
+struct ds4_tokenizer;
+ds4_chat_profile ds4_chat_profile_for(const struct ds4_tokenizer *t);
+
 /* The mode actually rendered: MAX -> HIGH when 0 < ctx < DS4_THINK_MAX_MIN_CTX. */
 ds4_think_mode ds4_chat_effective_think(ds4_think_mode m, int ctx);
 
@@ -125,11 +135,11 @@ bool ds4_chat_render(const ds4_chat_msg *msgs, int n, const ds4_chat_opts *o,
                      ds4_buf *out, char *err, size_t errlen);
 
 /* Tokenizes text[from..to) of a rendered prompt: the chat special strings
- * (DS4_TOK_SPECIALS_CHAT) become protocol tokens except where they overlap
+ * (DS4_TOK_SPECIALS_CHAT, the tokenizer family's set: GLM's for a GLM
+ * vocabulary) become protocol tokens except where they overlap
  * a client span (offsets in text; NULL = none), where they stay text. With
  * no such overlap the ids equal ds4_tokenizer_encode(SPECIALS_CHAT) of the
  * same bytes. Returns 0, or -1 when out of memory. */
-struct ds4_tokenizer;
 struct ds4_token_ids;
 int ds4_chat_encode(const struct ds4_tokenizer *t, const char *text, size_t from, size_t to,
                     const ds4_chat_spans *client, struct ds4_token_ids *out);

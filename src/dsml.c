@@ -3,6 +3,8 @@
  * small state machine; a state that cannot decide yet leaves its bytes
  * unconsumed, which is what makes any chunking give the same events. */
 #include "dsml.h"
+#include "textscan.h"
+#include "tool_events.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,74 +18,30 @@ enum { N_FAMILIES = 3 };
 static const char *const TAGS[N_FAMILIES][6] = {
     DSML_TAGS("｜DSML｜"), DSML_TAGS("DSML｜"), DSML_TAGS(""),
 };
-static const char THINK_OPEN[] = "<think>";
-static const char THINK_CLOSE[] = "</think>";
 /* Longer than any real tag; bounds how long an unclosed tag is buffered. */
 enum { MAX_TAG = 4096 };
 /* "&quot;" and "&apos;" are the longest entities. */
 enum { MAX_ENTITY = 6 };
 
 enum state {
-    S_THINK_START, S_REASONING, S_CONTENT,
+    S_REASONING, S_CONTENT,
     S_BLOCK, S_INVOKE_TAG, S_INVOKE, S_PARAM_TAG, S_VALUE,
     S_DONE, S_FAILED,
 };
 
 struct ds4_dsml_parser {
     ds4_dsml_opts o;
-    ds4_dsml_event_fn fn;
-    void *ud;
+    ds4_tool_events ev;                /* raw input, events, call index */
     enum state st;
-    ds4_buf raw;
-    size_t pos;
     int fam;
     size_t block_start;
-    int call, nparams;
+    int nparams;
     bool pstring, args_valid;
     bool js_in_str, js_esc;            /* minifier state inside a string="false" value */
     ds4_buf name, pname, args, value, tmp;
-    ds4_buf pend;                      /* coalesced text event */
-    ds4_dsml_event_kind pend_kind;
-    bool has_pend;
 };
 
 /* ---- small helpers ------------------------------------------------------ */
-
-static bool ascii_ws(char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
-
-enum match { M_NO, M_PARTIAL, M_FULL };
-
-static enum match match(const char *s, size_t n, const char *lit) {
-    size_t l = strlen(lit);
-    if (n >= l) return memcmp(s, lit, l) == 0 ? M_FULL : M_NO;
-    return memcmp(s, lit, n) == 0 ? M_PARTIAL : M_NO;
-}
-
-static size_t find(const char *s, size_t n, const char *lit) {
-    const char *h = memmem(s, n, lit, strlen(lit));
-    return h ? (size_t)(h - s) : n + 1;
-}
-
-/* Length of the longest suffix of s[0..n) that is a proper prefix of lit. */
-static size_t partial_suffix(const char *s, size_t n, const char *lit) {
-    size_t l = strlen(lit);
-    for (size_t k = l - 1 < n ? l - 1 : n; k > 0; k--)
-        if (memcmp(s + n - k, lit, k) == 0) return k;
-    return 0;
-}
-
-/* Largest cut <= n that does not split a UTF-8 sequence. */
-static size_t utf8_cut(const char *s, size_t n) {
-    for (size_t back = 1; back <= 3 && back <= n; back++) {
-        unsigned char c = (unsigned char)s[n - back];
-        if ((c & 0xC0) == 0x80) continue;
-        size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        return len > back ? n - back : n;
-    }
-    return n;
-}
 
 static void decode_entities(const char *s, size_t n, ds4_buf *out) {
     static const struct { const char *e; char c; } ents[] = {
@@ -93,7 +51,7 @@ static void decode_entities(const char *s, size_t n, ds4_buf *out) {
     for (size_t i = 0; i < n; i++) {
         if (s[i] != '&') continue;
         for (size_t k = 0; k < sizeof ents / sizeof ents[0]; k++) {
-            if (match(s + i, n - i, ents[k].e) != M_FULL) continue;
+            if (ds4_scan_match(s + i, n - i, ents[k].e) != DS4_SCAN_FULL) continue;
             ds4_buf_put(out, s + run, i - run);
             ds4_buf_putc(out, ents[k].c);
             i += strlen(ents[k].e) - 1;
@@ -113,38 +71,22 @@ static size_t entity_cut(const char *s, size_t n) {
 
 /* ---- events --------------------------------------------------------------- */
 
-static void flush(ds4_dsml_parser *p) {
-    if (!p->has_pend) return;
-    p->has_pend = false;
-    ds4_dsml_event ev = { .kind = p->pend_kind, .text = p->pend.data, .len = p->pend.len,
-                          .index = p->call };
-    p->fn(p->ud, &ev);
-    ds4_buf_clear(&p->pend);
-}
+static void flush(ds4_dsml_parser *p) { ds4_tool_events_flush(&p->ev); }
 
 static void emit_text(ds4_dsml_parser *p, ds4_dsml_event_kind kind, const char *s, size_t n) {
-    if (!n) return;
-    if (p->has_pend && p->pend_kind != kind) flush(p);
-    p->has_pend = true;
-    p->pend_kind = kind;
-    ds4_buf_put(&p->pend, s, n);
+    ds4_tool_events_text(&p->ev, kind, s, n);
 }
 
-static void emit(ds4_dsml_parser *p, ds4_dsml_event ev) {
-    flush(p);
-    p->fn(p->ud, &ev);
+static void emit(ds4_dsml_parser *p, ds4_dsml_event ev) { ds4_tool_events_emit(&p->ev, ev); }
+
+static void fail(ds4_dsml_parser *p, const char *msg) {
+    ds4_tool_events_error(&p->ev, msg);
+    p->st = S_FAILED;
 }
 
 static void emit_args(ds4_dsml_parser *p, const char *s, size_t n) {
     ds4_buf_put(&p->args, s, n);
     emit_text(p, DS4_DSML_EV_ARGS, s, n);
-}
-
-static void fail(ds4_dsml_parser *p, const char *msg) {
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_ERROR, .message = msg,
-                              .text = p->raw.data ? p->raw.data : "", .len = p->raw.len,
-                              .index = p->call });
-    p->st = S_FAILED;
 }
 
 /* ---- tag attributes ------------------------------------------------------- */
@@ -156,15 +98,15 @@ static bool parse_attrs(const char *s, size_t n, attrs *a) {
     memset(a, 0, sizeof *a);
     size_t i = 0;
     for (;;) {
-        while (i < n && ascii_ws(s[i])) i++;
+        while (i < n && ds4_scan_ws(s[i])) i++;
         if (i >= n) return true;
         size_t k = i;
-        while (i < n && s[i] != '=' && !ascii_ws(s[i])) i++;
+        while (i < n && s[i] != '=' && !ds4_scan_ws(s[i])) i++;
         size_t klen = i - k;
-        while (i < n && ascii_ws(s[i])) i++;
+        while (i < n && ds4_scan_ws(s[i])) i++;
         if (i >= n || s[i] != '=') return false;
         i++;
-        while (i < n && ascii_ws(s[i])) i++;
+        while (i < n && ds4_scan_ws(s[i])) i++;
         if (i >= n || s[i] != '"') return false;
         size_t v = ++i;
         while (i < n && s[i] != '"') i++;
@@ -191,67 +133,44 @@ static void decode_name(ds4_dsml_parser *p, const char *s, size_t n, ds4_buf *ou
 /* Each step consumes what it can decide; false = nothing more until more
  * input (or, at eof, nothing more at all). */
 
-static bool step_think_start(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
-    enum match m = match(s, n, THINK_OPEN);
-    if (m == M_PARTIAL && !eof) return false;
-    if (m == M_FULL) p->pos += strlen(THINK_OPEN);
-    p->st = S_REASONING;
-    return true;
-}
-
-static bool step_reasoning(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
-    size_t k = find(s, n, THINK_CLOSE);
-    if (k <= n) {
-        emit_text(p, DS4_DSML_EV_REASONING, s, k);
-        emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_REASONING_END });
-        p->pos += k + strlen(THINK_CLOSE);
-        p->st = S_CONTENT;
-        return true;
-    }
-    size_t keep = eof ? n : utf8_cut(s, n - partial_suffix(s, n, THINK_CLOSE));
-    emit_text(p, DS4_DSML_EV_REASONING, s, keep);
-    p->pos += keep;
-    return false;
-}
-
 static bool step_content(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
     if (!p->o.tools) {
-        size_t keep = eof ? n : utf8_cut(s, n);
+        size_t keep = eof ? n : ds4_scan_utf8_cut(s, n);
         emit_text(p, DS4_DSML_EV_CONTENT, s, keep);
-        p->pos += keep;
+        p->ev.pos += keep;
         return false;
     }
     size_t hold = n;
     for (size_t i = 0; i < n && hold == n; i++) {
         if (s[i] != '<') continue;
         for (int f = 0; f < N_FAMILIES; f++) {
-            enum match m = match(s + i, n - i, TAGS[f][T_OPEN_BLOCK]);
-            if (m == M_FULL) {
+            enum ds4_scan_match m = ds4_scan_match(s + i, n - i, TAGS[f][T_OPEN_BLOCK]);
+            if (m == DS4_SCAN_FULL) {
                 size_t e = i;
-                while (e > 0 && ascii_ws(s[e - 1])) e--;
+                while (e > 0 && ds4_scan_ws(s[e - 1])) e--;
                 emit_text(p, DS4_DSML_EV_CONTENT, s, e);
-                p->block_start = p->pos + i - (i >= 2 && s[i - 1] == '\n' && s[i - 2] == '\n' ? 2 : 0);
+                p->block_start = p->ev.pos + i - (i >= 2 && s[i - 1] == '\n' && s[i - 2] == '\n' ? 2 : 0);
                 p->fam = f;
-                p->pos += i + strlen(TAGS[f][T_OPEN_BLOCK]);
+                p->ev.pos += i + strlen(TAGS[f][T_OPEN_BLOCK]);
                 p->st = S_BLOCK;
                 emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_BLOCK_START });
                 return true;
             }
-            if (m == M_PARTIAL && !eof) hold = i;
+            if (m == DS4_SCAN_PARTIAL && !eof) hold = i;
         }
     }
     size_t keep = hold;
     if (!eof) {
-        while (keep > 0 && ascii_ws(s[keep - 1])) keep--;
-        keep = utf8_cut(s, keep);
+        while (keep > 0 && ds4_scan_ws(s[keep - 1])) keep--;
+        keep = ds4_scan_utf8_cut(s, keep);
     }
     emit_text(p, DS4_DSML_EV_CONTENT, s, keep);
-    p->pos += keep;
+    p->ev.pos += keep;
     return false;
 }
 
 static void open_call(ds4_dsml_parser *p) {
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_START, .index = p->call, .name = p->name.data });
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_START, .index = p->ev.call, .name = p->name.data });
     ds4_buf_clear(&p->args);
     p->nparams = 0;
     p->args_valid = true;
@@ -260,14 +179,14 @@ static void open_call(ds4_dsml_parser *p) {
 
 static void close_call(ds4_dsml_parser *p) {
     emit_args(p, "}", 1);
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_END, .index = p->call, .name = p->name.data,
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_CALL_END, .index = p->ev.call, .name = p->name.data,
                               .text = p->args_valid ? p->args.data : "{}",
                               .len = p->args_valid ? p->args.len : 2, .args_valid = p->args_valid });
-    p->call++;
+    p->ev.call++;
 }
 
 static void open_param(ds4_dsml_parser *p) {
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_START, .index = p->call,
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_START, .index = p->ev.call,
                               .name = p->pname.data, .is_string = p->pstring });
     ds4_buf_clear(&p->tmp);
     if (p->nparams) ds4_buf_putc(&p->tmp, ',');
@@ -310,7 +229,7 @@ static void value_bytes(ds4_dsml_parser *p, const char *s, size_t n) {
 static void close_param(ds4_dsml_parser *p) {
     if (p->pstring) emit_args(p, "\"", 1);
     else if (!ds4_json_valid(p->value.data ? p->value.data : "", p->value.len)) p->args_valid = false;
-    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_END, .index = p->call, .name = p->pname.data,
+    emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_PARAM_END, .index = p->ev.call, .name = p->pname.data,
                               .is_string = p->pstring, .text = p->value.data ? p->value.data : "",
                               .len = p->value.len });
     p->nparams++;
@@ -320,29 +239,29 @@ static void close_param(ds4_dsml_parser *p) {
  * invoke (S_INVOKE). */
 static bool step_between(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
     size_t i = 0;
-    while (i < n && ascii_ws(s[i])) i++;
-    p->pos += i;
+    while (i < n && ds4_scan_ws(s[i])) i++;
+    p->ev.pos += i;
     s += i; n -= i;
     const char *const *t = TAGS[p->fam];
     bool in_block = p->st == S_BLOCK;
     const char *open = t[in_block ? T_OPEN_INVOKE : T_OPEN_PARAM];
     const char *close = t[in_block ? T_CLOSE_BLOCK : T_CLOSE_INVOKE];
-    enum match mo = match(s, n, open), mc = match(s, n, close);
-    if (mo == M_FULL) {
-        p->pos += strlen(open);
+    enum ds4_scan_match mo = ds4_scan_match(s, n, open), mc = ds4_scan_match(s, n, close);
+    if (mo == DS4_SCAN_FULL) {
+        p->ev.pos += strlen(open);
         p->st = in_block ? S_INVOKE_TAG : S_PARAM_TAG;
         return true;
     }
-    if (mc == M_FULL) {
-        p->pos += strlen(close);
+    if (mc == DS4_SCAN_FULL) {
+        p->ev.pos += strlen(close);
         if (!in_block) { close_call(p); p->st = S_BLOCK; return true; }
-        if (!p->call) { fail(p, "tool_calls block without any invoke"); return false; }
+        if (!p->ev.call) { fail(p, "tool_calls block without any invoke"); return false; }
         p->st = S_DONE;
-        emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_BLOCK_END, .text = p->raw.data + p->block_start,
-                                  .len = p->pos - p->block_start });
+        emit(p, (ds4_dsml_event){ .kind = DS4_DSML_EV_BLOCK_END, .text = p->ev.raw.data + p->block_start,
+                                  .len = p->ev.pos - p->block_start });
         return true;
     }
-    if (n == 0 || mo == M_PARTIAL || mc == M_PARTIAL) {
+    if (n == 0 || mo == DS4_SCAN_PARTIAL || mc == DS4_SCAN_PARTIAL) {
         if (eof) fail(p, "unterminated tool call");
         return false;
     }
@@ -352,7 +271,7 @@ static bool step_between(ds4_dsml_parser *p, const char *s, size_t n, bool eof) 
 }
 
 static bool step_tag(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
-    size_t gt = find(s, n < MAX_TAG ? n : MAX_TAG, ">");
+    size_t gt = ds4_scan_find(s, n < MAX_TAG ? n : MAX_TAG, ">");
     if (gt > n || gt >= MAX_TAG) {
         if (n >= MAX_TAG) fail(p, "tool-call tag too long");
         else if (eof) fail(p, "unterminated tool call");
@@ -360,7 +279,7 @@ static bool step_tag(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
     }
     bool invoke = p->st == S_INVOKE_TAG;
     attrs a;
-    if ((gt && !ascii_ws(s[0])) || !parse_attrs(s, gt, &a)) {
+    if ((gt && !ds4_scan_ws(s[0])) || !parse_attrs(s, gt, &a)) {
         fail(p, invoke ? "malformed invoke tag" : "malformed parameter tag");
         return false;
     }
@@ -368,7 +287,7 @@ static bool step_tag(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
         fail(p, invoke ? "invoke tag without a name" : "parameter tag without a name");
         return false;
     }
-    p->pos += gt + 1;
+    p->ev.pos += gt + 1;
     if (invoke) {
         decode_name(p, a.name, a.name_len, &p->name);
         open_call(p);
@@ -384,39 +303,40 @@ static bool step_tag(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
 
 static bool step_value(ds4_dsml_parser *p, const char *s, size_t n, bool eof) {
     const char *close = TAGS[p->fam][T_CLOSE_PARAM];
-    size_t k = find(s, n, close);
+    size_t k = ds4_scan_find(s, n, close);
     if (k <= n) {
         value_bytes(p, s, k);
-        p->pos += k + strlen(close);
+        p->ev.pos += k + strlen(close);
         close_param(p);
         p->st = S_INVOKE;
         return true;
     }
     if (eof) { fail(p, "unterminated tool call"); return false; }
-    size_t keep = n - partial_suffix(s, n, close);
+    size_t keep = n - ds4_scan_partial_suffix(s, n, close);
     if (p->pstring && p->o.decode_entities) keep = entity_cut(s, keep);
-    keep = utf8_cut(s, keep);
+    keep = ds4_scan_utf8_cut(s, keep);
     value_bytes(p, s, keep);
-    p->pos += keep;
+    p->ev.pos += keep;
     return false;
 }
 
 static bool step_done(ds4_dsml_parser *p, const char *s, size_t n) {
     size_t i = 0;
-    while (i < n && ascii_ws(s[i])) i++;
-    p->pos += i;
+    while (i < n && ds4_scan_ws(s[i])) i++;
+    p->ev.pos += i;
     if (i < n) fail(p, "text after the tool_calls block");
     return false;
 }
 
 static void run(ds4_dsml_parser *p, bool eof) {
     for (;;) {
-        const char *s = p->raw.data ? p->raw.data + p->pos : "";
-        size_t n = p->raw.len - p->pos;
+        const char *s = p->ev.raw.data ? p->ev.raw.data + p->ev.pos : "";
+        size_t n = p->ev.raw.len - p->ev.pos;
         bool more;
         switch (p->st) {
-        case S_THINK_START: more = step_think_start(p, s, n, eof); break;
-        case S_REASONING:   more = step_reasoning(p, s, n, eof); break;
+        case S_REASONING:
+            if ((more = ds4_tool_events_reasoning(&p->ev, s, n, eof))) p->st = S_CONTENT;
+            break;
         case S_CONTENT:     more = step_content(p, s, n, eof); break;
         case S_BLOCK:
         case S_INVOKE:      more = step_between(p, s, n, eof); break;
@@ -437,23 +357,22 @@ ds4_dsml_parser *ds4_dsml_new(const ds4_dsml_opts *o, ds4_dsml_event_fn fn, void
     ds4_dsml_parser *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->o = *o;
-    p->fn = fn;
-    p->ud = ud;
-    p->st = o->thinking ? S_THINK_START : S_CONTENT;
+    ds4_tool_events_init(&p->ev, fn, ud);
+    p->st = o->thinking ? S_REASONING : S_CONTENT;
     return p;
 }
 
 void ds4_dsml_free(ds4_dsml_parser *p) {
     if (!p) return;
-    ds4_buf *bufs[] = { &p->raw, &p->name, &p->pname, &p->args, &p->value, &p->tmp, &p->pend };
+    ds4_buf *bufs[] = { &p->name, &p->pname, &p->args, &p->value, &p->tmp };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ds4_buf_free(bufs[i]);
+    ds4_tool_events_free(&p->ev);
     free(p);
 }
 
 void ds4_dsml_feed(ds4_dsml_parser *p, const char *s, size_t n) {
     if (p->st == S_FAILED || !n) return;
-    ds4_buf_put(&p->raw, s, n);
-    if (p->raw.oom) { fail(p, "out of memory"); return; }
+    if (!ds4_tool_events_append(&p->ev, s, n)) { fail(p, "out of memory"); return; }
     run(p, false);
 }
 
@@ -467,8 +386,8 @@ bool ds4_dsml_in_structure(const ds4_dsml_parser *p) {
         return true;
     case S_VALUE: {
         /* a closing tag under way ("</" or more held back) is structure */
-        size_t held = p->raw.len - p->pos;
-        if (held >= 2 && match(p->raw.data + p->pos, held, TAGS[p->fam][T_CLOSE_PARAM]) == M_PARTIAL)
+        size_t held = p->ev.raw.len - p->ev.pos;
+        if (held >= 2 && ds4_scan_match(p->ev.raw.data + p->ev.pos, held, TAGS[p->fam][T_CLOSE_PARAM]) == DS4_SCAN_PARTIAL)
             return true;
         return !p->pstring && !p->js_in_str;
     }
@@ -477,7 +396,7 @@ bool ds4_dsml_in_structure(const ds4_dsml_parser *p) {
     }
 }
 
-bool ds4_dsml_in_reasoning(const ds4_dsml_parser *p) { return p->st == S_THINK_START || p->st == S_REASONING; }
+bool ds4_dsml_in_reasoning(const ds4_dsml_parser *p) { return p->st == S_REASONING; }
 bool ds4_dsml_block_open(const ds4_dsml_parser *p) { return p->st >= S_BLOCK && p->st <= S_VALUE; }
 bool ds4_dsml_done(const ds4_dsml_parser *p) { return p->st == S_DONE; }
 bool ds4_dsml_failed(const ds4_dsml_parser *p) { return p->st == S_FAILED; }

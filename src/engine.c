@@ -108,6 +108,7 @@ int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char 
     if (!strcmp(a, "--ssd-streaming-cold")) { p->cold = true; return 1; }
     if (!strcmp(a, "--ssd-streaming-stats")) { p->stats = true; return 1; }
     if (!strcmp(a, "--ssd-streaming-lru")) { p->lru = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-no-predict")) { p->no_predict = true; return 1; }
     if (!strcmp(a, "--ssd-streaming-trace")) {
         if (*i + 1 >= argc) { snprintf(err, errlen, "%s needs a file", a); return -1; }
         p->trace_path = argv[++*i];
@@ -129,6 +130,7 @@ bool ds4_engine_ssd_stats(const ds4_engine *e, ds4_ssd_stats *out) {
     if (!e->experts) return false;
     ds4_expert_stats st = ds4_expert_cache_stats(e->experts);
     *out = (ds4_ssd_stats){st.hits, st.misses, st.bytes_read, st.tokens, st.preloaded, st.prefetched,
+                           st.predicted, st.predicted_right, st.predicted_read,
                            st.read_seconds, st.stall_seconds};
     return true;
 }
@@ -183,7 +185,7 @@ static bool start_streaming(ds4_engine *e, const ds4_engine_params *p, char *err
         free(hist);
         if (ds4_expert_cache_take_error(e->experts, err, errlen)) return false;
     }
-    ds4_cpu_backend_stream_experts(e->be, e->experts);
+    ds4_cpu_backend_stream_experts(e->be, e->experts, !p->ssd.no_predict);
     e->ssd_stats = p->ssd.stats;
     if (!p->quiet) {
         const double GiB = 1 << 30;
@@ -207,8 +209,8 @@ static bool load_tokenizer(ds4_engine *e, char *err, size_t errlen) {
 static bool common_params(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
     e->prefill_chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 4096;
     const ds4_ssd_params *ssd = &p->ssd;
-    if (!ssd->enabled && (ssd->cold || ssd->stats || ssd->lru || ssd->trace_path || ssd->cache_bytes ||
-                          ssd->cache_slots || ssd->preload_experts)) {
+    if (!ssd->enabled && (ssd->cold || ssd->stats || ssd->lru || ssd->no_predict || ssd->trace_path ||
+                          ssd->cache_bytes || ssd->cache_slots || ssd->preload_experts)) {
         /* a silently ignored sub-option would make a measurement lie */
         snprintf(err, errlen, "the --ssd-streaming-* options need --ssd-streaming");
         return false;
@@ -318,11 +320,14 @@ static void print_ssd_stats(const ds4_engine *e) {
     if (!ds4_engine_ssd_stats(e, &st)) return;
     const uint64_t acc = st.hits + st.misses;
     fprintf(stderr, "ds4: ssd-streaming stats: %llu tokens, hit rate %.1f%% (%llu of %llu), %.2f MiB read per token, "
-                    "read %.1f MiB/s, stall %.2f s, %llu preloaded, %llu prefetched\n",
+                    "read %.1f MiB/s, stall %.2f s, %llu preloaded, %llu prefetched, "
+                    "next-layer guesses %.1f%% right (%llu of %llu, %llu read ahead)\n",
             (unsigned long long)st.tokens, acc ? 100.0 * st.hits / acc : 0.0, (unsigned long long)st.hits,
             (unsigned long long)acc, st.tokens ? (double)st.bytes_read / st.tokens / (1 << 20) : 0.0,
             st.read_seconds > 0 ? (double)st.bytes_read / st.read_seconds / (1 << 20) : 0.0, st.stall_seconds,
-            (unsigned long long)st.preloaded, (unsigned long long)st.prefetched);
+            (unsigned long long)st.preloaded, (unsigned long long)st.prefetched,
+            st.predicted ? 100.0 * st.predicted_right / st.predicted : 0.0, (unsigned long long)st.predicted_right,
+            (unsigned long long)st.predicted, (unsigned long long)st.predicted_read);
 }
 
 void ds4_engine_free(ds4_engine *e) {

@@ -72,6 +72,7 @@ typedef struct {
     bool cold;              /* --ssd-streaming-cold: no preload */
     bool stats;             /* --ssd-streaming-stats: counters on stderr when the engine is freed */
     bool lru;               /* plain LRU eviction instead of aged LFU (for measurements) */
+    bool no_predict;        /* no early reads of the next layer's guessed experts (for measurements) */
     int ctx;                /* context the front end will use: KV reserved by the automatic budget */
     const char *trace_path; /* record every layer's routing here (policy measurements) */
 } ds4_ssd_params;
@@ -85,6 +86,7 @@ extern const char ds4_ssd_usage[];
 
 typedef struct {
     uint64_t hits, misses, bytes_read, tokens, preloaded, prefetched;
+    uint64_t predicted, predicted_right, predicted_read;   /* next-layer guesses (expert_cache.h) */
     double read_seconds, stall_seconds;
 } ds4_ssd_stats;
 /* false when the engine does not stream experts */

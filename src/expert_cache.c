@@ -168,6 +168,8 @@ struct ds4_expert_cache {
     uint8_t *parts_left, *part_failed;   /* [n_slots] matrices still being read / any failed */
     int32_t *distinct, *pending;     /* [n_expert] keys of the current layer */
     uint8_t *seen;
+    uint8_t *guessed;                /* [n_expert] experts predicted for layer guess_layer */
+    int guess_layer;                 /* -1: no prediction pending */
     int n_pending, pending_head, in_use;
     FILE *trace;
 
@@ -308,6 +310,10 @@ bool ds4_expert_cache_direct(const ds4_expert_cache *c) { return c->direct; }
 bool ds4_expert_cache_take_error(ds4_expert_cache *c, char *err, size_t errlen) {
     pthread_mutex_lock(&c->mu);
     const bool failed = c->failed;
+    /* a slot is forgotten only when its last matrix is read, and reads of a
+     * later layer (a guess, a prefill read-ahead) may still be in flight:
+     * settle them all, so the next fetch finds no slot failing under it */
+    while (failed && (c->q_len || c->in_flight)) pthread_cond_wait(&c->done, &c->mu);
     if (failed) snprintf(err, errlen, "%s", c->err);
     /* the failed slots were forgotten: the next fetch reads them again */
     c->failed = false;
@@ -381,11 +387,13 @@ ds4_expert_cache *ds4_expert_cache_new(const ds4_gguf *g, const ds4_model *m, in
     c->distinct = malloc((size_t)cf->n_expert * sizeof *c->distinct);
     c->pending = malloc((size_t)cf->n_expert * sizeof *c->pending);
     c->seen = calloc((size_t)cf->n_expert, 1);
+    c->guessed = calloc((size_t)cf->n_expert, 1);
+    c->guess_layer = -1;
     c->queue = malloc((size_t)n_slots * 3 * sizeof *c->queue);
     c->parts_left = calloc((size_t)n_slots, 1);
     c->part_failed = calloc((size_t)n_slots, 1);
     if (posix_memalign((void **)&c->pool, IO_ALIGN, (size_t)n_slots * c->slot_bytes)) c->pool = NULL;
-    if (!c->src || !c->state || !c->distinct || !c->pending || !c->seen || !c->queue || !c->pool ||
+    if (!c->src || !c->state || !c->distinct || !c->pending || !c->seen || !c->guessed || !c->queue || !c->pool ||
         !c->parts_left || !c->part_failed ||
         !index_init(&c->ix, policy, n_keys, n_slots)) {
         snprintf(err, errlen, "out of memory for %d expert slots (%.1f MiB)", n_slots,
@@ -423,7 +431,7 @@ void ds4_expert_cache_free(ds4_expert_cache *c) {
     free(c->fd);
     index_free(&c->ix);
     free(c->src); free(c->state); free(c->distinct); free(c->pending); free(c->seen); free(c->queue); free(c->pool);
-    free(c->parts_left); free(c->part_failed);
+    free(c->parts_left); free(c->part_failed); free(c->guessed);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->work);
     pthread_cond_destroy(&c->done);
@@ -455,16 +463,33 @@ static void prefetch_next_layer(ds4_expert_cache *c, int layer, int n_distinct) 
     }
 }
 
+/* Under mu: the distinct experts of a batch's routing into c->distinct, in
+ * ascending order (as the forward pass consumes them); returns how many. */
+static int distinct_experts(ds4_expert_cache *c, const int *ids, int n_ids) {
+    for (int i = 0; i < n_ids; i++) c->seen[ids[i]] = 1;
+    int n = 0;
+    for (int e = 0; e < c->n_expert; e++)
+        if (c->seen[e]) { c->seen[e] = 0; c->distinct[n++] = e; }
+    return n;
+}
+
+/* Under mu: scores the pending prediction against the real routing of its
+ * layer (n distinct experts in c->distinct) and drops it. */
+static void score_prediction(ds4_expert_cache *c, int layer, int n) {
+    if (c->guess_layer != layer) return;
+    for (int i = 0; i < n; i++) c->st.predicted_right += c->guessed[c->distinct[i]];
+    memset(c->guessed, 0, (size_t)c->n_expert);
+    c->guess_layer = -1;
+}
+
 void ds4_expert_cache_fetch(ds4_expert_cache *c, int layer, const int *ids, int n_tokens, int k) {
     pthread_mutex_lock(&c->mu);
     c->in_use = -1;
     c->ix.epoch++;
     c->n_pending = c->pending_head = 0;
     if (layer == 0) c->st.tokens += (uint64_t)n_tokens;
-    for (int i = 0; i < n_tokens * k; i++) c->seen[ids[i]] = 1;
-    int n = 0;
-    for (int e = 0; e < c->n_expert; e++)
-        if (c->seen[e]) { c->seen[e] = 0; c->distinct[n++] = e; }
+    const int n = distinct_experts(c, ids, n_tokens * k);
+    score_prediction(c, layer, n);
     if (c->trace) {
         int32_t head[2] = {layer, n};
         fwrite(head, sizeof head, 1, c->trace);
@@ -479,6 +504,31 @@ void ds4_expert_cache_fetch(ds4_expert_cache *c, int layer, const int *ids, int 
     }
     refill(c);
     if (c->pending_head == c->n_pending) prefetch_next_layer(c, layer, n);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ds4_expert_cache_predict(ds4_expert_cache *c, int layer, const int *ids, int n_tokens, int k) {
+    pthread_mutex_lock(&c->mu);
+    memset(c->guessed, 0, (size_t)c->n_expert);
+    c->guess_layer = layer;
+    /* c->distinct is the fetch's scratch (its misses live on in pending) */
+    const int n = distinct_experts(c, ids, n_tokens * k);
+    bool room = true;
+    for (int i = 0; i < n; i++) {
+        const int key = layer * c->n_expert + c->distinct[i];
+        c->guessed[c->distinct[i]] = 1;
+        c->st.predicted++;
+        int slot = c->ix.where[key];
+        if (slot < 0) {
+            /* only slots nobody needs before that fetch: the current layer's
+             * experts stay pinned, so a wrong guess costs a read, never a
+             * stall of this layer */
+            if (!room || (slot = index_victim(&c->ix)) < 0) { room = false; continue; }
+            issue(c, slot, key, false);
+            c->st.predicted_read++;
+        }
+        c->ix.pin[slot] = c->ix.epoch + 1;
+    }
     pthread_mutex_unlock(&c->mu);
 }
 

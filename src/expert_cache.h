@@ -26,6 +26,13 @@
  *   A batch that needs at least 90% of a layer's experts also reads the next
  *   layer's missing experts ahead, when the pool holds two whole layers (the
  *   seed's prefill headroom); those slots are kept for the next fetch.
+ * - ds4_expert_cache_predict(layer, ids, n_tokens, k): a guess at the next
+ *   fetch of that layer (decode: the next layer's router run early). Its
+ *   missing experts are read into slots that are neither pinned by the
+ *   current layer nor being read, and those slots are kept through that
+ *   fetch; no access is counted, so a wrong guess costs a read and a slot,
+ *   never a result. The fetch of that layer scores the guess
+ *   (predicted_right).
  * - ds4_expert_cache_get(layer, e, views[3]) waits for expert e (reading it
  *   now if the fetch could not) and fills gate/up/down views with ne[2] = 1
  *   pointing into its slot. Valid until the next get or fetch. Calls must
@@ -67,6 +74,9 @@ typedef struct {
     double stall_seconds;         /* time get() waited for a read */
     uint64_t preloaded;
     uint64_t prefetched;          /* whole next layers read ahead during prefill */
+    uint64_t predicted;           /* experts named by predict() */
+    uint64_t predicted_right;     /* of those, named again by the fetch of that layer */
+    uint64_t predicted_read;      /* of those, read because they were not resident */
 } ds4_expert_stats;
 
 typedef struct ds4_expert_cache ds4_expert_cache;
@@ -84,6 +94,9 @@ bool ds4_expert_cache_direct(const ds4_expert_cache *c);
 bool ds4_expert_cache_make_resident(const struct ds4_gguf *g, const ds4_model *m, char *err, size_t errlen);
 
 void ds4_expert_cache_fetch(ds4_expert_cache *c, int layer, const int *ids, int n_tokens, int k);
+/* A guess at the routing of a later fetch of layer (same shape as fetch):
+ * missing experts start reading now into slots kept until that fetch. */
+void ds4_expert_cache_predict(ds4_expert_cache *c, int layer, const int *ids, int n_tokens, int k);
 void ds4_expert_cache_get(ds4_expert_cache *c, int layer, int e, ds4_tensor views[3]);
 /* true (err: the line) if a read failed since the last call; clears it. */
 bool ds4_expert_cache_take_error(ds4_expert_cache *c, char *err, size_t errlen);

@@ -52,6 +52,8 @@ typedef struct {
     int *idx_sel;           /* [T][idx_topk] selected compressed rows */
     int *idx_nsel;          /* [T] */
     int *expert_ids;        /* [T][k] */
+    int *predicted_ids;     /* [T][k] --ssd-streaming: the next layer's experts, guessed */
+    float *predicted_w;     /* [T][k] their weights (unused; ds4_route_token writes them) */
     int *expert_rows;       /* [T] (row * k + slot) of the rows gathered for one expert */
     int32_t *tokens;        /* [T] */
     int *row_seq;           /* [T] which sequence a row belongs to */
@@ -75,6 +77,7 @@ typedef struct cpu {
     int n_threads;
     bool numerics;
     ds4_expert_cache *experts;      /* --ssd-streaming: routed weights come from its slots */
+    bool predict;                   /* and the next layer's are guessed a layer early */
     float *inv_freq[2];             /* [n_rot/2] per RoPE kind */
     float *comp_cs;                 /* RoPE table of the row being compressed */
     int mixn;                       /* HC mix rows: (2 + n_hc) * n_hc */
@@ -530,6 +533,39 @@ static void expert(batch *b, int e, int n) {
              s->expert_out + (size_t)i * E, E);
 }
 
+/* --ssd-streaming, decode-sized batches: the experts of `layer` guessed
+ * before its router runs, so their reads overlap the work in between. A hash
+ * layer's are known from the token (so layer 0's go out before its
+ * attention); otherwise, from the layer before, its router runs on that
+ * layer's FFN input (the collapsed stream, normed with this layer's
+ * ffn_norm), and the reads overlap the previous layer's experts and this
+ * layer's attention. Only reads depend on the guess: the layer's own router
+ * decides what is computed. */
+static void predict_experts(batch *b, int layer) {
+    cpu *f = b->f;
+    batch_scratch *s = &f->s;
+    const ds4_config *c = f->c;
+    const ds4_layer *W = &f->m->layers[layer];
+    const int T = b->T, E = c->n_embd, k = c->n_expert_used;
+    if (W->tid2eid) {
+        for (int i = 0; i < T * k; i++) s->predicted_ids[i] = W->tid2eid[(size_t)s->tokens[i / k] * k + i % k];
+    } else {
+        /* expert_in and router are free until the routed loop: the real
+         * routing already sits in expert_ids */
+        for (int t = 0; t < T; t++) {
+            float *x = s->expert_in + (size_t)t * E;
+            memcpy(x, s->hc_collapsed + (size_t)t * E, (size_t)E * sizeof(float));
+            rmsnorm(x, E, W->ffn_norm, c->rms_eps);
+        }
+        linear(f, &W->gate_inp, 0, 0, c->n_expert, s->expert_in, E, T, s->router);
+        for (int t = 0; t < T; t++)
+            ds4_route_token(s->router + (size_t)t * c->n_expert, c->n_expert, k, NULL, W->exp_probs_b,
+                            c->expert_weights_norm, c->expert_weights_scale, s->predicted_ids + (size_t)t * k,
+                            s->predicted_w + (size_t)t * k);
+    }
+    ds4_expert_cache_predict(f->experts, layer, s->predicted_ids, T, k);
+}
+
 static void ffn(batch *b) {
     cpu *f = b->f;
     batch_scratch *s = &f->s;
@@ -541,7 +577,10 @@ static void ffn(batch *b) {
     linear(f, &W->gate_inp, 0, 0, c->n_expert, s->normed, E, T, s->router);
     par(b, T, route_task);
     /* the reads of missing experts overlap the shared expert */
-    if (f->experts) ds4_expert_cache_fetch(f->experts, b->l, s->expert_ids, T, k);
+    if (f->experts) {
+        ds4_expert_cache_fetch(f->experts, b->l, s->expert_ids, T, k);
+        if (f->predict && b->l < f->m->slice.last && T * k < c->n_expert) predict_experts(b, b->l + 1);
+    }
 
     /* shared expert over the whole batch, into sublayer_out */
     linear(f, &W->gate_shexp, 0, 0, F, s->normed, E, T, s->ffn_gate);
@@ -614,6 +653,8 @@ static size_t layout_batch(const cpu *f, int T, carver *cv, batch_scratch *s) {
     s->idx_sel = carve(cv, rows * c->idx_topk, sizeof(int));
     s->idx_nsel = carve(cv, rows, sizeof(int));
     s->expert_ids = carve(cv, rows * k, sizeof(int));
+    s->predicted_ids = carve(cv, rows * k, sizeof(int));
+    s->predicted_w = carve(cv, rows * k, fl);
     s->expert_rows = carve(cv, rows, sizeof(int));
     s->tokens = carve(cv, rows, sizeof(int32_t));
     s->row_seq = carve(cv, rows, sizeof(int));
@@ -788,6 +829,8 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
         for (int kind = 0; kind < 2; kind++)
             rope_table(f, kind, s->row_pos[t], s->rope_cs + ((size_t)t * 2 + kind) * c->n_rot);
     }
+    if (f->experts && f->predict && T * c->n_expert_used < c->n_expert && f->m->layers[sl->first].tid2eid)
+        predict_experts(&b, sl->first);
     for (b.l = sl->first; b.l <= sl->last; b.l++) {
         attention(&b);
         ffn(&b);
@@ -851,7 +894,10 @@ bool ds4_cpu_numerics_supported(const ds4_config *c) {
 }
 
 int ds4_cpu_backend_threads(const ds4_backend *be) { return ((const cpu *)be)->n_threads; }
-void ds4_cpu_backend_stream_experts(ds4_backend *be, ds4_expert_cache *experts) { ((cpu *)be)->experts = experts; }
+void ds4_cpu_backend_stream_experts(ds4_backend *be, ds4_expert_cache *experts, bool predict) {
+    ((cpu *)be)->experts = experts;
+    ((cpu *)be)->predict = predict;
+}
 
 ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batch, bool numerics,
                                  char *err, size_t errlen) {

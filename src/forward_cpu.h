@@ -23,7 +23,11 @@
  *   and a multiple of 32).
  * - ds4_cpu_backend_stream_experts() makes the routed experts come from an
  *   expert cache (expert_cache.h) instead of the mapping; an expert read
- *   failure fails the eval with the cache's message.
+ *   failure fails the eval with the cache's message. With predict, batches
+ *   of fewer than n_expert routed rows also start reading the next layer's
+ *   guessed experts (its router on this layer's FFN input; the token's row
+ *   on hash layers) before this layer's experts are computed, and a
+ *   hash-routed first layer's experts before its attention.
  * - The round-trip helpers are exposed for unit tests; n is a multiple of the
  *   block (64 for FP8, 32 for FP4), Hadamard needs a power of two.
  * - ds4_rope_inv_freq() is the RoPE (yarn = false) or YaRN inverse-frequency
@@ -43,7 +47,7 @@ ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batc
 bool ds4_cpu_numerics_supported(const ds4_config *c);
 int ds4_cpu_backend_threads(const ds4_backend *be);
 struct ds4_expert_cache;
-void ds4_cpu_backend_stream_experts(ds4_backend *be, struct ds4_expert_cache *experts);
+void ds4_cpu_backend_stream_experts(ds4_backend *be, struct ds4_expert_cache *experts, bool predict);
 
 void ds4_fp8_e4m3_roundtrip(float *x, int n);
 void ds4_fp4_e2m1_roundtrip(float *x, int n);

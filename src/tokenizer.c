@@ -2,6 +2,7 @@
  * decoding and the streaming detokenizer. Loading from HF JSON and the GGUF
  * export live in tokenizer_import.c, the pre-tokenizer in tokenizer_pretok.c. */
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,6 +160,7 @@ struct ds4_tokenizer {
     uint32_t mmask;
     struct special_set all, chat;
     ds4_special_ids sp;
+    ds4_tok_config cfg;
     struct cache_ent *cache;
     atomic_bool locks[CACHE_STRIPES];
 };
@@ -253,6 +255,13 @@ int32_t ds4_tokenizer_find_special(const ds4_tokenizer *t, const char *s, size_t
     return id >= 0 && ml == len ? id : -1;
 }
 
+size_t ds4_tokenizer_chat_special_len(const ds4_tokenizer *t, const char *s, size_t n) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t ml = 0;
+    if (!n || !(t->chat.first[p[0] >> 3] & (1u << (p[0] & 7)))) return 0;
+    return special_match(t, &t->chat, p, n, &ml) >= 0 ? ml : 0;
+}
+
 /* ------------------------------------------------------------- build */
 
 void ds4_tokenizer_free(ds4_tokenizer *t) {
@@ -302,12 +311,40 @@ static int32_t vocab_insert(ds4_tokenizer *t, int32_t id) {
     return -1;
 }
 
+/* The chat-protocol strings of each family and where their ids go. */
+static const char *const DS4_CHAT_STRS[] = {
+    DS4_TOK_BOS, DS4_TOK_EOS, DS4_TOK_USER, DS4_TOK_ASSISTANT, DS4_TOK_THINK, DS4_TOK_THINK_END, DS4_TOK_DSML,
+};
+static const char *const GLM_CHAT_STRS[] = { DS4_TOK_GLM_CHAT_STRINGS };
+#define N_OF(a) (sizeof (a) / sizeof (a)[0])
+
+static int32_t *chat_slot(ds4_tokenizer *t, const char *s) {
+    ds4_special_ids *sp = &t->sp;
+    static const struct { const char *s; size_t off; } slots[] = {
+        { DS4_TOK_BOS, offsetof(ds4_special_ids, bos) }, { DS4_TOK_EOS, offsetof(ds4_special_ids, eos) },
+        { DS4_TOK_USER, offsetof(ds4_special_ids, user) }, { DS4_TOK_ASSISTANT, offsetof(ds4_special_ids, assistant) },
+        { DS4_TOK_THINK, offsetof(ds4_special_ids, think) }, { DS4_TOK_THINK_END, offsetof(ds4_special_ids, think_end) },
+        { DS4_TOK_DSML, offsetof(ds4_special_ids, dsml) },
+        { DS4_TOK_GLM_GMASK, offsetof(ds4_special_ids, bos) }, { DS4_TOK_GLM_ENDOFTEXT, offsetof(ds4_special_ids, eos) },
+        { DS4_TOK_GLM_USER, offsetof(ds4_special_ids, user) }, { DS4_TOK_GLM_ASSISTANT, offsetof(ds4_special_ids, assistant) },
+        { DS4_TOK_GLM_SYSTEM, offsetof(ds4_special_ids, system) },
+        { DS4_TOK_GLM_OBSERVATION, offsetof(ds4_special_ids, observation) },
+        { DS4_TOK_GLM_SOP, offsetof(ds4_special_ids, sop) },
+    };
+    for (size_t k = 0; k < N_OF(slots); k++)
+        if (!strcmp(slots[k].s, s)) return (int32_t *)((char *)sp + slots[k].off);
+    return NULL;
+}
+
 ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *types,
                                    size_t n_tokens, const ds4_gguf_str *merges,
-                                   size_t n_merges, char *err, size_t errlen) {
+                                   size_t n_merges, const ds4_tok_config *cfg,
+                                   char *err, size_t errlen) {
     ds4_tokenizer *t = calloc(1, sizeof *t);
     unsigned char scratch[MERGE_MAX_BYTES];
     if (!t) { snprintf(err, errlen, "tokenizer: out of memory"); return NULL; }
+    t->cfg = *cfg;
+    memset(&t->sp, 0xff, sizeof t->sp);   /* every id -1 until found */
     if (n_tokens < 256 || n_tokens >= MERGE_LIMIT) FAIL("tokenizer: unsupported vocabulary size %zu", n_tokens);
     if (n_merges >= MERGE_LIMIT) FAIL("tokenizer: unsupported number of merges %zu", n_merges);
     t->n_vocab = (int32_t)n_tokens;
@@ -410,8 +447,11 @@ ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *ty
     }
     size_t n_added = 0;
     for (int32_t i = 0; i < t->n_vocab; i++) n_added += t->type[i] != DS4_TT_NORMAL;
+    bool glm = cfg->family == DS4_TOK_FAMILY_GLM;
+    const char *const *chat_strs = glm ? GLM_CHAT_STRS : DS4_CHAT_STRS;
+    size_t n_chat = glm ? N_OF(GLM_CHAT_STRS) : N_OF(DS4_CHAT_STRS);
     t->all.ids = malloc((n_added + 1) * sizeof *t->all.ids);
-    t->chat.ids = malloc(7 * sizeof *t->chat.ids);
+    t->chat.ids = malloc(n_chat * sizeof *t->chat.ids);
     if (!t->all.ids || !t->chat.ids) FAIL("tokenizer: out of memory");
     for (int32_t i = 0; i < t->n_vocab; i++)
         if (t->type[i] != DS4_TT_NORMAL) t->all.ids[t->all.n++] = i;
@@ -420,19 +460,16 @@ ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *ty
         if (cmp_tok(&t->all.ids[i - 1], &t->all.ids[i], t) == 0)
             FAIL("tokenizer: added tokens %d and %d have the same text", t->all.ids[i - 1], t->all.ids[i]);
 
-    static const char *const chat_strs[7] = {
-        DS4_TOK_BOS, DS4_TOK_EOS, DS4_TOK_USER, DS4_TOK_ASSISTANT,
-        DS4_TOK_THINK, DS4_TOK_THINK_END, DS4_TOK_DSML,
-    };
-    int32_t *chat_ids[7] = { &t->sp.bos, &t->sp.eos, &t->sp.user, &t->sp.assistant,
-                             &t->sp.think, &t->sp.think_end, &t->sp.dsml };
-    for (int k = 0; k < 7; k++) {
-        *chat_ids[k] = ds4_tokenizer_find_special(t, chat_strs[k], strlen(chat_strs[k]));
-        if (*chat_ids[k] < 0) FAIL("tokenizer: vocabulary has no added token \"%s\"", chat_strs[k]);
-        t->chat.ids[t->chat.n++] = *chat_ids[k];
+    for (size_t k = 0; k < n_chat; k++) {
+        int32_t id = ds4_tokenizer_find_special(t, chat_strs[k], strlen(chat_strs[k]));
+        if (id < 0) FAIL("tokenizer: %s vocabulary has no added token \"%s\"", glm ? "GLM" : "DeepSeek", chat_strs[k]);
+        int32_t *slot = chat_slot(t, chat_strs[k]);
+        if (slot) *slot = id;
+        t->chat.ids[t->chat.n++] = id;
     }
     special_set_sort(t, &t->chat);
-    t->sp.latest_reminder = ds4_tokenizer_find_special(t, DS4_TOK_LATEST_REMINDER, strlen(DS4_TOK_LATEST_REMINDER));
+    if (!glm)
+        t->sp.latest_reminder = ds4_tokenizer_find_special(t, DS4_TOK_LATEST_REMINDER, strlen(DS4_TOK_LATEST_REMINDER));
 
     /* line-aligned, so a lookup touches one cache line */
     t->cache = aligned_alloc(64, ((size_t)1 << CACHE_BITS) * sizeof *t->cache);
@@ -448,6 +485,13 @@ fail:
 /* ------------------------------------------------------------ queries */
 
 int32_t ds4_tokenizer_n_vocab(const ds4_tokenizer *t) { return t->n_vocab; }
+ds4_tok_family ds4_tokenizer_family(const ds4_tokenizer *t) { return t->cfg.family; }
+
+bool ds4_tokenizer_is_stop(const ds4_tokenizer *t, int32_t id) {
+    if (id < 0) return false;
+    if (id == t->sp.eos) return true;
+    return t->cfg.family == DS4_TOK_FAMILY_GLM && (id == t->sp.user || id == t->sp.observation);
+}
 const ds4_special_ids *ds4_tokenizer_specials(const ds4_tokenizer *t) { return &t->sp; }
 
 bool ds4_tokenizer_is_special(const ds4_tokenizer *t, int32_t id) {
@@ -576,6 +620,12 @@ static int encode_piece(void *vctx, const char *s, size_t n) {
     piece_ctx *pc = vctx;
     const ds4_tokenizer *t = pc->t;
     const unsigned char *p = (const unsigned char *)s;
+    int32_t whole = t->cfg.ignore_merges && n > 1 ? vocab_find(t, p, n) : -1;
+    if (whole >= 0 && t->type[whole] == DS4_TT_NORMAL) {
+        if (ids_reserve(pc->out, 1) < 0) return -1;
+        pc->out->v[pc->out->n++] = whole;
+        return 0;
+    }
     if (n == 1) {
         if (ids_reserve(pc->out, 1) < 0) return -1;
         pc->out->v[pc->out->n++] = t->byte_id[p[0]];
@@ -612,7 +662,9 @@ static int encode_piece(void *vctx, const char *s, size_t n) {
 static int encode_segment(const ds4_tokenizer *t, const char *s, size_t n, ds4_token_ids *out) {
     if (!n) return 0;
     piece_ctx pc = { t, out };
-    return ds4_pretok_run(s, n, encode_piece, &pc) ? -1 : 0;
+    int rc = t->cfg.family == DS4_TOK_FAMILY_GLM ? ds4_pretok_glm4_run(s, n, encode_piece, &pc)
+                                                 : ds4_pretok_run(s, n, encode_piece, &pc);
+    return rc ? -1 : 0;
 }
 
 int ds4_tokenizer_encode(const ds4_tokenizer *t, const char *text, size_t len,

@@ -29,6 +29,9 @@ ds4_tokenizer *ds4_tokenizer_from_gguf(const ds4_gguf *g, char *err, size_t errl
         snprintf(err, errlen, "tokenizer: GGUF has no string array tokenizer.ggml.merges");
         return NULL;
     }
+    ds4_gguf_str pre;
+    bool glm = ds4_gguf_get_str(g, "tokenizer.ggml.pre", &pre) && pre.len == 4 && !memcmp(pre.ptr, "glm4", 4);
+    ds4_tok_config cfg = { glm ? DS4_TOK_FAMILY_GLM : DS4_TOK_FAMILY_DS4, glm };
     int32_t *types = NULL;
     if (ty) {
         if (ty->type != DS4_GGUF_ARRAY || ty->arr_n != tk->arr_n) {
@@ -49,7 +52,7 @@ ds4_tokenizer *ds4_tokenizer_from_gguf(const ds4_gguf *g, char *err, size_t errl
             types[i] = (int32_t)v;
         }
     }
-    ds4_tokenizer *t = ds4_tokenizer_build(tk->arr_strs, types, tk->arr_n, mk->arr_strs, mk->arr_n, err, errlen);
+    ds4_tokenizer *t = ds4_tokenizer_build(tk->arr_strs, types, tk->arr_n, mk->arr_strs, mk->arr_n, &cfg, err, errlen);
     free(types);
     return t;
 }
@@ -61,6 +64,7 @@ ds4_tokenizer *ds4_tokenizer_from_gguf(const ds4_gguf *g, char *err, size_t errl
  * ["LEFT", "RIGHT"] pairs (newer tokenizers versions). */
 typedef struct {
     cJSON *root, *overlay;
+    ds4_tok_config cfg;
     size_t n;
     const char **tok;
     int32_t *type;
@@ -116,6 +120,25 @@ static int hf_added(hf_vocab *v, const cJSON *list, const char *path, char *err,
     return 0;
 }
 
+/* GLM's Split regex exactly as its tokenizer.json spells it (sheet 8). */
+static const char GLM4_SPLIT[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+/* True when the pre-tokenizer (or one step of a Sequence) is GLM's Split. */
+static bool has_glm4_split(const cJSON *pt) {
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(pt, "type");
+    if (!cJSON_IsString(type)) return false;
+    if (!strcmp(type->valuestring, "Sequence")) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(pt, "pretokenizers"))
+            if (has_glm4_split(e)) return true;
+        return false;
+    }
+    const cJSON *re = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pt, "pattern"), "Regex");
+    return !strcmp(type->valuestring, "Split") && cJSON_IsString(re) && !strcmp(re->valuestring, GLM4_SPLIT);
+}
+
 static int hf_load(hf_vocab *v, const char *path, const char *added_path, char *err, size_t errlen) {
     memset(v, 0, sizeof *v);
     v->root = read_json(path, err, errlen);
@@ -136,6 +159,9 @@ static int hf_load(hf_vocab *v, const char *path, const char *added_path, char *
         snprintf(err, errlen, "tokenizer: \"added_tokens\" is not an array");
         return -1;
     }
+    v->cfg.family = has_glm4_split(cJSON_GetObjectItemCaseSensitive(v->root, "pre_tokenizer"))
+                  ? DS4_TOK_FAMILY_GLM : DS4_TOK_FAMILY_DS4;
+    v->cfg.ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
     const cJSON *e;
     cJSON_ArrayForEach(e, vocab) {
         if (!id_ok(e)) { snprintf(err, errlen, "tokenizer: %s: bad id for \"%.40s\"", path, e->string); return -1; }
@@ -190,7 +216,7 @@ static ds4_gguf_str *to_strs(const char **s, size_t n) {
 static ds4_tokenizer *hf_build(const hf_vocab *v, char *err, size_t errlen) {
     ds4_tokenizer *t = NULL;
     ds4_gguf_str *toks = to_strs(v->tok, v->n), *merges = to_strs(v->merge, v->n_merges);
-    if (toks && merges) t = ds4_tokenizer_build(toks, v->type, v->n, merges, v->n_merges, err, errlen);
+    if (toks && merges) t = ds4_tokenizer_build(toks, v->type, v->n, merges, v->n_merges, &v->cfg, err, errlen);
     else snprintf(err, errlen, "tokenizer: out of memory");
     free(toks); free(merges);
     return t;
@@ -214,7 +240,7 @@ int ds4_tokenizer_gguf_from_hf_json(ds4_gguf_writer *w, const char *path,
     if (!t) goto done;
     const ds4_special_ids *sp = ds4_tokenizer_specials(t);
     ds4_gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
-    ds4_gguf_w_str(w, "tokenizer.ggml.pre", "joyai-llm");
+    ds4_gguf_w_str(w, "tokenizer.ggml.pre", v.cfg.family == DS4_TOK_FAMILY_GLM ? "glm4" : "joyai-llm");
     ds4_gguf_w_arr_str(w, "tokenizer.ggml.tokens", v.tok, v.n);
     ds4_gguf_w_arr(w, "tokenizer.ggml.token_type", DS4_GGUF_I32, v.type, v.n);
     ds4_gguf_w_arr_str(w, "tokenizer.ggml.merges", v.merge, v.n_merges);

@@ -39,9 +39,12 @@ int ds4_uc_class(uint32_t cp);
  * fuzz target hold the fast one to. */
 typedef int (*ds4_piece_fn)(void *ctx, const char *p, size_t n);
 int ds4_pretok_run(const char *s, size_t n, ds4_piece_fn fn, void *ctx);
+/* GLM's glm4 split (one regex), same conventions. */
+int ds4_pretok_glm4_run(const char *s, size_t n, ds4_piece_fn fn, void *ctx);
 
 typedef struct ds4_pretok_regex ds4_pretok_regex;
 ds4_pretok_regex *ds4_pretok_regex_new(char *err, size_t errlen);
+ds4_pretok_regex *ds4_pretok_regex_glm4_new(char *err, size_t errlen);
 void ds4_pretok_regex_free(ds4_pretok_regex *pt);
 /* Returns 0, the callback's value, or -1 on a regex engine failure. */
 int ds4_pretok_regex_run(const ds4_pretok_regex *pt, const char *s, size_t n,
@@ -53,9 +56,14 @@ int ds4_pretok_regex_run(const ds4_pretok_regex *pt, const char *s, size_t n,
  * 4 user-defined). types == NULL infers them: a token is normal when it is a
  * single byte symbol or the result of a merge, added otherwise. */
 enum { DS4_TT_NORMAL = 1, DS4_TT_CONTROL = 3, DS4_TT_USER_DEFINED = 4 };
+/* family picks the pre-tokenizer and the required chat-protocol tokens;
+ * ignore_merges: a piece that is itself a vocabulary token is emitted as
+ * that token without BPE (HF BPE "ignore_merges"; llama.cpp for glm4). */
+typedef struct { ds4_tok_family family; bool ignore_merges; } ds4_tok_config;
 ds4_tokenizer *ds4_tokenizer_build(const ds4_gguf_str *tokens, const int32_t *types,
                                    size_t n_tokens, const ds4_gguf_str *merges,
-                                   size_t n_merges, char *err, size_t errlen);
+                                   size_t n_merges, const ds4_tok_config *cfg,
+                                   char *err, size_t errlen);
 
 /* GPT-2 byte-level alphabet: byte -> code point, and back (-1: not in it). */
 uint32_t ds4_byte_to_cp(uint8_t b);

@@ -7,9 +7,14 @@
  *   3  [!-/:-@[-`{-~][A-Za-z]+ | [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
  *      | ?[\p{P}\p{S}]+[\r\n]* | \s*[\r\n]+ | \s+(?!\S) | \s+
  *
- * Two implementations: a hand-written matcher over a code point class table
- * (what encoding uses), and PCRE2 running the regexes verbatim (the reference
- * the tests and the fuzz target compare it with). */
+ * GLM's glm4 pre-tokenizer (glm-5.2-model.md 8) is one isolated split:
+ *
+ *      (?i:'s|'t|'re|'ve|'m|'ll|'d) | [^\r\n\p{L}\p{N}]?\p{L}+ | \p{N}{1,3}
+ *      | ?[^\s\p{L}\p{N}]+[\r\n]* | \s*[\r\n]+ | \s+(?!\S) | \s+
+ *
+ * Two implementations of each: a hand-written matcher over a code point
+ * class table (what encoding uses), and PCRE2 running the regexes verbatim
+ * (the reference the tests and the fuzz target compare it with). */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <pthread.h>
@@ -73,6 +78,8 @@ static size_t run_end(const zone *z, size_t i, unsigned mask) {
     return i;
 }
 
+static size_t match_space(const zone *z, size_t i);
+
 /* Split 3 at byte i: the end of the match of the first alternative that
  * matches there, or 0 when none does (the character then joins a gap). */
 static size_t match3(const zone *z, size_t i) {
@@ -100,10 +107,15 @@ static size_t match3(const zone *z, size_t i) {
         while (j < z->end && (s[j] == '\r' || s[j] == '\n')) j++;
         return j;
     }
-    if (k0 != DS4_UC_W) return 0;
-    /* \s*[\r\n]+ : \s* backs off to the last CR/LF of the white-space run.
-     * \s+(?!\S) : the run less its last character, unless the run ends the
-     * text or is one character long; then \s+ takes the whole run. */
+    return k0 == DS4_UC_W ? match_space(z, i) : 0;
+}
+
+/* The white-space alternatives both pre-tokenizers end with, at a white-space
+ * character:
+ *   \s*[\r\n]+ : \s* backs off to the last CR/LF of the white-space run.
+ *   \s+(?!\S) : the run less its last character, unless the run ends the
+ *   text or is one character long; then \s+ takes the whole run. */
+static size_t match_space(const zone *z, size_t i) {
     size_t j = i, last_nl = 0, last_start = i;
     while (j < z->end) {
         uint32_t cp; size_t l;
@@ -161,13 +173,77 @@ int ds4_pretok_run(const char *text, size_t n, ds4_piece_fn fn, void *ctx) {
     return r;
 }
 
+/* ------------------------------------------------------- GLM (glm4) */
+
+/* The contraction alternative, case-insensitive as the HF regex engine
+ * matches it: 's 't 'm 'd 're 've 'll, where the s also matches U+017F
+ * (long s, whose case folding is s). Length of the match at s[i], or 0. */
+static size_t contraction(const zone *z, size_t i) {
+    const unsigned char *s = z->s;
+    size_t n = z->end - i;
+    if (n < 2 || s[i] != '\'') return 0;
+    unsigned a = s[i + 1] | 0x20, b = n >= 3 ? (s[i + 2] | 0x20) : 0;
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    if (n >= 3 && s[i + 1] == 0xC5 && s[i + 2] == 0xBF) return 3;   /* U+017F */
+    if (((a == 'r' || a == 'v') && b == 'e') || (a == 'l' && b == 'l')) return 3;
+    return 0;
+}
+
+#define L1 (1u << DS4_UC_L)
+#define N1 (1u << DS4_UC_N)
+/* [^\s\p{L}\p{N}] */
+#define NOT_WLN (1u << DS4_UC_OTHER | 1u << DS4_UC_M | 1u << DS4_UC_P | 1u << DS4_UC_S)
+
+/* The glm4 regex at byte i; every character starts some alternative, so the
+ * result is always > i:
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d) | [^\r\n\p{L}\p{N}]?\p{L}+ | \p{N}{1,3}
+ *   | ?[^\s\p{L}\p{N}]+[\r\n]* | \s*[\r\n]+ | \s+(?!\S) | \s+ */
+static size_t match_glm4(const zone *z, size_t i) {
+    size_t m = contraction(z, i);
+    if (m) return i + m;
+    uint32_t c0, c1 = 0;
+    size_t l0, l1;
+    int k0 = cls_at(z, i, &c0, &l0), k1 = -1;
+    size_t i1 = i + l0;
+    if (i1 < z->end) k1 = cls_at(z, i1, &c1, &l1);
+    if (c0 != '\r' && c0 != '\n' && !in(k0, L1 | N1) && k1 == DS4_UC_L) return run_end(z, i1, L1);
+    if (k0 == DS4_UC_L) return run_end(z, i, L1);
+    if (k0 == DS4_UC_N) {
+        size_t j = i;
+        for (int d = 0; d < 3 && j < z->end; d++) {
+            uint32_t cp; size_t l;
+            if (cls_at(z, j, &cp, &l) != DS4_UC_N) break;
+            j += l;
+        }
+        return j;
+    }
+    if (in(k0, NOT_WLN) || (c0 == ' ' && in(k1, NOT_WLN))) {
+        size_t j = run_end(z, in(k0, NOT_WLN) ? i : i1, NOT_WLN);
+        while (j < z->end && (z->s[j] == '\r' || z->s[j] == '\n')) j++;
+        return j;
+    }
+    return match_space(z, i);
+}
+
+int ds4_pretok_glm4_run(const char *text, size_t n, ds4_piece_fn fn, void *ctx) {
+    pthread_once(&uc_once, uc_fill);
+    zone z = { (const unsigned char *)text, n };
+    for (size_t i = 0; i < n;) {
+        size_t m = match_glm4(&z, i);
+        int r = fn(ctx, text + i, m - i);
+        if (r) return r;
+        i = m;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------- PCRE2 reference */
 
 /* \s is spelled out as the White_Space set: that is what the HF regex engine
  * (Oniguruma) matches, while PCRE2's UCP \s leaves out U+0085. */
 #define WS "\\t\\n\\x0B\\f\\r\\x20\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
-static const char *const patterns[3] = {
+static const char *const ds4_patterns[3] = {
     "\\p{N}{1,3}",
     "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"
@@ -178,12 +254,23 @@ static const char *const patterns[3] = {
     "|[" WS "]+",
 };
 
-struct ds4_pretok_regex { pcre2_code *re[3]; };
+/* HF's glm4 Split regex with \s spelled out as above; PCRE2's caseless UTF
+ * matching folds U+017F to s as the HF engine does. */
+static const char *const glm4_patterns[1] = {
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+    "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*"
+    "|[" WS "]*[\\r\\n]+"
+    "|[" WS "]+(?![^" WS "])"
+    "|[" WS "]+",
+};
 
-ds4_pretok_regex *ds4_pretok_regex_new(char *err, size_t errlen) {
+struct ds4_pretok_regex { pcre2_code *re[3]; int n; };
+
+static ds4_pretok_regex *regex_new(const char *const *patterns, int n, char *err, size_t errlen) {
     ds4_pretok_regex *pt = calloc(1, sizeof *pt);
     if (!pt) { snprintf(err, errlen, "tokenizer: out of memory"); return NULL; }
-    for (int k = 0; k < 3; k++) {
+    pt->n = n;
+    for (int k = 0; k < n; k++) {
         int ec; PCRE2_SIZE eo;
         pt->re[k] = pcre2_compile((PCRE2_SPTR)patterns[k], PCRE2_ZERO_TERMINATED,
                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &ec, &eo, NULL);
@@ -198,9 +285,17 @@ ds4_pretok_regex *ds4_pretok_regex_new(char *err, size_t errlen) {
     return pt;
 }
 
+ds4_pretok_regex *ds4_pretok_regex_new(char *err, size_t errlen) {
+    return regex_new(ds4_patterns, 3, err, errlen);
+}
+
+ds4_pretok_regex *ds4_pretok_regex_glm4_new(char *err, size_t errlen) {
+    return regex_new(glm4_patterns, 1, err, errlen);
+}
+
 void ds4_pretok_regex_free(ds4_pretok_regex *pt) {
     if (!pt) return;
-    for (int k = 0; k < 3; k++) pcre2_code_free(pt->re[k]);
+    for (int k = 0; k < pt->n; k++) pcre2_code_free(pt->re[k]);
     free(pt);
 }
 
@@ -214,7 +309,7 @@ typedef struct {
 /* Cuts s[0..n) with split k and hands every match and gap to split k+1 (or
  * to the callback after the last split). */
 static int split(run_state *st, int k, const char *s, size_t n) {
-    if (k == 3) return n ? st->fn(st->ctx, s, n) : 0;
+    if (k == st->pt->n) return n ? st->fn(st->ctx, s, n) : 0;
     PCRE2_SIZE pos = 0;
     while (pos < n) {
         int rc = pcre2_jit_match(st->pt->re[k], (PCRE2_SPTR)s, n, pos, 0, st->md, NULL);

@@ -22,10 +22,13 @@
  *         (GLM sheet section 2): --layers N trunk layers (default 4; the
  *         first min(3, N) dense) plus the MTP block, GLM 5.2's indexer
  *         schedule (no indexer.types key, as in the released files), q2 mix
- *         (routed Q2_K, the rest Q8_0/F32). No vocabulary (none is shipped).
+ *         (routed Q2_K, the rest Q8_0/F32). No vocabulary unless --vocab
+ *         (GLM's tokenizer.json is not shipped).
  *   glm-demo  the same structure with tiny dims (hidden 256, 4 heads,
  *         8 experts x 256, 4 trunk layers: 1 dense, layers 0-2 full and 3
- *         shared indexer, vocab 4096).
+ *         shared indexer, vocab 4096) carrying the constructed GLM tokenizer
+ *         (data/glm-constructed-tokenizer.json: GLM's pre-tokenizer and
+ *         added tokens, 4096 ids), so it can be served.
  * GLM keys are overridden the same way without "glm-dsa." (e.g.
  * --attention.indexer.top_k 16).
  * Every metadata key of the layout can be overridden with --<key> VALUE,
@@ -467,9 +470,14 @@ int main(int argc, char **argv) {
     char dflt[128], err[512];
     snprintf(dflt, sizeof dflt, "ds4 random %s (meaningless weights)", pname);
     ds4_gguf_w_str(w, "general.name", name ? name : dflt);
-    /* GLM's tokenizer ships with no package here: GLM models carry none */
-    if (glm && vocab_given) die("--vocab/--vocab-added: GLM presets carry no vocabulary");
-    if (!no_vocab && !glm && ds4_tokenizer_gguf_from_hf_json(w, vocab, vocab_added, err, sizeof err))
+    /* GLM's tokenizer ships with no package here: glm-demo carries the
+     * constructed one (GLM's form, 4096 ids = its vocabulary), the real-shape
+     * glm preset none unless --vocab names one */
+    if (glm && !vocab_given) {
+        vocab = strcmp(pname, "glm-demo") ? NULL : "data/glm-constructed-tokenizer.json";
+        vocab_added = NULL;
+    }
+    if (!no_vocab && vocab && ds4_tokenizer_gguf_from_hf_json(w, vocab, vocab_added, err, sizeof err))
         die("tokenizer %s: %s (use --vocab/--vocab-added, or --no-vocab)", vocab, err);
     for (size_t i = 0; i < pl.n; i++)
         ds4_gguf_w_tensor(w, pl.t[i].name, pl.t[i].type, (uint32_t)pl.t[i].n_dims, pl.t[i].ne, NULL);

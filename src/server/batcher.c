@@ -7,8 +7,20 @@
 #include <string.h>
 #include <time.h>
 
-/* How long pending work waits for busy slots that have not submitted yet. */
+/* How long pending work waits for busy slots that have not submitted yet,
+ * counted from when they could have (the end of the last step, or the
+ * work's arrival if later): GRACE_NS, or 1/GRACE_STEP_SHARE of the last step
+ * when that is longer. Counted from arrival instead, the work submitted
+ * during a step would start the next step alone the moment it ends, before
+ * the slots of the ending step have turned their tokens into text, and the
+ * slots would split into two groups stepping in turn, each step half full.
+ * A slot that misses a step waits a whole step for the next one, so on a
+ * busy machine, where a thread may need milliseconds to be scheduled again,
+ * waiting a small share of a long step keeps the rows together; a slot busy
+ * with something else (a stalled client, a disk save) holds the others back
+ * by that share at most. */
 #define GRACE_NS 2000000L
+#define GRACE_STEP_SHARE 8
 /* Most prompt tokens one step prefills, so decoders wait one chunk at most. */
 #define PREFILL_ROWS 256
 
@@ -18,6 +30,7 @@ typedef struct submission {
     const int32_t *toks;
     int n, done;                /* tokens appended so far */
     int taken;                  /* tokens in the running step */
+    bool prompt_start;          /* the first slice of a prompt (its wait is logged) */
     long steps_at_arrival;      /* b->n_steps when it was submitted */
     struct timespec arrived;
     bool finished;
@@ -34,6 +47,8 @@ struct ds4_batcher {
     int n_pending, n_busy;
     bool stepping;
     long n_steps;               /* steps started so far */
+    long last_step_ns;          /* how long the last step's engine call took */
+    struct timespec last_step_end;  /* CLOCK_REALTIME, as the condition waits use */
     void (*log)(void *ud, bool warning, const char *line);
     void *log_ud;
     ds4_step *steps;            /* [max_batch] */
@@ -73,8 +88,15 @@ void ds4_batcher_busy(ds4_batcher *b, bool busy) {
 void ds4_batcher_lock(ds4_batcher *b) { pthread_mutex_lock(&b->engine_mu); }
 void ds4_batcher_unlock(ds4_batcher *b) { pthread_mutex_unlock(&b->engine_mu); }
 
-static struct timespec deadline_of(struct timespec t) {
-    t.tv_nsec += GRACE_NS;
+static bool later(struct timespec a, struct timespec b) {
+    return a.tv_sec > b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec > b.tv_nsec);
+}
+
+/* When pending work that arrived at `arrived` stops waiting for the others. */
+static struct timespec deadline_of(const ds4_batcher *b, struct timespec arrived) {
+    struct timespec t = later(b->last_step_end, arrived) ? b->last_step_end : arrived;
+    const long share = b->last_step_ns / GRACE_STEP_SHARE;
+    t.tv_nsec += share > GRACE_NS ? share : GRACE_NS;
     t.tv_sec += t.tv_nsec / 1000000000L;
     t.tv_nsec %= 1000000000L;
     return t;
@@ -83,7 +105,7 @@ static struct timespec deadline_of(struct timespec t) {
 static bool past(struct timespec t) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    return now.tv_sec > t.tv_sec || (now.tv_sec == t.tv_sec && now.tv_nsec >= t.tv_nsec);
+    return !later(t, now);
 }
 
 static void unlink_sub(ds4_batcher *b, submission *x) {
@@ -96,39 +118,61 @@ static void unlink_sub(ds4_batcher *b, submission *x) {
     }
 }
 
-/* Runs one step over the pending work (b->mu held on entry and exit; released
- * while the engine runs, so new work can queue meanwhile). */
-static void run_step(ds4_batcher *b) {
-    const int max_rows = ds4_engine_max_batch(b->e);
-    int k = 0, rows = 0, decode_rows = 0;
-    long decode_waited = 0;     /* steps started after a decode's arrival without it */
-    bool prefill_taken = false;
-    const long step_no = b->n_steps++;
-    for (submission *x = b->head; x && rows < max_rows; x = x->next) {
-        const int left = x->n - x->done;
-        int take = 1;
-        if (left > 1) {
-            /* one prompt per step, in bounded slices */
-            if (prefill_taken) continue;
-            take = left < PREFILL_ROWS ? left : PREFILL_ROWS;
-            if (take > max_rows - rows) take = max_rows - rows;
-            prefill_taken = true;
-        }
-        x->taken = take;
-        if (x->n == 1) {
-            decode_rows++;
-            if (step_no - x->steps_at_arrival > decode_waited) decode_waited = step_no - x->steps_at_arrival;
-        }
-        b->steps[k] = (ds4_step){x->s, x->toks + x->done, take};
-        b->in_step[k++] = x;
-        rows += take;
+/* What one step takes, gathered under b->mu. */
+typedef struct {
+    long step_no;
+    int k, rows, decode_rows, max_rows;
+    int prefill_budget;         /* prompt rows still allowed in this step */
+    long decode_waited;         /* steps started after a decode's arrival without it */
+    long prefill_waited;        /* the same for a prompt's first slice */
+} step_plan;
+
+/* Puts x's next tokens into the step when they fit: a decode token always,
+ * prompt tokens as far as the step's prefill budget allows. */
+static void take(ds4_batcher *b, step_plan *p, submission *x) {
+    const int left = x->n - x->done;
+    const long waited = p->step_no - x->steps_at_arrival;
+    int n = 1;
+    if (left > 1) {
+        n = left < p->prefill_budget ? left : p->prefill_budget;
+        if (n > p->max_rows - p->rows) n = p->max_rows - p->rows;
+        if (n <= 0) return;
+        p->prefill_budget -= n;
+        if (x->prompt_start && x->done == 0 && waited > p->prefill_waited) p->prefill_waited = waited;
+    } else if (x->n == 1) {
+        p->decode_rows++;
+        if (waited > p->decode_waited) p->decode_waited = waited;
     }
+    x->taken = n;
+    b->steps[p->k] = (ds4_step){x->s, x->toks + x->done, n};
+    b->in_step[p->k++] = x;
+    p->rows += n;
+}
+
+/* Runs one step over the pending work (b->mu held on entry and exit; released
+ * while the engine runs, so new work can queue meanwhile). Every pending
+ * decode token goes in, then prompt slices up to PREFILL_ROWS rows in all:
+ * prompts' first slices first (a new request starts at the next step even
+ * while long prompts are being sliced, and a burst of short prompts shares
+ * one pass over the weights), then the later slices of long prompts, each
+ * group oldest first. */
+static void run_step(ds4_batcher *b) {
+    step_plan p = {.step_no = b->n_steps++, .max_rows = ds4_engine_max_batch(b->e), .prefill_budget = PREFILL_ROWS};
+    for (int pass = 0; pass < 2; pass++)
+        for (submission *x = b->head; x && p.rows < p.max_rows; x = x->next) {
+            const bool first_pass = x->n - x->done <= 1 || x->prompt_start;
+            if (first_pass == (pass == 0)) take(b, &p, x);
+        }
+    const int k = p.k;
     b->stepping = true;
     pthread_mutex_unlock(&b->mu);
 
     char err[256];
     pthread_mutex_lock(&b->engine_mu);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = ds4_sessions_step(b->e, b->steps, k, err, sizeof err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
     for (int i = 0; i < k; i++) {
         b->in_step[i]->rc = 0;
         /* a refused step changed nothing: find out whose work it was */
@@ -137,13 +181,16 @@ static void run_step(ds4_batcher *b) {
     }
     pthread_mutex_unlock(&b->engine_mu);
     if (b->log) {
-        char line[160];
-        snprintf(line, sizeof line, "batch step %ld: decode rows %d, prefill rows %d, decode waited %ld steps%s",
-                 step_no, decode_rows, rows - decode_rows, decode_waited, rc ? ", refused" : "");
+        char line[192];
+        snprintf(line, sizeof line, "batch step %ld: decode rows %d, prefill rows %d, decode waited %ld steps, "
+                 "prefill waited %ld steps%s", p.step_no, p.decode_rows, p.rows - p.decode_rows,
+                 p.decode_waited, p.prefill_waited, rc ? ", refused" : "");
         b->log(b->log_ud, false, line);
     }
 
     pthread_mutex_lock(&b->mu);
+    b->last_step_ns = (t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec);
+    clock_gettime(CLOCK_REALTIME, &b->last_step_end);
     for (int i = 0; i < k; i++) {
         submission *x = b->in_step[i];
         if (x->rc == 0) x->done += x->taken;
@@ -157,8 +204,9 @@ static void run_step(ds4_batcher *b) {
     pthread_cond_broadcast(&b->cv);
 }
 
-int ds4_batcher_eval(ds4_batcher *b, ds4_session *s, const int32_t *toks, int n, char *err, size_t errlen) {
-    submission me = {.s = s, .toks = toks, .n = n};
+int ds4_batcher_eval(ds4_batcher *b, ds4_session *s, const int32_t *toks, int n, bool prompt_start,
+                     char *err, size_t errlen) {
+    submission me = {.s = s, .toks = toks, .n = n, .prompt_start = prompt_start};
     if (n <= 0) return 0;
     clock_gettime(CLOCK_REALTIME, &me.arrived);
     pthread_mutex_lock(&b->mu);
@@ -168,7 +216,7 @@ int ds4_batcher_eval(ds4_batcher *b, ds4_session *s, const int32_t *toks, int n,
     b->n_pending++;
     pthread_cond_broadcast(&b->cv);
     while (!me.finished) {
-        const struct timespec deadline = b->head ? deadline_of(b->head->arrived) : me.arrived;
+        const struct timespec deadline = b->head ? deadline_of(b, b->head->arrived) : me.arrived;
         if (!b->stepping && b->head && (b->n_pending >= b->n_busy || past(deadline))) {
             run_step(b);
             continue;

@@ -20,7 +20,7 @@ typedef struct {
     const ds4_request *r;
     ds4_buf generated;          /* for the trace */
     ds4_token_ids script;       /* --scripted-output tokens (test only) */
-    int eos;
+    int eos;                    /* ends a script */
 } chat_gen;
 
 static bool chat_cancelled(void *ud) {
@@ -40,7 +40,7 @@ static bool chat_greedy(void *ud) {
 
 static void chat_token(void *ud, int32_t tok, const float *logits) {
     chat_gen *g = ud;
-    if (tok == g->eos) return;
+    if (ds4_tokenizer_is_stop(g->s->tok, tok)) return;
     if (ds4_enc_wants_logprobs(g->enc) && ds4_enc_in_content(g->enc))
         ds4_enc_logprob(g->enc, chat_logprob_entry(g->s, logits, tok, g->r->logprobs));
     g->u->completion_tokens++;
@@ -54,7 +54,7 @@ static bool chat_text(void *ud, const char *text, size_t len) {
 }
 
 static int chat_decode(void *ud, int32_t tok, char *err, size_t errlen) {
-    return srv_eval(((chat_gen *)ud)->s, &tok, 1, err, errlen);
+    return srv_eval(((chat_gen *)ud)->s, &tok, 1, false, err, errlen);
 }
 
 static void chat_after_decode(void *ud) {
@@ -171,7 +171,7 @@ void run_chat(server *s, job *j) {
     job_progress pc;
     job_progress_init(&pc, s, j, enc);
     int rc = job_load_prompt(s, &p, &pc, err, sizeof err);
-    if (rc == 1 && pc.gone) { trace(s, "client went away during prefill"); j->keep_alive = false; goto out; }
+    if (rc == 1 && pc.gone) { trace(s, "client %s during prefill", job_gone_how(c)); j->keep_alive = false; goto out; }
     if (rc == 1) snprintf(err, sizeof err, "server shutting down");
     if (rc) {
         trace(s, "prefill failed: %s", err);
@@ -196,7 +196,7 @@ void run_chat(server *s, job *j) {
     trace_text(s, "generated", g.generated.data ? g.generated.data : "", g.generated.len);
     ds4_buf_free(&g.generated);
     if (pc.gone || ds4_enc_broken(enc)) {
-        trace(s, "client went away during generation after %d tokens", u.completion_tokens);
+        trace(s, "client %s during generation after %d tokens", job_gone_how(c), u.completion_tokens);
         j->keep_alive = false;
         goto out;
     }
@@ -210,6 +210,7 @@ void run_chat(server *s, job *j) {
         goto out;
     }
     bool hit_length = gr.end == DS4_GEN_LENGTH || gr.end == DS4_GEN_CTX_FULL;
+    ds4_queue_answered(s);
     ds4_enc_finish(enc, hit_length ? DS4_CAUSE_LENGTH : DS4_CAUSE_EOS, &u);
     if (ds4_enc_error(enc)) trace(s, "tool parser: %s", ds4_enc_error(enc));
     remember_tool_calls(s, enc);

@@ -57,6 +57,7 @@ static bool tokenize_prompt(server *s, job *j, const ds4_prompt *pr, ds4_token_i
                              {.role = DS4_ROLE_USER, .content = pr->text}};
         ds4_chat_opts o;
         ds4_chat_opts_default(&o);
+        o.profile = srv_profile(s);
         o.think = srv_effective_think(s, &j->req);
         o.ctx = s->o.ctx;
         srv_prompt prompt = {0};
@@ -119,7 +120,7 @@ static bool cmpl_text(void *ud, const char *text, size_t len) {
 }
 
 static int cmpl_decode(void *ud, int32_t tok, char *err, size_t errlen) {
-    return srv_eval(((cmpl_gen *)ud)->s, &tok, 1, err, errlen);
+    return srv_eval(((cmpl_gen *)ud)->s, &tok, 1, false, err, errlen);
 }
 
 static void cmpl_after_decode(void *ud) {
@@ -253,6 +254,7 @@ void run_completions(server *s, job *j) {
         ds4_buf_free(&text);
     }
     if (pc.gone) { j->keep_alive = false; goto out; }
+    ds4_queue_answered(s);
     cJSON *usage = cJSON_CreateObject();
     cJSON_AddNumberToObject(usage, "prompt_tokens", total.prompt_tokens);
     cJSON_AddNumberToObject(usage, "completion_tokens", total.completion_tokens);

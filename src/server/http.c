@@ -270,6 +270,7 @@ void ds4_http_limits_default(ds4_http_limits *l) {
     l->request_timeout_ms = 30000;
     l->idle_timeout_ms = 60000;
     l->write_stall_ms = 2000;
+    l->send_buffer_bytes = 64 * 1024;
 }
 
 const char *ds4_http_reason(int s) {
@@ -308,6 +309,7 @@ static int write_all(ds4_http_conn *c, const char *p, size_t n) {
             int pr = poll(&pf, 1, c->lim.write_stall_ms);
             if (pr > 0 && !(pf.revents & (POLLERR | POLLHUP))) continue;
             if (pr < 0 && errno == EINTR) continue;
+            c->stalled = pr == 0;
         }
         c->broken = true;
         return -1;

@@ -27,7 +27,10 @@
  *   may wait longer than read_timeout_ms (a client trickling a byte at a
  *   time cannot hold a connection); writes use poll() with a stall timeout
  *   so a client that stops reading cannot block the inference worker. All
- *   writes use MSG_NOSIGNAL.
+ *   writes use MSG_NOSIGNAL. The server caps each connection's send buffer
+ *   (send_buffer_bytes): the kernel would otherwise grow a loopback buffer
+ *   to megabytes, so a client that never reads would be noticed only after
+ *   tens of thousands of tokens had been generated for nobody.
  * - A response keeps the connection open when asked to, for HTTP/1.0 too
  *   (Content-Length delimits it); only an HTTP/1.0 stream, which ends when
  *   the connection closes, sets `close_after`.
@@ -83,6 +86,7 @@ typedef struct {
     int request_timeout_ms; /* whole head + body from its first byte, default 30 s */
     int idle_timeout_ms;  /* keep-alive wait for the next request, default 60 s */
     int write_stall_ms;   /* a write that makes no progress this long fails, default 2 s */
+    int send_buffer_bytes; /* SO_SNDBUF of each accepted connection, default 64 KiB */
 } ds4_http_limits;
 
 void ds4_http_limits_default(ds4_http_limits *l);
@@ -95,6 +99,7 @@ typedef struct {
     bool streaming;       /* an SSE response is open */
     bool close_after;     /* the response is delimited by closing the connection */
     bool broken;          /* a write failed; the peer is gone */
+    bool stalled;         /* ... because the peer stopped reading (write_stall_ms passed) */
     int status;           /* of the last response head sent (metrics) */
 } ds4_http_conn;
 

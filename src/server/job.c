@@ -66,6 +66,10 @@ void job_progress_init(job_progress *p, server *s, job *j, ds4_enc *enc) {
     *p = (job_progress){.s = s, .conn = j->conn, .enc = enc, .last_ping = now_s()};
 }
 
+const char *job_gone_how(const ds4_http_conn *c) {
+    return c->stalled ? "stopped reading (a write stalled) and was dropped" : "went away";
+}
+
 bool job_cancelled(job_progress *p) {
     if (ds4_http_peer_gone(p->conn)) { p->gone = true; return true; }
     if (atomic_load(&ds4_srv_stop)) { p->stopping = true; return true; }
@@ -93,7 +97,7 @@ static int prefill(server *s, const int32_t *toks, int from, int n, job_progress
         int stop = s->kvd ? ds4_kvdisk_prefill_stop(s->kvd, toks, n, i, from == 0, &reason) : -1;
         srv_kvd_unlock(s);
         if (stop > i && stop < i + len) len = stop - i;
-        rc = srv_eval(s, toks + i, len, err, errlen);
+        rc = srv_eval(s, toks + i, len, i == from, err, errlen);
         if (rc) break;
         i += len;
         if (i == stop) {

@@ -44,6 +44,9 @@ typedef struct {
 } job_progress;
 
 void job_progress_init(job_progress *p, server *s, job *j, ds4_enc *enc);
+/* How a client that is gone left, for the trace: "went away" (closed or
+ * reset) or "stopped reading ..." (its writes stalled out, http.h). */
+const char *job_gone_how(const ds4_http_conn *c);
 /* true when the work must stop (sets gone or stopping). */
 bool job_cancelled(job_progress *p);
 /* job_cancelled(), and the keep-alives a long prefill owes the client. */

@@ -1,10 +1,17 @@
 #include "prefix.h"
 
+#include "glm_chat.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 ds4_think_mode srv_effective_think(const server *s, const ds4_request *r) {
-    return ds4_chat_effective_think(r->think, s->o.ctx);
+    /* the Think Max context rule is DeepSeek's; GLM's effort line is text */
+    return srv_profile(s) == DS4_CHAT_GLM ? r->think : ds4_chat_effective_think(r->think, s->o.ctx);
+}
+
+ds4_chat_profile srv_profile(const server *s) {
+    return ds4_chat_profile_for(s->tok);
 }
 
 typedef struct {
@@ -42,7 +49,7 @@ void srv_prompt_free(srv_prompt *p) {
 bool srv_render_prompt(server *s, const ds4_request *r, bool replay, srv_prompt *out, char *err, size_t errlen) {
     ds4_chat_opts o;
     ds4_chat_opts_default(&o);
-    o.profile = DS4_CHAT_DS4;
+    o.profile = srv_profile(s);
     o.think = srv_effective_think(s, r);
     o.ctx = s->o.ctx;
     o.tools = r->tools;
@@ -78,11 +85,21 @@ bool live_ids_match(server *s, const ds4_request *r) {
 }
 
 /* The continuation tail for trailing tool results of the live turn:
- * EOS, the tool-result user turn(s), the generation prompt. */
+ * EOS, the tool-result user turn(s), the generation prompt (GLM: the result
+ * and user turns after the stop token, which the session does not hold). */
 static void render_tail(server *s, const ds4_request *r, srv_prompt *prompt) {
     ds4_buf *out = &prompt->text;
     int first = r->n_msgs;
     while (first > 0 && r->msgs[first - 1].role != DS4_ROLE_ASSISTANT) first--;
+    if (srv_profile(s) == DS4_CHAT_GLM) {
+        ds4_chat_opts o;
+        ds4_chat_opts_default(&o);
+        o.profile = DS4_CHAT_GLM;
+        o.think = srv_effective_think(s, r);
+        o.client_spans = &prompt->client;
+        ds4_glm_chat_render_tail(r->msgs + first, r->n_msgs - first, &o, out);
+        return;
+    }
     ds4_buf_puts(out, DS4_STR_EOS);
     bool in_results = false;
     for (int i = first; i < r->n_msgs; i++) {
@@ -189,6 +206,15 @@ void remember_visible(server *s, const ds4_buf *prompt, const ds4_enc *enc) {
         memcmp(prompt->data + prompt->len - open, DS4_STR_THINK_OPEN, open)) return;
     const char *content = ds4_enc_content(enc, &clen);
     const char *block = ds4_enc_block(enc, &blen);
+    if (srv_profile(s) == DS4_CHAT_GLM) {
+        /* one form: GLM renders a turn without reasoning as <think></think> */
+        ds4_buf_clear(&s->visible[0]);
+        ds4_buf_clear(&s->visible[1]);
+        ds4_glm_chat_visible_turn(prompt->data, prompt->len, content, clen, block, block ? blen : 0,
+                                  DS4_CHAT_GLM, &s->visible[0]);
+        s->visible_tokens = ds4_session_n_tokens(s->sess);
+        return;
+    }
     for (int k = 0; k < 2; k++) {
         ds4_buf *v = &s->visible[k];
         ds4_buf_clear(v);

@@ -62,6 +62,13 @@ static int best_slot(const ds4_job_queue *q, const job *j) {
             best_len = len;
         }
     }
+    for (int k = 0; best >= 0 && k < q->n_slots; k++) {
+        const ds4_queue_slot *sl = &q->slots[k];
+        if (!sl->answered) continue;
+        /* at least half its body: a continuation, not just the same JSON scaffolding */
+        const size_t len = common_prefix(sl->body, sl->body_len, j->body, j->body_len);
+        if (len > best_len && 2 * len >= sl->body_len) return -1;
+    }
     return best;
 }
 
@@ -140,6 +147,7 @@ job *ds4_queue_take(server *s, bool *stopping) {
     ds4_job_queue *q = s->queue;
     pthread_mutex_lock(&q->mu);
     q->slots[s->slot].idle = true;
+    q->slots[s->slot].answered = false;
     pthread_cond_broadcast(&q->cv);
     /* when stopping, any slot refuses what is left */
     while (!q->stopping && !(q->head && best_slot(q, q->head) == s->slot)) pthread_cond_wait(&q->cv, &q->mu);
@@ -156,6 +164,13 @@ job *ds4_queue_take(server *s, bool *stopping) {
     *stopping = q->stopping;
     pthread_mutex_unlock(&q->mu);
     return j;
+}
+
+void ds4_queue_answered(server *s) {
+    ds4_job_queue *q = s->queue;
+    pthread_mutex_lock(&q->mu);
+    q->slots[s->slot].answered = true;
+    pthread_mutex_unlock(&q->mu);
 }
 
 void ds4_queue_finish(server *s, job *j) {

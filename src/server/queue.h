@@ -21,8 +21,15 @@
  *   job goes to the idle slot whose previous request body shares the
  *   longest prefix with its body (a conversation's next turn usually extends
  *   the previous body, and that slot holds its KV), ties to the least
- *   recently used slot. That choice affects only speed: every slot's prefix
- *   planner finds what its session can reuse.
+ *   recently used slot. A busy slot whose job has already answered its
+ *   client (ds4_queue_answered: only bookkeeping is left) counts as about to
+ *   be idle: when its body shares a longer prefix than every idle slot's,
+ *   and at least half of that slot's remembered body (a continuation, not
+ *   just the same JSON scaffolding), the job waits for it, because a client that has read an answer sends the
+ *   next turn at once, often before that worker is back in take(). The wait
+ *   is bounded (the job is over) and never for a slot still generating.
+ *   That choice affects only speed: every slot's prefix planner finds what
+ *   its session can reuse.
  * - This is the only place that knows how waiting requests are ordered.
  */
 #ifndef DS4_QUEUE_H
@@ -36,6 +43,7 @@ typedef struct server server;
 
 typedef struct {
     bool idle;                  /* waiting in ds4_queue_take */
+    bool answered;              /* busy, but its job's answer is complete */
     char *body;                 /* the start of its last request body */
     size_t body_len;
     unsigned long last_used;
@@ -57,6 +65,9 @@ typedef struct {
 bool ds4_queue_init(ds4_job_queue *q, int n_slots);
 bool ds4_queue_submit(server *s, job *j);
 job *ds4_queue_take(server *s, bool *stopping);
+/* The running job's answer is complete and about to be written; from here
+ * on its slot's session changes only by that worker's bookkeeping. */
+void ds4_queue_answered(server *s);
 void ds4_queue_finish(server *s, job *j);
 /* Slots, how many of them are running a job, and jobs waiting (/health, /metrics). */
 void ds4_queue_slots(server *s, int *n_slots, int *busy, int *queued);

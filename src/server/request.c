@@ -160,6 +160,17 @@ static void think_effort(dec *d, think_state *t, const cJSON *v, const char *par
     else fail(d, 400, param, "unsupported_value", "unsupported reasoning effort '%.40s'", s);
 }
 
+/* vLLM / SGLang style: chat_template_kwargs.enable_thinking (GLM's switch). */
+static void think_kwargs(dec *d, think_state *t, const cJSON *root) {
+    const cJSON *kw = get(root, "chat_template_kwargs");
+    if (present(kw) && !cJSON_IsObject(kw)) { bad_json(d); return; }
+    const cJSON *v = get(kw, "enable_thinking");
+    if (!present(v)) return;
+    if (!cJSON_IsBool(v)) { bad_json(d); return; }
+    t->explicit_ctl = true;
+    t->thinking = cJSON_IsTrue(v);
+}
+
 static void think_control(dec *d, think_state *t, const cJSON *o, const char *key) {
     cJSON *v = get(o, key);
     if (!v) return;
@@ -180,8 +191,10 @@ static void think_resolve(dec *d, think_state *t) {
         if (!strcmp(m, "deepseek-chat")) t->thinking = false;
         if (!strcmp(m, "deepseek-reasoner")) t->thinking = true;
     }
+    /* GLM-5.2 thinks at Max unless told "high" (glm-5.2-model.md 7.4) */
+    bool max = t->effort == 2 || (t->effort == 0 && d->r->profile == DS4_CHAT_GLM);
     if (!t->thinking || t->effort == -1) d->r->think = DS4_THINK_NONE;
-    else d->r->think = t->effort == 2 ? DS4_THINK_MAX : DS4_THINK_HIGH;
+    else d->r->think = max ? DS4_THINK_MAX : DS4_THINK_HIGH;
 }
 
 /* ---- content ------------------------------------------------------- */
@@ -657,6 +670,24 @@ static void decode_responses(dec *d, const cJSON *root) {
 
 /* ---- Anthropic Messages -------------------------------------------- */
 
+/* GLM has a tool-result turn of its own (<|observation|>), so a user
+ * message's tool_result blocks become tool messages ahead of its text
+ * (the DeepSeek profile keeps them inline in the user turn instead). */
+static int glm_tool_results(dec *d, msg_vec *mv, const cJSON *blocks) {
+    int n = 0;
+    for (const cJSON *b = blocks->child; b && !d->e->status; b = b->next) {
+        const char *ty = cJSON_IsObject(b) ? get_str(d, b, "type") : NULL;
+        if (!ty || strcmp(ty, "tool_result")) continue;
+        const cJSON *rc = get(b, "content");
+        ds4_chat_msg *t = push_msg(d, mv, DS4_ROLE_TOOL);
+        if (!t) return -1;
+        t->content = cJSON_IsString(rc) || cJSON_IsArray(rc) ? content_text(d, rc) : "";
+        t->tool_call_id = get_str(d, b, "tool_use_id");
+        n++;
+    }
+    return d->e->status ? -1 : n;
+}
+
 static void decode_messages(dec *d, const cJSON *root) {
     ds4_request *r = d->r;
     msg_vec mv = {0};
@@ -688,9 +719,12 @@ static void decode_messages(dec *d, const cJSON *root) {
         const char *role = get_str(d, m, "role");
         bool asst = role && !strcmp(role, "assistant");
         if (role && !asst && strcmp(role, "user")) continue;
+        const cJSON *c = get(m, "content");
+        bool glm_results = r->profile == DS4_CHAT_GLM && !asst && cJSON_IsArray(c);
+        int n_results = glm_results ? glm_tool_results(d, &mv, c) : 0;
+        if (n_results < 0) return;
         ds4_chat_msg *x = push_msg(d, &mv, asst ? DS4_ROLE_ASSISTANT : DS4_ROLE_USER);
         if (!x) return;
-        const cJSON *c = get(m, "content");
         if (!present(c) || cJSON_IsString(c)) { x->content = present(c) ? c->valuestring : ""; continue; }
         if (!cJSON_IsArray(c)) { bad_json(d); return; }
         ds4_buf text = {0}, reasoning = {0};
@@ -713,10 +747,19 @@ static void decode_messages(dec *d, const cJSON *root) {
             } else if (!strcmp(ty, "tool_result")) {
                 const char *id = get_str(d, b, "tool_use_id");
                 const cJSON *rc = get(b, "content");
-                const char *t = cJSON_IsString(rc) || cJSON_IsArray(rc) ? content_text(d, rc) : "";
-                ds4_chat_tool_result(t ? t : "", t ? strlen(t) : 0, DS4_CHAT_DS4, &text);
+                if (!glm_results) {
+                    const char *t = cJSON_IsString(rc) || cJSON_IsArray(rc) ? content_text(d, rc) : "";
+                    ds4_chat_tool_result(t ? t : "", t ? strlen(t) : 0, DS4_CHAT_DS4, &text);
+                }
                 if (id && !call_replayed(&mv, id)) push_live(d, id);
             }
+        }
+        /* results alone: the tool messages already stand for the turn */
+        if (n_results > 0 && !text.len) {
+            mv.n--;
+            ds4_buf_free(&text);
+            ds4_buf_free(&reasoning);
+            continue;
         }
         x->content = rbuf(d, &text);
         if (has_reasoning) x->reasoning_content = rbuf(d, &reasoning);
@@ -846,9 +889,15 @@ cJSON *ds4_json_body_parse(const char *body, size_t len, ds4_req_error *e) {
 }
 
 int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r, ds4_req_error *e) {
+    return ds4_request_decode_for(api, DS4_CHAT_DS4, body, len, r, e);
+}
+
+int ds4_request_decode_for(ds4_api api, ds4_chat_profile profile, const char *body, size_t len,
+                           ds4_request *r, ds4_req_error *e) {
     memset(r, 0, sizeof *r);
     dec d = {r, e};
     r->api = api;
+    r->profile = profile;
     r->max_tokens = -1;
     r->logprobs = -1;
     ds4_sampler_params_default(&r->sampling);
@@ -862,7 +911,7 @@ int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r
     }
     const cJSON *model = get(root, "model");
     if (present(model) && !cJSON_IsString(model)) bad_json(&d);
-    r->model = cJSON_IsString(model) ? model->valuestring : "deepseek-v4-flash";
+    r->model = cJSON_IsString(model) ? model->valuestring : ds4_request_default_model(profile);
     r->stream = get_bool(&d, root, "stream", false);
     const cJSON *so = get(root, "stream_options");
     if (present(so) && !cJSON_IsObject(so)) bad_json(&d);
@@ -877,6 +926,7 @@ int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r
     case DS4_API_COMPLETIONS:
         think_control(&d, &t, root, "thinking");
         think_control(&d, &t, root, "think");
+        think_kwargs(&d, &t, root);
         think_effort(&d, &t, get(root, "reasoning_effort"), "reasoning_effort");
         if (!e->status) (api == DS4_API_CHAT ? decode_chat : decode_completions)(&d, root);
         break;
@@ -899,6 +949,10 @@ int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r
     think_resolve(&d, &t);
     if (e->status) ds4_request_free(r);
     return e->status;
+}
+
+const char *ds4_request_default_model(ds4_chat_profile profile) {
+    return profile == DS4_CHAT_GLM ? "glm-5.2" : "deepseek-v4-flash";
 }
 
 size_t ds4_request_text_bytes(const ds4_request *r, int *max_ids) {

@@ -7,7 +7,8 @@
  *   tool definitions), resolved thinking mode, sampling parameters, limits,
  *   stop strings, streaming flags, and for completions the prompt list.
  *   Semantics follow server-api.md sections 2, 4-7 and
- *   deepseek-v4-prompt-format.md 7-8.
+ *   deepseek-v4-prompt-format.md 7-8; GLM's thinking switch is also read from
+ *   chat_template_kwargs.enable_thinking (vLLM / SGLang clients).
  * - Unknown fields are ignored everywhere; duplicate keys: the last wins.
  *   Wrong types, missing required fields, unsupported values and invalid
  *   UTF-8 fail with an HTTP status (400) and a message, `param` and `code`
@@ -64,6 +65,7 @@ typedef struct {
 
 typedef struct ds4_request {
     ds4_api api;
+    ds4_chat_profile profile;   /* the served model's chat format (decode_for) */
     const char *model;      /* echoed back verbatim */
     bool stream, include_usage;
 
@@ -94,9 +96,18 @@ typedef struct ds4_request {
  * JSON value with only whitespace after it. NULL with e filled (400). */
 struct cJSON *ds4_json_body_parse(const char *body, size_t len, ds4_req_error *e);
 
-/* Returns 0, or the HTTP status with e filled (r is then freed/empty). */
+/* Returns 0, or the HTTP status with e filled (r is then freed/empty).
+ * decode_for() decodes for a model family's chat profile (DS4_CHAT_DS4 or
+ * DS4_CHAT_GLM): for GLM, Anthropic tool_result blocks become tool messages
+ * (GLM's own result turn) ahead of the user's text, thinking without an
+ * effort means Max, and the default model id is GLM's. ds4_request_decode()
+ * is decode_for(DS4_CHAT_DS4). */
 int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r,
                        ds4_req_error *e);
+int ds4_request_decode_for(ds4_api api, ds4_chat_profile profile, const char *body, size_t len,
+                           ds4_request *r, ds4_req_error *e);
+/* The model id echoed when a request names none. */
+const char *ds4_request_default_model(ds4_chat_profile profile);
 void ds4_request_free(ds4_request *r);
 
 /* A lower bound on the prompt a request renders to, for rejecting what

@@ -13,10 +13,19 @@
 #include "respond.h"
 #include "server_state.h"
 
-static const char *const MODEL_IDS[] = {"deepseek-v4-flash", "deepseek-v4-pro"};
-#define N_MODEL_IDS (sizeof MODEL_IDS / sizeof MODEL_IDS[0])
+/* The ids /v1/models lists for the served family, and their display names. */
+typedef struct { const char *id, *display; } model_id;
+static const model_id DS4_MODELS[] = {{"deepseek-v4-flash", "DeepSeek V4 Flash"}, {"deepseek-v4-pro", "DeepSeek V4 Pro"}};
+static const model_id GLM_MODELS[] = {{"glm-5.2", "GLM 5.2"}};
 
-static cJSON *model_obj(server *s, const char *id) {
+static const model_id *served_models(const server *s, size_t *n) {
+    bool glm = srv_profile(s) == DS4_CHAT_GLM;
+    *n = glm ? sizeof GLM_MODELS / sizeof *GLM_MODELS : sizeof DS4_MODELS / sizeof *DS4_MODELS;
+    return glm ? GLM_MODELS : DS4_MODELS;
+}
+
+static cJSON *model_obj(server *s, const model_id *mid) {
+    const char *id = mid->id;
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", id);
     cJSON_AddStringToObject(m, "object", "model");
@@ -24,7 +33,7 @@ static cJSON *model_obj(server *s, const char *id) {
     cJSON_AddNumberToObject(m, "created", 1767225600);
     cJSON_AddStringToObject(m, "created_at", "2026-01-01T00:00:00Z");
     cJSON_AddStringToObject(m, "owned_by", "ds4");
-    cJSON_AddStringToObject(m, "display_name", strstr(id, "pro") ? "DeepSeek V4 Pro" : "DeepSeek V4 Flash");
+    cJSON_AddStringToObject(m, "display_name", mid->display);
     cJSON_AddNumberToObject(m, "context_length", s->o.ctx);
     cJSON_AddNumberToObject(m, "max_input_tokens", s->o.ctx);
     int mt = s->o.default_max_tokens < s->o.ctx ? s->o.default_max_tokens : s->o.ctx;
@@ -37,20 +46,22 @@ static cJSON *model_obj(server *s, const char *id) {
 }
 
 static void route_models(server *s, ds4_http_conn *c, const ds4_http_req *hr, bool ka) {
+    size_t n;
+    const model_id *ids = served_models(s, &n);
     if (!strcmp(hr->path, "/v1/models")) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "object", "list");
         cJSON *d = cJSON_AddArrayToObject(o, "data");
-        for (size_t i = 0; i < N_MODEL_IDS; i++) cJSON_AddItemToArray(d, model_obj(s, MODEL_IDS[i]));
+        for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(d, model_obj(s, &ids[i]));
         cJSON_AddBoolToObject(o, "has_more", false);
-        cJSON_AddStringToObject(o, "first_id", MODEL_IDS[0]);
-        cJSON_AddStringToObject(o, "last_id", MODEL_IDS[N_MODEL_IDS - 1]);
+        cJSON_AddStringToObject(o, "first_id", ids[0].id);
+        cJSON_AddStringToObject(o, "last_id", ids[n - 1].id);
         ds4_send_json(s, c, hr, 200, o, ka, NULL);
         return;
     }
     const char *id = hr->path + strlen("/v1/models/");
-    for (size_t i = 0; i < N_MODEL_IDS; i++)
-        if (!strcmp(id, MODEL_IDS[i])) { ds4_send_json(s, c, hr, 200, model_obj(s, id), ka, NULL); return; }
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(id, ids[i].id)) { ds4_send_json(s, c, hr, 200, model_obj(s, &ids[i]), ka, NULL); return; }
     char msg[200];
     snprintf(msg, sizeof msg, "The model '%.100s' does not exist or you do not have access to it.", id);
     ds4_send_error(s, c, hr, 404, msg, "model", "model_not_found", 0, ka);
@@ -83,7 +94,7 @@ static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *
     ds4_request r;
     ds4_req_error e;
     parse_slot_take();
-    if (ds4_request_decode(DS4_API_COUNT_TOKENS, body->data ? body->data : "", body->len, &r, &e)) {
+    if (ds4_request_decode_for(DS4_API_COUNT_TOKENS, srv_profile(s), body->data ? body->data : "", body->len, &r, &e)) {
         parse_slot_give();
         ds4_send_error(s, c, hr, e.status, e.message, e.param, e.code, 0, ka);
         return;
@@ -107,8 +118,9 @@ static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *
 
 static void route_tokenizer_info(server *s, ds4_http_conn *c, const ds4_http_req *hr, bool ka) {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "eos_token", DS4_TOK_EOS);
-    cJSON_AddStringToObject(o, "bos_token", DS4_TOK_BOS);
+    bool glm = srv_profile(s) == DS4_CHAT_GLM;
+    cJSON_AddStringToObject(o, "eos_token", glm ? DS4_TOK_GLM_ENDOFTEXT : DS4_TOK_EOS);
+    cJSON_AddStringToObject(o, "bos_token", glm ? DS4_TOK_GLM_GMASK : DS4_TOK_BOS);
     ds4_send_json(s, c, hr, 200, o, ka, NULL);
 }
 
@@ -138,10 +150,11 @@ static void route_tokenize(server *s, ds4_http_conn *c, const ds4_http_req *hr, 
     }
     /* As HF tokenizers do: added tokens are always matched (clients such
      * as lm-eval find BOS/EOS ids by tokenizing their strings), and
-     * add_special_tokens only decides whether BOS is prepended. */
+     * add_special_tokens only decides whether BOS is prepended (GLM's
+     * tokenizer adds nothing: its template writes [gMASK]<sop> itself). */
     ds4_token_ids ids = {0};
     int rc = 0;
-    if (cJSON_IsTrue(asp))
+    if (cJSON_IsTrue(asp) && srv_profile(s) != DS4_CHAT_GLM)
         rc = ds4_tokenizer_encode(s->tok, DS4_TOK_BOS, strlen(DS4_TOK_BOS), DS4_TOK_SPECIALS_ALL, &ids);
     if (!rc) rc = ds4_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), DS4_TOK_SPECIALS_ALL, &ids);
     cJSON_Delete(in);
@@ -229,7 +242,7 @@ static bool route_inference(server *s, ds4_http_conn *c, ds4_http_req *hr, const
     job j = {.conn = c, .hreq = hr, .body = body->data, .body_len = body->len};
     ds4_req_error e;
     parse_slot_take();
-    int rc = ds4_request_decode(api, body->data ? body->data : "", body->len, &j.req, &e);
+    int rc = ds4_request_decode_for(api, srv_profile(s), body->data ? body->data : "", body->len, &j.req, &e);
     parse_slot_give();
     if (rc) {
         ds4_send_error(s, c, hr, e.status, e.message, e.param, e.code, 0, ka);

@@ -175,6 +175,10 @@ static void accept_one(server *s, int listen_fd, const pthread_attr_t *attr) {
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    /* Bounded, so a client that stops reading fills it within a few hundred
+     * tokens and its slot's writes stall out (http.h) instead of queueing
+     * megabytes. 64 KiB still covers a token stream on a long-distance link. */
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &s->o.limits.send_buffer_bytes, sizeof s->o.limits.send_buffer_bytes);
     unsigned char key[16];
     client_key(&peer, key);
     bool admitted = admit(key, s->o.max_connections, s->o.max_client_connections);
@@ -212,6 +216,8 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     o->max_client_connections = 256;
     o->numerics = -1;
     o->batched_sessions = 1;
+    const char *linger = getenv("DS4_TEST_SLOT_LINGER_MS");
+    o->test_linger_ms = linger ? atoi(linger) : 0;
     ds4_kvdisk_opts_default(&o->kvdisk);
     ds4_http_limits_default(&o->limits);
     ds4_gpu_opts_default(&o->gpu);

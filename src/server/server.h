@@ -21,7 +21,11 @@
  *   errors found later are then reported in-stream.
  * - The worker writes the response itself (SSE as it generates) and watches
  *   the socket: a client that disconnects stops prefill/generation at the
- *   next chunk or token and frees the worker.
+ *   next chunk or token and frees the worker. A client that stops reading
+ *   is treated the same once a write has made no progress for
+ *   limits.write_stall_ms; each connection's send buffer is capped at
+ *   limits.send_buffer_bytes, so that happens within a few hundred tokens,
+ *   and meanwhile the other slots' steps go on without it (batcher.h).
  * - Prefix reuse on the live session, first hit wins: trailing tool results
  *   that answer the live tool-call turn (only the tail is rendered); live
  *   tokens as an exact prefix of the new prompt tokens; the live text (the
@@ -78,6 +82,8 @@ typedef struct {
     bool disable_exact_replay;
     bool completions_chat;       /* wrap /v1/completions prompts as a chat turn */
     const char *scripted_output; /* test only: every generation emits this file's text */
+    int test_linger_ms;          /* test only (DS4_TEST_SLOT_LINGER_MS): a slot's worker waits this
+                                    long after answering a job, before it is idle again */
     const char *api_key;         /* NULL: no authentication (DS4_API_KEY in ds4-server) */
     bool no_api_key;             /* allow a non-loopback --host without a key */
     int max_connections;         /* open connections, 1..DS4_SERVER_MAX_CONNECTIONS (default) */

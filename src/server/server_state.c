@@ -45,8 +45,8 @@ void kv_log(void *ud, bool warning, const char *line) {
     if (warning) fprintf(stderr, "ds4-server: %s\n", line);
 }
 
-int srv_eval(server *s, const int32_t *toks, int n, char *err, size_t errlen) {
-    if (s->batcher) return ds4_batcher_eval(s->batcher, s->sess, toks, n, err, errlen);
+int srv_eval(server *s, const int32_t *toks, int n, bool prompt_start, char *err, size_t errlen) {
+    if (s->batcher) return ds4_batcher_eval(s->batcher, s->sess, toks, n, prompt_start, err, errlen);
     return ds4_session_prefill(s->sess, toks, n, NULL, NULL, NULL, err, errlen);
 }
 

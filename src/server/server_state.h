@@ -91,7 +91,7 @@ void trace_text(server *s, const char *label, const char *text, size_t n);
 void kv_log(void *ud, bool warning, const char *line);
 
 /* The engine calls a slot makes, through the batcher when there is one. */
-int srv_eval(server *s, const int32_t *toks, int n, char *err, size_t errlen);
+int srv_eval(server *s, const int32_t *toks, int n, bool prompt_start, char *err, size_t errlen);
 int srv_rewind(server *s, int n_tokens, char *err, size_t errlen);
 int srv_prefill_rows(server *s, const int32_t *toks, int n, float *rows, char *err, size_t errlen);
 /* The disk cache's lock (no-op without a cache). */

@@ -1,5 +1,7 @@
 #include "worker.h"
 
+#include <unistd.h>
+
 #include "batcher.h"
 #include "endpoints.h"
 #include "job.h"
@@ -20,6 +22,9 @@ void *worker_main(void *server_state) {
             if (j->req.api == DS4_API_COMPLETIONS) run_completions(s, j);
             else run_chat(s, j);
             if (s->batcher) ds4_batcher_busy(s->batcher, false);
+            /* test only: the window in which a client that has read its
+             * answer sends the next turn while this slot is still busy */
+            if (s->o.test_linger_ms > 0) usleep((useconds_t)s->o.test_linger_ms * 1000);
         }
         ds4_queue_finish(s, j);
     }

@@ -113,6 +113,17 @@ class Server:
                 pass
 
 
+def wait_for(cond, what, res, tries=3000):
+    """Polls cond every 0.1 s (a bounded wait for the server's state, not a
+    timing check); a failed check when it never holds."""
+    for _ in range(tries):
+        if cond():
+            return True
+        time.sleep(0.1)
+    res.check(False, f"never happened: {what}")
+    return False
+
+
 class Results:
     """Tiny check collector: every failed check is printed, exit code at the end."""
 

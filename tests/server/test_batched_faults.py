@@ -6,6 +6,9 @@
    steps between the long prompt's first and last chunk, and no decode token
    ever waited for a step that started after it was submitted (W == 0: it
    waits at most for the chunk already running). Ordering, not timing.
+   A new request arriving during such a prefill is answered before it ends,
+   and its first prompt slice, like every decode token, was never left out
+   of a step that started after it was submitted ("prefill waited 0").
 2. A request cancelled mid-prefill (its client hangs up) stops prefilling,
    frees its slot (the next request is answered, /health shows no busy slot)
    and leaves the disk KV cache with only complete, CRC-valid files.
@@ -18,17 +21,16 @@ import os
 import re
 import shutil
 import socket
-import struct
 import tempfile
 import threading
-import time
 
-from server_helper import Results, Server, demo_model_or_skip
-from test_kv_restart import FLAGS, parse_kvc
+from server_helper import Results, Server, demo_model_or_skip, wait_for
+from test_kv_restart import FLAGS, check_cache_dir, parse_kvc
 
 NAME = "test_batched_faults"
 DS4_KVC_EVICT = 3   # kvdisk_file.h: why a checkpoint was written
-STEP = re.compile(r"batch step (\d+): decode rows (\d+), prefill rows (\d+), decode waited (\d+) steps")
+STEP = re.compile(r"batch step (\d+): decode rows (\d+), prefill rows (\d+), decode waited (\d+) steps, "
+                  r"prefill waited (\d+) steps")
 
 
 def post(port, body):
@@ -45,24 +47,15 @@ def long_prompt(tag, words):
 
 
 def steps(srv):
-    """[(line index, decode rows, prefill rows, waited)] of the trace so far, and its lines."""
+    """[(line index, decode rows, prefill rows, decode waited, prefill waited)] of
+    the trace so far, and its lines."""
     lines = srv.trace_text().splitlines()
     out = []
     for i, line in enumerate(lines):
         m = STEP.search(line)
         if m:
-            out.append((i, int(m.group(2)), int(m.group(3)), int(m.group(4))))
+            out.append((i, int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5))))
     return out, lines
-
-
-def wait_for(cond, what, res):
-    """Polls cond (a bounded wait for the server's state, not a timing check)."""
-    for _ in range(3000):
-        if cond():
-            return True
-        time.sleep(0.1)
-    res.check(False, f"never happened: {what}")
-    return False
 
 
 def interleaving(res, srv):
@@ -109,6 +102,36 @@ def interleaving(res, srv):
     reader.join()
 
 
+def new_request_during_long_prefill(res, srv):
+    """A request arriving while another slot prefills a prompt of dozens of
+    chunks starts its own prefill at the next step: it is answered before the
+    long prompt's prefill ends, and no step ever left out a prompt's first
+    slice that was already waiting (prefill waited 0)."""
+    wait_for(lambda: health_idle(srv), "both slots idle", res)
+    n_before = len(steps(srv)[0])
+    long_client = post(srv.port, {"model": "m", "max_tokens": 2, "temperature": 0,
+                                  "messages": [{"role": "user", "content": long_prompt("n", 3000)}]})
+    wait_for(lambda: any(st[2] > 0 for st in steps(srv)[0][n_before:]), "the long prompt prefills", res)
+    status, _, _ = srv.request("POST", "/v1/chat/completions", {
+        "model": "m", "max_tokens": 3, "temperature": 0,
+        "messages": [{"role": "user", "content": long_prompt("short", 120)}]})
+    res.check(status == 200, f"the new request is answered: {status}")
+    long_client.close()     # the rest of the long prefill is not needed
+    wait_for(lambda: health_idle(srv), "the long prompt's slot is freed", res)
+    all_steps, lines = steps(srv)
+    after = all_steps[n_before:]
+    first = after[0][0] if after else len(lines)
+    answered = next((i for i in range(first, len(lines)) if "usage:" in lines[i]), None)
+    cancelled = next((i for i in range(first, len(lines)) if "client went away during prefill" in lines[i]), None)
+    res.check(answered is not None and cancelled is not None and answered < cancelled,
+              f"the new request finished while the long prompt was still prefilling (lines {answered}, {cancelled})")
+    prefills = sum(1 for st in after if st[2] > 0 and (answered is None or st[0] < answered))
+    print(f"new request during a long prefill: {prefills} steps with prefill rows before its answer")
+    res.check(all(st[3] == 0 and st[4] == 0 for st in after),
+              f"a waiting decode token or first prompt slice was left out of a step: "
+              f"{[st for st in after if st[3] or st[4]]}")
+
+
 def health_idle(srv):
     status, _, body = srv.request("GET", "/health")
     return status == 200 and json.loads(body).get("slots_busy") == 0
@@ -128,13 +151,7 @@ def cancel_mid_prefill(res, srv, cache_dir):
     status, _, body = srv.request("POST", "/v1/chat/completions", {
         "model": "m", "max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "after"}]})
     res.check(status == 200 and json.loads(body)["choices"], "the next request is answered")
-    names = [n for n in os.listdir(cache_dir) if n != ".lock"]   # the directory's owner lock
-    res.check(all(n.endswith(".kv") for n in names), f"no half-written files in the cache: {names}")
-    for n in names:
-        try:
-            parse_kvc(os.path.join(cache_dir, n))
-        except (AssertionError, struct.error) as e:
-            res.check(False, f"cache file {n} invalid: {e}")
+    check_cache_dir(res, cache_dir, "cancelled mid-prefill")
 
 
 def chat(srv, msgs):
@@ -176,6 +193,9 @@ def main():
             interleaving(res, srv)
             cancel_mid_prefill(res, srv, cache_dir)
             evict_and_return(res, srv, cache_dir)
+            # last: the long prompt's save points fill the cache budget that
+            # evict_and_return's checkpoint must survive in
+            new_request_during_long_prefill(res, srv)
             res.check(srv.alive(), "server alive")
         finally:
             srv.stop()

@@ -7,7 +7,10 @@ at a time. Then 16 clients at once (openai and anthropic SDKs, streamed and
 not, chat / completions / messages, some of them continuing a conversation
 of an earlier request) go through a server with 4 slots; each answer must
 equal its reference. A client that disconnects mid-stream frees its slot (the
-server keeps answering), /health and /metrics (Prometheus text: every
+server keeps answering). Two storms of 64 clients that leave at random
+points (mid-head, at once, mid-prefill, mid-stream; a seeded draw) leave
+every reader answered, every slot free, RSS within 32 MiB over the second
+storm and only CRC-valid disk cache files. /health and /metrics (Prometheus text: every
 sample line parses, the counters add up to what the test sent) report the
 slots, and a slot count whose
 KV cannot fit is refused at start with one line. Tool calls: the SDK
@@ -19,18 +22,27 @@ meaningless, so only equality is checked."""
 import concurrent.futures
 import json
 import os
+import random
 import re
+import shutil
 import socket
 import subprocess
+import tempfile
+import time
 
 import anthropic
 import openai
 
 from server_helper import MODEL, SERVER, Results, Server, demo_model_or_skip, read_to_eof, write_temp_file
+from test_kv_restart import check_cache_dir
 from test_server_sdk import SCRIPT, scripted_server_tests
 
 NAME = "test_batched_sessions"
 MAX_TOKENS = 12
+# Every prompt saved cold, long ones also every 256 tokens, so the storm's
+# disconnects land while cache files are being written.
+KV_FLAGS = ["--kv-cache-min-tokens", "16", "--kv-cache-boundary-trim-tokens", "4", "--kv-cache-boundary-align-tokens",
+            "16", "--kv-cache-continued-interval-tokens", "256", "--kv-disk-space-mb", "64"]
 
 
 def requests():
@@ -100,26 +112,65 @@ def rss_kb(pid):
     return 0
 
 
-def storm(port, n):
-    """n clients at once: a third hang up right after sending, a third after
-    the first bytes of their stream, a third read their answer (one never
-    reads until the end). Returns how many complete answers came back."""
+# How a storm client leaves: mid-head (part of its request head sent),
+# at once (queued, or its prefill just begun), mid-prefill (a long streamed
+# prompt, gone once its stream opened), mid-stream (after some events), or
+# never (it reads its whole answer).
+STORM_KINDS = ("mid_head", "at_once", "mid_prefill", "mid_stream", "reader")
+
+
+def storm(port, n, seed):
+    """n clients at once, each leaving as STORM_KINDS[k] for k drawn from a
+    seeded generator. Returns (readers, readers answered in full)."""
+    rng = random.Random(seed)
+    plan = [(rng.choice(STORM_KINDS), rng.random()) for _ in range(n)]
+
     def client(i):
-        body = json.dumps({"model": "m", "max_tokens": 4, "stream": i % 2 == 0, "temperature": 0,
-                           "messages": [{"role": "user", "content": f"storm {i}"}]}).encode()
+        kind, where = plan[i]
+        words = 200 if kind == "mid_prefill" else 3 + i % 5   # 200 words: ~800 of the 1024 tokens
+        stream = kind in ("mid_prefill", "mid_stream") or i % 2 == 0
+        body = json.dumps({"model": "m", "max_tokens": 4 if kind == "reader" else 200, "stream": stream,
+                           "temperature": 0, "messages": [{"role": "user", "content": " ".join(
+                               f"storm{i}w{k}" for k in range(words))}]}).encode()
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode()
         s = socket.create_connection(("127.0.0.1", port), timeout=300)
-        s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-                  f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-        if i % 3 == 1:
-            s.recv(1)
-        if i % 3 != 2:
+        try:
+            if kind == "mid_head":
+                s.sendall(head[:1 + int(where * (len(head) - 2))])
+                return None
+            s.sendall(head + body)
+            if kind == "mid_prefill":
+                s.recv(1)           # the stream opens before the prompt is prefilled
+            elif kind == "mid_stream":
+                got = b""
+                while got.count(b"data: ") < 1 + int(where * 3):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    got += chunk
+            if kind != "reader":
+                return None
+            data = read_to_eof(s)
+            done = b"data: [DONE]" in data if stream else data.rstrip().endswith(b"}")
+            return data.startswith(b"HTTP/1.1 200") and done
+        finally:
             s.close()
-            return 0
-        data = read_to_eof(s)
-        s.close()
-        return 1 if data.startswith(b"HTTP/1.1 200") else 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
-        return sum(pool.map(client, range(n)))
+        answers = [a for a in pool.map(client, range(n)) if a is not None]
+    return len(answers), sum(answers)
+
+
+def wait_idle(srv):
+    """Polls /health until no slot is busy and nothing is queued (a bounded
+    wait for the server's state, not a timing check)."""
+    for _ in range(600):
+        status, _, body = srv.request("GET", "/health")
+        h = json.loads(body) if status == 200 else {}
+        if h.get("slots_busy") == 0 and h.get("queued", 0) == 0:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def metrics(srv):
@@ -151,7 +202,8 @@ def main():
         alone.stop()
     res.check(all(isinstance(w, str) for w in want), "reference answers")
 
-    srv = Server("--batched-session", "4", ctx=1024)
+    cache_dir = tempfile.mkdtemp(prefix="ds4-storm-kv-")
+    srv = Server("--batched-session", "4", "--kv-disk-dir", cache_dir, *KV_FLAGS, ctx=1024)
     try:
         for _ in range(3):
             abandon_stream(srv.port)
@@ -159,13 +211,25 @@ def main():
             got = list(pool.map(lambda kt: run(srv, *kt), reqs))
         for i, (w, g) in enumerate(zip(want, got)):
             res.check(w == g, f"request {i} ({reqs[i][0]}): batched answer {g!r} != alone {w!r}")
-        # 64 clients at once, most of them hanging up: every reader answered,
-        # the server keeps serving, its memory back near where it was
-        base_rss = rss_kb(srv.proc.pid)
-        answered = storm(srv.port, 64)
-        res.check(answered == 21, f"storm: {answered} of 21 reading clients answered")
+        # 64 clients at once, most of them hanging up at random points: every
+        # reader answered, the server keeps serving, every slot freed, its
+        # memory back near where it was (the first storm also touches the
+        # slots' KV pages, the second measures what it leaves behind), and
+        # the disk cache holds only complete files
+        for rnd, seed in enumerate((11, 12)):
+            if rnd == 1:
+                base_rss = rss_kb(srv.proc.pid)
+            readers, answered = storm(srv.port, 64, seed)
+            print(f"storm {rnd + 1} (seed {seed}): {answered} of {readers} reading clients answered")
+            res.check(answered == readers, f"storm {rnd + 1}: {answered} of {readers} reading clients answered")
+            res.check(wait_idle(srv), f"storm {rnd + 1}: every slot freed")
         grown = rss_kb(srv.proc.pid) - base_rss
-        res.check(grown < 32 * 1024, f"RSS grew {grown} kB over a 64-client storm")
+        print(f"RSS over the second storm: {grown:+d} kB")
+        trace = srv.trace_text()
+        res.check("client went away during prefill" in trace and "client went away during generation" in trace,
+                  "the storms cancelled prompts mid-prefill and answers mid-stream")
+        res.check(grown < 32 * 1024, f"RSS grew {grown} kB over a 64-client storm (bound 32 MiB)")
+        check_cache_dir(res, cache_dir, "after the storms")
         # the abandoned streams left no slot behind: a new request is answered
         res.check(run(srv, "chat", reqs[1][1]) == want[1], "answer after abandoned streams")
         status, _, body = srv.request("GET", "/health")
@@ -189,6 +253,7 @@ def main():
         res.check(srv.alive(), "server alive")
     finally:
         srv.stop()
+        shutil.rmtree(cache_dir, ignore_errors=True)
 
     script = write_temp_file(SCRIPT)
     try:

@@ -79,6 +79,18 @@ def parse_kvc(path):
     return {"reason": reason, "tokens": n_tokens, "hits": hits, "text": text, "tools": tools, "quant": quant}
 
 
+def check_cache_dir(res, cache_dir, label):
+    """After faults: the cache directory holds only complete .kv files that
+    parse and pass their CRC (the writer links a file only once it is whole)."""
+    names = [n for n in os.listdir(cache_dir) if n != ".lock"]   # the directory's owner lock
+    res.check(all(n.endswith(".kv") for n in names), f"{label}: no half-written files in the cache: {names}")
+    for n in names:
+        try:
+            parse_kvc(os.path.join(cache_dir, n))
+        except (AssertionError, struct.error) as e:
+            res.check(False, f"{label}: cache file {n} invalid: {e}")
+
+
 def turns(oc, t, upto):
     """Runs turns 1..upto; returns (messages so far, list of responses)."""
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Read src/main.c and summarise it."}]

@@ -4,6 +4,8 @@ weights: only equality with the mapped path and structure are checked):
   byte-identical JSON with the routed experts streamed through a cache of
   one layer's selection (every layer evicts) and without streaming;
 - the start-up report line and the --ssd-streaming-stats line appear;
+- with room for them, the next layer's guessed experts are read early
+  (counted in the stats line) and the output is still byte-identical;
 - the automatic budget inside a cgroup v1 memory limit (where this process
   may create one) stays under the limit and gives the same logits;
 - bad values and a budget below one layer's selection: one line, exit != 0;
@@ -71,6 +73,15 @@ check(re.search(rf"ssd-streaming: .* resident, expert cache {k} slots", st[2]), 
 m = re.search(r"ssd-streaming stats: (\d+) tokens, hit rate ([\d.]+)%.*?([\d.]+) MiB read per token", st[2])
 check(m and int(m.group(1)) > 0 and float(m.group(3)) > 0, "stats line: " + st[2][-400:])
 
+# room for the next layer's guessed experts beside a decode layer's own: the
+# guesses are read early and change nothing in the output
+guess = outputs(["--ssd-streaming", "--ssd-streaming-cache-experts", str(3 * k), "--ssd-streaming-cold",
+                 "--ssd-streaming-stats"])
+check(guess[0] == ref[0] and guess[1] == ref[1], "logits differ with next-layer guesses read early")
+# the second stats line is the decode run's (a prefill batch guesses nothing)
+m = re.findall(r"next-layer guesses [\d.]+% right \((\d+) of (\d+), (\d+) read ahead\)", guess[2])
+check(len(m) == 2 and int(m[1][0]) <= int(m[1][1]) and int(m[1][2]) > 0, "guess stats: " + guess[2][-400:])
+
 buffered = outputs(STREAM, env={"DS4_TEST_EXPERT_NO_DIRECT": "1"})
 check(buffered[0] == ref[0] and buffered[1] == ref[1], "logits differ with buffered (non-O_DIRECT) reads")
 check("refuses O_DIRECT" in buffered[2] and "buffered reads" in buffered[2], "buffered warning: " + buffered[2][:400])
@@ -111,7 +122,7 @@ for bad in (["--ssd-streaming-cache-experts", "12XB"], ["--ssd-streaming-cache-e
     check(r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "ssd-streaming" in r.stderr,
           f"{bad}: rc {r.returncode} '{r.stderr}'")
 for binary in ("./ds4", "./ds4-bench", "./ds4-server"):
-    for sub_option in (["--ssd-streaming-cold"], ["--ssd-streaming-cache-experts", "4"]):
+    for sub_option in (["--ssd-streaming-cold"], ["--ssd-streaming-no-predict"], ["--ssd-streaming-cache-experts", "4"]):
         r = run([binary, "-m", MODEL, "-t", "2", *sub_option])
         check(r.returncode != 0 and r.stderr.strip() == f"{binary[2:]}: the --ssd-streaming-* options need --ssd-streaming",
               f"{binary} {sub_option} without --ssd-streaming: rc {r.returncode} '{r.stderr}'")

@@ -5,11 +5,16 @@
  *   to the fully mapped engine on the oracle models ($BUILD/ds4tiny) and the
  *   demo model: full prefill (all positions), chunked prefill (more experts
  *   per batch than slots), token-by-token decode, snapshot restore, and two
- *   sessions in one batched step.
+ *   sessions in one batched step; also with room for the next layer's
+ *   guessed experts to be read early (the guess changes reads, never
+ *   results).
  * - The routed byte ranges are never brought into memory through the
  *   mapping (mincore on a copy whose page cache was dropped first).
  * - A file truncated after load fails prefill/decode with one line; the
- *   process stays up, and once the file is whole again the next decode works. A budget below one layer's selection, an exact slot
+ *   process stays up, and once the file is whole again the next decode works.
+ * - An injected read error during decode (next-layer guesses in flight)
+ *   fails that step with one line; the retry's logits and those after it
+ *   equal an undisturbed run. A budget below one layer's selection, an exact slot
  *   count larger than memory and resident weights larger than memory are
  *   refused with one line.
  * - Eviction bookkeeping: LRU matches a textbook LRU on random traces; aged
@@ -119,13 +124,15 @@ static void identical_to_mapped(const char *path, int n) {
     size_t na = script(ref, toks, n, a);
     ds4_engine_free(ref);
     /* slot counts: the minimum (k) and one more (chunk 7 puts more distinct
-     * experts in a batch than there are slots), two whole layers (the
+     * experts in a batch than there are slots), room for a decode layer's
+     * next-layer guess beside its own experts, two whole layers (the
      * prefill reads the next layer ahead), and two layers half preloaded */
     int k, n_expert;
     model_shape(path, &k, &n_expert);
-    const int slot_counts[] = {k, k + 1, 2 * n_expert, 2 * n_expert};
-    for (int run = 0; run < 4; run++) {
-        ds4_engine *st = load(path, true, slot_counts[run], 7, run < 3);
+    const int slot_counts[] = {k, k + 1, 3 * k, 2 * n_expert, 2 * n_expert};
+    enum { GUESS_RUN = 2, PREFETCH_RUN = 3, PRELOAD_RUN = 4, N_RUNS };
+    for (int run = 0; run < N_RUNS; run++) {
+        ds4_engine *st = load(path, true, slot_counts[run], 7, run < PRELOAD_RUN);
         if (!st) break;
         memset(b, 0xff, cap * sizeof(float));
         size_t nb = script(st, toks, n, b);
@@ -133,13 +140,83 @@ static void identical_to_mapped(const char *path, int n) {
         ds4_ssd_stats stats;
         CHECK(ds4_engine_ssd_stats(st, &stats), "no stats");
         CHECK(stats.misses > 0 && stats.bytes_read > 0, "%s: no reads counted", path);
-        CHECK(run < 2 || stats.prefetched > 0, "%s: no layer read ahead", path);
-        CHECK(stats.preloaded == (run == 3 ? (uint64_t)n_expert : 0), "%s: %llu preloaded", path,
+        CHECK(run < PREFETCH_RUN || stats.prefetched > 0, "%s: no layer read ahead", path);
+        /* decode guesses every layer after the first, and with room some are read early */
+        CHECK(stats.predicted > 0 && stats.predicted_right <= stats.predicted, "%s: %llu guesses, %llu right", path,
+              (unsigned long long)stats.predicted, (unsigned long long)stats.predicted_right);
+        CHECK(run != GUESS_RUN || stats.predicted_read > 0, "%s: no guessed expert read early", path);
+        CHECK(stats.preloaded == (run == PRELOAD_RUN ? (uint64_t)n_expert : 0), "%s: %llu preloaded", path,
               (unsigned long long)stats.preloaded);
         CHECK(stats.tokens >= (uint64_t)n, "%s: %llu tokens counted for %d run", path, (unsigned long long)stats.tokens, n);
         ds4_engine_free(st);
     }
     free(a); free(b); free(toks);
+}
+
+/* Matrix reads started so far: every miss, guess, next-layer prefetch and
+ * preload is one expert of three matrices. */
+static uint64_t matrix_reads(ds4_engine *e) {
+    ds4_ssd_stats st;
+    if (!ds4_engine_ssd_stats(e, &st)) return 0;
+    return 3 * (st.misses + st.predicted_read + st.prefetched + st.preloaded);
+}
+
+/* Prefills 8 tokens and decodes 4 (logits into out, NULL: not kept); with
+ * fail_at, read number fail_at (1-based, through the EIO hook) falls in the
+ * decode: that step fails with the read's line and is retried. Returns the
+ * matrix reads of the prefill. */
+static uint64_t decode_run(const char *path, int slots, uint64_t fail_at, float *out) {
+    char env[32], err[512];
+    snprintf(env, sizeof env, "%llu", (unsigned long long)fail_at);
+    if (fail_at) setenv("DS4_TEST_EXPERT_READ_EIO", env, 1);
+    ds4_engine *e = load(path, true, slots, 7, true);
+    unsetenv("DS4_TEST_EXPERT_READ_EIO");
+    if (!e) return 0;
+    const int V = ds4_engine_n_vocab(e);
+    int32_t *toks = tokens(12, V);
+    ds4_session *s = ds4_session_new(e, 32, err, sizeof err);
+    CHECK(s && ds4_session_prefill(s, toks, 8, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    const uint64_t prefill_reads = matrix_reads(e);
+    int failures = 0;
+    for (int i = 8; s && i < 12; i++) {
+        int rc = ds4_session_decode(s, toks[i], err, sizeof err);
+        if (rc && fail_at && !failures++) {
+            CHECK(strstr(err, "expert read at offset") && strstr(err, "Input/output error"), "injected EIO: '%s'", err);
+            rc = ds4_session_decode(s, toks[i], err, sizeof err);
+        }
+        CHECK(rc == 0, "decode %d: %s", i, err);
+        if (out) memcpy(out + (size_t)(i - 8) * V, ds4_session_logits(s), (size_t)V * sizeof(float));
+    }
+    CHECK(failures == (fail_at ? 1 : 0), "%s: %d decode steps failed with read %llu failing", path, failures,
+          (unsigned long long)fail_at);
+    ds4_session_free(s);
+    ds4_engine_free(e);
+    free(toks);
+    return prefill_reads;
+}
+
+/* A read error in decode, where next-layer guesses are read too (room for
+ * them: 3 x k slots): the step fails with the read's line, the retry
+ * reads the expert again, and every logit equals an undisturbed run. Two
+ * positions: the first decode read (a layer-0 miss) and a later one. */
+static void decode_read_error(const char *path) {
+    int k, n_expert;
+    model_shape(path, &k, &n_expert);
+    ds4_engine *probe = load(path, false, 0, 7, true);
+    if (!probe) return;
+    const size_t V = (size_t)ds4_engine_n_vocab(probe);
+    ds4_engine_free(probe);
+    float *want = malloc(4 * V * sizeof(float)), *got = malloc(4 * V * sizeof(float));
+    const uint64_t prefill_reads = decode_run(path, 3 * k, 0, want);
+    CHECK(prefill_reads > 0, "%s: no reads in the prefill", path);
+    const uint64_t offsets[] = {1, 3 * (uint64_t)k + 2};
+    for (int i = 0; i < 2; i++) {
+        memset(got, 0xff, 4 * V * sizeof(float));
+        decode_run(path, 3 * k, prefill_reads + offsets[i], got);
+        CHECK(memcmp(want, got, 4 * V * sizeof(float)) == 0, "%s: logits after a failed read differ (read %llu)", path,
+              (unsigned long long)(prefill_reads + offsets[i]));
+    }
+    free(want); free(got);
 }
 
 /* A private copy of a model whose pages are not in the page cache. */
@@ -324,6 +401,8 @@ int main(void) {
     snprintf(path, sizeof path, "%s/ds4tiny/A-f32.gguf", build);
     snprintf(tmp, sizeof tmp, "%s/ds4tiny/stream-copy-%d.gguf", build, (int)getpid());
     cold_file_and_truncation(path, tmp);
+    decode_read_error(path);
+    decode_read_error("models/demo.gguf");
     refusals(path);
     return check_done("test_expert_cache");
 }

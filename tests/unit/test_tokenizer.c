@@ -4,8 +4,11 @@
  *  - tests/fixtures/tokenizer/hf-cases.jsonl (HF `tokenizers` on DeepSeek V4's
  *    tokenizer.json, three special-token modes, raw invalid UTF-8 included),
  *  - the literal vectors of deepseek-v4-prompt-format.md 3.3-3.10,
+ *  - tests/fixtures/tokenizer/glm-cases.jsonl (HF `tokenizers` on the
+ *    constructed GLM tokenizer.json),
  * plus invariants: decode(encode(x)) == x, streaming decode == whole decode
- * at every split point, GGUF export -> load gives the same tokenizer. */
+ * at every split point, GGUF export -> load gives the same tokenizer, the
+ * hand-written pre-tokenizers equal their regexes run by PCRE2. */
 #include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -225,7 +228,10 @@ static size_t put_utf8(char *o, uint32_t c) {
     return 4;
 }
 
-static void pretok_differential(void) {
+typedef int (*pretok_fn)(const char *, size_t, ds4_piece_fn, void *);
+typedef ds4_pretok_regex *(*regex_ctor)(char *, size_t);
+
+static void pretok_differential(const char *family, pretok_fn run, regex_ctor make_regex) {
     static const uint32_t blocks[][2] = {
         { 0x00, 0x7F }, { 0x20, 0x7E }, { 0x20, 0x7E }, { 0x80, 0xFF }, { 0x300, 0x36F },
         { 0x370, 0x3FF }, { 0x400, 0x4FF }, { 0x590, 0x6FF }, { 0x900, 0x97F }, { 0xE00, 0xE7F },
@@ -234,10 +240,11 @@ static void pretok_differential(void) {
         { 0xAC00, 0xAC40 }, { 0xFE00, 0xFE0F }, { 0xFF00, 0xFFEF }, { 0x1F300, 0x1F64F },
         { 0x1D400, 0x1D4FF }, { 0x20000, 0x20010 }, { 0xE0020, 0xE007F }, { 0xE000, 0xE010 },
         { '\r', '\r' }, { '\n', '\n' }, { ' ', ' ' }, { '0', '9' }, { 'a', 'z' },
+        { '\'', '\'' }, { 0x17F, 0x17F }, { 'A', 'Z' },   /* glm4 contractions, long s */
     };
     const size_t nb = sizeof blocks / sizeof *blocks;
     char err[256];
-    ds4_pretok_regex *re = ds4_pretok_regex_new(err, sizeof err);
+    ds4_pretok_regex *re = make_regex(err, sizeof err);
     CHECK(re != NULL, "%s", err);
     if (!re) return;
     uint64_t rng = 0x9E3779B97F4A7C15ULL;
@@ -253,7 +260,7 @@ static void pretok_differential(void) {
             n += put_utf8(buf + n, c);
         }
         span_list a = { .n = 0, .base = buf }, r = { .n = 0, .base = buf };
-        ds4_pretok_run(buf, n, collect_span, &a);
+        run(buf, n, collect_span, &a);
         ds4_pretok_regex_run(re, buf, n, collect_span, &r);
         bool same = a.n == r.n;
         for (int i = 0; same && i < a.n && i < 512; i++)
@@ -264,7 +271,7 @@ static void pretok_differential(void) {
             fprintf(stderr, "\n");
         }
     }
-    CHECK(bad == 0, "%d random strings pre-tokenize differently (hand-written vs PCRE2)", bad);
+    CHECK(bad == 0, "%s: %d random strings pre-tokenize differently (hand-written vs PCRE2)", family, bad);
     ds4_pretok_regex_free(re);
 }
 
@@ -550,6 +557,100 @@ static void concurrent(const ds4_tokenizer *t, tcase *c, size_t n) {
     CHECK(bad == 0, "%d wrong encodings under 4 concurrent threads", bad);
 }
 
+/* GLM: the constructed tokenizer (tests/oracles/glm_tokenizer_make.py: GLM's
+ * pre-tokenizer and added tokens, merges trained by HF) against HF's own
+ * encodings; the GLM chat-special set; stop ids; the glm4 GGUF export. */
+#define GLM_JSON "data/glm-constructed-tokenizer.json"
+
+static void glm_chat_set(const ds4_tokenizer *t) {
+    static const char *const strs[] = { DS4_TOK_GLM_CHAT_STRINGS };
+    const char *other = "<|begin_of_image|>/nothink[MASK]";
+    for (size_t k = 0; k < sizeof strs / sizeof *strs; k++) {
+        ds4_token_ids ids = {0};
+        ds4_tokenizer_encode(t, strs[k], strlen(strs[k]), DS4_TOK_SPECIALS_CHAT, &ids);
+        CHECK(ids.n == 1 && ids.v[0] == ds4_tokenizer_find_special(t, strs[k], strlen(strs[k])),
+              "chat set: %s is one protocol token", strs[k]);
+        ds4_token_ids_free(&ids);
+    }
+    ds4_token_ids chat = {0}, none = {0};
+    ds4_tokenizer_encode(t, other, strlen(other), DS4_TOK_SPECIALS_CHAT, &chat);
+    ds4_tokenizer_encode(t, other, strlen(other), DS4_TOK_SPECIALS_NONE, &none);
+    CHECK(chat.n == none.n && !memcmp(chat.v, none.v, chat.n * sizeof *chat.v),
+          "added tokens the template never writes are text in the chat set");
+    ds4_token_ids_free(&chat);
+    ds4_token_ids_free(&none);
+}
+
+static void glm_tokenizer(void) {
+    char err[256] = "";
+    ds4_tokenizer *t = ds4_tokenizer_from_hf_json(GLM_JSON, NULL, err, sizeof err);
+    CHECK(t != NULL, "GLM load: %s", err);
+    if (!t) return;
+    const ds4_special_ids *sp = ds4_tokenizer_specials(t);
+    CHECK(ds4_tokenizer_family(t) == DS4_TOK_FAMILY_GLM && ds4_tokenizer_n_vocab(t) == 4096, "family, n_vocab");
+    /* the 36 added tokens follow the 4060 base tokens in GLM's order (sheet 7.5) */
+    CHECK(sp->eos == 4060 && sp->bos == 4062 && sp->sop == 4064 && sp->system == 4066 && sp->user == 4067 &&
+          sp->assistant == 4068 && sp->observation == 4069 && sp->think == 4081 && sp->think_end == 4082,
+          "GLM specials eos %d bos %d user %d", sp->eos, sp->bos, sp->user);
+    CHECK(sp->dsml == -1 && sp->latest_reminder == -1, "no DeepSeek tokens");
+    CHECK(ds4_tokenizer_is_stop(t, sp->eos) && ds4_tokenizer_is_stop(t, sp->user) &&
+          ds4_tokenizer_is_stop(t, sp->observation) && !ds4_tokenizer_is_stop(t, sp->assistant) &&
+          !ds4_tokenizer_is_stop(t, sp->think_end) && !ds4_tokenizer_is_stop(t, 100), "GLM stop ids");
+    tcase *gc;
+    size_t ng = load_cases("tests/fixtures/tokenizer/glm-cases.jsonl", &gc);
+    CHECK(ng > 800, "glm-cases: %zu cases", ng);
+    check_cases(t, "glm-cases", gc, ng);
+    roundtrip(t, gc, ng);
+    glm_chat_set(t);
+
+    /* GGUF: pre "glm4", bos [gMASK], eos <|endoftext|>; loads back as GLM with
+     * ignore_merges (llama.cpp's glm4 rule) and encodes the same */
+    char path[] = "/tmp/ds4_glm_tok_XXXXXX";
+    close(mkstemp(path));
+    ds4_gguf_writer *w = ds4_gguf_writer_new(32);
+    CHECK(ds4_tokenizer_gguf_from_hf_json(w, GLM_JSON, NULL, err, sizeof err) == 0, "GLM export: %s", err);
+    CHECK(ds4_gguf_writer_write_file(w, path, NULL, NULL, err, sizeof err) == 0, "write: %s", err);
+    ds4_gguf_writer_free(w);
+    ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
+    ds4_gguf_str pre = {0};
+    uint32_t bos = 0, eos = 0;
+    CHECK(g && ds4_gguf_get_str(g, "tokenizer.ggml.pre", &pre) && pre.len == 4 && !memcmp(pre.ptr, "glm4", 4), "pre glm4");
+    CHECK(g && ds4_gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &bos) && bos == 4062, "bos key %u", bos);
+    CHECK(g && ds4_gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos) && eos == 4060, "eos key %u", eos);
+    ds4_tokenizer *tg = g ? ds4_tokenizer_from_gguf(g, err, sizeof err) : NULL;
+    CHECK(tg && ds4_tokenizer_family(tg) == DS4_TOK_FAMILY_GLM, "GLM from GGUF: %s", err);
+    if (tg) check_cases(tg, "glm-cases/gguf", gc, ng);
+    ds4_tokenizer_free(tg);
+    if (g) ds4_gguf_close(g);
+    unlink(path);
+    free_cases(gc, ng);
+    ds4_tokenizer_free(t);
+
+    /* a GLM vocabulary lacking a protocol token is refused, naming it */
+    char *text = ds4_read_file(GLM_JSON, NULL);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    cJSON *added = cJSON_GetObjectItem(j, "added_tokens");
+    cJSON_SetValuestring(cJSON_GetObjectItem(cJSON_GetArrayItem(added, 9), "content"), "<|other|>");   /* <|observation|> */
+    char *out = cJSON_PrintUnformatted(j);
+    char bad[] = "/tmp/ds4_glm_bad_XXXXXX";
+    int fd = mkstemp(bad);
+    CHECK(fd >= 0 && out && write(fd, out, strlen(out)) == (ssize_t)strlen(out), "write %s", bad);
+    close(fd);
+    t = ds4_tokenizer_from_hf_json(bad, NULL, err, sizeof err);
+    CHECK(!t && strstr(err, "GLM vocabulary has no added token \"<|observation|>\""), "missing GLM token: %s", err);
+    ds4_tokenizer_free(t);
+    unlink(bad);
+    free(out);
+    cJSON_Delete(j);
+    free(text);
+
+    t = ds4_tokenizer_from_hf_json(V3_JSON, V4_ADDED, err, sizeof err);
+    CHECK(t && ds4_tokenizer_family(t) == DS4_TOK_FAMILY_DS4 && ds4_tokenizer_specials(t)->observation == -1 &&
+          ds4_tokenizer_is_stop(t, ds4_tokenizer_specials(t)->eos) && !ds4_tokenizer_is_stop(t, ds4_tokenizer_specials(t)->user),
+          "DeepSeek family: only EOS stops");
+    ds4_tokenizer_free(t);
+}
+
 int main(void) {
     char err[256] = "";
     double t0 = now_s();
@@ -570,7 +671,8 @@ int main(void) {
 
     sheet_vectors(t);
     sheet_pretokenization();
-    pretok_differential();
+    pretok_differential("deepseek", ds4_pretok_run, ds4_pretok_regex_new);
+    pretok_differential("glm4", ds4_pretok_glm4_run, ds4_pretok_regex_glm4_new);
     byte_alphabet();
     roundtrip(t, bc, nb);
     roundtrip(t, hc, nh);
@@ -580,6 +682,7 @@ int main(void) {
     gguf_roundtrip(t, hc, nh);
     inferred_types_tiny();
     concurrent(t, hc, nh);
+    glm_tokenizer();
 
     free_cases(bc, nb);
     free_cases(hc, nh);

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Bytes-per-step roofline for N sessions decoding together (issue 11).
+
+    python3 scripts/roofline_sessions.py MODEL.gguf [--sessions 1,2,4,8,16]
+
+One batched decode step of N sessions reads every dense weight once (the
+attention, shared expert, router, compressor and indexer projections, norms,
+hyper-connection mixers), the output head once, one embedding row per
+session, and each routed expert that at least one of the N tokens selected,
+once. With k of E experts picked per token and routing spread evenly, a layer
+reads E * (1 - (1 - k/E)^N) distinct experts on average. If decode were
+bound by memory traffic, N sessions would run N * bytes(1) / bytes(N) times
+faster in aggregate than one: that is the memory roofline this prints, with
+the bytes per step and per generated token. (The engine's own count of bytes
+read, `ds4-bench --sessions`, uses the experts actually routed.) Compute does
+not shrink with batching: every token still does all its dot products, so on
+a machine where one session's decode is already compute-bound the speedup is
+capped lower (compare with the prefill rate of the same model). A
+benchmark helper: it prints, it never asserts."""
+import argparse
+
+from gguf import GGUFReader
+
+
+def field_value(reader, key):
+    f = reader.fields[key]
+    return f.parts[f.data[0]][0]
+
+
+def weight_bytes(path):
+    """(dense bytes, head bytes, embedding bytes per token, [(layer, expert bytes)], E, k, vocab)"""
+    r = GGUFReader(path)
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    n_expert = int(field_value(r, f"{arch}.expert_count"))
+    n_used = int(field_value(r, f"{arch}.expert_used_count"))
+    n_vocab = int(field_value(r, f"{arch}.vocab_size"))
+    dense = head = embd_row = 0
+    experts = {}
+    for t in r.tensors:
+        n = int(t.n_bytes)
+        if t.name == "token_embd.weight":
+            embd_row = n // n_vocab
+        elif t.name == "output.weight":
+            head = n
+        elif "_exps." in t.name:
+            layer = int(t.name.split(".")[1])
+            experts[layer] = experts.get(layer, 0) + n // n_expert
+        else:
+            dense += n
+    return dense, head, embd_row, sorted(experts.items()), n_expert, n_used, n_vocab
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--sessions", default="1,2,4,8,16")
+    a = ap.parse_args()
+    dense, head, embd_row, experts, n_expert, n_used, _ = weight_bytes(a.model)
+    per_expert = sum(b for _, b in experts)
+    print(f"{a.model}: dense {dense / 2**20:.1f} MiB, head {head / 2**20:.1f} MiB, "
+          f"{len(experts)} MoE layers x {n_expert} experts ({n_used} per token), "
+          f"one expert of every layer {per_expert / 2**20:.2f} MiB\n")
+    print("| sessions | distinct experts per layer | MiB read per step | MiB per generated token | "
+          "memory-roofline aggregate vs 1 session |")
+    print("|---|---|---|---|---|")
+    base = None
+    for n in (int(x) for x in a.sessions.split(",")):
+        distinct = n_expert * (1 - (1 - n_used / n_expert) ** n)
+        step = dense + head + n * embd_row + distinct * per_expert
+        if base is None:
+            base = step / n
+        print(f"| {n} | {distinct:.1f} | {step / 2**20:.1f} | {step / n / 2**20:.1f} | "
+              f"{base / (step / n):.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
