@@ -60,6 +60,11 @@ static void build_agree(void) {
     pcre2_code_free(c);
 }
 
+/* the mode-5 scratch file goes when libFuzzer exits (it ends with exit()) */
+static void remove_json(void) {
+    unlink(json_path);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
     char err[256];
@@ -72,6 +77,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     if (!glm_tok || !glm_re) { fprintf(stderr, "fuzz_tokenizer: %s\n", err); exit(1); }
     build_agree();
     snprintf(json_path, sizeof json_path, "/tmp/fuzz_tokenizer_%d.json", (int)getpid());
+    atexit(remove_json);
     return 0;
 }
 
