@@ -34,6 +34,7 @@ typedef struct {
     const char *prompt_file;
     const char *system;
     int n_predict;
+    bool ignore_eos;        /* --ignore-eos */
     int ctx;
     int threads;
     int prefill_chunk;
@@ -74,6 +75,7 @@ static void usage(FILE *f) {
         "      --prompt-file FILE  read the prompt from a file\n"
         "  -sys, --system TEXT     system prompt\n"
         "  -n, --tokens N          max tokens to generate (default 4096)\n"
+        "      --ignore-eos        keep generating past end-of-sequence (only -n or Ctrl+C stops)\n"
         "  -c, --ctx N             context size in tokens (default 32768)\n"
         "      --temp F            temperature (default 1.0; 0 = greedy)\n"
         "      --top-p F           nucleus mass (default 1.0)\n"
@@ -135,6 +137,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDS_VALUE(); o->prompt = v; }
         else if (!strcmp(a, "--prompt-file")) { NEEDS_VALUE(); o->prompt_file = v; }
         else if (!strcmp(a, "-sys") || !strcmp(a, "--system")) { NEEDS_VALUE(); o->system = v; }
+        else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = true;
         else if (!strcmp(a, "-n") || !strcmp(a, "--tokens")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->n_predict)) BAD_VALUE(); }
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 16, INT_MAX, &o->ctx)) BAD_VALUE(); }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
@@ -349,16 +352,17 @@ static bool turn_text(void *ud, const char *text, size_t len) {
 }
 
 /* Samples up to n_predict tokens, streaming text to stdout. */
-static int generate(ds4_engine *e, ds4_session *s, ds4_sampler *smp, int n_predict,
+static int generate(ds4_engine *e, ds4_session *s, ds4_sampler *smp, const cli_opts *o,
                     bool thinking, gen_result *out) {
     const ds4_tokenizer *tok = ds4_engine_tokenizer(e);
     turn_printer tp = {.out = out, .last_id = -1, .think_end = ds4_tokenizer_specials(tok)->think_end,
                        .tty = isatty(STDOUT_FILENO), .in_reasoning = thinking};
-    ds4_gen_hooks hooks = {.cancelled = turn_cancelled, .on_token = turn_token, .on_text = turn_text, .ud = &tp};
+    ds4_gen_hooks hooks = {.cancelled = turn_cancelled, .on_token = turn_token, .on_text = turn_text, .ud = &tp,
+                           .ignore_stop = o->ignore_eos};
     double t0 = now_s();
     char err[256];
     if (tp.in_reasoning && tp.tty) fputs("\033[2m", stdout);
-    ds4_gen_result r = ds4_generate(s, tok, smp, n_predict, &hooks, err, sizeof err);
+    ds4_gen_result r = ds4_generate(s, tok, smp, o->n_predict, &hooks, err, sizeof err);
     if (tp.in_reasoning && tp.tty) fputs("\033[0m", stdout);
     fputs("\n", stdout);
     fflush(stdout);   /* the speed report goes to stderr right after */
@@ -476,7 +480,7 @@ static int chat_turn(chat_state *c, const char *user_text, ds4_sampler *smp, boo
     }
     bool thinking = ds4_chat_effective_think(c->opts->think, ds4_session_ctx(c->session)) != DS4_THINK_NONE;
     gen_result g = {0};
-    rc = generate(c->engine, c->session, smp, c->opts->n_predict, thinking, &g);
+    rc = generate(c->engine, c->session, smp, c->opts, thinking, &g);
     char *reasoning = NULL, *answer = NULL;
     split_reasoning(g.text.data ? g.text.data : "", thinking, &reasoning, &answer);
     add_msg(&c->tr, DS4_ROLE_ASSISTANT, answer, reasoning);
@@ -582,7 +586,18 @@ typedef struct {
     int n_vocab, k, n_steps;
     int *top_ids;
     float *top_lp;
+    bool out_of_memory;
 } logprob_writer;
+
+/* A token's text as valid UTF-8 (a token holding part of a character gives
+ * U+FFFD, as the streaming decoder would); its exact bytes go in "bytes". */
+static void write_token_text(logprob_writer *w, int32_t id) {
+    size_t len;
+    char *text = ds4_tokenizer_decode(w->tok, &id, 1, true, &len);
+    if (!text) { w->out_of_memory = true; fputs("\"\"", w->f); return; }
+    print_json_string(w->f, text, len);
+    free(text);
+}
 
 /* One JSON step per chosen token (the greedy sampler's pick), EOS included. */
 static void write_logprob_step(void *ud, int32_t id, const float *logits) {
@@ -591,15 +606,14 @@ static void write_logprob_step(void *ud, int32_t id, const float *logits) {
     size_t len;
     const char *bytes = ds4_tokenizer_token_bytes(w->tok, id, &len);
     fprintf(w->f, "%s{\"id\":%d,\"text\":", w->n_steps++ ? "," : "", id);
-    print_json_string(w->f, bytes, len);
+    write_token_text(w, id);
     fputs(",\"bytes\":\"", w->f);
     for (size_t b = 0; b < len; b++) fprintf(w->f, "%02x", (unsigned char)bytes[b]);
     fputc('"', w->f);
     fprintf(w->f, ",\"logprob\":%.9g,\"top\":[", ds4_logprob(logits, w->n_vocab, id));
     for (int j = 0; j < n_top; j++) {
-        const char *tb = ds4_tokenizer_token_bytes(w->tok, w->top_ids[j], &len);
         fprintf(w->f, "%s{\"id\":%d,\"text\":", j ? "," : "", w->top_ids[j]);
-        print_json_string(w->f, tb, len);
+        write_token_text(w, w->top_ids[j]);
         fprintf(w->f, ",\"logprob\":%.9g}", w->top_lp[j]);
     }
     fputs("]}", w->f);
@@ -618,13 +632,17 @@ static int run_logprobs(ds4_engine *e, ds4_session *s, ds4_sampler *smp, const c
         rc = 1;
     } else {
         fprintf(w.f, "{\"prompt_tokens\":%d,\"steps\":[", ds4_session_n_tokens(s));
-        ds4_gen_hooks hooks = {.on_token = write_logprob_step, .ud = &w};
+        ds4_gen_hooks hooks = {.on_token = write_logprob_step, .ud = &w, .ignore_stop = o->ignore_eos};
         char err[256];
         if (ds4_generate(s, w.tok, smp, o->n_predict, &hooks, err, sizeof err).end == DS4_GEN_ERROR) {
             fprintf(stderr, "ds4: %s\n", err);
             rc = 1;
         }
         fputs("]}\n", w.f);
+        if (w.out_of_memory) {
+            fprintf(stderr, "ds4: out of memory while writing %s\n", o->dump_logprobs);
+            rc = 1;
+        }
     }
     if (w.f) fclose(w.f);
     free(w.top_ids);

@@ -22,7 +22,7 @@ ds4_gen_result ds4_generate(ds4_session *s, const ds4_tokenizer *tok, ds4_sample
         int id = h->forced ? h->forced(h->ud, step) : -1;
         if (id < 0) id = ds4_sampler_sample(smp, logits, h->greedy && h->greedy(h->ud));
         if (h->on_token) h->on_token(h->ud, id, logits);
-        if (ds4_tokenizer_is_stop(tok, id)) { r.end = DS4_GEN_EOS; break; }
+        if (!h->ignore_stop && ds4_tokenizer_is_stop(tok, id)) { r.end = DS4_GEN_EOS; break; }
         size_t n = ds4_detok_push(&dt, tok, id, piece);
         bool stop = h->on_text && n ? h->on_text(h->ud, piece, n) : false;
         if (ds4_session_n_tokens(s) >= ds4_session_ctx(s)) { r.end = DS4_GEN_CTX_FULL; break; }

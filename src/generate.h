@@ -52,6 +52,9 @@ typedef struct {
      * server batches it with other sessions); same contract */
     int (*decode)(void *ud, int32_t tok, char *err, size_t errlen);
     void *ud;
+    /* not a hook: a stop id is generated like any token and the loop runs to
+     * max_tokens (ds4 --ignore-eos: long runs on random-weight models) */
+    bool ignore_stop;
 } ds4_gen_hooks;
 
 typedef struct {

@@ -69,6 +69,23 @@ with tempfile.TemporaryDirectory() as d:
         check(all(t["logprob"] <= 0 for t in s["top"]), "log-probabilities are <= 0")
         check(sum(math.exp(t["logprob"]) for t in s["top"]) <= 1.0 + 1e-4, "top mass <= 1")
 
+    # the dump is valid UTF-8 JSON although single tokens may hold part of a
+    # character ("text" has U+FFFD there, "bytes" the token's exact bytes);
+    # 400 steps of the demo model include such tokens. --ignore-eos runs to
+    # -n (the stop itself: test_generate's ignore_stop case)
+    r = ds4("--nothink", "--dump-logprobs", lp, "--ignore-eos", "-n", "400", "-p", "Hello")
+    raw = open(lp, "rb").read()
+    try:
+        j = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        j = {"steps": []}
+        check(False, f"the logprobs dump is valid UTF-8 JSON: {e}")
+    check(r.returncode == 0 and len(j["steps"]) == 400, f"--ignore-eos runs to -n: {len(j['steps'])} steps")
+    check(any("\ufffd" in s["text"] for s in j["steps"]), "some step holds part of a character")
+    for s in j["steps"]:
+        if "\ufffd" not in s["text"]:
+            check(s["text"].encode() == bytes.fromhex(s["bytes"]), "a whole-character token's text is its bytes")
+
 r = ds4("--temp", "nope", "-p", "x", ok=False)
 check(r.returncode == 2 and "bad value" in r.stderr, "bad value exits 2")
 r = ds4("--frobnicate", ok=False)

@@ -34,11 +34,13 @@ expect "quit exits cleanly" 'wait_for "EXITED-0" 1 20'
 expect "history saved" 'grep -q "second" "$T/.ds4_history"'
 
 # Ctrl+C in the middle of an unbounded generation returns to the prompt and
-# the conversation goes on. The second run gets its own session, created
+# the conversation goes on. --ignore-eos keeps it unbounded: the random
+# demo model samples its end-of-sequence token now and then, and a turn that
+# ended before the Ctrl+C would leave nothing to interrupt. The second run gets its own session, created
 # before the first one is killed (tmux_lib: the server must not run out of
 # sessions in between).
 W=$S-second
-tmux new-session -d -s "$W" -x 200 -y 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 100000 -t 2 --nothink; echo EXITED-\$?; sleep 30"
+tmux new-session -d -s "$W" -x 200 -y 50 "HOME=$T ./ds4 -m $MODEL --ctx 4096 -n 100000 --ignore-eos -t 2 --nothink; echo EXITED-\$?; sleep 30"
 tmux kill-session -t "$S"
 expect "second run prompt" 'wait_for "^ds4> " 1 60'
 send "write a very long story"

@@ -16,6 +16,7 @@ typedef struct {
     int n_forced;
     int stop_after;            /* on_text asks to stop at this token count (0 never) */
     int cancel_at;             /* cancelled() true at this step (0 never) */
+    bool ignore_stop;          /* ds4_gen_hooks.ignore_stop */
     int n_tokens, n_cancel_calls;
     int32_t seen[64];
     ds4_buf text;
@@ -46,7 +47,7 @@ static bool probe_text(void *ud, const char *text, size_t len) {
 static ds4_gen_result run(ds4_session *s, const ds4_tokenizer *tok, ds4_sampler *smp, int max, probe *p,
                           char *err, size_t errlen) {
     ds4_gen_hooks h = {.cancelled = probe_cancelled, .forced = probe_forced, .on_token = probe_token,
-                       .on_text = probe_text, .ud = p};
+                       .on_text = probe_text, .ud = p, .ignore_stop = p->ignore_stop};
     return ds4_generate(s, tok, smp, max, &h, err, errlen);
 }
 
@@ -102,6 +103,17 @@ int main(void) {
     CHECK(r.end == DS4_GEN_EOS && r.n_decoded == 1 && p.n_tokens == 2 && p.seen[1] == eos,
           "eos end %d decoded %d seen %d", r.end, r.n_decoded, p.n_tokens);
     CHECK(ds4_session_n_tokens(s) == P + 1, "EOS not in the session");
+    ds4_buf_free(&p.text);
+    ds4_session_free(s);
+
+    /* ignore_stop (ds4 --ignore-eos): EOS is decoded like any token, the
+     * loop runs to max_tokens */
+    s = fresh(e, 64, prompt.v, P);
+    p = (probe){.forced = eos_script, .n_forced = 3, .ignore_stop = true};
+    r = run(s, tok, smp, 5, &p, err, sizeof err);
+    CHECK(r.end == DS4_GEN_LENGTH && r.n_decoded == 5 && p.n_tokens == 5 && p.seen[1] == eos,
+          "ignore_stop end %d decoded %d seen %d", r.end, r.n_decoded, p.n_tokens);
+    CHECK(ds4_session_n_tokens(s) == P + 5 && ds4_session_tokens(s)[P + 1] == eos, "EOS decoded into the session");
     ds4_buf_free(&p.text);
     ds4_session_free(s);
 
