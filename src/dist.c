@@ -198,8 +198,9 @@ static bool local_address_towards(const char *host, int port, char *out, size_t 
     return ok;
 }
 
-/* Sends and frees msg (NULL: out of memory). */
-static int send_frame(nng_socket s, uint8_t *msg, size_t len) {
+/* Seals (dist_proto.h), sends and frees msg (NULL: out of memory). */
+static int send_frame(nng_socket s, const char *secret, uint8_t *msg, size_t len) {
+    msg = ds4_dist_seal(msg, &len, secret);
     int rv = msg ? nng_send(s, msg, len, 0) : NNG_ENOMEM;
     free(msg);
     return rv;
@@ -405,7 +406,10 @@ static int await_result(coord *c, uint32_t seq, double timeout_s, void **buf, si
         }
         if (rv) { snprintf(err, errlen, "pipeline results: %s: route dropped", nng_strerror(rv)); return -2; }
         char why[256];
-        if (ds4_dist_decode(*buf, *blen, f, why, sizeof why) && f->type == DS4_DIST_RESULT &&
+        size_t frame_len;
+        if (!ds4_dist_unseal(*buf, *blen, c->p.secret, &frame_len)) {
+            fprintf(stderr, "ds4 coordinator: dropped a result frame that fails the --dist-secret seal\n");
+        } else if (ds4_dist_decode(*buf, frame_len, f, why, sizeof why) && f->type == DS4_DIST_RESULT &&
             f->result.route == c->route_id && (int32_t)(f->result.seq - seq) >= 0)
             return 0;
         nng_free(*buf, *blen);
@@ -468,7 +472,7 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
         ds4_dist_route r = {gen, next, strlen(next), c->home, strlen(c->home)};
         size_t len = 0;
         uint8_t *msg = ds4_dist_encode_route(&r, &len);
-        int rv = send_frame(c->hops[i].data, msg, len);
+        int rv = send_frame(c->hops[i].data, c->p.secret, msg, len);
         if (rv) {
             snprintf(err, errlen, "route to layers %d..%d: %s", c->hops[i].first, c->hops[i].last, nng_strerror(rv));
             drop_route(c);
@@ -571,7 +575,7 @@ static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t
             size_t len;
             uint8_t *msg = ds4_dist_encode_work(DS4_DIST_WORK, &wk, toks + off, c->hidden, &me, &len);
             if (msg) ds4_dist_set_send_us(msg, len, elapsed_us(t1));
-            const int rv = send_frame(c->hops[0].data, msg, len);
+            const int rv = send_frame(c->hops[0].data, c->p.secret, msg, len);
             if (rv) {
                 snprintf(err, errlen, "sending to layers %d..%d: %s%s", c->hops[0].first, c->hops[0].last,
                          nng_strerror(rv), rv == NNG_ENOMEM ? "" : ": route dropped");
@@ -708,7 +712,7 @@ static int kv_exchange(coord *c, int h, enum ds4_dist_type type, const ds4_dist_
                        const float *floats, void **buf, size_t *blen, ds4_dist_frame *f, char *err, size_t errlen) {
     size_t len = 0;
     uint8_t *msg = ds4_dist_encode_work(type, wk, toks, floats, NULL, &len);
-    const int rv = send_frame(c->hops[h].data, msg, len);
+    const int rv = send_frame(c->hops[h].data, c->p.secret, msg, len);
     if (rv) {
         snprintf(err, errlen, "layer state to layers %d..%d: %s", c->hops[h].first, c->hops[h].last, nng_strerror(rv));
         return rv == NNG_ENOMEM ? -1 : -2;
@@ -910,6 +914,7 @@ typedef struct {
     /* the route: where WORK goes next (none for the output owner) and home,
      * where results and errors go */
     uint64_t route;
+    const char *secret;     /* seals every frame this worker sends */
     nng_socket next, home;
     bool next_open, home_open;
     char next_url[160], home_url[200];
@@ -983,7 +988,7 @@ static void send_home(worker *w, const ds4_dist_result *r, const float *floats, 
     size_t len;
     uint8_t *msg = ds4_dist_encode_result(r, floats, hops, &len);
     if (msg && r->n_hops) ds4_dist_set_send_us(msg, len, elapsed_us(t0));
-    if (send_frame(w->home, msg, len))
+    if (send_frame(w->home, w->secret, msg, len))
         fprintf(stderr, "ds4 worker: cannot answer the coordinator at %s\n", w->home_url);
 }
 
@@ -1048,7 +1053,7 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
                 size_t len;
                 uint8_t *msg = ds4_dist_encode_work(DS4_DIST_WORK, &fw, toks, w->out, hops, &len);
                 if (msg) ds4_dist_set_send_us(msg, len, elapsed_us(t1));
-                const int rv = w->next_open ? send_frame(w->next, msg, len) : (free(msg), NNG_ECLOSED);
+                const int rv = w->next_open ? send_frame(w->next, w->secret, msg, len) : (free(msg), NNG_ECLOSED);
                 if (rv) snprintf(why, sizeof why, "next hop %s: %s", w->next_url, nng_strerror(rv));
             }
         }
@@ -1137,6 +1142,7 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     char err[512];
     worker w = {0};
     w.ctx = ctx;
+    w.secret = p->secret;
     ds4_layer_slice slice;
     ds4_gguf *g = ds4_gguf_open(model_path, err, sizeof err);
     if (g && layers && !ds4_layer_slice_parse(layers, &slice, err, sizeof err)) { ds4_gguf_close(g); g = NULL; }
@@ -1199,7 +1205,10 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
             continue;
         }
         const uint32_t wait_us = elapsed_us(idle_since);
-        if (!ds4_dist_decode(buf, blen, &f, err, sizeof err)) {
+        size_t frame_len;
+        if (!ds4_dist_unseal(buf, blen, p->secret, &frame_len)) {
+            fprintf(stderr, "ds4 worker: dropped a frame that fails the --dist-secret seal\n");
+        } else if (!ds4_dist_decode(buf, frame_len, &f, err, sizeof err)) {
             fprintf(stderr, "ds4 worker: dropped a frame: %s\n", err);
         } else if (f.type == DS4_DIST_ROUTE) {
             serve_route(&w, &f.route, p->reply_seconds);

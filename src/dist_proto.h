@@ -4,7 +4,7 @@
  * carries whole messages, this module only says what is in them.
  *
  * Contract
- * - Every frame starts with the magic "DS4P", a version (2) and a type;
+ * - Every frame starts with the magic "DS4P", a version (3) and a type;
  *   integers and floats are little endian, strings length-prefixed (u16).
  * - HELLO (worker -> coordinator): the shared secret, the model identity
  *   (name, layer count, hidden size, HC streams, vocabulary, routed-expert
@@ -38,6 +38,14 @@
  *   and leaves pointers into the buffer for the arrays; floats and tokens
  *   are read through ds4_dist_float_at()/ds4_dist_token_at() because the
  *   buffer need not be aligned. Encoders return NULL only when out of memory.
+ * - Sealing: every frame on a data port (ROUTE, WORK, KV_GET/KV_PUT, RESULT)
+ *   travels sealed, the frame followed by HMAC-SHA1(secret, frame) (sha1.h):
+ *   ds4_dist_seal() appends the tag, ds4_dist_unseal() checks it in constant
+ *   time and gives the frame's length, and a frame that fails is dropped
+ *   before it is decoded. Someone who can reach a data port but does not
+ *   know the secret cannot send work, results or routes. HELLO goes over
+ *   the control socket unsealed and carries the secret itself (registration
+ *   compares it). No encryption: anyone on the path reads the frames.
  * - ds4_dist_hash_tokens() is the rolling 64-bit prefix hash (FNV-1a over
  *   the token ids' little-endian bytes): hash(prefix + span) is
  *   ds4_dist_hash_tokens(hash(prefix), span).
@@ -118,6 +126,15 @@ typedef struct {
 } ds4_dist_frame;
 
 uint64_t ds4_dist_hash_tokens(uint64_t h, const int32_t *toks, int n);
+
+#define DS4_DIST_SEAL_BYTES 20
+/* Appends the seal to a malloc'd frame of *len bytes (growing it; *len grows
+ * by DS4_DIST_SEAL_BYTES). NULL when out of memory or msg is NULL (msg is
+ * freed then). */
+uint8_t *ds4_dist_seal(uint8_t *msg, size_t *len, const char *secret);
+/* True when buf[0..n) ends in the right seal; *frame_len is then the frame's
+ * length without it. */
+bool ds4_dist_unseal(const void *buf, size_t n, const char *secret, size_t *frame_len);
 
 /* Encoders: a malloc'd buffer (caller frees) and its size in *len. */
 uint8_t *ds4_dist_encode_hello(const ds4_dist_hello *h, size_t *len);

@@ -61,3 +61,26 @@ void ds4_sha1_hex(const void *data, size_t n, char out[41]) {
     ds4_sha1_final(&c, d);
     for (int i = 0; i < 20; i++) snprintf(out + 2 * i, 3, "%02x", d[i]);
 }
+
+void ds4_hmac_sha1(const void *key, size_t key_len, const void *msg, size_t n, unsigned char out[20]) {
+    unsigned char block[64] = {0}, pad[64], inner[20];
+    if (key_len > sizeof block) {
+        ds4_sha1 c;
+        ds4_sha1_init(&c);
+        ds4_sha1_update(&c, key, key_len);
+        ds4_sha1_final(&c, block);
+    } else if (key_len) {
+        memcpy(block, key, key_len);
+    }
+    ds4_sha1 c;
+    for (int i = 0; i < 64; i++) pad[i] = block[i] ^ 0x36;
+    ds4_sha1_init(&c);
+    ds4_sha1_update(&c, pad, sizeof pad);
+    ds4_sha1_update(&c, msg, n);
+    ds4_sha1_final(&c, inner);
+    for (int i = 0; i < 64; i++) pad[i] = block[i] ^ 0x5c;
+    ds4_sha1_init(&c);
+    ds4_sha1_update(&c, pad, sizeof pad);
+    ds4_sha1_update(&c, inner, sizeof inner);
+    ds4_sha1_final(&c, out);
+}

@@ -20,6 +20,7 @@ registered worker are refused with one line each (the worker exits 1); a
 coordinator without workers reports an incomplete route.
 Ports are free loopback ports; nothing binds beyond 127.0.0.1."""
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -59,6 +60,26 @@ def start_worker(model, layers, port, secret=SECRET, extra=()):
     return subprocess.Popen([DS4, "-t", "1", "-m", model, "--role", "worker", "--layers", layers,
                              "--coordinator", "127.0.0.1", str(port), "--dist-secret", secret, *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def push_raw(port, body):
+    """One message to an NNG pull socket, spoken by hand (the SP-over-TCP
+    header for protocol push0, then a length-prefixed message), so the frame
+    carries no seal. True once sent and the peer's header came back."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"\x00SP\x00\x00\x50\x00\x00")
+            peer = b""
+            while len(peer) < 8:
+                chunk = s.recv(8 - len(peer))
+                if not chunk:
+                    return False
+                peer += chunk
+            s.sendall(len(body).to_bytes(8, "big") + body)
+            time.sleep(0.5)
+            return peer[:4] == b"\x00SP\x00"
+    except OSError:
+        return False
 
 
 def stop(procs):
@@ -159,6 +180,23 @@ def main():
             and "layers 5..5 " + span in q and q.count(" eval ") == 3 and q.count(" wait ") == 3
             and q.count(" send ") == 3 and "round trip" in q for q, span in zip(requests, spans)),
             "--debug telemetry lines: %s" % requests)
+
+        # frames on a data port carry the --dist-secret seal: a frame from
+        # someone without it (raw bytes over NNG's push protocol, shaped like a
+        # ROUTE frame) is dropped before it is decoded, and the route serves on
+        port = free_port()
+        workers = [start_worker(DEMO, s, port) for s in ("1:4", "5:output")]
+        try:
+            r = ds4([*coordinator_args(DEMO, "0:0", port), *args, "--debug"])
+            first = open(out, "rb").read() if r.returncode == 0 else b""
+            m = re.search(r"layers 1\.\.4 at tcp://127\.0\.0\.1:(\d+)", r.stderr)
+            sent = bool(m) and push_raw(int(m.group(1)), b"DS4P\x03\x00\x02\x00" + bytes(64))
+            again = output_of([*coordinator_args(DEMO, "0:0", port), *args], out)
+        finally:
+            stop(workers)
+        err = workers[0].stderr.read()
+        check(sent and "dropped a frame that fails the --dist-secret seal" in err and first == again == want,
+              "an unsealed frame on a worker's data port is dropped: sent %s, worker said %r" % (sent, err[-300:]))
 
         # a worker listens on its own address, not the coordinator's: with the
         # coordinator on 127.0.0.2 the worker's way there starts at 127.0.0.1

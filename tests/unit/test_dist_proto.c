@@ -7,8 +7,10 @@
  * the model, each with its own line. */
 #include "check.h"
 #include "dist_proto.h"
+#include "sha1.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -161,9 +163,60 @@ static void test_hash(void) {
     CHECK(ds4_dist_hash_tokens(DS4_DIST_HASH_EMPTY, t, 0) == DS4_DIST_HASH_EMPTY, "empty span");
 }
 
+static bool hex_is(const unsigned char d[20], const char *hex) {
+    char got[41];
+    for (int i = 0; i < 20; i++) snprintf(got + 2 * i, 3, "%02x", d[i]);
+    return !strcmp(got, hex);
+}
+
+/* HMAC-SHA1 against RFC 2202's test cases 1, 2 and 6 (a key longer than the
+ * block), then sealing: a sealed frame unseals to itself; a wrong secret, any
+ * flipped bit, a truncation or an unsealed frame are refused. */
+static void test_seal(void) {
+    unsigned char d[20], key[80];
+    memset(key, 0x0b, 20);
+    ds4_hmac_sha1(key, 20, "Hi There", 8, d);
+    CHECK(hex_is(d, "b617318655057264e28bc0b6fb378c8ef146be00"), "RFC 2202 case 1");
+    ds4_hmac_sha1("Jefe", 4, "what do ya want for nothing?", 28, d);
+    CHECK(hex_is(d, "effcdf6ae5eb2fa2d27416d5f184df9c259a7c79"), "RFC 2202 case 2");
+    memset(key, 0xaa, 80);
+    const char *m6 = "Test Using Larger Than Block-Size Key - Hash Key First";
+    ds4_hmac_sha1(key, 80, m6, strlen(m6), d);
+    CHECK(hex_is(d, "aa4ae5e15272d00e95705637ce8a3b55ed402112"), "RFC 2202 case 6");
+
+    ds4_dist_route r = {7, "tcp://10.0.0.2:5000", 19, "tcp://10.0.0.1:5001", 19};
+    size_t len = 0;
+    uint8_t *frame = ds4_dist_encode_route(&r, &len);
+    const size_t frame_bytes = len;
+    uint8_t *plain = malloc(frame_bytes);
+    if (frame && plain) memcpy(plain, frame, frame_bytes);
+    uint8_t *sealed = ds4_dist_seal(frame, &len, "s3cret");
+    CHECK(sealed && plain && len == frame_bytes + DS4_DIST_SEAL_BYTES, "sealed length");
+    if (!sealed || !plain) { free(sealed); free(plain); return; }
+    size_t got = 0;
+    CHECK(ds4_dist_unseal(sealed, len, "s3cret", &got) && got == frame_bytes && !memcmp(sealed, plain, got),
+          "a sealed frame unseals to itself");
+    CHECK(!ds4_dist_unseal(sealed, len, "s3creT", &got), "another secret is refused");
+    CHECK(!ds4_dist_unseal(sealed, len, "", &got), "no secret is refused");
+    bool all_refused = true;
+    for (size_t i = 0; i < len; i++)
+        for (int bit = 0; bit < 8; bit++) {
+            sealed[i] ^= (uint8_t)(1u << bit);
+            all_refused &= !ds4_dist_unseal(sealed, len, "s3cret", &got);
+            sealed[i] ^= (uint8_t)(1u << bit);
+        }
+    CHECK(all_refused, "every flipped bit is refused");
+    for (size_t n = 0; n < len; n++) all_refused &= !ds4_dist_unseal(sealed, n, "s3cret", &got);
+    CHECK(all_refused, "every truncation is refused");
+    CHECK(!ds4_dist_unseal(plain, frame_bytes, "s3cret", &got), "an unsealed frame is refused");
+    free(sealed);
+    free(plain);
+}
+
 int main(void) {
     test_hello();
     test_work_and_result();
     test_hash();
+    test_seal();
     return check_done("test_dist_proto");
 }
