@@ -1,7 +1,8 @@
 /* Fuzz target: the pipeline frame decoder (dist_proto.h). Invariants
  * (abort() on violation): a decoded frame's arrays and strings lie inside
  * the input; re-encoding a decoded frame gives the input back byte for byte
- * (the format has one spelling per frame). */
+ * (the format has one spelling per frame; a hidden-state payload travels
+ * on as it came, whatever its transport format). */
 #include "dist_proto.h"
 
 #include <stdlib.h>
@@ -34,14 +35,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
     case DS4_DIST_WORK: case DS4_DIST_KV_GET: case DS4_DIST_KV_PUT: {
         inside(data, size, f.work.tokens, 4 * (size_t)f.work.n);
-        inside(data, size, f.work.floats, 4 * (size_t)f.work.n_floats);
+        inside(data, size, f.work.floats, ds4_dist_act_bytes(f.work.act, f.work.row, f.work.n_floats));
         inside(data, size, f.work.hops, sizeof(ds4_dist_hop) * (size_t)f.work.n_hops);
         int32_t *toks = malloc(4 * (size_t)f.work.n);
         float *fl = malloc(4 * (size_t)f.work.n_floats + 4);
         ds4_dist_hop *hops = hops_of(f.work.hops, f.work.n_hops);
         if (!toks || !fl) abort();
         for (uint32_t i = 0; i < f.work.n; i++) toks[i] = ds4_dist_token_at(f.work.tokens, i);
-        for (uint32_t i = 0; i < f.work.n_floats; i++) fl[i] = ds4_dist_float_at(f.work.floats, i);
+        ds4_dist_work_floats(&f.work, fl);   /* any format decodes; the payload re-encodes as it came */
         again = ds4_dist_encode_work(f.type, &f.work, toks, fl, hops, &len);
         free(toks);
         free(fl);

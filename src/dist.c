@@ -40,6 +40,8 @@ const char ds4_dist_usage[] =
     "      --dist-reply-timeout SECONDS  coordinator: a hop silent this long is gone (default 120)\n"
     "      --dist-prefill-chunk N  coordinator: tokens per pipelined prefill chunk (default: --prefill-chunk)\n"
     "      --dist-prefill-window W  coordinator: prefill chunks in flight along the route (default 2)\n"
+    "      --dist-activation-bits 32|16|8  coordinator: hidden states between hops as f32, f16 or\n"
+    "                            per-row scaled int8 (default 32; 16 and 8 change the logits slightly)\n"
     "      --debug               route formation and per-hop telemetry on stderr\n";
 
 static bool parse_port(const char *s, int *out) {
@@ -62,7 +64,7 @@ int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, cha
         return 1;
     }
     static const char *const valued[] = {"--role", "--dist-secret", "--dist-wait", "--dist-reply-timeout",
-                                         "--dist-prefill-chunk", "--dist-prefill-window"};
+                                         "--dist-prefill-chunk", "--dist-prefill-window", "--dist-activation-bits"};
     size_t k = 0;
     while (k < sizeof valued / sizeof valued[0] && strcmp(a, valued[k])) k++;
     if (k == sizeof valued / sizeof valued[0]) return 0;
@@ -84,6 +86,14 @@ int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, cha
         }
         return 1;
     }
+    if (!strcmp(a, "--dist-activation-bits")) {
+        if (strcmp(v, "32") && strcmp(v, "16") && strcmp(v, "8")) {
+            snprintf(err, errlen, "--dist-activation-bits takes 32, 16 or 8, not '%s'", v);
+            return -1;
+        }
+        p->activation_bits = atoi(v);
+        return 1;
+    }
     if (!strcmp(v, "coordinator")) p->role = DS4_DIST_COORDINATOR;
     else if (!strcmp(v, "worker")) p->role = DS4_DIST_WORKER;
     else { snprintf(err, errlen, "--role takes coordinator or worker, not '%s'", v); return -1; }
@@ -103,6 +113,11 @@ bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size
                  p->role == DS4_DIST_WORKER ? "--coordinator" : "--listen");
         return false;
     }
+    if (p->role == DS4_DIST_WORKER && p->activation_bits > 0) {
+        snprintf(err, errlen, "--dist-activation-bits goes to the coordinator: it chooses the format for the whole route");
+        return false;
+    }
+    if (p->activation_bits <= 0) p->activation_bits = 32;
     if (p->wait_seconds <= 0) p->wait_seconds = 30;
     if (p->reply_seconds <= 0) p->reply_seconds = 120;
     if (p->prefill_window <= 0) p->prefill_window = 2;
@@ -264,6 +279,7 @@ typedef struct {
     float *hidden;
     size_t hidden_cap;
     int chunk;
+    uint8_t act;                    /* enum ds4_dist_act of --dist-activation-bits */
 } coord;
 
 /* A registration: refused when incompatible or overlapping a live worker
@@ -495,7 +511,7 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
         for (int i = 0; i < n; i++)
             fprintf(stderr, " -> layers %d..%d%s at %s", c->hops[i].first, c->hops[i].last,
                     c->hops[i].output ? " + output" : "", c->hops[i].url);
-        fprintf(stderr, " -> results at %s\n", c->home);
+        fprintf(stderr, " -> results at %s, activations %d-bit\n", c->home, c->p.activation_bits);
     }
     return 0;
 }
@@ -568,8 +584,10 @@ static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t
             const uint64_t after = ds4_dist_hash_tokens(hash, toks + off, m);
             const uint8_t mode = !logits ? DS4_DIST_ACK : all ? DS4_DIST_ALL : sent == chunks - 1 ? DS4_DIST_LAST
                                                                                                   : DS4_DIST_ACK;
+            /* a Q8 row is one HC stream of one token */
             ds4_dist_work wk = {c->route_id, seq0 + (uint32_t)sent, session, (uint32_t)(pos + off), (uint32_t)m, hash,
-                                after, mode, NULL, (uint32_t)((size_t)m * hcE), NULL, 1, NULL};
+                                after, mode, NULL, (uint32_t)((size_t)m * hcE), NULL, 1, NULL, c->act,
+                                c->act == DS4_DIST_ACT_Q8 ? (uint32_t)c->m->cfg.n_embd : 0};
             ds4_dist_hop me = {0, (uint32_t)c->m->slice.last, (uint32_t)(pos + off), (uint32_t)m, eval_us, 0, 0, 0};
             const double t1 = now_seconds();
             size_t len;
@@ -739,7 +757,7 @@ static int coord_gather(ds4_backend *be, struct ds4_kv *kv, char *err, size_t er
         for (int h = 0; !rc && h < c->n_hops; h++) {
             const hop *hp = &c->hops[h];
             ds4_dist_work wk = {c->route_id, ++c->seq, r->id, (uint32_t)n, 0, r->hashes[n], r->hashes[n],
-                                DS4_DIST_ACK, NULL, 0, NULL, 0, NULL};
+                                DS4_DIST_ACK, NULL, 0, NULL, 0, NULL, DS4_DIST_ACT_F32, 0};
             void *buf;
             size_t blen;
             ds4_dist_frame f;
@@ -786,8 +804,9 @@ static int coord_scatter(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks
         if (!grown) { snprintf(why, sizeof why, "out of memory for %zu bytes of layer state", bytes); rc = -1; break; }
         state = grown;
         ds4_kv_layers_save(kv, hp->first, hp->last, state);
+        /* layer state travels in f32 whatever --dist-activation-bits says: the KV state is not rounded */
         ds4_dist_work wk = {c->route_id, ++c->seq, r->id, 0, (uint32_t)n, DS4_DIST_HASH_EMPTY, r->hashes[n],
-                            DS4_DIST_ACK, NULL, (uint32_t)(bytes / sizeof(float)), NULL, 0, NULL};
+                            DS4_DIST_ACK, NULL, (uint32_t)(bytes / sizeof(float)), NULL, 0, NULL, DS4_DIST_ACT_F32, 0};
         void *buf;
         size_t blen;
         ds4_dist_frame f;
@@ -859,6 +878,7 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
     c->p = *p;
     c->chunk = chunk;
     c->hidden = h;
+    c->act = p->activation_bits == 16 ? DS4_DIST_ACT_F16 : p->activation_bits == 8 ? DS4_DIST_ACT_Q8 : DS4_DIST_ACT_F32;
     c->me = identity(m, &c->p, numerics, 0, NULL);
     atomic_init(&c->stop, false);
     pthread_mutex_init(&c->mu, NULL);
@@ -1028,7 +1048,7 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
         snprintf(why, sizeof why, "out of memory for %u tokens", wk->n);
     } else {
         for (uint32_t i = 0; i < wk->n; i++) toks[i] = ds4_dist_token_at(wk->tokens, i);
-        copy_floats(w->in, wk->floats, want_in);
+        ds4_dist_work_floats(wk, w->in);
         ds4_backend_seq sq = {.kv = s->kv, .toks = toks, .n = (int)wk->n, .logits = output ? w->out : NULL,
                               .all_logits = wk->logits == DS4_DIST_ALL, .hidden_in = w->in,
                               .hidden_out = output ? NULL : w->out};
@@ -1047,7 +1067,8 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
                                      ack ? 0 : (uint32_t)n_out, NULL, wk->n_hops + 1, NULL, "", 0};
                 send_home(w, &r, w->out, hops, t1);
             } else {
-                ds4_dist_work fw = *wk;
+                ds4_dist_work fw = *wk;   /* on in the format it came in */
+                fw.floats = NULL;
                 fw.n_floats = (uint32_t)n_out;
                 fw.n_hops = wk->n_hops + 1;
                 size_t len;
@@ -1086,7 +1107,7 @@ static void serve_kv(worker *w, enum ds4_dist_type type, const ds4_dist_work *wk
         toks = malloc((size_t)wk->n * sizeof(int32_t) + 1);
         if (s && (!state || !toks)) snprintf(why, sizeof why, "out of memory for a %u-token session", wk->n);
         if (s && !why[0]) {
-            copy_floats(state, wk->floats, wk->n_floats);
+            ds4_dist_work_floats(wk, state);
             for (uint32_t i = 0; i < wk->n; i++) toks[i] = ds4_dist_token_at(wk->tokens, i);
             for (uint32_t i = 0; i < wk->n; i++) s->hashes[i + 1] = ds4_dist_hash_tokens(s->hashes[i], toks + i, 1);
             if (s->hashes[wk->n] != wk->hash_after ||

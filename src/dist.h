@@ -44,6 +44,12 @@
  *   writes one normal payload; loading sends each worker of the current
  *   route its layers' part. A load without a complete route is not an error:
  *   the next step replays instead.
+ * - --dist-activation-bits 32|16|8 (coordinator): the transport format of
+ *   the hidden states between hops (dist_proto.h: f32, f16, per-row scaled
+ *   int8). Each WORK frame says its format and every hop sends its own
+ *   hidden states on in the same one. 32 keeps the single process's logits
+ *   bit for bit; 16 and 8 round the hidden states at every cut (the weights,
+ *   the KV state, saved payloads and the logits stay f32).
  * - --debug prints route formation and, per request, every hop's telemetry
  *   (layers, tokens, eval, wait and send time, bytes), gathered from the
  *   result frames.
@@ -70,18 +76,20 @@ typedef struct {
     double reply_seconds;       /* --dist-reply-timeout: how long the route may stay silent (<= 0: 120) */
     int prefill_chunk;          /* --dist-prefill-chunk: tokens per pipelined chunk (<= 0: the local batch) */
     int prefill_window;         /* --dist-prefill-window: chunks in flight (<= 0: 2) */
+    int activation_bits;        /* --dist-activation-bits: 32, 16 or 8 (<= 0: 32); coordinator only */
     bool debug;                 /* --debug: route formation and per-hop telemetry on stderr */
 } ds4_dist_params;
 
 /* Parses argv[*i] if it is one of --role, --listen, --coordinator,
  * --dist-secret, --dist-wait, --dist-reply-timeout, --dist-prefill-chunk,
- * --dist-prefill-window, --debug (advancing *i past its values).
+ * --dist-prefill-window, --dist-activation-bits, --debug (advancing *i past its values).
  * 1 consumed, 0 not ours, -1 with a line in err. */
 int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, char *err, size_t errlen);
 extern const char ds4_dist_usage[];
 /* After parsing: the secret from the environment when not given, and one
  * line in err for an inconsistent set (a role without its address, a worker
- * role where the binary runs no worker loop: !worker_ok). */
+ * role where the binary runs no worker loop: !worker_ok, activation bits
+ * given to a worker: the coordinator chooses them for the route). */
 bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size_t errlen);
 
 /* Takes ownership of `local` (the backend over the coordinator's slice). */

@@ -1,12 +1,14 @@
 /* dist_proto.c -- pipeline-parallel frames (see dist_proto.h). */
 #include "dist_proto.h"
+#include "quant.h"
 #include "sha1.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { VERSION = 3, HEADER = 8, HOP_BYTES = 8 * 4 };
+enum { VERSION = 4, HEADER = 8, HOP_BYTES = 8 * 4 };
 static const uint8_t MAGIC[4] = {'D', 'S', '4', 'P'};
 
 uint64_t ds4_dist_hash_tokens(uint64_t h, const int32_t *toks, int n) {
@@ -37,6 +39,44 @@ static void put_floats(writer *w, const float *f, size_t n) {
         uint32_t u;
         memcpy(&u, &f[i], 4);
         put_le(w, u, 4);
+    }
+}
+
+size_t ds4_dist_act_bytes(uint8_t act, uint32_t row, size_t n) {
+    if (act == DS4_DIST_ACT_Q8) return row ? n / row * (4 + (size_t)row) : 0;
+    return n * (act == DS4_DIST_ACT_F16 ? 2 : 4);
+}
+
+/* The largest finite half: a hidden state past it keeps its sign and the
+ * largest magnitude the format has, not an infinity the next layer would
+ * spread. */
+#define HALF_MAX 65504.0f
+
+/* Q8: per row, s = max|x| / 127 and q = round(x / s) in -127..127, so
+ * |x - q s| <= s / 2 up to the f32 roundings (dist_proto.h). */
+static void put_q8_row(writer *w, const float *x, uint32_t row) {
+    float amax = 0;
+    for (uint32_t i = 0; i < row; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float scale = amax / 127.0f;
+    uint32_t u;
+    memcpy(&u, &scale, 4);
+    put_le(w, u, 4);
+    for (uint32_t i = 0; i < row; i++) {
+        const float v = scale > 0 ? x[i] / scale : 0;
+        const long q = isnan(v) ? 0 : v >= 127 ? 127 : v <= -127 ? -127 : lrintf(v);
+        w->p[w->at++] = (uint8_t)(int8_t)q;
+    }
+}
+
+static void put_act(writer *w, uint8_t act, uint32_t row, const float *f, size_t n) {
+    if (act == DS4_DIST_ACT_F32) { put_floats(w, f, n); return; }
+    if (act == DS4_DIST_ACT_Q8) {
+        for (size_t r = 0; r + row <= n; r += row) put_q8_row(w, f + r, row);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {   /* comparisons, not fminf/fmaxf: a NaN stays NaN */
+        const float v = f[i] > HALF_MAX ? HALF_MAX : f[i] < -HALF_MAX ? -HALF_MAX : f[i];
+        put_le(w, ds4_f32_to_half(v), 2);
     }
 }
 
@@ -90,7 +130,8 @@ static void put_hops(writer *w, const ds4_dist_hop *hops, uint32_t n) {
 uint8_t *ds4_dist_encode_work(enum ds4_dist_type type, const ds4_dist_work *wk, const int32_t *toks,
                               const float *floats, const ds4_dist_hop *hops, size_t *len) {
     writer w;
-    if (!start(&w, type, 8 + 4 + 8 + 4 + 4 + 8 + 8 + 1 + 4 * (size_t)wk->n + 4 + 4 * (size_t)wk->n_floats + 4 +
+    const size_t payload = ds4_dist_act_bytes(wk->act, wk->row, wk->n_floats);
+    if (!start(&w, type, 8 + 4 + 8 + 4 + 4 + 8 + 8 + 1 + 4 * (size_t)wk->n + 1 + 4 + 4 + payload + 4 +
                              HOP_BYTES * (size_t)wk->n_hops))
         return NULL;
     put_le(&w, wk->route, 8);
@@ -102,8 +143,11 @@ uint8_t *ds4_dist_encode_work(enum ds4_dist_type type, const ds4_dist_work *wk, 
     put_le(&w, wk->hash_after, 8);
     put_le(&w, wk->logits, 1);
     for (uint32_t i = 0; i < wk->n; i++) put_le(&w, (uint32_t)toks[i], 4);
+    put_le(&w, wk->act, 1);
+    put_le(&w, wk->row, 4);
     put_le(&w, wk->n_floats, 4);
-    put_floats(&w, floats, wk->n_floats);
+    if (wk->floats) put_bytes(&w, wk->floats, payload);
+    else put_act(&w, wk->act, wk->row, floats, wk->n_floats);
     put_hops(&w, hops, wk->n_hops);
     *len = w.at;
     return w.p;
@@ -174,6 +218,20 @@ float ds4_dist_float_at(const uint8_t *floats, size_t i) {
     return f;
 }
 
+void ds4_dist_work_floats(const ds4_dist_work *w, float *out) {
+    const uint8_t *p = w->floats;
+    if (w->act == DS4_DIST_ACT_F32) {
+        for (size_t i = 0; i < w->n_floats; i++) out[i] = ds4_dist_float_at(p, i);
+    } else if (w->act == DS4_DIST_ACT_F16) {
+        for (size_t i = 0; i < w->n_floats; i++) out[i] = ds4_half_to_f32((ds4_half)(p[2 * i] | p[2 * i + 1] << 8));
+    } else {
+        for (size_t r = 0; r + w->row <= w->n_floats; r += w->row, p += 4 + w->row) {
+            const float scale = ds4_dist_float_at(p, 0);
+            for (uint32_t i = 0; i < w->row; i++) out[r + i] = (float)(int8_t)p[4 + i] * scale;
+        }
+    }
+}
+
 int32_t ds4_dist_token_at(const uint8_t *tokens, size_t i) {
     return (int32_t)((uint32_t)tokens[4 * i] | (uint32_t)tokens[4 * i + 1] << 8 | (uint32_t)tokens[4 * i + 2] << 16 |
                      (uint32_t)tokens[4 * i + 3] << 24);
@@ -237,8 +295,13 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
         w->logits = (uint8_t)get_le(&r, 1);
         if (w->logits > DS4_DIST_ALL || (type == DS4_DIST_WORK && w->n == 0)) r.bad = true;
         w->tokens = get_bytes(&r, 4 * (uint64_t)w->n);
+        w->act = (uint8_t)get_le(&r, 1);
+        w->row = (uint32_t)get_le(&r, 4);
         w->n_floats = (uint32_t)get_le(&r, 4);
-        w->floats = get_bytes(&r, 4 * (uint64_t)w->n_floats);
+        /* one spelling per frame: a row only for Q8, where it cuts the floats evenly */
+        const bool q8 = w->act == DS4_DIST_ACT_Q8;
+        if (w->act > DS4_DIST_ACT_Q8 || (q8 ? !w->row || w->n_floats % w->row : w->row != 0)) r.bad = true;
+        if (!r.bad) w->floats = get_bytes(&r, ds4_dist_act_bytes(w->act, w->row, w->n_floats));
         w->hops = get_hops(&r, &w->n_hops);
         break;
     }

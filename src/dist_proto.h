@@ -4,7 +4,7 @@
  * carries whole messages, this module only says what is in them.
  *
  * Contract
- * - Every frame starts with the magic "DS4P", a version (3) and a type;
+ * - Every frame starts with the magic "DS4P", a version (4) and a type;
  *   integers and floats are little endian, strings length-prefixed (u16).
  * - HELLO (worker -> coordinator): the shared secret, the model identity
  *   (name, layer count, hidden size, HC streams, vocabulary, routed-expert
@@ -20,7 +20,17 @@
  *   token-prefix hashes before and after the span, which logits the final
  *   owner returns (ACK: none, for non-final prefill chunks; LAST: the last
  *   token's; ALL: every position's), the tokens, the hidden-state payload
- *   (n x n_hc x n_embd floats) and the telemetry of the hops done so far.
+ *   (n x n_hc x n_embd floats) in the transport format the coordinator
+ *   chose (--dist-activation-bits) and the telemetry of the hops done so far.
+ * - Transport formats of the hidden states (enum ds4_dist_act): F32 as is;
+ *   F16 IEEE binary16, rounded to nearest even, values beyond +-65504
+ *   saturated (relative error <= 2^-11 in the normal range, absolute <=
+ *   2^-25 below it); Q8 per row of `row` floats (the coordinator sends
+ *   n_embd: one HC stream of one token) an f32 scale s = max|x| / 127 and
+ *   int8 q = round(x / s), decoded q x s (absolute error <= max|x| x
+ *   (1/254 + 2^-22), the last term the two f32 roundings). Only the hidden
+ *   states travel so: logits (RESULT) and layer state (KV_GET / KV_PUT) are
+ *   always F32. ds4_dist_work_floats() decodes any of them.
  * - KV_GET / KV_PUT (coordinator -> one worker; persistent KV through the
  *   route) share WORK's layout: KV_GET asks for the worker's layer state of
  *   a session at position pos with prefix hash hash_before (n = 0 tokens);
@@ -64,6 +74,7 @@ enum ds4_dist_type { DS4_DIST_HELLO = 1, DS4_DIST_WELCOME = 2, DS4_DIST_REFUSED 
                      DS4_DIST_RESULT = 5, DS4_DIST_ROUTE = 6, DS4_DIST_KV_GET = 7, DS4_DIST_KV_PUT = 8 };
 enum ds4_dist_status { DS4_DIST_OK = 0, DS4_DIST_HASH_MISMATCH = 1, DS4_DIST_ERROR = 2 };
 enum ds4_dist_logits { DS4_DIST_ACK = 0, DS4_DIST_LAST = 1, DS4_DIST_ALL = 2 };
+enum ds4_dist_act { DS4_DIST_ACT_F32 = 0, DS4_DIST_ACT_F16 = 1, DS4_DIST_ACT_Q8 = 2 };
 
 /* One hop's telemetry: wait is the time the hop sat idle before the frame
  * came (upstream compute and transfer), send the time it took to serialise
@@ -93,9 +104,11 @@ typedef struct {
     uint8_t logits;            /* enum ds4_dist_logits */
     const uint8_t *tokens;     /* n little-endian i32 */
     uint32_t n_floats;
-    const uint8_t *floats;     /* n_floats little-endian f32 */
+    const uint8_t *floats;     /* n_floats encoded as `act` says (ds4_dist_work_floats) */
     uint32_t n_hops;
     const uint8_t *hops;       /* n_hops encoded ds4_dist_hop (ds4_dist_hop_at) */
+    uint8_t act;               /* enum ds4_dist_act: how floats travel (zero: F32) */
+    uint32_t row;              /* Q8: floats per scaled row, dividing n_floats; 0 otherwise */
 } ds4_dist_work;
 
 typedef struct {
@@ -140,7 +153,9 @@ bool ds4_dist_unseal(const void *buf, size_t n, const char *secret, size_t *fram
 uint8_t *ds4_dist_encode_hello(const ds4_dist_hello *h, size_t *len);
 uint8_t *ds4_dist_encode_text(enum ds4_dist_type type, const char *text, size_t *len);
 /* type: WORK, KV_GET or KV_PUT; w->n_hops entries of hops are written (their
- * encoded form in w->hops is ignored) */
+ * encoded form in w->hops is ignored). The payload: floats encoded as w->act
+ * says, or, when w->floats is set (a decoded frame's), those bytes as they
+ * are. */
 uint8_t *ds4_dist_encode_work(enum ds4_dist_type type, const ds4_dist_work *w, const int32_t *toks,
                               const float *floats, const ds4_dist_hop *hops, size_t *len);
 uint8_t *ds4_dist_encode_result(const ds4_dist_result *r, const float *floats, const ds4_dist_hop *hops, size_t *len);
@@ -153,6 +168,10 @@ void ds4_dist_set_send_us(uint8_t *frame, size_t len, uint32_t send_us);
 /* false (and one line in err) for anything but one whole valid frame */
 bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *err, size_t errlen);
 float ds4_dist_float_at(const uint8_t *floats, size_t i);
+/* The payload's n_floats values, decoded from its transport format into out. */
+void ds4_dist_work_floats(const ds4_dist_work *w, float *out);
+/* Bytes of n floats in format act (row: Q8's row length). */
+size_t ds4_dist_act_bytes(uint8_t act, uint32_t row, size_t n);
 int32_t ds4_dist_token_at(const uint8_t *tokens, size_t i);
 ds4_dist_hop ds4_dist_hop_at(const uint8_t *hops, size_t i);
 

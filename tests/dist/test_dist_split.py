@@ -14,10 +14,16 @@ own layer slice, give the single process's output byte for byte:
 - a worker's data socket listens on its own address on the way to the
   coordinator (coordinator on 127.0.0.2, worker data on 127.0.0.1);
 - --debug on a 3-way split prints the route (each hop's layers and address)
-  and, per request, every hop's telemetry gathered from the result frames.
+  and, per request, every hop's telemetry gathered from the result frames;
+- --dist-activation-bits: 32 gives the single process's logits byte for
+  byte; at 16 and 8 every hop receives exactly the format's bytes for its
+  hidden states (n tokens x n_hc x n_embd values: 2 bytes each at 16, 1 and a
+  4-byte scale per n_embd at 8, against 4 at 32), read from the --debug
+  telemetry (the logits at 16 and 8 are checked in test_dist_route);
 Refusals: a wrong secret, another numerics mode and a slice overlapping a
 registered worker are refused with one line each (the worker exits 1); a
-coordinator without workers reports an incomplete route.
+coordinator without workers reports an incomplete route; a bad
+--dist-activation-bits, or one given to a worker, gets one line.
 Ports are free loopback ports; nothing binds beyond 127.0.0.1."""
 import os
 import re
@@ -181,6 +187,38 @@ def main():
             and q.count(" send ") == 3 and "round trip" in q for q, span in zip(requests, spans)),
             "--debug telemetry lines: %s" % requests)
 
+        # --dist-activation-bits: the bytes each hop received, per format
+        dump = subprocess.run([os.path.join(ROOT, "ds4-gguf-dump"), DEMO], capture_output=True, text=True).stdout
+        dims = dict(re.findall(r"deepseek4\.(embedding_length|hyper_connection\.count)\s+u32\s+(\d+)", dump))
+        n_embd, n_hc = int(dims.get("embedding_length", 0)), int(dims.get("hyper_connection.count", 0))
+        received = {}   # bits -> {(layers, first token, tokens): bytes in}
+        for bits in ("32", "16", "8"):
+            port = free_port()
+            workers = [start_worker(DEMO, s, port) for s in ("1:4", "5:output")]
+            try:
+                r = ds4([*coordinator_args(DEMO, "0:0", port), *args, "--debug", "--dist-prefill-chunk", "4",
+                         "--dist-activation-bits", bits])
+            finally:
+                stop(workers)
+            check(r.returncode == 0 and "activations %s-bit" % bits in r.stderr,
+                  "--dist-activation-bits %s: %s" % (bits, r.stderr.strip()[-300:]))
+            if bits == "32":
+                check(r.returncode == 0 and open(out, "rb").read() == want,
+                      "--dist-activation-bits 32 differs from the single process")
+            received[bits] = {(m.group(1), int(m.group(2)), int(m.group(3)) - int(m.group(2)) + 1): int(m.group(4))
+                              for m in re.finditer(
+                r"layers (1\.\.4|5\.\.5) tokens (\d+)\.\.(\d+) eval .*? in (\d+) B", r.stderr)}
+        hops = sorted(received["32"])
+        check(n_embd > 0 and n_hc > 0 and len(hops) == 6 and all(sorted(received[b]) == hops for b in ("16", "8")),
+              "hops seen per format: %s (n_embd %d, n_hc %d)" % (received, n_embd, n_hc))
+        for hop in hops:
+            values = hop[2] * n_hc * n_embd
+            saved16 = received["32"][hop] - received["16"].get(hop, 0)
+            saved8 = received["32"][hop] - received["8"].get(hop, 0)
+            check(saved16 == 2 * values and saved8 == 4 * values - (values + 4 * values // n_embd),
+                  "layers %s, %d tokens: %d and %d bytes fewer at 16 and 8 bits than at 32, want %d and %d"
+                  % (hop[0], hop[2], saved16, saved8, 2 * values, 4 * values - (values + 4 * values // n_embd)))
+
         # frames on a data port carry the --dist-secret seal: a frame from
         # someone without it (raw bytes over NNG's push protocol, shaped like a
         # ROUTE frame) is dropped before it is decoded, and the route serves on
@@ -214,7 +252,8 @@ def main():
               and got == want, "worker's own address: %s" % r.stderr.strip()[-400:])
 
         # bad pipelining flags: one line each
-        for flags, line in [(("--dist-prefill-chunk", "0"), "--dist-prefill-chunk: bad value"),
+        for flags, line in [(("--dist-activation-bits", "12"), "--dist-activation-bits takes 32, 16 or 8"),
+                            (("--dist-prefill-chunk", "0"), "--dist-prefill-chunk: bad value"),
                             (("--dist-prefill-window", "99"), "--dist-prefill-window: bad value"),
                             (("--dist-prefill-chunk", "9000"), "exceeds the local batch")]:
             r = ds4([*coordinator_args(DEMO, "0:2", free_port(), "0.5"), *ids, *flags])
@@ -243,6 +282,10 @@ def main():
                 check(rc == 1 and line in err, "refusal '%s': rc %s, %s" % (line, rc, err.strip()))
         finally:
             stop([coord, keep])
+        r = ds4(["-m", DEMO, "--role", "worker", "--layers", "3:output", "--coordinator", "127.0.0.1",
+                 str(free_port()), "--dist-activation-bits", "16"])
+        check(r.returncode != 0 and "--dist-activation-bits goes to the coordinator" in r.stderr,
+              "activation bits on a worker: %s" % r.stderr.strip())
         r = ds4(["-m", DEMO, "--role", "coordinator", "--layers", "0:2", "--listen", "127.0.0.1", str(free_port()),
                  "--dist-wait", "0.5", *args])
         check(r.returncode != 0 and "incomplete route: no worker holds layer 3" in r.stderr,

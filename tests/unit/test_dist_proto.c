@@ -4,7 +4,13 @@
  * refused with one line; the rolling hash composes (hash of a prefix then
  * a span = hash of the whole) and tells spans apart; registration checks
  * refuse a wrong secret, another model, another quant and slices outside
- * the model, each with its own line. */
+ * the model, each with its own line. The hidden states' transport formats
+ * (--dist-activation-bits): f16 equals the compiler's _Float16 conversion
+ * (libgcc's, an independent implementation) past the saturation at 65504
+ * and keeps the format's bound; 8-bit rows keep |error| <= max|x| x (1/254 +
+ * 2^-22) (dist_proto.h); payload sizes are 2 and 1 + 4/row bytes a float;
+ * a decoded payload re-encodes to the same bytes; malformed formats are
+ * refused. */
 #include "check.h"
 #include "dist_proto.h"
 #include "sha1.h"
@@ -76,7 +82,8 @@ static void test_work_and_result(void) {
     const int32_t toks[] = {0, 1, 129279, -1, 77};
     float fl[7] = {1.0f, -0.0f, NAN, INFINITY, 1e-45f, -3.25f, 65504.0f};
     const ds4_dist_hop hops[2] = {{0, 2, 4096, 5, 1234, 0, 56, 0}, {3, 5, 4096, 5, 4000000000u, 7, 8, 123456}};
-    ds4_dist_work w = {77, 9, 0xfeedface12345678ull, 4096, 5, 11, 22, DS4_DIST_ALL, NULL, 7, NULL, 2, NULL};
+    ds4_dist_work w = {77, 9, 0xfeedface12345678ull, 4096, 5, 11, 22, DS4_DIST_ALL, NULL, 7, NULL, 2, NULL,
+                       DS4_DIST_ACT_F32, 0};
     size_t len;
     uint8_t *buf = ds4_dist_encode_work(DS4_DIST_WORK, &w, toks, fl, hops, &len);
     ds4_dist_frame f;
@@ -100,7 +107,7 @@ static void test_work_and_result(void) {
     free(buf);
 
     /* KV_GET carries no tokens; a WORK without tokens is refused */
-    ds4_dist_work g = {1, 2, 3, 40, 0, 5, 5, DS4_DIST_ACK, NULL, 0, NULL, 0, NULL};
+    ds4_dist_work g = {1, 2, 3, 40, 0, 5, 5, DS4_DIST_ACK, NULL, 0, NULL, 0, NULL, DS4_DIST_ACT_F32, 0};
     buf = ds4_dist_encode_work(DS4_DIST_KV_GET, &g, NULL, NULL, NULL, &len);
     CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_KV_GET && f.work.pos == 40 &&
           f.work.n == 0, "kv_get decodes: %s", err);
@@ -149,6 +156,108 @@ static void test_work_and_result(void) {
     buf[0] = 'X';
     CHECK(!ds4_dist_decode(buf, len, &f, err, sizeof err) && strstr(err, "not a ds4 pipeline frame"), "%s", err);
     free(buf);
+}
+
+/* A WORK frame of n floats in format act (rows of `row`), decoded back into out. */
+static size_t act_round_trip(uint8_t act, uint32_t row, const float *x, uint32_t n, float *out) {
+    const int32_t tok = 1;
+    ds4_dist_work w = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, NULL, n, NULL, 0, NULL, act, row};
+    size_t len = 0;
+    uint8_t *buf = ds4_dist_encode_work(DS4_DIST_WORK, &w, &tok, x, NULL, &len);
+    ds4_dist_frame f;
+    char err[256];
+    const bool ok = buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.work.act == act && f.work.row == row &&
+                    f.work.n_floats == n;
+    CHECK(ok, "format %d frame decodes: %s", act, ok ? "" : err);
+    if (ok) {
+        ds4_dist_work_floats(&f.work, out);
+        /* a decoded payload goes on byte for byte (w.floats set: no re-rounding) */
+        size_t again_len = 0;
+        uint8_t *again = ds4_dist_encode_work(DS4_DIST_WORK, &f.work, &tok, NULL, NULL, &again_len);
+        CHECK(again && again_len == len && !memcmp(again, buf, len), "format %d payload re-encodes as is", act);
+        free(again);
+        check_all_cuts(buf, len, "activation frame");
+    }
+    free(buf);
+    return ok ? len : 0;
+}
+
+static void test_activation_formats(void) {
+    enum { ROW = 64, ROWS = 8, N = ROW * ROWS };
+    float x[N], y[N];
+    uint64_t r = 0x243f6a8885a308d3ull;
+    for (int i = 0; i < N; i++) {   /* magnitudes 2^-30 .. 2^20, both signs */
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        const float unit = (float)((r >> 40) & 0xffffff) / 16777216.0f;
+        x[i] = ldexpf(1.0f + unit, (int)((r >> 20) % 51) - 30) * ((r >> 10) & 1 ? -1.0f : 1.0f);
+    }
+    const float edges[] = {0.0f, -0.0f, 65504.0f, -65504.0f, 65519.0f, 65520.0f, 1e6f, -1e30f, 1.0f + 0x1p-11f,
+                           1.0f + 0x1p-11f + 0x1p-23f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-14f, 0x1.ffcp-15f};
+    memcpy(x, edges, sizeof edges);
+    x[sizeof edges / sizeof edges[0]] = NAN;
+
+    const size_t len32 = act_round_trip(DS4_DIST_ACT_F32, 0, x, N, y);
+    CHECK(len32 && !memcmp(x, y, sizeof x), "f32 keeps every bit");
+
+    const size_t len16 = act_round_trip(DS4_DIST_ACT_F16, 0, x, N, y);
+    CHECK(len32 - len16 == 2 * (size_t)N, "f16 payload: %zu bytes less than f32, want %d", len32 - len16, 2 * N);
+    bool same = true, bounded = true;
+    for (int i = 0; i < N; i++) {
+        if (isnan(x[i])) { same &= isnan(y[i]); continue; }
+        const float clamped = fminf(fmaxf(x[i], -65504.0f), 65504.0f);
+        const float want = (float)(_Float16)clamped;
+        same &= !memcmp(&want, &y[i], 4);
+        const float a = fabsf(clamped);
+        bounded &= fabsf(y[i] - clamped) <= (a >= 0x1p-14f ? a * 0x1p-11f : 0x1p-25f);
+        if (!same || !bounded) { CHECK(false, "f16 of %a gives %a (_Float16: %a)", x[i], y[i], want); break; }
+    }
+    CHECK(same && bounded, "f16 equals _Float16 after saturation, within 2^-11 relative / 2^-25 absolute");
+
+    for (int i = 0; i < N; i++) x[i] = isnan(x[i]) ? 1.0f : x[i];
+    for (int i = 0; i < ROW; i++) x[ROW + i] = 0.0f;                /* an all-zero row */
+    for (int i = 0; i < ROW; i++) x[2 * ROW + i] = 0.001f * (float)(i - 32);
+    x[2 * ROW + 5] = -1e4f;                                          /* one outlier sets the row's scale */
+    const size_t len8 = act_round_trip(DS4_DIST_ACT_Q8, ROW, x, N, y);
+    CHECK(len32 - len8 == 4 * (size_t)N - (size_t)ROWS * (4 + ROW), "q8 payload: %zu bytes less than f32", len32 - len8);
+    bounded = true;
+    for (int row = 0; row < ROWS; row++) {
+        float amax = 0;
+        for (int i = 0; i < ROW; i++) amax = fmaxf(amax, fabsf(x[row * ROW + i]));
+        for (int i = 0; i < ROW; i++) {
+            const int k = row * ROW + i;
+            if (!(fabsf(y[k] - x[k]) <= amax * (1.0f / 254 + 0x1p-22f))) {
+                CHECK(false, "q8 row %d: %a gives %a (row max %a)", row, x[k], y[k], amax);
+                bounded = false;
+                break;
+            }
+        }
+    }
+    CHECK(bounded, "q8 within max|x| x (1/254 + 2^-22) per row");
+    bool zeros = true;
+    for (int i = 0; i < ROW; i++) zeros &= y[ROW + i] == 0.0f;
+    CHECK(zeros, "q8: an all-zero row stays zero");
+
+    /* one spelling per frame: unknown formats, rows that do not fit, a row outside Q8 */
+    const struct { uint8_t act; uint32_t row; uint32_t n; } bad[] = {
+        {3, 0, 4}, {DS4_DIST_ACT_Q8, 0, 4}, {DS4_DIST_ACT_Q8, 3, 4}, {DS4_DIST_ACT_F32, 2, 4}, {DS4_DIST_ACT_F16, 1, 4}};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        const int32_t tok = 1;
+        ds4_dist_work w = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, NULL, bad[k].n, NULL, 0, NULL, DS4_DIST_ACT_F32, 0};
+        size_t len = 0;
+        uint8_t *buf = ds4_dist_encode_work(DS4_DIST_WORK, &w, &tok, x, NULL, &len);
+        ds4_dist_frame f;
+        char err[256];
+        /* the format fields follow the header (8), the fixed fields (45) and the one token (4) */
+        const size_t at = 8 + 45 + 4;
+        CHECK(buf && buf[at] == DS4_DIST_ACT_F32 && ds4_dist_decode(buf, len, &f, err, sizeof err), "unpatched decodes");
+        if (buf) {
+            buf[at] = bad[k].act;
+            for (int b = 0; b < 4; b++) buf[at + 1 + b] = (uint8_t)(bad[k].row >> (8 * b));
+        }
+        CHECK(buf && !ds4_dist_decode(buf, len, &f, err, sizeof err) && strstr(err, "malformed"),
+              "format %d row %u refused", bad[k].act, bad[k].row);
+        free(buf);
+    }
 }
 
 static void test_hash(void) {
@@ -216,6 +325,7 @@ static void test_seal(void) {
 int main(void) {
     test_hello();
     test_work_and_result();
+    test_activation_formats();
     test_hash();
     test_seal();
     return check_done("test_dist_proto");

@@ -25,11 +25,25 @@
  *   line and leaves the session unchanged (the coordinator's own slice rolled
  *   back), the one after reports the incomplete route; a restarted worker
  *   (at position 0) is caught up by a replay and the next step equals the
- *   single process again. */
+ *   single process again.
+ * --dist-activation-bits 16 and 8: the route rounds the hidden states at
+ * every cut and nowhere else, so its logits (every position of a pipelined
+ * prefill, then each decode step) equal, bit for bit, the slices chained in
+ * this process with the same transport format applied between them (the
+ * codec of dist_proto, whose rounding test_dist_proto holds to the format's
+ * bounds), for the 2-way and the 3-way split; their distance from the
+ * single process is printed. */
 #include "check.h"
+#include "backend.h"
 #include "dist.h"
+#include "dist_proto.h"
 #include "engine.h"
+#include "forward_cpu.h"
+#include "gguf.h"
+#include "kv.h"
+#include "model.h"
 
+#include <math.h>
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -90,7 +104,7 @@ static int worker_main(const char *layers, const char *port) {
 /* Both engines run one thread and a 40-token local batch. The split pipelines
  * 33-token chunks, 2 in flight, and takes up to 8 chunks (264 tokens, more
  * than the rewind slack) per engine call. */
-static ds4_engine *load(const char *layers, int port, char *err, size_t errlen) {
+static ds4_engine *load(const char *layers, int port, int bits, char *err, size_t errlen) {
     ds4_engine_params p;
     ds4_engine_params_default(&p);
     p = (ds4_engine_params){.model_path = MODEL, .n_threads = 1, .prefill_chunk = 40, .numerics = p.numerics,
@@ -98,7 +112,8 @@ static ds4_engine *load(const char *layers, int port, char *err, size_t errlen) 
     if (layers) {
         p.layers = layers;
         p.dist = (ds4_dist_params){.role = DS4_DIST_COORDINATOR, .host = "127.0.0.1", .port = port, .secret = SECRET,
-                                   .wait_seconds = 5, .reply_seconds = 30, .prefill_chunk = 33, .prefill_window = 2};
+                                   .wait_seconds = 5, .reply_seconds = 30, .prefill_chunk = 33, .prefill_window = 2,
+                                   .activation_bits = bits};
         if (!ds4_dist_finish_options(&p.dist, false, err, errlen)) return NULL;
     }
     return ds4_engine_load(&p, err, errlen);
@@ -134,7 +149,7 @@ static void run_split(ds4_engine *single, const char *const *slices, int n_slice
     const int port = free_port();
     pid_t workers[4] = {0};
     for (int i = 1; i < n_slices; i++) workers[i] = start_worker(slices[i], port);
-    ds4_engine *split = load(slices[0], port, err, sizeof err);
+    ds4_engine *split = load(slices[0], port, 32, err, sizeof err);
     CHECK(split, "%s: coordinator: %s", what, err);
     const int V = ds4_engine_n_vocab(single);
     ds4_session *a = ds4_session_new(single, CTX, err, sizeof err), *b = split ? ds4_session_new(split, CTX, err, sizeof err) : NULL;
@@ -260,16 +275,132 @@ out:
     for (int i = 1; i < n_slices; i++) stop_worker(workers[i]);
 }
 
+/* One slice of the in-process reference for the activation formats. */
+typedef struct {
+    ds4_model *m;
+    ds4_backend *be;
+    ds4_kv *kv;
+} stage;
+
+static void stage_close(stage *st) {
+    if (st->be) st->be->free(st->be);
+    ds4_kv_free(st->kv);
+    ds4_model_free(st->m);
+}
+
+/* The hidden states as the next hop gets them: encoded into a WORK frame
+ * in format act (a Q8 row is one HC stream of one token) and decoded. */
+static bool through_wire(float *hidden, size_t n, uint8_t act, uint32_t n_embd) {
+    const int32_t tok = 0;
+    ds4_dist_work w = {0, 0, 0, 0, 1, 0, 0, DS4_DIST_ACK, NULL, (uint32_t)n, NULL, 0, NULL, act,
+                       act == DS4_DIST_ACT_Q8 ? n_embd : 0};
+    size_t len = 0;
+    uint8_t *buf = ds4_dist_encode_work(DS4_DIST_WORK, &w, &tok, hidden, NULL, &len);
+    ds4_dist_frame f;
+    char err[256];
+    const bool ok = buf && ds4_dist_decode(buf, len, &f, err, sizeof err);
+    if (ok) ds4_dist_work_floats(&f.work, hidden);
+    free(buf);
+    return ok;
+}
+
+/* toks through the stages in order, the format applied at every cut. */
+static bool chain(stage *st, int n_stages, const int32_t *toks, int n, float *logits, float *ha, float *hb,
+                  uint8_t act) {
+    char err[256];
+    const float *in = NULL;
+    for (int i = 0; i < n_stages; i++) {
+        float *out = i % 2 ? hb : ha;
+        ds4_backend_seq sq = {.kv = st[i].kv, .toks = toks, .n = n, .logits = logits, .all_logits = true,
+                              .hidden_in = in, .hidden_out = i + 1 < n_stages ? out : NULL};
+        if (st[i].be->eval(st[i].be, &sq, 1, err, sizeof err)) { CHECK(false, "stage %d: %s", i, err); return false; }
+        const ds4_config *c = &st[i].m->cfg;
+        if (i + 1 < n_stages && !through_wire(out, (size_t)n * c->n_hc * c->n_embd, act, (uint32_t)c->n_embd)) {
+            CHECK(false, "stage %d: the transport codec failed", i);
+            return false;
+        }
+        in = out;
+    }
+    return true;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+static void run_bits(ds4_engine *single, const char *const *slices, int n_slices, int bits) {
+    enum { N_DECODE = 2 };
+    char err[256], what[64];
+    snprintf(what, sizeof what, "%d-way split, activation bits %d", n_slices, bits);
+    const uint8_t act = bits == 16 ? DS4_DIST_ACT_F16 : DS4_DIST_ACT_Q8;
+    const int port = free_port();
+    pid_t workers[4] = {0};
+    for (int i = 1; i < n_slices; i++) workers[i] = start_worker(slices[i], port);
+    ds4_engine *split = load(slices[0], port, bits, err, sizeof err);
+    CHECK(split, "%s: coordinator: %s", what, err);
+    ds4_gguf *g = ds4_gguf_open(MODEL, err, sizeof err);
+    stage st[4] = {{0}};
+    bool open = g != NULL;
+    for (int i = 0; open && i < n_slices; i++) {
+        ds4_layer_slice sl;
+        open = ds4_layer_slice_parse(slices[i], &sl, err, sizeof err) &&
+               (st[i].m = ds4_model_bind_slice(g, &sl, err, sizeof err)) &&
+               (st[i].be = ds4_cpu_backend_new(st[i].m, 1, N_PROMPT, ds4_cpu_numerics_supported(&st[i].m->cfg), err,
+                                               sizeof err)) &&
+               (st[i].kv = ds4_kv_new(&st[i].m->cfg, CTX, 16));
+    }
+    CHECK(open, "%s: reference stages: %s", what, err);
+    const int V = ds4_engine_n_vocab(single);
+    const size_t hcE = open ? (size_t)st[0].m->cfg.n_hc * st[0].m->cfg.n_embd : 0;
+    ds4_session *a = ds4_session_new(single, CTX, err, sizeof err), *b = split ? ds4_session_new(split, CTX, err, sizeof err) : NULL;
+    float *la = malloc((size_t)N_PROMPT * V * sizeof(float)), *lb = malloc((size_t)N_PROMPT * V * sizeof(float));
+    float *ref = malloc((size_t)N_PROMPT * V * sizeof(float));
+    float *ha = malloc((size_t)N_PROMPT * hcE * sizeof(float) + 1), *hb = malloc((size_t)N_PROMPT * hcE * sizeof(float) + 1);
+    if (!open || !a || !b || !la || !lb || !ref || !ha || !hb) { CHECK(false, "%s: setup: %s", what, err); goto out; }
+
+    int32_t toks[N_PROMPT];
+    for (int i = 0; i < N_PROMPT; i++) toks[i] = (i * 41 + 5) % V;
+    CHECK(ds4_session_prefill(a, toks, N_PROMPT, la, NULL, NULL, err, sizeof err) == 0, "single prefill: %s", err);
+    CHECK(ds4_session_prefill(b, toks, N_PROMPT, lb, NULL, NULL, err, sizeof err) == 0, "%s prefill: %s", what, err);
+    if (!chain(st, n_slices, toks, N_PROMPT, ref, ha, hb, act)) goto out;
+    CHECK(!memcmp(lb, ref, (size_t)N_PROMPT * V * sizeof(float)),
+          "%s: pipelined prefill logits differ from the slices chained with the same format", what);
+    double worst = max_abs_diff(la, lb, (size_t)N_PROMPT * V), largest = 0;
+    for (size_t i = 0; i < (size_t)N_PROMPT * V; i++) largest = fmax(largest, fabs(la[i]));
+    ds4_session *both[2] = {a, b};
+    for (int step = 0; step < N_DECODE; step++) {
+        const int32_t t = argmax(ds4_session_logits(b), V);
+        if (!decode_all(both, 2, t) || !chain(st, n_slices, &t, 1, ref, ha, hb, act)) goto out;
+        CHECK(!memcmp(ds4_session_logits(b), ref, (size_t)V * sizeof(float)),
+              "%s: decode step %d differs from the slices chained with the same format", what, step);
+        worst = fmax(worst, max_abs_diff(ds4_session_logits(a), ds4_session_logits(b), (size_t)V));
+    }
+    printf("test_dist_route: %s: max |logit - single process| %.3g (largest |logit| %.3g)\n", what, worst, largest);
+out:
+    free(la); free(lb); free(ref); free(ha); free(hb);
+    ds4_session_free(a); ds4_session_free(b);
+    for (int i = 0; i < n_slices; i++) stage_close(&st[i]);
+    ds4_gguf_close(g);
+    ds4_engine_free(split);
+    for (int i = 1; i < n_slices; i++) stop_worker(workers[i]);
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "worker")) return worker_main(argv[2], argv[3]);
     if (access(MODEL, R_OK)) return check_skipped("test_dist_route", "needs models/demo.gguf (make test builds it)");
     signal(SIGPIPE, SIG_IGN);
     char err[256];
-    ds4_engine *single = load(NULL, 0, err, sizeof err);
+    ds4_engine *single = load(NULL, 0, 32, err, sizeof err);
     if (!single) { CHECK(false, "single engine: %s", err); return check_done("test_dist_route"); }
     const char *two[] = {"0:2", "3:output"}, *three[] = {"0:1", "2:3", "4:output"};
     run_split(single, two, 2);
     run_split(single, three, 3);
+    for (int bits = 16; bits >= 8; bits -= 8) {
+        run_bits(single, two, 2, bits);
+        run_bits(single, three, 3, bits);
+    }
     ds4_engine_free(single);
     return check_done("test_dist_route");
 }
