@@ -13,10 +13,10 @@
 #               after it came, so a round trip pays 2D: what `tc qdisc ...
 #               netem delay D` on each host's link adds, for kernels without
 #               netem (delay+0 is that switch's own cost).
-# Each link's rows interleave the runs (run r: single process, 2-way,
-# 3-way, ...), so each split run has a single-process run next to it; the
-# table gives tokens/s as min / median / max and the split / single ratio of
-# each pair as median (min-max). Then, per link: the TCP round trip between
+# Each link's rows interleave the runs (run r: the single process, then the
+# 2-way and 3-way splits in every BITS format), so each split run has a
+# single-process run next to it; the table gives tokens/s as min / median /
+# max and the split / single ratio of each pair as median (min-max). Then, per link: the TCP round trip between
 # the coordinator's host and the first worker's (tests/dist/link_probe.py,
 # 20 one-byte round trips), and one --debug run of the 3-way split, its
 # per-hop telemetry as a table. A benchmark: prints, asserts nothing. The
@@ -161,22 +161,25 @@ for link in $LINKS; do
         continue
     fi
     ping_row "$link" >>"$PINGS"
-    for bits in $BITS; do
-        : >"$TMP/single"
-        for n in $SPLIT_SIZES; do : >"$TMP/split$n"; done
-        for _ in $(seq "$RUNS"); do
-            run loopback 32 >>"$TMP/single"
+    # run r: the single process, then every format's splits
+    : >"$TMP/single"
+    for bits in $BITS; do for n in $SPLIT_SIZES; do : >"$TMP/split$bits.$n"; done; done
+    for _ in $(seq "$RUNS"); do
+        run loopback 32 >>"$TMP/single"
+        for bits in $BITS; do
             # shellcheck disable=SC2086
-            for n in $SPLIT_SIZES; do run "$link" "$bits" ${SPLIT_LAYERS[$n]} >>"$TMP/split$n"; done
+            for n in $SPLIT_SIZES; do run "$link" "$bits" ${SPLIT_LAYERS[$n]} >>"$TMP/split$bits.$n"; done
         done
-        printf "| %s | %s | 1 | all | %s | | %s | |\n" "$link" "$bits" "$(cut -d' ' -f1 "$TMP/single" | stats)" \
-            "$(cut -d' ' -f2 "$TMP/single" | stats)" >>"$ROWS"
+    done
+    printf "| %s | | 1 | all | %s | | %s | |\n" "$link" "$(cut -d' ' -f1 "$TMP/single" | stats)" \
+        "$(cut -d' ' -f2 "$TMP/single" | stats)" >>"$ROWS"
+    for bits in $BITS; do
         for n in $SPLIT_SIZES; do
+            f=$TMP/split$bits.$n
             printf "| %s | %s | %d | %s | %s | %s | %s | %s |\n" "$link" "$bits" "$n" "${SPLIT_LAYERS[$n]}" \
-                "$(cut -d' ' -f1 "$TMP/split$n" | stats)" \
-                "$(paste -d' ' <(cut -d' ' -f1 "$TMP/single") <(cut -d' ' -f1 "$TMP/split$n") | ratios)" \
-                "$(cut -d' ' -f2 "$TMP/split$n" | stats)" \
-                "$(paste -d' ' <(cut -d' ' -f2 "$TMP/single") <(cut -d' ' -f2 "$TMP/split$n") | ratios)" >>"$ROWS"
+                "$(cut -d' ' -f1 "$f" | stats)" "$(paste -d' ' <(cut -d' ' -f1 "$TMP/single") <(cut -d' ' -f1 "$f") | ratios)" \
+                "$(cut -d' ' -f2 "$f" | stats)" "$(paste -d' ' <(cut -d' ' -f2 "$TMP/single") <(cut -d' ' -f2 "$f") | ratios)" \
+                >>"$ROWS"
         done
         if [ "$TELEMETRY" = 1 ]; then
             # shellcheck disable=SC2086
