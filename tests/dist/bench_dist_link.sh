@@ -71,9 +71,16 @@ run() {
     [ "$link" = loopback ] && port=$(free_port)
     if [ $# -gt 0 ]; then
         for s in "${@:2}"; do
-            on "$link" "$host" nice ./ds4 -t "$THREADS" -m "$MODEL" --role worker --layers "$s" \
-                --coordinator "$(addr "$link" 0)" "$port" --dist-secret bench 2>>"$TMP/workers.log" &
-            PIDS+=($!)
+            local worker=(nice ./ds4 -t "$THREADS" -m "$MODEL" --role worker --layers "$s"
+                          --coordinator "$(addr "$link" 0)" "$port" --dist-secret bench)
+            # started as the background job itself, so its pid is the worker's
+            if [ "$link" = loopback ]; then
+                "${worker[@]}" 2>>"$TMP/workers.log" &
+                PIDS+=($!)
+            else
+                netns_spawn "$TAG" "$host" "${worker[@]}" 2>>"$TMP/workers.log"
+                PIDS+=("$NETNS_PID")
+            fi
             host=$((host + 1))
         done
         coord=(--role coordinator --layers "$1" --listen "$(addr "$link" 0)" "$port" --dist-secret bench ${DEBUG:+--debug})

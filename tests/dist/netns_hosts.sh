@@ -20,16 +20,24 @@
 #                          (and leaves what it made for netns_hosts_down)
 #                          when the kernel or the user cannot make them
 #                          (needs root)
-#   netns_host TAG I CMD...  runs CMD on host I (exec: $! is CMD's pid)
+#   netns_host TAG I CMD...  runs CMD on host I and waits for it
+#   netns_spawn TAG I CMD... starts CMD on host I in the background; its pid
+#                          (what `kill` must be given) in NETNS_PID. Not
+#                          `netns_host ... &`: that backgrounds a subshell
+#                          running the function, and killing the subshell
+#                          leaves CMD running.
 #   netns_host_addr I      host I's address
 #   netns_hosts_down TAG   stops the delaying switch, deletes every
 #                          namespace of TAG; deleting a namespace deletes
 #                          the veth ends in it, and so the pairs; safe to
 #                          call twice and from a trap
-NETNS_DELAY_PID=""
+NETNS_DELAY_PID="" NETNS_PID=""
 netns_host_addr() { echo "10.77.0.$(($1 + 1))"; }
 
 netns_host() { local tag=$1 i=$2; shift 2; ip netns exec "${tag}h$i" "$@"; }
+
+# `ip netns exec` execs CMD, so the background job's pid is CMD's
+netns_spawn() { local tag=$1 i=$2; shift 2; ip netns exec "${tag}h$i" "$@" & NETNS_PID=$!; }
 
 # The switch's wake-ups decide how exactly it keeps the delay on a loaded
 # machine, so it runs as a real-time process where the kernel allows (it
@@ -73,7 +81,7 @@ netns_hosts_down() {
         kill "$NETNS_DELAY_PID" 2>/dev/null || true
         wait "$NETNS_DELAY_PID" 2>/dev/null || true
         exec {NETNS_DELAY_FD}<&-
-        NETNS_DELAY_PID=""
+        NETNS_DELAY_PID="" NETNS_PID=""
     fi
     for ns in $(ip netns list 2>/dev/null | awk '{ print $1 }'); do
         case $ns in "${tag}h"[0-9]* | "${tag}sw") ip netns del "$ns" 2>/dev/null || true ;; esac

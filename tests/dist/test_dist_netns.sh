@@ -52,9 +52,9 @@ split() {
     shift 2
     port=$((port + 1))
     for s in "$@"; do
-        netns_host "$TAG" "$i" ./ds4 -t 1 -m "$DEMO" --role worker --layers "$s" --coordinator "$COORD" "$port" \
-            --dist-secret netns-test 2>>"$TMP/workers.log" >/dev/null &
-        PIDS+=($!)
+        netns_spawn "$TAG" "$i" ./ds4 -t 1 -m "$DEMO" --role worker --layers "$s" --coordinator "$COORD" "$port" \
+            --dist-secret netns-test 2>>"$TMP/workers.log" >/dev/null
+        PIDS+=("$NETNS_PID")
         i=$((i + 1))
     done
     local out=$TMP/$name.$i
