@@ -129,6 +129,9 @@ static void put_hops(writer *w, const ds4_dist_hop *hops, uint32_t n) {
 
 uint8_t *ds4_dist_encode_work(enum ds4_dist_type type, const ds4_dist_work *wk, const int32_t *toks,
                               const float *floats, const ds4_dist_hop *hops, size_t *len) {
+    /* the decoder's rule for the format fields: a row only for Q8, cutting the floats evenly */
+    if (wk->act > DS4_DIST_ACT_Q8 || (wk->act == DS4_DIST_ACT_Q8 ? !wk->row || wk->n_floats % wk->row : wk->row))
+        return NULL;
     writer w;
     const size_t payload = ds4_dist_act_bytes(wk->act, wk->row, wk->n_floats);
     if (!start(&w, type, 8 + 4 + 8 + 4 + 4 + 8 + 8 + 1 + 4 * (size_t)wk->n + 1 + 4 + 4 + payload + 4 +

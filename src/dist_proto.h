@@ -47,7 +47,8 @@
  *   (a truncated or oversized frame is an error, never a read past the end)
  *   and leaves pointers into the buffer for the arrays; floats and tokens
  *   are read through ds4_dist_float_at()/ds4_dist_token_at() because the
- *   buffer need not be aligned. Encoders return NULL only when out of memory.
+ *   buffer need not be aligned. Encoders return NULL only when out of memory
+ *   (and ds4_dist_encode_work for a format the decoder would refuse).
  * - Sealing: every frame on a data port (ROUTE, WORK, KV_GET/KV_PUT, RESULT)
  *   travels sealed, the frame followed by HMAC-SHA1(secret, frame) (sha1.h):
  *   ds4_dist_seal() appends the tag, ds4_dist_unseal() checks it in constant

@@ -237,6 +237,14 @@ static void test_activation_formats(void) {
     for (int i = 0; i < ROW; i++) zeros &= y[ROW + i] == 0.0f;
     CHECK(zeros, "q8: an all-zero row stays zero");
 
+    /* the encoder refuses what the decoder would */
+    const int32_t one = 1;
+    size_t n_out = 0;
+    ds4_dist_work q = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, NULL, 8, NULL, 0, NULL, DS4_DIST_ACT_Q8, 0};
+    CHECK(!ds4_dist_encode_work(DS4_DIST_WORK, &q, &one, x, NULL, &n_out), "q8 without a row not encoded");
+    q.row = 3;
+    CHECK(!ds4_dist_encode_work(DS4_DIST_WORK, &q, &one, x, NULL, &n_out), "q8 row not dividing not encoded");
+
     /* one spelling per frame: unknown formats, rows that do not fit, a row outside Q8 */
     const struct { uint8_t act; uint32_t row; uint32_t n; } bad[] = {
         {3, 0, 4}, {DS4_DIST_ACT_Q8, 0, 4}, {DS4_DIST_ACT_Q8, 3, 4}, {DS4_DIST_ACT_F32, 2, 4}, {DS4_DIST_ACT_F16, 1, 4}};
