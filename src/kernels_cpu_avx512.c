@@ -12,8 +12,9 @@
  *
  * As in the AVX2 file, each kernel is written once for NT tokens: NT = 1
  * is the dot, NT = 1..DS4_DOT_TOKENS the matmul micro-kernel, with the same
- * per-token arithmetic so all give identical results. Q8_0 also has the
- * matmul tile (rows x tokens, packed tokens), from the same function.
+ * per-token arithmetic so all give identical results. Q8_0 and IQ2_XXS also
+ * have matmul tiles (rows x tokens, packed tokens) with the same integer
+ * sums and float order.
  */
 #include <stdbool.h>
 #include <string.h>
@@ -69,8 +70,8 @@ INLINE __m512i pair256(const void *lo, const void *hi) {
 }
 
 /* Every Q8_0 product here -- the dot (1 row x 1 token), the multi-token
- * micro-kernel (1 x nt) and the matmul tile (DS4_TILE_ROWS x
- * DS4_TILE_TOKENS) -- is q8_0_rt, so a (row, token) result is the same bit
+ * micro-kernel (1 x nt) and the matmul tile (Q8_TILE_ROWS x
+ * Q8_TILE_TOKENS) -- is q8_0_rt, so a (row, token) result is the same bit
  * for bit whichever of them computes it.
  * - Two blocks per register; an odd last block is paired with itself and
  *   weighted 0 in the high half.
@@ -99,17 +100,23 @@ INLINE void q8_0_act_pair(const ds4_block_q8_0 *a, int64_t b, int64_t b1, __m512
     *da = pair_scales(a, b, b1);
 }
 
+/* vpdpbusd(base, a + 128, w) = sum a*w per group of four bytes: base is
+ * -128 * sum w over the group, which depends on the weights alone */
+INLINE __m512i unsigned_act_base(__m512i w) {
+    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), w));
+}
+
 /* packed tile activations: per block pair, per token, 64 bytes of a + 128
  * then the 16 scale floats */
-enum { PACKED_PAIR_BYTES = 128 };
+enum { PACKED_PAIR_BYTES = 128, Q8_TILE_ROWS = 4, Q8_TILE_TOKENS = 4 };
 
-static bool q8_0_pack(const void *acts, size_t stride, int64_t n, void *packed, size_t packed_bytes) {
+static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
     int64_t nb = n / DS4_QK8_0;
-    if ((size_t)((nb + 1) / 2) * DS4_TILE_TOKENS * PACKED_PAIR_BYTES > packed_bytes) return false;
+    if ((size_t)((nb + 1) / 2) * Q8_TILE_TOKENS * PACKED_PAIR_BYTES > packed_bytes) return false;
     uint8_t *p = packed;
     for (int64_t b = 0; b < nb; b += 2) {
         int64_t b1 = b + 1 < nb ? b + 1 : b;
-        for (int t = 0; t < DS4_TILE_TOKENS; t++, p += PACKED_PAIR_BYTES) {
+        for (int t = 0; t < nt; t++, p += PACKED_PAIR_BYTES) {
             __m512i au;
             __m512 da;
             q8_0_act_pair(tok(acts, stride, t), b, b1, &au, &da);
@@ -120,13 +127,12 @@ static bool q8_0_pack(const void *acts, size_t stride, int64_t n, void *packed, 
     return true;
 }
 
-enum { TILE_ROWS_MAX = DS4_TILE_ROWS, TILE_TOKENS_MAX = DS4_TILE_TOKENS > NT_MAX ? DS4_TILE_TOKENS : NT_MAX };
+enum { TILE_ROWS_MAX = Q8_TILE_ROWS, TILE_TOKENS_MAX = Q8_TILE_TOKENS > NT_MAX ? Q8_TILE_TOKENS : NT_MAX };
 
 /* y[t * y_stride + r] for nr rows (row_bytes apart) x nt tokens; the tokens
- * come packed (nt == DS4_TILE_TOKENS) or as activation rows */
+ * come packed (nt == Q8_TILE_TOKENS) or as activation rows */
 INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, const uint8_t *packed,
                     int nt, int64_t n, float *y, int64_t y_stride) {
-    const __m512i bias = _mm512_set1_epi8((char)0x80);
     int64_t nb = n / DS4_QK8_0;
     __m512 acc[TILE_ROWS_MAX][TILE_TOKENS_MAX];
     UNROLL
@@ -142,7 +148,7 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
             const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r);
             prefetch_weights(x + b);
             wq[r] = pair256(x[b].qs, x[b1].qs);
-            base[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq[r]));
+            base[r] = unsigned_act_base(wq[r]);
             dw[r] = pair_scales(x, b, b1);
         }
         UNROLL
@@ -150,7 +156,7 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
             __m512i au;
             __m512 da;
             if (packed) {
-                const uint8_t *p = packed + ((size_t)(b / 2) * DS4_TILE_TOKENS + (size_t)t) * PACKED_PAIR_BYTES;
+                const uint8_t *p = packed + ((size_t)(b / 2) * Q8_TILE_TOKENS + (size_t)t) * PACKED_PAIR_BYTES;
                 au = _mm512_load_si512(p);
                 da = _mm512_load_ps(p + 64);
             } else {
@@ -174,8 +180,9 @@ INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, i
 }
 DOT_ENTRY_POINTS(q8_0)
 
-static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, float *y, int64_t y_stride) {
-    q8_0_rt(w, row_bytes, DS4_TILE_ROWS, NULL, 0, packed, DS4_TILE_TOKENS, n, y, y_stride);
+static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                      int64_t y_stride) {
+    q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, Q8_TILE_TOKENS, n, y, y_stride);
 }
 
 /* ---- IQ2_XXS x Q8_K ----
@@ -210,18 +217,29 @@ INLINE void iq2_decode_signs(const uint8_t *q, struct iq2_signs *sg) {
                                                         _mm512_set1_epi64(1)));
 }
 
-/* sub-blocks b, b+1 of super-block i into every token's sum */
-INLINE void iq2_two_subblocks(const uint8_t *q, const struct iq2_signs *sg, const void *acts, size_t stride,
-                              int64_t i, int b, int nt, __m512i sumi[]) {
+/* the grid bytes (unsigned magnitudes) of the two sub-blocks whose words
+ * start at q and q + 8 */
+INLINE __m512i iq2_grid_pair(const uint8_t *q) {
     uint32_t g0, g1;
     memcpy(&g0, q, 4);
     memcpy(&g1, q + 8, 4);
-    __m512i grid = _mm512_i64gather_epi64(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128((long long)((uint64_t)g1 << 32 | g0))),
-                                          (const void *)ds4_iq2xxs_grid, 8);
+    return _mm512_i64gather_epi64(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128((long long)((uint64_t)g1 << 32 | g0))),
+                                  (const void *)ds4_iq2xxs_grid, 8);
+}
+
+/* the scales of sub-blocks b (low 8 lanes) and b + 1 (high 8 lanes) */
+INLINE __m512i iq2_pair_scale(const struct iq2_signs *sg, int b) {
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(b, b, b, b, b, b, b, b, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1,
+                                                      b + 1, b + 1),
+                                    _mm512_castsi256_si512(sg->scale));
+}
+
+/* sub-blocks b, b+1 of super-block i into every token's sum */
+INLINE void iq2_two_subblocks(const uint8_t *q, const struct iq2_signs *sg, const void *acts, size_t stride,
+                              int64_t i, int b, int nt, __m512i sumi[]) {
+    __m512i grid = iq2_grid_pair(q);
     __mmask64 neg = sg->neg[b / 2];
-    __m512i scale = _mm512_permutexvar_epi32(_mm512_setr_epi32(b, b, b, b, b, b, b, b, b + 1, b + 1, b + 1, b + 1,
-                                                               b + 1, b + 1, b + 1, b + 1),
-                                             _mm512_castsi256_si512(sg->scale));
+    __m512i scale = iq2_pair_scale(sg, b);
     UNROLL
     for (int t = 0; t < nt; t++) {
         const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
@@ -260,6 +278,96 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
     for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
 DOT_ENTRY_POINTS(iq2_xxs)
+
+/* The IQ2_XXS tile: IQ2_TILE_ROWS rows x 1..IQ2_TILE_TOKENS tokens, each
+ * super-block of a row decoded once for the whole token group (grid
+ * gathers, sign masks and scales cost more than a token's arithmetic).
+ * The signs go onto the weights, which makes them the signed operand of
+ * vpdpbusd, and the activations are packed as a + 128 with the base of the
+ * Q8_0 tile: vpdpbusd(base, a + 128, +-grid) is exactly the s of
+ * iq2_two_subblocks, sum of w * a over each group of four, and the same
+ * vpdpwssd, convert and FMA follow in the same order, so every (row, token)
+ * equals iq2_xxs_nt's result bit for bit. One vpdpbusd and one vpdpwssd
+ * remain per (row, token, 64 elements). */
+enum { IQ2_TILE_ROWS = 2, IQ2_TILE_TOKENS = 16 };
+
+/* packed: per super-block, per token, its 256 bytes a + 128; after all
+ * super-blocks the activation scales, d[super-block][token] */
+static bool iq2_xxs_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
+    int64_t nb = n / DS4_QK_K;
+    if ((size_t)nb * (size_t)nt * (DS4_QK_K + sizeof(float)) > packed_bytes) return false;
+    uint8_t *p = packed;
+    float *d = (float *)(p + (size_t)nb * (size_t)nt * DS4_QK_K);
+    for (int64_t i = 0; i < nb; i++)
+        for (int t = 0; t < nt; t++, p += DS4_QK_K) {
+            const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
+            for (int k = 0; k < DS4_QK_K; k += 64)
+                _mm512_store_si512(p + k, _mm512_xor_si512(_mm512_loadu_si512(y->qs + k), _mm512_set1_epi8((char)0x80)));
+            d[i * nt + t] = y->d;
+        }
+    return true;
+}
+
+/* one super-block of a row, signed, per sub-block pair */
+struct iq2_signed {
+    __m512i w[4], base[4], scale[4];
+    float dx;
+};
+
+INLINE void iq2_decode_signed(const ds4_block_iq2_xxs *x, struct iq2_signed *s) {
+    const uint8_t *q = (const uint8_t *)x->qs;
+    struct iq2_signs sg;
+    iq2_decode_signs(q, &sg);
+    UNROLL
+    for (int p = 0; p < 4; p++) {
+        __m512i grid = iq2_grid_pair(q + 16 * p);
+        s->w[p] = _mm512_mask_sub_epi8(grid, sg.neg[p], _mm512_setzero_si512(), grid);
+        s->base[p] = unsigned_act_base(s->w[p]);
+        s->scale[p] = iq2_pair_scale(&sg, 2 * p);
+    }
+    s->dx = 0.125f * h2f(x->d);
+}
+
+static void iq2_xxs_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                         int64_t y_stride) {
+    const int64_t nb = n / DS4_QK_K;
+    const uint8_t *au = packed;
+    const float *da = (const float *)(au + (size_t)nb * (size_t)nt * DS4_QK_K);
+    __m512 acc[IQ2_TILE_ROWS][IQ2_TILE_TOKENS];
+    for (int t = 0; t < nt; t++)
+        UNROLL
+        for (int r = 0; r < IQ2_TILE_ROWS; r++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        struct iq2_signed sb[IQ2_TILE_ROWS];
+        UNROLL
+        for (int r = 0; r < IQ2_TILE_ROWS; r++) {
+            const ds4_block_iq2_xxs *x = (const ds4_block_iq2_xxs *)((const uint8_t *)w + row_bytes * (size_t)r) + i;
+            prefetch_weights(x);
+            iq2_decode_signed(x, &sb[r]);
+        }
+        for (int t = 0; t < nt; t++) {
+            const uint8_t *a = au + ((size_t)i * (size_t)nt + (size_t)t) * DS4_QK_K;
+            __m512i sumi[IQ2_TILE_ROWS];
+            UNROLL
+            for (int r = 0; r < IQ2_TILE_ROWS; r++) sumi[r] = _mm512_setzero_si512();
+            UNROLL
+            for (int p = 0; p < 4; p++) {
+                __m512i av = _mm512_load_si512(a + 64 * p);
+                UNROLL
+                for (int r = 0; r < IQ2_TILE_ROWS; r++)
+                    sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_dpbusd_epi32(sb[r].base[p], av, sb[r].w[p]),
+                                                  sb[r].scale[p]);
+            }
+            float d = da[i * nt + t];
+            UNROLL
+            for (int r = 0; r < IQ2_TILE_ROWS; r++)
+                acc[r][t] = _mm512_fmadd_ps(_mm512_set1_ps(sb[r].dx * d), _mm512_cvtepi32_ps(sumi[r]), acc[r][t]);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        UNROLL
+        for (int r = 0; r < IQ2_TILE_ROWS; r++) y[t * y_stride + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
 
 /* ---- Q2_K x Q8_K ----
  * 64 elements per register: the quants (0..3, unsigned, as vpdpbusd wants)
@@ -327,7 +435,13 @@ READ_SUM_KERNEL(ds4_kernels_avx512_read_sum, 64)
 ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type) { DISPATCH(dot_, Q2_K_EXTRA) }
 ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) { DISPATCH(dotn_, Q2_K_EXTRA) }
 bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k) {
-    if (type != DS4_TYPE_Q8_0) return false;
-    *k = (struct ds4_tile_kernel){.pack = q8_0_pack, .tile = q8_0_tile};
-    return true;
+    switch (type) {
+    case DS4_TYPE_Q8_0:
+        *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, Q8_TILE_TOKENS, false, q8_0_pack, q8_0_tile};
+        return true;
+    case DS4_TYPE_IQ2_XXS:
+        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, IQ2_TILE_TOKENS, true, iq2_xxs_pack, iq2_xxs_tile};
+        return true;
+    default: return false;
+    }
 }
