@@ -100,12 +100,6 @@ INLINE void q8_0_act_pair(const ds4_block_q8_0 *a, int64_t b, int64_t b1, __m512
     *da = pair_scales(a, b, b1);
 }
 
-/* vpdpbusd(base, a + 128, w) = sum a*w per group of four bytes: base is
- * -128 * sum w over the group, which depends on the weights alone */
-INLINE __m512i unsigned_act_base(__m512i w) {
-    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), w));
-}
-
 /* packed tile activations: per block pair, per token, 64 bytes of a + 128
  * then the 16 scale floats */
 enum { PACKED_PAIR_BYTES = 128, Q8_TILE_ROWS = 4, Q8_TILE_TOKENS = 4 };
@@ -133,6 +127,7 @@ enum { TILE_ROWS_MAX = Q8_TILE_ROWS, TILE_TOKENS_MAX = Q8_TILE_TOKENS > NT_MAX ?
  * come packed (nt == Q8_TILE_TOKENS) or as activation rows */
 INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, const uint8_t *packed,
                     int nt, int64_t n, float *y, int64_t y_stride) {
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
     int64_t nb = n / DS4_QK8_0;
     __m512 acc[TILE_ROWS_MAX][TILE_TOKENS_MAX];
     UNROLL
@@ -148,7 +143,7 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
             const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r);
             prefetch_weights(x + b);
             wq[r] = pair256(x[b].qs, x[b1].qs);
-            base[r] = unsigned_act_base(wq[r]);
+            base[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq[r]));
             dw[r] = pair_scales(x, b, b1);
         }
         UNROLL
@@ -253,6 +248,13 @@ INLINE void iq2_two_subblocks(const uint8_t *q, const struct iq2_signs *sg, cons
     }
 }
 
+/* acc += (d_w * d_a) * sumi: the float step of every IQ2_XXS kernel */
+INLINE __m512 iq2_accumulate(__m512 acc, float dx, float da, __m512i sumi) {
+    return _mm512_fmadd_ps(_mm512_set1_ps(dx * da), _mm512_cvtepi32_ps(sumi), acc);
+}
+
+INLINE float iq2_dx(const ds4_block_iq2_xxs *x) { return 0.125f * h2f(x->d); }
+
 INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
     const ds4_block_iq2_xxs *x = w;
     __m512 acc[NT_MAX];
@@ -267,12 +269,9 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
         for (int t = 0; t < nt; t++) sumi[t] = _mm512_setzero_si512();
         UNROLL
         for (int b = 0; b < 8; b += 2) iq2_two_subblocks(q + 8 * b, &sg, acts, stride, i, b, nt, sumi);
-        float dx = 0.125f * h2f(x[i].d);
+        float dx = iq2_dx(&x[i]);
         UNROLL
-        for (int t = 0; t < nt; t++) {
-            const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
-            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(dx * y->d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
-        }
+        for (int t = 0; t < nt; t++) acc[t] = iq2_accumulate(acc[t], dx, ((const ds4_block_q8_K *)tok(acts, stride, t) + i)->d, sumi[t]);
     }
     UNROLL
     for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
@@ -282,13 +281,19 @@ DOT_ENTRY_POINTS(iq2_xxs)
 /* The IQ2_XXS tile: IQ2_TILE_ROWS rows x 1..IQ2_TILE_TOKENS tokens, each
  * super-block of a row decoded once for the whole token group (grid
  * gathers, sign masks and scales cost more than a token's arithmetic).
- * The signs go onto the weights, which makes them the signed operand of
- * vpdpbusd, and the activations are packed as a + 128 with the base of the
- * Q8_0 tile: vpdpbusd(base, a + 128, +-grid) is exactly the s of
- * iq2_two_subblocks, sum of w * a over each group of four, and the same
- * vpdpwssd, convert and FMA follow in the same order, so every (row, token)
- * equals iq2_xxs_nt's result bit for bit. One vpdpbusd and one vpdpwssd
- * remain per (row, token, 64 elements). */
+ * The signs go onto the weights (signed bytes, |w| <= 43) and the
+ * activations are packed as a + 128 (unsigned), so per token and sub-block
+ * pair one vpmaddubsw gives words (a0 + 128) w0 + (a1 + 128) w1, at most
+ * 2 * 255 * 43 < 2^15 (no saturation), and one vpdpwssd multiplies them by
+ * the sub-block scale (here in both 16-bit halves) and adds each 32-bit
+ * lane's two words: the lane gets scale * (sum of its four w * a) plus
+ * scale * 128 * (sum of its four w). That second part depends on the row
+ * alone; it is subtracted by starting each token's sum from `corr`. Every
+ * lane then holds exactly iq2_xxs_nt's integer, and the float step is the
+ * same, so every (row, token) equals the dot bit for bit. vpmaddubsw runs
+ * on both vector ports where VNNI runs on one, and no accumulator copies
+ * are needed: one vpmaddubsw and one vpdpwssd per (row, token, 64
+ * elements). */
 enum { IQ2_TILE_ROWS = 2, IQ2_TILE_TOKENS = 16 };
 
 /* packed: per super-block, per token, its 256 bytes a + 128; after all
@@ -310,7 +315,8 @@ static bool iq2_xxs_pack(const void *acts, size_t stride, int64_t n, int nt, voi
 
 /* one super-block of a row, signed, per sub-block pair */
 struct iq2_signed {
-    __m512i w[4], base[4], scale[4];
+    __m512i w[4], scale[4];
+    __m512i corr;   /* -scale * 128 * (sum of the lane's four w), over the pairs */
     float dx;
 };
 
@@ -318,14 +324,16 @@ INLINE void iq2_decode_signed(const ds4_block_iq2_xxs *x, struct iq2_signed *s) 
     const uint8_t *q = (const uint8_t *)x->qs;
     struct iq2_signs sg;
     iq2_decode_signs(q, &sg);
+    __m512i bias = _mm512_setzero_si512();
     UNROLL
     for (int p = 0; p < 4; p++) {
-        __m512i grid = iq2_grid_pair(q + 16 * p);
+        __m512i grid = iq2_grid_pair(q + 16 * p), sc = iq2_pair_scale(&sg, 2 * p);
         s->w[p] = _mm512_mask_sub_epi8(grid, sg.neg[p], _mm512_setzero_si512(), grid);
-        s->base[p] = unsigned_act_base(s->w[p]);
-        s->scale[p] = iq2_pair_scale(&sg, 2 * p);
+        s->scale[p] = _mm512_or_si512(sc, _mm512_slli_epi32(sc, 16));
+        bias = _mm512_dpwssd_epi32(bias, _mm512_maddubs_epi16(_mm512_set1_epi8((char)0x80), s->w[p]), s->scale[p]);
     }
-    s->dx = 0.125f * h2f(x->d);
+    s->corr = _mm512_sub_epi32(_mm512_setzero_si512(), bias);
+    s->dx = iq2_dx(x);
 }
 
 static void iq2_xxs_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
@@ -349,19 +357,17 @@ static void iq2_xxs_tile(const void *w, size_t row_bytes, const void *packed, in
             const uint8_t *a = au + ((size_t)i * (size_t)nt + (size_t)t) * DS4_QK_K;
             __m512i sumi[IQ2_TILE_ROWS];
             UNROLL
-            for (int r = 0; r < IQ2_TILE_ROWS; r++) sumi[r] = _mm512_setzero_si512();
+            for (int r = 0; r < IQ2_TILE_ROWS; r++) sumi[r] = sb[r].corr;
             UNROLL
             for (int p = 0; p < 4; p++) {
                 __m512i av = _mm512_load_si512(a + 64 * p);
                 UNROLL
                 for (int r = 0; r < IQ2_TILE_ROWS; r++)
-                    sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_dpbusd_epi32(sb[r].base[p], av, sb[r].w[p]),
-                                                  sb[r].scale[p]);
+                    sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(av, sb[r].w[p]), sb[r].scale[p]);
             }
-            float d = da[i * nt + t];
             UNROLL
             for (int r = 0; r < IQ2_TILE_ROWS; r++)
-                acc[r][t] = _mm512_fmadd_ps(_mm512_set1_ps(sb[r].dx * d), _mm512_cvtepi32_ps(sumi[r]), acc[r][t]);
+                acc[r][t] = iq2_accumulate(acc[r][t], sb[r].dx, da[i * nt + t], sumi[r]);
         }
     }
     for (int t = 0; t < nt; t++)
