@@ -227,7 +227,7 @@ static void mm_task(void *p, int task, int n_tasks, int thread) {
             int64_t rt = r0 + (r1 - r0) / k->rows * k->rows, tt = t0;
             while (tt < t1) {
                 int nt = t1 - tt < k->tokens ? (int)(t1 - tt) : k->tokens;
-                if (nt < k->tokens && !k->any_count) break;
+                if (nt < k->min_tokens) break;
                 if (!k->pack(c->acts + (size_t)tt * c->act_bytes, c->act_bytes, c->n, nt, packed, sizeof packed)) break;
                 for (int64_t i = r0; i < rt; i += k->rows)
                     k->tile(c->W + (size_t)i * c->row_bytes, c->row_bytes, packed, c->n, nt, c->Y + tt * c->rows + i,

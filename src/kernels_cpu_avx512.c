@@ -1,14 +1,17 @@
 /* kernels_cpu_avx512.c -- AVX-512 (F, BW, DQ, VL) + VNNI dot products.
  *
- * Only the formats where 512-bit registers and vpdpbusd change the inner
- * loop are here: the float types, Q8_0 (two blocks per register) and
- * IQ2_XXS (two sub-blocks per register, signs applied through a 64-bit
- * opmask instead of being expanded into bytes) and Q2_K (the routed
- * experts' down projections: one vpdpbusd and one vpdpwssd per 64 elements
- * and token). The other K-quants return NULL and run the AVX2 kernels.
+ * Only the formats where 512-bit registers and VNNI change the inner loop
+ * are here: the float types, Q8_0 (two blocks per register), IQ2_XXS (two
+ * sub-blocks per register, signs applied through a 64-bit opmask instead
+ * of being expanded into bytes) and Q2_K (the routed experts' down
+ * projections). The other K-quants return NULL and run the AVX2 kernels.
  *
  * vpdpbusd multiplies u8 by s8 and sums groups of four straight into i32,
- * so unlike maddubs there is no i16 intermediate to saturate.
+ * so unlike maddubs there is no i16 intermediate to saturate (Q8_0 needs
+ * that). The 2-bit formats multiply by a sub-block scale anyway, which
+ * vpdpwssd does on 16-bit words: there vpmaddubsw (pairs of products, far
+ * from saturating) feeds it directly. On the Xeon this was measured on,
+ * 512-bit VNNI issues on one port and vpmaddubsw on two.
  *
  * As in the AVX2 file, each kernel is written once for NT tokens: NT = 1
  * is the dot, NT = 1..DS4_DOT_TOKENS the matmul micro-kernel, with the same
@@ -191,7 +194,7 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
  * so results do not change. */
 struct iq2_signs {
     uint64_t neg[4];      /* opmask of sub-blocks 2p, 2p+1 */
-    __m256i scale;        /* 2 * (W >> 28) + 1 per sub-block */
+    __m256i scale;        /* 2 * (W >> 28) + 1 per sub-block, in both 16-bit halves */
 };
 
 INLINE void iq2_decode_signs(const uint8_t *q, struct iq2_signs *sg) {
@@ -208,8 +211,8 @@ INLINE void iq2_decode_signs(const uint8_t *q, struct iq2_signs *sg) {
     par = _mm512_xor_si512(par, _mm512_srli_epi64(par, 1));
     __m512i bytes = _mm512_or_si512(idx, _mm512_slli_epi64(_mm512_and_si512(par, _mm512_set1_epi64(0x01010101)), 7));
     _mm256_storeu_si256((__m256i *)sg->neg, _mm512_cvtepi64_epi32(bytes));
-    sg->scale = _mm512_cvtepi64_epi32(_mm512_add_epi64(_mm512_slli_epi64(_mm512_srli_epi64(words, 28), 1),
-                                                        _mm512_set1_epi64(1)));
+    __m512i scale = _mm512_add_epi64(_mm512_slli_epi64(_mm512_srli_epi64(words, 28), 1), _mm512_set1_epi64(1));
+    sg->scale = _mm512_cvtepi64_epi32(_mm512_or_si512(scale, _mm512_slli_epi64(scale, 16)));
 }
 
 /* the grid bytes (unsigned magnitudes) of the two sub-blocks whose words
@@ -239,11 +242,10 @@ INLINE void iq2_two_subblocks(const uint8_t *q, const struct iq2_signs *sg, cons
     for (int t = 0; t < nt; t++) {
         const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
         __m512i av = _mm512_loadu_si512(y->qs + 32 * b);
-        __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), grid,
-                                        _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av));
-        /* |s| <= 4 * 43 * 127 fits in its low 16 bits (the high 16 are its
-         * sign extension) and the scale's high 16 bits are zero, so the
-         * 16-bit multiply-add equals sumi + s * scale exactly */
+        /* words of two grid * a products, |word| <= 2 * 43 * 127: no
+         * saturation; vpdpwssd adds both words of a lane times the scale, so
+         * the lane gets scale * (sum of its four products) */
+        __m512i s = _mm512_maddubs_epi16(grid, _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av));
         sumi[t] = _mm512_dpwssd_epi32(sumi[t], s, scale);
     }
 }
@@ -278,22 +280,21 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
 }
 DOT_ENTRY_POINTS(iq2_xxs)
 
-/* The IQ2_XXS tile: IQ2_TILE_ROWS rows x 1..IQ2_TILE_TOKENS tokens, each
- * super-block of a row decoded once for the whole token group (grid
- * gathers, sign masks and scales cost more than a token's arithmetic).
- * The signs go onto the weights (signed bytes, |w| <= 43) and the
- * activations are packed as a + 128 (unsigned), so per token and sub-block
- * pair one vpmaddubsw gives words (a0 + 128) w0 + (a1 + 128) w1, at most
- * 2 * 255 * 43 < 2^15 (no saturation), and one vpdpwssd multiplies them by
- * the sub-block scale (here in both 16-bit halves) and adds each 32-bit
- * lane's two words: the lane gets scale * (sum of its four w * a) plus
- * scale * 128 * (sum of its four w). That second part depends on the row
- * alone; it is subtracted by starting each token's sum from `corr`. Every
- * lane then holds exactly iq2_xxs_nt's integer, and the float step is the
- * same, so every (row, token) equals the dot bit for bit. vpmaddubsw runs
- * on both vector ports where VNNI runs on one, and no accumulator copies
- * are needed: one vpmaddubsw and one vpdpwssd per (row, token, 64
- * elements). */
+/* The IQ2_XXS tile: IQ2_TILE_ROWS rows x 2..IQ2_TILE_TOKENS tokens (a lone
+ * token is faster through the dot, measured), each super-block of a row
+ * decoded once for the whole token group (grid gathers, sign masks and
+ * scales cost more than a token's arithmetic).
+ * The signs go onto the weights (signed bytes, |w| <= 43) instead of every
+ * token's activations, which are packed as a + 128 (unsigned), so per token
+ * and sub-block pair one vpmaddubsw gives words (a0 + 128) w0 + (a1 + 128)
+ * w1, at most 2 * 255 * 43 < 2^15 (no saturation), and the vpdpwssd of
+ * iq2_xxs_nt adds each lane's two words times the scale: the lane gets
+ * scale * (sum of its four w * a) plus scale * 128 * (sum of its four w).
+ * That second part depends on the row alone; it is subtracted by starting
+ * each token's sum from `corr`. Every lane then holds exactly iq2_xxs_nt's
+ * integer, and the float step is the same, so every (row, token) equals the
+ * dot bit for bit: one vpmaddubsw and one vpdpwssd per (row, token, 64
+ * elements), no sign operation and no accumulator copy. */
 enum { IQ2_TILE_ROWS = 2, IQ2_TILE_TOKENS = 16 };
 
 /* packed: per super-block, per token, its 256 bytes a + 128; after all
@@ -327,9 +328,9 @@ INLINE void iq2_decode_signed(const ds4_block_iq2_xxs *x, struct iq2_signed *s) 
     __m512i bias = _mm512_setzero_si512();
     UNROLL
     for (int p = 0; p < 4; p++) {
-        __m512i grid = iq2_grid_pair(q + 16 * p), sc = iq2_pair_scale(&sg, 2 * p);
+        __m512i grid = iq2_grid_pair(q + 16 * p);
         s->w[p] = _mm512_mask_sub_epi8(grid, sg.neg[p], _mm512_setzero_si512(), grid);
-        s->scale[p] = _mm512_or_si512(sc, _mm512_slli_epi32(sc, 16));
+        s->scale[p] = iq2_pair_scale(&sg, 2 * p);
         bias = _mm512_dpwssd_epi32(bias, _mm512_maddubs_epi16(_mm512_set1_epi8((char)0x80), s->w[p]), s->scale[p]);
     }
     s->corr = _mm512_sub_epi32(_mm512_setzero_si512(), bias);
@@ -376,13 +377,14 @@ static void iq2_xxs_tile(const void *w, size_t row_bytes, const void *packed, in
 }
 
 /* ---- Q2_K x Q8_K ----
- * 64 elements per register: the quants (0..3, unsigned, as vpdpbusd wants)
- * of activation bytes 64m..64m+63 are one 32-byte qs half shifted by 4(m%2)
- * (low 256 bits) and 4(m%2) + 2 (high 256 bits). vpdpbusd sums them in
- * groups of four, each group inside one 16-element sub-block, and a
- * vpdpwssd multiplies each group by its sub-block's scale: |group| <= 4 * 3
- * * 127 fits the low 16 bits (the high 16 are its sign extension) and the
- * scale's high 16 bits are zero, so the sum is exact. The mins term uses the
+ * 64 elements per register: the quants (0..3, unsigned, as vpmaddubsw
+ * wants) of activation bytes 64m..64m+63 are one 32-byte qs half shifted by
+ * 4(m%2) (low 256 bits) and 4(m%2) + 2 (high 256 bits). vpmaddubsw sums
+ * them in pairs (|pair| <= 2 * 3 * 127, no saturation), each inside one
+ * 16-element sub-block, and a vpdpwssd multiplies both words of a 32-bit
+ * lane by its sub-block's scale and adds them: the lane gets scale * (sum
+ * of its four q * a), exactly. (vpdpbusd + vpdpwssd give the same integers
+ * but both run on one port; vpmaddubsw runs on two.) The mins term uses the
  * activation's 16-element sums (bsums), as the AVX2 kernel does. */
 INLINE void q2_K_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
     const ds4_block_q2_K *x = w;
@@ -396,6 +398,7 @@ INLINE void q2_K_nt(const void *w, const void *acts, size_t stride, int64_t n, i
         __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
         __m512i scales32 = _mm512_cvtepu8_epi32(_mm_and_si128(sc8, m4));
+        scales32 = _mm512_or_si512(scales32, _mm512_slli_epi32(scales32, 16)); /* in both halves */
         __m512i sumi[NT_MAX];
         UNROLL
         for (int t = 0; t < nt; t++) sumi[t] = _mm512_setzero_si512();
@@ -412,8 +415,7 @@ INLINE void q2_K_nt(const void *w, const void *acts, size_t stride, int64_t n, i
             UNROLL
             for (int t = 0; t < nt; t++) {
                 const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
-                __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(y->qs + 64 * m));
-                sumi[t] = _mm512_dpwssd_epi32(sumi[t], s, sc);
+                sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(y->qs + 64 * m)), sc);
             }
         }
         float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
@@ -443,10 +445,10 @@ ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) { DISPATCH(dotn_, Q2_K_EXTRA)
 bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k) {
     switch (type) {
     case DS4_TYPE_Q8_0:
-        *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, Q8_TILE_TOKENS, false, q8_0_pack, q8_0_tile};
+        *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, Q8_TILE_TOKENS, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile};
         return true;
     case DS4_TYPE_IQ2_XXS:
-        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, IQ2_TILE_TOKENS, true, iq2_xxs_pack, iq2_xxs_tile};
+        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_tile};
         return true;
     default: return false;
     }

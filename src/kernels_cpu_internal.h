@@ -10,11 +10,12 @@
  * - A tile kernel does `rows` weight rows (row_bytes apart) x a group of
  *   nt activation rows, writing y[t * y_stride + r]: the matmul kernel
  *   proper, where one weight load (and decode) serves several tokens and one
- *   activation load several rows. nt is always `tokens`, or any of
- *   1..`tokens` where any_count says so. pack() first lays a group of nt
- *   activation rows out for tile() (once per group, reused for every row),
- *   or returns false when packed_bytes is too small; the buffer is 64-byte
- *   aligned. Its result per (row, token) equals the dot function's.
+ *   activation load several rows. nt is any of min_tokens..tokens (with
+ *   fewer tokens the tile costs more than the per-row kernels). pack()
+ *   first lays a group of nt activation rows out for tile() (once per
+ *   group, reused for every row), or returns false when packed_bytes is too
+ *   small; the buffer is 64-byte aligned. Its result per (row, token)
+ *   equals the dot function's.
  * - Each ISA file returns NULL for types it has no kernel for; the
  *   dispatcher then falls back to the next lower level (AVX-512 -> AVX2 ->
  *   scalar reference). Calling anything from an ISA file is only allowed
@@ -39,8 +40,7 @@
 typedef float (*ds4_dot_fn)(const void *w, const void *act, int64_t n);
 typedef void (*ds4_dotn_fn)(const void *w, const void *acts, size_t act_stride, int64_t n, int nt, float *out);
 struct ds4_tile_kernel {
-    int rows, tokens;
-    bool any_count;
+    int rows, min_tokens, tokens;
     bool (*pack)(const void *acts, size_t act_stride, int64_t n, int nt, void *packed, size_t packed_bytes);
     void (*tile)(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y, int64_t y_stride);
 };
