@@ -8,10 +8,10 @@
  *
  * vpdpbusd multiplies u8 by s8 and sums groups of four straight into i32,
  * so unlike maddubs there is no i16 intermediate to saturate (Q8_0 needs
- * that). The 2-bit formats multiply by a sub-block scale anyway, which
+ * that). The IQ2_XXS kernels multiply by a sub-block scale anyway, which
  * vpdpwssd does on 16-bit words: there vpmaddubsw (pairs of products, far
- * from saturating) feeds it directly. On the Xeon this was measured on,
- * 512-bit VNNI issues on one port and vpmaddubsw on two.
+ * from saturating) feeds it directly, which lets the tile below fold the
+ * unsigned-activation offset into a per-row start value.
  *
  * As in the AVX2 file, each kernel is written once for NT tokens: NT = 1
  * is the dot, NT = 1..DS4_DOT_TOKENS the matmul micro-kernel, with the same
@@ -377,15 +377,16 @@ static void iq2_xxs_tile(const void *w, size_t row_bytes, const void *packed, in
 }
 
 /* ---- Q2_K x Q8_K ----
- * 64 elements per register: the quants (0..3, unsigned, as vpmaddubsw
- * wants) of activation bytes 64m..64m+63 are one 32-byte qs half shifted by
- * 4(m%2) (low 256 bits) and 4(m%2) + 2 (high 256 bits). vpmaddubsw sums
- * them in pairs (|pair| <= 2 * 3 * 127, no saturation), each inside one
- * 16-element sub-block, and a vpdpwssd multiplies both words of a 32-bit
- * lane by its sub-block's scale and adds them: the lane gets scale * (sum
- * of its four q * a), exactly. (vpdpbusd + vpdpwssd give the same integers
- * but both run on one port; vpmaddubsw runs on two.) The mins term uses the
- * activation's 16-element sums (bsums), as the AVX2 kernel does. */
+ * 64 elements per register: the quants (0..3, unsigned, as vpdpbusd wants)
+ * of activation bytes 64m..64m+63 are one 32-byte qs half shifted by 4(m%2)
+ * (low 256 bits) and 4(m%2) + 2 (high 256 bits). vpdpbusd sums them in
+ * groups of four, each group inside one 16-element sub-block, and a
+ * vpdpwssd multiplies each group by its sub-block's scale: |group| <= 4 * 3
+ * * 127 fits the low 16 bits (the high 16 are its sign extension) and the
+ * scale's high 16 bits are zero, so the sum is exact. The mins term uses the
+ * activation's 16-element sums (bsums), as the AVX2 kernel does. (The
+ * vpmaddubsw form of the IQ2_XXS kernels gives the same integers here but
+ * measured no faster.) */
 INLINE void q2_K_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
     const ds4_block_q2_K *x = w;
     const __m512i m3 = _mm512_set1_epi8(3);
@@ -398,7 +399,6 @@ INLINE void q2_K_nt(const void *w, const void *acts, size_t stride, int64_t n, i
         __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
         __m512i scales32 = _mm512_cvtepu8_epi32(_mm_and_si128(sc8, m4));
-        scales32 = _mm512_or_si512(scales32, _mm512_slli_epi32(scales32, 16)); /* in both halves */
         __m512i sumi[NT_MAX];
         UNROLL
         for (int t = 0; t < nt; t++) sumi[t] = _mm512_setzero_si512();
@@ -415,7 +415,8 @@ INLINE void q2_K_nt(const void *w, const void *acts, size_t stride, int64_t n, i
             UNROLL
             for (int t = 0; t < nt; t++) {
                 const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
-                sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(q, _mm512_loadu_si512(y->qs + 64 * m)), sc);
+                __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(y->qs + 64 * m));
+                sumi[t] = _mm512_dpwssd_epi32(sumi[t], s, sc);
             }
         }
         float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
