@@ -273,7 +273,8 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
         for (int b = 0; b < 8; b += 2) iq2_two_subblocks(q + 8 * b, &sg, acts, stride, i, b, nt, sumi);
         float dx = iq2_dx(&x[i]);
         UNROLL
-        for (int t = 0; t < nt; t++) acc[t] = iq2_accumulate(acc[t], dx, ((const ds4_block_q8_K *)tok(acts, stride, t) + i)->d, sumi[t]);
+        for (int t = 0; t < nt; t++)
+            acc[t] = iq2_accumulate(acc[t], dx, ((const ds4_block_q8_K *)tok(acts, stride, t) + i)->d, sumi[t]);
     }
     UNROLL
     for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
