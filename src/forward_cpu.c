@@ -121,12 +121,37 @@ static void par(batch *b, int n, tok_fn fn) {
     ds4_pool_run(b->f->pool, par_task, &p, n);
 }
 
+/* fn(ctx, first, end) over [0, n) cut into one contiguous range per thread.
+ * For the row-wise work between matmuls, which left on one thread was the
+ * serial part of a multi-threaded prefill; each item is computed exactly as
+ * it would be inline, so results do not depend on the thread count. */
+typedef void (*range_fn)(void *ctx, int first, int end);
+typedef struct { range_fn fn; void *ctx; int n; } range_ctx;
+
+static void range_task(void *ctx, int task, int n_tasks, int thread) {
+    const range_ctx *r = ctx;
+    r->fn(r->ctx, (int)((int64_t)r->n * task / n_tasks), (int)((int64_t)r->n * (task + 1) / n_tasks));
+}
+
+static void par_range(cpu *f, int n, range_fn fn, void *ctx) {
+    range_ctx r = {fn, ctx, n};
+    ds4_pool_run(f->pool, range_task, &r, n < f->n_threads ? n : f->n_threads);
+}
+
+typedef struct { uint32_t type; const float *x; int64_t xstride, n; char *act; size_t act_bytes; } quantize_ctx;
+
+static void quantize_rows(void *ctx, int first, int end) {
+    const quantize_ctx *q = ctx;
+    for (int t = first; t < end; t++)
+        ds4_quantize_act(q->type, q->x + (size_t)t * q->xstride, q->act + (size_t)t * q->act_bytes, q->n);
+}
+
 /* y[T x rows] = W[rows starting at row0 of matrix e] . x[t] for T inputs of W->ne[0] floats. */
 static void linear(cpu *f, const ds4_tensor *W, int64_t e, int64_t row0, int64_t rows, const float *x,
                    int64_t xstride, int T, float *y) {
     const int64_t n = W->ne[0];
-    const size_t ab = ds4_act_bytes(W->type, n);
-    for (int t = 0; t < T; t++) ds4_quantize_act(W->type, x + (size_t)t * xstride, (char *)f->s.act + (size_t)t * ab, n);
+    quantize_ctx q = {W->type, x, xstride, n, f->s.act, ds4_act_bytes(W->type, n)};
+    par_range(f, T, quantize_rows, &q);
     const char *w = (const char *)W->data + ((size_t)e * (size_t)W->ne[1] + (size_t)row0) * W->row_bytes;
     f->base.weight_bytes += (uint64_t)rows * W->row_bytes;
     if (T == 1) ds4_matvec(f->pool, W->type, w, rows, n, f->s.act, y);
@@ -496,11 +521,20 @@ static void attention(batch *b) {
 
 /* ------------------------------------------------------------------- MoE */
 
-static void swiglu(float *gate, const float *up, int n, float limit) {
-    for (int i = 0; i < n; i++) {
-        float g = fminf(gate[i], limit), u = fminf(fmaxf(up[i], -limit), limit);
-        gate[i] = g / (1.0f + expf(-g)) * u;
+typedef struct { float *gate; const float *up; int width; float limit; } swiglu_ctx;
+
+/* gate[r] = silu(clamped gate[r]) * clamped up[r] for rows [first, end) */
+static void swiglu_rows(void *ctx, int first, int end) {
+    const swiglu_ctx *sw = ctx;
+    for (size_t i = (size_t)first * sw->width; i < (size_t)end * sw->width; i++) {
+        float g = fminf(sw->gate[i], sw->limit), u = fminf(fmaxf(sw->up[i], -sw->limit), sw->limit);
+        sw->gate[i] = g / (1.0f + expf(-g)) * u;
     }
+}
+
+static void swiglu(cpu *f, float *gate, const float *up, int rows, int width, float limit) {
+    swiglu_ctx sw = {gate, up, width, limit};
+    par_range(f, rows, swiglu_rows, &sw);
 }
 
 static void route_task(batch *b, int t, int thread) {
@@ -514,7 +548,32 @@ static void route_task(batch *b, int t, int thread) {
                     f->s.expert_w + (size_t)t * k);
 }
 
-/* Expert e over the n rows gathered in expert_in; adds weighted outputs into sublayer_out. */
+typedef struct { batch_scratch *s; int n, E, k; } expert_rows_ctx;
+
+/* expert_in[i] = normed[token of expert_rows[i]] */
+static void gather_rows(void *ctx, int first, int end) {
+    const expert_rows_ctx *x = ctx;
+    const batch_scratch *s = x->s;
+    for (int i = first; i < end; i++)
+        memcpy(s->expert_in + (size_t)i * x->E, s->normed + (size_t)(s->expert_rows[i] / x->k) * x->E,
+               (size_t)x->E * sizeof(float));
+}
+
+/* Columns [16 first, 16 end) of sublayer_out += weighted expert_out. Split by
+ * columns, not rows, because a hash row may name the same expert twice, so
+ * two rows can add into one token; per element the additions keep the row
+ * order, and blocks of 16 floats keep threads off each other's cache lines. */
+#define SCATTER_COLS 16
+static void scatter_cols(void *ctx, int first, int end) {
+    const expert_rows_ctx *x = ctx;
+    const batch_scratch *s = x->s;
+    const int col0 = first * SCATTER_COLS, col1 = end * SCATTER_COLS < x->E ? end * SCATTER_COLS : x->E;
+    for (int i = 0; i < x->n; i++)
+        axpy(s->sublayer_out + (size_t)(s->expert_rows[i] / x->k) * x->E + col0, s->expert_w[s->expert_rows[i]],
+             s->expert_out + (size_t)i * x->E + col0, col1 - col0);
+}
+
+/* Expert e over the n rows listed in expert_rows; adds weighted outputs into sublayer_out. */
 static void expert(batch *b, int e, int n) {
     cpu *f = b->f;
     batch_scratch *s = &f->s;
@@ -524,13 +583,13 @@ static void expert(batch *b, int e, int n) {
     ds4_tensor w[3] = {W->gate_exps, W->up_exps, W->down_exps};
     int64_t we = e;
     if (f->experts) { ds4_expert_cache_get(f->experts, b->l, e, w); we = 0; }
+    expert_rows_ctx rows = {s, n, E, k};
+    par_range(f, n, gather_rows, &rows);
     linear(f, &w[0], we, 0, F, s->expert_in, E, n, s->ffn_gate);
     linear(f, &w[1], we, 0, F, s->expert_in, E, n, s->ffn_up);
-    for (int i = 0; i < n; i++) swiglu(s->ffn_gate + (size_t)i * F, s->ffn_up + (size_t)i * F, F, c->clamp_exp[b->l]);
+    swiglu(f, s->ffn_gate, s->ffn_up, n, F, c->clamp_exp[b->l]);
     linear(f, &w[2], we, 0, E, s->ffn_gate, F, n, s->expert_out);
-    for (int i = 0; i < n; i++)
-        axpy(s->sublayer_out + (size_t)(s->expert_rows[i] / k) * E, s->expert_w[s->expert_rows[i]],
-             s->expert_out + (size_t)i * E, E);
+    par_range(f, (E + SCATTER_COLS - 1) / SCATTER_COLS, scatter_cols, &rows);
 }
 
 /* --ssd-streaming, decode-sized batches: the experts of `layer` guessed
@@ -585,7 +644,7 @@ static void ffn(batch *b) {
     /* shared expert over the whole batch, into sublayer_out */
     linear(f, &W->gate_shexp, 0, 0, F, s->normed, E, T, s->ffn_gate);
     linear(f, &W->up_shexp, 0, 0, F, s->normed, E, T, s->ffn_up);
-    for (int t = 0; t < T; t++) swiglu(s->ffn_gate + (size_t)t * F, s->ffn_up + (size_t)t * F, F, c->clamp_shexp[b->l]);
+    swiglu(f, s->ffn_gate, s->ffn_up, T, F, c->clamp_shexp[b->l]);
     linear(f, &W->down_shexp, 0, 0, E, s->ffn_gate, F, T, s->sublayer_out);
 
     /* routed experts: rows grouped per expert so each expert's weights are
@@ -597,7 +656,6 @@ static void ffn(batch *b) {
         for (int j = 0; j < T * k; j++) {
             if (s->expert_ids[j] != e) continue;
             s->expert_rows[n] = j;
-            memcpy(s->expert_in + (size_t)n * E, s->normed + (size_t)(j / k) * E, (size_t)E * sizeof(float));
             if (++n == T) { expert(b, e, n); n = 0; }
         }
         if (n) expert(b, e, n);
