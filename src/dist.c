@@ -29,7 +29,7 @@
  * connections; SEND_QUEUE: frames a push socket holds while the next hop is
  * busy (more than any prefill window, so a send never blocks a stage). */
 enum { MAX_WORKERS = DS4_DIST_MAX_HOPS - 1, MAX_SESSIONS = 16, REWIND_SLACK = 256, POLL_MS = 100, SEND_QUEUE = 64,
-       MAX_WINDOW = 32, CHUNKS_PER_CALL = 8 };
+       MAX_WINDOW = 32, CHUNKS_PER_CALL = 8, MAX_PENDING = 32, CHALLENGE_TTL_S = 10 };
 
 const char ds4_dist_usage[] =
     "      --role coordinator|worker  pipeline parallelism over hosts (README \"Distributed inference\")\n"
@@ -116,23 +116,31 @@ static double now_seconds(void) {
 }
 
 /* Who this process is, as a HELLO says it. */
-static ds4_dist_hello identity(const ds4_model *m, const ds4_dist_params *p, bool numerics, int ctx, const char *url) {
+static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const char *url) {
     const ds4_layer_slice *sl = &m->slice;
-    return (ds4_dist_hello){p->secret, strlen(p->secret), m->name, strlen(m->name), (uint32_t)m->cfg.n_layer,
+    return (ds4_dist_hello){NULL, m->name, strlen(m->name), (uint32_t)m->cfg.n_layer,
                             (uint32_t)m->cfg.n_embd, (uint32_t)m->cfg.n_hc, (uint32_t)m->cfg.n_vocab,
                             (uint32_t)ds4_model_expert_bits(m), (uint32_t)sl->first, (uint32_t)sl->last, sl->output,
                             (uint32_t)ctx, url, url ? strlen(url) : 0, numerics};
 }
 
-/* One request, one reply: the reply is decoded into *f over *buf (caller nng_free()s). */
-static bool exchange(nng_socket s, uint8_t *msg, size_t len, void **buf, size_t *blen, ds4_dist_frame *f, char *err,
-                     size_t errlen) {
+/* One request, one reply: the reply, unsealed with key when one is given,
+ * is decoded into *f over *buf (caller nng_free()s). */
+static bool exchange(nng_socket s, uint8_t *msg, size_t len, const uint8_t *key, void **buf, size_t *blen,
+                     ds4_dist_frame *f, char *err, size_t errlen) {
     int rv = msg ? nng_send(s, msg, len, 0) : NNG_ENOMEM;
     free(msg);
     if (rv == 0) rv = nng_recv(s, buf, blen, NNG_FLAG_ALLOC);
     if (rv) { snprintf(err, errlen, "%s", msg ? nng_strerror(rv) : "out of memory"); return false; }
-    if (!ds4_dist_decode(*buf, *blen, f, err, errlen)) { nng_free(*buf, *blen); *buf = NULL; return false; }
-    return true;
+    size_t frame_len = *blen;
+    if (key && !ds4_dist_unseal(*buf, *blen, key, DS4_DIST_SEAL_BYTES, &frame_len)) {
+        snprintf(err, errlen, "the coordinator's answer fails the handshake seal");
+    } else if (ds4_dist_decode(*buf, frame_len, f, err, errlen)) {
+        return true;
+    }
+    nng_free(*buf, *blen);
+    *buf = NULL;
+    return false;
 }
 
 static void on_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *closed) {
@@ -200,7 +208,7 @@ static bool local_address_towards(const char *host, int port, char *out, size_t 
 
 /* Seals (dist_proto.h), sends and frees msg (NULL: out of memory). */
 static int send_frame(nng_socket s, const char *secret, uint8_t *msg, size_t len) {
-    msg = ds4_dist_seal(msg, &len, secret);
+    msg = ds4_dist_seal(msg, &len, secret, strlen(secret));
     int rv = msg ? nng_send(s, msg, len, 0) : NNG_ENOMEM;
     free(msg);
     return rv;
@@ -215,6 +223,15 @@ typedef struct {
     bool output;
     char url[160];
 } worker_reg;
+
+/* A challenge sent and not yet answered (control thread only): each is
+ * taken by the first HELLO that names it, so a recorded HELLO replayed
+ * later finds none, and it lapses after CHALLENGE_TTL_S. */
+typedef struct {
+    bool live;
+    double expires;
+    uint8_t nonce_w[DS4_DIST_NONCE_BYTES], nonce_c[DS4_DIST_NONCE_BYTES];
+} challenge;
 
 /* One hop of the formed route, owned by the eval thread: the coordinator
  * keeps a push connection to every worker (ROUTE and KV frames, and the
@@ -253,6 +270,7 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t changed;
     worker_reg regs[MAX_WORKERS];   /* under mu */
+    challenge pending[MAX_PENDING]; /* control thread */
     uint64_t gen;                   /* under mu: bumped when the registrations change */
     uint64_t route_id;              /* the gen the hops were formed for; 0: none */
     hop hops[MAX_WORKERS];
@@ -316,6 +334,45 @@ static uint8_t *handle_hello(coord *c, const ds4_dist_hello *h, size_t *len) {
     return ds4_dist_encode_text(DS4_DIST_WELCOME, "registered", len);
 }
 
+/* KNOCK: a fresh challenge (taking a lapsed slot, else the oldest) and the
+ * coordinator's proof over both nonces. */
+static uint8_t *answer_knock(coord *c, const uint8_t *nonce_w, size_t *len) {
+    challenge *ch = &c->pending[0];
+    for (int i = 0; i < MAX_PENDING; i++)
+        if (!c->pending[i].live || c->pending[i].expires < ch->expires) ch = &c->pending[i];
+    if (!ds4_dist_random(ch->nonce_c, DS4_DIST_NONCE_BYTES))
+        return ds4_dist_encode_text(DS4_DIST_REFUSED, "refused: the coordinator cannot draw a random nonce", len);
+    memcpy(ch->nonce_w, nonce_w, DS4_DIST_NONCE_BYTES);
+    ch->live = true;
+    ch->expires = now_seconds() + CHALLENGE_TTL_S;
+    uint8_t proof[DS4_DIST_SEAL_BYTES];
+    ds4_dist_handshake_key(c->p.secret, DS4_DIST_COORDINATOR_PROOF, ch->nonce_w, ch->nonce_c, proof);
+    return ds4_dist_encode_challenge(ch->nonce_c, proof, len);
+}
+
+/* A sealed HELLO: its challenge is taken (used once), the seal checked with
+ * the handshake key, and the answer sealed with the same key. */
+static uint8_t *answer_hello(coord *c, const uint8_t *buf, size_t n, const ds4_dist_hello *h, size_t *len) {
+    challenge *ch = NULL;
+    const double now = now_seconds();
+    for (int i = 0; i < MAX_PENDING && !ch; i++)
+        if (c->pending[i].live && c->pending[i].expires >= now &&
+            ds4_dist_same(c->pending[i].nonce_c, h->challenge, DS4_DIST_NONCE_BYTES))
+            ch = &c->pending[i];
+    if (!ch)
+        return ds4_dist_encode_text(DS4_DIST_REFUSED, "refused: a HELLO for an unknown, used or lapsed challenge "
+                                                      "(replayed?)", len);
+    ch->live = false;
+    uint8_t key[DS4_DIST_SEAL_BYTES];
+    ds4_dist_handshake_key(c->p.secret, DS4_DIST_HANDSHAKE_KEY, ch->nonce_w, ch->nonce_c, key);
+    size_t frame_len;
+    uint8_t *reply = ds4_dist_unseal(buf, n, key, sizeof key, &frame_len)
+                         ? handle_hello(c, h, len)
+                         : ds4_dist_encode_text(DS4_DIST_REFUSED, "refused: wrong --dist-secret (the HELLO's seal "
+                                                                  "does not check)", len);
+    return ds4_dist_seal(reply, len, key, sizeof key);
+}
+
 static void *control_loop(void *arg) {
     coord *c = arg;
     while (!atomic_load(&c->stop)) {
@@ -325,10 +382,18 @@ static void *control_loop(void *arg) {
         ds4_dist_frame f;
         char err[256];
         size_t rlen = 0;
-        const bool hello = ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_HELLO;
-        char why[300];
-        snprintf(why, sizeof why, "refused: %s", hello ? "" : f.type ? "expected a HELLO frame" : err);
-        uint8_t *reply = hello ? handle_hello(c, &f.hello, &rlen) : ds4_dist_encode_text(DS4_DIST_REFUSED, why, &rlen);
+        uint8_t *reply;
+        /* a HELLO is sealed under a key its challenge names: decoded before the seal is checked */
+        if (ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_KNOCK) {
+            reply = answer_knock(c, f.challenge.nonce, &rlen);
+        } else if (len >= DS4_DIST_SEAL_BYTES &&
+                   ds4_dist_decode(buf, len - DS4_DIST_SEAL_BYTES, &f, err, sizeof err) && f.type == DS4_DIST_HELLO) {
+            reply = answer_hello(c, buf, len, &f.hello, &rlen);
+        } else {
+            char why[300];
+            snprintf(why, sizeof why, "refused: %s", f.type ? "expected a KNOCK or a sealed HELLO" : err);
+            reply = ds4_dist_encode_text(DS4_DIST_REFUSED, why, &rlen);
+        }
         nng_free(buf, len);
         if (reply) nng_send(c->control, reply, rlen, 0);
         free(reply);
@@ -407,7 +472,7 @@ static int await_result(coord *c, uint32_t seq, double timeout_s, void **buf, si
         if (rv) { snprintf(err, errlen, "pipeline results: %s: route dropped", nng_strerror(rv)); return -2; }
         char why[256];
         size_t frame_len;
-        if (!ds4_dist_unseal(*buf, *blen, c->p.secret, &frame_len)) {
+        if (!ds4_dist_unseal(*buf, *blen, c->p.secret, strlen(c->p.secret), &frame_len)) {
             fprintf(stderr, "ds4 coordinator: dropped a result frame that fails the --dist-secret seal\n");
         } else if (ds4_dist_decode(*buf, frame_len, f, why, sizeof why) && f->type == DS4_DIST_RESULT &&
             f->result.route == c->route_id && (int32_t)(f->result.seq - seq) >= 0)
@@ -568,8 +633,10 @@ static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t
             const uint64_t after = ds4_dist_hash_tokens(hash, toks + off, m);
             const uint8_t mode = !logits ? DS4_DIST_ACK : all ? DS4_DIST_ALL : sent == chunks - 1 ? DS4_DIST_LAST
                                                                                                   : DS4_DIST_ACK;
-            ds4_dist_work wk = {c->route_id, seq0 + (uint32_t)sent, session, (uint32_t)(pos + off), (uint32_t)m, hash,
-                                after, mode, NULL, (uint32_t)((size_t)m * hcE), NULL, 1, NULL};
+            ds4_dist_work wk = {.route = c->route_id, .seq = seq0 + (uint32_t)sent, .session = session,
+                                .pos = (uint32_t)(pos + off), .n = (uint32_t)m, .hash_before = hash,
+                                .hash_after = after, .logits = mode, .n_floats = (uint32_t)((size_t)m * hcE),
+                                .n_hops = 1};
             ds4_dist_hop me = {0, (uint32_t)c->m->slice.last, (uint32_t)(pos + off), (uint32_t)m, eval_us, 0, 0, 0};
             const double t1 = now_seconds();
             size_t len;
@@ -738,8 +805,8 @@ static int coord_gather(ds4_backend *be, struct ds4_kv *kv, char *err, size_t er
         rc = form_route(c, true, err, errlen);
         for (int h = 0; !rc && h < c->n_hops; h++) {
             const hop *hp = &c->hops[h];
-            ds4_dist_work wk = {c->route_id, ++c->seq, r->id, (uint32_t)n, 0, r->hashes[n], r->hashes[n],
-                                DS4_DIST_ACK, NULL, 0, NULL, 0, NULL};
+            ds4_dist_work wk = {.route = c->route_id, .seq = ++c->seq, .session = r->id, .pos = (uint32_t)n,
+                                .hash_before = r->hashes[n], .hash_after = r->hashes[n]};
             void *buf;
             size_t blen;
             ds4_dist_frame f;
@@ -786,8 +853,9 @@ static int coord_scatter(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks
         if (!grown) { snprintf(why, sizeof why, "out of memory for %zu bytes of layer state", bytes); rc = -1; break; }
         state = grown;
         ds4_kv_layers_save(kv, hp->first, hp->last, state);
-        ds4_dist_work wk = {c->route_id, ++c->seq, r->id, 0, (uint32_t)n, DS4_DIST_HASH_EMPTY, r->hashes[n],
-                            DS4_DIST_ACK, NULL, (uint32_t)(bytes / sizeof(float)), NULL, 0, NULL};
+        ds4_dist_work wk = {.route = c->route_id, .seq = ++c->seq, .session = r->id, .n = (uint32_t)n,
+                            .hash_before = DS4_DIST_HASH_EMPTY, .hash_after = r->hashes[n],
+                            .n_floats = (uint32_t)(bytes / sizeof(float))};
         void *buf;
         size_t blen;
         ds4_dist_frame f;
@@ -859,7 +927,7 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
     c->p = *p;
     c->chunk = chunk;
     c->hidden = h;
-    c->me = identity(m, &c->p, numerics, 0, NULL);
+    c->me = identity(m, numerics, 0, NULL);
     atomic_init(&c->stop, false);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->changed, NULL);
@@ -993,7 +1061,8 @@ static void send_home(worker *w, const ds4_dist_result *r, const float *floats, 
 }
 
 static void send_error(worker *w, const ds4_dist_work *wk, uint8_t status, const char *why) {
-    ds4_dist_result r = {wk->route, wk->seq, wk->session, status, 0, 0, NULL, 0, NULL, why, strlen(why)};
+    ds4_dist_result r = {.route = wk->route, .seq = wk->seq, .session = wk->session, .status = status,
+                         .text = why, .text_len = strlen(why)};
     send_home(w, &r, NULL, NULL, 0);
 }
 
@@ -1043,8 +1112,9 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
             const double t1 = now_seconds();
             if (output) {
                 const bool ack = wk->logits == DS4_DIST_ACK;
-                ds4_dist_result r = {wk->route, wk->seq, wk->session, DS4_DIST_OK, s->hashes[wk->pos + wk->n],
-                                     ack ? 0 : (uint32_t)n_out, NULL, wk->n_hops + 1, NULL, "", 0};
+                ds4_dist_result r = {.route = wk->route, .seq = wk->seq, .session = wk->session,
+                                     .status = DS4_DIST_OK, .hash_after = s->hashes[wk->pos + wk->n],
+                                     .n_floats = ack ? 0 : (uint32_t)n_out, .n_hops = wk->n_hops + 1, .text = ""};
                 send_home(w, &r, w->out, hops, t1);
             } else {
                 ds4_dist_work fw = *wk;
@@ -1100,12 +1170,52 @@ static void serve_kv(worker *w, enum ds4_dist_type type, const ds4_dist_work *wk
     if (why[0]) {
         send_error(w, wk, status, why);
     } else {
-        ds4_dist_result r = {wk->route, wk->seq, wk->session, DS4_DIST_OK, wk->hash_after,
-                             (uint32_t)(type == DS4_DIST_KV_GET ? n_floats : 0), NULL, 0, NULL, "", 0};
+        ds4_dist_result r = {.route = wk->route, .seq = wk->seq, .session = wk->session, .status = DS4_DIST_OK,
+                             .hash_after = wk->hash_after,
+                             .n_floats = (uint32_t)(type == DS4_DIST_KV_GET ? n_floats : 0), .text = ""};
         send_home(w, &r, state, NULL, 0);
     }
     free(state);
     free(toks);
+}
+
+/* Registration (dist_proto.h): KNOCK with a fresh nonce, check the
+ * coordinator's proof before saying anything, then the HELLO sealed under
+ * the handshake key. 0 welcomed, 1 refused, -1 no valid answer; the
+ * coordinator's line or the failure in line. */
+static int handshake(nng_socket control, const char *secret, ds4_dist_hello me, char *line, size_t linelen) {
+    uint8_t nonce_w[DS4_DIST_NONCE_BYTES], nonce_c[DS4_DIST_NONCE_BYTES], proof[DS4_DIST_SEAL_BYTES],
+        key[DS4_DIST_SEAL_BYTES];
+    if (!ds4_dist_random(nonce_w, sizeof nonce_w)) { snprintf(line, linelen, "cannot draw a random nonce"); return -1; }
+    size_t len, blen;
+    void *buf;
+    ds4_dist_frame f;
+    uint8_t *knock = ds4_dist_encode_challenge(nonce_w, NULL, &len);
+    if (!exchange(control, knock, len, NULL, &buf, &blen, &f, line, linelen)) return -1;
+    const bool challenged = f.type == DS4_DIST_CHALLENGE;
+    if (challenged) {
+        memcpy(nonce_c, f.challenge.nonce, sizeof nonce_c);
+        ds4_dist_handshake_key(secret, DS4_DIST_COORDINATOR_PROOF, nonce_w, nonce_c, proof);
+    } else {
+        snprintf(line, linelen, "%.*s", f.type == DS4_DIST_REFUSED ? (int)f.result.text_len : 0, f.result.text);
+    }
+    const bool proven = challenged && ds4_dist_same(proof, f.challenge.proof, sizeof proof);
+    nng_free(buf, blen);
+    if (!challenged) return 1;
+    if (!proven) {
+        snprintf(line, linelen, "refused: the coordinator does not prove it holds this secret (wrong --dist-secret "
+                                "here or there, or not the coordinator)");
+        return 1;
+    }
+    ds4_dist_handshake_key(secret, DS4_DIST_HANDSHAKE_KEY, nonce_w, nonce_c, key);
+    me.challenge = nonce_c;
+    uint8_t *hello = ds4_dist_encode_hello(&me, &len);
+    hello = ds4_dist_seal(hello, &len, key, sizeof key);
+    if (!exchange(control, hello, len, key, &buf, &blen, &f, line, linelen)) return -1;
+    const bool welcome = f.type == DS4_DIST_WELCOME;
+    snprintf(line, linelen, "%.*s", welcome || f.type == DS4_DIST_REFUSED ? (int)f.result.text_len : 0, f.result.text);
+    nng_free(buf, blen);
+    return welcome ? 0 : 1;
 }
 
 /* Re-points a push socket when its address changed. */
@@ -1133,7 +1243,8 @@ static void serve_route(worker *w, const ds4_dist_route *r, double timeout_s) {
     w->route = r->route;
     char why[300] = "";
     if (rv) snprintf(why, sizeof why, "cannot reach the next hop %.*s: %s", (int)r->next_len, r->next, nng_strerror(rv));
-    ds4_dist_result res = {r->route, 0, 0, rv ? DS4_DIST_ERROR : DS4_DIST_OK, 0, 0, NULL, 0, NULL, why, strlen(why)};
+    ds4_dist_result res = {.route = r->route, .status = rv ? DS4_DIST_ERROR : DS4_DIST_OK, .text = why,
+                           .text_len = strlen(why)};
     send_home(w, &res, NULL, NULL, 0);
 }
 
@@ -1176,8 +1287,8 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     rv = nng_req0_open(&control);
     if (!rv) rv = nng_dial(control, curl, NULL, NNG_FLAG_NONBLOCK);   /* retries until the coordinator is up */
     if (rv) { fprintf(stderr, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
-    ds4_dist_hello me = identity(w.m, p, sim, ctx, url);
-    size_t len, blen;
+    const ds4_dist_hello me = identity(w.m, sim, ctx, url);
+    size_t blen;
     void *buf = NULL;
     ds4_dist_frame f;
     /* The HELLO is repeated whenever no work came for a while: a restarted
@@ -1188,17 +1299,16 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     double idle_since = now_seconds();
     for (;;) {
         if (!registered || nng_recv(data, &buf, &blen, NNG_FLAG_ALLOC)) {
-            uint8_t *hello = ds4_dist_encode_hello(&me, &len);
-            if (!exchange(control, hello, len, &buf, &blen, &f, err, sizeof err)) {
-                if (!registered) { fprintf(stderr, "ds4 worker: registration with %s failed: %s\n", curl, err); goto done; }
+            char line[300];
+            const int hs = handshake(control, p->secret, me, line, sizeof line);
+            if (hs < 0) {
+                if (!registered) { fprintf(stderr, "ds4 worker: registration with %s failed: %s\n", curl, line); goto done; }
                 continue;   /* the coordinator is away; ask again after the next quiet second */
             }
-            const bool welcome = f.type == DS4_DIST_WELCOME;
-            if (!registered || !welcome)
-                fprintf(stderr, "ds4 worker: layers %d..%d%s: %s: %.*s\n", w.m->slice.first, w.m->slice.last,
-                        w.m->slice.output ? " + output" : "", curl, (int)f.result.text_len, f.result.text);
-            nng_free(buf, blen);
-            if (!welcome) goto done;
+            if (!registered || hs)
+                fprintf(stderr, "ds4 worker: layers %d..%d%s: %s: %s\n", w.m->slice.first, w.m->slice.last,
+                        w.m->slice.output ? " + output" : "", curl, line);
+            if (hs) goto done;
             if (!registered) nng_socket_set_ms(control, NNG_OPT_RECVTIMEO, 1000);
             registered = true;
             idle_since = now_seconds();
@@ -1206,7 +1316,7 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
         }
         const uint32_t wait_us = elapsed_us(idle_since);
         size_t frame_len;
-        if (!ds4_dist_unseal(buf, blen, p->secret, &frame_len)) {
+        if (!ds4_dist_unseal(buf, blen, p->secret, strlen(p->secret), &frame_len)) {
             fprintf(stderr, "ds4 worker: dropped a frame that fails the --dist-secret seal\n");
         } else if (!ds4_dist_decode(buf, frame_len, &f, err, sizeof err)) {
             fprintf(stderr, "ds4 worker: dropped a frame: %s\n", err);

@@ -190,7 +190,7 @@ def main():
             r = ds4([*coordinator_args(DEMO, "0:0", port), *args, "--debug"])
             first = open(out, "rb").read() if r.returncode == 0 else b""
             m = re.search(r"layers 1\.\.4 at tcp://127\.0\.0\.1:(\d+)", r.stderr)
-            sent = bool(m) and push_raw(int(m.group(1)), b"DS4P\x03\x00\x02\x00" + bytes(64))
+            sent = bool(m) and push_raw(int(m.group(1)), b"DS4P\x04\x00\x02\x00" + bytes(64))
             again = output_of([*coordinator_args(DEMO, "0:0", port), *args], out)
         finally:
             stop(workers)
