@@ -13,6 +13,7 @@
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
+#include <nng/supplemental/tls/tls.h>
 #include <nng/supplemental/util/platform.h>
 
 #include <arpa/inet.h>
@@ -40,6 +41,9 @@ const char ds4_dist_usage[] =
     "      --dist-reply-timeout SECONDS  coordinator: a hop silent this long is gone (default 120)\n"
     "      --dist-prefill-chunk N  coordinator: tokens per pipelined prefill chunk (default: --prefill-chunk)\n"
     "      --dist-prefill-window W  coordinator: prefill chunks in flight along the route (default 2)\n"
+    "      --dist-tls-cert FILE  TLS for every pipeline connection: this host's certificate (PEM)\n"
+    "      --dist-tls-key FILE   its private key (PEM)\n"
+    "      --dist-tls-ca FILE    the CA that signs every host's certificate (PEM); peers must present one\n"
     "      --debug               route formation and per-hop telemetry on stderr\n";
 
 static bool parse_port(const char *s, int *out) {
@@ -62,13 +66,17 @@ int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, cha
         return 1;
     }
     static const char *const valued[] = {"--role", "--dist-secret", "--dist-wait", "--dist-reply-timeout",
-                                         "--dist-prefill-chunk", "--dist-prefill-window"};
+                                         "--dist-prefill-chunk", "--dist-prefill-window", "--dist-tls-cert",
+                                         "--dist-tls-key", "--dist-tls-ca"};
     size_t k = 0;
     while (k < sizeof valued / sizeof valued[0] && strcmp(a, valued[k])) k++;
     if (k == sizeof valued / sizeof valued[0]) return 0;
     if (!v) { snprintf(err, errlen, "%s needs a value", a); return -1; }
     ++*i;
     if (!strcmp(a, "--dist-secret")) { p->secret = v; return 1; }
+    if (!strcmp(a, "--dist-tls-cert")) { p->tls_cert = v; return 1; }
+    if (!strcmp(a, "--dist-tls-key")) { p->tls_key = v; return 1; }
+    if (!strcmp(a, "--dist-tls-ca")) { p->tls_ca = v; return 1; }
     if (!strcmp(a, "--dist-wait") || !strcmp(a, "--dist-reply-timeout")) {
         char *end;
         const double x = strtod(v, &end);
@@ -101,6 +109,10 @@ bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size
     if (p->role != DS4_DIST_NONE && !p->host) {
         snprintf(err, errlen, "--role %s needs %s HOST PORT", p->role == DS4_DIST_WORKER ? "worker" : "coordinator",
                  p->role == DS4_DIST_WORKER ? "--coordinator" : "--listen");
+        return false;
+    }
+    if (!p->tls_cert != !p->tls_key || !p->tls_cert != !p->tls_ca) {
+        snprintf(err, errlen, "TLS needs all of --dist-tls-cert, --dist-tls-key and --dist-tls-ca");
         return false;
     }
     if (p->wait_seconds <= 0) p->wait_seconds = 30;
@@ -158,6 +170,91 @@ static void copy_floats(float *dst, const uint8_t *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = ds4_dist_float_at(src, i);
 }
 
+/* TLS material (--dist-tls-*), read once: this host's certificate and key
+ * and the CA, as PEM text; all NULL for plain TCP. */
+typedef struct {
+    char *cert, *key, *ca;
+} tls_pem;
+
+static void tls_free(tls_pem *t) {
+    free(t->cert); free(t->key); free(t->ca);
+    *t = (tls_pem){0};
+}
+
+static char *read_text(const char *path, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    char *text = NULL;
+    long n = -1;
+    if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) && (text = malloc((size_t)n + 1)) &&
+        fread(text, 1, (size_t)n, f) == (size_t)n) {
+        text[n] = 0;
+    } else {
+        snprintf(err, errlen, "cannot read %s%s", path, f && n >= 0 && !text ? ": out of memory" : "");
+        free(text);
+        text = NULL;
+    }
+    if (f) fclose(f);
+    return text;
+}
+
+static bool tls_load(const ds4_dist_params *p, tls_pem *t, char *err, size_t errlen) {
+    *t = (tls_pem){0};
+    if (!p->tls_cert) return true;
+    if ((t->cert = read_text(p->tls_cert, err, errlen)) && (t->key = read_text(p->tls_key, err, errlen)) &&
+        (t->ca = read_text(p->tls_ca, err, errlen)))
+        return true;
+    tls_free(t);
+    return false;
+}
+
+static const char *scheme(const tls_pem *t) { return t->cert ? "tls+tcp" : "tcp"; }
+
+/* Mutual TLS: each end presents this host's certificate and requires the
+ * peer's, signed by the CA; a dialing end (host given) also requires it to
+ * name that host. */
+static int tls_config(const tls_pem *t, const char *host, nng_tls_config **out) {
+    int rv = nng_tls_config_alloc(out, host ? NNG_TLS_MODE_CLIENT : NNG_TLS_MODE_SERVER);
+    if (rv) return rv;
+    rv = nng_tls_config_own_cert(*out, t->cert, t->key, NULL);
+    if (!rv) rv = nng_tls_config_ca_chain(*out, t->ca, NULL);
+    if (!rv) rv = nng_tls_config_auth_mode(*out, NNG_TLS_AUTH_MODE_REQUIRED);
+    if (!rv && host) rv = nng_tls_config_server_name(*out, host);
+    if (rv) nng_tls_config_free(*out);
+    return rv;
+}
+
+/* Starts a listener on url (TLS configured when t holds it); *l may be NULL. */
+static int start_listener(nng_socket s, const char *url, const tls_pem *t, nng_listener *l) {
+    nng_listener mine;
+    if (!l) l = &mine;
+    int rv = nng_listener_create(l, s, url);
+    nng_tls_config *cfg = NULL;
+    if (!rv && t->cert && !(rv = tls_config(t, NULL, &cfg))) {
+        rv = nng_listener_set_ptr(*l, NNG_OPT_TLS_CONFIG, cfg);
+        nng_tls_config_free(cfg);   /* the listener holds its own reference */
+    }
+    if (!rv) rv = nng_listener_start(*l, 0);
+    return rv;
+}
+
+/* Dials url without waiting for the connection (NNG retries until the peer
+ * is up). */
+static int start_dialer(nng_socket s, const char *url, const tls_pem *t) {
+    nng_dialer d;
+    int rv = nng_dialer_create(&d, s, url);
+    if (!rv && t->cert) {
+        nng_url *u = NULL;
+        nng_tls_config *cfg = NULL;
+        if (!(rv = nng_url_parse(&u, url)) && !(rv = tls_config(t, u->u_hostname, &cfg))) {
+            rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg);
+            nng_tls_config_free(cfg);
+        }
+        nng_url_free(u);
+    }
+    if (!rv) rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK);
+    return rv;
+}
+
 /* A push socket dialed to url; sends queue instead of blocking while the
  * peer is busy. The dial does not wait for the connection (a peer that
  * accepts TCP but never answers, e.g. a stopped process, would block it
@@ -165,13 +262,13 @@ static void copy_floats(float *dst, const uint8_t *src, size_t n) {
  * bounds the wait. When closed is given, the closed connection's socket id
  * is stored there (the watch is set before the dial, so no closing can be
  * missed). */
-static int open_push(nng_socket *s, const char *url, double timeout_s, atomic_int *closed) {
+static int open_push(nng_socket *s, const char *url, const tls_pem *t, double timeout_s, atomic_int *closed) {
     int rv = nng_push0_open(s);
     if (rv) return rv;
     nng_socket_set_ms(*s, NNG_OPT_SENDTIMEO, (nng_duration)(timeout_s * 1000));
     nng_socket_set_int(*s, NNG_OPT_SENDBUF, SEND_QUEUE);
     if (closed) rv = nng_pipe_notify(*s, NNG_PIPE_EV_REM_POST, on_pipe_removed, closed);
-    if (!rv) rv = nng_dial(*s, url, NULL, NNG_FLAG_NONBLOCK);
+    if (!rv) rv = start_dialer(*s, url, t);
     if (rv) nng_close(*s);
     return rv;
 }
@@ -262,6 +359,7 @@ typedef struct {
     const ds4_model *m;
     ds4_dist_params p;
     ds4_dist_hello me;
+    tls_pem tls;
     nng_socket control, results;
     char home[200];
     pthread_t thread;
@@ -521,7 +619,7 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
         /* the previous socket of this slot is closed: its callbacks are done */
         *h = want[i];
         atomic_store(&h->closed_socket, 0);
-        const int rv = open_push(&h->data, h->url, c->p.reply_seconds, &h->closed_socket);
+        const int rv = open_push(&h->data, h->url, &c->tls, c->p.reply_seconds, &h->closed_socket);
         h->open = rv == 0;
         c->n_hops = i + 1;
         if (rv) {
@@ -892,6 +990,7 @@ static void coord_free(ds4_backend *be) {
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->changed);
     free(c->hidden);
+    tls_free(&c->tls);
     c->local->free(c->local);
     free(c);
 }
@@ -931,27 +1030,30 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
     atomic_init(&c->stop, false);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->changed, NULL);
-    char url[200];
-    snprintf(url, sizeof url, "tcp://%s:%d", p->host, p->port);
+    char url[200], rurl[200];
+    if (!tls_load(p, &c->tls, err, errlen)) {
+        coord_free(&c->base);
+        return NULL;
+    }
+    snprintf(url, sizeof url, "%s://%s:%d", scheme(&c->tls), p->host, p->port);
     int rv = nng_rep0_open(&c->control);
     if (!rv) nng_socket_set_ms(c->control, NNG_OPT_RECVTIMEO, 200);
-    if (!rv) rv = nng_listen(c->control, url, NULL, 0);
+    if (!rv) rv = start_listener(c->control, url, &c->tls, NULL);
     /* results come back on their own port: the final hop's answers and the
      * workers' errors, whichever hop they come from */
-    char rurl[200];
-    snprintf(rurl, sizeof rurl, "tcp://%s:0", p->host);
+    snprintf(rurl, sizeof rurl, "%s://%s:0", scheme(&c->tls), p->host);
     nng_listener rl;
     int port = 0;
     int rv2 = rv ? rv : nng_pull0_open(&c->results);
     if (!rv2) nng_socket_set_ms(c->results, NNG_OPT_RECVTIMEO, POLL_MS);
-    if (!rv2) rv2 = nng_listen(c->results, rurl, &rl, 0);
+    if (!rv2) rv2 = start_listener(c->results, rurl, &c->tls, &rl);
     if (!rv2) rv2 = nng_listener_get_int(rl, NNG_OPT_TCP_BOUND_PORT, &port);
     if (rv || rv2) {
         snprintf(err, errlen, "cannot listen on %s: %s", rv ? url : rurl, nng_strerror(rv ? rv : rv2));
         coord_free(&c->base);
         return NULL;
     }
-    snprintf(c->home, sizeof c->home, "tcp://%s:%d", p->host, port);
+    snprintf(c->home, sizeof c->home, "%s://%s:%d", scheme(&c->tls), p->host, port);
     if (pthread_create(&c->thread, NULL, control_loop, c)) {
         snprintf(err, errlen, "cannot start the registration thread");
         coord_free(&c->base);
@@ -983,6 +1085,7 @@ typedef struct {
      * where results and errors go */
     uint64_t route;
     const char *secret;     /* seals every frame this worker sends */
+    tls_pem tls;
     nng_socket next, home;
     bool next_open, home_open;
     char next_url[160], home_url[200];
@@ -1219,7 +1322,8 @@ static int handshake(nng_socket control, const char *secret, ds4_dist_hello me, 
 }
 
 /* Re-points a push socket when its address changed. */
-static int repoint(nng_socket *s, bool *open, char *cur, size_t cap, const char *url, size_t len, double timeout_s) {
+static int repoint(nng_socket *s, bool *open, char *cur, size_t cap, const char *url, size_t len, const tls_pem *t,
+                   double timeout_s) {
     if (*open && strlen(cur) == len && !memcmp(cur, url, len)) return 0;
     if (*open) nng_close(*s);
     *open = false;
@@ -1227,19 +1331,21 @@ static int repoint(nng_socket *s, bool *open, char *cur, size_t cap, const char 
     if (len >= cap) return NNG_EINVAL;
     memcpy(cur, url, len);
     cur[len] = 0;
-    const int rv = open_push(s, cur, timeout_s, NULL);
+    const int rv = open_push(s, cur, t, timeout_s, NULL);
     *open = rv == 0;
     return rv;
 }
 
 static void serve_route(worker *w, const ds4_dist_route *r, double timeout_s) {
-    int rv = repoint(&w->home, &w->home_open, w->home_url, sizeof w->home_url, r->home, r->home_len, timeout_s);
+    int rv = repoint(&w->home, &w->home_open, w->home_url, sizeof w->home_url, r->home, r->home_len, &w->tls,
+                     timeout_s);
     if (!w->home_open) {
         fprintf(stderr, "ds4 worker: cannot reach the coordinator's results at %.*s: %s\n", (int)r->home_len, r->home,
                 nng_strerror(rv ? rv : NNG_EINVAL));
         return;
     }
-    if (!rv) rv = repoint(&w->next, &w->next_open, w->next_url, sizeof w->next_url, r->next, r->next_len, timeout_s);
+    if (!rv)
+        rv = repoint(&w->next, &w->next_open, w->next_url, sizeof w->next_url, r->next, r->next_len, &w->tls, timeout_s);
     w->route = r->route;
     char why[300] = "";
     if (rv) snprintf(why, sizeof why, "cannot reach the next hop %.*s: %s", (int)r->next_len, r->next, nng_strerror(rv));
@@ -1274,18 +1380,18 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
         fprintf(stderr, "ds4 worker: %s\n", err);
         goto done;
     }
+    if (!tls_load(p, &w.tls, err, sizeof err)) { fprintf(stderr, "ds4 worker: %s\n", err); goto done; }
     int rv = nng_pull0_open(&data);
-    snprintf(url, sizeof url, "tcp://%s:0", here);
-    if (!rv) rv = nng_listener_create(&listener, data, url);
-    if (!rv) rv = nng_listener_start(listener, 0);
+    snprintf(url, sizeof url, "%s://%s:0", scheme(&w.tls), here);
+    if (!rv) rv = start_listener(data, url, &w.tls, &listener);
     int port = 0;
     if (!rv) rv = nng_listener_get_int(listener, NNG_OPT_TCP_BOUND_PORT, &port);
     if (rv) { fprintf(stderr, "ds4 worker: cannot listen on %s: %s\n", url, nng_strerror(rv)); goto done; }
-    snprintf(url, sizeof url, "tcp://%s:%d", here, port);
+    snprintf(url, sizeof url, "%s://%s:%d", scheme(&w.tls), here, port);
     char curl[200];
-    snprintf(curl, sizeof curl, "tcp://%s:%d", p->host, p->port);
+    snprintf(curl, sizeof curl, "%s://%s:%d", scheme(&w.tls), p->host, p->port);
     rv = nng_req0_open(&control);
-    if (!rv) rv = nng_dial(control, curl, NULL, NNG_FLAG_NONBLOCK);   /* retries until the coordinator is up */
+    if (!rv) rv = start_dialer(control, curl, &w.tls);   /* retries until the coordinator is up */
     if (rv) { fprintf(stderr, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
     const ds4_dist_hello me = identity(w.m, sim, ctx, url);
     size_t blen;
@@ -1339,6 +1445,7 @@ done:
     if (w.home_open) nng_close(w.home);
     for (int i = 0; i < MAX_SESSIONS; i++) session_drop(&w.sessions[i]);
     free(w.in); free(w.out);
+    tls_free(&w.tls);
     if (w.be) w.be->free(w.be);
     ds4_model_free(w.m);
     ds4_gguf_close(g);

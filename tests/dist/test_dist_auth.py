@@ -15,17 +15,25 @@
 - a worker with another secret is refused with one line and exits 1;
 - a fake coordinator (one without the secret) answering with a made-up
   proof gets nothing but the KNOCK: the worker says so and exits 1 without
-  sending its HELLO.
+  sending its HELLO;
+- TLS (--dist-tls-*, certificates made here with the openssl command, a
+  private CA): a 2-way split over tls+tcp gives the single process's
+  logits byte for byte, and the recorded control traffic holds neither
+  the secret nor a single frame header in the clear; a worker whose
+  certificate another CA signed never joins (incomplete route); a partial
+  set of TLS flags and an unreadable file are refused with one line.
 NNG's SP-over-TCP framing is spoken by hand (an 8-byte greeting, then
 messages with a 64-bit big-endian length; a REQ message starts with its
 4-byte request id). Ports are free loopback ports."""
 import hashlib
 import hmac
 import os
+import shutil
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -149,6 +157,64 @@ def fake_coordinator(sock, seen):
         pass
 
 
+def make_ca(d, name):
+    """A CA and one certificate it signs for 127.0.0.1 (CN and DNS name),
+    EC P-256 keys; the paths (cert, key, ca)."""
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", name + "-ca.key",
+        "-out", name + "-ca.pem", "-days", "365", "-subj", "/CN=ds4 test CA " + name)
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", name + ".key",
+        "-out", name + ".csr", "-subj", "/CN=127.0.0.1")
+    with open(os.path.join(d, "ext"), "w") as f:
+        f.write("subjectAltName=DNS:127.0.0.1\n")
+    run("x509", "-req", "-in", name + ".csr", "-CA", name + "-ca.pem", "-CAkey", name + "-ca.key", "-CAcreateserial",
+        "-out", name + ".pem", "-days", "365", "-extfile", "ext")
+    return [os.path.join(d, name + x) for x in (".pem", ".key", "-ca.pem")]
+
+
+def tls_args(files):
+    return ["--dist-tls-cert", files[0], "--dist-tls-key", files[1], "--dist-tls-ca", files[2]]
+
+
+def test_tls(check, secret):
+    if not shutil.which("openssl"):
+        check(False, "TLS: the openssl command is needed to make test certificates")
+        return
+    with tempfile.TemporaryDirectory() as d:
+        os.chmod(d, 0o700)
+        good, other = make_ca(d, "cluster"), make_ca(d, "stranger")
+        out = os.path.join(d, "out.json")
+        ids = ["--token-ids", "5,6,7,8,9,10,11,12,13,14", "--dump-logits", out, "--logits-all"]
+        want = dist.output_of(["-m", dist.DEMO, *ids], out)
+        port = dist.free_port()
+        relay = Relay(port)
+        w = dist.start_worker(dist.DEMO, "3:output", relay.port, extra=tls_args(good))
+        try:
+            got = dist.output_of([*dist.coordinator_args(dist.DEMO, "0:2", port), *tls_args(good), *ids], out)
+        finally:
+            dist.stop([w])
+        traffic = b"".join(bytes(c["up"]) + bytes(c["down"]) for c in relay.conns)
+        check(got == want, "TLS split: differs from the single process (%s)" % got[:200])
+        check(len(traffic) > 1000 and b"DS4P" not in traffic and secret not in traffic,
+              "TLS: %d bytes recorded, frame headers in the clear: %s" % (len(traffic), b"DS4P" in traffic))
+
+        port = dist.free_port()
+        w = dist.start_worker(dist.DEMO, "3:output", port, extra=tls_args(other))
+        try:
+            r = dist.ds4([*dist.coordinator_args(dist.DEMO, "0:2", port, "3"), *tls_args(good), *ids])
+        finally:
+            dist.stop([w])
+        check(r.returncode != 0 and "incomplete route: no worker holds layer 3" in r.stderr,
+              "TLS: a certificate of another CA joins: %s" % r.stderr.strip()[-300:])
+
+        for args, line in [(tls_args(good)[:2], "TLS needs all of --dist-tls-cert, --dist-tls-key and --dist-tls-ca"),
+                           (tls_args(good)[:4] + ["--dist-tls-ca", os.path.join(d, "missing.pem")], "cannot read")]:
+            r = dist.ds4([*dist.coordinator_args(dist.DEMO, "0:2", dist.free_port(), "1"), *args, *ids])
+            check(r.returncode != 0 and line in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+                  "TLS flags %s: %r" % (args[::2], r.stderr.strip()))
+
+
 def main():
     if not (os.access(dist.DS4, os.X_OK) and os.path.exists(dist.DEMO)):
         print("test_dist_auth: SKIPPED: needs ./ds4 and %s (make test builds them)" % dist.DEMO)
@@ -235,6 +301,7 @@ def main():
     check(rc == 1 and "does not prove it holds this secret" in err, "fake coordinator: rc %s, %r" % (rc, err))
     check(len(seen) == 1 and frame_type(seen[0]) == (4, KNOCK),
           "the fake coordinator saw only a KNOCK: %s" % [frame_type(m) for m in seen])
+    test_tls(check, secret)
     print("test_dist_auth: %d passed, %d failed" % (dist.passed, dist.failed))
     return 1 if dist.failed else 0
 
