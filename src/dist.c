@@ -30,7 +30,7 @@
  * connections; SEND_QUEUE: frames a push socket holds while the next hop is
  * busy (more than any prefill window, so a send never blocks a stage). */
 enum { MAX_WORKERS = DS4_DIST_MAX_HOPS - 1, MAX_SESSIONS = 16, REWIND_SLACK = 256, POLL_MS = 100, SEND_QUEUE = 64,
-       MAX_WINDOW = 32, CHUNKS_PER_CALL = 8, MAX_PENDING = 32, CHALLENGE_TTL_S = 10 };
+       MAX_WINDOW = 32, CHUNKS_PER_CALL = 8, MAX_PENDING = 32, CHALLENGE_TTL_S = 10, MAX_CKPT = 16 };
 
 const char ds4_dist_usage[] =
     "      --role coordinator|worker  pipeline parallelism over hosts (README \"Distributed inference\")\n"
@@ -311,6 +311,44 @@ static int send_frame(nng_socket s, const char *secret, uint8_t *msg, size_t len
     return rv;
 }
 
+/* The ring checkpoints of one session at the positions the engine takes
+ * its own (engine.c): at the end of an engine call once `every` positions
+ * passed since the last one, at most MAX_CKPT, thinned to every other one
+ * (and `every` doubled) when full. A deep rewind makes the engine restore
+ * one of its checkpoints and compute on from there; workers holding a
+ * checkpoint at that very position restore theirs instead of being
+ * replayed from position 0. The coordinator keeps the positions only (it
+ * decides which WORK frame carries the checkpoint flag, at the end of an
+ * engine call); workers keep the rings too, in slots allocated with the
+ * first one. */
+typedef struct {
+    int pos[MAX_CKPT], n;
+    void *slot[MAX_CKPT];   /* worker: one ring checkpoint each */
+    void *block;
+} ckpt_list;
+
+static void ckpt_drop_after(ckpt_list *k, int pos) {
+    while (k->n && k->pos[k->n - 1] > pos) k->n--;
+}
+
+/* Appends pos, first thinning a full list to its odd entries (their slots
+ * move to the front, the freed ones to the end); true when it thinned. */
+static bool ckpt_push(ckpt_list *k, int pos) {
+    const bool thin = k->n == MAX_CKPT;
+    if (thin) {
+        void *freed[MAX_CKPT / 2];
+        for (int i = 0; i < MAX_CKPT / 2; i++) {
+            freed[i] = k->slot[2 * i];
+            k->slot[i] = k->slot[2 * i + 1];
+            k->pos[i] = k->pos[2 * i + 1];
+        }
+        memcpy(k->slot + MAX_CKPT / 2, freed, sizeof freed);
+        k->n = MAX_CKPT / 2;
+    }
+    k->pos[k->n++] = pos;
+    return thin;
+}
+
 /* ================================================================ coordinator */
 
 /* A registration, written by the control thread under mu. */
@@ -344,13 +382,15 @@ typedef struct {
 
 /* What the route has seen of one session: its tokens and the rolling hash
  * after each prefix, so a rewind knows the hash at any earlier position and
- * a replay has the tokens. */
+ * a replay has the tokens; and the positions of the workers' checkpoints. */
 typedef struct {
     const struct ds4_kv *kv;
     uint64_t id;
     int32_t *toks;
     uint64_t *hashes;       /* [cap + 1]: hashes[i] after i tokens */
     int n, cap;
+    ckpt_list ckpts;        /* positions only */
+    int ckpt_every;
 } session_rec;
 
 typedef struct {
@@ -678,8 +718,9 @@ static session_rec *session_of(coord *c, const struct ds4_kv *kv) {
     c->sessions = grown;
     session_rec *r = malloc(sizeof *r);
     if (!r) return NULL;
-    *r = (session_rec){kv, ++c->next_session, malloc((size_t)kv->ctx * sizeof(int32_t)),
-                       malloc((size_t)(kv->ctx + 1) * sizeof(uint64_t)), 0, kv->ctx};
+    *r = (session_rec){.kv = kv, .id = ++c->next_session, .toks = malloc((size_t)kv->ctx * sizeof(int32_t)),
+                       .hashes = malloc((size_t)(kv->ctx + 1) * sizeof(uint64_t)), .cap = kv->ctx,
+                       .ckpt_every = c->local->max_batch};
     if (!r->toks || !r->hashes) { session_rec_free(r); return NULL; }
     r->hashes[0] = DS4_DIST_HASH_EMPTY;
     c->sessions[c->n_sessions++] = r;
@@ -710,10 +751,11 @@ static void print_telemetry(const ds4_dist_result *r, double round_trip, size_t 
  * the output head, which answers to the coordinator. Up to the prefill
  * window's chunks are in flight, so the local slice computes chunk i+1 while
  * the workers compute chunk i. logits: NULL (ACKs only: a replay), else the
- * last token's or (all) every position's. 0, or -1/-2/-3 (result_status,
+ * last token's or (all) every position's; checkpoint: the last chunk asks
+ * the workers for a ring checkpoint after it. 0, or -1/-2/-3 (result_status,
  * -2: the route failed) with the local kv advanced by the chunks it ran. */
 static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t *toks, int n, uint64_t hash,
-                    float *logits, bool all, char *err, size_t errlen) {
+                    float *logits, bool all, bool checkpoint, char *err, size_t errlen) {
     const size_t hcE = (size_t)c->m->cfg.n_hc * c->m->cfg.n_embd, V = (size_t)c->m->cfg.n_vocab;
     const int pos = kv->n_pos, chunks = (n + c->chunk - 1) / c->chunk;
     const uint32_t seq0 = c->seq + 1;
@@ -733,8 +775,8 @@ static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t
                                                                                                   : DS4_DIST_ACK;
             ds4_dist_work wk = {.route = c->route_id, .seq = seq0 + (uint32_t)sent, .session = session,
                                 .pos = (uint32_t)(pos + off), .n = (uint32_t)m, .hash_before = hash,
-                                .hash_after = after, .logits = mode, .n_floats = (uint32_t)((size_t)m * hcE),
-                                .n_hops = 1};
+                                .hash_after = after, .logits = mode, .checkpoint = checkpoint && sent == chunks - 1,
+                                .n_floats = (uint32_t)((size_t)m * hcE), .n_hops = 1};
             ds4_dist_hop me = {0, (uint32_t)c->m->slice.last, (uint32_t)(pos + off), (uint32_t)m, eval_us, 0, 0, 0};
             const double t1 = now_seconds();
             size_t len;
@@ -790,10 +832,11 @@ static int replay(coord *c, session_rec *r, int n, char *err, size_t errlen) {
     if (n == 0) return 0;
     if (c->p.debug) fprintf(stderr, "ds4 coordinator: replaying %d tokens of session %llu through the route\n", n,
                             (unsigned long long)r->id);
-    ds4_kv *scratch = ds4_kv_new(&c->m->cfg, r->cap, REWIND_SLACK);
+    ds4_kv *scratch = ds4_kv_new_layers(&c->m->cfg, r->cap, REWIND_SLACK, 0, c->m->slice.last);
     if (!scratch) { snprintf(err, errlen, "out of memory for a %d-token replay", n); return -1; }
-    const int rc = pipeline(c, scratch, r->id, r->toks, n, DS4_DIST_HASH_EMPTY, NULL, false, err, errlen);
+    const int rc = pipeline(c, scratch, r->id, r->toks, n, DS4_DIST_HASH_EMPTY, NULL, false, false, err, errlen);
     ds4_kv_free(scratch);
+    r->ckpts.n = 0;   /* position 0 started the workers' sessions over, checkpoints gone */
     return rc;
 }
 
@@ -827,8 +870,13 @@ static int route_step(coord *c, session_rec *r, const ds4_backend_seq *sq, const
     int rc = 0;
     for (int attempt = 0; attempt < 2; attempt++) {
         rc = form_route(c, true, err, errlen);
+        ckpt_drop_after(&r->ckpts, u->pos);
+        const int last = r->ckpts.n ? r->ckpts.pos[r->ckpts.n - 1] : 0;
+        const bool checkpoint = u->pos + sq->n - last >= r->ckpt_every;
         if (!rc)
-            rc = pipeline(c, sq->kv, r->id, sq->toks, sq->n, r->hashes[u->pos], sq->logits, sq->all_logits, err, errlen);
+            rc = pipeline(c, sq->kv, r->id, sq->toks, sq->n, r->hashes[u->pos], sq->logits, sq->all_logits, checkpoint,
+                          err, errlen);
+        if (!rc && checkpoint && ckpt_push(&r->ckpts, u->pos + sq->n)) r->ckpt_every *= 2;
         if (rc) undo_apply(u, sq->kv);
         if (rc != -3 || attempt) break;
         if ((rc = replay(c, r, u->pos, err, errlen))) break;
@@ -865,6 +913,7 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
     for (int q = 0; rc && q < done - 1; q++) {
         undo_apply(&undos[q], seqs[q].kv);
         recs[q]->n = undos[q].pos;
+        ckpt_drop_after(&recs[q]->ckpts, undos[q].pos);
     }
     for (int q = 0; undos && q < done; q++) free(undos[q].rings);
     free(undos);
@@ -940,6 +989,7 @@ static int coord_scatter(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks
     if (!r) { snprintf(err, errlen, "out of memory for the session's token history"); return -1; }
     const int n = kv->n_pos;
     session_append(r, 0, toks, n);
+    r->ckpts.n = 0;   /* the engine dropped its checkpoints; the workers' sessions are replaced */
     if (n == 0) return 0;
     char why[256];
     int rc = form_route(c, false, why, sizeof why);
@@ -1071,6 +1121,7 @@ typedef struct {
     ds4_kv *kv;
     uint64_t *hashes;       /* [ctx + 1]: the rolling hash after each prefix */
     uint64_t last_use;
+    ckpt_list ckpts;
 } worker_session;
 
 typedef struct {
@@ -1104,6 +1155,7 @@ static bool grow(float **p, size_t *cap, size_t n) {
 static void session_drop(worker_session *s) {
     ds4_kv_free(s->kv);
     free(s->hashes);
+    free(s->ckpts.block);
     *s = (worker_session){0};
 }
 
@@ -1116,11 +1168,16 @@ static worker_session *session_find(worker *w, uint64_t id, bool empty, char *wh
         if (!w->sessions[i].kv || (victim->kv && w->sessions[i].last_use < victim->last_use)) victim = &w->sessions[i];
     }
     if (s) {
-        if (empty) ds4_kv_reset(s->kv);
+        if (empty) {
+            ds4_kv_reset(s->kv);
+            s->ckpts.n = 0;
+        }
     } else if (empty) {
         session_drop(victim);
-        *victim = (worker_session){id, ds4_kv_new(&w->m->cfg, w->ctx, REWIND_SLACK),
-                                   malloc((size_t)(w->ctx + 1) * sizeof(uint64_t)), 0};
+        *victim = (worker_session){.id = id,
+                                   .kv = ds4_kv_new_layers(&w->m->cfg, w->ctx, REWIND_SLACK, w->m->slice.first,
+                                                           w->m->slice.last),
+                                   .hashes = malloc((size_t)(w->ctx + 1) * sizeof(uint64_t))};
         if (!victim->kv || !victim->hashes) {
             session_drop(victim);
             snprintf(why, whylen, "out of memory for a %d-token session", w->ctx);
@@ -1135,15 +1192,44 @@ static worker_session *session_find(worker *w, uint64_t id, bool empty, char *wh
     return s;
 }
 
+/* Back to a checkpoint taken at exactly pos (exact: the rows before it were
+ * not truncated since, or the checkpoint would have been dropped). */
+static bool ckpt_restore(worker_session *s, int pos) {
+    for (int i = s->ckpts.n - 1; i >= 0; i--)
+        if (s->ckpts.pos[i] == pos) {
+            ds4_kv_ring_load(s->kv, s->ckpts.slot[i]);
+            return true;
+        }
+    return false;
+}
+
+/* A ring checkpoint after a flagged span; without memory for the slots the
+ * session just has none (a deep rewind then replays). */
+static void ckpt_take(worker_session *s) {
+    const size_t ring = ds4_kv_ring_bytes(s->kv);
+    /* calloc: a slot's pages are touched only when a checkpoint is taken */
+    if (!s->ckpts.block) {
+        if (!(s->ckpts.block = calloc(MAX_CKPT, ring))) return;
+        for (int i = 0; i < MAX_CKPT; i++) s->ckpts.slot[i] = (char *)s->ckpts.block + (size_t)i * ring;
+    }
+    ckpt_push(&s->ckpts, s->kv->n_pos);
+    ds4_kv_ring_save(s->kv, s->ckpts.slot[s->ckpts.n - 1]);
+}
+
 /* The session at position pos with prefix hash `hash`: a state further on
- * whose prefix matches is truncated back (within the rings' slack); anything
- * else is a mismatch (*status HASH_MISMATCH) the coordinator resolves by a
- * replay. NULL with a line in why. */
+ * whose prefix matches is truncated back (within the rings' slack) or
+ * restored from a checkpoint at pos; anything else is a mismatch (*status
+ * HASH_MISMATCH) the coordinator resolves by a replay. NULL with a line in
+ * why. */
 static worker_session *session_at(worker *w, uint64_t id, uint32_t pos, uint64_t hash, uint8_t *status, char *why,
                                   size_t whylen) {
     worker_session *s = session_find(w, id, pos == 0, why, whylen);
     *status = DS4_DIST_ERROR;
-    if (s && (int)pos <= s->kv->n_pos && s->hashes[pos] == hash && ds4_kv_truncate(s->kv, (int)pos)) return s;
+    if (s && (int)pos <= s->kv->n_pos && s->hashes[pos] == hash &&
+        (ds4_kv_truncate(s->kv, (int)pos) || ckpt_restore(s, (int)pos))) {
+        ckpt_drop_after(&s->ckpts, (int)pos);
+        return s;
+    }
     if (!why[0]) {
         *status = DS4_DIST_HASH_MISMATCH;
         snprintf(why, whylen, "hash mismatch: this worker holds %d tokens of session %llu, asked for position %u "
@@ -1208,6 +1294,7 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
         if (w->be->eval(w->be, &sq, 1, why, sizeof why) == 0) {
             for (uint32_t i = 0; i < wk->n; i++)
                 s->hashes[wk->pos + i + 1] = ds4_dist_hash_tokens(s->hashes[wk->pos + i], toks + i, 1);
+            if (wk->checkpoint) ckpt_take(s);
             ds4_dist_hop hops[DS4_DIST_MAX_HOPS];
             for (uint32_t i = 0; i < wk->n_hops; i++) hops[i] = ds4_dist_hop_at(wk->hops, i);
             hops[wk->n_hops] = (ds4_dist_hop){(uint32_t)w->m->slice.first, (uint32_t)w->m->slice.last, wk->pos, wk->n,
@@ -1412,8 +1499,18 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
                 continue;   /* the coordinator is away; ask again after the next quiet second */
             }
             if (!registered || hs)
-                fprintf(stderr, "ds4 worker: layers %d..%d%s: %s: %s\n", w.m->slice.first, w.m->slice.last,
+                fprintf(stderr, "ds4 worker: layers %d..%d%s: %s: %s", w.m->slice.first, w.m->slice.last,
                         w.m->slice.output ? " + output" : "", curl, line);
+            if (!registered && !hs) {
+                /* what a session costs here: only this slice's layers have state */
+                const ds4_config *cfg = &w.m->cfg;
+                fprintf(stderr, "; KV state %.2f MiB per %d-token session for these layers (%.2f MiB for all %d), "
+                                "at most %d sessions",
+                        (double)ds4_kv_bytes_for_layers(cfg, ctx, REWIND_SLACK, w.m->slice.first, w.m->slice.last) /
+                            (1 << 20),
+                        ctx, (double)ds4_kv_bytes_for(cfg, ctx, REWIND_SLACK) / (1 << 20), cfg->n_layer, MAX_SESSIONS);
+            }
+            fputc('\n', stderr);
             if (hs) goto done;
             if (!registered) nng_socket_set_ms(control, NNG_OPT_RECVTIMEO, 1000);
             registered = true;

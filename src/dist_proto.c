@@ -127,14 +127,13 @@ uint8_t *ds4_dist_encode_result(const ds4_dist_result *r, const float *floats, c
     const size_t lt = str_len(r->text_len);
     writer w;
     if (!start(&w, DS4_DIST_RESULT,
-               8 + 4 + 8 + 1 + 8 + 4 + 4 + 4 * (size_t)r->n_floats + 4 + HOP_BYTES * (size_t)r->n_hops + 2 + lt))
+               8 + 4 + 8 + 1 + 8 + 4 + 4 * (size_t)r->n_floats + 4 + HOP_BYTES * (size_t)r->n_hops + 2 + lt))
         return NULL;
     put_le(&w, r->route, 8);
     put_le(&w, r->seq, 4);
     put_le(&w, r->session, 8);
     put_le(&w, r->status, 1);
     put_le(&w, r->hash_after, 8);
-    put_le(&w, r->resume, 4);
     put_le(&w, r->n_floats, 4);
     put_floats(&w, floats, r->n_floats);
     put_str(&w, r->text, lt);
@@ -271,7 +270,6 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
         res->status = (uint8_t)get_le(&r, 1);
         if (res->status > DS4_DIST_ERROR) r.bad = true;
         res->hash_after = get_le(&r, 8);
-        res->resume = (uint32_t)get_le(&r, 4);
         res->n_floats = (uint32_t)get_le(&r, 4);
         res->floats = get_bytes(&r, 4 * (uint64_t)res->n_floats);
         res->text = get_str(&r, &res->text_len);

@@ -36,8 +36,7 @@
  *   KV_PUT replaces the session by n tokens (hash_after after them) and the
  *   layer state in floats.
  * - RESULT (to home): route id, request id, session id, status (OK,
- *   HASH_MISMATCH, ERROR), the hash after the span, for a mismatch the
- *   position the worker can resume from (a checkpoint; 0: none), floats (logits, layer
+ *   HASH_MISMATCH, ERROR), the hash after the span, floats (logits, layer
  *   state, or none for an ACK), an error line and the hops' telemetry.
  * - Telemetry: one ds4_dist_hop per hop that ran (layers, span, eval, wait
  *   and send microseconds, bytes received), at most DS4_DIST_MAX_HOPS, the
@@ -118,7 +117,6 @@ typedef struct {
     uint64_t session;
     uint8_t status;
     uint64_t hash_after;
-    uint32_t resume;           /* HASH_MISMATCH: the worker holds a checkpoint here (0: none) */
     uint32_t n_floats;
     const uint8_t *floats;
     uint32_t n_hops;

@@ -14,7 +14,9 @@ own layer slice, give the single process's output byte for byte:
 - a worker's data socket listens on its own address on the way to the
   coordinator (coordinator on 127.0.0.2, worker data on 127.0.0.1);
 - --debug on a 3-way split prints the route (each hop's layers and address)
-  and, per request, every hop's telemetry gathered from the result frames.
+  and, per request, every hop's telemetry gathered from the result frames;
+- a worker's registration line accounts the KV state of its own layers,
+  less than the whole model's.
 Refusals: a wrong secret, another numerics mode and a slice overlapping a
 registered worker are refused with one line each (the worker exits 1); a
 coordinator without workers reports an incomplete route.
@@ -228,8 +230,13 @@ def main():
                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                  text=True, cwd=ROOT)
         try:
-            # the overlap case needs this worker registered first
-            check("registered" in keep.stderr.readline(), "the first worker registers")
+            # the overlap case needs this worker registered first; its line
+            # accounts the KV state of its layers only (3 of the 6)
+            line = keep.stderr.readline()
+            kv = re.search(r"KV state ([0-9.]+) MiB per \d+-token session for these layers \(([0-9.]+) MiB for all 6\)",
+                           line)
+            check("registered" in line and kv and 0 < float(kv.group(1)) < float(kv.group(2)),
+                  "the first worker registers and accounts its slice's KV: %r" % line)
             for layers, secret, extra, line in [("3:output", "wrong", (), "wrong --dist-secret"),
                                                 ("3:output", SECRET, ("--numerics", "exact"), "--numerics"),
                                                 ("4:output", SECRET, (), "overlap a registered worker")]:

@@ -118,12 +118,11 @@ static void test_work_and_result(void) {
     CHECK(buf && !ds4_dist_decode(buf, len, &f, err, sizeof err), "more hops than a route holds refused");
     free(buf);
 
-    ds4_dist_result r = {5, 6, 42, DS4_DIST_HASH_MISMATCH, 99, 4096, 3, NULL, 2, NULL, "position 0, asked for 17", 24};
+    ds4_dist_result r = {5, 6, 42, DS4_DIST_HASH_MISMATCH, 99, 3, NULL, 2, NULL, "position 0, asked for 17", 24};
     buf = ds4_dist_encode_result(&r, fl, hops, &len);
     CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_RESULT, "result decodes");
     CHECK(f.result.route == 5 && f.result.seq == 6 && f.result.session == 42 &&
-          f.result.status == DS4_DIST_HASH_MISMATCH && f.result.hash_after == 99 && f.result.resume == 4096 &&
-          f.result.n_floats == 3 &&
+          f.result.status == DS4_DIST_HASH_MISMATCH && f.result.hash_after == 99 && f.result.n_floats == 3 &&
           f.result.text_len == 24 && !memcmp(f.result.text, r.text, 24) && f.result.n_hops == 2, "result fields");
     check_hops(f.result.hops, hops, 2, "result");
     check_all_cuts(buf, len, "result");
