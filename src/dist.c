@@ -745,42 +745,71 @@ static void print_telemetry(const ds4_dist_result *r, double round_trip, size_t 
     fprintf(stderr, " | result %zu B, round trip %.2f ms\n", bytes, round_trip * 1e3);
 }
 
-/* Runs n tokens through the route: the local slice on kv (at position pos,
- * prefix hash `hash`) one chunk at a time, each chunk's hidden states pushed
- * to the first worker, which forwards to the next, up to the final owner of
- * the output head, which answers to the coordinator. Up to the prefill
- * window's chunks are in flight, so the local slice computes chunk i+1 while
- * the workers compute chunk i. logits: NULL (ACKs only: a replay), else the
- * last token's or (all) every position's; checkpoint: the last chunk asks
- * the workers for a ring checkpoint after it. 0, or -1/-2/-3 (result_status,
- * -2: the route failed) with the local kv advanced by the chunks it ran. */
-static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t *toks, int n, uint64_t hash,
-                    float *logits, bool all, bool checkpoint, char *err, size_t errlen) {
+/* One sequence's span through the route (pipeline()). */
+typedef struct {
+    struct ds4_kv *kv;
+    uint64_t session;
+    const int32_t *toks;
+    int n;
+    uint64_t hash;          /* the prefix hash at kv->n_pos */
+    float *logits;          /* NULL: ACKs only (a replay); else the last token's or (all) every position's */
+    bool all;
+    bool checkpoint;        /* the span's last chunk asks the workers for a ring checkpoint */
+} span;
+
+/* Where the chunk walk stands: span index and offset in it. */
+typedef struct { int s, off; } chunk_at;
+
+static int chunk_len(const coord *c, const span *sp, chunk_at at) {
+    return sp[at.s].n - at.off < c->chunk ? sp[at.s].n - at.off : c->chunk;
+}
+
+static void chunk_next(const coord *c, const span *sp, chunk_at *at) {
+    at->off += chunk_len(c, sp, *at);
+    if (at->off == sp[at->s].n) { at->s++; at->off = 0; }
+}
+
+/* Runs the spans through the route, in order, one chunk at a time: the
+ * local slice on the span's kv, the chunk's hidden states pushed to the
+ * first worker, which forwards to the next, up to the final owner of the
+ * output head, which answers to the coordinator. Up to the prefill window's
+ * chunks are in flight, whichever spans they belong to, so the local slice
+ * computes the next chunk (of this session or the next) while the workers
+ * compute the ones before: a batch's sessions overlap along the route as a
+ * long prefill's chunks do. Every stage still evaluates each chunk alone,
+ * so the logits are the single process's. 0, or -1/-2/-3 (result_status,
+ * -2: the route failed) with the local kvs advanced by the chunks they ran. */
+static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t errlen) {
     const size_t hcE = (size_t)c->m->cfg.n_hc * c->m->cfg.n_embd, V = (size_t)c->m->cfg.n_vocab;
-    const int pos = kv->n_pos, chunks = (n + c->chunk - 1) / c->chunk;
+    int chunks = 0;
+    for (int i = 0; i < n_spans; i++) chunks += (sp[i].n + c->chunk - 1) / c->chunk;
     const uint32_t seq0 = c->seq + 1;
     c->seq += (uint32_t)chunks;
     double sent_at[MAX_WINDOW];
-    uint64_t expect[MAX_WINDOW];
+    uint64_t expect[MAX_WINDOW], hash = n_spans ? sp[0].hash : 0;
+    chunk_at to_send = {0, 0}, to_get = {0, 0};
     int sent = 0, done = 0;
     while (done < chunks) {
         if (sent < chunks && sent - done < c->p.prefill_window) {
-            const int off = sent * c->chunk, m = n - off < c->chunk ? n - off : c->chunk;
+            const span *x = &sp[to_send.s];
+            const int off = to_send.off, m = chunk_len(c, sp, to_send);
+            const bool last = off + m == x->n;
+            if (off == 0) hash = x->hash;
             const double t0 = now_seconds();
-            ds4_backend_seq local = {.kv = kv, .toks = toks + off, .n = m, .hidden_out = c->hidden};
+            ds4_backend_seq local = {.kv = x->kv, .toks = x->toks + off, .n = m, .hidden_out = c->hidden};
+            const int pos = x->kv->n_pos;
             if (c->local->eval(c->local, &local, 1, err, errlen)) return -1;
             const uint32_t eval_us = elapsed_us(t0);
-            const uint64_t after = ds4_dist_hash_tokens(hash, toks + off, m);
-            const uint8_t mode = !logits ? DS4_DIST_ACK : all ? DS4_DIST_ALL : sent == chunks - 1 ? DS4_DIST_LAST
-                                                                                                  : DS4_DIST_ACK;
-            ds4_dist_work wk = {.route = c->route_id, .seq = seq0 + (uint32_t)sent, .session = session,
-                                .pos = (uint32_t)(pos + off), .n = (uint32_t)m, .hash_before = hash,
-                                .hash_after = after, .logits = mode, .checkpoint = checkpoint && sent == chunks - 1,
+            const uint64_t after = ds4_dist_hash_tokens(hash, x->toks + off, m);
+            const uint8_t mode = !x->logits ? DS4_DIST_ACK : x->all ? DS4_DIST_ALL : last ? DS4_DIST_LAST : DS4_DIST_ACK;
+            ds4_dist_work wk = {.route = c->route_id, .seq = seq0 + (uint32_t)sent, .session = x->session,
+                                .pos = (uint32_t)pos, .n = (uint32_t)m, .hash_before = hash, .hash_after = after,
+                                .logits = mode, .checkpoint = x->checkpoint && last,
                                 .n_floats = (uint32_t)((size_t)m * hcE), .n_hops = 1};
-            ds4_dist_hop me = {0, (uint32_t)c->m->slice.last, (uint32_t)(pos + off), (uint32_t)m, eval_us, 0, 0, 0};
+            ds4_dist_hop me = {0, (uint32_t)c->m->slice.last, (uint32_t)pos, (uint32_t)m, eval_us, 0, 0, 0};
             const double t1 = now_seconds();
             size_t len;
-            uint8_t *msg = ds4_dist_encode_work(DS4_DIST_WORK, &wk, toks + off, c->hidden, &me, &len);
+            uint8_t *msg = ds4_dist_encode_work(DS4_DIST_WORK, &wk, x->toks + off, c->hidden, &me, &len);
             if (msg) ds4_dist_set_send_us(msg, len, elapsed_us(t1));
             const int rv = send_frame(c->hops[0].data, c->p.secret, msg, len);
             if (rv) {
@@ -791,6 +820,7 @@ static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t
             sent_at[sent % MAX_WINDOW] = t0;
             expect[sent % MAX_WINDOW] = after;
             hash = after;
+            chunk_next(c, sp, &to_send);
             sent++;
             continue;
         }
@@ -800,25 +830,26 @@ static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t
         int rc = await_result(c, seq0 + (uint32_t)done, c->p.reply_seconds, &buf, &blen, &f, err, errlen);
         if (rc) return rc;
         const ds4_dist_result *r = &f.result;
-        const int off = done * c->chunk, m = n - off < c->chunk ? n - off : c->chunk;
-        const size_t want = !logits ? 0 : all ? (size_t)m * V : done == chunks - 1 ? V : 0;
+        const span *x = &sp[to_get.s];
+        const int off = to_get.off, m = chunk_len(c, sp, to_get);
+        const size_t want = !x->logits ? 0 : x->all ? (size_t)m * V : off + m == x->n ? V : 0;
         if (!(rc = result_status(r, err, errlen))) {
             if (r->seq != seq0 + (uint32_t)done) {
                 snprintf(err, errlen, "the route answered request %u before %u: route dropped", r->seq,
                          seq0 + (uint32_t)done);
                 rc = -2;
-            } else if (r->n_floats != want || r->hash_after != expect[done % MAX_WINDOW] ||
-                       r->session != session) {
+            } else if (r->n_floats != want || r->hash_after != expect[done % MAX_WINDOW] || r->session != x->session) {
                 snprintf(err, errlen, "the route returned %u floats for session %llu (hash %016llx), expected %zu",
                          r->n_floats, (unsigned long long)r->session, (unsigned long long)r->hash_after, want);
                 rc = -1;
             } else if (want) {
-                copy_floats(all ? logits + (size_t)off * V : logits, r->floats, want);
+                copy_floats(x->all ? x->logits + (size_t)off * V : x->logits, r->floats, want);
             }
         }
         if (!rc && c->p.debug) print_telemetry(r, now_seconds() - sent_at[done % MAX_WINDOW], blen);
         nng_free(buf, blen);
         if (rc) return rc;
+        chunk_next(c, sp, &to_get);
         done++;
     }
     return 0;
@@ -834,7 +865,8 @@ static int replay(coord *c, session_rec *r, int n, char *err, size_t errlen) {
                             (unsigned long long)r->id);
     ds4_kv *scratch = ds4_kv_new_layers(&c->m->cfg, r->cap, REWIND_SLACK, 0, c->m->slice.last);
     if (!scratch) { snprintf(err, errlen, "out of memory for a %d-token replay", n); return -1; }
-    const int rc = pipeline(c, scratch, r->id, r->toks, n, DS4_DIST_HASH_EMPTY, NULL, false, false, err, errlen);
+    const span whole = {.kv = scratch, .session = r->id, .toks = r->toks, .n = n, .hash = DS4_DIST_HASH_EMPTY};
+    const int rc = pipeline(c, &whole, 1, err, errlen);
     ds4_kv_free(scratch);
     r->ckpts.n = 0;   /* position 0 started the workers' sessions over, checkpoints gone */
     return rc;
@@ -862,21 +894,32 @@ static void undo_apply(const undo *u, struct ds4_kv *kv) {
     else ds4_kv_truncate(kv, u->pos);
 }
 
+/* A sequence's span from position pos, flagged for a checkpoint where the
+ * engine's rule takes one after it (ckpt_list). */
+static span span_of(session_rec *r, const ds4_backend_seq *sq, int pos) {
+    ckpt_drop_after(&r->ckpts, pos);
+    const int last = r->ckpts.n ? r->ckpts.pos[r->ckpts.n - 1] : 0;
+    return (span){sq->kv, r->id, sq->toks, sq->n, r->hashes[pos], sq->logits, sq->all_logits,
+                  pos + sq->n - last >= r->ckpt_every};
+}
+
+/* A span went through: the route saw its tokens, the workers took its checkpoint. */
+static void span_done(session_rec *r, const span *x, int pos) {
+    session_append(r, pos, x->toks, x->n);
+    if (x->checkpoint && ckpt_push(&r->ckpts, pos + x->n)) r->ckpt_every *= 2;
+}
+
 /* Runs one sequence through the route; a worker that reports a hash
  * mismatch (restarted, or left behind by a failed call or a rewind deeper
- * than its slack) is caught up by a replay of the session's tokens before
- * the one retry. On failure the local state is back at u. */
+ * than its slack and checkpoints) is caught up by a replay of the session's
+ * tokens before the one retry. On failure the local state is back at u. */
 static int route_step(coord *c, session_rec *r, const ds4_backend_seq *sq, const undo *u, char *err, size_t errlen) {
     int rc = 0;
     for (int attempt = 0; attempt < 2; attempt++) {
         rc = form_route(c, true, err, errlen);
-        ckpt_drop_after(&r->ckpts, u->pos);
-        const int last = r->ckpts.n ? r->ckpts.pos[r->ckpts.n - 1] : 0;
-        const bool checkpoint = u->pos + sq->n - last >= r->ckpt_every;
-        if (!rc)
-            rc = pipeline(c, sq->kv, r->id, sq->toks, sq->n, r->hashes[u->pos], sq->logits, sq->all_logits, checkpoint,
-                          err, errlen);
-        if (!rc && checkpoint && ckpt_push(&r->ckpts, u->pos + sq->n)) r->ckpt_every *= 2;
+        const span x = span_of(r, sq, u->pos);
+        if (!rc) rc = pipeline(c, &x, 1, err, errlen);
+        if (!rc) span_done(r, &x, u->pos);
         if (rc) undo_apply(u, sq->kv);
         if (rc != -3 || attempt) break;
         if ((rc = replay(c, r, u->pos, err, errlen))) break;
@@ -885,19 +928,22 @@ static int route_step(coord *c, session_rec *r, const ds4_backend_seq *sq, const
     return rc ? -1 : 0;
 }
 
-/* One sequence at a time: the route carries one span per request. When one
- * fails, the ones before it are put back too, so the call changes nothing
- * (backend.h); the workers truncate back at the next step. */
+/* A batch's sequences all go into the route at once (pipeline(): stages
+ * overlap across sessions). When a worker lacks a session (hash mismatch),
+ * everything is put back and the sequences go one at a time, each with its
+ * replay. When one fails, the ones before it are put back too, so the call
+ * changes nothing (backend.h); the workers truncate back at the next step. */
 static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
     coord *c = (coord *)be;
     undo *undos = calloc((size_t)n_seqs, sizeof *undos);
     session_rec **recs = calloc((size_t)n_seqs, sizeof *recs);
-    int done = 0, rc = 0;
-    if (!undos || !recs) { snprintf(err, errlen, "out of memory for %d sequences", n_seqs); rc = -1; }
-    for (; !rc && done < n_seqs; done++) {
-        const ds4_backend_seq *sq = &seqs[done];
-        session_rec *r = recs[done] = session_of(c, sq->kv);
-        if (!r || !undo_save(&undos[done], sq)) {
+    span *spans = calloc((size_t)n_seqs, sizeof *spans);
+    int saved = 0, rc = 0;
+    if (!undos || !recs || !spans) { snprintf(err, errlen, "out of memory for %d sequences", n_seqs); rc = -1; }
+    for (; !rc && saved < n_seqs; saved++) {
+        const ds4_backend_seq *sq = &seqs[saved];
+        session_rec *r = recs[saved] = session_of(c, sq->kv);
+        if (!r || !undo_save(&undos[saved], sq)) {
             snprintf(err, errlen, "out of memory for the session's token history or rollback checkpoint");
             rc = -1;
         } else if (sq->kv->n_pos > r->n) {
@@ -906,19 +952,33 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
             rc = -1;
         } else {
             r->n = sq->kv->n_pos;   /* the engine rewound: what the route saw past it no longer counts */
-            rc = route_step(c, r, sq, &undos[done], err, errlen);
         }
-        if (!rc) session_append(r, undos[done].pos, sq->toks, sq->n);
     }
+    bool one_by_one = n_seqs == 1;
+    if (!rc && !one_by_one) {
+        rc = form_route(c, true, err, errlen);
+        for (int q = 0; q < n_seqs; q++) spans[q] = span_of(recs[q], &seqs[q], undos[q].pos);
+        if (!rc) rc = pipeline(c, spans, n_seqs, err, errlen);
+        for (int q = 0; q < n_seqs; q++) {
+            if (!rc) span_done(recs[q], &spans[q], undos[q].pos);
+            else undo_apply(&undos[q], seqs[q].kv);
+        }
+        if (rc == -2) drop_route(c);
+        one_by_one = rc == -3;
+        if (one_by_one) rc = 0;
+    }
+    int done = 0;
+    for (; one_by_one && !rc && done < n_seqs; done++) rc = route_step(c, recs[done], &seqs[done], &undos[done], err, errlen);
     for (int q = 0; rc && q < done - 1; q++) {
         undo_apply(&undos[q], seqs[q].kv);
         recs[q]->n = undos[q].pos;
         ckpt_drop_after(&recs[q]->ckpts, undos[q].pos);
     }
-    for (int q = 0; undos && q < done; q++) free(undos[q].rings);
+    for (int q = 0; undos && q < saved; q++) free(undos[q].rings);
     free(undos);
     free(recs);
-    return rc;
+    free(spans);
+    return rc ? -1 : 0;
 }
 
 /* One KV_GET or KV_PUT to hop h, its RESULT into *f (caller frees buf). */

@@ -6,6 +6,8 @@
  * - pipelined chunked prefill (33-token chunks, 2 in flight, workers
  *   forwarding to the next hop): every position's logits equal;
  * - decode: each greedy step's logits equal;
+ * - a batched call of three sessions (all in the route at once): each
+ *   session equals the single process's run of it alone;
  * - rewind then continue (workers truncate back) and (2-way split) a rewind
  *   deeper than the workers' slack (a worker restores its ring checkpoint
  *   or, lacking it, the coordinator replays): logits equal;
@@ -140,6 +142,41 @@ static bool decode_all(ds4_session **s, int n, int32_t t) {
     return ok;
 }
 
+/* A batched call of three sessions (spans of 1, 7 and 45 tokens: the last
+ * two chunks long) goes into the route at once, chunks of different
+ * sessions in flight together; each session's logits equal the single
+ * process's for that session alone. */
+static void check_batched(ds4_engine *single, ds4_engine *split, const int32_t *toks, const char *what) {
+    enum { N_SESS = 3 };
+    static const int lens[N_SESS] = {1, 7, 45};
+    char err[256];
+    const int V = ds4_engine_n_vocab(single);
+    ds4_session *x[N_SESS] = {0}, *y[N_SESS] = {0};
+    int32_t more[N_SESS][45];
+    ds4_step steps[N_SESS];
+    bool ok = true;
+    for (int i = 0; i < N_SESS; i++) {
+        x[i] = ds4_session_new(split, CTX, err, sizeof err);
+        y[i] = ds4_session_new(single, CTX, err, sizeof err);
+        ok &= x[i] && y[i];
+        for (int k = 0; k < lens[i]; k++) more[i][k] = (k * 17 + 5 * i + 1) % V;
+        steps[i] = (ds4_step){x[i], more[i], lens[i]};
+        for (int j = 0; ok && j < 2; j++)
+            ok &= ds4_session_prefill(j ? y[i] : x[i], toks, 10 + i, NULL, NULL, NULL, err, sizeof err) == 0;
+    }
+    CHECK(ok, "%s: batched sessions: %s", what, err);
+    CHECK(ok && ds4_sessions_step(split, steps, N_SESS, err, sizeof err) == 0, "%s: batched step: %s", what, err);
+    for (int i = 0; ok && i < N_SESS; i++) {
+        CHECK(ds4_session_prefill(y[i], more[i], lens[i], NULL, NULL, NULL, err, sizeof err) == 0, "single: %s", err);
+        CHECK(same_logits(x[i], y[i], V), "%s: batched session %d (%d tokens) differs from the single process", what, i,
+              lens[i]);
+    }
+    for (int i = 0; i < N_SESS; i++) {
+        ds4_session_free(x[i]);
+        ds4_session_free(y[i]);
+    }
+}
+
 static void run_split(ds4_engine *single, const char *const *slices, int n_slices) {
     char err[256], what[64];
     snprintf(what, sizeof what, "%d-way split", n_slices);
@@ -167,6 +204,8 @@ static void run_split(ds4_engine *single, const char *const *slices, int n_slice
         if (!decode_all(both, 2, argmax(ds4_session_logits(a), V))) goto out;
         CHECK(same_logits(a, b, V), "%s: decode step %d differs", what, step);
     }
+
+    check_batched(single, split, toks, what);
 
     CHECK(ds4_session_rewind(a, REWIND_TO, err, sizeof err) == 0, "single rewind: %s", err);
     CHECK(ds4_session_rewind(b, REWIND_TO, err, sizeof err) == 0, "%s rewind: %s", what, err);
