@@ -331,20 +331,11 @@ static void ckpt_drop_after(ckpt_list *k, int pos) {
     while (k->n && k->pos[k->n - 1] > pos) k->n--;
 }
 
-/* Appends pos, first thinning a full list to its odd entries (their slots
- * move to the front, the freed ones to the end); true when it thinned. */
+/* Appends pos, first thinning a full list as the engine does; true when it
+ * thinned. */
 static bool ckpt_push(ckpt_list *k, int pos) {
     const bool thin = k->n == MAX_CKPT;
-    if (thin) {
-        void *freed[MAX_CKPT / 2];
-        for (int i = 0; i < MAX_CKPT / 2; i++) {
-            freed[i] = k->slot[2 * i];
-            k->slot[i] = k->slot[2 * i + 1];
-            k->pos[i] = k->pos[2 * i + 1];
-        }
-        memcpy(k->slot + MAX_CKPT / 2, freed, sizeof freed);
-        k->n = MAX_CKPT / 2;
-    }
+    if (thin) k->n = ds4_kv_ckpt_thin(k->pos, k->slot, MAX_CKPT);
     k->pos[k->n++] = pos;
     return thin;
 }

@@ -157,6 +157,17 @@ void ds4_kv_ring_load(ds4_kv *kv, const void *src) {
     kv->n_pos = (int)q;
 }
 
+int ds4_kv_ckpt_thin(int *pos, void **slots, int n) {
+    /* slots[2i+1] and pos[2i+1] are still the originals when step i reads them */
+    for (int i = 0; i < n / 2; i++) {
+        void *freed = slots[i];
+        slots[i] = slots[2 * i + 1];
+        slots[2 * i + 1] = freed;
+        pos[i] = pos[2 * i + 1];
+    }
+    return n / 2;
+}
+
 /* ---- serialisation: header, then per layer the fixed rings and the live rows ---- */
 
 typedef struct { uint32_t magic, n_layer; int32_t ctx, slack, n_pos; } kv_header;

@@ -75,6 +75,12 @@ size_t ds4_kv_ring_bytes_for(const ds4_config *c);
 void ds4_kv_ring_save(const ds4_kv *kv, void *dst);
 void ds4_kv_ring_load(ds4_kv *kv, const void *src);
 
+/* A full list of n ring checkpoints (positions ascending, one slot each)
+ * thinned to its odd entries, the others' slots moved behind them for
+ * reuse; returns n / 2. The engine's policy, shared with pipeline workers,
+ * which keep their checkpoints at the engine's positions. */
+int ds4_kv_ckpt_thin(int *pos, void **slots, int n);
+
 size_t ds4_kv_live_bytes(const ds4_kv *kv);
 void ds4_kv_save(const ds4_kv *kv, void *dst);            /* writes ds4_kv_live_bytes() */
 /* False when the buffer does not fit this state's geometry. */

@@ -271,13 +271,7 @@ def main():
               and "wrong --dist-secret" in text_of(replies[1]), "a HELLO sealed without the secret: %r" % replies[1][:120])
 
         # another secret: refused with one line, exit 1
-        w = dist.start_worker(dist.DEMO, "3:output", port, "not-the-secret")
-        try:
-            rc = w.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            rc = None
-        err = w.stderr.read() if rc is not None else ""
-        dist.stop([w])
+        rc, err = dist.exit_of(dist.start_worker(dist.DEMO, "3:output", port, "not-the-secret"))
         check(rc == 1 and len(err.strip().splitlines()) == 1 and "wrong --dist-secret" in err,
               "another secret: rc %s, %r" % (rc, err))
     finally:
@@ -290,13 +284,7 @@ def main():
     seen = []
     t = threading.Thread(target=fake_coordinator, args=(sock, seen), daemon=True)
     t.start()
-    w = dist.start_worker(dist.DEMO, "3:output", sock.getsockname()[1])
-    try:
-        rc = w.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        rc = None
-    err = w.stderr.read() if rc is not None else ""
-    dist.stop([w])
+    rc, err = dist.exit_of(dist.start_worker(dist.DEMO, "3:output", sock.getsockname()[1]))
     sock.close()
     check(rc == 1 and "does not prove it holds this secret" in err, "fake coordinator: rc %s, %r" % (rc, err))
     check(len(seen) == 1 and frame_type(seen[0]) == (4, KNOCK),

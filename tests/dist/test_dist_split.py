@@ -64,6 +64,18 @@ def start_worker(model, layers, port, secret=SECRET, extra=()):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
+def exit_of(w):
+    """A worker expected to exit on its own: its status (None when it was
+    still running after 60 s, then killed) and its stderr."""
+    try:
+        rc = w.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        rc = None
+    err = w.stderr.read() if rc is not None else ""
+    stop([w])
+    return rc, err
+
+
 def push_raw(port, body):
     """One message to an NNG pull socket, spoken by hand (the SP-over-TCP
     header for protocol push0, then a length-prefixed message), so the frame
@@ -240,13 +252,7 @@ def main():
             for layers, secret, extra, line in [("3:output", "wrong", (), "wrong --dist-secret"),
                                                 ("3:output", SECRET, ("--numerics", "exact"), "--numerics"),
                                                 ("4:output", SECRET, (), "overlap a registered worker")]:
-                w = start_worker(DEMO, layers, port, secret, extra)
-                try:
-                    rc = w.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    rc = None
-                err = w.stderr.read() if rc is not None else ""
-                stop([w])
+                rc, err = exit_of(start_worker(DEMO, layers, port, secret, extra))
                 check(rc == 1 and line in err, "refusal '%s': rc %s, %s" % (line, rc, err.strip()))
         finally:
             stop([coord, keep])

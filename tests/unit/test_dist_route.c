@@ -35,7 +35,8 @@
  *   process's (with the worker's checkpoint restore disabled, the same
  *   lines show the replay: checked by hand).
  * - a worker's KV state holds its slice's layers only: the slices' bytes
- *   add up to the whole state's, and a slice state refuses another range. */
+ *   add up to the whole state's, and a slice state refuses another range;
+ *   a full checkpoint list thins to its odd entries, keeping every slot. */
 #include "check.h"
 #include "dist.h"
 #include "engine.h"
@@ -418,6 +419,18 @@ static void check_slice_state(void) {
             free(buf);
         }
         CHECK(!ds4_kv_new_layers(cfg, CTX, 256, 2, L), "a range past the model is refused");
+        /* the checkpoint list's thinning (engine and workers): the odd entries
+         * stay in order, every slot survives, the freed ones behind them */
+        int pos[16], seen[16] = {0};
+        char cells[16];
+        void *slots[16];
+        for (int i = 0; i < 16; i++) { pos[i] = 40 * (i + 1); slots[i] = &cells[i]; }
+        const int kept = ds4_kv_ckpt_thin(pos, slots, 16);
+        bool odd = kept == 8;
+        for (int i = 0; i < 16; i++) seen[(char *)slots[i] - cells]++;
+        for (int i = 0; i < 8; i++) odd &= pos[i] == 40 * (2 * i + 2) && slots[i] == &cells[2 * i + 1] && seen[i] == 1 &&
+                                           seen[8 + i] == 1;
+        CHECK(odd, "thinning keeps the odd checkpoints and every slot");
         ds4_kv_free(whole); ds4_kv_free(a); ds4_kv_free(b);
     }
     ds4_model_free(m);
