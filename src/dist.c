@@ -1186,6 +1186,7 @@ typedef struct {
     /* the route: where WORK goes next (none for the output owner) and home,
      * where results and errors go */
     uint64_t route;
+    uint32_t last_seq;      /* the route's latest request seen: request ids only grow along a route */
     const char *secret;     /* seals every frame this worker sends */
     tls_pem tls;
     nng_socket next, home;
@@ -1485,6 +1486,7 @@ static void serve_route(worker *w, const ds4_dist_route *r, double timeout_s) {
     if (!rv)
         rv = repoint(&w->next, &w->next_open, w->next_url, sizeof w->next_url, r->next, r->next_len, &w->tls, timeout_s);
     w->route = r->route;
+    w->last_seq = 0;
     char why[300] = "";
     if (rv) snprintf(why, sizeof why, "cannot reach the next hop %.*s: %s", (int)r->next_len, r->next, nng_strerror(rv));
     ds4_dist_result res = {.route = r->route, .status = rv ? DS4_DIST_ERROR : DS4_DIST_OK, .text = why,
@@ -1574,11 +1576,19 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
             fprintf(stderr, "ds4 worker: dropped a frame that fails the --dist-secret seal\n");
         } else if (!ds4_dist_decode(buf, frame_len, &f, err, sizeof err)) {
             fprintf(stderr, "ds4 worker: dropped a frame: %s\n", err);
+        } else if ((f.type == DS4_DIST_WORK || f.type == DS4_DIST_KV_GET || f.type == DS4_DIST_KV_PUT) &&
+                   f.work.route == w.route && (int32_t)(f.work.seq - w.last_seq) <= 0) {
+            /* sealed, but a request of this route was already served: a
+             * recorded frame sent again, never computed twice */
+            fprintf(stderr, "ds4 worker: dropped a replayed frame (request %u; the route is at %u)\n", f.work.seq,
+                    w.last_seq);
         } else if (f.type == DS4_DIST_ROUTE) {
             serve_route(&w, &f.route, p->reply_seconds);
         } else if (f.type == DS4_DIST_WORK) {
+            if (f.work.route == w.route) w.last_seq = f.work.seq;
             serve_work(&w, &f.work, blen, wait_us);
         } else if (f.type == DS4_DIST_KV_GET || f.type == DS4_DIST_KV_PUT) {
+            if (f.work.route == w.route) w.last_seq = f.work.seq;
             serve_kv(&w, f.type, &f.work);
         } else {
             fprintf(stderr, "ds4 worker: dropped a frame of type %d\n", f.type);

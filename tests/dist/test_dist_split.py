@@ -21,10 +21,13 @@ Refusals: a wrong secret, another numerics mode and a slice overlapping a
 registered worker are refused with one line each (the worker exits 1); a
 coordinator without workers reports an incomplete route.
 Ports are free loopback ports; nothing binds beyond 127.0.0.1."""
+import hashlib
+import hmac
 import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -197,7 +200,9 @@ def main():
 
         # frames on a data port carry the --dist-secret seal: a frame from
         # someone without it (raw bytes over NNG's push protocol, shaped like a
-        # ROUTE frame) is dropped before it is decoded, and the route serves on
+        # ROUTE frame) is dropped before it is decoded, and the route serves on;
+        # a sealed WORK frame of a request the route already served (as a
+        # recording of one would be) is dropped as a replay
         port = free_port()
         workers = [start_worker(DEMO, s, port) for s in ("1:4", "5:output")]
         try:
@@ -205,12 +210,20 @@ def main():
             first = open(out, "rb").read() if r.returncode == 0 else b""
             m = re.search(r"layers 1\.\.4 at tcp://127\.0\.0\.1:(\d+)", r.stderr)
             sent = bool(m) and push_raw(int(m.group(1)), b"DS4P\x04\x00\x02\x00" + bytes(64))
+            route = re.search(r"route (\d+) formed", r.stderr)
+            # WORK (type 4): route, request 1, session 1, position 0, one token, hashes, modes, no floats, no hops
+            work = (b"DS4P" + struct.pack("<HH", 4, 4) + struct.pack("<QIQIIQQBB", int(route.group(1)) if route else 0, 1,
+                                                                       1, 0, 1, 0, 0, 0, 0)
+                    + struct.pack("<iII", 5, 0, 0))
+            replayed = bool(m) and push_raw(int(m.group(1)), work + hmac.new(SECRET.encode(), work, hashlib.sha1).digest())
             again = output_of([*coordinator_args(DEMO, "0:0", port), *args], out)
         finally:
             stop(workers)
         err = workers[0].stderr.read()
         check(sent and "dropped a frame that fails the --dist-secret seal" in err and first == again == want,
               "an unsealed frame on a worker's data port is dropped: sent %s, worker said %r" % (sent, err[-300:]))
+        check(replayed and "dropped a replayed frame (request 1;" in err,
+              "a sealed frame of a served request is dropped: sent %s, worker said %r" % (replayed, err[-300:]))
 
         # a worker listens on its own address, not the coordinator's: with the
         # coordinator on 127.0.0.2 the worker's way there starts at 127.0.0.1
