@@ -26,8 +26,9 @@
  * - kill -9 of the first worker between steps: the next step fails with one
  *   line and leaves the session unchanged (the coordinator's own slice rolled
  *   back), the one after reports the incomplete route; a restarted worker
- *   (at position 0) is caught up by a replay and the next step equals the
- *   single process again.
+ *   (at position 0) is caught up by a replay (a batched step of two
+ *   sessions: both replayed) and the next step equals the single process
+ *   again.
  * - a rewind deeper than the slack to where the engine holds a ring
  *   checkpoint: the worker restores its own checkpoint at that position, so
  *   nothing is replayed (the coordinator's --debug lines, captured, show the
@@ -300,9 +301,13 @@ static void run_split(ds4_engine *single, const char *const *slices, int n_slice
     CHECK(ds4_session_decode(b, t, err, sizeof err) != 0 && strstr(err, "incomplete route"), "%s: without the worker: %s",
           what, err);
     workers[1] = start_worker(slices[1], port);
-    /* the restarted worker holds nothing: the step replays the session first */
-    CHECK(decode_all(both, 2, t), "%s: step after restart", what);
-    CHECK(same_logits(a, b, V), "%s: after restart and replay differs", what);
+    /* the restarted worker holds nothing: a batched step of two sessions finds
+     * the mismatch, falls back to one session at a time and replays each */
+    ds4_session *singles[2] = {a, c};
+    ds4_step batch[2] = {{b, &t, 1}, {d, &t, 1}};
+    CHECK(decode_all(singles, 2, t), "%s: single steps", what);
+    CHECK(ds4_sessions_step(split, batch, 2, err, sizeof err) == 0, "%s: batched step after restart: %s", what, err);
+    CHECK(same_logits(a, b, V) && same_logits(c, d, V), "%s: after restart and replay differs", what);
     if (!decode_all(both, 2, argmax(ds4_session_logits(a), V))) goto out;
     CHECK(same_logits(a, b, V), "%s: the step after the replay differs", what);
 out:
