@@ -467,7 +467,7 @@ static uint8_t *handle_hello(coord *c, const ds4_dist_hello *h, size_t *len) {
  * coordinator's proof over both nonces. */
 static uint8_t *answer_knock(coord *c, const uint8_t *nonce_w, size_t *len) {
     challenge *ch = &c->pending[0];
-    for (int i = 0; i < MAX_PENDING; i++)
+    for (int i = 0; i < MAX_PENDING && ch->live; i++)
         if (!c->pending[i].live || c->pending[i].expires < ch->expires) ch = &c->pending[i];
     if (!ds4_dist_random(ch->nonce_c, DS4_DIST_NONCE_BYTES))
         return ds4_dist_encode_text(DS4_DIST_REFUSED, "refused: the coordinator cannot draw a random nonce", len);
