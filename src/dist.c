@@ -30,7 +30,8 @@
  * connections; SEND_QUEUE: frames a push socket holds while the next hop is
  * busy (more than any prefill window, so a send never blocks a stage). */
 enum { MAX_WORKERS = DS4_DIST_MAX_HOPS - 1, MAX_SESSIONS = 16, REWIND_SLACK = 256, POLL_MS = 100, SEND_QUEUE = 64,
-       MAX_WINDOW = 32, CHUNKS_PER_CALL = 8, MAX_PENDING = 32, CHALLENGE_TTL_S = 10, MAX_CKPT = 16 };
+       MAX_WINDOW = 32, CHUNKS_PER_CALL = 8, MAX_PENDING = 32, CHALLENGE_TTL_S = 10, MAX_CKPT = 16,
+       MAX_ROUTES_KEPT = 64 };
 
 const char ds4_dist_usage[] =
     "      --role coordinator|worker  pipeline parallelism over hosts (README \"Distributed inference\")\n"
@@ -400,7 +401,7 @@ typedef struct {
     pthread_cond_t changed;
     worker_reg regs[MAX_WORKERS];   /* under mu */
     challenge pending[MAX_PENDING]; /* control thread */
-    uint64_t gen;                   /* under mu: bumped when the registrations change */
+    uint64_t gen;                   /* under mu: bumped when the registrations change; the route id */
     uint64_t route_id;              /* the gen the hops were formed for; 0: none */
     hop hops[MAX_WORKERS];
     int n_hops;
@@ -1110,11 +1111,13 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
         local->free(local);
         return NULL;
     }
+    uint64_t first_route = 0;
+    const bool drawn = ds4_dist_random((uint8_t *)&first_route, sizeof first_route);
     coord *c = calloc(1, sizeof *c);
     const size_t hidden = (size_t)chunk * m->cfg.n_hc * m->cfg.n_embd;
     float *h = malloc(hidden * sizeof(float));
-    if (!c || !h) {
-        snprintf(err, errlen, "out of memory for the coordinator");
+    if (!c || !h || !drawn) {
+        snprintf(err, errlen, drawn ? "out of memory for the coordinator" : "cannot draw a random route id");
         free(c); free(h);
         local->free(local);
         return NULL;
@@ -1129,6 +1132,10 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
     c->hidden = h;
     c->me = identity(m, numerics, 0, NULL);
     atomic_init(&c->stop, false);
+    /* route ids start at random (top bit set: never 0, "no route"), so a
+     * restarted coordinator's never repeat its predecessor's: a worker
+     * refuses a ROUTE frame of an id it has taken before (a replay) */
+    c->gen = first_route | 1ull << 63;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->changed, NULL);
     char url[200], rurl[200];
@@ -1187,6 +1194,8 @@ typedef struct {
      * where results and errors go */
     uint64_t route;
     uint32_t last_seq;      /* the route's latest request seen: request ids only grow along a route */
+    uint64_t routes_taken[MAX_ROUTES_KEPT];   /* ids of the latest ROUTE frames served (a ring) */
+    int n_routes_taken;
     const char *secret;     /* seals every frame this worker sends */
     tls_pem tls;
     nng_socket next, home;
@@ -1460,6 +1469,15 @@ static int handshake(nng_socket control, const char *secret, ds4_dist_hello me, 
     return welcome ? 0 : 1;
 }
 
+/* Whether a ROUTE of this id was served already: ids are never reused (a
+ * coordinator's start at random and grow), so that is a recorded frame. */
+static bool route_taken(const worker *w, uint64_t id) {
+    const int n = w->n_routes_taken < MAX_ROUTES_KEPT ? w->n_routes_taken : MAX_ROUTES_KEPT;
+    for (int i = 0; i < n; i++)
+        if (w->routes_taken[i] == id) return true;
+    return false;
+}
+
 /* Re-points a push socket when its address changed. */
 static int repoint(nng_socket *s, bool *open, char *cur, size_t cap, const char *url, size_t len, const tls_pem *t,
                    double timeout_s) {
@@ -1582,7 +1600,11 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
              * recorded frame sent again, never computed twice */
             fprintf(stderr, "ds4 worker: dropped a replayed frame (request %u; the route is at %u)\n", f.work.seq,
                     w.last_seq);
+        } else if (f.type == DS4_DIST_ROUTE && route_taken(&w, f.route.route)) {
+            fprintf(stderr, "ds4 worker: dropped a replayed ROUTE frame (route %llu was taken before)\n",
+                    (unsigned long long)f.route.route);
         } else if (f.type == DS4_DIST_ROUTE) {
+            w.routes_taken[w.n_routes_taken++ % MAX_ROUTES_KEPT] = f.route.route;
             serve_route(&w, &f.route, p->reply_seconds);
         } else if (f.type == DS4_DIST_WORK) {
             if (f.work.route == w.route) w.last_seq = f.work.seq;

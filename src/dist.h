@@ -32,9 +32,10 @@
  *   it was before the step (the engine sees no change), and later steps
  *   report the incomplete route until a compatible worker registers for the
  *   slice (the surviving workers register again within a second).
- * - Along a route request ids only grow: a worker drops a (sealed) WORK or
- *   KV frame of a request it already served, as a recorded frame sent
- *   again would be.
+ * - Along a route request ids only grow, and route ids are never reused
+ *   (they start at random): a worker drops a (sealed) WORK or KV frame of a
+ *   request it already served and a ROUTE frame of a route it took before,
+ *   as recorded frames sent again would be.
  * - Workers keep one KV state per session and check every WORK frame's
  *   position and rolling token-prefix hash: a state further on whose prefix
  *   matches is truncated back (a rewind, within the rings' slack); anything

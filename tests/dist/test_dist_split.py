@@ -201,8 +201,9 @@ def main():
         # frames on a data port carry the --dist-secret seal: a frame from
         # someone without it (raw bytes over NNG's push protocol, shaped like a
         # ROUTE frame) is dropped before it is decoded, and the route serves on;
-        # a sealed WORK frame of a request the route already served (as a
-        # recording of one would be) is dropped as a replay
+        # a sealed WORK frame of a request the route already served and a
+        # sealed ROUTE frame of a route the worker took before (as recordings
+        # of them would be) are dropped as replays
         port = free_port()
         workers = [start_worker(DEMO, s, port) for s in ("1:4", "5:output")]
         try:
@@ -216,6 +217,10 @@ def main():
                                                                        1, 0, 1, 0, 0, 0, 0)
                     + struct.pack("<iII", 5, 0, 0))
             replayed = bool(m) and push_raw(int(m.group(1)), work + hmac.new(SECRET.encode(), work, hashlib.sha1).digest())
+            # ROUTE (type 6) of the route served, pointing the worker elsewhere: route ids are never reused
+            stale = (b"DS4P" + struct.pack("<HHQ", 4, 6, int(route.group(1)) if route else 0)
+                     + struct.pack("<H", 20) + b"tcp://127.0.0.1:9999" + struct.pack("<H", 20) + b"tcp://127.0.0.1:9998")
+            rerouted = bool(m) and push_raw(int(m.group(1)), stale + hmac.new(SECRET.encode(), stale, hashlib.sha1).digest())
             again = output_of([*coordinator_args(DEMO, "0:0", port), *args], out)
         finally:
             stop(workers)
@@ -224,6 +229,8 @@ def main():
               "an unsealed frame on a worker's data port is dropped: sent %s, worker said %r" % (sent, err[-300:]))
         check(replayed and "dropped a replayed frame (request 1;" in err,
               "a sealed frame of a served request is dropped: sent %s, worker said %r" % (replayed, err[-300:]))
+        check(rerouted and "dropped a replayed ROUTE frame (route %s was taken before)" % route.group(1) in err,
+              "a sealed ROUTE frame of a route taken before is dropped: sent %s, worker said %r" % (rerouted, err[-300:]))
 
         # a worker listens on its own address, not the coordinator's: with the
         # coordinator on 127.0.0.2 the worker's way there starts at 127.0.0.1
