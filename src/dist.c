@@ -28,10 +28,12 @@
 
 /* POLL_MS: how often a waiting coordinator looks at its workers'
  * connections; SEND_QUEUE: frames a push socket holds while the next hop is
- * busy (more than any prefill window, so a send never blocks a stage). */
+ * busy (more than any prefill window, so a send never blocks a stage);
+ * FIRST_ANSWER_MS: how long a starting worker waits for the coordinator
+ * before it says that no answer came (and keeps trying). */
 enum { MAX_WORKERS = DS4_DIST_MAX_HOPS - 1, MAX_SESSIONS = 16, REWIND_SLACK = 256, POLL_MS = 100, SEND_QUEUE = 64,
        MAX_WINDOW = 32, CHUNKS_PER_CALL = 8, MAX_PENDING = 32, CHALLENGE_TTL_S = 10, MAX_CKPT = 16,
-       MAX_ROUTES_KEPT = 64 };
+       MAX_ROUTES_KEPT = 64, FIRST_ANSWER_MS = 5000 };
 
 const char ds4_dist_usage[] =
     "      --role coordinator|worker  pipeline parallelism over hosts (README \"Distributed inference\")\n"
@@ -138,22 +140,24 @@ static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const
 }
 
 /* One request, one reply: the reply, unsealed with key when one is given,
- * is decoded into *f over *buf (caller nng_free()s). */
-static bool exchange(nng_socket s, uint8_t *msg, size_t len, const uint8_t *key, void **buf, size_t *blen,
-                     ds4_dist_frame *f, char *err, size_t errlen) {
+ * is decoded into *f over *buf (caller nng_free()s). 0, the transport's
+ * error (NNG_ETIMEDOUT: no answer in time), or -1 for an answer that is
+ * not a valid frame; a line in err either way. */
+static int exchange(nng_socket s, uint8_t *msg, size_t len, const uint8_t *key, void **buf, size_t *blen,
+                    ds4_dist_frame *f, char *err, size_t errlen) {
     int rv = msg ? nng_send(s, msg, len, 0) : NNG_ENOMEM;
     free(msg);
     if (rv == 0) rv = nng_recv(s, buf, blen, NNG_FLAG_ALLOC);
-    if (rv) { snprintf(err, errlen, "%s", msg ? nng_strerror(rv) : "out of memory"); return false; }
+    if (rv) { snprintf(err, errlen, "%s", nng_strerror(rv)); return rv; }
     size_t frame_len = *blen;
     if (key && !ds4_dist_unseal(*buf, *blen, key, DS4_DIST_SEAL_BYTES, &frame_len)) {
         snprintf(err, errlen, "the coordinator's answer fails the handshake seal");
     } else if (ds4_dist_decode(*buf, frame_len, f, err, errlen)) {
-        return true;
+        return 0;
     }
     nng_free(*buf, *blen);
     *buf = NULL;
-    return false;
+    return -1;
 }
 
 static void on_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *closed) {
@@ -1432,8 +1436,8 @@ static void serve_kv(worker *w, enum ds4_dist_type type, const ds4_dist_work *wk
 
 /* Registration (dist_proto.h): KNOCK with a fresh nonce, check the
  * coordinator's proof before saying anything, then the HELLO sealed under
- * the handshake key. 0 welcomed, 1 refused, -1 no valid answer; the
- * coordinator's line or the failure in line. */
+ * the handshake key. 0 welcomed, 1 refused, -1 no valid answer, -2 no
+ * answer in time; the coordinator's line or the failure in line. */
 static int handshake(nng_socket control, const char *secret, ds4_dist_hello me, char *line, size_t linelen) {
     uint8_t nonce_w[DS4_DIST_NONCE_BYTES], nonce_c[DS4_DIST_NONCE_BYTES], proof[DS4_DIST_SEAL_BYTES],
         key[DS4_DIST_SEAL_BYTES];
@@ -1442,7 +1446,8 @@ static int handshake(nng_socket control, const char *secret, ds4_dist_hello me, 
     void *buf;
     ds4_dist_frame f;
     uint8_t *knock = ds4_dist_encode_challenge(nonce_w, NULL, &len);
-    if (!exchange(control, knock, len, NULL, &buf, &blen, &f, line, linelen)) return -1;
+    int rv = exchange(control, knock, len, NULL, &buf, &blen, &f, line, linelen);
+    if (rv) return rv == NNG_ETIMEDOUT ? -2 : -1;
     const bool challenged = f.type == DS4_DIST_CHALLENGE;
     if (challenged) {
         memcpy(nonce_c, f.challenge.nonce, sizeof nonce_c);
@@ -1462,7 +1467,7 @@ static int handshake(nng_socket control, const char *secret, ds4_dist_hello me, 
     me.challenge = nonce_c;
     uint8_t *hello = ds4_dist_encode_hello(&me, &len);
     hello = ds4_dist_seal(hello, &len, key, sizeof key);
-    if (!exchange(control, hello, len, key, &buf, &blen, &f, line, linelen)) return -1;
+    if ((rv = exchange(control, hello, len, key, &buf, &blen, &f, line, linelen))) return rv == NNG_ETIMEDOUT ? -2 : -1;
     const bool welcome = f.type == DS4_DIST_WELCOME;
     snprintf(line, linelen, "%.*s", welcome || f.type == DS4_DIST_REFUSED ? (int)f.result.text_len : 0, f.result.text);
     nng_free(buf, blen);
@@ -1559,16 +1564,26 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
      * coordinator, or one that dropped the route, learns this worker again
      * without restarting it. */
     nng_socket_set_ms(data, NNG_OPT_RECVTIMEO, 1000);
-    bool registered = false;
+    /* both: a REQ socket's send waits for a connection, which a TLS mismatch never makes */
+    nng_socket_set_ms(control, NNG_OPT_SENDTIMEO, FIRST_ANSWER_MS);
+    nng_socket_set_ms(control, NNG_OPT_RECVTIMEO, FIRST_ANSWER_MS);
+    bool registered = false, waited = false;
     double idle_since = now_seconds();
     for (;;) {
         if (!registered || nng_recv(data, &buf, &blen, NNG_FLAG_ALLOC)) {
             char line[300];
             const int hs = handshake(control, p->secret, me, line, sizeof line);
-            if (hs < 0) {
-                if (!registered) { fprintf(stderr, "ds4 worker: registration with %s failed: %s\n", curl, line); goto done; }
-                continue;   /* the coordinator is away; ask again after the next quiet second */
+            if (hs == -2 && !registered && !waited) {
+                /* NNG keeps dialling and says nothing about why a connection fails */
+                fprintf(stderr, "ds4 worker: no answer from %s yet (is it up? with TLS, do both sides trust each "
+                                "other's certificates?); still trying\n", curl);
+                waited = true;
             }
+            if (hs == -1 && !registered) {
+                fprintf(stderr, "ds4 worker: registration with %s failed: %s\n", curl, line);
+                goto done;
+            }
+            if (hs < 0) continue;   /* the coordinator is away; ask again */
             if (!registered || hs)
                 fprintf(stderr, "ds4 worker: layers %d..%d%s: %s: %s", w.m->slice.first, w.m->slice.last,
                         w.m->slice.output ? " + output" : "", curl, line);

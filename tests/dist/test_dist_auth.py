@@ -20,7 +20,8 @@
   private CA): a 2-way split over tls+tcp gives the single process's
   logits byte for byte, and the recorded control traffic holds neither
   the secret nor a single frame header in the clear; a worker whose
-  certificate another CA signed never joins (incomplete route); a partial
+  certificate another CA signed never joins (incomplete route) and says
+  that no answer came from the coordinator; a partial
   set of TLS flags and an unreadable file are refused with one line.
 NNG's SP-over-TCP framing is spoken by hand (an 8-byte greeting, then
 messages with a 64-bit big-endian length; a REQ message starts with its
@@ -203,10 +204,13 @@ def test_tls(check, secret):
         w = dist.start_worker(dist.DEMO, "3:output", port, extra=tls_args(other))
         try:
             r = dist.ds4([*dist.coordinator_args(dist.DEMO, "0:2", port, "3"), *tls_args(good), *ids])
+            said = w.stderr.readline()   # the worker's own account, once its first wait runs out
         finally:
             dist.stop([w])
         check(r.returncode != 0 and "incomplete route: no worker holds layer 3" in r.stderr,
               "TLS: a certificate of another CA joins: %s" % r.stderr.strip()[-300:])
+        check("no answer from tls+tcp://127.0.0.1:%d yet" % port in said and "certificates" in said,
+              "TLS: the worker says no answer came: %r" % said)
 
         for args, line in [(tls_args(good)[:2], "TLS needs all of --dist-tls-cert, --dist-tls-key and --dist-tls-ca"),
                            (tls_args(good)[:4] + ["--dist-tls-ca", os.path.join(d, "missing.pem")], "cannot read")]:
@@ -227,7 +231,7 @@ def main():
     relay = Relay(port)
     worker = dist.start_worker(dist.DEMO, "3:output", relay.port)
     try:
-        check("registered" in worker.stderr.readline(), "the worker registers through the relay")
+        check("registered" in dist.registration_line(worker), "the worker registers through the relay")
         # the worker says HELLO again after each idle second: wait for two more
         # handshakes on the record (no clock: the relay's record is the signal)
         while worker.poll() is None and sum(

@@ -67,6 +67,15 @@ def start_worker(model, layers, port, secret=SECRET, extra=()):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
+def registration_line(w):
+    """The worker's line saying it registered (or its last line before it
+    exited); lines saying no answer came yet are passed over."""
+    line = w.stderr.readline()
+    while line and "no answer from" in line:
+        line = w.stderr.readline()
+    return line
+
+
 def exit_of(w):
     """A worker expected to exit on its own: its status (None when it was
     still running after 60 s, then killed) and its stderr."""
@@ -264,7 +273,7 @@ def main():
         try:
             # the overlap case needs this worker registered first; its line
             # accounts the KV state of its layers only (3 of the 6)
-            line = keep.stderr.readline()
+            line = registration_line(keep)
             kv = re.search(r"KV state ([0-9.]+) MiB per \d+-token session for these layers \(([0-9.]+) MiB for all 6\)",
                            line)
             check("registered" in line and kv and 0 < float(kv.group(1)) < float(kv.group(2)),
