@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t len = 0;
     switch (f.type) {
     case DS4_DIST_HELLO:
-        inside(data, size, f.hello.secret, f.hello.secret_len);
+        inside(data, size, f.hello.challenge, DS4_DIST_NONCE_BYTES);
         inside(data, size, f.hello.model, f.hello.model_len);
         inside(data, size, f.hello.data_url, f.hello.data_url_len);
         again = ds4_dist_encode_hello(&f.hello, &len);
@@ -62,6 +62,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(hops);
         break;
     }
+    case DS4_DIST_KNOCK: case DS4_DIST_CHALLENGE:
+        inside(data, size, f.challenge.nonce, DS4_DIST_NONCE_BYTES);
+        inside(data, size, f.challenge.proof, f.type == DS4_DIST_CHALLENGE ? DS4_DIST_SEAL_BYTES : 0);
+        again = ds4_dist_encode_challenge(f.challenge.nonce, f.challenge.proof, &len);
+        break;
     case DS4_DIST_ROUTE:
         inside(data, size, f.route.next, f.route.next_len);
         inside(data, size, f.route.home, f.route.home_len);

@@ -13,6 +13,7 @@
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
+#include <nng/supplemental/tls/tls.h>
 #include <nng/supplemental/util/platform.h>
 
 #include <arpa/inet.h>
@@ -27,9 +28,12 @@
 
 /* POLL_MS: how often a waiting coordinator looks at its workers'
  * connections; SEND_QUEUE: frames a push socket holds while the next hop is
- * busy (more than any prefill window, so a send never blocks a stage). */
+ * busy (more than any prefill window, so a send never blocks a stage);
+ * FIRST_ANSWER_MS: how long a starting worker waits for the coordinator
+ * before it says that no answer came (and keeps trying). */
 enum { MAX_WORKERS = DS4_DIST_MAX_HOPS - 1, MAX_SESSIONS = 16, REWIND_SLACK = 256, POLL_MS = 100, SEND_QUEUE = 64,
-       MAX_WINDOW = 32, CHUNKS_PER_CALL = 8 };
+       MAX_WINDOW = 32, CHUNKS_PER_CALL = 8, MAX_PENDING = 32, CHALLENGE_TTL_S = 10, MAX_CKPT = 16,
+       MAX_ROUTES_KEPT = 64, FIRST_ANSWER_MS = 5000 };
 
 const char ds4_dist_usage[] =
     "      --role coordinator|worker  pipeline parallelism over hosts (README \"Distributed inference\")\n"
@@ -42,6 +46,9 @@ const char ds4_dist_usage[] =
     "      --dist-prefill-window W  coordinator: prefill chunks in flight along the route (default 2)\n"
     "      --dist-activation-bits 32|16|8  coordinator: hidden states between hops as f32, f16 or\n"
     "                            per-row scaled int8 (default 32; 16 and 8 change the logits slightly)\n"
+    "      --dist-tls-cert FILE  TLS for every pipeline connection: this host's certificate (PEM)\n"
+    "      --dist-tls-key FILE   its private key (PEM)\n"
+    "      --dist-tls-ca FILE    the CA that signs every host's certificate (PEM); peers must present one\n"
     "      --debug               route formation and per-hop telemetry on stderr\n";
 
 static bool parse_port(const char *s, int *out) {
@@ -64,13 +71,17 @@ int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, cha
         return 1;
     }
     static const char *const valued[] = {"--role", "--dist-secret", "--dist-wait", "--dist-reply-timeout",
-                                         "--dist-prefill-chunk", "--dist-prefill-window", "--dist-activation-bits"};
+                                         "--dist-prefill-chunk", "--dist-prefill-window", "--dist-activation-bits",
+                                         "--dist-tls-cert", "--dist-tls-key", "--dist-tls-ca"};
     size_t k = 0;
     while (k < sizeof valued / sizeof valued[0] && strcmp(a, valued[k])) k++;
     if (k == sizeof valued / sizeof valued[0]) return 0;
     if (!v) { snprintf(err, errlen, "%s needs a value", a); return -1; }
     ++*i;
     if (!strcmp(a, "--dist-secret")) { p->secret = v; return 1; }
+    if (!strcmp(a, "--dist-tls-cert")) { p->tls_cert = v; return 1; }
+    if (!strcmp(a, "--dist-tls-key")) { p->tls_key = v; return 1; }
+    if (!strcmp(a, "--dist-tls-ca")) { p->tls_ca = v; return 1; }
     if (!strcmp(a, "--dist-wait") || !strcmp(a, "--dist-reply-timeout")) {
         char *end;
         const double x = strtod(v, &end);
@@ -118,6 +129,10 @@ bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size
         return false;
     }
     if (p->activation_bits <= 0) p->activation_bits = 32;
+    if (!p->tls_cert != !p->tls_key || !p->tls_cert != !p->tls_ca) {
+        snprintf(err, errlen, "TLS needs all of --dist-tls-cert, --dist-tls-key and --dist-tls-ca");
+        return false;
+    }
     if (p->wait_seconds <= 0) p->wait_seconds = 30;
     if (p->reply_seconds <= 0) p->reply_seconds = 120;
     if (p->prefill_window <= 0) p->prefill_window = 2;
@@ -131,23 +146,33 @@ static double now_seconds(void) {
 }
 
 /* Who this process is, as a HELLO says it. */
-static ds4_dist_hello identity(const ds4_model *m, const ds4_dist_params *p, bool numerics, int ctx, const char *url) {
+static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const char *url) {
     const ds4_layer_slice *sl = &m->slice;
-    return (ds4_dist_hello){p->secret, strlen(p->secret), m->name, strlen(m->name), (uint32_t)m->cfg.n_layer,
+    return (ds4_dist_hello){NULL, m->name, strlen(m->name), (uint32_t)m->cfg.n_layer,
                             (uint32_t)m->cfg.n_embd, (uint32_t)m->cfg.n_hc, (uint32_t)m->cfg.n_vocab,
                             (uint32_t)ds4_model_expert_bits(m), (uint32_t)sl->first, (uint32_t)sl->last, sl->output,
                             (uint32_t)ctx, url, url ? strlen(url) : 0, numerics};
 }
 
-/* One request, one reply: the reply is decoded into *f over *buf (caller nng_free()s). */
-static bool exchange(nng_socket s, uint8_t *msg, size_t len, void **buf, size_t *blen, ds4_dist_frame *f, char *err,
-                     size_t errlen) {
+/* One request, one reply: the reply, unsealed with key when one is given,
+ * is decoded into *f over *buf (caller nng_free()s). 0, the transport's
+ * error (NNG_ETIMEDOUT: no answer in time), or -1 for an answer that is
+ * not a valid frame; a line in err either way. */
+static int exchange(nng_socket s, uint8_t *msg, size_t len, const uint8_t *key, void **buf, size_t *blen,
+                    ds4_dist_frame *f, char *err, size_t errlen) {
     int rv = msg ? nng_send(s, msg, len, 0) : NNG_ENOMEM;
     free(msg);
     if (rv == 0) rv = nng_recv(s, buf, blen, NNG_FLAG_ALLOC);
-    if (rv) { snprintf(err, errlen, "%s", msg ? nng_strerror(rv) : "out of memory"); return false; }
-    if (!ds4_dist_decode(*buf, *blen, f, err, errlen)) { nng_free(*buf, *blen); *buf = NULL; return false; }
-    return true;
+    if (rv) { snprintf(err, errlen, "%s", nng_strerror(rv)); return rv; }
+    size_t frame_len = *blen;
+    if (key && !ds4_dist_unseal(*buf, *blen, key, DS4_DIST_SEAL_BYTES, &frame_len)) {
+        snprintf(err, errlen, "the coordinator's answer fails the handshake seal");
+    } else if (ds4_dist_decode(*buf, frame_len, f, err, errlen)) {
+        return 0;
+    }
+    nng_free(*buf, *blen);
+    *buf = NULL;
+    return -1;
 }
 
 static void on_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *closed) {
@@ -165,6 +190,91 @@ static void copy_floats(float *dst, const uint8_t *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = ds4_dist_float_at(src, i);
 }
 
+/* TLS material (--dist-tls-*), read once: this host's certificate and key
+ * and the CA, as PEM text; all NULL for plain TCP. */
+typedef struct {
+    char *cert, *key, *ca;
+} tls_pem;
+
+static void tls_free(tls_pem *t) {
+    free(t->cert); free(t->key); free(t->ca);
+    *t = (tls_pem){0};
+}
+
+static char *read_text(const char *path, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    char *text = NULL;
+    long n = -1;
+    if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) && (text = malloc((size_t)n + 1)) &&
+        fread(text, 1, (size_t)n, f) == (size_t)n) {
+        text[n] = 0;
+    } else {
+        snprintf(err, errlen, "cannot read %s%s", path, f && n >= 0 && !text ? ": out of memory" : "");
+        free(text);
+        text = NULL;
+    }
+    if (f) fclose(f);
+    return text;
+}
+
+static bool tls_load(const ds4_dist_params *p, tls_pem *t, char *err, size_t errlen) {
+    *t = (tls_pem){0};
+    if (!p->tls_cert) return true;
+    if ((t->cert = read_text(p->tls_cert, err, errlen)) && (t->key = read_text(p->tls_key, err, errlen)) &&
+        (t->ca = read_text(p->tls_ca, err, errlen)))
+        return true;
+    tls_free(t);
+    return false;
+}
+
+static const char *scheme(const tls_pem *t) { return t->cert ? "tls+tcp" : "tcp"; }
+
+/* Mutual TLS: each end presents this host's certificate and requires the
+ * peer's, signed by the CA; a dialing end (host given) also requires it to
+ * name that host. */
+static int tls_config(const tls_pem *t, const char *host, nng_tls_config **out) {
+    int rv = nng_tls_config_alloc(out, host ? NNG_TLS_MODE_CLIENT : NNG_TLS_MODE_SERVER);
+    if (rv) return rv;
+    rv = nng_tls_config_own_cert(*out, t->cert, t->key, NULL);
+    if (!rv) rv = nng_tls_config_ca_chain(*out, t->ca, NULL);
+    if (!rv) rv = nng_tls_config_auth_mode(*out, NNG_TLS_AUTH_MODE_REQUIRED);
+    if (!rv && host) rv = nng_tls_config_server_name(*out, host);
+    if (rv) nng_tls_config_free(*out);
+    return rv;
+}
+
+/* Starts a listener on url (TLS configured when t holds it); *l may be NULL. */
+static int start_listener(nng_socket s, const char *url, const tls_pem *t, nng_listener *l) {
+    nng_listener mine;
+    if (!l) l = &mine;
+    int rv = nng_listener_create(l, s, url);
+    nng_tls_config *cfg = NULL;
+    if (!rv && t->cert && !(rv = tls_config(t, NULL, &cfg))) {
+        rv = nng_listener_set_ptr(*l, NNG_OPT_TLS_CONFIG, cfg);
+        nng_tls_config_free(cfg);   /* the listener holds its own reference */
+    }
+    if (!rv) rv = nng_listener_start(*l, 0);
+    return rv;
+}
+
+/* Dials url without waiting for the connection (NNG retries until the peer
+ * is up). */
+static int start_dialer(nng_socket s, const char *url, const tls_pem *t) {
+    nng_dialer d;
+    int rv = nng_dialer_create(&d, s, url);
+    if (!rv && t->cert) {
+        nng_url *u = NULL;
+        nng_tls_config *cfg = NULL;
+        if (!(rv = nng_url_parse(&u, url)) && !(rv = tls_config(t, u->u_hostname, &cfg))) {
+            rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg);
+            nng_tls_config_free(cfg);
+        }
+        nng_url_free(u);
+    }
+    if (!rv) rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK);
+    return rv;
+}
+
 /* A push socket dialed to url; sends queue instead of blocking while the
  * peer is busy. The dial does not wait for the connection (a peer that
  * accepts TCP but never answers, e.g. a stopped process, would block it
@@ -172,13 +282,13 @@ static void copy_floats(float *dst, const uint8_t *src, size_t n) {
  * bounds the wait. When closed is given, the closed connection's socket id
  * is stored there (the watch is set before the dial, so no closing can be
  * missed). */
-static int open_push(nng_socket *s, const char *url, double timeout_s, atomic_int *closed) {
+static int open_push(nng_socket *s, const char *url, const tls_pem *t, double timeout_s, atomic_int *closed) {
     int rv = nng_push0_open(s);
     if (rv) return rv;
     nng_socket_set_ms(*s, NNG_OPT_SENDTIMEO, (nng_duration)(timeout_s * 1000));
     nng_socket_set_int(*s, NNG_OPT_SENDBUF, SEND_QUEUE);
     if (closed) rv = nng_pipe_notify(*s, NNG_PIPE_EV_REM_POST, on_pipe_removed, closed);
-    if (!rv) rv = nng_dial(*s, url, NULL, NNG_FLAG_NONBLOCK);
+    if (!rv) rv = start_dialer(*s, url, t);
     if (rv) nng_close(*s);
     return rv;
 }
@@ -215,10 +325,39 @@ static bool local_address_towards(const char *host, int port, char *out, size_t 
 
 /* Seals (dist_proto.h), sends and frees msg (NULL: out of memory). */
 static int send_frame(nng_socket s, const char *secret, uint8_t *msg, size_t len) {
-    msg = ds4_dist_seal(msg, &len, secret);
+    msg = ds4_dist_seal(msg, &len, secret, strlen(secret));
     int rv = msg ? nng_send(s, msg, len, 0) : NNG_ENOMEM;
     free(msg);
     return rv;
+}
+
+/* The ring checkpoints of one session at the positions the engine takes
+ * its own (engine.c): at the end of an engine call once `every` positions
+ * passed since the last one, at most MAX_CKPT, thinned to every other one
+ * (and `every` doubled) when full. A deep rewind makes the engine restore
+ * one of its checkpoints and compute on from there; workers holding a
+ * checkpoint at that very position restore theirs instead of being
+ * replayed from position 0. The coordinator keeps the positions only (it
+ * decides which WORK frame carries the checkpoint flag, at the end of an
+ * engine call); workers keep the rings too, in slots allocated with the
+ * first one. */
+typedef struct {
+    int pos[MAX_CKPT], n;
+    void *slot[MAX_CKPT];   /* worker: one ring checkpoint each */
+    void *block;
+} ckpt_list;
+
+static void ckpt_drop_after(ckpt_list *k, int pos) {
+    while (k->n && k->pos[k->n - 1] > pos) k->n--;
+}
+
+/* Appends pos, first thinning a full list as the engine does; true when it
+ * thinned. */
+static bool ckpt_push(ckpt_list *k, int pos) {
+    const bool thin = k->n == MAX_CKPT;
+    if (thin) k->n = ds4_kv_ckpt_thin(k->pos, k->slot, MAX_CKPT);
+    k->pos[k->n++] = pos;
+    return thin;
 }
 
 /* ================================================================ coordinator */
@@ -230,6 +369,15 @@ typedef struct {
     bool output;
     char url[160];
 } worker_reg;
+
+/* A challenge sent and not yet answered (control thread only): each is
+ * taken by the first HELLO that names it, so a recorded HELLO replayed
+ * later finds none, and it lapses after CHALLENGE_TTL_S. */
+typedef struct {
+    bool live;
+    double expires;
+    uint8_t nonce_w[DS4_DIST_NONCE_BYTES], nonce_c[DS4_DIST_NONCE_BYTES];
+} challenge;
 
 /* One hop of the formed route, owned by the eval thread: the coordinator
  * keeps a push connection to every worker (ROUTE and KV frames, and the
@@ -245,13 +393,15 @@ typedef struct {
 
 /* What the route has seen of one session: its tokens and the rolling hash
  * after each prefix, so a rewind knows the hash at any earlier position and
- * a replay has the tokens. */
+ * a replay has the tokens; and the positions of the workers' checkpoints. */
 typedef struct {
     const struct ds4_kv *kv;
     uint64_t id;
     int32_t *toks;
     uint64_t *hashes;       /* [cap + 1]: hashes[i] after i tokens */
     int n, cap;
+    ckpt_list ckpts;        /* positions only */
+    int ckpt_every;
 } session_rec;
 
 typedef struct {
@@ -260,6 +410,7 @@ typedef struct {
     const ds4_model *m;
     ds4_dist_params p;
     ds4_dist_hello me;
+    tls_pem tls;
     nng_socket control, results;
     char home[200];
     pthread_t thread;
@@ -268,7 +419,8 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t changed;
     worker_reg regs[MAX_WORKERS];   /* under mu */
-    uint64_t gen;                   /* under mu: bumped when the registrations change */
+    challenge pending[MAX_PENDING]; /* control thread */
+    uint64_t gen;                   /* under mu: bumped when the registrations change; the route id */
     uint64_t route_id;              /* the gen the hops were formed for; 0: none */
     hop hops[MAX_WORKERS];
     int n_hops;
@@ -332,6 +484,45 @@ static uint8_t *handle_hello(coord *c, const ds4_dist_hello *h, size_t *len) {
     return ds4_dist_encode_text(DS4_DIST_WELCOME, "registered", len);
 }
 
+/* KNOCK: a fresh challenge (taking a lapsed slot, else the oldest) and the
+ * coordinator's proof over both nonces. */
+static uint8_t *answer_knock(coord *c, const uint8_t *nonce_w, size_t *len) {
+    challenge *ch = &c->pending[0];
+    for (int i = 0; i < MAX_PENDING && ch->live; i++)
+        if (!c->pending[i].live || c->pending[i].expires < ch->expires) ch = &c->pending[i];
+    if (!ds4_dist_random(ch->nonce_c, DS4_DIST_NONCE_BYTES))
+        return ds4_dist_encode_text(DS4_DIST_REFUSED, "refused: the coordinator cannot draw a random nonce", len);
+    memcpy(ch->nonce_w, nonce_w, DS4_DIST_NONCE_BYTES);
+    ch->live = true;
+    ch->expires = now_seconds() + CHALLENGE_TTL_S;
+    uint8_t proof[DS4_DIST_SEAL_BYTES];
+    ds4_dist_handshake_key(c->p.secret, DS4_DIST_COORDINATOR_PROOF, ch->nonce_w, ch->nonce_c, proof);
+    return ds4_dist_encode_challenge(ch->nonce_c, proof, len);
+}
+
+/* A sealed HELLO: its challenge is taken (used once), the seal checked with
+ * the handshake key, and the answer sealed with the same key. */
+static uint8_t *answer_hello(coord *c, const uint8_t *buf, size_t n, const ds4_dist_hello *h, size_t *len) {
+    challenge *ch = NULL;
+    const double now = now_seconds();
+    for (int i = 0; i < MAX_PENDING && !ch; i++)
+        if (c->pending[i].live && c->pending[i].expires >= now &&
+            ds4_dist_same(c->pending[i].nonce_c, h->challenge, DS4_DIST_NONCE_BYTES))
+            ch = &c->pending[i];
+    if (!ch)
+        return ds4_dist_encode_text(DS4_DIST_REFUSED, "refused: a HELLO for an unknown, used or lapsed challenge "
+                                                      "(replayed?)", len);
+    ch->live = false;
+    uint8_t key[DS4_DIST_SEAL_BYTES];
+    ds4_dist_handshake_key(c->p.secret, DS4_DIST_HANDSHAKE_KEY, ch->nonce_w, ch->nonce_c, key);
+    size_t frame_len;
+    uint8_t *reply = ds4_dist_unseal(buf, n, key, sizeof key, &frame_len)
+                         ? handle_hello(c, h, len)
+                         : ds4_dist_encode_text(DS4_DIST_REFUSED, "refused: wrong --dist-secret (the HELLO's seal "
+                                                                  "does not check)", len);
+    return ds4_dist_seal(reply, len, key, sizeof key);
+}
+
 static void *control_loop(void *arg) {
     coord *c = arg;
     while (!atomic_load(&c->stop)) {
@@ -341,10 +532,18 @@ static void *control_loop(void *arg) {
         ds4_dist_frame f;
         char err[256];
         size_t rlen = 0;
-        const bool hello = ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_HELLO;
-        char why[300];
-        snprintf(why, sizeof why, "refused: %s", hello ? "" : f.type ? "expected a HELLO frame" : err);
-        uint8_t *reply = hello ? handle_hello(c, &f.hello, &rlen) : ds4_dist_encode_text(DS4_DIST_REFUSED, why, &rlen);
+        uint8_t *reply;
+        /* a HELLO is sealed under a key its challenge names: decoded before the seal is checked */
+        if (ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_KNOCK) {
+            reply = answer_knock(c, f.challenge.nonce, &rlen);
+        } else if (len >= DS4_DIST_SEAL_BYTES &&
+                   ds4_dist_decode(buf, len - DS4_DIST_SEAL_BYTES, &f, err, sizeof err) && f.type == DS4_DIST_HELLO) {
+            reply = answer_hello(c, buf, len, &f.hello, &rlen);
+        } else {
+            char why[300];
+            snprintf(why, sizeof why, "refused: %s", f.type ? "expected a KNOCK or a sealed HELLO" : err);
+            reply = ds4_dist_encode_text(DS4_DIST_REFUSED, why, &rlen);
+        }
         nng_free(buf, len);
         if (reply) nng_send(c->control, reply, rlen, 0);
         free(reply);
@@ -423,7 +622,7 @@ static int await_result(coord *c, uint32_t seq, double timeout_s, void **buf, si
         if (rv) { snprintf(err, errlen, "pipeline results: %s: route dropped", nng_strerror(rv)); return -2; }
         char why[256];
         size_t frame_len;
-        if (!ds4_dist_unseal(*buf, *blen, c->p.secret, &frame_len)) {
+        if (!ds4_dist_unseal(*buf, *blen, c->p.secret, strlen(c->p.secret), &frame_len)) {
             fprintf(stderr, "ds4 coordinator: dropped a result frame that fails the --dist-secret seal\n");
         } else if (ds4_dist_decode(*buf, frame_len, f, why, sizeof why) && f->type == DS4_DIST_RESULT &&
             f->result.route == c->route_id && (int32_t)(f->result.seq - seq) >= 0)
@@ -472,7 +671,7 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
         /* the previous socket of this slot is closed: its callbacks are done */
         *h = want[i];
         atomic_store(&h->closed_socket, 0);
-        const int rv = open_push(&h->data, h->url, c->p.reply_seconds, &h->closed_socket);
+        const int rv = open_push(&h->data, h->url, &c->tls, c->p.reply_seconds, &h->closed_socket);
         h->open = rv == 0;
         c->n_hops = i + 1;
         if (rv) {
@@ -531,8 +730,9 @@ static session_rec *session_of(coord *c, const struct ds4_kv *kv) {
     c->sessions = grown;
     session_rec *r = malloc(sizeof *r);
     if (!r) return NULL;
-    *r = (session_rec){kv, ++c->next_session, malloc((size_t)kv->ctx * sizeof(int32_t)),
-                       malloc((size_t)(kv->ctx + 1) * sizeof(uint64_t)), 0, kv->ctx};
+    *r = (session_rec){.kv = kv, .id = ++c->next_session, .toks = malloc((size_t)kv->ctx * sizeof(int32_t)),
+                       .hashes = malloc((size_t)(kv->ctx + 1) * sizeof(uint64_t)), .cap = kv->ctx,
+                       .ckpt_every = c->local->max_batch};
     if (!r->toks || !r->hashes) { session_rec_free(r); return NULL; }
     r->hashes[0] = DS4_DIST_HASH_EMPTY;
     c->sessions[c->n_sessions++] = r;
@@ -557,41 +757,73 @@ static void print_telemetry(const ds4_dist_result *r, double round_trip, size_t 
     fprintf(stderr, " | result %zu B, round trip %.2f ms\n", bytes, round_trip * 1e3);
 }
 
-/* Runs n tokens through the route: the local slice on kv (at position pos,
- * prefix hash `hash`) one chunk at a time, each chunk's hidden states pushed
- * to the first worker, which forwards to the next, up to the final owner of
- * the output head, which answers to the coordinator. Up to the prefill
- * window's chunks are in flight, so the local slice computes chunk i+1 while
- * the workers compute chunk i. logits: NULL (ACKs only: a replay), else the
- * last token's or (all) every position's. 0, or -1/-2/-3 (result_status,
- * -2: the route failed) with the local kv advanced by the chunks it ran. */
-static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t *toks, int n, uint64_t hash,
-                    float *logits, bool all, char *err, size_t errlen) {
+/* One sequence's span through the route (pipeline()). */
+typedef struct {
+    struct ds4_kv *kv;
+    uint64_t session;
+    const int32_t *toks;
+    int n;
+    uint64_t hash;          /* the prefix hash at kv->n_pos */
+    float *logits;          /* NULL: ACKs only (a replay); else the last token's or (all) every position's */
+    bool all;
+    bool checkpoint;        /* the span's last chunk asks the workers for a ring checkpoint */
+} span;
+
+/* Where the chunk walk stands: span index and offset in it. */
+typedef struct { int s, off; } chunk_at;
+
+static int chunk_len(const coord *c, const span *sp, chunk_at at) {
+    return sp[at.s].n - at.off < c->chunk ? sp[at.s].n - at.off : c->chunk;
+}
+
+static void chunk_next(const coord *c, const span *sp, chunk_at *at) {
+    at->off += chunk_len(c, sp, *at);
+    if (at->off == sp[at->s].n) { at->s++; at->off = 0; }
+}
+
+/* Runs the spans through the route, in order, one chunk at a time: the
+ * local slice on the span's kv, the chunk's hidden states pushed to the
+ * first worker, which forwards to the next, up to the final owner of the
+ * output head, which answers to the coordinator. Up to the prefill window's
+ * chunks are in flight, whichever spans they belong to, so the local slice
+ * computes the next chunk (of this session or the next) while the workers
+ * compute the ones before: a batch's sessions overlap along the route as a
+ * long prefill's chunks do. Every stage still evaluates each chunk alone,
+ * so the logits are the single process's. 0, or -1/-2/-3 (result_status,
+ * -2: the route failed) with the local kvs advanced by the chunks they ran. */
+static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t errlen) {
     const size_t hcE = (size_t)c->m->cfg.n_hc * c->m->cfg.n_embd, V = (size_t)c->m->cfg.n_vocab;
-    const int pos = kv->n_pos, chunks = (n + c->chunk - 1) / c->chunk;
+    int chunks = 0;
+    for (int i = 0; i < n_spans; i++) chunks += (sp[i].n + c->chunk - 1) / c->chunk;
     const uint32_t seq0 = c->seq + 1;
     c->seq += (uint32_t)chunks;
     double sent_at[MAX_WINDOW];
-    uint64_t expect[MAX_WINDOW];
+    uint64_t expect[MAX_WINDOW], hash = n_spans ? sp[0].hash : 0;
+    chunk_at to_send = {0, 0}, to_get = {0, 0};
     int sent = 0, done = 0;
     while (done < chunks) {
         if (sent < chunks && sent - done < c->p.prefill_window) {
-            const int off = sent * c->chunk, m = n - off < c->chunk ? n - off : c->chunk;
+            const span *x = &sp[to_send.s];
+            const int off = to_send.off, m = chunk_len(c, sp, to_send);
+            const bool last = off + m == x->n;
+            if (off == 0) hash = x->hash;
             const double t0 = now_seconds();
-            ds4_backend_seq local = {.kv = kv, .toks = toks + off, .n = m, .hidden_out = c->hidden};
+            ds4_backend_seq local = {.kv = x->kv, .toks = x->toks + off, .n = m, .hidden_out = c->hidden};
+            const int pos = x->kv->n_pos;
             if (c->local->eval(c->local, &local, 1, err, errlen)) return -1;
             const uint32_t eval_us = elapsed_us(t0);
-            const uint64_t after = ds4_dist_hash_tokens(hash, toks + off, m);
-            const uint8_t mode = !logits ? DS4_DIST_ACK : all ? DS4_DIST_ALL : sent == chunks - 1 ? DS4_DIST_LAST
-                                                                                                  : DS4_DIST_ACK;
-            /* a Q8 row is one HC stream of one token */
-            ds4_dist_work wk = {c->route_id, seq0 + (uint32_t)sent, session, (uint32_t)(pos + off), (uint32_t)m, hash,
-                                after, mode, NULL, (uint32_t)((size_t)m * hcE), NULL, 1, NULL, c->act,
-                                c->act == DS4_DIST_ACT_Q8 ? (uint32_t)c->m->cfg.n_embd : 0};
-            ds4_dist_hop me = {0, (uint32_t)c->m->slice.last, (uint32_t)(pos + off), (uint32_t)m, eval_us, 0, 0, 0};
+            const uint64_t after = ds4_dist_hash_tokens(hash, x->toks + off, m);
+            const uint8_t mode = !x->logits ? DS4_DIST_ACK : x->all ? DS4_DIST_ALL : last ? DS4_DIST_LAST : DS4_DIST_ACK;
+            ds4_dist_work wk = {.route = c->route_id, .seq = seq0 + (uint32_t)sent, .session = x->session,
+                                .pos = (uint32_t)pos, .n = (uint32_t)m, .hash_before = hash, .hash_after = after,
+                                .logits = mode, .checkpoint = x->checkpoint && last,
+                                /* a Q8 row is one HC stream of one token */
+                                .act = c->act, .row = c->act == DS4_DIST_ACT_Q8 ? (uint32_t)c->m->cfg.n_embd : 0,
+                                .n_floats = (uint32_t)((size_t)m * hcE), .n_hops = 1};
+            ds4_dist_hop me = {0, (uint32_t)c->m->slice.last, (uint32_t)pos, (uint32_t)m, eval_us, 0, 0, 0};
             const double t1 = now_seconds();
             size_t len;
-            uint8_t *msg = ds4_dist_encode_work(DS4_DIST_WORK, &wk, toks + off, c->hidden, &me, &len);
+            uint8_t *msg = ds4_dist_encode_work(DS4_DIST_WORK, &wk, x->toks + off, c->hidden, &me, &len);
             if (msg) ds4_dist_set_send_us(msg, len, elapsed_us(t1));
             const int rv = send_frame(c->hops[0].data, c->p.secret, msg, len);
             if (rv) {
@@ -602,6 +834,7 @@ static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t
             sent_at[sent % MAX_WINDOW] = t0;
             expect[sent % MAX_WINDOW] = after;
             hash = after;
+            chunk_next(c, sp, &to_send);
             sent++;
             continue;
         }
@@ -611,25 +844,26 @@ static int pipeline(coord *c, struct ds4_kv *kv, uint64_t session, const int32_t
         int rc = await_result(c, seq0 + (uint32_t)done, c->p.reply_seconds, &buf, &blen, &f, err, errlen);
         if (rc) return rc;
         const ds4_dist_result *r = &f.result;
-        const int off = done * c->chunk, m = n - off < c->chunk ? n - off : c->chunk;
-        const size_t want = !logits ? 0 : all ? (size_t)m * V : done == chunks - 1 ? V : 0;
+        const span *x = &sp[to_get.s];
+        const int off = to_get.off, m = chunk_len(c, sp, to_get);
+        const size_t want = !x->logits ? 0 : x->all ? (size_t)m * V : off + m == x->n ? V : 0;
         if (!(rc = result_status(r, err, errlen))) {
             if (r->seq != seq0 + (uint32_t)done) {
                 snprintf(err, errlen, "the route answered request %u before %u: route dropped", r->seq,
                          seq0 + (uint32_t)done);
                 rc = -2;
-            } else if (r->n_floats != want || r->hash_after != expect[done % MAX_WINDOW] ||
-                       r->session != session) {
+            } else if (r->n_floats != want || r->hash_after != expect[done % MAX_WINDOW] || r->session != x->session) {
                 snprintf(err, errlen, "the route returned %u floats for session %llu (hash %016llx), expected %zu",
                          r->n_floats, (unsigned long long)r->session, (unsigned long long)r->hash_after, want);
                 rc = -1;
             } else if (want) {
-                copy_floats(all ? logits + (size_t)off * V : logits, r->floats, want);
+                copy_floats(x->all ? x->logits + (size_t)off * V : x->logits, r->floats, want);
             }
         }
         if (!rc && c->p.debug) print_telemetry(r, now_seconds() - sent_at[done % MAX_WINDOW], blen);
         nng_free(buf, blen);
         if (rc) return rc;
+        chunk_next(c, sp, &to_get);
         done++;
     }
     return 0;
@@ -643,10 +877,12 @@ static int replay(coord *c, session_rec *r, int n, char *err, size_t errlen) {
     if (n == 0) return 0;
     if (c->p.debug) fprintf(stderr, "ds4 coordinator: replaying %d tokens of session %llu through the route\n", n,
                             (unsigned long long)r->id);
-    ds4_kv *scratch = ds4_kv_new(&c->m->cfg, r->cap, REWIND_SLACK);
+    ds4_kv *scratch = ds4_kv_new_layers(&c->m->cfg, r->cap, REWIND_SLACK, 0, c->m->slice.last);
     if (!scratch) { snprintf(err, errlen, "out of memory for a %d-token replay", n); return -1; }
-    const int rc = pipeline(c, scratch, r->id, r->toks, n, DS4_DIST_HASH_EMPTY, NULL, false, err, errlen);
+    const span whole = {.kv = scratch, .session = r->id, .toks = r->toks, .n = n, .hash = DS4_DIST_HASH_EMPTY};
+    const int rc = pipeline(c, &whole, 1, err, errlen);
     ds4_kv_free(scratch);
+    r->ckpts.n = 0;   /* position 0 started the workers' sessions over, checkpoints gone */
     return rc;
 }
 
@@ -672,16 +908,32 @@ static void undo_apply(const undo *u, struct ds4_kv *kv) {
     else ds4_kv_truncate(kv, u->pos);
 }
 
+/* A sequence's span from position pos, flagged for a checkpoint where the
+ * engine's rule takes one after it (ckpt_list). */
+static span span_of(session_rec *r, const ds4_backend_seq *sq, int pos) {
+    ckpt_drop_after(&r->ckpts, pos);
+    const int last = r->ckpts.n ? r->ckpts.pos[r->ckpts.n - 1] : 0;
+    return (span){sq->kv, r->id, sq->toks, sq->n, r->hashes[pos], sq->logits, sq->all_logits,
+                  pos + sq->n - last >= r->ckpt_every};
+}
+
+/* A span went through: the route saw its tokens, the workers took its checkpoint. */
+static void span_done(session_rec *r, const span *x, int pos) {
+    session_append(r, pos, x->toks, x->n);
+    if (x->checkpoint && ckpt_push(&r->ckpts, pos + x->n)) r->ckpt_every *= 2;
+}
+
 /* Runs one sequence through the route; a worker that reports a hash
  * mismatch (restarted, or left behind by a failed call or a rewind deeper
- * than its slack) is caught up by a replay of the session's tokens before
- * the one retry. On failure the local state is back at u. */
+ * than its slack and checkpoints) is caught up by a replay of the session's
+ * tokens before the one retry. On failure the local state is back at u. */
 static int route_step(coord *c, session_rec *r, const ds4_backend_seq *sq, const undo *u, char *err, size_t errlen) {
     int rc = 0;
     for (int attempt = 0; attempt < 2; attempt++) {
         rc = form_route(c, true, err, errlen);
-        if (!rc)
-            rc = pipeline(c, sq->kv, r->id, sq->toks, sq->n, r->hashes[u->pos], sq->logits, sq->all_logits, err, errlen);
+        const span x = span_of(r, sq, u->pos);
+        if (!rc) rc = pipeline(c, &x, 1, err, errlen);
+        if (!rc) span_done(r, &x, u->pos);
         if (rc) undo_apply(u, sq->kv);
         if (rc != -3 || attempt) break;
         if ((rc = replay(c, r, u->pos, err, errlen))) break;
@@ -690,19 +942,22 @@ static int route_step(coord *c, session_rec *r, const ds4_backend_seq *sq, const
     return rc ? -1 : 0;
 }
 
-/* One sequence at a time: the route carries one span per request. When one
- * fails, the ones before it are put back too, so the call changes nothing
- * (backend.h); the workers truncate back at the next step. */
+/* A batch's sequences all go into the route at once (pipeline(): stages
+ * overlap across sessions). When a worker lacks a session (hash mismatch),
+ * everything is put back and the sequences go one at a time, each with its
+ * replay. When one fails, the ones before it are put back too, so the call
+ * changes nothing (backend.h); the workers truncate back at the next step. */
 static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
     coord *c = (coord *)be;
     undo *undos = calloc((size_t)n_seqs, sizeof *undos);
     session_rec **recs = calloc((size_t)n_seqs, sizeof *recs);
-    int done = 0, rc = 0;
-    if (!undos || !recs) { snprintf(err, errlen, "out of memory for %d sequences", n_seqs); rc = -1; }
-    for (; !rc && done < n_seqs; done++) {
-        const ds4_backend_seq *sq = &seqs[done];
-        session_rec *r = recs[done] = session_of(c, sq->kv);
-        if (!r || !undo_save(&undos[done], sq)) {
+    span *spans = calloc((size_t)n_seqs, sizeof *spans);
+    int saved = 0, rc = 0;
+    if (!undos || !recs || !spans) { snprintf(err, errlen, "out of memory for %d sequences", n_seqs); rc = -1; }
+    for (; !rc && saved < n_seqs; saved++) {
+        const ds4_backend_seq *sq = &seqs[saved];
+        session_rec *r = recs[saved] = session_of(c, sq->kv);
+        if (!r || !undo_save(&undos[saved], sq)) {
             snprintf(err, errlen, "out of memory for the session's token history or rollback checkpoint");
             rc = -1;
         } else if (sq->kv->n_pos > r->n) {
@@ -711,18 +966,33 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
             rc = -1;
         } else {
             r->n = sq->kv->n_pos;   /* the engine rewound: what the route saw past it no longer counts */
-            rc = route_step(c, r, sq, &undos[done], err, errlen);
         }
-        if (!rc) session_append(r, undos[done].pos, sq->toks, sq->n);
     }
+    bool one_by_one = n_seqs == 1;
+    if (!rc && !one_by_one) {
+        rc = form_route(c, true, err, errlen);
+        for (int q = 0; q < n_seqs; q++) spans[q] = span_of(recs[q], &seqs[q], undos[q].pos);
+        if (!rc) rc = pipeline(c, spans, n_seqs, err, errlen);
+        for (int q = 0; q < n_seqs; q++) {
+            if (!rc) span_done(recs[q], &spans[q], undos[q].pos);
+            else undo_apply(&undos[q], seqs[q].kv);
+        }
+        if (rc == -2) drop_route(c);
+        one_by_one = rc == -3;
+        if (one_by_one) rc = 0;
+    }
+    int done = 0;
+    for (; one_by_one && !rc && done < n_seqs; done++) rc = route_step(c, recs[done], &seqs[done], &undos[done], err, errlen);
     for (int q = 0; rc && q < done - 1; q++) {
         undo_apply(&undos[q], seqs[q].kv);
         recs[q]->n = undos[q].pos;
+        ckpt_drop_after(&recs[q]->ckpts, undos[q].pos);
     }
-    for (int q = 0; undos && q < done; q++) free(undos[q].rings);
+    for (int q = 0; undos && q < saved; q++) free(undos[q].rings);
     free(undos);
     free(recs);
-    return rc;
+    free(spans);
+    return rc ? -1 : 0;
 }
 
 /* One KV_GET or KV_PUT to hop h, its RESULT into *f (caller frees buf). */
@@ -756,8 +1026,8 @@ static int coord_gather(ds4_backend *be, struct ds4_kv *kv, char *err, size_t er
         rc = form_route(c, true, err, errlen);
         for (int h = 0; !rc && h < c->n_hops; h++) {
             const hop *hp = &c->hops[h];
-            ds4_dist_work wk = {c->route_id, ++c->seq, r->id, (uint32_t)n, 0, r->hashes[n], r->hashes[n],
-                                DS4_DIST_ACK, NULL, 0, NULL, 0, NULL, DS4_DIST_ACT_F32, 0};
+            ds4_dist_work wk = {.route = c->route_id, .seq = ++c->seq, .session = r->id, .pos = (uint32_t)n,
+                                .hash_before = r->hashes[n], .hash_after = r->hashes[n]};
             void *buf;
             size_t blen;
             ds4_dist_frame f;
@@ -793,6 +1063,7 @@ static int coord_scatter(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks
     if (!r) { snprintf(err, errlen, "out of memory for the session's token history"); return -1; }
     const int n = kv->n_pos;
     session_append(r, 0, toks, n);
+    r->ckpts.n = 0;   /* the engine dropped its checkpoints; the workers' sessions are replaced */
     if (n == 0) return 0;
     char why[256];
     int rc = form_route(c, false, why, sizeof why);
@@ -805,8 +1076,9 @@ static int coord_scatter(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks
         state = grown;
         ds4_kv_layers_save(kv, hp->first, hp->last, state);
         /* layer state travels in f32 whatever --dist-activation-bits says: the KV state is not rounded */
-        ds4_dist_work wk = {c->route_id, ++c->seq, r->id, 0, (uint32_t)n, DS4_DIST_HASH_EMPTY, r->hashes[n],
-                            DS4_DIST_ACK, NULL, (uint32_t)(bytes / sizeof(float)), NULL, 0, NULL, DS4_DIST_ACT_F32, 0};
+        ds4_dist_work wk = {.route = c->route_id, .seq = ++c->seq, .session = r->id, .n = (uint32_t)n,
+                            .hash_before = DS4_DIST_HASH_EMPTY, .hash_after = r->hashes[n],
+                            .n_floats = (uint32_t)(bytes / sizeof(float))};
         void *buf;
         size_t blen;
         ds4_dist_frame f;
@@ -843,6 +1115,7 @@ static void coord_free(ds4_backend *be) {
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->changed);
     free(c->hidden);
+    tls_free(&c->tls);
     c->local->free(c->local);
     free(c);
 }
@@ -861,11 +1134,13 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
         local->free(local);
         return NULL;
     }
+    uint64_t first_route = 0;
+    const bool drawn = ds4_dist_random((uint8_t *)&first_route, sizeof first_route);
     coord *c = calloc(1, sizeof *c);
     const size_t hidden = (size_t)chunk * m->cfg.n_hc * m->cfg.n_embd;
     float *h = malloc(hidden * sizeof(float));
-    if (!c || !h) {
-        snprintf(err, errlen, "out of memory for the coordinator");
+    if (!c || !h || !drawn) {
+        snprintf(err, errlen, drawn ? "out of memory for the coordinator" : "cannot draw a random route id");
         free(c); free(h);
         local->free(local);
         return NULL;
@@ -879,31 +1154,38 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
     c->chunk = chunk;
     c->hidden = h;
     c->act = p->activation_bits == 16 ? DS4_DIST_ACT_F16 : p->activation_bits == 8 ? DS4_DIST_ACT_Q8 : DS4_DIST_ACT_F32;
-    c->me = identity(m, &c->p, numerics, 0, NULL);
+    c->me = identity(m, numerics, 0, NULL);
     atomic_init(&c->stop, false);
+    /* route ids start at random (top bit set: never 0, "no route"), so a
+     * restarted coordinator's never repeat its predecessor's: a worker
+     * refuses a ROUTE frame of an id it has taken before (a replay) */
+    c->gen = first_route | 1ull << 63;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->changed, NULL);
-    char url[200];
-    snprintf(url, sizeof url, "tcp://%s:%d", p->host, p->port);
+    char url[200], rurl[200];
+    if (!tls_load(p, &c->tls, err, errlen)) {
+        coord_free(&c->base);
+        return NULL;
+    }
+    snprintf(url, sizeof url, "%s://%s:%d", scheme(&c->tls), p->host, p->port);
     int rv = nng_rep0_open(&c->control);
     if (!rv) nng_socket_set_ms(c->control, NNG_OPT_RECVTIMEO, 200);
-    if (!rv) rv = nng_listen(c->control, url, NULL, 0);
+    if (!rv) rv = start_listener(c->control, url, &c->tls, NULL);
     /* results come back on their own port: the final hop's answers and the
      * workers' errors, whichever hop they come from */
-    char rurl[200];
-    snprintf(rurl, sizeof rurl, "tcp://%s:0", p->host);
+    snprintf(rurl, sizeof rurl, "%s://%s:0", scheme(&c->tls), p->host);
     nng_listener rl;
     int port = 0;
     int rv2 = rv ? rv : nng_pull0_open(&c->results);
     if (!rv2) nng_socket_set_ms(c->results, NNG_OPT_RECVTIMEO, POLL_MS);
-    if (!rv2) rv2 = nng_listen(c->results, rurl, &rl, 0);
+    if (!rv2) rv2 = start_listener(c->results, rurl, &c->tls, &rl);
     if (!rv2) rv2 = nng_listener_get_int(rl, NNG_OPT_TCP_BOUND_PORT, &port);
     if (rv || rv2) {
         snprintf(err, errlen, "cannot listen on %s: %s", rv ? url : rurl, nng_strerror(rv ? rv : rv2));
         coord_free(&c->base);
         return NULL;
     }
-    snprintf(c->home, sizeof c->home, "tcp://%s:%d", p->host, port);
+    snprintf(c->home, sizeof c->home, "%s://%s:%d", scheme(&c->tls), p->host, port);
     if (pthread_create(&c->thread, NULL, control_loop, c)) {
         snprintf(err, errlen, "cannot start the registration thread");
         coord_free(&c->base);
@@ -921,6 +1203,7 @@ typedef struct {
     ds4_kv *kv;
     uint64_t *hashes;       /* [ctx + 1]: the rolling hash after each prefix */
     uint64_t last_use;
+    ckpt_list ckpts;
 } worker_session;
 
 typedef struct {
@@ -934,7 +1217,11 @@ typedef struct {
     /* the route: where WORK goes next (none for the output owner) and home,
      * where results and errors go */
     uint64_t route;
+    uint32_t last_seq;      /* the route's latest request seen: request ids only grow along a route */
+    uint64_t routes_taken[MAX_ROUTES_KEPT];   /* ids of the latest ROUTE frames served (a ring) */
+    int n_routes_taken;
     const char *secret;     /* seals every frame this worker sends */
+    tls_pem tls;
     nng_socket next, home;
     bool next_open, home_open;
     char next_url[160], home_url[200];
@@ -953,6 +1240,7 @@ static bool grow(float **p, size_t *cap, size_t n) {
 static void session_drop(worker_session *s) {
     ds4_kv_free(s->kv);
     free(s->hashes);
+    free(s->ckpts.block);
     *s = (worker_session){0};
 }
 
@@ -965,11 +1253,16 @@ static worker_session *session_find(worker *w, uint64_t id, bool empty, char *wh
         if (!w->sessions[i].kv || (victim->kv && w->sessions[i].last_use < victim->last_use)) victim = &w->sessions[i];
     }
     if (s) {
-        if (empty) ds4_kv_reset(s->kv);
+        if (empty) {
+            ds4_kv_reset(s->kv);
+            s->ckpts.n = 0;
+        }
     } else if (empty) {
         session_drop(victim);
-        *victim = (worker_session){id, ds4_kv_new(&w->m->cfg, w->ctx, REWIND_SLACK),
-                                   malloc((size_t)(w->ctx + 1) * sizeof(uint64_t)), 0};
+        *victim = (worker_session){.id = id,
+                                   .kv = ds4_kv_new_layers(&w->m->cfg, w->ctx, REWIND_SLACK, w->m->slice.first,
+                                                           w->m->slice.last),
+                                   .hashes = malloc((size_t)(w->ctx + 1) * sizeof(uint64_t))};
         if (!victim->kv || !victim->hashes) {
             session_drop(victim);
             snprintf(why, whylen, "out of memory for a %d-token session", w->ctx);
@@ -984,15 +1277,44 @@ static worker_session *session_find(worker *w, uint64_t id, bool empty, char *wh
     return s;
 }
 
+/* Back to a checkpoint taken at exactly pos (exact: the rows before it were
+ * not truncated since, or the checkpoint would have been dropped). */
+static bool ckpt_restore(worker_session *s, int pos) {
+    for (int i = s->ckpts.n - 1; i >= 0; i--)
+        if (s->ckpts.pos[i] == pos) {
+            ds4_kv_ring_load(s->kv, s->ckpts.slot[i]);
+            return true;
+        }
+    return false;
+}
+
+/* A ring checkpoint after a flagged span; without memory for the slots the
+ * session just has none (a deep rewind then replays). */
+static void ckpt_take(worker_session *s) {
+    const size_t ring = ds4_kv_ring_bytes(s->kv);
+    /* calloc: a slot's pages are touched only when a checkpoint is taken */
+    if (!s->ckpts.block) {
+        if (!(s->ckpts.block = calloc(MAX_CKPT, ring))) return;
+        for (int i = 0; i < MAX_CKPT; i++) s->ckpts.slot[i] = (char *)s->ckpts.block + (size_t)i * ring;
+    }
+    ckpt_push(&s->ckpts, s->kv->n_pos);
+    ds4_kv_ring_save(s->kv, s->ckpts.slot[s->ckpts.n - 1]);
+}
+
 /* The session at position pos with prefix hash `hash`: a state further on
- * whose prefix matches is truncated back (within the rings' slack); anything
- * else is a mismatch (*status HASH_MISMATCH) the coordinator resolves by a
- * replay. NULL with a line in why. */
+ * whose prefix matches is truncated back (within the rings' slack) or
+ * restored from a checkpoint at pos; anything else is a mismatch (*status
+ * HASH_MISMATCH) the coordinator resolves by a replay. NULL with a line in
+ * why. */
 static worker_session *session_at(worker *w, uint64_t id, uint32_t pos, uint64_t hash, uint8_t *status, char *why,
                                   size_t whylen) {
     worker_session *s = session_find(w, id, pos == 0, why, whylen);
     *status = DS4_DIST_ERROR;
-    if (s && (int)pos <= s->kv->n_pos && s->hashes[pos] == hash && ds4_kv_truncate(s->kv, (int)pos)) return s;
+    if (s && (int)pos <= s->kv->n_pos && s->hashes[pos] == hash &&
+        (ds4_kv_truncate(s->kv, (int)pos) || ckpt_restore(s, (int)pos))) {
+        ckpt_drop_after(&s->ckpts, (int)pos);
+        return s;
+    }
     if (!why[0]) {
         *status = DS4_DIST_HASH_MISMATCH;
         snprintf(why, whylen, "hash mismatch: this worker holds %d tokens of session %llu, asked for position %u "
@@ -1013,7 +1335,8 @@ static void send_home(worker *w, const ds4_dist_result *r, const float *floats, 
 }
 
 static void send_error(worker *w, const ds4_dist_work *wk, uint8_t status, const char *why) {
-    ds4_dist_result r = {wk->route, wk->seq, wk->session, status, 0, 0, NULL, 0, NULL, why, strlen(why)};
+    ds4_dist_result r = {.route = wk->route, .seq = wk->seq, .session = wk->session, .status = status,
+                         .text = why, .text_len = strlen(why)};
     send_home(w, &r, NULL, NULL, 0);
 }
 
@@ -1056,6 +1379,7 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
         if (w->be->eval(w->be, &sq, 1, why, sizeof why) == 0) {
             for (uint32_t i = 0; i < wk->n; i++)
                 s->hashes[wk->pos + i + 1] = ds4_dist_hash_tokens(s->hashes[wk->pos + i], toks + i, 1);
+            if (wk->checkpoint) ckpt_take(s);
             ds4_dist_hop hops[DS4_DIST_MAX_HOPS];
             for (uint32_t i = 0; i < wk->n_hops; i++) hops[i] = ds4_dist_hop_at(wk->hops, i);
             hops[wk->n_hops] = (ds4_dist_hop){(uint32_t)w->m->slice.first, (uint32_t)w->m->slice.last, wk->pos, wk->n,
@@ -1063,8 +1387,9 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
             const double t1 = now_seconds();
             if (output) {
                 const bool ack = wk->logits == DS4_DIST_ACK;
-                ds4_dist_result r = {wk->route, wk->seq, wk->session, DS4_DIST_OK, s->hashes[wk->pos + wk->n],
-                                     ack ? 0 : (uint32_t)n_out, NULL, wk->n_hops + 1, NULL, "", 0};
+                ds4_dist_result r = {.route = wk->route, .seq = wk->seq, .session = wk->session,
+                                     .status = DS4_DIST_OK, .hash_after = s->hashes[wk->pos + wk->n],
+                                     .n_floats = ack ? 0 : (uint32_t)n_out, .n_hops = wk->n_hops + 1, .text = ""};
                 send_home(w, &r, w->out, hops, t1);
             } else {
                 ds4_dist_work fw = *wk;   /* on in the format it came in */
@@ -1121,16 +1446,67 @@ static void serve_kv(worker *w, enum ds4_dist_type type, const ds4_dist_work *wk
     if (why[0]) {
         send_error(w, wk, status, why);
     } else {
-        ds4_dist_result r = {wk->route, wk->seq, wk->session, DS4_DIST_OK, wk->hash_after,
-                             (uint32_t)(type == DS4_DIST_KV_GET ? n_floats : 0), NULL, 0, NULL, "", 0};
+        ds4_dist_result r = {.route = wk->route, .seq = wk->seq, .session = wk->session, .status = DS4_DIST_OK,
+                             .hash_after = wk->hash_after,
+                             .n_floats = (uint32_t)(type == DS4_DIST_KV_GET ? n_floats : 0), .text = ""};
         send_home(w, &r, state, NULL, 0);
     }
     free(state);
     free(toks);
 }
 
+/* Registration (dist_proto.h): KNOCK with a fresh nonce, check the
+ * coordinator's proof before saying anything, then the HELLO sealed under
+ * the handshake key. 0 welcomed, 1 refused, -1 no valid answer, -2 no
+ * answer in time; the coordinator's line or the failure in line. */
+static int handshake(nng_socket control, const char *secret, ds4_dist_hello me, char *line, size_t linelen) {
+    uint8_t nonce_w[DS4_DIST_NONCE_BYTES], nonce_c[DS4_DIST_NONCE_BYTES], proof[DS4_DIST_SEAL_BYTES],
+        key[DS4_DIST_SEAL_BYTES];
+    if (!ds4_dist_random(nonce_w, sizeof nonce_w)) { snprintf(line, linelen, "cannot draw a random nonce"); return -1; }
+    size_t len, blen;
+    void *buf;
+    ds4_dist_frame f;
+    uint8_t *knock = ds4_dist_encode_challenge(nonce_w, NULL, &len);
+    int rv = exchange(control, knock, len, NULL, &buf, &blen, &f, line, linelen);
+    if (rv) return rv == NNG_ETIMEDOUT ? -2 : -1;
+    const bool challenged = f.type == DS4_DIST_CHALLENGE;
+    if (challenged) {
+        memcpy(nonce_c, f.challenge.nonce, sizeof nonce_c);
+        ds4_dist_handshake_key(secret, DS4_DIST_COORDINATOR_PROOF, nonce_w, nonce_c, proof);
+    } else {
+        snprintf(line, linelen, "%.*s", f.type == DS4_DIST_REFUSED ? (int)f.result.text_len : 0, f.result.text);
+    }
+    const bool proven = challenged && ds4_dist_same(proof, f.challenge.proof, sizeof proof);
+    nng_free(buf, blen);
+    if (!challenged) return 1;
+    if (!proven) {
+        snprintf(line, linelen, "refused: the coordinator does not prove it holds this secret (wrong --dist-secret "
+                                "here or there, or not the coordinator)");
+        return 1;
+    }
+    ds4_dist_handshake_key(secret, DS4_DIST_HANDSHAKE_KEY, nonce_w, nonce_c, key);
+    me.challenge = nonce_c;
+    uint8_t *hello = ds4_dist_encode_hello(&me, &len);
+    hello = ds4_dist_seal(hello, &len, key, sizeof key);
+    if ((rv = exchange(control, hello, len, key, &buf, &blen, &f, line, linelen))) return rv == NNG_ETIMEDOUT ? -2 : -1;
+    const bool welcome = f.type == DS4_DIST_WELCOME;
+    snprintf(line, linelen, "%.*s", welcome || f.type == DS4_DIST_REFUSED ? (int)f.result.text_len : 0, f.result.text);
+    nng_free(buf, blen);
+    return welcome ? 0 : 1;
+}
+
+/* Whether a ROUTE of this id was served already: ids are never reused (a
+ * coordinator's start at random and grow), so that is a recorded frame. */
+static bool route_taken(const worker *w, uint64_t id) {
+    const int n = w->n_routes_taken < MAX_ROUTES_KEPT ? w->n_routes_taken : MAX_ROUTES_KEPT;
+    for (int i = 0; i < n; i++)
+        if (w->routes_taken[i] == id) return true;
+    return false;
+}
+
 /* Re-points a push socket when its address changed. */
-static int repoint(nng_socket *s, bool *open, char *cur, size_t cap, const char *url, size_t len, double timeout_s) {
+static int repoint(nng_socket *s, bool *open, char *cur, size_t cap, const char *url, size_t len, const tls_pem *t,
+                   double timeout_s) {
     if (*open && strlen(cur) == len && !memcmp(cur, url, len)) return 0;
     if (*open) nng_close(*s);
     *open = false;
@@ -1138,23 +1514,27 @@ static int repoint(nng_socket *s, bool *open, char *cur, size_t cap, const char 
     if (len >= cap) return NNG_EINVAL;
     memcpy(cur, url, len);
     cur[len] = 0;
-    const int rv = open_push(s, cur, timeout_s, NULL);
+    const int rv = open_push(s, cur, t, timeout_s, NULL);
     *open = rv == 0;
     return rv;
 }
 
 static void serve_route(worker *w, const ds4_dist_route *r, double timeout_s) {
-    int rv = repoint(&w->home, &w->home_open, w->home_url, sizeof w->home_url, r->home, r->home_len, timeout_s);
+    int rv = repoint(&w->home, &w->home_open, w->home_url, sizeof w->home_url, r->home, r->home_len, &w->tls,
+                     timeout_s);
     if (!w->home_open) {
         fprintf(stderr, "ds4 worker: cannot reach the coordinator's results at %.*s: %s\n", (int)r->home_len, r->home,
                 nng_strerror(rv ? rv : NNG_EINVAL));
         return;
     }
-    if (!rv) rv = repoint(&w->next, &w->next_open, w->next_url, sizeof w->next_url, r->next, r->next_len, timeout_s);
+    if (!rv)
+        rv = repoint(&w->next, &w->next_open, w->next_url, sizeof w->next_url, r->next, r->next_len, &w->tls, timeout_s);
     w->route = r->route;
+    w->last_seq = 0;
     char why[300] = "";
     if (rv) snprintf(why, sizeof why, "cannot reach the next hop %.*s: %s", (int)r->next_len, r->next, nng_strerror(rv));
-    ds4_dist_result res = {r->route, 0, 0, rv ? DS4_DIST_ERROR : DS4_DIST_OK, 0, 0, NULL, 0, NULL, why, strlen(why)};
+    ds4_dist_result res = {.route = r->route, .status = rv ? DS4_DIST_ERROR : DS4_DIST_OK, .text = why,
+                           .text_len = strlen(why)};
     send_home(w, &res, NULL, NULL, 0);
 }
 
@@ -1184,42 +1564,61 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
         fprintf(stderr, "ds4 worker: %s\n", err);
         goto done;
     }
+    if (!tls_load(p, &w.tls, err, sizeof err)) { fprintf(stderr, "ds4 worker: %s\n", err); goto done; }
     int rv = nng_pull0_open(&data);
-    snprintf(url, sizeof url, "tcp://%s:0", here);
-    if (!rv) rv = nng_listener_create(&listener, data, url);
-    if (!rv) rv = nng_listener_start(listener, 0);
+    snprintf(url, sizeof url, "%s://%s:0", scheme(&w.tls), here);
+    if (!rv) rv = start_listener(data, url, &w.tls, &listener);
     int port = 0;
     if (!rv) rv = nng_listener_get_int(listener, NNG_OPT_TCP_BOUND_PORT, &port);
     if (rv) { fprintf(stderr, "ds4 worker: cannot listen on %s: %s\n", url, nng_strerror(rv)); goto done; }
-    snprintf(url, sizeof url, "tcp://%s:%d", here, port);
+    snprintf(url, sizeof url, "%s://%s:%d", scheme(&w.tls), here, port);
     char curl[200];
-    snprintf(curl, sizeof curl, "tcp://%s:%d", p->host, p->port);
+    snprintf(curl, sizeof curl, "%s://%s:%d", scheme(&w.tls), p->host, p->port);
     rv = nng_req0_open(&control);
-    if (!rv) rv = nng_dial(control, curl, NULL, NNG_FLAG_NONBLOCK);   /* retries until the coordinator is up */
+    if (!rv) rv = start_dialer(control, curl, &w.tls);   /* retries until the coordinator is up */
     if (rv) { fprintf(stderr, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
-    ds4_dist_hello me = identity(w.m, p, sim, ctx, url);
-    size_t len, blen;
+    const ds4_dist_hello me = identity(w.m, sim, ctx, url);
+    size_t blen;
     void *buf = NULL;
     ds4_dist_frame f;
     /* The HELLO is repeated whenever no work came for a while: a restarted
      * coordinator, or one that dropped the route, learns this worker again
      * without restarting it. */
     nng_socket_set_ms(data, NNG_OPT_RECVTIMEO, 1000);
-    bool registered = false;
+    /* both: a REQ socket's send waits for a connection, which a TLS mismatch never makes */
+    nng_socket_set_ms(control, NNG_OPT_SENDTIMEO, FIRST_ANSWER_MS);
+    nng_socket_set_ms(control, NNG_OPT_RECVTIMEO, FIRST_ANSWER_MS);
+    bool registered = false, waited = false;
     double idle_since = now_seconds();
     for (;;) {
         if (!registered || nng_recv(data, &buf, &blen, NNG_FLAG_ALLOC)) {
-            uint8_t *hello = ds4_dist_encode_hello(&me, &len);
-            if (!exchange(control, hello, len, &buf, &blen, &f, err, sizeof err)) {
-                if (!registered) { fprintf(stderr, "ds4 worker: registration with %s failed: %s\n", curl, err); goto done; }
-                continue;   /* the coordinator is away; ask again after the next quiet second */
+            char line[300];
+            const int hs = handshake(control, p->secret, me, line, sizeof line);
+            if (hs == -2 && !registered && !waited) {
+                /* NNG keeps dialling and says nothing about why a connection fails */
+                fprintf(stderr, "ds4 worker: no answer from %s yet (is it up? with TLS, do both sides trust each "
+                                "other's certificates?); still trying\n", curl);
+                waited = true;
             }
-            const bool welcome = f.type == DS4_DIST_WELCOME;
-            if (!registered || !welcome)
-                fprintf(stderr, "ds4 worker: layers %d..%d%s: %s: %.*s\n", w.m->slice.first, w.m->slice.last,
-                        w.m->slice.output ? " + output" : "", curl, (int)f.result.text_len, f.result.text);
-            nng_free(buf, blen);
-            if (!welcome) goto done;
+            if (hs == -1 && !registered) {
+                fprintf(stderr, "ds4 worker: registration with %s failed: %s\n", curl, line);
+                goto done;
+            }
+            if (hs < 0) continue;   /* the coordinator is away; ask again */
+            if (!registered || hs)
+                fprintf(stderr, "ds4 worker: layers %d..%d%s: %s: %s", w.m->slice.first, w.m->slice.last,
+                        w.m->slice.output ? " + output" : "", curl, line);
+            if (!registered && !hs) {
+                /* what a session costs here: only this slice's layers have state */
+                const ds4_config *cfg = &w.m->cfg;
+                fprintf(stderr, "; KV state %.2f MiB per %d-token session for these layers (%.2f MiB for all %d), "
+                                "at most %d sessions",
+                        (double)ds4_kv_bytes_for_layers(cfg, ctx, REWIND_SLACK, w.m->slice.first, w.m->slice.last) /
+                            (1 << 20),
+                        ctx, (double)ds4_kv_bytes_for(cfg, ctx, REWIND_SLACK) / (1 << 20), cfg->n_layer, MAX_SESSIONS);
+            }
+            fputc('\n', stderr);
+            if (hs) goto done;
             if (!registered) nng_socket_set_ms(control, NNG_OPT_RECVTIMEO, 1000);
             registered = true;
             idle_since = now_seconds();
@@ -1227,15 +1626,27 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
         }
         const uint32_t wait_us = elapsed_us(idle_since);
         size_t frame_len;
-        if (!ds4_dist_unseal(buf, blen, p->secret, &frame_len)) {
+        if (!ds4_dist_unseal(buf, blen, p->secret, strlen(p->secret), &frame_len)) {
             fprintf(stderr, "ds4 worker: dropped a frame that fails the --dist-secret seal\n");
         } else if (!ds4_dist_decode(buf, frame_len, &f, err, sizeof err)) {
             fprintf(stderr, "ds4 worker: dropped a frame: %s\n", err);
+        } else if ((f.type == DS4_DIST_WORK || f.type == DS4_DIST_KV_GET || f.type == DS4_DIST_KV_PUT) &&
+                   f.work.route == w.route && (int32_t)(f.work.seq - w.last_seq) <= 0) {
+            /* sealed, but a request of this route was already served: a
+             * recorded frame sent again, never computed twice */
+            fprintf(stderr, "ds4 worker: dropped a replayed frame (request %u; the route is at %u)\n", f.work.seq,
+                    w.last_seq);
+        } else if (f.type == DS4_DIST_ROUTE && route_taken(&w, f.route.route)) {
+            fprintf(stderr, "ds4 worker: dropped a replayed ROUTE frame (route %llu was taken before)\n",
+                    (unsigned long long)f.route.route);
         } else if (f.type == DS4_DIST_ROUTE) {
+            w.routes_taken[w.n_routes_taken++ % MAX_ROUTES_KEPT] = f.route.route;
             serve_route(&w, &f.route, p->reply_seconds);
         } else if (f.type == DS4_DIST_WORK) {
+            if (f.work.route == w.route) w.last_seq = f.work.seq;
             serve_work(&w, &f.work, blen, wait_us);
         } else if (f.type == DS4_DIST_KV_GET || f.type == DS4_DIST_KV_PUT) {
+            if (f.work.route == w.route) w.last_seq = f.work.seq;
             serve_kv(&w, f.type, &f.work);
         } else {
             fprintf(stderr, "ds4 worker: dropped a frame of type %d\n", f.type);
@@ -1250,6 +1661,7 @@ done:
     if (w.home_open) nng_close(w.home);
     for (int i = 0; i < MAX_SESSIONS; i++) session_drop(&w.sessions[i]);
     free(w.in); free(w.out);
+    tls_free(&w.tls);
     if (w.be) w.be->free(w.be);
     ds4_model_free(w.m);
     ds4_gguf_close(g);

@@ -32,6 +32,10 @@
  *   it was before the step (the engine sees no change), and later steps
  *   report the incomplete route until a compatible worker registers for the
  *   slice (the surviving workers register again within a second).
+ * - Along a route request ids only grow, and route ids are never reused
+ *   (they start at random): a worker drops a (sealed) WORK or KV frame of a
+ *   request it already served and a ROUTE frame of a route it took before,
+ *   as recorded frames sent again would be.
  * - Workers keep one KV state per session and check every WORK frame's
  *   position and rolling token-prefix hash: a state further on whose prefix
  *   matches is truncated back (a rewind, within the rings' slack); anything
@@ -55,6 +59,13 @@
  *   result frames.
  * - Binding is the caller's business: loopback by default in the tests;
  *   ports a LAN can reach need the secret (refused without one).
+ * - TLS (--dist-tls-cert/--dist-tls-key/--dist-tls-ca, all three or none):
+ *   every socket (registration, data ports, results) runs over NNG's
+ *   tls+tcp transport (mbedTLS) instead of tcp, and both ends of every
+ *   connection present their certificate and require the peer's to be
+ *   signed by the CA (mutual TLS); a dialing end also requires the peer's
+ *   certificate to name the host it dials (CN or DNS name, as written in
+ *   the address). The secret's challenge-response still runs inside.
  */
 #ifndef DS4_DIST_H
 #define DS4_DIST_H
@@ -78,18 +89,21 @@ typedef struct {
     int prefill_window;         /* --dist-prefill-window: chunks in flight (<= 0: 2) */
     int activation_bits;        /* --dist-activation-bits: 32, 16 or 8 (<= 0: 32); coordinator only */
     bool debug;                 /* --debug: route formation and per-hop telemetry on stderr */
+    const char *tls_cert, *tls_key, *tls_ca;   /* PEM files (--dist-tls-*); NULL: plain TCP */
 } ds4_dist_params;
 
 /* Parses argv[*i] if it is one of --role, --listen, --coordinator,
  * --dist-secret, --dist-wait, --dist-reply-timeout, --dist-prefill-chunk,
- * --dist-prefill-window, --dist-activation-bits, --debug (advancing *i past its values).
+ * --dist-prefill-window, --dist-activation-bits, --dist-tls-cert,
+ * --dist-tls-key, --dist-tls-ca, --debug (advancing *i past its values).
  * 1 consumed, 0 not ours, -1 with a line in err. */
 int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, char *err, size_t errlen);
 extern const char ds4_dist_usage[];
 /* After parsing: the secret from the environment when not given, and one
  * line in err for an inconsistent set (a role without its address, a worker
  * role where the binary runs no worker loop: !worker_ok, activation bits
- * given to a worker: the coordinator chooses them for the route). */
+ * given to a worker: the coordinator chooses them for the route, some of
+ * the TLS files without the others). */
 bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size_t errlen);
 
 /* Takes ownership of `local` (the backend over the coordinator's slice). */

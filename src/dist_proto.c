@@ -3,12 +3,14 @@
 #include "quant.h"
 #include "sha1.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
-enum { VERSION = 4, HEADER = 8, HOP_BYTES = 8 * 4 };
+enum { VERSION = 5, HEADER = 8, HOP_BYTES = 8 * 4 };
 static const uint8_t MAGIC[4] = {'D', 'S', '4', 'P'};
 
 uint64_t ds4_dist_hash_tokens(uint64_t h, const int32_t *toks, int n) {
@@ -94,10 +96,10 @@ static bool start(writer *w, enum ds4_dist_type type, size_t body) {
 static size_t str_len(size_t n) { return n > 0xffff ? 0xffff : n; }
 
 uint8_t *ds4_dist_encode_hello(const ds4_dist_hello *h, size_t *len) {
-    const size_t ls = str_len(h->secret_len), lm = str_len(h->model_len), lu = str_len(h->data_url_len);
+    const size_t lm = str_len(h->model_len), lu = str_len(h->data_url_len);
     writer w;
-    if (!start(&w, DS4_DIST_HELLO, 6 + ls + lm + lu + 4 * 8 + 2)) return NULL;
-    put_str(&w, h->secret, ls);
+    if (!start(&w, DS4_DIST_HELLO, DS4_DIST_NONCE_BYTES + 4 + lm + lu + 4 * 8 + 2)) return NULL;
+    put_bytes(&w, h->challenge, DS4_DIST_NONCE_BYTES);
     put_str(&w, h->model, lm);
     put_le(&w, h->n_layer, 4); put_le(&w, h->n_embd, 4); put_le(&w, h->n_hc, 4); put_le(&w, h->n_vocab, 4);
     put_le(&w, h->expert_bits, 4); put_le(&w, h->first, 4); put_le(&w, h->last, 4);
@@ -118,6 +120,17 @@ uint8_t *ds4_dist_encode_text(enum ds4_dist_type type, const char *text, size_t 
     return w.p;
 }
 
+uint8_t *ds4_dist_encode_challenge(const uint8_t *nonce, const uint8_t *proof, size_t *len) {
+    writer w;
+    if (!start(&w, proof ? DS4_DIST_CHALLENGE : DS4_DIST_KNOCK,
+               DS4_DIST_NONCE_BYTES + (proof ? DS4_DIST_SEAL_BYTES : 0)))
+        return NULL;
+    put_bytes(&w, nonce, DS4_DIST_NONCE_BYTES);
+    if (proof) put_bytes(&w, proof, DS4_DIST_SEAL_BYTES);
+    *len = w.at;
+    return w.p;
+}
+
 static void put_hops(writer *w, const ds4_dist_hop *hops, uint32_t n) {
     put_le(w, n, 4);
     for (uint32_t i = 0; i < n; i++) {
@@ -134,7 +147,7 @@ uint8_t *ds4_dist_encode_work(enum ds4_dist_type type, const ds4_dist_work *wk, 
         return NULL;
     writer w;
     const size_t payload = ds4_dist_act_bytes(wk->act, wk->row, wk->n_floats);
-    if (!start(&w, type, 8 + 4 + 8 + 4 + 4 + 8 + 8 + 1 + 4 * (size_t)wk->n + 1 + 4 + 4 + payload + 4 +
+    if (!start(&w, type, 8 + 4 + 8 + 4 + 4 + 8 + 8 + 1 + 1 + 4 * (size_t)wk->n + 1 + 4 + 4 + payload + 4 +
                              HOP_BYTES * (size_t)wk->n_hops))
         return NULL;
     put_le(&w, wk->route, 8);
@@ -145,6 +158,7 @@ uint8_t *ds4_dist_encode_work(enum ds4_dist_type type, const ds4_dist_work *wk, 
     put_le(&w, wk->hash_before, 8);
     put_le(&w, wk->hash_after, 8);
     put_le(&w, wk->logits, 1);
+    put_le(&w, wk->checkpoint, 1);
     for (uint32_t i = 0; i < wk->n; i++) put_le(&w, (uint32_t)toks[i], 4);
     put_le(&w, wk->act, 1);
     put_le(&w, wk->row, 4);
@@ -267,7 +281,7 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
     switch (type) {
     case DS4_DIST_HELLO: {
         ds4_dist_hello *h = &out->hello;
-        h->secret = get_str(&r, &h->secret_len);
+        h->challenge = get_bytes(&r, DS4_DIST_NONCE_BYTES);
         h->model = get_str(&r, &h->model_len);
         h->n_layer = (uint32_t)get_le(&r, 4); h->n_embd = (uint32_t)get_le(&r, 4);
         h->n_hc = (uint32_t)get_le(&r, 4); h->n_vocab = (uint32_t)get_le(&r, 4);
@@ -283,6 +297,10 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
         if (nu > 1) r.bad = true;
         break;
     }
+    case DS4_DIST_KNOCK: case DS4_DIST_CHALLENGE:
+        out->challenge.nonce = get_bytes(&r, DS4_DIST_NONCE_BYTES);
+        if (type == DS4_DIST_CHALLENGE) out->challenge.proof = get_bytes(&r, DS4_DIST_SEAL_BYTES);
+        break;
     case DS4_DIST_WELCOME: case DS4_DIST_REFUSED:
         out->result.text = get_str(&r, &out->result.text_len);
         break;
@@ -296,7 +314,9 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
         w->hash_before = get_le(&r, 8);
         w->hash_after = get_le(&r, 8);
         w->logits = (uint8_t)get_le(&r, 1);
-        if (w->logits > DS4_DIST_ALL || (type == DS4_DIST_WORK && w->n == 0)) r.bad = true;
+        const uint64_t ck = get_le(&r, 1);
+        w->checkpoint = ck == 1;
+        if (w->logits > DS4_DIST_ALL || ck > 1 || (type == DS4_DIST_WORK && w->n == 0)) r.bad = true;
         w->tokens = get_bytes(&r, 4 * (uint64_t)w->n);
         w->act = (uint8_t)get_le(&r, 1);
         w->row = (uint32_t)get_le(&r, 4);
@@ -341,11 +361,6 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
 }
 
 bool ds4_dist_hello_compatible(const ds4_dist_hello *mine, const ds4_dist_hello *theirs, char *err, size_t errlen) {
-    /* constant time over the secret bytes: a wrong guess learns nothing from timing */
-    uint8_t diff = mine->secret_len != theirs->secret_len;
-    for (size_t i = 0; i < mine->secret_len; i++)
-        diff |= (uint8_t)(mine->secret[i] ^ (i < theirs->secret_len ? theirs->secret[i] : 0));
-    if (diff) { snprintf(err, errlen, "refused: wrong --dist-secret"); return false; }
     if (mine->model_len != theirs->model_len || memcmp(mine->model, theirs->model, mine->model_len) ||
         mine->n_layer != theirs->n_layer || mine->n_embd != theirs->n_embd || mine->n_hc != theirs->n_hc ||
         mine->n_vocab != theirs->n_vocab) {
@@ -372,22 +387,48 @@ bool ds4_dist_hello_compatible(const ds4_dist_hello *mine, const ds4_dist_hello 
     return true;
 }
 
-uint8_t *ds4_dist_seal(uint8_t *msg, size_t *len, const char *secret) {
+uint8_t *ds4_dist_seal(uint8_t *msg, size_t *len, const void *key, size_t key_len) {
     uint8_t *sealed = msg ? realloc(msg, *len + DS4_DIST_SEAL_BYTES) : NULL;
     if (!sealed) { free(msg); return NULL; }
-    ds4_hmac_sha1(secret, strlen(secret), sealed, *len, sealed + *len);
+    ds4_hmac_sha1(key, key_len, sealed, *len, sealed + *len);
     *len += DS4_DIST_SEAL_BYTES;
     return sealed;
 }
 
-bool ds4_dist_unseal(const void *buf, size_t n, const char *secret, size_t *frame_len) {
+/* constant time: a forger learns nothing from how far a guess matched */
+bool ds4_dist_same(const uint8_t *a, const uint8_t *b, size_t n) {
+    uint8_t diff = 0;
+    for (size_t i = 0; i < n; i++) diff |= (uint8_t)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+bool ds4_dist_unseal(const void *buf, size_t n, const void *key, size_t key_len, size_t *frame_len) {
     if (n < DS4_DIST_SEAL_BYTES) return false;
     const size_t len = n - DS4_DIST_SEAL_BYTES;
     unsigned char want[DS4_DIST_SEAL_BYTES];
-    ds4_hmac_sha1(secret, strlen(secret), buf, len, want);
-    /* constant time: a forger learns nothing from how far a guess matched */
-    uint8_t diff = 0;
-    for (int i = 0; i < DS4_DIST_SEAL_BYTES; i++) diff |= (uint8_t)(want[i] ^ ((const uint8_t *)buf)[len + i]);
+    ds4_hmac_sha1(key, key_len, buf, len, want);
     *frame_len = len;
-    return diff == 0;
+    return ds4_dist_same(want, (const uint8_t *)buf + len, DS4_DIST_SEAL_BYTES);
+}
+
+void ds4_dist_handshake_key(const char *secret, enum ds4_dist_key which, const uint8_t *nonce_w,
+                            const uint8_t *nonce_c, uint8_t out[DS4_DIST_SEAL_BYTES]) {
+    /* distinct labels: the coordinator's proof never serves as the key a worker seals with */
+    static const char *const labels[] = {"ds4 coordinator", "ds4 worker"};
+    const size_t ll = strlen(labels[which]);
+    uint8_t msg[16 + 2 * DS4_DIST_NONCE_BYTES];
+    memcpy(msg, labels[which], ll);
+    memcpy(msg + ll, nonce_w, DS4_DIST_NONCE_BYTES);
+    memcpy(msg + ll + DS4_DIST_NONCE_BYTES, nonce_c, DS4_DIST_NONCE_BYTES);
+    ds4_hmac_sha1(secret, strlen(secret), msg, ll + 2 * DS4_DIST_NONCE_BYTES, out);
+}
+
+bool ds4_dist_random(uint8_t *out, size_t n) {
+    for (size_t got = 0; got < n;) {
+        const ssize_t r = getrandom(out + got, n - got, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        got += (size_t)r;
+    }
+    return true;
 }

@@ -6,12 +6,20 @@
  * Contract
  * - Every frame starts with the magic "DS4P", a version (4) and a type;
  *   integers and floats are little endian, strings length-prefixed (u16).
- * - HELLO (worker -> coordinator): the shared secret, the model identity
- *   (name, layer count, hidden size, HC streams, vocabulary, routed-expert
- *   bits, numerics), the layer slice, the context capacity and the worker's
- *   data address. ds4_dist_hello_compatible() says whether a registration fits
- *   the coordinator's model and secret (secret compared in constant time)
- *   and words the refusal in one line.
+ * - Registration is a challenge-response on the control socket (REQ/REP);
+ *   the secret never travels. KNOCK (worker): a fresh random nonce Nw.
+ *   CHALLENGE (coordinator): a fresh random nonce Nc and the coordinator's
+ *   proof HMAC-SHA1(secret, "ds4 coordinator" Nw Nc), which the worker
+ *   checks before it says anything about itself, so a fake coordinator
+ *   learns nothing and gets no work. HELLO (worker): Nc again, the model
+ *   identity (name, layer count, hidden size, HC streams, vocabulary,
+ *   routed-expert bits, numerics), the layer slice, the context capacity
+ *   and the worker's data address, sealed under the handshake key
+ *   HMAC-SHA1(secret, "ds4 worker" Nw Nc) (ds4_dist_handshake_key); the
+ *   coordinator's WELCOME or REFUSED is sealed under the same key. Each Nc
+ *   is answered once, so a recorded HELLO replayed later is refused.
+ *   ds4_dist_hello_compatible() says whether a registration fits the
+ *   coordinator's model and words the refusal in one line.
  * - ROUTE (coordinator -> each worker at route formation): the route id, the
  *   next hop's data address (empty for the worker owning the output head)
  *   and the coordinator's result address ("home").
@@ -19,9 +27,11 @@
  *   id (seq), session id, first position, token count, the rolling
  *   token-prefix hashes before and after the span, which logits the final
  *   owner returns (ACK: none, for non-final prefill chunks; LAST: the last
- *   token's; ALL: every position's), the tokens, the hidden-state payload
- *   (n x n_hc x n_embd floats) in the transport format the coordinator
- *   chose (--dist-activation-bits) and the telemetry of the hops done so far.
+ *   token's; ALL: every position's), whether the hops keep a ring checkpoint
+ *   of the session after the span (dist.h), the tokens, the hidden-state
+ *   payload (n x n_hc x n_embd floats) in the transport format the
+ *   coordinator chose (--dist-activation-bits) and the telemetry of the hops
+ *   done so far.
  * - Transport formats of the hidden states (enum ds4_dist_act): F32 as is;
  *   F16 IEEE binary16, rounded to nearest even, values beyond +-65504
  *   saturated (relative error <= 2^-11 in the normal range, absolute <=
@@ -50,13 +60,13 @@
  *   buffer need not be aligned. Encoders return NULL only when out of memory
  *   (and ds4_dist_encode_work for a format the decoder would refuse).
  * - Sealing: every frame on a data port (ROUTE, WORK, KV_GET/KV_PUT, RESULT)
- *   travels sealed, the frame followed by HMAC-SHA1(secret, frame) (sha1.h):
- *   ds4_dist_seal() appends the tag, ds4_dist_unseal() checks it in constant
- *   time and gives the frame's length, and a frame that fails is dropped
- *   before it is decoded. Someone who can reach a data port but does not
- *   know the secret cannot send work, results or routes. HELLO goes over
- *   the control socket unsealed and carries the secret itself (registration
- *   compares it). No encryption: anyone on the path reads the frames.
+ *   travels sealed, the frame followed by HMAC-SHA1(key, frame) (sha1.h),
+ *   the key being the secret (the handshake key for HELLO, WELCOME and
+ *   REFUSED): ds4_dist_seal() appends the tag, ds4_dist_unseal() checks it
+ *   in constant time and gives the frame's length, and a frame that fails
+ *   is dropped before it is decoded. Someone who can reach a data port but
+ *   does not know the secret cannot send work, results or routes. No
+ *   encryption here: TLS is the transport's business (dist.h).
  * - ds4_dist_hash_tokens() is the rolling 64-bit prefix hash (FNV-1a over
  *   the token ids' little-endian bytes): hash(prefix + span) is
  *   ds4_dist_hash_tokens(hash(prefix), span).
@@ -70,9 +80,12 @@
 
 #define DS4_DIST_HASH_EMPTY 0xcbf29ce484222325ull
 #define DS4_DIST_MAX_HOPS 16
+#define DS4_DIST_NONCE_BYTES 16
+#define DS4_DIST_SEAL_BYTES 20
 
 enum ds4_dist_type { DS4_DIST_HELLO = 1, DS4_DIST_WELCOME = 2, DS4_DIST_REFUSED = 3, DS4_DIST_WORK = 4,
-                     DS4_DIST_RESULT = 5, DS4_DIST_ROUTE = 6, DS4_DIST_KV_GET = 7, DS4_DIST_KV_PUT = 8 };
+                     DS4_DIST_RESULT = 5, DS4_DIST_ROUTE = 6, DS4_DIST_KV_GET = 7, DS4_DIST_KV_PUT = 8,
+                     DS4_DIST_KNOCK = 9, DS4_DIST_CHALLENGE = 10 };
 enum ds4_dist_status { DS4_DIST_OK = 0, DS4_DIST_HASH_MISMATCH = 1, DS4_DIST_ERROR = 2 };
 enum ds4_dist_logits { DS4_DIST_ACK = 0, DS4_DIST_LAST = 1, DS4_DIST_ALL = 2 };
 enum ds4_dist_act { DS4_DIST_ACT_F32 = 0, DS4_DIST_ACT_F16 = 1, DS4_DIST_ACT_Q8 = 2 };
@@ -86,7 +99,7 @@ typedef struct {
 } ds4_dist_hop;
 
 typedef struct {
-    const char *secret; size_t secret_len;
+    const uint8_t *challenge;  /* DS4_DIST_NONCE_BYTES: the coordinator's nonce Nc */
     const char *model; size_t model_len;
     uint32_t n_layer, n_embd, n_hc, n_vocab, expert_bits;
     uint32_t first, last;
@@ -103,6 +116,7 @@ typedef struct {
     uint32_t pos, n;
     uint64_t hash_before, hash_after;
     uint8_t logits;            /* enum ds4_dist_logits */
+    bool checkpoint;           /* keep a ring checkpoint after the span (WORK) */
     const uint8_t *tokens;     /* n little-endian i32 */
     uint32_t n_floats;
     const uint8_t *floats;     /* n_floats encoded as `act` says (ds4_dist_work_floats) */
@@ -131,9 +145,15 @@ typedef struct {
     const char *home; size_t home_len;
 } ds4_dist_route;
 
+/* KNOCK: nonce (Nw), proof NULL; CHALLENGE: nonce (Nc) and proof (SEAL_BYTES) */
+typedef struct {
+    const uint8_t *nonce, *proof;
+} ds4_dist_challenge;
+
 typedef struct {
     enum ds4_dist_type type;
     ds4_dist_hello hello;      /* HELLO */
+    ds4_dist_challenge challenge;   /* KNOCK, CHALLENGE */
     ds4_dist_work work;        /* WORK, KV_GET, KV_PUT */
     ds4_dist_result result;    /* RESULT, WELCOME, REFUSED (text only) */
     ds4_dist_route route;      /* ROUTE */
@@ -141,18 +161,28 @@ typedef struct {
 
 uint64_t ds4_dist_hash_tokens(uint64_t h, const int32_t *toks, int n);
 
-#define DS4_DIST_SEAL_BYTES 20
-/* Appends the seal to a malloc'd frame of *len bytes (growing it; *len grows
- * by DS4_DIST_SEAL_BYTES). NULL when out of memory or msg is NULL (msg is
- * freed then). */
-uint8_t *ds4_dist_seal(uint8_t *msg, size_t *len, const char *secret);
+/* Appends the seal HMAC-SHA1(key, frame) to a malloc'd frame of *len bytes
+ * (growing it; *len grows by DS4_DIST_SEAL_BYTES). NULL when out of memory
+ * or msg is NULL (msg is freed then). */
+uint8_t *ds4_dist_seal(uint8_t *msg, size_t *len, const void *key, size_t key_len);
 /* True when buf[0..n) ends in the right seal; *frame_len is then the frame's
  * length without it. */
-bool ds4_dist_unseal(const void *buf, size_t n, const char *secret, size_t *frame_len);
+bool ds4_dist_unseal(const void *buf, size_t n, const void *key, size_t key_len, size_t *frame_len);
+/* HMAC-SHA1(secret, label Nw Nc): the coordinator's proof (label
+ * "ds4 coordinator") or the handshake key (label "ds4 worker"). */
+enum ds4_dist_key { DS4_DIST_COORDINATOR_PROOF = 0, DS4_DIST_HANDSHAKE_KEY = 1 };
+void ds4_dist_handshake_key(const char *secret, enum ds4_dist_key which, const uint8_t *nonce_w,
+                            const uint8_t *nonce_c, uint8_t out[DS4_DIST_SEAL_BYTES]);
+/* Equal in time independent of where a and b differ. */
+bool ds4_dist_same(const uint8_t *a, const uint8_t *b, size_t n);
+/* n fresh random bytes from the kernel (getrandom); false when it fails. */
+bool ds4_dist_random(uint8_t *out, size_t n);
 
 /* Encoders: a malloc'd buffer (caller frees) and its size in *len. */
 uint8_t *ds4_dist_encode_hello(const ds4_dist_hello *h, size_t *len);
 uint8_t *ds4_dist_encode_text(enum ds4_dist_type type, const char *text, size_t *len);
+/* KNOCK (proof NULL) or CHALLENGE */
+uint8_t *ds4_dist_encode_challenge(const uint8_t *nonce, const uint8_t *proof, size_t *len);
 /* type: WORK, KV_GET or KV_PUT; w->n_hops entries of hops are written (their
  * encoded form in w->hops is ignored). The payload: floats encoded as w->act
  * says, or, when w->floats is set (a decoded frame's), those bytes as they
@@ -176,7 +206,7 @@ size_t ds4_dist_act_bytes(uint8_t act, uint32_t row, size_t n);
 int32_t ds4_dist_token_at(const uint8_t *tokens, size_t i);
 ds4_dist_hop ds4_dist_hop_at(const uint8_t *hops, size_t i);
 
-/* Whether a worker's HELLO fits: same secret, same model, a non-empty slice
+/* Whether a worker's HELLO fits: same model, a non-empty slice
  * inside the model. On false, one line in err naming the first difference. */
 bool ds4_dist_hello_compatible(const ds4_dist_hello *mine, const ds4_dist_hello *theirs, char *err, size_t errlen);
 

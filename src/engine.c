@@ -438,15 +438,7 @@ static void maybe_ckpt(ds4_session *s) {
     const int pos = s->kv->n_pos, last = s->n_ckpt ? s->ckpt_pos[s->n_ckpt - 1] : 0;
     if (pos - last < s->ckpt_every) return;
     if (s->n_ckpt == MAX_CKPT) {
-        /* keep the odd ones; the even ones' slots go to the free end */
-        void *freed[MAX_CKPT / 2];
-        for (int i = 0; i < MAX_CKPT / 2; i++) {
-            freed[i] = s->ckpt[2 * i];
-            s->ckpt[i] = s->ckpt[2 * i + 1];
-            s->ckpt_pos[i] = s->ckpt_pos[2 * i + 1];
-        }
-        memcpy(s->ckpt + MAX_CKPT / 2, freed, sizeof freed);
-        s->n_ckpt = MAX_CKPT / 2;
+        s->n_ckpt = ds4_kv_ckpt_thin(s->ckpt_pos, s->ckpt, MAX_CKPT);
         s->ckpt_every *= 2;
     }
     char err[256];

@@ -30,36 +30,48 @@ static layer_sizes sizes_of(const ds4_config *c, int l, int ctx, int slack, int 
     return s;
 }
 
+static size_t ring_bytes_for_layers(const ds4_config *c, int first, int last);
+
 static size_t layer_floats(layer_sizes s) { return s.raw + s.comp + s.idx + 2 * s.f + 2 * s.fi; }
 
-uint64_t ds4_kv_bytes_for(const ds4_config *c, int ctx, int slack) {
+uint64_t ds4_kv_bytes_for_layers(const ds4_config *c, int ctx, int slack, int first, int last) {
     uint64_t n = 0;
     int cc, fc;
-    for (int l = 0; l < c->n_layer; l++) n += layer_floats(sizes_of(c, l, ctx, slack, &cc, &fc));
+    for (int l = first; l <= last; l++) n += layer_floats(sizes_of(c, l, ctx, slack, &cc, &fc));
     return n * sizeof(float);
 }
 
-ds4_kv *ds4_kv_new(const ds4_config *c, int ctx, int slack) {
+uint64_t ds4_kv_bytes_for(const ds4_config *c, int ctx, int slack) {
+    return ds4_kv_bytes_for_layers(c, ctx, slack, 0, c->n_layer - 1);
+}
+
+ds4_kv *ds4_kv_new(const ds4_config *c, int ctx, int slack) { return ds4_kv_new_layers(c, ctx, slack, 0, c->n_layer - 1); }
+
+ds4_kv *ds4_kv_new_layers(const ds4_config *c, int ctx, int slack, int first, int last) {
+    if (first < 0 || last >= c->n_layer || first > last) return NULL;
     ds4_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return NULL;
     kv->n_layer = c->n_layer;
+    kv->first_layer = first;
+    kv->last_layer = last;
     kv->ctx = ctx;
     kv->slack = slack;
     kv->raw_cap = c->window + slack;
     kv->head_dim = c->head_dim;
     kv->idx_head_dim = c->idx_head_dim;
     kv->L = calloc((size_t)c->n_layer, sizeof(ds4_kv_layer));
-    kv->bytes = ds4_kv_bytes_for(c, ctx, slack);
-    kv->ring_bytes = ds4_kv_ring_bytes_for(c);
+    kv->bytes = ds4_kv_bytes_for_layers(c, ctx, slack, first, last);
+    kv->ring_bytes = ring_bytes_for_layers(c, first, last);
     /* calloc: pages of rows not yet produced stay unmapped until written */
     float *p = kv->L ? calloc(kv->bytes / sizeof(float), sizeof(float)) : NULL;
     if (!p) { free(kv->L); free(kv); return NULL; }
     kv->block = p;
     for (int l = 0; l < c->n_layer; l++) {
         ds4_kv_layer *L = &kv->L[l];
-        layer_sizes s = sizes_of(c, l, ctx, slack, &L->comp_cap, &L->f_cap);
         L->ratio = ds4_cfg_ratio(c, l);
         L->coff = L->ratio ? ds4_cfg_coff(c, l) : 0;
+        if (l < first || l > last) continue;   /* another process's layers: no buffers */
+        layer_sizes s = sizes_of(c, l, ctx, slack, &L->comp_cap, &L->f_cap);
         L->raw = p; p += s.raw;
         if (s.comp) { L->comp = p; p += s.comp; }
         if (s.idx) { L->idx = p; p += s.idx; }
@@ -117,9 +129,9 @@ static size_t ring_walk(const ds4_kv *kv, int64_t q, float *buf, bool save) {
     return n;
 }
 
-size_t ds4_kv_ring_bytes_for(const ds4_config *c) {
+static size_t ring_bytes_for_layers(const ds4_config *c, int first, int last) {
     size_t n = 0;
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int l = first; l <= last; l++) {
         const int ratio = ds4_cfg_ratio(c, l), coff = ratio ? ds4_cfg_coff(c, l) : 0;
         const size_t span = (size_t)coff * ratio;
         n += (size_t)c->window * c->head_dim + 2 * span * coff * c->head_dim;
@@ -127,6 +139,8 @@ size_t ds4_kv_ring_bytes_for(const ds4_config *c) {
     }
     return sizeof(int64_t) + n * sizeof(float);
 }
+
+size_t ds4_kv_ring_bytes_for(const ds4_config *c) { return ring_bytes_for_layers(c, 0, c->n_layer - 1); }
 
 size_t ds4_kv_ring_bytes(const ds4_kv *kv) { return kv->ring_bytes; }
 
@@ -141,6 +155,17 @@ void ds4_kv_ring_load(ds4_kv *kv, const void *src) {
     memcpy(&q, src, sizeof q);
     ring_walk(kv, q, (float *)((char *)src + sizeof q), false);
     kv->n_pos = (int)q;
+}
+
+int ds4_kv_ckpt_thin(int *pos, void **slots, int n) {
+    /* slots[2i+1] and pos[2i+1] are still the originals when step i reads them */
+    for (int i = 0; i < n / 2; i++) {
+        void *freed = slots[i];
+        slots[i] = slots[2 * i + 1];
+        slots[2 * i + 1] = freed;
+        pos[i] = pos[2 * i + 1];
+    }
+    return n / 2;
 }
 
 /* ---- serialisation: header, then per layer the fixed rings and the live rows ---- */
@@ -218,7 +243,7 @@ void ds4_kv_layers_save(const ds4_kv *kv, int first, int last, void *dst) {
 }
 
 bool ds4_kv_layers_load(ds4_kv *kv, int first, int last, int n_pos, const void *src, size_t n) {
-    if (first < 0 || last >= kv->n_layer || first > last || n_pos < 0 || n_pos > kv->ctx ||
+    if (first < kv->first_layer || last > kv->last_layer || first > last || n_pos < 0 || n_pos > kv->ctx ||
         n != walk(kv, first, last, n_pos, NULL, NULL))
         return false;
     const char *p = src;

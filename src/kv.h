@@ -19,6 +19,11 @@
  *   only (pipeline parallelism: a worker's slice). They are independent of
  *   ctx, so a state of another context size holding n_pos positions takes
  *   them, as long as n_pos fits it.
+ * - ds4_kv_new_layers() allocates (and accounts: bytes, ring_bytes) the
+ *   buffers of layers first..last only, for a process that computes just
+ *   those (a pipeline worker); the other layers have no buffers, ring
+ *   checkpoints cover the range, and the whole-state forms (save, load,
+ *   the payload) are for states of every layer.
  */
 #ifndef DS4_KV_H
 #define DS4_KV_H
@@ -40,6 +45,7 @@ typedef struct {
 
 typedef struct ds4_kv {
     int n_layer, ctx, raw_cap, slack;
+    int first_layer, last_layer;   /* the layers with buffers (all but for ds4_kv_new_layers) */
     int head_dim, idx_head_dim;
     int n_pos;           /* positions consumed so far */
     ds4_kv_layer *L;
@@ -51,6 +57,9 @@ typedef struct ds4_kv {
 /* Bytes a state for `ctx` tokens needs (what ds4_kv_new allocates). */
 uint64_t ds4_kv_bytes_for(const ds4_config *c, int ctx, int slack);
 ds4_kv *ds4_kv_new(const ds4_config *c, int ctx, int slack);   /* NULL: out of memory */
+uint64_t ds4_kv_bytes_for_layers(const ds4_config *c, int ctx, int slack, int first, int last);
+/* NULL: out of memory or a range outside the model */
+ds4_kv *ds4_kv_new_layers(const ds4_config *c, int ctx, int slack, int first, int last);
 void ds4_kv_free(ds4_kv *kv);
 /* Drop positions >= n. False (state untouched) when n < n_pos - slack. */
 bool ds4_kv_truncate(ds4_kv *kv, int n);
@@ -65,6 +74,12 @@ size_t ds4_kv_ring_bytes(const ds4_kv *kv);
 size_t ds4_kv_ring_bytes_for(const ds4_config *c);
 void ds4_kv_ring_save(const ds4_kv *kv, void *dst);
 void ds4_kv_ring_load(ds4_kv *kv, const void *src);
+
+/* A full list of n ring checkpoints (positions ascending, one slot each)
+ * thinned to its odd entries, the others' slots moved behind them for
+ * reuse; returns n / 2. The engine's policy, shared with pipeline workers,
+ * which keep their checkpoints at the engine's positions. */
+int ds4_kv_ckpt_thin(int *pos, void **slots, int n);
 
 size_t ds4_kv_live_bytes(const ds4_kv *kv);
 void ds4_kv_save(const ds4_kv *kv, void *dst);            /* writes ds4_kv_live_bytes() */

@@ -20,15 +20,20 @@ own layer slice, give the single process's output byte for byte:
   hidden states (n tokens x n_hc x n_embd values: 2 bytes each at 16, 1 and a
   4-byte scale per n_embd at 8, against 4 at 32), read from the --debug
   telemetry (the logits at 16 and 8 are checked in test_dist_route);
+- a worker's registration line accounts the KV state of its own layers,
+  less than the whole model's.
 Refusals: a wrong secret, another numerics mode and a slice overlapping a
 registered worker are refused with one line each (the worker exits 1); a
 coordinator without workers reports an incomplete route; a bad
 --dist-activation-bits, or one given to a worker, gets one line.
 Ports are free loopback ports; nothing binds beyond 127.0.0.1."""
+import hashlib
+import hmac
 import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -66,6 +71,27 @@ def start_worker(model, layers, port, secret=SECRET, extra=()):
     return subprocess.Popen([DS4, "-t", "1", "-m", model, "--role", "worker", "--layers", layers,
                              "--coordinator", "127.0.0.1", str(port), "--dist-secret", secret, *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def registration_line(w):
+    """The worker's line saying it registered (or its last line before it
+    exited); lines saying no answer came yet are passed over."""
+    line = w.stderr.readline()
+    while line and "no answer from" in line:
+        line = w.stderr.readline()
+    return line
+
+
+def exit_of(w):
+    """A worker expected to exit on its own: its status (None when it was
+    still running after 60 s, then killed) and its stderr."""
+    try:
+        rc = w.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        rc = None
+    err = w.stderr.read() if rc is not None else ""
+    stop([w])
+    return rc, err
 
 
 def push_raw(port, body):
@@ -221,20 +247,37 @@ def main():
 
         # frames on a data port carry the --dist-secret seal: a frame from
         # someone without it (raw bytes over NNG's push protocol, shaped like a
-        # ROUTE frame) is dropped before it is decoded, and the route serves on
+        # ROUTE frame) is dropped before it is decoded, and the route serves on;
+        # a sealed WORK frame of a request the route already served and a
+        # sealed ROUTE frame of a route the worker took before (as recordings
+        # of them would be) are dropped as replays
         port = free_port()
         workers = [start_worker(DEMO, s, port) for s in ("1:4", "5:output")]
         try:
             r = ds4([*coordinator_args(DEMO, "0:0", port), *args, "--debug"])
             first = open(out, "rb").read() if r.returncode == 0 else b""
             m = re.search(r"layers 1\.\.4 at tcp://127\.0\.0\.1:(\d+)", r.stderr)
-            sent = bool(m) and push_raw(int(m.group(1)), b"DS4P\x03\x00\x02\x00" + bytes(64))
+            sent = bool(m) and push_raw(int(m.group(1)), b"DS4P\x05\x00\x02\x00" + bytes(64))
+            route = re.search(r"route (\d+) formed", r.stderr)
+            # WORK (type 4): route, request 1, session 1, position 0, one token, hashes, modes, f32, no floats, no hops
+            work = (b"DS4P" + struct.pack("<HH", 5, 4) + struct.pack("<QIQIIQQBB", int(route.group(1)) if route else 0, 1,
+                                                                       1, 0, 1, 0, 0, 0, 0)
+                    + struct.pack("<iBIII", 5, 0, 0, 0, 0))
+            replayed = bool(m) and push_raw(int(m.group(1)), work + hmac.new(SECRET.encode(), work, hashlib.sha1).digest())
+            # ROUTE (type 6) of the route served, pointing the worker elsewhere: route ids are never reused
+            stale = (b"DS4P" + struct.pack("<HHQ", 5, 6, int(route.group(1)) if route else 0)
+                     + struct.pack("<H", 20) + b"tcp://127.0.0.1:9999" + struct.pack("<H", 20) + b"tcp://127.0.0.1:9998")
+            rerouted = bool(m) and push_raw(int(m.group(1)), stale + hmac.new(SECRET.encode(), stale, hashlib.sha1).digest())
             again = output_of([*coordinator_args(DEMO, "0:0", port), *args], out)
         finally:
             stop(workers)
         err = workers[0].stderr.read()
         check(sent and "dropped a frame that fails the --dist-secret seal" in err and first == again == want,
               "an unsealed frame on a worker's data port is dropped: sent %s, worker said %r" % (sent, err[-300:]))
+        check(replayed and "dropped a replayed frame (request 1;" in err,
+              "a sealed frame of a served request is dropped: sent %s, worker said %r" % (replayed, err[-300:]))
+        check(rerouted and "dropped a replayed ROUTE frame (route %s was taken before)" % route.group(1) in err,
+              "a sealed ROUTE frame of a route taken before is dropped: sent %s, worker said %r" % (rerouted, err[-300:]))
 
         # a worker listens on its own address, not the coordinator's: with the
         # coordinator on 127.0.0.2 the worker's way there starts at 127.0.0.1
@@ -267,18 +310,17 @@ def main():
                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                  text=True, cwd=ROOT)
         try:
-            # the overlap case needs this worker registered first
-            check("registered" in keep.stderr.readline(), "the first worker registers")
+            # the overlap case needs this worker registered first; its line
+            # accounts the KV state of its layers only (3 of the 6)
+            line = registration_line(keep)
+            kv = re.search(r"KV state ([0-9.]+) MiB per \d+-token session for these layers \(([0-9.]+) MiB for all 6\)",
+                           line)
+            check("registered" in line and kv and 0 < float(kv.group(1)) < float(kv.group(2)),
+                  "the first worker registers and accounts its slice's KV: %r" % line)
             for layers, secret, extra, line in [("3:output", "wrong", (), "wrong --dist-secret"),
                                                 ("3:output", SECRET, ("--numerics", "exact"), "--numerics"),
                                                 ("4:output", SECRET, (), "overlap a registered worker")]:
-                w = start_worker(DEMO, layers, port, secret, extra)
-                try:
-                    rc = w.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    rc = None
-                err = w.stderr.read() if rc is not None else ""
-                stop([w])
+                rc, err = exit_of(start_worker(DEMO, layers, port, secret, extra))
                 check(rc == 1 and line in err, "refusal '%s': rc %s, %s" % (line, rc, err.strip()))
         finally:
             stop([coord, keep])

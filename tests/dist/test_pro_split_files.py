@@ -108,13 +108,7 @@ def main():
         for f, held in ((first, "holds layers 0..30 only"), (second, "holds layers 31..60 and the output head only")):
             r = dist.ds4(["-m", f, *args])
             check(r.returncode != 0 and held in r.stderr, "%s alone: %s" % (os.path.basename(f), r.stderr.strip()))
-        w = dist.start_worker(second, "30:output", dist.free_port())
-        try:
-            rc = w.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            rc = None
-        err = w.stderr.read() if rc is not None else ""
-        dist.stop([w])
+        rc, err = dist.exit_of(dist.start_worker(second, "30:output", dist.free_port()))
         check(rc == 1 and "this file holds layers 31..60 and the output head" in err,
               "a wider --layers on the second half: rc %s, %s" % (rc, err.strip()))
     print("test_pro_split_files: %s" % ("ok" if not failures else "%d failed" % failures))

@@ -3,14 +3,15 @@
  * -0 included), hop telemetry included; every truncation and every extension of a valid frame is
  * refused with one line; the rolling hash composes (hash of a prefix then
  * a span = hash of the whole) and tells spans apart; registration checks
- * refuse a wrong secret, another model, another quant and slices outside
- * the model, each with its own line. The hidden states' transport formats
- * (--dist-activation-bits): f16 equals the compiler's _Float16 conversion
- * (libgcc's, an independent implementation) past the saturation at 65504
- * and keeps the format's bound; 8-bit rows keep |error| <= max|x| x (1/254 +
- * 2^-22) (dist_proto.h); payload sizes are 2 and 1 + 4/row bytes a float;
- * a decoded payload re-encodes to the same bytes; malformed formats are
- * refused. */
+ * refuse another model, another quant and slices outside the model, each
+ * with its own line; the challenge-response's frames carry no secret, its
+ * proofs and keys depend on the secret and both nonces. The hidden states'
+ * transport formats (--dist-activation-bits): f16 equals the compiler's
+ * _Float16 conversion (libgcc's, an independent implementation) past the
+ * saturation at 65504 and keeps the format's bound; 8-bit rows keep |error|
+ * <= max|x| x (1/254 + 2^-22) (dist_proto.h); payload sizes are 2 and
+ * 1 + 4/row bytes a float; a decoded payload re-encodes to the same bytes;
+ * malformed formats are refused. */
 #include "check.h"
 #include "dist_proto.h"
 #include "sha1.h"
@@ -35,15 +36,16 @@ static void check_all_cuts(const uint8_t *buf, size_t len, const char *what) {
 }
 
 static void test_hello(void) {
-    ds4_dist_hello h = {"s3cret", 6, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20, true};
+    const uint8_t nonce[DS4_DIST_NONCE_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    ds4_dist_hello h = {nonce, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20, true};
     size_t len;
     uint8_t *buf = ds4_dist_encode_hello(&h, &len);
     ds4_dist_frame f;
     char err[256];
     CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_HELLO, "hello decodes");
     const ds4_dist_hello *g = &f.hello;
-    CHECK(g->secret_len == 6 && !memcmp(g->secret, "s3cret", 6) && g->model_len == 9 && !memcmp(g->model, "ds4tiny-A", 9),
-          "strings");
+    CHECK(!memcmp(g->challenge, nonce, sizeof nonce) && g->model_len == 9 && !memcmp(g->model, "ds4tiny-A", 9),
+          "challenge and strings");
     CHECK(g->n_layer == 6 && g->n_embd == 256 && g->n_hc == 4 && g->n_vocab == 1024 && g->expert_bits == 8 &&
           g->first == 3 && g->last == 5 && g->output && g->ctx == 4096 && g->data_url_len == 20 && g->numerics, "numbers");
     check_all_cuts(buf, len, "hello");
@@ -52,11 +54,7 @@ static void test_hello(void) {
     mine.first = 0; mine.last = 2; mine.output = false;
     CHECK(ds4_dist_hello_compatible(&mine, g, err, sizeof err), "compatible: %s", err);
     ds4_dist_hello bad = *g;
-    bad.secret = "s3creT";
-    CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "--dist-secret"), "%s", err);
-    bad = *g; bad.secret_len = 5;
-    CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "--dist-secret"), "%s", err);
-    bad = *g; bad.model = "ds4tiny-B";
+    bad.model = "ds4tiny-B";
     CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "another model"), "%s", err);
     bad = *g; bad.n_embd = 512;
     CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "another model"), "%s", err);
@@ -82,7 +80,7 @@ static void test_work_and_result(void) {
     const int32_t toks[] = {0, 1, 129279, -1, 77};
     float fl[7] = {1.0f, -0.0f, NAN, INFINITY, 1e-45f, -3.25f, 65504.0f};
     const ds4_dist_hop hops[2] = {{0, 2, 4096, 5, 1234, 0, 56, 0}, {3, 5, 4096, 5, 4000000000u, 7, 8, 123456}};
-    ds4_dist_work w = {77, 9, 0xfeedface12345678ull, 4096, 5, 11, 22, DS4_DIST_ALL, NULL, 7, NULL, 2, NULL,
+    ds4_dist_work w = {77, 9, 0xfeedface12345678ull, 4096, 5, 11, 22, DS4_DIST_ALL, true, NULL, 7, NULL, 2, NULL,
                        DS4_DIST_ACT_F32, 0};
     size_t len;
     uint8_t *buf = ds4_dist_encode_work(DS4_DIST_WORK, &w, toks, fl, hops, &len);
@@ -91,7 +89,7 @@ static void test_work_and_result(void) {
     CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_WORK, "work decodes: %s", err);
     CHECK(f.work.route == 77 && f.work.seq == 9 && f.work.session == w.session && f.work.pos == 4096 &&
           f.work.n == 5 && f.work.hash_before == 11 && f.work.hash_after == 22 && f.work.logits == DS4_DIST_ALL &&
-          f.work.n_floats == 7 && f.work.n_hops == 2, "work fields");
+          f.work.checkpoint && f.work.n_floats == 7 && f.work.n_hops == 2, "work fields");
     for (int i = 0; i < 5; i++) CHECK(ds4_dist_token_at(f.work.tokens, (size_t)i) == toks[i], "token %d", i);
     for (int i = 0; i < 7; i++) {
         float v = ds4_dist_float_at(f.work.floats, (size_t)i);
@@ -107,7 +105,7 @@ static void test_work_and_result(void) {
     free(buf);
 
     /* KV_GET carries no tokens; a WORK without tokens is refused */
-    ds4_dist_work g = {1, 2, 3, 40, 0, 5, 5, DS4_DIST_ACK, NULL, 0, NULL, 0, NULL, DS4_DIST_ACT_F32, 0};
+    ds4_dist_work g = {1, 2, 3, 40, 0, 5, 5, DS4_DIST_ACK, false, NULL, 0, NULL, 0, NULL, DS4_DIST_ACT_F32, 0};
     buf = ds4_dist_encode_work(DS4_DIST_KV_GET, &g, NULL, NULL, NULL, &len);
     CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_KV_GET && f.work.pos == 40 &&
           f.work.n == 0, "kv_get decodes: %s", err);
@@ -161,7 +159,7 @@ static void test_work_and_result(void) {
 /* A WORK frame of n floats in format act (rows of `row`), decoded back into out. */
 static size_t act_round_trip(uint8_t act, uint32_t row, const float *x, uint32_t n, float *out) {
     const int32_t tok = 1;
-    ds4_dist_work w = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, NULL, n, NULL, 0, NULL, act, row};
+    ds4_dist_work w = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, false, NULL, n, NULL, 0, NULL, act, row};
     size_t len = 0;
     uint8_t *buf = ds4_dist_encode_work(DS4_DIST_WORK, &w, &tok, x, NULL, &len);
     ds4_dist_frame f;
@@ -240,7 +238,7 @@ static void test_activation_formats(void) {
     /* the encoder refuses what the decoder would */
     const int32_t one = 1;
     size_t n_out = 0;
-    ds4_dist_work q = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, NULL, 8, NULL, 0, NULL, DS4_DIST_ACT_Q8, 0};
+    ds4_dist_work q = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, false, NULL, 8, NULL, 0, NULL, DS4_DIST_ACT_Q8, 0};
     CHECK(!ds4_dist_encode_work(DS4_DIST_WORK, &q, &one, x, NULL, &n_out), "q8 without a row not encoded");
     q.row = 3;
     CHECK(!ds4_dist_encode_work(DS4_DIST_WORK, &q, &one, x, NULL, &n_out), "q8 row not dividing not encoded");
@@ -250,13 +248,13 @@ static void test_activation_formats(void) {
         {3, 0, 4}, {DS4_DIST_ACT_Q8, 0, 4}, {DS4_DIST_ACT_Q8, 3, 4}, {DS4_DIST_ACT_F32, 2, 4}, {DS4_DIST_ACT_F16, 1, 4}};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         const int32_t tok = 1;
-        ds4_dist_work w = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, NULL, bad[k].n, NULL, 0, NULL, DS4_DIST_ACT_F32, 0};
+        ds4_dist_work w = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, false, NULL, bad[k].n, NULL, 0, NULL, DS4_DIST_ACT_F32, 0};
         size_t len = 0;
         uint8_t *buf = ds4_dist_encode_work(DS4_DIST_WORK, &w, &tok, x, NULL, &len);
         ds4_dist_frame f;
         char err[256];
-        /* the format fields follow the header (8), the fixed fields (45) and the one token (4) */
-        const size_t at = 8 + 45 + 4;
+        /* the format fields follow the header (8), the fixed fields (46) and the one token (4) */
+        const size_t at = 8 + 46 + 4;
         CHECK(buf && buf[at] == DS4_DIST_ACT_F32 && ds4_dist_decode(buf, len, &f, err, sizeof err), "unpatched decodes");
         if (buf) {
             buf[at] = bad[k].act;
@@ -307,30 +305,91 @@ static void test_seal(void) {
     const size_t frame_bytes = len;
     uint8_t *plain = malloc(frame_bytes);
     if (frame && plain) memcpy(plain, frame, frame_bytes);
-    uint8_t *sealed = ds4_dist_seal(frame, &len, "s3cret");
+    uint8_t *sealed = ds4_dist_seal(frame, &len, "s3cret", 6);
     CHECK(sealed && plain && len == frame_bytes + DS4_DIST_SEAL_BYTES, "sealed length");
     if (!sealed || !plain) { free(sealed); free(plain); return; }
     size_t got = 0;
-    CHECK(ds4_dist_unseal(sealed, len, "s3cret", &got) && got == frame_bytes && !memcmp(sealed, plain, got),
+    CHECK(ds4_dist_unseal(sealed, len, "s3cret", 6, &got) && got == frame_bytes && !memcmp(sealed, plain, got),
           "a sealed frame unseals to itself");
-    CHECK(!ds4_dist_unseal(sealed, len, "s3creT", &got), "another secret is refused");
-    CHECK(!ds4_dist_unseal(sealed, len, "", &got), "no secret is refused");
+    CHECK(!ds4_dist_unseal(sealed, len, "s3creT", 6, &got), "another secret is refused");
+    CHECK(!ds4_dist_unseal(sealed, len, "", 0, &got), "no secret is refused");
     bool all_refused = true;
     for (size_t i = 0; i < len; i++)
         for (int bit = 0; bit < 8; bit++) {
             sealed[i] ^= (uint8_t)(1u << bit);
-            all_refused &= !ds4_dist_unseal(sealed, len, "s3cret", &got);
+            all_refused &= !ds4_dist_unseal(sealed, len, "s3cret", 6, &got);
             sealed[i] ^= (uint8_t)(1u << bit);
         }
     CHECK(all_refused, "every flipped bit is refused");
-    for (size_t n = 0; n < len; n++) all_refused &= !ds4_dist_unseal(sealed, n, "s3cret", &got);
+    for (size_t n = 0; n < len; n++) all_refused &= !ds4_dist_unseal(sealed, n, "s3cret", 6, &got);
     CHECK(all_refused, "every truncation is refused");
-    CHECK(!ds4_dist_unseal(plain, frame_bytes, "s3cret", &got), "an unsealed frame is refused");
+    CHECK(!ds4_dist_unseal(plain, frame_bytes, "s3cret", 6, &got), "an unsealed frame is refused");
     free(sealed);
     free(plain);
 }
 
+/* The challenge-response (dist_proto.h): KNOCK and CHALLENGE round-trip;
+ * the coordinator's proof and the handshake key are HMAC-SHA1 over the
+ * label and both nonces (checked against the one-shot HMAC over the
+ * spelled-out message), differ from each other and change with the secret
+ * and either nonce; no frame of a registration contains the secret. */
+static void test_handshake(void) {
+    uint8_t nw[DS4_DIST_NONCE_BYTES], nc[DS4_DIST_NONCE_BYTES], again[DS4_DIST_NONCE_BYTES];
+    CHECK(ds4_dist_random(nw, sizeof nw) && ds4_dist_random(nc, sizeof nc) && ds4_dist_random(again, sizeof again),
+          "getrandom");
+    CHECK(memcmp(nw, nc, sizeof nw) && memcmp(nc, again, sizeof nc), "fresh nonces differ");
+    uint8_t proof[DS4_DIST_SEAL_BYTES], key[DS4_DIST_SEAL_BYTES], other[DS4_DIST_SEAL_BYTES], want[DS4_DIST_SEAL_BYTES];
+    const char *secret = "correct horse battery staple";
+    ds4_dist_handshake_key(secret, DS4_DIST_COORDINATOR_PROOF, nw, nc, proof);
+    ds4_dist_handshake_key(secret, DS4_DIST_HANDSHAKE_KEY, nw, nc, key);
+    uint8_t msg[64];
+    memcpy(msg, "ds4 coordinator", 15);
+    memcpy(msg + 15, nw, 16);
+    memcpy(msg + 31, nc, 16);
+    ds4_hmac_sha1(secret, strlen(secret), msg, 47, want);
+    CHECK(!memcmp(proof, want, sizeof want), "proof = HMAC(secret, \"ds4 coordinator\" Nw Nc)");
+    memcpy(msg, "ds4 worker", 10);
+    memcpy(msg + 10, nw, 16);
+    memcpy(msg + 26, nc, 16);
+    ds4_hmac_sha1(secret, strlen(secret), msg, 42, want);
+    CHECK(!memcmp(key, want, sizeof want), "key = HMAC(secret, \"ds4 worker\" Nw Nc)");
+    CHECK(memcmp(proof, key, sizeof key), "proof and key differ");
+    ds4_dist_handshake_key("correct horse battery stapler", DS4_DIST_HANDSHAKE_KEY, nw, nc, other);
+    CHECK(memcmp(other, key, sizeof key), "another secret, another key");
+    ds4_dist_handshake_key(secret, DS4_DIST_HANDSHAKE_KEY, nw, again, other);
+    CHECK(memcmp(other, key, sizeof key), "another coordinator nonce, another key");
+    ds4_dist_handshake_key(secret, DS4_DIST_HANDSHAKE_KEY, again, nc, other);
+    CHECK(memcmp(other, key, sizeof key), "another worker nonce, another key");
+    CHECK(ds4_dist_same(key, key, sizeof key) && !ds4_dist_same(key, other, sizeof key), "same");
+
+    size_t len;
+    ds4_dist_frame f;
+    char err[256];
+    uint8_t *buf = ds4_dist_encode_challenge(nw, NULL, &len);
+    CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_KNOCK &&
+          !memcmp(f.challenge.nonce, nw, sizeof nw) && !f.challenge.proof, "knock decodes: %s", err);
+    check_all_cuts(buf, len, "knock");
+    free(buf);
+    buf = ds4_dist_encode_challenge(nc, proof, &len);
+    CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_CHALLENGE &&
+          !memcmp(f.challenge.nonce, nc, sizeof nc) && !memcmp(f.challenge.proof, proof, sizeof proof),
+          "challenge decodes: %s", err);
+    check_all_cuts(buf, len, "challenge");
+    free(buf);
+
+    /* a sealed HELLO holds the challenge and the identity, never the secret */
+    ds4_dist_hello h = {nc, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20, true};
+    buf = ds4_dist_seal(ds4_dist_encode_hello(&h, &len), &len, key, sizeof key);
+    size_t frame_len;
+    CHECK(buf && ds4_dist_unseal(buf, len, key, sizeof key, &frame_len) &&
+          ds4_dist_decode(buf, frame_len, &f, err, sizeof err) && f.type == DS4_DIST_HELLO, "sealed hello: %s", err);
+    CHECK(buf && !memmem(buf, len, secret, strlen(secret)), "the secret is not in the HELLO");
+    CHECK(buf && !ds4_dist_unseal(buf, len, other, sizeof other, &frame_len), "another handshake's key is refused");
+    free(buf);
+}
+
 int main(void) {
+    test_handshake();
     test_hello();
     test_work_and_result();
     test_activation_formats();

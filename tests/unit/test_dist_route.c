@@ -6,9 +6,11 @@
  * - pipelined chunked prefill (33-token chunks, 2 in flight, workers
  *   forwarding to the next hop): every position's logits equal;
  * - decode: each greedy step's logits equal;
+ * - a batched call of three sessions (all in the route at once): each
+ *   session equals the single process's run of it alone;
  * - rewind then continue (workers truncate back) and (2-way split) a rewind
- *   deeper than the workers' slack (they refuse, the coordinator replays):
- *   logits equal;
+ *   deeper than the workers' slack (a worker restores its ring checkpoint
+ *   or, lacking it, the coordinator replays): logits equal;
  * - KV save through the route: the payload equals the single process's
  *   byte for byte; a payload saved by the split loads in a single process
  *   and one saved by the single process loads into the split, and both
@@ -24,8 +26,18 @@
  * - kill -9 of the first worker between steps: the next step fails with one
  *   line and leaves the session unchanged (the coordinator's own slice rolled
  *   back), the one after reports the incomplete route; a restarted worker
- *   (at position 0) is caught up by a replay and the next step equals the
- *   single process again.
+ *   (at position 0) is caught up by a replay (a batched step of two
+ *   sessions: both replayed) and the next step equals the single process
+ *   again.
+ * - a rewind deeper than the slack to where the engine holds a ring
+ *   checkpoint: the worker restores its own checkpoint at that position, so
+ *   nothing is replayed (the coordinator's --debug lines, captured, show the
+ *   step starting there and no replay) and the logits equal the single
+ *   process's (with the worker's checkpoint restore disabled, the same
+ *   lines show the replay: checked by hand).
+ * - a worker's KV state holds its slice's layers only: the slices' bytes
+ *   add up to the whole state's, and a slice state refuses another range;
+ *   a full checkpoint list thins to its odd entries, keeping every slot.
  * --dist-activation-bits 16 and 8: the route rounds the hidden states at
  * every cut and nowhere else, so its logits (every position of a pipelined
  * prefill, then each decode step) equal, bit for bit, the slices chained in
@@ -104,7 +116,7 @@ static int worker_main(const char *layers, const char *port) {
 /* Both engines run one thread and a 40-token local batch. The split pipelines
  * 33-token chunks, 2 in flight, and takes up to 8 chunks (264 tokens, more
  * than the rewind slack) per engine call. */
-static ds4_engine *load(const char *layers, int port, int bits, char *err, size_t errlen) {
+static ds4_engine *load(const char *layers, int port, int bits, bool debug, char *err, size_t errlen) {
     ds4_engine_params p;
     ds4_engine_params_default(&p);
     p = (ds4_engine_params){.model_path = MODEL, .n_threads = 1, .prefill_chunk = 40, .numerics = p.numerics,
@@ -113,7 +125,7 @@ static ds4_engine *load(const char *layers, int port, int bits, char *err, size_
         p.layers = layers;
         p.dist = (ds4_dist_params){.role = DS4_DIST_COORDINATOR, .host = "127.0.0.1", .port = port, .secret = SECRET,
                                    .wait_seconds = 5, .reply_seconds = 30, .prefill_chunk = 33, .prefill_window = 2,
-                                   .activation_bits = bits};
+                                   .activation_bits = bits, .debug = debug};
         if (!ds4_dist_finish_options(&p.dist, false, err, errlen)) return NULL;
     }
     return ds4_engine_load(&p, err, errlen);
@@ -143,13 +155,48 @@ static bool decode_all(ds4_session **s, int n, int32_t t) {
     return ok;
 }
 
+/* A batched call of three sessions (spans of 1, 7 and 45 tokens: the last
+ * two chunks long) goes into the route at once, chunks of different
+ * sessions in flight together; each session's logits equal the single
+ * process's for that session alone. */
+static void check_batched(ds4_engine *single, ds4_engine *split, const int32_t *toks, const char *what) {
+    enum { N_SESS = 3 };
+    static const int lens[N_SESS] = {1, 7, 45};
+    char err[256];
+    const int V = ds4_engine_n_vocab(single);
+    ds4_session *x[N_SESS] = {0}, *y[N_SESS] = {0};
+    int32_t more[N_SESS][45];
+    ds4_step steps[N_SESS];
+    bool ok = true;
+    for (int i = 0; i < N_SESS; i++) {
+        x[i] = ds4_session_new(split, CTX, err, sizeof err);
+        y[i] = ds4_session_new(single, CTX, err, sizeof err);
+        ok &= x[i] && y[i];
+        for (int k = 0; k < lens[i]; k++) more[i][k] = (k * 17 + 5 * i + 1) % V;
+        steps[i] = (ds4_step){x[i], more[i], lens[i]};
+        for (int j = 0; ok && j < 2; j++)
+            ok &= ds4_session_prefill(j ? y[i] : x[i], toks, 10 + i, NULL, NULL, NULL, err, sizeof err) == 0;
+    }
+    CHECK(ok, "%s: batched sessions: %s", what, err);
+    CHECK(ok && ds4_sessions_step(split, steps, N_SESS, err, sizeof err) == 0, "%s: batched step: %s", what, err);
+    for (int i = 0; ok && i < N_SESS; i++) {
+        CHECK(ds4_session_prefill(y[i], more[i], lens[i], NULL, NULL, NULL, err, sizeof err) == 0, "single: %s", err);
+        CHECK(same_logits(x[i], y[i], V), "%s: batched session %d (%d tokens) differs from the single process", what, i,
+              lens[i]);
+    }
+    for (int i = 0; i < N_SESS; i++) {
+        ds4_session_free(x[i]);
+        ds4_session_free(y[i]);
+    }
+}
+
 static void run_split(ds4_engine *single, const char *const *slices, int n_slices) {
     char err[256], what[64];
     snprintf(what, sizeof what, "%d-way split", n_slices);
     const int port = free_port();
     pid_t workers[4] = {0};
     for (int i = 1; i < n_slices; i++) workers[i] = start_worker(slices[i], port);
-    ds4_engine *split = load(slices[0], port, 32, err, sizeof err);
+    ds4_engine *split = load(slices[0], port, 32, false, err, sizeof err);
     CHECK(split, "%s: coordinator: %s", what, err);
     const int V = ds4_engine_n_vocab(single);
     ds4_session *a = ds4_session_new(single, CTX, err, sizeof err), *b = split ? ds4_session_new(split, CTX, err, sizeof err) : NULL;
@@ -170,6 +217,8 @@ static void run_split(ds4_engine *single, const char *const *slices, int n_slice
         if (!decode_all(both, 2, argmax(ds4_session_logits(a), V))) goto out;
         CHECK(same_logits(a, b, V), "%s: decode step %d differs", what, step);
     }
+
+    check_batched(single, split, toks, what);
 
     CHECK(ds4_session_rewind(a, REWIND_TO, err, sizeof err) == 0, "single rewind: %s", err);
     CHECK(ds4_session_rewind(b, REWIND_TO, err, sizeof err) == 0, "%s rewind: %s", what, err);
@@ -222,8 +271,8 @@ static void run_split(ds4_engine *single, const char *const *slices, int n_slice
             CHECK(ds4_session_n_tokens(b) == b_before && ds4_session_n_tokens(e) == e_before,
                   "%s: failed batched step left %d and %d tokens, had %d and %d", what, ds4_session_n_tokens(b),
                   ds4_session_n_tokens(e), b_before, e_before);
-            /* a rewind deeper than the workers' slack: they refuse the
-             * truncation, the coordinator replays the kept prefix */
+            /* a rewind deeper than the workers' slack: they restore a ring
+             * checkpoint, or the coordinator replays the kept prefix */
             for (int i = 0; i < 2; i++) {
                 CHECK(ds4_session_rewind(eg[i], DEEP_REWIND_TO, err, sizeof err) == 0, "deep rewind: %s", err);
                 CHECK(ds4_session_prefill(eg[i], more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "after: %s", err);
@@ -263,9 +312,13 @@ static void run_split(ds4_engine *single, const char *const *slices, int n_slice
     CHECK(ds4_session_decode(b, t, err, sizeof err) != 0 && strstr(err, "incomplete route"), "%s: without the worker: %s",
           what, err);
     workers[1] = start_worker(slices[1], port);
-    /* the restarted worker holds nothing: the step replays the session first */
-    CHECK(decode_all(both, 2, t), "%s: step after restart", what);
-    CHECK(same_logits(a, b, V), "%s: after restart and replay differs", what);
+    /* the restarted worker holds nothing: a batched step of two sessions finds
+     * the mismatch, falls back to one session at a time and replays each */
+    ds4_session *singles[2] = {a, c};
+    ds4_step batch[2] = {{b, &t, 1}, {d, &t, 1}};
+    CHECK(decode_all(singles, 2, t), "%s: single steps", what);
+    CHECK(ds4_sessions_step(split, batch, 2, err, sizeof err) == 0, "%s: batched step after restart: %s", what, err);
+    CHECK(same_logits(a, b, V) && same_logits(c, d, V), "%s: after restart and replay differs", what);
     if (!decode_all(both, 2, argmax(ds4_session_logits(a), V))) goto out;
     CHECK(same_logits(a, b, V), "%s: the step after the replay differs", what);
 out:
@@ -292,7 +345,7 @@ static void stage_close(stage *st) {
  * in format act (a Q8 row is one HC stream of one token) and decoded. */
 static bool through_wire(float *hidden, size_t n, uint8_t act, uint32_t n_embd) {
     const int32_t tok = 0;
-    ds4_dist_work w = {0, 0, 0, 0, 1, 0, 0, DS4_DIST_ACK, NULL, (uint32_t)n, NULL, 0, NULL, act,
+    ds4_dist_work w = {0, 0, 0, 0, 1, 0, 0, DS4_DIST_ACK, false, NULL, (uint32_t)n, NULL, 0, NULL, act,
                        act == DS4_DIST_ACT_Q8 ? n_embd : 0};
     size_t len = 0;
     uint8_t *buf = ds4_dist_encode_work(DS4_DIST_WORK, &w, &tok, hidden, NULL, &len);
@@ -338,7 +391,7 @@ static void run_bits(ds4_engine *single, const char *const *slices, int n_slices
     const int port = free_port();
     pid_t workers[4] = {0};
     for (int i = 1; i < n_slices; i++) workers[i] = start_worker(slices[i], port);
-    ds4_engine *split = load(slices[0], port, bits, err, sizeof err);
+    ds4_engine *split = load(slices[0], port, bits, false, err, sizeof err);
     CHECK(split, "%s: coordinator: %s", what, err);
     ds4_gguf *g = ds4_gguf_open(MODEL, err, sizeof err);
     stage st[4] = {{0}};
@@ -387,12 +440,137 @@ out:
     for (int i = 1; i < n_slices; i++) stop_worker(workers[i]);
 }
 
+/* Prefill N_PROMPT + N_FILL tokens on both sessions, rewind to
+ * DEEP_REWIND_TO (deeper than the slack: the engine restores its checkpoint
+ * at N_PROMPT, the end of its first call) and continue; true when the
+ * continuation's logits are equal. *mark: where stderr stood before the
+ * rewind. */
+static bool deep_rewind(ds4_session *e, ds4_session *g, const int32_t *toks, const int32_t *lng, int V, off_t *mark) {
+    char err[256];
+    ds4_session *eg[2] = {e, g};
+    static const int32_t more[N_MORE] = {7, 60, 113, 166, 219, 272};
+    for (int i = 0; i < 2; i++) {
+        CHECK(ds4_session_prefill(eg[i], toks, N_PROMPT, NULL, NULL, NULL, err, sizeof err) == 0, "prefill: %s", err);
+        CHECK(ds4_session_prefill(eg[i], lng, N_FILL, NULL, NULL, NULL, err, sizeof err) == 0, "fill: %s", err);
+    }
+    fflush(stderr);
+    *mark = lseek(2, 0, SEEK_CUR);
+    for (int i = 0; i < 2; i++) {
+        CHECK(ds4_session_rewind(eg[i], DEEP_REWIND_TO, err, sizeof err) == 0, "deep rewind: %s", err);
+        CHECK(ds4_session_prefill(eg[i], more, N_MORE, NULL, NULL, NULL, err, sizeof err) == 0, "after: %s", err);
+    }
+    return same_logits(e, g, V);
+}
+
+/* What the coordinator's --debug lines in fd's bytes [from, to) say: whether
+ * a replay ran, and whether a step started at position N_PROMPT (the
+ * restored checkpoint). */
+static void log_between(int fd, off_t from, off_t to, bool *replayed, bool *from_ckpt) {
+    char *text = calloc(1, (size_t)(to - from) + 1);
+    char want[64];
+    snprintf(want, sizeof want, "layers 0..2 tokens %d..", N_PROMPT);
+    *replayed = *from_ckpt = false;
+    if (text && pread(fd, text, (size_t)(to - from), from) == to - from) {
+        *replayed = strstr(text, "replaying") != NULL;
+        *from_ckpt = strstr(text, want) != NULL;
+    }
+    free(text);
+}
+
+static void run_deep_rewinds(ds4_engine *single) {
+    char err[256] = "";
+    const int port = free_port();
+    const char *slices[] = {"0:2", "3:output"};
+    pid_t worker = start_worker(slices[1], port);
+    /* the split's --debug lines go to a file: they say whether a step replayed */
+    FILE *log = tmpfile();
+    const int saved = dup(2);
+    if (!log || saved < 0) { CHECK(false, "capturing stderr"); stop_worker(worker); return; }
+    fflush(stderr);
+    dup2(fileno(log), 2);
+    ds4_engine *split = load(slices[0], port, 32, true, err, sizeof err);
+    const int V = ds4_engine_n_vocab(single);
+    ds4_session *e = split ? ds4_session_new(split, CTX, err, sizeof err) : NULL;
+    ds4_session *g = ds4_session_new(single, CTX, err, sizeof err);
+    int32_t toks[N_PROMPT], lng[N_FILL];
+    for (int i = 0; i < N_PROMPT; i++) toks[i] = (i * 37 + 11) % V;
+    for (int i = 0; i < N_FILL; i++) lng[i] = (i * 29 + 3) % V;
+    off_t mark = 0;
+    const bool equal = e && g && deep_rewind(e, g, toks, lng, V, &mark);
+    fflush(stderr);
+    const off_t end = lseek(2, 0, SEEK_CUR);
+    dup2(saved, 2);
+    close(saved);
+    bool replayed, from_ckpt;
+    log_between(fileno(log), mark, end, &replayed, &from_ckpt);
+    /* failures checked while stderr went to the file are shown here */
+    char *text = calloc(1, (size_t)end + 1);
+    for (char *line = text && pread(fileno(log), text, (size_t)end, 0) == end ? strtok(text, "\n") : NULL; line;
+         line = strtok(NULL, "\n"))
+        if (!strncmp(line, "FAIL", 4)) fprintf(stderr, "%s\n", line);
+    free(text);
+    CHECK(e && g, "deep-rewind sessions: %s", err);
+    CHECK(equal, "deep rewind through the route differs");
+    CHECK(from_ckpt && !replayed, "deep rewind: the worker's checkpoint served (a step from %d: %d, replayed %d)",
+          N_PROMPT, from_ckpt, replayed);
+    fclose(log);
+    ds4_session_free(e);
+    ds4_session_free(g);
+    ds4_engine_free(split);
+    stop_worker(worker);
+}
+
+/* ds4_kv_new_layers: a slice's state has its layers' buffers only. */
+static void check_slice_state(void) {
+    char err[256];
+    ds4_gguf *gg = ds4_gguf_open(MODEL, err, sizeof err);
+    ds4_model *m = gg ? ds4_model_bind_slice(gg, NULL, err, sizeof err) : NULL;
+    CHECK(m, "model: %s", err);
+    if (m) {
+        const ds4_config *cfg = &m->cfg;
+        const int L = cfg->n_layer;
+        ds4_kv *whole = ds4_kv_new(cfg, CTX, 256), *a = ds4_kv_new_layers(cfg, CTX, 256, 0, 2),
+               *b = ds4_kv_new_layers(cfg, CTX, 256, 3, L - 1);
+        CHECK(whole && a && b, "states");
+        if (whole && a && b) {
+            CHECK(a->bytes + b->bytes == whole->bytes && a->bytes < whole->bytes && b->bytes < whole->bytes,
+                  "slice bytes %llu + %llu, whole %llu", (unsigned long long)a->bytes, (unsigned long long)b->bytes,
+                  (unsigned long long)whole->bytes);
+            CHECK(a->ring_bytes + b->ring_bytes == whole->ring_bytes + sizeof(int64_t), "ring checkpoint bytes");
+            CHECK(ds4_kv_bytes_for_layers(cfg, CTX, 256, 3, L - 1) == b->bytes, "accounted as allocated");
+            CHECK(!a->L[3].raw && b->L[3].raw && !b->L[2].raw, "buffers of the slice's layers only");
+            const size_t n = ds4_kv_layers_bytes(whole, 3, L - 1, 0);
+            void *buf = malloc(n + 1);
+            ds4_kv_layers_save(whole, 3, L - 1, buf);
+            CHECK(ds4_kv_layers_load(b, 3, L - 1, 0, buf, n), "a slice state takes its layers");
+            CHECK(!ds4_kv_layers_load(a, 3, L - 1, 0, buf, n), "a slice state refuses another range");
+            free(buf);
+        }
+        CHECK(!ds4_kv_new_layers(cfg, CTX, 256, 2, L), "a range past the model is refused");
+        /* the checkpoint list's thinning (engine and workers): the odd entries
+         * stay in order, every slot survives, the freed ones behind them */
+        int pos[16], seen[16] = {0};
+        char cells[16];
+        void *slots[16];
+        for (int i = 0; i < 16; i++) { pos[i] = 40 * (i + 1); slots[i] = &cells[i]; }
+        const int kept = ds4_kv_ckpt_thin(pos, slots, 16);
+        bool odd = kept == 8;
+        for (int i = 0; i < 16; i++) seen[(char *)slots[i] - cells]++;
+        for (int i = 0; i < 8; i++) odd &= pos[i] == 40 * (2 * i + 2) && slots[i] == &cells[2 * i + 1] && seen[i] == 1 &&
+                                           seen[8 + i] == 1;
+        CHECK(odd, "thinning keeps the odd checkpoints and every slot");
+        ds4_kv_free(whole); ds4_kv_free(a); ds4_kv_free(b);
+    }
+    ds4_model_free(m);
+    ds4_gguf_close(gg);
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "worker")) return worker_main(argv[2], argv[3]);
     if (access(MODEL, R_OK)) return check_skipped("test_dist_route", "needs models/demo.gguf (make test builds it)");
     signal(SIGPIPE, SIG_IGN);
     char err[256];
-    ds4_engine *single = load(NULL, 0, 32, err, sizeof err);
+    ds4_engine *single = load(NULL, 0, 32, false, err, sizeof err);
     if (!single) { CHECK(false, "single engine: %s", err); return check_done("test_dist_route"); }
     const char *two[] = {"0:2", "3:output"}, *three[] = {"0:1", "2:3", "4:output"};
     run_split(single, two, 2);
@@ -401,6 +579,8 @@ int main(int argc, char **argv) {
         run_bits(single, two, 2, bits);
         run_bits(single, three, 3, bits);
     }
+    run_deep_rewinds(single);
+    check_slice_state();
     ds4_engine_free(single);
     return check_done("test_dist_route");
 }
