@@ -13,10 +13,16 @@
 
 void ds4_attn_heads(const float *q, int n_heads, int D, const float *const *rows, int n, float scale,
                     const float *sinks, float *weights, float *out) {
-    /* rows outer: a row stays in L1 while every head's query passes it */
+    /* rows outer: a row stays in L1 while every head's query passes it, and
+     * one load of it serves up to 8 heads */
+    enum { HEADS_PER_DOT = 8 };
     for (int i = 0; i < n; i++)
-        for (int h = 0; h < n_heads; h++)
-            weights[(size_t)h * n + i] = ds4_vec_dot(DS4_TYPE_F32, rows[i], q + (size_t)h * D, D) * scale;
+        for (int h0 = 0; h0 < n_heads; h0 += HEADS_PER_DOT) {
+            float dots[HEADS_PER_DOT];
+            const int nh = n_heads - h0 < HEADS_PER_DOT ? n_heads - h0 : HEADS_PER_DOT;
+            ds4_vec_dotn(DS4_TYPE_F32, rows[i], q + (size_t)h0 * D, (size_t)D * sizeof(float), D, nh, dots);
+            for (int h = 0; h < nh; h++) weights[(size_t)(h0 + h) * n + i] = dots[h] * scale;
+        }
     for (int h = 0; h < n_heads; h++) {
         float *p = weights + (size_t)h * n, mx = sinks[h];
         for (int i = 0; i < n; i++) mx = fmaxf(mx, p[i]);
