@@ -143,7 +143,6 @@ static void rmsnorm(float *x, int n, const float *w, float eps) {
 }
 
 /* f32 dot product through the SIMD kernels (the F32 "activation" is f32). */
-static float dotf(const float *a, const float *b, int n) { return ds4_vec_dot(DS4_TYPE_F32, a, b, n); }
 
 static void axpy(float *restrict y, float a, const float *restrict x, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
@@ -341,12 +340,16 @@ static void idx_score(const batch *b, int t, int w0, int w1, float *out) {
     const float *rows = row_kv(b, t)->L[b->l].idx;
     const float *q = f->s.idx_q + (size_t)t * HI * DI, *head_w = f->s.idx_head_w + (size_t)t * HI;
     const float ks = 1.0f / sqrtf((float)DI), ws = 1.0f / sqrtf((float)HI);
+    enum { HEADS_PER_DOT = 8 };   /* one load of a row serves 8 heads' dots (ds4_vec_dotn) */
     for (int w = w0; w < w1; w++) {
         const float *k = rows + (size_t)w * DI;
         float acc = 0;
-        for (int h = 0; h < HI; h++) {
-            float dot = dotf(k, q + (size_t)h * DI, DI);
-            if (dot > 0) acc += dot * ks * (head_w[h] * ws);
+        for (int h0 = 0; h0 < HI; h0 += HEADS_PER_DOT) {
+            float dots[HEADS_PER_DOT];
+            const int nh = HI - h0 < HEADS_PER_DOT ? HI - h0 : HEADS_PER_DOT;
+            ds4_vec_dotn(DS4_TYPE_F32, k, q + (size_t)h0 * DI, (size_t)DI * sizeof(float), DI, nh, dots);
+            for (int h = 0; h < nh; h++)
+                if (dots[h] > 0) acc += dots[h] * ks * (head_w[h0 + h] * ws);
         }
         out[w] = acc;
     }
