@@ -18,6 +18,15 @@
 #   DECODE_DEPTHS    decode cases: context depth before decoding [512 4096]; empty: none
 #   PREFILLS         prefill cases: prompt lengths [512 2048]; empty: none
 #   GEN              tokens decoded per decode run [32]
+#   POLLS            llama-bench --poll values, each a column of llama.cpp runs
+#                    against the same ds4 run of a pair [50 0]: 50 is llama.cpp's
+#                    default (workers busy-poll up to 50 units between graph
+#                    nodes), 0 makes them sleep at once as DwarfStar's pool
+#                    does after a short spin; on a machine with no free core the
+#                    polling takes time slices from llama.cpp's own other thread
+#   BENCH_LOCK       a file to hold with flock(1) around every single timed
+#                    run (a shared machine: one benchmark at a time, the lock
+#                    never held between runs); each run's load average is printed
 #   ONLY             "check": only build llama-bench and check it loads MODEL
 #   LLAMA_ARGS       extra llama-bench arguments [--repack 0]: with its CPU
 #                    repack buffers on (the default), this llama.cpp aborts in
@@ -35,6 +44,7 @@ THREADS=${THREADS:-$( [ "$NCPU" -gt 1 ] && echo "1 $NCPU" || echo 1 )}
 DECODE_DEPTHS=${DECODE_DEPTHS-512 4096}
 PREFILLS=${PREFILLS-512 2048}
 GEN=${GEN:-32}
+read -r -a POLL_VALUES <<< "${POLLS-50 0}"
 LLAMA_BENCH=$CACHE/llama.cpp-build/bin/llama-bench
 read -r -a LLAMA_EXTRA <<< "${LLAMA_ARGS---repack 0}"
 
@@ -96,11 +106,21 @@ run_ds4() {  # kind n threads
     "$ROOT/ds4-bench" -m "$MODEL" -t "$3" --ctx-start "$start" --ctx-max "$start" --gen-tokens "$gen" \
         2>/dev/null | awk -F, -v c=$col 'NR == 2 { print $c }'
 }
-run_llama() {  # kind n threads
+run_llama() {  # kind n threads poll
     local args
     if [ "$1" = pp ]; then args=(-p "$2" -n 0 -b "$2"); else args=(-p 0 -n "$GEN" -d "$2"); fi
-    "$LLAMA_BENCH" -m "$MODEL" "${args[@]}" -t "$3" -r 1 "${LLAMA_EXTRA[@]}" -o csv 2>/dev/null |
+    "$LLAMA_BENCH" -m "$MODEL" "${args[@]}" -t "$3" --poll "$4" -r 1 "${LLAMA_EXTRA[@]}" -o csv 2>/dev/null |
         python3 -c 'import csv, sys; r = list(csv.DictReader(sys.stdin)); print((r[-1].get("avg_ts") or "") if r else "")'
+}
+# One timed run, holding BENCH_LOCK when set; prints "t/s load" ("-" for a
+# failed run; load: the 1-minute load average when the run ended).
+[ -n "${BENCH_LOCK:-}" ] && { exec {LOCK_FD}>>"$BENCH_LOCK" || fail "cannot open $BENCH_LOCK"; }
+timed() {
+    [ -n "${BENCH_LOCK:-}" ] && flock "$LOCK_FD"
+    local v
+    v=$("$@")
+    echo "${v:--} $(cut -d' ' -f1 /proc/loadavg)"
+    [ -n "${BENCH_LOCK:-}" ] && flock -u "$LOCK_FD"
 }
 
 stats() { python3 -c '
@@ -109,8 +129,8 @@ v = [float(x) for x in sys.argv[1:] if x]
 print("%7.2f %7.2f %7.2f" % (min(v), statistics.median(v), max(v)) if v else "    n/a     n/a     n/a")' "$@"; }
 
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(lscpu | sed -n 's/^Model name: *//p'), $NCPU CPUs; model $(basename "$MODEL")"
-echo "# llama.cpp: $(basename "$(ls -d "$CACHE"/llama_cpp_python-*/ | head -1)") vendored tree; pairs: $PAIRS, run order ds4, llama.cpp, ds4, ..."
-printf "%-24s %3s | %-23s | %-23s | %-23s\n" case thr "ds4 t/s min/med/max" "llama.cpp min/med/max" "ratio ds4/llama min/med/max"
+echo "# llama.cpp: $(basename "$(ls -d "$CACHE"/llama_cpp_python-*/ | head -1)") vendored tree; pairs: $PAIRS, run order ds4, then llama.cpp with each --poll of (${POLL_VALUES[*]}), ds4, ..."
+printf "%-24s %3s %4s | %-23s | %-23s | %-23s\n" case thr poll "ds4 t/s min/med/max" "llama.cpp min/med/max" "ratio ds4/llama min/med/max"
 cases=()
 for d in $DECODE_DEPTHS; do cases+=("tg $d"); done
 for p in $PREFILLS; do cases+=("pp $p"); done
@@ -118,17 +138,29 @@ for c in "${cases[@]}"; do
     set -- $c
     kind=$1 n=$2
     for t in $THREADS; do
-        a=() b=() r=()
+        # a[i]: ds4 run of pair i; b[k*PAIRS + i]: llama.cpp with POLL_VALUES[k] in pair i
+        a=() b=() LOADS=()
         for ((i = 0; i < PAIRS; i++)); do
-            x=$(run_ds4 "$kind" "$n" "$t")
-            y=$(run_llama "$kind" "$n" "$t")
-            a+=("$x") b+=("$y")
-            [ -n "$x" ] && [ -n "$y" ] && r+=("$(python3 -c "print($x / $y)")")
+            read -r v l <<< "$(timed run_ds4 "$kind" "$n" "$t")"
+            a[i]=${v#-} LOADS+=("$l")
+            for k in "${!POLL_VALUES[@]}"; do
+                read -r v l <<< "$(timed run_llama "$kind" "$n" "$t" "${POLL_VALUES[k]}")"
+                b[k * PAIRS + i]=${v#-} LOADS+=("$l")
+            done
         done
         label=$([ "$kind" = tg ] && echo "decode @ depth $n" || echo "prefill $n")
-        printf "%-24s %3s | %s | %s | %s\n" "$label" "$t" "$(stats "${a[@]}")" "$(stats "${b[@]}")" \
-            "$(stats "${r[@]}")"
-        note "pairs (ds4 llama.cpp): $(for ((i = 0; i < PAIRS; i++)); do printf '%s/%s ' "${a[i]:-?}" "${b[i]:-?}"; done)"
+        for k in "${!POLL_VALUES[@]}"; do
+            y=() r=()
+            for ((i = 0; i < PAIRS; i++)); do
+                y+=("${b[k * PAIRS + i]}")
+                [ -n "${a[i]}" ] && [ -n "${b[k * PAIRS + i]}" ] &&
+                    r+=("$(python3 -c "print(${a[i]} / ${b[k * PAIRS + i]})")")
+            done
+            printf "%-24s %3s %4s | %s | %s | %s\n" "$label" "$t" "${POLL_VALUES[k]}" "$(stats "${a[@]}")" \
+                "$(stats "${y[@]}")" "$(stats "${r[@]}")"
+            note "pairs (ds4 llama.cpp): $(for ((i = 0; i < PAIRS; i++)); do printf '%s/%s ' "${a[i]:-?}" "${y[i]:-?}"; done)"
+        done
+        note "$(date -u +%H:%MZ) load average (1 min) at the end of each run, in run order: ${LOADS[*]}"
     done
 done
 exit 0

@@ -9,6 +9,7 @@
  * row's result. */
 #include "forward_cpu.h"
 #include "forward_cpu_impl.h"
+#include "attn_cpu.h"
 #include "expert_cache.h"
 #include "forward_shared.h"
 #include "kernels_cpu.h"
@@ -65,7 +66,8 @@ typedef struct {
 } batch_scratch;
 
 typedef struct {
-    float *scores;      /* attention logits over raw + compressed rows */
+    const float **rows; /* attention's candidate rows: raw, then compressed */
+    float *weights;     /* [ATTN_GROUP][candidates] their logits, then softmax weights */
     float *iscore;      /* indexer scores of visible rows */
 } thread_scratch;
 
@@ -166,7 +168,6 @@ static void rmsnorm(float *x, int n, const float *w, float eps) {
 }
 
 /* f32 dot product through the SIMD kernels (the F32 "activation" is f32). */
-static float dotf(const float *a, const float *b, int n) { return ds4_vec_dot(DS4_TYPE_F32, a, b, n); }
 
 static void axpy(float *restrict y, float a, const float *restrict x, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
@@ -364,12 +365,16 @@ static void idx_score(const batch *b, int t, int w0, int w1, float *out) {
     const float *rows = row_kv(b, t)->L[b->l].idx;
     const float *q = f->s.idx_q + (size_t)t * HI * DI, *head_w = f->s.idx_head_w + (size_t)t * HI;
     const float ks = 1.0f / sqrtf((float)DI), ws = 1.0f / sqrtf((float)HI);
+    enum { HEADS_PER_DOT = 8 };   /* one load of a row serves 8 heads' dots (ds4_vec_dotn) */
     for (int w = w0; w < w1; w++) {
         const float *k = rows + (size_t)w * DI;
         float acc = 0;
-        for (int h = 0; h < HI; h++) {
-            float dot = dotf(k, q + (size_t)h * DI, DI);
-            if (dot > 0) acc += dot * ks * (head_w[h] * ws);
+        for (int h0 = 0; h0 < HI; h0 += HEADS_PER_DOT) {
+            float dots[HEADS_PER_DOT];
+            const int nh = HI - h0 < HEADS_PER_DOT ? HI - h0 : HEADS_PER_DOT;
+            ds4_vec_dotn(DS4_TYPE_F32, k, q + (size_t)h0 * DI, (size_t)DI * sizeof(float), DI, nh, dots);
+            for (int h = 0; h < nh; h++)
+                if (dots[h] > 0) acc += dots[h] * ks * (head_w[h0 + h] * ws);
         }
         out[w] = acc;
     }
@@ -425,49 +430,46 @@ static void indexer(batch *b) {
     }
 }
 
-/* Candidate row i of row t's query: raw rows first (positions lo..p, from the
- * batch or, before the sequence's first batch row, from the ring), then the
- * usable compressed rows. */
-static const float *attn_row(const batch *b, int t, const ds4_kv_layer *L, int64_t lo, int n_raw, const int *sel,
-                             int i) {
-    const int D = b->f->c->head_dim;
-    if (i >= n_raw) return L->comp + (size_t)(sel ? sel[i - n_raw] : i - n_raw) * D;
-    const int64_t pos = lo + i;
-    const int row0 = b->f->s.seq_row0[b->f->s.row_seq[t]];
+/* Row t's candidate rows, in the order attention sums them: raw rows first
+ * (positions lo..p, from the batch or, before the sequence's first batch
+ * row, from the ring), then the usable compressed rows; returns how many. */
+static int attn_rows(const batch *b, int t, const ds4_kv_layer *L, const float **rows) {
+    const cpu *f = b->f;
+    const ds4_config *c = f->c;
+    const int D = c->head_dim;
+    const int64_t p = row_pos(b, t), lo = p - c->window + 1 > 0 ? p - c->window + 1 : 0;
+    const int row0 = f->s.seq_row0[f->s.row_seq[t]];
     const int64_t p0 = row_pos(b, row0);
-    if (pos >= p0) return b->f->s.kv_row + (size_t)(row0 + (pos - p0)) * D;
-    return L->raw + (size_t)(pos % row_kv(b, t)->raw_cap) * D;
+    const int raw_cap = row_kv(b, t)->raw_cap;
+    int n = 0;
+    for (int64_t pos = lo; pos <= p; pos++)
+        rows[n++] = pos >= p0 ? f->s.kv_row + (size_t)(row0 + (pos - p0)) * D : L->raw + (size_t)(pos % raw_cap) * D;
+    if (!L->ratio) return n;
+    if (L->idx) {
+        const int *sel = f->s.idx_sel + (size_t)t * c->idx_topk;
+        for (int j = 0; j < f->s.idx_nsel[t]; j++) rows[n++] = L->comp + (size_t)sel[j] * D;
+    } else {
+        for (int w = 0, nv = n_visible(b, t); w < nv; w++) rows[n++] = L->comp + (size_t)w * D;
+    }
+    return n;
 }
 
-/* One head of one row: softmax with sink over raw + usable compressed rows. */
+/* A group of ATTN_GROUP heads of one row (ds4_attn_heads: softmax with sink
+ * over the candidate rows, each row read once for the group). */
+enum { ATTN_GROUP = 8 };
+static int attn_groups(const ds4_config *c) { return (c->n_head + ATTN_GROUP - 1) / ATTN_GROUP; }
+
 static void attn_task(batch *b, int task, int thread) {
     const cpu *f = b->f;
     const ds4_config *c = f->c;
-    const int H = c->n_head, D = c->head_dim, t = task / H, h = task % H;
-    const ds4_kv_layer *L = &row_kv(b, t)->L[b->l];
-    const int64_t p = row_pos(b, t), lo = p - c->window + 1 > 0 ? p - c->window + 1 : 0;
-    const float *q = f->s.q_heads + ((size_t)t * H + h) * D;
-    float *sc = f->ts[thread].scores;
-    const float scale = 1.0f / sqrtf((float)D), sink = f->m->layers[b->l].sinks[h];
-    const int n_raw = (int)(p - lo + 1);
-    int n_comp = 0;
-    const int *sel = NULL;
-    if (L->ratio) {
-        n_comp = n_visible(b, t);
-        if (L->idx) { sel = f->s.idx_sel + (size_t)t * c->idx_topk; n_comp = f->s.idx_nsel[t]; }
-    }
-    const int n = n_raw + n_comp;
-    float mx = sink;
-    for (int i = 0; i < n; i++) {
-        sc[i] = dotf(attn_row(b, t, L, lo, n_raw, sel, i), q, D) * scale;
-        mx = fmaxf(mx, sc[i]);
-    }
-    double den = exp((double)sink - mx);
-    for (int i = 0; i < n; i++) { sc[i] = (float)exp((double)sc[i] - mx); den += sc[i]; }
-    float *o = f->s.attn_out + ((size_t)t * H + h) * D;
-    memset(o, 0, (size_t)D * sizeof(float));
-    for (int i = 0; i < n; i++) axpy(o, (float)(sc[i] / den), attn_row(b, t, L, lo, n_raw, sel, i), D);
-    rope_apply(o, D, c->n_rot, rope_cs(b, t), true);
+    const int H = c->n_head, D = c->head_dim, t = task / attn_groups(c), h0 = task % attn_groups(c) * ATTN_GROUP;
+    const int nh = H - h0 < ATTN_GROUP ? H - h0 : ATTN_GROUP;
+    thread_scratch *ts = &f->ts[thread];
+    const int n = attn_rows(b, t, &row_kv(b, t)->L[b->l], ts->rows);
+    float *o = f->s.attn_out + ((size_t)t * H + h0) * D;
+    ds4_attn_heads(f->s.q_heads + ((size_t)t * H + h0) * D, nh, D, ts->rows, n, 1.0f / sqrtf((float)D),
+                   f->m->layers[b->l].sinks + h0, ts->weights, o);
+    for (int h = 0; h < nh; h++) rope_apply(o + (size_t)h * D, D, c->n_rot, rope_cs(b, t), true);
 }
 
 static void attention(batch *b) {
@@ -496,7 +498,7 @@ static void attention(batch *b) {
         for (int q = 0; q < b->n_seqs; q++) compress_seq(b, q);
         if (has_indexer) indexer(b);
     }
-    par(b, T * c->n_head, attn_task);
+    par(b, T * attn_groups(c), attn_task);
 
     /* a sequence's rows become its ring only now: attention above read the
      * previous ring contents for positions before the batch */
@@ -742,16 +744,35 @@ static bool grow_batch(cpu *f, int T) {
     return true;
 }
 
+/* attention candidates of a row in a state of `rows` tokens: the raw window
+ * plus the most compressed rows any layer can use (all visible ones, at most
+ * the indexer's top-k where it selects) */
+static size_t max_candidates(const ds4_config *c, int rows) {
+    size_t comp = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        const int ratio = ds4_cfg_ratio(c, l);
+        if (!ratio) continue;
+        const size_t visible = (size_t)rows / (size_t)ratio;
+        const size_t used = ds4_cfg_has_indexer(c, l) && (size_t)c->idx_topk < visible ? (size_t)c->idx_topk : visible;
+        if (used > comp) comp = used;
+    }
+    return (size_t)c->window + comp;
+}
+
 /* Per-thread buffers sized for the rows a state of ctx tokens can expose. */
 static bool grow_rows(cpu *f, int ctx) {
     const int rows = ctx + 8;
     if (rows <= f->rows_cap) return true;
-    const size_t per_thread = (size_t)f->c->window + 2 * (size_t)rows;
-    float *block = malloc((size_t)f->n_threads * per_thread * sizeof(float));
+    const size_t cand = max_candidates(f->c, rows);
+    /* floats first (a multiple of 64 bytes), then the pointers: every piece stays aligned */
+    const size_t floats = ((size_t)ATTN_GROUP * cand + (size_t)rows + 15) & ~(size_t)15, per_thread = floats * sizeof(float) + cand * sizeof(float *);
+    char *block = malloc((size_t)f->n_threads * per_thread);
     if (!block) return false;
     for (int i = 0; i < f->n_threads; i++) {
-        f->ts[i].scores = block + (size_t)i * per_thread;
-        f->ts[i].iscore = f->ts[i].scores + f->c->window + rows;
+        float *base = (float *)(block + (size_t)i * per_thread);
+        f->ts[i].weights = base;
+        f->ts[i].iscore = base + (size_t)ATTN_GROUP * cand;
+        f->ts[i].rows = (const float **)(base + floats);
     }
     free(f->ts_block);
     f->ts_block = block;

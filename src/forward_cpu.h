@@ -12,8 +12,10 @@
  *   attention read and write each row's own state. Decode is a batch of one
  *   row per session.
  * - Bit-exact as backend.h requires: per-row activation quantization, kernels
- *   whose (row, token) dot does not depend on the batch (kernels_cpu.h), and
- *   compressor windows and frontiers carried across calls.
+ *   whose (row, token) dot does not depend on the batch (kernels_cpu.h),
+ *   attention whose per-head arithmetic does not depend on the heads sharing
+ *   a call (attn_cpu.h), and compressor windows and frontiers carried across
+ *   calls.
  * - numerics = true adds ds4's simulation of the reference graph's storage
  *   precision: FP8 (E4M3) round trip of the non-rotary KV dims in blocks of
  *   64, F16 storage of raw/compressed/indexer rows, Hadamard + FP4 (E2M1)

@@ -113,6 +113,16 @@ float ds4_vec_dot(uint32_t type, const void *w, const void *act, int64_t n) {
     return call_dot(dot_fn(type), type, w, act, n);
 }
 
+void ds4_vec_dotn(uint32_t type, const void *w, const void *acts, size_t act_stride, int64_t n, int nt, float *out) {
+    const ds4_dotn_fn f = dotn_fn(type);
+    for (int t = 0; t < nt; t += DS4_DOT_TOKENS) {
+        const int group = nt - t < DS4_DOT_TOKENS ? nt - t : DS4_DOT_TOKENS;
+        const uint8_t *a = (const uint8_t *)acts + (size_t)t * act_stride;
+        if (f) f(w, a, act_stride, n, group, out + t);
+        else for (int j = 0; j < group; j++) out[t + j] = ds4_vec_dot_ref(type, w, a + (size_t)j * act_stride, n);
+    }
+}
+
 float ds4_read_sum(const float *x, int64_t n) {
     enum ds4_simd_level lvl = ds4_kernels_level();
     if (lvl >= DS4_SIMD_AVX512) return ds4_kernels_avx512_read_sum(x, n);

@@ -42,6 +42,9 @@ size_t ds4_act_bytes(uint32_t type, int64_t n);
 void ds4_quantize_act(uint32_t type, const float *x, void *dst, int64_t n);
 
 float ds4_vec_dot(uint32_t type, const void *w, const void *act, int64_t n);
+/* out[t] = ds4_vec_dot(type, w, acts + t * act_stride bytes, n) bit for bit,
+ * for t < nt, with each weight block loaded once for up to 8 activations */
+void ds4_vec_dotn(uint32_t type, const void *w, const void *acts, size_t act_stride, int64_t n, int nt, float *out);
 
 /* Sum of x[0..n) read with the widest vector loads of the level in use
  * (64-byte on AVX-512, four independent accumulators): the plain read loop
