@@ -586,17 +586,7 @@ static void expert_sum_task(batch *b, int t, int thread) {
     }
 }
 
-/* Routed experts added into sublayer_out: rows grouped per expert so each
- * expert's weights are read once per batch, whichever sequences the rows
- * belong to (a group holds at most T rows, since a hash row may name an
- * expert twice); every row receives its experts in ascending order.
- * A decode-sized batch (T*k <= n_expert) has about one row per expert: a
- * matvec split over the threads then ends in a barrier every few hundred
- * microseconds (three per expert, ~130 per layer at 8 sessions) and the
- * tile kernels have no second token to share a weight load with, so each
- * group runs whole on one thread, all groups in one pool run. Larger
- * batches, and --ssd-streaming (its views are valid on one thread, one
- * expert at a time), split each expert's rows over the pool instead. */
+/* routed()'s progress through one layer's experts */
 typedef struct {
     bool per_thread;    /* groups are recorded for one pool run, else run at once over the pool */
     int n_groups, used; /* groups recorded, entries of expert_rows they hold */
@@ -622,6 +612,17 @@ static void expert_group(batch *b, routing *r, int e, int n) {
              s->expert_out + (size_t)i * E, E);
 }
 
+/* Routed experts added into sublayer_out: rows grouped per expert so each
+ * expert's weights are read once per batch, whichever sequences the rows
+ * belong to (a group holds at most T rows, since a hash row may name an
+ * expert twice); every row receives its experts in ascending order.
+ * A decode-sized batch (T*k <= n_expert) has about one row per expert: a
+ * matvec split over the threads then ends in a barrier every few hundred
+ * microseconds (three per expert, ~130 per layer at 8 sessions) and the
+ * tile kernels have no second token to share a weight load with, so each
+ * group runs whole on one thread, all groups in one pool run. Larger
+ * batches, and --ssd-streaming (its views are valid on one thread, one
+ * expert at a time), split each expert's rows over the pool instead. */
 static void routed(batch *b) {
     batch_scratch *s = &b->f->s;
     const ds4_config *c = b->f->c;
