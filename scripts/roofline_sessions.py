@@ -15,8 +15,12 @@ the bytes per step and per generated token. (The engine's own count of bytes
 read, `ds4-bench --sessions`, uses the experts actually routed.) Compute does
 not shrink with batching: every token still does all its dot products, so on
 a machine where one session's decode is already compute-bound the speedup is
-capped lower (compare with the prefill rate of the same model). A
-benchmark helper: it prints, it never asserts."""
+capped lower. The routed experts share least: N decode rows land on about
+E * (1 - (1 - k/E)^N) experts, so each chosen expert multiplies ~N*k / that
+rows (1.08 at 8 sessions of Flash; the table's rows per expert), where a long prefill chunk
+gives each several; the prefill rate is therefore no ceiling for batched
+decode (README, "Where the time of a batched decode step goes"). A benchmark
+helper: it prints, it never asserts."""
 import argparse
 
 from gguf import GGUFReader
@@ -60,16 +64,16 @@ def main():
     print(f"{a.model}: dense {dense / 2**20:.1f} MiB, head {head / 2**20:.1f} MiB, "
           f"{len(experts)} MoE layers x {n_expert} experts ({n_used} per token), "
           f"one expert of every layer {per_expert / 2**20:.2f} MiB\n")
-    print("| sessions | distinct experts per layer | MiB read per step | MiB per generated token | "
-          "memory-roofline aggregate vs 1 session |")
-    print("|---|---|---|---|---|")
+    print("| sessions | distinct experts per layer | rows per expert | MiB read per step | "
+          "MiB per generated token | memory-roofline aggregate vs 1 session |")
+    print("|---|---|---|---|---|---|")
     base = None
     for n in (int(x) for x in a.sessions.split(",")):
         distinct = n_expert * (1 - (1 - n_used / n_expert) ** n)
         step = dense + head + n * embd_row + distinct * per_expert
         if base is None:
             base = step / n
-        print(f"| {n} | {distinct:.1f} | {step / 2**20:.1f} | {step / n / 2**20:.1f} | "
+        print(f"| {n} | {distinct:.1f} | {n * n_used / distinct:.2f} | {step / 2**20:.1f} | {step / n / 2**20:.1f} | "
               f"{base / (step / n):.2f}x |")
 
 

@@ -23,6 +23,13 @@
 
 enum { ROPE_MAIN = 0, ROPE_COMPRESS = 1 };
 
+/* The buffers one routed expert computes in: its gathered input rows, the
+ * gate/up halves, the output rows and their converted activations. */
+typedef struct {
+    float *in, *gate, *up, *out;   /* [rows][E], [rows][F], [rows][F], [rows][E] */
+    void *act;
+} expert_scratch;
+
 /* Batch scratch, carved out of one block sized for `cap` rows. */
 typedef struct {
     float *hc_state;        /* [T][n_hc][E] the residual streams */
@@ -55,7 +62,12 @@ typedef struct {
     int *expert_ids;        /* [T][k] */
     int *predicted_ids;     /* [T][k] --ssd-streaming: the next layer's experts, guessed */
     float *predicted_w;     /* [T][k] their weights (unused; ds4_route_token writes them) */
-    int *expert_rows;       /* [T] (row * k + slot) of the rows gathered for one expert */
+    int *expert_rows;       /* [T*k] (row * k + slot) of the rows gathered per expert */
+    int *group_expert;      /* [T*k] per-expert tasks: the expert of each group of rows, */
+    int *group_row0;        /* [T*k] its first entry in expert_rows */
+    int *group_n;           /* [T*k] and its row count */
+    float *slot_out;        /* [min(T*k, n_expert)][E] per-expert tasks: output of (row * k + slot) */
+    expert_scratch *thread_x; /* [threads] per-expert tasks: each thread's buffers, for min(T, n_expert/k) rows */
     int32_t *tokens;        /* [T] */
     int *row_seq;           /* [T] which sequence a row belongs to */
     int *seq_row0;          /* [T] a sequence's first row (at most T sequences) */
@@ -123,10 +135,12 @@ static void par(batch *b, int n, tok_fn fn) {
     ds4_pool_run(b->f->pool, par_task, &p, n);
 }
 
-/* fn(ctx, first, end) over [0, n) cut into one contiguous range per thread.
- * For the row-wise work between matmuls, which left on one thread was the
- * serial part of a multi-threaded prefill; each item is computed exactly as
- * it would be inline, so results do not depend on the thread count. */
+/* fn(ctx, first, end) over [0, n) cut into one contiguous range per thread
+ * of pool (NULL: all of it on the calling thread, as inside a pool task,
+ * since the pool is not reentrant). For the row-wise work between matmuls,
+ * which left on one thread was the serial part of a multi-threaded prefill;
+ * each item is computed exactly as it would be inline, so results do not
+ * depend on the thread count. */
 typedef void (*range_fn)(void *ctx, int first, int end);
 typedef struct { range_fn fn; void *ctx; int n; } range_ctx;
 
@@ -135,9 +149,11 @@ static void range_task(void *ctx, int task, int n_tasks, int thread) {
     r->fn(r->ctx, (int)((int64_t)r->n * task / n_tasks), (int)((int64_t)r->n * (task + 1) / n_tasks));
 }
 
-static void par_range(cpu *f, int n, range_fn fn, void *ctx) {
+static void par_range(ds4_pool *pool, int n, range_fn fn, void *ctx) {
+    if (!pool) { fn(ctx, 0, n); return; }
     range_ctx r = {fn, ctx, n};
-    ds4_pool_run(f->pool, range_task, &r, n < f->n_threads ? n : f->n_threads);
+    const int threads = ds4_pool_threads(pool);
+    ds4_pool_run(pool, range_task, &r, n < threads ? n : threads);
 }
 
 typedef struct { uint32_t type; const float *x; int64_t xstride, n; char *act; size_t act_bytes; } quantize_ctx;
@@ -148,16 +164,24 @@ static void quantize_rows(void *ctx, int first, int end) {
         ds4_quantize_act(q->type, q->x + (size_t)t * q->xstride, q->act + (size_t)t * q->act_bytes, q->n);
 }
 
-/* y[T x rows] = W[rows starting at row0 of matrix e] . x[t] for T inputs of W->ne[0] floats. */
+/* y[T x rows] = W[rows starting at row0 of matrix e] . x[t] for T inputs of
+ * W->ne[0] floats, converting the inputs into act, over pool's threads (NULL:
+ * on the calling thread). The caller counts the weight bytes read. */
+static void linear_on(ds4_pool *pool, void *act, const ds4_tensor *W, int64_t e, int64_t row0, int64_t rows,
+                      const float *x, int64_t xstride, int T, float *y) {
+    const int64_t n = W->ne[0];
+    quantize_ctx q = {W->type, x, xstride, n, act, ds4_act_bytes(W->type, n)};
+    par_range(pool, T, quantize_rows, &q);
+    const char *w = (const char *)W->data + ((size_t)e * (size_t)W->ne[1] + (size_t)row0) * W->row_bytes;
+    if (T == 1) ds4_matvec(pool, W->type, w, rows, n, act, y);
+    else ds4_matmul(pool, W->type, w, rows, n, act, T, y);
+}
+
+/* linear_on over the whole pool in the batch's buffers, counting the bytes */
 static void linear(cpu *f, const ds4_tensor *W, int64_t e, int64_t row0, int64_t rows, const float *x,
                    int64_t xstride, int T, float *y) {
-    const int64_t n = W->ne[0];
-    quantize_ctx q = {W->type, x, xstride, n, f->s.act, ds4_act_bytes(W->type, n)};
-    par_range(f, T, quantize_rows, &q);
-    const char *w = (const char *)W->data + ((size_t)e * (size_t)W->ne[1] + (size_t)row0) * W->row_bytes;
     f->base.weight_bytes += (uint64_t)rows * W->row_bytes;
-    if (T == 1) ds4_matvec(f->pool, W->type, w, rows, n, f->s.act, y);
-    else ds4_matmul(f->pool, W->type, w, rows, n, f->s.act, T, y);
+    linear_on(f->pool, f->s.act, W, e, row0, rows, x, xstride, T, y);
 }
 
 static void rmsnorm(float *x, int n, const float *w, float eps) {
@@ -534,9 +558,9 @@ static void swiglu_rows(void *ctx, int first, int end) {
     }
 }
 
-static void swiglu(cpu *f, float *gate, const float *up, int rows, int width, float limit) {
+static void swiglu(ds4_pool *pool, float *gate, const float *up, int rows, int width, float limit) {
     swiglu_ctx sw = {gate, up, width, limit};
-    par_range(f, rows, swiglu_rows, &sw);
+    par_range(pool, rows, swiglu_rows, &sw);
 }
 
 static void route_task(batch *b, int t, int thread) {
@@ -550,48 +574,136 @@ static void route_task(batch *b, int t, int thread) {
                     f->s.expert_w + (size_t)t * k);
 }
 
-typedef struct { batch_scratch *s; int n, E, k; } expert_rows_ctx;
+/* Rows of one expert: in[i] = normed[token of rows[i]]; after the expert,
+ * sublayer_out[token] += weight x out[i]. */
+typedef struct { batch_scratch *s; const int *rows; int n, E, k; const expert_scratch *x; } expert_rows_ctx;
 
-/* expert_in[i] = normed[token of expert_rows[i]] */
 static void gather_rows(void *ctx, int first, int end) {
-    const expert_rows_ctx *x = ctx;
-    const batch_scratch *s = x->s;
+    const expert_rows_ctx *g = ctx;
     for (int i = first; i < end; i++)
-        memcpy(s->expert_in + (size_t)i * x->E, s->normed + (size_t)(s->expert_rows[i] / x->k) * x->E,
-               (size_t)x->E * sizeof(float));
+        memcpy(g->x->in + (size_t)i * g->E, g->s->normed + (size_t)(g->rows[i] / g->k) * g->E,
+               (size_t)g->E * sizeof(float));
 }
 
-/* Columns [16 first, 16 end) of sublayer_out += weighted expert_out. Split by
- * columns, not rows, because a hash row may name the same expert twice, so
+/* Columns [16 first, 16 end) of sublayer_out += weighted expert output. Split
+ * by columns, not rows, because a hash row may name the same expert twice, so
  * two rows can add into one token; per element the additions keep the row
  * order, and blocks of 16 floats keep threads off each other's cache lines. */
 #define SCATTER_COLS 16
 static void scatter_cols(void *ctx, int first, int end) {
-    const expert_rows_ctx *x = ctx;
-    const batch_scratch *s = x->s;
-    const int col0 = first * SCATTER_COLS, col1 = end * SCATTER_COLS < x->E ? end * SCATTER_COLS : x->E;
-    for (int i = 0; i < x->n; i++)
-        axpy(s->sublayer_out + (size_t)(s->expert_rows[i] / x->k) * x->E + col0, s->expert_w[s->expert_rows[i]],
-             s->expert_out + (size_t)i * x->E + col0, col1 - col0);
+    const expert_rows_ctx *g = ctx;
+    const batch_scratch *s = g->s;
+    const int col0 = first * SCATTER_COLS, col1 = end * SCATTER_COLS < g->E ? end * SCATTER_COLS : g->E;
+    for (int i = 0; i < g->n; i++)
+        axpy(s->sublayer_out + (size_t)(g->rows[i] / g->k) * g->E + col0, s->expert_w[g->rows[i]],
+             g->x->out + (size_t)i * g->E + col0, col1 - col0);
 }
 
-/* Expert e over the n rows listed in expert_rows; adds weighted outputs into sublayer_out. */
-static void expert(batch *b, int e, int n) {
+/* Expert e over the n rows listed in rows (row * k + slot) into x->out, over
+ * pool's threads (NULL: on the calling thread). */
+static void expert(batch *b, int e, const int *rows, int n, ds4_pool *pool, const expert_scratch *x) {
     cpu *f = b->f;
-    batch_scratch *s = &f->s;
     const ds4_config *c = f->c;
     const ds4_layer *W = &f->m->layers[b->l];
     const int E = c->n_embd, F = c->n_ff_exp, k = c->n_expert_used;
+    expert_rows_ctx g = {&f->s, rows, n, E, k, x};
+    par_range(pool, n, gather_rows, &g);
     ds4_tensor w[3] = {W->gate_exps, W->up_exps, W->down_exps};
     int64_t we = e;
     if (f->experts) { ds4_expert_cache_get(f->experts, b->l, e, w); we = 0; }
-    expert_rows_ctx rows = {s, n, E, k};
-    par_range(f, n, gather_rows, &rows);
-    linear(f, &w[0], we, 0, F, s->expert_in, E, n, s->ffn_gate);
-    linear(f, &w[1], we, 0, F, s->expert_in, E, n, s->ffn_up);
-    swiglu(f, s->ffn_gate, s->ffn_up, n, F, c->clamp_exp[b->l]);
-    linear(f, &w[2], we, 0, E, s->ffn_gate, F, n, s->expert_out);
-    par_range(f, (E + SCATTER_COLS - 1) / SCATTER_COLS, scatter_cols, &rows);
+    linear_on(pool, x->act, &w[0], we, 0, F, x->in, E, n, x->gate);
+    linear_on(pool, x->act, &w[1], we, 0, F, x->in, E, n, x->up);
+    swiglu(pool, x->gate, x->up, n, F, c->clamp_exp[b->l]);
+    linear_on(pool, x->act, &w[2], we, 0, E, x->gate, F, n, x->out);
+}
+
+static uint64_t expert_bytes(const ds4_layer *W) {
+    return (uint64_t)W->gate_exps.ne[1] * W->gate_exps.row_bytes + (uint64_t)W->up_exps.ne[1] * W->up_exps.row_bytes +
+           (uint64_t)W->down_exps.ne[1] * W->down_exps.row_bytes;
+}
+
+/* One group of rows of one expert on this thread, its outputs kept per slot. */
+static void expert_group_task(batch *b, int g, int thread) {
+    batch_scratch *s = &b->f->s;
+    const int E = b->f->c->n_embd, *rows = s->expert_rows + s->group_row0[g];
+    const expert_scratch *x = &s->thread_x[thread];
+    expert(b, s->group_expert[g], rows, s->group_n[g], NULL, x);
+    for (int i = 0; i < s->group_n[g]; i++)
+        memcpy(s->slot_out + (size_t)rows[i] * E, x->out + (size_t)i * E, (size_t)E * sizeof(float));
+}
+
+/* Row t's expert outputs added in ascending expert order (slot order within
+ * one expert), as the expert-major loop of routed() adds them. */
+static void expert_sum_task(batch *b, int t, int thread) {
+    const batch_scratch *s = &b->f->s;
+    const int E = b->f->c->n_embd, k = b->f->c->n_expert_used;
+    const int *ids = s->expert_ids + (size_t)t * k;
+    int last = -1;   /* the slot added last; the next is the least (id, slot) after it */
+    for (int added = 0; added < k; added++) {
+        int best = -1;
+        for (int j = 0; j < k; j++) {
+            const bool after = last < 0 || ids[j] > ids[last] || (ids[j] == ids[last] && j > last);
+            if (after && (best < 0 || ids[j] < ids[best])) best = j;
+        }
+        axpy(s->sublayer_out + (size_t)t * E, s->expert_w[(size_t)t * k + best],
+             s->slot_out + ((size_t)t * k + best) * E, E);
+        last = best;
+    }
+}
+
+/* routed()'s progress through one layer's experts */
+typedef struct {
+    bool per_thread;    /* groups are recorded for one pool run, else run at once over the pool */
+    int n_groups, used; /* groups recorded, entries of expert_rows they hold */
+} routing;
+
+/* The next n rows of expert e (from expert_rows + r->used). */
+static void expert_group(batch *b, routing *r, int e, int n) {
+    cpu *f = b->f;
+    batch_scratch *s = &f->s;
+    const int E = f->c->n_embd, k = f->c->n_expert_used;
+    f->base.weight_bytes += expert_bytes(&f->m->layers[b->l]);
+    if (r->per_thread) {
+        s->group_expert[r->n_groups] = e;
+        s->group_row0[r->n_groups] = r->used;
+        s->group_n[r->n_groups++] = n;
+        r->used += n;
+        return;
+    }
+    const expert_scratch whole = {s->expert_in, s->ffn_gate, s->ffn_up, s->expert_out, s->act};
+    expert(b, e, s->expert_rows, n, f->pool, &whole);
+    expert_rows_ctx g = {s, s->expert_rows, n, E, k, &whole};
+    par_range(f->pool, (E + SCATTER_COLS - 1) / SCATTER_COLS, scatter_cols, &g);
+}
+
+/* Routed experts added into sublayer_out: rows grouped per expert so each
+ * expert's weights are read once per batch, whichever sequences the rows
+ * belong to (a group holds at most T rows, since a hash row may name an
+ * expert twice); every row receives its experts in ascending order.
+ * A decode-sized batch (T*k <= n_expert) has about one row per expert: a
+ * matvec split over the threads then ends in a barrier every few hundred
+ * microseconds (three per expert, ~130 per layer at 8 sessions) and the
+ * tile kernels have no second token to share a weight load with, so each
+ * group runs whole on one thread, all groups in one pool run. Larger
+ * batches, and --ssd-streaming (its views are valid on one thread, one
+ * expert at a time), split each expert's rows over the pool instead. */
+static void routed(batch *b) {
+    batch_scratch *s = &b->f->s;
+    const ds4_config *c = b->f->c;
+    const int T = b->T, k = c->n_expert_used;
+    routing r = {.per_thread = !b->f->experts && T * k <= c->n_expert};
+    for (int e = 0; e < c->n_expert; e++) {
+        int n = 0;
+        for (int j = 0; j < T * k; j++) {
+            if (s->expert_ids[j] != e) continue;
+            s->expert_rows[r.used + n++] = j;
+            if (n == T) { expert_group(b, &r, e, n); n = 0; }
+        }
+        if (n) expert_group(b, &r, e, n);
+    }
+    if (!r.per_thread) return;
+    par(b, r.n_groups, expert_group_task);
+    par(b, T, expert_sum_task);
 }
 
 /* --ssd-streaming, decode-sized batches: the experts of `layer` guessed
@@ -646,22 +758,10 @@ static void ffn(batch *b) {
     /* shared expert over the whole batch, into sublayer_out */
     linear(f, &W->gate_shexp, 0, 0, F, s->normed, E, T, s->ffn_gate);
     linear(f, &W->up_shexp, 0, 0, F, s->normed, E, T, s->ffn_up);
-    swiglu(f, s->ffn_gate, s->ffn_up, T, F, c->clamp_shexp[b->l]);
+    swiglu(f->pool, s->ffn_gate, s->ffn_up, T, F, c->clamp_shexp[b->l]);
     linear(f, &W->down_shexp, 0, 0, E, s->ffn_gate, F, T, s->sublayer_out);
 
-    /* routed experts: rows grouped per expert so each expert's weights are
-     * read once per batch, whichever sequences the rows belong to (flushed
-     * every T rows, since a hash row may name an expert twice); every row
-     * receives its experts in ascending order */
-    for (int e = 0; e < c->n_expert; e++) {
-        int n = 0;
-        for (int j = 0; j < T * k; j++) {
-            if (s->expert_ids[j] != e) continue;
-            s->expert_rows[n] = j;
-            if (++n == T) { expert(b, e, n); n = 0; }
-        }
-        if (n) expert(b, e, n);
-    }
+    routed(b);
     hc_post(b);
 }
 
@@ -715,7 +815,22 @@ static size_t layout_batch(const cpu *f, int T, carver *cv, batch_scratch *s) {
     s->expert_ids = carve(cv, rows * k, sizeof(int));
     s->predicted_ids = carve(cv, rows * k, sizeof(int));
     s->predicted_w = carve(cv, rows * k, fl);
-    s->expert_rows = carve(cv, rows, sizeof(int));
+    s->expert_rows = carve(cv, rows * k, sizeof(int));
+    s->group_expert = carve(cv, rows * k, sizeof(int));
+    s->group_row0 = carve(cv, rows * k, sizeof(int));
+    s->group_n = carve(cv, rows * k, sizeof(int));
+    /* per-expert tasks run only while T*k <= n_expert */
+    const size_t slots = rows * k < (size_t)c->n_expert ? rows * k : (size_t)c->n_expert;
+    const size_t thread_rows = rows < slots / k ? rows : slots / k > 0 ? slots / k : 1;
+    s->slot_out = carve(cv, slots * E, fl);
+    s->thread_x = carve(cv, (size_t)f->n_threads, sizeof(expert_scratch));
+    const size_t expert_act = ds4_act_bytes(DS4_TYPE_F32, (int64_t)(E > F ? E : F));
+    for (int i = 0; i < f->n_threads; i++) {
+        expert_scratch x = {carve(cv, thread_rows * E, fl), carve(cv, thread_rows * F, fl),
+                            carve(cv, thread_rows * F, fl), carve(cv, thread_rows * E, fl),
+                            carve(cv, thread_rows, expert_act)};
+        if (s->thread_x) s->thread_x[i] = x;
+    }
     s->tokens = carve(cv, rows, sizeof(int32_t));
     s->row_seq = carve(cv, rows, sizeof(int));
     s->seq_row0 = carve(cv, rows, sizeof(int));
