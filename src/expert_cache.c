@@ -21,14 +21,6 @@ enum { IO_ALIGN = 4096, N_READERS = 8 };
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-/* The slots and the resident copies are this mode's own anonymous memory,
- * read by the kernels once per token at memory bandwidth: transparent huge
- * pages (where THP is "madvise" only, as on this CI VM) cut the TLB misses
- * of that stream and the pages an O_DIRECT read must pin. Only advice: the
- * bytes are the same without it, so a kernel without THP just says no. */
-enum { HUGE_ALIGN = 2 << 20 };
-static void advise_huge(void *p, size_t len) { (void)madvise(p, len, MADV_HUGEPAGE); }
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -425,8 +417,16 @@ ds4_expert_cache *ds4_expert_cache_new(const ds4_gguf *g, const ds4_model *m, in
     c->queue = malloc((size_t)n_slots * 3 * sizeof *c->queue);
     c->parts_left = calloc((size_t)n_slots, 1);
     c->part_failed = calloc((size_t)n_slots, 1);
-    if (posix_memalign((void **)&c->pool, HUGE_ALIGN, (size_t)n_slots * c->slot_bytes)) c->pool = NULL;
-    else advise_huge(c->pool, (size_t)n_slots * c->slot_bytes);
+    const size_t pool_bytes = (size_t)n_slots * c->slot_bytes;
+    if (posix_memalign((void **)&c->pool, IO_ALIGN, pool_bytes)) c->pool = NULL;
+    /* commit the slots now, not at their first read: a page's first touch
+     * (zeroing it, on a VM also the host backing it) would otherwise land in
+     * a decode step, and memory that is not there fails here, at start;
+     * EINVAL is a kernel before 5.14, which faults the pages in later */
+    if (c->pool && madvise(c->pool, pool_bytes, MADV_POPULATE_WRITE) && errno != EINVAL) {
+        free(c->pool);
+        c->pool = NULL;
+    }
     if (!c->src || !c->state || !c->distinct || !c->pending || !c->seen || !c->guessed || !c->queue || !c->pool ||
         !c->parts_left || !c->part_failed ||
         !index_init(&c->ix, policy, n_keys, n_slots)) {
@@ -668,7 +668,6 @@ static bool copy_range(int fd, uint8_t *base, uint64_t lo, uint64_t hi, uint64_t
     if (hi <= lo) return true;
     void *p = mmap(base + lo, (size_t)(hi - lo), PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) { snprintf(err, errlen, "cannot map resident weights: %s", strerror(errno)); return false; }
-    advise_huge(p, (size_t)(hi - lo));
     const uint64_t end = hi < file_size ? hi : file_size;
     if (end > lo && !read_span(fd, false, false, base + lo, lo, (size_t)(end - lo), err, errlen)) return false;
     mprotect(p, (size_t)(hi - lo), PROT_READ);
