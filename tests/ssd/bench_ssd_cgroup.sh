@@ -77,7 +77,7 @@ run() {
 printf 'model %s: %s layers x %s experts, %.2f GiB file; limit %s GiB; %s prompt + %s generated tokens; load %s\n' \
     "$model" "$layers" "$experts" "$(stat -c %s "$model" | awk '{print $1 / 1073741824}')" "$limit_gib" "$prompt" "$gen" \
     "$(cut -d' ' -f1-3 /proc/loadavg)"
-if command -v fio > /dev/null; then
+if [ "${FIO:-1}" != 0 ] && command -v fio > /dev/null; then   # FIO=0: skip (measured once is enough)
     fio_mib() {
         fio --name=d --filename="$model" --readonly --direct=1 --time_based --runtime=10 --group_reporting \
             --output-format=json "$@" 2> /dev/null |
