@@ -157,7 +157,8 @@ void ds4_quantize_act(uint32_t type, const float *x, void *dst, int64_t n) {
 #define MM_BLOCK_BYTES (256 * 1024)
 #define MM_TILE_ACT_BYTES (256 * 1024)
 /* one token group packed for a tile kernel, on the task's stack: 8n bytes
- * for Q8_0, so rows of up to 16384 elements */
+ * for Q8_0, so rows of up to 16384 elements; about 16n for IQ2_XXS's 16
+ * tokens, up to 7936 */
 #define MM_PACK_BYTES (128 * 1024)
 
 struct mm_ctx {
@@ -222,12 +223,16 @@ static void mm_task(void *p, int task, int n_tasks, int thread) {
              * the leftover tokens and rows (and every token of a row too
              * long to pack) go through the per-row kernels, which give the
              * same results */
-            int64_t rt = r0 + (r1 - r0) / DS4_TILE_ROWS * DS4_TILE_ROWS, tt = t0;
-            for (; tt + DS4_TILE_TOKENS <= t1; tt += DS4_TILE_TOKENS) {
-                if (!c->tk.pack(c->acts + (size_t)tt * c->act_bytes, c->act_bytes, c->n, packed, sizeof packed)) break;
-                for (int64_t i = r0; i < rt; i += DS4_TILE_ROWS)
-                    c->tk.tile(c->W + (size_t)i * c->row_bytes, c->row_bytes, packed, c->n, c->Y + tt * c->rows + i,
-                               c->rows);
+            const struct ds4_tile_kernel *k = &c->tk;
+            int64_t rt = r0 + (r1 - r0) / k->rows * k->rows, tt = t0;
+            while (tt < t1) {
+                int nt = t1 - tt < k->tokens ? (int)(t1 - tt) : k->tokens;
+                if (nt < k->min_tokens) break;
+                if (!k->pack(c->acts + (size_t)tt * c->act_bytes, c->act_bytes, c->n, nt, packed, sizeof packed)) break;
+                for (int64_t i = r0; i < rt; i += k->rows)
+                    k->tile(c->W + (size_t)i * c->row_bytes, c->row_bytes, packed, c->n, nt, c->Y + tt * c->rows + i,
+                            c->rows);
+                tt += nt;
             }
             for (; r < rt; r++) row_tokens(c, r, tt, t1);
         }
@@ -253,7 +258,7 @@ static void run_rows(struct ds4_pool *pool, struct mm_ctx *c, int64_t max_chunk)
     int64_t min_rows = ceil_div(MIN_TASK_BYTES, (int64_t)c->row_bytes > 0 ? (int64_t)c->row_bytes : 1);
     if (chunk < min_rows) chunk = min_rows;
     if (max_chunk > 0 && chunk > max_chunk) chunk = max_chunk;
-    if (c->tiled) chunk = ceil_div(chunk, DS4_TILE_ROWS) * DS4_TILE_ROWS; /* no row falls off a tile */
+    if (c->tiled) chunk = ceil_div(chunk, c->tk.rows) * c->tk.rows; /* no row falls off a tile */
     c->chunk = chunk;
     ds4_pool_run(pool, mm_task, c, (int)ceil_div(c->rows, chunk));
 }

@@ -12,10 +12,12 @@
  *   ds4_quantize_act; split across the thread pool by rows.
  * - ds4_matmul: Y[t,r] = W[r,:]·X[t,:] for a batch of T activations (prefill,
  *   batched decode): blocks of weight rows that stay in L2, and inside them
- *   rows x tokens tiles where the level has them (AVX-512 Q8_0: 4 x 4, the
- *   token group packed once per block), else one row against up to 8
- *   tokens. Every Y[t,r] is bit-identical to ds4_matvec's y[r] for X[t]
- *   (same kernel arithmetic, whatever T, the other tokens or the threads).
+ *   rows x tokens tiles where the level has them (AVX-512 Q8_0: 4 x 4;
+ *   IQ2_XXS: 2 rows x up to 16 tokens, each weight block decoded once for
+ *   all of them; the token group packed once per block), else one row
+ *   against up to 8 tokens. Every Y[t,r] is bit-identical to ds4_matvec's
+ *   y[r] for X[t] (same kernel arithmetic, whatever T, the other tokens or
+ *   the threads).
  * - No allocation in the hot path: callers own scratch; ds4_matmul keeps a
  *   128 KiB packing buffer on the stack of each thread that runs it.
  */

@@ -7,14 +7,15 @@
  * - A dotn function does the same for nt <= DS4_DOT_TOKENS activation rows at once
  *   (act_stride bytes apart), unpacking each weight block only once: the
  *   matmul micro-kernel. Its result per token equals the dot function's.
- * - A tile kernel does DS4_TILE_ROWS weight rows (row_bytes apart) x
- *   DS4_TILE_TOKENS activation rows, writing y[t * y_stride + r]: the matmul
- *   kernel proper, where one weight load serves several tokens and one
- *   activation load several rows. pack() first lays a group of
- *   DS4_TILE_TOKENS activation rows out for tile() (once per group, reused
- *   for every row), or returns false when packed_bytes is too small; the
- *   buffer is 64-byte aligned. Its result per (row, token) equals the dot
- *   function's.
+ * - A tile kernel does `rows` weight rows (row_bytes apart) x a group of
+ *   nt activation rows, writing y[t * y_stride + r]: the matmul kernel
+ *   proper, where one weight load (and decode) serves several tokens and one
+ *   activation load several rows. nt is any of min_tokens..tokens (with
+ *   fewer tokens the tile costs more than the per-row kernels). pack()
+ *   first lays a group of nt activation rows out for tile() (once per
+ *   group, reused for every row), or returns false when packed_bytes is too
+ *   small; the buffer is 64-byte aligned. Its result per (row, token)
+ *   equals the dot function's.
  * - Each ISA file returns NULL for types it has no kernel for; the
  *   dispatcher then falls back to the next lower level (AVX-512 -> AVX2 ->
  *   scalar reference). Calling anything from an ISA file is only allowed
@@ -31,8 +32,6 @@
 #include <stddef.h>
 
 #define DS4_DOT_TOKENS 8
-#define DS4_TILE_ROWS 4
-#define DS4_TILE_TOKENS 4
 /* Weight streams are prefetched this many bytes ahead of the row being
  * read (kernels_cpu.c explains why): by the matvec driver, row by row, or by
  * a kernel itself, line by line, where ds4_kernels_self_prefetch() says so. */
@@ -41,8 +40,9 @@
 typedef float (*ds4_dot_fn)(const void *w, const void *act, int64_t n);
 typedef void (*ds4_dotn_fn)(const void *w, const void *acts, size_t act_stride, int64_t n, int nt, float *out);
 struct ds4_tile_kernel {
-    bool (*pack)(const void *acts, size_t act_stride, int64_t n, void *packed, size_t packed_bytes);
-    void (*tile)(const void *w, size_t row_bytes, const void *packed, int64_t n, float *y, int64_t y_stride);
+    int rows, min_tokens, tokens;
+    bool (*pack)(const void *acts, size_t act_stride, int64_t n, int nt, void *packed, size_t packed_bytes);
+    void (*tile)(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y, int64_t y_stride);
 };
 
 bool ds4_kernels_self_prefetch(uint32_t type);   /* at the level in use */

@@ -6,7 +6,8 @@
  * random bytes with sane f16 scales, so every bit pattern of the packed
  * fields (all IQ2_XXS sign indices, Q6_K scale -128, Q8_0 -128, ...) is hit.
  * Then matvec/matmul against per-row ds4_vec_dot with 1..4 threads, and
- * matmul on every batch size 1..40 and odd row counts (bit for bit).
+ * matmul on every batch size 1..40, odd row counts and rows at the packing
+ * limits of the tiles (bit for bit).
  */
 #include <math.h>
 #include <float.h>
@@ -276,18 +277,22 @@ static void test_matmul_shapes(enum ds4_simd_level lvl) {
     }
 }
 
-/* Q8_0 rows around the longest a token group can be packed for (16384
- * elements, then one block more): the packed tile and the per-row fallback
- * both match the dot */
+/* rows around the longest a token group can be packed for in the 128 KiB
+ * buffer, then one block more: Q8_0 16384 elements (groups of 4 tokens),
+ * IQ2_XXS 7936 (31 super-blocks x a group of 16 tokens; at 8192 a group of
+ * 16 no longer fits). The packed tile and the per-row fallback both match
+ * the dot. */
 static void test_matmul_long_rows(enum ds4_simd_level lvl) {
     ds4_kernels_set_level(lvl);
-    const int64_t lengths[] = {16384, 16384 + 32};
-    const int64_t rows = 5, T = 9;
-    for (size_t li = 0; li < 2; li++) {
-        mm_case c = mm_case_new(DS4_TYPE_Q8_0, lengths[li], rows, T);
-        int bad = matmul_mismatches(NULL, DS4_TYPE_Q8_0, c.W, rows, lengths[li], c.acts, T, c.y);
-        CHECK(bad == 0, "%s matmul Q8_0 n=%lld: %d outputs differ from the dot", ds4_simd_level_name(lvl),
-              (long long)lengths[li], bad);
+    static const struct { uint32_t type; int64_t n, T; } cases[] = {
+        {DS4_TYPE_Q8_0, 16384, 9}, {DS4_TYPE_Q8_0, 16384 + 32, 9},
+        {DS4_TYPE_IQ2_XXS, 7936, 20}, {DS4_TYPE_IQ2_XXS, 8192, 20}};
+    const int64_t rows = 5;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mm_case c = mm_case_new(cases[i].type, cases[i].n, rows, cases[i].T);
+        int bad = matmul_mismatches(NULL, cases[i].type, c.W, rows, cases[i].n, c.acts, cases[i].T, c.y);
+        CHECK(bad == 0, "%s matmul %s n=%lld: %d outputs differ from the dot", ds4_simd_level_name(lvl),
+              ds4_type_name(cases[i].type), (long long)cases[i].n, bad);
         mm_case_free(&c);
     }
 }
