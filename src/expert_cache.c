@@ -151,6 +151,7 @@ uint64_t ds4_expert_policy_simulate(ds4_evict_policy policy, int n_layer, int n_
 /* ------------------------------------------------------------------ cache */
 
 enum { SLOT_EMPTY, SLOT_LOADING, SLOT_READY, SLOT_FAILED };
+enum { WAIT_NONE = -1, WAIT_SETTLED = -2 };
 
 typedef struct { int shard; uint64_t offset; size_t bytes; } expert_src;   /* expert 0 of one matrix */
 
@@ -179,6 +180,7 @@ struct ds4_expert_cache {
     pthread_cond_t work, done;
     int32_t *queue;                  /* ring of slot * 3 + matrix to read, capacity 3 * n_slots */
     int q_head, q_len, in_flight;
+    int waiting_for;                 /* the slot the engine's thread waits for, or WAIT_* */
     bool stop, failed;
     double busy_since;
     ds4_expert_stats st;
@@ -280,10 +282,28 @@ static void *reader_main(void *arg) {
             c->state[slot] = SLOT_FAILED;
             index_forget(&c->ix, slot);
         }
-        pthread_cond_broadcast(&c->done);
+        /* only the engine's thread waits, and only for one slot or for the
+         * readers to settle: waking it for any other slot would cost a
+         * context switch per read on a machine whose cores are computing */
+        if (c->waiting_for == slot || (c->waiting_for == WAIT_SETTLED && !c->q_len && !c->in_flight))
+            pthread_cond_signal(&c->done);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
+}
+
+/* Under mu: until slot's read has ended. */
+static void wait_slot(ds4_expert_cache *c, int slot) {
+    c->waiting_for = slot;
+    while (c->state[slot] == SLOT_LOADING) pthread_cond_wait(&c->done, &c->mu);
+    c->waiting_for = WAIT_NONE;
+}
+
+/* Under mu: until no read is queued or in flight. */
+static void wait_settled(ds4_expert_cache *c) {
+    c->waiting_for = WAIT_SETTLED;
+    while (c->q_len || c->in_flight) pthread_cond_wait(&c->done, &c->mu);
+    c->waiting_for = WAIT_NONE;
 }
 
 /* Under mu: key goes into slot and its three matrices are queued. */
@@ -293,8 +313,12 @@ static void issue(ds4_expert_cache *c, int slot, int key, bool pin) {
     c->state[slot] = SLOT_LOADING;
     c->parts_left[slot] = 3;
     c->part_failed[slot] = 0;
-    for (int j = 0; j < 3; j++) c->queue[(c->q_head + c->q_len++) % (3 * c->ix.n_slots)] = slot * 3 + j;
-    pthread_cond_broadcast(&c->work);
+    /* one reader per matrix: a broadcast would wake all of them for three
+     * reads, and the rest would only take the lock and sleep again */
+    for (int j = 0; j < 3; j++) {
+        c->queue[(c->q_head + c->q_len++) % (3 * c->ix.n_slots)] = slot * 3 + j;
+        pthread_cond_signal(&c->work);
+    }
 }
 
 /* Under mu: issue the layer's remaining experts while slots can be freed. */
@@ -313,7 +337,7 @@ bool ds4_expert_cache_take_error(ds4_expert_cache *c, char *err, size_t errlen) 
     /* a slot is forgotten only when its last matrix is read, and reads of a
      * later layer (a guess, a prefill read-ahead) may still be in flight:
      * settle them all, so the next fetch finds no slot failing under it */
-    while (failed && (c->q_len || c->in_flight)) pthread_cond_wait(&c->done, &c->mu);
+    if (failed) wait_settled(c);
     if (failed) snprintf(err, errlen, "%s", c->err);
     /* the failed slots were forgotten: the next fetch reads them again */
     c->failed = false;
@@ -376,6 +400,7 @@ ds4_expert_cache *ds4_expert_cache_new(const ds4_gguf *g, const ds4_model *m, in
     c->n_layer = cf->n_layer;
     c->n_expert = cf->n_expert;
     c->in_use = -1;
+    c->waiting_for = WAIT_NONE;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->work, NULL);
     pthread_cond_init(&c->done, NULL);
@@ -392,7 +417,16 @@ ds4_expert_cache *ds4_expert_cache_new(const ds4_gguf *g, const ds4_model *m, in
     c->queue = malloc((size_t)n_slots * 3 * sizeof *c->queue);
     c->parts_left = calloc((size_t)n_slots, 1);
     c->part_failed = calloc((size_t)n_slots, 1);
-    if (posix_memalign((void **)&c->pool, IO_ALIGN, (size_t)n_slots * c->slot_bytes)) c->pool = NULL;
+    const size_t pool_bytes = (size_t)n_slots * c->slot_bytes;
+    if (posix_memalign((void **)&c->pool, IO_ALIGN, pool_bytes)) c->pool = NULL;
+    /* commit the slots now, not at their first read: a page's first touch
+     * (zeroing it, on a VM also the host backing it) would otherwise land in
+     * a decode step, and memory that is not there fails here, at start;
+     * EINVAL is a kernel before 5.14, which faults the pages in later */
+    if (c->pool && madvise(c->pool, pool_bytes, MADV_POPULATE_WRITE) && errno != EINVAL) {
+        free(c->pool);
+        c->pool = NULL;
+    }
     if (!c->src || !c->state || !c->distinct || !c->pending || !c->seen || !c->guessed || !c->queue || !c->pool ||
         !c->parts_left || !c->part_failed ||
         !index_init(&c->ix, policy, n_keys, n_slots)) {
@@ -544,13 +578,13 @@ void ds4_expert_cache_get(ds4_expert_cache *c, int layer, int e, ds4_tensor view
     }
     if (slot >= 0 && c->state[slot] == SLOT_LOADING) {
         const double t0 = now_s();
-        while (c->state[slot] == SLOT_LOADING) pthread_cond_wait(&c->done, &c->mu);
+        wait_slot(c, slot);
         c->st.stall_seconds += now_s() - t0;
     }
     if (slot < 0 || c->state[slot] != SLOT_READY) {
         /* any slot will do as long as it reads as zeros: the eval fails anyway */
         slot = c->ix.n_slots - 1;
-        while (c->state[slot] == SLOT_LOADING) pthread_cond_wait(&c->done, &c->mu);
+        wait_slot(c, slot);
         memset(c->pool + (size_t)slot * c->slot_bytes, 0, c->slot_bytes);
         index_forget(&c->ix, slot);
         c->state[slot] = SLOT_EMPTY;
@@ -591,7 +625,7 @@ int ds4_expert_cache_preload(ds4_expert_cache *c, const uint32_t *hist, int n) {
         c->ix.freq[order[i]] = 1;
         issued++;
     }
-    while (c->q_len || c->in_flight) pthread_cond_wait(&c->done, &c->mu);
+    wait_settled(c);
     c->st.preloaded += (uint64_t)issued;
     pthread_mutex_unlock(&c->mu);
     free(order);

@@ -12,7 +12,9 @@
  * - ds4_expert_cache_new() opens every shard again, with O_DIRECT where the
  *   filesystem allows it; otherwise it says so in one line and reads through
  *   the page cache, dropping what it read (POSIX_FADV_DONTNEED) so the page
- *   cache does not hold a second copy. It starts a few reader threads.
+ *   cache does not hold a second copy. It starts a few reader threads and
+ *   commits the slots' memory at once (MADV_POPULATE_WRITE), so a page's
+ *   first touch never lands in a decode step.
  * - ds4_expert_cache_make_resident() replaces every non-routed byte range of
  *   the mapping with an anonymous copy (same addresses, same bytes), so the
  *   model's tensor views stay valid, the weights stay resident without the

@@ -17,6 +17,8 @@
  *   equal an undisturbed run. A budget below one layer's selection, an exact slot
  *   count larger than memory and resident weights larger than memory are
  *   refused with one line.
+ * - The slots are resident as soon as the cache exists (anonymous RSS grows
+ *   by the pool before any read), so no first touch lands in a decode step.
  * - Eviction bookkeeping: LRU matches a textbook LRU on random traces; aged
  *   LFU keeps a hot set that LRU loses to a scan. */
 #include "check.h"
@@ -294,6 +296,36 @@ static void cold_file_and_truncation(const char *path, const char *tmp) {
     unlink(tmp);
 }
 
+static uint64_t rss_anon_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "RssAnon: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kb << 10;
+}
+
+/* The slots are committed when the cache is made, before any read: a first
+ * touch must never land in a decode step (nor memory turn out missing then). */
+static void slots_committed_at_start(const char *path) {
+    char err[512];
+    ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
+    ds4_model *m = g ? ds4_model_bind(g, err, sizeof err) : NULL;
+    if (!m) { CHECK(0, "%s", err); ds4_gguf_close(g); return; }
+    const int n_slots = 8;
+    const uint64_t before = rss_anon_bytes();
+    ds4_expert_cache *c = ds4_expert_cache_new(g, m, n_slots, DS4_EVICT_LFU_AGED, err, sizeof err);
+    CHECK(c != NULL, "%s", err);
+    const uint64_t grown = rss_anon_bytes() - before, pool = (uint64_t)n_slots * ds4_expert_slot_bytes(m);
+    CHECK(before > 0 && grown >= pool, "anonymous RSS grew %llu bytes for %llu bytes of slots, nothing read yet",
+          (unsigned long long)grown, (unsigned long long)pool);
+    CHECK(c && ds4_expert_cache_stats(c).bytes_read == 0, "no expert read by creating the cache");
+    ds4_expert_cache_free(c);
+    ds4_model_free(m);
+    ds4_gguf_close(g);
+}
+
 static void refusals(const char *path) {
     char err[512];
     ds4_engine_params p;
@@ -391,6 +423,10 @@ int main(void) {
     const char *build = getenv("BUILD") ? getenv("BUILD") : "build";
     char path[512], tmp[600];
     policies();
+    /* first: glibc serves a later pool of this size from memory freed by
+     * the other checks, which is resident already */
+    snprintf(path, sizeof path, "%s/ds4tiny/A-f32.gguf", build);
+    slots_committed_at_start(path);
     const char *models[] = {"A-f32", "A-q8_0", "B-f32"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         snprintf(path, sizeof path, "%s/ds4tiny/%s.gguf", build, models[i]);
