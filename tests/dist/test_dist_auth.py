@@ -42,6 +42,7 @@ import test_dist_split as dist  # noqa: E402  (process helpers, the demo model, 
 
 REQ_GREETING = b"\x00SP\x00\x00\x30\x00\x00"
 REP_GREETING = b"\x00SP\x00\x00\x31\x00\x00"
+VERSION = 5   # the protocol version (src/dist_proto.c)
 KNOCK, CHALLENGE, HELLO, WELCOME, REFUSED = 9, 10, 1, 2, 3
 NONCE, SEAL = 16, 20
 
@@ -152,7 +153,7 @@ def fake_coordinator(sock, seen):
             n = int.from_bytes(recv_exact(c, 8), "big")
             msg = recv_exact(c, n)
             seen.append(msg[4:])
-            reply = msg[:4] + b"DS4P" + struct.pack("<HH", 5, CHALLENGE) + os.urandom(NONCE) + os.urandom(SEAL)
+            reply = msg[:4] + b"DS4P" + struct.pack("<HH", VERSION, CHALLENGE) + os.urandom(NONCE) + os.urandom(SEAL)
             c.sendall(len(reply).to_bytes(8, "big") + reply)
     except (OSError, ConnectionError):
         pass
@@ -234,8 +235,11 @@ def main():
         check("registered" in dist.registration_line(worker), "the worker registers through the relay")
         # the worker says HELLO again after each idle second: wait for two more
         # handshakes on the record (no clock: the relay's record is the signal)
-        while worker.poll() is None and sum(
-                frame_type(m[4:]) == (4, HELLO) for c in relay.conns for m in messages(bytes(c["up"]))) < 3:
+        # (a bound only so a protocol mismatch fails instead of hanging)
+        for _ in range(600):
+            if worker.poll() is not None or sum(frame_type(m[4:]) == (VERSION, HELLO)
+                                                for c in relay.conns for m in messages(bytes(c["up"]))) >= 3:
+                break
             threading.Event().wait(0.2)
         up = b"".join(bytes(c["up"]) for c in relay.conns)
         down = b"".join(bytes(c["down"]) for c in relay.conns)
@@ -243,9 +247,9 @@ def main():
               "the secret is not in the recorded control traffic (%d bytes up, %d down)" % (len(up), len(down)))
         ups = [m[4:] for c in relay.conns for m in messages(bytes(c["up"]))]
         downs = [m[4:] for c in relay.conns for m in messages(bytes(c["down"]))]
-        knocks = [m for m in ups if frame_type(m) == (4, KNOCK)]
-        hellos = [m for m in ups if frame_type(m) == (4, HELLO)]
-        challenges = [m for m in downs if frame_type(m) == (4, CHALLENGE)]
+        knocks = [m for m in ups if frame_type(m) == (VERSION, KNOCK)]
+        hellos = [m for m in ups if frame_type(m) == (VERSION, HELLO)]
+        challenges = [m for m in downs if frame_type(m) == (VERSION, CHALLENGE)]
         check(len(hellos) >= 3 and len(knocks) == len(challenges) >= len(hellos),
               "recorded %d KNOCK, %d CHALLENGE, %d HELLO" % (len(knocks), len(challenges), len(hellos)))
 
@@ -253,25 +257,25 @@ def main():
         pairs = list(zip(ups, downs))
         good = 0
         for (knock, chal), (hello, answer) in zip(pairs, pairs[1:]):
-            if frame_type(knock) != (4, KNOCK) or frame_type(hello) != (4, HELLO):
+            if frame_type(knock) != (VERSION, KNOCK) or frame_type(hello) != (VERSION, HELLO):
                 continue
             nw, nc, proof = knock[8:8 + NONCE], chal[8:8 + NONCE], chal[8 + NONCE:]
             key = hmac.new(secret, b"ds4 worker" + nw + nc, hashlib.sha1).digest()
             good += (proof == hmac.new(secret, b"ds4 coordinator" + nw + nc, hashlib.sha1).digest()
                      and hello[8:8 + NONCE] == nc
                      and hello[-SEAL:] == hmac.new(key, hello[:-SEAL], hashlib.sha1).digest()
-                     and frame_type(answer) == (4, WELCOME)
+                     and frame_type(answer) == (VERSION, WELCOME)
                      and answer[-SEAL:] == hmac.new(key, answer[:-SEAL], hashlib.sha1).digest())
         check(good == len(hellos), "%d of %d handshakes check against Python's hmac" % (good, len(hellos)))
 
         # a recorded HELLO again: its challenge was used
         replies = request(port, [lambda _: hellos[0]])
-        check(frame_type(replies[0]) == (4, REFUSED) and "used or lapsed challenge" in text_of(replies[0]),
+        check(frame_type(replies[0]) == (VERSION, REFUSED) and "used or lapsed challenge" in text_of(replies[0]),
               "a replayed HELLO is refused: %r" % replies[0][:120])
         # the same HELLO pointed at a fresh challenge: the seal does not check
         replies = request(port, [lambda _: knocks[0],
                                  lambda r: hellos[0][:8] + r[0][8:8 + NONCE] + hellos[0][8 + NONCE:]])
-        check(frame_type(replies[0]) == (4, CHALLENGE) and frame_type(replies[1]) == (4, REFUSED)
+        check(frame_type(replies[0]) == (VERSION, CHALLENGE) and frame_type(replies[1]) == (VERSION, REFUSED)
               and "wrong --dist-secret" in text_of(replies[1]), "a HELLO sealed without the secret: %r" % replies[1][:120])
 
         # another secret: refused with one line, exit 1
@@ -292,7 +296,7 @@ def main():
     rc, err = dist.exit_of(dist.start_worker(dist.DEMO, "3:output", sock.getsockname()[1]))
     sock.close()
     check(rc == 1 and "does not prove it holds this secret" in err, "fake coordinator: rc %s, %r" % (rc, err))
-    check(len(seen) == 1 and frame_type(seen[0]) == (4, KNOCK),
+    check(len(seen) == 1 and frame_type(seen[0]) == (VERSION, KNOCK),
           "the fake coordinator saw only a KNOCK: %s" % [frame_type(m) for m in seen])
     test_tls(check, secret)
     print("test_dist_auth: %d passed, %d failed" % (dist.passed, dist.failed))
