@@ -136,11 +136,11 @@ static void par(batch *b, int n, tok_fn fn) {
 }
 
 /* fn(ctx, first, end) over [0, n) cut into one contiguous range per thread
- * of pool (NULL: all of it on the calling thread, as inside a pool task,
- * since the pool is not reentrant). For the row-wise work between matmuls,
- * which left on one thread was the serial part of a multi-threaded prefill;
- * each item is computed exactly as it would be inline, so results do not
- * depend on the thread count. */
+ * of pool. A NULL pool (inside a pool task: the pool is not reentrant) runs
+ * one range inline, as ds4_pool_run does for it. For the row-wise work
+ * between matmuls, which left on one thread was the serial part of a
+ * multi-threaded prefill; each item is computed exactly as it would be
+ * inline, so results do not depend on the thread count. */
 typedef void (*range_fn)(void *ctx, int first, int end);
 typedef struct { range_fn fn; void *ctx; int n; } range_ctx;
 
@@ -150,7 +150,6 @@ static void range_task(void *ctx, int task, int n_tasks, int thread) {
 }
 
 static void par_range(ds4_pool *pool, int n, range_fn fn, void *ctx) {
-    if (!pool) { fn(ctx, 0, n); return; }
     range_ctx r = {fn, ctx, n};
     const int threads = ds4_pool_threads(pool);
     ds4_pool_run(pool, range_task, &r, n < threads ? n : threads);
