@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Positions a session can drop without recomputing (kv.h): covers the usual
@@ -153,6 +154,32 @@ static uint64_t scratch_bytes(const ds4_config *c, int batch) {
     return (uint64_t)batch * per_token * sizeof(float) + ((uint64_t)64 << 20);
 }
 
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Pages a whole CPU model's weights into its mapping when its files fit in
+ * the memory available. Otherwise every first read of a weight page is a
+ * page fault in the first prompt (measured: 121k faults, 0.4 s of kernel time
+ * on the 8.85 GiB Flash-shaped model); paging in here costs the same reads
+ * once, at load (llama.cpp maps with MAP_POPULATE for the same reason). A
+ * model larger than that memory, a layer slice (it reads only its layers) and
+ * --ssd-streaming (which makes its own ranges resident) stay lazy. */
+static void page_in_weights(const ds4_engine *e, const ds4_engine_params *p) {
+    const uint64_t bytes = ds4_gguf_file_bytes(e->g), avail = ds4_memory_available();
+    if (p->gpu.backend != DS4_BACKEND_CPU || p->ssd.enabled || p->dist.role != DS4_DIST_NONE || p->layers ||
+        !avail || bytes > avail)
+        return;
+    char why[256];
+    const double t0 = seconds_now();
+    const bool ok = ds4_gguf_populate(e->g, why, sizeof why);
+    if (p->quiet) return;
+    if (ok) fprintf(stderr, "ds4: weights paged in: %.2f GiB in %.2f s\n", (double)bytes / (1 << 30), seconds_now() - t0);
+    else fprintf(stderr, "ds4: weights stay lazily mapped: %s\n", why);
+}
+
 /* --ssd-streaming: size the cache, make the rest resident, preload. */
 static bool start_streaming(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
     const ds4_config *c = &e->m->cfg;
@@ -241,6 +268,7 @@ static bool load_glm(ds4_engine *e, const ds4_engine_params *p, char *err, size_
     if (!load_tokenizer(e, err, errlen) || !common_params(e, p, err, errlen)) return false;
     e->be = glm_cpu_backend_new(e->glm, p->n_threads, e->prefill_chunk, err, errlen);
     if (!e->be) return false;
+    page_in_weights(e, p);
     e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
     if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); return false; }
     if (!p->quiet) {
@@ -294,6 +322,7 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
     if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); goto fail; }
     if (p->ssd.enabled && !start_streaming(e, p, err, errlen)) goto fail;
+    page_in_weights(e, p);
     if (!p->quiet) {
         const ds4_config *c = &e->m->cfg;
         char where[64] = "cuda";

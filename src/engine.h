@@ -35,6 +35,12 @@
  *   every later one of this engine with the same line (the file changed
  *   under it: restart); it is the one failure that does not leave the
  *   engine usable.
+ * - Weights in RAM at load: on the CPU backend, a whole model (no --layers
+ *   slice, no pipeline role, no ssd.enabled) whose files fit in the memory
+ *   available (MemAvailable and the cgroup limit) is paged into the mapping
+ *   at load (ds4_gguf_populate), so the first prompt takes no page faults on
+ *   the weights; a model that does not fit stays lazily mapped. A kernel that
+ *   refuses leaves the mapping lazy with one note (unless quiet).
  * - Not thread-safe: one engine serves all its sessions from one thread at a
  *   time (the backend's scratch is shared); ds4_sessions_step() is how
  *   several sessions advance together.

@@ -85,6 +85,12 @@ const ds4_gguf_tensor *ds4_gguf_find_tensor(const ds4_gguf *g, const char *name)
 uint64_t ds4_gguf_file_bytes(const ds4_gguf *g);   /* all shards together */
 int ds4_gguf_n_shards(const ds4_gguf *g);
 const char *ds4_gguf_shard_path(const ds4_gguf *g, int shard);  /* NULL for buffers */
+/* Maps every page of every shard's file mapping now (MADV_POPULATE_READ),
+ * reading the file where it is not in the page cache, so that first reads
+ * of the weights take no page faults. Buffers: nothing to do. False with
+ * one line in err when the kernel refuses (older than 5.14: EINVAL; an I/O
+ * error on the file: EFAULT); the mapping stays usable either way. */
+bool ds4_gguf_populate(const ds4_gguf *g, char *err, size_t errlen);
 
 /* Typed getters: return false (and leave *out alone) when the key is missing
  * or has an incompatible type. Integer getters accept any integer type whose

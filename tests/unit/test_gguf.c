@@ -294,18 +294,61 @@ static int fill_pattern(void *ctx, size_t idx, void *dst, size_t n) {
     return 0;
 }
 
-static int write_small(const char *path, const char *tensor, bool with_split_keys, uint16_t no) {
+/* A file with one F32 tensor of ne0 x 2 elements */
+static int write_small(const char *path, const char *tensor, bool with_split_keys, uint16_t no, uint64_t ne0) {
     ds4_gguf_writer *w = ds4_gguf_writer_new(0);
     ds4_gguf_w_u32(w, "p.value", 5);
     if (with_split_keys) {
         ds4_gguf_w_u16(w, "split.no", no);
         ds4_gguf_w_u16(w, "split.count", 2);
     }
-    uint64_t ne[2] = {8, 2};
+    uint64_t ne[2] = {ne0, 2};
     ds4_gguf_w_tensor(w, tensor, DS4_TYPE_F32, 2, ne, NULL);
     int r = ds4_gguf_writer_write_file(w, path, fill_pattern, NULL, err, sizeof err);
     ds4_gguf_writer_free(w);
     return r;
+}
+
+static uint64_t resident_bytes(void) {
+    unsigned long size = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
+    fclose(f);
+    return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+/* ds4_gguf_populate maps every page of every shard: the process's resident
+ * set grows by the files' size less what opening them touched (the headers,
+ * with the kernel's fault-around of at most 64 KiB per fault), and the data
+ * reads back as written. A buffer has nothing to map. */
+static void test_populate(void) {
+    const uint64_t ne0 = 1 << 20;   /* 8 MiB of F32 per shard */
+    CHECK(write_small(tmp_path("big-00001-of-00002.gguf"), "p.a", false, 0, ne0) == 0, "write: %s", err);
+    CHECK(write_small(tmp_path("big-00002-of-00002.gguf"), "p.b", false, 0, ne0) == 0, "write: %s", err);
+    ds4_gguf *g = ds4_gguf_open(tmp_path("big-00001-of-00002.gguf"), err, sizeof err);
+    CHECK(g != NULL, "%s", err);
+    if (!g) return;
+    const uint64_t file = ds4_gguf_file_bytes(g), before = resident_bytes();
+    CHECK(file > 2 * ne0 * 2 * sizeof(float), "two shards of 8 MiB");
+    CHECK(ds4_gguf_populate(g, err, sizeof err), "populate: %s", err);
+    const uint64_t after = resident_bytes();
+    CHECK(after >= before + file - (uint64_t)(1 << 20), "resident %llu -> %llu bytes for %llu bytes of files",
+          (unsigned long long)before, (unsigned long long)after, (unsigned long long)file);
+    const ds4_gguf_tensor *t = ds4_gguf_find_tensor(g, "p.b");
+    CHECK(t && t->n_bytes == ne0 * 2 * sizeof(float), "p.b is there");
+    bool same = t != NULL;
+    for (size_t i = 0; same && i < t->n_bytes; i += 4093) same = ((const uint8_t *)t->data)[i] == (uint8_t)i;
+    CHECK(same, "p.b reads back as written");
+    ds4_gguf_close(g);
+
+    size_t len = 0;
+    void *img = read_all(tmp_path("big-00002-of-00002.gguf"), &len);
+    g = img ? ds4_gguf_open_buffer(img, len, err, sizeof err) : NULL;
+    CHECK(g != NULL, "buffer: %s", err);
+    CHECK(g && ds4_gguf_populate(g, err, sizeof err), "populate of a buffer: %s", err);
+    ds4_gguf_close(g);
+    free(img);
 }
 
 static void expect_open_fails(const char *path, const char *substr) {
@@ -321,8 +364,8 @@ static void test_split(void) {
     check_split_model(FIX "split-00003-of-00003.gguf");
 
     /* by file name alone (no split.* keys) */
-    CHECK(write_small(tmp_path("p-00001-of-00002.gguf"), "p.a", false, 0) == 0, "write: %s", err);
-    CHECK(write_small(tmp_path("p-00002-of-00002.gguf"), "p.b", false, 0) == 0, "write: %s", err);
+    CHECK(write_small(tmp_path("p-00001-of-00002.gguf"), "p.a", false, 0, 8) == 0, "write: %s", err);
+    CHECK(write_small(tmp_path("p-00002-of-00002.gguf"), "p.b", false, 0, 8) == 0, "write: %s", err);
     ds4_gguf *g = ds4_gguf_open(tmp_path("p-00002-of-00002.gguf"), err, sizeof err);
     CHECK(g && ds4_gguf_n_shards(g) == 2 && ds4_gguf_n_tensors(g) == 2, "pattern split: %s", g ? "" : err);
     if (g) {
@@ -331,12 +374,12 @@ static void test_split(void) {
     }
     ds4_gguf_close(g);
 
-    CHECK(write_small(tmp_path("d-00001-of-00002.gguf"), "p.a", true, 0) == 0, "write: %s", err);
-    CHECK(write_small(tmp_path("d-00002-of-00002.gguf"), "p.a", true, 1) == 0, "write: %s", err);
+    CHECK(write_small(tmp_path("d-00001-of-00002.gguf"), "p.a", true, 0, 8) == 0, "write: %s", err);
+    CHECK(write_small(tmp_path("d-00002-of-00002.gguf"), "p.a", true, 1, 8) == 0, "write: %s", err);
     expect_open_fails(tmp_path("d-00001-of-00002.gguf"), "duplicate tensor name 'p.a'");
 
-    CHECK(write_small(tmp_path("k-00001-of-00002.gguf"), "p.a", true, 0) == 0, "write: %s", err);
-    CHECK(write_small(tmp_path("k-00002-of-00002.gguf"), "p.b", true, 0) == 0, "write: %s", err);
+    CHECK(write_small(tmp_path("k-00001-of-00002.gguf"), "p.a", true, 0, 8) == 0, "write: %s", err);
+    CHECK(write_small(tmp_path("k-00002-of-00002.gguf"), "p.b", true, 0, 8) == 0, "write: %s", err);
     expect_open_fails(tmp_path("k-00001-of-00002.gguf"), "this is shard 1 of 2");
 
     copy_file(FIX "split-00001-of-00003.gguf", tmp_path("m-00001-of-00003.gguf"));
@@ -805,6 +848,7 @@ int main(int argc, char **argv) {
     test_fixture_all_types();
     test_fixture_nested();
     test_split();
+    test_populate();
     test_roundtrip(32);
     test_roundtrip(128);
     test_writer_errors();
