@@ -60,10 +60,14 @@ static int32_t greedy(const float *lg, int V, int32_t eos) {
 }
 
 /* Untimed warm-up: the first touches of the mmapped weights (page faults) and
- * of the session's buffers land here, not in the timed rows. 128 tokens
- * route to nearly every expert (1 - (1 - k/E)^128 of them: 95% for Flash's
- * 6 of 256), fewer when the session is smaller. The session is restored to
- * empty afterwards. */
+ * of the session's and the backend's buffers land here, not in the timed
+ * rows. It prefills as many tokens as the largest prefill step of the timed
+ * rows (their largest batch: the backend's scratch grows to the largest batch
+ * it has seen, and a larger one is new memory, faulted in page by page; at
+ * 512 rows that was 81k faults, 1-2% of the timed prefill), and at least 128,
+ * which route to nearly every expert (1 - (1 - k/E)^128 of them: 95% for
+ * Flash's 6 of 256), fewer when the session is smaller. The session is
+ * restored to empty afterwards. */
 #define WARMUP_TOKENS 128
 
 static int warm_up(ds4_session *s, const int32_t *toks, int n, int V, int32_t eos, char *err, size_t errlen) {
@@ -76,6 +80,26 @@ static int warm_up(ds4_session *s, const int32_t *toks, int n, int V, int32_t eo
     return rc;
 }
 
+/* The frontier after f */
+static int next_frontier(const ds4_bench_model_params *p, int f) {
+    int next = p->step_mul > 1 ? (int)(f * p->step_mul) : f + p->step_incr;
+    return next > f ? next : f + 1;
+}
+
+/* The most tokens one timed prefill appends, in batches of at most max_batch */
+static int largest_prefill_batch(const ds4_bench_model_params *p, int max_batch) {
+    int most = 0;
+    for (int done = 0, f = p->ctx_start; done < p->ctx_max; done = f, f = next_frontier(p, f)) {
+        if (f > p->ctx_max) f = p->ctx_max;
+        if (f - done > most) most = f - done;
+    }
+    return most < max_batch ? most : max_batch;
+}
+
+/* The session's context: the timed rows' ctx_max + gen_tokens, and one slot
+ * for the token the warm-up decodes after prefilling up to ctx_max */
+static int session_ctx(const ds4_bench_model_params *p) { return p->ctx_max + p->gen_tokens + 1; }
+
 static ds4_engine *load_engine(const ds4_bench_model_params *p) {
     char err[512];
     ds4_engine_params ep;
@@ -87,7 +111,7 @@ static ds4_engine *load_engine(const ds4_bench_model_params *p) {
     ep.layers = p->layers;
     ep.dist = p->dist;
     ep.ssd = p->ssd;
-    ep.ssd.ctx = p->ctx_max + p->gen_tokens;
+    ep.ssd.ctx = session_ctx(p);
     ep.gpu = p->gpu;
     ep.gpu_ctx = p->ctx_max;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
@@ -109,9 +133,8 @@ int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
     ds4_engine *e = load_engine(p);
     if (!e) return -1;
     const int32_t eos = eos_of(e);
-    /* the warm-up prefills up to ctx_max + gen_tokens - 1 of them */
     int32_t *toks = bench_tokens(e, p->prompt_file, p->ctx_max + p->gen_tokens);
-    ds4_session *s = toks ? ds4_session_new(e, p->ctx_max + p->gen_tokens, err, sizeof err) : NULL;
+    ds4_session *s = toks ? ds4_session_new(e, session_ctx(p), err, sizeof err) : NULL;
     if (!s) {
         if (toks) fprintf(stderr, "ds4-bench: %s\n", err);
         free(toks);
@@ -119,11 +142,10 @@ int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
         return -1;
     }
     const int V = ds4_engine_n_vocab(e);
-    /* the warm-up's decoded token needs one more slot than its prefill, and
-     * its prompt comes from toks, which holds ctx_max tokens */
-    int warm = p->ctx_max + p->gen_tokens - 1 < WARMUP_TOKENS ? p->ctx_max + p->gen_tokens - 1 : WARMUP_TOKENS;
+    int warm = largest_prefill_batch(p, ds4_engine_max_batch(e));
+    if (warm < WARMUP_TOKENS) warm = WARMUP_TOKENS;
     if (warm > p->ctx_max) warm = p->ctx_max;
-    int rc = warm > 0 ? warm_up(s, toks, warm, V, eos, err, sizeof err) : 0;
+    int rc = warm_up(s, toks, warm, V, eos, err, sizeof err);
     ds4_ssd_stats st0, st1;
     const bool ssd = ds4_engine_ssd_stats(e, &st0);
     if (rc == 0)
@@ -157,8 +179,7 @@ int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
         fputc('\n', out);
         fflush(out);
         done = f;
-        int next = p->step_mul > 1 ? (int)(f * p->step_mul) : f + p->step_incr;
-        f = next > f ? next : f + 1;
+        f = next_frontier(p, f);
     }
     if (rc) fprintf(stderr, "ds4-bench: %s\n", err);
     ds4_session_free(s);
