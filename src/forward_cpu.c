@@ -42,7 +42,7 @@ typedef struct {
     float *sublayer_out;    /* [T][E] attention or FFN output before HC-post */
     float *q_latent;        /* [T][q_lora] */
     float *q_heads;         /* [T][n_head*D] */
-    float *attn_out;        /* [T][n_head*D] */
+    float *attn_out;        /* [T][n_head*D], dead during the FFN, whose slot_out uses the same block */
     float *kv_row;          /* [T][D] this row's raw KV row */
     float *comp_k, *comp_z; /* [T][2*D] compressor K and gate projections */
     float *idx_k, *idx_z;   /* [T][2*DI] indexer compressor projections */
@@ -66,8 +66,8 @@ typedef struct {
     int *group_expert;      /* [T*k] per-expert tasks: the expert of each group of rows, */
     int *group_row0;        /* [T*k] its first entry in expert_rows */
     int *group_n;           /* [T*k] and its row count */
-    float *slot_out;        /* [min(T*k, n_expert)][E] per-expert tasks: output of (row * k + slot) */
-    expert_scratch *thread_x; /* [threads] per-expert tasks: each thread's buffers, for min(T, n_expert/k) rows */
+    float *slot_out;        /* [T*k][E] per-expert tasks: output of (row * k + slot); shares attn_out's block */
+    expert_scratch *thread_x; /* [threads] per-expert tasks: each thread's buffers, for expert_group_rows() rows */
     int32_t *tokens;        /* [T] */
     int *row_seq;           /* [T] which sequence a row belongs to */
     int *seq_row0;          /* [T] a sequence's first row (at most T sequences) */
@@ -650,6 +650,14 @@ static void expert_sum_task(batch *b, int t, int thread) {
     }
 }
 
+/* Rows of one expert that one thread computes as a group: 64 tokens share
+ * each weight load in the tile kernels (whose token groups hold at most 16),
+ * a thread's buffers stay small (48 KiB per row on Flash, whatever the batch),
+ * and an expert with more rows than that splits into groups that other
+ * threads take. */
+enum { EXPERT_GROUP_ROWS = 64 };
+static int expert_group_rows(int T) { return T < EXPERT_GROUP_ROWS ? T : EXPERT_GROUP_ROWS; }
+
 /* routed()'s progress through one layer's experts */
 typedef struct {
     bool per_thread;    /* groups are recorded for one pool run, else run at once over the pool */
@@ -676,27 +684,32 @@ static void expert_group(batch *b, routing *r, int e, int n) {
 }
 
 /* Routed experts added into sublayer_out: rows grouped per expert so each
- * expert's weights are read once per batch, whichever sequences the rows
- * belong to (a group holds at most T rows, since a hash row may name an
- * expert twice); every row receives its experts in ascending order.
- * A decode-sized batch (T*k <= n_expert) has about one row per expert: a
- * matvec split over the threads then ends in a barrier every few hundred
- * microseconds (three per expert, ~130 per layer at 8 sessions) and the
- * tile kernels have no second token to share a weight load with, so each
- * group runs whole on one thread, all groups in one pool run. Larger
- * batches, and --ssd-streaming (its views are valid on one thread, one
- * expert at a time), split each expert's rows over the pool instead. */
+ * expert's weights are read once per group, whichever sequences the rows
+ * belong to; every row receives its experts in ascending order.
+ * Each group runs whole on one thread, all groups of the layer in one pool
+ * run that hands them out as threads free up, then one run sums every row's
+ * slots. Splitting each expert's three matmuls over the pool instead (as
+ * before for batches of more than n_expert / k rows) put eight pool barriers
+ * on every expert, about 9000 per prefill of 512 tokens on Flash, each one
+ * waiting for the slowest thread: a thread that the scheduler took off a
+ * shared core stalled them all. A decode-sized batch has about one row per
+ * expert and gains the same way (a matvec split over the threads ends in a
+ * barrier every few hundred microseconds). --ssd-streaming (its views are
+ * valid on one thread, one expert at a time) splits each expert's rows (a
+ * group of at most T, since a hash row may name an expert twice) over the
+ * pool. */
 static void routed(batch *b) {
     batch_scratch *s = &b->f->s;
     const ds4_config *c = b->f->c;
     const int T = b->T, k = c->n_expert_used;
-    routing r = {.per_thread = !b->f->experts && T * k <= c->n_expert};
+    routing r = {.per_thread = !b->f->experts};
+    const int group = r.per_thread ? expert_group_rows(T) : T;
     for (int e = 0; e < c->n_expert; e++) {
         int n = 0;
         for (int j = 0; j < T * k; j++) {
             if (s->expert_ids[j] != e) continue;
             s->expert_rows[r.used + n++] = j;
-            if (n == T) { expert_group(b, &r, e, n); n = 0; }
+            if (n == group) { expert_group(b, &r, e, n); n = 0; }
         }
         if (n) expert_group(b, &r, e, n);
     }
@@ -792,7 +805,10 @@ static size_t layout_batch(const cpu *f, int T, carver *cv, batch_scratch *s) {
     s->sublayer_out = carve(cv, rows * E, fl);
     s->q_latent = carve(cv, rows * c->q_lora, fl);
     s->q_heads = carve(cv, rows * HD, fl);
-    s->attn_out = carve(cv, rows * HD, fl);
+    /* attention's output is consumed by its output projection before the
+     * FFN starts, so the FFN's per-slot expert outputs reuse its block */
+    s->attn_out = carve(cv, rows * (HD > k * E ? HD : k * E), fl);
+    s->slot_out = s->attn_out;
     s->kv_row = carve(cv, rows * D, fl);
     s->comp_k = carve(cv, rows * 2 * D, fl);
     s->comp_z = carve(cv, rows * 2 * D, fl);
@@ -818,10 +834,7 @@ static size_t layout_batch(const cpu *f, int T, carver *cv, batch_scratch *s) {
     s->group_expert = carve(cv, rows * k, sizeof(int));
     s->group_row0 = carve(cv, rows * k, sizeof(int));
     s->group_n = carve(cv, rows * k, sizeof(int));
-    /* per-expert tasks run only while T*k <= n_expert */
-    const size_t slots = rows * k < (size_t)c->n_expert ? rows * k : (size_t)c->n_expert;
-    const size_t thread_rows = rows < slots / k ? rows : slots / k > 0 ? slots / k : 1;
-    s->slot_out = carve(cv, slots * E, fl);
+    const size_t thread_rows = (size_t)expert_group_rows(T);
     s->thread_x = carve(cv, (size_t)f->n_threads, sizeof(expert_scratch));
     const size_t expert_act = ds4_act_bytes(DS4_TYPE_F32, (int64_t)(E > F ? E : F));
     for (int i = 0; i < f->n_threads; i++) {

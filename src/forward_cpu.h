@@ -8,7 +8,10 @@
  * - One eval() processes all rows of all its sequences layer-major: every
  *   matrix product over the batch is one ds4_matmul (a single row uses
  *   ds4_matvec); routed experts gather their rows from every sequence, so
- *   each selected expert is read once per call; compressors, indexer and
+ *   each selected expert is read once per call and group of up to 64 of its
+ *   rows (a group runs whole on one thread; all groups of a layer share one
+ *   pool run, --ssd-streaming splits each expert over the pool instead);
+ *   compressors, indexer and
  *   attention read and write each row's own state. Decode is a batch of one
  *   row per session.
  * - Bit-exact as backend.h requires: per-row activation quantization, kernels
