@@ -66,7 +66,8 @@ typedef struct {
     int *group_expert;      /* [T*k] per-expert tasks: the expert of each group of rows, */
     int *group_row0;        /* [T*k] its first entry in expert_rows */
     int *group_n;           /* [T*k] and its row count */
-    float *slot_out;        /* [T*k][E] per-expert tasks: output of (row * k + slot); shares attn_out's block */
+    float *slot_out;        /* [T*k][E] per-expert tasks: the groups' outputs, in expert_rows order; shares attn_out's block */
+    int *slot_at;           /* [T*k] per-expert tasks: where (row * k + slot) sits in expert_rows */
     expert_scratch *thread_x; /* [threads] per-expert tasks: each thread's buffers, for expert_group_rows() rows */
     int32_t *tokens;        /* [T] */
     int *row_seq;           /* [T] which sequence a row belongs to */
@@ -621,14 +622,13 @@ static uint64_t expert_bytes(const ds4_layer *W) {
            (uint64_t)W->down_exps.ne[1] * W->down_exps.row_bytes;
 }
 
-/* One group of rows of one expert on this thread, its outputs kept per slot. */
+/* One group of rows of one expert on this thread, its outputs kept in
+ * slot_out at the group's place in expert_rows. */
 static void expert_group_task(batch *b, int g, int thread) {
     batch_scratch *s = &b->f->s;
-    const int E = b->f->c->n_embd, *rows = s->expert_rows + s->group_row0[g];
-    const expert_scratch *x = &s->thread_x[thread];
-    expert(b, s->group_expert[g], rows, s->group_n[g], NULL, x);
-    for (int i = 0; i < s->group_n[g]; i++)
-        memcpy(s->slot_out + (size_t)rows[i] * E, x->out + (size_t)i * E, (size_t)E * sizeof(float));
+    expert_scratch x = s->thread_x[thread];
+    x.out = s->slot_out + (size_t)s->group_row0[g] * b->f->c->n_embd;
+    expert(b, s->group_expert[g], s->expert_rows + s->group_row0[g], s->group_n[g], NULL, &x);
 }
 
 /* Row t's expert outputs added in ascending expert order (slot order within
@@ -645,7 +645,7 @@ static void expert_sum_task(batch *b, int t, int thread) {
             if (after && (best < 0 || ids[j] < ids[best])) best = j;
         }
         axpy(s->sublayer_out + (size_t)t * E, s->expert_w[(size_t)t * k + best],
-             s->slot_out + ((size_t)t * k + best) * E, E);
+             s->slot_out + (size_t)s->slot_at[(size_t)t * k + best] * E, E);
         last = best;
     }
 }
@@ -708,6 +708,7 @@ static void routed(batch *b) {
         int n = 0;
         for (int j = 0; j < T * k; j++) {
             if (s->expert_ids[j] != e) continue;
+            s->slot_at[j] = r.used + n;
             s->expert_rows[r.used + n++] = j;
             if (n == group) { expert_group(b, &r, e, n); n = 0; }
         }
@@ -834,13 +835,14 @@ static size_t layout_batch(const cpu *f, int T, carver *cv, batch_scratch *s) {
     s->group_expert = carve(cv, rows * k, sizeof(int));
     s->group_row0 = carve(cv, rows * k, sizeof(int));
     s->group_n = carve(cv, rows * k, sizeof(int));
+    s->slot_at = carve(cv, rows * k, sizeof(int));
     const size_t thread_rows = (size_t)expert_group_rows(T);
     s->thread_x = carve(cv, (size_t)f->n_threads, sizeof(expert_scratch));
     const size_t expert_act = ds4_act_bytes(DS4_TYPE_F32, (int64_t)(E > F ? E : F));
     for (int i = 0; i < f->n_threads; i++) {
+        /* no output rows: a group writes straight into slot_out */
         expert_scratch x = {carve(cv, thread_rows * E, fl), carve(cv, thread_rows * F, fl),
-                            carve(cv, thread_rows * F, fl), carve(cv, thread_rows * E, fl),
-                            carve(cv, thread_rows, expert_act)};
+                            carve(cv, thread_rows * F, fl), NULL, carve(cv, thread_rows, expert_act)};
         if (s->thread_x) s->thread_x[i] = x;
     }
     s->tokens = carve(cv, rows, sizeof(int32_t));
