@@ -19,9 +19,11 @@
  * have matmul tiles (rows x tokens, packed tokens) with the same integer
  * sums and float order.
  */
+#include <pthread.h>
 #include <stdbool.h>
 #include <string.h>
 
+#include "kernels_cpu.h"
 #include "kernels_cpu_simd.h"
 
 /* ---- float weights against f32 activations ---- */
@@ -191,14 +193,81 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
  * ksigns table encodes), and the four bytes of a sub-block are exactly the
  * 32 opmask bits of its elements. Two sub-blocks fill a register and a
  * 64-bit mask. The integer sums are the same as decoding through the table,
- * so results do not change. */
+ * so results do not change.
+ *
+ * The grid rows (8 magnitude bytes each) come one of two ways, with the same
+ * bytes: a gather of 8 rows per sub-block pair, or, with VBMI, byte permutes
+ * that need no memory access at all. Every grid byte is one of three
+ * magnitudes, so a row is 8 two-bit codes: 256 rows x 16 bits fit 8
+ * registers, split into a byte of elements 0-3 and one of 4-7. Per
+ * super-block four vpermi2b (two 128-entry halves, chosen by index bit 7)
+ * look up the low and high code bytes of its 32 rows; per sub-block pair one
+ * vpermi2b puts each row's two code bytes at the bottom of its own qword,
+ * vpmultishiftqb brings element j's code to the bottom of byte j, and a
+ * vpermb maps the code (and whatever bits lie above it, ignored by the
+ * table) to the magnitude. The sign bytes, too, are a vpermi2b away: the
+ * 7-bit indices, brought to bytes by a multishift, look up the 128-byte
+ * ksigns table. Gathers cost more than the whole arithmetic of a
+ * sub-block pair, which is why the single-row kernels were compute-bound. */
+#define VBMI __attribute__((target("avx512vbmi")))
+
 struct iq2_signs {
     uint64_t neg[4];      /* opmask of sub-blocks 2p, 2p+1 */
     __m256i scale;        /* 2 * (W >> 28) + 1 per sub-block, in both 16-bit halves */
 };
 
+/* the magnitude tables of the VBMI decode, derived once from the grid */
+static struct {
+    _Alignas(64) uint8_t code_lo[256]; /* codes of elements 0..3 of row k, 2 bits each */
+    _Alignas(64) uint8_t code_hi[256]; /* and of elements 4..7 */
+    _Alignas(64) uint8_t magnitude[64]; /* the magnitude of code n & 3 */
+} iq2_codes;
+static pthread_once_t iq2_codes_once = PTHREAD_ONCE_INIT;
+
+/* The three magnitudes in increasing order get codes 0, 1, 2. The grid is
+ * a fixed format table with exactly these three values (test_kernels runs
+ * every row through both decodes). */
+static void iq2_codes_init(void) {
+    uint8_t value[4] = {0};
+    int count = 0;
+    for (int k = 0; k < 256 * 8; k++) {
+        uint8_t m = (uint8_t)(ds4_iq2xxs_grid[k / 8] >> (8 * (k % 8)));
+        int v = 0;
+        while (v < count && value[v] != m) v++;
+        if (v == count && count < 3) value[count++] = m;
+    }
+    for (int i = 1; i < count; i++) /* three values: insertion sort */
+        for (int j = i; j > 0 && value[j - 1] > value[j]; j--) {
+            uint8_t t = value[j];
+            value[j] = value[j - 1];
+            value[j - 1] = t;
+        }
+    for (int n = 0; n < 64; n++) iq2_codes.magnitude[n] = value[n & 3];
+    for (int row = 0; row < 256; row++) {
+        unsigned lo = 0, hi = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t m = (uint8_t)(ds4_iq2xxs_grid[row] >> (8 * j));
+            unsigned code = 0;
+            while (code < 3 && value[code] != m) code++;
+            if (j < 4) lo |= code << (2 * j);
+            else hi |= code << (2 * (j - 4));
+        }
+        iq2_codes.code_lo[row] = (uint8_t)lo;
+        iq2_codes.code_hi[row] = (uint8_t)hi;
+    }
+}
+
+/* the W of each sub-block (words of the super-block in 64-bit lanes) */
+INLINE __m512i iq2_words(const uint8_t *q) { return _mm512_srli_epi64(_mm512_loadu_si512(q), 32); }
+
+INLINE void iq2_store_signs(__m512i sign_bytes, __m512i words, struct iq2_signs *sg) {
+    _mm256_storeu_si256((__m256i *)sg->neg, _mm512_cvtepi64_epi32(sign_bytes));
+    __m512i scale = _mm512_add_epi64(_mm512_slli_epi64(_mm512_srli_epi64(words, 28), 1), _mm512_set1_epi64(1));
+    sg->scale = _mm512_cvtepi64_epi32(_mm512_or_si512(scale, _mm512_slli_epi64(scale, 16)));
+}
+
 INLINE void iq2_decode_signs(const uint8_t *q, struct iq2_signs *sg) {
-    __m512i words = _mm512_srli_epi64(_mm512_loadu_si512(q), 32); /* the W of each sub-block */
+    __m512i words = iq2_words(q);
     const __m512i m7 = _mm512_set1_epi64(127);
     __m512i idx = _mm512_or_si512(
         _mm512_or_si512(_mm512_and_si512(words, m7), _mm512_slli_epi64(_mm512_and_si512(_mm512_srli_epi64(words, 7), m7), 8)),
@@ -209,10 +278,8 @@ INLINE void iq2_decode_signs(const uint8_t *q, struct iq2_signs *sg) {
     __m512i par = _mm512_xor_si512(idx, _mm512_srli_epi64(idx, 4));
     par = _mm512_xor_si512(par, _mm512_srli_epi64(par, 2));
     par = _mm512_xor_si512(par, _mm512_srli_epi64(par, 1));
-    __m512i bytes = _mm512_or_si512(idx, _mm512_slli_epi64(_mm512_and_si512(par, _mm512_set1_epi64(0x01010101)), 7));
-    _mm256_storeu_si256((__m256i *)sg->neg, _mm512_cvtepi64_epi32(bytes));
-    __m512i scale = _mm512_add_epi64(_mm512_slli_epi64(_mm512_srli_epi64(words, 28), 1), _mm512_set1_epi64(1));
-    sg->scale = _mm512_cvtepi64_epi32(_mm512_or_si512(scale, _mm512_slli_epi64(scale, 16)));
+    iq2_store_signs(_mm512_or_si512(idx, _mm512_slli_epi64(_mm512_and_si512(par, _mm512_set1_epi64(0x01010101)), 7)),
+                    words, sg);
 }
 
 /* the grid bytes (unsigned magnitudes) of the two sub-blocks whose words
@@ -225,6 +292,53 @@ INLINE __m512i iq2_grid_pair(const uint8_t *q) {
                                   (const void *)ds4_iq2xxs_grid, 8);
 }
 
+/* the VBMI decode of one super-block: signs and scales as above, and the
+ * code bytes of its 32 grid rows (row k in byte k of lo and hi) */
+struct iq2_codes { __m512i lo, hi; };
+
+VBMI static inline void iq2_decode_vbmi(const uint8_t *q, struct iq2_signs *sg, struct iq2_codes *c) {
+    __m512i qs = _mm512_loadu_si512(q);
+    /* byte 4s + k: grid index k of sub-block s */
+    const __m512i gather_idx = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0x3b3a3938, 0x33323130, 0x2b2a2928, 0x23222120,
+                                                0x1b1a1918, 0x13121110, 0x0b0a0908, 0x03020100);
+    __m512i idx = _mm512_permutexvar_epi8(gather_idx, qs);
+    __mmask64 upper = _mm512_movepi8_mask(idx); /* rows 128..255 */
+    const __m512i *lo = (const __m512i *)iq2_codes.code_lo, *hi = (const __m512i *)iq2_codes.code_hi;
+    c->lo = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(lo[0], idx, lo[1]),
+                                   _mm512_permutex2var_epi8(lo[2], idx, lo[3]));
+    c->hi = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(hi[0], idx, hi[1]),
+                                   _mm512_permutex2var_epi8(hi[2], idx, hi[3]));
+    /* bytes 0..3 of each qword: bits 32 + 7k.. of it, sign index k of the
+     * sub-block in the low 7 bits, which are all vpermi2b reads */
+    const __m512i sign_bits = _mm512_set1_epi64(0x352e2720); /* 53, 46, 39, 32 */
+    const __m512i *ksigns = (const __m512i *)ds4_ksigns_iq2xs;
+    __m512i sign_bytes = _mm512_permutex2var_epi8(_mm512_loadu_si512(ksigns), _mm512_multishift_epi64_epi8(sign_bits, qs),
+                                                  _mm512_loadu_si512(ksigns + 1));
+    iq2_store_signs(sign_bytes, _mm512_srli_epi64(qs, 32), sg);
+}
+
+/* the grid bytes of sub-blocks 2p, 2p + 1 (rows 8p..8p+7) from their codes */
+VBMI static inline __m512i iq2_grid_pair_vbmi(const struct iq2_codes *c, int p) {
+    /* qword r: byte 0 = lo byte of row 8p + r, byte 1 = its hi byte */
+    __m512i row = _mm512_add_epi8(_mm512_set_epi64(0x4707, 0x4606, 0x4505, 0x4404, 0x4303, 0x4202, 0x4101, 0x4000),
+                                  _mm512_set1_epi16((short)(0x0101 * 8 * p)));
+    __m512i codes = _mm512_permutex2var_epi8(c->lo, row, c->hi);
+    /* byte j of each qword: bits 2j.. of it, the code of element j at the bottom */
+    __m512i shifted = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x0e0c0a0806040200), codes);
+    return _mm512_permutexvar_epi8(shifted, _mm512_load_si512(iq2_codes.magnitude));
+}
+
+/* one super-block's signs and scales, and what the grid reads need */
+INLINE void iq2_decode(const uint8_t *q, bool vbmi, struct iq2_signs *sg, struct iq2_codes *c) {
+    if (vbmi) iq2_decode_vbmi(q, sg, c);
+    else iq2_decode_signs(q, sg);
+}
+
+/* the grid bytes of sub-block pair p of the super-block at q */
+INLINE __m512i iq2_grid(const uint8_t *q, bool vbmi, const struct iq2_codes *c, int p) {
+    return vbmi ? iq2_grid_pair_vbmi(c, p) : iq2_grid_pair(q + 16 * p);
+}
+
 /* the scales of sub-blocks b (low 8 lanes) and b + 1 (high 8 lanes) */
 INLINE __m512i iq2_pair_scale(const struct iq2_signs *sg, int b) {
     return _mm512_permutexvar_epi32(_mm512_setr_epi32(b, b, b, b, b, b, b, b, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1,
@@ -233,9 +347,8 @@ INLINE __m512i iq2_pair_scale(const struct iq2_signs *sg, int b) {
 }
 
 /* sub-blocks b, b+1 of super-block i into every token's sum */
-INLINE void iq2_two_subblocks(const uint8_t *q, const struct iq2_signs *sg, const void *acts, size_t stride,
-                              int64_t i, int b, int nt, __m512i sumi[]) {
-    __m512i grid = iq2_grid_pair(q);
+INLINE void iq2_two_subblocks(__m512i grid, const struct iq2_signs *sg, const void *acts, size_t stride, int64_t i,
+                              int b, int nt, __m512i sumi[]) {
     __mmask64 neg = sg->neg[b / 2];
     __m512i scale = iq2_pair_scale(sg, b);
     UNROLL
@@ -257,7 +370,7 @@ INLINE __m512 iq2_accumulate(__m512 acc, float dx, float da, __m512i sumi) {
 
 INLINE float iq2_dx(const ds4_block_iq2_xxs *x) { return 0.125f * h2f(x->d); }
 
-INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+INLINE void iq2_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out, bool vbmi) {
     const ds4_block_iq2_xxs *x = w;
     __m512 acc[NT_MAX];
     UNROLL
@@ -265,12 +378,13 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
     for (int64_t i = 0; i < n / DS4_QK_K; i++) {
         const uint8_t *q = (const uint8_t *)x[i].qs;
         struct iq2_signs sg;
-        iq2_decode_signs(q, &sg);
+        struct iq2_codes codes;
+        iq2_decode(q, vbmi, &sg, &codes);
         __m512i sumi[NT_MAX];
         UNROLL
         for (int t = 0; t < nt; t++) sumi[t] = _mm512_setzero_si512();
         UNROLL
-        for (int b = 0; b < 8; b += 2) iq2_two_subblocks(q + 8 * b, &sg, acts, stride, i, b, nt, sumi);
+        for (int b = 0; b < 8; b += 2) iq2_two_subblocks(iq2_grid(q, vbmi, &codes, b / 2), &sg, acts, stride, i, b, nt, sumi);
         float dx = iq2_dx(&x[i]);
         UNROLL
         for (int t = 0; t < nt; t++)
@@ -279,7 +393,15 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
     UNROLL
     for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
+
+INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    iq2_nt(w, acts, stride, n, nt, out, false);
+}
 DOT_ENTRY_POINTS(iq2_xxs)
+VBMI INLINE void iq2_xxs_vbmi_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    iq2_nt(w, acts, stride, n, nt, out, true);
+}
+DOT_ENTRY_POINTS_ATTR(iq2_xxs_vbmi, VBMI)
 
 /* The IQ2_XXS tile: IQ2_TILE_ROWS rows x 2..IQ2_TILE_TOKENS tokens (a lone
  * token is faster through the dot, measured), each super-block of a row
@@ -322,14 +444,15 @@ struct iq2_signed {
     float dx;
 };
 
-INLINE void iq2_decode_signed(const ds4_block_iq2_xxs *x, struct iq2_signed *s) {
+INLINE void iq2_decode_signed(const ds4_block_iq2_xxs *x, bool vbmi, struct iq2_signed *s) {
     const uint8_t *q = (const uint8_t *)x->qs;
     struct iq2_signs sg;
-    iq2_decode_signs(q, &sg);
+    struct iq2_codes codes;
+    iq2_decode(q, vbmi, &sg, &codes);
     __m512i bias = _mm512_setzero_si512();
     UNROLL
     for (int p = 0; p < 4; p++) {
-        __m512i grid = iq2_grid_pair(q + 16 * p);
+        __m512i grid = iq2_grid(q, vbmi, &codes, p);
         s->w[p] = _mm512_mask_sub_epi8(grid, sg.neg[p], _mm512_setzero_si512(), grid);
         s->scale[p] = iq2_pair_scale(&sg, 2 * p);
         bias = _mm512_dpwssd_epi32(bias, _mm512_maddubs_epi16(_mm512_set1_epi8((char)0x80), s->w[p]), s->scale[p]);
@@ -338,8 +461,8 @@ INLINE void iq2_decode_signed(const ds4_block_iq2_xxs *x, struct iq2_signed *s) 
     s->dx = iq2_dx(x);
 }
 
-static void iq2_xxs_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
-                         int64_t y_stride) {
+INLINE void iq2_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y, int64_t y_stride,
+                     bool vbmi) {
     const int64_t nb = n / DS4_QK_K;
     const uint8_t *au = packed;
     const float *da = (const float *)(au + (size_t)nb * (size_t)nt * DS4_QK_K);
@@ -353,7 +476,7 @@ static void iq2_xxs_tile(const void *w, size_t row_bytes, const void *packed, in
         for (int r = 0; r < IQ2_TILE_ROWS; r++) {
             const ds4_block_iq2_xxs *x = (const ds4_block_iq2_xxs *)((const uint8_t *)w + row_bytes * (size_t)r) + i;
             prefetch_weights(x);
-            iq2_decode_signed(x, &sb[r]);
+            iq2_decode_signed(x, vbmi, &sb[r]);
         }
         for (int t = 0; t < nt; t++) {
             const uint8_t *a = au + ((size_t)i * (size_t)nt + (size_t)t) * DS4_QK_K;
@@ -375,6 +498,15 @@ static void iq2_xxs_tile(const void *w, size_t row_bytes, const void *packed, in
     for (int t = 0; t < nt; t++)
         UNROLL
         for (int r = 0; r < IQ2_TILE_ROWS; r++) y[t * y_stride + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+static void iq2_xxs_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                         int64_t y_stride) {
+    iq2_tile(w, row_bytes, packed, n, nt, y, y_stride, false);
+}
+VBMI static void iq2_xxs_vbmi_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                                   int64_t y_stride) {
+    iq2_tile(w, row_bytes, packed, n, nt, y, y_stride, true);
 }
 
 /* ---- Q2_K x Q8_K ----
@@ -442,9 +574,26 @@ READ_SUM_KERNEL(ds4_kernels_avx512_read_sum, 64)
 /* the other K-quants fall back to the AVX2 kernels */
 #define Q2_K_EXTRA(prefix) case DS4_TYPE_Q2_K: return prefix##q2_K;
 
-ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type) { DISPATCH(dot_, Q2_K_EXTRA) }
-ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) { DISPATCH(dotn_, Q2_K_EXTRA) }
+/* true where IQ2_XXS runs the VBMI decode, its tables then ready */
+static bool iq2_vbmi(uint32_t type) {
+    if (type != DS4_TYPE_IQ2_XXS || !ds4_kernels_vbmi()) return false;
+    pthread_once(&iq2_codes_once, iq2_codes_init);
+    return true;
+}
+
+ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type) {
+    if (iq2_vbmi(type)) return dot_iq2_xxs_vbmi;
+    DISPATCH(dot_, Q2_K_EXTRA)
+}
+ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) {
+    if (iq2_vbmi(type)) return dotn_iq2_xxs_vbmi;
+    DISPATCH(dotn_, Q2_K_EXTRA)
+}
 bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k) {
+    if (iq2_vbmi(type)) {
+        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_vbmi_tile};
+        return true;
+    }
     switch (type) {
     case DS4_TYPE_Q8_0:
         *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, Q8_TILE_TOKENS, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile};
