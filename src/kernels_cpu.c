@@ -48,17 +48,18 @@ static enum ds4_simd_level probe_level(void) {
     return DS4_SIMD_AVX2;
 }
 
-/* AVX-512 VBMI (byte permutes) is an extension inside the AVX-512 level,
- * not a level of its own: it only changes how IQ2_XXS grids are decoded,
- * never an integer or the float order, so results do not depend on it. */
+/* AVX-512 VBMI (byte permutes) with GFNI (bit-matrix multiplies) is an
+ * extension inside the AVX-512 level, not a level of its own: it only
+ * changes how IQ2_XXS grids and signs are decoded, never an integer or the
+ * float order, so results do not depend on it. */
 static bool probe_vbmi(void) {
 #ifdef DS4_KERNELS_ASSUME_AVX512
-    return true; /* SIMDe emulates the byte permutes as well */
+    return true; /* SIMDe emulates these instructions as well */
 #endif
     unsigned a, b, c, d;
     if (ds4_cpu_best_level() < DS4_SIMD_AVX512 || __get_cpuid_max(0, NULL) < 7) return false;
     __cpuid_count(7, 0, a, b, c, d);
-    return (c & bit_AVX512VBMI) != 0;
+    return (c & bit_AVX512VBMI) && (c & bit_GFNI);
 }
 
 static atomic_int best_level = -1;

@@ -3,7 +3,8 @@
  * Only the formats where 512-bit registers and VNNI change the inner loop
  * are here: the float types, Q8_0 (two blocks per register), IQ2_XXS (two
  * sub-blocks per register, signs applied through a 64-bit opmask instead
- * of being expanded into bytes) and Q2_K (the routed experts' down
+ * of being expanded into bytes, grids decoded by byte permutes where the
+ * CPU has VBMI and GFNI, else gathered) and Q2_K (the routed experts' down
  * projections). The other K-quants return NULL and run the AVX2 kernels.
  *
  * vpdpbusd multiplies u8 by s8 and sums groups of four straight into i32,
@@ -196,45 +197,66 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
  * so results do not change.
  *
  * The grid rows (8 magnitude bytes each) come one of two ways, with the same
- * bytes: a gather of 8 rows per sub-block pair, or, with VBMI, byte permutes
- * that need no memory access at all. Every grid byte is one of three
- * magnitudes, so a row is 8 two-bit codes: 256 rows x 16 bits fit 8
- * registers, split into a byte of elements 0-3 and one of 4-7. Per
- * super-block four vpermi2b (two 128-entry halves, chosen by index bit 7)
- * look up the low and high code bytes of its 32 rows; per sub-block pair one
- * vpermi2b puts each row's two code bytes at the bottom of its own qword,
- * vpmultishiftqb brings element j's code to the bottom of byte j, and a
- * vpermb maps the code (and whatever bits lie above it, ignored by the
- * table) to the magnitude. The sign bytes, too, are a vpermi2b away: the
- * 7-bit indices, brought to bytes by a multishift, look up the 128-byte
- * ksigns table. Gathers cost more than the whole arithmetic of a
- * sub-block pair, which is why the single-row kernels were compute-bound. */
-#define VBMI __attribute__((target("avx512vbmi")))
+ * bytes: a gather of 8 rows per sub-block pair, or, with VBMI and GFNI,
+ * register-only steps. Every grid byte is one of three magnitudes, so a row
+ * is 8 two-bit codes: 256 rows x 16 bits fit 8 registers, one byte of the
+ * even elements' codes and one of the odd. Per super-block four vpermi2b
+ * (two 128-entry halves each, chosen by index bit 7) look up both code
+ * bytes of its 32 rows; per sub-block pair one vpermb gives every word of a
+ * row's qword its two code bytes, a word shift by 2w brings the codes of
+ * elements 2w, 2w + 1 to the bottom of its two bytes, and one
+ * vgf2p8affineqb maps each code to its magnitude (with code 3 unused, the
+ * map is affine over GF(2)). The sign bytes, too: a multishift brings the
+ * 7-bit sign indices to bytes, and a vgf2p8affineqb sets bit 7 to their
+ * parity. Gathers cost more than the whole arithmetic of a sub-block pair,
+ * which is why the single-row kernels were compute-bound. */
+#define VBMI __attribute__((target("avx512vbmi,gfni")))
 
-struct iq2_signs {
+/* one super-block decoded for its four sub-block pairs; the gather decode
+ * fills neg and scale, the VBMI decode the rest */
+struct iq2_decoded {
     uint64_t neg[4];      /* opmask of sub-blocks 2p, 2p+1 */
     __m256i scale;        /* 2 * (W >> 28) + 1 per sub-block, in both 16-bit halves */
+    __m512i codes;        /* bytes 2R, 2R + 1: code bytes even, odd of grid row R = 4s + k */
+    __m512i scale_words;  /* qword s: 2 * (W_s >> 28) + 1 in each 16-bit word */
+    /* qword p: the ksigns bytes of sub-blocks 2p, 2p + 1, the 64 mask bits
+     * of pair p. Memory the caller owns, apart from the struct, which then
+     * stays in registers. */
+    uint8_t *sign_bytes;
 };
 
-/* the magnitude tables of the VBMI decode, derived once from the grid */
+/* The grid's smallest magnitude, code 0: the constant term of the affine
+ * map from codes to magnitudes (an instruction immediate). iq2_codes_init
+ * checks it against the grid. */
+#define IQ2_MAGNITUDE0 0x08
+
+/* the code tables of the VBMI decode, derived once from the grid */
 static struct {
-    _Alignas(64) uint8_t code_lo[256]; /* codes of elements 0..3 of row k, 2 bits each */
-    _Alignas(64) uint8_t code_hi[256]; /* and of elements 4..7 */
-    _Alignas(64) uint8_t magnitude[64]; /* the magnitude of code n & 3 */
+    /* codes of the even elements 0, 2, 4, 6 of row k, 2 bits each at bits
+     * 0, 2, 4, 6; and of the odd elements 1, 3, 5, 7 */
+    _Alignas(64) uint8_t code_even[256];
+    _Alignas(64) uint8_t code_odd[256];
+    uint64_t map;  /* GF(2) matrix: code bits 0, 1 -> magnitude ^ IQ2_MAGNITUDE0 */
+    bool ok;       /* the grid has three magnitudes, the smallest IQ2_MAGNITUDE0 */
 } iq2_codes;
 static pthread_once_t iq2_codes_once = PTHREAD_ONCE_INIT;
 
-/* The three magnitudes in increasing order get codes 0, 1, 2. The grid is
- * a fixed format table with exactly these three values (test_kernels runs
- * every row through both decodes). */
+/* The three magnitudes in increasing order get codes 0, 1, 2. Code 3 never
+ * occurs, so magnitude = m0 ^ (bit 0 ? m1 ^ m0 : 0) ^ (bit 1 ? m2 ^ m0 : 0)
+ * is exact for every code: an affine map over GF(2), one vgf2p8affineqb.
+ * Its output bit i is the parity of (matrix byte 7 - i) & input. */
 static void iq2_codes_init(void) {
     uint8_t value[4] = {0};
     int count = 0;
+    bool three = true;
     for (int k = 0; k < 256 * 8; k++) {
         uint8_t m = (uint8_t)(ds4_iq2xxs_grid[k / 8] >> (8 * (k % 8)));
         int v = 0;
         while (v < count && value[v] != m) v++;
-        if (v == count && count < 3) value[count++] = m;
+        if (v == count) {
+            if (count == 3) three = false;
+            else value[count++] = m;
+        }
     }
     for (int i = 1; i < count; i++) /* three values: insertion sort */
         for (int j = i; j > 0 && value[j - 1] > value[j]; j--) {
@@ -242,32 +264,28 @@ static void iq2_codes_init(void) {
             value[j] = value[j - 1];
             value[j - 1] = t;
         }
-    for (int n = 0; n < 64; n++) iq2_codes.magnitude[n] = value[n & 3];
+    iq2_codes.ok = three && count == 3 && value[0] == IQ2_MAGNITUDE0;
+    iq2_codes.map = 0;
+    for (int i = 0; i < 8; i++) {
+        uint64_t row = (uint64_t)(((value[1] ^ value[0]) >> i & 1) | ((value[2] ^ value[0]) >> i & 1) << 1);
+        iq2_codes.map |= row << (8 * (7 - i));
+    }
     for (int row = 0; row < 256; row++) {
-        unsigned lo = 0, hi = 0;
+        unsigned even = 0, odd = 0;
         for (int j = 0; j < 8; j++) {
             uint8_t m = (uint8_t)(ds4_iq2xxs_grid[row] >> (8 * j));
             unsigned code = 0;
             while (code < 3 && value[code] != m) code++;
-            if (j < 4) lo |= code << (2 * j);
-            else hi |= code << (2 * (j - 4));
+            if (j % 2) odd |= code << (j - 1);
+            else even |= code << j;
         }
-        iq2_codes.code_lo[row] = (uint8_t)lo;
-        iq2_codes.code_hi[row] = (uint8_t)hi;
+        iq2_codes.code_even[row] = (uint8_t)even;
+        iq2_codes.code_odd[row] = (uint8_t)odd;
     }
 }
 
-/* the W of each sub-block (words of the super-block in 64-bit lanes) */
-INLINE __m512i iq2_words(const uint8_t *q) { return _mm512_srli_epi64(_mm512_loadu_si512(q), 32); }
-
-INLINE void iq2_store_signs(__m512i sign_bytes, __m512i words, struct iq2_signs *sg) {
-    _mm256_storeu_si256((__m256i *)sg->neg, _mm512_cvtepi64_epi32(sign_bytes));
-    __m512i scale = _mm512_add_epi64(_mm512_slli_epi64(_mm512_srli_epi64(words, 28), 1), _mm512_set1_epi64(1));
-    sg->scale = _mm512_cvtepi64_epi32(_mm512_or_si512(scale, _mm512_slli_epi64(scale, 16)));
-}
-
-INLINE void iq2_decode_signs(const uint8_t *q, struct iq2_signs *sg) {
-    __m512i words = iq2_words(q);
+INLINE void iq2_decode_signs(const uint8_t *q, struct iq2_decoded *d) {
+    __m512i words = _mm512_srli_epi64(_mm512_loadu_si512(q), 32); /* the W of each sub-block */
     const __m512i m7 = _mm512_set1_epi64(127);
     __m512i idx = _mm512_or_si512(
         _mm512_or_si512(_mm512_and_si512(words, m7), _mm512_slli_epi64(_mm512_and_si512(_mm512_srli_epi64(words, 7), m7), 8)),
@@ -278,8 +296,10 @@ INLINE void iq2_decode_signs(const uint8_t *q, struct iq2_signs *sg) {
     __m512i par = _mm512_xor_si512(idx, _mm512_srli_epi64(idx, 4));
     par = _mm512_xor_si512(par, _mm512_srli_epi64(par, 2));
     par = _mm512_xor_si512(par, _mm512_srli_epi64(par, 1));
-    iq2_store_signs(_mm512_or_si512(idx, _mm512_slli_epi64(_mm512_and_si512(par, _mm512_set1_epi64(0x01010101)), 7)),
-                    words, sg);
+    __m512i bytes = _mm512_or_si512(idx, _mm512_slli_epi64(_mm512_and_si512(par, _mm512_set1_epi64(0x01010101)), 7));
+    _mm256_storeu_si256((__m256i *)d->neg, _mm512_cvtepi64_epi32(bytes));
+    __m512i scale = _mm512_add_epi64(_mm512_slli_epi64(_mm512_srli_epi64(words, 28), 1), _mm512_set1_epi64(1));
+    d->scale = _mm512_cvtepi64_epi32(_mm512_or_si512(scale, _mm512_slli_epi64(scale, 16)));
 }
 
 /* the grid bytes (unsigned magnitudes) of the two sub-blocks whose words
@@ -292,65 +312,97 @@ INLINE __m512i iq2_grid_pair(const uint8_t *q) {
                                   (const void *)ds4_iq2xxs_grid, 8);
 }
 
-/* the VBMI decode of one super-block: signs and scales as above, and the
- * code bytes of its 32 grid rows (row k in byte k of lo and hi) */
-struct iq2_codes { __m512i lo, hi; };
-
-VBMI static inline void iq2_decode_vbmi(const uint8_t *q, struct iq2_signs *sg, struct iq2_codes *c) {
+/* The VBMI decode of a super-block, steps chosen by port: on the AVX-512
+ * cores this was measured on, one-source byte permutes and multishifts run
+ * on one port (two-source ones take it twice), multiplies, adds, blends on
+ * two, and vgf2p8affineqb and word shifts on the other. */
+VBMI static inline void iq2_decode_vbmi(const uint8_t *q, struct iq2_decoded *d) {
     __m512i qs = _mm512_loadu_si512(q);
-    /* byte 4s + k: grid index k of sub-block s */
-    const __m512i gather_idx = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0x3b3a3938, 0x33323130, 0x2b2a2928, 0x23222120,
-                                                0x1b1a1918, 0x13121110, 0x0b0a0908, 0x03020100);
-    __m512i idx = _mm512_permutexvar_epi8(gather_idx, qs);
-    __mmask64 upper = _mm512_movepi8_mask(idx); /* rows 128..255 */
-    const __m512i *lo = (const __m512i *)iq2_codes.code_lo, *hi = (const __m512i *)iq2_codes.code_hi;
-    c->lo = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(lo[0], idx, lo[1]),
-                                   _mm512_permutex2var_epi8(lo[2], idx, lo[3]));
-    c->hi = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(hi[0], idx, hi[1]),
-                                   _mm512_permutex2var_epi8(hi[2], idx, hi[3]));
-    /* bytes 0..3 of each qword: bits 32 + 7k.. of it, sign index k of the
-     * sub-block in the low 7 bits, which are all vpermi2b reads */
+    /* bytes 2R, 2R + 1: grid index k of sub-block s, R = 4s + k, at byte 8s + k */
+    const __m512i twice = _mm512_set_epi64(0x3b3b3a3a39393838, 0x3333323231313030, 0x2b2b2a2a29292828,
+                                           0x2323222221212020, 0x1b1b1a1a19191818, 0x1313121211111010,
+                                           0x0b0b0a0a09090808, 0x0303020201010000);
+    __m512i idx = _mm512_permutexvar_epi8(twice, qs);
+    __mmask64 upper = _mm512_movepi8_mask(idx);         /* rows 128..255 */
+    const __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;
+    const __m512i *even_codes = (const __m512i *)iq2_codes.code_even, *odd_codes = (const __m512i *)iq2_codes.code_odd;
+    __m512i rows_low = _mm512_mask_blend_epi8(odd, _mm512_permutex2var_epi8(even_codes[0], idx, even_codes[1]),
+                                              _mm512_permutex2var_epi8(odd_codes[0], idx, odd_codes[1]));
+    __m512i rows_high = _mm512_mask_blend_epi8(odd, _mm512_permutex2var_epi8(even_codes[2], idx, even_codes[3]),
+                                               _mm512_permutex2var_epi8(odd_codes[2], idx, odd_codes[3]));
+    d->codes = _mm512_mask_blend_epi8(upper, rows_low, rows_high);
+    /* byte k of each qword: bits 32 + 7k.. of it, sign index k of the
+     * sub-block in the low 7 bits; the four of sub-blocks 2p and 2p + 1
+     * side by side in qword p (a mask load from an 8-byte aligned place is
+     * forwarded from the store, one that straddles 8 bytes measured far
+     * slower); then bit 7 := parity of bits 0..6, the ksigns rule, as a
+     * GF(2) matrix */
     const __m512i sign_bits = _mm512_set1_epi64(0x352e2720); /* 53, 46, 39, 32 */
-    const __m512i *ksigns = (const __m512i *)ds4_ksigns_iq2xs;
-    __m512i sign_bytes = _mm512_permutex2var_epi8(_mm512_loadu_si512(ksigns), _mm512_multishift_epi64_epi8(sign_bits, qs),
-                                                  _mm512_loadu_si512(ksigns + 1));
-    iq2_store_signs(sign_bytes, _mm512_srli_epi64(qs, 32), sg);
+    const __m512i pairs = _mm512_set_epi64(0, 0, 0, 0, 0x3b3a393833323130, 0x2b2a292823222120, 0x1b1a191813121110,
+                                           0x0b0a090803020100);
+    __m512i sign_idx = _mm512_permutexvar_epi8(pairs, _mm512_multishift_epi64_epi8(sign_bits, qs));
+    __m512i sign_bytes = _mm512_gf2p8affine_epi64_epi8(sign_idx, _mm512_set1_epi64(0x010204081020407F), 0);
+    _mm256_store_si256((__m256i *)d->sign_bytes, _mm512_castsi512_si256(sign_bytes));
+    /* every byte: bits 59..63 (the scale, then bit 27 of W) and 3 bits
+     * above; the low byte of each word keeps 2 * scale + 1, the high one 0 */
+    __m512i scale_bits = _mm512_multishift_epi64_epi8(_mm512_set1_epi8(59), qs);
+    d->scale_words = _mm512_ternarylogic_epi64(scale_bits, _mm512_set1_epi16(0x1E), _mm512_set1_epi16(1), 0xEA);
 }
 
-/* the grid bytes of sub-blocks 2p, 2p + 1 (rows 8p..8p+7) from their codes */
-VBMI static inline __m512i iq2_grid_pair_vbmi(const struct iq2_codes *c, int p) {
-    /* qword r: byte 0 = lo byte of row 8p + r, byte 1 = its hi byte */
-    __m512i row = _mm512_add_epi8(_mm512_set_epi64(0x4707, 0x4606, 0x4505, 0x4404, 0x4303, 0x4202, 0x4101, 0x4000),
-                                  _mm512_set1_epi16((short)(0x0101 * 8 * p)));
-    __m512i codes = _mm512_permutex2var_epi8(c->lo, row, c->hi);
-    /* byte j of each qword: bits 2j.. of it, the code of element j at the bottom */
-    __m512i shifted = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x0e0c0a0806040200), codes);
-    return _mm512_permutexvar_epi8(shifted, _mm512_load_si512(iq2_codes.magnitude));
+/* the grid bytes of sub-blocks 2p, 2p + 1 from their codes: qword r is row
+ * R = 8p + r; word w of it gets the even and odd code bytes of R, shifted
+ * right by 2w, which leaves the codes of elements 2w, 2w + 1 at the bottom
+ * of its two bytes, and the affine map turns each into its magnitude
+ * (the bits above the code are ignored by the matrix) */
+VBMI static inline __m512i iq2_grid_pair_vbmi(const struct iq2_decoded *d, int p) {
+    __m512i rows = _mm512_add_epi8(_mm512_set_epi64(0x0f0e0f0e0f0e0f0e, 0x0d0c0d0c0d0c0d0c, 0x0b0a0b0a0b0a0b0a,
+                                                    0x0908090809080908, 0x0706070607060706, 0x0504050405040504,
+                                                    0x0302030203020302, 0x0100010001000100),
+                                   _mm512_set1_epi8((char)(16 * p)));
+    __m512i spread = _mm512_srlv_epi16(_mm512_permutexvar_epi8(rows, d->codes), _mm512_set1_epi64(0x0006000400020000));
+    return _mm512_gf2p8affine_epi64_epi8(spread, _mm512_set1_epi64((long long)iq2_codes.map), IQ2_MAGNITUDE0);
 }
 
-/* one super-block's signs and scales, and what the grid reads need */
-INLINE void iq2_decode(const uint8_t *q, bool vbmi, struct iq2_signs *sg, struct iq2_codes *c) {
-    if (vbmi) iq2_decode_vbmi(q, sg, c);
-    else iq2_decode_signs(q, sg);
+/* One super-block's signs and scales, and what the grid reads need. The
+ * empty asm makes the compiler take each pair's mask from memory (one
+ * kmovq k, m64) instead of moving it through general registers (three
+ * instructions, two on the vector ports the kernel is bound by). */
+INLINE void iq2_decode(const uint8_t *q, bool vbmi, struct iq2_decoded *d) {
+    if (vbmi) {
+        iq2_decode_vbmi(q, d);
+        __asm__("" : "+m"(*(uint8_t(*)[32])d->sign_bytes));
+    } else {
+        iq2_decode_signs(q, d);
+    }
 }
 
 /* the grid bytes of sub-block pair p of the super-block at q */
-INLINE __m512i iq2_grid(const uint8_t *q, bool vbmi, const struct iq2_codes *c, int p) {
-    return vbmi ? iq2_grid_pair_vbmi(c, p) : iq2_grid_pair(q + 16 * p);
+INLINE __m512i iq2_grid(const uint8_t *q, bool vbmi, const struct iq2_decoded *d, int p) {
+    return vbmi ? iq2_grid_pair_vbmi(d, p) : iq2_grid_pair(q + 16 * p);
 }
 
-/* the scales of sub-blocks b (low 8 lanes) and b + 1 (high 8 lanes) */
-INLINE __m512i iq2_pair_scale(const struct iq2_signs *sg, int b) {
-    return _mm512_permutexvar_epi32(_mm512_setr_epi32(b, b, b, b, b, b, b, b, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1,
-                                                      b + 1, b + 1),
-                                    _mm512_castsi256_si512(sg->scale));
+/* the sign opmask of sub-block pair p */
+INLINE __mmask64 iq2_neg(const struct iq2_decoded *d, bool vbmi, int p) {
+    if (!vbmi) return d->neg[p];
+    __mmask64 m;
+    memcpy(&m, d->sign_bytes + 8 * p, sizeof m);
+    return m;
+}
+
+/* the scales of sub-blocks 2p (low 8 lanes) and 2p + 1 (high 8 lanes) */
+INLINE __m512i iq2_pair_scale(const struct iq2_decoded *d, bool vbmi, int p) {
+    int a = 2 * p, b = 2 * p + 1;
+    if (vbmi) return _mm512_permutexvar_epi64(_mm512_setr_epi64(a, a, a, a, b, b, b, b), d->scale_words);
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b),
+                                    _mm512_castsi256_si512(d->scale));
 }
 
 /* sub-blocks b, b+1 of super-block i into every token's sum */
-INLINE void iq2_two_subblocks(__m512i grid, const struct iq2_signs *sg, const void *acts, size_t stride, int64_t i,
-                              int b, int nt, __m512i sumi[]) {
-    __mmask64 neg = sg->neg[b / 2];
-    __m512i scale = iq2_pair_scale(sg, b);
+INLINE void iq2_two_subblocks(const uint8_t *q, bool vbmi, const struct iq2_decoded *d, const void *acts, size_t stride,
+                              int64_t i, int b, int nt, __m512i sumi[]) {
+    __m512i grid = iq2_grid(q, vbmi, d, b / 2);
+    __mmask64 neg = iq2_neg(d, vbmi, b / 2);
+    __m512i scale = iq2_pair_scale(d, vbmi, b / 2);
     UNROLL
     for (int t = 0; t < nt; t++) {
         const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
@@ -377,14 +429,14 @@ INLINE void iq2_nt(const void *w, const void *acts, size_t stride, int64_t n, in
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / DS4_QK_K; i++) {
         const uint8_t *q = (const uint8_t *)x[i].qs;
-        struct iq2_signs sg;
-        struct iq2_codes codes;
-        iq2_decode(q, vbmi, &sg, &codes);
+        _Alignas(32) uint8_t sign_bytes[32];
+        struct iq2_decoded d = {.sign_bytes = sign_bytes};
+        iq2_decode(q, vbmi, &d);
         __m512i sumi[NT_MAX];
         UNROLL
         for (int t = 0; t < nt; t++) sumi[t] = _mm512_setzero_si512();
         UNROLL
-        for (int b = 0; b < 8; b += 2) iq2_two_subblocks(iq2_grid(q, vbmi, &codes, b / 2), &sg, acts, stride, i, b, nt, sumi);
+        for (int b = 0; b < 8; b += 2) iq2_two_subblocks(q, vbmi, &d, acts, stride, i, b, nt, sumi);
         float dx = iq2_dx(&x[i]);
         UNROLL
         for (int t = 0; t < nt; t++)
@@ -446,15 +498,15 @@ struct iq2_signed {
 
 INLINE void iq2_decode_signed(const ds4_block_iq2_xxs *x, bool vbmi, struct iq2_signed *s) {
     const uint8_t *q = (const uint8_t *)x->qs;
-    struct iq2_signs sg;
-    struct iq2_codes codes;
-    iq2_decode(q, vbmi, &sg, &codes);
+    _Alignas(32) uint8_t sign_bytes[32];
+    struct iq2_decoded d = {.sign_bytes = sign_bytes};
+    iq2_decode(q, vbmi, &d);
     __m512i bias = _mm512_setzero_si512();
     UNROLL
     for (int p = 0; p < 4; p++) {
-        __m512i grid = iq2_grid(q, vbmi, &codes, p);
-        s->w[p] = _mm512_mask_sub_epi8(grid, sg.neg[p], _mm512_setzero_si512(), grid);
-        s->scale[p] = iq2_pair_scale(&sg, 2 * p);
+        __m512i grid = iq2_grid(q, vbmi, &d, p);
+        s->w[p] = _mm512_mask_sub_epi8(grid, iq2_neg(&d, vbmi, p), _mm512_setzero_si512(), grid);
+        s->scale[p] = iq2_pair_scale(&d, vbmi, p);
         bias = _mm512_dpwssd_epi32(bias, _mm512_maddubs_epi16(_mm512_set1_epi8((char)0x80), s->w[p]), s->scale[p]);
     }
     s->corr = _mm512_sub_epi32(_mm512_setzero_si512(), bias);
@@ -578,7 +630,7 @@ READ_SUM_KERNEL(ds4_kernels_avx512_read_sum, 64)
 static bool iq2_vbmi(uint32_t type) {
     if (type != DS4_TYPE_IQ2_XXS || !ds4_kernels_vbmi()) return false;
     pthread_once(&iq2_codes_once, iq2_codes_init);
-    return true;
+    return iq2_codes.ok;
 }
 
 ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type) {

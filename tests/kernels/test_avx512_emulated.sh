@@ -20,6 +20,7 @@ cat > "$d/shim/immintrin.h" <<'EOF'
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
 #include <simde/x86/f16c.h>
+#include <simde/x86/gfni.h>
 #include <stdint.h>
 #include <string.h>
 typedef simde__mmask16 __mmask16;
