@@ -360,35 +360,42 @@ static void test_iq2_xxs_exhaustive(enum ds4_simd_level lvl, const char *decode)
           ds4_simd_level_name(lvl), decode, bad_dot, bad_dotn, bad_matmul, ROWS * TOKENS);
 }
 
-/* The VBMI decode of IQ2_XXS against the gather decode on raw random rows:
- * dot, every token count of the multi-token kernel and the tile, bit for
- * bit (the exhaustive sweep above covers every table entry of both). */
-static void test_iq2_xxs_vbmi_matches_gather(void) {
+/* The VBMI/GFNI kernels against the plain AVX-512 ones on raw random rows
+ * (every bit pattern of the packed fields): IQ2_XXS (byte-permute decode vs
+ * gathers) and Q2_K (bit-matrix quant extraction vs shifts). Dot, every
+ * token count of the multi-token kernel and the tile, bit for bit (the
+ * IQ2_XXS sweep above covers every table entry of both decodes). */
+static void test_vbmi_matches_plain(void) {
     enum { ROWS = 7, T_MAX = 20 };
-    const int64_t n = 5 * DS4_QK_K;
-    mm_case c = mm_case_new(DS4_TYPE_IQ2_XXS, n, ROWS, T_MAX);
-    /* per decode: the matmul (T x ROWS), then each row's dotn (ROWS x T), then each row's dot of token 0 */
-    const size_t count = 2 * ROWS * T_MAX + ROWS;
-    float *res[2] = {malloc(sizeof(float) * count), malloc(sizeof(float) * count)};
-    int bad = 0;
-    for (int64_t T = 1; T <= T_MAX; T++) {
-        for (int vbmi = 0; vbmi <= 1; vbmi++) {
-            ds4_kernels_set_vbmi(vbmi);
-            float *out = res[vbmi];
-            ds4_matmul(NULL, DS4_TYPE_IQ2_XXS, c.W, ROWS, n, c.acts, T, out);
-            for (int64_t r = 0; r < ROWS; r++) {
-                const uint8_t *w = c.W + c.rb * (size_t)r;
-                ds4_vec_dotn(DS4_TYPE_IQ2_XXS, w, c.acts, c.ab, n, (int)T, out + ROWS * T + r * T);
-                out[2 * ROWS * T + r] = ds4_vec_dot(DS4_TYPE_IQ2_XXS, w, c.acts, n);
+    static const uint32_t vbmi_types[] = {DS4_TYPE_IQ2_XXS, DS4_TYPE_Q2_K};
+    for (size_t ti = 0; ti < sizeof vbmi_types / sizeof vbmi_types[0]; ti++) {
+        uint32_t type = vbmi_types[ti];
+        const int64_t n = 5 * DS4_QK_K;
+        mm_case c = mm_case_new(type, n, ROWS, T_MAX);
+        /* per path: the matmul (T x ROWS), then each row's dotn (ROWS x T), then each row's dot of token 0 */
+        const size_t count = 2 * ROWS * T_MAX + ROWS;
+        float *res[2] = {malloc(sizeof(float) * count), malloc(sizeof(float) * count)};
+        int bad = 0;
+        for (int64_t T = 1; T <= T_MAX; T++) {
+            for (int vbmi = 0; vbmi <= 1; vbmi++) {
+                ds4_kernels_set_vbmi(vbmi);
+                float *out = res[vbmi];
+                ds4_matmul(NULL, type, c.W, ROWS, n, c.acts, T, out);
+                for (int64_t r = 0; r < ROWS; r++) {
+                    const uint8_t *w = c.W + c.rb * (size_t)r;
+                    ds4_vec_dotn(type, w, c.acts, c.ab, n, (int)T, out + ROWS * T + r * T);
+                    out[2 * ROWS * T + r] = ds4_vec_dot(type, w, c.acts, n);
+                }
             }
+            bad += memcmp(res[0], res[1], sizeof(float) * (size_t)(2 * ROWS * T + ROWS)) != 0;
         }
-        bad += memcmp(res[0], res[1], sizeof(float) * (size_t)(2 * ROWS * T + ROWS)) != 0;
+        ds4_kernels_set_vbmi(true);
+        CHECK(bad == 0, "%s: the VBMI/GFNI kernels differ from the plain AVX-512 ones in %d of %d batch sizes",
+              ds4_type_name(type), bad, T_MAX);
+        free(res[0]);
+        free(res[1]);
+        mm_case_free(&c);
     }
-    ds4_kernels_set_vbmi(true);
-    CHECK(bad == 0, "IQ2_XXS VBMI decode differs from the gather decode in %d of %d batch sizes", bad, T_MAX);
-    free(res[0]);
-    free(res[1]);
-    mm_case_free(&c);
 }
 
 /* ds4_quantize_act must produce the reference quantizer's bytes at every
@@ -473,9 +480,9 @@ int main(void) {
         ds4_kernels_set_level(DS4_SIMD_AVX512);
         ds4_kernels_set_vbmi(false);
         test_iq2_xxs_exhaustive(DS4_SIMD_AVX512, "gather");
-        test_iq2_xxs_vbmi_matches_gather();
+        test_vbmi_matches_plain();
     } else {
-        printf("test_kernels: no AVX-512 VBMI here, its IQ2_XXS decode untested on this CPU\n");
+        printf("test_kernels: no AVX-512 VBMI and GFNI here, their kernels untested on this CPU\n");
     }
     ds4_kernels_set_level(best);
     return check_done("test_kernels");
