@@ -316,21 +316,34 @@ INLINE __m512i iq2_grid_pair(const uint8_t *q) {
  * cores this was measured on, one-source byte permutes and multishifts run
  * on one port (two-source ones take it twice), multiplies, adds, blends on
  * two, and vgf2p8affineqb and word shifts on the other. */
-VBMI static inline void iq2_decode_vbmi(const uint8_t *q, struct iq2_decoded *d) {
-    __m512i qs = _mm512_loadu_si512(q);
-    /* bytes 2R, 2R + 1: grid index k of sub-block s, R = 4s + k, at byte 8s + k */
-    const __m512i twice = _mm512_set_epi64(0x3b3b3a3a39393838, 0x3333323231313030, 0x2b2b2a2a29292828,
-                                           0x2323222221212020, 0x1b1b1a1a19191818, 0x1313121211111010,
-                                           0x0b0b0a0a09090808, 0x0303020201010000);
-    __m512i idx = _mm512_permutexvar_epi8(twice, qs);
-    __mmask64 upper = _mm512_movepi8_mask(idx);         /* rows 128..255 */
-    const __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;
+/* The code bytes of the 32 grid rows of the super-blocks at qa and qb:
+ * codes[0] and codes[1], bytes 2R, 2R + 1 even and odd codes of row
+ * R = 4s + k (grid index k of sub-block s). Two super-blocks share the
+ * lookups: their indices fill one register, gathered by zero-masking loads
+ * (no instruction on a vector port), so four two-source permutes serve 64
+ * rows. Byte 16L + j holds row 8L + j of qa for j < 8 and of qb for j >= 8;
+ * in memory sub-block 2L's indices are at 16L, 2L + 1's at 16L + 8. The
+ * unpacks then interleave the even and odd code bytes of each half. */
+VBMI static inline void iq2_lookup_codes(const uint8_t *qa, const uint8_t *qb, __m512i codes[2]) {
+    __m512i idx = _mm512_or_si512(
+        _mm512_ternarylogic_epi64(_mm512_maskz_loadu_epi8(0x000F000F000F000Full, qa),
+                                  _mm512_maskz_loadu_epi8(0x00F000F000F000F0ull, qa + 4),
+                                  _mm512_maskz_loadu_epi8(0x0F000F000F000F00ull, qb - 8), 0xFE),
+        _mm512_maskz_loadu_epi8(0xF000F000F000F000ull, qb - 4));
+    __mmask64 upper = _mm512_movepi8_mask(idx); /* rows 128..255 */
     const __m512i *even_codes = (const __m512i *)iq2_codes.code_even, *odd_codes = (const __m512i *)iq2_codes.code_odd;
-    __m512i rows_low = _mm512_mask_blend_epi8(odd, _mm512_permutex2var_epi8(even_codes[0], idx, even_codes[1]),
-                                              _mm512_permutex2var_epi8(odd_codes[0], idx, odd_codes[1]));
-    __m512i rows_high = _mm512_mask_blend_epi8(odd, _mm512_permutex2var_epi8(even_codes[2], idx, even_codes[3]),
-                                               _mm512_permutex2var_epi8(odd_codes[2], idx, odd_codes[3]));
-    d->codes = _mm512_mask_blend_epi8(upper, rows_low, rows_high);
+    __m512i even = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(even_codes[0], idx, even_codes[1]),
+                                          _mm512_permutex2var_epi8(even_codes[2], idx, even_codes[3]));
+    __m512i odd = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(odd_codes[0], idx, odd_codes[1]),
+                                         _mm512_permutex2var_epi8(odd_codes[2], idx, odd_codes[3]));
+    codes[0] = _mm512_unpacklo_epi8(even, odd);
+    codes[1] = _mm512_unpackhi_epi8(even, odd);
+}
+
+/* the signs and scales of the super-block at q, with its looked-up codes */
+VBMI static inline void iq2_decode_vbmi(const uint8_t *q, __m512i codes, struct iq2_decoded *d) {
+    __m512i qs = _mm512_loadu_si512(q);
+    d->codes = codes;
     /* byte k of each qword: bits 32 + 7k.. of it, sign index k of the
      * sub-block in the low 7 bits; the four of sub-blocks 2p and 2p + 1
      * side by side in qword p (a mask load from an 8-byte aligned place is
@@ -367,9 +380,9 @@ VBMI static inline __m512i iq2_grid_pair_vbmi(const struct iq2_decoded *d, int p
  * empty asm makes the compiler take each pair's mask from memory (one
  * kmovq k, m64) instead of moving it through general registers (three
  * instructions, two on the vector ports the kernel is bound by). */
-INLINE void iq2_decode(const uint8_t *q, bool vbmi, struct iq2_decoded *d) {
+INLINE void iq2_decode(const uint8_t *q, bool vbmi, __m512i codes, struct iq2_decoded *d) {
     if (vbmi) {
-        iq2_decode_vbmi(q, d);
+        iq2_decode_vbmi(q, codes, d);
         __asm__("" : "+m"(*(uint8_t(*)[32])d->sign_bytes));
     } else {
         iq2_decode_signs(q, d);
@@ -422,25 +435,40 @@ INLINE __m512 iq2_accumulate(__m512 acc, float dx, float da, __m512i sumi) {
 
 INLINE float iq2_dx(const ds4_block_iq2_xxs *x) { return 0.125f * h2f(x->d); }
 
+/* super-block i (its grid codes looked up already where vbmi) into every
+ * token's accumulator */
+INLINE void iq2_super_block(const ds4_block_iq2_xxs *x, int64_t i, bool vbmi, __m512i codes, const void *acts,
+                            size_t stride, int nt, __m512 acc[]) {
+    const uint8_t *q = (const uint8_t *)x[i].qs;
+    _Alignas(32) uint8_t sign_bytes[32];
+    struct iq2_decoded d = {.sign_bytes = sign_bytes};
+    iq2_decode(q, vbmi, codes, &d);
+    __m512i sumi[NT_MAX];
+    UNROLL
+    for (int t = 0; t < nt; t++) sumi[t] = _mm512_setzero_si512();
+    UNROLL
+    for (int b = 0; b < 8; b += 2) iq2_two_subblocks(q, vbmi, &d, acts, stride, i, b, nt, sumi);
+    float dx = iq2_dx(&x[i]);
+    UNROLL
+    for (int t = 0; t < nt; t++)
+        acc[t] = iq2_accumulate(acc[t], dx, ((const ds4_block_q8_K *)tok(acts, stride, t) + i)->d, sumi[t]);
+}
+
 INLINE void iq2_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out, bool vbmi) {
     const ds4_block_iq2_xxs *x = w;
+    const int64_t nb = n / DS4_QK_K;
     __m512 acc[NT_MAX];
     UNROLL
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n / DS4_QK_K; i++) {
-        const uint8_t *q = (const uint8_t *)x[i].qs;
-        _Alignas(32) uint8_t sign_bytes[32];
-        struct iq2_decoded d = {.sign_bytes = sign_bytes};
-        iq2_decode(q, vbmi, &d);
-        __m512i sumi[NT_MAX];
-        UNROLL
-        for (int t = 0; t < nt; t++) sumi[t] = _mm512_setzero_si512();
-        UNROLL
-        for (int b = 0; b < 8; b += 2) iq2_two_subblocks(q, vbmi, &d, acts, stride, i, b, nt, sumi);
-        float dx = iq2_dx(&x[i]);
-        UNROLL
-        for (int t = 0; t < nt; t++)
-            acc[t] = iq2_accumulate(acc[t], dx, ((const ds4_block_q8_K *)tok(acts, stride, t) + i)->d, sumi[t]);
+    /* super-blocks in twos, which share the VBMI grid lookups (an odd last
+     * one is looked up twice and used once); the order of the float steps
+     * is unchanged */
+    for (int64_t i = 0; i < nb; i += 2) {
+        const int64_t i1 = i + 1 < nb ? i + 1 : i;
+        __m512i codes[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        if (vbmi) iq2_lookup_codes((const uint8_t *)x[i].qs, (const uint8_t *)x[i1].qs, codes);
+        iq2_super_block(x, i, vbmi, codes[0], acts, stride, nt, acc);
+        if (i1 > i) iq2_super_block(x, i1, vbmi, codes[1], acts, stride, nt, acc);
     }
     UNROLL
     for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
@@ -500,7 +528,9 @@ INLINE void iq2_decode_signed(const ds4_block_iq2_xxs *x, bool vbmi, struct iq2_
     const uint8_t *q = (const uint8_t *)x->qs;
     _Alignas(32) uint8_t sign_bytes[32];
     struct iq2_decoded d = {.sign_bytes = sign_bytes};
-    iq2_decode(q, vbmi, &d);
+    __m512i codes[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    if (vbmi) iq2_lookup_codes(q, q, codes);
+    iq2_decode(q, vbmi, codes[0], &d);
     __m512i bias = _mm512_setzero_si512();
     UNROLL
     for (int p = 0; p < 4; p++) {

@@ -302,56 +302,60 @@ static void test_matmul_long_rows(enum ds4_simd_level lvl) {
  * decoded here from the format's definition: magnitudes from the grid
  * table, element k of a sign index negative when bit k of the index plus
  * its even-parity bit 7 is set, sub-block scale 2s + 1, d = 1/8 per unit
- * of the f16 factor. With d = 8 and activations in [-31, 31] (scale 1)
- * every partial sum is an integer below 2^24, so each kernel's float
- * result is exact whatever its order: the dot, the multi-token kernel and
- * the matmul tile must equal the oracle bit for bit. */
+ * of the f16 factor. Rows of two super-blocks (the VBMI decode looks up
+ * two at once). With d = 8 and activations in [-15, 15] (scale 1) every
+ * partial sum is an integer below 512 * 31 * 43 * 15 < 2^24, so each
+ * kernel's float result is exact whatever its order: the dot, the
+ * multi-token kernel and the matmul tile must equal the oracle bit for bit. */
 static void test_iq2_xxs_exhaustive(enum ds4_simd_level lvl, const char *decode) {
-    enum { ROWS = 64, TOKENS = 8, SLOTS = ROWS * 32 };
-    ds4_block_iq2_xxs w[ROWS];
-    ds4_block_q8_K a[TOKENS];
-    for (int t = 0; t < TOKENS; t++) {
-        a[t].d = 1.0f;
-        for (int i = 0; i < DS4_QK_K; i++) a[t].qs[i] = (int8_t)((int)(next_u64() % 63) - 31);
-        for (int g = 0; g < DS4_QK_K / 16; g++) {
-            int sum = 0;
-            for (int i = 0; i < 16; i++) sum += a[t].qs[16 * g + i];
-            a[t].bsums[g] = (int16_t)sum;
-        }
-    }
-    int64_t want[ROWS][TOKENS] = {{0}};
-    for (int r = 0; r < ROWS; r++) {
-        w[r].d = ds4_f32_to_half(8.0f);
-        for (int b = 0; b < 8; b++) {
-            int sub = r * 8 + b;
-            uint8_t grid_idx[4];
-            uint32_t word = (uint32_t)(sub % 16) << 28; /* scale */
-            for (int k = 0; k < 4; k++) {
-                int slot = 4 * sub + k;
-                grid_idx[k] = (uint8_t)((slot + slot / 256) & 255); /* shifts a row's position every 256 slots */
-                word |= (uint32_t)((slot + slot / 128) & 127) << (7 * k);
+    enum { ROWS = 32, BLOCKS = 2, TOKENS = 8 };
+    const int64_t n = BLOCKS * DS4_QK_K;
+    ds4_block_iq2_xxs w[ROWS][BLOCKS];
+    ds4_block_q8_K a[TOKENS][BLOCKS];
+    for (int t = 0; t < TOKENS; t++)
+        for (int i = 0; i < BLOCKS; i++) {
+            a[t][i].d = 1.0f;
+            for (int e = 0; e < DS4_QK_K; e++) a[t][i].qs[e] = (int8_t)((int)(next_u64() % 31) - 15);
+            for (int g = 0; g < DS4_QK_K / 16; g++) {
+                int sum = 0;
+                for (int e = 0; e < 16; e++) sum += a[t][i].qs[16 * g + e];
+                a[t][i].bsums[g] = (int16_t)sum;
             }
-            memcpy(&w[r].qs[4 * b], grid_idx, 4);
-            memcpy(&w[r].qs[4 * b + 2], &word, 4);
-            for (int k = 0; k < 4; k++) {
-                unsigned sign_idx = (word >> (7 * k)) & 127;
-                unsigned signs = sign_idx | (unsigned)(__builtin_parity(sign_idx) << 7);
-                for (int j = 0; j < 8; j++) {
-                    int e = 32 * b + 8 * k + j;
-                    int64_t m = (int64_t)((ds4_iq2xxs_grid[grid_idx[k]] >> (8 * j)) & 0xFF);
-                    if (signs >> j & 1) m = -m;
-                    for (int t = 0; t < TOKENS; t++) want[r][t] += (2 * (sub % 16) + 1) * m * a[t].qs[e];
+        }
+    int64_t want[ROWS][TOKENS] = {{0}};
+    for (int r = 0; r < ROWS; r++)
+        for (int i = 0; i < BLOCKS; i++) {
+            w[r][i].d = ds4_f32_to_half(8.0f);
+            for (int b = 0; b < 8; b++) {
+                int sub = (r * BLOCKS + i) * 8 + b;
+                uint8_t grid_idx[4];
+                uint32_t word = (uint32_t)(sub % 16) << 28; /* scale */
+                for (int k = 0; k < 4; k++) {
+                    int slot = 4 * sub + k;
+                    grid_idx[k] = (uint8_t)((slot + slot / 256) & 255); /* shifts a row's position every 256 slots */
+                    word |= (uint32_t)((slot + slot / 128) & 127) << (7 * k);
+                }
+                memcpy(&w[r][i].qs[4 * b], grid_idx, 4);
+                memcpy(&w[r][i].qs[4 * b + 2], &word, 4);
+                for (int k = 0; k < 4; k++) {
+                    unsigned sign_idx = (word >> (7 * k)) & 127;
+                    unsigned signs = sign_idx | (unsigned)(__builtin_parity(sign_idx) << 7);
+                    for (int j = 0; j < 8; j++) {
+                        int e = 32 * b + 8 * k + j;
+                        int64_t m = (int64_t)((ds4_iq2xxs_grid[grid_idx[k]] >> (8 * j)) & 0xFF);
+                        if (signs >> j & 1) m = -m;
+                        for (int t = 0; t < TOKENS; t++) want[r][t] += (2 * (sub % 16) + 1) * m * a[t][i].qs[e];
+                    }
                 }
             }
         }
-    }
     float y[TOKENS * ROWS], got[TOKENS];
-    ds4_matmul(NULL, DS4_TYPE_IQ2_XXS, w, ROWS, DS4_QK_K, a, TOKENS, y);
+    ds4_matmul(NULL, DS4_TYPE_IQ2_XXS, w, ROWS, n, a, TOKENS, y);
     int bad_dot = 0, bad_dotn = 0, bad_matmul = 0;
     for (int r = 0; r < ROWS; r++) {
-        ds4_vec_dotn(DS4_TYPE_IQ2_XXS, &w[r], a, sizeof a[0], DS4_QK_K, TOKENS, got);
+        ds4_vec_dotn(DS4_TYPE_IQ2_XXS, w[r], a, sizeof a[0], n, TOKENS, got);
         for (int t = 0; t < TOKENS; t++) {
-            bad_dot += ds4_vec_dot(DS4_TYPE_IQ2_XXS, &w[r], &a[t], DS4_QK_K) != (float)want[r][t];
+            bad_dot += ds4_vec_dot(DS4_TYPE_IQ2_XXS, w[r], a[t], n) != (float)want[r][t];
             bad_dotn += got[t] != (float)want[r][t];
             bad_matmul += y[t * ROWS + r] != (float)want[r][t];
         }
