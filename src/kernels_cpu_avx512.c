@@ -524,13 +524,11 @@ struct iq2_signed {
     float dx;
 };
 
-INLINE void iq2_decode_signed(const ds4_block_iq2_xxs *x, bool vbmi, struct iq2_signed *s) {
+INLINE void iq2_decode_signed(const ds4_block_iq2_xxs *x, bool vbmi, __m512i codes, struct iq2_signed *s) {
     const uint8_t *q = (const uint8_t *)x->qs;
     _Alignas(32) uint8_t sign_bytes[32];
     struct iq2_decoded d = {.sign_bytes = sign_bytes};
-    __m512i codes[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-    if (vbmi) iq2_lookup_codes(q, q, codes);
-    iq2_decode(q, vbmi, codes[0], &d);
+    iq2_decode(q, vbmi, codes, &d);
     __m512i bias = _mm512_setzero_si512();
     UNROLL
     for (int p = 0; p < 4; p++) {
@@ -554,12 +552,18 @@ INLINE void iq2_tile(const void *w, size_t row_bytes, const void *packed, int64_
         for (int r = 0; r < IQ2_TILE_ROWS; r++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         struct iq2_signed sb[IQ2_TILE_ROWS];
+        const ds4_block_iq2_xxs *x[IQ2_TILE_ROWS];
         UNROLL
         for (int r = 0; r < IQ2_TILE_ROWS; r++) {
-            const ds4_block_iq2_xxs *x = (const ds4_block_iq2_xxs *)((const uint8_t *)w + row_bytes * (size_t)r) + i;
-            prefetch_weights(x);
-            iq2_decode_signed(x, vbmi, &sb[r]);
+            x[r] = (const ds4_block_iq2_xxs *)((const uint8_t *)w + row_bytes * (size_t)r) + i;
+            prefetch_weights(x[r]);
         }
+        /* the two rows' super-blocks share the VBMI grid lookups */
+        _Static_assert(IQ2_TILE_ROWS == 2, "one lookup pair per tile");
+        __m512i codes[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        if (vbmi) iq2_lookup_codes((const uint8_t *)x[0]->qs, (const uint8_t *)x[1]->qs, codes);
+        UNROLL
+        for (int r = 0; r < IQ2_TILE_ROWS; r++) iq2_decode_signed(x[r], vbmi, codes[r], &sb[r]);
         for (int t = 0; t < nt; t++) {
             const uint8_t *a = au + ((size_t)i * (size_t)nt + (size_t)t) * DS4_QK_K;
             __m512i sumi[IQ2_TILE_ROWS];
