@@ -50,8 +50,8 @@ static enum ds4_simd_level probe_level(void) {
 
 /* AVX-512 VBMI (byte permutes) with GFNI (bit-matrix multiplies) is an
  * extension inside the AVX-512 level, not a level of its own: it only
- * changes how IQ2_XXS grids and signs are decoded, never an integer or the
- * float order, so results do not depend on it. */
+ * changes how IQ2_XXS grids and signs and Q2_K quants are unpacked, never
+ * an integer or the float order, so results do not depend on it. */
 static bool probe_vbmi(void) {
 #ifdef DS4_KERNELS_ASSUME_AVX512
     return true; /* SIMDe emulates these instructions as well */
