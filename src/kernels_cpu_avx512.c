@@ -320,8 +320,7 @@ INLINE __m512i iq2_grid_pair(const uint8_t *q) {
  * codes[0] and codes[1], bytes 2R, 2R + 1 even and odd codes of row
  * R = 4s + k (grid index k of sub-block s). Two super-blocks share the
  * lookups: their indices fill one register, gathered by zero-masking loads
- * (no instruction on a vector port), so four two-source permutes serve 64
- * rows. Byte 16L + j holds row 8L + j of qa for j < 8 and of qb for j >= 8;
+ * (no shuffle), so four two-source permutes serve 64 rows. Byte 16L + j holds row 8L + j of qa for j < 8 and of qb for j >= 8;
  * in memory sub-block 2L's indices are at 16L, 2L + 1's at 16L + 8. The
  * unpacks then interleave the even and odd code bytes of each half. */
 VBMI static inline void iq2_lookup_codes(const uint8_t *qa, const uint8_t *qb, __m512i codes[2]) {
@@ -356,8 +355,9 @@ VBMI static inline void iq2_decode_vbmi(const uint8_t *q, __m512i codes, struct 
     __m512i sign_idx = _mm512_permutexvar_epi8(pairs, _mm512_multishift_epi64_epi8(sign_bits, qs));
     __m512i sign_bytes = _mm512_gf2p8affine_epi64_epi8(sign_idx, _mm512_set1_epi64(0x010204081020407F), 0);
     _mm256_store_si256((__m256i *)d->sign_bytes, _mm512_castsi512_si256(sign_bytes));
-    /* every byte: bits 59..63 (the scale, then bit 27 of W) and 3 bits
-     * above; the low byte of each word keeps 2 * scale + 1, the high one 0 */
+    /* every byte: bits 59..63 of its qword (bit 27 of W, then the 4-bit
+     * scale) and 3 bits wrapped around from the bottom; the low byte of
+     * each word keeps 2 * scale + 1, the high one 0 */
     __m512i scale_bits = _mm512_multishift_epi64_epi8(_mm512_set1_epi8(59), qs);
     d->scale_words = _mm512_ternarylogic_epi64(scale_bits, _mm512_set1_epi16(0x1E), _mm512_set1_epi16(1), 0xEA);
 }
