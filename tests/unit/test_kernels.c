@@ -363,7 +363,7 @@ int main(void) {
     enum ds4_simd_level best = ds4_cpu_best_level();
     printf("test_kernels: cpu supports up to %s\n", ds4_simd_level_name(best));
     CHECK(!strcmp(ds4_simd_level_name(DS4_SIMD_AVX2), "avx2"), "names");
-    ds4_kernels_set_level(DS4_SIMD_AVX512);
+    ds4_kernels_set_level(DS4_SIMD_AMX);
     CHECK(ds4_kernels_level() == best, "set_level clamps to the best level");
     for (int l = DS4_SIMD_SCALAR; l <= (int)best; l++) {
         test_act((enum ds4_simd_level)l);
