@@ -48,10 +48,10 @@ static bool amx_usable(unsigned cpuid7_edx, uint64_t xcr0) {
  * silently lost. AVX-512 is used only together with VNNI, BW, DQ and VL,
  * the set its translation unit is compiled for. */
 static enum ds4_simd_level probe_level(void) {
-#ifdef DS4_KERNELS_ASSUME_AVX512
-    /* test build only: tests/kernels/test_avx512_emulated.sh links an
-     * AVX-512 file compiled against an emulation of the intrinsics */
-    return DS4_SIMD_AVX512;
+#ifdef DS4_KERNELS_ASSUME_AMX
+    /* test build only: tests/kernels/test_avx512_emulated.sh links the
+     * AVX-512 and AMX files compiled against an emulation of the intrinsics */
+    return DS4_SIMD_AMX;
 #endif
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return DS4_SIMD_SCALAR;

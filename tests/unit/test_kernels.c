@@ -1,5 +1,6 @@
 /* test_kernels.c -- every SIMD level this CPU has, for every weight type,
- * against two oracles: quant.c's scalar reference dot (same integer
+ * against two oracles (and the AMX level's Q8_0 dot against the plain-C
+ * model of its float order, bit for bit): quant.c's scalar reference dot (same integer
  * algebra, written independently) and an f64 dot of the dequantized weight
  * row with the dequantized activation (sheet section 10.4: both must agree
  * up to f32 rounding). Weights are both properly quantized rows and raw
@@ -138,6 +139,12 @@ static void test_dots(enum ds4_simd_level lvl) {
                       ds4_simd_level_name(lvl), ds4_type_name(type), (long long)n, rep, got, ref, tol);
                 CHECK(fabs((double)got - exact) <= tol, "%s %s n=%lld rep=%d: simd %.9g dequant %.9g (tol %.3g)",
                       ds4_simd_level_name(lvl), ds4_type_name(type), (long long)n, rep, got, exact, tol);
+                if (lvl == DS4_SIMD_AMX && type == DS4_TYPE_Q8_0) {
+                    /* the AMX level's own float order, bit for bit */
+                    float model = ds4_vec_dot_q8_0_blockwise(w, act, n);
+                    CHECK(!memcmp(&got, &model, sizeof got), "amx q8_0 n=%lld rep=%d: %.9g, the order's model %.9g",
+                          (long long)n, rep, got, model);
+                }
             }
             free(w);
             free(act);
