@@ -123,10 +123,15 @@ static ds4_dotn_fn dotn_fn(uint32_t type) {
 }
 
 /* the rows x tokens kernel of the same file as dot_fn's choice (only
- * AVX-512 and AMX have them); false means per-row micro-kernels */
-static bool tile_kernel(uint32_t type, struct ds4_tile_kernel *k) {
+ * AVX-512 and AMX have them), and its kernel for a matrix's last rows
+ * where it has one; false means per-row micro-kernels */
+static bool tile_kernel(uint32_t type, struct ds4_tile_kernel *k, ds4_tile_rows_fn *rows_fn) {
     enum ds4_simd_level lvl = ds4_kernels_level();
-    if (lvl >= DS4_SIMD_AMX && ds4_kernels_amx_dot(type)) return ds4_kernels_amx_tile(type, k);
+    *rows_fn = NULL;
+    if (lvl >= DS4_SIMD_AMX && ds4_kernels_amx_dot(type)) {
+        *rows_fn = ds4_kernels_amx_tile_rows(type);
+        return ds4_kernels_amx_tile(type, k);
+    }
     return lvl >= DS4_SIMD_AVX512 && ds4_kernels_avx512_tile(type, k);
 }
 
@@ -214,6 +219,7 @@ struct mm_ctx {
     ds4_dotn_fn fnn;
     bool tiled;             /* tk holds the level's rows x tokens kernel for the type */
     struct ds4_tile_kernel tk;
+    ds4_tile_rows_fn tile_rows; /* the same for a matrix's last rows, or NULL */
     uint32_t type;
     const uint8_t *W;
     size_t row_bytes, act_bytes;
@@ -266,12 +272,14 @@ static void mm_task(void *p, int task, int n_tasks, int thread) {
         int64_t t1 = t0 + c->tile < c->T ? t0 + c->tile : c->T;
         int64_t r = r0;
         if (c->tiled) {
-            /* whole tiles, each token group packed once for all the rows;
-             * the leftover tokens and rows (and every token of a row too
-             * long to pack) go through the per-row kernels, which give the
-             * same results */
+            /* whole tiles, each token group packed once for all the rows,
+             * and the rows after the last whole tile where the kernel takes
+             * fewer rows; the leftover tokens and rows (and every token of a
+             * row too long to pack) go through the per-row kernels, which
+             * give the same results */
             const struct ds4_tile_kernel *k = &c->tk;
             int64_t rt = r0 + (r1 - r0) / k->rows * k->rows, tt = t0;
+            const int64_t r_tiled = c->tile_rows ? r1 : rt;
             while (tt < t1) {
                 int nt = t1 - tt < k->tokens ? (int)(t1 - tt) : k->tokens;
                 /* a long row packs fewer tokens per group, down to min_tokens */
@@ -282,9 +290,12 @@ static void mm_task(void *p, int task, int n_tasks, int thread) {
                 for (int64_t i = r0; i < rt; i += k->rows)
                     k->tile(c->W + (size_t)i * c->row_bytes, c->row_bytes, packed, c->n, nt, c->Y + tt * c->rows + i,
                             c->rows);
+                if (r_tiled > rt)
+                    c->tile_rows(c->W + (size_t)rt * c->row_bytes, c->row_bytes, packed, c->n, nt,
+                                 c->Y + tt * c->rows + rt, c->rows, (int)(r_tiled - rt));
                 tt += nt;
             }
-            for (; r < rt; r++) row_tokens(c, r, tt, t1);
+            for (; r < r_tiled; r++) row_tokens(c, r, tt, t1);
         }
         for (; r < r1; r++) {
             if (t0 == 0 && c->prefetch) prefetch_ahead(c->W + (size_t)r * c->row_bytes, c->row_bytes, w_end);
@@ -320,7 +331,7 @@ void ds4_matvec(struct ds4_pool *pool, uint32_t type, const void *W, int64_t row
     struct mm_ctx c = {.prefetch = !ds4_kernels_self_prefetch(type), .fn = dot_fn(type), .type = type, .W = W,
                        .row_bytes = ds4_type_row_bytes(type, (uint64_t)n), .act_bytes = ds4_act_bytes(type, n),
                        .rows = rows, .n = n, .T = 1, .tile = 1, .acts = act, .Y = y};
-    c.tiled = tile_kernel(type, &c.tk) && c.tk.min_tokens <= 1;
+    c.tiled = tile_kernel(type, &c.tk, &c.tile_rows) && c.tk.min_tokens <= 1;
     run_rows(pool, &c, 0);
 }
 
@@ -330,7 +341,7 @@ void ds4_matmul(struct ds4_pool *pool, uint32_t type, const void *W, int64_t row
     struct mm_ctx c = {.prefetch = !ds4_kernels_self_prefetch(type), .fn = dot_fn(type), .fnn = dotn_fn(type),
                        .type = type, .W = W, .row_bytes = ds4_type_row_bytes(type, (uint64_t)n), .act_bytes = ds4_act_bytes(type, n),
                        .rows = rows, .n = n, .T = T, .acts = acts, .Y = Y};
-    c.tiled = tile_kernel(type, &c.tk);
+    c.tiled = tile_kernel(type, &c.tk, &c.tile_rows);
     c.tile = c.act_bytes ? MM_TILE_ACT_BYTES / (int64_t)c.act_bytes : T;
     if (c.tile < 1) c.tile = 1;
     int64_t block = MM_BLOCK_BYTES / (c.row_bytes ? (int64_t)c.row_bytes : 1);

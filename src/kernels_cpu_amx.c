@@ -7,8 +7,9 @@
  * (kernels_cpu.h, ds4_vec_dot_q8_0_blockwise): per (row, token) one FMA
  * per block in block order, acc = fma((float)isum_b, d_w[b] * d_a[b], acc).
  * Every Q8_0 path here runs exactly that: the tile (16 rows x 1..16
- * tokens, also the matvec), and the dot / multi-token micro-kernel for the
- * rows left over after whole tiles, which get the same integers from
+ * tokens, also the matvec; the last rows of a matrix as a tile of fewer
+ * rows), and the dot / multi-token micro-kernel (ds4_vec_dot, and the
+ * tokens of a batch too long to pack), which get the same integers from
  * AVX-512 VNNI instead. The other types have no AMX kernel and run the
  * AVX-512 ones (kernels_cpu.c falls back).
  *
@@ -77,6 +78,25 @@ static void tiles_use(const struct tile_config *layout) {
     if (tiles_loaded == layout) return;
     _tile_loadconfig(layout);
     tiles_loaded = layout;
+}
+
+/* The last rows of a matrix (nr < 16): a layout whose A, C and scale tiles
+ * have nr rows, so no load reads past the matrix. Built in thread storage
+ * (the barrier makes its stores happen before LDTILECFG reads it) and
+ * loaded for this call only. */
+static _Thread_local struct tile_config layout_partial;
+
+static void tiles_use_rows(int cols, int nr) {
+    if (nr == AMX_ROWS) {
+        tiles_use(layout_for(cols));
+        return;
+    }
+    layout_partial = *layout_for(cols);
+    for (int t = 0; t < 8; t++)
+        if (layout_partial.rows[t] == AMX_ROWS) layout_partial.rows[t] = (uint8_t)nr;
+    __asm__ volatile("" ::: "memory");
+    _tile_loadconfig(&layout_partial);
+    tiles_loaded = NULL;
 }
 
 /* ---- the rows left over after whole tiles: AVX-512 VNNI, same order ---- */
@@ -225,12 +245,12 @@ INLINE void float_step_columns(__m512 acc[AMX_ROWS], const int32_t *c, const uin
         _tile_dpbssd(c, a, bt);                             \
     } while (0)
 
-/* 16 rows x nt tokens in a layout of cols >= nt columns; cols is a
+/* nr <= 16 rows x nt tokens in a layout of cols >= nt columns; cols is a
  * constant, so each caller gets its float step inlined. Two blocks are in
  * flight per step. */
 INLINE void q8_0_tiles(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
-                       int64_t y_stride, const int cols) {
-    tiles_use(layout_for(cols));
+                       int64_t y_stride, int nr, const int cols) {
+    tiles_use_rows(cols, nr);
     const int64_t nb = n / DS4_QK8_0;
     const uint8_t *bq = packed;
     const ds4_half *da = (const ds4_half *)(bq + (size_t)nb * (size_t)nt * QS_BYTES);
@@ -246,6 +266,10 @@ INLINE void q8_0_tiles(const void *w, size_t row_bytes, const void *packed, int6
     const size_t next_tile = AMX_ROWS * row_bytes;
     _Alignas(64) int32_t c0[AMX_ROWS * AMX_TOKENS], c1[AMX_ROWS * AMX_TOKENS];
     _Alignas(64) uint32_t d0[AMX_ROWS], d1[AMX_ROWS];
+    if (nr < AMX_ROWS) { /* the lanes of absent rows are computed too, from zeros */
+        memset(c0, 0, sizeof c0), memset(c1, 0, sizeof c1);
+        memset(d0, 0, sizeof d0), memset(d1, 0, sizeof d1);
+    }
     __m512 acc[AMX_ROWS]; /* lanes = tokens (cols 16), else acc[t] with lanes = rows */
     UNROLL
     for (int r = 0; r < AMX_ROWS; r++) acc[r] = _mm512_setzero_ps();
@@ -272,22 +296,28 @@ INLINE void q8_0_tiles(const void *w, size_t row_bytes, const void *packed, int6
         }
     }
     if (cols < AMX_TOKENS) {
-        for (int t = 0; t < nt; t++) _mm512_storeu_ps(y + t * y_stride, acc[t]);
+        const __mmask16 rows = (__mmask16)((1u << nr) - 1);
+        for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * y_stride, rows, acc[t]);
         return;
     }
     _Alignas(64) float out[AMX_TOKENS];
-    for (int r = 0; r < AMX_ROWS; r++) {
+    for (int r = 0; r < nr; r++) {
         _mm512_store_ps(out, acc[r]);
         for (int t = 0; t < nt; t++) y[t * y_stride + r] = out[t];
     }
 }
 
+static void q8_0_tile_rows(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                           int64_t y_stride, int nr) {
+    if (nt == 1) q8_0_tiles(w, row_bytes, packed, n, 1, y, y_stride, nr, 1);
+    else if (nt == 2) q8_0_tiles(w, row_bytes, packed, n, 2, y, y_stride, nr, 2);
+    else if (nt <= 4) q8_0_tiles(w, row_bytes, packed, n, nt, y, y_stride, nr, 4);
+    else q8_0_tiles(w, row_bytes, packed, n, nt, y, y_stride, nr, AMX_TOKENS);
+}
+
 static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
                       int64_t y_stride) {
-    if (nt == 1) q8_0_tiles(w, row_bytes, packed, n, 1, y, y_stride, 1);
-    else if (nt == 2) q8_0_tiles(w, row_bytes, packed, n, 2, y, y_stride, 2);
-    else if (nt <= 4) q8_0_tiles(w, row_bytes, packed, n, nt, y, y_stride, 4);
-    else q8_0_tiles(w, row_bytes, packed, n, nt, y, y_stride, AMX_TOKENS);
+    q8_0_tile_rows(w, row_bytes, packed, n, nt, y, y_stride, AMX_ROWS);
 }
 
 ds4_dot_fn ds4_kernels_amx_dot(uint32_t type) { return type == DS4_TYPE_Q8_0 ? dot_q8_0 : NULL; }
@@ -297,3 +327,4 @@ bool ds4_kernels_amx_tile(uint32_t type, struct ds4_tile_kernel *k) {
     *k = (struct ds4_tile_kernel){AMX_ROWS, 1, AMX_TOKENS, q8_0_pack, q8_0_tile};
     return true;
 }
+ds4_tile_rows_fn ds4_kernels_amx_tile_rows(uint32_t type) { return type == DS4_TYPE_Q8_0 ? q8_0_tile_rows : NULL; }

@@ -47,6 +47,11 @@ struct ds4_tile_kernel {
     bool (*pack)(const void *acts, size_t act_stride, int64_t n, int nt, void *packed, size_t packed_bytes);
     void (*tile)(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y, int64_t y_stride);
 };
+/* A tile kernel for the last nr < rows rows of a matrix (same packing, same
+ * results); where a level has none, those rows go through the per-row
+ * kernels. */
+typedef void (*ds4_tile_rows_fn)(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                                 int64_t y_stride, int nr);
 
 bool ds4_kernels_self_prefetch(uint32_t type);   /* at the level in use */
 
@@ -58,6 +63,7 @@ bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k); /* false
 ds4_dot_fn ds4_kernels_amx_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_amx_dotn(uint32_t type);   /* non-NULL exactly where _dot is */
 bool ds4_kernels_amx_tile(uint32_t type, struct ds4_tile_kernel *k);
+ds4_tile_rows_fn ds4_kernels_amx_tile_rows(uint32_t type); /* non-NULL exactly where _tile is true */
 
 float ds4_kernels_avx2_read_sum(const float *x, int64_t n);
 float ds4_kernels_avx512_read_sum(const float *x, int64_t n);
