@@ -111,6 +111,9 @@ static inline void _mm512_mask_storeu_epi32(void *p, __mmask16 m, __m512i v) {
     memcpy(a, &v, 64);
     for (int i = 0; i < 16; i++) if (m >> i & 1) memcpy((char *)p + 4 * i, &a[i], 4);
 }
+static inline void _mm512_mask_storeu_ps(void *p, __mmask16 m, __m512 v) {
+    _mm512_mask_storeu_epi32(p, m, _mm512_castps_si512(v));
+}
 /* AMX: eight tile registers per thread, the configuration's rows and bytes
  * per row, and TDPBSSD as the SDM's pseudo-code defines it */
 static _Thread_local struct { uint16_t colsb[16]; uint8_t rows[16]; int8_t t[8][16][64]; } amx;
