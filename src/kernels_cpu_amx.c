@@ -13,8 +13,10 @@
  * AVX-512 VNNI instead. The other types have no AMX kernel and run the
  * AVX-512 ones (kernels_cpu.c falls back).
  *
- * Tile registers (palette 1, configured once per thread):
- *   tmm0, tmm1  C: 16 rows x 16 int32 (the block sums of two blocks)
+ * Tile registers (palette 1; a layout per number of C columns, loaded by a
+ * thread when it changes):
+ *   tmm0, tmm1  C: 16 rows x 1, 2, 4 or 16 int32 (the block sums of two
+ *               blocks)
  *   tmm2, tmm3  A: 16 weight rows x the 32 quant bytes of one block, loaded
  *               straight from the weight rows (stride = row bytes; the qs
  *               follow each block's f16 scale)
@@ -274,8 +276,10 @@ INLINE void q8_0_tiles(const void *w, size_t row_bytes, const void *packed, int6
     UNROLL
     for (int r = 0; r < AMX_ROWS; r++) acc[r] = _mm512_setzero_ps();
     __m512i pick[4];
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int t = 0; t < 4; t++)
-        pick[t] = _mm512_and_si512(_mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(cols)), _mm512_set1_epi32(t)), _mm512_set1_epi32(31));
+        pick[t] = _mm512_and_si512(_mm512_add_epi32(_mm512_mullo_epi32(lane, _mm512_set1_epi32(cols)), _mm512_set1_epi32(t)),
+                                   _mm512_set1_epi32(31));
     for (int64_t b = 0; b < nb; b += 2) {
         const uint8_t *blk = w0 + (size_t)b * sizeof(ds4_block_q8_0);
         const bool pair = b + 1 < nb;
