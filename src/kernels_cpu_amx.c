@@ -154,6 +154,29 @@ INLINE __m512i token_pair(const ds4_block_q8_0 *const *tk, int nt, int t, int64_
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
+/* Up to 4 tokens (the matvec, small batches), where the packing runs for
+ * every few rows and must cost little: the B rows of a block are 8 * nt
+ * dwords, dword k of token u at k * nt + u, picked from two token_pair
+ * registers by at most two permutes. */
+static void pack_few(const ds4_block_q8_0 *const *tk, int nt, int64_t nb, uint8_t *bq, ds4_half *da) {
+    _Alignas(64) int32_t pick[2][16];
+    __mmask16 keep[2] = {0, 0};
+    for (int l = 0; l < 32; l++) {
+        const int k = l / nt, u = l % nt; /* token u's dword k; in the pair registers at u/2, half u%2 */
+        pick[l / 16][l % 16] = (u / 2) * 16 + (u % 2) * 8 + (k & 7);
+        if (k < B_ROWS) keep[l / 16] |= (__mmask16)(1u << (l % 16));
+    }
+    const __m512i pick0 = _mm512_load_si512(pick[0]), pick1 = _mm512_load_si512(pick[1]);
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512i p01 = token_pair(tk, nt, 0, b), p23 = token_pair(tk, nt, 2, b);
+        int32_t *dst = (int32_t *)(bq + (size_t)b * (size_t)nt * QS_BYTES);
+        _mm512_mask_storeu_epi32(dst, keep[0], _mm512_permutex2var_epi32(p01, pick0, p23));
+        if (keep[1]) _mm512_mask_storeu_epi32(dst + 16, keep[1], _mm512_permutex2var_epi32(p01, pick1, p23));
+        for (int t = 0; t < nt; t++) da[b * nt + t] = tk[t][b].d;
+    }
+    memset(da + nb * nt, 0, PACK_TAIL);
+}
+
 /* A block of 16 tokens x 8 dwords is transposed to the 8 B rows of 16
  * dwords in two steps: first each quad-word m (dwords 2m, 2m + 1) of 8
  * tokens is gathered into one register (a two-source qword permute per 4
@@ -167,6 +190,10 @@ static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *
     ds4_half *da = (ds4_half *)(bq + b_bytes);
     const ds4_block_q8_0 *tk[AMX_TOKENS];
     for (int t = 0; t < nt; t++) tk[t] = tok(acts, stride, t);
+    if (nt <= 4) {
+        pack_few(tk, nt, nb, bq, da);
+        return true;
+    }
     /* in a pair of token_pair registers: token u (0..3) quad-word m is u * 4 + m */
     const __m512i quads01 = _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13);
     const __m512i quads23 = _mm512_setr_epi64(2, 6, 10, 14, 3, 7, 11, 15);
