@@ -68,8 +68,23 @@ static enum ds4_simd_level probe_level(void) {
     return amx_usable(d, xcr0) ? DS4_SIMD_AMX : DS4_SIMD_AVX512;
 }
 
+/* AVX-512 VBMI (byte permutes) with GFNI (bit-matrix multiplies) is an
+ * extension inside the AVX-512 level, not a level of its own: it only
+ * changes how IQ2_XXS grids and signs and Q2_K quants are unpacked, never
+ * an integer or the float order, so results do not depend on it. */
+static bool probe_vbmi(void) {
+#ifdef DS4_KERNELS_ASSUME_AVX512
+    return true; /* SIMDe emulates these instructions as well */
+#endif
+    unsigned a, b, c, d;
+    if (ds4_cpu_best_level() < DS4_SIMD_AVX512 || __get_cpuid_max(0, NULL) < 7) return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (c & bit_AVX512VBMI) && (c & bit_GFNI);
+}
+
 static atomic_int best_level = -1;
 static atomic_int cur_level = -1;
+static atomic_int has_vbmi = -1, use_vbmi = -1;
 
 enum ds4_simd_level ds4_cpu_best_level(void) {
     int l = atomic_load_explicit(&best_level, memory_order_relaxed);
@@ -90,6 +105,22 @@ void ds4_kernels_set_level(enum ds4_simd_level lvl) {
     if ((int)lvl < 0) lvl = DS4_SIMD_SCALAR;
     atomic_store_explicit(&cur_level, (int)(lvl > best ? best : lvl), memory_order_relaxed);
 }
+
+static bool cpu_vbmi(void) {
+    int v = atomic_load_explicit(&has_vbmi, memory_order_relaxed);
+    if (v < 0) {
+        v = probe_vbmi();
+        atomic_store_explicit(&has_vbmi, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+bool ds4_kernels_vbmi(void) {
+    int v = atomic_load_explicit(&use_vbmi, memory_order_relaxed);
+    return v < 0 ? cpu_vbmi() : v;
+}
+
+void ds4_kernels_set_vbmi(bool on) { atomic_store_explicit(&use_vbmi, on && cpu_vbmi(), memory_order_relaxed); }
 
 const char *ds4_simd_level_name(enum ds4_simd_level lvl) {
     switch (lvl) {

@@ -31,6 +31,7 @@
 #ifndef DS4_KERNELS_CPU_H
 #define DS4_KERNELS_CPU_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "quant.h"
@@ -45,6 +46,13 @@ enum ds4_simd_level ds4_cpu_best_level(void);        /* what this CPU supports *
 enum ds4_simd_level ds4_kernels_level(void);         /* what is in use */
 void ds4_kernels_set_level(enum ds4_simd_level lvl); /* clamped to best */
 const char *ds4_simd_level_name(enum ds4_simd_level lvl);
+/* Inside the AVX-512 level, IQ2_XXS blocks are decoded with VBMI byte
+ * permutes and GFNI bit-matrix multiplies, and Q2_K quants extracted with
+ * the latter, where the CPU has both; else with gathers and shifts. The
+ * integers are the same, so results are bit-identical either way. Turning
+ * it off (tests compare the two) is clamped to the CPU like the level. */
+bool ds4_kernels_vbmi(void);
+void ds4_kernels_set_vbmi(bool on);
 
 /* bytes needed to hold n activations converted for weight type `type` */
 size_t ds4_act_bytes(uint32_t type, int64_t n);

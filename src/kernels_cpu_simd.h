@@ -65,13 +65,15 @@ INLINE void prefetch_weights(const void *p) { _mm_prefetch((const char *)p + DS4
 /* activation row t of a token batch */
 INLINE const void *tok(const void *acts, size_t stride, int t) { return (const uint8_t *)acts + stride * (size_t)t; }
 
-#define DOT_ENTRY_POINTS(name)                                                                      \
-    static float dot_##name(const void *w, const void *act, int64_t n) {                           \
+/* attr: function attributes of both, e.g. the target of an ISA extension
+ * the kernel needs beyond the file's flags */
+#define DOT_ENTRY_POINTS_ATTR(name, attr)                                                           \
+    attr static float dot_##name(const void *w, const void *act, int64_t n) {                      \
         float r;                                                                                    \
         name##_nt(w, act, 0, n, 1, &r);                                                             \
         return r;                                                                                   \
     }                                                                                               \
-    static void dotn_##name(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) { \
+    attr static void dotn_##name(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) { \
         for (int t = 0; t < nt;) {                                                                  \
             const void *a = tok(acts, stride, t);                                                   \
             if (nt - t >= 8) { name##_nt(w, a, stride, n, 8, out + t); t += 8; }                    \
@@ -80,6 +82,7 @@ INLINE const void *tok(const void *acts, size_t stride, int t) { return (const u
             else { name##_nt(w, a, stride, n, 1, out + t); t += 1; }                                \
         }                                                                                           \
     }
+#define DOT_ENTRY_POINTS(name) DOT_ENTRY_POINTS_ATTR(name, )
 
 /* float weights: one float_nt(kind, ...) per file, three kernels from it */
 enum float_kind { KIND_F32, KIND_F16, KIND_BF16 };

@@ -24,6 +24,7 @@ cat > "$d/shim/immintrin.h" <<'EOF'
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
 #include <simde/x86/f16c.h>
+#include <simde/x86/gfni.h>
 #include <stdint.h>
 #include <string.h>
 typedef simde__mmask16 __mmask16;
@@ -40,6 +41,12 @@ static inline __m256i _mm256_maskz_loadu_epi16(__mmask16 m, const void *p) {
     uint16_t h[16] = {0}; __m256i r;
     for (int i = 0; i < 16; i++) if (m >> i & 1) memcpy(&h[i], (const char *)p + 2 * i, 2);
     memcpy(&r, h, 32);
+    return r;
+}
+static inline __m512i _mm512_maskz_loadu_epi8(simde__mmask64 m, const void *p) {
+    uint8_t b[64] = {0}; __m512i r;
+    for (int i = 0; i < 64; i++) if (m >> i & 1) b[i] = ((const uint8_t *)p)[i];
+    memcpy(&r, b, 64);
     return r;
 }
 static inline __m512i _mm512_maskz_loadu_epi16(simde__mmask32 m, const void *p) {

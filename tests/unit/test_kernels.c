@@ -307,6 +307,111 @@ static void test_matmul_long_rows(enum ds4_simd_level lvl) {
     }
 }
 
+/* Every IQ2_XXS grid row (each in all four positions of a sub-block), every
+ * 7-bit sign index and every 4-bit scale, against an exact integer oracle
+ * decoded here from the format's definition: magnitudes from the grid
+ * table, element k of a sign index negative when bit k of the index plus
+ * its even-parity bit 7 is set, sub-block scale 2s + 1, d = 1/8 per unit
+ * of the f16 factor. Rows of two super-blocks (the VBMI decode looks up
+ * two at once). With d = 8 and activations in [-15, 15] (scale 1) every
+ * partial sum is an integer below 512 * 31 * 43 * 15 < 2^24, so each
+ * kernel's float result is exact whatever its order: the dot, the
+ * multi-token kernel and the matmul tile must equal the oracle bit for bit. */
+static void test_iq2_xxs_exhaustive(enum ds4_simd_level lvl, const char *decode) {
+    enum { ROWS = 32, BLOCKS = 2, TOKENS = 6 }; /* the VBMI tile takes up to 7 tokens */
+    const int64_t n = BLOCKS * DS4_QK_K;
+    ds4_block_iq2_xxs w[ROWS][BLOCKS];
+    ds4_block_q8_K a[TOKENS][BLOCKS];
+    for (int t = 0; t < TOKENS; t++)
+        for (int i = 0; i < BLOCKS; i++) {
+            a[t][i].d = 1.0f;
+            for (int e = 0; e < DS4_QK_K; e++) a[t][i].qs[e] = (int8_t)((int)(next_u64() % 31) - 15);
+            for (int g = 0; g < DS4_QK_K / 16; g++) {
+                int sum = 0;
+                for (int e = 0; e < 16; e++) sum += a[t][i].qs[16 * g + e];
+                a[t][i].bsums[g] = (int16_t)sum;
+            }
+        }
+    int64_t want[ROWS][TOKENS] = {{0}};
+    for (int r = 0; r < ROWS; r++)
+        for (int i = 0; i < BLOCKS; i++) {
+            w[r][i].d = ds4_f32_to_half(8.0f);
+            for (int b = 0; b < 8; b++) {
+                int sub = (r * BLOCKS + i) * 8 + b;
+                uint8_t grid_idx[4];
+                uint32_t word = (uint32_t)(sub % 16) << 28; /* scale */
+                for (int k = 0; k < 4; k++) {
+                    int slot = 4 * sub + k;
+                    grid_idx[k] = (uint8_t)((slot + slot / 256) & 255); /* shifts a row's position every 256 slots */
+                    word |= (uint32_t)((slot + slot / 128) & 127) << (7 * k);
+                }
+                memcpy(&w[r][i].qs[4 * b], grid_idx, 4);
+                memcpy(&w[r][i].qs[4 * b + 2], &word, 4);
+                for (int k = 0; k < 4; k++) {
+                    unsigned sign_idx = (word >> (7 * k)) & 127;
+                    unsigned signs = sign_idx | (unsigned)(__builtin_parity(sign_idx) << 7);
+                    for (int j = 0; j < 8; j++) {
+                        int e = 32 * b + 8 * k + j;
+                        int64_t m = (int64_t)((ds4_iq2xxs_grid[grid_idx[k]] >> (8 * j)) & 0xFF);
+                        if (signs >> j & 1) m = -m;
+                        for (int t = 0; t < TOKENS; t++) want[r][t] += (2 * (sub % 16) + 1) * m * a[t][i].qs[e];
+                    }
+                }
+            }
+        }
+    float y[TOKENS * ROWS], got[TOKENS];
+    ds4_matmul(NULL, DS4_TYPE_IQ2_XXS, w, ROWS, n, a, TOKENS, y);
+    int bad_dot = 0, bad_dotn = 0, bad_matmul = 0;
+    for (int r = 0; r < ROWS; r++) {
+        ds4_vec_dotn(DS4_TYPE_IQ2_XXS, w[r], a, sizeof a[0], n, TOKENS, got);
+        for (int t = 0; t < TOKENS; t++) {
+            bad_dot += ds4_vec_dot(DS4_TYPE_IQ2_XXS, w[r], a[t], n) != (float)want[r][t];
+            bad_dotn += got[t] != (float)want[r][t];
+            bad_matmul += y[t * ROWS + r] != (float)want[r][t];
+        }
+    }
+    CHECK(bad_dot + bad_dotn + bad_matmul == 0, "%s (%s) IQ2_XXS grid/sign/scale sweep: %d dot, %d dotn, %d matmul of %d differ",
+          ds4_simd_level_name(lvl), decode, bad_dot, bad_dotn, bad_matmul, ROWS * TOKENS);
+}
+
+/* The VBMI/GFNI kernels against the plain AVX-512 ones on raw random rows
+ * (every bit pattern of the packed fields): IQ2_XXS (byte-permute decode vs
+ * gathers) and Q2_K (bit-matrix quant extraction vs shifts). Dot, every
+ * token count of the multi-token kernel and the tile, bit for bit (the
+ * IQ2_XXS sweep above covers every table entry of both decodes). */
+static void test_vbmi_matches_plain(void) {
+    enum { ROWS = 7, T_MAX = 20 };
+    static const uint32_t vbmi_types[] = {DS4_TYPE_IQ2_XXS, DS4_TYPE_Q2_K};
+    for (size_t ti = 0; ti < sizeof vbmi_types / sizeof vbmi_types[0]; ti++) {
+        uint32_t type = vbmi_types[ti];
+        const int64_t n = 5 * DS4_QK_K;
+        mm_case c = mm_case_new(type, n, ROWS, T_MAX);
+        /* per path: the matmul (T x ROWS), then each row's dotn (ROWS x T), then each row's dot of token 0 */
+        const size_t count = 2 * ROWS * T_MAX + ROWS;
+        float *res[2] = {malloc(sizeof(float) * count), malloc(sizeof(float) * count)};
+        int bad = 0;
+        for (int64_t T = 1; T <= T_MAX; T++) {
+            for (int vbmi = 0; vbmi <= 1; vbmi++) {
+                ds4_kernels_set_vbmi(vbmi);
+                float *out = res[vbmi];
+                ds4_matmul(NULL, type, c.W, ROWS, n, c.acts, T, out);
+                for (int64_t r = 0; r < ROWS; r++) {
+                    const uint8_t *w = c.W + c.rb * (size_t)r;
+                    ds4_vec_dotn(type, w, c.acts, c.ab, n, (int)T, out + ROWS * T + r * T);
+                    out[2 * ROWS * T + r] = ds4_vec_dot(type, w, c.acts, n);
+                }
+            }
+            bad += memcmp(res[0], res[1], sizeof(float) * (size_t)(2 * ROWS * T + ROWS)) != 0;
+        }
+        ds4_kernels_set_vbmi(true);
+        CHECK(bad == 0, "%s: the VBMI/GFNI kernels differ from the plain AVX-512 ones in %d of %d batch sizes",
+              ds4_type_name(type), bad, T_MAX);
+        free(res[0]);
+        free(res[1]);
+        mm_case_free(&c);
+    }
+}
+
 /* ds4_quantize_act must produce the reference quantizer's bytes at every
  * level, including rounding ties, all-zero blocks and a negative maximum */
 static void test_act(enum ds4_simd_level lvl) {
@@ -525,6 +630,16 @@ int main(void) {
         test_matmul_shapes((enum ds4_simd_level)l);
         test_matmul_long_rows((enum ds4_simd_level)l);
         test_read_sum((enum ds4_simd_level)l);
+        test_iq2_xxs_exhaustive((enum ds4_simd_level)l, ds4_kernels_vbmi() ? "vbmi" : "no vbmi");
+    }
+    ds4_kernels_set_vbmi(true);
+    if (ds4_kernels_vbmi()) {
+        ds4_kernels_set_level(DS4_SIMD_AVX512);
+        ds4_kernels_set_vbmi(false);
+        test_iq2_xxs_exhaustive(DS4_SIMD_AVX512, "gather");
+        test_vbmi_matches_plain();
+    } else {
+        printf("test_kernels: no AVX-512 VBMI and GFNI here, their kernels untested on this CPU\n");
     }
     test_q8_0_blockwise_model();
     if (best >= DS4_SIMD_AMX) {
