@@ -73,7 +73,7 @@ static enum ds4_simd_level probe_level(void) {
  * changes how IQ2_XXS grids and signs and Q2_K quants are unpacked, never
  * an integer or the float order, so results do not depend on it. */
 static bool probe_vbmi(void) {
-#ifdef DS4_KERNELS_ASSUME_AVX512
+#ifdef DS4_KERNELS_ASSUME_AMX
     return true; /* SIMDe emulates these instructions as well */
 #endif
     unsigned a, b, c, d;

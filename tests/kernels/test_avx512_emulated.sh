@@ -95,12 +95,14 @@ static inline __m512i _mm512_i64gather_epi64(__m512i idx, const void *base, int 
 }
 /* SIMDe's fallback multiplies, then adds (two roundings); the hardware,
  * and the scalar fmaf of the AMX file's per-row dot, round once (the
- * machine has FMA: the AVX2 level runs natively here) */
+ * machine has FMA: the AVX2 level runs natively here). Inlined always, like
+ * SIMDe's own, since kernels with extra target attributes call it. */
+__attribute__((target("fma"))) static float fma_lane(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 #undef _mm512_fmadd_ps
-__attribute__((target("fma"))) static inline __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c) {
+__attribute__((always_inline)) static inline __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c) {
     float x[16], y[16], z[16]; __m512 r;
     memcpy(x, &a, 64); memcpy(y, &b, 64); memcpy(z, &c, 64);
-    for (int i = 0; i < 16; i++) z[i] = __builtin_fmaf(x[i], y[i], z[i]);
+    for (int i = 0; i < 16; i++) z[i] = fma_lane(x[i], y[i], z[i]);
     memcpy(&r, z, 64);
     return r;
 }

@@ -604,6 +604,9 @@ static void test_amx_kernels_against_model(void) {
                           (long long)n, (long long)rows, (long long)t, threads, bad);
                 }
                 for (int64_t T = 1; T <= AMX_T_MAX; T++) {
+                    /* past 33 blocks a few batch sizes cover every tile
+                     * path and the shrunken groups (7 tokens at 16384) */
+                    if (n > 1056 && !(T <= 9 || T == 16 || T == 17 || T == 33 || T == AMX_T_MAX)) continue;
                     for (int64_t i = 0; i < rows * T; i++) c.y[i] = NAN;
                     ds4_matmul(pool, DS4_TYPE_Q8_0, c.W, rows, n, c.acts, T, c.y);
                     int bad = mismatches(&c, rows, T);
