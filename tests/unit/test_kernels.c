@@ -575,9 +575,9 @@ static int mismatches(const struct amx_case *c, int64_t rows, int64_t T) {
 /* Where the CPU has AMX: at that level the tile (16 rows x 1..16 tokens,
  * fewer rows at a matrix's end), the matvec and the per-row kernels must
  * equal the model BIT FOR BIT: ds4_vec_dot, ds4_matvec, and ds4_matmul at
- * every batch size 1..40, row counts that are not multiples of 16, odd
- * block counts, rows too long for a full token group in the packing
- * buffer, 1 and 2 threads. */
+ * every batch size 1..40 (a dozen of them past 33 blocks), row counts that
+ * are not multiples of 16, odd block counts, rows too long for a full
+ * token group in the packing buffer, 1 and 2 threads. */
 static void test_amx_kernels_against_model(void) {
     /* 1, 3, 5, 33 blocks; 4096 the model's width; 16384 packs 7 tokens per
      * group, not 16 (the driver shrinks the group); 16416 an odd count too */
