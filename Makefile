@@ -3,7 +3,7 @@
 #   tools/NAME.c -> ./NAME      (ds4-convert, ds4-make-model, ds4-vocab, ds4-gguf-dump)
 #   tests/unit/test_*.c -> $(BUILD)/tests/test_*   (run by `make test`)
 #   fuzz/fuzz_*.c       -> $(BUILD)/fuzz/fuzz_*    (libFuzzer, clang)
-# Files named *_avx2.c / *_avx512.c get their ISA flags; everything else is
+# Files named *_avx2.c / *_avx512.c / *_amx.c get their ISA flags; everything else is
 # plain x86-64, and kernels_cpu picks the level at run time.
 # BUILD may be overridden so several builds (asan, ubsan, helpers) coexist.
 
@@ -17,6 +17,7 @@ LDLIBS  ?= -lcjson -lpcre2-8 -ledit -lnng -lm
 
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+AMX_FLAGS    = $(AVX512_FLAGS) -mamx-tile -mamx-int8
 
 LIB_SRC   := $(wildcard src/*.c src/server/*.c src/agent/*.c)
 # CUDA=1 (`make cuda`, mk/cuda.mk) links the CUDA backend; other builds get
@@ -52,6 +53,9 @@ $(BUILD)/%_avx2.o: %_avx2.c
 $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/%_amx.o: %_amx.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AMX_FLAGS) -MMD -MP -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
@@ -118,6 +122,9 @@ $(BUILD)/fuzzobj/%_avx2.o: %_avx2.c
 $(BUILD)/fuzzobj/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) $(AVX512_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+$(BUILD)/fuzzobj/%_amx.o: %_amx.c
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) $(AMX_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/fuzzobj/%.o)
 $(BUILD)/fuzz/%: fuzz/%.c $(FUZZ_LIB_OBJ)
 	@mkdir -p $(dir $@)

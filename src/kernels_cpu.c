@@ -11,6 +11,8 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "kernels_cpu_internal.h"
 #include "threadpool.h"
@@ -23,15 +25,33 @@ static uint64_t xgetbv0(void) {
     return ((uint64_t)hi << 32) | lo;
 }
 
+/* AMX needs the instructions (CPUID.7.0:EDX AMX-TILE bit 24, AMX-INT8 bit
+ * 25), the OS managing the tile state (XCR0 bits 17 TILECFG and 18
+ * TILEDATA), and on Linux the process's permission for the 8 KiB tile data
+ * state (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA), which the kernel
+ * grants once for all threads; without it the first tile instruction
+ * faults. A refusal just leaves the AVX-512 level. */
+#define AMX_TILE_BIT (1u << 24)
+#define AMX_INT8_BIT (1u << 25)
+#define XCR0_TILE_BITS (3ull << 17)
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static bool amx_usable(unsigned cpuid7_edx, uint64_t xcr0) {
+    if ((cpuid7_edx & (AMX_TILE_BIT | AMX_INT8_BIT)) != (AMX_TILE_BIT | AMX_INT8_BIT)) return false;
+    if ((xcr0 & XCR0_TILE_BITS) != XCR0_TILE_BITS) return false;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
 /* Instruction support alone is not enough: the OS must save the wider
  * register state on context switches (XCR0), or the upper halves would be
  * silently lost. AVX-512 is used only together with VNNI, BW, DQ and VL,
  * the set its translation unit is compiled for. */
 static enum ds4_simd_level probe_level(void) {
-#ifdef DS4_KERNELS_ASSUME_AVX512
-    /* test build only: tests/kernels/test_avx512_emulated.sh links an
-     * AVX-512 file compiled against an emulation of the intrinsics */
-    return DS4_SIMD_AVX512;
+#ifdef DS4_KERNELS_ASSUME_AMX
+    /* test build only: tests/kernels/test_avx512_emulated.sh links the
+     * AVX-512 and AMX files compiled against an emulation of the intrinsics */
+    return DS4_SIMD_AMX;
 #endif
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return DS4_SIMD_SCALAR;
@@ -43,9 +63,9 @@ static enum ds4_simd_level probe_level(void) {
     __cpuid_count(7, 0, a, b, c, d);
     if (!(b & bit_AVX2)) return DS4_SIMD_SCALAR;
     const unsigned need512 = bit_AVX512F | bit_AVX512DQ | bit_AVX512BW | bit_AVX512VL;
-    if ((b & need512) == need512 && (c & bit_AVX512VNNI) && (xcr0 & 0xE6) == 0xE6) /* + opmask, ZMM */
-        return DS4_SIMD_AVX512;
-    return DS4_SIMD_AVX2;
+    if ((b & need512) != need512 || !(c & bit_AVX512VNNI) || (xcr0 & 0xE6) != 0xE6) /* + opmask, ZMM */
+        return DS4_SIMD_AVX2;
+    return amx_usable(d, xcr0) ? DS4_SIMD_AMX : DS4_SIMD_AVX512;
 }
 
 /* AVX-512 VBMI (byte permutes) with GFNI (bit-matrix multiplies) is an
@@ -53,7 +73,7 @@ static enum ds4_simd_level probe_level(void) {
  * changes how IQ2_XXS grids and signs and Q2_K quants are unpacked, never
  * an integer or the float order, so results do not depend on it. */
 static bool probe_vbmi(void) {
-#ifdef DS4_KERNELS_ASSUME_AVX512
+#ifdef DS4_KERNELS_ASSUME_AMX
     return true; /* SIMDe emulates these instructions as well */
 #endif
     unsigned a, b, c, d;
@@ -107,6 +127,7 @@ const char *ds4_simd_level_name(enum ds4_simd_level lvl) {
     case DS4_SIMD_SCALAR: return "scalar";
     case DS4_SIMD_AVX2: return "avx2";
     case DS4_SIMD_AVX512: return "avx512";
+    case DS4_SIMD_AMX: return "amx";
     }
     return "unknown";
 }
@@ -115,7 +136,8 @@ const char *ds4_simd_level_name(enum ds4_simd_level lvl) {
 static ds4_dot_fn dot_fn(uint32_t type) {
     enum ds4_simd_level lvl = ds4_kernels_level();
     ds4_dot_fn f = NULL;
-    if (lvl >= DS4_SIMD_AVX512) f = ds4_kernels_avx512_dot(type);
+    if (lvl >= DS4_SIMD_AMX) f = ds4_kernels_amx_dot(type);
+    if (!f && lvl >= DS4_SIMD_AVX512) f = ds4_kernels_avx512_dot(type);
     if (!f && lvl >= DS4_SIMD_AVX2) f = ds4_kernels_avx2_dot(type);
     return f;
 }
@@ -125,15 +147,23 @@ static ds4_dot_fn dot_fn(uint32_t type) {
 static ds4_dotn_fn dotn_fn(uint32_t type) {
     enum ds4_simd_level lvl = ds4_kernels_level();
     ds4_dotn_fn f = NULL;
-    if (lvl >= DS4_SIMD_AVX512) f = ds4_kernels_avx512_dotn(type);
+    if (lvl >= DS4_SIMD_AMX) f = ds4_kernels_amx_dotn(type);
+    if (!f && lvl >= DS4_SIMD_AVX512) f = ds4_kernels_avx512_dotn(type);
     if (!f && lvl >= DS4_SIMD_AVX2) f = ds4_kernels_avx2_dotn(type);
     return f;
 }
 
 /* the rows x tokens kernel of the same file as dot_fn's choice (only
- * AVX-512 has them); false means per-row micro-kernels */
-static bool tile_kernel(uint32_t type, struct ds4_tile_kernel *k) {
-    return ds4_kernels_level() >= DS4_SIMD_AVX512 && ds4_kernels_avx512_tile(type, k);
+ * AVX-512 and AMX have them), and its kernel for a matrix's last rows
+ * where it has one; false means per-row micro-kernels */
+static bool tile_kernel(uint32_t type, struct ds4_tile_kernel *k, ds4_tile_rows_fn *rows_fn) {
+    enum ds4_simd_level lvl = ds4_kernels_level();
+    *rows_fn = NULL;
+    if (lvl >= DS4_SIMD_AMX && ds4_kernels_amx_dot(type)) {
+        *rows_fn = ds4_kernels_amx_tile_rows(type);
+        return ds4_kernels_amx_tile(type, k);
+    }
+    return lvl >= DS4_SIMD_AVX512 && ds4_kernels_avx512_tile(type, k);
 }
 
 static inline float call_dot(ds4_dot_fn f, uint32_t type, const void *w, const void *act, int64_t n) {
@@ -152,6 +182,18 @@ void ds4_vec_dotn(uint32_t type, const void *w, const void *acts, size_t act_str
         if (f) f(w, a, act_stride, n, group, out + t);
         else for (int j = 0; j < group; j++) out[t + j] = ds4_vec_dot_ref(type, w, a + (size_t)j * act_stride, n);
     }
+}
+
+float ds4_vec_dot_q8_0_blockwise(const void *w, const void *act, int64_t n) {
+    const ds4_block_q8_0 *wb = w, *ab = act;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / DS4_QK8_0; b++) {
+        int32_t isum = 0;
+        for (int k = 0; k < DS4_QK8_0; k++) isum += (int32_t)wb[b].qs[k] * ab[b].qs[k];
+        const float scale = ds4_half_to_f32(wb[b].d) * ds4_half_to_f32(ab[b].d);
+        acc = fmaf((float)isum, scale, acc);
+    }
+    return acc;
 }
 
 float ds4_read_sum(const float *x, int64_t n) {
@@ -208,6 +250,7 @@ struct mm_ctx {
     ds4_dotn_fn fnn;
     bool tiled;             /* tk holds the level's rows x tokens kernel for the type */
     struct ds4_tile_kernel tk;
+    ds4_tile_rows_fn tile_rows; /* the same for a matrix's last rows, or NULL */
     uint32_t type;
     const uint8_t *W;
     size_t row_bytes, act_bytes;
@@ -260,22 +303,30 @@ static void mm_task(void *p, int task, int n_tasks, int thread) {
         int64_t t1 = t0 + c->tile < c->T ? t0 + c->tile : c->T;
         int64_t r = r0;
         if (c->tiled) {
-            /* whole tiles, each token group packed once for all the rows;
-             * the leftover tokens and rows (and every token of a row too
-             * long to pack) go through the per-row kernels, which give the
-             * same results */
+            /* whole tiles, each token group packed once for all the rows,
+             * and the rows after the last whole tile where the kernel takes
+             * fewer rows; the leftover tokens and rows (and every token of a
+             * row too long to pack) go through the per-row kernels, which
+             * give the same results */
             const struct ds4_tile_kernel *k = &c->tk;
             int64_t rt = r0 + (r1 - r0) / k->rows * k->rows, tt = t0;
+            const int64_t r_tiled = c->tile_rows ? r1 : rt;
             while (tt < t1) {
                 int nt = t1 - tt < k->tokens ? (int)(t1 - tt) : k->tokens;
+                /* a long row packs fewer tokens per group, down to min_tokens */
+                while (nt >= k->min_tokens &&
+                       !k->pack(c->acts + (size_t)tt * c->act_bytes, c->act_bytes, c->n, nt, packed, sizeof packed))
+                    nt--;
                 if (nt < k->min_tokens) break;
-                if (!k->pack(c->acts + (size_t)tt * c->act_bytes, c->act_bytes, c->n, nt, packed, sizeof packed)) break;
                 for (int64_t i = r0; i < rt; i += k->rows)
                     k->tile(c->W + (size_t)i * c->row_bytes, c->row_bytes, packed, c->n, nt, c->Y + tt * c->rows + i,
                             c->rows);
+                if (r_tiled > rt)
+                    c->tile_rows(c->W + (size_t)rt * c->row_bytes, c->row_bytes, packed, c->n, nt,
+                                 c->Y + tt * c->rows + rt, c->rows, (int)(r_tiled - rt));
                 tt += nt;
             }
-            for (; r < rt; r++) row_tokens(c, r, tt, t1);
+            for (; r < r_tiled; r++) row_tokens(c, r, tt, t1);
         }
         for (; r < r1; r++) {
             if (t0 == 0 && c->prefetch) prefetch_ahead(c->W + (size_t)r * c->row_bytes, c->row_bytes, w_end);
@@ -304,11 +355,14 @@ static void run_rows(struct ds4_pool *pool, struct mm_ctx *c, int64_t max_chunk)
     ds4_pool_run(pool, mm_task, c, (int)ceil_div(c->rows, chunk));
 }
 
+/* A tile that takes a single token (AMX: one tile instruction per 16 rows
+ * and block, whatever the token count) serves the matvec too. */
 void ds4_matvec(struct ds4_pool *pool, uint32_t type, const void *W, int64_t rows, int64_t n, const void *act,
                 float *y) {
     struct mm_ctx c = {.prefetch = !ds4_kernels_self_prefetch(type), .fn = dot_fn(type), .type = type, .W = W,
-                       .row_bytes = ds4_type_row_bytes(type, (uint64_t)n), .act_bytes = 0, .rows = rows, .n = n,
-                       .T = 1, .tile = 1, .acts = act, .Y = y};
+                       .row_bytes = ds4_type_row_bytes(type, (uint64_t)n), .act_bytes = ds4_act_bytes(type, n),
+                       .rows = rows, .n = n, .T = 1, .tile = 1, .acts = act, .Y = y};
+    c.tiled = tile_kernel(type, &c.tk, &c.tile_rows) && c.tk.min_tokens <= 1;
     run_rows(pool, &c, 0);
 }
 
@@ -318,7 +372,7 @@ void ds4_matmul(struct ds4_pool *pool, uint32_t type, const void *W, int64_t row
     struct mm_ctx c = {.prefetch = !ds4_kernels_self_prefetch(type), .fn = dot_fn(type), .fnn = dotn_fn(type),
                        .type = type, .W = W, .row_bytes = ds4_type_row_bytes(type, (uint64_t)n), .act_bytes = ds4_act_bytes(type, n),
                        .rows = rows, .n = n, .T = T, .acts = acts, .Y = Y};
-    c.tiled = tile_kernel(type, &c.tk);
+    c.tiled = tile_kernel(type, &c.tk, &c.tile_rows);
     c.tile = c.act_bytes ? MM_TILE_ACT_BYTES / (int64_t)c.act_bytes : T;
     if (c.tile < 1) c.tile = 1;
     int64_t block = MM_BLOCK_BYTES / (c.row_bytes ? (int64_t)c.row_bytes : 1);

@@ -1,10 +1,16 @@
 /* kernels_cpu.h -- fast CPU dot products and matrix drivers with runtime SIMD
- * dispatch (scalar, AVX2, AVX-512/VNNI), over the block formats of quant.h.
+ * dispatch (scalar, AVX2, AVX-512/VNNI, AMX-INT8), over the block formats of
+ * quant.h.
  *
  * Contract
  * - ds4_cpu_features() probes the CPU once; ds4_kernels_set_level() may force
  *   a lower level (tests compare every level the machine has against scalar).
  * - ds4_vec_dot(type, ...) equals ds4_vec_dot_ref within float rounding.
+ *   Levels may differ from each other in float order (so within rounding);
+ *   inside one level every path of a type runs the same order.
+ * - The AMX level has its own Q8_0 order, which ds4_vec_dot_q8_0_blockwise
+ *   below spells out in plain C; its kernels match it bit for bit. Every
+ *   other type runs the AVX-512 kernels there.
  * - ds4_quantize_act() turns an f32 activation row into the partner format
  *   of a weight type (Q8_0 for Q8_0; Q8_K for K-quants and IQ2_XXS; f32 for
  *   F32/F16/BF16), so it is done once per input and reused for every row.
@@ -14,8 +20,9 @@
  *   batched decode): blocks of weight rows that stay in L2, and inside them
  *   rows x tokens tiles where the level has them (AVX-512 Q8_0: 4 x 4;
  *   IQ2_XXS: 2 rows x up to 16 tokens, each weight block decoded once for
- *   all of them; the token group packed once per block), else one row
- *   against up to 8 tokens. Every Y[t,r] is bit-identical to ds4_matvec's
+ *   all of them; AMX Q8_0: 16 rows x 1..16 tokens, also used by ds4_matvec;
+ *   the token group packed once per block), else one row against up to 8
+ *   tokens. Every Y[t,r] is bit-identical to ds4_matvec's
  *   y[r] for X[t] (same kernel arithmetic, whatever T, the other tokens or
  *   the threads).
  * - No allocation in the hot path: callers own scratch; ds4_matmul keeps a
@@ -31,7 +38,9 @@
 
 struct ds4_pool;
 
-enum ds4_simd_level { DS4_SIMD_SCALAR = 0, DS4_SIMD_AVX2 = 1, DS4_SIMD_AVX512 = 2 };
+/* AMX: AVX-512 plus AMX-TILE/AMX-INT8, with the OS's permission to use
+ * the tile registers (requested once per process by the probe). */
+enum ds4_simd_level { DS4_SIMD_SCALAR = 0, DS4_SIMD_AVX2 = 1, DS4_SIMD_AVX512 = 2, DS4_SIMD_AMX = 3 };
 
 enum ds4_simd_level ds4_cpu_best_level(void);        /* what this CPU supports */
 enum ds4_simd_level ds4_kernels_level(void);         /* what is in use */
@@ -53,6 +62,16 @@ float ds4_vec_dot(uint32_t type, const void *w, const void *act, int64_t n);
 /* out[t] = ds4_vec_dot(type, w, acts + t * act_stride bytes, n) bit for bit,
  * for t < nt, with each weight block loaded once for up to 8 activations */
 void ds4_vec_dotn(uint32_t type, const void *w, const void *acts, size_t act_stride, int64_t n, int nt, float *out);
+
+/* The AMX level's Q8_0 float order, in plain C (compiled everywhere, so the
+ * order is tested against the reference on any machine): per (row, token),
+ * acc = 0, then for each block b in order
+ *     acc = fmaf((float)isum_b, d_w[b] * d_a[b], acc)
+ * where isum_b is the block's exact integer sum of 32 products (|isum_b| <
+ * 2^19, exact as a float) and d_w[b] * d_a[b], two f16 values widened, is
+ * exact in f32; so each block adds its exact term with one rounding, and
+ * any implementation with a true FMA gets the same bits. The result is acc. */
+float ds4_vec_dot_q8_0_blockwise(const void *w, const void *act, int64_t n);
 
 /* Sum of x[0..n) read with the widest vector loads of the level in use
  * (64-byte on AVX-512, four independent accumulators): the plain read loop

@@ -1,5 +1,6 @@
 /* kernels_cpu_internal.h -- private glue between kernels_cpu.c (dispatch,
- * drivers) and the ISA-specific files kernels_cpu_avx2.c / _avx512.c.
+ * drivers) and the ISA-specific files kernels_cpu_avx2.c / _avx512.c /
+ * _amx.c.
  *
  * - A dot function computes one weight row (n elements of its type) against
  *   an activation already in the partner format (ds4_quantize_act), with
@@ -17,9 +18,11 @@
  *   small; the buffer is 64-byte aligned. Its result per (row, token)
  *   equals the dot function's.
  * - Each ISA file returns NULL for types it has no kernel for; the
- *   dispatcher then falls back to the next lower level (AVX-512 -> AVX2 ->
- *   scalar reference). Calling anything from an ISA file is only allowed
- *   after the CPU/OS probe has cleared that level.
+ *   dispatcher then falls back to the next lower level (AMX -> AVX-512 ->
+ *   AVX2 -> scalar reference). A type with an AMX dot takes its tile from
+ *   the AMX file too, or none: the AVX-512 tiles run another float order.
+ *   Calling anything from an ISA file is only allowed after the CPU/OS
+ *   probe has cleared that level.
  */
 #ifndef DS4_KERNELS_CPU_INTERNAL_H
 #define DS4_KERNELS_CPU_INTERNAL_H
@@ -44,6 +47,11 @@ struct ds4_tile_kernel {
     bool (*pack)(const void *acts, size_t act_stride, int64_t n, int nt, void *packed, size_t packed_bytes);
     void (*tile)(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y, int64_t y_stride);
 };
+/* A tile kernel for the last nr < rows rows of a matrix (same packing, same
+ * results); where a level has none, those rows go through the per-row
+ * kernels. */
+typedef void (*ds4_tile_rows_fn)(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                                 int64_t y_stride, int nr);
 
 bool ds4_kernels_self_prefetch(uint32_t type);   /* at the level in use */
 
@@ -52,6 +60,10 @@ ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type);
 ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type); /* non-NULL exactly where _dot is */
 bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k); /* false: none for the type */
+ds4_dot_fn ds4_kernels_amx_dot(uint32_t type);
+ds4_dotn_fn ds4_kernels_amx_dotn(uint32_t type);   /* non-NULL exactly where _dot is */
+bool ds4_kernels_amx_tile(uint32_t type, struct ds4_tile_kernel *k);
+ds4_tile_rows_fn ds4_kernels_amx_tile_rows(uint32_t type); /* non-NULL exactly where _tile is true */
 
 float ds4_kernels_avx2_read_sum(const float *x, int64_t n);
 float ds4_kernels_avx512_read_sum(const float *x, int64_t n);

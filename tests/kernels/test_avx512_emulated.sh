@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The AVX-512 kernels on machines without AVX-512: compiles
-# src/kernels_cpu_avx512.c against SIMDe (a portable implementation of the
-# x86 intrinsics), forces the AVX-512 level, and runs the kernel unit test,
-# which then checks every AVX-512 dot against the scalar reference and the
-# dequantized f64 oracle. Skips when SIMDe (Debian: libsimde-dev) is absent;
-# on real AVX-512 hardware tests/unit/test_kernels.c covers the path natively.
+# The AVX-512 and AMX kernels on machines without them: compiles
+# src/kernels_cpu_avx512.c and src/kernels_cpu_amx.c against SIMDe (a
+# portable implementation of the x86 intrinsics) plus an element-wise
+# emulation of the AMX tile instructions, forces the AMX level, and runs the
+# kernel unit test, which then checks every AVX-512 and AMX dot against the
+# scalar reference and the dequantized f64 oracle, the AMX Q8_0 dot against
+# the plain-C model of its float order bit for bit, and every matmul against
+# the dot of its level bit for bit. Skips when SIMDe (Debian: libsimde-dev)
+# is absent; on real AVX-512 / AMX hardware tests/unit/test_kernels*.c cover
+# the paths natively.
 set -eu
 cd "$(dirname "$0")/../.."
 if [ ! -f /usr/include/simde/x86/avx512.h ]; then
@@ -89,10 +93,65 @@ static inline __m512i _mm512_i64gather_epi64(__m512i idx, const void *base, int 
     memcpy(&r, o, 64);
     return r;
 }
+/* SIMDe's fallback multiplies, then adds (two roundings); the hardware,
+ * and the scalar fmaf of the AMX file's per-row dot, round once (the
+ * machine has FMA: the AVX2 level runs natively here). Inlined always, like
+ * SIMDe's own, since kernels with extra target attributes call it. */
+__attribute__((target("fma"))) static float fma_lane(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+#undef _mm512_fmadd_ps
+__attribute__((always_inline)) static inline __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c) {
+    float x[16], y[16], z[16]; __m512 r;
+    memcpy(x, &a, 64); memcpy(y, &b, 64); memcpy(z, &c, 64);
+    for (int i = 0; i < 16; i++) z[i] = fma_lane(x[i], y[i], z[i]);
+    memcpy(&r, z, 64);
+    return r;
+}
+/* used by the AMX file only */
+static inline __m512i _mm512_shuffle_i64x2(__m512i a, __m512i b, int imm) {
+    __m128i la[4], lb[4], r[4]; __m512i o;
+    memcpy(la, &a, 64); memcpy(lb, &b, 64);
+    r[0] = la[imm & 3]; r[1] = la[imm >> 2 & 3]; r[2] = lb[imm >> 4 & 3]; r[3] = lb[imm >> 6 & 3];
+    memcpy(&o, r, 64);
+    return o;
+}
+CONVERT(_mm512_cvtepi32_epi16, __m512i, int32_t, __m256i, int16_t, 16)
+static inline void _mm512_mask_storeu_epi32(void *p, __mmask16 m, __m512i v) {
+    int32_t a[16];
+    memcpy(a, &v, 64);
+    for (int i = 0; i < 16; i++) if (m >> i & 1) memcpy((char *)p + 4 * i, &a[i], 4);
+}
+static inline void _mm512_mask_storeu_ps(void *p, __mmask16 m, __m512 v) {
+    _mm512_mask_storeu_epi32(p, m, _mm512_castps_si512(v));
+}
+/* AMX: eight tile registers per thread, the configuration's rows and bytes
+ * per row, and TDPBSSD as the SDM's pseudo-code defines it */
+static _Thread_local struct { uint16_t colsb[16]; uint8_t rows[16]; int8_t t[8][16][64]; } amx;
+static inline void _tile_loadconfig(const void *cfg) {
+    memcpy(amx.colsb, (const char *)cfg + 16, 32);
+    memcpy(amx.rows, (const char *)cfg + 48, 16);
+    memset(amx.t, 0, sizeof amx.t);
+}
+#define _tile_zero(dst) memset(amx.t[dst], 0, sizeof amx.t[dst])
+#define _tile_loadd(dst, base, stride) \
+    for (int r_ = 0; r_ < amx.rows[dst]; r_++) memcpy(amx.t[dst][r_], (const char *)(base) + r_ * (long)(stride), amx.colsb[dst])
+#define _tile_stored(src, base, stride) \
+    for (int r_ = 0; r_ < amx.rows[src]; r_++) memcpy((char *)(base) + r_ * (long)(stride), amx.t[src][r_], amx.colsb[src])
+static inline void tile_dpbssd(int c, int a, int b) {
+    for (int m = 0; m < amx.rows[c]; m++)
+        for (int n = 0; n < amx.colsb[c] / 4; n++) {
+            int32_t acc;
+            memcpy(&acc, &amx.t[c][m][4 * n], 4);
+            for (int k = 0; k < amx.colsb[a] / 4; k++)
+                for (int j = 0; j < 4; j++) acc += amx.t[a][m][4 * k + j] * amx.t[b][k][4 * n + j];
+            memcpy(&amx.t[c][m][4 * n], &acc, 4);
+        }
+}
+#define _tile_dpbssd(c, a, b) tile_dpbssd(c, a, b)
 EOF
 cf="-std=gnu11 -D_GNU_SOURCE -O1 -w -Wno-psabi -Isrc"
 gcc $cf -I"$d/shim" -c src/kernels_cpu_avx512.c -o "$d/avx512.o"
-gcc $cf -DDS4_KERNELS_ASSUME_AVX512 -c src/kernels_cpu.c -o "$d/kernels_cpu.o"
+gcc $cf -I"$d/shim" -c src/kernels_cpu_amx.c -o "$d/amx.o"
+gcc $cf -DDS4_KERNELS_ASSUME_AMX -c src/kernels_cpu.c -o "$d/kernels_cpu.o"
 gcc $cf -mavx2 -mfma -mf16c -c src/kernels_cpu_avx2.c -o "$d/avx2.o"
 gcc $cf -Itests/unit tests/unit/test_kernels.c "$d"/*.o src/quant*.c src/threadpool.c -o "$d/test_kernels" -lm -pthread
 "$d/test_kernels"

@@ -1,5 +1,6 @@
 /* test_kernels.c -- every SIMD level this CPU has, for every weight type,
- * against two oracles: quant.c's scalar reference dot (same integer
+ * against two oracles (and the AMX level's Q8_0 dot against the plain-C
+ * model of its float order, bit for bit): quant.c's scalar reference dot (same integer
  * algebra, written independently) and an f64 dot of the dequantized weight
  * row with the dequantized activation (sheet section 10.4: both must agree
  * up to f32 rounding). Weights are both properly quantized rows and raw
@@ -7,7 +8,10 @@
  * fields (all IQ2_XXS sign indices, Q6_K scale -128, Q8_0 -128, ...) is hit.
  * Then matvec/matmul against per-row ds4_vec_dot with 1..4 threads, and
  * matmul on every batch size 1..40, odd row counts and rows at the packing
- * limits of the tiles (bit for bit).
+ * limits of the tiles (bit for bit). The AMX level's Q8_0 float order has a
+ * plain-C model, tested against both oracles everywhere; where the CPU has
+ * AMX, every AMX path must equal it bit for bit (elsewhere that part says
+ * it did not run).
  */
 #include <math.h>
 #include <float.h>
@@ -138,6 +142,12 @@ static void test_dots(enum ds4_simd_level lvl) {
                       ds4_simd_level_name(lvl), ds4_type_name(type), (long long)n, rep, got, ref, tol);
                 CHECK(fabs((double)got - exact) <= tol, "%s %s n=%lld rep=%d: simd %.9g dequant %.9g (tol %.3g)",
                       ds4_simd_level_name(lvl), ds4_type_name(type), (long long)n, rep, got, exact, tol);
+                if (lvl == DS4_SIMD_AMX && type == DS4_TYPE_Q8_0) {
+                    /* the AMX level's own float order, bit for bit */
+                    float model = ds4_vec_dot_q8_0_blockwise(w, act, n);
+                    CHECK(!memcmp(&got, &model, sizeof got), "amx q8_0 n=%lld rep=%d: %.9g, the order's model %.9g",
+                          (long long)n, rep, got, model);
+                }
             }
             free(w);
             free(act);
@@ -464,11 +474,157 @@ static void test_read_sum(enum ds4_simd_level lvl) {
     }
 }
 
+/* The AMX level's Q8_0 order (ds4_vec_dot_q8_0_blockwise, plain C, so
+ * this runs everywhere) against both oracles, within f32 rounding, for
+ * block counts 1..512 and odd ones, raw bytes (-128 included) and
+ * quantized rows; and the order spelled out once more here. */
+static void test_q8_0_blockwise_model(void) {
+    static const int64_t blocks[] = {1, 2, 3, 5, 16, 17, 33, 128, 129, 512};
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {
+        const int64_t n = blocks[i] * DS4_QK8_0;
+        ds4_block_q8_0 *w = malloc(sizeof(ds4_block_q8_0) * (size_t)blocks[i]);
+        ds4_block_q8_0 *a = malloc(sizeof(ds4_block_q8_0) * (size_t)blocks[i]);
+        for (int rep = 0; rep < 8; rep++) {
+            if (rep % 2) random_raw_row(DS4_TYPE_Q8_0, w, n);
+            else quantized_row(DS4_TYPE_Q8_0, w, n);
+            if (rep % 4 == 3) random_raw_row(DS4_TYPE_Q8_0, a, n);
+            else quantized_row(DS4_TYPE_Q8_0, a, n);
+            const float model = ds4_vec_dot_q8_0_blockwise(w, a, n);
+            const float ref = ds4_vec_dot_ref(DS4_TYPE_Q8_0, w, a, n);
+            double mag, exact = dequant_dot(DS4_TYPE_Q8_0, w, a, n, &mag);
+            /* each block adds one rounding of at most eps * the running sum */
+            const double tol = 1e-5 * mag + 1e-30;
+            CHECK(fabs((double)model - ref) <= tol, "n=%lld rep=%d: model %.9g reference %.9g (tol %.3g)",
+                  (long long)n, rep, model, ref, tol);
+            CHECK(fabs((double)model - exact) <= tol, "n=%lld rep=%d: model %.9g f64 %.9g (tol %.3g)", (long long)n,
+                  rep, model, exact, tol);
+        }
+        free(w);
+        free(a);
+    }
+    /* the order is the documented one: blocks in sequence, one fma each */
+    ds4_block_q8_0 w[3], a[3];
+    quantized_row(DS4_TYPE_Q8_0, w, 96);
+    quantized_row(DS4_TYPE_Q8_0, a, 96);
+    float acc = 0.0f;
+    for (int b = 0; b < 3; b++) {
+        int32_t isum = 0;
+        for (int k = 0; k < DS4_QK8_0; k++) isum += w[b].qs[k] * a[b].qs[k];
+        acc = fmaf((float)isum, ds4_half_to_f32(w[b].d) * ds4_half_to_f32(a[b].d), acc);
+    }
+    const float model = ds4_vec_dot_q8_0_blockwise(w, a, 96);
+    CHECK(!memcmp(&model, &acc, sizeof acc), "model %.9g, the order spelled out %.9g", model, acc);
+}
+
+enum { AMX_ROWS_MAX = 40, AMX_T_MAX = 40 };
+
+/* one weight matrix of AMX_ROWS_MAX rows and AMX_T_MAX activations; want[t][r] is the
+ * model's result, computed once (it does not depend on the batch) */
+struct amx_case {
+    int64_t n;
+    size_t row_bytes, act_bytes;
+    uint8_t *W, *acts;
+    float *want, *y;
+};
+
+static struct amx_case amx_case_new(int64_t n) {
+    struct amx_case c = {.n = n, .row_bytes = ds4_type_row_bytes(DS4_TYPE_Q8_0, (uint64_t)n),
+                         .act_bytes = ds4_act_bytes(DS4_TYPE_Q8_0, n)};
+    c.W = malloc(c.row_bytes * AMX_ROWS_MAX);
+    c.acts = malloc(c.act_bytes * AMX_T_MAX);
+    c.want = malloc(sizeof(float) * AMX_ROWS_MAX * AMX_T_MAX);
+    c.y = malloc(sizeof(float) * AMX_ROWS_MAX * AMX_T_MAX);
+    float *x = malloc(sizeof(float) * (size_t)n);
+    for (int r = 0; r < AMX_ROWS_MAX; r++) {
+        ds4_block_q8_0 *row = (ds4_block_q8_0 *)(c.W + c.row_bytes * (size_t)r);
+        if (r % 3 == 2) quantized_row(DS4_TYPE_Q8_0, row, n);
+        else random_raw_row(DS4_TYPE_Q8_0, row, n);
+    }
+    for (int t = 0; t < AMX_T_MAX; t++) {
+        ds4_block_q8_0 *act = (ds4_block_q8_0 *)(c.acts + c.act_bytes * (size_t)t);
+        if (t % 5 == 4) {
+            random_raw_row(DS4_TYPE_Q8_0, act, n); /* -128 too, which the quantizer never writes */
+        } else {
+            random_floats(x, n);
+            ds4_quantize_act(DS4_TYPE_Q8_0, x, act, n);
+        }
+    }
+    free(x);
+    for (int t = 0; t < AMX_T_MAX; t++)
+        for (int r = 0; r < AMX_ROWS_MAX; r++)
+            c.want[t * AMX_ROWS_MAX + r] =
+                ds4_vec_dot_q8_0_blockwise(c.W + c.row_bytes * (size_t)r, c.acts + c.act_bytes * (size_t)t, n);
+    return c;
+}
+
+static void amx_case_free(struct amx_case *c) {
+    free(c->W);
+    free(c->acts);
+    free(c->want);
+    free(c->y);
+}
+
+/* outputs of a rows x T result (row-major by token) that differ from the model */
+static int mismatches(const struct amx_case *c, int64_t rows, int64_t T) {
+    int bad = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t r = 0; r < rows; r++) bad += memcmp(&c->y[t * rows + r], &c->want[t * AMX_ROWS_MAX + r], sizeof(float)) != 0;
+    return bad;
+}
+
+/* Where the CPU has AMX: at that level the tile (16 rows x 1..16 tokens,
+ * fewer rows at a matrix's end), the matvec and the per-row kernels must
+ * equal the model BIT FOR BIT: ds4_vec_dot, ds4_matvec, and ds4_matmul at
+ * every batch size 1..40 (a dozen of them past 33 blocks), row counts that
+ * are not multiples of 16, odd block counts, rows too long for a full
+ * token group in the packing buffer, 1 and 2 threads. */
+static void test_amx_kernels_against_model(void) {
+    /* 1, 3, 5, 33 blocks; 4096 the model's width; 16384 packs 7 tokens per
+     * group, not 16 (the driver shrinks the group); 16416 an odd count too */
+    static const int64_t widths[] = {32, 96, 160, 1056, 4096, 16384, 16416};
+    static const int64_t row_counts[] = {1, 15, 16, 17, AMX_ROWS_MAX};
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        struct amx_case c = amx_case_new(widths[wi]);
+        const int64_t n = c.n;
+        for (int r = 0; r < AMX_ROWS_MAX; r++) {
+            float got = ds4_vec_dot(DS4_TYPE_Q8_0, c.W + c.row_bytes * (size_t)r, c.acts, n);
+            CHECK(!memcmp(&got, &c.want[r], sizeof got), "dot n=%lld row %d: %.9g, model %.9g", (long long)n, r, got,
+                  c.want[r]);
+        }
+        for (int threads = 1; threads <= 2; threads++) {
+            ds4_pool *pool = threads == 1 ? NULL : ds4_pool_new(threads);
+            for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++) {
+                const int64_t rows = row_counts[ri];
+                for (int64_t t = 0; t < AMX_T_MAX; t += 7) {
+                    for (int64_t r = 0; r < rows; r++) c.y[r] = NAN;
+                    ds4_matvec(pool, DS4_TYPE_Q8_0, c.W, rows, n, c.acts + c.act_bytes * (size_t)t, c.y);
+                    int bad = 0;
+                    for (int64_t r = 0; r < rows; r++) bad += memcmp(&c.y[r], &c.want[t * AMX_ROWS_MAX + r], sizeof(float)) != 0;
+                    CHECK(bad == 0, "matvec n=%lld rows=%lld token %lld threads=%d: %d rows differ from the model",
+                          (long long)n, (long long)rows, (long long)t, threads, bad);
+                }
+                for (int64_t T = 1; T <= AMX_T_MAX; T++) {
+                    /* past 33 blocks a few batch sizes cover every tile
+                     * path and the shrunken groups (7 tokens at 16384) */
+                    if (n > 1056 && !(T <= 9 || T == 16 || T == 17 || T == 33 || T == AMX_T_MAX)) continue;
+                    for (int64_t i = 0; i < rows * T; i++) c.y[i] = NAN;
+                    ds4_matmul(pool, DS4_TYPE_Q8_0, c.W, rows, n, c.acts, T, c.y);
+                    int bad = mismatches(&c, rows, T);
+                    CHECK(bad == 0, "matmul n=%lld rows=%lld T=%lld threads=%d: %d outputs differ from the model",
+                          (long long)n, (long long)rows, (long long)T, threads, bad);
+                }
+            }
+            ds4_pool_free(pool);
+        }
+        amx_case_free(&c);
+    }
+}
+
 int main(void) {
     enum ds4_simd_level best = ds4_cpu_best_level();
     printf("test_kernels: cpu supports up to %s\n", ds4_simd_level_name(best));
     CHECK(!strcmp(ds4_simd_level_name(DS4_SIMD_AVX2), "avx2"), "names");
-    ds4_kernels_set_level(DS4_SIMD_AVX512);
+    ds4_kernels_set_level(DS4_SIMD_AMX);
     CHECK(ds4_kernels_level() == best, "set_level clamps to the best level");
     for (int l = DS4_SIMD_SCALAR; l <= (int)best; l++) {
         test_act((enum ds4_simd_level)l);
@@ -487,6 +643,15 @@ int main(void) {
         test_vbmi_matches_plain();
     } else {
         printf("test_kernels: no AVX-512 VBMI and GFNI here, their kernels untested on this CPU\n");
+    }
+    test_q8_0_blockwise_model();
+    if (best >= DS4_SIMD_AMX) {
+        ds4_kernels_set_level(DS4_SIMD_AMX);
+        test_amx_kernels_against_model();
+    } else {
+        /* says so, and counts nothing for it */
+        printf("test_kernels: the AMX kernels against the model of their float order did NOT run: this CPU (or "
+               "OS) has no AMX-INT8 (tests/kernels/test_avx512_emulated.sh runs them emulated)\n");
     }
     ds4_kernels_set_level(best);
     return check_done("test_kernels");
