@@ -2,6 +2,7 @@
  * listening sockets, the accept loop and one thread per connection that
  * reads requests and hands them to routes.c. See server.h for the contract. */
 #include "server.h"
+#include "expert_cache.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -223,24 +224,12 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     ds4_gpu_opts_default(&o->gpu);
 }
 
-/* Bytes the kernel could give this process now (MemAvailable), or 0. */
-static uint64_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
-
 /* The slots' views of the server (server_state.h), each with its session;
  * 0 or 1 after one line on stderr. */
 static int make_slots(server *s, server **slots_out) {
     char err[512];
     const int n = s->o.batched_sessions;
-    const uint64_t need = (uint64_t)n * ds4_engine_kv_bytes(s->eng, s->o.ctx), avail = mem_available();
+    const uint64_t need = (uint64_t)n * ds4_engine_kv_bytes(s->eng, s->o.ctx), avail = ds4_memory_available();
     if (avail && need > avail) {
         fprintf(stderr, "ds4-server: %d sessions of %d tokens need %.2f GiB of KV state, only %.2f GiB of memory is "
                         "available (lower --batched-session or --ctx)\n",
