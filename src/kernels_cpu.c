@@ -263,18 +263,23 @@ struct mm_ctx {
  * stream read only through them restarts its ramp-up on every page. While
  * a row is computed, its own length of bytes DS4_PREFETCH_AHEAD further on
  * is requested, which keeps more than a page of reads in flight; the Q8_0
- * kernels (most of decode's bytes) instead prefetch line by line, which
- * measured better for them. On a 2-core AVX-512 Xeon (1 thread, 1 GiB of
- * weights, GB/s of CPU time, A/B pairs): Q8_0 6.4 -> 8.2 (driver) / 9.3
- * (in-kernel), IQ2_XXS 3.2 -> 4.9, Q2_K 5.0 -> 7.3, plain read 10-13.
- * Prefetches never fault; the range is clipped to the matrix anyway. */
+ * kernels (most of decode's bytes) and the AVX-512 IQ2_XXS and Q2_K
+ * kernels instead prefetch line by line, which measured better for them.
+ * On a 2-core AVX-512 Xeon (1 thread, 1 GiB of weights, GB/s of CPU time,
+ * A/B pairs): Q8_0 6.4 -> 8.2 (driver) / 9.3 (in-kernel), IQ2_XXS 3.2 ->
+ * 4.9, Q2_K 5.0 -> 7.3, plain read 10-13; later, wall clock, IQ2_XXS 4.4
+ * (driver) / 4.9-5.1 (in-kernel), Q2_K 6.7 / 7.1 (the README's "Prefetch
+ * inside the expert kernels"). Prefetches never fault; the range is
+ * clipped to the matrix anyway. */
 static inline void prefetch_ahead(const uint8_t *row, size_t row_bytes, const uint8_t *end) {
     const uint8_t *p = row + DS4_PREFETCH_AHEAD, *e = p + row_bytes < end ? p + row_bytes : end;
     for (; p < e; p += 64) __builtin_prefetch(p, 0, 3);
 }
 
 bool ds4_kernels_self_prefetch(uint32_t type) {
-    return type == DS4_TYPE_Q8_0 && ds4_kernels_level() >= DS4_SIMD_AVX2;
+    const enum ds4_simd_level lvl = ds4_kernels_level();
+    if (type == DS4_TYPE_Q8_0) return lvl >= DS4_SIMD_AVX2;
+    return (type == DS4_TYPE_IQ2_XXS || type == DS4_TYPE_Q2_K) && lvl >= DS4_SIMD_AVX512;
 }
 
 /* tokens [t, t1) against row r, up to DS4_DOT_TOKENS at a time where the

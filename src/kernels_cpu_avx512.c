@@ -463,8 +463,10 @@ INLINE void iq2_nt(const void *w, const void *acts, size_t stride, int64_t n, in
     /* super-blocks in twos, which share the VBMI grid lookups (an odd last
      * one is looked up twice and used once); the order of the float steps
      * is unchanged */
+    const char *prefetch = prefetch_cursor(x);
     for (int64_t i = 0; i < nb; i += 2) {
         const int64_t i1 = i + 1 < nb ? i + 1 : i;
+        prefetch_lines(&prefetch, x + i + 2);
         __m512i codes[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
         if (vbmi) iq2_lookup_codes((const uint8_t *)x[i].qs, (const uint8_t *)x[i1].qs, codes);
         iq2_super_block(x, i, vbmi, codes[0], acts, stride, nt, acc);
@@ -636,8 +638,9 @@ INLINE void q2_K_core(const void *w, const void *acts, size_t stride, int64_t n,
     __m512 acc[NT_MAX];
     UNROLL
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    const char *prefetch = prefetch_cursor(x);
     for (int64_t i = 0; i < n / DS4_QK_K; i++) {
-        prefetch_weights(x + i);
+        prefetch_lines(&prefetch, x + i + 1);
         __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
         __m512i scales32 = _mm512_cvtepu8_epi32(_mm_and_si128(sc8, m4));

@@ -40,6 +40,20 @@ INLINE float h2f(ds4_half h) { return _cvtsh_ss(h); }
  * the arithmetic, so requests never queue up in a burst */
 INLINE void prefetch_weights(const void *p) { _mm_prefetch((const char *)p + DS4_PREFETCH_AHEAD, _MM_HINT_T0); }
 
+/* The same for kernels whose blocks are no whole number of lines (IQ2_XXS
+ * 66 bytes, Q2_K 84), where one prefetch per block would skip a line every
+ * few blocks: a cursor that requests every line of the row once, each
+ * DS4_PREFETCH_AHEAD bytes before the kernel reads it. Start it at the row
+ * with prefetch_cursor(w); before reading up to `end`, call
+ * prefetch_lines(&cursor, end). */
+INLINE const char *prefetch_cursor(const void *w) {
+    return (const char *)((uintptr_t)((const char *)w + DS4_PREFETCH_AHEAD) & ~(uintptr_t)63);
+}
+INLINE void prefetch_lines(const char **cursor, const void *end) {
+    for (const char *stop = (const char *)end + DS4_PREFETCH_AHEAD; *cursor < stop; *cursor += 64)
+        _mm_prefetch(*cursor, _MM_HINT_T0);
+}
+
 /* fn(x, n): the plain read loop of ds4_read_sum with vec_bytes-wide loads
  * (the widest of the including file's ISA) and four independent chains */
 #define READ_SUM_KERNEL(fn, vec_bytes)                                              \

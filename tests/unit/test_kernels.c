@@ -17,6 +17,8 @@
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include "check.h"
 #include "kernels_cpu.h"
 #include "quant.h"
@@ -252,6 +254,48 @@ static void mm_case_free(mm_case *c) {
     free(c->acts);
     free(c->x);
     free(c->y);
+}
+
+/* The kernels prefetch up to 2 KiB past the bytes they read, so near a
+ * matrix's end they request lines beyond it: a prefetch never faults, a
+ * load there would. A matrix whose last row ends where an inaccessible page
+ * begins must give, through the dot, the multi-token kernel, matvec and
+ * matmul, the results of the same bytes elsewhere, bit for bit. */
+static void test_matrix_at_mapping_end(enum ds4_simd_level lvl) {
+    ds4_kernels_set_level(lvl);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    enum { ROWS = 7, T = 5 };
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t type = types[ti];
+        const int64_t n = 8 * (int64_t)ds4_type_block_elems(type) < 256 ? 256 : 8 * (int64_t)ds4_type_block_elems(type);
+        mm_case c = mm_case_new(type, n, ROWS, T);
+        const size_t bytes = c.rb * ROWS, span = (bytes + page - 1) / page * page;
+        uint8_t *map = mmap(NULL, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(map != MAP_FAILED, "mmap");
+        if (map == MAP_FAILED) { mm_case_free(&c); return; }
+        CHECK(mprotect(map + span, page, PROT_NONE) == 0, "mprotect");
+        uint8_t *W = map + span - bytes;
+        memcpy(W, c.W, bytes);
+        float want[ROWS * T], got[ROWS * T];
+        int bad = 0;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t r = 0; r < ROWS; r++) {
+                want[t * ROWS + r] = ds4_vec_dot(type, c.W + c.rb * (size_t)r, c.acts + c.ab * (size_t)t, n);
+                got[t * ROWS + r] = ds4_vec_dot(type, W + c.rb * (size_t)r, c.acts + c.ab * (size_t)t, n);
+            }
+        bad += memcmp(got, want, sizeof want) != 0;
+        float last[T];
+        ds4_vec_dotn(type, W + c.rb * (ROWS - 1), c.acts, c.ab, n, T, last);
+        for (int t = 0; t < T; t++) bad += memcmp(&last[t], &want[t * ROWS + ROWS - 1], sizeof(float)) != 0;
+        ds4_matvec(NULL, type, W, ROWS, n, c.acts, got);
+        bad += memcmp(got, want, ROWS * sizeof(float)) != 0;
+        ds4_matmul(NULL, type, W, ROWS, n, c.acts, T, got);
+        bad += memcmp(got, want, sizeof want) != 0;
+        CHECK(bad == 0, "%s %s: a matrix ending at an inaccessible page: %d paths differ", ds4_simd_level_name(lvl),
+              ds4_type_name(type), bad);
+        munmap(map, span + page);
+        mm_case_free(&c);
+    }
 }
 
 /* The matmul kernels (row x token tiles, token groups of any size, packed
@@ -632,6 +676,7 @@ int main(void) {
         test_drivers((enum ds4_simd_level)l);
         test_matmul_shapes((enum ds4_simd_level)l);
         test_matmul_long_rows((enum ds4_simd_level)l);
+        test_matrix_at_mapping_end((enum ds4_simd_level)l);
         test_read_sum((enum ds4_simd_level)l);
         test_iq2_xxs_exhaustive((enum ds4_simd_level)l, ds4_kernels_vbmi() ? "vbmi" : "no vbmi");
     }
