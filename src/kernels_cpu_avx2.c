@@ -158,7 +158,9 @@ INLINE void q2_K_nt(const void *w, const void *acts, size_t stride, int64_t n, i
     __m256 acc[NT_MAX];
     UNROLL
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    const char *prefetch = prefetch_cursor(x);
     for (int64_t i = 0; i < n / DS4_QK_K; i++) {
+        prefetch_lines(&prefetch, x + i + 1);
         __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
         __m256i scales = _mm256_broadcastsi128_si256(_mm_and_si128(sc8, m4));
