@@ -268,10 +268,10 @@ struct mm_ctx {
  * them.
  * On a 2-core AVX-512 Xeon (1 thread, 1 GiB of weights, GB/s of CPU time,
  * A/B pairs): Q8_0 6.4 -> 8.2 (driver) / 9.3 (in-kernel), IQ2_XXS 3.2 ->
- * 4.9, Q2_K 5.0 -> 7.3, plain read 10-13; later, wall clock, IQ2_XXS 4.4
- * (driver) / 4.9-5.1 (in-kernel), Q2_K 6.7 / 7.1 (the README's "Prefetch
- * inside the expert kernels"). Prefetches never fault; the range is
- * clipped to the matrix anyway. */
+ * 4.9, Q2_K 5.0 -> 7.3, plain read 10-13; later, `ds4-bench --kernels`,
+ * wall clock: IQ2_XXS 4.5-4.9 (driver) / 5.7-5.8 (in-kernel), Q2_K 7.0-7.3
+ * / 8.8-9.3 (the README's "Prefetch inside the expert kernels").
+ * Prefetches never fault; the range is clipped to the matrix anyway. */
 static inline void prefetch_ahead(const uint8_t *row, size_t row_bytes, const uint8_t *end) {
     const uint8_t *p = row + DS4_PREFETCH_AHEAD, *e = p + row_bytes < end ? p + row_bytes : end;
     for (; p < e; p += 64) __builtin_prefetch(p, 0, 3);
