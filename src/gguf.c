@@ -794,9 +794,10 @@ bool ds4_gguf_prefer_large_pages(const ds4_gguf *g, uint64_t probe_bytes, ds4_gg
     if (r->before >= LARGE_ENOUGH) return true;
     /* File offset and address must agree modulo 2 MiB for a PMD entry to
      * fit; the kernel aligns large file mappings so, but it need not. */
+    if (probe_bytes > first->size / 2) probe_bytes = first->size / 2;
     probe_bytes &= ~(PMD_BYTES - 1);
-    if ((uintptr_t)first->base % PMD_BYTES || !probe_bytes || first->size < probe_bytes)
-        return pages_note(r, "mapping not 2 MiB aligned or smaller than the probe");
+    if ((uintptr_t)first->base % PMD_BYTES) return pages_note(r, "the mapping is not 2 MiB aligned");
+    if (!probe_bytes) return pages_note(r, "smaller than two 2 MiB pages");
     /* Probe: one piece first, so that a kernel or file system without large
      * folios (or THP "never") costs one small re-read per start, not all. */
     if (!reread_shard(first, 0, probe_bytes, why, sizeof why) || !mapped_sizes(g, &probed, why, sizeof why))
