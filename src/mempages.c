@@ -54,6 +54,9 @@ static bool parse_field(const char *line, const char *end, const char *name, uin
     return digits > 0;
 }
 
+/* A hostile text cannot wrap a sum around. */
+static void add_kb(uint64_t *sum, uint64_t kb) { *sum = kb > UINT64_MAX - *sum ? UINT64_MAX : *sum + kb; }
+
 int ds4_smaps_sum_range(const char *text, size_t len, uintptr_t lo, uintptr_t hi, ds4_mem_sizes *out) {
     memset(out, 0, sizeof *out);
     int entries = 0;
@@ -63,12 +66,12 @@ int ds4_smaps_sum_range(const char *text, size_t len, uintptr_t lo, uintptr_t hi
         if (!eol) eol = end;
         uint64_t start, stop, kb;
         if (parse_header(line, eol, &start, &stop)) {
-            inside = start < hi && stop > lo;
-            entries += inside;
+            inside = lo < hi && start < hi && stop > lo;
+            entries += inside && entries < INT32_MAX;
         } else if (inside) {
-            if (parse_field(line, eol, "Rss", &kb)) out->rss_kb += kb;
-            else if (parse_field(line, eol, "FilePmdMapped", &kb)) out->file_pmd_kb += kb;
-            else if (parse_field(line, eol, "AnonHugePages", &kb)) out->anon_huge_kb += kb;
+            if (parse_field(line, eol, "Rss", &kb)) add_kb(&out->rss_kb, kb);
+            else if (parse_field(line, eol, "FilePmdMapped", &kb)) add_kb(&out->file_pmd_kb, kb);
+            else if (parse_field(line, eol, "AnonHugePages", &kb)) add_kb(&out->anon_huge_kb, kb);
         }
         line = eol + 1;
     }

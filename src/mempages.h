@@ -11,7 +11,8 @@
  * - ds4_smaps_sum_range(text, len, lo, hi, out) parses /proc/<pid>/smaps text
  *   (len bytes, need not be NUL-terminated) and sums the Rss, FilePmdMapped
  *   and AnonHugePages fields (kB) of every entry (one VMA) whose address range
- *   overlaps [lo, hi); an overlapping entry counts whole. Returns the number
+ *   overlaps [lo, hi) (an empty range overlaps none); an overlapping entry
+ *   counts whole; sums saturate. Returns the number
  *   of such entries (0: none, *out zeroed). Lines it does not understand are
  *   skipped; it never reads outside text.
  * - ds4_mem_range_sizes(base, len, out, err, errlen): the same over this
