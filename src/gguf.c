@@ -784,7 +784,7 @@ static bool pages_note(ds4_gguf_pages *r, const char *fmt, ...) {
 
 bool ds4_gguf_prefer_large_pages(const ds4_gguf *g, uint64_t probe_bytes, ds4_gguf_pages *r) {
     memset(r, 0, sizeof *r);
-    char why[sizeof r->note - 32];
+    char why[sizeof r->note];
     ds4_mem_sizes before, probed, after;
     const shard *first = &g->shards[0];
     if (!first->mapped) return pages_note(r, "not a file mapping");
@@ -805,8 +805,7 @@ bool ds4_gguf_prefer_large_pages(const ds4_gguf *g, uint64_t probe_bytes, ds4_gg
     const uint64_t gained_kb = probed.file_pmd_kb > before.file_pmd_kb ? probed.file_pmd_kb - before.file_pmd_kb : 0;
     if (gained_kb * 1024 < probe_bytes / 2) {
         r->after = pmd_share(&probed);
-        return pages_note(r, "a re-read %" PRIu64 " MiB came back in small pages",
-                        probe_bytes >> 20);
+        return pages_note(r, "a re-read of %" PRIu64 " MiB came back in small pages", probe_bytes >> 20);
     }
     for (int s = 0; s < g->n_shards; s++) {
         const shard *sh = &g->shards[s];
