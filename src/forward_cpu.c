@@ -734,8 +734,8 @@ static void expert_piece(const ds4_tensor *M, int e, int p, int pieces, const vo
  * gate+up pieces, the rest their down pieces. The thread that finishes a
  * group's last gate+up piece applies SwiGLU and converts the down input; a
  * down piece waits for that. Its gate+up pieces have lower numbers, and
- * the pool claims tasks in increasing order (threadpool.h), so they are all
- * running or done on threads that do not wait: the wait ends. */
+ * items are claimed in order, so they are all running or done on threads
+ * that do not wait: the wait ends. */
 static void wave_item(void *ctx, int task, int n_tasks, int thread) {
     const wave *w = ctx;
     const cpu *f = w->b->f;
@@ -949,14 +949,14 @@ static size_t layout_batch(const cpu *f, int T, carver *cv, batch_scratch *s) {
     s->group_n = carve(cv, rows * k, sizeof(int));
     s->slot_at = carve(cv, rows * k, sizeof(int));
     /* f32 activations are the widest conversion of any weight type */
-    const size_t wave_rows = (size_t)wave_entries(T, (int)k);
-    s->wave_gate_act = carve(cv, wave_rows, ds4_act_bytes(DS4_TYPE_F32, (int64_t)E));
-    s->wave_up_act = carve(cv, wave_rows, ds4_act_bytes(DS4_TYPE_F32, (int64_t)E));
-    s->wave_gate = carve(cv, wave_rows * F, fl);
-    s->wave_up = carve(cv, wave_rows * F, fl);
-    s->wave_down_act = carve(cv, wave_rows, ds4_act_bytes(DS4_TYPE_F32, (int64_t)F));
-    s->gate_up_left = carve(cv, wave_rows, sizeof(atomic_int));
-    s->down_ready = carve(cv, wave_rows, sizeof(atomic_int));
+    const size_t wave = (size_t)wave_entries(T, (int)k);
+    s->wave_gate_act = carve(cv, wave, ds4_act_bytes(DS4_TYPE_F32, (int64_t)E));
+    s->wave_up_act = carve(cv, wave, ds4_act_bytes(DS4_TYPE_F32, (int64_t)E));
+    s->wave_gate = carve(cv, wave * F, fl);
+    s->wave_up = carve(cv, wave * F, fl);
+    s->wave_down_act = carve(cv, wave, ds4_act_bytes(DS4_TYPE_F32, (int64_t)F));
+    s->gate_up_left = carve(cv, wave, sizeof(atomic_int));
+    s->down_ready = carve(cv, wave, sizeof(atomic_int));
     s->tokens = carve(cv, rows, sizeof(int32_t));
     s->row_seq = carve(cv, rows, sizeof(int));
     s->seq_row0 = carve(cv, rows, sizeof(int));

@@ -5,10 +5,7 @@
  *   for every task in [0, n_tasks) across the pool's threads (the caller's
  *   thread participates) and returns when all are done. No allocation per
  *   call; workers spin briefly, then sleep on a condition variable.
- * - Tasks are claimed in increasing order: when task i starts, every task
- *   below i has been claimed by a running thread, so a task may wait for a
- *   lower one (routed experts' down pieces wait for their gate+up pieces).
- * - A NULL pool or a pool of 1 thread runs everything inline, in order.
+ * - A NULL pool or a pool of 1 thread runs everything inline.
  * - Not reentrant: fn must not call ds4_pool_run on the same pool.
  */
 #ifndef DS4_THREADPOOL_H

@@ -1,13 +1,11 @@
 /* test_threadpool.c -- every task of every run executes exactly once, on a
  * valid thread index, with 1..4 threads, across many back-to-back runs (the
  * spin path), runs separated by sleeps (the condition-variable path) and a
- * run with more tasks than one published batch holds; tasks are claimed in
- * increasing order, so a task may wait for a lower one. */
+ * run with more tasks than one published batch holds. */
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include "check.h"
 
@@ -42,30 +40,6 @@ static void big_task(void *ctx, int task, int n_tasks, int thread) {
     struct big *b = ctx;
     atomic_fetch_add(&b->hits[task], 1);
     if (n_tasks != BIG) atomic_fetch_add(&b->bad_ntasks, 1);
-}
-
-/* Task i waits until task i - 1 has started. Claimed in increasing order,
- * task i - 1 is running on another thread (or done) whenever task i runs,
- * so the waits end; claimed in any other order, every thread could end up
- * waiting for a task nobody has claimed, which the bounded wait reports. */
-enum { CHAIN = 200 };
-struct chain {
-    atomic_int started[CHAIN];
-    atomic_int stuck;
-};
-
-static void chain_task(void *ctx, int task, int n_tasks, int thread) {
-    struct chain *ch = ctx;
-    if (task > 0) {
-        struct timespec t0, t;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        while (!atomic_load(&ch->started[task - 1])) {
-            sched_yield();
-            clock_gettime(CLOCK_MONOTONIC, &t);
-            if (t.tv_sec - t0.tv_sec > 10) { atomic_fetch_add(&ch->stuck, 1); break; }
-        }
-    }
-    atomic_store(&ch->started[task], 1);
 }
 
 static int run_and_check(ds4_pool *pool, struct counts *c, int n_tasks) {
@@ -106,12 +80,6 @@ int main(void) {
         CHECK(bad_runs == 0, "%d threads: runs after sleeping lost or repeated tasks", nt);
         CHECK(atomic_load(&c.bad_thread) == 0, "%d threads: thread index out of range", nt);
         CHECK(atomic_load(&c.bad_ntasks) == 0, "%d threads: wrong n_tasks passed", nt);
-        static struct chain ch;
-        for (int rep = 0; rep < 20; rep++) {
-            memset(&ch, 0, sizeof ch);
-            ds4_pool_run(pool, chain_task, &ch, CHAIN);
-            CHECK(atomic_load(&ch.stuck) == 0, "%d threads: a task waited for a lower task that was not claimed", nt);
-        }
         ds4_pool_run(pool, count_task, &c, 0); /* no tasks: returns at once */
         ds4_pool_free(pool);
     }
