@@ -17,10 +17,7 @@
 #include "quant.h"
 #include "threadpool.h"
 
-#include <immintrin.h>
 #include <math.h>
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -71,14 +68,7 @@ typedef struct {
     int *group_n;           /* [T*k] and its row count */
     float *slot_out;        /* [T*k][E] per-expert tasks: the groups' outputs, in expert_rows order; shares attn_out's block */
     int *slot_at;           /* [T*k] per-expert tasks: where (row * k + slot) sits in expert_rows */
-    /* one wave of routed-expert work items (routed()), per entry of the wave: */
-    char *wave_gate_act;    /* [W] input row converted for the gate weights */
-    char *wave_up_act;      /* [W] the same for up, where its conversion differs */
-    float *wave_gate;       /* [W][F] gate, then SwiGLU(gate, up) */
-    float *wave_up;         /* [W][F] */
-    char *wave_down_act;    /* [W] SwiGLU output converted for the down weights */
-    atomic_int *gate_up_left; /* [W] per group of the wave: gate+up pieces not yet finished */
-    atomic_int *down_ready; /* [W] per group: its down input is converted */
+    expert_scratch *thread_x; /* [threads] per-expert tasks: each thread's buffers, for expert_group_rows() rows */
     int32_t *tokens;        /* [T] */
     int *row_seq;           /* [T] which sequence a row belongs to */
     int *seq_row0;          /* [T] a sequence's first row (at most T sequences) */
@@ -632,6 +622,15 @@ static uint64_t expert_bytes(const ds4_layer *W) {
            (uint64_t)W->down_exps.ne[1] * W->down_exps.row_bytes;
 }
 
+/* One group of rows of one expert on this thread, its outputs kept in
+ * slot_out at the group's place in expert_rows. */
+static void expert_group_task(batch *b, int g, int thread) {
+    batch_scratch *s = &b->f->s;
+    expert_scratch x = s->thread_x[thread];
+    x.out = s->slot_out + (size_t)s->group_row0[g] * b->f->c->n_embd;
+    expert(b, s->group_expert[g], s->expert_rows + s->group_row0[g], s->group_n[g], NULL, &x);
+}
+
 /* Row t's expert outputs added in ascending expert order (slot order within
  * one expert), as the expert-major loop of routed() adds them. */
 static void expert_sum_task(batch *b, int t, int thread) {
@@ -651,22 +650,17 @@ static void expert_sum_task(batch *b, int t, int thread) {
     }
 }
 
-/* Rows of one expert computed as one group: 64 tokens share each weight
- * load in the tile kernels (whose token groups hold at most 16), and an
- * expert with more rows than that splits into groups that other threads
- * take. */
+/* Rows of one expert that one thread computes as a group: 64 tokens share
+ * each weight load in the tile kernels (whose token groups hold at most 16),
+ * a thread's buffers stay small (48 KiB per row on Flash, whatever the batch),
+ * and an expert with more rows than that splits into groups that other
+ * threads take. */
 enum { EXPERT_GROUP_ROWS = 64 };
-/* expert_rows entries per wave of work items: bounds the wave's buffers
- * (a decode-sized batch is one wave). At least EXPERT_GROUP_ROWS. */
-enum { WAVE_ENTRIES = 256 };
-static int wave_entries(int T, int k) { return T * k < WAVE_ENTRIES ? T * k : WAVE_ENTRIES; }
-/* Work items per thread a wave aims for, and the most pieces a matrix of a
- * one-row group is cut into to get them (see routed()). */
-enum { WAVE_ITEMS_PER_THREAD = 8, MAX_PIECES = 8 };
+static int expert_group_rows(int T) { return T < EXPERT_GROUP_ROWS ? T : EXPERT_GROUP_ROWS; }
 
 /* routed()'s progress through one layer's experts */
 typedef struct {
-    bool items;         /* groups are recorded for work items, else run at once over the pool */
+    bool per_thread;    /* groups are recorded for one pool run, else run at once over the pool */
     int n_groups, used; /* groups recorded, entries of expert_rows they hold */
 } routing;
 
@@ -676,7 +670,7 @@ static void expert_group(batch *b, routing *r, int e, int n) {
     batch_scratch *s = &f->s;
     const int E = f->c->n_embd, k = f->c->n_expert_used;
     f->base.weight_bytes += expert_bytes(&f->m->layers[b->l]);
-    if (r->items) {
+    if (r->per_thread) {
         s->group_expert[r->n_groups] = e;
         s->group_row0[r->n_groups] = r->used;
         s->group_n[r->n_groups++] = n;
@@ -689,128 +683,27 @@ static void expert_group(batch *b, routing *r, int e, int n) {
     par_range(f->pool, (E + SCATTER_COLS - 1) / SCATTER_COLS, scatter_cols, &g);
 }
 
-/* groups [group0, group0 + n_groups) of the layer, holding expert_rows
- * entries from entry0 on; each matrix of a one-row group in `pieces` */
-typedef struct {
-    batch *b;
-    int group0, n_groups, entry0, pieces;
-    bool up_shares_act; /* gate and up take the same conversion of the input */
-} wave;
-
-/* The wave's entries [first, end): their input rows converted for the gate
- * (and the up) weights. */
-static void wave_inputs(void *ctx, int first, int end) {
-    const wave *w = ctx;
-    const cpu *f = w->b->f;
-    const batch_scratch *s = &f->s;
-    const ds4_layer *W = &f->m->layers[w->b->l];
-    const int E = f->c->n_embd, k = f->c->n_expert_used;
-    const size_t gate_bytes = ds4_act_bytes(W->gate_exps.type, E), up_bytes = ds4_act_bytes(W->up_exps.type, E);
-    for (int i = first; i < end; i++) {
-        const float *x = s->normed + (size_t)(s->expert_rows[w->entry0 + i] / k) * E;
-        ds4_quantize_act(W->gate_exps.type, x, s->wave_gate_act + (size_t)i * gate_bytes, E);
-        if (!w->up_shares_act) ds4_quantize_act(W->up_exps.type, x, s->wave_up_act + (size_t)i * up_bytes, E);
-    }
-}
-
-/* Piece p of `pieces` of expert e's matrix M over the n inputs at act into y
- * (n x M's rows, by input): a one-row group's rows in tile-aligned pieces
- * (every output row is the same dot whichever piece holds it), a group of
- * several rows whole in piece 0 (the tile kernels share each weight block
- * between its rows). */
-static void expert_piece(const ds4_tensor *M, int e, int p, int pieces, const void *act, int n, float *y) {
-    const int64_t cols = M->ne[0], rows = M->ne[1];
-    const char *w = (const char *)M->data + (size_t)e * (size_t)rows * M->row_bytes;
-    if (n > 1) {
-        if (p == 0) ds4_matmul(NULL, M->type, w, rows, cols, act, n, y);
-        return;
-    }
-    const int64_t step = ((rows + pieces - 1) / pieces + 15) & ~(int64_t)15;
-    const int64_t r0 = (int64_t)p * step, r1 = r0 + step < rows ? r0 + step : rows;
-    if (r0 < r1) ds4_matvec(NULL, M->type, w + (size_t)r0 * M->row_bytes, r1 - r0, cols, act, y + r0);
-}
-
-/* Work item `task` of a wave: items [0, n_groups * pieces) are the groups'
- * gate+up pieces, the rest their down pieces. The thread that finishes a
- * group's last gate+up piece applies SwiGLU and converts the down input; a
- * down piece waits for that. Its gate+up pieces have lower numbers, and
- * items are claimed in order, so they are all running or done on threads
- * that do not wait: the wait ends. */
-static void wave_item(void *ctx, int task, int n_tasks, int thread) {
-    const wave *w = ctx;
-    const cpu *f = w->b->f;
-    const batch_scratch *s = &f->s;
-    const ds4_config *c = f->c;
-    const ds4_layer *W = &f->m->layers[w->b->l];
-    const int E = c->n_embd, F = c->n_ff_exp, n_gate_up = w->n_groups * w->pieces;
-    const bool down = task >= n_gate_up;
-    const int item = down ? task - n_gate_up : task, gi = item / w->pieces, p = item % w->pieces;
-    const int g = w->group0 + gi, e = s->group_expert[g], n = s->group_n[g], i0 = s->group_row0[g] - w->entry0;
-    const size_t down_bytes = ds4_act_bytes(W->down_exps.type, F);
-    if (down) {
-        for (int spins = 0; !atomic_load_explicit(&s->down_ready[gi], memory_order_acquire); spins++) {
-            /* yielding after a while lets a descheduled gate+up thread finish */
-            if (spins < 4096) _mm_pause();
-            else sched_yield();
-        }
-        expert_piece(&W->down_exps, e, p, w->pieces, s->wave_down_act + (size_t)i0 * down_bytes, n,
-                     s->slot_out + (size_t)s->group_row0[g] * E);
-        return;
-    }
-    const char *gate_act = s->wave_gate_act + (size_t)i0 * ds4_act_bytes(W->gate_exps.type, E);
-    const char *up_act = w->up_shares_act ? gate_act : s->wave_up_act + (size_t)i0 * ds4_act_bytes(W->up_exps.type, E);
-    float *gate = s->wave_gate + (size_t)i0 * F, *up = s->wave_up + (size_t)i0 * F;
-    expert_piece(&W->gate_exps, e, p, w->pieces, gate_act, n, gate);
-    expert_piece(&W->up_exps, e, p, w->pieces, up_act, n, up);
-    if (atomic_fetch_sub_explicit(&s->gate_up_left[gi], 1, memory_order_acq_rel) != 1) return;
-    swiglu_ctx sw = {gate, up, F, c->clamp_exp[w->b->l]};
-    swiglu_rows(&sw, 0, n);
-    for (int i = 0; i < n; i++)
-        ds4_quantize_act(W->down_exps.type, gate + (size_t)i * F, s->wave_down_act + (size_t)(i0 + i) * down_bytes, F);
-    atomic_store_explicit(&s->down_ready[gi], 1, memory_order_release);
-}
-
-/* One wave: its inputs converted in one pool run, its items in another. */
-static void run_wave(batch *b, int group0, int n_groups) {
-    cpu *f = b->f;
-    batch_scratch *s = &f->s;
-    const ds4_layer *W = &f->m->layers[b->l];
-    const int last = group0 + n_groups - 1, entries = s->group_row0[last] + s->group_n[last] - s->group_row0[group0];
-    /* enough items for every thread to take several, whatever the skew
-     * between threads: a decode step of one row has 6 groups, whose whole
-     * experts over two threads left one of them idle for half an expert on
-     * average */
-    const int want = WAVE_ITEMS_PER_THREAD * f->n_threads, pieces = (want + n_groups - 1) / n_groups;
-    wave w = {b, group0, n_groups, s->group_row0[group0], pieces < MAX_PIECES ? pieces : MAX_PIECES,
-              ds4_type_vec_dot_type(W->gate_exps.type) == ds4_type_vec_dot_type(W->up_exps.type)};
-    for (int gi = 0; gi < n_groups; gi++) {
-        atomic_store_explicit(&s->gate_up_left[gi], w.pieces, memory_order_relaxed);
-        atomic_store_explicit(&s->down_ready[gi], 0, memory_order_relaxed);
-    }
-    par_range(f->pool, entries, wave_inputs, &w);
-    ds4_pool_run(f->pool, wave_item, &w, 2 * n_groups * w.pieces);
-}
-
 /* Routed experts added into sublayer_out: rows grouped per expert so each
  * expert's weights are read once per group, whichever sequences the rows
  * belong to; every row receives its experts in ascending order.
- * The groups run as work items handed out over the pool (run_wave): every
- * group's gate+up, then every group's down, in waves of at most
- * WAVE_ENTRIES rows; a one-row group's matrices are cut into pieces when
- * the groups are too few to keep the threads equally busy. Then one run sums
- * every row's slots. Splitting each expert's three matmuls over the pool
- * instead (as before for batches of more than n_expert / k rows) put eight
- * pool barriers on every expert, each one waiting for the slowest thread: a
- * thread that the scheduler took off a shared core stalled them all.
- * --ssd-streaming (its views are valid on one thread, one expert at a time)
- * splits each expert's rows (a group of at most T, since a hash row may name
- * an expert twice) over the pool. */
+ * Each group runs whole on one thread, all groups of the layer in one pool
+ * run that hands them out as threads free up, then one run sums every row's
+ * slots. Splitting each expert's three matmuls over the pool instead (as
+ * before for batches of more than n_expert / k rows) put eight pool barriers
+ * on every expert, about 9000 per prefill of 512 tokens on Flash, each one
+ * waiting for the slowest thread: a thread that the scheduler took off a
+ * shared core stalled them all. A decode-sized batch has about one row per
+ * expert and gains the same way (a matvec split over the threads ends in a
+ * barrier every few hundred microseconds). --ssd-streaming (its views are
+ * valid on one thread, one expert at a time) splits each expert's rows (a
+ * group of at most T, since a hash row may name an expert twice) over the
+ * pool. */
 static void routed(batch *b) {
     batch_scratch *s = &b->f->s;
     const ds4_config *c = b->f->c;
     const int T = b->T, k = c->n_expert_used;
-    routing r = {.items = !b->f->experts};
-    const int group = r.items ? (T < EXPERT_GROUP_ROWS ? T : EXPERT_GROUP_ROWS) : T;
+    routing r = {.per_thread = !b->f->experts};
+    const int group = r.per_thread ? expert_group_rows(T) : T;
     for (int e = 0; e < c->n_expert; e++) {
         int n = 0;
         for (int j = 0; j < T * k; j++) {
@@ -821,13 +714,8 @@ static void routed(batch *b) {
         }
         if (n) expert_group(b, &r, e, n);
     }
-    if (!r.items) return;
-    for (int g0 = 0, entries = 0, g = 0; g <= r.n_groups; g++) {
-        if (g < r.n_groups && entries + s->group_n[g] <= WAVE_ENTRIES) { entries += s->group_n[g]; continue; }
-        run_wave(b, g0, g - g0);
-        g0 = g;
-        entries = g < r.n_groups ? s->group_n[g] : 0;
-    }
+    if (!r.per_thread) return;
+    par(b, r.n_groups, expert_group_task);
     par(b, T, expert_sum_task);
 }
 
@@ -948,15 +836,15 @@ static size_t layout_batch(const cpu *f, int T, carver *cv, batch_scratch *s) {
     s->group_row0 = carve(cv, rows * k, sizeof(int));
     s->group_n = carve(cv, rows * k, sizeof(int));
     s->slot_at = carve(cv, rows * k, sizeof(int));
-    /* f32 activations are the widest conversion of any weight type */
-    const size_t wave = (size_t)wave_entries(T, (int)k);
-    s->wave_gate_act = carve(cv, wave, ds4_act_bytes(DS4_TYPE_F32, (int64_t)E));
-    s->wave_up_act = carve(cv, wave, ds4_act_bytes(DS4_TYPE_F32, (int64_t)E));
-    s->wave_gate = carve(cv, wave * F, fl);
-    s->wave_up = carve(cv, wave * F, fl);
-    s->wave_down_act = carve(cv, wave, ds4_act_bytes(DS4_TYPE_F32, (int64_t)F));
-    s->gate_up_left = carve(cv, wave, sizeof(atomic_int));
-    s->down_ready = carve(cv, wave, sizeof(atomic_int));
+    const size_t thread_rows = (size_t)expert_group_rows(T);
+    s->thread_x = carve(cv, (size_t)f->n_threads, sizeof(expert_scratch));
+    const size_t expert_act = ds4_act_bytes(DS4_TYPE_F32, (int64_t)(E > F ? E : F));
+    for (int i = 0; i < f->n_threads; i++) {
+        /* no output rows: a group writes straight into slot_out */
+        expert_scratch x = {carve(cv, thread_rows * E, fl), carve(cv, thread_rows * F, fl),
+                            carve(cv, thread_rows * F, fl), NULL, carve(cv, thread_rows, expert_act)};
+        if (s->thread_x) s->thread_x[i] = x;
+    }
     s->tokens = carve(cv, rows, sizeof(int32_t));
     s->row_seq = carve(cv, rows, sizeof(int));
     s->seq_row0 = carve(cv, rows, sizeof(int));
