@@ -466,7 +466,7 @@ INLINE void iq2_nt(const void *w, const void *acts, size_t stride, int64_t n, in
     const char *prefetch = prefetch_cursor(x);
     for (int64_t i = 0; i < nb; i += 2) {
         const int64_t i1 = i + 1 < nb ? i + 1 : i;
-        prefetch_lines(&prefetch, x + i + 2);
+        prefetch_lines(&prefetch, x + i1 + 1);
         __m512i codes[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
         if (vbmi) iq2_lookup_codes((const uint8_t *)x[i].qs, (const uint8_t *)x[i1].qs, codes);
         iq2_super_block(x, i, vbmi, codes[0], acts, stride, nt, acc);
