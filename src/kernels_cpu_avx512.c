@@ -244,11 +244,11 @@ bool ds4_kernels_iq2_vbmi(void) {
 }
 
 INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
-    iq2_nt(w, acts, stride, n, nt, out, false);
+    iq2_nt(w, acts, stride, n, nt, out, false, false);
 }
 DOT_ENTRY_POINTS(iq2_xxs)
 VBMI INLINE void iq2_xxs_vbmi_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
-    iq2_nt(w, acts, stride, n, nt, out, true);
+    iq2_nt(w, acts, stride, n, nt, out, true, false);
 }
 DOT_ENTRY_POINTS_ATTR(iq2_xxs_vbmi, VBMI)
 

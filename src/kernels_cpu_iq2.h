@@ -6,9 +6,15 @@
  *   VL, VNNI), after kernels_cpu_simd.h; the VBMI/GFNI parts carry their
  *   own target attribute (VBMI) and run only where ds4_kernels_iq2_vbmi()
  *   said yes.
- * - iq2_nt(..., vbmi) is the per-row kernel for nt <= NT_MAX tokens. Both
- *   decodes (gathers, or VBMI byte permutes) give the same integers, so the
- *   same results.
+ * - iq2_nt(..., vbmi, blockwise) is the per-row kernel for nt <= NT_MAX
+ *   tokens. Both decodes (gathers, or VBMI byte permutes) give the same
+ *   integers. blockwise picks the float order: false is the AVX-512
+ *   level's (16 lanes, each the scaled integer sum of its 4-element
+ *   groups, one FMA per lane and super-block, the lanes reduced at the
+ *   end); true is the AMX level's (ds4_vec_dot_iq2_xxs_blockwise in
+ *   kernels_cpu.h: one FMA per super-block of its exact integer sum).
+ * - iq2_code_bits_vbmi() gives the 2-bit grid codes of a sub-block pair,
+ *   from which the AMX tile builds its own weight bytes.
  */
 #ifndef DS4_KERNELS_CPU_IQ2_H
 #define DS4_KERNELS_CPU_IQ2_H
@@ -158,18 +164,24 @@ VBMI static inline void iq2_decode_vbmi(const uint8_t *q, __m512i codes, struct 
     d->scale_words = _mm512_ternarylogic_epi64(scale_bits, _mm512_set1_epi16(0x1E), _mm512_set1_epi16(1), 0xEA);
 }
 
-/* the grid bytes of sub-blocks 2p, 2p + 1 from their codes: qword r is row
- * R = 8p + r; word w of it gets the even and odd code bytes of R, shifted
- * right by 2w, which leaves the codes of elements 2w, 2w + 1 at the bottom
- * of its two bytes, and the affine map turns each into its magnitude
- * (the bits above the code are ignored by the matrix) */
-VBMI static inline __m512i iq2_grid_pair_vbmi(const struct iq2_decoded *d, int p) {
+/* the codes of sub-blocks 2p, 2p + 1, element e of the pair in bits 0, 1
+ * of byte e (the bits above are other codes): qword r is row R = 8p + r;
+ * word w of it gets the even and odd code bytes of R, shifted right by 2w,
+ * which leaves the codes of elements 2w, 2w + 1 at the bottom of its two
+ * bytes */
+VBMI static inline __m512i iq2_code_bits_vbmi(const struct iq2_decoded *d, int p) {
     __m512i rows = _mm512_add_epi8(_mm512_set_epi64(0x0f0e0f0e0f0e0f0e, 0x0d0c0d0c0d0c0d0c, 0x0b0a0b0a0b0a0b0a,
                                                     0x0908090809080908, 0x0706070607060706, 0x0504050405040504,
                                                     0x0302030203020302, 0x0100010001000100),
                                    _mm512_set1_epi8((char)(16 * p)));
-    __m512i spread = _mm512_srlv_epi16(_mm512_permutexvar_epi8(rows, d->codes), _mm512_set1_epi64(0x0006000400020000));
-    return _mm512_gf2p8affine_epi64_epi8(spread, _mm512_set1_epi64((long long)ds4_iq2_codes.map), IQ2_MAGNITUDE0);
+    return _mm512_srlv_epi16(_mm512_permutexvar_epi8(rows, d->codes), _mm512_set1_epi64(0x0006000400020000));
+}
+
+/* the grid bytes of sub-blocks 2p, 2p + 1: the affine map turns each code
+ * into its magnitude (the bits above the code are ignored by the matrix) */
+VBMI static inline __m512i iq2_grid_pair_vbmi(const struct iq2_decoded *d, int p) {
+    return _mm512_gf2p8affine_epi64_epi8(iq2_code_bits_vbmi(d, p), _mm512_set1_epi64((long long)ds4_iq2_codes.map),
+                                         IQ2_MAGNITUDE0);
 }
 
 /* One super-block's signs and scales, and what the grid reads need. The
@@ -224,17 +236,34 @@ INLINE void iq2_two_subblocks(const uint8_t *q, bool vbmi, const struct iq2_deco
     }
 }
 
-/* acc += (d_w * d_a) * sumi: the float step of every IQ2_XXS kernel */
+/* acc += (d_w * d_a) * sumi: the float step of the AVX-512 level's
+ * IQ2_XXS kernels */
 INLINE __m512 iq2_accumulate(__m512 acc, float dx, float da, __m512i sumi) {
     return _mm512_fmadd_ps(_mm512_set1_ps(dx * da), _mm512_cvtepi32_ps(sumi), acc);
+}
+
+/* the exact sum of the 16 lanes (|sum| < 2^26) */
+INLINE int32_t iq2_lane_sum(__m512i v) {
+    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, _MM_SHUFFLE(1, 0, 3, 2)));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(q);
+}
+
+/* the AMX level's float step, in lane 0 of acc: the super-block's exact
+ * integer sum, one fmaf */
+INLINE __m512 iq2_accumulate_blockwise(__m512 acc, float dx, float da, __m512i sumi) {
+    const float sum = __builtin_fmaf((float)iq2_lane_sum(sumi), dx * da, _mm_cvtss_f32(_mm512_castps512_ps128(acc)));
+    return _mm512_castps128_ps512(_mm_set_ss(sum));
 }
 
 INLINE float iq2_dx(const ds4_block_iq2_xxs *x) { return 0.125f * h2f(x->d); }
 
 /* super-block i (its grid codes looked up already where vbmi) into every
- * token's accumulator */
-INLINE void iq2_super_block(const ds4_block_iq2_xxs *x, int64_t i, bool vbmi, __m512i codes, const void *acts,
-                            size_t stride, int nt, __m512 acc[]) {
+ * token's accumulator, in the float order blockwise picks */
+INLINE void iq2_super_block(const ds4_block_iq2_xxs *x, int64_t i, bool vbmi, bool blockwise, __m512i codes,
+                            const void *acts, size_t stride, int nt, __m512 acc[]) {
     const uint8_t *q = (const uint8_t *)x[i].qs;
     _Alignas(32) uint8_t sign_bytes[32];
     struct iq2_decoded d = {.sign_bytes = sign_bytes};
@@ -246,11 +275,14 @@ INLINE void iq2_super_block(const ds4_block_iq2_xxs *x, int64_t i, bool vbmi, __
     for (int b = 0; b < 8; b += 2) iq2_two_subblocks(q, vbmi, &d, acts, stride, i, b, nt, sumi);
     float dx = iq2_dx(&x[i]);
     UNROLL
-    for (int t = 0; t < nt; t++)
-        acc[t] = iq2_accumulate(acc[t], dx, ((const ds4_block_q8_K *)tok(acts, stride, t) + i)->d, sumi[t]);
+    for (int t = 0; t < nt; t++) {
+        const float da = ((const ds4_block_q8_K *)tok(acts, stride, t) + i)->d;
+        acc[t] = blockwise ? iq2_accumulate_blockwise(acc[t], dx, da, sumi[t]) : iq2_accumulate(acc[t], dx, da, sumi[t]);
+    }
 }
 
-INLINE void iq2_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out, bool vbmi) {
+INLINE void iq2_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out, bool vbmi,
+                   bool blockwise) {
     const ds4_block_iq2_xxs *x = w;
     const int64_t nb = n / DS4_QK_K;
     __m512 acc[NT_MAX];
@@ -263,11 +295,12 @@ INLINE void iq2_nt(const void *w, const void *acts, size_t stride, int64_t n, in
         const int64_t i1 = i + 1 < nb ? i + 1 : i;
         __m512i codes[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
         if (vbmi) iq2_lookup_codes((const uint8_t *)x[i].qs, (const uint8_t *)x[i1].qs, codes);
-        iq2_super_block(x, i, vbmi, codes[0], acts, stride, nt, acc);
-        if (i1 > i) iq2_super_block(x, i1, vbmi, codes[1], acts, stride, nt, acc);
+        iq2_super_block(x, i, vbmi, blockwise, codes[0], acts, stride, nt, acc);
+        if (i1 > i) iq2_super_block(x, i1, vbmi, blockwise, codes[1], acts, stride, nt, acc);
     }
     UNROLL
-    for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+    for (int t = 0; t < nt; t++)
+        out[t] = blockwise ? _mm_cvtss_f32(_mm512_castps512_ps128(acc[t])) : _mm512_reduce_add_ps(acc[t]);
 }
 
 #endif
