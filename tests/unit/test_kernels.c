@@ -606,7 +606,7 @@ static int mismatches(const struct amx_case *c, int64_t rows, int64_t T) {
 }
 
 /* Where the CPU has AMX: at that level the tiles (Q8_0: 16 rows x 1..16
- * tokens; IQ2_XXS: 16 rows x 2..16; fewer rows at a matrix's end), the
+ * tokens; IQ2_XXS: 16 rows x 3..16; fewer rows at a matrix's end), the
  * matvec and the per-row kernels must equal the model BIT FOR BIT:
  * ds4_vec_dot, ds4_matvec, and ds4_matmul at every batch size 1..40 (a
  * dozen of them on the wider rows), row counts that are not multiples of
