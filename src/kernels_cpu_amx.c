@@ -362,14 +362,7 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
  * (row, token) one FMA per super-block of its exact integer sum. The dot
  * and the multi-token micro-kernel are the AVX-512 ones (kernels_cpu_iq2.h)
  * with that float step. */
-INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
-    iq2_nt(w, acts, stride, n, nt, out, false, true);
-}
-DOT_ENTRY_POINTS(iq2_xxs)
-VBMI INLINE void iq2_xxs_vbmi_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
-    iq2_nt(w, acts, stride, n, nt, out, true, true);
-}
-DOT_ENTRY_POINTS_ATTR(iq2_xxs_vbmi, VBMI)
+IQ2_DOT_ENTRY_POINTS(true)
 
 /* The tile: 16 rows x 3..16 tokens (with VBMI, which every AMX CPU has).
  * A super-block's integer is sum_s scale_s x sum(w x a) with scale_s =

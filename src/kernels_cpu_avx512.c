@@ -243,14 +243,7 @@ bool ds4_kernels_iq2_vbmi(void) {
     return ds4_iq2_codes.ok;
 }
 
-INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
-    iq2_nt(w, acts, stride, n, nt, out, false, false);
-}
-DOT_ENTRY_POINTS(iq2_xxs)
-VBMI INLINE void iq2_xxs_vbmi_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
-    iq2_nt(w, acts, stride, n, nt, out, true, false);
-}
-DOT_ENTRY_POINTS_ATTR(iq2_xxs_vbmi, VBMI)
+IQ2_DOT_ENTRY_POINTS(false)
 
 /* The IQ2_XXS tile: IQ2_TILE_ROWS rows x 2..IQ2_TILE_TOKENS tokens (a lone
  * token is faster through the dot, measured), each super-block of a row

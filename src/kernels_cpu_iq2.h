@@ -13,6 +13,8 @@
  *   groups, one FMA per lane and super-block, the lanes reduced at the
  *   end); true is the AMX level's (ds4_vec_dot_iq2_xxs_blockwise in
  *   kernels_cpu.h: one FMA per super-block of its exact integer sum).
+ * - IQ2_DOT_ENTRY_POINTS(blockwise) defines the dot and dotn functions of
+ *   both decodes in that order.
  * - iq2_code_bits_vbmi() gives the 2-bit grid codes of a sub-block pair,
  *   from which the AMX tile builds its own weight bytes.
  */
@@ -302,5 +304,18 @@ INLINE void iq2_nt(const void *w, const void *acts, size_t stride, int64_t n, in
     for (int t = 0; t < nt; t++)
         out[t] = blockwise ? _mm_cvtss_f32(_mm512_castps512_ps128(acc[t])) : _mm512_reduce_add_ps(acc[t]);
 }
+
+/* dot_iq2_xxs / dotn_iq2_xxs (gather decode) and dot_iq2_xxs_vbmi /
+ * dotn_iq2_xxs_vbmi in the including file, in the float order blockwise
+ * picks */
+#define IQ2_DOT_ENTRY_POINTS(blockwise)                                                                        \
+    INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {      \
+        iq2_nt(w, acts, stride, n, nt, out, false, blockwise);                                                 \
+    }                                                                                                          \
+    DOT_ENTRY_POINTS(iq2_xxs)                                                                                  \
+    VBMI INLINE void iq2_xxs_vbmi_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) { \
+        iq2_nt(w, acts, stride, n, nt, out, true, blockwise);                                                  \
+    }                                                                                                          \
+    DOT_ENTRY_POINTS_ATTR(iq2_xxs_vbmi, VBMI)
 
 #endif
