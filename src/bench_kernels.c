@@ -7,6 +7,16 @@
  * counts. Kernel percentages are of that read bandwidth at the same thread
  * count: a weight stream cannot go faster than a plain read.
  *
+ * The array is anonymous memory in 2 MiB pages (MADV_HUGEPAGE), and the
+ * weights reuse it. Read speed depends on the page size behind it: on the
+ * VM this was written on, a read from 4 KiB pages ran at 5-11 GB/s at 1
+ * thread depending on which physical pages it got, from 2 MiB pages 12.5-13,
+ * and the engine maps its weights in 2 MiB pages where the kernel allows
+ * (mempages.h), so a 4 KiB-page denominator would be below what decode
+ * itself reads. The table says what share of the array the kernel gave in
+ * huge pages (smaps' AnonHugePages) and how long its first touch took, which
+ * can be seconds when the kernel must compact memory to find 2 MiB pages.
+ *
  * Weight matrices are a few distinct properly quantized rows tiled over as
  * many bytes as the read array: the values do not change the work per byte,
  * and tiling keeps set-up fast (the IQ2_XXS quantizer takes tens of ms per
@@ -19,10 +29,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "kernels_cpu.h"
+#include "mempages.h"
 #include "quant.h"
 #include "threadpool.h"
 
@@ -112,7 +124,19 @@ static size_t big_array_bytes(void) {
     size_t want = llc > 0 ? 4 * (size_t)llc : MIN_BIG_BYTES;
     if (want < MIN_BIG_BYTES) want = MIN_BIG_BYTES;
     if (want > MAX_BIG_BYTES) want = MAX_BIG_BYTES;
-    return want & ~(size_t)4095;
+    return want & ~(((size_t)2 << 20) - 1);
+}
+
+/* The big array, touched once (the page faults and zeroing are paid here,
+ * not in the timed passes); NULL when it cannot be mapped. */
+static float *huge_array(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    /* a hint: without THP the array is in 4 KiB pages, which the table says */
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+    float *a = p;
+    for (size_t i = 0; i < bytes / sizeof(float); i++) a[i] = (float)(i & 1023);
+    return a;
 }
 
 /* ---- matvec / matmul ---- */
@@ -188,13 +212,16 @@ int ds4_bench_kernels(int threads, FILE *out) {
 
     /* bandwidth: one allocation, first the three STREAM arrays, then the weights */
     size_t big_bytes = big_array_bytes();
-    float *big = malloc(big_bytes);
+    const double touch0 = clock_s(CLOCK_MONOTONIC);
+    float *big = huge_array(big_bytes);
+    const double touch_s = clock_s(CLOCK_MONOTONIC) - touch0;
     float *Y = malloc(big_bytes / 16); /* one float per row of any type at BENCH_N (>= 64 bytes a row) */
     uint8_t *acts = malloc(ds4_act_bytes(DS4_TYPE_F32, BENCH_N) * MM_T);
     float *x = malloc(sizeof(float) * BENCH_N);
     if (!big || !Y || !acts || !x) {
         fprintf(stderr, "ds4-bench: out of memory for the kernel benchmark (%zu MiB)\n", big_bytes >> 20);
-        free(big); free(Y); free(acts); free(x);
+        if (big) munmap(big, big_bytes);
+        free(Y); free(acts); free(x);
         ds4_pool_free(pool);
         return -1;
     }
@@ -202,7 +229,12 @@ int ds4_bench_kernels(int threads, FILE *out) {
     s.a = big;
     s.b = big + s.n;
     s.c = big + 2 * s.n;
-    for (int64_t i = 0; i < 3 * s.n; i++) big[i] = (float)(i & 1023);
+    ds4_mem_sizes pages;
+    char why[160];
+    if (ds4_mem_range_sizes(big, big_bytes, &pages, why, sizeof why))
+        snprintf(why, sizeof why, "%.0f%% in 2 MiB pages (AnonHugePages)",
+                 pages.rss_kb ? 100.0 * (double)pages.anon_huge_kb / (double)pages.rss_kb : 0.0);
+    fprintf(out, "array memory: %zu MiB, %s, first touch %.1f s\n", big_bytes >> 20, why, touch_s);
 
     double bw[2] = {0, 0};
     bool any_starved = false;
@@ -263,7 +295,8 @@ int ds4_bench_kernels(int threads, FILE *out) {
     if (any_starved)
         fprintf(out, "* the process got under 90%% of the cores it asked for during its best run (busy machine):\n"
                      "  that number is a lower bound.\n");
-    free(big); free(Y); free(acts); free(x);
+    munmap(big, big_bytes);
+    free(Y); free(acts); free(x);
     ds4_pool_free(pool);
     return 0;
 }

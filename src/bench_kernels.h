@@ -3,7 +3,8 @@
  * Contract
  * - ds4_bench_kernels(threads, out) measures, in one run, the machine's
  *   memory bandwidth (STREAM-like read, copy and triad over arrays far
- *   larger than the last-level cache) and, for every weight type the
+ *   larger than the last-level cache, in 2 MiB pages where the kernel gives
+ *   them: the table states the share it got) and, for every weight type the
  *   kernels support, matvec throughput in GB/s of weight bytes on a matrix
  *   larger than cache, with 1 and `threads` threads, next to the percentage
  *   of the measured bandwidth, and on an L2-resident matrix (the kernel's

@@ -40,7 +40,11 @@
  *   available (MemAvailable and the cgroup limit) is paged into the mapping
  *   at load (ds4_gguf_populate), so the first prompt takes no page faults on
  *   the weights; a model that does not fit stays lazily mapped. A kernel that
- *   refuses leaves the mapping lazy with one note (unless quiet).
+ *   refuses leaves the mapping lazy with one note (unless quiet). After the
+ *   page-in, weights the page cache holds in 4 KiB pages are re-read into
+ *   2 MiB ones where a probe piece shows the kernel can
+ *   (ds4_gguf_prefer_large_pages): same bytes at the same addresses, and the
+ *   load line says what share was in 2 MiB pages before and after.
  * - Not thread-safe: one engine serves all its sessions from one thread at a
  *   time (the backend's scratch is shared); ds4_sessions_step() is how
  *   several sessions advance together.

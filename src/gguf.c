@@ -6,6 +6,7 @@
  * hostile input can neither read out of bounds nor make us allocate more than
  * a small multiple of the file size, and all parsing is linear in it. */
 #include "gguf.h"
+#include "mempages.h"
 #include "quant.h"
 
 #include <ctype.h>
@@ -206,6 +207,8 @@ typedef struct {
     uint64_t size;
     bool mapped;
     char *path;                 /* NULL for buffers */
+    dev_t dev;                  /* the mapped file, so a re-read can refuse a replaced one */
+    ino_t ino;
     uint32_t version, alignment;
     uint64_t data_offset;
     ds4_gguf_kv *kv;
@@ -536,7 +539,13 @@ static bool map_file(const char *path, shard *sh, char *err, size_t errlen) {
     if (ok) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) ok = fail(err, errlen, path, "cannot mmap: %s", strerror(errno));
-        else { sh->base = p; sh->size = (uint64_t)st.st_size; sh->mapped = true; }
+        else {
+            sh->base = p;
+            sh->size = (uint64_t)st.st_size;
+            sh->mapped = true;
+            sh->dev = st.st_dev;
+            sh->ino = st.st_ino;
+        }
     }
     close(fd);
     return ok;
@@ -713,7 +722,8 @@ void ds4_gguf_close(ds4_gguf *g) {
  * call per shard, instead of one page fault per 4 KiB page (16 pages with the
  * kernel's fault-around) the first time a weight is read: those faults were
  * the kernel time of a first prefill. Pages not in the page cache are read
- * from the file here. */
+ * from the file here; MADV_HUGEPAGE first makes that read-ahead bring them
+ * in as 2 MiB folios, which the kernel then maps with 2 MiB entries. */
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
 #endif
@@ -721,9 +731,90 @@ void ds4_gguf_close(ds4_gguf *g) {
 bool ds4_gguf_populate(const ds4_gguf *g, char *err, size_t errlen) {
     for (int s = 0; s < g->n_shards; s++) {
         const shard *sh = &g->shards[s];
-        if (sh->mapped && madvise((void *)sh->base, (size_t)sh->size, MADV_POPULATE_READ) != 0)
+        if (!sh->mapped) continue;
+        /* only a hint: a kernel without THP refuses it and reads 4 KiB pages */
+        (void)madvise((void *)sh->base, (size_t)sh->size, MADV_HUGEPAGE);
+        if (madvise((void *)sh->base, (size_t)sh->size, MADV_POPULATE_READ) != 0)
             return fail(err, errlen, sh->path, "cannot page in the mapping: %s", strerror(errno));
     }
+    return true;
+}
+
+/* Above this share of 2 MiB entries a re-read cannot gain much. */
+#define LARGE_ENOUGH 0.9
+#define PMD_BYTES ((uint64_t)2 << 20)
+
+static bool mapped_sizes(const ds4_gguf *g, ds4_mem_sizes *sum, char *err, size_t errlen) {
+    memset(sum, 0, sizeof *sum);
+    for (int s = 0; s < g->n_shards; s++) {
+        const shard *sh = &g->shards[s];
+        ds4_mem_sizes one;
+        if (!sh->mapped) continue;
+        if (!ds4_mem_range_sizes(sh->base, (size_t)sh->size, &one, err, errlen)) return false;
+        sum->rss_kb += one.rss_kb;
+        sum->file_pmd_kb += one.file_pmd_kb;
+    }
+    return true;
+}
+
+static double pmd_share(const ds4_mem_sizes *m) {
+    return m->rss_kb ? (double)m->file_pmd_kb / (double)m->rss_kb : 0.0;
+}
+
+/* Re-reads [from, to) of a shard's mapping through a fresh descriptor of the
+ * same file (the mapping's own was closed after mmap). */
+static bool reread_shard(const shard *sh, uint64_t from, uint64_t to, char *err, size_t errlen) {
+    int fd = open(sh->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return fail(err, errlen, sh->path, "cannot open: %s", strerror(errno));
+    struct stat st;
+    bool ok = fstat(fd, &st) == 0 && st.st_dev == sh->dev && st.st_ino == sh->ino;
+    if (!ok) fail(err, errlen, sh->path, "the file was replaced since it was mapped");
+    else if (!ds4_file_range_reread(sh->base + from, (size_t)(to - from), fd, from, err, errlen)) ok = false;
+    close(fd);
+    return ok;
+}
+
+static bool pages_note(ds4_gguf_pages *r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->note, sizeof r->note, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+bool ds4_gguf_prefer_large_pages(const ds4_gguf *g, uint64_t probe_bytes, ds4_gguf_pages *r) {
+    memset(r, 0, sizeof *r);
+    char why[sizeof r->note];
+    ds4_mem_sizes before, probed, after;
+    const shard *first = &g->shards[0];
+    if (!first->mapped) return pages_note(r, "not a file mapping");
+    if (!mapped_sizes(g, &before, why, sizeof why))
+        return pages_note(r, "%s", why);
+    r->before = r->after = pmd_share(&before);
+    if (r->before >= LARGE_ENOUGH) return true;
+    /* File offset and address must agree modulo 2 MiB for a PMD entry to
+     * fit; the kernel aligns large file mappings so, but it need not. */
+    if (probe_bytes > first->size / 2) probe_bytes = first->size / 2;
+    probe_bytes &= ~(PMD_BYTES - 1);
+    if ((uintptr_t)first->base % PMD_BYTES) return pages_note(r, "the mapping is not 2 MiB aligned");
+    if (!probe_bytes) return pages_note(r, "smaller than two 2 MiB pages");
+    /* Probe: one piece first, so that a kernel or file system without large
+     * folios (or THP "never") costs one small re-read per start, not all. */
+    if (!reread_shard(first, 0, probe_bytes, why, sizeof why) || !mapped_sizes(g, &probed, why, sizeof why))
+        return pages_note(r, "%s", why);
+    const uint64_t gained_kb = probed.file_pmd_kb > before.file_pmd_kb ? probed.file_pmd_kb - before.file_pmd_kb : 0;
+    if (gained_kb * 1024 < probe_bytes / 2) {
+        r->after = pmd_share(&probed);
+        return pages_note(r, "a re-read of %" PRIu64 " MiB came back in small pages", probe_bytes >> 20);
+    }
+    for (int s = 0; s < g->n_shards; s++) {
+        const shard *sh = &g->shards[s];
+        if (sh->mapped && !reread_shard(sh, sh == first ? probe_bytes : 0, sh->size, why, sizeof why))
+            return pages_note(r, "%s", why);
+    }
+    r->reread = true;
+    if (!mapped_sizes(g, &after, why, sizeof why)) return pages_note(r, "%s", why);
+    r->after = pmd_share(&after);
     return true;
 }
 

@@ -92,6 +92,24 @@ const char *ds4_gguf_shard_path(const ds4_gguf *g, int shard);  /* NULL for buff
  * error on the file: EFAULT); the mapping stays usable either way. */
 bool ds4_gguf_populate(const ds4_gguf *g, char *err, size_t errlen);
 
+/* After ds4_gguf_populate: makes the mapped weights sit in 2 MiB pages where
+ * the kernel can, because a weight stream reads about twice as fast from them
+ * (README "Weights in 2 MiB pages"). Reads this process's share of 2 MiB
+ * entries (FilePmdMapped / Rss in /proc/self/smaps); below 90% it re-reads a
+ * probe piece of the first shard (its first probe_bytes, at most half of
+ * it, rounded down to 2 MiB) with ds4_file_range_reread, and only when that piece came back in
+ * 2 MiB entries (at least half of it) the rest of every shard. Tensor
+ * pointers and bytes never change. True when the weights are in large pages
+ * or were re-read; false with the reason in r->note otherwise (no smaps, a
+ * buffer, an unaligned mapping, a probe in small pages, a failed step: the
+ * mapping is usable in every case). r->before / r->after: the shares. */
+typedef struct {
+    double before, after;   /* share of the resident weights in 2 MiB entries */
+    bool reread;            /* the page cache was dropped and read again */
+    char note[256];
+} ds4_gguf_pages;
+bool ds4_gguf_prefer_large_pages(const ds4_gguf *g, uint64_t probe_bytes, ds4_gguf_pages *r);
+
 /* Typed getters: return false (and leave *out alone) when the key is missing
  * or has an incompatible type. Integer getters accept any integer type whose
  * value fits; float getters accept f32/f64 and integers. */

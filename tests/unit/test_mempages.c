@@ -1,0 +1,209 @@
+/* test_mempages.c -- page sizes behind mappings and the re-read into 2 MiB
+ * pages (src/mempages.c, ds4_gguf_prefer_large_pages, the engine's load).
+ *
+ * The smaps parser runs on a captured /proc/self/smaps (tests/fixtures/smaps:
+ * a 64 MiB MADV_HUGEPAGE anonymous buffer, then one file mapped as two VMAs,
+ * the first half in 4 KiB pages, the second re-read into 2 MiB ones), against
+ * the figures printed in it. Whether this kernel gives 2 MiB folios is the
+ * machine's business, so the re-read tests check the invariants that hold
+ * either way: the bytes and the pointers do not change, every page is mapped
+ * afterwards, a model loads and computes bit-identical logits. */
+#include "check.h"
+#include "engine.h"
+#include "engine_load.h"
+#include "gguf.h"
+#include "mempages.h"
+#include "quant.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static char err[512];
+
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = malloc(1 << 16);
+    *len = buf ? fread(buf, 1, 1 << 16, f) : 0;
+    fclose(f);
+    return buf;
+}
+
+static void test_smaps_fixture(void) {
+    size_t len = 0;
+    char *text = read_all("tests/fixtures/smaps/sample.txt", &len);
+    CHECK(text && len > 0, "fixture");
+    if (!text) return;
+    ds4_mem_sizes m;
+    const uintptr_t file_lo = 0x7f25aac00000, file_mid = 0x7f25b2c00000, file_hi = 0x7f25bac00000;
+    CHECK(ds4_smaps_sum_range(text, len, file_lo, file_mid, &m) == 1 && m.rss_kb == 131072 && m.file_pmd_kb == 0,
+          "first half: %d entries? rss %llu pmd %llu", ds4_smaps_sum_range(text, len, file_lo, file_mid, &m),
+          (unsigned long long)m.rss_kb, (unsigned long long)m.file_pmd_kb);
+    CHECK(ds4_smaps_sum_range(text, len, file_lo, file_hi, &m) == 2 && m.rss_kb == 262144 &&
+          m.file_pmd_kb == 131072 && m.anon_huge_kb == 0, "both halves of the file");
+    CHECK(ds4_smaps_sum_range(text, len, file_mid + 4096, file_mid + 8192, &m) == 1 && m.file_pmd_kb == 131072,
+          "an overlapping entry counts whole");
+    CHECK(ds4_smaps_sum_range(text, len, 0x7f373a200000, 0x7f373e200000, &m) == 1 && m.anon_huge_kb == 65536 &&
+          m.rss_kb == 65536 && m.file_pmd_kb == 0, "anonymous huge pages");
+    CHECK(ds4_smaps_sum_range(text, len, file_hi, 0x7f25badff000, &m) == 0 && m.rss_kb == 0,
+          "a gap between entries has none");
+    /* every truncation parses to at most the whole text's figures */
+    bool bounded = true;
+    for (size_t n = 0; n <= len; n++) {
+        const int entries = ds4_smaps_sum_range(text, n, file_lo, file_hi, &m);
+        bounded &= entries <= 2 && m.rss_kb <= 262144 && m.file_pmd_kb <= 131072;
+    }
+    CHECK(bounded, "truncated text stays within the whole text's sums");
+    free(text);
+    const char *junk = "zz-10 x\n7f-\nRss: kB\n10000000000000000-10000000000000001 r--s\nRss: 4 kB\n-1 \n";
+    CHECK(ds4_smaps_sum_range(junk, strlen(junk), 0, UINTPTR_MAX, &m) == 0 && m.rss_kb == 0,
+          "malformed headers (17 hex digits, no end address) are not entries");
+}
+
+/* Leaves a file's page cache in 4 KiB folios, the state a re-read improves:
+ * drop it, then read it back in page-sized reads without read-ahead. */
+static bool small_page_cache(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    char page[4096];
+    bool ok = fdatasync(fd) == 0 && !posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) &&
+              !posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+    for (off_t at = 0; ok; at += (off_t)sizeof page) {
+        const ssize_t got = pread(fd, page, sizeof page, at);
+        ok = got >= 0;
+        if (got < (ssize_t)sizeof page) break;
+    }
+    close(fd);
+    return ok;
+}
+
+static uint64_t checksum(const uint8_t *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static char tmpdir[] = "/tmp/test_mempages_XXXXXX";
+
+static void test_reread_file(void) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/pattern.bin", tmpdir);
+    const size_t len = (size_t)8 << 20;
+    FILE *f = fopen(path, "wb");
+    bool written = f != NULL;
+    for (size_t i = 0; written && i < len; i += 8) {
+        const uint64_t v = i * 0x9e3779b97f4a7c15ull;
+        written = fwrite(&v, 8, 1, f) == 1;
+    }
+    if (f) written &= fclose(f) == 0;
+    CHECK(written && small_page_cache(path), "write %s", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const uint8_t *map = fd >= 0 ? mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    CHECK(map != MAP_FAILED, "mmap");
+    if (map == MAP_FAILED) { if (fd >= 0) close(fd); return; }
+    const uint64_t before = checksum(map, len);
+    CHECK(ds4_file_range_reread(map, len, fd, 0, err, sizeof err), "re-read: %s", err);
+    ds4_mem_sizes m;
+    CHECK(ds4_mem_range_sizes(map, len, &m, err, sizeof err) && m.rss_kb == len >> 10,
+          "every page mapped after the re-read: %llu of %zu kB", (unsigned long long)m.rss_kb, len >> 10);
+    CHECK(checksum(map, len) == before, "the same bytes through the same pointer");
+    /* a failing step leaves the mapping readable */
+    CHECK(!ds4_file_range_reread(map + len / 2, len / 2, -1, len / 2, err, sizeof err) && strstr(err, "dropping the cached pages"),
+          "a bad descriptor is one error line: %s", err);
+    CHECK(checksum(map, len) == before, "still the same bytes after a failed re-read");
+    munmap((void *)map, len);
+    close(fd);
+    CHECK(!ds4_mem_range_sizes(map, len, &m, err, sizeof err) && strstr(err, "no entry"), "unmapped: %s", err);
+    unlink(path);
+}
+
+static int fill_pattern(void *ctx, size_t idx, void *dst, size_t n) {
+    (void)ctx;
+    for (size_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = (uint8_t)(idx * 7 + i * 13 + (i >> 12));
+    return 0;
+}
+
+static void test_gguf_large_pages(void) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/w.gguf", tmpdir);
+    ds4_gguf_writer *w = ds4_gguf_writer_new(0);
+    uint64_t ne[2] = {(uint64_t)1 << 20, 3};   /* 12 MiB of F32 */
+    ds4_gguf_w_tensor(w, "w", DS4_TYPE_F32, 2, ne, NULL);
+    CHECK(ds4_gguf_writer_write_file(w, path, fill_pattern, NULL, err, sizeof err) == 0, "write: %s", err);
+    ds4_gguf_writer_free(w);
+    CHECK(small_page_cache(path), "page cache of %s", path);
+    ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
+    CHECK(g && ds4_gguf_populate(g, err, sizeof err), "open and populate: %s", err);
+    if (!g) return;
+    const ds4_gguf_tensor *t = ds4_gguf_find_tensor(g, "w");
+    const void *data = t->data;
+    const uint64_t before = checksum(data, t->n_bytes);
+    ds4_gguf_pages r;
+    const bool large = ds4_gguf_prefer_large_pages(g, (uint64_t)4 << 20, &r);
+    CHECK(ds4_gguf_find_tensor(g, "w")->data == data && checksum(data, t->n_bytes) == before,
+          "tensor pointer and bytes unchanged");
+    CHECK(r.before >= 0 && r.before <= 1 && r.after >= 0 && r.after <= 1, "shares %f %f", r.before, r.after);
+    CHECK(large || r.note[0], "a reason when not in large pages");
+    CHECK(!r.reread || large, "a completed re-read reports success");
+    printf("  this kernel: 2 MiB entries %.0f%% -> %.0f%%, %s%s\n", 100 * r.before, 100 * r.after,
+           r.reread ? "re-read" : "not re-read: ", r.note);
+    ds4_gguf_close(g);
+    unlink(path);
+
+    /* a GGUF in a caller's buffer has no file behind it */
+    snprintf(path, sizeof path, "%s/s.gguf", tmpdir);
+    w = ds4_gguf_writer_new(0);
+    ds4_gguf_w_tensor(w, "s", DS4_TYPE_F32, 2, (uint64_t[2]){64, 2}, NULL);
+    CHECK(ds4_gguf_writer_write_file(w, path, fill_pattern, NULL, err, sizeof err) == 0, "write: %s", err);
+    ds4_gguf_writer_free(w);
+    size_t len = 0;
+    char *img = read_all(path, &len);
+    g = img ? ds4_gguf_open_buffer(img, len, err, sizeof err) : NULL;
+    CHECK(g && !ds4_gguf_prefer_large_pages(g, (uint64_t)4 << 20, &r) && strstr(r.note, "not a file mapping"),
+          "a buffer: %s", g ? r.note : err);
+    ds4_gguf_close(g);
+    free(img);
+    unlink(path);
+}
+
+/* The engine re-reads at load: a model loaded from a page cache in 4 KiB
+ * pages computes what it computed before, bit for bit (test_forward checks
+ * the same file against transformers' logits). */
+static void test_engine_logits(void) {
+    const char *build = getenv("BUILD");
+    char path[512];
+    snprintf(path, sizeof path, "%s/ds4tiny/A-f32.gguf", build ? build : "build");
+    const int32_t toks[] = {1, 17, 42, 99, 3, 250, 7, 64};
+    const int n = (int)(sizeof toks / sizeof toks[0]);
+    float *logits[2] = {NULL, NULL};
+    for (int run = 0; run < 2; run++) {
+        if (run == 1) CHECK(small_page_cache(path), "page cache of %s", path);
+        ds4_engine *e = test_engine_load(path, 0, 0);
+        CHECK(e != NULL, "load %s", path);
+        if (!e) break;
+        const size_t V = (size_t)ds4_engine_n_vocab(e);
+        ds4_session *s = ds4_session_new(e, 64, err, sizeof err);
+        logits[run] = malloc((size_t)n * V * sizeof(float));
+        CHECK(s && logits[run] && ds4_session_prefill(s, toks, n, logits[run], NULL, NULL, err, sizeof err) == 0,
+              "prefill: %s", err);
+        if (run == 1 && logits[0])
+            CHECK(memcmp(logits[0], logits[1], (size_t)n * V * sizeof(float)) == 0, "bit-identical logits");
+        ds4_session_free(s);
+        ds4_engine_free(e);
+    }
+    free(logits[0]);
+    free(logits[1]);
+}
+
+int main(void) {
+    test_smaps_fixture();
+    CHECK(mkdtemp(tmpdir) != NULL, "mkdtemp");
+    test_reread_file();
+    test_gguf_large_pages();
+    rmdir(tmpdir);
+    test_engine_logits();
+    return check_done("test_mempages");
+}
