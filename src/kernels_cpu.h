@@ -8,9 +8,10 @@
  * - ds4_vec_dot(type, ...) equals ds4_vec_dot_ref within float rounding.
  *   Levels may differ from each other in float order (so within rounding);
  *   inside one level every path of a type runs the same order.
- * - The AMX level has its own Q8_0 order, which ds4_vec_dot_q8_0_blockwise
- *   below spells out in plain C; its kernels match it bit for bit. Every
- *   other type runs the AVX-512 kernels there.
+ * - The AMX level has its own Q8_0 and IQ2_XXS orders, which
+ *   ds4_vec_dot_q8_0_blockwise and ds4_vec_dot_iq2_xxs_blockwise below
+ *   spell out in plain C; its kernels match them bit for bit. Every other
+ *   type runs the AVX-512 kernels there.
  * - ds4_quantize_act() turns an f32 activation row into the partner format
  *   of a weight type (Q8_0 for Q8_0; Q8_K for K-quants and IQ2_XXS; f32 for
  *   F32/F16/BF16), so it is done once per input and reused for every row.
@@ -72,6 +73,17 @@ void ds4_vec_dotn(uint32_t type, const void *w, const void *acts, size_t act_str
  * exact in f32; so each block adds its exact term with one rounding, and
  * any implementation with a true FMA gets the same bits. The result is acc. */
 float ds4_vec_dot_q8_0_blockwise(const void *w, const void *act, int64_t n);
+
+/* The AMX level's IQ2_XXS x Q8_K float order, in plain C: per (row, token),
+ * acc = 0, then for each super-block i in order
+ *     acc = fmaf((float)isum_i, (0.125f * d_w[i]) * d_a[i], acc)
+ * where isum_i = sum over its 8 sub-blocks of (2 * scale + 1) x the exact
+ * integer sum of the sub-block's 32 products (|isum_i| < 2^26; the
+ * conversion rounds to nearest beyond 2^24) and d_w[i] is the f16 factor
+ * widened, d_a[i] the activation's f32 scale. One rounding of the product
+ * 0.125 d_w d_a, one of the conversion and one per fmaf: any implementation
+ * with a true FMA gets the same bits. The result is acc. */
+float ds4_vec_dot_iq2_xxs_blockwise(const void *w, const void *act, int64_t n);
 
 /* Sum of x[0..n) read with the widest vector loads of the level in use
  * (64-byte on AVX-512, four independent accumulators): the plain read loop

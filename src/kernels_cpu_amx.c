@@ -1,4 +1,5 @@
-/* kernels_cpu_amx.c -- the AMX level: Q8_0 x Q8_0 on AMX-INT8 tiles.
+/* kernels_cpu_amx.c -- the AMX level: Q8_0 x Q8_0 and IQ2_XXS x Q8_K on
+ * AMX-INT8 tiles.
  *
  * TDPBSSD multiplies signed bytes by signed bytes and sums each group of K
  * products straight into an int32 of the C tile, so one instruction gives
@@ -10,10 +11,12 @@
  * tokens, also the matvec; the last rows of a matrix as a tile of fewer
  * rows), and the dot / multi-token micro-kernel (ds4_vec_dot, and the
  * tokens of a batch too long to pack), which get the same integers from
- * AVX-512 VNNI instead. The other types have no AMX kernel and run the
- * AVX-512 ones (kernels_cpu.c falls back).
+ * AVX-512 VNNI instead. IQ2_XXS likewise does one FMA per super-block of
+ * its exact integer sum (ds4_vec_dot_iq2_xxs_blockwise; its section below).
+ * The other types have no AMX kernel and run the AVX-512 ones
+ * (kernels_cpu.c falls back).
  *
- * Tile registers (palette 1; a layout per number of C columns, loaded by a
+ * Q8_0 tile registers (palette 1; a layout per number of C columns, loaded by a
  * thread when it changes):
  *   tmm0, tmm1  C: 16 rows x 1, 2, 4 or 16 int32 (the block sums of two
  *               blocks)
@@ -27,10 +30,12 @@
  *               16-row gather)
  * Two blocks are in flight per step.
  */
+#include <pthread.h>
 #include <stdbool.h>
 #include <string.h>
 
 #include "kernels_cpu_simd.h"
+#include "kernels_cpu_iq2.h"
 
 enum {
     AMX_ROWS = 16,              /* weight rows per tile (C and A rows) */
@@ -66,6 +71,7 @@ _Static_assert(sizeof(struct tile_config) == 64, "LDTILECFG reads 64 bytes");
         .rows = {AMX_ROWS, AMX_ROWS, AMX_ROWS, AMX_ROWS, B_ROWS, B_ROWS, AMX_ROWS, AMX_ROWS},                 \
     }
 static const struct tile_config layouts[] = {LAYOUT(1), LAYOUT(2), LAYOUT(4), LAYOUT(AMX_TOKENS)};
+enum { Q8_0_ROW_TILES = 0xCF }; /* C, A and the scales: every tile but B */
 
 INLINE const struct tile_config *layout_for(int cols) {
     return &layouts[cols == 1 ? 0 : cols == 2 ? 1 : cols == 4 ? 2 : 3];
@@ -82,20 +88,20 @@ static void tiles_use(const struct tile_config *layout) {
     tiles_loaded = layout;
 }
 
-/* The last rows of a matrix (nr < 16): a layout whose A, C and scale tiles
- * have nr rows, so no load reads past the matrix. Built in thread storage
- * (the barrier makes its stores happen before LDTILECFG reads it) and
- * loaded for this call only. */
+/* The last rows of a matrix (nr < 16): the layout with nr rows in the
+ * tiles whose rows are weight rows (bit t of row_tiles: tile t), so no load
+ * reads past the matrix. Built in thread storage (the barrier makes its
+ * stores happen before LDTILECFG reads it) and loaded for this call only. */
 static _Thread_local struct tile_config layout_partial;
 
-static void tiles_use_rows(int cols, int nr) {
+static void tiles_use_rows(const struct tile_config *layout, unsigned row_tiles, int nr) {
     if (nr == AMX_ROWS) {
-        tiles_use(layout_for(cols));
+        tiles_use(layout);
         return;
     }
-    layout_partial = *layout_for(cols);
+    layout_partial = *layout;
     for (int t = 0; t < 8; t++)
-        if (layout_partial.rows[t] == AMX_ROWS) layout_partial.rows[t] = (uint8_t)nr;
+        if (row_tiles >> t & 1) layout_partial.rows[t] = (uint8_t)nr;
     __asm__ volatile("" ::: "memory");
     _tile_loadconfig(&layout_partial);
     tiles_loaded = NULL;
@@ -279,7 +285,7 @@ INLINE void float_step_columns(__m512 acc[AMX_ROWS], const int32_t *c, const uin
  * flight per step. */
 INLINE void q8_0_tiles(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
                        int64_t y_stride, int nr, const int cols) {
-    tiles_use_rows(cols, nr);
+    tiles_use_rows(layout_for(cols), Q8_0_ROW_TILES, nr);
     const int64_t nb = n / DS4_QK8_0;
     const uint8_t *bq = packed;
     const ds4_half *da = (const ds4_half *)(bq + (size_t)nb * (size_t)nt * QS_BYTES);
@@ -351,11 +357,218 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
     q8_0_tile_rows(w, row_bytes, packed, n, nt, y, y_stride, AMX_ROWS);
 }
 
-ds4_dot_fn ds4_kernels_amx_dot(uint32_t type) { return type == DS4_TYPE_Q8_0 ? dot_q8_0 : NULL; }
-ds4_dotn_fn ds4_kernels_amx_dotn(uint32_t type) { return type == DS4_TYPE_Q8_0 ? dotn_q8_0 : NULL; }
-bool ds4_kernels_amx_tile(uint32_t type, struct ds4_tile_kernel *k) {
-    if (type != DS4_TYPE_Q8_0) return false;
-    *k = (struct ds4_tile_kernel){AMX_ROWS, 1, AMX_TOKENS, q8_0_pack, q8_0_tile};
+/* ---- IQ2_XXS x Q8_K ----
+ * The level's order (kernels_cpu.h, ds4_vec_dot_iq2_xxs_blockwise): per
+ * (row, token) one FMA per super-block of its exact integer sum. The dot
+ * and the multi-token micro-kernel are the AVX-512 ones (kernels_cpu_iq2.h)
+ * with that float step. */
+IQ2_DOT_ENTRY_POINTS(true)
+
+/* The tile: 16 rows x 3..16 tokens (with VBMI, which every AMX CPU has).
+ * A super-block's integer is sum_s scale_s x sum(w x a) with scale_s =
+ * 2 * (4-bit) + 1 and |w| in {8, 25, 43}: scale x w (up to 1333) is not a
+ * byte, so each is split as 64 hi + lo, hi in 0..21, lo in -32..31 (both
+ * with w's sign), and TDPBSSD sums hi x a and lo x a over the whole
+ * super-block (four K = 64 steps each) into two C tiles; 64 C_hi + C_lo is
+ * then exactly the super-block's integer (|64 C_hi| < 2^26). hi and lo come
+ * from 64-entry byte tables indexed by (scale, grid code): the VBMI decode
+ * gives the 2-bit codes (kernels_cpu_iq2.h), one vpermb per table and 64
+ * elements, the signs by the opmask as in the AVX-512 kernels. The float
+ * step is one convert, one d_w x d_a and one FMA per row and 16 tokens.
+ *
+ * Tile registers (one layout, all 16 rows x 64 bytes):
+ *   tmm0, tmm1  C: 16 rows x 16 tokens, the hi and lo sums
+ *   tmm2, tmm3  A: hi and lo bytes of 16 rows x 64 elements (even K step)
+ *   tmm4        B: the token group's 64 elements in the VNNI layout
+ *   tmm5..7     the same for the odd K step
+ */
+enum {
+    IQ2_STEP = 64,                        /* K bytes of one TDPBSSD */
+    IQ2_STEPS = DS4_QK_K / IQ2_STEP,      /* per super-block */
+    IQ2_ROW_TILES = 0x6F,                 /* C and A: every tile but the two B */
+    IQ2_MIN_TOKENS = 3,                   /* fewer run the per-row kernels (faster at 2, measured) */
+};
+static const struct tile_config iq2_layout = {
+    .palette = 1,
+    .colsb = {IQ2_STEP, IQ2_STEP, IQ2_STEP, IQ2_STEP, IQ2_STEP, IQ2_STEP, IQ2_STEP, IQ2_STEP},
+    .rows = {AMX_ROWS, AMX_ROWS, AMX_ROWS, AMX_ROWS, IQ2_STEP / 4, AMX_ROWS, AMX_ROWS, IQ2_STEP / 4},
+};
+
+/* hi and lo of scale x magnitude, entry 4 * (4-bit scale) + code */
+static struct {
+    _Alignas(64) int8_t hi[64];
+    _Alignas(64) int8_t lo[64];
+} iq2_split;
+static pthread_once_t iq2_split_once = PTHREAD_ONCE_INIT;
+
+static void iq2_split_init(void) {
+    int magnitude[4] = {0}; /* by code, read back through the decode's own tables */
+    for (int row = 0; row < 256; row++)
+        for (int j = 0; j < 8; j++) {
+            const int code = ((j % 2 ? ds4_iq2_codes.code_odd[row] >> (j - 1) : ds4_iq2_codes.code_even[row] >> j)) & 3;
+            magnitude[code] = (int)(ds4_iq2xxs_grid[row] >> (8 * j) & 0xFF);
+        }
+    for (int scale = 0; scale < 16; scale++)
+        for (int code = 0; code < 4; code++) {
+            const int v = (2 * scale + 1) * magnitude[code], hi = (v + 32) >> 6;
+            iq2_split.hi[4 * scale + code] = (int8_t)hi;
+            iq2_split.lo[4 * scale + code] = (int8_t)(v - 64 * hi);
+        }
+}
+
+/* packed, for nt tokens: per super-block i and K step c, 16 B rows of
+ * 4 * nt bytes (token t's elements 64c + 4k..4k + 3 at row k, byte 4t);
+ * after all of them the activation scales d[i * nt + t]; then PACK_TAIL
+ * zero bytes. A B tile reads 16 tokens' columns with row stride 4 * nt, so
+ * columns nt..15 hold bytes of other rows: those C columns are never read.
+ * Packing runs once per token group and matrix, so it is plain. */
+static bool iq2_xxs_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
+    const int64_t nb = n / DS4_QK_K;
+    const size_t b_bytes = (size_t)nb * (size_t)nt * DS4_QK_K;
+    if (b_bytes + (size_t)nb * (size_t)nt * sizeof(float) + PACK_TAIL > packed_bytes) return false;
+    int32_t *bq = packed;
+    float *da = (float *)((uint8_t *)packed + b_bytes);
+    for (int64_t i = 0; i < nb; i++)
+        for (int t = 0; t < nt; t++) {
+            const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
+            for (int k = 0; k < DS4_QK_K / 4; k++) memcpy(&bq[((size_t)i * DS4_QK_K / 4 + (size_t)k) * (size_t)nt + (size_t)t], y->qs + 4 * k, 4);
+            da[i * nt + t] = y->d;
+        }
+    memset(da + nb * nt, 0, PACK_TAIL);
     return true;
 }
-ds4_tile_rows_fn ds4_kernels_amx_tile_rows(uint32_t type) { return type == DS4_TYPE_Q8_0 ? q8_0_tile_rows : NULL; }
+
+/* one super-block of one row as hi and lo bytes (256 each) for the A tiles */
+VBMI static inline void iq2_split_row(const ds4_block_iq2_xxs *x, __m512i codes, int8_t *hi, int8_t *lo) {
+    const uint8_t *q = (const uint8_t *)x->qs;
+    _Alignas(32) uint8_t sign_bytes[32];
+    struct iq2_decoded d = {.sign_bytes = sign_bytes};
+    iq2_decode(q, true, codes, &d);
+    /* every byte of qword s: bits 58..63, 0, 1 of it, so bits 2..5 hold
+     * sub-block s's 4-bit scale (bits 60..63) */
+    const __m512i scale_bits = _mm512_multishift_epi64_epi8(_mm512_set1_epi8(58), _mm512_loadu_si512(q));
+    const __m512i hi_table = _mm512_load_si512(iq2_split.hi), lo_table = _mm512_load_si512(iq2_split.lo);
+    UNROLL
+    for (int p = 0; p < 4; p++) {
+        const int a = 2 * p, b = 2 * p + 1;
+        const __m512i scales = _mm512_permutexvar_epi64(_mm512_setr_epi64(a, a, a, a, b, b, b, b), scale_bits);
+        /* bits 0, 1 from the codes, the rest from the scales (vpermb reads bits 0..5) */
+        const __m512i idx = _mm512_ternarylogic_epi64(iq2_code_bits_vbmi(&d, p), scales, _mm512_set1_epi8(3), 0xE4);
+        const __mmask64 neg = iq2_neg(&d, true, p);
+        const __m512i h = _mm512_permutexvar_epi8(idx, hi_table), l = _mm512_permutexvar_epi8(idx, lo_table);
+        _mm512_store_si512(hi + IQ2_STEP * p, _mm512_mask_sub_epi8(h, neg, _mm512_setzero_si512(), h));
+        _mm512_store_si512(lo + IQ2_STEP * p, _mm512_mask_sub_epi8(l, neg, _mm512_setzero_si512(), l));
+    }
+}
+
+/* K step c of the super-block into the C tiles, from A tiles ah, al and B
+ * tile bt (instruction immediates, hence a macro) */
+#define IQ2_STEP_TILES(ah, al, bt, c)                                             \
+    do {                                                                         \
+        _tile_loadd(ah, split_hi[0] + IQ2_STEP * (c), DS4_QK_K);                 \
+        _tile_loadd(al, split_lo[0] + IQ2_STEP * (c), DS4_QK_K);                 \
+        _tile_loadd(bt, bq + ((size_t)i * IQ2_STEPS + (c)) * b_step, b_row);     \
+        _tile_dpbssd(0, ah, bt);                                                 \
+        _tile_dpbssd(1, al, bt);                                                 \
+    } while (0)
+
+VBMI static void iq2_xxs_tile_rows(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                                   int64_t y_stride, int nr) {
+    tiles_use_rows(&iq2_layout, IQ2_ROW_TILES, nr);
+    const int64_t nb = n / DS4_QK_K;
+    const uint8_t *bq = packed;
+    const float *da = (const float *)(bq + (size_t)nb * (size_t)nt * DS4_QK_K);
+    const size_t b_step = (size_t)nt * IQ2_STEP, next_tile = AMX_ROWS * row_bytes;
+    const long b_row = 4L * nt;
+    const __mmask16 tokens = (__mmask16)((1u << nt) - 1);
+    _Alignas(64) int8_t split_hi[AMX_ROWS][DS4_QK_K], split_lo[AMX_ROWS][DS4_QK_K];
+    _Alignas(64) int32_t c_hi[AMX_ROWS * AMX_TOKENS], c_lo[AMX_ROWS * AMX_TOKENS];
+    if (nr < AMX_ROWS) { /* the lanes of absent rows are computed too, from zeros */
+        memset(c_hi, 0, sizeof c_hi), memset(c_lo, 0, sizeof c_lo);
+    }
+    float dx[AMX_ROWS] = {0};
+    __m512 acc[AMX_ROWS]; /* lanes = tokens */
+    UNROLL
+    for (int r = 0; r < AMX_ROWS; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        for (int r = 0; r < nr; r += 2) {
+            const int r1 = r + 1 < nr ? r + 1 : r; /* an odd last row is decoded twice */
+            const ds4_block_iq2_xxs *x0 = (const ds4_block_iq2_xxs *)((const uint8_t *)w + (size_t)r * row_bytes) + i;
+            const ds4_block_iq2_xxs *x1 = (const ds4_block_iq2_xxs *)((const uint8_t *)w + (size_t)r1 * row_bytes) + i;
+            /* the same super-block of the next tile's rows, a whole tile
+             * ahead (16 row streams side by side advance 66 bytes a step) */
+            _mm_prefetch((const char *)x0 + next_tile, _MM_HINT_T1);
+            _mm_prefetch((const char *)x1 + next_tile, _MM_HINT_T1);
+            __m512i codes[2];
+            iq2_lookup_codes((const uint8_t *)x0->qs, (const uint8_t *)x1->qs, codes);
+            iq2_split_row(x0, codes[0], split_hi[r], split_lo[r]);
+            iq2_split_row(x1, codes[1], split_hi[r1], split_lo[r1]);
+            dx[r] = iq2_dx(x0);
+            dx[r1] = iq2_dx(x1);
+        }
+        _tile_zero(0);
+        _tile_zero(1);
+        IQ2_STEP_TILES(2, 3, 4, 0);
+        IQ2_STEP_TILES(5, 6, 7, 1);
+        IQ2_STEP_TILES(2, 3, 4, 2);
+        IQ2_STEP_TILES(5, 6, 7, 3);
+        _tile_stored(0, c_hi, AMX_TOKENS * 4);
+        _tile_stored(1, c_lo, AMX_TOKENS * 4);
+        TILE_STORES_DONE();
+        const __m512 da16 = _mm512_maskz_loadu_ps(tokens, da + i * nt);
+        UNROLL
+        for (int r = 0; r < AMX_ROWS; r++) {
+            const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c_hi + r * AMX_TOKENS), 6),
+                                                  _mm512_load_si512(c_lo + r * AMX_TOKENS));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(_mm512_set1_ps(dx[r]), da16), acc[r]);
+        }
+    }
+    _Alignas(64) float out[AMX_TOKENS];
+    for (int r = 0; r < nr; r++) {
+        _mm512_store_ps(out, acc[r]);
+        for (int t = 0; t < nt; t++) y[t * y_stride + r] = out[t];
+    }
+}
+
+VBMI static void iq2_xxs_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                              int64_t y_stride) {
+    iq2_xxs_tile_rows(w, row_bytes, packed, n, nt, y, y_stride, AMX_ROWS);
+}
+
+/* the IQ2_XXS tile needs the VBMI decode (every AMX CPU has it); where it
+ * is off, matmul runs the level's per-row kernels, which give the same bits */
+static bool iq2_tile_ready(void) {
+    if (!ds4_kernels_iq2_vbmi()) return false;
+    pthread_once(&iq2_split_once, iq2_split_init);
+    return true;
+}
+
+ds4_dot_fn ds4_kernels_amx_dot(uint32_t type) {
+    switch (type) {
+    case DS4_TYPE_Q8_0: return dot_q8_0;
+    case DS4_TYPE_IQ2_XXS: return ds4_kernels_iq2_vbmi() ? dot_iq2_xxs_vbmi : dot_iq2_xxs;
+    default: return NULL;
+    }
+}
+ds4_dotn_fn ds4_kernels_amx_dotn(uint32_t type) {
+    switch (type) {
+    case DS4_TYPE_Q8_0: return dotn_q8_0;
+    case DS4_TYPE_IQ2_XXS: return ds4_kernels_iq2_vbmi() ? dotn_iq2_xxs_vbmi : dotn_iq2_xxs;
+    default: return NULL;
+    }
+}
+bool ds4_kernels_amx_tile(uint32_t type, struct ds4_tile_kernel *k) {
+    if (type == DS4_TYPE_Q8_0) {
+        *k = (struct ds4_tile_kernel){AMX_ROWS, 1, AMX_TOKENS, q8_0_pack, q8_0_tile};
+        return true;
+    }
+    if (type == DS4_TYPE_IQ2_XXS && iq2_tile_ready()) {
+        *k = (struct ds4_tile_kernel){AMX_ROWS, IQ2_MIN_TOKENS, AMX_TOKENS, iq2_xxs_pack, iq2_xxs_tile};
+        return true;
+    }
+    return false;
+}
+ds4_tile_rows_fn ds4_kernels_amx_tile_rows(uint32_t type) {
+    if (type == DS4_TYPE_Q8_0) return q8_0_tile_rows;
+    return type == DS4_TYPE_IQ2_XXS && iq2_tile_ready() ? iq2_xxs_tile_rows : NULL;
+}

@@ -1,6 +1,6 @@
 /* test_kernels.c -- every SIMD level this CPU has, for every weight type,
- * against two oracles (and the AMX level's Q8_0 dot against the plain-C
- * model of its float order, bit for bit): quant.c's scalar reference dot (same integer
+ * against two oracles (and the AMX level's Q8_0 and IQ2_XXS dots against
+ * the plain-C models of their float order, bit for bit): quant.c's scalar reference dot (same integer
  * algebra, written independently) and an f64 dot of the dequantized weight
  * row with the dequantized activation (sheet section 10.4: both must agree
  * up to f32 rounding). Weights are both properly quantized rows and raw
@@ -8,13 +8,15 @@
  * fields (all IQ2_XXS sign indices, Q6_K scale -128, Q8_0 -128, ...) is hit.
  * Then matvec/matmul against per-row ds4_vec_dot with 1..4 threads, and
  * matmul on every batch size 1..40, odd row counts and rows at the packing
- * limits of the tiles (bit for bit). The AMX level's Q8_0 float order has a
- * plain-C model, tested against both oracles everywhere; where the CPU has
+ * limits of the tiles (bit for bit). The AMX level's Q8_0 and IQ2_XXS float
+ * orders have plain-C models, tested against both oracles everywhere; where the CPU has
  * AMX, every AMX path must equal it bit for bit (elsewhere that part says
  * it did not run).
  */
 #include <math.h>
 #include <float.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -47,6 +49,16 @@ static void random_floats(float *x, int64_t n) {
 }
 
 static ds4_half random_half_scale(void) { return ds4_f32_to_half(uniform(-0.02f, 0.02f)); }
+
+/* the AMX level's float orders, spelled out in plain C (kernels_cpu.h) */
+typedef float (*model_fn)(const void *w, const void *act, int64_t n);
+static model_fn blockwise_model(uint32_t type) {
+    switch (type) {
+    case DS4_TYPE_Q8_0: return ds4_vec_dot_q8_0_blockwise;
+    case DS4_TYPE_IQ2_XXS: return ds4_vec_dot_iq2_xxs_blockwise;
+    default: return NULL;
+    }
+}
 
 /* Raw random bytes, then the f16 factors replaced by finite modest values
  * (random bytes there could be inf/NaN, which says nothing about kernels). */
@@ -144,11 +156,11 @@ static void test_dots(enum ds4_simd_level lvl) {
                       ds4_simd_level_name(lvl), ds4_type_name(type), (long long)n, rep, got, ref, tol);
                 CHECK(fabs((double)got - exact) <= tol, "%s %s n=%lld rep=%d: simd %.9g dequant %.9g (tol %.3g)",
                       ds4_simd_level_name(lvl), ds4_type_name(type), (long long)n, rep, got, exact, tol);
-                if (lvl == DS4_SIMD_AMX && type == DS4_TYPE_Q8_0) {
+                if (lvl == DS4_SIMD_AMX && blockwise_model(type)) {
                     /* the AMX level's own float order, bit for bit */
-                    float model = ds4_vec_dot_q8_0_blockwise(w, act, n);
-                    CHECK(!memcmp(&got, &model, sizeof got), "amx q8_0 n=%lld rep=%d: %.9g, the order's model %.9g",
-                          (long long)n, rep, got, model);
+                    float model = blockwise_model(type)(w, act, n);
+                    CHECK(!memcmp(&got, &model, sizeof got), "amx %s n=%lld rep=%d: %.9g, the order's model %.9g",
+                          ds4_type_name(type), (long long)n, rep, got, model);
                 }
             }
             free(w);
@@ -518,33 +530,56 @@ static void test_read_sum(enum ds4_simd_level lvl) {
     }
 }
 
-/* The AMX level's Q8_0 order (ds4_vec_dot_q8_0_blockwise, plain C, so
- * this runs everywhere) against both oracles, within f32 rounding, for
- * block counts 1..512 and odd ones, raw bytes (-128 included) and
- * quantized rows; and the order spelled out once more here. */
-static void test_q8_0_blockwise_model(void) {
+/* Activation quants replaced by raw random bytes, the scales kept: for
+ * Q8_0 -128 too, which the quantizer never writes; for Q8_K -127..127, as
+ * its quantizer writes (the IQ2_XXS dot moves each weight's sign onto the
+ * activation, and -(-128) is no byte). */
+static void raw_act_quants(uint32_t type, void *act, int64_t n) {
+    const bool q8_0 = type == DS4_TYPE_Q8_0;
+    const size_t block = q8_0 ? sizeof(ds4_block_q8_0) : sizeof(ds4_block_q8_K);
+    const size_t qs = q8_0 ? offsetof(ds4_block_q8_0, qs) : offsetof(ds4_block_q8_K, qs);
+    const int64_t elems = q8_0 ? DS4_QK8_0 : DS4_QK_K;
+    for (int64_t b = 0; b < n / elems; b++)
+        for (int64_t e = 0; e < elems; e++)
+            ((int8_t *)act)[(size_t)b * block + qs + (size_t)e] =
+                (int8_t)(q8_0 ? (int)(next_u64() % 256) - 128 : (int)(next_u64() % 255) - 127);
+}
+
+/* The AMX level's orders (ds4_vec_dot_*_blockwise, plain C, so this runs
+ * everywhere) against both oracles, within f32 rounding, for block counts
+ * from 1 to 512 (Q8_0) or 33 (IQ2_XXS) and odd ones, raw bytes (-128
+ * included) and quantized rows; and the Q8_0 order spelled out once more
+ * here (test_iq2_xxs_exhaustive checks the IQ2_XXS integers exactly). */
+static void test_blockwise_models(void) {
+    static const uint32_t model_types[] = {DS4_TYPE_Q8_0, DS4_TYPE_IQ2_XXS};
     static const int64_t blocks[] = {1, 2, 3, 5, 16, 17, 33, 128, 129, 512};
-    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {
-        const int64_t n = blocks[i] * DS4_QK8_0;
-        ds4_block_q8_0 *w = malloc(sizeof(ds4_block_q8_0) * (size_t)blocks[i]);
-        ds4_block_q8_0 *a = malloc(sizeof(ds4_block_q8_0) * (size_t)blocks[i]);
-        for (int rep = 0; rep < 8; rep++) {
-            if (rep % 2) random_raw_row(DS4_TYPE_Q8_0, w, n);
-            else quantized_row(DS4_TYPE_Q8_0, w, n);
-            if (rep % 4 == 3) random_raw_row(DS4_TYPE_Q8_0, a, n);
-            else quantized_row(DS4_TYPE_Q8_0, a, n);
-            const float model = ds4_vec_dot_q8_0_blockwise(w, a, n);
-            const float ref = ds4_vec_dot_ref(DS4_TYPE_Q8_0, w, a, n);
-            double mag, exact = dequant_dot(DS4_TYPE_Q8_0, w, a, n, &mag);
-            /* each block adds one rounding of at most eps * the running sum */
-            const double tol = 1e-5 * mag + 1e-30;
-            CHECK(fabs((double)model - ref) <= tol, "n=%lld rep=%d: model %.9g reference %.9g (tol %.3g)",
-                  (long long)n, rep, model, ref, tol);
-            CHECK(fabs((double)model - exact) <= tol, "n=%lld rep=%d: model %.9g f64 %.9g (tol %.3g)", (long long)n,
-                  rep, model, exact, tol);
+    for (size_t ti = 0; ti < sizeof model_types / sizeof model_types[0]; ti++) {
+        const uint32_t type = model_types[ti];
+        const int64_t elems = (int64_t)ds4_type_block_elems(type), max_blocks = type == DS4_TYPE_Q8_0 ? 512 : 33;
+        for (size_t i = 0; i < sizeof blocks / sizeof blocks[0] && blocks[i] <= max_blocks; i++) {
+            const int64_t n = blocks[i] * elems;
+            void *w = malloc(ds4_type_row_bytes(type, (uint64_t)n)), *a = malloc(ds4_act_bytes(type, n));
+            float *x = malloc(sizeof(float) * (size_t)n);
+            for (int rep = 0; rep < 8; rep++) {
+                if (rep % 2) random_raw_row(type, w, n);
+                else quantized_row(type, w, n);
+                random_floats(x, n);
+                ds4_quantize_act(type, x, a, n);
+                if (rep % 4 == 3) raw_act_quants(type, a, n);
+                const float model = blockwise_model(type)(w, a, n);
+                const float ref = ds4_vec_dot_ref(type, w, a, n);
+                double mag, exact = dequant_dot(type, w, a, n, &mag);
+                /* each block adds one rounding of at most eps * the running sum */
+                const double tol = 1e-5 * mag + 1e-30;
+                CHECK(fabs((double)model - ref) <= tol, "%s n=%lld rep=%d: model %.9g reference %.9g (tol %.3g)",
+                      ds4_type_name(type), (long long)n, rep, model, ref, tol);
+                CHECK(fabs((double)model - exact) <= tol, "%s n=%lld rep=%d: model %.9g f64 %.9g (tol %.3g)",
+                      ds4_type_name(type), (long long)n, rep, model, exact, tol);
+            }
+            free(w);
+            free(a);
+            free(x);
         }
-        free(w);
-        free(a);
     }
     /* the order is the documented one: blocks in sequence, one fma each */
     ds4_block_q8_0 w[3], a[3];
@@ -565,39 +600,37 @@ enum { AMX_ROWS_MAX = 40, AMX_T_MAX = 40 };
 /* one weight matrix of AMX_ROWS_MAX rows and AMX_T_MAX activations; want[t][r] is the
  * model's result, computed once (it does not depend on the batch) */
 struct amx_case {
+    uint32_t type;
     int64_t n;
     size_t row_bytes, act_bytes;
     uint8_t *W, *acts;
     float *want, *y;
 };
 
-static struct amx_case amx_case_new(int64_t n) {
-    struct amx_case c = {.n = n, .row_bytes = ds4_type_row_bytes(DS4_TYPE_Q8_0, (uint64_t)n),
-                         .act_bytes = ds4_act_bytes(DS4_TYPE_Q8_0, n)};
+static struct amx_case amx_case_new(uint32_t type, int64_t n) {
+    struct amx_case c = {.type = type, .n = n, .row_bytes = ds4_type_row_bytes(type, (uint64_t)n),
+                         .act_bytes = ds4_act_bytes(type, n)};
     c.W = malloc(c.row_bytes * AMX_ROWS_MAX);
     c.acts = malloc(c.act_bytes * AMX_T_MAX);
     c.want = malloc(sizeof(float) * AMX_ROWS_MAX * AMX_T_MAX);
     c.y = malloc(sizeof(float) * AMX_ROWS_MAX * AMX_T_MAX);
     float *x = malloc(sizeof(float) * (size_t)n);
     for (int r = 0; r < AMX_ROWS_MAX; r++) {
-        ds4_block_q8_0 *row = (ds4_block_q8_0 *)(c.W + c.row_bytes * (size_t)r);
-        if (r % 3 == 2) quantized_row(DS4_TYPE_Q8_0, row, n);
-        else random_raw_row(DS4_TYPE_Q8_0, row, n);
+        uint8_t *row = c.W + c.row_bytes * (size_t)r;
+        if (r % 3 == 2 && (type == DS4_TYPE_Q8_0 || r < 16)) quantized_row(type, row, n); /* IQ2_XXS's search is slow */
+        else random_raw_row(type, row, n);
     }
     for (int t = 0; t < AMX_T_MAX; t++) {
-        ds4_block_q8_0 *act = (ds4_block_q8_0 *)(c.acts + c.act_bytes * (size_t)t);
-        if (t % 5 == 4) {
-            random_raw_row(DS4_TYPE_Q8_0, act, n); /* -128 too, which the quantizer never writes */
-        } else {
-            random_floats(x, n);
-            ds4_quantize_act(DS4_TYPE_Q8_0, x, act, n);
-        }
+        uint8_t *act = c.acts + c.act_bytes * (size_t)t;
+        random_floats(x, n);
+        ds4_quantize_act(type, x, act, n);
+        if (t % 5 == 4) raw_act_quants(type, act, n);
     }
     free(x);
     for (int t = 0; t < AMX_T_MAX; t++)
         for (int r = 0; r < AMX_ROWS_MAX; r++)
             c.want[t * AMX_ROWS_MAX + r] =
-                ds4_vec_dot_q8_0_blockwise(c.W + c.row_bytes * (size_t)r, c.acts + c.act_bytes * (size_t)t, n);
+                blockwise_model(type)(c.W + c.row_bytes * (size_t)r, c.acts + c.act_bytes * (size_t)t, n);
     return c;
 }
 
@@ -616,24 +649,39 @@ static int mismatches(const struct amx_case *c, int64_t rows, int64_t T) {
     return bad;
 }
 
-/* Where the CPU has AMX: at that level the tile (16 rows x 1..16 tokens,
- * fewer rows at a matrix's end), the matvec and the per-row kernels must
- * equal the model BIT FOR BIT: ds4_vec_dot, ds4_matvec, and ds4_matmul at
- * every batch size 1..40 (a dozen of them past 33 blocks), row counts that
- * are not multiples of 16, odd block counts, rows too long for a full
- * token group in the packing buffer, 1 and 2 threads. */
+/* Where the CPU has AMX: at that level the tiles (Q8_0: 16 rows x 1..16
+ * tokens; IQ2_XXS: 16 rows x 3..16; fewer rows at a matrix's end), the
+ * matvec and the per-row kernels must equal the model BIT FOR BIT:
+ * ds4_vec_dot, ds4_matvec, and ds4_matmul at every batch size 1..40 (a
+ * dozen of them on the wider rows), row counts that are not multiples of
+ * 16, odd block counts, rows too long for a full token group in the
+ * packing buffer, 1 and 2 threads. */
 static void test_amx_kernels_against_model(void) {
-    /* 1, 3, 5, 33 blocks; 4096 the model's width; 16384 packs 7 tokens per
-     * group, not 16 (the driver shrinks the group); 16416 an odd count too */
-    static const int64_t widths[] = {32, 96, 160, 1056, 4096, 16384, 16416};
+    static const struct {
+        uint32_t type;
+        int64_t n;
+        bool all_batches; /* every T = 1..40, else a dozen covering each path */
+    } cases[] = {
+        /* Q8_0: 1, 3, 5, 33 blocks; 4096 the model's width; 16384 packs 7
+         * tokens per group, not 16 (the driver shrinks the group); 16416 an
+         * odd count too */
+        {DS4_TYPE_Q8_0, 32, true}, {DS4_TYPE_Q8_0, 96, true}, {DS4_TYPE_Q8_0, 160, true},
+        {DS4_TYPE_Q8_0, 1056, true}, {DS4_TYPE_Q8_0, 4096, false}, {DS4_TYPE_Q8_0, 16384, false},
+        {DS4_TYPE_Q8_0, 16416, false},
+        /* IQ2_XXS: 1, 3, 5 super-blocks; 4096 the experts' width; 7936 the
+         * longest row a group of 16 tokens packs for, 8192 packs 15 */
+        {DS4_TYPE_IQ2_XXS, 256, true}, {DS4_TYPE_IQ2_XXS, 768, true}, {DS4_TYPE_IQ2_XXS, 1280, true},
+        {DS4_TYPE_IQ2_XXS, 4096, false}, {DS4_TYPE_IQ2_XXS, 7936, false}, {DS4_TYPE_IQ2_XXS, 8192, false},
+    };
     static const int64_t row_counts[] = {1, 15, 16, 17, AMX_ROWS_MAX};
-    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
-        struct amx_case c = amx_case_new(widths[wi]);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        struct amx_case c = amx_case_new(cases[ci].type, cases[ci].n);
         const int64_t n = c.n;
+        const char *tn = ds4_type_name(c.type);
         for (int r = 0; r < AMX_ROWS_MAX; r++) {
-            float got = ds4_vec_dot(DS4_TYPE_Q8_0, c.W + c.row_bytes * (size_t)r, c.acts, n);
-            CHECK(!memcmp(&got, &c.want[r], sizeof got), "dot n=%lld row %d: %.9g, model %.9g", (long long)n, r, got,
-                  c.want[r]);
+            float got = ds4_vec_dot(c.type, c.W + c.row_bytes * (size_t)r, c.acts, n);
+            CHECK(!memcmp(&got, &c.want[r], sizeof got), "%s dot n=%lld row %d: %.9g, model %.9g", tn, (long long)n, r,
+                  got, c.want[r]);
         }
         for (int threads = 1; threads <= 2; threads++) {
             ds4_pool *pool = threads == 1 ? NULL : ds4_pool_new(threads);
@@ -641,23 +689,32 @@ static void test_amx_kernels_against_model(void) {
                 const int64_t rows = row_counts[ri];
                 for (int64_t t = 0; t < AMX_T_MAX; t += 7) {
                     for (int64_t r = 0; r < rows; r++) c.y[r] = NAN;
-                    ds4_matvec(pool, DS4_TYPE_Q8_0, c.W, rows, n, c.acts + c.act_bytes * (size_t)t, c.y);
+                    ds4_matvec(pool, c.type, c.W, rows, n, c.acts + c.act_bytes * (size_t)t, c.y);
                     int bad = 0;
                     for (int64_t r = 0; r < rows; r++) bad += memcmp(&c.y[r], &c.want[t * AMX_ROWS_MAX + r], sizeof(float)) != 0;
-                    CHECK(bad == 0, "matvec n=%lld rows=%lld token %lld threads=%d: %d rows differ from the model",
+                    CHECK(bad == 0, "%s matvec n=%lld rows=%lld token %lld threads=%d: %d rows differ from the model", tn,
                           (long long)n, (long long)rows, (long long)t, threads, bad);
                 }
                 for (int64_t T = 1; T <= AMX_T_MAX; T++) {
-                    /* past 33 blocks a few batch sizes cover every tile
-                     * path and the shrunken groups (7 tokens at 16384) */
-                    if (n > 1056 && !(T <= 9 || T == 16 || T == 17 || T == 33 || T == AMX_T_MAX)) continue;
+                    /* a few batch sizes cover every tile path and the
+                     * shrunken groups (7 tokens at 16384 for Q8_0) */
+                    if (!cases[ci].all_batches && !(T <= 9 || T == 16 || T == 17 || T == 33 || T == AMX_T_MAX)) continue;
                     for (int64_t i = 0; i < rows * T; i++) c.y[i] = NAN;
-                    ds4_matmul(pool, DS4_TYPE_Q8_0, c.W, rows, n, c.acts, T, c.y);
+                    ds4_matmul(pool, c.type, c.W, rows, n, c.acts, T, c.y);
                     int bad = mismatches(&c, rows, T);
-                    CHECK(bad == 0, "matmul n=%lld rows=%lld T=%lld threads=%d: %d outputs differ from the model",
+                    CHECK(bad == 0, "%s matmul n=%lld rows=%lld T=%lld threads=%d: %d outputs differ from the model", tn,
                           (long long)n, (long long)rows, (long long)T, threads, bad);
                 }
             }
+            /* a batch that starts elsewhere in the same tokens gives the same rows */
+            for (int64_t i = 0; i < AMX_ROWS_MAX * (AMX_T_MAX - 3); i++) c.y[i] = NAN;
+            ds4_matmul(pool, c.type, c.W, AMX_ROWS_MAX, n, c.acts + 3 * c.act_bytes, AMX_T_MAX - 3, c.y);
+            int bad = 0;
+            for (int64_t t = 0; t < AMX_T_MAX - 3; t++)
+                for (int64_t r = 0; r < AMX_ROWS_MAX; r++)
+                    bad += memcmp(&c.y[t * AMX_ROWS_MAX + r], &c.want[(t + 3) * AMX_ROWS_MAX + r], sizeof(float)) != 0;
+            CHECK(bad == 0, "%s matmul n=%lld offset batch threads=%d: %d outputs differ from the model", tn, (long long)n,
+                  threads, bad);
             ds4_pool_free(pool);
         }
         amx_case_free(&c);
@@ -689,7 +746,7 @@ int main(void) {
     } else {
         printf("test_kernels: no AVX-512 VBMI and GFNI here, their kernels untested on this CPU\n");
     }
-    test_q8_0_blockwise_model();
+    test_blockwise_models();
     if (best >= DS4_SIMD_AMX) {
         ds4_kernels_set_level(DS4_SIMD_AMX);
         test_amx_kernels_against_model();
