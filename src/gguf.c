@@ -799,17 +799,25 @@ bool ds4_gguf_prefer_large_pages(const ds4_gguf *g, uint64_t probe_bytes, ds4_gg
     if ((uintptr_t)first->base % PMD_BYTES) return pages_note(r, "the mapping is not 2 MiB aligned");
     if (!probe_bytes) return pages_note(r, "smaller than two 2 MiB pages");
     /* Probe: one piece first, so that a kernel or file system without large
-     * folios (or THP "never") costs one small re-read per start, not all. */
-    if (!reread_shard(first, 0, probe_bytes, why, sizeof why) || !mapped_sizes(g, &probed, why, sizeof why))
-        return pages_note(r, "%s", why);
-    const uint64_t gained_kb = probed.file_pmd_kb > before.file_pmd_kb ? probed.file_pmd_kb - before.file_pmd_kb : 0;
-    if (gained_kb * 1024 < probe_bytes / 2) {
-        r->after = pmd_share(&probed);
-        return pages_note(r, "a re-read of %" PRIu64 " MiB came back in small pages", probe_bytes >> 20);
+     * folios (or THP "never") costs one small re-read per start, not all.
+     * 2 MiB entries already in the mapping prove the kernel makes them: the
+     * probe would only say so again, and would say nothing when its own piece
+     * is among those already large (part of the cache evicted and read back
+     * small), so the whole mapping is re-read then. */
+    const bool proven = before.file_pmd_kb * 1024 >= PMD_BYTES;
+    if (!proven) {
+        if (!reread_shard(first, 0, probe_bytes, why, sizeof why) || !mapped_sizes(g, &probed, why, sizeof why))
+            return pages_note(r, "%s", why);
+        const uint64_t gained_kb = probed.file_pmd_kb > before.file_pmd_kb ? probed.file_pmd_kb - before.file_pmd_kb : 0;
+        if (gained_kb * 1024 < probe_bytes / 2) {
+            r->after = pmd_share(&probed);
+            return pages_note(r, "a re-read of %" PRIu64 " MiB came back in small pages", probe_bytes >> 20);
+        }
     }
     for (int s = 0; s < g->n_shards; s++) {
         const shard *sh = &g->shards[s];
-        if (sh->mapped && !reread_shard(sh, sh == first ? probe_bytes : 0, sh->size, why, sizeof why))
+        const uint64_t from = sh == first && !proven ? probe_bytes : 0;
+        if (sh->mapped && !reread_shard(sh, from, sh->size, why, sizeof why))
             return pages_note(r, "%s", why);
     }
     r->reread = true;

@@ -95,10 +95,12 @@ bool ds4_gguf_populate(const ds4_gguf *g, char *err, size_t errlen);
 /* After ds4_gguf_populate: makes the mapped weights sit in 2 MiB pages where
  * the kernel can, because a weight stream reads about twice as fast from them
  * (README "Weights in 2 MiB pages"). Reads this process's share of 2 MiB
- * entries (FilePmdMapped / Rss in /proc/self/smaps); below 90% it re-reads a
- * probe piece of the first shard (its first probe_bytes, at most half of
- * it, rounded down to 2 MiB) with ds4_file_range_reread, and only when that piece came back in
- * 2 MiB entries (at least half of it) the rest of every shard. Tensor
+ * entries (FilePmdMapped / Rss in /proc/self/smaps); below 90% it re-reads
+ * every shard with ds4_file_range_reread when some 2 MiB entries exist
+ * already (the kernel makes them), else first a probe piece of the first
+ * shard (its first probe_bytes, at most half of it, rounded down to 2 MiB),
+ * and only when that piece came back in 2 MiB entries (at least half of it)
+ * the rest of every shard. Tensor
  * pointers and bytes never change. True when the weights are in large pages
  * or were re-read; false with the reason in r->note otherwise (no smaps, a
  * buffer, an unaligned mapping, a probe in small pages, a failed step: the
