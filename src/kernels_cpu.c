@@ -200,27 +200,8 @@ float ds4_vec_dot_iq2_xxs_blockwise(const void *w, const void *act, int64_t n) {
     const ds4_block_iq2_xxs *wb = w;
     const ds4_block_q8_K *ab = act;
     float acc = 0.0f;
-    for (int64_t i = 0; i < n / DS4_QK_K; i++) {
-        int32_t isum = 0;
-        for (int s = 0; s < DS4_QK_K / 32; s++) {
-            /* sub-block s: four grid indices, then a word of four 7-bit
-             * sign indices and the 4-bit scale */
-            uint32_t grid_idx, word;
-            memcpy(&grid_idx, &wb[i].qs[4 * s], sizeof grid_idx);
-            memcpy(&word, &wb[i].qs[4 * s + 2], sizeof word);
-            int32_t sub = 0;
-            for (int k = 0; k < 4; k++) {
-                const uint64_t row = ds4_iq2xxs_grid[(grid_idx >> (8 * k)) & 255];
-                const uint8_t signs = ds4_ksigns_iq2xs[(word >> (7 * k)) & 127];
-                for (int j = 0; j < 8; j++) {
-                    const int32_t m = (int32_t)((row >> (8 * j)) & 255);
-                    sub += (signs >> j & 1 ? -m : m) * ab[i].qs[32 * s + 8 * k + j];
-                }
-            }
-            isum += (int32_t)(2 * (word >> 28) + 1) * sub;
-        }
-        acc = fmaf((float)isum, (0.125f * ds4_half_to_f32(wb[i].d)) * ab[i].d, acc);
-    }
+    for (int64_t i = 0; i < n / DS4_QK_K; i++)
+        acc = fmaf((float)ds4_iq2_xxs_isum(&wb[i], &ab[i]), (0.125f * ds4_half_to_f32(wb[i].d)) * ab[i].d, acc);
     return acc;
 }
 

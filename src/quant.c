@@ -459,21 +459,24 @@ static float dot_q8_K(const ds4_block_q8_K *w, const ds4_block_q8_K *a, int64_t 
     return sum;
 }
 
+int32_t ds4_iq2_xxs_isum(const ds4_block_iq2_xxs *w, const ds4_block_q8_K *a) {
+    int32_t isum = 0;
+    for (int sb = 0; sb < 8; sb++) {
+        int32_t s = 0;
+        for (int k = 0; k < 4; k++) {
+            int8_t g[8];
+            iq2_group(w, sb, k, g);
+            for (int j = 0; j < 8; j++) s += g[j] * a->qs[32 * sb + 8 * k + j];
+        }
+        isum += (2 * (int32_t)(iq2_w(w, sb) >> 28) + 1) * s;
+    }
+    return isum;
+}
+
 static float dot_iq2_xxs(const ds4_block_iq2_xxs *w, const ds4_block_q8_K *a, int64_t nb) {
     float sum = 0.0f;
-    for (int64_t i = 0; i < nb; i++) {
-        int32_t isum = 0;
-        for (int sb = 0; sb < 8; sb++) {
-            int32_t s = 0;
-            for (int k = 0; k < 4; k++) {
-                int8_t g[8];
-                iq2_group(&w[i], sb, k, g);
-                for (int j = 0; j < 8; j++) s += g[j] * a[i].qs[32 * sb + 8 * k + j];
-            }
-            isum += (2 * (int32_t)(iq2_w(&w[i], sb) >> 28) + 1) * s;
-        }
-        sum += ds4_half_to_f32(w[i].d) * a[i].d * 0.125f * (float)isum;
-    }
+    for (int64_t i = 0; i < nb; i++)
+        sum += ds4_half_to_f32(w[i].d) * a[i].d * 0.125f * (float)ds4_iq2_xxs_isum(&w[i], &a[i]);
     return sum;
 }
 

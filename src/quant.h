@@ -72,6 +72,10 @@ void ds4_quant_init(void);                           /* thread-safe, idempotent 
  * already in ds4_type_vec_dot_type(type) format. F32/F16/BF16 take f32 acts.
  * Covers every type ds4_dequantize_row does; 0 for any other type. */
 float ds4_vec_dot_ref(uint32_t type, const void *w, const void *act, int64_t n);
+/* The exact integer of one IQ2_XXS super-block against its Q8_K partner:
+ * sum over sub-blocks of (2 * scale + 1) x (signed grid values . quants).
+ * Both the reference dot and the AMX level's float-order model build on it. */
+int32_t ds4_iq2_xxs_isum(const ds4_block_iq2_xxs *w, const ds4_block_q8_K *a);
 
 /* IQ2_XXS format tables (from tests/fixtures/quant/iq2xxs-tables.txt, facts of the format) */
 extern const uint64_t ds4_iq2xxs_grid[256];
