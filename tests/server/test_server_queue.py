@@ -6,11 +6,15 @@ first real event, and a queued client that disconnects leaves the queue
 Not timing-fragile: the request holding the worker is scripted to generate
 far longer than any wait here and is ended by the test closing its socket
 once the queued clients have seen what they should; every wait is for an
-event, with a generous deadline."""
+event, with a generous deadline.  Its client keeps reading, at a bounded
+pace, on a thread: a client that stops reading is dropped once a write has
+stalled for two seconds (docs/architecture.md), which would free the worker
+early on a machine fast enough to fill the socket buffers within the test."""
 import json
 import os
 import socket
 import tempfile
+import threading
 import time
 
 from server_helper import Results, Server, demo_model_or_skip
@@ -38,6 +42,21 @@ def read_until(s, buf, marker, deadline_s=90):
             break
         buf += b
     return buf
+
+
+def keep_reading(s, stop):
+    """Reads s slowly until stop is set or the peer closes: enough to keep the
+    server's writes moving, few enough bytes that the scripted output lasts."""
+    s.settimeout(0.5)
+    while not stop.is_set():
+        try:
+            if not s.recv(16384):
+                return
+        except socket.timeout:
+            continue
+        except OSError:
+            return
+        time.sleep(0.1)
 
 
 def sse_events(buf):
@@ -81,6 +100,9 @@ def main():
             "messages": [{"role": "user", "content": "hold"}], "stream": True, "max_tokens": 100000})
         got_a = read_until(a, b"", b"word")
         t.check(b"word" in got_a, f"A generates {got_a[:200]}")
+        stop_a = threading.Event()
+        drain_a = threading.Thread(target=keep_reading, args=(a, stop_a))
+        drain_a.start()
 
         # B (Messages), C (Chat), D (Responses) queue behind A
         b = open_stream(p, "/v1/messages", {
@@ -117,6 +139,8 @@ def main():
                 evd[0]["comment"] == "queued", f"queued Responses stream: created, in_progress {got_d[-300:]}")
 
         # A ends (its client leaves); B, C, D then run in order and finish
+        stop_a.set()
+        drain_a.join()
         a.close()
         got_b = read_until(b, got_b, b"event: message_stop")
         got_c = read_until(c, got_c, b"data: [DONE]")
