@@ -26,7 +26,7 @@
  *   tmm4, tmm5  B: the token group's 32 bytes of that block in the VNNI
  *               layout TDPBSSD wants (8 rows of 4 bytes per token)
  * The 16 rows' f16 block scales come by one masked vector gather per block
- * (a scale tile's load and store, as before, cost a quarter of the matvec
+ * (the scale tile loaded and stored before cost a quarter of the matvec
  * from L2 and a tenth at 16 tokens: README, "Targets (issue 10)").
  * Two blocks are in flight per step.
  */
