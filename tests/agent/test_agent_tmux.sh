@@ -144,7 +144,8 @@ head -c 10485760 /dev/zero | tr '\0' 'a' > "$T/we/big.txt"
     printf 'Slow.</think>%s\n@@@\n' "$(call bash command 'sleep 30')"
     printf 'Big.</think>%s\n@@@\n' "$(call read_file path big.txt)"
     printf 'Gave up.</think>Nothing worked.\n@@@\n'
-    printf 'Again.</think>%s\n@@@\n' "$(call bash command 'sleep 60; echo late')"
+    # named after this run: another run's command (a parallel make test) is not ours
+    printf 'Again.</think>%s\n@@@\n' "$(call bash command "sleep 60; echo late-$S")"
     printf 'Ok.</think>Stopped.\n@@@\n'
 } > "$T/script-e"
 start e "$T/we" "$T/script-e" --yes --bash-timeout 1 --no-autosave
@@ -164,20 +165,23 @@ send "go on"
 expect "session consistent after Ctrl+C" 'wait_for "^Stopped." 1 90'
 send "/quit"
 expect "E exits" 'wait_for "EXITED-0" 1 90'
-expect "no sleeping child left" '! pgrep -f "sleep 60; echo late" >/dev/null'
+expect "no sleeping child left" '! pgrep -f "sleep 60; echo late-$S" >/dev/null'
 
 # Ctrl+C during sampling (the demo model's random text never ends): the
-# message keeps what was written and the next one follows it.
-run_in_new_session f "HOME=$T ./ds4-agent -m $MODEL --ctx 4096 -t 2 --chdir $T/we --nothink \
+# message keeps what was written and the next one follows it. The Ctrl+C
+# goes once sampled text is on the screen; the context (64k tokens) is far
+# more than any machine samples in that moment, where a fixed pause assumed
+# the machine's speed (it must not fill the context first).
+run_in_new_session f "HOME=$T ./ds4-agent -m $MODEL --ctx 65536 -t 2 --chdir $T/we --nothink \
     --sessions-dir $T/sessions --no-autosave -n 100000 --trace $T/trace-f"
 send "write forever"
 expect "F prefills" 'wait_for "^\[prefill" 1 90'
-sleep 2   # let it sample for a while
+expect "F samples" 'wait_for_output_after "[prefill" 60'
 tmux send-keys -t "$W" C-c
 expect "Ctrl+C stops generation" 'wait_for "^\[interrupted\]" 1 60'
 expect "prompt back" 'wait_for "^agent> " 2 30'
 send "/ctx"
-expect "counters consistent after Ctrl+C" 'wait_for "^context [0-9]*/4096 tokens" 1 30 && screen | python3 -c "
+expect "counters consistent after Ctrl+C" 'wait_for "^context [0-9]*/65536 tokens" 1 30 && screen | python3 -c "
 import re, sys
 m = [l for l in sys.stdin if l.startswith(\"context \")][-1]
 n, restored, pre, gen = map(int, re.search(r\"context (\\d+)/.*restored (\\d+), prefilled (\\d+), generated (\\d+)\", m).groups())
