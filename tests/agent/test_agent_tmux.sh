@@ -136,7 +136,8 @@ expect "/del" 'wait_for "^deleted ${ID:0:12}" 1 90'
 send "/quit"
 expect "D exits" 'wait_for "EXITED-0" 1 90'
 
-# Refusals and Ctrl+C during a tool.
+# Refusals: a path outside the tree, a command past its (1 s) timeout, a
+# 10 MB read.
 mkdir -p "$T/we"
 head -c 10485760 /dev/zero | tr '\0' 'a' > "$T/we/big.txt"
 {
@@ -144,9 +145,6 @@ head -c 10485760 /dev/zero | tr '\0' 'a' > "$T/we/big.txt"
     printf 'Slow.</think>%s\n@@@\n' "$(call bash command 'sleep 30')"
     printf 'Big.</think>%s\n@@@\n' "$(call read_file path big.txt)"
     printf 'Gave up.</think>Nothing worked.\n@@@\n'
-    # named after this run: another run's command (a parallel make test) is not ours
-    printf 'Again.</think>%s\n@@@\n' "$(call bash command "sleep 60; echo late-$S")"
-    printf 'Ok.</think>Stopped.\n@@@\n'
 } > "$T/script-e"
 start e "$T/we" "$T/script-e" --yes --bash-timeout 1 --no-autosave
 send "try things"
@@ -156,16 +154,29 @@ expect "outside path refused" 'wait_for "^-> read_file .*outside the working dir
 expect "timeout kills the command" 'wait_for "^-> bash .*timed out after 1 s (killed)" 1 90'
 expect "10 MB read refused" 'wait_for "^-> read_file .*10485760 bytes, over the" 1 90'
 expect "answer after refusals" 'wait_for "^Nothing worked." 1 90'
+send "/quit"
+expect "E exits" 'wait_for "EXITED-0" 1 90'
+
+# Ctrl+C during a tool, in a session of its own: under E's 1 s timeout the
+# Ctrl+C had to arrive within a second of the tool line showing, or the
+# timeout killed the command first. Here no timeout can end it: only the
+# Ctrl+C does. The command is named after this run, so another run's (a
+# parallel make test) is not taken for ours.
+{
+    printf 'Again.</think>%s\n@@@\n' "$(call bash command "sleep 300; echo late-$S")"
+    printf 'Ok.</think>Stopped.\n@@@\n'
+} > "$T/script-g"
+start g "$T/we" "$T/script-g" --yes --bash-timeout 86400 --no-autosave
 send "again"
-expect "slow command runs" 'wait_for "^-> bash {\"command\":\"sleep 60" 1 20'
+expect "slow command runs" 'wait_for "^-> bash {\"command\":\"sleep 300" 1 20'
 tmux send-keys -t "$W" C-c
 expect "Ctrl+C kills the tool" 'wait_for "interrupted (killed)" 1 90'
-expect "prompt back after Ctrl+C" 'wait_for "^agent> " 3 90'
+expect "prompt back after Ctrl+C" 'wait_for "^agent> " 2 90'
 send "go on"
 expect "session consistent after Ctrl+C" 'wait_for "^Stopped." 1 90'
 send "/quit"
-expect "E exits" 'wait_for "EXITED-0" 1 90'
-expect "no sleeping child left" '! pgrep -f "sleep 60; echo late-$S" >/dev/null'
+expect "G exits" 'wait_for "EXITED-0" 1 90'
+expect "no sleeping child left" '! pgrep -f "sleep 300; echo late-$S" >/dev/null'
 
 # Ctrl+C during sampling (the demo model's random text never ends): the
 # message keeps what was written and the next one follows it. The Ctrl+C
