@@ -20,14 +20,19 @@ NAME = "test_server_hardening"
 JSON = {"Content-Type": "application/json"}
 
 
-def raw(port, data, timeout=20, src="127.0.0.1", responses=1):
-    """Sends data, reads until `responses` complete Content-Length responses
-    (or EOF); returns the bytes."""
+def send_from(port, data, timeout=20, src="127.0.0.1"):
+    """A connection from address src that has sent data."""
     s = socket.socket()
     s.settimeout(timeout)
     s.bind((src, 0))
     s.connect(("127.0.0.1", port))
     s.sendall(data)
+    return s
+
+
+def read_responses(s, responses=1):
+    """Reads until `responses` complete Content-Length responses (or EOF);
+    returns the bytes."""
     out = b""
     try:
         while len(split_responses(out)) < responses:
@@ -37,6 +42,14 @@ def raw(port, data, timeout=20, src="127.0.0.1", responses=1):
             out += b
     except OSError:
         pass
+    return out
+
+
+def raw(port, data, timeout=20, src="127.0.0.1", responses=1):
+    """Sends data on a new connection and closes it after `responses`
+    responses (or EOF); returns the bytes."""
+    s = send_from(port, data, timeout, src)
+    out = read_responses(s, responses)
     s.close()
     return out
 
@@ -107,21 +120,8 @@ def hold_admitted(port, n, src):
     for _ in range(600):
         if len(held) == n:
             break
-        s = socket.socket()
-        s.settimeout(20)
-        s.bind((src, 0))
-        s.connect(("127.0.0.1", port))
-        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        out = b""
-        try:
-            while not split_responses(out):
-                b = s.recv(65536)
-                if not b:
-                    break
-                out += b
-        except OSError:
-            pass
-        got = split_responses(out)
+        s = send_from(port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", src=src)
+        got = split_responses(read_responses(s))
         if got and got[0][0] == 200:
             held.append(s)
         else:
