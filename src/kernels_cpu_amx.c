@@ -25,9 +25,9 @@
  *               follow each block's f16 scale)
  *   tmm4, tmm5  B: the token group's 32 bytes of that block in the VNNI
  *               layout TDPBSSD wants (8 rows of 4 bytes per token)
- *   tmm6, tmm7  the 16 rows' f16 block scales, loaded the same strided way
- *               so they come out contiguous (a tile load is a cheap
- *               16-row gather)
+ * The 16 rows' f16 block scales come by one masked vector gather per block
+ * (the scale tile loaded and stored before cost a quarter of the matvec
+ * from L2 and a tenth at 16 tokens: README, "Targets (issue 10)").
  * Two blocks are in flight per step.
  */
 #include <pthread.h>
@@ -67,11 +67,11 @@ _Static_assert(sizeof(struct tile_config) == 64, "LDTILECFG reads 64 bytes");
  * columns, the fourth reading bytes of the next B row (never used). */
 #define LAYOUT(cols)                                                                                         \
     {                                                                                                        \
-        .palette = 1, .colsb = {4 * (cols), 4 * (cols), QS_BYTES, QS_BYTES, 4 * (cols), 4 * (cols), 4, 4},    \
-        .rows = {AMX_ROWS, AMX_ROWS, AMX_ROWS, AMX_ROWS, B_ROWS, B_ROWS, AMX_ROWS, AMX_ROWS},                 \
+        .palette = 1, .colsb = {4 * (cols), 4 * (cols), QS_BYTES, QS_BYTES, 4 * (cols), 4 * (cols)},          \
+        .rows = {AMX_ROWS, AMX_ROWS, AMX_ROWS, AMX_ROWS, B_ROWS, B_ROWS},                                     \
     }
 static const struct tile_config layouts[] = {LAYOUT(1), LAYOUT(2), LAYOUT(4), LAYOUT(AMX_TOKENS)};
-enum { Q8_0_ROW_TILES = 0xCF }; /* C, A and the scales: every tile but B */
+enum { Q8_0_ROW_TILES = 0x0F }; /* C and A: the tiles whose rows are weight rows */
 
 INLINE const struct tile_config *layout_for(int cols) {
     return &layouts[cols == 1 ? 0 : cols == 2 ? 1 : cols == 4 ? 2 : 3];
@@ -231,6 +231,14 @@ static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *
     return true;
 }
 
+/* the dwords at the start of block `blk` of the present rows (the f16 scale
+ * in the low half), zero for absent ones, which are not read. The offsets
+ * fit an int32: a row whose token does not fit the driver's packing buffer
+ * (MM_PACK_BYTES) never reaches the tile. */
+INLINE __m512i row_scales(const uint8_t *blk, __m512i row_offsets, __mmask16 present) {
+    return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), present, row_offsets, blk, 1);
+}
+
 INLINE __m512 block_scales(const uint32_t *dw) {
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_load_si512(dw)));
 }
@@ -269,14 +277,13 @@ INLINE void float_step_columns(__m512 acc[AMX_ROWS], const int32_t *c, const uin
     }
 }
 
-/* block b into C tile `c` from A tile `a`, B tile `bt` and the scales into
- * tile `d` (tile numbers are instruction immediates, hence a macro) */
-#define ISSUE_BLOCK(c, a, bt, d, blk, bsrc)                 \
+/* block b into C tile `c` from A tile `a` and B tile `bt` (tile numbers
+ * are instruction immediates, hence a macro) */
+#define ISSUE_BLOCK(c, a, bt, blk, bsrc)                    \
     do {                                                    \
         _tile_zero(c);                                      \
         _tile_loadd(a, (blk) + sizeof(ds4_half), row_stride); \
         _tile_loadd(bt, bsrc, b_row);                       \
-        _tile_loadd(d, blk, row_stride);                    \
         _tile_dpbssd(c, a, bt);                             \
     } while (0)
 
@@ -301,9 +308,11 @@ INLINE void q8_0_tiles(const void *w, size_t row_bytes, const void *packed, int6
     const size_t next_tile = AMX_ROWS * row_bytes;
     _Alignas(64) int32_t c0[AMX_ROWS * AMX_TOKENS], c1[AMX_ROWS * AMX_TOKENS];
     _Alignas(64) uint32_t d0[AMX_ROWS], d1[AMX_ROWS];
+    const __m512i row_offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                   _mm512_set1_epi32((int)row_bytes));
+    const __mmask16 present = (__mmask16)((1u << nr) - 1);
     if (nr < AMX_ROWS) { /* the lanes of absent rows are computed too, from zeros */
         memset(c0, 0, sizeof c0), memset(c1, 0, sizeof c1);
-        memset(d0, 0, sizeof d0), memset(d1, 0, sizeof d1);
     }
     __m512 acc[AMX_ROWS]; /* lanes = tokens (cols 16), else acc[t] with lanes = rows */
     UNROLL
@@ -318,12 +327,12 @@ INLINE void q8_0_tiles(const void *w, size_t row_bytes, const void *packed, int6
         const bool pair = b + 1 < nb;
         UNROLL
         for (int r = 0; r < AMX_ROWS; r++) _mm_prefetch((const char *)blk + next_tile + (size_t)r * row_bytes, _MM_HINT_T1);
-        ISSUE_BLOCK(0, 2, 4, 6, blk, bq + (size_t)b * b_stride);
-        if (pair) ISSUE_BLOCK(1, 3, 5, 7, blk + sizeof(ds4_block_q8_0), bq + (size_t)(b + 1) * b_stride);
-        _tile_stored(6, d0, 4);
+        ISSUE_BLOCK(0, 2, 4, blk, bq + (size_t)b * b_stride);
+        if (pair) ISSUE_BLOCK(1, 3, 5, blk + sizeof(ds4_block_q8_0), bq + (size_t)(b + 1) * b_stride);
+        _mm512_store_si512(d0, row_scales(blk, row_offsets, present));
         _tile_stored(0, c0, c_row);
         if (pair) {
-            _tile_stored(7, d1, 4);
+            _mm512_store_si512(d1, row_scales(blk + sizeof(ds4_block_q8_0), row_offsets, present));
             _tile_stored(1, c1, c_row);
         }
         TILE_STORES_DONE();

@@ -244,28 +244,57 @@ INLINE __m512 iq2_accumulate(__m512 acc, float dx, float da, __m512i sumi) {
     return _mm512_fmadd_ps(_mm512_set1_ps(dx * da), _mm512_cvtepi32_ps(sumi), acc);
 }
 
-/* the exact sum of the 16 lanes (|sum| < 2^26) */
-INLINE int32_t iq2_lane_sum(__m512i v) {
-    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
-    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, _MM_SHUFFLE(1, 0, 3, 2)));
-    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(q);
+/* The AMX level's order needs each super-block's exact integer sum before
+ * its FMA. Summing one register's 16 lanes takes 4 shuffles and 4 adds;
+ * the lane vectors of up to IQ2_GROUP super-blocks are kept instead and
+ * summed together, 3 instructions per pair of registers at each of 4
+ * levels (45 for 16 sums), then their FMAs run in super-block order. */
+enum { IQ2_GROUP = 16 };
+
+/* lane g of the result: the exact sum of the 16 lanes of v[g] (|sum| < 2^26) */
+INLINE __m512i iq2_lane_sums(const __m512i v[IQ2_GROUP]) {
+    __m512i pair[8], quad[4];
+    /* per 128-bit chunk: lanes 0, 2 and 1, 3 of v[2j] and v[2j + 1], interleaved */
+    UNROLL
+    for (int j = 0; j < 8; j++)
+        pair[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_epi32(v[2 * j], v[2 * j + 1]));
+    /* per chunk: the chunk's sums of v[4m], v[4m + 1], v[4m + 2], v[4m + 3] */
+    UNROLL
+    for (int m = 0; m < 4; m++)
+        quad[m] = _mm512_add_epi32(_mm512_unpacklo_epi64(pair[2 * m], pair[2 * m + 1]),
+                                   _mm512_unpackhi_epi64(pair[2 * m], pair[2 * m + 1]));
+    /* chunks 0 + 1 and 2 + 3 of two quads, then of those: chunk m, lane k is v[4m + k] */
+    __m512i half[2];
+    UNROLL
+    for (int h = 0; h < 2; h++)
+        half[h] = _mm512_add_epi32(_mm512_shuffle_i32x4(quad[2 * h], quad[2 * h + 1], 0x88),
+                                   _mm512_shuffle_i32x4(quad[2 * h], quad[2 * h + 1], 0xDD));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(half[0], half[1], 0x88), _mm512_shuffle_i32x4(half[0], half[1], 0xDD));
 }
 
-/* the AMX level's float step, in lane 0 of acc: the super-block's exact
- * integer sum, one fmaf */
-INLINE __m512 iq2_accumulate_blockwise(__m512 acc, float dx, float da, __m512i sumi) {
-    const float sum = __builtin_fmaf((float)iq2_lane_sum(sumi), dx * da, _mm_cvtss_f32(_mm512_castps512_ps128(acc)));
-    return _mm512_castps128_ps512(_mm_set_ss(sum));
+/* The blockwise float steps of a token, waiting for their integer sums:
+ * lanes[g] and scale[g] of the group's super-block g. */
+struct iq2_pending {
+    __m512i lanes[IQ2_GROUP];
+    _Alignas(64) float scale[IQ2_GROUP];
+};
+
+/* acc after the FMAs of the first count pending super-blocks, in order
+ * (a last group's unused lane vectors are zeroed for the sums, and skipped) */
+INLINE float iq2_flush(struct iq2_pending *p, int count, float acc) {
+    _Alignas(64) float sums[IQ2_GROUP];
+    for (int g = count; g < IQ2_GROUP; g++) p->lanes[g] = _mm512_setzero_si512();
+    _mm512_store_ps(sums, _mm512_cvtepi32_ps(iq2_lane_sums(p->lanes)));
+    for (int g = 0; g < count; g++) acc = __builtin_fmaf(sums[g], p->scale[g], acc);
+    return acc;
 }
 
 INLINE float iq2_dx(const ds4_block_iq2_xxs *x) { return 0.125f * h2f(x->d); }
 
 /* super-block i (its grid codes looked up already where vbmi) into every
- * token's accumulator, in the float order blockwise picks */
+ * token's accumulator (the AVX-512 order) or pending steps (blockwise) */
 INLINE void iq2_super_block(const ds4_block_iq2_xxs *x, int64_t i, bool vbmi, bool blockwise, __m512i codes,
-                            const void *acts, size_t stride, int nt, __m512 acc[]) {
+                            const void *acts, size_t stride, int nt, __m512 acc[], struct iq2_pending pending[]) {
     const uint8_t *q = (const uint8_t *)x[i].qs;
     _Alignas(32) uint8_t sign_bytes[32];
     struct iq2_decoded d = {.sign_bytes = sign_bytes};
@@ -279,7 +308,12 @@ INLINE void iq2_super_block(const ds4_block_iq2_xxs *x, int64_t i, bool vbmi, bo
     UNROLL
     for (int t = 0; t < nt; t++) {
         const float da = ((const ds4_block_q8_K *)tok(acts, stride, t) + i)->d;
-        acc[t] = blockwise ? iq2_accumulate_blockwise(acc[t], dx, da, sumi[t]) : iq2_accumulate(acc[t], dx, da, sumi[t]);
+        if (blockwise) {
+            pending[t].lanes[i % IQ2_GROUP] = sumi[t];
+            pending[t].scale[i % IQ2_GROUP] = dx * da;
+        } else {
+            acc[t] = iq2_accumulate(acc[t], dx, da, sumi[t]);
+        }
     }
 }
 
@@ -288,23 +322,30 @@ INLINE void iq2_nt(const void *w, const void *acts, size_t stride, int64_t n, in
     const ds4_block_iq2_xxs *x = w;
     const int64_t nb = n / DS4_QK_K;
     __m512 acc[NT_MAX];
+    float total[NT_MAX];
+    struct iq2_pending pending[NT_MAX]; /* blockwise only */
     UNROLL
-    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps(), total[t] = 0.0f;
     /* super-blocks in twos, which share the VBMI grid lookups (an odd last
      * one is looked up twice and used once); the order of the float steps
-     * is unchanged */
+     * is unchanged. IQ2_GROUP is even, so a pair never straddles groups. */
     const char *prefetch = prefetch_cursor(x);
     for (int64_t i = 0; i < nb; i += 2) {
         const int64_t i1 = i + 1 < nb ? i + 1 : i;
         prefetch_lines(&prefetch, x + i1 + 1);
         __m512i codes[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
         if (vbmi) iq2_lookup_codes((const uint8_t *)x[i].qs, (const uint8_t *)x[i1].qs, codes);
-        iq2_super_block(x, i, vbmi, blockwise, codes[0], acts, stride, nt, acc);
-        if (i1 > i) iq2_super_block(x, i1, vbmi, blockwise, codes[1], acts, stride, nt, acc);
+        iq2_super_block(x, i, vbmi, blockwise, codes[0], acts, stride, nt, acc, pending);
+        if (i1 > i) iq2_super_block(x, i1, vbmi, blockwise, codes[1], acts, stride, nt, acc, pending);
+        const int64_t done = i1 + 1;
+        if (blockwise && (done % IQ2_GROUP == 0 || done == nb)) {
+            const int count = (int)((done - 1) % IQ2_GROUP) + 1;
+            UNROLL
+            for (int t = 0; t < nt; t++) total[t] = iq2_flush(&pending[t], count, total[t]);
+        }
     }
     UNROLL
-    for (int t = 0; t < nt; t++)
-        out[t] = blockwise ? _mm_cvtss_f32(_mm512_castps512_ps128(acc[t])) : _mm512_reduce_add_ps(acc[t]);
+    for (int t = 0; t < nt; t++) out[t] = blockwise ? total[t] : _mm512_reduce_add_ps(acc[t]);
 }
 
 /* dot_iq2_xxs / dotn_iq2_xxs (gather decode) and dot_iq2_xxs_vbmi /

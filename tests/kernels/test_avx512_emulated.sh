@@ -86,6 +86,13 @@ static inline float _mm512_reduce_add_ps(__m512 v) {
     for (int i = 0; i < 16; i++) s += f[i];
     return s;
 }
+static inline __m512i _mm512_mask_i32gather_epi32(__m512i src, __mmask16 k, __m512i idx, const void *base, int scale) {
+    int32_t v[16], ix[16]; __m512i r;
+    memcpy(v, &src, 64), memcpy(ix, &idx, 64);
+    for (int i = 0; i < 16; i++) if (k >> i & 1) memcpy(&v[i], (const char *)base + (int64_t)ix[i] * scale, 4);
+    memcpy(&r, v, 64);
+    return r;
+}
 static inline __m512i _mm512_i64gather_epi64(__m512i idx, const void *base, int scale) {
     int64_t i[8], o[8]; __m512i r;
     memcpy(i, &idx, 64);
