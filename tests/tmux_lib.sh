@@ -26,5 +26,18 @@ wait_for() {
     done
     return 1
 }
+# wait_for_output_after LINE SECONDS: until a non-empty line follows the last
+# line that starts with LINE (the program has begun answering that input; an
+# event to act on, where a fixed sleep would assume the machine's speed)
+wait_for_output_after() {
+    local i
+    for ((i = 0; i < $2 * 10; i++)); do
+        screen | awk -v l="$1" 'index($0, l) == 1 { seen = 1; got = 0; next } seen && NF { got = 1 } END { exit !got }' &&
+            return 0
+        tmux has-session -t "$W" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
 expect() { n=$((n+1)); if ! eval "$2"; then echo "FAIL: $1"; screen | grep -v '^$' | tail -25; fail=$((fail+1)); fi; }
 send() { tmux send-keys -t "$W" -l -- "$1"; tmux send-keys -t "$W" Enter; }

@@ -136,7 +136,8 @@ expect "/del" 'wait_for "^deleted ${ID:0:12}" 1 90'
 send "/quit"
 expect "D exits" 'wait_for "EXITED-0" 1 90'
 
-# Refusals and Ctrl+C during a tool.
+# Refusals: a path outside the tree, a command past its (1 s) timeout, a
+# 10 MB read.
 mkdir -p "$T/we"
 head -c 10485760 /dev/zero | tr '\0' 'a' > "$T/we/big.txt"
 {
@@ -144,8 +145,6 @@ head -c 10485760 /dev/zero | tr '\0' 'a' > "$T/we/big.txt"
     printf 'Slow.</think>%s\n@@@\n' "$(call bash command 'sleep 30')"
     printf 'Big.</think>%s\n@@@\n' "$(call read_file path big.txt)"
     printf 'Gave up.</think>Nothing worked.\n@@@\n'
-    printf 'Again.</think>%s\n@@@\n' "$(call bash command 'sleep 60; echo late')"
-    printf 'Ok.</think>Stopped.\n@@@\n'
 } > "$T/script-e"
 start e "$T/we" "$T/script-e" --yes --bash-timeout 1 --no-autosave
 send "try things"
@@ -155,29 +154,45 @@ expect "outside path refused" 'wait_for "^-> read_file .*outside the working dir
 expect "timeout kills the command" 'wait_for "^-> bash .*timed out after 1 s (killed)" 1 90'
 expect "10 MB read refused" 'wait_for "^-> read_file .*10485760 bytes, over the" 1 90'
 expect "answer after refusals" 'wait_for "^Nothing worked." 1 90'
+send "/quit"
+expect "E exits" 'wait_for "EXITED-0" 1 90'
+
+# Ctrl+C during a tool, in a session of its own: under E's 1 s timeout the
+# Ctrl+C had to arrive within a second of the tool line showing, or the
+# timeout killed the command first. Here no timeout can end it: only the
+# Ctrl+C does. The command is named after this run, so another run's (a
+# parallel make test) is not taken for ours.
+{
+    printf 'Again.</think>%s\n@@@\n' "$(call bash command "sleep 300; echo late-$S")"
+    printf 'Ok.</think>Stopped.\n@@@\n'
+} > "$T/script-g"
+start g "$T/we" "$T/script-g" --yes --bash-timeout 86400 --no-autosave
 send "again"
-expect "slow command runs" 'wait_for "^-> bash {\"command\":\"sleep 60" 1 20'
+expect "slow command runs" 'wait_for "^-> bash {\"command\":\"sleep 300" 1 20'
 tmux send-keys -t "$W" C-c
 expect "Ctrl+C kills the tool" 'wait_for "interrupted (killed)" 1 90'
-expect "prompt back after Ctrl+C" 'wait_for "^agent> " 3 90'
+expect "prompt back after Ctrl+C" 'wait_for "^agent> " 2 90'
 send "go on"
 expect "session consistent after Ctrl+C" 'wait_for "^Stopped." 1 90'
 send "/quit"
-expect "E exits" 'wait_for "EXITED-0" 1 90'
-expect "no sleeping child left" '! pgrep -f "sleep 60; echo late" >/dev/null'
+expect "G exits" 'wait_for "EXITED-0" 1 90'
+expect "no sleeping child left" '! pgrep -f "sleep 300; echo late-$S" >/dev/null'
 
 # Ctrl+C during sampling (the demo model's random text never ends): the
-# message keeps what was written and the next one follows it.
-run_in_new_session f "HOME=$T ./ds4-agent -m $MODEL --ctx 4096 -t 2 --chdir $T/we --nothink \
+# message keeps what was written and the next one follows it. The Ctrl+C
+# goes once sampled text is on the screen; the context (64k tokens) is far
+# more than any machine samples in that moment, where a fixed pause assumed
+# the machine's speed (it must not fill the context first).
+run_in_new_session f "HOME=$T ./ds4-agent -m $MODEL --ctx 65536 -t 2 --chdir $T/we --nothink \
     --sessions-dir $T/sessions --no-autosave -n 100000 --trace $T/trace-f"
 send "write forever"
 expect "F prefills" 'wait_for "^\[prefill" 1 90'
-sleep 2   # let it sample for a while
+expect "F samples" 'wait_for_output_after "[prefill" 60'
 tmux send-keys -t "$W" C-c
 expect "Ctrl+C stops generation" 'wait_for "^\[interrupted\]" 1 60'
 expect "prompt back" 'wait_for "^agent> " 2 30'
 send "/ctx"
-expect "counters consistent after Ctrl+C" 'wait_for "^context [0-9]*/4096 tokens" 1 30 && screen | python3 -c "
+expect "counters consistent after Ctrl+C" 'wait_for "^context [0-9]*/65536 tokens" 1 30 && screen | python3 -c "
 import re, sys
 m = [l for l in sys.stdin if l.startswith(\"context \")][-1]
 n, restored, pre, gen = map(int, re.search(r\"context (\\d+)/.*restored (\\d+), prefilled (\\d+), generated (\\d+)\", m).groups())

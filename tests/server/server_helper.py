@@ -59,27 +59,49 @@ def free_port():
 
 
 class Server:
+    # A port free_port() saw free can be taken before the server binds it (by
+    # a client's ephemeral port, or another test run on the machine): the
+    # server then exits with "cannot listen" and is started on another port.
+    PORT_TRIES = 5
+
     def __init__(self, *extra, ctx=2048):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
         self.trace = tempfile.NamedTemporaryFile(prefix="ds4-trace-", suffix=".log", delete=False).name
-        self.log = tempfile.NamedTemporaryFile(prefix="ds4-server-", suffix=".log", delete=False)
-        args = [SERVER, "-m", MODEL, "--port", str(self.port), "--ctx", str(ctx), "-t", "2",
-                "--trace", self.trace, *extra]
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        for attempt in range(self.PORT_TRIES):
+            self.port = free_port()
+            self.base = f"http://127.0.0.1:{self.port}"
+            self.log = tempfile.NamedTemporaryFile(prefix="ds4-server-", suffix=".log", delete=False)
+            args = [SERVER, "-m", MODEL, "--port", str(self.port), "--ctx", str(ctx), "-t", "2",
+                    "--trace", self.trace, *extra]
+            self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+            if self.wait_ready():
+                return
+            log = open(self.log.name, encoding="utf-8", errors="replace").read()
+            os.unlink(self.log.name)
+            if "cannot listen" not in log or attempt + 1 == self.PORT_TRIES:
+                os.unlink(self.trace)
+                raise RuntimeError("ds4-server exited: " + log)
+
+    def wait_ready(self):
+        """True once this process listens (its log says so: an answer alone
+        could come from another server on a port taken before ours bound it)
+        and answers; False when it exited."""
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError("ds4-server exited: " + open(self.log.name).read())
-            try:
-                with urllib.request.urlopen(self.base + "/v1/models", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except urllib.error.HTTPError:
-                return  # it answers (401 when started with an API key)
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError("ds4-server did not come up")
+                return False
+            if "ds4-server: listening on" in open(self.log.name, encoding="utf-8", errors="replace").read():
+                try:
+                    with urllib.request.urlopen(self.base + "/v1/models", timeout=2) as r:
+                        if r.status == 200:
+                            return True
+                except urllib.error.HTTPError:
+                    return True  # it answers (401 when started with an API key)
+                except OSError:
+                    pass
+            time.sleep(0.2)
+        self.proc.kill()
+        self.proc.wait()
+        raise RuntimeError("ds4-server did not come up: " + open(self.log.name, errors="replace").read()[-2000:])
 
     def request(self, method, path, body=None, headers=None, timeout=120):
         data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()

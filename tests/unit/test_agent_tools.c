@@ -53,7 +53,9 @@ int main(void) {
     ds4_agent_tools_opts o;
     ds4_agent_tools_opts_default(&o, root);
     o.confirm = confirm;
-    o.bash_timeout_s = 1;
+    /* Room for a quick command on a loaded machine, and still well under the
+     * 30 s a tool waiting for a background `sleep 30` would take (below). */
+    o.bash_timeout_s = 10;
     bool ok;
     const char *t;
 
@@ -153,8 +155,10 @@ int main(void) {
     char want[PATH_MAX + 64];
     snprintf(want, sizeof want, "%s\nerr\n\n[exit status 3]", root);
     CHECK(!ok && !strcmp(t, want), "bash output: %s", t);
+    o.bash_timeout_s = 1;
     t = run(&o, "bash", "{\"command\":\"sleep 30 & sleep 30; echo never\"}", &ok);
     CHECK(!ok && strstr(t, "[killed: no exit after 1 s]") && !strstr(t, "never"), "timeout: %s", t);
+    o.bash_timeout_s = 10;
     t = run(&o, "bash", "{\"command\":\"sleep 30 & echo started\"}", &ok);
     CHECK(ok && !strcmp(t, "started\n\n[exit status 0]"), "a background job does not hold the result: %s", t);
     o.output_cap = 100;
