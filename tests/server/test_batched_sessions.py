@@ -259,6 +259,12 @@ def main():
     try:
         srv = Server("--scripted-output", script, "--batched-session", "3", ctx=1024)
         try:
+            # One pass alone first: the openai SDK's pydantic models build their
+            # schemas on first use, and that build is not thread-safe (three
+            # threads meeting a Responses stream event type at once failed
+            # with "has no attribute '__pydantic_core_schema__'" in CI); the
+            # concurrent passes then use schemas already built.
+            scripted_server_tests(res, srv)
             with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
                 list(pool.map(lambda _: scripted_server_tests(res, srv), range(3)))
             res.check(srv.alive(), "scripted server alive")
