@@ -247,29 +247,30 @@ INLINE __m512 iq2_accumulate(__m512 acc, float dx, float da, __m512i sumi) {
 /* The AMX level's order needs each super-block's exact integer sum before
  * its FMA. Summing one register's 16 lanes takes 4 shuffles and 4 adds;
  * the lane vectors of up to IQ2_GROUP super-blocks are kept instead and
- * summed together, 3 instructions per pair of registers at each of 4
- * levels (45 for 16 sums), then their FMAs run in super-block order. */
-enum { IQ2_GROUP = 16 };
+ * summed together (24 instructions for 8 sums), then their FMAs run in
+ * super-block order. Groups of 8 rather than 16 cost about the same per
+ * sum and halve the chain of dependent FMAs left at the end of a row: the
+ * first group's chain runs while the second group is computed. */
+enum { IQ2_GROUP = 8 };
 
-/* lane g of the result: the exact sum of the 16 lanes of v[g] (|sum| < 2^26) */
+/* lane g < 8 of the result: the exact sum of the 16 lanes of v[g]
+ * (|sum| < 2^26) */
 INLINE __m512i iq2_lane_sums(const __m512i v[IQ2_GROUP]) {
-    __m512i pair[8], quad[4];
+    __m512i pair[4], quad[2];
     /* per 128-bit chunk: lanes 0, 2 and 1, 3 of v[2j] and v[2j + 1], interleaved */
     UNROLL
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < 4; j++)
         pair[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_epi32(v[2 * j], v[2 * j + 1]));
     /* per chunk: the chunk's sums of v[4m], v[4m + 1], v[4m + 2], v[4m + 3] */
     UNROLL
-    for (int m = 0; m < 4; m++)
+    for (int m = 0; m < 2; m++)
         quad[m] = _mm512_add_epi32(_mm512_unpacklo_epi64(pair[2 * m], pair[2 * m + 1]),
                                    _mm512_unpackhi_epi64(pair[2 * m], pair[2 * m + 1]));
-    /* chunks 0 + 1 and 2 + 3 of two quads, then of those: chunk m, lane k is v[4m + k] */
-    __m512i half[2];
-    UNROLL
-    for (int h = 0; h < 2; h++)
-        half[h] = _mm512_add_epi32(_mm512_shuffle_i32x4(quad[2 * h], quad[2 * h + 1], 0x88),
-                                   _mm512_shuffle_i32x4(quad[2 * h], quad[2 * h + 1], 0xDD));
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(half[0], half[1], 0x88), _mm512_shuffle_i32x4(half[0], half[1], 0xDD));
+    /* chunks: quad[0]'s 0 + 1, 2 + 3, then quad[1]'s; then chunk 0 + 1 and
+     * 2 + 3 of that, into chunks 0 and 1: lane g is v[g] */
+    const __m512i half = _mm512_add_epi32(_mm512_shuffle_i32x4(quad[0], quad[1], 0x88),
+                                          _mm512_shuffle_i32x4(quad[0], quad[1], 0xDD));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(half, half, 0x08), _mm512_shuffle_i32x4(half, half, 0x0D));
 }
 
 /* The blockwise float steps of a token, waiting for their integer sums:
@@ -282,9 +283,9 @@ struct iq2_pending {
 /* acc after the FMAs of the first count pending super-blocks, in order
  * (a last group's unused lane vectors are zeroed for the sums, and skipped) */
 INLINE float iq2_flush(struct iq2_pending *p, int count, float acc) {
-    _Alignas(64) float sums[IQ2_GROUP];
+    _Alignas(32) float sums[IQ2_GROUP];
     for (int g = count; g < IQ2_GROUP; g++) p->lanes[g] = _mm512_setzero_si512();
-    _mm512_store_ps(sums, _mm512_cvtepi32_ps(iq2_lane_sums(p->lanes)));
+    _mm256_store_ps(sums, _mm512_castps512_ps256(_mm512_cvtepi32_ps(iq2_lane_sums(p->lanes))));
     for (int g = 0; g < count; g++) acc = __builtin_fmaf(sums[g], p->scale[g], acc);
     return acc;
 }
