@@ -231,25 +231,23 @@ static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *
     return true;
 }
 
-/* the dwords at the start of block `blk` of the present rows (the f16 scale
- * in the low half), zero for absent ones, which are not read. The offsets
- * fit an int32: a row whose token does not fit the driver's packing buffer
- * (MM_PACK_BYTES) never reaches the tile. */
-INLINE __m512i row_scales(const uint8_t *blk, __m512i row_offsets, __mmask16 present) {
-    return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), present, row_offsets, blk, 1);
-}
-
-INLINE __m512 block_scales(const uint32_t *dw) {
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_load_si512(dw)));
+/* the f16 scales of block `blk` of the present rows, widened (lane = row;
+ * 0 for absent rows, which are not read): a gather of the dword at each
+ * block start, whose low half is the scale. The offsets fit an int32: a
+ * row whose token does not fit the driver's packing buffer (MM_PACK_BYTES)
+ * never reaches the tile. */
+INLINE __m512 row_scales(const uint8_t *blk, __m512i row_offsets, __mmask16 present) {
+    const __m512i words = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), present, row_offsets, blk, 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
 }
 
 /* acc[r] (lanes = tokens) += the block's C tile, stored at c, times
  * d_w[r] * d_a: the float step of ds4_vec_dot_q8_0_blockwise for 16 rows x
- * 16 token lanes; dw holds the 16 rows' scale words (f16 in the low half) */
-INLINE void float_step_tokens(__m512 acc[AMX_ROWS], const int32_t *c, const uint32_t *dw, const ds4_half *da,
+ * 16 token lanes; dw16 holds the 16 rows' scales (row_scales) */
+INLINE void float_step_tokens(__m512 acc[AMX_ROWS], const int32_t *c, __m512 dw16, const ds4_half *da,
                               __mmask16 tokens) {
     _Alignas(64) float dwf[AMX_ROWS];
-    _mm512_store_ps(dwf, block_scales(dw));
+    _mm512_store_ps(dwf, dw16);
     const __m512 da16 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tokens, da));
     UNROLL
     for (int r = 0; r < AMX_ROWS; r++) {
@@ -261,9 +259,8 @@ INLINE void float_step_tokens(__m512 acc[AMX_ROWS], const int32_t *c, const uint
 /* the same step for nt <= cols <= 4 tokens, lanes = rows: c holds 16 rows
  * x cols sums, row-major; pick[t] gathers token t's column from two
  * registers of them (index l * cols + t mod 32) */
-INLINE void float_step_columns(__m512 acc[AMX_ROWS], const int32_t *c, const uint32_t *dw, const ds4_half *da,
+INLINE void float_step_columns(__m512 acc[AMX_ROWS], const int32_t *c, __m512 dw16, const ds4_half *da,
                                int nt, const int cols, const __m512i pick[4]) {
-    const __m512 dw16 = block_scales(dw);
     __m512i sums[4];
     UNROLL
     for (int i = 0; i < cols; i++) sums[i] = _mm512_load_si512(c + AMX_ROWS * i);
@@ -307,7 +304,6 @@ INLINE void q8_0_tiles(const void *w, size_t row_bytes, const void *packed, int6
      * next tile 11.2-11.4, against 8.9 for the AVX-512 dot in the same run) */
     const size_t next_tile = AMX_ROWS * row_bytes;
     _Alignas(64) int32_t c0[AMX_ROWS * AMX_TOKENS], c1[AMX_ROWS * AMX_TOKENS];
-    _Alignas(64) uint32_t d0[AMX_ROWS], d1[AMX_ROWS];
     const __m512i row_offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                    _mm512_set1_epi32((int)row_bytes));
     const __mmask16 present = (__mmask16)((1u << nr) - 1);
@@ -329,16 +325,14 @@ INLINE void q8_0_tiles(const void *w, size_t row_bytes, const void *packed, int6
         for (int r = 0; r < AMX_ROWS; r++) _mm_prefetch((const char *)blk + next_tile + (size_t)r * row_bytes, _MM_HINT_T1);
         ISSUE_BLOCK(0, 2, 4, blk, bq + (size_t)b * b_stride);
         if (pair) ISSUE_BLOCK(1, 3, 5, blk + sizeof(ds4_block_q8_0), bq + (size_t)(b + 1) * b_stride);
-        _mm512_store_si512(d0, row_scales(blk, row_offsets, present));
+        const __m512 dw0 = row_scales(blk, row_offsets, present);
+        const __m512 dw1 = pair ? row_scales(blk + sizeof(ds4_block_q8_0), row_offsets, present) : dw0;
         _tile_stored(0, c0, c_row);
-        if (pair) {
-            _mm512_store_si512(d1, row_scales(blk + sizeof(ds4_block_q8_0), row_offsets, present));
-            _tile_stored(1, c1, c_row);
-        }
+        if (pair) _tile_stored(1, c1, c_row);
         TILE_STORES_DONE();
         for (int k = 0; k < (pair ? 2 : 1); k++) {
-            if (cols == AMX_TOKENS) float_step_tokens(acc, k ? c1 : c0, k ? d1 : d0, da + (b + k) * nt, tokens);
-            else float_step_columns(acc, k ? c1 : c0, k ? d1 : d0, da + (b + k) * nt, nt, cols, pick);
+            if (cols == AMX_TOKENS) float_step_tokens(acc, k ? c1 : c0, k ? dw1 : dw0, da + (b + k) * nt, tokens);
+            else float_step_columns(acc, k ? c1 : c0, k ? dw1 : dw0, da + (b + k) * nt, nt, cols, pick);
         }
     }
     if (cols < AMX_TOKENS) {
