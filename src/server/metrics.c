@@ -85,6 +85,13 @@ static void gauge(ds4_buf *out, const char *name, const char *help, double v) {
     line(out, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
 }
 
+/* a counter of seconds (Prometheus counters are floats) */
+static void seconds(ds4_buf *out, const char *name, const char *help, double v) {
+    line(out, "# HELP %s %s\n# TYPE %s counter\n%s %.17g\n", name, help, name, name, v);
+}
+
+static double per_second(unsigned long long tokens, double s) { return s > 0 ? (double)tokens / s : 0.0; }
+
 void ds4_metrics_render(ds4_buf *out, const ds4_metrics_gauges *g) {
     pthread_mutex_lock(&mu);
     line(out, "# HELP ds4_requests_total HTTP requests by endpoint and status.\n"
@@ -97,9 +104,13 @@ void ds4_metrics_render(ds4_buf *out, const ds4_metrics_gauges *g) {
             cached_tokens);
     counter(out, "ds4_generated_tokens_total", "Generated tokens.", generated_tokens);
     counter(out, "ds4_prefill_tokens_total", "Tokens prefilled.", prefill_tokens);
-    gauge(out, "ds4_prefill_seconds_total", "Seconds spent prefilling (wall, per request).", prefill_seconds);
+    seconds(out, "ds4_prefill_seconds_total", "Seconds spent prefilling (wall, per request).", prefill_seconds);
+    gauge(out, "ds4_prefill_tokens_per_second", "Average prefill rate of a request since start.",
+          per_second(prefill_tokens, prefill_seconds));
     counter(out, "ds4_decode_tokens_total", "Tokens decoded.", decode_tokens);
-    gauge(out, "ds4_decode_seconds_total", "Seconds spent decoding (wall, per request).", decode_seconds);
+    seconds(out, "ds4_decode_seconds_total", "Seconds spent decoding (wall, per request).", decode_seconds);
+    gauge(out, "ds4_decode_tokens_per_second", "Average decode rate of a request since start.",
+          per_second(decode_tokens, decode_seconds));
     line(out, "# HELP ds4_prompt_reuse_total Prompts by how their prefix was reused.\n"
               "# TYPE ds4_prompt_reuse_total counter\n");
     for (int k = 0; k < N_REUSE; k++) line(out, "ds4_prompt_reuse_total{how=\"%s\"} %llu\n", REUSE[k], reuse[k]);
@@ -108,4 +119,7 @@ void ds4_metrics_render(ds4_buf *out, const ds4_metrics_gauges *g) {
     gauge(out, "ds4_slots_busy", "Slots running a request.", g->slots_busy);
     gauge(out, "ds4_queue_depth", "Requests waiting for a slot.", g->queued);
     gauge(out, "ds4_kv_bytes", "Bytes of session state allocated for the slots.", (double)g->kv_bytes);
+    gauge(out, "ds4_kv_tokens", "Tokens the slots' sessions hold.", (double)g->kv_tokens);
+    gauge(out, "ds4_kv_bytes_used", "Bytes of session state those tokens fill (their saved size).",
+          (double)g->kv_state_bytes);
 }

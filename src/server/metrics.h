@@ -6,10 +6,13 @@
  *   connection threads and every slot's worker record into it).
  * - Counters only grow: requests by endpoint and HTTP status, prompt /
  *   cached / generated tokens, prefill and decode tokens with the seconds
- *   they took (a scraper derives tokens/s from their rates), prompts by how
- *   their prefix was reused (live session, disk cache, cold).
+ *   they took (a scraper derives recent tokens/s from their rates; the
+ *   tokens/s gauges are the averages since start, as llama-server's),
+ *   prompts by how their prefix was reused (live session, disk cache, cold).
  * - ds4_metrics_render() appends the exposition text, with the gauges the
- *   caller passes in (slots, busy slots, queued requests, KV bytes).
+ *   caller passes in (slots, busy slots, queued requests, KV bytes
+ *   allocated, tokens held and the bytes of state they fill: the sessions'
+ *   payload sizes, what saving each to the disk cache would write).
  */
 #ifndef DS4_METRICS_H
 #define DS4_METRICS_H
@@ -27,7 +30,8 @@ void ds4_metrics_prefix(const char *how);
 
 typedef struct {
     int slots, slots_busy, queued;
-    uint64_t kv_bytes;
+    uint64_t kv_bytes;                  /* allocated for every slot's session */
+    uint64_t kv_tokens, kv_state_bytes; /* the tokens the sessions hold, and the state they fill */
 } ds4_metrics_gauges;
 void ds4_metrics_render(ds4_buf *out, const ds4_metrics_gauges *g);
 

@@ -186,6 +186,7 @@ int plan_prompt(server *s, const srv_prompt *prompt, prompt_plan *p) {
     srv_kvd_lock(s);
     size_t disk = s->kvd && fits ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
     srv_kvd_unlock(s);
+    srv_session_changed(s);
     /* a restore that failed part-way leaves the session empty */
     if (!disk && ds4_session_n_tokens(s->sess) != live_n) lcp = 0;
     if (disk) {

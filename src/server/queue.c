@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "job.h"
+#include "route_key.h"
 #include "server_state.h"
 
 #define KEEPALIVE_SECONDS 5.0
@@ -12,9 +13,9 @@
  * client is still there. */
 #define QUEUE_POLL_MS 250
 
-/* Bytes of a slot's last body kept for matching: enough to tell
- * conversations apart, bounded whatever the bodies weigh. */
-#define BODY_KEPT (64 * 1024)
+/* Bytes of a slot's last route key kept for matching: enough to tell
+ * conversations apart, bounded whatever the prompts weigh. */
+#define KEY_KEPT (64 * 1024)
 
 bool ds4_queue_init(ds4_job_queue *q, int n_slots) {
     pthread_mutex_init(&q->mu, NULL);
@@ -27,10 +28,9 @@ bool ds4_queue_init(ds4_job_queue *q, int n_slots) {
     return q->slots != NULL;
 }
 
-static size_t common_prefix(const char *a, size_t na, const char *b, size_t nb) {
-    size_t i = 0, n = na < nb ? na : nb;
-    while (i < n && a[i] == b[i]) i++;
-    return i;
+/* What the slot's session starts with that j's prompt starts with too. */
+static size_t shared(const ds4_queue_slot *sl, const job *j) {
+    return ds4_route_shared(sl->key, sl->key_len, j->route_key, j->route_key_len);
 }
 
 static bool holds_id(const ds4_queue_slot *sl, const char *id) {
@@ -56,7 +56,7 @@ static int best_slot(const ds4_job_queue *q, const job *j) {
     for (int k = 0; k < q->n_slots; k++) {
         const ds4_queue_slot *sl = &q->slots[k];
         if (!sl->idle) continue;
-        size_t len = common_prefix(sl->body, sl->body_len, j->body, j->body_len);
+        size_t len = shared(sl, j);
         if (best < 0 || len > best_len || (len == best_len && sl->last_used < q->slots[best].last_used)) {
             best = k;
             best_len = len;
@@ -65,22 +65,22 @@ static int best_slot(const ds4_job_queue *q, const job *j) {
     for (int k = 0; best >= 0 && k < q->n_slots; k++) {
         const ds4_queue_slot *sl = &q->slots[k];
         if (!sl->answered) continue;
-        /* at least half its body: a continuation, not just the same JSON scaffolding */
-        const size_t len = common_prefix(sl->body, sl->body_len, j->body, j->body_len);
-        if (len > best_len && 2 * len >= sl->body_len) return -1;
+        /* at least half its prompt: a continuation, not just a shared tool list */
+        const size_t len = shared(sl, j);
+        if (len > best_len && 2 * len >= ds4_route_shared(sl->key, sl->key_len, sl->key, sl->key_len)) return -1;
     }
     return best;
 }
 
-/* Slot k remembers the start of the body it now serves. */
+/* Slot k remembers the start of the prompt it now serves. */
 static void slot_took(ds4_job_queue *q, int k, const job *j) {
     ds4_queue_slot *sl = &q->slots[k];
-    size_t keep = j->body_len < BODY_KEPT ? j->body_len : BODY_KEPT;
+    size_t keep = j->route_key_len < KEY_KEPT ? j->route_key_len : KEY_KEPT;
     char *copy = keep ? malloc(keep) : NULL;
-    free(sl->body);
-    sl->body = copy;
-    sl->body_len = copy ? keep : 0;   /* out of memory only costs the match */
-    if (copy) memcpy(copy, j->body, keep);
+    free(sl->key);
+    sl->key = copy;
+    sl->key_len = copy ? keep : 0;   /* out of memory only costs the match */
+    if (copy) memcpy(copy, j->route_key, keep);
     sl->last_used = ++q->clock;
 }
 
@@ -128,9 +128,14 @@ static void wait_queued(server *s, job *j) {
 
 bool ds4_queue_submit(server *s, job *j) {
     ds4_job_queue *q = s->queue;
+    ds4_buf key = {0};
+    ds4_route_key(&j->req, &key);   /* out of memory only costs the match */
+    j->route_key = key.oom ? NULL : key.data;
+    j->route_key_len = key.oom ? 0 : key.len;
     pthread_mutex_lock(&q->mu);
     if (q->stopping) {
         pthread_mutex_unlock(&q->mu);
+        ds4_buf_free(&key);
         return false;
     }
     j->submitted_at = q->clock;
@@ -140,6 +145,8 @@ bool ds4_queue_submit(server *s, job *j) {
     wait_queued(s, j);
     while (!j->done) pthread_cond_wait(&q->cv, &q->mu);
     pthread_mutex_unlock(&q->mu);
+    j->route_key = NULL;
+    ds4_buf_free(&key);
     return true;
 }
 
@@ -196,6 +203,25 @@ void ds4_queue_slots(server *s, int *n_slots, int *busy, int *queued) {
     *busy = *queued = 0;
     for (int k = 0; k < q->n_slots; k++) *busy += !q->slots[k].idle;
     for (const job *j = q->head; j; j = j->next) ++*queued;
+    pthread_mutex_unlock(&q->mu);
+}
+
+void ds4_queue_publish_session(server *s, int n_tokens, size_t state_bytes) {
+    ds4_job_queue *q = s->queue;
+    pthread_mutex_lock(&q->mu);
+    q->slots[s->slot].kv_tokens = n_tokens;
+    q->slots[s->slot].kv_state_bytes = state_bytes;
+    pthread_mutex_unlock(&q->mu);
+}
+
+void ds4_queue_sessions_held(server *s, uint64_t *tokens, uint64_t *state_bytes) {
+    ds4_job_queue *q = s->queue;
+    *tokens = *state_bytes = 0;
+    pthread_mutex_lock(&q->mu);
+    for (int k = 0; k < q->n_slots; k++) {
+        *tokens += (uint64_t)q->slots[k].kv_tokens;
+        *state_bytes += q->slots[k].kv_state_bytes;
+    }
     pthread_mutex_unlock(&q->mu);
 }
 

@@ -17,17 +17,21 @@
  *   for it when it is busy: no other slot could serve it); while no slot
  *   holds them yet it also waits for the slots busy with jobs taken before
  *   it was queued, since ids are published only when a job finishes, after
- *   its client may already have read them. Any other head
- *   job goes to the idle slot whose previous request body shares the
- *   longest prefix with its body (a conversation's next turn usually extends
- *   the previous body, and that slot holds its KV), ties to the least
- *   recently used slot. A busy slot whose job has already answered its
- *   client (ds4_queue_answered: only bookkeeping is left) counts as about to
- *   be idle: when its body shares a longer prefix than every idle slot's,
- *   and at least half of that slot's remembered body (a continuation, not
- *   just the same JSON scaffolding), the job waits for it, because a client that has read an answer sends the
- *   next turn at once, often before that worker is back in take(). The wait
- *   is bounded (the job is over) and never for a slot still generating.
+ *   its client may already have read them. Any other head job goes to the
+ *   idle slot whose previous request's prompt shares the most with its
+ *   prompt, in whole rendered sections (route_key.h: tool list, messages;
+ *   a conversation's next turn contains the previous request, and that
+ *   slot holds its KV); when none shares anything (an unrelated request:
+ *   only its template's first tokens would match), or on a tie, to the
+ *   least recently used idle slot, so an unrelated request never evicts a
+ *   conversation while a slot that is older or unused is free. A busy slot
+ *   whose job has already answered its client (ds4_queue_answered: only
+ *   bookkeeping is left) counts as about to be idle: when its prompt shares
+ *   more than every idle slot's, and at least half of that slot's own
+ *   prompt (a continuation, not just the same tool list), the job waits for
+ *   it, because a client that has read an answer sends the next turn at
+ *   once, often before that worker is back in take(). The wait is bounded
+ *   (the job is over) and never for a slot still generating.
  *   That choice affects only speed: every slot's prefix planner finds what
  *   its session can reuse.
  * - This is the only place that knows how waiting requests are ordered.
@@ -37,6 +41,8 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 typedef struct job job;
 typedef struct server server;
@@ -44,11 +50,13 @@ typedef struct server server;
 typedef struct {
     bool idle;                  /* waiting in ds4_queue_take */
     bool answered;              /* busy, but its job's answer is complete */
-    char *body;                 /* the start of its last request body */
-    size_t body_len;
+    char *key;                  /* the start of its last request's route key (route_key.h) */
+    size_t key_len;
     unsigned long last_used;
     char (*live_ids)[40];       /* copy of the slot's live tool-call ids at its last finish */
     int n_live_ids, cap_live_ids;
+    int kv_tokens;              /* tokens its session holds, as its worker last published, */
+    size_t kv_state_bytes;      /* and the bytes of state they fill (its payload size) */
 } ds4_queue_slot;
 
 typedef struct {
@@ -71,6 +79,11 @@ void ds4_queue_answered(server *s);
 void ds4_queue_finish(server *s, job *j);
 /* Slots, how many of them are running a job, and jobs waiting (/health, /metrics). */
 void ds4_queue_slots(server *s, int *n_slots, int *busy, int *queued);
+/* The calling worker's session now holds n_tokens filling state_bytes
+ * (after every change to it: evaluation, rewind, disk restore), for /metrics. */
+void ds4_queue_publish_session(server *s, int n_tokens, size_t state_bytes);
+/* The slots' published token counts and state bytes, summed. */
+void ds4_queue_sessions_held(server *s, uint64_t *tokens, uint64_t *state_bytes);
 /* Refuse new jobs and wake the worker. */
 void ds4_queue_stop(server *s);
 

@@ -239,7 +239,7 @@ static bool refuse_oversized(server *s, ds4_http_conn *c, const ds4_http_req *hr
 /* Decodes an inference request and waits for the worker to run it. */
 static bool route_inference(server *s, ds4_http_conn *c, ds4_http_req *hr, const ds4_buf *body, ds4_api api) {
     bool ka = hr->keep_alive;
-    job j = {.conn = c, .hreq = hr, .body = body->data, .body_len = body->len};
+    job j = {.conn = c, .hreq = hr};
     ds4_req_error e;
     parse_slot_take();
     int rc = ds4_request_decode_for(api, srv_profile(s), body->data ? body->data : "", body->len, &j.req, &e);
@@ -266,6 +266,7 @@ static void route_metrics(server *s, ds4_http_conn *c, const ds4_http_req *hr, b
     ds4_metrics_gauges g = {.kv_bytes = 0};
     ds4_queue_slots(s, &g.slots, &g.slots_busy, &g.queued);
     g.kv_bytes = (uint64_t)g.slots * ds4_engine_kv_bytes(s->eng, s->o.ctx);
+    ds4_queue_sessions_held(s, &g.kv_tokens, &g.kv_state_bytes);
     ds4_buf text = {0};
     ds4_metrics_render(&text, &g);
     char hdr[1024];

@@ -45,15 +45,23 @@ void kv_log(void *ud, bool warning, const char *line) {
     if (warning) fprintf(stderr, "ds4-server: %s\n", line);
 }
 
+void srv_session_changed(server *s) {
+    const int n = ds4_session_n_tokens(s->sess);
+    ds4_queue_publish_session(s, n, n ? ds4_session_payload_bytes(s->sess) : 0);
+}
+
 int srv_eval(server *s, const int32_t *toks, int n, bool prompt_start, char *err, size_t errlen) {
-    if (s->batcher) return ds4_batcher_eval(s->batcher, s->sess, toks, n, prompt_start, err, errlen);
-    return ds4_session_prefill(s->sess, toks, n, NULL, NULL, NULL, err, errlen);
+    int rc = s->batcher ? ds4_batcher_eval(s->batcher, s->sess, toks, n, prompt_start, err, errlen)
+                        : ds4_session_prefill(s->sess, toks, n, NULL, NULL, NULL, err, errlen);
+    srv_session_changed(s);
+    return rc;
 }
 
 int srv_rewind(server *s, int n_tokens, char *err, size_t errlen) {
     if (s->batcher) ds4_batcher_lock(s->batcher);
     int rc = ds4_session_rewind(s->sess, n_tokens, err, errlen);
     if (s->batcher) ds4_batcher_unlock(s->batcher);
+    srv_session_changed(s);
     return rc;
 }
 
@@ -61,6 +69,7 @@ int srv_prefill_rows(server *s, const int32_t *toks, int n, float *rows, char *e
     if (s->batcher) ds4_batcher_lock(s->batcher);
     int rc = ds4_session_prefill(s->sess, toks, n, rows, NULL, NULL, err, errlen);
     if (s->batcher) ds4_batcher_unlock(s->batcher);
+    srv_session_changed(s);
     return rc;
 }
 

@@ -73,8 +73,8 @@ struct job {
     job *next;
     ds4_http_conn *conn;
     ds4_http_req *hreq;
-    const char *body;             /* the request body (slot choice, queue.h) */
-    size_t body_len;
+    const char *route_key;        /* its prompt's start (route_key.h, slot choice: queue.h) */
+    size_t route_key_len;
     ds4_request req;
     ds4_enc *enc;                 /* chat family, made on first use */
     bool keep_alive;              /* set by the worker */
@@ -90,7 +90,10 @@ void trace(server *s, const char *fmt, ...);
 void trace_text(server *s, const char *label, const char *text, size_t n);
 void kv_log(void *ud, bool warning, const char *line);
 
-/* The engine calls a slot makes, through the batcher when there is one. */
+/* The engine calls a slot makes, through the batcher when there is one.
+ * Every change to the slot's session goes through these (or is followed by
+ * srv_session_changed), which publish its token count for /metrics. */
+void srv_session_changed(server *s);
 int srv_eval(server *s, const int32_t *toks, int n, bool prompt_start, char *err, size_t errlen);
 int srv_rewind(server *s, int n_tokens, char *err, size_t errlen);
 int srv_prefill_rows(server *s, const int32_t *toks, int n, float *rows, char *err, size_t errlen);
