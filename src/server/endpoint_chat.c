@@ -44,6 +44,7 @@ static void chat_token(void *ud, int32_t tok, const float *logits) {
     if (ds4_enc_wants_logprobs(g->enc) && ds4_enc_in_content(g->enc))
         ds4_enc_logprob(g->enc, chat_logprob_entry(g->s, logits, tok, g->r->logprobs));
     g->u->completion_tokens++;
+    job_first_token(g->pc);
     if (ds4_enc_in_reasoning(g->enc)) g->u->reasoning_tokens++;
 }
 
@@ -190,7 +191,7 @@ void run_chat(server *s, job *j) {
                            .decode = chat_decode, .ud = &g};
     const double t_decode = now_s();
     ds4_gen_result gr = ds4_generate(s->sess, s->tok, smp, limit, &hooks, err, sizeof err);
-    ds4_metrics_decode(gr.n_decoded, now_s() - t_decode);
+    job_decoded(&pc, gr.n_decoded, now_s() - t_decode);
     if (gr.end == DS4_GEN_ERROR) trace(s, "decode failed: %s", err);
     ds4_token_ids_free(&g.script);
     trace_text(s, "generated", g.generated.data ? g.generated.data : "", g.generated.len);
@@ -217,6 +218,7 @@ void run_chat(server *s, job *j) {
     if (thinking) remember_visible(s, &prompt.text, enc);
     trace(s, "usage: prompt %d cached %d completion %d reasoning %d", u.prompt_tokens, u.cached_tokens,
           u.completion_tokens, u.reasoning_tokens);
+    job_trace_timing(&pc);
     ds4_metrics_tokens(u.prompt_tokens, u.cached_tokens, u.completion_tokens);
     if (r->stream) {
         ds4_http_stream_end(c);

@@ -102,6 +102,7 @@ static bool cmpl_cancelled(void *ud) {
 static void cmpl_token(void *ud, int32_t tok, const float *logits) {
     cmpl_gen *g = ud;
     g->n_sampled++;
+    job_first_token(g->pc);
     if (g->lp) cmpl_logprobs_add(g->s, g->lp, logits, tok, g->r->logprobs, g->text->len);
 }
 
@@ -135,8 +136,10 @@ static int prefill_echo(server *s, const ds4_token_ids *pt, float *rows, cmpl_lo
     if (ds4_session_n_tokens(s->sess) && srv_rewind(s, 0, err, errlen)) return -1;
     for (int k = 0; k < n; k += ECHO_SLICE) {
         int len = n - k < ECHO_SLICE ? n - k : ECHO_SLICE;
+        const double t0 = now_s();
         int rc = srv_prefill_rows(s, pt->v + k, len, rows, err, errlen);
         if (rc) return rc;
+        job_prefilled(pc, len, now_s() - t0);
         /* row q predicts token k+q+1: fill position k+q+1's entry */
         for (int q = 0; q < len && k + q + 1 < n; q++)
             cmpl_logprobs_set(s, lpa, k + q + 1, rows + (size_t)q * s->n_vocab, pt->v[k + q + 1], top_k);
@@ -218,7 +221,7 @@ void run_completions(server *s, job *j) {
                                .ud = &g};
         const double t_decode = now_s();
         ds4_gen_result gr = ds4_generate(s->sess, s->tok, smp, limit, &hooks, err, sizeof err);
-        ds4_metrics_decode(gr.n_decoded, now_s() - t_decode);
+        job_decoded(&pc, gr.n_decoded, now_s() - t_decode);
         const char *span;
         size_t rel = ds4_stopper_flush(&g.st, &span);
         cmpl_release(&g, span, rel);
@@ -255,6 +258,7 @@ void run_completions(server *s, job *j) {
     }
     if (pc.gone) { j->keep_alive = false; goto out; }
     ds4_queue_answered(s);
+    job_trace_timing(&pc);
     cJSON *usage = cJSON_CreateObject();
     cJSON_AddNumberToObject(usage, "prompt_tokens", total.prompt_tokens);
     cJSON_AddNumberToObject(usage, "completion_tokens", total.completion_tokens);

@@ -63,7 +63,35 @@ void job_queued_keepalive(server *s, job *j) {
 }
 
 void job_progress_init(job_progress *p, server *s, job *j, ds4_enc *enc) {
-    *p = (job_progress){.s = s, .conn = j->conn, .enc = enc, .last_ping = now_s()};
+    *p = (job_progress){.s = s, .conn = j->conn, .enc = enc, .last_ping = now_s(), .j = j};
+}
+
+void job_prefilled(job_progress *p, int tokens, double seconds) {
+    p->prefilled += tokens;
+    p->prefill_s += seconds;
+    ds4_metrics_prefill(tokens, seconds);
+}
+
+void job_decoded(job_progress *p, int tokens, double seconds) {
+    p->decoded += tokens;
+    p->decode_s += seconds;
+    ds4_metrics_decode(tokens, seconds);
+}
+
+void job_first_token(job_progress *p) {
+    if (p->first_token_at == 0) p->first_token_at = now_s();
+}
+
+static double rate(int tokens, double seconds) { return seconds > 0 ? tokens / seconds : 0.0; }
+
+void job_trace_timing(const job_progress *p) {
+    const job *j = p->j;
+    const double end = now_s();
+    trace(p->s, "timing: queued %.3f s, prefill %d tokens in %.3f s (%.1f tok/s), first token at %.3f s, "
+                "decode %d tokens in %.3f s (%.1f tok/s), total %.3f s",
+          j->started_at - j->queued_at, p->prefilled, p->prefill_s, rate(p->prefilled, p->prefill_s),
+          p->first_token_at > 0 ? p->first_token_at - j->queued_at : -1.0, p->decoded, p->decode_s,
+          rate(p->decoded, p->decode_s), end - j->queued_at);
 }
 
 const char *job_gone_how(const ds4_http_conn *c) {
@@ -107,7 +135,7 @@ static int prefill(server *s, const int32_t *toks, int from, int n, job_progress
         }
         if (job_progress_check(pc)) rc = 1;
     }
-    ds4_metrics_prefill(i - from, now_s() - t0);
+    job_prefilled(pc, i - from, now_s() - t0);
     return rc;
 }
 

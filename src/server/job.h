@@ -14,6 +14,10 @@
  *   session that is mostly replaced first, when the disk cache is on) and
  *   prefills the rest in slices of at most 256 tokens that also end at the
  *   disk cache's save points; 0 ok, 1 cancelled, -1 error (err filled).
+ * - job_progress also times the job: the prefill and decode it records
+ *   (job_prefilled, job_decoded: into /metrics too) and its first generated
+ *   token (job_first_token); job_trace_timing() writes them to the trace as
+ *   one line per request, times counted from its arrival in the queue.
  */
 #ifndef DS4_JOB_H
 #define DS4_JOB_H
@@ -41,6 +45,10 @@ typedef struct {
     double last_ping;
     bool gone;              /* the client went away */
     bool stopping;          /* the server is shutting down */
+    const job *j;
+    int prefilled, decoded;             /* tokens */
+    double prefill_s, decode_s;         /* seconds spent on them */
+    double first_token_at;              /* now_s() of the first generated token; 0 before */
 } job_progress;
 
 void job_progress_init(job_progress *p, server *s, job *j, ds4_enc *enc);
@@ -53,6 +61,10 @@ bool job_cancelled(job_progress *p);
 bool job_progress_check(job_progress *p);
 
 int job_load_prompt(server *s, const prompt_plan *p, job_progress *pc, char *err, size_t errlen);
+void job_prefilled(job_progress *p, int tokens, double seconds);
+void job_decoded(job_progress *p, int tokens, double seconds);
+void job_first_token(job_progress *p);
+void job_trace_timing(const job_progress *p);
 /* A continued save when generation lands on an absolute frontier. */
 void job_disk_frontier(server *s);
 /* The request's sampler; a request without a seed gets a random one. */

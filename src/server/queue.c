@@ -139,6 +139,7 @@ bool ds4_queue_submit(server *s, job *j) {
         return false;
     }
     j->submitted_at = q->clock;
+    j->queued_at = now_s();
     if (q->tail) q->tail->next = j; else q->head = j;
     q->tail = j;
     pthread_cond_broadcast(&q->cv);
@@ -164,6 +165,7 @@ job *ds4_queue_take(server *s, bool *stopping) {
         q->head = j->next;
         if (!q->head) q->tail = NULL;
         j->running = true;
+        j->started_at = now_s();
         slot_took(q, s->slot, j);
         pthread_cond_broadcast(&q->cv);   /* the next job may suit another idle slot */
         while (j->writing) pthread_cond_wait(&q->cv, &q->mu);

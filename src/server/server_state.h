@@ -80,6 +80,7 @@ struct job {
     bool keep_alive;              /* set by the worker */
     bool running, writing, done;  /* queue.h */
     unsigned long submitted_at;   /* the queue clock when it was queued (queue.h) */
+    double queued_at, started_at; /* now_s() when it was queued and when a slot took it */
 };
 
 extern atomic_int ds4_srv_stop;

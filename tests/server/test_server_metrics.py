@@ -15,17 +15,26 @@ On a 2-slot server with the demo model:
 - ds4_kv_bytes_used (the bytes of state those tokens fill) is positive,
   below the allocation ds4_kv_bytes reports, and grows with the tokens held;
 - the tokens/s gauges are the token counters over their seconds counters;
-- the token counters add up to what the requests' usage says.
+- the token counters add up to what the requests' usage says;
+- the trace has one timing line per request: the tokens it prefilled and
+  decoded agree with its usage (prompt minus cached, completion) and add up
+  to the counters, and its times are ordered (queue wait <= first token <=
+  total; prefill and decode each within the total).
 Greedy answers of the random-weight demo model are meaningless text; only
 counts are checked."""
 import json
 import math
+import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from server_helper import Results, Server, demo_model_or_skip
 
 NAME = "test_server_metrics"
+
+TIMING = re.compile(r"timing: queued ([0-9.]+) s, prefill (\d+) tokens in ([0-9.]+) s \([0-9.]+ tok/s\), "
+                    r"first token at (-?[0-9.]+) s, decode (\d+) tokens in ([0-9.]+) s \([0-9.]+ tok/s\), "
+                    r"total ([0-9.]+) s")
 
 
 def scrape(srv, res):
@@ -120,6 +129,18 @@ def main():
             rate = m.get(f"ds4_{phase}_tokens_per_second", -1)
             res.check(tokens > 0 and seconds > 0 and math.isclose(rate, tokens / seconds, rel_tol=1e-12),
                       f"{phase}: {rate} tokens/s is {tokens} tokens over {seconds} s")
+        timings = [tuple(float(x) for x in t.groups()) for t in TIMING.finditer(srv.trace_text())]
+        res.check(len(timings) == len(usages), f"{len(timings)} timing lines for {len(usages)} requests")
+        for (queued, prefilled, prefill_s, first, decoded, decode_s, total), u in zip(timings, usages):
+            cached = u["prompt_tokens_details"]["cached_tokens"]
+            res.check(prefilled == u["prompt_tokens"] - cached and decoded == u["completion_tokens"],
+                      f"timing line: prefilled {prefilled}, decoded {decoded}; usage {u}")
+            res.check(0 <= queued <= first <= total and prefill_s <= total and decode_s <= total,
+                      f"timing line ordered: queued {queued}, first token {first}, prefill {prefill_s}, "
+                      f"decode {decode_s}, total {total}")
+        res.check(sum(t[1] for t in timings) == m.get("ds4_prefill_tokens_total") and
+                  sum(t[4] for t in timings) == m.get("ds4_decode_tokens_total"),
+                  "the timing lines add up to the prefill and decode counters")
         res.check(srv.alive(), "server alive")
     finally:
         srv.stop()
