@@ -116,13 +116,21 @@ static void wait_queued(server *s, job *j) {
         }
         pthread_mutex_lock(&q->mu);
         j->writing = false;
-        pthread_cond_broadcast(&q->cv);
+        /* Wake the others only when they have something to see: a worker
+         * that took j meanwhile waits for this write to end, and a job
+         * leaving the queue may change its head. Waking them every time
+         * made each waiting connection thread wake all the others, which
+         * woke it again: with 8 requests queued that storm took about half
+         * of two cores from the running slots. */
+        bool wake = j->running;
         if (gone && !j->running) {
             unlink_job(q, j);
             j->keep_alive = false;
             j->done = true;
+            wake = true;
             trace(s, "queued request left the queue: client went away");
         }
+        if (wake) pthread_cond_broadcast(&q->cv);
     }
 }
 

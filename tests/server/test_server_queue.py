@@ -1,7 +1,9 @@
 """ds4-server FIFO queue (server-api.md 1.4, 1.7): streamed requests waiting
 behind another one get keep-alives in their family's dialect before their
 first real event, and a queued client that disconnects leaves the queue
-(its job never runs, the trace says so).
+(its job never runs, the trace says so). Waiting costs nothing: the
+connection threads of queued requests use almost no CPU (each used to wake
+all the others at every wake-up, a storm that took cores from the slots).
 
 Not timing-fragile: the request holding the worker is scripted to generate
 far longer than any wait here and is ended by the test closing its socket
@@ -59,6 +61,19 @@ def keep_reading(s, stop):
         time.sleep(0.1)
 
 
+def thread_ticks(pid):
+    """{thread id: user + system clock ticks} of every thread of pid"""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[tid] = int(fields[11]) + int(fields[12])
+        except (OSError, IndexError):
+            pass
+    return out
+
+
 def sse_events(buf):
     """(event name or None, data or None, comment or None) per SSE block of a
     chunked stream body (chunk framing removed first)."""
@@ -104,6 +119,7 @@ def main():
         drain_a = threading.Thread(target=keep_reading, args=(a, stop_a))
         drain_a.start()
 
+        threads_before = set(thread_ticks(srv.proc.pid))
         # B (Messages), C (Chat), D (Responses) queue behind A
         b = open_stream(p, "/v1/messages", {
             "model": "m", "max_tokens": 3, "stream": True,
@@ -119,6 +135,13 @@ def main():
         got_b = read_until(b, b"", b"event: ping")
         got_c = read_until(c, b"", b'"role":"assistant"')
         got_d = read_until(d, b"", b"event: response.in_progress")
+        # the queued requests' connection threads (new since A) over 2 s
+        ticks0 = {tid: n for tid, n in thread_ticks(srv.proc.pid).items() if tid not in threads_before}
+        time.sleep(2)
+        ticks1 = thread_ticks(srv.proc.pid)
+        used = sum(ticks1.get(tid, n) - n for tid, n in ticks0.items()) / os.sysconf("SC_CLK_TCK")
+        t.check(len(ticks0) >= 3 and used < 0.2,
+                f"{len(ticks0)} queued connection threads used {used:.2f} s of CPU in 2 s of waiting")
         deadline = time.time() + 60
         while "left the queue" not in srv.trace_text() and time.time() < deadline:
             time.sleep(0.1)
