@@ -217,8 +217,7 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     o->max_client_connections = 256;
     o->numerics = -1;
     o->batched_sessions = 1;
-    const char *linger = getenv("DS4_TEST_SLOT_LINGER_MS");
-    o->test_linger_ms = linger ? atoi(linger) : 0;
+    o->test_linger_gate = getenv("DS4_TEST_SLOT_LINGER_GATE");
     ds4_kvdisk_opts_default(&o->kvdisk);
     ds4_http_limits_default(&o->limits);
     ds4_gpu_opts_default(&o->gpu);

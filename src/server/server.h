@@ -50,6 +50,10 @@
  *   holding fewer than 4, so a crowd from a few addresses cannot lock new
  *   clients out; a request must arrive completely within
  *   limits.request_timeout_ms.
+ * - Test only: with DS4_TEST_SLOT_LINGER_GATE naming a file, a slot that
+ *   has finished a job stays busy (not yet idle) for as long as that file
+ *   exists, so a test can hold open the window in which a
+ *   client's next turn arrives before the slot is idle again.
  */
 #ifndef DS4_SERVER_H
 #define DS4_SERVER_H
@@ -82,8 +86,10 @@ typedef struct {
     bool disable_exact_replay;
     bool completions_chat;       /* wrap /v1/completions prompts as a chat turn */
     const char *scripted_output; /* test only: every generation emits this file's text */
-    int test_linger_ms;          /* test only (DS4_TEST_SLOT_LINGER_MS): a slot's worker waits this
-                                    long after answering a job, before it is idle again */
+    const char *test_linger_gate; /* test only (DS4_TEST_SLOT_LINGER_GATE): while this file exists, a
+                                    slot's worker that has finished a job stays busy (checked every
+                                    10 ms; ends at shutdown), so a test holds the window between an
+                                    answer and the slot's return to idle open as long as it needs */
     const char *api_key;         /* NULL: no authentication (DS4_API_KEY in ds4-server) */
     bool no_api_key;             /* allow a non-loopback --host without a key */
     int max_connections;         /* open connections, 1..DS4_SERVER_MAX_CONNECTIONS (default) */

@@ -23,8 +23,11 @@ void *worker_main(void *server_state) {
             else run_chat(s, j);
             if (s->batcher) ds4_batcher_busy(s->batcher, false);
             /* test only: the window in which a client that has read its
-             * answer sends the next turn while this slot is still busy */
-            if (s->o.test_linger_ms > 0) usleep((useconds_t)s->o.test_linger_ms * 1000);
+             * answer sends the next turn while this slot is still busy,
+             * open while the test's gate file exists (a fixed sleep would
+             * make the test race it) */
+            while (s->o.test_linger_gate && !access(s->o.test_linger_gate, F_OK) && !atomic_load(&ds4_srv_stop))
+                usleep(10000);
         }
         ds4_queue_finish(s, j);
     }

@@ -87,23 +87,67 @@ static int free_port(void) {
     return port;
 }
 
-static pid_t start_worker(const char *layers, int port) {
+/* A worker child: its pid and its stderr, captured in an anonymous file so
+ * that the test can wait for its registration line (and show its output
+ * when something fails). */
+typedef struct {
+    pid_t pid;
+    FILE *log;
+} worker_proc;
+
+static worker_proc start_worker(const char *layers, int port) {
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
     char *argv[] = {"test_dist_route", "worker", (char *)layers, portstr, NULL};
+    worker_proc w = {-1, tmpfile()};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-    pid_t pid = -1;
-    if (posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ)) pid = -1;
+    if (w.log) posix_spawn_file_actions_adddup2(&fa, fileno(w.log), 2);
+    else posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    if (posix_spawn(&w.pid, "/proc/self/exe", &fa, NULL, argv, environ)) w.pid = -1;
     posix_spawn_file_actions_destroy(&fa);
-    return pid;
+    return w;
 }
 
-static void stop_worker(pid_t pid) {
-    if (pid <= 0) return;
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
+static void stop_worker(worker_proc *w) {
+    if (w->pid > 0) {
+        kill(w->pid, SIGKILL);
+        waitpid(w->pid, NULL, 0);
+    }
+    if (w->log) fclose(w->log);
+    *w = (worker_proc){-1, NULL};
+}
+
+/* What the worker wrote to stderr so far (malloc'ed, never NULL). */
+static char *worker_output(const worker_proc *w) {
+    const off_t n = w->log ? lseek(fileno(w->log), 0, SEEK_END) : 0;
+    char *text = calloc(1, (size_t)(n > 0 ? n : 0) + 1);
+    if (text && n > 0 && pread(fileno(w->log), text, (size_t)n, 0) != n) text[0] = 0;
+    return text ? text : calloc(1, 1);
+}
+
+/* Waits until the worker has registered with the coordinator (its stderr
+ * has the "...: registered" line, printed once the coordinator has recorded
+ * the registration and answered it), so the next step finds a complete
+ * route at once. The coordinator's wait_seconds (5 s, kept short so that
+ * the "incomplete route" check below is quick) then never has to cover a
+ * worker's start-up: loading the model and registering takes ~50 ms here,
+ * but far longer on a slow or loaded machine. The deadline is only a bound
+ * for a worker that never registers. */
+enum { REGISTER_DEADLINE_S = 120 };
+static bool wait_registered(const worker_proc *w, const char *what) {
+    for (int i = 0; i < REGISTER_DEADLINE_S * 100; i++) {
+        char *text = worker_output(w);
+        const bool done = strstr(text, ": registered") != NULL;
+        free(text);
+        if (done) return true;
+        if (w->pid <= 0 || waitpid(w->pid, NULL, WNOHANG) != 0) break;   /* it exited (or never started) */
+        usleep(10000);
+    }
+    char *text = worker_output(w);
+    CHECK(false, "%s: the worker did not register within %d s; its output: %s", what, REGISTER_DEADLINE_S, text);
+    free(text);
+    return false;
 }
 
 static int worker_main(const char *layers, const char *port) {
@@ -115,7 +159,12 @@ static int worker_main(const char *layers, const char *port) {
 
 /* Both engines run one thread and a 40-token local batch. The split pipelines
  * 33-token chunks, 2 in flight, and takes up to 8 chunks (264 tokens, more
- * than the rewind slack) per engine call. */
+ * than the rewind slack) per engine call. wait_seconds bounds a step's wait
+ * for a complete route: the "incomplete route" check waits all of it, and
+ * every other step starts once wait_registered() has seen its workers
+ * register (only a route's ACKs, loopback round trips, still come within
+ * it). reply_seconds only bounds a route that never answers (no step here
+ * expects that; a killed worker is noticed from its closed connection). */
 static ds4_engine *load(const char *layers, int port, int bits, bool debug, char *err, size_t errlen) {
     ds4_engine_params p;
     ds4_engine_params_default(&p);
@@ -124,7 +173,7 @@ static ds4_engine *load(const char *layers, int port, int bits, bool debug, char
     if (layers) {
         p.layers = layers;
         p.dist = (ds4_dist_params){.role = DS4_DIST_COORDINATOR, .host = "127.0.0.1", .port = port, .secret = SECRET,
-                                   .wait_seconds = 5, .reply_seconds = 30, .prefill_chunk = 33, .prefill_window = 2,
+                                   .wait_seconds = 5, .reply_seconds = 120, .prefill_chunk = 33, .prefill_window = 2,
                                    .activation_bits = bits, .debug = debug};
         if (!ds4_dist_finish_options(&p.dist, false, err, errlen)) return NULL;
     }
@@ -194,10 +243,11 @@ static void run_split(ds4_engine *single, const char *const *slices, int n_slice
     char err[256], what[64];
     snprintf(what, sizeof what, "%d-way split", n_slices);
     const int port = free_port();
-    pid_t workers[4] = {0};
+    worker_proc workers[4] = {{-1, NULL}, {-1, NULL}, {-1, NULL}, {-1, NULL}};
     for (int i = 1; i < n_slices; i++) workers[i] = start_worker(slices[i], port);
     ds4_engine *split = load(slices[0], port, 32, false, err, sizeof err);
     CHECK(split, "%s: coordinator: %s", what, err);
+    for (int i = 1; split && i < n_slices; i++) wait_registered(&workers[i], what);
     const int V = ds4_engine_n_vocab(single);
     ds4_session *a = ds4_session_new(single, CTX, err, sizeof err), *b = split ? ds4_session_new(split, CTX, err, sizeof err) : NULL;
     float *la = malloc((size_t)N_PROMPT * V * sizeof(float)), *lb = malloc((size_t)N_PROMPT * V * sizeof(float));
@@ -305,13 +355,13 @@ static void run_split(ds4_engine *single, const char *const *slices, int n_slice
     /* kill -9 of the first worker: a clean failure, nothing half advanced */
     const int32_t t = argmax(ds4_session_logits(a), V);
     const int before = ds4_session_n_tokens(b);
-    stop_worker(workers[1]);
-    workers[1] = 0;
+    stop_worker(&workers[1]);
     CHECK(ds4_session_decode(b, t, err, sizeof err) != 0 && strstr(err, "gone"), "%s: step after kill: %s", what, err);
     CHECK(ds4_session_n_tokens(b) == before, "%s: failed step left %d tokens, had %d", what, ds4_session_n_tokens(b), before);
     CHECK(ds4_session_decode(b, t, err, sizeof err) != 0 && strstr(err, "incomplete route"), "%s: without the worker: %s",
           what, err);
     workers[1] = start_worker(slices[1], port);
+    if (!wait_registered(&workers[1], what)) goto out;
     /* the restarted worker holds nothing: a batched step of two sessions finds
      * the mismatch, falls back to one session at a time and replays each */
     ds4_session *singles[2] = {a, c};
@@ -325,7 +375,7 @@ out:
     free(pa); free(pb); free(la); free(lb);
     ds4_session_free(a); ds4_session_free(b); ds4_session_free(c); ds4_session_free(d);
     ds4_engine_free(split);
-    for (int i = 1; i < n_slices; i++) stop_worker(workers[i]);
+    for (int i = 1; i < n_slices; i++) stop_worker(&workers[i]);
 }
 
 /* One slice of the in-process reference for the activation formats. */
@@ -389,10 +439,11 @@ static void run_bits(ds4_engine *single, const char *const *slices, int n_slices
     snprintf(what, sizeof what, "%d-way split, activation bits %d", n_slices, bits);
     const uint8_t act = bits == 16 ? DS4_DIST_ACT_F16 : DS4_DIST_ACT_Q8;
     const int port = free_port();
-    pid_t workers[4] = {0};
+    worker_proc workers[4] = {{-1, NULL}, {-1, NULL}, {-1, NULL}, {-1, NULL}};
     for (int i = 1; i < n_slices; i++) workers[i] = start_worker(slices[i], port);
     ds4_engine *split = load(slices[0], port, bits, false, err, sizeof err);
     CHECK(split, "%s: coordinator: %s", what, err);
+    for (int i = 1; split && i < n_slices; i++) wait_registered(&workers[i], what);
     ds4_gguf *g = ds4_gguf_open(MODEL, err, sizeof err);
     stage st[4] = {{0}};
     bool open = g != NULL;
@@ -437,7 +488,7 @@ out:
     for (int i = 0; i < n_slices; i++) stage_close(&st[i]);
     ds4_gguf_close(g);
     ds4_engine_free(split);
-    for (int i = 1; i < n_slices; i++) stop_worker(workers[i]);
+    for (int i = 1; i < n_slices; i++) stop_worker(&workers[i]);
 }
 
 /* Prefill N_PROMPT + N_FILL tokens on both sessions, rewind to
@@ -481,14 +532,15 @@ static void run_deep_rewinds(ds4_engine *single) {
     char err[256] = "";
     const int port = free_port();
     const char *slices[] = {"0:2", "3:output"};
-    pid_t worker = start_worker(slices[1], port);
+    worker_proc worker = start_worker(slices[1], port);
     /* the split's --debug lines go to a file: they say whether a step replayed */
     FILE *log = tmpfile();
     const int saved = dup(2);
-    if (!log || saved < 0) { CHECK(false, "capturing stderr"); stop_worker(worker); return; }
+    if (!log || saved < 0) { CHECK(false, "capturing stderr"); stop_worker(&worker); return; }
     fflush(stderr);
     dup2(fileno(log), 2);
     ds4_engine *split = load(slices[0], port, 32, true, err, sizeof err);
+    if (split && !wait_registered(&worker, "deep rewinds")) { ds4_engine_free(split); split = NULL; }
     const int V = ds4_engine_n_vocab(single);
     ds4_session *e = split ? ds4_session_new(split, CTX, err, sizeof err) : NULL;
     ds4_session *g = ds4_session_new(single, CTX, err, sizeof err);
@@ -517,7 +569,7 @@ static void run_deep_rewinds(ds4_engine *single) {
     ds4_session_free(e);
     ds4_session_free(g);
     ds4_engine_free(split);
-    stop_worker(worker);
+    stop_worker(&worker);
 }
 
 /* ds4_kv_new_layers: a slice's state has its layers' buffers only. */
