@@ -16,7 +16,7 @@ the check passed whatever the queue did).
    must instead wait for the answered slot (/health: the next turn stays
    queued beside an idle slot), so the next turn reuses the live KV: its
    usage reports the earlier turn's prompt as cached.
-2. A request that shares nothing with the lingering slot's body must not
+2. A request that shares nothing with the lingering slot's prompt must not
    wait for it: it is answered by the idle slot while the gate still keeps
    the first slot busy. (It is sent before the related turn: the queue is
    FIFO, so a request queued behind a turn that waits for the lingering
@@ -33,7 +33,6 @@ NAME = "test_batched_routing"
 
 
 def chat(srv, msgs, max_tokens=6):
-    # "messages" first: the queue routes by the longest common body prefix
     status, _, body = srv.request("POST", "/v1/chat/completions",
                                   {"messages": msgs, "model": "m", "max_tokens": max_tokens, "temperature": 0})
     return status, json.loads(body)
