@@ -17,7 +17,8 @@
  * - job_progress also times the job: the prefill and decode it records
  *   (job_prefilled, job_decoded: into /metrics too) and its first generated
  *   token (job_first_token); job_trace_timing() writes them to the trace as
- *   one line per request, times counted from its arrival in the queue.
+ *   one line per answered request, times counted from its arrival in the
+ *   queue (a cancelled or failed job gets its trace line saying so instead).
  */
 #ifndef DS4_JOB_H
 #define DS4_JOB_H
