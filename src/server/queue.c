@@ -67,7 +67,7 @@ static int best_slot(const ds4_job_queue *q, const job *j) {
         if (!sl->answered) continue;
         /* at least half its prompt: a continuation, not just a shared tool list */
         const size_t len = shared(sl, j);
-        if (len > best_len && 2 * len >= ds4_route_shared(sl->key, sl->key_len, sl->key, sl->key_len)) return -1;
+        if (len > best_len && 2 * len >= sl->key_weight) return -1;
     }
     return best;
 }
@@ -81,6 +81,7 @@ static void slot_took(ds4_job_queue *q, int k, const job *j) {
     sl->key = copy;
     sl->key_len = copy ? keep : 0;   /* out of memory only costs the match */
     if (copy) memcpy(copy, j->route_key, keep);
+    sl->key_weight = ds4_route_shared(sl->key, sl->key_len, sl->key, sl->key_len);
     sl->last_used = ++q->clock;
 }
 

@@ -51,7 +51,7 @@ typedef struct {
     bool idle;                  /* waiting in ds4_queue_take */
     bool answered;              /* busy, but its job's answer is complete */
     char *key;                  /* the start of its last request's route key (route_key.h) */
-    size_t key_len;
+    size_t key_len, key_weight; /* and that kept key's own weight (ds4_route_shared of itself) */
     unsigned long last_used;
     char (*live_ids)[40];       /* copy of the slot's live tool-call ids at its last finish */
     int n_live_ids, cap_live_ids;
