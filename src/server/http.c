@@ -356,6 +356,7 @@ static void consume_in(ds4_http_conn *c, size_t n) {
 int ds4_http_read_request(ds4_http_conn *c, ds4_http_req *req, ds4_buf *body) {
     ds4_buf_clear(body);
     c->close_after = false;
+    c->head_only = false;
     /* The deadline starts with the request's first byte, not the idle wait. */
     double deadline = c->in.len ? mono_ms() + c->lim.request_timeout_ms : 0;
     int hl;
@@ -371,6 +372,7 @@ int ds4_http_read_request(ds4_http_conn *c, ds4_http_req *req, ds4_buf *body) {
     if (hl < 0) return hl;
     consume_in(c, (size_t)hl);
     c->http10 = req->minor == 0;
+    c->head_only = !strcmp(req->method, "HEAD");
 
     if (req->expect_continue && (req->chunked || req->content_length > 0) && c->in.len == 0) {
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -423,7 +425,7 @@ int ds4_http_respond(ds4_http_conn *c, int status, const char *ctype, const char
                      size_t len, bool keep_alive, const char *extra) {
     c->streaming = false;
     if (send_head(c, status, ctype, (long long)len, keep_alive, extra)) return -1;
-    return len ? write_all(c, body, len) : 0;
+    return len && !c->head_only ? write_all(c, body, len) : 0;
 }
 
 int ds4_http_stream_begin(ds4_http_conn *c, const char *extra) {

@@ -96,6 +96,7 @@ typedef struct {
     ds4_buf in;           /* bytes read but not yet consumed (pipelined requests) */
     ds4_http_limits lim;
     bool http10;          /* the current request is HTTP/1.0: no chunked framing */
+    bool head_only;       /* the current request is HEAD: its response is the head alone */
     bool streaming;       /* an SSE response is open */
     bool close_after;     /* the response is delimited by closing the connection */
     bool broken;          /* a write failed; the peer is gone */
@@ -110,7 +111,10 @@ typedef struct {
 int ds4_http_read_request(ds4_http_conn *c, ds4_http_req *req, ds4_buf *body);
 
 /* A complete response with Content-Length. extra_headers is "" or lines
- * each ending in CRLF. Returns 0 or -1 (peer gone). */
+ * each ending in CRLF. To a HEAD request only the head goes out, with the
+ * Content-Length the body would have had (RFC 9110 9.3.2): a body there
+ * would be read as the start of the next response on a kept-alive
+ * connection. Returns 0 or -1 (peer gone). */
 int ds4_http_respond(ds4_http_conn *c, int status, const char *content_type,
                      const char *body, size_t len, bool keep_alive, const char *extra_headers);
 

@@ -49,8 +49,9 @@ static bool anthropic_path(const char *path) {
     return !strncmp(path, "/v1/messages", 12);
 }
 
-void ds4_send_error(server *s, ds4_http_conn *c, const ds4_http_req *hr, int status, const char *message,
-                    const char *param, const char *code, int n_prompt, bool keep_alive) {
+/* The error body in the family of the request's path. */
+static cJSON *error_object(const server *s, const ds4_http_req *hr, int status, const char *message,
+                           const char *param, const char *code, int n_prompt) {
     cJSON *o = cJSON_CreateObject(), *er;
     if (hr && anthropic_path(hr->path)) {
         const char *type = status == 404 ? "not_found_error" : status == 413 ? "request_too_large"
@@ -71,7 +72,21 @@ void ds4_send_error(server *s, ds4_http_conn *c, const ds4_http_req *hr, int sta
         cJSON_AddNumberToObject(er, "n_prompt_tokens", n_prompt);
         cJSON_AddNumberToObject(er, "n_ctx", s->o.ctx);
     }
-    ds4_send_json(s, c, hr, status, o, keep_alive, status < 500 ? "x-should-retry: false\r\n" : NULL);
+    return o;
+}
+
+void ds4_send_error(server *s, ds4_http_conn *c, const ds4_http_req *hr, int status, const char *message,
+                    const char *param, const char *code, int n_prompt, bool keep_alive) {
+    ds4_send_json(s, c, hr, status, error_object(s, hr, status, message, param, code, n_prompt), keep_alive,
+                  status < 500 ? "x-should-retry: false\r\n" : NULL);
+}
+
+void ds4_send_method_not_allowed(server *s, ds4_http_conn *c, const ds4_http_req *hr, const char *allow,
+                                 bool keep_alive) {
+    char msg[160], hdr[128];
+    snprintf(msg, sizeof msg, "method %s is not allowed here; allowed: %s", hr->method, allow);
+    snprintf(hdr, sizeof hdr, "Allow: %s\r\nx-should-retry: false\r\n", allow);
+    ds4_send_json(s, c, hr, 405, error_object(s, hr, 405, msg, NULL, "method_not_allowed", 0), keep_alive, hdr);
 }
 
 const char *ds4_http_error_text(int status) {

@@ -25,6 +25,9 @@ void ds4_send_json(server *s, ds4_http_conn *c, const ds4_http_req *hr, int stat
                    bool keep_alive, const char *extra_headers);
 void ds4_send_error(server *s, ds4_http_conn *c, const ds4_http_req *hr, int status, const char *message,
                     const char *param, const char *code, int n_prompt, bool keep_alive);
+/* 405 with `Allow: allow` (RFC 9110 15.5.6), in the path's family. */
+void ds4_send_method_not_allowed(server *s, ds4_http_conn *c, const ds4_http_req *hr, const char *allow,
+                                 bool keep_alive);
 /* One SSE `data:` event. */
 void ds4_sse_data(ds4_http_conn *c, struct cJSON *o);
 /* The message for an HTTP-layer rejection (ds4_http_read_request's -STATUS). */

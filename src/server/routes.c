@@ -45,7 +45,7 @@ static cJSON *model_obj(server *s, const model_id *mid) {
     return m;
 }
 
-static void route_models(server *s, ds4_http_conn *c, const ds4_http_req *hr, bool ka) {
+static void route_models(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
     size_t n;
     const model_id *ids = served_models(s, &n);
     if (!strcmp(hr->path, "/v1/models")) {
@@ -116,7 +116,7 @@ static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *
     ds4_request_free(&r);
 }
 
-static void route_tokenizer_info(server *s, ds4_http_conn *c, const ds4_http_req *hr, bool ka) {
+static void route_tokenizer_info(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
     cJSON *o = cJSON_CreateObject();
     bool glm = srv_profile(s) == DS4_CHAT_GLM;
     cJSON_AddStringToObject(o, "eos_token", glm ? DS4_TOK_GLM_ENDOFTEXT : DS4_TOK_EOS);
@@ -207,14 +207,6 @@ static void route_detokenize(server *s, ds4_http_conn *c, const ds4_http_req *hr
     ds4_send_json(s, c, hr, 200, o, ka, NULL);
 }
 
-static ds4_api route_api(const char *path) {
-    if (!strcmp(path, "/v1/chat/completions")) return DS4_API_CHAT;
-    if (!strcmp(path, "/v1/completions")) return DS4_API_COMPLETIONS;
-    if (!strcmp(path, "/v1/responses")) return DS4_API_RESPONSES;
-    if (!strcmp(path, "/v1/messages")) return DS4_API_MESSAGES;
-    return (ds4_api)-1;
-}
-
 /* A request whose client text alone needs more tokens than the context
  * (no token is longer than max_token_bytes) is refused before it is
  * rendered, queued or tokenized. */
@@ -262,7 +254,7 @@ static bool route_inference(server *s, ds4_http_conn *c, ds4_http_req *hr, const
     return j.keep_alive && !c->broken && !c->close_after;
 }
 
-static void route_metrics(server *s, ds4_http_conn *c, const ds4_http_req *hr, bool ka) {
+static void route_metrics(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
     ds4_metrics_gauges g = {.kv_bytes = 0};
     ds4_queue_slots(s, &g.slots, &g.slots_busy, &g.queued);
     g.kv_bytes = (uint64_t)g.slots * ds4_engine_kv_bytes(s->eng, s->o.ctx);
@@ -275,9 +267,55 @@ static void route_metrics(server *s, ds4_http_conn *c, const ds4_http_req *hr, b
     ds4_buf_free(&text);
 }
 
+static void route_health(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
+    cJSON *o = cJSON_CreateObject();
+    int n_slots, busy, queued;
+    ds4_queue_slots(s, &n_slots, &busy, &queued);
+    cJSON_AddStringToObject(o, "status", "ok");
+    cJSON_AddNumberToObject(o, "slots", n_slots);
+    cJSON_AddNumberToObject(o, "slots_busy", busy);
+    cJSON_AddNumberToObject(o, "slots_free", n_slots - busy);
+    cJSON_AddNumberToObject(o, "queued", queued);
+    ds4_send_json(s, c, hr, 200, o, ka, NULL);
+}
+
+/* Every path the server answers, with its one method: a GET route answers
+ * HEAD too (the same head, no body: http.h), so a client may probe an
+ * endpoint the way HTTP allows. A route without a handler is an inference
+ * API, decoded and queued. */
+typedef void route_fn(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka);
+static const struct route {
+    const char *path;
+    bool prefix; /* path + anything (a model id) */
+    bool post;   /* POST, else GET and HEAD */
+    route_fn *fn;
+    ds4_api api; /* for fn == NULL */
+} ROUTES[] = {
+    {"/v1/models", false, false, route_models, 0},
+    {"/v1/models/", true, false, route_models, 0},
+    {"/metrics", false, false, route_metrics, 0},
+    {"/health", false, false, route_health, 0},
+    {"/tokenizer_info", false, false, route_tokenizer_info, 0},
+    {"/tokenize", false, true, route_tokenize, 0},
+    {"/detokenize", false, true, route_detokenize, 0},
+    {"/v1/messages/count_tokens", false, true, route_count_tokens, 0},
+    {"/v1/chat/completions", false, true, NULL, DS4_API_CHAT},
+    {"/v1/completions", false, true, NULL, DS4_API_COMPLETIONS},
+    {"/v1/responses", false, true, NULL, DS4_API_RESPONSES},
+    {"/v1/messages", false, true, NULL, DS4_API_MESSAGES},
+};
+
+static const struct route *find_route(const char *path) {
+    for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++) {
+        const struct route *r = &ROUTES[i];
+        if (r->prefix ? !strncmp(path, r->path, strlen(r->path)) : !strcmp(path, r->path)) return r;
+    }
+    return NULL;
+}
+
 static bool dispatch(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body) {
     bool ka = hr->keep_alive;
-    const char *m = hr->method, *path = hr->path, *denied, *code;
+    const char *m = hr->method, *denied, *code;
     int status = access_check(&s->o, hr, &denied, &code);
     if (status) {
         ds4_send_error(s, c, hr, status, denied, NULL, code, 0, ka);
@@ -289,31 +327,19 @@ static bool dispatch(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *bod
         ds4_http_respond(c, 204, NULL, NULL, 0, ka, hdr);
         return ka;
     }
-    bool get = !strcmp(m, "GET"), post = !strcmp(m, "POST");
-    if (get && (!strcmp(path, "/v1/models") || !strncmp(path, "/v1/models/", 11))) { route_models(s, c, hr, ka); return ka; }
-    if (get && !strcmp(path, "/metrics")) { route_metrics(s, c, hr, ka); return ka; }
-    if (get && !strcmp(path, "/health")) {
-        cJSON *o = cJSON_CreateObject();
-        int n_slots, busy, queued;
-        ds4_queue_slots(s, &n_slots, &busy, &queued);
-        cJSON_AddStringToObject(o, "status", "ok");
-        cJSON_AddNumberToObject(o, "slots", n_slots);
-        cJSON_AddNumberToObject(o, "slots_busy", busy);
-        cJSON_AddNumberToObject(o, "slots_free", n_slots - busy);
-        cJSON_AddNumberToObject(o, "queued", queued);
-        ds4_send_json(s, c, hr, 200, o, ka, NULL);
-        return ka;
-    }
-    if (get && !strcmp(path, "/tokenizer_info")) { route_tokenizer_info(s, c, hr, ka); return ka; }
-    if (post && !strcmp(path, "/tokenize")) { route_tokenize(s, c, hr, body, ka); return ka; }
-    if (post && !strcmp(path, "/detokenize")) { route_detokenize(s, c, hr, body, ka); return ka; }
-    if (post && !strcmp(path, "/v1/messages/count_tokens")) { route_count_tokens(s, c, hr, body, ka); return ka; }
-    ds4_api api = route_api(path);
-    if (!post || (int)api < 0) {
+    const struct route *r = find_route(hr->path);
+    if (!r) {
         ds4_send_error(s, c, hr, 404, "unknown endpoint", NULL, NULL, 0, ka);
         return ka;
     }
-    return route_inference(s, c, hr, body, api);
+    bool allowed = r->post ? !strcmp(m, "POST") : !strcmp(m, "GET") || !strcmp(m, "HEAD");
+    if (!allowed) {
+        ds4_send_method_not_allowed(s, c, hr, r->post ? "POST, OPTIONS" : "GET, HEAD, OPTIONS", ka);
+        return ka;
+    }
+    if (!r->fn) return route_inference(s, c, hr, body, r->api);
+    r->fn(s, c, hr, body, ka);
+    return ka;
 }
 
 bool route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body) {

@@ -7,8 +7,10 @@
  * - route_request() answers exactly one request and returns whether the
  *   connection stays open (keep-alive, not broken, not HTTP/1.0 after a
  *   streamed answer).
- * - Unknown paths or methods get 404 in the family's error shape; request
- *   decoding errors get the status request.h chose.
+ * - Unknown paths get 404 in the family's error shape, a known path asked
+ *   with another method 405 with an Allow header; HEAD is answered wherever
+ *   GET is, with the same head and no body. Request decoding errors get the
+ *   status request.h chose.
  * - Every request is counted in metrics.h by path and the status sent.
  */
 #ifndef DS4_ROUTES_H

@@ -47,7 +47,8 @@ def response_complete(buf):
 def parse(buf):
     head, _, body = buf.partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
-    status = int(lines[0].split()[1]) if lines and len(lines[0].split()) > 1 else 0
+    words = lines[0].split() if lines else []
+    status = int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
     headers = {}
     for line in lines[1:]:
         k, _, v = line.partition(b":")
@@ -107,6 +108,45 @@ def main():
         t.check(st == 404 and openai_error(body), "unknown path 404 OpenAI shape")
         st, _, body = srv.request("POST", "/v1/messages/nope?beta=true", b"{}")
         t.check(st == 404 and anthropic_error(body, "not_found_error"), "unknown messages path: Anthropic shape")
+
+        # HEAD is answered wherever GET is: the same status and headers, no
+        # body. Pipelined with a GET on one connection, so a body sent after
+        # the HEAD's head would show up as garbage before the GET's answer
+        # (a prober such as aiperf's /metrics check sends HEAD, then GET).
+        for path in ("/health", "/metrics", "/v1/models", "/nope"):
+            get_st, get_h, get_body = parse(raw(p, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()))
+            s = socket.create_connection(("127.0.0.1", p), timeout=30)
+            s.sendall(f"HEAD {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                      f"GET /tokenizer_info HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            out = b""
+            try:
+                while not (out.count(b"\r\n\r\n") >= 2 and response_complete(out.split(b"\r\n\r\n", 1)[1])):
+                    b = s.recv(65536)
+                    if not b:
+                        break
+                    out += b
+            except OSError:
+                pass
+            s.close()
+            head, _, rest = out.partition(b"\r\n\r\n")
+            st, h, _ = parse(head + b"\r\n\r\n")
+            st2, _, body2 = parse(rest)
+            # /metrics changes between the two requests (request counters)
+            same_len = path == "/metrics" or int(h.get("content-length", -1)) == len(get_body)
+            t.check(st == get_st and h.get("content-type") == get_h.get("content-type") and same_len
+                    and rest.startswith(b"HTTP/1.1 200 ") and st2 == 200 and "eos_token" in json.loads(body2),
+                    f"HEAD {path}: {st} (GET {get_st}), no body, next response intact: {rest[:40]!r}")
+
+        # a known path asked with another method: 405 with Allow, in the
+        # path's family
+        st, h, body = parse(raw(p, b"GET /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
+        t.check(st == 405 and h.get("allow") == "POST, OPTIONS" and openai_error(body)
+                and json.loads(body)["error"]["code"] == "method_not_allowed", f"GET on a POST route: {st} {h}")
+        st, h, body = parse(raw(p, post("/health", "{}")))
+        t.check(st == 405 and h.get("allow") == "GET, HEAD, OPTIONS", f"POST on a GET route: {st} {h}")
+        st, h, body = parse(raw(p, b"DELETE /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
+        t.check(st == 405 and h.get("allow") == "POST, OPTIONS" and anthropic_error(body, "invalid_request_error"),
+                f"DELETE /v1/messages: {st} Anthropic shape")
 
         # CORS preflight echoes requested headers
         st, h, body = parse(raw(p, b"OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
