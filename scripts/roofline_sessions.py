@@ -19,7 +19,13 @@ capped lower. The routed experts share least: N decode rows land on about
 E * (1 - (1 - k/E)^N) experts, so each chosen expert multiplies ~N*k / that
 rows (1.08 at 8 sessions of Flash; the table's rows per expert), where a long prefill chunk
 gives each several; the prefill rate is therefore no ceiling for batched
-decode (README, "Where the time of a batched decode step goes"). A benchmark
+decode (README, "Where the time of a batched decode step goes").
+
+--layers L prints the same table for the model with L layers, each layer's
+dense and expert bytes those of the file's average layer, the rest (head,
+embedding, output norm) unchanged: a small file made with
+`ds4-make-model --preset flash --layers 4` then tells the roofline of the
+released 43-layer Flash, whose layers have the same shapes. A benchmark
 helper: it prints, it never asserts."""
 import argparse
 
@@ -32,13 +38,14 @@ def field_value(reader, key):
 
 
 def weight_bytes(path):
-    """(dense bytes, head bytes, embedding bytes per token, [(layer, expert bytes)], E, k, vocab)"""
+    """(dense bytes outside the layers, dense bytes of the layers, head bytes, embedding bytes per token,
+    [(layer, expert bytes)], E, k, vocab)"""
     r = GGUFReader(path)
     arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
     n_expert = int(field_value(r, f"{arch}.expert_count"))
     n_used = int(field_value(r, f"{arch}.expert_used_count"))
     n_vocab = int(field_value(r, f"{arch}.vocab_size"))
-    dense = head = embd_row = 0
+    dense = layer_dense = head = embd_row = 0
     experts = {}
     for t in r.tensors:
         n = int(t.n_bytes)
@@ -49,20 +56,28 @@ def weight_bytes(path):
         elif "_exps." in t.name:
             layer = int(t.name.split(".")[1])
             experts[layer] = experts.get(layer, 0) + n // n_expert
+        elif t.name.startswith("blk."):
+            layer_dense += n
         else:
             dense += n
-    return dense, head, embd_row, sorted(experts.items()), n_expert, n_used, n_vocab
+    return dense, layer_dense, head, embd_row, sorted(experts.items()), n_expert, n_used, n_vocab
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--sessions", default="1,2,4,8,16")
+    ap.add_argument("--layers", type=int, default=0, help="scale to this many layers like the file's average layer")
     a = ap.parse_args()
-    dense, head, embd_row, experts, n_expert, n_used, _ = weight_bytes(a.model)
+    dense, layer_dense, head, embd_row, experts, n_expert, n_used, _ = weight_bytes(a.model)
     per_expert = sum(b for _, b in experts)
-    print(f"{a.model}: dense {dense / 2**20:.1f} MiB, head {head / 2**20:.1f} MiB, "
-          f"{len(experts)} MoE layers x {n_expert} experts ({n_used} per token), "
+    if a.layers:
+        scale = a.layers / len(experts)
+        layer_dense, per_expert = layer_dense * scale, per_expert * scale
+        experts = [(i, per_expert / a.layers) for i in range(a.layers)]
+    dense += layer_dense
+    print(f"{a.model}{f' scaled to {a.layers} layers' if a.layers else ''}: dense {dense / 2**20:.1f} MiB, "
+          f"head {head / 2**20:.1f} MiB, {len(experts)} MoE layers x {n_expert} experts ({n_used} per token), "
           f"one expert of every layer {per_expert / 2**20:.2f} MiB\n")
     print("| sessions | distinct experts per layer | rows per expert | MiB read per step | "
           "MiB per generated token | memory-roofline aggregate vs 1 session |")
