@@ -17,7 +17,8 @@ prompts, greedy) are sent with at most `concurrency` in flight. Prints one
 Markdown table: time to first token and inter-token latency percentiles
 (p50/p90/p99 ms, pooled over the rounds), aggregate output tokens/s (tokens
 streamed / wall time of the level) as min / median / max over the rounds,
-and each server's median against the first server's at the same level. The
+each server's median against the first server's at the same level, and the
+cores this client used (median over the rounds). The
 load average before and after is printed with it. A benchmark: it prints,
 it never asserts."""
 import argparse
@@ -58,7 +59,9 @@ async def one(client, i, max_tokens, ttft, itl):
 
 
 async def level(base, concurrency, requests, max_tokens, first_id, ttft, itl):
-    """One level against one server; returns its output tokens/s."""
+    """One level against one server; returns its output tokens/s and the
+    cores this client process used meanwhile (its CPU time over the wall time:
+    on a machine of few cores that is taken from the server)."""
     client = openai.AsyncOpenAI(base_url=base, api_key="none", timeout=3600, max_retries=0)
     sem = asyncio.Semaphore(concurrency)
 
@@ -66,11 +69,11 @@ async def level(base, concurrency, requests, max_tokens, first_id, ttft, itl):
         async with sem:
             return await one(client, first_id + i, max_tokens, ttft, itl)
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     counts = await asyncio.gather(*(guarded(i) for i in range(requests)))
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     await client.close()
-    return sum(counts) / wall
+    return sum(counts) / wall, cpu / wall
 
 
 def servers(spec):
@@ -92,7 +95,7 @@ def main():
     a = ap.parse_args()
     bases = servers(a.base)
     levels = [int(x) for x in a.concurrency.split(",")]
-    stats = {(label, c): ([], [], []) for label, _ in bases for c in levels}   # ttft, itl, tok/s per round
+    stats = {(label, c): ([], [], [], []) for label, _ in bases for c in levels}   # ttft, itl, tok/s, cores per round
     load_before = os.getloadavg()
     next_id = 0
     for rnd in range(a.rounds):
@@ -100,25 +103,28 @@ def main():
             # every other round in reverse order: the servers share the model's
             # page cache, and whichever runs first warms it for the next
             for label, url in bases if rnd % 2 == 0 else bases[::-1]:
-                ttft, itl, rates = stats[(label, c)]
+                ttft, itl, rates, cores = stats[(label, c)]
                 # prompts differ between runs, so no server reuses another run's prefix
-                rates.append(asyncio.run(level(url, c, a.requests, a.max_tokens, next_id, ttft, itl)))
+                rate, used = asyncio.run(level(url, c, a.requests, a.max_tokens, next_id, ttft, itl))
+                rates.append(rate)
+                cores.append(used)
                 next_id += a.requests
     load_after = os.getloadavg()
     print(f"load average (1/5/15 min): before {load_before[0]:.1f} / {load_before[1]:.1f} / {load_before[2]:.1f}, "
           f"after {load_after[0]:.1f} / {load_after[1]:.1f} / {load_after[2]:.1f}; {a.rounds} rounds, "
           f"{a.requests} requests of {a.max_tokens} tokens per level\n")
     print("| server | concurrency | TTFT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms | "
-          "output tok/s min / median / max | median vs first server |")
-    print("|---|---|---|---|---|---|")
+          "output tok/s min / median / max | median vs first server | client CPU, cores |")
+    print("|---|---|---|---|---|---|---|")
     for c in levels:
         ref = statistics.median(stats[(bases[0][0], c)][2])
         for label, _ in bases:
-            ttft, itl, rates = stats[(label, c)]
+            ttft, itl, rates, cores = stats[(label, c)]
             med = statistics.median(rates)
             print(f"| {label} | {c} | {pct(ttft, 50):.0f} / {pct(ttft, 90):.0f} / {pct(ttft, 99):.0f} | "
                   f"{pct(itl, 50):.0f} / {pct(itl, 90):.0f} / {pct(itl, 99):.0f} | "
-                  f"{min(rates):.2f} / {med:.2f} / {max(rates):.2f} | {med / ref:.2f}x |", flush=True)
+                  f"{min(rates):.2f} / {med:.2f} / {max(rates):.2f} | {med / ref:.2f}x | "
+                  f"{statistics.median(cores):.2f} |", flush=True)
 
 
 if __name__ == "__main__":
