@@ -24,30 +24,26 @@ per-request records; the inter-token latencies are every gap between two
 streamed tokens), aggregate output tokens/s (aiperf's output token
 throughput: tokens over the level's wall time) as min / median / max over
 the rounds, the median against concurrency 1, and the CPU aiperf itself used
-(its processes' CPU seconds over the level's wall time, median of the
-rounds): on a machine of few cores that is taken from the server, and the
-table measures both. The load average before
+while its requests ran (its processes' CPU, sampled from /proc every 0.2 s,
+between the first request's start and the last one's end, over that time;
+median of the rounds): on a machine of few cores that is taken from the
+server, and the table measures both. The load average before
 and after is printed with it. A benchmark: it prints, it never asserts."""
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+
+from bench_server_load import pct  # the same percentiles as the openai-SDK table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKENIZER = os.path.join(HERE, "..", "data", "deepseek-v3-tokenizer.json")
-
-
-def pct(values, p):
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    k = min(len(values) - 1, max(0, round(p / 100 * (len(values) - 1))))
-    return values[k]
 
 
 def tokenizer_dir(tmp):
@@ -57,6 +53,41 @@ def tokenizer_dir(tmp):
     with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, f)
     return d
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(root):
+    """CPU seconds of root and its descendants, with what they reaped
+    (utime, stime, cutime, cstime of /proc/PID/stat)."""
+    parent, cpu = {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parent[int(pid)] = int(fields[1])
+        cpu[int(pid)] = sum(int(x) for x in fields[11:15]) / CLOCK_TICKS
+    total = 0.0
+    for pid, seconds in cpu.items():
+        p = pid
+        while p > 1 and p != root:
+            p = parent.get(p, 0)
+        if p == root:
+            total += seconds
+    return total
+
+
+def cpu_between(samples, start, end):
+    """Cores used from start to end (wall seconds), from (time, cpu) samples."""
+    def at(t):
+        for (t0, c0), (t1, c1) in zip(samples, samples[1:]):
+            if t0 <= t <= t1:
+                return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
+        return samples[-1][1] if t > samples[-1][0] else samples[0][1]
+    return (at(end) - at(start)) / (end - start) if end > start else 0.0
 
 
 def run_level(args, tok, tmp, concurrency, seed):
@@ -69,25 +100,39 @@ def run_level(args, tok, tmp, concurrency, seed):
            "--random-seed", str(seed), "--ui-type", "none", "--artifact-dir", out]
     if args.api_key:
         cmd += ["--api-key", args.api_key]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    if r.returncode:
-        sys.exit(f"aiperf failed (exit {r.returncode}):\n{r.stdout[-3000:]}")
+    # aiperf's processes' CPU, sampled while it runs: only what they use
+    # between the first request's start and the last one's end competes with
+    # the server (start-up and reports do not)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    samples, done = [], threading.Event()
+
+    def sample():
+        while not done.wait(0.2):
+            samples.append((time.time(), tree_cpu(proc.pid)))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    output = proc.communicate()[0]
+    done.set()
+    sampler.join()
+    if proc.returncode:
+        sys.exit(f"aiperf failed (exit {proc.returncode}):\n{output[-3000:]}")
     with open(os.path.join(out, "profile_export_aiperf.json")) as f:
         summary = json.load(f)
     ttft, itl, errors = [], [], 0
+    first, last = float("inf"), 0.0
     with open(os.path.join(out, "profile_export.jsonl")) as f:
         for line in f:
             rec = json.loads(line)
+            first = min(first, rec["metadata"]["request_start_ns"] / 1e9)
+            last = max(last, rec["metadata"]["request_end_ns"] / 1e9)
             m = rec.get("metrics", {})
             if "time_to_first_token" not in m:
                 errors += 1
                 continue
             ttft.append(m["time_to_first_token"]["value"])
             itl += m.get("inter_chunk_latency", {}).get("value", [])
-    cores = cpu / summary["benchmark_duration"]["avg"] if summary["benchmark_duration"]["avg"] else 0.0
+    cores = cpu_between(samples, first, last) if len(samples) > 1 else float("nan")
     return summary["output_token_throughput"]["avg"], ttft, itl, errors, cores
 
 

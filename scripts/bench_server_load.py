@@ -27,8 +27,6 @@ import os
 import statistics
 import time
 
-import openai
-
 
 def pct(values, p):
     if not values:
@@ -62,6 +60,8 @@ async def level(base, concurrency, requests, max_tokens, first_id, ttft, itl):
     """One level against one server; returns its output tokens/s and the
     cores this client process used meanwhile (its CPU time over the wall time:
     on a machine of few cores that is taken from the server)."""
+    import openai  # here, so that bench_server_aiperf.py can share pct() without the SDK
+
     client = openai.AsyncOpenAI(base_url=base, api_key="none", timeout=3600, max_retries=0)
     sem = asyncio.Semaphore(concurrency)
 

@@ -50,6 +50,20 @@ def read_to_eof(sock):
         data += chunk
 
 
+def recv_until(sock, done):
+    """What the peer sends until done(bytes so far), EOF or a socket error."""
+    out = b""
+    try:
+        while not done(out):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+    except OSError:
+        pass
+    return out
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

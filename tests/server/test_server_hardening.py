@@ -14,7 +14,7 @@ import time
 import anthropic
 import openai
 
-from server_helper import MODEL, ROOT, SERVER, Results, Server, demo_model_or_skip, free_port
+from server_helper import MODEL, ROOT, SERVER, Results, Server, demo_model_or_skip, free_port, recv_until
 
 NAME = "test_server_hardening"
 JSON = {"Content-Type": "application/json"}
@@ -33,16 +33,7 @@ def send_from(port, data, timeout=20, src="127.0.0.1"):
 def read_responses(s, responses=1):
     """Reads until `responses` complete Content-Length responses (or EOF);
     returns the bytes."""
-    out = b""
-    try:
-        while len(split_responses(out)) < responses:
-            b = s.recv(65536)
-            if not b:
-                break
-            out += b
-    except OSError:
-        pass
-    return out
+    return recv_until(s, lambda out: len(split_responses(out)) >= responses)
 
 
 def raw(port, data, timeout=20, src="127.0.0.1", responses=1):

@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 
-from server_helper import Results, Server, demo_model_or_skip, read_to_eof
+from server_helper import Results, Server, demo_model_or_skip, read_to_eof, recv_until
 
 NAME = "test_server_http"
 
@@ -17,18 +17,7 @@ def raw(port, data, shutdown_write=False, timeout=30, read=True):
     s.sendall(data)
     if shutdown_write:
         s.shutdown(socket.SHUT_WR)
-    out = b""
-    if read:
-        try:
-            while True:
-                b = s.recv(65536)
-                if not b:
-                    break
-                out += b
-                if response_complete(out):
-                    break
-        except OSError:
-            pass
+    out = recv_until(s, response_complete) if read else b""
     s.close()
     return out
 
@@ -118,15 +107,8 @@ def main():
             s = socket.create_connection(("127.0.0.1", p), timeout=30)
             s.sendall(f"HEAD {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
                       f"GET /tokenizer_info HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-            out = b""
-            try:
-                while not (out.count(b"\r\n\r\n") >= 2 and response_complete(out.split(b"\r\n\r\n", 1)[1])):
-                    b = s.recv(65536)
-                    if not b:
-                        break
-                    out += b
-            except OSError:
-                pass
+            out = recv_until(s, lambda out: out.count(b"\r\n\r\n") >= 2
+                             and response_complete(out.split(b"\r\n\r\n", 1)[1]))
             s.close()
             head, _, rest = out.partition(b"\r\n\r\n")
             st, h, _ = parse(head + b"\r\n\r\n")
