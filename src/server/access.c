@@ -29,10 +29,12 @@ static void host_name(const char *header, char *out, size_t cap) {
     out[n] = 0;
 }
 
-static bool host_allowed(const ds4_server_opts *o, const char *header) {
-    if (!header[0] || !access_is_loopback(o->host)) return true;
+/* An absent Host passes (only HTTP/1.0 gets here without one: http.h); a
+ * present one, empty included, must name this server. */
+static bool host_allowed(const ds4_server_opts *o, const ds4_http_req *hr) {
+    if (!hr->has_host || !access_is_loopback(o->host)) return true;
     char name[256];
-    host_name(header, name, sizeof name);
+    host_name(hr->host, name, sizeof name);
     return access_is_loopback(name) || !strcasecmp(name, o->host);
 }
 
@@ -45,7 +47,7 @@ static bool same_key(const char *given, const char *key) {
 
 int access_check(const ds4_server_opts *o, const ds4_http_req *hr, const char **message, const char **code) {
     *code = NULL;
-    if (!host_allowed(o, hr->host)) {
+    if (!host_allowed(o, hr)) {
         *message = "this server only answers to a loopback Host name";
         return 403;
     }

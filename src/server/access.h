@@ -11,8 +11,9 @@
  *   "x-api-key: KEY" (every route but /health and OPTIONS preflights); 415
  *   for a POST whose Content-Type is not application/json (a browser
  *   cannot send that cross-site without a CORS preflight).
- * - A request without a Host header passes the Host check (HTTP/1.0
- *   clients omit it; browsers never do).
+ * - A request without a Host header passes the Host check: only HTTP/1.0
+ *   clients may omit it (the parser refuses HTTP/1.1 without one), and
+ *   browsers never do. An empty Host names nothing and gets the 403.
  * - Keys are compared in time independent of where they differ.
  */
 #ifndef DS4_ACCESS_H

@@ -48,11 +48,14 @@ static bool has_token(const char *v, size_t n, const char *tok) {
     return false;
 }
 
-/* Copies a header value; over-long values become "" (never a prefix). */
-static void keep_value(char *dst, size_t cap, const char *v, size_t vl) {
-    if (vl >= cap) vl = 0;
+/* Copies a header value the access checks read. One too long to keep is
+ * refused (-431), never kept as a prefix or as "": an empty Host would pass
+ * as absent, an empty credential as missing. */
+static int keep_value(char *dst, size_t cap, const char *v, size_t vl) {
+    if (vl >= cap) return -431;
     memcpy(dst, v, vl);
     dst[vl] = 0;
+    return 0;
 }
 
 static int parse_header(ds4_http_req *r, const char *name, size_t nl, const char *v, size_t vl,
@@ -71,11 +74,15 @@ static int parse_header(ds4_http_req *r, const char *name, size_t nl, const char
         r->content_length = x;
         if (x > max_body) return -413;
     } else if (HNAME("transfer-encoding")) {
-        /* Only "chunked" (optionally after identity) is implemented. */
-        if (!has_token(v, vl, "chunked")) return -501;
-        size_t e = vl;
-        while (e > 0 && (v[e - 1] == ' ' || v[e - 1] == '\t')) e--;
-        if (e < 7 || strncasecmp(v + e - 7, "chunked", 7) != 0) return -400;
+        /* Only a plain "chunked" is implemented: another coding, also one
+         * applied before chunked ("gzip, chunked"), is 501, since the body
+         * would reach the JSON parser still encoded. Chunked anywhere but
+         * last, also across repeated lines, leaves the body's end
+         * undecidable: 400 (RFC 9112 6.3). */
+        bool last = vl >= 7 && strncasecmp(v + vl - 7, "chunked", 7) == 0 &&
+                    (vl == 7 || v[vl - 8] == ',' || v[vl - 8] == ' ' || v[vl - 8] == '\t');
+        if (r->chunked || (has_token(v, vl, "chunked") && !last)) return -400;
+        if (vl != 7 || !last) return -501;
         r->chunked = true;
     } else if (HNAME("connection")) {
         if (has_token(v, vl, "close")) r->keep_alive = false;
@@ -84,16 +91,19 @@ static int parse_header(ds4_http_req *r, const char *name, size_t nl, const char
         if (vl == 12 && strncasecmp(v, "100-continue", 12) == 0) r->expect_continue = true;
         else return -417;
     } else if (HNAME("host")) {
-        keep_value(r->host, sizeof r->host, v, vl);
+        /* Two Host lines could name two authorities (RFC 9112 3.2: 400). */
+        if (r->has_host) return -400;
+        r->has_host = true;
+        return keep_value(r->host, sizeof r->host, v, vl);
     } else if (HNAME("content-type")) {
         size_t e = 0;
         while (e < vl && v[e] != ';' && v[e] != ' ' && v[e] != '\t') e++;
-        keep_value(r->content_type, sizeof r->content_type, v, e);
+        if (keep_value(r->content_type, sizeof r->content_type, v, e)) return -431;
         for (char *c = r->content_type; *c; c++) *c = (char)tolower((unsigned char)*c);
     } else if (HNAME("authorization")) {
-        if (vl > 7 && strncasecmp(v, "bearer ", 7) == 0) keep_value(r->bearer, sizeof r->bearer, v + 7, vl - 7);
+        if (vl > 7 && strncasecmp(v, "bearer ", 7) == 0) return keep_value(r->bearer, sizeof r->bearer, v + 7, vl - 7);
     } else if (HNAME("x-api-key")) {
-        keep_value(r->api_key, sizeof r->api_key, v, vl);
+        return keep_value(r->api_key, sizeof r->api_key, v, vl);
     } else if (HNAME("access-control-request-headers")) {
         /* Echoed back in CORS preflights: keep only token characters,
          * commas and spaces so nothing can inject a header line. */
@@ -168,6 +178,9 @@ int ds4_http_parse_head(const char *buf, size_t len, size_t max_head, uint64_t m
         if (rc) return rc;
     }
     if (r->chunked && r->has_length) return -400;
+    /* RFC 9112 3.2: an HTTP/1.1 request without Host is a 400; only
+     * HTTP/1.0 clients may omit it (access.h). */
+    if (r->minor == 1 && !r->has_host) return -400;
     return (int)end;
 }
 

@@ -12,8 +12,11 @@
  *   byte length of a complete request head (request line + headers + blank
  *   line) with *req filled, 0 if more bytes are needed, or -STATUS for a
  *   request that must be rejected (400 malformed, 414 target too long,
- *   431 head over max_head, 413 declared body over max_body, 501 unsupported
- *   transfer coding, 505 version). Line ends may be CRLF or bare LF.
+ *   431 head over max_head or a Host / credential / Content-Type value over
+ *   its field, 413 declared body over max_body, 501 a transfer coding other
+ *   than a plain "chunked", 505 version). Line ends may be CRLF or bare LF.
+ *   An HTTP/1.1 request needs exactly one Host line (RFC 9112 3.2: 400);
+ *   only HTTP/1.0 may omit it.
  *   The query string and fragment are stripped from the path; routing never
  *   sees them.
  * - Content-Length and Transfer-Encoding together are rejected (400): with
@@ -58,8 +61,10 @@ typedef struct {
     bool expect_continue;
     bool keep_alive;
     char acr_headers[DS4_HTTP_ACRH_MAX]; /* Access-Control-Request-Headers, sanitised */
-    /* For the access checks (routes.c); "" when absent or longer than the
-     * field (an over-long credential then matches nothing). */
+    /* For the access checks (routes.c); "" when absent. A value longer
+     * than its field fails the parse with 431, so "" never stands for a
+     * value that was there. */
+    bool has_host;
     char host[256];
     char content_type[128];         /* media type only: lowercased, no parameters */
     char bearer[DS4_HTTP_CRED_MAX]; /* Authorization: Bearer <token> */

@@ -60,6 +60,13 @@ static int oom(dec *d) {
     return fail(d, 500, NULL, NULL, "out of memory");
 }
 
+/* A role the family does not define fails the request, naming it: dropping
+ * a misspelled role's message would silently change the conversation. */
+static int unknown_role(dec *d, const char *param, int index, const char *role, const char *known) {
+    return fail(d, 400, param, "invalid_value", "%s[%d].role: unknown role '%.64s' (expected %s)", param, index, role,
+                known);
+}
+
 /* Object member by key; the last of duplicates wins. */
 static cJSON *get(const cJSON *o, const char *key) {
     cJSON *hit = NULL;
@@ -341,7 +348,8 @@ static void decode_chat(dec *d, const cJSON *root) {
     if (!present(msgs)) { fail(d, 400, "messages", NULL, "missing messages"); return; }
     if (!cJSON_IsArray(msgs)) { bad_json(d); return; }
     msg_vec mv = {0};
-    for (const cJSON *m = msgs->child; m && !d->e->status; m = m->next) {
+    int index = 0;
+    for (const cJSON *m = msgs->child; m && !d->e->status; m = m->next, index++) {
         if (!cJSON_IsObject(m)) { bad_json(d); return; }
         const char *role = get_str(d, m, "role");
         ds4_chat_role rl;
@@ -350,7 +358,9 @@ static void decode_chat(dec *d, const cJSON *root) {
         else if (!strcmp(role, "developer")) rl = DS4_ROLE_DEVELOPER;
         else if (!strcmp(role, "assistant")) rl = DS4_ROLE_ASSISTANT;
         else if (!strcmp(role, "tool") || !strcmp(role, "function")) rl = DS4_ROLE_TOOL;
-        else continue; /* ds4 ignores other roles */
+        /* DeepSeek's own encoding defines it; ds4 renders nothing for it */
+        else if (!strcmp(role, "latest_reminder")) continue;
+        else { unknown_role(d, "messages", index, role, "system, developer, user, assistant or tool"); return; }
         ds4_chat_msg *x = push_msg(d, &mv, rl);
         if (!x) return;
         x->content = content_text(d, get(m, "content"));
@@ -548,7 +558,8 @@ static void decode_responses(dec *d, const cJSON *root) {
         bad_json(d);
         return;
     }
-    for (const cJSON *it = cJSON_IsArray(input) ? input->child : NULL; it && !d->e->status; it = it->next) {
+    int index = 0;
+    for (const cJSON *it = cJSON_IsArray(input) ? input->child : NULL; it && !d->e->status; it = it->next, index++) {
         if (!cJSON_IsObject(it)) { bad_json(d); return; }
         const char *type = get_str(d, it, "type");
         type = type ? type : "message";
@@ -556,6 +567,10 @@ static void decode_responses(dec *d, const cJSON *root) {
         if (!strcmp(type, "message")) {
             const char *role = get_str(d, it, "role");
             role = role ? role : "user";
+            if (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system") && strcmp(role, "developer")) {
+                unknown_role(d, "input", index, role, "user, assistant, system or developer");
+                return;
+            }
             const char *text = content_text(d, get(it, "content"));
             if (!strcmp(role, "assistant")) {
                 s.cur_asst = NULL;
@@ -714,11 +729,12 @@ static void decode_messages(dec *d, const cJSON *root) {
     const cJSON *msgs = get(root, "messages");
     if (!present(msgs)) { fail(d, 400, "messages", NULL, "missing messages"); return; }
     if (!cJSON_IsArray(msgs)) { bad_json(d); return; }
-    for (const cJSON *m = msgs->child; m && !d->e->status; m = m->next) {
+    int index = 0;
+    for (const cJSON *m = msgs->child; m && !d->e->status; m = m->next, index++) {
         if (!cJSON_IsObject(m)) { bad_json(d); return; }
         const char *role = get_str(d, m, "role");
         bool asst = role && !strcmp(role, "assistant");
-        if (role && !asst && strcmp(role, "user")) continue;
+        if (role && !asst && strcmp(role, "user")) { unknown_role(d, "messages", index, role, "user or assistant"); return; }
         const cJSON *c = get(m, "content");
         bool glm_results = r->profile == DS4_CHAT_GLM && !asst && cJSON_IsArray(c);
         int n_results = glm_results ? glm_tool_results(d, &mv, c) : 0;
@@ -807,18 +823,24 @@ static int hex4(const char *p) {
     return v;
 }
 
-/* JavaScript strings may hold lone UTF-16 surrogates, which JSON.stringify
- * writes as "\udXXX" escapes; cJSON rejects them. They become U+FFFD (same
- * escape length, so the copy is rewritten in place) instead of failing the
- * whole request. Returns a malloc'ed copy only when something changed. */
-static char *fix_lone_surrogates(const char *s, size_t n) {
+/* The \u escapes of the body's strings, checked before cJSON sees them.
+ * cJSON reads a non-hex digit as the end of the number, so "\uzzzz" would
+ * become U+0000 and cut the text short: such an escape fails the request
+ * (false). JavaScript strings may hold lone UTF-16 surrogates, which
+ * JSON.stringify writes as "\udXXX" escapes; cJSON rejects them. They become
+ * U+FFFD (same escape length, so the copy is rewritten in place) instead of
+ * failing the whole request. *fixed is a malloc'ed copy only when something
+ * changed (NULL also when out of memory: cJSON then refuses the surrogate). */
+static bool check_unicode_escapes(const char *s, size_t n, char **fixed) {
     char *out = NULL;
     bool in_str = false;
+    *fixed = NULL;
     for (size_t i = 0; i < n; i++) {
         if (s[i] == '"') { in_str = !in_str; continue; }
         if (!in_str || s[i] != '\\' || i + 1 >= n) continue;
-        if (s[i + 1] != 'u' || i + 6 > n) { i++; continue; }
-        int u = hex4(s + i + 2);
+        if (s[i + 1] != 'u') { i++; continue; }
+        int u = i + 6 <= n ? hex4(s + i + 2) : -1;
+        if (u < 0) { free(out); return false; }
         bool lone = false;
         if (u >= 0xd800 && u <= 0xdbff) {
             int lo = i + 12 <= n && s[i + 6] == '\\' && s[i + 7] == 'u' ? hex4(s + i + 8) : -1;
@@ -827,17 +849,15 @@ static char *fix_lone_surrogates(const char *s, size_t n) {
         } else if (u >= 0xdc00 && u <= 0xdfff) {
             lone = true;
         }
-        if (lone) {
-            if (!out) {
-                if (!(out = malloc(n + 1))) return NULL;
-                memcpy(out, s, n);
-                out[n] = 0;
-            }
-            memcpy(out + i + 2, "fffd", 4);
+        if (lone && !out && (out = malloc(n + 1))) {
+            memcpy(out, s, n);
+            out[n] = 0;
         }
+        if (lone && out) memcpy(out + i + 2, "fffd", 4);
         i += 5;
     }
-    return out;
+    *fixed = out;
+    return true;
 }
 
 void ds4_request_free(ds4_request *r) {
@@ -874,7 +894,11 @@ cJSON *ds4_json_body_parse(const char *body, size_t len, ds4_req_error *e) {
         fail(&d, 400, NULL, NULL, "NUL characters (\\u0000) are not supported in request text");
         return NULL;
     }
-    char *fixed = fix_lone_surrogates(body, len);
+    char *fixed;
+    if (!check_unicode_escapes(body, len, &fixed)) {
+        fail(&d, 400, NULL, NULL, "invalid \\u escape in a JSON string: \\u takes four hex digits");
+        return NULL;
+    }
     const char *text = fixed ? fixed : body, *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
     size_t used = root && end ? (size_t)(end - text) : len;

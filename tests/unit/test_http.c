@@ -25,32 +25,63 @@ static void test_head(void) {
     CHECK(parse("GET /v1/models#frag HTTP/1.0\n\n", &r) > 0 && !strcmp(r.path, "/v1/models") &&
           !r.keep_alive, "bare LF, HTTP/1.0 closes");
     CHECK(parse("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", &r) > 0 && r.keep_alive, "1.0 ka");
-    CHECK(parse("GET / HTTP/1.1\r\nConnection: Close\r\n\r\n", &r) > 0 && !r.keep_alive, "close");
-    CHECK(parse("GET http://h:8000/v1/models?x HTTP/1.1\r\n\r\n", &r) > 0 &&
+    CHECK(parse("GET / HTTP/1.1\r\nHost: h\r\nConnection: Close\r\n\r\n", &r) > 0 && !r.keep_alive, "close");
+    CHECK(parse("GET http://h:8000/v1/models?x HTTP/1.1\r\nHost: h\r\n\r\n", &r) > 0 &&
           !strcmp(r.path, "/v1/models"), "absolute form -> %s", r.path);
-    CHECK(parse("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n", &r) > 0 &&
+    CHECK(parse("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n", &r) > 0 &&
           r.chunked && r.expect_continue, "chunked + expect");
-    CHECK(parse("OPTIONS * HTTP/1.1\r\nAccess-Control-Request-Headers: authorization,\r\x01x-api-key\r\n\r\n", &r) == -400,
+    CHECK(parse("OPTIONS * HTTP/1.1\r\nHost: h\r\nAccess-Control-Request-Headers: authorization,\r\x01x-api-key\r\n\r\n", &r) == -400,
           "control char in header value");
-    CHECK(parse("OPTIONS / HTTP/1.1\r\nAccess-Control-Request-Headers: authorization, x-api-key\r\n\r\n", &r) > 0 &&
+    CHECK(parse("OPTIONS / HTTP/1.1\r\nHost: h\r\nAccess-Control-Request-Headers: authorization, x-api-key\r\n\r\n", &r) > 0 &&
           !strcmp(r.acr_headers, "authorization, x-api-key"), "acrh %s", r.acr_headers);
 
-    CHECK(parse("GET / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", &r) == -400, "CL+TE");
-    CHECK(parse("GET / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", &r) == -400, "CL mismatch");
-    CHECK(parse("GET / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", &r) > 0, "CL repeat");
-    CHECK(parse("GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", &r) == -400, "CL negative");
-    CHECK(parse("GET / HTTP/1.1\r\nContent-Length: 2000000\r\n\r\n", &r) == -413, "CL over max");
-    CHECK(parse("GET / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n", &r) == -413, "CL overflow");
-    CHECK(parse("GET / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", &r) == -501, "TE gzip");
-    CHECK(parse("GET / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", &r) == -400, "chunked not last");
+    CHECK(parse("GET / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", &r) == -400, "CL+TE");
+    CHECK(parse("GET / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", &r) == -400, "CL mismatch");
+    CHECK(parse("GET / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", &r) > 0, "CL repeat");
+    CHECK(parse("GET / HTTP/1.1\r\nHost: h\r\nContent-Length: -1\r\n\r\n", &r) == -400, "CL negative");
+    CHECK(parse("GET / HTTP/1.1\r\nHost: h\r\nContent-Length: 2000000\r\n\r\n", &r) == -413, "CL over max");
+    CHECK(parse("GET / HTTP/1.1\r\nHost: h\r\nContent-Length: 99999999999999999999999\r\n\r\n", &r) == -413, "CL overflow");
+    CHECK(parse("GET / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n", &r) == -501, "TE gzip");
+    CHECK(parse("GET / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", &r) == -400, "chunked not last");
+    /* a coding applied before chunked would reach the JSON parser encoded */
+    CHECK(parse("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", &r) == -501,
+          "gzip, chunked");
+    CHECK(parse("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: identity, chunked\r\n\r\n", &r) == -501,
+          "identity, chunked");
+    CHECK(parse("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: xchunked\r\n\r\n", &r) == -501, "xchunked");
+    CHECK(parse("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+                &r) == -400, "chunked twice");
+    CHECK(parse("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: CHUNKED\r\n\r\n", &r) > 0 && r.chunked,
+          "chunked is case-insensitive");
+    /* Host (RFC 9112 3.2) */
+    CHECK(parse("GET / HTTP/1.1\r\n\r\n", &r) == -400, "HTTP/1.1 without Host");
+    CHECK(parse("GET / HTTP/1.0\r\n\r\n", &r) > 0 && !r.has_host, "HTTP/1.0 without Host");
+    CHECK(parse("GET / HTTP/1.1\r\nHost: a\r\nHost: localhost\r\n\r\n", &r) == -400, "two Host lines");
+    CHECK(parse("GET / HTTP/1.1\r\nHost:\r\n\r\n", &r) > 0 && r.has_host && !r.host[0], "empty Host is present");
+    {
+        /* a value too long to keep is refused, never kept as "" */
+        static const char *const fields[] = {"Host: ", "x-api-key: ", "Authorization: Bearer ", "Content-Type: "};
+        for (size_t f = 0; f < sizeof fields / sizeof *fields; f++) {
+            char req[1200];
+            int n = snprintf(req, sizeof req, "GET / HTTP/1.1\r\n%s%s", f ? "Host: h\r\n" : "", fields[f]);
+            memset(req + n, 'a', 600);
+            memcpy(req + n + 600, "\r\n\r\n", 5);
+            CHECK(parse(req, &r) == -431, "over-long %s", fields[f]);
+        }
+        char req[400];
+        int n = snprintf(req, sizeof req, "GET / HTTP/1.1\r\nHost: ");
+        memset(req + n, 'a', 255);
+        memcpy(req + n + 255, "\r\n\r\n", 5);
+        CHECK(parse(req, &r) > 0 && strlen(r.host) == 255, "a 255-byte Host is kept whole");
+    }
     CHECK(parse("GET / HTTP/2.0\r\n\r\n", &r) == -505, "version");
     CHECK(parse("GET / FTP/1.1\r\n\r\n", &r) == -400, "protocol");
-    CHECK(parse("get / HTTP/1.1\r\n\r\n", &r) == -400, "lowercase method");
-    CHECK(parse("GET  / HTTP/1.1\r\n\r\n", &r) == -400, "double space");
-    CHECK(parse("GET relative HTTP/1.1\r\n\r\n", &r) == -400, "relative target");
-    CHECK(parse("GET / HTTP/1.1\r\nBad Header: x\r\n\r\n", &r) == -400, "space in name");
-    CHECK(parse("GET / HTTP/1.1\r\nX: a\r\n folded\r\n\r\n", &r) == -400, "obs-fold");
-    CHECK(parse("GET / HTTP/1.1\r\nExpect: something\r\n\r\n", &r) == -417, "expect");
+    CHECK(parse("get / HTTP/1.1\r\nHost: h\r\n\r\n", &r) == -400, "lowercase method");
+    CHECK(parse("GET  / HTTP/1.1\r\nHost: h\r\n\r\n", &r) == -400, "double space");
+    CHECK(parse("GET relative HTTP/1.1\r\nHost: h\r\n\r\n", &r) == -400, "relative target");
+    CHECK(parse("GET / HTTP/1.1\r\nHost: h\r\nBad Header: x\r\n\r\n", &r) == -400, "space in name");
+    CHECK(parse("GET / HTTP/1.1\r\nHost: h\r\nX: a\r\n folded\r\n\r\n", &r) == -400, "obs-fold");
+    CHECK(parse("GET / HTTP/1.1\r\nHost: h\r\nExpect: something\r\n\r\n", &r) == -417, "expect");
     CHECK(parse("\r\n\r\n", &r) == -400, "empty request line");
 
     char big[3000];

@@ -62,7 +62,7 @@ static void test_chat(void) {
     CHECK(r.sampling.temperature == 0 && r.sampling.top_p == 1 && r.sampling.min_p == 0.05f, "explicit temp, default others");
     CHECK(r.sampling.top_k == 1024 && r.seed_set && r.sampling.seed == 7, "top_k cap, seed");
     CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "END") && r.stream && r.include_usage && r.max_tokens == 12, "misc");
-    CHECK(r.n_msgs == 4, "unknown role skipped: %d", r.n_msgs);
+    CHECK(r.n_msgs == 4, "latest_reminder (DeepSeek's own role) skipped: %d", r.n_msgs);
     CHECK(r.msgs[0].role == DS4_ROLE_DEVELOPER && r.msgs[1].role == DS4_ROLE_USER, "roles");
     CHECK(!strcmp(r.msgs[1].content, "a[image]b"), "parts: '%s'", r.msgs[1].content);
     CHECK(r.msgs[2].content == NULL && !strcmp(r.msgs[2].reasoning_content, "why"), "assistant");
@@ -175,6 +175,25 @@ static void test_body_strictness(void) {
     CHECK(dec(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\\\u0000b\"}]}", &r, &e) == 0 &&
           !strcmp(r.msgs[0].content, "a\\u0000b"), "escaped backslash + u0000 is text");
     ds4_request_free(&r);
+    /* cJSON would read a non-hex \u escape as U+0000 and cut the text */
+    static const char *const bad_escapes[] = {"\\uzzzz", "\\u12", "\\u00g1", "\\ud83d\\uzzzz"};
+    for (size_t i = 0; i < sizeof bad_escapes / sizeof *bad_escapes; i++) {
+        char body[200];
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"a%sb\"}]}", bad_escapes[i]);
+        CHECK(dec(C, body, &r, &e) == 400 && strstr(e.message, "\\u escape"), "%s refused: %s", bad_escapes[i], e.message);
+    }
+    CHECK(dec(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"\\u00e9\\\\uzzzz\"}]}", &r, &e) == 0 &&
+          !strcmp(r.msgs[0].content, "\xc3\xa9\\uzzzz"), "valid escape, escaped backslash + uzzzz is text");
+    ds4_request_free(&r);
+    /* a role the family does not define is named, never dropped */
+    CHECK(dec(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"wizard\",\"content\":\"b\"}]}",
+              &r, &e) == 400 && !strcmp(e.param, "messages") && strstr(e.message, "messages[1]") &&
+          strstr(e.message, "'wizard'"), "chat: unknown role: %s", e.message);
+    CHECK(dec(DS4_API_MESSAGES, "{\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"b\"}]}",
+              &r, &e) == 400 && strstr(e.message, "'system'"), "messages: unknown role: %s", e.message);
+    CHECK(dec(DS4_API_RESPONSES, "{\"input\":[{\"type\":\"message\",\"role\":\"tool\",\"content\":\"b\"}]}",
+              &r, &e) == 400 && !strcmp(e.param, "input") && strstr(e.message, "input[0]") && strstr(e.message, "'tool'"),
+          "responses: unknown role: %s", e.message);
     const char *bad[][2] = {{"temperature", "-0.5"}, {"top_p", "1.01"}, {"top_p", "-1"}, {"min_p", "2"}, {"top_k", "-1"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char body[200];
