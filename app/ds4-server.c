@@ -24,6 +24,7 @@ static void usage(FILE *f) {
         "      --max-connections N       open connections, at most 1024 (default 1024)\n"
         "      --max-client-connections N  open connections per client address (default 256)\n"
         "      --request-timeout S       a request's head and body must arrive within S seconds (default 30)\n"
+        "      --head-timeout S          a request's head must arrive within S seconds (default 10)\n"
         "      --prefill-chunk N         prefill chunk size (default 4096)\n"
         "      --batched-session N       N resident sessions serving N requests at once, decoded\n"
         "                                together in batches (default 1: one request at a time)\n"
@@ -103,6 +104,7 @@ int main(int argc, char **argv) {
         else if (ARG("--max-connections")) { VALUE(); o.max_connections = parse_int(a, v, 1, DS4_SERVER_MAX_CONNECTIONS); }
         else if (ARG("--max-client-connections")) { VALUE(); o.max_client_connections = parse_int(a, v, 1, 1 << 20); }
         else if (ARG("--request-timeout")) { VALUE(); o.limits.request_timeout_ms = parse_int(a, v, 1, 3600) * 1000; }
+        else if (ARG("--head-timeout")) { VALUE(); o.limits.head_timeout_ms = parse_int(a, v, 1, 3600) * 1000; }
         else if (ARG("--tool-memory-max-ids")) { VALUE(); o.tool_memory_max_ids = (size_t)parse_int(a, v, 1, 1 << 30); }
         else if (ARG("--scripted-output")) { VALUE(); o.scripted_output = v; }
         else if (ARG("--kv-disk-dir")) { VALUE(); o.kvdisk.dir = v; }

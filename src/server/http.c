@@ -281,6 +281,7 @@ void ds4_http_limits_default(ds4_http_limits *l) {
     l->max_body = 64ull * 1024 * 1024;
     l->read_timeout_ms = 10000;
     l->request_timeout_ms = 30000;
+    l->head_timeout_ms = 10000;
     l->idle_timeout_ms = 60000;
     l->write_stall_ms = 2000;
     l->send_buffer_bytes = 64 * 1024;
@@ -366,27 +367,34 @@ static void consume_in(ds4_http_conn *c, size_t n) {
     if (c->in.data) c->in.data[c->in.len] = 0;
 }
 
-int ds4_http_read_request(ds4_http_conn *c, ds4_http_req *req, ds4_buf *body) {
-    ds4_buf_clear(body);
+int ds4_http_read_head(ds4_http_conn *c, ds4_http_req *req) {
     c->close_after = false;
     c->head_only = false;
-    /* The deadline starts with the request's first byte, not the idle wait. */
-    double deadline = c->in.len ? mono_ms() + c->lim.request_timeout_ms : 0;
+    /* The deadlines start with the request's first byte, not the idle wait. */
+    double first = c->in.len ? mono_ms() : 0;
+    int head_ms = c->lim.head_timeout_ms < c->lim.request_timeout_ms ? c->lim.head_timeout_ms
+                                                                     : c->lim.request_timeout_ms;
     int hl;
     for (;;) {
         hl = c->in.len ? ds4_http_parse_head(c->in.data, c->in.len, c->lim.max_head,
                                              c->lim.max_body, req) : 0;
         if (hl) break;
-        ssize_t r = c->in.len ? read_request_bytes(c, deadline) : read_some(c, c->lim.idle_timeout_ms);
+        ssize_t r = c->in.len ? read_request_bytes(c, first + head_ms) : read_some(c, c->lim.idle_timeout_ms);
         if (r == 0 || (r < 0 && c->in.len == 0)) return 1;
         if (r < 0) return r == -2 ? -408 : 1;
-        if (!deadline) deadline = mono_ms() + c->lim.request_timeout_ms;
+        if (!first) first = mono_ms();
     }
     if (hl < 0) return hl;
     consume_in(c, (size_t)hl);
+    c->body_deadline_ms = first + c->lim.request_timeout_ms;
     c->http10 = req->minor == 0;
     c->head_only = !strcmp(req->method, "HEAD");
+    return 0;
+}
 
+int ds4_http_read_body(ds4_http_conn *c, const ds4_http_req *req, ds4_buf *body) {
+    ds4_buf_clear(body);
+    double deadline = c->body_deadline_ms;
     if (req->expect_continue && (req->chunked || req->content_length > 0) && c->in.len == 0) {
         static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
         if (write_all(c, cont, sizeof cont - 1)) return 1;

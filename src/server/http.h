@@ -25,10 +25,12 @@
  *   input, appends payload to out (bounded by max_body: -413), and reports
  *   1 when the terminating chunk and trailers have been read, 0 for more,
  *   -400 for malformed framing.
- * - Connection I/O: once a request's first byte has arrived, its head and
- *   body must be complete within request_timeout_ms in total, and no read
- *   may wait longer than read_timeout_ms (a client trickling a byte at a
- *   time cannot hold a connection); writes use poll() with a stall timeout
+ * - Connection I/O: once a request's first byte has arrived, its head must
+ *   be complete within head_timeout_ms (a head is at most max_head bytes,
+ *   so it needs far less time than a large body), head and body within
+ *   request_timeout_ms in total, and no read may wait longer than
+ *   read_timeout_ms (a client trickling a byte at a time cannot hold a
+ *   connection); writes use poll() with a stall timeout
  *   so a client that stops reading cannot block the inference worker. All
  *   writes use MSG_NOSIGNAL. The server caps each connection's send buffer
  *   (send_buffer_bytes): the kernel would otherwise grow a loopback buffer
@@ -89,6 +91,7 @@ typedef struct {
     uint64_t max_body;    /* default 64 MiB */
     int read_timeout_ms;  /* per read while a request is arriving, default 10 s */
     int request_timeout_ms; /* whole head + body from its first byte, default 30 s */
+    int head_timeout_ms;  /* the head from its first byte, default 10 s (capped by request_timeout_ms) */
     int idle_timeout_ms;  /* keep-alive wait for the next request, default 60 s */
     int write_stall_ms;   /* a write that makes no progress this long fails, default 2 s */
     int send_buffer_bytes; /* SO_SNDBUF of each accepted connection, default 64 KiB */
@@ -107,13 +110,20 @@ typedef struct {
     bool broken;          /* a write failed; the peer is gone */
     bool stalled;         /* ... because the peer stopped reading (write_stall_ms passed) */
     int status;           /* of the last response head sent (metrics) */
+    double body_deadline_ms; /* the current request's, set by read_head */
 } ds4_http_conn;
 
-/* Reads the next request. Returns 0 with *req and body filled; 1 when the
- * client closed (or idled out) between requests; -STATUS when the request
- * must be answered with that error and the connection closed afterwards
- * (-408 for a timeout mid-request, answered best-effort). */
-int ds4_http_read_request(ds4_http_conn *c, ds4_http_req *req, ds4_buf *body);
+/* Reading the next request is two calls, so the server can tell a
+ * connection still waiting for a head (cheap to drop when slots run out:
+ * server.h) from one whose request is under way. read_head waits for the
+ * next request's head; read_body then reads its body (for 100-continue it
+ * first sends the interim response). Each returns 0 when done (*req,
+ * *body filled); 1 when the client closed (or idled out between
+ * requests); -STATUS when the request must be answered with that error and
+ * the connection closed afterwards (-408 for a timeout mid-request,
+ * answered best-effort). */
+int ds4_http_read_head(ds4_http_conn *c, ds4_http_req *req);
+int ds4_http_read_body(ds4_http_conn *c, const ds4_http_req *req, ds4_buf *body);
 
 /* A complete response with Content-Length. extra_headers is "" or lines
  * each ending in CRLF. To a HEAD request only the head goes out, with the

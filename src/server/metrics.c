@@ -94,11 +94,15 @@ static double per_second(unsigned long long tokens, double s) { return s > 0 ? (
 
 void ds4_metrics_render(ds4_buf *out, const ds4_metrics_gauges *g) {
     pthread_mutex_lock(&mu);
-    line(out, "# HELP ds4_requests_total HTTP requests by endpoint and status.\n"
+    line(out, "# HELP ds4_requests_total HTTP requests by endpoint and status (client_closed: no response, the "
+              "client had gone).\n"
               "# TYPE ds4_requests_total counter\n");
-    for (int i = 0; i < n_pairs; i++)
-        line(out, "ds4_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", ENDPOINTS[pairs[i].endpoint],
-             pairs[i].status, pairs[i].n);
+    for (int i = 0; i < n_pairs; i++) {
+        char status[16];
+        snprintf(status, sizeof status, "%d", pairs[i].status);
+        line(out, "ds4_requests_total{endpoint=\"%s\",status=\"%s\"} %llu\n", ENDPOINTS[pairs[i].endpoint],
+             pairs[i].status ? status : "client_closed", pairs[i].n);
+    }
     counter(out, "ds4_prompt_tokens_total", "Prompt tokens of answered requests.", prompt_tokens);
     counter(out, "ds4_prompt_tokens_cached_total", "Prompt tokens reused from a session or the disk cache.",
             cached_tokens);

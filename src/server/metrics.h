@@ -9,6 +9,11 @@
  *   they took (a scraper derives recent tokens/s from their rates; the
  *   tokens/s gauges are the averages since start, as llama-server's),
  *   prompts by how their prefix was reused (live session, disk cache, cold).
+ * - A request that got no response because its client had closed the
+ *   connection (ds4_metrics_request() with status 0) is counted under
+ *   status="client_closed", never a made-up HTTP code: a query on real
+ *   statuses ("5..") stays true, and the totals still add up to every
+ *   request read.
  * - ds4_metrics_render() appends the exposition text, with the gauges the
  *   caller passes in (slots, busy slots, queued requests, KV bytes
  *   allocated, tokens held and the bytes of state they fill: the sessions'
@@ -21,6 +26,7 @@
 
 #include "json_util.h"
 
+/* status: of the response head sent, 0 when none was (the client left) */
 void ds4_metrics_request(const char *path, int status);
 void ds4_metrics_tokens(int prompt, int cached, int generated);
 void ds4_metrics_prefill(int tokens, double seconds);

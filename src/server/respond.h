@@ -30,7 +30,7 @@ void ds4_send_method_not_allowed(server *s, ds4_http_conn *c, const ds4_http_req
                                  bool keep_alive);
 /* One SSE `data:` event. */
 void ds4_sse_data(ds4_http_conn *c, struct cJSON *o);
-/* The message for an HTTP-layer rejection (ds4_http_read_request's -STATUS). */
+/* The message for an HTTP-layer rejection (the -STATUS of ds4_http_read_head or _body). */
 const char *ds4_http_error_text(int status);
 
 #endif

@@ -45,9 +45,28 @@ typedef struct {
     int n;
 } client_count;
 
+/* Every open connection. One that waits for a request head (a new or
+ * kept-alive connection, or a client trickling its head) costs the client
+ * nothing to hold, so when the slots are full a new client takes the slot
+ * of the one that has waited longest: many addresses holding partial heads
+ * cannot lock clients out for the length of a timeout. An evicted entry has
+ * given up its slot but stays in the table until its thread has closed the
+ * socket, so shutdown() never reaches a descriptor number already reused;
+ * hence room for twice the slots. */
+typedef struct {
+    bool used;
+    bool evicted;
+    bool waiting;             /* for a request head, or closing after an error */
+    int fd;
+    unsigned long long since; /* when it began waiting, in g_wait_seq order */
+    unsigned char client[16];
+} conn_entry;
+
 static pthread_mutex_t g_conns_mu = PTHREAD_MUTEX_INITIALIZER;
 static client_count g_clients[DS4_SERVER_MAX_CONNECTIONS];
+static conn_entry g_conns[2 * DS4_SERVER_MAX_CONNECTIONS];
 static int g_n_clients, g_n_conns;
+static unsigned long long g_wait_seq;
 
 static void client_key(const struct sockaddr_storage *ss, unsigned char key[16]) {
     memset(key, 0, 16);
@@ -65,13 +84,45 @@ static client_count *find_client(const unsigned char key[16]) {
     return NULL;
 }
 
-/* Takes a connection slot for the address, or refuses (false). */
-static bool admit(const unsigned char key[16], int max_total, int per_client_max) {
+/* Gives back an entry's slot (g_conns_mu held). */
+static void drop_slot(const conn_entry *e) {
+    client_count *c = find_client(e->client);
+    if (c && --c->n == 0) *c = g_clients[--g_n_clients];
+    g_n_conns--;
+}
+
+/* Frees the slot of the connection that has waited longest for a request
+ * head, waking its thread (g_conns_mu held); false when none waits. */
+static bool evict_oldest_waiting(void) {
+    conn_entry *old = NULL;
+    for (size_t i = 0; i < sizeof g_conns / sizeof *g_conns; i++) {
+        conn_entry *e = &g_conns[i];
+        if (e->used && !e->evicted && e->waiting && (!old || e->since < old->since)) old = e;
+    }
+    if (!old) return false;
+    old->evicted = true;
+    shutdown(old->fd, SHUT_RDWR);
+    drop_slot(old);
+    return true;
+}
+
+/* Takes a connection slot for the address: its g_conns index, or -1 when
+ * refused. When every slot is taken, an address holding few connections
+ * takes a waiting connection's slot (busier addresses are refused, so they
+ * cannot churn each other's clients out). */
+static int admit(int fd, const unsigned char key[16], int max_total, int per_client_max) {
     pthread_mutex_lock(&g_conns_mu);
     client_count *c = find_client(key);
     int held = c ? c->n : 0;
     bool ok = g_n_conns < max_total && held < per_client_max &&
               (g_n_conns < max_total - max_total / RESERVE_DIVISOR || held < FEW_CONNECTIONS);
+    if (!ok && held < per_client_max && held < FEW_CONNECTIONS && evict_oldest_waiting()) {
+        ok = true;
+        c = find_client(key); /* the eviction may have moved the entry */
+    }
+    size_t idx = 0;
+    while (ok && idx < sizeof g_conns / sizeof *g_conns && g_conns[idx].used) idx++;
+    if (idx == sizeof g_conns / sizeof *g_conns) ok = false;
     if (ok) {
         if (!c) {
             c = &g_clients[g_n_clients++];
@@ -80,23 +131,38 @@ static bool admit(const unsigned char key[16], int max_total, int per_client_max
         }
         c->n++;
         g_n_conns++;
+        g_conns[idx] = (conn_entry){.used = true, .waiting = true, .fd = fd, .since = g_wait_seq++};
+        memcpy(g_conns[idx].client, key, 16);
     }
     pthread_mutex_unlock(&g_conns_mu);
-    return ok;
+    return ok ? (int)idx : -1;
 }
 
-static void release(const unsigned char key[16]) {
+/* Before the connection's socket is closed. */
+static void release(int idx) {
     pthread_mutex_lock(&g_conns_mu);
-    client_count *c = find_client(key);
-    if (c && --c->n == 0) *c = g_clients[--g_n_clients];
-    g_n_conns--;
+    conn_entry *e = &g_conns[idx];
+    if (!e->evicted) drop_slot(e);
+    e->used = false;
     pthread_mutex_unlock(&g_conns_mu);
+}
+
+/* Marks the connection waiting (evictable) or busy with a request; false
+ * once it has been evicted. */
+static bool set_waiting(int idx, bool waiting) {
+    pthread_mutex_lock(&g_conns_mu);
+    conn_entry *e = &g_conns[idx];
+    if (waiting && !e->waiting) e->since = g_wait_seq++;
+    e->waiting = waiting;
+    bool alive = !e->evicted;
+    pthread_mutex_unlock(&g_conns_mu);
+    return alive;
 }
 
 typedef struct {
     server *s;
     int fd;
-    unsigned char client[16];
+    int idx; /* in g_conns */
 } conn_arg;
 
 static void *conn_main(void *ud) {
@@ -108,7 +174,10 @@ static void *conn_main(void *ud) {
     ds4_buf body = {0};
     for (;;) {
         memset(&hr, 0, sizeof hr);
-        int rc = ds4_http_read_request(&c, &hr, &body);
+        if (!set_waiting(a.idx, true)) break;
+        int rc = ds4_http_read_head(&c, &hr);
+        if (!rc && !set_waiting(a.idx, false)) break;
+        if (!rc) rc = ds4_http_read_body(&c, &hr, &body);
         if (rc == 1) break;
         if (rc < 0) {
             int status = -rc;
@@ -117,7 +186,9 @@ static void *conn_main(void *ud) {
                 ds4_send_error(s, &c, h, status, ds4_http_error_text(status), NULL, NULL, 0, false);
             }
             /* Lingering close: closing with unread input makes the kernel send
-             * a reset that can destroy the error response in flight. */
+             * a reset that can destroy the error response in flight. The
+             * connection is only closing: a new client may take its slot. */
+            set_waiting(a.idx, true);
             shutdown(a.fd, SHUT_WR);
             char sink[65536];
             struct pollfd pf = {.fd = a.fd, .events = POLLIN};
@@ -128,8 +199,8 @@ static void *conn_main(void *ud) {
     }
     ds4_buf_free(&body);
     ds4_buf_free(&c.in);
+    release(a.idx);
     close(a.fd);
-    release(a.client);
     return NULL;
 }
 
@@ -182,16 +253,16 @@ static void accept_one(server *s, int listen_fd, const pthread_attr_t *attr) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &s->o.limits.send_buffer_bytes, sizeof s->o.limits.send_buffer_bytes);
     unsigned char key[16];
     client_key(&peer, key);
-    bool admitted = admit(key, s->o.max_connections, s->o.max_client_connections);
-    conn_arg *a = admitted ? malloc(sizeof *a) : NULL;
+    int idx = admit(fd, key, s->o.max_connections, s->o.max_client_connections);
+    conn_arg *a = idx >= 0 ? malloc(sizeof *a) : NULL;
     pthread_t th;
-    if (a) { a->s = s; a->fd = fd; memcpy(a->client, key, 16); }
+    if (a) { a->s = s; a->fd = fd; a->idx = idx; }
     if (!a || pthread_create(&th, attr, conn_main, a)) {
         static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
         send(fd, busy, sizeof busy - 1, MSG_NOSIGNAL);
+        if (idx >= 0) release(idx);
         close(fd);
         free(a);
-        if (admitted) release(key);
     }
 }
 

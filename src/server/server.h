@@ -48,8 +48,13 @@
  * - Connections: at most max_connections, at most max_client_connections
  *   per client address, and the last 1/16 of the slots only for addresses
  *   holding fewer than 4, so a crowd from a few addresses cannot lock new
- *   clients out; a request must arrive completely within
- *   limits.request_timeout_ms.
+ *   clients out. When every slot is taken, a new client from an address
+ *   holding fewer than 4 takes the slot of the connection that has waited
+ *   longest for a request head (idle, trickling a head, or closing after an
+ *   error), which is closed: connections from many addresses holding
+ *   partial heads cannot lock clients out either. A request's head must
+ *   arrive within limits.head_timeout_ms of its first byte, the whole
+ *   request within limits.request_timeout_ms.
  * - Test only: with DS4_TEST_SLOT_LINGER_GATE naming a file, a slot that
  *   has finished a job stays busy (not yet idle) for as long as that file
  *   exists, so a test can hold open the window in which a

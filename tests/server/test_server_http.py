@@ -69,6 +69,55 @@ def post(path, body, extra=b""):
             f"Content-Length: {len(body)}\r\n").encode() + extra + b"\r\n" + body
 
 
+def host_and_framing_checks(t, p):
+    """Probe findings: the Host check (DNS rebinding), transfer codings,
+    \\u escapes and message roles."""
+    def get(head):
+        return parse(raw(p, b"GET /v1/models " + head + b"\r\n\r\n"))
+
+    # a rebinding page's name too long to keep used to be stored as "" and
+    # pass as "no Host"; now it is refused, never served
+    domain = b".".join([b"a" * 63] * 3 + [b"b" * 61])   # 253 bytes, a valid DNS name
+    st, _, body = get(b"HTTP/1.1\r\nHost: " + domain + b":%d" % p)
+    t.check(st == 431, f"253-byte Host with port: {st} {body[:80]}")
+    st, _, body = get(b"HTTP/1.1\r\nHost: " + b"a" * 255)
+    t.check(st == 403 and openai_error(body), f"255-byte foreign Host is kept and refused: {st}")
+    st, _, body = get(b"HTTP/1.1\r\nHost:")
+    t.check(st == 403 and openai_error(body), f"empty Host on HTTP/1.1: {st} {body[:80]}")
+    st, _, _ = get(b"HTTP/1.1")
+    t.check(st == 400, f"HTTP/1.1 without Host: {st}")
+    st, _, _ = get(b"HTTP/1.1\r\nHost: evil.example\r\nHost: 127.0.0.1")
+    t.check(st == 400, f"two Host lines: {st}")
+    st, _, body = get(b"HTTP/1.0")
+    t.check(st == 200 and b'"object":"list"' in body, f"HTTP/1.0 without Host is served: {st}")
+    st, _, _ = get(b"HTTP/1.1\r\nHost: localhost:%d" % p)
+    t.check(st == 200, f"loopback Host is served: {st}")
+
+    # a coding before chunked: the body would reach the JSON parser encoded
+    body = b'{"messages":[{"role":"user","content":"x"}]}'
+    st, _, out = parse(raw(p, b"POST /v1/messages/count_tokens HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                              b"Content-Type: application/json\r\nTransfer-Encoding: gzip, chunked\r\n\r\n" +
+                              b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"))
+    t.check(st == 501, f"Transfer-Encoding: gzip, chunked: {st} {out[:80]}")
+
+    # cJSON read "\\uzzzz" as U+0000 and cut the text there
+    st, _, out = parse(raw(p, post("/v1/chat/completions",
+                                   '{"max_tokens":1,"messages":[{"role":"user","content":"a\\uzzzzb"}]}')))
+    t.check(st == 400 and openai_error(out) and b"\\\\u escape" in out, f"\\uzzzz: {st} {out[:160]}")
+
+    # an unknown role used to be dropped silently: 400 naming it, per family
+    for path, req, shaped in (
+            ("/v1/chat/completions", {"max_tokens": 1, "messages": [
+                {"role": "user", "content": "a"}, {"role": "wizard", "content": "b"}]},
+             lambda b: openai_error(b) and json.loads(b)["error"]["param"] == "messages"),
+            ("/v1/messages", {"model": "m", "max_tokens": 1, "messages": [{"role": "wizard", "content": "b"}]},
+             lambda b: anthropic_error(b, "invalid_request_error")),
+            ("/v1/responses", {"max_output_tokens": 1, "input": [{"type": "message", "role": "wizard", "content": "b"}]},
+             lambda b: openai_error(b) and json.loads(b)["error"]["param"] == "input")):
+        st, _, out = parse(raw(p, post(path, json.dumps(req))))
+        t.check(st == 400 and shaped(out) and b"'wizard'" in out, f"{path}: unknown role: {st} {out[:200]}")
+
+
 def main():
     demo_model_or_skip(NAME)
     t = Results(NAME)
@@ -84,6 +133,8 @@ def main():
 
         slow_thread = threading.Thread(target=slow_client)
         slow_thread.start()
+
+        host_and_framing_checks(t, p)
 
         # models, query strings, aliases
         st, _, body = srv.request("GET", "/v1/models?client_version=1")
