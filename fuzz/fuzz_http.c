@@ -20,6 +20,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (ds4_http_parse_head(buf, (size_t)hl, 4096, 1 << 16, &r2) != hl) abort();
         if (strlen(r.path) >= sizeof r.path || r.path[0] == 0) abort();
         if (strchr(r.path, '?')) abort();
+        /* HTTP/1.1 without Host never parses; a kept Host is never cut */
+        if (r.minor == 1 && !r.has_host) abort();
+        if (strnlen(r.host, sizeof r.host) >= sizeof r.host || (!r.has_host && r.host[0])) abort();
     }
     size_t off = hl > 0 ? (size_t)hl : 0;
     ds4_http_chunked c;

@@ -225,6 +225,86 @@ def slow_senders_cannot_lock_out(t):
         srv.stop()
 
 
+def partial_heads_from_many_addresses_cannot_lock_out(t):
+    """Probe finding: connections from many addresses, each holding a partial
+    head, filled every slot; new clients got 503 until --request-timeout ran
+    out. A new client from a light address now takes the slot of the
+    connection that has waited longest for its head. The crowd's heads stay
+    open for the 10 s head timeout: an answer within the 20 s socket bound
+    comes before any of them times out, and the 503 came at once."""
+    srv = Server("--max-connections", "32", "--max-client-connections", "8", "--request-timeout", "60")
+    crowd = []
+    try:
+        # 10 addresses x 4 connections, round robin: more than the 32 slots
+        for k in range(4):
+            for a in range(10):
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=20,
+                                             source_address=(f"127.0.0.{10 + a}", 0))
+                s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+                crowd.append(s)
+        # accepted after the whole crowd (the listener takes connections in
+        # arrival order)
+        out = raw(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", src="127.0.0.2")
+        got = split_responses(out)
+        t.check(got and got[0][0] == 200, f"a new client is served while partial heads fill the slots: {out[:40]}")
+        # the oldest waiting connection gave up its slot: the server closed it
+        # (not answered: a 408 would mean it was still held at its timeout)
+        first = crowd[0]
+        first.settimeout(30)
+        try:
+            gone = first.recv(100) == b""
+        except OSError:
+            gone = True
+        t.check(gone, "the longest-waiting partial head was closed")
+        t.check(srv.alive(), "server alive")
+    finally:
+        for s in crowd:
+            s.close()
+        srv.stop()
+
+
+def head_timeout_is_its_own(t):
+    """A head must arrive within --head-timeout of its first byte, however
+    long --request-timeout (sized for large bodies) is: a trickled head gets
+    its 408 then (the 30 s socket bound tells it from the 600 s request
+    timeout)."""
+    srv = Server("--request-timeout", "600", "--head-timeout", "1")
+    try:
+        s = send_from(srv.port, b"GET /v1/models HTTP/1.1\r\n", timeout=30)
+        stop = threading.Event()
+
+        def trickle():
+            # a byte every 0.3 s: each read succeeds, only the head deadline ends it
+            while not stop.wait(0.3):
+                try:
+                    s.sendall(b"X")
+                except OSError:
+                    return
+
+        th = threading.Thread(target=trickle)
+        th.start()
+        try:
+            out = s.recv(200)
+        except OSError:
+            out = b""
+        stop.set()
+        th.join()
+        s.close()
+        t.check(out.startswith(b"HTTP/1.1 408"), f"a trickled head ends at --head-timeout: {out[:40]}")
+        # a whole request still has its body's time: a head sent at once, then
+        # a body later than the head timeout is still read
+        body = b'{"messages":[{"role":"user","content":"x"}]}'
+        s = send_from(srv.port, b"POST /v1/messages/count_tokens HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        time.sleep(1.5)
+        s.sendall(body)
+        got = split_responses(read_responses(s))
+        s.close()
+        t.check(got and got[0][0] == 200, f"the body is not cut by the head timeout: {got[:1]}")
+    finally:
+        srv.stop()
+
+
 def nul_text_is_refused(t, srv):
     """Defect 4: text with a NUL character is refused, never cut short."""
     for path, body in (("/v1/chat/completions", '{"max_tokens":1,"messages":[{"role":"user","content":"a\\u0000b"}]}'),
@@ -450,6 +530,8 @@ def main():
     finally:
         srv.stop()
     slow_senders_cannot_lock_out(t)
+    partial_heads_from_many_addresses_cannot_lock_out(t)
+    head_timeout_is_its_own(t)
     reserve_keeps_room_for_new_clients(t)
     rejected_prompt_keeps_live_session(t)
     fifo_model_path_is_refused(t)

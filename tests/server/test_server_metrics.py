@@ -19,16 +19,20 @@ On a 2-slot server with the demo model:
 - the trace has one timing line per request: the tokens it prefilled and
   decoded agree with its usage (prompt minus cached, completion) and add up
   to the counters, and its times are ordered (queue wait <= first token <=
-  total; prefill and decode each within the total).
+  total; prefill and decode each within the total);
+- a request whose client left before any response is counted under
+  status="client_closed", never "0".
 Greedy answers of the random-weight demo model are meaningless text; only
 counts are checked."""
 import json
 import math
+import os
 import re
+import socket
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from server_helper import Results, Server, demo_model_or_skip
+from server_helper import Results, Server, demo_model_or_skip, wait_for, write_temp_file
 
 NAME = "test_server_metrics"
 
@@ -69,9 +73,39 @@ def held(usage, choice):
     return usage["prompt_tokens"] + usage["completion_tokens"] + extra
 
 
+def disconnects_have_their_own_status(res):
+    """Probe finding: a request whose client left before any response was
+    counted under status="0". It now shows under status="client_closed", and
+    no sample is labelled "0". The scripted answer is long enough that the
+    worker notices the closed socket long before it could answer."""
+    script = write_temp_file("word " * 4000)
+    srv = Server("--scripted-output", script, ctx=4096)
+    try:
+        body = json.dumps({"messages": [{"role": "user", "content": "leave"}], "max_tokens": 3000}).encode()
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        s.close()
+        def chat_samples():
+            return {k: v for k, v in scrape(srv, res)[0].items()
+                    if k.startswith("ds4_requests_total{endpoint=/v1/chat/completions}")}
+
+        wait_for(lambda: chat_samples(), "the request is counted once its connection is done", res, tries=300)
+        got = chat_samples()
+        res.check(got == {"ds4_requests_total{endpoint=/v1/chat/completions}{status=client_closed}": 1},
+                  f"the disconnect is counted under status=client_closed: {got}")
+        zero = [k for k in scrape(srv, res)[0] if "{status=0}" in k]
+        res.check(not zero, f"no request is labelled status 0: {zero}")
+        res.check(srv.alive(), "server alive")
+    finally:
+        srv.stop()
+        os.unlink(script)
+
+
 def main():
     demo_model_or_skip(NAME)
     res = Results(NAME)
+    disconnects_have_their_own_status(res)
     srv = Server("--batched-session", "2", ctx=1024)
     try:
         m, types = scrape(srv, res)
