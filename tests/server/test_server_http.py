@@ -125,7 +125,7 @@ def main():
     p = srv.port
     try:
         # a slow client (head never finished) is answered 408 and dropped
-        # after the 10 s read timeout; runs alongside the other checks
+        # after the 10 s head timeout; runs alongside the other checks
         slow = {}
 
         def slow_client():
