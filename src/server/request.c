@@ -824,9 +824,9 @@ static int hex4(const char *p) {
 }
 
 /* The \u escapes of the body's strings, checked before cJSON sees them.
- * cJSON reads a non-hex digit as the end of the number, so "\uzzzz" would
- * become U+0000 and cut the text short: such an escape fails the request
- * (false). JavaScript strings may hold lone UTF-16 surrogates, which
+ * cJSON decodes an escape with a non-hex digit as U+0000, so "\uzzzz" would
+ * cut the text short there: such an escape, or one with fewer than four
+ * digits, fails the request (false). JavaScript strings may hold lone UTF-16 surrogates, which
  * JSON.stringify writes as "\udXXX" escapes; cJSON rejects them. They become
  * U+FFFD (same escape length, so the copy is rewritten in place) instead of
  * failing the whole request. *fixed is a malloc'ed copy only when something

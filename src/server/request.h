@@ -10,7 +10,9 @@
  *   deepseek-v4-prompt-format.md 7-8; GLM's thinking switch is also read from
  *   chat_template_kwargs.enable_thinking (vLLM / SGLang clients).
  * - Unknown fields are ignored everywhere; duplicate keys: the last wins.
- *   Wrong types, missing required fields, unsupported values and invalid
+ *   Wrong types, missing required fields, unsupported values, message
+ *   roles the family does not define (named in the message; DeepSeek's
+ *   latest_reminder is accepted by chat and renders nothing) and invalid
  *   UTF-8 fail with an HTTP status (400) and a message, `param` and `code`
  *   for the family's error shape; the request is then empty.
  * - Sampling: omitted knobs take the ds4 defaults (temperature 1, top_p 1,
@@ -92,8 +94,9 @@ typedef struct ds4_request {
 } ds4_request;
 
 /* The strict body parse every JSON route uses: valid UTF-8, no NUL
- * character (raw or \u0000; text is never cut short silently), exactly one
- * JSON value with only whitespace after it. NULL with e filled (400). */
+ * character (raw or \u0000; text is never cut short silently), every \u
+ * escape four hex digits (lone surrogates become U+FFFD), exactly one JSON
+ * value with only whitespace after it. NULL with e filled (400). */
 struct cJSON *ds4_json_body_parse(const char *body, size_t len, ds4_req_error *e);
 
 /* Returns 0, or the HTTP status with e filled (r is then freed/empty).
