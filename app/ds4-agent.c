@@ -53,7 +53,7 @@ static void usage(FILE *f) {
         "      --temp F --top-p F --top-k N --min-p F --seed N   sampling (as ds4)\n"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
-        "      --layers A:B|A:output  map only that layer slice (README \"Distributed inference\")\n"
+        "      --layers A:B|A:output  map only that layer slice (docs/distributed.md)\n"
         "%s%s%s"
         "      --chdir DIR         working directory of the tools (default: the current one)\n"
         "      --yes               run bash commands without asking\n"

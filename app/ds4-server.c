@@ -29,7 +29,7 @@ static void usage(FILE *f) {
         "      --batched-session N       N resident sessions serving N requests at once, decoded\n"
         "                                together in batches (default 1: one request at a time)\n"
         "      --numerics MODE           exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
-        "      --layers A:B|A:output     map only that layer slice (README \"Distributed inference\")\n"
+        "      --layers A:B|A:output     map only that layer slice (docs/distributed.md)\n"
         "      --cors                    send Access-Control-Allow-* headers\n"
         "      --chdir DIR               change directory before loading anything\n"
         "      --trace FILE              log rendered prompts, cache decisions, outputs, tool parsing\n"

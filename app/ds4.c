@@ -88,7 +88,7 @@ static void usage(FILE *f) {
         "      --nothink           direct answers\n"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
-        "      --layers A:B|A:output  map only that layer slice (README \"Distributed inference\")\n"
+        "      --layers A:B|A:output  map only that layer slice (docs/distributed.md)\n"
         "%s"
         "%s"
         "%s"

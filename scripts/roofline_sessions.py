@@ -19,7 +19,7 @@ capped lower. The routed experts share least: N decode rows land on about
 E * (1 - (1 - k/E)^N) experts, so each chosen expert multiplies ~N*k / that
 rows (1.08 at 8 sessions of Flash; the table's rows per expert), where a long prefill chunk
 gives each several; the prefill rate is therefore no ceiling for batched
-decode (README, "Where the time of a batched decode step goes").
+decode (docs/performance.md, "Several sessions at once").
 
 --layers L prints the same table for the model with L layers, each layer's
 dense and expert bytes those of the file's average layer, the rest (head,

@@ -36,7 +36,7 @@ enum { MAX_WORKERS = DS4_DIST_MAX_HOPS - 1, MAX_SESSIONS = 16, REWIND_SLACK = 25
        MAX_ROUTES_KEPT = 64, FIRST_ANSWER_MS = 5000 };
 
 const char ds4_dist_usage[] =
-    "      --role coordinator|worker  pipeline parallelism over hosts (README \"Distributed inference\")\n"
+    "      --role coordinator|worker  pipeline parallelism over hosts (docs/distributed.md)\n"
     "      --listen HOST PORT    coordinator: where workers register\n"
     "      --coordinator HOST PORT  worker: the coordinator to register with\n"
     "      --dist-secret S       shared secret checked at registration (else $DS4_DIST_SECRET)\n"

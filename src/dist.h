@@ -1,5 +1,5 @@
-/* dist.h -- pipeline parallelism over hosts (README "Distributed
- * inference"): the coordinator's "remote layers" backend and the worker
+/* dist.h -- pipeline parallelism over hosts (docs/distributed.md): the
+ * coordinator's "remote layers" backend and the worker
  * loop, on NNG (request/reply sockets over TCP).
  *
  * Contract

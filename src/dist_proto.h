@@ -1,5 +1,5 @@
-/* dist_proto.h -- the pipeline-parallel wire format (README "Distributed
- * inference"): the frames a coordinator and its workers exchange, encoded
+/* dist_proto.h -- the pipeline-parallel wire format (docs/distributed.md):
+ * the frames a coordinator and its workers exchange, encoded
  * into and decoded from plain byte buffers. No sockets here: the transport
  * carries whole messages, this module only says what is in them.
  *

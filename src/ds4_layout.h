@@ -29,7 +29,7 @@
  *   n_hash_layer route by tid2eid, the others by top-k with exp_probs_b.
  * - Tensor shapes use GGUF order (ne[0] fastest); ds4_tensor_shape() returns
  *   n_dims. Per-layer names are "blk.<l>.<suffix>".
- * - Layer-range files (pipeline parallelism, README "Distributed inference"):
+ * - Layer-range files (pipeline parallelism, docs/distributed.md):
  *   a file holding layers first..last carries DS4_SLICE_KEY_FIRST / _LAST /
  *   _OUTPUT (ds4_slice_keys_write) and exactly the tensors
  *   ds4_tensor_in_slice() admits: those layers' tensors, the token embedding

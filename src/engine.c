@@ -168,8 +168,8 @@ static double seconds_now(void) {
  * model larger than that memory, a layer slice (it reads only its layers) and
  * --ssd-streaming (which makes its own ranges resident) stay lazy. Then the
  * weights are moved to 2 MiB pages where the page cache holds them in 4 KiB
- * ones: decode streams them about twice as fast (README "Weights in 2 MiB
- * pages"); the probe keeps a system without large folios to one small
+ * ones: decode streams them about twice as fast (docs/performance.md); the
+ * probe keeps a system without large folios to one small
  * re-read per start. */
 #define LARGE_PAGE_PROBE_BYTES ((uint64_t)64 << 20)
 

@@ -73,7 +73,7 @@ struct ds4_tokenizer;
 typedef struct ds4_engine ds4_engine;
 typedef struct ds4_session ds4_session;
 
-/* --ssd-streaming* options (README "Running models larger than RAM"). */
+/* --ssd-streaming* options (docs/ssd-streaming.md). */
 typedef struct {
     bool enabled;
     uint64_t cache_bytes;   /* --ssd-streaming-cache-experts NGB (0: automatic) */

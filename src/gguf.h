@@ -94,7 +94,7 @@ bool ds4_gguf_populate(const ds4_gguf *g, char *err, size_t errlen);
 
 /* After ds4_gguf_populate: makes the mapped weights sit in 2 MiB pages where
  * the kernel can, because a weight stream reads about twice as fast from them
- * (README "Weights in 2 MiB pages"). Reads this process's share of 2 MiB
+ * (docs/performance.md). Reads this process's share of 2 MiB
  * entries (FilePmdMapped / Rss in /proc/self/smaps); below 90% it re-reads
  * every shard with ds4_file_range_reread when some 2 MiB entries exist
  * already (the kernel makes them), else first a probe piece of the first

@@ -279,7 +279,7 @@ struct mm_ctx {
  * A/B pairs): Q8_0 6.4 -> 8.2 (driver) / 9.3 (in-kernel), IQ2_XXS 3.2 ->
  * 4.9, Q2_K 5.0 -> 7.3, plain read 10-13; later, `ds4-bench --kernels`,
  * wall clock: IQ2_XXS 4.5-4.9 (driver) / 5.7-5.8 (in-kernel), Q2_K 7.0-7.3
- * / 8.8-9.3 (the README's "Prefetch inside the expert kernels").
+ * / 8.8-9.3 (docs/performance.md, "Ideas tried").
  * Prefetches never fault; the range is clipped to the matrix anyway. */
 static inline void prefetch_ahead(const uint8_t *row, size_t row_bytes, const uint8_t *end) {
     const uint8_t *p = row + DS4_PREFETCH_AHEAD, *e = p + row_bytes < end ? p + row_bytes : end;

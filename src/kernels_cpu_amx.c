@@ -27,7 +27,7 @@
  *               layout TDPBSSD wants (8 rows of 4 bytes per token)
  * The 16 rows' f16 block scales come by one masked vector gather per block
  * (the scale tile loaded and stored before cost a quarter of the matvec
- * from L2 and a tenth at 16 tokens: README, "Targets (issue 10)").
+ * from L2 and a tenth at 16 tokens: docs/performance.md, "Ideas tried").
  * Two blocks are in flight per step.
  */
 #include <pthread.h>

@@ -3,7 +3,7 @@
  *
  * Why: streaming reads of weights run about twice as fast from memory the
  * kernel maps with 2 MiB (PMD) entries as from 4 KiB pages on the VMs this
- * was measured on (README "Weights in 2 MiB pages"). A file's page cache holds
+ * was measured on (docs/performance.md). A file's page cache holds
  * large folios only when it was read with large read-ahead; once cached in
  * 4 KiB folios it stays so until those pages are dropped and read again.
  *

@@ -13,7 +13,7 @@
  * - Any missing key, wrong value type, missing tensor or wrong shape/type gives
  *   NULL and one line "not a DeepSeek V4 GGUF: <first problem>".
  * - The ds4_model does not own the ds4_gguf; it must outlive the model.
- * - Layer slices (pipeline parallelism, README "Distributed inference"):
+ * - Layer slices (pipeline parallelism, docs/distributed.md):
  *   ds4_model_bind_slice() binds only layers first..last, the token
  *   embedding when first == 0 and the output head (HC merge, norm, output
  *   matrix) when the slice owns it; every other tensor is neither looked up

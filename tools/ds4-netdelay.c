@@ -1,6 +1,6 @@
 /* ds4-netdelay -- an Ethernet switch in user space that delays every frame,
- * for link benchmarks on kernels without the netem qdisc (README
- * "Distributed inference", tests/dist/netns_hosts.sh).
+ * for link benchmarks on kernels without the netem qdisc (docs/distributed.md,
+ * tests/dist/netns_hosts.sh).
  *
  *   ds4-netdelay --delay MS [--limit FRAMES] NETNS...
  *

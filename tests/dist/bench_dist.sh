@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Loopback pipeline benchmark (README "Distributed inference"): ds4-bench on
+# Loopback pipeline benchmark (docs/distributed.md): ds4-bench on
 # one process, then as the coordinator of 2 and 3 processes (workers on
 # 127.0.0.1 ports, forwarding to the next hop), RUNS runs each; prints
 # prefill and decode tokens/s as min / median / max and the ratio of the

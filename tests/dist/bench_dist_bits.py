@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""What --dist-activation-bits does to the logits (README "Distributed
-inference", transport format): every position's logits of a prompt through
+"""What --dist-activation-bits does to the logits (docs/distributed.md,
+transport format): every position's logits of a prompt through
 a 2-way and a 3-way split at 16 and 8 bits, against the single process; prints
 max |logit - single process| per row, with the single process's largest
 |logit| and standard deviation for scale. A measurement: prints, asserts

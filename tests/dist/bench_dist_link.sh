@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Pipeline-parallel speed over links of different latency (README
-# "Distributed inference"): ds4-bench prefill and decode tokens/s on the
+# Pipeline-parallel speed over links of different latency
+# (docs/distributed.md): ds4-bench prefill and decode tokens/s on the
 # Flash-shaped model, single process vs coordinator + 1 or 2 workers, over
 #   loopback    127.0.0.1 in this network namespace, no added delay;
 #   netns       each process on a host of its own: a network namespace per

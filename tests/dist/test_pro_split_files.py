@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The released V4 Pro Q4 halves, as download_model.sh names them, load and
-run as the README's two-host commands do (tiny stand-ins, loopback).
+run as docs/distributed.md's two-host commands do (tiny stand-ins, loopback).
 
 The file names come from `./download_model.sh --dry-run pro-q4-split`. The
 stand-ins: a random 61-layer model with Pro's structure at tiny sizes

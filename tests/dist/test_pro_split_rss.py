@@ -8,7 +8,7 @@ second half holds the indexer), 6 routed experts so that one token reads
 every expert, and a 1024-id vocabulary.
 
 A coordinator with --layers 0:0 and a worker with --layers 1:output (separate
-processes on loopback, the README's two-host layout) prefill four tokens; each
+processes on loopback, docs/distributed.md's two-host layout) prefill four tokens; each
 process's peak resident set (getrusage of the child) must lie between
 
   lower: the bytes of the weights the half reads in full (its layer, and the

@@ -5,7 +5,7 @@
  *   rejected (except the two in-place fields), foreign versions/flags.
  * - Crash safety: a write that hits RLIMIT_FSIZE leaves neither a partial
  *   file nor a temp file, and an existing file of the same name intact.
- * - Save-point policy with the README defaults.
+ * - Save-point policy with the documented defaults (docs/kv-cache.md).
  * - The cache on models/demo.gguf: save, prefix lookup, restore bit-exact,
  *   hit counts, tool-id map persistence, context and quant rules, damaged
  *   files ignored and removed,

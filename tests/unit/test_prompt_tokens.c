@@ -5,7 +5,7 @@
  * and it breaks if the template adds stray bytes or the tokenizer stops
  * treating the protocol strings as single added tokens.
  * Also: the official and ds4-server profiles render ordinary tool-less
- * conversations identically (the README's stated rendering choice). */
+ * conversations identically (the rendering choice docs/prompt-format.md states). */
 #include <string.h>
 #include "check.h"
 #include "chat.h"
