@@ -19,7 +19,10 @@ static void usage(FILE *f) {
                "                 [--numerics exact|ds4] [--layers A:B|A:output] [-t N] [--ssd-streaming...] [--cuda|--cpu] [--gpu-vram ..]\n"
                "       ds4-bench -m MODEL.gguf --sessions 1,2,4,8,16 [--prompt-tokens N] [--gen-tokens N]\n"
                "                 [--repeat N] [--prompt-file F] [-t N] [--cuda|--cpu] [--gpu-vram ..]\n"
+               "       ds4-bench -m MODEL.gguf --spec-verify [--prompt-tokens N] [--repeat N] [-t N]\n"
                "  --kernels   memory bandwidth, matvec GB/s per weight type, matmul GFLOP/s\n"
+               "  --spec-verify  table: a speculative verification pass of 1..9 tokens against one\n"
+               "              decode step (time, weight bytes, tok/s at full acceptance)\n"
                "  -m MODEL    CSV per context frontier: frontier,prefill_tps,gen_tps,kvcache_bytes\n"
                "  --sessions  table: that many sessions decoding together (batched), per-session and\n"
                "              aggregate tokens/s, weight bytes read per token (prompt default 64)\n"
@@ -61,7 +64,7 @@ static bool session_counts(const char *list, ds4_bench_model_params *mp) {
 }
 
 int main(int argc, char **argv) {
-    int kernels = 0, threads = 2, threads_set = 0;
+    int kernels = 0, spec_verify = 0, threads = 2, threads_set = 0;
     ds4_bench_model_params mp;
     ds4_bench_model_defaults(&mp);
     struct { const char *name; int *dst; long lo, hi; } ints[] = {
@@ -115,6 +118,7 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(argv[i], "--kernels")) kernels = 1;
+        else if (!strcmp(argv[i], "--spec-verify")) spec_verify = 1;
         else if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
             long v = int_arg(argc, argv, &i, 1, 1024);
             if (v < 0) return 2;
@@ -136,6 +140,7 @@ int main(int argc, char **argv) {
             return 2;
         }
         mp.threads = threads_set ? threads : 0;
+        if (spec_verify) return ds4_bench_spec_verify(&mp, stdout) ? 1 : 0;
         if (mp.n_session_counts) return ds4_bench_sessions(&mp, stdout) ? 1 : 0;
         return ds4_bench_model(&mp, stdout) ? 1 : 0;
     }

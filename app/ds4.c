@@ -51,6 +51,7 @@ typedef struct {
     bool logits_all;
     const char *token_ids;
     ds4_ssd_params ssd;
+    ds4_spec *spec;         /* --spec-lookup: the drafter and its run stats */
 } cli_opts;
 
 /* Set by SIGINT; generation and prefill poll it. */
@@ -89,6 +90,9 @@ static void usage(FILE *f) {
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "      --layers A:B|A:output  map only that layer slice (docs/distributed.md)\n"
+        "      --spec-lookup N     speculative decoding: draft up to N tokens (1..%d) from the\n"
+        "                          longest earlier match of the context's last tokens; the output\n"
+        "                          is the same as without it (default 0 = off)\n"
         "%s"
         "%s"
         "%s"
@@ -100,7 +104,8 @@ static void usage(FILE *f) {
         "      --logits-all        with --dump-logits: every position, not just the last\n"
         "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
         "  -h, --help              this text\n"
-        "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_ssd_usage,
+        "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", DS4_SPEC_MAX_DRAFT,
+        ds4_ssd_usage,
         ds4_gpu_usage, ds4_dist_usage);
 }
 
@@ -160,6 +165,16 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         }
         else if (!strcmp(a, "--dump-tokens")) o->dump_tokens = true;
         else if (!strcmp(a, "--dump-logprobs")) { NEEDS_VALUE(); o->dump_logprobs = v; }
+        else if (!strcmp(a, "--spec-lookup")) {
+            NEEDS_VALUE();
+            static ds4_spec spec;
+            ds4_spec_params sp;
+            char serr[128];
+            ds4_spec_params_default(&sp);
+            if (!ds4_parse_int(v, 0, DS4_SPEC_MAX_DRAFT, &sp.lookup_max) || !ds4_spec_init(&spec, &sp, serr, sizeof serr))
+                BAD_VALUE();
+            o->spec = sp.lookup_max ? &spec : NULL;
+        }
         else if (!strcmp(a, "--logprobs-top-k")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->logprobs_top_k)) BAD_VALUE(); }
         else if (!strcmp(a, "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
         else if (!strcmp(a, "--logits-all")) o->logits_all = true;
@@ -351,6 +366,14 @@ static bool turn_text(void *ud, const char *text, size_t len) {
     return false;
 }
 
+/* The drafter's line for the run so far, on stderr beside the speed report. */
+static void print_spec_stats(const ds4_spec *sp) {
+    if (!sp) return;
+    char line[512];
+    ds4_spec_stats_line(sp, line, sizeof line);
+    fprintf(stderr, "ds4: %s\n", line);
+}
+
 /* Samples up to n_predict tokens, streaming text to stdout. */
 static int generate(ds4_engine *e, ds4_session *s, ds4_sampler *smp, const cli_opts *o,
                     bool thinking, gen_result *out) {
@@ -358,7 +381,7 @@ static int generate(ds4_engine *e, ds4_session *s, ds4_sampler *smp, const cli_o
     turn_printer tp = {.out = out, .last_id = -1, .think_end = ds4_tokenizer_specials(tok)->think_end,
                        .tty = isatty(STDOUT_FILENO), .in_reasoning = thinking};
     ds4_gen_hooks hooks = {.cancelled = turn_cancelled, .on_token = turn_token, .on_text = turn_text, .ud = &tp,
-                           .ignore_stop = o->ignore_eos};
+                           .ignore_stop = o->ignore_eos, .spec = o->spec};
     double t0 = now_s();
     char err[256];
     if (tp.in_reasoning && tp.tty) fputs("\033[2m", stdout);
@@ -368,6 +391,7 @@ static int generate(ds4_engine *e, ds4_session *s, ds4_sampler *smp, const cli_o
     fflush(stdout);   /* the speed report goes to stderr right after */
     if (r.end == DS4_GEN_CTX_FULL) fprintf(stderr, "ds4: context full (%d tokens)\n", ds4_session_ctx(s));
     if (r.end == DS4_GEN_ERROR) fprintf(stderr, "ds4: %s\n", err);
+    print_spec_stats(o->spec);
     out->interrupted = r.end == DS4_GEN_CANCELLED;
     out->n_generated = r.n_decoded;
     double el = now_s() - t0;
@@ -632,13 +656,15 @@ static int run_logprobs(ds4_engine *e, ds4_session *s, ds4_sampler *smp, const c
         rc = 1;
     } else {
         fprintf(w.f, "{\"prompt_tokens\":%d,\"steps\":[", ds4_session_n_tokens(s));
-        ds4_gen_hooks hooks = {.on_token = write_logprob_step, .ud = &w, .ignore_stop = o->ignore_eos};
+        ds4_gen_hooks hooks = {.on_token = write_logprob_step, .ud = &w, .ignore_stop = o->ignore_eos,
+                               .spec = o->spec};
         char err[256];
         if (ds4_generate(s, w.tok, smp, o->n_predict, &hooks, err, sizeof err).end == DS4_GEN_ERROR) {
             fprintf(stderr, "ds4: %s\n", err);
             rc = 1;
         }
         fputs("]}\n", w.f);
+        print_spec_stats(o->spec);
         if (w.out_of_memory) {
             fprintf(stderr, "ds4: out of memory while writing %s\n", o->dump_logprobs);
             rc = 1;

@@ -297,3 +297,60 @@ int ds4_bench_sessions(const ds4_bench_model_params *p, FILE *out) {
     ds4_engine_free(e);
     return rc;
 }
+
+/* The cost of speculative verification: one pass that appends k + 1 tokens
+ * (the decoded token and k drafts, every position's logits kept) against one
+ * decode step, at the prompt's depth; the pass is truncated away after each
+ * timing, so every row starts from the same state. */
+int ds4_bench_spec_verify(const ds4_bench_model_params *p, FILE *out) {
+    enum { MAX_K = 8 };
+    char err[512];
+    if (p->repeat < 1 || p->repeat > 64 || p->prompt_tokens < 1) {
+        fprintf(stderr, "ds4-bench: --spec-verify needs --prompt-tokens >= 1 and --repeat 1..64\n");
+        return -1;
+    }
+    ds4_engine *e = load_engine(p);
+    if (!e) return -1;
+    const int prompt = p->prompt_tokens, V = ds4_engine_n_vocab(e);
+    int32_t *toks = bench_tokens(e, p->prompt_file, prompt + MAX_K + 1);
+    float *rows = malloc((size_t)(MAX_K + 1) * V * sizeof(float)), *keep = malloc((size_t)V * sizeof(float));
+    double secs[MAX_K + 1][64];
+    uint64_t bytes[MAX_K + 1] = {0};
+    ds4_session *s = ds4_session_new(e, prompt + MAX_K + 1, err, sizeof err);
+    int rc = toks && rows && keep && s ? 0 : -1;
+    if (rc) fprintf(stderr, "ds4-bench: %s\n", s ? "out of memory" : err);
+    if (!rc && (rc = ds4_session_prefill(s, toks, prompt, NULL, NULL, NULL, err, sizeof err)))
+        fprintf(stderr, "ds4-bench: %s\n", err);
+    if (!rc) memcpy(keep, ds4_session_logits(s), (size_t)V * sizeof(float));
+    /* an untimed pass first: first-touch faults stay out of the figures */
+    for (int r = -1; r < p->repeat && rc == 0; r++)
+        for (int k = 0; k <= MAX_K && rc == 0; k++) {
+            const uint64_t b0 = ds4_engine_weight_bytes_read(e);
+            const double t0 = now();
+            rc = ds4_session_prefill(s, toks + prompt, k + 1, k ? rows : NULL, NULL, NULL, err, sizeof err);
+            if (r >= 0) secs[k][r] = now() - t0;
+            if (r == 0) bytes[k] = ds4_engine_weight_bytes_read(e) - b0;
+            if (!rc) rc = ds4_session_truncate(s, prompt, keep, err, sizeof err);
+            if (rc) fprintf(stderr, "ds4-bench: %s\n", err);
+        }
+    if (rc == 0) {
+        for (int k = 0; k <= MAX_K; k++) qsort(secs[k], (size_t)p->repeat, sizeof(double), cmp_double);
+        const double one = secs[0][p->repeat / 2];
+        fprintf(out, "verification pass at depth %d, %d runs per row (median; min / max in ms)\n\n", prompt,
+                p->repeat);
+        fprintf(out, "| tokens in the pass (k+1) | ms per pass | cost vs one decode step | weight bytes vs one step "
+                     "| tok/s at 100%% acceptance vs target-only |\n|---|---|---|---|---|\n");
+        for (int k = 0; k <= MAX_K; k++) {
+            const double med = secs[k][p->repeat / 2];
+            fprintf(out, "| %d | %.2f (%.2f / %.2f) | %.2fx | %.2fx | %.2fx |\n", k + 1, med * 1e3,
+                    secs[k][0] * 1e3, secs[k][p->repeat - 1] * 1e3, med / one,
+                    bytes[0] ? (double)bytes[k] / (double)bytes[0] : 0.0, (k + 1) * one / med);
+        }
+    }
+    ds4_session_free(s);
+    free(rows);
+    free(keep);
+    free(toks);
+    ds4_engine_free(e);
+    return rc;
+}

@@ -54,4 +54,12 @@ int ds4_bench_model(const ds4_bench_model_params *p, FILE *out);
  * against one session, and the weight bytes read per generated token. */
 int ds4_bench_sessions(const ds4_bench_model_params *p, FILE *out);
 
+/* `ds4-bench -m MODEL --spec-verify`: after prompt_tokens tokens, the time of
+ * one pass appending k + 1 = 1..9 tokens with every position's logits (what
+ * speculative verification runs) against a 1-token decode, median of
+ * `repeat` interleaved runs, with the weight bytes each pass read and the
+ * tokens/s a pass would give if every draft were accepted. A Markdown table;
+ * never asserts. */
+int ds4_bench_spec_verify(const ds4_bench_model_params *p, FILE *out);
+
 #endif

@@ -505,6 +505,7 @@ void ds4_session_free(ds4_session *s) {
 
 int ds4_session_ctx(const ds4_session *s) { return s->ctx; }
 int ds4_session_n_tokens(const ds4_session *s) { return n_pos(s); }
+int ds4_session_n_vocab(const ds4_session *s) { return s->e->n_vocab; }
 int ds4_session_test_fail_decode_after(const ds4_session *s) { return s->e->test_fail_decode_after; }
 const int32_t *ds4_session_tokens(const ds4_session *s) { return s->toks; }
 const float *ds4_session_logits(const ds4_session *s) { return n_pos(s) ? s->logits : NULL; }
@@ -628,6 +629,22 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
         }
     }
     return run(s, s->toks + keep, n_tokens - keep, NULL, NULL, NULL, err, errlen);
+}
+
+int ds4_session_truncate(ds4_session *s, int n_tokens, const float *logits, char *err, size_t errlen) {
+    const int have = n_pos(s);
+    if (n_tokens < 1 || n_tokens > have || !logits) {
+        snprintf(err, errlen, "cannot truncate to %d tokens: the session holds %d", n_tokens, have);
+        return -1;
+    }
+    if (n_tokens == have) return 0;
+    if (!truncate_state(s, n_tokens)) {
+        snprintf(err, errlen, "cannot truncate %d tokens without recomputing (rewind instead)", have - n_tokens);
+        return -1;
+    }
+    drop_ckpts(s, n_tokens);
+    memcpy(s->logits, logits, (size_t)s->e->n_vocab * sizeof(float));
+    return 0;
 }
 
 /* ---- snapshots ---- */

@@ -152,6 +152,7 @@ int ds4_session_ctx(const ds4_session *s);
  * answers of the front ends end to end. -1 when unset; never set it in use. */
 int ds4_session_test_fail_decode_after(const ds4_session *s);
 int ds4_session_n_tokens(const ds4_session *s);
+int ds4_session_n_vocab(const ds4_session *s);
 const int32_t *ds4_session_tokens(const ds4_session *s);
 /* next-token logits after the checkpoint (n_vocab floats); NULL when empty */
 const float *ds4_session_logits(const ds4_session *s);
@@ -163,6 +164,13 @@ int ds4_session_prefill(ds4_session *s, const int32_t *toks, int n, float *all_l
                         ds4_progress_fn progress, void *ud, char *err, size_t errlen);
 int ds4_session_decode(ds4_session *s, int32_t tok, char *err, size_t errlen);
 int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen);
+/* Drops the last tokens without recomputing: the state goes back to n_tokens
+ * (at least n - 256, the rings' slack; speculative verification drops at most
+ * its draft) and `logits` (n_vocab floats, the next-token logits after token
+ * n_tokens - 1, which the caller kept from the pass that computed them)
+ * become the session's. The state then equals having appended only the first
+ * n_tokens. Returns 0, or -1 (err) with nothing changed. */
+int ds4_session_truncate(ds4_session *s, int n_tokens, const float *logits, char *err, size_t errlen);
 
 /* Several sessions advanced by one batched pass: each step appends its n >= 1
  * tokens (1 = a decode step, more = a prefill chunk) to its own session and

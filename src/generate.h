@@ -19,7 +19,20 @@
  * - At every end the detokenizer's held-back tail goes through `on_text`
  *   (its return value is ignored then).
  * - n_decoded counts the tokens appended to the session (EOS never is).
- * - Every hook is optional; `ud` is passed to each.
+ * - Every hook is optional; `ud` is passed to each. `tok` may be NULL (a
+ *   model file without a vocabulary): no stop ids, and on_text sees nothing.
+ * - Speculation (`spec` with a drafter enabled): where the loop would decode
+ *   its chosen token it may instead append that token and the drafter's
+ *   proposal in one pass (ds4_session_prefill with every position's logits).
+ *   Each later step still chooses its token from the logits target-only
+ *   decoding would have given it (the pass's rows are bit-identical to
+ *   decode's, engine.h) with the same hooks and sampler; a chosen token equal
+ *   to the next drafted one is already appended, so its decode is skipped;
+ *   the first that differs, and every end of the loop, drops the drafted
+ *   rest (ds4_session_truncate). So tokens, hooks, logits, the session's
+ *   state and n_decoded are those of target-only decoding, whatever the
+ *   drafter proposes and whatever the sampler; only the number of backend
+ *   passes changes. Drafts never reach past max_tokens or the context.
  */
 #ifndef DS4_GENERATE_H
 #define DS4_GENERATE_H
@@ -30,6 +43,7 @@
 
 #include "engine.h"
 #include "sampler.h"
+#include "spec.h"
 #include "tokenizer.h"
 
 typedef enum {
@@ -55,6 +69,9 @@ typedef struct {
     /* not a hook: a stop id is generated like any token and the loop runs to
      * max_tokens (ds4 --ignore-eos: long runs on random-weight models) */
     bool ignore_stop;
+    /* not a hook: the drafter of speculative decoding and its stats (NULL or
+     * disabled: every token is decoded alone) */
+    ds4_spec *spec;
 } ds4_gen_hooks;
 
 typedef struct {

@@ -1,0 +1,62 @@
+/* spec.h -- speculative decoding's drafters and their statistics.
+ *
+ * A drafter proposes the tokens it expects to follow a context; the
+ * generation loop (generate.h) appends them after the token it has just
+ * chosen in one multi-token pass and keeps each proposal only while the token
+ * the loop chooses next, from exactly the logits target-only decoding would
+ * have seen, equals it. So the drafter changes how many passes a run takes,
+ * never which tokens, logits or state it produces.
+ *
+ * Contract
+ * - Prompt lookup (`lookup_max` > 0): the longest suffix of the context, at
+ *   most DS4_SPEC_LOOKUP_NGRAM_MAX and at least `lookup_min_ngram` tokens,
+ *   that occurred earlier in the context is matched at its most recent
+ *   earlier occurrence, and the tokens that followed it there are proposed,
+ *   up to `lookup_max` and never past the context's end. No match, no
+ *   proposal.
+ * - ds4_spec_propose() drafts after the context `ctx[0..n)` followed by
+ *   `last` (the token the loop has just chosen, not yet in the session): it
+ *   writes at most `max` ids to `out` and returns how many. It reads the
+ *   context only; it never allocates.
+ * - ds4_spec_record_pass() counts one verification pass of `proposed` drafts;
+ *   ds4_spec_record_accept() counts the draft at `position` (0-based) kept.
+ * - ds4_spec_stats_line() formats the run's line: passes, proposed, accepted,
+ *   acceptance by draft position, committed tokens per verification pass.
+ */
+#ifndef DS4_SPEC_H
+#define DS4_SPEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define DS4_SPEC_MAX_DRAFT 16
+#define DS4_SPEC_LOOKUP_NGRAM_MAX 8
+
+typedef struct {
+    int lookup_max;         /* --spec-lookup N: tokens proposed per pass, 0 = off */
+    int lookup_min_ngram;   /* shortest suffix worth matching (default 2) */
+} ds4_spec_params;
+
+typedef struct {
+    uint64_t passes;        /* verification passes (a proposal was checked) */
+    uint64_t proposed, accepted;
+    uint64_t proposed_at[DS4_SPEC_MAX_DRAFT], accepted_at[DS4_SPEC_MAX_DRAFT];
+} ds4_spec_stats;
+
+typedef struct {
+    ds4_spec_params p;
+    ds4_spec_stats stats;
+} ds4_spec;
+
+void ds4_spec_params_default(ds4_spec_params *p);
+/* false (err filled) when a parameter is out of range */
+bool ds4_spec_init(ds4_spec *sp, const ds4_spec_params *p, char *err, size_t errlen);
+static inline bool ds4_spec_enabled(const ds4_spec *sp) { return sp && sp->p.lookup_max > 0; }
+
+int ds4_spec_propose(const ds4_spec *sp, const int32_t *ctx, int n, int32_t last, int max, int32_t *out);
+void ds4_spec_record_pass(ds4_spec *sp, int proposed);
+void ds4_spec_record_accept(ds4_spec *sp, int position);
+size_t ds4_spec_stats_line(const ds4_spec *sp, char *buf, size_t len);
+
+#endif
