@@ -344,6 +344,8 @@ static void plan_ds4(ds4_gguf_writer *w, int argc, char **argv, const char *pnam
     static ds4_hparams hp;
     preset(&hp, pname, n_layer);
     apply_overrides(argc, argv, &(key_table){DS4_ARCH, ds4_hparam_keys, ds4_n_hparam_keys, &hp, hp.n_layer});
+    /* overridden ratios mean what they mean in the released files */
+    ds4_hparams_default_kinds(&hp);
     char err[512];
     if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
     ds4_layer_slice slice = DS4_SLICE_ALL;
