@@ -22,13 +22,14 @@ def ratios(cfg):
 
 
 CSA = "compressed_sparse_attention"
-KIND = {"sliding_attention": 0, CSA: 1, "heavily_compressed_attention": 2}
+KIND_CSA = 1
 
 
 def kinds(cfg):
     """Per-layer attention kind by transformers' layer_types (0 window, 1 CSA:
-    overlapping compressor + indexer, 2 HCA), whatever the ratio."""
-    return [KIND[t] for t in cfg["layer_types"]]
+    overlapping compressor + indexer, 2 HCA), whatever the ratio; any other
+    compressed type name (test_make_model's "hca<ratio>") is HCA."""
+    return [0 if t == "sliding_attention" else KIND_CSA if t == CSA else 2 for t in cfg["layer_types"]]
 
 
 def kinds_follow_ratios(cfg):
@@ -90,14 +91,14 @@ def tensors(cfg):
         else:
             L.append(("exp_probs_b.bias", [X], F32, ["ffn.gate.bias"]))
         if r:
-            coff = 2 if kind == KIND[CSA] else 1
+            coff = 2 if kind == KIND_CSA else 1
             L += [
                 ("attn_compressor_ape.weight", [coff * D, r], F16, ["attn.compressor.ape"]),
                 ("attn_compressor_kv.weight", [E, coff * D], F16, ["attn.compressor.wkv.weight"]),
                 ("attn_compressor_gate.weight", [E, coff * D], F16, ["attn.compressor.wgate.weight"]),
                 ("attn_compressor_norm.weight", [D], F32, ["attn.compressor.norm.weight"]),
             ]
-        if kind == KIND[CSA]:
+        if kind == KIND_CSA:
             L += [
                 ("indexer.attn_q_b.weight", [Rq, HI * DI], F16, ["attn.indexer.wq_b.weight"]),
                 ("indexer.proj.weight", [E, HI], F16, ["attn.indexer.weights_proj.weight"]),
