@@ -34,7 +34,9 @@
  * Every metadata key of the layout can be overridden with --<key> VALUE,
  * where <key> is the key without "deepseek4." (e.g. --embedding_length 512,
  * --attention.head_count 8, --attention.compress_ratios 0,4,128; per-layer
- * keys take a comma list or one value for all layers). --layers N resizes
+ * keys take a comma list or one value for all layers; compress ratios give
+ * each layer the released files' kind, 4 CSA and any other nonzero HCA, so
+ * no attention.layer_kinds is written). --layers N resizes
  * the preset's schedule (ds4_v4_schedule: Flash's or Pro's first N layers;
  * hash routing on the first min(3, N)).
  *
