@@ -24,6 +24,7 @@ static float logits[VOCAB];
 
 static void init(void) {
     static int ratios[4] = {0, 4, 16, 4};
+    static uint32_t kinds[4] = {DS4_ATTN_WINDOW, DS4_ATTN_CSA, DS4_ATTN_HCA, DS4_ATTN_CSA};
     static ds4_config c;
     c.n_layer = 4;
     c.n_vocab = VOCAB;
@@ -31,6 +32,7 @@ static void init(void) {
     c.idx_head_dim = 4;
     c.window = 4;
     c.compress_ratio = ratios;
+    c.attn_kind = kinds;
     kv = ds4_kv_new(&c, CTX, SLACK);
     if (!kv) abort();
 }

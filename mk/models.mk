@@ -1,8 +1,8 @@
 # Generated model files (owner: convert).
 #
-# The transformers oracle models (tests/fixtures/ds4tiny/{A,B}, BF16
+# The transformers oracle models (tests/fixtures/ds4tiny/{A,B,C}, BF16
 # safetensors + golden logits) converted to DS4 GGUFs for the engine tests:
-#   $(BUILD)/ds4tiny/<A|B>-<f32|f16|q8_0>.gguf
+#   $(BUILD)/ds4tiny/<A|B|C>-<f32|f16|q8_0>.gguf
 # and the random-weight demo model (real DeepSeek vocabulary, meaningless
 # output) that `make demo` runs: models/demo.gguf.
 

@@ -266,6 +266,7 @@ void ds4_gpu_layer_kv_bytes(const ds4_model *m, int ctx, int slack, uint64_t *ou
         ds4_config one = m->cfg;   /* kv.h accounts whole configs: view layer l as a one-layer model */
         one.n_layer = 1;
         one.compress_ratio = m->cfg.compress_ratio + l;
+        one.attn_kind = m->cfg.attn_kind + l;
         out[l] = ds4_kv_bytes_for(&one, ctx, slack);
     }
 }

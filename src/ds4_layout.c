@@ -78,6 +78,39 @@ void ds4_hparam_table_write(struct ds4_gguf_writer *w, const ds4_hparam_key *key
 void ds4_hparams_write(struct ds4_gguf_writer *w, const ds4_hparams *hp) {
     ds4_gguf_w_str(w, "general.architecture", DS4_ARCH);
     ds4_hparam_table_write(w, ds4_hparam_keys, N_KEYS, hp, hp->n_layer);
+    for (uint32_t l = 0; l < hp->n_layer; l++)
+        if (hp->attn_kind[l] != ds4_attn_kind_of_ratio(hp->compress_ratio[l])) {
+            ds4_gguf_w_arr(w, DS4_KEY_LAYER_KINDS, DS4_GGUF_U32, hp->attn_kind, hp->n_layer);
+            break;
+        }
+}
+
+void ds4_hparams_default_kinds(ds4_hparams *hp) {
+    for (uint32_t l = 0; l < hp->n_layer && l < DS4_MAX_LAYERS; l++)
+        hp->attn_kind[l] = ds4_attn_kind_of_ratio(hp->compress_ratio[l]);
+}
+
+int ds4_layer_kinds_read(const struct ds4_gguf *g, const uint32_t *ratio, uint32_t n_layer, uint32_t *kinds,
+                         char *err, size_t errlen) {
+    const ds4_gguf_kv *kv = ds4_gguf_find_kv(g, DS4_KEY_LAYER_KINDS);
+    if (kv && (kv->type != DS4_GGUF_ARRAY || kv->arr_n != n_layer)) {
+        snprintf(err, errlen, "key %s must be an array of %u layer kinds", DS4_KEY_LAYER_KINDS, n_layer);
+        return -1;
+    }
+    for (uint32_t l = 0; l < n_layer; l++) {
+        int64_t v = ds4_attn_kind_of_ratio(ratio[l]);
+        if (kv && (!ds4_gguf_arr_i64(kv, l, &v) || v < DS4_ATTN_WINDOW || v > DS4_ATTN_HCA)) {
+            snprintf(err, errlen, "%s[%u] is not 0 (window), 1 (CSA) or 2 (HCA)", DS4_KEY_LAYER_KINDS, l);
+            return -1;
+        }
+        if ((v == DS4_ATTN_WINDOW) != (ratio[l] == 0)) {
+            snprintf(err, errlen, "%s[%u] = %lld does not fit compress ratio %u (kind 0 exactly when the ratio is 0)",
+                     DS4_KEY_LAYER_KINDS, l, (long long)v, ratio[l]);
+            return -1;
+        }
+        kinds[l] = (uint32_t)v;
+    }
+    return 0;
 }
 
 static int read_array(const struct ds4_gguf *g, const ds4_hparam_key *k, uint32_t n_layer,
@@ -153,6 +186,7 @@ int ds4_hparams_read(const struct ds4_gguf *g, ds4_hparams *hp, char *err, size_
     if (ds4_hparam_table_read(g, ds4_hparam_keys, N_KEYS, hp, hp->n_layer, err, errlen)) return -1;
     if (!ds4_gguf_find_kv(g, K("swiglu_clamp_shexp")))
         memcpy(hp->swiglu_clamp_shexp, hp->swiglu_clamp_exp, sizeof hp->swiglu_clamp_exp);
+    if (ds4_layer_kinds_read(g, hp->compress_ratio, hp->n_layer, hp->attn_kind, err, errlen)) return -1;
     return ds4_hparams_check(hp, err, errlen);
 }
 
@@ -180,6 +214,8 @@ int ds4_hparams_check(const ds4_hparams *hp, char *err, size_t errlen) {
     bool any_indexed = false;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         if (ds4_layer_indexed(hp, (int)l)) any_indexed = true;
+        NEED(hp->attn_kind[l] <= DS4_ATTN_HCA && (hp->attn_kind[l] == DS4_ATTN_WINDOW) == (hp->compress_ratio[l] == 0),
+             "layer %u: attention kind %u does not fit compress ratio %u", l, hp->attn_kind[l], hp->compress_ratio[l]);
         NEED(isfinite(hp->swiglu_clamp_exp[l]) && isfinite(hp->swiglu_clamp_shexp[l]),
              "swiglu clamp of layer %u is not finite", l);
     }
@@ -203,6 +239,7 @@ void ds4_v4_schedule(ds4_hparams *hp, enum ds4_v4_model which) {
     for (uint32_t l = 0; l < hp->n_layer && l < DS4_MAX_LAYERS; l++) {
         if (l < 2) hp->compress_ratio[l] = which == DS4_V4_PRO ? 128 : 0;
         else hp->compress_ratio[l] = l % 2 == 0 ? 4 : 128;
+        hp->attn_kind[l] = ds4_attn_kind_of_ratio(hp->compress_ratio[l]);
         hp->swiglu_clamp_exp[l] = hp->swiglu_clamp_shexp[l] = 10.0f;
     }
     hp->n_hash_layer = hp->n_layer < 3 ? hp->n_layer : 3;

@@ -23,10 +23,18 @@
  * - ds4_hparams_check() rejects combinations the layout cannot express
  *   (heads not divisible into output groups, rotary dims wider than a head,
  *   more than DS4_MAX_LAYERS layers, zero sizes, ...).
- * - Layer kinds: compress_ratio 0 = raw window only; ratio 4 = overlapping
- *   compressor (coff 2) with a lightning indexer; any other ratio =
- *   non-overlapping compressor (coff 1), no indexer. Layers below
- *   n_hash_layer route by tid2eid, the others by top-k with exp_probs_b.
+ * - Layer kinds (attn_kind): DS4_ATTN_WINDOW = raw window only (ratio 0);
+ *   DS4_ATTN_CSA = overlapping compressor (coff 2) with a lightning indexer;
+ *   DS4_ATTN_HCA = non-overlapping compressor (coff 1), no indexer. The kind,
+ *   not the ratio, decides the geometry: transformers picks it from
+ *   layer_types, so a CSA layer may compress by 8 and an HCA layer by 4.
+ *   The released files and llama.cpp carry only compress_ratios, where 4
+ *   means CSA and any other nonzero ratio HCA (the official reference code's
+ *   rule); ds4_hparams_write() adds DS4_KEY_LAYER_KINDS (UINT32 per layer)
+ *   only when some layer departs from that rule, so files of the released
+ *   shape keep exactly llama.cpp's keys, and ds4_layer_kinds_read() defaults
+ *   a file without it from the ratios. Layers below n_hash_layer route by
+ *   tid2eid, the others by top-k with exp_probs_b.
  * - Tensor shapes use GGUF order (ne[0] fastest); ds4_tensor_shape() returns
  *   n_dims. Per-layer names are "blk.<l>.<suffix>".
  * - Layer-range files (pipeline parallelism, docs/distributed.md):
@@ -49,6 +57,15 @@ struct ds4_gguf_writer;
 
 #define DS4_ARCH "deepseek4"
 #define DS4_MAX_LAYERS 128
+#define DS4_KEY_LAYER_KINDS "deepseek4.attention.layer_kinds"
+
+/* Attention kind of a layer; the values are DS4_KEY_LAYER_KINDS's. */
+enum ds4_attn_kind { DS4_ATTN_WINDOW = 0, DS4_ATTN_CSA = 1, DS4_ATTN_HCA = 2 };
+
+/* The kind a file without DS4_KEY_LAYER_KINDS means by a ratio. */
+static inline uint32_t ds4_attn_kind_of_ratio(uint32_t ratio) {
+    return ratio == 0 ? DS4_ATTN_WINDOW : ratio == 4 ? DS4_ATTN_CSA : DS4_ATTN_HCA;
+}
 
 typedef struct ds4_hparams {
     uint32_t n_layer;              /* block_count */
@@ -61,6 +78,7 @@ typedef struct ds4_hparams {
     uint32_t q_lora_rank, o_lora_rank, o_groups;
     uint32_t sliding_window;
     uint32_t compress_ratio[DS4_MAX_LAYERS];
+    uint32_t attn_kind[DS4_MAX_LAYERS];    /* enum ds4_attn_kind */
     float compress_rope_base, rope_base;
     float yarn_factor;
     uint32_t yarn_orig_ctx;
@@ -104,6 +122,16 @@ void ds4_hparams_write(struct ds4_gguf_writer *w, const ds4_hparams *hp);
 int ds4_hparams_read(const struct ds4_gguf *g, ds4_hparams *hp, char *err, size_t errlen);
 int ds4_hparams_check(const ds4_hparams *hp, char *err, size_t errlen);
 
+/* Sets every layer's attn_kind from its compress ratio (the released files'
+ * rule); for hparams filled from ratios alone. */
+void ds4_hparams_default_kinds(ds4_hparams *hp);
+/* Reads DS4_KEY_LAYER_KINDS into kinds[n_layer], or, when the file has no
+ * such key, derives them from ratio[]; then checks every kind against its
+ * ratio (a window-only layer has ratio 0, a compressed one a ratio >= 2).
+ * -1 with one line in err on a bad array. */
+int ds4_layer_kinds_read(const struct ds4_gguf *g, const uint32_t *ratio, uint32_t n_layer, uint32_t *kinds,
+                         char *err, size_t errlen);
+
 /* The released models' hyperparameters at their full depth (Flash: fact
  * sheet section 2; Pro: the published Pro configuration, sheet section 2's
  * Pro column where it agrees). ds4_v4_schedule() fills the per-layer arrays
@@ -115,8 +143,8 @@ void ds4_hparams_v4(ds4_hparams *hp, enum ds4_v4_model which);
 void ds4_v4_schedule(ds4_hparams *hp, enum ds4_v4_model which);
 
 static inline bool ds4_layer_compressed(const ds4_hparams *hp, int l) { return hp->compress_ratio[l] != 0; }
-static inline bool ds4_layer_indexed(const ds4_hparams *hp, int l) { return hp->compress_ratio[l] == 4; }
-static inline uint32_t ds4_layer_coff(const ds4_hparams *hp, int l) { return hp->compress_ratio[l] == 4 ? 2 : 1; }
+static inline bool ds4_layer_indexed(const ds4_hparams *hp, int l) { return hp->attn_kind[l] == DS4_ATTN_CSA; }
+static inline uint32_t ds4_layer_coff(const ds4_hparams *hp, int l) { return ds4_layer_indexed(hp, l) ? 2 : 1; }
 static inline bool ds4_layer_hashed(const ds4_hparams *hp, int l) { return (uint32_t)l < hp->n_hash_layer; }
 
 /* ---- tensors ---- */
@@ -135,7 +163,7 @@ enum ds4_tensor_id {
     DS4_T_FFN_GATE_TID2EID, DS4_T_EXP_PROBS_B,
     /* compressed layers */
     DS4_T_COMP_APE, DS4_T_COMP_KV, DS4_T_COMP_GATE, DS4_T_COMP_NORM,
-    /* indexed (ratio-4) layers */
+    /* indexed (CSA) layers */
     DS4_T_IDX_Q_B, DS4_T_IDX_PROJ, DS4_T_IDX_COMP_APE, DS4_T_IDX_COMP_KV,
     DS4_T_IDX_COMP_GATE, DS4_T_IDX_COMP_NORM,
     DS4_T_COUNT

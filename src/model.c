@@ -132,21 +132,29 @@ static void read_config(ds4_binder *b, ds4_config *c) {
     if (b->failed) return;
 
     c->compress_ratio = calloc((size_t)c->n_layer, sizeof(int));
+    c->attn_kind = calloc((size_t)c->n_layer, sizeof(uint32_t));
     c->clamp_exp = calloc((size_t)c->n_layer, sizeof(float));
     c->clamp_shexp = calloc((size_t)c->n_layer, sizeof(float));
-    if (!c->compress_ratio || !c->clamp_exp || !c->clamp_shexp) { ds4_bind_fail_oom(b, "the layer schedule"); return; }
-    /* The forward pass implements three kinds of layer: 0 (raw window only),
-     * 4 (overlapping windows, coff 2, with the indexer) and any other ratio
-     * >= 2 as non-overlapping windows (Flash: 128; ds4tiny: 16). Ratio 1
-     * would compress nothing and is no DS4 layer. */
+    if (!c->compress_ratio || !c->attn_kind || !c->clamp_exp || !c->clamp_shexp) { ds4_bind_fail_oom(b, "the layer schedule"); return; }
+    /* The forward pass implements three kinds of layer (ds4_layout.h): raw
+     * window only (ratio 0), CSA (overlapping windows, coff 2, with the
+     * indexer) and HCA (non-overlapping windows), each compressed kind at
+     * any ratio >= 2. Ratio 1 would compress nothing and is no DS4 layer. */
     const ds4_gguf_kv *kr = key_layer_array(b, K("attention.compress_ratios"), c->n_layer);
     for (int l = 0; kr && l < c->n_layer && !b->failed; l++) {
         int64_t r;
         if (!ds4_gguf_arr_i64(kr, (uint64_t)l, &r)) ds4_bind_fail(b, "compress_ratios[%d] is not an integer", l);
         else if (r < 0 || r == 1 || r > DS4_MAX_COMPRESS_RATIO)
-            ds4_bind_fail(b, "compress_ratios[%d] = %lld; supported: 0 (no compressor), 4 (overlapping, with indexer) "
-                 "or a non-overlapping ratio in 2..%d", l, (long long)r, DS4_MAX_COMPRESS_RATIO);
+            ds4_bind_fail(b, "compress_ratios[%d] = %lld; supported: 0 (no compressor) or a ratio in 2..%d", l,
+                 (long long)r, DS4_MAX_COMPRESS_RATIO);
         else c->compress_ratio[l] = (int)r;
+    }
+    if (!b->failed) {
+        uint32_t ratio[DS4_MAX_LAYERS];
+        char err[200];
+        for (int l = 0; l < c->n_layer; l++) ratio[l] = (uint32_t)c->compress_ratio[l];
+        if (ds4_layer_kinds_read(b->g, ratio, (uint32_t)c->n_layer, c->attn_kind, err, sizeof err))
+            ds4_bind_fail(b, "%s", err);
     }
     const ds4_gguf_kv *ke = key_layer_array(b, K("swiglu_clamp_exp"), c->n_layer);
     read_clamps(b, ke, K("swiglu_clamp_exp"), c->clamp_exp, c->n_layer);
@@ -252,7 +260,10 @@ static void shape_hparams(const ds4_config *c, ds4_hparams *hp) {
     hp->n_expert_used = (uint32_t)c->n_expert_used;
     hp->expert_ff = (uint32_t)c->n_ff_exp;
     hp->n_hash_layer = (uint32_t)c->n_hash_layer;
-    for (int l = 0; l < c->n_layer; l++) hp->compress_ratio[l] = (uint32_t)c->compress_ratio[l];
+    for (int l = 0; l < c->n_layer; l++) {
+        hp->compress_ratio[l] = (uint32_t)c->compress_ratio[l];
+        hp->attn_kind[l] = c->attn_kind[l];
+    }
 }
 
 static void free_layer(ds4_layer *L) {
@@ -270,6 +281,7 @@ void ds4_model_free(ds4_model *m) {
     free(m->output_hc_base);
     free(m->output_norm);
     free(m->cfg.compress_ratio);
+    free(m->cfg.attn_kind);
     free(m->cfg.clamp_exp);
     free(m->cfg.clamp_shexp);
     free(m);

@@ -35,6 +35,8 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#include "ds4_layout.h"
+
 struct ds4_gguf;
 
 typedef struct {
@@ -52,6 +54,7 @@ typedef struct {
     float yarn_factor, yarn_beta_fast, yarn_beta_slow;
     uint64_t yarn_orig_ctx, train_ctx;
     int *compress_ratio;                  /* [n_layer]: 0 = raw window only */
+    uint32_t *attn_kind;                  /* [n_layer]: enum ds4_attn_kind (ds4_layout.h) */
     float *clamp_exp, *clamp_shexp;       /* [n_layer] SwiGLU limits */
 } ds4_config;
 
@@ -119,10 +122,11 @@ static inline bool ds4_model_is_whole(const ds4_model *m) {
 void ds4_model_free(ds4_model *m);
 
 /* Compressor geometry of layer l: ratio, and coff = 2 when windows overlap
- * (ratio 4: each token feeds its own and the next window), else 1. */
+ * (a CSA layer: each token feeds its own and the next window, whatever the
+ * ratio), else 1. Only CSA layers have the indexer. */
 static inline int ds4_cfg_ratio(const ds4_config *c, int l) { return c->compress_ratio[l]; }
-static inline int ds4_cfg_coff(const ds4_config *c, int l) { return c->compress_ratio[l] == 4 ? 2 : 1; }
-static inline bool ds4_cfg_has_indexer(const ds4_config *c, int l) { return c->compress_ratio[l] == 4; }
+static inline bool ds4_cfg_has_indexer(const ds4_config *c, int l) { return c->attn_kind[l] == DS4_ATTN_CSA; }
+static inline int ds4_cfg_coff(const ds4_config *c, int l) { return ds4_cfg_has_indexer(c, l) ? 2 : 1; }
 
 /* Bits per weight class of the routed experts (2 for IQ2_XXS/Q2_K, 4 for Q4_K,
  * 8 for Q8_0, 16 for F16/BF16, 32 for F32). */

@@ -96,6 +96,9 @@ typedef struct ds4_special_ids {
 typedef struct ds4_token_ids { int32_t *v; size_t n, cap; } ds4_token_ids;
 void ds4_token_ids_free(ds4_token_ids *ids);
 
+/* The tokenizer.* keys of a GGUF. tokenizer.ggml.pre picks the family: "glm4"
+ * is GLM; "joyai-llm", "deepseek-v3" or no key is DeepSeek; any other name is
+ * refused with one line naming it. */
 ds4_tokenizer *ds4_tokenizer_from_gguf(const ds4_gguf *g, char *err, size_t errlen);
 /* added_path (may be NULL): a second JSON whose "added_tokens" array extends or
  * overrides the first file's, e.g. the V4 added tokens over the V3 base file. */

@@ -10,6 +10,10 @@
 
 /* ------------------------------------------------------------- GGUF */
 
+static bool pre_is(ds4_gguf_str pre, const char *name) {
+    return pre.len == strlen(name) && !memcmp(pre.ptr, name, pre.len);
+}
+
 ds4_tokenizer *ds4_tokenizer_from_gguf(const ds4_gguf *g, char *err, size_t errlen) {
     const ds4_gguf_kv *tk = ds4_gguf_find_kv(g, "tokenizer.ggml.tokens");
     const ds4_gguf_kv *mk = ds4_gguf_find_kv(g, "tokenizer.ggml.merges");
@@ -29,8 +33,22 @@ ds4_tokenizer *ds4_tokenizer_from_gguf(const ds4_gguf *g, char *err, size_t errl
         snprintf(err, errlen, "tokenizer: GGUF has no string array tokenizer.ggml.merges");
         return NULL;
     }
-    ds4_gguf_str pre;
-    bool glm = ds4_gguf_get_str(g, "tokenizer.ggml.pre", &pre) && pre.len == 4 && !memcmp(pre.ptr, "glm4", 4);
+    /* tokenizer.ggml.pre names the splitting rules with llama.cpp's names.
+     * ds4 implements two: "glm4" (GLM 5.2) and DeepSeek V3/V4's three-regex
+     * set, which llama.cpp calls "joyai-llm" (what the released files and
+     * ds4 write) or "deepseek-v3"; a file without the key is DeepSeek.
+     * Any other name (llama.cpp's converter writes its guess when it does
+     * not recognise a tokenizer) is refused by name rather than read with
+     * the wrong rules or checked against the wrong family's tokens. */
+    ds4_gguf_str pre = {0};
+    bool has_pre = ds4_gguf_get_str(g, "tokenizer.ggml.pre", &pre);
+    bool glm = has_pre && pre_is(pre, "glm4");
+    if (has_pre && !glm && !pre_is(pre, "joyai-llm") && !pre_is(pre, "deepseek-v3")) {
+        snprintf(err, errlen, "tokenizer: tokenizer.ggml.pre is \"%.*s\", a pre-tokenizer ds4 does not implement "
+                 "(it has \"glm4\" for GLM 5.2, \"joyai-llm\" or \"deepseek-v3\" for DeepSeek V4)",
+                 (int)(pre.len > 40 ? 40 : pre.len), pre.ptr);
+        return NULL;
+    }
     ds4_tok_config cfg = { glm ? DS4_TOK_FAMILY_GLM : DS4_TOK_FAMILY_DS4, glm };
     int32_t *types = NULL;
     if (ty) {

@@ -119,16 +119,20 @@ static const cJSON *yarn_object(const cJSON *cfg) {
     return NULL;
 }
 
-/* Ratios per layer type: compress_rates, legacy compress_rate_csa/hca, else
- * DeepseekV4Config's own defaults (the config class applies them too). */
-static uint32_t layer_ratio(const cJSON *cfg, const char *type) {
+/* transformers' layer_types name the kind of each layer (CSA: overlapping
+ * compressor and indexer; HCA: plain compressor); the ratio per type comes
+ * from compress_rates, the legacy compress_rate_csa/hca, else
+ * DeepseekV4Config's own defaults (the config class applies them too), and
+ * need not be 4 for CSA. */
+static void layer_type(const cJSON *cfg, const char *type, uint32_t *ratio, uint32_t *kind) {
     const cJSON *rates = jget(cfg, "compress_rates");
-    if (!strcmp(type, "sliding_attention")) return 0;
-    if (cJSON_IsObject(rates) && cJSON_IsNumber(jget(rates, type))) return ju32(rates, type);
-    if (!strcmp(type, "compressed_sparse_attention")) return ju32_or(cfg, "compress_rate_csa", 4);
-    if (!strcmp(type, "heavily_compressed_attention")) return ju32_or(cfg, "compress_rate_hca", 128);
-    die("config.json: unknown layer type '%s'", type);
-    return 0;
+    const bool csa = !strcmp(type, "compressed_sparse_attention");
+    if (!strcmp(type, "sliding_attention")) { *ratio = 0; *kind = DS4_ATTN_WINDOW; return; }
+    if (!csa && strcmp(type, "heavily_compressed_attention")) die("config.json: unknown layer type '%s'", type);
+    *kind = csa ? DS4_ATTN_CSA : DS4_ATTN_HCA;
+    if (cJSON_IsObject(rates) && cJSON_IsNumber(jget(rates, type))) *ratio = ju32(rates, type);
+    else *ratio = csa ? ju32_or(cfg, "compress_rate_csa", 4) : ju32_or(cfg, "compress_rate_hca", 128);
+    if (*ratio < 2) die("config.json: %s compresses by %u; a compressed layer needs a ratio >= 2", type, *ratio);
 }
 
 static cJSON *load_config(const char *dir) {
@@ -182,7 +186,7 @@ static void read_config(cJSON *cfg, ds4_hparams *hp) {
         for (uint32_t l = 0; l < hp->n_layer; l++) {
             const cJSON *t = cJSON_GetArrayItem(lt, (int)l);
             if (!cJSON_IsString(t)) die("config.json: layer_types[%u] is not a string", l);
-            hp->compress_ratio[l] = layer_ratio(cfg, t->valuestring);
+            layer_type(cfg, t->valuestring, &hp->compress_ratio[l], &hp->attn_kind[l]);
         }
     } else if (cJSON_IsArray(cr)) {
         /* The official list has one more entry (the MTP layer); only the first n_layer count. */
@@ -192,6 +196,8 @@ static void read_config(cJSON *cfg, ds4_hparams *hp) {
             if (!cJSON_IsNumber(v) || v->valuedouble < 0) die("config.json: compress_ratios[%u] invalid", l);
             hp->compress_ratio[l] = (uint32_t)v->valuedouble;
         }
+        /* the official checkpoint's own rule: ratio 4 overlaps and is indexed */
+        ds4_hparams_default_kinds(hp);
     } else {
         die("config.json: neither layer_types nor compress_ratios");
     }

@@ -34,7 +34,9 @@
  * Every metadata key of the layout can be overridden with --<key> VALUE,
  * where <key> is the key without "deepseek4." (e.g. --embedding_length 512,
  * --attention.head_count 8, --attention.compress_ratios 0,4,128; per-layer
- * keys take a comma list or one value for all layers). --layers N resizes
+ * keys take a comma list or one value for all layers; compress ratios give
+ * each layer the released files' kind, 4 CSA and any other nonzero HCA, so
+ * no attention.layer_kinds is written). --layers N resizes
  * the preset's schedule (ds4_v4_schedule: Flash's or Pro's first N layers;
  * hash routing on the first min(3, N)).
  *
@@ -344,6 +346,8 @@ static void plan_ds4(ds4_gguf_writer *w, int argc, char **argv, const char *pnam
     static ds4_hparams hp;
     preset(&hp, pname, n_layer);
     apply_overrides(argc, argv, &(key_table){DS4_ARCH, ds4_hparam_keys, ds4_n_hparam_keys, &hp, hp.n_layer});
+    /* overridden ratios mean what they mean in the released files */
+    ds4_hparams_default_kinds(&hp);
     char err[512];
     if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
     ds4_layer_slice slice = DS4_SLICE_ALL;

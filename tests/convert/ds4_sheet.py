@@ -21,6 +21,23 @@ def ratios(cfg):
     return out
 
 
+CSA = "compressed_sparse_attention"
+KIND_CSA = 1
+
+
+def kinds(cfg):
+    """Per-layer attention kind by transformers' layer_types (0 window, 1 CSA:
+    overlapping compressor + indexer, 2 HCA), whatever the ratio; any other
+    compressed type name (test_make_model's "hca<ratio>") is HCA."""
+    return [0 if t == "sliding_attention" else KIND_CSA if t == CSA else 2 for t in cfg["layer_types"]]
+
+
+def kinds_follow_ratios(cfg):
+    """Whether the released files' rule (ratio 4 is CSA, any other nonzero
+    ratio HCA) gives every layer's kind, so no kinds key is needed."""
+    return all(k == (0 if r == 0 else 1 if r == 4 else 2) for k, r in zip(kinds(cfg), ratios(cfg)))
+
+
 def n_hash(cfg):
     return sum(1 for t in cfg["mlp_layer_types"] if t == "hash_moe")
 
@@ -42,7 +59,7 @@ def tensors(cfg):
         ("output_norm.weight", [E], F32, ["norm.weight"]),
         ("output.weight", [E, V], Q8, ["head.weight", "lm_head.weight"]),
     ]
-    for l, r in enumerate(ratios(cfg)):
+    for l, (r, kind) in enumerate(zip(ratios(cfg), kinds(cfg))):
         p = f"blk.{l}."
         L = [
             ("hc_attn_fn.weight", [hc * E, mix], F16, ["hc_attn_fn"]),
@@ -74,14 +91,14 @@ def tensors(cfg):
         else:
             L.append(("exp_probs_b.bias", [X], F32, ["ffn.gate.bias"]))
         if r:
-            coff = 2 if r == 4 else 1
+            coff = 2 if kind == KIND_CSA else 1
             L += [
                 ("attn_compressor_ape.weight", [coff * D, r], F16, ["attn.compressor.ape"]),
                 ("attn_compressor_kv.weight", [E, coff * D], F16, ["attn.compressor.wkv.weight"]),
                 ("attn_compressor_gate.weight", [E, coff * D], F16, ["attn.compressor.wgate.weight"]),
                 ("attn_compressor_norm.weight", [D], F32, ["attn.compressor.norm.weight"]),
             ]
-        if r == 4:
+        if kind == KIND_CSA:
             L += [
                 ("indexer.attn_q_b.weight", [Rq, HI * DI], F16, ["attn.indexer.wq_b.weight"]),
                 ("indexer.proj.weight", [E, HI], F16, ["attn.indexer.weights_proj.weight"]),
@@ -149,12 +166,15 @@ def source_values(st, cfg, src):
 
 
 def metadata(cfg):
-    """{key: (gguf value type name, expected value)} for every section-2 key."""
+    """{key: (gguf value type name, expected value)} for every section-2 key,
+    plus deepseek4.attention.layer_kinds when the ratios do not imply the
+    kinds."""
     n = cfg["num_hidden_layers"]
     rp = cfg["rope_parameters"]["compress"]
     lim = cfg["swiglu_limit"]
     U32, F, B, S, A = "UINT32", "FLOAT32", "BOOL", "STRING", "ARRAY"
-    return {
+    extra = {} if kinds_follow_ratios(cfg) else {"deepseek4.attention.layer_kinds": (A, kinds(cfg))}
+    return extra | {
         "general.architecture": (S, "deepseek4"),
         "deepseek4.block_count": (U32, n),
         "deepseek4.context_length": (U32, cfg["max_position_embeddings"]),

@@ -10,6 +10,8 @@
   tensor decodes (gguf-py) close to the source; an imatrix shifts the q2
   error towards the columns it marks unimportant;
 * B -> f32: inventory, metadata, exact values;
+* C (CSA compressing by 8, HCA by 4) -> f32: the same, with the compressor
+  shapes and the layer_kinds key following layer_types, not the ratio;
 * A rewritten in transformers' module names with merged experts gives the
   same tensors;
 * a synthetic official-naming checkpoint (FP8 E4M3 + 128x128 UE8M0 block
@@ -158,13 +160,20 @@ def test_tiny_a(tmp):
             print(f"A q2: last expert tensor relative RMS error {rel:.3f}")
 
 
-def test_tiny_b(tmp):
-    d = os.path.join(ROOT, "tests", "fixtures", "ds4tiny", "B")
-    cfg = json.load(open(os.path.join(d, "config.json")))
-    r = convert(d, os.path.join(tmp, "B-f32.gguf"), "f32")
-    want, got = check_inventory(r, cfg, "f32", "B f32")
-    check_metadata(r, cfg, "B f32")
-    check_exact(r, cfg, st_np.read_dir(d), "B f32", want, got)
+def test_tiny_bc(tmp):
+    """B: the released kinds (CSA at 4, HCA at 128): no layer_kinds key, so
+    the file keeps llama.cpp's key set. C: CSA at 8 and HCA at 4, where the
+    kind is not the ratio's: the converter takes it from layer_types (the
+    compressor shapes follow it) and records it."""
+    for name, kinds_key in (("B", False), ("C", True)):
+        d = os.path.join(ROOT, "tests", "fixtures", "ds4tiny", name)
+        cfg = json.load(open(os.path.join(d, "config.json")))
+        r = convert(d, os.path.join(tmp, f"{name}-f32.gguf"), "f32")
+        want, got = check_inventory(r, cfg, "f32", f"{name} f32")
+        check_metadata(r, cfg, f"{name} f32")
+        check_exact(r, cfg, st_np.read_dir(d), f"{name} f32", want, got)
+        check(("deepseek4.attention.layer_kinds" in r.fields) == kinds_key,
+              f"{name} f32: layer_kinds key {'missing' if kinds_key else 'written for released kinds'}")
 
 
 # official leaf name -> transformers module parameter name (transformers'
@@ -324,7 +333,7 @@ def main():
         raise SystemExit(f"{CONVERT} not built")
     with tempfile.TemporaryDirectory() as tmp:
         test_tiny_a(tmp)
-        test_tiny_b(tmp)
+        test_tiny_bc(tmp)
         test_module_naming(tmp)
         test_imatrix(tmp)
         test_official(tmp)

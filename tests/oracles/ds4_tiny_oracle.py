@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Regenerates tests/fixtures/ds4tiny/{A,B}: tiny random DeepSeek V4 models and
+"""Regenerates tests/fixtures/ds4tiny/{A,B,C}: tiny random DeepSeek V4 models and
 the float32 logits transformers computes for them (the golden reference the
 engine's forward pass is compared against).
 
 Needs torch + transformers (DeepseekV4ForCausalLM, tested with 5.24); the test
 suite itself never runs this script, it only reads the committed outputs.
 
-    python3 tests/oracles/ds4_tiny_oracle.py [--out tests/fixtures/ds4tiny] [A B]
+    python3 tests/oracles/ds4_tiny_oracle.py [--out tests/fixtures/ds4tiny] [A B C]
 
 For each config:
   * build DeepseekV4ForCausalLM from a DeepseekV4Config (fact sheet section 14),
@@ -73,6 +73,17 @@ CONFIGS = {
         sliding_window=128, index_topk=8, max_position_embeddings=1048576,
         rope_parameters=rope(65536)),
         n_tokens=300, seed=5678),
+    # The layer kind decided by layer_types, not by the ratio: a CSA layer
+    # (overlapping compressor + indexer) compressing by 8 and an HCA layer
+    # (plain compressor) by 4, the pairing a ratio-only reader gets wrong.
+    # Two layers and quarter-width experts keep A+B+C inside the 30 MB budget;
+    # top-k 4 of up to 16 ratio-8 rows prunes.
+    "C": dict(cfg=dict(
+        num_hidden_layers=2, layer_types=[CSA, HCA],
+        compress_rates={CSA: 8, HCA: 4}, mlp_layer_types=["hash_moe", "moe"],
+        moe_intermediate_size=64, sliding_window=8, index_topk=4, max_position_embeddings=4096,
+        rope_parameters=rope(256)),
+        n_tokens=128, seed=9012),
 }
 
 
@@ -180,7 +191,7 @@ def build(name, spec, out_root, common=COMMON):
     PRO-shaped oracle, ds4_pro_oracle.py, passes its own)."""
     gen = torch.Generator().manual_seed(spec["seed"])
     torch.manual_seed(spec["seed"])
-    cfg = DeepseekV4Config(**common, **spec["cfg"], attn_implementation="eager")
+    cfg = DeepseekV4Config(**{**common, **spec["cfg"]}, attn_implementation="eager")
     model = DeepseekV4ForCausalLM(cfg).float().eval()
     randomise(model, cfg, gen)
 

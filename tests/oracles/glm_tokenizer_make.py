@@ -79,19 +79,21 @@ def corpus(rng):
     return lines
 
 
-def build():
+def build(base_vocab=BASE_VOCAB):
+    """The tokenizer.json (as a dict) with base_vocab trained ids before the
+    added tokens, and the trained count."""
     tok = Tokenizer(models.BPE(ignore_merges=True))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(GLM4_SPLIT), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=BASE_VOCAB, min_frequency=2, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=base_vocab, min_frequency=2, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
     tok.train_from_iterator(corpus(random.Random(20261201)), trainer=trainer)
     j = json.loads(tok.to_str())
     n = len(j["model"]["vocab"])
-    assert n <= BASE_VOCAB, n
+    assert n <= base_vocab, n
     j["added_tokens"] = [{"id": n + k, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
                           "normalized": False, "special": True} for k, s in enumerate(ADDED)]
     return j, n

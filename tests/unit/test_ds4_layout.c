@@ -29,6 +29,7 @@ static void flash(ds4_hparams *hp) {
     hp->n_expert = 256; hp->n_expert_used = 6; hp->expert_ff = 2048; hp->n_expert_shared = 1;
     hp->n_hash_layer = 3; hp->expert_weights_scale = 1.5f; hp->expert_weights_norm = true;
     hp->expert_gating_func = 4; hp->nextn_predict_layers = 1;
+    ds4_hparams_default_kinds(hp);
 }
 
 static int shape_is(const ds4_hparams *hp, enum ds4_tensor_id id, int l, uint64_t a, uint64_t b, uint64_t c) {
@@ -104,6 +105,33 @@ static void test_released_tables(void) {
     CHECK(n_whole == n_halves, "Layers00-30 + Layers31-output hold %zu of %zu tensors", n_halves, n_whole);
 }
 
+/* Writes hp's metadata to a GGUF file and reads it back: equal, with
+ * extra_keys keys besides the table and general.architecture. */
+static void roundtrip(const ds4_hparams *hp, size_t extra_keys) {
+    char err[256], path[] = "/tmp/ds4_layout_testXXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0, "mkstemp");
+    close(fd);
+    ds4_gguf_writer *w = ds4_gguf_writer_new(32);
+    ds4_hparams_write(w, hp);
+    CHECK(ds4_gguf_writer_write_file(w, path, NULL, NULL, err, sizeof err) == 0, "write: %s", err);
+    ds4_gguf_writer_free(w);
+    ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
+    CHECK(g != NULL, "open: %s", err);
+    if (g) {
+        ds4_hparams back;
+        CHECK(ds4_hparams_read(g, &back, err, sizeof err) == 0, "read: %s", err);
+        CHECK(memcmp(&back, hp, sizeof *hp) == 0, "hparams differ after the round trip");
+        ds4_gguf_str s;
+        CHECK(ds4_gguf_get_str(g, "general.architecture", &s) && s.len == 9 && !memcmp(s.ptr, "deepseek4", 9),
+              "architecture");
+        CHECK(ds4_gguf_n_kv(g) == ds4_n_hparam_keys + 1 + extra_keys, "%zu keys", ds4_gguf_n_kv(g));
+        CHECK((ds4_gguf_find_kv(g, DS4_KEY_LAYER_KINDS) != NULL) == (extra_keys == 1), "kinds key");
+        ds4_gguf_close(g);
+    }
+    unlink(path);
+}
+
 int main(void) {
     test_released_tables();
     ds4_hparams hp;
@@ -154,27 +182,20 @@ int main(void) {
     /* metadata round trip through a real GGUF file */
     hp.compress_ratio[7] = 16;           /* distinguishable per-layer values */
     hp.swiglu_clamp_shexp[5] = 7.5f;
-    char path[] = "/tmp/ds4_layout_testXXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0, "mkstemp");
-    close(fd);
-    ds4_gguf_writer *w = ds4_gguf_writer_new(32);
-    ds4_hparams_write(w, &hp);
-    CHECK(ds4_gguf_writer_write_file(w, path, NULL, NULL, err, sizeof err) == 0, "write: %s", err);
-    ds4_gguf_writer_free(w);
-    ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
-    CHECK(g != NULL, "open: %s", err);
-    if (g) {
-        ds4_hparams back;
-        CHECK(ds4_hparams_read(g, &back, err, sizeof err) == 0, "read: %s", err);
-        CHECK(memcmp(&back, &hp, sizeof hp) == 0, "hparams differ after the round trip");
-        ds4_gguf_str s;
-        CHECK(ds4_gguf_get_str(g, "general.architecture", &s) && s.len == 9 && !memcmp(s.ptr, "deepseek4", 9),
-              "architecture");
-        CHECK(ds4_gguf_n_kv(g) == ds4_n_hparam_keys + 1, "%zu keys", ds4_gguf_n_kv(g));
-        ds4_gguf_close(g);
-    }
-    unlink(path);
+    roundtrip(&hp, 0);
+    /* layers whose kind the ratio does not imply (a CSA layer compressing by
+     * 8, an HCA one by 4) add the kinds array, and only then */
+    hp.compress_ratio[4] = 8;
+    hp.compress_ratio[5] = 4;
+    CHECK(ds4_layer_indexed(&hp, 4) && ds4_layer_coff(&hp, 4) == 2 && !ds4_layer_indexed(&hp, 5) &&
+          ds4_layer_coff(&hp, 5) == 1, "the kind, not the ratio, decides overlap and indexer");
+    CHECK(shape_is(&hp, DS4_T_COMP_APE, 4, 2 * 512, 8, 1) && shape_is(&hp, DS4_T_COMP_APE, 5, 512, 4, 1) &&
+          shape_is(&hp, DS4_T_IDX_COMP_APE, 4, 2 * 128, 8, 1) && !ds4_tensor_present(&hp, DS4_T_IDX_Q_B, 5),
+          "compressor shapes follow the kind");
+    roundtrip(&hp, 1);
+    hp.attn_kind[5] = DS4_ATTN_WINDOW;
+    CHECK(ds4_hparams_check(&hp, err, sizeof err) != 0 && strstr(err, "layer 5: attention kind 0"), "kind: %s", err);
+    hp.attn_kind[5] = DS4_ATTN_HCA;
 
     hp.o_groups = 7;
     CHECK(ds4_hparams_check(&hp, err, sizeof err) != 0 && strstr(err, "output_group_count"), "groups: %s", err);

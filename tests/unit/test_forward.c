@@ -1,7 +1,7 @@
 /* test_forward.c -- the engine's forward pass against transformers' golden
- * logits (tests/fixtures/ds4tiny/<A|B>: tokens + float32 logits of every
+ * logits (tests/fixtures/ds4tiny/<A|B|C>: tokens + float32 logits of every
  * position, from tests/oracles/ds4_tiny_oracle.py) on the converted GGUFs
- * $BUILD/ds4tiny/<A|B>-<f32|f16|q8_0>.gguf (mk/models.mk).
+ * $BUILD/ds4tiny/<A|B|C>-<f32|f16|q8_0>.gguf (mk/models.mk).
  *
  * Per model and weight type: full prefill, uneven chunks, prefill + token by
  * token decode, rewinds (shallow: rings still cover it; deep: recompute from
@@ -320,8 +320,8 @@ int main(void) {
      * where the golden top-2 gap exceeds 1.0. f16 runs with a small prefill
      * chunk, so one prefill call crosses the engine's own chunking. */
     const variant variants[] = {{"f32", 2e-5, 0, 0}, {"f16", 2e-5, 0, 16}, {"q8_0", 0.25, 1.0, 0}};
-    const char *models[] = {"A", "B"};
-    for (int mi = 0; mi < 2; mi++) {
+    const char *models[] = {"A", "B", "C"};
+    for (int mi = 0; mi < (int)(sizeof models / sizeof models[0]); mi++) {
         fixture fx = {0};
         for (int vi = 0; vi < 3; vi++) {
             char path[600];

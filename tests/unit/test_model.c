@@ -180,6 +180,14 @@ static void indexer_top_k_zero(ds4_hparams *hp) { hp->idx_topk = 0; }
 static void expert_top_k_zero(ds4_hparams *hp) { hp->n_expert_used = 0; }
 static void ratio_one(ds4_hparams *hp) { hp->compress_ratio[2] = 1; }
 static void ratio_huge(ds4_hparams *hp) { hp->compress_ratio[3] = 1u << 20; }
+static void kind_window_compressed(ds4_hparams *hp) { hp->attn_kind[2] = DS4_ATTN_WINDOW; }
+static void kind_compressed_window(ds4_hparams *hp) { hp->attn_kind[0] = DS4_ATTN_HCA; }
+static void kind_out_of_range(ds4_hparams *hp) { hp->attn_kind[3] = 7; }
+/* The kind, not the ratio, decides the compressor's width: a ratio-4 layer
+ * declared HCA wants a D-wide (not 2D) compressor, a ratio-16 one declared
+ * CSA a 2D-wide one, so the unchanged tensors no longer fit. */
+static void kind_hca_at_4(ds4_hparams *hp) { hp->attn_kind[2] = DS4_ATTN_HCA; }
+static void kind_csa_at_16(ds4_hparams *hp) { hp->attn_kind[3] = DS4_ATTN_CSA; }
 
 static void test_unsupported_metadata(const char *tmp) {
     static const struct { void (*edit)(ds4_hparams *); const char *needle; } cases[] = {
@@ -193,6 +201,11 @@ static void test_unsupported_metadata(const char *tmp) {
         {expert_top_k_zero, "expert_used_count = 0 out of range"},
         {ratio_one, "compress_ratios[2] = 1; supported"},
         {ratio_huge, "compress_ratios[3] = 1048576; supported"},
+        {kind_window_compressed, "layer_kinds[2] = 0 does not fit compress ratio 4"},
+        {kind_compressed_window, "layer_kinds[0] = 2 does not fit compress ratio 0"},
+        {kind_out_of_range, "layer_kinds[3] is not 0 (window), 1 (CSA) or 2 (HCA)"},
+        {kind_hca_at_4, "blk.2.attn_compressor_ape.weight has shape"},
+        {kind_csa_at_16, "blk.3.attn_compressor_ape.weight has shape"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         expect_error(tmp, (mutation){.edit = cases[i].edit, .mix = -1}, cases[i].needle);

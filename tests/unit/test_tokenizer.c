@@ -515,6 +515,28 @@ static void inferred_types_tiny(void) {
     ds4_tokenizer_free(t);
     ds4_gguf_close(g);
 
+    /* the pre-tokenizer names: DeepSeek's rules under either of llama.cpp's
+     * names load; any other name is refused by name */
+    static const struct { const char *pre; bool loads; } pres[] = {
+        {"joyai-llm", true}, {"deepseek-v3", true}, {"gpt-2", false}, {"qwen2", false}};
+    for (size_t i = 0; i < sizeof pres / sizeof pres[0]; i++) {
+        w = ds4_gguf_writer_new(32);
+        ds4_gguf_w_str(w, "tokenizer.ggml.pre", pres[i].pre);
+        ds4_gguf_w_arr_str(w, "tokenizer.ggml.tokens", toks, 265);
+        ds4_gguf_w_arr_str(w, "tokenizer.ggml.merges", merges, 1);
+        CHECK(ds4_gguf_writer_write_file(w, path, NULL, NULL, err, sizeof err) == 0, "write: %s", err);
+        ds4_gguf_writer_free(w);
+        g = ds4_gguf_open(path, err, sizeof err);
+        err[0] = 0;
+        t = g ? ds4_tokenizer_from_gguf(g, err, sizeof err) : NULL;
+        char quoted[64];
+        snprintf(quoted, sizeof quoted, "pre is \"%s\"", pres[i].pre);
+        if (pres[i].loads) CHECK(t != NULL, "pre %s: %s", pres[i].pre, err);
+        else CHECK(t == NULL && strstr(err, quoted) && !strchr(err, '\n'), "pre %s refused: %s", pres[i].pre, err);
+        ds4_tokenizer_free(t);
+        ds4_gguf_close(g);
+    }
+
     /* the same vocabulary declared as another tokenizer model is refused */
     w = ds4_gguf_writer_new(32);
     ds4_gguf_w_str(w, "tokenizer.ggml.model", "llama");
