@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli_args.h"
+#include "spec.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -28,6 +29,9 @@ static void usage(FILE *f) {
         "      --prefill-chunk N         prefill chunk size (default 4096)\n"
         "      --batched-session N       N resident sessions serving N requests at once, decoded\n"
         "                                together in batches (default 1: one request at a time)\n"
+        "      --spec-lookup N           speculative decoding with up to N drafted tokens (1..16) from\n"
+        "                                earlier text of the context; answers are unchanged (one\n"
+        "                                session only; default 0 = off)\n"
         "      --numerics MODE           exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "      --layers A:B|A:output     map only that layer slice (docs/distributed.md)\n"
         "      --cors                    send Access-Control-Allow-* headers\n"
@@ -107,6 +111,7 @@ int main(int argc, char **argv) {
         else if (ARG("--head-timeout")) { VALUE(); o.limits.head_timeout_ms = parse_int(a, v, 1, 3600) * 1000; }
         else if (ARG("--tool-memory-max-ids")) { VALUE(); o.tool_memory_max_ids = (size_t)parse_int(a, v, 1, 1 << 30); }
         else if (ARG("--scripted-output")) { VALUE(); o.scripted_output = v; }
+        else if (ARG("--spec-lookup")) { VALUE(); o.spec_lookup = parse_int(a, v, 0, DS4_SPEC_MAX_DRAFT); }
         else if (ARG("--kv-disk-dir")) { VALUE(); o.kvdisk.dir = v; }
         else if (ARG("--kv-disk-space-mb")) { VALUE(); o.kvdisk.space_bytes = (uint64_t)parse_int(a, v, 1, 1 << 30) << 20; }
         else if (ARG("--kv-cache-min-tokens")) { VALUE(); o.kvdisk.min_tokens = parse_int(a, v, 1, 1 << 30); }

@@ -86,7 +86,7 @@ ds4_gen_result ds4_generate(ds4_session *s, const ds4_tokenizer *tok, ds4_sample
             ds4_spec_record_accept(sp, b.next++);   /* appended by the verification pass already */
         } else {
             if (pending(&b)) rc = drop_pending(s, &b, err, errlen);
-            if (!rc && sp && !h->decode) rc = decode_with_draft(s, sp, &b, id, max_tokens - step - 1, err, errlen);
+            if (!rc && sp) rc = decode_with_draft(s, sp, &b, id, max_tokens - step - 1, err, errlen);
             else if (!rc) rc = h->decode ? h->decode(h->ud, id, err, errlen) : ds4_session_decode(s, id, err, errlen);
         }
         if (rc) { r.end = DS4_GEN_ERROR; break; }

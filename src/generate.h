@@ -63,7 +63,9 @@ typedef struct {
     bool (*on_text)(void *ud, const char *text, size_t len);
     void (*after_decode)(void *ud);
     /* appends the token to the session instead of ds4_session_decode() (the
-     * server batches it with other sessions); same contract */
+     * server batches it with other sessions); same contract. Not used while
+     * `spec` drafts: speculation appends through the session itself, so a
+     * caller that must route its appends elsewhere leaves `spec` NULL. */
     int (*decode)(void *ud, int32_t tok, char *err, size_t errlen);
     void *ud;
     /* not a hook: a stop id is generated like any token and the loop runs to

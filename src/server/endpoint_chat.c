@@ -190,7 +190,7 @@ void run_chat(server *s, job *j) {
                            .on_token = chat_token, .on_text = chat_text, .after_decode = chat_after_decode,
                            .decode = chat_decode, .ud = &g};
     const double t_decode = now_s();
-    ds4_gen_result gr = ds4_generate(s->sess, s->tok, smp, limit, &hooks, err, sizeof err);
+    ds4_gen_result gr = job_generate(s, smp, limit, &hooks, err, sizeof err);
     job_decoded(&pc, gr.n_decoded, now_s() - t_decode);
     if (gr.end == DS4_GEN_ERROR) trace(s, "decode failed: %s", err);
     ds4_token_ids_free(&g.script);

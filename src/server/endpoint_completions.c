@@ -220,7 +220,7 @@ void run_completions(server *s, job *j) {
                                .on_text = cmpl_text, .after_decode = cmpl_after_decode, .decode = cmpl_decode,
                                .ud = &g};
         const double t_decode = now_s();
-        ds4_gen_result gr = ds4_generate(s->sess, s->tok, smp, limit, &hooks, err, sizeof err);
+        ds4_gen_result gr = job_generate(s, smp, limit, &hooks, err, sizeof err);
         job_decoded(&pc, gr.n_decoded, now_s() - t_decode);
         const char *span;
         size_t rel = ds4_stopper_flush(&g.st, &span);

@@ -78,6 +78,21 @@ void job_decoded(job_progress *p, int tokens, double seconds) {
     ds4_metrics_decode(tokens, seconds);
 }
 
+ds4_gen_result job_generate(server *s, ds4_sampler *smp, int limit, ds4_gen_hooks *hooks, char *err,
+                            size_t errlen) {
+    ds4_spec_stats before = s->spec ? s->spec->stats : (ds4_spec_stats){0};
+    hooks->spec = s->spec;
+    ds4_gen_result r = ds4_generate(s->sess, s->tok, smp, limit, hooks, err, errlen);
+    if (s->spec) {
+        const ds4_spec_stats *now = &s->spec->stats;
+        ds4_metrics_spec(now->passes - before.passes, now->proposed - before.proposed,
+                         now->accepted - before.accepted);
+        /* the session grew by whole verification passes, not through srv_eval */
+        srv_session_changed(s);
+    }
+    return r;
+}
+
 void job_first_token(job_progress *p) {
     if (p->first_token_at == 0) p->first_token_at = now_s();
 }

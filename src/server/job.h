@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "generate.h"
 #include "prefix.h"
 #include "sampler.h"
 #include "server_state.h"
@@ -66,6 +67,10 @@ void job_prefilled(job_progress *p, int tokens, double seconds);
 void job_decoded(job_progress *p, int tokens, double seconds);
 void job_first_token(job_progress *p);
 void job_trace_timing(const job_progress *p);
+/* One generation's decode through ds4_generate with the slot's drafter (when
+ * there is one) in its hooks, the drafter's counts added to /metrics. */
+ds4_gen_result job_generate(server *s, ds4_sampler *smp, int limit, ds4_gen_hooks *hooks, char *err,
+                            size_t errlen);
 /* A continued save when generation lands on an absolute frontier. */
 void job_disk_frontier(server *s);
 /* The request's sampler; a request without a seed gets a random one. */

@@ -8,7 +8,8 @@
  *   cached / generated tokens, prefill and decode tokens with the seconds
  *   they took (a scraper derives recent tokens/s from their rates; the
  *   tokens/s gauges are the averages since start, as llama-server's),
- *   prompts by how their prefix was reused (live session, disk cache, cold).
+ *   prompts by how their prefix was reused (live session, disk cache, cold),
+ *   speculative decoding's verification passes and drafted / kept tokens.
  * - A request that got no response because its client had closed the
  *   connection (ds4_metrics_request() with status 0) is counted under
  *   status="client_closed", never a made-up HTTP code: a query on real
@@ -31,6 +32,8 @@ void ds4_metrics_request(const char *path, int status);
 void ds4_metrics_tokens(int prompt, int cached, int generated);
 void ds4_metrics_prefill(int tokens, double seconds);
 void ds4_metrics_decode(int tokens, double seconds);
+/* speculative decoding: verification passes, drafted tokens, drafted tokens kept */
+void ds4_metrics_spec(uint64_t passes, uint64_t drafted, uint64_t accepted);
 /* how: the prompt planner's reuse description (prefix.h) */
 void ds4_metrics_prefix(const char *how);
 

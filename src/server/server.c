@@ -331,6 +331,20 @@ int ds4_server_run(const ds4_server_opts *opts) {
                         "or pass --no-api-key to serve without authentication\n", s->o.host);
         return 2;
     }
+    static ds4_spec spec;
+    if (s->o.spec_lookup > 0) {
+        ds4_spec_params sp;
+        ds4_spec_params_default(&sp);
+        sp.lookup_max = s->o.spec_lookup;
+        if (s->o.batched_sessions > 1) {
+            /* batched slots advance together through the batcher, one token each per step */
+            fprintf(stderr, "ds4-server: --spec-lookup drafts for one session: it cannot be combined with "
+                            "--batched-session %d\n", s->o.batched_sessions);
+            return 2;
+        }
+        if (!ds4_spec_init(&spec, &sp, err, sizeof err)) { fprintf(stderr, "ds4-server: %s\n", err); return 2; }
+        s->spec = &spec;
+    }
     if (!ds4_queue_init(&queue, s->o.batched_sessions)) { fprintf(stderr, "ds4-server: out of memory\n"); return 1; }
     s->queue = &queue;
     s->trace_mu = &trace_mu;

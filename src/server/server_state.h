@@ -32,6 +32,7 @@
 #include "queue.h"
 #include "request.h"
 #include "server.h"
+#include "spec.h"
 #include "stream.h"
 #include "tokenizer.h"
 #include "toolmem.h"
@@ -54,6 +55,7 @@ typedef struct server {
     pthread_mutex_t *kvd_mu;      /* the disk cache is single-threaded */
     ds4_job_queue *queue;
     struct ds4_batcher *batcher;  /* several slots: the engine's only user; NULL with one */
+    ds4_spec *spec;               /* --spec-lookup's drafter (one slot only), or NULL */
 
     /* this slot */
     int slot;
