@@ -1716,11 +1716,10 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
         } else if (!ds4_dist_decode(buf, frame_len, &f, err, sizeof err)) {
             fprintf(stderr, "ds4 worker: dropped a frame: %s\n", err);
         } else if ((work = f.type == DS4_DIST_WORK || f.type == DS4_DIST_KV_GET || f.type == DS4_DIST_KV_PUT) &&
-                   f.work.route != w.route && route_taken(&w, f.work.route)) {
-            fprintf(stderr, "ds4 worker: dropped a frame of route %llu, which this worker left (a replay)\n",
-                    (unsigned long long)f.work.route);
-        } else if (work && f.work.route != w.route) {
-            /* a route this worker never took: the coordinator forms it again */
+                   f.work.route != w.route) {
+            /* the coordinator forms its route again when this is its
+             * current one; a recorded frame of an older route only gets an
+             * answer the coordinator passes over */
             char why[256];
             snprintf(why, sizeof why, "work for route %llu, this worker is on route %llu", (unsigned long long)f.work.route,
                      (unsigned long long)w.route);

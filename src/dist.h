@@ -38,7 +38,7 @@
  *   as recorded frames sent again would be. Frames on a data port are
  *   sealed under the receiver's registration (dist_proto.h link keys), so
  *   frames recorded before a worker restarted fail its seal; a worker given
- *   work for a route it never took answers WRONG_ROUTE, and the coordinator
+ *   work for a route other than its own answers WRONG_ROUTE, and the coordinator
  *   forms the route again (a fresh id) and retries the step once.
  * - Receive limits (NNG_OPT_RECVMAXSZ; NNG refuses a message by its length
  *   prefix, before buffering it): registration sockets 64 KiB; a worker's

@@ -51,8 +51,8 @@
  *   KV_PUT replaces the session by n tokens (hash_after after them) and the
  *   layer state in floats.
  * - RESULT (to home): route id, request id, session id, status (OK,
- *   HASH_MISMATCH, ERROR, or WRONG_ROUTE: the worker never took a ROUTE of
- *   that id, so the coordinator forms the route again), the hash after the span, floats (logits, layer
+ *   HASH_MISMATCH, ERROR, or WRONG_ROUTE: the worker is on another route,
+ *   so the coordinator forms its route again), the hash after the span, floats (logits, layer
  *   state, or none for an ACK), an error line and the hops' telemetry.
  * - Telemetry: one ds4_dist_hop per hop that ran (layers, span, eval, wait
  *   and send microseconds, bytes received), at most DS4_DIST_MAX_HOPS, the

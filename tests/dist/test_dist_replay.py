@@ -10,11 +10,18 @@ coordinator sealed them, nothing made up here):
   its seal and is dropped, and requests through the coordinator keep being
   answered (before the fix the new worker took the old route and every
   request after it failed with "work for route X, this worker is on route
-  Y").
+  Y");
+- a worker put on another route (a ROUTE of a new id sealed for its
+  registration, as a second party holding the secret could send): it
+  answers the coordinator's next work WRONG_ROUTE and the coordinator forms
+  its route again, so the requests are answered.
 Needs CAP_NET_RAW for the capture (root, as CI runs): without it the test
 says so and exits 77."""
+import hashlib
+import hmac
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -27,7 +34,8 @@ import dist_wire as wire  # noqa: E402
 
 DS4 = os.path.join(ROOT, "ds4")
 SECRET = "replay-secret"
-WORK, ROUTE = 4, 6   # frame types (dist_proto.h)
+HELLO, WORK, ROUTE = 1, 4, 6   # frame types (dist_proto.h)
+VERSION = 6
 
 
 def start_worker(port):
@@ -46,6 +54,15 @@ def frame_type(msg):
     return int.from_bytes(msg[6:8], "little") if msg[:4] == b"DS4P" else None
 
 
+def route_home(frame):
+    """The home address and nonce of a sealed ROUTE frame (dist_proto.h)."""
+    at = 8 + 8 + 4
+    n = struct.unpack("<H", frame[at:at + 2])[0]
+    at += 2 + n + 16
+    n = struct.unpack("<H", frame[at:at + 2])[0]
+    return frame[at + 2:at + 2 + n], frame[at + 2 + n:at + 2 + n + 16]
+
+
 def main():
     demo_model_or_skip("test_dist_replay")
     cap = wire.LoopbackCapture()
@@ -61,7 +78,7 @@ def main():
     try:
         res.check(lines.wait_for("registered"), "the worker registers: %r" % lines.text()[-300:])
         data_port = min(wire.wait_ports(worker.pid, 1) or {0})
-        cap.ports.add(data_port)
+        cap.ports.update({data_port, port})   # the link, and the registrations
         first = chat(srv, "first question")
         res.check(first[0] == 200, "through the route: %s %s" % first)
         # the coordinator's connection to the worker's data port: its header, then the ROUTE, then the work
@@ -99,6 +116,25 @@ def main():
                   "the old registration's ROUTE frame fails the new worker's seal: %r" % lines.text()[-300:])
         after = [chat(srv, q) for q in ("fourth question", "fifth question")]
         res.check(all(a[0] == 200 for a in after), "requests after the replay are answered: %s" % after)
+
+        # a worker put on another route by someone holding the secret (a
+        # ROUTE of a new id sealed for this registration, made here from the
+        # registration nonce in the recorded HELLO and the home in the
+        # recorded ROUTE): it answers the coordinator's work with
+        # WRONG_ROUTE and the coordinator forms its route again
+        hellos = [m[4:] for s in cap.streams_to(port) if s[:8] == wire.sp_header(wire.REQ)
+                  for m in wire.messages(s) if frame_type(m[4:]) == HELLO and b":%d" % new_port in m]
+        home, home_nonce = route_home(routes[0])
+        res.check(hellos and home, "recorded the new worker's HELLO (%d) and the route's home (%r)" % (len(hellos), home))
+        if hellos and home:
+            nonce = hellos[0][8 + 16:8 + 32]
+            key = hmac.new(SECRET.encode(), b"ds4 link" + nonce, hashlib.sha1).digest()
+            other = (b"DS4P" + struct.pack("<HHQI", VERSION, ROUTE, int.from_bytes(os.urandom(8), "little"), 8)
+                     + struct.pack("<H", 0) + bytes(16) + struct.pack("<H", len(home)) + home + home_nonce)
+            res.check(wire.push(new_port, other + hmac.new(key, other, hashlib.sha1).digest()),
+                      "a ROUTE of another route sent to the worker")
+            moved = [chat(srv, q) for q in ("sixth question", "seventh question")]
+            res.check(all(a[0] == 200 for a in moved), "the coordinator forms its route again: %s" % moved)
         res.check(worker.poll() is None and srv.alive(), "worker and coordinator stay up")
     finally:
         cap.close()
