@@ -29,6 +29,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     switch (f.type) {
     case DS4_DIST_HELLO:
         inside(data, size, f.hello.challenge, DS4_DIST_NONCE_BYTES);
+        inside(data, size, f.hello.nonce, DS4_DIST_NONCE_BYTES);
         inside(data, size, f.hello.model, f.hello.model_len);
         inside(data, size, f.hello.data_url, f.hello.data_url_len);
         again = ds4_dist_encode_hello(&f.hello, &len);
@@ -70,6 +71,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case DS4_DIST_ROUTE:
         inside(data, size, f.route.next, f.route.next_len);
         inside(data, size, f.route.home, f.route.home_len);
+        inside(data, size, f.route.next_nonce, DS4_DIST_NONCE_BYTES);
+        inside(data, size, f.route.home_nonce, DS4_DIST_NONCE_BYTES);
         again = ds4_dist_encode_route(&f.route, &len);
         break;
     case DS4_DIST_WELCOME: case DS4_DIST_REFUSED: {

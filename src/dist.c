@@ -33,7 +33,12 @@
  * before it says that no answer came (and keeps trying). */
 enum { MAX_WORKERS = DS4_DIST_MAX_HOPS - 1, MAX_SESSIONS = 16, REWIND_SLACK = 256, POLL_MS = 100, SEND_QUEUE = 64,
        MAX_WINDOW = 32, CHUNKS_PER_CALL = 8, MAX_PENDING = 32, CHALLENGE_TTL_S = 10, MAX_CKPT = 16,
-       MAX_ROUTES_KEPT = 64, FIRST_ANSWER_MS = 5000 };
+       MAX_ROUTES_KEPT = 64, FIRST_ANSWER_MS = 5000, URL_MAX = 200 };
+
+/* The largest message a registration (control) socket takes: KNOCK,
+ * CHALLENGE, HELLO and the answers are a few hundred bytes. NNG refuses a
+ * longer one by its length prefix, before buffering anything of it. */
+#define CONTROL_MAX ((size_t)64 << 10)
 
 const char ds4_dist_usage[] =
     "      --role coordinator|worker  pipeline parallelism over hosts (docs/distributed.md)\n"
@@ -146,9 +151,9 @@ static double now_seconds(void) {
 }
 
 /* Who this process is, as a HELLO says it. */
-static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const char *url) {
+static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const char *url, const uint8_t *nonce) {
     const ds4_layer_slice *sl = &m->slice;
-    return (ds4_dist_hello){NULL, m->name, strlen(m->name), (uint32_t)m->cfg.n_layer,
+    return (ds4_dist_hello){NULL, nonce, m->name, strlen(m->name), (uint32_t)m->cfg.n_layer,
                             (uint32_t)m->cfg.n_embd, (uint32_t)m->cfg.n_hc, (uint32_t)m->cfg.n_vocab,
                             (uint32_t)ds4_model_expert_bits(m), (uint32_t)sl->first, (uint32_t)sl->last, sl->output,
                             (uint32_t)ctx, url, url ? strlen(url) : 0, numerics};
@@ -323,9 +328,10 @@ static bool local_address_towards(const char *host, int port, char *out, size_t 
     return ok;
 }
 
-/* Seals (dist_proto.h), sends and frees msg (NULL: out of memory). */
-static int send_frame(nng_socket s, const char *secret, uint8_t *msg, size_t len) {
-    msg = ds4_dist_seal(msg, &len, secret, strlen(secret));
+/* Seals under the receiver's link key (dist_proto.h), sends and frees msg
+ * (NULL: out of memory). */
+static int send_frame(nng_socket s, const uint8_t *key, uint8_t *msg, size_t len) {
+    msg = ds4_dist_seal(msg, &len, key, DS4_DIST_SEAL_BYTES);
     int rv = msg ? nng_send(s, msg, len, 0) : NNG_ENOMEM;
     free(msg);
     return rv;
@@ -353,6 +359,21 @@ static void ckpt_drop_after(ckpt_list *k, int pos) {
 
 /* Appends pos, first thinning a full list as the engine does; true when it
  * thinned. */
+/* Caps what one message on socket s may claim: NNG closes a connection
+ * whose length prefix says more, before it allocates or reads the body. */
+static void recv_limit(nng_socket s, size_t max) { nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, max); }
+
+/* The sealed frames a slice's data port legitimately takes: WORK of up to
+ * max_tokens tokens (their hidden states in f32, the widest format) and
+ * KV_PUT of a whole ctx-token session of the slice's layers. */
+static size_t slice_frame_max(const ds4_config *cfg, int first, int last, int ctx, size_t max_tokens) {
+    const size_t hcE = (size_t)cfg->n_hc * cfg->n_embd;
+    const size_t work = ds4_dist_work_frame_max(max_tokens, max_tokens * hcE);
+    const size_t kv = ds4_dist_work_frame_max((size_t)ctx,
+                                              ds4_kv_bytes_for_layers(cfg, ctx, REWIND_SLACK, first, last) / sizeof(float));
+    return work > kv ? work : kv;
+}
+
 static bool ckpt_push(ckpt_list *k, int pos) {
     const bool thin = k->n == MAX_CKPT;
     if (thin) k->n = ds4_kv_ckpt_thin(k->pos, k->slot, MAX_CKPT);
@@ -368,6 +389,8 @@ typedef struct {
     int first, last;
     bool output;
     char url[160];
+    uint8_t nonce[DS4_DIST_NONCE_BYTES];   /* the worker's registration nonce Nr */
+    int ctx;
 } worker_reg;
 
 /* A challenge sent and not yet answered (control thread only): each is
@@ -386,6 +409,8 @@ typedef struct {
     int first, last;
     bool output;
     char url[160];
+    uint8_t nonce[DS4_DIST_NONCE_BYTES];
+    uint8_t key[DS4_DIST_SEAL_BYTES];   /* its link key: every frame to it is sealed so */
     nng_socket data;
     bool open;
     atomic_int closed_socket;     /* id of a socket whose connection went away (pipe callback) */
@@ -412,7 +437,9 @@ typedef struct {
     ds4_dist_hello me;
     tls_pem tls;
     nng_socket control, results;
-    char home[200];
+    char home[URL_MAX];
+    uint8_t home_nonce[DS4_DIST_NONCE_BYTES];        /* Nh, drawn at start */
+    uint8_t results_key[DS4_DIST_SEAL_BYTES];        /* the link key results are sealed with */
     pthread_t thread;
     bool thread_started;
     atomic_bool stop;
@@ -455,7 +482,9 @@ static uint8_t *handle_hello(coord *c, const ds4_dist_hello *h, size_t *len) {
         worker_reg *w = &c->regs[i];
         if (!w->live) { if (!slot) slot = w; continue; }
         if (w->first == (int)h->first && w->last == (int)h->last && w->output == h->output) {
-            if (strlen(w->url) == h->data_url_len && !memcmp(w->url, h->data_url, h->data_url_len)) {
+            /* the same process (its nonce); a restarted one is a new registration */
+            if (strlen(w->url) == h->data_url_len && !memcmp(w->url, h->data_url, h->data_url_len) &&
+                ds4_dist_same(w->nonce, h->nonce, DS4_DIST_NONCE_BYTES)) {
                 pthread_mutex_unlock(&c->mu);   /* a heartbeat of a registered worker */
                 return ds4_dist_encode_text(DS4_DIST_WELCOME, "registered", len);
             }
@@ -473,8 +502,9 @@ static uint8_t *handle_hello(coord *c, const ds4_dist_hello *h, size_t *len) {
         pthread_mutex_unlock(&c->mu);
         return ds4_dist_encode_text(DS4_DIST_REFUSED, "refused: too many workers", len);
     }
-    *slot = (worker_reg){true, (int)h->first, (int)h->last, h->output, ""};
+    *slot = (worker_reg){true, (int)h->first, (int)h->last, h->output, "", {0}, (int)h->ctx};
     memcpy(slot->url, h->data_url, h->data_url_len);
+    memcpy(slot->nonce, h->nonce, DS4_DIST_NONCE_BYTES);
     c->gen++;
     if (c->p.debug)
         fprintf(stderr, "ds4 coordinator: worker registered: layers %d..%d%s at %s\n", slot->first, slot->last,
@@ -600,6 +630,20 @@ static void drop_route(coord *c) {
     c->route_id = 0;
 }
 
+/* A worker said it is not on the route (WRONG_ROUTE): the registrations
+ * stay, the hops are closed and the next form_route() makes the route anew,
+ * under a fresh id (a worker refuses an id it took before). */
+static void unform_route(coord *c) {
+    if (c->p.debug) fprintf(stderr, "ds4 coordinator: a worker is not on route %llu: forming the route again\n",
+                            (unsigned long long)c->route_id);
+    pthread_mutex_lock(&c->mu);
+    c->gen++;
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < c->n_hops; i++) close_hop(&c->hops[i]);
+    c->n_hops = 0;
+    c->route_id = 0;
+}
+
 /* The next RESULT of the current route with a request id at or after seq;
  * stale ones (an earlier route, an abandoned request) are skipped. -2 with
  * a line when a hop's connection closed or nothing came for timeout_s. */
@@ -622,8 +666,9 @@ static int await_result(coord *c, uint32_t seq, double timeout_s, void **buf, si
         if (rv) { snprintf(err, errlen, "pipeline results: %s: route dropped", nng_strerror(rv)); return -2; }
         char why[256];
         size_t frame_len;
-        if (!ds4_dist_unseal(*buf, *blen, c->p.secret, strlen(c->p.secret), &frame_len)) {
-            fprintf(stderr, "ds4 coordinator: dropped a result frame that fails the --dist-secret seal\n");
+        if (!ds4_dist_unseal(*buf, *blen, c->results_key, sizeof c->results_key, &frame_len)) {
+            fprintf(stderr, "ds4 coordinator: dropped a result frame that fails the seal (not from this "
+                            "coordinator's route, or not with this --dist-secret)\n");
         } else if (ds4_dist_decode(*buf, frame_len, f, why, sizeof why) && f->type == DS4_DIST_RESULT &&
             f->result.route == c->route_id && (int32_t)(f->result.seq - seq) >= 0)
             return 0;
@@ -632,11 +677,12 @@ static int await_result(coord *c, uint32_t seq, double timeout_s, void **buf, si
 }
 
 /* A result's status as a return code: 0 OK, -3 hash mismatch (replay
- * recovers), -1 a worker's error (the route stays). */
+ * recovers), -4 a worker not on this route (forming it again recovers), -1
+ * a worker's error (the route stays). */
 static int result_status(const ds4_dist_result *r, char *err, size_t errlen) {
     if (r->status == DS4_DIST_OK) return 0;
     snprintf(err, errlen, "%.*s", (int)r->text_len, r->text);
-    return r->status == DS4_DIST_HASH_MISMATCH ? -3 : -1;
+    return r->status == DS4_DIST_HASH_MISMATCH ? -3 : r->status == DS4_DIST_WRONG_ROUTE ? -4 : -1;
 }
 
 /* Makes the hops follow the registrations: connects to every worker of the
@@ -658,10 +704,22 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
     if (n && gen == c->route_id) { pthread_mutex_unlock(&c->mu); return 0; }
     hop want[MAX_WORKERS];
     for (int i = 0; i < n; i++) {
-        want[i] = (hop){regs[i]->first, regs[i]->last, regs[i]->output, "", NNG_SOCKET_INITIALIZER, false, 0};
+        want[i] = (hop){regs[i]->first, regs[i]->last, regs[i]->output, "", {0}, {0}, NNG_SOCKET_INITIALIZER, false, 0};
         memcpy(want[i].url, regs[i]->url, sizeof want[i].url);
+        memcpy(want[i].nonce, regs[i]->nonce, sizeof want[i].nonce);
+        ds4_dist_link_key(c->p.secret, want[i].nonce, want[i].key);
+    }
+    /* the results port takes what this route can send home: every
+     * position's logits of a chunk, or a hop's layer state of a whole
+     * session (KV_GET) */
+    size_t floats = (size_t)c->chunk * c->m->cfg.n_vocab;
+    for (int i = 0; i < n; i++) {
+        const size_t state = ds4_kv_bytes_for_layers(&c->m->cfg, regs[i]->ctx, REWIND_SLACK, regs[i]->first,
+                                                     regs[i]->last) / sizeof(float);
+        if (state > floats) floats = state;
     }
     pthread_mutex_unlock(&c->mu);
+    if (n) recv_limit(c->results, ds4_dist_result_frame_max(floats));
     for (int i = 0; i < c->n_hops; i++) close_hop(&c->hops[i]);
     c->n_hops = 0;
     c->route_id = 0;
@@ -683,11 +741,13 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
     }
     c->route_id = gen;
     for (int i = 0; i < n; i++) {
+        static const uint8_t none[DS4_DIST_NONCE_BYTES];
         const char *next = i + 1 < n ? c->hops[i + 1].url : "";
-        ds4_dist_route r = {gen, next, strlen(next), c->home, strlen(c->home)};
+        ds4_dist_route r = {gen, (uint32_t)c->chunk, next, strlen(next), i + 1 < n ? c->hops[i + 1].nonce : none,
+                            c->home, strlen(c->home), c->home_nonce};
         size_t len = 0;
         uint8_t *msg = ds4_dist_encode_route(&r, &len);
-        int rv = send_frame(c->hops[i].data, c->p.secret, msg, len);
+        int rv = send_frame(c->hops[i].data, c->hops[i].key, msg, len);
         if (rv) {
             snprintf(err, errlen, "route to layers %d..%d: %s", c->hops[i].first, c->hops[i].last, nng_strerror(rv));
             drop_route(c);
@@ -825,7 +885,7 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
             size_t len;
             uint8_t *msg = ds4_dist_encode_work(DS4_DIST_WORK, &wk, x->toks + off, c->hidden, &me, &len);
             if (msg) ds4_dist_set_send_us(msg, len, elapsed_us(t1));
-            const int rv = send_frame(c->hops[0].data, c->p.secret, msg, len);
+            const int rv = send_frame(c->hops[0].data, c->hops[0].key, msg, len);
             if (rv) {
                 snprintf(err, errlen, "sending to layers %d..%d: %s%s", c->hops[0].first, c->hops[0].last,
                          nng_strerror(rv), rv == NNG_ENOMEM ? "" : ": route dropped");
@@ -926,7 +986,8 @@ static void span_done(session_rec *r, const span *x, int pos) {
 /* Runs one sequence through the route; a worker that reports a hash
  * mismatch (restarted, or left behind by a failed call or a rewind deeper
  * than its slack and checkpoints) is caught up by a replay of the session's
- * tokens before the one retry. On failure the local state is back at u. */
+ * tokens, and one that is not on the route gets the route formed again,
+ * before the one retry. On failure the local state is back at u. */
 static int route_step(coord *c, session_rec *r, const ds4_backend_seq *sq, const undo *u, char *err, size_t errlen) {
     int rc = 0;
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -935,8 +996,9 @@ static int route_step(coord *c, session_rec *r, const ds4_backend_seq *sq, const
         if (!rc) rc = pipeline(c, &x, 1, err, errlen);
         if (!rc) span_done(r, &x, u->pos);
         if (rc) undo_apply(u, sq->kv);
-        if (rc != -3 || attempt) break;
-        if ((rc = replay(c, r, u->pos, err, errlen))) break;
+        if ((rc != -3 && rc != -4) || attempt) break;
+        if (rc == -4) unform_route(c);
+        else if ((rc = replay(c, r, u->pos, err, errlen))) break;
     }
     if (rc == -2) drop_route(c);
     return rc ? -1 : 0;
@@ -978,7 +1040,8 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
             else undo_apply(&undos[q], seqs[q].kv);
         }
         if (rc == -2) drop_route(c);
-        one_by_one = rc == -3;
+        if (rc == -4) unform_route(c);
+        one_by_one = rc == -3 || rc == -4;
         if (one_by_one) rc = 0;
     }
     int done = 0;
@@ -1000,7 +1063,7 @@ static int kv_exchange(coord *c, int h, enum ds4_dist_type type, const ds4_dist_
                        const float *floats, void **buf, size_t *blen, ds4_dist_frame *f, char *err, size_t errlen) {
     size_t len = 0;
     uint8_t *msg = ds4_dist_encode_work(type, wk, toks, floats, NULL, &len);
-    const int rv = send_frame(c->hops[h].data, c->p.secret, msg, len);
+    const int rv = send_frame(c->hops[h].data, c->hops[h].key, msg, len);
     if (rv) {
         snprintf(err, errlen, "layer state to layers %d..%d: %s", c->hops[h].first, c->hops[h].last, nng_strerror(rv));
         return rv == NNG_ENOMEM ? -1 : -2;
@@ -1045,8 +1108,9 @@ static int coord_gather(ds4_backend *be, struct ds4_kv *kv, char *err, size_t er
             }
             nng_free(buf, blen);
         }
-        if (rc != -3 || attempt) break;
-        if ((rc = replay(c, r, n, err, errlen))) break;
+        if ((rc != -3 && rc != -4) || attempt) break;
+        if (rc == -4) unform_route(c);
+        else if ((rc = replay(c, r, n, err, errlen))) break;
     }
     free(state);
     if (rc == -2) drop_route(c);
@@ -1135,12 +1199,13 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
         return NULL;
     }
     uint64_t first_route = 0;
-    const bool drawn = ds4_dist_random((uint8_t *)&first_route, sizeof first_route);
     coord *c = calloc(1, sizeof *c);
+    const bool drawn = ds4_dist_random((uint8_t *)&first_route, sizeof first_route) &&
+                       (!c || ds4_dist_random(c->home_nonce, sizeof c->home_nonce));
     const size_t hidden = (size_t)chunk * m->cfg.n_hc * m->cfg.n_embd;
     float *h = malloc(hidden * sizeof(float));
     if (!c || !h || !drawn) {
-        snprintf(err, errlen, drawn ? "out of memory for the coordinator" : "cannot draw a random route id");
+        snprintf(err, errlen, drawn ? "out of memory for the coordinator" : "cannot draw a random route id or nonce");
         free(c); free(h);
         local->free(local);
         return NULL;
@@ -1154,7 +1219,8 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
     c->chunk = chunk;
     c->hidden = h;
     c->act = p->activation_bits == 16 ? DS4_DIST_ACT_F16 : p->activation_bits == 8 ? DS4_DIST_ACT_Q8 : DS4_DIST_ACT_F32;
-    c->me = identity(m, numerics, 0, NULL);
+    c->me = identity(m, numerics, 0, NULL, NULL);
+    ds4_dist_link_key(p->secret, c->home_nonce, c->results_key);
     atomic_init(&c->stop, false);
     /* route ids start at random (top bit set: never 0, "no route"), so a
      * restarted coordinator's never repeat its predecessor's: a worker
@@ -1170,6 +1236,7 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
     snprintf(url, sizeof url, "%s://%s:%d", scheme(&c->tls), p->host, p->port);
     int rv = nng_rep0_open(&c->control);
     if (!rv) nng_socket_set_ms(c->control, NNG_OPT_RECVTIMEO, 200);
+    if (!rv) recv_limit(c->control, CONTROL_MAX);
     if (!rv) rv = start_listener(c->control, url, &c->tls, NULL);
     /* results come back on their own port: the final hop's answers and the
      * workers' errors, whichever hop they come from */
@@ -1178,6 +1245,8 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
     int port = 0;
     int rv2 = rv ? rv : nng_pull0_open(&c->results);
     if (!rv2) nng_socket_set_ms(c->results, NNG_OPT_RECVTIMEO, POLL_MS);
+    /* until a route forms (form_route raises it), nothing larger than an error line comes home */
+    if (!rv2) recv_limit(c->results, ds4_dist_result_frame_max(0));
     if (!rv2) rv2 = start_listener(c->results, rurl, &c->tls, &rl);
     if (!rv2) rv2 = nng_listener_get_int(rl, NNG_OPT_TCP_BOUND_PORT, &port);
     if (rv || rv2) {
@@ -1220,11 +1289,15 @@ typedef struct {
     uint32_t last_seq;      /* the route's latest request seen: request ids only grow along a route */
     uint64_t routes_taken[MAX_ROUTES_KEPT];   /* ids of the latest ROUTE frames served (a ring) */
     int n_routes_taken;
-    const char *secret;     /* seals every frame this worker sends */
+    const char *secret;
+    /* link keys (dist_proto.h): this worker's own, which every frame to it
+     * carries, and those of the next hop and of home, which frames it sends
+     * there carry */
+    uint8_t key[DS4_DIST_SEAL_BYTES], next_key[DS4_DIST_SEAL_BYTES], home_key[DS4_DIST_SEAL_BYTES];
     tls_pem tls;
-    nng_socket next, home;
+    nng_socket data, next, home;
     bool next_open, home_open;
-    char next_url[160], home_url[200];
+    char next_url[160], home_url[URL_MAX];
 } worker;
 
 static bool grow(float **p, size_t *cap, size_t n) {
@@ -1330,7 +1403,7 @@ static void send_home(worker *w, const ds4_dist_result *r, const float *floats, 
     size_t len;
     uint8_t *msg = ds4_dist_encode_result(r, floats, hops, &len);
     if (msg && r->n_hops) ds4_dist_set_send_us(msg, len, elapsed_us(t0));
-    if (send_frame(w->home, w->secret, msg, len))
+    if (send_frame(w->home, w->home_key, msg, len))
         fprintf(stderr, "ds4 worker: cannot answer the coordinator at %s\n", w->home_url);
 }
 
@@ -1346,12 +1419,6 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
     const ds4_config *cfg = &w->m->cfg;
     const size_t hcE = (size_t)cfg->n_hc * cfg->n_embd, V = (size_t)cfg->n_vocab;
     char why[256] = "";
-    if (wk->route != w->route) {
-        snprintf(why, sizeof why, "work for route %llu, this worker is on route %llu", (unsigned long long)wk->route,
-                 (unsigned long long)w->route);
-        send_error(w, wk, DS4_DIST_ERROR, why);
-        return;
-    }
     if (wk->n_hops >= DS4_DIST_MAX_HOPS || wk->pos + wk->n > (uint32_t)w->ctx) {
         snprintf(why, sizeof why, "%u tokens at position %u do not fit this worker (ctx %d, %u hops)", wk->n, wk->pos,
                  w->ctx, wk->n_hops);
@@ -1399,7 +1466,7 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
                 size_t len;
                 uint8_t *msg = ds4_dist_encode_work(DS4_DIST_WORK, &fw, toks, w->out, hops, &len);
                 if (msg) ds4_dist_set_send_us(msg, len, elapsed_us(t1));
-                const int rv = w->next_open ? send_frame(w->next, w->secret, msg, len) : (free(msg), NNG_ECLOSED);
+                const int rv = w->next_open ? send_frame(w->next, w->next_key, msg, len) : (free(msg), NNG_ECLOSED);
                 if (rv) snprintf(why, sizeof why, "next hop %s: %s", w->next_url, nng_strerror(rv));
             }
         }
@@ -1531,6 +1598,14 @@ static void serve_route(worker *w, const ds4_dist_route *r, double timeout_s) {
         rv = repoint(&w->next, &w->next_open, w->next_url, sizeof w->next_url, r->next, r->next_len, &w->tls, timeout_s);
     w->route = r->route;
     w->last_seq = 0;
+    ds4_dist_link_key(w->secret, r->next_nonce, w->next_key);
+    ds4_dist_link_key(w->secret, r->home_nonce, w->home_key);
+    /* an authenticated route says how much one frame may carry: this
+     * slice's data port takes that much from now on (a chunk is never more
+     * than the context) */
+    const size_t tokens = r->max_tokens < (uint32_t)w->ctx ? r->max_tokens : (size_t)w->ctx;
+    const ds4_layer_slice *sl = &w->m->slice;
+    recv_limit(w->data, slice_frame_max(&w->m->cfg, sl->first, sl->last, w->ctx, tokens));
     char why[300] = "";
     if (rv) snprintf(why, sizeof why, "cannot reach the next hop %.*s: %s", (int)r->next_len, r->next, nng_strerror(rv));
     ds4_dist_result res = {.route = r->route, .status = rv ? DS4_DIST_ERROR : DS4_DIST_OK, .text = why,
@@ -1550,8 +1625,10 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     if (g) w.m = ds4_model_bind_slice(g, layers ? &slice : NULL, err, sizeof err);
     const bool sim = w.m && (numerics < 0 ? ds4_cpu_numerics_supported(&w.m->cfg) : numerics > 0);
     if (w.m) w.be = ds4_cpu_backend_new(w.m, n_threads, 4096, sim, err, sizeof err);
-    nng_socket data = NNG_SOCKET_INITIALIZER, control = NNG_SOCKET_INITIALIZER;
+    nng_socket control = NNG_SOCKET_INITIALIZER;
+    w.data = (nng_socket)NNG_SOCKET_INITIALIZER;
     nng_listener listener;
+    uint8_t nonce[DS4_DIST_NONCE_BYTES];   /* this process's registration nonce Nr */
     char url[200] = "";
     int rc = 1;
     if (!w.be) { fprintf(stderr, "ds4 worker: %s\n", err); goto done; }
@@ -1565,9 +1642,14 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
         goto done;
     }
     if (!tls_load(p, &w.tls, err, sizeof err)) { fprintf(stderr, "ds4 worker: %s\n", err); goto done; }
-    int rv = nng_pull0_open(&data);
+    if (!ds4_dist_random(nonce, sizeof nonce)) { fprintf(stderr, "ds4 worker: cannot draw a random nonce\n"); goto done; }
+    ds4_dist_link_key(p->secret, nonce, w.key);
+    int rv = nng_pull0_open(&w.data);
     snprintf(url, sizeof url, "%s://%s:0", scheme(&w.tls), here);
-    if (!rv) rv = start_listener(data, url, &w.tls, &listener);
+    /* until a ROUTE (sealed with this registration's key) raises it, the
+     * data port takes nothing larger than a ROUTE */
+    if (!rv) recv_limit(w.data, ds4_dist_route_frame_max(URL_MAX));
+    if (!rv) rv = start_listener(w.data, url, &w.tls, &listener);
     int port = 0;
     if (!rv) rv = nng_listener_get_int(listener, NNG_OPT_TCP_BOUND_PORT, &port);
     if (rv) { fprintf(stderr, "ds4 worker: cannot listen on %s: %s\n", url, nng_strerror(rv)); goto done; }
@@ -1575,23 +1657,24 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     char curl[200];
     snprintf(curl, sizeof curl, "%s://%s:%d", scheme(&w.tls), p->host, p->port);
     rv = nng_req0_open(&control);
+    if (!rv) recv_limit(control, CONTROL_MAX);
     if (!rv) rv = start_dialer(control, curl, &w.tls);   /* retries until the coordinator is up */
     if (rv) { fprintf(stderr, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
-    const ds4_dist_hello me = identity(w.m, sim, ctx, url);
+    const ds4_dist_hello me = identity(w.m, sim, ctx, url, nonce);
     size_t blen;
     void *buf = NULL;
     ds4_dist_frame f;
     /* The HELLO is repeated whenever no work came for a while: a restarted
      * coordinator, or one that dropped the route, learns this worker again
      * without restarting it. */
-    nng_socket_set_ms(data, NNG_OPT_RECVTIMEO, 1000);
+    nng_socket_set_ms(w.data, NNG_OPT_RECVTIMEO, 1000);
     /* both: a REQ socket's send waits for a connection, which a TLS mismatch never makes */
     nng_socket_set_ms(control, NNG_OPT_SENDTIMEO, FIRST_ANSWER_MS);
     nng_socket_set_ms(control, NNG_OPT_RECVTIMEO, FIRST_ANSWER_MS);
     bool registered = false, waited = false;
     double idle_since = now_seconds();
     for (;;) {
-        if (!registered || nng_recv(data, &buf, &blen, NNG_FLAG_ALLOC)) {
+        if (!registered || nng_recv(w.data, &buf, &blen, NNG_FLAG_ALLOC)) {
             char line[300];
             const int hs = handshake(control, p->secret, me, line, sizeof line);
             if (hs == -2 && !registered && !waited) {
@@ -1626,12 +1709,22 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
         }
         const uint32_t wait_us = elapsed_us(idle_since);
         size_t frame_len;
-        if (!ds4_dist_unseal(buf, blen, p->secret, strlen(p->secret), &frame_len)) {
-            fprintf(stderr, "ds4 worker: dropped a frame that fails the --dist-secret seal\n");
+        bool work = false;
+        if (!ds4_dist_unseal(buf, blen, w.key, sizeof w.key, &frame_len)) {
+            fprintf(stderr, "ds4 worker: dropped a frame that fails the seal (not for this registration, or not "
+                            "with this --dist-secret)\n");
         } else if (!ds4_dist_decode(buf, frame_len, &f, err, sizeof err)) {
             fprintf(stderr, "ds4 worker: dropped a frame: %s\n", err);
-        } else if ((f.type == DS4_DIST_WORK || f.type == DS4_DIST_KV_GET || f.type == DS4_DIST_KV_PUT) &&
-                   f.work.route == w.route && (int32_t)(f.work.seq - w.last_seq) <= 0) {
+        } else if ((work = f.type == DS4_DIST_WORK || f.type == DS4_DIST_KV_GET || f.type == DS4_DIST_KV_PUT) &&
+                   f.work.route != w.route) {
+            /* the coordinator forms its route again when this is its
+             * current one; a recorded frame of an older route only gets an
+             * answer the coordinator passes over */
+            char why[256];
+            snprintf(why, sizeof why, "work for route %llu, this worker is on route %llu", (unsigned long long)f.work.route,
+                     (unsigned long long)w.route);
+            send_error(&w, &f.work, DS4_DIST_WRONG_ROUTE, why);
+        } else if (work && (int32_t)(f.work.seq - w.last_seq) <= 0) {
             /* sealed, but a request of this route was already served: a
              * recorded frame sent again, never computed twice */
             fprintf(stderr, "ds4 worker: dropped a replayed frame (request %u; the route is at %u)\n", f.work.seq,
@@ -1643,10 +1736,10 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
             w.routes_taken[w.n_routes_taken++ % MAX_ROUTES_KEPT] = f.route.route;
             serve_route(&w, &f.route, p->reply_seconds);
         } else if (f.type == DS4_DIST_WORK) {
-            if (f.work.route == w.route) w.last_seq = f.work.seq;
+            w.last_seq = f.work.seq;
             serve_work(&w, &f.work, blen, wait_us);
         } else if (f.type == DS4_DIST_KV_GET || f.type == DS4_DIST_KV_PUT) {
-            if (f.work.route == w.route) w.last_seq = f.work.seq;
+            w.last_seq = f.work.seq;
             serve_kv(&w, f.type, &f.work);
         } else {
             fprintf(stderr, "ds4 worker: dropped a frame of type %d\n", f.type);
@@ -1656,7 +1749,7 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     }
 done:
     nng_close(control);
-    nng_close(data);
+    nng_close(w.data);
     if (w.next_open) nng_close(w.next);
     if (w.home_open) nng_close(w.home);
     for (int i = 0; i < MAX_SESSIONS; i++) session_drop(&w.sessions[i]);

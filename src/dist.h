@@ -35,7 +35,19 @@
  * - Along a route request ids only grow, and route ids are never reused
  *   (they start at random): a worker drops a (sealed) WORK or KV frame of a
  *   request it already served and a ROUTE frame of a route it took before,
- *   as recorded frames sent again would be.
+ *   as recorded frames sent again would be. Frames on a data port are
+ *   sealed under the receiver's registration (dist_proto.h link keys), so
+ *   frames recorded before a worker restarted fail its seal; a worker given
+ *   work for a route other than its own answers WRONG_ROUTE, and the coordinator
+ *   forms the route again (a fresh id) and retries the step once.
+ * - Receive limits (NNG_OPT_RECVMAXSZ; NNG refuses a message by its length
+ *   prefix, before buffering it): registration sockets 64 KiB; a worker's
+ *   data port a ROUTE frame's size until a ROUTE sealed for its
+ *   registration raises it to the route's largest frame (WORK of a prefill
+ *   chunk of hidden states, or KV_PUT of a whole ctx-token session of its
+ *   layers); the coordinator's results port an error line's size until a
+ *   route forms, then a chunk's every-position logits or the largest hop's
+ *   KV state.
  * - Workers keep one KV state per session and check every WORK frame's
  *   position and rolling token-prefix hash: a state further on whose prefix
  *   matches is truncated back (a rewind, within the rings' slack); anything

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/random.h>
 
-enum { VERSION = 5, HEADER = 8, HOP_BYTES = 8 * 4 };
+enum { VERSION = 6, HEADER = 8, HOP_BYTES = 8 * 4 };
 static const uint8_t MAGIC[4] = {'D', 'S', '4', 'P'};
 
 uint64_t ds4_dist_hash_tokens(uint64_t h, const int32_t *toks, int n) {
@@ -98,8 +98,9 @@ static size_t str_len(size_t n) { return n > 0xffff ? 0xffff : n; }
 uint8_t *ds4_dist_encode_hello(const ds4_dist_hello *h, size_t *len) {
     const size_t lm = str_len(h->model_len), lu = str_len(h->data_url_len);
     writer w;
-    if (!start(&w, DS4_DIST_HELLO, DS4_DIST_NONCE_BYTES + 4 + lm + lu + 4 * 8 + 2)) return NULL;
+    if (!start(&w, DS4_DIST_HELLO, 2 * DS4_DIST_NONCE_BYTES + 4 + lm + lu + 4 * 8 + 2)) return NULL;
     put_bytes(&w, h->challenge, DS4_DIST_NONCE_BYTES);
+    put_bytes(&w, h->nonce, DS4_DIST_NONCE_BYTES);
     put_str(&w, h->model, lm);
     put_le(&w, h->n_layer, 4); put_le(&w, h->n_embd, 4); put_le(&w, h->n_hc, 4); put_le(&w, h->n_vocab, 4);
     put_le(&w, h->expert_bits, 4); put_le(&w, h->first, 4); put_le(&w, h->last, 4);
@@ -197,10 +198,13 @@ void ds4_dist_set_send_us(uint8_t *frame, size_t len, uint32_t send_us) {
 uint8_t *ds4_dist_encode_route(const ds4_dist_route *r, size_t *len) {
     const size_t ln = str_len(r->next_len), lh = str_len(r->home_len);
     writer w;
-    if (!start(&w, DS4_DIST_ROUTE, 8 + 2 + ln + 2 + lh)) return NULL;
+    if (!start(&w, DS4_DIST_ROUTE, 8 + 4 + 2 + ln + 2 + lh + 2 * DS4_DIST_NONCE_BYTES)) return NULL;
     put_le(&w, r->route, 8);
+    put_le(&w, r->max_tokens, 4);
     put_str(&w, r->next, ln);
+    put_bytes(&w, r->next_nonce, DS4_DIST_NONCE_BYTES);
     put_str(&w, r->home, lh);
+    put_bytes(&w, r->home_nonce, DS4_DIST_NONCE_BYTES);
     *len = w.at;
     return w.p;
 }
@@ -282,6 +286,7 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
     case DS4_DIST_HELLO: {
         ds4_dist_hello *h = &out->hello;
         h->challenge = get_bytes(&r, DS4_DIST_NONCE_BYTES);
+        h->nonce = get_bytes(&r, DS4_DIST_NONCE_BYTES);
         h->model = get_str(&r, &h->model_len);
         h->n_layer = (uint32_t)get_le(&r, 4); h->n_embd = (uint32_t)get_le(&r, 4);
         h->n_hc = (uint32_t)get_le(&r, 4); h->n_vocab = (uint32_t)get_le(&r, 4);
@@ -334,7 +339,7 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
         res->seq = (uint32_t)get_le(&r, 4);
         res->session = get_le(&r, 8);
         res->status = (uint8_t)get_le(&r, 1);
-        if (res->status > DS4_DIST_ERROR) r.bad = true;
+        if (res->status > DS4_DIST_WRONG_ROUTE) r.bad = true;
         res->hash_after = get_le(&r, 8);
         res->n_floats = (uint32_t)get_le(&r, 4);
         res->floats = get_bytes(&r, 4 * (uint64_t)res->n_floats);
@@ -345,8 +350,11 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
     case DS4_DIST_ROUTE: {
         ds4_dist_route *rt = &out->route;
         rt->route = get_le(&r, 8);
+        rt->max_tokens = (uint32_t)get_le(&r, 4);
         rt->next = get_str(&r, &rt->next_len);
+        rt->next_nonce = get_bytes(&r, DS4_DIST_NONCE_BYTES);
         rt->home = get_str(&r, &rt->home_len);
+        rt->home_nonce = get_bytes(&r, DS4_DIST_NONCE_BYTES);
         break;
     }
     default:
@@ -421,6 +429,31 @@ void ds4_dist_handshake_key(const char *secret, enum ds4_dist_key which, const u
     memcpy(msg + ll, nonce_w, DS4_DIST_NONCE_BYTES);
     memcpy(msg + ll + DS4_DIST_NONCE_BYTES, nonce_c, DS4_DIST_NONCE_BYTES);
     ds4_hmac_sha1(secret, strlen(secret), msg, ll + 2 * DS4_DIST_NONCE_BYTES, out);
+}
+
+void ds4_dist_link_key(const char *secret, const uint8_t *nonce, uint8_t out[DS4_DIST_SEAL_BYTES]) {
+    static const char label[] = "ds4 link";
+    uint8_t msg[sizeof label - 1 + DS4_DIST_NONCE_BYTES];
+    memcpy(msg, label, sizeof label - 1);
+    memcpy(msg + sizeof label - 1, nonce, DS4_DIST_NONCE_BYTES);
+    ds4_hmac_sha1(secret, strlen(secret), msg, sizeof msg, out);
+}
+
+/* The encoders' sizes at their largest: every hop's telemetry, every
+ * string at its u16 limit (text) and f32 payloads (no transport format is
+ * larger). */
+size_t ds4_dist_work_frame_max(size_t tokens, size_t floats) {
+    return HEADER + 8 + 4 + 8 + 4 + 4 + 8 + 8 + 1 + 1 + 4 * tokens + 1 + 4 + 4 + 4 * floats + 4 +
+           HOP_BYTES * (size_t)DS4_DIST_MAX_HOPS + DS4_DIST_SEAL_BYTES;
+}
+
+size_t ds4_dist_result_frame_max(size_t floats) {
+    return HEADER + 8 + 4 + 8 + 1 + 8 + 4 + 4 * floats + 2 + 0xffff + 4 + HOP_BYTES * (size_t)DS4_DIST_MAX_HOPS +
+           DS4_DIST_SEAL_BYTES;
+}
+
+size_t ds4_dist_route_frame_max(size_t url_max) {
+    return HEADER + 8 + 4 + 2 * (2 + url_max + DS4_DIST_NONCE_BYTES) + DS4_DIST_SEAL_BYTES;
 }
 
 bool ds4_dist_random(uint8_t *out, size_t n) {

@@ -4,14 +4,15 @@
  * carries whole messages, this module only says what is in them.
  *
  * Contract
- * - Every frame starts with the magic "DS4P", a version (4) and a type;
+ * - Every frame starts with the magic "DS4P", a version (6) and a type;
  *   integers and floats are little endian, strings length-prefixed (u16).
  * - Registration is a challenge-response on the control socket (REQ/REP);
  *   the secret never travels. KNOCK (worker): a fresh random nonce Nw.
  *   CHALLENGE (coordinator): a fresh random nonce Nc and the coordinator's
  *   proof HMAC-SHA1(secret, "ds4 coordinator" Nw Nc), which the worker
  *   checks before it says anything about itself, so a fake coordinator
- *   learns nothing and gets no work. HELLO (worker): Nc again, the model
+ *   learns nothing and gets no work. HELLO (worker): Nc again, the worker's
+ *   registration nonce Nr (drawn fresh when the worker starts), the model
  *   identity (name, layer count, hidden size, HC streams, vocabulary,
  *   routed-expert bits, numerics), the layer slice, the context capacity
  *   and the worker's data address, sealed under the handshake key
@@ -21,8 +22,11 @@
  *   ds4_dist_hello_compatible() says whether a registration fits the
  *   coordinator's model and words the refusal in one line.
  * - ROUTE (coordinator -> each worker at route formation): the route id, the
- *   next hop's data address (empty for the worker owning the output head)
- *   and the coordinator's result address ("home").
+ *   most tokens one WORK frame of the route carries (the coordinator's
+ *   prefill chunk: the receiver sizes its receive limit by it), the next
+ *   hop's data address and registration nonce (empty and zero for the
+ *   worker owning the output head) and the coordinator's result address
+ *   ("home") and its nonce Nh (drawn when the coordinator starts).
  * - WORK (one pipeline hop, forwarded worker to worker): route id, request
  *   id (seq), session id, first position, token count, the rolling
  *   token-prefix hashes before and after the span, which logits the final
@@ -47,7 +51,8 @@
  *   KV_PUT replaces the session by n tokens (hash_after after them) and the
  *   layer state in floats.
  * - RESULT (to home): route id, request id, session id, status (OK,
- *   HASH_MISMATCH, ERROR), the hash after the span, floats (logits, layer
+ *   HASH_MISMATCH, ERROR, or WRONG_ROUTE: the worker is on another route,
+ *   so the coordinator forms its route again), the hash after the span, floats (logits, layer
  *   state, or none for an ACK), an error line and the hops' telemetry.
  * - Telemetry: one ds4_dist_hop per hop that ran (layers, span, eval, wait
  *   and send microseconds, bytes received), at most DS4_DIST_MAX_HOPS, the
@@ -61,12 +66,19 @@
  *   (and ds4_dist_encode_work for a format the decoder would refuse).
  * - Sealing: every frame on a data port (ROUTE, WORK, KV_GET/KV_PUT, RESULT)
  *   travels sealed, the frame followed by HMAC-SHA1(key, frame) (sha1.h),
- *   the key being the secret (the handshake key for HELLO, WELCOME and
- *   REFUSED): ds4_dist_seal() appends the tag, ds4_dist_unseal() checks it
- *   in constant time and gives the frame's length, and a frame that fails
- *   is dropped before it is decoded. Someone who can reach a data port but
- *   does not know the secret cannot send work, results or routes. No
- *   encryption here: TLS is the transport's business (dist.h).
+ *   the key being the receiver's link key HMAC-SHA1(secret, "ds4 link" N)
+ *   (ds4_dist_link_key), N the receiving worker's registration nonce Nr or,
+ *   for results, the coordinator's Nh (the handshake key for HELLO, WELCOME
+ *   and REFUSED): ds4_dist_seal() appends the tag, ds4_dist_unseal() checks
+ *   it in constant time and gives the frame's length, and a frame that
+ *   fails is dropped before it is decoded. Someone who can reach a data port
+ *   but does not know the secret cannot send work, results or routes, and a
+ *   frame recorded before a worker or the coordinator restarted fails the
+ *   seal of the new process. No encryption here: TLS is the transport's
+ *   business (dist.h).
+ * - ds4_dist_work_frame_max() and ds4_dist_result_frame_max() bound the
+ *   sealed size of a legitimate frame, so a receiver can refuse a larger
+ *   one by its length before buffering it.
  * - ds4_dist_hash_tokens() is the rolling 64-bit prefix hash (FNV-1a over
  *   the token ids' little-endian bytes): hash(prefix + span) is
  *   ds4_dist_hash_tokens(hash(prefix), span).
@@ -86,7 +98,7 @@
 enum ds4_dist_type { DS4_DIST_HELLO = 1, DS4_DIST_WELCOME = 2, DS4_DIST_REFUSED = 3, DS4_DIST_WORK = 4,
                      DS4_DIST_RESULT = 5, DS4_DIST_ROUTE = 6, DS4_DIST_KV_GET = 7, DS4_DIST_KV_PUT = 8,
                      DS4_DIST_KNOCK = 9, DS4_DIST_CHALLENGE = 10 };
-enum ds4_dist_status { DS4_DIST_OK = 0, DS4_DIST_HASH_MISMATCH = 1, DS4_DIST_ERROR = 2 };
+enum ds4_dist_status { DS4_DIST_OK = 0, DS4_DIST_HASH_MISMATCH = 1, DS4_DIST_ERROR = 2, DS4_DIST_WRONG_ROUTE = 3 };
 enum ds4_dist_logits { DS4_DIST_ACK = 0, DS4_DIST_LAST = 1, DS4_DIST_ALL = 2 };
 enum ds4_dist_act { DS4_DIST_ACT_F32 = 0, DS4_DIST_ACT_F16 = 1, DS4_DIST_ACT_Q8 = 2 };
 
@@ -100,6 +112,7 @@ typedef struct {
 
 typedef struct {
     const uint8_t *challenge;  /* DS4_DIST_NONCE_BYTES: the coordinator's nonce Nc */
+    const uint8_t *nonce;      /* DS4_DIST_NONCE_BYTES: the worker's registration nonce Nr */
     const char *model; size_t model_len;
     uint32_t n_layer, n_embd, n_hc, n_vocab, expert_bits;
     uint32_t first, last;
@@ -141,8 +154,11 @@ typedef struct {
 
 typedef struct {
     uint64_t route;
+    uint32_t max_tokens;                 /* tokens per WORK frame at most */
     const char *next; size_t next_len;   /* empty: this worker owns the output head */
+    const uint8_t *next_nonce;           /* NONCE_BYTES: the next hop's Nr (zeros when none) */
     const char *home; size_t home_len;
+    const uint8_t *home_nonce;           /* NONCE_BYTES: the coordinator's Nh */
 } ds4_dist_route;
 
 /* KNOCK: nonce (Nw), proof NULL; CHALLENGE: nonce (Nc) and proof (SEAL_BYTES) */
@@ -173,6 +189,9 @@ bool ds4_dist_unseal(const void *buf, size_t n, const void *key, size_t key_len,
 enum ds4_dist_key { DS4_DIST_COORDINATOR_PROOF = 0, DS4_DIST_HANDSHAKE_KEY = 1 };
 void ds4_dist_handshake_key(const char *secret, enum ds4_dist_key which, const uint8_t *nonce_w,
                             const uint8_t *nonce_c, uint8_t out[DS4_DIST_SEAL_BYTES]);
+/* HMAC-SHA1(secret, "ds4 link" nonce): the key frames to the data port of
+ * the process that drew nonce are sealed with. */
+void ds4_dist_link_key(const char *secret, const uint8_t *nonce, uint8_t out[DS4_DIST_SEAL_BYTES]);
 /* Equal in time independent of where a and b differ. */
 bool ds4_dist_same(const uint8_t *a, const uint8_t *b, size_t n);
 /* n fresh random bytes from the kernel (getrandom); false when it fails. */
@@ -195,6 +214,16 @@ uint8_t *ds4_dist_encode_route(const ds4_dist_route *r, size_t *len);
  * at least one hop (the sender's own, whose send time is known only after
  * the frame was encoded). */
 void ds4_dist_set_send_us(uint8_t *frame, size_t len, uint32_t send_us);
+
+/* The largest sealed WORK, KV_GET or KV_PUT frame with at most `tokens`
+ * tokens and `floats` f32 values (hidden states or layer state) and every
+ * hop's telemetry. */
+size_t ds4_dist_work_frame_max(size_t tokens, size_t floats);
+/* The largest sealed RESULT with at most `floats` floats (logits or layer
+ * state), every hop's telemetry and an error line. */
+size_t ds4_dist_result_frame_max(size_t floats);
+/* The largest sealed ROUTE (URLs of at most url_max bytes). */
+size_t ds4_dist_route_frame_max(size_t url_max);
 
 /* false (and one line in err) for anything but one whole valid frame */
 bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *err, size_t errlen);

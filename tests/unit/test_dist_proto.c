@@ -37,14 +37,15 @@ static void check_all_cuts(const uint8_t *buf, size_t len, const char *what) {
 
 static void test_hello(void) {
     const uint8_t nonce[DS4_DIST_NONCE_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
-    ds4_dist_hello h = {nonce, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20, true};
+    const uint8_t reg[DS4_DIST_NONCE_BYTES] = {9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 7};
+    ds4_dist_hello h = {nonce, reg, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20, true};
     size_t len;
     uint8_t *buf = ds4_dist_encode_hello(&h, &len);
     ds4_dist_frame f;
     char err[256];
     CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_HELLO, "hello decodes");
     const ds4_dist_hello *g = &f.hello;
-    CHECK(!memcmp(g->challenge, nonce, sizeof nonce) && g->model_len == 9 && !memcmp(g->model, "ds4tiny-A", 9),
+    CHECK(!memcmp(g->challenge, nonce, sizeof nonce) && !memcmp(g->nonce, reg, sizeof reg) && g->model_len == 9 && !memcmp(g->model, "ds4tiny-A", 9),
           "challenge and strings");
     CHECK(g->n_layer == 6 && g->n_embd == 256 && g->n_hc == 4 && g->n_vocab == 1024 && g->expert_bits == 8 &&
           g->first == 3 && g->last == 5 && g->output && g->ctx == 4096 && g->data_url_len == 20 && g->numerics, "numbers");
@@ -135,12 +136,15 @@ static void test_work_and_result(void) {
     check_all_cuts(buf, len, "result");
     free(buf);
 
-    ds4_dist_route rt = {123, "tcp://127.0.0.1:4000", 20, "tcp://127.0.0.1:4001", 20};
+    const uint8_t nn[DS4_DIST_NONCE_BYTES] = {1, 1, 2, 3, 5, 8, 13, 21}, hn[DS4_DIST_NONCE_BYTES] = {2, 7, 1, 8, 2, 8};
+    ds4_dist_route rt = {123, 64, "tcp://127.0.0.1:4000", 20, nn, "tcp://127.0.0.1:4001", 20, hn};
     buf = ds4_dist_encode_route(&rt, &len);
     CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_ROUTE && f.route.route == 123 &&
-          f.route.next_len == 20 && !memcmp(f.route.next, rt.next, 20) && f.route.home_len == 20 &&
-          !memcmp(f.route.home, rt.home, 20), "route decodes: %s", err);
+          f.route.max_tokens == 64 && f.route.next_len == 20 && !memcmp(f.route.next, rt.next, 20) &&
+          !memcmp(f.route.next_nonce, nn, sizeof nn) && f.route.home_len == 20 && !memcmp(f.route.home, rt.home, 20) &&
+          !memcmp(f.route.home_nonce, hn, sizeof hn), "route decodes: %s", err);
     check_all_cuts(buf, len, "route");
+    CHECK(len + DS4_DIST_SEAL_BYTES <= ds4_dist_route_frame_max(20), "a route within its bound");
     free(buf);
 
     buf = ds4_dist_encode_text(DS4_DIST_REFUSED, "refused: wrong --dist-secret", &len);
@@ -299,7 +303,8 @@ static void test_seal(void) {
     ds4_hmac_sha1(key, 80, m6, strlen(m6), d);
     CHECK(hex_is(d, "aa4ae5e15272d00e95705637ce8a3b55ed402112"), "RFC 2202 case 6");
 
-    ds4_dist_route r = {7, "tcp://10.0.0.2:5000", 19, "tcp://10.0.0.1:5001", 19};
+    const uint8_t zero[DS4_DIST_NONCE_BYTES] = {0};
+    ds4_dist_route r = {7, 1, "tcp://10.0.0.2:5000", 19, zero, "tcp://10.0.0.1:5001", 19, zero};
     size_t len = 0;
     uint8_t *frame = ds4_dist_encode_route(&r, &len);
     const size_t frame_bytes = len;
@@ -378,7 +383,7 @@ static void test_handshake(void) {
     free(buf);
 
     /* a sealed HELLO holds the challenge and the identity, never the secret */
-    ds4_dist_hello h = {nc, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20, true};
+    ds4_dist_hello h = {nc, again, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20, true};
     buf = ds4_dist_seal(ds4_dist_encode_hello(&h, &len), &len, key, sizeof key);
     size_t frame_len;
     CHECK(buf && ds4_dist_unseal(buf, len, key, sizeof key, &frame_len) &&
@@ -388,7 +393,62 @@ static void test_handshake(void) {
     free(buf);
 }
 
+/* Data-port frames are sealed under the receiver's link key HMAC(secret,
+ * "ds4 link" N): a frame sealed for one registration (nonce) fails the seal
+ * of another, even under the same secret; so does one sealed under the bare
+ * secret. A RESULT may say WRONG_ROUTE, and no status past it decodes. The
+ * frame bounds hold the largest frames the encoders make. */
+static void test_link_keys(void) {
+    uint8_t n1[DS4_DIST_NONCE_BYTES], n2[DS4_DIST_NONCE_BYTES], k1[DS4_DIST_SEAL_BYTES], k2[DS4_DIST_SEAL_BYTES],
+        want[DS4_DIST_SEAL_BYTES];
+    CHECK(ds4_dist_random(n1, sizeof n1) && ds4_dist_random(n2, sizeof n2), "getrandom");
+    const char *secret = "test-secret";
+    ds4_dist_link_key(secret, n1, k1);
+    ds4_dist_link_key(secret, n2, k2);
+    uint8_t msg[8 + DS4_DIST_NONCE_BYTES];
+    memcpy(msg, "ds4 link", 8);
+    memcpy(msg + 8, n1, sizeof n1);
+    ds4_hmac_sha1(secret, strlen(secret), msg, sizeof msg, want);
+    CHECK(!memcmp(k1, want, sizeof want), "link key = HMAC(secret, \"ds4 link\" N)");
+    CHECK(memcmp(k1, k2, sizeof k1), "another registration, another key");
+    const uint8_t zero[DS4_DIST_NONCE_BYTES] = {0};
+    ds4_dist_route r = {9, 8, "", 0, zero, "tcp://127.0.0.1:1", 17, n2};
+    size_t len, got;
+    uint8_t *sealed = ds4_dist_seal(ds4_dist_encode_route(&r, &len), &len, k1, sizeof k1);
+    CHECK(sealed && ds4_dist_unseal(sealed, len, k1, sizeof k1, &got), "the registration's own key unseals");
+    CHECK(sealed && !ds4_dist_unseal(sealed, len, k2, sizeof k2, &got), "a later registration's key refuses it");
+    CHECK(sealed && !ds4_dist_unseal(sealed, len, secret, strlen(secret), &got), "the bare secret refuses it");
+    free(sealed);
+
+    ds4_dist_result res = {.route = 9, .seq = 1, .status = DS4_DIST_WRONG_ROUTE, .text = "x", .text_len = 1};
+    uint8_t *buf = ds4_dist_encode_result(&res, NULL, NULL, &len);
+    ds4_dist_frame f;
+    char err[256];
+    CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.result.status == DS4_DIST_WRONG_ROUTE,
+          "WRONG_ROUTE decodes: %s", err);
+    if (buf) buf[8 + 8 + 4 + 8] = DS4_DIST_WRONG_ROUTE + 1;   /* the status byte */
+    CHECK(buf && !ds4_dist_decode(buf, len, &f, err, sizeof err), "an unknown status is refused");
+    free(buf);
+
+    enum { T = 5, F = 5 * 12 };
+    int32_t toks[T] = {1, 2, 3, 4, 5};
+    float fl[F] = {0};
+    ds4_dist_hop hops[DS4_DIST_MAX_HOPS] = {{0}};
+    ds4_dist_work w = {.route = 1, .seq = 1, .session = 1, .n = T, .n_floats = F, .n_hops = DS4_DIST_MAX_HOPS};
+    buf = ds4_dist_encode_work(DS4_DIST_KV_PUT, &w, toks, fl, hops, &len);
+    CHECK(buf && len + DS4_DIST_SEAL_BYTES == ds4_dist_work_frame_max(T, F), "the largest work frame: %zu vs %zu",
+          len + DS4_DIST_SEAL_BYTES, ds4_dist_work_frame_max(T, F));
+    free(buf);
+    static char text[0x10000];
+    memset(text, 'x', sizeof text - 1);
+    ds4_dist_result big = {.n_floats = F, .n_hops = DS4_DIST_MAX_HOPS, .text = text, .text_len = sizeof text - 1};
+    buf = ds4_dist_encode_result(&big, fl, hops, &len);
+    CHECK(buf && len + DS4_DIST_SEAL_BYTES == ds4_dist_result_frame_max(F), "the largest result frame");
+    free(buf);
+}
+
 int main(void) {
+    test_link_keys();
     test_handshake();
     test_hello();
     test_work_and_result();
