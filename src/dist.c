@@ -1700,7 +1700,7 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
                             (1 << 20),
                         ctx, (double)ds4_kv_bytes_for(cfg, ctx, REWIND_SLACK) / (1 << 20), cfg->n_layer, MAX_SESSIONS);
             }
-            fputc('\n', stderr);
+            if (!registered || hs) fputc('\n', stderr);   /* a heartbeat prints nothing */
             if (hs) goto done;
             if (!registered) nng_socket_set_ms(control, NNG_OPT_RECVTIMEO, 1000);
             registered = true;
