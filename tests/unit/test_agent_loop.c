@@ -412,6 +412,60 @@ static void test_interrupted_tool(void) {
     rig_close(&R);
 }
 
+/* A tool output far over the context -- 64 KiB of NUL bytes is about 65k
+ * tokens, a long text tens of thousands, the context 4096 -- is cut in
+ * tokens with a marker (head and tail kept), and the turns after it work:
+ * before, the results stayed pending and every later turn was refused. */
+static void test_large_tool_output(void) {
+    static const struct { const char *cmd; const char *head; size_t head_n; } cases[] = {
+        {"head -c 65536 /dev/zero", "<tool_result>\0\0\0\0", 17},
+        {"seq 1 100000 | head -c 65536", "<tool_result>1\n2\n3\n", 19},
+    };
+    for (int c = 0; c < 2; c++) {
+        char *s = path_in("script-big");
+        FILE *f = fopen(s, "w");
+        fprintf(f, "Run it.</think>%s\n@@@\nSeen.</think>It is long.\n@@@\nAgain.</think>Still here.\n@@@\n"
+                "Once more.</think>Yes.\n@@@\n", block("bash", "command", cases[c].cmd, NULL, NULL, NULL, NULL));
+        fclose(f);
+        rig R;
+        rig_open(&R, workdir("wbig"), s);
+        CHECK(ds4_agent_turn(R.a, "print it") == 0, "%s: the turn with the big output", cases[c].cmd);
+        CHECK(ds4_agent_turn(R.a, "and now?") == 0, "%s: the next turn works", cases[c].cmd);
+        CHECK(ds4_agent_turn(R.a, "once more") == 0, "%s: and the one after", cases[c].cmd);
+        CHECK(counters_add_up(R.a), "%s: counters", cases[c].cmd);
+        /* the marker counts the whole output's tokens, as an independent
+         * tokenization of the same command's output does */
+        ds4_agent_tools_opts o;
+        ds4_agent_tools_opts_default(&o, path_in("wbig"));
+        o.auto_yes = true;
+        ds4_buf args = {0};
+        ds4_buf_puts(&args, "{\"command\":");
+        ds4_json_quote(cases[c].cmd, strlen(cases[c].cmd), DS4_JSON_COMPACT, &args);
+        ds4_buf_puts(&args, "}");
+        ds4_agent_tool_result tr;
+        ds4_agent_tool_run(&o, "bash", args.data, &tr);
+        ds4_token_ids ids = {0};
+        ds4_tokenizer_encode(ds4_engine_tokenizer(engine), tr.text.data, tr.text.len, DS4_TOK_SPECIALS_NONE, &ids);
+        CHECK(ids.n > 4096, "%s: the output alone is over the context (%zu tokens)", cases[c].cmd, ids.n);
+        char want[64];
+        snprintf(want, sizeof want, " of its %zu tokens (", ids.n);
+        size_t n;
+        char *text = session_text(R.a, &n);
+        const char *res = memmem(text, n, "<tool_result>", 13);
+        CHECK(res && (size_t)(text + n - res) > cases[c].head_n && !memcmp(res, cases[c].head, cases[c].head_n),
+              "%s: the result starts with the output", cases[c].cmd);
+        CHECK(memmem(text, n, "output truncated to fit the context: ", 37) && memmem(text, n, want, strlen(want)),
+              "%s: a marker says how much was cut (%s)", cases[c].cmd, want);
+        CHECK(memmem(text, n, "\n[exit status 0]</tool_result>", 30), "%s: the tail (exit status) is kept", cases[c].cmd);
+        CHECK(memmem(text, n, "<think>Once more.</think>Yes.", 29), "%s: the last answer is in the session", cases[c].cmd);
+        free(text);
+        ds4_token_ids_free(&ids);
+        ds4_agent_tool_result_free(&tr);
+        ds4_buf_free(&args);
+        rig_close(&R);
+    }
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "/tmp/ds4-agent-loop-XXXXXX");
     if (!mkdtemp(tmp)) { perror("mkdtemp"); return 1; }
@@ -432,6 +486,7 @@ int main(void) {
         setup_calls();
         test_loop_and_sessions();
         test_interrupted_tool();
+        test_large_tool_output();
         for (int i = 0; i < 3; i++) free((void *)calls[i]);
         ds4_engine_free(engine);
     }
