@@ -466,6 +466,37 @@ static void test_large_tool_output(void) {
     }
 }
 
+/* Twelve big outputs in one round: each one's share of the context left is
+ * too small for a useful part, so each becomes a short note, and the turns
+ * go on. */
+static void test_round_of_big_outputs(void) {
+    char *s = path_in("script-round");
+    FILE *f = fopen(s, "w");
+    fputs("Run them all.</think>\n\n<" D "tool_calls>\n", f);
+    for (int i = 0; i < 12; i++)
+        fputs("<" D "invoke name=\"bash\">\n<" D "parameter name=\"command\" string=\"true\">head -c 65536 /dev/zero</"
+              D "parameter>\n</" D "invoke>\n", f);
+    fputs("</" D "tool_calls>\n@@@\nToo much.</think>Nothing fit.\n@@@\nOk.</think>Still here.\n@@@\n", f);
+    fclose(f);
+    rig R;
+    rig_open(&R, workdir("wround"), s);
+    CHECK(ds4_agent_turn(R.a, "run them") == 0, "the round of twelve big outputs");
+    CHECK(ds4_agent_turn(R.a, "and now?") == 0, "the next turn works");
+    size_t n;
+    char *text = session_text(R.a, &n);
+    int notes = 0, cut = 0;
+    for (const char *p = text; (p = memmem(p, (size_t)(text + n - p), "<tool_result>error: the output (65552 bytes) was "
+                                           "dropped: the context is nearly full", 84)); p++)
+        notes++;
+    for (const char *p = text; (p = memmem(p, (size_t)(text + n - p), "output truncated to fit the context", 35)); p++) cut++;
+    /* the notes leave room that later calls of the round may use */
+    CHECK(notes >= 1 && notes + cut == 12, "each result is a note or cut (%d notes, %d cut)", notes, cut);
+    CHECK(memmem(text, n, "<think>Ok.</think>Still here.", 29) != NULL, "the last answer is in the session");
+    CHECK(counters_add_up(R.a), "counters");
+    free(text);
+    rig_close(&R);
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "/tmp/ds4-agent-loop-XXXXXX");
     if (!mkdtemp(tmp)) { perror("mkdtemp"); return 1; }
@@ -487,6 +518,7 @@ int main(void) {
         test_loop_and_sessions();
         test_interrupted_tool();
         test_large_tool_output();
+        test_round_of_big_outputs();
         for (int i = 0; i < 3; i++) free((void *)calls[i]);
         ds4_engine_free(engine);
     }
