@@ -497,6 +497,56 @@ static void test_round_of_big_outputs(void) {
     rig_close(&R);
 }
 
+/* A tool round when the context is all but full: even the short note does
+ * not fit, so the results are dropped (the turn fails with a note) instead
+ * of staying pending, and the next turn works. The user's message is sized
+ * to leave 20 tokens after the model's tool call. */
+static void test_results_dropped_when_full(void) {
+    const ds4_tokenizer *tok = ds4_engine_tokenizer(engine);
+    char *s = path_in("script-full");
+    FILE *f = fopen(s, "w");
+    char call_entry[1200];
+    snprintf(call_entry, sizeof call_entry, "Fill.</think>%s", block("bash", "command", "head -c 65536 /dev/zero", NULL, NULL,
+                                                                      NULL, NULL));
+    fprintf(f, "Hi.</think>Hello.\n@@@\n%s\n@@@\nY.</think>Yes.\n@@@\n", call_entry);
+    fclose(f);
+    rig R;
+    rig_open(&R, workdir("wfull"), s);
+    CHECK(ds4_agent_turn(R.a, "hi") == 0, "first turn");
+    ds4_agent_stats st;
+    ds4_agent_stats_get(R.a, &st);
+    ds4_token_ids ids = {0};
+    ds4_tokenizer_encode(tok, call_entry, strlen(call_entry), DS4_TOK_SPECIALS_CHAT, &ids);
+    /* EOS, <User>, <Assistant>, <think> around the filler */
+    long want = (long)st.ctx - st.n_tokens - 4 - (long)ids.n - 20;
+    ds4_token_ids_free(&ids);
+    ds4_buf filler = {0};
+    long words = want;
+    for (int tries = 0; tries < 8; tries++) {
+        ds4_buf_clear(&filler);
+        for (long i = 0; i < words; i++) ds4_buf_puts(&filler, " x");
+        ds4_tokenizer_encode(tok, filler.data, filler.len, DS4_TOK_SPECIALS_NONE, &ids);
+        long got = (long)ids.n;
+        ds4_token_ids_free(&ids);
+        if (got == want) break;
+        words += want - got;
+    }
+    CHECK(ds4_agent_turn(R.a, filler.data) == -1, "the round whose results cannot fit fails");
+    ds4_agent_stats_get(R.a, &st);
+    CHECK(st.ctx - st.n_tokens == 20, "the call left 20 tokens (%d)", st.ctx - st.n_tokens);
+    CHECK(ds4_agent_turn(R.a, "ok") == 0, "the next turn works");
+    size_t n;
+    char *text = session_text(R.a, &n);
+    const char *after_fill = memmem(text, n, "Fill.</think>", 13);
+    CHECK(after_fill && !memmem(after_fill, (size_t)(text + n - after_fill), "<tool_result>", 13),
+          "the dropped results are not in the session");
+    CHECK(n > 14 && !memcmp(text + n - 14, "Y.</think>Yes.", 14), "the answer ends the session");
+    CHECK(counters_add_up(R.a), "counters");
+    free(text);
+    ds4_buf_free(&filler);
+    rig_close(&R);
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "/tmp/ds4-agent-loop-XXXXXX");
     if (!mkdtemp(tmp)) { perror("mkdtemp"); return 1; }
@@ -519,6 +569,7 @@ int main(void) {
         test_interrupted_tool();
         test_large_tool_output();
         test_round_of_big_outputs();
+        test_results_dropped_when_full();
         for (int i = 0; i < 3; i++) free((void *)calls[i]);
         ds4_engine_free(engine);
     }
