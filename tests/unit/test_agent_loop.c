@@ -420,8 +420,12 @@ static void test_large_tool_output(void) {
     static const struct { const char *cmd; const char *head; size_t head_n; } cases[] = {
         {"head -c 65536 /dev/zero", "<tool_result>\0\0\0\0", 17},
         {"seq 1 100000 | head -c 65536", "<tool_result>1\n2\n3\n", 19},
+        /* characters the vocabulary splits into byte tokens: the cuts fall
+         * between characters, not inside one */
+        {"yes \'\xf0\x9d\x94\x98\xf0\x9d\x94\xab\xf0\x9d\x94\xa6\xf0\x9d\x94\xa0\xf0\x9d\x94\xac\xf0\x9d\x94\xa1\xf0\x9d\x94\xa2\xf0\x9d\x94\xb0\' | head -n 1500",
+         "<tool_result>\xf0\x9d\x94\x98\xf0\x9d\x94\xab", 21},
     };
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < 3; c++) {
         char *s = path_in("script-big");
         FILE *f = fopen(s, "w");
         fprintf(f, "Run it.</think>%s\n@@@\nSeen.</think>It is long.\n@@@\nAgain.</think>Still here.\n@@@\n"
@@ -458,6 +462,7 @@ static void test_large_tool_output(void) {
               "%s: a marker says how much was cut (%s)", cases[c].cmd, want);
         CHECK(memmem(text, n, "\n[exit status 0]</tool_result>", 30), "%s: the tail (exit status) is kept", cases[c].cmd);
         CHECK(memmem(text, n, "<think>Once more.</think>Yes.", 29), "%s: the last answer is in the session", cases[c].cmd);
+        CHECK(!memmem(text, n, "\xef\xbf\xbd", 3), "%s: no character was split (U+FFFD)", cases[c].cmd);
         free(text);
         ds4_token_ids_free(&ids);
         ds4_agent_tool_result_free(&tr);
