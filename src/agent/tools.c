@@ -486,9 +486,9 @@ static void tool_grep(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_t
     grep_walk g = {o, re, pcre2_match_data_create_from_pattern(re, NULL), r, 0};
     if (!g.md) { pcre2_code_free(re); fail(r, "grep: out of memory"); return; }
     struct stat st;
-    /* paths are shown relative to the root */
-    size_t skip = strlen(o->root) + 1;
-    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) grep_visit(&g, path, path + (skip > strlen(path) ? 0 : skip));
+    /* paths are shown relative to the root (which may be "/") */
+    size_t skip = strcmp(o->root, "/") ? strlen(o->root) + 1 : 1;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) grep_visit(&g, path, path + skip);
     else walk(path, skip, 0, grep_visit, &g);
     pcre2_match_data_free(g.md);
     pcre2_code_free(re);

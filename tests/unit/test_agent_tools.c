@@ -149,6 +149,14 @@ int main(void) {
     CHECK(ok && !strcmp(t, "b.c:3:int z = 3;\nsub/c.c:1:// TODO: fix\n"), "grep: %s", t);
     t = run(&o, "grep", "{\"pattern\":\"(unclosed\"}", &ok);
     CHECK(!ok && strstr(t, "bad regular expression"), "bad regex: %s", t);
+    /* with the root "/", paths are shown without their leading slash */
+    ds4_agent_tools_opts top = o;
+    top.root = "/";
+    char grep_args[PATH_MAX + 64], grep_want[PATH_MAX + 64];
+    snprintf(grep_args, sizeof grep_args, "{\"pattern\":\"TODO\",\"path\":\"%s/sub\"}", root);
+    snprintf(grep_want, sizeof grep_want, "%s/sub/c.c:1:// TODO: fix\n", root + 1);
+    t = run(&top, "grep", grep_args, &ok);
+    CHECK(ok && !strcmp(t, grep_want), "grep from the root /: %s", t);
     o.max_results = 3;
     t = run(&o, "grep", "{\"pattern\":\"x\",\"path\":\"big.txt\"}", &ok);
     CHECK(ok && strstr(t, "[stopped after 3 matches]"), "grep cap: %s", t);
