@@ -284,12 +284,13 @@ static int generate(ds4_agent *a, gen_state *g) {
 
 /* ---- fitting tool results into the context ----
  *
- * A tool result is client text of any size (64 KiB of NUL bytes is 65,566
- * tokens); the context is not. A result that does not fit would stay
- * pending and fail every later turn, so results are cut in tokens, against
- * what is left: the next answer keeps its room (ANSWER_ROOM), and one
- * round's results may take at most half of the rest, shared evenly among
- * its calls, so the model can still make its next call. */
+ * A tool result is client text of any size (64 KiB of NUL bytes is about
+ * 65,000 tokens); the context is not. A result that does not fit would
+ * stay pending and fail every later turn, so results are cut in tokens,
+ * against what is left: the next answer keeps its room (answer_room), and
+ * one round's results may take at most half of the rest, so the model can
+ * still make its next call. The calls share it in order, each an equal
+ * part of what the earlier ones left. */
 
 /* <tool_result></tool_result> around a result, and the turn markers */
 #define RESULT_WRAP_TOKENS 16
