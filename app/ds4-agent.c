@@ -35,11 +35,19 @@ typedef struct {
     ds4_gpu_opts gpu;
 } agent_args;
 
-static volatile sig_atomic_t g_interrupted;
+static volatile sig_atomic_t g_interrupted, g_quit;
 
 static void on_sigint(int sig) {
     (void)sig;
     g_interrupted = 1;
+}
+
+/* SIGTERM, SIGHUP (the terminal closed): stop what runs and leave through
+ * the normal exit, which saves and ends the commands' jobs */
+static void on_quit(int sig) {
+    (void)sig;
+    g_interrupted = 1;
+    g_quit = 1;
 }
 
 static void usage(FILE *f) {
@@ -242,7 +250,9 @@ static void run_repl(repl *r, const char *history) {
     printf("ds4-agent: /help for commands. Sessions in %s\n", r->dir);
     for (;;) {
         g_interrupted = 0;
+        if (g_quit) break;
         char *line = readline("agent> ");
+        if (g_quit) { free(line); break; }
         if (!line) {
             if (g_interrupted) { putchar('\n'); continue; }
             putchar('\n');
@@ -319,6 +329,9 @@ int main(int argc, char **argv) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigint;
     sigaction(SIGINT, &sa, NULL);   /* no SA_RESTART: readline and poll return on Ctrl+C */
+    sa.sa_handler = on_quit;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     /* a file-size limit must fail the write (and keep the old session), not kill us */
     signal(SIGXFSZ, SIG_IGN);
 
@@ -378,6 +391,8 @@ int main(int argc, char **argv) {
     if (o.autosave) save_now(&r, false);
     status = dump && write_logits(dump, e, ds4_agent_session(agent)) ? 1 : 0;
 out:
+    /* no command outlives the agent: its jobs (`server &`, setsid ...) end here */
+    ds4_agent_tools_end_jobs();
     ds4_agent_free(agent);
     ds4_engine_free(e);
     ds4_agent_script_free(&script);

@@ -134,12 +134,16 @@ static int on_progress(void *ud, int done, int total) {
     return interrupted(a) ? 1 : 0;
 }
 
+static bool pending_fits(const ds4_agent *a) {
+    return ds4_session_n_tokens(a->s) + (long)a->pending.n < ds4_session_ctx(a->s);
+}
+
 /* Prefills the pending tokens. 0 done, 1 interrupted (session rewound to
  * where it was, pending kept), -1 error. */
 static int prefill_pending(ds4_agent *a) {
     int from = ds4_session_n_tokens(a->s), n = (int)a->pending.n;
     if (n == 0) return 0;
-    if (from + n >= ds4_session_ctx(a->s)) {
+    if (!pending_fits(a)) {
         ds4_agent_display_note(a->o.display, "context full: %d + %d tokens do not fit in %d (start with a larger --ctx, "
                                "or /new)", from, n, ds4_session_ctx(a->s));
         return -1;
@@ -278,6 +282,123 @@ static int generate(ds4_agent *a, gen_state *g) {
     return rc;
 }
 
+/* ---- fitting tool results into the context ----
+ *
+ * A tool result is client text of any size (64 KiB of NUL bytes is about
+ * 65,000 tokens); the context is not. A result that does not fit would
+ * stay pending and fail every later turn, so results are cut in tokens,
+ * against what is left: the next answer keeps its room (answer_room), and
+ * one round's results may take at most half of the rest, so the model can
+ * still make its next call. The calls share it in order, each an equal
+ * part of what the earlier ones left. */
+
+/* <tool_result></tool_result> around a result, and the turn markers */
+#define RESULT_WRAP_TOKENS 16
+/* the truncation marker's own tokens (it is about 40) */
+#define MARKER_TOKENS 64
+/* below this a result is replaced by a short note rather than cut */
+#define RESULT_MIN_TOKENS (2 * MARKER_TOKENS)
+
+/* What the model's next answer needs: its whole budget, or a quarter of
+ * the context when that is smaller. */
+static int answer_room(const ds4_agent *a) {
+    int quarter = ds4_session_ctx(a->s) / 4;
+    return a->o.max_gen_tokens < quarter ? a->o.max_gen_tokens : quarter;
+}
+
+static long results_budget(const ds4_agent *a, int n_results) {
+    long free_tokens = (long)ds4_session_ctx(a->s) - ds4_session_n_tokens(a->s) - (long)a->pending.n - answer_room(a) -
+                       (long)RESULT_WRAP_TOKENS * (n_results + 1);
+    return free_tokens > 0 ? free_tokens / 2 : 0;
+}
+
+/* Drops the bytes of an incomplete UTF-8 character at the end of s[0..n). */
+static size_t utf8_head(const char *s, size_t n) {
+    size_t i = n, back = 0;
+    while (i > 0 && back < 4 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) { i--; back++; }
+    if (i == 0) return n;
+    unsigned char lead = (unsigned char)s[i - 1];
+    size_t want = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    return back + 1 < want && lead >= 0xC0 ? i - 1 : n;
+}
+
+/* Skips the continuation bytes at the start of s[0..n). */
+static size_t utf8_tail_skip(const char *s, size_t n) {
+    size_t i = 0;
+    while (i < n && i < 3 && ((unsigned char)s[i] & 0xC0) == 0x80) i++;
+    return i;
+}
+
+/* Cuts text to at most max_tokens tokens (specials off, as it will be
+ * encoded): the head (two thirds) and the tail (one third, where a
+ * command's errors and exit status are) are kept at token boundaries, and
+ * a marker between them says how much was cut. Returns the tokens the text
+ * takes now, or -1 when out of memory. */
+static long cap_tokens(const ds4_agent *a, ds4_buf *text, long max_tokens) {
+    ds4_token_ids ids = {0};
+    if (ds4_tokenizer_encode(a->tok, text->data ? text->data : "", text->len, DS4_TOK_SPECIALS_NONE, &ids)) return -1;
+    long total = (long)ids.n, result = total;
+    size_t total_bytes = text->len;
+    /* the re-encoded text can take a few tokens more at the two seams: cut
+     * more until it fits */
+    for (long keep = max_tokens - MARKER_TOKENS; result > max_tokens && keep > 0;) {
+        size_t head_n = (size_t)keep * 2 / 3, tail_n = (size_t)keep - head_n, hl, tl;
+        char *head = ds4_tokenizer_decode(a->tok, ids.v, head_n, false, &hl);
+        char *tail = ds4_tokenizer_decode(a->tok, ids.v + ids.n - tail_n, tail_n, false, &tl);
+        if (!head || !tail) { free(head); free(tail); result = -1; break; }
+        hl = utf8_head(head, hl);
+        size_t skip = utf8_tail_skip(tail, tl);
+        ds4_buf out = {0};
+        ds4_buf_put(&out, head, hl);
+        char marker[320];
+        snprintf(marker, sizeof marker,
+                 "\n[... output truncated to fit the context: %ld of its %ld tokens (%zu of %zu bytes) cut here; "
+                 "to see them, read a line range or filter the output (grep, head, tail) ...]\n",
+                 total - (long)(head_n + tail_n), total, total_bytes - hl - (tl - skip), total_bytes);
+        ds4_buf_puts(&out, marker);
+        ds4_buf_put(&out, tail + skip, tl - skip);
+        free(head);
+        free(tail);
+        ds4_token_ids again = {0};
+        if (out.oom || ds4_tokenizer_encode(a->tok, out.data, out.len, DS4_TOK_SPECIALS_NONE, &again)) {
+            ds4_buf_free(&out);
+            result = -1;
+            break;
+        }
+        result = (long)again.n;
+        ds4_token_ids_free(&again);
+        keep -= result - max_tokens > 8 ? result - max_tokens : 8;
+        ds4_buf_free(text);
+        *text = out;
+    }
+    ds4_token_ids_free(&ids);
+    return result;
+}
+
+/* Fits one result into share tokens: cut, or -- when the context is too
+ * full for a useful part -- replaced by a note. Returns its tokens. */
+static long fit_result(const ds4_agent *a, ds4_agent_tool_result *r, long share) {
+    if (share < RESULT_MIN_TOKENS) {
+        size_t bytes = r->text.len;
+        ds4_buf_free(&r->text);
+        char note[300];
+        snprintf(note, sizeof note, "error: the output (%zu bytes) was dropped: the context is nearly full (%d of %d "
+                 "tokens used). Answer with what you have; the user can start a new session with /new.",
+                 bytes, ds4_session_n_tokens(a->s), ds4_session_ctx(a->s));
+        ds4_buf_puts(&r->text, note);
+        r->ok = false;
+        snprintf(r->summary, sizeof r->summary, "output dropped: the context is nearly full");
+        return MARKER_TOKENS;
+    }
+    size_t before = r->text.len;
+    long used = cap_tokens(a, &r->text, share);
+    if (used >= 0 && r->text.len != before) {
+        size_t n = strlen(r->summary);
+        snprintf(r->summary + n, sizeof r->summary - n, " (cut to %ld tokens to fit the context)", used);
+    }
+    return used;
+}
+
 /* Runs the calls and appends their results as one tool-result turn. */
 static int run_tools(ds4_agent *a, gen_state *g) {
     ds4_buf results = {0};
@@ -292,6 +413,7 @@ static int run_tools(ds4_agent *a, gen_state *g) {
         ds4_chat_tool_result(msg.data ? msg.data : "", msg.len, DS4_CHAT_DS4, &results);
         ds4_buf_free(&msg);
     }
+    long budget = results_budget(a, g->n_calls), used = 0;
     for (int i = 0; !g->error && i < g->n_calls; i++) {
         ds4_agent_tool_result r;
         ds4_agent_display_tool_start(a->o.display, g->calls[i].name, g->calls[i].args);
@@ -302,6 +424,9 @@ static int run_tools(ds4_agent *a, gen_state *g) {
         } else {
             ds4_agent_tool_run(&a->o.tools, g->calls[i].name, g->calls[i].args, &r);
         }
+        long took = fit_result(a, &r, (budget - used) / (g->n_calls - i));
+        if (took < 0) results.oom = true;
+        else used += took;
         ds4_agent_display_tool_end(a->o.display, r.summary, r.display.data, r.display.len);
         ds4_chat_tool_result(r.text.data ? r.text.data : "", r.text.len, DS4_CHAT_DS4, &results);
         ds4_agent_tool_result_free(&r);
@@ -341,6 +466,7 @@ int ds4_agent_turn(ds4_agent *a, const char *user_text) {
         gen_state g = {.a = a};
         rc = generate(a, &g);
         if (rc == 0 && (g.n_calls > 0 || g.error)) {
+            size_t mark = a->pending.n;
             rc = run_tools(a, &g);
             if (rc == 0 && step + 1 >= a->o.max_steps) {
                 ds4_agent_display_note(a->o.display, "[%d tool rounds: stopping here; send a message to go on]", a->o.max_steps);
@@ -348,6 +474,17 @@ int ds4_agent_turn(ds4_agent *a, const char *user_text) {
             }
             if (rc == 0) {
                 if (!add_generation_prompt(a)) rc = -1;
+                else if (!pending_fits(a)) {
+                    /* even the notes do not fit: results left pending would
+                     * fail every later turn, so they are dropped and the
+                     * message with the calls ends as it is */
+                    a->pending.n = mark;
+                    a->open_message = true;
+                    ds4_agent_display_note(a->o.display, "context full (%d of %d tokens): the tool results were dropped; "
+                                           "start a /new session or a larger --ctx", ds4_session_n_tokens(a->s),
+                                           ds4_session_ctx(a->s));
+                    rc = -1;
+                }
                 else if ((rc = prefill_pending(a)) != 0) a->pending.n -= 2;   /* the results wait for the next message */
             }
             gen_free(&g);

@@ -20,6 +20,13 @@
  *   the calls run in order and their results go back as one tool-result
  *   turn. Malformed DSML becomes an error tool result and the model tries
  *   again. Up to max_steps tool rounds per user turn.
+ * - Tool results never wedge the session: room for the next answer is kept
+ *   (max_gen_tokens, at most a quarter of the context), and one round's
+ *   results share at most half of the rest. A longer result keeps its head
+ *   and tail at token boundaries with a marker saying how many tokens and
+ *   bytes were cut; when too little is left it becomes a short note; and
+ *   results that still do not fit are dropped (the user is told), never
+ *   left pending to fail the next turns.
  * - Ctrl+C (*interrupted) stops prefill (the session is rewound to the
  *   start of that prefill: the step did not happen), generation (the
  *   message keeps what was written) or a running tool (its result says so

@@ -7,10 +7,12 @@
 #include <fnmatch.h>
 #include <limits.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -124,7 +126,8 @@ static bool under_root(const char *root, const char *abs) {
 
 /* Resolves path (relative to the root) to an absolute, symlink-free path in
  * out. A missing final component is allowed when may_create. Refuses (and
- * fills r) when it lies outside the root and the user does not confirm. */
+ * fills r) when it lies outside the root: the file tools are confined to
+ * it, without a question a tired user might answer yes. */
 static bool resolve(const ds4_agent_tools_opts *o, const char *tool, const char *path, bool may_create,
                     char out[PATH_MAX], ds4_agent_tool_result *r) {
     if (!path || !*path) { fail(r, "%s: empty path", tool); return false; }
@@ -149,10 +152,8 @@ static bool resolve(const ds4_agent_tools_opts *o, const char *tool, const char 
         }
     }
     if (under_root(o->root, out)) return true;
-    char q[PATH_MAX + 128];
-    snprintf(q, sizeof q, "%s wants %s, outside %s. Allow?", tool, out, o->root);
-    if (ask(o, q)) return true;
-    fail(r, "%s: %s is outside the working directory %s (refused)", tool, path, o->root);
+    fail(r, "%s: %s is outside the working directory %s (refused; the file tools work only inside it)", tool, path,
+         o->root);
     return false;
 }
 
@@ -227,7 +228,10 @@ static bool replace_file(const char *path, const char *data, size_t n, char *err
     snprintf(tmp, sizeof tmp, "%s.ds4-agent.%ld", path, (long)getpid());
     struct stat st;
     mode_t mode = stat(path, &st) == 0 ? (st.st_mode & 07777) : 0644;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    /* a fresh file: a link planted under the temp name (by a command) must
+     * not send the write outside the root */
+    unlink(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd < 0) { snprintf(err, errlen, "%s", strerror(errno)); return false; }
     bool ok = true;
     for (size_t off = 0; ok && off < n;) {
@@ -482,9 +486,9 @@ static void tool_grep(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_t
     grep_walk g = {o, re, pcre2_match_data_create_from_pattern(re, NULL), r, 0};
     if (!g.md) { pcre2_code_free(re); fail(r, "grep: out of memory"); return; }
     struct stat st;
-    /* paths are shown relative to the root when the search is inside it */
-    size_t skip = under_root(o->root, path) ? strlen(o->root) + 1 : 0;
-    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) grep_visit(&g, path, path + (skip > strlen(path) ? 0 : skip));
+    /* paths are shown relative to the root (which may be "/") */
+    size_t skip = strcmp(o->root, "/") ? strlen(o->root) + 1 : 1;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) grep_visit(&g, path, path + skip);
     else walk(path, skip, 0, grep_visit, &g);
     pcre2_match_data_free(g.md);
     pcre2_code_free(re);
@@ -501,6 +505,134 @@ static double now_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
+
+/* ---- the commands' processes ----
+ *
+ * A command's processes are found by parentage, not by process group:
+ * setsid(1), or a daemon that forks twice, leaves the group. The agent
+ * process is a child subreaper (prctl), so what a command orphans is
+ * re-parented to the agent instead of init and stays below it; every
+ * process below the agent is a command's (the agent starts none of its
+ * own). A cgroup would also hold a process that escapes the subreaper
+ * (one started by a service), but needs a writable cgroup v2 tree. */
+
+typedef struct {
+    pid_t pid, ppid;
+    char state;
+} proc_entry;
+
+static int by_pid(const void *a, const void *b) {
+    pid_t x = ((const proc_entry *)a)->pid, y = ((const proc_entry *)b)->pid;
+    return (x > y) - (x < y);
+}
+
+/* Every process's pid, parent and state from /proc, sorted by pid; NULL
+ * when /proc cannot be read. */
+static proc_entry *proc_scan(size_t *n) {
+    DIR *d = opendir("/proc");
+    if (!d) return NULL;
+    proc_entry *v = NULL;
+    size_t cap = 0;
+    *n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t got = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (got <= 0) continue;
+        buf[got] = 0;
+        /* "pid (comm) state ppid ...": comm may hold spaces and ')' */
+        char *rp = strrchr(buf, ')');
+        char state;
+        long ppid;
+        if (!rp || sscanf(rp + 1, " %c %ld", &state, &ppid) != 2) continue;
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 512;
+            proc_entry *nv = realloc(v, cap * sizeof *nv);
+            if (!nv) break;
+            v = nv;
+        }
+        v[(*n)++] = (proc_entry){(pid_t)pid, (pid_t)ppid, state};
+    }
+    closedir(d);
+    if (*n) qsort(v, *n, sizeof *v, by_pid);
+    return v;
+}
+
+/* The agent's child that pid descends from (pid itself when it is one), or
+ * 0 when pid is not below the agent. */
+static pid_t top_child(const proc_entry *t, size_t n, pid_t pid) {
+    pid_t self = getpid();
+    for (size_t depth = 0; depth <= n; depth++) {
+        proc_entry key = {.pid = pid};
+        const proc_entry *e = bsearch(&key, t, n, sizeof *t, by_pid);
+        if (!e || e->ppid <= 1) return 0;
+        if (e->ppid == self) return pid;
+        pid = e->ppid;
+    }
+    return 0;
+}
+
+static bool has_pid(const pid_t *v, size_t n, pid_t p) {
+    for (size_t i = 0; i < n; i++) if (v[i] == p) return true;
+    return false;
+}
+
+/* The agent's children now (the jobs that earlier commands left running). */
+static pid_t *children_now(size_t *n_out) {
+    size_t n;
+    proc_entry *t = proc_scan(&n);
+    pid_t *v = t && n ? malloc(n * sizeof *v) : NULL;
+    *n_out = 0;
+    for (size_t i = 0; v && i < n; i++) if (t[i].ppid == getpid()) v[(*n_out)++] = t[i].pid;
+    free(t);
+    return v;
+}
+
+/* SIGKILLs every process below the agent, except the subtrees of the
+ * children in keep, until none is left alive (a process can fork between
+ * a scan and its kill: the next scan finds the child). Reaps the agent's
+ * dead children, except `except`, which the caller waits for; reaping
+ * also lets their orphans re-parent to the agent, where the next pass
+ * finds them. */
+static void kill_below(const pid_t *keep, size_t n_keep, pid_t except) {
+    for (int pass = 0; pass < 1000; pass++) {
+        size_t n;
+        proc_entry *t = proc_scan(&n);
+        if (!t) return;
+        size_t left = 0;
+        for (size_t i = 0; i < n; i++) {
+            pid_t top = top_child(t, n, t[i].pid);
+            if (!top || has_pid(keep, n_keep, top)) continue;
+            if (t[i].state != 'Z') { kill(t[i].pid, SIGKILL); left++; }
+            else if (t[i].ppid != getpid()) left++;   /* its parent is dying: it comes to us next */
+            else if (t[i].pid != except) waitpid(t[i].pid, NULL, WNOHANG);
+        }
+        free(t);
+        if (!left) return;
+        struct timespec pause = {0, 2000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* Reaps the jobs of earlier commands that have exited since: orphans
+ * re-parented to the agent are its children, and nobody else waits for
+ * them. */
+static void reap_finished_jobs(void) {
+    size_t n;
+    proc_entry *t = proc_scan(&n);
+    for (size_t i = 0; t && i < n; i++)
+        if (t[i].ppid == getpid() && t[i].state == 'Z') waitpid(t[i].pid, NULL, WNOHANG);
+    free(t);
+}
+
+void ds4_agent_tools_end_jobs(void) { kill_below(NULL, 0, 0); }
 
 /* The agent's notes after a command's output start on their own line. */
 static void status_line(ds4_buf *b, const char *fmt, ...) {
@@ -519,10 +651,15 @@ static void tool_bash(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_t
         snprintf(q, sizeof q, "run `%.500s`?", cmd);
         if (!ask(o, q)) { fail(r, "bash: the user declined to run this command"); return; }
     }
+    /* once is enough; what it makes findable is all the agent's processes */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    reap_finished_jobs();
+    size_t n_jobs;
+    pid_t *jobs = children_now(&n_jobs);
     int fds[2];
-    if (pipe2(fds, O_CLOEXEC)) { fail(r, "bash: pipe: %s", strerror(errno)); return; }
+    if (pipe2(fds, O_CLOEXEC)) { free(jobs); fail(r, "bash: pipe: %s", strerror(errno)); return; }
     pid_t pid = fork();
-    if (pid < 0) { close(fds[0]); close(fds[1]); fail(r, "bash: fork: %s", strerror(errno)); return; }
+    if (pid < 0) { free(jobs); close(fds[0]); close(fds[1]); fail(r, "bash: fork: %s", strerror(errno)); return; }
     if (pid == 0) {
         /* own process group: a timeout or Ctrl+C kills the whole pipeline */
         setpgid(0, 0);
@@ -559,7 +696,13 @@ static void tool_bash(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_t
         if ((size_t)got > room) truncated = true;
         ds4_buf_put(&r->text, chunk, (size_t)got < room ? (size_t)got : room);
     }
-    if (timed_out || interrupted) kill(-pid, SIGKILL);
+    if (timed_out || interrupted) {
+        kill(-pid, SIGKILL);
+        /* and whatever left the group: all that is below the agent now,
+         * except the jobs earlier commands left running */
+        kill_below(jobs, n_jobs, pid);
+    }
+    free(jobs);
     close(fds[0]);
     while (!reaped && waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     if (truncated) status_line(&r->text, "[output truncated at %zu bytes]", o->output_cap);

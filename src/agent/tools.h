@@ -10,8 +10,9 @@
  *   ok = false and a one-line explanation the model can act on.
  * - Paths are resolved against the working directory with realpath(3)
  *   (symlinks included; for a file that does not exist yet, its parent).
- *   A path that resolves outside the root is refused unless confirm() says
- *   yes -- also with auto_yes, which only skips the bash confirmation.
+ *   The file tools (read_file, write_file, edit_file, list_dir, grep) refuse
+ *   a path that resolves outside the root, without asking; glob only walks
+ *   the root and follows no symlinks.
  * - read_file: optional 1-based inclusive line range; a file over read_cap
  *   bytes is refused unless a range is given, and output is capped at
  *   read_cap either way. edit_file: old_string must occur exactly once; the
@@ -20,11 +21,20 @@
  *   NUL bytes skipped), at most max_results lines. glob: fnmatch(3) over the
  *   paths under the root relative to it, or over basenames when the pattern
  *   has no '/'.
- * - bash: /bin/sh -c in the root, in its own process group, stdin from
- *   /dev/null, stdout+stderr captured up to output_cap bytes; after
- *   bash_timeout_s seconds or when *interrupted becomes nonzero the whole
- *   group is killed and the result says so. Needs confirm() unless auto_yes.
- * - Results end up in the model's context, so every output is bounded.
+ * - bash: /bin/sh -c started in the root (the shell itself is not confined:
+ *   it can cd and write anywhere the user can), in its own process group,
+ *   stdin from /dev/null, stdout+stderr captured up to output_cap bytes.
+ *   Needs confirm() unless auto_yes. The calling process becomes a child
+ *   subreaper, so every process a command starts -- also one that left the
+ *   group with setsid, or was orphaned -- stays below it. After
+ *   bash_timeout_s seconds or when *interrupted becomes nonzero, the group
+ *   and every process below the caller that is not an earlier command's
+ *   job are killed, and the result says so. A command that exits normally
+ *   may leave jobs running (`server &`); ds4_agent_tools_end_jobs() kills
+ *   them all. The process should start no children of its own: the tools
+ *   take whatever is below it for a command's and reap it.
+ * - Results end up in the model's context, so every output is bounded (in
+ *   bytes here; the agent loop also caps them in tokens).
  */
 #ifndef DS4_AGENT_TOOLS_H
 #define DS4_AGENT_TOOLS_H
@@ -64,5 +74,8 @@ const ds4_tool_def *ds4_agent_tool_defs(int *n);
 void ds4_agent_tool_run(const ds4_agent_tools_opts *o, const char *name, const char *args_json,
                         ds4_agent_tool_result *r);
 void ds4_agent_tool_result_free(ds4_agent_tool_result *r);
+/* Kills every process below this one (the commands' jobs, with whatever
+ * they started) and reaps them: at the agent's exit. */
+void ds4_agent_tools_end_jobs(void);
 
 #endif

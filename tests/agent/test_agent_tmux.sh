@@ -5,8 +5,9 @@
 # saved transcript bytes, that each step after the first prefilled only its
 # new tokens (--trace), that /save + restart + /switch continues with the
 # same next-token logits as never stopping (--dump-logits, compared bit for
-# bit), /list with a damaged file, /strip, the refusals (path outside the
-# tree, a command past its timeout, a 10 MB read) and Ctrl+C during a tool.
+# bit), /list with a damaged file, /strip, the refusals (paths outside the
+# tree, a command past its timeout, a 10 MB read), a tool output over the
+# context, the end of a command's jobs and Ctrl+C during a tool.
 set -u
 cd "$(dirname "$0")/../.."
 MODEL=models/demo.gguf
@@ -136,26 +137,43 @@ expect "/del" 'wait_for "^deleted ${ID:0:12}" 1 90'
 send "/quit"
 expect "D exits" 'wait_for "EXITED-0" 1 90'
 
-# Refusals: a path outside the tree, a command past its (1 s) timeout, a
-# 10 MB read.
-mkdir -p "$T/we"
+# Refusals: paths outside the tree (absolute, "..", a symlink), a command
+# past its (1 s) timeout with a job that left its process group, a 10 MB
+# read; a 64 KiB output of NULs (65k tokens, over the 4096 context) is cut
+# to fit and the next turn works; jobs a command left running end with the
+# agent. The sleeps are named by a length that is this run's own.
+M=$((400000 + $$ % 100000))
+mkdir -p "$T/we" "$T/outside"
+echo secret > "$T/outside.txt"
+ln -s "$T/outside" "$T/we/escape"
 head -c 10485760 /dev/zero | tr '\0' 'a' > "$T/we/big.txt"
 {
     printf 'Outside.</think>%s\n@@@\n' "$(call read_file path /etc/passwd)"
-    printf 'Slow.</think>%s\n@@@\n' "$(call bash command 'sleep 30')"
+    printf 'Up.</think>%s\n@@@\n' "$(call read_file path ../outside.txt)"
+    printf 'Link.</think>%s\n@@@\n' "$(call write_file path escape/x.txt content pwned)"
+    printf 'Slow.</think>%s\n@@@\n' "$(call bash command "setsid sleep $M &amp; sleep 30")"
     printf 'Big.</think>%s\n@@@\n' "$(call read_file path big.txt)"
+    printf 'Zeros.</think>%s\n@@@\n' "$(call bash command 'head -c 65536 /dev/zero')"
+    printf 'Jobs.</think>%s\n@@@\n' "$(call bash command "setsid sleep $((M + 1)) &amp; sleep $((M + 2)) &amp; echo started")"
     printf 'Gave up.</think>Nothing worked.\n@@@\n'
+    printf 'Still.</think>Still here.\n@@@\n'
 } > "$T/script-e"
 start e "$T/we" "$T/script-e" --yes --bash-timeout 1 --no-autosave
 send "try things"
-expect "outside path asks" 'wait_for "outside .*Allow? \[y/N\]" 1 90'
-send "n"
-expect "outside path refused" 'wait_for "^-> read_file .*outside the working directory .*(refused)" 1 90'
+expect "outside paths refused without asking" 'wait_for "^-> read_file .*outside the working directory .*(refused" 2 90 &&
+    wait_for "^-> write_file .*outside the working directory .*(refused" 1 90 && ! screen | grep -q "Allow?"'
+expect "nothing written outside" '[ ! -e "$T/outside/x.txt" ]'
 expect "timeout kills the command" 'wait_for "^-> bash .*timed out after 1 s (killed)" 1 90'
 expect "10 MB read refused" 'wait_for "^-> read_file .*10485760 bytes, over the" 1 90'
+expect "64 KiB of NULs cut to fit" 'wait_for "^-> bash .*65552 bytes of output (cut to [0-9]* tokens to fit the context)" 1 90'
 expect "answer after refusals" 'wait_for "^Nothing worked." 1 90'
+expect "the setsid job of the timed-out command is gone" '! pgrep -f "sleep $M\$" >/dev/null'
+expect "jobs of a finished command run on" 'pgrep -f "sleep $((M + 1))\$" >/dev/null && pgrep -f "sleep $((M + 2))\$" >/dev/null'
+send "and now?"
+expect "the turn after the big output works" 'wait_for "^Still here." 1 90'
 send "/quit"
 expect "E exits" 'wait_for "EXITED-0" 1 90'
+expect "no job outlives the agent" '! pgrep -f "sleep $((M + 1))\$" >/dev/null && ! pgrep -f "sleep $((M + 2))\$" >/dev/null'
 
 # Ctrl+C during a tool, in a session of its own: under E's 1 s timeout the
 # Ctrl+C had to arrive within a second of the tool line showing, or the

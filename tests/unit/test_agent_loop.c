@@ -412,6 +412,146 @@ static void test_interrupted_tool(void) {
     rig_close(&R);
 }
 
+/* A tool output far over the context -- 64 KiB of NUL bytes is about 65k
+ * tokens, a long text tens of thousands, the context 4096 -- is cut in
+ * tokens with a marker (head and tail kept), and the turns after it work:
+ * before, the results stayed pending and every later turn was refused. */
+static void test_large_tool_output(void) {
+    static const struct { const char *cmd; const char *head; size_t head_n; } cases[] = {
+        {"head -c 65536 /dev/zero", "<tool_result>\0\0\0\0", 17},
+        {"seq 1 100000 | head -c 65536", "<tool_result>1\n2\n3\n", 19},
+        /* characters the vocabulary splits into byte tokens: the cuts fall
+         * between characters, not inside one */
+        {"yes \'\xf0\x9d\x94\x98\xf0\x9d\x94\xab\xf0\x9d\x94\xa6\xf0\x9d\x94\xa0\xf0\x9d\x94\xac\xf0\x9d\x94\xa1\xf0\x9d\x94\xa2\xf0\x9d\x94\xb0\' | head -n 1500",
+         "<tool_result>\xf0\x9d\x94\x98\xf0\x9d\x94\xab", 21},
+    };
+    for (int c = 0; c < 3; c++) {
+        char *s = path_in("script-big");
+        FILE *f = fopen(s, "w");
+        fprintf(f, "Run it.</think>%s\n@@@\nSeen.</think>It is long.\n@@@\nAgain.</think>Still here.\n@@@\n"
+                "Once more.</think>Yes.\n@@@\n", block("bash", "command", cases[c].cmd, NULL, NULL, NULL, NULL));
+        fclose(f);
+        rig R;
+        rig_open(&R, workdir("wbig"), s);
+        CHECK(ds4_agent_turn(R.a, "print it") == 0, "%s: the turn with the big output", cases[c].cmd);
+        CHECK(ds4_agent_turn(R.a, "and now?") == 0, "%s: the next turn works", cases[c].cmd);
+        CHECK(ds4_agent_turn(R.a, "once more") == 0, "%s: and the one after", cases[c].cmd);
+        CHECK(counters_add_up(R.a), "%s: counters", cases[c].cmd);
+        /* the marker counts the whole output's tokens, as an independent
+         * tokenization of the same command's output does */
+        ds4_agent_tools_opts o;
+        ds4_agent_tools_opts_default(&o, path_in("wbig"));
+        o.auto_yes = true;
+        ds4_buf args = {0};
+        ds4_buf_puts(&args, "{\"command\":");
+        ds4_json_quote(cases[c].cmd, strlen(cases[c].cmd), DS4_JSON_COMPACT, &args);
+        ds4_buf_puts(&args, "}");
+        ds4_agent_tool_result tr;
+        ds4_agent_tool_run(&o, "bash", args.data, &tr);
+        ds4_token_ids ids = {0};
+        ds4_tokenizer_encode(ds4_engine_tokenizer(engine), tr.text.data, tr.text.len, DS4_TOK_SPECIALS_NONE, &ids);
+        CHECK(ids.n > 4096, "%s: the output alone is over the context (%zu tokens)", cases[c].cmd, ids.n);
+        char want[64];
+        snprintf(want, sizeof want, " of its %zu tokens (", ids.n);
+        size_t n;
+        char *text = session_text(R.a, &n);
+        const char *res = memmem(text, n, "<tool_result>", 13);
+        CHECK(res && (size_t)(text + n - res) > cases[c].head_n && !memcmp(res, cases[c].head, cases[c].head_n),
+              "%s: the result starts with the output", cases[c].cmd);
+        CHECK(memmem(text, n, "output truncated to fit the context: ", 37) && memmem(text, n, want, strlen(want)),
+              "%s: a marker says how much was cut (%s)", cases[c].cmd, want);
+        CHECK(memmem(text, n, "\n[exit status 0]</tool_result>", 30), "%s: the tail (exit status) is kept", cases[c].cmd);
+        CHECK(memmem(text, n, "<think>Once more.</think>Yes.", 29), "%s: the last answer is in the session", cases[c].cmd);
+        CHECK(!memmem(text, n, "\xef\xbf\xbd", 3), "%s: no character was split (U+FFFD)", cases[c].cmd);
+        free(text);
+        ds4_token_ids_free(&ids);
+        ds4_agent_tool_result_free(&tr);
+        ds4_buf_free(&args);
+        rig_close(&R);
+    }
+}
+
+/* Twelve big outputs in one round: each one's share of the context left is
+ * too small for a useful part, so each becomes a short note, and the turns
+ * go on. */
+static void test_round_of_big_outputs(void) {
+    char *s = path_in("script-round");
+    FILE *f = fopen(s, "w");
+    fputs("Run them all.</think>\n\n<" D "tool_calls>\n", f);
+    for (int i = 0; i < 12; i++)
+        fputs("<" D "invoke name=\"bash\">\n<" D "parameter name=\"command\" string=\"true\">head -c 65536 /dev/zero</"
+              D "parameter>\n</" D "invoke>\n", f);
+    fputs("</" D "tool_calls>\n@@@\nToo much.</think>Nothing fit.\n@@@\nOk.</think>Still here.\n@@@\n", f);
+    fclose(f);
+    rig R;
+    rig_open(&R, workdir("wround"), s);
+    CHECK(ds4_agent_turn(R.a, "run them") == 0, "the round of twelve big outputs");
+    CHECK(ds4_agent_turn(R.a, "and now?") == 0, "the next turn works");
+    size_t n;
+    char *text = session_text(R.a, &n);
+    int notes = 0, cut = 0;
+    for (const char *p = text; (p = memmem(p, (size_t)(text + n - p), "<tool_result>error: the output (65552 bytes) was "
+                                           "dropped: the context is nearly full", 84)); p++)
+        notes++;
+    for (const char *p = text; (p = memmem(p, (size_t)(text + n - p), "output truncated to fit the context", 35)); p++) cut++;
+    /* the notes leave room that later calls of the round may use */
+    CHECK(notes >= 1 && notes + cut == 12, "each result is a note or cut (%d notes, %d cut)", notes, cut);
+    CHECK(memmem(text, n, "<think>Ok.</think>Still here.", 29) != NULL, "the last answer is in the session");
+    CHECK(counters_add_up(R.a), "counters");
+    free(text);
+    rig_close(&R);
+}
+
+/* A tool round when the context is all but full: even the short note does
+ * not fit, so the results are dropped (the turn fails with a note) instead
+ * of staying pending, and the next turn works. The user's message is sized
+ * to leave 20 tokens after the model's tool call. */
+static void test_results_dropped_when_full(void) {
+    const ds4_tokenizer *tok = ds4_engine_tokenizer(engine);
+    char *s = path_in("script-full");
+    FILE *f = fopen(s, "w");
+    char call_entry[1200];
+    snprintf(call_entry, sizeof call_entry, "Fill.</think>%s", block("bash", "command", "head -c 65536 /dev/zero", NULL, NULL,
+                                                                      NULL, NULL));
+    fprintf(f, "Hi.</think>Hello.\n@@@\n%s\n@@@\nY.</think>Yes.\n@@@\n", call_entry);
+    fclose(f);
+    rig R;
+    rig_open(&R, workdir("wfull"), s);
+    CHECK(ds4_agent_turn(R.a, "hi") == 0, "first turn");
+    ds4_agent_stats st;
+    ds4_agent_stats_get(R.a, &st);
+    ds4_token_ids ids = {0};
+    ds4_tokenizer_encode(tok, call_entry, strlen(call_entry), DS4_TOK_SPECIALS_CHAT, &ids);
+    /* EOS, <User>, <Assistant>, <think> around the filler */
+    long want = (long)st.ctx - st.n_tokens - 4 - (long)ids.n - 20;
+    ds4_token_ids_free(&ids);
+    ds4_buf filler = {0};
+    long words = want;
+    for (int tries = 0; tries < 8; tries++) {
+        ds4_buf_clear(&filler);
+        for (long i = 0; i < words; i++) ds4_buf_puts(&filler, " x");
+        ds4_tokenizer_encode(tok, filler.data, filler.len, DS4_TOK_SPECIALS_NONE, &ids);
+        long got = (long)ids.n;
+        ds4_token_ids_free(&ids);
+        if (got == want) break;
+        words += want - got;
+    }
+    CHECK(ds4_agent_turn(R.a, filler.data) == -1, "the round whose results cannot fit fails");
+    ds4_agent_stats_get(R.a, &st);
+    CHECK(st.ctx - st.n_tokens == 20, "the call left 20 tokens (%d)", st.ctx - st.n_tokens);
+    CHECK(ds4_agent_turn(R.a, "ok") == 0, "the next turn works");
+    size_t n;
+    char *text = session_text(R.a, &n);
+    const char *after_fill = memmem(text, n, "Fill.</think>", 13);
+    CHECK(after_fill && !memmem(after_fill, (size_t)(text + n - after_fill), "<tool_result>", 13),
+          "the dropped results are not in the session");
+    CHECK(n > 14 && !memcmp(text + n - 14, "Y.</think>Yes.", 14), "the answer ends the session");
+    CHECK(counters_add_up(R.a), "counters");
+    free(text);
+    ds4_buf_free(&filler);
+    rig_close(&R);
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "/tmp/ds4-agent-loop-XXXXXX");
     if (!mkdtemp(tmp)) { perror("mkdtemp"); return 1; }
@@ -432,6 +572,9 @@ int main(void) {
         setup_calls();
         test_loop_and_sessions();
         test_interrupted_tool();
+        test_large_tool_output();
+        test_round_of_big_outputs();
+        test_results_dropped_when_full();
         for (int i = 0; i < 3; i++) free((void *)calls[i]);
         ds4_engine_free(engine);
     }

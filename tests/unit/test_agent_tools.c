@@ -1,6 +1,7 @@
 /* The agent's tools against a scratch tree: results are checked against the
  * files on disk (the independent truth), refusals against the rules of
  * agent/tools.h. Also the scripted-output file format. */
+#include <dirent.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,29 @@ static const char *run(const ds4_agent_tools_opts *o, const char *name, const ch
     have = true;
     *ok = r.ok;
     return r.text.data ? r.text.data : "";
+}
+
+/* Live processes running `sleep SECONDS` (their command line; a zombie
+ * has none). */
+static int sleeps(long seconds) {
+    char want[64];
+    int want_n = snprintf(want, sizeof want, "sleep%c%ld", 0, seconds) + 1;
+    int found = 0;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char path[300], buf[128];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t n = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        /* "sleep" may be a path (/usr/bin/sleep): compare the tail of argv[0] */
+        for (size_t i = 0; i + (size_t)want_n <= n; i++)
+            if ((i == 0 || buf[i - 1] == '/') && !memcmp(buf + i, want, (size_t)want_n)) { found++; break; }
+    }
+    if (d) closedir(d);
+    return found;
 }
 
 int main(void) {
@@ -125,6 +149,14 @@ int main(void) {
     CHECK(ok && !strcmp(t, "b.c:3:int z = 3;\nsub/c.c:1:// TODO: fix\n"), "grep: %s", t);
     t = run(&o, "grep", "{\"pattern\":\"(unclosed\"}", &ok);
     CHECK(!ok && strstr(t, "bad regular expression"), "bad regex: %s", t);
+    /* with the root "/", paths are shown without their leading slash */
+    ds4_agent_tools_opts top = o;
+    top.root = "/";
+    char grep_args[PATH_MAX + 64], grep_want[PATH_MAX + 64];
+    snprintf(grep_args, sizeof grep_args, "{\"pattern\":\"TODO\",\"path\":\"%s/sub\"}", root);
+    snprintf(grep_want, sizeof grep_want, "%s/sub/c.c:1:// TODO: fix\n", root + 1);
+    t = run(&top, "grep", grep_args, &ok);
+    CHECK(ok && !strcmp(t, grep_want), "grep from the root /: %s", t);
     o.max_results = 3;
     t = run(&o, "grep", "{\"pattern\":\"x\",\"path\":\"big.txt\"}", &ok);
     CHECK(ok && strstr(t, "[stopped after 3 matches]"), "grep cap: %s", t);
@@ -137,14 +169,53 @@ int main(void) {
     answer = false;
     asked = 0;
     t = run(&o, "read_file", "{\"path\":\"/etc/passwd\"}", &ok);
-    CHECK(!ok && strstr(t, "outside the working directory") && asked == 1, "absolute outside: %s", t);
+    CHECK(!ok && strstr(t, "outside the working directory") && asked == 0, "absolute outside: %s", t);
     t = run(&o, "read_file", "{\"path\":\"escape/passwd\"}", &ok);
     CHECK(!ok && strstr(t, "outside the working directory"), "symlink escape: %s", t);
     t = run(&o, "write_file", "{\"path\":\"../ds4-agent-evil.txt\",\"content\":\"x\"}", &ok);
     CHECK(!ok && strstr(t, "outside the working directory"), "dot-dot write: %s", t);
+    /* confined without a question: even a user who would say yes is not asked */
     answer = true;
+    asked = 0;
+    char outside[PATH_MAX + 16], outside_rel[PATH_MAX + 64], args[2 * PATH_MAX], plant[PATH_MAX + 64];
+    snprintf(outside, sizeof outside, "%s-outside", root);
+    FILE *of = fopen(outside, "w");
+    fputs("secret\n", of);
+    fclose(of);
+    const char *base = strrchr(outside, '/') + 1;
+    snprintf(outside_rel, sizeof outside_rel, "../%s", base);
+    snprintf(link, sizeof link, "%s/to-outside", root);
+    CHECK(symlink(outside, link) == 0, "symlink to a file outside");
+    static const char *const file_calls[][2] = {
+        {"read_file", "{\"path\":\"%s\"}"},
+        {"write_file", "{\"path\":\"%s\",\"content\":\"overwritten\"}"},
+        {"edit_file", "{\"path\":\"%s\",\"old_string\":\"secret\",\"new_string\":\"changed\"}"},
+        {"grep", "{\"pattern\":\"secret\",\"path\":\"%s\"}"},
+    };
+    for (int i = 0; i < 4; i++) {
+        const char *targets[] = {outside_rel, "to-outside"};
+        for (int k = 0; k < 2; k++) {
+            snprintf(args, sizeof args, file_calls[i][1], targets[k]);
+            t = run(&o, file_calls[i][0], args, &ok);
+            CHECK(!ok && strstr(t, "outside the working directory"), "%s %s refused: %s", file_calls[i][0], targets[k], t);
+        }
+    }
     t = run(&o, "list_dir", "{\"path\":\"escape\"}", &ok);
-    CHECK(ok, "confirmed outside access: %s", t);
+    CHECK(!ok && strstr(t, "outside the working directory"), "list_dir through a symlink refused: %s", t);
+    t = run(&o, "list_dir", "{\"path\":\"..\"}", &ok);
+    CHECK(!ok && strstr(t, "outside the working directory"), "list_dir .. refused: %s", t);
+    char *kept = ds4_read_file(outside, NULL);
+    CHECK(kept && !strcmp(kept, "secret\n") && asked == 0, "the outside file is untouched and nobody was asked (%d)", asked);
+    free(kept);
+    unlink(outside);
+    unlink(link);
+    /* a link planted under write_file's temp name does not redirect the write */
+    snprintf(plant, sizeof plant, "%s/planted.ds4-agent.%ld", root, (long)getpid());
+    CHECK(symlink(outside, plant) == 0, "planted symlink");
+    t = run(&o, "write_file", "{\"path\":\"planted\",\"content\":\"inside\"}", &ok);
+    char *planted = get("planted");
+    CHECK(ok && planted && !strcmp(planted, "inside") && access(outside, F_OK) != 0, "write stays inside: %s", t);
+    free(planted);
 
     /* bash: confirmation, output, status, timeout, output cap */
     answer = false;
@@ -161,6 +232,30 @@ int main(void) {
     o.bash_timeout_s = 10;
     t = run(&o, "bash", "{\"command\":\"sleep 30 & echo started\"}", &ok);
     CHECK(ok && !strcmp(t, "started\n\n[exit status 0]"), "a background job does not hold the result: %s", t);
+    /* the whole tree dies on a timeout: also what left the process group
+     * (setsid, a subshell's orphan), and at the end the jobs of commands
+     * that exited normally. The sleeps are named by their length, which is
+     * this run's own. */
+    long mark = 300000 + (long)getpid() % 100000;
+    char cmdline[400];
+    snprintf(cmdline, sizeof cmdline,
+             "{\"command\":\"setsid sleep %ld & sleep %ld & (setsid sleep %ld &); sleep 30; echo never\"}", mark, mark + 1,
+             mark + 2);
+    o.bash_timeout_s = 1;
+    t = run(&o, "bash", cmdline, &ok);
+    CHECK(!ok && strstr(t, "[killed: no exit after 1 s]"), "timeout with escaped jobs: %s", t);
+    for (long m = mark; m < mark + 3; m++) CHECK(sleeps(m) == 0, "sleep %ld is gone after the timeout", m);
+    o.bash_timeout_s = 10;
+    snprintf(cmdline, sizeof cmdline, "{\"command\":\"setsid sleep %ld & sleep %ld & echo started\"}", mark + 3, mark + 4);
+    t = run(&o, "bash", cmdline, &ok);
+    CHECK(ok && sleeps(mark + 3) == 1 && sleeps(mark + 4) == 1, "jobs of a finished command keep running: %s", t);
+    /* a later command's timeout leaves them alone */
+    o.bash_timeout_s = 1;
+    t = run(&o, "bash", "{\"command\":\"sleep 30\"}", &ok);
+    CHECK(!ok && sleeps(mark + 3) == 1 && sleeps(mark + 4) == 1, "another command's timeout spares them");
+    o.bash_timeout_s = 10;
+    ds4_agent_tools_end_jobs();
+    CHECK(sleeps(mark + 3) == 0 && sleeps(mark + 4) == 0, "gone after end_jobs");
     o.output_cap = 100;
     t = run(&o, "bash", "{\"command\":\"yes | head -c 5000\"}", &ok);
     CHECK(ok && strstr(t, "[output truncated at 100 bytes]") && strlen(t) < 200, "output cap: %zu", strlen(t));
