@@ -27,6 +27,7 @@ typedef struct {
     ds4_dist_params dist;   /* --role coordinator ... */
     ds4_think_mode think;
     ds4_sampler_params sampling;
+    ds4_spec_params spec;        /* --spec-lookup */
     ds4_ssd_params ssd;
     const char *chdir_to;
     const char *sessions_dir;
@@ -59,6 +60,7 @@ static void usage(FILE *f) {
         "  -n, --tokens N          max tokens per assistant message (default 8192)\n"
         "      --think | --think-max | --nothink   thinking mode (default --think)\n"
         "      --temp F --top-p F --top-k N --min-p F --seed N   sampling (as ds4)\n"
+        "%s"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "      --layers A:B|A:output  map only that layer slice (docs/distributed.md)\n"
@@ -72,7 +74,7 @@ static void usage(FILE *f) {
         "      --scripted-output F TEST ONLY: the model's messages come from F (entries split by '@@@' lines)\n"
         "  -h, --help              this text\n"
         "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /think /nothink /think-show /quit\n",
-        ds4_ssd_usage, ds4_gpu_usage, ds4_dist_usage);
+        ds4_spec_usage, ds4_ssd_usage, ds4_gpu_usage, ds4_dist_usage);
 }
 
 static int parse_args(int argc, char **argv, agent_args *o) {
@@ -80,6 +82,7 @@ static int parse_args(int argc, char **argv, agent_args *o) {
                       .numerics = -1, .think = DS4_THINK_HIGH, .autosave = true};
     ds4_sampler_params_default(&o->sampling);
     o->sampling.seed = ds4_sampler_random_seed();
+    ds4_spec_params_default(&o->spec);
     ds4_gpu_opts_default(&o->gpu);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -107,7 +110,8 @@ static int parse_args(int argc, char **argv, agent_args *o) {
         }
         else if (IS("--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
         else if (IS("--bash-timeout")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, 86400, &o->bash_timeout)) BAD_VALUE(); }
-        else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0) {
+        else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0 ||
+                 (sampling = ds4_parse_spec_option(a, v, &o->spec)) != 0) {
             if (sampling < 0) { if (!v) NEEDS_VALUE(); BAD_VALUE(); }
             i++;
         }
@@ -378,6 +382,11 @@ int main(int argc, char **argv) {
     ds4_agent_opts ao = {.engine = e, .ctx = o.ctx, .think = o.think, .sampling = o.sampling,
                          .max_gen_tokens = o.max_tokens, .max_steps = 64, .script = o.script ? &script : NULL,
                          .trace = trace, .interrupted = &g_interrupted, .display = &display};
+    static ds4_spec drafter;
+    if (o.spec.lookup_max) {
+        if (!ds4_spec_init(&drafter, &o.spec, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
+        ao.spec = &drafter;
+    }
     ds4_agent_tools_opts_default(&ao.tools, root);
     ao.tools.auto_yes = o.yes;
     ao.tools.bash_timeout_s = o.bash_timeout;

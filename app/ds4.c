@@ -51,7 +51,8 @@ typedef struct {
     bool logits_all;
     const char *token_ids;
     ds4_ssd_params ssd;
-    ds4_spec *spec;         /* --spec-lookup: the drafter and its run stats */
+    ds4_spec_params spec_params;   /* --spec-lookup */
+    ds4_spec *spec;         /* the drafter and its run stats (main sets it), or NULL */
 } cli_opts;
 
 /* Set by SIGINT; generation and prefill poll it. */
@@ -90,9 +91,7 @@ static void usage(FILE *f) {
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "      --layers A:B|A:output  map only that layer slice (docs/distributed.md)\n"
-        "      --spec-lookup N     speculative decoding: draft up to N tokens (1..%d) from the\n"
-        "                          longest earlier match of the context's last tokens; the output\n"
-        "                          is the same as without it (default 0 = off)\n"
+        "%s"
         "%s"
         "%s"
         "%s"
@@ -104,7 +103,7 @@ static void usage(FILE *f) {
         "      --logits-all        with --dump-logits: every position, not just the last\n"
         "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
         "  -h, --help              this text\n"
-        "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", DS4_SPEC_MAX_DRAFT,
+        "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_spec_usage,
         ds4_ssd_usage,
         ds4_gpu_usage, ds4_dist_usage);
 }
@@ -120,6 +119,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     o->logprobs_top_k = 20;
     o->think = DS4_THINK_HIGH;
     ds4_sampler_params_default(&o->sampling);
+    ds4_spec_params_default(&o->spec_params);
     o->sampling.seed = ds4_sampler_random_seed();
 
     for (int i = 1; i < argc; i++) {
@@ -147,7 +147,8 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 16, INT_MAX, &o->ctx)) BAD_VALUE(); }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
         else if (!strcmp(a, "--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
-        else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0) {
+        else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0 ||
+                 (sampling = ds4_parse_spec_option(a, v, &o->spec_params)) != 0) {
             if (sampling < 0) { if (!v) NEEDS_VALUE(); BAD_VALUE(); }
             i++;
         }
@@ -165,16 +166,6 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         }
         else if (!strcmp(a, "--dump-tokens")) o->dump_tokens = true;
         else if (!strcmp(a, "--dump-logprobs")) { NEEDS_VALUE(); o->dump_logprobs = v; }
-        else if (!strcmp(a, "--spec-lookup")) {
-            NEEDS_VALUE();
-            static ds4_spec spec;
-            ds4_spec_params sp;
-            char serr[128];
-            ds4_spec_params_default(&sp);
-            if (!ds4_parse_int(v, 0, DS4_SPEC_MAX_DRAFT, &sp.lookup_max) || !ds4_spec_init(&spec, &sp, serr, sizeof serr))
-                BAD_VALUE();
-            o->spec = sp.lookup_max ? &spec : NULL;
-        }
         else if (!strcmp(a, "--logprobs-top-k")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->logprobs_top_k)) BAD_VALUE(); }
         else if (!strcmp(a, "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
         else if (!strcmp(a, "--logits-all")) o->logits_all = true;
@@ -688,6 +679,11 @@ int main(int argc, char **argv) {
 
     if (!ds4_cli_model_usable("ds4", o.model)) return 1;
     char err[512];
+    static ds4_spec drafter;
+    if (o.spec_params.lookup_max) {
+        if (!ds4_spec_init(&drafter, &o.spec_params, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); return 2; }
+        o.spec = &drafter;
+    }
     if (!ds4_dist_finish_options(&o.dist, true, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); return 2; }
     if (o.dist.role == DS4_DIST_WORKER) return ds4_dist_worker_main(o.model, o.layers, o.ctx, o.threads, o.numerics, &o.dist);
     ds4_engine_params ep;

@@ -28,6 +28,16 @@ bool ds4_parse_float(const char *s, float *out) {
     return true;
 }
 
+int ds4_parse_spec_option(const char *name, const char *value, ds4_spec_params *p) {
+    if (strcmp(name, "--spec-lookup")) return 0;
+    return ds4_parse_int(value, 0, DS4_SPEC_MAX_DRAFT, &p->lookup_max) ? 1 : -1;
+}
+
+const char ds4_spec_usage[] =
+    "      --spec-lookup N     speculative decoding: draft up to N tokens (1..16) from the\n"
+    "                          longest earlier match of the context's last tokens; the output\n"
+    "                          is the same as without it (default 0 = off)\n";
+
 int ds4_parse_sampling_option(const char *name, const char *value, ds4_sampler_params *p) {
     if (!strcmp(name, "--temp")) return ds4_parse_float(value, &p->temperature) ? 1 : -1;
     if (!strcmp(name, "--top-p")) return ds4_parse_float(value, &p->top_p) ? 1 : -1;

@@ -13,6 +13,8 @@
  *   generating binary shares (--temp, --top-p, --min-p, --top-k, --seed):
  *   0 when name is not one of them, 1 when it is and the value was stored,
  *   -1 when it is but the value is missing or bad (p untouched).
+ * - ds4_parse_spec_option() does the same for the speculative-decoding
+ *   options (--spec-lookup N, 0..DS4_SPEC_MAX_DRAFT; 0 = off).
  */
 #ifndef DS4_CLI_ARGS_H
 #define DS4_CLI_ARGS_H
@@ -20,10 +22,14 @@
 #include <stdbool.h>
 
 #include "sampler.h"
+#include "spec.h"
 
 bool ds4_parse_int(const char *s, long lo, long hi, int *out);
 bool ds4_parse_float(const char *s, float *out);
 int ds4_parse_sampling_option(const char *name, const char *value, ds4_sampler_params *p);
+int ds4_parse_spec_option(const char *name, const char *value, ds4_spec_params *p);
+/* the --spec-lookup line of every generating binary's --help */
+extern const char ds4_spec_usage[];
 
 /* `--numerics exact|ds4` -> 0 | 1, the values of ds4_engine_params.numerics
  * (exact f32, or the FP8 KV / FP4 indexer simulation). */

@@ -259,7 +259,7 @@ static int generate(ds4_agent *a, gen_state *g) {
     if (!p) { ds4_token_ids_free(&scripted); return -1; }
     gen_hooks_state hs = {a, p, have_script ? &scripted : NULL};
     ds4_gen_hooks hooks = {.cancelled = hook_cancelled, .forced = hook_forced, .greedy = hook_greedy,
-                           .on_text = hook_text, .after_decode = hook_decoded, .ud = &hs};
+                           .on_text = hook_text, .after_decode = hook_decoded, .ud = &hs, .spec = a->o.spec};
     char err[256];
     int from = ds4_session_n_tokens(a->s), rc = 0;
     ds4_gen_result r = ds4_generate(a->s, a->tok, a->smp, a->o.max_gen_tokens, &hooks, err, sizeof err);

@@ -49,6 +49,7 @@
 #include "chat.h"
 #include "engine.h"
 #include "sampler.h"
+#include "spec.h"
 #include "display.h"
 #include "script.h"
 #include "store.h"
@@ -59,6 +60,7 @@ typedef struct {
     int ctx;
     ds4_think_mode think;
     ds4_sampler_params sampling;
+    ds4_spec *spec;                  /* speculative decoding's drafter, or NULL */
     int max_gen_tokens;              /* per assistant message */
     int max_steps;                   /* tool rounds per user turn */
     const char *system_prompt;       /* NULL: the built-in one */
