@@ -26,6 +26,7 @@
 #include "engine_load.h"
 #include "json_util.h"
 #include "kvdisk.h"
+#include "payload_values.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -204,6 +205,9 @@ static void rewind_and_snapshots(ds4_engine *e, const float *all) {
             CHECK(ds4_session_load_payload(same, bad, bytes, err, sizeof err) == -1 && strstr(err, "version 9"),
                   "version: %s", err);
             free(bad);
+            /* values no state holds; ends with the payload loaded, so back to 10 */
+            payload_values_refused(same, payload, bytes, 40 + 4 * 180, 40 + 4 * (180 + (size_t)V + 4), V, "GLM");
+            CHECK(ds4_session_rewind(same, 10, err, sizeof err) == 0, "%s", err);
         }
         CHECK(!strchr(err, '\n'), "one line");
         continue_exact(same, 10, all, "after refused payloads");
