@@ -263,7 +263,10 @@ static int load_file(ds4_kvdisk *d, ds4_kvdisk_entry *e, struct ds4_session *s, 
         goto out;
     }
     const int before = d->host.n_tokens(s);
-    rc = d->host.load_payload(s, &src, (size_t)L.h.payload_bytes, err, errlen) ? INCOMPATIBLE : LOADED;
+    /* belongs() showed the key text is text[0..text_len) */
+    rc = d->host.load_payload(d->host.ud, s, &src, (size_t)L.h.payload_bytes, text, L.text_len, err, errlen)
+             ? INCOMPATIBLE
+             : LOADED;
     ds4_kvc_reader_free(&r);
     if (rc != LOADED && d->host.n_tokens(s) != before) rc = EMPTIED;
     if (rc == LOADED) {
@@ -308,7 +311,7 @@ size_t ds4_kvdisk_restore(ds4_kvdisk *d, struct ds4_session *s, const char *text
             best->skip = true;
             break;
         case EMPTIED:
-            ds4_kvdisk_index_log(&d->x, true, "kv-disk: restoring %s failed part-way: %s", best->name, err);
+            ds4_kvdisk_index_log(&d->x, true, "kv-disk: restoring %s failed, the session is empty: %s", best->name, err);
             best->skip = true;
             return 0;
         }

@@ -13,6 +13,7 @@
  */
 #include <dirent.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@
 #include "check.h"
 #include "engine.h"
 #include "engine_kvdisk.h"
+#include "kv_payload.h"
 #include "kvdisk.h"
 #include "sha1.h"
 #include "tokenizer.h"
@@ -432,6 +434,54 @@ static void test_cache(ds4_engine *e, const char *dir) {
     CHECK(access(path, F_OK) == 0, "a file of another version was removed");
     unlink(path);
 
+    /* CRC-valid files whose payload is refused: a token id changed to another
+     * valid id (the tokens no longer give the key text), NaN in the logits,
+     * 3e38 and +Inf in the layer rows. The restore misses with a log line
+     * saying why; the session is left empty, so the request prefills. */
+    const char *const why_refused[4] = {"do not decode to its key text", "logit", "rows hold", "rows hold"};
+    for (int kind = 0; kind < 4; kind++) {
+        unlink(path);
+        CHECK(ds4_kvdisk_save(d, a, DS4_KVC_SHUTDOWN) == 0, "resave for refusal %d", kind);
+        f = read_all(path, &fn);
+        if (!f || !ds4_kvc_parse(f, fn, &v, err, sizeof err)) {
+            CHECK(false, "parse: %s", err);
+            free(f);
+            break;
+        }
+        unsigned char *pl = malloc(v.h.payload_bytes);
+        memcpy(pl, v.payload, v.h.payload_bytes);
+        const size_t logits = DS4_PAYLOAD_HEADER_BYTES + 4 * (size_t)v.h.n_tokens;
+        const size_t rows = logits + 4 * ((size_t)ds4_engine_n_vocab(e) + 2 * (size_t)ds4_engine_n_layers(e));
+        const float bad[4] = {0, NAN, 3e38f, INFINITY};
+        const size_t at[4] = {DS4_PAYLOAD_HEADER_BYTES + 4 * 5, logits + 4 * 7, rows, v.h.payload_bytes - 4};
+        if (kind == 0) {
+            uint32_t id;
+            memcpy(&id, pl + at[0], 4);
+            id = id == 100 ? 101 : 100;
+            memcpy(pl + at[0], &id, 4);
+        } else {
+            memcpy(pl + at[kind], &bad[kind], 4);
+        }
+        char name[64];
+        snprintf(name, sizeof name, "%s", strrchr(path, '/') + 1);
+        CHECK(write_kvc(dir, name, &v.h, v.text, v.text_len, pl, v.tools, v.n_tools, err, sizeof err) == 0,
+              "rewrite with a refused payload: %s", err);
+        free(v.tools);
+        free(pl);
+        free(f);
+        lg.text[0] = 0;
+        const int warn0 = lg.warnings;
+        ds4_kvdisk *dk = ds4_engine_kvdisk_open(&o, e, NULL, on_log, &lg, err, sizeof err);
+        ds4_session *r = ds4_session_new(e, 1024, err, sizeof err);
+        CHECK(dk && r && ds4_kvdisk_restore(dk, r, prompt, tn + 10, 0) == 0 && ds4_session_n_tokens(r) == 0,
+              "refused payload %d was restored", kind);
+        CHECK(lg.warnings > warn0 && strstr(lg.text, why_refused[kind]) && strstr(lg.text, name),
+              "refused payload %d: no log line naming the file and \"%s\":\n%s", kind, why_refused[kind], lg.text);
+        ds4_session_free(r);
+        ds4_kvdisk_close(dk);
+    }
+    unlink(path);
+
     /* a full disk while saving: the save fails, nothing is left, the session is intact */
     ds4_session *before = prompt_session(e, p1, 512);
     pid_t pid = fork();
@@ -561,7 +611,8 @@ static bool fake_save(const struct ds4_session *s, const ds4_sink *sink) {
     return true;
 }
 /* The seed is in byte 0 of the pattern (i = 0 gives 0 ^ 0 ^ seed). */
-static int fake_load(struct ds4_session *s, const ds4_source *src, size_t n, char *err, size_t errlen) {
+static int fake_load(void *ud, struct ds4_session *s, const ds4_source *src, size_t n, const char *key_text,
+                     size_t key_len, char *err, size_t errlen) {
     unsigned char piece[65536];
     unsigned seed = 0;
     for (size_t off = 0; off < n; off += sizeof piece) {
