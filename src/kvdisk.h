@@ -77,8 +77,22 @@ const ds4_kvdisk_opts *ds4_kvdisk_options(const ds4_kvdisk *d);
 
 /* Saves the whole session under the given reason. 0 saved, 1 skipped (too
  * short, too big for the budget, or already on disk), -1 failed (logged;
- * the session is never touched). */
+ * the session is never touched). A write that fails for lack of space
+ * (ENOSPC, EDQUOT) evicts cache files in the eviction order until the file
+ * would fit, and is retried once; when even the whole cache could not make
+ * room nothing is evicted. */
 int ds4_kvdisk_save(ds4_kvdisk *d, const struct ds4_session *s, int reason);
+
+/* What saving did since open. Safe to read from any thread. */
+typedef struct {
+    uint64_t saves;              /* files written */
+    uint64_t fail_nospace;       /* saves that failed for lack of space, after the retry */
+    uint64_t fail_other;         /* saves that failed otherwise (I/O errors, the lock, memory) */
+    uint64_t nospace_hits;       /* writes that met a full disk, retried or not */
+    uint64_t nospace_evictions;  /* files evicted to make room on a full disk */
+    bool out_of_space;           /* the latest save attempt failed for lack of space */
+} ds4_kvdisk_stats;
+void ds4_kvdisk_get_stats(const ds4_kvdisk *d, ds4_kvdisk_stats *st);
 /* Restores the longest usable checkpoint whose key text is a prefix of
  * text[0..n) and that holds more than `beat` tokens, then loads its tool
  * map. Returns the key text length; 0: nothing restored, and the session is

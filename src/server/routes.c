@@ -266,6 +266,11 @@ static void route_metrics(server *s, ds4_http_conn *c, const ds4_http_req *hr, c
     ds4_queue_slots(s, &g.slots, &g.slots_busy, &g.queued);
     g.kv_bytes = (uint64_t)g.slots * ds4_engine_kv_bytes(s->eng, s->o.ctx);
     ds4_queue_sessions_held(s, &g.kv_tokens, &g.kv_state_bytes);
+    ds4_kvdisk_stats kvd;
+    if (s->kvd) {
+        ds4_kvdisk_get_stats(s->kvd, &kvd);
+        g.kv_disk = &kvd;
+    }
     ds4_buf text = {0};
     ds4_metrics_render(&text, &g);
     char hdr[1024];
