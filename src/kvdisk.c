@@ -201,9 +201,10 @@ int ds4_kvdisk_save(ds4_kvdisk *d, const struct ds4_session *s, int reason) {
     int rc = 1;
     const ds4_kvdisk_entry *have = ds4_kvdisk_index_find(&d->x, name);
     const size_t pbytes = H->payload_bytes(s);
+    const uint64_t file_bytes = (uint64_t)pbytes + text_len + 1024;   /* with the header, tool map and trailer */
     tool_collect tc = {.text = text, .text_len = text_len};
     if (have && have->h.n_tokens == (uint32_t)n) goto out;
-    if (pbytes + text_len + 1024 > d->o.space_bytes) {
+    if (file_bytes > d->o.space_bytes) {
         ds4_kvdisk_index_log(&d->x, false, "kv-disk: %s save of %d tokens skipped: %zu bytes exceed the %llu MiB budget",
                              why, n, pbytes, (unsigned long long)(d->o.space_bytes >> 20));
         goto out;
@@ -223,7 +224,7 @@ int ds4_kvdisk_save(ds4_kvdisk *d, const struct ds4_session *s, int reason) {
                              sizeof err) ? errno : 0;
     if (werr == ENOSPC || werr == EDQUOT) {
         atomic_fetch_add(&d->nospace_hits, 1);
-        if (make_room(d, pbytes + text_len + 1024, why))
+        if (make_room(d, file_bytes, why))
             werr = ds4_kvc_write(d->x.dirfd, name, &h, text, (uint32_t)text_len, emit_payload, &job, tc.tools, tc.n,
                                  err, sizeof err) ? errno : 0;
     }
