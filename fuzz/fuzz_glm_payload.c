@@ -2,8 +2,10 @@
  * synthetic geometry (3 layers, the first and last with indexer keys; latent
  * 8, rope 4, indexer 4; vocab 16; ctx 32). Invariants (abort() on
  * violation): a refused payload leaves the state exactly as it was (n_pos,
- * rows, tokens, logits); a payload that loads is written back byte for byte
- * (up to the saved-context field, which names the target's context); the
+ * rows, tokens, logits), or empty when a row held a value no state holds
+ * (NaN, Inf, past DS4_KV_MAX_ABS: the rows are read in place); a payload
+ * that loads is written back byte for byte (up to the saved-context field,
+ * which names the target's context); the
  * streaming load over a source cut short never claims success. */
 #include "glm_kv.h"
 #include "glm_payload.h"
@@ -42,7 +44,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(before, kv->block, state);
     char err[256];
     if (!glm_payload_load(kv, toks, logits, VOCAB, data, size, err, sizeof err)) {
-        if (kv->n_pos != 3 || memcmp(before, kv->block, state) || toks[0] != 0 || toks[2] != 2) abort();
+        /* rows are read in place: one holding a value no state holds leaves the state empty */
+        const bool emptied = kv->n_pos == 0 && strstr(err, "rows hold");
+        if (!emptied && (kv->n_pos != 3 || memcmp(before, kv->block, state) || toks[0] != 0 || toks[2] != 2)) abort();
         free(before);
         return 0;
     }

@@ -181,14 +181,17 @@ const char *ds4_chat_replay_block(const ds4_chat_msg *m, const ds4_chat_opts *o)
     return block;
 }
 
+/* Names and arguments of a client's tool calls are client text too. */
+static void mark_client(void *ud, size_t start, size_t end) { ds4_chat_spans_add(ud, start, end); }
+
 static bool put_tool_calls(const ds4_chat_msg *m, const ds4_chat_opts *o, ds4_buf *out,
                            char *err, size_t errlen) {
     if (m->n_tool_calls <= 0) return true;
     const char *exact = o->profile == DS4_CHAT_DS4 ? ds4_chat_replay_block(m, o) : NULL;
     if (exact) { ds4_buf_puts(out, exact); return true; }
-    return ds4_dsml_render_calls(m->tool_calls, m->n_tool_calls,
-                                 o->profile == DS4_CHAT_DS4 ? DS4_DSML_DS4 : DS4_DSML_OFFICIAL,
-                                 out, err, errlen);
+    return ds4_dsml_render_calls_marked(m->tool_calls, m->n_tool_calls,
+                                        o->profile == DS4_CHAT_DS4 ? DS4_DSML_DS4 : DS4_DSML_OFFICIAL, out,
+                                        mark_client, o->client_spans, err, errlen);
 }
 
 static bool check_roles(const ds4_chat_msg *msgs, int n, char *err, size_t errlen) {

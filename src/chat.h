@@ -38,11 +38,12 @@
  *   one line in err; out may then hold a partial prompt.
  * - Client text: with opts.client_spans set, the renderer records the byte
  *   ranges that hold client-supplied text (system/developer/user contents,
- *   reasoning, assistant contents, tool results, tool schemas), and
- *   ds4_chat_encode() tokenizes a special string inside them as ordinary
- *   text, so a pasted document cannot forge turns or tool calls. Tool-call
- *   arguments are rendered by dsml.h inside the template's own DSML markup
- *   and are not marked.
+ *   reasoning, assistant contents, tool results, tool schemas, and the
+ *   names, argument keys and values of prior tool calls rendered inside the
+ *   template's own DSML markup), and ds4_chat_encode() tokenizes a special
+ *   string inside them as ordinary text, so a pasted document cannot forge
+ *   turns or tool calls. An exact-DSML replay block (the model's own sampled
+ *   text) is not client text.
  * - Not supported (official-only features): latest_reminder, quick-
  *   instruction tasks, response_format, wo_eos, context continuation.
  */

@@ -1101,9 +1101,10 @@ static int coord_gather(ds4_backend *be, struct ds4_kv *kv, char *err, size_t er
                 state = grown;
                 copy_floats(state, f.result.floats, f.result.n_floats);
             }
-            if (!grown || !ds4_kv_layers_load(kv, hp->first, hp->last, n, state, bytes)) {
-                snprintf(err, errlen, "layers %d..%d sent %u floats of state, expected %zu%s", hp->first, hp->last,
-                         f.result.n_floats, bytes / sizeof(float), grown ? "" : " (or out of memory)");
+            char why[256] = "a different size, or out of memory";
+            if (!grown || !ds4_kv_layers_load(kv, hp->first, hp->last, n, state, bytes, why, sizeof why)) {
+                snprintf(err, errlen, "layers %d..%d sent %u floats of state, expected %zu: %s", hp->first, hp->last,
+                         f.result.n_floats, bytes / sizeof(float), why);
                 rc = -1;
             }
             nng_free(buf, blen);
@@ -1502,11 +1503,12 @@ static void serve_kv(worker *w, enum ds4_dist_type type, const ds4_dist_work *wk
             ds4_dist_work_floats(wk, state);
             for (uint32_t i = 0; i < wk->n; i++) toks[i] = ds4_dist_token_at(wk->tokens, i);
             for (uint32_t i = 0; i < wk->n; i++) s->hashes[i + 1] = ds4_dist_hash_tokens(s->hashes[i], toks + i, 1);
-            if (s->hashes[wk->n] != wk->hash_after ||
-                !ds4_kv_layers_load(s->kv, sl->first, sl->last, (int)wk->n, state, (size_t)wk->n_floats * sizeof(float))) {
+            if (s->hashes[wk->n] != wk->hash_after) {
                 ds4_kv_reset(s->kv);
-                snprintf(why, sizeof why, "layer state of %u floats for %u tokens does not fit layers %d..%d", wk->n_floats,
-                         wk->n, sl->first, sl->last);
+                snprintf(why, sizeof why, "the %u tokens do not hash to the session's prefix hash", wk->n);
+            } else if (!ds4_kv_layers_load(s->kv, sl->first, sl->last, (int)wk->n, state,
+                                           (size_t)wk->n_floats * sizeof(float), why, sizeof why)) {
+                ds4_kv_reset(s->kv);
             }
         }
     }

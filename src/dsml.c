@@ -483,16 +483,31 @@ static void put_attr(ds4_buf *out, const char *s, size_t n, ds4_dsml_style style
     ds4_buf_put(out, s + run, n - run);
 }
 
-typedef struct { ds4_buf *out; ds4_dsml_style style; ds4_buf tmp; } render_ctx;
+typedef struct {
+    ds4_buf *out;
+    ds4_dsml_style style;
+    ds4_buf tmp;
+    ds4_dsml_mark_fn mark;
+    void *mark_ud;
+} render_ctx;
+
+/* put_attr() of client text, reported to the caller as such. */
+static void put_attr_marked(render_ctx *c, const char *s, size_t n) {
+    const size_t start = c->out->len;
+    put_attr(c->out, s, n, c->style);
+    if (c->mark) c->mark(c->mark_ud, start, c->out->len);
+}
 
 static void put_param(render_ctx *c, const char *key, size_t key_len, bool is_string,
                       const char *v, size_t vn) {
     ds4_buf *out = c->out;
     ds4_buf_puts(out, "<｜DSML｜parameter name=\"");
-    put_attr(out, key, key_len, c->style);
+    put_attr_marked(c, key, key_len);
     ds4_buf_puts(out, is_string ? "\" string=\"true\">" : "\" string=\"false\">");
+    const size_t start = out->len;
     if (c->style == DS4_DSML_OFFICIAL) ds4_buf_put(out, v, vn);
     else ds4_buf_put_replaced(out, v, vn, PARAM_CLOSE, is_string ? "&lt;/｜DSML｜parameter>" : "\\u003c/｜DSML｜parameter>");
+    if (c->mark) c->mark(c->mark_ud, start, out->len);
     ds4_buf_puts(out, PARAM_CLOSE);
 }
 
@@ -520,13 +535,18 @@ static bool is_object(const char *s, size_t n) {
 
 bool ds4_dsml_render_calls(const ds4_tool_call *calls, int n, ds4_dsml_style style,
                            ds4_buf *out, char *err, size_t errlen) {
+    return ds4_dsml_render_calls_marked(calls, n, style, out, NULL, NULL, err, errlen);
+}
+
+bool ds4_dsml_render_calls_marked(const ds4_tool_call *calls, int n, ds4_dsml_style style, ds4_buf *out,
+                                  ds4_dsml_mark_fn mark, void *mark_ud, char *err, size_t errlen) {
     for (int i = 0; i < n; i++) {
         if (!calls[i].name || !calls[i].name[0]) {
             if (errlen) snprintf(err, errlen, "tool call %d has no name", i);
             return false;
         }
     }
-    render_ctx c = { .out = out, .style = style };
+    render_ctx c = { .out = out, .style = style, .mark = mark, .mark_ud = mark_ud };
     ds4_buf py = {0};
     ds4_buf_puts(out, "\n\n<｜DSML｜tool_calls>\n");
     for (int i = 0; i < n; i++) {
@@ -534,7 +554,7 @@ bool ds4_dsml_render_calls(const ds4_tool_call *calls, int n, ds4_dsml_style sty
         size_t an = strlen(args);
         if (style == DS4_DSML_OFFICIAL && i) ds4_buf_putc(out, '\n');
         ds4_buf_puts(out, "<｜DSML｜invoke name=\"");
-        put_attr(out, calls[i].name, strlen(calls[i].name), style);
+        put_attr_marked(&c, calls[i].name, strlen(calls[i].name));
         ds4_buf_puts(out, "\">\n");
         if (!is_object(args, an)) {
             put_param(&c, "arguments", 9, true, args, an);

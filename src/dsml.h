@@ -53,6 +53,8 @@
  *   -> one string parameter "arguments") or DS4 (ds4-server canonical form:
  *   minified non-strings, attribute-escaped names, closing-parameter-tag
  *   escapes, duplicates kept, no empty line for zero-argument calls).
+ *   The _marked form reports which output ranges came from the calls
+ *   (client text), so a renderer tokenizes them as plain text.
  * - ds4_dsml_parse_block() parses complete generated text (or a block) into
  *   calls with the same rules as the streaming parser.
  */
@@ -123,6 +125,13 @@ typedef enum { DS4_DSML_OFFICIAL, DS4_DSML_DS4 } ds4_dsml_style;
  * without a name; invalid arguments use the "arguments" fallback. */
 bool ds4_dsml_render_calls(const ds4_tool_call *calls, int n, ds4_dsml_style style,
                            ds4_buf *out, char *err, size_t errlen);
+/* A byte range [start, end) of the output that holds client text. */
+typedef void (*ds4_dsml_mark_fn)(void *ud, size_t start, size_t end);
+/* ds4_dsml_render_calls() reporting through mark (may be NULL) every range
+ * it copies from the calls: names, parameter keys and values (escaped as the
+ * style escapes them). The rest is the block's own markup. */
+bool ds4_dsml_render_calls_marked(const ds4_tool_call *calls, int n, ds4_dsml_style style, ds4_buf *out,
+                                  ds4_dsml_mark_fn mark, void *mark_ud, char *err, size_t errlen);
 
 /* A parsed call: malloc'ed strings, freed by ds4_dsml_result_free(). */
 typedef struct {

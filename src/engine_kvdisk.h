@@ -4,7 +4,9 @@
  * Contract
  * - The host it supplies: the key text is the engine tokenizer's decode of
  *   the session's tokens (specials as text); payloads stream through
- *   ds4_session_save_payload_to() / ds4_session_load_payload_from(); quant
+ *   ds4_session_save_payload_to() / ds4_session_load_payload_from(), and a
+ *   restored session whose tokens do not decode to the file's key text is
+ *   emptied and refused; quant
  *   bits and the <|User|> / <|Assistant|> ids come from the engine's model.
  * - The engine must outlive the cache.
  */

@@ -109,6 +109,14 @@ bool glm_payload_load_from(glm_kv *kv, int32_t *toks, float *logits, int n_vocab
             free(staged);
             return false;
         }
+    const float *staged_logits = (const float *)(staged + n_pos);
+    const size_t bad = n_pos ? ds4_kv_first_bad(staged_logits, (size_t)n_vocab) : (size_t)n_vocab;
+    if (bad < (size_t)n_vocab) {
+        snprintf(err, errlen, "GLM payload logit %zu is %g, not a value a session holds (finite, |x| <= %g)", bad,
+                 (double)staged_logits[bad], (double)DS4_KV_MAX_ABS);
+        free(staged);
+        return false;
+    }
     for (int l = 0; l < kv->n_layer; l++)
         if (flags[l] != (kv->idx[l] != NULL)) {
             snprintf(err, errlen, "GLM payload layer %d %s indexer keys, this model's layer %s", l,
@@ -124,6 +132,9 @@ bool glm_payload_load_from(glm_kv *kv, int32_t *toks, float *logits, int n_vocab
     if (!c.ok) {
         /* rows are overwritten in place: a half-read state must not pass for one */
         kv->n_pos = 0;
+        if (c.inadmissible)
+            FAIL("GLM payload rows hold %g, not a value a session holds (finite, |x| <= %g); the session is now empty",
+                 (double)c.bad_value, (double)DS4_KV_MAX_ABS);
         FAIL("GLM payload rows could not be read; the session is now empty");
     }
     kv->n_pos = n_pos;

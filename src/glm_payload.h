@@ -15,10 +15,12 @@
  *   (flagged layers) tokens rows of indexer key floats, position order.
  * - glm_payload_load_from() checks the magic (a DSV4 payload gets one line
  *   saying it is a DeepSeek V4 session), version, family, every geometry
- *   field, the flags and token ids and the exact total size against the
+ *   field, the flags, token ids, logits and the exact total size against the
  *   target before touching it; on a mismatch it returns false with one line
- *   in err and the target is unchanged. If the source fails while the rows
- *   are read in place, the target is left empty (n_pos 0). A state saved for
+ *   in err and the target is unchanged. Logits and rows must be values a
+ *   state holds (finite, |x| <= DS4_KV_MAX_ABS, kv.h). If the source fails,
+ *   or a row holds a value outside that range, while the rows are read in
+ *   place, the target is left empty (n_pos 0). A state saved for
  *   a context no larger than the target's restores bit-exactly.
  * - The buffer forms are the streaming forms over memory.
  */

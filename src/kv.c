@@ -1,6 +1,8 @@
 /* kv.c -- session state allocation, truncation and serialisation. */
 #include "kv.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -242,10 +244,25 @@ void ds4_kv_layers_save(const ds4_kv *kv, int first, int last, void *dst) {
     walk(kv, first, last, kv->n_pos, put, &p);
 }
 
-bool ds4_kv_layers_load(ds4_kv *kv, int first, int last, int n_pos, const void *src, size_t n) {
+size_t ds4_kv_first_bad(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)   /* written so that NaN fails the test too */
+        if (!(fabsf(x[i]) <= DS4_KV_MAX_ABS)) return i;
+    return n;
+}
+
+bool ds4_kv_layers_load(ds4_kv *kv, int first, int last, int n_pos, const void *src, size_t n, char *err,
+                        size_t errlen) {
     if (first < kv->first_layer || last > kv->last_layer || first > last || n_pos < 0 || n_pos > kv->ctx ||
-        n != walk(kv, first, last, n_pos, NULL, NULL))
+        n != walk(kv, first, last, n_pos, NULL, NULL)) {
+        snprintf(err, errlen, "layer state of %zu bytes for %d tokens does not fit layers %d..%d", n, n_pos, first, last);
         return false;
+    }
+    const size_t bad = ds4_kv_first_bad(src, n / sizeof(float));
+    if (bad < n / sizeof(float)) {
+        snprintf(err, errlen, "layer state value %zu is %g, outside the range a session state holds (|x| <= %g)", bad,
+                 (double)((const float *)src)[bad], (double)DS4_KV_MAX_ABS);
+        return false;
+    }
     const char *p = src;
     walk(kv, first, last, n_pos, get, &p);
     kv->n_pos = n_pos;

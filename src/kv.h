@@ -24,6 +24,14 @@
  *   those (a pipeline worker); the other layers have no buffers, ring
  *   checkpoints cover the range, and the whole-state forms (save, load,
  *   the payload) are for states of every layer.
+ * - A state only holds finite floats of magnitude <= DS4_KV_MAX_ABS (the
+ *   largest finite binary16). The reference numerics store attention rows
+ *   as binary16 and every row is a projection of a normalised vector, so a
+ *   healthy state never comes near it; past it a row's sum of squares (norms,
+ *   scores) can overflow f32 and the kernels would compute on Inf/NaN.
+ *   Everything that restores state from outside the process (payloads, the
+ *   pipeline's KV_PUT through ds4_kv_layers_load()) refuses values outside
+ *   that range with ds4_kv_first_bad() before they reach a kernel.
  */
 #ifndef DS4_KV_H
 #define DS4_KV_H
@@ -86,11 +94,18 @@ void ds4_kv_save(const ds4_kv *kv, void *dst);            /* writes ds4_kv_live_
 /* False when the buffer does not fit this state's geometry. */
 bool ds4_kv_load(ds4_kv *kv, const void *src, size_t n);
 
+#define DS4_KV_MAX_ABS 65504.0f
+/* Index of the first of n floats that is NaN, infinite or of magnitude past
+ * DS4_KV_MAX_ABS; n when all are admissible. */
+size_t ds4_kv_first_bad(const float *x, size_t n);
+
 size_t ds4_kv_layers_bytes(const ds4_kv *kv, int first, int last, int n_pos);
 /* writes ds4_kv_layers_bytes(kv, first, last, kv->n_pos) */
 void ds4_kv_layers_save(const ds4_kv *kv, int first, int last, void *dst);
 /* Sets n_pos too (the caller loads every layer it uses); false (state
- * untouched) when the range, n_pos or the size does not fit. */
-bool ds4_kv_layers_load(ds4_kv *kv, int first, int last, int n_pos, const void *src, size_t n);
+ * untouched, one line in err) when the range, n_pos or the size does not
+ * fit or a value is not admissible (ds4_kv_first_bad). */
+bool ds4_kv_layers_load(ds4_kv *kv, int first, int last, int n_pos, const void *src, size_t n, char *err,
+                        size_t errlen);
 
 #endif

@@ -15,6 +15,12 @@ void ds4_payload_rows(ds4_payload_cursor *c, float *base, int cap, size_t row_fl
         int pos = first + i;
         float *r = base + (size_t)(cap ? pos % cap : pos) * row_floats;
         c->ok = c->sink ? c->sink->write(c->sink->ud, r, bytes) : c->src->read(c->src->ud, r, bytes);
+        const size_t bad = c->ok && c->src ? ds4_kv_first_bad(r, row_floats) : row_floats;
+        if (bad < row_floats) {
+            c->ok = false;
+            c->inadmissible = true;
+            c->bad_value = r[bad];
+        }
     }
     c->total += (size_t)n * bytes;
 }
@@ -145,6 +151,10 @@ static bool check_prefix(const ds4_kv *kv, const staged_prefix *sp, int n_pos, i
     for (int i = 0; i < n_pos; i++)
         if (sp->toks[i] >= (uint32_t)n_vocab)
             FAIL("DSV4 payload token %d is id %u, outside the vocabulary (%d)", i, sp->toks[i], n_vocab);
+    const size_t bad = n_pos ? ds4_kv_first_bad(sp->logits, (size_t)n_vocab) : (size_t)n_vocab;
+    if (bad < (size_t)n_vocab)
+        FAIL("DSV4 payload logit %zu is %g, not a value a session holds (finite, |x| <= %g)", bad,
+             (double)sp->logits[bad], (double)DS4_KV_MAX_ABS);
     for (int l = 0; l < kv->n_layer; l++) {
         uint32_t rc = sp->counts[l], ri = sp->counts[kv->n_layer + l];
         const ds4_kv_layer *L = &kv->L[l];
@@ -195,6 +205,9 @@ bool ds4_payload_load_from(ds4_kv *kv, int32_t *toks, float *logits, int n_vocab
     if (!c.ok) {
         /* rows are overwritten in place: a half-read state must not pass for one */
         ds4_kv_reset(kv);
+        if (c.inadmissible)
+            FAIL("DSV4 payload rows hold %g, not a value a session holds (finite, |x| <= %g); the session is now empty",
+                 (double)c.bad_value, (double)DS4_KV_MAX_ABS);
         FAIL("DSV4 payload rows could not be read; the session is now empty");
     }
     kv->n_pos = n_pos;

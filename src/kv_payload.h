@@ -19,10 +19,14 @@
  * - "Compressed capacity" is the largest per-layer row capacity for the saved
  *   context (ctx / smallest ratio + 1); the frontier ring capacity of a layer
  *   follows from its ratio and the rewind slack (raw capacity - window).
- * - ds4_payload_load() checks every header field, every row count and the
- *   exact total size against the target state before touching it; on any
- *   mismatch it returns false with one line in err and the target is
- *   unchanged. A state may be restored into a session with a larger context.
+ * - ds4_payload_load() checks every header field, every row count, every
+ *   token id (below the vocabulary size), every logit (finite, |x| <=
+ *   DS4_KV_MAX_ABS, kv.h) and the exact total size against the target state
+ *   before touching it; on any mismatch it returns false with one line in
+ *   err and the target is unchanged. A state may be restored into a session
+ *   with a larger context. The layer rows are checked the same way as they
+ *   are read in place: a row holding NaN, Inf or a value past DS4_KV_MAX_ABS
+ *   fails the load and leaves the target empty, as a failing source does.
  * - Restore is bit-exact: the restored state continues exactly as the saved
  *   one would have (same logits, same rewind reach).
  * - Streaming forms (byte_stream.h) move the same bytes piece by piece, so a
@@ -60,11 +64,14 @@ typedef struct {
 
 /* A walk over a state's rows, shared with the GLM payload: to a sink
  * (save), from a source (load), or only counting bytes when both are NULL.
- * ok turns false at the first failed piece and the walk stops moving bytes. */
+ * ok turns false at the first failed piece and the walk stops moving bytes;
+ * a loaded row holding a value a state may not hold (ds4_kv_first_bad)
+ * fails it too, with inadmissible set and bad_value the first such value. */
 typedef struct {
     const ds4_sink *sink;
     const ds4_source *src;
-    bool ok;
+    bool ok, inadmissible;
+    float bad_value;
     size_t total;
 } ds4_payload_cursor;
 /* Rows [first, first + n) of a ring of cap slots (slot = position mod cap),

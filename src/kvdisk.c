@@ -5,10 +5,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,6 +22,9 @@ struct ds4_kvdisk {
     ds4_kvdisk_host host;
     ds4_toolmem *mem;
     ds4_kvdisk_index x;
+    /* ds4_kvdisk_stats, read by other threads (metrics) */
+    atomic_uint_least64_t saves, fail_nospace, fail_other, nospace_hits, nospace_evictions;
+    atomic_bool out_of_space;
 };
 
 static const char *const reason_names[] = {"unknown", "cold", "continued", "evict", "shutdown"};
@@ -137,6 +142,39 @@ static bool emit_payload(void *ud, const ds4_sink *sink) {
     return j->host->save_payload(j->s, sink);
 }
 
+/* After a write failed for lack of space: evicts cache files in the usual
+ * order until a file of `need` bytes would fit, when it can fit at all (the
+ * cache's own files and the free space together); never empties the cache
+ * for a file that cannot fit. True when files were evicted (worth a retry). */
+static bool make_room(ds4_kvdisk *d, uint64_t need, const char *why) {
+    struct statvfs vs;
+    const uint64_t avail = fstatvfs(d->x.dirfd, &vs) ? 0 : (uint64_t)vs.f_bavail * vs.f_frsize;
+    ds4_kvdisk_index_rescan(&d->x);
+    const uint64_t cached = ds4_kvdisk_index_bytes(&d->x);
+    /* free space that looks sufficient (a quota, reserved blocks) still failed: free need anyway */
+    const uint64_t short_by = need > avail ? need - avail : need;
+    if (short_by > cached) {
+        ds4_kvdisk_index_log(&d->x, true,
+                             "kv-disk: %s save: the disk is full and the cache's %llu MiB cannot make room for "
+                             "%llu MiB; nothing evicted", why, (unsigned long long)(cached >> 20),
+                             (unsigned long long)(need >> 20));
+        return false;
+    }
+    uint64_t freed = 0;
+    const int n = ds4_kvdisk_index_evict(&d->x, cached - short_by, "", &freed);
+    atomic_fetch_add(&d->nospace_evictions, (uint64_t)n);
+    ds4_kvdisk_index_log(&d->x, true, "kv-disk: %s save: the disk is full; evicted %d files (%llu KiB), retrying", why,
+                         n, (unsigned long long)(freed >> 10));
+    return n > 0;
+}
+
+void ds4_kvdisk_get_stats(const ds4_kvdisk *d, ds4_kvdisk_stats *st) {
+    *st = (ds4_kvdisk_stats){.saves = atomic_load(&d->saves), .fail_nospace = atomic_load(&d->fail_nospace),
+                             .fail_other = atomic_load(&d->fail_other), .nospace_hits = atomic_load(&d->nospace_hits),
+                             .nospace_evictions = atomic_load(&d->nospace_evictions),
+                             .out_of_space = atomic_load(&d->out_of_space)};
+}
+
 int ds4_kvdisk_save(ds4_kvdisk *d, const struct ds4_session *s, int reason) {
     const ds4_kvdisk_host *H = &d->host;
     const char *why = reason_names[reason];
@@ -145,6 +183,7 @@ int ds4_kvdisk_save(ds4_kvdisk *d, const struct ds4_session *s, int reason) {
     size_t text_len = 0;
     char *text = H->key_text(H->ud, s, &text_len);
     if (!text || text_len > UINT32_MAX) {
+        atomic_fetch_add(&d->fail_other, 1);
         ds4_kvdisk_index_log(&d->x, true, "kv-disk: %s save failed: cannot render the key text", why);
         free(text);
         return -1;
@@ -153,6 +192,7 @@ int ds4_kvdisk_save(ds4_kvdisk *d, const struct ds4_session *s, int reason) {
     ds4_sha1_hex(text, text_len, name);
     strcat(name, ".kv");
     if (!ds4_kvdisk_index_lock(&d->x, err, sizeof err)) {
+        atomic_fetch_add(&d->fail_other, 1);
         ds4_kvdisk_index_log(&d->x, true, "kv-disk: %s save failed: %s", why, err);
         free(text);
         return -1;
@@ -161,9 +201,10 @@ int ds4_kvdisk_save(ds4_kvdisk *d, const struct ds4_session *s, int reason) {
     int rc = 1;
     const ds4_kvdisk_entry *have = ds4_kvdisk_index_find(&d->x, name);
     const size_t pbytes = H->payload_bytes(s);
+    const uint64_t file_bytes = (uint64_t)pbytes + text_len + 1024;   /* with the header, tool map and trailer */
     tool_collect tc = {.text = text, .text_len = text_len};
     if (have && have->h.n_tokens == (uint32_t)n) goto out;
-    if (pbytes + text_len + 1024 > d->o.space_bytes) {
+    if (file_bytes > d->o.space_bytes) {
         ds4_kvdisk_index_log(&d->x, false, "kv-disk: %s save of %d tokens skipped: %zu bytes exceed the %llu MiB budget",
                              why, n, pbytes, (unsigned long long)(d->o.space_bytes >> 20));
         goto out;
@@ -171,6 +212,7 @@ int ds4_kvdisk_save(ds4_kvdisk *d, const struct ds4_session *s, int reason) {
     if (d->mem) ds4_toolmem_each(d->mem, collect_tool, &tc);
     rc = -1;
     if (tc.failed) {
+        atomic_fetch_add(&d->fail_other, 1);
         ds4_kvdisk_index_log(&d->x, true, "kv-disk: %s save failed: out of memory collecting tool ids", why);
         goto out;
     }
@@ -178,16 +220,28 @@ int ds4_kvdisk_save(ds4_kvdisk *d, const struct ds4_session *s, int reason) {
     ds4_kvc_header h = {.quant_bits = H->quant_bits, .reason = (uint8_t)reason, .n_tokens = (uint32_t)n,
                         .ctx = (uint32_t)H->ctx(s), .created = now, .last_used = now, .payload_bytes = pbytes};
     payload_job job = {H, s};
-    if (ds4_kvc_write(d->x.dirfd, name, &h, text, (uint32_t)text_len, emit_payload, &job, tc.tools, tc.n, err,
-                      sizeof err)) {
+    int werr = ds4_kvc_write(d->x.dirfd, name, &h, text, (uint32_t)text_len, emit_payload, &job, tc.tools, tc.n, err,
+                             sizeof err) ? errno : 0;
+    if (werr == ENOSPC || werr == EDQUOT) {
+        atomic_fetch_add(&d->nospace_hits, 1);
+        if (make_room(d, file_bytes, why))
+            werr = ds4_kvc_write(d->x.dirfd, name, &h, text, (uint32_t)text_len, emit_payload, &job, tc.tools, tc.n,
+                                 err, sizeof err) ? errno : 0;
+    }
+    if (werr) {
+        const bool nospace = werr == ENOSPC || werr == EDQUOT;
+        atomic_fetch_add(nospace ? &d->fail_nospace : &d->fail_other, 1);
+        atomic_store(&d->out_of_space, nospace);
         ds4_kvdisk_index_log(&d->x, true, "kv-disk: %s save failed: %s", why, err);
         goto out;
     }
+    atomic_fetch_add(&d->saves, 1);
+    atomic_store(&d->out_of_space, false);
     ds4_kvdisk_index_log(&d->x, false, "kv-disk: saved %s (%s, %d tokens, %u text bytes, %u tool ids)", name, why, n,
                          (unsigned)text_len, tc.n);
     rc = 0;
     ds4_kvdisk_index_rescan(&d->x);
-    ds4_kvdisk_index_evict(&d->x, d->o.space_bytes, name);
+    ds4_kvdisk_index_evict(&d->x, d->o.space_bytes, name, NULL);
 out:
     ds4_kvdisk_index_unlock(&d->x);
     collect_free(&tc);
@@ -263,7 +317,10 @@ static int load_file(ds4_kvdisk *d, ds4_kvdisk_entry *e, struct ds4_session *s, 
         goto out;
     }
     const int before = d->host.n_tokens(s);
-    rc = d->host.load_payload(s, &src, (size_t)L.h.payload_bytes, err, errlen) ? INCOMPATIBLE : LOADED;
+    /* belongs() showed the key text is text[0..text_len) */
+    rc = d->host.load_payload(d->host.ud, s, &src, (size_t)L.h.payload_bytes, text, L.text_len, err, errlen)
+             ? INCOMPATIBLE
+             : LOADED;
     ds4_kvc_reader_free(&r);
     if (rc != LOADED && d->host.n_tokens(s) != before) rc = EMPTIED;
     if (rc == LOADED) {
@@ -308,7 +365,7 @@ size_t ds4_kvdisk_restore(ds4_kvdisk *d, struct ds4_session *s, const char *text
             best->skip = true;
             break;
         case EMPTIED:
-            ds4_kvdisk_index_log(&d->x, true, "kv-disk: restoring %s failed part-way: %s", best->name, err);
+            ds4_kvdisk_index_log(&d->x, true, "kv-disk: restoring %s failed, the session is empty: %s", best->name, err);
             best->skip = true;
             return 0;
         }

@@ -23,9 +23,11 @@
  *   context no larger than the session's, and (if asked) the same quant.
  *   Before use the chosen file's stored key text is read back and must hash
  *   to its name and be a prefix of the prompt, the CRC is checked over the
- *   whole file, then the payload is streamed into the session. Damaged files
- *   are logged and removed; intact ones from another model are logged and
- *   skipped.
+ *   whole file, then the payload is streamed into the session (the payload
+ *   loaders refuse values no state holds, and the host refuses tokens that
+ *   do not give the key text back). Damaged files are logged and removed;
+ *   intact ones from another model, and ones whose payload is refused, are
+ *   logged and skipped (the request goes on with a normal prefill).
  * - Tool ids: find_tool reads only the KTM section of a file that lists the
  *   id (structure-checked; the CRC is checked when the file is restored).
  * - Not thread-safe: one worker thread owns a ds4_kvdisk.
@@ -56,8 +58,13 @@ typedef struct {
     char *(*key_text)(void *ud, const struct ds4_session *s, size_t *len);
     size_t (*payload_bytes)(const struct ds4_session *s);
     bool (*save_payload)(const struct ds4_session *s, const ds4_sink *sink);
-    /* session unchanged on a validation error, empty when src fails part-way */
-    int (*load_payload)(struct ds4_session *s, const ds4_source *src, size_t n, char *err, size_t errlen);
+    /* Restores the payload; its tokens must give key_text back (key_text()
+     * of the restored session), so a file whose token ids were changed, CRC
+     * recomputed, is refused. -1 with err when refused: the session is
+     * unchanged on a validation error before the rows, empty when src fails
+     * or a check fails once the rows were read in place. */
+    int (*load_payload)(void *ud, struct ds4_session *s, const ds4_source *src, size_t n, const char *key_text,
+                        size_t key_len, char *err, size_t errlen);
 } ds4_kvdisk_host;
 
 typedef struct ds4_kvdisk ds4_kvdisk;
@@ -70,13 +77,27 @@ const ds4_kvdisk_opts *ds4_kvdisk_options(const ds4_kvdisk *d);
 
 /* Saves the whole session under the given reason. 0 saved, 1 skipped (too
  * short, too big for the budget, or already on disk), -1 failed (logged;
- * the session is never touched). */
+ * the session is never touched). A write that fails for lack of space
+ * (ENOSPC, EDQUOT) evicts cache files in the eviction order until the file
+ * would fit, and is retried once; when even the whole cache could not make
+ * room nothing is evicted. */
 int ds4_kvdisk_save(ds4_kvdisk *d, const struct ds4_session *s, int reason);
+
+/* What saving did since open. Safe to read from any thread. */
+typedef struct {
+    uint64_t saves;              /* files written */
+    uint64_t fail_nospace;       /* saves that failed for lack of space, after the retry */
+    uint64_t fail_other;         /* saves that failed otherwise (I/O errors, the lock, memory) */
+    uint64_t nospace_hits;       /* writes that met a full disk, retried or not */
+    uint64_t nospace_evictions;  /* files evicted to make room on a full disk */
+    bool out_of_space;           /* the latest save attempt failed for lack of space */
+} ds4_kvdisk_stats;
+void ds4_kvdisk_get_stats(const ds4_kvdisk *d, ds4_kvdisk_stats *st);
 /* Restores the longest usable checkpoint whose key text is a prefix of
  * text[0..n) and that holds more than `beat` tokens, then loads its tool
  * map. Returns the key text length; 0: nothing restored, and the session is
- * unchanged unless a read failed part-way through the rows (then it is
- * empty; callers compare its token count). */
+ * unchanged unless a load failed once the rows were read in place (then it
+ * is empty; callers compare its token count). */
 size_t ds4_kvdisk_restore(ds4_kvdisk *d, struct ds4_session *s, const char *text, size_t n, int beat);
 /* ds4_kvdisk_next_stop() with this cache's options and the host's
  * <|User|> / <|Assistant|> ids. */

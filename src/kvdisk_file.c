@@ -350,8 +350,10 @@ int ds4_kvc_write(int dirfd, const char *name, const ds4_kvc_header *hin, const 
     bool named;
     file_out o = {.fd = create_temp(dirfd, tmp, sizeof tmp, &named), .ok = true, .buf = malloc(PIECE_BYTES)};
     if (o.fd < 0) {
-        snprintf(err, errlen, "cannot create a temp file for %s: %s", name, strerror(errno));
+        const int e = errno;
+        snprintf(err, errlen, "cannot create a temp file for %s: %s", name, strerror(e));
         free(o.buf);
+        errno = e;
         return -1;
     }
     int saved = ENOMEM;
@@ -388,8 +390,10 @@ int ds4_kvc_write(int dirfd, const char *name, const ds4_kvc_header *hin, const 
     free(o.buf);
     if (!o.ok) {
         if (*tmp) unlinkat(dirfd, tmp, 0);
+        if (!sized) saved = EINVAL;
         if (!sized) snprintf(err, errlen, "cannot write %s: the payload did not match its declared size", name);
         else snprintf(err, errlen, "cannot write %s: %s", name, strerror(saved));
+        errno = saved;
         return -1;
     }
     fsync(dirfd);

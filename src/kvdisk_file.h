@@ -114,7 +114,8 @@ bool ds4_kvc_parse(const void *buf, size_t n, ds4_kvc_view *v, char *err, size_t
 typedef bool (*ds4_kvc_payload_fn)(void *ud, const ds4_sink *sink);
 
 /* Writes <dirfd>/<name> as described above; the flags' tool and checksum
- * bits are set here. -1 with err on failure, and nothing is left behind. */
+ * bits are set here. -1 with err on failure, errno the failing call's
+ * (ENOSPC / EDQUOT: the file system is full), and nothing is left behind. */
 int ds4_kvc_write(int dirfd, const char *name, const ds4_kvc_header *h, const char *text, uint32_t text_len,
                   ds4_kvc_payload_fn payload, void *payload_ud, const ds4_kvc_tool *tools, uint32_t n_tools,
                   char *err, size_t errlen);

@@ -248,21 +248,26 @@ static ds4_kvdisk_rank rank_of(const ds4_kvdisk_entry *e) {
     return (ds4_kvdisk_rank){.last_used = e->h.last_used, .hits = e->h.hits, .mtime = e->mtime};
 }
 
-void ds4_kvdisk_index_evict(ds4_kvdisk_index *x, uint64_t budget, const char *keep) {
-    for (;;) {
-        uint64_t total = 0;
+uint64_t ds4_kvdisk_index_bytes(const ds4_kvdisk_index *x) {
+    uint64_t total = 0;
+    for (int i = 0; i < x->n_ents; i++) total += (uint64_t)x->ents[i].size;
+    return total;
+}
+
+int ds4_kvdisk_index_evict(ds4_kvdisk_index *x, uint64_t budget, const char *keep, uint64_t *freed) {
+    for (int removed = 0;; removed++) {
         int worst = -1;
         for (int i = 0; i < x->n_ents; i++) {
             const ds4_kvdisk_entry *e = &x->ents[i];
-            total += (uint64_t)e->size;
             if (!strcmp(e->name, keep)) continue;
             ds4_kvdisk_rank a = rank_of(e), b = worst >= 0 ? rank_of(&x->ents[worst]) : a;
             if (worst < 0 || ds4_kvdisk_evict_first(&a, &b)) worst = i;
         }
-        if (total <= budget || worst < 0) return;
+        if (ds4_kvdisk_index_bytes(x) <= budget || worst < 0) return removed;
         ds4_kvdisk_entry *w = &x->ents[worst];
         ds4_kvdisk_index_log(x, false, "kv-disk: evicting %s (%u tokens, %u hits) to fit %llu MiB", w->name,
                              w->h.n_tokens, w->h.hits, (unsigned long long)(budget >> 20));
+        if (freed) *freed += (uint64_t)w->size;
         unlinkat(x->dirfd, w->name, 0);
         remove_entry(x, w);
     }

@@ -74,8 +74,11 @@ ds4_kvdisk_entry *ds4_kvdisk_index_find(ds4_kvdisk_index *x, const char *name);
  * and the entry. */
 void ds4_kvdisk_index_drop(ds4_kvdisk_index *x, ds4_kvdisk_entry *e, const char *why);
 /* Removes files in eviction order (kvdisk_policy.h) until the .kv bytes fit
- * budget, never the file named keep. Caller holds the lock. */
-void ds4_kvdisk_index_evict(ds4_kvdisk_index *x, uint64_t budget, const char *keep);
+ * budget, never the file named keep; returns how many it removed and adds
+ * their bytes to *freed (may be NULL). Caller holds the lock. */
+int ds4_kvdisk_index_evict(ds4_kvdisk_index *x, uint64_t budget, const char *keep, uint64_t *freed);
+/* Bytes of the .kv files the index holds. */
+uint64_t ds4_kvdisk_index_bytes(const ds4_kvdisk_index *x);
 /* Opens an entry's file (writable: for the in-place hit count): *fd and *in describe it, *L its layout.
  * False with err when it cannot be opened or its layout is damaged. */
 bool ds4_kvdisk_index_open(const ds4_kvdisk_index *x, const ds4_kvdisk_entry *e, bool writable, int *fd,

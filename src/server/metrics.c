@@ -139,4 +139,18 @@ void ds4_metrics_render(ds4_buf *out, const ds4_metrics_gauges *g) {
     gauge(out, "ds4_kv_tokens", "Tokens the slots' sessions hold.", (double)g->kv_tokens);
     gauge(out, "ds4_kv_bytes_used", "Bytes of session state those tokens fill (their saved size).",
           (double)g->kv_state_bytes);
+    const ds4_kvdisk_stats *d = g->kv_disk;
+    if (!d) return;
+    counter(out, "ds4_kv_disk_saves_total", "Disk KV cache files written.", d->saves);
+    line(out, "# HELP ds4_kv_disk_save_failures_total Disk KV cache saves that failed, by reason.\n"
+              "# TYPE ds4_kv_disk_save_failures_total counter\n"
+              "ds4_kv_disk_save_failures_total{reason=\"no_space\"} %llu\n"
+              "ds4_kv_disk_save_failures_total{reason=\"other\"} %llu\n",
+         (unsigned long long)d->fail_nospace, (unsigned long long)d->fail_other);
+    counter(out, "ds4_kv_disk_no_space_total", "Disk KV cache writes that met a full disk (ENOSPC, EDQUOT).",
+            d->nospace_hits);
+    counter(out, "ds4_kv_disk_no_space_evictions_total", "Disk KV cache files evicted to make room on a full disk.",
+            d->nospace_evictions);
+    gauge(out, "ds4_kv_disk_out_of_space", "1 when the latest disk KV cache save failed for lack of space.",
+          d->out_of_space ? 1 : 0);
 }

@@ -18,7 +18,11 @@
  * - ds4_metrics_render() appends the exposition text, with the gauges the
  *   caller passes in (slots, busy slots, queued requests, KV bytes
  *   allocated, tokens held and the bytes of state they fill: the sessions'
- *   payload sizes, what saving each to the disk cache would write).
+ *   payload sizes, what saving each to the disk cache would write) and,
+ *   with a disk cache, its saves: files written, failures by reason
+ *   (no_space, other), writes that met a full disk, files evicted to make
+ *   room on one, and a 0/1 gauge for "the latest save failed for lack of
+ *   space" (the cache is not keeping up with the disk).
  */
 #ifndef DS4_METRICS_H
 #define DS4_METRICS_H
@@ -26,6 +30,7 @@
 #include <stdint.h>
 
 #include "json_util.h"
+#include "kvdisk.h"
 
 /* status: of the response head sent, 0 when none was (the client left) */
 void ds4_metrics_request(const char *path, int status);
@@ -41,6 +46,7 @@ typedef struct {
     int slots, slots_busy, queued;
     uint64_t kv_bytes;                  /* allocated for every slot's session */
     uint64_t kv_tokens, kv_state_bytes; /* the tokens the sessions hold, and the state they fill */
+    const ds4_kvdisk_stats *kv_disk;    /* the disk cache's saves (kvdisk.h); NULL: no disk cache */
 } ds4_metrics_gauges;
 void ds4_metrics_render(ds4_buf *out, const ds4_metrics_gauges *g);
 

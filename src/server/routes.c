@@ -90,6 +90,29 @@ static void parse_slot_give(void) {
     pthread_mutex_unlock(&g_parse_mu);
 }
 
+/* A request whose client text alone needs more tokens than the context
+ * (no token is longer than max_token_bytes) is refused before it is
+ * rendered, queued or tokenized: a generation request, and a count_tokens
+ * one, whose tokenizing would otherwise cost CPU and memory in proportion to
+ * the body for a prompt no request could run. */
+static bool refuse_oversized(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_request *r, bool ka) {
+    int max_ids;
+    size_t at_least = ds4_request_text_bytes(r, &max_ids) / s->max_token_bytes;
+    if ((size_t)max_ids > at_least) at_least = (size_t)max_ids;
+    if (at_least < (size_t)s->o.ctx) return false;
+    trace(s, "request refused before tokenizing: at least %zu tokens, context %d", at_least, s->o.ctx);
+    char msg[300];
+    const char *param = r->api == DS4_API_CHAT ? "messages" : r->api == DS4_API_COMPLETIONS ? "prompt" : "input";
+    const bool anthropic = r->api == DS4_API_MESSAGES || r->api == DS4_API_COUNT_TOKENS;
+    if (anthropic)
+        snprintf(msg, sizeof msg, "prompt is too long: at least %zu tokens > %d maximum", at_least, s->o.ctx - 1);
+    else
+        snprintf(msg, sizeof msg, "This model's maximum context length is %d tokens. However, your request has at "
+                 "least %zu prompt tokens (the request exceeds the available context size).", s->o.ctx, at_least);
+    ds4_send_error(s, c, hr, 400, msg, anthropic ? NULL : param, anthropic ? NULL : "context_length_exceeded", 0, ka);
+    return true;
+}
+
 static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
     ds4_request r;
     ds4_req_error e;
@@ -97,6 +120,11 @@ static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *
     if (ds4_request_decode_for(DS4_API_COUNT_TOKENS, srv_profile(s), body->data ? body->data : "", body->len, &r, &e)) {
         parse_slot_give();
         ds4_send_error(s, c, hr, e.status, e.message, e.param, e.code, 0, ka);
+        return;
+    }
+    if (refuse_oversized(s, c, hr, &r, ka)) {
+        parse_slot_give();
+        ds4_request_free(&r);
         return;
     }
     srv_prompt prompt = {0};
@@ -207,27 +235,6 @@ static void route_detokenize(server *s, ds4_http_conn *c, const ds4_http_req *hr
     ds4_send_json(s, c, hr, 200, o, ka, NULL);
 }
 
-/* A request whose client text alone needs more tokens than the context
- * (no token is longer than max_token_bytes) is refused before it is
- * rendered, queued or tokenized. */
-static bool refuse_oversized(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_request *r, bool ka) {
-    int max_ids;
-    size_t at_least = ds4_request_text_bytes(r, &max_ids) / s->max_token_bytes;
-    if ((size_t)max_ids > at_least) at_least = (size_t)max_ids;
-    if (at_least < (size_t)s->o.ctx) return false;
-    trace(s, "request refused before tokenizing: at least %zu tokens, context %d", at_least, s->o.ctx);
-    char msg[300];
-    const char *param = r->api == DS4_API_CHAT ? "messages" : r->api == DS4_API_COMPLETIONS ? "prompt" : "input";
-    if (r->api == DS4_API_MESSAGES)
-        snprintf(msg, sizeof msg, "prompt is too long: at least %zu tokens > %d maximum", at_least, s->o.ctx - 1);
-    else
-        snprintf(msg, sizeof msg, "This model's maximum context length is %d tokens. However, your request has at "
-                 "least %zu prompt tokens (the request exceeds the available context size).", s->o.ctx, at_least);
-    ds4_send_error(s, c, hr, 400, msg, r->api == DS4_API_MESSAGES ? NULL : param,
-                   r->api == DS4_API_MESSAGES ? NULL : "context_length_exceeded", 0, ka);
-    return true;
-}
-
 /* Decodes an inference request and waits for the worker to run it. */
 static bool route_inference(server *s, ds4_http_conn *c, ds4_http_req *hr, const ds4_buf *body, ds4_api api) {
     bool ka = hr->keep_alive;
@@ -259,6 +266,11 @@ static void route_metrics(server *s, ds4_http_conn *c, const ds4_http_req *hr, c
     ds4_queue_slots(s, &g.slots, &g.slots_busy, &g.queued);
     g.kv_bytes = (uint64_t)g.slots * ds4_engine_kv_bytes(s->eng, s->o.ctx);
     ds4_queue_sessions_held(s, &g.kv_tokens, &g.kv_state_bytes);
+    ds4_kvdisk_stats kvd;
+    if (s->kvd) {
+        ds4_kvdisk_get_stats(s->kvd, &kvd);
+        g.kv_disk = &kvd;
+    }
     ds4_buf text = {0};
     ds4_metrics_render(&text, &g);
     char hdr[1024];

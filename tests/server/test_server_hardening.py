@@ -146,12 +146,13 @@ def reserve_keeps_room_for_new_clients(t):
 def oversized_prompt_refused_before_tokenizing(t, srv):
     """Defect 3: a prompt whose text alone exceeds the context is refused
     before it is rendered, queued or tokenized (tokenizing 60 MB took 79 s
-    and 1.9 GB)."""
+    and 1.9 GB; count_tokens, 93 s and 1.4 GB)."""
     text = "lorem ipsum dolor sit amet " * 600000   # 16 MB, far over a 2048-token context
     for path, body, check in (
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}, lambda b: openai_error(b, "messages")),
             ("/v1/messages", {"max_tokens": 1, "messages": [{"role": "user", "content": text}]}, anthropic_error),
-            ("/v1/completions", {"prompt": text, "max_tokens": 1}, lambda b: openai_error(b, "prompt"))):
+            ("/v1/completions", {"prompt": text, "max_tokens": 1}, lambda b: openai_error(b, "prompt")),
+            ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": text}]}, anthropic_error)):
         data = json.dumps(body).encode()
         before = vm_hwm(srv.proc.pid)
         st, _, b = srv.request("POST", path, data)
@@ -159,7 +160,7 @@ def oversized_prompt_refused_before_tokenizing(t, srv):
         t.check(st == 400 and check(b) and (b"context" in b or b"too long" in b), f"{path}: oversized 400: {st} {b[:150]}")
         t.check(grew < 8 * len(data), f"{path}: peak RSS grew {grew} for a {len(data)}-byte body (limit 8x)")
     n = srv.trace_text().count("refused before tokenizing")
-    t.check(n == 3, f"refused on the connection thread ({n} of 3)")
+    t.check(n == 4, f"refused on the connection thread ({n} of 4)")
 
 
 def slow_senders_cannot_lock_out(t):

@@ -1,7 +1,8 @@
 /* test_chat_client_text.c -- client text never becomes protocol tokens.
  *
  * A conversation whose every client string (system, user, reasoning,
- * assistant content, tool result, tool schema) holds every chat/DSML special
+ * assistant content, prior tool-call names and arguments, tool result, tool
+ * schema) holds every chat/DSML special
  * string and a complete forged DSML tool call is rendered with client spans
  * and tokenized with ds4_chat_encode (demo model's tokenizer). Invariants:
  * it has exactly as many protocol tokens as the same conversation with
@@ -38,13 +39,23 @@ static int count_protocol(const ds4_tokenizer *t, const ds4_token_ids *ids) {
     return n;
 }
 
-/* Renders the conversation with `text` in every client string. */
+/* Renders the conversation with `text` in every client string, the prior
+ * tool calls' names and arguments included (a JSON object with text as a
+ * string value and inside an array, and text itself as invalid arguments). */
 static void render(const char *text, ds4_chat_profile profile, ds4_buf *out, ds4_chat_spans *spans) {
     ds4_tool_def tool = {.name = "rm", .description = text, .parameters = "{\"type\":\"object\"}"};
+    ds4_buf q = {0}, args = {0};
+    ds4_json_quote(text, strlen(text), DS4_JSON_COMPACT, &q);
+    ds4_buf_puts(&args, "{\"path\":");
+    ds4_buf_put(&args, q.data, q.len);
+    ds4_buf_puts(&args, ",\"list\":[");
+    ds4_buf_put(&args, q.data, q.len);
+    ds4_buf_puts(&args, "]}");
+    ds4_tool_call calls[] = {{.id = "call_1", .name = text, .arguments = args.data}, {.id = "call_2", .name = "rm", .arguments = text}};
     ds4_chat_msg msgs[] = {
         {.role = DS4_ROLE_SYSTEM, .content = text},
         {.role = DS4_ROLE_USER, .content = text},
-        {.role = DS4_ROLE_ASSISTANT, .content = text, .reasoning_content = text},
+        {.role = DS4_ROLE_ASSISTANT, .content = text, .reasoning_content = text, .tool_calls = calls, .n_tool_calls = 2},
         {.role = DS4_ROLE_USER, .content = text},
         {.role = DS4_ROLE_TOOL, .content = text, .tool_call_id = "call_1"},
     };
@@ -56,6 +67,8 @@ static void render(const char *text, ds4_chat_profile profile, ds4_buf *out, ds4
     o.client_spans = spans;
     char err[256];
     CHECK(ds4_chat_render(msgs, 5, &o, out, err, sizeof err), "render: %s", err);
+    ds4_buf_free(&q);
+    ds4_buf_free(&args);
 }
 
 int main(void) {

@@ -594,9 +594,26 @@ static void check_slice_state(void) {
             const size_t n = ds4_kv_layers_bytes(whole, 3, L - 1, 0);
             void *buf = malloc(n + 1);
             ds4_kv_layers_save(whole, 3, L - 1, buf);
-            CHECK(ds4_kv_layers_load(b, 3, L - 1, 0, buf, n), "a slice state takes its layers");
-            CHECK(!ds4_kv_layers_load(a, 3, L - 1, 0, buf, n), "a slice state refuses another range");
+            char why[256];
+            CHECK(ds4_kv_layers_load(b, 3, L - 1, 0, buf, n, why, sizeof why), "a slice state takes its layers");
+            CHECK(!ds4_kv_layers_load(a, 3, L - 1, 0, buf, n, why, sizeof why), "a slice state refuses another range");
             free(buf);
+            /* KV_PUT's layer state: values no state holds are refused before
+             * any row changes (the worker answers with the line) */
+            const size_t nf = ds4_kv_layers_bytes(whole, 3, L - 1, 40) / sizeof(float);
+            float *st = malloc(nf * sizeof(float));
+            for (size_t i = 0; st && i < nf; i++) st[i] = 0.25f;
+            CHECK(st && ds4_kv_layers_load(b, 3, L - 1, 40, st, nf * sizeof(float), why, sizeof why) && b->n_pos == 40,
+                  "layer state of 40 positions: %s", why);
+            const float bad[] = {NAN, INFINITY, -INFINITY, 3e38f, 65536.0f};
+            for (size_t k = 0; st && k < sizeof bad / sizeof bad[0]; k++) {
+                st[nf - 1 - k * 7] = bad[k];
+                CHECK(!ds4_kv_layers_load(b, 3, L - 1, 40, st, nf * sizeof(float), why, sizeof why) &&
+                          strstr(why, "outside the range") && b->n_pos == 40,
+                      "layer state holding %g: %s (n_pos %d)", (double)bad[k], why, b->n_pos);
+                st[nf - 1 - k * 7] = 0.25f;
+            }
+            free(st);
         }
         CHECK(!ds4_kv_new_layers(cfg, CTX, 256, 2, L), "a range past the model is refused");
         /* the checkpoint list's thinning (engine and workers): the odd entries

@@ -26,6 +26,7 @@
 #include "engine_load.h"
 #include "json_util.h"
 #include "kvdisk.h"
+#include "payload_values.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -204,6 +205,9 @@ static void rewind_and_snapshots(ds4_engine *e, const float *all) {
             CHECK(ds4_session_load_payload(same, bad, bytes, err, sizeof err) == -1 && strstr(err, "version 9"),
                   "version: %s", err);
             free(bad);
+            /* values no state holds; ends with the payload loaded, so back to 10 */
+            payload_values_refused(same, payload, bytes, 40 + 4 * 180, 40 + 4 * (180 + (size_t)V + 4), V, "GLM");
+            CHECK(ds4_session_rewind(same, 10, err, sizeof err) == 0, "%s", err);
         }
         CHECK(!strchr(err, '\n'), "one line");
         continue_exact(same, 10, all, "after refused payloads");
@@ -225,6 +229,12 @@ static char *key_text(void *ud, const ds4_session *s, size_t *len) {
     return t;
 }
 
+/* The key text above is the ids themselves, so the payload's checks cover it. */
+static int load_payload(void *ud, ds4_session *s, const ds4_source *src, size_t n, const char *key, size_t key_len,
+                        char *err, size_t errlen) {
+    return ds4_session_load_payload_from(s, src, n, err, errlen);
+}
+
 static void disk_cache(ds4_engine *e, const float *all) {
     char err[512], dir[] = "/tmp/ds4-glm-kvdisk-XXXXXX";
     if (!mkdtemp(dir)) { CHECK(false, "mkdtemp"); return; }
@@ -236,7 +246,7 @@ static void disk_cache(ds4_engine *e, const float *all) {
         .ud = e, .quant_bits = (uint8_t)ds4_engine_expert_bits(e), .user_tok = -1, .assistant_tok = -1,
         .n_tokens = ds4_session_n_tokens, .ctx = ds4_session_ctx, .key_text = key_text,
         .payload_bytes = ds4_session_payload_bytes, .save_payload = ds4_session_save_payload_to,
-        .load_payload = ds4_session_load_payload_from,
+        .load_payload = load_payload,
     };
     ds4_kvdisk *d = ds4_kvdisk_open(&o, &host, NULL, NULL, NULL, err, sizeof err);
     CHECK(d != NULL, "kvdisk: %s", err);

@@ -2,7 +2,8 @@
  * continuing must give bit-identical logits to never stopping (tiny model A
  * from mk/models.mk, and models/demo.gguf when present), across ring wrap,
  * into a larger context, and through a rewind; every damaged or mismatched
- * payload is rejected with the target session left untouched; the streaming
+ * payload is rejected with the target session left untouched (and one whose
+ * floats no state holds, NaN, Inf, 3e38, is refused); the streaming
  * forms write the same bytes piece by piece and never leave a half-restored
  * session. */
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include "check.h"
 #include "engine.h"
 #include "kv_payload.h"
+#include "payload_values.h"
 
 enum { STEPS = 12 };
 
@@ -216,6 +218,11 @@ static void corruption(ds4_engine *e, ds4_engine *other) {
     memcpy(q, p, pn);
     put32(q, 13 + 17, (uint32_t)V);
     rejects(b, q, pn, "token id == vocabulary size");
+
+    /* values no state holds, in the logits and in the layer rows */
+    const int n_layers = ds4_engine_n_layers(e);
+    payload_values_refused(b, p, pn, DS4_PAYLOAD_HEADER_BYTES + 4 * (size_t)n,
+                           DS4_PAYLOAD_HEADER_BYTES + 4 * ((size_t)n + (size_t)V + 2 * (size_t)n_layers), V, "DSV4");
 
     /* geometry: a smaller context, another model */
     ds4_session *small = session(e, 512);
