@@ -8,26 +8,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-bool ds4_parse_int(const char *s, long lo, long hi, int *out) {
-    if (!s) return false;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = (int)v;
-    return true;
-}
-
-bool ds4_parse_float(const char *s, float *out) {
-    if (!s) return false;
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end) return false;
-    *out = v;
-    return true;
-}
-
 int ds4_parse_spec_option(const char *name, const char *value, ds4_spec_params *p) {
     if (strcmp(name, "--spec-lookup")) return 0;
     return ds4_parse_int(value, 0, DS4_SPEC_MAX_DRAFT, &p->lookup_max) ? 1 : -1;

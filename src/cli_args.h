@@ -3,12 +3,7 @@
  * that loads a model spells the same way, and one wording per mistake.
  *
  * Contract
- * - The whole string must be the number: empty strings, leading garbage and
- *   trailing bytes are rejected, as are values out of range (errno ERANGE
- *   or outside [lo, hi]). On false, *out is untouched.
- * - Integers are decimal with an optional sign and leading white space
- *   (strtol); lo and hi must lie within int's range.
- * - Floats take everything strtof takes.
+ * - Values are parsed strictly (numparse.h).
  * - ds4_parse_sampling_option() recognises the sampling options every
  *   generating binary shares (--temp, --top-p, --min-p, --top-k, --seed):
  *   0 when name is not one of them, 1 when it is and the value was stored,
@@ -21,11 +16,10 @@
 
 #include <stdbool.h>
 
+#include "numparse.h"
 #include "sampler.h"
 #include "spec.h"
 
-bool ds4_parse_int(const char *s, long lo, long hi, int *out);
-bool ds4_parse_float(const char *s, float *out);
 int ds4_parse_sampling_option(const char *name, const char *value, ds4_sampler_params *p);
 int ds4_parse_spec_option(const char *name, const char *value, ds4_spec_params *p);
 /* the --spec-lookup line of every generating binary's --help */

@@ -1,7 +1,7 @@
 /* dist.c -- coordinator backend and worker loop over NNG (see dist.h). */
 #include "dist.h"
 #include "backend.h"
-#include "cli_args.h"
+#include "numparse.h"
 #include "dist_proto.h"
 #include "forward_cpu.h"
 #include "gguf.h"

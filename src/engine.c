@@ -2,7 +2,7 @@
  * (CPU or CUDA) and the session state. */
 #include "engine.h"
 #include "backend.h"
-#include "cli_args.h"
+#include "numparse.h"
 #include "cuda/cuda_backend.h"
 #include "expert_cache.h"
 #include "forward_cpu.h"
