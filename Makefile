@@ -11,7 +11,7 @@ BUILD   ?= build
 CC      ?= gcc
 OPT     ?= -O2
 SAN     ?=
-CFLAGS  ?= -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter $(OPT) -g -pthread -Isrc -Isrc/server $(SAN)
+CFLAGS  ?= -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter $(OPT) -g -pthread -Isrc $(SAN)
 LDFLAGS ?= -pthread $(SAN)
 LDLIBS  ?= -lcjson -lpcre2-8 -ledit -lnng -lm
 
@@ -19,13 +19,14 @@ AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 AMX_FLAGS    = $(AVX512_FLAGS) -mamx-tile -mamx-int8
 
-LIB_SRC   := $(wildcard src/*.c src/server/*.c src/agent/*.c)
+# Every C file under src/; the CUDA backend's stub only where the backend is not built.
+LIB_SRC   := $(shell find src -name '*.c' -not -path src/backends/cuda/none.c | sort)
 # CUDA=1 (`make cuda`, mk/cuda.mk) links the CUDA backend; other builds get
 # its stub, which refuses --cuda with one line.
 ifeq ($(CUDA),1)
-LIB_CU    := $(wildcard src/cuda/*.cu)
+LIB_CU    := $(wildcard src/backends/cuda/*.cu)
 else
-LIB_SRC   += src/cuda/none.c
+LIB_SRC   += src/backends/cuda/none.c
 endif
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.o)
 LIB       := $(BUILD)/libds4.a
@@ -63,10 +64,14 @@ $(LIB): $(LIB_OBJ)
 
 # Binaries land in the repository root, as the README's commands expect
 # (BIN=dir/ puts them elsewhere: CI keeps the CUDA build's binaries apart).
+# A binary's own modules live in app/NAME/ (ds4-bench's benchmarks in app/bench/)
+# and link into that binary alone, never into the library.
+BENCH_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard app/bench/*.c))
+APP_OBJ_ds4-bench := $(BENCH_OBJ)
 define APP_RULE
-$(1): $(2) $(LIB)
+$(1): $(2) $(APP_OBJ_$(notdir $(1))) $(LIB)
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) $(2) $(LIB) -o $$@ $$(LDFLAGS) $$(LDLIBS)
+	$$(CC) $$(CFLAGS) $(2) $(APP_OBJ_$(notdir $(1))) $(LIB) -o $$@ $$(LDFLAGS) $$(LDLIBS)
 endef
 $(foreach s,$(APP_SRC),$(eval $(call APP_RULE,$(BIN)$(notdir $(s:.c=)),$(s))))
 
@@ -112,7 +117,7 @@ bench-kernels: ds4-bench
 	./ds4-bench --kernels
 
 # libFuzzer targets: the library is rebuilt with clang and coverage.
-FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -O1 -g -Isrc -Isrc/server -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_CFLAGS = -std=c11 -D_GNU_SOURCE -O1 -g -Isrc -fsanitize=address,undefined -fno-sanitize-recover=undefined
 $(BUILD)/fuzzobj/%.o: %.c
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
@@ -139,4 +144,4 @@ clean:
 distclean: clean
 	rm -rf $(VENV) models/demo.gguf
 
--include $(LIB_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(BENCH_OBJ:.o=.d)

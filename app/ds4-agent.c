@@ -16,9 +16,9 @@
 
 #include "agent/loop.h"
 #include "agent/store.h"
-#include "chat.h"
-#include "cli_args.h"
-#include "engine.h"
+#include "text/chat.h"
+#include "options/cli_args.h"
+#include "engine/engine.h"
 
 typedef struct {
     const char *model;

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench_experts.h"
-#include "bench_kernels.h"
-#include "bench_model.h"
-#include "cli_args.h"
+#include "bench/bench_experts.h"
+#include "bench/bench_kernels.h"
+#include "bench/bench_model.h"
+#include "options/cli_args.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ds4-bench --kernels [-t N]\n"

@@ -1,6 +1,6 @@
 /* ds4-server -- OpenAI / Anthropic / Responses compatible HTTP server.
  * Argument parsing only; everything else is src/server/server.c. */
-#include "server.h"
+#include "server/server.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli_args.h"
-#include "spec.h"
+#include "options/cli_args.h"
+#include "engine/spec.h"
 
 static void usage(FILE *f) {
     fprintf(f,

@@ -20,13 +20,13 @@
 #include <unistd.h>
 #include <editline/readline.h>
 
-#include "chat.h"
-#include "cli_args.h"
-#include "engine.h"
-#include "json_util.h"
-#include "generate.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "text/chat.h"
+#include "options/cli_args.h"
+#include "engine/engine.h"
+#include "base/json_util.h"
+#include "engine/generate.h"
+#include "engine/sampler.h"
+#include "text/tokenizer.h"
 
 typedef struct {
     const char *model;

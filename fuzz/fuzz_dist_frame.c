@@ -3,7 +3,7 @@
  * the input; re-encoding a decoded frame gives the input back byte for byte
  * (the format has one spelling per frame; a hidden-state payload travels
  * on as it came, whatever its transport format). */
-#include "dist_proto.h"
+#include "dist/dist_proto.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -8,8 +8,8 @@
  *    object free of entities and \u escapes (cJSON is the judge);
  *  - Python-style and compact JSON reformatting accept exactly the valid
  *    inputs and are idempotent. */
-#include "dsml.h"
-#include "json_util.h"
+#include "text/dsml.h"
+#include "base/json_util.h"
 #include "tool_evlog.h"
 
 #include <cjson/cJSON.h>

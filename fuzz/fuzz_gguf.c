@@ -2,7 +2,7 @@
  * must keep the contract: every pointer handed out lies inside the buffer,
  * lookups by name find exactly the listed entry, and reading every value and
  * tensor byte is safe (ASan checks the reads, abort() the invariants). */
-#include "gguf.h"
+#include "format/gguf.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -7,9 +7,9 @@
  * that loads is written back byte for byte (up to the saved-context field,
  * which names the target's context); the
  * streaming load over a source cut short never claims success. */
-#include "glm_kv.h"
-#include "glm_payload.h"
-#include "kv_payload.h"
+#include "models/glm/glm_kv.h"
+#include "models/glm/glm_payload.h"
+#include "models/dsv4/kv_payload.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -8,9 +8,9 @@
  *  - the same bytes as tool-call arguments: when they are a JSON object
  *    whose text has no "</", the rendering parses back to exactly one call
  *    with that name and no error. */
-#include "glm_chat.h"
-#include "glm_tools.h"
-#include "json_util.h"
+#include "text/glm_chat.h"
+#include "text/glm_tools.h"
+#include "base/json_util.h"
 #include "tool_evlog.h"
 
 #include <stdint.h>

@@ -1,7 +1,7 @@
 /* Fuzz target: the HTTP request-head parser and the chunked body decoder.
  * Input = a raw request as it would arrive on a socket; the first byte picks
  * the chunking of the body feed so split points are exercised too. */
-#include "http.h"
+#include "server/http.h"
 
 #include <stdint.h>
 #include <stdlib.h>

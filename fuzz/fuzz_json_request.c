@@ -4,8 +4,8 @@
  * encoder for the decoded request (tools, stop strings, stream flag all come
  * from the body). A decoded request must be internally consistent; every SSE
  * data line and every body the encoder writes must be valid JSON. */
-#include "request.h"
-#include "stream.h"
+#include "server/request.h"
+#include "server/stream.h"
 
 #include <cjson/cJSON.h>
 #include <stdint.h>

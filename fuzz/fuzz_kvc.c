@@ -8,9 +8,9 @@
  * byte-identically (up to the fields that describe the target session); the
  * file reader path (layout by seek, payload streamed through the section
  * reader) agrees with the in-memory parse and load. */
-#include "kv.h"
-#include "kv_payload.h"
-#include "kvdisk.h"
+#include "models/dsv4/kv.h"
+#include "models/dsv4/kv_payload.h"
+#include "kvdisk/kvdisk.h"
 
 #include <stdint.h>
 #include <stdlib.h>

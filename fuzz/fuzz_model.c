@@ -5,11 +5,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "backend.h"
-#include "forward_cpu.h"
-#include "gguf.h"
-#include "kv.h"
-#include "model.h"
+#include "backends/backend.h"
+#include "models/dsv4/forward_cpu.h"
+#include "format/gguf.h"
+#include "models/dsv4/kv.h"
+#include "models/dsv4/model.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char err[256];

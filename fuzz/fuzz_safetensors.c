@@ -3,7 +3,7 @@
  * with n_bytes = elements x dtype size, names are unique and found by lookup,
  * and decoding every element is safe (ASan checks the reads, abort() the
  * invariants). */
-#include "safetensors.h"
+#include "format/safetensors.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * Invariants (abort() on violation): an entry counts whole or not at all,
  * so a range's entries and sums never exceed those of the whole address
  * space; an empty range has no entry. */
-#include "mempages.h"
+#include "base/mempages.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "tokenizer_internal.h"
+#include "text/tokenizer_internal.h"
 
 static ds4_tokenizer *tok, *glm_tok;
 static ds4_pretok_regex *re, *glm_re;

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dsml.h"
+#include "text/dsml.h"
 
 typedef struct { ds4_buf log; int last; } tool_evlog;
 

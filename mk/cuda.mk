@@ -1,5 +1,5 @@
 # The CUDA build (owner: cuda). `make cuda` rebuilds the library with the
-# CUDA backend (src/cuda/*.cu, nvcc) in $(CUDA_BUILD) and links the usual
+# CUDA backend (src/backends/cuda/*.cu, nvcc) in $(CUDA_BUILD) and links the usual
 # binaries (in the repository root, or BIN=dir/) plus $(CUDA_BUILD)/cuda-ops, the
 # per-operation CUDA-vs-CPU check. CUDA_ARCH lists the machine-code targets;
 # the default is a fat build for Ampere, Ada, Hopper (sm_90a, arch-specific) and

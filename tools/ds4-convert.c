@@ -54,15 +54,15 @@
  * Memory: sources are mmapped; one output tensor and one source row block
  * are in RAM at a time.
  */
-#include "cli_args.h"
-#include "ds4_layout.h"
-#include "glm_layout.h"
-#include "gguf.h"
-#include "model.h"
-#include "quant.h"
-#include "safetensors.h"
-#include "threadpool.h"
-#include "tokenizer.h"
+#include "options/cli_args.h"
+#include "models/dsv4/ds4_layout.h"
+#include "models/glm/glm_layout.h"
+#include "format/gguf.h"
+#include "models/dsv4/model.h"
+#include "kernels/quant.h"
+#include "format/safetensors.h"
+#include "base/threadpool.h"
+#include "text/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

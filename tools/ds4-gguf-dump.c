@@ -5,9 +5,9 @@
  * With neither flag both sections are printed. Any shard of a split model
  * opens the whole model. Long strings and arrays are abbreviated; the exit
  * status is 1 when the file does not validate (the reason is printed). */
-#include "cli_args.h"
-#include "gguf.h"
-#include "quant.h"
+#include "options/cli_args.h"
+#include "format/gguf.h"
+#include "kernels/quant.h"
 
 #include <inttypes.h>
 #include <stdio.h>

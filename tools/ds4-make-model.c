@@ -50,13 +50,13 @@
  * quantized tensors are filled with random but valid blocks whose scales
  * give about that std (no quantizer run, so gigabytes take seconds).
  */
-#include "cli_args.h"
-#include "ds4_layout.h"
-#include "gguf.h"
-#include "model.h"
-#include "glm_layout.h"
-#include "quant.h"
-#include "tokenizer.h"
+#include "options/cli_args.h"
+#include "models/dsv4/ds4_layout.h"
+#include "format/gguf.h"
+#include "models/dsv4/model.h"
+#include "models/glm/glm_layout.h"
+#include "kernels/quant.h"
+#include "text/tokenizer.h"
 
 #include <math.h>
 #include <stdarg.h>

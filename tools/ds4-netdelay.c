@@ -42,7 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli_args.h"
+#include "options/cli_args.h"
 
 /* FRAME_MAX: the largest frame a TAP device hands over (a 64 KiB MTU plus
  * the Ethernet header); MAX_MACS: addresses the switch remembers, far more

@@ -16,9 +16,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli_args.h"
-#include "json_util.h"
-#include "tokenizer_internal.h"
+#include "options/cli_args.h"
+#include "base/json_util.h"
+#include "text/tokenizer_internal.h"
 
 static double now_s(void) {
     struct timespec ts;

@@ -1,4 +1,4 @@
-#include "display.h"
+#include "agent/display.h"
 
 #include <stdarg.h>
 #include <string.h>

@@ -1,13 +1,13 @@
-#include "loop.h"
+#include "agent/loop.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "dsml.h"
-#include "generate.h"
-#include "json_util.h"
-#include "tokenizer.h"
+#include "text/dsml.h"
+#include "engine/generate.h"
+#include "base/json_util.h"
+#include "text/tokenizer.h"
 
 #define DEFAULT_SYSTEM_PROMPT                                                                                   \
     "You are ds4-agent, a coding agent working in the directory %s. Use the tools to read, search and change " \

@@ -46,14 +46,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "chat.h"
-#include "engine.h"
-#include "sampler.h"
-#include "spec.h"
-#include "display.h"
-#include "script.h"
-#include "store.h"
-#include "tools.h"
+#include "text/chat.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "engine/spec.h"
+#include "agent/display.h"
+#include "agent/script.h"
+#include "agent/store.h"
+#include "agent/tools.h"
 
 typedef struct {
     ds4_engine *engine;

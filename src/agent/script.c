@@ -1,11 +1,11 @@
-#include "script.h"
+#include "agent/script.h"
 
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "json_util.h"
+#include "base/json_util.h"
 
 #define SEPARATOR "@@@"
 

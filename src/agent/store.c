@@ -1,4 +1,4 @@
-#include "store.h"
+#include "agent/store.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -10,10 +10,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "chat.h"
-#include "kvdisk_file.h"
-#include "sha1.h"
-#include "tokenizer.h"
+#include "text/chat.h"
+#include "kvdisk/kvdisk_file.h"
+#include "base/sha1.h"
+#include "text/tokenizer.h"
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); goto fail; } while (0)
 

@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine.h"
+#include "engine/engine.h"
 
 #define DS4_AGENT_ID_HEX 40
 #define DS4_AGENT_TITLE_MAX 72

@@ -1,4 +1,4 @@
-#include "tools.h"
+#include "agent/tools.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

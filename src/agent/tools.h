@@ -43,8 +43,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "chat.h"
-#include "json_util.h"
+#include "text/chat.h"
+#include "base/json_util.h"
 
 typedef bool (*ds4_agent_confirm_fn)(void *ud, const char *question);
 

@@ -1,4 +1,4 @@
-#include "access.h"
+#include "server/access.h"
 
 #include <arpa/inet.h>
 #include <stdio.h>

@@ -21,8 +21,8 @@
 
 #include <stdbool.h>
 
-#include "http.h"
-#include "server.h"
+#include "server/http.h"
+#include "server/server.h"
 
 /* "localhost", 127.0.0.0/8 or ::1. */
 bool access_is_loopback(const char *host);

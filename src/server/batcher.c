@@ -1,5 +1,5 @@
 /* batcher.c -- gathers the slot threads' engine work into batched steps. */
-#include "batcher.h"
+#include "server/batcher.h"
 
 #include <pthread.h>
 #include <stdio.h>

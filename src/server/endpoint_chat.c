@@ -1,15 +1,15 @@
-#include "endpoints.h"
+#include "server/endpoints.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "generate.h"
-#include "job.h"
-#include "logprobs.h"
-#include "metrics.h"
-#include "prefix.h"
-#include "respond.h"
+#include "engine/generate.h"
+#include "server/job.h"
+#include "server/logprobs.h"
+#include "server/metrics.h"
+#include "server/prefix.h"
+#include "server/respond.h"
 
 /* The shared generation loop's view of a chat-family job. */
 typedef struct {

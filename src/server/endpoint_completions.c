@@ -1,4 +1,4 @@
-#include "endpoints.h"
+#include "server/endpoints.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -6,12 +6,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "generate.h"
-#include "job.h"
-#include "logprobs.h"
-#include "metrics.h"
-#include "prefix.h"
-#include "respond.h"
+#include "engine/generate.h"
+#include "server/job.h"
+#include "server/logprobs.h"
+#include "server/metrics.h"
+#include "server/prefix.h"
+#include "server/respond.h"
 
 /* Echo logprobs keep full-vocabulary rows for this many positions at once. */
 #define ECHO_SLICE 16

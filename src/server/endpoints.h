@@ -11,7 +11,7 @@
 #ifndef DS4_ENDPOINTS_H
 #define DS4_ENDPOINTS_H
 
-#include "server_state.h"
+#include "server/server_state.h"
 
 void run_chat(server *s, job *j);
 void run_completions(server *s, job *j);

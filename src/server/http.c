@@ -1,4 +1,4 @@
-#include "http.h"
+#include "server/http.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -47,7 +47,7 @@
 #include <stdint.h>
 #include <stdbool.h>
 
-#include "json_util.h"
+#include "base/json_util.h"
 
 #define DS4_HTTP_PATH_MAX 1024
 #define DS4_HTTP_ACRH_MAX 512

@@ -1,10 +1,10 @@
-#include "job.h"
+#include "server/job.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
 
-#include "metrics.h"
-#include "respond.h"
+#include "server/metrics.h"
+#include "server/respond.h"
 
 #define KEEPALIVE_SECONDS 5.0
 /* Prefill runs in slices so keep-alives and disconnect checks happen at

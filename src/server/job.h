@@ -27,10 +27,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "generate.h"
-#include "prefix.h"
-#include "sampler.h"
-#include "server_state.h"
+#include "engine/generate.h"
+#include "server/prefix.h"
+#include "engine/sampler.h"
+#include "server/server_state.h"
 
 ds4_enc *job_encoder(server *s, job *j);
 /* 200 + SSE headers, once per response; nonzero when the peer is gone. */

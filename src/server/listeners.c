@@ -1,6 +1,6 @@
 /* listeners.c -- the accept loop's handling of one poll() result; see
  * listeners.h for the contract. */
-#include "listeners.h"
+#include "server/listeners.h"
 
 #include <stdio.h>
 #include <unistd.h>

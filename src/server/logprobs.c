@@ -1,12 +1,12 @@
-#include "logprobs.h"
+#include "server/logprobs.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "sampler.h"
-#include "server_state.h"
+#include "engine/sampler.h"
+#include "server/server_state.h"
 
 /* OpenAI's cap on top_logprobs. */
 #define MAX_TOP_LOGPROBS 20

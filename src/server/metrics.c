@@ -1,5 +1,5 @@
 /* metrics.c -- process-wide counters and their Prometheus rendering. */
-#include "metrics.h"
+#include "server/metrics.h"
 
 #include <pthread.h>
 #include <stdarg.h>

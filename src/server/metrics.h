@@ -29,8 +29,8 @@
 
 #include <stdint.h>
 
-#include "json_util.h"
-#include "kvdisk.h"
+#include "base/json_util.h"
+#include "kvdisk/kvdisk.h"
 
 /* status: of the response head sent, 0 when none was (the client left) */
 void ds4_metrics_request(const char *path, int status);

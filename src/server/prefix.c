@@ -1,6 +1,6 @@
-#include "prefix.h"
+#include "server/prefix.h"
 
-#include "glm_chat.h"
+#include "text/glm_chat.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -25,8 +25,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "chat.h"
-#include "server_state.h"
+#include "text/chat.h"
+#include "server/server_state.h"
 
 /* A rendered chat-family prompt: its text and where client text sits in it
  * (tokenized as plain text, chat.h). */

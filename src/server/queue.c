@@ -1,12 +1,12 @@
-#include "queue.h"
+#include "server/queue.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "job.h"
-#include "route_key.h"
-#include "server_state.h"
+#include "server/job.h"
+#include "server/route_key.h"
+#include "server/server_state.h"
 
 #define KEEPALIVE_SECONDS 5.0
 /* How often a connection thread whose request is queued checks that its

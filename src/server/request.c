@@ -1,4 +1,4 @@
-#include "request.h"
+#include "server/request.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

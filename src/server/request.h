@@ -32,8 +32,8 @@
 #include <stdint.h>
 #include <stdbool.h>
 
-#include "chat.h"
-#include "sampler.h"
+#include "text/chat.h"
+#include "engine/sampler.h"
 
 struct cJSON;
 

@@ -1,11 +1,11 @@
-#include "respond.h"
+#include "server/respond.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "server_state.h"
+#include "server/server_state.h"
 
 void ds4_cors_headers(const server *s, const ds4_http_req *hr, char *out, size_t n) {
     out[0] = 0;

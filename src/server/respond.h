@@ -15,7 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "http.h"
+#include "server/http.h"
 
 struct cJSON;
 typedef struct server server;

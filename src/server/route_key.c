@@ -1,5 +1,5 @@
 /* route_key.c -- a request's prompt start as comparable sections. */
-#include "route_key.h"
+#include "server/route_key.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -26,8 +26,8 @@
 
 #include <stddef.h>
 
-#include "json_util.h"
-#include "request.h"
+#include "base/json_util.h"
+#include "server/request.h"
 
 void ds4_route_key(const ds4_request *r, ds4_buf *b);
 size_t ds4_route_shared(const char *a, size_t na, const char *b, size_t nb);

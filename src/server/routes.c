@@ -1,4 +1,4 @@
-#include "routes.h"
+#include "server/routes.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -7,11 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "access.h"
-#include "metrics.h"
-#include "prefix.h"
-#include "respond.h"
-#include "server_state.h"
+#include "server/access.h"
+#include "server/metrics.h"
+#include "server/prefix.h"
+#include "server/respond.h"
+#include "server/server_state.h"
 
 /* The ids /v1/models lists for the served family, and their display names. */
 typedef struct { const char *id, *display; } model_id;

@@ -18,8 +18,8 @@
 
 #include <stdbool.h>
 
-#include "http.h"
-#include "json_util.h"
+#include "server/http.h"
+#include "base/json_util.h"
 
 typedef struct server server;
 

@@ -1,8 +1,8 @@
 /* server.c -- ds4-server's process: model and session start-up, the
  * listening sockets, the accept loop and one thread per connection that
  * reads requests and hands them to routes.c. See server.h for the contract. */
-#include "server.h"
-#include "expert_cache.h"
+#include "server/server.h"
+#include "models/dsv4/expert_cache.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -18,14 +18,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "access.h"
-#include "batcher.h"
-#include "engine_kvdisk.h"
-#include "listeners.h"
-#include "respond.h"
-#include "routes.h"
-#include "server_state.h"
-#include "worker.h"
+#include "server/access.h"
+#include "server/batcher.h"
+#include "engine/engine_kvdisk.h"
+#include "server/listeners.h"
+#include "server/respond.h"
+#include "server/routes.h"
+#include "server/server_state.h"
+#include "server/worker.h"
 
 /* The last 1/RESERVE_DIVISOR of the connection slots go only to addresses
  * holding fewer than FEW_CONNECTIONS, so a new client still gets in when a

@@ -66,9 +66,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "engine.h"
-#include "http.h"
-#include "kvdisk.h"
+#include "engine/engine.h"
+#include "server/http.h"
+#include "kvdisk/kvdisk.h"
 
 /* One thread per connection: this bounds them. */
 #define DS4_SERVER_MAX_CONNECTIONS 1024

@@ -1,6 +1,6 @@
-#include "server_state.h"
+#include "server/server_state.h"
 
-#include "batcher.h"
+#include "server/batcher.h"
 
 #include <stdarg.h>
 #include <time.h>

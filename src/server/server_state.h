@@ -25,17 +25,17 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "engine.h"
-#include "http.h"
-#include "json_util.h"
-#include "kvdisk.h"
-#include "queue.h"
-#include "request.h"
-#include "server.h"
-#include "spec.h"
-#include "stream.h"
-#include "tokenizer.h"
-#include "toolmem.h"
+#include "engine/engine.h"
+#include "server/http.h"
+#include "base/json_util.h"
+#include "kvdisk/kvdisk.h"
+#include "server/queue.h"
+#include "server/request.h"
+#include "server/server.h"
+#include "engine/spec.h"
+#include "server/stream.h"
+#include "text/tokenizer.h"
+#include "text/toolmem.h"
 
 /* Tool calls of one live turn that a continuation may answer by id alone. */
 

@@ -1,4 +1,4 @@
-#include "stream.h"
+#include "server/stream.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -6,8 +6,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "dsml.h"
-#include "glm_tools.h"
+#include "text/dsml.h"
+#include "text/glm_tools.h"
 
 /* ---- stop strings -------------------------------------------------- */
 

@@ -32,9 +32,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "json_util.h"
-#include "request.h"
-#include "toolmem.h"
+#include "base/json_util.h"
+#include "server/request.h"
+#include "text/toolmem.h"
 
 struct cJSON;
 typedef int (*ds4_out_fn)(void *ud, const char *data, size_t len);

@@ -1,10 +1,10 @@
-#include "worker.h"
+#include "server/worker.h"
 
 #include <unistd.h>
 
-#include "batcher.h"
-#include "endpoints.h"
-#include "job.h"
+#include "server/batcher.h"
+#include "server/endpoints.h"
+#include "server/job.h"
 
 void *worker_main(void *server_state) {
     server *s = server_state;

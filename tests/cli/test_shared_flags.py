@@ -1,4 +1,4 @@
-"""The binaries speak one command-line dialect (src/cli_args.h):
+"""The binaries speak one command-line dialect (src/options/cli_args.h):
 - every binary rejects an unknown option with exit 2 and the same line,
   "PROG: unknown option OPT (see --help)";
 - ds4, ds4-server, ds4-bench and ds4-agent accept the shared model flags

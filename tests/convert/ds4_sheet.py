@@ -1,7 +1,7 @@
 """The DS4 GGUF layout restated from the fact sheet (deepseek-v4-model.md
 sections 2, 4, 5, 14) for the converter tests: what tensors and metadata a
 converted checkpoint must contain, and where each tensor comes from in an HF
-checkpoint. Written independently of src/ds4_layout.c."""
+checkpoint. Written independently of src/models/dsv4/ds4_layout.c."""
 import numpy as np
 
 import st_np

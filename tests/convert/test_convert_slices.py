@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ds4-convert --layers writes layer-range files (src/ds4_layout.h), read back
+"""ds4-convert --layers writes layer-range files (src/models/dsv4/ds4_layout.h), read back
 with gguf-py and run through a real route:
 
 - the oracle checkpoint (tests/fixtures/ds4tiny/A, 6 layers) converted whole

@@ -25,13 +25,13 @@
  * difference can move an activation across a rounding boundary; the CPU's
  * decode-vs-prefill agreement under ds4 numerics is 1e-4). Exit status 1 when
  * any check fails, 2 without a usable GPU. */
-#include "cuda/ops.h"
-#include "engine.h"
-#include "forward_cpu.h"
-#include "forward_shared.h"
-#include "kernels_cpu.h"
-#include "model.h"
-#include "quant.h"
+#include "backends/cuda/ops.h"
+#include "engine/engine.h"
+#include "models/dsv4/forward_cpu.h"
+#include "models/dsv4/forward_shared.h"
+#include "kernels/kernels_cpu.h"
+#include "models/dsv4/model.h"
+#include "kernels/quant.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-"""Registration's challenge-response (src/dist_proto.h) between separate
+"""Registration's challenge-response (src/dist/dist_proto.h) between separate
 ./ds4 processes on loopback; the secret never travels:
 
 - every byte a worker and its coordinator exchange on the control
@@ -42,7 +42,7 @@ import test_dist_split as dist  # noqa: E402  (process helpers, the demo model, 
 
 REQ_GREETING = b"\x00SP\x00\x00\x30\x00\x00"
 REP_GREETING = b"\x00SP\x00\x00\x31\x00\x00"
-VERSION = 6   # the protocol version (src/dist_proto.c)
+VERSION = 6   # the protocol version (src/dist/dist_proto.c)
 KNOCK, CHALLENGE, HELLO, WELCOME, REFUSED = 9, 10, 1, 2, 3
 NONCE, SEAL = 16, 20
 

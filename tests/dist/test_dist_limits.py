@@ -1,4 +1,4 @@
-"""Receive limits on the pipeline's NNG ports (src/dist.c): someone who can
+"""Receive limits on the pipeline's NNG ports (src/dist/dist.c): someone who can
 reach them but holds no secret cannot make a process buffer big messages.
 A ds4-server coordinator (prefill chunks of 8 tokens) and one ./ds4 worker
 on loopback serve a request; then raw connections to the worker's data

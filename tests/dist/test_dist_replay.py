@@ -1,4 +1,4 @@
-"""Recorded pipeline frames sent again (src/dist.c, src/dist_proto.h): a
+"""Recorded pipeline frames sent again (src/dist/dist.c, src/dist/dist_proto.h): a
 ds4-server coordinator and one ./ds4 worker on loopback, the link between
 them recorded by a packet capture on lo (the frames exactly as the
 coordinator sealed them, nothing made up here):

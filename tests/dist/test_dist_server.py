@@ -1,4 +1,4 @@
-"""ds4-server as a pipeline coordinator (src/dist.c) with one ./ds4 worker on
+"""ds4-server as a pipeline coordinator (src/dist/dist.c) with one ./ds4 worker on
 loopback ports, against a single-process ds4-server on the demo model:
 - greedy chat completions through the route equal the single process's;
 - a worker stopped with SIGSTOP (its connection stays open, it answers

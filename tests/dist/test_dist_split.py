@@ -1,4 +1,4 @@
-"""Pipeline parallelism across processes (src/dist.c) on loopback: a
+"""Pipeline parallelism across processes (src/dist/dist.c) on loopback: a
 coordinator and 1 or 2 workers, each a separate ./ds4 process holding its
 own layer slice, give the single process's output byte for byte:
 

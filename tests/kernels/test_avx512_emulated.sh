@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The AVX-512 and AMX kernels on machines without them: compiles
-# src/kernels_cpu_avx512.c and src/kernels_cpu_amx.c against SIMDe (a
+# src/kernels/kernels_cpu_avx512.c and src/kernels/kernels_cpu_amx.c against SIMDe (a
 # portable implementation of the x86 intrinsics) plus an element-wise
 # emulation of the AMX tile instructions, forces the AMX level, and runs the
 # kernel unit test, which then checks every AVX-512 and AMX dot against the
@@ -156,9 +156,9 @@ static inline void tile_dpbssd(int c, int a, int b) {
 #define _tile_dpbssd(c, a, b) tile_dpbssd(c, a, b)
 EOF
 cf="-std=gnu11 -D_GNU_SOURCE -O1 -w -Wno-psabi -Isrc"
-gcc $cf -I"$d/shim" -c src/kernels_cpu_avx512.c -o "$d/avx512.o"
-gcc $cf -I"$d/shim" -c src/kernels_cpu_amx.c -o "$d/amx.o"
-gcc $cf -DDS4_KERNELS_ASSUME_AMX -c src/kernels_cpu.c -o "$d/kernels_cpu.o"
-gcc $cf -mavx2 -mfma -mf16c -c src/kernels_cpu_avx2.c -o "$d/avx2.o"
-gcc $cf -Itests/unit tests/unit/test_kernels.c "$d"/*.o src/quant*.c src/threadpool.c -o "$d/test_kernels" -lm -pthread
+gcc $cf -I"$d/shim" -c src/kernels/kernels_cpu_avx512.c -o "$d/avx512.o"
+gcc $cf -I"$d/shim" -c src/kernels/kernels_cpu_amx.c -o "$d/amx.o"
+gcc $cf -DDS4_KERNELS_ASSUME_AMX -c src/kernels/kernels_cpu.c -o "$d/kernels_cpu.o"
+gcc $cf -mavx2 -mfma -mf16c -c src/kernels/kernels_cpu_avx2.c -o "$d/avx2.o"
+gcc $cf -Itests/unit tests/unit/test_kernels.c "$d"/*.o src/quant*.c src/base/threadpool.c -o "$d/test_kernels" -lm -pthread
 "$d/test_kernels"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerates tests/fixtures/glm_chat/rendered.json: GLM prompts rendered by
 jinja2 from the committed templates, the oracle tests/unit/test_glm_chat.c
-compares src/glm_chat.c with byte for byte.
+compares src/text/glm_chat.c with byte for byte.
 
 Templates (tests/fixtures/glm_chat/SOURCE.md says where they come from)
   GLM-4.7-Flash.jinja   the official zai-org GLM-4.7 template (base of GLM-5)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Print the IQ2_XXS format tables from tests/fixtures/quant/iq2xxs-tables.txt as C
-initializers, for pasting into src/quant_iq2xxs.c (the committed C does not
+initializers, for pasting into src/kernels/quant_iq2xxs.c (the committed C does not
 need this script). Parsing follows the file's documented rule: a '#' line
 opens a table named by its first word; hex literals up to the next '#' line
 belong to it."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates src/tokenizer_unicode.c: the Unicode classes the DeepSeek
+"""Regenerates src/text/tokenizer_unicode.c: the Unicode classes the DeepSeek
 pre-tokenizer regexes use (\\p{L} \\p{M} \\p{N} \\p{P} \\p{S} and \\s), as code
 point ranges.
 

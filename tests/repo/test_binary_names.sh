@@ -11,7 +11,7 @@ while IFS=: read -r file line word; do
     case $built in *" $word "*) continue ;; esac
     echo "FAIL: $file:$line names $word, which is not a binary (app/*.c, tools/*.c)"
     status=1
-done < <(grep -noE '(^|[^/A-Za-z0-9_.-])ds4-[a-z][a-z0-9-]*' Makefile mk/* src/*.[ch] src/server/*.[ch] app/*.c tools/*.c |
+done < <(grep -noE '(^|[^/A-Za-z0-9_.-])ds4-[a-z][a-z0-9-]*' Makefile mk/* $(find src app tools -name "*.[ch]" -o -name "*.cu" | sort) |
          sed -E 's/^([^:]*:[0-9]+:)[^d]*/\1/' | sed -E 's/-+$//')
 [ $status = 0 ] && echo "binary names: every ds4-NAME in the build and sources is built"
 exit $status

@@ -3,9 +3,9 @@
 # - "bit-for-bit" / "bit-identical" only where a test compares with memcmp:
 #   ds4-numerics prefill vs decode (test_forward.c), batched sessions and
 #   chunking (test_batch.c); docs/correctness.md states these;
-# - the disk cache's eviction weighs hits (src/kvdisk.h), so no "LRU" or
+# - the disk cache's eviction weighs hits (src/kvdisk/kvdisk.h), so no "LRU" or
 #   "least-recently-used", and the score docs/kv-cache.md gives is the header's;
-# - rewinds allocate ring checkpoints (src/engine.c), so the session is not
+# - rewinds allocate ring checkpoints (src/engine/engine.c), so the session is not
 #   called "one allocation" without them.
 set -u
 cd "$(dirname "$0")/../.."
@@ -26,13 +26,13 @@ grep -qiE 'bit-identical logits' docs/architecture.md && ! grep -q 'history_bad 
     bad "architecture.md claims bit-identical chunking that test_batch.c no longer checks" ||
     ok "architecture.md: bit-identical chunking claim backed by test_batch.c"
 
-formula=$(grep -oE '6 h \* log2\(1 \+ hits\)' src/kvdisk.h)
-if [ -z "$formula" ]; then bad "src/kvdisk.h no longer states the eviction score"
+formula=$(grep -oE '6 h \* log2\(1 \+ hits\)' src/kvdisk/kvdisk.h)
+if [ -z "$formula" ]; then bad "src/kvdisk/kvdisk.h no longer states the eviction score"
 elif grep -qF "$formula" docs/kv-cache.md && ! grep -qiE 'least-recently-used|\bLRU\b' README.md docs/*.md; then
     ok "eviction described by its score ($formula), not as LRU"
-else bad "docs/kv-cache.md or another doc's eviction wording does not match src/kvdisk.h ($formula)"; fi
+else bad "docs/kv-cache.md or another doc's eviction wording does not match src/kvdisk/kvdisk.h ($formula)"; fi
 
-if grep -q 'malloc(ds4_kv_ring_bytes' src/engine.c; then
+if grep -q 'malloc(ds4_kv_ring_bytes' src/engine/engine.c; then
     grep -qE 'Session state is one allocation|one allocation\)' README.md docs/*.md &&
         bad "docs call session state one allocation while rewind checkpoints allocate" ||
         ok "one-allocation claim names the rewind checkpoints"

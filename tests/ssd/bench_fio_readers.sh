@@ -6,7 +6,7 @@
 #
 # Random O_DIRECT reads of one expert matrix (2304 KiB, the size of a
 # Flash q2 gate/up matrix) and of 4 KiB, by N threads each issuing one
-# pread at a time (what src/expert_cache.c does with its 8 readers) against
+# pread at a time (what src/models/dsv4/expert_cache.c does with its 8 readers) against
 # one thread keeping N reads in flight through io_uring (fio's own io_uring
 # engine, no liburing needed), N = 8, 16, 32; then sequential 1 MiB reads.
 # FILE must exist and be at least a few GiB (a model file will do; it is only

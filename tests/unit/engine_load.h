@@ -4,7 +4,7 @@
 #ifndef DS4_TEST_ENGINE_LOAD_H
 #define DS4_TEST_ENGINE_LOAD_H
 #include <stdio.h>
-#include "engine.h"
+#include "engine/engine.h"
 
 static inline ds4_engine *test_engine_load(const char *path, int numerics, int chunk) {
     char err[512];

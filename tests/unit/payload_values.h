@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "engine.h"
+#include "engine/engine.h"
 
 static inline void payload_values_refused(ds4_session *target, const unsigned char *payload, size_t bytes,
                                           size_t logits_off, size_t rows_off, int n_vocab, const char *family) {

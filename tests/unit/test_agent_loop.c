@@ -21,8 +21,8 @@
 
 #include "agent/loop.h"
 #include "check.h"
-#include "dsml.h"
-#include "tokenizer.h"
+#include "text/dsml.h"
+#include "text/tokenizer.h"
 
 #define D "\xef\xbd\x9c" "DSML" "\xef\xbd\x9c"
 #define SYSTEM "You are a test agent."

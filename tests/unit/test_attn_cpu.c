@@ -6,9 +6,9 @@
  * tails included) or the row count. */
 #include "check.h"
 
-#include "attn_cpu.h"
-#include "kernels_cpu.h"
-#include "quant.h"
+#include "kernels/attn_cpu.h"
+#include "kernels/kernels_cpu.h"
+#include "kernels/quant.h"
 
 #include <math.h>
 #include <stdint.h>

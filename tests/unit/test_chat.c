@@ -4,7 +4,7 @@
  * official encoder and ds4's renderer), plus the sheet's rules for the cases
  * the examples do not cover. */
 #include "check.h"
-#include "chat.h"
+#include "text/chat.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>

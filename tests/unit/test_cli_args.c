@@ -2,7 +2,7 @@
  * whole string is taken, everything else (empty, partial, out of range) is
  * refused without touching the output. */
 #include "check.h"
-#include "cli_args.h"
+#include "options/cli_args.h"
 
 #include <limits.h>
 #include <stdint.h>

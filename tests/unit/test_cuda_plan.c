@@ -6,10 +6,10 @@
  * arenas within budget, the first spilling layer named) with the spill point
  * computed independently from the plan's per-layer sums. */
 #include "check.h"
-#include "cuda_plan.h"
-#include "gguf.h"
-#include "kv.h"
-#include "model.h"
+#include "backends/cuda/cuda_plan.h"
+#include "format/gguf.h"
+#include "models/dsv4/kv.h"
+#include "models/dsv4/model.h"
 
 #include <stdio.h>
 #include <stdlib.h>

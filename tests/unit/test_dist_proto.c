@@ -13,8 +13,8 @@
  * 1 + 4/row bytes a float; a decoded payload re-encodes to the same bytes;
  * malformed formats are refused. */
 #include "check.h"
-#include "dist_proto.h"
-#include "sha1.h"
+#include "dist/dist_proto.h"
+#include "base/sha1.h"
 
 #include <math.h>
 #include <stdio.h>

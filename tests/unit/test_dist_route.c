@@ -46,14 +46,14 @@
  * bounds), for the 2-way and the 3-way split; their distance from the
  * single process is printed. */
 #include "check.h"
-#include "backend.h"
-#include "dist.h"
-#include "dist_proto.h"
-#include "engine.h"
-#include "forward_cpu.h"
-#include "gguf.h"
-#include "kv.h"
-#include "model.h"
+#include "backends/backend.h"
+#include "dist/dist.h"
+#include "dist/dist_proto.h"
+#include "engine/engine.h"
+#include "models/dsv4/forward_cpu.h"
+#include "format/gguf.h"
+#include "models/dsv4/kv.h"
+#include "models/dsv4/model.h"
 
 #include <math.h>
 #include <arpa/inet.h>

@@ -4,9 +4,9 @@
  * section-4 tables, the released Flash and Pro tables against the model
  * cards' parameter counts, and a metadata write -> GGUF -> read round trip. */
 #include "check.h"
-#include "ds4_layout.h"
-#include "gguf.h"
-#include "quant.h"
+#include "models/dsv4/ds4_layout.h"
+#include "format/gguf.h"
+#include "kernels/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,8 +3,8 @@
  * cJSON for JSON equivalence, and the invariant that any chunking of the
  * input gives the same (coalesced) event sequence. */
 #include "check.h"
-#include "dsml.h"
-#include "chat.h"
+#include "text/dsml.h"
+#include "text/chat.h"
 
 #include <cjson/cJSON.h>
 #include <stdint.h>

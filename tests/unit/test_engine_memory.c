@@ -11,7 +11,7 @@
  * Runs on the fuzz corpus' micro model (always present). */
 #include "check.h"
 #include "engine_load.h"
-#include "engine.h"
+#include "engine/engine.h"
 
 #include <malloc.h>
 #include <math.h>

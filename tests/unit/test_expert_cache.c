@@ -22,10 +22,10 @@
  * - Eviction bookkeeping: LRU matches a textbook LRU on random traces; aged
  *   LFU keeps a hot set that LRU loses to a scan. */
 #include "check.h"
-#include "engine.h"
-#include "expert_cache.h"
-#include "gguf.h"
-#include "model.h"
+#include "engine/engine.h"
+#include "models/dsv4/expert_cache.h"
+#include "format/gguf.h"
+#include "models/dsv4/model.h"
 
 #include <cjson/cJSON.h>
 #include <fcntl.h>

@@ -11,9 +11,9 @@
  * (Batches of several sessions: test_batch.c.) */
 #include "check.h"
 #include "engine_load.h"
-#include "engine.h"
-#include "forward_cpu.h"
-#include "quant.h"
+#include "engine/engine.h"
+#include "models/dsv4/forward_cpu.h"
+#include "kernels/quant.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

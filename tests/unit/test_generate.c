@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "generate.h"
-#include "json_util.h"
+#include "engine/generate.h"
+#include "base/json_util.h"
 
 #define DEMO "models/demo.gguf"
 

@@ -9,8 +9,8 @@
  * between data pointers and the fill callback); tests/gguf/test_gguf_pyread.py
  * checks the result with gguf-py. */
 #include "check.h"
-#include "gguf.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "kernels/quant.h"
 
 #include <math.h>
 #include <stdint.h>

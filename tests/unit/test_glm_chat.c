@@ -4,9 +4,9 @@
  * tests/oracles/glm_chat_fixtures.py), byte for byte; plus the renderer's
  * own error paths, client spans and exact replay. */
 #include "check.h"
-#include "chat.h"
-#include "glm_chat.h"
-#include "tokenizer.h"
+#include "text/chat.h"
+#include "text/glm_chat.h"
+#include "text/tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>

@@ -24,8 +24,8 @@
  *   full context; the DeepSeek-only options refuse the GLM file by name. */
 #include "check.h"
 #include "engine_load.h"
-#include "json_util.h"
-#include "kvdisk.h"
+#include "base/json_util.h"
+#include "kvdisk/kvdisk.h"
 #include "payload_values.h"
 
 #include <cjson/cJSON.h>

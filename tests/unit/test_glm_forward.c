@@ -9,12 +9,12 @@
  * bound the oracle itself moves by, and every state path: test_glm_engine.c.)
  * Bad token ids fail with one line. */
 #include "check.h"
-#include "gguf.h"
-#include "glm_forward.h"
-#include "glm_model.h"
-#include "quant.h"
-#include "threadpool.h"
-#include "json_util.h"
+#include "format/gguf.h"
+#include "models/glm/glm_forward.h"
+#include "models/glm/glm_model.h"
+#include "kernels/quant.h"
+#include "base/threadpool.h"
+#include "base/json_util.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -16,12 +16,12 @@
  *   ($BUILD/glmtiny/A-<type>.gguf) binds with config.json's values in f32,
  *   f16 and q8_0. */
 #include "check.h"
-#include "engine.h"
-#include "gguf.h"
-#include "glm_layout.h"
-#include "glm_model.h"
-#include "model.h"
-#include "quant.h"
+#include "engine/engine.h"
+#include "format/gguf.h"
+#include "models/glm/glm_layout.h"
+#include "models/glm/glm_model.h"
+#include "models/dsv4/model.h"
+#include "kernels/quant.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

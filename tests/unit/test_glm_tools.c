@@ -4,8 +4,8 @@
  * official template) for round trips, and the invariant that any chunking
  * of the input gives the same coalesced events. */
 #include "check.h"
-#include "glm_chat.h"
-#include "glm_tools.h"
+#include "text/glm_chat.h"
+#include "text/glm_tools.h"
 
 #include <stdint.h>
 #include <stdlib.h>

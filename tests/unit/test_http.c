@@ -1,7 +1,7 @@
 /* HTTP head parser and chunked decoder: behaviour on well-formed, split,
  * oversized and malformed input (expected values follow RFC 9112). */
 #include "check.h"
-#include "http.h"
+#include "server/http.h"
 
 #include <string.h>
 

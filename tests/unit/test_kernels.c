@@ -22,9 +22,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include "check.h"
-#include "kernels_cpu.h"
-#include "quant.h"
-#include "threadpool.h"
+#include "kernels/kernels_cpu.h"
+#include "kernels/quant.h"
+#include "base/threadpool.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next_u64(void) {

@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "engine.h"
-#include "kv_payload.h"
+#include "engine/engine.h"
+#include "models/dsv4/kv_payload.h"
 #include "payload_values.h"
 
 enum { STEPS = 12 };

@@ -27,15 +27,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "chat.h"
+#include "text/chat.h"
 #include "check.h"
-#include "engine.h"
-#include "engine_kvdisk.h"
-#include "kv_payload.h"
-#include "kvdisk.h"
-#include "sha1.h"
-#include "tokenizer.h"
-#include "toolmem.h"
+#include "engine/engine.h"
+#include "engine/engine_kvdisk.h"
+#include "models/dsv4/kv_payload.h"
+#include "kvdisk/kvdisk.h"
+#include "base/sha1.h"
+#include "text/tokenizer.h"
+#include "text/toolmem.h"
 
 static void test_sha1(void) {
     char hex[41];

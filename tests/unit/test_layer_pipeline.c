@@ -7,11 +7,11 @@
  * with other chunk sizes than the stages, so the cut is the only thing the
  * comparison shares with the reference. */
 #include "check.h"
-#include "backend.h"
-#include "forward_cpu.h"
-#include "gguf.h"
-#include "kv.h"
-#include "model.h"
+#include "backends/backend.h"
+#include "models/dsv4/forward_cpu.h"
+#include "format/gguf.h"
+#include "models/dsv4/kv.h"
+#include "models/dsv4/model.h"
 
 #include <stdlib.h>
 #include <string.h>

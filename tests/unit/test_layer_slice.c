@@ -8,9 +8,9 @@
  * a wider one with one line; a partial engine loads and refuses eval with
  * one line, leaving the session empty. Inputs: $BUILD/dist/ (mk/dist.mk). */
 #include "check.h"
-#include "engine.h"
-#include "gguf.h"
-#include "model.h"
+#include "engine/engine.h"
+#include "format/gguf.h"
+#include "models/dsv4/model.h"
 
 #include <stdlib.h>
 #include <string.h>

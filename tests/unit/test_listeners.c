@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "listeners.h"
+#include "server/listeners.h"
 
 typedef struct {
     int n_calls;

@@ -1,5 +1,5 @@
 /* test_mempages.c -- page sizes behind mappings and the re-read into 2 MiB
- * pages (src/mempages.c, ds4_gguf_prefer_large_pages, the engine's load).
+ * pages (src/base/mempages.c, ds4_gguf_prefer_large_pages, the engine's load).
  *
  * The smaps parser runs on a captured /proc/self/smaps (tests/fixtures/smaps:
  * a 64 MiB MADV_HUGEPAGE anonymous buffer, then one file mapped as two VMAs,
@@ -9,11 +9,11 @@
  * either way: the bytes and the pointers do not change, every page is mapped
  * afterwards, a model loads and computes bit-identical logits. */
 #include "check.h"
-#include "engine.h"
+#include "engine/engine.h"
 #include "engine_load.h"
-#include "gguf.h"
-#include "mempages.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "base/mempages.h"
+#include "kernels/quant.h"
 
 #include <fcntl.h>
 #include <stdlib.h>

@@ -6,11 +6,11 @@
  * indexer) bind and run. Variants are rewritten from $BUILD/ds4tiny/A-f32.gguf
  * with the shared layout table (ds4_layout) for keys, names and mix types. */
 #include "check.h"
-#include "ds4_layout.h"
-#include "engine.h"
-#include "gguf.h"
-#include "model.h"
-#include "quant.h"
+#include "models/dsv4/ds4_layout.h"
+#include "engine/engine.h"
+#include "format/gguf.h"
+#include "models/dsv4/model.h"
+#include "kernels/quant.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

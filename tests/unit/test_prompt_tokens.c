@@ -8,8 +8,8 @@
  * conversations identically (the rendering choice docs/prompt-format.md states). */
 #include <string.h>
 #include "check.h"
-#include "chat.h"
-#include "tokenizer.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
 
 #define V3_JSON "data/deepseek-v3-tokenizer.json"
 #define V4_ADDED "tests/fixtures/tokenizer/v4-added-tokens.json"

@@ -9,7 +9,7 @@
  *   test_quant --dequantize TYPE N               blocks on stdin -> f32 rows
  *   test_quant --traits                          "id name elems bytes" lines */
 #include "check.h"
-#include "quant.h"
+#include "kernels/quant.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -2,7 +2,7 @@
  * sampling defaults vs explicit knobs, message/item/block mapping per family,
  * error statuses and params (server-api.md 8). */
 #include "check.h"
-#include "request.h"
+#include "server/request.h"
 
 #include <stdio.h>
 #include <string.h>

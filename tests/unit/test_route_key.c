@@ -13,7 +13,7 @@
  *   (the last, shorter one differs from the extension's);
  * - a key cut short (as a slot keeps it) shares only its whole sections. */
 #include "check.h"
-#include "route_key.h"
+#include "server/route_key.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -2,7 +2,7 @@
  * UE8M0 / FP4 decoders against values worked out from the format definitions,
  * every header validation rule, and sharded directories through an index. */
 #include "check.h"
-#include "safetensors.h"
+#include "format/safetensors.h"
 
 #include <math.h>
 #include <stdio.h>

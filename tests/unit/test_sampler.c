@@ -3,7 +3,7 @@
  * here independently; frequency checks are chi-square tests with fixed
  * seeds, so they are deterministic. */
 #include "check.h"
-#include "sampler.h"
+#include "engine/sampler.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -11,8 +11,8 @@
  * runs must both accept and reject drafts, or they prove nothing. */
 #include "check.h"
 #include "engine_load.h"
-#include "generate.h"
-#include "spec.h"
+#include "engine/generate.h"
+#include "engine/spec.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * (server-api.md 4.4, 6.5, 7.4), tool-call deltas that concatenate to the
  * expected JSON, stop strings across chunk boundaries, non-stream bodies. */
 #include "check.h"
-#include "stream.h"
+#include "server/stream.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
 #include <unistd.h>
 #include "check.h"
 
-#include "threadpool.h"
+#include "base/threadpool.h"
 
 #define MAX_TASKS 1000
 

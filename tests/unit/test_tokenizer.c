@@ -18,8 +18,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "tokenizer_internal.h"
-#include "json_util.h"
+#include "text/tokenizer_internal.h"
+#include "base/json_util.h"
 
 #define V3_JSON "data/deepseek-v3-tokenizer.json"
 #define V4_ADDED "tests/fixtures/tokenizer/v4-added-tokens.json"

@@ -1,7 +1,7 @@
 /* Tool-id map: id format and uniqueness, shared blocks, LRU eviction by
  * count and by bytes, replacement of an id. */
 #include "check.h"
-#include "toolmem.h"
+#include "text/toolmem.h"
 
 #include <stdbool.h>
 #include <stdlib.h>

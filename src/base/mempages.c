@@ -1,0 +1,130 @@
+/* mempages.c -- page sizes behind memory ranges, re-reading file ranges
+ * into large folios; contract in mempages.h. */
+#include "base/mempages.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Parses up to 16 hex digits at *p (< end); false when there are none or too many. */
+static bool parse_hex(const char **p, const char *end, uint64_t *out) {
+    uint64_t v = 0;
+    int n = 0;
+    for (; *p < end && hex_digit(**p) >= 0; (*p)++, n++) {
+        if (n == 16) return false;
+        v = v << 4 | (uint64_t)hex_digit(**p);
+    }
+    *out = v;
+    return n > 0;
+}
+
+/* A VMA header line: "START-END perms offset dev inode [path]". */
+static bool parse_header(const char *line, const char *end, uint64_t *start, uint64_t *stop) {
+    const char *p = line;
+    if (!parse_hex(&p, end, start) || p >= end || *p != '-') return false;
+    p++;
+    return parse_hex(&p, end, stop) && p < end && *p == ' ';
+}
+
+/* "Name:   123 kB": the value when the line is that field. */
+static bool parse_field(const char *line, const char *end, const char *name, uint64_t *kb) {
+    const size_t n = strlen(name);
+    if ((size_t)(end - line) <= n || memcmp(line, name, n) || line[n] != ':') return false;
+    const char *p = line + n + 1;
+    while (p < end && *p == ' ') p++;
+    uint64_t v = 0;
+    int digits = 0;
+    for (; p < end && *p >= '0' && *p <= '9' && digits < 19; p++, digits++) v = v * 10 + (uint64_t)(*p - '0');
+    *kb = v;
+    return digits > 0;
+}
+
+/* A hostile text cannot wrap a sum around. */
+static void add_kb(uint64_t *sum, uint64_t kb) { *sum = kb > UINT64_MAX - *sum ? UINT64_MAX : *sum + kb; }
+
+int ds4_smaps_sum_range(const char *text, size_t len, uintptr_t lo, uintptr_t hi, ds4_mem_sizes *out) {
+    memset(out, 0, sizeof *out);
+    int entries = 0;
+    bool inside = false;
+    for (const char *line = text, *end = text + len; line < end;) {
+        const char *eol = memchr(line, '\n', (size_t)(end - line));
+        if (!eol) eol = end;
+        uint64_t start, stop, kb;
+        if (parse_header(line, eol, &start, &stop)) {
+            inside = lo < hi && start < hi && stop > lo;
+            entries += inside && entries < INT32_MAX;
+        } else if (inside) {
+            if (parse_field(line, eol, "Rss", &kb)) add_kb(&out->rss_kb, kb);
+            else if (parse_field(line, eol, "FilePmdMapped", &kb)) add_kb(&out->file_pmd_kb, kb);
+            else if (parse_field(line, eol, "AnonHugePages", &kb)) add_kb(&out->anon_huge_kb, kb);
+        }
+        line = eol + 1;
+    }
+    return entries;
+}
+
+/* /proc files have no size: read until EOF into a growing buffer. */
+static char *read_proc(const char *path, size_t *len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (ssize_t got = 1; buf && got > 0;) {
+        if (n == cap) {
+            char *bigger = realloc(buf, cap * 2);
+            if (!bigger) { free(buf); buf = NULL; break; }
+            buf = bigger;
+            cap *= 2;
+        }
+        got = read(fd, buf + n, cap - n);
+        if (got < 0 && errno == EINTR) { got = 1; continue; }
+        if (got < 0) { free(buf); buf = NULL; break; }
+        n += (size_t)got;
+    }
+    close(fd);
+    *len = n;
+    return buf;
+}
+
+bool ds4_mem_range_sizes(const void *base, size_t len, ds4_mem_sizes *out, char *err, size_t errlen) {
+    size_t n = 0;
+    char *text = read_proc("/proc/self/smaps", &n);
+    if (!text) {
+        snprintf(err, errlen, "cannot read /proc/self/smaps: %s", strerror(errno));
+        return false;
+    }
+    const uintptr_t lo = (uintptr_t)base;
+    const int entries = ds4_smaps_sum_range(text, n, lo, lo + len, out);
+    free(text);
+    if (!entries) snprintf(err, errlen, "/proc/self/smaps has no entry for the mapping at %p", base);
+    return entries > 0;
+}
+
+bool ds4_file_range_reread(const void *base, size_t len, int fd, uint64_t offset, char *err, size_t errlen) {
+    void *p = (void *)base;
+    const char *step = NULL;
+    /* Our own mapping pins the cached pages; fadvise drops only unmapped ones. */
+    if (madvise(p, len, MADV_DONTNEED)) step = "dropping the mapping's page-table entries";
+    /* VM_HUGEPAGE makes the fault path read ahead in PMD-sized folios, as
+     * large as the ones a sequential read() with a big read-ahead window gets. */
+    else if (madvise(p, len, MADV_HUGEPAGE)) step = "MADV_HUGEPAGE";
+    else if ((errno = posix_fadvise(fd, (off_t)offset, (off_t)len, POSIX_FADV_DONTNEED))) step = "dropping the cached pages";
+    else if (madvise(p, len, MADV_POPULATE_READ)) step = "reading the file again";
+    if (step) snprintf(err, errlen, "%s: %s", step, strerror(errno));
+    return step == NULL;
+}

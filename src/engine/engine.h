@@ -1,0 +1,209 @@
+/* engine.h -- the public C API every front end uses (ds4, ds4-server,
+ * ds4-bench, ds4-agent). Front ends never reach into kernels,
+ * model binding or the forward pass directly.
+ *
+ * Contract
+ * - ds4_engine_load() opens the GGUF (mmapped), binds and validates the
+ *   layout of its family by general.architecture (deepseek4: DeepSeek V4;
+ *   glm-dsa: GLM 5.2, ds4_engine_family()), every dimension from metadata,
+ *   loads the tokenizer from the same file, creates the backend (CPU, or CUDA
+ *   with gpu.backend; no silent fallback when CUDA was asked for) and thread
+ *   pool. On error: NULL and one clear line in err ("not a DeepSeek V4 GGUF:
+ *   missing tensor blk.3.ffn...", "not a GLM 5.2 GGUF: ..."). GLM runs on
+ *   the CPU in f32 math; the DeepSeek-only options (ssd, numerics ds4, cuda,
+ *   layers, dist role) refuse a GLM file with one line naming the option.
+ * - A session is one conversation's decode state (DeepSeek V4: KV rings,
+ *   compressed rows, indexer rows, compressor frontiers; GLM: glm_kv.h)
+ *   sized for `ctx` tokens, plus the checkpoint token list and the logits
+ *   for the next token. Every call below works the same for both families.
+ * - ds4_session_prefill() appends tokens (chunked by prefill_chunk) and leaves
+ *   the next-token logits of the last one; ds4_session_decode() appends one.
+ *   Results do not depend on chunking or on batching with other sessions:
+ *   they are bit-identical.
+ * - ds4_session_rewind() truncates the checkpoint to n tokens (prefix reuse);
+ *   it may need to recompute state for the last partial compression window,
+ *   which it does itself (GLM keeps every position: only the last kept
+ *   token is recomputed, for its logits).
+ * - Progress callbacks may request cancellation by returning nonzero; the
+ *   session then holds a consistent (shorter) checkpoint.
+ * - ssd.enabled (--ssd-streaming): the routed experts are read from the file
+ *   into a bounded expert cache (expert_cache.h) instead of being mapped; the
+ *   rest of the weights is made resident. Logits equal the mapped path bit
+ *   for bit. Load prints one report line (resident bytes, slots, working
+ *   set) unless quiet, and refuses with one line when the budget cannot work.
+ *   An expert read failure (truncated file, I/O error) fails that call and
+ *   every later one of this engine with the same line (the file changed
+ *   under it: restart); it is the one failure that does not leave the
+ *   engine usable.
+ * - Weights in RAM at load: on the CPU backend, a whole model (no --layers
+ *   slice, no pipeline role, no ssd.enabled) whose files fit in the memory
+ *   available (MemAvailable and the cgroup limit) is paged into the mapping
+ *   at load (ds4_gguf_populate), so the first prompt takes no page faults on
+ *   the weights; a model that does not fit stays lazily mapped. A kernel that
+ *   refuses leaves the mapping lazy with one note (unless quiet). After the
+ *   page-in, weights the page cache holds in 4 KiB pages are re-read into
+ *   2 MiB ones where a probe piece shows the kernel can
+ *   (ds4_gguf_prefer_large_pages): same bytes at the same addresses, and the
+ *   load line says what share was in 2 MiB pages before and after.
+ * - Not thread-safe: one engine serves all its sessions from one thread at a
+ *   time (the backend's scratch is shared); ds4_sessions_step() is how
+ *   several sessions advance together.
+ * - layers (--layers A:B, A:output; model.h): only that slice's tensors are
+ *   bound and touched, the embedding with layer 0, the head with "output";
+ *   a file holding a layer range loads with its own range by default. An
+ *   engine holding less than the whole model loads (CPU backend only) but
+ *   refuses prefill/decode with one line unless it is a pipeline coordinator
+ *   (dist.role), whose backend runs the other layers on its workers.
+ * - Allocation failures are errors (NULL / -1 with err), never crashes; a
+ *   failed call leaves the engine and its sessions usable.
+ */
+#ifndef DS4_ENGINE_H
+#define DS4_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include "backends/cuda/cuda_plan.h"
+#include "dist/dist.h"
+
+#include "base/byte_stream.h"
+
+struct ds4_tokenizer;
+
+typedef struct ds4_engine ds4_engine;
+typedef struct ds4_session ds4_session;
+
+/* --ssd-streaming* options (docs/ssd-streaming.md). */
+typedef struct {
+    bool enabled;
+    uint64_t cache_bytes;   /* --ssd-streaming-cache-experts NGB (0: automatic) */
+    int cache_slots;        /* --ssd-streaming-cache-experts N: exactly N slots */
+    int preload_experts;    /* hot experts read at load; 0: half the slots */
+    bool cold;              /* --ssd-streaming-cold: no preload */
+    bool stats;             /* --ssd-streaming-stats: counters on stderr when the engine is freed */
+    bool lru;               /* plain LRU eviction instead of aged LFU (for measurements) */
+    bool no_predict;        /* no early reads of the next layer's guessed experts (for measurements) */
+    int ctx;                /* context the front end will use: KV reserved by the automatic budget */
+    const char *trace_path; /* record every layer's routing here (policy measurements) */
+} ds4_ssd_params;
+
+/* Parses argv[*i] if it is an --ssd-streaming* option (advancing *i past a
+ * value it takes). Returns 1 if consumed, 0 if not one of them, -1 with a
+ * line in err for a bad or missing value. */
+int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char *err, size_t errlen);
+/* The options' help lines, for usage texts. */
+extern const char ds4_ssd_usage[];
+
+typedef struct {
+    uint64_t hits, misses, bytes_read, tokens, preloaded, prefetched;
+    uint64_t predicted, predicted_right, predicted_read;   /* next-layer guesses (expert_cache.h) */
+    double read_seconds, stall_seconds;
+} ds4_ssd_stats;
+/* false when the engine does not stream experts */
+bool ds4_engine_ssd_stats(const ds4_engine *e, ds4_ssd_stats *out);
+
+typedef struct {
+    const char *model_path;
+    int n_threads;          /* <= 0: the physical cores we may run on */
+    int prefill_chunk;      /* <= 0: 4096 */
+    int numerics;           /* -1: default (ds4 simulation on for real models), 0: exact f32, 1: ds4 simulation */
+    bool quiet;             /* no load report on stderr */
+    ds4_ssd_params ssd;
+    ds4_gpu_opts gpu;       /* backend choice and GPU placement (cuda_plan.h) */
+    int gpu_ctx;            /* context the GPU placement reserves KV for (<= 0: 32768) */
+    const char *layers;     /* --layers A:B | A:output: bind only that slice (NULL: what the file holds) */
+    ds4_dist_params dist;   /* --role coordinator: the other layers run on registered workers (dist.h) */
+} ds4_engine_params;
+
+void ds4_engine_params_default(ds4_engine_params *p);
+ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen);
+void ds4_engine_free(ds4_engine *e);
+
+/* The model family of the loaded file (general.architecture): front ends
+ * pick the chat format and tool-call syntax by it; everything else in this
+ * API works the same for both. */
+typedef enum { DS4_FAMILY_DEEPSEEK4, DS4_FAMILY_GLM } ds4_model_family;
+ds4_model_family ds4_engine_family(const ds4_engine *e);
+const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e);
+int ds4_engine_n_vocab(const ds4_engine *e);
+int ds4_engine_n_layers(const ds4_engine *e);
+int ds4_engine_train_ctx(const ds4_engine *e);
+/* routed-expert quant bits of this file (2 or 4; 8/16/32 for test models) */
+int ds4_engine_expert_bits(const ds4_engine *e);
+const char *ds4_engine_model_name(const ds4_engine *e);
+uint64_t ds4_engine_model_bytes(const ds4_engine *e);
+/* Bytes one session of ctx tokens allocates (KV state, its rewind
+ * checkpoint slots, token list, logits): what ds4_session_new() needs. */
+uint64_t ds4_engine_kv_bytes(const ds4_engine *e, int ctx);
+/* Most tokens one ds4_sessions_step() evaluates (the prefill chunk). */
+int ds4_engine_max_batch(const ds4_engine *e);
+/* Weight bytes the backend's matrix products have read since load: a batch
+ * reads each weight once for all its rows (benchmarks report it per token). */
+uint64_t ds4_engine_weight_bytes_read(const ds4_engine *e);
+
+typedef int (*ds4_progress_fn)(void *ud, int done, int total);
+
+ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen);
+void ds4_session_free(ds4_session *s);
+int ds4_session_ctx(const ds4_session *s);
+/* TEST-ONLY: DS4_TEST_FAIL_DECODE_AFTER=N in the environment (read once by
+ * ds4_engine_load) makes every ds4_generate() on this engine's sessions fail
+ * its decode after N generated tokens, so tests can drive the decode-error
+ * answers of the front ends end to end. -1 when unset; never set it in use. */
+int ds4_session_test_fail_decode_after(const ds4_session *s);
+int ds4_session_n_tokens(const ds4_session *s);
+int ds4_session_n_vocab(const ds4_session *s);
+const int32_t *ds4_session_tokens(const ds4_session *s);
+/* next-token logits after the checkpoint (n_vocab floats); NULL when empty */
+const float *ds4_session_logits(const ds4_session *s);
+
+/* Append n tokens. If all_logits is non-NULL it receives n x n_vocab logits
+ * (position i's next-token logits), for eval/echo/oracle tests.
+ * Returns 0, -1 on error (err), 1 if cancelled by progress. */
+int ds4_session_prefill(ds4_session *s, const int32_t *toks, int n, float *all_logits,
+                        ds4_progress_fn progress, void *ud, char *err, size_t errlen);
+int ds4_session_decode(ds4_session *s, int32_t tok, char *err, size_t errlen);
+int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen);
+/* Drops the last tokens without recomputing: the state goes back to n_tokens
+ * (at least n - 256, the rings' slack; speculative verification drops at most
+ * its draft) and `logits` (n_vocab floats, the next-token logits after token
+ * n_tokens - 1, which the caller kept from the pass that computed them)
+ * become the session's. The state then equals having appended only the first
+ * n_tokens. Returns 0, or -1 (err) with nothing changed. */
+int ds4_session_truncate(ds4_session *s, int n_tokens, const float *logits, char *err, size_t errlen);
+
+/* Several sessions advanced by one batched pass: each step appends its n >= 1
+ * tokens (1 = a decode step, more = a prefill chunk) to its own session and
+ * leaves that session's next-token logits. Sessions must be distinct and
+ * belong to this engine; the tokens of all steps together must not exceed
+ * ds4_engine_max_batch(). Every session's logits and state are bit-identical
+ * to advancing it alone (backend.h), so batching never changes an answer.
+ * Returns 0, or -1 (err) with no session changed. */
+typedef struct {
+    ds4_session *session;
+    const int32_t *toks;
+    int n;
+} ds4_step;
+int ds4_sessions_step(ds4_engine *e, const ds4_step *steps, int n_steps, char *err, size_t errlen);
+
+/* In-memory snapshot of the full decode state (exact; restore is bit-identical). */
+typedef struct ds4_snapshot ds4_snapshot;
+ds4_snapshot *ds4_session_snapshot(const ds4_session *s);
+int ds4_session_restore(ds4_session *s, const ds4_snapshot *snap, char *err, size_t errlen);
+void ds4_snapshot_free(ds4_snapshot *snap);
+
+/* The session payload of the model's family (DSV4, kv_payload.h; GLM,
+ * glm_payload.h): the same exact state as bytes, for the disk KV cache; a
+ * payload of the other family is refused with one line. Loading validates everything first and leaves the
+ * session unchanged on error; it accepts payloads saved for a context no
+ * larger than this session's. */
+size_t ds4_session_payload_bytes(const ds4_session *s);
+void ds4_session_save_payload(const ds4_session *s, void *dst);
+int ds4_session_load_payload(ds4_session *s, const void *src, size_t n, char *err, size_t errlen);
+/* Streaming forms (byte_stream.h) for files: save returns false when the sink
+ * failed; load reads exactly n bytes and leaves the session unchanged on a
+ * validation error, empty when src fails part-way through the rows. */
+bool ds4_session_save_payload_to(const ds4_session *s, const ds4_sink *sink);
+int ds4_session_load_payload_from(ds4_session *s, const ds4_source *src, size_t n, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,89 @@
+#include "engine/spec.h"
+
+#include <stdio.h>
+#include <string.h>
+
+void ds4_spec_params_default(ds4_spec_params *p) {
+    *p = (ds4_spec_params){.lookup_max = 0, .lookup_min_ngram = 2};
+}
+
+bool ds4_spec_init(ds4_spec *sp, const ds4_spec_params *p, char *err, size_t errlen) {
+    if (p->lookup_max < 0 || p->lookup_max > DS4_SPEC_MAX_DRAFT) {
+        snprintf(err, errlen, "--spec-lookup %d: draft length must be 0..%d", p->lookup_max, DS4_SPEC_MAX_DRAFT);
+        return false;
+    }
+    if (p->lookup_min_ngram < 1 || p->lookup_min_ngram > DS4_SPEC_LOOKUP_NGRAM_MAX) {
+        snprintf(err, errlen, "lookup n-gram %d: must be 1..%d", p->lookup_min_ngram, DS4_SPEC_LOOKUP_NGRAM_MAX);
+        return false;
+    }
+    memset(sp, 0, sizeof *sp);
+    sp->p = *p;
+    return true;
+}
+
+/* The context with the chosen token appended, read without copying it. */
+typedef struct {
+    const int32_t *ctx;
+    int n;          /* tokens in ctx; position n is `last` */
+    int32_t last;
+} seq;
+static int32_t at(const seq *q, int i) { return i < q->n ? q->ctx[i] : q->last; }
+
+static bool same(const seq *q, int a, int b, int len) {
+    for (int i = 0; i < len; i++)
+        if (at(q, a + i) != at(q, b + i)) return false;
+    return true;
+}
+
+/* Longest suffix first, most recent earlier occurrence first: the longer the
+ * match, the likelier the continuation repeats; the most recent copy is the
+ * one an edit or a quote is most likely continuing. */
+static int lookup(const ds4_spec_params *p, const seq *q, int max, int32_t *out) {
+    const int len = q->n + 1;
+    int longest = len - 1 < DS4_SPEC_LOOKUP_NGRAM_MAX ? len - 1 : DS4_SPEC_LOOKUP_NGRAM_MAX;
+    for (int g = longest; g >= p->lookup_min_ngram; g--) {
+        const int suffix = len - g;
+        for (int start = suffix - 1; start >= 0; start--) {
+            if (at(q, start + g - 1) != q->last || !same(q, start, suffix, g)) continue;
+            int follow = start + g, k = 0;
+            while (k < max && follow + k < len) { out[k] = at(q, follow + k); k++; }
+            if (k) return k;
+        }
+    }
+    return 0;
+}
+
+int ds4_spec_propose(const ds4_spec *sp, const int32_t *ctx, int n, int32_t last, int max, int32_t *out) {
+    if (!ds4_spec_enabled(sp) || n < 1 || max <= 0) return 0;
+    if (max > sp->p.lookup_max) max = sp->p.lookup_max;
+    const seq q = {ctx, n, last};
+    return lookup(&sp->p, &q, max, out);
+}
+
+void ds4_spec_record_pass(ds4_spec *sp, int proposed) {
+    ds4_spec_stats *st = &sp->stats;
+    st->passes++;
+    st->proposed += (uint64_t)proposed;
+    for (int i = 0; i < proposed && i < DS4_SPEC_MAX_DRAFT; i++) st->proposed_at[i]++;
+}
+
+void ds4_spec_record_accept(ds4_spec *sp, int position) {
+    sp->stats.accepted++;
+    if (position >= 0 && position < DS4_SPEC_MAX_DRAFT) sp->stats.accepted_at[position]++;
+}
+
+size_t ds4_spec_stats_line(const ds4_spec *sp, char *buf, size_t len) {
+    const ds4_spec_stats *st = &sp->stats;
+    size_t o = 0;
+    /* each pass commits its accepted drafts plus the token the pass decoded */
+    double per_pass = st->passes ? (double)(st->accepted + st->passes) / (double)st->passes : 0.0;
+    o += (size_t)snprintf(buf + o, len - o,
+                          "spec lookup: %llu passes, proposed %llu, accepted %llu (%.1f%%), %.2f tokens/pass, by position",
+                          (unsigned long long)st->passes, (unsigned long long)st->proposed,
+                          (unsigned long long)st->accepted, st->proposed ? 100.0 * st->accepted / st->proposed : 0.0,
+                          per_pass);
+    for (int i = 0; i < DS4_SPEC_MAX_DRAFT && st->proposed_at[i] && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, " %d:%.0f%%", i + 1,
+                              100.0 * st->accepted_at[i] / st->proposed_at[i]);
+    return o < len ? o : len - 1;
+}

@@ -1,0 +1,100 @@
+/* kernels_cpu.h -- fast CPU dot products and matrix drivers with runtime SIMD
+ * dispatch (scalar, AVX2, AVX-512/VNNI, AMX-INT8), over the block formats of
+ * quant.h.
+ *
+ * Contract
+ * - ds4_cpu_features() probes the CPU once; ds4_kernels_set_level() may force
+ *   a lower level (tests compare every level the machine has against scalar).
+ * - ds4_vec_dot(type, ...) equals ds4_vec_dot_ref within float rounding.
+ *   Levels may differ from each other in float order (so within rounding);
+ *   inside one level every path of a type runs the same order.
+ * - The AMX level has its own Q8_0 and IQ2_XXS orders, which
+ *   ds4_vec_dot_q8_0_blockwise and ds4_vec_dot_iq2_xxs_blockwise below
+ *   spell out in plain C; its kernels match them bit for bit. Every other
+ *   type runs the AVX-512 kernels there.
+ * - ds4_quantize_act() turns an f32 activation row into the partner format
+ *   of a weight type (Q8_0 for Q8_0; Q8_K for K-quants and IQ2_XXS; f32 for
+ *   F32/F16/BF16), so it is done once per input and reused for every row.
+ * - ds4_matvec: y[r] = W[r,:]·x for r in [0,rows), x already converted with
+ *   ds4_quantize_act; split across the thread pool by rows.
+ * - ds4_matmul: Y[t,r] = W[r,:]·X[t,:] for a batch of T activations (prefill,
+ *   batched decode): blocks of weight rows that stay in L2, and inside them
+ *   rows x tokens tiles where the level has them (AVX-512 Q8_0: 4 x 4;
+ *   IQ2_XXS: 2 rows x up to 16 tokens, each weight block decoded once for
+ *   all of them; AMX Q8_0: 16 rows x 1..16 tokens, also used by ds4_matvec;
+ *   the token group packed once per block), else one row against up to 8
+ *   tokens. Every Y[t,r] is bit-identical to ds4_matvec's
+ *   y[r] for X[t] (same kernel arithmetic, whatever T, the other tokens or
+ *   the threads).
+ * - No allocation in the hot path: callers own scratch; ds4_matmul keeps a
+ *   128 KiB packing buffer on the stack of each thread that runs it.
+ */
+#ifndef DS4_KERNELS_CPU_H
+#define DS4_KERNELS_CPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kernels/quant.h"
+
+struct ds4_pool;
+
+/* AMX: AVX-512 plus AMX-TILE/AMX-INT8, with the OS's permission to use
+ * the tile registers (requested once per process by the probe). */
+enum ds4_simd_level { DS4_SIMD_SCALAR = 0, DS4_SIMD_AVX2 = 1, DS4_SIMD_AVX512 = 2, DS4_SIMD_AMX = 3 };
+
+enum ds4_simd_level ds4_cpu_best_level(void);        /* what this CPU supports */
+enum ds4_simd_level ds4_kernels_level(void);         /* what is in use */
+void ds4_kernels_set_level(enum ds4_simd_level lvl); /* clamped to best */
+const char *ds4_simd_level_name(enum ds4_simd_level lvl);
+/* Inside the AVX-512 level, IQ2_XXS blocks are decoded with VBMI byte
+ * permutes and GFNI bit-matrix multiplies, and Q2_K quants extracted with
+ * the latter, where the CPU has both; else with gathers and shifts. The
+ * integers are the same, so results are bit-identical either way. Turning
+ * it off (tests compare the two) is clamped to the CPU like the level. */
+bool ds4_kernels_vbmi(void);
+void ds4_kernels_set_vbmi(bool on);
+
+/* bytes needed to hold n activations converted for weight type `type` */
+size_t ds4_act_bytes(uint32_t type, int64_t n);
+void ds4_quantize_act(uint32_t type, const float *x, void *dst, int64_t n);
+
+float ds4_vec_dot(uint32_t type, const void *w, const void *act, int64_t n);
+/* out[t] = ds4_vec_dot(type, w, acts + t * act_stride bytes, n) bit for bit,
+ * for t < nt, with each weight block loaded once for up to 8 activations */
+void ds4_vec_dotn(uint32_t type, const void *w, const void *acts, size_t act_stride, int64_t n, int nt, float *out);
+
+/* The AMX level's Q8_0 float order, in plain C (compiled everywhere, so the
+ * order is tested against the reference on any machine): per (row, token),
+ * acc = 0, then for each block b in order
+ *     acc = fmaf((float)isum_b, d_w[b] * d_a[b], acc)
+ * where isum_b is the block's exact integer sum of 32 products (|isum_b| <
+ * 2^19, exact as a float) and d_w[b] * d_a[b], two f16 values widened, is
+ * exact in f32; so each block adds its exact term with one rounding, and
+ * any implementation with a true FMA gets the same bits. The result is acc. */
+float ds4_vec_dot_q8_0_blockwise(const void *w, const void *act, int64_t n);
+
+/* The AMX level's IQ2_XXS x Q8_K float order, in plain C: per (row, token),
+ * acc = 0, then for each super-block i in order
+ *     acc = fmaf((float)isum_i, (0.125f * d_w[i]) * d_a[i], acc)
+ * where isum_i = sum over its 8 sub-blocks of (2 * scale + 1) x the exact
+ * integer sum of the sub-block's 32 products (|isum_i| < 2^26; the
+ * conversion rounds to nearest beyond 2^24) and d_w[i] is the f16 factor
+ * widened, d_a[i] the activation's f32 scale. One rounding of the product
+ * 0.125 d_w d_a, one of the conversion and one per fmaf: any implementation
+ * with a true FMA gets the same bits. The result is acc. */
+float ds4_vec_dot_iq2_xxs_blockwise(const void *w, const void *act, int64_t n);
+
+/* Sum of x[0..n) read with the widest vector loads of the level in use
+ * (64-byte on AVX-512, four independent accumulators): the plain read loop
+ * whose bandwidth is the honest denominator for the streaming kernels. */
+float ds4_read_sum(const float *x, int64_t n);
+
+/* W: rows x n of `type` (row stride = ds4_type_row_bytes(type,n)). */
+void ds4_matvec(struct ds4_pool *pool, uint32_t type, const void *W, int64_t rows, int64_t n,
+                const void *act, float *y);
+/* acts: T rows, each ds4_act_bytes(type,n) bytes; Y: T x rows floats (row-major by token). */
+void ds4_matmul(struct ds4_pool *pool, uint32_t type, const void *W, int64_t rows, int64_t n,
+                const void *acts, int64_t T, float *Y);
+
+#endif

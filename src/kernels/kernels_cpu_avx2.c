@@ -1,0 +1,469 @@
+/* kernels_cpu_avx2.c -- AVX2/FMA/F16C dot products (gguf-and-quants.md
+ * section 10): integer multiply-accumulate inside each block, one float
+ * multiply per block or super-block.
+ *
+ * The workhorse is maddubs (u8 x s8 -> pairs summed into i16). Every weight
+ * format here is made unsigned first (Q8_0 via abs/sign, Q6_K via its +32
+ * offset, IQ2_XXS by moving the signs onto the activation), and the sheet's
+ * bound "two adjacent products stay below 2^15" makes the i16 step exact.
+ * The following madd by the sub-block scale widens to i32.
+ *
+ * Every kernel is written once for NT activation rows (tokens): the weight
+ * block is loaded and unpacked once, then multiplied against each token.
+ * NT = 1 is the matvec dot, NT = 1..DS4_DOT_TOKENS the matmul micro-kernel;
+ * the per-token arithmetic is the same in all, so they agree bit for bit.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "kernels/kernels_cpu_simd.h"
+
+static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ---- float weights against f32 activations ---- */
+
+INLINE __m256 load8(enum float_kind k, const void *p, int64_t i) {
+    switch (k) {
+    case KIND_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    case KIND_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
+    default: return _mm256_loadu_ps((const float *)p + i);
+    }
+}
+
+INLINE float load1(enum float_kind k, const void *p, int64_t i) {
+    switch (k) {
+    case KIND_F16: return h2f(((const uint16_t *)p)[i]);
+    case KIND_BF16: return ds4_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+/* two FMA chains per token */
+INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t stride, int64_t n, int nt,
+                     float *out) {
+    __m256 acc[NT_MAX][2];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = load8(k, w, i), w1 = load8(k, w, i + 8);
+        UNROLL
+        for (int t = 0; t < nt; t++) {
+            const float *a = tok(acts, stride, t);
+            acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a + i), acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a + i + 8), acc[t][1]);
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 w0 = load8(k, w, i);
+        UNROLL
+        for (int t = 0; t < nt; t++)
+            acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps((const float *)tok(acts, stride, t) + i), acc[t][0]);
+    }
+    UNROLL
+    for (int t = 0; t < nt; t++) {
+        const float *a = tok(acts, stride, t);
+        float sum = hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1]));
+        for (int64_t j = i; j < n; j++) sum += load1(k, w, j) * a[j];
+        out[t] = sum;
+    }
+}
+
+FLOAT_KERNELS
+
+/* ---- Q8_0 x Q8_0 ---- */
+
+/* block b into accumulator slot `slot` of every token (two slots per token
+ * alternate between blocks to hide the FMA latency) */
+INLINE void q8_0_block(const ds4_block_q8_0 *x, const void *acts, size_t stride, int64_t b, int nt,
+                       __m256 acc[][2], int slot) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i qx = _mm256_loadu_si256((const __m256i *)x[b].qs);
+    __m256i ux = _mm256_sign_epi8(qx, qx);
+    float dx = h2f(x[b].d);
+    UNROLL
+    for (int t = 0; t < nt; t++) {
+        const ds4_block_q8_0 *y = (const ds4_block_q8_0 *)tok(acts, stride, t) + b;
+        __m256i p = _mm256_maddubs_epi16(ux, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), qx));
+        __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        acc[t][slot] = _mm256_fmadd_ps(s, _mm256_set1_ps(dx * h2f(y->d)), acc[t][slot]);
+    }
+}
+
+INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    int64_t nb = n / DS4_QK8_0, b = 0;
+    __m256 acc[NT_MAX][2];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (; b + 2 <= nb; b += 2) {
+        prefetch_weights((const ds4_block_q8_0 *)w + b);
+        q8_0_block(w, acts, stride, b, nt, acc, 0);
+        q8_0_block(w, acts, stride, b + 1, nt, acc, 1);
+    }
+    if (b < nb) q8_0_block(w, acts, stride, b, nt, acc, 0);
+    UNROLL
+    for (int t = 0; t < nt; t++) out[t] = hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1]));
+}
+DOT_ENTRY_POINTS(q8_0)
+
+/* ---- K-quants x Q8_K ---- */
+
+INLINE const ds4_block_q8_K *q8k(const void *acts, size_t stride, int t, int64_t i) {
+    return (const ds4_block_q8_K *)tok(acts, stride, t) + i;
+}
+
+INLINE __m256i madd_u8_scaled(__m256i q, const int8_t *a, __m256i scale16) {
+    __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)a));
+    return _mm256_madd_epi16(p, scale16);
+}
+
+/* super-block i of the affine K-quants into each token's accumulator:
+ * acc += (d_a·d)·sumi − (d_a·dmin)·Σ m·bsum, mins16 lined up with the bsums */
+INLINE void fold_affine(__m256 acc[], const __m256i sumi[], __m256i mins16, const void *acts, size_t stride,
+                        int64_t i, int nt, float d, float dmin) {
+    UNROLL
+    for (int t = 0; t < nt; t++) {
+        const ds4_block_q8_K *y = q8k(acts, stride, t, i);
+        __m256i m = _mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)y->bsums));
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(y->d * dmin), _mm256_cvtepi32_ps(m), acc[t]);
+    }
+}
+
+INLINE void store_sums(const __m256 acc[], int nt, float *out) {
+    UNROLL
+    for (int t = 0; t < nt; t++) out[t] = hsum_ps(acc[t]);
+}
+
+/* Q2_K: a 32-element vector spans two 16-element sub-blocks (low 128-bit
+ * lane, high lane), so the i16 multiplier carries the scale of sub-block j
+ * in the low lane and of j+1 in the high lane. The shuffle mask selects
+ * byte j / j+1 of the lane-broadcast scales with 0x80 (zero) as the high
+ * byte; adding 2 per step keeps those bytes >= 0x80. */
+INLINE void q2_K_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    const ds4_block_q2_K *x = w;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m256i two = _mm256_set1_epi8(2);
+    const __m256i mask0 = _mm256_setr_epi8(0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128,
+                                           1, -128, 1, -128, 1, -128, 1, -128, 1, -128, 1, -128, 1, -128, 1, -128);
+    __m256 acc[NT_MAX];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    const char *prefetch = prefetch_cursor(x);
+    for (int64_t i = 0; i < n / DS4_QK_K; i++) {
+        prefetch_lines(&prefetch, x + i + 1);
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
+        __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
+        __m256i scales = _mm256_broadcastsi128_si256(_mm_and_si128(sc8, m4));
+        __m256i mask = mask0, sumi[NT_MAX];
+        UNROLL
+        for (int t = 0; t < nt; t++) sumi[t] = _mm256_setzero_si256();
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            UNROLL
+            for (int k = 0; k < 4; k++) {
+                __m256i qk = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), m3);
+                __m256i sc = _mm256_shuffle_epi8(scales, mask);
+                UNROLL
+                for (int t = 0; t < nt; t++)
+                    sumi[t] = _mm256_add_epi32(sumi[t], madd_u8_scaled(qk, q8k(acts, stride, t, i)->qs + 128 * h + 32 * k, sc));
+                mask = _mm256_add_epi8(mask, two);
+            }
+        }
+        fold_affine(acc, sumi, mins16, acts, stride, i, nt, h2f(x[i].d), h2f(x[i].dmin));
+    }
+    store_sums(acc, nt, out);
+}
+DOT_ENTRY_POINTS(q2_K)
+
+/* Q4_K and Q5_K: the 6-bit codes (sheet 5.2) decoded four at a time in u32
+ * words. Returns the 8 scales as bytes in both 128-bit lanes (for per
+ * sub-block shuffles) and the mins as i16, each twice (one per bsum). */
+INLINE __m256i k4_scales(const uint8_t *S, __m256i *mins16) {
+    uint32_t a0, a1, a2;
+    memcpy(&a0, S, 4);
+    memcpy(&a1, S + 4, 4);
+    memcpy(&a2, S + 8, 4);
+    uint32_t sc03 = a0 & 0x3F3F3F3F, m03 = a1 & 0x3F3F3F3F;
+    uint32_t sc47 = (a2 & 0x0F0F0F0F) | ((a0 >> 6) & 0x03030303) << 4;
+    uint32_t m47 = ((a2 >> 4) & 0x0F0F0F0F) | ((a1 >> 6) & 0x03030303) << 4;
+    __m128i mins = _mm_setr_epi32((int)m03, (int)m47, 0, 0);
+    *mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins));
+    return _mm256_broadcastsi128_si256(_mm_setr_epi32((int)sc03, (int)sc47, 0, 0));
+}
+
+/* bit j of every byte of qh, moved to bit 4 (the fifth quant bit). The
+ * 16-bit shifts cannot leak between bytes because of the mask by 1 first. */
+INLINE __m256i q5_high(__m256i qh, int j) {
+    return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1)), 4);
+}
+
+/* one layout walk for both: Q5_K adds the fifth bit from qh (qh_off 0: Q4_K) */
+INLINE void k45_nt(const uint8_t *blocks, size_t block_bytes, size_t qs_off, size_t qh_off, const void *acts,
+                   size_t stride, int64_t n, int nt, float *out) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i one = _mm256_set1_epi8(1);
+    /* selects scale byte j into every i16 lane; 0x80 zeroes the high byte */
+    const __m256i mask0 = _mm256_set1_epi16((short)0x8000);
+    __m256 acc[NT_MAX];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / DS4_QK_K; i++, blocks += block_bytes) {
+        ds4_half d, dmin;
+        memcpy(&d, blocks, 2);
+        memcpy(&dmin, blocks + 2, 2);
+        __m256i mins16, scales = k4_scales(blocks + 4, &mins16);
+        __m256i qh = qh_off ? _mm256_loadu_si256((const __m256i *)(blocks + qh_off)) : _mm256_setzero_si256();
+        __m256i mask = mask0, sumi[NT_MAX];
+        UNROLL
+        for (int t = 0; t < nt; t++) sumi[t] = _mm256_setzero_si256();
+        UNROLL
+        for (int c = 0; c < 4; c++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(blocks + qs_off + 32 * c));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (qh_off) {
+                lo = _mm256_or_si256(lo, q5_high(qh, 2 * c));
+                hi = _mm256_or_si256(hi, q5_high(qh, 2 * c + 1));
+            }
+            __m256i sc_lo = _mm256_shuffle_epi8(scales, mask);
+            mask = _mm256_add_epi8(mask, one);
+            __m256i sc_hi = _mm256_shuffle_epi8(scales, mask);
+            mask = _mm256_add_epi8(mask, one);
+            UNROLL
+            for (int t = 0; t < nt; t++) {
+                const int8_t *a = q8k(acts, stride, t, i)->qs + 64 * c;
+                sumi[t] = _mm256_add_epi32(sumi[t], madd_u8_scaled(lo, a, sc_lo));
+                sumi[t] = _mm256_add_epi32(sumi[t], madd_u8_scaled(hi, a + 32, sc_hi));
+            }
+        }
+        fold_affine(acc, sumi, mins16, acts, stride, i, nt, h2f(d), h2f(dmin));
+    }
+    store_sums(acc, nt, out);
+}
+
+INLINE void q4_K_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    k45_nt(w, sizeof(ds4_block_q4_K), offsetof(ds4_block_q4_K, qs), 0, acts, stride, n, nt, out);
+}
+INLINE void q5_K_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    k45_nt(w, sizeof(ds4_block_q5_K), offsetof(ds4_block_q5_K, qs), offsetof(ds4_block_q5_K, qh), acts, stride, n,
+           nt, out);
+}
+DOT_ENTRY_POINTS(q4_K)
+DOT_ENTRY_POINTS(q5_K)
+
+/* Q6_K: quants are used with their +32 offset (unsigned for maddubs) and
+ * 32·Σ sc_j·bsum_j is subtracted. Scale pairs: i16 word 2p in the low lane,
+ * word 2p+1 in the high lane, from a half-broadcast of the 16 scales. */
+INLINE __m256i q6_quant(__m256i lo4, __m256i H, int k) {
+    const __m256i m2 = _mm256_set1_epi8(0x03);
+    return _mm256_or_si256(lo4, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 2 * k), m2), 4));
+}
+
+INLINE void q6_K_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    const ds4_block_q6_K *x = w;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i four = _mm256_set1_epi8(4);
+    const __m256i base = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    __m256 acc[NT_MAX];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / DS4_QK_K; i++) {
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        __m256i sumi[NT_MAX];
+        UNROLL
+        for (int t = 0; t < nt; t++) {
+            __m256i offs = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)q8k(acts, stride, t, i)->bsums));
+            sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offs, 5));
+        }
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m256i A = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h));
+            __m256i B = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h + 32));
+            __m256i H = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
+            __m256i scales = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11) : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+            __m256i mask = base;
+            UNROLL
+            for (int k = 0; k < 4; k++) {
+                __m256i lo4 = _mm256_and_si256(k < 2 ? (k ? B : A) : _mm256_srli_epi16(k == 3 ? B : A, 4), m4);
+                __m256i q = q6_quant(lo4, H, k);
+                __m256i sc = _mm256_shuffle_epi8(scales, mask);
+                UNROLL
+                for (int t = 0; t < nt; t++)
+                    sumi[t] = _mm256_add_epi32(sumi[t], madd_u8_scaled(q, q8k(acts, stride, t, i)->qs + 128 * h + 32 * k, sc));
+                mask = _mm256_add_epi8(mask, four);
+            }
+        }
+        float dx = h2f(x[i].d);
+        UNROLL
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(q8k(acts, stride, t, i)->d * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+    store_sums(acc, nt, out);
+}
+DOT_ENTRY_POINTS(q6_K)
+
+/* ---- IQ2_XXS x Q8_K ----
+ * The signs are applied to the activation (sign_epi8), so the grid bytes
+ * stay unsigned for maddubs; Q8_K never holds -128, so negation is exact.
+ * iq2_sign8[k] holds the eight ±1 multipliers of 7-bit sign index k: bit
+ * j < 7 of k gives element j, and element 7 is negative when k has odd
+ * parity (sheet section 6: every group has an even number of negatives).
+ * Built by the compiler, so it needs no run-time initialisation. */
+#define SGN_BYTE(k, j) ((((k) >> (j)) & 1) ? 0xFFull : 0x01ull) << (8 * (j))
+#define SGN_PARITY(k) (((k) ^ (k) >> 1 ^ (k) >> 2 ^ (k) >> 3 ^ (k) >> 4 ^ (k) >> 5 ^ (k) >> 6) & 1)
+#define SGN(k)                                                                                        \
+    (SGN_BYTE(k, 0) | SGN_BYTE(k, 1) | SGN_BYTE(k, 2) | SGN_BYTE(k, 3) | SGN_BYTE(k, 4) | SGN_BYTE(k, 5) | \
+     SGN_BYTE(k, 6) | (SGN_PARITY(k) ? 0xFFull : 0x01ull) << 56)
+#define SGN4(k) SGN(k), SGN(k + 1), SGN(k + 2), SGN(k + 3)
+#define SGN16(k) SGN4(k), SGN4(k + 4), SGN4(k + 8), SGN4(k + 12)
+static const uint64_t iq2_sign8[128] = {SGN16(0),  SGN16(16), SGN16(32), SGN16(48),
+                                        SGN16(64), SGN16(80), SGN16(96), SGN16(112)};
+
+INLINE __m256i iq2_sign_bytes(uint32_t W) {
+    return _mm256_setr_epi64x((long long)iq2_sign8[W & 127], (long long)iq2_sign8[(W >> 7) & 127],
+                              (long long)iq2_sign8[(W >> 14) & 127], (long long)iq2_sign8[(W >> 21) & 127]);
+}
+
+/* sub-block b of super-block i into slot `slot` of every token */
+INLINE void iq2_subblock(const uint8_t *q8, const void *acts, size_t stride, int64_t i, int b, int nt,
+                         __m256i sumi[][2], int slot) {
+    uint32_t W;
+    memcpy(&W, q8 + 4, 4);
+    __m256i grid = _mm256_setr_epi64x((long long)ds4_iq2xxs_grid[q8[0]], (long long)ds4_iq2xxs_grid[q8[1]],
+                                      (long long)ds4_iq2xxs_grid[q8[2]], (long long)ds4_iq2xxs_grid[q8[3]]);
+    __m256i sgn = iq2_sign_bytes(W);
+    __m256i scale = _mm256_set1_epi16((short)(2 * (W >> 28) + 1));
+    UNROLL
+    for (int t = 0; t < nt; t++) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(q8k(acts, stride, t, i)->qs + 32 * b));
+        __m256i p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(a, sgn));
+        sumi[t][slot] = _mm256_add_epi32(sumi[t][slot], _mm256_madd_epi16(p, scale));
+    }
+}
+
+INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    const ds4_block_iq2_xxs *x = w;
+    __m256 acc[NT_MAX];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / DS4_QK_K; i++) {
+        const uint8_t *q = (const uint8_t *)x[i].qs;
+        __m256i sumi[NT_MAX][2];
+        UNROLL
+        for (int t = 0; t < nt; t++) sumi[t][0] = sumi[t][1] = _mm256_setzero_si256();
+        UNROLL
+        for (int b = 0; b < 8; b += 2) {
+            iq2_subblock(q + 8 * b, acts, stride, i, b, nt, sumi, 0);
+            iq2_subblock(q + 8 * b + 8, acts, stride, i, b + 1, nt, sumi, 1);
+        }
+        float dx = 0.125f * h2f(x[i].d);
+        UNROLL
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * q8k(acts, stride, t, i)->d),
+                                     _mm256_cvtepi32_ps(_mm256_add_epi32(sumi[t][0], sumi[t][1])), acc[t]);
+    }
+    store_sums(acc, nt, out);
+}
+DOT_ENTRY_POINTS(iq2_xxs)
+
+/* ---- activation quantization, byte-identical to ds4_quantize_row ---- */
+
+static inline float hmax_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static inline __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+/* 32 integral floats (within int8 range) to bytes in element order: the
+ * two packs interleave 128-bit lanes, the dword permute undoes it */
+static inline __m256i pack_i8(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+    __m256i p01 = _mm256_packs_epi32(_mm256_cvttps_epi32(v0), _mm256_cvttps_epi32(v1));
+    __m256i p23 = _mm256_packs_epi32(_mm256_cvttps_epi32(v2), _mm256_cvttps_epi32(v3));
+    return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* roundf: ties away from zero. v - trunc(v) is exact, so the tie test is. */
+static inline __m256 round_away(__m256 v) {
+    __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 up = _mm256_cmp_ps(abs_ps(_mm256_sub_ps(v, t)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    __m256 step = _mm256_or_ps(_mm256_and_ps(v, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(1.0f));
+    return _mm256_add_ps(t, _mm256_and_ps(up, step));
+}
+
+READ_SUM_KERNEL(ds4_kernels_avx2_read_sum, 32)
+
+void ds4_kernels_avx2_quantize_q8_0(const float *x, ds4_block_q8_0 *y, int64_t n) {
+    for (int64_t b = 0; b < n / DS4_QK8_0; b++, x += DS4_QK8_0) {
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k);
+        float amax = hmax_ps(_mm256_max_ps(_mm256_max_ps(abs_ps(v[0]), abs_ps(v[1])),
+                                           _mm256_max_ps(abs_ps(v[2]), abs_ps(v[3]))));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = ds4_f32_to_half(d);
+        __m256 vid = _mm256_set1_ps(id);
+        for (int k = 0; k < 4; k++) v[k] = round_away(_mm256_mul_ps(v[k], vid));
+        _mm256_storeu_si256((__m256i *)y[b].qs, pack_i8(v[0], v[1], v[2], v[3]));
+    }
+}
+
+/* Σ of each 16-byte group of four 32-byte vectors: per vector the dword
+ * sums of 4; two hadds leave the 8 groups in [0,2,4,6 | 1,3,5,7] order */
+static inline __m256i group_sums8(const __m256i q[4]) {
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256i s[4];
+    for (int k = 0; k < 4; k++) s[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q[k]), ones16);
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    return _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+void ds4_kernels_avx2_quantize_q8_K(const float *x, ds4_block_q8_K *y, int64_t n) {
+    for (int64_t b = 0; b < n / DS4_QK_K; b++, x += DS4_QK_K) {
+        __m256 mx = _mm256_setzero_ps();
+        for (int k = 0; k < DS4_QK_K / 8; k++) mx = _mm256_max_ps(mx, abs_ps(_mm256_loadu_ps(x + 8 * k)));
+        float amax = hmax_ps(mx);
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof(y[b]));
+            continue;
+        }
+        /* the reference keeps the first element of largest magnitude */
+        int e = 0;
+        while (fabsf(x[e]) != amax) e++;
+        float iscale = -127.0f / x[e];
+        __m256 vs = _mm256_set1_ps(iscale), lim = _mm256_set1_ps(127.0f);
+        __m256i q[8];
+        for (int g = 0; g < 8; g++) {
+            __m256 v[4];
+            for (int k = 0; k < 4; k++)
+                v[k] = _mm256_min_ps(lim, _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * g + 8 * k), vs),
+                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            q[g] = pack_i8(v[0], v[1], v[2], v[3]);
+            _mm256_storeu_si256((__m256i *)(y[b].qs + 32 * g), q[g]);
+        }
+        __m256i bs = _mm256_packs_epi32(group_sums8(q), group_sums8(q + 4));
+        _mm256_storeu_si256((__m256i *)y[b].bsums, _mm256_permute4x64_epi64(bs, 0xD8));
+        y[b].d = 1.0f / iscale;
+    }
+}
+
+#define K_QUANTS(prefix)                                                                            \
+    case DS4_TYPE_Q2_K: return prefix##q2_K;                                                        \
+    case DS4_TYPE_Q4_K: return prefix##q4_K;                                                        \
+    case DS4_TYPE_Q5_K: return prefix##q5_K;                                                        \
+    case DS4_TYPE_Q6_K: return prefix##q6_K;
+
+ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type) { DISPATCH(dot_, K_QUANTS) }
+ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type) { DISPATCH(dotn_, K_QUANTS) }

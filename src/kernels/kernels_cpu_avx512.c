@@ -1,0 +1,493 @@
+/* kernels_cpu_avx512.c -- AVX-512 (F, BW, DQ, VL) + VNNI dot products.
+ *
+ * Only the formats where 512-bit registers and VNNI change the inner loop
+ * are here: the float types, Q8_0 (two blocks per register), IQ2_XXS (two
+ * sub-blocks per register, signs applied through a 64-bit opmask instead
+ * of being expanded into bytes, grids decoded by byte permutes where the
+ * CPU has VBMI and GFNI, else gathered) and Q2_K (the routed experts' down
+ * projections). The other K-quants return NULL and run the AVX2 kernels.
+ *
+ * vpdpbusd multiplies u8 by s8 and sums groups of four straight into i32,
+ * so unlike maddubs there is no i16 intermediate to saturate (Q8_0 needs
+ * that). The IQ2_XXS kernels multiply by a sub-block scale anyway, which
+ * vpdpwssd does on 16-bit words: there vpmaddubsw (pairs of products, far
+ * from saturating) feeds it directly, which lets the tile below fold the
+ * unsigned-activation offset into a per-row start value.
+ *
+ * As in the AVX2 file, each kernel is written once for NT tokens: NT = 1
+ * is the dot, NT = 1..DS4_DOT_TOKENS the matmul micro-kernel, with the same
+ * per-token arithmetic so all give identical results. Q8_0 and IQ2_XXS also
+ * have matmul tiles (rows x tokens, packed tokens) with the same integer
+ * sums and float order.
+ */
+#include <pthread.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "kernels/kernels_cpu.h"
+#include "kernels/kernels_cpu_simd.h"
+#include "kernels/kernels_cpu_iq2.h"
+
+/* ---- float weights against f32 activations ---- */
+
+INLINE __m512 load16(enum float_kind k, const void *p, int64_t i, __mmask16 m) {
+    switch (k) {
+    case KIND_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i));
+    case KIND_BF16:
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i)), 16));
+    default: return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    }
+}
+
+/* two FMA chains per token; masked loads handle the tail */
+INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t stride, int64_t n, int nt,
+                     float *out) {
+    __m512 acc[NT_MAX][2];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 w0 = load16(k, w, i, 0xFFFF), w1 = load16(k, w, i + 16, 0xFFFF);
+        UNROLL
+        for (int t = 0; t < nt; t++) {
+            const float *a = tok(acts, stride, t);
+            acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a + i), acc[t][0]);
+            acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(a + i + 16), acc[t][1]);
+        }
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 w0 = load16(k, w, i, m);
+        UNROLL
+        for (int t = 0; t < nt; t++)
+            acc[t][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, (const float *)tok(acts, stride, t) + i),
+                                        acc[t][0]);
+    }
+    UNROLL
+    for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+}
+
+FLOAT_KERNELS
+
+/* ---- Q8_0 x Q8_0 ---- */
+
+INLINE __m512i pair256(const void *lo, const void *hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(lo)), _mm256_loadu_si256(hi), 1);
+}
+
+/* Every Q8_0 product here -- the dot (1 row x 1 token), the multi-token
+ * micro-kernel (1 x nt) and the matmul tile (Q8_TILE_ROWS x
+ * Q8_TILE_TOKENS) -- is q8_0_rt, so a (row, token) result is the same bit
+ * for bit whichever of them computes it.
+ * - Two blocks per register; an odd last block is paired with itself and
+ *   weighted 0 in the high half.
+ * - vpdpbusd wants one operand unsigned: the activation is made so by
+ *   a + 128 (xor 0x80), and 128 * sum(w), which depends on the row alone,
+ *   is subtracted back through the accumulator operand. Per (row, token)
+ *   one vpdpbusd remains; the sum is exact (no saturation, |sum| < 2^18).
+ * - The block scales d_w * d_a are one vector multiply per (row, token)
+ *   from per-row and per-token vectors, then one FMA into the lane chains.
+ * The tile reads its tokens' unsigned pairs and scale vectors from a
+ * buffer packed once per token group (q8_0_pack), the others compute them
+ * in place; both come from q8_0_act_pair, so the values are the same. */
+/* [d of block b x 8 | d of block b1 x 8] as floats, 0 in the high half for
+ * an odd last block: the two f16 scales are half-words 0 and 17 of the 68
+ * bytes from block b, fetched by one masked load (which reads nothing past
+ * an odd last block and leaves its half 0) and spread by one permute */
+INLINE __m512 pair_scales(const ds4_block_q8_0 *x, int64_t b, int64_t b1) {
+    _Static_assert(sizeof(ds4_block_q8_0) == 34, "Q8_0 blocks are 34 bytes: d at 0 and 34");
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0x110011, 0x110011, 0x110011, 0x110011, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512i halves = _mm512_maskz_loadu_epi16(b1 != b ? 1u | 1u << 17 : 1u, &x[b]);
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(spread, halves)));
+}
+
+INLINE void q8_0_act_pair(const ds4_block_q8_0 *a, int64_t b, int64_t b1, __m512i *au, __m512 *da) {
+    *au = _mm512_xor_si512(pair256(a[b].qs, a[b1].qs), _mm512_set1_epi8((char)0x80));
+    *da = pair_scales(a, b, b1);
+}
+
+/* packed tile activations: per block pair, per token, 64 bytes of a + 128
+ * then the 16 scale floats */
+enum { PACKED_PAIR_BYTES = 128, Q8_TILE_ROWS = 4, Q8_TILE_TOKENS = 4 };
+
+static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
+    int64_t nb = n / DS4_QK8_0;
+    if ((size_t)((nb + 1) / 2) * Q8_TILE_TOKENS * PACKED_PAIR_BYTES > packed_bytes) return false;
+    uint8_t *p = packed;
+    for (int64_t b = 0; b < nb; b += 2) {
+        int64_t b1 = b + 1 < nb ? b + 1 : b;
+        for (int t = 0; t < nt; t++, p += PACKED_PAIR_BYTES) {
+            __m512i au;
+            __m512 da;
+            q8_0_act_pair(tok(acts, stride, t), b, b1, &au, &da);
+            _mm512_store_si512(p, au);
+            _mm512_store_ps(p + 64, da);
+        }
+    }
+    return true;
+}
+
+enum { TILE_ROWS_MAX = Q8_TILE_ROWS, TILE_TOKENS_MAX = Q8_TILE_TOKENS > NT_MAX ? Q8_TILE_TOKENS : NT_MAX };
+
+/* y[t * y_stride + r] for nr rows (row_bytes apart) x nt tokens; the tokens
+ * come packed (nt == Q8_TILE_TOKENS) or as activation rows */
+INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, const uint8_t *packed,
+                    int nt, int64_t n, float *y, int64_t y_stride) {
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    int64_t nb = n / DS4_QK8_0;
+    __m512 acc[TILE_ROWS_MAX][TILE_TOKENS_MAX];
+    UNROLL
+    for (int r = 0; r < nr; r++)
+        UNROLL
+        for (int t = 0; t < nt; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b += 2) {
+        int64_t b1 = b + 1 < nb ? b + 1 : b;
+        __m512i wq[TILE_ROWS_MAX], base[TILE_ROWS_MAX];
+        __m512 dw[TILE_ROWS_MAX];
+        UNROLL
+        for (int r = 0; r < nr; r++) {
+            const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r);
+            prefetch_weights(x + b);
+            wq[r] = pair256(x[b].qs, x[b1].qs);
+            base[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq[r]));
+            dw[r] = pair_scales(x, b, b1);
+        }
+        UNROLL
+        for (int t = 0; t < nt; t++) {
+            __m512i au;
+            __m512 da;
+            if (packed) {
+                const uint8_t *p = packed + ((size_t)(b / 2) * Q8_TILE_TOKENS + (size_t)t) * PACKED_PAIR_BYTES;
+                au = _mm512_load_si512(p);
+                da = _mm512_load_ps(p + 64);
+            } else {
+                q8_0_act_pair(tok(acts, stride, t), b, b1, &au, &da);
+            }
+            UNROLL
+            for (int r = 0; r < nr; r++) {
+                __m512i s = _mm512_dpbusd_epi32(base[r], au, wq[r]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[r], da), acc[r][t]);
+            }
+        }
+    }
+    UNROLL
+    for (int r = 0; r < nr; r++)
+        UNROLL
+        for (int t = 0; t < nt; t++) y[t * y_stride + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    q8_0_rt(w, 0, 1, acts, stride, NULL, nt, n, out, 1);
+}
+DOT_ENTRY_POINTS(q8_0)
+
+static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                      int64_t y_stride) {
+    q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, Q8_TILE_TOKENS, n, y, y_stride);
+}
+
+/* ---- IQ2_XXS x Q8_K: the decode and the per-row kernel are in
+ * kernels_cpu_iq2.h ---- */
+
+/* the code tables of the VBMI decode */
+struct ds4_iq2_codes ds4_iq2_codes;
+static pthread_once_t iq2_codes_once = PTHREAD_ONCE_INIT;
+
+/* The three magnitudes in increasing order get codes 0, 1, 2. Code 3 never
+ * occurs, so magnitude = m0 ^ (bit 0 ? m1 ^ m0 : 0) ^ (bit 1 ? m2 ^ m0 : 0)
+ * is exact for every code: an affine map over GF(2), one vgf2p8affineqb.
+ * Its output bit i is the parity of (matrix byte 7 - i) & input. */
+static void iq2_codes_init(void) {
+    uint8_t value[4] = {0};
+    int count = 0;
+    bool three = true;
+    for (int k = 0; k < 256 * 8; k++) {
+        uint8_t m = (uint8_t)(ds4_iq2xxs_grid[k / 8] >> (8 * (k % 8)));
+        int v = 0;
+        while (v < count && value[v] != m) v++;
+        if (v == count) {
+            if (count == 3) three = false;
+            else value[count++] = m;
+        }
+    }
+    for (int i = 1; i < count; i++) /* three values: insertion sort */
+        for (int j = i; j > 0 && value[j - 1] > value[j]; j--) {
+            uint8_t t = value[j];
+            value[j] = value[j - 1];
+            value[j - 1] = t;
+        }
+    ds4_iq2_codes.ok = three && count == 3 && value[0] == IQ2_MAGNITUDE0;
+    ds4_iq2_codes.map = 0;
+    for (int i = 0; i < 8; i++) {
+        uint64_t row = (uint64_t)(((value[1] ^ value[0]) >> i & 1) | ((value[2] ^ value[0]) >> i & 1) << 1);
+        ds4_iq2_codes.map |= row << (8 * (7 - i));
+    }
+    for (int row = 0; row < 256; row++) {
+        unsigned even = 0, odd = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t m = (uint8_t)(ds4_iq2xxs_grid[row] >> (8 * j));
+            unsigned code = 0;
+            while (code < 3 && value[code] != m) code++;
+            if (j % 2) odd |= code << (j - 1);
+            else even |= code << j;
+        }
+        ds4_iq2_codes.code_even[row] = (uint8_t)even;
+        ds4_iq2_codes.code_odd[row] = (uint8_t)odd;
+    }
+}
+
+bool ds4_kernels_iq2_vbmi(void) {
+    if (!ds4_kernels_vbmi()) return false;
+    pthread_once(&iq2_codes_once, iq2_codes_init);
+    return ds4_iq2_codes.ok;
+}
+
+IQ2_DOT_ENTRY_POINTS(false)
+
+/* The IQ2_XXS tile: IQ2_TILE_ROWS rows x 2..IQ2_TILE_TOKENS tokens (a lone
+ * token is faster through the dot, measured), each super-block of a row
+ * decoded once for the whole token group (grid gathers, sign masks and
+ * scales cost more than a token's arithmetic).
+ * The signs go onto the weights (signed bytes, |w| <= 43) instead of every
+ * token's activations, which are packed as a + 128 (unsigned), so per token
+ * and sub-block pair one vpmaddubsw gives words (a0 + 128) w0 + (a1 + 128)
+ * w1, at most 2 * 255 * 43 < 2^15 (no saturation), and the vpdpwssd of
+ * iq2_xxs_nt adds each lane's two words times the scale: the lane gets
+ * scale * (sum of its four w * a) plus scale * 128 * (sum of its four w).
+ * That second part depends on the row alone; it is subtracted by starting
+ * each token's sum from `corr`. Every lane then holds exactly iq2_xxs_nt's
+ * integer, and the float step is the same, so every (row, token) equals the
+ * dot bit for bit: one vpmaddubsw and one vpdpwssd per (row, token, 64
+ * elements), no sign operation and no accumulator copy. */
+enum { IQ2_TILE_ROWS = 2, IQ2_TILE_TOKENS = 16 };
+
+/* packed: per super-block, per token, its 256 bytes a + 128; after all
+ * super-blocks the activation scales, d[super-block][token] */
+static bool iq2_xxs_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
+    int64_t nb = n / DS4_QK_K;
+    if ((size_t)nb * (size_t)nt * (DS4_QK_K + sizeof(float)) > packed_bytes) return false;
+    uint8_t *p = packed;
+    float *d = (float *)(p + (size_t)nb * (size_t)nt * DS4_QK_K);
+    for (int64_t i = 0; i < nb; i++)
+        for (int t = 0; t < nt; t++, p += DS4_QK_K) {
+            const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
+            for (int k = 0; k < DS4_QK_K; k += 64)
+                _mm512_store_si512(p + k, _mm512_xor_si512(_mm512_loadu_si512(y->qs + k), _mm512_set1_epi8((char)0x80)));
+            d[i * nt + t] = y->d;
+        }
+    return true;
+}
+
+/* one super-block of a row, signed, per sub-block pair */
+struct iq2_signed {
+    __m512i w[4], scale[4];
+    __m512i corr;   /* -scale * 128 * (sum of the lane's four w), over the pairs */
+    float dx;
+};
+
+INLINE void iq2_decode_signed(const ds4_block_iq2_xxs *x, bool vbmi, __m512i codes, struct iq2_signed *s) {
+    const uint8_t *q = (const uint8_t *)x->qs;
+    _Alignas(32) uint8_t sign_bytes[32];
+    struct iq2_decoded d = {.sign_bytes = sign_bytes};
+    iq2_decode(q, vbmi, codes, &d);
+    __m512i bias = _mm512_setzero_si512();
+    UNROLL
+    for (int p = 0; p < 4; p++) {
+        __m512i grid = iq2_grid(q, vbmi, &d, p);
+        s->w[p] = _mm512_mask_sub_epi8(grid, iq2_neg(&d, vbmi, p), _mm512_setzero_si512(), grid);
+        s->scale[p] = iq2_pair_scale(&d, vbmi, p);
+        bias = _mm512_dpwssd_epi32(bias, _mm512_maddubs_epi16(_mm512_set1_epi8((char)0x80), s->w[p]), s->scale[p]);
+    }
+    s->corr = _mm512_sub_epi32(_mm512_setzero_si512(), bias);
+    s->dx = iq2_dx(x);
+}
+
+INLINE void iq2_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y, int64_t y_stride,
+                     bool vbmi) {
+    const int64_t nb = n / DS4_QK_K;
+    const uint8_t *au = packed;
+    const float *da = (const float *)(au + (size_t)nb * (size_t)nt * DS4_QK_K);
+    __m512 acc[IQ2_TILE_ROWS][IQ2_TILE_TOKENS];
+    for (int t = 0; t < nt; t++)
+        UNROLL
+        for (int r = 0; r < IQ2_TILE_ROWS; r++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        struct iq2_signed sb[IQ2_TILE_ROWS];
+        const ds4_block_iq2_xxs *x[IQ2_TILE_ROWS];
+        UNROLL
+        for (int r = 0; r < IQ2_TILE_ROWS; r++) {
+            x[r] = (const ds4_block_iq2_xxs *)((const uint8_t *)w + row_bytes * (size_t)r) + i;
+            prefetch_weights(x[r]);
+        }
+        /* the two rows' super-blocks share the VBMI grid lookups */
+        _Static_assert(IQ2_TILE_ROWS == 2, "one lookup pair per tile");
+        __m512i codes[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        if (vbmi) iq2_lookup_codes((const uint8_t *)x[0]->qs, (const uint8_t *)x[1]->qs, codes);
+        UNROLL
+        for (int r = 0; r < IQ2_TILE_ROWS; r++) iq2_decode_signed(x[r], vbmi, codes[r], &sb[r]);
+        for (int t = 0; t < nt; t++) {
+            const uint8_t *a = au + ((size_t)i * (size_t)nt + (size_t)t) * DS4_QK_K;
+            __m512i sumi[IQ2_TILE_ROWS];
+            UNROLL
+            for (int r = 0; r < IQ2_TILE_ROWS; r++) sumi[r] = sb[r].corr;
+            UNROLL
+            for (int p = 0; p < 4; p++) {
+                __m512i av = _mm512_load_si512(a + 64 * p);
+                UNROLL
+                for (int r = 0; r < IQ2_TILE_ROWS; r++)
+                    sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(av, sb[r].w[p]), sb[r].scale[p]);
+            }
+            UNROLL
+            for (int r = 0; r < IQ2_TILE_ROWS; r++)
+                acc[r][t] = iq2_accumulate(acc[r][t], sb[r].dx, da[i * nt + t], sumi[r]);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        UNROLL
+        for (int r = 0; r < IQ2_TILE_ROWS; r++) y[t * y_stride + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+static void iq2_xxs_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                         int64_t y_stride) {
+    iq2_tile(w, row_bytes, packed, n, nt, y, y_stride, false);
+}
+/* The VBMI decode runs on the vector ports the tile's arithmetic needs,
+ * the gathers mostly on the load ports, so from 8 tokens on a super-block's
+ * arithmetic hides the gathers better (2048 x 4096, 1 thread, VBMI against
+ * gather: 1.20x at 2 tokens, 1.14x at 4, 1.01x at 8, 0.97x at 16). */
+enum { IQ2_VBMI_TILE_MAX_TOKENS = 7 };
+VBMI static void iq2_xxs_vbmi_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                                   int64_t y_stride) {
+    if (nt > IQ2_VBMI_TILE_MAX_TOKENS) iq2_tile(w, row_bytes, packed, n, nt, y, y_stride, false);
+    else iq2_tile(w, row_bytes, packed, n, nt, y, y_stride, true);
+}
+
+/* ---- Q2_K x Q8_K ----
+ * 64 elements per register: the quants (0..3, unsigned, as vpdpbusd wants)
+ * of activation bytes 64m..64m+63 are one 32-byte qs half shifted by 4(m%2)
+ * (low 256 bits) and 4(m%2) + 2 (high 256 bits). vpdpbusd sums them in
+ * groups of four, each group inside one 16-element sub-block, and a
+ * vpdpwssd multiplies each group by its sub-block's scale: |group| <= 4 * 3
+ * * 127 fits the low 16 bits (the high 16 are its sign extension) and the
+ * scale's high 16 bits are zero, so the sum is exact. The mins term uses the
+ * activation's 16-element sums (bsums), as the AVX2 kernel does. (The
+ * vpmaddubsw form of the IQ2_XXS kernels gives the same integers here but
+ * measured no faster.) */
+/* the 2-bit quants of elements 64m..64m+63 from their 32-byte qs half
+ * (in both 256-bit halves of half): bits 4(m % 2) of each byte in the low
+ * 256 bits, 4(m % 2) + 2 in the high. With GFNI one bit-matrix multiply
+ * per byte (output bits 0, 1 := input bits s, s + 1) replaces the shift
+ * and the mask: one instruction of a kernel bound by its instruction count
+ * (L2-resident matvec 12.5 -> 15 GB/s of CPU time, 1 thread). */
+VBMI static inline __m512i q2_K_quants_gfni(__m512i half, int m) {
+    const long long low = 1ll << (56 + 4 * (m % 2)) | 1ll << (48 + 4 * (m % 2) + 1);
+    const long long high = 1ll << (56 + 4 * (m % 2) + 2) | 1ll << (48 + 4 * (m % 2) + 3);
+    return _mm512_gf2p8affine_epi64_epi8(half, _mm512_set_epi64(high, high, high, high, low, low, low, low), 0);
+}
+
+INLINE __m512i q2_K_quants(__m512i half, int m, bool gfni) {
+    if (gfni) return q2_K_quants_gfni(half, m);
+    __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * (m % 2))), _mm256_set1_epi16((short)(4 * (m % 2) + 2)), 1);
+    return _mm512_and_si512(_mm512_srlv_epi16(half, shift), _mm512_set1_epi8(3));
+}
+
+INLINE void q2_K_core(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out, bool gfni) {
+    const ds4_block_q2_K *x = w;
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m512 acc[NT_MAX];
+    UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    const char *prefetch = prefetch_cursor(x);
+    for (int64_t i = 0; i < n / DS4_QK_K; i++) {
+        prefetch_lines(&prefetch, x + i + 1);
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
+        __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
+        __m512i scales32 = _mm512_cvtepu8_epi32(_mm_and_si128(sc8, m4));
+        __m512i sumi[NT_MAX];
+        UNROLL
+        for (int t = 0; t < nt; t++) sumi[t] = _mm512_setzero_si512();
+        UNROLL
+        for (int m = 0; m < 4; m++) {
+            __m512i half = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * (m / 2))));
+            __m512i q = q2_K_quants(half, m, gfni);
+            __m512i sc = _mm512_permutexvar_epi32(
+                _mm512_setr_epi32(4 * m, 4 * m, 4 * m, 4 * m, 4 * m + 1, 4 * m + 1, 4 * m + 1, 4 * m + 1, 4 * m + 2,
+                                  4 * m + 2, 4 * m + 2, 4 * m + 2, 4 * m + 3, 4 * m + 3, 4 * m + 3, 4 * m + 3),
+                scales32);
+            UNROLL
+            for (int t = 0; t < nt; t++) {
+                const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
+                __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(y->qs + 64 * m));
+                sumi[t] = _mm512_dpwssd_epi32(sumi[t], s, sc);
+            }
+        }
+        /* d and dmin (adjacent halves) converted together, and each times
+         * the token's scale in one multiply: the same float products as
+         * two scalar ones, in fewer instructions */
+        _Static_assert(offsetof(ds4_block_q2_K, dmin) == offsetof(ds4_block_q2_K, d) + 2, "d, dmin adjacent");
+        int32_t d_dmin;
+        memcpy(&d_dmin, &x[i].d, sizeof d_dmin);
+        const __m128 dw = _mm_cvtph_ps(_mm_cvtsi32_si128(d_dmin));
+        UNROLL
+        for (int t = 0; t < nt; t++) {
+            const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
+            __m256i mb = _mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)y->bsums));
+            __m512 scales = _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(y->d))); /* d * d_a, dmin * d_a */
+            acc[t] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_setzero_si512(), scales), _mm512_cvtepi32_ps(sumi[t]),
+                                     acc[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_permutexvar_ps(_mm512_set1_epi32(1), scales),
+                                      _mm512_cvtepi32_ps(_mm512_zextsi256_si512(mb)), acc[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+INLINE void q2_K_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    q2_K_core(w, acts, stride, n, nt, out, false);
+}
+DOT_ENTRY_POINTS(q2_K)
+VBMI INLINE void q2_K_gfni_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    q2_K_core(w, acts, stride, n, nt, out, true);
+}
+DOT_ENTRY_POINTS_ATTR(q2_K_gfni, VBMI)
+
+/* ---- plain read loop (bandwidth denominator) ---- */
+
+READ_SUM_KERNEL(ds4_kernels_avx512_read_sum, 64)
+
+/* the other K-quants fall back to the AVX2 kernels */
+#define Q2_K_EXTRA(prefix) case DS4_TYPE_Q2_K: return prefix##q2_K;
+
+static bool iq2_vbmi(uint32_t type) { return type == DS4_TYPE_IQ2_XXS && ds4_kernels_iq2_vbmi(); }
+
+/* the VBMI/GFNI kernels, NULL where the type has none or they are off */
+#define VBMI_KERNEL(prefix, type)                                                                  \
+    (iq2_vbmi(type) ? prefix##iq2_xxs_vbmi : (type) == DS4_TYPE_Q2_K && ds4_kernels_vbmi() ? prefix##q2_K_gfni : NULL)
+
+ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type) {
+    ds4_dot_fn f = VBMI_KERNEL(dot_, type);
+    if (f) return f;
+    DISPATCH(dot_, Q2_K_EXTRA)
+}
+ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) {
+    ds4_dotn_fn f = VBMI_KERNEL(dotn_, type);
+    if (f) return f;
+    DISPATCH(dotn_, Q2_K_EXTRA)
+}
+bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k) {
+    if (iq2_vbmi(type)) {
+        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_vbmi_tile};
+        return true;
+    }
+    switch (type) {
+    case DS4_TYPE_Q8_0:
+        *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, Q8_TILE_TOKENS, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile};
+        return true;
+    case DS4_TYPE_IQ2_XXS:
+        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_tile};
+        return true;
+    default: return false;
+    }
+}

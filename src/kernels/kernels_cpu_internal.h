@@ -1,0 +1,75 @@
+/* kernels_cpu_internal.h -- private glue between kernels_cpu.c (dispatch,
+ * drivers) and the ISA-specific files kernels_cpu_avx2.c / _avx512.c /
+ * _amx.c.
+ *
+ * - A dot function computes one weight row (n elements of its type) against
+ *   an activation already in the partner format (ds4_quantize_act), with
+ *   n a multiple of the type's block size.
+ * - A dotn function does the same for nt <= DS4_DOT_TOKENS activation rows at once
+ *   (act_stride bytes apart), unpacking each weight block only once: the
+ *   matmul micro-kernel. Its result per token equals the dot function's.
+ * - A tile kernel does `rows` weight rows (row_bytes apart) x a group of
+ *   nt activation rows, writing y[t * y_stride + r]: the matmul kernel
+ *   proper, where one weight load (and decode) serves several tokens and one
+ *   activation load several rows. nt is any of min_tokens..tokens (with
+ *   fewer tokens the tile costs more than the per-row kernels). pack()
+ *   first lays a group of nt activation rows out for tile() (once per
+ *   group, reused for every row), or returns false when packed_bytes is too
+ *   small; the buffer is 64-byte aligned. Its result per (row, token)
+ *   equals the dot function's.
+ * - Each ISA file returns NULL for types it has no kernel for; the
+ *   dispatcher then falls back to the next lower level (AMX -> AVX-512 ->
+ *   AVX2 -> scalar reference). A type with an AMX dot takes its tile from
+ *   the AMX file too, or none: the AVX-512 tiles run another float order.
+ *   Calling anything from an ISA file is only allowed after the CPU/OS
+ *   probe has cleared that level.
+ */
+#ifndef DS4_KERNELS_CPU_INTERNAL_H
+#define DS4_KERNELS_CPU_INTERNAL_H
+
+#include <stdint.h>
+
+#include "kernels/quant.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define DS4_DOT_TOKENS 8
+/* Weight streams are prefetched this many bytes ahead of the row being
+ * read (kernels_cpu.c explains why): by the matvec driver, row by row, or by
+ * a kernel itself, line by line, where ds4_kernels_self_prefetch() says so. */
+#define DS4_PREFETCH_AHEAD 2048
+
+typedef float (*ds4_dot_fn)(const void *w, const void *act, int64_t n);
+typedef void (*ds4_dotn_fn)(const void *w, const void *acts, size_t act_stride, int64_t n, int nt, float *out);
+struct ds4_tile_kernel {
+    int rows, min_tokens, tokens;
+    bool (*pack)(const void *acts, size_t act_stride, int64_t n, int nt, void *packed, size_t packed_bytes);
+    void (*tile)(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y, int64_t y_stride);
+};
+/* A tile kernel for the last nr < rows rows of a matrix (same packing, same
+ * results); where a level has none, those rows go through the per-row
+ * kernels. */
+typedef void (*ds4_tile_rows_fn)(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                                 int64_t y_stride, int nr);
+
+bool ds4_kernels_self_prefetch(uint32_t type);   /* at the level in use */
+
+ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type);
+ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type);
+ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type);
+ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type); /* non-NULL exactly where _dot is */
+bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k); /* false: none for the type */
+ds4_dot_fn ds4_kernels_amx_dot(uint32_t type);
+ds4_dotn_fn ds4_kernels_amx_dotn(uint32_t type);   /* non-NULL exactly where _dot is */
+bool ds4_kernels_amx_tile(uint32_t type, struct ds4_tile_kernel *k);
+ds4_tile_rows_fn ds4_kernels_amx_tile_rows(uint32_t type); /* non-NULL exactly where _tile is true */
+
+float ds4_kernels_avx2_read_sum(const float *x, int64_t n);
+float ds4_kernels_avx512_read_sum(const float *x, int64_t n);
+
+/* activation quantizers, byte-identical to ds4_quantize_row's */
+void ds4_kernels_avx2_quantize_q8_0(const float *x, ds4_block_q8_0 *y, int64_t n);
+void ds4_kernels_avx2_quantize_q8_K(const float *x, ds4_block_q8_K *y, int64_t n);
+
+#endif
