@@ -75,7 +75,7 @@ $(1): $(2) $(APP_OBJ_$(notdir $(1))) $(LIB)
 endef
 $(foreach s,$(APP_SRC),$(eval $(call APP_RULE,$(BIN)$(notdir $(s:.c=)),$(s))))
 
-$(BUILD)/tests/%: tests/unit/%.c $(LIB) tests/unit/check.h
+$(BUILD)/tests/%: tests/unit/%.c $(LIB) $(wildcard tests/unit/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit $< $(LIB) -o $@ $(LDFLAGS) $(LDLIBS)
 

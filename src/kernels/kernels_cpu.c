@@ -47,12 +47,7 @@ static bool amx_usable(unsigned cpuid7_edx, uint64_t xcr0) {
  * register state on context switches (XCR0), or the upper halves would be
  * silently lost. AVX-512 is used only together with VNNI, BW, DQ and VL,
  * the set its translation unit is compiled for. */
-static enum ds4_simd_level probe_level(void) {
-#ifdef DS4_KERNELS_ASSUME_AMX
-    /* test build only: tests/kernels/test_avx512_emulated.sh links the
-     * AVX-512 and AMX files compiled against an emulation of the intrinsics */
-    return DS4_SIMD_AMX;
-#endif
+static enum ds4_simd_level probe_cpu(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return DS4_SIMD_SCALAR;
     const unsigned need1 = bit_OSXSAVE | bit_AVX | bit_FMA | bit_F16C;
@@ -68,18 +63,33 @@ static enum ds4_simd_level probe_level(void) {
     return amx_usable(d, xcr0) ? DS4_SIMD_AMX : DS4_SIMD_AVX512;
 }
 
+static enum ds4_simd_level probe_level(void) {
+#ifdef DS4_KERNELS_EMULATED
+    /* test build only: tests/kernels/test_avx512_emulated.sh links the
+     * AVX-512 and AMX files compiled against an emulation of the
+     * intrinsics. They fall back to the native AVX2 kernels and
+     * quantizers, so a CPU without AVX2 keeps its own level. */
+    enum ds4_simd_level native = probe_cpu();
+    return native >= DS4_SIMD_AVX2 ? DS4_SIMD_AMX : native;
+#else
+    return probe_cpu();
+#endif
+}
+
 /* AVX-512 VBMI (byte permutes) with GFNI (bit-matrix multiplies) is an
  * extension inside the AVX-512 level, not a level of its own: it only
  * changes how IQ2_XXS grids and signs and Q2_K quants are unpacked, never
  * an integer or the float order, so results do not depend on it. */
 static bool probe_vbmi(void) {
-#ifdef DS4_KERNELS_ASSUME_AMX
+    if (ds4_cpu_best_level() < DS4_SIMD_AVX512) return false;
+#ifdef DS4_KERNELS_EMULATED
     return true; /* SIMDe emulates these instructions as well */
-#endif
+#else
     unsigned a, b, c, d;
-    if (ds4_cpu_best_level() < DS4_SIMD_AVX512 || __get_cpuid_max(0, NULL) < 7) return false;
+    if (__get_cpuid_max(0, NULL) < 7) return false;
     __cpuid_count(7, 0, a, b, c, d);
     return (c & bit_AVX512VBMI) && (c & bit_GFNI);
+#endif
 }
 
 static atomic_int best_level = -1;

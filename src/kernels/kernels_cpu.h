@@ -15,6 +15,8 @@
  * - ds4_quantize_act() turns an f32 activation row into the partner format
  *   of a weight type (Q8_0 for Q8_0; Q8_K for K-quants and IQ2_XXS; f32 for
  *   F32/F16/BF16), so it is done once per input and reused for every row.
+ *   Its bytes are ds4_quantize_row's at every level, for every input
+ *   (quant.h: NaN and infinities give a NaN block scale).
  * - ds4_matvec: y[r] = W[r,:]·x for r in [0,rows), x already converted with
  *   ds4_quantize_act; split across the thread pool by rows.
  * - ds4_matmul: Y[t,r] = W[r,:]·X[t,:] for a batch of T activations (prefill,

@@ -13,6 +13,7 @@
  * NT = 1 is the matvec dot, NT = 1..DS4_DOT_TOKENS the matmul micro-kernel;
  * the per-token arithmetic is the same in all, so they agree bit for bit.
  */
+#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
@@ -379,14 +380,24 @@ DOT_ENTRY_POINTS(iq2_xxs)
 
 /* ---- activation quantization, byte-identical to ds4_quantize_row ---- */
 
-static inline float hmax_ps(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
 static inline __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+/* The largest magnitude of n floats (a multiple of 8) as bits, by an integer
+ * max: magnitudes order like their bit patterns, so a finite block gets
+ * exactly the float maximum, and a NaN or infinity anywhere gives bits >=
+ * INF_BITS whatever its lane (the float max would drop a NaN by operand
+ * order). Such blocks go to the reference quantizer, which makes them
+ * total (quant.c); the others never meet a value the fast path mishandles. */
+enum { INF_BITS = 0x7F800000 };
+static inline int32_t amax_bits(const float *x, int n) {
+    const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+    __m256i mx = _mm256_setzero_si256();
+    for (int k = 0; k < n; k += 8) mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + k)), magnitude));
+    __m128i m = _mm_max_epi32(_mm256_castsi256_si128(mx), _mm256_extracti128_si256(mx, 1));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0x4E));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0xB1));
+    return _mm_cvtsi128_si32(m);
+}
 
 /* 32 integral floats (within int8 range) to bytes in element order: the
  * two packs interleave 128-bit lanes, the dword permute undoes it */
@@ -408,14 +419,18 @@ READ_SUM_KERNEL(ds4_kernels_avx2_read_sum, 32)
 
 void ds4_kernels_avx2_quantize_q8_0(const float *x, ds4_block_q8_0 *y, int64_t n) {
     for (int64_t b = 0; b < n / DS4_QK8_0; b++, x += DS4_QK8_0) {
-        __m256 v[4];
-        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k);
-        float amax = hmax_ps(_mm256_max_ps(_mm256_max_ps(abs_ps(v[0]), abs_ps(v[1])),
-                                           _mm256_max_ps(abs_ps(v[2]), abs_ps(v[3]))));
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const int32_t bits = amax_bits(x, DS4_QK8_0);
+        if (bits >= INF_BITS) {
+            ds4_quantize_row(DS4_TYPE_Q8_0, x, &y[b], DS4_QK8_0, NULL);
+            continue;
+        }
+        float amax;
+        memcpy(&amax, &bits, sizeof amax);
+        float d = amax / 127.0f, id = 1.0f / d;
+        if (!(id <= FLT_MAX)) id = 0.0f; /* as the reference: d is 0 or subnormal */
         y[b].d = ds4_f32_to_half(d);
-        __m256 vid = _mm256_set1_ps(id);
-        for (int k = 0; k < 4; k++) v[k] = round_away(_mm256_mul_ps(v[k], vid));
+        __m256 v[4], vid = _mm256_set1_ps(id);
+        for (int k = 0; k < 4; k++) v[k] = round_away(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), vid));
         _mm256_storeu_si256((__m256i *)y[b].qs, pack_i8(v[0], v[1], v[2], v[3]));
     }
 }
@@ -432,17 +447,22 @@ static inline __m256i group_sums8(const __m256i q[4]) {
 
 void ds4_kernels_avx2_quantize_q8_K(const float *x, ds4_block_q8_K *y, int64_t n) {
     for (int64_t b = 0; b < n / DS4_QK_K; b++, x += DS4_QK_K) {
-        __m256 mx = _mm256_setzero_ps();
-        for (int k = 0; k < DS4_QK_K / 8; k++) mx = _mm256_max_ps(mx, abs_ps(_mm256_loadu_ps(x + 8 * k)));
-        float amax = hmax_ps(mx);
-        if (amax == 0.0f) {
-            memset(&y[b], 0, sizeof(y[b]));
+        const int32_t bits = amax_bits(x, DS4_QK_K);
+        if (bits >= INF_BITS) {
+            ds4_quantize_row(DS4_TYPE_Q8_K, x, &y[b], DS4_QK_K, NULL);
             continue;
         }
-        /* the reference keeps the first element of largest magnitude */
+        float amax;
+        memcpy(&amax, &bits, sizeof amax);
+        /* the reference keeps the first element of largest magnitude; a
+         * finite amax is some element's, so the scan stops inside the block */
         int e = 0;
         while (fabsf(x[e]) != amax) e++;
         float iscale = -127.0f / x[e];
+        if (!(fabsf(iscale) <= FLT_MAX)) { /* as the reference: 0 or tiny, a zero block */
+            memset(&y[b], 0, sizeof(y[b]));
+            continue;
+        }
         __m256 vs = _mm256_set1_ps(iscale), lim = _mm256_set1_ps(127.0f);
         __m256i q[8];
         for (int g = 0; g < 8; g++) {

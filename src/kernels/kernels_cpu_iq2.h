@@ -50,7 +50,15 @@
  * 7-bit sign indices to bytes, and a vgf2p8affineqb sets bit 7 to their
  * parity. Gathers cost more than the whole arithmetic of a sub-block pair,
  * which is why the single-row kernels were compute-bound. */
+/* DS4_KERNELS_EMULATED (tests/kernels/test_avx512_emulated.sh) compiles this
+ * against SIMDe's plain-C intrinsics: there the target attribute must go,
+ * or gcc would emit real AVX-512 code for these functions (it implies
+ * AVX512F and BW) and the emulated test would die on an AVX2 CPU. */
+#ifdef DS4_KERNELS_EMULATED
+#define VBMI
+#else
 #define VBMI __attribute__((target("avx512vbmi,gfni")))
+#endif
 
 /* one super-block decoded for its four sub-block pairs; the gather decode
  * fills neg and scale, the VBMI decode the rest */

@@ -7,6 +7,7 @@
 #include "kernels/quant.h"
 #include "kernels/quant_internal.h"
 
+#include <float.h>
 #include <string.h>
 #include <strings.h>
 #include <assert.h>
@@ -299,13 +300,32 @@ void ds4_dequantize_row(uint32_t type, const void *vx, float *y, int64_t n) {
     }
 }
 
-/* ---- simple quantizers ---- */
+/* ---- simple quantizers ----
+ * Both are total (quant.h): a block holding a NaN or an infinity gets scale
+ * NaN and quants (and Q8_K sums) 0, so every dot over it is NaN instead of
+ * a number that silently dropped the element; a block whose magnitudes are
+ * so small that the inverse scale overflows (below about 3.7e-37) gets
+ * quants 0, as a zero block does (its f16 or f32 scale is 0 or nearly so).
+ * Finite blocks above that keep exactly their bytes. The SIMD activation
+ * quantizers (kernels_cpu_avx2.c) hand such blocks to these. */
+
+static bool block_finite(const float *x, int n) {
+    bool finite = true;
+    for (int e = 0; e < n; e++) finite &= fabsf(x[e]) <= FLT_MAX;
+    return finite;
+}
 
 static void quantize_q8_0(const float *x, ds4_block_q8_0 *y, int64_t n) {
     for (int64_t i = 0; i < n / DS4_QK8_0; i++, x += DS4_QK8_0) {
+        if (!block_finite(x, DS4_QK8_0)) {
+            y[i].d = ds4_f32_to_half(NAN);
+            memset(y[i].qs, 0, sizeof(y[i].qs));
+            continue;
+        }
         float amax = 0.0f;
         for (int e = 0; e < DS4_QK8_0; e++) amax = fmaxf(amax, fabsf(x[e]));
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        float d = amax / 127.0f, id = 1.0f / d;
+        if (!(id <= FLT_MAX)) id = 0.0f; /* d is 0 or subnormal: every quant 0 */
         y[i].d = ds4_f32_to_half(d);
         for (int e = 0; e < DS4_QK8_0; e++) y[i].qs[e] = (int8_t)roundf(x[e] * id);
     }
@@ -313,17 +333,21 @@ static void quantize_q8_0(const float *x, ds4_block_q8_0 *y, int64_t n) {
 
 static void quantize_q8_K(const float *x, ds4_block_q8_K *y, int64_t n) {
     for (int64_t i = 0; i < n / DS4_QK_K; i++, x += DS4_QK_K) {
+        memset(y[i].bsums, 0, sizeof(y[i].bsums));
+        memset(y[i].qs, 0, sizeof(y[i].qs));
+        if (!block_finite(x, DS4_QK_K)) {
+            y[i].d = NAN;
+            continue;
+        }
         float m = 0.0f;
         for (int e = 0; e < DS4_QK_K; e++)
             if (fabsf(x[e]) > fabsf(m)) m = x[e];
-        memset(y[i].bsums, 0, sizeof(y[i].bsums));
-        if (m == 0.0f) {
-            y[i].d = 0.0f;
-            memset(y[i].qs, 0, sizeof(y[i].qs));
-            continue;
-        }
         /* -127/m (not 128) so the largest element is exactly -127 */
         float iscale = -127.0f / m;
+        if (!(fabsf(iscale) <= FLT_MAX)) { /* m is 0 or tiny: a zero block */
+            y[i].d = 0.0f;
+            continue;
+        }
         for (int e = 0; e < DS4_QK_K; e++) {
             int v = ds4_round_even(iscale * x[e]);
             y[i].qs[e] = (int8_t)(v < 127 ? v : 127);

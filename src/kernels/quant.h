@@ -9,6 +9,13 @@
  * - quantize follows ggml's reference procedures (so gguf-py dequantizes our
  *   blocks to the values we expect); IQ2_XXS takes optional importance
  *   weights (imatrix) and uses the grid search.
+ * - Quantizers are total: any float input, NaN and infinities included,
+ *   gives defined bytes, written inside the row only. The Q8_0 and Q8_K
+ *   quantizers (the activation formats) store a block holding a NaN or an
+ *   infinity as scale NaN with quants 0, so every dot over it is NaN; a
+ *   block of magnitudes below about 3.7e-37 (its inverse scale overflows)
+ *   gets quants 0. Finite values beyond a format's range overflow its
+ *   scale (Q8_0: |x| > 65504 * 127 gives an infinite f16 scale).
  * - ds4_vec_dot_ref_<T>() are the *scalar reference* dot products of one
  *   weight row against an activation already quantized to the partner type
  *   (ds4_type_vec_dot_type). SIMD versions (kernels_cpu.h) must equal these

@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # The AVX-512 and AMX kernels on machines without them: compiles
-# src/kernels/kernels_cpu_avx512.c and src/kernels/kernels_cpu_amx.c against SIMDe (a
-# portable implementation of the x86 intrinsics) plus an element-wise
-# emulation of the AMX tile instructions, forces the AMX level, and runs the
-# kernel unit test, which then checks every AVX-512 and AMX dot against the
-# scalar reference and the dequantized f64 oracle, the AMX Q8_0 dot against
-# the plain-C model of its float order bit for bit, and every matmul against
-# the dot of its level bit for bit. Skips when SIMDe (Debian: libsimde-dev)
-# is absent; on real AVX-512 / AMX hardware tests/unit/test_kernels*.c cover
-# the paths natively.
+# src/kernels/kernels_cpu_avx512.c, src/kernels/kernels_cpu_amx.c and src/kernels/attn_cpu_avx512.c
+# against SIMDe (a portable implementation of the x86 intrinsics) plus an
+# element-wise emulation of the AMX tile instructions, with
+# DS4_KERNELS_EMULATED (no target attributes, the AMX level assumed where the
+# CPU has AVX2: the emulated files fall back to the native AVX2 kernels), and
+# runs the kernel unit tests on it: test_kernels checks every AVX-512 and AMX
+# dot against the scalar reference and the dequantized f64 oracle, the AMX
+# Q8_0 dot against the plain-C model of its float order bit for bit, and
+# every matmul against the dot of its level bit for bit; test_kernels_nonfinite
+# and test_attn_cpu check those levels on NaN, infinities and 3e38.
+# "Emulated" is checked, not assumed: the binaries must hold no AVX-512 or AMX
+# instruction (objdump), and the two that reach every kernel entry point run
+# once more under `qemu-x86_64 -cpu Haswell` (AVX2 only), where any such
+# instruction would die with SIGILL; under CI=true a missing qemu-user fails
+# this test.
+# Skips when SIMDe (Debian: libsimde-dev) is absent; on real AVX-512 / AMX
+# hardware tests/unit/test_kernels*.c cover the paths natively.
 set -eu
 cd "$(dirname "$0")/../.."
 if [ ! -f /usr/include/simde/x86/avx512.h ]; then
@@ -155,10 +163,45 @@ static inline void tile_dpbssd(int c, int a, int b) {
 }
 #define _tile_dpbssd(c, a, b) tile_dpbssd(c, a, b)
 EOF
-cf="-std=gnu11 -D_GNU_SOURCE -O1 -w -Wno-psabi -Isrc"
-gcc $cf -I"$d/shim" -c src/kernels/kernels_cpu_avx512.c -o "$d/avx512.o"
-gcc $cf -I"$d/shim" -c src/kernels/kernels_cpu_amx.c -o "$d/amx.o"
-gcc $cf -DDS4_KERNELS_ASSUME_AMX -c src/kernels/kernels_cpu.c -o "$d/kernels_cpu.o"
-gcc $cf -mavx2 -mfma -mf16c -c src/kernels/kernels_cpu_avx2.c -o "$d/avx2.o"
-gcc $cf -Itests/unit tests/unit/test_kernels.c "$d"/*.o src/quant*.c src/base/threadpool.c -o "$d/test_kernels" -lm -pthread
-"$d/test_kernels"
+cf="-std=gnu11 -D_GNU_SOURCE -O1 -w -Wno-psabi -Isrc -DDS4_KERNELS_EMULATED"
+avx2="-mavx2 -mfma -mf16c"
+gcc $cf -I"$d/shim" -c src/kernels/kernels_cpu_avx512.c -o "$d/avx512.o" &
+gcc $cf -I"$d/shim" -c src/kernels/kernels_cpu_amx.c -o "$d/amx.o" &
+wait
+gcc $cf -c src/kernels/kernels_cpu.c -o "$d/kernels_cpu.o"
+gcc $cf $avx2 -c src/kernels/kernels_cpu_avx2.c -o "$d/avx2.o"
+# the attention row sum is plain vector code: without the AVX-512 flags gcc
+# lowers its 64-byte vectors to SSE2
+gcc $cf -c src/kernels/attn_cpu.c -o "$d/attn_cpu.o"
+gcc $cf $avx2 -c src/kernels/attn_cpu_avx2.c -o "$d/attn_avx2.o"
+gcc $cf -c src/kernels/attn_cpu_avx512.c -o "$d/attn_avx512.o"
+tests="test_kernels test_kernels_nonfinite test_attn_cpu"
+for t in $tests; do
+    gcc $cf -Itests/unit tests/unit/$t.c "$d"/*.o src/kernels/quant*.c src/base/threadpool.c -o "$d/$t" -lm -pthread
+done
+# no instruction of AVX-512 (zmm registers, opmasks) or AMX (tiles) anywhere:
+# the instruction column of the disassembly, symbol names (<...>) cut
+for t in $tests; do
+    if objdump -d --no-show-raw-insn "$d/$t" | awk -F'\t' 'NF >= 2 { sub(/<[^>]*>/, "", $2); print $2 }' |
+            grep -E '%zmm|%k[0-7]|^(ld|st)tilecfg|^tile|^tdpb' | head -5 | grep .; then
+        echo "FAIL: $t holds AVX-512/AMX instructions (above): the emulation would execute them"
+        exit 1
+    fi
+done
+for t in $tests; do "$d/$t"; done
+if ! command -v qemu-x86_64 >/dev/null; then
+    if [ "${CI:-}" = true ]; then
+        echo "FAIL: qemu-x86_64 not installed (qemu-user, scripts/install-deps.sh): CI requires the Haswell run"
+        exit 1
+    fi
+    echo "skip: the emulated tests under qemu-x86_64 -cpu Haswell did NOT RUN (qemu-user not installed)"
+    exit 77
+fi
+# Under qemu the two tests that call every entry point of every type at
+# every level (AMX tiles, the VBMI/GFNI kernels on and off) in seconds;
+# test_kernels' exhaustive cases would take minutes of TCG there, and the
+# disassembly check above already covers its binary.
+for t in test_kernels_nonfinite test_attn_cpu; do
+    echo "== $t under qemu-x86_64 -cpu Haswell (AVX2, no AVX-512)"
+    qemu-x86_64 -cpu Haswell "$d/$t" 2> >(grep -v "TCG doesn't support requested feature" >&2)
+done

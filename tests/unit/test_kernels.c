@@ -22,6 +22,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include "check.h"
+#include "simd_levels.h"
 #include "kernels/kernels_cpu.h"
 #include "kernels/quant.h"
 #include "base/threadpool.h"
@@ -723,7 +724,7 @@ static void test_amx_kernels_against_model(void) {
 
 int main(void) {
     enum ds4_simd_level best = ds4_cpu_best_level();
-    printf("test_kernels: cpu supports up to %s\n", ds4_simd_level_name(best));
+    report_levels_not_run("test_kernels");
     CHECK(!strcmp(ds4_simd_level_name(DS4_SIMD_AVX2), "avx2"), "names");
     ds4_kernels_set_level(DS4_SIMD_AMX);
     CHECK(ds4_kernels_level() == best, "set_level clamps to the best level");
@@ -744,7 +745,7 @@ int main(void) {
         test_iq2_xxs_exhaustive(DS4_SIMD_AVX512, "gather");
         test_vbmi_matches_plain();
     } else {
-        printf("test_kernels: no AVX-512 VBMI and GFNI here, their kernels untested on this CPU\n");
+        printf("test_kernels: NOT RUN: the AVX-512 VBMI/GFNI kernels (this CPU lacks AVX-512, VBMI or GFNI)\n");
     }
     test_blockwise_models();
     if (best >= DS4_SIMD_AMX) {
@@ -752,8 +753,8 @@ int main(void) {
         test_amx_kernels_against_model();
     } else {
         /* says so, and counts nothing for it */
-        printf("test_kernels: the AMX kernels against the model of their float order did NOT run: this CPU (or "
-               "OS) has no AMX-INT8 (tests/kernels/test_avx512_emulated.sh runs them emulated)\n");
+        printf("test_kernels: NOT RUN: the AMX kernels against the model of their float order (this CPU or OS "
+               "has no AMX-INT8; tests/kernels/test_avx512_emulated.sh runs them emulated)\n");
     }
     ds4_kernels_set_level(best);
     return check_done("test_kernels");
