@@ -5,7 +5,7 @@
  * Contract
  * - ds4_engine_load() opens the GGUF (mmapped), binds and validates the
  *   layout of its family by general.architecture (deepseek4: DeepSeek V4;
- *   glm-dsa: GLM 5.2, ds4_engine_family()), every dimension from metadata,
+ *   glm-dsa: GLM 5.2; model_family.h), every dimension from metadata,
  *   loads the tokenizer from the same file, creates the backend (CPU, or CUDA
  *   with gpu.backend; no silent fallback when CUDA was asked for) and thread
  *   pool. On error: NULL and one clear line in err ("not a DeepSeek V4 GGUF:
@@ -119,11 +119,11 @@ void ds4_engine_params_default(ds4_engine_params *p);
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen);
 void ds4_engine_free(ds4_engine *e);
 
-/* The model family of the loaded file (general.architecture): front ends
- * pick the chat format and tool-call syntax by it; everything else in this
- * API works the same for both. */
-typedef enum { DS4_FAMILY_DEEPSEEK4, DS4_FAMILY_GLM } ds4_model_family;
-ds4_model_family ds4_engine_family(const ds4_engine *e);
+/* The chat side of the loaded file's family (chat_spec.h): front ends take
+ * the chat format, tool-call parser and protocol strings from it;
+ * everything else in this API works the same for every family. */
+struct ds4_chat_spec;
+const struct ds4_chat_spec *ds4_engine_chat(const ds4_engine *e);
 const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e);
 int ds4_engine_n_vocab(const ds4_engine *e);
 int ds4_engine_n_layers(const ds4_engine *e);

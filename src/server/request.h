@@ -65,7 +65,7 @@ typedef struct {
 
 typedef struct ds4_request {
     ds4_api api;
-    ds4_chat_profile profile;   /* the served model's chat format (decode_for) */
+    const struct ds4_chat_spec *chat;  /* the served model's chat format (decode_for); NULL: ds4_chat_spec_for(NULL) */
     const char *model;      /* echoed back verbatim */
     bool stream, include_usage;
 
@@ -97,17 +97,17 @@ typedef struct ds4_request {
 struct cJSON *ds4_json_body_parse(const char *body, size_t len, ds4_req_error *e);
 
 /* Returns 0, or the HTTP status with e filled (r is then freed/empty).
- * decode_for() decodes for a model family's chat profile (DS4_CHAT_DS4 or
- * DS4_CHAT_GLM): for GLM, Anthropic tool_result blocks become tool messages
- * (GLM's own result turn) ahead of the user's text, thinking without an
- * effort means Max, and the default model id is GLM's. ds4_request_decode()
- * is decode_for(DS4_CHAT_DS4). */
+ * decode_for() decodes for a chat spec (chat_spec.h): where the format has
+ * a tool-result turn, Anthropic tool_result blocks become tool messages
+ * ahead of the user's text; thinking without an effort means Max where the
+ * spec says so; a request naming no model gets the spec's first model id.
+ * ds4_request_decode() is decode_for(ds4_chat_spec_for(NULL)). */
 int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r,
                        ds4_req_error *e);
-int ds4_request_decode_for(ds4_api api, ds4_chat_profile profile, const char *body, size_t len,
+int ds4_request_decode_for(ds4_api api, const struct ds4_chat_spec *chat, const char *body, size_t len,
                            ds4_request *r, ds4_req_error *e);
-/* The model id echoed when a request names none. */
-const char *ds4_request_default_model(ds4_chat_profile profile);
+/* r->chat, or the default spec for a request built without one. */
+const struct ds4_chat_spec *ds4_request_chat(const ds4_request *r);
 void ds4_request_free(ds4_request *r);
 
 /* A lower bound on the prompt a request renders to, for rejecting what
