@@ -42,7 +42,7 @@
 #include <stdint.h>
 #include <stdbool.h>
 
-#include "ds4_layout.h"   /* ds4_hparam_key and its table walkers, enum ds4_mix */
+#include "layout_common.h"
 
 struct ds4_gguf;
 struct ds4_gguf_writer;

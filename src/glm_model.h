@@ -24,7 +24,7 @@
 #include <stddef.h>
 
 #include "glm_layout.h"
-#include "model.h"   /* ds4_tensor */
+#include "tensor.h"
 
 struct ds4_gguf;
 

@@ -31,8 +31,8 @@
 
 #include "byte_stream.h"
 #include "glm_kv.h"
+#include "payload_stream.h"   /* the magics, the row walk, memory streams */
 
-#define GLM_PAYLOAD_MAGIC 0x354d4c47u /* "GLM5" read as a little-endian u32 */
 #define GLM_PAYLOAD_VERSION 1u
 #define GLM_PAYLOAD_FAMILY 2u
 #define GLM_PAYLOAD_HEADER_BYTES 40u

@@ -1,6 +1,5 @@
 /* kv_payload.c -- DSV4 session payload serialisation (layout in kv_payload.h). */
 #include "kv_payload.h"
-#include "glm_payload.h"
 
 #include <stdio.h>
 #include <stdlib.h>

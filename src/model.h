@@ -35,6 +35,8 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#include "tensor.h"
+
 struct ds4_gguf;
 
 typedef struct {
@@ -54,14 +56,6 @@ typedef struct {
     int *compress_ratio;                  /* [n_layer]: 0 = raw window only */
     float *clamp_exp, *clamp_shexp;       /* [n_layer] SwiGLU limits */
 } ds4_config;
-
-/* A weight view: row-major rows of ne[0] elements; ne[2] > 1 for expert stacks. */
-typedef struct {
-    const void *data;
-    uint32_t type;
-    int64_t ne[3];
-    size_t row_bytes;                     /* bytes of one ne[0]-element row */
-} ds4_tensor;
 
 typedef struct {
     ds4_tensor hc_attn_fn, hc_ffn_fn;

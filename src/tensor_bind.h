@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <stdbool.h>
 
-#include "model.h"   /* ds4_tensor */
+#include "tensor.h"
 
 struct ds4_gguf;
 struct ds4_gguf_tensor;
