@@ -13,9 +13,9 @@
  *   caller will reject never replaces the live session); else the longest
  *   common token prefix.
  * - plan_tool_tail(): trailing tool results that answer the live tool-call
- *   turn: only the tail (EOS, result turn, generation prompt; GLM: result
- *   and user turns, generation prompt) is rendered and tokenized after the
- *   live tokens.
+ *   turn: only the tail (the chat spec's render_tail: what follows the live
+ *   assistant turn, then the generation prompt) is rendered and tokenized
+ *   after the live tokens.
  * - remember_visible() records, after a thinking turn, the transcript a client
  *   will replay for it.
  */

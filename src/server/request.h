@@ -7,8 +7,8 @@
  *   tool definitions), resolved thinking mode, sampling parameters, limits,
  *   stop strings, streaming flags, and for completions the prompt list.
  *   Semantics follow server-api.md sections 2, 4-7 and
- *   deepseek-v4-prompt-format.md 7-8; GLM's thinking switch is also read from
- *   chat_template_kwargs.enable_thinking (vLLM / SGLang clients).
+ *   the prompt-format sheets; a template's own thinking switch is also read
+ *   from chat_template_kwargs.enable_thinking (vLLM / SGLang clients).
  * - Unknown fields are ignored everywhere; duplicate keys: the last wins.
  *   Wrong types, missing required fields, unsupported values and invalid
  *   UTF-8 fail with an HTTP status (400) and a message, `param` and `code`
