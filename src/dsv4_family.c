@@ -10,6 +10,7 @@
 #include "forward_cpu.h"
 #include "gguf.h"
 #include "kv.h"
+#include "ds4_layout.h"
 #include "kv_payload.h"
 #include "model.h"
 #include "tokenizer.h"
@@ -34,8 +35,6 @@ struct ds4_family_model {
     bool ssd_stats, numerics;
     int cpu_threads;                /* 0: not the CPU backend */
 };
-
-static bool detect(const ds4_gguf *g) { (void)g; return true; }
 
 static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4_family_info *info, char *err,
                               size_t errlen) {
@@ -448,11 +447,10 @@ const ds4_chat_spec ds4_chat_spec_dsv4 = {
 };
 
 const ds4_family ds4_family_dsv4 = {
-    .arch = "deepseek4",
+    .arch = DS4_ARCH,
     .features = DS4_FEAT_SSD_STREAMING | DS4_FEAT_NUMERICS | DS4_FEAT_CUDA | DS4_FEAT_LAYERS | DS4_FEAT_ROLE,
     .refusal = NULL,
     .chat = &ds4_chat_spec_dsv4,
-    .detect = detect,
     .bind = bind,
     .backend_new = backend_new,
     .report = report,

@@ -202,11 +202,10 @@ const ds4_chat_spec ds4_chat_spec_glm = {
 };
 
 const ds4_family ds4_family_glm = {
-    .arch = "glm-dsa",
+    .arch = GLM_ARCH,
     .features = 0,
     .refusal = "works with DeepSeek V4 models only, this is a GLM 5.2 (glm-dsa) model",
     .chat = &ds4_chat_spec_glm,
-    .detect = glm_gguf_is_glm,
     .bind = bind,
     .backend_new = backend_new,
     .report = report,

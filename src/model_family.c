@@ -3,18 +3,23 @@
  * refusal line for an engine option a family does not support. */
 #include "model_family.h"
 
+#include "gguf.h"
 #include "tokenizer.h"
 
 #include <stdio.h>
 #include <string.h>
 
-/* DeepSeek V4 last: it claims every file the others do not, and its bind
- * names what is missing. */
-static const ds4_family *const FAMILIES[] = {&ds4_family_glm, &ds4_family_dsv4};
+static const ds4_family *const FAMILIES[] = {&ds4_family_dsv4, &ds4_family_glm};
 
+/* A file no family claims goes to DeepSeek V4, whose binder names the first
+ * thing missing ("not a DeepSeek V4 GGUF: ..."). */
 const ds4_family *ds4_family_detect(const struct ds4_gguf *g) {
-    for (size_t i = 0;; i++)
-        if (FAMILIES[i]->detect(g)) return FAMILIES[i];
+    ds4_gguf_str arch;
+    if (!ds4_gguf_get_str(g, "general.architecture", &arch)) return &ds4_family_dsv4;
+    for (size_t i = 0; i < sizeof FAMILIES / sizeof *FAMILIES; i++)
+        if (arch.len == strlen(FAMILIES[i]->arch) && !memcmp(arch.ptr, FAMILIES[i]->arch, arch.len))
+            return FAMILIES[i];
+    return &ds4_family_dsv4;
 }
 
 bool ds4_family_refuse(const ds4_family *f, const ds4_engine_params *p, char *err, size_t errlen) {

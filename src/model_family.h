@@ -5,9 +5,9 @@
  * family. Front ends reach the family's chat side through chat_spec.h.
  *
  * Contract
- * - ds4_family_detect() picks the family of an opened GGUF by
- *   general.architecture (each table's detect); a file no other family
- *   claims is DeepSeek V4's, whose bind then names what is missing.
+ * - ds4_family_detect() picks the family of an opened GGUF whose
+ *   general.architecture is the table's arch; a file no family claims goes
+ *   to DeepSeek V4, whose bind then names the first thing missing.
  * - ds4_family_refuse() writes the one-line refusal for the first engine
  *   option the family does not support (features, in the order --ssd-streaming,
  *   --numerics ds4, --cuda, --layers, --role) and returns false; true when
@@ -20,10 +20,11 @@
  * - A session state is the family's decode state for ctx tokens plus its
  *   rewind strategy. The engine owns the token list and the logits and
  *   passes them in; every op leaves the state unchanged on error. rewind
- *   drops positions >= keep+1 and returns the position from which the
- *   engine recomputes (keep itself when the state still covers it, an
- *   earlier checkpoint, or 0), or -1 with err. stepped runs after each
- *   evaluation (checkpoints).
+ *   cuts the state to at most its first keep positions and returns the
+ *   position it now holds, from which the engine recomputes the tokens up
+ *   to the new end (keep itself when the state still covers it, an earlier
+ *   checkpoint, or 0), or -1 with err; reset empties it. stepped runs after
+ *   each evaluation (checkpoints).
  * - Payloads (the family's format: kv_payload.h, glm_payload.h) are what the
  *   disk cache stores; snapshots are the in-memory form and need not share
  *   it. Loads validate first and push the rows to the backend afterwards.
@@ -62,11 +63,10 @@ typedef struct ds4_family_model ds4_family_model;   /* a family's bound model */
 typedef struct ds4_family_state ds4_family_state;   /* a family's session state */
 
 typedef struct ds4_family {
-    const char *arch;                   /* general.architecture */
+    const char *arch;                   /* its general.architecture */
     unsigned features;                  /* DS4_FEAT_* it supports */
     const char *refusal;                /* the rest of the refusal line: "works with ..." */
     const ds4_chat_spec *chat;
-    bool (*detect)(const struct ds4_gguf *g);
 
     ds4_family_model *(*bind)(const struct ds4_gguf *g, const ds4_engine_params *p, ds4_family_info *info,
                               char *err, size_t errlen);
