@@ -46,4 +46,8 @@ int ds4_smaps_sum_range(const char *text, size_t len, uintptr_t lo, uintptr_t hi
 bool ds4_mem_range_sizes(const void *base, size_t len, ds4_mem_sizes *out, char *err, size_t errlen);
 bool ds4_file_range_reread(const void *base, size_t len, int fd, uint64_t offset, char *err, size_t errlen);
 
+/* Memory this process may still use: min(MemAvailable, its memory cgroup's
+ * limit, v1 or v2); 0 if unknown. */
+uint64_t ds4_memory_available(void);
+
 #endif

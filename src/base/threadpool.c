@@ -226,3 +226,17 @@ void ds4_pool_run(ds4_pool *p, ds4_pool_fn fn, void *ctx, int n_tasks) {
     for (; b.base < n_tasks; b.base += MAX_BATCH)
         run_batch(p, big_task, &b, n_tasks - b.base < MAX_BATCH ? n_tasks - b.base : MAX_BATCH);
 }
+
+typedef struct { ds4_range_fn fn; void *ctx; int n; } range_ctx;
+
+static void range_task(void *ctx, int task, int n_tasks, int thread) {
+    (void)thread;
+    const range_ctx *r = ctx;
+    r->fn(r->ctx, (int)((int64_t)r->n * task / n_tasks), (int)((int64_t)r->n * (task + 1) / n_tasks));
+}
+
+void ds4_pool_run_ranges(ds4_pool *p, int n, ds4_range_fn fn, void *ctx) {
+    range_ctx r = {fn, ctx, n};
+    const int threads = ds4_pool_threads(p);
+    ds4_pool_run(p, range_task, &r, n < threads ? n : threads);
+}

@@ -7,6 +7,11 @@
  *   call; workers spin briefly, then sleep on a condition variable.
  * - A NULL pool or a pool of 1 thread runs everything inline.
  * - Not reentrant: fn must not call ds4_pool_run on the same pool.
+ * - ds4_pool_run_ranges(pool, n, fn, ctx) calls fn(ctx, first, end) over
+ *   [0, n) cut into one contiguous range per thread (one inline range for a
+ *   NULL pool): for row-wise work between matrix products, where each item
+ *   is computed as it would be inline, so results do not depend on the
+ *   thread count.
  */
 #ifndef DS4_THREADPOOL_H
 #define DS4_THREADPOOL_H
@@ -21,5 +26,7 @@ ds4_pool *ds4_pool_new(int n_threads);   /* n_threads <= 0: ds4_physical_cores()
 void ds4_pool_free(ds4_pool *p);
 int ds4_pool_threads(const ds4_pool *p);
 void ds4_pool_run(ds4_pool *p, ds4_pool_fn fn, void *ctx, int n_tasks);
+typedef void (*ds4_range_fn)(void *ctx, int first, int end);
+void ds4_pool_run_ranges(ds4_pool *p, int n, ds4_range_fn fn, void *ctx);
 
 #endif

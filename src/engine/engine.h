@@ -5,7 +5,7 @@
  * Contract
  * - ds4_engine_load() opens the GGUF (mmapped), binds and validates the
  *   layout of its family by general.architecture (deepseek4: DeepSeek V4;
- *   glm-dsa: GLM 5.2, ds4_engine_family()), every dimension from metadata,
+ *   glm-dsa: GLM 5.2; model_family.h), every dimension from metadata,
  *   loads the tokenizer from the same file, creates the backend (CPU, or CUDA
  *   with gpu.backend; no silent fallback when CUDA was asked for) and thread
  *   pool. On error: NULL and one clear line in err ("not a DeepSeek V4 GGUF:
@@ -63,9 +63,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
-#include "backends/cuda/cuda_plan.h"
-#include "dist/dist.h"
-
 #include "base/byte_stream.h"
 
 struct ds4_tokenizer;
@@ -73,57 +70,21 @@ struct ds4_tokenizer;
 typedef struct ds4_engine ds4_engine;
 typedef struct ds4_session ds4_session;
 
-/* --ssd-streaming* options (docs/ssd-streaming.md). */
-typedef struct {
-    bool enabled;
-    uint64_t cache_bytes;   /* --ssd-streaming-cache-experts NGB (0: automatic) */
-    int cache_slots;        /* --ssd-streaming-cache-experts N: exactly N slots */
-    int preload_experts;    /* hot experts read at load; 0: half the slots */
-    bool cold;              /* --ssd-streaming-cold: no preload */
-    bool stats;             /* --ssd-streaming-stats: counters on stderr when the engine is freed */
-    bool lru;               /* plain LRU eviction instead of aged LFU (for measurements) */
-    bool no_predict;        /* no early reads of the next layer's guessed experts (for measurements) */
-    int ctx;                /* context the front end will use: KV reserved by the automatic budget */
-    const char *trace_path; /* record every layer's routing here (policy measurements) */
-} ds4_ssd_params;
+#include "models/engine_params.h"
 
-/* Parses argv[*i] if it is an --ssd-streaming* option (advancing *i past a
- * value it takes). Returns 1 if consumed, 0 if not one of them, -1 with a
- * line in err for a bad or missing value. */
-int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char *err, size_t errlen);
-/* The options' help lines, for usage texts. */
-extern const char ds4_ssd_usage[];
-
-typedef struct {
-    uint64_t hits, misses, bytes_read, tokens, preloaded, prefetched;
-    uint64_t predicted, predicted_right, predicted_read;   /* next-layer guesses (expert_cache.h) */
-    double read_seconds, stall_seconds;
-} ds4_ssd_stats;
 /* false when the engine does not stream experts */
 bool ds4_engine_ssd_stats(const ds4_engine *e, ds4_ssd_stats *out);
 
-typedef struct {
-    const char *model_path;
-    int n_threads;          /* <= 0: the physical cores we may run on */
-    int prefill_chunk;      /* <= 0: 4096 */
-    int numerics;           /* -1: default (ds4 simulation on for real models), 0: exact f32, 1: ds4 simulation */
-    bool quiet;             /* no load report on stderr */
-    ds4_ssd_params ssd;
-    ds4_gpu_opts gpu;       /* backend choice and GPU placement (cuda_plan.h) */
-    int gpu_ctx;            /* context the GPU placement reserves KV for (<= 0: 32768) */
-    const char *layers;     /* --layers A:B | A:output: bind only that slice (NULL: what the file holds) */
-    ds4_dist_params dist;   /* --role coordinator: the other layers run on registered workers (dist.h) */
-} ds4_engine_params;
 
 void ds4_engine_params_default(ds4_engine_params *p);
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen);
 void ds4_engine_free(ds4_engine *e);
 
-/* The model family of the loaded file (general.architecture): front ends
- * pick the chat format and tool-call syntax by it; everything else in this
- * API works the same for both. */
-typedef enum { DS4_FAMILY_DEEPSEEK4, DS4_FAMILY_GLM } ds4_model_family;
-ds4_model_family ds4_engine_family(const ds4_engine *e);
+/* The chat side of the loaded file's family (chat_spec.h): front ends take
+ * the chat format, tool-call parser and protocol strings from it;
+ * everything else in this API works the same for every family. */
+struct ds4_chat_spec;
+const struct ds4_chat_spec *ds4_engine_chat(const ds4_engine *e);
 const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e);
 int ds4_engine_n_vocab(const ds4_engine *e);
 int ds4_engine_n_layers(const ds4_engine *e);
@@ -165,11 +126,13 @@ int ds4_session_prefill(ds4_session *s, const int32_t *toks, int n, float *all_l
 int ds4_session_decode(ds4_session *s, int32_t tok, char *err, size_t errlen);
 int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen);
 /* Drops the last tokens without recomputing: the state goes back to n_tokens
- * (at least n - 256, the rings' slack; speculative verification drops at most
- * its draft) and `logits` (n_vocab floats, the next-token logits after token
+ * and `logits` (n_vocab floats, the next-token logits after token
  * n_tokens - 1, which the caller kept from the pass that computed them)
  * become the session's. The state then equals having appended only the first
- * n_tokens. Returns 0, or -1 (err) with nothing changed. */
+ * n_tokens. A drop deeper than the state keeps (DeepSeek V4's rings hold 256
+ * positions of slack; speculative verification drops at most its draft)
+ * recomputes from a checkpoint like ds4_session_rewind(). Returns 0, or -1
+ * (err). */
 int ds4_session_truncate(ds4_session *s, int n_tokens, const float *logits, char *err, size_t errlen);
 
 /* Several sessions advanced by one batched pass: each step appends its n >= 1

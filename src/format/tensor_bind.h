@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <stdbool.h>
 
-#include "models/dsv4/model.h"   /* ds4_tensor */
+#include "format/tensor.h"
 
 struct ds4_gguf;
 struct ds4_gguf_tensor;

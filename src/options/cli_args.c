@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,4 +68,57 @@ bool ds4_cli_model_usable(const char *prog, const char *path) {
         return false;
     }
     return true;
+}
+
+const char ds4_ssd_usage[] =
+    "      --ssd-streaming           keep non-routed weights resident, stream routed experts from the file\n"
+    "      --ssd-streaming-cache-experts B  expert cache: NGB/NMB bytes, or a plain number of slots (default: auto)\n"
+    "      --ssd-streaming-preload-experts N  hot experts read at start (default: half the slots)\n"
+    "      --ssd-streaming-cold      no preload (measurements)\n"
+    "      --ssd-streaming-stats     print hit rate, bytes read per token, read throughput and stall time at exit\n";
+
+/* "32GB", "1.5GiB", "512MB" (binary units) -> bytes; a plain integer -> slots. */
+static bool parse_cache_size(const char *v, ds4_ssd_params *p) {
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || !isfinite(x) || x <= 0) return false;
+    static const struct { const char *unit; double scale; } units[] = {
+        {"KB", 1 << 10}, {"KiB", 1 << 10}, {"MB", 1 << 20}, {"MiB", 1 << 20},
+        {"GB", 1 << 30}, {"GiB", 1 << 30}, {"TB", 1099511627776.0}, {"TiB", 1099511627776.0}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (!strcmp(end, units[i].unit) && x * units[i].scale < 1.8e19) {
+            p->cache_bytes = (uint64_t)(x * units[i].scale);
+            p->cache_slots = 0;
+            return true;
+        }
+    int slots;
+    if (!ds4_parse_int(v, 1, 1 << 30, &slots)) return false;
+    p->cache_slots = slots;
+    p->cache_bytes = 0;
+    return true;
+}
+
+int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char *err, size_t errlen) {
+    const char *a = argv[*i];
+    if (strncmp(a, "--ssd-streaming", 15)) return 0;
+    if (!strcmp(a, "--ssd-streaming")) { p->enabled = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-cold")) { p->cold = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-stats")) { p->stats = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-lru")) { p->lru = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-no-predict")) { p->no_predict = true; return 1; }
+    if (!strcmp(a, "--ssd-streaming-trace")) {
+        if (*i + 1 >= argc) { snprintf(err, errlen, "%s needs a file", a); return -1; }
+        p->trace_path = argv[++*i];
+        return 1;
+    }
+    const bool cache = !strcmp(a, "--ssd-streaming-cache-experts"), preload = !strcmp(a, "--ssd-streaming-preload-experts");
+    if (!cache && !preload) return 0;
+    if (*i + 1 >= argc) { snprintf(err, errlen, "%s needs a value", a); return -1; }
+    const char *v = argv[++*i];
+    if (cache ? !parse_cache_size(v, p) : !ds4_parse_int(v, 0, 1 << 30, &p->preload_experts)) {
+        snprintf(err, errlen, "%s: bad value '%s' (%s)", a, v, cache ? "NGB, NMB or a slot count" : "an expert count");
+        return -1;
+    }
+    if (preload && p->preload_experts == 0) p->cold = true;
+    return 1;
 }

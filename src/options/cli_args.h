@@ -17,6 +17,7 @@
 #include <stdbool.h>
 
 #include "base/numparse.h"
+#include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/spec.h"
 
@@ -39,5 +40,12 @@ void ds4_cli_missing_value(const char *prog, const char *opt);
  * ./download_model.sh) and returns false. Checked before the engine opens
  * the file, so a FIFO or a directory is refused instead of blocking. */
 bool ds4_cli_model_usable(const char *prog, const char *path);
+
+/* Parses argv[*i] if it is an --ssd-streaming* option (advancing *i past a
+ * value it takes) into the engine's parameters. Returns 1 if consumed, 0 if
+ * not one of them, -1 with a line in err for a bad or missing value. */
+int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char *err, size_t errlen);
+/* The options' help lines, for usage texts. */
+extern const char ds4_ssd_usage[];
 
 #endif

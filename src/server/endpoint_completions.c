@@ -57,7 +57,7 @@ static bool tokenize_prompt(server *s, job *j, const ds4_prompt *pr, ds4_token_i
                              {.role = DS4_ROLE_USER, .content = pr->text}};
         ds4_chat_opts o;
         ds4_chat_opts_default(&o);
-        o.profile = srv_profile(s);
+        o.profile = srv_chat(s)->profile;
         o.think = srv_effective_think(s, &j->req);
         o.ctx = s->o.ctx;
         srv_prompt prompt = {0};

@@ -1,17 +1,16 @@
 #include "server/prefix.h"
 
-#include "text/glm_chat.h"
+#include "models/chat_spec.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 ds4_think_mode srv_effective_think(const server *s, const ds4_request *r) {
-    /* the Think Max context rule is DeepSeek's; GLM's effort line is text */
-    return srv_profile(s) == DS4_CHAT_GLM ? r->think : ds4_chat_effective_think(r->think, s->o.ctx);
+    return srv_chat(s)->effective_think(r->think, s->o.ctx);
 }
 
-ds4_chat_profile srv_profile(const server *s) {
-    return ds4_chat_profile_for(s->tok);
+const ds4_chat_spec *srv_chat(const server *s) {
+    return ds4_chat_spec_for(s->tok);
 }
 
 typedef struct {
@@ -49,7 +48,7 @@ void srv_prompt_free(srv_prompt *p) {
 bool srv_render_prompt(server *s, const ds4_request *r, bool replay, srv_prompt *out, char *err, size_t errlen) {
     ds4_chat_opts o;
     ds4_chat_opts_default(&o);
-    o.profile = srv_profile(s);
+    o.profile = srv_chat(s)->profile;
     o.think = srv_effective_think(s, r);
     o.ctx = s->o.ctx;
     o.tools = r->tools;
@@ -84,45 +83,17 @@ bool live_ids_match(server *s, const ds4_request *r) {
     return true;
 }
 
-/* The continuation tail for trailing tool results of the live turn:
- * EOS, the tool-result user turn(s), the generation prompt (GLM: the result
- * and user turns after the stop token, which the session does not hold). */
+/* The continuation tail for trailing tool results of the live turn, as the
+ * format writes what follows an assistant turn (chat_spec.h render_tail). */
 static void render_tail(server *s, const ds4_request *r, srv_prompt *prompt) {
-    ds4_buf *out = &prompt->text;
     int first = r->n_msgs;
     while (first > 0 && r->msgs[first - 1].role != DS4_ROLE_ASSISTANT) first--;
-    if (srv_profile(s) == DS4_CHAT_GLM) {
-        ds4_chat_opts o;
-        ds4_chat_opts_default(&o);
-        o.profile = DS4_CHAT_GLM;
-        o.think = srv_effective_think(s, r);
-        o.client_spans = &prompt->client;
-        ds4_glm_chat_render_tail(r->msgs + first, r->n_msgs - first, &o, out);
-        return;
-    }
-    ds4_buf_puts(out, DS4_STR_EOS);
-    bool in_results = false;
-    for (int i = first; i < r->n_msgs; i++) {
-        const ds4_chat_msg *m = &r->msgs[i];
-        const char *c = m->content ? m->content : "";
-        size_t start;
-        if (m->role == DS4_ROLE_TOOL) {
-            if (!in_results) ds4_buf_puts(out, DS4_STR_USER);
-            start = out->len;
-            ds4_chat_tool_result(c, strlen(c), DS4_CHAT_DS4, out);
-            in_results = true;
-        } else if (m->role == DS4_ROLE_USER) {
-            ds4_buf_puts(out, DS4_STR_USER);
-            start = out->len;
-            ds4_buf_puts(out, c);
-            in_results = false;
-        } else {
-            continue;
-        }
-        ds4_chat_spans_add(&prompt->client, start, out->len);
-    }
-    ds4_buf_puts(out, DS4_STR_ASSISTANT);
-    ds4_buf_puts(out, srv_effective_think(s, r) == DS4_THINK_NONE ? DS4_STR_THINK_CLOSE : DS4_STR_THINK_OPEN);
+    ds4_chat_opts o;
+    ds4_chat_opts_default(&o);
+    o.profile = srv_chat(s)->profile;
+    o.think = srv_effective_think(s, r);
+    o.client_spans = &prompt->client;
+    srv_chat(s)->render_tail(r->msgs + first, r->n_msgs - first, &o, &prompt->text);
 }
 
 /* toks = the live tokens, then the tokens of the prompt text from `from` on
@@ -207,23 +178,6 @@ void remember_visible(server *s, const ds4_buf *prompt, const ds4_enc *enc) {
         memcmp(prompt->data + prompt->len - open, DS4_STR_THINK_OPEN, open)) return;
     const char *content = ds4_enc_content(enc, &clen);
     const char *block = ds4_enc_block(enc, &blen);
-    if (srv_profile(s) == DS4_CHAT_GLM) {
-        /* one form: GLM renders a turn without reasoning as <think></think> */
-        ds4_buf_clear(&s->visible[0]);
-        ds4_buf_clear(&s->visible[1]);
-        ds4_glm_chat_visible_turn(prompt->data, prompt->len, content, clen, block, block ? blen : 0,
-                                  DS4_CHAT_GLM, &s->visible[0]);
-        s->visible_tokens = ds4_session_n_tokens(s->sess);
-        return;
-    }
-    for (int k = 0; k < 2; k++) {
-        ds4_buf *v = &s->visible[k];
-        ds4_buf_clear(v);
-        /* k = 0: empty think block kept (tool context); 1: reasoning dropped */
-        ds4_buf_put(v, prompt->data, prompt->len - (k ? open : 0));
-        ds4_buf_puts(v, DS4_STR_THINK_CLOSE);
-        ds4_buf_put(v, content, clen);
-        if (block) ds4_buf_put(v, block, blen);
-    }
+    srv_chat(s)->visible_turns(prompt->data, prompt->len, content, clen, block, block ? blen : 0, s->visible);
     s->visible_tokens = ds4_session_n_tokens(s->sess);
 }

@@ -13,9 +13,9 @@
  *   caller will reject never replaces the live session); else the longest
  *   common token prefix.
  * - plan_tool_tail(): trailing tool results that answer the live tool-call
- *   turn: only the tail (EOS, result turn, generation prompt; GLM: result
- *   and user turns, generation prompt) is rendered and tokenized after the
- *   live tokens.
+ *   turn: only the tail (the chat spec's render_tail: what follows the live
+ *   assistant turn, then the generation prompt) is rendered and tokenized
+ *   after the live tokens.
  * - remember_visible() records, after a thinking turn, the transcript a client
  *   will replay for it.
  */
@@ -26,6 +26,7 @@
 #include <stddef.h>
 
 #include "text/chat.h"
+#include "models/chat_spec.h"
 #include "server/server_state.h"
 
 /* A rendered chat-family prompt: its text and where client text sits in it
@@ -44,10 +45,9 @@ typedef struct {
 } prompt_plan;
 
 ds4_think_mode srv_effective_think(const server *s, const ds4_request *r);
-/* The served model's chat profile: GLM for a GLM vocabulary (tokenizer.h
- * family), else the ds4-server DeepSeek profile. */
-ds4_chat_profile srv_profile(const server *s);
-/* Chat-family rendering (srv_profile); `replay` uses the tool-id map for
+/* The served model's chat spec (chat_spec.h), by its tokenizer. */
+const ds4_chat_spec *srv_chat(const server *s);
+/* Rendering in the served format (srv_chat); `replay` uses the tool-id map for
  * exact replay of sampled tool calls. false with err on failure. */
 bool srv_render_prompt(server *s, const ds4_request *r, bool replay, srv_prompt *out, char *err, size_t errlen);
 /* Tokens of prompt text[from..): template markers are protocol tokens,

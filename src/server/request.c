@@ -1,5 +1,7 @@
 #include "server/request.h"
 
+#include "models/chat_spec.h"
+
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
@@ -167,7 +169,7 @@ static void think_effort(dec *d, think_state *t, const cJSON *v, const char *par
     else fail(d, 400, param, "unsupported_value", "unsupported reasoning effort '%.40s'", s);
 }
 
-/* vLLM / SGLang style: chat_template_kwargs.enable_thinking (GLM's switch). */
+/* vLLM / SGLang style: chat_template_kwargs.enable_thinking (a template's own switch). */
 static void think_kwargs(dec *d, think_state *t, const cJSON *root) {
     const cJSON *kw = get(root, "chat_template_kwargs");
     if (present(kw) && !cJSON_IsObject(kw)) { bad_json(d); return; }
@@ -194,12 +196,8 @@ static void think_control(dec *d, think_state *t, const cJSON *o, const char *ke
 
 static void think_resolve(dec *d, think_state *t) {
     const char *m = d->r->model;
-    if (!t->explicit_ctl && m) {
-        if (!strcmp(m, "deepseek-chat")) t->thinking = false;
-        if (!strcmp(m, "deepseek-reasoner")) t->thinking = true;
-    }
-    /* GLM-5.2 thinks at Max unless told "high" (glm-5.2-model.md 7.4) */
-    bool max = t->effort == 2 || (t->effort == 0 && d->r->profile == DS4_CHAT_GLM);
+    if (!t->explicit_ctl && m) ds4_chat_alias_thinking(m, &t->thinking);
+    bool max = t->effort == 2 || (t->effort == 0 && d->r->chat->think_max_default);
     if (!t->thinking || t->effort == -1) d->r->think = DS4_THINK_NONE;
     else d->r->think = max ? DS4_THINK_MAX : DS4_THINK_HIGH;
 }
@@ -358,7 +356,7 @@ static void decode_chat(dec *d, const cJSON *root) {
         else if (!strcmp(role, "developer")) rl = DS4_ROLE_DEVELOPER;
         else if (!strcmp(role, "assistant")) rl = DS4_ROLE_ASSISTANT;
         else if (!strcmp(role, "tool") || !strcmp(role, "function")) rl = DS4_ROLE_TOOL;
-        /* DeepSeek's own encoding defines it; ds4 renders nothing for it */
+        /* the official encoding defines it; nothing is rendered for it */
         else if (!strcmp(role, "latest_reminder")) continue;
         else { unknown_role(d, "messages", index, role, "system, developer, user, assistant or tool"); return; }
         ds4_chat_msg *x = push_msg(d, &mv, rl);
@@ -685,10 +683,10 @@ static void decode_responses(dec *d, const cJSON *root) {
 
 /* ---- Anthropic Messages -------------------------------------------- */
 
-/* GLM has a tool-result turn of its own (<|observation|>), so a user
+/* In a format with a tool-result turn of its own (chat_spec.h), a user
  * message's tool_result blocks become tool messages ahead of its text
- * (the DeepSeek profile keeps them inline in the user turn instead). */
-static int glm_tool_results(dec *d, msg_vec *mv, const cJSON *blocks) {
+ * (other formats keep them inline in the user turn instead). */
+static int tool_result_msgs(dec *d, msg_vec *mv, const cJSON *blocks) {
     int n = 0;
     for (const cJSON *b = blocks->child; b && !d->e->status; b = b->next) {
         const char *ty = cJSON_IsObject(b) ? get_str(d, b, "type") : NULL;
@@ -736,8 +734,8 @@ static void decode_messages(dec *d, const cJSON *root) {
         bool asst = role && !strcmp(role, "assistant");
         if (role && !asst && strcmp(role, "user")) { unknown_role(d, "messages", index, role, "user or assistant"); return; }
         const cJSON *c = get(m, "content");
-        bool glm_results = r->profile == DS4_CHAT_GLM && !asst && cJSON_IsArray(c);
-        int n_results = glm_results ? glm_tool_results(d, &mv, c) : 0;
+        bool result_msgs = r->chat->tool_result_turn && !asst && cJSON_IsArray(c);
+        int n_results = result_msgs ? tool_result_msgs(d, &mv, c) : 0;
         if (n_results < 0) return;
         ds4_chat_msg *x = push_msg(d, &mv, asst ? DS4_ROLE_ASSISTANT : DS4_ROLE_USER);
         if (!x) return;
@@ -763,9 +761,9 @@ static void decode_messages(dec *d, const cJSON *root) {
             } else if (!strcmp(ty, "tool_result")) {
                 const char *id = get_str(d, b, "tool_use_id");
                 const cJSON *rc = get(b, "content");
-                if (!glm_results) {
+                if (!result_msgs) {
                     const char *t = cJSON_IsString(rc) || cJSON_IsArray(rc) ? content_text(d, rc) : "";
-                    ds4_chat_tool_result(t ? t : "", t ? strlen(t) : 0, DS4_CHAT_DS4, &text);
+                    r->chat->inline_tool_result(t ? t : "", t ? strlen(t) : 0, &text);
                 }
                 if (id && !call_replayed(&mv, id)) push_live(d, id);
             }
@@ -860,6 +858,10 @@ static bool check_unicode_escapes(const char *s, size_t n, char **fixed) {
     return true;
 }
 
+const ds4_chat_spec *ds4_request_chat(const ds4_request *r) {
+    return r->chat ? r->chat : ds4_chat_spec_for(NULL);
+}
+
 void ds4_request_free(ds4_request *r) {
     for (struct ds4_req_alloc *a = r->allocs, *n; a; a = n) {
         n = a->next;
@@ -913,15 +915,15 @@ cJSON *ds4_json_body_parse(const char *body, size_t len, ds4_req_error *e) {
 }
 
 int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r, ds4_req_error *e) {
-    return ds4_request_decode_for(api, DS4_CHAT_DS4, body, len, r, e);
+    return ds4_request_decode_for(api, ds4_chat_spec_for(NULL), body, len, r, e);
 }
 
-int ds4_request_decode_for(ds4_api api, ds4_chat_profile profile, const char *body, size_t len,
+int ds4_request_decode_for(ds4_api api, const ds4_chat_spec *chat, const char *body, size_t len,
                            ds4_request *r, ds4_req_error *e) {
     memset(r, 0, sizeof *r);
     dec d = {r, e};
     r->api = api;
-    r->profile = profile;
+    r->chat = chat;
     r->max_tokens = -1;
     r->logprobs = -1;
     ds4_sampler_params_default(&r->sampling);
@@ -935,7 +937,7 @@ int ds4_request_decode_for(ds4_api api, ds4_chat_profile profile, const char *bo
     }
     const cJSON *model = get(root, "model");
     if (present(model) && !cJSON_IsString(model)) bad_json(&d);
-    r->model = cJSON_IsString(model) ? model->valuestring : ds4_request_default_model(profile);
+    r->model = cJSON_IsString(model) ? model->valuestring : chat->models[0].id;
     r->stream = get_bool(&d, root, "stream", false);
     const cJSON *so = get(root, "stream_options");
     if (present(so) && !cJSON_IsObject(so)) bad_json(&d);
@@ -973,10 +975,6 @@ int ds4_request_decode_for(ds4_api api, ds4_chat_profile profile, const char *bo
     think_resolve(&d, &t);
     if (e->status) ds4_request_free(r);
     return e->status;
-}
-
-const char *ds4_request_default_model(ds4_chat_profile profile) {
-    return profile == DS4_CHAT_GLM ? "glm-5.2" : "deepseek-v4-flash";
 }
 
 size_t ds4_request_text_bytes(const ds4_request *r, int *max_ids) {

@@ -7,12 +7,12 @@
  *   tool definitions), resolved thinking mode, sampling parameters, limits,
  *   stop strings, streaming flags, and for completions the prompt list.
  *   Semantics follow server-api.md sections 2, 4-7 and
- *   deepseek-v4-prompt-format.md 7-8; GLM's thinking switch is also read from
- *   chat_template_kwargs.enable_thinking (vLLM / SGLang clients).
+ *   the prompt-format sheets; a template's own thinking switch is also read
+ *   from chat_template_kwargs.enable_thinking (vLLM / SGLang clients).
  * - Unknown fields are ignored everywhere; duplicate keys: the last wins.
  *   Wrong types, missing required fields, unsupported values, message
- *   roles the family does not define (named in the message; DeepSeek's
- *   latest_reminder is accepted by chat and renders nothing) and invalid
+ *   roles the API family does not define (named in the message; the official
+ *   encoding's latest_reminder is accepted by chat and renders nothing) and invalid
  *   UTF-8 fail with an HTTP status (400) and a message, `param` and `code`
  *   for the family's error shape; the request is then empty.
  * - Sampling: omitted knobs take the ds4 defaults (temperature 1, top_p 1,
@@ -67,7 +67,7 @@ typedef struct {
 
 typedef struct ds4_request {
     ds4_api api;
-    ds4_chat_profile profile;   /* the served model's chat format (decode_for) */
+    const struct ds4_chat_spec *chat;  /* the served model's chat format (decode_for); NULL: ds4_chat_spec_for(NULL) */
     const char *model;      /* echoed back verbatim */
     bool stream, include_usage;
 
@@ -100,17 +100,17 @@ typedef struct ds4_request {
 struct cJSON *ds4_json_body_parse(const char *body, size_t len, ds4_req_error *e);
 
 /* Returns 0, or the HTTP status with e filled (r is then freed/empty).
- * decode_for() decodes for a model family's chat profile (DS4_CHAT_DS4 or
- * DS4_CHAT_GLM): for GLM, Anthropic tool_result blocks become tool messages
- * (GLM's own result turn) ahead of the user's text, thinking without an
- * effort means Max, and the default model id is GLM's. ds4_request_decode()
- * is decode_for(DS4_CHAT_DS4). */
+ * decode_for() decodes for a chat spec (chat_spec.h): where the format has
+ * a tool-result turn, Anthropic tool_result blocks become tool messages
+ * ahead of the user's text; thinking without an effort means Max where the
+ * spec says so; a request naming no model gets the spec's first model id.
+ * ds4_request_decode() is decode_for(ds4_chat_spec_for(NULL)). */
 int ds4_request_decode(ds4_api api, const char *body, size_t len, ds4_request *r,
                        ds4_req_error *e);
-int ds4_request_decode_for(ds4_api api, ds4_chat_profile profile, const char *body, size_t len,
+int ds4_request_decode_for(ds4_api api, const struct ds4_chat_spec *chat, const char *body, size_t len,
                            ds4_request *r, ds4_req_error *e);
-/* The model id echoed when a request names none. */
-const char *ds4_request_default_model(ds4_chat_profile profile);
+/* r->chat, or the default spec for a request built without one. */
+const struct ds4_chat_spec *ds4_request_chat(const ds4_request *r);
 void ds4_request_free(ds4_request *r);
 
 /* A lower bound on the prompt a request renders to, for rejecting what

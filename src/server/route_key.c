@@ -1,6 +1,8 @@
 /* route_key.c -- a request's prompt start as comparable sections. */
 #include "server/route_key.h"
 
+#include "models/chat_spec.h"
+
 #include <stdint.h>
 #include <string.h>
 
@@ -65,7 +67,7 @@ static void prompt_sections(const ds4_request *r, ds4_buf *b, ds4_buf *one) {
 void ds4_route_key(const ds4_request *r, ds4_buf *b) {
     ds4_buf one = {0};
     /* what else decides the rendering: raw prompt or chat, profile, thinking */
-    const unsigned char choices[3] = {r->api == DS4_API_COMPLETIONS, (unsigned char)r->profile,
+    const unsigned char choices[3] = {r->api == DS4_API_COMPLETIONS, (unsigned char)ds4_request_chat(r)->profile,
                                       (unsigned char)r->think};
     ds4_buf_put(&one, choices, sizeof choices);
     section(b, &one);

@@ -8,23 +8,19 @@
 #include <string.h>
 
 #include "server/access.h"
+#include "models/chat_spec.h"
 #include "server/metrics.h"
 #include "server/prefix.h"
 #include "server/respond.h"
 #include "server/server_state.h"
 
-/* The ids /v1/models lists for the served family, and their display names. */
-typedef struct { const char *id, *display; } model_id;
-static const model_id DS4_MODELS[] = {{"deepseek-v4-flash", "DeepSeek V4 Flash"}, {"deepseek-v4-pro", "DeepSeek V4 Pro"}};
-static const model_id GLM_MODELS[] = {{"glm-5.2", "GLM 5.2"}};
-
-static const model_id *served_models(const server *s, size_t *n) {
-    bool glm = srv_profile(s) == DS4_CHAT_GLM;
-    *n = glm ? sizeof GLM_MODELS / sizeof *GLM_MODELS : sizeof DS4_MODELS / sizeof *DS4_MODELS;
-    return glm ? GLM_MODELS : DS4_MODELS;
+/* The ids /v1/models lists for the served model, and their display names. */
+static const ds4_model_id *served_models(const server *s, size_t *n) {
+    *n = (size_t)srv_chat(s)->n_models;
+    return srv_chat(s)->models;
 }
 
-static cJSON *model_obj(server *s, const model_id *mid) {
+static cJSON *model_obj(server *s, const ds4_model_id *mid) {
     const char *id = mid->id;
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", id);
@@ -47,7 +43,7 @@ static cJSON *model_obj(server *s, const model_id *mid) {
 
 static void route_models(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
     size_t n;
-    const model_id *ids = served_models(s, &n);
+    const ds4_model_id *ids = served_models(s, &n);
     if (!strcmp(hr->path, "/v1/models")) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "object", "list");
@@ -117,7 +113,7 @@ static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *
     ds4_request r;
     ds4_req_error e;
     parse_slot_take();
-    if (ds4_request_decode_for(DS4_API_COUNT_TOKENS, srv_profile(s), body->data ? body->data : "", body->len, &r, &e)) {
+    if (ds4_request_decode_for(DS4_API_COUNT_TOKENS, srv_chat(s), body->data ? body->data : "", body->len, &r, &e)) {
         parse_slot_give();
         ds4_send_error(s, c, hr, e.status, e.message, e.param, e.code, 0, ka);
         return;
@@ -146,9 +142,8 @@ static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *
 
 static void route_tokenizer_info(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
     cJSON *o = cJSON_CreateObject();
-    bool glm = srv_profile(s) == DS4_CHAT_GLM;
-    cJSON_AddStringToObject(o, "eos_token", glm ? DS4_TOK_GLM_ENDOFTEXT : DS4_TOK_EOS);
-    cJSON_AddStringToObject(o, "bos_token", glm ? DS4_TOK_GLM_GMASK : DS4_TOK_BOS);
+    cJSON_AddStringToObject(o, "eos_token", srv_chat(s)->eos_token);
+    cJSON_AddStringToObject(o, "bos_token", srv_chat(s)->bos_token);
     ds4_send_json(s, c, hr, 200, o, ka, NULL);
 }
 
@@ -178,12 +173,13 @@ static void route_tokenize(server *s, ds4_http_conn *c, const ds4_http_req *hr, 
     }
     /* As HF tokenizers do: added tokens are always matched (clients such
      * as lm-eval find BOS/EOS ids by tokenizing their strings), and
-     * add_special_tokens only decides whether BOS is prepended (GLM's
-     * tokenizer adds nothing: its template writes [gMASK]<sop> itself). */
+     * add_special_tokens only decides whether the format's prefix is
+     * prepended (chat_spec.h add_special_prefix; none for some formats). */
     ds4_token_ids ids = {0};
     int rc = 0;
-    if (cJSON_IsTrue(asp) && srv_profile(s) != DS4_CHAT_GLM)
-        rc = ds4_tokenizer_encode(s->tok, DS4_TOK_BOS, strlen(DS4_TOK_BOS), DS4_TOK_SPECIALS_ALL, &ids);
+    const char *prefix = srv_chat(s)->add_special_prefix;
+    if (cJSON_IsTrue(asp) && prefix)
+        rc = ds4_tokenizer_encode(s->tok, prefix, strlen(prefix), DS4_TOK_SPECIALS_ALL, &ids);
     if (!rc) rc = ds4_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), DS4_TOK_SPECIALS_ALL, &ids);
     cJSON_Delete(in);
     if (rc) {
@@ -241,7 +237,7 @@ static bool route_inference(server *s, ds4_http_conn *c, ds4_http_req *hr, const
     job j = {.conn = c, .hreq = hr};
     ds4_req_error e;
     parse_slot_take();
-    int rc = ds4_request_decode_for(api, srv_profile(s), body->data ? body->data : "", body->len, &j.req, &e);
+    int rc = ds4_request_decode_for(api, srv_chat(s), body->data ? body->data : "", body->len, &j.req, &e);
     parse_slot_give();
     if (rc) {
         ds4_send_error(s, c, hr, e.status, e.message, e.param, e.code, 0, ka);

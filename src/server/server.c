@@ -2,7 +2,7 @@
  * listening sockets, the accept loop and one thread per connection that
  * reads requests and hands them to routes.c. See server.h for the contract. */
 #include "server/server.h"
-#include "models/dsv4/expert_cache.h"
+#include "base/mempages.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

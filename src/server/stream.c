@@ -7,7 +7,7 @@
 #include <time.h>
 
 #include "text/dsml.h"
-#include "text/glm_tools.h"
+#include "models/chat_spec.h"
 
 /* ---- stop strings -------------------------------------------------- */
 
@@ -83,8 +83,8 @@ struct ds4_enc {
     const ds4_request *r;
     const family_ops *ops;      /* the request's API family */
     bool stream, broken, began;
-    ds4_dsml_parser *p;         /* the DeepSeek profile's parser, or */
-    ds4_glm_parser *glm;        /* GLM's: same events */
+    const ds4_tool_parser_ops *parser;  /* the request's chat format's (chat_spec.h) */
+    void *p;
     ds4_stopper st;
     ds4_buf reasoning, content, body;
     call_t *calls;
@@ -657,38 +657,13 @@ static void on_event(void *ud, const ds4_dsml_event *ev) {
     }
 }
 
-/* ---- the tool-call parser of the request's profile ------------------- */
+/* ---- the tool-call parser of the request's chat format ------------- */
 
-static void parser_feed(ds4_enc *e, const char *s, size_t n) {
-    if (e->glm) ds4_glm_feed(e->glm, s, n);
-    else ds4_dsml_feed(e->p, s, n);
-}
-
-static void parser_finish(ds4_enc *e) {
-    if (e->glm) ds4_glm_finish(e->glm);
-    else ds4_dsml_finish(e->p);
-}
-
-/* GLM has no closing block tag: its turn ends at a stop token. */
-static bool parser_done(const ds4_enc *e) {
-    return e->glm ? ds4_glm_failed(e->glm) : ds4_dsml_done(e->p) || ds4_dsml_failed(e->p);
-}
-
-static bool parser_in_reasoning(const ds4_enc *e) {
-    return e->glm ? ds4_glm_in_reasoning(e->glm) : ds4_dsml_in_reasoning(e->p);
-}
-
-static bool parser_in_calls(const ds4_enc *e) {
-    return e->glm ? ds4_glm_block_open(e->glm) : ds4_dsml_block_open(e->p) || ds4_dsml_done(e->p);
-}
-
-/* GLM values are strings or JSON by the tool's schema (glm-5.2-model.md 7.6). */
-static ds4_glm_arg_type glm_arg_type(void *ud, const char *tool, const char *key) {
-    const ds4_request *r = ud;
-    for (int i = 0; i < r->n_tools; i++)
-        if (r->tools[i].name && !strcmp(r->tools[i].name, tool)) return ds4_glm_schema_arg_type(r->tools[i].json, key);
-    return DS4_GLM_ARG_UNKNOWN;
-}
+static void parser_feed(ds4_enc *e, const char *s, size_t n) { e->parser->feed(e->p, s, n); }
+static void parser_finish(ds4_enc *e) { e->parser->finish(e->p); }
+static bool parser_done(const ds4_enc *e) { return e->parser->done(e->p); }
+static bool parser_in_reasoning(const ds4_enc *e) { return e->parser->in_reasoning(e->p); }
+static bool parser_in_calls(const ds4_enc *e) { return e->parser->in_calls(e->p); }
 
 /* ---- lifecycle ------------------------------------------------------ */
 
@@ -700,15 +675,11 @@ ds4_enc *ds4_enc_new(const ds4_enc_opts *o) {
     e->ops = family_of(o->req->api);
     if (!e->ops) { free(e); return NULL; }
     e->stream = o->req->stream && o->out;
-    if (o->req->profile == DS4_CHAT_GLM) {
-        ds4_glm_opts go = {.thinking = o->thinking, .tools = o->req->n_tools > 0, .arg_type = glm_arg_type,
-                           .arg_type_ud = (void *)o->req};
-        e->glm = ds4_glm_new(&go, on_event, e);
-    } else {
-        ds4_dsml_opts po = {.thinking = o->thinking, .tools = o->req->n_tools > 0, .decode_entities = true};
-        e->p = ds4_dsml_new(&po, on_event, e);
-    }
-    if (!e->p && !e->glm) { free(e); return NULL; }
+    ds4_tool_parser_opts po = {.thinking = o->thinking, .tools = o->req->n_tools > 0, .defs = o->req->tools,
+                               .n_defs = o->req->n_tools};
+    e->parser = ds4_request_chat(o->req)->parser;
+    e->p = e->parser->create(&po, on_event, e);
+    if (!e->p) { free(e); return NULL; }
     ds4_stopper_init(&e->st, o->req->stop, o->req->n_stop);
     char hex[25];
     ds4_random_hex(hex, 12);
@@ -728,8 +699,7 @@ ds4_enc *ds4_enc_new(const ds4_enc_opts *o) {
 
 void ds4_enc_free(ds4_enc *e) {
     if (!e) return;
-    ds4_dsml_free(e->p);
-    ds4_glm_free(e->glm);
+    e->parser->free(e->p);
     ds4_stopper_free(&e->st);
     for (int i = 0; i < e->n_calls; i++) { free(e->calls[i].name); ds4_buf_free(&e->calls[i].args); }
     free(e->calls);
@@ -808,7 +778,7 @@ bool ds4_enc_feed(ds4_enc *e, const char *s, size_t n) {
 }
 
 bool ds4_enc_in_structure(const ds4_enc *e) {
-    return e->glm ? ds4_glm_in_structure(e->glm) : ds4_dsml_in_structure(e->p);
+    return e->parser->in_structure(e->p);
 }
 
 bool ds4_enc_in_reasoning(const ds4_enc *e) {

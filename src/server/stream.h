@@ -5,17 +5,18 @@
  * - One ds4_enc per chat-style request (chat completions, Responses,
  *   Messages). ds4_enc_feed() takes the decoded text of each sampled token;
  *   it applies the client's stop strings (holding back bytes that may start
- *   one), runs the tool-call parser of the request's chat profile (DSML, or
- *   GLM's glm_tools.h with argument types from the request's tool schemas:
- *   reasoning / content / tool calls) and, when
+ *   one), runs the tool-call parser of the request's chat spec (chat_spec.h;
+ *   argument types from the request's tool schemas where the format needs
+ *   them: reasoning / content / tool calls) and, when
  *   streaming, writes the family's events through `out` as soon as the
  *   parser releases text. Event order, field sets and terminal events follow
  *   server-api.md 4.4-4.5, 6.4-6.6 and 7.3-7.4.
  * - Tool calls get their id (toolmem.h) when the invoke header is parsed;
  *   argument bytes stream as JSON fragments that only parse at the end.
- *   ds4_enc_feed() returns true when generation must stop: the DSML tool
- *   block closed, the tool-call text failed to parse, or a stop string
- *   matched (a GLM turn ends at the model's stop token instead).
+ *   ds4_enc_feed() returns true when generation must stop: the parser is
+ *   done (a closed tool block, where the format has a closing tag, or text
+ *   that failed to parse) or a stop string matched (other formats end the
+ *   turn at the model's stop token).
  * - ds4_enc_finish() ends the response: terminal events (stream) or the
  *   complete body (ds4_enc_body). The finish reason is derived from what was
  *   seen: tool calls > stop string > the caller's cause (EOS or length).

@@ -22,6 +22,7 @@
  *   (the micro model of the fuzz corpus), a truncated or corrupted payload,
  *   a payload for a larger context, a token id outside the vocabulary, a
  *   full context; the DeepSeek-only options refuse the GLM file by name. */
+#include "models/chat_spec.h"
 #include "check.h"
 #include "engine_load.h"
 #include "base/json_util.h"
@@ -357,7 +358,7 @@ static void cross_family(ds4_engine *glm) {
     ds4_engine *ds = test_engine_load("fuzz/corpus/model/micro-f16.gguf", 0, 0);
     CHECK(ds != NULL, "micro model");
     if (!ds) return;
-    CHECK(ds4_engine_family(ds) == DS4_FAMILY_DEEPSEEK4 && ds4_engine_family(glm) == DS4_FAMILY_GLM, "families");
+    CHECK(ds4_engine_chat(ds) == &ds4_chat_spec_dsv4 && ds4_engine_chat(glm) == &ds4_chat_spec_glm, "families");
     ds4_session *d = ds4_session_new(ds, 32, err, sizeof err), *g = ds4_session_new(glm, 32, err, sizeof err);
     const int32_t few[4] = {1, 2, 3, 4};
     if (d && g && ds4_session_prefill(d, few, 4, NULL, NULL, NULL, err, sizeof err) == 0 &&

@@ -718,7 +718,7 @@ static __device__ int block_scan(int v, int *excl) {
     return total;
 }
 
-/* fwd_topk: the k best rows (score desc, index asc), ascending indices. The
+/* ds4_topk (nn_math.h): the k best rows (score desc, index asc), ascending indices. The
  * k-th best key is found bit by bit, then rows above it and the first tied
  * rows are written in index order. */
 __global__ void k_topk(const ds4_cu_attn_geom g, const float *iscore, int *sel, int *nsel) {

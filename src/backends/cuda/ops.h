@@ -99,7 +99,7 @@ void ds4_cu_compress(const ds4_cu_attn_geom *g, const float *ck, const float *cz
                      const float *ape, const float *iape, const float *comp_norm, const float *idx_norm, float *fk,
                      float *fz, float *comp, float *ik, float *iz, float *idx, ds4_cu_stream stream);
 /* idx_q_task (RoPE, Hadamard + FP4 with numerics) then scores of every
- * visible row and the top-k selection (fwd_topk: ties to the lower index,
+ * visible row and the top-k selection (ds4_topk: ties to the lower index,
  * ascending); nv <= topk selects all visible rows. */
 void ds4_cu_indexer(const ds4_cu_attn_geom *g, float *qi, const float *om, const float *idx_rows, float *iscore,
                     int *sel, int *nsel, ds4_cu_stream stream);

@@ -52,6 +52,8 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#include "format/layout_common.h"   /* ds4_hparam_key, its table walkers, enum ds4_mix */
+
 struct ds4_gguf;
 struct ds4_gguf_writer;
 
@@ -95,29 +97,10 @@ typedef struct ds4_hparams {
     uint32_t nextn_predict_layers;
 } ds4_hparams;
 
-/* GGUF value kinds of the metadata table. */
-enum ds4_hp_kind { DS4_HP_U32, DS4_HP_F32, DS4_HP_BOOL,
-                   DS4_HP_U32_PER_LAYER, DS4_HP_F32_PER_LAYER, DS4_HP_STR_CONST };
-
-typedef struct ds4_hparam_key {
-    const char *key;               /* full key, e.g. "deepseek4.block_count" */
-    enum ds4_hp_kind kind;
-    size_t offset;                 /* offsetof(ds4_hparams, field); unused for STR_CONST */
-    const char *str_value;         /* STR_CONST: the value written */
-    bool optional;                 /* reading tolerates its absence */
-} ds4_hparam_key;
 
 extern const ds4_hparam_key ds4_hparam_keys[];
 extern const size_t ds4_n_hparam_keys;
 
-/* The table walkers behind ds4_hparams_write/read, shared with other
- * families' layouts (glm_layout.h): `fields` is the struct the offsets point
- * into; per-layer arrays have n_layer entries. read fails on the first
- * missing non-optional key or wrong value type. */
-void ds4_hparam_table_write(struct ds4_gguf_writer *w, const ds4_hparam_key *keys, size_t n_keys,
-                            const void *fields, uint32_t n_layer);
-int ds4_hparam_table_read(const struct ds4_gguf *g, const ds4_hparam_key *keys, size_t n_keys,
-                          void *fields, uint32_t n_layer, char *err, size_t errlen);
 void ds4_hparams_write(struct ds4_gguf_writer *w, const ds4_hparams *hp);
 int ds4_hparams_read(const struct ds4_gguf *g, ds4_hparams *hp, char *err, size_t errlen);
 int ds4_hparams_check(const ds4_hparams *hp, char *err, size_t errlen);
@@ -194,12 +177,6 @@ extern const ds4_tensor_desc ds4_tensor_table[DS4_T_COUNT];
 /* File mixes. F32/F16: every float matrix in that type. Q8_0: the released
  * non-expert types (F16 class stays F16) with Q8_0 experts. Q2/Q4: the released
  * mixes (IQ2_XXS gate/up + Q2_K down; Q4_K experts). */
-enum ds4_mix { DS4_MIX_F32, DS4_MIX_F16, DS4_MIX_Q8_0, DS4_MIX_Q2, DS4_MIX_Q4 };
-int ds4_mix_from_name(const char *s);          /* "f32","f16","q8_0","q2","q4"; -1 if unknown */
-const char *ds4_mix_name(enum ds4_mix m);
-/* general.file_type of a mix: llama_ftype named after the routed experts'
- * type (they are 90% of the bytes), the way llama-quantize labels such mixes. */
-uint32_t ds4_mix_file_type(enum ds4_mix m);
 extern const char ds4_v4_chat_template[];
 void ds4_file_keys_write(struct ds4_gguf_writer *w, enum ds4_mix mix);
 

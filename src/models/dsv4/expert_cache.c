@@ -725,58 +725,6 @@ bool ds4_expert_cache_make_resident(const ds4_gguf *g, const ds4_model *m, char 
 
 /* ----------------------------------------------------------------- sizing */
 
-static uint64_t read_u64_file(const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char buf[64] = {0};
-    uint64_t v = 0;
-    if (fgets(buf, sizeof buf, f) && strncmp(buf, "max", 3)) v = strtoull(buf, NULL, 10);
-    fclose(f);
-    return v;
-}
-
-/* The memory cgroup of this process (v1 "N:memory:/path", v2 "0::/path"). */
-static uint64_t cgroup_limit(void) {
-    FILE *f = fopen("/proc/self/cgroup", "r");
-    if (!f) return 0;
-    char line[512], path[700];
-    uint64_t limit = 0;
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-        if (!c2) continue;
-        *c2 = 0;
-        const char *ctrl = c1 + 1, *rel = c2 + 1;
-        uint64_t v = 0;
-        if (!strcmp(ctrl, "memory")) {
-            snprintf(path, sizeof path, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", rel);
-            v = read_u64_file(path);
-        } else if (!*ctrl) {
-            snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.max", rel);
-            v = read_u64_file(path);
-        }
-        /* v1 writes "no limit" as a huge page-rounded number */
-        if (v && v < (1ull << 60) && (!limit || v < limit)) limit = v;
-    }
-    fclose(f);
-    return limit;
-}
-
-uint64_t ds4_memory_available(void) {
-    uint64_t avail = 0;
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f) {
-        char line[256];
-        unsigned long long kb;
-        while (fgets(line, sizeof line, f))
-            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = (uint64_t)kb << 10;
-        fclose(f);
-    }
-    uint64_t cg = cgroup_limit();
-    if (cg && (!avail || cg < avail)) avail = cg;
-    return avail;
-}
-
 int ds4_expert_cache_plan(const ds4_model *m, const ds4_expert_budget *b, char *note, size_t notelen,
                           char *err, size_t errlen) {
     const double GiB = 1 << 30;

@@ -62,6 +62,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "base/mempages.h"   /* ds4_memory_available */
 #include <stdio.h>
 #include "models/dsv4/model.h"
 
@@ -131,8 +133,6 @@ typedef struct {
 } ds4_expert_budget;
 int ds4_expert_cache_plan(const ds4_model *m, const ds4_expert_budget *b, char *note, size_t notelen,
                           char *err, size_t errlen);
-/* min(MemAvailable, cgroup memory limit); 0 if unknown. */
-uint64_t ds4_memory_available(void);
 
 /* Appends every fetch's record (see above) to the file (NULL: off). */
 void ds4_expert_cache_record(ds4_expert_cache *c, FILE *trace);

@@ -14,6 +14,7 @@
 #include "models/dsv4/forward_shared.h"
 #include "kernels/kernels_cpu.h"
 #include "models/dsv4/kv.h"
+#include "nn/nn_math.h"
 #include "kernels/quant.h"
 #include "base/threadpool.h"
 
@@ -136,60 +137,15 @@ static void par(batch *b, int n, tok_fn fn) {
     ds4_pool_run(b->f->pool, par_task, &p, n);
 }
 
-/* fn(ctx, first, end) over [0, n) cut into one contiguous range per thread
- * of pool. A NULL pool (inside a pool task: the pool is not reentrant) runs
- * one range inline, as ds4_pool_run does for it. For the row-wise work
- * between matmuls, which left on one thread was the serial part of a
- * multi-threaded prefill; each item is computed exactly as it would be
- * inline, so results do not depend on the thread count. */
-typedef void (*range_fn)(void *ctx, int first, int end);
-typedef struct { range_fn fn; void *ctx; int n; } range_ctx;
-
-static void range_task(void *ctx, int task, int n_tasks, int thread) {
-    const range_ctx *r = ctx;
-    r->fn(r->ctx, (int)((int64_t)r->n * task / n_tasks), (int)((int64_t)r->n * (task + 1) / n_tasks));
-}
-
-static void par_range(ds4_pool *pool, int n, range_fn fn, void *ctx) {
-    range_ctx r = {fn, ctx, n};
-    const int threads = ds4_pool_threads(pool);
-    ds4_pool_run(pool, range_task, &r, n < threads ? n : threads);
-}
-
-typedef struct { uint32_t type; const float *x; int64_t xstride, n; char *act; size_t act_bytes; } quantize_ctx;
-
-static void quantize_rows(void *ctx, int first, int end) {
-    const quantize_ctx *q = ctx;
-    for (int t = first; t < end; t++)
-        ds4_quantize_act(q->type, q->x + (size_t)t * q->xstride, q->act + (size_t)t * q->act_bytes, q->n);
-}
-
-/* y[T x rows] = W[rows starting at row0 of matrix e] . x[t] for T inputs of
- * W->ne[0] floats, converting the inputs into act, over pool's threads (NULL:
- * on the calling thread). The caller counts the weight bytes read. */
-static void linear_on(ds4_pool *pool, void *act, const ds4_tensor *W, int64_t e, int64_t row0, int64_t rows,
-                      const float *x, int64_t xstride, int T, float *y) {
-    const int64_t n = W->ne[0];
-    quantize_ctx q = {W->type, x, xstride, n, act, ds4_act_bytes(W->type, n)};
-    par_range(pool, T, quantize_rows, &q);
-    const char *w = (const char *)W->data + ((size_t)e * (size_t)W->ne[1] + (size_t)row0) * W->row_bytes;
-    if (T == 1) ds4_matvec(pool, W->type, w, rows, n, act, y);
-    else ds4_matmul(pool, W->type, w, rows, n, act, T, y);
-}
-
-/* linear_on over the whole pool in the batch's buffers, counting the bytes */
+/* ds4_linear over the whole pool in the batch's buffers, counting the bytes */
 static void linear(cpu *f, const ds4_tensor *W, int64_t e, int64_t row0, int64_t rows, const float *x,
                    int64_t xstride, int T, float *y) {
     f->base.weight_bytes += (uint64_t)rows * W->row_bytes;
-    linear_on(f->pool, f->s.act, W, e, row0, rows, x, xstride, T, y);
+    ds4_linear(f->pool, f->s.act, W, e, row0, rows, x, xstride, T, y);
 }
 
-static void rmsnorm(float *x, int n, const float *w, float eps) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float r = (float)(1.0 / sqrt(ss / n + eps));
-    for (int i = 0; i < n; i++) x[i] = w ? w[i] * (x[i] * r) : x[i] * r;
-}
+/* in place, with the root in double as DeepSeek V4's reference */
+static void rmsnorm(float *x, int n, const float *w, float eps) { ds4_rmsnorm(x, w, n, eps, DS4_RMS_F64, x); }
 
 /* f32 dot product through the SIMD kernels (the F32 "activation" is f32). */
 
@@ -199,13 +155,7 @@ static void axpy(float *restrict y, float a, const float *restrict x, int n) {
 
 /* Rotates the last n_rot dims of x (interleaved pairs) with a cos/sin table. */
 static void rope_apply(float *x, int dim, int n_rot, const float *cs, bool inverse) {
-    float *r = x + dim - n_rot;
-    for (int i = 0; i < n_rot / 2; i++) {
-        float cosv = cs[2 * i], sinv = inverse ? -cs[2 * i + 1] : cs[2 * i + 1];
-        float re = r[2 * i], im = r[2 * i + 1];
-        r[2 * i] = re * cosv - im * sinv;
-        r[2 * i + 1] = im * cosv + re * sinv;
-    }
+    ds4_rope_rotate(x + dim - n_rot, n_rot, cs, inverse);
 }
 
 static void rope_table(const cpu *f, int kind, int64_t pos, float *cs) {
@@ -421,7 +371,7 @@ static void idx_select_task(batch *b, int t, int thread) {
     }
     float *sc = f->ts[thread].iscore;
     idx_score(b, t, 0, nv, sc);
-    f->s.idx_nsel[t] = fwd_topk(sc, nv, k, sel);
+    f->s.idx_nsel[t] = ds4_topk(sc, nv, k, sel);
 }
 
 /* A single row: its scores split into blocks across threads (each score is
@@ -448,7 +398,7 @@ static void indexer(batch *b) {
     if (b->T == 1 && scores_needed) {
         const int nv = n_visible(b, 0);
         par(b, (nv + IDX_BLOCK - 1) / IDX_BLOCK, idx_block_task);
-        f->s.idx_nsel[0] = fwd_topk(f->ts[0].iscore, nv, c->idx_topk, f->s.idx_sel);
+        f->s.idx_nsel[0] = ds4_topk(f->ts[0].iscore, nv, c->idx_topk, f->s.idx_sel);
     } else {
         par(b, b->T, idx_select_task);
     }
@@ -547,22 +497,6 @@ static void attention(batch *b) {
 
 /* ------------------------------------------------------------------- MoE */
 
-typedef struct { float *gate; const float *up; int width; float limit; } swiglu_ctx;
-
-/* gate[r] = silu(clamped gate[r]) * clamped up[r] for rows [first, end) */
-static void swiglu_rows(void *ctx, int first, int end) {
-    const swiglu_ctx *sw = ctx;
-    for (size_t i = (size_t)first * sw->width; i < (size_t)end * sw->width; i++) {
-        float g = fminf(sw->gate[i], sw->limit), u = fminf(fmaxf(sw->up[i], -sw->limit), sw->limit);
-        sw->gate[i] = g / (1.0f + expf(-g)) * u;
-    }
-}
-
-static void swiglu(ds4_pool *pool, float *gate, const float *up, int rows, int width, float limit) {
-    swiglu_ctx sw = {gate, up, width, limit};
-    par_range(pool, rows, swiglu_rows, &sw);
-}
-
 static void route_task(batch *b, int t, int thread) {
     const cpu *f = b->f;
     const ds4_config *c = f->c;
@@ -607,14 +541,14 @@ static void expert(batch *b, int e, const int *rows, int n, ds4_pool *pool, cons
     const ds4_layer *W = &f->m->layers[b->l];
     const int E = c->n_embd, F = c->n_ff_exp, k = c->n_expert_used;
     expert_rows_ctx g = {&f->s, rows, n, E, k, x};
-    par_range(pool, n, gather_rows, &g);
+    ds4_pool_run_ranges(pool, n, gather_rows, &g);
     ds4_tensor w[3] = {W->gate_exps, W->up_exps, W->down_exps};
     int64_t we = e;
     if (f->experts) { ds4_expert_cache_get(f->experts, b->l, e, w); we = 0; }
-    linear_on(pool, x->act, &w[0], we, 0, F, x->in, E, n, x->gate);
-    linear_on(pool, x->act, &w[1], we, 0, F, x->in, E, n, x->up);
-    swiglu(pool, x->gate, x->up, n, F, c->clamp_exp[b->l]);
-    linear_on(pool, x->act, &w[2], we, 0, E, x->gate, F, n, x->out);
+    ds4_linear(pool, x->act, &w[0], we, 0, F, x->in, E, n, x->gate);
+    ds4_linear(pool, x->act, &w[1], we, 0, F, x->in, E, n, x->up);
+    ds4_swiglu(pool, x->gate, x->up, n, F, c->clamp_exp[b->l]);
+    ds4_linear(pool, x->act, &w[2], we, 0, E, x->gate, F, n, x->out);
 }
 
 static uint64_t expert_bytes(const ds4_layer *W) {
@@ -680,7 +614,7 @@ static void expert_group(batch *b, routing *r, int e, int n) {
     const expert_scratch whole = {s->expert_in, s->ffn_gate, s->ffn_up, s->expert_out, s->act};
     expert(b, e, s->expert_rows, n, f->pool, &whole);
     expert_rows_ctx g = {s, s->expert_rows, n, E, k, &whole};
-    par_range(f->pool, (E + SCATTER_COLS - 1) / SCATTER_COLS, scatter_cols, &g);
+    ds4_pool_run_ranges(f->pool, (E + SCATTER_COLS - 1) / SCATTER_COLS, scatter_cols, &g);
 }
 
 /* Routed experts added into sublayer_out: rows grouped per expert so each
@@ -771,7 +705,7 @@ static void ffn(batch *b) {
     /* shared expert over the whole batch, into sublayer_out */
     linear(f, &W->gate_shexp, 0, 0, F, s->normed, E, T, s->ffn_gate);
     linear(f, &W->up_shexp, 0, 0, F, s->normed, E, T, s->ffn_up);
-    swiglu(f->pool, s->ffn_gate, s->ffn_up, T, F, c->clamp_shexp[b->l]);
+    ds4_swiglu(f->pool, s->ffn_gate, s->ffn_up, T, F, c->clamp_shexp[b->l]);
     linear(f, &W->down_shexp, 0, 0, E, s->ffn_gate, F, T, s->sublayer_out);
 
     routed(b);

@@ -7,8 +7,5 @@
 
 /* Round every value to IEEE half and back (ds4's F16 row storage). */
 void fwd_f16_round(float *x, int n);
-/* Indices of the k largest s[0..n) (ties: lower index first), ascending in out;
- * returns min(k, n). */
-int fwd_topk(const float *s, int n, int k, int *out);
 
 #endif

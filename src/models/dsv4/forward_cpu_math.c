@@ -1,5 +1,5 @@
 /* forward_cpu_math.c -- small numeric pieces of the DS4 forward pass:
- * ds4's storage round trips (FP8/FP4/Hadamard/F16) and the bounded top-k. */
+ * ds4's storage round trips (FP8/FP4/Hadamard/F16). */
 #include "models/dsv4/forward_cpu.h"
 #include "models/dsv4/forward_cpu_impl.h"
 #include "models/dsv4/forward_shared.h"
@@ -39,31 +39,4 @@ void ds4_hadamard(float *x, int n) {
 
 void fwd_f16_round(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] = ds4_half_to_f32(ds4_f32_to_half(x[i]));
-}
-
-/* ---- top-k: a min-heap of the k best (score desc, index asc) ---- */
-
-static bool better(const float *s, int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); }
-
-static void sift_down(int *h, int n, int i, const float *s) {
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, w = i;
-        if (l < n && better(s, h[w], h[l])) w = l;
-        if (r < n && better(s, h[w], h[r])) w = r;
-        if (w == i) return;
-        int t = h[i]; h[i] = h[w]; h[w] = t;
-        i = w;
-    }
-}
-
-static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
-
-int fwd_topk(const float *s, int n, int k, int *out) {
-    if (k > n) k = n;
-    for (int i = 0; i < k; i++) out[i] = i;
-    for (int i = k / 2 - 1; i >= 0; i--) sift_down(out, k, i, s);   /* heap root = worst kept */
-    for (int i = k; i < n; i++)
-        if (better(s, i, out[0])) { out[0] = i; sift_down(out, k, 0, s); }
-    qsort(out, (size_t)k, sizeof(int), cmp_int);
-    return k;
 }

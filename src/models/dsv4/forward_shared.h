@@ -25,13 +25,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#ifdef __CUDACC__
-#define DS4_HD __host__ __device__
-#else
-#define DS4_HD
-#endif
-
-DS4_HD static inline float ds4_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+#include "nn/nn_math.h"   /* DS4_HD, ds4_sigmoid, ds4_route_select */
 
 DS4_HD static inline void ds4_route_token(float *s, int X, int k, const int32_t *hash_row, const float *bias,
                                           bool norm, float scale, int *ei, float *ew) {
@@ -39,17 +33,7 @@ DS4_HD static inline void ds4_route_token(float *s, int X, int k, const int32_t 
     if (hash_row) {
         for (int i = 0; i < k; i++) ei[i] = hash_row[i];
     } else {
-        for (int i = 0; i < k; i++) {
-            int best = -1;
-            float bv = 0;
-            for (int e = 0; e < X; e++) {
-                bool used = false;
-                for (int j = 0; j < i; j++) used |= ei[j] == e;
-                float v = s[e] + (bias ? bias[e] : 0.0f);
-                if (!used && (best < 0 || v > bv)) { best = e; bv = v; }
-            }
-            ei[i] = best;
-        }
+        ds4_route_select(s, bias, X, k, ei);
     }
     double sum = 0;
     for (int i = 0; i < k; i++) sum += s[ei[i]];

@@ -1,5 +1,6 @@
 /* kv.c -- session state allocation, truncation and serialisation. */
 #include "models/dsv4/kv.h"
+#include "format/payload_stream.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -242,12 +243,6 @@ size_t ds4_kv_layers_bytes(const ds4_kv *kv, int first, int last, int n_pos) {
 void ds4_kv_layers_save(const ds4_kv *kv, int first, int last, void *dst) {
     char *p = dst;
     walk(kv, first, last, kv->n_pos, put, &p);
-}
-
-size_t ds4_kv_first_bad(const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++)   /* written so that NaN fails the test too */
-        if (!(fabsf(x[i]) <= DS4_KV_MAX_ABS)) return i;
-    return n;
 }
 
 bool ds4_kv_layers_load(ds4_kv *kv, int first, int last, int n_pos, const void *src, size_t n, char *err,

@@ -94,11 +94,6 @@ void ds4_kv_save(const ds4_kv *kv, void *dst);            /* writes ds4_kv_live_
 /* False when the buffer does not fit this state's geometry. */
 bool ds4_kv_load(ds4_kv *kv, const void *src, size_t n);
 
-#define DS4_KV_MAX_ABS 65504.0f
-/* Index of the first of n floats that is NaN, infinite or of magnitude past
- * DS4_KV_MAX_ABS; n when all are admissible. */
-size_t ds4_kv_first_bad(const float *x, size_t n);
-
 size_t ds4_kv_layers_bytes(const ds4_kv *kv, int first, int last, int n_pos);
 /* writes ds4_kv_layers_bytes(kv, first, last, kv->n_pos) */
 void ds4_kv_layers_save(const ds4_kv *kv, int first, int last, void *dst);

@@ -1,6 +1,5 @@
 /* kv_payload.c -- DSV4 session payload serialisation (layout in kv_payload.h). */
 #include "models/dsv4/kv_payload.h"
-#include "models/glm/glm_payload.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,22 +7,6 @@
 
 /* Floats and u32 fields are copied in host order, which is the file order. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the DSV4 payload is little-endian");
-
-void ds4_payload_rows(ds4_payload_cursor *c, float *base, int cap, size_t row_floats, int first, int n) {
-    const size_t bytes = row_floats * sizeof(float);
-    for (int i = 0; c->ok && (c->sink || c->src) && i < n; i++) {
-        int pos = first + i;
-        float *r = base + (size_t)(cap ? pos % cap : pos) * row_floats;
-        c->ok = c->sink ? c->sink->write(c->sink->ud, r, bytes) : c->src->read(c->src->ud, r, bytes);
-        const size_t bad = c->ok && c->src ? ds4_kv_first_bad(r, row_floats) : row_floats;
-        if (bad < row_floats) {
-            c->ok = false;
-            c->inadmissible = true;
-            c->bad_value = r[bad];
-        }
-    }
-    c->total += (size_t)n * bytes;
-}
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
@@ -87,24 +70,6 @@ bool ds4_payload_write_to(const ds4_kv *kv, const int32_t *toks, const float *lo
     return c.ok;
 }
 
-static bool memory_write(void *ud, const void *data, size_t n) {
-    ds4_memory_stream *m = ud;
-    memcpy(m->p, data, n);
-    m->p += n;
-    return true;
-}
-
-static bool memory_read(void *ud, void *data, size_t n) {
-    ds4_memory_stream *m = ud;
-    if (n > m->left) return false;
-    memcpy(data, m->src, n);
-    m->src += n;
-    m->left -= n;
-    return true;
-}
-
-ds4_sink ds4_memory_sink(ds4_memory_stream *m) { return (ds4_sink){memory_write, m}; }
-ds4_source ds4_memory_source(ds4_memory_stream *m) { return (ds4_source){memory_read, m}; }
 
 void ds4_payload_write(const ds4_kv *kv, const int32_t *toks, const float *logits, int n_vocab,
                        int prefill_chunk, void *dst) {

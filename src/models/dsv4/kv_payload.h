@@ -36,10 +36,8 @@
  *   fails while the layer rows are read in place, the target is left empty
  *   (n_pos 0) rather than half restored. The buffer forms are these with a
  *   memory sink/source.
- * - ds4_memory_sink / ds4_memory_source (a byte_stream over one buffer: the
- *   sink trusts the caller to have sized it, the source fails past `left`)
- *   and the row walk ds4_payload_rows() are shared with the GLM payload
- *   (glm_payload.h).
+ * - The memory streams and the row walk are payload_stream.h's, shared with
+ *   the GLM payload (glm_payload.h).
  * - A GLM payload (magic "GLM5") given to the DSV4 loader is refused with one
  *   line naming both families.
  */
@@ -52,8 +50,8 @@
 
 #include "base/byte_stream.h"
 #include "models/dsv4/kv.h"
+#include "format/payload_stream.h"   /* the magics, the row walk, memory streams */
 
-#define DS4_PAYLOAD_MAGIC 0x34565344u /* "DSV4" read as a little-endian u32 */
 #define DS4_PAYLOAD_VERSION 2u
 #define DS4_PAYLOAD_HEADER_BYTES 52u
 
@@ -61,30 +59,6 @@ typedef struct {
     uint32_t version, ctx, prefill_chunk, raw_cap, window, comp_cap;
     uint32_t n_tokens, n_layer, head_dim, idx_head_dim, n_vocab, raw_rows;
 } ds4_payload_header;
-
-/* A walk over a state's rows, shared with the GLM payload: to a sink
- * (save), from a source (load), or only counting bytes when both are NULL.
- * ok turns false at the first failed piece and the walk stops moving bytes;
- * a loaded row holding a value a state may not hold (ds4_kv_first_bad)
- * fails it too, with inadmissible set and bad_value the first such value. */
-typedef struct {
-    const ds4_sink *sink;
-    const ds4_source *src;
-    bool ok, inadmissible;
-    float bad_value;
-    size_t total;
-} ds4_payload_cursor;
-/* Rows [first, first + n) of a ring of cap slots (slot = position mod cap),
- * or of a plain row array when cap is 0. */
-void ds4_payload_rows(ds4_payload_cursor *c, float *base, int cap, size_t row_floats, int first, int n);
-
-typedef struct {
-    unsigned char *p;            /* sink: next byte to write */
-    const unsigned char *src;    /* source: next byte to read */
-    size_t left;                 /* source: bytes left */
-} ds4_memory_stream;
-ds4_sink ds4_memory_sink(ds4_memory_stream *m);
-ds4_source ds4_memory_source(ds4_memory_stream *m);
 
 /* Bytes ds4_payload_write() produces for this state. */
 size_t ds4_payload_bytes(const ds4_kv *kv, int n_vocab);

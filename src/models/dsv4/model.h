@@ -35,6 +35,7 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+#include "format/tensor.h"
 #include "models/dsv4/ds4_layout.h"
 
 struct ds4_gguf;
@@ -57,14 +58,6 @@ typedef struct {
     uint32_t *attn_kind;                  /* [n_layer]: enum ds4_attn_kind (ds4_layout.h) */
     float *clamp_exp, *clamp_shexp;       /* [n_layer] SwiGLU limits */
 } ds4_config;
-
-/* A weight view: row-major rows of ne[0] elements; ne[2] > 1 for expert stacks. */
-typedef struct {
-    const void *data;
-    uint32_t type;
-    int64_t ne[3];
-    size_t row_bytes;                     /* bytes of one ne[0]-element row */
-} ds4_tensor;
 
 typedef struct {
     ds4_tensor hc_attn_fn, hc_ffn_fn;

@@ -3,6 +3,7 @@
 #include "models/glm/glm_kv.h"
 #include "models/glm/glm_model.h"
 #include "kernels/kernels_cpu.h"
+#include "nn/nn_math.h"
 #include "kernels/quant.h"
 #include "base/threadpool.h"
 
@@ -16,12 +17,6 @@
 /* Last-token rows of different runs sharing one output-head product (bounds
  * the head's scratch: HEAD_ROWS x n_vocab floats). */
 #define HEAD_ROWS 16
-
-/* One indexer candidate while the top-k is chosen. */
-typedef struct {
-    float score;
-    int pos;
-} candidate;
 
 typedef struct head_scratch {
     float *qlat, *obar, *score;
@@ -56,8 +51,6 @@ struct glm_forward {
     int n_heads_scratch;
     /* per position */
     float *score;
-    candidate *cand;
-    unsigned char *chosen;
     float *head_out;                 /* [HEAD_ROWS][n_vocab] */
 };
 
@@ -65,21 +58,12 @@ struct glm_forward {
  * floats apart); the activation is quantized once per row for w's type and
  * each weight row is read once for the whole batch. */
 static void matmul(glm_forward *f, const ds4_tensor *w, int64_t mat, int T, const float *X, size_t x_stride, float *Y) {
-    const int64_t n = w->ne[0], rows = w->ne[1];
-    const char *base = (const char *)w->data + (size_t)mat * (size_t)rows * w->row_bytes;
-    const size_t packed = ds4_act_bytes(w->type, n);
-    for (int t = 0; t < T; t++) ds4_quantize_act(w->type, X + (size_t)t * x_stride, (char *)f->acts + (size_t)t * packed, n);
-    if (T == 1) ds4_matvec(f->pool, w->type, base, rows, n, f->acts, Y);
-    else ds4_matmul(f->pool, w->type, base, rows, n, f->acts, T, Y);
-    f->weight_bytes += (uint64_t)rows * w->row_bytes;
+    ds4_linear(f->pool, f->acts, w, mat, 0, w->ne[1], X, (int64_t)x_stride, T, Y);
+    f->weight_bytes += (uint64_t)w->ne[1] * w->row_bytes;
 }
 
-static void rms(const float *x, const float *w, float eps, int n, float *y) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    const float r = 1.0f / sqrtf((float)(ss / n) + eps);
-    for (int i = 0; i < n; i++) y[i] = x[i] * r * w[i];
-}
+/* with the root in f32, as transformers' RMSNorm computes GLM's */
+static void rms(const float *x, const float *w, float eps, int n, float *y) { ds4_rmsnorm(x, w, n, eps, DS4_RMS_F32, y); }
 
 static void layer_norm(float *x, const float *w, const float *b, float eps, int n) {
     double mu = 0, var = 0;
@@ -94,40 +78,15 @@ static void layer_norm(float *x, const float *w, const float *b, float eps, int 
 static void rope(const glm_forward *f, float *x, int pos) {
     const int d = (int)f->m->hp.n_rot;
     for (int i = 0; i < d / 2; i++) {
-        const float ang = (float)pos * f->rope_inv[i], cs = cosf(ang), sn = sinf(ang);
-        const float x0 = x[2 * i], x1 = x[2 * i + 1];
-        x[2 * i] = x0 * cs - x1 * sn;
-        x[2 * i + 1] = x0 * sn + x1 * cs;
+        const float ang = (float)pos * f->rope_inv[i];
+        ds4_rope_pair(x + 2 * i, cosf(ang), sinf(ang));
     }
 }
-
-static float silu(float v) { return v / (1.0f + expf(-v)); }
 
 static float dot(const float *a, const float *b, int n) {
     float s = 0;
     for (int i = 0; i < n; i++) s += a[i] * b[i];
     return s;
-}
-
-/* Indices of the k largest of v[0..n), ties to the lower index, in order of
- * selection (the router's weights are summed in that order). */
-static void top_k(const float *v, int n, int k, int *out) {
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int i = 0; i < n; i++) {
-            bool taken = false;
-            for (int q = 0; q < j; q++) taken |= out[q] == i;
-            if (!taken && (best < 0 || v[i] > v[best])) best = i;
-        }
-        out[j] = best;
-    }
-}
-
-/* Higher score first; equal scores: the earlier position first. */
-static int by_score(const void *pa, const void *pb) {
-    const candidate *a = pa, *b = pb;
-    if (a->score != b->score) return a->score > b->score ? -1 : 1;
-    return (a->pos > b->pos) - (a->pos < b->pos);
 }
 
 /* The row's indexer selection: the top-k positions of its scores over
@@ -139,16 +98,7 @@ static void select_keys(glm_forward *f, int pos, int *picks, int *n_picks) {
         *n_picks = visible;
         return;
     }
-    for (int u = 0; u < visible; u++) {
-        f->cand[u] = (candidate){f->score[u], u};
-        f->chosen[u] = 0;
-    }
-    qsort(f->cand, (size_t)visible, sizeof *f->cand, by_score);
-    for (int j = 0; j < k; j++) f->chosen[f->cand[j].pos] = 1;
-    int n = 0;
-    for (int u = 0; u < visible; u++)
-        if (f->chosen[u]) picks[n++] = u;
-    *n_picks = n;
+    *n_picks = ds4_topk(f->score, visible, k, picks);
 }
 
 typedef struct {
@@ -220,9 +170,7 @@ static void cache_latent(glm_forward *f, const glm_layer *L, int l, int T) {
 
 /* y = matrix `mat` of w times x on the calling thread (inside a pool task). */
 static void head_mv(const ds4_tensor *w, int64_t mat, const float *x, float *y, void *act) {
-    const int64_t n = w->ne[0], rows = w->ne[1];
-    ds4_quantize_act(w->type, x, act, n);
-    ds4_matvec(NULL, w->type, (const char *)w->data + (size_t)mat * (size_t)rows * w->row_bytes, rows, n, act, y);
+    ds4_linear(NULL, act, w, mat, 0, w->ne[1], x, w->ne[0], 1, y);
 }
 
 typedef struct {
@@ -271,7 +219,7 @@ static void swiglu(glm_forward *f, const ds4_tensor *gate, const ds4_tensor *up,
     const int64_t F = gate->ne[1], E = f->m->hp.n_embd;
     matmul(f, gate, mat, T, y, (size_t)E, gate_buf);
     matmul(f, up, mat, T, y, (size_t)E, up_buf);
-    for (int64_t i = 0; i < (int64_t)T * F; i++) gate_buf[i] = silu(gate_buf[i]) * up_buf[i];
+    ds4_swiglu(f->pool, gate_buf, up_buf, T, (int)F, INFINITY);
     matmul(f, down, mat, T, gate_buf, (size_t)F, out);
 }
 
@@ -280,13 +228,10 @@ static void route(glm_forward *f, const glm_layer *L, int t) {
     const glm_hparams *hp = &f->m->hp;
     const int E = (int)hp->n_embd, X = (int)hp->n_expert, K = (int)hp->n_expert_used;
     const float *y = f->y + (size_t)t * E;
-    float *prob = f->router, *choice = f->router + X, *w = f->expert_w + (size_t)t * K;
+    float *prob = f->router, *w = f->expert_w + (size_t)t * K;
     int *chosen = f->experts + (size_t)t * K;
-    for (int e = 0; e < X; e++) {
-        prob[e] = 1.0f / (1.0f + expf(-dot(L->gate_inp + (size_t)e * E, y, E)));
-        choice[e] = prob[e] + (L->exp_probs_b ? L->exp_probs_b[e] : 0.0f);
-    }
-    top_k(choice, X, K, chosen);
+    for (int e = 0; e < X; e++) prob[e] = ds4_sigmoid(dot(L->gate_inp + (size_t)e * E, y, E));
+    ds4_route_select(prob, L->exp_probs_b, X, K, chosen);
     float sum = 0;
     for (int j = 0; j < K; j++) sum += prob[chosen[j]];
     for (int j = 0; j < K; j++) {
@@ -381,15 +326,11 @@ int glm_forward_prepare(glm_forward *f, const glm_kv *kv, const int32_t *toks, i
     if (need <= f->pos_cap) return 0;
     /* the scratch follows the longest state; attention scores reuse it per head */
     float *score = realloc(f->score, (size_t)need * sizeof(float));
-    if (score) f->score = score;
-    candidate *cand = realloc(f->cand, (size_t)need * sizeof(candidate));
-    if (cand) f->cand = cand;
-    unsigned char *chosen = realloc(f->chosen, (size_t)need);
-    if (chosen) f->chosen = chosen;
-    if (!score || !cand || !chosen) {
+    if (!score) {
         snprintf(err, errlen, "out of memory for GLM attention scratch over %d positions", need);
         return -1;
     }
+    f->score = score;
     f->pos_cap = need;
     return 0;
 }
@@ -458,8 +399,8 @@ void glm_forward_free(glm_forward *f) {
     if (!f) return;
     void *owned[] = {f->rope_inv, f->x, f->a, f->qr, f->q, f->kvraw, f->attn, f->h, f->y, f->ffn, f->gate, f->up,
                      f->iq, f->ik, f->picks, f->n_picks, f->acts, f->iw, f->router,
-                     f->expert_w, f->expert_in, f->expert_out, f->experts, f->expert_slot, f->score, f->cand,
-                     f->chosen, f->row_kv, f->row_pos, f->head_out};
+                     f->expert_w, f->expert_in, f->expert_out, f->experts, f->expert_slot, f->score,
+                     f->row_kv, f->row_pos, f->head_out};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
     for (int i = 0; f->heads && i < f->n_heads_scratch; i++) {
         free(f->heads[i].qlat);
@@ -536,7 +477,7 @@ glm_forward *glm_forward_new(const glm_model *m, struct ds4_pool *pool, int max_
         heads_ok = hs->qlat && hs->obar && hs->score && hs->act;
     }
     f->iw = malloc(hp->idx_n_head * sizeof(float));
-    f->router = malloc((2 * (size_t)hp->n_expert + 1) * sizeof(float));
+    f->router = malloc(((size_t)hp->n_expert + 1) * sizeof(float));
     const size_t K = (size_t)hp->n_expert_used + 1;
     f->expert_w = malloc(T * K * sizeof(float));
     f->expert_in = malloc(T * E * sizeof(float));

@@ -42,7 +42,7 @@
 #include <stdint.h>
 #include <stdbool.h>
 
-#include "models/dsv4/ds4_layout.h"   /* ds4_hparam_key and its table walkers, enum ds4_mix */
+#include "format/layout_common.h"
 
 struct ds4_gguf;
 struct ds4_gguf_writer;

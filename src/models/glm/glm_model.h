@@ -24,7 +24,7 @@
 #include <stddef.h>
 
 #include "models/glm/glm_layout.h"
-#include "models/dsv4/model.h"   /* ds4_tensor */
+#include "format/tensor.h"
 
 struct ds4_gguf;
 

@@ -1,6 +1,5 @@
 /* glm_payload.c -- GLM session payload serialisation (layout in glm_payload.h). */
 #include "models/glm/glm_payload.h"
-#include "models/dsv4/kv_payload.h"   /* the DSV4 magic, memory streams, the row walk */
 
 #include <stdio.h>
 #include <stdlib.h>

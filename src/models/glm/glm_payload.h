@@ -33,8 +33,8 @@
 
 #include "base/byte_stream.h"
 #include "models/glm/glm_kv.h"
+#include "format/payload_stream.h"   /* the magics, the row walk, memory streams */
 
-#define GLM_PAYLOAD_MAGIC 0x354d4c47u /* "GLM5" read as a little-endian u32 */
 #define GLM_PAYLOAD_VERSION 1u
 #define GLM_PAYLOAD_FAMILY 2u
 #define GLM_PAYLOAD_HEADER_BYTES 40u
