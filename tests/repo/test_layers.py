@@ -1,8 +1,8 @@
 """The include graph keeps the layers docs/architecture.md lists.
 
 docs/architecture.md's "Layers" list names src/'s folders bottom first, one
-rank per line ("3. `models/dsv4`, `models/glm`": folders of one rank never
-include each other). Every #include "..." of every file under src/ and app/
+numbered item per rank, each folder as "`folder`:" before its modules (folders
+of one rank never include each other). Every #include "..." of every file under src/ and app/
 must name a header that exists under src/ (or the file's own folder), and a
 file may include only from its own folder or from a folder of a lower rank;
 app/ (the binaries and their own modules) sits above every src/ folder. The
@@ -30,12 +30,11 @@ def ranks_from_doc():
         fail("docs/architecture.md has no '## Layers' section")
         return {}
     ranks = {}
-    for line in m.group(1).splitlines():
-        item = re.match(r"^(\d+)\. (.*)$", line)
-        if not item:
-            continue
-        for folder in re.findall(r"`([a-z0-9_/]+)`", item.group(2).split(":")[0]):
-            ranks[folder] = int(item.group(1))
+    # "N. `folder`: modules ... . `other`: modules", continued on indented lines;
+    # a folder opens the item or a sentence
+    for num, body in re.findall(r"^(\d+)\. (.*?)(?=^\d+\. |\Z)", m.group(1), re.S | re.M):
+        for folder in re.findall(r"(?:\A|\.\s+)`([a-z0-9_/]+)`:", body):
+            ranks[folder] = int(num)
     if not ranks:
         fail("the '## Layers' section lists no folders")
     return ranks
