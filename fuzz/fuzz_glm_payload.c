@@ -28,7 +28,7 @@ static void init(void) {
     hp.n_rot = 4;
     hp.idx_head_dim = 4;
     hp.indexer_full[0] = hp.indexer_full[2] = true;
-    kv = glm_kv_new(&hp, CTX);
+    kv = ds4_glm_kv_new(&hp, CTX);
     if (!kv) abort();
 }
 
@@ -43,7 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!before) abort();
     memcpy(before, kv->block, state);
     char err[256];
-    if (!glm_payload_load(kv, toks, logits, VOCAB, data, size, err, sizeof err)) {
+    if (!ds4_glm_payload_load(kv, toks, logits, VOCAB, data, size, err, sizeof err)) {
         /* rows are read in place: one holding a value no state holds leaves the state empty */
         const bool emptied = kv->n_pos == 0 && strstr(err, "rows hold");
         if (!emptied && (kv->n_pos != 3 || memcmp(before, kv->block, state) || toks[0] != 0 || toks[2] != 2)) abort();
@@ -51,18 +51,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     free(before);
-    const size_t n = glm_payload_bytes(kv, VOCAB);
+    const size_t n = ds4_glm_payload_bytes(kv, VOCAB);
     if (n != size) abort();
     unsigned char *out = malloc(n);
     if (!out) abort();
-    glm_payload_write(kv, toks, logits, VOCAB, out);
+    ds4_glm_payload_write(kv, toks, logits, VOCAB, out);
     /* field 3 (saved context) becomes this state's; the empty-session logits are zeros */
     if (memcmp(out, data, 12) || memcmp(out + 16, data + 16, kv->n_pos ? n - 16 : 24)) abort();
     /* the same bytes cut short never load */
     if (n > 1) {
         ds4_memory_stream m = {.src = data, .left = n - 1};
         const ds4_source src = ds4_memory_source(&m);
-        if (glm_payload_load_from(kv, toks, logits, VOCAB, &src, n, err, sizeof err)) abort();
+        if (ds4_glm_payload_load_from(kv, toks, logits, VOCAB, &src, n, err, sizeof err)) abort();
     }
     free(out);
     return 0;

@@ -339,7 +339,7 @@ static void read_glm_config(const cJSON *cfg, bool mtp, glm_hparams *hp) {
         }
     }
     char err[256];
-    if (glm_hparams_check(hp, err, sizeof err)) die("config.json: %s", err);
+    if (ds4_glm_hparams_check(hp, err, sizeof err)) die("config.json: %s", err);
 }
 
 /* ---------------------------------------------------------------- sources */
@@ -903,21 +903,21 @@ static bool glm_source_present(const ds4_st *st, enum glm_tensor_id id, int laye
 
 static void add_plan_glm(plan *pl, const ds4_st *st, const glm_hparams *hp, enum ds4_mix mix,
                          const imatrix *im, enum glm_tensor_id id, int layer) {
-    const enum glm_tensor_scope scope = glm_tensor_table[id].scope;
+    const enum glm_tensor_scope scope = ds4_glm_tensor_table[id].scope;
     if (scope == GLM_SCOPE_NEXTN_EXTRA) {
         if (layer < 0 || !glm_block_nextn(hp, layer) || !glm_source_present(st, id, layer)) return;
-    } else if (!glm_tensor_present(hp, id, layer)) {
+    } else if (!ds4_glm_tensor_present(hp, id, layer)) {
         return;
     }
     /* Indexer weights of shared layers and the MTP block are unused by both
      * reference implementations: converted when the checkpoint has them. */
     const bool idx_optional = scope == GLM_SCOPE_INDEXER && (glm_block_nextn(hp, layer) || !hp->indexer_full[layer]);
-    if ((idx_optional || glm_tensor_table[id].optional) && !glm_source_present(st, id, layer)) return;
+    if ((idx_optional || ds4_glm_tensor_table[id].optional) && !glm_source_present(st, id, layer)) return;
     out_tensor *o = new_out(pl, layer, glm_src_names[id], id == GLM_T_FFN_GATE_EXPS ? EXP_GATE
                             : id == GLM_T_FFN_UP_EXPS ? EXP_UP : id == GLM_T_FFN_DOWN_EXPS ? EXP_DOWN : EXP_NONE);
-    glm_tensor_name(id, layer, o->name, sizeof o->name);
-    o->n_dims = glm_tensor_shape(hp, id, layer, o->ne);
-    o->type = glm_tensor_type(id, mix);
+    ds4_glm_tensor_name(id, layer, o->name, sizeof o->name);
+    o->n_dims = ds4_glm_tensor_shape(hp, id, layer, o->ne);
+    o->type = ds4_glm_tensor_type(id, mix);
     check_row_type(o);
     if (id == GLM_T_ATTN_K_B || id == GLM_T_ATTN_V_B) {
         /* kv_b_proj: per head, qk_nope rows (k) then v_head rows (v), each
@@ -1043,7 +1043,7 @@ int main(int argc, char **argv) {
     if (!layers) warn_unused(st, &pl);
 
     ds4_gguf_writer *w = ds4_gguf_writer_new(32);
-    if (glm) glm_hparams_write(w, &ghp);
+    if (glm) ds4_glm_hparams_write(w, &ghp);
     else ds4_hparams_write(w, &hp);
     char dflt_name[256];
     if (!name) {
@@ -1052,7 +1052,7 @@ int main(int argc, char **argv) {
         name = dflt_name;
     }
     ds4_gguf_w_str(w, "general.name", name);
-    if (glm) glm_file_keys_write(w, (enum ds4_mix)mix);
+    if (glm) ds4_glm_file_keys_write(w, (enum ds4_mix)mix);
     else ds4_file_keys_write(w, (enum ds4_mix)mix);
     if (layers) ds4_slice_keys_write(w, (uint32_t)slice.first, (uint32_t)slice.last, slice.output);
     if (imatrix_path) {

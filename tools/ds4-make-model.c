@@ -169,8 +169,8 @@ static bool known_option(const char *opt) {
         for (size_t i = 0; i < ds4_n_hparam_keys; i++)
             if (!strcmp(ds4_hparam_keys[i].key, full)) return true;
     if (snprintf(full, sizeof full, "%s.%s", GLM_ARCH, opt + 2) < (int)sizeof full)
-        for (size_t i = 0; i < glm_n_hparam_keys; i++)
-            if (!strcmp(glm_hparam_keys[i].key, full)) return true;
+        for (size_t i = 0; i < ds4_glm_n_hparam_keys; i++)
+            if (!strcmp(ds4_glm_hparam_keys[i].key, full)) return true;
     return !strcmp(opt, "--block_count");   /* refused with its own message by override() */
 }
 
@@ -413,25 +413,25 @@ static void plan_glm(ds4_gguf_writer *w, int argc, char **argv, const char *pnam
                      enum ds4_mix mix, plan *pl) {
     static glm_hparams hp;
     glm_preset(&hp, pname, n_layer);
-    apply_overrides(argc, argv, &(key_table){GLM_ARCH, glm_hparam_keys, glm_n_hparam_keys, &hp, hp.n_block});
-    glm_default_indexer_types(&hp);   /* after overrides: it follows context_length */
+    apply_overrides(argc, argv, &(key_table){GLM_ARCH, ds4_glm_hparam_keys, ds4_glm_n_hparam_keys, &hp, hp.n_block});
+    ds4_glm_default_indexer_types(&hp);   /* after overrides: it follows context_length */
     char err[512];
-    if (glm_hparams_check(&hp, err, sizeof err)) die("%s", err);
+    if (ds4_glm_hparams_check(&hp, err, sizeof err)) die("%s", err);
     pl->n_expert = hp.n_expert;
     pl->t = calloc(GLM_T_COUNT * (hp.n_block + 1), sizeof *pl->t);
     if (!pl->t) die("out of memory");
     for (int l = -1; l < (int)hp.n_block; l++)
         for (int id = 0; id < GLM_T_COUNT; id++) {
-            if (!glm_tensor_present(&hp, (enum glm_tensor_id)id, l)) continue;
+            if (!ds4_glm_tensor_present(&hp, (enum glm_tensor_id)id, l)) continue;
             char name[96];
             uint64_t ne[4];
-            glm_tensor_name((enum glm_tensor_id)id, l, name, sizeof name);
-            int nd = glm_tensor_shape(&hp, (enum glm_tensor_id)id, l, ne);
-            mtensor *t = add_tensor(pl, name, nd, ne, glm_tensor_type((enum glm_tensor_id)id, mix));
+            ds4_glm_tensor_name((enum glm_tensor_id)id, l, name, sizeof name);
+            int nd = ds4_glm_tensor_shape(&hp, (enum glm_tensor_id)id, l, ne);
+            mtensor *t = add_tensor(pl, name, nd, ne, ds4_glm_tensor_type((enum glm_tensor_id)id, mix));
             glm_spread((enum glm_tensor_id)id, ne[0], &t->centre, &t->half_width);
         }
-    glm_hparams_write(w, &hp);
-    glm_file_keys_write(w, mix);
+    ds4_glm_hparams_write(w, &hp);
+    ds4_glm_file_keys_write(w, mix);
 }
 
 int main(int argc, char **argv) {

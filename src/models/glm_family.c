@@ -35,7 +35,7 @@ static int expert_bits(const glm_model *m) {
 static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4_family_info *info, char *err,
                               size_t errlen) {
     (void)p;
-    glm_model *m = glm_model_bind(g, err, errlen);
+    glm_model *m = ds4_glm_model_bind(g, err, errlen);
     if (!m) return NULL;
     *info = (ds4_family_info){m->name, (int)m->hp.n_vocab, (int)glm_n_trunk(&m->hp), expert_bits(m),
                               m->hp.n_ctx_train, m->file_bytes};
@@ -44,7 +44,7 @@ static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4
 
 static ds4_backend *backend_new(ds4_family_model *fm, const ds4_engine_params *p, int prefill_chunk, char *err,
                                 size_t errlen) {
-    return glm_cpu_backend_new(M(fm), p->n_threads, prefill_chunk, err, errlen);
+    return ds4_glm_cpu_backend_new(M(fm), p->n_threads, prefill_chunk, err, errlen);
 }
 
 static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_engine_params *p, uint64_t rss) {
@@ -54,19 +54,19 @@ static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_
     fprintf(stderr, "ds4: %s: GLM 5.2, %u layers, %u experts, %.2f GiB file, %.1f MiB resident, %d threads, "
                     "numerics f32\n",
             m->name, glm_n_trunk(hp), hp->n_expert, (double)m->file_bytes / (1 << 30), (double)rss / (1 << 20),
-            glm_cpu_backend_threads(be));
+            ds4_glm_cpu_backend_threads(be));
 }
 
-static void model_free(ds4_family_model *fm) { glm_model_free(M(fm)); }
+static void model_free(ds4_family_model *fm) { ds4_glm_model_free(M(fm)); }
 
-static uint64_t state_bytes(const ds4_family_model *fm, int ctx) { return glm_kv_bytes_for(&M(fm)->hp, ctx); }
+static uint64_t state_bytes(const ds4_family_model *fm, int ctx) { return ds4_glm_kv_bytes_for(&M(fm)->hp, ctx); }
 
 static ds4_family_state *state_new(ds4_family_model *fm, ds4_backend *be, int ctx, int prefill_chunk) {
     (void)be, (void)prefill_chunk;
-    return (ds4_family_state *)glm_kv_new(&M(fm)->hp, ctx);
+    return (ds4_family_state *)ds4_glm_kv_new(&M(fm)->hp, ctx);
 }
 
-static void state_free(ds4_family_state *st) { glm_kv_free(KV(st)); }
+static void state_free(ds4_family_state *st) { ds4_glm_kv_free(KV(st)); }
 static int n_pos(const ds4_family_state *st) { return KV(st)->n_pos; }
 static void seq_bind(ds4_family_state *st, ds4_backend_seq *q) { q->glm = KV(st); }
 static void stepped(ds4_family_state *st) { (void)st; }
@@ -74,17 +74,17 @@ static void stepped(ds4_family_state *st) { (void)st; }
 /* Every position is kept, so the truncation never fails (glm_kv.h). */
 static int rewind_to(ds4_family_state *st, int keep, char *err, size_t errlen) {
     (void)err, (void)errlen;
-    glm_kv_truncate(KV(st), keep);
+    ds4_glm_kv_truncate(KV(st), keep);
     return keep;
 }
 
 static void reset(ds4_family_state *st) { KV(st)->n_pos = 0; }
 
-static size_t payload_bytes(const ds4_family_state *st, int n_vocab) { return glm_payload_bytes(KV(st), n_vocab); }
+static size_t payload_bytes(const ds4_family_state *st, int n_vocab) { return ds4_glm_payload_bytes(KV(st), n_vocab); }
 
 static void payload_save(const ds4_family_state *st, const int32_t *toks, const float *logits, int n_vocab,
                          void *dst) {
-    glm_payload_write(KV(st), toks, logits, n_vocab, dst);
+    ds4_glm_payload_write(KV(st), toks, logits, n_vocab, dst);
 }
 
 static bool snapshot_save(const ds4_family_state *st, const int32_t *toks, const float *logits, int n_vocab,
@@ -95,12 +95,12 @@ static bool snapshot_save(const ds4_family_state *st, const int32_t *toks, const
 
 static bool payload_save_to(const ds4_family_state *st, const int32_t *toks, const float *logits, int n_vocab,
                             const ds4_sink *sink) {
-    return glm_payload_write_to(KV(st), toks, logits, n_vocab, sink);
+    return ds4_glm_payload_write_to(KV(st), toks, logits, n_vocab, sink);
 }
 
 static int payload_load(ds4_family_state *st, int32_t *toks, float *logits, int n_vocab, const void *src, size_t n,
                         char *err, size_t errlen) {
-    return glm_payload_load(KV(st), toks, logits, n_vocab, src, n, err, errlen) ? 0 : -1;
+    return ds4_glm_payload_load(KV(st), toks, logits, n_vocab, src, n, err, errlen) ? 0 : -1;
 }
 
 /* The snapshot is a payload: it carries the tokens and logits itself. */
@@ -112,7 +112,7 @@ static int snapshot_load(ds4_family_state *st, int32_t *toks, float *logits, int
 
 static int payload_load_from(ds4_family_state *st, int32_t *toks, float *logits, int n_vocab, const ds4_source *src,
                              size_t n, char *err, size_t errlen) {
-    return glm_payload_load_from(KV(st), toks, logits, n_vocab, src, n, err, errlen) ? 0 : -1;
+    return ds4_glm_payload_load_from(KV(st), toks, logits, n_vocab, src, n, err, errlen) ? 0 : -1;
 }
 
 /* ---- chat ---- */

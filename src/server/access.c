@@ -5,7 +5,7 @@
 #include <string.h>
 #include <strings.h>
 
-bool access_is_loopback(const char *host) {
+bool ds4_access_is_loopback(const char *host) {
     struct in_addr v4;
     struct in6_addr v6;
     if (!strcasecmp(host, "localhost")) return true;
@@ -32,10 +32,10 @@ static void host_name(const char *header, char *out, size_t cap) {
 /* An absent Host passes (only HTTP/1.0 gets here without one: http.h); a
  * present one, empty included, must name this server. */
 static bool host_allowed(const ds4_server_opts *o, const ds4_http_req *hr) {
-    if (!hr->has_host || !access_is_loopback(o->host)) return true;
+    if (!hr->has_host || !ds4_access_is_loopback(o->host)) return true;
     char name[256];
     host_name(hr->host, name, sizeof name);
-    return access_is_loopback(name) || !strcasecmp(name, o->host);
+    return ds4_access_is_loopback(name) || !strcasecmp(name, o->host);
 }
 
 static bool same_key(const char *given, const char *key) {
@@ -45,7 +45,7 @@ static bool same_key(const char *given, const char *key) {
     return gl && !diff;
 }
 
-int access_check(const ds4_server_opts *o, const ds4_http_req *hr, const char **message, const char **code) {
+int ds4_access_check(const ds4_server_opts *o, const ds4_http_req *hr, const char **message, const char **code) {
     *code = NULL;
     if (!host_allowed(o, hr)) {
         *message = "this server only answers to a loopback Host name";

@@ -2,7 +2,7 @@
  * loopback-bound server, and the media type of POST bodies.
  *
  * Contract
- * - access_check() returns 0 when the request may proceed, else the status
+ * - ds4_access_check() returns 0 when the request may proceed, else the status
  *   to answer (with *message and *code): 403 for a Host header that names
  *   neither a loopback name nor the bound address while the server is
  *   bound to loopback (DNS rebinding: a page whose name resolves to
@@ -25,7 +25,7 @@
 #include "server/server.h"
 
 /* "localhost", 127.0.0.0/8 or ::1. */
-bool access_is_loopback(const char *host);
-int access_check(const ds4_server_opts *o, const ds4_http_req *hr, const char **message, const char **code);
+bool ds4_access_is_loopback(const char *host);
+int ds4_access_check(const ds4_server_opts *o, const ds4_http_req *hr, const char **message, const char **code);
 
 #endif

@@ -44,12 +44,12 @@ static bool tokenize_prompt(server *s, job *j, const ds4_prompt *pr, ds4_token_i
         for (int k = 0; k < pr->n_ids; k++) {
             if (pr->ids[k] >= s->n_vocab) {
                 snprintf(err, sizeof err, "prompt token id %d is outside the vocabulary (%d)", pr->ids[k], s->n_vocab);
-                job_error(s, j, 400, err, "prompt", "invalid_value", 0);
+                ds4_job_error(s, j, 400, err, "prompt", "invalid_value", 0);
                 return false;
             }
         }
         out->v = malloc(sizeof(int32_t) * (size_t)(pr->n_ids ? pr->n_ids : 1));
-        if (!out->v) { job_error(s, j, 500, "out of memory", NULL, NULL, 0); return false; }
+        if (!out->v) { ds4_job_error(s, j, 500, "out of memory", NULL, NULL, 0); return false; }
         memcpy(out->v, pr->ids, sizeof(int32_t) * (size_t)pr->n_ids);
         out->n = out->cap = (size_t)pr->n_ids;
     } else if (s->o.completions_chat) {
@@ -57,25 +57,25 @@ static bool tokenize_prompt(server *s, job *j, const ds4_prompt *pr, ds4_token_i
                              {.role = DS4_ROLE_USER, .content = pr->text}};
         ds4_chat_opts o;
         ds4_chat_opts_default(&o);
-        o.profile = srv_chat(s)->profile;
-        o.think = srv_effective_think(s, &j->req);
+        o.profile = ds4_srv_chat(s)->profile;
+        o.think = ds4_srv_effective_think(s, &j->req);
         o.ctx = s->o.ctx;
         srv_prompt prompt = {0};
         o.client_spans = &prompt.client;
         bool ok = ds4_chat_render(m, 2, &o, &prompt.text, err, sizeof err) && !prompt.client.oom &&
-                  !srv_encode(s, &prompt, 0, out);
-        srv_prompt_free(&prompt);
-        if (!ok) { job_error(s, j, 500, "out of memory", NULL, NULL, 0); return false; }
+                  !ds4_srv_encode(s, &prompt, 0, out);
+        ds4_srv_prompt_free(&prompt);
+        if (!ok) { ds4_job_error(s, j, 500, "out of memory", NULL, NULL, 0); return false; }
     } else if (ds4_tokenizer_encode(s->tok, pr->text, pr->text_len, DS4_TOK_SPECIALS_CHAT, out)) {
         /* A raw prompt is the whole model input: its protocol strings are
          * the client's to use (lm-eval, prompt engineering). */
-        job_error(s, j, 500, "out of memory", NULL, NULL, 0);
+        ds4_job_error(s, j, 500, "out of memory", NULL, NULL, 0);
         return false;
     }
     if (out->n == 0 || (int)out->n >= s->o.ctx) {
         if (out->n == 0) snprintf(err, sizeof err, "prompt is empty");
         else snprintf(err, sizeof err, "This model's maximum context length is %d tokens. However, your request has %zu prompt tokens (the request exceeds the available context size).", s->o.ctx, out->n);
-        job_error(s, j, 400, err, "prompt", out->n ? "context_length_exceeded" : NULL, (int)out->n);
+        ds4_job_error(s, j, 400, err, "prompt", out->n ? "context_length_exceeded" : NULL, (int)out->n);
         return false;
     }
     return true;
@@ -96,14 +96,14 @@ typedef struct {
 } cmpl_gen;
 
 static bool cmpl_cancelled(void *ud) {
-    return job_cancelled(((cmpl_gen *)ud)->pc);
+    return ds4_job_cancelled(((cmpl_gen *)ud)->pc);
 }
 
 static void cmpl_token(void *ud, int32_t tok, const float *logits) {
     cmpl_gen *g = ud;
     g->n_sampled++;
-    job_first_token(g->pc);
-    if (g->lp) cmpl_logprobs_add(g->s, g->lp, logits, tok, g->r->logprobs, g->text->len);
+    ds4_job_first_token(g->pc);
+    if (g->lp) ds4_cmpl_logprobs_add(g->s, g->lp, logits, tok, g->r->logprobs, g->text->len);
 }
 
 static void cmpl_release(cmpl_gen *g, const char *span, size_t n) {
@@ -121,11 +121,11 @@ static bool cmpl_text(void *ud, const char *text, size_t len) {
 }
 
 static int cmpl_decode(void *ud, int32_t tok, char *err, size_t errlen) {
-    return srv_eval(((cmpl_gen *)ud)->s, &tok, 1, false, err, errlen);
+    return ds4_srv_eval(((cmpl_gen *)ud)->s, &tok, 1, false, err, errlen);
 }
 
 static void cmpl_after_decode(void *ud) {
-    job_disk_frontier(((cmpl_gen *)ud)->s);
+    ds4_job_disk_frontier(((cmpl_gen *)ud)->s);
 }
 
 /* Echo logprobs: prefill from scratch keeping every position's logits
@@ -133,22 +133,22 @@ static void cmpl_after_decode(void *ud) {
 static int prefill_echo(server *s, const ds4_token_ids *pt, float *rows, cmpl_logprobs *lpa, int top_k,
                         job_progress *pc, char *err, size_t errlen) {
     int n = (int)pt->n;
-    if (ds4_session_n_tokens(s->sess) && srv_rewind(s, 0, err, errlen)) return -1;
+    if (ds4_session_n_tokens(s->sess) && ds4_srv_rewind(s, 0, err, errlen)) return -1;
     for (int k = 0; k < n; k += ECHO_SLICE) {
         int len = n - k < ECHO_SLICE ? n - k : ECHO_SLICE;
-        const double t0 = now_s();
-        int rc = srv_prefill_rows(s, pt->v + k, len, rows, err, errlen);
+        const double t0 = ds4_srv_now();
+        int rc = ds4_srv_prefill_rows(s, pt->v + k, len, rows, err, errlen);
         if (rc) return rc;
-        job_prefilled(pc, len, now_s() - t0);
+        ds4_job_prefilled(pc, len, ds4_srv_now() - t0);
         /* row q predicts token k+q+1: fill position k+q+1's entry */
         for (int q = 0; q < len && k + q + 1 < n; q++)
-            cmpl_logprobs_set(s, lpa, k + q + 1, rows + (size_t)q * s->n_vocab, pt->v[k + q + 1], top_k);
-        if (job_progress_check(pc)) return 1;
+            ds4_cmpl_logprobs_set(s, lpa, k + q + 1, rows + (size_t)q * s->n_vocab, pt->v[k + q + 1], top_k);
+        if (ds4_job_progress_check(pc)) return 1;
     }
     return 0;
 }
 
-void run_completions(server *s, job *j) {
+void ds4_srv_run_completions(server *s, job *j) {
     ds4_request *r = &j->req;
     ds4_http_conn *c = j->conn;
     j->keep_alive = j->hreq->keep_alive;
@@ -160,18 +160,18 @@ void run_completions(server *s, job *j) {
     cJSON *choices = cJSON_CreateArray();
     ds4_token_ids *prompts = calloc((size_t)r->n_prompts, sizeof *prompts);
     float *rows = NULL;
-    if (!prompts) { job_error(s, j, 500, "out of memory", NULL, NULL, 0); goto out; }
+    if (!prompts) { ds4_job_error(s, j, 500, "out of memory", NULL, NULL, 0); goto out; }
 
     /* Tokenize (and validate) every prompt before answering anything. */
     for (int i = 0; i < r->n_prompts; i++)
         if (!tokenize_prompt(s, j, &r->prompts[i], &prompts[i])) goto out;
     s->n_live_ids = 0;
     s->visible_tokens = -1;
-    if (r->stream && job_open_stream(s, j)) goto out;
+    if (r->stream && ds4_job_open_stream(s, j)) goto out;
     job_progress pc;
-    job_progress_init(&pc, s, j, NULL);
+    ds4_job_progress_init(&pc, s, j, NULL);
     rows = malloc(sizeof(float) * (size_t)s->n_vocab * ECHO_SLICE);
-    if (!rows) { job_error(s, j, 500, "out of memory", NULL, NULL, 0); goto out; }
+    if (!rows) { ds4_job_error(s, j, 500, "out of memory", NULL, NULL, 0); goto out; }
     for (int i = 0; i < r->n_prompts && !pc.gone; i++) {
         ds4_token_ids *pt = &prompts[i];
         int n_prompt = (int)pt->n;
@@ -184,7 +184,7 @@ void run_completions(server *s, job *j) {
         }
         ds4_buf text = {0};
         cmpl_logprobs lpa;
-        if (logprobs) cmpl_logprobs_init(&lpa);
+        if (logprobs) ds4_cmpl_logprobs_init(&lpa);
         if (r->echo) {
             size_t n = 0;
             char *pt_text = ds4_tokenizer_decode(s->tok, pt->v, pt->n, false, &n);
@@ -193,7 +193,7 @@ void run_completions(server *s, job *j) {
                 for (int k = 0; k < n_prompt; k++) {
                     size_t tl = 0;
                     ds4_tokenizer_token_bytes(s->tok, pt->v[k], &tl);
-                    cmpl_logprobs_add(s, &lpa, NULL, pt->v[k], r->logprobs, off);
+                    ds4_cmpl_logprobs_add(s, &lpa, NULL, pt->v[k], r->logprobs, off);
                     off += tl;
                 }
             }
@@ -202,26 +202,26 @@ void run_completions(server *s, job *j) {
             free(pt_text);
         }
         int rc = echo_lp ? prefill_echo(s, pt, rows, &lpa, r->logprobs, &pc, err, sizeof err)
-                         : job_load_prompt(s, &p, &pc, err, sizeof err);
+                         : ds4_job_load_prompt(s, &p, &pc, err, sizeof err);
         if (rc) {
             ds4_buf_free(&text);
-            if (logprobs) cJSON_Delete(cmpl_logprobs_object(&lpa));
+            if (logprobs) cJSON_Delete(ds4_cmpl_logprobs_object(&lpa));
             if (rc == 1 && pc.gone) { j->keep_alive = false; goto out; }
-            job_error(s, j, rc == 1 ? 503 : 500, rc == 1 ? "server shutting down" : err, NULL, NULL, 0);
+            ds4_job_error(s, j, rc == 1 ? 503 : 500, rc == 1 ? "server shutting down" : err, NULL, NULL, 0);
             goto out;
         }
         int limit = r->max_tokens >= 0 ? r->max_tokens : s->o.default_max_tokens;
         if (limit > s->o.ctx - n_prompt) limit = s->o.ctx - n_prompt;
-        ds4_sampler *smp = job_sampler(s, r);
+        ds4_sampler *smp = ds4_job_sampler(s, r);
         cmpl_gen g = {.s = s, .pc = &pc, .r = r, .id = id, .created = created, .index = i, .text = &text,
                       .lp = logprobs ? &lpa : NULL};
         ds4_stopper_init(&g.st, r->stop, r->n_stop);
         ds4_gen_hooks hooks = {.cancelled = cmpl_cancelled, .greedy = NULL, .on_token = cmpl_token,
                                .on_text = cmpl_text, .after_decode = cmpl_after_decode, .decode = cmpl_decode,
                                .ud = &g};
-        const double t_decode = now_s();
-        ds4_gen_result gr = job_generate(s, smp, limit, &hooks, err, sizeof err);
-        job_decoded(&pc, gr.n_decoded, now_s() - t_decode);
+        const double t_decode = ds4_srv_now();
+        ds4_gen_result gr = ds4_job_generate(s, smp, limit, &hooks, err, sizeof err);
+        ds4_job_decoded(&pc, gr.n_decoded, ds4_srv_now() - t_decode);
         const char *span;
         size_t rel = ds4_stopper_flush(&g.st, &span);
         cmpl_release(&g, span, rel);
@@ -230,26 +230,26 @@ void run_completions(server *s, job *j) {
         const char *finish = gr.end == DS4_GEN_LENGTH || gr.end == DS4_GEN_CTX_FULL ? "length" : "stop";
         if (pc.stopping || gr.end == DS4_GEN_ERROR) {
             /* A truncated answer must not look like a finished one. */
-            if (gr.end == DS4_GEN_ERROR) trace(s, "decode failed: %s", err);
+            if (gr.end == DS4_GEN_ERROR) ds4_srv_trace(s, "decode failed: %s", err);
             ds4_buf_free(&text);
-            if (logprobs) cJSON_Delete(cmpl_logprobs_object(&lpa));
-            job_error(s, j, pc.stopping ? 503 : 500, pc.stopping ? "server shutting down" : err, NULL, NULL, 0);
+            if (logprobs) cJSON_Delete(ds4_cmpl_logprobs_object(&lpa));
+            ds4_job_error(s, j, pc.stopping ? 503 : 500, pc.stopping ? "server shutting down" : err, NULL, NULL, 0);
             goto out;
         }
         total.prompt_tokens += n_prompt;
         total.cached_tokens += p.reuse;
         total.completion_tokens += g.n_sampled;
-        trace(s, "completion %d: prompt %d reused %d generated %d", i, n_prompt, p.reuse, g.n_sampled);
+        ds4_srv_trace(s, "completion %d: prompt %d reused %d generated %d", i, n_prompt, p.reuse, g.n_sampled);
         ds4_metrics_tokens(n_prompt, p.reuse, g.n_sampled);
         if (r->stream) {
             cJSON *ch = cmpl_chunk(id, created, r, i, "", 0, finish);
-            if (logprobs) cJSON_ReplaceItemInObject(cJSON_GetArrayItem(cJSON_GetObjectItem(ch, "choices"), 0), "logprobs", cmpl_logprobs_object(&lpa));
+            if (logprobs) cJSON_ReplaceItemInObject(cJSON_GetArrayItem(cJSON_GetObjectItem(ch, "choices"), 0), "logprobs", ds4_cmpl_logprobs_object(&lpa));
             ds4_sse_data(c, ch);
         } else {
             cJSON *ch = cJSON_CreateObject();
             cJSON_AddNumberToObject(ch, "index", i);
             cJSON_AddStringToObject(ch, "text", text.data ? text.data : "");
-            if (logprobs) cJSON_AddItemToObject(ch, "logprobs", cmpl_logprobs_object(&lpa));
+            if (logprobs) cJSON_AddItemToObject(ch, "logprobs", ds4_cmpl_logprobs_object(&lpa));
             else cJSON_AddNullToObject(ch, "logprobs");
             cJSON_AddStringToObject(ch, "finish_reason", finish);
             cJSON_AddItemToArray(choices, ch);
@@ -258,7 +258,7 @@ void run_completions(server *s, job *j) {
     }
     if (pc.gone) { j->keep_alive = false; goto out; }
     ds4_queue_answered(s);
-    job_trace_timing(&pc);
+    ds4_job_trace_timing(&pc);
     cJSON *usage = cJSON_CreateObject();
     cJSON_AddNumberToObject(usage, "prompt_tokens", total.prompt_tokens);
     cJSON_AddNumberToObject(usage, "completion_tokens", total.completion_tokens);

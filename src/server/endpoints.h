@@ -6,14 +6,14 @@
  * - Each runs the whole job: plan the prompt (prefix.h), reject what does
  *   not fit the context, prefill (job.h), generate with the shared loop
  *   (generate.h), and write the complete response or stream; it sets
- *   j->keep_alive. Errors go out in the family's shape (job_error()).
+ *   j->keep_alive. Errors go out in the family's shape (ds4_job_error()).
  */
 #ifndef DS4_ENDPOINTS_H
 #define DS4_ENDPOINTS_H
 
 #include "server/server_state.h"
 
-void run_chat(server *s, job *j);
-void run_completions(server *s, job *j);
+void ds4_srv_run_chat(server *s, job *j);
+void ds4_srv_run_completions(server *s, job *j);
 
 #endif

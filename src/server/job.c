@@ -15,23 +15,23 @@ static int conn_out(void *ud, const char *data, size_t len) {
     return ds4_http_stream_write(ud, data, len);
 }
 
-ds4_enc *job_encoder(server *s, job *j) {
+ds4_enc *ds4_job_encoder(server *s, job *j) {
     if (!j->enc) {
-        ds4_enc_opts eo = {.req = &j->req, .thinking = srv_effective_think(s, &j->req) != DS4_THINK_NONE,
+        ds4_enc_opts eo = {.req = &j->req, .thinking = ds4_srv_effective_think(s, &j->req) != DS4_THINK_NONE,
                            .mem = s->mem, .out = j->req.stream ? conn_out : NULL, .ud = j->conn};
         j->enc = ds4_enc_new(&eo);
     }
     return j->enc;
 }
 
-int job_open_stream(server *s, job *j) {
+int ds4_job_open_stream(server *s, job *j) {
     if (j->conn->streaming) return 0;
     char hdr[1024];
     ds4_cors_headers(s, j->hreq, hdr, sizeof hdr);
     return ds4_http_stream_begin(j->conn, hdr);
 }
 
-void job_error(server *s, job *j, int status, const char *msg, const char *param, const char *code,
+void ds4_job_error(server *s, job *j, int status, const char *msg, const char *param, const char *code,
                int n_prompt) {
     ds4_http_conn *c = j->conn;
     if (status >= 500) j->keep_alive = false;
@@ -56,29 +56,29 @@ void job_error(server *s, job *j, int status, const char *msg, const char *param
 
 /* The SSE stream opens and gets what prefill would send (server-api.md 1.4);
  * Messages' message_start waits for the token counts, pings go first. */
-void job_queued_keepalive(server *s, job *j) {
-    if (job_open_stream(s, j)) return;
+void ds4_job_queued_keepalive(server *s, job *j) {
+    if (ds4_job_open_stream(s, j)) return;
     ds4_http_stream_write(j->conn, ": queued\n\n", 10);
-    if (j->req.api != DS4_API_COMPLETIONS && job_encoder(s, j)) ds4_enc_keepalive(j->enc);
+    if (j->req.api != DS4_API_COMPLETIONS && ds4_job_encoder(s, j)) ds4_enc_keepalive(j->enc);
 }
 
-void job_progress_init(job_progress *p, server *s, job *j, ds4_enc *enc) {
-    *p = (job_progress){.s = s, .conn = j->conn, .enc = enc, .last_ping = now_s(), .j = j};
+void ds4_job_progress_init(job_progress *p, server *s, job *j, ds4_enc *enc) {
+    *p = (job_progress){.s = s, .conn = j->conn, .enc = enc, .last_ping = ds4_srv_now(), .j = j};
 }
 
-void job_prefilled(job_progress *p, int tokens, double seconds) {
+void ds4_job_prefilled(job_progress *p, int tokens, double seconds) {
     p->prefilled += tokens;
     p->prefill_s += seconds;
     ds4_metrics_prefill(tokens, seconds);
 }
 
-void job_decoded(job_progress *p, int tokens, double seconds) {
+void ds4_job_decoded(job_progress *p, int tokens, double seconds) {
     p->decoded += tokens;
     p->decode_s += seconds;
     ds4_metrics_decode(tokens, seconds);
 }
 
-ds4_gen_result job_generate(server *s, ds4_sampler *smp, int limit, ds4_gen_hooks *hooks, char *err,
+ds4_gen_result ds4_job_generate(server *s, ds4_sampler *smp, int limit, ds4_gen_hooks *hooks, char *err,
                             size_t errlen) {
     ds4_spec_stats before = s->spec ? s->spec->stats : (ds4_spec_stats){0};
     hooks->spec = s->spec;
@@ -87,42 +87,42 @@ ds4_gen_result job_generate(server *s, ds4_sampler *smp, int limit, ds4_gen_hook
         const ds4_spec_stats *now = &s->spec->stats;
         ds4_metrics_spec(now->passes - before.passes, now->proposed - before.proposed,
                          now->accepted - before.accepted);
-        /* the session grew by whole verification passes, not through srv_eval */
-        srv_session_changed(s);
+        /* the session grew by whole verification passes, not through ds4_srv_eval */
+        ds4_srv_session_changed(s);
     }
     return r;
 }
 
-void job_first_token(job_progress *p) {
-    if (p->first_token_at == 0) p->first_token_at = now_s();
+void ds4_job_first_token(job_progress *p) {
+    if (p->first_token_at == 0) p->first_token_at = ds4_srv_now();
 }
 
 static double rate(int tokens, double seconds) { return seconds > 0 ? tokens / seconds : 0.0; }
 
-void job_trace_timing(const job_progress *p) {
+void ds4_job_trace_timing(const job_progress *p) {
     const job *j = p->j;
-    const double end = now_s();
-    trace(p->s, "timing: queued %.3f s, prefill %d tokens in %.3f s (%.1f tok/s), first token at %.3f s, "
+    const double end = ds4_srv_now();
+    ds4_srv_trace(p->s, "timing: queued %.3f s, prefill %d tokens in %.3f s (%.1f tok/s), first token at %.3f s, "
                 "decode %d tokens in %.3f s (%.1f tok/s), total %.3f s",
           j->started_at - j->queued_at, p->prefilled, p->prefill_s, rate(p->prefilled, p->prefill_s),
           p->first_token_at > 0 ? p->first_token_at - j->queued_at : -1.0, p->decoded, p->decode_s,
           rate(p->decoded, p->decode_s), end - j->queued_at);
 }
 
-const char *job_gone_how(const ds4_http_conn *c) {
+const char *ds4_job_gone_how(const ds4_http_conn *c) {
     return c->stalled ? "stopped reading (a write stalled) and was dropped" : "went away";
 }
 
-bool job_cancelled(job_progress *p) {
+bool ds4_job_cancelled(job_progress *p) {
     if (ds4_http_peer_gone(p->conn)) { p->gone = true; return true; }
     if (atomic_load(&ds4_srv_stop)) { p->stopping = true; return true; }
     return false;
 }
 
-bool job_progress_check(job_progress *p) {
-    if (job_cancelled(p)) return true;
-    if (now_s() - p->last_ping >= KEEPALIVE_SECONDS) {
-        p->last_ping = now_s();
+bool ds4_job_progress_check(job_progress *p) {
+    if (ds4_job_cancelled(p)) return true;
+    if (ds4_srv_now() - p->last_ping >= KEEPALIVE_SECONDS) {
+        p->last_ping = ds4_srv_now();
         if (p->conn->streaming) ds4_http_stream_write(p->conn, ": prefill\n\n", 11);
         if (p->enc) ds4_enc_keepalive(p->enc);
         if (p->conn->broken) { p->gone = true; return true; }
@@ -132,48 +132,48 @@ bool job_progress_check(job_progress *p) {
 
 /* Prefills toks[from..n) in slices; 0 ok, 1 cancelled, -1 error. */
 static int prefill(server *s, const int32_t *toks, int from, int n, job_progress *pc, char *err, size_t errlen) {
-    const double t0 = now_s();
+    const double t0 = ds4_srv_now();
     int rc = 0, i = from;
     while (i < n && rc == 0) {
         int len = n - i < PREFILL_SLICE ? n - i : PREFILL_SLICE, reason = 0;
-        srv_kvd_lock(s);
+        ds4_srv_kvd_lock(s);
         int stop = s->kvd ? ds4_kvdisk_prefill_stop(s->kvd, toks, n, i, from == 0, &reason) : -1;
-        srv_kvd_unlock(s);
+        ds4_srv_kvd_unlock(s);
         if (stop > i && stop < i + len) len = stop - i;
-        rc = srv_eval(s, toks + i, len, i == from, err, errlen);
+        rc = ds4_srv_eval(s, toks + i, len, i == from, err, errlen);
         if (rc) break;
         i += len;
         if (i == stop) {
-            srv_kvd_lock(s);
+            ds4_srv_kvd_lock(s);
             ds4_kvdisk_save(s->kvd, s->sess, reason);
-            srv_kvd_unlock(s);
+            ds4_srv_kvd_unlock(s);
         }
-        if (job_progress_check(pc)) rc = 1;
+        if (ds4_job_progress_check(pc)) rc = 1;
     }
-    job_prefilled(pc, i - from, now_s() - t0);
+    ds4_job_prefilled(pc, i - from, ds4_srv_now() - t0);
     return rc;
 }
 
-int job_load_prompt(server *s, const prompt_plan *p, job_progress *pc, char *err, size_t errlen) {
+int ds4_job_load_prompt(server *s, const prompt_plan *p, job_progress *pc, char *err, size_t errlen) {
     int live_n = ds4_session_n_tokens(s->sess);
     if (p->reuse < live_n && s->kvd && p->reuse < live_n / 2) {
-        srv_kvd_lock(s);
+        ds4_srv_kvd_lock(s);
         ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_EVICT);
-        srv_kvd_unlock(s);
+        ds4_srv_kvd_unlock(s);
     }
-    if (p->reuse < live_n && srv_rewind(s, p->reuse, err, errlen)) return -1;
+    if (p->reuse < live_n && ds4_srv_rewind(s, p->reuse, err, errlen)) return -1;
     return prefill(s, p->toks.v, p->reuse, (int)p->toks.n, pc, err, errlen);
 }
 
-void job_disk_frontier(server *s) {
+void ds4_job_disk_frontier(server *s) {
     if (s->kvd && ds4_kvdisk_is_frontier(ds4_kvdisk_options(s->kvd), ds4_session_n_tokens(s->sess))) {
-        srv_kvd_lock(s);
+        ds4_srv_kvd_lock(s);
         ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_CONTINUED);
-        srv_kvd_unlock(s);
+        ds4_srv_kvd_unlock(s);
     }
 }
 
-ds4_sampler *job_sampler(server *s, const ds4_request *r) {
+ds4_sampler *ds4_job_sampler(server *s, const ds4_request *r) {
     ds4_sampler_params sp = r->sampling;
     if (!r->seed_set) sp.seed = ds4_sampler_random_seed();
     return ds4_sampler_new(&sp, s->n_vocab);

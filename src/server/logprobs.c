@@ -36,7 +36,7 @@ static cJSON *token_lp(server *s, int32_t id, float lp) {
     return o;
 }
 
-cJSON *chat_logprob_entry(server *s, const float *logits, int32_t tok, int top_k) {
+cJSON *ds4_chat_logprob_entry(server *s, const float *logits, int32_t tok, int top_k) {
     cJSON *o = token_lp(s, tok, ds4_logprob(logits, s->n_vocab, tok));
     cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
     int ids[MAX_TOP_LOGPROBS];
@@ -47,7 +47,7 @@ cJSON *chat_logprob_entry(server *s, const float *logits, int32_t tok, int top_k
     return o;
 }
 
-void cmpl_logprobs_init(cmpl_logprobs *a) {
+void ds4_cmpl_logprobs_init(cmpl_logprobs *a) {
     a->tokens = cJSON_CreateArray();
     a->token_logprobs = cJSON_CreateArray();
     a->top_logprobs = cJSON_CreateArray();
@@ -71,7 +71,7 @@ static cJSON *top_object(server *s, const float *logits, int32_t id, int k) {
     return top;
 }
 
-void cmpl_logprobs_add(server *s, cmpl_logprobs *a, const float *logits, int32_t id, int top_k, size_t offset) {
+void ds4_cmpl_logprobs_add(server *s, cmpl_logprobs *a, const float *logits, int32_t id, int top_k, size_t offset) {
     char *t = token_text(s, id);
     cJSON_AddItemToArray(a->tokens, cJSON_CreateString(t ? t : ""));
     free(t);
@@ -81,12 +81,12 @@ void cmpl_logprobs_add(server *s, cmpl_logprobs *a, const float *logits, int32_t
     cJSON_AddItemToArray(a->top_logprobs, logits ? top_object(s, logits, id, top_k) : cJSON_CreateNull());
 }
 
-void cmpl_logprobs_set(server *s, cmpl_logprobs *a, int i, const float *logits, int32_t id, int top_k) {
+void ds4_cmpl_logprobs_set(server *s, cmpl_logprobs *a, int i, const float *logits, int32_t id, int top_k) {
     cJSON_ReplaceItemInArray(a->token_logprobs, i, cJSON_CreateNumber(ds4_logprob(logits, s->n_vocab, id)));
     cJSON_ReplaceItemInArray(a->top_logprobs, i, top_object(s, logits, id, top_k));
 }
 
-cJSON *cmpl_logprobs_object(cmpl_logprobs *a) {
+cJSON *ds4_cmpl_logprobs_object(cmpl_logprobs *a) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddItemToObject(o, "tokens", a->tokens);
     cJSON_AddItemToObject(o, "token_logprobs", a->token_logprobs);

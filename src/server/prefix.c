@@ -5,11 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-ds4_think_mode srv_effective_think(const server *s, const ds4_request *r) {
-    return srv_chat(s)->effective_think(r->think, s->o.ctx);
+ds4_think_mode ds4_srv_effective_think(const server *s, const ds4_request *r) {
+    return ds4_srv_chat(s)->effective_think(r->think, s->o.ctx);
 }
 
-const ds4_chat_spec *srv_chat(const server *s) {
+const ds4_chat_spec *ds4_srv_chat(const server *s) {
     return ds4_chat_spec_for(s->tok);
 }
 
@@ -32,24 +32,24 @@ static const char *replay_lookup(void *ud, const char *id) {
     }
     char *b = ds4_toolmem_get(r->s->mem, id);
     if (!b && r->s->kvd) {
-        srv_kvd_lock(r->s);
+        ds4_srv_kvd_lock(r->s);
         if (ds4_kvdisk_find_tool(r->s->kvd, id)) b = ds4_toolmem_get(r->s->mem, id);
-        srv_kvd_unlock(r->s);
+        ds4_srv_kvd_unlock(r->s);
     }
     if (b) r->held[r->n_held++] = b;
     return b;
 }
 
-void srv_prompt_free(srv_prompt *p) {
+void ds4_srv_prompt_free(srv_prompt *p) {
     ds4_buf_free(&p->text);
     ds4_chat_spans_free(&p->client);
 }
 
-bool srv_render_prompt(server *s, const ds4_request *r, bool replay, srv_prompt *out, char *err, size_t errlen) {
+bool ds4_srv_render_prompt(server *s, const ds4_request *r, bool replay, srv_prompt *out, char *err, size_t errlen) {
     ds4_chat_opts o;
     ds4_chat_opts_default(&o);
-    o.profile = srv_chat(s)->profile;
-    o.think = srv_effective_think(s, r);
+    o.profile = ds4_srv_chat(s)->profile;
+    o.think = ds4_srv_effective_think(s, r);
     o.ctx = s->o.ctx;
     o.tools = r->tools;
     o.n_tools = r->n_tools;
@@ -63,7 +63,7 @@ bool srv_render_prompt(server *s, const ds4_request *r, bool replay, srv_prompt 
     return ok;
 }
 
-int srv_encode(server *s, const srv_prompt *prompt, size_t from, ds4_token_ids *out) {
+int ds4_srv_encode(server *s, const srv_prompt *prompt, size_t from, ds4_token_ids *out) {
     return ds4_chat_encode(s->tok, prompt->text.data ? prompt->text.data : "", from, prompt->text.len,
                            &prompt->client, out);
 }
@@ -73,7 +73,7 @@ static char *live_text(server *s, size_t *len) {
     return ds4_tokenizer_decode(s->tok, ds4_session_tokens(s->sess), (size_t)ds4_session_n_tokens(s->sess), false, len);
 }
 
-bool live_ids_match(server *s, const ds4_request *r) {
+bool ds4_srv_live_ids_match(server *s, const ds4_request *r) {
     if (!s->n_live_ids || s->live_ids_tokens != ds4_session_n_tokens(s->sess)) return false;
     for (int i = 0; i < r->n_live_ids; i++) {
         bool hit = false;
@@ -90,10 +90,10 @@ static void render_tail(server *s, const ds4_request *r, srv_prompt *prompt) {
     while (first > 0 && r->msgs[first - 1].role != DS4_ROLE_ASSISTANT) first--;
     ds4_chat_opts o;
     ds4_chat_opts_default(&o);
-    o.profile = srv_chat(s)->profile;
-    o.think = srv_effective_think(s, r);
+    o.profile = ds4_srv_chat(s)->profile;
+    o.think = ds4_srv_effective_think(s, r);
     o.client_spans = &prompt->client;
-    srv_chat(s)->render_tail(r->msgs + first, r->n_msgs - first, &o, &prompt->text);
+    ds4_srv_chat(s)->render_tail(r->msgs + first, r->n_msgs - first, &o, &prompt->text);
 }
 
 /* toks = the live tokens, then the tokens of the prompt text from `from` on
@@ -101,7 +101,7 @@ static void render_tail(server *s, const ds4_request *r, srv_prompt *prompt) {
 static int live_plus(server *s, const srv_prompt *prompt, size_t from, prompt_plan *p, const char *how) {
     int live_n = ds4_session_n_tokens(s->sess);
     ds4_token_ids suffix = {0};
-    if (srv_encode(s, prompt, from, &suffix)) { ds4_token_ids_free(&suffix); return -1; }
+    if (ds4_srv_encode(s, prompt, from, &suffix)) { ds4_token_ids_free(&suffix); return -1; }
     size_t need = (size_t)live_n + suffix.n + 1;
     if (p->toks.cap < need) {
         int32_t *v = realloc(p->toks.v, need * sizeof *v);
@@ -118,7 +118,7 @@ static int live_plus(server *s, const srv_prompt *prompt, size_t from, prompt_pl
     return 0;
 }
 
-int plan_tool_tail(server *s, const ds4_request *r, srv_prompt *prompt, prompt_plan *p) {
+int ds4_srv_plan_tool_tail(server *s, const ds4_request *r, srv_prompt *prompt, prompt_plan *p) {
     size_t lt_len = 0;
     char *lt = live_text(s, &lt_len);
     ds4_buf_put(&prompt->text, lt, lt_len);
@@ -132,12 +132,12 @@ static bool starts_with(const char *text, size_t n, const ds4_buf *key) {
     return key->len && key->len <= n && !memcmp(text, key->data, key->len);
 }
 
-int plan_prompt(server *s, const srv_prompt *prompt, prompt_plan *p) {
+int ds4_srv_plan_prompt(server *s, const srv_prompt *prompt, prompt_plan *p) {
     const char *text = prompt->text.data ? prompt->text.data : "";
     size_t n = prompt->text.len;
     int live_n = ds4_session_n_tokens(s->sess);
     const int32_t *live = ds4_session_tokens(s->sess);
-    if (srv_encode(s, prompt, 0, &p->toks)) return -1;
+    if (ds4_srv_encode(s, prompt, 0, &p->toks)) return -1;
     int lcp = 0;
     while (lcp < live_n && (size_t)lcp < p->toks.n && live[lcp] == p->toks.v[lcp]) lcp++;
     if (lcp == live_n && live_n > 0) { p->reuse = live_n; p->how = "exact token prefix"; return 0; }
@@ -154,10 +154,10 @@ int plan_prompt(server *s, const srv_prompt *prompt, prompt_plan *p) {
     /* A prompt that cannot fit is rejected by the caller: restoring a disk
      * checkpoint for it would replace the live session for nothing. */
     bool fits = (int)p->toks.n < s->o.ctx;
-    srv_kvd_lock(s);
+    ds4_srv_kvd_lock(s);
     size_t disk = s->kvd && fits ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
-    srv_kvd_unlock(s);
-    srv_session_changed(s);
+    ds4_srv_kvd_unlock(s);
+    ds4_srv_session_changed(s);
     /* a restore that failed part-way leaves the session empty */
     if (!disk && ds4_session_n_tokens(s->sess) != live_n) lcp = 0;
     if (disk) {
@@ -169,7 +169,7 @@ int plan_prompt(server *s, const srv_prompt *prompt, prompt_plan *p) {
     return 0;
 }
 
-void remember_visible(server *s, const ds4_buf *prompt, const ds4_enc *enc) {
+void ds4_srv_remember_visible(server *s, const ds4_buf *prompt, const ds4_enc *enc) {
     s->visible_tokens = -1;
     size_t open = strlen(DS4_STR_THINK_OPEN), clen, blen;
     /* Only a closed think block makes the live text "<think>R</think>C":
@@ -178,6 +178,6 @@ void remember_visible(server *s, const ds4_buf *prompt, const ds4_enc *enc) {
         memcmp(prompt->data + prompt->len - open, DS4_STR_THINK_OPEN, open)) return;
     const char *content = ds4_enc_content(enc, &clen);
     const char *block = ds4_enc_block(enc, &blen);
-    srv_chat(s)->visible_turns(prompt->data, prompt->len, content, clen, block, block ? blen : 0, s->visible);
+    ds4_srv_chat(s)->visible_turns(prompt->data, prompt->len, content, clen, block, block ? blen : 0, s->visible);
     s->visible_tokens = ds4_session_n_tokens(s->sess);
 }

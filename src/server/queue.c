@@ -98,7 +98,7 @@ static void unlink_job(ds4_job_queue *q, job *j) {
 /* Waits (q->mu held) until the worker takes j or its client leaves. */
 static void wait_queued(server *s, job *j) {
     ds4_job_queue *q = s->queue;
-    double next_ping = now_s() + KEEPALIVE_SECONDS;
+    double next_ping = ds4_srv_now() + KEEPALIVE_SECONDS;
     while (!j->running && !j->done) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -110,9 +110,9 @@ static void wait_queued(server *s, job *j) {
         j->writing = true;
         pthread_mutex_unlock(&q->mu);
         bool gone = ds4_http_peer_gone(j->conn);
-        if (!gone && j->req.stream && now_s() >= next_ping) {
-            next_ping = now_s() + KEEPALIVE_SECONDS;
-            job_queued_keepalive(s, j);
+        if (!gone && j->req.stream && ds4_srv_now() >= next_ping) {
+            next_ping = ds4_srv_now() + KEEPALIVE_SECONDS;
+            ds4_job_queued_keepalive(s, j);
             gone = j->conn->broken;
         }
         pthread_mutex_lock(&q->mu);
@@ -129,7 +129,7 @@ static void wait_queued(server *s, job *j) {
             j->keep_alive = false;
             j->done = true;
             wake = true;
-            trace(s, "queued request left the queue: client went away");
+            ds4_srv_trace(s, "queued request left the queue: client went away");
         }
         if (wake) pthread_cond_broadcast(&q->cv);
     }
@@ -148,7 +148,7 @@ bool ds4_queue_submit(server *s, job *j) {
         return false;
     }
     j->submitted_at = q->clock;
-    j->queued_at = now_s();
+    j->queued_at = ds4_srv_now();
     if (q->tail) q->tail->next = j; else q->head = j;
     q->tail = j;
     pthread_cond_broadcast(&q->cv);
@@ -174,7 +174,7 @@ job *ds4_queue_take(server *s, bool *stopping) {
         q->head = j->next;
         if (!q->head) q->tail = NULL;
         j->running = true;
-        j->started_at = now_s();
+        j->started_at = ds4_srv_now();
         slot_took(q, s->slot, j);
         pthread_cond_broadcast(&q->cv);   /* the next job may suit another idle slot */
         while (j->writing) pthread_cond_wait(&q->cv, &q->mu);

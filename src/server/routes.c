@@ -16,8 +16,8 @@
 
 /* The ids /v1/models lists for the served model, and their display names. */
 static const ds4_model_id *served_models(const server *s, size_t *n) {
-    *n = (size_t)srv_chat(s)->n_models;
-    return srv_chat(s)->models;
+    *n = (size_t)ds4_srv_chat(s)->n_models;
+    return ds4_srv_chat(s)->models;
 }
 
 static cJSON *model_obj(server *s, const ds4_model_id *mid) {
@@ -96,7 +96,7 @@ static bool refuse_oversized(server *s, ds4_http_conn *c, const ds4_http_req *hr
     size_t at_least = ds4_request_text_bytes(r, &max_ids) / s->max_token_bytes;
     if ((size_t)max_ids > at_least) at_least = (size_t)max_ids;
     if (at_least < (size_t)s->o.ctx) return false;
-    trace(s, "request refused before tokenizing: at least %zu tokens, context %d", at_least, s->o.ctx);
+    ds4_srv_trace(s, "request refused before tokenizing: at least %zu tokens, context %d", at_least, s->o.ctx);
     char msg[300];
     const char *param = r->api == DS4_API_CHAT ? "messages" : r->api == DS4_API_COMPLETIONS ? "prompt" : "input";
     const bool anthropic = r->api == DS4_API_MESSAGES || r->api == DS4_API_COUNT_TOKENS;
@@ -113,7 +113,7 @@ static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *
     ds4_request r;
     ds4_req_error e;
     parse_slot_take();
-    if (ds4_request_decode_for(DS4_API_COUNT_TOKENS, srv_chat(s), body->data ? body->data : "", body->len, &r, &e)) {
+    if (ds4_request_decode_for(DS4_API_COUNT_TOKENS, ds4_srv_chat(s), body->data ? body->data : "", body->len, &r, &e)) {
         parse_slot_give();
         ds4_send_error(s, c, hr, e.status, e.message, e.param, e.code, 0, ka);
         return;
@@ -126,7 +126,7 @@ static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *
     srv_prompt prompt = {0};
     char err[256] = "out of memory";
     ds4_token_ids ids = {0};
-    bool ok = srv_render_prompt(s, &r, false, &prompt, err, sizeof err) && !srv_encode(s, &prompt, 0, &ids);
+    bool ok = ds4_srv_render_prompt(s, &r, false, &prompt, err, sizeof err) && !ds4_srv_encode(s, &prompt, 0, &ids);
     parse_slot_give();
     if (!ok) {
         ds4_send_error(s, c, hr, 400, err, NULL, NULL, 0, ka);
@@ -136,14 +136,14 @@ static void route_count_tokens(server *s, ds4_http_conn *c, const ds4_http_req *
         ds4_send_json(s, c, hr, 200, o, ka, NULL);
     }
     ds4_token_ids_free(&ids);
-    srv_prompt_free(&prompt);
+    ds4_srv_prompt_free(&prompt);
     ds4_request_free(&r);
 }
 
 static void route_tokenizer_info(server *s, ds4_http_conn *c, const ds4_http_req *hr, const ds4_buf *body, bool ka) {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "eos_token", srv_chat(s)->eos_token);
-    cJSON_AddStringToObject(o, "bos_token", srv_chat(s)->bos_token);
+    cJSON_AddStringToObject(o, "eos_token", ds4_srv_chat(s)->eos_token);
+    cJSON_AddStringToObject(o, "bos_token", ds4_srv_chat(s)->bos_token);
     ds4_send_json(s, c, hr, 200, o, ka, NULL);
 }
 
@@ -177,7 +177,7 @@ static void route_tokenize(server *s, ds4_http_conn *c, const ds4_http_req *hr, 
      * prepended (chat_spec.h add_special_prefix; none for some formats). */
     ds4_token_ids ids = {0};
     int rc = 0;
-    const char *prefix = srv_chat(s)->add_special_prefix;
+    const char *prefix = ds4_srv_chat(s)->add_special_prefix;
     if (cJSON_IsTrue(asp) && prefix)
         rc = ds4_tokenizer_encode(s->tok, prefix, strlen(prefix), DS4_TOK_SPECIALS_ALL, &ids);
     if (!rc) rc = ds4_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), DS4_TOK_SPECIALS_ALL, &ids);
@@ -237,7 +237,7 @@ static bool route_inference(server *s, ds4_http_conn *c, ds4_http_req *hr, const
     job j = {.conn = c, .hreq = hr};
     ds4_req_error e;
     parse_slot_take();
-    int rc = ds4_request_decode_for(api, srv_chat(s), body->data ? body->data : "", body->len, &j.req, &e);
+    int rc = ds4_request_decode_for(api, ds4_srv_chat(s), body->data ? body->data : "", body->len, &j.req, &e);
     parse_slot_give();
     if (rc) {
         ds4_send_error(s, c, hr, e.status, e.message, e.param, e.code, 0, ka);
@@ -324,7 +324,7 @@ static const struct route *find_route(const char *path) {
 static bool dispatch(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body) {
     bool ka = hr->keep_alive;
     const char *m = hr->method, *denied, *code;
-    int status = access_check(&s->o, hr, &denied, &code);
+    int status = ds4_access_check(&s->o, hr, &denied, &code);
     if (status) {
         ds4_send_error(s, c, hr, status, denied, NULL, code, 0, ka);
         return ka;
@@ -350,7 +350,7 @@ static bool dispatch(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *bod
     return ka;
 }
 
-bool route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body) {
+bool ds4_srv_route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body) {
     c->status = 0;
     bool ka = dispatch(s, c, hr, body);
     ds4_metrics_request(hr->path, c->status);

@@ -4,7 +4,7 @@
  * a slot's worker through the queue.
  *
  * Contract
- * - route_request() answers exactly one request and returns whether the
+ * - ds4_srv_route_request() answers exactly one request and returns whether the
  *   connection stays open (keep-alive, not broken, not HTTP/1.0 after a
  *   streamed answer).
  * - Unknown paths get 404 in the family's error shape, a known path asked
@@ -23,6 +23,6 @@
 
 typedef struct server server;
 
-bool route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body);
+bool ds4_srv_route_request(server *s, ds4_http_conn *c, ds4_http_req *hr, ds4_buf *body);
 
 #endif

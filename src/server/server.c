@@ -195,7 +195,7 @@ static void *conn_main(void *ud) {
             for (int i = 0; i < 64 && poll(&pf, 1, 1000) > 0 && recv(a.fd, sink, sizeof sink, 0) > 0; i++) {}
             break;
         }
-        if (!route_request(s, &c, &hr, &body)) break;
+        if (!ds4_srv_route_request(s, &c, &hr, &body)) break;
     }
     ds4_buf_free(&body);
     ds4_buf_free(&c.in);
@@ -326,7 +326,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
     s->o = *opts;
     if (s->o.batched_sessions < 1) s->o.batched_sessions = 1;
     char err[512];
-    if (!access_is_loopback(s->o.host) && !(s->o.api_key && s->o.api_key[0]) && !s->o.no_api_key) {
+    if (!ds4_access_is_loopback(s->o.host) && !(s->o.api_key && s->o.api_key[0]) && !s->o.no_api_key) {
         fprintf(stderr, "ds4-server: --host %s is reachable from other machines: set --api-key KEY (or DS4_API_KEY), "
                         "or pass --no-api-key to serve without authentication\n", s->o.host);
         return 2;
@@ -383,11 +383,11 @@ int ds4_server_run(const ds4_server_opts *opts) {
         if (ds4_tokenizer_token_bytes(s->tok, id, &len) && len > s->max_token_bytes) s->max_token_bytes = len;
     }
     s->mem = ds4_toolmem_new(s->o.tool_memory_max_ids, (size_t)512 << 20);
-    if (s->o.batched_sessions > 1 && !(s->batcher = ds4_batcher_new(s->eng, s->trace ? kv_log : NULL, s))) {
+    if (s->o.batched_sessions > 1 && !(s->batcher = ds4_batcher_new(s->eng, s->trace ? ds4_srv_kv_log : NULL, s))) {
         fprintf(stderr, "ds4-server: out of memory\n");
         return 1;
     }
-    if (s->o.kvdisk.dir && !(s->kvd = ds4_engine_kvdisk_open(&s->o.kvdisk, s->eng, s->mem, kv_log, s, err, sizeof err))) {
+    if (s->o.kvdisk.dir && !(s->kvd = ds4_engine_kvdisk_open(&s->o.kvdisk, s->eng, s->mem, ds4_srv_kv_log, s, err, sizeof err))) {
         fprintf(stderr, "ds4-server: %s\n", err);
         return 1;
     }
@@ -407,7 +407,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
     pthread_t *workers = calloc((size_t)s->o.batched_sessions, sizeof *workers);
     int n_workers = 0;
     while (workers && n_workers < s->o.batched_sessions &&
-           !pthread_create(&workers[n_workers], NULL, worker_main, &slots[n_workers]))
+           !pthread_create(&workers[n_workers], NULL, ds4_srv_worker_main, &slots[n_workers]))
         n_workers++;
     if (n_workers < s->o.batched_sessions) {
         fprintf(stderr, "ds4-server: cannot start %d slot threads\n", s->o.batched_sessions);
@@ -415,7 +415,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
     }
     fprintf(stderr, "ds4-server: listening on http://%s:%d (ctx %d, %d session slot%s)\n", s->o.host, s->o.port,
             s->o.ctx, s->o.batched_sessions, s->o.batched_sessions > 1 ? "s" : "");
-    trace(s, "server start: model %s ctx %d", s->o.model_path, s->o.ctx);
+    ds4_srv_trace(s, "server start: model %s ctx %d", s->o.model_path, s->o.ctx);
 
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -449,6 +449,6 @@ int ds4_server_run(const ds4_server_opts *opts) {
         if (!n) break;
         usleep(20000);
     }
-    trace(s, "server stop");
+    ds4_srv_trace(s, "server stop");
     return status;
 }

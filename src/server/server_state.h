@@ -14,7 +14,7 @@
  *   worker marks it done; until the worker takes it (running), only the
  *   connection thread writes to its socket.
  * - ds4_srv_stop is set by the signal handler and read by every thread.
- * - trace()/trace_text() append to --trace (no-ops without it); kv_log()
+ * - ds4_srv_trace()/ds4_srv_trace_text() append to --trace (no-ops without it); ds4_srv_kv_log()
  *   is the disk cache's log sink.
  */
 #ifndef DS4_SERVER_STATE_H
@@ -82,26 +82,26 @@ struct job {
     bool keep_alive;              /* set by the worker */
     bool running, writing, done;  /* queue.h */
     unsigned long submitted_at;   /* the queue clock when it was queued (queue.h) */
-    double queued_at, started_at; /* now_s() when it was queued and when a slot took it */
+    double queued_at, started_at; /* ds4_srv_now() when it was queued and when a slot took it */
 };
 
 extern atomic_int ds4_srv_stop;
 
-double now_s(void);
+double ds4_srv_now(void);
 __attribute__((format(printf, 2, 3)))
-void trace(server *s, const char *fmt, ...);
-void trace_text(server *s, const char *label, const char *text, size_t n);
-void kv_log(void *ud, bool warning, const char *line);
+void ds4_srv_trace(server *s, const char *fmt, ...);
+void ds4_srv_trace_text(server *s, const char *label, const char *text, size_t n);
+void ds4_srv_kv_log(void *ud, bool warning, const char *line);
 
 /* The engine calls a slot makes, through the batcher when there is one.
  * Every change to the slot's session goes through these (or is followed by
- * srv_session_changed), which publish its token count for /metrics. */
-void srv_session_changed(server *s);
-int srv_eval(server *s, const int32_t *toks, int n, bool prompt_start, char *err, size_t errlen);
-int srv_rewind(server *s, int n_tokens, char *err, size_t errlen);
-int srv_prefill_rows(server *s, const int32_t *toks, int n, float *rows, char *err, size_t errlen);
+ * ds4_srv_session_changed), which publish its token count for /metrics. */
+void ds4_srv_session_changed(server *s);
+int ds4_srv_eval(server *s, const int32_t *toks, int n, bool prompt_start, char *err, size_t errlen);
+int ds4_srv_rewind(server *s, int n_tokens, char *err, size_t errlen);
+int ds4_srv_prefill_rows(server *s, const int32_t *toks, int n, float *rows, char *err, size_t errlen);
 /* The disk cache's lock (no-op without a cache). */
-void srv_kvd_lock(server *s);
-void srv_kvd_unlock(server *s);
+void ds4_srv_kvd_lock(server *s);
+void ds4_srv_kvd_unlock(server *s);
 
 #endif

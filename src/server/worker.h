@@ -1,7 +1,7 @@
 /* worker.h -- the inference worker: the one thread that touches the engine.
  *
  * Contract
- * - worker_main() takes jobs from the queue (queue.h) until it is stopped
+ * - ds4_srv_worker_main() takes jobs from the queue (queue.h) until it is stopped
  *   and empty, runs each with its endpoint (endpoints.h) and reports it
  *   finished. Jobs left when the server stops get 503; a job whose client
  *   left before it started is dropped without running.
@@ -9,6 +9,6 @@
 #ifndef DS4_WORKER_H
 #define DS4_WORKER_H
 
-void *worker_main(void *server_state);
+void *ds4_srv_worker_main(void *server_state);
 
 #endif

@@ -29,12 +29,12 @@ static void run(const char *type, ds4_pool *pool, const int32_t *toks, int n, co
     ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
     CHECK(g != NULL, "%s", err);
     if (!g) return;
-    glm_model *m = glm_model_bind(g, err, sizeof err);
+    glm_model *m = ds4_glm_model_bind(g, err, sizeof err);
     CHECK(m != NULL, "%s", err);
     if (m) {
         const int V = (int)m->hp.n_vocab;
         float *lg = malloc((size_t)n * V * sizeof(float));
-        CHECK(glm_forward_sequence(m, pool, toks, n, lg, err, sizeof err) == 0, "%s: %s", type, err);
+        CHECK(ds4_glm_forward_sequence(m, pool, toks, n, lg, err, sizeof err) == 0, "%s: %s", type, err);
         double scale = 0, worst = 0;
         int worst_t = -1, argmax_same = 0;
         bool finite = true;
@@ -56,10 +56,10 @@ static void run(const char *type, ds4_pool *pool, const int32_t *toks, int n, co
         CHECK(worst <= bound * scale, "%s: max |diff| %.3g > %.3g", type, worst, bound * scale);
         CHECK(argmax_same == n, "%s: argmax differs at %d positions", type, n - argmax_same);
         const int32_t bad[2] = {1, (int32_t)V};
-        CHECK(glm_forward_sequence(m, pool, bad, 2, lg, err, sizeof err) == -1 && strstr(err, "outside the vocabulary"),
+        CHECK(ds4_glm_forward_sequence(m, pool, bad, 2, lg, err, sizeof err) == -1 && strstr(err, "outside the vocabulary"),
               "bad token: %s", err);
         free(lg);
-        glm_model_free(m);
+        ds4_glm_model_free(m);
     }
     ds4_gguf_close(g);
 }

@@ -42,7 +42,7 @@ static void glm52(glm_hparams *hp) {
     hp->expert_weights_scale = 2.5f; hp->expert_weights_norm = true; hp->expert_gating_func = 2;
     hp->rope_base = 8e6f; hp->rms_eps = 1e-5f;
     hp->idx_n_head = 32; hp->idx_head_dim = 128; hp->idx_topk = 2048;
-    glm_default_indexer_types(hp);
+    ds4_glm_default_indexer_types(hp);
 }
 
 typedef struct { const char *name; uint64_t ne[3]; } sheet_tensor;
@@ -56,7 +56,7 @@ static void test_real_layout(void) {
     glm_hparams hp;
     glm52(&hp);
     char err[256];
-    CHECK(glm_hparams_check(&hp, err, sizeof err) == 0, "GLM 5.2 hparams: %s", err);
+    CHECK(ds4_glm_hparams_check(&hp, err, sizeof err) == 0, "GLM 5.2 hparams: %s", err);
     /* sheet section 2: full indexer layers */
     static const int full[] = {0, 1, 2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62, 66, 70, 74};
     int n_full = 0;
@@ -69,7 +69,7 @@ static void test_real_layout(void) {
     CHECK(n_full == 21, "%d full layers", n_full);
     /* a short-context file (GLM 5 / 5.1) has every layer full */
     hp.n_ctx_train = 202752;
-    glm_default_indexer_types(&hp);
+    ds4_glm_default_indexer_types(&hp);
     int all = 0;
     for (int l = 0; l < 78; l++) all += hp.indexer_full[l];
     CHECK(all == 78, "short context: %d full", all);
@@ -102,12 +102,12 @@ static void test_real_layout(void) {
     size_t n_tensors = 0;
     for (int l = -1; l < 79; l++)
         for (int id = 0; id < GLM_T_COUNT; id++) {
-            if (!glm_tensor_present(&hp, (enum glm_tensor_id)id, l)) continue;
+            if (!ds4_glm_tensor_present(&hp, (enum glm_tensor_id)id, l)) continue;
             n_tensors++;
             char name[160];
             uint64_t ne[4];
-            glm_tensor_name((enum glm_tensor_id)id, l, name, sizeof name);
-            glm_tensor_shape(&hp, (enum glm_tensor_id)id, l, ne);
+            ds4_glm_tensor_name((enum glm_tensor_id)id, l, name, sizeof name);
+            ds4_glm_tensor_shape(&hp, (enum glm_tensor_id)id, l, ne);
             const char *suffix = name;
             if (l >= 0) {
                 char prefix[32];
@@ -159,23 +159,23 @@ static bool write_tiny(const char *path, const glm_hparams *src, const mutation 
     if (mu && (mu->arch || mu->skip_key)) {
         /* hand-written metadata: every key but the skipped one */
         ds4_gguf_w_str(w, "general.architecture", mu->arch ? mu->arch : GLM_ARCH);
-        for (size_t i = 0; i < glm_n_hparam_keys; i++) {
-            const ds4_hparam_key *k = &glm_hparam_keys[i];
+        for (size_t i = 0; i < ds4_glm_n_hparam_keys; i++) {
+            const ds4_hparam_key *k = &ds4_glm_hparam_keys[i];
             if (mu->skip_key && !strcmp(k->key, mu->skip_key)) continue;
             ds4_hparam_table_write(w, k, 1, &meta, meta.n_block);
         }
     } else {
-        glm_hparams_write(w, &meta);
+        ds4_glm_hparams_write(w, &meta);
     }
     ds4_gguf_w_str(w, "general.name", "glm tiny");
     static float zeros[1 << 16];
     for (int l = -1; l < (int)hp.n_block; l++)
         for (int id = 0; id < GLM_T_COUNT; id++) {
-            if (!glm_tensor_present(&hp, (enum glm_tensor_id)id, l)) continue;
+            if (!ds4_glm_tensor_present(&hp, (enum glm_tensor_id)id, l)) continue;
             char name[160];
             uint64_t ne[4];
-            glm_tensor_name((enum glm_tensor_id)id, l, name, sizeof name);
-            int nd = glm_tensor_shape(&hp, (enum glm_tensor_id)id, l, ne);
+            ds4_glm_tensor_name((enum glm_tensor_id)id, l, name, sizeof name);
+            int nd = ds4_glm_tensor_shape(&hp, (enum glm_tensor_id)id, l, ne);
             if (mu && mu->drop && !strcmp(name, mu->drop)) continue;
             if (mu && mu->reshape && !strcmp(name, mu->reshape)) ne[nd > 1 ? 1 : 0]--;
             uint32_t type = mu && mu->retype && !strcmp(name, mu->retype) ? DS4_TYPE_I32 : DS4_TYPE_F32;
@@ -192,7 +192,7 @@ static bool write_tiny(const char *path, const glm_hparams *src, const mutation 
 static glm_model *bind_file(const char *path, ds4_gguf **g, char *err, size_t errlen) {
     *g = ds4_gguf_open(path, err, errlen);
     if (!*g) return NULL;
-    glm_model *m = glm_model_bind(*g, err, errlen);
+    glm_model *m = ds4_glm_model_bind(*g, err, errlen);
     if (!m) { ds4_gguf_close(*g); *g = NULL; }
     return m;
 }
@@ -201,13 +201,13 @@ static void test_roundtrip(const char *tmp) {
     glm_hparams hp;
     tiny(&hp);
     char err[512];
-    CHECK(glm_hparams_check(&hp, err, sizeof err) == 0, "tiny: %s", err);
+    CHECK(ds4_glm_hparams_check(&hp, err, sizeof err) == 0, "tiny: %s", err);
     CHECK(write_tiny(tmp, &hp, NULL), "write");
     ds4_gguf *g;
     glm_model *m = bind_file(tmp, &g, err, sizeof err);
     CHECK(m != NULL, "bind: %s", err);
     if (!m) return;
-    CHECK(glm_gguf_is_glm(g), "is glm");
+    CHECK(ds4_glm_gguf_is_glm(g), "is glm");
     CHECK(memcmp(&m->hp, &hp, sizeof hp) == 0, "hparams round-trip");
     CHECK(!strcmp(m->name, "glm tiny"), "name %s", m->name);
     for (int l = 0; l < 5; l++) {
@@ -224,7 +224,7 @@ static void test_roundtrip(const char *tmp) {
     CHECK(dm == NULL && strstr(err, "not a DeepSeek V4 GGUF") && strstr(err, "\"glm-dsa\""),
           "DeepSeek binder on a GLM file: %s", err);
     ds4_model_free(dm);
-    glm_model_free(m);
+    ds4_glm_model_free(m);
     ds4_gguf_close(g);
 }
 
@@ -238,7 +238,7 @@ static void expect_error(const char *tmp, const mutation *mu, const char *want) 
     CHECK(m == NULL, "'%s' should fail", want);
     CHECK(!strncmp(err, "not a GLM 5.2 GGUF: ", 20) && strstr(err, want) && !strchr(err, '\n'),
           "error '%s' should name '%s'", err, want);
-    glm_model_free(m);
+    ds4_glm_model_free(m);
     if (g) ds4_gguf_close(g);
     /* the engine refuses a glm-dsa file with the same line (another
      * architecture goes to the DeepSeek binder, which names it) */
@@ -282,21 +282,21 @@ static void test_bad_files(const char *tmp) {
     ds4_gguf *g;
     glm_model *m = bind_file(tmp, &g, err, sizeof err);
     CHECK(m != NULL, "shared layer without indexer: %s", err);
-    glm_model_free(m);
+    ds4_glm_model_free(m);
     if (g) ds4_gguf_close(g);
 
     /* indexer.types must have one entry per trunk layer */
     ds4_gguf_writer *w = ds4_gguf_writer_new(32);
     hp.indexer_types_key = false;
-    glm_hparams_write(w, &hp);
+    ds4_glm_hparams_write(w, &hp);
     const bool types[3] = {true, false, true};
     ds4_gguf_w_arr(w, "glm-dsa.attention.indexer.types", DS4_GGUF_BOOL, types, 3);
     CHECK(ds4_gguf_writer_write_file(w, tmp, NULL, NULL, err, sizeof err) == 0, "write: %s", err);
     ds4_gguf_writer_free(w);
     g = ds4_gguf_open(tmp, err, sizeof err);
-    m = g ? glm_model_bind(g, err, sizeof err) : NULL;
+    m = g ? ds4_glm_model_bind(g, err, sizeof err) : NULL;
     CHECK(m == NULL && strstr(err, "indexer.types must be an array of 4 entries"), "short types: %s", err);
-    glm_model_free(m);
+    ds4_glm_model_free(m);
     if (g) ds4_gguf_close(g);
 }
 
@@ -344,7 +344,7 @@ static void test_fixture(const char *type) {
             CHECK(hp->indexer_full[l] == full, "%s: indexer type of layer %u", type, l);
             CHECK((m->layers[l].idx_q_b.data != NULL) == full, "%s: indexer bound on layer %u", type, l);
         }
-        glm_model_free(m);
+        ds4_glm_model_free(m);
         ds4_gguf_close(g);
     }
     cJSON_Delete(j);

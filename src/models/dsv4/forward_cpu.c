@@ -256,7 +256,7 @@ static void q_task(batch *b, int t, int thread) {
     rope_apply(kv, D, c->n_rot, cs, false);
     if (f->numerics) {
         ds4_fp8_e4m3_roundtrip(kv, D - c->n_rot);
-        fwd_f16_round(kv, D);
+        ds4_fwd_f16_round(kv, D);
     }
 }
 
@@ -300,7 +300,7 @@ static void compress_seq(batch *b, int q) {
         rope_apply(row, D, c->n_rot, cs, false);
         if (f->numerics) {
             ds4_fp8_e4m3_roundtrip(row, D - c->n_rot);
-            fwd_f16_round(row, D);
+            ds4_fwd_f16_round(row, D);
         }
         if (L->idx) {
             float *ir = L->idx + (size_t)w * DI;
@@ -310,7 +310,7 @@ static void compress_seq(batch *b, int q) {
             if (f->numerics) {
                 ds4_hadamard(ir, DI);
                 ds4_fp4_e2m1_roundtrip(ir, DI);
-                fwd_f16_round(ir, DI);
+                ds4_fwd_f16_round(ir, DI);
             }
         }
     }

@@ -6,6 +6,6 @@
 #include <stdlib.h>
 
 /* Round every value to IEEE half and back (ds4's F16 row storage). */
-void fwd_f16_round(float *x, int n);
+void ds4_fwd_f16_round(float *x, int n);
 
 #endif

@@ -37,6 +37,6 @@ void ds4_hadamard(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= s;
 }
 
-void fwd_f16_round(float *x, int n) {
+void ds4_fwd_f16_round(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] = ds4_half_to_f32(ds4_f32_to_half(x[i]));
 }

@@ -32,11 +32,11 @@ static int glm_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
             snprintf(err, errlen, "%d rows in one batch (at most %d)", total, be->max_batch);
             return -1;
         }
-        if (glm_forward_prepare(c->f, sq->glm, sq->toks, sq->n, err, errlen)) return -1;
+        if (ds4_glm_forward_prepare(c->f, sq->glm, sq->toks, sq->n, err, errlen)) return -1;
     }
     /* rows packed into calls of at most `piece`, a long run split at call
      * boundaries (only its last piece asks for the last token's logits) */
-    const int piece = glm_forward_max_rows(c->f);
+    const int piece = ds4_glm_forward_max_rows(c->f);
     for (int q = 0, done = 0; q < n_seqs;) {
         int rows = 0, n_runs = 0;
         while (q < n_seqs && rows < piece) {
@@ -49,28 +49,28 @@ static int glm_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
             done += n;
             if (last) { q++; done = 0; }
         }
-        if (glm_forward_eval(c->f, c->runs, n_runs, err, errlen)) return -1;
+        if (ds4_glm_forward_eval(c->f, c->runs, n_runs, err, errlen)) return -1;
     }
-    be->weight_bytes = glm_forward_weight_bytes(c->f);
+    be->weight_bytes = ds4_glm_forward_weight_bytes(c->f);
     return 0;
 }
 
 static void glm_free(ds4_backend *be) {
     glm_cpu *c = (glm_cpu *)be;
-    glm_forward_free(c->f);
+    ds4_glm_forward_free(c->f);
     free(c->runs);
     ds4_pool_free(c->pool);
     free(c);
 }
 
-int glm_cpu_backend_threads(const ds4_backend *be) { return ds4_pool_threads(((const glm_cpu *)be)->pool); }
+int ds4_glm_cpu_backend_threads(const ds4_backend *be) { return ds4_pool_threads(((const glm_cpu *)be)->pool); }
 
-ds4_backend *glm_cpu_backend_new(const glm_model *m, int n_threads, int max_batch, char *err, size_t errlen) {
+ds4_backend *ds4_glm_cpu_backend_new(const glm_model *m, int n_threads, int max_batch, char *err, size_t errlen) {
     glm_cpu *c = calloc(1, sizeof *c);
     if (!c) { snprintf(err, errlen, "out of memory for the GLM backend"); return NULL; }
     c->pool = ds4_pool_new(n_threads);
     if (!c->pool) { snprintf(err, errlen, "cannot start the thread pool"); free(c); return NULL; }
-    c->f = glm_forward_new(m, c->pool, max_batch < GLM_BACKEND_ROWS ? max_batch : GLM_BACKEND_ROWS, err, errlen);
+    c->f = ds4_glm_forward_new(m, c->pool, max_batch < GLM_BACKEND_ROWS ? max_batch : GLM_BACKEND_ROWS, err, errlen);
     if (!c->f) { glm_free(&c->be); return NULL; }
     c->runs = malloc((size_t)(max_batch > 0 ? max_batch : 1) * sizeof(glm_run));
     if (!c->runs) { snprintf(err, errlen, "out of memory for the GLM backend"); glm_free(&c->be); return NULL; }

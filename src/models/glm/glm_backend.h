@@ -1,7 +1,7 @@
 /* glm_backend.h -- the GLM 5.2 CPU backend: glm_forward behind backend.h.
  *
  * Contract
- * - glm_cpu_backend_new() creates a backend (backend.h) for a bound GLM
+ * - ds4_glm_cpu_backend_new() creates a backend (backend.h) for a bound GLM
  *   model with a thread pool of n_threads (<= 0: the physical cores) and
  *   row scratch for GLM_BACKEND_ROWS rows; eval() takes up to max_batch rows
  *   and packs the sequences' rows into forward calls of that size, a long
@@ -31,7 +31,7 @@ struct glm_model;
  * prefill chunk (GLM 5.2: about 0.7 MB of scratch per row, 180 MB in all). */
 #define GLM_BACKEND_ROWS 256
 
-ds4_backend *glm_cpu_backend_new(const struct glm_model *m, int n_threads, int max_batch, char *err, size_t errlen);
-int glm_cpu_backend_threads(const ds4_backend *be);
+ds4_backend *ds4_glm_cpu_backend_new(const struct glm_model *m, int n_threads, int max_batch, char *err, size_t errlen);
+int ds4_glm_cpu_backend_threads(const ds4_backend *be);
 
 #endif

@@ -306,7 +306,7 @@ static void layer(glm_forward *f, int l, int T) {
     }
 }
 
-int glm_forward_prepare(glm_forward *f, const glm_kv *kv, const int32_t *toks, int n, char *err, size_t errlen) {
+int ds4_glm_forward_prepare(glm_forward *f, const glm_kv *kv, const int32_t *toks, int n, char *err, size_t errlen) {
     const glm_hparams *hp = &f->m->hp;
     if (n < 1) {
         snprintf(err, errlen, "a GLM evaluation needs at least one token");
@@ -348,10 +348,10 @@ static void head_group(glm_forward *f, const glm_run *runs, const int *group_run
     for (int g = 0; g < group; g++) memcpy(runs[group_run[g]].logits, f->head_out + g * V, V * sizeof(float));
 }
 
-int glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *err, size_t errlen) {
+int ds4_glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *err, size_t errlen) {
     int T = 0;
     for (int r = 0; r < n_runs; r++) {
-        if (glm_forward_prepare(f, runs[r].kv, runs[r].toks, runs[r].n, err, errlen)) return -1;
+        if (ds4_glm_forward_prepare(f, runs[r].kv, runs[r].toks, runs[r].n, err, errlen)) return -1;
         for (int q = 0; q < r; q++)
             if (runs[q].kv == runs[r].kv) { snprintf(err, errlen, "one state appears twice in a GLM evaluation"); return -1; }
         T += runs[r].n;
@@ -392,10 +392,10 @@ int glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *err,
     return 0;
 }
 
-int glm_forward_max_rows(const glm_forward *f) { return f->max_rows; }
-uint64_t glm_forward_weight_bytes(const glm_forward *f) { return f->weight_bytes; }
+int ds4_glm_forward_max_rows(const glm_forward *f) { return f->max_rows; }
+uint64_t ds4_glm_forward_weight_bytes(const glm_forward *f) { return f->weight_bytes; }
 
-void glm_forward_free(glm_forward *f) {
+void ds4_glm_forward_free(glm_forward *f) {
     if (!f) return;
     void *owned[] = {f->rope_inv, f->x, f->a, f->qr, f->q, f->kvraw, f->attn, f->h, f->y, f->ffn, f->gate, f->up,
                      f->iq, f->ik, f->picks, f->n_picks, f->acts, f->iw, f->router,
@@ -418,7 +418,7 @@ static size_t max_size(const size_t *v, size_t n) {
     return best;
 }
 
-glm_forward *glm_forward_new(const glm_model *m, struct ds4_pool *pool, int max_rows, char *err, size_t errlen) {
+glm_forward *ds4_glm_forward_new(const glm_model *m, struct ds4_pool *pool, int max_rows, char *err, size_t errlen) {
     const glm_hparams *hp = &m->hp;
     glm_forward *f = calloc(1, sizeof *f);
     if (!f) { snprintf(err, errlen, "out of memory for the GLM forward pass"); return NULL; }
@@ -489,7 +489,7 @@ glm_forward *glm_forward_new(const glm_model *m, struct ds4_pool *pool, int max_
         !f->iw || !f->router || !f->expert_w || !f->expert_in || !f->expert_out || !f->experts || !f->expert_slot ||
         !f->row_kv || !f->row_pos || !f->head_out) {
         snprintf(err, errlen, "out of memory for the GLM forward pass scratch (%d rows)", max_rows);
-        glm_forward_free(f);
+        ds4_glm_forward_free(f);
         return NULL;
     }
     for (uint32_t i = 0; i < hp->n_rot / 2; i++)
@@ -497,15 +497,15 @@ glm_forward *glm_forward_new(const glm_model *m, struct ds4_pool *pool, int max_
     return f;
 }
 
-int glm_forward_sequence(const glm_model *m, struct ds4_pool *pool, const int32_t *tokens, int n, float *logits,
+int ds4_glm_forward_sequence(const glm_model *m, struct ds4_pool *pool, const int32_t *tokens, int n, float *logits,
                          char *err, size_t errlen) {
     if (n < 1) { snprintf(err, errlen, "a GLM forward pass needs at least one token"); return -1; }
-    glm_kv *kv = glm_kv_new(&m->hp, n);
-    glm_forward *f = kv ? glm_forward_new(m, pool, n, err, errlen) : NULL;
+    glm_kv *kv = ds4_glm_kv_new(&m->hp, n);
+    glm_forward *f = kv ? ds4_glm_forward_new(m, pool, n, err, errlen) : NULL;
     if (!kv) snprintf(err, errlen, "out of memory for a %d-token GLM state", n);
     const glm_run run = {kv, tokens, n, logits, true};
-    const int rc = f ? glm_forward_eval(f, &run, 1, err, errlen) : -1;
-    glm_forward_free(f);
-    glm_kv_free(kv);
+    const int rc = f ? ds4_glm_forward_eval(f, &run, 1, err, errlen) : -1;
+    ds4_glm_forward_free(f);
+    ds4_glm_kv_free(kv);
     return rc;
 }

@@ -1,9 +1,9 @@
 /* glm_forward.h -- the GLM 5.2 forward pass on the CPU over a session state
  * (glm_kv.h): the one implementation of GLM's math, used by the backend
- * (glm_backend.h) and by the reference entry glm_forward_sequence().
+ * (glm_backend.h) and by the reference entry ds4_glm_forward_sequence().
  *
  * Contract
- * - glm_forward_eval() evaluates n_runs runs together, up to max_rows tokens
+ * - ds4_glm_forward_eval() evaluates n_runs runs together, up to max_rows tokens
  *   in all: each appends its toks[0..n) to its own state (distinct states)
  *   at positions kv->n_pos .. kv->n_pos + n - 1 (then kv->n_pos += n) and
  *   writes next-token logits: n x n_vocab when all_logits, else the last
@@ -36,9 +36,9 @@
  * - Returns 0, or -1 with one line in err (bad token id, more than max_rows
  *   rows, a state twice, context full, out of memory) before any state
  *   changed.
- * - glm_forward_weight_bytes(): bytes of weight matrices the products have
+ * - ds4_glm_forward_weight_bytes(): bytes of weight matrices the products have
  *   read so far (a batched product reads its weights once for all rows).
- * - glm_forward_sequence() is the reference form: tokens[0..n) at positions
+ * - ds4_glm_forward_sequence() is the reference form: tokens[0..n) at positions
  *   0..n-1 on a fresh state, every position's logits into logits[n][n_vocab].
  */
 #ifndef GLM_FORWARD_H
@@ -54,17 +54,17 @@ struct glm_kv;
 
 typedef struct glm_forward glm_forward;
 
-glm_forward *glm_forward_new(const struct glm_model *m, struct ds4_pool *pool, int max_rows, char *err,
+glm_forward *ds4_glm_forward_new(const struct glm_model *m, struct ds4_pool *pool, int max_rows, char *err,
                              size_t errlen);
-void glm_forward_free(glm_forward *f);
-int glm_forward_max_rows(const glm_forward *f);
-uint64_t glm_forward_weight_bytes(const glm_forward *f);
+void ds4_glm_forward_free(glm_forward *f);
+int ds4_glm_forward_max_rows(const glm_forward *f);
+uint64_t ds4_glm_forward_weight_bytes(const glm_forward *f);
 /* Checks what eval would refuse for a run of n tokens appended to kv (token
  * ids, context room) without running anything, and grows the per-position
  * scratch for it: after it returns 0 for every run of distinct states,
- * glm_forward_eval() on any packing of those runs (split at call
+ * ds4_glm_forward_eval() on any packing of those runs (split at call
  * boundaries) into calls of at most max_rows rows cannot fail. */
-int glm_forward_prepare(glm_forward *f, const struct glm_kv *kv, const int32_t *toks, int n, char *err,
+int ds4_glm_forward_prepare(glm_forward *f, const struct glm_kv *kv, const int32_t *toks, int n, char *err,
                         size_t errlen);
 typedef struct glm_run {
     struct glm_kv *kv;
@@ -73,9 +73,9 @@ typedef struct glm_run {
     float *logits;          /* NULL: no output head for this run */
     bool all_logits;
 } glm_run;
-int glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *err, size_t errlen);
+int ds4_glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *err, size_t errlen);
 
-int glm_forward_sequence(const struct glm_model *m, struct ds4_pool *pool, const int32_t *tokens, int n,
+int ds4_glm_forward_sequence(const struct glm_model *m, struct ds4_pool *pool, const int32_t *tokens, int n,
                          float *logits, char *err, size_t errlen);
 
 #endif

@@ -11,12 +11,12 @@
  *                 RoPE at p, on full-indexer layers only (NULL on shared
  *                 layers, which reuse the previous full layer's top-k).
  *   Every width comes from the model's metadata. Nothing is a ring: every
- *   position's row is kept, so glm_kv_truncate() to any n <= n_pos is exact
+ *   position's row is kept, so ds4_glm_kv_truncate() to any n <= n_pos is exact
  *   without recomputation (rows at or past n are simply no longer counted;
  *   the indexer keys are per position like the latent, so they truncate
  *   the same way and the top-k of a later query sees exactly the kept keys).
  * - One allocation (calloc, so rows not yet produced stay unmapped), sized
- *   at creation with exact byte accounting (glm_kv_bytes_for()).
+ *   at creation with exact byte accounting (ds4_glm_kv_bytes_for()).
  */
 #ifndef GLM_KV_H
 #define GLM_KV_H
@@ -37,10 +37,10 @@ typedef struct glm_kv {
     uint64_t bytes;
 } glm_kv;
 
-uint64_t glm_kv_bytes_for(const glm_hparams *hp, int ctx);
-glm_kv *glm_kv_new(const glm_hparams *hp, int ctx);   /* NULL: out of memory */
-void glm_kv_free(glm_kv *kv);
+uint64_t ds4_glm_kv_bytes_for(const glm_hparams *hp, int ctx);
+glm_kv *ds4_glm_kv_new(const glm_hparams *hp, int ctx);   /* NULL: out of memory */
+void ds4_glm_kv_free(glm_kv *kv);
 /* Keep positions [0, n); false (state untouched) when n is not in [0, n_pos]. */
-bool glm_kv_truncate(glm_kv *kv, int n);
+bool ds4_glm_kv_truncate(glm_kv *kv, int n);
 
 #endif

@@ -14,9 +14,9 @@
 #define INDEXER_TYPES_KEY K("attention.indexer.types")
 
 /* Optional keys are those llama.cpp's glm-dsa loader reads with a default;
- * glm_hparams_read() sets the same defaults first (vocab_size 0 = take it
+ * ds4_glm_hparams_read() sets the same defaults first (vocab_size 0 = take it
  * from token_embd). */
-const ds4_hparam_key glm_hparam_keys[] = {
+const ds4_hparam_key ds4_glm_hparam_keys[] = {
     {K("block_count"), DS4_HP_U32, F(n_block), NULL, false},
     {K("nextn_predict_layers"), DS4_HP_U32, F(n_nextn), NULL, true},
     {K("context_length"), DS4_HP_U32, F(n_ctx_train), NULL, false},
@@ -49,13 +49,13 @@ const ds4_hparam_key glm_hparam_keys[] = {
     {K("expert_gating_func"), DS4_HP_U32, F(expert_gating_func), NULL, true},
 };
 
-#define N_KEYS (sizeof glm_hparam_keys / sizeof glm_hparam_keys[0])
-const size_t glm_n_hparam_keys = N_KEYS;
+#define N_KEYS (sizeof ds4_glm_hparam_keys / sizeof ds4_glm_hparam_keys[0])
+const size_t ds4_glm_n_hparam_keys = N_KEYS;
 
 /* gguf-py's LlamaExpertGatingFuncType.SIGMOID */
 #define GLM_GATING_SIGMOID 2u
 
-void glm_default_indexer_types(glm_hparams *hp) {
+void ds4_glm_default_indexer_types(glm_hparams *hp) {
     const uint32_t n = glm_n_trunk(hp);
     for (uint32_t l = 0; l < n && l < GLM_MAX_LAYERS; l++) {
         /* GLM 5.2's config: index_topk_freq 4, index_skip_topk_offset 3 */
@@ -64,9 +64,9 @@ void glm_default_indexer_types(glm_hparams *hp) {
     }
 }
 
-void glm_hparams_write(struct ds4_gguf_writer *w, const glm_hparams *hp) {
+void ds4_glm_hparams_write(struct ds4_gguf_writer *w, const glm_hparams *hp) {
     ds4_gguf_w_str(w, "general.architecture", GLM_ARCH);
-    ds4_hparam_table_write(w, glm_hparam_keys, N_KEYS, hp, hp->n_block);
+    ds4_hparam_table_write(w, ds4_glm_hparam_keys, N_KEYS, hp, hp->n_block);
     if (hp->indexer_types_key)
         ds4_gguf_w_arr(w, INDEXER_TYPES_KEY, DS4_GGUF_BOOL, hp->indexer_full, glm_n_trunk(hp));
 }
@@ -74,7 +74,7 @@ void glm_hparams_write(struct ds4_gguf_writer *w, const glm_hparams *hp) {
 static int read_indexer_types(const struct ds4_gguf *g, glm_hparams *hp, char *err, size_t errlen) {
     const ds4_gguf_kv *kv = ds4_gguf_find_kv(g, INDEXER_TYPES_KEY);
     hp->indexer_types_key = kv != NULL;
-    if (!kv) { glm_default_indexer_types(hp); return 0; }
+    if (!kv) { ds4_glm_default_indexer_types(hp); return 0; }
     const uint32_t n = glm_n_trunk(hp);
     if (kv->type != DS4_GGUF_ARRAY || kv->arr_n != n) {
         snprintf(err, errlen, "key %s must be an array of %u entries (one per trunk layer)", INDEXER_TYPES_KEY, n);
@@ -93,10 +93,10 @@ static int read_indexer_types(const struct ds4_gguf *g, glm_hparams *hp, char *e
     return 0;
 }
 
-int glm_hparams_read(const struct ds4_gguf *g, glm_hparams *hp, char *err, size_t errlen) {
+int ds4_glm_hparams_read(const struct ds4_gguf *g, glm_hparams *hp, char *err, size_t errlen) {
     memset(hp, 0, sizeof *hp);
     hp->expert_gating_func = GLM_GATING_SIGMOID;
-    if (ds4_hparam_table_read(g, glm_hparam_keys, N_KEYS, hp, hp->n_block, err, errlen)) return -1;
+    if (ds4_hparam_table_read(g, ds4_glm_hparam_keys, N_KEYS, hp, hp->n_block, err, errlen)) return -1;
     /* the schedule is per trunk layer: bound the counts before reading it */
     if (hp->n_block == 0 || hp->n_block > GLM_MAX_LAYERS || hp->n_nextn >= hp->n_block) {
         snprintf(err, errlen, "block_count %u / nextn_predict_layers %u out of range (1..%d blocks, "
@@ -104,10 +104,10 @@ int glm_hparams_read(const struct ds4_gguf *g, glm_hparams *hp, char *err, size_
         return -1;
     }
     if (read_indexer_types(g, hp, err, errlen)) return -1;
-    return glm_hparams_check(hp, err, errlen);
+    return ds4_glm_hparams_check(hp, err, errlen);
 }
 
-int glm_hparams_check(const glm_hparams *hp, char *err, size_t errlen) {
+int ds4_glm_hparams_check(const glm_hparams *hp, char *err, size_t errlen) {
 #define NEED(cond, ...) do { if (!(cond)) { snprintf(err, errlen, __VA_ARGS__); return -1; } } while (0)
     NEED(hp->n_block > 0 && hp->n_block <= GLM_MAX_LAYERS, "block_count %u out of range 1..%d",
          hp->n_block, GLM_MAX_LAYERS);
@@ -147,7 +147,7 @@ int glm_hparams_check(const glm_hparams *hp, char *err, size_t errlen) {
     return 0;
 }
 
-void glm_file_keys_write(struct ds4_gguf_writer *w, enum ds4_mix mix) {
+void ds4_glm_file_keys_write(struct ds4_gguf_writer *w, enum ds4_mix mix) {
     /* llama_ftype (llama.h): ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7,
      * MOSTLY_Q2_K 10, MOSTLY_Q4_K_M 15: named after the routed experts. */
     static const uint32_t ftype[] = {[DS4_MIX_F32] = 0, [DS4_MIX_F16] = 1, [DS4_MIX_Q8_0] = 7,
@@ -158,7 +158,7 @@ void glm_file_keys_write(struct ds4_gguf_writer *w, enum ds4_mix mix) {
 
 /* ---- tensors ---- */
 
-const glm_tensor_desc glm_tensor_table[GLM_T_COUNT] = {
+const glm_tensor_desc ds4_glm_tensor_table[GLM_T_COUNT] = {
     [GLM_T_TOKEN_EMBD]      = {"token_embd.weight", GLM_SCOPE_GLOBAL, GLM_TC_Q8, false},
     [GLM_T_OUTPUT_NORM]     = {"output_norm.weight", GLM_SCOPE_GLOBAL, GLM_TC_F32, false},
     [GLM_T_OUTPUT]          = {"output.weight", GLM_SCOPE_GLOBAL, GLM_TC_Q8, false},
@@ -196,8 +196,8 @@ const glm_tensor_desc glm_tensor_table[GLM_T_COUNT] = {
     [GLM_T_NEXTN_SHARED_HEAD_HEAD] = {"nextn.shared_head_head.weight", GLM_SCOPE_NEXTN_EXTRA, GLM_TC_Q8, true},
 };
 
-bool glm_tensor_present(const glm_hparams *hp, enum glm_tensor_id id, int layer) {
-    switch (glm_tensor_table[id].scope) {
+bool ds4_glm_tensor_present(const glm_hparams *hp, enum glm_tensor_id id, int layer) {
+    switch (ds4_glm_tensor_table[id].scope) {
     case GLM_SCOPE_GLOBAL: return layer < 0;
     case GLM_SCOPE_BLOCK: case GLM_SCOPE_INDEXER: return layer >= 0;
     case GLM_SCOPE_DENSE: return layer >= 0 && glm_block_dense(hp, layer);
@@ -213,7 +213,7 @@ static int dims(uint64_t ne[4], uint64_t a, uint64_t b, uint64_t c) {
     return c > 1 ? 3 : b > 1 ? 2 : 1;
 }
 
-int glm_tensor_shape(const glm_hparams *hp, enum glm_tensor_id id, int layer, uint64_t ne[4]) {
+int ds4_glm_tensor_shape(const glm_hparams *hp, enum glm_tensor_id id, int layer, uint64_t ne[4]) {
     (void)layer;   /* every per-block shape is the same on every block that has it */
     const uint64_t E = hp->n_embd, V = hp->n_vocab, H = hp->n_head;
     const uint64_t R = hp->n_rot, DK = hp->key_length_mla, DV = hp->value_length_mla, nope = DK - R;
@@ -251,12 +251,12 @@ int glm_tensor_shape(const glm_hparams *hp, enum glm_tensor_id id, int layer, ui
     return dims(ne, 0, 1, 1);
 }
 
-int glm_tensor_name(enum glm_tensor_id id, int layer, char *buf, size_t n) {
-    if (glm_tensor_table[id].scope == GLM_SCOPE_GLOBAL) return snprintf(buf, n, "%s", glm_tensor_table[id].name);
-    return snprintf(buf, n, "blk.%d.%s", layer, glm_tensor_table[id].name);
+int ds4_glm_tensor_name(enum glm_tensor_id id, int layer, char *buf, size_t n) {
+    if (ds4_glm_tensor_table[id].scope == GLM_SCOPE_GLOBAL) return snprintf(buf, n, "%s", ds4_glm_tensor_table[id].name);
+    return snprintf(buf, n, "blk.%d.%s", layer, ds4_glm_tensor_table[id].name);
 }
 
-uint32_t glm_tensor_type(enum glm_tensor_id id, enum ds4_mix mix) {
+uint32_t ds4_glm_tensor_type(enum glm_tensor_id id, enum ds4_mix mix) {
     static const uint32_t by_mix[][5] = {
         /*                      F32           F16           Q8_0           Q2             Q4 */
         [GLM_TC_F32]         = {DS4_TYPE_F32, DS4_TYPE_F32, DS4_TYPE_F32,  DS4_TYPE_F32,  DS4_TYPE_F32},
@@ -264,5 +264,5 @@ uint32_t glm_tensor_type(enum glm_tensor_id id, enum ds4_mix mix) {
         [GLM_TC_EXP_GATE_UP] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_Q8_0, DS4_TYPE_Q2_K, DS4_TYPE_Q4_K},
         [GLM_TC_EXP_DOWN]    = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_Q8_0, DS4_TYPE_Q2_K, DS4_TYPE_Q4_K},
     };
-    return by_mix[glm_tensor_table[id].cls][mix];
+    return by_mix[ds4_glm_tensor_table[id].cls][mix];
 }

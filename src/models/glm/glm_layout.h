@@ -20,10 +20,10 @@
  *   context_length >= 2^20 uses GLM 5.2's pattern (full iff
  *   max(l - 3 + 1, 0) mod 4 == 0: layers 0,1,2,6,10,...) and a shorter one
  *   has every layer full (GLM 5 / 5.1), as llama.cpp decides. Layer 0 must
- *   be full. glm_hparams_write() writes the key only when indexer_types_key.
- * - glm_hparams_write() writes general.architecture and every key with the
- *   type llama.cpp's reader expects; glm_hparams_read() reads them back (any
- *   integer/float type that fits), then glm_hparams_check(); each fails with
+ *   be full. ds4_glm_hparams_write() writes the key only when indexer_types_key.
+ * - ds4_glm_hparams_write() writes general.architecture and every key with the
+ *   type llama.cpp's reader expects; ds4_glm_hparams_read() reads them back (any
+ *   integer/float type that fits), then ds4_glm_hparams_check(); each fails with
  *   one line naming the first missing or invalid key or combination.
  * - Indexer tensors are written on every block (the released files carry
  *   them on all 79); the binder requires them only on full trunk layers.
@@ -31,7 +31,7 @@
  *   nextn.shared_head_head are not part of the written layout (absent in the
  *   released files; the MTP block then uses token_embd / output) but are
  *   bound when a file has them.
- * - Tensor shapes use GGUF order (ne[0] fastest); glm_tensor_shape() returns
+ * - Tensor shapes use GGUF order (ne[0] fastest); ds4_glm_tensor_shape() returns
  *   n_dims. attn_k_b is [qk_nope, kv_lora, heads] (the converter stores
  *   W_k,h transposed), attn_v_b is [kv_lora, v_head, heads].
  */
@@ -74,20 +74,20 @@ typedef struct glm_hparams {
     bool indexer_full[GLM_MAX_LAYERS];  /* per trunk layer */
 } glm_hparams;
 
-extern const ds4_hparam_key glm_hparam_keys[];
-extern const size_t glm_n_hparam_keys;
+extern const ds4_hparam_key ds4_glm_hparam_keys[];
+extern const size_t ds4_glm_n_hparam_keys;
 
 static inline uint32_t glm_n_trunk(const glm_hparams *hp) { return hp->n_block - hp->n_nextn; }
 static inline bool glm_block_dense(const glm_hparams *hp, int l) { return (uint32_t)l < hp->n_leading_dense; }
 static inline bool glm_block_nextn(const glm_hparams *hp, int l) { return (uint32_t)l >= glm_n_trunk(hp); }
 
 /* The default indexer schedule of a file without indexer.types (see Contract). */
-void glm_default_indexer_types(glm_hparams *hp);
-void glm_hparams_write(struct ds4_gguf_writer *w, const glm_hparams *hp);
-int glm_hparams_read(const struct ds4_gguf *g, glm_hparams *hp, char *err, size_t errlen);
-int glm_hparams_check(const glm_hparams *hp, char *err, size_t errlen);
+void ds4_glm_default_indexer_types(glm_hparams *hp);
+void ds4_glm_hparams_write(struct ds4_gguf_writer *w, const glm_hparams *hp);
+int ds4_glm_hparams_read(const struct ds4_gguf *g, glm_hparams *hp, char *err, size_t errlen);
+int ds4_glm_hparams_check(const glm_hparams *hp, char *err, size_t errlen);
 /* general.file_type and general.quantization_version of a mix. */
-void glm_file_keys_write(struct ds4_gguf_writer *w, enum ds4_mix mix);
+void ds4_glm_file_keys_write(struct ds4_gguf_writer *w, enum ds4_mix mix);
 
 /* ---- tensors ---- */
 enum glm_tensor_id {
@@ -131,16 +131,16 @@ typedef struct glm_tensor_desc {
     bool optional;                 /* the binder accepts its absence */
 } glm_tensor_desc;
 
-extern const glm_tensor_desc glm_tensor_table[GLM_T_COUNT];
+extern const glm_tensor_desc ds4_glm_tensor_table[GLM_T_COUNT];
 
 /* Whether the written layout has tensor id at block `layer` (-1 for
  * globals); GLM_SCOPE_NEXTN_EXTRA tensors never are. */
-bool glm_tensor_present(const glm_hparams *hp, enum glm_tensor_id id, int layer);
-int glm_tensor_shape(const glm_hparams *hp, enum glm_tensor_id id, int layer, uint64_t ne[4]);
-int glm_tensor_name(enum glm_tensor_id id, int layer, char *buf, size_t n);
+bool ds4_glm_tensor_present(const glm_hparams *hp, enum glm_tensor_id id, int layer);
+int ds4_glm_tensor_shape(const glm_hparams *hp, enum glm_tensor_id id, int layer, uint64_t ne[4]);
+int ds4_glm_tensor_name(enum glm_tensor_id id, int layer, char *buf, size_t n);
 /* ggml type of the tensor in a mix. f32: all F32; f16: F32 class stays F32;
  * q8_0: Q8_0 matrices and experts; q2 / q4: Q8_0 matrices, routed experts
  * Q2_K / Q4_K (the antirez GLM-5.2 RoutedQ2K / RoutedQ4K mixes). */
-uint32_t glm_tensor_type(enum glm_tensor_id id, enum ds4_mix mix);
+uint32_t ds4_glm_tensor_type(enum glm_tensor_id id, enum ds4_mix mix);
 
 #endif

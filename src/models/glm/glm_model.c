@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-bool glm_gguf_is_glm(const ds4_gguf *g) {
+bool ds4_glm_gguf_is_glm(const ds4_gguf *g) {
     ds4_gguf_str arch;
     return ds4_gguf_get_str(g, "general.architecture", &arch) && arch.len == strlen(GLM_ARCH) &&
            !memcmp(arch.ptr, GLM_ARCH, arch.len);
@@ -17,20 +17,20 @@ bool glm_gguf_is_glm(const ds4_gguf *g) {
 static ds4_tensor bind_matrix(ds4_binder *b, const glm_hparams *hp, enum glm_tensor_id id, int l) {
     char name[160];
     uint64_t ne[4];
-    glm_tensor_name(id, l, name, sizeof name);
-    return ds4_bind_matrix(b, name, glm_tensor_shape(hp, id, l, ne), ne);
+    ds4_glm_tensor_name(id, l, name, sizeof name);
+    return ds4_bind_matrix(b, name, ds4_glm_tensor_shape(hp, id, l, ne), ne);
 }
 
 static float *bind_floats(ds4_binder *b, const glm_hparams *hp, enum glm_tensor_id id, int l) {
     char name[160];
     uint64_t ne[4];
-    glm_tensor_name(id, l, name, sizeof name);
-    return ds4_bind_floats(b, name, glm_tensor_shape(hp, id, l, ne), ne);
+    ds4_glm_tensor_name(id, l, name, sizeof name);
+    return ds4_bind_floats(b, name, ds4_glm_tensor_shape(hp, id, l, ne), ne);
 }
 
 static bool has_tensor(ds4_binder *b, const glm_hparams *hp, enum glm_tensor_id id, int l) {
     char name[160];
-    glm_tensor_name(id, l, name, sizeof name);
+    ds4_glm_tensor_name(id, l, name, sizeof name);
     return ds4_gguf_find_tensor(b->g, name) != NULL;
 }
 
@@ -87,7 +87,7 @@ static void free_layer(glm_layer *L) {
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
 }
 
-void glm_model_free(glm_model *m) {
+void ds4_glm_model_free(glm_model *m) {
     if (!m) return;
     for (uint32_t l = 0; m->layers && l < m->hp.n_block; l++) free_layer(&m->layers[l]);
     free(m->layers);
@@ -95,21 +95,21 @@ void glm_model_free(glm_model *m) {
     free(m);
 }
 
-glm_model *glm_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
+glm_model *ds4_glm_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
     static const char prefix[] = "not a GLM 5.2 GGUF: ";
     ds4_binder b = {g, prefix, err, errlen, false};
     glm_model *m = calloc(1, sizeof *m);
     if (!m) { snprintf(err, errlen, "out of memory for the model"); return NULL; }
     char why[400];
-    if (!glm_gguf_is_glm(g)) {
+    if (!ds4_glm_gguf_is_glm(g)) {
         ds4_bind_fail(&b, "general.architecture is not \"%s\"", GLM_ARCH);
-    } else if (glm_hparams_read(g, &m->hp, why, sizeof why)) {
+    } else if (ds4_glm_hparams_read(g, &m->hp, why, sizeof why)) {
         ds4_bind_fail(&b, "%s", why);
     } else if (m->hp.n_vocab == 0) {
         /* vocab_size is optional in llama.cpp's files: the embedding says it */
-        const ds4_gguf_tensor *t = ds4_gguf_find_tensor(g, glm_tensor_table[GLM_T_TOKEN_EMBD].name);
+        const ds4_gguf_tensor *t = ds4_gguf_find_tensor(g, ds4_glm_tensor_table[GLM_T_TOKEN_EMBD].name);
         if (!t || t->n_dims != 2 || t->ne[1] == 0 || t->ne[1] > (1u << 24))
-            ds4_bind_fail(&b, "no vocab_size key and no 2-D %s to take it from", glm_tensor_table[GLM_T_TOKEN_EMBD].name);
+            ds4_bind_fail(&b, "no vocab_size key and no 2-D %s to take it from", ds4_glm_tensor_table[GLM_T_TOKEN_EMBD].name);
         else
             m->hp.n_vocab = (uint32_t)t->ne[1];
     }
@@ -122,7 +122,7 @@ glm_model *glm_model_bind(const ds4_gguf *g, char *err, size_t errlen) {
         if (!m->layers) ds4_bind_fail_oom(&b, "the layer table");
         for (uint32_t l = 0; l < hp->n_block && !b.failed; l++) bind_layer(&b, hp, (int)l, &m->layers[l]);
     }
-    if (b.failed) { glm_model_free(m); return NULL; }
+    if (b.failed) { ds4_glm_model_free(m); return NULL; }
     ds4_gguf_str name;
     if (ds4_gguf_get_str(g, "general.name", &name))
         snprintf(m->name, sizeof m->name, "%.*s", (int)(name.len < 127 ? name.len : 127), name.ptr);

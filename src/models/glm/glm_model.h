@@ -2,7 +2,7 @@
  * binding of every tensor of the GLM layout (glm_layout.h).
  *
  * Contract
- * - glm_model_bind() reads the glm-dsa.* keys into glm_hparams (every
+ * - ds4_glm_model_bind() reads the glm-dsa.* keys into glm_hparams (every
  *   dimension from metadata; vocab_size, when absent, from token_embd), then
  *   binds and validates every tensor the forward pass and the MTP block use:
  *   name, shape and a type the CPU kernels multiply; norms, the router, its
@@ -13,7 +13,7 @@
  *   (no correction bias). Matrices point into the mapping.
  * - Any problem gives NULL and one line "not a GLM 5.2 GGUF: <first problem>"
  *   (or "out of memory for ...").
- * - glm_gguf_is_glm() tells the family dispatchers (engine, tools) whether a
+ * - ds4_glm_gguf_is_glm() tells the family dispatchers (engine, tools) whether a
  *   file's general.architecture is glm-dsa.
  * - The glm_model does not own the ds4_gguf; it must outlive the model.
  */
@@ -54,8 +54,8 @@ typedef struct glm_model {
     uint64_t file_bytes;
 } glm_model;
 
-bool glm_gguf_is_glm(const struct ds4_gguf *g);
-glm_model *glm_model_bind(const struct ds4_gguf *g, char *err, size_t errlen);
-void glm_model_free(glm_model *m);
+bool ds4_glm_gguf_is_glm(const struct ds4_gguf *g);
+glm_model *ds4_glm_model_bind(const struct ds4_gguf *g, char *err, size_t errlen);
+void ds4_glm_model_free(glm_model *m);
 
 #endif

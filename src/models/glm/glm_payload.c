@@ -22,13 +22,13 @@ static size_t fixed_bytes(size_t n_tokens, size_t n_vocab, size_t n_layer) {
     return GLM_PAYLOAD_HEADER_BYTES + 4 * (n_tokens + n_vocab + n_layer);
 }
 
-size_t glm_payload_bytes(const glm_kv *kv, int n_vocab) {
+size_t ds4_glm_payload_bytes(const glm_kv *kv, int n_vocab) {
     ds4_payload_cursor c = {0};
     walk_layers(kv, kv->n_pos, &c);
     return fixed_bytes((size_t)kv->n_pos, (size_t)n_vocab, (size_t)kv->n_layer) + c.total;
 }
 
-bool glm_payload_write_to(const glm_kv *kv, const int32_t *toks, const float *logits, int n_vocab,
+bool ds4_glm_payload_write_to(const glm_kv *kv, const int32_t *toks, const float *logits, int n_vocab,
                           const ds4_sink *sink) {
     static const float zeros[1024];
     const int n = kv->n_pos;
@@ -52,10 +52,10 @@ bool glm_payload_write_to(const glm_kv *kv, const int32_t *toks, const float *lo
     return c.ok;
 }
 
-void glm_payload_write(const glm_kv *kv, const int32_t *toks, const float *logits, int n_vocab, void *dst) {
+void ds4_glm_payload_write(const glm_kv *kv, const int32_t *toks, const float *logits, int n_vocab, void *dst) {
     ds4_memory_stream m = {.p = dst};
     const ds4_sink sink = ds4_memory_sink(&m);
-    glm_payload_write_to(kv, toks, logits, n_vocab, &sink);
+    ds4_glm_payload_write_to(kv, toks, logits, n_vocab, &sink);
 }
 
 #define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); return false; } while (0)
@@ -89,7 +89,7 @@ static bool check_header(const glm_kv *kv, int n_vocab, const uint32_t *h, size_
     return true;
 }
 
-bool glm_payload_load_from(glm_kv *kv, int32_t *toks, float *logits, int n_vocab, const ds4_source *src, size_t n,
+bool ds4_glm_payload_load_from(glm_kv *kv, int32_t *toks, float *logits, int n_vocab, const ds4_source *src, size_t n,
                            char *err, size_t errlen) {
     uint32_t h[H_COUNT];
     if (n < sizeof h) FAIL("GLM payload truncated: %zu bytes, header needs %u", n, GLM_PAYLOAD_HEADER_BYTES);
@@ -140,9 +140,9 @@ bool glm_payload_load_from(glm_kv *kv, int32_t *toks, float *logits, int n_vocab
     return true;
 }
 
-bool glm_payload_load(glm_kv *kv, int32_t *toks, float *logits, int n_vocab, const void *src, size_t n, char *err,
+bool ds4_glm_payload_load(glm_kv *kv, int32_t *toks, float *logits, int n_vocab, const void *src, size_t n, char *err,
                       size_t errlen) {
     ds4_memory_stream m = {.src = src, .left = n};
     const ds4_source source = ds4_memory_source(&m);
-    return glm_payload_load_from(kv, toks, logits, n_vocab, &source, n, err, errlen);
+    return ds4_glm_payload_load_from(kv, toks, logits, n_vocab, &source, n, err, errlen);
 }

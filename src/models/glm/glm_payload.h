@@ -13,7 +13,7 @@
  *   empty), u32[layers] indexer flags (1: the layer keeps indexer keys), and
  *   for every layer in order: tokens rows of latent + rope key floats, then
  *   (flagged layers) tokens rows of indexer key floats, position order.
- * - glm_payload_load_from() checks the magic (a DSV4 payload gets one line
+ * - ds4_glm_payload_load_from() checks the magic (a DSV4 payload gets one line
  *   saying it is a DeepSeek V4 session), version, family, every geometry
  *   field, the flags, token ids, logits and the exact total size against the
  *   target before touching it; on a mismatch it returns false with one line
@@ -39,14 +39,14 @@
 #define GLM_PAYLOAD_FAMILY 2u
 #define GLM_PAYLOAD_HEADER_BYTES 40u
 
-size_t glm_payload_bytes(const glm_kv *kv, int n_vocab);
-bool glm_payload_write_to(const glm_kv *kv, const int32_t *toks, const float *logits, int n_vocab,
+size_t ds4_glm_payload_bytes(const glm_kv *kv, int n_vocab);
+bool ds4_glm_payload_write_to(const glm_kv *kv, const int32_t *toks, const float *logits, int n_vocab,
                           const ds4_sink *sink);
-void glm_payload_write(const glm_kv *kv, const int32_t *toks, const float *logits, int n_vocab, void *dst);
+void ds4_glm_payload_write(const glm_kv *kv, const int32_t *toks, const float *logits, int n_vocab, void *dst);
 /* toks must hold kv->ctx ids, logits n_vocab floats. */
-bool glm_payload_load_from(glm_kv *kv, int32_t *toks, float *logits, int n_vocab, const ds4_source *src, size_t n,
+bool ds4_glm_payload_load_from(glm_kv *kv, int32_t *toks, float *logits, int n_vocab, const ds4_source *src, size_t n,
                            char *err, size_t errlen);
-bool glm_payload_load(glm_kv *kv, int32_t *toks, float *logits, int n_vocab, const void *src, size_t n, char *err,
+bool ds4_glm_payload_load(glm_kv *kv, int32_t *toks, float *logits, int n_vocab, const void *src, size_t n, char *err,
                       size_t errlen);
 
 #endif
