@@ -346,14 +346,14 @@ int main(int argc, char **argv) {
     ds4_engine *e = NULL;
     ds4_agent *agent = NULL;
     FILE *trace = NULL;
-    ds4_agent_script script = {0};
+    ds4_turn_script script = {0};
     char err[512], root[PATH_MAX];
     /* the model first: a wrong -m should not leave a sessions directory behind */
     if (!model || !ds4_cli_model_usable("ds4-agent", model)) goto out;
     if (!ds4_dist_finish_options(&o.dist, false, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
     if (!dir) { fprintf(stderr, "ds4-agent: no sessions directory (set HOME or --sessions-dir)\n"); goto out; }
     if (ds4_agent_store_init(dir, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
-    if (o.script && ds4_agent_script_load(o.script, &script, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
+    if (o.script && ds4_turn_script_load(o.script, DS4_AGENT_SCRIPT_SEPARATOR, &script, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
     if (trace_path && !(trace = open_private(trace_path, "a", O_APPEND))) { fprintf(stderr, "ds4-agent: cannot open %s: %s\n", trace_path, strerror(errno)); goto out; }
     if (o.chdir_to && chdir(o.chdir_to)) { fprintf(stderr, "ds4-agent: --chdir %s: %s\n", o.chdir_to, strerror(errno)); goto out; }
     if (!realpath(".", root)) { fprintf(stderr, "ds4-agent: cannot resolve the working directory: %s\n", strerror(errno)); goto out; }
@@ -404,7 +404,7 @@ out:
     ds4_agent_tools_end_jobs();
     ds4_agent_free(agent);
     ds4_engine_free(e);
-    ds4_agent_script_free(&script);
+    ds4_turn_script_free(&script);
     if (trace) fclose(trace);
     free(dir);
     free(model);

@@ -248,7 +248,7 @@ static int generate(ds4_agent *a, gen_state *g) {
     bool have_script = false;
     if (a->o.script) {
         size_t len = 0;
-        const char *entry = ds4_agent_script_next(a->o.script, &len);
+        const char *entry = ds4_turn_script_next(a->o.script, &len);
         if (!entry) ds4_agent_display_note(a->o.display, "[scripted output exhausted: the model stops]");
         /* what the model writes contains protocol tokens: chat specials on */
         else if (ds4_tokenizer_encode(a->tok, entry, len, DS4_TOK_SPECIALS_CHAT, &scripted)) return -1;

@@ -51,7 +51,7 @@
 #include "engine/sampler.h"
 #include "engine/spec.h"
 #include "agent/display.h"
-#include "agent/script.h"
+#include "base/turn_script.h"
 #include "agent/store.h"
 #include "agent/tools.h"
 
@@ -65,7 +65,7 @@ typedef struct {
     int max_steps;                   /* tool rounds per user turn */
     const char *system_prompt;       /* NULL: the built-in one */
     ds4_agent_tools_opts tools;
-    ds4_agent_script *script;        /* NULL: sample from the model */
+    ds4_turn_script *script;         /* NULL: sample from the model */
     FILE *trace;                     /* may be NULL */
     volatile sig_atomic_t *interrupted;
     ds4_agent_display *display;

@@ -184,8 +184,15 @@ void ds4_srv_run_chat(server *s, job *j) {
     if (limit > s->o.ctx - n_prompt) limit = s->o.ctx - n_prompt;
     smp = ds4_job_sampler(s, r);
     chat_gen g = {.s = s, .enc = enc, .pc = &pc, .u = &u, .r = r, .eos = ds4_tokenizer_specials(s->tok)->eos};
-    /* The script stands for model output: its protocol strings are tokens. */
-    if (s->script) ds4_tokenizer_encode(s->tok, s->script, s->script_len, DS4_TOK_SPECIALS_CHAT, &g.script);
+    if (s->script) {
+        /* The k-th generation answers with the k-th entry; the script stands
+         * for model output, so its protocol strings are tokens. */
+        const long k = atomic_fetch_add(s->script_turn, 1);
+        size_t len = 0;
+        const char *answer = ds4_turn_script_at(s->script, k, &len);
+        ds4_srv_trace(s, "scripted answer %ld of %d", k < s->script->n ? k + 1 : s->script->n, s->script->n);
+        if (answer) ds4_tokenizer_encode(s->tok, answer, len, DS4_TOK_SPECIALS_CHAT, &g.script);
+    }
     ds4_gen_hooks hooks = {.cancelled = chat_cancelled, .forced = chat_forced, .greedy = chat_greedy,
                            .on_token = chat_token, .on_text = chat_text, .after_decode = chat_after_decode,
                            .decode = chat_decode, .ud = &g};

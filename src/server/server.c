@@ -356,9 +356,15 @@ int ds4_server_run(const ds4_server_opts *opts) {
         fprintf(stderr, "ds4-server: cannot open trace file %s: %s\n", s->o.trace_path, strerror(errno));
         return 1;
     }
-    if (s->o.scripted_output && !(s->script = ds4_read_file(s->o.scripted_output, &s->script_len))) {
-        fprintf(stderr, "ds4-server: cannot read %s\n", s->o.scripted_output);
-        return 1;
+    static ds4_turn_script script;
+    static atomic_long script_turn;
+    if (s->o.scripted_output) {
+        if (ds4_turn_script_load(s->o.scripted_output, DS4_SERVER_SCRIPT_SEPARATOR, &script, err, sizeof err)) {
+            fprintf(stderr, "ds4-server: %s\n", err);
+            return 1;
+        }
+        s->script = &script;
+        s->script_turn = &script_turn;
     }
     ds4_engine_params ep;
     ds4_engine_params_default(&ep);

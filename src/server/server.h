@@ -91,7 +91,7 @@ typedef struct {
     size_t tool_memory_max_ids;  /* default 100000 */
     bool disable_exact_replay;
     bool completions_chat;       /* wrap /v1/completions prompts as a chat turn */
-    const char *scripted_output; /* test only: every generation emits this file's text */
+    const char *scripted_output; /* test only: generation k emits this file's k-th answer (base/turn_script.h) */
     const char *test_linger_gate; /* test only (DS4_TEST_SLOT_LINGER_GATE): while this file exists, a
                                     slot's worker that has finished a job stays busy (checked every
                                     10 ms; ends at shutdown), so a test holds the window between an

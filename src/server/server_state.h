@@ -28,6 +28,7 @@
 #include "engine/engine.h"
 #include "server/http.h"
 #include "base/json_util.h"
+#include "base/turn_script.h"
 #include "kvdisk/kvdisk.h"
 #include "server/queue.h"
 #include "server/request.h"
@@ -48,8 +49,8 @@ typedef struct server {
     ds4_kvdisk *kvd;              /* disk KV cache, or NULL */
     int n_vocab;
     size_t max_token_bytes;       /* the longest token's text: prompt bytes / this <= tokens */
-    char *script;                 /* scripted output (test only) */
-    size_t script_len;
+    const ds4_turn_script *script; /* --scripted-output answers (test only), shared by the slots */
+    atomic_long *script_turn;     /* generations so far on every slot: which answer comes next */
     FILE *trace;
     pthread_mutex_t *trace_mu;
     pthread_mutex_t *kvd_mu;      /* the disk cache is single-threaded */

@@ -108,14 +108,14 @@ static char *script_file(const char *name, int first_turn, int last_turn) {
 
 typedef struct {
     ds4_agent *a;
-    ds4_agent_script script;
+    ds4_turn_script script;
     ds4_agent_display display;
 } rig;
 
 static void rig_open(rig *r, const char *root, const char *script) {
     char err[256];
     memset(r, 0, sizeof *r);
-    if (script && ds4_agent_script_load(script, &r->script, err, sizeof err)) { fprintf(stderr, "%s\n", err); exit(1); }
+    if (script && ds4_turn_script_load(script, DS4_AGENT_SCRIPT_SEPARATOR, &r->script, err, sizeof err)) { fprintf(stderr, "%s\n", err); exit(1); }
     ds4_agent_display_init(&r->display, screen, screen);
     ds4_agent_opts o = {.engine = engine, .ctx = 4096, .think = DS4_THINK_HIGH, .max_gen_tokens = 512, .max_steps = 8,
                         .system_prompt = SYSTEM, .script = script ? &r->script : NULL, .interrupted = &g_stop,
@@ -130,7 +130,7 @@ static void rig_open(rig *r, const char *root, const char *script) {
 
 static void rig_close(rig *r) {
     ds4_agent_free(r->a);
-    ds4_agent_script_free(&r->script);
+    ds4_turn_script_free(&r->script);
 }
 
 static bool counters_add_up(const ds4_agent *a) {

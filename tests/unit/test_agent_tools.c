@@ -1,6 +1,6 @@
 /* The agent's tools against a scratch tree: results are checked against the
  * files on disk (the independent truth), refusals against the rules of
- * agent/tools.h. Also the scripted-output file format. */
+ * agent/tools.h. */
 #include <dirent.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -8,7 +8,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent/script.h"
 #include "agent/tools.h"
 #include "check.h"
 
@@ -269,21 +268,6 @@ int main(void) {
     CHECK(!ok && strstr(t, "content"), "missing content: %s", t);
     run(&o, "list_dir", "{}", &ok);   /* frees the last static result */
 
-    /* the scripted-output format */
-    put("script.txt", "first\n@@@\nsecond\nline\n@@@\n@@@\nlast\n");
-    char sp[PATH_MAX + 16], err[256];
-    snprintf(sp, sizeof sp, "%s/script.txt", root);
-    ds4_agent_script s;
-    CHECK(ds4_agent_script_load(sp, &s, err, sizeof err) == 0, "%s", err);
-    size_t len;
-    const char *e;
-    CHECK(s.n == 4, "entries: %d", s.n);
-    CHECK((e = ds4_agent_script_next(&s, &len)) && len == 5 && !memcmp(e, "first", 5), "entry 1");
-    CHECK((e = ds4_agent_script_next(&s, &len)) && len == 11 && !memcmp(e, "second\nline", 11), "entry 2");
-    CHECK((e = ds4_agent_script_next(&s, &len)) && len == 0, "entry 3 empty");
-    CHECK((e = ds4_agent_script_next(&s, &len)) && len == 4 && !memcmp(e, "last", 4), "entry 4");
-    CHECK(!ds4_agent_script_next(&s, &len), "exhausted");
-    ds4_agent_script_free(&s);
 
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
