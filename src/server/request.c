@@ -732,8 +732,20 @@ static void decode_messages(dec *d, const cJSON *root) {
         if (!cJSON_IsObject(m)) { bad_json(d); return; }
         const char *role = get_str(d, m, "role");
         bool asst = role && !strcmp(role, "assistant");
-        if (role && !asst && strcmp(role, "user")) { unknown_role(d, "messages", index, role, "user or assistant"); return; }
         const cJSON *c = get(m, "content");
+        /* Claude Code sends its environment block (working directory, date)
+         * as a system message after the first user turn when the system
+         * prompt is replaced (--system-prompt); it joins the system text. */
+        if (role && !strcmp(role, "system")) {
+            ds4_chat_msg *x = push_msg(d, &mv, DS4_ROLE_SYSTEM);
+            const char *t = content_text(d, c);
+            if (x) x->content = t ? t : "";
+            continue;
+        }
+        if (role && !asst && strcmp(role, "user")) {
+            unknown_role(d, "messages", index, role, "user, assistant or system");
+            return;
+        }
         bool result_msgs = r->chat->tool_result_turn && !asst && cJSON_IsArray(c);
         int n_results = result_msgs ? tool_result_msgs(d, &mv, c) : 0;
         if (n_results < 0) return;

@@ -189,8 +189,15 @@ static void test_body_strictness(void) {
     CHECK(dec(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"wizard\",\"content\":\"b\"}]}",
               &r, &e) == 400 && !strcmp(e.param, "messages") && strstr(e.message, "messages[1]") &&
           strstr(e.message, "'wizard'"), "chat: unknown role: %s", e.message);
-    CHECK(dec(DS4_API_MESSAGES, "{\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"b\"}]}",
-              &r, &e) == 400 && strstr(e.message, "'system'"), "messages: unknown role: %s", e.message);
+    CHECK(dec(DS4_API_MESSAGES, "{\"max_tokens\":1,\"messages\":[{\"role\":\"wizard\",\"content\":\"b\"}]}",
+              &r, &e) == 400 && strstr(e.message, "'wizard'"), "messages: unknown role: %s", e.message);
+    /* Claude Code's environment block (with --system-prompt): a system
+     * message after the user turn, text blocks with cache_control */
+    CHECK(dec(DS4_API_MESSAGES, "{\"max_tokens\":1,\"system\":\"S\",\"messages\":[{\"role\":\"user\",\"content\":\"u\"},"
+              "{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"# Env\",\"cache_control\":{\"type\":\"ephemeral\"}}]}]}",
+              &r, &e) == 0 && r.n_msgs == 3 && r.msgs[2].role == DS4_ROLE_SYSTEM && !strcmp(r.msgs[2].content, "# Env"),
+          "messages: a system message is system text: %s", e.message);
+    ds4_request_free(&r);
     CHECK(dec(DS4_API_RESPONSES, "{\"input\":[{\"type\":\"message\",\"role\":\"tool\",\"content\":\"b\"}]}",
               &r, &e) == 400 && !strcmp(e.param, "input") && strstr(e.message, "input[0]") && strstr(e.message, "'tool'"),
           "responses: unknown role: %s", e.message);
