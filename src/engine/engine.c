@@ -10,6 +10,7 @@
 #include "text/tokenizer.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,7 +130,16 @@ static bool common_params(ds4_engine *e, const ds4_engine_params *p, char *err, 
     return true;
 }
 
+/* GPU placement flags without --cuda change nothing: say so once per process
+ * (a command line copied from a CUDA setup would otherwise look obeyed). */
+static void warn_unused_gpu_flags(const ds4_engine_params *p) {
+    static atomic_flag warned = ATOMIC_FLAG_INIT;
+    if (p->gpu.backend == DS4_BACKEND_CPU && p->gpu.placement_given && !p->quiet && !atomic_flag_test_and_set(&warned))
+        fprintf(stderr, "ds4: warning: --gpu-vram/--gpu-devices have no effect without --cuda (running on the CPU)\n");
+}
+
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen) {
+    warn_unused_gpu_flags(p);
     ds4_engine *e = calloc(1, sizeof *e);
     if (!e) { snprintf(err, errlen, "out of memory loading %s", p->model_path); return NULL; }
     e->g = ds4_gguf_open(p->model_path, err, errlen);

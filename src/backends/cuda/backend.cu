@@ -471,6 +471,8 @@ static int resolve_devices(const ds4_gpu_opts *o, int *ids, uint64_t *budgets, c
     return n;
 }
 
+extern "C" const char *ds4_backends_built(void) { return "cpu, cuda"; }
+
 extern "C" ds4_backend *ds4_cuda_backend_new(const ds4_model *m, const ds4_gpu_opts *o, int ctx, int kv_slack,
                                              int max_batch, bool numerics, bool quiet, char *err, size_t errlen) {
     const ds4_config *c = &m->cfg;

@@ -19,8 +19,8 @@
  *   host ds4_kv (one block, same offsets); kv_sync() copies it to or from the
  *   host so snapshots and payloads are the CPU's, byte for byte in layout.
  *   Decode (one token) replays a captured CUDA graph per session.
- * - Builds without CUDA link src/cuda/none.c, whose constructor refuses with
- *   one line.
+ * - Builds without CUDA link src/backends/cuda/none.c, whose constructor
+ *   refuses with one line.
  */
 #ifndef DS4_CUDA_BACKEND_H
 #define DS4_CUDA_BACKEND_H
@@ -37,6 +37,8 @@ extern "C" {   /* the C headers below too: backend.cu is C++ */
 
 ds4_backend *ds4_cuda_backend_new(const ds4_model *m, const ds4_gpu_opts *o, int ctx, int kv_slack, int max_batch,
                                   bool numerics, bool quiet, char *err, size_t errlen);
+/* The backends this binary was built with, for messages: "cpu" or "cpu, cuda". */
+const char *ds4_backends_built(void);
 
 #ifdef __cplusplus
 }

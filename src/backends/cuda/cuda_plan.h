@@ -47,11 +47,15 @@ typedef struct {
     double budget_gib[DS4_GPU_MAX_DEVICES];
     int n_devices;                       /* 0: device 0 (or as many as budgets) */
     int devices[DS4_GPU_MAX_DEVICES];
+    bool placement_given;                /* --gpu-vram or --gpu-devices was passed */
 } ds4_gpu_opts;
 
 void ds4_gpu_opts_default(ds4_gpu_opts *o);
 /* Returns how many argv entries it consumed (1 or 2), 0 when `arg` is not a
- * GPU option, -1 on a bad or missing value (err says why). */
+ * GPU option, -1 on a bad or missing value (err says why). Other engines'
+ * backend flags, `--metal` and `--backend NAME`, are recognised so a
+ * command line written for them gets one line naming the backends this
+ * build has (`--backend cpu|cuda` selects as --cpu / --cuda do). */
 int ds4_gpu_option(ds4_gpu_opts *o, const char *arg, const char *value, char *err, size_t errlen);
 /* Usage lines for the options, for the binaries' --help. */
 extern const char ds4_gpu_usage[];

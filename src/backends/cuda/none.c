@@ -8,3 +8,5 @@ ds4_backend *ds4_cuda_backend_new(const ds4_model *m, const ds4_gpu_opts *o, int
     snprintf(err, errlen, "this binary was built without CUDA support (build it with `make cuda`)");
     return NULL;
 }
+
+const char *ds4_backends_built(void) { return "cpu"; }
