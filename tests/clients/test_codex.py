@@ -59,6 +59,7 @@ name = "ds4-server"
 base_url = "{base}/v1"
 wire_api = "responses"
 env_key = "DS4_API_KEY"
+stream_idle_timeout_ms = 1000000
 """
 
 
