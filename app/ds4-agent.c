@@ -33,6 +33,8 @@ typedef struct {
     const char *sessions_dir;
     bool yes, autosave;
     const char *script, *trace, *dump_logits;
+    const char *prompt;     /* -p: one turn, then exit */
+    const char *system;     /* -sys: replaces the built-in system prompt */
     ds4_gpu_opts gpu;
 } agent_args;
 
@@ -54,6 +56,8 @@ static void on_quit(int sig) {
 static void usage(FILE *f) {
     fprintf(f,
         "usage: ds4-agent [options]\n"
+        "  -p, --prompt TEXT       one-shot: answer TEXT (tools included), save, exit\n"
+        "  -sys, --system TEXT     system prompt instead of the built-in one\n"
         "  -m, --model FILE        GGUF model (default ./ds4flash.gguf)\n"
         "  -c, --ctx N             context size in tokens (default 65536)\n"
         "  -t, --threads N         CPU threads (default: all)\n"
@@ -99,6 +103,8 @@ static int parse_args(int argc, char **argv, agent_args *o) {
         }
         else if (IS("-h") || IS("--help")) { usage(stdout); return 1; }
         else if (IS("-m") || IS("--model")) { NEEDS_VALUE(); o->model = v; }
+        else if (IS("-p") || IS("--prompt")) { NEEDS_VALUE(); o->prompt = v; }
+        else if (IS("-sys") || IS("--system")) { NEEDS_VALUE(); o->system = v; }
         else if (IS("-c") || IS("--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 256, INT_MAX, &o->ctx)) BAD_VALUE(); }
         else if (IS("-t") || IS("--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
         else if (IS("-n") || IS("--tokens")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->max_tokens)) BAD_VALUE(); }
@@ -381,6 +387,7 @@ int main(int argc, char **argv) {
     ds4_agent_display_init(&display, stdout, stderr);
     ds4_agent_opts ao = {.engine = e, .ctx = o.ctx, .think = o.think, .sampling = o.sampling,
                          .max_gen_tokens = o.max_tokens, .max_steps = 64, .script = o.script ? &script : NULL,
+                         .system_prompt = o.system,
                          .trace = trace, .interrupted = &g_interrupted, .display = &display};
     static ds4_spec drafter;
     if (o.spec.lookup_max) {
@@ -396,9 +403,17 @@ int main(int argc, char **argv) {
     if (!(agent = ds4_agent_new(&ao, err, sizeof err))) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
 
     repl r = {agent, &display, dir, o.autosave};
-    run_repl(&r, history);
-    if (o.autosave) save_now(&r, false);
-    status = dump && write_logits(dump, e, ds4_agent_session(agent)) ? 1 : 0;
+    int turn = 0;
+    if (o.prompt) {
+        /* one-shot: the turn's answer (and what its tools did) is the output;
+         * the session is saved like an interactive one */
+        turn = ds4_agent_turn(agent, o.prompt);
+        if (turn >= 0 && o.autosave) save_now(&r, true);
+    } else {
+        run_repl(&r, history);
+        if (o.autosave) save_now(&r, false);
+    }
+    status = turn != 0 || (dump && write_logits(dump, e, ds4_agent_session(agent))) ? 1 : 0;
 out:
     /* no command outlives the agent: its jobs (`server &`, setsid ...) end here */
     ds4_agent_tools_end_jobs();

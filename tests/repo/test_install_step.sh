@@ -45,7 +45,7 @@ make -n test 2>/dev/null | grep -q '\.venv/bin' && ok "make test runs with .venv
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 if make -s venv VENV="$tmp/venv" >"$tmp/log" 2>&1 &&
-   "$tmp/venv/bin/python3" -c 'import numpy, gguf, tokenizers, openai, anthropic, lm_eval' 2>>"$tmp/log"; then
+   "$tmp/venv/bin/python3" -c 'import numpy, gguf, tokenizers, openai, anthropic, lm_eval, claude_agent_sdk, codex_cli_bin' 2>>"$tmp/log"; then
     ok "make venv gives a venv with every test oracle package"
 else
     bad "make venv: $(tail -n 3 "$tmp/log")"

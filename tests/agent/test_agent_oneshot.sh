@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# ds4-agent -p PROMPT (one-shot) and -sys TEXT on the demo model with
+# scripted model output: the turn runs its tool calls (an edit, then a bash
+# command refused because -p reads no confirmation from a closed stdin and
+# --yes is off), prints the answer, saves the session and exits 0; the saved
+# transcript holds the -sys text instead of the built-in system prompt; the
+# step after the tool round prefilled only its new tokens (--trace). Without
+# -sys the built-in prompt is used.
+set -u
+cd "$(dirname "$0")/../.."
+MODEL=models/demo.gguf
+[ -f "$MODEL" ] || { echo "agent one-shot: $MODEL missing (make demo-model)"; exit 1; }
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fail=0
+check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
+
+D='｜DSML｜'
+call() {   # call NAME KEY VALUE [KEY VALUE...]
+    local name=$1; shift
+    printf '\n\n<%stool_calls>\n<%sinvoke name="%s">\n' "$D" "$D" "$name"
+    while [ $# -gt 0 ]; do printf '<%sparameter name="%s" string="true">%s</%sparameter>\n' "$D" "$1" "$2" "$D"; shift 2; done
+    printf '</%sinvoke>\n</%stool_calls>' "$D" "$D"
+}
+{
+    printf 'Edit it.</think>%s\n@@@\n' "$(call edit_file path notes.txt old_string 'hello world' new_string 'hello agent')"
+    printf 'Check it.</think>%s\n@@@\n' "$(call bash command 'touch ran.txt')"
+    printf 'Done.</think>The greeting now says hello agent.\n'
+} > "$T/script"
+mkdir -p "$T/w"
+printf 'hello world\n' > "$T/w/notes.txt"
+agent() {   # agent NAME [flags]: one run with its own sessions dir and trace
+    local name=$1; shift
+    HOME=$T ./ds4-agent -m "$MODEL" --ctx 4096 -t 2 --chdir "$T/w" --sessions-dir "$T/s-$name" \
+        --scripted-output "$T/script" --trace "$T/trace-$name" "$@" </dev/null >"$T/out-$name" 2>"$T/err-$name"
+}
+
+agent sys -p "fix the greeting" -sys "You edit files for the test. Be brief."
+rc=$?
+check "-p exits 0 after the turn" '[ $rc = 0 ]'
+check "the edit ran" '[ "$(cat $T/w/notes.txt)" = "hello agent" ]'
+check "the command was refused (no --yes, no terminal to ask)" '[ ! -e $T/w/ran.txt ]'
+check "the answer is printed" 'grep -qx "The greeting now says hello agent." $T/out-sys'
+check "one session saved" '[ $(ls $T/s-sys | wc -l) = 1 ]'
+check "-sys text in the saved transcript" 'grep -aq "You edit files for the test. Be brief." $T/s-sys/*'
+check "built-in system prompt replaced" '! grep -aq "You are ds4-agent" $T/s-sys/*'
+check "each step after the first prefilled only its new tokens" \
+    '[ "$(grep -c "^prefill from=" $T/trace-sys)" = 3 ] && [ "$(grep "^prefill from=" $T/trace-sys | awk -F"n=" "NR>1 && \$2+0 > 100" | wc -l)" = 0 ]'
+
+printf 'hello world\n' > "$T/w/notes.txt"
+agent default -p "fix the greeting" --yes
+rc=$?
+check "-p --yes exits 0" '[ $rc = 0 ]'
+check "with --yes the command ran" '[ -e $T/w/ran.txt ]'
+check "without -sys the built-in system prompt" 'grep -aq "You are ds4-agent" $T/s-default/*'
+
+agent missing -p
+check "-p without a value: one line, exit 2" '[ $? = 2 ] && [ "$(cat $T/err-missing)" = "ds4-agent: -p needs a value" ]'
+exit $fail
