@@ -77,7 +77,7 @@ static void usage(FILE *f) {
         "      --trace FILE        append one line per prefill/generation (token counts)\n"
         "      --scripted-output F TEST ONLY: the model's messages come from F (entries split by '@@@' lines)\n"
         "  -h, --help              this text\n"
-        "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /think /nothink /think-show /quit\n",
+        "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /history N /think /nothink /think-show /quit\n",
         ds4_spec_usage, ds4_ssd_usage, ds4_gpu_usage, ds4_dist_usage);
 }
 
@@ -248,6 +248,7 @@ static void help(void) {
            "/strip ID      keep a session's text and title, drop its KV payload\n"
            "/new           start a new session\n"
            "/ctx           context use and prefill counters\n"
+           "/history [N]   the conversation's last N messages (default 10), one line each\n"
            "/think /nothink   thinking mode for the next messages\n"
            "/think-show    show or hide the model's reasoning\n"
            "/quit          save (unless --no-autosave) and exit; Ctrl+D too\n"
@@ -287,6 +288,11 @@ static void run_repl(repl *r, const char *history) {
                 printf("new session\n");
             }
             else if (!strcmp(s, "/ctx")) cmd_ctx(r);
+            else if (!strcmp(s, "/history")) {
+                int n = 10;
+                if (arg && *arg && !ds4_parse_int(arg, 1, 100000, &n)) printf("/history N: N is a count of messages\n");
+                else ds4_agent_history(r->agent, n, stdout);
+            }
             else if (!strcmp(s, "/think")) { ds4_agent_set_think(r->agent, DS4_THINK_HIGH); printf("thinking mode\n"); }
             else if (!strcmp(s, "/nothink")) { ds4_agent_set_think(r->agent, DS4_THINK_NONE); printf("non-thinking mode\n"); }
             else if (!strcmp(s, "/think-show")) {

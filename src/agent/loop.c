@@ -66,6 +66,53 @@ void ds4_agent_reset(ds4_agent *a) {
 }
 
 void ds4_agent_set_think(ds4_agent *a, ds4_think_mode m) { a->o.think = m; }
+
+/* One message of the transcript as a line: the answer after the reasoning,
+ * tool calls as a marker, newlines as spaces, at most `width` bytes cut at a
+ * character boundary. */
+static void history_line(const ds4_agent *a, const int32_t *t, size_t n, bool assistant, FILE *out) {
+    size_t from = 0, to = n;
+    bool calls = false;
+    for (size_t i = 0; i < n; i++) {
+        if (assistant && t[i] == a->sp->think_end) from = i + 1;
+        if (t[i] == a->sp->eos && to == n) to = i;
+    }
+    for (size_t i = from; i < to; i++)
+        if (t[i] == a->sp->dsml) { to = i; calls = true; break; }
+    size_t len = 0;
+    char *text = to > from ? ds4_tokenizer_decode(a->tok, t + from, to - from, false, &len) : NULL;
+    const char *role = assistant ? "assistant" : len >= 13 && !memcmp(text, "<tool_result>", 13) ? "tool" : "user";
+    /* the block's opening "<" is its own token before the DSML marker */
+    if (calls && len && text[len - 1] == '<') len--;
+    while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) len--;
+    enum { WIDTH = 160 };
+    size_t start = 0;
+    while (start < len && (text[start] == '\n' || text[start] == ' ')) start++;
+    size_t end = len - start > WIDTH ? start + WIDTH : len;
+    while (end < len && end > start && ((unsigned char)text[end] & 0xC0) == 0x80) end--;
+    fprintf(out, "%s:", role);
+    if (end > start) fputc(' ', out);
+    for (size_t i = start; i < end; i++) fputc(text[i] == '\n' || text[i] == '\t' ? ' ' : text[i], out);
+    fprintf(out, "%s%s\n", end < len ? " ..." : "", calls ? " [tool calls]" : "");
+    free(text);
+}
+
+void ds4_agent_history(const ds4_agent *a, int n, FILE *out) {
+    const int32_t *t = ds4_session_tokens(a->s);
+    const size_t total = (size_t)ds4_session_n_tokens(a->s);
+    /* a message starts after its role token; the last n such starts */
+    size_t first = total;
+    int seen = 0;
+    for (size_t i = total; i-- > 0 && seen < n;)
+        if (t[i] == a->sp->user || t[i] == a->sp->assistant) { first = i; seen++; }
+    if (!seen) { fprintf(out, "no messages yet\n"); return; }
+    for (size_t i = first; i < total;) {
+        size_t j = i + 1;
+        while (j < total && t[j] != a->sp->user && t[j] != a->sp->assistant) j++;
+        history_line(a, t + i + 1, j - i - 1, t[i] == a->sp->assistant, out);
+        i = j;
+    }
+}
 const char *ds4_agent_id(const ds4_agent *a) { return a->id; }
 const ds4_session *ds4_agent_session(const ds4_agent *a) { return a->s; }
 

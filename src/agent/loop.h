@@ -89,6 +89,11 @@ int ds4_agent_turn(ds4_agent *a, const char *user_text);
 /* Forget the conversation: empty session, a new id at the next prompt. */
 void ds4_agent_reset(ds4_agent *a);
 void ds4_agent_set_think(ds4_agent *a, ds4_think_mode m);
+/* The conversation's last n messages, one line each ("user: ...",
+ * "assistant: ..." with the answer after the reasoning and "[tool calls]"
+ * when it called tools, "tool: <tool_result>..."), decoded from the
+ * session's tokens and cut to 160 bytes. */
+void ds4_agent_history(const ds4_agent *a, int n, FILE *out);
 
 /* "" until the first user message. */
 const char *ds4_agent_id(const ds4_agent *a);

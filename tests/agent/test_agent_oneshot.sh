@@ -5,7 +5,7 @@
 # --yes is off), prints the answer, saves the session and exits 0; the saved
 # transcript holds the -sys text instead of the built-in system prompt; the
 # step after the tool round prefilled only its new tokens (--trace). Without
-# -sys the built-in prompt is used.
+# -sys the built-in prompt is used. /history N lists the last N messages.
 set -u
 cd "$(dirname "$0")/../.."
 MODEL=models/demo.gguf
@@ -53,6 +53,24 @@ rc=$?
 check "-p --yes exits 0" '[ $rc = 0 ]'
 check "with --yes the command ran" '[ -e $T/w/ran.txt ]'
 check "without -sys the built-in system prompt" 'grep -aq "You are ds4-agent" $T/s-default/*'
+
+# /history N in the interactive loop (lines read from a pipe): the last N
+# messages, one line each, reasoning left out, a long prompt cut
+printf 'hello world\n' > "$T/w/notes.txt"
+long=$(printf 'fix the greeting %.0s' $(seq 20))
+printf '%s\n/history 3\n/history 10\n/history zero\n/quit\n' "$long" |
+    HOME=$T ./ds4-agent -m "$MODEL" --ctx 4096 -t 2 --chdir "$T/w" --sessions-dir "$T/s-hist" \
+        --scripted-output "$T/script" --yes >"$T/out-hist" 2>"$T/err-hist"
+grep -E "^(user|assistant|tool):" "$T/out-hist" > "$T/hist"
+check "/history 3: the last three messages" '[ "$(head -n 3 $T/hist)" = "$(printf "%s\n" \
+    "assistant: [tool calls]" "tool: <tool_result>[exit status 0]</tool_result>" \
+    "assistant: The greeting now says hello agent.")" ] ||
+    { head -n 3 $T/hist; false; }'
+check "/history 10: from the user prompt, cut at 160 bytes" \
+    '[ "$(sed -n 4p $T/hist)" = "user: ${long:0:160} ..." ] && [ "$(sed -n 5p $T/hist)" = "assistant: [tool calls]" ]'
+check "/history 10 ends with the answer, no reasoning" \
+    '[ "$(tail -n 1 $T/hist)" = "assistant: The greeting now says hello agent." ] && ! grep -q "Check it\|</think>" $T/hist'
+check "/history with a bad count says so" 'grep -qx "/history N: N is a count of messages" $T/out-hist'
 
 agent missing -p
 check "-p without a value: one line, exit 2" '[ $? = 2 ] && [ "$(cat $T/err-missing)" = "ds4-agent: -p needs a value" ]'
