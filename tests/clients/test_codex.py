@@ -124,7 +124,23 @@ def json_events(out, err):
         res.check(all(leak not in t for t in reasoning + messages), f"json: no {leak!r} in reasoning or messages")
 
 
+def chat_wire_refused(tmp):
+    """docs/agent.md says this Codex has only the Responses wire: keep it true
+    for the pinned version (the chat wire would be tested if it came back)."""
+    home = os.path.join(tmp, "chat-home")
+    os.makedirs(home)
+    with open(os.path.join(home, "config.toml"), "w") as f:
+        f.write(CONFIG.format(instructions="/dev/null", base="http://127.0.0.1:9").replace(
+            'wire_api = "responses"', 'wire_api = "chat"'))
+    p = subprocess.run([CODEX, "exec", "--skip-git-repo-check", "--ephemeral", "hi"], cwd=tmp,
+                       env=offline_env(home, CODEX_HOME=home), stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=50)
+    res.check(p.returncode != 0 and '`wire_api = "chat"` is no longer supported' in p.stdout + p.stderr,
+              f"this Codex refuses the chat wire: {p.returncode} {(p.stdout + p.stderr)[-300:]!r}")
+
+
 with tempfile.TemporaryDirectory(prefix="ds4-codex-") as tmp:
     run_case(tmp, "text", (), printed_text)
     run_case(tmp, "json", ("--json",), json_events)
+    chat_wire_refused(tmp)
 res.done()
