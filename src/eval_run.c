@@ -273,6 +273,17 @@ static const char *state_name(const ds4_eval_item *it) {
     return it->state == DS4_EVAL_UNFINISHED ? "STOP" : "SKIP";
 }
 
+/* At most 24 bytes of an answer, cut at a character boundary: one cell. */
+static void cell(char *dst, const char *s) {
+    size_t n = strlen(s);
+    if (n > 24) {
+        n = 24;
+        while (n && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
+    }
+    memcpy(dst, s, n);
+    dst[n] = 0;
+}
+
 int ds4_eval_report(FILE *f, const ds4_eval_item *items, int n, double wall_s) {
     int pass[DS4_EVAL_N_CATEGORIES] = {0}, done[DS4_EVAL_N_CATEGORIES] = {0}, sel[DS4_EVAL_N_CATEGORIES] = {0};
     fprintf(f, "%-5s %-5s %7s %7s  %-6s %-24s %s\n", "id", "cat", "prompt", "gen", "result", "answer", "expected");
@@ -281,10 +292,11 @@ int ds4_eval_report(FILE *f, const ds4_eval_item *items, int n, double wall_s) {
         ds4_eval_category c = it->q->cat;
         sel[c]++;
         if (it->state == DS4_EVAL_DONE) { done[c]++; pass[c] += it->v.pass; }
-        char id[16];
+        char id[16], answer[32];
         snprintf(id, sizeof id, "q%d", it->q->id);
+        cell(answer, it->v.picked[0] ? it->v.picked : "-");
         fprintf(f, "%-5s %-5s %7zu %7d  %-6s %-24s %s\n", id, ds4_eval_category_name(c), it->prompt.n, it->gen_tokens,
-                state_name(it), it->v.picked[0] ? it->v.picked : "-", it->q->answer);
+                state_name(it), answer, it->q->answer);
     }
     int tp = 0, td = 0, ts = 0;
     fprintf(f, "\n%-8s %6s %6s %8s %7s\n", "category", "passed", "graded", "selected", "score");

@@ -39,28 +39,48 @@ static const char *mark(const ds4_eval_item *it) {
     }
 }
 
-/* The stream's last lines that fit w columns, wrapped; control bytes shown
- * as spaces so the model cannot move the cursor. */
+/* Columns a code point takes: 2 for the East Asian wide blocks, 0 for
+ * combining marks, else 1. An estimate (no locale tables): autowrap is off
+ * while the view is up, so a miss clips a line instead of scrolling. */
+static int cp_width(unsigned cp) {
+    if ((cp >= 0x0300 && cp <= 0x036F) || (cp >= 0x200B && cp <= 0x200F) || (cp >= 0xFE00 && cp <= 0xFE0F)) return 0;
+    if ((cp >= 0x1100 && cp <= 0x115F) || (cp >= 0x2E80 && cp <= 0xA4CF) || (cp >= 0xAC00 && cp <= 0xD7A3) ||
+        (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0xFE30 && cp <= 0xFE4F) || (cp >= 0xFF00 && cp <= 0xFF60) ||
+        (cp >= 0xFFE0 && cp <= 0xFFE6) || (cp >= 0x1F300 && cp <= 0x1FAFF) || (cp >= 0x20000 && cp <= 0x3FFFD))
+        return 2;
+    return 1;
+}
+
+/* The UTF-8 sequence at s[0..n): its length (1 for a stray byte) and code point. */
+static size_t utf8_at(const unsigned char *s, size_t n, unsigned *cp) {
+    size_t len = s[0] < 0x80 ? 1 : s[0] >= 0xF0 ? 4 : s[0] >= 0xE0 ? 3 : s[0] >= 0xC0 ? 2 : 1;
+    if (len > n) len = 1;
+    *cp = len == 1 ? s[0] : (unsigned)(s[0] & (0xFF >> (len + 1)));
+    for (size_t i = 1; i < len; i++) *cp = (*cp << 6) | (s[i] & 0x3F);
+    return len;
+}
+
+/* The stream wrapped at w columns; the last `max` lines are kept in a ring
+ * (starts/lens); returns how many lines there are in all. */
 static int stream_lines(const ds4_buf *b, int w, int max, const char **starts, int *lens) {
-    int n = 0;
+    int n = 0, col = 0;
     const char *s = b->data ? b->data : "";
-    size_t len = b->len;
-    /* wrap forward, keeping the last `max` lines in a ring */
-    const char *line = s;
-    int col = 0;
-    for (size_t i = 0; i <= len; i++) {
-        bool end = i == len;
-        char c = end ? '\n' : s[i];
-        bool cont = !end && ((unsigned char)c & 0xC0) == 0x80;
-        if (c == '\n' || (!cont && col == w)) {
+    const char *line = s, *end = s + b->len;
+    for (const char *p = s;; ) {
+        unsigned cp = '\n';
+        size_t len = p < end ? utf8_at((const unsigned char *)p, (size_t)(end - p), &cp) : 0;
+        int cw = cp == '\n' ? 0 : cp_width(cp);
+        if (p == end || cp == '\n' || col + cw > w) {
             starts[n % max] = line;
-            lens[n % max] = (int)(s + i - line);
+            lens[n % max] = (int)(p - line);
             n++;
-            line = s + i + (c == '\n');
-            col = c == '\n' ? 0 : 1;
-            continue;
+            if (p == end) break;
+            if (cp == '\n') { p += len; line = p; col = 0; continue; }
+            line = p;
+            col = 0;
         }
-        if (!cont) col++;
+        col += cw;
+        p += len;
     }
     return n;
 }
@@ -99,7 +119,7 @@ static void draw(ds4_eval_tui *t) {
             const ds4_eval_item *it = &r->items[i];
             printf("%s%c q%-3d %-4s %-4s%s", i == t->sel ? "\x1b[7m" : "", i == t->queued ? '>' : ' ', it->q->id,
                    ds4_eval_category_name(it->q->cat), mark(it), i == t->sel ? "\x1b[0m" : "");
-            printf("%*s", LIST_W - 17, "");
+            printf("%*s", LIST_W - 16, "");
         } else {
             printf("%*s", LIST_W, "");
         }
@@ -195,7 +215,7 @@ ds4_eval_tui *ds4_eval_tui_open(const ds4_eval_run *r, volatile sig_atomic_t *in
     t->rows = 24;
     t->cols = 80;
     t->current = t->queued = -1;
-    printf("\x1b[?1049h\x1b[?25l\x1b[2J");
+    printf("\x1b[?1049h\x1b[?25l\x1b[?7l\x1b[2J");
     draw(t);
     return t;
 }
@@ -206,7 +226,7 @@ ds4_eval_view ds4_eval_tui_view(ds4_eval_tui *t) {
 
 void ds4_eval_tui_close(ds4_eval_tui *t) {
     if (!t) return;
-    printf("\x1b[?25h\x1b[?1049l");
+    printf("\x1b[?7h\x1b[?25h\x1b[?1049l");
     fflush(stdout);
     tcsetattr(STDIN_FILENO, TCSANOW, &t->saved);
     ds4_buf_free(&t->stream);
