@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,7 @@
 #include "engine.h"
 #include "json_util.h"
 #include "generate.h"
+#include "perplexity.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -50,6 +52,9 @@ typedef struct {
     const char *dump_logits;
     bool logits_all;
     const char *token_ids;
+    const char *perplexity_file;
+    bool ppl_ids;           /* --ppl-ids: the perplexity file holds token ids */
+    int ppl_stride;         /* 0: half the context */
     ds4_ssd_params ssd;
 } cli_opts;
 
@@ -99,6 +104,10 @@ static void usage(FILE *f) {
         "      --dump-logits F     next-token logits of the prompt as JSON\n"
         "      --logits-all        with --dump-logits: every position, not just the last\n"
         "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
+        "quality:\n"
+        "      --perplexity-file F perplexity of F's text (BOS + raw tokens) over windows of --ctx tokens\n"
+        "      --ppl-stride N      window stride (default: half the window)\n"
+        "      --ppl-ids           F holds comma-separated token ids instead of text\n"
         "  -h, --help              this text\n"
         "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_ssd_usage,
         ds4_gpu_usage, ds4_dist_usage);
@@ -164,6 +173,9 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
         else if (!strcmp(a, "--logits-all")) o->logits_all = true;
         else if (!strcmp(a, "--token-ids")) { NEEDS_VALUE(); o->token_ids = v; }
+        else if (!strcmp(a, "--perplexity-file")) { NEEDS_VALUE(); o->perplexity_file = v; }
+        else if (!strcmp(a, "--ppl-stride")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->ppl_stride)) BAD_VALUE(); }
+        else if (!strcmp(a, "--ppl-ids")) o->ppl_ids = true;
         else { ds4_cli_unknown_option("ds4", a); return -1; }
 #undef NEEDS_VALUE
 #undef BAD_VALUE
@@ -578,6 +590,64 @@ static int run_repl(chat_state *c, ds4_sampler *smp) {
     return 0;
 }
 
+/* ------------------------------------------------------- perplexity */
+
+static bool print_chunk(void *ud, const ds4_ppl_chunk *c) {
+    (void)ud;
+    printf("[%d] tokens %d-%d: %d scored, mean NLL %.6f, PPL %.4f\n", c->index + 1, c->begin, c->end, c->scored,
+           c->scored ? c->nll_sum / c->scored : 0.0, c->scored ? exp(c->nll_sum / c->scored) : 0.0);
+    fflush(stdout);
+    return !g_interrupted;
+}
+
+static int run_perplexity(ds4_engine *e, ds4_session *s, const ds4_tokenizer *tok, const cli_opts *o) {
+    size_t len;
+    char *text = ds4_read_file(o->perplexity_file, &len);
+    if (!text) { fprintf(stderr, "ds4: cannot read %s\n", o->perplexity_file); return 1; }
+    ds4_token_ids ids = {0};
+    bool ok = true;
+    if (o->ppl_ids) {
+        while (len && strchr(" \t\r\n", text[len - 1])) text[--len] = 0;
+        ok = parse_token_ids(text, ds4_engine_n_vocab(e), &ids);
+    } else if (!tok) {
+        fprintf(stderr, "ds4: this model has no tokenizer; give --ppl-ids and a file of token ids\n");
+        ok = false;
+    } else {
+        /* raw text: special strings in it are text, not protocol tokens */
+        int32_t bos = ds4_tokenizer_specials(tok)->bos;
+        ds4_token_ids body = {0};
+        ok = ds4_tokenizer_encode(tok, text, len, DS4_TOK_SPECIALS_NONE, &body) == 0 &&
+             (ids.v = malloc((body.n + 1) * sizeof *ids.v)) != NULL;
+        if (ok) {
+            if (bos >= 0) ids.v[ids.n++] = bos;
+            memcpy(ids.v + ids.n, body.v, body.n * sizeof *ids.v);
+            ids.n += body.n;
+            ids.cap = body.n + 1;
+        } else {
+            fprintf(stderr, "ds4: out of memory\n");
+        }
+        ds4_token_ids_free(&body);
+    }
+    free(text);
+    int rc = 1;
+    if (ok) {
+        int n = (int)ids.n, window = o->ctx < n ? o->ctx : n;
+        int stride = o->ppl_stride ? o->ppl_stride : window / 2;
+        printf("perplexity: %d tokens, context %d, stride %d\n", n, window, stride);
+        ds4_ppl_result r;
+        char err[256];
+        int pr = ds4_perplexity(s, ds4_engine_n_vocab(e), ids.v, n, window, stride, print_chunk, NULL, &r, err, sizeof err);
+        if (pr < 0) fprintf(stderr, "ds4: %s\n", err);
+        else {
+            printf("perplexity: %ld tokens scored in %d windows%s: mean NLL %.9f, PPL %.6f\n", r.scored, r.chunks,
+                   pr ? " (interrupted)" : "", r.mean_nll, r.ppl);
+            rc = 0;
+        }
+    }
+    ds4_token_ids_free(&ids);
+    return rc;
+}
+
 /* ------------------------------------------------------------- main */
 
 typedef struct {
@@ -711,6 +781,10 @@ int main(int argc, char **argv) {
 
     ds4_session *s = ds4_session_new(e, o.ctx, err, sizeof err);
     if (!s) { fprintf(stderr, "ds4: %s\n", err); free(prompt_text); ds4_engine_free(e); return 1; }
+    if (o.perplexity_file) {
+        status = run_perplexity(e, s, tok, &o);
+        goto done;
+    }
     if (!o.token_ids && !o.dump_logits) {
         /* KV grows with context: report the marginal cost so users can size --ctx. */
         int half = o.ctx / 2;
