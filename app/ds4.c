@@ -25,7 +25,9 @@
 #include "cli_args.h"
 #include "engine.h"
 #include "json_util.h"
+#include "agent/script.h"
 #include "generate.h"
+#include "imatrix.h"
 #include "perplexity.h"
 #include "sampler.h"
 #include "tokenizer.h"
@@ -53,6 +55,8 @@ typedef struct {
     bool logits_all;
     const char *token_ids;
     const char *perplexity_file;
+    const char *imatrix_dataset, *imatrix_out;
+    bool imatrix_ids;       /* --imatrix-ids: dataset entries are token ids */
     bool ppl_ids;           /* --ppl-ids: the perplexity file holds token ids */
     int ppl_stride;         /* 0: half the context */
     ds4_ssd_params ssd;
@@ -108,6 +112,9 @@ static void usage(FILE *f) {
         "      --perplexity-file F perplexity of F's text (BOS + raw tokens) over windows of --ctx tokens\n"
         "      --ppl-stride N      window stride (default: half the window)\n"
         "      --ppl-ids           F holds comma-separated token ids instead of text\n"
+        "      --imatrix-dataset F prompts separated by '@@@' lines, each rendered as a chat turn with and without thinking\n"
+        "      --imatrix-out F     where the importance matrix goes (llama.cpp's GGUF imatrix format)\n"
+        "      --imatrix-ids       dataset entries are comma-separated token ids, evaluated as they are\n"
         "  -h, --help              this text\n"
         "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_ssd_usage,
         ds4_gpu_usage, ds4_dist_usage);
@@ -176,9 +183,16 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--perplexity-file")) { NEEDS_VALUE(); o->perplexity_file = v; }
         else if (!strcmp(a, "--ppl-stride")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->ppl_stride)) BAD_VALUE(); }
         else if (!strcmp(a, "--ppl-ids")) o->ppl_ids = true;
+        else if (!strcmp(a, "--imatrix-dataset")) { NEEDS_VALUE(); o->imatrix_dataset = v; }
+        else if (!strcmp(a, "--imatrix-out")) { NEEDS_VALUE(); o->imatrix_out = v; }
+        else if (!strcmp(a, "--imatrix-ids")) o->imatrix_ids = true;
         else { ds4_cli_unknown_option("ds4", a); return -1; }
 #undef NEEDS_VALUE
 #undef BAD_VALUE
+    }
+    if (!o->imatrix_dataset != !o->imatrix_out) {
+        fprintf(stderr, "ds4: --imatrix-dataset and --imatrix-out go together\n");
+        return -1;
     }
     if (o->prompt && o->prompt_file) {
         fprintf(stderr, "ds4: use either -p or --prompt-file, not both\n");
@@ -648,6 +662,92 @@ static int run_perplexity(ds4_engine *e, ds4_session *s, const ds4_tokenizer *to
     return rc;
 }
 
+/* ---------------------------------------------------------- imatrix */
+
+/* One dataset entry as the sequences to evaluate: its ids as written, or
+ * the chat turn rendered with thinking and without. */
+static bool imatrix_entry(ds4_engine *e, ds4_session *s, const cli_opts *o, const char *text, size_t len,
+                          ds4_token_ids seqs[2], int *n_seqs) {
+    *n_seqs = 0;
+    char *copy = strndup(text, len);
+    if (!copy) return false;
+    if (o->imatrix_ids) {
+        size_t n = strlen(copy);
+        while (n && strchr(" \t\r\n", copy[n - 1])) copy[--n] = 0;
+        bool ok = parse_token_ids(copy, ds4_engine_n_vocab(e), &seqs[0]);
+        free(copy);
+        *n_seqs = ok;
+        return ok;
+    }
+    static const ds4_think_mode modes[2] = {DS4_THINK_HIGH, DS4_THINK_NONE};
+    bool ok = true;
+    for (int m = 0; m < 2 && ok; m++) {
+        cli_opts mo = *o;
+        mo.think = modes[m];
+        chat_state c = { e, s, &mo, {0} };
+        add_msg(&c.tr, DS4_ROLE_USER, strdup(copy), NULL);
+        ok = render_prompt(&c, &seqs[m]);
+        transcript_free(&c.tr);
+        *n_seqs += ok;
+    }
+    free(copy);
+    return ok;
+}
+
+static int run_imatrix(ds4_engine *e, ds4_session *s, const cli_opts *o) {
+    if (!o->imatrix_ids && !ds4_engine_tokenizer(e)) {
+        fprintf(stderr, "ds4: this model has no tokenizer; give --imatrix-ids and a dataset of token ids\n");
+        return 1;
+    }
+    ds4_agent_script ds;
+    char err[512];
+    if (ds4_agent_script_load(o->imatrix_dataset, &ds, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); return 1; }
+    ds4_imatrix *im = ds4_imatrix_new(ds4_engine_gguf(e));
+    if (!im) { fprintf(stderr, "ds4: out of memory\n"); ds4_agent_script_free(&ds); return 1; }
+    int rc = 0, chunks = 0, window = ds4_session_ctx(s);
+    long tokens = 0;
+    if (!ds4_engine_observe_matmuls(e, ds4_imatrix_observe, im, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); rc = 1; }
+    size_t len;
+    const char *entry;
+    for (int k = 1; !rc && !g_interrupted && (entry = ds4_agent_script_next(&ds, &len)); k++) {
+        ds4_token_ids seqs[2] = {{0}, {0}};
+        int n_seqs;
+        if (!imatrix_entry(e, s, o, entry, len, seqs, &n_seqs)) {
+            fprintf(stderr, "ds4: %s: entry %d cannot be evaluated\n", o->imatrix_dataset, k);
+            rc = 1;
+        }
+        /* longer than the context: consecutive windows, each from empty */
+        for (int q = 0; !rc && q < n_seqs; q++)
+            for (size_t b = 0; !rc && b < seqs[q].n; b += (size_t)window) {
+                int n = (int)(seqs[q].n - b < (size_t)window ? seqs[q].n - b : (size_t)window);
+                if (ds4_session_rewind(s, 0, err, sizeof err) ||
+                    ds4_session_prefill(s, seqs[q].v + b, n, NULL, NULL, NULL, err, sizeof err)) {
+                    fprintf(stderr, "ds4: %s\n", err);
+                    rc = 1;
+                }
+                chunks++;
+                tokens += n;
+            }
+        ds4_token_ids_free(&seqs[0]);
+        ds4_token_ids_free(&seqs[1]);
+    }
+    ds4_engine_observe_matmuls(e, NULL, NULL, err, sizeof err);
+    if (!rc && chunks == 0) { fprintf(stderr, "ds4: %s holds no entries\n", o->imatrix_dataset); rc = 1; }
+    if (!rc) {
+        const char *name = o->imatrix_dataset;
+        if (ds4_imatrix_write(im, o->imatrix_out, &name, 1, chunks, window, err, sizeof err)) {
+            fprintf(stderr, "ds4: %s\n", err);
+            rc = 1;
+        } else {
+            printf("imatrix: %d matrices from %ld tokens in %d chunks (context %d) -> %s\n", ds4_imatrix_n_seen(im), tokens,
+                   chunks, window, o->imatrix_out);
+        }
+    }
+    ds4_imatrix_free(im);
+    ds4_agent_script_free(&ds);
+    return rc;
+}
+
 /* ------------------------------------------------------------- main */
 
 typedef struct {
@@ -785,7 +885,11 @@ int main(int argc, char **argv) {
         status = run_perplexity(e, s, tok, &o);
         goto done;
     }
-    if (!o.token_ids && !o.dump_logits) {
+    if (o.imatrix_dataset) {
+        status = run_imatrix(e, s, &o);
+        goto done;
+    }
+    if (!o.token_ids && !o.dump_logits && !o.imatrix_dataset) {
         /* KV grows with context: report the marginal cost so users can size --ctx. */
         int half = o.ctx / 2;
         double per_tok = (double)(ds4_engine_kv_bytes(e, o.ctx) - ds4_engine_kv_bytes(e, half)) / (o.ctx - half);

@@ -390,6 +390,19 @@ void ds4_engine_free(ds4_engine *e) {
 }
 
 const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e) { return e->tok; }
+const struct ds4_gguf *ds4_engine_gguf(const ds4_engine *e) { return e->g; }
+
+bool ds4_engine_observe_matmuls(ds4_engine *e, void (*fn)(void *ud, const void *weight, int64_t expert, const float *x,
+                                                          int64_t xstride, int64_t n, int T),
+                                void *ud, char *err, size_t errlen) {
+    if (e->glm || e->experts || strcmp(e->be->name, "cpu")) {
+        snprintf(err, errlen, "matrix inputs can be collected on the CPU backend of a DeepSeek model only "
+                              "(no --cuda, --ssd-streaming or pipeline parallelism)");
+        return false;
+    }
+    ds4_cpu_backend_observe(e->be, fn, ud);
+    return true;
+}
 ds4_model_family ds4_engine_family(const ds4_engine *e) { return e->glm ? DS4_FAMILY_GLM : DS4_FAMILY_DEEPSEEK4; }
 int ds4_engine_n_vocab(const ds4_engine *e) { return e->n_vocab; }
 int ds4_engine_n_layers(const ds4_engine *e) { return e->glm ? (int)glm_n_trunk(&e->glm->hp) : e->m->cfg.n_layer; }

@@ -125,6 +125,16 @@ void ds4_engine_free(ds4_engine *e);
 typedef enum { DS4_FAMILY_DEEPSEEK4, DS4_FAMILY_GLM } ds4_model_family;
 ds4_model_family ds4_engine_family(const ds4_engine *e);
 const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e);
+/* The model file as mapped: its tensors' data pointers are the weights the
+ * backend reads. */
+const struct ds4_gguf *ds4_engine_gguf(const ds4_engine *e);
+/* Every matrix product's input rows go to fn from now on (fn NULL: off).
+ * Only the CPU backend of a DeepSeek model without --ssd-streaming or
+ * pipeline parallelism computes where it can watch: false with one line in
+ * err otherwise. The callback is forward_cpu.h's ds4_matmul_observer. */
+bool ds4_engine_observe_matmuls(ds4_engine *e, void (*fn)(void *ud, const void *weight, int64_t expert, const float *x,
+                                                          int64_t xstride, int64_t n, int T),
+                                void *ud, char *err, size_t errlen);
 int ds4_engine_n_vocab(const ds4_engine *e);
 int ds4_engine_n_layers(const ds4_engine *e);
 int ds4_engine_train_ctx(const ds4_engine *e);

@@ -47,6 +47,16 @@
 #include "backend.h"
 #include "model.h"
 
+/* Sees the input rows of one matrix product (imatrix collection): weight is
+ * the weight's data pointer (its GGUF tensor's), expert the matrix of an
+ * expert stack (0 for a plain one), then T rows of n floats, xstride apart.
+ * Called from several threads at once. */
+typedef void (*ds4_matmul_observer)(void *ud, const void *weight, int64_t expert, const float *x, int64_t xstride,
+                                    int64_t n, int T);
+/* From now on every matrix product of this backend's evals goes to fn
+ * first (NULL: off). */
+void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud);
+
 ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batch, bool numerics,
                                  char *err, size_t errlen);
 bool ds4_cpu_numerics_supported(const ds4_config *c);
