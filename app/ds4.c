@@ -29,6 +29,7 @@
 #include "generate.h"
 #include "imatrix.h"
 #include "perplexity.h"
+#include "vectors.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -57,6 +58,7 @@ typedef struct {
     const char *perplexity_file;
     const char *imatrix_dataset, *imatrix_out;
     bool imatrix_ids;       /* --imatrix-ids: dataset entries are token ids */
+    const char *score_vectors;
     bool ppl_ids;           /* --ppl-ids: the perplexity file holds token ids */
     int ppl_stride;         /* 0: half the context */
     ds4_ssd_params ssd;
@@ -115,6 +117,7 @@ static void usage(FILE *f) {
         "      --imatrix-dataset F prompts separated by '@@@' lines, each rendered as a chat turn with and without thinking\n"
         "      --imatrix-out F     where the importance matrix goes (llama.cpp's GGUF imatrix format)\n"
         "      --imatrix-ids       dataset entries are comma-separated token ids, evaluated as they are\n"
+        "      --score-vectors F   compare with reference top-k logprob vectors (docs/quality.md)\n"
         "  -h, --help              this text\n"
         "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_ssd_usage,
         ds4_gpu_usage, ds4_dist_usage);
@@ -186,6 +189,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--imatrix-dataset")) { NEEDS_VALUE(); o->imatrix_dataset = v; }
         else if (!strcmp(a, "--imatrix-out")) { NEEDS_VALUE(); o->imatrix_out = v; }
         else if (!strcmp(a, "--imatrix-ids")) o->imatrix_ids = true;
+        else if (!strcmp(a, "--score-vectors")) { NEEDS_VALUE(); o->score_vectors = v; }
         else { ds4_cli_unknown_option("ds4", a); return -1; }
 #undef NEEDS_VALUE
 #undef BAD_VALUE
@@ -748,6 +752,74 @@ static int run_imatrix(ds4_engine *e, ds4_session *s, const cli_opts *o) {
     return rc;
 }
 
+/* ---------------------------------------------------------- vectors */
+
+typedef struct { long steps, top1; double rank, gap, kl; long max_rank; } vec_totals;
+
+static void vec_add(vec_totals *t, const ds4_vec_score *s) {
+    t->steps++;
+    t->top1 += s->top1;
+    t->rank += (double)s->rank;
+    t->gap += s->gap;
+    t->kl += s->kl;
+    if (s->rank > t->max_rank) t->max_rank = s->rank;
+}
+
+static void vec_print(const char *what, const vec_totals *t) {
+    double n = t->steps ? (double)t->steps : 1;
+    printf("%s: %ld steps, top-1 agreement %ld/%ld (%.2f%%), reference token rank mean %.6f max %ld, "
+           "logprob gap mean %.9f, KL over top-k mean %.9f\n", what, t->steps, t->top1, t->steps, 100.0 * t->top1 / n,
+           t->rank / n, t->max_rank, t->gap / n, t->kl / n);
+}
+
+/* Teacher-forced along each prompt's reference tokens: the local logits
+ * of every step, scored against the reference's top-k. */
+static int run_score_vectors(ds4_engine *e, ds4_session *s, const cli_opts *o) {
+    size_t len;
+    char *text = ds4_read_file(o->score_vectors, &len);
+    if (!text) { fprintf(stderr, "ds4: cannot read %s\n", o->score_vectors); return 1; }
+    ds4_vectors v;
+    char err[512];
+    int n_vocab = ds4_engine_n_vocab(e);
+    bool ok = ds4_vectors_parse(text, len, n_vocab, &v, err, sizeof err);
+    free(text);
+    if (!ok) { fprintf(stderr, "ds4: %s: %s\n", o->score_vectors, err); return 1; }
+    vec_totals all = {0};
+    int rc = 0;
+    for (int i = 0; i < v.n && !rc && !g_interrupted; i++) {
+        const ds4_vec_prompt *p = &v.p[i];
+        if (p->n_prompt + p->n_steps > ds4_session_ctx(s)) {
+            fprintf(stderr, "ds4: prompt %s needs %d tokens, more than --ctx %d\n", p->name, p->n_prompt + p->n_steps,
+                    ds4_session_ctx(s));
+            rc = 1;
+            break;
+        }
+        if (ds4_session_rewind(s, 0, err, sizeof err) || ds4_session_prefill(s, p->prompt, p->n_prompt, NULL, NULL, NULL, err, sizeof err)) {
+            fprintf(stderr, "ds4: %s\n", err);
+            rc = 1;
+            break;
+        }
+        vec_totals t = {0};
+        for (int k = 0; k < p->n_steps; k++) {
+            ds4_vec_score sc;
+            ds4_vectors_score_step(&p->steps[k], ds4_session_logits(s), n_vocab, &sc);
+            vec_add(&t, &sc);
+            vec_add(&all, &sc);
+            if (k + 1 < p->n_steps && ds4_session_decode(s, p->steps[k].id, err, sizeof err)) {
+                fprintf(stderr, "ds4: %s\n", err);
+                rc = 1;
+                break;
+            }
+        }
+        char what[160];
+        snprintf(what, sizeof what, "vectors %s", p->name);
+        if (!rc) vec_print(what, &t);
+    }
+    if (!rc) vec_print("vectors overall", &all);
+    ds4_vectors_free(&v);
+    return rc;
+}
+
 /* ------------------------------------------------------------- main */
 
 typedef struct {
@@ -889,7 +961,11 @@ int main(int argc, char **argv) {
         status = run_imatrix(e, s, &o);
         goto done;
     }
-    if (!o.token_ids && !o.dump_logits && !o.imatrix_dataset) {
+    if (o.score_vectors) {
+        status = run_score_vectors(e, s, &o);
+        goto done;
+    }
+    if (!o.token_ids && !o.dump_logits && !o.imatrix_dataset && !o.score_vectors) {
         /* KV grows with context: report the marginal cost so users can size --ctx. */
         int half = o.ctx / 2;
         double per_tok = (double)(ds4_engine_kv_bytes(e, o.ctx) - ds4_engine_kv_bytes(e, half)) / (o.ctx - half);
