@@ -77,7 +77,7 @@ int ds4_eval_prepare(ds4_eval_run *r, ds4_engine *e, const int *ids, int n, cons
 }
 
 void ds4_eval_run_free(ds4_eval_run *r) {
-    for (int i = 0; i < r->n; i++) ds4_token_ids_free(&r->items[i].prompt);
+    for (int i = 0; i < r->n; i++) { ds4_token_ids_free(&r->items[i].prompt); free(r->items[i].output); }
     free(r->items);
     ds4_token_ids_free(&r->close);
     memset(r, 0, sizeof *r);
@@ -248,7 +248,9 @@ int ds4_eval_run_item(ds4_eval_run *r, int item, ds4_session *s, ds4_sampler *sm
     if (g.out.oom) { snprintf(err, errlen, "out of memory"); rc = -1; }
     if (it->state == DS4_EVAL_RUNNING) it->state = DS4_EVAL_UNFINISHED;
     it->seconds = now_s() - t0;
-    ds4_buf_free(&g.out);
+    free(it->output);
+    it->output_len = g.out.len;
+    it->output = ds4_buf_take(&g.out);
     ds4_token_ids_free(&script);
     if (v && v->end) v->end(v->ud, item);
     if (rc) return -1;

@@ -58,6 +58,8 @@ typedef struct {
     int gen_tokens;
     ds4_eval_verdict v;
     double seconds;
+    char *output;                   /* the reply once the question ran (NULL before) */
+    size_t output_len;
 } ds4_eval_item;
 
 typedef struct {

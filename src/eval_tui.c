@@ -111,7 +111,10 @@ static void draw(ds4_eval_tui *t) {
     int lens[256];
     int max = body < 256 ? body : 256;
     int w = t->cols - LIST_W - 3;
-    int n = stream_lines(&t->stream, w, max, starts, lens);
+    /* the selected question's reply once it ran; else the live stream */
+    const ds4_eval_item *shown = t->sel != t->current && r->items[t->sel].output ? &r->items[t->sel] : NULL;
+    ds4_buf view = shown ? (ds4_buf){.data = shown->output, .len = shown->output_len} : t->stream;
+    int n = stream_lines(&view, w, max, starts, lens);
     int first = n > max ? n - max : 0;
     for (int row = 0; row < body; row++) {
         int i = t->top + row;
@@ -129,7 +132,9 @@ static void draw(ds4_eval_tui *t) {
         printf("\x1b[K\r\n");
     }
     const ds4_eval_item *cur = t->current >= 0 ? &r->items[t->current] : NULL;
-    if (cur) printf(" running q%d (%s): %zu prompt tokens, expected %s\x1b[K", cur->q->id, ds4_eval_category_name(cur->q->cat),
+    if (shown) printf(" q%d (%s): %s, answer %s, expected %s, %d tokens\x1b[K", shown->q->id, ds4_eval_category_name(shown->q->cat),
+                      mark(shown), shown->v.picked[0] ? shown->v.picked : "-", shown->q->answer, shown->gen_tokens);
+    else if (cur) printf(" running q%d (%s): %zu prompt tokens, expected %s\x1b[K", cur->q->id, ds4_eval_category_name(cur->q->cat),
                     cur->prompt.n, cur->q->answer);
     else printf(" idle\x1b[K");
     fflush(stdout);

@@ -9,7 +9,9 @@
  *   stdout is not a terminal.
  * - Keys, read between tokens: p pauses (the run blocks at the next token
  *   until p again) and resumes; q stops the run (the question in flight is
- *   left unfinished, the report follows); Up/Down move the selection;
+ *   left unfinished, the report follows); Up/Down move the selection (the
+ *   right pane shows the selected question's reply and verdict once it
+ *   ran, the live stream otherwise);
  *   Enter makes the selected pending question the next one to run. The
  *   interrupt flag (SIGINT) stops the run like q.
  * - The view only reads the run's items; it never changes them.
