@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cli_args.h"
@@ -195,12 +194,6 @@ static bool check_gate(const char *list, const ds4_eval_run *r) {
     return ok;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int main(int argc, char **argv) {
     eval_args o;
     int pr = parse_args(argc, argv, &o);
@@ -251,7 +244,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ds4-eval: %d questions, context %d tokens, budget %d tokens (think soft %d, hard %d)\n", r.n, r.ctx,
             o.max_tokens, o.think_soft, o.think_hard);
 
-    double t0 = now_s();
+    double t0 = ds4_eval_clock();
     int rc;
     if (tui) {
         ds4_eval_tui *t = ds4_eval_tui_open(&r, &g_interrupted);
@@ -266,7 +259,7 @@ int main(int argc, char **argv) {
     }
     if (rc < 0) fprintf(stderr, "ds4-eval: %s\n", err);
     printf("\n");
-    ds4_eval_report(stdout, r.items, r.n, now_s() - t0);
+    ds4_eval_report(stdout, r.items, r.n, ds4_eval_clock() - t0);
     status = rc < 0 ? 1 : 0;
     if (rc == 0 && o.expect_tokens && !check_gate(o.expect_tokens, &r)) status = 1;
 out:

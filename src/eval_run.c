@@ -7,7 +7,7 @@
 #include "json_util.h"
 #include "tokenizer.h"
 
-static double now_s(void) {
+double ds4_eval_clock(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -183,7 +183,7 @@ int ds4_eval_run_item(ds4_eval_run *r, int item, ds4_session *s, ds4_sampler *sm
     const ds4_eval_question *q = it->q;
     it->state = DS4_EVAL_RUNNING;
     if (v && v->start) v->start(v->ud, item);
-    double t0 = now_s();
+    double t0 = ds4_eval_clock();
     if (r->o.trace) {
         ds4_buf b = {0}, text = {0};
         ds4_token_ids ids = {0};
@@ -238,7 +238,7 @@ int ds4_eval_run_item(ds4_eval_run *r, int item, ds4_session *s, ds4_sampler *sm
             trace_int(&b, "gen_tokens", it->gen_tokens);
             ds4_eval_trace_str(&b, "end", end_name(res.end), strlen(end_name(res.end)));
             char secs[48];
-            snprintf(secs, sizeof secs, ",\"seconds\":%.3f", now_s() - t0);
+            snprintf(secs, sizeof secs, ",\"seconds\":%.3f", ds4_eval_clock() - t0);
             ds4_buf_puts(&b, secs);
             ds4_eval_trace_str(&b, "output", g.out.data, g.out.len);
             ds4_eval_trace_emit(r->o.trace, &b);
@@ -247,7 +247,7 @@ int ds4_eval_run_item(ds4_eval_run *r, int item, ds4_session *s, ds4_sampler *sm
     }
     if (g.out.oom) { snprintf(err, errlen, "out of memory"); rc = -1; }
     if (it->state == DS4_EVAL_RUNNING) it->state = DS4_EVAL_UNFINISHED;
-    it->seconds = now_s() - t0;
+    it->seconds = ds4_eval_clock() - t0;
     free(it->output);
     it->output_len = g.out.len;
     it->output = ds4_buf_take(&g.out);

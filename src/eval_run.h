@@ -92,6 +92,9 @@ int ds4_eval_run_item(ds4_eval_run *r, int item, ds4_session *s, ds4_sampler *sm
 int ds4_eval_run_all(ds4_eval_run *r, ds4_session *s, ds4_sampler *smp, const ds4_eval_view *v, char *err, size_t errlen);
 void ds4_eval_run_free(ds4_eval_run *r);
 
+/* Monotonic seconds (the report's wall time, the view's redraw pacing). */
+double ds4_eval_clock(void);
+
 int ds4_eval_report(FILE *f, const ds4_eval_item *items, int n, double wall_s);
 /* 0 ok, -1 unreadable trace (one line on stderr). */
 int ds4_eval_regrade(FILE *f, const char *path);

@@ -6,7 +6,6 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <termios.h>
-#include <time.h>
 #include <unistd.h>
 
 #define LIST_W 26
@@ -23,12 +22,6 @@ struct ds4_eval_tui {
     unsigned char esc[3];      /* a pending escape sequence */
     int n_esc;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static const char *mark(const ds4_eval_item *it) {
     switch (it->state) {
@@ -138,7 +131,7 @@ static void draw(ds4_eval_tui *t) {
                     cur->prompt.n, cur->q->answer);
     else printf(" idle\x1b[K");
     fflush(stdout);
-    t->last_draw = now_s();
+    t->last_draw = ds4_eval_clock();
 }
 
 static void key(ds4_eval_tui *t, unsigned char c) {
@@ -193,7 +186,7 @@ static void tui_start(void *ud, int item) {
 static void tui_text(void *ud, const char *s, size_t n) {
     ds4_eval_tui *t = ud;
     ds4_buf_put(&t->stream, s, n);
-    if (now_s() - t->last_draw > 0.05) draw(t);
+    if (ds4_eval_clock() - t->last_draw > 0.05) draw(t);
 }
 
 static void tui_end(void *ud, int item) {
