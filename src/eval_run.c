@@ -140,14 +140,25 @@ static void hook_token(void *ud, int32_t tok, const float *logits) {
     gen_state *g = ud;
     if (g->in_think) g->think_tokens++;
     if (!g->r->o.trace) return;
-    size_t len = 0;
-    const char *bytes = ds4_tokenizer_token_bytes(g->r->tok, tok, &len);
-    ds4_buf b = {0};
+    /* the record stays valid UTF-8: the token's text with U+FFFD for a
+     * partial character, its exact bytes in hex */
+    size_t len = 0, nb = 0;
+    char *text = ds4_tokenizer_decode(g->r->tok, &tok, 1, true, &len);
+    const char *bytes = ds4_tokenizer_token_bytes(g->r->tok, tok, &nb);
+    ds4_buf b = {0}, hex = {0};
+    for (size_t i = 0; bytes && i < nb; i++) {
+        char h[3];
+        snprintf(h, sizeof h, "%02x", (unsigned char)bytes[i]);
+        ds4_buf_put(&hex, h, 2);
+    }
     trace_int(&b, "q", g->r->items[g->item].q->id);
     trace_int(&b, "tok", tok);
-    ds4_eval_trace_str(&b, "text", bytes, bytes ? len : 0);
+    ds4_eval_trace_str(&b, "text", text, text ? len : 0);
+    ds4_eval_trace_str(&b, "bytes", hex.data, hex.len);
     ds4_eval_trace_emit(g->r->o.trace, &b);
     ds4_buf_free(&b);
+    ds4_buf_free(&hex);
+    free(text);
 }
 
 static bool hook_text(void *ud, const char *text, size_t len) {

@@ -6,11 +6,12 @@
  * - The file is JSON lines, one record per line, in run order:
  *     {"ds4_eval_trace":1,"thinking":B,"tokens":N,...}      header, first
  *     {"q":ID,"category":C,"prompt":TEXT,"prompt_tokens":N} a question starts
- *     {"q":ID,"tok":ID,"text":TEXT}                         each generated token
+ *     {"q":ID,"tok":ID,"text":TEXT,"bytes":HEX}             each generated token
  *     {"q":ID,"verdict":"PASS"|"FAIL","picked":S,"expected":S,
  *      "gen_tokens":N,"end":S,"seconds":F,"output":TEXT}    a question ends
- *   TEXT is the exact bytes (JSON-escaped); writers flush after each record,
- *   so a run that was killed leaves a readable prefix.
+ *   TEXT is valid UTF-8 (a token's partial character reads U+FFFD; its
+ *   exact bytes are HEX); writers flush after each record, so a run that
+ *   was killed leaves a readable prefix.
  * - ds4_eval_trace_read() parses such a text and returns the header's
  *   thinking flag and every verdict record (question, old verdict, old
  *   picked answer, output, token counts). Question and token records are

@@ -12,6 +12,8 @@ advance.
 - The drift gate passes on the counts the run produced and fails on others.
 - Refusals are one line: a context past the model's, a bad selection, a
   trace that is not one.
+- A sampled run's trace (random tokens that split characters) is valid
+  UTF-8 JSON, each token with its exact bytes in hex.
 The keys below are the question set's own (src/eval_questions.c), written
 here independently.
 """
@@ -154,6 +156,20 @@ with tempfile.TemporaryDirectory() as tmp:
         f.write('{"ds4_eval_trace":1}\n{"q":1,"verdict":"MAYBE"}\n')
     g = run("--regrade-trace", bad)
     check(g.returncode == 1 and g.stderr.count("\n") == 1 and "line 2" in g.stderr, f"bad trace: {g.stderr!r}")
+
+    # a sampled run's trace stays valid UTF-8 JSON (random tokens split characters)
+    sampled = os.path.join(tmp, "sampled.jsonl")
+    r = run("-m", DEMO, "--plain", "--questions", "4", "--tokens", "48", "--temp", "1", "--seed", "3", "--trace", sampled)
+    with open(sampled, "rb") as f:
+        raw = f.read()
+    try:
+        recs = [json.loads(line) for line in raw.decode("utf-8").splitlines()]
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        recs = []
+        check(False, f"sampled trace: {e}")
+    toks = [x for x in recs if "tok" in x]
+    check(r.returncode == 0 and len(toks) >= 4 and all(re.fullmatch(r"([0-9a-f]{2})+", x["bytes"]) for x in toks),
+          f"sampled trace: {len(toks)} token records with hex bytes")
 
     # --list: one line per question, ids 1..n
     r = run("--list")
