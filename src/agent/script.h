@@ -1,6 +1,7 @@
 /* agent/script.h -- the scripted model of ds4-agent's test mode
  * (--scripted-output FILE): what the model "samples", one entry per
- * assistant message.
+ * assistant message. The same '@@@'-separated entry file holds ds4-eval's
+ * scripted replies (one per question) and `ds4 --imatrix-dataset` prompts.
  *
  * Contract
  * - File format: UTF-8 text; entries are separated by lines that consist
