@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,11 @@
 #include "options/cli_args.h"
 #include "engine/engine.h"
 #include "base/json_util.h"
+#include "base/turn_script.h"
 #include "engine/generate.h"
+#include "quality/imatrix.h"
+#include "quality/perplexity.h"
+#include "quality/vectors.h"
 #include "engine/sampler.h"
 #include "text/tokenizer.h"
 
@@ -50,6 +55,12 @@ typedef struct {
     const char *dump_logits;
     bool logits_all;
     const char *token_ids;
+    const char *perplexity_file;
+    const char *imatrix_dataset, *imatrix_out;
+    bool imatrix_ids;       /* --imatrix-ids: dataset entries are token ids */
+    const char *score_vectors;
+    bool ppl_ids;           /* --ppl-ids: the perplexity file holds token ids */
+    int ppl_stride;         /* 0: half the context */
     ds4_ssd_params ssd;
     ds4_spec_params spec_params;   /* --spec-lookup */
     ds4_spec *spec;         /* the drafter and its run stats (main sets it), or NULL */
@@ -102,6 +113,14 @@ static void usage(FILE *f) {
         "      --dump-logits F     next-token logits of the prompt as JSON\n"
         "      --logits-all        with --dump-logits: every position, not just the last\n"
         "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
+        "quality:\n"
+        "      --perplexity-file F perplexity of F's text (BOS + raw tokens) over windows of --ctx tokens\n"
+        "      --ppl-stride N      window stride (default: half the window)\n"
+        "      --ppl-ids           F holds comma-separated token ids instead of text\n"
+        "      --imatrix-dataset F prompts separated by '@@@' lines, each rendered as a chat turn with and without thinking\n"
+        "      --imatrix-out F     where the importance matrix goes (llama.cpp's GGUF imatrix format)\n"
+        "      --imatrix-ids       dataset entries are comma-separated token ids, evaluated as they are\n"
+        "      --score-vectors F   compare with reference top-k logprob vectors (docs/quality.md)\n"
         "  -h, --help              this text\n"
         "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_spec_usage,
         ds4_ssd_usage,
@@ -170,9 +189,20 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
         else if (!strcmp(a, "--logits-all")) o->logits_all = true;
         else if (!strcmp(a, "--token-ids")) { NEEDS_VALUE(); o->token_ids = v; }
+        else if (!strcmp(a, "--perplexity-file")) { NEEDS_VALUE(); o->perplexity_file = v; }
+        else if (!strcmp(a, "--ppl-stride")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->ppl_stride)) BAD_VALUE(); }
+        else if (!strcmp(a, "--ppl-ids")) o->ppl_ids = true;
+        else if (!strcmp(a, "--imatrix-dataset")) { NEEDS_VALUE(); o->imatrix_dataset = v; }
+        else if (!strcmp(a, "--imatrix-out")) { NEEDS_VALUE(); o->imatrix_out = v; }
+        else if (!strcmp(a, "--imatrix-ids")) o->imatrix_ids = true;
+        else if (!strcmp(a, "--score-vectors")) { NEEDS_VALUE(); o->score_vectors = v; }
         else { ds4_cli_unknown_option("ds4", a); return -1; }
 #undef NEEDS_VALUE
 #undef BAD_VALUE
+    }
+    if (!o->imatrix_dataset != !o->imatrix_out) {
+        fprintf(stderr, "ds4: --imatrix-dataset and --imatrix-out go together\n");
+        return -1;
     }
     if (o->prompt && o->prompt_file) {
         fprintf(stderr, "ds4: use either -p or --prompt-file, not both\n");
@@ -593,6 +623,218 @@ static int run_repl(chat_state *c, ds4_sampler *smp) {
     return 0;
 }
 
+/* ------------------------------------------------------- perplexity */
+
+static bool print_chunk(void *ud, const ds4_ppl_chunk *c) {
+    (void)ud;
+    printf("[%d] tokens %d-%d: %d scored, mean NLL %.6f, PPL %.4f\n", c->index + 1, c->begin, c->end, c->scored,
+           c->scored ? c->nll_sum / c->scored : 0.0, c->scored ? exp(c->nll_sum / c->scored) : 0.0);
+    fflush(stdout);
+    return !g_interrupted;
+}
+
+static int run_perplexity(ds4_engine *e, ds4_session *s, const ds4_tokenizer *tok, const cli_opts *o) {
+    size_t len;
+    char *text = ds4_read_file(o->perplexity_file, &len);
+    if (!text) { fprintf(stderr, "ds4: cannot read %s\n", o->perplexity_file); return 1; }
+    ds4_token_ids ids = {0};
+    bool ok = true;
+    if (o->ppl_ids) {
+        while (len && strchr(" \t\r\n", text[len - 1])) text[--len] = 0;
+        ok = parse_token_ids(text, ds4_engine_n_vocab(e), &ids);
+    } else if (!tok) {
+        fprintf(stderr, "ds4: this model has no tokenizer; give --ppl-ids and a file of token ids\n");
+        ok = false;
+    } else {
+        /* raw text: special strings in it are text, not protocol tokens */
+        int32_t bos = ds4_tokenizer_specials(tok)->bos;
+        ds4_token_ids body = {0};
+        ok = ds4_tokenizer_encode(tok, text, len, DS4_TOK_SPECIALS_NONE, &body) == 0 &&
+             (ids.v = malloc((body.n + 1) * sizeof *ids.v)) != NULL;
+        if (ok) {
+            if (bos >= 0) ids.v[ids.n++] = bos;
+            memcpy(ids.v + ids.n, body.v, body.n * sizeof *ids.v);
+            ids.n += body.n;
+            ids.cap = body.n + 1;
+        } else {
+            fprintf(stderr, "ds4: out of memory\n");
+        }
+        ds4_token_ids_free(&body);
+    }
+    free(text);
+    int rc = 1;
+    if (ok) {
+        int n = (int)ids.n, window = o->ctx < n ? o->ctx : n;
+        int stride = o->ppl_stride ? o->ppl_stride : window / 2;
+        printf("perplexity: %d tokens, context %d, stride %d\n", n, window, stride);
+        ds4_ppl_result r;
+        char err[256];
+        int pr = ds4_perplexity(s, ds4_engine_n_vocab(e), ids.v, n, window, stride, print_chunk, NULL, &r, err, sizeof err);
+        if (pr < 0) fprintf(stderr, "ds4: %s\n", err);
+        else {
+            printf("perplexity: %ld tokens scored in %d windows%s: mean NLL %.9f, PPL %.6f\n", r.scored, r.chunks,
+                   pr ? " (interrupted)" : "", r.mean_nll, r.ppl);
+            rc = 0;
+        }
+    }
+    ds4_token_ids_free(&ids);
+    return rc;
+}
+
+/* ---------------------------------------------------------- imatrix */
+
+/* One dataset entry as the sequences to evaluate: its ids as written, or
+ * the chat turn rendered with thinking and without. */
+static bool imatrix_entry(ds4_engine *e, ds4_session *s, const cli_opts *o, const char *text, size_t len,
+                          ds4_token_ids seqs[2], int *n_seqs) {
+    *n_seqs = 0;
+    char *copy = strndup(text, len);
+    if (!copy) return false;
+    if (o->imatrix_ids) {
+        size_t n = strlen(copy);
+        while (n && strchr(" \t\r\n", copy[n - 1])) copy[--n] = 0;
+        bool ok = parse_token_ids(copy, ds4_engine_n_vocab(e), &seqs[0]);
+        free(copy);
+        *n_seqs = ok;
+        return ok;
+    }
+    static const ds4_think_mode modes[2] = {DS4_THINK_HIGH, DS4_THINK_NONE};
+    bool ok = true;
+    for (int m = 0; m < 2 && ok; m++) {
+        cli_opts mo = *o;
+        mo.think = modes[m];
+        chat_state c = { e, s, &mo, {0} };
+        add_msg(&c.tr, DS4_ROLE_USER, strdup(copy), NULL);
+        ok = render_prompt(&c, &seqs[m]);
+        transcript_free(&c.tr);
+        *n_seqs += ok;
+    }
+    free(copy);
+    return ok;
+}
+
+static int run_imatrix(ds4_engine *e, ds4_session *s, const cli_opts *o) {
+    if (!o->imatrix_ids && !ds4_engine_tokenizer(e)) {
+        fprintf(stderr, "ds4: this model has no tokenizer; give --imatrix-ids and a dataset of token ids\n");
+        return 1;
+    }
+    ds4_turn_script ds;
+    char err[512];
+    if (ds4_turn_script_load(o->imatrix_dataset, DS4_AGENT_SCRIPT_SEPARATOR, &ds, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); return 1; }
+    ds4_imatrix *im = ds4_imatrix_new(ds4_engine_gguf(e));
+    if (!im) { fprintf(stderr, "ds4: out of memory\n"); ds4_turn_script_free(&ds); return 1; }
+    int rc = 0, chunks = 0, window = ds4_session_ctx(s);
+    long tokens = 0;
+    if (!ds4_engine_observe_matmuls(e, ds4_imatrix_observe, im, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); rc = 1; }
+    size_t len;
+    const char *entry;
+    for (int k = 1; !rc && !g_interrupted && (entry = ds4_turn_script_next(&ds, &len)); k++) {
+        ds4_token_ids seqs[2] = {{0}, {0}};
+        int n_seqs;
+        if (!imatrix_entry(e, s, o, entry, len, seqs, &n_seqs)) {
+            fprintf(stderr, "ds4: %s: entry %d cannot be evaluated\n", o->imatrix_dataset, k);
+            rc = 1;
+        }
+        /* longer than the context: consecutive windows, each from empty */
+        for (int q = 0; !rc && q < n_seqs; q++)
+            for (size_t b = 0; !rc && b < seqs[q].n; b += (size_t)window) {
+                int n = (int)(seqs[q].n - b < (size_t)window ? seqs[q].n - b : (size_t)window);
+                if (ds4_session_rewind(s, 0, err, sizeof err) ||
+                    ds4_session_prefill(s, seqs[q].v + b, n, NULL, NULL, NULL, err, sizeof err)) {
+                    fprintf(stderr, "ds4: %s\n", err);
+                    rc = 1;
+                }
+                chunks++;
+                tokens += n;
+            }
+        ds4_token_ids_free(&seqs[0]);
+        ds4_token_ids_free(&seqs[1]);
+    }
+    ds4_engine_observe_matmuls(e, NULL, NULL, err, sizeof err);
+    if (!rc && chunks == 0) { fprintf(stderr, "ds4: %s holds no entries\n", o->imatrix_dataset); rc = 1; }
+    if (!rc) {
+        const char *name = o->imatrix_dataset;
+        if (ds4_imatrix_write(im, o->imatrix_out, &name, 1, chunks, window, err, sizeof err)) {
+            fprintf(stderr, "ds4: %s\n", err);
+            rc = 1;
+        } else {
+            printf("imatrix: %d matrices from %ld tokens in %d chunks (context %d) -> %s\n", ds4_imatrix_n_seen(im), tokens,
+                   chunks, window, o->imatrix_out);
+        }
+    }
+    ds4_imatrix_free(im);
+    ds4_turn_script_free(&ds);
+    return rc;
+}
+
+/* ---------------------------------------------------------- vectors */
+
+typedef struct { long steps, top1; double rank, gap, kl; long max_rank; } vec_totals;
+
+static void vec_add(vec_totals *t, const ds4_vec_score *s) {
+    t->steps++;
+    t->top1 += s->top1;
+    t->rank += (double)s->rank;
+    t->gap += s->gap;
+    t->kl += s->kl;
+    if (s->rank > t->max_rank) t->max_rank = s->rank;
+}
+
+static void vec_print(const char *what, const vec_totals *t) {
+    double n = t->steps ? (double)t->steps : 1;
+    printf("%s: %ld steps, top-1 agreement %ld/%ld (%.2f%%), reference token rank mean %.6f max %ld, "
+           "logprob gap mean %.9f, KL over top-k mean %.9f\n", what, t->steps, t->top1, t->steps, 100.0 * t->top1 / n,
+           t->rank / n, t->max_rank, t->gap / n, t->kl / n);
+}
+
+/* Teacher-forced along each prompt's reference tokens: the local logits
+ * of every step, scored against the reference's top-k. */
+static int run_score_vectors(ds4_engine *e, ds4_session *s, const cli_opts *o) {
+    size_t len;
+    char *text = ds4_read_file(o->score_vectors, &len);
+    if (!text) { fprintf(stderr, "ds4: cannot read %s\n", o->score_vectors); return 1; }
+    ds4_vectors v;
+    char err[512];
+    int n_vocab = ds4_engine_n_vocab(e);
+    bool ok = ds4_vectors_parse(text, len, n_vocab, &v, err, sizeof err);
+    free(text);
+    if (!ok) { fprintf(stderr, "ds4: %s: %s\n", o->score_vectors, err); return 1; }
+    vec_totals all = {0};
+    int rc = 0;
+    for (int i = 0; i < v.n && !rc && !g_interrupted; i++) {
+        const ds4_vec_prompt *p = &v.p[i];
+        if (p->n_prompt + p->n_steps > ds4_session_ctx(s)) {
+            fprintf(stderr, "ds4: prompt %s needs %d tokens, more than --ctx %d\n", p->name, p->n_prompt + p->n_steps,
+                    ds4_session_ctx(s));
+            rc = 1;
+            break;
+        }
+        if (ds4_session_rewind(s, 0, err, sizeof err) || ds4_session_prefill(s, p->prompt, p->n_prompt, NULL, NULL, NULL, err, sizeof err)) {
+            fprintf(stderr, "ds4: %s\n", err);
+            rc = 1;
+            break;
+        }
+        vec_totals t = {0};
+        for (int k = 0; k < p->n_steps; k++) {
+            ds4_vec_score sc;
+            ds4_vectors_score_step(&p->steps[k], ds4_session_logits(s), n_vocab, &sc);
+            vec_add(&t, &sc);
+            vec_add(&all, &sc);
+            if (k + 1 < p->n_steps && ds4_session_decode(s, p->steps[k].id, err, sizeof err)) {
+                fprintf(stderr, "ds4: %s\n", err);
+                rc = 1;
+                break;
+            }
+        }
+        char what[160];
+        snprintf(what, sizeof what, "vectors %s", p->name);
+        if (!rc) vec_print(what, &t);
+    }
+    if (!rc) vec_print("vectors overall", &all);
+    ds4_vectors_free(&v);
+    return rc;
+}
+
 /* ------------------------------------------------------------- main */
 
 typedef struct {
@@ -733,7 +975,19 @@ int main(int argc, char **argv) {
 
     ds4_session *s = ds4_session_new(e, o.ctx, err, sizeof err);
     if (!s) { fprintf(stderr, "ds4: %s\n", err); free(prompt_text); ds4_engine_free(e); return 1; }
-    if (!o.token_ids && !o.dump_logits) {
+    if (o.perplexity_file) {
+        status = run_perplexity(e, s, tok, &o);
+        goto done;
+    }
+    if (o.imatrix_dataset) {
+        status = run_imatrix(e, s, &o);
+        goto done;
+    }
+    if (o.score_vectors) {
+        status = run_score_vectors(e, s, &o);
+        goto done;
+    }
+    if (!o.token_ids && !o.dump_logits && !o.imatrix_dataset && !o.score_vectors) {
         /* KV grows with context: report the marginal cost so users can size --ctx. */
         int half = o.ctx / 2;
         double per_tok = (double)(ds4_engine_kv_bytes(e, o.ctx) - ds4_engine_kv_bytes(e, half)) / (o.ctx - half);

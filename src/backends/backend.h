@@ -76,4 +76,11 @@ struct ds4_backend {
     int (*kv_scatter)(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks, char *err, size_t errlen);
 };
 
+/* Sees the input rows of one matrix product (imatrix collection): weight is
+ * the weight's data pointer (its GGUF tensor's), expert the matrix of an
+ * expert stack (0 for a plain one), then T rows of n floats, xstride apart.
+ * Called from several threads at once. */
+typedef void (*ds4_matmul_observer)(void *ud, const void *weight, int64_t expert, const float *x, int64_t xstride,
+                                    int64_t n, int T);
+
 #endif

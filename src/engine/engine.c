@@ -171,6 +171,15 @@ void ds4_engine_free(ds4_engine *e) {
 }
 
 const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e) { return e->tok; }
+const struct ds4_gguf *ds4_engine_gguf(const ds4_engine *e) { return e->g; }
+
+bool ds4_engine_observe_matmuls(ds4_engine *e, ds4_matmul_observer fn, void *ud, char *err, size_t errlen) {
+    if (!e->fam->observe_matmuls) {
+        snprintf(err, errlen, "matrix inputs cannot be collected for this model family");
+        return false;
+    }
+    return e->fam->observe_matmuls(e->m, e->be, fn, ud, err, errlen);
+}
 const ds4_chat_spec *ds4_engine_chat(const ds4_engine *e) { return e->fam->chat; }
 int ds4_engine_n_vocab(const ds4_engine *e) { return e->info.n_vocab; }
 int ds4_engine_n_layers(const ds4_engine *e) { return e->info.n_layers; }

@@ -63,6 +63,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include "backends/backend.h"
 #include "base/byte_stream.h"
 
 struct ds4_tokenizer;
@@ -86,6 +87,14 @@ void ds4_engine_free(ds4_engine *e);
 struct ds4_chat_spec;
 const struct ds4_chat_spec *ds4_engine_chat(const ds4_engine *e);
 const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e);
+/* The model file as mapped: its tensors' data pointers are the weights the
+ * backend reads. */
+const struct ds4_gguf *ds4_engine_gguf(const ds4_engine *e);
+/* Every matrix product's input rows go to fn from now on (fn NULL: off).
+ * Only a family whose backend computes where it can watch offers it (today
+ * DeepSeek V4's CPU backend without --ssd-streaming or pipeline
+ * parallelism): false with one line in err otherwise. */
+bool ds4_engine_observe_matmuls(ds4_engine *e, ds4_matmul_observer fn, void *ud, char *err, size_t errlen);
 int ds4_engine_n_vocab(const ds4_engine *e);
 int ds4_engine_n_layers(const ds4_engine *e);
 int ds4_engine_train_ctx(const ds4_engine *e);

@@ -168,6 +168,17 @@ static bool ssd_stats(const ds4_family_model *fm, ds4_ssd_stats *out) {
     return true;
 }
 
+static bool observe_matmuls(ds4_family_model *fm, ds4_backend *be, ds4_matmul_observer fn, void *ud, char *err,
+                            size_t errlen) {
+    if (fm->experts || strcmp(be->name, "cpu")) {
+        snprintf(err, errlen, "matrix inputs can be collected on the CPU backend only (no --cuda, --ssd-streaming "
+                              "or pipeline parallelism)");
+        return false;
+    }
+    ds4_cpu_backend_observe(be, fn, ud);
+    return true;
+}
+
 static void print_ssd_stats(const ds4_family_model *fm) {
     ds4_ssd_stats st;
     if (!ssd_stats(fm, &st)) return;
@@ -457,6 +468,7 @@ const ds4_family ds4_family_dsv4 = {
     .model_free = model_free,
     .can_eval = can_eval,
     .ssd_stats = ssd_stats,
+    .observe_matmuls = observe_matmuls,
     .state_bytes = state_bytes,
     .state_new = state_new,
     .state_free = state_free,

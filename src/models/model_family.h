@@ -78,6 +78,10 @@ typedef struct ds4_family {
     /* false with err when this process cannot compute logits (a layer slice) */
     bool (*can_eval)(const ds4_family_model *m, const ds4_backend *be, char *err, size_t errlen);
     bool (*ssd_stats)(const ds4_family_model *m, ds4_ssd_stats *out);   /* NULL: never streams */
+    /* every matrix product's input rows to fn (imatrix collection); false
+     * with one line when this model's backend cannot; NULL: never offered */
+    bool (*observe_matmuls)(ds4_family_model *m, ds4_backend *be, ds4_matmul_observer fn, void *ud, char *err,
+                            size_t errlen);
     uint64_t (*state_bytes)(const ds4_family_model *m, int ctx);
 
     ds4_family_state *(*state_new)(ds4_family_model *m, ds4_backend *be, int ctx, int prefill_chunk);

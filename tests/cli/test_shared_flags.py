@@ -1,7 +1,7 @@
 """The binaries speak one command-line dialect (src/options/cli_args.h):
 - every binary rejects an unknown option with exit 2 and the same line,
   "PROG: unknown option OPT (see --help)";
-- ds4, ds4-server, ds4-bench and ds4-agent accept the shared model flags
+- ds4, ds4-server, ds4-bench, ds4-agent and ds4-eval accept the shared model flags
   (-m, -t, --cpu, --prefill-chunk N, --numerics exact|ds4) and refuse any other
   --numerics spelling (ds4-bench took 0|1 once);
 - a missing model says what to do (-m models/demo.gguf, ./download_model.sh),
@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODEL_BINARIES = ["ds4", "ds4-server", "ds4-bench", "ds4-agent"]
+MODEL_BINARIES = ["ds4", "ds4-server", "ds4-bench", "ds4-agent", "ds4-eval"]
 ALL_BINARIES = MODEL_BINARIES + ["ds4-convert", "ds4-gguf-dump", "ds4-make-model", "ds4-vocab"]
 
 

@@ -108,6 +108,8 @@ typedef struct cpu {
     int rows_cap;                   /* per-thread scratch, for states of up to rows_cap - 8 tokens */
     thread_scratch *ts;
     void *ts_block;
+    ds4_matmul_observer observe;    /* NULL = off */
+    void *observe_ud;
 } cpu;
 
 /* one eval: its sequences and the layer being run */
@@ -141,6 +143,7 @@ static void par(batch *b, int n, tok_fn fn) {
 static void linear(cpu *f, const ds4_tensor *W, int64_t e, int64_t row0, int64_t rows, const float *x,
                    int64_t xstride, int T, float *y) {
     f->base.weight_bytes += (uint64_t)rows * W->row_bytes;
+    if (f->observe) f->observe(f->observe_ud, W->data, e, x, xstride, W->ne[0], T);
     ds4_linear(f->pool, f->s.act, W, e, row0, rows, x, xstride, T, y);
 }
 
@@ -545,9 +548,15 @@ static void expert(batch *b, int e, const int *rows, int n, ds4_pool *pool, cons
     ds4_tensor w[3] = {W->gate_exps, W->up_exps, W->down_exps};
     int64_t we = e;
     if (f->experts) { ds4_expert_cache_get(f->experts, b->l, e, w); we = 0; }
+    /* observed under the file's tensors and the expert's own index (a
+     * streamed expert sits in a cache slot) */
+    ds4_matmul_observer obs = f->observe;
+    if (obs) obs(f->observe_ud, W->gate_exps.data, e, x->in, E, E, n);
+    if (obs) obs(f->observe_ud, W->up_exps.data, e, x->in, E, E, n);
     ds4_linear(pool, x->act, &w[0], we, 0, F, x->in, E, n, x->gate);
     ds4_linear(pool, x->act, &w[1], we, 0, F, x->in, E, n, x->up);
     ds4_swiglu(pool, x->gate, x->up, n, F, c->clamp_exp[b->l]);
+    if (obs) obs(f->observe_ud, W->down_exps.data, e, x->gate, F, F, n);
     ds4_linear(pool, x->act, &w[2], we, 0, E, x->gate, F, n, x->out);
 }
 
@@ -1036,6 +1045,10 @@ bool ds4_cpu_numerics_supported(const ds4_config *c) {
 }
 
 int ds4_cpu_backend_threads(const ds4_backend *be) { return ((const cpu *)be)->n_threads; }
+void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud) {
+    ((cpu *)be)->observe = fn;
+    ((cpu *)be)->observe_ud = ud;
+}
 void ds4_cpu_backend_stream_experts(ds4_backend *be, ds4_expert_cache *experts, bool predict) {
     ((cpu *)be)->experts = experts;
     ((cpu *)be)->predict = predict;

@@ -47,6 +47,10 @@
 #include "backends/backend.h"
 #include "models/dsv4/model.h"
 
+/* From now on every matrix product of this backend's evals goes to fn
+ * first (NULL: off). */
+void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud);
+
 ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batch, bool numerics,
                                  char *err, size_t errlen);
 bool ds4_cpu_numerics_supported(const ds4_config *c);
