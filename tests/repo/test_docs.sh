@@ -38,4 +38,15 @@ for f in "${docs[@]}"; do
     done < <(grep -oE '\]\([^) ]+\)' "$f" | sed -E 's/^\]\((.*)\)$/\1/')
 done
 [ $status = 0 ] && ok "every relative link in README.md and docs/*.md resolves"
+
+# Source paths the docs name (src/..., a glob like src/text/tokenizer*) exist,
+# so a file move cannot leave the docs pointing at the old place.
+before=$status
+for f in "${docs[@]}" DEVELOPERS.md; do
+    while IFS= read -r p; do
+        p=${p%[.,:;)]}
+        compgen -G "$p" >/dev/null || bad "$f names $p, which does not exist"
+    done < <(grep -oE '(^|[^A-Za-z0-9_/~.-])src/[A-Za-z0-9_./*-]+' "$f" | sed -E 's#^[^s]*##')
+done
+[ $status = $before ] && ok "every src/ path in README.md, docs/*.md and DEVELOPERS.md exists"
 exit $status
