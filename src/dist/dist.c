@@ -7,6 +7,7 @@
 #include "format/gguf.h"
 #include "models/dsv4/kv.h"
 #include "models/dsv4/model.h"
+#include "base/log.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -507,7 +508,7 @@ static uint8_t *handle_hello(coord *c, const ds4_dist_hello *h, size_t *len) {
     memcpy(slot->nonce, h->nonce, DS4_DIST_NONCE_BYTES);
     c->gen++;
     if (c->p.debug)
-        fprintf(stderr, "ds4 coordinator: worker registered: layers %d..%d%s at %s\n", slot->first, slot->last,
+        ds4_log(DS4_LOG_DEBUG, "ds4 coordinator: worker registered: layers %d..%d%s at %s\n", slot->first, slot->last,
                 slot->output ? " + output" : "", slot->url);
     pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->mu);
@@ -634,7 +635,7 @@ static void drop_route(coord *c) {
  * stay, the hops are closed and the next form_route() makes the route anew,
  * under a fresh id (a worker refuses an id it took before). */
 static void unform_route(coord *c) {
-    if (c->p.debug) fprintf(stderr, "ds4 coordinator: a worker is not on route %llu: forming the route again\n",
+    if (c->p.debug) ds4_log(DS4_LOG_DEBUG, "ds4 coordinator: a worker is not on route %llu: forming the route again\n",
                             (unsigned long long)c->route_id);
     pthread_mutex_lock(&c->mu);
     c->gen++;
@@ -667,7 +668,7 @@ static int await_result(coord *c, uint32_t seq, double timeout_s, void **buf, si
         char why[256];
         size_t frame_len;
         if (!ds4_dist_unseal(*buf, *blen, c->results_key, sizeof c->results_key, &frame_len)) {
-            fprintf(stderr, "ds4 coordinator: dropped a result frame that fails the seal (not from this "
+            ds4_log(DS4_LOG_WARN, "ds4 coordinator: dropped a result frame that fails the seal (not from this "
                             "coordinator's route, or not with this --dist-secret)\n");
         } else if (ds4_dist_decode(*buf, frame_len, f, why, sizeof why) && f->type == DS4_DIST_RESULT &&
             f->result.route == c->route_id && (int32_t)(f->result.seq - seq) >= 0)
@@ -765,12 +766,13 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
         if (rc) { drop_route(c); return -2; }
     }
     if (c->p.debug) {
-        fprintf(stderr, "ds4 coordinator: route %llu formed: layers 0..%d here", (unsigned long long)gen,
-                c->m->slice.last);
+        char line[2048] = "";
+        ds4_log_append(line, sizeof line, "ds4 coordinator: route %llu formed: layers 0..%d here",
+                       (unsigned long long)gen, c->m->slice.last);
         for (int i = 0; i < n; i++)
-            fprintf(stderr, " -> layers %d..%d%s at %s", c->hops[i].first, c->hops[i].last,
-                    c->hops[i].output ? " + output" : "", c->hops[i].url);
-        fprintf(stderr, " -> results at %s, activations %d-bit\n", c->home, c->p.activation_bits);
+            ds4_log_append(line, sizeof line, " -> layers %d..%d%s at %s", c->hops[i].first, c->hops[i].last,
+                           c->hops[i].output ? " + output" : "", c->hops[i].url);
+        ds4_log(DS4_LOG_DEBUG, "%s -> results at %s, activations %d-bit\n", line, c->home, c->p.activation_bits);
     }
     return 0;
 }
@@ -807,14 +809,15 @@ static void session_append(session_rec *r, int pos, const int32_t *toks, int n) 
 }
 
 static void print_telemetry(const ds4_dist_result *r, double round_trip, size_t bytes) {
-    fprintf(stderr, "ds4 coordinator: request %u:", r->seq);
+    char line[4096] = "";
+    ds4_log_append(line, sizeof line, "ds4 coordinator: request %u:", r->seq);
     for (uint32_t i = 0; i < r->n_hops; i++) {
         const ds4_dist_hop h = ds4_dist_hop_at(r->hops, i);
-        fprintf(stderr, "%s layers %u..%u tokens %u..%u eval %.2f ms wait %.2f ms send %.2f ms in %u B", i ? " |" : "",
-                h.first, h.last, h.pos, h.pos + h.n - 1, h.eval_us / 1e3, h.wait_us / 1e3, h.send_us / 1e3,
-                h.bytes_in);
+        ds4_log_append(line, sizeof line, "%s layers %u..%u tokens %u..%u eval %.2f ms wait %.2f ms send %.2f ms in %u B",
+                       i ? " |" : "", h.first, h.last, h.pos, h.pos + h.n - 1, h.eval_us / 1e3, h.wait_us / 1e3,
+                       h.send_us / 1e3, h.bytes_in);
     }
-    fprintf(stderr, " | result %zu B, round trip %.2f ms\n", bytes, round_trip * 1e3);
+    ds4_log(DS4_LOG_DEBUG, "%s | result %zu B, round trip %.2f ms\n", line, bytes, round_trip * 1e3);
 }
 
 /* One sequence's span through the route (pipeline()). */
@@ -935,7 +938,7 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
  * again: position 0 makes a worker start the session over. */
 static int replay(coord *c, session_rec *r, int n, char *err, size_t errlen) {
     if (n == 0) return 0;
-    if (c->p.debug) fprintf(stderr, "ds4 coordinator: replaying %d tokens of session %llu through the route\n", n,
+    if (c->p.debug) ds4_log(DS4_LOG_DEBUG, "ds4 coordinator: replaying %d tokens of session %llu through the route\n", n,
                             (unsigned long long)r->id);
     ds4_kv *scratch = ds4_kv_new_layers(&c->m->cfg, r->cap, REWIND_SLACK, 0, c->m->slice.last);
     if (!scratch) { snprintf(err, errlen, "out of memory for a %d-token replay", n); return -1; }
@@ -1152,7 +1155,7 @@ static int coord_scatter(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks
     }
     free(state);
     if (rc == -2) drop_route(c);
-    if (rc && c->p.debug) fprintf(stderr, "ds4 coordinator: loaded state not sent to the workers (%s): the next step replays\n", why);
+    if (rc && c->p.debug) ds4_log(DS4_LOG_DEBUG, "ds4 coordinator: loaded state not sent to the workers (%s): the next step replays\n", why);
     return 0;
 }
 
@@ -1262,7 +1265,7 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
         return NULL;
     }
     c->thread_started = true;
-    if (p->debug) fprintf(stderr, "ds4 coordinator: coordinator layers 0..%d listening on %s\n", m->slice.last, url);
+    if (p->debug) ds4_log(DS4_LOG_DEBUG, "ds4 coordinator: coordinator layers 0..%d listening on %s\n", m->slice.last, url);
     return &c->base;
 }
 
@@ -1405,7 +1408,7 @@ static void send_home(worker *w, const ds4_dist_result *r, const float *floats, 
     uint8_t *msg = ds4_dist_encode_result(r, floats, hops, &len);
     if (msg && r->n_hops) ds4_dist_set_send_us(msg, len, elapsed_us(t0));
     if (send_frame(w->home, w->home_key, msg, len))
-        fprintf(stderr, "ds4 worker: cannot answer the coordinator at %s\n", w->home_url);
+        ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot answer the coordinator at %s\n", w->home_url);
 }
 
 static void send_error(worker *w, const ds4_dist_work *wk, uint8_t status, const char *why) {
@@ -1592,7 +1595,7 @@ static void serve_route(worker *w, const ds4_dist_route *r, double timeout_s) {
     int rv = repoint(&w->home, &w->home_open, w->home_url, sizeof w->home_url, r->home, r->home_len, &w->tls,
                      timeout_s);
     if (!w->home_open) {
-        fprintf(stderr, "ds4 worker: cannot reach the coordinator's results at %.*s: %s\n", (int)r->home_len, r->home,
+        ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot reach the coordinator's results at %.*s: %s\n", (int)r->home_len, r->home,
                 nng_strerror(rv ? rv : NNG_EINVAL));
         return;
     }
@@ -1633,18 +1636,18 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     uint8_t nonce[DS4_DIST_NONCE_BYTES];   /* this process's registration nonce Nr */
     char url[200] = "";
     int rc = 1;
-    if (!w.be) { fprintf(stderr, "ds4 worker: %s\n", err); goto done; }
-    if (w.m->slice.first == 0) { fprintf(stderr, "ds4 worker: layer 0 belongs to the coordinator (--layers K:...)\n"); goto done; }
+    if (!w.be) { ds4_log(DS4_LOG_ERROR, "ds4 worker: %s\n", err); goto done; }
+    if (w.m->slice.first == 0) { ds4_log(DS4_LOG_ERROR, "ds4 worker: layer 0 belongs to the coordinator (--layers K:...)\n"); goto done; }
     /* the data socket listens, on a free port, on this host's address on
      * the way to the coordinator: the coordinator and the previous hop push
      * to it */
     char here[INET6_ADDRSTRLEN + 2];
     if (!local_address_towards(p->host, p->port, here, sizeof here, err, sizeof err)) {
-        fprintf(stderr, "ds4 worker: %s\n", err);
+        ds4_log(DS4_LOG_ERROR, "ds4 worker: %s\n", err);
         goto done;
     }
-    if (!tls_load(p, &w.tls, err, sizeof err)) { fprintf(stderr, "ds4 worker: %s\n", err); goto done; }
-    if (!ds4_dist_random(nonce, sizeof nonce)) { fprintf(stderr, "ds4 worker: cannot draw a random nonce\n"); goto done; }
+    if (!tls_load(p, &w.tls, err, sizeof err)) { ds4_log(DS4_LOG_ERROR, "ds4 worker: %s\n", err); goto done; }
+    if (!ds4_dist_random(nonce, sizeof nonce)) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot draw a random nonce\n"); goto done; }
     ds4_dist_link_key(p->secret, nonce, w.key);
     int rv = nng_pull0_open(&w.data);
     snprintf(url, sizeof url, "%s://%s:0", scheme(&w.tls), here);
@@ -1654,14 +1657,14 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     if (!rv) rv = start_listener(w.data, url, &w.tls, &listener);
     int port = 0;
     if (!rv) rv = nng_listener_get_int(listener, NNG_OPT_TCP_BOUND_PORT, &port);
-    if (rv) { fprintf(stderr, "ds4 worker: cannot listen on %s: %s\n", url, nng_strerror(rv)); goto done; }
+    if (rv) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot listen on %s: %s\n", url, nng_strerror(rv)); goto done; }
     snprintf(url, sizeof url, "%s://%s:%d", scheme(&w.tls), here, port);
     char curl[200];
     snprintf(curl, sizeof curl, "%s://%s:%d", scheme(&w.tls), p->host, p->port);
     rv = nng_req0_open(&control);
     if (!rv) recv_limit(control, CONTROL_MAX);
     if (!rv) rv = start_dialer(control, curl, &w.tls);   /* retries until the coordinator is up */
-    if (rv) { fprintf(stderr, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
+    if (rv) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
     const ds4_dist_hello me = identity(w.m, sim, ctx, url, nonce);
     size_t blen;
     void *buf = NULL;
@@ -1681,28 +1684,31 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
             const int hs = handshake(control, p->secret, me, line, sizeof line);
             if (hs == -2 && !registered && !waited) {
                 /* NNG keeps dialling and says nothing about why a connection fails */
-                fprintf(stderr, "ds4 worker: no answer from %s yet (is it up? with TLS, do both sides trust each "
+                ds4_log(DS4_LOG_WARN, "ds4 worker: no answer from %s yet (is it up? with TLS, do both sides trust each "
                                 "other's certificates?); still trying\n", curl);
                 waited = true;
             }
             if (hs == -1 && !registered) {
-                fprintf(stderr, "ds4 worker: registration with %s failed: %s\n", curl, line);
+                ds4_log(DS4_LOG_ERROR, "ds4 worker: registration with %s failed: %s\n", curl, line);
                 goto done;
             }
             if (hs < 0) continue;   /* the coordinator is away; ask again */
-            if (!registered || hs)
-                fprintf(stderr, "ds4 worker: layers %d..%d%s: %s: %s", w.m->slice.first, w.m->slice.last,
-                        w.m->slice.output ? " + output" : "", curl, line);
-            if (!registered && !hs) {
-                /* what a session costs here: only this slice's layers have state */
-                const ds4_config *cfg = &w.m->cfg;
-                fprintf(stderr, "; KV state %.2f MiB per %d-token session for these layers (%.2f MiB for all %d), "
-                                "at most %d sessions",
-                        (double)ds4_kv_bytes_for_layers(cfg, ctx, REWIND_SLACK, w.m->slice.first, w.m->slice.last) /
-                            (1 << 20),
-                        ctx, (double)ds4_kv_bytes_for(cfg, ctx, REWIND_SLACK) / (1 << 20), cfg->n_layer, MAX_SESSIONS);
+            if (!registered || hs) {   /* a heartbeat prints nothing */
+                char msg[1024] = "";
+                if (!registered && !hs) {
+                    /* what a session costs here: only this slice's layers have state */
+                    const ds4_config *cfg = &w.m->cfg;
+                    ds4_log_append(msg, sizeof msg,
+                                   "; KV state %.2f MiB per %d-token session for these layers (%.2f MiB for all %d), "
+                                   "at most %d sessions",
+                                   (double)ds4_kv_bytes_for_layers(cfg, ctx, REWIND_SLACK, w.m->slice.first,
+                                                                   w.m->slice.last) / (1 << 20),
+                                   ctx, (double)ds4_kv_bytes_for(cfg, ctx, REWIND_SLACK) / (1 << 20), cfg->n_layer,
+                                   MAX_SESSIONS);
+                }
+                ds4_log(hs ? DS4_LOG_ERROR : DS4_LOG_INFO, "ds4 worker: layers %d..%d%s: %s: %s%s\n",
+                        w.m->slice.first, w.m->slice.last, w.m->slice.output ? " + output" : "", curl, line, msg);
             }
-            if (!registered || hs) fputc('\n', stderr);   /* a heartbeat prints nothing */
             if (hs) goto done;
             if (!registered) nng_socket_set_ms(control, NNG_OPT_RECVTIMEO, 1000);
             registered = true;
@@ -1713,10 +1719,10 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
         size_t frame_len;
         bool work = false;
         if (!ds4_dist_unseal(buf, blen, w.key, sizeof w.key, &frame_len)) {
-            fprintf(stderr, "ds4 worker: dropped a frame that fails the seal (not for this registration, or not "
+            ds4_log(DS4_LOG_WARN, "ds4 worker: dropped a frame that fails the seal (not for this registration, or not "
                             "with this --dist-secret)\n");
         } else if (!ds4_dist_decode(buf, frame_len, &f, err, sizeof err)) {
-            fprintf(stderr, "ds4 worker: dropped a frame: %s\n", err);
+            ds4_log(DS4_LOG_WARN, "ds4 worker: dropped a frame: %s\n", err);
         } else if ((work = f.type == DS4_DIST_WORK || f.type == DS4_DIST_KV_GET || f.type == DS4_DIST_KV_PUT) &&
                    f.work.route != w.route) {
             /* the coordinator forms its route again when this is its
@@ -1729,10 +1735,10 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
         } else if (work && (int32_t)(f.work.seq - w.last_seq) <= 0) {
             /* sealed, but a request of this route was already served: a
              * recorded frame sent again, never computed twice */
-            fprintf(stderr, "ds4 worker: dropped a replayed frame (request %u; the route is at %u)\n", f.work.seq,
+            ds4_log(DS4_LOG_WARN, "ds4 worker: dropped a replayed frame (request %u; the route is at %u)\n", f.work.seq,
                     w.last_seq);
         } else if (f.type == DS4_DIST_ROUTE && route_taken(&w, f.route.route)) {
-            fprintf(stderr, "ds4 worker: dropped a replayed ROUTE frame (route %llu was taken before)\n",
+            ds4_log(DS4_LOG_WARN, "ds4 worker: dropped a replayed ROUTE frame (route %llu was taken before)\n",
                     (unsigned long long)f.route.route);
         } else if (f.type == DS4_DIST_ROUTE) {
             w.routes_taken[w.n_routes_taken++ % MAX_ROUTES_KEPT] = f.route.route;
@@ -1744,7 +1750,7 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
             w.last_seq = f.work.seq;
             serve_kv(&w, f.type, &f.work);
         } else {
-            fprintf(stderr, "ds4 worker: dropped a frame of type %d\n", f.type);
+            ds4_log(DS4_LOG_WARN, "ds4 worker: dropped a frame of type %d\n", f.type);
         }
         nng_free(buf, blen);
         idle_since = now_seconds();

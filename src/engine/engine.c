@@ -4,6 +4,7 @@
 #include "engine/engine.h"
 #include "backends/backend.h"
 #include "base/numparse.h"
+#include "base/log.h"
 #include "base/mempages.h"
 #include "format/gguf.h"
 #include "models/model_family.h"
@@ -91,19 +92,21 @@ static void page_in_weights(const ds4_engine *e, const ds4_engine_params *p) {
     char why[256];
     const double t0 = seconds_now();
     if (!ds4_gguf_populate(e->g, why, sizeof why)) {
-        if (!p->quiet) fprintf(stderr, "ds4: weights stay lazily mapped: %s\n", why);
+        if (!p->quiet) ds4_log(DS4_LOG_WARN, "ds4: weights stay lazily mapped: %s\n", why);
         return;
     }
     const double t1 = seconds_now();
     ds4_gguf_pages pages;
     const bool large = ds4_gguf_prefer_large_pages(e->g, LARGE_PAGE_PROBE_BYTES, &pages);
     if (p->quiet) return;
-    fprintf(stderr, "ds4: weights paged in: %.2f GiB in %.2f s; in 2 MiB pages: %.0f%%", (double)bytes / (1 << 30),
-            t1 - t0, 100.0 * pages.before);
-    if (pages.reread) fprintf(stderr, " -> %.0f%% after re-reading the page cache (%.2f s)", 100.0 * pages.after,
-                              seconds_now() - t1);
-    if (!large) fprintf(stderr, " (kept: %s)", pages.note);
-    fprintf(stderr, "\n");
+    char line[512] = "";
+    ds4_log_append(line, sizeof line, "ds4: weights paged in: %.2f GiB in %.2f s; in 2 MiB pages: %.0f%%",
+                   (double)bytes / (1 << 30), t1 - t0, 100.0 * pages.before);
+    if (pages.reread)
+        ds4_log_append(line, sizeof line, " -> %.0f%% after re-reading the page cache (%.2f s)", 100.0 * pages.after,
+                       seconds_now() - t1);
+    if (!large) ds4_log_append(line, sizeof line, " (kept: %s)", pages.note);
+    ds4_log(DS4_LOG_INFO, "%s\n", line);
 }
 
 static bool load_tokenizer(ds4_engine *e, char *err, size_t errlen) {

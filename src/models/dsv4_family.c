@@ -4,6 +4,7 @@
  * ring checkpoints for deep rewinds, the DSV4 payload, and the DSML chat
  * format. */
 #include "models/model_family.h"
+#include "base/log.h"
 
 #include "backends/cuda/cuda_backend.h"
 #include "models/dsv4/expert_cache.h"
@@ -108,7 +109,7 @@ static bool start_streaming(ds4_family_model *fm, ds4_backend *be, const ds4_eng
     fm->ssd_stats = p->ssd.stats;
     if (!p->quiet) {
         const double GiB = 1 << 30;
-        fprintf(stderr, "ds4: ssd-streaming: %.2f GiB resident, expert cache %d slots x %.1f MiB = %.2f GiB "
+        ds4_log(DS4_LOG_INFO, "ds4: ssd-streaming: %.2f GiB resident, expert cache %d slots x %.1f MiB = %.2f GiB "
                         "(%.0f%% of %.2f GiB routed), working set %.1f MiB per token, %d preloaded, %s reads%s%s\n",
                 (double)b.resident_bytes / GiB, slots, (double)slot / (1 << 20), (double)slots * slot / GiB,
                 100.0 * slots / ((double)c->n_layer * c->n_expert), (double)routed / GiB,
@@ -153,7 +154,7 @@ static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_
     if (!ds4_model_is_whole(m))
         snprintf(held, sizeof held, " (this process: layers %d..%d%s)", sl->first, sl->last,
                  sl->output ? " + output head" : "");
-    fprintf(stderr, "ds4: %s: %d layers%s, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
+    ds4_log(DS4_LOG_INFO, "ds4: %s: %d layers%s, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
                     "%s, numerics %s\n",
             m->name, c->n_layer, held, c->n_expert, ds4_model_expert_bits(m), (double)m->file_bytes / (1 << 30),
             (double)rss / (1 << 20), where, fm->numerics ? "ds4" : "f32");
@@ -172,7 +173,7 @@ static void print_ssd_stats(const ds4_family_model *fm) {
     ds4_ssd_stats st;
     if (!ssd_stats(fm, &st)) return;
     const uint64_t acc = st.hits + st.misses;
-    fprintf(stderr, "ds4: ssd-streaming stats: %llu tokens, hit rate %.1f%% (%llu of %llu), %.2f MiB read per token, "
+    ds4_log(DS4_LOG_INFO, "ds4: ssd-streaming stats: %llu tokens, hit rate %.1f%% (%llu of %llu), %.2f MiB read per token, "
                     "read %.1f MiB/s, stall %.2f s, %llu preloaded, %llu prefetched, "
                     "next-layer guesses %.1f%% right (%llu of %llu, %llu read ahead)\n",
             (unsigned long long)st.tokens, acc ? 100.0 * st.hits / acc : 0.0, (unsigned long long)st.hits,
@@ -329,7 +330,7 @@ static size_t payload_bytes(const ds4_family_state *st, int n_vocab) { return ds
 static void payload_sync(const ds4_family_state *st) {
     char err[256];
     if (!kv_gather(st, err, sizeof err)) return;
-    fprintf(stderr, "ds4: %s; the session is dropped\n", err);
+    ds4_log(DS4_LOG_WARN, "ds4: %s; the session is dropped\n", err);
     ds4_kv_reset(st->kv);
 }
 

@@ -4,6 +4,7 @@
  * payload (which is also its snapshot), and the GLM chat format. The
  * DeepSeek-only engine options are refused by name rather than ignored. */
 #include "models/model_family.h"
+#include "base/log.h"
 
 #include "models/glm/glm_backend.h"
 #include "text/glm_chat.h"
@@ -51,7 +52,7 @@ static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_
     (void)p;
     const glm_model *m = M(fm);
     const glm_hparams *hp = &m->hp;
-    fprintf(stderr, "ds4: %s: GLM 5.2, %u layers, %u experts, %.2f GiB file, %.1f MiB resident, %d threads, "
+    ds4_log(DS4_LOG_INFO, "ds4: %s: GLM 5.2, %u layers, %u experts, %.2f GiB file, %.1f MiB resident, %d threads, "
                     "numerics f32\n",
             m->name, glm_n_trunk(hp), hp->n_expert, (double)m->file_bytes / (1 << 30), (double)rss / (1 << 20),
             ds4_glm_cpu_backend_threads(be));

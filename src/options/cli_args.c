@@ -1,4 +1,5 @@
 #include "options/cli_args.h"
+#include "base/log.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -44,27 +45,27 @@ bool ds4_parse_numerics(const char *s, int *out) {
 }
 
 void ds4_cli_unknown_option(const char *prog, const char *opt) {
-    fprintf(stderr, "%s: unknown option %s (see --help)\n", prog, opt);
+    ds4_log(DS4_LOG_ERROR, "%s: unknown option %s (see --help)\n", prog, opt);
 }
 
 void ds4_cli_missing_value(const char *prog, const char *opt) {
-    fprintf(stderr, "%s: %s needs a value\n", prog, opt);
+    ds4_log(DS4_LOG_ERROR, "%s: %s needs a value\n", prog, opt);
 }
 
 bool ds4_cli_model_usable(const char *prog, const char *path) {
     struct stat st;
     if (stat(path, &st) != 0) {
-        fprintf(stderr, "%s: no model at %s (%s): pass -m models/demo.gguf for the random-weight demo model "
+        ds4_log(DS4_LOG_ERROR, "%s: no model at %s (%s): pass -m models/demo.gguf for the random-weight demo model "
                 "that `make demo` builds, or fetch DeepSeek V4 Flash with ./download_model.sh\n",
                 prog, path, strerror(errno));
         return false;
     }
     if (!S_ISREG(st.st_mode)) {
-        fprintf(stderr, "%s: %s is not a regular file; -m takes a GGUF file\n", prog, path);
+        ds4_log(DS4_LOG_ERROR, "%s: %s is not a regular file; -m takes a GGUF file\n", prog, path);
         return false;
     }
     if (access(path, R_OK) != 0) {
-        fprintf(stderr, "%s: cannot read %s: %s\n", prog, path, strerror(errno));
+        ds4_log(DS4_LOG_ERROR, "%s: cannot read %s: %s\n", prog, path, strerror(errno));
         return false;
     }
     return true;
