@@ -33,89 +33,13 @@
  * FIRST_ANSWER_MS: how long a starting worker waits for the coordinator
  * before it says that no answer came (and keeps trying). */
 enum { MAX_WORKERS = DS4_DIST_MAX_HOPS - 1, MAX_SESSIONS = 16, REWIND_SLACK = 256, POLL_MS = 100, SEND_QUEUE = 64,
-       MAX_WINDOW = 32, CHUNKS_PER_CALL = 8, MAX_PENDING = 32, CHALLENGE_TTL_S = 10, MAX_CKPT = 16,
+       CHUNKS_PER_CALL = 8, MAX_PENDING = 32, CHALLENGE_TTL_S = 10, MAX_CKPT = 16,
        MAX_ROUTES_KEPT = 64, FIRST_ANSWER_MS = 5000, URL_MAX = 200 };
 
 /* The largest message a registration (control) socket takes: KNOCK,
  * CHALLENGE, HELLO and the answers are a few hundred bytes. NNG refuses a
  * longer one by its length prefix, before buffering anything of it. */
 #define CONTROL_MAX ((size_t)64 << 10)
-
-const char ds4_dist_usage[] =
-    "      --role coordinator|worker  pipeline parallelism over hosts (docs/distributed.md)\n"
-    "      --listen HOST PORT    coordinator: where workers register\n"
-    "      --coordinator HOST PORT  worker: the coordinator to register with\n"
-    "      --dist-secret S       shared secret checked at registration (else $DS4_DIST_SECRET)\n"
-    "      --dist-wait SECONDS   coordinator: wait this long for a complete route (default 30)\n"
-    "      --dist-reply-timeout SECONDS  coordinator: a hop silent this long is gone (default 120)\n"
-    "      --dist-prefill-chunk N  coordinator: tokens per pipelined prefill chunk (default: --prefill-chunk)\n"
-    "      --dist-prefill-window W  coordinator: prefill chunks in flight along the route (default 2)\n"
-    "      --dist-activation-bits 32|16|8  coordinator: hidden states between hops as f32, f16 or\n"
-    "                            per-row scaled int8 (default 32; 16 and 8 change the logits slightly)\n"
-    "      --dist-tls-cert FILE  TLS for every pipeline connection: this host's certificate (PEM)\n"
-    "      --dist-tls-key FILE   its private key (PEM)\n"
-    "      --dist-tls-ca FILE    the CA that signs every host's certificate (PEM); peers must present one\n"
-    "      --debug               route formation and per-hop telemetry on stderr\n";
-
-static bool parse_port(const char *s, int *out) {
-    char *end;
-    long v = s ? strtol(s, &end, 10) : -1;
-    if (!s || *end || v < 1 || v > 65535) return false;
-    *out = (int)v;
-    return true;
-}
-
-int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, char *err, size_t errlen) {
-    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-    if (!strcmp(a, "--debug")) { p->debug = true; return 1; }
-    const bool listen = !strcmp(a, "--listen"), coord = !strcmp(a, "--coordinator");
-    if (listen || coord) {
-        const char *port = *i + 2 < argc ? argv[*i + 2] : NULL;
-        if (!v || !parse_port(port, &p->port)) { snprintf(err, errlen, "%s needs HOST PORT (port 1..65535)", a); return -1; }
-        p->host = v;
-        *i += 2;
-        return 1;
-    }
-    static const char *const valued[] = {"--role", "--dist-secret", "--dist-wait", "--dist-reply-timeout",
-                                         "--dist-prefill-chunk", "--dist-prefill-window", "--dist-activation-bits",
-                                         "--dist-tls-cert", "--dist-tls-key", "--dist-tls-ca"};
-    size_t k = 0;
-    while (k < sizeof valued / sizeof valued[0] && strcmp(a, valued[k])) k++;
-    if (k == sizeof valued / sizeof valued[0]) return 0;
-    if (!v) { snprintf(err, errlen, "%s needs a value", a); return -1; }
-    ++*i;
-    if (!strcmp(a, "--dist-secret")) { p->secret = v; return 1; }
-    if (!strcmp(a, "--dist-tls-cert")) { p->tls_cert = v; return 1; }
-    if (!strcmp(a, "--dist-tls-key")) { p->tls_key = v; return 1; }
-    if (!strcmp(a, "--dist-tls-ca")) { p->tls_ca = v; return 1; }
-    if (!strcmp(a, "--dist-wait") || !strcmp(a, "--dist-reply-timeout")) {
-        char *end;
-        const double x = strtod(v, &end);
-        if (*end || !(x > 0 && x < 1e6)) { snprintf(err, errlen, "%s: bad value '%s'", a, v); return -1; }
-        *(!strcmp(a, "--dist-wait") ? &p->wait_seconds : &p->reply_seconds) = x;
-        return 1;
-    }
-    if (!strcmp(a, "--dist-prefill-chunk") || !strcmp(a, "--dist-prefill-window")) {
-        const bool chunk = !strcmp(a, "--dist-prefill-chunk");
-        if (!ds4_parse_int(v, 1, chunk ? 1 << 20 : MAX_WINDOW, chunk ? &p->prefill_chunk : &p->prefill_window)) {
-            snprintf(err, errlen, "%s: bad value '%s' (1..%d)", a, v, chunk ? 1 << 20 : MAX_WINDOW);
-            return -1;
-        }
-        return 1;
-    }
-    if (!strcmp(a, "--dist-activation-bits")) {
-        if (strcmp(v, "32") && strcmp(v, "16") && strcmp(v, "8")) {
-            snprintf(err, errlen, "--dist-activation-bits takes 32, 16 or 8, not '%s'", v);
-            return -1;
-        }
-        p->activation_bits = atoi(v);
-        return 1;
-    }
-    if (!strcmp(v, "coordinator")) p->role = DS4_DIST_COORDINATOR;
-    else if (!strcmp(v, "worker")) p->role = DS4_DIST_WORKER;
-    else { snprintf(err, errlen, "--role takes coordinator or worker, not '%s'", v); return -1; }
-    return 1;
-}
 
 bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size_t errlen) {
     if (p->role == DS4_DIST_WORKER && !worker_ok) {
@@ -860,8 +784,8 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
     for (int i = 0; i < n_spans; i++) chunks += (sp[i].n + c->chunk - 1) / c->chunk;
     const uint32_t seq0 = c->seq + 1;
     c->seq += (uint32_t)chunks;
-    double sent_at[MAX_WINDOW];
-    uint64_t expect[MAX_WINDOW], hash = n_spans ? sp[0].hash : 0;
+    double sent_at[DS4_DIST_MAX_WINDOW];
+    uint64_t expect[DS4_DIST_MAX_WINDOW], hash = n_spans ? sp[0].hash : 0;
     chunk_at to_send = {0, 0}, to_get = {0, 0};
     int sent = 0, done = 0;
     while (done < chunks) {
@@ -894,8 +818,8 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
                          nng_strerror(rv), rv == NNG_ENOMEM ? "" : ": route dropped");
                 return rv == NNG_ENOMEM ? -1 : -2;
             }
-            sent_at[sent % MAX_WINDOW] = t0;
-            expect[sent % MAX_WINDOW] = after;
+            sent_at[sent % DS4_DIST_MAX_WINDOW] = t0;
+            expect[sent % DS4_DIST_MAX_WINDOW] = after;
             hash = after;
             chunk_next(c, sp, &to_send);
             sent++;
@@ -915,7 +839,7 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
                 snprintf(err, errlen, "the route answered request %u before %u: route dropped", r->seq,
                          seq0 + (uint32_t)done);
                 rc = -2;
-            } else if (r->n_floats != want || r->hash_after != expect[done % MAX_WINDOW] || r->session != x->session) {
+            } else if (r->n_floats != want || r->hash_after != expect[done % DS4_DIST_MAX_WINDOW] || r->session != x->session) {
                 snprintf(err, errlen, "the route returned %u floats for session %llu (hash %016llx), expected %zu",
                          r->n_floats, (unsigned long long)r->session, (unsigned long long)r->hash_after, want);
                 rc = -1;
@@ -923,7 +847,7 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
                 copy_floats(x->all ? x->logits + (size_t)off * V : x->logits, r->floats, want);
             }
         }
-        if (!rc && c->p.debug) print_telemetry(r, now_seconds() - sent_at[done % MAX_WINDOW], blen);
+        if (!rc && c->p.debug) print_telemetry(r, now_seconds() - sent_at[done % DS4_DIST_MAX_WINDOW], blen);
         nng_free(buf, blen);
         if (rc) return rc;
         chunk_next(c, sp, &to_get);

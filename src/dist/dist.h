@@ -104,14 +104,10 @@ typedef struct {
     const char *tls_cert, *tls_key, *tls_ca;   /* PEM files (--dist-tls-*); NULL: plain TCP */
 } ds4_dist_params;
 
-/* Parses argv[*i] if it is one of --role, --listen, --coordinator,
- * --dist-secret, --dist-wait, --dist-reply-timeout, --dist-prefill-chunk,
- * --dist-prefill-window, --dist-activation-bits, --dist-tls-cert,
- * --dist-tls-key, --dist-tls-ca, --debug (advancing *i past its values).
- * 1 consumed, 0 not ours, -1 with a line in err. */
-int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, char *err, size_t errlen);
-extern const char ds4_dist_usage[];
-/* After parsing: the secret from the environment when not given, and one
+/* the most prefill chunks in flight along a route (--dist-prefill-window) */
+#define DS4_DIST_MAX_WINDOW 32
+
+/* After the options were read (options/cli_args.h): the secret from the environment when not given, and one
  * line in err for an inconsistent set (a role without its address, a worker
  * role where the binary runs no worker loop: !worker_ok, activation bits
  * given to a worker: the coordinator chooses them for the route, some of
