@@ -657,7 +657,6 @@ int main(int argc, char **argv) {
         o.spec = &drafter;
     }
     if (!ds4_dist_finish_options(&o.dist, true, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); return 2; }
-    if (o.dist.role == DS4_DIST_WORKER) return ds4_dist_worker_main(o.model, o.layers, o.ctx, o.threads, o.numerics, &o.dist);
     ds4_engine_params ep;
     ds4_engine_params_default(&ep);
     ep.model_path = o.model;
@@ -667,14 +666,21 @@ int main(int argc, char **argv) {
     ep.layers = o.layers;
     ep.gpu = o.gpu;
     ep.gpu_ctx = o.ctx;
-    ep.quiet = o.dump_tokens;
+    /* a worker's first line is its registration (what scripts wait for) */
+    ep.quiet = o.dump_tokens || o.dist.role == DS4_DIST_WORKER;
     ep.ssd = o.ssd;
     ep.ssd.ctx = o.ctx;
     ep.dist = o.dist;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) {
-        fprintf(stderr, "ds4: %s\n", err);
+        fprintf(stderr, "%s: %s\n", o.dist.role == DS4_DIST_WORKER ? "ds4 worker" : "ds4", err);
         return 1;
+    }
+    if (o.dist.role == DS4_DIST_WORKER) {
+        /* the slice is the engine's (paged, streamed, on its backend as any load); the worker loop serves it */
+        const int rc = ds4_engine_serve_worker(e, o.ctx, &ep.dist);
+        ds4_engine_free(e);
+        return rc;
     }
     const ds4_tokenizer *tok = ds4_engine_tokenizer(e);
     int n_vocab = ds4_engine_n_vocab(e);

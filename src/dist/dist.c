@@ -1,10 +1,7 @@
 /* dist.c -- coordinator backend and worker loop over NNG (see dist.h). */
 #include "dist/dist.h"
 #include "backends/backend.h"
-#include "base/numparse.h"
 #include "dist/dist_proto.h"
-#include "models/dsv4/forward_cpu.h"
-#include "format/gguf.h"
 #include "models/dsv4/kv.h"
 #include "models/dsv4/model.h"
 #include "base/log.h"
@@ -1204,7 +1201,7 @@ typedef struct {
 } worker_session;
 
 typedef struct {
-    ds4_model *m;
+    const ds4_model *m;     /* the slice, and its backend: the caller's (the engine's) */
     ds4_backend *be;
     int ctx;
     worker_session sessions[MAX_SESSIONS];
@@ -1542,25 +1539,19 @@ static void serve_route(worker *w, const ds4_dist_route *r, double timeout_s) {
     send_home(w, &res, NULL, NULL, 0);
 }
 
-int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, int n_threads, int numerics,
-                         const ds4_dist_params *p) {
+int ds4_dist_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int ctx, const ds4_dist_params *p) {
     char err[512];
     worker w = {0};
+    w.m = m;
+    w.be = be;
     w.ctx = ctx;
     w.secret = p->secret;
-    ds4_layer_slice slice;
-    ds4_gguf *g = ds4_gguf_open(model_path, err, sizeof err);
-    if (g && layers && !ds4_layer_slice_parse(layers, &slice, err, sizeof err)) { ds4_gguf_close(g); g = NULL; }
-    if (g) w.m = ds4_model_bind_slice(g, layers ? &slice : NULL, err, sizeof err);
-    const bool sim = w.m && (numerics < 0 ? ds4_cpu_numerics_supported(&w.m->cfg) : numerics > 0);
-    if (w.m) w.be = ds4_cpu_backend_new(w.m, n_threads, 4096, sim, err, sizeof err);
     nng_socket control = NNG_SOCKET_INITIALIZER;
     w.data = (nng_socket)NNG_SOCKET_INITIALIZER;
     nng_listener listener;
     uint8_t nonce[DS4_DIST_NONCE_BYTES];   /* this process's registration nonce Nr */
     char url[200] = "";
     int rc = 1;
-    if (!w.be) { ds4_log(DS4_LOG_ERROR, "ds4 worker: %s\n", err); goto done; }
     if (w.m->slice.first == 0) { ds4_log(DS4_LOG_ERROR, "ds4 worker: layer 0 belongs to the coordinator (--layers K:...)\n"); goto done; }
     /* the data socket listens, on a free port, on this host's address on
      * the way to the coordinator: the coordinator and the previous hop push
@@ -1589,7 +1580,7 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     if (!rv) recv_limit(control, CONTROL_MAX);
     if (!rv) rv = start_dialer(control, curl, &w.tls);   /* retries until the coordinator is up */
     if (rv) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
-    const ds4_dist_hello me = identity(w.m, sim, ctx, url, nonce);
+    const ds4_dist_hello me = identity(w.m, numerics, ctx, url, nonce);
     size_t blen;
     void *buf = NULL;
     ds4_dist_frame f;
@@ -1687,8 +1678,5 @@ done:
     for (int i = 0; i < MAX_SESSIONS; i++) session_drop(&w.sessions[i]);
     free(w.in); free(w.out);
     tls_free(&w.tls);
-    if (w.be) w.be->free(w.be);
-    ds4_model_free(w.m);
-    ds4_gguf_close(g);
     return rc;
 }

@@ -118,10 +118,15 @@ bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size
 struct ds4_backend *ds4_dist_coordinator_new(struct ds4_backend *local, const struct ds4_model *m,
                                              const ds4_dist_params *p, bool numerics, char *err, size_t errlen);
 
-/* The worker: loads model_path's slice (layers as --layers), registers and
- * serves until killed. Returns a process exit status (1 with a line on
- * stderr when it cannot start or is refused). */
-int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, int n_threads, int numerics,
-                         const ds4_dist_params *p);
+/* The worker loop over a layer slice that is already loaded: m (bound with
+ * --layers K:..., K > 0) and be, a backend over it that takes and leaves
+ * hidden states (backend.h), with the numerics it was built with. Registers
+ * with the coordinator in p and serves until refused or killed; frees
+ * neither m nor be. The engine hands its own over
+ * (ds4_engine_serve_worker), so a worker's slice is loaded, paged and run
+ * as any other engine's. Returns a process exit status (1 after one line in
+ * the log when it cannot start or is refused). */
+int ds4_dist_worker_serve(const struct ds4_model *m, struct ds4_backend *be, bool numerics, int ctx,
+                          const ds4_dist_params *p);
 
 #endif

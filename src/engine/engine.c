@@ -163,6 +163,15 @@ void ds4_engine_free(ds4_engine *e) {
     free(e);
 }
 
+int ds4_engine_serve_worker(ds4_engine *e, int ctx, const ds4_dist_params *p) {
+    if (!e->fam->serve_worker) {
+        /* unreachable through ds4_engine_load, which refuses --role for such a family */
+        ds4_log(DS4_LOG_ERROR, "ds4 worker: this model's family has no pipeline worker\n");
+        return 1;
+    }
+    return e->fam->serve_worker(e->m, e->be, ctx, p);
+}
+
 const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e) { return e->tok; }
 const ds4_chat_spec *ds4_engine_chat(const ds4_engine *e) { return e->fam->chat; }
 int ds4_engine_n_vocab(const ds4_engine *e) { return e->info.n_vocab; }

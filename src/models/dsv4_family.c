@@ -202,6 +202,10 @@ static bool can_eval(const ds4_family_model *fm, const ds4_backend *be, char *er
     return false;
 }
 
+static int serve_worker(ds4_family_model *fm, ds4_backend *be, int ctx, const ds4_dist_params *p) {
+    return ds4_dist_worker_serve(fm->m, be, fm->numerics, ctx, p);
+}
+
 static uint64_t state_bytes(const ds4_family_model *fm, int ctx) {
     const ds4_config *c = &fm->m->cfg;
     return ds4_kv_bytes_for(c, ctx, REWIND_SLACK) + (uint64_t)MAX_CKPT * ds4_kv_ring_bytes_for(c);
@@ -457,6 +461,7 @@ const ds4_family ds4_family_dsv4 = {
     .report = report,
     .model_free = model_free,
     .can_eval = can_eval,
+    .serve_worker = serve_worker,
     .ssd_stats = ssd_stats,
     .state_bytes = state_bytes,
     .state_new = state_new,

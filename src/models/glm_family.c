@@ -212,6 +212,7 @@ const ds4_family ds4_family_glm = {
     .report = report,
     .model_free = model_free,
     .can_eval = NULL,
+    .serve_worker = NULL,
     .ssd_stats = NULL,
     .state_bytes = state_bytes,
     .state_new = state_new,

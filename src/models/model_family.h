@@ -77,6 +77,9 @@ typedef struct ds4_family {
     void (*model_free)(ds4_family_model *m);
     /* false with err when this process cannot compute logits (a layer slice) */
     bool (*can_eval)(const ds4_family_model *m, const ds4_backend *be, char *err, size_t errlen);
+    /* the pipeline worker loop (dist.h) over this slice and its backend until
+     * refused or killed: a process exit status; NULL without DS4_FEAT_ROLE */
+    int (*serve_worker)(ds4_family_model *m, ds4_backend *be, int ctx, const ds4_dist_params *p);
     bool (*ssd_stats)(const ds4_family_model *m, ds4_ssd_stats *out);   /* NULL: never streams */
     uint64_t (*state_bytes)(const ds4_family_model *m, int ctx);
 
