@@ -590,7 +590,7 @@ static int await_result(coord *c, uint32_t seq, double timeout_s, void **buf, si
         size_t frame_len;
         if (!ds4_dist_unseal(*buf, *blen, c->results_key, sizeof c->results_key, &frame_len)) {
             ds4_log(DS4_LOG_WARN, "ds4 coordinator: dropped a result frame that fails the seal (not from this "
-                            "coordinator's route, or not with this --dist-secret)\n");
+                                  "coordinator's route, or not with this --dist-secret)\n");
         } else if (ds4_dist_decode(*buf, frame_len, f, why, sizeof why) && f->type == DS4_DIST_RESULT &&
             f->result.route == c->route_id && (int32_t)(f->result.seq - seq) >= 0)
             return 0;
@@ -1600,7 +1600,7 @@ int ds4_dist_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, in
             if (hs == -2 && !registered && !waited) {
                 /* NNG keeps dialling and says nothing about why a connection fails */
                 ds4_log(DS4_LOG_WARN, "ds4 worker: no answer from %s yet (is it up? with TLS, do both sides trust each "
-                                "other's certificates?); still trying\n", curl);
+                                      "other's certificates?); still trying\n", curl);
                 waited = true;
             }
             if (hs == -1 && !registered) {
@@ -1635,7 +1635,7 @@ int ds4_dist_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, in
         bool work = false;
         if (!ds4_dist_unseal(buf, blen, w.key, sizeof w.key, &frame_len)) {
             ds4_log(DS4_LOG_WARN, "ds4 worker: dropped a frame that fails the seal (not for this registration, or not "
-                            "with this --dist-secret)\n");
+                                  "with this --dist-secret)\n");
         } else if (!ds4_dist_decode(buf, frame_len, &f, err, sizeof err)) {
             ds4_log(DS4_LOG_WARN, "ds4 worker: dropped a frame: %s\n", err);
         } else if ((work = f.type == DS4_DIST_WORK || f.type == DS4_DIST_KV_GET || f.type == DS4_DIST_KV_PUT) &&

@@ -110,7 +110,7 @@ static bool start_streaming(ds4_family_model *fm, ds4_backend *be, const ds4_eng
     if (!p->quiet) {
         const double GiB = 1 << 30;
         ds4_log(DS4_LOG_INFO, "ds4: ssd-streaming: %.2f GiB resident, expert cache %d slots x %.1f MiB = %.2f GiB "
-                        "(%.0f%% of %.2f GiB routed), working set %.1f MiB per token, %d preloaded, %s reads%s%s\n",
+                              "(%.0f%% of %.2f GiB routed), working set %.1f MiB per token, %d preloaded, %s reads%s%s\n",
                 (double)b.resident_bytes / GiB, slots, (double)slot / (1 << 20), (double)slots * slot / GiB,
                 100.0 * slots / ((double)c->n_layer * c->n_expert), (double)routed / GiB,
                 (double)c->n_layer * c->n_expert_used * routed / ((double)c->n_layer * c->n_expert) / (1 << 20),
@@ -155,7 +155,7 @@ static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_
         snprintf(held, sizeof held, " (this process: layers %d..%d%s)", sl->first, sl->last,
                  sl->output ? " + output head" : "");
     ds4_log(DS4_LOG_INFO, "ds4: %s: %d layers%s, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
-                    "%s, numerics %s\n",
+                          "%s, numerics %s\n",
             m->name, c->n_layer, held, c->n_expert, ds4_model_expert_bits(m), (double)m->file_bytes / (1 << 30),
             (double)rss / (1 << 20), where, fm->numerics ? "ds4" : "f32");
 }
@@ -174,8 +174,8 @@ static void print_ssd_stats(const ds4_family_model *fm) {
     if (!ssd_stats(fm, &st)) return;
     const uint64_t acc = st.hits + st.misses;
     ds4_log(DS4_LOG_INFO, "ds4: ssd-streaming stats: %llu tokens, hit rate %.1f%% (%llu of %llu), %.2f MiB read per token, "
-                    "read %.1f MiB/s, stall %.2f s, %llu preloaded, %llu prefetched, "
-                    "next-layer guesses %.1f%% right (%llu of %llu, %llu read ahead)\n",
+                          "read %.1f MiB/s, stall %.2f s, %llu preloaded, %llu prefetched, "
+                          "next-layer guesses %.1f%% right (%llu of %llu, %llu read ahead)\n",
             (unsigned long long)st.tokens, acc ? 100.0 * st.hits / acc : 0.0, (unsigned long long)st.hits,
             (unsigned long long)acc, st.tokens ? (double)st.bytes_read / st.tokens / (1 << 20) : 0.0,
             st.read_seconds > 0 ? (double)st.bytes_read / st.read_seconds / (1 << 20) : 0.0, st.stall_seconds,

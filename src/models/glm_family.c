@@ -53,7 +53,7 @@ static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_
     const glm_model *m = M(fm);
     const glm_hparams *hp = &m->hp;
     ds4_log(DS4_LOG_INFO, "ds4: %s: GLM 5.2, %u layers, %u experts, %.2f GiB file, %.1f MiB resident, %d threads, "
-                    "numerics f32\n",
+                          "numerics f32\n",
             m->name, glm_n_trunk(hp), hp->n_expert, (double)m->file_bytes / (1 << 30), (double)rss / (1 << 20),
             ds4_glm_cpu_backend_threads(be));
 }

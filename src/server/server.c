@@ -303,7 +303,7 @@ static int make_slots(server *s, server **slots_out) {
     const uint64_t need = (uint64_t)n * ds4_engine_kv_bytes(s->eng, s->o.ctx), avail = ds4_memory_available();
     if (avail && need > avail) {
         ds4_log(DS4_LOG_ERROR, "ds4-server: %d sessions of %d tokens need %.2f GiB of KV state, only %.2f GiB of memory is "
-                        "available (lower --batched-session or --ctx)\n",
+                               "available (lower --batched-session or --ctx)\n",
                 n, s->o.ctx, (double)need / (1 << 30), (double)avail / (1 << 30));
         return 1;
     }
@@ -329,7 +329,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
     char err[512];
     if (!ds4_access_is_loopback(s->o.host) && !(s->o.api_key && s->o.api_key[0]) && !s->o.no_api_key) {
         ds4_log(DS4_LOG_ERROR, "ds4-server: --host %s is reachable from other machines: set --api-key KEY (or DS4_API_KEY), "
-                        "or pass --no-api-key to serve without authentication\n", s->o.host);
+                               "or pass --no-api-key to serve without authentication\n", s->o.host);
         return 2;
     }
     static ds4_spec spec;
@@ -340,7 +340,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
         if (s->o.batched_sessions > 1) {
             /* batched slots advance together through the batcher, one token each per step */
             ds4_log(DS4_LOG_ERROR, "ds4-server: --spec-lookup drafts for one session: it cannot be combined with "
-                            "--batched-session %d\n", s->o.batched_sessions);
+                                   "--batched-session %d\n", s->o.batched_sessions);
             return 2;
         }
         if (!ds4_spec_init(&spec, &sp, err, sizeof err)) { ds4_log(DS4_LOG_ERROR, "ds4-server: %s\n", err); return 2; }

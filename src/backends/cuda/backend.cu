@@ -543,7 +543,7 @@ extern "C" ds4_backend *ds4_cuda_backend_new(const ds4_model *m, const ds4_gpu_o
         cudaDeviceProp prop;
         if (cudaGetDeviceProperties(&prop, f->device) == cudaSuccess)
             ds4_log(DS4_LOG_INFO, "ds4: cuda device %d (%s): %.2f GiB weights, %.2f GiB KV reserved for ctx %d, "
-                            "%.2f GiB scratch, budget %.2f GiB\n",
+                                  "%.2f GiB scratch, budget %.2f GiB\n",
                     f->device, prop.name, (double)pl.weight_bytes[0] / (1u << 30), (double)pl.kv_bytes[0] / (1u << 30),
                     ctx, (double)pl.scratch_bytes[0] / (1u << 30), (double)pl.budget_bytes[0] / (1u << 30));
     }
