@@ -86,8 +86,9 @@ static double seconds_now(void) {
 
 static void page_in_weights(const ds4_engine *e, const ds4_engine_params *p) {
     const uint64_t bytes = ds4_gguf_file_bytes(e->g), avail = ds4_memory_available();
-    if (p->gpu.backend != DS4_BACKEND_CPU || p->ssd.enabled || p->dist.role != DS4_DIST_NONE || p->layers ||
-        !avail || bytes > avail)
+    /* a slice of a bigger file maps the other processes' layers too: paging
+     * the mapping in would read them */
+    if (p->gpu.backend != DS4_BACKEND_CPU || p->ssd.enabled || !e->info.binds_file || !avail || bytes > avail)
         return;
     char why[256];
     const double t0 = seconds_now();

@@ -35,9 +35,11 @@
  *   every later one of this engine with the same line (the file changed
  *   under it: restart); it is the one failure that does not leave the
  *   engine usable.
- * - Weights in RAM at load: on the CPU backend, a whole model (no --layers
- *   slice, no pipeline role, no ssd.enabled) whose files fit in the memory
- *   available (MemAvailable and the cgroup limit) is paged into the mapping
+ * - Weights in RAM at load: on the CPU backend, a model that binds all its
+ *   file holds (a whole model, or a layer range file bound to its own range,
+ *   as pipeline processes over split files are; no ssd.enabled) whose files
+ *   fit in the memory available (MemAvailable and the cgroup limit) is
+ *   paged into the mapping
  *   at load (ds4_gguf_populate), so the first prompt takes no page faults on
  *   the weights; a model that does not fit stays lazily mapped. A kernel that
  *   refuses leaves the mapping lazy with one note (unless quiet). After the

@@ -57,6 +57,9 @@ typedef struct {
     const char *name;
     int n_vocab, n_layers, expert_bits;
     uint64_t train_ctx, file_bytes;
+    /* it binds everything its file holds (a whole model, or a layer range
+     * file's own range), so reading the whole mapping reads only its weights */
+    bool binds_file;
 } ds4_family_info;
 
 typedef struct ds4_family_model ds4_family_model;   /* a family's bound model */
