@@ -88,55 +88,32 @@ static int parse_args(int argc, char **argv, agent_args *o) {
     o->sampling.seed = ds4_sampler_random_seed();
     ds4_spec_params_default(&o->spec);
     ds4_gpu_opts_default(&o->gpu);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int sampling, ssd, gpu_arg;
-        char ssd_err[256], gpu_err[256];
-#define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4-agent", a); return -1; } i++; } while (0)
-#define BAD_VALUE() do { fprintf(stderr, "ds4-agent: bad value for %s: %s\n", a, v); return -1; } while (0)
-#define IS(x) (!strcmp(a, x))
-        if ((ssd = ds4_ssd_parse_option(&o->ssd, argc, argv, &i, ssd_err, sizeof ssd_err)) != 0) {
-            if (ssd < 0) { fprintf(stderr, "ds4-agent: %s\n", ssd_err); return -1; }
-        }
-        else if ((ssd = ds4_dist_parse_option(&o->dist, argc, argv, &i, ssd_err, sizeof ssd_err)) != 0) {
-            if (ssd < 0) { fprintf(stderr, "ds4-agent: %s\n", ssd_err); return -1; }
-        }
-        else if (IS("-h") || IS("--help")) { usage(stdout); return 1; }
-        else if (IS("-m") || IS("--model")) { NEEDS_VALUE(); o->model = v; }
-        else if (IS("-p") || IS("--prompt")) { NEEDS_VALUE(); o->prompt = v; }
-        else if (IS("-sys") || IS("--system")) { NEEDS_VALUE(); o->system = v; }
-        else if (IS("-c") || IS("--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 256, INT_MAX, &o->ctx)) BAD_VALUE(); }
-        else if (IS("-t") || IS("--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
-        else if (IS("-n") || IS("--tokens")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->max_tokens)) BAD_VALUE(); }
-        else if (IS("--layers")) { NEEDS_VALUE(); o->layers = v; }
-        else if (IS("--numerics")) { NEEDS_VALUE(); if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE(); }
-        else if ((gpu_arg = ds4_gpu_option(&o->gpu, a, v, gpu_err, sizeof gpu_err)) != 0) {
-            if (gpu_arg < 0) { fprintf(stderr, "ds4-agent: %s\n", gpu_err); return -1; }
-            i += gpu_arg - 1;
-        }
-        else if (IS("--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
-        else if (IS("--bash-timeout")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, 86400, &o->bash_timeout)) BAD_VALUE(); }
-        else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0 ||
-                 (sampling = ds4_parse_spec_option(a, v, &o->spec)) != 0) {
-            if (sampling < 0) { if (!v) NEEDS_VALUE(); BAD_VALUE(); }
-            i++;
-        }
-        else if (IS("--think")) o->think = DS4_THINK_HIGH;
-        else if (IS("--think-max")) o->think = DS4_THINK_MAX;
-        else if (IS("--nothink")) o->think = DS4_THINK_NONE;
-        else if (IS("--chdir")) { NEEDS_VALUE(); o->chdir_to = v; }
-        else if (IS("--yes")) o->yes = true;
-        else if (IS("--sessions-dir")) { NEEDS_VALUE(); o->sessions_dir = v; }
-        else if (IS("--no-autosave")) o->autosave = false;
-        else if (IS("--trace")) { NEEDS_VALUE(); o->trace = v; }
-        else if (IS("--scripted-output")) { NEEDS_VALUE(); o->script = v; }
-        /* test hook: the final next-token logits as raw f32, to compare runs bit for bit */
-        else if (IS("--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
-        else { ds4_cli_unknown_option("ds4-agent", a); return -1; }
-#undef NEEDS_VALUE
-#undef BAD_VALUE
-#undef IS
+    static const ds4_cli_int_opt bash_timeout = {"--bash-timeout", 1, 86400};
+    ds4_cli c;
+    ds4_cli_begin(&c, "ds4-agent", argc, argv);
+    while (ds4_cli_next(&c)) {
+        if (ds4_cli_is(&c, "-h|--help")) { usage(stdout); return 1; }
+        if (ds4_cli_ssd(&c, &o->ssd) || ds4_cli_dist(&c, &o->dist) || ds4_cli_gpu(&c, &o->gpu) ||
+            ds4_cli_model(&c, &o->model) || ds4_cli_str(&c, "-p|--prompt", &o->prompt) ||
+            ds4_cli_str(&c, "-sys|--system", &o->system) || ds4_cli_layers(&c, &o->layers) || ds4_cli_numerics(&c, &o->numerics) ||
+            ds4_cli_int(&c, &ds4_opt_ctx, &o->ctx) || ds4_cli_int(&c, &ds4_opt_threads, &o->threads) ||
+            ds4_cli_int(&c, &ds4_opt_tokens, &o->max_tokens) ||
+            ds4_cli_int(&c, &ds4_opt_prefill_chunk, &o->prefill_chunk) ||
+            ds4_cli_int(&c, &bash_timeout, &o->bash_timeout) || ds4_cli_sampling(&c, &o->sampling) ||
+            ds4_cli_spec(&c, &o->spec) || ds4_cli_str(&c, "--chdir", &o->chdir_to) ||
+            ds4_cli_str(&c, "--sessions-dir", &o->sessions_dir) || ds4_cli_str(&c, "--trace", &o->trace) ||
+            ds4_cli_str(&c, "--scripted-output", &o->script) ||
+            /* test hook: the final next-token logits as raw f32, to compare runs bit for bit */
+            ds4_cli_str(&c, "--dump-logits", &o->dump_logits))
+            continue;
+        if (ds4_cli_is(&c, "--think")) o->think = DS4_THINK_HIGH;
+        else if (ds4_cli_is(&c, "--think-max")) o->think = DS4_THINK_MAX;
+        else if (ds4_cli_is(&c, "--nothink")) o->think = DS4_THINK_NONE;
+        else if (ds4_cli_is(&c, "--yes")) o->yes = true;
+        else if (ds4_cli_is(&c, "--no-autosave")) o->autosave = false;
+        else ds4_cli_unknown(&c);
     }
+    if (c.status) return -1;
     return 0;
 }
 

@@ -35,17 +35,6 @@ static void usage(FILE *f) {
                "%s", ds4_ssd_usage);
 }
 
-/* Integer option value in [lo, hi]; -1 (after a message) when invalid. */
-static long int_arg(int argc, char **argv, int *i, long lo, long hi) {
-    const char *opt = argv[*i];
-    int v;
-    if (!ds4_parse_int(*i + 1 < argc ? argv[++*i] : NULL, lo, hi, &v)) {
-        fprintf(stderr, "ds4-bench: %s needs an integer between %ld and %ld\n", opt, lo, hi);
-        return -1;
-    }
-    return v;
-}
-
 /* "1,2,4,8,16" into mp->session_counts; false when malformed. */
 static bool session_counts(const char *list, ds4_bench_model_params *mp) {
     mp->n_session_counts = 0;
@@ -67,71 +56,41 @@ int main(int argc, char **argv) {
     int kernels = 0, spec_verify = 0, threads = 2, threads_set = 0;
     ds4_bench_model_params mp;
     ds4_bench_model_defaults(&mp);
-    struct { const char *name; int *dst; long lo, hi; } ints[] = {
-        {"--ctx-start", &mp.ctx_start, 1, 1 << 30}, {"--ctx-max", &mp.ctx_max, 1, 1 << 30},
-        {"--step-incr", &mp.step_incr, 1, 1 << 30}, {"--gen-tokens", &mp.gen_tokens, 0, 1 << 20},
-        {"--prefill-chunk", &mp.prefill_chunk, 1, 1 << 20}, {"--repeat", &mp.repeat, 1, 64},
-        {"--prompt-tokens", &mp.prompt_tokens, 1, 1 << 20},
-    };
-    for (int i = 1; i < argc; i++) {
-        char gpu_err[256];
-        int gpu_arg = ds4_gpu_option(&mp.gpu, argv[i], i + 1 < argc ? argv[i + 1] : NULL, gpu_err, sizeof gpu_err);
-        if (gpu_arg < 0) { fprintf(stderr, "ds4-bench: %s\n", gpu_err); return 2; }
-        if (gpu_arg > 0) { i += gpu_arg - 1; continue; }
-        char ssd_err[256];
-        int ssd = ds4_ssd_parse_option(&mp.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
-        if (ssd < 0) { fprintf(stderr, "ds4-bench: %s\n", ssd_err); return 2; }
-        if (ssd) continue;
-        int dist = ds4_dist_parse_option(&mp.dist, argc, argv, &i, ssd_err, sizeof ssd_err);
-        if (dist < 0) { fprintf(stderr, "ds4-bench: %s\n", ssd_err); return 2; }
-        if (dist) continue;
-        size_t k = 0;
-        while (k < sizeof ints / sizeof ints[0] && strcmp(argv[i], ints[k].name)) k++;
-        if (k < sizeof ints / sizeof ints[0]) {
-            long v = int_arg(argc, argv, &i, ints[k].lo, ints[k].hi);
-            if (v < 0) return 2;
-            *ints[k].dst = (int)v;
-        } else if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model") || !strcmp(argv[i], "--prompt-file")) {
-            if (i + 1 >= argc) { ds4_cli_missing_value("ds4-bench", argv[i]); return 2; }
-            if (!strcmp(argv[i], "--prompt-file")) mp.prompt_file = argv[++i];
-            else mp.model_path = argv[++i];
-        } else if (!strcmp(argv[i], "--step-mul")) {
+    static const ds4_cli_int_opt ctx_start = {"--ctx-start", 1, 1 << 30}, ctx_max = {"--ctx-max", 1, 1 << 30},
+                                 step_incr = {"--step-incr", 1, 1 << 30}, gen_tokens = {"--gen-tokens", 0, 1 << 20},
+                                 repeat = {"--repeat", 1, 64}, prompt_tokens = {"--prompt-tokens", 1, 1 << 20};
+    ds4_cli c;
+    ds4_cli_begin(&c, "ds4-bench", argc, argv);
+    while (ds4_cli_next(&c)) {
+        const char *v = NULL;
+        if (ds4_cli_is(&c, "-h|--help")) { usage(stdout); return 0; }
+        if (ds4_cli_gpu(&c, &mp.gpu) || ds4_cli_ssd(&c, &mp.ssd) || ds4_cli_dist(&c, &mp.dist) ||
+            ds4_cli_model(&c, &mp.model_path) || ds4_cli_layers(&c, &mp.layers) ||
+            ds4_cli_numerics(&c, &mp.numerics) || ds4_cli_str(&c, "--prompt-file", &mp.prompt_file) ||
+            ds4_cli_int(&c, &ds4_opt_prefill_chunk, &mp.prefill_chunk) || ds4_cli_int(&c, &ctx_start, &mp.ctx_start) ||
+            ds4_cli_int(&c, &ctx_max, &mp.ctx_max) || ds4_cli_int(&c, &step_incr, &mp.step_incr) ||
+            ds4_cli_int(&c, &gen_tokens, &mp.gen_tokens) || ds4_cli_int(&c, &repeat, &mp.repeat) ||
+            ds4_cli_int(&c, &prompt_tokens, &mp.prompt_tokens))
+            continue;
+        if (ds4_cli_int(&c, &ds4_opt_threads, &threads)) threads_set = threads > 0;
+        else if (ds4_cli_str(&c, "--step-mul", &v)) {
             char *end = NULL;
-            mp.step_mul = i + 1 < argc ? strtod(argv[++i], &end) : 0;
-            if (!end || *end || !(mp.step_mul > 1 && mp.step_mul < 1e6)) {
-                fprintf(stderr, "ds4-bench: --step-mul needs a factor > 1\n");
-                return 2;
+            mp.step_mul = v ? strtod(v, &end) : 0;
+            if (v && (end == v || *end || !(mp.step_mul > 1 && mp.step_mul < 1e6))) {
+                ds4_cli_bad_value(&c, v, "a factor > 1");
             }
-        } else if (!strcmp(argv[i], "--expert-policy")) {
-            if (i + 1 >= argc) { fprintf(stderr, "ds4-bench: --expert-policy needs a trace file\n"); return 2; }
-            return ds4_bench_expert_policy(argv[i + 1], stdout) ? 1 : 0;
-        } else if (!strcmp(argv[i], "--layers") && i + 1 < argc) {
-            mp.layers = argv[++i];
-        } else if (!strcmp(argv[i], "--numerics")) {
-            if (!ds4_parse_numerics(i + 1 < argc ? argv[++i] : NULL, &mp.numerics)) {
-                fprintf(stderr, "ds4-bench: --numerics takes exact or ds4\n");
-                return 2;
+        } else if (ds4_cli_str(&c, "--expert-policy", &v)) {
+            if (v) return ds4_bench_expert_policy(v, stdout) ? 1 : 0;
+        } else if (ds4_cli_str(&c, "--sessions", &v)) {
+            if (v && !session_counts(v, &mp)) {
+                ds4_cli_bad_value(&c, v, "up to 16 comma-separated counts, each 1..4096");
             }
-        } else if (!strcmp(argv[i], "--sessions")) {
-            if (!session_counts(i + 1 < argc ? argv[++i] : NULL, &mp)) {
-                fprintf(stderr, "ds4-bench: --sessions takes up to 16 comma-separated counts, each 1..4096\n");
-                return 2;
-            }
-        } else if (!strcmp(argv[i], "--kernels")) kernels = 1;
-        else if (!strcmp(argv[i], "--spec-verify")) spec_verify = 1;
-        else if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
-            long v = int_arg(argc, argv, &i, 1, 1024);
-            if (v < 0) return 2;
-            threads = (int)v;
-            threads_set = 1;
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage(stdout);
-            return 0;
-        } else {
-            ds4_cli_unknown_option("ds4-bench", argv[i]);
-            return 2;
-        }
+        } else if (ds4_cli_is(&c, "--kernels")) kernels = 1;
+        else if (ds4_cli_is(&c, "--spec-verify")) spec_verify = 1;
+        else ds4_cli_unknown(&c);
     }
+    if (c.status) return c.status;
+    if (!threads_set) threads = 2;
     if (mp.model_path && !kernels) {
         if (!ds4_cli_model_usable("ds4-bench", mp.model_path)) return 1;
         char dist_err[256];

@@ -63,44 +63,29 @@ static int parse_args(int argc, char **argv, eval_args *o) {
     ds4_sampler_params_default(&o->sampling);
     o->sampling.seed = ds4_sampler_random_seed();
     ds4_gpu_opts_default(&o->gpu);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char opt_err[256];
-        int ssd = ds4_ssd_parse_option(&o->ssd, argc, argv, &i, opt_err, sizeof opt_err);
-        if (ssd < 0) { fprintf(stderr, "ds4-eval: %s\n", opt_err); return -1; }
-        if (ssd) continue;
-        int sampling, gpu_arg;
-#define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4-eval", a); return -1; } i++; } while (0)
-#define BAD_VALUE() do { fprintf(stderr, "ds4-eval: bad value for %s: %s\n", a, v); return -1; } while (0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 1; }
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDS_VALUE(); o->model = v; }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--tokens")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX / 2, &o->max_tokens)) BAD_VALUE(); }
-        else if (!strcmp(a, "--think")) o->think = DS4_THINK_HIGH;
-        else if (!strcmp(a, "--nothink")) o->think = DS4_THINK_NONE;
-        else if (!strcmp(a, "--think-soft")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->think_soft)) BAD_VALUE(); }
-        else if (!strcmp(a, "--think-hard")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->think_hard)) BAD_VALUE(); }
-        else if (!strcmp(a, "--questions")) { NEEDS_VALUE(); o->select = v; }
-        else if (!strcmp(a, "--list")) o->list = true;
-        else if (!strcmp(a, "--plain")) o->plain = true;
-        else if (!strcmp(a, "--trace")) { NEEDS_VALUE(); o->trace = v; }
-        else if (!strcmp(a, "--regrade-trace")) { NEEDS_VALUE(); o->regrade = v; }
-        else if (!strcmp(a, "--expect-tokens")) { NEEDS_VALUE(); o->expect_tokens = v; }
-        else if (!strcmp(a, "--scripted-output")) { NEEDS_VALUE(); o->script = v; }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
-        else if (!strcmp(a, "--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
-        else if (!strcmp(a, "--numerics")) { NEEDS_VALUE(); if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE(); }
-        else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0) {
-            if (sampling < 0) { if (!v) NEEDS_VALUE(); BAD_VALUE(); }
-            i++;
-        }
-        else if ((gpu_arg = ds4_gpu_option(&o->gpu, a, v, opt_err, sizeof opt_err)) != 0) {
-            if (gpu_arg < 0) { fprintf(stderr, "ds4-eval: %s\n", opt_err); return -1; }
-            i += gpu_arg - 1;
-        }
-        else { ds4_cli_unknown_option("ds4-eval", a); return -1; }
-#undef NEEDS_VALUE
-#undef BAD_VALUE
+    static const ds4_cli_int_opt tokens = {"-n|--tokens", 1, INT_MAX / 2};
+    static const ds4_cli_int_opt think_soft = {"--think-soft", 0, INT_MAX};
+    static const ds4_cli_int_opt think_hard = {"--think-hard", 0, INT_MAX};
+    ds4_cli c;
+    ds4_cli_begin(&c, "ds4-eval", argc, argv);
+    while (ds4_cli_next(&c)) {
+        if (ds4_cli_is(&c, "-h|--help")) { usage(stdout); return 1; }
+        if (ds4_cli_ssd(&c, &o->ssd) || ds4_cli_gpu(&c, &o->gpu) || ds4_cli_model(&c, &o->model) ||
+            ds4_cli_numerics(&c, &o->numerics) || ds4_cli_int(&c, &tokens, &o->max_tokens) ||
+            ds4_cli_int(&c, &think_soft, &o->think_soft) || ds4_cli_int(&c, &think_hard, &o->think_hard) ||
+            ds4_cli_int(&c, &ds4_opt_threads, &o->threads) ||
+            ds4_cli_int(&c, &ds4_opt_prefill_chunk, &o->prefill_chunk) || ds4_cli_sampling(&c, &o->sampling) ||
+            ds4_cli_str(&c, "--questions", &o->select) || ds4_cli_str(&c, "--trace", &o->trace) ||
+            ds4_cli_str(&c, "--regrade-trace", &o->regrade) || ds4_cli_str(&c, "--expect-tokens", &o->expect_tokens) ||
+            ds4_cli_str(&c, "--scripted-output", &o->script))
+            continue;
+        if (ds4_cli_is(&c, "--think")) o->think = DS4_THINK_HIGH;
+        else if (ds4_cli_is(&c, "--nothink")) o->think = DS4_THINK_NONE;
+        else if (ds4_cli_is(&c, "--list")) o->list = true;
+        else if (ds4_cli_is(&c, "--plain")) o->plain = true;
+        else ds4_cli_unknown(&c);
     }
+    if (c.status) return -1;
     /* the reasoning must close early enough for "</think>" and an answer */
     int reserve = o->max_tokens / 8;
     if (o->think_hard < 0) o->think_hard = o->max_tokens - reserve;
@@ -247,7 +232,7 @@ int main(int argc, char **argv) {
     double t0 = ds4_eval_clock();
     int rc;
     if (tui) {
-        ds4_eval_tui *t = ds4_eval_tui_open(&r, &g_interrupted);
+        ds4_eval_tui *t = ds4_eval_tui_open(&r, stdout, &g_interrupted);
         if (!t) { fprintf(stderr, "ds4-eval: cannot set up the terminal view; use --plain\n"); goto out; }
         ds4_eval_view v = ds4_eval_tui_view(t);
         rc = ds4_eval_run_all(&r, s, smp, &v, err, sizeof err);

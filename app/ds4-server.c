@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include "options/cli_args.h"
-#include "engine/spec.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -56,78 +55,61 @@ static void usage(FILE *f) {
         "  -h, --help\n", ds4_ssd_usage, ds4_gpu_usage, ds4_dist_usage);
 }
 
-static int parse_int(const char *flag, const char *v, long lo, long hi) {
-    int x;
-    if (!ds4_parse_int(v, lo, hi, &x)) {
-        fprintf(stderr, "ds4-server: %s needs an integer in [%ld, %ld]\n", flag, lo, hi);
-        exit(2);
-    }
-    return x;
-}
+/* ds4-server's own integer options, each with its one range */
+static const ds4_cli_int_opt opt_port = {"--port", 0, 65535}, opt_batched = {"--batched-session", 1, 256},
+                             opt_max_conn = {"--max-connections", 1, DS4_SERVER_MAX_CONNECTIONS},
+                             opt_client_conn = {"--max-client-connections", 1, 1 << 20},
+                             opt_request_timeout = {"--request-timeout", 1, 3600},
+                             opt_head_timeout = {"--head-timeout", 1, 3600},
+                             opt_tool_ids = {"--tool-memory-max-ids", 1, 1 << 30},
+                             opt_disk_mb = {"--kv-disk-space-mb", 1, 1 << 30},
+                             opt_min_tokens = {"--kv-cache-min-tokens", 1, 1 << 30},
+                             opt_cold_max = {"--kv-cache-cold-max-tokens", 0, 1 << 30},
+                             opt_continued = {"--kv-cache-continued-interval-tokens", 0, 1 << 30},
+                             opt_trim = {"--kv-cache-boundary-trim-tokens", 0, 1 << 30},
+                             opt_align = {"--kv-cache-boundary-align-tokens", 1, 1 << 30};
 
 int main(int argc, char **argv) {
     ds4_server_opts o;
     ds4_server_opts_default(&o);
     o.api_key = getenv("DS4_API_KEY");
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char gpu_err[256];
-        int gpu_arg = ds4_gpu_option(&o.gpu, a, v, gpu_err, sizeof gpu_err);
-        if (gpu_arg < 0) { fprintf(stderr, "ds4-server: %s\n", gpu_err); return 2; }
-        if (gpu_arg > 0) { i += gpu_arg - 1; continue; }
-        char ssd_err[256];
-        int ssd = ds4_ssd_parse_option(&o.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
-        if (ssd < 0) { fprintf(stderr, "ds4-server: %s\n", ssd_err); return 2; }
-        if (ssd) continue;
-        int dist = ds4_dist_parse_option(&o.dist, argc, argv, &i, ssd_err, sizeof ssd_err);
-        if (dist < 0) { fprintf(stderr, "ds4-server: %s\n", ssd_err); return 2; }
-        if (dist) continue;
-#define ARG(s) (!strcmp(a, s))
-/* consumes the option's value, or stops with the shared message */
-#define VALUE() do { if (!v) { ds4_cli_missing_value("ds4-server", a); return 2; } i++; } while (0)
-        if (ARG("-h") || ARG("--help")) { usage(stdout); return 0; }
-        else if (ARG("--cors")) o.cors = true;
-        else if (ARG("--disable-exact-dsml-tool-replay")) o.disable_exact_replay = true;
-        else if (ARG("--completions-chat")) o.completions_chat = true;
-        else if (ARG("--kv-cache-reject-different-quant")) o.kvdisk.reject_different_quant = true;
-        else if (ARG("--no-api-key")) o.no_api_key = true;
-        else if (ARG("-m") || ARG("--model")) { VALUE(); o.model_path = v; }
-        else if (ARG("--host")) { VALUE(); o.host = v; }
-        else if (ARG("--port")) { VALUE(); o.port = parse_int(a, v, 0, 65535); }
-        else if (ARG("-c") || ARG("--ctx")) { VALUE(); o.ctx = parse_int(a, v, 16, 1 << 24); }
-        else if (ARG("-n") || ARG("--tokens")) { VALUE(); o.default_max_tokens = parse_int(a, v, 0, 1 << 30); }
-        else if (ARG("-t") || ARG("--threads")) { VALUE(); o.threads = parse_int(a, v, 0, 4096); }
-        else if (ARG("--prefill-chunk")) { VALUE(); o.prefill_chunk = parse_int(a, v, 1, 1 << 30); }
-        else if (ARG("--batched-session")) { VALUE(); o.batched_sessions = parse_int(a, v, 1, 256); }
-        else if (ARG("--layers")) { VALUE(); o.layers = v; }
-        else if (ARG("--numerics")) {
-            VALUE();
-            if (!ds4_parse_numerics(v, &o.numerics)) { fprintf(stderr, "ds4-server: --numerics takes exact or ds4\n"); return 2; }
+    ds4_spec_params spec = {.lookup_max = o.spec_lookup};
+    ds4_cli c;
+    ds4_cli_begin(&c, "ds4-server", argc, argv);
+    while (ds4_cli_next(&c)) {
+        int v = 0;
+        const char *dir = NULL;
+        if (ds4_cli_is(&c, "-h|--help")) { usage(stdout); return 0; }
+        if (ds4_cli_gpu(&c, &o.gpu) || ds4_cli_ssd(&c, &o.ssd) || ds4_cli_dist(&c, &o.dist) ||
+            ds4_cli_model(&c, &o.model_path) || ds4_cli_layers(&c, &o.layers) || ds4_cli_numerics(&c, &o.numerics) ||
+            ds4_cli_int(&c, &ds4_opt_ctx, &o.ctx) || ds4_cli_int(&c, &ds4_opt_tokens, &o.default_max_tokens) ||
+            ds4_cli_int(&c, &ds4_opt_threads, &o.threads) || ds4_cli_int(&c, &ds4_opt_prefill_chunk, &o.prefill_chunk) ||
+            ds4_cli_spec(&c, &spec) || ds4_cli_str(&c, "--host", &o.host) || ds4_cli_int(&c, &opt_port, &o.port) ||
+            ds4_cli_int(&c, &opt_batched, &o.batched_sessions) || ds4_cli_str(&c, "--trace", &o.trace_path) ||
+            ds4_cli_str(&c, "--api-key", &o.api_key) || ds4_cli_int(&c, &opt_max_conn, &o.max_connections) ||
+            ds4_cli_int(&c, &opt_client_conn, &o.max_client_connections) ||
+            ds4_cli_str(&c, "--scripted-output", &o.scripted_output) || ds4_cli_str(&c, "--kv-disk-dir", &o.kvdisk.dir) ||
+            ds4_cli_int(&c, &opt_min_tokens, &o.kvdisk.min_tokens) ||
+            ds4_cli_int(&c, &opt_cold_max, &o.kvdisk.cold_max_tokens) ||
+            ds4_cli_int(&c, &opt_continued, &o.kvdisk.continued_interval) ||
+            ds4_cli_int(&c, &opt_trim, &o.kvdisk.boundary_trim) || ds4_cli_int(&c, &opt_align, &o.kvdisk.boundary_align))
+            continue;
+        if (ds4_cli_is(&c, "--cors")) o.cors = true;
+        else if (ds4_cli_is(&c, "--disable-exact-dsml-tool-replay")) o.disable_exact_replay = true;
+        else if (ds4_cli_is(&c, "--completions-chat")) o.completions_chat = true;
+        else if (ds4_cli_is(&c, "--kv-cache-reject-different-quant")) o.kvdisk.reject_different_quant = true;
+        else if (ds4_cli_is(&c, "--no-api-key")) o.no_api_key = true;
+        else if (ds4_cli_int(&c, &opt_request_timeout, &v)) o.limits.request_timeout_ms = v * 1000;
+        else if (ds4_cli_int(&c, &opt_head_timeout, &v)) o.limits.head_timeout_ms = v * 1000;
+        else if (ds4_cli_int(&c, &opt_tool_ids, &v)) o.tool_memory_max_ids = (size_t)v;
+        else if (ds4_cli_int(&c, &opt_disk_mb, &v)) o.kvdisk.space_bytes = (uint64_t)v << 20;
+        else if (ds4_cli_str(&c, "--chdir", &dir)) {
+            if (dir && chdir(dir)) { fprintf(stderr, "ds4-server: --chdir %s: %s\n", dir, strerror(errno)); return 2; }
         }
-        else if (ARG("--trace")) { VALUE(); o.trace_path = v; }
-        else if (ARG("--api-key")) { VALUE(); o.api_key = v; }
-        else if (ARG("--max-connections")) { VALUE(); o.max_connections = parse_int(a, v, 1, DS4_SERVER_MAX_CONNECTIONS); }
-        else if (ARG("--max-client-connections")) { VALUE(); o.max_client_connections = parse_int(a, v, 1, 1 << 20); }
-        else if (ARG("--request-timeout")) { VALUE(); o.limits.request_timeout_ms = parse_int(a, v, 1, 3600) * 1000; }
-        else if (ARG("--head-timeout")) { VALUE(); o.limits.head_timeout_ms = parse_int(a, v, 1, 3600) * 1000; }
-        else if (ARG("--tool-memory-max-ids")) { VALUE(); o.tool_memory_max_ids = (size_t)parse_int(a, v, 1, 1 << 30); }
-        else if (ARG("--scripted-output")) { VALUE(); o.scripted_output = v; }
-        else if (ARG("--spec-lookup")) { VALUE(); o.spec_lookup = parse_int(a, v, 0, DS4_SPEC_MAX_DRAFT); }
-        else if (ARG("--kv-disk-dir")) { VALUE(); o.kvdisk.dir = v; }
-        else if (ARG("--kv-disk-space-mb")) { VALUE(); o.kvdisk.space_bytes = (uint64_t)parse_int(a, v, 1, 1 << 30) << 20; }
-        else if (ARG("--kv-cache-min-tokens")) { VALUE(); o.kvdisk.min_tokens = parse_int(a, v, 1, 1 << 30); }
-        else if (ARG("--kv-cache-cold-max-tokens")) { VALUE(); o.kvdisk.cold_max_tokens = parse_int(a, v, 0, 1 << 30); }
-        else if (ARG("--kv-cache-continued-interval-tokens")) { VALUE(); o.kvdisk.continued_interval = parse_int(a, v, 0, 1 << 30); }
-        else if (ARG("--kv-cache-boundary-trim-tokens")) { VALUE(); o.kvdisk.boundary_trim = parse_int(a, v, 0, 1 << 30); }
-        else if (ARG("--kv-cache-boundary-align-tokens")) { VALUE(); o.kvdisk.boundary_align = parse_int(a, v, 1, 1 << 30); }
-        else if (ARG("--chdir")) {
-            VALUE();
-            if (chdir(v)) { fprintf(stderr, "ds4-server: --chdir %s: %s\n", v, strerror(errno)); return 2; }
-        }
-        else { ds4_cli_unknown_option("ds4-server", a); return 2; }
-#undef VALUE
-#undef ARG
+        else ds4_cli_unknown(&c);
     }
+    if (c.status) return c.status;
+    o.spec_lookup = spec.lookup_max;
     if (!ds4_cli_model_usable("ds4-server", o.model_path)) return 1;
     char dist_err[256];
     if (!ds4_dist_finish_options(&o.dist, false, dist_err, sizeof dist_err)) {

@@ -141,65 +141,36 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     ds4_spec_params_default(&o->spec_params);
     o->sampling.seed = ds4_sampler_random_seed();
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char gpu_err[256];
-        int gpu_arg;
-        int sampling;
-#define NEEDS_VALUE() do { if (!v) { ds4_cli_missing_value("ds4", a); return -1; } i++; } while (0)
-#define BAD_VALUE() do { fprintf(stderr, "ds4: bad value for %s: %s\n", a, v); return -1; } while (0)
-        char ssd_err[256];
-        int ssd = ds4_ssd_parse_option(&o->ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
-        if (ssd < 0) { fprintf(stderr, "ds4: %s\n", ssd_err); return -1; }
-        if (ssd) continue;
-        int dist = ds4_dist_parse_option(&o->dist, argc, argv, &i, ssd_err, sizeof ssd_err);
-        if (dist < 0) { fprintf(stderr, "ds4: %s\n", ssd_err); return -1; }
-        if (dist) continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 1; }
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDS_VALUE(); o->model = v; }
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEEDS_VALUE(); o->prompt = v; }
-        else if (!strcmp(a, "--prompt-file")) { NEEDS_VALUE(); o->prompt_file = v; }
-        else if (!strcmp(a, "-sys") || !strcmp(a, "--system")) { NEEDS_VALUE(); o->system = v; }
-        else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = true;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--tokens")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->n_predict)) BAD_VALUE(); }
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 16, INT_MAX, &o->ctx)) BAD_VALUE(); }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->threads)) BAD_VALUE(); }
-        else if (!strcmp(a, "--prefill-chunk")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->prefill_chunk)) BAD_VALUE(); }
-        else if ((sampling = ds4_parse_sampling_option(a, v, &o->sampling)) != 0 ||
-                 (sampling = ds4_parse_spec_option(a, v, &o->spec_params)) != 0) {
-            if (sampling < 0) { if (!v) NEEDS_VALUE(); BAD_VALUE(); }
-            i++;
-        }
-        else if (!strcmp(a, "--think")) o->think = DS4_THINK_HIGH;
-        else if (!strcmp(a, "--think-max")) o->think = DS4_THINK_MAX;
-        else if (!strcmp(a, "--nothink")) o->think = DS4_THINK_NONE;
-        else if (!strcmp(a, "--layers")) { NEEDS_VALUE(); o->layers = v; }
-        else if (!strcmp(a, "--numerics")) {
-            NEEDS_VALUE();
-            if (!ds4_parse_numerics(v, &o->numerics)) BAD_VALUE();
-        }
-        else if ((gpu_arg = ds4_gpu_option(&o->gpu, a, v, gpu_err, sizeof gpu_err)) != 0) {
-            if (gpu_arg < 0) { fprintf(stderr, "ds4: %s\n", gpu_err); return -1; }
-            i += gpu_arg - 1;
-        }
-        else if (!strcmp(a, "--dump-tokens")) o->dump_tokens = true;
-        else if (!strcmp(a, "--dump-logprobs")) { NEEDS_VALUE(); o->dump_logprobs = v; }
-        else if (!strcmp(a, "--logprobs-top-k")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 0, INT_MAX, &o->logprobs_top_k)) BAD_VALUE(); }
-        else if (!strcmp(a, "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
-        else if (!strcmp(a, "--logits-all")) o->logits_all = true;
-        else if (!strcmp(a, "--token-ids")) { NEEDS_VALUE(); o->token_ids = v; }
-        else if (!strcmp(a, "--perplexity-file")) { NEEDS_VALUE(); o->perplexity_file = v; }
-        else if (!strcmp(a, "--ppl-stride")) { NEEDS_VALUE(); if (!ds4_parse_int(v, 1, INT_MAX, &o->ppl_stride)) BAD_VALUE(); }
-        else if (!strcmp(a, "--ppl-ids")) o->ppl_ids = true;
-        else if (!strcmp(a, "--imatrix-dataset")) { NEEDS_VALUE(); o->imatrix_dataset = v; }
-        else if (!strcmp(a, "--imatrix-out")) { NEEDS_VALUE(); o->imatrix_out = v; }
-        else if (!strcmp(a, "--imatrix-ids")) o->imatrix_ids = true;
-        else if (!strcmp(a, "--score-vectors")) { NEEDS_VALUE(); o->score_vectors = v; }
-        else { ds4_cli_unknown_option("ds4", a); return -1; }
-#undef NEEDS_VALUE
-#undef BAD_VALUE
+    static const ds4_cli_int_opt top_k = {"--logprobs-top-k", 0, INT_MAX};
+    static const ds4_cli_int_opt ppl_stride = {"--ppl-stride", 1, INT_MAX};
+    ds4_cli c;
+    ds4_cli_begin(&c, "ds4", argc, argv);
+    while (ds4_cli_next(&c)) {
+        if (ds4_cli_is(&c, "-h|--help")) { usage(stdout); return 1; }
+        if (ds4_cli_ssd(&c, &o->ssd) || ds4_cli_dist(&c, &o->dist) || ds4_cli_gpu(&c, &o->gpu) ||
+            ds4_cli_model(&c, &o->model) || ds4_cli_layers(&c, &o->layers) || ds4_cli_numerics(&c, &o->numerics) ||
+            ds4_cli_int(&c, &ds4_opt_tokens, &o->n_predict) || ds4_cli_int(&c, &ds4_opt_ctx, &o->ctx) ||
+            ds4_cli_int(&c, &ds4_opt_threads, &o->threads) ||
+            ds4_cli_int(&c, &ds4_opt_prefill_chunk, &o->prefill_chunk) || ds4_cli_sampling(&c, &o->sampling) ||
+            ds4_cli_spec(&c, &o->spec_params) || ds4_cli_str(&c, "-p|--prompt", &o->prompt) ||
+            ds4_cli_str(&c, "--prompt-file", &o->prompt_file) || ds4_cli_str(&c, "-sys|--system", &o->system) ||
+            ds4_cli_str(&c, "--dump-logprobs", &o->dump_logprobs) || ds4_cli_int(&c, &top_k, &o->logprobs_top_k) ||
+            ds4_cli_str(&c, "--dump-logits", &o->dump_logits) || ds4_cli_str(&c, "--token-ids", &o->token_ids) ||
+            ds4_cli_str(&c, "--perplexity-file", &o->perplexity_file) || ds4_cli_int(&c, &ppl_stride, &o->ppl_stride) ||
+            ds4_cli_str(&c, "--imatrix-dataset", &o->imatrix_dataset) ||
+            ds4_cli_str(&c, "--imatrix-out", &o->imatrix_out) || ds4_cli_str(&c, "--score-vectors", &o->score_vectors))
+            continue;
+        if (ds4_cli_is(&c, "--ignore-eos")) o->ignore_eos = true;
+        else if (ds4_cli_is(&c, "--think")) o->think = DS4_THINK_HIGH;
+        else if (ds4_cli_is(&c, "--think-max")) o->think = DS4_THINK_MAX;
+        else if (ds4_cli_is(&c, "--nothink")) o->think = DS4_THINK_NONE;
+        else if (ds4_cli_is(&c, "--dump-tokens")) o->dump_tokens = true;
+        else if (ds4_cli_is(&c, "--logits-all")) o->logits_all = true;
+        else if (ds4_cli_is(&c, "--ppl-ids")) o->ppl_ids = true;
+        else if (ds4_cli_is(&c, "--imatrix-ids")) o->imatrix_ids = true;
+        else ds4_cli_unknown(&c);
     }
+    if (c.status) return -1;
     if (!o->imatrix_dataset != !o->imatrix_out) {
         fprintf(stderr, "ds4: --imatrix-dataset and --imatrix-out go together\n");
         return -1;
@@ -927,7 +898,6 @@ int main(int argc, char **argv) {
         o.spec = &drafter;
     }
     if (!ds4_dist_finish_options(&o.dist, true, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); return 2; }
-    if (o.dist.role == DS4_DIST_WORKER) return ds4_dist_worker_main(o.model, o.layers, o.ctx, o.threads, o.numerics, &o.dist);
     ds4_engine_params ep;
     ds4_engine_params_default(&ep);
     ep.model_path = o.model;
@@ -937,14 +907,21 @@ int main(int argc, char **argv) {
     ep.layers = o.layers;
     ep.gpu = o.gpu;
     ep.gpu_ctx = o.ctx;
-    ep.quiet = o.dump_tokens;
+    /* a worker's first line is its registration (what scripts wait for) */
+    ep.quiet = o.dump_tokens || o.dist.role == DS4_DIST_WORKER;
     ep.ssd = o.ssd;
     ep.ssd.ctx = o.ctx;
     ep.dist = o.dist;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) {
-        fprintf(stderr, "ds4: %s\n", err);
+        fprintf(stderr, "%s: %s\n", o.dist.role == DS4_DIST_WORKER ? "ds4 worker" : "ds4", err);
         return 1;
+    }
+    if (o.dist.role == DS4_DIST_WORKER) {
+        /* the slice is the engine's (paged, streamed, on its backend as any load); the worker loop serves it */
+        const int rc = ds4_engine_serve_worker(e, o.ctx, &ep.dist);
+        ds4_engine_free(e);
+        return rc;
     }
     const ds4_tokenizer *tok = ds4_engine_tokenizer(e);
     int n_vocab = ds4_engine_n_vocab(e);

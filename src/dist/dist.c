@@ -1,12 +1,10 @@
 /* dist.c -- coordinator backend and worker loop over NNG (see dist.h). */
 #include "dist/dist.h"
 #include "backends/backend.h"
-#include "base/numparse.h"
 #include "dist/dist_proto.h"
-#include "models/dsv4/forward_cpu.h"
-#include "format/gguf.h"
 #include "models/dsv4/kv.h"
 #include "models/dsv4/model.h"
+#include "base/log.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -32,89 +30,13 @@
  * FIRST_ANSWER_MS: how long a starting worker waits for the coordinator
  * before it says that no answer came (and keeps trying). */
 enum { MAX_WORKERS = DS4_DIST_MAX_HOPS - 1, MAX_SESSIONS = 16, REWIND_SLACK = 256, POLL_MS = 100, SEND_QUEUE = 64,
-       MAX_WINDOW = 32, CHUNKS_PER_CALL = 8, MAX_PENDING = 32, CHALLENGE_TTL_S = 10, MAX_CKPT = 16,
+       CHUNKS_PER_CALL = 8, MAX_PENDING = 32, CHALLENGE_TTL_S = 10, MAX_CKPT = 16,
        MAX_ROUTES_KEPT = 64, FIRST_ANSWER_MS = 5000, URL_MAX = 200 };
 
 /* The largest message a registration (control) socket takes: KNOCK,
  * CHALLENGE, HELLO and the answers are a few hundred bytes. NNG refuses a
  * longer one by its length prefix, before buffering anything of it. */
 #define CONTROL_MAX ((size_t)64 << 10)
-
-const char ds4_dist_usage[] =
-    "      --role coordinator|worker  pipeline parallelism over hosts (docs/distributed.md)\n"
-    "      --listen HOST PORT    coordinator: where workers register\n"
-    "      --coordinator HOST PORT  worker: the coordinator to register with\n"
-    "      --dist-secret S       shared secret checked at registration (else $DS4_DIST_SECRET)\n"
-    "      --dist-wait SECONDS   coordinator: wait this long for a complete route (default 30)\n"
-    "      --dist-reply-timeout SECONDS  coordinator: a hop silent this long is gone (default 120)\n"
-    "      --dist-prefill-chunk N  coordinator: tokens per pipelined prefill chunk (default: --prefill-chunk)\n"
-    "      --dist-prefill-window W  coordinator: prefill chunks in flight along the route (default 2)\n"
-    "      --dist-activation-bits 32|16|8  coordinator: hidden states between hops as f32, f16 or\n"
-    "                            per-row scaled int8 (default 32; 16 and 8 change the logits slightly)\n"
-    "      --dist-tls-cert FILE  TLS for every pipeline connection: this host's certificate (PEM)\n"
-    "      --dist-tls-key FILE   its private key (PEM)\n"
-    "      --dist-tls-ca FILE    the CA that signs every host's certificate (PEM); peers must present one\n"
-    "      --debug               route formation and per-hop telemetry on stderr\n";
-
-static bool parse_port(const char *s, int *out) {
-    char *end;
-    long v = s ? strtol(s, &end, 10) : -1;
-    if (!s || *end || v < 1 || v > 65535) return false;
-    *out = (int)v;
-    return true;
-}
-
-int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, char *err, size_t errlen) {
-    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-    if (!strcmp(a, "--debug")) { p->debug = true; return 1; }
-    const bool listen = !strcmp(a, "--listen"), coord = !strcmp(a, "--coordinator");
-    if (listen || coord) {
-        const char *port = *i + 2 < argc ? argv[*i + 2] : NULL;
-        if (!v || !parse_port(port, &p->port)) { snprintf(err, errlen, "%s needs HOST PORT (port 1..65535)", a); return -1; }
-        p->host = v;
-        *i += 2;
-        return 1;
-    }
-    static const char *const valued[] = {"--role", "--dist-secret", "--dist-wait", "--dist-reply-timeout",
-                                         "--dist-prefill-chunk", "--dist-prefill-window", "--dist-activation-bits",
-                                         "--dist-tls-cert", "--dist-tls-key", "--dist-tls-ca"};
-    size_t k = 0;
-    while (k < sizeof valued / sizeof valued[0] && strcmp(a, valued[k])) k++;
-    if (k == sizeof valued / sizeof valued[0]) return 0;
-    if (!v) { snprintf(err, errlen, "%s needs a value", a); return -1; }
-    ++*i;
-    if (!strcmp(a, "--dist-secret")) { p->secret = v; return 1; }
-    if (!strcmp(a, "--dist-tls-cert")) { p->tls_cert = v; return 1; }
-    if (!strcmp(a, "--dist-tls-key")) { p->tls_key = v; return 1; }
-    if (!strcmp(a, "--dist-tls-ca")) { p->tls_ca = v; return 1; }
-    if (!strcmp(a, "--dist-wait") || !strcmp(a, "--dist-reply-timeout")) {
-        char *end;
-        const double x = strtod(v, &end);
-        if (*end || !(x > 0 && x < 1e6)) { snprintf(err, errlen, "%s: bad value '%s'", a, v); return -1; }
-        *(!strcmp(a, "--dist-wait") ? &p->wait_seconds : &p->reply_seconds) = x;
-        return 1;
-    }
-    if (!strcmp(a, "--dist-prefill-chunk") || !strcmp(a, "--dist-prefill-window")) {
-        const bool chunk = !strcmp(a, "--dist-prefill-chunk");
-        if (!ds4_parse_int(v, 1, chunk ? 1 << 20 : MAX_WINDOW, chunk ? &p->prefill_chunk : &p->prefill_window)) {
-            snprintf(err, errlen, "%s: bad value '%s' (1..%d)", a, v, chunk ? 1 << 20 : MAX_WINDOW);
-            return -1;
-        }
-        return 1;
-    }
-    if (!strcmp(a, "--dist-activation-bits")) {
-        if (strcmp(v, "32") && strcmp(v, "16") && strcmp(v, "8")) {
-            snprintf(err, errlen, "--dist-activation-bits takes 32, 16 or 8, not '%s'", v);
-            return -1;
-        }
-        p->activation_bits = atoi(v);
-        return 1;
-    }
-    if (!strcmp(v, "coordinator")) p->role = DS4_DIST_COORDINATOR;
-    else if (!strcmp(v, "worker")) p->role = DS4_DIST_WORKER;
-    else { snprintf(err, errlen, "--role takes coordinator or worker, not '%s'", v); return -1; }
-    return 1;
-}
 
 bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size_t errlen) {
     if (p->role == DS4_DIST_WORKER && !worker_ok) {
@@ -507,7 +429,7 @@ static uint8_t *handle_hello(coord *c, const ds4_dist_hello *h, size_t *len) {
     memcpy(slot->nonce, h->nonce, DS4_DIST_NONCE_BYTES);
     c->gen++;
     if (c->p.debug)
-        fprintf(stderr, "ds4 coordinator: worker registered: layers %d..%d%s at %s\n", slot->first, slot->last,
+        ds4_log(DS4_LOG_DEBUG, "ds4 coordinator: worker registered: layers %d..%d%s at %s\n", slot->first, slot->last,
                 slot->output ? " + output" : "", slot->url);
     pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->mu);
@@ -634,7 +556,7 @@ static void drop_route(coord *c) {
  * stay, the hops are closed and the next form_route() makes the route anew,
  * under a fresh id (a worker refuses an id it took before). */
 static void unform_route(coord *c) {
-    if (c->p.debug) fprintf(stderr, "ds4 coordinator: a worker is not on route %llu: forming the route again\n",
+    if (c->p.debug) ds4_log(DS4_LOG_DEBUG, "ds4 coordinator: a worker is not on route %llu: forming the route again\n",
                             (unsigned long long)c->route_id);
     pthread_mutex_lock(&c->mu);
     c->gen++;
@@ -667,8 +589,8 @@ static int await_result(coord *c, uint32_t seq, double timeout_s, void **buf, si
         char why[256];
         size_t frame_len;
         if (!ds4_dist_unseal(*buf, *blen, c->results_key, sizeof c->results_key, &frame_len)) {
-            fprintf(stderr, "ds4 coordinator: dropped a result frame that fails the seal (not from this "
-                            "coordinator's route, or not with this --dist-secret)\n");
+            ds4_log(DS4_LOG_WARN, "ds4 coordinator: dropped a result frame that fails the seal (not from this "
+                                  "coordinator's route, or not with this --dist-secret)\n");
         } else if (ds4_dist_decode(*buf, frame_len, f, why, sizeof why) && f->type == DS4_DIST_RESULT &&
             f->result.route == c->route_id && (int32_t)(f->result.seq - seq) >= 0)
             return 0;
@@ -765,12 +687,13 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
         if (rc) { drop_route(c); return -2; }
     }
     if (c->p.debug) {
-        fprintf(stderr, "ds4 coordinator: route %llu formed: layers 0..%d here", (unsigned long long)gen,
-                c->m->slice.last);
+        char line[2048] = "";
+        ds4_log_append(line, sizeof line, "ds4 coordinator: route %llu formed: layers 0..%d here",
+                       (unsigned long long)gen, c->m->slice.last);
         for (int i = 0; i < n; i++)
-            fprintf(stderr, " -> layers %d..%d%s at %s", c->hops[i].first, c->hops[i].last,
-                    c->hops[i].output ? " + output" : "", c->hops[i].url);
-        fprintf(stderr, " -> results at %s, activations %d-bit\n", c->home, c->p.activation_bits);
+            ds4_log_append(line, sizeof line, " -> layers %d..%d%s at %s", c->hops[i].first, c->hops[i].last,
+                           c->hops[i].output ? " + output" : "", c->hops[i].url);
+        ds4_log(DS4_LOG_DEBUG, "%s -> results at %s, activations %d-bit\n", line, c->home, c->p.activation_bits);
     }
     return 0;
 }
@@ -807,14 +730,15 @@ static void session_append(session_rec *r, int pos, const int32_t *toks, int n) 
 }
 
 static void print_telemetry(const ds4_dist_result *r, double round_trip, size_t bytes) {
-    fprintf(stderr, "ds4 coordinator: request %u:", r->seq);
+    char line[4096] = "";
+    ds4_log_append(line, sizeof line, "ds4 coordinator: request %u:", r->seq);
     for (uint32_t i = 0; i < r->n_hops; i++) {
         const ds4_dist_hop h = ds4_dist_hop_at(r->hops, i);
-        fprintf(stderr, "%s layers %u..%u tokens %u..%u eval %.2f ms wait %.2f ms send %.2f ms in %u B", i ? " |" : "",
-                h.first, h.last, h.pos, h.pos + h.n - 1, h.eval_us / 1e3, h.wait_us / 1e3, h.send_us / 1e3,
-                h.bytes_in);
+        ds4_log_append(line, sizeof line, "%s layers %u..%u tokens %u..%u eval %.2f ms wait %.2f ms send %.2f ms in %u B",
+                       i ? " |" : "", h.first, h.last, h.pos, h.pos + h.n - 1, h.eval_us / 1e3, h.wait_us / 1e3,
+                       h.send_us / 1e3, h.bytes_in);
     }
-    fprintf(stderr, " | result %zu B, round trip %.2f ms\n", bytes, round_trip * 1e3);
+    ds4_log(DS4_LOG_DEBUG, "%s | result %zu B, round trip %.2f ms\n", line, bytes, round_trip * 1e3);
 }
 
 /* One sequence's span through the route (pipeline()). */
@@ -857,8 +781,8 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
     for (int i = 0; i < n_spans; i++) chunks += (sp[i].n + c->chunk - 1) / c->chunk;
     const uint32_t seq0 = c->seq + 1;
     c->seq += (uint32_t)chunks;
-    double sent_at[MAX_WINDOW];
-    uint64_t expect[MAX_WINDOW], hash = n_spans ? sp[0].hash : 0;
+    double sent_at[DS4_DIST_MAX_WINDOW];
+    uint64_t expect[DS4_DIST_MAX_WINDOW], hash = n_spans ? sp[0].hash : 0;
     chunk_at to_send = {0, 0}, to_get = {0, 0};
     int sent = 0, done = 0;
     while (done < chunks) {
@@ -891,8 +815,8 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
                          nng_strerror(rv), rv == NNG_ENOMEM ? "" : ": route dropped");
                 return rv == NNG_ENOMEM ? -1 : -2;
             }
-            sent_at[sent % MAX_WINDOW] = t0;
-            expect[sent % MAX_WINDOW] = after;
+            sent_at[sent % DS4_DIST_MAX_WINDOW] = t0;
+            expect[sent % DS4_DIST_MAX_WINDOW] = after;
             hash = after;
             chunk_next(c, sp, &to_send);
             sent++;
@@ -912,7 +836,7 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
                 snprintf(err, errlen, "the route answered request %u before %u: route dropped", r->seq,
                          seq0 + (uint32_t)done);
                 rc = -2;
-            } else if (r->n_floats != want || r->hash_after != expect[done % MAX_WINDOW] || r->session != x->session) {
+            } else if (r->n_floats != want || r->hash_after != expect[done % DS4_DIST_MAX_WINDOW] || r->session != x->session) {
                 snprintf(err, errlen, "the route returned %u floats for session %llu (hash %016llx), expected %zu",
                          r->n_floats, (unsigned long long)r->session, (unsigned long long)r->hash_after, want);
                 rc = -1;
@@ -920,7 +844,7 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
                 copy_floats(x->all ? x->logits + (size_t)off * V : x->logits, r->floats, want);
             }
         }
-        if (!rc && c->p.debug) print_telemetry(r, now_seconds() - sent_at[done % MAX_WINDOW], blen);
+        if (!rc && c->p.debug) print_telemetry(r, now_seconds() - sent_at[done % DS4_DIST_MAX_WINDOW], blen);
         nng_free(buf, blen);
         if (rc) return rc;
         chunk_next(c, sp, &to_get);
@@ -935,7 +859,7 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
  * again: position 0 makes a worker start the session over. */
 static int replay(coord *c, session_rec *r, int n, char *err, size_t errlen) {
     if (n == 0) return 0;
-    if (c->p.debug) fprintf(stderr, "ds4 coordinator: replaying %d tokens of session %llu through the route\n", n,
+    if (c->p.debug) ds4_log(DS4_LOG_DEBUG, "ds4 coordinator: replaying %d tokens of session %llu through the route\n", n,
                             (unsigned long long)r->id);
     ds4_kv *scratch = ds4_kv_new_layers(&c->m->cfg, r->cap, REWIND_SLACK, 0, c->m->slice.last);
     if (!scratch) { snprintf(err, errlen, "out of memory for a %d-token replay", n); return -1; }
@@ -1152,7 +1076,7 @@ static int coord_scatter(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks
     }
     free(state);
     if (rc == -2) drop_route(c);
-    if (rc && c->p.debug) fprintf(stderr, "ds4 coordinator: loaded state not sent to the workers (%s): the next step replays\n", why);
+    if (rc && c->p.debug) ds4_log(DS4_LOG_DEBUG, "ds4 coordinator: loaded state not sent to the workers (%s): the next step replays\n", why);
     return 0;
 }
 
@@ -1262,7 +1186,7 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
         return NULL;
     }
     c->thread_started = true;
-    if (p->debug) fprintf(stderr, "ds4 coordinator: coordinator layers 0..%d listening on %s\n", m->slice.last, url);
+    if (p->debug) ds4_log(DS4_LOG_DEBUG, "ds4 coordinator: coordinator layers 0..%d listening on %s\n", m->slice.last, url);
     return &c->base;
 }
 
@@ -1277,7 +1201,7 @@ typedef struct {
 } worker_session;
 
 typedef struct {
-    ds4_model *m;
+    const ds4_model *m;     /* the slice, and its backend: the caller's (the engine's) */
     ds4_backend *be;
     int ctx;
     worker_session sessions[MAX_SESSIONS];
@@ -1405,7 +1329,7 @@ static void send_home(worker *w, const ds4_dist_result *r, const float *floats, 
     uint8_t *msg = ds4_dist_encode_result(r, floats, hops, &len);
     if (msg && r->n_hops) ds4_dist_set_send_us(msg, len, elapsed_us(t0));
     if (send_frame(w->home, w->home_key, msg, len))
-        fprintf(stderr, "ds4 worker: cannot answer the coordinator at %s\n", w->home_url);
+        ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot answer the coordinator at %s\n", w->home_url);
 }
 
 static void send_error(worker *w, const ds4_dist_work *wk, uint8_t status, const char *why) {
@@ -1592,7 +1516,7 @@ static void serve_route(worker *w, const ds4_dist_route *r, double timeout_s) {
     int rv = repoint(&w->home, &w->home_open, w->home_url, sizeof w->home_url, r->home, r->home_len, &w->tls,
                      timeout_s);
     if (!w->home_open) {
-        fprintf(stderr, "ds4 worker: cannot reach the coordinator's results at %.*s: %s\n", (int)r->home_len, r->home,
+        ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot reach the coordinator's results at %.*s: %s\n", (int)r->home_len, r->home,
                 nng_strerror(rv ? rv : NNG_EINVAL));
         return;
     }
@@ -1615,36 +1539,30 @@ static void serve_route(worker *w, const ds4_dist_route *r, double timeout_s) {
     send_home(w, &res, NULL, NULL, 0);
 }
 
-int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, int n_threads, int numerics,
-                         const ds4_dist_params *p) {
+int ds4_dist_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int ctx, const ds4_dist_params *p) {
     char err[512];
     worker w = {0};
+    w.m = m;
+    w.be = be;
     w.ctx = ctx;
     w.secret = p->secret;
-    ds4_layer_slice slice;
-    ds4_gguf *g = ds4_gguf_open(model_path, err, sizeof err);
-    if (g && layers && !ds4_layer_slice_parse(layers, &slice, err, sizeof err)) { ds4_gguf_close(g); g = NULL; }
-    if (g) w.m = ds4_model_bind_slice(g, layers ? &slice : NULL, err, sizeof err);
-    const bool sim = w.m && (numerics < 0 ? ds4_cpu_numerics_supported(&w.m->cfg) : numerics > 0);
-    if (w.m) w.be = ds4_cpu_backend_new(w.m, n_threads, 4096, sim, err, sizeof err);
     nng_socket control = NNG_SOCKET_INITIALIZER;
     w.data = (nng_socket)NNG_SOCKET_INITIALIZER;
     nng_listener listener;
     uint8_t nonce[DS4_DIST_NONCE_BYTES];   /* this process's registration nonce Nr */
     char url[200] = "";
     int rc = 1;
-    if (!w.be) { fprintf(stderr, "ds4 worker: %s\n", err); goto done; }
-    if (w.m->slice.first == 0) { fprintf(stderr, "ds4 worker: layer 0 belongs to the coordinator (--layers K:...)\n"); goto done; }
+    if (w.m->slice.first == 0) { ds4_log(DS4_LOG_ERROR, "ds4 worker: layer 0 belongs to the coordinator (--layers K:...)\n"); goto done; }
     /* the data socket listens, on a free port, on this host's address on
      * the way to the coordinator: the coordinator and the previous hop push
      * to it */
     char here[INET6_ADDRSTRLEN + 2];
     if (!local_address_towards(p->host, p->port, here, sizeof here, err, sizeof err)) {
-        fprintf(stderr, "ds4 worker: %s\n", err);
+        ds4_log(DS4_LOG_ERROR, "ds4 worker: %s\n", err);
         goto done;
     }
-    if (!tls_load(p, &w.tls, err, sizeof err)) { fprintf(stderr, "ds4 worker: %s\n", err); goto done; }
-    if (!ds4_dist_random(nonce, sizeof nonce)) { fprintf(stderr, "ds4 worker: cannot draw a random nonce\n"); goto done; }
+    if (!tls_load(p, &w.tls, err, sizeof err)) { ds4_log(DS4_LOG_ERROR, "ds4 worker: %s\n", err); goto done; }
+    if (!ds4_dist_random(nonce, sizeof nonce)) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot draw a random nonce\n"); goto done; }
     ds4_dist_link_key(p->secret, nonce, w.key);
     int rv = nng_pull0_open(&w.data);
     snprintf(url, sizeof url, "%s://%s:0", scheme(&w.tls), here);
@@ -1654,15 +1572,15 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
     if (!rv) rv = start_listener(w.data, url, &w.tls, &listener);
     int port = 0;
     if (!rv) rv = nng_listener_get_int(listener, NNG_OPT_TCP_BOUND_PORT, &port);
-    if (rv) { fprintf(stderr, "ds4 worker: cannot listen on %s: %s\n", url, nng_strerror(rv)); goto done; }
+    if (rv) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot listen on %s: %s\n", url, nng_strerror(rv)); goto done; }
     snprintf(url, sizeof url, "%s://%s:%d", scheme(&w.tls), here, port);
     char curl[200];
     snprintf(curl, sizeof curl, "%s://%s:%d", scheme(&w.tls), p->host, p->port);
     rv = nng_req0_open(&control);
     if (!rv) recv_limit(control, CONTROL_MAX);
     if (!rv) rv = start_dialer(control, curl, &w.tls);   /* retries until the coordinator is up */
-    if (rv) { fprintf(stderr, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
-    const ds4_dist_hello me = identity(w.m, sim, ctx, url, nonce);
+    if (rv) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
+    const ds4_dist_hello me = identity(w.m, numerics, ctx, url, nonce);
     size_t blen;
     void *buf = NULL;
     ds4_dist_frame f;
@@ -1681,28 +1599,31 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
             const int hs = handshake(control, p->secret, me, line, sizeof line);
             if (hs == -2 && !registered && !waited) {
                 /* NNG keeps dialling and says nothing about why a connection fails */
-                fprintf(stderr, "ds4 worker: no answer from %s yet (is it up? with TLS, do both sides trust each "
-                                "other's certificates?); still trying\n", curl);
+                ds4_log(DS4_LOG_WARN, "ds4 worker: no answer from %s yet (is it up? with TLS, do both sides trust each "
+                                      "other's certificates?); still trying\n", curl);
                 waited = true;
             }
             if (hs == -1 && !registered) {
-                fprintf(stderr, "ds4 worker: registration with %s failed: %s\n", curl, line);
+                ds4_log(DS4_LOG_ERROR, "ds4 worker: registration with %s failed: %s\n", curl, line);
                 goto done;
             }
             if (hs < 0) continue;   /* the coordinator is away; ask again */
-            if (!registered || hs)
-                fprintf(stderr, "ds4 worker: layers %d..%d%s: %s: %s", w.m->slice.first, w.m->slice.last,
-                        w.m->slice.output ? " + output" : "", curl, line);
-            if (!registered && !hs) {
-                /* what a session costs here: only this slice's layers have state */
-                const ds4_config *cfg = &w.m->cfg;
-                fprintf(stderr, "; KV state %.2f MiB per %d-token session for these layers (%.2f MiB for all %d), "
-                                "at most %d sessions",
-                        (double)ds4_kv_bytes_for_layers(cfg, ctx, REWIND_SLACK, w.m->slice.first, w.m->slice.last) /
-                            (1 << 20),
-                        ctx, (double)ds4_kv_bytes_for(cfg, ctx, REWIND_SLACK) / (1 << 20), cfg->n_layer, MAX_SESSIONS);
+            if (!registered || hs) {   /* a heartbeat prints nothing */
+                char msg[1024] = "";
+                if (!registered && !hs) {
+                    /* what a session costs here: only this slice's layers have state */
+                    const ds4_config *cfg = &w.m->cfg;
+                    ds4_log_append(msg, sizeof msg,
+                                   "; KV state %.2f MiB per %d-token session for these layers (%.2f MiB for all %d), "
+                                   "at most %d sessions",
+                                   (double)ds4_kv_bytes_for_layers(cfg, ctx, REWIND_SLACK, w.m->slice.first,
+                                                                   w.m->slice.last) / (1 << 20),
+                                   ctx, (double)ds4_kv_bytes_for(cfg, ctx, REWIND_SLACK) / (1 << 20), cfg->n_layer,
+                                   MAX_SESSIONS);
+                }
+                ds4_log(hs ? DS4_LOG_ERROR : DS4_LOG_INFO, "ds4 worker: layers %d..%d%s: %s: %s%s\n",
+                        w.m->slice.first, w.m->slice.last, w.m->slice.output ? " + output" : "", curl, line, msg);
             }
-            if (!registered || hs) fputc('\n', stderr);   /* a heartbeat prints nothing */
             if (hs) goto done;
             if (!registered) nng_socket_set_ms(control, NNG_OPT_RECVTIMEO, 1000);
             registered = true;
@@ -1713,10 +1634,10 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
         size_t frame_len;
         bool work = false;
         if (!ds4_dist_unseal(buf, blen, w.key, sizeof w.key, &frame_len)) {
-            fprintf(stderr, "ds4 worker: dropped a frame that fails the seal (not for this registration, or not "
-                            "with this --dist-secret)\n");
+            ds4_log(DS4_LOG_WARN, "ds4 worker: dropped a frame that fails the seal (not for this registration, or not "
+                                  "with this --dist-secret)\n");
         } else if (!ds4_dist_decode(buf, frame_len, &f, err, sizeof err)) {
-            fprintf(stderr, "ds4 worker: dropped a frame: %s\n", err);
+            ds4_log(DS4_LOG_WARN, "ds4 worker: dropped a frame: %s\n", err);
         } else if ((work = f.type == DS4_DIST_WORK || f.type == DS4_DIST_KV_GET || f.type == DS4_DIST_KV_PUT) &&
                    f.work.route != w.route) {
             /* the coordinator forms its route again when this is its
@@ -1729,10 +1650,10 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
         } else if (work && (int32_t)(f.work.seq - w.last_seq) <= 0) {
             /* sealed, but a request of this route was already served: a
              * recorded frame sent again, never computed twice */
-            fprintf(stderr, "ds4 worker: dropped a replayed frame (request %u; the route is at %u)\n", f.work.seq,
+            ds4_log(DS4_LOG_WARN, "ds4 worker: dropped a replayed frame (request %u; the route is at %u)\n", f.work.seq,
                     w.last_seq);
         } else if (f.type == DS4_DIST_ROUTE && route_taken(&w, f.route.route)) {
-            fprintf(stderr, "ds4 worker: dropped a replayed ROUTE frame (route %llu was taken before)\n",
+            ds4_log(DS4_LOG_WARN, "ds4 worker: dropped a replayed ROUTE frame (route %llu was taken before)\n",
                     (unsigned long long)f.route.route);
         } else if (f.type == DS4_DIST_ROUTE) {
             w.routes_taken[w.n_routes_taken++ % MAX_ROUTES_KEPT] = f.route.route;
@@ -1744,7 +1665,7 @@ int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, in
             w.last_seq = f.work.seq;
             serve_kv(&w, f.type, &f.work);
         } else {
-            fprintf(stderr, "ds4 worker: dropped a frame of type %d\n", f.type);
+            ds4_log(DS4_LOG_WARN, "ds4 worker: dropped a frame of type %d\n", f.type);
         }
         nng_free(buf, blen);
         idle_since = now_seconds();
@@ -1757,8 +1678,5 @@ done:
     for (int i = 0; i < MAX_SESSIONS; i++) session_drop(&w.sessions[i]);
     free(w.in); free(w.out);
     tls_free(&w.tls);
-    if (w.be) w.be->free(w.be);
-    ds4_model_free(w.m);
-    ds4_gguf_close(g);
     return rc;
 }

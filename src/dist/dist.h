@@ -104,14 +104,10 @@ typedef struct {
     const char *tls_cert, *tls_key, *tls_ca;   /* PEM files (--dist-tls-*); NULL: plain TCP */
 } ds4_dist_params;
 
-/* Parses argv[*i] if it is one of --role, --listen, --coordinator,
- * --dist-secret, --dist-wait, --dist-reply-timeout, --dist-prefill-chunk,
- * --dist-prefill-window, --dist-activation-bits, --dist-tls-cert,
- * --dist-tls-key, --dist-tls-ca, --debug (advancing *i past its values).
- * 1 consumed, 0 not ours, -1 with a line in err. */
-int ds4_dist_parse_option(ds4_dist_params *p, int argc, char **argv, int *i, char *err, size_t errlen);
-extern const char ds4_dist_usage[];
-/* After parsing: the secret from the environment when not given, and one
+/* the most prefill chunks in flight along a route (--dist-prefill-window) */
+#define DS4_DIST_MAX_WINDOW 32
+
+/* After the options were read (options/cli_args.h): the secret from the environment when not given, and one
  * line in err for an inconsistent set (a role without its address, a worker
  * role where the binary runs no worker loop: !worker_ok, activation bits
  * given to a worker: the coordinator chooses them for the route, some of
@@ -122,10 +118,15 @@ bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size
 struct ds4_backend *ds4_dist_coordinator_new(struct ds4_backend *local, const struct ds4_model *m,
                                              const ds4_dist_params *p, bool numerics, char *err, size_t errlen);
 
-/* The worker: loads model_path's slice (layers as --layers), registers and
- * serves until killed. Returns a process exit status (1 with a line on
- * stderr when it cannot start or is refused). */
-int ds4_dist_worker_main(const char *model_path, const char *layers, int ctx, int n_threads, int numerics,
-                         const ds4_dist_params *p);
+/* The worker loop over a layer slice that is already loaded: m (bound with
+ * --layers K:..., K > 0) and be, a backend over it that takes and leaves
+ * hidden states (backend.h), with the numerics it was built with. Registers
+ * with the coordinator in p and serves until refused or killed; frees
+ * neither m nor be. The engine hands its own over
+ * (ds4_engine_serve_worker), so a worker's slice is loaded, paged and run
+ * as any other engine's. Returns a process exit status (1 after one line in
+ * the log when it cannot start or is refused). */
+int ds4_dist_worker_serve(const struct ds4_model *m, struct ds4_backend *be, bool numerics, int ctx,
+                          const ds4_dist_params *p);
 
 #endif

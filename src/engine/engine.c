@@ -4,6 +4,7 @@
 #include "engine/engine.h"
 #include "backends/backend.h"
 #include "base/numparse.h"
+#include "base/log.h"
 #include "base/mempages.h"
 #include "format/gguf.h"
 #include "models/model_family.h"
@@ -86,25 +87,28 @@ static double seconds_now(void) {
 
 static void page_in_weights(const ds4_engine *e, const ds4_engine_params *p) {
     const uint64_t bytes = ds4_gguf_file_bytes(e->g), avail = ds4_memory_available();
-    if (p->gpu.backend != DS4_BACKEND_CPU || p->ssd.enabled || p->dist.role != DS4_DIST_NONE || p->layers ||
-        !avail || bytes > avail)
+    /* a slice of a bigger file maps the other processes' layers too: paging
+     * the mapping in would read them */
+    if (p->gpu.backend != DS4_BACKEND_CPU || p->ssd.enabled || !e->info.binds_file || !avail || bytes > avail)
         return;
     char why[256];
     const double t0 = seconds_now();
     if (!ds4_gguf_populate(e->g, why, sizeof why)) {
-        if (!p->quiet) fprintf(stderr, "ds4: weights stay lazily mapped: %s\n", why);
+        if (!p->quiet) ds4_log(DS4_LOG_WARN, "ds4: weights stay lazily mapped: %s\n", why);
         return;
     }
     const double t1 = seconds_now();
     ds4_gguf_pages pages;
     const bool large = ds4_gguf_prefer_large_pages(e->g, LARGE_PAGE_PROBE_BYTES, &pages);
     if (p->quiet) return;
-    fprintf(stderr, "ds4: weights paged in: %.2f GiB in %.2f s; in 2 MiB pages: %.0f%%", (double)bytes / (1 << 30),
-            t1 - t0, 100.0 * pages.before);
-    if (pages.reread) fprintf(stderr, " -> %.0f%% after re-reading the page cache (%.2f s)", 100.0 * pages.after,
-                              seconds_now() - t1);
-    if (!large) fprintf(stderr, " (kept: %s)", pages.note);
-    fprintf(stderr, "\n");
+    char line[512] = "";
+    ds4_log_append(line, sizeof line, "ds4: weights paged in: %.2f GiB in %.2f s; in 2 MiB pages: %.0f%%",
+                   (double)bytes / (1 << 30), t1 - t0, 100.0 * pages.before);
+    if (pages.reread)
+        ds4_log_append(line, sizeof line, " -> %.0f%% after re-reading the page cache (%.2f s)", 100.0 * pages.after,
+                       seconds_now() - t1);
+    if (!large) ds4_log_append(line, sizeof line, " (kept: %s)", pages.note);
+    ds4_log(DS4_LOG_INFO, "%s\n", line);
 }
 
 static bool load_tokenizer(ds4_engine *e, char *err, size_t errlen) {
@@ -135,7 +139,7 @@ static bool common_params(ds4_engine *e, const ds4_engine_params *p, char *err, 
 static void warn_unused_gpu_flags(const ds4_engine_params *p) {
     static atomic_flag warned = ATOMIC_FLAG_INIT;
     if (p->gpu.backend == DS4_BACKEND_CPU && p->gpu.placement_given && !p->quiet && !atomic_flag_test_and_set(&warned))
-        fprintf(stderr, "ds4: warning: --gpu-vram/--gpu-devices have no effect without --cuda (running on the CPU)\n");
+        ds4_log(DS4_LOG_WARN, "ds4: warning: --gpu-vram/--gpu-devices have no effect without --cuda (running on the CPU)\n");
 }
 
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen) {
@@ -168,6 +172,15 @@ void ds4_engine_free(ds4_engine *e) {
     if (e->m) e->fam->model_free(e->m);
     ds4_gguf_close(e->g);
     free(e);
+}
+
+int ds4_engine_serve_worker(ds4_engine *e, int ctx, const ds4_dist_params *p) {
+    if (!e->fam->serve_worker) {
+        /* unreachable through ds4_engine_load, which refuses --role for such a family */
+        ds4_log(DS4_LOG_ERROR, "ds4 worker: this model's family has no pipeline worker\n");
+        return 1;
+    }
+    return e->fam->serve_worker(e->m, e->be, ctx, p);
 }
 
 const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e) { return e->tok; }

@@ -35,9 +35,11 @@
  *   every later one of this engine with the same line (the file changed
  *   under it: restart); it is the one failure that does not leave the
  *   engine usable.
- * - Weights in RAM at load: on the CPU backend, a whole model (no --layers
- *   slice, no pipeline role, no ssd.enabled) whose files fit in the memory
- *   available (MemAvailable and the cgroup limit) is paged into the mapping
+ * - Weights in RAM at load: on the CPU backend, a model that binds all its
+ *   file holds (a whole model, or a layer range file bound to its own range,
+ *   as pipeline processes over split files are; no ssd.enabled) whose files
+ *   fit in the memory available (MemAvailable and the cgroup limit) is
+ *   paged into the mapping
  *   at load (ds4_gguf_populate), so the first prompt takes no page faults on
  *   the weights; a model that does not fit stays lazily mapped. A kernel that
  *   refuses leaves the mapping lazy with one note (unless quiet). After the
@@ -54,6 +56,12 @@
  *   engine holding less than the whole model loads (CPU backend only) but
  *   refuses prefill/decode with one line unless it is a pipeline coordinator
  *   (dist.role), whose backend runs the other layers on its workers.
+ * - ds4_engine_serve_worker() makes the process a pipeline worker over the
+ *   slice it loaded (dist.role = worker): the engine's own model and backend
+ *   go to the worker loop (dist.h), which registers with the coordinator in
+ *   p and serves until refused or killed. Returns a process exit status (1
+ *   after one line in the log); a family without pipeline support was
+ *   refused at load.
  * - Allocation failures are errors (NULL / -1 with err), never crashes; a
  *   failed call leaves the engine and its sessions usable.
  */
@@ -80,6 +88,7 @@ bool ds4_engine_ssd_stats(const ds4_engine *e, ds4_ssd_stats *out);
 void ds4_engine_params_default(ds4_engine_params *p);
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen);
 void ds4_engine_free(ds4_engine *e);
+int ds4_engine_serve_worker(ds4_engine *e, int ctx, const ds4_dist_params *p);
 
 /* The chat side of the loaded file's family (chat_spec.h): front ends take
  * the chat format, tool-call parser and protocol strings from it;

@@ -4,6 +4,7 @@
  * ring checkpoints for deep rewinds, the DSV4 payload, and the DSML chat
  * format. */
 #include "models/model_family.h"
+#include "base/log.h"
 
 #include "backends/cuda/cuda_backend.h"
 #include "models/dsv4/expert_cache.h"
@@ -56,7 +57,7 @@ static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4
     }
     const ds4_config *c = &fm->m->cfg;
     *info = (ds4_family_info){fm->m->name, c->n_vocab, c->n_layer, ds4_model_expert_bits(fm->m), c->train_ctx,
-                              fm->m->file_bytes};
+                              fm->m->file_bytes, fm->m->binds_file};
     fm->numerics = p->numerics < 0 ? ds4_cpu_numerics_supported(c) : p->numerics > 0;
     return fm;
 }
@@ -108,8 +109,8 @@ static bool start_streaming(ds4_family_model *fm, ds4_backend *be, const ds4_eng
     fm->ssd_stats = p->ssd.stats;
     if (!p->quiet) {
         const double GiB = 1 << 30;
-        fprintf(stderr, "ds4: ssd-streaming: %.2f GiB resident, expert cache %d slots x %.1f MiB = %.2f GiB "
-                        "(%.0f%% of %.2f GiB routed), working set %.1f MiB per token, %d preloaded, %s reads%s%s\n",
+        ds4_log(DS4_LOG_INFO, "ds4: ssd-streaming: %.2f GiB resident, expert cache %d slots x %.1f MiB = %.2f GiB "
+                              "(%.0f%% of %.2f GiB routed), working set %.1f MiB per token, %d preloaded, %s reads%s%s\n",
                 (double)b.resident_bytes / GiB, slots, (double)slot / (1 << 20), (double)slots * slot / GiB,
                 100.0 * slots / ((double)c->n_layer * c->n_expert), (double)routed / GiB,
                 (double)c->n_layer * c->n_expert_used * routed / ((double)c->n_layer * c->n_expert) / (1 << 20),
@@ -153,8 +154,8 @@ static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_
     if (!ds4_model_is_whole(m))
         snprintf(held, sizeof held, " (this process: layers %d..%d%s)", sl->first, sl->last,
                  sl->output ? " + output head" : "");
-    fprintf(stderr, "ds4: %s: %d layers%s, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
-                    "%s, numerics %s\n",
+    ds4_log(DS4_LOG_INFO, "ds4: %s: %d layers%s, %d experts (%d-bit), %.2f GiB file, %.1f MiB resident, "
+                          "%s, numerics %s\n",
             m->name, c->n_layer, held, c->n_expert, ds4_model_expert_bits(m), (double)m->file_bytes / (1 << 30),
             (double)rss / (1 << 20), where, fm->numerics ? "ds4" : "f32");
 }
@@ -183,9 +184,9 @@ static void print_ssd_stats(const ds4_family_model *fm) {
     ds4_ssd_stats st;
     if (!ssd_stats(fm, &st)) return;
     const uint64_t acc = st.hits + st.misses;
-    fprintf(stderr, "ds4: ssd-streaming stats: %llu tokens, hit rate %.1f%% (%llu of %llu), %.2f MiB read per token, "
-                    "read %.1f MiB/s, stall %.2f s, %llu preloaded, %llu prefetched, "
-                    "next-layer guesses %.1f%% right (%llu of %llu, %llu read ahead)\n",
+    ds4_log(DS4_LOG_INFO, "ds4: ssd-streaming stats: %llu tokens, hit rate %.1f%% (%llu of %llu), %.2f MiB read per token, "
+                          "read %.1f MiB/s, stall %.2f s, %llu preloaded, %llu prefetched, "
+                          "next-layer guesses %.1f%% right (%llu of %llu, %llu read ahead)\n",
             (unsigned long long)st.tokens, acc ? 100.0 * st.hits / acc : 0.0, (unsigned long long)st.hits,
             (unsigned long long)acc, st.tokens ? (double)st.bytes_read / st.tokens / (1 << 20) : 0.0,
             st.read_seconds > 0 ? (double)st.bytes_read / st.read_seconds / (1 << 20) : 0.0, st.stall_seconds,
@@ -210,6 +211,10 @@ static bool can_eval(const ds4_family_model *fm, const ds4_backend *be, char *er
                           "alone (run it with --role coordinator or --role worker)",
              sl->first, sl->last, sl->output ? " and the output head" : "");
     return false;
+}
+
+static int serve_worker(ds4_family_model *fm, ds4_backend *be, int ctx, const ds4_dist_params *p) {
+    return ds4_dist_worker_serve(fm->m, be, fm->numerics, ctx, p);
 }
 
 static uint64_t state_bytes(const ds4_family_model *fm, int ctx) {
@@ -340,7 +345,7 @@ static size_t payload_bytes(const ds4_family_state *st, int n_vocab) { return ds
 static void payload_sync(const ds4_family_state *st) {
     char err[256];
     if (!kv_gather(st, err, sizeof err)) return;
-    fprintf(stderr, "ds4: %s; the session is dropped\n", err);
+    ds4_log(DS4_LOG_WARN, "ds4: %s; the session is dropped\n", err);
     ds4_kv_reset(st->kv);
 }
 
@@ -467,6 +472,7 @@ const ds4_family ds4_family_dsv4 = {
     .report = report,
     .model_free = model_free,
     .can_eval = can_eval,
+    .serve_worker = serve_worker,
     .ssd_stats = ssd_stats,
     .observe_matmuls = observe_matmuls,
     .state_bytes = state_bytes,

@@ -4,6 +4,7 @@
  * payload (which is also its snapshot), and the GLM chat format. The
  * DeepSeek-only engine options are refused by name rather than ignored. */
 #include "models/model_family.h"
+#include "base/log.h"
 
 #include "models/glm/glm_backend.h"
 #include "text/glm_chat.h"
@@ -38,7 +39,7 @@ static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4
     glm_model *m = ds4_glm_model_bind(g, err, errlen);
     if (!m) return NULL;
     *info = (ds4_family_info){m->name, (int)m->hp.n_vocab, (int)glm_n_trunk(&m->hp), expert_bits(m),
-                              m->hp.n_ctx_train, m->file_bytes};
+                              m->hp.n_ctx_train, m->file_bytes, true};
     return (ds4_family_model *)m;
 }
 
@@ -51,8 +52,8 @@ static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_
     (void)p;
     const glm_model *m = M(fm);
     const glm_hparams *hp = &m->hp;
-    fprintf(stderr, "ds4: %s: GLM 5.2, %u layers, %u experts, %.2f GiB file, %.1f MiB resident, %d threads, "
-                    "numerics f32\n",
+    ds4_log(DS4_LOG_INFO, "ds4: %s: GLM 5.2, %u layers, %u experts, %.2f GiB file, %.1f MiB resident, %d threads, "
+                          "numerics f32\n",
             m->name, glm_n_trunk(hp), hp->n_expert, (double)m->file_bytes / (1 << 30), (double)rss / (1 << 20),
             ds4_glm_cpu_backend_threads(be));
 }
@@ -211,6 +212,7 @@ const ds4_family ds4_family_glm = {
     .report = report,
     .model_free = model_free,
     .can_eval = NULL,
+    .serve_worker = NULL,
     .ssd_stats = NULL,
     .state_bytes = state_bytes,
     .state_new = state_new,

@@ -57,6 +57,9 @@ typedef struct {
     const char *name;
     int n_vocab, n_layers, expert_bits;
     uint64_t train_ctx, file_bytes;
+    /* it binds everything its file holds (a whole model, or a layer range
+     * file's own range), so reading the whole mapping reads only its weights */
+    bool binds_file;
 } ds4_family_info;
 
 typedef struct ds4_family_model ds4_family_model;   /* a family's bound model */
@@ -77,6 +80,9 @@ typedef struct ds4_family {
     void (*model_free)(ds4_family_model *m);
     /* false with err when this process cannot compute logits (a layer slice) */
     bool (*can_eval)(const ds4_family_model *m, const ds4_backend *be, char *err, size_t errlen);
+    /* the pipeline worker loop (dist.h) over this slice and its backend until
+     * refused or killed: a process exit status; NULL without DS4_FEAT_ROLE */
+    int (*serve_worker)(ds4_family_model *m, ds4_backend *be, int ctx, const ds4_dist_params *p);
     bool (*ssd_stats)(const ds4_family_model *m, ds4_ssd_stats *out);   /* NULL: never streams */
     /* every matrix product's input rows to fn (imatrix collection); false
      * with one line when this model's backend cannot; NULL: never offered */

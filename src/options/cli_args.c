@@ -1,7 +1,10 @@
 #include "options/cli_args.h"
+#include "backends/cuda/cuda_backend.h"
+#include "base/log.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,30 +13,95 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int ds4_parse_spec_option(const char *name, const char *value, ds4_spec_params *p) {
-    if (strcmp(name, "--spec-lookup")) return 0;
-    return ds4_parse_int(value, 0, DS4_SPEC_MAX_DRAFT, &p->lookup_max) ? 1 : -1;
+const ds4_cli_int_opt ds4_opt_ctx = {"-c|--ctx", 16, 1 << 24};
+const ds4_cli_int_opt ds4_opt_threads = {"-t|--threads", 0, 4096};
+const ds4_cli_int_opt ds4_opt_tokens = {"-n|--tokens", 0, 1 << 30};
+const ds4_cli_int_opt ds4_opt_prefill_chunk = {"--prefill-chunk", 1, 1 << 20};
+
+void ds4_cli_begin(ds4_cli *c, const char *prog, int argc, char **argv) {
+    *c = (ds4_cli){prog, argc, argv, 0, 0, 0};
 }
 
-const char ds4_spec_usage[] =
-    "      --spec-lookup N     speculative decoding: draft up to N tokens (1..16) from the\n"
-    "                          longest earlier match of the context's last tokens; the output\n"
-    "                          is the same as without it (default 0 = off)\n";
-
-int ds4_parse_sampling_option(const char *name, const char *value, ds4_sampler_params *p) {
-    if (!strcmp(name, "--temp")) return ds4_parse_float(value, &p->temperature) ? 1 : -1;
-    if (!strcmp(name, "--top-p")) return ds4_parse_float(value, &p->top_p) ? 1 : -1;
-    if (!strcmp(name, "--min-p")) return ds4_parse_float(value, &p->min_p) ? 1 : -1;
-    if (!strcmp(name, "--top-k")) return ds4_parse_int(value, 0, INT_MAX, &p->top_k) ? 1 : -1;
-    if (strcmp(name, "--seed")) return 0;
-    if (!value) return -1;
-    char *end;
-    errno = 0;
-    unsigned long long seed = strtoull(value, &end, 10);
-    if (errno || end == value || *end) return -1;
-    p->seed = seed;
-    return 1;
+bool ds4_cli_next(ds4_cli *c) {
+    if (c->status || c->i + 1 >= c->argc) return false;
+    c->at = ++c->i;
+    return true;
 }
+
+/* the option being parsed (its values may follow it) */
+static const char *cur(const ds4_cli *c) { return c->argv[c->at]; }
+
+bool ds4_cli_is(const ds4_cli *c, const char *names) {
+    const char *a = cur(c);
+    const size_t n = strlen(a);
+    for (const char *s = names; *s;) {
+        const size_t len = strcspn(s, "|");
+        if (len == n && !memcmp(s, a, n)) return true;
+        s += len + (s[len] == '|');
+    }
+    return false;
+}
+
+void ds4_cli_fail(ds4_cli *c, const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    ds4_log(DS4_LOG_ERROR, "%s: %s\n", c->prog, line);
+    c->status = 2;
+}
+
+void ds4_cli_bad_value(ds4_cli *c, const char *value, const char *what) {
+    ds4_cli_fail(c, "%s: bad value '%s' (%s)", cur(c), value, what);
+}
+
+void ds4_cli_unknown_option(const char *prog, const char *opt) {
+    ds4_log(DS4_LOG_ERROR, "%s: unknown option %s (see --help)\n", prog, opt);
+}
+
+void ds4_cli_missing_value(const char *prog, const char *opt) {
+    ds4_log(DS4_LOG_ERROR, "%s: %s needs a value\n", prog, opt);
+}
+
+void ds4_cli_unknown(ds4_cli *c) {
+    ds4_cli_unknown_option(c->prog, cur(c));
+    c->status = 2;
+}
+
+/* The value after the current option (the cursor moves onto it), or NULL
+ * after the missing-value line. */
+static const char *value(ds4_cli *c) {
+    if (c->i + 1 >= c->argc) {
+        ds4_cli_missing_value(c->prog, cur(c));
+        c->status = 2;
+        return NULL;
+    }
+    return c->argv[++c->i];
+}
+
+static void bad(ds4_cli *c, const char *what) { ds4_cli_bad_value(c, c->argv[c->i], what); }
+
+bool ds4_cli_str(ds4_cli *c, const char *names, const char **out) {
+    if (!ds4_cli_is(c, names)) return false;
+    const char *v = value(c);
+    if (v) *out = v;
+    return true;
+}
+
+bool ds4_cli_int(ds4_cli *c, const ds4_cli_int_opt *opt, int *out) {
+    if (!ds4_cli_is(c, opt->names)) return false;
+    const char *v = value(c);
+    if (v && !ds4_parse_int(v, opt->lo, opt->hi, out)) {
+        char what[80];
+        snprintf(what, sizeof what, "an integer in [%ld, %ld]", opt->lo, opt->hi);
+        bad(c, what);
+    }
+    return true;
+}
+
+bool ds4_cli_model(ds4_cli *c, const char **path) { return ds4_cli_str(c, "-m|--model", path); }
+bool ds4_cli_layers(ds4_cli *c, const char **layers) { return ds4_cli_str(c, "--layers", layers); }
 
 bool ds4_parse_numerics(const char *s, int *out) {
     if (!s) return false;
@@ -43,30 +111,78 @@ bool ds4_parse_numerics(const char *s, int *out) {
     return true;
 }
 
-void ds4_cli_unknown_option(const char *prog, const char *opt) {
-    fprintf(stderr, "%s: unknown option %s (see --help)\n", prog, opt);
+bool ds4_cli_numerics(ds4_cli *c, int *numerics) {
+    if (!ds4_cli_is(c, "--numerics")) return false;
+    const char *v = value(c);
+    if (v && !ds4_parse_numerics(v, numerics)) bad(c, "exact or ds4");
+    return true;
 }
 
-void ds4_cli_missing_value(const char *prog, const char *opt) {
-    fprintf(stderr, "%s: %s needs a value\n", prog, opt);
+static bool float_value(ds4_cli *c, float *out) {
+    const char *v = value(c);
+    if (v && !ds4_parse_float(v, out)) bad(c, "a number");
+    return true;
 }
 
-bool ds4_cli_model_usable(const char *prog, const char *path) {
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        fprintf(stderr, "%s: no model at %s (%s): pass -m models/demo.gguf for the random-weight demo model "
-                "that `make demo` builds, or fetch DeepSeek V4 Flash with ./download_model.sh\n",
-                prog, path, strerror(errno));
-        return false;
+bool ds4_cli_sampling(ds4_cli *c, ds4_sampler_params *p) {
+    if (ds4_cli_is(c, "--temp")) return float_value(c, &p->temperature);
+    if (ds4_cli_is(c, "--top-p")) return float_value(c, &p->top_p);
+    if (ds4_cli_is(c, "--min-p")) return float_value(c, &p->min_p);
+    static const ds4_cli_int_opt top_k = {"--top-k", 0, INT_MAX};
+    if (ds4_cli_int(c, &top_k, &p->top_k)) return true;
+    if (!ds4_cli_is(c, "--seed")) return false;
+    const char *v = value(c);
+    if (!v) return true;
+    char *end;
+    errno = 0;
+    const unsigned long long seed = strtoull(v, &end, 10);
+    if (errno || end == v || *end || *v == '-') bad(c, "an unsigned 64-bit integer");
+    else p->seed = seed;
+    return true;
+}
+
+bool ds4_cli_spec(ds4_cli *c, ds4_spec_params *p) {
+    static const ds4_cli_int_opt lookup = {"--spec-lookup", 0, DS4_SPEC_MAX_DRAFT};
+    return ds4_cli_int(c, &lookup, &p->lookup_max);
+}
+
+const char ds4_spec_usage[] =
+    "      --spec-lookup N     speculative decoding: draft up to N tokens (1..16) from the\n"
+    "                          longest earlier match of the context's last tokens; the output\n"
+    "                          is the same as without it (default 0 = off)\n";
+
+const char ds4_gpu_usage[] =
+    "      --cuda              run on the CUDA backend (CUDA builds; exits if no GPU)\n"
+    "      --cpu               run on the CPU reference backend (default)\n"
+    "      --gpu-vram N[,N..]  per-device VRAM budget in GiB, or auto (free memory)\n"
+    "      --gpu-devices N[,N..] CUDA device ordinals in placement order (default 0)\n"
+    "      --backend cpu|cuda  the same as --cpu / --cuda\n";
+
+/* Other engines' backend flags (--metal, --backend NAME) are recognised so a
+ * command line written for them gets one line naming the backends this build
+ * has; --backend cpu|cuda selects as --cpu / --cuda do. */
+bool ds4_cli_gpu(ds4_cli *c, ds4_gpu_opts *o) {
+    if (ds4_cli_is(c, "--cuda")) { o->backend = DS4_BACKEND_CUDA; return true; }
+    if (ds4_cli_is(c, "--cpu")) { o->backend = DS4_BACKEND_CPU; return true; }
+    if (ds4_cli_is(c, "--metal")) {
+        ds4_cli_fail(c, "--metal: no Metal backend here; this build has: %s", ds4_backends_built());
+        return true;
     }
-    if (!S_ISREG(st.st_mode)) {
-        fprintf(stderr, "%s: %s is not a regular file; -m takes a GGUF file\n", prog, path);
-        return false;
+    if (ds4_cli_is(c, "--backend")) {
+        const char *v = value(c);
+        if (v && (!strcmp(v, "cpu") || !strcmp(v, "cuda")))
+            o->backend = !strcmp(v, "cuda") ? DS4_BACKEND_CUDA : DS4_BACKEND_CPU;
+        else if (v)
+            ds4_cli_fail(c, "--backend %.32s: no such backend here; this build has: %s", v, ds4_backends_built());
+        return true;
     }
-    if (access(path, R_OK) != 0) {
-        fprintf(stderr, "%s: cannot read %s: %s\n", prog, path, strerror(errno));
-        return false;
-    }
+    const bool vram = ds4_cli_is(c, "--gpu-vram");
+    if (!vram && !ds4_cli_is(c, "--gpu-devices")) return false;
+    const char *v = value(c);
+    char err[256];
+    o->placement_given = true;
+    if (v && !(vram ? ds4_gpu_parse_budgets(v, o, err, sizeof err) : ds4_gpu_parse_devices(v, o, err, sizeof err)))
+        ds4_cli_fail(c, "%s", err);
     return true;
 }
 
@@ -98,27 +214,104 @@ static bool parse_cache_size(const char *v, ds4_ssd_params *p) {
     return true;
 }
 
-int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char *err, size_t errlen) {
-    const char *a = argv[*i];
-    if (strncmp(a, "--ssd-streaming", 15)) return 0;
-    if (!strcmp(a, "--ssd-streaming")) { p->enabled = true; return 1; }
-    if (!strcmp(a, "--ssd-streaming-cold")) { p->cold = true; return 1; }
-    if (!strcmp(a, "--ssd-streaming-stats")) { p->stats = true; return 1; }
-    if (!strcmp(a, "--ssd-streaming-lru")) { p->lru = true; return 1; }
-    if (!strcmp(a, "--ssd-streaming-no-predict")) { p->no_predict = true; return 1; }
-    if (!strcmp(a, "--ssd-streaming-trace")) {
-        if (*i + 1 >= argc) { snprintf(err, errlen, "%s needs a file", a); return -1; }
-        p->trace_path = argv[++*i];
-        return 1;
+bool ds4_cli_ssd(ds4_cli *c, ds4_ssd_params *p) {
+    if (strncmp(cur(c), "--ssd-streaming", 15)) return false;
+    if (ds4_cli_is(c, "--ssd-streaming")) { p->enabled = true; return true; }
+    if (ds4_cli_is(c, "--ssd-streaming-cold")) { p->cold = true; return true; }
+    if (ds4_cli_is(c, "--ssd-streaming-stats")) { p->stats = true; return true; }
+    if (ds4_cli_is(c, "--ssd-streaming-lru")) { p->lru = true; return true; }
+    if (ds4_cli_is(c, "--ssd-streaming-no-predict")) { p->no_predict = true; return true; }
+    if (ds4_cli_str(c, "--ssd-streaming-trace", &p->trace_path)) return true;
+    if (ds4_cli_is(c, "--ssd-streaming-cache-experts")) {
+        const char *v = value(c);
+        if (v && !parse_cache_size(v, p)) bad(c, "NGB, NMB or a slot count");
+        return true;
     }
-    const bool cache = !strcmp(a, "--ssd-streaming-cache-experts"), preload = !strcmp(a, "--ssd-streaming-preload-experts");
-    if (!cache && !preload) return 0;
-    if (*i + 1 >= argc) { snprintf(err, errlen, "%s needs a value", a); return -1; }
-    const char *v = argv[++*i];
-    if (cache ? !parse_cache_size(v, p) : !ds4_parse_int(v, 0, 1 << 30, &p->preload_experts)) {
-        snprintf(err, errlen, "%s: bad value '%s' (%s)", a, v, cache ? "NGB, NMB or a slot count" : "an expert count");
-        return -1;
+    static const ds4_cli_int_opt preload = {"--ssd-streaming-preload-experts", 0, 1 << 30};
+    if (!ds4_cli_int(c, &preload, &p->preload_experts)) return false;
+    if (!c->status && p->preload_experts == 0) p->cold = true;
+    return true;
+}
+
+const char ds4_dist_usage[] =
+    "      --role coordinator|worker  pipeline parallelism over hosts (docs/distributed.md)\n"
+    "      --listen HOST PORT    coordinator: where workers register\n"
+    "      --coordinator HOST PORT  worker: the coordinator to register with\n"
+    "      --dist-secret S       shared secret checked at registration (else $DS4_DIST_SECRET)\n"
+    "      --dist-wait SECONDS   coordinator: wait this long for a complete route (default 30)\n"
+    "      --dist-reply-timeout SECONDS  coordinator: a hop silent this long is gone (default 120)\n"
+    "      --dist-prefill-chunk N  coordinator: tokens per pipelined prefill chunk (default: --prefill-chunk)\n"
+    "      --dist-prefill-window W  coordinator: prefill chunks in flight along the route (default 2)\n"
+    "      --dist-activation-bits 32|16|8  coordinator: hidden states between hops as f32, f16 or\n"
+    "                            per-row scaled int8 (default 32; 16 and 8 change the logits slightly)\n"
+    "      --dist-tls-cert FILE  TLS for every pipeline connection: this host's certificate (PEM)\n"
+    "      --dist-tls-key FILE   its private key (PEM)\n"
+    "      --dist-tls-ca FILE    the CA that signs every host's certificate (PEM); peers must present one\n"
+    "      --debug               route formation and per-hop telemetry on stderr\n";
+
+static bool seconds_value(ds4_cli *c, double *out) {
+    const char *v = value(c);
+    if (!v) return true;
+    char *end;
+    const double x = strtod(v, &end);
+    if (end == v || *end || !(x > 0 && x < 1e6)) bad(c, "seconds, more than 0");
+    else *out = x;
+    return true;
+}
+
+bool ds4_cli_dist(ds4_cli *c, ds4_dist_params *p) {
+    if (ds4_cli_is(c, "--debug")) { p->debug = true; return true; }
+    if (ds4_cli_is(c, "--listen|--coordinator")) {
+        int port;
+        if (c->i + 2 >= c->argc || !ds4_parse_int(c->argv[c->i + 2], 1, 65535, &port)) {
+            ds4_cli_fail(c, "%s needs HOST PORT (port 1..65535)", cur(c));
+            return true;
+        }
+        p->host = c->argv[c->i + 1];
+        p->port = port;
+        c->i += 2;
+        return true;
     }
-    if (preload && p->preload_experts == 0) p->cold = true;
-    return 1;
+    static const ds4_cli_int_opt chunk = {"--dist-prefill-chunk", 1, 1 << 20},
+                                 window = {"--dist-prefill-window", 1, DS4_DIST_MAX_WINDOW};
+    if (ds4_cli_str(c, "--dist-secret", &p->secret) || ds4_cli_str(c, "--dist-tls-cert", &p->tls_cert) ||
+        ds4_cli_str(c, "--dist-tls-key", &p->tls_key) || ds4_cli_str(c, "--dist-tls-ca", &p->tls_ca) ||
+        ds4_cli_int(c, &chunk, &p->prefill_chunk) || ds4_cli_int(c, &window, &p->prefill_window))
+        return true;
+    if (ds4_cli_is(c, "--dist-wait")) return seconds_value(c, &p->wait_seconds);
+    if (ds4_cli_is(c, "--dist-reply-timeout")) return seconds_value(c, &p->reply_seconds);
+    if (ds4_cli_is(c, "--dist-activation-bits")) {
+        const char *v = value(c);
+        if (v && strcmp(v, "32") && strcmp(v, "16") && strcmp(v, "8"))
+            ds4_cli_fail(c, "--dist-activation-bits takes 32, 16 or 8, not '%s'", v);
+        else if (v)
+            p->activation_bits = atoi(v);
+        return true;
+    }
+    if (!ds4_cli_is(c, "--role")) return false;
+    const char *v = value(c);
+    if (!v) return true;
+    if (!strcmp(v, "coordinator")) p->role = DS4_DIST_COORDINATOR;
+    else if (!strcmp(v, "worker")) p->role = DS4_DIST_WORKER;
+    else ds4_cli_fail(c, "--role takes coordinator or worker, not '%s'", v);
+    return true;
+}
+
+bool ds4_cli_model_usable(const char *prog, const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        ds4_log(DS4_LOG_ERROR, "%s: no model at %s (%s): pass -m models/demo.gguf for the random-weight demo model "
+                "that `make demo` builds, or fetch DeepSeek V4 Flash with ./download_model.sh\n",
+                prog, path, strerror(errno));
+        return false;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ds4_log(DS4_LOG_ERROR, "%s: %s is not a regular file; -m takes a GGUF file\n", prog, path);
+        return false;
+    }
+    if (access(path, R_OK) != 0) {
+        ds4_log(DS4_LOG_ERROR, "%s: cannot read %s: %s\n", prog, path, strerror(errno));
+        return false;
+    }
+    return true;
 }

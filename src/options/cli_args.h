@@ -1,37 +1,93 @@
-/* cli_args.h -- what the command-line mains (ds4, ds4-server, ds4-bench and
- * the tools) share: option values parsed strictly, the flags every binary
- * that loads a model spells the same way, and one wording per mistake.
+/* cli_args.h -- the one command-line parser of the binaries (ds4, ds4-server,
+ * ds4-bench, ds4-agent; the tools use its wording): a cursor over argv, the
+ * options every binary that loads a model shares, each defined once with its
+ * spelling, range and message, and one wording per mistake. The library
+ * below takes the structs these fill (ds4_engine_params' parts,
+ * ds4_sampler_params, ds4_dist_params), never argv.
  *
  * Contract
- * - Values are parsed strictly (numparse.h).
- * - ds4_parse_sampling_option() recognises the sampling options every
- *   generating binary shares (--temp, --top-p, --min-p, --top-k, --seed):
- *   0 when name is not one of them, 1 when it is and the value was stored,
- *   -1 when it is but the value is missing or bad (p untouched).
- * - ds4_parse_spec_option() does the same for the speculative-decoding
- *   options (--spec-lookup N, 0..DS4_SPEC_MAX_DRAFT; 0 = off).
+ * - A binary walks argv with ds4_cli_next() and offers the current argument
+ *   to the option functions in turn. Each returns true when the argument is
+ *   its option: it took the value(s) that follow, or refused the option with
+ *   one line through the log (base/log.h) and set c->status = 2, which ends
+ *   the walk. False: not this option, nothing consumed.
+ * - The lines: "PROG: unknown option OPT (see --help)", "PROG: OPT needs a
+ *   value", "PROG: OPT: bad value 'V' (WHAT)" where WHAT says what is taken
+ *   ("an integer in [LO, HI]", "a number", "exact or ds4", ...); an option
+ *   whose value has a shape of its own (--listen HOST PORT) says so instead.
+ * - Values are parsed strictly (numparse.h): the whole string is the number,
+ *   in its range.
+ * - A shared integer option is a ds4_cli_int_opt, one per option, so every
+ *   binary gives it the same range; a binary's own integer options use the
+ *   same type and so the same message.
  */
 #ifndef DS4_CLI_ARGS_H
 #define DS4_CLI_ARGS_H
 
 #include <stdbool.h>
 
+#include "backends/cuda/cuda_plan.h"
 #include "base/numparse.h"
+#include "dist/dist.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/spec.h"
 
-int ds4_parse_sampling_option(const char *name, const char *value, ds4_sampler_params *p);
-int ds4_parse_spec_option(const char *name, const char *value, ds4_spec_params *p);
-/* the --spec-lookup line of every generating binary's --help */
-extern const char ds4_spec_usage[];
+typedef struct {
+    const char *prog;   /* the binary's name, each message's first word */
+    int argc;
+    char **argv;
+    int i;              /* the last argument taken: the option or its last value */
+    int at;             /* the option being parsed */
+    int status;         /* 0 while parsing; 2 once an option was refused */
+} ds4_cli;
 
-/* `--numerics exact|ds4` -> 0 | 1, the values of ds4_engine_params.numerics
- * (exact f32, or the FP8 KV / FP4 indexer simulation). */
+typedef struct {
+    const char *names;  /* "-c|--ctx": the spellings, '|'-separated */
+    long lo, hi;
+} ds4_cli_int_opt;
+
+/* The shared integer options: -c/--ctx, -t/--threads (0: every CPU),
+ * -n/--tokens, --prefill-chunk. */
+extern const ds4_cli_int_opt ds4_opt_ctx, ds4_opt_threads, ds4_opt_tokens, ds4_opt_prefill_chunk;
+
+void ds4_cli_begin(ds4_cli *c, const char *prog, int argc, char **argv);
+/* Moves to the next argument: false at the end, or once one was refused. */
+bool ds4_cli_next(ds4_cli *c);
+/* Whether the current argument is one of names ("-h|--help"). */
+bool ds4_cli_is(const ds4_cli *c, const char *names);
+/* If the current argument is one of names: its value into *out. */
+bool ds4_cli_str(ds4_cli *c, const char *names, const char **out);
+bool ds4_cli_int(ds4_cli *c, const ds4_cli_int_opt *opt, int *out);
+/* Refuses the current option (after its value was taken too):
+ * "PROG: OPT: bad value 'V' (WHAT)". */
+void ds4_cli_bad_value(ds4_cli *c, const char *value, const char *what);
+/* Refuses with "PROG: " and the formatted line (an option's own wording). */
+void ds4_cli_fail(ds4_cli *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The current argument is no option of this binary. */
+void ds4_cli_unknown(ds4_cli *c);
+
+/* --model/-m, --layers, --numerics exact|ds4 (0 | 1, ds4_engine_params.numerics:
+ * exact f32, or the FP8 KV / FP4 indexer simulation) */
+bool ds4_cli_model(ds4_cli *c, const char **path);
+bool ds4_cli_layers(ds4_cli *c, const char **layers);
+bool ds4_cli_numerics(ds4_cli *c, int *numerics);
 bool ds4_parse_numerics(const char *s, int *out);
+/* --temp, --top-p, --min-p, --top-k, --seed */
+bool ds4_cli_sampling(ds4_cli *c, ds4_sampler_params *p);
+/* --spec-lookup N, 0..DS4_SPEC_MAX_DRAFT (0 = off) */
+bool ds4_cli_spec(ds4_cli *c, ds4_spec_params *p);
+/* --cuda, --cpu, --gpu-vram N[,N..]|auto, --gpu-devices N[,N..] */
+bool ds4_cli_gpu(ds4_cli *c, ds4_gpu_opts *o);
+/* --ssd-streaming and its --ssd-streaming-* options */
+bool ds4_cli_ssd(ds4_cli *c, ds4_ssd_params *p);
+/* --role, --listen/--coordinator HOST PORT, --dist-*, --debug */
+bool ds4_cli_dist(ds4_cli *c, ds4_dist_params *p);
 
-/* One line on stderr, "PROG: unknown option OPT (see --help)" and
- * "PROG: OPT needs a value", so every binary words these mistakes alike. */
+/* The option groups' help lines, for usage texts. */
+extern const char ds4_spec_usage[], ds4_ssd_usage[], ds4_gpu_usage[], ds4_dist_usage[];
+
+/* For the tools' hand-written loops: the same lines as above. */
 void ds4_cli_unknown_option(const char *prog, const char *opt);
 void ds4_cli_missing_value(const char *prog, const char *opt);
 
@@ -40,12 +96,5 @@ void ds4_cli_missing_value(const char *prog, const char *opt);
  * ./download_model.sh) and returns false. Checked before the engine opens
  * the file, so a FIFO or a directory is refused instead of blocking. */
 bool ds4_cli_model_usable(const char *prog, const char *path);
-
-/* Parses argv[*i] if it is an --ssd-streaming* option (advancing *i past a
- * value it takes) into the engine's parameters. Returns 1 if consumed, 0 if
- * not one of them, -1 with a line in err for a bad or missing value. */
-int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char *err, size_t errlen);
-/* The options' help lines, for usage texts. */
-extern const char ds4_ssd_usage[];
 
 #endif

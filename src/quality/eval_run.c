@@ -1,4 +1,5 @@
 #include "quality/eval_run.h"
+#include "base/log.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -327,14 +328,14 @@ int ds4_eval_report(FILE *f, const ds4_eval_item *items, int n, double wall_s) {
 int ds4_eval_regrade(FILE *f, const char *path) {
     size_t len;
     char *text = ds4_read_file(path, &len);
-    if (!text) { fprintf(stderr, "ds4-eval: cannot read %s\n", path); return -1; }
+    if (!text) { ds4_log(DS4_LOG_ERROR, "ds4-eval: cannot read %s\n", path); return -1; }
     ds4_eval_trace t;
     char err[256];
     int rc = ds4_eval_trace_read(text, len, &t, err, sizeof err);
     free(text);
-    if (rc) { fprintf(stderr, "ds4-eval: %s: %s\n", path, err); return -1; }
+    if (rc) { ds4_log(DS4_LOG_ERROR, "ds4-eval: %s: %s\n", path, err); return -1; }
     ds4_eval_item *items = calloc((size_t)(t.n ? t.n : 1), sizeof *items);
-    if (!items) { ds4_eval_trace_free(&t); fprintf(stderr, "ds4-eval: out of memory\n"); return -1; }
+    if (!items) { ds4_eval_trace_free(&t); ds4_log(DS4_LOG_ERROR, "ds4-eval: out of memory\n"); return -1; }
     int n = 0, changed = 0, old_pass = 0;
     for (int i = 0; i < t.n; i++) {
         const ds4_eval_trace_case *c = &t.cases[i];

@@ -11,6 +11,7 @@
 #define LIST_W 26
 
 struct ds4_eval_tui {
+    FILE *out;                  /* the terminal's output stream */
     const ds4_eval_run *r;
     volatile sig_atomic_t *interrupted;
     struct termios saved;
@@ -78,16 +79,16 @@ static int stream_lines(const ds4_buf *b, int w, int max, const char **starts, i
     return n;
 }
 
-static void put_clean(const char *s, int n) {
+static void put_clean(FILE *out, const char *s, int n) {
     for (int i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        putchar(c < 0x20 || c == 0x7f ? ' ' : c);
+        fputc(c < 0x20 || c == 0x7f ? ' ' : c, out);
     }
 }
 
 static void draw(ds4_eval_tui *t) {
     struct winsize ws;
-    if (!ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) && ws.ws_row > 4 && ws.ws_col > LIST_W + 10) {
+    if (!ioctl(fileno(t->out), TIOCGWINSZ, &ws) && ws.ws_row > 4 && ws.ws_col > LIST_W + 10) {
         t->rows = ws.ws_row;
         t->cols = ws.ws_col;
     }
@@ -98,7 +99,7 @@ static void draw(ds4_eval_tui *t) {
     int body = t->rows - 2;
     if (t->sel < t->top) t->top = t->sel;
     if (t->sel >= t->top + body) t->top = t->sel - body + 1;
-    printf("\x1b[H\x1b[7m ds4-eval  %d/%d done  passed %d/%d%s  p pause  q quit  Up/Down  Enter run next\x1b[K\x1b[0m\r\n",
+    fprintf(t->out, "\x1b[H\x1b[7m ds4-eval  %d/%d done  passed %d/%d%s  p pause  q quit  Up/Down  Enter run next\x1b[K\x1b[0m\r\n",
            graded, r->n, passed, graded, t->paused ? "  PAUSED" : "");
     const char *starts[256];
     int lens[256];
@@ -113,24 +114,24 @@ static void draw(ds4_eval_tui *t) {
         int i = t->top + row;
         if (i < r->n) {
             const ds4_eval_item *it = &r->items[i];
-            printf("%s%c q%-3d %-4s %-4s%s", i == t->sel ? "\x1b[7m" : "", i == t->queued ? '>' : ' ', it->q->id,
+            fprintf(t->out, "%s%c q%-3d %-4s %-4s%s", i == t->sel ? "\x1b[7m" : "", i == t->queued ? '>' : ' ', it->q->id,
                    ds4_eval_category_name(it->q->cat), mark(it), i == t->sel ? "\x1b[0m" : "");
-            printf("%*s", LIST_W - 16, "");
+            fprintf(t->out, "%*s", LIST_W - 16, "");
         } else {
-            printf("%*s", LIST_W, "");
+            fprintf(t->out, "%*s", LIST_W, "");
         }
-        printf(" | ");
+        fprintf(t->out, " | ");
         int k = first + row;
-        if (k < n) put_clean(starts[k % max], lens[k % max]);
-        printf("\x1b[K\r\n");
+        if (k < n) put_clean(t->out, starts[k % max], lens[k % max]);
+        fprintf(t->out, "\x1b[K\r\n");
     }
     const ds4_eval_item *cur = t->current >= 0 ? &r->items[t->current] : NULL;
-    if (shown) printf(" q%d (%s): %s, answer %s, expected %s, %d tokens\x1b[K", shown->q->id, ds4_eval_category_name(shown->q->cat),
+    if (shown) fprintf(t->out, " q%d (%s): %s, answer %s, expected %s, %d tokens\x1b[K", shown->q->id, ds4_eval_category_name(shown->q->cat),
                       mark(shown), shown->v.picked[0] ? shown->v.picked : "-", shown->q->answer, shown->gen_tokens);
-    else if (cur) printf(" running q%d (%s): %zu prompt tokens, expected %s\x1b[K", cur->q->id, ds4_eval_category_name(cur->q->cat),
+    else if (cur) fprintf(t->out, " running q%d (%s): %zu prompt tokens, expected %s\x1b[K", cur->q->id, ds4_eval_category_name(cur->q->cat),
                     cur->prompt.n, cur->q->answer);
-    else printf(" idle\x1b[K");
-    fflush(stdout);
+    else fprintf(t->out, " idle\x1b[K");
+    fflush(t->out);
     t->last_draw = ds4_eval_clock();
 }
 
@@ -198,8 +199,8 @@ static void tui_end(void *ud, int item) {
 
 static int tui_next(void *ud) { return ((ds4_eval_tui *)ud)->queued; }
 
-ds4_eval_tui *ds4_eval_tui_open(const ds4_eval_run *r, volatile sig_atomic_t *interrupted) {
-    if (!isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)) return NULL;
+ds4_eval_tui *ds4_eval_tui_open(const ds4_eval_run *r, FILE *out, volatile sig_atomic_t *interrupted) {
+    if (!isatty(STDIN_FILENO) || !isatty(fileno(out))) return NULL;
     ds4_eval_tui *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     if (tcgetattr(STDIN_FILENO, &t->saved)) { free(t); return NULL; }
@@ -209,11 +210,12 @@ ds4_eval_tui *ds4_eval_tui_open(const ds4_eval_run *r, volatile sig_atomic_t *in
     raw.c_cc[VTIME] = 0;
     if (tcsetattr(STDIN_FILENO, TCSANOW, &raw)) { free(t); return NULL; }
     t->r = r;
+    t->out = out;
     t->interrupted = interrupted;
     t->rows = 24;
     t->cols = 80;
     t->current = t->queued = -1;
-    printf("\x1b[?1049h\x1b[?25l\x1b[?7l\x1b[2J");
+    fprintf(t->out, "\x1b[?1049h\x1b[?25l\x1b[?7l\x1b[2J");
     draw(t);
     return t;
 }
@@ -224,8 +226,8 @@ ds4_eval_view ds4_eval_tui_view(ds4_eval_tui *t) {
 
 void ds4_eval_tui_close(ds4_eval_tui *t) {
     if (!t) return;
-    printf("\x1b[?7h\x1b[?25h\x1b[?1049l");
-    fflush(stdout);
+    fprintf(t->out, "\x1b[?7h\x1b[?25h\x1b[?1049l");
+    fflush(t->out);
     tcsetattr(STDIN_FILENO, TCSANOW, &t->saved);
     ds4_buf_free(&t->stream);
     free(t);

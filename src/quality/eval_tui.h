@@ -3,10 +3,11 @@
  * flight on the right, progress and key help on top.
  *
  * Contract
- * - ds4_eval_tui_open() takes the terminal (raw input, alternate screen,
+ * - ds4_eval_tui_open() takes the terminal (raw input from stdin; alternate
+ *   screen drawn on `out`, the terminal's output stream the front end hands in;
  *   hidden cursor); ds4_eval_tui_close() gives it back exactly, so the
- *   report printed afterwards lands on the normal screen. NULL when stdin or
- *   stdout is not a terminal.
+ *   report printed afterwards lands on the normal screen. NULL when stdin or `out`
+ *   is not a terminal.
  * - Keys, read between tokens: p pauses (the run blocks at the next token
  *   until p again) and resumes; q stops the run (the question in flight is
  *   left unfinished, the report follows); Up/Down move the selection (the
@@ -25,7 +26,7 @@
 
 typedef struct ds4_eval_tui ds4_eval_tui;
 
-ds4_eval_tui *ds4_eval_tui_open(const ds4_eval_run *r, volatile sig_atomic_t *interrupted);
+ds4_eval_tui *ds4_eval_tui_open(const ds4_eval_run *r, FILE *out, volatile sig_atomic_t *interrupted);
 ds4_eval_view ds4_eval_tui_view(ds4_eval_tui *t);
 void ds4_eval_tui_close(ds4_eval_tui *t);
 

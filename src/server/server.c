@@ -3,6 +3,7 @@
  * reads requests and hands them to routes.c. See server.h for the contract. */
 #include "server/server.h"
 #include "base/mempages.h"
+#include "base/log.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -301,19 +302,19 @@ static int make_slots(server *s, server **slots_out) {
     const int n = s->o.batched_sessions;
     const uint64_t need = (uint64_t)n * ds4_engine_kv_bytes(s->eng, s->o.ctx), avail = ds4_memory_available();
     if (avail && need > avail) {
-        fprintf(stderr, "ds4-server: %d sessions of %d tokens need %.2f GiB of KV state, only %.2f GiB of memory is "
-                        "available (lower --batched-session or --ctx)\n",
+        ds4_log(DS4_LOG_ERROR, "ds4-server: %d sessions of %d tokens need %.2f GiB of KV state, only %.2f GiB of memory is "
+                               "available (lower --batched-session or --ctx)\n",
                 n, s->o.ctx, (double)need / (1 << 30), (double)avail / (1 << 30));
         return 1;
     }
     server *slots = calloc((size_t)n, sizeof *slots);
-    if (!slots) { fprintf(stderr, "ds4-server: out of memory for %d slots\n", n); return 1; }
+    if (!slots) { ds4_log(DS4_LOG_ERROR, "ds4-server: out of memory for %d slots\n", n); return 1; }
     *slots_out = slots;
     for (int k = 0; k < n; k++) {
         slots[k] = *s;
         slots[k].slot = k;
         slots[k].sess = ds4_session_new(s->eng, s->o.ctx, err, sizeof err);
-        if (!slots[k].sess) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
+        if (!slots[k].sess) { ds4_log(DS4_LOG_ERROR, "ds4-server: %s\n", err); return 1; }
     }
     return 0;
 }
@@ -327,8 +328,8 @@ int ds4_server_run(const ds4_server_opts *opts) {
     if (s->o.batched_sessions < 1) s->o.batched_sessions = 1;
     char err[512];
     if (!ds4_access_is_loopback(s->o.host) && !(s->o.api_key && s->o.api_key[0]) && !s->o.no_api_key) {
-        fprintf(stderr, "ds4-server: --host %s is reachable from other machines: set --api-key KEY (or DS4_API_KEY), "
-                        "or pass --no-api-key to serve without authentication\n", s->o.host);
+        ds4_log(DS4_LOG_ERROR, "ds4-server: --host %s is reachable from other machines: set --api-key KEY (or DS4_API_KEY), "
+                               "or pass --no-api-key to serve without authentication\n", s->o.host);
         return 2;
     }
     static ds4_spec spec;
@@ -338,14 +339,14 @@ int ds4_server_run(const ds4_server_opts *opts) {
         sp.lookup_max = s->o.spec_lookup;
         if (s->o.batched_sessions > 1) {
             /* batched slots advance together through the batcher, one token each per step */
-            fprintf(stderr, "ds4-server: --spec-lookup drafts for one session: it cannot be combined with "
-                            "--batched-session %d\n", s->o.batched_sessions);
+            ds4_log(DS4_LOG_ERROR, "ds4-server: --spec-lookup drafts for one session: it cannot be combined with "
+                                   "--batched-session %d\n", s->o.batched_sessions);
             return 2;
         }
-        if (!ds4_spec_init(&spec, &sp, err, sizeof err)) { fprintf(stderr, "ds4-server: %s\n", err); return 2; }
+        if (!ds4_spec_init(&spec, &sp, err, sizeof err)) { ds4_log(DS4_LOG_ERROR, "ds4-server: %s\n", err); return 2; }
         s->spec = &spec;
     }
-    if (!ds4_queue_init(&queue, s->o.batched_sessions)) { fprintf(stderr, "ds4-server: out of memory\n"); return 1; }
+    if (!ds4_queue_init(&queue, s->o.batched_sessions)) { ds4_log(DS4_LOG_ERROR, "ds4-server: out of memory\n"); return 1; }
     s->queue = &queue;
     s->trace_mu = &trace_mu;
     s->kvd_mu = &kvd_mu;
@@ -353,14 +354,14 @@ int ds4_server_run(const ds4_server_opts *opts) {
     int trace_fd = s->o.trace_path ? open(s->o.trace_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600) : -1;
     if (s->o.trace_path && (trace_fd < 0 || !(s->trace = fdopen(trace_fd, "a")))) {
         if (trace_fd >= 0) close(trace_fd);
-        fprintf(stderr, "ds4-server: cannot open trace file %s: %s\n", s->o.trace_path, strerror(errno));
+        ds4_log(DS4_LOG_ERROR, "ds4-server: cannot open trace file %s: %s\n", s->o.trace_path, strerror(errno));
         return 1;
     }
     static ds4_turn_script script;
     static atomic_long script_turn;
     if (s->o.scripted_output) {
         if (ds4_turn_script_load(s->o.scripted_output, DS4_SERVER_SCRIPT_SEPARATOR, &script, err, sizeof err)) {
-            fprintf(stderr, "ds4-server: %s\n", err);
+            ds4_log(DS4_LOG_ERROR, "ds4-server: %s\n", err);
             return 1;
         }
         s->script = &script;
@@ -379,9 +380,9 @@ int ds4_server_run(const ds4_server_opts *opts) {
     ep.gpu = s->o.gpu;
     ep.gpu_ctx = s->o.ctx;
     s->eng = ds4_engine_load(&ep, err, sizeof err);
-    if (!s->eng) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
+    if (!s->eng) { ds4_log(DS4_LOG_ERROR, "ds4-server: %s\n", err); return 1; }
     s->tok = ds4_engine_tokenizer(s->eng);
-    if (!s->tok) { fprintf(stderr, "ds4-server: %s has no tokenizer\n", s->o.model_path); ds4_engine_free(s->eng); return 1; }
+    if (!s->tok) { ds4_log(DS4_LOG_ERROR, "ds4-server: %s has no tokenizer\n", s->o.model_path); ds4_engine_free(s->eng); return 1; }
     s->n_vocab = ds4_engine_n_vocab(s->eng);
     s->max_token_bytes = 1;
     for (int32_t id = 0; id < s->n_vocab; id++) {
@@ -390,18 +391,18 @@ int ds4_server_run(const ds4_server_opts *opts) {
     }
     s->mem = ds4_toolmem_new(s->o.tool_memory_max_ids, (size_t)512 << 20);
     if (s->o.batched_sessions > 1 && !(s->batcher = ds4_batcher_new(s->eng, s->trace ? ds4_srv_kv_log : NULL, s))) {
-        fprintf(stderr, "ds4-server: out of memory\n");
+        ds4_log(DS4_LOG_ERROR, "ds4-server: out of memory\n");
         return 1;
     }
     if (s->o.kvdisk.dir && !(s->kvd = ds4_engine_kvdisk_open(&s->o.kvdisk, s->eng, s->mem, ds4_srv_kv_log, s, err, sizeof err))) {
-        fprintf(stderr, "ds4-server: %s\n", err);
+        ds4_log(DS4_LOG_ERROR, "ds4-server: %s\n", err);
         return 1;
     }
     server *slots = NULL;
     if (make_slots(s, &slots)) return 1;
     struct pollfd lfds[2] = {{.fd = listen_on(s->o.host, s->o.port, err, sizeof err), .events = POLLIN},
                              {.fd = -1, .events = POLLIN}};
-    if (lfds[0].fd < 0) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
+    if (lfds[0].fd < 0) { ds4_log(DS4_LOG_ERROR, "ds4-server: %s\n", err); return 1; }
     /* Clients configured with "localhost" may try ::1 first. */
     if (!strcmp(s->o.host, "127.0.0.1") || !strcmp(s->o.host, "localhost"))
         lfds[1].fd = listen_on("::1", s->o.port, err, sizeof err);
@@ -416,10 +417,10 @@ int ds4_server_run(const ds4_server_opts *opts) {
            !pthread_create(&workers[n_workers], NULL, ds4_srv_worker_main, &slots[n_workers]))
         n_workers++;
     if (n_workers < s->o.batched_sessions) {
-        fprintf(stderr, "ds4-server: cannot start %d slot threads\n", s->o.batched_sessions);
+        ds4_log(DS4_LOG_ERROR, "ds4-server: cannot start %d slot threads\n", s->o.batched_sessions);
         atomic_store(&ds4_srv_stop, 1);
     }
-    fprintf(stderr, "ds4-server: listening on http://%s:%d (ctx %d, %d session slot%s)\n", s->o.host, s->o.port,
+    ds4_log(DS4_LOG_INFO, "ds4-server: listening on http://%s:%d (ctx %d, %d session slot%s)\n", s->o.host, s->o.port,
             s->o.ctx, s->o.batched_sessions, s->o.batched_sessions > 1 ? "s" : "");
     ds4_srv_trace(s, "server start: model %s ctx %d", s->o.model_path, s->o.ctx);
 
@@ -432,14 +433,14 @@ int ds4_server_run(const ds4_server_opts *opts) {
     while (!atomic_load(&ds4_srv_stop)) {
         if (poll(lfds, 2, 200) <= 0) continue;
         if (!ds4_listeners_dispatch(lfds, 2, accept_ready, &accept_ctx)) {
-            fprintf(stderr, "ds4-server: no listening socket left\n");
+            ds4_log(DS4_LOG_ERROR, "ds4-server: no listening socket left\n");
             status = 1;
             break;
         }
     }
     for (int i = 0; i < 2; i++)
         if (lfds[i].fd >= 0) close(lfds[i].fd);
-    fprintf(stderr, "ds4-server: shutting down\n");
+    ds4_log(DS4_LOG_INFO, "ds4-server: shutting down\n");
     ds4_queue_stop(s);
     for (int k = 0; k < n_workers; k++) pthread_join(workers[k], NULL);
     free(workers);

@@ -1,4 +1,5 @@
 #include "server/server_state.h"
+#include "base/log.h"
 
 #include "server/batcher.h"
 
@@ -42,7 +43,7 @@ void ds4_srv_trace_text(server *s, const char *label, const char *text, size_t n
 
 void ds4_srv_kv_log(void *ud, bool warning, const char *line) {
     ds4_srv_trace(ud, "%s", line);
-    if (warning) fprintf(stderr, "ds4-server: %s\n", line);
+    if (warning) ds4_log(DS4_LOG_WARN, "ds4-server: %s\n", line);
 }
 
 void ds4_srv_session_changed(server *s) {

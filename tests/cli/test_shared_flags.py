@@ -7,7 +7,9 @@
 - a missing model says what to do (-m models/demo.gguf, ./download_model.sh),
   including when no -m is given and the default ./ds4flash.gguf is absent,
   instead of the circular "run make demo";
-- a FIFO or directory given as the model is refused at once, not opened.
+- a FIFO or directory given as the model is refused at once, not opened;
+- a shared option's bad or missing value gets the same line in every binary
+  (one range per option, "PROG: OPT: bad value 'V' (WHAT)").
 Flags are parsed against a model path that does not exist, which stops every
 binary right after its arguments were accepted (exit 1, not 2); on the demo
 model, the load line shows --numerics took effect in ds4, ds4-server and
@@ -69,6 +71,19 @@ with tempfile.TemporaryDirectory() as tmp:
         os.unlink(fifo)
         r = run(b, "-m", tmp)
         check(r.returncode == 1 and "not a regular file" in r.stderr, f"{b} refuses a directory: {r.stderr!r}")
+    # one range and one line per shared option (options/cli_args.h): every
+    # binary refuses the same bad value of the same option with the same
+    # words, only its name first
+    for args, line in ((("-t", "x"), "-t: bad value 'x' (an integer in [0, 4096])"),
+                       (("--ctx", "15"), "--ctx: bad value '15' (an integer in [16, 16777216])"),
+                       (("--prefill-chunk", "0"), "--prefill-chunk: bad value '0' (an integer in [1, 1048576])"),
+                       (("--numerics", "f16"), "--numerics: bad value 'f16' (exact or ds4)"),
+                       (("--gpu-devices",), "--gpu-devices needs a value")):
+        for b in MODEL_BINARIES:
+            if b == "ds4-bench" and args[0] == "--ctx":
+                continue   # ds4-bench sweeps contexts with --ctx-start/--ctx-max instead
+            r = run(b, "-m", absent, *args)
+            check(r.returncode == 2 and r.stderr == f"{b}: {line}\n", f"{b} {' '.join(args)}: {r.stderr!r}")
     # the default model (no -m) of the CLI and the server, run where it is absent
     for b, args in (("ds4", ["-p", "hi"]), ("ds4-server", [])):
         r = run(b, *args, cwd=tmp)

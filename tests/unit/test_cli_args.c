@@ -1,14 +1,45 @@
-/* test_cli_args.c -- option-value parsing: what strtol/strtof accept as a
- * whole string is taken, everything else (empty, partial, out of range) is
- * refused without touching the output. */
+/* test_cli_args.c -- option parsing: what strtol/strtof accept as a whole
+ * string is taken, everything else (empty, partial, out of range) is refused
+ * without touching the output; the option groups (sampling, GPU, pipeline,
+ * SSD streaming) and a shared integer option take exactly their arguments
+ * and refuse a bad or missing value with the one line of their kind. */
 #include "check.h"
+#include "base/log.h"
 #include "options/cli_args.h"
 
 #include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
+/* what the options said through the log hook, last call only */
+static char said[512];
+static void hear(void *ud, ds4_log_level level, const char *text, size_t len) {
+    (void)ud;
+    (void)level;
+    snprintf(said, sizeof said, "%.*s", (int)len, text);
+}
+
+typedef bool (*group_fn)(ds4_cli *, void *);
+static bool sampling(ds4_cli *c, void *p) { return ds4_cli_sampling(c, p); }
+static bool ctx(ds4_cli *c, void *p) { return ds4_cli_int(c, &ds4_opt_ctx, p); }
+static bool gpu(ds4_cli *c, void *p) { return ds4_cli_gpu(c, p); }
+static bool dist(ds4_cli *c, void *p) { return ds4_cli_dist(c, p); }
+static bool ssd_opt(ds4_cli *c, void *p) { return ds4_cli_ssd(c, p); }
+
+/* Offers "opt [value]" to one option group: 0 not its option, 1 taken (and
+ * nothing left over), 2 refused with one line (in `said`). */
+static int parse1(group_fn fn, void *p, const char *opt, const char *value) {
+    char *argv[] = {"t", (char *)opt, (char *)value, NULL};
+    ds4_cli c;
+    ds4_cli_begin(&c, "t", value ? 3 : 2, argv);
+    said[0] = 0;
+    if (!ds4_cli_next(&c) || !fn(&c, p)) return 0;
+    if (c.status) return c.status;
+    return ds4_cli_next(&c) ? -1 : 1;
+}
+
 int main(void) {
+    ds4_log_set_hook(hear, NULL);
     int v = -7;
     CHECK(ds4_parse_int("42", 0, 100, &v) && v == 42, "42 -> %d", v);
     CHECK(ds4_parse_int("-3", -5, 5, &v) && v == -3, "-3 -> %d", v);
@@ -35,12 +66,53 @@ int main(void) {
 
     ds4_sampler_params sp, before;
     ds4_sampler_params_default(&sp);
-    CHECK(ds4_parse_sampling_option("--temp", "0.5", &sp) == 1 && sp.temperature == 0.5f, "--temp");
-    CHECK(ds4_parse_sampling_option("--top-k", "40", &sp) == 1 && sp.top_k == 40, "--top-k");
-    CHECK(ds4_parse_sampling_option("--seed", "18446744073709551615", &sp) == 1 && sp.seed == UINT64_MAX, "--seed max");
+    CHECK(parse1(sampling, &sp, "--temp", "0.5") == 1 && sp.temperature == 0.5f, "--temp");
+    CHECK(parse1(sampling, &sp, "--top-k", "40") == 1 && sp.top_k == 40, "--top-k");
+    CHECK(parse1(sampling, &sp, "--seed", "18446744073709551615") == 1 && sp.seed == UINT64_MAX, "--seed max");
     before = sp;
-    CHECK(ds4_parse_sampling_option("--top-p", "x", &sp) == -1 && ds4_parse_sampling_option("--seed", NULL, &sp) == -1 &&
-          ds4_parse_sampling_option("--seed", "12x", &sp) == -1 && !memcmp(&sp, &before, sizeof sp), "bad values refused");
-    CHECK(ds4_parse_sampling_option("--ctx", "5", &sp) == 0, "not a sampling option");
+    CHECK(parse1(sampling, &sp, "--top-p", "x") == 2 && !strcmp(said, "t: --top-p: bad value 'x' (a number)\n"),
+          "bad float: %s", said);
+    CHECK(parse1(sampling, &sp, "--seed", NULL) == 2 && !strcmp(said, "t: --seed needs a value\n"), "missing: %s",
+          said);
+    CHECK(parse1(sampling, &sp, "--seed", "12x") == 2 && parse1(sampling, &sp, "--seed", "-1") == 2 &&
+          !memcmp(&sp, &before, sizeof sp), "bad values refused, nothing stored");
+    CHECK(parse1(sampling, &sp, "--ctx", "5") == 0, "not a sampling option");
+
+    /* one range and one line per shared integer option */
+    int n = -7;
+    CHECK(parse1(ctx, &n, "-c", "4096") == 1 && n == 4096 && parse1(ctx, &n, "--ctx", "16") == 1 && n == 16, "--ctx");
+    CHECK(parse1(ctx, &n, "--ctx", "15") == 2 && n == 16 &&
+          !strcmp(said, "t: --ctx: bad value '15' (an integer in [16, 16777216])\n"), "--ctx range: %s", said);
+    CHECK(parse1(ctx, &n, "--ctxx", "15") == 0, "a longer spelling is another option");
+
+    ds4_gpu_opts o;
+    ds4_gpu_opts_default(&o);
+    CHECK(parse1(gpu, &o, "--cuda", NULL) == 1 && o.backend == DS4_BACKEND_CUDA, "--cuda");
+    CHECK(parse1(gpu, &o, "--cpu", NULL) == 1 && o.backend == DS4_BACKEND_CPU, "--cpu");
+    CHECK(parse1(gpu, &o, "--gpu-vram", "8,8") == 1 && o.n_budgets == 2, "--gpu-vram");
+    CHECK(parse1(gpu, &o, "--gpu-devices", NULL) == 2 && strstr(said, "needs a value"), "missing value");
+    CHECK(parse1(gpu, &o, "--gpu-devices", "x") == 2 && !strncmp(said, "t: --gpu-devices wants", 22), "bad: %s",
+          said);
+    CHECK(parse1(gpu, &o, "--ctx", "5") == 0, "other options are not ours");
+
+    ds4_dist_params d = {0};
+    CHECK(parse1(dist, &d, "--role", "worker") == 1 && d.role == DS4_DIST_WORKER, "--role");
+    CHECK(parse1(dist, &d, "--dist-prefill-window", "99") == 2 &&
+          !strcmp(said, "t: --dist-prefill-window: bad value '99' (an integer in [1, 32])\n"), "window: %s", said);
+    CHECK(parse1(dist, &d, "--listen", "h") == 2 && !strcmp(said, "t: --listen needs HOST PORT (port 1..65535)\n"),
+          "--listen without a port: %s", said);
+    char *argv[] = {"t", "--listen", "10.0.0.1", "7000", "--debug"};
+    ds4_cli c;
+    ds4_cli_begin(&c, "t", 5, argv);
+    CHECK(ds4_cli_next(&c) && ds4_cli_dist(&c, &d) && ds4_cli_next(&c) && ds4_cli_dist(&c, &d) && !ds4_cli_next(&c) &&
+          !c.status && d.port == 7000 && !strcmp(d.host, "10.0.0.1") && d.debug, "--listen HOST PORT --debug");
+
+    ds4_ssd_params ssd = {0};
+    CHECK(parse1(ssd_opt, &ssd, "--ssd-streaming-cache-experts", "2GiB") == 1 && ssd.cache_bytes == 2ull << 30,
+          "cache size");
+    CHECK(parse1(ssd_opt, &ssd, "--ssd-streaming-cache-experts", "12XB") == 2 &&
+          !strcmp(said, "t: --ssd-streaming-cache-experts: bad value '12XB' (NGB, NMB or a slot count)\n"),
+          "bad cache size: %s", said);
+    CHECK(parse1(ssd_opt, &ssd, "--ssd-streaming-preload-experts", "0") == 1 && ssd.cold, "preload 0 is cold");
     return check_done("test_cli_args");
 }

@@ -1,5 +1,5 @@
 /* test_cuda_plan.c -- the CUDA backend's host side, on the CPU: option
- * parsing (budgets, device lists, the shared option hook), the upload plan
+ * value parsing (budgets, device lists; the options themselves: test_cli_args), the upload plan
  * against the GGUF's own tensor inventory (every tensor of the converted
  * tiny model goes up exactly once, in its stored bytes), and placement
  * invariants (contiguous layers in device order, aligned non-overlapping
@@ -35,15 +35,6 @@ static void test_options(void) {
     const char *bad_devices[] = {"", "0,0", "a", "-1", "1,", ",1", "99999"};
     for (size_t i = 0; i < sizeof bad_devices / sizeof bad_devices[0]; i++)
         CHECK(!ds4_gpu_parse_devices(bad_devices[i], &o, err, sizeof err), "devices '%s' refused", bad_devices[i]);
-
-    ds4_gpu_opts_default(&o);
-    CHECK(ds4_gpu_option(&o, "--cuda", NULL, err, sizeof err) == 1 && o.backend == DS4_BACKEND_CUDA, "--cuda");
-    CHECK(ds4_gpu_option(&o, "--cpu", "x", err, sizeof err) == 1 && o.backend == DS4_BACKEND_CPU, "--cpu");
-    CHECK(ds4_gpu_option(&o, "--gpu-vram", "8,8", err, sizeof err) == 2 && o.n_budgets == 2, "--gpu-vram");
-    CHECK(ds4_gpu_option(&o, "--gpu-devices", NULL, err, sizeof err) == -1 && strstr(err, "needs a value"),
-          "missing value");
-    CHECK(ds4_gpu_option(&o, "--gpu-devices", "x", err, sizeof err) == -1, "bad value");
-    CHECK(ds4_gpu_option(&o, "--ctx", "5", err, sizeof err) == 0, "other options are not ours");
 }
 
 static const char *model_path(const char *name) {

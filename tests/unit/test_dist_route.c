@@ -154,7 +154,19 @@ static int worker_main(const char *layers, const char *port) {
     ds4_dist_params p = {.role = DS4_DIST_WORKER, .host = "127.0.0.1", .port = atoi(port), .secret = SECRET};
     char err[256];
     if (!ds4_dist_finish_options(&p, true, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
-    return ds4_dist_worker_main(MODEL, layers, CTX, 1, -1, &p);
+    /* as ds4 --role worker: the engine loads the slice, its backend serves */
+    ds4_engine_params ep;
+    ds4_engine_params_default(&ep);
+    ep.model_path = MODEL;
+    ep.layers = layers;
+    ep.n_threads = 1;
+    ep.quiet = true;
+    ep.dist = p;
+    ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
+    if (!e) { fprintf(stderr, "%s\n", err); return 1; }
+    const int rc = ds4_engine_serve_worker(e, CTX, &ep.dist);
+    ds4_engine_free(e);
+    return rc;
 }
 
 /* Both engines run one thread and a 40-token local batch. The split pipelines

@@ -6,8 +6,11 @@
  * ds4-make-model --slice writes hold exactly their range's tensors with the
  * whole file's shapes and types, bind their own range by default and refuse
  * a wider one with one line; a partial engine loads and refuses eval with
- * one line, leaving the session empty. Inputs: $BUILD/dist/ (mk/dist.mk). */
+ * one line, leaving the session empty; a worker's engine pages in a range
+ * file it binds whole, never part of a bigger one. Inputs: $BUILD/dist/
+ * (mk/dist.mk). */
 #include "check.h"
+#include "base/log.h"
 #include "engine/engine.h"
 #include "format/gguf.h"
 #include "models/dsv4/model.h"
@@ -217,6 +220,42 @@ static void test_partial_engine(void) {
     CHECK(!ds4_engine_load(&p, err, sizeof err) && strstr(err, "--layers 0:x"), "%s", err);
 }
 
+/* what the engine said while loading (base/log.h hook) */
+static char said[4096];
+static void hear(void *ud, ds4_log_level level, const char *text, size_t len) {
+    (void)ud;
+    (void)level;
+    const size_t have = strlen(said);
+    snprintf(said + have, sizeof said - have, "%.*s", (int)len, text);
+}
+
+/* Page-in at load follows what a process binds, not its role: a pipeline
+ * worker over a range file (all the file holds) pages it in as any whole
+ * model, and one over part of a bigger file does not (that would read the
+ * other processes' layers). The attempt shows in the load lines: "weights
+ * paged in", or "weights stay lazily mapped" where the kernel refuses. */
+static bool pages_in(const char *file, const char *layers) {
+    char err[512];
+    ds4_engine_params p;
+    ds4_engine_params_default(&p);
+    p.model_path = input(file);
+    p.layers = layers;
+    p.n_threads = 2;
+    p.dist.role = DS4_DIST_WORKER;
+    said[0] = 0;
+    ds4_log_set_hook(hear, NULL);
+    ds4_engine *e = ds4_engine_load(&p, err, sizeof err);
+    ds4_log_set_hook(NULL, NULL);
+    CHECK(e != NULL, "%s %s: %s", file, layers, err);
+    ds4_engine_free(e);
+    return strstr(said, "ds4: weights paged in") || strstr(said, "ds4: weights stay lazily mapped");
+}
+
+static void test_page_in(void) {
+    CHECK(pages_in("slice-4-output.gguf", "4:output"), "a worker over a range file pages it in: %s", said);
+    CHECK(!pages_in("whole.gguf", "4:output"), "a worker over part of a whole file does not: %s", said);
+}
+
 int main(void) {
     test_parse();
     if (access(input("whole.gguf"), R_OK) || access(input("slice-0-3.gguf"), R_OK) ||
@@ -226,5 +265,6 @@ int main(void) {
     test_bind_whole_file();
     test_split_files();
     test_partial_engine();
+    test_page_in();
     return check_done("test_layer_slice");
 }

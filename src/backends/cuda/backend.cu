@@ -5,6 +5,7 @@
 #include "backends/cuda/ops.h"
 
 extern "C" {
+#include "base/log.h"
 #include "models/dsv4/forward_cpu.h"
 #include "kernels/kernels_cpu.h"
 #include "models/dsv4/kv.h"
@@ -543,8 +544,8 @@ extern "C" ds4_backend *ds4_cuda_backend_new(const ds4_model *m, const ds4_gpu_o
     if (!quiet) {
         cudaDeviceProp prop;
         if (cudaGetDeviceProperties(&prop, f->device) == cudaSuccess)
-            fprintf(stderr, "ds4: cuda device %d (%s): %.2f GiB weights, %.2f GiB KV reserved for ctx %d, "
-                            "%.2f GiB scratch, budget %.2f GiB\n",
+            ds4_log(DS4_LOG_INFO, "ds4: cuda device %d (%s): %.2f GiB weights, %.2f GiB KV reserved for ctx %d, "
+                                  "%.2f GiB scratch, budget %.2f GiB\n",
                     f->device, prop.name, (double)pl.weight_bytes[0] / (1u << 30), (double)pl.kv_bytes[0] / (1u << 30),
                     ctx, (double)pl.scratch_bytes[0] / (1u << 30), (double)pl.budget_bytes[0] / (1u << 30));
     }

@@ -11,13 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char ds4_gpu_usage[] =
-    "      --cuda              run on the CUDA backend (CUDA builds; exits if no GPU)\n"
-    "      --cpu               run on the CPU reference backend (default)\n"
-    "      --gpu-vram N[,N..]  per-device VRAM budget in GiB, or auto (free memory)\n"
-    "      --gpu-devices N[,N..] CUDA device ordinals in placement order (default 0)\n"
-    "      --backend cpu|cuda  the same as --cpu / --cuda\n";
-
 void ds4_gpu_opts_default(ds4_gpu_opts *o) {
     memset(o, 0, sizeof *o);
     o->backend = DS4_BACKEND_CPU;
@@ -81,30 +74,6 @@ bool ds4_gpu_parse_devices(const char *s, ds4_gpu_opts *o, char *err, size_t err
              DS4_GPU_MAX_DEVICES, s);
     o->n_devices = 0;
     return false;
-}
-
-int ds4_gpu_option(ds4_gpu_opts *o, const char *arg, const char *value, char *err, size_t errlen) {
-    if (!strcmp(arg, "--cuda")) { o->backend = DS4_BACKEND_CUDA; return 1; }
-    if (!strcmp(arg, "--cpu")) { o->backend = DS4_BACKEND_CPU; return 1; }
-    if (!strcmp(arg, "--metal")) {
-        snprintf(err, errlen, "--metal: no Metal backend here; this build has: %s", ds4_backends_built());
-        return -1;
-    }
-    bool backend = !strcmp(arg, "--backend");
-    bool vram = !strcmp(arg, "--gpu-vram"), devices = !strcmp(arg, "--gpu-devices");
-    if (!backend && !vram && !devices) return 0;
-    if (!value) { snprintf(err, errlen, "%s needs a value", arg); return -1; }
-    if (backend) {
-        if (!strcmp(value, "cpu") || !strcmp(value, "cuda")) {
-            o->backend = !strcmp(value, "cuda") ? DS4_BACKEND_CUDA : DS4_BACKEND_CPU;
-            return 2;
-        }
-        snprintf(err, errlen, "--backend %.32s: no such backend here; this build has: %s", value, ds4_backends_built());
-        return -1;
-    }
-    o->placement_given = true;
-    bool ok = vram ? ds4_gpu_parse_budgets(value, o, err, errlen) : ds4_gpu_parse_devices(value, o, err, errlen);
-    return ok ? 2 : -1;
 }
 
 /* ------------------------------------------------------------ upload plan */

@@ -1,12 +1,9 @@
 /* cuda_plan.h -- the host side of the CUDA backend, in plain C so it is built
- * into every library and unit-tested on machines without a GPU: the
- * --cuda/--cpu/--gpu-* options, the upload plan (which bytes go to the device,
+ * into every library and unit-tested on machines without a GPU: the GPU
+ * options (which options/cli_args fills from --cuda/--cpu/--gpu-*), the upload plan (which bytes go to the device,
  * where), layer placement over per-device VRAM budgets and its accounting.
  *
  * Contract
- * - ds4_gpu_option() recognises one command-line option of the shared GPU
- *   set and stores it in ds4_gpu_opts; it validates the value (budget list,
- *   device list) so a bad value fails at parse time with one line.
  * - ds4_gpu_parse_budgets(): "auto" (budgets from the devices' free memory,
  *   filled in later) or "N[,N...]" GiB per device, decimals allowed, each > 0.
  *   ds4_gpu_parse_devices(): "N[,N...]" distinct non-negative ordinals.
@@ -51,14 +48,6 @@ typedef struct {
 } ds4_gpu_opts;
 
 void ds4_gpu_opts_default(ds4_gpu_opts *o);
-/* Returns how many argv entries it consumed (1 or 2), 0 when `arg` is not a
- * GPU option, -1 on a bad or missing value (err says why). Other engines'
- * backend flags, `--metal` and `--backend NAME`, are recognised so a
- * command line written for them gets one line naming the backends this
- * build has (`--backend cpu|cuda` selects as --cpu / --cuda do). */
-int ds4_gpu_option(ds4_gpu_opts *o, const char *arg, const char *value, char *err, size_t errlen);
-/* Usage lines for the options, for the binaries' --help. */
-extern const char ds4_gpu_usage[];
 
 bool ds4_gpu_parse_budgets(const char *s, ds4_gpu_opts *o, char *err, size_t errlen);
 bool ds4_gpu_parse_devices(const char *s, ds4_gpu_opts *o, char *err, size_t errlen);

@@ -2,6 +2,7 @@
  * expert_cache.h. */
 #include "models/dsv4/expert_cache.h"
 #include "format/gguf.h"
+#include "base/log.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -378,8 +379,8 @@ static bool open_shards(ds4_expert_cache *c, const ds4_gguf *g, char *err, size_
     }
     if (!c->direct) {
         for (int i = 0; i < c->n_shards; i++) fcntl(c->fd[i], F_SETFL, fcntl(c->fd[i], F_GETFL) & ~O_DIRECT);
-        fprintf(stderr, "ds4: ssd-streaming: the filesystem refuses O_DIRECT; reading through the page cache "
-                        "and dropping what was read\n");
+        ds4_log(DS4_LOG_WARN, "ds4: ssd-streaming: the filesystem refuses O_DIRECT; reading through the page cache "
+                              "and dropping what was read\n");
     }
     return true;
 }

@@ -379,6 +379,7 @@ ds4_model *ds4_model_bind_slice(const ds4_gguf *g, const ds4_layer_slice *want, 
         snprintf(err, errlen, "--layers %s", why);
         b.failed = true;
     }
+    m->binds_file = sl->first == held.first && sl->last == held.last && sl->output == held.output;
     if (!b.failed && (sl->first < held.first || sl->last > held.last || (sl->output && !held.output))) {
         char h[80], w[80];
         snprintf(err, errlen, "this file holds %s; %s asked for", slice_text(&held, h, sizeof h),

@@ -101,6 +101,7 @@ typedef struct ds4_model {
     ds4_layer *layers;
     char name[128];
     uint64_t file_bytes;
+    bool binds_file;                      /* the slice is all the file holds (its own range, or all of a whole file) */
 } ds4_model;
 
 ds4_model *ds4_model_bind(const struct ds4_gguf *g, char *err, size_t errlen);
