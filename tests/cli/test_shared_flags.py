@@ -80,8 +80,8 @@ with tempfile.TemporaryDirectory() as tmp:
                        (("--numerics", "f16"), "--numerics: bad value 'f16' (exact or ds4)"),
                        (("--gpu-devices",), "--gpu-devices needs a value")):
         for b in MODEL_BINARIES:
-            if b == "ds4-bench" and args[0] == "--ctx":
-                continue   # ds4-bench sweeps contexts with --ctx-start/--ctx-max instead
+            if b in ("ds4-bench", "ds4-eval") and args[0] == "--ctx":
+                continue   # ds4-bench sweeps contexts with --ctx-start/--ctx-max; ds4-eval sizes its own
             r = run(b, "-m", absent, *args)
             check(r.returncode == 2 and r.stderr == f"{b}: {line}\n", f"{b} {' '.join(args)}: {r.stderr!r}")
     # the default model (no -m) of the CLI and the server, run where it is absent
