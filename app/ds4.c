@@ -51,6 +51,7 @@ typedef struct {
     bool logits_all;
     const char *token_ids;
     ds4_ssd_params ssd;
+    ds4_runtime_opts runtime;       /* --dir-steering-*, --power */
     ds4_spec_params spec_params;   /* --spec-lookup */
     ds4_spec *spec;         /* the drafter and its run stats (main sets it), or NULL */
 } cli_opts;
@@ -95,6 +96,7 @@ static void usage(FILE *f) {
         "%s"
         "%s"
         "%s"
+        "%s"
         "debugging:\n"
         "      --dump-tokens       print the prompt's tokens (id, hex bytes, text) and exit\n"
         "      --dump-logprobs F   greedy continuation with top alternatives, as JSON\n"
@@ -104,7 +106,7 @@ static void usage(FILE *f) {
         "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
         "  -h, --help              this text\n"
         "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_spec_usage,
-        ds4_ssd_usage,
+        ds4_ssd_usage, ds4_runtime_usage,
         ds4_gpu_usage, ds4_dist_usage);
 }
 
@@ -120,6 +122,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     o->think = DS4_THINK_HIGH;
     ds4_sampler_params_default(&o->sampling);
     ds4_spec_params_default(&o->spec_params);
+    ds4_runtime_opts_default(&o->runtime);
     o->sampling.seed = ds4_sampler_random_seed();
 
     for (int i = 1; i < argc; i++) {
@@ -134,6 +137,9 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         int ssd = ds4_ssd_parse_option(&o->ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
         if (ssd < 0) { fprintf(stderr, "ds4: %s\n", ssd_err); return -1; }
         if (ssd) continue;
+        const int runtime = ds4_runtime_parse_option(&o->runtime, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (runtime < 0) { fprintf(stderr, "ds4: %s\n", ssd_err); return -1; }
+        if (runtime) continue;
         int dist = ds4_dist_parse_option(&o->dist, argc, argv, &i, ssd_err, sizeof ssd_err);
         if (dist < 0) { fprintf(stderr, "ds4: %s\n", ssd_err); return -1; }
         if (dist) continue;
@@ -699,6 +705,7 @@ int main(int argc, char **argv) {
     ep.ssd = o.ssd;
     ep.ssd.ctx = o.ctx;
     ep.dist = o.dist;
+    ds4_runtime_apply(&o.runtime, &ep);
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) {
         fprintf(stderr, "ds4: %s\n", err);

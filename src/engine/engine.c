@@ -7,6 +7,7 @@
 #include "base/mempages.h"
 #include "format/gguf.h"
 #include "models/model_family.h"
+#include "nn/steering.h"
 #include "text/tokenizer.h"
 
 #include <math.h>
@@ -25,6 +26,8 @@ struct ds4_engine {
     ds4_tokenizer *tok;
     int prefill_chunk;
     ds4_backend_seq *seqs;  /* [max_batch]: one backend call's sequences */
+    float *steer_dir;       /* --dir-steering-file's directions (NULL: none) */
+    ds4_steering steering;  /* what new sessions are steered with */
     int test_fail_decode_after;     /* DS4_TEST_FAIL_DECODE_AFTER, -1: unset */
 };
 
@@ -34,6 +37,7 @@ struct ds4_session {
     int ctx;
     int32_t *toks;      /* [ctx]; n_pos of them are live */
     float *logits;      /* [n_vocab], valid when n_pos > 0 */
+    ds4_steering steering;  /* the engine's, or this session's own scales */
 };
 
 /* kv holds the family's snapshot form. */
@@ -48,6 +52,8 @@ struct ds4_snapshot {
 void ds4_engine_params_default(ds4_engine_params *p) {
     memset(p, 0, sizeof *p);
     p->numerics = -1;
+    p->steering.ffn = p->steering.attn = NAN;
+    p->power = 100;
     ds4_gpu_opts_default(&p->gpu);
 }
 
@@ -122,10 +128,39 @@ static bool common_params(ds4_engine *e, const ds4_engine_params *p, char *err, 
         snprintf(err, errlen, "the --ssd-streaming-* options need --ssd-streaming");
         return false;
     }
+    if (p->power < 1 || p->power > 100) {
+        snprintf(err, errlen, "--power takes 1..100 (got %d)", p->power);
+        return false;
+    }
     /* No real input makes a healthy engine fail one decode step, so the
      * end-to-end tests of the decode-error answers need this switch. */
     const char *fail_after = getenv("DS4_TEST_FAIL_DECODE_AFTER");
     e->test_fail_decode_after = fail_after && *fail_after ? atoi(fail_after) : -1;
+    return true;
+}
+
+/* --dir-steering-*: read after binding, when the layer count and width are
+ * known. Only the CPU forward passes implement the projection, so the GPU
+ * and pipeline backends refuse it instead of ignoring it. */
+static bool load_steering(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
+    const ds4_steering_params *sp = &p->steering;
+    if (!sp->file) {
+        if (isnan(sp->ffn) && isnan(sp->attn)) return true;
+        snprintf(err, errlen, "--dir-steering-ffn and --dir-steering-attn need --dir-steering-file");
+        return false;
+    }
+    if (p->gpu.backend != DS4_BACKEND_CPU || p->dist.role != DS4_DIST_NONE) {
+        snprintf(err, errlen, "directional steering runs on the CPU backend only (not with --cuda or --role)");
+        return false;
+    }
+    const float ffn = isnan(sp->ffn) ? 1.0f : sp->ffn, attn = isnan(sp->attn) ? 0.0f : sp->attn;
+    if (!isfinite(ffn) || !isfinite(attn)) {
+        snprintf(err, errlen, "steering scales must be finite");
+        return false;
+    }
+    e->steer_dir = ds4_steering_read(sp->file, e->info.n_layers, e->info.n_embd, err, errlen);
+    if (!e->steer_dir) return false;
+    e->steering = (ds4_steering){e->steer_dir, e->info.n_layers, e->info.n_embd, attn, ffn};
     return true;
 }
 
@@ -137,9 +172,12 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     e->fam = ds4_family_detect(e->g);
     if (!ds4_family_refuse(e->fam, p, err, errlen)) goto fail;
     e->m = e->fam->bind(e->g, p, &e->info, err, errlen);
-    if (!e->m || !load_tokenizer(e, err, errlen) || !common_params(e, p, err, errlen)) goto fail;
+    if (!e->m || !load_tokenizer(e, err, errlen) || !common_params(e, p, err, errlen) ||
+        !load_steering(e, p, err, errlen))
+        goto fail;
     e->be = e->fam->backend_new(e->m, p, e->prefill_chunk, err, errlen);
     if (!e->be) goto fail;
+    e->be->power.percent = p->power;
     page_in_weights(e, p);
     e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
     if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); goto fail; }
@@ -154,6 +192,7 @@ void ds4_engine_free(ds4_engine *e) {
     if (!e) return;
     if (e->be) e->be->free(e->be);
     free(e->seqs);
+    free(e->steer_dir);
     ds4_tokenizer_free(e->tok);
     if (e->m) e->fam->model_free(e->m);
     ds4_gguf_close(e->g);
@@ -184,6 +223,7 @@ ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen) {
     if (ok) {
         s->e = e;
         s->ctx = ctx;
+        s->steering = e->steering;
         s->toks = malloc((size_t)ctx * sizeof(int32_t));
         s->logits = malloc((size_t)e->info.n_vocab * sizeof(float));
         s->st = e->fam->state_new(e->m, e->be, ctx, e->prefill_chunk);
@@ -215,6 +255,22 @@ int ds4_session_test_fail_decode_after(const ds4_session *s) { return s->e->test
 const int32_t *ds4_session_tokens(const ds4_session *s) { return s->toks; }
 const float *ds4_session_logits(const ds4_session *s) { return n_pos(s) ? s->logits : NULL; }
 
+bool ds4_engine_has_steering(const ds4_engine *e) { return e->steer_dir != NULL; }
+
+int ds4_session_set_steering(ds4_session *s, float ffn, float attn, char *err, size_t errlen) {
+    if (!s->e->steer_dir) {
+        snprintf(err, errlen, "this engine was started without --dir-steering-file");
+        return -1;
+    }
+    if (!isfinite(ffn) || !isfinite(attn)) {
+        snprintf(err, errlen, "steering scales must be finite");
+        return -1;
+    }
+    s->steering.ffn = ffn;
+    s->steering.attn = attn;
+    return 0;
+}
+
 /* One backend call appending each step's tokens to its session. all_logits
  * (NULL, or one pointer per step, each NULL or n x vocab) asks for every
  * position's logits; the last token's always land in the session. Nothing
@@ -241,10 +297,14 @@ static int eval_steps(ds4_engine *e, const ds4_step *steps, float *const *all_lo
         float *all = all_logits ? all_logits[i] : NULL;
         ds4_backend_seq *q = &e->seqs[i];
         *q = (ds4_backend_seq){.toks = steps[i].toks, .n = steps[i].n, .logits = all ? all : s->logits,
-                               .all_logits = all != NULL};
+                               .all_logits = all != NULL,
+                               .steer = ds4_steering_active(&s->steering) ? &s->steering : NULL};
         e->fam->seq_bind(s->st, q);
     }
-    if (be->eval(be, e->seqs, n_steps, err, errlen)) return -1;
+    ds4_power_begin(&be->power);
+    const int rc = be->eval(be, e->seqs, n_steps, err, errlen);
+    ds4_power_pause(&be->power);
+    if (rc) return -1;
     for (int i = 0; i < n_steps; i++) {
         ds4_session *s = steps[i].session;
         const int n = steps[i].n, base = n_pos(s) - n;

@@ -54,6 +54,15 @@
  *   engine holding less than the whole model loads (CPU backend only) but
  *   refuses prefill/decode with one line unless it is a pipeline coordinator
  *   (dist.role), whose backend runs the other layers on its workers.
+ * - steering (--dir-steering-*, nn/steering.h): every layer's FFN and/or
+ *   attention output of every sequence loses (positive scale) or gains
+ *   (negative) its component along the file's direction for that layer, in
+ *   prefill, decode and batched steps alike; no file or zero scales is the
+ *   unsteered computation bit for bit. CPU backend only (refused with
+ *   --cuda or --role). A file of the wrong size is refused with one line.
+ * - power (--power N, power.h): each evaluation and, on the CPU backends,
+ *   each layer of it is followed by a sleep in proportion to its compute
+ *   time; outputs are unchanged.
  * - Allocation failures are errors (NULL / -1 with err), never crashes; a
  *   failed call leaves the engine and its sessions usable.
  */
@@ -117,6 +126,16 @@ int ds4_session_n_vocab(const ds4_session *s);
 const int32_t *ds4_session_tokens(const ds4_session *s);
 /* next-token logits after the checkpoint (n_vocab floats); NULL when empty */
 const float *ds4_session_logits(const ds4_session *s);
+
+/* Directional steering (docs/steering.md): a session starts with the
+ * engine's --dir-steering-* scales; ds4_session_set_steering() gives it its
+ * own scales over the engine's file (0, 0: unsteered) for the tokens it
+ * evaluates from then on. The state it already holds is not recomputed, so
+ * change scales only on an empty session (or one whose tokens were computed
+ * with the same scales). -1 with err when the engine has no file or a scale
+ * is not finite. */
+bool ds4_engine_has_steering(const ds4_engine *e);
+int ds4_session_set_steering(ds4_session *s, float ffn, float attn, char *err, size_t errlen);
 
 /* Append n tokens. If all_logits is non-NULL it receives n x n_vocab logits
  * (position i's next-token logits), for eval/echo/oracle tests.

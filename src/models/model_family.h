@@ -55,7 +55,7 @@ enum {
 /* What the engine reports about a bound model. */
 typedef struct {
     const char *name;
-    int n_vocab, n_layers, expert_bits;
+    int n_vocab, n_layers, n_embd, expert_bits;
     uint64_t train_ctx, file_bytes;
 } ds4_family_info;
 

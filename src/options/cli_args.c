@@ -122,3 +122,37 @@ int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char 
     if (preload && p->preload_experts == 0) p->cold = true;
     return 1;
 }
+
+void ds4_runtime_opts_default(ds4_runtime_opts *o) {
+    o->steering = (ds4_steering_params){NULL, NAN, NAN};
+    o->power = 100;
+}
+
+const char ds4_runtime_usage[] =
+    "      --dir-steering-file F  per-layer directions (n_layer x n_embd f32) removed from layer outputs\n"
+    "      --dir-steering-ffn S   scale on the FFN outputs (default 1 with a file; negative adds)\n"
+    "      --dir-steering-attn S  scale on the attention outputs (default 0)\n"
+    "      --power N              compute about N% of the time, sleeping the rest (1..100, default 100)\n";
+
+int ds4_runtime_parse_option(ds4_runtime_opts *o, int argc, char **argv, int *i, char *err, size_t errlen) {
+    const char *a = argv[*i];
+    const bool file = !strcmp(a, "--dir-steering-file"), ffn = !strcmp(a, "--dir-steering-ffn"),
+               attn = !strcmp(a, "--dir-steering-attn"), power = !strcmp(a, "--power");
+    if (!file && !ffn && !attn && !power) return 0;
+    if (*i + 1 >= argc) { snprintf(err, errlen, "%s needs a value", a); return -1; }
+    const char *v = argv[++*i];
+    bool ok = true;
+    if (file) o->steering.file = v;
+    else if (power) ok = ds4_parse_int(v, 1, 100, &o->power);
+    else ok = ds4_parse_float(v, ffn ? &o->steering.ffn : &o->steering.attn) && isfinite(ffn ? o->steering.ffn : o->steering.attn);
+    if (!ok) {
+        snprintf(err, errlen, "%s: bad value '%s' (%s)", a, v, power ? "1..100" : "a finite number");
+        return -1;
+    }
+    return 1;
+}
+
+void ds4_runtime_apply(const ds4_runtime_opts *o, ds4_engine_params *ep) {
+    ep->steering = o->steering;
+    ep->power = o->power;
+}

@@ -15,6 +15,7 @@
 #include "kernels/kernels_cpu.h"
 #include "models/dsv4/kv.h"
 #include "nn/nn_math.h"
+#include "nn/steering.h"
 #include "kernels/quant.h"
 #include "base/threadpool.h"
 
@@ -233,8 +234,13 @@ static void hc_pre(batch *b, const ds4_tensor *fn, const float *scale, const flo
     }
 }
 
-static void hc_post(batch *b) {
+/* Each row's sequence may steer the sublayer output before it is mixed back
+ * into the streams (nn/steering.h). */
+static void hc_post(batch *b, ds4_steer_site site) {
     batch_scratch *s = &b->f->s;
+    const int E = b->f->c->n_embd;
+    for (int t = 0; t < b->T; t++)
+        ds4_steer_row(b->seqs[s->row_seq[t]].steer, site, b->l, s->sublayer_out + (size_t)t * E);
     par(b, b->T, hc_post_task);
     float *swap = s->hc_state; s->hc_state = s->hc_state_next; s->hc_state_next = swap;
 }
@@ -492,7 +498,7 @@ static void attention(batch *b) {
             memcpy(s->out_latent + ((size_t)t * G + g) * OL, s->out_group + (size_t)t * OL, (size_t)OL * sizeof(float));
     }
     linear(f, &W->out_b, 0, 0, E, s->out_latent, (int64_t)G * OL, T, s->sublayer_out);
-    hc_post(b);
+    hc_post(b, DS4_STEER_ATTN);
 }
 
 /* ------------------------------------------------------------------- MoE */
@@ -709,7 +715,7 @@ static void ffn(batch *b) {
     linear(f, &W->down_shexp, 0, 0, E, s->ffn_gate, F, T, s->sublayer_out);
 
     routed(b);
-    hc_post(b);
+    hc_post(b, DS4_STEER_FFN);
 }
 
 /* ---------------------------------------------------------------- driver */
@@ -977,6 +983,7 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
         attention(&b);
         ffn(&b);
         if (f->experts && ds4_expert_cache_take_error(f->experts, err, errlen)) return -1;
+        ds4_power_pause(&be->power);
     }
     for (int q = 0; q < n_seqs; q++) seqs[q].kv->n_pos += seqs[q].n;
     if (sl->output) heads(&b);
