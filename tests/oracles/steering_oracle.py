@@ -68,8 +68,10 @@ def main():
     cases = {"cases": [{"name": n, "ffn": f, "attn": a} for n, f, a in CASES], "models": {}}
     for name, (cls, fx, T, seed) in MODELS.items():
         path = os.path.join(ROOT, fx)
-        m32 = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
-        m64 = cls.from_pretrained(path, dtype=torch.float64, attn_implementation="eager").eval()
+        m32 = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager",
+                                   experts_implementation="eager").eval()
+        m64 = cls.from_pretrained(path, dtype=torch.float64, attn_implementation="eager",
+                                   experts_implementation="eager").eval()
         cfg = m32.config
         n_layer, hidden = cfg.num_hidden_layers, cfg.hidden_size
         rng = np.random.default_rng(seed)
