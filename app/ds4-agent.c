@@ -29,6 +29,7 @@ typedef struct {
     ds4_sampler_params sampling;
     ds4_spec_params spec;        /* --spec-lookup */
     ds4_ssd_params ssd;
+    ds4_runtime_opts runtime;    /* --dir-steering-*, --power */
     const char *chdir_to;
     const char *sessions_dir;
     bool yes, autosave;
@@ -64,7 +65,7 @@ static void usage(FILE *f) {
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "      --layers A:B|A:output  map only that layer slice (docs/distributed.md)\n"
-        "%s%s%s"
+        "%s%s%s%s"
         "      --chdir DIR         working directory of the tools (default: the current one)\n"
         "      --yes               run bash commands without asking\n"
         "      --bash-timeout S    seconds before a command is killed (default 30)\n"
@@ -74,7 +75,7 @@ static void usage(FILE *f) {
         "      --scripted-output F TEST ONLY: the model's messages come from F (entries split by '@@@' lines)\n"
         "  -h, --help              this text\n"
         "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /think /nothink /think-show /quit\n",
-        ds4_spec_usage, ds4_ssd_usage, ds4_gpu_usage, ds4_dist_usage);
+        ds4_spec_usage, ds4_ssd_usage, ds4_runtime_usage, ds4_gpu_usage, ds4_dist_usage);
 }
 
 static int parse_args(int argc, char **argv, agent_args *o) {
@@ -84,6 +85,7 @@ static int parse_args(int argc, char **argv, agent_args *o) {
     o->sampling.seed = ds4_sampler_random_seed();
     ds4_spec_params_default(&o->spec);
     ds4_gpu_opts_default(&o->gpu);
+    ds4_runtime_opts_default(&o->runtime);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int sampling, ssd, gpu_arg;
@@ -95,6 +97,9 @@ static int parse_args(int argc, char **argv, agent_args *o) {
             if (ssd < 0) { fprintf(stderr, "ds4-agent: %s\n", ssd_err); return -1; }
         }
         else if ((ssd = ds4_dist_parse_option(&o->dist, argc, argv, &i, ssd_err, sizeof ssd_err)) != 0) {
+            if (ssd < 0) { fprintf(stderr, "ds4-agent: %s\n", ssd_err); return -1; }
+        }
+        else if ((ssd = ds4_runtime_parse_option(&o->runtime, argc, argv, &i, ssd_err, sizeof ssd_err)) != 0) {
             if (ssd < 0) { fprintf(stderr, "ds4-agent: %s\n", ssd_err); return -1; }
         }
         else if (IS("-h") || IS("--help")) { usage(stdout); return 1; }
@@ -370,6 +375,7 @@ int main(int argc, char **argv) {
     ep.ssd.ctx = o.ctx;
     ep.gpu = o.gpu;
     ep.gpu_ctx = o.ctx;
+    ds4_runtime_apply(&o.runtime, &ep);
     if (!(e = ds4_engine_load(&ep, err, sizeof err))) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
     if (ds4_engine_tokenizer(e) && ds4_chat_profile_for(ds4_engine_tokenizer(e)) != DS4_CHAT_DS4) {
         fprintf(stderr, "ds4-agent: %s has GLM's chat format; the agent speaks only DeepSeek's DSML (use ds4-server)\n",

@@ -32,7 +32,7 @@ static void usage(FILE *f) {
                "  --ssd-streaming-lru      plain LRU eviction instead of aged LFU (measurements)\n"
                "  --ssd-streaming-no-predict  no early reads of the next layer's guessed experts (measurements)\n"
                "  --expert-policy F  replay a routing trace: hit rates of aged LFU vs LRU\n"
-               "%s", ds4_ssd_usage);
+               "%s%s", ds4_ssd_usage, ds4_runtime_usage);
 }
 
 /* Integer option value in [lo, hi]; -1 (after a message) when invalid. */
@@ -82,6 +82,9 @@ int main(int argc, char **argv) {
         int ssd = ds4_ssd_parse_option(&mp.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
         if (ssd < 0) { fprintf(stderr, "ds4-bench: %s\n", ssd_err); return 2; }
         if (ssd) continue;
+        const int runtime = ds4_runtime_parse_option(&mp.runtime, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (runtime < 0) { fprintf(stderr, "ds4-bench: %s\n", ssd_err); return 2; }
+        if (runtime) continue;
         int dist = ds4_dist_parse_option(&mp.dist, argc, argv, &i, ssd_err, sizeof ssd_err);
         if (dist < 0) { fprintf(stderr, "ds4-bench: %s\n", ssd_err); return 2; }
         if (dist) continue;

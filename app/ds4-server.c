@@ -52,7 +52,8 @@ static void usage(FILE *f) {
         "%s"
         "%s"
         "%s"
-        "  -h, --help\n", ds4_ssd_usage, ds4_gpu_usage, ds4_dist_usage);
+        "%s"
+        "  -h, --help\n", ds4_ssd_usage, ds4_runtime_usage, ds4_gpu_usage, ds4_dist_usage);
 }
 
 static int parse_int(const char *flag, const char *v, long lo, long hi) {
@@ -78,6 +79,9 @@ int main(int argc, char **argv) {
         int ssd = ds4_ssd_parse_option(&o.ssd, argc, argv, &i, ssd_err, sizeof ssd_err);
         if (ssd < 0) { fprintf(stderr, "ds4-server: %s\n", ssd_err); return 2; }
         if (ssd) continue;
+        const int runtime = ds4_runtime_parse_option(&o.runtime, argc, argv, &i, ssd_err, sizeof ssd_err);
+        if (runtime < 0) { fprintf(stderr, "ds4-server: %s\n", ssd_err); return 2; }
+        if (runtime) continue;
         int dist = ds4_dist_parse_option(&o.dist, argc, argv, &i, ssd_err, sizeof ssd_err);
         if (dist < 0) { fprintf(stderr, "ds4-server: %s\n", ssd_err); return 2; }
         if (dist) continue;

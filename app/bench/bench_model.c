@@ -17,6 +17,7 @@ void ds4_bench_model_defaults(ds4_bench_model_params *p) {
     p->repeat = 3;
     p->prompt_tokens = 64;
     ds4_gpu_opts_default(&p->gpu);
+    ds4_runtime_opts_default(&p->runtime);
 }
 
 static double now(void) {
@@ -114,6 +115,7 @@ static ds4_engine *load_engine(const ds4_bench_model_params *p) {
     ep.ssd.ctx = session_ctx(p);
     ep.gpu = p->gpu;
     ep.gpu_ctx = p->ctx_max;
+    ds4_runtime_apply(&p->runtime, &ep);
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) fprintf(stderr, "ds4-bench: %s\n", err);
     return e;

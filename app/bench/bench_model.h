@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include "engine/engine.h"
 #include "backends/cuda/cuda_plan.h"
+#include "options/cli_args.h"
 
 typedef struct {
     const char *model_path, *prompt_file;
@@ -40,6 +41,7 @@ typedef struct {
     /* ds4_bench_sessions: the session counts to compare and runs per count */
     int session_counts[16], n_session_counts, repeat, prompt_tokens;
     ds4_gpu_opts gpu;                   /* backend and placement (cuda_plan.h) */
+    ds4_runtime_opts runtime;           /* --dir-steering-*, --power (cli_args.h) */
 } ds4_bench_model_params;
 
 void ds4_bench_model_defaults(ds4_bench_model_params *p);

@@ -292,6 +292,7 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     ds4_kvdisk_opts_default(&o->kvdisk);
     ds4_http_limits_default(&o->limits);
     ds4_gpu_opts_default(&o->gpu);
+    ds4_runtime_opts_default(&o->runtime);
 }
 
 /* The slots' views of the server (server_state.h), each with its session;
@@ -372,6 +373,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
     ep.ssd.ctx = s->o.ctx;
     ep.gpu = s->o.gpu;
     ep.gpu_ctx = s->o.ctx;
+    ds4_runtime_apply(&s->o.runtime, &ep);
     s->eng = ds4_engine_load(&ep, err, sizeof err);
     if (!s->eng) { fprintf(stderr, "ds4-server: %s\n", err); return 1; }
     s->tok = ds4_engine_tokenizer(s->eng);
