@@ -27,6 +27,7 @@
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "text/tokenizer.h"
+#include "nn/steering.h"
 
 typedef struct {
     const char *model;
@@ -50,6 +51,8 @@ typedef struct {
     const char *dump_logits;
     bool logits_all;
     const char *token_ids;
+    const char *dump_activations;   /* --dump-activations FILE */
+    bool activations_attn;          /* --activation-component attn_out (default ffn_out) */
     ds4_ssd_params ssd;
     ds4_runtime_opts runtime;       /* --dir-steering-*, --power */
     ds4_spec_params spec_params;   /* --spec-lookup */
@@ -104,6 +107,10 @@ static void usage(FILE *f) {
         "      --dump-logits F     next-token logits of the prompt as JSON\n"
         "      --logits-all        with --dump-logits: every position, not just the last\n"
         "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
+        "      --dump-activations F  per-layer mean of a sublayer's output over every token of the\n"
+        "                          prompts (--prompt-file: one prompt per line, each a chat turn;\n"
+        "                          -p; or --token-ids), n_layer x n_embd f32, then exit\n"
+        "      --activation-component ffn_out|attn_out  which output (default ffn_out)\n"
         "  -h, --help              this text\n"
         "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_spec_usage,
         ds4_ssd_usage, ds4_runtime_usage,
@@ -176,6 +183,12 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--dump-logits")) { NEEDS_VALUE(); o->dump_logits = v; }
         else if (!strcmp(a, "--logits-all")) o->logits_all = true;
         else if (!strcmp(a, "--token-ids")) { NEEDS_VALUE(); o->token_ids = v; }
+        else if (!strcmp(a, "--dump-activations")) { NEEDS_VALUE(); o->dump_activations = v; }
+        else if (!strcmp(a, "--activation-component")) {
+            NEEDS_VALUE();
+            if (strcmp(v, "ffn_out") && strcmp(v, "attn_out")) BAD_VALUE();
+            o->activations_attn = !strcmp(v, "attn_out");
+        }
         else { ds4_cli_unknown_option("ds4", a); return -1; }
 #undef NEEDS_VALUE
 #undef BAD_VALUE
@@ -673,6 +686,76 @@ static int run_logprobs(ds4_engine *e, ds4_session *s, ds4_sampler *smp, const c
     return rc;
 }
 
+/* One prompt of --dump-activations into the probe, from an empty session. */
+static bool probe_prompt(chat_state *c, const char *text, const int32_t *raw, size_t n_raw, ds4_act_probe *probe) {
+    char err[256];
+    ds4_token_ids ids = {0};
+    bool ok = true;
+    if (!raw) {
+        if (c->opts->system) add_msg(&c->tr, DS4_ROLE_SYSTEM, strdup(c->opts->system), NULL);
+        add_msg(&c->tr, DS4_ROLE_USER, strdup(text), NULL);
+        ok = render_prompt(c, &ids);
+        transcript_free(&c->tr);
+        raw = ids.v;
+        n_raw = ids.n;
+    }
+    if (ok && (int)n_raw > ds4_session_ctx(c->session)) {
+        fprintf(stderr, "ds4: a prompt of %zu tokens exceeds --ctx %d\n", n_raw, ds4_session_ctx(c->session));
+        ok = false;
+    }
+    if (ok && (ds4_session_rewind(c->session, 0, err, sizeof err) || ds4_session_probe(c->session, probe, err, sizeof err) ||
+               ds4_session_prefill(c->session, raw, (int)n_raw, NULL, NULL, NULL, err, sizeof err))) {
+        fprintf(stderr, "ds4: %s\n", err);
+        ok = false;
+    }
+    ds4_session_probe(c->session, NULL, err, sizeof err);
+    ds4_token_ids_free(&ids);
+    return ok;
+}
+
+/* --dump-activations: the mean over every token of every prompt of one
+ * sublayer output per layer, written as n_layer x n_embd little-endian f32
+ * (the layout of a steering file, so the direction tool subtracts two). */
+static int dump_activations(ds4_engine *e, ds4_session *s, cli_opts *o, char *prompt_text) {
+    const int L = ds4_engine_n_layers(e), E = ds4_engine_n_embd(e);
+    ds4_act_probe probe = {o->activations_attn ? DS4_STEER_ATTN : DS4_STEER_FFN, L, E,
+                           calloc((size_t)L * E, sizeof(double)), 0};
+    if (!probe.sum) { fprintf(stderr, "ds4: out of memory\n"); return 1; }
+    chat_state c = {e, s, o, {0}};
+    int n_prompts = 0, status = 0;
+    if (o->token_ids) {
+        ds4_token_ids ids = {0};
+        status = parse_token_ids(o->token_ids, ds4_engine_n_vocab(e), &ids) && probe_prompt(&c, NULL, ids.v, ids.n, &probe) ? 0 : 1;
+        n_prompts = 1;
+        ds4_token_ids_free(&ids);
+    } else if (!prompt_text || !ds4_engine_tokenizer(e)) {
+        fprintf(stderr, "ds4: --dump-activations needs --token-ids, or -p/--prompt-file with a tokenizer\n");
+        status = 2;
+    } else {
+        /* --prompt-file: one prompt per non-empty line; -p: the one prompt */
+        for (char *line = prompt_text, *next; !status && line && *line; line = next) {
+            next = o->prompt_file ? strchr(line, '\n') : NULL;
+            if (next) *next++ = 0;
+            if (!*line) continue;
+            status = probe_prompt(&c, line, NULL, 0, &probe) ? 0 : 1;
+            n_prompts++;
+        }
+    }
+    if (!status && probe.rows == 0) { fprintf(stderr, "ds4: --dump-activations: no prompt\n"); status = 2; }
+    FILE *f = status ? NULL : fopen(o->dump_activations, "wb");
+    if (!status && !f) { fprintf(stderr, "ds4: cannot write %s: %s\n", o->dump_activations, strerror(errno)); status = 1; }
+    for (size_t i = 0; f && i < (size_t)L * E; i++) {
+        const float m = (float)(probe.sum[i] / (double)probe.rows);
+        if (fwrite(&m, sizeof m, 1, f) != 1) status = 1;
+    }
+    if (f && (fclose(f) || status)) { fprintf(stderr, "ds4: cannot write %s\n", o->dump_activations); status = 1; }
+    if (!status)
+        fprintf(stderr, "ds4: mean %s of %d prompts (%ld tokens), %d layers x %d -> %s\n",
+                o->activations_attn ? "attn_out" : "ffn_out", n_prompts, probe.rows, L, E, o->dump_activations);
+    free(probe.sum);
+    return status;
+}
+
 int main(int argc, char **argv) {
     cli_opts o;
     int pr = parse_args(argc, argv, &o);
@@ -740,6 +823,10 @@ int main(int argc, char **argv) {
 
     ds4_session *s = ds4_session_new(e, o.ctx, err, sizeof err);
     if (!s) { fprintf(stderr, "ds4: %s\n", err); free(prompt_text); ds4_engine_free(e); return 1; }
+    if (o.dump_activations) {
+        status = dump_activations(e, s, &o, prompt_text);
+        goto done;
+    }
     if (!o.token_ids && !o.dump_logits) {
         /* KV grows with context: report the marginal cost so users can size --ctx. */
         int half = o.ctx / 2;

@@ -55,6 +55,7 @@
 
 struct ds4_kv;
 struct ds4_steering;
+struct ds4_act_probe;
 
 typedef struct {
     /* the sequence's state in its family's form: ds4_kv (kv.h) for the
@@ -72,6 +73,9 @@ typedef struct {
     /* NULL: unsteered; else directional steering of every layer's attention
      * and FFN outputs for this sequence's rows (nn/steering.h) */
     const struct ds4_steering *steer;
+    /* NULL, or sums this sequence's rows of one sublayer output per layer
+     * (after steering) for --dump-activations (nn/steering.h) */
+    struct ds4_act_probe *probe;
 } ds4_backend_seq;
 
 typedef struct ds4_backend ds4_backend;

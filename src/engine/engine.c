@@ -28,6 +28,7 @@ struct ds4_engine {
     ds4_backend_seq *seqs;  /* [max_batch]: one backend call's sequences */
     float *steer_dir;       /* --dir-steering-file's directions (NULL: none) */
     ds4_steering steering;  /* what new sessions are steered with */
+    bool host_layers;       /* every layer runs on the CPU backend here: steering and probes apply */
     int test_fail_decode_after;     /* DS4_TEST_FAIL_DECODE_AFTER, -1: unset */
 };
 
@@ -38,6 +39,7 @@ struct ds4_session {
     int32_t *toks;      /* [ctx]; n_pos of them are live */
     float *logits;      /* [n_vocab], valid when n_pos > 0 */
     ds4_steering steering;  /* the engine's, or this session's own scales */
+    ds4_act_probe *probe;   /* --dump-activations (NULL: none) */
 };
 
 /* kv holds the family's snapshot form. */
@@ -144,12 +146,13 @@ static bool common_params(ds4_engine *e, const ds4_engine_params *p, char *err, 
  * and pipeline backends refuse it instead of ignoring it. */
 static bool load_steering(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
     const ds4_steering_params *sp = &p->steering;
+    e->host_layers = p->gpu.backend == DS4_BACKEND_CPU && p->dist.role == DS4_DIST_NONE;
     if (!sp->file) {
         if (isnan(sp->ffn) && isnan(sp->attn)) return true;
         snprintf(err, errlen, "--dir-steering-ffn and --dir-steering-attn need --dir-steering-file");
         return false;
     }
-    if (p->gpu.backend != DS4_BACKEND_CPU || p->dist.role != DS4_DIST_NONE) {
+    if (!e->host_layers) {
         snprintf(err, errlen, "directional steering runs on the CPU backend only (not with --cuda or --role)");
         return false;
     }
@@ -203,6 +206,7 @@ const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e) { return e
 const ds4_chat_spec *ds4_engine_chat(const ds4_engine *e) { return e->fam->chat; }
 int ds4_engine_n_vocab(const ds4_engine *e) { return e->info.n_vocab; }
 int ds4_engine_n_layers(const ds4_engine *e) { return e->info.n_layers; }
+int ds4_engine_n_embd(const ds4_engine *e) { return e->info.n_embd; }
 int ds4_engine_train_ctx(const ds4_engine *e) {
     return e->info.train_ctx > (1u << 30) ? 1 << 30 : (int)e->info.train_ctx;
 }
@@ -255,6 +259,21 @@ int ds4_session_test_fail_decode_after(const ds4_session *s) { return s->e->test
 const int32_t *ds4_session_tokens(const ds4_session *s) { return s->toks; }
 const float *ds4_session_logits(const ds4_session *s) { return n_pos(s) ? s->logits : NULL; }
 
+int ds4_session_probe(ds4_session *s, struct ds4_act_probe *probe, char *err, size_t errlen) {
+    const ds4_engine *e = s->e;
+    if (probe && (probe->n_layer != e->info.n_layers || probe->n_embd != e->info.n_embd)) {
+        snprintf(err, errlen, "an activation probe of %d x %d for a model of %d layers x %d", probe->n_layer,
+                 probe->n_embd, e->info.n_layers, e->info.n_embd);
+        return -1;
+    }
+    if (probe && !e->host_layers) {
+        snprintf(err, errlen, "activation dumps run on the CPU backend only");
+        return -1;
+    }
+    s->probe = probe;
+    return 0;
+}
+
 bool ds4_engine_has_steering(const ds4_engine *e) { return e->steer_dir != NULL; }
 
 int ds4_session_set_steering(ds4_session *s, float ffn, float attn, char *err, size_t errlen) {
@@ -298,7 +317,8 @@ static int eval_steps(ds4_engine *e, const ds4_step *steps, float *const *all_lo
         ds4_backend_seq *q = &e->seqs[i];
         *q = (ds4_backend_seq){.toks = steps[i].toks, .n = steps[i].n, .logits = all ? all : s->logits,
                                .all_logits = all != NULL,
-                               .steer = ds4_steering_active(&s->steering) ? &s->steering : NULL};
+                               .steer = ds4_steering_active(&s->steering) ? &s->steering : NULL,
+                               .probe = s->probe};
         e->fam->seq_bind(s->st, q);
     }
     ds4_power_begin(&be->power);

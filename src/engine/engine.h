@@ -97,6 +97,7 @@ const struct ds4_chat_spec *ds4_engine_chat(const ds4_engine *e);
 const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e);
 int ds4_engine_n_vocab(const ds4_engine *e);
 int ds4_engine_n_layers(const ds4_engine *e);
+int ds4_engine_n_embd(const ds4_engine *e);     /* the hidden width (a steering file's row) */
 int ds4_engine_train_ctx(const ds4_engine *e);
 /* routed-expert quant bits of this file (2 or 4; 8/16/32 for test models) */
 int ds4_engine_expert_bits(const ds4_engine *e);
@@ -136,6 +137,13 @@ const float *ds4_session_logits(const ds4_session *s);
  * is not finite. */
 bool ds4_engine_has_steering(const ds4_engine *e);
 int ds4_session_set_steering(ds4_session *s, float ffn, float attn, char *err, size_t errlen);
+
+/* --dump-activations: while a probe (nn/steering.h, n_layers x the model's
+ * width) is attached, every row the session evaluates adds its chosen
+ * sublayer output of each layer into the probe's sums. NULL detaches it.
+ * CPU backends only; -1 with err otherwise or on a shape mismatch. */
+struct ds4_act_probe;
+int ds4_session_probe(ds4_session *s, struct ds4_act_probe *probe, char *err, size_t errlen);
 
 /* Append n tokens. If all_logits is non-NULL it receives n x n_vocab logits
  * (position i's next-token logits), for eval/echo/oracle tests.

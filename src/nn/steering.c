@@ -52,3 +52,10 @@ void ds4_steer_row(const ds4_steering *s, ds4_steer_site site, int l, float *y) 
     const float k = (float)(scale * dot);
     for (int i = 0; i < n; i++) y[i] -= k * d[i];
 }
+
+void ds4_probe_row(ds4_act_probe *p, ds4_steer_site site, int l, const float *y) {
+    if (!p || p->site != site || l < 0 || l >= p->n_layer) return;
+    double *sum = p->sum + (size_t)l * p->n_embd;
+    for (int i = 0; i < p->n_embd; i++) sum[i] += y[i];
+    if (l == 0) p->rows++;
+}

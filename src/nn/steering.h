@@ -12,6 +12,10 @@
  * - ds4_steering is what a sequence is evaluated with: the directions and
  *   the two scales. NULL, or both scales zero, is the unsteered path; a
  *   sublayer whose scale is zero is left untouched bit for bit.
+ * - ds4_act_probe sums one site's output rows per layer (after any
+ *   steering), for --dump-activations: ds4_probe_row() adds a row of layer l
+ *   to sum[l] (in double) and counts rows at layer 0; the per-layer mean
+ *   is sum / rows. A probe belongs to one sequence at a time.
  * - ds4_steer_row() applies one sublayer's projection to one row of n_embd
  *   floats for layer l (rows outside the file's layers, and zero scales, are
  *   left alone); the dot runs in double in a fixed order over that row only,
@@ -44,5 +48,15 @@ static inline float ds4_steering_scale(const ds4_steering *s, ds4_steer_site sit
 
 /* One row: y -= scale * d * dot(d, y) with d layer l's direction. */
 void ds4_steer_row(const ds4_steering *s, ds4_steer_site site, int l, float *y);
+
+typedef struct ds4_act_probe {
+    ds4_steer_site site;
+    int n_layer, n_embd;
+    double *sum;        /* [n_layer][n_embd] */
+    long rows;          /* rows seen at layer 0 */
+} ds4_act_probe;
+
+/* Adds row y of layer l when the probe watches `site` (p NULL: nothing). */
+void ds4_probe_row(ds4_act_probe *p, ds4_steer_site site, int l, const float *y);
 
 #endif

@@ -17,6 +17,9 @@ For each model:
     y - scale * d * (y . d) with that layer's d, and the full-sequence
     float32 logits of the first T fixture tokens (use_cache=False) are
     written as `<model>/<case>.logits` ([T][vocab] little-endian f32);
+  * unsteered, the mean over the T positions of every layer's mlp output
+    and self_attn output (`<model>/mean_ffn_out.f32`, `mean_attn_out.f32`,
+    [n_layer][hidden] f32): what `ds4 --dump-activations` writes;
   * the same in float64 must agree to 1e-3 of the logit scale, so no golden
     logit depends on a near-tie in a top-k (indexer or router) that the
     steering moved; the script stops if not.
@@ -61,6 +64,23 @@ def steered_logits(model, dirs, ffn, attn, ids, dtype):
             h.remove()
 
 
+def mean_outputs(model, n_layer, ids):
+    sums = {"ffn_out": [None] * n_layer, "attn_out": [None] * n_layer}
+    hooks = []
+    for l, layer in enumerate(model.model.layers[:n_layer]):
+        hooks.append(layer.mlp.register_forward_hook(
+            lambda m, i, out, l=l: sums["ffn_out"].__setitem__(l, out[0].to(torch.float64).mean(0).numpy())))
+        hooks.append(layer.self_attn.register_forward_hook(
+            lambda m, i, out, l=l: sums["attn_out"].__setitem__(l, out[0][0].to(torch.float64).mean(0).numpy())))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {k: np.stack(v) for k, v in sums.items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures", "steering"))
@@ -85,6 +105,8 @@ def main():
         ids = torch.tensor([tokens])
         cases["models"][name] = {"fixture": fx, "tokens": tokens, "n_layer": n_layer, "n_embd": hidden}
         plain = steered_logits(m32, d32, 0, 0, ids, torch.float32)
+        for comp, mean in mean_outputs(m32, n_layer, ids).items():
+            mean.astype("<f4").tofile(os.path.join(out, f"mean_{comp}.f32"))
         for cname, ffn, attn in CASES:
             l32 = steered_logits(m32, d32, ffn, attn, ids, torch.float32)
             l64 = steered_logits(m64, d32.astype(np.float64), ffn, attn, ids, torch.float64)

@@ -10,6 +10,10 @@ both, positive and negative scales. Each golden case differs from the
 unsteered logits by far more than that tolerance, so an engine ignoring the
 file fails.
 
+`ds4 --dump-activations --token-ids ... --activation-component ffn_out|attn_out`
+(unsteered) writes, per layer, the mean over the positions of the mlp /
+self_attn output transformers computes, within 1e-5 of the largest mean.
+
 Also: a prefill split into chunks of 7 gives the same steered logits bit for
 bit; zero scales with a file are the unsteered run bit for bit; a file of the
 wrong size, a scale without a file and a bad scale are refused with one line
@@ -77,6 +81,17 @@ def main():
                 if case["name"] == "both":
                     chunked = logits(model, ids, out, "--prefill-chunk", "7", *flags)
                     check(chunked is not None and (chunked == got).all(), f"{name}: chunked prefill bit-identical")
+            for comp in ("ffn_out", "attn_out"):
+                act = os.path.join(d, "act.f32")
+                r = ds4("-m", model, "--numerics", "exact", "--token-ids", ids, "--dump-activations", act,
+                        "--activation-component", comp)
+                check(r.returncode == 0, f"{name} --dump-activations {comp}: {r.stderr.strip()[-200:]}")
+                if r.returncode == 0:
+                    got = np.fromfile(act, dtype="<f4").astype(np.float64)
+                    gold = np.fromfile(os.path.join(FX, name, f"mean_{comp}.f32"), dtype="<f4").astype(np.float64)
+                    diff = np.abs(got - gold).max() if got.shape == gold.shape else float("inf")
+                    print(f"{name} mean {comp}: max |diff| {diff:.3g} (max |mean| {np.abs(gold).max():.3g})")
+                    check(diff <= 1e-5 * np.abs(gold).max(), f"{name} mean {comp} within 1e-5 of the scale")
             zero = logits(model, ids, out, "--dir-steering-file", dirf, "--dir-steering-ffn", "0",
                           "--dir-steering-attn", "0")
             check(zero is not None and plain is not None and (zero == plain).all(),

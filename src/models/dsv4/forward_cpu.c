@@ -239,8 +239,11 @@ static void hc_pre(batch *b, const ds4_tensor *fn, const float *scale, const flo
 static void hc_post(batch *b, ds4_steer_site site) {
     batch_scratch *s = &b->f->s;
     const int E = b->f->c->n_embd;
-    for (int t = 0; t < b->T; t++)
-        ds4_steer_row(b->seqs[s->row_seq[t]].steer, site, b->l, s->sublayer_out + (size_t)t * E);
+    for (int t = 0; t < b->T; t++) {
+        const ds4_backend_seq *q = &b->seqs[s->row_seq[t]];
+        ds4_steer_row(q->steer, site, b->l, s->sublayer_out + (size_t)t * E);
+        ds4_probe_row(q->probe, site, b->l, s->sublayer_out + (size_t)t * E);
+    }
     par(b, b->T, hc_post_task);
     float *swap = s->hc_state; s->hc_state = s->hc_state_next; s->hc_state_next = swap;
 }

@@ -44,7 +44,7 @@ static int glm_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
             const int n = sq->n - done < piece - rows ? sq->n - done : piece - rows;
             const bool last = done + n == sq->n;
             float *out = sq->all_logits ? sq->logits + (size_t)done * c->n_vocab : last ? sq->logits : NULL;
-            c->runs[n_runs++] = (glm_run){sq->glm, sq->toks + done, n, out, sq->all_logits, sq->steer};
+            c->runs[n_runs++] = (glm_run){sq->glm, sq->toks + done, n, out, sq->all_logits, sq->steer, sq->probe};
             rows += n;
             done += n;
             if (last) { q++; done = 0; }

@@ -52,6 +52,7 @@ struct ds4_pool;
 struct glm_model;
 struct glm_kv;
 struct ds4_steering;
+struct ds4_act_probe;
 
 typedef struct glm_forward glm_forward;
 
@@ -77,6 +78,7 @@ typedef struct glm_run {
     float *logits;          /* NULL: no output head for this run */
     bool all_logits;
     const struct ds4_steering *steer;   /* NULL: unsteered (nn/steering.h) */
+    struct ds4_act_probe *probe;        /* NULL: no --dump-activations sums */
 } glm_run;
 int ds4_glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *err, size_t errlen);
 
