@@ -276,6 +276,16 @@ int ds4_session_probe(ds4_session *s, struct ds4_act_probe *probe, char *err, si
 
 bool ds4_engine_has_steering(const ds4_engine *e) { return e->steer_dir != NULL; }
 
+void ds4_engine_steering(const ds4_engine *e, float *ffn, float *attn) {
+    *ffn = e->steering.ffn;
+    *attn = e->steering.attn;
+}
+
+void ds4_session_steering(const ds4_session *s, float *ffn, float *attn) {
+    *ffn = s->steering.ffn;
+    *attn = s->steering.attn;
+}
+
 int ds4_session_set_steering(ds4_session *s, float ffn, float attn, char *err, size_t errlen) {
     if (!s->e->steer_dir) {
         snprintf(err, errlen, "this engine was started without --dir-steering-file");

@@ -136,6 +136,9 @@ const float *ds4_session_logits(const ds4_session *s);
  * with the same scales). -1 with err when the engine has no file or a scale
  * is not finite. */
 bool ds4_engine_has_steering(const ds4_engine *e);
+/* The scales new sessions start with (0, 0 without a file), and a session's. */
+void ds4_engine_steering(const ds4_engine *e, float *ffn, float *attn);
+void ds4_session_steering(const ds4_session *s, float *ffn, float *attn);
 int ds4_session_set_steering(ds4_session *s, float ffn, float attn, char *err, size_t errlen);
 
 /* --dump-activations: while a probe (nn/steering.h, n_layers x the model's

@@ -440,7 +440,8 @@ int ds4_server_run(const ds4_server_opts *opts) {
     for (int k = 0; k < n_workers; k++) pthread_join(workers[k], NULL);
     free(workers);
     if (s->kvd) {
-        for (int k = 0; k < s->o.batched_sessions; k++) ds4_kvdisk_save(s->kvd, slots[k].sess, DS4_KVC_SHUTDOWN);
+        for (int k = 0; k < s->o.batched_sessions; k++)
+            if (!slots[k].steered) ds4_kvdisk_save(s->kvd, slots[k].sess, DS4_KVC_SHUTDOWN);
         ds4_kvdisk_close(s->kvd);
     }
     /* Connection threads may still be reading; give them a moment. */
