@@ -17,6 +17,7 @@ static void usage(FILE *f) {
                "       ds4-bench -m MODEL.gguf [--prompt-file F] [--ctx-start N] [--ctx-max N]\n"
                "                 [--step-incr N | --step-mul F] [--gen-tokens N] [--prefill-chunk N]\n"
                "                 [--numerics exact|ds4] [--layers A:B|A:output] [-t N] [--ssd-streaming...] [--cuda|--cpu] [--gpu-vram ..]\n"
+               "                 [--chat-prompt-file F] [--ctx-alloc N] [--csv FILE]\n"
                "       ds4-bench -m MODEL.gguf --sessions 1,2,4,8,16 [--prompt-tokens N] [--gen-tokens N]\n"
                "                 [--repeat N] [--prompt-file F] [-t N] [--cuda|--cpu] [--gpu-vram ..]\n"
                "       ds4-bench -m MODEL.gguf --spec-verify [--prompt-tokens N] [--repeat N] [-t N]\n"
@@ -24,6 +25,10 @@ static void usage(FILE *f) {
                "  --spec-verify  table: a speculative verification pass of 1..9 tokens against one\n"
                "              decode step (time, weight bytes, tok/s at full acceptance)\n"
                "  -m MODEL    CSV per context frontier: frontier,prefill_tps,gen_tps,kvcache_bytes\n"
+               "  --csv FILE  write that CSV to FILE instead of stdout\n"
+               "  --prompt-file F       the text whose tokens (repeated) fill the context (default: a fixed sequence)\n"
+               "  --chat-prompt-file F  the same, with the file rendered as one chat user turn first\n"
+               "  --ctx-alloc N         allocate a session of N tokens (default: --ctx-max + --gen-tokens + 1)\n"
                "  --sessions  table: that many sessions decoding together (batched), per-session and\n"
                "              aggregate tokens/s, weight bytes read per token (prompt default 64)\n"
                "  -t N        threads (--kernels: default 2, also measured with 1 thread;\n"
@@ -65,13 +70,14 @@ static bool session_counts(const char *list, ds4_bench_model_params *mp) {
 
 int main(int argc, char **argv) {
     int kernels = 0, spec_verify = 0, threads = 2, threads_set = 0;
+    const char *csv = NULL;     /* --csv FILE: the frontier table there instead of stdout */
     ds4_bench_model_params mp;
     ds4_bench_model_defaults(&mp);
     struct { const char *name; int *dst; long lo, hi; } ints[] = {
         {"--ctx-start", &mp.ctx_start, 1, 1 << 30}, {"--ctx-max", &mp.ctx_max, 1, 1 << 30},
         {"--step-incr", &mp.step_incr, 1, 1 << 30}, {"--gen-tokens", &mp.gen_tokens, 0, 1 << 20},
         {"--prefill-chunk", &mp.prefill_chunk, 1, 1 << 20}, {"--repeat", &mp.repeat, 1, 64},
-        {"--prompt-tokens", &mp.prompt_tokens, 1, 1 << 20},
+        {"--prompt-tokens", &mp.prompt_tokens, 1, 1 << 20}, {"--ctx-alloc", &mp.ctx_alloc, 1, 1 << 30},
     };
     for (int i = 1; i < argc; i++) {
         char gpu_err[256];
@@ -98,6 +104,10 @@ int main(int argc, char **argv) {
             if (i + 1 >= argc) { ds4_cli_missing_value("ds4-bench", argv[i]); return 2; }
             if (!strcmp(argv[i], "--prompt-file")) mp.prompt_file = argv[++i];
             else mp.model_path = argv[++i];
+        } else if (!strcmp(argv[i], "--chat-prompt-file") || !strcmp(argv[i], "--csv")) {
+            if (i + 1 >= argc) { ds4_cli_missing_value("ds4-bench", argv[i]); return 2; }
+            if (!strcmp(argv[i], "--csv")) csv = argv[++i];
+            else { mp.prompt_file = argv[++i]; mp.chat_prompt = true; }
         } else if (!strcmp(argv[i], "--step-mul")) {
             char *end = NULL;
             mp.step_mul = i + 1 < argc ? strtod(argv[++i], &end) : 0;
@@ -145,7 +155,11 @@ int main(int argc, char **argv) {
         mp.threads = threads_set ? threads : 0;
         if (spec_verify) return ds4_bench_spec_verify(&mp, stdout) ? 1 : 0;
         if (mp.n_session_counts) return ds4_bench_sessions(&mp, stdout) ? 1 : 0;
-        return ds4_bench_model(&mp, stdout) ? 1 : 0;
+        FILE *out = csv ? fopen(csv, "w") : stdout;
+        if (!out) { fprintf(stderr, "ds4-bench: cannot write %s\n", csv); return 2; }
+        const int rc = ds4_bench_model(&mp, out);
+        if (csv && fclose(out)) { fprintf(stderr, "ds4-bench: cannot write %s\n", csv); return 1; }
+        return rc ? 1 : 0;
     }
     if (!kernels) {
         usage(stderr);

@@ -32,6 +32,8 @@
 
 typedef struct {
     const char *model_path, *prompt_file;
+    bool chat_prompt;                   /* --chat-prompt-file: the file is one user turn, rendered as chat */
+    int ctx_alloc;                      /* --ctx-alloc N: the session's context (0: what the run needs) */
     int threads, prefill_chunk, numerics;
     const char *layers;     /* --layers A:B | A:output */
     ds4_dist_params dist;   /* --role coordinator ... */
