@@ -45,6 +45,8 @@
  *   2 MiB ones where a probe piece shows the kernel can
  *   (ds4_gguf_prefer_large_pages): same bytes at the same addresses, and the
  *   load line says what share was in 2 MiB pages before and after.
+ *   warm_weights (--warm-weights) pages the file in whatever the backend,
+ *   slice or size (not with ssd.enabled); the load line reports the time.
  * - Not thread-safe: one engine serves all its sessions from one thread at a
  *   time (the backend's scratch is shared); ds4_sessions_step() is how
  *   several sessions advance together.

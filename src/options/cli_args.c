@@ -126,16 +126,19 @@ int ds4_ssd_parse_option(ds4_ssd_params *p, int argc, char **argv, int *i, char 
 void ds4_runtime_opts_default(ds4_runtime_opts *o) {
     o->steering = (ds4_steering_params){NULL, NAN, NAN};
     o->power = 100;
+    o->warm_weights = false;
 }
 
 const char ds4_runtime_usage[] =
     "      --dir-steering-file F  per-layer directions (n_layer x n_embd f32) removed from layer outputs\n"
     "      --dir-steering-ffn S   scale on the FFN outputs (default 1 with a file; negative adds)\n"
     "      --dir-steering-attn S  scale on the attention outputs (default 0)\n"
-    "      --power N              compute about N% of the time, sleeping the rest (1..100, default 100)\n";
+    "      --power N              compute about N% of the time, sleeping the rest (1..100, default 100)\n"
+    "      --warm-weights         page every weight in at load and report the time it took\n";
 
 int ds4_runtime_parse_option(ds4_runtime_opts *o, int argc, char **argv, int *i, char *err, size_t errlen) {
     const char *a = argv[*i];
+    if (!strcmp(a, "--warm-weights")) { o->warm_weights = true; return 1; }
     const bool file = !strcmp(a, "--dir-steering-file"), ffn = !strcmp(a, "--dir-steering-ffn"),
                attn = !strcmp(a, "--dir-steering-attn"), power = !strcmp(a, "--power");
     if (!file && !ffn && !attn && !power) return 0;
@@ -155,4 +158,5 @@ int ds4_runtime_parse_option(ds4_runtime_opts *o, int argc, char **argv, int *i,
 void ds4_runtime_apply(const ds4_runtime_opts *o, ds4_engine_params *ep) {
     ep->steering = o->steering;
     ep->power = o->power;
+    ep->warm_weights = o->warm_weights;
 }

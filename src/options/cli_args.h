@@ -50,13 +50,15 @@ extern const char ds4_ssd_usage[];
 
 /* The engine's runtime controls every model-loading binary takes the same
  * way: --dir-steering-file FILE, --dir-steering-ffn F, --dir-steering-attn F
- * (docs/steering.md) and --power N (1..100; docs/performance.md).
+ * (docs/steering.md), --power N (1..100; docs/performance.md) and
+ * --warm-weights (page the weights in at load and report the time).
  * ds4_runtime_parse_option() consumes argv[*i] (and its value) like
  * ds4_ssd_parse_option(); ds4_runtime_apply() copies them into the engine's
  * parameters. */
 typedef struct {
     ds4_steering_params steering;
     int power;
+    bool warm_weights;      /* --warm-weights */
 } ds4_runtime_opts;
 void ds4_runtime_opts_default(ds4_runtime_opts *o);
 int ds4_runtime_parse_option(ds4_runtime_opts *o, int argc, char **argv, int *i, char *err, size_t errlen);
