@@ -52,6 +52,7 @@ typedef struct {
     bool logits_all;
     const char *token_ids;
     const char *dump_activations;   /* --dump-activations FILE */
+    bool inspect;                   /* --inspect: metadata, tensor mix, memory plan, then exit */
     bool activations_attn;          /* --activation-component attn_out (default ffn_out) */
     ds4_ssd_params ssd;
     ds4_runtime_opts runtime;       /* --dir-steering-*, --power */
@@ -107,6 +108,7 @@ static void usage(FILE *f) {
         "      --dump-logits F     next-token logits of the prompt as JSON\n"
         "      --logits-all        with --dump-logits: every position, not just the last\n"
         "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
+        "      --inspect           print the model's metadata, tensor mix and memory plan (at --ctx), then exit\n"
         "      --dump-activations F  per-layer mean of a sublayer's output over every token of the\n"
         "                          prompts (--prompt-file: one prompt per line, each a chat turn;\n"
         "                          -p; or --token-ids), n_layer x n_embd f32, then exit\n"
@@ -184,6 +186,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--logits-all")) o->logits_all = true;
         else if (!strcmp(a, "--token-ids")) { NEEDS_VALUE(); o->token_ids = v; }
         else if (!strcmp(a, "--dump-activations")) { NEEDS_VALUE(); o->dump_activations = v; }
+        else if (!strcmp(a, "--inspect")) o->inspect = true;
         else if (!strcmp(a, "--activation-component")) {
             NEEDS_VALUE();
             if (strcmp(v, "ffn_out") && strcmp(v, "attn_out")) BAD_VALUE();
@@ -793,6 +796,11 @@ int main(int argc, char **argv) {
     if (!e) {
         fprintf(stderr, "ds4: %s\n", err);
         return 1;
+    }
+    if (o.inspect) {
+        ds4_engine_inspect(e, o.ctx, stdout);
+        ds4_engine_free(e);
+        return 0;
     }
     const ds4_tokenizer *tok = ds4_engine_tokenizer(e);
     int n_vocab = ds4_engine_n_vocab(e);

@@ -6,6 +6,7 @@
 #include "base/numparse.h"
 #include "base/mempages.h"
 #include "format/gguf.h"
+#include "kernels/quant.h"
 #include "models/model_family.h"
 #include "nn/steering.h"
 #include "text/tokenizer.h"
@@ -208,6 +209,62 @@ const ds4_chat_spec *ds4_engine_chat(const ds4_engine *e) { return e->fam->chat;
 int ds4_engine_n_vocab(const ds4_engine *e) { return e->info.n_vocab; }
 int ds4_engine_n_layers(const ds4_engine *e) { return e->info.n_layers; }
 int ds4_engine_n_embd(const ds4_engine *e) { return e->info.n_embd; }
+
+static void inspect_value(const ds4_gguf_kv *kv, FILE *out) {
+    switch (kv->type) {
+    case DS4_GGUF_STRING:
+        /* one line per key: control bytes are shown as '.', long strings cut */
+        fputc('"', out);
+        for (uint64_t i = 0; i < kv->str.len && i < 72; i++)
+            fputc((unsigned char)kv->str.ptr[i] < 0x20 ? '.' : kv->str.ptr[i], out);
+        fprintf(out, "%s\"", kv->str.len > 72 ? "..." : "");
+        break;
+    case DS4_GGUF_ARRAY: fprintf(out, "[%llu values]", (unsigned long long)kv->arr_n); break;
+    case DS4_GGUF_F32: case DS4_GGUF_F64: fprintf(out, "%g", kv->v.f); break;
+    case DS4_GGUF_BOOL: fprintf(out, "%s", kv->v.b ? "true" : "false"); break;
+    case DS4_GGUF_I8: case DS4_GGUF_I16: case DS4_GGUF_I32: case DS4_GGUF_I64:
+        fprintf(out, "%lld", (long long)kv->v.i);
+        break;
+    default: fprintf(out, "%llu", (unsigned long long)kv->v.u); break;
+    }
+}
+
+void ds4_engine_inspect(const ds4_engine *e, int ctx, FILE *out) {
+    const ds4_family_info *in = &e->info;
+    fprintf(out, "model: %s (%s), %d layers, width %d, vocabulary %d, routed experts %d-bit, trained context %llu\n",
+            in->name, e->fam->arch, in->n_layers, in->n_embd, in->n_vocab, in->expert_bits,
+            (unsigned long long)in->train_ctx);
+    fprintf(out, "\nmetadata (%zu keys):\n", ds4_gguf_n_kv(e->g));
+    for (size_t i = 0; i < ds4_gguf_n_kv(e->g); i++) {
+        const ds4_gguf_kv *kv = ds4_gguf_kv_at(e->g, i);
+        fprintf(out, "  %.*s = ", (int)kv->key.len, kv->key.ptr);
+        inspect_value(kv, out);
+        fputc('\n', out);
+    }
+    /* the tensor mix: counts and bytes per storage type, in type-id order */
+    enum { TYPES = 64 };
+    uint64_t count[TYPES] = {0}, bytes[TYPES] = {0}, total = 0, other = 0, other_bytes = 0;
+    const size_t nt = ds4_gguf_n_tensors(e->g);
+    for (size_t i = 0; i < nt; i++) {
+        const ds4_gguf_tensor *t = ds4_gguf_tensor_at(e->g, i);
+        total += t->n_bytes;
+        if (t->type < TYPES) { count[t->type]++; bytes[t->type] += t->n_bytes; }
+        else { other++; other_bytes += t->n_bytes; }
+    }
+    fprintf(out, "\ntensors: %zu, %.3f GiB\n", nt, (double)total / (1 << 30));
+    for (int t = 0; t < TYPES; t++)
+        if (count[t]) {
+            const char *name = ds4_type_name((uint32_t)t);
+            fprintf(out, "  %-8s %6llu tensors %10.3f MiB %5.1f%%\n", name ? name : "?", (unsigned long long)count[t],
+                    (double)bytes[t] / (1 << 20), total ? 100.0 * (double)bytes[t] / (double)total : 0.0);
+        }
+    if (other) fprintf(out, "  other    %6llu tensors %10.3f MiB\n", (unsigned long long)other, (double)other_bytes / (1 << 20));
+    fprintf(out, "\nmemory plan:\n  weights (file)   %.3f GiB in %d file(s)\n  resident now     %.3f GiB\n"
+            "  one session      %.1f MiB for %d tokens (KV state, checkpoints, token list, logits)\n"
+            "  backend          %s, batches of up to %d rows\n",
+            (double)in->file_bytes / (1 << 30), ds4_gguf_n_shards(e->g), (double)rss_bytes() / (1 << 30),
+            (double)ds4_engine_kv_bytes(e, ctx) / (1 << 20), ctx, e->be->name, e->be->max_batch);
+}
 int ds4_engine_train_ctx(const ds4_engine *e) {
     return e->info.train_ctx > (1u << 30) ? 1 << 30 : (int)e->info.train_ctx;
 }

@@ -72,6 +72,7 @@
 #define DS4_ENGINE_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdbool.h>
 #include "base/byte_stream.h"
@@ -100,6 +101,11 @@ const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e);
 int ds4_engine_n_vocab(const ds4_engine *e);
 int ds4_engine_n_layers(const ds4_engine *e);
 int ds4_engine_n_embd(const ds4_engine *e);     /* the hidden width (a steering file's row) */
+/* --inspect: the model's metadata (scalar keys; arrays by element type and
+ * count), its tensor mix (count, bytes and share per storage type) and the
+ * memory plan (weights, resident now, one session of ctx tokens, the
+ * backend) as plain text. */
+void ds4_engine_inspect(const ds4_engine *e, int ctx, FILE *out);
 int ds4_engine_train_ctx(const ds4_engine *e);
 /* routed-expert quant bits of this file (2 or 4; 8/16/32 for test models) */
 int ds4_engine_expert_bits(const ds4_engine *e);
