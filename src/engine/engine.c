@@ -132,7 +132,8 @@ static bool common_params(ds4_engine *e, const ds4_engine_params *p, char *err, 
         snprintf(err, errlen, "the --ssd-streaming-* options need --ssd-streaming");
         return false;
     }
-    if (p->power < 1 || p->power > 100) {
+    /* 0: a parameter block filled without ds4_engine_params_default */
+    if (p->power < 0 || p->power > 100) {
         snprintf(err, errlen, "--power takes 1..100 (got %d)", p->power);
         return false;
     }
@@ -150,7 +151,8 @@ static bool load_steering(ds4_engine *e, const ds4_engine_params *p, char *err, 
     const ds4_steering_params *sp = &p->steering;
     e->host_layers = p->gpu.backend == DS4_BACKEND_CPU && p->dist.role == DS4_DIST_NONE;
     if (!sp->file) {
-        if (isnan(sp->ffn) && isnan(sp->attn)) return true;
+        /* NAN (not given) and 0 (a zeroed parameter block) both mean no steering */
+        if ((isnan(sp->ffn) || sp->ffn == 0) && (isnan(sp->attn) || sp->attn == 0)) return true;
         snprintf(err, errlen, "--dir-steering-ffn and --dir-steering-attn need --dir-steering-file");
         return false;
     }
@@ -182,7 +184,7 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
         goto fail;
     e->be = e->fam->backend_new(e->m, p, e->prefill_chunk, err, errlen);
     if (!e->be) goto fail;
-    e->be->power.percent = p->power;
+    e->be->power.percent = p->power ? p->power : 100;
     page_in_weights(e, p);
     e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
     if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); goto fail; }

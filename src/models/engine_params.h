@@ -57,7 +57,7 @@ typedef struct {
     const char *layers;     /* --layers A:B | A:output: bind only that slice (NULL: what the file holds) */
     ds4_dist_params dist;   /* --role coordinator: the other layers run on registered workers (dist.h) */
     ds4_steering_params steering;
-    int power;              /* --power N: pace compute to N% of the time (1..100; 100: never pause) */
+    int power;              /* --power N: pace compute to N% of the time (1..100; 100 or 0: never pause) */
     bool warm_weights;      /* --warm-weights: page the weights in at load even where the automatic rule would not */
 } ds4_engine_params;
 

@@ -9,7 +9,7 @@
  *   decoded together by ds4_sessions_step() give, bit for bit, what each
  *   gives alone; the steered one differs from the unsteered one (the
  *   steering reaches the rows of its own sequence only).
- * - --power outside 1..100 and ds4_session_set_steering() on an engine
+ * - --power above 100 and ds4_session_set_steering() on an engine
  *   without a file are refused with one line. */
 #include "check.h"
 #include "engine/engine.h"
@@ -162,8 +162,8 @@ int main(void) {
         power_identity(path, prompt);
         steering_batched(path, models[m].dir, prompt);
         char err[256];
-        ds4_engine *e = load(path, 0, NULL, NAN, NAN, err, sizeof err);
-        CHECK(!e && strstr(err, "--power") && !strchr(err, '\n'), "--power 0 refused in one line: %s", err);
+        ds4_engine *e = load(path, 101, NULL, NAN, NAN, err, sizeof err);
+        CHECK(!e && strstr(err, "--power") && !strchr(err, '\n'), "--power 101 refused in one line: %s", err);
         ds4_engine_free(e);
         e = load(path, 100, NULL, NAN, NAN, err, sizeof err);
         ds4_session *s = e ? ds4_session_new(e, CTX, err, sizeof err) : NULL;
