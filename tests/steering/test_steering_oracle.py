@@ -14,8 +14,8 @@ file fails.
 (unsteered) writes, per layer, the mean over the positions of the mlp /
 self_attn output transformers computes, within 1e-5 of the largest mean.
 
-Also: a prefill split into chunks of 7 gives the same steered logits bit for
-bit; zero scales with a file are the unsteered run bit for bit; a file of the
+Also: a prefill split into chunks of 7, and (DeepSeek V4) --ssd-streaming,
+give the same steered logits bit for bit; zero scales with a file are the unsteered run bit for bit; a file of the
 wrong size, a scale without a file and a bad scale are refused with one line
 and a non-zero exit."""
 import json
@@ -81,6 +81,10 @@ def main():
                 if case["name"] == "both":
                     chunked = logits(model, ids, out, "--prefill-chunk", "7", *flags)
                     check(chunked is not None and (chunked == got).all(), f"{name}: chunked prefill bit-identical")
+                    if family == "ds4tiny":
+                        streamed = logits(model, ids, out, "--ssd-streaming", *flags)
+                        check(streamed is not None and (streamed == got).all(),
+                              f"{name}: --ssd-streaming (experts read from the file) bit-identical")
             for comp in ("ffn_out", "attn_out"):
                 act = os.path.join(d, "act.f32")
                 r = ds4("-m", model, "--numerics", "exact", "--token-ids", ids, "--dump-activations", act,
