@@ -70,7 +70,6 @@ int ds4_srv_steer(server *s, const ds4_request *r, char *err, size_t errlen) {
     const char *file = s->o.runtime.steering.file;
     float ffn, attn, want_ffn, want_attn;
     ds4_engine_steering(s->eng, &want_ffn, &want_attn);
-    const float base_ffn = want_ffn, base_attn = want_attn;
     if (r->steer_file) {
         const char *base = file ? strrchr(file, '/') : NULL;
         if (!file || (strcmp(r->steer_file, file) && strcmp(r->steer_file, base ? base + 1 : file))) {
@@ -81,7 +80,9 @@ int ds4_srv_steer(server *s, const ds4_request *r, char *err, size_t errlen) {
         want_ffn = r->steer_ffn;
         want_attn = r->steer_attn;
     }
-    s->steered = want_ffn != base_ffn || want_attn != base_attn;
+    /* cache files do not record scales: only unsteered states go there, so a
+     * server started with other (or no) steering never reads a steered one */
+    s->steered = want_ffn != 0 || want_attn != 0;
     if (!ds4_engine_has_steering(s->eng)) return 0;
     ds4_session_steering(s->sess, &ffn, &attn);
     if (ffn == want_ffn && attn == want_attn) return 0;

@@ -69,8 +69,8 @@ typedef struct server {
      * content and tool block (slot only). */
     ds4_buf visible[2];
     int visible_tokens;
-    /* the running job steers with other scales than the server's: its KV
-     * state is not the disk cache's to save or reuse (ds4_srv_kvd) */
+    /* the running job is steered: its KV state is not the disk cache's to
+     * save or reuse (ds4_srv_kvd; cache files do not record scales) */
     bool steered;
 } server;
 

@@ -9,8 +9,13 @@ with the file the server was started with.
   unsteered request after the steered one gets the unsteered answer again
   (the steered KV state is not reused), on /v1/completions and
   /v1/chat/completions.
+- With a disk KV cache (small thresholds), steered requests save nothing
+  there, whether the scales are the request's or the server's, while an
+  unsteered request on the same server does (cache files do not record
+  scales, so no other server could reuse a steered state).
 - A file name that is not the server's, a server without a file, and a
   malformed field are refused with a 400 naming dir_steering."""
+import glob
 import json
 import os
 import random
@@ -83,6 +88,27 @@ with tempfile.TemporaryDirectory() as d:
             res.check(status == 400 and "dir_steering" in json.dumps(err), f"{why} refused with 400: {status} {err}")
     finally:
         srv.stop()
+    kv_flags = ["--kv-cache-min-tokens", "16", "--kv-cache-cold-max-tokens", "100000",
+                "--kv-cache-boundary-trim-tokens", "4", "--kv-cache-boundary-align-tokens", "16"]
+    long_prompt = " ".join(["the keeper counted the ships that passed the rocks at night"] * 6)
+    for scales, what in ((["--dir-steering-ffn", "0"], "request-steered"), (["--dir-steering-ffn", "3"], "server-steered")):
+        cache = os.path.join(d, "kv-" + what)
+        os.mkdir(cache)
+        srv = Server("--dir-steering-file", path, *scales, "--kv-disk-dir", cache, *kv_flags)
+        try:
+            body = {"model": "x", "prompt": long_prompt, "max_tokens": 4, "temperature": 0}
+            if what == "request-steered":
+                body["dir_steering"] = {"file": "dir.f32", **STEER}
+            status, _, _ = srv.request("POST", "/v1/completions", body)
+            res.check(status == 200, f"{what}: a long steered completion answers: {status}")
+            res.check(not glob.glob(os.path.join(cache, "*.kv")), f"{what}: nothing saved to the disk cache")
+            if what == "request-steered":
+                body = {"model": "x", "prompt": "Plain: " + long_prompt, "max_tokens": 4, "temperature": 0}
+                status, _, _ = srv.request("POST", "/v1/completions", body)
+                res.check(status == 200 and glob.glob(os.path.join(cache, "*.kv")),
+                          "an unsteered request on the same server saves its prefix (the cache is on)")
+        finally:
+            srv.stop()
     srv = Server()
     try:
         status, err = ask(srv, {"file": "dir.f32", "ffn": 1})
