@@ -792,6 +792,7 @@ int main(int argc, char **argv) {
     ep.ssd.ctx = o.ctx;
     ep.dist = o.dist;
     ds4_runtime_apply(&o.runtime, &ep);
+    ep.lazy_weights = o.inspect;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) {
         fprintf(stderr, "ds4: %s\n", err);

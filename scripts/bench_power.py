@@ -6,7 +6,8 @@ nothing.
     scripts/bench_power.py [-m MODEL] [-n TOKENS] [-t THREADS] [--powers 100,50,25]
 
 Each run is `ds4 -m MODEL -t T -p PROMPT -n N --ignore-eos --temp 0 --power P`.
-While it runs, /proc/PID/task/*/schedstat is sampled (CPU time and time spent
+From the line ds4 prints once the model is loaded (so the load and its
+page-in are not counted) to the end, /proc/PID/task/*/schedstat is sampled (CPU time and time spent
 waiting on a run queue, in ns). Besides CPU / wall, the table gives
 CPU / (wall - run-queue wait): on a shared machine the process also waits for
 a core, and that time is not the sleep --power adds, so the corrected ratio
@@ -17,6 +18,7 @@ import argparse
 import glob
 import os
 import subprocess
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,20 +37,31 @@ def schedstat(pid):
 
 
 def run(args, power):
+    """(wall, CPU, run-queue wait) of the prompt and the generation: counted
+    from ds4's "context ... KV state" line, printed after the model loaded"""
     cmd = [os.path.join(ROOT, "ds4"), "-m", args.model, "-t", str(args.threads), "-p", args.prompt, "-n",
            str(args.tokens), "--ignore-eos", "--temp", "0", "-c", str(args.tokens + 512), "--power", str(power)]
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    start = {}
+
+    def watch():
+        for line in p.stderr:
+            if "KV state" in line and not start:
+                start["t"], (start["cpu"], start["wait"]) = time.monotonic(), schedstat(p.pid)
+
+    reader = threading.Thread(target=watch)
+    reader.start()
     last = (0.0, 0.0)
     while p.poll() is None:
         s = schedstat(p.pid)
         if s[0] >= last[0]:
             last = s
         time.sleep(0.05)
-    wall = time.monotonic() - t0
-    if p.returncode:
+    end = time.monotonic()
+    reader.join()
+    if p.returncode or not start:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode})")
-    return wall, last[0], last[1]
+    return end - start["t"], last[0] - start["cpu"], last[1] - start["wait"]
 
 
 def main():

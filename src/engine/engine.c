@@ -97,7 +97,7 @@ static void page_in_weights(const ds4_engine *e, const ds4_engine_params *p) {
     const bool automatic = p->gpu.backend == DS4_BACKEND_CPU && p->dist.role == DS4_DIST_NONE && !p->layers &&
                            avail && bytes <= avail;
     /* --warm-weights asks for the read even then; --ssd-streaming keeps its own resident set */
-    if (p->ssd.enabled || !(automatic || p->warm_weights)) return;
+    if (p->ssd.enabled || p->lazy_weights || !(automatic || p->warm_weights)) return;
     char why[256];
     const double t0 = seconds_now();
     if (!ds4_gguf_populate(e->g, why, sizeof why)) {

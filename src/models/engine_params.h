@@ -59,6 +59,7 @@ typedef struct {
     ds4_steering_params steering;
     int power;              /* --power N: pace compute to N% of the time (1..100; 100 or 0: never pause) */
     bool warm_weights;      /* --warm-weights: page the weights in at load even where the automatic rule would not */
+    bool lazy_weights;      /* never page in at load (--inspect computes nothing) */
 } ds4_engine_params;
 
 #endif
