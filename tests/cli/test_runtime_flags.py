@@ -10,7 +10,7 @@ and the tiny GLM model ($BUILD/glmtiny/A-f32.gguf), both made by make test.
   lazy) reports "weights paged in" only with the flag.
 - --inspect: the tensor mix per storage type equals what ds4-gguf-dump lists,
   and the one-session line is the engine's KV size for --ctx (it grows with
-  --ctx); nothing is generated.
+  --ctx); nothing is generated and the weights are not paged in.
 - ds4-bench: --csv FILE puts the frontier CSV in FILE (stdout keeps none of
   it); --ctx-alloc N allocates the session for N tokens (2^30 fails with the
   engine's out-of-memory line for that size); --chat-prompt-file runs, and a missing one is
@@ -82,6 +82,7 @@ def main():
     for ctx in ("1024", "4096"):
         r = run("ds4", "-m", DEMO, "--inspect", "-c", ctx)
         check(r.returncode == 0 and "memory plan" in r.stdout, f"--inspect -c {ctx}: {r.stderr[-200:]}")
+        check("weights paged in" not in r.stderr, "--inspect leaves the weights unread")
         mix = {t: int(n) for t, n in re.findall(r"^  (\S+)\s+(\d+) tensors", r.stdout, re.M)}
         sess = re.search(r"one session\s+([\d.]+) MiB for (\d+) tokens", r.stdout)
         check(sess is not None and sess.group(2) == ctx, f"--inspect -c {ctx}: one session line for {ctx} tokens")
