@@ -47,6 +47,7 @@
  *   load line says what share was in 2 MiB pages before and after.
  *   warm_weights (--warm-weights) pages the file in whatever the backend,
  *   slice or size (not with ssd.enabled); the load line reports the time.
+ *   lazy_weights (--inspect) never pages in.
  * - Not thread-safe: one engine serves all its sessions from one thread at a
  *   time (the backend's scratch is shared); ds4_sessions_step() is how
  *   several sessions advance together.
