@@ -1070,6 +1070,7 @@ ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batc
     f->mixn = (2 + m->cfg.n_hc) * m->cfg.n_hc;
     f->pool = ds4_pool_new(n_threads);
     f->n_threads = ds4_pool_threads(f->pool);
+    f->base.power.threads = f->n_threads;   /* --power counts this pool's CPU time */
     f->ts = calloc((size_t)f->n_threads, sizeof(thread_scratch));
     f->inv_freq[ROPE_MAIN] = ds4_rope_inv_freq(&m->cfg, false);
     f->inv_freq[ROPE_COMPRESS] = ds4_rope_inv_freq(&m->cfg, true);

@@ -76,6 +76,7 @@ ds4_backend *ds4_glm_cpu_backend_new(const glm_model *m, int n_threads, int max_
     if (!c->runs) { snprintf(err, errlen, "out of memory for the GLM backend"); glm_free(&c->be); return NULL; }
     c->n_vocab = (int)m->hp.n_vocab;
     c->be = (ds4_backend){.name = "glm-cpu", .max_batch = max_batch, .eval = glm_eval, .free = glm_free};
+    c->be.power.threads = ds4_pool_threads(c->pool);   /* --power counts this pool's CPU time */
     ds4_glm_forward_pace(c->f, &c->be.power);
     return &c->be;
 }
