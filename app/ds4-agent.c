@@ -29,6 +29,7 @@ typedef struct {
     ds4_sampler_params sampling;
     ds4_spec_params spec;        /* --spec-lookup */
     ds4_ssd_params ssd;
+    ds4_runtime_opts runtime;    /* --dir-steering-*, --power */
     const char *chdir_to;
     const char *sessions_dir;
     bool yes, autosave;
@@ -68,7 +69,7 @@ static void usage(FILE *f) {
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "      --layers A:B|A:output  map only that layer slice (docs/distributed.md)\n"
-        "%s%s%s"
+        "%s%s%s%s"
         "      --chdir DIR         working directory of the tools (default: the current one)\n"
         "      --yes               run bash commands without asking\n"
         "      --bash-timeout S    seconds before a command is killed (default 30)\n"
@@ -78,7 +79,7 @@ static void usage(FILE *f) {
         "      --scripted-output F TEST ONLY: the model's messages come from F (entries split by '@@@' lines)\n"
         "  -h, --help              this text\n"
         "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /history N /think /nothink /think-show /quit\n",
-        ds4_spec_usage, ds4_ssd_usage, ds4_gpu_usage, ds4_dist_usage);
+        ds4_spec_usage, ds4_ssd_usage, ds4_runtime_usage, ds4_gpu_usage, ds4_dist_usage);
 }
 
 static int parse_args(int argc, char **argv, agent_args *o) {
@@ -89,6 +90,7 @@ static int parse_args(int argc, char **argv, agent_args *o) {
     ds4_spec_params_default(&o->spec);
     ds4_gpu_opts_default(&o->gpu);
     static const ds4_cli_int_opt bash_timeout = {"--bash-timeout", 1, 86400};
+    ds4_runtime_opts_default(&o->runtime);
     ds4_cli c;
     ds4_cli_begin(&c, "ds4-agent", argc, argv);
     while (ds4_cli_next(&c)) {
@@ -100,7 +102,7 @@ static int parse_args(int argc, char **argv, agent_args *o) {
             ds4_cli_int(&c, &ds4_opt_tokens, &o->max_tokens) ||
             ds4_cli_int(&c, &ds4_opt_prefill_chunk, &o->prefill_chunk) ||
             ds4_cli_int(&c, &bash_timeout, &o->bash_timeout) || ds4_cli_sampling(&c, &o->sampling) ||
-            ds4_cli_spec(&c, &o->spec) || ds4_cli_str(&c, "--chdir", &o->chdir_to) ||
+            ds4_cli_spec(&c, &o->spec) || ds4_cli_runtime(&c, &o->runtime) || ds4_cli_str(&c, "--chdir", &o->chdir_to) ||
             ds4_cli_str(&c, "--sessions-dir", &o->sessions_dir) || ds4_cli_str(&c, "--trace", &o->trace) ||
             ds4_cli_str(&c, "--scripted-output", &o->script) ||
             /* test hook: the final next-token logits as raw f32, to compare runs bit for bit */
@@ -359,6 +361,7 @@ int main(int argc, char **argv) {
     ep.ssd.ctx = o.ctx;
     ep.gpu = o.gpu;
     ep.gpu_ctx = o.ctx;
+    ds4_runtime_apply(&o.runtime, &ep);
     if (!(e = ds4_engine_load(&ep, err, sizeof err))) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
     if (ds4_engine_tokenizer(e) && ds4_chat_profile_for(ds4_engine_tokenizer(e)) != DS4_CHAT_DS4) {
         fprintf(stderr, "ds4-agent: %s has GLM's chat format; the agent speaks only DeepSeek's DSML (use ds4-server)\n",

@@ -17,6 +17,7 @@ static void usage(FILE *f) {
                "       ds4-bench -m MODEL.gguf [--prompt-file F] [--ctx-start N] [--ctx-max N]\n"
                "                 [--step-incr N | --step-mul F] [--gen-tokens N] [--prefill-chunk N]\n"
                "                 [--numerics exact|ds4] [--layers A:B|A:output] [-t N] [--ssd-streaming...] [--cuda|--cpu] [--gpu-vram ..]\n"
+               "                 [--chat-prompt-file F] [--ctx-alloc N] [--csv FILE]\n"
                "       ds4-bench -m MODEL.gguf --sessions 1,2,4,8,16 [--prompt-tokens N] [--gen-tokens N]\n"
                "                 [--repeat N] [--prompt-file F] [-t N] [--cuda|--cpu] [--gpu-vram ..]\n"
                "       ds4-bench -m MODEL.gguf --spec-verify [--prompt-tokens N] [--repeat N] [-t N]\n"
@@ -24,6 +25,10 @@ static void usage(FILE *f) {
                "  --spec-verify  table: a speculative verification pass of 1..9 tokens against one\n"
                "              decode step (time, weight bytes, tok/s at full acceptance)\n"
                "  -m MODEL    CSV per context frontier: frontier,prefill_tps,gen_tps,kvcache_bytes\n"
+               "  --csv FILE  write that CSV to FILE instead of stdout\n"
+               "  --prompt-file F       the text whose tokens (repeated) fill the context (default: a fixed sequence)\n"
+               "  --chat-prompt-file F  the same, with the file rendered as one chat user turn first\n"
+               "  --ctx-alloc N         allocate a session of N tokens (default: --ctx-max + --gen-tokens + 1)\n"
                "  --sessions  table: that many sessions decoding together (batched), per-session and\n"
                "              aggregate tokens/s, weight bytes read per token (prompt default 64)\n"
                "  -t N        threads (--kernels: default 2, also measured with 1 thread;\n"
@@ -32,7 +37,7 @@ static void usage(FILE *f) {
                "  --ssd-streaming-lru      plain LRU eviction instead of aged LFU (measurements)\n"
                "  --ssd-streaming-no-predict  no early reads of the next layer's guessed experts (measurements)\n"
                "  --expert-policy F  replay a routing trace: hit rates of aged LFU vs LRU\n"
-               "%s", ds4_ssd_usage);
+               "%s%s", ds4_ssd_usage, ds4_runtime_usage);
 }
 
 /* "1,2,4,8,16" into mp->session_counts; false when malformed. */
@@ -54,11 +59,13 @@ static bool session_counts(const char *list, ds4_bench_model_params *mp) {
 
 int main(int argc, char **argv) {
     int kernels = 0, spec_verify = 0, threads = 2, threads_set = 0;
+    const char *csv = NULL;     /* --csv FILE: the frontier table there instead of stdout */
     ds4_bench_model_params mp;
     ds4_bench_model_defaults(&mp);
     static const ds4_cli_int_opt ctx_start = {"--ctx-start", 1, 1 << 30}, ctx_max = {"--ctx-max", 1, 1 << 30},
                                  step_incr = {"--step-incr", 1, 1 << 30}, gen_tokens = {"--gen-tokens", 0, 1 << 20},
-                                 repeat = {"--repeat", 1, 64}, prompt_tokens = {"--prompt-tokens", 1, 1 << 20};
+                                 repeat = {"--repeat", 1, 64}, prompt_tokens = {"--prompt-tokens", 1, 1 << 20},
+                                 ctx_alloc = {"--ctx-alloc", 1, 1 << 30};
     ds4_cli c;
     ds4_cli_begin(&c, "ds4-bench", argc, argv);
     while (ds4_cli_next(&c)) {
@@ -70,9 +77,11 @@ int main(int argc, char **argv) {
             ds4_cli_int(&c, &ds4_opt_prefill_chunk, &mp.prefill_chunk) || ds4_cli_int(&c, &ctx_start, &mp.ctx_start) ||
             ds4_cli_int(&c, &ctx_max, &mp.ctx_max) || ds4_cli_int(&c, &step_incr, &mp.step_incr) ||
             ds4_cli_int(&c, &gen_tokens, &mp.gen_tokens) || ds4_cli_int(&c, &repeat, &mp.repeat) ||
-            ds4_cli_int(&c, &prompt_tokens, &mp.prompt_tokens))
+            ds4_cli_int(&c, &prompt_tokens, &mp.prompt_tokens) || ds4_cli_int(&c, &ctx_alloc, &mp.ctx_alloc) ||
+            ds4_cli_runtime(&c, &mp.runtime) || ds4_cli_str(&c, "--csv", &csv))
             continue;
-        if (ds4_cli_int(&c, &ds4_opt_threads, &threads)) threads_set = threads > 0;
+        if (ds4_cli_str(&c, "--chat-prompt-file", &mp.prompt_file)) mp.chat_prompt = true;
+        else if (ds4_cli_int(&c, &ds4_opt_threads, &threads)) threads_set = threads > 0;
         else if (ds4_cli_str(&c, "--step-mul", &v)) {
             char *end = NULL;
             mp.step_mul = v ? strtod(v, &end) : 0;
@@ -101,7 +110,11 @@ int main(int argc, char **argv) {
         mp.threads = threads_set ? threads : 0;
         if (spec_verify) return ds4_bench_spec_verify(&mp, stdout) ? 1 : 0;
         if (mp.n_session_counts) return ds4_bench_sessions(&mp, stdout) ? 1 : 0;
-        return ds4_bench_model(&mp, stdout) ? 1 : 0;
+        FILE *out = csv ? fopen(csv, "w") : stdout;
+        if (!out) { fprintf(stderr, "ds4-bench: cannot write %s\n", csv); return 2; }
+        const int rc = ds4_bench_model(&mp, out);
+        if (csv && fclose(out)) { fprintf(stderr, "ds4-bench: cannot write %s\n", csv); return 1; }
+        return rc ? 1 : 0;
     }
     if (!kernels) {
         usage(stderr);

@@ -52,7 +52,8 @@ static void usage(FILE *f) {
         "%s"
         "%s"
         "%s"
-        "  -h, --help\n", ds4_ssd_usage, ds4_gpu_usage, ds4_dist_usage);
+        "%s"
+        "  -h, --help\n", ds4_ssd_usage, ds4_runtime_usage, ds4_gpu_usage, ds4_dist_usage);
 }
 
 /* ds4-server's own integer options, each with its one range */
@@ -84,7 +85,8 @@ int main(int argc, char **argv) {
             ds4_cli_model(&c, &o.model_path) || ds4_cli_layers(&c, &o.layers) || ds4_cli_numerics(&c, &o.numerics) ||
             ds4_cli_int(&c, &ds4_opt_ctx, &o.ctx) || ds4_cli_int(&c, &ds4_opt_tokens, &o.default_max_tokens) ||
             ds4_cli_int(&c, &ds4_opt_threads, &o.threads) || ds4_cli_int(&c, &ds4_opt_prefill_chunk, &o.prefill_chunk) ||
-            ds4_cli_spec(&c, &spec) || ds4_cli_str(&c, "--host", &o.host) || ds4_cli_int(&c, &opt_port, &o.port) ||
+            ds4_cli_spec(&c, &spec) || ds4_cli_runtime(&c, &o.runtime) || ds4_cli_str(&c, "--host", &o.host) ||
+            ds4_cli_int(&c, &opt_port, &o.port) ||
             ds4_cli_int(&c, &opt_batched, &o.batched_sessions) || ds4_cli_str(&c, "--trace", &o.trace_path) ||
             ds4_cli_str(&c, "--api-key", &o.api_key) || ds4_cli_int(&c, &opt_max_conn, &o.max_connections) ||
             ds4_cli_int(&c, &opt_client_conn, &o.max_client_connections) ||

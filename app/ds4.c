@@ -32,6 +32,7 @@
 #include "quality/vectors.h"
 #include "engine/sampler.h"
 #include "text/tokenizer.h"
+#include "nn/steering.h"
 
 typedef struct {
     const char *model;
@@ -61,7 +62,11 @@ typedef struct {
     const char *score_vectors;
     bool ppl_ids;           /* --ppl-ids: the perplexity file holds token ids */
     int ppl_stride;         /* 0: half the context */
+    const char *dump_activations;   /* --dump-activations FILE */
+    bool inspect;                   /* --inspect: metadata, tensor mix, memory plan, then exit */
+    bool activations_attn;          /* --activation-component attn_out (default ffn_out) */
     ds4_ssd_params ssd;
+    ds4_runtime_opts runtime;       /* --dir-steering-*, --power */
     ds4_spec_params spec_params;   /* --spec-lookup */
     ds4_spec *spec;         /* the drafter and its run stats (main sets it), or NULL */
 } cli_opts;
@@ -106,6 +111,7 @@ static void usage(FILE *f) {
         "%s"
         "%s"
         "%s"
+        "%s"
         "debugging:\n"
         "      --dump-tokens       print the prompt's tokens (id, hex bytes, text) and exit\n"
         "      --dump-logprobs F   greedy continuation with top alternatives, as JSON\n"
@@ -121,9 +127,14 @@ static void usage(FILE *f) {
         "      --imatrix-out F     where the importance matrix goes (llama.cpp's GGUF imatrix format)\n"
         "      --imatrix-ids       dataset entries are comma-separated token ids, evaluated as they are\n"
         "      --score-vectors F   compare with reference top-k logprob vectors (docs/quality.md)\n"
+        "      --inspect           print the model's metadata, tensor mix and memory plan (at --ctx), then exit\n"
+        "      --dump-activations F  per-layer mean of a sublayer's output over every token of the\n"
+        "                          prompts (--prompt-file: one prompt per line, each a chat turn;\n"
+        "                          -p; or --token-ids), n_layer x n_embd f32, then exit\n"
+        "      --activation-component ffn_out|attn_out  which output (default ffn_out)\n"
         "  -h, --help              this text\n"
         "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n", ds4_spec_usage,
-        ds4_ssd_usage,
+        ds4_ssd_usage, ds4_runtime_usage,
         ds4_gpu_usage, ds4_dist_usage);
 }
 
@@ -139,6 +150,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     o->think = DS4_THINK_HIGH;
     ds4_sampler_params_default(&o->sampling);
     ds4_spec_params_default(&o->spec_params);
+    ds4_runtime_opts_default(&o->runtime);
     o->sampling.seed = ds4_sampler_random_seed();
 
     static const ds4_cli_int_opt top_k = {"--logprobs-top-k", 0, INT_MAX};
@@ -158,7 +170,8 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
             ds4_cli_str(&c, "--dump-logits", &o->dump_logits) || ds4_cli_str(&c, "--token-ids", &o->token_ids) ||
             ds4_cli_str(&c, "--perplexity-file", &o->perplexity_file) || ds4_cli_int(&c, &ppl_stride, &o->ppl_stride) ||
             ds4_cli_str(&c, "--imatrix-dataset", &o->imatrix_dataset) ||
-            ds4_cli_str(&c, "--imatrix-out", &o->imatrix_out) || ds4_cli_str(&c, "--score-vectors", &o->score_vectors))
+            ds4_cli_str(&c, "--imatrix-out", &o->imatrix_out) || ds4_cli_str(&c, "--score-vectors", &o->score_vectors) ||
+            ds4_cli_runtime(&c, &o->runtime) || ds4_cli_str(&c, "--dump-activations", &o->dump_activations))
             continue;
         if (ds4_cli_is(&c, "--ignore-eos")) o->ignore_eos = true;
         else if (ds4_cli_is(&c, "--think")) o->think = DS4_THINK_HIGH;
@@ -168,6 +181,14 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (ds4_cli_is(&c, "--logits-all")) o->logits_all = true;
         else if (ds4_cli_is(&c, "--ppl-ids")) o->ppl_ids = true;
         else if (ds4_cli_is(&c, "--imatrix-ids")) o->imatrix_ids = true;
+        else if (ds4_cli_is(&c, "--inspect")) o->inspect = true;
+        else if (ds4_cli_is(&c, "--activation-component")) {
+            const char *component = NULL;
+            if (ds4_cli_str(&c, "--activation-component", &component) && component &&
+                strcmp(component, "ffn_out") && strcmp(component, "attn_out"))
+                ds4_cli_bad_value(&c, component, "ffn_out or attn_out");
+            o->activations_attn = component && !strcmp(component, "attn_out");
+        }
         else ds4_cli_unknown(&c);
     }
     if (c.status) return -1;
@@ -880,6 +901,76 @@ static int run_logprobs(ds4_engine *e, ds4_session *s, ds4_sampler *smp, const c
     return rc;
 }
 
+/* One prompt of --dump-activations into the probe, from an empty session. */
+static bool probe_prompt(chat_state *c, const char *text, const int32_t *raw, size_t n_raw, ds4_act_probe *probe) {
+    char err[256];
+    ds4_token_ids ids = {0};
+    bool ok = true;
+    if (!raw) {
+        if (c->opts->system) add_msg(&c->tr, DS4_ROLE_SYSTEM, strdup(c->opts->system), NULL);
+        add_msg(&c->tr, DS4_ROLE_USER, strdup(text), NULL);
+        ok = render_prompt(c, &ids);
+        transcript_free(&c->tr);
+        raw = ids.v;
+        n_raw = ids.n;
+    }
+    if (ok && (int)n_raw > ds4_session_ctx(c->session)) {
+        fprintf(stderr, "ds4: a prompt of %zu tokens exceeds --ctx %d\n", n_raw, ds4_session_ctx(c->session));
+        ok = false;
+    }
+    if (ok && (ds4_session_rewind(c->session, 0, err, sizeof err) || ds4_session_probe(c->session, probe, err, sizeof err) ||
+               ds4_session_prefill(c->session, raw, (int)n_raw, NULL, NULL, NULL, err, sizeof err))) {
+        fprintf(stderr, "ds4: %s\n", err);
+        ok = false;
+    }
+    ds4_session_probe(c->session, NULL, err, sizeof err);
+    ds4_token_ids_free(&ids);
+    return ok;
+}
+
+/* --dump-activations: the mean over every token of every prompt of one
+ * sublayer output per layer, written as n_layer x n_embd little-endian f32
+ * (the layout of a steering file, so the direction tool subtracts two). */
+static int dump_activations(ds4_engine *e, ds4_session *s, cli_opts *o, char *prompt_text) {
+    const int L = ds4_engine_n_layers(e), E = ds4_engine_n_embd(e);
+    ds4_act_probe probe = {o->activations_attn ? DS4_STEER_ATTN : DS4_STEER_FFN, L, E,
+                           calloc((size_t)L * E, sizeof(double)), 0};
+    if (!probe.sum) { fprintf(stderr, "ds4: out of memory\n"); return 1; }
+    chat_state c = {e, s, o, {0}};
+    int n_prompts = 0, status = 0;
+    if (o->token_ids) {
+        ds4_token_ids ids = {0};
+        status = parse_token_ids(o->token_ids, ds4_engine_n_vocab(e), &ids) && probe_prompt(&c, NULL, ids.v, ids.n, &probe) ? 0 : 1;
+        n_prompts = 1;
+        ds4_token_ids_free(&ids);
+    } else if (!prompt_text || !ds4_engine_tokenizer(e)) {
+        fprintf(stderr, "ds4: --dump-activations needs --token-ids, or -p/--prompt-file with a tokenizer\n");
+        status = 2;
+    } else {
+        /* --prompt-file: one prompt per non-empty line; -p: the one prompt */
+        for (char *line = prompt_text, *next; !status && line && *line; line = next) {
+            next = o->prompt_file ? strchr(line, '\n') : NULL;
+            if (next) *next++ = 0;
+            if (!*line) continue;
+            status = probe_prompt(&c, line, NULL, 0, &probe) ? 0 : 1;
+            n_prompts++;
+        }
+    }
+    if (!status && probe.rows == 0) { fprintf(stderr, "ds4: --dump-activations: no prompt\n"); status = 2; }
+    FILE *f = status ? NULL : fopen(o->dump_activations, "wb");
+    if (!status && !f) { fprintf(stderr, "ds4: cannot write %s: %s\n", o->dump_activations, strerror(errno)); status = 1; }
+    for (size_t i = 0; f && i < (size_t)L * E; i++) {
+        const float m = (float)(probe.sum[i] / (double)probe.rows);
+        if (fwrite(&m, sizeof m, 1, f) != 1) status = 1;
+    }
+    if (f && (fclose(f) || status)) { fprintf(stderr, "ds4: cannot write %s\n", o->dump_activations); status = 1; }
+    if (!status)
+        fprintf(stderr, "ds4: mean %s of %d prompts (%ld tokens), %d layers x %d -> %s\n",
+                o->activations_attn ? "attn_out" : "ffn_out", n_prompts, probe.rows, L, E, o->dump_activations);
+    free(probe.sum);
+    return status;
+}
+
 int main(int argc, char **argv) {
     cli_opts o;
     int pr = parse_args(argc, argv, &o);
@@ -912,10 +1003,17 @@ int main(int argc, char **argv) {
     ep.ssd = o.ssd;
     ep.ssd.ctx = o.ctx;
     ep.dist = o.dist;
+    ds4_runtime_apply(&o.runtime, &ep);
+    ep.lazy_weights = o.inspect;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) {
         fprintf(stderr, "%s: %s\n", o.dist.role == DS4_DIST_WORKER ? "ds4 worker" : "ds4", err);
         return 1;
+    }
+    if (o.inspect) {
+        ds4_engine_inspect(e, o.ctx, stdout);
+        ds4_engine_free(e);
+        return 0;
     }
     if (o.dist.role == DS4_DIST_WORKER) {
         /* the slice is the engine's (paged, streamed, on its backend as any load); the worker loop serves it */
@@ -962,6 +1060,10 @@ int main(int argc, char **argv) {
     }
     if (o.score_vectors) {
         status = run_score_vectors(e, s, &o);
+        goto done;
+    }
+    if (o.dump_activations) {
+        status = dump_activations(e, s, &o, prompt_text);
         goto done;
     }
     if (!o.token_ids && !o.dump_logits && !o.imatrix_dataset && !o.score_vectors) {

@@ -1,6 +1,7 @@
 /* bench_model.c -- frontier benchmark of prefill and generation speed. */
 #include "bench_model.h"
 #include "engine/engine.h"
+#include "text/chat.h"
 #include "text/tokenizer.h"
 
 #include <stdlib.h>
@@ -17,6 +18,7 @@ void ds4_bench_model_defaults(ds4_bench_model_params *p) {
     p->repeat = 3;
     p->prompt_tokens = 64;
     ds4_gpu_opts_default(&p->gpu);
+    ds4_runtime_opts_default(&p->runtime);
 }
 
 static double now(void) {
@@ -25,8 +27,27 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The file's text as the model's chat template renders one user turn with a
+ * generation prompt (--chat-prompt-file): the text stays text. */
+static bool chat_tokens(const ds4_engine *e, const char *text, ds4_token_ids *ids) {
+    ds4_chat_msg msg = {.role = DS4_ROLE_USER, .content = text};
+    ds4_chat_opts co;
+    ds4_chat_opts_default(&co);
+    co.profile = ds4_chat_profile_for(ds4_engine_tokenizer(e));
+    ds4_chat_spans client = {0};
+    co.client_spans = &client;
+    ds4_buf out = {0};
+    char err[256];
+    bool ok = ds4_chat_render(&msg, 1, &co, &out, err, sizeof err) && !client.oom &&
+              !ds4_chat_encode(ds4_engine_tokenizer(e), out.data, 0, out.len, &client, ids);
+    if (!ok) fprintf(stderr, "ds4-bench: cannot render the chat prompt%s%s\n", err[0] ? ": " : "", err);
+    ds4_chat_spans_free(&client);
+    ds4_buf_free(&out);
+    return ok;
+}
+
 /* n tokens: the prompt's tokens repeated, or a fixed LCG sequence. */
-static int32_t *bench_tokens(const ds4_engine *e, const char *prompt_file, int n) {
+static int32_t *bench_tokens(const ds4_engine *e, const char *prompt_file, bool chat, int n) {
     int32_t *toks = malloc((size_t)n * sizeof(int32_t));
     const ds4_tokenizer *tk = ds4_engine_tokenizer(e);
     ds4_token_ids ids = {0};
@@ -39,8 +60,11 @@ static int32_t *bench_tokens(const ds4_engine *e, const char *prompt_file, int n
         char *text = malloc((size_t)len + 1);
         size_t got = fread(text, 1, (size_t)len, f);
         fclose(f);
-        ds4_tokenizer_encode(tk, text, got, DS4_TOK_SPECIALS_NONE, &ids);
+        text[got] = 0;
+        const bool ok = chat ? chat_tokens(e, text, &ids)
+                             : (ds4_tokenizer_encode(tk, text, got, DS4_TOK_SPECIALS_NONE, &ids), true);
         free(text);
+        if (!ok) { ds4_token_ids_free(&ids); free(toks); return NULL; }
     }
     uint32_t x = 12345;
     const int V = ds4_engine_n_vocab(e);
@@ -98,7 +122,10 @@ static int largest_prefill_batch(const ds4_bench_model_params *p, int max_batch)
 
 /* The session's context: the timed rows' ctx_max + gen_tokens, and one slot
  * for the token the warm-up decodes after prefilling up to ctx_max */
-static int session_ctx(const ds4_bench_model_params *p) { return p->ctx_max + p->gen_tokens + 1; }
+static int session_ctx(const ds4_bench_model_params *p) {
+    const int need = p->ctx_max + p->gen_tokens + 1;
+    return p->ctx_alloc > need ? p->ctx_alloc : need;
+}
 
 static ds4_engine *load_engine(const ds4_bench_model_params *p) {
     char err[512];
@@ -114,6 +141,7 @@ static ds4_engine *load_engine(const ds4_bench_model_params *p) {
     ep.ssd.ctx = session_ctx(p);
     ep.gpu = p->gpu;
     ep.gpu_ctx = p->ctx_max;
+    ds4_runtime_apply(&p->runtime, &ep);
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) fprintf(stderr, "ds4-bench: %s\n", err);
     return e;
@@ -133,7 +161,7 @@ int ds4_bench_model(const ds4_bench_model_params *p, FILE *out) {
     ds4_engine *e = load_engine(p);
     if (!e) return -1;
     const int32_t eos = eos_of(e);
-    int32_t *toks = bench_tokens(e, p->prompt_file, p->ctx_max + p->gen_tokens);
+    int32_t *toks = bench_tokens(e, p->prompt_file, p->chat_prompt, p->ctx_max + p->gen_tokens);
     ds4_session *s = toks ? ds4_session_new(e, session_ctx(p), err, sizeof err) : NULL;
     if (!s) {
         if (toks) fprintf(stderr, "ds4-bench: %s\n", err);
@@ -232,7 +260,7 @@ int ds4_bench_sessions(const ds4_bench_model_params *p, FILE *out) {
     const int32_t eos = eos_of(e);
     /* session i's prompt starts i tokens into one fixed sequence, so the
      * sessions route to different experts */
-    int32_t *toks = bench_tokens(e, p->prompt_file, prompt + most);
+    int32_t *toks = bench_tokens(e, p->prompt_file, p->chat_prompt, prompt + most);
     ds4_session **ss = calloc((size_t)most, sizeof *ss);
     ds4_step *steps = calloc((size_t)most, sizeof *steps);
     int32_t *next = calloc((size_t)most, sizeof *next);
@@ -312,7 +340,7 @@ int ds4_bench_spec_verify(const ds4_bench_model_params *p, FILE *out) {
     ds4_engine *e = load_engine(p);
     if (!e) return -1;
     const int prompt = p->prompt_tokens, V = ds4_engine_n_vocab(e);
-    int32_t *toks = bench_tokens(e, p->prompt_file, prompt + MAX_K + 1);
+    int32_t *toks = bench_tokens(e, p->prompt_file, p->chat_prompt, prompt + MAX_K + 1);
     float *rows = malloc((size_t)(MAX_K + 1) * V * sizeof(float)), *keep = malloc((size_t)V * sizeof(float));
     double secs[MAX_K + 1][64];
     uint64_t bytes[MAX_K + 1] = {0};

@@ -28,9 +28,12 @@
 #include <stdio.h>
 #include "engine/engine.h"
 #include "backends/cuda/cuda_plan.h"
+#include "options/cli_args.h"
 
 typedef struct {
     const char *model_path, *prompt_file;
+    bool chat_prompt;                   /* --chat-prompt-file: the file is one user turn, rendered as chat */
+    int ctx_alloc;                      /* --ctx-alloc N: the session's context (0: what the run needs) */
     int threads, prefill_chunk, numerics;
     const char *layers;     /* --layers A:B | A:output */
     ds4_dist_params dist;   /* --role coordinator ... */
@@ -40,6 +43,7 @@ typedef struct {
     /* ds4_bench_sessions: the session counts to compare and runs per count */
     int session_counts[16], n_session_counts, repeat, prompt_tokens;
     ds4_gpu_opts gpu;                   /* backend and placement (cuda_plan.h) */
+    ds4_runtime_opts runtime;           /* --dir-steering-*, --power (cli_args.h) */
 } ds4_bench_model_params;
 
 void ds4_bench_model_defaults(ds4_bench_model_params *p);

@@ -38,6 +38,11 @@
  *   serialises the state (snapshot, payload save), and hands it out after the
  *   engine replaced the state (restore, payload load), toks being the
  *   kv->n_pos tokens the state now holds.
+ * - A sequence's steer (nn/steering.h) is applied to its own rows only; the
+ *   engine refuses steering before it reaches a backend that does not
+ *   implement it (CUDA, the pipeline coordinator).
+ * - power (power.h) only sleeps: outputs and states are the same bit for bit
+ *   whatever its percent.
  */
 #ifndef DS4_BACKEND_H
 #define DS4_BACKEND_H
@@ -46,7 +51,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/power.h"
+
 struct ds4_kv;
+struct ds4_steering;
+struct ds4_act_probe;
 
 typedef struct {
     /* the sequence's state in its family's form: ds4_kv (kv.h) for the
@@ -61,6 +70,12 @@ typedef struct {
     bool all_logits;
     const float *hidden_in;     /* slices not starting at layer 0 */
     float *hidden_out;          /* slices without the output head */
+    /* NULL: unsteered; else directional steering of every layer's attention
+     * and FFN outputs for this sequence's rows (nn/steering.h) */
+    const struct ds4_steering *steer;
+    /* NULL, or sums this sequence's rows of one sublayer output per layer
+     * (after steering) for --dump-activations (nn/steering.h) */
+    struct ds4_act_probe *probe;
 } ds4_backend_seq;
 
 typedef struct ds4_backend ds4_backend;
@@ -74,6 +89,10 @@ struct ds4_backend {
     void (*kv_release)(ds4_backend *be, struct ds4_kv *kv);
     int (*kv_gather)(ds4_backend *be, struct ds4_kv *kv, char *err, size_t errlen);
     int (*kv_scatter)(ds4_backend *be, struct ds4_kv *kv, const int32_t *toks, char *err, size_t errlen);
+    /* --power: the engine marks each eval's start and pauses after it; a
+     * backend that runs its layers one by one on the host also pauses after every
+     * layer, so a long prefill is paced in small steps */
+    ds4_power power;
 };
 
 /* Sees the input rows of one matrix product (imatrix collection): weight is

@@ -1136,8 +1136,9 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
         return NULL;
     }
     /* several chunks per call keep the pipeline full past its fill and drain */
-    c->base = (ds4_backend){"dist", chunk * CHUNKS_PER_CALL, 0, coord_eval, coord_free, NULL, coord_kv_release,
-                           coord_gather, coord_scatter};
+    c->base = (ds4_backend){.name = "dist", .max_batch = chunk * CHUNKS_PER_CALL, .eval = coord_eval,
+                           .free = coord_free, .kv_release = coord_kv_release, .kv_gather = coord_gather,
+                           .kv_scatter = coord_scatter};
     c->local = local;
     c->m = m;
     c->p = *p;

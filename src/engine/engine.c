@@ -7,7 +7,9 @@
 #include "base/log.h"
 #include "base/mempages.h"
 #include "format/gguf.h"
+#include "kernels/quant.h"
 #include "models/model_family.h"
+#include "nn/steering.h"
 #include "text/tokenizer.h"
 
 #include <math.h>
@@ -27,6 +29,9 @@ struct ds4_engine {
     ds4_tokenizer *tok;
     int prefill_chunk;
     ds4_backend_seq *seqs;  /* [max_batch]: one backend call's sequences */
+    float *steer_dir;       /* --dir-steering-file's directions (NULL: none) */
+    ds4_steering steering;  /* what new sessions are steered with */
+    bool host_layers;       /* every layer runs on the CPU backend here: steering and probes apply */
     int test_fail_decode_after;     /* DS4_TEST_FAIL_DECODE_AFTER, -1: unset */
 };
 
@@ -36,6 +41,8 @@ struct ds4_session {
     int ctx;
     int32_t *toks;      /* [ctx]; n_pos of them are live */
     float *logits;      /* [n_vocab], valid when n_pos > 0 */
+    ds4_steering steering;  /* the engine's, or this session's own scales */
+    ds4_act_probe *probe;   /* --dump-activations (NULL: none) */
 };
 
 /* kv holds the family's snapshot form. */
@@ -50,6 +57,8 @@ struct ds4_snapshot {
 void ds4_engine_params_default(ds4_engine_params *p) {
     memset(p, 0, sizeof *p);
     p->numerics = -1;
+    p->steering.ffn = p->steering.attn = NAN;
+    p->power = 100;
     ds4_gpu_opts_default(&p->gpu);
 }
 
@@ -89,8 +98,9 @@ static void page_in_weights(const ds4_engine *e, const ds4_engine_params *p) {
     const uint64_t bytes = ds4_gguf_file_bytes(e->g), avail = ds4_memory_available();
     /* a slice of a bigger file maps the other processes' layers too: paging
      * the mapping in would read them */
-    if (p->gpu.backend != DS4_BACKEND_CPU || p->ssd.enabled || !e->info.binds_file || !avail || bytes > avail)
-        return;
+    const bool automatic = p->gpu.backend == DS4_BACKEND_CPU && e->info.binds_file && avail && bytes <= avail;
+    /* --warm-weights asks for the read even then; --ssd-streaming keeps its own resident set */
+    if (p->ssd.enabled || p->lazy_weights || !(automatic || p->warm_weights)) return;
     char why[256];
     const double t0 = seconds_now();
     if (!ds4_gguf_populate(e->g, why, sizeof why)) {
@@ -127,6 +137,11 @@ static bool common_params(ds4_engine *e, const ds4_engine_params *p, char *err, 
         snprintf(err, errlen, "the --ssd-streaming-* options need --ssd-streaming");
         return false;
     }
+    /* 0: a parameter block filled without ds4_engine_params_default */
+    if (p->power < 0 || p->power > 100) {
+        snprintf(err, errlen, "--power takes 1..100 (got %d)", p->power);
+        return false;
+    }
     /* No real input makes a healthy engine fail one decode step, so the
      * end-to-end tests of the decode-error answers need this switch. */
     const char *fail_after = getenv("DS4_TEST_FAIL_DECODE_AFTER");
@@ -142,6 +157,33 @@ static void warn_unused_gpu_flags(const ds4_engine_params *p) {
         ds4_log(DS4_LOG_WARN, "ds4: warning: --gpu-vram/--gpu-devices have no effect without --cuda (running on the CPU)\n");
 }
 
+/* --dir-steering-*: read after binding, when the layer count and width are
+ * known. Only the CPU forward passes implement the projection, so the GPU
+ * and pipeline backends refuse it instead of ignoring it. */
+static bool load_steering(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
+    const ds4_steering_params *sp = &p->steering;
+    e->host_layers = p->gpu.backend == DS4_BACKEND_CPU && p->dist.role == DS4_DIST_NONE;
+    if (!sp->file) {
+        /* NAN (not given) and 0 (a zeroed parameter block) both mean no steering */
+        if ((isnan(sp->ffn) || sp->ffn == 0) && (isnan(sp->attn) || sp->attn == 0)) return true;
+        snprintf(err, errlen, "--dir-steering-ffn and --dir-steering-attn need --dir-steering-file");
+        return false;
+    }
+    if (!e->host_layers) {
+        snprintf(err, errlen, "directional steering runs on the CPU backend only (not with --cuda or --role)");
+        return false;
+    }
+    const float ffn = isnan(sp->ffn) ? 1.0f : sp->ffn, attn = isnan(sp->attn) ? 0.0f : sp->attn;
+    if (!isfinite(ffn) || !isfinite(attn)) {
+        snprintf(err, errlen, "steering scales must be finite");
+        return false;
+    }
+    e->steer_dir = ds4_steering_read(sp->file, e->info.n_layers, e->info.n_embd, err, errlen);
+    if (!e->steer_dir) return false;
+    e->steering = (ds4_steering){e->steer_dir, e->info.n_layers, e->info.n_embd, attn, ffn};
+    return true;
+}
+
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen) {
     warn_unused_gpu_flags(p);
     ds4_engine *e = calloc(1, sizeof *e);
@@ -151,9 +193,12 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     e->fam = ds4_family_detect(e->g);
     if (!ds4_family_refuse(e->fam, p, err, errlen)) goto fail;
     e->m = e->fam->bind(e->g, p, &e->info, err, errlen);
-    if (!e->m || !load_tokenizer(e, err, errlen) || !common_params(e, p, err, errlen)) goto fail;
+    if (!e->m || !load_tokenizer(e, err, errlen) || !common_params(e, p, err, errlen) ||
+        !load_steering(e, p, err, errlen))
+        goto fail;
     e->be = e->fam->backend_new(e->m, p, e->prefill_chunk, err, errlen);
     if (!e->be) goto fail;
+    e->be->power.percent = p->power ? p->power : 100;
     page_in_weights(e, p);
     e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
     if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); goto fail; }
@@ -168,6 +213,7 @@ void ds4_engine_free(ds4_engine *e) {
     if (!e) return;
     if (e->be) e->be->free(e->be);
     free(e->seqs);
+    free(e->steer_dir);
     ds4_tokenizer_free(e->tok);
     if (e->m) e->fam->model_free(e->m);
     ds4_gguf_close(e->g);
@@ -196,6 +242,63 @@ bool ds4_engine_observe_matmuls(ds4_engine *e, ds4_matmul_observer fn, void *ud,
 const ds4_chat_spec *ds4_engine_chat(const ds4_engine *e) { return e->fam->chat; }
 int ds4_engine_n_vocab(const ds4_engine *e) { return e->info.n_vocab; }
 int ds4_engine_n_layers(const ds4_engine *e) { return e->info.n_layers; }
+int ds4_engine_n_embd(const ds4_engine *e) { return e->info.n_embd; }
+
+static void inspect_value(const ds4_gguf_kv *kv, FILE *out) {
+    switch (kv->type) {
+    case DS4_GGUF_STRING:
+        /* one line per key: control bytes are shown as '.', long strings cut */
+        fputc('"', out);
+        for (uint64_t i = 0; i < kv->str.len && i < 72; i++)
+            fputc((unsigned char)kv->str.ptr[i] < 0x20 ? '.' : kv->str.ptr[i], out);
+        fprintf(out, "%s\"", kv->str.len > 72 ? "..." : "");
+        break;
+    case DS4_GGUF_ARRAY: fprintf(out, "[%llu values]", (unsigned long long)kv->arr_n); break;
+    case DS4_GGUF_F32: case DS4_GGUF_F64: fprintf(out, "%g", kv->v.f); break;
+    case DS4_GGUF_BOOL: fprintf(out, "%s", kv->v.b ? "true" : "false"); break;
+    case DS4_GGUF_I8: case DS4_GGUF_I16: case DS4_GGUF_I32: case DS4_GGUF_I64:
+        fprintf(out, "%lld", (long long)kv->v.i);
+        break;
+    default: fprintf(out, "%llu", (unsigned long long)kv->v.u); break;
+    }
+}
+
+void ds4_engine_inspect(const ds4_engine *e, int ctx, FILE *out) {
+    const ds4_family_info *in = &e->info;
+    fprintf(out, "model: %s (%s), %d layers, width %d, vocabulary %d, routed experts %d-bit, trained context %llu\n",
+            in->name, e->fam->arch, in->n_layers, in->n_embd, in->n_vocab, in->expert_bits,
+            (unsigned long long)in->train_ctx);
+    fprintf(out, "\nmetadata (%zu keys):\n", ds4_gguf_n_kv(e->g));
+    for (size_t i = 0; i < ds4_gguf_n_kv(e->g); i++) {
+        const ds4_gguf_kv *kv = ds4_gguf_kv_at(e->g, i);
+        fprintf(out, "  %.*s = ", (int)kv->key.len, kv->key.ptr);
+        inspect_value(kv, out);
+        fputc('\n', out);
+    }
+    /* the tensor mix: counts and bytes per storage type, in type-id order */
+    enum { TYPES = 64 };
+    uint64_t count[TYPES] = {0}, bytes[TYPES] = {0}, total = 0, other = 0, other_bytes = 0;
+    const size_t nt = ds4_gguf_n_tensors(e->g);
+    for (size_t i = 0; i < nt; i++) {
+        const ds4_gguf_tensor *t = ds4_gguf_tensor_at(e->g, i);
+        total += t->n_bytes;
+        if (t->type < TYPES) { count[t->type]++; bytes[t->type] += t->n_bytes; }
+        else { other++; other_bytes += t->n_bytes; }
+    }
+    fprintf(out, "\ntensors: %zu, %.3f GiB\n", nt, (double)total / (1 << 30));
+    for (int t = 0; t < TYPES; t++)
+        if (count[t]) {
+            const char *name = ds4_type_name((uint32_t)t);
+            fprintf(out, "  %-8s %6llu tensors %10.3f MiB %5.1f%%\n", name ? name : "?", (unsigned long long)count[t],
+                    (double)bytes[t] / (1 << 20), total ? 100.0 * (double)bytes[t] / (double)total : 0.0);
+        }
+    if (other) fprintf(out, "  other    %6llu tensors %10.3f MiB\n", (unsigned long long)other, (double)other_bytes / (1 << 20));
+    fprintf(out, "\nmemory plan:\n  weights (file)   %.3f GiB in %d file(s)\n  resident now     %.3f GiB\n"
+            "  one session      %.1f MiB for %d tokens (KV state, checkpoints, token list, logits)\n"
+            "  backend          %s, batches of up to %d rows\n",
+            (double)in->file_bytes / (1 << 30), ds4_gguf_n_shards(e->g), (double)rss_bytes() / (1 << 30),
+            (double)ds4_engine_kv_bytes(e, ctx) / (1 << 20), ctx, e->be->name, e->be->max_batch);
+}
 int ds4_engine_train_ctx(const ds4_engine *e) {
     return e->info.train_ctx > (1u << 30) ? 1 << 30 : (int)e->info.train_ctx;
 }
@@ -216,6 +319,7 @@ ds4_session *ds4_session_new(ds4_engine *e, int ctx, char *err, size_t errlen) {
     if (ok) {
         s->e = e;
         s->ctx = ctx;
+        s->steering = e->steering;
         s->toks = malloc((size_t)ctx * sizeof(int32_t));
         s->logits = malloc((size_t)e->info.n_vocab * sizeof(float));
         s->st = e->fam->state_new(e->m, e->be, ctx, e->prefill_chunk);
@@ -247,6 +351,47 @@ int ds4_session_test_fail_decode_after(const ds4_session *s) { return s->e->test
 const int32_t *ds4_session_tokens(const ds4_session *s) { return s->toks; }
 const float *ds4_session_logits(const ds4_session *s) { return n_pos(s) ? s->logits : NULL; }
 
+int ds4_session_probe(ds4_session *s, struct ds4_act_probe *probe, char *err, size_t errlen) {
+    const ds4_engine *e = s->e;
+    if (probe && (probe->n_layer != e->info.n_layers || probe->n_embd != e->info.n_embd)) {
+        snprintf(err, errlen, "an activation probe of %d x %d for a model of %d layers x %d", probe->n_layer,
+                 probe->n_embd, e->info.n_layers, e->info.n_embd);
+        return -1;
+    }
+    if (probe && !e->host_layers) {
+        snprintf(err, errlen, "activation dumps run on the CPU backend only");
+        return -1;
+    }
+    s->probe = probe;
+    return 0;
+}
+
+bool ds4_engine_has_steering(const ds4_engine *e) { return e->steer_dir != NULL; }
+
+void ds4_engine_steering(const ds4_engine *e, float *ffn, float *attn) {
+    *ffn = e->steering.ffn;
+    *attn = e->steering.attn;
+}
+
+void ds4_session_steering(const ds4_session *s, float *ffn, float *attn) {
+    *ffn = s->steering.ffn;
+    *attn = s->steering.attn;
+}
+
+int ds4_session_set_steering(ds4_session *s, float ffn, float attn, char *err, size_t errlen) {
+    if (!s->e->steer_dir) {
+        snprintf(err, errlen, "this engine was started without --dir-steering-file");
+        return -1;
+    }
+    if (!isfinite(ffn) || !isfinite(attn)) {
+        snprintf(err, errlen, "steering scales must be finite");
+        return -1;
+    }
+    s->steering.ffn = ffn;
+    s->steering.attn = attn;
+    return 0;
+}
+
 /* One backend call appending each step's tokens to its session. all_logits
  * (NULL, or one pointer per step, each NULL or n x vocab) asks for every
  * position's logits; the last token's always land in the session. Nothing
@@ -273,10 +418,15 @@ static int eval_steps(ds4_engine *e, const ds4_step *steps, float *const *all_lo
         float *all = all_logits ? all_logits[i] : NULL;
         ds4_backend_seq *q = &e->seqs[i];
         *q = (ds4_backend_seq){.toks = steps[i].toks, .n = steps[i].n, .logits = all ? all : s->logits,
-                               .all_logits = all != NULL};
+                               .all_logits = all != NULL,
+                               .steer = ds4_steering_active(&s->steering) ? &s->steering : NULL,
+                               .probe = s->probe};
         e->fam->seq_bind(s->st, q);
     }
-    if (be->eval(be, e->seqs, n_steps, err, errlen)) return -1;
+    ds4_power_begin(&be->power);
+    const int rc = be->eval(be, e->seqs, n_steps, err, errlen);
+    ds4_power_pause(&be->power);
+    if (rc) return -1;
     for (int i = 0; i < n_steps; i++) {
         ds4_session *s = steps[i].session;
         const int n = steps[i].n, base = n_pos(s) - n;

@@ -47,6 +47,9 @@
  *   2 MiB ones where a probe piece shows the kernel can
  *   (ds4_gguf_prefer_large_pages): same bytes at the same addresses, and the
  *   load line says what share was in 2 MiB pages before and after.
+ *   warm_weights (--warm-weights) pages the file in whatever the backend,
+ *   slice or size (not with ssd.enabled); the load line reports the time.
+ *   lazy_weights (--inspect) never pages in.
  * - Not thread-safe: one engine serves all its sessions from one thread at a
  *   time (the backend's scratch is shared); ds4_sessions_step() is how
  *   several sessions advance together.
@@ -62,6 +65,15 @@
  *   p and serves until refused or killed. Returns a process exit status (1
  *   after one line in the log); a family without pipeline support was
  *   refused at load.
+ * - steering (--dir-steering-*, nn/steering.h): every layer's FFN and/or
+ *   attention output of every sequence loses (positive scale) or gains
+ *   (negative) its component along the file's direction for that layer, in
+ *   prefill, decode and batched steps alike; no file or zero scales is the
+ *   unsteered computation bit for bit. CPU backend only (refused with
+ *   --cuda or --role). A file of the wrong size is refused with one line.
+ * - power (--power N, power.h): each evaluation and, on the CPU backends,
+ *   each layer of it is followed by a sleep in proportion to its compute
+ *   time; outputs are unchanged.
  * - Allocation failures are errors (NULL / -1 with err), never crashes; a
  *   failed call leaves the engine and its sessions usable.
  */
@@ -69,6 +81,7 @@
 #define DS4_ENGINE_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdbool.h>
 #include "backends/backend.h"
@@ -106,6 +119,12 @@ const struct ds4_gguf *ds4_engine_gguf(const ds4_engine *e);
 bool ds4_engine_observe_matmuls(ds4_engine *e, ds4_matmul_observer fn, void *ud, char *err, size_t errlen);
 int ds4_engine_n_vocab(const ds4_engine *e);
 int ds4_engine_n_layers(const ds4_engine *e);
+int ds4_engine_n_embd(const ds4_engine *e);     /* the hidden width (a steering file's row) */
+/* --inspect: the model's metadata (scalar keys; arrays by element type and
+ * count), its tensor mix (count, bytes and share per storage type) and the
+ * memory plan (weights, resident now, one session of ctx tokens, the
+ * backend) as plain text. */
+void ds4_engine_inspect(const ds4_engine *e, int ctx, FILE *out);
 int ds4_engine_train_ctx(const ds4_engine *e);
 /* routed-expert quant bits of this file (2 or 4; 8/16/32 for test models) */
 int ds4_engine_expert_bits(const ds4_engine *e);
@@ -135,6 +154,26 @@ int ds4_session_n_vocab(const ds4_session *s);
 const int32_t *ds4_session_tokens(const ds4_session *s);
 /* next-token logits after the checkpoint (n_vocab floats); NULL when empty */
 const float *ds4_session_logits(const ds4_session *s);
+
+/* Directional steering (docs/steering.md): a session starts with the
+ * engine's --dir-steering-* scales; ds4_session_set_steering() gives it its
+ * own scales over the engine's file (0, 0: unsteered) for the tokens it
+ * evaluates from then on. The state it already holds is not recomputed, so
+ * change scales only on an empty session (or one whose tokens were computed
+ * with the same scales). -1 with err when the engine has no file or a scale
+ * is not finite. */
+bool ds4_engine_has_steering(const ds4_engine *e);
+/* The scales new sessions start with (0, 0 without a file), and a session's. */
+void ds4_engine_steering(const ds4_engine *e, float *ffn, float *attn);
+void ds4_session_steering(const ds4_session *s, float *ffn, float *attn);
+int ds4_session_set_steering(ds4_session *s, float ffn, float attn, char *err, size_t errlen);
+
+/* --dump-activations: while a probe (nn/steering.h, n_layers x the model's
+ * width) is attached, every row the session evaluates adds its chosen
+ * sublayer output of each layer into the probe's sums. NULL detaches it.
+ * CPU backends only; -1 with err otherwise or on a shape mismatch. */
+struct ds4_act_probe;
+int ds4_session_probe(ds4_session *s, struct ds4_act_probe *probe, char *err, size_t errlen);
 
 /* Append n tokens. If all_logits is non-NULL it receives n x n_vocab logits
  * (position i's next-token logits), for eval/echo/oracle tests.

@@ -56,7 +56,7 @@ static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4
         return NULL;
     }
     const ds4_config *c = &fm->m->cfg;
-    *info = (ds4_family_info){fm->m->name, c->n_vocab, c->n_layer, ds4_model_expert_bits(fm->m), c->train_ctx,
+    *info = (ds4_family_info){fm->m->name, c->n_vocab, c->n_layer, c->n_embd, ds4_model_expert_bits(fm->m), c->train_ctx,
                               fm->m->file_bytes, fm->m->binds_file};
     fm->numerics = p->numerics < 0 ? ds4_cpu_numerics_supported(c) : p->numerics > 0;
     return fm;

@@ -36,6 +36,15 @@ typedef struct {
     double read_seconds, stall_seconds;
 } ds4_ssd_stats;
 
+/* --dir-steering-* (docs/steering.md): the file's directions, projected out
+ * of every layer's FFN and attention outputs with these scales. NAN: not
+ * given (the FFN then defaults to 1 and the attention to 0 when a file is
+ * given; a scale without a file is refused). */
+typedef struct {
+    const char *file;
+    float ffn, attn;
+} ds4_steering_params;
+
 typedef struct {
     const char *model_path;
     int n_threads;          /* <= 0: the physical cores we may run on */
@@ -47,6 +56,10 @@ typedef struct {
     int gpu_ctx;            /* context the GPU placement reserves KV for (<= 0: 32768) */
     const char *layers;     /* --layers A:B | A:output: bind only that slice (NULL: what the file holds) */
     ds4_dist_params dist;   /* --role coordinator: the other layers run on registered workers (dist.h) */
+    ds4_steering_params steering;
+    int power;              /* --power N: pace compute to N% of the time (1..100; 100 or 0: never pause) */
+    bool warm_weights;      /* --warm-weights: page the weights in at load even where the automatic rule would not */
+    bool lazy_weights;      /* never page in at load (--inspect computes nothing) */
 } ds4_engine_params;
 
 #endif

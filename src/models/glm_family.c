@@ -38,7 +38,7 @@ static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4
     (void)p;
     glm_model *m = ds4_glm_model_bind(g, err, errlen);
     if (!m) return NULL;
-    *info = (ds4_family_info){m->name, (int)m->hp.n_vocab, (int)glm_n_trunk(&m->hp), expert_bits(m),
+    *info = (ds4_family_info){m->name, (int)m->hp.n_vocab, (int)glm_n_trunk(&m->hp), (int)m->hp.n_embd, expert_bits(m),
                               m->hp.n_ctx_train, m->file_bytes, true};
     return (ds4_family_model *)m;
 }

@@ -55,7 +55,7 @@ enum {
 /* What the engine reports about a bound model. */
 typedef struct {
     const char *name;
-    int n_vocab, n_layers, expert_bits;
+    int n_vocab, n_layers, n_embd, expert_bits;
     uint64_t train_ctx, file_bytes;
     /* it binds everything its file holds (a whole model, or a layer range
      * file's own range), so reading the whole mapping reads only its weights */

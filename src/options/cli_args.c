@@ -315,3 +315,34 @@ bool ds4_cli_model_usable(const char *prog, const char *path) {
     }
     return true;
 }
+
+void ds4_runtime_opts_default(ds4_runtime_opts *o) {
+    o->steering = (ds4_steering_params){NULL, NAN, NAN};
+    o->power = 100;
+    o->warm_weights = false;
+}
+
+const char ds4_runtime_usage[] =
+    "      --dir-steering-file F  per-layer directions (n_layer x n_embd f32) removed from layer outputs\n"
+    "      --dir-steering-ffn S   scale on the FFN outputs (default 1 with a file; negative adds)\n"
+    "      --dir-steering-attn S  scale on the attention outputs (default 0)\n"
+    "      --power N              compute about N% of the time, sleeping the rest (1..100, default 100)\n"
+    "      --warm-weights         page every weight in at load and report the time it took\n";
+
+bool ds4_cli_runtime(ds4_cli *c, ds4_runtime_opts *o) {
+    static const ds4_cli_int_opt power = {"--power", 1, 100};
+    if (ds4_cli_is(c, "--warm-weights")) { o->warm_weights = true; return true; }
+    if (ds4_cli_int(c, &power, &o->power) || ds4_cli_str(c, "--dir-steering-file", &o->steering.file)) return true;
+    const bool ffn = ds4_cli_is(c, "--dir-steering-ffn");
+    if (!ffn && !ds4_cli_is(c, "--dir-steering-attn")) return false;
+    const char *v = value(c);
+    float *scale = ffn ? &o->steering.ffn : &o->steering.attn;
+    if (v && !(ds4_parse_float(v, scale) && isfinite(*scale))) bad(c, "a finite number");
+    return true;
+}
+
+void ds4_runtime_apply(const ds4_runtime_opts *o, ds4_engine_params *ep) {
+    ep->steering = o->steering;
+    ep->power = o->power;
+    ep->warm_weights = o->warm_weights;
+}

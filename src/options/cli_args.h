@@ -97,4 +97,20 @@ void ds4_cli_missing_value(const char *prog, const char *opt);
  * the file, so a FIFO or a directory is refused instead of blocking. */
 bool ds4_cli_model_usable(const char *prog, const char *path);
 
+/* The engine's runtime controls every model-loading binary takes the same
+ * way: --dir-steering-file FILE, --dir-steering-ffn F, --dir-steering-attn F
+ * (docs/steering.md), --power N (1..100; docs/performance.md) and
+ * --warm-weights (page the weights in at load and report the time).
+ * ds4_cli_runtime() takes them from the cursor like the other groups;
+ * ds4_runtime_apply() copies them into the engine's parameters. */
+typedef struct {
+    ds4_steering_params steering;
+    int power;
+    bool warm_weights;      /* --warm-weights */
+} ds4_runtime_opts;
+void ds4_runtime_opts_default(ds4_runtime_opts *o);
+bool ds4_cli_runtime(ds4_cli *c, ds4_runtime_opts *o);
+void ds4_runtime_apply(const ds4_runtime_opts *o, ds4_engine_params *ep);
+extern const char ds4_runtime_usage[];
+
 #endif

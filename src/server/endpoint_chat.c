@@ -116,6 +116,8 @@ void ds4_srv_run_chat(server *s, job *j) {
     j->keep_alive = j->hreq->keep_alive;
     ds4_enc *enc = ds4_job_encoder(s, j);
     if (!enc) { ds4_job_error(s, j, 500, "out of memory", NULL, NULL, 0); goto out; }
+    const int steer = ds4_srv_steer(s, r, err, sizeof err);
+    if (steer) { ds4_job_error(s, j, steer, err, steer == 400 ? "dir_steering" : NULL, NULL, 0); goto out; }
 
     bool tail = r->n_live_ids > 0;
     if (tail && !ds4_srv_live_ids_match(s, r)) {

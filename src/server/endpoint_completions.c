@@ -161,6 +161,8 @@ void ds4_srv_run_completions(server *s, job *j) {
     ds4_token_ids *prompts = calloc((size_t)r->n_prompts, sizeof *prompts);
     float *rows = NULL;
     if (!prompts) { ds4_job_error(s, j, 500, "out of memory", NULL, NULL, 0); goto out; }
+    const int steer = ds4_srv_steer(s, r, err, sizeof err);
+    if (steer) { ds4_job_error(s, j, steer, err, steer == 400 ? "dir_steering" : NULL, NULL, 0); goto out; }
 
     /* Tokenize (and validate) every prompt before answering anything. */
     for (int i = 0; i < r->n_prompts; i++)

@@ -137,7 +137,7 @@ static int prefill(server *s, const int32_t *toks, int from, int n, job_progress
     while (i < n && rc == 0) {
         int len = n - i < PREFILL_SLICE ? n - i : PREFILL_SLICE, reason = 0;
         ds4_srv_kvd_lock(s);
-        int stop = s->kvd ? ds4_kvdisk_prefill_stop(s->kvd, toks, n, i, from == 0, &reason) : -1;
+        int stop = ds4_srv_kvd(s) ? ds4_kvdisk_prefill_stop(s->kvd, toks, n, i, from == 0, &reason) : -1;
         ds4_srv_kvd_unlock(s);
         if (stop > i && stop < i + len) len = stop - i;
         rc = ds4_srv_eval(s, toks + i, len, i == from, err, errlen);
@@ -156,7 +156,7 @@ static int prefill(server *s, const int32_t *toks, int from, int n, job_progress
 
 int ds4_job_load_prompt(server *s, const prompt_plan *p, job_progress *pc, char *err, size_t errlen) {
     int live_n = ds4_session_n_tokens(s->sess);
-    if (p->reuse < live_n && s->kvd && p->reuse < live_n / 2) {
+    if (p->reuse < live_n && ds4_srv_kvd(s) && p->reuse < live_n / 2) {
         ds4_srv_kvd_lock(s);
         ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_EVICT);
         ds4_srv_kvd_unlock(s);
@@ -166,7 +166,7 @@ int ds4_job_load_prompt(server *s, const prompt_plan *p, job_progress *pc, char 
 }
 
 void ds4_job_disk_frontier(server *s) {
-    if (s->kvd && ds4_kvdisk_is_frontier(ds4_kvdisk_options(s->kvd), ds4_session_n_tokens(s->sess))) {
+    if (ds4_srv_kvd(s) && ds4_kvdisk_is_frontier(ds4_kvdisk_options(s->kvd), ds4_session_n_tokens(s->sess))) {
         ds4_srv_kvd_lock(s);
         ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_CONTINUED);
         ds4_srv_kvd_unlock(s);

@@ -155,7 +155,7 @@ int ds4_srv_plan_prompt(server *s, const srv_prompt *prompt, prompt_plan *p) {
      * checkpoint for it would replace the live session for nothing. */
     bool fits = (int)p->toks.n < s->o.ctx;
     ds4_srv_kvd_lock(s);
-    size_t disk = s->kvd && fits ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
+    size_t disk = ds4_srv_kvd(s) && fits ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
     ds4_srv_kvd_unlock(s);
     ds4_srv_session_changed(s);
     /* a restore that failed part-way leaves the session empty */

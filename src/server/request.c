@@ -122,7 +122,32 @@ static bool get_ranged(dec *d, const cJSON *o, const char *key, double lo, doubl
     return false;
 }
 
+/* The per-request steering extension; whether the file is the server's is
+ * the slot's check (ds4_srv_steer). */
+static void get_steering(dec *d, const cJSON *o) {
+    const cJSON *v = get(o, "dir_steering");
+    if (!present(v)) return;
+    const char *file = cJSON_IsObject(v) ? get_str(d, v, "file") : NULL;
+    if (!file) {
+        fail(d, 400, "dir_steering", "invalid_value", "dir_steering must be an object with a \"file\" string "
+             "(and optional \"ffn\" and \"attn\" scales)");
+        return;
+    }
+    for (int k = 0; k < 2; k++) {
+        const cJSON *scale = get(v, k ? "attn" : "ffn");
+        if (present(scale) && !cJSON_IsNumber(scale)) {
+            fail(d, 400, "dir_steering", "invalid_value", "dir_steering.%s must be a number", k ? "attn" : "ffn");
+            return;
+        }
+    }
+    double x;
+    d->r->steer_file = file;
+    d->r->steer_ffn = get_ranged(d, v, "ffn", -1e6, 1e6, &x) ? (float)x : 1.0f;
+    d->r->steer_attn = get_ranged(d, v, "attn", -1e6, 1e6, &x) ? (float)x : 0.0f;
+}
+
 static void get_sampling(dec *d, const cJSON *o, bool min_p, bool top_k) {
+    get_steering(d, o);
     ds4_sampler_params *sp = &d->r->sampling;
     double x;
     /* 0 is greedy (server-api.md 2.3); a negative value is a client bug. */

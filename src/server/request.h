@@ -73,6 +73,11 @@ typedef struct ds4_request {
 
     ds4_sampler_params sampling;
     bool seed_set;
+    /* "dir_steering": {"file": NAME, "ffn": F, "attn": F} (docs/steering.md):
+     * steer with the file the server was started with; NULL: the server's
+     * own scales */
+    const char *steer_file;
+    float steer_ffn, steer_attn;
     int max_tokens;         /* -1: server default */
     const char **stop; int n_stop;
 

@@ -293,6 +293,7 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     ds4_kvdisk_opts_default(&o->kvdisk);
     ds4_http_limits_default(&o->limits);
     ds4_gpu_opts_default(&o->gpu);
+    ds4_runtime_opts_default(&o->runtime);
 }
 
 /* The slots' views of the server (server_state.h), each with its session;
@@ -379,6 +380,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
     ep.ssd.ctx = s->o.ctx;
     ep.gpu = s->o.gpu;
     ep.gpu_ctx = s->o.ctx;
+    ds4_runtime_apply(&s->o.runtime, &ep);
     s->eng = ds4_engine_load(&ep, err, sizeof err);
     if (!s->eng) { ds4_log(DS4_LOG_ERROR, "ds4-server: %s\n", err); return 1; }
     s->tok = ds4_engine_tokenizer(s->eng);
@@ -445,7 +447,8 @@ int ds4_server_run(const ds4_server_opts *opts) {
     for (int k = 0; k < n_workers; k++) pthread_join(workers[k], NULL);
     free(workers);
     if (s->kvd) {
-        for (int k = 0; k < s->o.batched_sessions; k++) ds4_kvdisk_save(s->kvd, slots[k].sess, DS4_KVC_SHUTDOWN);
+        for (int k = 0; k < s->o.batched_sessions; k++)
+            if (!slots[k].steered) ds4_kvdisk_save(s->kvd, slots[k].sess, DS4_KVC_SHUTDOWN);
         ds4_kvdisk_close(s->kvd);
     }
     /* Connection threads may still be reading; give them a moment. */

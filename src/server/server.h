@@ -69,6 +69,7 @@
 #include "engine/engine.h"
 #include "server/http.h"
 #include "kvdisk/kvdisk.h"
+#include "options/cli_args.h"
 
 /* One thread per connection: this bounds them. */
 #define DS4_SERVER_MAX_CONNECTIONS 1024
@@ -104,6 +105,7 @@ typedef struct {
     ds4_kvdisk_opts kvdisk;      /* dir NULL: no disk KV cache */
     ds4_ssd_params ssd;             /* --ssd-streaming* (engine.h) */
     ds4_gpu_opts gpu;            /* --cuda/--cpu/--gpu-* (cuda_plan.h) */
+    ds4_runtime_opts runtime;    /* --dir-steering-*, --power (cli_args.h) */
 } ds4_server_opts;
 
 void ds4_server_opts_default(ds4_server_opts *o);

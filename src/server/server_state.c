@@ -4,6 +4,7 @@
 #include "server/batcher.h"
 
 #include <stdarg.h>
+#include <string.h>
 #include <time.h>
 
 atomic_int ds4_srv_stop;
@@ -64,6 +65,35 @@ int ds4_srv_rewind(server *s, int n_tokens, char *err, size_t errlen) {
     if (s->batcher) ds4_batcher_unlock(s->batcher);
     ds4_srv_session_changed(s);
     return rc;
+}
+
+int ds4_srv_steer(server *s, const ds4_request *r, char *err, size_t errlen) {
+    const char *file = s->o.runtime.steering.file;
+    float ffn, attn, want_ffn, want_attn;
+    ds4_engine_steering(s->eng, &want_ffn, &want_attn);
+    if (r->steer_file) {
+        const char *base = file ? strrchr(file, '/') : NULL;
+        if (!file || (strcmp(r->steer_file, file) && strcmp(r->steer_file, base ? base + 1 : file))) {
+            snprintf(err, errlen, "dir_steering.file '%.100s' is not this server's steering file (%s%.100s)",
+                     r->steer_file, file ? "started with --dir-steering-file " : "started without one", file ? file : "");
+            return 400;
+        }
+        want_ffn = r->steer_ffn;
+        want_attn = r->steer_attn;
+    }
+    /* cache files do not record scales: only unsteered states go there, so a
+     * server started with other (or no) steering never reads a steered one */
+    s->steered = want_ffn != 0 || want_attn != 0;
+    if (!ds4_engine_has_steering(s->eng)) return 0;
+    ds4_session_steering(s->sess, &ffn, &attn);
+    if (ffn == want_ffn && attn == want_attn) return 0;
+    if (ds4_session_n_tokens(s->sess) > 0 && ds4_srv_rewind(s, 0, err, errlen)) return 500;
+    s->visible_tokens = -1;
+    s->n_live_ids = 0;
+    if (s->batcher) ds4_batcher_lock(s->batcher);
+    const int rc = ds4_session_set_steering(s->sess, want_ffn, want_attn, err, errlen);
+    if (s->batcher) ds4_batcher_unlock(s->batcher);
+    return rc ? 500 : 0;
 }
 
 int ds4_srv_prefill_rows(server *s, const int32_t *toks, int n, float *rows, char *err, size_t errlen) {

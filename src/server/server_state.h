@@ -70,6 +70,9 @@ typedef struct server {
      * content and tool block (slot only). */
     ds4_buf visible[2];
     int visible_tokens;
+    /* the running job is steered: its KV state is not the disk cache's to
+     * save or reuse (ds4_srv_kvd; cache files do not record scales) */
+    bool steered;
 } server;
 
 struct job {
@@ -101,6 +104,13 @@ void ds4_srv_session_changed(server *s);
 int ds4_srv_eval(server *s, const int32_t *toks, int n, bool prompt_start, char *err, size_t errlen);
 int ds4_srv_rewind(server *s, int n_tokens, char *err, size_t errlen);
 int ds4_srv_prefill_rows(server *s, const int32_t *toks, int n, float *rows, char *err, size_t errlen);
+/* A job's steering (request.h dir_steering, else the server's scales) on
+ * the slot's session: a live state computed with other scales is dropped
+ * first (its KV would not match). 0, or 400 with err when the request names
+ * a file the server was not started with. */
+int ds4_srv_steer(server *s, const ds4_request *r, char *err, size_t errlen);
+/* The disk cache for the running job: NULL without one or while steered. */
+static inline struct ds4_kvdisk *ds4_srv_kvd(const server *s) { return s->steered ? NULL : s->kvd; }
 /* The disk cache's lock (no-op without a cache). */
 void ds4_srv_kvd_lock(server *s);
 void ds4_srv_kvd_unlock(server *s);

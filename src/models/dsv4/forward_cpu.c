@@ -15,6 +15,7 @@
 #include "kernels/kernels_cpu.h"
 #include "models/dsv4/kv.h"
 #include "nn/nn_math.h"
+#include "nn/steering.h"
 #include "kernels/quant.h"
 #include "base/threadpool.h"
 
@@ -236,8 +237,16 @@ static void hc_pre(batch *b, const ds4_tensor *fn, const float *scale, const flo
     }
 }
 
-static void hc_post(batch *b) {
+/* Each row's sequence may steer the sublayer output before it is mixed back
+ * into the streams (nn/steering.h). */
+static void hc_post(batch *b, ds4_steer_site site) {
     batch_scratch *s = &b->f->s;
+    const int E = b->f->c->n_embd;
+    for (int t = 0; t < b->T; t++) {
+        const ds4_backend_seq *q = &b->seqs[s->row_seq[t]];
+        ds4_steer_row(q->steer, site, b->l, s->sublayer_out + (size_t)t * E);
+        ds4_probe_row(q->probe, site, b->l, s->sublayer_out + (size_t)t * E);
+    }
     par(b, b->T, hc_post_task);
     float *swap = s->hc_state; s->hc_state = s->hc_state_next; s->hc_state_next = swap;
 }
@@ -495,7 +504,7 @@ static void attention(batch *b) {
             memcpy(s->out_latent + ((size_t)t * G + g) * OL, s->out_group + (size_t)t * OL, (size_t)OL * sizeof(float));
     }
     linear(f, &W->out_b, 0, 0, E, s->out_latent, (int64_t)G * OL, T, s->sublayer_out);
-    hc_post(b);
+    hc_post(b, DS4_STEER_ATTN);
 }
 
 /* ------------------------------------------------------------------- MoE */
@@ -718,7 +727,7 @@ static void ffn(batch *b) {
     linear(f, &W->down_shexp, 0, 0, E, s->ffn_gate, F, T, s->sublayer_out);
 
     routed(b);
-    hc_post(b);
+    hc_post(b, DS4_STEER_FFN);
 }
 
 /* ---------------------------------------------------------------- driver */
@@ -986,6 +995,7 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
         attention(&b);
         ffn(&b);
         if (f->experts && ds4_expert_cache_take_error(f->experts, err, errlen)) return -1;
+        ds4_power_pause(&be->power);
     }
     for (int q = 0; q < n_seqs; q++) seqs[q].kv->n_pos += seqs[q].n;
     if (sl->output) heads(&b);
@@ -1073,6 +1083,7 @@ ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batc
     f->mixn = (2 + m->cfg.n_hc) * m->cfg.n_hc;
     f->pool = ds4_pool_new(n_threads);
     f->n_threads = ds4_pool_threads(f->pool);
+    f->base.power.threads = f->n_threads;   /* --power counts this pool's CPU time */
     f->ts = calloc((size_t)f->n_threads, sizeof(thread_scratch));
     f->inv_freq[ROPE_MAIN] = ds4_rope_inv_freq(&m->cfg, false);
     f->inv_freq[ROPE_COMPRESS] = ds4_rope_inv_freq(&m->cfg, true);

@@ -44,7 +44,7 @@ static int glm_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
             const int n = sq->n - done < piece - rows ? sq->n - done : piece - rows;
             const bool last = done + n == sq->n;
             float *out = sq->all_logits ? sq->logits + (size_t)done * c->n_vocab : last ? sq->logits : NULL;
-            c->runs[n_runs++] = (glm_run){sq->glm, sq->toks + done, n, out, sq->all_logits};
+            c->runs[n_runs++] = (glm_run){sq->glm, sq->toks + done, n, out, sq->all_logits, sq->steer, sq->probe};
             rows += n;
             done += n;
             if (last) { q++; done = 0; }
@@ -76,5 +76,7 @@ ds4_backend *ds4_glm_cpu_backend_new(const glm_model *m, int n_threads, int max_
     if (!c->runs) { snprintf(err, errlen, "out of memory for the GLM backend"); glm_free(&c->be); return NULL; }
     c->n_vocab = (int)m->hp.n_vocab;
     c->be = (ds4_backend){.name = "glm-cpu", .max_batch = max_batch, .eval = glm_eval, .free = glm_free};
+    c->be.power.threads = ds4_pool_threads(c->pool);   /* --power counts this pool's CPU time */
+    ds4_glm_forward_pace(c->f, &c->be.power);
     return &c->be;
 }

@@ -4,7 +4,9 @@
 #include "models/glm/glm_model.h"
 #include "kernels/kernels_cpu.h"
 #include "nn/nn_math.h"
+#include "nn/steering.h"
 #include "kernels/quant.h"
+#include "base/power.h"
 #include "base/threadpool.h"
 
 #include <math.h>
@@ -30,10 +32,13 @@ struct glm_forward {
     struct ds4_pool *pool;
     int max_rows, pos_cap;
     uint64_t weight_bytes;
+    ds4_power *power;                /* paced after every layer (NULL: never) */
     float *rope_inv;                 /* [n_rot/2] inverse frequencies */
     /* per row */
     float *x, *a, *qr, *q, *kvraw, *attn, *h, *y, *ffn, *gate, *up, *iq, *ik;
     glm_kv **row_kv;                 /* [max_rows] the state each row belongs to */
+    const ds4_steering **row_steer;  /* [max_rows] its run's steering (NULL: none) */
+    ds4_act_probe **row_probe;       /* [max_rows] its run's activation probe (NULL: none) */
     int *row_pos;                    /* [max_rows] its position there */
     int *picks, *n_picks;            /* [max_rows][idx_topk] selected positions (ascending), their counts */
     void *acts;                      /* [max_rows] quantized activation rows of the widest input */
@@ -290,6 +295,8 @@ static void layer(glm_forward *f, int l, int T) {
     matmul(f, &L->attn_output, 0, T, f->attn, (size_t)hp->n_head * hp->value_length_mla, f->h);
     for (int t = 0; t < T; t++) {
         float *x = f->x + (size_t)t * E, *h = f->h + (size_t)t * E;
+        ds4_steer_row(f->row_steer[t], DS4_STEER_ATTN, l, h);
+        ds4_probe_row(f->row_probe[t], DS4_STEER_ATTN, l, h);
         for (int i = 0; i < E; i++) h[i] += x[i];
         rms(h, L->ffn_norm, hp->rms_eps, E, f->y + (size_t)t * E);
     }
@@ -300,8 +307,10 @@ static void layer(glm_forward *f, int l, int T) {
         routed(f, L, T);
     }
     for (int t = 0; t < T; t++) {
-        float *x = f->x + (size_t)t * E;
-        const float *h = f->h + (size_t)t * E, *o = f->ffn + (size_t)t * E;
+        float *x = f->x + (size_t)t * E, *o = f->ffn + (size_t)t * E;
+        const float *h = f->h + (size_t)t * E;
+        ds4_steer_row(f->row_steer[t], DS4_STEER_FFN, l, o);
+        ds4_probe_row(f->row_probe[t], DS4_STEER_FFN, l, o);
         for (int i = 0; i < E; i++) x[i] = h[i] + o[i];
     }
 }
@@ -366,12 +375,17 @@ int ds4_glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *
     for (int r = 0, t = 0; r < n_runs; r++)
         for (int i = 0; i < runs[r].n; i++, t++) {
             f->row_kv[t] = runs[r].kv;
+            f->row_steer[t] = runs[r].steer;
+            f->row_probe[t] = runs[r].probe;
             f->row_pos[t] = runs[r].kv->n_pos + i;
             ds4_dequantize_row(m->token_embd.type,
                                (const char *)m->token_embd.data + (size_t)runs[r].toks[i] * m->token_embd.row_bytes,
                                f->x + (size_t)t * E, (int64_t)E);
         }
-    for (int l = 0; l < (int)glm_n_trunk(hp); l++) layer(f, l, T);
+    for (int l = 0; l < (int)glm_n_trunk(hp); l++) {
+        layer(f, l, T);
+        if (f->power) ds4_power_pause(f->power);
+    }
     for (int t = 0; t < T; t++) rms(f->x + (size_t)t * E, m->output_norm, hp->rms_eps, E, f->y + (size_t)t * E);
     /* Every row of an all_logits run goes straight into its buffer. The last
      * rows of the others move to the front of f->y (row `group` <= the run's
@@ -393,6 +407,7 @@ int ds4_glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *
 }
 
 int ds4_glm_forward_max_rows(const glm_forward *f) { return f->max_rows; }
+void ds4_glm_forward_pace(glm_forward *f, struct ds4_power *power) { f->power = power; }
 uint64_t ds4_glm_forward_weight_bytes(const glm_forward *f) { return f->weight_bytes; }
 
 void ds4_glm_forward_free(glm_forward *f) {
@@ -400,7 +415,7 @@ void ds4_glm_forward_free(glm_forward *f) {
     void *owned[] = {f->rope_inv, f->x, f->a, f->qr, f->q, f->kvraw, f->attn, f->h, f->y, f->ffn, f->gate, f->up,
                      f->iq, f->ik, f->picks, f->n_picks, f->acts, f->iw, f->router,
                      f->expert_w, f->expert_in, f->expert_out, f->experts, f->expert_slot, f->score,
-                     f->row_kv, f->row_pos, f->head_out};
+                     f->row_kv, f->row_steer, f->row_probe, f->row_pos, f->head_out};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
     for (int i = 0; f->heads && i < f->n_heads_scratch; i++) {
         free(f->heads[i].qlat);
@@ -460,6 +475,8 @@ glm_forward *ds4_glm_forward_new(const glm_model *m, struct ds4_pool *pool, int 
     f->iq = malloc(T * idx_q * sizeof(float));
     f->ik = malloc(T * hp->idx_head_dim * sizeof(float));
     f->row_kv = malloc(T * sizeof(glm_kv *));
+    f->row_steer = malloc(T * sizeof(ds4_steering *));
+    f->row_probe = malloc(T * sizeof(ds4_act_probe *));
     f->row_pos = malloc(T * sizeof(int));
     f->head_out = malloc((size_t)HEAD_ROWS * hp->n_vocab * sizeof(float));
     f->picks = malloc(T * hp->idx_topk * sizeof(int));
@@ -487,7 +504,7 @@ glm_forward *ds4_glm_forward_new(const glm_model *m, struct ds4_pool *pool, int 
     if (!f->rope_inv || !f->x || !f->a || !f->qr || !f->q || !f->kvraw || !f->attn || !f->h || !f->y || !f->ffn ||
         !f->gate || !f->up || !f->iq || !f->ik || !f->picks || !f->n_picks || !f->acts || !heads_ok ||
         !f->iw || !f->router || !f->expert_w || !f->expert_in || !f->expert_out || !f->experts || !f->expert_slot ||
-        !f->row_kv || !f->row_pos || !f->head_out) {
+        !f->row_kv || !f->row_steer || !f->row_probe || !f->row_pos || !f->head_out) {
         snprintf(err, errlen, "out of memory for the GLM forward pass scratch (%d rows)", max_rows);
         ds4_glm_forward_free(f);
         return NULL;
@@ -503,7 +520,7 @@ int ds4_glm_forward_sequence(const glm_model *m, struct ds4_pool *pool, const in
     glm_kv *kv = ds4_glm_kv_new(&m->hp, n);
     glm_forward *f = kv ? ds4_glm_forward_new(m, pool, n, err, errlen) : NULL;
     if (!kv) snprintf(err, errlen, "out of memory for a %d-token GLM state", n);
-    const glm_run run = {kv, tokens, n, logits, true};
+    const glm_run run = {kv, tokens, n, logits, true, NULL, NULL};
     const int rc = f ? ds4_glm_forward_eval(f, &run, 1, err, errlen) : -1;
     ds4_glm_forward_free(f);
     ds4_glm_kv_free(kv);

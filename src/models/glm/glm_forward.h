@@ -51,6 +51,8 @@
 struct ds4_pool;
 struct glm_model;
 struct glm_kv;
+struct ds4_steering;
+struct ds4_act_probe;
 
 typedef struct glm_forward glm_forward;
 
@@ -58,6 +60,9 @@ glm_forward *ds4_glm_forward_new(const struct glm_model *m, struct ds4_pool *poo
                              size_t errlen);
 void ds4_glm_forward_free(glm_forward *f);
 int ds4_glm_forward_max_rows(const glm_forward *f);
+/* --power (power.h): pause with `power` after every layer of an evaluation. */
+struct ds4_power;
+void ds4_glm_forward_pace(glm_forward *f, struct ds4_power *power);
 uint64_t ds4_glm_forward_weight_bytes(const glm_forward *f);
 /* Checks what eval would refuse for a run of n tokens appended to kv (token
  * ids, context room) without running anything, and grows the per-position
@@ -72,6 +77,8 @@ typedef struct glm_run {
     int n;
     float *logits;          /* NULL: no output head for this run */
     bool all_logits;
+    const struct ds4_steering *steer;   /* NULL: unsteered (nn/steering.h) */
+    struct ds4_act_probe *probe;        /* NULL: no --dump-activations sums */
 } glm_run;
 int ds4_glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *err, size_t errlen);
 
