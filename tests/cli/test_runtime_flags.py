@@ -72,11 +72,16 @@ def main():
         for bad in ("0", "101", "x"):
             one_line(run(binary, "-m", DEMO, "--power", bad), "--power", f"{binary} --power {bad}")
     # --warm-weights
-    plain = run("ds4", "-m", DEMO, "--layers", "0:output", "--token-ids", "1,2")
-    warm = run("ds4", "-m", DEMO, "--layers", "0:output", "--token-ids", "1,2", "--warm-weights")
-    check(plain.returncode == 0 and warm.returncode == 0, f"slice loads: {plain.stderr[-200:]} {warm.stderr[-200:]}")
+    # a slice of a bigger file maps the other layers too, so it is not paged in
+    # unless asked (a slice covering the whole file binds all of it and is)
+    plain = run("ds4", "-m", DEMO, "--layers", "3:output", "--token-ids", "1,2")
+    warm = run("ds4", "-m", DEMO, "--layers", "3:output", "--token-ids", "1,2", "--warm-weights")
+    whole = run("ds4", "-m", DEMO, "--layers", "0:output", "--token-ids", "1,2")
+    check("layers 3..5" in plain.stderr and "layers 3..5" in warm.stderr and whole.returncode == 0,
+          f"slices load: {plain.stderr[-200:]} {warm.stderr[-200:]} {whole.stderr[-200:]}")
     check("weights paged in" not in plain.stderr, "a slice stays lazy without --warm-weights")
     check("weights paged in" in warm.stderr, "--warm-weights pages a slice in and says how long it took")
+    check("weights paged in" in whole.stderr, "a slice covering the whole file is paged in like the whole model")
     # --inspect
     sizes = {}
     for ctx in ("1024", "4096"):
