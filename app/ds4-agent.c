@@ -376,7 +376,7 @@ int main(int argc, char **argv) {
                          .system_prompt = o.system,
                          .trace = trace, .interrupted = &g_interrupted, .display = &display};
     static ds4_spec drafter;
-    if (o.spec.lookup_max) {
+    if (o.spec.lookup_max && !o.spec.quality) {
         if (!ds4_spec_init(&drafter, &o.spec, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
         ao.spec = &drafter;
     }

@@ -31,6 +31,7 @@ static void usage(FILE *f) {
         "      --spec-lookup N           speculative decoding with up to N drafted tokens (1..16) from\n"
         "                                earlier text of the context; answers are unchanged (one\n"
         "                                session only; default 0 = off)\n"
+        "      --quality                 target-only decoding: no drafter runs\n"
         "      --numerics MODE           exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
         "      --layers A:B|A:output     map only that layer slice (docs/distributed.md)\n"
         "      --cors                    send Access-Control-Allow-* headers\n"
@@ -111,7 +112,7 @@ int main(int argc, char **argv) {
         else ds4_cli_unknown(&c);
     }
     if (c.status) return c.status;
-    o.spec_lookup = spec.lookup_max;
+    o.spec_lookup = spec.quality ? 0 : spec.lookup_max;   /* --quality: target-only */
     if (!ds4_cli_model_usable("ds4-server", o.model_path)) return 1;
     char dist_err[256];
     if (!ds4_dist_finish_options(&o.dist, false, dist_err, sizeof dist_err)) {

@@ -984,7 +984,7 @@ int main(int argc, char **argv) {
     if (!ds4_cli_model_usable("ds4", o.model)) return 1;
     char err[512];
     static ds4_spec drafter;
-    if (o.spec_params.lookup_max) {
+    if (o.spec_params.lookup_max && !o.spec_params.quality) {
         if (!ds4_spec_init(&drafter, &o.spec_params, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); return 2; }
         o.spec = &drafter;
     }

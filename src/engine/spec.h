@@ -20,6 +20,8 @@
  *   context only; it never allocates.
  * - ds4_spec_record_pass() counts one verification pass of `proposed` drafts;
  *   ds4_spec_record_accept() counts the draft at `position` (0-based) kept.
+ * - `quality` (--quality) turns every drafter off: the loop decodes one token
+ *   per pass, as the seed's strict mode does.
  * - ds4_spec_stats_line() formats the run's line: passes, proposed, accepted,
  *   acceptance by draft position, committed tokens per verification pass.
  */
@@ -36,6 +38,7 @@
 typedef struct {
     int lookup_max;         /* --spec-lookup N: tokens proposed per pass, 0 = off */
     int lookup_min_ngram;   /* shortest suffix worth matching (default 2) */
+    bool quality;           /* --quality: target-only decoding, every drafter off */
 } ds4_spec_params;
 
 typedef struct {
@@ -52,7 +55,7 @@ typedef struct {
 void ds4_spec_params_default(ds4_spec_params *p);
 /* false (err filled) when a parameter is out of range */
 bool ds4_spec_init(ds4_spec *sp, const ds4_spec_params *p, char *err, size_t errlen);
-static inline bool ds4_spec_enabled(const ds4_spec *sp) { return sp && sp->p.lookup_max > 0; }
+static inline bool ds4_spec_enabled(const ds4_spec *sp) { return sp && !sp->p.quality && sp->p.lookup_max > 0; }
 
 int ds4_spec_propose(const ds4_spec *sp, const int32_t *ctx, int n, int32_t last, int max, int32_t *out);
 void ds4_spec_record_pass(ds4_spec *sp, int proposed);

@@ -143,13 +143,15 @@ bool ds4_cli_sampling(ds4_cli *c, ds4_sampler_params *p) {
 
 bool ds4_cli_spec(ds4_cli *c, ds4_spec_params *p) {
     static const ds4_cli_int_opt lookup = {"--spec-lookup", 0, DS4_SPEC_MAX_DRAFT};
+    if (ds4_cli_is(c, "--quality")) { p->quality = true; return true; }
     return ds4_cli_int(c, &lookup, &p->lookup_max);
 }
 
 const char ds4_spec_usage[] =
     "      --spec-lookup N     speculative decoding: draft up to N tokens (1..16) from the\n"
     "                          longest earlier match of the context's last tokens; the output\n"
-    "                          is the same as without it (default 0 = off)\n";
+    "                          is the same as without it (default 0 = off)\n"
+    "      --quality           target-only decoding: no drafter runs, whatever else asks for one\n";
 
 const char ds4_gpu_usage[] =
     "      --cuda              run on the CUDA backend (CUDA builds; exits if no GPU)\n"

@@ -21,6 +21,11 @@ for draft in 3 8; do
     grep -q "^ds4: spec lookup: [0-9]* passes, proposed" "$d/err" && ok "demo: the drafter's line is printed" ||
         bad "demo: no drafter line on stderr: $(cat "$d/err")"
 done
+# --quality wins over a drafter: the same output and no drafter line
+rm -f "$d/q.json"
+./ds4 -m models/demo.gguf -p "$prompt" --nothink -n 60 -t 2 --spec-lookup 8 --quality --dump-logprobs "$d/q.json" 2>"$d/err"
+cmp -s "$d/ref.json" "$d/q.json" && ! grep -q "spec lookup" "$d/err" && ok "--quality: target-only, no drafter line" ||
+    bad "--quality still drafted or changed the output: $(grep spec "$d/err")"
 for v in 17 -1 x ""; do
     out=$(./ds4 -m models/demo.gguf -p hi --spec-lookup "$v" 2>&1); rc=$?
     [ $rc = 2 ] && [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] && ok "--spec-lookup '$v' refused in one line" ||
