@@ -338,7 +338,10 @@ def run(cmd, cwd):
     return out + ("\n" if out else "") + "[exit status %d]" % p.returncode
 
 
-def agent_task(rng, roots, think, client):
+def agent_case(rng, roots, client):
+    """One agent task on a real directory: the request, the expected call, the
+    tool's real output, the reasoning of both steps and the grounded answer
+    (key: the fact from the tool result the answer must contain)."""
     base = pick(rng, roots)                        # a real directory on this machine
     project = pick(rng, ["/home/user/project", "/home/ana/src/app", "/srv/work", "/tmp/demo", "/home/dev/code",
                          "/work/repo"])
@@ -349,7 +352,6 @@ def agent_task(rng, roots, think, client):
     if kind in ("read", "edit", "count") and not files:
         kind = "list"
     names = ("list_files", "read_file", "run_command") if client else ("list_dir", "read_file", "bash")
-    steps_reason = []
     if kind == "list":
         sub = pick(rng, subdirs) if subdirs and rng.random() < 0.5 else None
         shown = sub or "."
@@ -423,7 +425,7 @@ def agent_task(rng, roots, think, client):
         cands = [(i, l) for i, l in enumerate(lines) if 8 < len(l.strip()) < 60 and
                  sum(1 for x in lines if l.strip() in x) == 1 and "=" in l]
         if not cands:
-            return agent_task(rng, roots, think, client)
+            return agent_case(rng, roots, client)
         i, line = pick(rng, cands)
         old = line.strip()
         lhs, rhs = old.split("=", 1)
@@ -431,20 +433,29 @@ def agent_task(rng, roots, think, client):
         q = pick(rng, ["In {f}, replace `{o}` with `{n}`.", "Change `{o}` to `{n}` in {f}.",
                        "Edit {f}: `{o}` should be `{n}`."]).format(f=f, o=old, n=new)
         if client:
-            return agent_task(rng, roots, think, client)
+            return agent_case(rng, roots, client)
         call = ("edit_file", [("path", f), ("old_string", old), ("new_string", new)])
         out = "edited {} at line {}: replaced 1 lines with 1 lines".format(f, i + 1)
         r1 = "The user gave the exact old and new text, so one edit_file call does it."
         ans = "Done: line {} of {} now reads `{}`.".format(i + 1, f, new)
         r2 = "The edit was applied at line {}.".format(i + 1)
+    key = {"list": (listed[0] if kind == "list" and listed else ""), "read": first[:40] if kind == "read" else "",
+           "count": cnt if kind == "count" else "",
+           "run": ("succeeded" if status == "0" else "exit status " + status) if kind == "run" else "",
+           "edit": "line {}".format(i + 1) if kind == "edit" else ""}[kind]
+    return dict(kind=kind, q=q, call=call, out=out, r1=r1, r2=r2, ans=ans, project=project, key=key)
+
+
+def agent_task(rng, roots, think, client):
+    c = agent_case(rng, roots, client)
     if client:
         system = pick(rng, [CLI_SYSTEM, "You are a helpful assistant.", None])
         tools = CLIENT_TOOLS
     else:
-        system, tools = AGENT_SYSTEM % project, AGENT_TOOLS
+        system, tools = AGENT_SYSTEM % c["project"], AGENT_TOOLS
     content1 = "" if rng.random() < 0.8 else pick(rng, ["Let me check.", "Sure."])
-    steps = [(r1, content1, [call], [out]), (r2, ans, None, None)]
-    return chat_doc(system, [(q, steps)], think, tools)
+    steps = [(c["r1"], content1, [c["call"]], [c["out"]]), (c["r2"], c["ans"], None, None)]
+    return chat_doc(system, [(c["q"], steps)], think, tools)
 
 
 def main():
