@@ -6,7 +6,8 @@ export.py recorded (golden.json), every position and every id.
 
 Prints max |diff| over all 129,280 ids (kept ids against their own logit,
 every other id against the aggregated logit), the relative error
-max|diff| / max|logit|, and the greedy (argmax) agreement per position.
+max|diff| / max|logit|, the greedy (argmax) agreement per position and the mean KL divergence
+of the engine's distribution from PyTorch's.
 Exits 1 when the relative error exceeds --tol."""
 import argparse
 import json
@@ -39,7 +40,14 @@ def compare(got, golden):
     want_arg = np.where(want_k.max(1) >= want_r, keep[want_k.argmax(1)], -1)
     got_arg = got.argmax(1)
     agree = float(np.mean([(w == g) or (w == -1 and rare[g]) for w, g in zip(want_arg, got_arg)]))
-    return d, d / scale, agree
+    # mean KL(PyTorch || engine) over positions, full vocabulary
+    full = np.empty_like(got)
+    full[:, keep] = want_k
+    full[:, rare] = want_r[:, None]
+    lp = full - np.logaddexp.reduce(full, axis=1, keepdims=True)
+    lq = got - np.logaddexp.reduce(got, axis=1, keepdims=True)
+    kl = float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=1)))
+    return d, d / scale, agree, kl
 
 
 def main():
@@ -52,9 +60,9 @@ def main():
     a = ap.parse_args()
     golden = json.load(open(a.golden))
     got = engine_logits(a.ds4, a.model, golden["tokens"], a.numerics)
-    d, rel, agree = compare(got, golden)
-    print("%s (%s): %d positions x %d ids: max|diff| %.3g, relative %.3g, argmax agreement %.0f%%"
-          % (os.path.basename(a.model), a.numerics, got.shape[0], got.shape[1], d, rel, 100 * agree))
+    d, rel, agree, kl = compare(got, golden)
+    print("%s (%s): %d positions x %d ids: max|diff| %.3g, relative %.3g, argmax agreement %.1f%%, mean KL %.3g"
+          % (os.path.basename(a.model), a.numerics, got.shape[0], got.shape[1], d, rel, 100 * agree, kl))
     sys.exit(0 if rel <= a.tol else 1)
 
 

@@ -2,7 +2,7 @@
 """Exports a training checkpoint (train.py's ckpt.pt) as a transformers
 DeepSeek V4 checkpoint over the full 129,280-id vocabulary, and checks it.
 
-    python3 tools/train-tiny/export.py CKPT OUT_DIR
+    python3 tools/train-tiny/export.py CKPT OUT_DIR [EVAL_TEXT]
 
 OUT_DIR gets config.json + model.safetensors (BF16, transformers' save naming,
 what ds4-convert reads) with the MTP block added under the official names
@@ -15,7 +15,8 @@ first; the checks below run on the rounded model in float32:
   2. the MTP block reloaded from the file gives the trained MTP's logits.
 Also writes OUT_DIR/golden.json: a fixed chat prompt's token ids, and per
 position the float32 logits of the kept ids + the aggregated logit (the
-engine's logits of every other id must equal it)."""
+engine's logits of every other id must equal it); with EVAL_TEXT (a rendered
+document) also golden-eval.json, the same for its first 512 tokens."""
 import json
 import os
 import shutil
@@ -119,6 +120,7 @@ def load_mtp(path, m_cfg, saved_names):
 @torch.no_grad()
 def main():
     ck_path, out = sys.argv[1], sys.argv[2]
+    eval_text = sys.argv[3] if len(sys.argv) > 3 else None
     torch.set_num_threads(1)
     ck = torch.load(ck_path, weights_only=False)
     keep = ck["keep"]
@@ -180,6 +182,14 @@ def main():
               "logit_rare": [round(x, 6) for x in raw[:, K].tolist()]}
     with open(os.path.join(out, "golden.json"), "w") as f:
         json.dump(golden, f)
+    if eval_text:
+        # a longer held-out sequence for measurements (quantization cost): same format
+        eids = torch.tensor([V4Tokenizer().encode(open(eval_text).read())[:512]])
+        ef = ref(input_ids=eids, use_cache=False).logits[0]
+        er = (m(remap[eids], with_mtp=False)[0][0] - m.agg_bias)[:, K]
+        with open(os.path.join(out, "golden-eval.json"), "w") as f:
+            json.dump({"tokens": eids[0].tolist(), "kept_ids": keep, "logits_kept": ef[:, keep].tolist(),
+                       "logit_rare": er.tolist()}, f)
     print("wrote", out, "(%.1f MB)" % (os.path.getsize(path) / 1e6))
 
 

@@ -12,7 +12,7 @@ PY=${PY:-.train-venv/bin/python}
 CKPT=${1:-build/train-tiny/ckpt.pt}
 W=${2:-build/train-tiny}
 VOCAB=(--vocab data/deepseek-v3-tokenizer.json --vocab-added tests/fixtures/tokenizer/v4-added-tokens.json)
-$PY tools/train-tiny/export.py "$CKPT" "$W/hf"
+$PY tools/train-tiny/export.py "$CKPT" "$W/hf" ${EVAL_TEXT:-}
 for t in f32 q8_0; do
     ./ds4-convert "$W/hf" "$W/ds4-tiny-$t.gguf" --type $t "${VOCAB[@]}" --name ds4-tiny --threads 1 > "$W/convert-$t.log"
 done
