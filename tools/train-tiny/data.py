@@ -3,7 +3,7 @@
 
 Every byte comes from files of this machine's Debian/Python installation or is
 generated here from a seed:
-  * code   the Python standard library sources (/usr/lib/python3.X, PSF licence)
+  * code   the Python standard library sources (--pylib, PSF licence)
            and C headers (/usr/include, glibc and friends: mixed free licences);
   * prose  the English reference text of the Python documentation that CPython
            ships in pydoc_data/topics.py (PSF licence);
@@ -466,7 +466,11 @@ def main():
     ap.add_argument("--c-bytes", type=int, default=600_000)
     ap.add_argument("--chats", type=int, default=24000)
     ap.add_argument("--agent", type=int, default=9000)
+    ap.add_argument("--pylib", default=PYLIB, help="the Python standard library to read (default: this "
+                    "interpreter's; Debian's libpython3.11-stdlib is /usr/lib/python3.11)")
     a = ap.parse_args()
+    global PYLIB
+    PYLIB = a.pylib
     rng = random.Random(a.seed)
     os.makedirs(a.out, exist_ok=True)
     docs = []
