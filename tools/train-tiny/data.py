@@ -459,6 +459,7 @@ def agent_task(rng, roots, think, client):
 
 
 def main():
+    global PYLIB
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/train-tiny")
     ap.add_argument("--seed", type=int, default=1)
@@ -469,7 +470,6 @@ def main():
     ap.add_argument("--pylib", default=PYLIB, help="the Python standard library to read (default: this "
                     "interpreter's; Debian's libpython3.11-stdlib is /usr/lib/python3.11)")
     a = ap.parse_args()
-    global PYLIB
     PYLIB = a.pylib
     rng = random.Random(a.seed)
     os.makedirs(a.out, exist_ok=True)
