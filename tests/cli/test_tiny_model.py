@@ -15,7 +15,7 @@ docs/tiny-model.md):
 MODEL=... runs the same checks against another GGUF (they must fail on the
 random demo model).
 """
-import json, os, re, subprocess, sys, tempfile
+import json, os, re, shutil, subprocess, sys, tempfile
 
 import numpy as np
 
@@ -40,6 +40,10 @@ CLI_PROMPTS = [
     ["--think", "-p", "What is a hash table?"],
 ]
 AGENT_PROMPT = "List the files in src."
+# ds4-agent's system prompt names its working directory, so the directory has a
+# fixed path (not a fresh temporary name) to keep the prompt, and so the greedy
+# answer, identical from run to run and from checkout to checkout.
+AGENT_DIR = "/tmp/ds4-tiny-model-test"
 
 
 def cli(args):
@@ -51,17 +55,18 @@ def cli(args):
 
 def agent(prompt):
     """One ds4-agent turn on a fixed directory; the transcript without timings."""
-    with tempfile.TemporaryDirectory() as d:
-        os.makedirs(os.path.join(d, "src"))
-        for f in ("main.c", "util.c", "util.h"):
-            open(os.path.join(d, "src", f), "w").write("/* %s */\n" % f)
-        open(os.path.join(d, "README.md"), "w").write("# demo\n")
-        r = subprocess.run(["./ds4-agent", "-m", os.path.join(ROOT, MODEL), "-t", "2", "--temp", "0", "-n", "80",
-                            "--nothink", "--no-autosave", "--chdir", d, "--ctx", "4096"],
-                           input=prompt + "\n", capture_output=True, text=True, timeout=300)
-        check(r.returncode == 0, f"ds4-agent: exit {r.returncode}: {r.stderr[-300:]}")
-        out = r.stdout.replace(d, "$DIR")
-        return "\n".join(l for l in out.split("\n") if not re.search(r"t/s\]|^ds4|/help for commands", l))
+    d = AGENT_DIR
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(os.path.join(d, "src"))
+    for f in ("main.c", "util.c", "util.h"):
+        open(os.path.join(d, "src", f), "w").write("/* %s */\n" % f)
+    open(os.path.join(d, "README.md"), "w").write("# demo\n")
+    r = subprocess.run(["./ds4-agent", "-m", os.path.join(ROOT, MODEL), "-t", "2", "--temp", "0", "-n", "80",
+                        "--nothink", "--no-autosave", "--chdir", d, "--ctx", "4096"],
+                       input=prompt + "\n", capture_output=True, text=True, timeout=300)
+    shutil.rmtree(d, ignore_errors=True)
+    check(r.returncode == 0, f"ds4-agent: exit {r.returncode}: {r.stderr[-300:]}")
+    return "\n".join(l for l in r.stdout.split("\n") if not re.search(r"t/s\]|^ds4|/help for commands", l))
 
 
 def logits_check():

@@ -90,6 +90,8 @@ def main():
                 r = post(port, request(msgs, tools, a.think, 160))
                 msg = r["choices"][0]["message"]
                 calls = msg.get("tool_calls") or []
+                if os.environ.get("EVAL_DEBUG"):
+                    print(repr(c["q"]), c["call"], "->", json.dumps(msg)[:400])
                 name, params = c["call"]
                 good = len(calls) == 1 and calls[0]["function"]["name"] == name
                 if good:

@@ -38,7 +38,7 @@ def build_vocab(docs, k):
     return sorted(keep)
 
 
-def load(data_dir, held_out_every, max_agent):
+def load(data_dir, held_out_every, max_agent, kinds=None):
     """Every held_out_every-th document is held out; at most max_agent agent
     documents are kept (their fixed prefix makes them long)."""
     tk = V4Tokenizer()
@@ -47,6 +47,8 @@ def load(data_dir, held_out_every, max_agent):
     with open(os.path.join(data_dir, "corpus.jsonl")) as f:
         for n, line in enumerate(f):
             d = json.loads(line)
+            if kinds and n % held_out_every and d["kind"] not in kinds:
+                continue
             if d["kind"].startswith("agent"):
                 n_agent += 1
                 if n_agent > max_agent:
@@ -149,6 +151,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-agent", type=int, default=3000)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--kinds", default=None, help="train only on these document kinds (comma list), e.g. a "
+                    "final phase on the agent and chat kinds")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
@@ -163,8 +167,11 @@ def main():
         log.flush()
 
     t0 = time.time()
-    train, held = load(a.data, 50, a.max_agent)
-    keep = build_vocab(train, a.vocab)
+    train, held = load(a.data, 50, a.max_agent, a.kinds.split(",") if a.kinds else None)
+    ck = os.path.join(a.data, "ckpt.pt")
+    st = torch.load(ck, weights_only=False) if a.resume and os.path.exists(ck) else None
+    # a resumed run keeps the checkpoint's vocabulary, whatever documents it trains on now
+    keep = st["keep"] if st else build_vocab(train, a.vocab)
     n_rare = N_VOCAB - len(keep)
     remap = torch.full((N_VOCAB,), len(keep), dtype=torch.long)
     remap[torch.tensor(keep)] = torch.arange(len(keep))
@@ -179,9 +186,7 @@ def main():
     init_weights(model, len(keep), gen)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.01)
     step, seen = 0, 0
-    ck = os.path.join(a.data, "ckpt.pt")
-    if a.resume and os.path.exists(ck):
-        st = torch.load(ck, weights_only=False)
+    if st:
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         step, seen = st["step"], st["seen"]
