@@ -8,7 +8,7 @@ docs/tiny-model.md):
   every position; every id the training never used must get the one shared
   logit of the aggregated row;
 - greedy answers (CLI one-shot prompts in both thinking modes, and a
-  ds4-agent turn that must run list_dir on a fixed directory) equal the text
+  ds4-agent turn that must call list_dir on a fixed directory) equal the text
   recorded in tests/fixtures/ds4-tiny/greedy.json, so a kernel or template
   change that breaks real behaviour is caught.
 `--record` rewrites greedy.json from the current build (after retraining).
@@ -39,7 +39,7 @@ CLI_PROMPTS = [
     ["--nothink", "-p", "What does json.dumps do?"],
     ["--think", "-p", "What is a hash table?"],
 ]
-AGENT_PROMPT = "List the files in src."
+AGENT_PROMPT = "Show me the directory."
 # ds4-agent's system prompt names its working directory, so the directory has a
 # fixed path (not a fresh temporary name) to keep the prompt, and so the greedy
 # answer, identical from run to run and from checkout to checkout.
@@ -115,7 +115,7 @@ def main():
     for w, g in zip(want["cli"], got["cli"]):
         check(w["args"] == g["args"], "prompt list matches the fixture")
         check(w["text"] == g["text"], f"greedy answer to {g['args']}:\n--- want\n{w['text']}\n--- got\n{g['text']}")
-    check("list_dir" in want["agent"]["text"], "the recorded agent turn calls list_dir")
+    check("-> list_dir" in want["agent"]["text"], "the recorded agent turn calls list_dir")
     check(want["agent"]["text"] == got["agent"]["text"],
           f"agent turn:\n--- want\n{want['agent']['text']}\n--- got\n{got['agent']['text']}")
     results.done()
