@@ -13,7 +13,7 @@ echo "== ds4 one-shot prompt on $MODEL"
 ./ds4 -m "$MODEL" --nothink -n 120 --temp 0 -p "Explain Redis streams in one paragraph."
 echo
 echo "== the same model, a thinking-mode prompt"
-./ds4 -m "$MODEL" --think -n 120 --temp 0 -p "What does os.path.join do?"
+./ds4 -m "$MODEL" --think -n 120 --temp 0 -p "What is a hash table?"
 echo
 
 PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
@@ -28,7 +28,7 @@ done
 curl -sS "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \
     -d '{"model":"deepseek-v4-flash","messages":[{"role":"user","content":"List three Redis design principles."}],"max_tokens":120,"temperature":0,"thinking":{"type":"disabled"}}'
 echo
-echo "== the same server, a request with tools: the model answers with a tool call"
+echo "== the same server, a request with tools: the model answers with a DSML tool call (its arguments are often wrong: docs/tiny-model.md)"
 curl -sS "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \
     -d '{"model":"deepseek-v4-flash","messages":[{"role":"user","content":"List the files in src."}],"tools":[{"type":"function","function":{"name":"list_files","description":"List the files in a directory.","parameters":{"type":"object","properties":{"path":{"type":"string","description":"Directory to list"}},"required":["path"]}}},{"type":"function","function":{"name":"read_file","description":"Read the contents of a file.","parameters":{"type":"object","properties":{"path":{"type":"string","description":"File to read"}},"required":["path"]}}},{"type":"function","function":{"name":"run_command","description":"Run a shell command and return its output.","parameters":{"type":"object","properties":{"command":{"type":"string","description":"The command line"}},"required":["command"]}}}],"max_tokens":80,"temperature":0,"thinking":{"type":"disabled"}}'
 echo

@@ -13,7 +13,7 @@ for t in f32 q8_0 q4 q2; do
     for im in "" imatrix; do
         [ -n "$im" ] && { [ "$t" = f32 ] || [ "$t" = q8_0 ]; } && continue
         out="$W/quant-$t${im:+-imatrix}.gguf"
-        ./ds4-convert "$W/hf" "$out" --type $t "${VOCAB[@]}" --threads 1 ${im:+--imatrix "$W/imatrix.dat"} > "$out.log"
+        ./ds4-convert "$W/hf" "$out" --type $t "${VOCAB[@]}" --threads 1 ${im:+--imatrix "$W/imatrix.dat"} > "$out.log" 2>&1
         printf '%-14s %5.1f MB  ' "$t${im:+ +imatrix}" "$(echo "$(stat -c %s "$out") / 1000000" | bc -l)"
         $PY tools/train-tiny/check_engine.py "$out" "$W/hf/golden-eval.json" --tol 1 | sed 's/^[^:]*: //'
         rm -f "$out"
