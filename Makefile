@@ -109,8 +109,8 @@ asan:
 ubsan:
 	$(MAKE) BUILD=build-ubsan SAN="-fsanitize=undefined -fno-sanitize-recover=all" OPT=-O1 unit-tests
 
-# The README's first command: build, make the demo model, run CLI + server.
-demo: all demo-model
+# The README's first command: build, unpack the trained tiny model, run CLI + server.
+demo: all tiny-model
 	bash scripts/demo.sh
 
 bench-kernels: ds4-bench
@@ -142,6 +142,6 @@ clean:
 	rm -rf build build-asan build-ubsan build-cuda $(APPS)
 
 distclean: clean
-	rm -rf $(VENV) models/demo.gguf
+	rm -rf $(VENV) models/demo.gguf models/ds4-tiny.gguf
 
 -include $(LIB_OBJ:.o=.d) $(BENCH_OBJ:.o=.d)

@@ -13,7 +13,7 @@
 static void usage(FILE *f) {
     fprintf(f,
         "usage: ds4-server [options]\n"
-        "  -m, --model FILE              GGUF model (default ./ds4flash.gguf; `make demo` builds models/demo.gguf)\n"
+        "  -m, --model FILE              GGUF model (default ./ds4flash.gguf; `make demo` unpacks models/ds4-tiny.gguf)\n"
         "      --host ADDR               IPv4 bind address (default 127.0.0.1; 0.0.0.0 for LAN)\n"
         "      --port N                  TCP port (default 8000)\n"
         "  -c, --ctx N                   context size in tokens (default 32768)\n"

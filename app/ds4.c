@@ -88,7 +88,7 @@ static double now_s(void) {
 static void usage(FILE *f) {
     fprintf(f,
         "usage: ds4 [options]\n"
-        "  -m, --model FILE        GGUF model (default ./ds4flash.gguf; `make demo` builds models/demo.gguf)\n"
+        "  -m, --model FILE        GGUF model (default ./ds4flash.gguf; `make demo` unpacks models/ds4-tiny.gguf)\n"
         "  -p, --prompt TEXT       one-shot prompt (without -p: interactive chat)\n"
         "      --prompt-file FILE  read the prompt from a file\n"
         "  -sys, --system TEXT     system prompt\n"

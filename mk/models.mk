@@ -22,3 +22,14 @@ demo-model: models/demo.gguf
 models/demo.gguf: ds4-make-model data/deepseek-v3-tokenizer.json tests/fixtures/tokenizer/v4-added-tokens.json
 	@mkdir -p models
 	./ds4-make-model --preset demo -o $@
+
+# The trained tiny DeepSeek V4 model (docs/tiny-model.md), the default model of
+# `make demo`: committed xz-compressed (its ~125k vocabulary rows that the
+# training data never used are one repeated row, which xz folds away), unpacked
+# here. The random demo model above stays for the tests that want random weights.
+.PHONY: tiny-model
+tiny-model: models/ds4-tiny.gguf
+models/ds4-tiny.gguf: data/ds4-tiny/ds4-tiny-q8_0.gguf.xz
+	@mkdir -p models
+	xz -dc $< > $@.tmp && mv $@.tmp $@
+TEST_DATA += models/ds4-tiny.gguf

@@ -302,8 +302,8 @@ bool ds4_cli_dist(ds4_cli *c, ds4_dist_params *p) {
 bool ds4_cli_model_usable(const char *prog, const char *path) {
     struct stat st;
     if (stat(path, &st) != 0) {
-        ds4_log(DS4_LOG_ERROR, "%s: no model at %s (%s): pass -m models/demo.gguf for the random-weight demo model "
-                "that `make demo` builds, or fetch DeepSeek V4 Flash with ./download_model.sh\n",
+        ds4_log(DS4_LOG_ERROR, "%s: no model at %s (%s): pass -m models/ds4-tiny.gguf for the trained tiny model "
+                "that `make demo` unpacks, or fetch DeepSeek V4 Flash with ./download_model.sh\n",
                 prog, path, strerror(errno));
         return false;
     }

@@ -1,0 +1,519 @@
+#!/usr/bin/env python3
+"""Builds the training corpus of the tiny DeepSeek V4 model (docs/tiny-model.md).
+
+Every byte comes from files of this machine's Debian/Python installation or is
+generated here from a seed:
+  * code   the Python standard library sources (--pylib, PSF licence)
+           and C headers (/usr/include, glibc and friends: mixed free licences);
+  * prose  the English reference text of the Python documentation that CPython
+           ships in pydoc_data/topics.py (PSF licence);
+  * chat   synthetic conversations in the DeepSeek V4 chat format (ds4-server /
+           ds4-agent rendering, docs/prompt-format.md): questions answered from
+           the standard library's docstrings, a few hand-written paragraphs, and
+           agent turns with DSML tool calls (list a directory, read a file, run
+           a command, edit a file, answer from the tool result) whose results
+           are the real outputs of running the tool on real files, in thinking
+           and non-thinking modes.
+
+Output (OUT, default build/train-tiny): corpus.jsonl, one document a line:
+{"kind", "text", "train_from"}: text is the rendered document (chat documents
+contain the seven protocol strings, which tokenize.py turns into their ids);
+loss is taken from byte train_from on (the fixed agent prefix is not trained).
+
+    python3 tools/train-tiny/data.py [--out DIR] [--seed N]
+"""
+import argparse
+import glob
+import importlib
+import inspect
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import sysconfig
+
+BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+USER, ASSISTANT = "<｜User｜>", "<｜Assistant｜>"
+THINK, THINK_END = "<think>", "</think>"
+DSML = "｜DSML｜"
+CLI_SYSTEM = "You are a helpful assistant"
+
+# ds4-agent's system prompt (src/agent/loop.c) and tool schemas (src/agent/tools.c).
+AGENT_SYSTEM = ("You are ds4-agent, a coding agent working in the directory %s. Use the tools to read, search and "
+                "change files and to run commands; prefer small exact edits with edit_file. When the task is done, "
+                "answer briefly.")
+AGENT_TOOLS = [
+    ("read_file", "Read a text file in the working directory. Optional 1-based inclusive line range.",
+     '{"type":"object","properties":{"path":{"type":"string"},"start_line":{"type":"integer"},'
+     '"end_line":{"type":"integer"}},"required":["path"]}'),
+    ("write_file", "Create or overwrite a file with the given content.",
+     '{"type":"object","properties":{"path":{"type":"string"},"content":{"type":"string"}},'
+     '"required":["path","content"]}'),
+    ("edit_file", "Replace the exact text old_string, which must occur exactly once in the file, with new_string.",
+     '{"type":"object","properties":{"path":{"type":"string"},"old_string":{"type":"string"},'
+     '"new_string":{"type":"string"}},"required":["path","old_string","new_string"]}'),
+    ("list_dir", "List a directory (default: the working directory); directories end with '/'.",
+     '{"type":"object","properties":{"path":{"type":"string"}}}'),
+    ("glob", "Find files whose path relative to the working directory matches a shell pattern (e.g. src/*.c, *.md).",
+     '{"type":"object","properties":{"pattern":{"type":"string"}},"required":["pattern"]}'),
+    ("grep", "Search text files under a path (default: the working directory) for a PCRE regular expression; "
+     "prints file:line:text.",
+     '{"type":"object","properties":{"pattern":{"type":"string"},"path":{"type":"string"}},"required":["pattern"]}'),
+    ("bash", "Run a shell command with /bin/sh in the working directory; returns its output and exit status.",
+     '{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}'),
+]
+
+# The ds4 tools block (docs/prompt-format.md; deepseek-v4-prompt-format 6.2), {} = schema lines.
+TOOLS_BLOCK = (
+    "## Tools\n\nYou have access to a set of tools to help answer the user question. You can invoke tools by "
+    "writing a \"<｜DSML｜tool_calls>\" block like the following:\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke "
+    "name=\"$TOOL_NAME\">\n<｜DSML｜parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE"
+    "</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"$TOOL_NAME2\">\n...\n</｜DSML｜invoke>\n"
+    "</｜DSML｜tool_calls>\n\nString parameters should be specified as raw text and set `string=\"true\"`. "
+    "Preserve characters such as `>`, `&`, and `&&` exactly; never replace normal string characters with XML or "
+    "HTML entity escapes. Only if a string value itself contains the exact closing parameter tag "
+    "`</｜DSML｜parameter>`, write that tag as `&lt;/｜DSML｜parameter>` inside the value. For all other types "
+    "(numbers, booleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n\n"
+    "If thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside "
+    "<think>...</think> BEFORE any tool calls or final response.\n\nOtherwise, output directly after </think> "
+    "with tool calls or final response.\n\n### Available Tool Schemas\n\n{}\n\nYou MUST strictly follow the "
+    "above defined tool name and parameter schemas to invoke tool calls. Use the exact parameter names from the "
+    "schemas.")
+
+# A client's own tool set (an OpenAI-style request to ds4-server), so calls are
+# not tied to ds4-agent's names alone.
+CLIENT_TOOLS = [
+    ("list_files", "List the files in a directory.",
+     '{"type":"object","properties":{"path":{"type":"string","description":"Directory to list"}},"required":["path"]}'),
+    ("read_file", "Read the contents of a file.",
+     '{"type":"object","properties":{"path":{"type":"string","description":"File to read"}},"required":["path"]}'),
+    ("run_command", "Run a shell command and return its output.",
+     '{"type":"object","properties":{"command":{"type":"string","description":"The command line"}},'
+     '"required":["command"]}'),
+]
+
+
+def schema_lines(tools):
+    return "\n".join(json.dumps({"name": n, "description": d, "parameters": None},
+                                separators=(",", ":")).replace("null", p) for n, d, p in tools)
+
+
+def dsml_call(calls):
+    """Canonical ds4 DSML block for [(name, [(key, value)])] (string values raw,
+    others compact JSON), with its leading blank line."""
+    out = ["\n\n<" + DSML + "tool_calls>"]
+    for name, params in calls:
+        out.append("\n<" + DSML + "invoke name=\"" + name + "\">")
+        for k, v in params:
+            if isinstance(v, str):
+                out.append("\n<" + DSML + "parameter name=\"" + k + "\" string=\"true\">" + v + "</" + DSML + "parameter>")
+            else:
+                out.append("\n<" + DSML + "parameter name=\"" + k + "\" string=\"false\">"
+                           + json.dumps(v, separators=(",", ":")) + "</" + DSML + "parameter>")
+        out.append("\n</" + DSML + "invoke>")
+    out.append("\n</" + DSML + "tool_calls>")
+    return "".join(out)
+
+
+def tool_result(text):
+    return "<tool_result>" + text.replace("</tool_result>", "&lt;/tool_result>") + "</tool_result>"
+
+
+# ------------------------------------------------------------------ sources
+
+PYLIB = sysconfig.get_paths()["stdlib"]
+
+
+def python_sources(rng, limit_bytes):
+    files = sorted(glob.glob(os.path.join(PYLIB, "*.py")) + glob.glob(os.path.join(PYLIB, "*", "*.py")))
+    files = [f for f in files if "/test" not in f and "/idlelib/" not in f and "site-packages" not in f
+             and "pydoc_data" not in f]
+    rng.shuffle(files)
+    out, total = [], 0
+    for f in files:
+        try:
+            text = open(f, encoding="utf-8").read()
+        except (UnicodeDecodeError, OSError):
+            continue
+        if len(text) > 60000 or "<｜" in text:
+            continue
+        out.append(text)
+        total += len(text)
+        if total >= limit_bytes:
+            break
+    return out
+
+
+def c_headers(rng, limit_bytes):
+    files = sorted(glob.glob("/usr/include/*.h") + glob.glob("/usr/include/*/*.h"))
+    rng.shuffle(files)
+    out, total = [], 0
+    for f in files:
+        try:
+            text = open(f, encoding="utf-8").read()
+        except (UnicodeDecodeError, OSError):
+            continue
+        if len(text) > 30000 or len(text) < 500:
+            continue
+        out.append(text)
+        total += len(text)
+        if total >= limit_bytes:
+            break
+    return out
+
+
+def prose():
+    from pydoc_data import topics
+    return [v.strip() + "\n" for _, v in sorted(topics.topics.items())]
+
+
+# Hand-written answers for the demo's own prompts and a few common questions.
+PARAGRAPHS = {
+    "Redis streams": "A Redis stream is an append-only log stored under one key. Each entry has a unique ID made of "
+    "a millisecond timestamp and a sequence number, and holds a small set of field-value pairs. XADD appends an entry, "
+    "XRANGE and XREAD read entries by ID, and XREAD can block until new data arrives. Consumer groups (XGROUP, "
+    "XREADGROUP, XACK) let several clients share the work of one stream while Redis remembers which entries each "
+    "consumer has received and acknowledged, so streams are a good fit for event logs, queues and messaging.",
+    "Redis": "Redis is an in-memory data structure server. It keeps strings, lists, hashes, sets, sorted sets and "
+    "streams in memory, answers commands over a simple text protocol, and can persist data to disk with snapshots or "
+    "an append-only file. It is used as a cache, a message broker and a fast database.",
+    "a hash table": "A hash table stores key-value pairs in an array of buckets. A hash function turns each key into "
+    "an index, so lookups, inserts and deletes take constant time on average. Collisions, two keys with the same "
+    "index, are handled by chaining or open addressing, and the table is resized when it becomes too full.",
+    "a linked list": "A linked list is a sequence of nodes where each node holds a value and a pointer to the next "
+    "node. Inserting or removing a node is cheap once you have a pointer to its neighbour, but finding the n-th "
+    "element needs a walk from the head, so access takes linear time.",
+    "recursion": "Recursion is when a function calls itself to solve a smaller instance of the same problem. Every "
+    "recursive function needs a base case that stops the calls, and each call must move closer to it; factorial, "
+    "tree traversal and quicksort are classic examples.",
+    "a process and a thread": "A process is a running program with its own address space, file descriptors and "
+    "resources. A thread is a path of execution inside a process; threads of one process share its memory, so they "
+    "communicate cheaply but must use locks or other synchronisation to avoid races.",
+    "Git": "Git is a distributed version control system. Every clone holds the full history as a graph of commits; "
+    "branches are cheap pointers to commits, and changes move between repositories with fetch, pull and push.",
+    "a Python list": "A Python list is a mutable, ordered sequence. It grows as needed, supports indexing and slicing, "
+    "and has methods such as append, extend, insert, pop, remove and sort. Appending is fast, while inserting at the "
+    "front is slow because every element has to move.",
+    "TCP": "TCP is a connection-oriented transport protocol. It delivers a reliable, ordered byte stream between two "
+    "endpoints, using sequence numbers, acknowledgements and retransmission, and it adapts its sending rate with flow "
+    "control and congestion control.",
+    "a pointer in C": "A pointer in C is a variable that holds the address of another object. The unary * operator "
+    "reads or writes the object it points to, & takes an address, and pointer arithmetic moves in units of the "
+    "pointed-to type. A null pointer points to nothing and must not be dereferenced.",
+    "DeepSeek V4": "DeepSeek V4 is a mixture-of-experts language model. Each layer mixes hyper-connection streams, "
+    "attention over a sliding window plus compressed key-value rows chosen by an indexer, and a feed-forward block "
+    "that routes every token to a few experts next to one shared expert.",
+}
+PRINCIPLES = {
+    "Redis design principles": ["Keep the data in memory and the data structures simple, so every command is fast "
+                                "and predictable.",
+                                "Run commands on a single thread, so each command is atomic without locks.",
+                                "Prefer a small, composable set of commands and a simple protocol over features that "
+                                "are hard to reason about."],
+    "good C coding practices": ["Check every return value and handle errors at the point they happen.",
+                                "Keep functions short and give each one a single job.",
+                                "Free every allocation on every path, and compile with warnings as errors."],
+    "ways to speed up a Python program": ["Measure first with a profiler to find the slow part.",
+                                          "Use built-in functions and the right data structure, such as a set for "
+                                          "membership tests.",
+                                          "Move heavy loops into libraries written in C, or cache repeated work."],
+}
+
+DOC_MODULES = ["json", "os", "os.path", "re", "string", "textwrap", "collections", "itertools", "functools", "math",
+               "random", "shutil", "subprocess", "pathlib", "datetime", "time", "hashlib", "base64", "csv", "heapq",
+               "bisect", "statistics", "glob", "fnmatch", "tempfile", "logging", "argparse", "urllib.parse", "socket",
+               "struct", "zlib", "gzip", "tarfile", "zipfile", "copy", "pprint", "difflib", "typing", "dataclasses",
+               "enum", "operator", "contextlib", "threading", "queue", "sqlite3", "html", "uuid", "secrets", "io",
+               "calendar", "fractions", "decimal", "inspect", "traceback", "pickle", "shlex", "codecs", "locale",
+               "platform", "signal", "select", "array", "weakref", "abc", "numbers", "cmath", "filecmp", "configparser"]
+
+
+def docstring_facts():
+    facts = []
+    for mname in DOC_MODULES:
+        try:
+            mod = importlib.import_module(mname)
+        except ImportError:
+            continue
+        for name in sorted(dir(mod)):
+            if name.startswith("_"):
+                continue
+            obj = getattr(mod, name)
+            if not (inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.isclass(obj)):
+                continue
+            doc = inspect.getdoc(obj)
+            if not doc:
+                continue
+            para = doc.split("\n\n")[0].replace("\n", " ").strip()
+            if len(para) < 30 or len(para) > 600 or "<｜" in para:
+                continue
+            try:
+                sig = str(inspect.signature(obj))
+            except (TypeError, ValueError):
+                sig = None
+            facts.append((mname + "." + name, sig, para))
+    return facts
+
+
+# ------------------------------------------------------------------ chat rendering
+
+def chat_doc(system, turns, think, tools=None):
+    """BOS + system block + turns; turns: list of (user_text, assistant_list)
+    where assistant_list = [(reasoning, content, calls, results)] per step
+    (results: list of tool result texts, None for the final step). Mirrors
+    ds4-agent's transcript (generation prompt, EOS, tool results as a user turn).
+    Returns (text, offset of the first user turn)."""
+    block = TOOLS_BLOCK.replace("{}", schema_lines(tools)) if tools else ""
+    sysblock = block + ("\n\n" if block and system else "") + (system or "")
+    text = BOS + sysblock
+    start = len(text)
+    for user, steps in turns:
+        text += USER + user
+        for reasoning, content, calls, results in steps:
+            text += ASSISTANT + (THINK + reasoning + THINK_END if think else THINK_END)
+            text += content + (dsml_call(calls) if calls else "") + EOS
+            if results is not None:
+                text += USER + "".join(tool_result(r) for r in results)
+    return text, start
+
+
+def pick(rng, xs):
+    return xs[rng.randrange(len(xs))]
+
+
+def qa_docstring(rng, fact, think):
+    name, sig, para = fact
+    q = pick(rng, ["What does {n} do?", "Explain {n} in one paragraph.", "What is {n} in Python?",
+                   "How do I use {n}?", "Describe the Python function {n}.", "Tell me about {n}."]).format(n=name)
+    call = name + (sig if sig and len(sig) < 80 else "()")
+    a = pick(rng, ["`{c}`: {p}", "{p}", "In Python, `{c}` works as follows. {p}", "`{n}` is part of the `{m}` module. {p}"]
+             ).format(c=call, p=para, n=name, m=name.rsplit(".", 1)[0])
+    r = "The user asks about {}. It is in the {} module; I will summarise its documentation.".format(
+        name, name.rsplit(".", 1)[0])
+    return chat_doc(pick(rng, [CLI_SYSTEM, CLI_SYSTEM, "You are a concise Python expert.", None]),
+                    [(q, [(r, a, None, None)])], think)
+
+
+def qa_paragraph(rng, think):
+    if rng.random() < 0.35:
+        topic, items = pick(rng, sorted(PRINCIPLES.items()))
+        n = 3
+        q = pick(rng, ["List three {t}.", "What are three {t}?", "Give me three {t}.", "Name three {t}."]).format(t=topic)
+        a = pick(rng, ["", "Here are three {t}:\n\n".format(t=topic)]) + "\n".join(
+            "%d. %s" % (i + 1, s) for i, s in enumerate(items[:n]))
+        r = "The user wants a short list of {}. Three items are enough.".format(topic)
+    else:
+        topic, para = pick(rng, sorted(PARAGRAPHS.items()))
+        q = pick(rng, ["Explain {t} in one paragraph.", "What is {t}?", "Explain {t}.", "Tell me about {t}.",
+                       "Describe {t} briefly."]).format(t=topic)
+        a, r = para, "The user wants a short explanation of {}. One paragraph is enough.".format(topic)
+    return chat_doc(pick(rng, [CLI_SYSTEM, CLI_SYSTEM, None]), [(q, [(r, a, None, None)])], think)
+
+
+def small_talk(rng, think):
+    pairs = [("Hello!", "Hello! How can I help you today?"), ("Hi", "Hi! What can I do for you?"),
+             ("Who are you?", "I am a small DeepSeek V4 model trained for the DwarfStar demo. I can answer short "
+              "questions about Python, C and common tools, and call tools when they are available."),
+             ("Thanks!", "You're welcome!"), ("What can you do?", "I can explain Python functions and common "
+              "programming ideas, and with tools I can list directories, read files, run commands and edit files."),
+             ("What is 2 + 2?", "2 + 2 = 4."), ("What is 3 * 7?", "3 * 7 = 21."), ("What is 10 - 4?", "10 - 4 = 6.")]
+    q, a = pick(rng, pairs)
+    return chat_doc(pick(rng, [CLI_SYSTEM, None]), [(q, [("A short reply is enough.", a, None, None)])], think)
+
+
+# ------------------------------------------------------------------ agent tasks on real files
+
+def list_dir_result(path):
+    names = []
+    for n in sorted(os.listdir(path)):
+        names.append(n + "/" if os.path.isdir(os.path.join(path, n)) else n)
+    return "".join(n + "\n" for n in names), names
+
+
+def run(cmd, cwd):
+    p = subprocess.run(["/bin/sh", "-c", cmd], cwd=cwd, capture_output=True, text=True, timeout=10)
+    out = (p.stdout + p.stderr)[:1500]
+    return out + ("\n" if out else "") + "[exit status %d]" % p.returncode
+
+
+def agent_case(rng, roots, client):
+    """One agent task on a real directory: the request, the expected call, the
+    tool's real output, the reasoning of both steps and the grounded answer
+    (key: the fact from the tool result the answer must contain)."""
+    base = pick(rng, roots)                        # a real directory on this machine
+    project = pick(rng, ["/home/user/project", "/home/ana/src/app", "/srv/work", "/tmp/demo", "/home/dev/code",
+                         "/work/repo"])
+    entries = [e for e in sorted(os.listdir(base)) if not e.startswith(".")]
+    files = [e for e in entries if os.path.isfile(os.path.join(base, e)) and e.endswith((".py", ".txt", ".cfg", ".h"))]
+    subdirs = [e for e in entries if os.path.isdir(os.path.join(base, e))]
+    kind = pick(rng, ["list", "list", "read", "read", "run", "run", "edit", "count"])
+    if kind in ("read", "edit", "count") and not files:
+        kind = "list"
+    names = ("list_files", "read_file", "run_command") if client else ("list_dir", "read_file", "bash")
+    if kind == "list":
+        sub = pick(rng, subdirs) if subdirs and rng.random() < 0.5 else None
+        shown = sub or "."
+        path = os.path.join(base, sub) if sub else base
+        q = pick(rng, ["List the files in {d}.", "What is in {d}?", "Show me the contents of {d}.",
+                       "Which files are in {d}?", "ls {d}"] if sub else
+                 ["List the files in the current directory.", "What files are here?", "Show me the directory.",
+                  "List this directory.", "What is in the working directory?"]).format(d=sub)
+        out, listed = list_dir_result(path)
+        if client:
+            call = (names[0], [("path", shown)])
+        else:
+            call = (names[0], [("path", sub)] if sub else [])
+        r1 = "The user wants the contents of {}. I will call {}.".format(shown if sub else "the working directory", names[0])
+        if len(listed) > 12:
+            ans = "{} has {} entries, among them {}.".format(sub or "The directory", len(listed), ", ".join(listed[:8]))
+        else:
+            ans = "{} contains: {}.".format(sub or "The directory", ", ".join(listed) if listed else "nothing")
+        r2 = "The listing has {} entries.".format(len(listed))
+    elif kind == "read":
+        f = pick(rng, files)
+        lines = open(os.path.join(base, f), encoding="utf-8", errors="replace").read().split("\n")
+        n = rng.choice([5, 10, 20])
+        if rng.random() < 0.5:
+            q = pick(rng, ["Show me the first {n} lines of {f}.", "Read lines 1 to {n} of {f}.",
+                           "Print the beginning of {f} ({n} lines)."]).format(n=n, f=f)
+            params = [("path", f), ("start_line", 1), ("end_line", n)] if not client else [("path", f)]
+        else:
+            q = pick(rng, ["Read {f}.", "What is in {f}?", "Open {f}.", "Show me {f}.", "What does {f} start with?"]
+                     ).format(f=f)
+            params = [("path", f), ("start_line", 1), ("end_line", 20)] if not client else [("path", f)]
+            n = 20
+        out = "".join(l + "\n" for l in lines[:n])
+        call = (names[1], params)
+        first = next((l.strip() for l in lines if l.strip()), "")
+        r1 = "I need to read {} first.".format(f)
+        ans = "{} starts with `{}`.".format(f, first[:100]) if first else "{} is empty.".format(f)
+        r2 = "I have the first lines of {}.".format(f)
+    elif kind == "count":
+        f = pick(rng, files)
+        q = pick(rng, ["How many lines does {f} have?", "Count the lines in {f}.", "How long is {f}?"]).format(f=f)
+        cmd = "wc -l " + f
+        out = run(cmd, base)
+        call = (names[2], [("command", cmd)])
+        cnt = out.split()[0] if out.split() else "?"
+        r1 = "I can count the lines with wc -l."
+        ans = "{} has {} lines.".format(f, cnt)
+        r2 = "wc printed {}.".format(cnt)
+    elif kind == "run":
+        cmd, what = pick(rng, [("ls", "the files"), ("ls -1 | head -5", "the first five files"),
+                               ("pwd", "the directory"), ("python3 --version", "the Python version"),
+                               ("ls | wc -l", "the number of files"), ("du -sh .", "the size"),
+                               ("grep -c def " + (pick(rng, files) if files else "x.py"), "the count of def lines"),
+                               ("head -3 " + (pick(rng, files) if files else "x.py"), "the first three lines"),
+                               ("echo hello", "hello"), ("date +%Y", "the year")])
+        q = pick(rng, ["Run `{c}`.", "Run {c} and tell me the result.", "Please run `{c}`.", "Execute {c}."]
+                 ).format(c=cmd)
+        out = run(cmd, base).replace(base, project)
+        call = (names[2], [("command", cmd)])
+        r1 = "I will run the command with {}.".format(names[2])
+        body = out.rsplit("[exit status", 1)[0].strip()
+        status = out.rsplit("[exit status ", 1)[1].rstrip("]") if "[exit status " in out else "?"
+        if status == "0":
+            ans = "The command succeeded." + (" Output:\n\n```\n" + body[:400] + "\n```" if body else "")
+        else:
+            ans = "The command failed with exit status {}.".format(status)
+        r2 = "The command exited with status {}.".format(status)
+    else:  # edit
+        f = pick(rng, files)
+        lines = open(os.path.join(base, f), encoding="utf-8", errors="replace").read().split("\n")
+        cands = [(i, l) for i, l in enumerate(lines) if 8 < len(l.strip()) < 60 and
+                 sum(1 for x in lines if l.strip() in x) == 1 and "=" in l]
+        if not cands:
+            return agent_case(rng, roots, client)
+        i, line = pick(rng, cands)
+        old = line.strip()
+        lhs, rhs = old.split("=", 1)
+        new = lhs.rstrip() + " = " + pick(rng, ["None", "0", "1", "True", "False", "''", "[]"])
+        q = pick(rng, ["In {f}, replace `{o}` with `{n}`.", "Change `{o}` to `{n}` in {f}.",
+                       "Edit {f}: `{o}` should be `{n}`."]).format(f=f, o=old, n=new)
+        if client:
+            return agent_case(rng, roots, client)
+        call = ("edit_file", [("path", f), ("old_string", old), ("new_string", new)])
+        out = "edited {} at line {}: replaced 1 lines with 1 lines".format(f, i + 1)
+        r1 = "The user gave the exact old and new text, so one edit_file call does it."
+        ans = "Done: line {} of {} now reads `{}`.".format(i + 1, f, new)
+        r2 = "The edit was applied at line {}.".format(i + 1)
+    key = {"list": (listed[0] if kind == "list" and listed else ""), "read": first[:40] if kind == "read" else "",
+           "count": cnt if kind == "count" else "",
+           "run": ("succeeded" if status == "0" else "exit status " + status) if kind == "run" else "",
+           "edit": "line {}".format(i + 1) if kind == "edit" else ""}[kind]
+    return dict(kind=kind, q=q, call=call, out=out, r1=r1, r2=r2, ans=ans, project=project, key=key)
+
+
+def agent_task(rng, roots, think, client):
+    c = agent_case(rng, roots, client)
+    if client:
+        system = pick(rng, [CLI_SYSTEM, "You are a helpful assistant.", None])
+        tools = CLIENT_TOOLS
+    else:
+        system, tools = AGENT_SYSTEM % c["project"], AGENT_TOOLS
+    content1 = "" if rng.random() < 0.8 else pick(rng, ["Let me check.", "Sure."])
+    steps = [(c["r1"], content1, [c["call"]], [c["out"]]), (c["r2"], c["ans"], None, None)]
+    return chat_doc(system, [(c["q"], steps)], think, tools)
+
+
+def main():
+    global PYLIB
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="build/train-tiny")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--code-bytes", type=int, default=3_000_000)
+    ap.add_argument("--c-bytes", type=int, default=600_000)
+    ap.add_argument("--chats", type=int, default=24000)
+    ap.add_argument("--agent", type=int, default=9000)
+    ap.add_argument("--pylib", default=PYLIB, help="the Python standard library to read (default: this "
+                    "interpreter's; Debian's libpython3.11-stdlib is /usr/lib/python3.11)")
+    a = ap.parse_args()
+    PYLIB = a.pylib
+    rng = random.Random(a.seed)
+    os.makedirs(a.out, exist_ok=True)
+    docs = []
+    for t in python_sources(rng, a.code_bytes):
+        docs.append(("python", BOS + t, 0))
+    for t in c_headers(rng, a.c_bytes):
+        docs.append(("c", BOS + t, 0))
+    for t in prose():
+        docs.append(("prose", BOS + t, 0))
+    facts = docstring_facts()
+    for i in range(a.chats):
+        think = rng.random() < 0.4
+        r = rng.random()
+        if r < 0.7:
+            text, start = qa_docstring(rng, pick(rng, facts), think)
+            kind = "chat-doc"
+        elif r < 0.93:
+            text, start = qa_paragraph(rng, think)
+            kind = "chat-para"
+        else:
+            text, start = small_talk(rng, think)
+            kind = "chat-small"
+        docs.append((kind, text, start))
+    roots = sorted(d for d in glob.glob(os.path.join(PYLIB, "*")) + glob.glob("/usr/include/*")
+                   if os.path.isdir(d) and "__pycache__" not in d and os.access(d, os.R_OK) and os.listdir(d))
+    roots = [d for d in roots if len(os.listdir(d)) < 200]
+    for i in range(a.agent):
+        think = rng.random() < 0.5
+        client = rng.random() < 0.2
+        text, start = agent_task(rng, roots, think, client)
+        docs.append(("agent-client" if client else "agent", text, start))
+    rng.shuffle(docs)
+    with open(os.path.join(a.out, "corpus.jsonl"), "w") as f:
+        for kind, text, start in docs:
+            f.write(json.dumps({"kind": kind, "text": text, "train_from": start}, ensure_ascii=False) + "\n")
+    by = {}
+    for kind, text, _ in docs:
+        n, b = by.get(kind, (0, 0))
+        by[kind] = (n + 1, b + len(text.encode()))
+    for k in sorted(by):
+        print("%-13s %6d docs %10d bytes" % (k, by[k][0], by[k][1]))
+    print("facts from docstrings:", len(facts))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Tool-call success rate of a GGUF through ds4-server (docs/tiny-model.md).
+
+For each agent task (list a directory, read a file, run a command, count
+lines, edit a file) N requests are drawn with data.py's task generator under
+a seed the corpus did not use (the phrasings are the training templates; the
+directory, file and line picks are new draws): each is sent to ds4-server as
+an OpenAI chat request with the tools and system prompt of ds4-agent (so the
+prompt is byte-identical to the agent's) or, with --client, a client's own
+three tools. A try succeeds when the response has exactly one tool call with
+the expected name and arguments. Then the real tool output is sent back and
+the answer must contain the fact from it (the count, the first entry, ...).
+Nothing is executed: the tool outputs come from the generator.
+
+    python3 tools/train-tiny/eval_tools.py MODEL.gguf [--n 50] [--think] [--client]"""
+import argparse
+import glob
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+import data  # noqa: E402
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def post(port, body):
+    req = urllib.request.Request("http://127.0.0.1:%d/v1/chat/completions" % port, data=body.encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def request(messages, tools, think, max_tokens):
+    # the function objects as raw bytes: ds4-server copies them into the prompt
+    tl = ",".join('{"type":"function","function":%s}' % line for line in data.schema_lines(tools).split("\n"))
+    return ('{"model":"deepseek-v4-flash","messages":%s,"tools":[%s],"max_tokens":%d,"temperature":0,'
+            '"thinking":{"type":"%s"}}' % (json.dumps(messages), tl, max_tokens, "enabled" if think else "disabled"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--n", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=1001)
+    ap.add_argument("--think", action="store_true")
+    ap.add_argument("--client", action="store_true")
+    ap.add_argument("--server", default="./ds4-server")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    roots = sorted(d for d in glob.glob(os.path.join(data.PYLIB, "*")) + glob.glob("/usr/include/*")
+                   if os.path.isdir(d) and "__pycache__" not in d and os.access(d, os.R_OK) and os.listdir(d))
+    roots = [d for d in roots if len(os.listdir(d)) < 200]
+    rng = random.Random(a.seed)
+    kinds = ["list", "read", "run", "count"] + ([] if a.client else ["edit"])
+    cases = {k: [] for k in kinds}
+    while any(len(v) < a.n for v in cases.values()):
+        c = data.agent_case(rng, roots, a.client)
+        if len(cases[c["kind"]]) < a.n:
+            cases[c["kind"]].append(c)
+    port = free_port()
+    srv = subprocess.Popen([a.server, "-m", a.model, "--port", str(port), "--ctx", "4096", "-t", "1"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen("http://127.0.0.1:%d/v1/models" % port, timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        tools = data.CLIENT_TOOLS if a.client else data.AGENT_TOOLS
+        res = {}
+        for kind in kinds:
+            ok_call = ok_ans = 0
+            for c in cases[kind]:
+                system = None if a.client else data.AGENT_SYSTEM % c["project"]
+                msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": c["q"]}]
+                r = post(port, request(msgs, tools, a.think, 160))
+                msg = r["choices"][0]["message"]
+                calls = msg.get("tool_calls") or []
+                if os.environ.get("EVAL_DEBUG"):
+                    print(repr(c["q"]), c["call"], "->", json.dumps(msg)[:400])
+                name, params = c["call"]
+                good = len(calls) == 1 and calls[0]["function"]["name"] == name
+                if good:
+                    try:
+                        got = json.loads(calls[0]["function"]["arguments"])
+                    except ValueError:
+                        got = None
+                    good = got == dict(params)
+                ok_call += good
+                # the answer from the real tool result, after the expected call
+                call_msg = {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": name, "arguments": json.dumps(dict(params), separators=(",", ":"))}}]}
+                r2 = post(port, request(msgs + [call_msg, {"role": "tool", "tool_call_id": "call_1", "content": c["out"]}],
+                                        tools, a.think, 160))
+                ans = r2["choices"][0]["message"].get("content") or ""
+                ok_ans += bool(c["key"]) and c["key"] in ans
+            res[kind] = {"n": len(cases[kind]), "call_ok": ok_call, "answer_ok": ok_ans}
+            print("%-6s %3d tries: correct tool call %3d (%.0f%%), answer from the result %3d (%.0f%%)"
+                  % (kind, len(cases[kind]), ok_call, 100.0 * ok_call / len(cases[kind]), ok_ans,
+                     100.0 * ok_ans / len(cases[kind])), flush=True)
+        if a.out:
+            json.dump(res, open(a.out, "w"), indent=1)
+    finally:
+        srv.terminate()
+        srv.wait()
+
+
+if __name__ == "__main__":
+    main()

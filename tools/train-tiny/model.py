@@ -1,0 +1,110 @@
+"""The tiny DeepSeek V4 model for training: transformers' own
+DeepseekV4Model blocks (so the forward is transformers' by construction) with
+  * a compact vocabulary: row i < K is the real token keep[i]; row K is one
+    aggregated class standing for the N_rare = 129280 - K other tokens, which
+    share one embedding row, one head row and one hash-routing row. The
+    full-vocabulary softmax stays exact: the aggregated logit is the shared
+    head row's logit + log(N_rare), and export.py writes that row into every
+    rare token's head row, so the engine's 129280 logits equal this model's;
+  * the MTP block (DeepSeek V4's mtp.0.*): e_proj(enorm(embed(t+1))) +
+    h_proj(hnorm(S_h)) per hyper-connection stream, one sliding-attention
+    decoder layer, its own hc_head and norm, the shared output head; trained
+    on the token after next."""
+import copy
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import DeepseekV4Config
+from transformers.masking_utils import create_sliding_window_causal_mask
+from transformers.models.deepseek_v4.modeling_deepseek_v4 import (
+    DeepseekV4DecoderLayer, DeepseekV4HyperHead, DeepseekV4Model, DeepseekV4RMSNorm)
+
+from tok import N_VOCAB
+
+CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
+
+
+def make_config(vocab_size, **over):
+    """The demo preset's shape (tools/ds4-make-model.c, Flash's schedule at tiny
+    dims: ratios 0,0,4,128,4,128, window 128, 3 hash layers)."""
+    cfg = dict(
+        vocab_size=vocab_size, hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=128, partial_rotary_factor=0.5, q_lora_rank=64, o_groups=2, o_lora_rank=64,
+        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=256,
+        scoring_func="sqrtsoftplus", norm_topk_prob=True, routed_scaling_factor=1.5, swiglu_limit=10.0,
+        index_n_heads=4, index_head_dim=128, index_topk=8, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
+        rms_norm_eps=1e-6, rope_theta=10000.0, compress_rope_theta=160000.0, tie_word_embeddings=False,
+        bos_token_id=0, eos_token_id=1, layer_types=[SWA, SWA, CSA, HCA, CSA, HCA],
+        compress_rates={CSA: 4, HCA: 128}, mlp_layer_types=["hash_moe"] * 3 + ["moe"] * 3,
+        sliding_window=128, max_position_embeddings=65536, num_nextn_predict_layers=1,
+        rope_parameters={
+            "main": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            "compress": {"rope_type": "yarn", "rope_theta": 160000.0, "partial_rotary_factor": 0.5,
+                         "factor": 16.0, "original_max_position_embeddings": 65536,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": 1.0}},
+    )
+    cfg.update(over)
+    return DeepseekV4Config(**cfg, attn_implementation="eager")
+
+
+class MTP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg.hidden_size
+        mcfg = copy.deepcopy(cfg)
+        mcfg.num_hidden_layers = 1
+        mcfg.layer_types = [SWA]
+        mcfg.mlp_layer_types = ["moe"]
+        self.enorm = DeepseekV4RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.hnorm = DeepseekV4RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.e_proj = nn.Linear(d, d, bias=False)
+        self.h_proj = nn.Linear(d, d, bias=False)
+        self.block = DeepseekV4DecoderLayer(mcfg, 0)
+        self.hc_head = DeepseekV4HyperHead(cfg)
+        self.norm = DeepseekV4RMSNorm(d, eps=cfg.rms_norm_eps)
+
+
+class TinyV4(nn.Module):
+    def __init__(self, cfg, n_rare):
+        super().__init__()
+        self.cfg = cfg
+        self.model = DeepseekV4Model(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.mtp = MTP(cfg)
+        bias = torch.zeros(cfg.vocab_size)
+        bias[-1] = math.log(n_rare)
+        self.register_buffer("agg_bias", bias, persistent=False)
+
+    def trunk(self, ids):
+        """Final HC state [B, T, hc, D] and the shared position inputs."""
+        m = self.model
+        emb = m.embed_tokens(ids)
+        pos = torch.arange(ids.shape[1]).unsqueeze(0)
+        mask = create_sliding_window_causal_mask(config=self.cfg, inputs_embeds=emb, attention_mask=None,
+                                                 cache=None, position_ids=pos)
+        pe = {"main": m.rotary_emb(emb, position_ids=pos, layer_type="main"),
+              "compress": m.rotary_emb(emb, position_ids=pos, layer_type="compress")}
+        h = emb.unsqueeze(2).expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
+        for layer in m.layers:
+            h = layer(h, position_embeddings=pe, position_ids=pos, attention_mask=mask, input_ids=ids, cache=None)
+        return h, (pe, pos, mask)
+
+    def logits(self, hidden):
+        """Compact logits with the aggregated row's log(N_rare): softmax over
+        these = the full-vocabulary softmax."""
+        return self.lm_head(hidden) + self.agg_bias
+
+    def forward(self, ids, with_mtp=True):
+        h, (pe, pos, mask) = self.trunk(ids)
+        out = self.logits(self.model.norm(self.model.hc_head(h)))
+        if not with_mtp:
+            return out, None
+        t = self.mtp
+        # position i: the trunk state at i and the embedding of token i+1 -> token i+2
+        nxt = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)
+        e = t.e_proj(t.enorm(self.model.embed_tokens(nxt)))
+        x = e.unsqueeze(2) + t.h_proj(t.hnorm(h))
+        x = t.block(x, position_embeddings=pe, position_ids=pos, attention_mask=mask, input_ids=nxt, cache=None)
+        return out, self.logits(t.norm(t.hc_head(x)))
