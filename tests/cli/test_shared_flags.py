@@ -44,7 +44,7 @@ def run(binary, *args, cwd=ROOT):
 
 
 def says_what_to_do(stderr):
-    return "-m models/demo.gguf" in stderr and "./download_model.sh" in stderr and "run make demo" not in stderr
+    return "-m models/ds4-tiny.gguf" in stderr and "./download_model.sh" in stderr and "run make demo" not in stderr
 
 
 for b in ALL_BINARIES:
