@@ -38,6 +38,7 @@ import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dist_wire as wire  # noqa: E402  (SP message framing)
 import test_dist_split as dist  # noqa: E402  (process helpers, the demo model, the secret)
 
 REQ_GREETING = b"\x00SP\x00\x00\x30\x00\x00"
@@ -54,19 +55,6 @@ def frame_type(body):
     return struct.unpack("<HH", body[4:8])
 
 
-def messages(stream):
-    """The complete SP messages of one direction of a recorded connection
-    (one still arriving is left out)."""
-    out, at = [], 8
-    while at + 8 <= len(stream):
-        n = int.from_bytes(stream[at:at + 8], "big")
-        if at + 8 + n > len(stream):
-            break
-        out.append(stream[at + 8:at + 8 + n])
-        at += 8 + n
-    return out
-
-
 def answered_record(relay):
     """(bytes up, bytes down, requests, replies) of every recorded connection,
     or None while a request on one of them still waits for its reply: REQ/REP
@@ -75,7 +63,7 @@ def answered_record(relay):
     raw_up, raw_down, ups, downs = b"", b"", [], []
     for c in list(relay.conns):
         up_bytes, down_bytes = bytes(c["up"]), bytes(c["down"])
-        up, down = messages(up_bytes), messages(down_bytes)
+        up, down = wire.messages(up_bytes), wire.messages(down_bytes)
         if len(up) != len(down):
             return None
         raw_up, raw_down, ups, downs = raw_up + up_bytes, raw_down + down_bytes, ups + up, downs + down

@@ -37,7 +37,9 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dist_wire as wire  # noqa: E402  (NNG's wire protocol spoken by hand)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("BUILD", "build")
@@ -92,26 +94,6 @@ def exit_of(w):
     err = w.stderr.read() if rc is not None else ""
     stop([w])
     return rc, err
-
-
-def push_raw(port, body):
-    """One message to an NNG pull socket, spoken by hand (the SP-over-TCP
-    header for protocol push0, then a length-prefixed message), so the frame
-    carries no seal. True once sent and the peer's header came back."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            s.sendall(b"\x00SP\x00\x00\x50\x00\x00")
-            peer = b""
-            while len(peer) < 8:
-                chunk = s.recv(8 - len(peer))
-                if not chunk:
-                    return False
-                peer += chunk
-            s.sendall(len(body).to_bytes(8, "big") + body)
-            time.sleep(0.5)
-            return peer[:4] == b"\x00SP\x00"
-    except OSError:
-        return False
 
 
 def stop(procs):
@@ -258,18 +240,18 @@ def main():
             r = ds4([*coordinator_args(DEMO, "0:0", port), *args, "--debug"])
             first = open(out, "rb").read() if r.returncode == 0 else b""
             m = re.search(r"layers 1\.\.4 at tcp://127\.0\.0\.1:(\d+)", r.stderr)
-            sent = bool(m) and push_raw(int(m.group(1)), b"DS4P\x06\x00\x06\x00" + bytes(64))
+            sent = bool(m) and wire.push(int(m.group(1)), b"DS4P\x06\x00\x06\x00" + bytes(64))
             route = re.search(r"route (\d+) formed", r.stderr)
             # WORK (type 4): route, request 1, session 1, position 0, one token, hashes, modes, f32, no floats, no hops
             work = (b"DS4P" + struct.pack("<HH", 6, 4) + struct.pack("<QIQIIQQBB", int(route.group(1)) if route else 0, 1,
                                                                        1, 0, 1, 0, 0, 0, 0)
                     + struct.pack("<iBIII", 5, 0, 0, 0, 0))
-            unbound_work = bool(m) and push_raw(int(m.group(1)), work + hmac.new(SECRET.encode(), work, hashlib.sha1).digest())
+            unbound_work = bool(m) and wire.push(int(m.group(1)), work + hmac.new(SECRET.encode(), work, hashlib.sha1).digest())
             # ROUTE (type 6), a new id, pointing the worker elsewhere
             stale = (b"DS4P" + struct.pack("<HHQI", 6, 6, (int(route.group(1)) if route else 0) + 99, 8)
                      + struct.pack("<H", 20) + b"tcp://127.0.0.1:9999" + bytes(16)
                      + struct.pack("<H", 20) + b"tcp://127.0.0.1:9998" + bytes(16))
-            unbound_route = bool(m) and push_raw(int(m.group(1)), stale + hmac.new(SECRET.encode(), stale, hashlib.sha1).digest())
+            unbound_route = bool(m) and wire.push(int(m.group(1)), stale + hmac.new(SECRET.encode(), stale, hashlib.sha1).digest())
             again = output_of([*coordinator_args(DEMO, "0:0", port), *args], out)
         finally:
             stop(workers)
