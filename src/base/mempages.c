@@ -181,3 +181,12 @@ uint64_t ds4_memory_available(void) {
     if (cg && (!avail || cg < avail)) avail = cg;
     return avail;
 }
+
+uint64_t ds4_process_rss_bytes(void) {
+    unsigned long size = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
+    fclose(f);
+    return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}

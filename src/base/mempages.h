@@ -50,4 +50,7 @@ bool ds4_file_range_reread(const void *base, size_t len, int fd, uint64_t offset
  * limit, v1 or v2); 0 if unknown. */
 uint64_t ds4_memory_available(void);
 
+/* This process's resident memory now (/proc/self/statm); 0 if unknown. */
+uint64_t ds4_process_rss_bytes(void);
+
 #endif

@@ -66,15 +66,6 @@ bool ds4_engine_ssd_stats(const ds4_engine *e, ds4_ssd_stats *out) {
     return e->fam->ssd_stats && e->fam->ssd_stats(e->m, out);
 }
 
-static uint64_t rss_bytes(void) {
-    unsigned long size = 0, resident = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (!f) return 0;
-    if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
-    fclose(f);
-    return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
-}
-
 static double seconds_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -202,7 +193,7 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     page_in_weights(e, p);
     e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
     if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); goto fail; }
-    if (!p->quiet) e->fam->report(e->m, e->be, p, rss_bytes());
+    if (!p->quiet) e->fam->report(e->m, e->be, p, ds4_process_rss_bytes());
     return e;
 fail:
     ds4_engine_free(e);
@@ -296,7 +287,7 @@ void ds4_engine_inspect(const ds4_engine *e, int ctx, FILE *out) {
     fprintf(out, "\nmemory plan:\n  weights (file)   %.3f GiB in %d file(s)\n  resident now     %.3f GiB\n"
             "  one session      %.1f MiB for %d tokens (KV state, checkpoints, token list, logits)\n"
             "  backend          %s, batches of up to %d rows\n",
-            (double)in->file_bytes / (1 << 30), ds4_gguf_n_shards(e->g), (double)rss_bytes() / (1 << 30),
+            (double)in->file_bytes / (1 << 30), ds4_gguf_n_shards(e->g), (double)ds4_process_rss_bytes() / (1 << 30),
             (double)ds4_engine_kv_bytes(e, ctx) / (1 << 20), ctx, e->be->name, e->be->max_batch);
 }
 int ds4_engine_train_ctx(const ds4_engine *e) {

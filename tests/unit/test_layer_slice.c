@@ -10,6 +10,7 @@
  * file it binds whole, never part of a bigger one. Inputs: $BUILD/dist/
  * (mk/dist.mk). */
 #include "check.h"
+#include "base/mempages.h"
 #include "base/log.h"
 #include "engine/engine.h"
 #include "format/gguf.h"
@@ -26,15 +27,6 @@ static const char *input(const char *file) {
     char *dst = p[next++ % 4];
     snprintf(dst, sizeof p[0], "%s/dist/%s", b ? b : "build", file);
     return dst;
-}
-
-static uint64_t rss_bytes(void) {
-    unsigned long size = 0, resident = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (!f) return 0;
-    if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
-    fclose(f);
-    return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
 static void test_parse(void) {
@@ -126,14 +118,14 @@ static void test_residency(void) {
     if (!g) return;
     const uint64_t want_bytes = slice_bytes(g, 2, 3);
     CHECK(want_bytes > ds4_gguf_file_bytes(g) / 8, "the slice is a large share of the file");
-    const uint64_t before = rss_bytes();
+    const uint64_t before = ds4_process_rss_bytes();
     ds4_layer_slice two = {2, 3, false};
     ds4_model *m = ds4_model_bind_slice(g, &two, err, sizeof err);
     CHECK(m != NULL, "%s", err);
-    const uint64_t bound = rss_bytes();
+    const uint64_t bound = ds4_process_rss_bytes();
     if (m) {
         (void)touch_slice(m);
-        const uint64_t touched = rss_bytes();
+        const uint64_t touched = ds4_process_rss_bytes();
         const double MiB = 1 << 20;
         printf("slice 2:3: %.2f MiB in the file, RSS +%.2f MiB at bind, +%.2f MiB after reading every view\n",
                want_bytes / MiB, (bound - before) / MiB, (touched - bound) / MiB);
