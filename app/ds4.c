@@ -984,7 +984,7 @@ int main(int argc, char **argv) {
     if (!ds4_cli_model_usable("ds4", o.model)) return 1;
     char err[512];
     static ds4_spec drafter;
-    if (o.spec_params.lookup_max && !o.spec_params.quality) {
+    if ((o.spec_params.lookup_max || o.spec_params.mtp_path) && !o.spec_params.quality) {
         if (!ds4_spec_init(&drafter, &o.spec_params, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); return 2; }
         o.spec = &drafter;
     }
@@ -992,6 +992,7 @@ int main(int argc, char **argv) {
     ds4_engine_params ep;
     ds4_engine_params_default(&ep);
     ep.model_path = o.model;
+    ep.mtp_path = ds4_spec_engine_mtp(&o.spec_params);
     ep.n_threads = o.threads;
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
