@@ -496,14 +496,38 @@ bool ds4_engine_has_draft(const ds4_engine *e) {
     return e->fam->draft_name && e->fam->draft_name(e->m) != NULL;
 }
 
-int ds4_session_draft(ds4_session *s, int32_t last, int max, float margin, int32_t *out, char *err, size_t errlen) {
+static int draft(ds4_session *s, int32_t last, int max, float margin, int32_t *out, float *logits, char *err,
+                 size_t errlen) {
     const ds4_engine *e = s->e;
     if (!ds4_engine_has_draft(e) || max <= 0) return 0;
     if (last < 0 || last >= e->info.n_vocab) {
         snprintf(err, errlen, "token id %d out of range [0, %d)", last, e->info.n_vocab);
         return -1;
     }
-    return e->fam->draft(s->st, s->toks, n_pos(s), last, max, margin, out, err, errlen);
+    return e->fam->draft(s->st, s->toks, n_pos(s), last, max, margin, out, logits, err, errlen);
+}
+
+int ds4_session_draft(ds4_session *s, int32_t last, int max, float margin, int32_t *out, char *err, size_t errlen) {
+    return draft(s, last, max, margin, out, NULL, err, errlen);
+}
+
+int ds4_session_draft_logits(ds4_session *s, int32_t last, float *logits, char *err, size_t errlen) {
+    int32_t id;
+    if (!ds4_engine_has_draft(s->e)) {
+        snprintf(err, errlen, "this engine has no draft model (--mtp)");
+        return -1;
+    }
+    if (n_pos(s) < 1) {
+        snprintf(err, errlen, "the draft model needs at least one evaluated token");
+        return -1;
+    }
+    logits[0] = NAN;
+    if (draft(s, last, 1, INFINITY, &id, logits, err, errlen) < 0) return -1;
+    if (isnan(logits[0])) {
+        snprintf(err, errlen, "the draft model has no hidden state of the last token (restored session)");
+        return -1;
+    }
+    return 0;
 }
 
 int ds4_session_truncate(ds4_session *s, int n_tokens, const float *logits, char *err, size_t errlen) {

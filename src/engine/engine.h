@@ -204,6 +204,12 @@ int ds4_session_truncate(ds4_session *s, int n_tokens, const float *logits, char
  * session's evaluations and never saved with it). */
 bool ds4_engine_has_draft(const ds4_engine *e);
 int ds4_session_draft(ds4_session *s, int32_t last, int max, float margin, int32_t *out, char *err, size_t errlen);
+/* The draft model's logits for the token after `last` (n_vocab floats):
+ * what ds4_session_draft() picks its first proposal from (oracle tests,
+ * --dump-mtp-logits). -1 with err without a draft model or on an empty
+ * session; after a restore, before a window of tokens was evaluated again,
+ * they come from the rows it has. */
+int ds4_session_draft_logits(ds4_session *s, int32_t last, float *logits, char *err, size_t errlen);
 
 /* Several sessions advanced by one batched pass: each step appends its n >= 1
  * tokens (1 = a decode step, more = a prefill chunk) to its own session and

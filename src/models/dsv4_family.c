@@ -277,8 +277,8 @@ static void seq_bind(ds4_family_state *st, ds4_backend_seq *q) {
 }
 
 static int draft(ds4_family_state *st, const int32_t *toks, int n, int32_t last, int max, float margin, int32_t *out,
-                 char *err, size_t errlen) {
-    return st->mtp ? ds4_mtp_draft(st->mtp, toks, n, last, max, margin, out, err, errlen) : 0;
+                 float *first_logits, char *err, size_t errlen) {
+    return st->mtp ? ds4_mtp_draft(st->mtp, toks, n, last, max, margin, out, first_logits, err, errlen) : 0;
 }
 
 /* The backend may hold the state elsewhere (CUDA): bring the host copy up to

@@ -105,10 +105,11 @@ typedef struct ds4_family {
     /* Up to max tokens the draft model expects after toks[0..n) (the
      * session's) and last (chosen, not yet appended), greedily, stopping at
      * the first whose logit leads the runner-up by less than margin: how
-     * many it wrote to out, or -1 with err. The session's state is not
+     * many it wrote to out, or -1 with err; first_logits (NULL or n_vocab
+     * floats) gets the logits of the first. The session's state is not
      * touched; the draft model's state is rebuilt, never persisted. */
     int (*draft)(ds4_family_state *st, const int32_t *toks, int n, int32_t last, int max, float margin,
-                 int32_t *out, char *err, size_t errlen);
+                 int32_t *out, float *first_logits, char *err, size_t errlen);
     void (*reset)(ds4_family_state *st);
 
     size_t (*snapshot_bytes)(const ds4_family_state *st, int n_vocab);

@@ -161,7 +161,7 @@ static int eval_rows(ds4_mtp_state *st, int rows, char *err, size_t errlen) {
 }
 
 int ds4_mtp_draft(ds4_mtp_state *st, const int32_t *toks, int n, int32_t last, int max, float margin, int32_t *out,
-                  char *err, size_t errlen) {
+                  float *first_logits, char *err, size_t errlen) {
     ds4_mtp *d = st->d;
     const int W = d->m->cfg.window, V = d->m->cfg.n_vocab;
     if (max > MAX_CHAIN) max = MAX_CHAIN;
@@ -181,6 +181,7 @@ int ds4_mtp_draft(ds4_mtp_state *st, const int32_t *toks, int n, int32_t last, i
     }
     int k = 0;
     if (eval_rows(st, rows, err, errlen)) { ds4_kv_reset(st->kv); return -1; }
+    if (first_logits) memcpy(first_logits, d->logits, (size_t)V * sizeof(float));
     for (int id; k < max && (id = confident_argmax(d->logits, V, margin)) >= 0;) {
         out[k++] = id;
         if (k == max) break;

@@ -23,7 +23,9 @@
  *   be appended) it proposes up to max tokens greedily: the first from
  *   (streams at n - 1, last), each further one from the block's own output
  *   streams and the previous draft. Drafting stops at the first token whose
- *   logit leads the runner-up by less than `margin`. Returns how many, or -1
+ *   logit leads the runner-up by less than `margin`; first_logits (NULL or
+ *   n_vocab floats) receives the logits the first draft is chosen from.
+ *   Returns how many (0 also when the window's hidden states are gone), or -1
  *   (err) when the block's evaluation failed; the main state is untouched
  *   and the drafter's state keeps only rows of committed tokens.
  */
@@ -54,6 +56,6 @@ void ds4_mtp_evaluated(ds4_mtp_state *st, int n_pos);
 void ds4_mtp_rewound(ds4_mtp_state *st, int n_pos);
 void ds4_mtp_forget(ds4_mtp_state *st, int n_pos);
 int ds4_mtp_draft(ds4_mtp_state *st, const int32_t *toks, int n, int32_t last, int max, float margin, int32_t *out,
-                  char *err, size_t errlen);
+                  float *first_logits, char *err, size_t errlen);
 
 #endif
