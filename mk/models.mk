@@ -55,5 +55,5 @@ models/ds4-tiny-mtp.gguf: ds4-convert data/ds4-tiny/config.json data/ds4-tiny/mt
 	@mkdir -p models $(BUILD)/ds4-tiny-mtp
 	@ln -sf $(abspath data/ds4-tiny/config.json) $(BUILD)/ds4-tiny-mtp/config.json
 	@ln -sf $(abspath data/ds4-tiny/mtp.safetensors) $(BUILD)/ds4-tiny-mtp/model.safetensors
-	@./ds4-convert $(BUILD)/ds4-tiny-mtp $@ --type q8_0 --mtp --name ds4-tiny-mtp > $(BUILD)/ds4-tiny-mtp/log 2>&1 || { cat $(BUILD)/ds4-tiny-mtp/log; exit 1; }
+	@./ds4-convert $(BUILD)/ds4-tiny-mtp $@ --type q8_0 --mtp --name tiny-mtp > $(BUILD)/ds4-tiny-mtp/log 2>&1 || { cat $(BUILD)/ds4-tiny-mtp/log; exit 1; }
 TEST_DATA += models/ds4-tiny-mtp.gguf

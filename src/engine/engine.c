@@ -178,7 +178,7 @@ static bool load_steering(ds4_engine *e, const ds4_engine_params *p, char *err, 
 /* --mtp: the family's draft model from a support file, beside the backend. */
 static bool load_draft(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
     if (!e->fam->draft_load) {
-        snprintf(err, errlen, "--mtp: this model's family has no MTP drafter (DeepSeek V4 files have one)");
+        snprintf(err, errlen, "--mtp: this model's family has no draft model");
         return false;
     }
     if (!e->fam->draft_load(e->m, e->be, p->mtp_path, err, errlen)) return false;
