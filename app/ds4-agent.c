@@ -352,6 +352,7 @@ int main(int argc, char **argv) {
     ds4_engine_params ep;
     ds4_engine_params_default(&ep);
     ep.model_path = model;
+    ep.mtp_path = ds4_spec_engine_mtp(&o.spec);
     ep.n_threads = o.threads;
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
@@ -376,7 +377,7 @@ int main(int argc, char **argv) {
                          .system_prompt = o.system,
                          .trace = trace, .interrupted = &g_interrupted, .display = &display};
     static ds4_spec drafter;
-    if (o.spec.lookup_max && !o.spec.quality) {
+    if ((o.spec.lookup_max || o.spec.mtp_path) && !o.spec.quality) {
         if (!ds4_spec_init(&drafter, &o.spec, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
         ao.spec = &drafter;
     }

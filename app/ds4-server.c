@@ -75,7 +75,6 @@ int main(int argc, char **argv) {
     ds4_server_opts o;
     ds4_server_opts_default(&o);
     o.api_key = getenv("DS4_API_KEY");
-    ds4_spec_params spec = {.lookup_max = o.spec_lookup};
     ds4_cli c;
     ds4_cli_begin(&c, "ds4-server", argc, argv);
     while (ds4_cli_next(&c)) {
@@ -86,7 +85,7 @@ int main(int argc, char **argv) {
             ds4_cli_model(&c, &o.model_path) || ds4_cli_layers(&c, &o.layers) || ds4_cli_numerics(&c, &o.numerics) ||
             ds4_cli_int(&c, &ds4_opt_ctx, &o.ctx) || ds4_cli_int(&c, &ds4_opt_tokens, &o.default_max_tokens) ||
             ds4_cli_int(&c, &ds4_opt_threads, &o.threads) || ds4_cli_int(&c, &ds4_opt_prefill_chunk, &o.prefill_chunk) ||
-            ds4_cli_spec(&c, &spec) || ds4_cli_runtime(&c, &o.runtime) || ds4_cli_str(&c, "--host", &o.host) ||
+            ds4_cli_spec(&c, &o.spec) || ds4_cli_runtime(&c, &o.runtime) || ds4_cli_str(&c, "--host", &o.host) ||
             ds4_cli_int(&c, &opt_port, &o.port) ||
             ds4_cli_int(&c, &opt_batched, &o.batched_sessions) || ds4_cli_str(&c, "--trace", &o.trace_path) ||
             ds4_cli_str(&c, "--api-key", &o.api_key) || ds4_cli_int(&c, &opt_max_conn, &o.max_connections) ||
@@ -112,7 +111,6 @@ int main(int argc, char **argv) {
         else ds4_cli_unknown(&c);
     }
     if (c.status) return c.status;
-    o.spec_lookup = spec.quality ? 0 : spec.lookup_max;   /* --quality: target-only */
     if (!ds4_cli_model_usable("ds4-server", o.model_path)) return 1;
     char dist_err[256];
     if (!ds4_dist_finish_options(&o.dist, false, dist_err, sizeof dist_err)) {

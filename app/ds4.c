@@ -55,6 +55,8 @@ typedef struct {
     int logprobs_top_k;
     const char *dump_logits;
     bool logits_all;
+    const char *dump_mtp_logits;    /* --dump-mtp-logits: the MTP block's logits at every position */
+    int mtp_dump_from;              /* --mtp-dump-from K: the first K tokens prefilled in one pass */
     const char *token_ids;
     const char *perplexity_file;
     const char *imatrix_dataset, *imatrix_out;
@@ -117,6 +119,9 @@ static void usage(FILE *f) {
         "      --dump-logprobs F   greedy continuation with top alternatives, as JSON\n"
         "      --logprobs-top-k K  alternatives per step for --dump-logprobs (default 20)\n"
         "      --dump-logits F     next-token logits of the prompt as JSON\n"
+        "      --dump-mtp-logits F with --mtp and --token-ids: the MTP block's logits at every\n"
+        "                          position after the first K (--mtp-dump-from K, default 1, prefilled\n"
+        "                          in one pass), raw f32 rows of n_vocab\n"
         "      --logits-all        with --dump-logits: every position, not just the last\n"
         "      --token-ids LIST    evaluate raw ids (comma separated), no template/tokenizer\n"
         "quality:\n"
@@ -147,6 +152,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     o->numerics = -1;
     ds4_gpu_opts_default(&o->gpu);
     o->logprobs_top_k = 20;
+    o->mtp_dump_from = 1;
     o->think = DS4_THINK_HIGH;
     ds4_sampler_params_default(&o->sampling);
     ds4_spec_params_default(&o->spec_params);
@@ -155,6 +161,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
 
     static const ds4_cli_int_opt top_k = {"--logprobs-top-k", 0, INT_MAX};
     static const ds4_cli_int_opt ppl_stride = {"--ppl-stride", 1, INT_MAX};
+    static const ds4_cli_int_opt mtp_dump_from = {"--mtp-dump-from", 1, INT_MAX};
     ds4_cli c;
     ds4_cli_begin(&c, "ds4", argc, argv);
     while (ds4_cli_next(&c)) {
@@ -168,6 +175,8 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
             ds4_cli_str(&c, "--prompt-file", &o->prompt_file) || ds4_cli_str(&c, "-sys|--system", &o->system) ||
             ds4_cli_str(&c, "--dump-logprobs", &o->dump_logprobs) || ds4_cli_int(&c, &top_k, &o->logprobs_top_k) ||
             ds4_cli_str(&c, "--dump-logits", &o->dump_logits) || ds4_cli_str(&c, "--token-ids", &o->token_ids) ||
+            ds4_cli_str(&c, "--dump-mtp-logits", &o->dump_mtp_logits) ||
+            ds4_cli_int(&c, &mtp_dump_from, &o->mtp_dump_from) ||
             ds4_cli_str(&c, "--perplexity-file", &o->perplexity_file) || ds4_cli_int(&c, &ppl_stride, &o->ppl_stride) ||
             ds4_cli_str(&c, "--imatrix-dataset", &o->imatrix_dataset) ||
             ds4_cli_str(&c, "--imatrix-out", &o->imatrix_out) || ds4_cli_str(&c, "--score-vectors", &o->score_vectors) ||
@@ -192,6 +201,10 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else ds4_cli_unknown(&c);
     }
     if (c.status) return -1;
+    if (o->dump_mtp_logits && (!o->token_ids || !o->spec_params.mtp_path || o->spec_params.quality)) {
+        fprintf(stderr, "ds4: --dump-mtp-logits needs --token-ids and --mtp FILE (without --quality)\n");
+        return -1;
+    }
     if (!o->imatrix_dataset != !o->imatrix_out) {
         fprintf(stderr, "ds4: --imatrix-dataset and --imatrix-out go together\n");
         return -1;
@@ -276,6 +289,34 @@ static void write_logits_row(FILE *f, const float *row, int n_vocab) {
 }
 
 /* {"n_vocab":V,"tokens":[...],"logits":[[...],...]}: last position, or all. */
+/* --dump-mtp-logits: the first `from` tokens prefilled in one pass, then for
+ * each later token the draft model's logits for the token after it (row i:
+ * the block at position i reading token i + 1, i = from - 1 .. n - 2) before
+ * it is decoded: raw little-endian f32, (n - from) x n_vocab. */
+static int dump_mtp_logits(ds4_session *s, const int32_t *ids, int n, int from, int n_vocab, const char *path) {
+    char err[512];
+    if (from < 1 || from >= n) {
+        fprintf(stderr, "ds4: --mtp-dump-from %d: needs 1 <= K < the %d tokens\n", from, n);
+        return 1;
+    }
+    float *row = malloc((size_t)n_vocab * sizeof(float));
+    FILE *f = row ? fopen(path, "wb") : NULL;
+    if (!f) { fprintf(stderr, "ds4: cannot write %s\n", path); free(row); return 1; }
+    int rc = ds4_session_prefill(s, ids, from, NULL, NULL, NULL, err, sizeof err);
+    for (int i = from; !rc && i < n; i++) {
+        rc = ds4_session_draft_logits(s, ids[i], row, err, sizeof err);
+        if (!rc && fwrite(row, sizeof(float), (size_t)n_vocab, f) != (size_t)n_vocab) {
+            snprintf(err, sizeof err, "write error on %s", path);
+            rc = -1;
+        }
+        if (!rc) rc = ds4_session_decode(s, ids[i], err, sizeof err);
+    }
+    if (fclose(f) && !rc) { snprintf(err, sizeof err, "write error on %s", path); rc = -1; }
+    if (rc) fprintf(stderr, "ds4: %s\n", err);
+    free(row);
+    return rc ? 1 : 0;
+}
+
 static int write_logits_json(const char *path, const int32_t *ids, size_t n, const float *all,
                              int n_vocab, bool every_position) {
     FILE *f = fopen(path, "w");
@@ -984,7 +1025,7 @@ int main(int argc, char **argv) {
     if (!ds4_cli_model_usable("ds4", o.model)) return 1;
     char err[512];
     static ds4_spec drafter;
-    if (o.spec_params.lookup_max && !o.spec_params.quality) {
+    if ((o.spec_params.lookup_max || o.spec_params.mtp_path) && !o.spec_params.quality) {
         if (!ds4_spec_init(&drafter, &o.spec_params, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); return 2; }
         o.spec = &drafter;
     }
@@ -992,6 +1033,7 @@ int main(int argc, char **argv) {
     ds4_engine_params ep;
     ds4_engine_params_default(&ep);
     ep.model_path = o.model;
+    ep.mtp_path = ds4_spec_engine_mtp(&o.spec_params);
     ep.n_threads = o.threads;
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
@@ -1089,6 +1131,11 @@ int main(int argc, char **argv) {
             transcript_free(&c.tr);
         }
         if (ok && (int)ids.n > o.ctx) { fprintf(stderr, "ds4: %zu tokens exceed --ctx %d\n", ids.n, o.ctx); ok = false; }
+        if (ok && o.dump_mtp_logits) {
+            status = dump_mtp_logits(s, ids.v, (int)ids.n, o.mtp_dump_from, n_vocab, o.dump_mtp_logits);
+            ds4_token_ids_free(&ids);
+            goto done;
+        }
         float *all = ok ? malloc(ids.n * (size_t)n_vocab * sizeof(float)) : NULL;
         if (ok && !all) { fprintf(stderr, "ds4: out of memory for %zu x %d logits\n", ids.n, n_vocab); ok = false; }
         if (ok && ds4_session_prefill(s, ids.v, (int)ids.n, all, NULL, NULL, err, sizeof err) != 0) {

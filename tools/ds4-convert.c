@@ -18,6 +18,11 @@
  * and transformers' module names ("model.layers.N.self_attn.q_a_proj.weight",
  * merged experts.gate_up_proj).
  *
+ * --mtp writes the MTP support file instead (ds4_layout.h: the model's keys,
+ * the block named mtp.0.* and its projections, norms and HC merge), from the
+ * checkpoint's "mtp.0." tensors (official names, or under "model."), for
+ * ds4 --mtp.
+ *
  * --layers writes a layer-range file (ds4_layout.h): only those layers'
  * tensors (the embedding with layer 0, the output head with "output") plus
  * the ds4.slice.* keys, as ds4-make-model --slice does; every tensor it holds
@@ -427,9 +432,10 @@ typedef struct {
 static const ds4_st_tensor *find_prefixed(const ds4_st *st, int layer, const char *suffix) {
     static const char *const gpre[] = {"", "model."};
     static const char *const lpre[] = {"layers.%d.", "model.layers.%d."};
+    static const char *const mpre[] = {"mtp.0.", "model.mtp.0."};
     char name[256], pre[64];
     for (int i = 0; i < 2; i++) {
-        snprintf(pre, sizeof pre, layer < 0 ? gpre[i] : lpre[i], layer);
+        snprintf(pre, sizeof pre, layer == DS4_LAYER_MTP ? mpre[i] : layer < 0 ? gpre[i] : lpre[i], layer);
         snprintf(name, sizeof name, "%s%s", pre, suffix);
         const ds4_st_tensor *t = ds4_st_find(st, name);
         if (t) return t;
@@ -840,7 +846,7 @@ static void check_row_type(const out_tensor *o) {
 static void add_plan(plan *pl, const ds4_st *st, const ds4_hparams *hp, enum ds4_mix mix,
                      const imatrix *im, const ds4_layer_slice *slice, enum ds4_tensor_id id, int layer) {
     if (!ds4_tensor_present(hp, id, layer) ||
-        !ds4_tensor_in_slice(id, layer, slice->first, slice->last, slice->output))
+        (slice && !ds4_tensor_in_slice(id, layer, slice->first, slice->last, slice->output)))
         return;
     out_tensor *o = new_out(pl, layer, src_names[id], id == DS4_T_FFN_GATE_EXPS ? EXP_GATE
                             : id == DS4_T_FFN_UP_EXPS ? EXP_UP : id == DS4_T_FFN_DOWN_EXPS ? EXP_DOWN : EXP_NONE);
@@ -851,6 +857,35 @@ static void add_plan(plan *pl, const ds4_st *st, const ds4_hparams *hp, enum ds4
     check_row_type(o);
     resolve(st, o);
     if (im) imatrix_bind(im, o);
+}
+
+/* The MTP-only tensors after "mtp.0.": official names, then module-style. */
+static const char *const mtp_src_names[DS4_MTP_COUNT][3] = {
+    [DS4_MTP_E_PROJ] = {"e_proj.weight"},
+    [DS4_MTP_H_PROJ] = {"h_proj.weight"},
+    [DS4_MTP_ENORM] = {"enorm.weight"},
+    [DS4_MTP_HNORM] = {"hnorm.weight"},
+    [DS4_MTP_NORM] = {"norm.weight"},
+    [DS4_MTP_HC_HEAD_FN] = {"hc_head_fn", "hc_head.hc_fn"},
+    [DS4_MTP_HC_HEAD_SCALE] = {"hc_head_scale", "hc_head.hc_scale"},
+    [DS4_MTP_HC_HEAD_BASE] = {"hc_head_base", "hc_head.hc_base"},
+};
+
+/* The MTP support file's plan: the block as layer DS4_LAYER_MTP of its own
+ * hparams, then the MTP-only tensors. */
+static void add_plan_mtp(plan *pl, const ds4_st *st, const ds4_hparams *main_hp, enum ds4_mix mix) {
+    static ds4_hparams block;
+    ds4_hparams_mtp_block(main_hp, &block);
+    for (int id = 0; id < DS4_T_COUNT; id++)
+        add_plan(pl, st, &block, mix, NULL, NULL, (enum ds4_tensor_id)id, DS4_LAYER_MTP);
+    for (int id = 0; id < DS4_MTP_COUNT; id++) {
+        out_tensor *o = new_out(pl, DS4_LAYER_MTP, mtp_src_names[id], EXP_NONE);
+        ds4_mtp_tensor_name((enum ds4_mtp_tensor_id)id, o->name, sizeof o->name);
+        o->n_dims = ds4_mtp_tensor_shape(&block, (enum ds4_mtp_tensor_id)id, o->ne);
+        o->type = ds4_mtp_tensor_type((enum ds4_mtp_tensor_id)id, mix);
+        check_row_type(o);
+        resolve(st, o);
+    }
 }
 
 /* GLM source names after "model.layers.N." (or "model."/"" for globals):
@@ -967,13 +1002,14 @@ static void warn_unused(const ds4_st *st, const plan *pl) {
 static void usage(void) {
     fputs("usage: ds4-convert HF_DIR OUT.gguf --type f32|f16|q8_0|q2|q4 [--imatrix FILE]\n"
           "                   [--vocab tokenizer.json [--vocab-added FILE]] [--name NAME] [--threads N]\n"
-          "                   [--layers A:B|A:output]\n", stderr);
+          "                   [--layers A:B|A:output] [--mtp]\n", stderr);
     exit(2);
 }
 
 int main(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *type = NULL, *imatrix_path = NULL, *vocab = NULL, *name = NULL;
     const char *threads = "0", *vocab_added = NULL, *layers = NULL;
+    bool mtp = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char **opt = !strcmp(a, "--type") ? &type : !strcmp(a, "--imatrix") ? &imatrix_path
@@ -984,6 +1020,8 @@ int main(int argc, char **argv) {
         if (opt) {
             if (++i >= argc) usage();
             *opt = argv[i];
+        } else if (!strcmp(a, "--mtp")) {
+            mtp = true;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
         } else if (a[0] == '-') {
@@ -1012,11 +1050,14 @@ int main(int argc, char **argv) {
     static glm_hparams ghp;
     if (glm) {
         if (layers) die("--layers: GLM files are written whole");
+        if (mtp) die("--mtp: GLM checkpoints keep their MTP block in the main file");
         read_glm_config(cfg, glm_checkpoint_has_mtp(st, cfg), &ghp);
         cJSON_Delete(cfg);
     } else {
         read_config(cfg, &hp);
         if (!ds4_layer_slice_resolve(&slice, (int)hp.n_layer, err, sizeof err)) die("--layers %s", err);
+        if (mtp && layers) die("--mtp writes the MTP block alone: no --layers");
+        if (mtp) hp.nextn_predict_layers = 1;
     }
     const uint32_t n_vocab = glm ? ghp.n_vocab : hp.n_vocab;
     ds4_quant_init();
@@ -1030,7 +1071,8 @@ int main(int argc, char **argv) {
     const int n_blocks = glm ? (int)ghp.n_block : (int)hp.n_layer;
     pl.t = calloc((size_t)(glm ? GLM_T_COUNT : DS4_T_COUNT) * (size_t)(n_blocks + 1), sizeof *pl.t);
     if (!pl.t) die("out of memory");
-    for (int l = -1; l < n_blocks; l++) {
+    if (mtp) add_plan_mtp(&pl, st, &hp, (enum ds4_mix)mix);
+    for (int l = -1; l < n_blocks && !mtp; l++) {
         if (glm)
             for (int id = 0; id < GLM_T_COUNT; id++)
                 add_plan_glm(&pl, st, &ghp, (enum ds4_mix)mix, imp, (enum glm_tensor_id)id, l);
@@ -1039,8 +1081,8 @@ int main(int argc, char **argv) {
                 add_plan(&pl, st, &hp, (enum ds4_mix)mix, imp, &slice, (enum ds4_tensor_id)id, l);
     }
 
-    /* a layer range leaves the other layers' sources unused on purpose */
-    if (!layers) warn_unused(st, &pl);
+    /* a layer range (or the MTP block alone) leaves other sources unused on purpose */
+    if (!layers && !mtp) warn_unused(st, &pl);
 
     ds4_gguf_writer *w = ds4_gguf_writer_new(32);
     if (glm) ds4_glm_hparams_write(w, &ghp);
@@ -1063,7 +1105,7 @@ int main(int argc, char **argv) {
     /* ds4's tokenizer import is DeepSeek's; GLM's vocabulary (glm4
      * pre-tokenizer, padded to vocab_size) is not converted yet */
     if (glm && vocab) die("--vocab: GLM tokenizers are not converted yet");
-    if (!vocab && !glm) {
+    if (!vocab && !glm && !mtp) {
         snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", in);
         if (!access(tok_path, R_OK)) vocab = tok_path;
     }

@@ -40,6 +40,11 @@
  * the preset's schedule (ds4_v4_schedule: Flash's or Pro's first N layers;
  * hash routing on the first min(3, N)).
  *
+ * --support mtp (DeepSeek presets) writes the MTP support file of the model
+ * the same options describe instead of the model (ds4_layout.h: the main
+ * model's keys, the mtp.0.* block and its projections, norms and HC merge;
+ * no vocabulary), for --mtp.
+ *
  * --slice (DeepSeek presets) writes only that layer range (the embedding
  * with layer 0, the output head with "output") plus the ds4.slice.* keys
  * (model.h), the way split files for pipeline-parallel hosts are laid out.
@@ -156,7 +161,7 @@ static void override(const key_table *kt, const char *key, const char *val) {
 }
 
 static const char *const own_options[] = {"-o", "--preset", "--layers", "--type", "--seed", "--vocab",
-                                          "--vocab-added", "--name", "--slice"};
+                                          "--vocab-added", "--name", "--slice", "--support"};
 
 /* An option of this tool, or `--KEY` for a metadata key it can override. */
 static bool known_option(const char *opt) {
@@ -312,7 +317,7 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
 static void usage(void) {
     fputs("usage: ds4-make-model -o OUT.gguf [--preset demo|flash|pro|glm|glm-demo] [--layers N]\n"
           "       [--type f32|f16|q8_0|q2|q4] [--seed N] [--vocab tokenizer.json] [--vocab-added FILE]\n"
-          "       [--no-vocab] [--name NAME] [--slice A:B|A:output]\n"
+          "       [--no-vocab] [--name NAME] [--slice A:B|A:output] [--support mtp]\n"
           "       [--<metadata key without 'deepseek4.' / 'glm-dsa.'> VALUE ...]\n",
           stderr);
     exit(2);
@@ -370,6 +375,50 @@ static void plan_ds4(ds4_gguf_writer *w, int argc, char **argv, const char *pnam
     ds4_hparams_write(w, &hp);
     ds4_file_keys_write(w, mix);
     if (slice_arg) ds4_slice_keys_write(w, (uint32_t)slice.first, (uint32_t)slice.last, slice.output);
+}
+
+/* The MTP projections are spread like a layer's matrices, its norms and HC
+ * merge like the head's. */
+static enum ds4_tensor_id mtp_spread_like(enum ds4_mtp_tensor_id id) {
+    switch (id) {
+    case DS4_MTP_ENORM: case DS4_MTP_HNORM: case DS4_MTP_NORM: return DS4_T_OUTPUT_NORM;
+    case DS4_MTP_HC_HEAD_FN: return DS4_T_OUTPUT_HC_FN;
+    case DS4_MTP_HC_HEAD_SCALE: return DS4_T_OUTPUT_HC_SCALE;
+    case DS4_MTP_HC_HEAD_BASE: return DS4_T_OUTPUT_HC_BASE;
+    default: return DS4_T_ATTN_Q_A;
+    }
+}
+
+static void plan_ds4_mtp(ds4_gguf_writer *w, int argc, char **argv, const char *pname, uint32_t n_layer,
+                         enum ds4_mix mix, plan *pl) {
+    static ds4_hparams hp, block;
+    preset(&hp, pname, n_layer);
+    apply_overrides(argc, argv, &(key_table){DS4_ARCH, ds4_hparam_keys, ds4_n_hparam_keys, &hp, hp.n_layer});
+    ds4_hparams_default_kinds(&hp);
+    char err[512];
+    if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
+    hp.nextn_predict_layers = 1;
+    ds4_hparams_mtp_block(&hp, &block);
+    pl->n_expert = hp.n_expert;
+    pl->t = calloc(DS4_T_COUNT + DS4_MTP_COUNT, sizeof *pl->t);
+    if (!pl->t) die("out of memory");
+    char name[96];
+    uint64_t ne[4];
+    for (int id = 0; id < DS4_T_COUNT; id++) {
+        if (!ds4_tensor_present(&block, (enum ds4_tensor_id)id, DS4_LAYER_MTP)) continue;
+        ds4_tensor_name((enum ds4_tensor_id)id, DS4_LAYER_MTP, name, sizeof name);
+        int nd = ds4_tensor_shape(&block, (enum ds4_tensor_id)id, DS4_LAYER_MTP, ne);
+        mtensor *t = add_tensor(pl, name, nd, ne, ds4_tensor_type((enum ds4_tensor_id)id, mix));
+        spread((enum ds4_tensor_id)id, ne[0], &t->centre, &t->half_width);
+    }
+    for (int id = 0; id < DS4_MTP_COUNT; id++) {
+        ds4_mtp_tensor_name((enum ds4_mtp_tensor_id)id, name, sizeof name);
+        int nd = ds4_mtp_tensor_shape(&block, (enum ds4_mtp_tensor_id)id, ne);
+        mtensor *t = add_tensor(pl, name, nd, ne, ds4_mtp_tensor_type((enum ds4_mtp_tensor_id)id, mix));
+        spread(mtp_spread_like((enum ds4_mtp_tensor_id)id), ne[0], &t->centre, &t->half_width);
+    }
+    ds4_hparams_write(w, &hp);
+    ds4_file_keys_write(w, mix);
 }
 
 /* GLM 5.2's hyperparameters (GLM sheet section 2) with the preset's sizes. */
@@ -435,7 +484,7 @@ static void plan_glm(ds4_gguf_writer *w, int argc, char **argv, const char *pnam
 }
 
 int main(int argc, char **argv) {
-    const char *out = NULL, *pname = "demo", *type = "q2", *name = NULL, *slice_arg = NULL;
+    const char *out = NULL, *pname = "demo", *type = "q2", *name = NULL, *slice_arg = NULL, *support = NULL;
     const char *vocab = "data/deepseek-v3-tokenizer.json";
     const char *vocab_added = "tests/fixtures/tokenizer/v4-added-tokens.json";
     uint32_t n_layer = 0;
@@ -459,17 +508,21 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--vocab-added")) { vocab_added = *v ? v : NULL; vocab_given = true; }
         else if (!strcmp(a, "--name")) name = v;
         else if (!strcmp(a, "--slice")) slice_arg = v;
+        else if (!strcmp(a, "--support")) support = v;
     }
     if (!out) usage();
     int mix = ds4_mix_from_name(type);
     if (mix < 0) die("unknown --type %s (f32, f16, q8_0, q2, q4)", type);
     const bool glm = !strcmp(pname, "glm") || !strcmp(pname, "glm-demo");
     if (glm && slice_arg) die("--slice: GLM presets are written whole");
+    if (support && (strcmp(support, "mtp") || glm || slice_arg))
+        die("--support %s: the one support file is mtp, for DeepSeek presets, without --slice", support);
     rng_state = seed;
 
     plan pl = {0};
     ds4_gguf_writer *w = ds4_gguf_writer_new(32);
     if (glm) plan_glm(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, &pl);
+    else if (support) plan_ds4_mtp(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, &pl);
     else plan_ds4(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, slice_arg, &pl);
     char dflt[128], err[512];
     snprintf(dflt, sizeof dflt, "ds4 random %s (meaningless weights)", pname);
@@ -481,7 +534,7 @@ int main(int argc, char **argv) {
         vocab = strcmp(pname, "glm-demo") ? NULL : "data/glm-constructed-tokenizer.json";
         vocab_added = NULL;
     }
-    if (!no_vocab && vocab && ds4_tokenizer_gguf_from_hf_json(w, vocab, vocab_added, err, sizeof err))
+    if (!support && !no_vocab && vocab && ds4_tokenizer_gguf_from_hf_json(w, vocab, vocab_added, err, sizeof err))
         die("tokenizer %s: %s (use --vocab/--vocab-added, or --no-vocab)", vocab, err);
     for (size_t i = 0; i < pl.n; i++)
         ds4_gguf_w_tensor(w, pl.t[i].name, pl.t[i].type, (uint32_t)pl.t[i].n_dims, pl.t[i].ne, NULL);

@@ -24,6 +24,9 @@
  *   in hidden_out (same shape) and writes no logits. Tokens are still given:
  *   hash-routed layers and positions need them. Chaining slices over the
  *   same tokens gives the whole model's logits bit for bit.
+ * - An MTP block (a model whose first stage takes a hidden state, model.h)
+ *   takes hidden_in at layer 0 too: each row's streams are built from it and
+ *   the row's token.
  * - On error (-1, one line in err) no state has changed.
  * - A backend owns its scratch and reuses it across calls; it may serve many
  *   states, one call at a time.
@@ -76,6 +79,12 @@ typedef struct {
     /* NULL, or sums this sequence's rows of one sublayer output per layer
      * (after steering) for --dump-activations (nn/steering.h) */
     struct ds4_act_probe *probe;
+    /* NULL, or a ring of hc_ring_slots hidden states (n_hc x n_embd floats
+     * each): the streams of the row at position p after the last layer
+     * (what the output head reads) go to slot p mod hc_ring_slots. The MTP
+     * drafter continues from them. */
+    float *hc_ring;
+    int hc_ring_slots;
 } ds4_backend_seq;
 
 typedef struct ds4_backend ds4_backend;

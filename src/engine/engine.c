@@ -175,6 +175,17 @@ static bool load_steering(ds4_engine *e, const ds4_engine_params *p, char *err, 
     return true;
 }
 
+/* --mtp: the family's draft model from a support file, beside the backend. */
+static bool load_draft(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
+    if (!e->fam->draft_load) {
+        snprintf(err, errlen, "--mtp: this model's family has no draft model");
+        return false;
+    }
+    if (!e->fam->draft_load(e->m, e->be, p->mtp_path, err, errlen)) return false;
+    if (!p->quiet) ds4_log(DS4_LOG_INFO, "ds4: MTP drafter: %s (%s)\n", e->fam->draft_name(e->m), p->mtp_path);
+    return true;
+}
+
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen) {
     warn_unused_gpu_flags(p);
     ds4_engine *e = calloc(1, sizeof *e);
@@ -190,6 +201,7 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     e->be = e->fam->backend_new(e->m, p, e->prefill_chunk, err, errlen);
     if (!e->be) goto fail;
     e->be->power.percent = p->power ? p->power : 100;
+    if (p->mtp_path && !load_draft(e, p, err, errlen)) goto fail;
     page_in_weights(e, p);
     e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
     if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); goto fail; }
@@ -478,6 +490,44 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen) {
     const int from = s->e->fam->rewind(s->st, n_tokens - 1, err, errlen);
     if (from < 0) return -1;
     return run(s, s->toks + from, n_tokens - from, NULL, NULL, NULL, err, errlen);
+}
+
+bool ds4_engine_has_draft(const ds4_engine *e) {
+    return e->fam->draft_name && e->fam->draft_name(e->m) != NULL;
+}
+
+static int draft(ds4_session *s, int32_t last, int max, float margin, int32_t *out, float *logits, char *err,
+                 size_t errlen) {
+    const ds4_engine *e = s->e;
+    if (!ds4_engine_has_draft(e) || max <= 0) return 0;
+    if (last < 0 || last >= e->info.n_vocab) {
+        snprintf(err, errlen, "token id %d out of range [0, %d)", last, e->info.n_vocab);
+        return -1;
+    }
+    return e->fam->draft(s->st, s->toks, n_pos(s), last, max, margin, out, logits, err, errlen);
+}
+
+int ds4_session_draft(ds4_session *s, int32_t last, int max, float margin, int32_t *out, char *err, size_t errlen) {
+    return draft(s, last, max, margin, out, NULL, err, errlen);
+}
+
+int ds4_session_draft_logits(ds4_session *s, int32_t last, float *logits, char *err, size_t errlen) {
+    int32_t id;
+    if (!ds4_engine_has_draft(s->e)) {
+        snprintf(err, errlen, "this engine has no draft model (--mtp)");
+        return -1;
+    }
+    if (n_pos(s) < 1) {
+        snprintf(err, errlen, "the draft model needs at least one evaluated token");
+        return -1;
+    }
+    logits[0] = NAN;
+    if (draft(s, last, 1, INFINITY, &id, logits, err, errlen) < 0) return -1;
+    if (isnan(logits[0])) {
+        snprintf(err, errlen, "the draft model has no hidden state of the last token (restored session)");
+        return -1;
+    }
+    return 0;
 }
 
 int ds4_session_truncate(ds4_session *s, int n_tokens, const float *logits, char *err, size_t errlen) {

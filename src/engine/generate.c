@@ -1,4 +1,5 @@
 #include "engine/generate.h"
+#include "base/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +43,12 @@ static int decode_with_draft(ds4_session *s, ds4_spec *sp, spec_block *b, int32_
     int max = room < ctx_room ? room : ctx_room;
     if (max > DS4_SPEC_MAX_DRAFT) max = DS4_SPEC_MAX_DRAFT;
     int32_t block[DS4_SPEC_MAX_DRAFT + 1];   /* id, then the proposal */
-    int k = max > 0 ? ds4_spec_propose(sp, ds4_session_tokens(s), n, id, max, block + 1) : 0;
+    int k = ds4_spec_draft(sp, s, id, max, block + 1, err, errlen);
+    if (k < 0) {
+        /* the draft changes nothing the loop produces: decode without it */
+        ds4_log(DS4_LOG_WARN, "ds4: draft model: %s; decoding without a draft\n", err);
+        k = 0;
+    }
     if (!k) return ds4_session_decode(s, id, err, errlen);
     block[0] = id;
     int rc = ds4_session_prefill(s, block, k + 1, b->rows, NULL, NULL, err, errlen);

@@ -1,10 +1,12 @@
 #include "engine/spec.h"
+#include "engine/engine.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 void ds4_spec_params_default(ds4_spec_params *p) {
-    *p = (ds4_spec_params){.lookup_max = 0, .lookup_min_ngram = 2};
+    *p = (ds4_spec_params){.lookup_max = 0, .lookup_min_ngram = 2, .mtp_draft = 1, .mtp_margin = 3.0f};
 }
 
 bool ds4_spec_init(ds4_spec *sp, const ds4_spec_params *p, char *err, size_t errlen) {
@@ -14,6 +16,14 @@ bool ds4_spec_init(ds4_spec *sp, const ds4_spec_params *p, char *err, size_t err
     }
     if (p->lookup_min_ngram < 1 || p->lookup_min_ngram > DS4_SPEC_LOOKUP_NGRAM_MAX) {
         snprintf(err, errlen, "lookup n-gram %d: must be 1..%d", p->lookup_min_ngram, DS4_SPEC_LOOKUP_NGRAM_MAX);
+        return false;
+    }
+    if (p->mtp_draft < 1 || p->mtp_draft > DS4_SPEC_MAX_DRAFT) {
+        snprintf(err, errlen, "--mtp-draft %d: draft length must be 1..%d", p->mtp_draft, DS4_SPEC_MAX_DRAFT);
+        return false;
+    }
+    if (!isfinite(p->mtp_margin) || p->mtp_margin < 0) {
+        snprintf(err, errlen, "--mtp-margin %g: must be a finite number >= 0", (double)p->mtp_margin);
         return false;
     }
     memset(sp, 0, sizeof *sp);
@@ -54,10 +64,19 @@ static int lookup(const ds4_spec_params *p, const seq *q, int max, int32_t *out)
 }
 
 int ds4_spec_propose(const ds4_spec *sp, const int32_t *ctx, int n, int32_t last, int max, int32_t *out) {
-    if (!ds4_spec_enabled(sp) || n < 1 || max <= 0) return 0;
+    if (!ds4_spec_enabled(sp) || sp->p.lookup_max <= 0 || n < 1 || max <= 0) return 0;
     if (max > sp->p.lookup_max) max = sp->p.lookup_max;
     const seq q = {ctx, n, last};
     return lookup(&sp->p, &q, max, out);
+}
+
+int ds4_spec_draft(const ds4_spec *sp, ds4_session *s, int32_t last, int max, int32_t *out, char *err,
+                   size_t errlen) {
+    if (!ds4_spec_enabled(sp) || max <= 0) return 0;
+    int k = ds4_spec_propose(sp, ds4_session_tokens(s), ds4_session_n_tokens(s), last, max, out);
+    if (k || !sp->p.mtp_path) return k;
+    return ds4_session_draft(s, last, max < sp->p.mtp_draft ? max : sp->p.mtp_draft, sp->p.mtp_margin, out, err,
+                             errlen);
 }
 
 void ds4_spec_record_pass(ds4_spec *sp, int proposed) {
@@ -78,7 +97,8 @@ size_t ds4_spec_stats_line(const ds4_spec *sp, char *buf, size_t len) {
     /* each pass commits its accepted drafts plus the token the pass decoded */
     double per_pass = st->passes ? (double)(st->accepted + st->passes) / (double)st->passes : 0.0;
     o += (size_t)snprintf(buf + o, len - o,
-                          "spec lookup: %llu passes, proposed %llu, accepted %llu (%.1f%%), %.2f tokens/pass, by position",
+                          "spec %s: %llu passes, proposed %llu, accepted %llu (%.1f%%), %.2f tokens/pass, by position",
+                          sp->p.lookup_max > 0 ? (sp->p.mtp_path ? "lookup+mtp" : "lookup") : "mtp",
                           (unsigned long long)st->passes, (unsigned long long)st->proposed,
                           (unsigned long long)st->accepted, st->proposed ? 100.0 * st->accepted / st->proposed : 0.0,
                           per_pass);

@@ -20,6 +20,14 @@
  *   context only; it never allocates.
  * - ds4_spec_record_pass() counts one verification pass of `proposed` drafts;
  *   ds4_spec_record_accept() counts the draft at `position` (0-based) kept.
+ * - MTP (`mtp_path`, --mtp FILE; the front end loads the engine with it):
+ *   the model's own draft block (engine.h: ds4_session_draft) proposes up to
+ *   `mtp_draft` tokens, each only while its logit leads the runner-up by at
+ *   least `mtp_margin`. With both drafters, a prompt-lookup match is proposed
+ *   when there is one, else the MTP draft.
+ * - ds4_spec_draft() is the loop's call: the proposal after the session's
+ *   tokens followed by `last`, from every drafter that is on, up to max; -1
+ *   (err) when the draft model failed.
  * - `quality` (--quality) turns every drafter off: the loop decodes one token
  *   per pass, as the seed's strict mode does.
  * - ds4_spec_stats_line() formats the run's line: passes, proposed, accepted,
@@ -38,6 +46,9 @@
 typedef struct {
     int lookup_max;         /* --spec-lookup N: tokens proposed per pass, 0 = off */
     int lookup_min_ngram;   /* shortest suffix worth matching (default 2) */
+    const char *mtp_path;   /* --mtp FILE: the MTP support file (NULL: off) */
+    int mtp_draft;          /* --mtp-draft N: MTP tokens per pass (default 1) */
+    float mtp_margin;       /* --mtp-margin F: least lead of a drafted token's logit (default 3) */
     bool quality;           /* --quality: target-only decoding, every drafter off */
 } ds4_spec_params;
 
@@ -55,9 +66,17 @@ typedef struct {
 void ds4_spec_params_default(ds4_spec_params *p);
 /* false (err filled) when a parameter is out of range */
 bool ds4_spec_init(ds4_spec *sp, const ds4_spec_params *p, char *err, size_t errlen);
-static inline bool ds4_spec_enabled(const ds4_spec *sp) { return sp && !sp->p.quality && sp->p.lookup_max > 0; }
+static inline bool ds4_spec_enabled(const ds4_spec *sp) {
+    return sp && !sp->p.quality && (sp->p.lookup_max > 0 || sp->p.mtp_path);
+}
+/* What the front ends load the engine with: the MTP file unless --quality. */
+static inline const char *ds4_spec_engine_mtp(const ds4_spec_params *p) { return p->quality ? NULL : p->mtp_path; }
 
+/* prompt lookup alone (tests) */
 int ds4_spec_propose(const ds4_spec *sp, const int32_t *ctx, int n, int32_t last, int max, int32_t *out);
+struct ds4_session;
+int ds4_spec_draft(const ds4_spec *sp, struct ds4_session *s, int32_t last, int max, int32_t *out, char *err,
+                   size_t errlen);
 void ds4_spec_record_pass(ds4_spec *sp, int proposed);
 void ds4_spec_record_accept(ds4_spec *sp, int position);
 size_t ds4_spec_stats_line(const ds4_spec *sp, char *buf, size_t len);

@@ -14,6 +14,7 @@
 #include "models/dsv4/ds4_layout.h"
 #include "models/dsv4/kv_payload.h"
 #include "models/dsv4/model.h"
+#include "models/dsv4/mtp.h"
 #include "text/tokenizer.h"
 
 #include <stdio.h>
@@ -35,6 +36,7 @@ struct ds4_family_model {
     FILE *trace;
     bool ssd_stats, numerics;
     int cpu_threads;                /* 0: not the CPU backend */
+    ds4_mtp *mtp;                   /* --mtp: the drafter, or NULL */
 };
 
 static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4_family_info *info, char *err,
@@ -198,6 +200,7 @@ static void print_ssd_stats(const ds4_family_model *fm) {
 static void model_free(ds4_family_model *fm) {
     if (!fm) return;
     if (fm->ssd_stats) print_ssd_stats(fm);
+    ds4_mtp_free(fm->mtp);
     ds4_expert_cache_free(fm->experts);
     if (fm->trace) fclose(fm->trace);
     ds4_model_free(fm->m);
@@ -217,9 +220,17 @@ static int serve_worker(ds4_family_model *fm, ds4_backend *be, int ctx, const ds
     return ds4_dist_worker_serve(fm->m, be, fm->numerics, ctx, p);
 }
 
+static bool draft_load(ds4_family_model *fm, ds4_backend *be, const char *path, char *err, size_t errlen) {
+    fm->mtp = ds4_mtp_load(path, fm->m, be, fm->numerics, err, errlen);
+    return fm->mtp != NULL;
+}
+
+static const char *draft_name(const ds4_family_model *fm) { return fm->mtp ? ds4_mtp_name(fm->mtp) : NULL; }
+
 static uint64_t state_bytes(const ds4_family_model *fm, int ctx) {
     const ds4_config *c = &fm->m->cfg;
-    return ds4_kv_bytes_for(c, ctx, REWIND_SLACK) + (uint64_t)MAX_CKPT * ds4_kv_ring_bytes_for(c);
+    return ds4_kv_bytes_for(c, ctx, REWIND_SLACK) + (uint64_t)MAX_CKPT * ds4_kv_ring_bytes_for(c) +
+           (fm->mtp ? ds4_mtp_state_bytes(fm->mtp, ctx) : 0);
 }
 
 /* ---- session state ---- */
@@ -231,10 +242,12 @@ struct ds4_family_state {
     void *ckpt[MAX_CKPT];   /* ring checkpoint slots; the first n_ckpt hold ascending positions */
     int ckpt_pos[MAX_CKPT], n_ckpt, ckpt_every;
     void *ckpt_block;       /* the MAX_CKPT slots */
+    ds4_mtp_state *mtp;     /* --mtp: the drafter's side of this session */
 };
 
 static void state_free(ds4_family_state *st) {
     if (!st) return;
+    ds4_mtp_state_free(st->mtp);
     free(st->ckpt_block);
     if (st->kv && st->be->kv_release) st->be->kv_release(st->be, st->kv);
     ds4_kv_free(st->kv);
@@ -252,12 +265,21 @@ static ds4_family_state *state_new(ds4_family_model *fm, ds4_backend *be, int ct
     /* calloc: a slot's pages are touched only when a checkpoint is taken */
     st->ckpt_block = calloc(MAX_CKPT, ring);
     for (int i = 0; st->ckpt_block && i < MAX_CKPT; i++) st->ckpt[i] = (char *)st->ckpt_block + (size_t)i * ring;
-    if (!st->kv || !st->ckpt_block) { state_free(st); return NULL; }
+    if (fm->mtp) st->mtp = ds4_mtp_state_new(fm->mtp, ctx);
+    if (!st->kv || !st->ckpt_block || (fm->mtp && !st->mtp)) { state_free(st); return NULL; }
     return st;
 }
 
 static int n_pos(const ds4_family_state *st) { return st->kv->n_pos; }
-static void seq_bind(ds4_family_state *st, ds4_backend_seq *q) { q->kv = st->kv; }
+static void seq_bind(ds4_family_state *st, ds4_backend_seq *q) {
+    q->kv = st->kv;
+    if (st->mtp) ds4_mtp_bind(st->mtp, q);
+}
+
+static int draft(ds4_family_state *st, const int32_t *toks, int n, int32_t last, int max, float margin, int32_t *out,
+                 float *first_logits, char *err, size_t errlen) {
+    return st->mtp ? ds4_mtp_draft(st->mtp, toks, n, last, max, margin, out, first_logits, err, errlen) : 0;
+}
 
 /* The backend may hold the state elsewhere (CUDA): bring the host copy up to
  * date before reading its buffers, and push it back after writing them. */
@@ -285,6 +307,7 @@ static void drop_ckpts(ds4_family_state *st, int n) {
 
 static void stepped(ds4_family_state *st) {
     const int pos = st->kv->n_pos, last = st->n_ckpt ? st->ckpt_pos[st->n_ckpt - 1] : 0;
+    if (st->mtp) ds4_mtp_evaluated(st->mtp, pos);
     if (pos - last < st->ckpt_every) return;
     if (st->n_ckpt == MAX_CKPT) {
         st->n_ckpt = ds4_kv_ckpt_thin(st->ckpt_pos, st->ckpt, MAX_CKPT);
@@ -298,7 +321,7 @@ static void stepped(ds4_family_state *st) {
 
 /* From the truncated state when the rings still cover keep, else from the
  * nearest checkpoint, else from the start of the token list. */
-static int rewind_to(ds4_family_state *st, int keep, char *err, size_t errlen) {
+static int rewind_main(ds4_family_state *st, int keep, char *err, size_t errlen) {
     drop_ckpts(st, keep);
     if (ds4_kv_truncate(st->kv, keep)) return keep;
     if (!st->n_ckpt) {
@@ -311,9 +334,22 @@ static int rewind_to(ds4_family_state *st, int keep, char *err, size_t errlen) {
     return st->ckpt_pos[st->n_ckpt - 1];
 }
 
+static int rewind_to(ds4_family_state *st, int keep, char *err, size_t errlen) {
+    const int from = rewind_main(st, keep, err, errlen);
+    if (from >= 0 && st->mtp) ds4_mtp_rewound(st->mtp, from);
+    return from;
+}
+
 static void reset(ds4_family_state *st) {
     drop_ckpts(st, -1);
     ds4_kv_reset(st->kv);
+    if (st->mtp) ds4_mtp_forget(st->mtp, 0);
+}
+
+/* A restored state brings no hidden states: the drafter starts over. */
+static void replaced(ds4_family_state *st) {
+    drop_ckpts(st, -1);
+    if (st->mtp) ds4_mtp_forget(st->mtp, st->kv->n_pos);
 }
 
 static size_t snapshot_bytes(const ds4_family_state *st, int n_vocab) { (void)n_vocab; return ds4_kv_live_bytes(st->kv); }
@@ -332,7 +368,7 @@ static int snapshot_load(ds4_family_state *st, int32_t *toks, float *logits, int
         snprintf(err, errlen, "snapshot does not fit this session (ctx %d vs %d)", st->kv->ctx, st->kv->ctx);
         return -1;
     }
-    drop_ckpts(st, -1);
+    replaced(st);
     memcpy(toks, snap_toks, (size_t)n_toks * sizeof(int32_t));
     memcpy(logits, snap_logits, (size_t)n_vocab * sizeof(float));
     return kv_scatter(st, toks, err, errlen);
@@ -364,7 +400,7 @@ static bool payload_save_to(const ds4_family_state *st, const int32_t *toks, con
 static int payload_load(ds4_family_state *st, int32_t *toks, float *logits, int n_vocab, const void *src, size_t n,
                         char *err, size_t errlen) {
     if (!ds4_payload_load(st->kv, toks, logits, n_vocab, src, n, err, errlen)) return -1;
-    drop_ckpts(st, -1);
+    replaced(st);
     return kv_scatter(st, toks, err, errlen);
 }
 
@@ -373,7 +409,7 @@ static int payload_load_from(ds4_family_state *st, int32_t *toks, float *logits,
     const int before = st->kv->n_pos;
     bool ok = ds4_payload_load_from(st->kv, toks, logits, n_vocab, src, n, err, errlen);
     /* rewind checkpoints describe the old state once the rows changed */
-    if (ok || st->kv->n_pos != before) drop_ckpts(st, -1);
+    if (ok || st->kv->n_pos != before) replaced(st);
     /* a part-way load changed the host rows too: the device copy follows */
     char sync_err[256];
     if (kv_scatter(st, toks, ok ? err : sync_err, ok ? errlen : sizeof sync_err)) return -1;
@@ -476,6 +512,9 @@ const ds4_family ds4_family_dsv4 = {
     .ssd_stats = ssd_stats,
     .observe_matmuls = observe_matmuls,
     .state_bytes = state_bytes,
+    .draft_load = draft_load,
+    .draft_name = draft_name,
+    .draft = draft,
     .state_new = state_new,
     .state_free = state_free,
     .n_pos = n_pos,

@@ -60,6 +60,7 @@ typedef struct {
     int power;              /* --power N: pace compute to N% of the time (1..100; 100 or 0: never pause) */
     bool warm_weights;      /* --warm-weights: page the weights in at load even where the automatic rule would not */
     bool lazy_weights;      /* never page in at load (--inspect computes nothing) */
+    const char *mtp_path;   /* --mtp FILE: the draft model's support file (NULL: none) */
 } ds4_engine_params;
 
 #endif

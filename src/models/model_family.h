@@ -89,6 +89,12 @@ typedef struct ds4_family {
     bool (*observe_matmuls)(ds4_family_model *m, ds4_backend *be, ds4_matmul_observer fn, void *ud, char *err,
                             size_t errlen);
     uint64_t (*state_bytes)(const ds4_family_model *m, int ctx);
+    /* --mtp FILE: binds a draft model from a support file made for this
+     * model, beside backend be; false with one line. NULL: the family has
+     * none (the engine refuses the option). draft_name: the bound drafter's
+     * name, NULL without one. */
+    bool (*draft_load)(ds4_family_model *m, ds4_backend *be, const char *path, char *err, size_t errlen);
+    const char *(*draft_name)(const ds4_family_model *m);
 
     ds4_family_state *(*state_new)(ds4_family_model *m, ds4_backend *be, int ctx, int prefill_chunk);
     void (*state_free)(ds4_family_state *st);
@@ -96,6 +102,14 @@ typedef struct ds4_family {
     void (*seq_bind)(ds4_family_state *st, ds4_backend_seq *q);
     void (*stepped)(ds4_family_state *st);
     int (*rewind)(ds4_family_state *st, int keep, char *err, size_t errlen);
+    /* Up to max tokens the draft model expects after toks[0..n) (the
+     * session's) and last (chosen, not yet appended), greedily, stopping at
+     * the first whose logit leads the runner-up by less than margin: how
+     * many it wrote to out, or -1 with err; first_logits (NULL or n_vocab
+     * floats) gets the logits of the first. The session's state is not
+     * touched; the draft model's state is rebuilt, never persisted. */
+    int (*draft)(ds4_family_state *st, const int32_t *toks, int n, int32_t last, int max, float margin,
+                 int32_t *out, float *first_logits, char *err, size_t errlen);
     void (*reset)(ds4_family_state *st);
 
     size_t (*snapshot_bytes)(const ds4_family_state *st, int n_vocab);

@@ -143,14 +143,27 @@ bool ds4_cli_sampling(ds4_cli *c, ds4_sampler_params *p) {
 
 bool ds4_cli_spec(ds4_cli *c, ds4_spec_params *p) {
     static const ds4_cli_int_opt lookup = {"--spec-lookup", 0, DS4_SPEC_MAX_DRAFT};
+    static const ds4_cli_int_opt mtp_draft = {"--mtp-draft", 1, DS4_SPEC_MAX_DRAFT};
     if (ds4_cli_is(c, "--quality")) { p->quality = true; return true; }
-    return ds4_cli_int(c, &lookup, &p->lookup_max);
+    if (ds4_cli_is(c, "--mtp-margin")) {
+        const char *v = value(c);
+        float f;
+        if (v && (!ds4_parse_float(v, &f) || !isfinite(f) || f < 0)) bad(c, "a finite number >= 0");
+        else if (v) p->mtp_margin = f;
+        return true;
+    }
+    return ds4_cli_str(c, "--mtp", &p->mtp_path) || ds4_cli_int(c, &mtp_draft, &p->mtp_draft) ||
+           ds4_cli_int(c, &lookup, &p->lookup_max);
 }
 
 const char ds4_spec_usage[] =
     "      --spec-lookup N     speculative decoding: draft up to N tokens (1..16) from the\n"
     "                          longest earlier match of the context's last tokens; the output\n"
     "                          is the same as without it (default 0 = off)\n"
+    "      --mtp FILE          speculative decoding with the model's MTP support file (DeepSeek V4):\n"
+    "                          its block drafts the next tokens; the output is the same as without it\n"
+    "      --mtp-draft N       MTP tokens drafted per verification pass (1..16, default 1)\n"
+    "      --mtp-margin F      draft a token only while its logit leads the runner-up by F (default 3)\n"
     "      --quality           target-only decoding: no drafter runs, whatever else asks for one\n";
 
 const char ds4_gpu_usage[] =

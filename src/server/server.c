@@ -294,6 +294,7 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     ds4_http_limits_default(&o->limits);
     ds4_gpu_opts_default(&o->gpu);
     ds4_runtime_opts_default(&o->runtime);
+    ds4_spec_params_default(&o->spec);
 }
 
 /* The slots' views of the server (server_state.h), each with its session;
@@ -334,17 +335,16 @@ int ds4_server_run(const ds4_server_opts *opts) {
         return 2;
     }
     static ds4_spec spec;
-    if (s->o.spec_lookup > 0) {
-        ds4_spec_params sp;
-        ds4_spec_params_default(&sp);
-        sp.lookup_max = s->o.spec_lookup;
+    if (s->o.spec.quality) s->o.spec.mtp_path = NULL;   /* --quality: target-only, nothing loaded for a draft */
+    if (s->o.spec.lookup_max > 0 || s->o.spec.mtp_path) {
         if (s->o.batched_sessions > 1) {
             /* batched slots advance together through the batcher, one token each per step */
-            ds4_log(DS4_LOG_ERROR, "ds4-server: --spec-lookup drafts for one session: it cannot be combined with "
-                                   "--batched-session %d\n", s->o.batched_sessions);
+            ds4_log(DS4_LOG_ERROR, "ds4-server: %s drafts for one session: it cannot be combined with "
+                                   "--batched-session %d\n", s->o.spec.mtp_path ? "--mtp" : "--spec-lookup",
+                    s->o.batched_sessions);
             return 2;
         }
-        if (!ds4_spec_init(&spec, &sp, err, sizeof err)) { ds4_log(DS4_LOG_ERROR, "ds4-server: %s\n", err); return 2; }
+        if (!ds4_spec_init(&spec, &s->o.spec, err, sizeof err)) { ds4_log(DS4_LOG_ERROR, "ds4-server: %s\n", err); return 2; }
         s->spec = &spec;
     }
     if (!ds4_queue_init(&queue, s->o.batched_sessions)) { ds4_log(DS4_LOG_ERROR, "ds4-server: out of memory\n"); return 1; }
@@ -380,6 +380,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
     ep.ssd.ctx = s->o.ctx;
     ep.gpu = s->o.gpu;
     ep.gpu_ctx = s->o.ctx;
+    ep.mtp_path = ds4_spec_engine_mtp(&s->o.spec);
     ds4_runtime_apply(&s->o.runtime, &ep);
     s->eng = ds4_engine_load(&ep, err, sizeof err);
     if (!s->eng) { ds4_log(DS4_LOG_ERROR, "ds4-server: %s\n", err); return 1; }

@@ -83,7 +83,7 @@ typedef struct {
     int threads;                 /* <= 0: all CPUs */
     int prefill_chunk;           /* <= 0: the engine's default */
     int batched_sessions;        /* --batched-session N: resident sessions (slots), default 1 */
-    int spec_lookup;             /* --spec-lookup N: prompt-lookup drafts (one slot only), 0 = off */
+    ds4_spec_params spec;        /* --spec-lookup, --mtp*, --quality: drafters (one slot only) */
     int numerics;                /* ds4_engine_params.numerics: -1 default, 0 exact, 1 ds4 */
     const char *layers;          /* --layers A:B | A:output (ds4_engine_params.layers) */
     ds4_dist_params dist;        /* --role coordinator ... (ds4_engine_params.dist) */

@@ -6,11 +6,13 @@
 #include <stdio.h>
 #include "engine/engine.h"
 
-static inline ds4_engine *test_engine_load(const char *path, int numerics, int chunk) {
+/* ... with a draft model's support file (NULL: none, --mtp) */
+static inline ds4_engine *test_engine_load_mtp(const char *path, const char *mtp, int numerics, int chunk) {
     char err[512];
     ds4_engine_params p;
     ds4_engine_params_default(&p);
     p.model_path = path;
+    p.mtp_path = mtp;
     p.n_threads = 2;
     p.numerics = numerics;
     p.prefill_chunk = chunk;
@@ -18,5 +20,9 @@ static inline ds4_engine *test_engine_load(const char *path, int numerics, int c
     ds4_engine *e = ds4_engine_load(&p, err, sizeof err);
     if (!e) fprintf(stderr, "load %s: %s\n", path, err);
     return e;
+}
+
+static inline ds4_engine *test_engine_load(const char *path, int numerics, int chunk) {
+    return test_engine_load_mtp(path, NULL, numerics, chunk);
 }
 #endif

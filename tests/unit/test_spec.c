@@ -8,7 +8,10 @@
  * payload compares equal with memcmp; greedy and sampled, ended by length,
  * by a cancel and a stop in the middle of a verified block, and by a full
  * context. The
- * runs must both accept and reject drafts, or they prove nothing. */
+ * runs must both accept and reject drafts, or they prove nothing. The same
+ * for the MTP drafter (with the oracle blocks, the demo's random block and
+ * the trained tiny model's), plus snapshots and batched sessions with a
+ * draft model attached. */
 #include "check.h"
 #include "engine_load.h"
 #include "engine/generate.h"
@@ -120,7 +123,7 @@ static outcome run(ds4_engine *e, const int32_t *prompt, int n_prompt, int ctx, 
     return o;
 }
 
-static uint64_t total_accepted, total_rejected;
+static uint64_t total_accepted, total_rejected, mtp_accepted, mtp_rejected;
 
 static void compare(const char *what, const outcome *ref, const outcome *got, const ds4_spec *sp) {
     CHECK(ref->r.end == got->r.end && ref->r.n_decoded == got->r.n_decoded, "%s: end %d/%d decoded %d/%d", what,
@@ -138,10 +141,20 @@ static void compare(const char *what, const outcome *ref, const outcome *got, co
           "%s: the session payload differs from target-only", what);
     total_accepted += sp->stats.accepted;
     total_rejected += sp->stats.proposed - sp->stats.accepted;
+    if (sp->p.mtp_path) {
+        mtp_accepted += sp->stats.accepted;
+        mtp_rejected += sp->stats.proposed - sp->stats.accepted;
+    }
 }
 
-static void lossless(const char *path, int numerics) {
-    ds4_engine *e = test_engine_load(path, numerics, 0);
+/* The drafters a model is checked with: prompt lookup at several lengths,
+ * or, with a support file, MTP alone (every margin 0 drafts on every pass)
+ * and MTP behind lookup. */
+typedef struct { int lookup, min_ngram, mtp_draft; float mtp_margin; } drafter;
+
+static void lossless(const char *path, const char *mtp, int numerics, const drafter *drafts, size_t n_drafts,
+                     size_t n_cases) {
+    ds4_engine *e = test_engine_load_mtp(path, mtp, numerics, 0);
     CHECK(e != NULL, "cannot load %s", path);
     if (!e) return;
     const int V = ds4_engine_n_vocab(e);
@@ -155,22 +168,25 @@ static void lossless(const char *path, int numerics) {
         {400, 240, 0, 101, 0.0f},    /* stopped by the text at step 101 */
         {48 + 61, 200, 0, 0, 0.0f},  /* a full context */
     };
-    const int drafts[][2] = {{4, 2}, {8, 1}, {16, 2}};
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    if (n_cases > sizeof cases / sizeof cases[0]) n_cases = sizeof cases / sizeof cases[0];
+    for (size_t c = 0; c < n_cases; c++) {
         outcome ref = run(e, prompt, 48, cases[c].ctx, cases[c].max_tokens, cases[c].temp, cases[c].cancel_after,
                           cases[c].stop_after, NULL);
-        for (size_t d = 0; d < sizeof drafts / sizeof drafts[0]; d++) {
+        for (size_t d = 0; d < n_drafts; d++) {
             ds4_spec sp;
             ds4_spec_params p;
-            char err[128], what[256];
+            char err[128], what[512];
             ds4_spec_params_default(&p);
-            p.lookup_max = drafts[d][0];
-            p.lookup_min_ngram = drafts[d][1];
+            p.lookup_max = drafts[d].lookup;
+            p.lookup_min_ngram = drafts[d].min_ngram ? drafts[d].min_ngram : 2;
+            p.mtp_path = drafts[d].mtp_draft ? mtp : NULL;
+            p.mtp_draft = drafts[d].mtp_draft ? drafts[d].mtp_draft : 1;
+            p.mtp_margin = drafts[d].mtp_margin;
             CHECK(ds4_spec_init(&sp, &p, err, sizeof err), "%s", err);
             outcome got = run(e, prompt, 48, cases[c].ctx, cases[c].max_tokens, cases[c].temp,
                               cases[c].cancel_after, cases[c].stop_after, &sp);
-            snprintf(what, sizeof what, "%s numerics %d case %zu draft %d/%d", path, numerics, c, drafts[d][0],
-                     drafts[d][1]);
+            snprintf(what, sizeof what, "%s numerics %d case %zu lookup %d/%d mtp %d/%g", path, numerics, c,
+                     drafts[d].lookup, drafts[d].min_ngram, drafts[d].mtp_draft, (double)drafts[d].mtp_margin);
             compare(what, &ref, &got, &sp);
             free(got.payload);
         }
@@ -179,23 +195,128 @@ static void lossless(const char *path, int numerics) {
     ds4_engine_free(e);
 }
 
+/* Greedy generation of n tokens on a prefilled session into t. */
+static void gen(ds4_session *s, int n, ds4_spec *sp, trace *t) {
+    char err[512];
+    ds4_sampler_params sp_params;
+    ds4_sampler_params_default(&sp_params);
+    sp_params.temperature = 0;
+    ds4_sampler *smp = ds4_sampler_new(&sp_params, t->n_vocab);
+    ds4_gen_hooks h = {.on_token = on_token, .ud = t, .ignore_stop = true, .spec = sp};
+    ds4_gen_result r = ds4_generate(s, NULL, smp, n, &h, err, sizeof err);
+    CHECK(r.end == DS4_GEN_LENGTH && r.n_decoded == n, "generation ended %d after %d: %s", r.end, r.n_decoded, err);
+    ds4_sampler_free(smp);
+}
+
+static bool same_payload(const ds4_session *a, const ds4_session *b) {
+    size_t na = ds4_session_payload_bytes(a), nb = ds4_session_payload_bytes(b);
+    unsigned char *pa = malloc(na), *pb = malloc(nb);
+    ds4_session_save_payload(a, pa);
+    ds4_session_save_payload(b, pb);
+    bool same = na == nb && !memcmp(pa, pb, na);
+    free(pa);
+    free(pb);
+    return same;
+}
+
+/* A draft model attached changes nothing across snapshots and batches: a
+ * session restored from a snapshot taken mid-run (the draft state is not in
+ * it) continues token for token and logit for logit as the original and as
+ * target-only decoding, with payloads equal by memcmp; and the draft model's
+ * logits after a prefill batched with another session equal those after the
+ * same prefill alone. */
+static void mtp_snapshot_and_batch(const char *path, const char *mtp) {
+    char err[512];
+    ds4_engine *e = test_engine_load_mtp(path, mtp, 0, 0);
+    CHECK(e != NULL, "cannot load %s with %s", path, mtp);
+    if (!e) return;
+    const int V = ds4_engine_n_vocab(e);
+    int32_t prompt[48], other[31];
+    for (int i = 0; i < 48; i++) prompt[i] = 3 + (int32_t)((i % 11) * 7919 % (V - 3));
+    for (int i = 0; i < 31; i++) other[i] = 3 + (int32_t)((i * 104729) % (V - 3));
+    ds4_spec sp;
+    ds4_spec_params p;
+    ds4_spec_params_default(&p);
+    p.mtp_path = mtp;
+    p.mtp_draft = 3;
+    p.mtp_margin = 0;
+    CHECK(ds4_spec_init(&sp, &p, err, sizeof err), "%s", err);
+    static trace ref, first, rest, resumed;
+    ref = first = rest = resumed = (trace){.n_vocab = V};
+    ds4_session *r = ds4_session_new(e, 400, err, sizeof err), *s = ds4_session_new(e, 400, err, sizeof err);
+    ds4_session *t = ds4_session_new(e, 400, err, sizeof err);
+    CHECK(r && s && t, "%s", err);
+    if (!r || !s || !t) return;
+    CHECK(!ds4_session_prefill(r, prompt, 48, NULL, NULL, NULL, err, sizeof err), "%s", err);
+    CHECK(!ds4_session_prefill(s, prompt, 48, NULL, NULL, NULL, err, sizeof err), "%s", err);
+    gen(r, 150, NULL, &ref);
+    gen(s, 60, &sp, &first);
+    ds4_snapshot *snap = ds4_session_snapshot(s);
+    CHECK(snap != NULL, "snapshot failed");
+    gen(s, 90, &sp, &rest);
+    CHECK(snap && !ds4_session_restore(t, snap, err, sizeof err), "restore: %s", err);
+    gen(t, 90, &sp, &resumed);
+    bool same = first.n == 60 && rest.n == 90 && resumed.n == 90;
+    for (int i = 0; same && i < 60; i++) same = first.toks[i] == ref.toks[i] && first.logit_hash[i] == ref.logit_hash[i];
+    for (int i = 0; same && i < 90; i++)
+        same = rest.toks[i] == ref.toks[60 + i] && rest.logit_hash[i] == ref.logit_hash[60 + i] &&
+               resumed.toks[i] == rest.toks[i] && resumed.logit_hash[i] == rest.logit_hash[i];
+    CHECK(same, "%s: a run with a snapshot taken and restored differs from target-only", path);
+    CHECK(same_payload(r, s) && same_payload(r, t), "%s: payloads differ from target-only after the restore", path);
+    CHECK(sp.stats.passes > 0, "%s: the draft model never drafted", path);
+
+    /* batched with another session's prefill, or alone: the same draft */
+    ds4_session *b1 = ds4_session_new(e, 400, err, sizeof err), *b2 = ds4_session_new(e, 400, err, sizeof err);
+    ds4_session *alone = ds4_session_new(e, 400, err, sizeof err);
+    ds4_step steps[2] = {{b1, prompt, 48}, {b2, other, 31}};
+    CHECK(b1 && b2 && alone && !ds4_sessions_step(e, steps, 2, err, sizeof err), "batched step: %s", err);
+    CHECK(!ds4_session_prefill(alone, prompt, 48, NULL, NULL, NULL, err, sizeof err), "%s", err);
+    float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
+    CHECK(!ds4_session_draft_logits(b1, 7, lb, err, sizeof err) && !ds4_session_draft_logits(alone, 7, la, err, sizeof err),
+          "%s", err);
+    CHECK(!memcmp(la, lb, (size_t)V * sizeof(float)), "%s: the draft differs when the prefill was batched", path);
+    free(la);
+    free(lb);
+    ds4_snapshot_free(snap);
+    ds4_session_free(alone); ds4_session_free(b1); ds4_session_free(b2);
+    ds4_session_free(r); ds4_session_free(s); ds4_session_free(t);
+    ds4_engine_free(e);
+}
+
+static const drafter LOOKUP[] = {{4, 2, 0, 0}, {8, 1, 0, 0}, {16, 2, 0, 0}};
+static const drafter MTP[] = {{0, 0, 1, 0}, {0, 0, 3, 0}, {0, 0, 5, 0.5f}, {4, 2, 2, 0}};
+
 int main(void) {
     lookup_cases();
     const char *build = getenv("BUILD");
-    char path[512];
-    struct { const char *file; int numerics; } models[] = {
-        {"ds4tiny/A-f32.gguf", 0}, {"ds4tiny/A-f32.gguf", 1}, {"ds4tiny/B-q8_0.gguf", 0},
-        {"glmtiny/A-f32.gguf", -1}, {"demo", -1},
+    char path[512], mtp[512];
+    /* paths under BUILD, or under models/ when they start with "models/" */
+    struct { const char *file, *mtp; int numerics; size_t cases; } models[] = {
+        {"ds4tiny/A-f32.gguf", NULL, 0, 5}, {"ds4tiny/A-f32.gguf", NULL, 1, 5}, {"ds4tiny/B-q8_0.gguf", NULL, 0, 5},
+        {"glmtiny/A-f32.gguf", NULL, -1, 5}, {"models/demo.gguf", NULL, -1, 5},
+        /* MTP: the oracle blocks (tests/fixtures/ds4tiny/<X>/mtp), the demo's
+         * random one and the trained tiny model's, which accepts most drafts */
+        {"ds4tiny/A-f32.gguf", "ds4tiny/A-mtp-f32.gguf", 0, 5}, {"ds4tiny/A-f32.gguf", "ds4tiny/A-mtp-f32.gguf", 1, 1},
+        {"ds4tiny/B-q8_0.gguf", "ds4tiny/B-mtp-f32.gguf", 0, 1}, {"models/demo.gguf", "models/demo-mtp.gguf", -1, 1},
+        {"models/ds4-tiny.gguf", "models/ds4-tiny-mtp.gguf", -1, 1},
     };
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
-        if (!strcmp(models[i].file, "demo")) snprintf(path, sizeof path, "models/demo.gguf");
-        else snprintf(path, sizeof path, "%s/%s", build ? build : "build", models[i].file);
-        lossless(path, models[i].numerics);
+        const char *f = models[i].file, *m = models[i].mtp, *b = build ? build : "build";
+        snprintf(path, sizeof path, "%s%s%s", strncmp(f, "models/", 7) ? b : "", strncmp(f, "models/", 7) ? "/" : "", f);
+        if (m) snprintf(mtp, sizeof mtp, "%s%s%s", strncmp(m, "models/", 7) ? b : "", strncmp(m, "models/", 7) ? "/" : "", m);
+        if (m) lossless(path, mtp, models[i].numerics, MTP, sizeof MTP / sizeof MTP[0], models[i].cases);
+        else lossless(path, NULL, models[i].numerics, LOOKUP, sizeof LOOKUP / sizeof LOOKUP[0], models[i].cases);
     }
+    snprintf(path, sizeof path, "%s/ds4tiny/A-f32.gguf", build ? build : "build");
+    snprintf(mtp, sizeof mtp, "%s/ds4tiny/A-mtp-f32.gguf", build ? build : "build");
+    mtp_snapshot_and_batch(path, mtp);
+    mtp_snapshot_and_batch("models/ds4-tiny.gguf", "models/ds4-tiny-mtp.gguf");
     CHECK(total_accepted > 0 && total_rejected > 0,
           "drafts accepted %llu, rejected %llu: both must happen for the comparison to mean anything",
           (unsigned long long)total_accepted, (unsigned long long)total_rejected);
-    printf("drafts accepted %llu, rejected %llu\n", (unsigned long long)total_accepted,
-           (unsigned long long)total_rejected);
+    CHECK(mtp_accepted > 0 && mtp_rejected > 0, "MTP drafts accepted %llu, rejected %llu",
+          (unsigned long long)mtp_accepted, (unsigned long long)mtp_rejected);
+    printf("drafts accepted %llu, rejected %llu (MTP runs: %llu, %llu)\n", (unsigned long long)total_accepted,
+           (unsigned long long)total_rejected, (unsigned long long)mtp_accepted, (unsigned long long)mtp_rejected);
     return check_done("test_spec");
 }

@@ -240,6 +240,10 @@ void ds4_file_keys_write(struct ds4_gguf_writer *w, enum ds4_mix mix) {
 }
 
 bool ds4_tensor_present(const ds4_hparams *hp, enum ds4_tensor_id id, int layer) {
+    if (layer == DS4_LAYER_MTP) {
+        if (ds4_tensor_table[id].scope == DS4_SCOPE_GLOBAL) return false;
+        layer = 0;
+    }
     switch (ds4_tensor_table[id].scope) {
     case DS4_SCOPE_GLOBAL: return layer < 0;
     case DS4_SCOPE_LAYER: return layer >= 0;
@@ -257,6 +261,7 @@ static int dims(uint64_t ne[4], uint64_t a, uint64_t b, uint64_t c) {
 }
 
 int ds4_tensor_shape(const ds4_hparams *hp, enum ds4_tensor_id id, int layer, uint64_t ne[4]) {
+    if (layer == DS4_LAYER_MTP) layer = 0;
     const uint64_t E = hp->n_embd, V = hp->n_vocab, H = hp->n_head, D = hp->key_length;
     const uint64_t hc = hp->hc_count, hc_mix = (2 + hc) * hc;
     const uint64_t X = hp->n_expert, Fe = hp->expert_ff;
@@ -303,10 +308,11 @@ int ds4_tensor_shape(const ds4_hparams *hp, enum ds4_tensor_id id, int layer, ui
 int ds4_tensor_name(enum ds4_tensor_id id, int layer, char *buf, size_t n) {
     if (ds4_tensor_table[id].scope == DS4_SCOPE_GLOBAL)
         return snprintf(buf, n, "%s", ds4_tensor_table[id].name);
+    if (layer == DS4_LAYER_MTP) return snprintf(buf, n, DS4_MTP_PREFIX "%s", ds4_tensor_table[id].name);
     return snprintf(buf, n, "blk.%d.%s", layer, ds4_tensor_table[id].name);
 }
 
-uint32_t ds4_tensor_type(enum ds4_tensor_id id, enum ds4_mix mix) {
+static uint32_t type_of_class(enum ds4_tensor_class cls, enum ds4_mix mix) {
     static const uint32_t by_mix[][5] = {
         /*                      F32           F16           Q8_0           Q2                Q4 */
         [DS4_TC_F32]         = {DS4_TYPE_F32, DS4_TYPE_F32, DS4_TYPE_F32,  DS4_TYPE_F32,     DS4_TYPE_F32},
@@ -316,7 +322,55 @@ uint32_t ds4_tensor_type(enum ds4_tensor_id id, enum ds4_mix mix) {
         [DS4_TC_EXP_GATE_UP] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_Q8_0, DS4_TYPE_IQ2_XXS, DS4_TYPE_Q4_K},
         [DS4_TC_EXP_DOWN]    = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_Q8_0, DS4_TYPE_Q2_K,    DS4_TYPE_Q4_K},
     };
-    return by_mix[ds4_tensor_table[id].cls][mix];
+    return by_mix[cls][mix];
+}
+
+uint32_t ds4_tensor_type(enum ds4_tensor_id id, enum ds4_mix mix) { return type_of_class(ds4_tensor_table[id].cls, mix); }
+
+/* The released MTP file keeps the projections Q8_0 and the norms F32, like
+ * the attention matrices and norms of a layer; the HC merge as the head's. */
+const ds4_tensor_desc ds4_mtp_tensor_table[DS4_MTP_COUNT] = {
+    [DS4_MTP_E_PROJ]        = {"e_proj.weight", DS4_SCOPE_GLOBAL, DS4_TC_Q8},
+    [DS4_MTP_H_PROJ]        = {"h_proj.weight", DS4_SCOPE_GLOBAL, DS4_TC_Q8},
+    [DS4_MTP_ENORM]         = {"enorm.weight", DS4_SCOPE_GLOBAL, DS4_TC_F32},
+    [DS4_MTP_HNORM]         = {"hnorm.weight", DS4_SCOPE_GLOBAL, DS4_TC_F32},
+    [DS4_MTP_NORM]          = {"norm.weight", DS4_SCOPE_GLOBAL, DS4_TC_F32},
+    [DS4_MTP_HC_HEAD_FN]    = {"hc_head_fn.weight", DS4_SCOPE_GLOBAL, DS4_TC_F16},
+    [DS4_MTP_HC_HEAD_SCALE] = {"hc_head_scale.weight", DS4_SCOPE_GLOBAL, DS4_TC_F32},
+    [DS4_MTP_HC_HEAD_BASE]  = {"hc_head_base.weight", DS4_SCOPE_GLOBAL, DS4_TC_F32},
+};
+
+void ds4_hparams_mtp_block(const ds4_hparams *main_hp, ds4_hparams *block) {
+    const uint32_t last = main_hp->n_layer ? main_hp->n_layer - 1 : 0;
+    *block = *main_hp;
+    block->n_layer = 1;
+    memset(block->compress_ratio, 0, sizeof block->compress_ratio);
+    memset(block->attn_kind, 0, sizeof block->attn_kind);
+    block->attn_kind[0] = DS4_ATTN_WINDOW;
+    block->n_hash_layer = 0;
+    block->swiglu_clamp_exp[0] = main_hp->swiglu_clamp_exp[last];
+    block->swiglu_clamp_shexp[0] = main_hp->swiglu_clamp_shexp[last];
+}
+
+int ds4_mtp_tensor_shape(const ds4_hparams *hp, enum ds4_mtp_tensor_id id, uint64_t ne[4]) {
+    const uint64_t E = hp->n_embd, hc = hp->hc_count;
+    switch (id) {
+    case DS4_MTP_E_PROJ: case DS4_MTP_H_PROJ: return dims(ne, E, E, 1);
+    case DS4_MTP_ENORM: case DS4_MTP_HNORM: case DS4_MTP_NORM: return dims(ne, E, 1, 1);
+    case DS4_MTP_HC_HEAD_FN: return dims(ne, hc * E, hc, 1);
+    case DS4_MTP_HC_HEAD_SCALE: return dims(ne, 1, 1, 1);
+    case DS4_MTP_HC_HEAD_BASE: return dims(ne, hc, 1, 1);
+    case DS4_MTP_COUNT: break;
+    }
+    return dims(ne, 0, 1, 1);
+}
+
+int ds4_mtp_tensor_name(enum ds4_mtp_tensor_id id, char *buf, size_t n) {
+    return snprintf(buf, n, DS4_MTP_PREFIX "%s", ds4_mtp_tensor_table[id].name);
+}
+
+uint32_t ds4_mtp_tensor_type(enum ds4_mtp_tensor_id id, enum ds4_mix mix) {
+    return type_of_class(ds4_mtp_tensor_table[id].cls, mix);
 }
 
 void ds4_slice_keys_write(struct ds4_gguf_writer *w, uint32_t first, uint32_t last, bool output) {

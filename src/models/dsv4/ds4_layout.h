@@ -187,6 +187,31 @@ int ds4_tensor_shape(const ds4_hparams *hp, enum ds4_tensor_id id, int layer, ui
 int ds4_tensor_name(enum ds4_tensor_id id, int layer, char *buf, size_t n);
 uint32_t ds4_tensor_type(enum ds4_tensor_id id, enum ds4_mix mix);   /* ggml type id */
 
+/* ---- the MTP support file (one-stage multi-token prediction) ----
+ * A support file carries the main model's deepseek4.* keys (so a file made
+ * for another model is recognised at bind time) and the MTP block: one
+ * window-only (ratio 0), top-k routed decoder block whose tensors are the
+ * layer tensors of the table named "mtp.0.<suffix>", plus the MTP-only
+ * tensors of ds4_mtp_tensor_table (the token and hidden-state projections,
+ * their norms, its own HC merge and final norm). The token embedding and the
+ * output matrix are the main model's.
+ * - ds4_hparams_mtp_block() turns the main model's hparams into the block's:
+ *   one layer, ratio 0, no hash routing, the main last layer's SwiGLU clamps.
+ * - Layer DS4_LAYER_MTP in ds4_tensor_present / _shape / _name means layer 0
+ *   of the block's hparams under the "mtp.0." names. */
+#define DS4_LAYER_MTP (-2)
+#define DS4_MTP_PREFIX "mtp.0."
+enum ds4_mtp_tensor_id {
+    DS4_MTP_E_PROJ, DS4_MTP_H_PROJ, DS4_MTP_ENORM, DS4_MTP_HNORM, DS4_MTP_NORM,
+    DS4_MTP_HC_HEAD_FN, DS4_MTP_HC_HEAD_SCALE, DS4_MTP_HC_HEAD_BASE,
+    DS4_MTP_COUNT
+};
+extern const ds4_tensor_desc ds4_mtp_tensor_table[DS4_MTP_COUNT];   /* names after DS4_MTP_PREFIX */
+void ds4_hparams_mtp_block(const ds4_hparams *main_hp, ds4_hparams *block);
+int ds4_mtp_tensor_shape(const ds4_hparams *hp, enum ds4_mtp_tensor_id id, uint64_t ne[4]);
+int ds4_mtp_tensor_name(enum ds4_mtp_tensor_id id, char *buf, size_t n);
+uint32_t ds4_mtp_tensor_type(enum ds4_mtp_tensor_id id, enum ds4_mix mix);
+
 /* ---- layer-range files ---- */
 /* u32, u32, bool. DwarfStar's own keys: llama.cpp-family readers ignore them. */
 #define DS4_SLICE_KEY_FIRST "ds4.slice.first_layer"

@@ -91,6 +91,7 @@ typedef struct cpu {
     const ds4_model *m;
     const ds4_config *c;
     ds4_pool *pool;
+    bool owns_pool;                 /* false for a sibling (ds4_cpu_backend_new_sibling) */
     int n_threads;
     bool numerics;
     ds4_expert_cache *experts;      /* --ssd-streaming: routed weights come from its slots */
@@ -423,7 +424,8 @@ static int attn_rows(const batch *b, int t, const ds4_kv_layer *L, const float *
     const cpu *f = b->f;
     const ds4_config *c = f->c;
     const int D = c->head_dim;
-    const int64_t p = row_pos(b, t), lo = p - c->window + 1 > 0 ? p - c->window + 1 : 0;
+    const int64_t p = row_pos(b, t), first = row_kv(b, t)->first_pos;
+    const int64_t lo = p - c->window + 1 > first ? p - c->window + 1 : first;
     const int row0 = f->s.seq_row0[f->s.row_seq[t]];
     const int64_t p0 = row_pos(b, row0);
     const int raw_cap = row_kv(b, t)->raw_cap;
@@ -927,6 +929,39 @@ static void heads(batch *b) {
             memcpy(b->seqs[q].logits, f->head_logits + (size_t)i++ * V, (size_t)V * sizeof(float));
 }
 
+static void embed(const cpu *f, int32_t tok, float *out) {
+    const ds4_tensor *emb = &f->m->token_embd;
+    ds4_dequantize_row(emb->type, (const char *)emb->data + (size_t)tok * emb->row_bytes, out, f->c->n_embd);
+}
+
+/* An MTP block's input (sheet section 13): every stream k of row t is
+ * e_proj(RMSNorm(embed(token); enorm)) + h_proj(RMSNorm(hidden_in[k]; hnorm)),
+ * the streams of all rows going through h_proj as one batch of T * n_hc rows. */
+static void mtp_input(batch *b) {
+    cpu *f = b->f;
+    batch_scratch *s = &f->s;
+    const ds4_model *m = f->m;
+    const int E = f->c->n_embd, n_hc = f->c->n_hc, T = b->T;
+    const size_t hcE = (size_t)n_hc * E;
+    for (int t = 0; t < T; t++) {
+        const int q = s->row_seq[t];
+        const float *h = b->seqs[q].hidden_in + (size_t)(t - s->seq_row0[q]) * hcE;
+        for (int k = 0; k < n_hc; k++)
+            ds4_rmsnorm(h + (size_t)k * E, m->mtp_hnorm, E, f->c->rms_eps, DS4_RMS_F64, s->hc_flat + t * hcE + (size_t)k * E);
+        float *e = s->normed + (size_t)t * E;
+        embed(f, s->tokens[t], e);
+        rmsnorm(e, E, m->mtp_enorm, f->c->rms_eps);
+    }
+    linear(f, &m->mtp_h_proj, 0, 0, E, s->hc_flat, E, T * n_hc, s->hc_state);
+    linear(f, &m->mtp_e_proj, 0, 0, E, s->normed, E, T, s->sublayer_out);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < n_hc; k++) {
+            float *streams = s->hc_state + t * hcE + (size_t)k * E;
+            const float *e = s->sublayer_out + (size_t)t * E;
+            for (int d = 0; d < E; d++) streams[d] = e[d] + streams[d];
+        }
+}
+
 static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
     cpu *f = (cpu *)be;
     const ds4_config *c = f->c;
@@ -946,9 +981,10 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
                 snprintf(err, errlen, "token id %d out of range [0, %d)", sq->toks[i], c->n_vocab);
                 return -1;
             }
-        if ((sl->first > 0 && !sq->hidden_in) || (!sl->output && !sq->hidden_out)) {
+        const bool takes_hidden = sl->first > 0 || f->m->mtp;
+        if ((takes_hidden && !sq->hidden_in) || (!sl->output && !sq->hidden_out)) {
             snprintf(err, errlen, "sequence %d: the layer slice %d..%d needs hidden states %s", q, sl->first,
-                     sl->last, sl->first > 0 && !sq->hidden_in ? "in" : "out");
+                     sl->last, takes_hidden && !sq->hidden_in ? "in" : "out");
             return -1;
         }
         T += sq->n;
@@ -981,14 +1017,14 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
         const int q = s->row_seq[t];
         if (sl->first > 0) {
             memcpy(streams, seqs[q].hidden_in + (size_t)(t - s->seq_row0[q]) * hcE, hcE * sizeof(float));
-        } else {
-            const ds4_tensor *emb = &f->m->token_embd;
-            ds4_dequantize_row(emb->type, (const char *)emb->data + (size_t)s->tokens[t] * emb->row_bytes, streams, E);
+        } else if (!f->m->mtp) {
+            embed(f, s->tokens[t], streams);
             for (int k = 1; k < n_hc; k++) memcpy(streams + (size_t)k * E, streams, (size_t)E * sizeof(float));
         }
         for (int kind = 0; kind < 2; kind++)
             rope_table(f, kind, s->row_pos[t], s->rope_cs + ((size_t)t * 2 + kind) * c->n_rot);
     }
+    if (f->m->mtp) mtp_input(&b);
     if (f->experts && f->predict && T * c->n_expert_used < c->n_expert && f->m->layers[sl->first].tid2eid)
         predict_experts(&b, sl->first);
     for (b.l = sl->first; b.l <= sl->last; b.l++) {
@@ -996,6 +1032,12 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
         ffn(&b);
         if (f->experts && ds4_expert_cache_take_error(f->experts, err, errlen)) return -1;
         ds4_power_pause(&be->power);
+    }
+    for (int t = 0; t < T; t++) {
+        const ds4_backend_seq *sq = &seqs[s->row_seq[t]];
+        if (sq->hc_ring)
+            memcpy(sq->hc_ring + (size_t)(s->row_pos[t] % sq->hc_ring_slots) * hcE, s->hc_state + (size_t)t * hcE,
+                   hcE * sizeof(float));
     }
     for (int q = 0; q < n_seqs; q++) seqs[q].kv->n_pos += seqs[q].n;
     if (sl->output) heads(&b);
@@ -1010,7 +1052,7 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
 static void cpu_free(ds4_backend *be) {
     cpu *f = (cpu *)be;
     if (!f) return;
-    ds4_pool_free(f->pool);
+    if (f->owns_pool) ds4_pool_free(f->pool);
     free(f->inv_freq[0]); free(f->inv_freq[1]);
     free(f->comp_cs);
     free(f->s_block);
@@ -1064,8 +1106,8 @@ void ds4_cpu_backend_stream_experts(ds4_backend *be, ds4_expert_cache *experts, 
     ((cpu *)be)->predict = predict;
 }
 
-ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batch, bool numerics,
-                                 char *err, size_t errlen) {
+static ds4_backend *cpu_new(const ds4_model *m, ds4_pool *shared, int n_threads, int max_batch, bool numerics,
+                            char *err, size_t errlen) {
     if (numerics && !ds4_cpu_numerics_supported(&m->cfg)) {
         snprintf(err, errlen, "ds4 numerics need non-rotary dims a multiple of 64 and a power-of-two indexer head");
         return NULL;
@@ -1081,7 +1123,8 @@ ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batc
     f->c = &m->cfg;
     f->numerics = numerics;
     f->mixn = (2 + m->cfg.n_hc) * m->cfg.n_hc;
-    f->pool = ds4_pool_new(n_threads);
+    f->owns_pool = !shared;
+    f->pool = shared ? shared : ds4_pool_new(n_threads);
     f->n_threads = ds4_pool_threads(f->pool);
     f->base.power.threads = f->n_threads;   /* --power counts this pool's CPU time */
     f->ts = calloc((size_t)f->n_threads, sizeof(thread_scratch));
@@ -1095,4 +1138,21 @@ ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batc
         return NULL;
     }
     return &f->base;
+}
+
+ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batch, bool numerics,
+                                 char *err, size_t errlen) {
+    return cpu_new(m, NULL, n_threads, max_batch, numerics, err, errlen);
+}
+
+ds4_backend *ds4_cpu_backend_new_sibling(const ds4_model *m, ds4_backend *host, int max_batch, bool numerics,
+                                         char *err, size_t errlen) {
+    if (strcmp(host->name, "cpu")) {
+        snprintf(err, errlen, "a sibling CPU backend needs a CPU host backend, not %s", host->name);
+        return NULL;
+    }
+    ds4_backend *be = cpu_new(m, ((cpu *)host)->pool, 0, max_batch, numerics, err, errlen);
+    /* pacing is the host's: both run on its threads */
+    if (be) be->power = host->power;
+    return be;
 }

@@ -53,6 +53,11 @@ void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud);
 
 ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batch, bool numerics,
                                  char *err, size_t errlen);
+/* A backend for another model (the MTP block) that runs on host's thread
+ * pool, one call at a time with host (the engine is single-threaded); host,
+ * a CPU backend, must outlive it. */
+ds4_backend *ds4_cpu_backend_new_sibling(const ds4_model *m, ds4_backend *host, int max_batch, bool numerics,
+                                         char *err, size_t errlen);
 bool ds4_cpu_numerics_supported(const ds4_config *c);
 int ds4_cpu_backend_threads(const ds4_backend *be);
 struct ds4_expert_cache;

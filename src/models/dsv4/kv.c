@@ -91,13 +91,22 @@ void ds4_kv_free(ds4_kv *kv) {
     free(kv);
 }
 
-void ds4_kv_reset(ds4_kv *kv) { kv->n_pos = 0; }
+void ds4_kv_reset(ds4_kv *kv) { kv->n_pos = kv->first_pos = 0; }
+
+bool ds4_kv_seek(ds4_kv *kv, int pos) {
+    for (int l = kv->first_layer; l <= kv->last_layer; l++)
+        if (kv->L[l].ratio) return false;
+    if (pos < 0 || pos > kv->ctx) return false;
+    kv->n_pos = kv->first_pos = pos;
+    return true;
+}
 
 bool ds4_kv_truncate(ds4_kv *kv, int n) {
     if (n < 0 || n > kv->n_pos || n < kv->n_pos - kv->slack) return false;
     /* rows of windows completed at or after n are simply no longer counted;
      * ring slots past n are overwritten by the next tokens */
     kv->n_pos = n;
+    if (kv->first_pos > n) kv->first_pos = n;
     return true;
 }
 

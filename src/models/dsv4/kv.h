@@ -56,6 +56,7 @@ typedef struct ds4_kv {
     int first_layer, last_layer;   /* the layers with buffers (all but for ds4_kv_new_layers) */
     int head_dim, idx_head_dim;
     int n_pos;           /* positions consumed so far */
+    int first_pos;       /* no rows below it (ds4_kv_seek); 0 for every ordinary state */
     ds4_kv_layer *L;
     void *block;         /* the single allocation behind every buffer */
     uint64_t bytes;
@@ -72,6 +73,12 @@ void ds4_kv_free(ds4_kv *kv);
 /* Drop positions >= n. False (state untouched) when n < n_pos - slack. */
 bool ds4_kv_truncate(ds4_kv *kv, int n);
 void ds4_kv_reset(ds4_kv *kv);
+/* States whose layers are all window-only (the MTP block): empties the state
+ * and makes it continue at position pos with no rows before it, so attention
+ * at a position p reads rows max(first_pos, p - window + 1)..p. A state whose
+ * window rows are all recomputed from pos on needs nothing older. False
+ * (state untouched) when a layer compresses. */
+bool ds4_kv_seek(ds4_kv *kv, int pos);
 /* Ring checkpoint: what a state at n_pos needs from its rings (raw rows of
  * the last window, compressor K/Z of the current and previous window), in a
  * fixed-size buffer. Loading one sets n_pos back to the saved position; it is

@@ -184,36 +184,37 @@ static float *bind_floats(ds4_binder *b, const ds4_hparams *hp, enum ds4_tensor_
     return ds4_bind_floats(b, name, ds4_tensor_shape(hp, id, l, ne), ne);
 }
 
-static void bind_layer(ds4_binder *b, const ds4_config *c, const ds4_hparams *hp, int l, ds4_layer *L) {
-    L->hc_attn_fn = bind_matrix(b, hp, DS4_T_HC_ATTN_FN, l);
-    L->hc_attn_scale = bind_floats(b, hp, DS4_T_HC_ATTN_SCALE, l);
-    L->hc_attn_base = bind_floats(b, hp, DS4_T_HC_ATTN_BASE, l);
-    L->attn_norm = bind_floats(b, hp, DS4_T_ATTN_NORM, l);
-    L->q_a = bind_matrix(b, hp, DS4_T_ATTN_Q_A, l);
-    L->q_a_norm = bind_floats(b, hp, DS4_T_ATTN_Q_A_NORM, l);
-    L->q_b = bind_matrix(b, hp, DS4_T_ATTN_Q_B, l);
-    L->kv = bind_matrix(b, hp, DS4_T_ATTN_KV, l);
-    L->kv_norm = bind_floats(b, hp, DS4_T_ATTN_KV_A_NORM, l);
-    L->sinks = bind_floats(b, hp, DS4_T_ATTN_SINKS, l);
-    L->out_a = bind_matrix(b, hp, DS4_T_ATTN_OUTPUT_A, l);
-    L->out_b = bind_matrix(b, hp, DS4_T_ATTN_OUTPUT_B, l);
-    L->hc_ffn_fn = bind_matrix(b, hp, DS4_T_HC_FFN_FN, l);
-    L->hc_ffn_scale = bind_floats(b, hp, DS4_T_HC_FFN_SCALE, l);
-    L->hc_ffn_base = bind_floats(b, hp, DS4_T_HC_FFN_BASE, l);
-    L->ffn_norm = bind_floats(b, hp, DS4_T_FFN_NORM, l);
-    L->gate_inp = bind_matrix(b, hp, DS4_T_FFN_GATE_INP, l);
-    L->gate_exps = bind_matrix(b, hp, DS4_T_FFN_GATE_EXPS, l);
-    L->up_exps = bind_matrix(b, hp, DS4_T_FFN_UP_EXPS, l);
-    L->down_exps = bind_matrix(b, hp, DS4_T_FFN_DOWN_EXPS, l);
-    L->gate_shexp = bind_matrix(b, hp, DS4_T_FFN_GATE_SHEXP, l);
-    L->up_shexp = bind_matrix(b, hp, DS4_T_FFN_UP_SHEXP, l);
-    L->down_shexp = bind_matrix(b, hp, DS4_T_FFN_DOWN_SHEXP, l);
+/* Layer l of c, its tensors named as layer `named` (l itself, or DS4_LAYER_MTP). */
+static void bind_layer(ds4_binder *b, const ds4_config *c, const ds4_hparams *hp, int l, int named, ds4_layer *L) {
+    L->hc_attn_fn = bind_matrix(b, hp, DS4_T_HC_ATTN_FN, named);
+    L->hc_attn_scale = bind_floats(b, hp, DS4_T_HC_ATTN_SCALE, named);
+    L->hc_attn_base = bind_floats(b, hp, DS4_T_HC_ATTN_BASE, named);
+    L->attn_norm = bind_floats(b, hp, DS4_T_ATTN_NORM, named);
+    L->q_a = bind_matrix(b, hp, DS4_T_ATTN_Q_A, named);
+    L->q_a_norm = bind_floats(b, hp, DS4_T_ATTN_Q_A_NORM, named);
+    L->q_b = bind_matrix(b, hp, DS4_T_ATTN_Q_B, named);
+    L->kv = bind_matrix(b, hp, DS4_T_ATTN_KV, named);
+    L->kv_norm = bind_floats(b, hp, DS4_T_ATTN_KV_A_NORM, named);
+    L->sinks = bind_floats(b, hp, DS4_T_ATTN_SINKS, named);
+    L->out_a = bind_matrix(b, hp, DS4_T_ATTN_OUTPUT_A, named);
+    L->out_b = bind_matrix(b, hp, DS4_T_ATTN_OUTPUT_B, named);
+    L->hc_ffn_fn = bind_matrix(b, hp, DS4_T_HC_FFN_FN, named);
+    L->hc_ffn_scale = bind_floats(b, hp, DS4_T_HC_FFN_SCALE, named);
+    L->hc_ffn_base = bind_floats(b, hp, DS4_T_HC_FFN_BASE, named);
+    L->ffn_norm = bind_floats(b, hp, DS4_T_FFN_NORM, named);
+    L->gate_inp = bind_matrix(b, hp, DS4_T_FFN_GATE_INP, named);
+    L->gate_exps = bind_matrix(b, hp, DS4_T_FFN_GATE_EXPS, named);
+    L->up_exps = bind_matrix(b, hp, DS4_T_FFN_UP_EXPS, named);
+    L->down_exps = bind_matrix(b, hp, DS4_T_FFN_DOWN_EXPS, named);
+    L->gate_shexp = bind_matrix(b, hp, DS4_T_FFN_GATE_SHEXP, named);
+    L->up_shexp = bind_matrix(b, hp, DS4_T_FFN_UP_SHEXP, named);
+    L->down_shexp = bind_matrix(b, hp, DS4_T_FFN_DOWN_SHEXP, named);
 
     char name[160];
     uint64_t ne[4];
     if (l < c->n_hash_layer) {
-        ds4_tensor_name(DS4_T_FFN_GATE_TID2EID, l, name, sizeof name);
-        const ds4_gguf_tensor *t = ds4_bind_find(b, name, ds4_tensor_shape(hp, DS4_T_FFN_GATE_TID2EID, l, ne), ne);
+        ds4_tensor_name(DS4_T_FFN_GATE_TID2EID, named, name, sizeof name);
+        const ds4_gguf_tensor *t = ds4_bind_find(b, name, ds4_tensor_shape(hp, DS4_T_FFN_GATE_TID2EID, named, ne), ne);
         if (t && t->type != DS4_TYPE_I32) ds4_bind_fail(b, "tensor %s must be I32", name);
         if (t && !b->failed) {
             L->tid2eid = t->data;
@@ -221,23 +222,23 @@ static void bind_layer(ds4_binder *b, const ds4_config *c, const ds4_hparams *hp
                 if (L->tid2eid[i] < 0 || L->tid2eid[i] >= c->n_expert) { ds4_bind_fail(b, "tensor %s holds expert id %d", name, L->tid2eid[i]); break; }
         }
     } else {
-        ds4_tensor_name(DS4_T_EXP_PROBS_B, l, name, sizeof name);
-        if (ds4_gguf_find_tensor(b->g, name)) L->exp_probs_b = bind_floats(b, hp, DS4_T_EXP_PROBS_B, l);
+        ds4_tensor_name(DS4_T_EXP_PROBS_B, named, name, sizeof name);
+        if (ds4_gguf_find_tensor(b->g, name)) L->exp_probs_b = bind_floats(b, hp, DS4_T_EXP_PROBS_B, named);
     }
 
     if (c->compress_ratio[l]) {
-        L->comp_ape = bind_floats(b, hp, DS4_T_COMP_APE, l);
-        L->comp_kv = bind_matrix(b, hp, DS4_T_COMP_KV, l);
-        L->comp_gate = bind_matrix(b, hp, DS4_T_COMP_GATE, l);
-        L->comp_norm = bind_floats(b, hp, DS4_T_COMP_NORM, l);
+        L->comp_ape = bind_floats(b, hp, DS4_T_COMP_APE, named);
+        L->comp_kv = bind_matrix(b, hp, DS4_T_COMP_KV, named);
+        L->comp_gate = bind_matrix(b, hp, DS4_T_COMP_GATE, named);
+        L->comp_norm = bind_floats(b, hp, DS4_T_COMP_NORM, named);
     }
     if (c->compress_ratio[l] && ds4_cfg_has_indexer(c, l)) {
-        L->idx_q_b = bind_matrix(b, hp, DS4_T_IDX_Q_B, l);
-        L->idx_proj = bind_matrix(b, hp, DS4_T_IDX_PROJ, l);
-        L->idx_ape = bind_floats(b, hp, DS4_T_IDX_COMP_APE, l);
-        L->idx_kv = bind_matrix(b, hp, DS4_T_IDX_COMP_KV, l);
-        L->idx_gate = bind_matrix(b, hp, DS4_T_IDX_COMP_GATE, l);
-        L->idx_norm = bind_floats(b, hp, DS4_T_IDX_COMP_NORM, l);
+        L->idx_q_b = bind_matrix(b, hp, DS4_T_IDX_Q_B, named);
+        L->idx_proj = bind_matrix(b, hp, DS4_T_IDX_PROJ, named);
+        L->idx_ape = bind_floats(b, hp, DS4_T_IDX_COMP_APE, named);
+        L->idx_kv = bind_matrix(b, hp, DS4_T_IDX_COMP_KV, named);
+        L->idx_gate = bind_matrix(b, hp, DS4_T_IDX_COMP_GATE, named);
+        L->idx_norm = bind_floats(b, hp, DS4_T_IDX_COMP_NORM, named);
     }
 }
 
@@ -284,6 +285,8 @@ void ds4_model_free(ds4_model *m) {
     free(m->cfg.attn_kind);
     free(m->cfg.clamp_exp);
     free(m->cfg.clamp_shexp);
+    free(m->mtp_enorm);
+    free(m->mtp_hnorm);
     free(m);
 }
 
@@ -399,7 +402,7 @@ ds4_model *ds4_model_bind_slice(const ds4_gguf *g, const ds4_layer_slice *want, 
         }
         m->layers = calloc((size_t)c->n_layer, sizeof(ds4_layer));
         if (!m->layers) ds4_bind_fail_oom(&b, "the layer table");
-        for (int l = sl->first; l <= sl->last && !b.failed; l++) bind_layer(&b, c, &hp, l, &m->layers[l]);
+        for (int l = sl->first; l <= sl->last && !b.failed; l++) bind_layer(&b, c, &hp, l, l, &m->layers[l]);
     }
     if (b.failed) { ds4_model_free(m); return NULL; }
     ds4_gguf_str name;
@@ -426,4 +429,95 @@ int ds4_model_expert_bits(const ds4_model *m) {
     case DS4_TYPE_F16: case DS4_TYPE_BF16: return 16;
     default: return 32;
     }
+}
+
+/* ---- MTP support files ---- */
+
+static ds4_tensor bind_mtp_matrix(ds4_binder *b, const ds4_hparams *hp, enum ds4_mtp_tensor_id id) {
+    char name[160];
+    uint64_t ne[4];
+    ds4_mtp_tensor_name(id, name, sizeof name);
+    return ds4_bind_matrix(b, name, ds4_mtp_tensor_shape(hp, id, ne), ne);
+}
+
+static float *bind_mtp_floats(ds4_binder *b, const ds4_hparams *hp, enum ds4_mtp_tensor_id id) {
+    char name[160];
+    uint64_t ne[4];
+    ds4_mtp_tensor_name(id, name, sizeof name);
+    return ds4_bind_floats(b, name, ds4_mtp_tensor_shape(hp, id, ne), ne);
+}
+
+/* The dimensions the block shares with its main model: a support file whose
+ * keys differ in any of them was made for another model. */
+static void check_same_model(ds4_binder *b, const ds4_config *file, const ds4_config *main_cfg) {
+#define SAME(field, key)                                                                                  \
+    if (!b->failed && file->field != main_cfg->field)                                                     \
+        ds4_bind_fail(b, "it was made for another model (" key " %g, the model's %g)", (double)file->field, \
+                      (double)main_cfg->field)
+    SAME(n_embd, "embedding_length"); SAME(n_vocab, "vocab_size"); SAME(n_layer, "block_count");
+    SAME(n_head, "attention.head_count"); SAME(head_dim, "attention.key_length"); SAME(n_rot, "rope.dimension_count");
+    SAME(q_lora, "attention.q_lora_rank"); SAME(o_lora, "attention.output_lora_rank");
+    SAME(o_groups, "attention.output_group_count"); SAME(window, "attention.sliding_window");
+    SAME(n_hc, "hyper_connection.count"); SAME(n_expert, "expert_count"); SAME(n_expert_used, "expert_used_count");
+    SAME(n_ff_exp, "expert_feed_forward_length"); SAME(rope_base, "rope.freq_base"); SAME(rms_eps, "rms epsilon");
+#undef SAME
+}
+
+ds4_model *ds4_model_bind_mtp(const ds4_gguf *g, const ds4_model *main_model, char *err, size_t errlen) {
+    ds4_binder b = {g, "not an MTP file for this model: ", err, errlen, false};
+    const ds4_config *mc = &main_model->cfg;
+    if (!main_model->slice.output || main_model->slice.first != 0) {
+        snprintf(err, errlen, "the MTP block needs the token embedding and the output head in this process");
+        return NULL;
+    }
+    ds4_model *m = calloc(1, sizeof *m);
+    ds4_config file_cfg = {0};
+    if (!m) { snprintf(err, errlen, "out of memory for the MTP block"); return NULL; }
+    read_config(&b, &file_cfg);
+    check_same_model(&b, &file_cfg, mc);
+    free(file_cfg.compress_ratio); free(file_cfg.attn_kind); free(file_cfg.clamp_exp); free(file_cfg.clamp_shexp);
+    /* the main model's configuration with the block as its only layer */
+    ds4_config *c = &m->cfg;
+    *c = *mc;
+    c->n_layer = 1;
+    c->n_hash_layer = 0;
+    c->compress_ratio = calloc(1, sizeof *c->compress_ratio);
+    c->attn_kind = calloc(1, sizeof *c->attn_kind);
+    c->clamp_exp = malloc(sizeof *c->clamp_exp);
+    c->clamp_shexp = malloc(sizeof *c->clamp_shexp);
+    if (!c->compress_ratio || !c->attn_kind || !c->clamp_exp || !c->clamp_shexp) ds4_bind_fail_oom(&b, "the MTP block");
+    if (!b.failed) {
+        c->attn_kind[0] = DS4_ATTN_WINDOW;
+        c->clamp_exp[0] = mc->clamp_exp[mc->n_layer - 1];
+        c->clamp_shexp[0] = mc->clamp_shexp[mc->n_layer - 1];
+    }
+    m->slice = (ds4_layer_slice){0, 0, true};
+    m->layers = calloc(1, sizeof(ds4_layer));
+    if (!m->layers) ds4_bind_fail_oom(&b, "the MTP block");
+    if (!b.failed) {
+        ds4_hparams hp;
+        shape_hparams(c, &hp);
+        bind_layer(&b, c, &hp, 0, DS4_LAYER_MTP, &m->layers[0]);
+        if (!b.failed && !m->layers[0].exp_probs_b) {
+            char name[160];
+            ds4_tensor_name(DS4_T_EXP_PROBS_B, DS4_LAYER_MTP, name, sizeof name);
+            ds4_bind_fail(&b, "missing tensor %s", name);
+        }
+        m->mtp_e_proj = bind_mtp_matrix(&b, &hp, DS4_MTP_E_PROJ);
+        m->mtp_h_proj = bind_mtp_matrix(&b, &hp, DS4_MTP_H_PROJ);
+        m->mtp_enorm = bind_mtp_floats(&b, &hp, DS4_MTP_ENORM);
+        m->mtp_hnorm = bind_mtp_floats(&b, &hp, DS4_MTP_HNORM);
+        m->output_norm = bind_mtp_floats(&b, &hp, DS4_MTP_NORM);
+        m->output_hc_fn = bind_mtp_matrix(&b, &hp, DS4_MTP_HC_HEAD_FN);
+        m->output_hc_scale = bind_mtp_floats(&b, &hp, DS4_MTP_HC_HEAD_SCALE);
+        m->output_hc_base = bind_mtp_floats(&b, &hp, DS4_MTP_HC_HEAD_BASE);
+    }
+    if (b.failed) { ds4_model_free(m); return NULL; }
+    m->token_embd = main_model->token_embd;
+    m->output = main_model->output;
+    m->mtp = true;
+    m->binds_file = true;
+    snprintf(m->name, sizeof m->name, "%.120s MTP", main_model->name);
+    m->file_bytes = ds4_gguf_file_bytes(g);
+    return m;
 }

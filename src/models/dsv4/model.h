@@ -102,11 +102,26 @@ typedef struct ds4_model {
     char name[128];
     uint64_t file_bytes;
     bool binds_file;                      /* the slice is all the file holds (its own range, or all of a whole file) */
+    /* An MTP block (ds4_model_bind_mtp): its rows enter as
+     * e_proj(enorm(embed(token))) + h_proj(hnorm(stream)) for each of the
+     * n_hc streams of a hidden state the sequence brings (hidden_in). */
+    bool mtp;
+    ds4_tensor mtp_e_proj, mtp_h_proj;
+    float *mtp_enorm, *mtp_hnorm;
 } ds4_model;
 
 ds4_model *ds4_model_bind(const struct ds4_gguf *g, char *err, size_t errlen);
 /* want NULL: the file's own range (all of it for an ordinary file) */
 ds4_model *ds4_model_bind_slice(const struct ds4_gguf *g, const ds4_layer_slice *want, char *err, size_t errlen);
+
+/* The MTP block of an MTP support file (ds4_layout.h) as a one-layer model
+ * for the main model `main`: layer 0 is the block (window-only, top-k
+ * routed), the head is its own HC merge and norm over the main model's output
+ * matrix, the token embedding is the main model's (both views of main's
+ * mapping, which must outlive it). The file's deepseek4.* keys must describe
+ * main's dimensions; a file for another model, a missing or misshapen tensor
+ * gives NULL and one line ("not an MTP file for this model: ..."). */
+ds4_model *ds4_model_bind_mtp(const struct ds4_gguf *g, const ds4_model *main_model, char *err, size_t errlen);
 
 static inline bool ds4_model_has_layer(const ds4_model *m, int l) { return l >= m->slice.first && l <= m->slice.last; }
 /* Whether this model computes logits from tokens alone (embedding, every layer, head). */

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Regenerates tests/fixtures/ds4tiny/<X>/mtp/: a random one-stage MTP block
+for each oracle model X (A, B, C) and the float32 logits a reference built
+from transformers' own DeepSeek V4 modules computes for it.
+
+transformers' DeepseekV4ForCausalLM ignores the checkpoint's mtp.0.* tensors,
+so the reference is assembled from its modules the way DeepSeek V4's MTP is
+specified: for position i of the main model's token sequence,
+
+    x[s]   = e_proj(RMSNorm(embed(token[i+1]); enorm)) + h_proj(RMSNorm(H_i[s]; hnorm))
+    y      = DeepseekV4DecoderLayer (one sliding-attention, top-k routed MoE layer,
+             the main model's masks and RoPE tables) applied to x over all positions
+    logits = lm_head(RMSNorm(DeepseekV4HyperHead_mtp(y); norm))
+
+where H_i are the main model's final hyper-connection streams at position i
+(the input of its own hc_head) and embed / lm_head are the main model's.
+The test suite never runs this script; it reads the committed outputs.
+
+    /path/to/python-with-transformers tests/oracles/ds4_mtp_oracle.py [A B C]
+
+Files per model (tests/fixtures/ds4tiny/<X>/mtp/):
+  config.json        the main model's config (ds4-convert --mtp reads it)
+  model.safetensors  the block, BF16, as the official checkpoint names it
+                     (mtp.0.attn.wq_a.weight, mtp.0.ffn.experts.1.w1.weight,
+                     mtp.0.e_proj.weight, mtp.0.hc_head_fn, ...)
+  logits             raw little-endian float32 [T-1][vocab]: row i is the
+                     block at position i reading token i+1
+"""
+import argparse
+import copy
+import json
+import os
+import shutil
+import sys
+
+import torch
+import torch.nn as nn
+from safetensors.torch import load_file, save_file
+from transformers import DeepseekV4ForCausalLM
+from transformers.masking_utils import create_sliding_window_causal_mask
+from transformers.models.deepseek_v4.modeling_deepseek_v4 import (
+    DeepseekV4DecoderLayer, DeepseekV4HyperHead, DeepseekV4RMSNorm)
+
+SWA = "sliding_attention"
+SEEDS = {"A": 4321, "B": 8765, "C": 2109}
+
+
+def bf16_round(t):
+    return t.to(torch.bfloat16).to(t.dtype)
+
+
+class MTP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg.hidden_size
+        bcfg = copy.deepcopy(cfg)
+        bcfg.num_hidden_layers = 1
+        bcfg.layer_types = [SWA]
+        bcfg.mlp_layer_types = ["moe"]
+        self.enorm = DeepseekV4RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.hnorm = DeepseekV4RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.e_proj = nn.Linear(d, d, bias=False)
+        self.h_proj = nn.Linear(d, d, bias=False)
+        self.block = DeepseekV4DecoderLayer(bcfg, 0)
+        self.hc_head = DeepseekV4HyperHead(cfg)
+        self.norm = DeepseekV4RMSNorm(d, eps=cfg.rms_norm_eps)
+
+
+@torch.no_grad()
+def randomise(mtp, gen):
+    """Random values for every parameter transformers initialises to a
+    constant (as the main oracle does), std 0.05 projections, BF16 rounding."""
+    def rnd(shape, lo, hi):
+        return torch.rand(shape, generator=gen) * (hi - lo) + lo
+    # modules built outside a PreTrainedModel keep torch.empty contents
+    for p in mtp.parameters():
+        p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    for mod in mtp.modules():
+        cls = type(mod).__name__
+        if cls == "DeepseekV4RMSNorm":
+            mod.weight.copy_(rnd(mod.weight.shape, 0.8, 1.2))
+        elif cls == "DeepseekV4HyperConnection":
+            mod.base.copy_(torch.randn(mod.base.shape, generator=gen) * 0.5)
+            mod.scale.copy_(rnd(mod.scale.shape, 0.5, 2.0))
+        elif cls == "DeepseekV4HyperHead":
+            mod.hc_base.copy_(torch.randn(mod.hc_base.shape, generator=gen) * 0.5)
+            mod.hc_scale.copy_(rnd(mod.hc_scale.shape, 0.5, 2.0))
+        elif cls == "DeepseekV4Attention":
+            mod.sinks.copy_(torch.randn(mod.sinks.shape, generator=gen))
+        elif cls == "DeepseekV4TopKRouter":
+            mod.e_score_correction_bias.copy_(rnd(mod.e_score_correction_bias.shape, -0.1, 0.1))
+    mtp.e_proj.weight.copy_(torch.randn(mtp.e_proj.weight.shape, generator=gen) * 0.05)
+    mtp.h_proj.weight.copy_(torch.randn(mtp.h_proj.weight.shape, generator=gen) * 0.05)
+    for p in list(mtp.parameters()) + [b for n, b in mtp.named_buffers() if "inv_freq" not in n]:
+        if p.is_floating_point():
+            p.copy_(bf16_round(p))
+
+
+@torch.no_grad()
+def trunk(model, ids):
+    """The main model's final HC streams [1, T, hc, D] and the position inputs
+    its layers used (masks, RoPE tables)."""
+    m, cfg = model.model, model.config
+    emb = m.embed_tokens(ids)
+    pos = torch.arange(ids.shape[1]).unsqueeze(0)
+    mask = create_sliding_window_causal_mask(config=cfg, inputs_embeds=emb, attention_mask=None, cache=None,
+                                             position_ids=pos)
+    pe = {"main": m.rotary_emb(emb, position_ids=pos, layer_type="main"),
+          "compress": m.rotary_emb(emb, position_ids=pos, layer_type="compress")}
+    h = emb.unsqueeze(2).expand(-1, -1, cfg.hc_mult, -1).contiguous()
+    for layer in m.layers:
+        h = layer(h, position_embeddings=pe, position_ids=pos, attention_mask=mask, input_ids=ids, cache=None)
+    return h, pe, pos, mask
+
+
+@torch.no_grad()
+def mtp_logits(model, mtp, ids):
+    h, pe, pos, mask = trunk(model, ids)
+    # the trunk is transformers' forward: its head reproduces the model's logits
+    head = model.lm_head(model.model.norm(model.model.hc_head(h)))
+    ref = model(input_ids=ids, use_cache=False).logits
+    if (head - ref).abs().max().item() != 0.0:
+        sys.exit("the trunk does not reproduce transformers' forward")
+    nxt = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)
+    e = mtp.e_proj(mtp.enorm(model.model.embed_tokens(nxt)))
+    x = e.unsqueeze(2) + mtp.h_proj(mtp.hnorm(h))
+    y = mtp.block(x, position_embeddings=pe, position_ids=pos, attention_mask=mask, input_ids=nxt, cache=None)
+    out = model.lm_head(mtp.norm(mtp.hc_head(y)))
+    return out[0, :-1]      # the last position has no next token
+
+
+def official_names(mtp, cfg, tmp):
+    """The block's tensors under the names a checkpoint gives them: the
+    decoder layer as transformers saves layer 0, re-prefixed mtp.0."""
+    one = copy.deepcopy(cfg)
+    one.num_hidden_layers = 1
+    one.layer_types = [SWA]
+    one.mlp_layer_types = ["moe"]
+    lm = DeepseekV4ForCausalLM(one)
+    lm.model.layers[0].load_state_dict(mtp.block.state_dict())
+    lm.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+    saved = load_file(os.path.join(tmp, "model.safetensors"))
+    out = {"mtp.0." + k[len("model.layers.0."):]: v for k, v in saved.items() if k.startswith("model.layers.0.")}
+    bf = lambda t: t.detach().to(torch.bfloat16).contiguous()
+    out.update({
+        "mtp.0.e_proj.weight": bf(mtp.e_proj.weight), "mtp.0.h_proj.weight": bf(mtp.h_proj.weight),
+        "mtp.0.enorm.weight": bf(mtp.enorm.weight), "mtp.0.hnorm.weight": bf(mtp.hnorm.weight),
+        "mtp.0.norm.weight": bf(mtp.norm.weight), "mtp.0.hc_head_fn": bf(mtp.hc_head.hc_fn),
+        "mtp.0.hc_head_base": bf(mtp.hc_head.hc_base), "mtp.0.hc_head_scale": bf(mtp.hc_head.hc_scale)})
+    return out
+
+
+def build(name, root):
+    d = os.path.join(root, name)
+    model = DeepseekV4ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    cfg = model.config
+    ids = torch.tensor([json.load(open(os.path.join(d, "tokens")))])
+    gen = torch.Generator().manual_seed(SEEDS[name])
+    torch.manual_seed(SEEDS[name])
+    mtp = MTP(cfg).float().eval()
+    randomise(mtp, gen)
+    logits = mtp_logits(model, mtp, ids)
+    top2 = torch.topk(logits, 2, dim=-1).values
+    gap = (top2[:, 0] - top2[:, 1]).min().item()
+    out = os.path.join(d, "mtp")
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tensors = official_names(mtp, cfg, tmp)
+    shutil.rmtree(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    save_file(tensors, os.path.join(out, "model.safetensors"))
+    shutil.copy(os.path.join(d, "config.json"), os.path.join(out, "config.json"))
+    logits.numpy().astype("<f4").tofile(os.path.join(out, "logits"))
+    print(f"[{name}] T={ids.shape[1]} window={cfg.sliding_window} max|logit|={logits.abs().max().item():.3f} "
+          f"smallest top-2 gap {gap:.3g}; {len(tensors)} tensors -> {out}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", default=os.path.join(os.path.dirname(__file__), "..", "fixtures", "ds4tiny"))
+    ap.add_argument("names", nargs="*", default=sorted(SEEDS))
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    for n in a.names:
+        build(n, os.path.normpath(a.root))
+
+
+if __name__ == "__main__":
+    main()
