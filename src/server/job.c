@@ -156,13 +156,27 @@ static int prefill(server *s, const int32_t *toks, int from, int n, job_progress
 
 int ds4_job_load_prompt(server *s, const prompt_plan *p, job_progress *pc, char *err, size_t errlen) {
     int live_n = ds4_session_n_tokens(s->sess);
+    int sent = s->live_prompt_tokens < live_n ? s->live_prompt_tokens : live_n;
+    s->live_prompt_tokens = 0;
     if (p->reuse < live_n && ds4_srv_kvd(s) && p->reuse < live_n / 2) {
         ds4_srv_kvd_lock(s);
         ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_EVICT);
         ds4_srv_kvd_unlock(s);
     }
     if (p->reuse < live_n && ds4_srv_rewind(s, p->reuse, err, errlen)) return -1;
-    return prefill(s, p->toks.v, p->reuse, (int)p->toks.n, pc, err, errlen);
+    /* Branch checkpoint: the request rewrote text its client had sent before
+     * (a reminder, a date or status line), so the common prefix is where
+     * this client's prompts part; kept on disk, it serves the next version
+     * of that block even after another conversation took the live session
+     * (the files of the whole old prompt are no prefix of it). */
+    if (p->reuse < sent && ds4_srv_kvd(s)) {
+        ds4_srv_kvd_lock(s);
+        ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_CONTINUED);
+        ds4_srv_kvd_unlock(s);
+    }
+    int rc = prefill(s, p->toks.v, p->reuse, (int)p->toks.n, pc, err, errlen);
+    if (rc == 0) s->live_prompt_tokens = (int)p->toks.n;
+    return rc;
 }
 
 void ds4_job_disk_frontier(server *s) {

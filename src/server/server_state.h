@@ -70,6 +70,10 @@ typedef struct server {
      * content and tool block (slot only). */
     ds4_buf visible[2];
     int visible_tokens;
+    /* how many of the live tokens the last request's prompt filled (the
+     * rest were generated): a later request that differs before this point
+     * rewrote text the client had sent before (job.c: branch checkpoint) */
+    int live_prompt_tokens;
     /* the running job is steered: its KV state is not the disk cache's to
      * save or reuse (ds4_srv_kvd; cache files do not record scales) */
     bool steered;

@@ -1,0 +1,83 @@
+"""A client that rewrites a block early in its prompt (a reminder, a date or
+environment line at the end of its system prompt) keeps the prefix before
+that block, on the live session and through the disk cache after another
+conversation took the live session.
+
+Anthropic /v1/messages on the demo model with a scripted answer and a disk
+cache with small thresholds:
+  A1  system S + reminder 1, question 1 (cold prefill);
+  A2  system S + reminder 2, the conversation so far and question 2: the
+      live session is cut at the first differing token and only the rest is
+      prefilled (far fewer tokens than the prompt), and the common prefix is
+      saved as a cache file of exactly that many tokens (branch checkpoint);
+  B   another conversation (another system prompt) takes the live session;
+  A3  system S + reminder 3, the conversation so far and question 3: the
+      disk cache restores the branch checkpoint, so the reused tokens equal
+      A2's. The files saved before (the cold one of A1's prompt, the evicted
+      whole A1/A2 sessions) all hold an old reminder and are no prefix of
+      A3: without the branch checkpoint A3 is prefilled from the start.
+"""
+import glob
+import re
+import struct
+import tempfile
+
+from server_helper import Results, Server, demo_model_or_skip, write_temp_file
+
+NAME = "test_kv_branch"
+demo_model_or_skip(NAME)
+res = Results(NAME)
+
+SYSTEM = ("You are a careful coding agent working in a C repository. Read files before editing them, "
+          "keep changes small, explain what you did in one sentence, and never invent file contents. ") * 4
+FLAGS = ["--kv-cache-min-tokens", "16", "--kv-cache-cold-max-tokens", "100000", "--kv-cache-boundary-trim-tokens", "4",
+         "--kv-cache-boundary-align-tokens", "16", "--kv-cache-continued-interval-tokens", "100000",
+         "--kv-disk-space-mb", "64"]
+CACHE = re.compile(r"cache: ([^\n]*?), prompt (\d+) tokens, reused (\d+), prefill (\d+)")
+
+
+def system(turn):
+    return SYSTEM + f"\n<system-reminder>Turn {turn}. The time is 10:{turn:02d}.</system-reminder>"
+
+
+def ask(srv, sys_text, msgs):
+    st, _, body = srv.request("POST", "/v1/messages", {"model": "deepseek-v4-flash", "max_tokens": 16,
+                                                        "system": sys_text, "messages": msgs})
+    res.check(st == 200, f"request answered: {st} {body[:200]!r}")
+    return CACHE.findall(srv.trace_text())[-1]
+
+
+def file_tokens(d):
+    return sorted(struct.unpack_from("<I", open(p, "rb").read(), 8)[0] for p in glob.glob(d + "/*.kv"))
+
+
+answer = write_temp_file("Noted.</think>Done.")
+with tempfile.TemporaryDirectory(prefix="ds4-kvbranch-") as d:
+    srv = Server("--scripted-output", answer, "--kv-disk-dir", d + "/kv", *FLAGS, ctx=4096)
+    try:
+        hist = [{"role": "user", "content": "Question 1: what does the build do?"}]
+        how, prompt1, _, _ = ask(srv, system(1), hist)
+        res.check(how == "cold", f"A1 is prefilled cold: {how}")
+        before = file_tokens(d + "/kv")
+
+        hist += [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Question 2: and the tests?"}]
+        how, prompt2, reused2, prefill2 = ask(srv, system(2), hist)
+        prompt2, reused2, prefill2 = int(prompt2), int(reused2), int(prefill2)
+        res.check(how == "common token prefix" and reused2 > 0, f"A2 keeps the live prefix: {how}, reused {reused2}")
+        res.check(prefill2 * 3 < prompt2, f"A2 prefills far fewer tokens than its prompt: {prefill2} of {prompt2}")
+        saved = file_tokens(d + "/kv")
+        res.check(reused2 in saved and reused2 not in before,
+                  f"A2 saved its common prefix with A1 ({reused2} tokens): files {before} -> {saved}")
+
+        how, _, _, _ = ask(srv, "You translate text into French.", [{"role": "user", "content": "Good morning."}])
+        res.check(how in ("cold", "common token prefix"), f"B takes the live session: {how}")
+
+        hist += [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Question 3: and the docs?"}]
+        how, prompt3, reused3, prefill3 = ask(srv, system(3), hist)
+        res.check(how == "disk cache" and int(reused3) == reused2,
+                  f"A3 restores the branch checkpoint: {how}, reused {reused3} (A2 reused {reused2})")
+        res.check(int(prefill3) * 3 < int(prompt3), f"A3 prefills far fewer tokens than its prompt: {prefill3} of {prompt3}")
+        res.check(srv.alive(), "server alive")
+    finally:
+        srv.stop()
+res.done()
