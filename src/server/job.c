@@ -2,6 +2,8 @@
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "server/metrics.h"
 #include "server/respond.h"
@@ -130,8 +132,10 @@ bool ds4_job_progress_check(job_progress *p) {
     return false;
 }
 
-/* Prefills toks[from..n) in slices; 0 ok, 1 cancelled, -1 error. */
-static int prefill(server *s, const int32_t *toks, int from, int n, job_progress *pc, char *err, size_t errlen) {
+/* Prefills toks[from..n) in slices, stopping to save a checkpoint at the
+ * disk cache's save points and at `branch`; 0 ok, 1 cancelled, -1 error. */
+static int prefill(server *s, const int32_t *toks, int from, int n, int branch, job_progress *pc, char *err,
+                   size_t errlen) {
     const double t0 = ds4_srv_now();
     int rc = 0, i = from;
     while (i < n && rc == 0) {
@@ -139,6 +143,7 @@ static int prefill(server *s, const int32_t *toks, int from, int n, job_progress
         ds4_srv_kvd_lock(s);
         int stop = ds4_srv_kvd(s) ? ds4_kvdisk_prefill_stop(s->kvd, toks, n, i, from == 0, &reason) : -1;
         ds4_srv_kvd_unlock(s);
+        if (branch > i && (stop <= i || branch < stop)) { stop = branch; reason = DS4_KVC_CONTINUED; }
         if (stop > i && stop < i + len) len = stop - i;
         rc = ds4_srv_eval(s, toks + i, len, i == from, err, errlen);
         if (rc) break;
@@ -154,27 +159,58 @@ static int prefill(server *s, const int32_t *toks, int from, int n, job_progress
     return rc;
 }
 
+static int common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+    size_t k = 0;
+    while (k < na && k < nb && a[k] == b[k]) k++;
+    return (int)k;
+}
+
+/* Keeps the first n live tokens (the prompt the client sent) as the newest
+ * replaced prompt; the oldest is dropped. Out of memory only forgets it. */
+static void remember_replaced(server *s, int n) {
+    ds4_token_ids keep = s->replaced[DS4_SRV_REPLACED_PROMPTS - 1];
+    memmove(s->replaced + 1, s->replaced, (DS4_SRV_REPLACED_PROMPTS - 1) * sizeof *s->replaced);
+    keep.n = 0;
+    if (keep.cap < (size_t)n) {
+        int32_t *v = realloc(keep.v, (size_t)n * sizeof *v);
+        if (!v) n = 0;
+        else { keep.v = v; keep.cap = (size_t)n; }
+    }
+    if (n) memcpy(keep.v, ds4_session_tokens(s->sess), (size_t)n * sizeof *keep.v);
+    keep.n = (size_t)n;
+    s->replaced[0] = keep;
+}
+
+/* Branch checkpoints: where a prompt parts from one this server saw before
+ * (the live session's, or a replaced conversation's), the common prefix is
+ * the stable part of a client's prompt and the text after it a block the
+ * client rewrites (a reminder, a date or status line). Saved on disk, that
+ * prefix serves the next version of the block even after another
+ * conversation took the live session, where the files of the whole older
+ * prompts are no prefix of it. */
 int ds4_job_load_prompt(server *s, const prompt_plan *p, job_progress *pc, char *err, size_t errlen) {
     int live_n = ds4_session_n_tokens(s->sess);
     int sent = s->live_prompt_tokens < live_n ? s->live_prompt_tokens : live_n;
     s->live_prompt_tokens = 0;
-    if (p->reuse < live_n && ds4_srv_kvd(s) && p->reuse < live_n / 2) {
+    const bool kvd = ds4_srv_kvd(s) != NULL;
+    if (p->reuse < live_n && kvd && p->reuse < live_n / 2) {
+        remember_replaced(s, sent);
         ds4_srv_kvd_lock(s);
         ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_EVICT);
         ds4_srv_kvd_unlock(s);
     }
     if (p->reuse < live_n && ds4_srv_rewind(s, p->reuse, err, errlen)) return -1;
-    /* Branch checkpoint: the request rewrote text its client had sent before
-     * (a reminder, a date or status line), so the common prefix is where
-     * this client's prompts part; kept on disk, it serves the next version
-     * of that block even after another conversation took the live session
-     * (the files of the whole old prompt are no prefix of it). */
-    if (p->reuse < sent && ds4_srv_kvd(s)) {
+    if (p->reuse < sent && kvd) {
         ds4_srv_kvd_lock(s);
         ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_CONTINUED);
         ds4_srv_kvd_unlock(s);
     }
-    int rc = prefill(s, p->toks.v, p->reuse, (int)p->toks.n, pc, err, errlen);
+    int branch = 0;
+    for (int k = 0; kvd && k < DS4_SRV_REPLACED_PROMPTS; k++) {
+        int c = common_prefix(p->toks.v, p->toks.n, s->replaced[k].v, s->replaced[k].n);
+        if (c > branch) branch = c;
+    }
+    int rc = prefill(s, p->toks.v, p->reuse, (int)p->toks.n, branch, pc, err, errlen);
     if (rc == 0) s->live_prompt_tokens = (int)p->toks.n;
     return rc;
 }

@@ -38,6 +38,8 @@
 #include "text/tokenizer.h"
 #include "text/toolmem.h"
 
+#define DS4_SRV_REPLACED_PROMPTS 4
+
 /* Tool calls of one live turn that a continuation may answer by id alone. */
 
 typedef struct server {
@@ -74,6 +76,10 @@ typedef struct server {
      * rest were generated): a later request that differs before this point
      * rewrote text the client had sent before (job.c: branch checkpoint) */
     int live_prompt_tokens;
+    /* the prompts of the last conversations another one replaced in this
+     * slot, newest first: a prompt's prefill saves a checkpoint where it
+     * parts from one of them (job.c: branch checkpoint) */
+    ds4_token_ids replaced[DS4_SRV_REPLACED_PROMPTS];
     /* the running job is steered: its KV state is not the disk cache's to
      * save or reuse (ds4_srv_kvd; cache files do not record scales) */
     bool steered;

@@ -15,7 +15,13 @@ cache with small thresholds:
       disk cache restores the branch checkpoint, so the reused tokens equal
       A2's. The files saved before (the cold one of A1's prompt, the evicted
       whole A1/A2 sessions) all hold an old reminder and are no prefix of
-      A3: without the branch checkpoint A3 is prefilled from the start.
+      A3: without the branch checkpoint A3 is prefilled from the start;
+  C1, B, C2, B, C3  a conversation with its own system prompt whose turns
+      never follow each other on the live session (another conversation
+      runs between them): C2 finds nothing to reuse, but its prefill saves
+      a checkpoint where it parts from C1's prompt, which C1 left behind
+      when B replaced it; C3 restores that checkpoint and prefills far
+      fewer tokens than its prompt.
 """
 import glob
 import re
@@ -77,6 +83,22 @@ with tempfile.TemporaryDirectory(prefix="ds4-kvbranch-") as d:
         res.check(how == "disk cache" and int(reused3) == reused2,
                   f"A3 restores the branch checkpoint: {how}, reused {reused3} (A2 reused {reused2})")
         res.check(int(prefill3) * 3 < int(prompt3), f"A3 prefills far fewer tokens than its prompt: {prefill3} of {prompt3}")
+
+        other = "You review patches for a C project and answer in short sentences. " * 15
+        chist = [{"role": "user", "content": "Patch 1: the build flags."}]
+        ask(srv, other + "\nToday is Monday.", chist)
+        ask(srv, "You translate text into French.", [{"role": "user", "content": "Good evening."}])
+        before = file_tokens(d + "/kv")
+        chist += [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Patch 2: the tests."}]
+        how, _, reused, _ = ask(srv, other + "\nToday is Tuesday.", chist)
+        res.check(int(reused) < 8, f"C2 finds no prefix of its own to reuse: {how}, reused {reused}")
+        new = sorted(set(file_tokens(d + "/kv")) - set(before))
+        ask(srv, "You translate text into French.", [{"role": "user", "content": "Good night."}])
+        chist += [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Patch 3: the docs."}]
+        how, prompt, reused, prefill = ask(srv, other + "\nToday is Wednesday.", chist)
+        res.check(how == "disk cache" and int(reused) in new,
+                  f"C3 restores the checkpoint C2 saved where it parted from C1: {how}, reused {reused}, C2 saved {new}")
+        res.check(int(prefill) * 3 < int(prompt), f"C3 prefills far fewer tokens than its prompt: {prefill} of {prompt}")
         res.check(srv.alive(), "server alive")
     finally:
         srv.stop()
