@@ -2,8 +2,6 @@
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "server/metrics.h"
 #include "server/respond.h"
@@ -159,28 +157,6 @@ static int prefill(server *s, const int32_t *toks, int from, int n, int branch, 
     return rc;
 }
 
-static int common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
-    size_t k = 0;
-    while (k < na && k < nb && a[k] == b[k]) k++;
-    return (int)k;
-}
-
-/* Keeps the first n live tokens (the prompt the client sent) as the newest
- * replaced prompt; the oldest is dropped. Out of memory only forgets it. */
-static void remember_replaced(server *s, int n) {
-    ds4_token_ids keep = s->replaced[DS4_SRV_REPLACED_PROMPTS - 1];
-    memmove(s->replaced + 1, s->replaced, (DS4_SRV_REPLACED_PROMPTS - 1) * sizeof *s->replaced);
-    keep.n = 0;
-    if (keep.cap < (size_t)n) {
-        int32_t *v = realloc(keep.v, (size_t)n * sizeof *v);
-        if (!v) n = 0;
-        else { keep.v = v; keep.cap = (size_t)n; }
-    }
-    if (n) memcpy(keep.v, ds4_session_tokens(s->sess), (size_t)n * sizeof *keep.v);
-    keep.n = (size_t)n;
-    s->replaced[0] = keep;
-}
-
 /* Branch checkpoints: where a prompt parts from one this server saw before
  * (the live session's, or a replaced conversation's), the common prefix is
  * the stable part of a client's prompt and the text after it a block the
@@ -190,26 +166,22 @@ static void remember_replaced(server *s, int n) {
  * prompts are no prefix of it. */
 int ds4_job_load_prompt(server *s, const prompt_plan *p, job_progress *pc, char *err, size_t errlen) {
     int live_n = ds4_session_n_tokens(s->sess);
-    int sent = s->live_prompt_tokens < live_n ? s->live_prompt_tokens : live_n;
-    s->live_prompt_tokens = 0;
+    const int sent = s->live_prompt_tokens < live_n ? s->live_prompt_tokens : live_n;
     const bool kvd = ds4_srv_kvd(s) != NULL;
     if (p->reuse < live_n && kvd && p->reuse < live_n / 2) {
-        remember_replaced(s, sent);
+        ds4_srv_remember_prompt(s);
         ds4_srv_kvd_lock(s);
         ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_EVICT);
         ds4_srv_kvd_unlock(s);
     }
+    s->live_prompt_tokens = 0;
     if (p->reuse < live_n && ds4_srv_rewind(s, p->reuse, err, errlen)) return -1;
     if (p->reuse < sent && kvd) {
         ds4_srv_kvd_lock(s);
         ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_CONTINUED);
         ds4_srv_kvd_unlock(s);
     }
-    int branch = 0;
-    for (int k = 0; kvd && k < DS4_SRV_REPLACED_PROMPTS; k++) {
-        int c = common_prefix(p->toks.v, p->toks.n, s->replaced[k].v, s->replaced[k].n);
-        if (c > branch) branch = c;
-    }
+    const int branch = kvd ? ds4_srv_branch_point(s, p->toks.v, p->toks.n) : 0;
     int rc = prefill(s, p->toks.v, p->reuse, (int)p->toks.n, branch, pc, err, errlen);
     if (rc == 0) s->live_prompt_tokens = (int)p->toks.n;
     return rc;

@@ -119,6 +119,13 @@ int ds4_srv_prefill_rows(server *s, const int32_t *toks, int n, float *rows, cha
  * first (its KV would not match). 0, or 400 with err when the request names
  * a file the server was not started with. */
 int ds4_srv_steer(server *s, const ds4_request *r, char *err, size_t errlen);
+/* Before another conversation may replace the live session: keeps the prompt
+ * it was given (its first live_prompt_tokens tokens) as the newest replaced
+ * prompt, dropping the oldest; the same prompt twice in a row is kept once,
+ * and out of memory only forgets it. */
+void ds4_srv_remember_prompt(server *s);
+/* The longest common token prefix of toks[0..n) with a replaced prompt. */
+int ds4_srv_branch_point(const server *s, const int32_t *toks, size_t n);
 /* The disk cache for the running job: NULL without one or while steered. */
 static inline struct ds4_kvdisk *ds4_srv_kvd(const server *s) { return s->steered ? NULL : s->kvd; }
 /* The disk cache's lock (no-op without a cache). */

@@ -21,7 +21,11 @@ cache with small thresholds:
       runs between them): C2 finds nothing to reuse, but its prefill saves
       a checkpoint where it parts from C1's prompt, which C1 left behind
       when B replaced it; C3 restores that checkpoint and prefills far
-      fewer tokens than its prompt.
+      fewer tokens than its prompt;
+  X1, A4, X2, A5, X3  the same when the conversation between X's turns is
+      restored from the disk cache (A's branch checkpoint): a restore
+      replaces the live session too, and X2 still saves where it parts from
+      X1, which X3 restores.
 """
 import glob
 import re
@@ -99,6 +103,22 @@ with tempfile.TemporaryDirectory(prefix="ds4-kvbranch-") as d:
         res.check(how == "disk cache" and int(reused) in new,
                   f"C3 restores the checkpoint C2 saved where it parted from C1: {how}, reused {reused}, C2 saved {new}")
         res.check(int(prefill) * 3 < int(prompt), f"C3 prefills far fewer tokens than its prompt: {prefill} of {prompt}")
+
+        third = "You write release notes for a C library, one line per change. " * 15
+        xhist = [{"role": "user", "content": "Release 1: the parser."}]
+        ask(srv, third + "\nMode: fast.", xhist)
+        how, _, _, _ = ask(srv, system(4), hist)
+        res.check(how == "disk cache", f"A4 is restored from the disk cache: {how}")
+        before = file_tokens(d + "/kv")
+        xhist += [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Release 2: the server."}]
+        ask(srv, third + "\nMode: slow.", xhist)
+        new = sorted(set(file_tokens(d + "/kv")) - set(before))
+        ask(srv, system(5), hist)
+        xhist += [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Release 3: the docs."}]
+        how, prompt, reused, prefill = ask(srv, third + "\nMode: auto.", xhist)
+        res.check(how == "disk cache" and int(reused) in new,
+                  f"X3 restores the checkpoint X2 saved where it parted from X1: {how}, reused {reused}, X2 saved {new}")
+        res.check(int(prefill) * 3 < int(prompt), f"X3 prefills far fewer tokens than its prompt: {prefill} of {prompt}")
         res.check(srv.alive(), "server alive")
     finally:
         srv.stop()
