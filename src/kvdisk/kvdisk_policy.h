@@ -6,7 +6,9 @@
  *   <|Assistant|> if that is >= min tokens, else at (tokens - trim) aligned
  *   down to align; continued = every multiple of interval rounded up to
  *   align, in prefill or generation; evict = before an unrelated request
- *   replaces the live session; shutdown = at clean exit.
+ *   replaces the live session; shutdown = at clean exit. The server adds
+ *   branch checkpoints (server/job.c), saved with the continued reason:
+ *   where a prompt parts from one it saw before.
  * - Eviction order: lowest score first, score = last-used time +
  *   6 h * log2(1 + hits) (a hit is worth six hours of recency, so this is
  *   not LRU: a file hit often outlives a newer one hit never); equal scores

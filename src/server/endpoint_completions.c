@@ -134,6 +134,7 @@ static int prefill_echo(server *s, const ds4_token_ids *pt, float *rows, cmpl_lo
                         job_progress *pc, char *err, size_t errlen) {
     int n = (int)pt->n;
     if (ds4_session_n_tokens(s->sess) && ds4_srv_rewind(s, 0, err, errlen)) return -1;
+    s->live_prompt_tokens = n; /* the echoed prompt replaces the live one (job.c: branch checkpoints) */
     for (int k = 0; k < n; k += ECHO_SLICE) {
         int len = n - k < ECHO_SLICE ? n - k : ECHO_SLICE;
         const double t0 = ds4_srv_now();

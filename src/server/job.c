@@ -2,6 +2,7 @@
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "server/metrics.h"
 #include "server/respond.h"
@@ -130,15 +131,24 @@ bool ds4_job_progress_check(job_progress *p) {
     return false;
 }
 
-/* Prefills toks[from..n) in slices; 0 ok, 1 cancelled, -1 error. */
-static int prefill(server *s, const int32_t *toks, int from, int n, job_progress *pc, char *err, size_t errlen) {
+/* Prefills toks[from..n) in slices, stopping to save a checkpoint at the
+ * disk cache's save points and at `branch`; 0 ok, 1 cancelled, -1 error. */
+static int prefill(server *s, const int32_t *toks, int from, int n, int branch, job_progress *pc, char *err,
+                   size_t errlen) {
     const double t0 = ds4_srv_now();
     int rc = 0, i = from;
+    /* test only: a prefill held as long as the test's gate file exists,
+     * with the progress checks (keep-alives) a long one makes */
+    while (i < n && s->o.test_prefill_gate && !access(s->o.test_prefill_gate, F_OK) && rc == 0) {
+        usleep(10000);
+        if (ds4_job_progress_check(pc)) rc = 1;
+    }
     while (i < n && rc == 0) {
         int len = n - i < PREFILL_SLICE ? n - i : PREFILL_SLICE, reason = 0;
         ds4_srv_kvd_lock(s);
         int stop = ds4_srv_kvd(s) ? ds4_kvdisk_prefill_stop(s->kvd, toks, n, i, from == 0, &reason) : -1;
         ds4_srv_kvd_unlock(s);
+        if (branch > i && (stop <= i || branch < stop)) { stop = branch; reason = DS4_KVC_CONTINUED; }
         if (stop > i && stop < i + len) len = stop - i;
         rc = ds4_srv_eval(s, toks + i, len, i == from, err, errlen);
         if (rc) break;
@@ -154,15 +164,34 @@ static int prefill(server *s, const int32_t *toks, int from, int n, job_progress
     return rc;
 }
 
+/* Branch checkpoints: where a prompt parts from one this server saw before
+ * (the live session's, or a replaced conversation's), the common prefix is
+ * the stable part of a client's prompt and the text after it a block the
+ * client rewrites (a reminder, a date or status line). Saved on disk, that
+ * prefix serves the next version of the block even after another
+ * conversation took the live session, where the files of the whole older
+ * prompts are no prefix of it. */
 int ds4_job_load_prompt(server *s, const prompt_plan *p, job_progress *pc, char *err, size_t errlen) {
     int live_n = ds4_session_n_tokens(s->sess);
-    if (p->reuse < live_n && ds4_srv_kvd(s) && p->reuse < live_n / 2) {
+    const int sent = s->live_prompt_tokens < live_n ? s->live_prompt_tokens : live_n;
+    const bool kvd = ds4_srv_kvd(s) != NULL;
+    if (p->reuse < live_n && kvd && p->reuse < live_n / 2) {
+        ds4_srv_remember_prompt(s);
         ds4_srv_kvd_lock(s);
         ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_EVICT);
         ds4_srv_kvd_unlock(s);
     }
+    s->live_prompt_tokens = 0;
     if (p->reuse < live_n && ds4_srv_rewind(s, p->reuse, err, errlen)) return -1;
-    return prefill(s, p->toks.v, p->reuse, (int)p->toks.n, pc, err, errlen);
+    if (p->reuse < sent && kvd) {
+        ds4_srv_kvd_lock(s);
+        ds4_kvdisk_save(s->kvd, s->sess, DS4_KVC_CONTINUED);
+        ds4_srv_kvd_unlock(s);
+    }
+    const int branch = kvd ? ds4_srv_branch_point(s, p->toks.v, p->toks.n) : 0;
+    int rc = prefill(s, p->toks.v, p->reuse, (int)p->toks.n, branch, pc, err, errlen);
+    if (rc == 0) s->live_prompt_tokens = (int)p->toks.n;
+    return rc;
 }
 
 void ds4_job_disk_frontier(server *s) {

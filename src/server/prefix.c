@@ -154,6 +154,8 @@ int ds4_srv_plan_prompt(server *s, const srv_prompt *prompt, prompt_plan *p) {
     /* A prompt that cannot fit is rejected by the caller: restoring a disk
      * checkpoint for it would replace the live session for nothing. */
     bool fits = (int)p->toks.n < s->o.ctx;
+    /* a restore replaces the live session before ds4_job_load_prompt sees it */
+    if (ds4_srv_kvd(s) && fits) ds4_srv_remember_prompt(s);
     ds4_srv_kvd_lock(s);
     size_t disk = ds4_srv_kvd(s) && fits ? ds4_kvdisk_restore(s->kvd, s->sess, text, n, lcp) : 0;
     ds4_srv_kvd_unlock(s);

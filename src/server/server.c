@@ -290,6 +290,7 @@ void ds4_server_opts_default(ds4_server_opts *o) {
     o->numerics = -1;
     o->batched_sessions = 1;
     o->test_linger_gate = getenv("DS4_TEST_SLOT_LINGER_GATE");
+    o->test_prefill_gate = getenv("DS4_TEST_PREFILL_GATE");
     ds4_kvdisk_opts_default(&o->kvdisk);
     ds4_http_limits_default(&o->limits);
     ds4_gpu_opts_default(&o->gpu);

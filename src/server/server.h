@@ -36,7 +36,11 @@
  *   live-session checks miss, the longest cached rendered prefix is restored
  *   (the live session is saved first, reason evict) and only the text after
  *   it is tokenized; prefill stops at cold / continued save points and saves
- *   there, generation saves on absolute frontiers, a request that replaces
+ *   there, and at branch points: where the prompt parts from the live
+ *   session's prompt (saved once the session is cut back to it) or from one
+ *   of the last replaced conversations' prompts (server_state.h), so a
+ *   block a client rewrites early in its prompt costs only what follows
+ *   it; generation saves on absolute frontiers, a request that replaces
  *   most of the live session saves it first, and exit saves it (shutdown).
  *   Tool ids missing from the replay map are looked up in the cache files.
  * - Access (routes.c): with an api_key every route but /health and CORS
@@ -97,6 +101,10 @@ typedef struct {
                                     slot's worker that has finished a job stays busy (checked every
                                     10 ms; ends at shutdown), so a test holds the window between an
                                     answer and the slot's return to idle open as long as it needs */
+    const char *test_prefill_gate; /* test only (DS4_TEST_PREFILL_GATE): while this file exists, a
+                                      prompt's prefill waits before its first slice, sending the
+                                      keep-alives a long prefill sends (checked every 10 ms), so a
+                                      test sees them without a prompt that takes that long */
     const char *api_key;         /* NULL: no authentication (DS4_API_KEY in ds4-server) */
     bool no_api_key;             /* allow a non-loopback --host without a key */
     int max_connections;         /* open connections, 1..DS4_SERVER_MAX_CONNECTIONS (default) */

@@ -4,6 +4,7 @@
 #include "server/batcher.h"
 
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -106,3 +107,37 @@ int ds4_srv_prefill_rows(server *s, const int32_t *toks, int n, float *rows, cha
 
 void ds4_srv_kvd_lock(server *s) { if (s->kvd) pthread_mutex_lock(s->kvd_mu); }
 void ds4_srv_kvd_unlock(server *s) { if (s->kvd) pthread_mutex_unlock(s->kvd_mu); }
+
+static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+    size_t k = 0;
+    while (k < na && k < nb && a[k] == b[k]) k++;
+    return k;
+}
+
+void ds4_srv_remember_prompt(server *s) {
+    const int live_n = ds4_session_n_tokens(s->sess);
+    const size_t n = (size_t)(s->live_prompt_tokens < live_n ? s->live_prompt_tokens : live_n);
+    const int32_t *live = ds4_session_tokens(s->sess);
+    if (!n || (s->replaced[0].n == n && common_prefix(live, n, s->replaced[0].v, n) == n)) return;
+    ds4_token_ids keep = s->replaced[DS4_SRV_REPLACED_PROMPTS - 1];
+    memmove(s->replaced + 1, s->replaced, (DS4_SRV_REPLACED_PROMPTS - 1) * sizeof *s->replaced);
+    keep.n = 0;
+    if (keep.cap < n) {
+        int32_t *v = realloc(keep.v, n * sizeof *v);
+        if (v) { keep.v = v; keep.cap = n; }
+    }
+    if (keep.cap >= n) {
+        memcpy(keep.v, live, n * sizeof *keep.v);
+        keep.n = n;
+    }
+    s->replaced[0] = keep;
+}
+
+int ds4_srv_branch_point(const server *s, const int32_t *toks, size_t n) {
+    size_t best = 0;
+    for (int k = 0; k < DS4_SRV_REPLACED_PROMPTS; k++) {
+        size_t c = common_prefix(toks, n, s->replaced[k].v, s->replaced[k].n);
+        if (c > best) best = c;
+    }
+    return (int)best;
+}

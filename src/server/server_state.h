@@ -38,6 +38,8 @@
 #include "text/tokenizer.h"
 #include "text/toolmem.h"
 
+#define DS4_SRV_REPLACED_PROMPTS 4
+
 /* Tool calls of one live turn that a continuation may answer by id alone. */
 
 typedef struct server {
@@ -70,6 +72,14 @@ typedef struct server {
      * content and tool block (slot only). */
     ds4_buf visible[2];
     int visible_tokens;
+    /* how many of the live tokens the last request's prompt filled (the
+     * rest were generated): a later request that differs before this point
+     * rewrote text the client had sent before (job.c: branch checkpoint) */
+    int live_prompt_tokens;
+    /* the prompts of the last conversations another one replaced in this
+     * slot, newest first: a prompt's prefill saves a checkpoint where it
+     * parts from one of them (job.c: branch checkpoint) */
+    ds4_token_ids replaced[DS4_SRV_REPLACED_PROMPTS];
     /* the running job is steered: its KV state is not the disk cache's to
      * save or reuse (ds4_srv_kvd; cache files do not record scales) */
     bool steered;
@@ -109,6 +119,13 @@ int ds4_srv_prefill_rows(server *s, const int32_t *toks, int n, float *rows, cha
  * first (its KV would not match). 0, or 400 with err when the request names
  * a file the server was not started with. */
 int ds4_srv_steer(server *s, const ds4_request *r, char *err, size_t errlen);
+/* Before another conversation may replace the live session: keeps the prompt
+ * it was given (its first live_prompt_tokens tokens) as the newest replaced
+ * prompt, dropping the oldest; the same prompt twice in a row is kept once,
+ * and out of memory only forgets it. */
+void ds4_srv_remember_prompt(server *s);
+/* The longest common token prefix of toks[0..n) with a replaced prompt. */
+int ds4_srv_branch_point(const server *s, const int32_t *toks, size_t n);
 /* The disk cache for the running job: NULL without one or while steered. */
 static inline struct ds4_kvdisk *ds4_srv_kvd(const server *s) { return s->steered ? NULL : s->kvd; }
 /* The disk cache's lock (no-op without a cache). */
