@@ -367,7 +367,7 @@ int ds4_session_probe(ds4_session *s, struct ds4_act_probe *probe, char *err, si
         return -1;
     }
     if (probe && !e->host_layers) {
-        snprintf(err, errlen, "activation dumps run on the CPU backend only");
+        snprintf(err, errlen, "activation dumps run in one process on the CPU backend (not with --cuda or --role)");
         return -1;
     }
     s->probe = probe;

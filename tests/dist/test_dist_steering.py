@@ -16,7 +16,8 @@ the steering fails.
 
 A worker whose file differs from the coordinator's (one flipped bit), or that
 has none, is refused with one line and exits 1; the coordinator's
-incomplete-route line names the refusal."""
+incomplete-route line names the refusal. --dump-activations stays a
+single-process option: a coordinator refuses it with one line."""
 import os
 import random
 import re
@@ -115,6 +116,11 @@ def main():
         open(other, "wb").write(bytes(data))
         refusal(TINY, TINY_DIR, worker_flags(other), "this worker steers with file sha1 ", tmp)
         refusal(TINY, TINY_DIR, (), "this worker steers with no file", tmp)
+        r = ds4([*coordinator_args(TINY, "0:2", free_port(), "1"), "--token-ids", "5,6,7", "--dump-activations",
+                 os.path.join(tmp, "act.f32")])
+        last = r.stderr.strip().splitlines()[-1:] or [""]
+        check(r.returncode != 0 and "activation dumps run in one process" in last[0]
+              and r.stderr.count("activation dumps") == 1, "--dump-activations on a coordinator: %r" % r.stderr)
     print("test_dist_steering: %d passed, %d failed" % (split.passed, split.failed))
     return 1 if split.failed else 0
 
