@@ -40,8 +40,7 @@
  *   kv->n_pos tokens the state now holds.
  * - A sequence's steer (nn/steering.h) is applied to its own rows only, on
  *   a slice to the slice's layers; the pipeline coordinator carries it to
- *   its workers (dist.h); the engine refuses steering before it reaches a
- *   backend that does not implement it (CUDA).
+ *   its workers (dist.h). Every backend implements it.
  * - power (power.h) only sleeps: outputs and states are the same bit for bit
  *   whatever its percent.
  */

@@ -151,9 +151,8 @@ static void warn_unused_gpu_flags(const ds4_engine_params *p) {
 }
 
 /* --dir-steering-*: read after binding, when the layer count and width are
- * known. Only the CPU forward passes implement the projection, so the GPU
- * backend refuses it instead of ignoring it; a pipeline slice applies the
- * rows of its own layers (dist.h), whatever its role. */
+ * known. Every backend applies it (the CPU forward passes, the CUDA
+ * kernels, a pipeline slice the rows of its own layers, dist.h). */
 static bool load_steering(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
     const ds4_steering_params *sp = &p->steering;
     e->host_layers = p->gpu.backend == DS4_BACKEND_CPU && p->dist.role == DS4_DIST_NONE;
@@ -161,10 +160,6 @@ static bool load_steering(ds4_engine *e, const ds4_engine_params *p, char *err, 
         /* NAN (not given) and 0 (a zeroed parameter block) both mean no steering */
         if ((isnan(sp->ffn) || sp->ffn == 0) && (isnan(sp->attn) || sp->attn == 0)) return true;
         snprintf(err, errlen, "--dir-steering-ffn and --dir-steering-attn need --dir-steering-file");
-        return false;
-    }
-    if (p->gpu.backend != DS4_BACKEND_CPU) {
-        snprintf(err, errlen, "directional steering runs on the CPU backend only (not with --cuda)");
         return false;
     }
     const float ffn = isnan(sp->ffn) ? 1.0f : sp->ffn, attn = isnan(sp->attn) ? 0.0f : sp->attn;
