@@ -2,15 +2,35 @@
  * CPU kernels (no model needed); `-m MODEL` walks context frontiers and
  * prints prefill/generation speed as CSV, `-m MODEL --sessions LIST`
  * compares batched decode of several sessions (bench_model.h). */
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench/bench_experts.h"
 #include "bench/bench_kernels.h"
 #include "bench/bench_model.h"
 #include "options/cli_args.h"
+
+/* The default --prompt-file: a public-domain English novel committed with the
+ * sources (data/bench/README.md: provenance and licence). */
+#define DEFAULT_TEXT "data/bench/persuasion.txt"
+
+/* DEFAULT_TEXT next to this binary (a build in the repository, run from
+ * anywhere), else in the current directory; NULL when neither has it. */
+static const char *default_text(char *buf, size_t len) {
+    char exe[PATH_MAX];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+        if ((size_t)snprintf(buf, len, "%s/%s", exe, DEFAULT_TEXT) < len && access(buf, R_OK) == 0) return buf;
+    }
+    return access(DEFAULT_TEXT, R_OK) == 0 ? DEFAULT_TEXT : NULL;
+}
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ds4-bench --kernels [-t N]\n"
@@ -26,7 +46,8 @@ static void usage(FILE *f) {
                "              decode step (time, weight bytes, tok/s at full acceptance)\n"
                "  -m MODEL    CSV per context frontier: frontier,prefill_tps,gen_tps,kvcache_bytes\n"
                "  --csv FILE  write that CSV to FILE instead of stdout\n"
-               "  --prompt-file F       the text whose tokens (repeated) fill the context (default: a fixed sequence)\n"
+               "  --prompt-file F       the text whose tokens (repeated) fill the context (default: the novel\n"
+               "                        " DEFAULT_TEXT " next to this binary or in the current directory)\n"
                "  --chat-prompt-file F  the same, with the file rendered as one chat user turn first\n"
                "  --ctx-alloc N         allocate a session of N tokens (default: --ctx-max + --gen-tokens + 1)\n"
                "  --sessions  table: that many sessions decoding together (batched), per-session and\n"
@@ -108,6 +129,10 @@ int main(int argc, char **argv) {
             return 2;
         }
         mp.threads = threads_set ? threads : 0;
+        char text_path[PATH_MAX + sizeof DEFAULT_TEXT];
+        if (!mp.prompt_file && !(mp.prompt_file = default_text(text_path, sizeof text_path)))
+            fprintf(stderr, "ds4-bench: %s is neither next to this binary nor in the current directory: a fixed token "
+                            "sequence fills the context (give --prompt-file)\n", DEFAULT_TEXT);
         if (spec_verify) return ds4_bench_spec_verify(&mp, stdout) ? 1 : 0;
         if (mp.n_session_counts) return ds4_bench_sessions(&mp, stdout) ? 1 : 0;
         FILE *out = csv ? fopen(csv, "w") : stdout;

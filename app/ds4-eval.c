@@ -22,6 +22,7 @@ typedef struct {
     ds4_sampler_params sampling;
     ds4_ssd_params ssd;
     ds4_gpu_opts gpu;
+    ds4_runtime_opts runtime;   /* --dir-steering-*, --power, --warm-weights */
     bool plain, list;
 } eval_args;
 
@@ -50,11 +51,11 @@ static void usage(FILE *f) {
         "  -t, --threads N         CPU threads (default: all)\n"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
-        "%s%s"
+        "%s%s%s"
         "      --scripted-output F TEST ONLY: replies come from F (entries split by '@@@' lines), one per question in run order\n"
         "  -h, --help              this text\n"
         "keys (terminal view): p pause/resume, q quit and report, Up/Down select, Enter run the selected question next\n",
-        ds4_ssd_usage, ds4_gpu_usage);
+        ds4_ssd_usage, ds4_runtime_usage, ds4_gpu_usage);
 }
 
 static int parse_args(int argc, char **argv, eval_args *o) {
@@ -63,6 +64,7 @@ static int parse_args(int argc, char **argv, eval_args *o) {
     ds4_sampler_params_default(&o->sampling);
     o->sampling.seed = ds4_sampler_random_seed();
     ds4_gpu_opts_default(&o->gpu);
+    ds4_runtime_opts_default(&o->runtime);
     static const ds4_cli_int_opt tokens = {"-n|--tokens", 1, INT_MAX / 2};
     static const ds4_cli_int_opt think_soft = {"--think-soft", 0, INT_MAX};
     static const ds4_cli_int_opt think_hard = {"--think-hard", 0, INT_MAX};
@@ -71,6 +73,7 @@ static int parse_args(int argc, char **argv, eval_args *o) {
     while (ds4_cli_next(&c)) {
         if (ds4_cli_is(&c, "-h|--help")) { usage(stdout); return 1; }
         if (ds4_cli_ssd(&c, &o->ssd) || ds4_cli_gpu(&c, &o->gpu) || ds4_cli_model(&c, &o->model) ||
+            ds4_cli_runtime(&c, &o->runtime) ||
             ds4_cli_numerics(&c, &o->numerics) || ds4_cli_int(&c, &tokens, &o->max_tokens) ||
             ds4_cli_int(&c, &think_soft, &o->think_soft) || ds4_cli_int(&c, &think_hard, &o->think_hard) ||
             ds4_cli_int(&c, &ds4_opt_threads, &o->threads) ||
@@ -212,6 +215,7 @@ int main(int argc, char **argv) {
     ep.numerics = o.numerics;
     ep.gpu = o.gpu;
     ep.ssd = o.ssd;
+    ds4_runtime_apply(&o.runtime, &ep);
     int status = 1;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     ds4_eval_run r = {0};

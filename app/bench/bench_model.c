@@ -65,6 +65,9 @@ static int32_t *bench_tokens(const ds4_engine *e, const char *prompt_file, bool 
                              : (ds4_tokenizer_encode(tk, text, got, DS4_TOK_SPECIALS_NONE, &ids), true);
         free(text);
         if (!ok) { ds4_token_ids_free(&ids); free(toks); return NULL; }
+        /* which text, and how much of it, a table was measured on */
+        fprintf(stderr, "ds4-bench: prompt %s: %zu tokens%s\n", prompt_file, ids.n,
+                ids.n && ids.n < (size_t)n ? ", repeated to fill the context" : "");
     }
     uint32_t x = 12345;
     const int V = ds4_engine_n_vocab(e);

@@ -4,7 +4,9 @@
  * - Loads the model once and walks one fixed token sequence (the tokenized
  *   prompt file repeated as needed, or, for a model without a tokenizer or
  *   without a prompt file, a fixed pseudo-random sequence) to context
- *   frontiers ctx_start, then +step_incr (or *step_mul) up to ctx_max.
+ *   frontiers ctx_start, then +step_incr (or *step_mul) up to ctx_max. The
+ *   prompt file's name and token count go to stderr. ds4-bench gives the
+ *   committed novel (data/bench/) when no --prompt-file is given.
  * - Before the first row an untimed warm-up prefills up to 128 tokens (fewer
  *   if the session is smaller) and decodes one, then restores the empty
  *   state, so first-touch page faults of the mmapped weights do not land in

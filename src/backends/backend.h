@@ -41,9 +41,9 @@
  *   serialises the state (snapshot, payload save), and hands it out after the
  *   engine replaced the state (restore, payload load), toks being the
  *   kv->n_pos tokens the state now holds.
- * - A sequence's steer (nn/steering.h) is applied to its own rows only; the
- *   engine refuses steering before it reaches a backend that does not
- *   implement it (CUDA, the pipeline coordinator).
+ * - A sequence's steer (nn/steering.h) is applied to its own rows only, on
+ *   a slice to the slice's layers; the pipeline coordinator carries it to
+ *   its workers (dist.h). Every backend implements it.
  * - power (power.h) only sleeps: outputs and states are the same bit for bit
  *   whatever its percent.
  */

@@ -5,6 +5,7 @@
 #include "models/dsv4/kv.h"
 #include "models/dsv4/model.h"
 #include "base/log.h"
+#include "nn/steering.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -73,12 +74,15 @@ static double now_seconds(void) {
 }
 
 /* Who this process is, as a HELLO says it. */
-static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const char *url, const uint8_t *nonce) {
+static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const char *url, const uint8_t *nonce,
+                               const ds4_dist_params *p) {
     const ds4_layer_slice *sl = &m->slice;
-    return (ds4_dist_hello){NULL, nonce, m->name, strlen(m->name), (uint32_t)m->cfg.n_layer,
-                            (uint32_t)m->cfg.n_embd, (uint32_t)m->cfg.n_hc, (uint32_t)m->cfg.n_vocab,
-                            (uint32_t)ds4_model_expert_bits(m), (uint32_t)sl->first, (uint32_t)sl->last, sl->output,
-                            (uint32_t)ctx, url, url ? strlen(url) : 0, numerics};
+    ds4_dist_hello h = {NULL, nonce, m->name, strlen(m->name), (uint32_t)m->cfg.n_layer,
+                        (uint32_t)m->cfg.n_embd, (uint32_t)m->cfg.n_hc, (uint32_t)m->cfg.n_vocab,
+                        (uint32_t)ds4_model_expert_bits(m), (uint32_t)sl->first, (uint32_t)sl->last, sl->output,
+                        (uint32_t)ctx, url, url ? strlen(url) : 0, numerics, {0}};
+    if (p->steer_dir) memcpy(h.steering, p->steer_sha1, sizeof h.steering);
+    return h;
 }
 
 /* One request, one reply: the reply, unsealed with key when one is given,
@@ -349,6 +353,7 @@ typedef struct {
     int n, cap;
     ckpt_list ckpts;        /* positions only */
     int ckpt_every;
+    ds4_steering steer;     /* the scales of the latest span (a replay recomputes with them) */
 } session_rec;
 
 typedef struct {
@@ -368,6 +373,7 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t changed;
     worker_reg regs[MAX_WORKERS];   /* under mu */
+    char refused[320];              /* under mu: the latest refusal, which an incomplete route names */
     challenge pending[MAX_PENDING]; /* control thread */
     uint64_t gen;                   /* under mu: bumped when the registrations change; the route id */
     uint64_t route_id;              /* the gen the hops were formed for; 0: none */
@@ -387,8 +393,13 @@ typedef struct {
  * other than one for the same slice (that one is a restart and is replaced). */
 static uint8_t *handle_hello(coord *c, const ds4_dist_hello *h, size_t *len) {
     char why[256];
-    if (!ds4_dist_hello_compatible(&c->me, h, why, sizeof why))
+    if (!ds4_dist_hello_compatible(&c->me, h, why, sizeof why)) {
+        /* the worker prints it; the coordinator's incomplete route says it too */
+        pthread_mutex_lock(&c->mu);
+        snprintf(c->refused, sizeof c->refused, "; a worker for layers %u..%u was %s", h->first, h->last, why);
+        pthread_mutex_unlock(&c->mu);
         return ds4_dist_encode_text(DS4_DIST_REFUSED, why, len);
+    }
     if ((int)h->first <= c->m->slice.last) {
         snprintf(why, sizeof why, "refused: layers %u..%u overlap the coordinator's 0..%d", h->first, h->last,
                  c->m->slice.last);
@@ -513,7 +524,10 @@ static int route(coord *c, worker_reg **out, char *err, size_t errlen) {
         worker_reg *w = NULL;
         for (int i = 0; i < MAX_WORKERS && !w; i++)
             if (c->regs[i].live && c->regs[i].first == next) w = &c->regs[i];
-        if (!w) { snprintf(err, errlen, "incomplete route: no worker holds layer %d (of 0..%d)", next, L - 1); return 0; }
+        if (!w) {
+            snprintf(err, errlen, "incomplete route: no worker holds layer %d (of 0..%d)%s", next, L - 1, c->refused);
+            return 0;
+        }
         out[n++] = w;
         next = w->last + 1;
     }
@@ -749,6 +763,7 @@ typedef struct {
     int n;
     uint64_t hash;          /* the prefix hash at kv->n_pos */
     float *logits;          /* NULL: ACKs only (a replay); else the last token's or (all) every position's */
+    const ds4_steering *steer;  /* the sequence's (backend.h); NULL: unsteered */
     bool all;
     bool checkpoint;        /* the span's last chunk asks the workers for a ring checkpoint */
 } span;
@@ -792,7 +807,8 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
             const bool last = off + m == x->n;
             if (off == 0) hash = x->hash;
             const double t0 = now_seconds();
-            ds4_backend_seq local = {.kv = x->kv, .toks = x->toks + off, .n = m, .hidden_out = c->hidden};
+            ds4_backend_seq local = {.kv = x->kv, .toks = x->toks + off, .n = m, .hidden_out = c->hidden,
+                                     .steer = x->steer};
             const int pos = x->kv->n_pos;
             if (c->local->eval(c->local, &local, 1, err, errlen)) return -1;
             const uint32_t eval_us = elapsed_us(t0);
@@ -801,6 +817,8 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
             ds4_dist_work wk = {.route = c->route_id, .seq = seq0 + (uint32_t)sent, .session = x->session,
                                 .pos = (uint32_t)pos, .n = (uint32_t)m, .hash_before = hash, .hash_after = after,
                                 .logits = mode, .checkpoint = x->checkpoint && last,
+                                .steer_attn = ds4_steering_scale(x->steer, DS4_STEER_ATTN),
+                                .steer_ffn = ds4_steering_scale(x->steer, DS4_STEER_FFN),
                                 /* a Q8 row is one HC stream of one token */
                                 .act = c->act, .row = c->act == DS4_DIST_ACT_Q8 ? (uint32_t)c->m->cfg.n_embd : 0,
                                 .n_floats = (uint32_t)((size_t)m * hcE), .n_hops = 1};
@@ -863,7 +881,8 @@ static int replay(coord *c, session_rec *r, int n, char *err, size_t errlen) {
                             (unsigned long long)r->id);
     ds4_kv *scratch = ds4_kv_new_layers(&c->m->cfg, r->cap, REWIND_SLACK, 0, c->m->slice.last);
     if (!scratch) { snprintf(err, errlen, "out of memory for a %d-token replay", n); return -1; }
-    const span whole = {.kv = scratch, .session = r->id, .toks = r->toks, .n = n, .hash = DS4_DIST_HASH_EMPTY};
+    const span whole = {.kv = scratch, .session = r->id, .toks = r->toks, .n = n, .hash = DS4_DIST_HASH_EMPTY,
+                        .steer = ds4_steering_active(&r->steer) ? &r->steer : NULL};
     const int rc = pipeline(c, &whole, 1, err, errlen);
     ds4_kv_free(scratch);
     r->ckpts.n = 0;   /* position 0 started the workers' sessions over, checkpoints gone */
@@ -897,13 +916,14 @@ static void undo_apply(const undo *u, struct ds4_kv *kv) {
 static span span_of(session_rec *r, const ds4_backend_seq *sq, int pos) {
     ckpt_drop_after(&r->ckpts, pos);
     const int last = r->ckpts.n ? r->ckpts.pos[r->ckpts.n - 1] : 0;
-    return (span){sq->kv, r->id, sq->toks, sq->n, r->hashes[pos], sq->logits, sq->all_logits,
+    return (span){sq->kv, r->id, sq->toks, sq->n, r->hashes[pos], sq->logits, sq->steer, sq->all_logits,
                   pos + sq->n - last >= r->ckpt_every};
 }
 
 /* A span went through: the route saw its tokens, the workers took its checkpoint. */
 static void span_done(session_rec *r, const span *x, int pos) {
     session_append(r, pos, x->toks, x->n);
+    r->steer = x->steer ? *x->steer : (ds4_steering){0};
     if (x->checkpoint && ckpt_push(&r->ckpts, pos + x->n)) r->ckpt_every *= 2;
 }
 
@@ -1145,7 +1165,7 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
     c->chunk = chunk;
     c->hidden = h;
     c->act = p->activation_bits == 16 ? DS4_DIST_ACT_F16 : p->activation_bits == 8 ? DS4_DIST_ACT_Q8 : DS4_DIST_ACT_F32;
-    c->me = identity(m, numerics, 0, NULL, NULL);
+    c->me = identity(m, numerics, 0, NULL, NULL, p);
     ds4_dist_link_key(p->secret, c->home_nonce, c->results_key);
     atomic_init(&c->stop, false);
     /* route ids start at random (top bit set: never 0, "no route"), so a
@@ -1204,6 +1224,7 @@ typedef struct {
 typedef struct {
     const ds4_model *m;     /* the slice, and its backend: the caller's (the engine's) */
     ds4_backend *be;
+    const float *steer_dir; /* the whole steering file (dist.h); NULL: none */
     int ctx;
     worker_session sessions[MAX_SESSIONS];
     uint64_t clock;
@@ -1360,14 +1381,19 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
     int32_t *toks = malloc((size_t)wk->n * sizeof(int32_t));
     if (wk->n_floats != want_in) {
         snprintf(why, sizeof why, "%u hidden floats for %u tokens, expected %zu", wk->n_floats, wk->n, want_in);
+    } else if (!w->steer_dir && (wk->steer_attn != 0 || wk->steer_ffn != 0)) {
+        /* registration refuses such a route; never compute unsteered what was asked steered */
+        snprintf(why, sizeof why, "steered work, but this worker has no --dir-steering-file");
     } else if (!toks || !grow(&w->in, &w->in_cap, want_in) || !grow(&w->out, &w->out_cap, n_out)) {
         snprintf(why, sizeof why, "out of memory for %u tokens", wk->n);
     } else {
         for (uint32_t i = 0; i < wk->n; i++) toks[i] = ds4_dist_token_at(wk->tokens, i);
         ds4_dist_work_floats(wk, w->in);
+        const ds4_steering steer = {w->steer_dir, cfg->n_layer, cfg->n_embd, wk->steer_attn, wk->steer_ffn};
         ds4_backend_seq sq = {.kv = s->kv, .toks = toks, .n = (int)wk->n, .logits = output ? w->out : NULL,
                               .all_logits = wk->logits == DS4_DIST_ALL, .hidden_in = w->in,
-                              .hidden_out = output ? NULL : w->out};
+                              .hidden_out = output ? NULL : w->out,
+                              .steer = ds4_steering_active(&steer) ? &steer : NULL};
         const double t0 = now_seconds();
         if (w->be->eval(w->be, &sq, 1, why, sizeof why) == 0) {
             for (uint32_t i = 0; i < wk->n; i++)
@@ -1546,6 +1572,7 @@ int ds4_dist_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, in
     w.m = m;
     w.be = be;
     w.ctx = ctx;
+    w.steer_dir = p->steer_dir;
     w.secret = p->secret;
     nng_socket control = NNG_SOCKET_INITIALIZER;
     w.data = (nng_socket)NNG_SOCKET_INITIALIZER;
@@ -1581,7 +1608,7 @@ int ds4_dist_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, in
     if (!rv) recv_limit(control, CONTROL_MAX);
     if (!rv) rv = start_dialer(control, curl, &w.tls);   /* retries until the coordinator is up */
     if (rv) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
-    const ds4_dist_hello me = identity(w.m, numerics, ctx, url, nonce);
+    const ds4_dist_hello me = identity(w.m, numerics, ctx, url, nonce, p);
     size_t blen;
     void *buf = NULL;
     ds4_dist_frame f;

@@ -66,6 +66,17 @@
  *   hidden states on in the same one. 32 keeps the single process's logits
  *   bit for bit; 16 and 8 round the hidden states at every cut (the weights,
  *   the KV state, saved payloads and the logits stay f32).
+ * - Directional steering (nn/steering.h): every process of the route holds
+ *   the whole --dir-steering-file and applies the rows of its own layers.
+ *   The engine hands the directions and their SHA-1 over in steer_dir /
+ *   steer_sha1; HELLO carries the SHA-1 and the coordinator refuses a worker
+ *   whose file differs (or that has one when the coordinator has none, or
+ *   none when it has one) with one line. A sequence's scales (backend.h
+ *   steer: the engine's, or the session's own) travel in every WORK frame,
+ *   so one route serves steered and unsteered sessions, each bit for bit
+ *   the single process's; a worker's own --dir-steering-ffn/-attn are not
+ *   used. A replay recomputes a session's tokens with the scales of its
+ *   latest step.
  * - --debug prints route formation and, per request, every hop's telemetry
  *   (layers, tokens, eval, wait and send time, bytes), gathered from the
  *   result frames.
@@ -102,6 +113,10 @@ typedef struct {
     int activation_bits;        /* --dist-activation-bits: 32, 16 or 8 (<= 0: 32); coordinator only */
     bool debug;                 /* --debug: route formation and per-hop telemetry on stderr */
     const char *tls_cert, *tls_key, *tls_ca;   /* PEM files (--dist-tls-*); NULL: plain TCP */
+    /* set by the engine from --dir-steering-file, not by options: the
+     * directions ([n_layer][n_embd], NULL: none) and their SHA-1 */
+    const float *steer_dir;
+    unsigned char steer_sha1[20];
 } ds4_dist_params;
 
 /* the most prefill chunks in flight along a route (--dist-prefill-window) */

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/random.h>
 
-enum { VERSION = 6, HEADER = 8, HOP_BYTES = 8 * 4 };
+enum { VERSION = 7, HEADER = 8, HOP_BYTES = 8 * 4 };
 static const uint8_t MAGIC[4] = {'D', 'S', '4', 'P'};
 
 uint64_t ds4_dist_hash_tokens(uint64_t h, const int32_t *toks, int n) {
@@ -98,7 +98,8 @@ static size_t str_len(size_t n) { return n > 0xffff ? 0xffff : n; }
 uint8_t *ds4_dist_encode_hello(const ds4_dist_hello *h, size_t *len) {
     const size_t lm = str_len(h->model_len), lu = str_len(h->data_url_len);
     writer w;
-    if (!start(&w, DS4_DIST_HELLO, 2 * DS4_DIST_NONCE_BYTES + 4 + lm + lu + 4 * 8 + 2)) return NULL;
+    if (!start(&w, DS4_DIST_HELLO, 2 * DS4_DIST_NONCE_BYTES + 4 + lm + lu + 4 * 8 + 2 + DS4_DIST_STEER_ID_BYTES))
+        return NULL;
     put_bytes(&w, h->challenge, DS4_DIST_NONCE_BYTES);
     put_bytes(&w, h->nonce, DS4_DIST_NONCE_BYTES);
     put_str(&w, h->model, lm);
@@ -108,6 +109,7 @@ uint8_t *ds4_dist_encode_hello(const ds4_dist_hello *h, size_t *len) {
     put_le(&w, h->ctx, 4);
     put_str(&w, h->data_url, lu);
     put_le(&w, h->numerics, 1);
+    put_bytes(&w, h->steering, DS4_DIST_STEER_ID_BYTES);
     *len = w.at;
     return w.p;
 }
@@ -148,7 +150,7 @@ uint8_t *ds4_dist_encode_work(enum ds4_dist_type type, const ds4_dist_work *wk, 
         return NULL;
     writer w;
     const size_t payload = ds4_dist_act_bytes(wk->act, wk->row, wk->n_floats);
-    if (!start(&w, type, 8 + 4 + 8 + 4 + 4 + 8 + 8 + 1 + 1 + 4 * (size_t)wk->n + 1 + 4 + 4 + payload + 4 +
+    if (!start(&w, type, 8 + 4 + 8 + 4 + 4 + 8 + 8 + 1 + 1 + 2 * 4 + 4 * (size_t)wk->n + 1 + 4 + 4 + payload + 4 +
                              HOP_BYTES * (size_t)wk->n_hops))
         return NULL;
     put_le(&w, wk->route, 8);
@@ -160,6 +162,7 @@ uint8_t *ds4_dist_encode_work(enum ds4_dist_type type, const ds4_dist_work *wk, 
     put_le(&w, wk->hash_after, 8);
     put_le(&w, wk->logits, 1);
     put_le(&w, wk->checkpoint, 1);
+    put_floats(&w, (const float[2]){wk->steer_attn, wk->steer_ffn}, 2);
     for (uint32_t i = 0; i < wk->n; i++) put_le(&w, (uint32_t)toks[i], 4);
     put_le(&w, wk->act, 1);
     put_le(&w, wk->row, 4);
@@ -225,6 +228,12 @@ static const uint8_t *get_bytes(reader *r, uint64_t n) {
     const uint8_t *p = r->p + r->at;
     r->at += (size_t)n;
     return p;
+}
+static float get_f32(reader *r) {
+    const uint32_t u = (uint32_t)get_le(r, 4);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 static const char *get_str(reader *r, size_t *len) {
     *len = (size_t)get_le(r, 2);
@@ -300,6 +309,8 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
         const uint64_t nu = get_le(&r, 1);
         h->numerics = nu == 1;
         if (nu > 1) r.bad = true;
+        const uint8_t *steering = get_bytes(&r, DS4_DIST_STEER_ID_BYTES);
+        if (steering) memcpy(h->steering, steering, DS4_DIST_STEER_ID_BYTES);
         break;
     }
     case DS4_DIST_KNOCK: case DS4_DIST_CHALLENGE:
@@ -321,7 +332,12 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
         w->logits = (uint8_t)get_le(&r, 1);
         const uint64_t ck = get_le(&r, 1);
         w->checkpoint = ck == 1;
-        if (w->logits > DS4_DIST_ALL || ck > 1 || (type == DS4_DIST_WORK && w->n == 0)) r.bad = true;
+        w->steer_attn = get_f32(&r);
+        w->steer_ffn = get_f32(&r);
+        /* a scale the engine would refuse on a command line is refused here too */
+        if (w->logits > DS4_DIST_ALL || ck > 1 || (type == DS4_DIST_WORK && w->n == 0) || !isfinite(w->steer_attn) ||
+            !isfinite(w->steer_ffn))
+            r.bad = true;
         w->tokens = get_bytes(&r, 4 * (uint64_t)w->n);
         w->act = (uint8_t)get_le(&r, 1);
         w->row = (uint32_t)get_le(&r, 4);
@@ -368,6 +384,13 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
     return true;
 }
 
+/* "file sha1 0123456789ab" or "no file" */
+static void steering_name(const uint8_t *id, char *out, size_t outlen) {
+    static const uint8_t none[DS4_DIST_STEER_ID_BYTES];
+    if (!memcmp(id, none, sizeof none)) { snprintf(out, outlen, "no file"); return; }
+    snprintf(out, outlen, "file sha1 %02x%02x%02x%02x%02x%02x", id[0], id[1], id[2], id[3], id[4], id[5]);
+}
+
 bool ds4_dist_hello_compatible(const ds4_dist_hello *mine, const ds4_dist_hello *theirs, char *err, size_t errlen) {
     if (mine->model_len != theirs->model_len || memcmp(mine->model, theirs->model, mine->model_len) ||
         mine->n_layer != theirs->n_layer || mine->n_embd != theirs->n_embd || mine->n_hc != theirs->n_hc ||
@@ -385,6 +408,14 @@ bool ds4_dist_hello_compatible(const ds4_dist_hello *mine, const ds4_dist_hello 
     if (mine->expert_bits != theirs->expert_bits) {
         snprintf(err, errlen, "refused: routed experts of %u bits, the coordinator's are %u bits (another quant)",
                  theirs->expert_bits, mine->expert_bits);
+        return false;
+    }
+    if (memcmp(mine->steering, theirs->steering, DS4_DIST_STEER_ID_BYTES)) {
+        char here[48], there[48];
+        steering_name(mine->steering, here, sizeof here);
+        steering_name(theirs->steering, there, sizeof there);
+        snprintf(err, errlen, "refused: this worker steers with %s, the coordinator with %s (every slice needs the "
+                 "same --dir-steering-file, or none)", there, here);
         return false;
     }
     if (theirs->first > theirs->last || theirs->last >= theirs->n_layer) {
@@ -443,7 +474,7 @@ void ds4_dist_link_key(const char *secret, const uint8_t *nonce, uint8_t out[DS4
  * string at its u16 limit (text) and f32 payloads (no transport format is
  * larger). */
 size_t ds4_dist_work_frame_max(size_t tokens, size_t floats) {
-    return HEADER + 8 + 4 + 8 + 4 + 4 + 8 + 8 + 1 + 1 + 4 * tokens + 1 + 4 + 4 + 4 * floats + 4 +
+    return HEADER + 8 + 4 + 8 + 4 + 4 + 8 + 8 + 1 + 1 + 2 * 4 + 4 * tokens + 1 + 4 + 4 + 4 * floats + 4 +
            HOP_BYTES * (size_t)DS4_DIST_MAX_HOPS + DS4_DIST_SEAL_BYTES;
 }
 

@@ -4,7 +4,7 @@
  * carries whole messages, this module only says what is in them.
  *
  * Contract
- * - Every frame starts with the magic "DS4P", a version (6) and a type;
+ * - Every frame starts with the magic "DS4P", a version (7) and a type;
  *   integers and floats are little endian, strings length-prefixed (u16).
  * - Registration is a challenge-response on the control socket (REQ/REP);
  *   the secret never travels. KNOCK (worker): a fresh random nonce Nw.
@@ -14,13 +14,15 @@
  *   learns nothing and gets no work. HELLO (worker): Nc again, the worker's
  *   registration nonce Nr (drawn fresh when the worker starts), the model
  *   identity (name, layer count, hidden size, HC streams, vocabulary,
- *   routed-expert bits, numerics), the layer slice, the context capacity
- *   and the worker's data address, sealed under the handshake key
+ *   routed-expert bits, numerics), the layer slice, the context capacity,
+ *   the worker's data address and the SHA-1 of its steering directions
+ *   (all zero without --dir-steering-file), sealed under the handshake key
  *   HMAC-SHA1(secret, "ds4 worker" Nw Nc) (ds4_dist_handshake_key); the
  *   coordinator's WELCOME or REFUSED is sealed under the same key. Each Nc
  *   is answered once, so a recorded HELLO replayed later is refused.
  *   ds4_dist_hello_compatible() says whether a registration fits the
- *   coordinator's model and words the refusal in one line.
+ *   coordinator's model (and steering file) and words the refusal in one
+ *   line.
  * - ROUTE (coordinator -> each worker at route formation): the route id, the
  *   most tokens one WORK frame of the route carries (the coordinator's
  *   prefill chunk: the receiver sizes its receive limit by it), the next
@@ -29,7 +31,10 @@
  *   ("home") and its nonce Nh (drawn when the coordinator starts).
  * - WORK (one pipeline hop, forwarded worker to worker): route id, request
  *   id (seq), session id, first position, token count, the rolling
- *   token-prefix hashes before and after the span, which logits the final
+ *   token-prefix hashes before and after the span, the sequence's steering
+ *   scales (attention, FFN: finite f32, zero for unsteered work; every hop
+ *   applies them with its own copy of the directions to its own layers,
+ *   nn/steering.h), which logits the final
  *   owner returns (ACK: none, for non-final prefill chunks; LAST: the last
  *   token's; ALL: every position's), whether the hops keep a ring checkpoint
  *   of the session after the span (dist.h), the tokens, the hidden-state
@@ -94,6 +99,7 @@
 #define DS4_DIST_MAX_HOPS 16
 #define DS4_DIST_NONCE_BYTES 16
 #define DS4_DIST_SEAL_BYTES 20
+#define DS4_DIST_STEER_ID_BYTES 20   /* SHA-1 of a steering file's directions */
 
 enum ds4_dist_type { DS4_DIST_HELLO = 1, DS4_DIST_WELCOME = 2, DS4_DIST_REFUSED = 3, DS4_DIST_WORK = 4,
                      DS4_DIST_RESULT = 5, DS4_DIST_ROUTE = 6, DS4_DIST_KV_GET = 7, DS4_DIST_KV_PUT = 8,
@@ -120,6 +126,7 @@ typedef struct {
     uint32_t ctx;
     const char *data_url; size_t data_url_len;
     bool numerics;             /* the ds4 FP8/FP4 simulation (changes logits) */
+    uint8_t steering[DS4_DIST_STEER_ID_BYTES];  /* SHA-1 of the steering directions; zeros: none */
 } ds4_dist_hello;
 
 typedef struct {
@@ -137,6 +144,7 @@ typedef struct {
     const uint8_t *hops;       /* n_hops encoded ds4_dist_hop (ds4_dist_hop_at) */
     uint8_t act;               /* enum ds4_dist_act: how floats travel (zero: F32) */
     uint32_t row;              /* Q8: floats per scaled row, dividing n_floats; 0 otherwise */
+    float steer_attn, steer_ffn;    /* the sequence's steering scales (0, 0: unsteered) */
 } ds4_dist_work;
 
 typedef struct {

@@ -6,6 +6,7 @@
 #include "base/numparse.h"
 #include "base/log.h"
 #include "base/mempages.h"
+#include "base/sha1.h"
 #include "format/gguf.h"
 #include "kernels/quant.h"
 #include "models/model_family.h"
@@ -30,8 +31,9 @@ struct ds4_engine {
     int prefill_chunk;
     ds4_backend_seq *seqs;  /* [max_batch]: one backend call's sequences */
     float *steer_dir;       /* --dir-steering-file's directions (NULL: none) */
+    unsigned char steer_sha1[20];   /* of steer_dir: every pipeline slice must hold the same (dist.h) */
     ds4_steering steering;  /* what new sessions are steered with */
-    bool host_layers;       /* every layer runs on the CPU backend here: steering and probes apply */
+    bool host_layers;       /* every layer runs on the CPU backend here: activation probes apply */
     int test_fail_decode_after;     /* DS4_TEST_FAIL_DECODE_AFTER, -1: unset */
 };
 
@@ -149,8 +151,8 @@ static void warn_unused_gpu_flags(const ds4_engine_params *p) {
 }
 
 /* --dir-steering-*: read after binding, when the layer count and width are
- * known. Only the CPU forward passes implement the projection, so the GPU
- * and pipeline backends refuse it instead of ignoring it. */
+ * known. Every backend applies it (the CPU forward passes, the CUDA
+ * kernels, a pipeline slice the rows of its own layers, dist.h). */
 static bool load_steering(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
     const ds4_steering_params *sp = &p->steering;
     e->host_layers = p->gpu.backend == DS4_BACKEND_CPU && p->dist.role == DS4_DIST_NONE;
@@ -160,10 +162,6 @@ static bool load_steering(ds4_engine *e, const ds4_engine_params *p, char *err, 
         snprintf(err, errlen, "--dir-steering-ffn and --dir-steering-attn need --dir-steering-file");
         return false;
     }
-    if (!e->host_layers) {
-        snprintf(err, errlen, "directional steering runs on the CPU backend only (not with --cuda or --role)");
-        return false;
-    }
     const float ffn = isnan(sp->ffn) ? 1.0f : sp->ffn, attn = isnan(sp->attn) ? 0.0f : sp->attn;
     if (!isfinite(ffn) || !isfinite(attn)) {
         snprintf(err, errlen, "steering scales must be finite");
@@ -171,6 +169,10 @@ static bool load_steering(ds4_engine *e, const ds4_engine_params *p, char *err, 
     }
     e->steer_dir = ds4_steering_read(sp->file, e->info.n_layers, e->info.n_embd, err, errlen);
     if (!e->steer_dir) return false;
+    ds4_sha1 h;
+    ds4_sha1_init(&h);
+    ds4_sha1_update(&h, e->steer_dir, (size_t)e->info.n_layers * (size_t)e->info.n_embd * sizeof(float));
+    ds4_sha1_final(&h, e->steer_sha1);
     e->steering = (ds4_steering){e->steer_dir, e->info.n_layers, e->info.n_embd, attn, ffn};
     return true;
 }
@@ -186,6 +188,12 @@ static bool load_draft(ds4_engine *e, const ds4_engine_params *p, char *err, siz
     return true;
 }
 
+/* A pipeline process's own steering, for its HELLO and its layers. */
+static void steer_route(const ds4_engine *e, ds4_dist_params *d) {
+    d->steer_dir = e->steer_dir;
+    memcpy(d->steer_sha1, e->steer_sha1, sizeof d->steer_sha1);
+}
+
 ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen) {
     warn_unused_gpu_flags(p);
     ds4_engine *e = calloc(1, sizeof *e);
@@ -198,7 +206,9 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     if (!e->m || !load_tokenizer(e, err, errlen) || !common_params(e, p, err, errlen) ||
         !load_steering(e, p, err, errlen))
         goto fail;
-    e->be = e->fam->backend_new(e->m, p, e->prefill_chunk, err, errlen);
+    ds4_engine_params bp = *p;
+    steer_route(e, &bp.dist);
+    e->be = e->fam->backend_new(e->m, &bp, e->prefill_chunk, err, errlen);
     if (!e->be) goto fail;
     e->be->power.percent = p->power ? p->power : 100;
     if (p->mtp_path && !load_draft(e, p, err, errlen)) goto fail;
@@ -229,7 +239,9 @@ int ds4_engine_serve_worker(ds4_engine *e, int ctx, const ds4_dist_params *p) {
         ds4_log(DS4_LOG_ERROR, "ds4 worker: this model's family has no pipeline worker\n");
         return 1;
     }
-    return e->fam->serve_worker(e->m, e->be, ctx, p);
+    ds4_dist_params q = *p;
+    steer_route(e, &q);
+    return e->fam->serve_worker(e->m, e->be, ctx, &q);
 }
 
 const struct ds4_tokenizer *ds4_engine_tokenizer(const ds4_engine *e) { return e->tok; }
@@ -362,7 +374,7 @@ int ds4_session_probe(ds4_session *s, struct ds4_act_probe *probe, char *err, si
         return -1;
     }
     if (probe && !e->host_layers) {
-        snprintf(err, errlen, "activation dumps run on the CPU backend only");
+        snprintf(err, errlen, "activation dumps run in one process on the CPU backend (not with --cuda or --role)");
         return -1;
     }
     s->probe = probe;

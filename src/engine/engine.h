@@ -69,8 +69,10 @@
  *   attention output of every sequence loses (positive scale) or gains
  *   (negative) its component along the file's direction for that layer, in
  *   prefill, decode and batched steps alike; no file or zero scales is the
- *   unsteered computation bit for bit. CPU backend only (refused with
- *   --cuda or --role). A file of the wrong size is refused with one line.
+ *   unsteered computation bit for bit. Every backend: CPU, CUDA, and
+ *   each pipeline slice for its own layers' rows, every slice holding the
+ *   same file (dist.h). A file of the wrong size is refused
+ *   with one line.
  * - power (--power N, power.h): each evaluation and, on the CPU backends,
  *   each layer of it is followed by a sleep in proportion to its compute
  *   time; outputs are unchanged.

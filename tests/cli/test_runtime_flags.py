@@ -3,9 +3,10 @@
 and the tiny GLM model ($BUILD/glmtiny/A-f32.gguf), both made by make test.
 
 - --power: ds4's greedy answer at --power 40 is byte-identical to --power
-  100 on both families (identity only; no timing is asserted); 0, 101 and a
-  non-number are refused with one line by ds4, ds4-server, ds4-agent and
-  ds4-bench.
+  100 on both families, and so are the tokens ds4-eval generates (its
+  --trace) (identity only; no timing is asserted); 0, 101 and a non-number
+  are refused with one line by ds4, ds4-server, ds4-agent, ds4-bench and
+  ds4-eval.
 - --warm-weights: a layer-slice load (which the automatic page-in leaves
   lazy) reports "weights paged in" only with the flag.
 - --inspect: the tensor mix per storage type equals what ds4-gguf-dump lists,
@@ -68,7 +69,16 @@ def main():
         outs["glm" + p] = run("ds4", "-m", GLM, "--token-ids", "1,5,9,33,70", "--power", p).stdout
     check(outs["100"] == outs["40"] and outs["100"], "ds4 --power 40 prints the same answer as --power 100")
     check(outs["glm100"] == outs["glm40"] and outs["glm100"], "GLM --power 40 gives the same next token")
-    for binary in ("ds4", "ds4-server", "ds4-agent", "ds4-bench"):
+    with tempfile.TemporaryDirectory() as d:
+        traces = {}
+        for p in ("100", "40"):
+            trace = os.path.join(d, f"trace{p}.jsonl")
+            r = run("ds4-eval", "-m", DEMO, "--plain", "--questions", "2", "--tokens", "8", "--temp", "0", "--seed", "1",
+                    "--trace", trace, "--power", p)
+            check(r.returncode == 0, f"ds4-eval --power {p}: {r.stderr.strip()[-200:]}")
+            traces[p] = [x for x in open(trace) if '"tok"' in x] if r.returncode == 0 else None
+        check(traces["100"] and traces["100"] == traces["40"], "ds4-eval --power 40 generates the same tokens")
+    for binary in ("ds4", "ds4-server", "ds4-agent", "ds4-bench", "ds4-eval"):
         for bad in ("0", "101", "x"):
             one_line(run(binary, "-m", DEMO, "--power", bad), "--power", f"{binary} --power {bad}")
     # --warm-weights

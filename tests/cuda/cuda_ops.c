@@ -15,6 +15,11 @@
  *       graph path), two sessions stepped together against one alone (bit
  *       for bit), a session payload saved on CUDA and continued on the CPU;
  *       with --gold, the CUDA logits against the transformers fixture.
+ *       Directional steering (a direction file of random unit rows): zero
+ *       scales on an engine with the file equal the plain CUDA engine bit
+ *       for bit (prefill and graph decode); steered prefill and decode
+ *       against the steered CPU; a session whose decode graph was captured
+ *       before the file reached the device, then steered, against the CPU.
  *
  * rel = max|cuda - ref| / max|ref|. Tolerances: 0 where both sides do the
  * same IEEE operations in the same order (activation bytes, storage round
@@ -37,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int n_checks, n_failed;
 
@@ -552,11 +558,12 @@ static void run_ops(void) {
 
 /* ------------------------------------------------------------ whole model */
 
-static ds4_engine *load(const char *path, bool cuda, int numerics, int ctx) {
+static ds4_engine *load_steered(const char *path, bool cuda, int numerics, int ctx, const char *steer) {
     char err[512];
     ds4_engine_params p;
     ds4_engine_params_default(&p);
     p.model_path = path;
+    p.steering.file = steer;
     p.numerics = numerics;
     p.quiet = true;
     p.gpu.backend = cuda ? DS4_BACKEND_CUDA : DS4_BACKEND_CPU;
@@ -564,6 +571,10 @@ static ds4_engine *load(const char *path, bool cuda, int numerics, int ctx) {
     ds4_engine *e = ds4_engine_load(&p, err, sizeof err);
     if (!e) fprintf(stderr, "cuda-ops: %s (%s): %s\n", path, cuda ? "cuda" : "cpu", err);
     return e;
+}
+
+static ds4_engine *load(const char *path, bool cuda, int numerics, int ctx) {
+    return load_steered(path, cuda, numerics, ctx, NULL);
 }
 
 static int argmax(const float *x, int n) {
@@ -602,6 +613,99 @@ static int32_t *read_tokens(const char *dir, int *n) {
     fclose(f);
     *n = c;
     return t;
+}
+
+/* n greedy steps (the CPU session's choice) on both sessions; false after a message. */
+static bool decode_both(ds4_session *cpu, ds4_session *gpu, int n, int V) {
+    char err[512];
+    for (int step = 0; step < n; step++) {
+        const int32_t next = argmax(ds4_session_logits(cpu), V);
+        if (ds4_session_decode(cpu, next, err, sizeof err) || ds4_session_decode(gpu, next, err, sizeof err)) {
+            fprintf(stderr, "cuda-ops: decode: %s\n", err);
+            n_failed++;
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Directional steering on CUDA (see the header). plain: the CUDA engine
+ * without a file, the bit-for-bit reference of zero scales. */
+static void run_steering(const char *path, ds4_engine *plain, int numerics, const int32_t *toks, int n, int ctx,
+                         double tol) {
+    char err[512], file[] = "/tmp/cuda-ops-steer-XXXXXX";
+    const int L = ds4_engine_n_layers(plain), E = ds4_engine_n_embd(plain), V = ds4_engine_n_vocab(plain);
+    const int fd = mkstemp(file);
+    float *dir = xmalloc((size_t)L * E * sizeof(float));
+    for (int l = 0; l < L; l++) {
+        double norm = 0;
+        fill(dir + (size_t)l * E, (size_t)E, 1.0f);
+        for (int i = 0; i < E; i++) norm += (double)dir[(size_t)l * E + i] * dir[(size_t)l * E + i];
+        for (int i = 0; i < E; i++) dir[(size_t)l * E + i] = (float)(dir[(size_t)l * E + i] / sqrt(norm));
+    }
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    const bool written = f && fwrite(dir, sizeof(float), (size_t)L * E, f) == (size_t)L * E;
+    if (f) fclose(f);
+    free(dir);
+    ds4_engine *cpu = written ? load_steered(path, false, numerics, ctx, file) : NULL;
+    ds4_engine *gpu = cpu ? load_steered(path, true, numerics, ctx, file) : NULL;
+    float *lc = xmalloc((size_t)n * V * sizeof(float)), *lg = xmalloc((size_t)n * V * sizeof(float));
+    float *lp = xmalloc((size_t)n * V * sizeof(float));
+    ds4_session *zp = NULL, *zg = NULL, *sc = NULL, *sg = NULL, *uc = NULL, *ug = NULL;
+    if (!gpu) { fprintf(stderr, "cuda-ops: steering setup failed\n"); n_failed++; goto out; }
+    zp = ds4_session_new(plain, ctx, err, sizeof err);
+    zg = ds4_session_new(gpu, ctx, err, sizeof err);
+    sc = ds4_session_new(cpu, ctx, err, sizeof err);
+    sg = ds4_session_new(gpu, ctx, err, sizeof err);
+    uc = ds4_session_new(cpu, ctx, err, sizeof err);
+    ug = ds4_session_new(gpu, ctx, err, sizeof err);
+    /* zero scales first, so uc/ug capture their decode graphs before the file reaches the device */
+    if (!zp || !zg || !sc || !sg || !uc || !ug || ds4_session_set_steering(zg, 0, 0, err, sizeof err) ||
+        ds4_session_set_steering(uc, 0, 0, err, sizeof err) || ds4_session_set_steering(ug, 0, 0, err, sizeof err) ||
+        ds4_session_set_steering(sc, 0.8f, -0.4f, err, sizeof err) ||
+        ds4_session_set_steering(sg, 0.8f, -0.4f, err, sizeof err) ||
+        ds4_session_prefill(zp, toks, n, lp, NULL, NULL, err, sizeof err) ||
+        ds4_session_prefill(zg, toks, n, lg, NULL, NULL, err, sizeof err) ||
+        ds4_session_prefill(uc, toks, n / 2, NULL, NULL, NULL, err, sizeof err) ||
+        ds4_session_prefill(ug, toks, n / 2, NULL, NULL, NULL, err, sizeof err)) {
+        fprintf(stderr, "cuda-ops: steering: %s\n", err);
+        n_failed++;
+        goto out;
+    }
+    const int zero_prefill = memcmp(lg, lp, (size_t)n * V * sizeof(float)) != 0;
+    report("steer_zero_prefill", path, zero_prefill, zero_prefill, 0);
+    if (!decode_both(zp, zg, 4, V) || !decode_both(uc, ug, 2, V)) goto out;
+    const int zero_decode = memcmp(ds4_session_logits(zg), ds4_session_logits(zp), (size_t)V * sizeof(float)) != 0;
+    report("steer_zero_decode4", path, zero_decode, zero_decode, 0);
+    if (ds4_session_prefill(sc, toks, n, lc, NULL, NULL, err, sizeof err) ||
+        ds4_session_prefill(sg, toks, n, lg, NULL, NULL, err, sizeof err)) {
+        fprintf(stderr, "cuda-ops: steered prefill: %s\n", err);
+        n_failed++;
+        goto out;
+    }
+    compare_rows("steer_prefill", path, lg, lc, n, V, tol);
+    double moved, rel;
+    errs(lc, lp, (size_t)n * V, &moved, &rel);
+    /* the steered CPU run is far from the unsteered one, so a backend ignoring the file fails steer_prefill */
+    report("steer_moves_logits", path, moved, rel > 10 * tol ? 0 : INFINITY, 0);
+    if (!decode_both(sc, sg, 4, V)) goto out;
+    compare_rows("steer_decode4", path, ds4_session_logits(sg), ds4_session_logits(sc), 1, V, tol);
+    /* the file is on the device now: ug's graph, captured without it, is captured again */
+    if (ds4_session_set_steering(uc, -0.5f, 0.3f, err, sizeof err) ||
+        ds4_session_set_steering(ug, -0.5f, 0.3f, err, sizeof err)) {
+        fprintf(stderr, "cuda-ops: steering: %s\n", err);
+        n_failed++;
+        goto out;
+    }
+    if (!decode_both(uc, ug, 3, V)) goto out;
+    compare_rows("steer_recaptured", path, ds4_session_logits(ug), ds4_session_logits(uc), 1, V, tol);
+out:
+    ds4_session_free(zp); ds4_session_free(zg); ds4_session_free(sc);
+    ds4_session_free(sg); ds4_session_free(uc); ds4_session_free(ug);
+    ds4_engine_free(cpu);
+    ds4_engine_free(gpu);
+    free(lc); free(lg); free(lp);
+    if (fd >= 0) unlink(file);
 }
 
 static void run_model(const char *path, const char *gold, int numerics, int n_tokens, double tol) {
@@ -681,6 +785,7 @@ static void run_model(const char *path, const char *gold, int numerics, int n_to
         ds4_session_free(moved);
         free(payload);
     }
+    run_steering(path, gpu, numerics, toks, n, ctx, tol);
 out:
     ds4_session_free(sc);
     ds4_session_free(sg);

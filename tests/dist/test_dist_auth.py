@@ -43,7 +43,7 @@ import test_dist_split as dist  # noqa: E402  (process helpers, the demo model, 
 
 REQ_GREETING = b"\x00SP\x00\x00\x30\x00\x00"
 REP_GREETING = b"\x00SP\x00\x00\x31\x00\x00"
-VERSION = 6   # the protocol version (src/dist/dist_proto.c)
+VERSION = 7   # the protocol version (src/dist/dist_proto.c)
 KNOCK, CHALLENGE, HELLO, WELCOME, REFUSED = 9, 10, 1, 2, 3
 NONCE, SEAL = 16, 20
 

@@ -35,7 +35,7 @@ import dist_wire as wire  # noqa: E402
 DS4 = os.path.join(ROOT, "ds4")
 SECRET = "replay-secret"
 HELLO, WORK, ROUTE = 1, 4, 6   # frame types (dist_proto.h)
-VERSION = 6
+VERSION = 7
 
 
 def start_worker(port):

@@ -47,6 +47,7 @@ DS4 = os.path.join(ROOT, "ds4")
 TINY = os.path.join(ROOT, BUILD, "ds4tiny", "A-f32.gguf")
 DEMO = os.path.join(ROOT, "models", "demo.gguf")
 SECRET = "test-secret"
+VERSION = 7   # the protocol version (src/dist/dist_proto.c)
 passed = failed = 0
 
 
@@ -240,15 +241,16 @@ def main():
             r = ds4([*coordinator_args(DEMO, "0:0", port), *args, "--debug"])
             first = open(out, "rb").read() if r.returncode == 0 else b""
             m = re.search(r"layers 1\.\.4 at tcp://127\.0\.0\.1:(\d+)", r.stderr)
-            sent = bool(m) and wire.push(int(m.group(1)), b"DS4P\x06\x00\x06\x00" + bytes(64))
+            sent = bool(m) and wire.push(int(m.group(1)), b"DS4P" + struct.pack("<HH", VERSION, 6) + bytes(64))
             route = re.search(r"route (\d+) formed", r.stderr)
-            # WORK (type 4): route, request 1, session 1, position 0, one token, hashes, modes, f32, no floats, no hops
-            work = (b"DS4P" + struct.pack("<HH", 6, 4) + struct.pack("<QIQIIQQBB", int(route.group(1)) if route else 0, 1,
-                                                                       1, 0, 1, 0, 0, 0, 0)
+            # WORK (type 4): route, request 1, session 1, position 0, one token, hashes, modes, no steering, f32,
+            # no floats, no hops
+            work = (b"DS4P" + struct.pack("<HH", VERSION, 4) + struct.pack("<QIQIIQQBBff", int(route.group(1)) if route
+                                                                             else 0, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0)
                     + struct.pack("<iBIII", 5, 0, 0, 0, 0))
             unbound_work = bool(m) and wire.push(int(m.group(1)), work + hmac.new(SECRET.encode(), work, hashlib.sha1).digest())
             # ROUTE (type 6), a new id, pointing the worker elsewhere
-            stale = (b"DS4P" + struct.pack("<HHQI", 6, 6, (int(route.group(1)) if route else 0) + 99, 8)
+            stale = (b"DS4P" + struct.pack("<HHQI", VERSION, 6, (int(route.group(1)) if route else 0) + 99, 8)
                      + struct.pack("<H", 20) + b"tcp://127.0.0.1:9999" + bytes(16)
                      + struct.pack("<H", 20) + b"tcp://127.0.0.1:9998" + bytes(16))
             unbound_route = bool(m) and wire.push(int(m.group(1)), stale + hmac.new(SECRET.encode(), stale, hashlib.sha1).digest())

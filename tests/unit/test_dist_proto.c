@@ -38,7 +38,8 @@ static void check_all_cuts(const uint8_t *buf, size_t len, const char *what) {
 static void test_hello(void) {
     const uint8_t nonce[DS4_DIST_NONCE_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
     const uint8_t reg[DS4_DIST_NONCE_BYTES] = {9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 7};
-    ds4_dist_hello h = {nonce, reg, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20, true};
+    ds4_dist_hello h = {nonce, reg, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20, true,
+                        {0xab, 0xcd, 0xef, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0x99}};
     size_t len;
     uint8_t *buf = ds4_dist_encode_hello(&h, &len);
     ds4_dist_frame f;
@@ -49,6 +50,7 @@ static void test_hello(void) {
           "challenge and strings");
     CHECK(g->n_layer == 6 && g->n_embd == 256 && g->n_hc == 4 && g->n_vocab == 1024 && g->expert_bits == 8 &&
           g->first == 3 && g->last == 5 && g->output && g->ctx == 4096 && g->data_url_len == 20 && g->numerics, "numbers");
+    CHECK(!memcmp(g->steering, h.steering, sizeof h.steering), "steering id round-trips");
     check_all_cuts(buf, len, "hello");
 
     ds4_dist_hello mine = h;
@@ -67,6 +69,18 @@ static void test_hello(void) {
     CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "outside"), "%s", err);
     bad = *g; bad.first = 5; bad.last = 4;
     CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) && strstr(err, "outside"), "%s", err);
+    /* every slice steers with the same directions, or none does */
+    bad = *g; bad.steering[19] ^= 1;
+    CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) &&
+          strstr(err, "this worker steers with file sha1 abcdef010203, the coordinator with file sha1 abcdef010203"),
+          "%s", err);
+    memset(bad.steering, 0, sizeof bad.steering);
+    CHECK(!ds4_dist_hello_compatible(&mine, &bad, err, sizeof err) &&
+          strstr(err, "this worker steers with no file, the coordinator with file sha1 abcdef"), "%s", err);
+    memset(mine.steering, 0, sizeof mine.steering);
+    CHECK(ds4_dist_hello_compatible(&mine, &bad, err, sizeof err), "neither steers: %s", err);
+    CHECK(!ds4_dist_hello_compatible(&mine, g, err, sizeof err) &&
+          strstr(err, "this worker steers with file sha1 abcdef010203, the coordinator with no file"), "%s", err);
     free(buf);
 }
 
@@ -82,7 +96,7 @@ static void test_work_and_result(void) {
     float fl[7] = {1.0f, -0.0f, NAN, INFINITY, 1e-45f, -3.25f, 65504.0f};
     const ds4_dist_hop hops[2] = {{0, 2, 4096, 5, 1234, 0, 56, 0}, {3, 5, 4096, 5, 4000000000u, 7, 8, 123456}};
     ds4_dist_work w = {77, 9, 0xfeedface12345678ull, 4096, 5, 11, 22, DS4_DIST_ALL, true, NULL, 7, NULL, 2, NULL,
-                       DS4_DIST_ACT_F32, 0};
+                       DS4_DIST_ACT_F32, 0, -0.75f, 1.5f};
     size_t len;
     uint8_t *buf = ds4_dist_encode_work(DS4_DIST_WORK, &w, toks, fl, hops, &len);
     ds4_dist_frame f;
@@ -91,6 +105,7 @@ static void test_work_and_result(void) {
     CHECK(f.work.route == 77 && f.work.seq == 9 && f.work.session == w.session && f.work.pos == 4096 &&
           f.work.n == 5 && f.work.hash_before == 11 && f.work.hash_after == 22 && f.work.logits == DS4_DIST_ALL &&
           f.work.checkpoint && f.work.n_floats == 7 && f.work.n_hops == 2, "work fields");
+    CHECK(f.work.steer_attn == -0.75f && f.work.steer_ffn == 1.5f, "steering scales round-trip");
     for (int i = 0; i < 5; i++) CHECK(ds4_dist_token_at(f.work.tokens, (size_t)i) == toks[i], "token %d", i);
     for (int i = 0; i < 7; i++) {
         float v = ds4_dist_float_at(f.work.floats, (size_t)i);
@@ -106,7 +121,7 @@ static void test_work_and_result(void) {
     free(buf);
 
     /* KV_GET carries no tokens; a WORK without tokens is refused */
-    ds4_dist_work g = {1, 2, 3, 40, 0, 5, 5, DS4_DIST_ACK, false, NULL, 0, NULL, 0, NULL, DS4_DIST_ACT_F32, 0};
+    ds4_dist_work g = {1, 2, 3, 40, 0, 5, 5, DS4_DIST_ACK, false, NULL, 0, NULL, 0, NULL, DS4_DIST_ACT_F32, 0, 0, 0};
     buf = ds4_dist_encode_work(DS4_DIST_KV_GET, &g, NULL, NULL, NULL, &len);
     CHECK(buf && ds4_dist_decode(buf, len, &f, err, sizeof err) && f.type == DS4_DIST_KV_GET && f.work.pos == 40 &&
           f.work.n == 0, "kv_get decodes: %s", err);
@@ -119,6 +134,16 @@ static void test_work_and_result(void) {
     buf = ds4_dist_encode_work(DS4_DIST_KV_PUT, &g, NULL, NULL, NULL, &len);
     CHECK(buf && !ds4_dist_decode(buf, len, &f, err, sizeof err), "unknown logits mode refused");
     free(buf);
+    g.logits = DS4_DIST_ACK;
+    for (int k = 0; k < 2; k++) {
+        /* a scale no command line could give is not a frame either */
+        g.steer_attn = k ? 0 : NAN;
+        g.steer_ffn = k ? -INFINITY : 0;
+        buf = ds4_dist_encode_work(DS4_DIST_KV_GET, &g, NULL, NULL, NULL, &len);
+        CHECK(buf && !ds4_dist_decode(buf, len, &f, err, sizeof err), "non-finite steering scale %d refused", k);
+        free(buf);
+    }
+    g.steer_attn = g.steer_ffn = 0;
     ds4_dist_hop many[DS4_DIST_MAX_HOPS + 1] = {{0}};
     g.logits = DS4_DIST_ACK;
     g.n_hops = DS4_DIST_MAX_HOPS + 1;
@@ -163,7 +188,7 @@ static void test_work_and_result(void) {
 /* A WORK frame of n floats in format act (rows of `row`), decoded back into out. */
 static size_t act_round_trip(uint8_t act, uint32_t row, const float *x, uint32_t n, float *out) {
     const int32_t tok = 1;
-    ds4_dist_work w = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, false, NULL, n, NULL, 0, NULL, act, row};
+    ds4_dist_work w = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, false, NULL, n, NULL, 0, NULL, act, row, 0, 0};
     size_t len = 0;
     uint8_t *buf = ds4_dist_encode_work(DS4_DIST_WORK, &w, &tok, x, NULL, &len);
     ds4_dist_frame f;
@@ -242,7 +267,7 @@ static void test_activation_formats(void) {
     /* the encoder refuses what the decoder would */
     const int32_t one = 1;
     size_t n_out = 0;
-    ds4_dist_work q = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, false, NULL, 8, NULL, 0, NULL, DS4_DIST_ACT_Q8, 0};
+    ds4_dist_work q = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, false, NULL, 8, NULL, 0, NULL, DS4_DIST_ACT_Q8, 0, 0, 0};
     CHECK(!ds4_dist_encode_work(DS4_DIST_WORK, &q, &one, x, NULL, &n_out), "q8 without a row not encoded");
     q.row = 3;
     CHECK(!ds4_dist_encode_work(DS4_DIST_WORK, &q, &one, x, NULL, &n_out), "q8 row not dividing not encoded");
@@ -252,13 +277,14 @@ static void test_activation_formats(void) {
         {3, 0, 4}, {DS4_DIST_ACT_Q8, 0, 4}, {DS4_DIST_ACT_Q8, 3, 4}, {DS4_DIST_ACT_F32, 2, 4}, {DS4_DIST_ACT_F16, 1, 4}};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         const int32_t tok = 1;
-        ds4_dist_work w = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, false, NULL, bad[k].n, NULL, 0, NULL, DS4_DIST_ACT_F32, 0};
+        ds4_dist_work w = {1, 2, 3, 0, 1, 0, 0, DS4_DIST_ACK, false, NULL, bad[k].n, NULL, 0, NULL, DS4_DIST_ACT_F32, 0, 0, 0};
         size_t len = 0;
         uint8_t *buf = ds4_dist_encode_work(DS4_DIST_WORK, &w, &tok, x, NULL, &len);
         ds4_dist_frame f;
         char err[256];
-        /* the format fields follow the header (8), the fixed fields (46) and the one token (4) */
-        const size_t at = 8 + 46 + 4;
+        /* the format fields follow the header (8), the fixed fields (46), the two steering scales (8) and the
+         * one token (4) */
+        const size_t at = 8 + 46 + 8 + 4;
         CHECK(buf && buf[at] == DS4_DIST_ACT_F32 && ds4_dist_decode(buf, len, &f, err, sizeof err), "unpatched decodes");
         if (buf) {
             buf[at] = bad[k].act;
@@ -383,7 +409,7 @@ static void test_handshake(void) {
     free(buf);
 
     /* a sealed HELLO holds the challenge and the identity, never the secret */
-    ds4_dist_hello h = {nc, again, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20, true};
+    ds4_dist_hello h = {nc, again, "ds4tiny-A", 9, 6, 256, 4, 1024, 8, 3, 5, true, 4096, "tcp://127.0.0.1:5555", 20, true, {0}};
     buf = ds4_dist_seal(ds4_dist_encode_hello(&h, &len), &len, key, sizeof key);
     size_t frame_len;
     CHECK(buf && ds4_dist_unseal(buf, len, key, sizeof key, &frame_len) &&

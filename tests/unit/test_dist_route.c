@@ -35,6 +35,10 @@
  *   step starting there and no replay) and the logits equal the single
  *   process's (with the worker's checkpoint restore disabled, the same
  *   lines show the replay: checked by hand).
+ * - directional steering through a 3-way route, every process holding the
+ *   same file: a batched call of a session with the engine's scales, an
+ *   unsteered one and one with its own scales, then a batched decode step,
+ *   each equal to the single process's run of it alone (run_steered).
  * - a worker's KV state holds its slice's layers only: the slices' bytes
  *   add up to the whole state's, and a slice state refuses another range;
  *   a full checkpoint list thins to its odd entries, keeping every slot.
@@ -95,10 +99,11 @@ typedef struct {
     FILE *log;
 } worker_proc;
 
-static worker_proc start_worker(const char *layers, int port) {
+/* steer: the worker's --dir-steering-file (NULL: none) */
+static worker_proc start_worker_steered(const char *layers, int port, const char *steer) {
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
-    char *argv[] = {"test_dist_route", "worker", (char *)layers, portstr, NULL};
+    char *argv[] = {"test_dist_route", "worker", (char *)layers, portstr, (char *)steer, NULL};
     worker_proc w = {-1, tmpfile()};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
@@ -108,6 +113,8 @@ static worker_proc start_worker(const char *layers, int port) {
     posix_spawn_file_actions_destroy(&fa);
     return w;
 }
+
+static worker_proc start_worker(const char *layers, int port) { return start_worker_steered(layers, port, NULL); }
 
 static void stop_worker(worker_proc *w) {
     if (w->pid > 0) {
@@ -150,7 +157,7 @@ static bool wait_registered(const worker_proc *w, const char *what) {
     return false;
 }
 
-static int worker_main(const char *layers, const char *port) {
+static int worker_main(const char *layers, const char *port, const char *steer) {
     ds4_dist_params p = {.role = DS4_DIST_WORKER, .host = "127.0.0.1", .port = atoi(port), .secret = SECRET};
     char err[256];
     if (!ds4_dist_finish_options(&p, true, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
@@ -162,6 +169,7 @@ static int worker_main(const char *layers, const char *port) {
     ep.n_threads = 1;
     ep.quiet = true;
     ep.dist = p;
+    ep.steering.file = steer;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) { fprintf(stderr, "%s\n", err); return 1; }
     const int rc = ds4_engine_serve_worker(e, CTX, &ep.dist);
@@ -177,11 +185,13 @@ static int worker_main(const char *layers, const char *port) {
  * register (only a route's ACKs, loopback round trips, still come within
  * it). reply_seconds only bounds a route that never answers (no step here
  * expects that; a killed worker is noticed from its closed connection). */
-static ds4_engine *load(const char *layers, int port, int bits, bool debug, char *err, size_t errlen) {
+static ds4_engine *load_steered(const char *layers, int port, int bits, bool debug, const char *steer, char *err,
+                                size_t errlen) {
     ds4_engine_params p;
     ds4_engine_params_default(&p);
     p = (ds4_engine_params){.model_path = MODEL, .n_threads = 1, .prefill_chunk = 40, .numerics = p.numerics,
-                           .quiet = true, .gpu = p.gpu};
+                           .quiet = true, .gpu = p.gpu, .steering = p.steering, .power = p.power};
+    p.steering.file = steer;
     if (layers) {
         p.layers = layers;
         p.dist = (ds4_dist_params){.role = DS4_DIST_COORDINATOR, .host = "127.0.0.1", .port = port, .secret = SECRET,
@@ -190,6 +200,10 @@ static ds4_engine *load(const char *layers, int port, int bits, bool debug, char
         if (!ds4_dist_finish_options(&p.dist, false, err, errlen)) return NULL;
     }
     return ds4_engine_load(&p, err, errlen);
+}
+
+static ds4_engine *load(const char *layers, int port, int bits, bool debug, char *err, size_t errlen) {
+    return load_steered(layers, port, bits, debug, NULL, err, errlen);
 }
 
 static int argmax(const float *x, int n) {
@@ -408,7 +422,7 @@ static void stage_close(stage *st) {
 static bool through_wire(float *hidden, size_t n, uint8_t act, uint32_t n_embd) {
     const int32_t tok = 0;
     ds4_dist_work w = {0, 0, 0, 0, 1, 0, 0, DS4_DIST_ACK, false, NULL, (uint32_t)n, NULL, 0, NULL, act,
-                       act == DS4_DIST_ACT_Q8 ? n_embd : 0};
+                       act == DS4_DIST_ACT_Q8 ? n_embd : 0, 0, 0};
     size_t len = 0;
     uint8_t *buf = ds4_dist_encode_work(DS4_DIST_WORK, &w, &tok, hidden, NULL, &len);
     ds4_dist_frame f;
@@ -585,6 +599,90 @@ static void run_deep_rewinds(ds4_engine *single) {
 }
 
 /* ds4_kv_new_layers: a slice's state has its layers' buffers only. */
+/* Directional steering through a 3-way route (every process holding the
+ * same file, each applying its own layers' rows): a batched call of three
+ * sessions, one with the engine's scales, one unsteered (0, 0) and one with
+ * its own negative/positive scales, then a decode step of all three; each
+ * session's logits equal the single process's run of it alone, with the
+ * same file and scales. The steered sessions differ from the unsteered run
+ * of the same tokens, so a route that dropped the scales would fail. */
+static void run_steered(void) {
+    enum { N_SESS = 3, N_TOK = 45 };
+    static const float scales[N_SESS][2] = {{NAN, NAN}, {0, 0}, {-0.8f, 0.6f}};   /* ffn, attn; NAN: the engine's */
+    const char *const slices[] = {"0:1", "2:3", "4:output"};
+    char err[256], path[] = "/tmp/test_dist_route_steer_XXXXXX";
+    ds4_engine *plain = load(NULL, 0, 32, false, err, sizeof err);
+    const int fd = mkstemp(path);
+    if (!plain || fd < 0) { CHECK(false, "steering setup: %s", err); ds4_engine_free(plain); return; }
+    const int L = ds4_engine_n_layers(plain), E = ds4_engine_n_embd(plain), V = ds4_engine_n_vocab(plain);
+    float *dir = malloc((size_t)L * E * sizeof(float));
+    uint32_t x = 2024;
+    for (int l = 0; dir && l < L; l++) {
+        double norm = 0;
+        for (int i = 0; i < E; i++) {
+            x = x * 1664525u + 1013904223u;
+            dir[(size_t)l * E + i] = (float)((double)(x >> 8) / (1 << 24) - 0.5);
+            norm += (double)dir[(size_t)l * E + i] * dir[(size_t)l * E + i];
+        }
+        for (int i = 0; i < E; i++) dir[(size_t)l * E + i] = (float)(dir[(size_t)l * E + i] / sqrt(norm));
+    }
+    const bool written = dir && write(fd, dir, (size_t)L * E * sizeof(float)) == (ssize_t)((size_t)L * E * sizeof(float));
+    close(fd);
+    free(dir);
+    const int port = free_port();
+    worker_proc workers[3] = {{-1, NULL}, start_worker_steered(slices[1], port, path),
+                              start_worker_steered(slices[2], port, path)};
+    ds4_engine *single = load_steered(NULL, 0, 32, false, path, err, sizeof err);
+    CHECK(single, "steered single engine: %s", err);
+    ds4_engine *split = single ? load_steered(slices[0], port, 32, false, path, err, sizeof err) : NULL;
+    CHECK(!single || split, "steered coordinator: %s", err);
+    for (int i = 1; split && i < 3; i++) wait_registered(&workers[i], "steered route");
+    ds4_session *x3[N_SESS] = {0}, *y3[N_SESS] = {0}, *u3[N_SESS] = {0};
+    int32_t toks[N_SESS][N_TOK];
+    ds4_step steps[N_SESS];
+    bool ok = written && split;
+    for (int i = 0; ok && i < N_SESS; i++) {
+        x3[i] = ds4_session_new(split, CTX, err, sizeof err);
+        y3[i] = ds4_session_new(single, CTX, err, sizeof err);
+        u3[i] = ds4_session_new(plain, CTX, err, sizeof err);
+        ok = x3[i] && y3[i] && u3[i];
+        for (int k = 0; ok && !isnan(scales[i][0]) && k < 2; k++)
+            ok = ds4_session_set_steering(k ? y3[i] : x3[i], scales[i][0], scales[i][1], err, sizeof err) == 0;
+        for (int k = 0; k < N_TOK; k++) toks[i][k] = (k * 29 + 13 * i + 3) % V;
+        /* 1, 7 and 45 tokens: a decode row, a short and a two-chunk prefill in one call */
+        steps[i] = (ds4_step){x3[i], toks[i], i == 0 ? 1 : i == 1 ? 7 : N_TOK};
+    }
+    CHECK(ok, "steered sessions: %s", err);
+    CHECK(ok && ds4_sessions_step(split, steps, N_SESS, err, sizeof err) == 0, "steered batched step: %s", err);
+    for (int i = 0; ok && i < N_SESS; i++) {
+        const int n = steps[i].n;
+        CHECK(ds4_session_prefill(y3[i], toks[i], n, NULL, NULL, NULL, err, sizeof err) == 0, "single: %s", err);
+        CHECK(ds4_session_prefill(u3[i], toks[i], n, NULL, NULL, NULL, err, sizeof err) == 0, "unsteered: %s", err);
+        CHECK(same_logits(x3[i], y3[i], V), "steered route: batched session %d differs from the single process", i);
+        CHECK(same_logits(x3[i], u3[i], V) == (i == 1), "steered route: session %d %s the unsteered run", i,
+              i == 1 ? "differs from" : "equals");
+    }
+    int32_t next[N_SESS];
+    for (int i = 0; ok && i < N_SESS; i++) {
+        next[i] = argmax(ds4_session_logits(y3[i]), V);
+        steps[i] = (ds4_step){x3[i], &next[i], 1};
+        CHECK(ds4_session_decode(y3[i], next[i], err, sizeof err) == 0, "single decode: %s", err);
+    }
+    CHECK(!ok || ds4_sessions_step(split, steps, N_SESS, err, sizeof err) == 0, "steered batched decode: %s", err);
+    for (int i = 0; ok && i < N_SESS; i++)
+        CHECK(same_logits(x3[i], y3[i], V), "steered route: decode of session %d differs from the single process", i);
+    for (int i = 0; i < N_SESS; i++) {
+        ds4_session_free(x3[i]);
+        ds4_session_free(y3[i]);
+        ds4_session_free(u3[i]);
+    }
+    ds4_engine_free(split);
+    for (int i = 1; i < 3; i++) stop_worker(&workers[i]);
+    ds4_engine_free(single);
+    ds4_engine_free(plain);
+    unlink(path);
+}
+
 static void check_slice_state(void) {
     char err[256];
     ds4_gguf *gg = ds4_gguf_open(MODEL, err, sizeof err);
@@ -647,7 +745,7 @@ static void check_slice_state(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 4 && !strcmp(argv[1], "worker")) return worker_main(argv[2], argv[3]);
+    if ((argc == 4 || argc == 5) && !strcmp(argv[1], "worker")) return worker_main(argv[2], argv[3], argv[4]);
     if (access(MODEL, R_OK)) return check_skipped("test_dist_route", "needs models/demo.gguf (make test builds it)");
     signal(SIGPIPE, SIG_IGN);
     char err[256];
@@ -661,6 +759,7 @@ int main(int argc, char **argv) {
         run_bits(single, three, 3, bits);
     }
     run_deep_rewinds(single);
+    run_steered();
     check_slice_state();
     ds4_engine_free(single);
     return check_done("test_dist_route");

@@ -10,6 +10,7 @@ extern "C" {
 #include "kernels/kernels_cpu.h"
 #include "models/dsv4/kv.h"
 #include "kernels/quant.h"
+#include "nn/steering.h"
 }
 
 #include <cuda_runtime.h>
@@ -24,6 +25,7 @@ typedef struct {
     float *iscore;                 /* indexer scores: max_batch x comp_cap */
     int comp_cap;
     cudaGraphExec_t decode;        /* captured one-token forward, or NULL */
+    bool decode_steer;             /* the graph holds the steering launches */
     uint64_t decode_bytes;         /* weight bytes one replay streams */
 } mirror;
 
@@ -55,6 +57,12 @@ typedef struct cu {
     int32_t *toks, *eidx;
     int *sel, *nsel, *pos0;
     void *act;
+    /* directional steering: the engine's directions on the device, uploaded
+     * with the first steered sequence (from steer_src), and the running
+     * sequence's two scales (attention, FFN), which the launches read */
+    float *steer_dir, *steer_scale;
+    const float *steer_src;
+    float steer_host[2];
     mirror mirrors[MAX_MIRRORS];
 } cu;
 
@@ -162,6 +170,14 @@ static void hc_pre(pass *b, const ds4_tensor *fn, const float *scale, const floa
     ds4_cu_rmsnorm(f->a, c->n_embd, f->x, c->n_embd, b->T, c->n_embd, devf(f, norm), c->rms_eps, f->st);
 }
 
+/* Once a steering file is on the device every pass carries the launches;
+ * a zero scale makes them leave the rows alone. */
+static void steer(pass *b, ds4_steer_site site) {
+    cu *f = b->f;
+    if (f->steer_dir)
+        ds4_cu_steer(f->y, f->steer_dir + (size_t)b->l * f->c->n_embd, f->steer_scale + site, b->T, f->c->n_embd, f->st);
+}
+
 static void hc_post(pass *b) {
     cu *f = b->f;
     ds4_cu_hc_post(f->hcw, f->S, f->y, f->S2, b->T, f->c->n_hc, f->c->n_embd, f->st);
@@ -216,6 +232,7 @@ static void attention(pass *b) {
         linear_rows(b, &W->out_a, (int64_t)gi * OL, OL, f->o + (size_t)gi * gin, HD, T, f->z + (size_t)gi * OL,
                     (int64_t)G * OL);
     linear(b, &W->out_b, f->z, (int64_t)G * OL, T, f->y);
+    steer(b, DS4_STEER_ATTN);
     hc_post(b);
 }
 
@@ -241,6 +258,7 @@ static void ffn(pass *b) {
     ds4_cu_swiglu(f->geR, f->ueR, (int64_t)T * k * F, c->clamp_exp[b->l], f->st);
     linear_experts(b, &W->down_exps, f->geR, T * k, 1, f->oe);
     ds4_cu_moe_combine(f->y, f->oe, f->ew, T, k, E, f->st);
+    steer(b, DS4_STEER_FFN);
     hc_post(b);
 }
 
@@ -343,6 +361,16 @@ static int eval_seq(cu *f, mirror *mr, const ds4_backend_seq *q, char *err, size
             err, errlen) ||
         !ok(cudaMemcpyAsync(f->pos0, &pos, sizeof pos, cudaMemcpyHostToDevice, f->st), "position", err, errlen))
         return -1;
+    f->steer_host[DS4_STEER_ATTN] = ds4_steering_scale(q->steer, DS4_STEER_ATTN);
+    f->steer_host[DS4_STEER_FFN] = ds4_steering_scale(q->steer, DS4_STEER_FFN);
+    if (f->steer_dir && !ok(cudaMemcpyAsync(f->steer_scale, f->steer_host, sizeof f->steer_host, cudaMemcpyHostToDevice,
+                                            f->st), "steering scales", err, errlen))
+        return -1;
+    if (n == 1 && mr->decode && mr->decode_steer != (f->steer_dir != NULL)) {
+        /* captured before the steering file came to the device: capture again with it */
+        cudaGraphExecDestroy(mr->decode);
+        mr->decode = NULL;
+    }
     pass b = {f, mr, n, 0, false, 0};
     const uint64_t bytes_before = f->base.weight_bytes;
     if (n == 1 && !mr->decode) {
@@ -364,6 +392,7 @@ static int eval_seq(cu *f, mirror *mr, const ds4_backend_seq *q, char *err, size
         cudaGraphDestroy(graph);
         if (!ok(e, "graph instantiation", err, errlen)) { mr->decode = NULL; return -1; }
         mr->decode_bytes = b.bytes;
+        mr->decode_steer = f->steer_dir != NULL;
     }
     if (n == 1) {
         if (!ok(cudaGraphLaunch(mr->decode, f->st), "graph launch", err, errlen) ||
@@ -377,6 +406,20 @@ static int eval_seq(cu *f, mirror *mr, const ds4_backend_seq *q, char *err, size
         if (!run_head(&b, n, q->logits, q->all_logits, err, errlen)) return -1;
     }
     return ok(cudaStreamSynchronize(f->st), "the forward pass", err, errlen) ? 0 : -1;
+}
+
+/* The directions of a steered sequence on the device (once: the engine has
+ * one steering file). */
+static bool upload_steering(cu *f, const ds4_steering *s, char *err, size_t errlen) {
+    if (s->dir == f->steer_src) return true;
+    const size_t bytes = (size_t)s->n_layer * s->n_embd * sizeof(float);
+    if ((!f->steer_dir && !ok(cudaMalloc((void **)&f->steer_dir, bytes), "allocating the steering file", err, errlen)) ||
+        (!f->steer_scale &&
+         !ok(cudaMalloc((void **)&f->steer_scale, sizeof f->steer_host), "allocating the steering scales", err, errlen)) ||
+        !ok(cudaMemcpy(f->steer_dir, s->dir, bytes, cudaMemcpyHostToDevice), "uploading the steering file", err, errlen))
+        return false;
+    f->steer_src = s->dir;
+    return true;
 }
 
 /* Sequences run one after another, each exactly as alone (every kernel
@@ -396,6 +439,7 @@ static int cu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, cha
                 return -1;
             }
         if (!(mrs[s] = get_mirror(f, seqs[s].kv, err, errlen))) return -1;
+        if (seqs[s].steer && !upload_steering(f, seqs[s].steer, err, errlen)) return -1;
     }
     for (int s = 0; s < n_seqs; s++)
         if (seqs[s].n > 0 && eval_seq(f, mrs[s], &seqs[s], err, errlen)) return -1;
@@ -414,6 +458,7 @@ static void cu_free(ds4_backend *be) {
     SCRATCH_FLOATS(FREE)
 #undef FREE
     cudaFree(f->toks); cudaFree(f->eidx); cudaFree(f->sel); cudaFree(f->nsel); cudaFree(f->pos0); cudaFree(f->act);
+    cudaFree(f->steer_dir); cudaFree(f->steer_scale);
     cudaFree(f->arena);
     if (f->st) cudaStreamDestroy(f->st);
     ds4_upload_plan_free(f->plan);

@@ -19,6 +19,12 @@
  *   host ds4_kv (one block, same offsets); kv_sync() copies it to or from the
  *   host so snapshots and payloads are the CPU's, byte for byte in layout.
  *   Decode (one token) replays a captured CUDA graph per session.
+ * - Directional steering (backend.h steer): the directions go to the device
+ *   with the first steered sequence; from then on every pass projects the
+ *   attention and FFN outputs with the running sequence's scales, read on
+ *   the device, so a captured decode graph follows a session's scales (a
+ *   graph captured before the upload is captured again); a zero scale
+ *   leaves the rows untouched.
  * - Builds without CUDA link src/backends/cuda/none.c, whose constructor
  *   refuses with one line.
  */

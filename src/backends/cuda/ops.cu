@@ -543,6 +543,28 @@ extern "C" void ds4_cu_hc_post(const float *hcw, const float *S, const float *y,
     k_hc_post<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(hcw, S, y, out, T, hc, E);
 }
 
+__global__ void k_steer(float *y, const float *d, const float *scale, int E) {
+    const float s = *scale;
+    if (s == 0.0f) return;   /* every thread of the block: the unsteered rows stay as they are */
+    __shared__ double part[256];
+    float *yt = y + (size_t)blockIdx.x * E;
+    double acc = 0;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) acc += (double)d[i] * yt[i];
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    /* the CPU's rounding steps (steering.c): k in float, then one product and one difference */
+    const float k = (float)(s * part[0]);
+    for (int i = threadIdx.x; i < E; i += blockDim.x) yt[i] = __fsub_rn(yt[i], __fmul_rn(k, d[i]));
+}
+
+extern "C" void ds4_cu_steer(float *y, const float *d, const float *scale, int T, int E, ds4_cu_stream stream) {
+    k_steer<<<T, 256, 0, stream>>>(y, d, scale, E);
+}
+
 __global__ void k_head_mix(const float *mix, const float *sc, const float *bs, const float *S, const float *norm,
                            float *h, int hc, int E, float hc_eps, float rms_eps) {
     const int t = blockIdx.x;

@@ -75,6 +75,10 @@ void ds4_cu_hc_pre(const float *mix, const float *scale, const float *base, cons
                    int hc, int E, int sinkhorn_iters, float hc_eps, ds4_cu_stream stream);
 void ds4_cu_hc_post(const float *hcw, const float *S, const float *y, float *out, int T, int hc, int E,
                     ds4_cu_stream stream);
+/* Directional steering (nn/steering.h) of T rows of E: y[t] -= s * d * dot(d, y[t]),
+ * the dot in double, s read from the device (*scale: a captured graph follows the
+ * session's current scale); s == 0 leaves y untouched. */
+void ds4_cu_steer(float *y, const float *d, const float *scale, int T, int E, ds4_cu_stream stream);
 /* Output head mix: h[t] = rmsnorm(sum_s (sigmoid(mix*scale0 + base_s) + eps) S[t][s]; norm). */
 void ds4_cu_head_mix(const float *mix, const float *scale, const float *base, const float *S, const float *norm,
                      float *h, int T, int hc, int E, float hc_eps, float rms_eps, ds4_cu_stream stream);
