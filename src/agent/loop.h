@@ -64,6 +64,8 @@ typedef struct {
     int max_gen_tokens;              /* per assistant message */
     int max_steps;                   /* tool rounds per user turn */
     const char *system_prompt;       /* NULL: the built-in one */
+    const char *sessions_dir;        /* where compaction saves the old session; NULL: not saved */
+    int compact_percent;             /* compact when a step would fill more than this; 0: never */
     ds4_agent_tools_opts tools;
     ds4_turn_script *script;         /* NULL: sample from the model */
     FILE *trace;                     /* may be NULL */
@@ -86,6 +88,12 @@ void ds4_agent_free(ds4_agent *a);
 /* One user message and everything the model does until it answers.
  * 0 done, 1 interrupted, -1 error (printed). */
 int ds4_agent_turn(ds4_agent *a, const char *user_text);
+/* Summarises the conversation with the model and continues in a new
+ * session made of the summary and the last messages (the old one is saved
+ * to sessions_dir first). 0 done, 1 interrupted, -1 not done (printed; the
+ * conversation is unchanged unless the new session's prefill failed, which
+ * leaves an empty session and names the saved one). */
+int ds4_agent_compact(ds4_agent *a);
 /* Forget the conversation: empty session, a new id at the next prompt. */
 void ds4_agent_reset(ds4_agent *a);
 void ds4_agent_set_think(ds4_agent *a, ds4_think_mode m);

@@ -746,5 +746,16 @@ void ds4_agent_tool_run(const ds4_agent_tools_opts *o, const char *name, const c
         else table[i].fn(o, args, r);
     }
     cJSON_Delete(args);
+    if (!r->text.oom && memchr(r->text.data ? r->text.data : "", 0, r->text.len)) {
+        /* the chat renderer takes a result as a C string: NUL bytes (binary
+         * output) are written as the two characters \0 */
+        ds4_buf out = {0};
+        for (size_t i = 0; i < r->text.len; i++) {
+            if (r->text.data[i]) ds4_buf_putc(&out, r->text.data[i]);
+            else ds4_buf_puts(&out, "\\0");
+        }
+        ds4_buf_free(&r->text);
+        r->text = out;
+    }
     if (r->text.oom || r->display.oom) fail(r, "%s: out of memory", name);
 }

@@ -34,7 +34,9 @@
  *   them all. The process should start no children of its own: the tools
  *   take whatever is below it for a command's and reap it.
  * - Results end up in the model's context, so every output is bounded (in
- *   bytes here; the agent loop also caps them in tokens).
+ *   bytes here; the agent loop also caps them in tokens) and holds no NUL
+ *   byte (written as the two characters \0, since the chat renderer takes C
+ *   strings).
  */
 #ifndef DS4_AGENT_TOOLS_H
 #define DS4_AGENT_TOOLS_H
