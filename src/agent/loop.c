@@ -784,7 +784,7 @@ static int compact(ds4_agent *a, bool automatic) {
     a->created = (uint64_t)time(NULL);
     ds4_agent_session_id(summary.data, a->created, a->id);
     ds4_buf_free(&summary);
-    ds4_agent_display_note(d, "[compacted: %d tokens -> %d (summary %d + the last %d); new session %.12s, the old one is "
+    ds4_agent_display_note(d, "[compacted: %d tokens -> %d (prompt and summary %d + the last %d as they were); new session %.12s, the old one is "
                            "saved as %.12s]", n, ds4_session_n_tokens(a->s), summary_tokens, n - keep, a->id, old_id);
     return 0;
 }
