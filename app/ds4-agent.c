@@ -82,7 +82,7 @@ static void usage(FILE *f) {
         "      --trace FILE        append one line per prefill/generation (token counts)\n"
         "      --scripted-output F TEST ONLY: the model's messages come from F (entries split by '@@@' lines)\n"
         "  -h, --help              this text\n"
-        "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /compact /history N /think /nothink /think-show /quit\n",
+        "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /compact /jobs /history N /think /nothink /think-show /quit\n",
         ds4_spec_usage, ds4_ssd_usage, ds4_runtime_usage, ds4_gpu_usage, ds4_dist_usage);
 }
 
@@ -231,6 +231,7 @@ static void help(void) {
            "/strip ID      keep a session's text and title, drop its KV payload\n"
            "/new           start a new session\n"
            "/ctx           context use and prefill counters\n"
+           "/jobs          the background jobs the model started (bash with background)\n"
            "/compact       summarise the conversation into a new session (the old one stays saved)\n"
            "/history [N]   the conversation's last N messages (default 10), one line each\n"
            "/think /nothink   thinking mode for the next messages\n"
@@ -272,6 +273,12 @@ static void run_repl(repl *r, const char *history) {
                 printf("new session\n");
             }
             else if (!strcmp(s, "/ctx")) cmd_ctx(r);
+            else if (!strcmp(s, "/jobs")) {
+                ds4_buf jobs = {0};
+                ds4_agent_tools_jobs(&jobs);
+                fwrite(jobs.data ? jobs.data : "", 1, jobs.len, stdout);
+                ds4_buf_free(&jobs);
+            }
             else if (!strcmp(s, "/compact")) {
                 g_interrupted = 0;
                 if (ds4_agent_compact(r->agent) == 0 && r->autosave) save_now(r, true);
