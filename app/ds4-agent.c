@@ -64,9 +64,9 @@ static void usage(FILE *f) {
         "  -p, --prompt TEXT       one-shot: answer TEXT (tools included), save, exit\n"
         "  -sys, --system TEXT     system prompt instead of the built-in one\n"
         "  -m, --model FILE        GGUF model (default ./ds4flash.gguf)\n"
-        "  -c, --ctx N             context size in tokens (default 65536)\n"
+        "  -c, --ctx N             context size in tokens (default 100000)\n"
         "  -t, --threads N         CPU threads (default: all)\n"
-        "  -n, --tokens N          max tokens per assistant message (default 8192)\n"
+        "  -n, --tokens N          max tokens per assistant message (default 50000)\n"
         "      --think | --think-max | --nothink   thinking mode (default --think)\n"
         "      --temp F --top-p F --top-k N --min-p F --seed N   sampling (as ds4)\n"
         "%s"
@@ -87,7 +87,8 @@ static void usage(FILE *f) {
 }
 
 static int parse_args(int argc, char **argv, agent_args *o) {
-    *o = (agent_args){.model = "./ds4flash.gguf", .ctx = 65536, .max_tokens = 8192, .bash_timeout = 30,
+    /* context and message defaults as upstream's agent */
+    *o = (agent_args){.model = "./ds4flash.gguf", .ctx = 100000, .max_tokens = 50000, .bash_timeout = 30,
                       .numerics = -1, .think = DS4_THINK_HIGH, .autosave = true};
     ds4_sampler_params_default(&o->sampling);
     o->sampling.seed = ds4_sampler_random_seed();
