@@ -300,6 +300,13 @@ static int prefill_pending(ds4_agent *a) {
 
 static int compact(ds4_agent *a, bool automatic);
 
+/* The session plus `more` tokens would fill more than compact_percent of
+ * the context. */
+static bool over_threshold(const ds4_agent *a, long more) {
+    const long ctx = ds4_session_ctx(a->s), n = ds4_session_n_tokens(a->s);
+    return n > 0 && a->o.compact_percent > 0 && (n + more) * 100 > ctx * a->o.compact_percent;
+}
+
 /* Renders the pending messages (gen_prompt as render_msgs) and prefills
  * them; they are forgotten once in the session. When they would take the
  * session past compact_percent of the context, the conversation is first
@@ -312,8 +319,7 @@ static int prefill_msgs(ds4_agent *a, bool gen_prompt) {
         ds4_agent_display_note(a->o.display, "out of memory");
         return -1;
     }
-    const long ctx = ds4_session_ctx(a->s), n = ds4_session_n_tokens(a->s);
-    if (n > 0 && a->o.compact_percent > 0 && (n + (long)a->pending.n) * 100 > ctx * a->o.compact_percent) {
+    if (over_threshold(a, (long)a->pending.n)) {
         int rc = compact(a, true);
         if (rc > 0) return 1;
         a->pending.n = 0;
@@ -638,7 +644,10 @@ int ds4_agent_turn(ds4_agent *a, const char *user_text) {
         gen_state g = {.a = a};
         rc = generate(a, &g, think_mode(a), a->o.max_gen_tokens);
         if (rc == 0 && (g.n_calls > 0 || g.error)) {
-            rc = run_tools(a, &g);
+            /* past the threshold already: compact first, so the results get
+             * the room of the new session rather than a note */
+            if (over_threshold(a, 0) && compact(a, true) > 0) rc = 1;
+            else rc = run_tools(a, &g);
             if (rc == 0 && step + 1 >= a->o.max_steps) {
                 ds4_agent_display_note(a->o.display, "[%d tool rounds: stopping here; send a message to go on]", a->o.max_steps);
                 rc = 1;

@@ -57,4 +57,24 @@ check "/compact: its summary starts the third session" \
     'grep -aqz "compacted from session $second):..SUMMARY-BY-HAND" $T/s/$third*.kv'
 check "three sessions saved" '[ "$(ls $T/s/*.kv | wc -l)" = 3 ]'
 check "/ctx after /compact names the third session" 'grep -q "session $third" $T/out'
+
+# In the middle of a turn (-p, -n 100: tool results may fill up to the
+# answer's room): after the third call the session is past 85%, so it is
+# compacted before the call runs, and the call's result gets the new
+# session's room instead of being dropped for lack of it.
+count() {
+    printf 'Count.</think>\n\n<%stool_calls>\n<%sinvoke name="bash">\n' "$D" "$D"
+    printf '<%sparameter name="command" string="true">seq 1 400</%sparameter>\n</%sinvoke>\n</%stool_calls>\n@@@\n' "$D" "$D" "$D" "$D"
+}
+{ count; count; count; printf 'SUMMARY-MID: counted twice, a third count is running.\n@@@\n'
+  printf 'Done.</think>All counted.\n'; } > "$T/script-mid"
+HOME=$T ./ds4-agent -m "$MODEL" --ctx 2048 -n 100 -t 2 --chdir "$T/w" --sessions-dir "$T/s-mid" --yes \
+    --scripted-output "$T/script-mid" -p "count a lot" >"$T/out-mid" 2>"$T/err-mid"
+rc=$?
+check "mid-turn: -p exits 0 with the answer" '[ $rc = 0 ] && grep -qx "All counted." $T/out-mid'
+check "mid-turn: compacted after the third call was written, before it ran" \
+    'awk "/^-> bash/ { n++ } /^\[compacted: / { at = n } END { exit !(n == 3 && at == 2) }" $T/out-mid'
+check "mid-turn: every result got room (none dropped)" \
+    '[ "$(grep -c "^-> bash .*exit 0" $T/out-mid)" = 3 ] && ! grep -q "output dropped" $T/out-mid'
+check "mid-turn: old and new session saved" '[ "$(ls $T/s-mid/*.kv | wc -l)" = 2 ]'
 exit $fail
