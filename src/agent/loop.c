@@ -199,7 +199,9 @@ static bool add_text(ds4_agent *a, const char *s, size_t n, enum ds4_tok_special
     return ds4_tokenizer_encode(a->tok, s, n, specials, &a->pending) == 0;
 }
 
-static ds4_think_mode think_mode(const ds4_agent *a) { return a->spec->effective_think(a->o.think, ds4_session_ctx(a->s)); }
+static ds4_think_mode think_mode(const ds4_agent *a) {
+    return a->spec->effective_think(a->o.think, ds4_session_ctx(a->s));
+}
 
 static bool push_msg(ds4_agent *a, ds4_chat_role role, const char *text, size_t n) {
     if (a->n_msgs == a->cap_msgs) {
@@ -249,7 +251,9 @@ static bool render_msgs(ds4_agent *a, const pending_msg *msgs, int n, bool gen_p
     co.client_spans = &spans;
     ds4_buf text = {0};
     char err[256];
-    bool ok = fresh ? ds4_chat_render(m, k, &co, &text, err, sizeof err) : (a->spec->render_tail(m, k, &co, &text), true);
+    bool ok = true;
+    if (fresh) ok = ds4_chat_render(m, k, &co, &text, err, sizeof err);
+    else a->spec->render_tail(m, k, &co, &text);
     ok = ok && !text.oom && !spans.oom &&
          ds4_chat_encode(a->tok, text.data ? text.data : "", 0, text.len, &spans, &a->pending) == 0;
     ds4_buf_free(&text);
@@ -785,16 +789,17 @@ static int compact(ds4_agent *a, bool automatic) {
         ds4_session_rewind(a->s, 0, err, sizeof err);
         a->id[0] = 0;
         a->st.prefilled = 0;
-        ds4_agent_display_note(d, "compaction %s: the session is empty now; the old one is saved as %.12s (/switch %.12s)",
-                               rc > 0 ? "interrupted" : "failed", old_id, old_id);
+        ds4_agent_display_note(d, "compaction %s: the session is empty now; the old one is saved as %.12s "
+                               "(/switch %.12s)", rc > 0 ? "interrupted" : "failed", old_id, old_id);
         ds4_buf_free(&summary);
         return rc > 0 ? 1 : -1;
     }
     a->created = (uint64_t)time(NULL);
     ds4_agent_session_id(summary.data, a->created, a->id);
     ds4_buf_free(&summary);
-    ds4_agent_display_note(d, "[compacted: %d tokens -> %d (prompt and summary %d + the last %d as they were); new session %.12s, the old one is "
-                           "saved as %.12s]", n, ds4_session_n_tokens(a->s), summary_tokens, n - keep, a->id, old_id);
+    ds4_agent_display_note(d, "[compacted: %d tokens -> %d (prompt and summary %d + the last %d as they were); "
+                           "new session %.12s, the old one is saved as %.12s]",
+                           n, ds4_session_n_tokens(a->s), summary_tokens, n - keep, a->id, old_id);
     return 0;
 }
 
