@@ -32,6 +32,7 @@ struct ds4_agent {
     int n_msgs, cap_msgs;
     char id[DS4_AGENT_ID_HEX + 1];
     uint64_t created;
+    int compacted_n;             /* the session's size after the last automatic compaction; 0: none */
     ds4_agent_stats st;
 };
 
@@ -75,6 +76,7 @@ void ds4_agent_reset(ds4_agent *a) {
     drop_msgs(a, 0);
     a->id[0] = 0;
     a->created = 0;
+    a->compacted_n = 0;
     a->st.prefilled = a->st.decoded = 0;
     a->st.restored = a->st.last_prefill_from = a->st.last_prefill_n = 0;
 }
@@ -305,10 +307,13 @@ static int prefill_pending(ds4_agent *a) {
 static int compact(ds4_agent *a, bool automatic);
 
 /* The session plus `more` tokens would fill more than compact_percent of
- * the context. */
+ * the context. After an automatic compaction that left the session still
+ * that full (a long kept tail), not again until it has grown by an eighth
+ * of the context: a summary per step would cost more than it frees. */
 static bool over_threshold(const ds4_agent *a, long more) {
     const long ctx = ds4_session_ctx(a->s), n = ds4_session_n_tokens(a->s);
-    return n > 0 && a->o.compact_percent > 0 && (n + more) * 100 > ctx * a->o.compact_percent;
+    if (n == 0 || a->o.compact_percent <= 0 || (n + more) * 100 <= ctx * a->o.compact_percent) return false;
+    return !a->compacted_n || n + more - a->compacted_n >= ctx / 8;
 }
 
 /* Renders the pending messages (gen_prompt as render_msgs) and prefills
@@ -796,6 +801,7 @@ static int compact(ds4_agent *a, bool automatic) {
     }
     a->created = (uint64_t)time(NULL);
     ds4_agent_session_id(summary.data, a->created, a->id);
+    a->compacted_n = automatic ? ds4_session_n_tokens(a->s) : 0;
     ds4_buf_free(&summary);
     ds4_agent_display_note(d, "[compacted: %d tokens -> %d (prompt and summary %d + the last %d as they were); "
                            "new session %.12s, the old one is saved as %.12s]",
@@ -821,6 +827,7 @@ int ds4_agent_switch(ds4_agent *a, const char *dir, const char *id, char *err, s
     if (ds4_agent_store_load(dir, id, a->o.engine, a->s, &text, &text_len, &created, &stripped, err, errlen)) return -1;
     a->pending.n = 0;
     drop_msgs(a, 0);
+    a->compacted_n = 0;
     a->st.prefilled = a->st.decoded = 0;
     a->st.last_prefill_from = a->st.last_prefill_n = 0;
     a->st.restored = stripped ? 0 : ds4_session_n_tokens(a->s);

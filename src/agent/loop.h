@@ -48,7 +48,9 @@
  *   user message holding the summary, and the last messages' tokens as they
  *   were (from the earliest message start whose tail fits in a quarter of
  *   the context; at least the last one); it gets a new id. A failed or
- *   interrupted summary leaves the conversation as it was.
+ *   interrupted summary leaves the conversation as it was. After an
+ *   automatic compaction the next automatic one waits until the session
+ *   has grown by an eighth of the context.
  * - Counters: every token in the session was restored from a payload,
  *   prefilled or decoded exactly once (restored + prefilled + decoded ==
  *   n_tokens); the trace file gets one line per prefill and generation.
