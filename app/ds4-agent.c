@@ -39,6 +39,10 @@ typedef struct {
     ds4_gpu_opts gpu;
 } agent_args;
 
+/* A step that would fill more of the context than this compacts the
+ * conversation first (upstream's threshold). */
+#define COMPACT_PERCENT 85
+
 static volatile sig_atomic_t g_interrupted, g_quit;
 
 static void on_sigint(int sig) {
@@ -60,9 +64,9 @@ static void usage(FILE *f) {
         "  -p, --prompt TEXT       one-shot: answer TEXT (tools included), save, exit\n"
         "  -sys, --system TEXT     system prompt instead of the built-in one\n"
         "  -m, --model FILE        GGUF model (default ./ds4flash.gguf)\n"
-        "  -c, --ctx N             context size in tokens (default 65536)\n"
+        "  -c, --ctx N             context size in tokens (default 100000)\n"
         "  -t, --threads N         CPU threads (default: all)\n"
-        "  -n, --tokens N          max tokens per assistant message (default 8192)\n"
+        "  -n, --tokens N          max tokens per assistant message (default 50000)\n"
         "      --think | --think-max | --nothink   thinking mode (default --think)\n"
         "      --temp F --top-p F --top-k N --min-p F --seed N   sampling (as ds4)\n"
         "%s"
@@ -78,12 +82,13 @@ static void usage(FILE *f) {
         "      --trace FILE        append one line per prefill/generation (token counts)\n"
         "      --scripted-output F TEST ONLY: the model's messages come from F (entries split by '@@@' lines)\n"
         "  -h, --help              this text\n"
-        "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /history N /think /nothink /think-show /quit\n",
+        "commands: /help /list /save /switch ID /del ID /strip ID /new /ctx /compact /jobs /history N /think /nothink /think-show /quit\n",
         ds4_spec_usage, ds4_ssd_usage, ds4_runtime_usage, ds4_gpu_usage, ds4_dist_usage);
 }
 
 static int parse_args(int argc, char **argv, agent_args *o) {
-    *o = (agent_args){.model = "./ds4flash.gguf", .ctx = 65536, .max_tokens = 8192, .bash_timeout = 30,
+    /* context and message defaults as upstream's agent */
+    *o = (agent_args){.model = "./ds4flash.gguf", .ctx = 100000, .max_tokens = 50000, .bash_timeout = 30,
                       .numerics = -1, .think = DS4_THINK_HIGH, .autosave = true};
     ds4_sampler_params_default(&o->sampling);
     o->sampling.seed = ds4_sampler_random_seed();
@@ -227,6 +232,8 @@ static void help(void) {
            "/strip ID      keep a session's text and title, drop its KV payload\n"
            "/new           start a new session\n"
            "/ctx           context use and prefill counters\n"
+           "/jobs          the background jobs the model started (bash with background)\n"
+           "/compact       summarise the conversation into a new session (the old one stays saved)\n"
            "/history [N]   the conversation's last N messages (default 10), one line each\n"
            "/think /nothink   thinking mode for the next messages\n"
            "/think-show    show or hide the model's reasoning\n"
@@ -267,6 +274,16 @@ static void run_repl(repl *r, const char *history) {
                 printf("new session\n");
             }
             else if (!strcmp(s, "/ctx")) cmd_ctx(r);
+            else if (!strcmp(s, "/jobs")) {
+                ds4_buf jobs = {0};
+                ds4_agent_tools_jobs(&jobs);
+                fwrite(jobs.data ? jobs.data : "", 1, jobs.len, stdout);
+                ds4_buf_free(&jobs);
+            }
+            else if (!strcmp(s, "/compact")) {
+                g_interrupted = 0;
+                if (ds4_agent_compact(r->agent) == 0 && r->autosave) save_now(r, true);
+            }
             else if (!strcmp(s, "/history")) {
                 int n = 10;
                 if (arg && *arg && !ds4_parse_int(arg, 1, 100000, &n)) printf("/history N: N is a count of messages\n");
@@ -364,17 +381,12 @@ int main(int argc, char **argv) {
     ep.gpu_ctx = o.ctx;
     ds4_runtime_apply(&o.runtime, &ep);
     if (!(e = ds4_engine_load(&ep, err, sizeof err))) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
-    if (ds4_engine_tokenizer(e) && ds4_chat_profile_for(ds4_engine_tokenizer(e)) != DS4_CHAT_DS4) {
-        fprintf(stderr, "ds4-agent: %s has GLM's chat format; the agent speaks only DeepSeek's DSML (use ds4-server)\n",
-                o.model);
-        goto out;
-    }
 
     ds4_agent_display display;
     ds4_agent_display_init(&display, stdout, stderr);
     ds4_agent_opts ao = {.engine = e, .ctx = o.ctx, .think = o.think, .sampling = o.sampling,
                          .max_gen_tokens = o.max_tokens, .max_steps = 64, .script = o.script ? &script : NULL,
-                         .system_prompt = o.system,
+                         .system_prompt = o.system, .sessions_dir = dir, .compact_percent = COMPACT_PERCENT,
                          .trace = trace, .interrupted = &g_interrupted, .display = &display};
     static ds4_spec drafter;
     if ((o.spec.lookup_max || o.spec.mtp_path) && !o.spec.quality) {

@@ -20,7 +20,9 @@ void ds4_agent_display_init(ds4_agent_display *d, FILE *out, FILE *status) {
     d->out = out;
     d->status = status;
     d->color = isatty(fileno(out));
-    d->status_tty = isatty(fileno(status));
+    /* the bar is for someone watching: with the answer going to a file or
+     * a pipe (ds4-agent -p ... > out) it would only clutter the terminal */
+    d->status_tty = isatty(fileno(status)) && isatty(fileno(out));
     d->show_reasoning = true;
 }
 

@@ -4,7 +4,7 @@
  *
  * Contract
  * - Text goes to `out` (stdout), the progress bar to `status` (stderr),
- *   and only when `status` is a terminal; colours only when `out` is one.
+ *   and only when both are terminals; colours only when `out` is one.
  * - Channel switches (reasoning -> answer -> tool line) start a new line,
  *   so every tool line and note begins at column 0 whatever was streamed.
  * - The progress bar redraws at most ten times a second (and at the end):

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "models/chat_spec.h"
 #include "text/dsml.h"
 #include "engine/generate.h"
 #include "base/json_util.h"
@@ -13,18 +14,29 @@
     "You are ds4-agent, a coding agent working in the directory %s. Use the tools to read, search and change " \
     "files and to run commands; prefer small exact edits with edit_file. When the task is done, answer briefly."
 
+/* A message the session does not hold yet (a user prompt, a tool result). */
+typedef struct {
+    ds4_chat_role role;
+    char *content;
+} pending_msg;
+
 struct ds4_agent {
     ds4_agent_opts o;
     const ds4_tokenizer *tok;
     const ds4_special_ids *sp;
+    const ds4_chat_spec *spec;   /* the model family's chat format: the agent never names a family */
     ds4_session *s;
     ds4_sampler *smp;
     ds4_token_ids pending;       /* tokens not yet in the KV state */
-    bool open_message;           /* the last assistant message has no EOS yet */
+    pending_msg *msgs;           /* messages not yet rendered into the session */
+    int n_msgs, cap_msgs;
     char id[DS4_AGENT_ID_HEX + 1];
     uint64_t created;
+    int compacted_n;             /* the session's size after the last automatic compaction; 0: none */
     ds4_agent_stats st;
 };
+
+static void drop_msgs(ds4_agent *a, int keep);
 
 static bool interrupted(const ds4_agent *a) { return a->o.interrupted && *a->o.interrupted; }
 
@@ -35,6 +47,7 @@ ds4_agent *ds4_agent_new(const ds4_agent_opts *o, char *err, size_t errlen) {
     a->tok = ds4_engine_tokenizer(o->engine);
     if (!a->tok) { snprintf(err, errlen, "the model has no tokenizer"); free(a); return NULL; }
     a->sp = ds4_tokenizer_specials(a->tok);
+    a->spec = ds4_engine_chat(o->engine);
     a->s = ds4_session_new(o->engine, o->ctx, err, errlen);
     a->smp = a->s ? ds4_sampler_new(&o->sampling, ds4_engine_n_vocab(o->engine)) : NULL;
     if (!a->smp) {
@@ -51,6 +64,8 @@ void ds4_agent_free(ds4_agent *a) {
     ds4_session_free(a->s);
     ds4_sampler_free(a->smp);
     ds4_token_ids_free(&a->pending);
+    for (int i = 0; i < a->n_msgs; i++) free(a->msgs[i].content);
+    free(a->msgs);
     free(a);
 }
 
@@ -58,43 +73,87 @@ void ds4_agent_reset(ds4_agent *a) {
     char err[256];
     ds4_session_rewind(a->s, 0, err, sizeof err);
     a->pending.n = 0;
-    a->open_message = false;
+    drop_msgs(a, 0);
     a->id[0] = 0;
     a->created = 0;
+    a->compacted_n = 0;
     a->st.prefilled = a->st.decoded = 0;
     a->st.restored = a->st.last_prefill_from = a->st.last_prefill_n = 0;
 }
 
 void ds4_agent_set_think(ds4_agent *a, ds4_think_mode m) { a->o.think = m; }
 
+/* The answer part of an assistant message as the family's parser reads it
+ * (reasoning already cut off): its text, and whether it called tools. */
+typedef struct {
+    ds4_buf text;
+    bool calls;
+} answer_scan;
+
+static void on_answer_event(void *ud, const ds4_dsml_event *ev) {
+    answer_scan *s = ud;
+    if (ev->kind == DS4_DSML_EV_CONTENT) ds4_buf_put(&s->text, ev->text, ev->len);
+    else if (ev->kind == DS4_DSML_EV_BLOCK_START || ev->kind == DS4_DSML_EV_CALL_START) s->calls = true;
+}
+
+/* True when a user-side message is a tool result: the family's own result
+ * turn (a role token of its own), or a result written inline into a user
+ * turn (its opening tag, as the family writes it, begins the text). */
+static bool is_tool_message(const ds4_agent *a, int32_t role, const char *text, size_t len) {
+    if (role >= 0 && role == a->sp->observation) return true;
+    ds4_buf probe = {0};
+    a->spec->inline_tool_result("\x01", 1, &probe);
+    const char *mark = probe.data ? memchr(probe.data, 1, probe.len) : NULL;
+    size_t open = mark ? (size_t)(mark - probe.data) : 0;
+    bool tool = open && len >= open && !memcmp(text, probe.data, open);
+    ds4_buf_free(&probe);
+    return tool;
+}
+
 /* One message of the transcript as a line: the answer after the reasoning,
  * tool calls as a marker, newlines as spaces, at most `width` bytes cut at a
  * character boundary. */
-static void history_line(const ds4_agent *a, const int32_t *t, size_t n, bool assistant, FILE *out) {
+static void history_line(const ds4_agent *a, int32_t role, const int32_t *t, size_t n, FILE *out) {
+    const bool assistant = role == a->sp->assistant;
     size_t from = 0, to = n;
-    bool calls = false;
     for (size_t i = 0; i < n; i++) {
         if (assistant && t[i] == a->sp->think_end) from = i + 1;
         if (t[i] == a->sp->eos && to == n) to = i;
     }
-    for (size_t i = from; i < to; i++)
-        if (t[i] == a->sp->dsml) { to = i; calls = true; break; }
     size_t len = 0;
     char *text = to > from ? ds4_tokenizer_decode(a->tok, t + from, to - from, false, &len) : NULL;
-    const char *role = assistant ? "assistant" : len >= 13 && !memcmp(text, "<tool_result>", 13) ? "tool" : "user";
-    /* the block's opening "<" is its own token before the DSML marker */
-    if (calls && len && text[len - 1] == '<') len--;
+    answer_scan scan = {0};
+    if (assistant && text) {
+        ds4_tool_parser_opts po = {.thinking = false, .tools = true};
+        void *p = a->spec->parser->create(&po, on_answer_event, &scan);
+        if (p) {
+            a->spec->parser->feed(p, text, len);
+            a->spec->parser->finish(p);
+            a->spec->parser->free(p);
+        }
+        free(text);
+        text = scan.text.data;
+        len = scan.text.len;
+        scan.text = (ds4_buf){0};
+    }
+    const char *name = assistant ? "assistant" : is_tool_message(a, role, text ? text : "", len) ? "tool" : "user";
     while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) len--;
     enum { WIDTH = 160 };
     size_t start = 0;
     while (start < len && (text[start] == '\n' || text[start] == ' ')) start++;
     size_t end = len - start > WIDTH ? start + WIDTH : len;
     while (end < len && end > start && ((unsigned char)text[end] & 0xC0) == 0x80) end--;
-    fprintf(out, "%s:", role);
+    fprintf(out, "%s:", name);
     if (end > start) fputc(' ', out);
     for (size_t i = start; i < end; i++) fputc(text[i] == '\n' || text[i] == '\t' ? ' ' : text[i], out);
-    fprintf(out, "%s%s\n", end < len ? " ..." : "", calls ? " [tool calls]" : "");
+    fprintf(out, "%s%s\n", end < len ? " ..." : "", scan.calls ? " [tool calls]" : "");
     free(text);
+}
+
+/* A token that opens a message: the user, assistant or (for a family
+ * that has one) tool-result role. */
+static bool is_role(const ds4_agent *a, int32_t t) {
+    return t == a->sp->user || t == a->sp->assistant || (a->sp->observation >= 0 && t == a->sp->observation);
 }
 
 void ds4_agent_history(const ds4_agent *a, int n, FILE *out) {
@@ -104,12 +163,12 @@ void ds4_agent_history(const ds4_agent *a, int n, FILE *out) {
     size_t first = total;
     int seen = 0;
     for (size_t i = total; i-- > 0 && seen < n;)
-        if (t[i] == a->sp->user || t[i] == a->sp->assistant) { first = i; seen++; }
+        if (is_role(a, t[i])) { first = i; seen++; }
     if (!seen) { fprintf(out, "no messages yet\n"); return; }
     for (size_t i = first; i < total;) {
         size_t j = i + 1;
-        while (j < total && t[j] != a->sp->user && t[j] != a->sp->assistant) j++;
-        history_line(a, t + i + 1, j - i - 1, t[i] == a->sp->assistant, out);
+        while (j < total && !is_role(a, t[j])) j++;
+        history_line(a, t[i], t + i + 1, j - i - 1, out);
         i = j;
     }
 }
@@ -124,15 +183,17 @@ void ds4_agent_stats_get(const ds4_agent *a, ds4_agent_stats *st) {
 
 /* ---- building the pending tokens ---- */
 
-static bool add_token(ds4_agent *a, int32_t id) {
-    if (a->pending.n == a->pending.cap) {
-        size_t cap = a->pending.cap ? a->pending.cap * 2 : 256;
+static bool add_tokens(ds4_agent *a, const int32_t *ids, size_t n) {
+    if (a->pending.n + n > a->pending.cap) {
+        size_t cap = a->pending.cap ? a->pending.cap : 256;
+        while (cap < a->pending.n + n) cap *= 2;
         int32_t *v = realloc(a->pending.v, cap * sizeof *v);
         if (!v) return false;
         a->pending.v = v;
         a->pending.cap = cap;
     }
-    a->pending.v[a->pending.n++] = id;
+    memcpy(a->pending.v + a->pending.n, ids, n * sizeof *ids);
+    a->pending.n += n;
     return true;
 }
 
@@ -140,37 +201,67 @@ static bool add_text(ds4_agent *a, const char *s, size_t n, enum ds4_tok_special
     return ds4_tokenizer_encode(a->tok, s, n, specials, &a->pending) == 0;
 }
 
-static ds4_think_mode think_mode(const ds4_agent *a) { return ds4_chat_effective_think(a->o.think, ds4_session_ctx(a->s)); }
+static ds4_think_mode think_mode(const ds4_agent *a) {
+    return a->spec->effective_think(a->o.think, ds4_session_ctx(a->s));
+}
 
-/* BOS, tools block and system prompt: rendered by chat.c as for a
- * conversation of just the system message. Our own text: chat specials. */
-static bool add_prefix(ds4_agent *a) {
+static bool push_msg(ds4_agent *a, ds4_chat_role role, const char *text, size_t n) {
+    if (a->n_msgs == a->cap_msgs) {
+        int cap = a->cap_msgs ? a->cap_msgs * 2 : 8;
+        pending_msg *v = realloc(a->msgs, (size_t)cap * sizeof *v);
+        if (!v) return false;
+        a->msgs = v;
+        a->cap_msgs = cap;
+    }
+    char *c = strndup(text, n);
+    if (!c) return false;
+    a->msgs[a->n_msgs++] = (pending_msg){role, c};
+    return true;
+}
+
+static void drop_msgs(ds4_agent *a, int keep) {
+    while (a->n_msgs > keep) free(a->msgs[--a->n_msgs].content);
+}
+
+/* Appends msgs to a->pending as the session's continuation, in the model
+ * family's chat format (chat_spec.h): for an empty session the whole prompt
+ * -- tools block, system prompt (built in, or -sys), the messages -- else
+ * the family's tail after the live assistant message (whose stop token the
+ * session does not hold). gen_prompt: end with the generation prompt for
+ * `think`. Client text (prompts, results, the system prompt) is tokenized
+ * as text, so it cannot forge protocol tokens. */
+static bool render_msgs(ds4_agent *a, const pending_msg *msgs, int n, bool gen_prompt, ds4_think_mode think) {
+    ds4_chat_msg *m = calloc((size_t)n + 1, sizeof *m);
+    if (!m) return false;
+    const bool fresh = ds4_session_n_tokens(a->s) == 0;
+    int k = 0;
+    char sys[1200];
+    if (fresh) {
+        if (!a->o.system_prompt) snprintf(sys, sizeof sys, DEFAULT_SYSTEM_PROMPT, a->o.tools.root);
+        m[k++] = (ds4_chat_msg){.role = DS4_ROLE_SYSTEM, .content = a->o.system_prompt ? a->o.system_prompt : sys};
+    }
+    for (int i = 0; i < n; i++) m[k++] = (ds4_chat_msg){.role = msgs[i].role, .content = msgs[i].content};
     int n_tools;
     ds4_chat_opts co;
     ds4_chat_opts_default(&co);
-    co.think = think_mode(a);
+    co.profile = a->spec->profile;
+    co.think = think;
+    co.add_generation_prompt = gen_prompt;
     co.tools = ds4_agent_tool_defs(&n_tools);
     co.n_tools = n_tools;
-    char sys[1200];
-    if (!a->o.system_prompt) snprintf(sys, sizeof sys, DEFAULT_SYSTEM_PROMPT, a->o.tools.root);
-    ds4_chat_msg m = {.role = DS4_ROLE_SYSTEM, .content = a->o.system_prompt ? a->o.system_prompt : sys};
+    ds4_chat_spans spans = {0};
+    co.client_spans = &spans;
     ds4_buf text = {0};
     char err[256];
-    bool ok = ds4_chat_render(&m, 1, &co, &text, err, sizeof err) && !text.oom &&
-              add_text(a, text.data, text.len, DS4_TOK_SPECIALS_CHAT);
+    bool ok = true;
+    if (fresh) ok = ds4_chat_render(m, k, &co, &text, err, sizeof err);
+    else a->spec->render_tail(m, k, &co, &text);
+    ok = ok && !text.oom && !spans.oom &&
+         ds4_chat_encode(a->tok, text.data ? text.data : "", 0, text.len, &spans, &a->pending) == 0;
     ds4_buf_free(&text);
+    ds4_chat_spans_free(&spans);
+    free(m);
     return ok;
-}
-
-static bool close_message(ds4_agent *a) {
-    if (!a->open_message) return true;
-    a->open_message = false;
-    return add_token(a, a->sp->eos);
-}
-
-static bool add_generation_prompt(ds4_agent *a) {
-    return add_token(a, a->sp->assistant) &&
-           add_token(a, think_mode(a) != DS4_THINK_NONE ? a->sp->think : a->sp->think_end);
 }
 
 /* ---- prefill ---- */
@@ -213,6 +304,44 @@ static int prefill_pending(ds4_agent *a) {
     return 0;
 }
 
+static int compact(ds4_agent *a, bool automatic);
+
+/* The session plus `more` tokens would fill more than compact_percent of
+ * the context. After an automatic compaction that left the session still
+ * that full (a long kept tail), not again until it has grown by an eighth
+ * of the context: a summary per step would cost more than it frees. */
+static bool over_threshold(const ds4_agent *a, long more) {
+    const long ctx = ds4_session_ctx(a->s), n = ds4_session_n_tokens(a->s);
+    if (n == 0 || a->o.compact_percent <= 0 || (n + more) * 100 <= ctx * a->o.compact_percent) return false;
+    return !a->compacted_n || n + more - a->compacted_n >= ctx / 8;
+}
+
+/* Renders the pending messages (gen_prompt as render_msgs) and prefills
+ * them; they are forgotten once in the session. When they would take the
+ * session past compact_percent of the context, the conversation is first
+ * compacted (compact()) and they are rendered again after the new
+ * session. 0 done, 1 interrupted, -1 error (printed), -2 they do not fit
+ * (nothing printed; the messages stay pending). */
+static int prefill_msgs(ds4_agent *a, bool gen_prompt) {
+    a->pending.n = 0;
+    if (!render_msgs(a, a->msgs, a->n_msgs, gen_prompt, think_mode(a))) {
+        ds4_agent_display_note(a->o.display, "out of memory");
+        return -1;
+    }
+    if (over_threshold(a, (long)a->pending.n)) {
+        int rc = compact(a, true);
+        if (rc > 0) return 1;
+        a->pending.n = 0;
+        /* compacted or not, the messages go after what the session holds now */
+        if (!render_msgs(a, a->msgs, a->n_msgs, gen_prompt, think_mode(a))) return -1;
+    }
+    if (!pending_fits(a)) { a->pending.n = 0; return -2; }
+    int rc = prefill_pending(a);
+    if (rc == 0) drop_msgs(a, 0);
+    a->pending.n = 0;
+    return rc;
+}
+
 /* ---- generation ---- */
 
 typedef struct {
@@ -224,6 +353,7 @@ typedef struct {
     call *calls;
     int n_calls, cap;
     char *error;                 /* malformed DSML */
+    ds4_buf answer;              /* the visible answer (a summary is read from it) */
     bool oom;
 } gen_state;
 
@@ -232,7 +362,11 @@ static void on_event(void *ud, const ds4_dsml_event *ev) {
     ds4_agent_display *d = g->a->o.display;
     switch (ev->kind) {
     case DS4_DSML_EV_REASONING: ds4_agent_display_reasoning(d, ev->text, ev->len); break;
-    case DS4_DSML_EV_CONTENT: ds4_agent_display_answer(d, ev->text, ev->len); break;
+    case DS4_DSML_EV_CONTENT:
+        ds4_agent_display_answer(d, ev->text, ev->len);
+        ds4_buf_put(&g->answer, ev->text, ev->len);
+        if (g->answer.oom) g->oom = true;
+        break;
     case DS4_DSML_EV_CALL_END:
         if (g->n_calls == g->cap) {
             int cap = g->cap ? g->cap * 2 : 4;
@@ -259,14 +393,15 @@ static void gen_free(gen_state *g) {
     for (int i = 0; i < g->n_calls; i++) { free(g->calls[i].name); free(g->calls[i].args); }
     free(g->calls);
     free(g->error);
+    ds4_buf_free(&g->answer);
 }
 
-/* ds4_generate hooks: the DSML parser decides when a message ends and
- * when sampling is protocol-greedy; the script, when there is one, forces
- * every token (EOS after its last). */
+/* ds4_generate hooks: the family's tool-call parser decides when a message
+ * ends and when sampling is protocol-greedy; the script, when there is one,
+ * forces every token (EOS after its last). */
 typedef struct {
     ds4_agent *a;
-    ds4_dsml_parser *p;
+    void *p;
     const ds4_token_ids *scripted;
 } gen_hooks_state;
 
@@ -278,19 +413,23 @@ static int hook_forced(void *ud, int step) {
     return (size_t)step < h->scripted->n ? h->scripted->v[step] : h->a->sp->eos;
 }
 
-static bool hook_greedy(void *ud) { return ds4_dsml_in_structure(((gen_hooks_state *)ud)->p); }
+static bool hook_greedy(void *ud) {
+    gen_hooks_state *h = ud;
+    return h->a->spec->parser->in_structure(h->p);
+}
 
 static bool hook_text(void *ud, const char *text, size_t len) {
     gen_hooks_state *h = ud;
-    ds4_dsml_feed(h->p, text, len);
-    return ds4_dsml_done(h->p) || ds4_dsml_failed(h->p);
+    h->a->spec->parser->feed(h->p, text, len);
+    return h->a->spec->parser->done(h->p);
 }
 
 static void hook_decoded(void *ud) { ((gen_hooks_state *)ud)->a->st.decoded++; }
 
-/* Samples (or takes from the script) one assistant message into the
- * session. 0 done, 1 interrupted, -1 error. */
-static int generate(ds4_agent *a, gen_state *g) {
+/* Samples (or takes from the script) one assistant message of at most
+ * max_tokens into the session, after a generation prompt for `think`.
+ * 0 done, 1 interrupted, -1 error. */
+static int generate(ds4_agent *a, gen_state *g, ds4_think_mode think, int max_tokens) {
     ds4_token_ids scripted = {0};
     bool have_script = false;
     if (a->o.script) {
@@ -301,22 +440,24 @@ static int generate(ds4_agent *a, gen_state *g) {
         else if (ds4_tokenizer_encode(a->tok, entry, len, DS4_TOK_SPECIALS_CHAT, &scripted)) return -1;
         have_script = true;
     }
-    ds4_dsml_opts po = {.thinking = think_mode(a) != DS4_THINK_NONE, .tools = true, .decode_entities = true};
-    ds4_dsml_parser *p = ds4_dsml_new(&po, on_event, g);
+    int n_defs;
+    const ds4_tool_def *defs = ds4_agent_tool_defs(&n_defs);
+    const ds4_tool_parser_ops *ops = a->spec->parser;
+    ds4_tool_parser_opts po = {.thinking = think != DS4_THINK_NONE, .tools = true, .defs = defs, .n_defs = n_defs};
+    void *p = ops->create(&po, on_event, g);
     if (!p) { ds4_token_ids_free(&scripted); return -1; }
     gen_hooks_state hs = {a, p, have_script ? &scripted : NULL};
     ds4_gen_hooks hooks = {.cancelled = hook_cancelled, .forced = hook_forced, .greedy = hook_greedy,
                            .on_text = hook_text, .after_decode = hook_decoded, .ud = &hs, .spec = a->o.spec};
     char err[256];
     int from = ds4_session_n_tokens(a->s), rc = 0;
-    ds4_gen_result r = ds4_generate(a->s, a->tok, a->smp, a->o.max_gen_tokens, &hooks, err, sizeof err);
+    ds4_gen_result r = ds4_generate(a->s, a->tok, a->smp, max_tokens, &hooks, err, sizeof err);
     if (r.end == DS4_GEN_CANCELLED) rc = 1;
     /* an interrupted block is cut off by the user, not malformed */
-    else ds4_dsml_finish(p);
-    ds4_dsml_free(p);
+    else ops->finish(p);
+    ops->free(p);
     ds4_token_ids_free(&scripted);
     ds4_agent_display_end(a->o.display);
-    a->open_message = true;
     if (a->o.trace) { fprintf(a->o.trace, "generate from=%d n=%d\n", from, ds4_session_n_tokens(a->s) - from); fflush(a->o.trace); }
     if (r.end == DS4_GEN_ERROR) { ds4_agent_display_note(a->o.display, "decode failed: %s", err); rc = -1; }
     if (r.end == DS4_GEN_CTX_FULL) {
@@ -446,18 +587,19 @@ static long fit_result(const ds4_agent *a, ds4_agent_tool_result *r, long share)
     return used;
 }
 
-/* Runs the calls and appends their results as one tool-result turn. */
+/* Runs the calls and queues their results as tool messages (one
+ * tool-result turn when rendered). */
 static int run_tools(ds4_agent *a, gen_state *g) {
-    ds4_buf results = {0};
+    bool oom = false;
     int rc = 0;
     if (g->error) {
         ds4_buf msg = {0};
         ds4_buf_puts(&msg, "error: malformed tool call (");
         ds4_buf_puts(&msg, g->error);
-        ds4_buf_puts(&msg, "); nothing was run. Write the call again in the DSML tool_calls format.");
+        ds4_buf_puts(&msg, "); nothing was run. Write the call again in the tool-call format the tools block shows.");
         ds4_agent_display_tool_start(a->o.display, "(malformed tool call)", "");
         ds4_agent_display_tool_end(a->o.display, g->error, NULL, 0);
-        ds4_chat_tool_result(msg.data ? msg.data : "", msg.len, DS4_CHAT_DS4, &results);
+        oom = msg.oom || !push_msg(a, DS4_ROLE_TOOL, msg.data ? msg.data : "", msg.len);
         ds4_buf_free(&msg);
     }
     long budget = results_budget(a, g->n_calls), used = 0;
@@ -472,38 +614,36 @@ static int run_tools(ds4_agent *a, gen_state *g) {
             ds4_agent_tool_run(&a->o.tools, g->calls[i].name, g->calls[i].args, &r);
         }
         long took = fit_result(a, &r, (budget - used) / (g->n_calls - i));
-        if (took < 0) results.oom = true;
+        if (took < 0) oom = true;
         else used += took;
         ds4_agent_display_tool_end(a->o.display, r.summary, r.display.data, r.display.len);
-        ds4_chat_tool_result(r.text.data ? r.text.data : "", r.text.len, DS4_CHAT_DS4, &results);
+        /* tool output is client text: rendered as text, so a file cannot forge turns */
+        if (!push_msg(a, DS4_ROLE_TOOL, r.text.data ? r.text.data : "", r.text.len)) oom = true;
         ds4_agent_tool_result_free(&r);
     }
     if (interrupted(a)) rc = 1;
-    /* tool output is client text: no specials, so a file cannot forge turns */
-    if (results.oom || !close_message(a) || !add_token(a, a->sp->user) ||
-        !add_text(a, results.data ? results.data : "", results.len, DS4_TOK_SPECIALS_NONE))
-        rc = -1;
-    ds4_buf_free(&results);
-    return rc;
+    return oom ? -1 : rc;
+}
+
+static void context_full_note(ds4_agent *a, const char *what) {
+    ds4_agent_display_note(a->o.display, "context full (%d of %d tokens): %s; start a /new session or a larger --ctx",
+                           ds4_session_n_tokens(a->s), ds4_session_ctx(a->s), what);
 }
 
 int ds4_agent_turn(ds4_agent *a, const char *user_text) {
-    size_t pending_before = a->pending.n;
-    bool open_before = a->open_message;
-    bool fresh = ds4_session_n_tokens(a->s) == 0 && a->pending.n == 0;
-    if (fresh && !add_prefix(a)) { ds4_agent_display_note(a->o.display, "cannot render the system prompt"); return -1; }
-    if (!close_message(a) || !add_token(a, a->sp->user) || !add_text(a, user_text, strlen(user_text), DS4_TOK_SPECIALS_NONE) ||
-        !add_generation_prompt(a)) {
+    const int msgs_before = a->n_msgs;
+    const bool fresh = ds4_session_n_tokens(a->s) == 0;
+    if (!push_msg(a, DS4_ROLE_USER, user_text, strlen(user_text))) {
         ds4_agent_display_note(a->o.display, "out of memory");
         return -1;
     }
-    int rc = prefill_pending(a);
+    int rc = prefill_msgs(a, true);
     if (rc != 0) {
         /* the message was not taken: back to the state before it */
-        a->pending.n = pending_before;
-        a->open_message = open_before;
+        drop_msgs(a, msgs_before);
+        if (rc == -2) context_full_note(a, "the message does not fit");
         if (rc > 0) ds4_agent_display_note(a->o.display, "[interrupted: message not sent]");
-        return rc;
+        return rc > 0 ? 1 : -1;
     }
     if (fresh && !a->id[0]) {
         a->created = (uint64_t)time(NULL);
@@ -511,28 +651,27 @@ int ds4_agent_turn(ds4_agent *a, const char *user_text) {
     }
     for (int step = 0;; step++) {
         gen_state g = {.a = a};
-        rc = generate(a, &g);
+        rc = generate(a, &g, think_mode(a), a->o.max_gen_tokens);
         if (rc == 0 && (g.n_calls > 0 || g.error)) {
-            size_t mark = a->pending.n;
-            rc = run_tools(a, &g);
+            /* past the threshold already: compact first, so the results get
+             * the room of the new session rather than a note */
+            if (over_threshold(a, 0) && compact(a, true) > 0) rc = 1;
+            else rc = run_tools(a, &g);
             if (rc == 0 && step + 1 >= a->o.max_steps) {
                 ds4_agent_display_note(a->o.display, "[%d tool rounds: stopping here; send a message to go on]", a->o.max_steps);
                 rc = 1;
             }
             if (rc == 0) {
-                if (!add_generation_prompt(a)) rc = -1;
-                else if (!pending_fits(a)) {
+                rc = prefill_msgs(a, true);
+                if (rc == -2) {
                     /* even the notes do not fit: results left pending would
                      * fail every later turn, so they are dropped and the
                      * message with the calls ends as it is */
-                    a->pending.n = mark;
-                    a->open_message = true;
-                    ds4_agent_display_note(a->o.display, "context full (%d of %d tokens): the tool results were dropped; "
-                                           "start a /new session or a larger --ctx", ds4_session_n_tokens(a->s),
-                                           ds4_session_ctx(a->s));
+                    drop_msgs(a, 0);
+                    context_full_note(a, "the tool results were dropped");
                     rc = -1;
                 }
-                else if ((rc = prefill_pending(a)) != 0) a->pending.n -= 2;   /* the results wait for the next message */
+                /* otherwise, on failure the results wait for the next message */
             }
             gen_free(&g);
             if (rc == 0) continue;
@@ -543,6 +682,134 @@ int ds4_agent_turn(ds4_agent *a, const char *user_text) {
         return rc;
     }
 }
+
+/* ---- compaction ----
+ *
+ * When the conversation nearly fills the context, the model summarises it
+ * and a new session starts from the summary and the last turns: the tools
+ * block and system prompt, one user message holding the summary, then the
+ * last messages' tokens as they are (up to a quarter of the context, from a
+ * message start; at least the last user or tool turn and the answer after
+ * it). The old session is saved first and stays in the store. */
+
+#define COMPACT_REQUEST                                                                                            \
+    "The context is nearly full, so the conversation up to here will be replaced by your summary of it. Write " \
+    "that summary now, for yourself: the task, what was done (files read and changed, commands run and what "   \
+    "they showed), decisions made, and what is left to do. Be concise and specific; do not call tools."
+#define SUMMARY_INTRO "Summary of the earlier conversation (compacted from session %.12s):\n\n"
+
+/* Where the kept tail starts: the earliest message start after the first
+ * user message whose tail fits in a quarter of the context, else the last
+ * message start; 0 when the conversation is a single message. */
+static int kept_from(const ds4_agent *a) {
+    const int32_t *t = ds4_session_tokens(a->s);
+    const int n = ds4_session_n_tokens(a->s), quarter = ds4_session_ctx(a->s) / 4;
+    int first = -1, last = 0;
+    for (int i = 0; i < n; i++) {
+        if (t[i] != a->sp->user && !(a->sp->observation >= 0 && t[i] == a->sp->observation)) continue;
+        if (first < 0) { first = i; continue; }
+        if (n - i <= quarter) return i;
+        last = i;
+    }
+    return last;
+}
+
+/* 0 compacted, 1 interrupted, -1 not compacted (printed). On failure
+ * before the new session is built the conversation is as it was. */
+static int compact(ds4_agent *a, bool automatic) {
+    const int n = ds4_session_n_tokens(a->s), ctx = ds4_session_ctx(a->s);
+    ds4_agent_display *d = a->o.display;
+    if (n == 0 || !a->id[0]) { ds4_agent_display_note(d, "nothing to compact yet"); return -1; }
+    const int keep = kept_from(a);
+    if (keep == 0) { ds4_agent_display_note(d, "cannot compact: the conversation is a single message"); return -1; }
+    char err[512], old_id[DS4_AGENT_ID_HEX + 1];
+    snprintf(old_id, sizeof old_id, "%s", a->id);
+    if (a->o.sessions_dir && ds4_agent_save(a, a->o.sessions_dir, err, sizeof err)) {
+        ds4_agent_display_note(d, "not compacting: saving the session failed: %s", err);
+        return -1;
+    }
+    ds4_agent_display_note(d, "[context %d of %d tokens%s: summarising the conversation]", n, ctx,
+                           automatic ? " (nearly full)" : "");
+    /* the summary request after the live message, thinking off: the room
+     * left is for the summary */
+    pending_msg req = {DS4_ROLE_USER, COMPACT_REQUEST};
+    a->pending.n = 0;
+    if (!render_msgs(a, &req, 1, true, DS4_THINK_NONE)) { ds4_agent_display_note(d, "out of memory"); return -1; }
+    const int room = ctx - n - (int)a->pending.n - 1;
+    if (room < 32) {
+        a->pending.n = 0;
+        ds4_agent_display_note(d, "cannot compact: no room left for a summary (%d tokens free)", ctx - n);
+        return -1;
+    }
+    int rc = prefill_pending(a);
+    a->pending.n = 0;
+    if (rc != 0) return rc;
+    gen_state g = {.a = a};
+    int budget = a->o.max_gen_tokens < room ? a->o.max_gen_tokens : room;
+    if (budget > ctx / 8 && ctx / 8 >= 32) budget = ctx / 8;
+    rc = generate(a, &g, DS4_THINK_NONE, budget);
+    ds4_buf summary = {0};
+    if (rc == 0) {
+        char intro[128];
+        snprintf(intro, sizeof intro, SUMMARY_INTRO, old_id);
+        ds4_buf_puts(&summary, intro);
+        size_t from = 0;
+        while (from < g.answer.len && (g.answer.data[from] == '\n' || g.answer.data[from] == ' ')) from++;
+        if (from == g.answer.len) rc = -1;
+        ds4_buf_put(&summary, g.answer.data + from, g.answer.len - from);
+        if (summary.oom) rc = -1;
+    }
+    gen_free(&g);
+    ds4_token_ids kept = {0};
+    if (rc == 0) {
+        /* the tail's tokens as they are, before the session is cleared */
+        kept.v = malloc((size_t)(n - keep) * sizeof *kept.v);
+        if (kept.v) {
+            memcpy(kept.v, ds4_session_tokens(a->s) + keep, (size_t)(n - keep) * sizeof *kept.v);
+            kept.n = kept.cap = (size_t)(n - keep);
+        } else {
+            rc = -1;
+        }
+    }
+    if (rc != 0) {
+        /* back to the conversation as it was: the request and the summary go */
+        ds4_session_rewind(a->s, n, err, sizeof err);
+        ds4_buf_free(&summary);
+        ds4_token_ids_free(&kept);
+        if (rc < 0) ds4_agent_display_note(d, "compaction failed: the model wrote no summary");
+        return rc;
+    }
+    ds4_session_rewind(a->s, 0, err, sizeof err);
+    pending_msg intro = {DS4_ROLE_USER, summary.data};
+    a->pending.n = 0;
+    bool ok = render_msgs(a, &intro, 1, false, think_mode(a)) && add_tokens(a, kept.v, kept.n);
+    const int summary_tokens = (int)a->pending.n - (int)kept.n;
+    rc = ok ? prefill_pending(a) : -1;
+    a->pending.n = 0;
+    a->st.prefilled = ds4_session_n_tokens(a->s);
+    a->st.decoded = 0;
+    a->st.restored = 0;
+    ds4_token_ids_free(&kept);
+    if (rc != 0) {
+        ds4_session_rewind(a->s, 0, err, sizeof err);
+        a->id[0] = 0;
+        a->st.prefilled = 0;
+        ds4_agent_display_note(d, "compaction %s: the session is empty now; the old one is saved as %.12s "
+                               "(/switch %.12s)", rc > 0 ? "interrupted" : "failed", old_id, old_id);
+        ds4_buf_free(&summary);
+        return rc > 0 ? 1 : -1;
+    }
+    a->created = (uint64_t)time(NULL);
+    ds4_agent_session_id(summary.data, a->created, a->id);
+    a->compacted_n = automatic ? ds4_session_n_tokens(a->s) : 0;
+    ds4_buf_free(&summary);
+    ds4_agent_display_note(d, "[compacted: %d tokens -> %d (prompt and summary %d + the last %d as they were); "
+                           "new session %.12s, the old one is saved as %.12s]",
+                           n, ds4_session_n_tokens(a->s), summary_tokens, n - keep, a->id, old_id);
+    return 0;
+}
+
+int ds4_agent_compact(ds4_agent *a) { return compact(a, false); }
 
 /* ---- sessions ---- */
 
@@ -559,6 +826,8 @@ int ds4_agent_switch(ds4_agent *a, const char *dir, const char *id, char *err, s
     /* the payload loader leaves the session unchanged on error */
     if (ds4_agent_store_load(dir, id, a->o.engine, a->s, &text, &text_len, &created, &stripped, err, errlen)) return -1;
     a->pending.n = 0;
+    drop_msgs(a, 0);
+    a->compacted_n = 0;
     a->st.prefilled = a->st.decoded = 0;
     a->st.last_prefill_from = a->st.last_prefill_n = 0;
     a->st.restored = stripped ? 0 : ds4_session_n_tokens(a->s);
@@ -574,10 +843,9 @@ int ds4_agent_switch(ds4_agent *a, const char *dir, const char *id, char *err, s
         if (rc > 0) snprintf(err, errlen, "interrupted: the session is empty now");
     }
     free(text);
-    if (rc != 0) { a->id[0] = 0; a->open_message = false; return rc; }
-    int n = ds4_session_n_tokens(a->s);
-    /* every message ends after generation, and EOS is only ever prefilled */
-    a->open_message = n > 0 && ds4_session_tokens(a->s)[n - 1] != a->sp->eos;
+    if (rc != 0) { a->id[0] = 0; return rc; }
+    /* every saved session ends with an assistant message whose stop token
+     * the session does not hold: the next step renders the family's tail */
     snprintf(a->id, sizeof a->id, "%s", id);
     a->created = created;
     return 0;

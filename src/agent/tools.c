@@ -53,8 +53,18 @@ static const ds4_tool_def k_tools[] = {
      "prints file:line:text.",
      "{\"type\":\"object\",\"properties\":{\"pattern\":{\"type\":\"string\"},\"path\":{\"type\":\"string\"}},"
      "\"required\":[\"pattern\"]}", NULL},
-    {"bash", "Run a shell command with /bin/sh in the working directory; returns its output and exit status.",
-     "{\"type\":\"object\",\"properties\":{\"command\":{\"type\":\"string\"}},\"required\":[\"command\"]}", NULL},
+    {"bash", "Run a shell command with /bin/sh in the working directory; returns its output and exit status. "
+     "With background true it returns at once with a job id (servers, watchers, long builds): see job_list, "
+     "job_output and job_stop.",
+     "{\"type\":\"object\",\"properties\":{\"command\":{\"type\":\"string\"},\"background\":{\"type\":\"boolean\"}},"
+     "\"required\":[\"command\"]}", NULL},
+    {"job_list", "List the background jobs: id, state (running, or exit status) and command.",
+     "{\"type\":\"object\",\"properties\":{}}", NULL},
+    {"job_output", "A background job's state and the last lines of its output (default 50).",
+     "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},\"lines\":{\"type\":\"integer\"}},"
+     "\"required\":[\"id\"]}", NULL},
+    {"job_stop", "Stop a background job and everything it started; returns its last output lines.",
+     "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}},\"required\":[\"id\"]}", NULL},
 };
 
 const ds4_tool_def *ds4_agent_tool_defs(int *n) {
@@ -176,6 +186,20 @@ static bool arg_int(const cJSON *args, const char *key, long dflt, long *out) {
         errno = 0;
         *out = strtol(v->valuestring, &end, 10);
         return !errno && end != v->valuestring && !*end;
+    }
+    return false;
+}
+
+/* Boolean argument: absent = false; "true"/"false" strings are accepted
+ * (a DSML parameter may arrive as either). False when present but not one. */
+static bool arg_bool(const cJSON *args, const char *key, bool *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(args, key);
+    *out = false;
+    if (!v || cJSON_IsNull(v)) return true;
+    if (cJSON_IsBool(v)) { *out = cJSON_IsTrue(v); return true; }
+    if (cJSON_IsString(v) && (!strcmp(v->valuestring, "true") || !strcmp(v->valuestring, "false"))) {
+        *out = !strcmp(v->valuestring, "true");
+        return true;
     }
     return false;
 }
@@ -516,6 +540,40 @@ static double now_s(void) {
  * own). A cgroup would also hold a process that escapes the subreaper
  * (one started by a service), but needs a writable cgroup v2 tree. */
 
+/* ---- background jobs ----
+ *
+ * A background job is a command started like bash's (own process group,
+ * stdin from /dev/null, the root as its directory) whose output goes to an
+ * unlinked temporary file, so it never blocks on a full pipe and its tail
+ * can be read at any time. The agent's reaping below records a job's exit
+ * status here, since waitpid() hands it out only once. */
+
+#define MAX_JOBS 32
+
+typedef struct {
+    int id;
+    pid_t pid;              /* the shell; its process group */
+    char *cmd;
+    int out_fd;             /* the output file, read with pread */
+    double started, ended;
+    bool done;
+    int status;
+} bg_job;
+
+static bg_job g_jobs[MAX_JOBS];
+static int g_n_jobs, g_next_job_id = 1;
+
+static void reap(pid_t pid) {
+    int status;
+    if (waitpid(pid, &status, WNOHANG) != pid) return;
+    for (int i = 0; i < g_n_jobs; i++)
+        if (g_jobs[i].pid == pid && !g_jobs[i].done) {
+            g_jobs[i].done = true;
+            g_jobs[i].status = status;
+            g_jobs[i].ended = now_s();
+        }
+}
+
 typedef struct {
     pid_t pid, ppid;
     char state;
@@ -612,7 +670,7 @@ static void kill_below(const pid_t *keep, size_t n_keep, pid_t except) {
             if (!top || has_pid(keep, n_keep, top)) continue;
             if (t[i].state != 'Z') { kill(t[i].pid, SIGKILL); left++; }
             else if (t[i].ppid != getpid()) left++;   /* its parent is dying: it comes to us next */
-            else if (t[i].pid != except) waitpid(t[i].pid, NULL, WNOHANG);
+            else if (t[i].pid != except) reap(t[i].pid);
         }
         free(t);
         if (!left) return;
@@ -628,7 +686,7 @@ static void reap_finished_jobs(void) {
     size_t n;
     proc_entry *t = proc_scan(&n);
     for (size_t i = 0; t && i < n; i++)
-        if (t[i].ppid == getpid() && t[i].state == 'Z') waitpid(t[i].pid, NULL, WNOHANG);
+        if (t[i].ppid == getpid() && t[i].state == 'Z') reap(t[i].pid);
     free(t);
 }
 
@@ -643,37 +701,169 @@ static void status_line(ds4_buf *b, const char *fmt, ...) {
     va_end(ap);
 }
 
-static void tool_bash(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_tool_result *r) {
-    const char *cmd = arg_str(a, "command");
-    if (!cmd || !*cmd) { fail(r, "bash: command (a string) is required"); return; }
-    if (!o->auto_yes) {
-        char q[600];
-        snprintf(q, sizeof q, "run `%.500s`?", cmd);
-        if (!ask(o, q)) { fail(r, "bash: the user declined to run this command"); return; }
-    }
+/* Forks `sh -c cmd` in the root with its own process group, stdin from
+ * /dev/null and stdout+stderr to out_fd; -1 on failure (errno set). */
+static pid_t spawn(const ds4_agent_tools_opts *o, const char *cmd, int out_fd) {
     /* once is enough; what it makes findable is all the agent's processes */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
-    reap_finished_jobs();
-    size_t n_jobs;
-    pid_t *jobs = children_now(&n_jobs);
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC)) { free(jobs); fail(r, "bash: pipe: %s", strerror(errno)); return; }
     pid_t pid = fork();
-    if (pid < 0) { free(jobs); close(fds[0]); close(fds[1]); fail(r, "bash: fork: %s", strerror(errno)); return; }
     if (pid == 0) {
-        /* own process group: a timeout or Ctrl+C kills the whole pipeline */
+        /* own process group: a timeout, Ctrl+C or job_stop kills the whole pipeline */
         setpgid(0, 0);
         /* ignored signals stay ignored across exec: give the command the defaults */
         signal(SIGINT, SIG_DFL);
         signal(SIGXFSZ, SIG_DFL);
         int null = open("/dev/null", O_RDONLY);
         if (null >= 0) dup2(null, 0);
-        dup2(fds[1], 1);
-        dup2(fds[1], 2);
+        dup2(out_fd, 1);
+        dup2(out_fd, 2);
         if (chdir(o->root) == 0) execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
-    setpgid(pid, pid);
+    if (pid > 0) setpgid(pid, pid);
+    return pid;
+}
+
+static void describe_exit(char *out, size_t n, int status) {
+    if (WIFEXITED(status)) snprintf(out, n, "exit status %d", WEXITSTATUS(status));
+    else snprintf(out, n, "killed by signal %d", WTERMSIG(status));
+}
+
+/* "job N: running for S s" / "job N: exit status X after S s", pid, command. */
+static void job_line(ds4_buf *b, const bg_job *j) {
+    char state[64];
+    if (j->done) describe_exit(state, sizeof state, j->status);
+    else snprintf(state, sizeof state, "running");
+    double t = (j->done ? j->ended : now_s()) - j->started;
+    buf_printf(b, "job %d: %s %s %.0f s, pid %d: %s\n", j->id, state, j->done ? "after" : "for", t, (int)j->pid, j->cmd);
+}
+
+static void start_job(const ds4_agent_tools_opts *o, const char *cmd, ds4_agent_tool_result *r) {
+    reap_finished_jobs();
+    int slot = -1;
+    for (int i = 0; i < g_n_jobs && slot < 0; i++)
+        if (g_jobs[i].done) slot = i;
+    if (slot < 0 && g_n_jobs == MAX_JOBS) { fail(r, "bash: %d background jobs are running; stop one first", MAX_JOBS); return; }
+    const char *tmp = getenv("TMPDIR");
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/ds4-agent-job-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    int fd = mkostemp(path, O_CLOEXEC);
+    if (fd < 0) { fail(r, "bash: cannot create the job's output file: %s", strerror(errno)); return; }
+    unlink(path);   /* private to the agent and the job; gone with them */
+    char *copy = strdup(cmd);
+    pid_t pid = copy ? spawn(o, cmd, fd) : -1;
+    if (pid < 0) { free(copy); close(fd); fail(r, "bash: cannot start the job: %s", strerror(errno)); return; }
+    if (slot < 0) slot = g_n_jobs++;
+    else { free(g_jobs[slot].cmd); close(g_jobs[slot].out_fd); }
+    g_jobs[slot] = (bg_job){.id = g_next_job_id++, .pid = pid, .cmd = copy, .out_fd = fd, .started = now_s()};
+    buf_printf(&r->text, "started background job %d (pid %d). job_output {\"id\":%d} shows its output, job_stop "
+               "stops it; it is killed when the agent exits.", g_jobs[slot].id, (int)pid, g_jobs[slot].id);
+    succeed(r, "background job %d started (pid %d)", g_jobs[slot].id, (int)pid);
+}
+
+static bg_job *find_job(const cJSON *a, const char *tool, ds4_agent_tool_result *r) {
+    long id;
+    if (!arg_int(a, "id", -1, &id) || id < 0) { fail(r, "%s: id (a job number from job_list) is required", tool); return NULL; }
+    reap_finished_jobs();
+    for (int i = 0; i < g_n_jobs; i++)
+        if (g_jobs[i].id == id) return &g_jobs[i];
+    fail(r, "%s: there is no background job %ld (job_list lists them)", tool, id);
+    return NULL;
+}
+
+/* The last `lines` lines of a job's output, at most cap bytes. */
+static void job_tail(ds4_buf *b, const bg_job *j, long lines, size_t cap) {
+    struct stat st;
+    if (fstat(j->out_fd, &st)) { buf_printf(b, "[its output cannot be read: %s]\n", strerror(errno)); return; }
+    size_t size = (size_t)st.st_size, want = size < cap ? size : cap;
+    char *data = malloc(want + 1);
+    if (!data) { b->oom = true; return; }
+    ssize_t got = want ? pread(j->out_fd, data, want, (off_t)(size - want)) : 0;
+    if (got < 0) got = 0;
+    size_t from = (size_t)got, seen = 0;
+    /* a last line without its newline counts as a line */
+    if (from && data[from - 1] == '\n') from--;
+    while (from > 0 && seen < (size_t)lines) {
+        if (data[from - 1] == '\n' && ++seen == (size_t)lines) break;
+        from--;
+    }
+    buf_printf(b, "[%zu bytes of output in all; its last lines (at most %ld):]\n", size, lines);
+    ds4_buf_put(b, data + from, (size_t)got - from);
+    if (got && data[got - 1] != '\n') ds4_buf_putc(b, '\n');
+    free(data);
+}
+
+static void tool_job_list(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_tool_result *r) {
+    (void)o, (void)a;
+    ds4_agent_tools_jobs(&r->text);
+    succeed(r, "%d background job%s", g_n_jobs, g_n_jobs == 1 ? "" : "s");
+}
+
+static void tool_job_output(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_tool_result *r) {
+    bg_job *j = find_job(a, "job_output", r);
+    if (!j) return;
+    long lines;
+    if (!arg_int(a, "lines", 50, &lines) || lines < 1) { fail(r, "job_output: lines must be a positive integer"); return; }
+    job_line(&r->text, j);
+    job_tail(&r->text, j, lines, o->output_cap);
+    succeed(r, "job %d %s", j->id, j->done ? "done" : "running");
+}
+
+static void tool_job_stop(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_tool_result *r) {
+    bg_job *j = find_job(a, "job_stop", r);
+    if (!j) return;
+    if (!j->done) {
+        /* TERM first, so a server can clean up; then whatever is left of
+         * the group and of the processes below the job goes */
+        kill(-j->pid, SIGTERM);
+        for (int i = 0; i < 50 && !j->done; i++) {
+            struct timespec pause = {0, 20000000};
+            nanosleep(&pause, NULL);
+            reap(j->pid);
+        }
+        kill(-j->pid, SIGKILL);
+        size_t n_keep;
+        pid_t *keep = children_now(&n_keep);
+        size_t k = 0;
+        for (size_t i = 0; i < n_keep; i++) if (keep[i] != j->pid) keep[k++] = keep[i];
+        kill_below(keep, k, j->pid);
+        free(keep);
+        while (!j->done && waitpid(j->pid, &j->status, 0) < 0 && errno == EINTR) {}
+        if (!j->done) { j->done = true; j->ended = now_s(); }
+    } else {
+        /* its shell is gone; what it left in its group is not */
+        kill(-j->pid, SIGKILL);
+    }
+    job_line(&r->text, j);
+    job_tail(&r->text, j, 20, o->output_cap);
+    succeed(r, "job %d stopped", j->id);
+}
+
+void ds4_agent_tools_jobs(ds4_buf *out) {
+    reap_finished_jobs();
+    if (!g_n_jobs) ds4_buf_puts(out, "no background jobs\n");
+    for (int i = 0; i < g_n_jobs; i++) job_line(out, &g_jobs[i]);
+}
+
+static void tool_bash(const ds4_agent_tools_opts *o, const cJSON *a, ds4_agent_tool_result *r) {
+    const char *cmd = arg_str(a, "command");
+    if (!cmd || !*cmd) { fail(r, "bash: command (a string) is required"); return; }
+    bool background;
+    if (!arg_bool(a, "background", &background)) { fail(r, "bash: background must be true or false"); return; }
+    if (!o->auto_yes) {
+        char q[600];
+        snprintf(q, sizeof q, "run %s`%.500s`?", background ? "in the background " : "", cmd);
+        if (!ask(o, q)) { fail(r, "bash: the user declined to run this command"); return; }
+    }
+    if (background) { start_job(o, cmd, r); return; }
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    reap_finished_jobs();
+    size_t n_jobs;
+    pid_t *jobs = children_now(&n_jobs);
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC)) { free(jobs); fail(r, "bash: pipe: %s", strerror(errno)); return; }
+    pid_t pid = spawn(o, cmd, fds[1]);
+    if (pid < 0) { free(jobs); close(fds[0]); close(fds[1]); fail(r, "bash: fork: %s", strerror(errno)); return; }
     close(fds[1]);
     double deadline = now_s() + o->bash_timeout_s;
     bool timed_out = false, interrupted = false, truncated = false, reaped = false;
@@ -733,7 +923,8 @@ void ds4_agent_tool_run(const ds4_agent_tools_opts *o, const char *name, const c
                         ds4_agent_tool_result *r) {
     static const struct { const char *name; tool_fn fn; } table[] = {
         {"read_file", tool_read}, {"write_file", tool_write}, {"edit_file", tool_edit}, {"list_dir", tool_list},
-        {"glob", tool_glob}, {"grep", tool_grep}, {"bash", tool_bash},
+        {"glob", tool_glob}, {"grep", tool_grep}, {"bash", tool_bash}, {"job_list", tool_job_list},
+        {"job_output", tool_job_output}, {"job_stop", tool_job_stop},
     };
     memset(r, 0, sizeof *r);
     cJSON *args = cJSON_Parse(args_json ? args_json : "{}");
@@ -742,9 +933,21 @@ void ds4_agent_tool_run(const ds4_agent_tools_opts *o, const char *name, const c
     } else {
         size_t i = 0;
         while (i < sizeof table / sizeof table[0] && strcmp(table[i].name, name ? name : "")) i++;
-        if (i == sizeof table / sizeof table[0]) fail(r, "unknown tool '%s'; the tools are read_file, write_file, edit_file, list_dir, glob, grep, bash", name ? name : "");
+        if (i == sizeof table / sizeof table[0]) fail(r, "unknown tool '%s'; the tools are read_file, write_file, edit_file, list_dir, glob, grep, bash, "
+                                                          "job_list, job_output, job_stop", name ? name : "");
         else table[i].fn(o, args, r);
     }
     cJSON_Delete(args);
+    if (!r->text.oom && memchr(r->text.data ? r->text.data : "", 0, r->text.len)) {
+        /* the chat renderer takes a result as a C string: NUL bytes (binary
+         * output) are written as the two characters \0 */
+        ds4_buf out = {0};
+        for (size_t i = 0; i < r->text.len; i++) {
+            if (r->text.data[i]) ds4_buf_putc(&out, r->text.data[i]);
+            else ds4_buf_puts(&out, "\\0");
+        }
+        ds4_buf_free(&r->text);
+        r->text = out;
+    }
     if (r->text.oom || r->display.oom) fail(r, "%s: out of memory", name);
 }

@@ -3,7 +3,8 @@
  *
  * Contract
  * - ds4_agent_tool_defs() lists read_file, write_file, edit_file, list_dir,
- *   glob, grep and bash with JSON-schema parameters (static storage).
+ *   glob, grep, bash, job_list, job_output and job_stop with JSON-schema
+ *   parameters (static storage).
  * - ds4_agent_tool_run() executes one call given its name and arguments JSON
  *   text (as the DSML parser produced it). It never aborts: unknown tools,
  *   bad arguments, I/O errors, refusals, timeouts all become a result with
@@ -31,10 +32,20 @@
  *   and every process below the caller that is not an earlier command's
  *   job are killed, and the result says so. A command that exits normally
  *   may leave jobs running (`server &`); ds4_agent_tools_end_jobs() kills
- *   them all. The process should start no children of its own: the tools
+ *   them all.
+ * - bash with background true starts the command the same way (same
+ *   question, directory and process rules) but returns at once with a job
+ *   id; its output goes to an unlinked temporary file. job_list lists the
+ *   jobs (running, or exit status), job_output gives a job's state and the
+ *   last lines of its output (at most output_cap bytes), job_stop sends its
+ *   group SIGTERM, then after up to a second SIGKILLs the group and every
+ *   process below the job. At most 32 jobs at a time; a finished job's slot
+ *   is reused. ds4_agent_tools_end_jobs() kills them with everything else. The process should start no children of its own: the tools
  *   take whatever is below it for a command's and reap it.
  * - Results end up in the model's context, so every output is bounded (in
- *   bytes here; the agent loop also caps them in tokens).
+ *   bytes here; the agent loop also caps them in tokens) and holds no NUL
+ *   byte (written as the two characters \0, since the chat renderer takes C
+ *   strings).
  */
 #ifndef DS4_AGENT_TOOLS_H
 #define DS4_AGENT_TOOLS_H
@@ -74,6 +85,8 @@ const ds4_tool_def *ds4_agent_tool_defs(int *n);
 void ds4_agent_tool_run(const ds4_agent_tools_opts *o, const char *name, const char *args_json,
                         ds4_agent_tool_result *r);
 void ds4_agent_tool_result_free(ds4_agent_tool_result *r);
+/* The background jobs, one line each (or "no background jobs"): /jobs. */
+void ds4_agent_tools_jobs(ds4_buf *out);
 /* Kills every process below this one (the commands' jobs, with whatever
  * they started) and reaps them: at the agent's exit. */
 void ds4_agent_tools_end_jobs(void);

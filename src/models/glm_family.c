@@ -147,8 +147,19 @@ typedef struct {
 /* Values are strings or JSON by the tool's schema (glm-5.2-model.md 7.6). */
 static ds4_glm_arg_type arg_type(void *ud, const char *tool, const char *key) {
     const glm_parser *g = ud;
-    for (int i = 0; i < g->n_defs; i++)
-        if (g->defs[i].name && !strcmp(g->defs[i].name, tool)) return ds4_glm_schema_arg_type(g->defs[i].json, key);
+    for (int i = 0; i < g->n_defs; i++) {
+        const ds4_tool_def *d = &g->defs[i];
+        if (!d->name || strcmp(d->name, tool)) continue;
+        if (d->json || !d->parameters) return ds4_glm_schema_arg_type(d->json, key);
+        /* a definition given by its fields (chat.h): the schema is `parameters` */
+        ds4_buf obj = {0};
+        ds4_buf_puts(&obj, "{\"parameters\":");
+        ds4_buf_puts(&obj, d->parameters);
+        ds4_buf_puts(&obj, "}");
+        ds4_glm_arg_type t = obj.oom ? DS4_GLM_ARG_UNKNOWN : ds4_glm_schema_arg_type(obj.data, key);
+        ds4_buf_free(&obj);
+        return t;
+    }
     return DS4_GLM_ARG_UNKNOWN;
 }
 

@@ -72,6 +72,12 @@ check "/history 10 ends with the answer, no reasoning" \
     '[ "$(tail -n 1 $T/hist)" = "assistant: The greeting now says hello agent." ] && ! grep -q "Check it\|</think>" $T/hist'
 check "/history with a bad count says so" 'grep -qx "/history N: N is a count of messages" $T/out-hist'
 
+# upstream's defaults: a 100000-token context, 50000 tokens per message
+printf '/ctx\n/quit\n' | HOME=$T ./ds4-agent -m "$MODEL" -t 2 --sessions-dir "$T/s-defaults" >"$T/out-defaults" 2>&1
+check "default context 100000 tokens" 'grep -q "^context 0/100000 tokens" $T/out-defaults'
+check "--help states the defaults" \
+    './ds4-agent --help | grep -q "context size in tokens (default 100000)" && ./ds4-agent --help | grep -q "per assistant message (default 50000)"'
+
 agent missing -p
 check "-p without a value: one line, exit 2" '[ $? = 2 ] && [ "$(cat $T/err-missing)" = "ds4-agent: -p needs a value" ]'
 exit $fail

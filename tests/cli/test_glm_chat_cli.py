@@ -3,8 +3,8 @@ which carries the constructed GLM tokenizer; mk/glmchat.mk):
 - `ds4 --dump-tokens` tokenizes GLM's protocol strings as its added tokens
   (ids by string from data/glm-constructed-tokenizer.json, read here with HF
   `tokenizers` as the oracle);
-- `ds4 -p` renders and generates in GLM's chat format and exits 0;
-- `ds4-agent`, which speaks only DeepSeek's DSML, refuses the file in one line."""
+- `ds4 -p` renders and generates in GLM's chat format and exits 0.
+(`ds4-agent` on a GLM file: tests/agent/test_agent_glm.sh.)"""
 import os
 import subprocess
 import sys
@@ -44,11 +44,6 @@ def main():
                        capture_output=True, text=True, timeout=300)
     check(r.returncode == 0 and "generation:" in r.stderr, f"ds4 -p on GLM: {r.returncode} {r.stderr[-300:]}")
 
-    r = subprocess.run(["./ds4-agent", "-m", MODEL], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       stdin=subprocess.DEVNULL)
-    lines = [line for line in r.stderr.splitlines() if line.startswith("ds4-agent:")]
-    check(r.returncode != 0 and len(lines) == 1 and "GLM's chat format" in lines[0],
-          f"ds4-agent refuses a GLM model in one line: {r.returncode} {r.stderr[-300:]}")
     print(f"{NAME}: {passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 

@@ -179,7 +179,7 @@ static void check_against_render(const ds4_agent *a, const char *mirror) {
     ds4_dsml_parse(&po, MALFORMED, strlen(MALFORMED), &pr);
     char malformed_result[512];
     snprintf(malformed_result, sizeof malformed_result,
-             "error: malformed tool call (%s); nothing was run. Write the call again in the DSML tool_calls format.",
+             "error: malformed tool call (%s); nothing was run. Write the call again in the tool-call format the tools block shows.",
              pr.error ? pr.error : "?");
     ds4_dsml_result_free(&pr);
     char *results[3];
@@ -412,13 +412,13 @@ static void test_interrupted_tool(void) {
     rig_close(&R);
 }
 
-/* A tool output far over the context -- 64 KiB of NUL bytes is about 65k
+/* A tool output far over the context -- 64 KiB of NUL bytes (written \0) is about 65k
  * tokens, a long text tens of thousands, the context 4096 -- is cut in
  * tokens with a marker (head and tail kept), and the turns after it work:
  * before, the results stayed pending and every later turn was refused. */
 static void test_large_tool_output(void) {
     static const struct { const char *cmd; const char *head; size_t head_n; } cases[] = {
-        {"head -c 65536 /dev/zero", "<tool_result>\0\0\0\0", 17},
+        {"head -c 65536 /dev/zero", "<tool_result>\\0\\0\\0\\0", 21},
         {"seq 1 100000 | head -c 65536", "<tool_result>1\n2\n3\n", 19},
         /* characters the vocabulary splits into byte tokens: the cuts fall
          * between characters, not inside one */
@@ -490,7 +490,7 @@ static void test_round_of_big_outputs(void) {
     size_t n;
     char *text = session_text(R.a, &n);
     int notes = 0, cut = 0;
-    for (const char *p = text; (p = memmem(p, (size_t)(text + n - p), "<tool_result>error: the output (65552 bytes) was "
+    for (const char *p = text; (p = memmem(p, (size_t)(text + n - p), "<tool_result>error: the output (131088 bytes) was "
                                            "dropped: the context is nearly full", 84)); p++)
         notes++;
     for (const char *p = text; (p = memmem(p, (size_t)(text + n - p), "output truncated to fit the context", 35)); p++) cut++;

@@ -266,6 +266,55 @@ int main(void) {
     CHECK(!ok && strstr(t, "not a JSON object"), "bad args: %s", t);
     t = run(&o, "write_file", "{\"path\":\"x\"}", &ok);
     CHECK(!ok && strstr(t, "content"), "missing content: %s", t);
+
+    /* background jobs: asked like a command, started at once, their output
+     * tail by lines (a last line without a newline counts), stopped with
+     * what they started, and ended with the agent */
+    o.auto_yes = false;
+    answer = false;
+    asked = 0;
+    t = run(&o, "bash", "{\"command\":\"echo no\",\"background\":true}", &ok);
+    CHECK(!ok && asked == 1 && strstr(t, "declined"), "a background job is asked for too: %s", t);
+    answer = true;
+    t = run(&o, "bash", "{\"command\":\"echo no\",\"background\":\"yes\"}", &ok);
+    CHECK(!ok && strstr(t, "background must be true or false"), "bad background value: %s", t);
+    long jmark = 7000 + (long)(getpid() % 1000) * 10;
+    char jcmd[200];
+    snprintf(jcmd, sizeof jcmd, "{\"command\":\"printf 'a\\\\nb\\\\nc'; sleep %ld & sleep %ld\",\"background\":\"true\"}",
+             jmark, jmark + 1);
+    t = run(&o, "bash", jcmd, &ok);
+    CHECK(ok && strstr(t, "started background job 1 (pid "), "job 1 starts: %s", t);
+    t = run(&o, "bash", "{\"command\":\"printf 'x\\\\ny\\\\nz'\",\"background\":true}", &ok);
+    CHECK(ok && strstr(t, "started background job 2 "), "job 2 starts: %s", t);
+    /* job 2 ends by itself: wait for its exit as job_list reports it */
+    for (int i = 0; i < 500 && !strstr(run(&o, "job_list", "{}", &ok), "job 2: exit status 0"); i++) usleep(10000);
+    t = run(&o, "job_output", "{\"id\":2,\"lines\":2}", &ok);
+    CHECK(ok && strstr(t, "job 2: exit status 0 after ") && strstr(t, "(at most 2):]\ny\nz\n") && !strstr(t, "x\n"),
+          "job_output: the last 2 lines of a finished job: %s", t);
+    t = run(&o, "job_output", "{\"id\":\"2\"}", &ok);
+    CHECK(ok && strstr(t, "(at most 50):]\nx\ny\nz\n"), "job_output: fewer lines than asked: %s", t);
+    t = run(&o, "job_output", "{\"id\":9}", &ok);
+    CHECK(!ok && strstr(t, "no background job 9"), "unknown job: %s", t);
+    t = run(&o, "job_output", "{\"id\":1,\"lines\":0}", &ok);
+    CHECK(!ok && strstr(t, "positive"), "bad line count: %s", t);
+    for (int i = 0; i < 500 && sleeps(jmark) + sleeps(jmark + 1) < 2; i++) usleep(10000);
+    CHECK(sleeps(jmark) == 1 && sleeps(jmark + 1) == 1, "job 1 and the process it started run");
+    t = run(&o, "job_list", "{}", &ok);
+    CHECK(ok && strstr(t, "job 1: running for ") && strstr(t, "job 2: exit status 0"), "job_list: %s", t);
+    t = run(&o, "job_stop", "{\"id\":1}", &ok);
+    CHECK(ok && strstr(t, "job 1: killed by signal 15") && sleeps(jmark) == 0 && sleeps(jmark + 1) == 0,
+          "job_stop ends the job and what it started: %s", t);
+    snprintf(jcmd, sizeof jcmd, "{\"command\":\"sleep %ld\",\"background\":true}", jmark + 2);
+    t = run(&o, "bash", jcmd, &ok);
+    CHECK(ok && strstr(t, "job 3"), "job 3 starts: %s", t);
+    o.auto_yes = true;
+    for (int i = 0; i < 500 && sleeps(jmark + 2) < 1; i++) usleep(10000);
+    CHECK(sleeps(jmark + 2) == 1, "job 3 runs");
+    ds4_agent_tools_end_jobs();
+    CHECK(sleeps(jmark + 2) == 0, "end_jobs ends a running job");
+    t = run(&o, "job_list", "{}", &ok);
+    CHECK(ok && strstr(t, "job 3: killed by signal 9"), "and job_list says so: %s", t);
+
     run(&o, "list_dir", "{}", &ok);   /* frees the last static result */
 
 
