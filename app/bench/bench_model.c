@@ -144,6 +144,7 @@ static ds4_engine *load_engine(const ds4_bench_model_params *p) {
     ep.ssd.ctx = session_ctx(p);
     ep.gpu = p->gpu;
     ep.gpu_ctx = p->ctx_max;
+    ep.mtp_path = p->mtp_path;
     ds4_runtime_apply(&p->runtime, &ep);
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) fprintf(stderr, "ds4-bench: %s\n", err);
@@ -345,8 +346,10 @@ int ds4_bench_spec_verify(const ds4_bench_model_params *p, FILE *out) {
     const int prompt = p->prompt_tokens, V = ds4_engine_n_vocab(e);
     int32_t *toks = bench_tokens(e, p->prompt_file, p->chat_prompt, prompt + MAX_K + 1);
     float *rows = malloc((size_t)(MAX_K + 1) * V * sizeof(float)), *keep = malloc((size_t)V * sizeof(float));
-    double secs[MAX_K + 1][64];
+    double secs[MAX_K + 1][64], draft_secs[MAX_K + 1][64] = {{0}};
     uint64_t bytes[MAX_K + 1] = {0};
+    const bool mtp = ds4_engine_has_draft(e);
+    int32_t drafted[MAX_K];
     ds4_session *s = ds4_session_new(e, prompt + MAX_K + 1, err, sizeof err);
     int rc = toks && rows && keep && s ? 0 : -1;
     if (rc) fprintf(stderr, "ds4-bench: %s\n", s ? "out of memory" : err);
@@ -356,6 +359,16 @@ int ds4_bench_spec_verify(const ds4_bench_model_params *p, FILE *out) {
     /* an untimed pass first: first-touch faults stay out of the figures */
     for (int r = -1; r < p->repeat && rc == 0; r++)
         for (int k = 0; k <= MAX_K && rc == 0; k++) {
+            if (mtp && k) {
+                /* margin 0: the drafter proposes all k, as a pass of k drafts needs */
+                const double d0 = now();
+                if (ds4_session_draft(s, toks[prompt], k, 0.0f, drafted, err, sizeof err) < 0) {
+                    fprintf(stderr, "ds4-bench: %s\n", err);
+                    rc = -1;
+                    break;
+                }
+                if (r >= 0) draft_secs[k][r] = now() - d0;
+            }
             const uint64_t b0 = ds4_engine_weight_bytes_read(e);
             const double t0 = now();
             rc = ds4_session_prefill(s, toks + prompt, k + 1, k ? rows : NULL, NULL, NULL, err, sizeof err);
@@ -365,17 +378,24 @@ int ds4_bench_spec_verify(const ds4_bench_model_params *p, FILE *out) {
             if (rc) fprintf(stderr, "ds4-bench: %s\n", err);
         }
     if (rc == 0) {
-        for (int k = 0; k <= MAX_K; k++) qsort(secs[k], (size_t)p->repeat, sizeof(double), cmp_double);
+        for (int k = 0; k <= MAX_K; k++) {
+            qsort(secs[k], (size_t)p->repeat, sizeof(double), cmp_double);
+            qsort(draft_secs[k], (size_t)p->repeat, sizeof(double), cmp_double);
+        }
         const double one = secs[0][p->repeat / 2];
         fprintf(out, "verification pass at depth %d, %d runs per row (median; min / max in ms)\n\n", prompt,
                 p->repeat);
         fprintf(out, "| tokens in the pass (k+1) | ms per pass | cost vs one decode step | weight bytes vs one step "
-                     "| tok/s at 100%% acceptance vs target-only |\n|---|---|---|---|---|\n");
+                     "| tok/s at 100%% acceptance vs target-only | at 0%% |%s\n|---|---|---|---|---|---|%s\n",
+                mtp ? " MTP drafting k, ms | vs one step | tok/s at 100% net of drafting |" : "",
+                mtp ? "---|---|---|" : "");
         for (int k = 0; k <= MAX_K; k++) {
-            const double med = secs[k][p->repeat / 2];
-            fprintf(out, "| %d | %.2f (%.2f / %.2f) | %.2fx | %.2fx | %.2fx |\n", k + 1, med * 1e3,
+            const double med = secs[k][p->repeat / 2], draft = draft_secs[k][p->repeat / 2];
+            fprintf(out, "| %d | %.2f (%.2f / %.2f) | %.2fx | %.2fx | %.2fx | %.2fx |", k + 1, med * 1e3,
                     secs[k][0] * 1e3, secs[k][p->repeat - 1] * 1e3, med / one,
-                    bytes[0] ? (double)bytes[k] / (double)bytes[0] : 0.0, (k + 1) * one / med);
+                    bytes[0] ? (double)bytes[k] / (double)bytes[0] : 0.0, (k + 1) * one / med, one / med);
+            if (mtp) fprintf(out, " %.2f | %.2fx | %.2fx |", draft * 1e3, draft / one, (k + 1) * one / (med + draft));
+            fputc('\n', out);
         }
     }
     ds4_session_free(s);
