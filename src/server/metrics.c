@@ -116,7 +116,7 @@ void ds4_metrics_render(ds4_buf *out, const ds4_metrics_gauges *g) {
     counter(out, "ds4_prompt_tokens_cached_total", "Prompt tokens reused from a session or the disk cache.",
             cached_tokens);
     counter(out, "ds4_generated_tokens_total", "Generated tokens.", generated_tokens);
-    counter(out, "ds4_spec_passes_total", "Speculative verification passes (--spec-lookup).", spec_passes);
+    counter(out, "ds4_spec_passes_total", "Speculative verification passes (--spec-lookup, --mtp).", spec_passes);
     counter(out, "ds4_spec_draft_tokens_total", "Tokens drafted for verification.", spec_drafted);
     counter(out, "ds4_spec_accepted_tokens_total", "Drafted tokens the model's own choice confirmed.",
             spec_accepted);

@@ -8,9 +8,13 @@ answer and is counted in /metrics.
 - With --scripted-output whose text repeats the prompt, the scripted tokens
   are exactly what lookup drafts, so drafts are accepted: the answer equals
   the non-drafting server's and ds4_spec_accepted_tokens_total grows.
+- --mtp on the trained tiny model (models/ds4-tiny.gguf with its trained
+  block): the chat answer and usage equal the plain server's, and most drafts
+  are accepted (/metrics).
 - --spec-lookup with --batched-session 2, and an out-of-range draft, are
   refused at start with one line.
 """
+import os
 import json
 import subprocess
 
@@ -88,6 +92,27 @@ for extra in ((), ("--spec-lookup", "6")):
             acc = metric(srv, "ds4_spec_accepted_tokens_total")
             res.check(metric(srv, "ds4_spec_passes_total") > 0, "verification passes are counted")
             res.check(acc > 0, f"drafts matching the scripted tokens are accepted: {acc}")
+    finally:
+        srv.stop()
+
+# the trained tiny model and its MTP block: real drafts, accepted
+TINY = ("-m", os.path.join("models", "ds4-tiny.gguf"))
+tiny_ref = None
+for extra in ((), ("--mtp", os.path.join("models", "ds4-tiny-mtp.gguf"))):
+    srv = Server(*TINY, *extra)
+    try:
+        status, _, body = srv.request("POST", "/v1/chat/completions", {
+            "model": "x", "messages": [{"role": "user", "content": "What is a Python list?"}], "max_tokens": 120,
+            "temperature": 0})
+        res.check(status == 200, f"tiny model chat answers 200: {status}")
+        r = json.loads(body)
+        if not extra:
+            tiny_ref = (r["choices"][0]["message"], r["usage"])
+        else:
+            res.check((r["choices"][0]["message"], r["usage"]) == tiny_ref and len(tiny_ref[0]["content"]) > 40,
+                      "--mtp: the tiny model's answer and usage equal the plain server's")
+            proposed, acc = metric(srv, "ds4_spec_draft_tokens_total"), metric(srv, "ds4_spec_accepted_tokens_total")
+            res.check(proposed > 0 and acc >= 0.5 * proposed, f"--mtp: {acc:.0f} of {proposed:.0f} drafts accepted")
     finally:
         srv.stop()
 
