@@ -28,6 +28,7 @@ bool ds4_spec_init(ds4_spec *sp, const ds4_spec_params *p, char *err, size_t err
     }
     memset(sp, 0, sizeof *sp);
     sp->p = *p;
+    sp->mtp_accepted_then = -1;
     return true;
 }
 
@@ -70,13 +71,33 @@ int ds4_spec_propose(const ds4_spec *sp, const int32_t *ctx, int n, int32_t last
     return lookup(&sp->p, &q, max, out);
 }
 
-int ds4_spec_draft(const ds4_spec *sp, ds4_session *s, int32_t last, int max, int32_t *out, char *err,
+/* A try that gave nothing: skip twice as many steps as the last wait. */
+static void back_off(ds4_spec *sp) {
+    const int wait = sp->mtp_wait ? 2 * sp->mtp_wait : 1;
+    sp->mtp_wait = wait < DS4_SPEC_MTP_BACKOFF_MAX ? wait : DS4_SPEC_MTP_BACKOFF_MAX;
+    sp->mtp_skip = sp->mtp_wait;
+}
+
+int ds4_spec_draft(ds4_spec *sp, ds4_session *s, int32_t last, int max, int32_t *out, char *err,
                    size_t errlen) {
     if (!ds4_spec_enabled(sp) || max <= 0) return 0;
     int k = ds4_spec_propose(sp, ds4_session_tokens(s), ds4_session_n_tokens(s), last, max, out);
     if (k || !sp->p.mtp_path) return k;
-    return ds4_session_draft(s, last, max < sp->p.mtp_draft ? max : sp->p.mtp_draft, sp->p.mtp_margin, out, err,
-                             errlen);
+    /* the outcome of the last proposal: accepted resets the wait, rejected waits */
+    if (sp->mtp_accepted_then >= 0) {
+        if ((int64_t)sp->stats.accepted > sp->mtp_accepted_then) sp->mtp_wait = 0;
+        else back_off(sp);
+        sp->mtp_accepted_then = -1;
+    }
+    if (sp->mtp_skip > 0) {
+        sp->mtp_skip--;
+        return 0;
+    }
+    k = ds4_session_draft(s, last, max < sp->p.mtp_draft ? max : sp->p.mtp_draft, sp->p.mtp_margin, out, err,
+                          errlen);
+    if (k > 0) sp->mtp_accepted_then = (int64_t)sp->stats.accepted;
+    else back_off(sp);
+    return k;
 }
 
 void ds4_spec_record_pass(ds4_spec *sp, int proposed) {

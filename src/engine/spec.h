@@ -25,6 +25,12 @@
  *   `mtp_draft` tokens, each only while its logit leads the runner-up by at
  *   least `mtp_margin`. With both drafters, a prompt-lookup match is proposed
  *   when there is one, else the MTP draft.
+ * - The MTP draft costs a pass of the draft model whether or not it is
+ *   confident, so after a try that proposed nothing, or whose drafts were
+ *   all rejected, the drafter skips the next 1, 2, 4, ... up to
+ *   DS4_SPEC_MTP_BACKOFF_MAX decode steps; an accepted draft resets the
+ *   wait. A model that never agrees with its draft then pays for about one
+ *   try in DS4_SPEC_MTP_BACKOFF_MAX steps.
  * - ds4_spec_draft() is the loop's call: the proposal after the session's
  *   tokens followed by `last`, from every drafter that is on, up to max; -1
  *   (err) when the draft model failed.
@@ -42,6 +48,7 @@
 
 #define DS4_SPEC_MAX_DRAFT 16
 #define DS4_SPEC_LOOKUP_NGRAM_MAX 8
+#define DS4_SPEC_MTP_BACKOFF_MAX 16
 
 typedef struct {
     int lookup_max;         /* --spec-lookup N: tokens proposed per pass, 0 = off */
@@ -61,6 +68,10 @@ typedef struct {
 typedef struct {
     ds4_spec_params p;
     ds4_spec_stats stats;
+    /* MTP back-off: steps still to skip, the current wait, and the accepted
+     * count when the draft model last drafted (-1: it has not) */
+    int mtp_skip, mtp_wait;
+    int64_t mtp_accepted_then;
 } ds4_spec;
 
 void ds4_spec_params_default(ds4_spec_params *p);
@@ -75,7 +86,7 @@ static inline const char *ds4_spec_engine_mtp(const ds4_spec_params *p) { return
 /* prompt lookup alone (tests) */
 int ds4_spec_propose(const ds4_spec *sp, const int32_t *ctx, int n, int32_t last, int max, int32_t *out);
 struct ds4_session;
-int ds4_spec_draft(const ds4_spec *sp, struct ds4_session *s, int32_t last, int max, int32_t *out, char *err,
+int ds4_spec_draft(ds4_spec *sp, struct ds4_session *s, int32_t last, int max, int32_t *out, char *err,
                    size_t errlen);
 void ds4_spec_record_pass(ds4_spec *sp, int proposed);
 void ds4_spec_record_accept(ds4_spec *sp, int position);
