@@ -23,6 +23,7 @@ typedef struct {
     ds4_ssd_params ssd;
     ds4_gpu_opts gpu;
     ds4_runtime_opts runtime;   /* --dir-steering-*, --power, --warm-weights */
+    ds4_spec_params spec;       /* --mtp*, --spec-lookup, --quality */
     bool plain, list;
 } eval_args;
 
@@ -51,11 +52,11 @@ static void usage(FILE *f) {
         "  -t, --threads N         CPU threads (default: all)\n"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
-        "%s%s%s"
+        "%s%s%s%s"
         "      --scripted-output F TEST ONLY: replies come from F (entries split by '@@@' lines), one per question in run order\n"
         "  -h, --help              this text\n"
         "keys (terminal view): p pause/resume, q quit and report, Up/Down select, Enter run the selected question next\n",
-        ds4_ssd_usage, ds4_runtime_usage, ds4_gpu_usage);
+        ds4_ssd_usage, ds4_runtime_usage, ds4_gpu_usage, ds4_spec_usage);
 }
 
 static int parse_args(int argc, char **argv, eval_args *o) {
@@ -65,6 +66,7 @@ static int parse_args(int argc, char **argv, eval_args *o) {
     o->sampling.seed = ds4_sampler_random_seed();
     ds4_gpu_opts_default(&o->gpu);
     ds4_runtime_opts_default(&o->runtime);
+    ds4_spec_params_default(&o->spec);
     static const ds4_cli_int_opt tokens = {"-n|--tokens", 1, INT_MAX / 2};
     static const ds4_cli_int_opt think_soft = {"--think-soft", 0, INT_MAX};
     static const ds4_cli_int_opt think_hard = {"--think-hard", 0, INT_MAX};
@@ -73,7 +75,7 @@ static int parse_args(int argc, char **argv, eval_args *o) {
     while (ds4_cli_next(&c)) {
         if (ds4_cli_is(&c, "-h|--help")) { usage(stdout); return 1; }
         if (ds4_cli_ssd(&c, &o->ssd) || ds4_cli_gpu(&c, &o->gpu) || ds4_cli_model(&c, &o->model) ||
-            ds4_cli_runtime(&c, &o->runtime) ||
+            ds4_cli_runtime(&c, &o->runtime) || ds4_cli_spec(&c, &o->spec) ||
             ds4_cli_numerics(&c, &o->numerics) || ds4_cli_int(&c, &tokens, &o->max_tokens) ||
             ds4_cli_int(&c, &think_soft, &o->think_soft) || ds4_cli_int(&c, &think_hard, &o->think_hard) ||
             ds4_cli_int(&c, &ds4_opt_threads, &o->threads) ||
@@ -215,6 +217,7 @@ int main(int argc, char **argv) {
     ep.numerics = o.numerics;
     ep.gpu = o.gpu;
     ep.ssd = o.ssd;
+    ep.mtp_path = ds4_spec_engine_mtp(&o.spec);
     ds4_runtime_apply(&o.runtime, &ep);
     int status = 1;
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
@@ -224,8 +227,15 @@ int main(int argc, char **argv) {
     FILE *trace = NULL;
     if (!e) { fprintf(stderr, "ds4-eval: %s\n", err); goto out; }
     if (o.trace && !(trace = fopen(o.trace, "w"))) { fprintf(stderr, "ds4-eval: cannot write %s\n", o.trace); goto out; }
+    static ds4_spec drafter;
+    if ((o.spec.lookup_max || o.spec.mtp_path) && !o.spec.quality &&
+        !ds4_spec_init(&drafter, &o.spec, err, sizeof err)) {
+        fprintf(stderr, "ds4-eval: %s\n", err);
+        goto out;
+    }
     ds4_eval_opts eo = {.max_tokens = o.max_tokens, .think_soft = o.think_soft, .think_hard = o.think_hard, .think = o.think,
-                        .trace = trace, .script = o.script ? &script : NULL};
+                        .trace = trace, .script = o.script ? &script : NULL,
+                        .spec = ds4_spec_enabled(&drafter) ? &drafter : NULL};
     if (ds4_eval_prepare(&r, e, ids, n_ids, &eo, err, sizeof err)) { fprintf(stderr, "ds4-eval: %s\n", err); goto out; }
     if (!(s = ds4_session_new(e, r.ctx, err, sizeof err))) { fprintf(stderr, "ds4-eval: %s\n", err); goto out; }
     if (!(smp = ds4_sampler_new(&o.sampling, ds4_engine_n_vocab(e)))) { fprintf(stderr, "ds4-eval: out of memory\n"); goto out; }
@@ -249,6 +259,11 @@ int main(int argc, char **argv) {
     if (rc < 0) fprintf(stderr, "ds4-eval: %s\n", err);
     printf("\n");
     ds4_eval_report(stdout, r.items, r.n, ds4_eval_clock() - t0);
+    if (eo.spec) {
+        char line[512];
+        ds4_spec_stats_line(eo.spec, line, sizeof line);
+        fprintf(stderr, "ds4-eval: %s\n", line);
+    }
     status = rc < 0 ? 1 : 0;
     if (rc == 0 && o.expect_tokens && !check_gate(o.expect_tokens, &r)) status = 1;
 out:

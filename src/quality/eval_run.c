@@ -232,7 +232,7 @@ int ds4_eval_run_item(ds4_eval_run *r, int item, ds4_session *s, ds4_sampler *sm
     else if (pr > 0) g.stopped = true;
     else {
         ds4_gen_hooks h = {.cancelled = hook_cancelled, .forced = hook_forced, .on_token = hook_token,
-                           .on_text = hook_text, .ud = &g};
+                           .on_text = hook_text, .ud = &g, .spec = r->o.spec};
         ds4_gen_result res = ds4_generate(s, r->tok, smp, r->o.max_tokens, &h, err, errlen);
         it->gen_tokens = res.n_decoded;
         if (res.end == DS4_GEN_ERROR) rc = -1;

@@ -47,6 +47,7 @@ typedef struct {
     ds4_think_mode think;
     FILE *trace;                    /* NULL = none */
     ds4_turn_script *script;       /* test only: forced replies, one entry per question in run order */
+    ds4_spec *spec;                 /* NULL, or the drafter every question decodes with (answers unchanged) */
 } ds4_eval_opts;
 
 typedef enum { DS4_EVAL_PENDING, DS4_EVAL_RUNNING, DS4_EVAL_DONE, DS4_EVAL_UNFINISHED } ds4_eval_state;
