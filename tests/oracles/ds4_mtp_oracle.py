@@ -34,66 +34,31 @@ import shutil
 import sys
 
 import torch
-import torch.nn as nn
 from safetensors.torch import load_file, save_file
 from transformers import DeepseekV4ForCausalLM
 from transformers.masking_utils import create_sliding_window_causal_mask
-from transformers.models.deepseek_v4.modeling_deepseek_v4 import (
-    DeepseekV4DecoderLayer, DeepseekV4HyperHead, DeepseekV4RMSNorm)
+
+from ds4_tiny_oracle import randomise_constants, round_weights
+
+# The block as tools/train-tiny trains it: transformers' modules only.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "train-tiny"))
+from model import MTP  # noqa: E402
 
 SWA = "sliding_attention"
 SEEDS = {"A": 4321, "B": 8765, "C": 2109}
 
 
-def bf16_round(t):
-    return t.to(torch.bfloat16).to(t.dtype)
-
-
-class MTP(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        d = cfg.hidden_size
-        bcfg = copy.deepcopy(cfg)
-        bcfg.num_hidden_layers = 1
-        bcfg.layer_types = [SWA]
-        bcfg.mlp_layer_types = ["moe"]
-        self.enorm = DeepseekV4RMSNorm(d, eps=cfg.rms_norm_eps)
-        self.hnorm = DeepseekV4RMSNorm(d, eps=cfg.rms_norm_eps)
-        self.e_proj = nn.Linear(d, d, bias=False)
-        self.h_proj = nn.Linear(d, d, bias=False)
-        self.block = DeepseekV4DecoderLayer(bcfg, 0)
-        self.hc_head = DeepseekV4HyperHead(cfg)
-        self.norm = DeepseekV4RMSNorm(d, eps=cfg.rms_norm_eps)
-
-
 @torch.no_grad()
-def randomise(mtp, gen):
-    """Random values for every parameter transformers initialises to a
-    constant (as the main oracle does), std 0.05 projections, BF16 rounding."""
-    def rnd(shape, lo, hi):
-        return torch.rand(shape, generator=gen) * (hi - lo) + lo
+def randomise(mtp, cfg, gen):
+    """Random projections (std 0.05), random values where transformers
+    initialises a constant (as the main oracle does), BF16 rounding."""
     # modules built outside a PreTrainedModel keep torch.empty contents
     for p in mtp.parameters():
         p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-    for mod in mtp.modules():
-        cls = type(mod).__name__
-        if cls == "DeepseekV4RMSNorm":
-            mod.weight.copy_(rnd(mod.weight.shape, 0.8, 1.2))
-        elif cls == "DeepseekV4HyperConnection":
-            mod.base.copy_(torch.randn(mod.base.shape, generator=gen) * 0.5)
-            mod.scale.copy_(rnd(mod.scale.shape, 0.5, 2.0))
-        elif cls == "DeepseekV4HyperHead":
-            mod.hc_base.copy_(torch.randn(mod.hc_base.shape, generator=gen) * 0.5)
-            mod.hc_scale.copy_(rnd(mod.hc_scale.shape, 0.5, 2.0))
-        elif cls == "DeepseekV4Attention":
-            mod.sinks.copy_(torch.randn(mod.sinks.shape, generator=gen))
-        elif cls == "DeepseekV4TopKRouter":
-            mod.e_score_correction_bias.copy_(rnd(mod.e_score_correction_bias.shape, -0.1, 0.1))
+    randomise_constants(mtp, cfg, gen)
     mtp.e_proj.weight.copy_(torch.randn(mtp.e_proj.weight.shape, generator=gen) * 0.05)
     mtp.h_proj.weight.copy_(torch.randn(mtp.h_proj.weight.shape, generator=gen) * 0.05)
-    for p in list(mtp.parameters()) + [b for n, b in mtp.named_buffers() if "inv_freq" not in n]:
-        if p.is_floating_point():
-            p.copy_(bf16_round(p))
+    round_weights(mtp)
 
 
 @torch.no_grad()
@@ -158,7 +123,7 @@ def build(name, root):
     gen = torch.Generator().manual_seed(SEEDS[name])
     torch.manual_seed(SEEDS[name])
     mtp = MTP(cfg).float().eval()
-    randomise(mtp, gen)
+    randomise(mtp, cfg, gen)
     logits = mtp_logits(model, mtp, ids)
     top2 = torch.topk(logits, 2, dim=-1).values
     gap = (top2[:, 0] - top2[:, 1]).min().item()

@@ -100,6 +100,16 @@ def bf16_round(t):
 def randomise(model, cfg, gen):
     """Give every constant-initialised parameter random values, then round all
     float weights to bf16."""
+    randomise_constants(model, cfg, gen)
+    # A wider output head makes the logits (and so argmax comparisons) less flat.
+    model.lm_head.weight.copy_(torch.randn(model.lm_head.weight.shape, generator=gen) * 0.1)
+    round_weights(model)
+
+
+@torch.no_grad()
+def randomise_constants(model, cfg, gen):
+    """Random values for every parameter of model's DeepSeek V4 modules that
+    transformers initialises to a constant (the MTP oracle uses it too)."""
     def rnd(shape, lo, hi):
         return torch.rand(shape, generator=gen) * (hi - lo) + lo
 
@@ -123,9 +133,12 @@ def randomise(model, cfg, gen):
             n_exp, k = cfg.n_routed_experts, cfg.num_experts_per_tok
             ids = torch.stack([torch.randperm(n_exp, generator=gen)[:k] for _ in range(cfg.vocab_size)])
             mod.tid2eid.copy_(ids)
-    # A wider output head makes the logits (and so argmax comparisons) less flat.
-    model.lm_head.weight.copy_(torch.randn(model.lm_head.weight.shape, generator=gen) * 0.1)
-    # Only weights: the rotary inv_freq buffers are derived, not stored.
+
+
+@torch.no_grad()
+def round_weights(model):
+    """Every float weight to bf16 and back. Only weights: the rotary inv_freq
+    buffers are derived, not stored."""
     weights = list(model.parameters()) + [b for n, b in model.named_buffers() if "inv_freq" not in n]
     for p in weights:
         if p.is_floating_point():
