@@ -10,6 +10,7 @@ DeepseekV4Model blocks (so the forward is transformers' by construction) with
     h_proj(hnorm(S_h)) per hyper-connection stream, one sliding-attention
     decoder layer, its own hc_head and norm, the shared output head; trained
     on the token after next."""
+import contextlib
 import copy
 import math
 
@@ -18,10 +19,43 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers import DeepseekV4Config
 from transformers.masking_utils import create_sliding_window_causal_mask
+from transformers.models.deepseek_v4 import modeling_deepseek_v4
 from transformers.models.deepseek_v4.modeling_deepseek_v4 import (
     DeepseekV4DecoderLayer, DeepseekV4HyperHead, DeepseekV4Model, DeepseekV4RMSNorm)
 
 from tok import N_VOCAB
+
+@contextlib.contextmanager
+def indexer_ties_lower_first():
+    """Within it, transformers' CSA indexer breaks exact score ties by keeping
+    the lower compressed row, as the engine's ds4_topk does (src/nn/nn_math.h).
+    torch.topk leaves the order of equal values unspecified, and the tiny
+    model's 4 indexer heads give exact ties: a row whose every head's
+    q.k is <= 0 scores exactly 0 (the ReLU), so several rows tie at 0 at the
+    top-k boundary (on a 512-token held-out sequence from position 41 on).
+    Which of them is kept changes the logits by up to 0.03; with this rule
+    the engine's f32 logits equal PyTorch's at every position."""
+    indexer = modeling_deepseek_v4.DeepseekV4Indexer
+    forward, topk = indexer.forward, torch.Tensor.topk
+
+    def stable_topk(t, k, dim=-1, largest=True, sorted=True):
+        assert largest
+        idx = torch.sort(t, dim=dim, descending=True, stable=True).indices.narrow(dim, 0, k)
+        return torch.return_types.topk((t.gather(dim, idx), idx))
+
+    def ordered_forward(self, *a, **kw):
+        torch.Tensor.topk = stable_topk
+        try:
+            return forward(self, *a, **kw)
+        finally:
+            torch.Tensor.topk = topk
+
+    indexer.forward = ordered_forward
+    try:
+        yield
+    finally:
+        indexer.forward = forward
+
 
 CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 
