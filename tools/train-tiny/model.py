@@ -103,6 +103,18 @@ def banded_attention(module, query, key, value, attention_mask, scaling, dropout
     return out[:, :, :T].transpose(1, 2).contiguous(), None
 
 
+def compile_hyper_connections(model):
+    """torch.compile the hyper-connection weights of model's layers
+    (a projection, sigmoid/softmax and 20 Sinkhorn iterations over 4x4
+    matrices: some 80 small element-wise operations per call, forward and
+    backward) and its hyper-connection heads into fused kernels. About 30 s
+    of compiling at the first step; the whole model does not compile in
+    useful time on 2 cores."""
+    for mod in model.modules():
+        if isinstance(mod, (modeling_deepseek_v4.DeepseekV4HyperConnection, DeepseekV4HyperHead)):
+            mod.forward = torch.compile(mod.forward, dynamic=False)
+
+
 AttentionInterface.register("banded", banded_attention)
 AttentionMaskInterface.register("banded", eager_mask)
 
