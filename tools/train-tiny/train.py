@@ -214,7 +214,7 @@ def main():
     deadline = time.time() + a.minutes * 60
     # an estimate of the total steps for the cosine schedule, refined as the run goes
     est_total = None
-    run_t0, run_tok = time.time(), 0
+    run_t0, run_tok, run_cpu0 = time.time(), 0, time.process_time()
     while time.time() < deadline:
         idx = [order[(step * a.batch + j) % len(order)] for j in range(a.batch)]
         ids, mask = to_tensors([seqs[i] for i in idx], remap)
@@ -244,8 +244,10 @@ def main():
         if step % a.save_every == 0:
             save()
     save()
-    say("done: %d steps, %d tokens, %.1f min, %.0f tok/s average" % (step, seen, (time.time() - run_t0) / 60,
-                                                                    run_tok / (time.time() - run_t0)))
+    # per CPU second too: on a machine shared with other work the wall-clock rate follows its load
+    say("done: %d steps, %d tokens, %.1f min, %.0f tok/s average, %.0f tok per CPU second"
+        % (step, seen, (time.time() - run_t0) / 60, run_tok / (time.time() - run_t0),
+           run_tok / (time.process_time() - run_cpu0)))
 
 
 if __name__ == "__main__":
