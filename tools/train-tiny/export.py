@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
 sys.path.insert(0, os.path.dirname(__file__))
-from model import MTP, TinyV4  # noqa: E402
+from model import MTP, TinyV4, indexer_ties_lower_first  # noqa: E402
 from tok import N_VOCAB, V4Tokenizer  # noqa: E402
 
 GOLDEN_PROMPT = ("<｜begin▁of▁sentence｜>You are a helpful assistant<｜User｜>What does json.dumps do?"
@@ -153,7 +153,8 @@ def main():
     # 1. transformers' forward on the saved file == the training model
     ids = torch.tensor([V4Tokenizer().encode(GOLDEN_PROMPT)])
     ref = DeepseekV4ForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
-    full = ref(input_ids=ids, use_cache=False).logits[0]
+    with indexer_ties_lower_first():  # the engine's tie rule, so golden-eval.json is exact past the ties
+        full = ref(input_ids=ids, use_cache=False).logits[0]
     comp, comp_mtp = m(remap[ids])
     comp, comp_mtp = comp[0], comp_mtp[0]
     raw = comp - m.agg_bias                      # the head's own logits
@@ -185,8 +186,9 @@ def main():
     if eval_text:
         # a longer held-out sequence for measurements (quantization cost): same format
         eids = torch.tensor([V4Tokenizer().encode(open(eval_text).read())[:512]])
-        ef = ref(input_ids=eids, use_cache=False).logits[0]
-        er = (m(remap[eids], with_mtp=False)[0][0] - m.agg_bias)[:, K]
+        with indexer_ties_lower_first():
+            ef = ref(input_ids=eids, use_cache=False).logits[0]
+            er = (m(remap[eids], with_mtp=False)[0][0] - m.agg_bias)[:, K]
         with open(os.path.join(out, "golden-eval.json"), "w") as f:
             json.dump({"tokens": eids[0].tolist(), "kept_ids": keep, "logits_kept": ef[:, keep].tolist(),
                        "logit_rare": er.tolist()}, f)

@@ -4,6 +4,7 @@
 #   data/ds4-tiny/config.json             the transformers config of the checkpoint
 #   data/ds4-tiny/mtp.safetensors         its MTP block (mtp.0.*, BF16), which the GGUF has no place for
 #   tests/fixtures/ds4-tiny/golden.json   PyTorch's float32 logits of a fixed prompt
+#   tests/fixtures/ds4-tiny/long/         the same over 512 tokens, for the committed weights in f32
 # and checks the engine against PyTorch on the way (f32: float tolerance).
 #   PY=.train-venv/bin/python tools/train-tiny/package.sh [CKPT] [WORK_DIR]
 set -euo pipefail
@@ -28,4 +29,7 @@ st = load_file(sys.argv[1])
 save_file({k: v for k, v in st.items() if k.startswith("mtp.")}, sys.argv[2], metadata={"format": "pt"})
 PY
 cp "$W/hf/golden.json" tests/fixtures/ds4-tiny/golden.json
+# the 512-token f32 reference of the committed q8_0 weights (test_tiny_exact.py)
+$PY tools/train-tiny/compact_gguf.py "$W/ds4-tiny-q8_0.gguf" "$W/compact-f32.gguf" "$W/compact-ids.json"
+$PY tools/train-tiny/golden_long.py "$W/compact-f32.gguf" "$W/compact-ids.json" tests/fixtures/ds4-tiny/long
 ls -la data/ds4-tiny tests/fixtures/ds4-tiny
