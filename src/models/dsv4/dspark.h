@@ -1,0 +1,76 @@
+/* dspark.h -- DeepSeek V4's DSpark block drafter (--dspark FILE): a small
+ * dense draft model that reads hidden states of chosen layers of the main
+ * model and proposes a block of up to block_size tokens in one forward pass,
+ * with a Markov head that conditions each proposal on the one before it and
+ * a confidence head that says how likely each is to be accepted.
+ *
+ * Contract
+ * - The support file's layout is ds4_layout.h's "DSpark support file". The
+ *   forward is nemo-automodel's DeepSeek V4 DSpark draft (the reference of
+ *   tests/oracles/ds4_dspark_oracle.py):
+ *     context c_j   = RMSNorm(fc(feat_j); hidden_norm), feat_j the target
+ *                     layers' outputs at position j (each the mean of its
+ *                     hyper-connection streams), concatenated in file order
+ *     block rows    = embed(last), embed(mask) x (block_size - 1) at
+ *                     positions n .. n + block_size - 1
+ *     each layer    = x += attn(RMSNorm(x)); x += swiglu_mlp(RMSNorm(x))
+ *                     attn: q-LoRA queries from the block rows, one shared
+ *                     K = V latent RMSNorm(wkv(.)) over every context row
+ *                     j < n (from c_j) and every block row (bidirectional),
+ *                     interleaved RoPE on the last n_rot dims of q and kv
+ *                     (inverse on the output), per-head sink, grouped
+ *                     output LoRA
+ *     logits_k      = output(RMSNorm(x_k; norm)) + w2 w1[prev_k], prev_0 =
+ *                     last, prev_k the draft at k - 1 (greedy)
+ *     confidence_k  = sigmoid(proj([RMSNorm(x_k); w1[prev_k]]) + b) (the
+ *                     w1 part only when the head's input has it)
+ *   The embedding and the output matrix are the main model's.
+ * - ds4_dspark_load() binds and validates the file against the main model
+ *   (embedding width, vocabulary, its layer count, target layers inside
+ *   0..n_layer-2); anything else gives NULL and one line.
+ * - A state keeps, per context position, each draft layer's K = V row (they
+ *   depend on that position's features only): ds4_dspark_push() adds
+ *   position ds4_dspark_context(st) from its features; ds4_dspark_rewound()
+ *   drops the rows at and past n_pos. Nothing of it is persisted.
+ * - ds4_dspark_block(): the block after the context and `last` (the token at
+ *   position ds4_dspark_context(st)); writes the greedy drafts of every row
+ *   (tokens[block_size]) and, when non-NULL, every row's logits
+ *   (block_size x n_vocab) and confidence probabilities (block_size). It
+ *   returns how many drafts to propose: the longest prefix whose product of
+ *   confidences stays >= threshold (threshold 0: the whole block), at most
+ *   max. Never fails after load: the state was sized for its context.
+ */
+#ifndef DS4_DSPARK_H
+#define DS4_DSPARK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "models/dsv4/model.h"
+
+#define DS4_DSPARK_BLOCK_MAX 16
+
+typedef struct ds4_dspark ds4_dspark;
+typedef struct ds4_dspark_state ds4_dspark_state;
+
+ds4_dspark *ds4_dspark_load(const char *path, const ds4_model *main_model, char *err, size_t errlen);
+void ds4_dspark_free(ds4_dspark *d);
+const char *ds4_dspark_name(const ds4_dspark *d);
+uint64_t ds4_dspark_file_bytes(const ds4_dspark *d);
+int ds4_dspark_block_size(const ds4_dspark *d);
+/* the main model's layers whose outputs the drafter reads, ascending */
+int ds4_dspark_n_targets(const ds4_dspark *d);
+const int *ds4_dspark_targets(const ds4_dspark *d);
+uint64_t ds4_dspark_state_bytes(const ds4_dspark *d, int ctx);
+
+ds4_dspark_state *ds4_dspark_state_new(ds4_dspark *d, int ctx);   /* NULL: out of memory */
+void ds4_dspark_state_free(ds4_dspark_state *st);
+int ds4_dspark_context(const ds4_dspark_state *st);
+/* feat: n_targets x n_embd floats; false when the context is full */
+bool ds4_dspark_push(ds4_dspark_state *st, const float *feat);
+void ds4_dspark_rewound(ds4_dspark_state *st, int n_pos);
+int ds4_dspark_block(ds4_dspark_state *st, int32_t last, float threshold, int max, int32_t *tokens, float *logits,
+                     float *confidence);
+
+#endif
