@@ -6,7 +6,8 @@
 #include <string.h>
 
 void ds4_spec_params_default(ds4_spec_params *p) {
-    *p = (ds4_spec_params){.lookup_max = 0, .lookup_min_ngram = 2, .mtp_draft = 1, .mtp_margin = 3.0f};
+    *p = (ds4_spec_params){.lookup_max = 0, .lookup_min_ngram = 2, .mtp_draft = 1, .mtp_margin = 3.0f,
+                           .dspark_confidence = 0.9f};
 }
 
 bool ds4_spec_init(ds4_spec *sp, const ds4_spec_params *p, char *err, size_t errlen) {
@@ -24,6 +25,14 @@ bool ds4_spec_init(ds4_spec *sp, const ds4_spec_params *p, char *err, size_t err
     }
     if (!isfinite(p->mtp_margin) || p->mtp_margin < 0) {
         snprintf(err, errlen, "--mtp-margin %g: must be a finite number >= 0", (double)p->mtp_margin);
+        return false;
+    }
+    if (!(p->dspark_confidence >= 0 && p->dspark_confidence <= 1)) {
+        snprintf(err, errlen, "--dspark-confidence %g: must be 0..1", (double)p->dspark_confidence);
+        return false;
+    }
+    if (p->dspark_path && p->mtp_path) {
+        snprintf(err, errlen, "--dspark replaces --mtp: give one of them");
         return false;
     }
     memset(sp, 0, sizeof *sp);
@@ -74,7 +83,9 @@ int ds4_spec_draft(const ds4_spec *sp, ds4_session *s, int32_t last, int max, in
                    size_t errlen) {
     if (!ds4_spec_enabled(sp) || max <= 0) return 0;
     int k = ds4_spec_propose(sp, ds4_session_tokens(s), ds4_session_n_tokens(s), last, max, out);
-    if (k || !sp->p.mtp_path) return k;
+    if (k) return k;
+    if (sp->p.dspark_path) return ds4_session_draft(s, last, max, sp->p.dspark_confidence, out, err, errlen);
+    if (!sp->p.mtp_path) return 0;
     return ds4_session_draft(s, last, max < sp->p.mtp_draft ? max : sp->p.mtp_draft, sp->p.mtp_margin, out, err,
                              errlen);
 }
@@ -91,6 +102,12 @@ void ds4_spec_record_accept(ds4_spec *sp, int position) {
     if (position >= 0 && position < DS4_SPEC_MAX_DRAFT) sp->stats.accepted_at[position]++;
 }
 
+static const char *kind_name(const ds4_spec_params *p) {
+    const char *model = p->dspark_path ? "dspark" : p->mtp_path ? "mtp" : NULL;
+    if (p->lookup_max <= 0) return model ? model : "off";
+    return !model ? "lookup" : p->dspark_path ? "lookup+dspark" : "lookup+mtp";
+}
+
 size_t ds4_spec_stats_line(const ds4_spec *sp, char *buf, size_t len) {
     const ds4_spec_stats *st = &sp->stats;
     size_t o = 0;
@@ -98,7 +115,7 @@ size_t ds4_spec_stats_line(const ds4_spec *sp, char *buf, size_t len) {
     double per_pass = st->passes ? (double)(st->accepted + st->passes) / (double)st->passes : 0.0;
     o += (size_t)snprintf(buf + o, len - o,
                           "spec %s: %llu passes, proposed %llu, accepted %llu (%.1f%%), %.2f tokens/pass, by position",
-                          sp->p.lookup_max > 0 ? (sp->p.mtp_path ? "lookup+mtp" : "lookup") : "mtp",
+                          kind_name(&sp->p),
                           (unsigned long long)st->passes, (unsigned long long)st->proposed,
                           (unsigned long long)st->accepted, st->proposed ? 100.0 * st->accepted / st->proposed : 0.0,
                           per_pass);

@@ -63,7 +63,7 @@ static void oracle(const ds4_model *m) {
     if (!feat || !blocks) { ds4_dspark_free(d); free(feat); free(blocks); return; }
     const int T = (int)(flen / (sizeof(float) * nt * E));
     const size_t rec = sizeof(int32_t) * (1 + B) + sizeof(float) * B * (1 + (size_t)V);
-    ds4_dspark_state *st = ds4_dspark_state_new(d, T + B);
+    ds4_dspark_state *st = ds4_dspark_state_new(d, T + B, 0);
     float *logits = malloc((size_t)B * V * sizeof(float)), *again = malloc((size_t)B * V * sizeof(float));
     float conf[DS4_DSPARK_BLOCK_MAX];
     int32_t toks[DS4_DSPARK_BLOCK_MAX], toks2[DS4_DSPARK_BLOCK_MAX];

@@ -8,6 +8,7 @@
 #include "format/tensor_bind.h"
 #include "kernels/kernels_cpu.h"
 #include "kernels/quant.h"
+#include "models/dsv4/kv.h"
 #include "nn/nn_math.h"
 
 #include <math.h>
@@ -40,6 +41,8 @@ struct ds4_dspark_state {
     ds4_dspark *d;
     int ctx, n;
     float *kv;                          /* [n_layer][ctx][D] roped context K = V rows */
+    float *ring;                        /* [slots][n_tgt][E] target features, slot = position mod slots */
+    int slots, bound_pos;
 };
 
 static float *kv_row(const ds4_dspark_state *st, int l, int pos) {
@@ -238,29 +241,52 @@ ds4_dspark *ds4_dspark_load(const char *path, const ds4_model *main_model, char 
 const char *ds4_dspark_name(const ds4_dspark *d) { return d->name; }
 uint64_t ds4_dspark_file_bytes(const ds4_dspark *d) { return ds4_gguf_file_bytes(d->g); }
 int ds4_dspark_block_size(const ds4_dspark *d) { return d->B; }
+int ds4_dspark_n_vocab(const ds4_dspark *d) { return d->V; }
 int ds4_dspark_n_targets(const ds4_dspark *d) { return d->n_tgt; }
 const int *ds4_dspark_targets(const ds4_dspark *d) { return d->targets; }
-uint64_t ds4_dspark_state_bytes(const ds4_dspark *d, int ctx) {
-    return (uint64_t)d->n_layer * ctx * d->D * sizeof(float);
+uint64_t ds4_dspark_state_bytes(const ds4_dspark *d, int ctx, int ring_rows) {
+    return ((uint64_t)d->n_layer * ctx * d->D + (uint64_t)ring_rows * d->n_tgt * d->E) * sizeof(float);
 }
 
-ds4_dspark_state *ds4_dspark_state_new(ds4_dspark *d, int ctx) {
+ds4_dspark_state *ds4_dspark_state_new(ds4_dspark *d, int ctx, int ring_rows) {
     ds4_dspark_state *st = calloc(1, sizeof *st);
     if (!st) return NULL;
     st->d = d;
     st->ctx = ctx;
-    st->kv = malloc(ds4_dspark_state_bytes(d, ctx));
-    if (!st->kv) { free(st); return NULL; }
+    st->slots = ring_rows;
+    st->kv = malloc((size_t)d->n_layer * ctx * d->D * sizeof(float));
+    st->ring = ring_rows > 0 ? malloc((size_t)ring_rows * d->n_tgt * d->E * sizeof(float)) : NULL;
+    if (!st->kv || (ring_rows > 0 && !st->ring)) { ds4_dspark_state_free(st); return NULL; }
     return st;
 }
 
 void ds4_dspark_state_free(ds4_dspark_state *st) {
     if (!st) return;
     free(st->kv);
+    free(st->ring);
     free(st);
 }
 
+void ds4_dspark_bind(ds4_dspark_state *st, ds4_backend_seq *q) {
+    q->layer_ring = st->ring;
+    q->ring_layers = st->d->targets;
+    q->n_ring_layers = st->d->n_tgt;
+    q->layer_ring_slots = st->slots;
+    st->bound_pos = q->kv->n_pos;
+}
+
+/* Rows [bound_pos, n_pos) were just written: they extend the context when
+ * it reaches bound_pos and they all still sit in the ring. */
+void ds4_dspark_evaluated(ds4_dspark_state *st, int n_pos) {
+    if (st->n != st->bound_pos || n_pos - st->bound_pos > st->slots) return;
+    const size_t row = (size_t)st->d->n_tgt * st->d->E;
+    while (st->n < n_pos && ds4_dspark_push(st, st->ring + (size_t)(st->n % st->slots) * row)) {}
+}
+
+void ds4_dspark_forget(ds4_dspark_state *st) { st->n = 0; }
+
 int ds4_dspark_context(const ds4_dspark_state *st) { return st->n; }
+ds4_dspark *ds4_dspark_state_drafter(const ds4_dspark_state *st) { return st->d; }
 void ds4_dspark_rewound(ds4_dspark_state *st, int n_pos) {
     if (st->n > n_pos) st->n = n_pos < 0 ? 0 : n_pos;
 }

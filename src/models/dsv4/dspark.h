@@ -32,6 +32,13 @@
  *   depend on that position's features only): ds4_dspark_push() adds
  *   position ds4_dspark_context(st) from its features; ds4_dspark_rewound()
  *   drops the rows at and past n_pos. Nothing of it is persisted.
+ * - Beside a session: ds4_dspark_bind() before each main evaluation points
+ *   the sequence's layer ring (backend.h) at the state's ring of ring_rows
+ *   slots; ds4_dspark_evaluated() after it pushes the new positions. The
+ *   draft attends to every earlier position, so a context it cannot follow
+ *   contiguously from position 0 (an evaluation of more than ring_rows rows,
+ *   a restored snapshot: ds4_dspark_forget()) stops its drafts until the
+ *   session is rewound to where it has rows (a reset: position 0).
  * - ds4_dspark_block(): the block after the context and `last` (the token at
  *   position ds4_dspark_context(st)); writes the greedy drafts of every row
  *   (tokens[block_size]) and, when non-NULL, every row's logits
@@ -47,6 +54,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backends/backend.h"
 #include "models/dsv4/model.h"
 
 #define DS4_DSPARK_BLOCK_MAX 16
@@ -59,17 +67,22 @@ void ds4_dspark_free(ds4_dspark *d);
 const char *ds4_dspark_name(const ds4_dspark *d);
 uint64_t ds4_dspark_file_bytes(const ds4_dspark *d);
 int ds4_dspark_block_size(const ds4_dspark *d);
+int ds4_dspark_n_vocab(const ds4_dspark *d);
 /* the main model's layers whose outputs the drafter reads, ascending */
 int ds4_dspark_n_targets(const ds4_dspark *d);
 const int *ds4_dspark_targets(const ds4_dspark *d);
-uint64_t ds4_dspark_state_bytes(const ds4_dspark *d, int ctx);
+uint64_t ds4_dspark_state_bytes(const ds4_dspark *d, int ctx, int ring_rows);
 
-ds4_dspark_state *ds4_dspark_state_new(ds4_dspark *d, int ctx);   /* NULL: out of memory */
+ds4_dspark_state *ds4_dspark_state_new(ds4_dspark *d, int ctx, int ring_rows);   /* NULL: out of memory */
 void ds4_dspark_state_free(ds4_dspark_state *st);
 int ds4_dspark_context(const ds4_dspark_state *st);
+ds4_dspark *ds4_dspark_state_drafter(const ds4_dspark_state *st);
 /* feat: n_targets x n_embd floats; false when the context is full */
 bool ds4_dspark_push(ds4_dspark_state *st, const float *feat);
 void ds4_dspark_rewound(ds4_dspark_state *st, int n_pos);
+void ds4_dspark_bind(ds4_dspark_state *st, ds4_backend_seq *q);
+void ds4_dspark_evaluated(ds4_dspark_state *st, int n_pos);
+void ds4_dspark_forget(ds4_dspark_state *st);
 int ds4_dspark_block(ds4_dspark_state *st, int32_t last, float threshold, int max, int32_t *tokens, float *logits,
                      float *confidence);
 
