@@ -305,19 +305,13 @@ static void seq_bind(ds4_family_state *st, ds4_backend_seq *q) {
     if (st->dspark) ds4_dspark_bind(st->dspark, q);
 }
 
-/* The block after the session's tokens; first_logits: its first row's. */
+/* The block after the session's tokens; first_logits: its first row's,
+ * whatever the schedule keeps (oracle tests ask with an infinite threshold). */
 static int dspark_draft(ds4_dspark_state *d, int32_t last, float threshold, int max, int32_t *out,
                         float *first_logits) {
     int32_t toks[DS4_DSPARK_BLOCK_MAX];
-    float *rows = NULL;
-    if (first_logits) {
-        const int V = ds4_dspark_n_vocab(ds4_dspark_state_drafter(d));
-        rows = malloc((size_t)DS4_DSPARK_BLOCK_MAX * V * sizeof(float));
-        if (!rows) return 0;
-    }
-    const int k = ds4_dspark_block(d, last, threshold, max, toks, rows, NULL);
-    if (rows) memcpy(first_logits, rows, (size_t)ds4_dspark_n_vocab(ds4_dspark_state_drafter(d)) * sizeof(float));
-    free(rows);
+    if (first_logits && ds4_dspark_block(d, last, 0, 1, toks, first_logits, NULL) < 1) return 0;
+    const int k = ds4_dspark_block(d, last, threshold, max, toks, NULL, NULL);
     memcpy(out, toks, (size_t)k * sizeof(int32_t));
     return k;
 }

@@ -13,6 +13,7 @@
 #include "format/gguf.h"
 #include "models/dsv4/dspark.h"
 #include "models/dsv4/model.h"
+#include "engine/engine.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -174,6 +175,64 @@ static void bad_files(const ds4_model *a, const ds4_model *b) {
     free(buf);
 }
 
+/* Through the engine: the main model (f32 numerics, as transformers
+ * computes) feeds the drafter its own target features through the CPU
+ * backend's layer ring, whether the context came one token at a time or in
+ * one prefill; the first row's logits and the block's drafts must be the
+ * reference's, within the main model's float tolerance. */
+static void through_engine(const char *main_path) {
+    char err[512];
+    ds4_engine_params p;
+    ds4_engine_params_default(&p);
+    p.model_path = main_path;
+    p.dspark_path = FIX "dspark.gguf";
+    p.n_threads = 2;
+    p.numerics = 0;
+    p.quiet = true;
+    ds4_engine *e = ds4_engine_load(&p, err, sizeof err);
+    CHECK(e != NULL, "%s", err);
+    if (!e) return;
+    const int V = ds4_engine_n_vocab(e), B = 5;
+    size_t blen;
+    unsigned char *blocks = slurp(FIX "blocks", &blen);
+    const size_t rec = sizeof(int32_t) * (1 + B) + sizeof(float) * B * (1 + (size_t)V);
+    float *logits = malloc((size_t)V * sizeof(float));
+    double worst = 0;
+    int n_checked = 0;
+    for (int mode = 0; mode < 2 && blocks; mode++) {
+        ds4_session *s = ds4_session_new(e, 128, err, sizeof err);
+        CHECK(s != NULL, "%s", err);
+        if (!s) break;
+        for (size_t off = 0; off + rec <= blen; off += rec) {
+            int32_t hdr[6];
+            memcpy(hdr, blocks + off, sizeof hdr);
+            const float *rlog = (const float *)(blocks + off + sizeof hdr) + B;
+            const int a = hdr[0], have = ds4_session_n_tokens(s);
+            /* mode 0: one decode per token; mode 1: each anchor's missing tokens as one prefill */
+            if (mode == 0)
+                for (int i = have; i < a; i++) CHECK(!ds4_session_decode(s, fixture_tokens[i], err, sizeof err), "%s", err);
+            else
+                CHECK(!ds4_session_prefill(s, fixture_tokens + have, a - have, NULL, NULL, NULL, err, sizeof err), "%s", err);
+            CHECK(!ds4_session_draft_logits(s, anchor_token(a), logits, err, sizeof err), "anchor %d: %s", a, err);
+            for (int v = 0; v < V; v++) {
+                const double d = fabs((double)logits[v] - rlog[v]);
+                if (d > worst) worst = d;
+            }
+            int32_t drafts[5];
+            const int k = ds4_session_draft(s, anchor_token(a), B, 0, drafts, err, sizeof err);
+            CHECK(k == B && !memcmp(drafts, hdr + 1, sizeof drafts), "anchor %d (mode %d): drafts differ", a, mode);
+            n_checked++;
+        }
+        ds4_session_free(s);
+    }
+    printf("dspark through the engine: %d blocks, max |first-row logit err| %.3g\n", n_checked, worst);
+    CHECK(n_checked >= 16, "checked %d blocks", n_checked);
+    CHECK(worst <= 1e-4, "first-row logits differ by %.3g", worst);
+    free(logits);
+    free(blocks);
+    ds4_engine_free(e);
+}
+
 int main(void) {
     ds4_gguf *ga, *gb;
     ds4_model *a = bind_main(MAIN_A, &ga), *b = bind_main(MAIN_B, &gb);
@@ -182,6 +241,7 @@ int main(void) {
     if (a && b && fixture_tokens) {
         oracle(a);
         bad_files(a, b);
+        through_engine(MAIN_A);
     }
     free(fixture_tokens);
     ds4_model_free(a);

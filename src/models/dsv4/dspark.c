@@ -239,9 +239,7 @@ ds4_dspark *ds4_dspark_load(const char *path, const ds4_model *main_model, char 
 }
 
 const char *ds4_dspark_name(const ds4_dspark *d) { return d->name; }
-uint64_t ds4_dspark_file_bytes(const ds4_dspark *d) { return ds4_gguf_file_bytes(d->g); }
 int ds4_dspark_block_size(const ds4_dspark *d) { return d->B; }
-int ds4_dspark_n_vocab(const ds4_dspark *d) { return d->V; }
 int ds4_dspark_n_targets(const ds4_dspark *d) { return d->n_tgt; }
 const int *ds4_dspark_targets(const ds4_dspark *d) { return d->targets; }
 uint64_t ds4_dspark_state_bytes(const ds4_dspark *d, int ctx, int ring_rows) {
@@ -286,7 +284,6 @@ void ds4_dspark_evaluated(ds4_dspark_state *st, int n_pos) {
 void ds4_dspark_forget(ds4_dspark_state *st) { st->n = 0; }
 
 int ds4_dspark_context(const ds4_dspark_state *st) { return st->n; }
-ds4_dspark *ds4_dspark_state_drafter(const ds4_dspark_state *st) { return st->d; }
 void ds4_dspark_rewound(ds4_dspark_state *st, int n_pos) {
     if (st->n > n_pos) st->n = n_pos < 0 ? 0 : n_pos;
 }
@@ -395,29 +392,32 @@ int ds4_dspark_block(ds4_dspark_state *st, int32_t last, float threshold, int ma
         for (size_t i = 0; i < (size_t)B * E; i++) d->x[i] += d->h[i];
     }
     for (int t = 0; t < B; t++) ds4_rmsnorm(d->x + (size_t)t * E, d->norm, E, d->eps, DS4_RMS_F32, d->x + (size_t)t * E);
-    /* the Markov head makes the rows sequential: row t's bias reads the draft of row t - 1 */
+    /* The Markov head makes the rows sequential: row t's bias and confidence
+     * read the draft of row t - 1. A row's confidence needs no logits, so the
+     * output head runs only for rows the schedule keeps. */
     int keep = 0;
     double prefix = 1.0;
     int32_t prev = last;
-    for (int t = 0; t < B; t++) {
-        linear(d, &d->main->output, 0, V, d->x + (size_t)t * E, E, 1, row_logits);
+    for (int t = 0; t < B && t < max; t++) {
         float *feat = d->w1row;
         memcpy(feat, d->x + (size_t)t * E, (size_t)E * sizeof(float));
         ds4_dequantize_row(d->w1.type, (const char *)d->w1.data + (size_t)prev * d->w1.row_bytes, feat + E, d->R);
+        float c;
+        linear(d, &d->conf_w, 0, 1, feat, d->C, 1, &c);
+        const float p = ds4_sigmoid(c + d->conf_b);
+        if (confidence) confidence[t] = p;
+        prefix *= p;
+        if (threshold > 0 && prefix < threshold) break;
+        linear(d, &d->main->output, 0, V, d->x + (size_t)t * E, E, 1, row_logits);
         linear(d, &d->w2, 0, V, feat + E, d->R, 1, bias);
         int best = 0;
         for (int v = 0; v < V; v++) {
             row_logits[v] += bias[v];
             if (row_logits[v] > row_logits[best]) best = v;
         }
-        float c;
-        linear(d, &d->conf_w, 0, 1, feat, d->C, 1, &c);
-        const float p = ds4_sigmoid(c + d->conf_b);
         if (logits) memcpy(logits + (size_t)t * V, row_logits, (size_t)V * sizeof(float));
-        if (confidence) confidence[t] = p;
         tokens[t] = best;
-        prefix *= p;
-        if (keep == t && t < max && (threshold <= 0 || prefix >= threshold)) keep++;
+        keep++;
         prev = best;
     }
     free(scores);

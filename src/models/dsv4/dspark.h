@@ -40,12 +40,14 @@
  *   a restored snapshot: ds4_dspark_forget()) stops its drafts until the
  *   session is rewound to where it has rows (a reset: position 0).
  * - ds4_dspark_block(): the block after the context and `last` (the token at
- *   position ds4_dspark_context(st)); writes the greedy drafts of every row
- *   (tokens[block_size]) and, when non-NULL, every row's logits
- *   (block_size x n_vocab) and confidence probabilities (block_size). It
- *   returns how many drafts to propose: the longest prefix whose product of
- *   confidences stays >= threshold (threshold 0: the whole block), at most
- *   max. Never fails after load: the state was sized for its context.
+ *   position ds4_dspark_context(st)): how many drafts to propose, the
+ *   longest prefix of at most max rows whose product of confidences stays
+ *   >= threshold (threshold 0: the whole block, up to max). It writes those
+ *   rows' greedy drafts to tokens and, when non-NULL, their logits to
+ *   logits (row t at t x n_vocab) and their confidence probabilities to
+ *   confidence, which also gets the row that ended the prefix. Rows past
+ *   the prefix are not computed: the output head costs most. Returns 0
+ *   when out of memory.
  */
 #ifndef DS4_DSPARK_H
 #define DS4_DSPARK_H
@@ -65,9 +67,7 @@ typedef struct ds4_dspark_state ds4_dspark_state;
 ds4_dspark *ds4_dspark_load(const char *path, const ds4_model *main_model, char *err, size_t errlen);
 void ds4_dspark_free(ds4_dspark *d);
 const char *ds4_dspark_name(const ds4_dspark *d);
-uint64_t ds4_dspark_file_bytes(const ds4_dspark *d);
 int ds4_dspark_block_size(const ds4_dspark *d);
-int ds4_dspark_n_vocab(const ds4_dspark *d);
 /* the main model's layers whose outputs the drafter reads, ascending */
 int ds4_dspark_n_targets(const ds4_dspark *d);
 const int *ds4_dspark_targets(const ds4_dspark *d);
@@ -76,7 +76,6 @@ uint64_t ds4_dspark_state_bytes(const ds4_dspark *d, int ctx, int ring_rows);
 ds4_dspark_state *ds4_dspark_state_new(ds4_dspark *d, int ctx, int ring_rows);   /* NULL: out of memory */
 void ds4_dspark_state_free(ds4_dspark_state *st);
 int ds4_dspark_context(const ds4_dspark_state *st);
-ds4_dspark *ds4_dspark_state_drafter(const ds4_dspark_state *st);
 /* feat: n_targets x n_embd floats; false when the context is full */
 bool ds4_dspark_push(ds4_dspark_state *st, const float *feat);
 void ds4_dspark_rewound(ds4_dspark_state *st, int n_pos);
