@@ -236,7 +236,7 @@ static bool draft_load(ds4_family_model *fm, ds4_backend *be, const char *path, 
         snprintf(err, errlen, "--dspark runs beside the CPU backend only (not %s)", be->name);
         return false;
     }
-    fm->dspark = ds4_dspark_load(path, fm->m, err, errlen);
+    fm->dspark = ds4_dspark_load(path, fm->m, ds4_cpu_backend_pool(be), err, errlen);
     return fm->dspark != NULL;
 }
 

@@ -52,7 +52,7 @@ static int32_t anchor_token(int a) { return fixture_tokens[a]; }
 
 static void oracle(const ds4_model *m) {
     char err[512];
-    ds4_dspark *d = ds4_dspark_load(FIX "dspark.gguf", m, err, sizeof err);
+    ds4_dspark *d = ds4_dspark_load(FIX "dspark.gguf", m, NULL, err, sizeof err);
     CHECK(d, "%s", err);
     if (!d) return;
     const int B = ds4_dspark_block_size(d), V = m->cfg.n_vocab, E = m->cfg.n_embd, nt = ds4_dspark_n_targets(d);
@@ -139,10 +139,10 @@ static int32_t *read_tokens(void) {
 /* A copy of the fixture with one key's u32 value replaced, or cut short. */
 static void bad_files(const ds4_model *a, const ds4_model *b) {
     char err[512];
-    ds4_dspark *d = ds4_dspark_load(FIX "dspark.gguf", b, err, sizeof err);
+    ds4_dspark *d = ds4_dspark_load(FIX "dspark.gguf", b, NULL, err, sizeof err);
     CHECK(!d && strstr(err, "not a DSpark file for this model") && !strchr(err, '\n'), "another model's: %s", err);
     ds4_dspark_free(d);
-    d = ds4_dspark_load("build/ds4tiny/A-f32.gguf", a, err, sizeof err);
+    d = ds4_dspark_load("build/ds4tiny/A-f32.gguf", a, NULL, err, sizeof err);
     CHECK(!d && strstr(err, "general.architecture"), "a main model as support file: %s", err);
     ds4_dspark_free(d);
     size_t len;
@@ -153,7 +153,7 @@ static void bad_files(const ds4_model *a, const ds4_model *b) {
     FILE *f = fopen(cut, "wb");
     fwrite(buf, 1, len - 4096, f);
     fclose(f);
-    d = ds4_dspark_load(cut, a, err, sizeof err);
+    d = ds4_dspark_load(cut, a, NULL, err, sizeof err);
     CHECK(!d && strstr(err, "--dspark") && !strchr(err, '\n'), "truncated: %s", err);
     ds4_dspark_free(d);
     /* target layer 3 -> 5: the last layer is not exposed as streams */
@@ -168,7 +168,7 @@ static void bad_files(const ds4_model *a, const ds4_model *b) {
         f = fopen(bad, "wb");
         fwrite(buf, 1, len, f);
         fclose(f);
-        d = ds4_dspark_load(bad, a, err, sizeof err);
+        d = ds4_dspark_load(bad, a, NULL, err, sizeof err);
         CHECK(!d && strstr(err, "target_layers"), "layer 5 of 6: %s", err);
         ds4_dspark_free(d);
     }

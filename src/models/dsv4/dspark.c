@@ -1,7 +1,7 @@
 /* dspark.c -- the DSpark block drafter: binding of its support file and its
- * dense forward over one block (dspark.h). Small enough to run on the
- * calling thread: its cost is its few layers over block_size rows plus the
- * output matrix once per row. */
+ * dense forward over one block (dspark.h). Its matrix products run on the
+ * main backend's threads, between the main model's evaluations; the rest
+ * (attention over block_size rows, norms) is small. */
 #include "models/dsv4/dspark.h"
 
 #include "format/gguf.h"
@@ -24,6 +24,7 @@ typedef struct {
 struct ds4_dspark {
     ds4_gguf *g;
     const ds4_model *main;
+    struct ds4_pool *pool;
     char name[128];
     int E, V, n_layer, B, mask_tok, H, D, n_rot, Q, G, O, F, R, C, n_tgt;
     float eps, rope_base;
@@ -165,7 +166,8 @@ static void read_keys(ds4_binder *b, ds4_dspark *d) {
     }
 }
 
-ds4_dspark *ds4_dspark_load(const char *path, const ds4_model *main_model, char *err, size_t errlen) {
+ds4_dspark *ds4_dspark_load(const char *path, const ds4_model *main_model, struct ds4_pool *pool, char *err,
+                            size_t errlen) {
     ds4_dspark *d = calloc(1, sizeof *d);
     if (!d) { snprintf(err, errlen, "out of memory for the DSpark drafter"); return NULL; }
     char why[384];
@@ -176,6 +178,7 @@ ds4_dspark *ds4_dspark_load(const char *path, const ds4_model *main_model, char 
         return NULL;
     }
     d->main = main_model;
+    d->pool = pool;
     ds4_binder b = {.g = d->g, .prefix = "not a DSpark file for this model: ", .err = why, .errlen = sizeof why};
     read_keys(&b, d);
     if (!b.failed) {
@@ -290,7 +293,7 @@ void ds4_dspark_rewound(ds4_dspark_state *st, int n_pos) {
 
 static void linear(ds4_dspark *d, const ds4_tensor *W, int64_t row0, int64_t rows, const float *x, int64_t xstride,
                    int T, float *y) {
-    ds4_linear(NULL, d->act, W, 0, row0, rows, x, xstride, T, y);
+    ds4_linear(d->pool, d->act, W, 0, row0, rows, x, xstride, T, y);
 }
 
 /* Interleaved rotation of the last n_rot dims of x at position pos, as

@@ -64,7 +64,10 @@
 typedef struct ds4_dspark ds4_dspark;
 typedef struct ds4_dspark_state ds4_dspark_state;
 
-ds4_dspark *ds4_dspark_load(const char *path, const ds4_model *main_model, char *err, size_t errlen);
+/* pool: the threads its matrix products run on (NULL: the caller's) */
+struct ds4_pool;
+ds4_dspark *ds4_dspark_load(const char *path, const ds4_model *main_model, struct ds4_pool *pool, char *err,
+                            size_t errlen);
 void ds4_dspark_free(ds4_dspark *d);
 const char *ds4_dspark_name(const ds4_dspark *d);
 int ds4_dspark_block_size(const ds4_dspark *d);

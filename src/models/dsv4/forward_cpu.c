@@ -1118,6 +1118,7 @@ bool ds4_cpu_numerics_supported(const ds4_config *c) {
 }
 
 int ds4_cpu_backend_threads(const ds4_backend *be) { return ((const cpu *)be)->n_threads; }
+ds4_pool *ds4_cpu_backend_pool(ds4_backend *be) { return ((cpu *)be)->pool; }
 void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud) {
     ((cpu *)be)->observe = fn;
     ((cpu *)be)->observe_ud = ud;
