@@ -168,15 +168,25 @@ static void read_keys(ds4_binder *b, ds4_dspark *d) {
 
 ds4_dspark *ds4_dspark_load(const char *path, const ds4_model *main_model, struct ds4_pool *pool, char *err,
                             size_t errlen) {
-    ds4_dspark *d = calloc(1, sizeof *d);
-    if (!d) { snprintf(err, errlen, "out of memory for the DSpark drafter"); return NULL; }
     char why[384];
-    d->g = ds4_gguf_open(path, why, sizeof why);
-    if (!d->g) {
+    ds4_gguf *g = ds4_gguf_open(path, why, sizeof why);
+    if (!g) {
         snprintf(err, errlen, "--dspark %s: %s", path, why);
-        ds4_dspark_free(d);
         return NULL;
     }
+    return ds4_dspark_from_gguf(g, path, main_model, pool, err, errlen);
+}
+
+ds4_dspark *ds4_dspark_from_gguf(ds4_gguf *g, const char *path, const ds4_model *main_model,
+                                 struct ds4_pool *pool, char *err, size_t errlen) {
+    ds4_dspark *d = calloc(1, sizeof *d);
+    if (!d) {
+        ds4_gguf_close(g);
+        snprintf(err, errlen, "out of memory for the DSpark drafter");
+        return NULL;
+    }
+    char why[384];
+    d->g = g;
     d->main = main_model;
     d->pool = pool;
     ds4_binder b = {.g = d->g, .prefix = "not a DSpark file for this model: ", .err = why, .errlen = sizeof why};

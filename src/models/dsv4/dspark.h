@@ -68,6 +68,10 @@ typedef struct ds4_dspark_state ds4_dspark_state;
 struct ds4_pool;
 ds4_dspark *ds4_dspark_load(const char *path, const ds4_model *main_model, struct ds4_pool *pool, char *err,
                             size_t errlen);
+/* The same from an open file, which it then owns (closed on failure too). */
+struct ds4_gguf;
+ds4_dspark *ds4_dspark_from_gguf(struct ds4_gguf *g, const char *path, const ds4_model *main_model,
+                                 struct ds4_pool *pool, char *err, size_t errlen);
 void ds4_dspark_free(ds4_dspark *d);
 const char *ds4_dspark_name(const ds4_dspark *d);
 int ds4_dspark_block_size(const ds4_dspark *d);
