@@ -16,7 +16,6 @@
 #include "models/dsv4/model.h"
 #include "models/dsv4/mtp.h"
 #include "models/dsv4/dspark.h"
-#include "engine/spec.h"
 #include "text/tokenizer.h"
 
 #include <stdio.h>
