@@ -179,7 +179,8 @@ static void bad_files(const ds4_model *a, const ds4_model *b) {
  * computes) feeds the drafter its own target features through the CPU
  * backend's layer ring, whether the context came one token at a time or in
  * one prefill; the first row's logits and the block's drafts must be the
- * reference's, within the main model's float tolerance. */
+ * reference's, within the main model's float tolerance; tokens appended
+ * and rewound away change nothing. */
 static void through_engine(const char *main_path) {
     char err[512];
     ds4_engine_params p;
@@ -196,7 +197,7 @@ static void through_engine(const char *main_path) {
     size_t blen;
     unsigned char *blocks = slurp(FIX "blocks", &blen);
     const size_t rec = sizeof(int32_t) * (1 + B) + sizeof(float) * B * (1 + (size_t)V);
-    float *logits = malloc((size_t)V * sizeof(float));
+    float *logits = malloc((size_t)V * sizeof(float)), *again = malloc((size_t)V * sizeof(float));
     double worst = 0;
     int n_checked = 0;
     for (int mode = 0; mode < 2 && blocks; mode++) {
@@ -221,6 +222,12 @@ static void through_engine(const char *main_path) {
             int32_t drafts[5];
             const int k = ds4_session_draft(s, anchor_token(a), B, 0, drafts, err, sizeof err);
             CHECK(k == B && !memcmp(drafts, hdr + 1, sizeof drafts), "anchor %d (mode %d): drafts differ", a, mode);
+            /* tokens appended and rewound away leave the drafter's context as it was */
+            const int32_t junk[3] = {7, 8, 9};
+            CHECK(!ds4_session_prefill(s, junk, 3, NULL, NULL, NULL, err, sizeof err) &&
+                  !ds4_session_rewind(s, a, err, sizeof err), "%s", err);
+            CHECK(!ds4_session_draft_logits(s, anchor_token(a), again, err, sizeof err) &&
+                  !memcmp(logits, again, (size_t)V * sizeof(float)), "anchor %d: the draft changed after a rewind", a);
             n_checked++;
         }
         ds4_session_free(s);
@@ -229,6 +236,7 @@ static void through_engine(const char *main_path) {
     CHECK(n_checked >= 16, "checked %d blocks", n_checked);
     CHECK(worst <= 1e-4, "first-row logits differ by %.3g", worst);
     free(logits);
+    free(again);
     free(blocks);
     ds4_engine_free(e);
 }
