@@ -370,6 +370,7 @@ int main(int argc, char **argv) {
     ds4_engine_params_default(&ep);
     ep.model_path = model;
     ep.mtp_path = ds4_spec_engine_mtp(&o.spec);
+    ep.dspark_path = ds4_spec_engine_dspark(&o.spec);
     ep.n_threads = o.threads;
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;
@@ -389,7 +390,7 @@ int main(int argc, char **argv) {
                          .system_prompt = o.system, .sessions_dir = dir, .compact_percent = COMPACT_PERCENT,
                          .trace = trace, .interrupted = &g_interrupted, .display = &display};
     static ds4_spec drafter;
-    if ((o.spec.lookup_max || o.spec.mtp_path) && !o.spec.quality) {
+    if (ds4_spec_wanted(&o.spec)) {
         if (!ds4_spec_init(&drafter, &o.spec, err, sizeof err)) { fprintf(stderr, "ds4-agent: %s\n", err); goto out; }
         ao.spec = &drafter;
     }

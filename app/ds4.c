@@ -1025,7 +1025,7 @@ int main(int argc, char **argv) {
     if (!ds4_cli_model_usable("ds4", o.model)) return 1;
     char err[512];
     static ds4_spec drafter;
-    if ((o.spec_params.lookup_max || o.spec_params.mtp_path) && !o.spec_params.quality) {
+    if (ds4_spec_wanted(&o.spec_params)) {
         if (!ds4_spec_init(&drafter, &o.spec_params, err, sizeof err)) { fprintf(stderr, "ds4: %s\n", err); return 2; }
         o.spec = &drafter;
     }
@@ -1034,6 +1034,7 @@ int main(int argc, char **argv) {
     ds4_engine_params_default(&ep);
     ep.model_path = o.model;
     ep.mtp_path = ds4_spec_engine_mtp(&o.spec_params);
+    ep.dspark_path = ds4_spec_engine_dspark(&o.spec_params);
     ep.n_threads = o.threads;
     ep.prefill_chunk = o.prefill_chunk;
     ep.numerics = o.numerics;

@@ -29,7 +29,7 @@ endef
 $(foreach m,$(DS4TINY_MODELS),$(eval $(call DS4TINY_MTP_RULE,$(m))))
 
 .PHONY: demo-model
-demo-model: models/demo.gguf models/demo-mtp.gguf
+demo-model: models/demo.gguf models/demo-mtp.gguf models/demo-dspark.gguf
 models/demo.gguf: ds4-make-model data/deepseek-v3-tokenizer.json tests/fixtures/tokenizer/v4-added-tokens.json
 	@mkdir -p models
 	./ds4-make-model --preset demo -o $@
@@ -38,6 +38,11 @@ models/demo-mtp.gguf: ds4-make-model
 	@mkdir -p models
 	./ds4-make-model --preset demo --support mtp -o $@ 2>/dev/null
 TEST_DATA += models/demo-mtp.gguf
+# its DSpark support file (random, for --dspark)
+models/demo-dspark.gguf: ds4-make-model
+	@mkdir -p models
+	./ds4-make-model --preset demo --support dspark -o $@ 2>/dev/null
+TEST_DATA += models/demo-dspark.gguf
 
 # The trained tiny DeepSeek V4 model (docs/tiny-model.md), the default model of
 # `make demo`: committed xz-compressed (its ~125k vocabulary rows that the

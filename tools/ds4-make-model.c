@@ -43,7 +43,8 @@
  * --support mtp (DeepSeek presets) writes the MTP support file of the model
  * the same options describe instead of the model (ds4_layout.h: the main
  * model's keys, the mtp.0.* block and its projections, norms and HC merge;
- * no vocabulary), for --mtp.
+ * no vocabulary), for --mtp. --support dspark writes a random DSpark
+ * support file for it (ds4_layout.h), for --dspark.
  *
  * --slice (DeepSeek presets) writes only that layer range (the embedding
  * with layer 0, the output head with "output") plus the ds4.slice.* keys
@@ -317,7 +318,7 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
 static void usage(void) {
     fputs("usage: ds4-make-model -o OUT.gguf [--preset demo|flash|pro|glm|glm-demo] [--layers N]\n"
           "       [--type f32|f16|q8_0|q2|q4] [--seed N] [--vocab tokenizer.json] [--vocab-added FILE]\n"
-          "       [--no-vocab] [--name NAME] [--slice A:B|A:output] [--support mtp]\n"
+          "       [--no-vocab] [--name NAME] [--slice A:B|A:output] [--support mtp|dspark]\n"
           "       [--<metadata key without 'deepseek4.' / 'glm-dsa.'> VALUE ...]\n",
           stderr);
     exit(2);
@@ -421,6 +422,86 @@ static void plan_ds4_mtp(ds4_gguf_writer *w, int argc, char **argv, const char *
     ds4_file_keys_write(w, mix);
 }
 
+/* A DSpark support file (ds4_layout.h) for the model the options describe:
+ * three draft layers with the main model's attention shape, a shared
+ * expert's feed-forward width, a rank-256 Markov head (32 below Flash's
+ * width), the confidence head
+ * reading the Markov embedding too, and the target layers the three last
+ * below the final one. Types: each matrix like its counterpart in the main
+ * model; the mask token the vocabulary's last id. */
+static void dspark_tensor(plan *pl, const char *name, uint64_t n0, uint64_t n1, enum ds4_tensor_id like,
+                          enum ds4_mix mix) {
+    const uint64_t ne[4] = {n0, n1, 1, 1};
+    /* vectors F32 */
+    const bool vector = n1 == 1;
+    mtensor *t = add_tensor(pl, name, vector ? 1 : 2, ne, vector ? DS4_TYPE_F32 : ds4_tensor_type(like, mix));
+    spread(like, n0, &t->centre, &t->half_width);
+}
+
+static void plan_ds4_dspark(ds4_gguf_writer *w, int argc, char **argv, const char *pname, uint32_t n_layer,
+                            enum ds4_mix mix, plan *pl) {
+    static ds4_hparams hp;
+    preset(&hp, pname, n_layer);
+    apply_overrides(argc, argv, &(key_table){DS4_ARCH, ds4_hparam_keys, ds4_n_hparam_keys, &hp, hp.n_layer});
+    ds4_hparams_default_kinds(&hp);
+    char err[512];
+    if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
+    if (hp.n_layer < 2) die("--support dspark: the model needs at least 2 layers");
+    enum { LAYERS = 3, BLOCK = 5 };
+    /* the released draft's rank; small models keep their Markov tables small */
+    const uint32_t rank = hp.n_embd >= 4096 ? 256 : 32;
+    int32_t targets[3];
+    int n_tgt = 0;
+    for (int l = (int)hp.n_layer - 4; l <= (int)hp.n_layer - 2; l++)
+        if (l >= 0) targets[n_tgt++] = l;
+    const uint64_t E = hp.n_embd, V = hp.n_vocab, HD = (uint64_t)hp.n_head * hp.key_length;
+    const uint64_t GO = (uint64_t)hp.o_groups * hp.o_lora_rank, F = hp.expert_ff;
+    ds4_gguf_w_str(w, "general.architecture", DS4_DSPARK_ARCH);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("embedding_length"), hp.n_embd);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("vocab_size"), hp.n_vocab);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("target_block_count"), hp.n_layer);
+    ds4_gguf_w_arr(w, DS4_DSPARK_KEY("target_layers"), DS4_GGUF_I32, targets, (uint64_t)n_tgt);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("block_count"), LAYERS);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("block_size"), BLOCK);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("mask_token_id"), hp.n_vocab - 1);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("head_count"), hp.n_head);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("key_length"), hp.key_length);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("rope.dimension_count"), hp.n_rot);
+    ds4_gguf_w_f32(w, DS4_DSPARK_KEY("rope.freq_base"), hp.rope_base);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("q_lora_rank"), hp.q_lora_rank);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("output_group_count"), hp.o_groups);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("output_lora_rank"), hp.o_lora_rank);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("feed_forward_length"), hp.expert_ff);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("markov_rank"), rank);
+    ds4_gguf_w_f32(w, DS4_DSPARK_KEY("layer_norm_rms_epsilon"), hp.rms_eps);
+    pl->t = calloc(7 + 13 * LAYERS, sizeof *pl->t);
+    if (!pl->t) die("out of memory");
+    dspark_tensor(pl, DS4_DSPARK_PREFIX "fc.weight", (uint64_t)n_tgt * E, E, DS4_T_ATTN_Q_A, mix);
+    dspark_tensor(pl, DS4_DSPARK_PREFIX "hidden_norm.weight", E, 1, DS4_T_ATTN_NORM, mix);
+    dspark_tensor(pl, DS4_DSPARK_PREFIX "norm.weight", E, 1, DS4_T_OUTPUT_NORM, mix);
+    dspark_tensor(pl, DS4_DSPARK_PREFIX "markov_w1.weight", rank, V, DS4_T_TOKEN_EMBD, mix);
+    dspark_tensor(pl, DS4_DSPARK_PREFIX "markov_w2.weight", rank, V, DS4_T_OUTPUT, mix);
+    mtensor *conf = add_tensor(pl, DS4_DSPARK_PREFIX "confidence.weight", 2, (uint64_t[4]){E + rank, 1, 1, 1},
+                               DS4_TYPE_F32);
+    spread(DS4_T_ATTN_Q_A, E + rank, &conf->centre, &conf->half_width);
+    dspark_tensor(pl, DS4_DSPARK_PREFIX "confidence.bias", 1, 1, DS4_T_EXP_PROBS_B, mix);
+    static const struct { const char *name; enum ds4_tensor_id like; } L[] = {
+        {"attn_norm", DS4_T_ATTN_NORM}, {"attn_q_a", DS4_T_ATTN_Q_A}, {"attn_q_a_norm", DS4_T_ATTN_Q_A_NORM},
+        {"attn_q_b", DS4_T_ATTN_Q_B}, {"attn_kv", DS4_T_ATTN_KV}, {"attn_kv_a_norm", DS4_T_ATTN_KV_A_NORM},
+        {"attn_sinks", DS4_T_ATTN_SINKS}, {"attn_output_a", DS4_T_ATTN_OUTPUT_A},
+        {"attn_output_b", DS4_T_ATTN_OUTPUT_B}, {"ffn_norm", DS4_T_FFN_NORM}, {"ffn_gate", DS4_T_FFN_GATE_SHEXP},
+        {"ffn_up", DS4_T_FFN_UP_SHEXP}, {"ffn_down", DS4_T_FFN_DOWN_SHEXP}};
+    const uint64_t shape[][2] = {{E, 1}, {E, hp.q_lora_rank}, {hp.q_lora_rank, 1}, {hp.q_lora_rank, HD},
+                                 {E, hp.key_length}, {hp.key_length, 1}, {hp.n_head, 1},
+                                 {HD / hp.o_groups, GO}, {GO, E}, {E, 1}, {E, F}, {E, F}, {F, E}};
+    for (int l = 0; l < LAYERS; l++)
+        for (size_t i = 0; i < sizeof L / sizeof *L; i++) {
+            char name[96];
+            snprintf(name, sizeof name, DS4_DSPARK_LAYER_PREFIX "%s.weight", l, L[i].name);
+            dspark_tensor(pl, name, shape[i][0], shape[i][1], L[i].like, mix);
+        }
+}
+
 /* GLM 5.2's hyperparameters (GLM sheet section 2) with the preset's sizes. */
 static void glm_preset(glm_hparams *hp, const char *name, uint32_t n_layer) {
     const bool real = !strcmp(name, "glm");
@@ -515,13 +596,14 @@ int main(int argc, char **argv) {
     if (mix < 0) die("unknown --type %s (f32, f16, q8_0, q2, q4)", type);
     const bool glm = !strcmp(pname, "glm") || !strcmp(pname, "glm-demo");
     if (glm && slice_arg) die("--slice: GLM presets are written whole");
-    if (support && (strcmp(support, "mtp") || glm || slice_arg))
-        die("--support %s: the one support file is mtp, for DeepSeek presets, without --slice", support);
+    if (support && ((strcmp(support, "mtp") && strcmp(support, "dspark")) || glm || slice_arg))
+        die("--support %s: the support files are mtp and dspark, for DeepSeek presets, without --slice", support);
     rng_state = seed;
 
     plan pl = {0};
     ds4_gguf_writer *w = ds4_gguf_writer_new(32);
     if (glm) plan_glm(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, &pl);
+    else if (support && !strcmp(support, "dspark")) plan_ds4_dspark(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, &pl);
     else if (support) plan_ds4_mtp(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, &pl);
     else plan_ds4(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, slice_arg, &pl);
     char dflt[128], err[512];

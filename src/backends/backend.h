@@ -85,6 +85,13 @@ typedef struct {
      * drafter continues from them. */
     float *hc_ring;
     int hc_ring_slots;
+    /* NULL, or a ring of layer_ring_slots rows of n_ring_layers x n_embd
+     * floats: for the row at position p, the mean of the n_hc streams after
+     * layer ring_layers[i] (ascending) goes to slot p mod layer_ring_slots at
+     * i x n_embd. The DSpark drafter reads these target features. */
+    float *layer_ring;
+    const int *ring_layers;
+    int n_ring_layers, layer_ring_slots;
 } ds4_backend_seq;
 
 typedef struct ds4_backend ds4_backend;

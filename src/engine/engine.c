@@ -177,14 +177,21 @@ static bool load_steering(ds4_engine *e, const ds4_engine_params *p, char *err, 
     return true;
 }
 
-/* --mtp: the family's draft model from a support file, beside the backend. */
+/* --mtp / --dspark: the family's draft model from a support file, beside the backend. */
 static bool load_draft(ds4_engine *e, const ds4_engine_params *p, char *err, size_t errlen) {
-    if (!e->fam->draft_load) {
-        snprintf(err, errlen, "--mtp: this model's family has no draft model");
+    const bool dspark = p->dspark_path != NULL;
+    const char *opt = dspark ? "--dspark" : "--mtp", *path = dspark ? p->dspark_path : p->mtp_path;
+    if (dspark && p->mtp_path) {
+        snprintf(err, errlen, "--dspark replaces --mtp: give one of them");
         return false;
     }
-    if (!e->fam->draft_load(e->m, e->be, p->mtp_path, err, errlen)) return false;
-    if (!p->quiet) ds4_log(DS4_LOG_INFO, "ds4: MTP drafter: %s (%s)\n", e->fam->draft_name(e->m), p->mtp_path);
+    if (!e->fam->draft_load) {
+        snprintf(err, errlen, "%s: this model's family has no draft model", opt);
+        return false;
+    }
+    if (!e->fam->draft_load(e->m, e->be, path, dspark, err, errlen)) return false;
+    if (!p->quiet)
+        ds4_log(DS4_LOG_INFO, "ds4: %s drafter: %s (%s)\n", dspark ? "DSpark" : "MTP", e->fam->draft_name(e->m), path);
     return true;
 }
 
@@ -211,7 +218,7 @@ ds4_engine *ds4_engine_load(const ds4_engine_params *p, char *err, size_t errlen
     e->be = e->fam->backend_new(e->m, &bp, e->prefill_chunk, err, errlen);
     if (!e->be) goto fail;
     e->be->power.percent = p->power ? p->power : 100;
-    if (p->mtp_path && !load_draft(e, p, err, errlen)) goto fail;
+    if ((p->mtp_path || p->dspark_path) && !load_draft(e, p, err, errlen)) goto fail;
     page_in_weights(e, p);
     e->seqs = malloc((size_t)e->be->max_batch * sizeof(ds4_backend_seq));
     if (!e->seqs) { snprintf(err, errlen, "out of memory for the engine"); goto fail; }
@@ -526,7 +533,7 @@ int ds4_session_draft(ds4_session *s, int32_t last, int max, float margin, int32
 int ds4_session_draft_logits(ds4_session *s, int32_t last, float *logits, char *err, size_t errlen) {
     int32_t id;
     if (!ds4_engine_has_draft(s->e)) {
-        snprintf(err, errlen, "this engine has no draft model (--mtp)");
+        snprintf(err, errlen, "this engine has no draft model (--mtp, --dspark)");
         return -1;
     }
     if (n_pos(s) < 1) {

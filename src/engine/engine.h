@@ -194,14 +194,16 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen);
  * (err). */
 int ds4_session_truncate(ds4_session *s, int n_tokens, const float *logits, char *err, size_t errlen);
 
-/* --mtp FILE (engine params mtp_path): a draft model bound from a support
- * file made for this model (DeepSeek V4: the one-stage MTP block, CPU
+/* --mtp FILE / --dspark FILE (engine params mtp_path / dspark_path, never
+ * both): a draft model bound from a support file made for this model
+ * (DeepSeek V4: the one-stage MTP block or the DSpark block drafter, CPU
  * backend only); a file for another model, or one that does not bind, fails
  * the load with one line. ds4_session_draft() proposes up to max tokens the
  * draft model expects after the session's tokens and `last` (the token about
  * to be appended), greedily, stopping at the first whose logit leads the
- * runner-up by less than margin; returns how many, 0 without a draft model,
- * -1 with err. It never changes the session: tokens, logits and state stay
+ * runner-up by less than margin (MTP) or where the block prefix's confidence
+ * falls below margin (DSpark); returns how many, 0 without a draft model
+ * (or a DSpark drafter that lost the context after a restore), -1 with err. It never changes the session: tokens, logits and state stay
  * as they were (the draft model keeps its own state, rebuilt from the
  * session's evaluations and never saved with it). */
 bool ds4_engine_has_draft(const ds4_engine *e);
@@ -210,7 +212,7 @@ int ds4_session_draft(ds4_session *s, int32_t last, int max, float margin, int32
  * what ds4_session_draft() picks its first proposal from (oracle tests,
  * --dump-mtp-logits). -1 with err without a draft model or on an empty
  * session; after a restore, before a window of tokens was evaluated again,
- * they come from the rows it has. */
+ * MTP's come from the rows it has, and DSpark has none (-1). */
 int ds4_session_draft_logits(ds4_session *s, int32_t last, float *logits, char *err, size_t errlen);
 
 /* Several sessions advanced by one batched pass: each step appends its n >= 1

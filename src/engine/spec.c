@@ -6,7 +6,8 @@
 #include <string.h>
 
 void ds4_spec_params_default(ds4_spec_params *p) {
-    *p = (ds4_spec_params){.lookup_max = 0, .lookup_min_ngram = 2, .mtp_draft = 1, .mtp_margin = 3.0f};
+    *p = (ds4_spec_params){.lookup_max = 0, .lookup_min_ngram = 2, .mtp_draft = 1, .mtp_margin = 3.0f,
+                           .dspark_confidence = 0.9f};
 }
 
 bool ds4_spec_init(ds4_spec *sp, const ds4_spec_params *p, char *err, size_t errlen) {
@@ -26,9 +27,17 @@ bool ds4_spec_init(ds4_spec *sp, const ds4_spec_params *p, char *err, size_t err
         snprintf(err, errlen, "--mtp-margin %g: must be a finite number >= 0", (double)p->mtp_margin);
         return false;
     }
+    if (!(p->dspark_confidence >= 0 && p->dspark_confidence <= 1)) {
+        snprintf(err, errlen, "--dspark-confidence %g: must be 0..1", (double)p->dspark_confidence);
+        return false;
+    }
+    if (p->dspark_path && p->mtp_path) {
+        snprintf(err, errlen, "--dspark replaces --mtp: give one of them");
+        return false;
+    }
     memset(sp, 0, sizeof *sp);
     sp->p = *p;
-    sp->mtp_accepted_then = -1;
+    sp->draft_accepted_then = -1;
     return true;
 }
 
@@ -73,29 +82,31 @@ int ds4_spec_propose(const ds4_spec *sp, const int32_t *ctx, int n, int32_t last
 
 /* A try that gave nothing: skip twice as many steps as the last wait. */
 static void back_off(ds4_spec *sp) {
-    const int wait = sp->mtp_wait ? 2 * sp->mtp_wait : 1;
-    sp->mtp_wait = wait < DS4_SPEC_MTP_BACKOFF_MAX ? wait : DS4_SPEC_MTP_BACKOFF_MAX;
-    sp->mtp_skip = sp->mtp_wait;
+    const int wait = sp->draft_wait ? 2 * sp->draft_wait : 1;
+    sp->draft_wait = wait < DS4_SPEC_DRAFT_BACKOFF_MAX ? wait : DS4_SPEC_DRAFT_BACKOFF_MAX;
+    sp->draft_skip = sp->draft_wait;
 }
 
 int ds4_spec_draft(ds4_spec *sp, ds4_session *s, int32_t last, int max, int32_t *out, char *err,
                    size_t errlen) {
     if (!ds4_spec_enabled(sp) || max <= 0) return 0;
     int k = ds4_spec_propose(sp, ds4_session_tokens(s), ds4_session_n_tokens(s), last, max, out);
-    if (k || !sp->p.mtp_path) return k;
+    if (k || (!sp->p.mtp_path && !sp->p.dspark_path)) return k;
     /* the outcome of the last proposal: accepted resets the wait, rejected waits */
-    if (sp->mtp_accepted_then >= 0) {
-        if ((int64_t)sp->stats.accepted > sp->mtp_accepted_then) sp->mtp_wait = 0;
+    if (sp->draft_accepted_then >= 0) {
+        if ((int64_t)sp->stats.accepted > sp->draft_accepted_then) sp->draft_wait = 0;
         else back_off(sp);
-        sp->mtp_accepted_then = -1;
+        sp->draft_accepted_then = -1;
     }
-    if (sp->mtp_skip > 0) {
-        sp->mtp_skip--;
+    if (sp->p.draft_every_step) sp->draft_skip = sp->draft_wait = 0;
+    if (sp->draft_skip > 0) {
+        sp->draft_skip--;
         return 0;
     }
-    k = ds4_session_draft(s, last, max < sp->p.mtp_draft ? max : sp->p.mtp_draft, sp->p.mtp_margin, out, err,
-                          errlen);
-    if (k > 0) sp->mtp_accepted_then = (int64_t)sp->stats.accepted;
+    if (sp->p.dspark_path) k = ds4_session_draft(s, last, max, sp->p.dspark_confidence, out, err, errlen);
+    else k = ds4_session_draft(s, last, max < sp->p.mtp_draft ? max : sp->p.mtp_draft, sp->p.mtp_margin, out, err,
+                               errlen);
+    if (k > 0) sp->draft_accepted_then = (int64_t)sp->stats.accepted;
     else back_off(sp);
     return k;
 }
@@ -112,6 +123,12 @@ void ds4_spec_record_accept(ds4_spec *sp, int position) {
     if (position >= 0 && position < DS4_SPEC_MAX_DRAFT) sp->stats.accepted_at[position]++;
 }
 
+static const char *kind_name(const ds4_spec_params *p) {
+    const char *model = p->dspark_path ? "dspark" : p->mtp_path ? "mtp" : NULL;
+    if (p->lookup_max <= 0) return model ? model : "off";
+    return !model ? "lookup" : p->dspark_path ? "lookup+dspark" : "lookup+mtp";
+}
+
 size_t ds4_spec_stats_line(const ds4_spec *sp, char *buf, size_t len) {
     const ds4_spec_stats *st = &sp->stats;
     size_t o = 0;
@@ -119,7 +136,7 @@ size_t ds4_spec_stats_line(const ds4_spec *sp, char *buf, size_t len) {
     double per_pass = st->passes ? (double)(st->accepted + st->passes) / (double)st->passes : 0.0;
     o += (size_t)snprintf(buf + o, len - o,
                           "spec %s: %llu passes, proposed %llu, accepted %llu (%.1f%%), %.2f tokens/pass, by position",
-                          sp->p.lookup_max > 0 ? (sp->p.mtp_path ? "lookup+mtp" : "lookup") : "mtp",
+                          kind_name(&sp->p),
                           (unsigned long long)st->passes, (unsigned long long)st->proposed,
                           (unsigned long long)st->accepted, st->proposed ? 100.0 * st->accepted / st->proposed : 0.0,
                           per_pass);

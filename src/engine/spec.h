@@ -25,16 +25,21 @@
  *   `mtp_draft` tokens, each only while its logit leads the runner-up by at
  *   least `mtp_margin`. With both drafters, a prompt-lookup match is proposed
  *   when there is one, else the MTP draft.
- * - The MTP draft costs a pass of the draft model whether or not it is
+ * - DSpark (`dspark_path`, --dspark FILE; replaces MTP, both given is
+ *   refused): the block drafter (engine.h: ds4_session_draft) proposes up
+ *   to its block size (five) of tokens, the longest prefix whose product of
+ *   confidences is at least `dspark_confidence` (0: the whole block).
+ *   With prompt lookup, a lookup match first, as for MTP.
+ * - A draft model (MTP or DSpark) costs a pass whether or not it is
  *   confident, so after a try that proposed nothing, or whose drafts were
  *   all rejected, the drafter skips the next 1, 2, 4, ... up to
- *   DS4_SPEC_MTP_BACKOFF_MAX decode steps; an accepted draft resets the
+ *   DS4_SPEC_DRAFT_BACKOFF_MAX decode steps; an accepted draft resets the
  *   wait. A model that never agrees with its draft then pays for about one
- *   try in DS4_SPEC_MTP_BACKOFF_MAX steps.
+ *   try in DS4_SPEC_DRAFT_BACKOFF_MAX steps.
  * - ds4_spec_draft() is the loop's call: the proposal after the session's
  *   tokens followed by `last`, from every drafter that is on, up to max; -1
  *   (err) when the draft model failed.
- * - `quality` (--quality) turns every drafter off: the loop decodes one token
+ * - `quality` (--quality) and `dspark_strict` (--dspark-strict) turn every drafter off: the loop decodes one token
  *   per pass, as the seed's strict mode does.
  * - ds4_spec_stats_line() formats the run's line: passes, proposed, accepted,
  *   acceptance by draft position, committed tokens per verification pass.
@@ -48,7 +53,7 @@
 
 #define DS4_SPEC_MAX_DRAFT 16
 #define DS4_SPEC_LOOKUP_NGRAM_MAX 8
-#define DS4_SPEC_MTP_BACKOFF_MAX 16
+#define DS4_SPEC_DRAFT_BACKOFF_MAX 16
 
 typedef struct {
     int lookup_max;         /* --spec-lookup N: tokens proposed per pass, 0 = off */
@@ -56,7 +61,11 @@ typedef struct {
     const char *mtp_path;   /* --mtp FILE: the MTP support file (NULL: off) */
     int mtp_draft;          /* --mtp-draft N: MTP tokens per pass (default 1) */
     float mtp_margin;       /* --mtp-margin F: least lead of a drafted token's logit (default 3) */
+    const char *dspark_path;/* --dspark FILE: the DSpark support file (NULL: off; replaces --mtp) */
+    float dspark_confidence;/* --dspark-confidence F: least confidence of a proposed block prefix (default 0.9) */
+    bool dspark_strict;     /* --dspark-strict: target-only decoding, as --quality */
     bool quality;           /* --quality: target-only decoding, every drafter off */
+    bool draft_every_step;  /* tests and measurements: no back-off, the draft model tries every step */
 } ds4_spec_params;
 
 typedef struct {
@@ -68,20 +77,31 @@ typedef struct {
 typedef struct {
     ds4_spec_params p;
     ds4_spec_stats stats;
-    /* MTP back-off: steps still to skip, the current wait, and the accepted
+    /* draft-model back-off: steps still to skip, the current wait, and the accepted
      * count when the draft model last drafted (-1: it has not) */
-    int mtp_skip, mtp_wait;
-    int64_t mtp_accepted_then;
+    int draft_skip, draft_wait;
+    int64_t draft_accepted_then;
 } ds4_spec;
 
 void ds4_spec_params_default(ds4_spec_params *p);
 /* false (err filled) when a parameter is out of range */
 bool ds4_spec_init(ds4_spec *sp, const ds4_spec_params *p, char *err, size_t errlen);
-static inline bool ds4_spec_enabled(const ds4_spec *sp) {
-    return sp && !sp->p.quality && (sp->p.lookup_max > 0 || sp->p.mtp_path);
+static inline bool ds4_spec_strict(const ds4_spec_params *p) { return p->quality || p->dspark_strict; }
+/* Whether the options ask for a drafter (then the front end initialises one). */
+static inline bool ds4_spec_wanted(const ds4_spec_params *p) {
+    return !ds4_spec_strict(p) && (p->lookup_max > 0 || p->mtp_path || p->dspark_path);
 }
-/* What the front ends load the engine with: the MTP file unless --quality. */
-static inline const char *ds4_spec_engine_mtp(const ds4_spec_params *p) { return p->quality ? NULL : p->mtp_path; }
+static inline bool ds4_spec_enabled(const ds4_spec *sp) {
+    return sp && !ds4_spec_strict(&sp->p) && (sp->p.lookup_max > 0 || sp->p.mtp_path || sp->p.dspark_path);
+}
+/* What the front ends load the engine with: the support files unless
+ * target-only decoding was asked for. */
+static inline const char *ds4_spec_engine_mtp(const ds4_spec_params *p) {
+    return ds4_spec_strict(p) ? NULL : p->mtp_path;
+}
+static inline const char *ds4_spec_engine_dspark(const ds4_spec_params *p) {
+    return ds4_spec_strict(p) ? NULL : p->dspark_path;
+}
 
 /* prompt lookup alone (tests) */
 int ds4_spec_propose(const ds4_spec *sp, const int32_t *ctx, int n, int32_t last, int max, int32_t *out);

@@ -15,6 +15,7 @@
 #include "models/dsv4/kv_payload.h"
 #include "models/dsv4/model.h"
 #include "models/dsv4/mtp.h"
+#include "models/dsv4/dspark.h"
 #include "text/tokenizer.h"
 
 #include <stdio.h>
@@ -36,7 +37,9 @@ struct ds4_family_model {
     FILE *trace;
     bool ssd_stats, numerics;
     int cpu_threads;                /* 0: not the CPU backend */
+    int max_rows;                   /* the backend's rows per evaluation */
     ds4_mtp *mtp;                   /* --mtp: the drafter, or NULL */
+    ds4_dspark *dspark;             /* --dspark: the block drafter, or NULL (never both) */
 };
 
 static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4_family_info *info, char *err,
@@ -142,6 +145,7 @@ static ds4_backend *backend_new(ds4_family_model *fm, const ds4_engine_params *p
         be->free(be);
         return NULL;
     }
+    if (be) fm->max_rows = be->max_batch;
     return be;
 }
 
@@ -201,6 +205,7 @@ static void model_free(ds4_family_model *fm) {
     if (!fm) return;
     if (fm->ssd_stats) print_ssd_stats(fm);
     ds4_mtp_free(fm->mtp);
+    ds4_dspark_free(fm->dspark);
     ds4_expert_cache_free(fm->experts);
     if (fm->trace) fclose(fm->trace);
     ds4_model_free(fm->m);
@@ -220,17 +225,33 @@ static int serve_worker(ds4_family_model *fm, ds4_backend *be, int ctx, const ds
     return ds4_dist_worker_serve(fm->m, be, fm->numerics, ctx, p);
 }
 
-static bool draft_load(ds4_family_model *fm, ds4_backend *be, const char *path, char *err, size_t errlen) {
-    fm->mtp = ds4_mtp_load(path, fm->m, be, fm->numerics, err, errlen);
-    return fm->mtp != NULL;
+static bool draft_load(ds4_family_model *fm, ds4_backend *be, const char *path, bool dspark, char *err,
+                       size_t errlen) {
+    if (!dspark) {
+        fm->mtp = ds4_mtp_load(path, fm->m, be, fm->numerics, err, errlen);
+        return fm->mtp != NULL;
+    }
+    if (strcmp(be->name, "cpu")) {
+        snprintf(err, errlen, "--dspark runs beside the CPU backend only (not %s)", be->name);
+        return false;
+    }
+    fm->dspark = ds4_dspark_load(path, fm->m, ds4_cpu_backend_pool(be), err, errlen);
+    return fm->dspark != NULL;
 }
 
-static const char *draft_name(const ds4_family_model *fm) { return fm->mtp ? ds4_mtp_name(fm->mtp) : NULL; }
+static const char *draft_name(const ds4_family_model *fm) {
+    return fm->mtp ? ds4_mtp_name(fm->mtp) : fm->dspark ? ds4_dspark_name(fm->dspark) : NULL;
+}
+
+/* The DSpark ring holds every row of one evaluation of a session: the
+ * backend's batch (a prefill chunk), never more than the context. */
+static int dspark_ring_rows(int ctx, int max_rows) { return max_rows < ctx ? max_rows : ctx; }
 
 static uint64_t state_bytes(const ds4_family_model *fm, int ctx) {
     const ds4_config *c = &fm->m->cfg;
     return ds4_kv_bytes_for(c, ctx, REWIND_SLACK) + (uint64_t)MAX_CKPT * ds4_kv_ring_bytes_for(c) +
-           (fm->mtp ? ds4_mtp_state_bytes(fm->mtp, ctx) : 0);
+           (fm->mtp ? ds4_mtp_state_bytes(fm->mtp, ctx) : 0) +
+           (fm->dspark ? ds4_dspark_state_bytes(fm->dspark, ctx, dspark_ring_rows(ctx, fm->max_rows)) : 0);
 }
 
 /* ---- session state ---- */
@@ -243,11 +264,13 @@ struct ds4_family_state {
     int ckpt_pos[MAX_CKPT], n_ckpt, ckpt_every;
     void *ckpt_block;       /* the MAX_CKPT slots */
     ds4_mtp_state *mtp;     /* --mtp: the drafter's side of this session */
+    ds4_dspark_state *dspark;
 };
 
 static void state_free(ds4_family_state *st) {
     if (!st) return;
     ds4_mtp_state_free(st->mtp);
+    ds4_dspark_state_free(st->dspark);
     free(st->ckpt_block);
     if (st->kv && st->be->kv_release) st->be->kv_release(st->be, st->kv);
     ds4_kv_free(st->kv);
@@ -266,7 +289,11 @@ static ds4_family_state *state_new(ds4_family_model *fm, ds4_backend *be, int ct
     st->ckpt_block = calloc(MAX_CKPT, ring);
     for (int i = 0; st->ckpt_block && i < MAX_CKPT; i++) st->ckpt[i] = (char *)st->ckpt_block + (size_t)i * ring;
     if (fm->mtp) st->mtp = ds4_mtp_state_new(fm->mtp, ctx);
-    if (!st->kv || !st->ckpt_block || (fm->mtp && !st->mtp)) { state_free(st); return NULL; }
+    if (fm->dspark) st->dspark = ds4_dspark_state_new(fm->dspark, ctx, dspark_ring_rows(ctx, be->max_batch));
+    if (!st->kv || !st->ckpt_block || (fm->mtp && !st->mtp) || (fm->dspark && !st->dspark)) {
+        state_free(st);
+        return NULL;
+    }
     return st;
 }
 
@@ -274,11 +301,25 @@ static int n_pos(const ds4_family_state *st) { return st->kv->n_pos; }
 static void seq_bind(ds4_family_state *st, ds4_backend_seq *q) {
     q->kv = st->kv;
     if (st->mtp) ds4_mtp_bind(st->mtp, q);
+    if (st->dspark) ds4_dspark_bind(st->dspark, q);
+}
+
+/* The block after the session's tokens; first_logits: its first row's,
+ * whatever the schedule keeps (oracle tests ask with an infinite threshold). */
+static int dspark_draft(ds4_dspark_state *d, int32_t last, float threshold, int max, int32_t *out,
+                        float *first_logits) {
+    int32_t toks[DS4_DSPARK_BLOCK_MAX];
+    if (first_logits && ds4_dspark_block(d, last, 0, 1, toks, first_logits, NULL) < 1) return 0;
+    const int k = ds4_dspark_block(d, last, threshold, max, toks, NULL, NULL);
+    memcpy(out, toks, (size_t)k * sizeof(int32_t));
+    return k;
 }
 
 static int draft(ds4_family_state *st, const int32_t *toks, int n, int32_t last, int max, float margin, int32_t *out,
                  float *first_logits, char *err, size_t errlen) {
-    return st->mtp ? ds4_mtp_draft(st->mtp, toks, n, last, max, margin, out, first_logits, err, errlen) : 0;
+    if (st->mtp) return ds4_mtp_draft(st->mtp, toks, n, last, max, margin, out, first_logits, err, errlen);
+    if (!st->dspark || ds4_dspark_context(st->dspark) != n) return 0;
+    return dspark_draft(st->dspark, last, margin, max, out, first_logits);
 }
 
 /* The backend may hold the state elsewhere (CUDA): bring the host copy up to
@@ -308,6 +349,7 @@ static void drop_ckpts(ds4_family_state *st, int n) {
 static void stepped(ds4_family_state *st) {
     const int pos = st->kv->n_pos, last = st->n_ckpt ? st->ckpt_pos[st->n_ckpt - 1] : 0;
     if (st->mtp) ds4_mtp_evaluated(st->mtp, pos);
+    if (st->dspark) ds4_dspark_evaluated(st->dspark, pos);
     if (pos - last < st->ckpt_every) return;
     if (st->n_ckpt == MAX_CKPT) {
         st->n_ckpt = ds4_kv_ckpt_thin(st->ckpt_pos, st->ckpt, MAX_CKPT);
@@ -337,6 +379,7 @@ static int rewind_main(ds4_family_state *st, int keep, char *err, size_t errlen)
 static int rewind_to(ds4_family_state *st, int keep, char *err, size_t errlen) {
     const int from = rewind_main(st, keep, err, errlen);
     if (from >= 0 && st->mtp) ds4_mtp_rewound(st->mtp, from);
+    if (from >= 0 && st->dspark) ds4_dspark_rewound(st->dspark, from);
     return from;
 }
 
@@ -344,12 +387,14 @@ static void reset(ds4_family_state *st) {
     drop_ckpts(st, -1);
     ds4_kv_reset(st->kv);
     if (st->mtp) ds4_mtp_forget(st->mtp, 0);
+    if (st->dspark) ds4_dspark_forget(st->dspark);
 }
 
 /* A restored state brings no hidden states: the drafter starts over. */
 static void replaced(ds4_family_state *st) {
     drop_ckpts(st, -1);
     if (st->mtp) ds4_mtp_forget(st->mtp, st->kv->n_pos);
+    if (st->dspark) ds4_dspark_forget(st->dspark);
 }
 
 static size_t snapshot_bytes(const ds4_family_state *st, int n_vocab) { (void)n_vocab; return ds4_kv_live_bytes(st->kv); }

@@ -89,11 +89,12 @@ typedef struct ds4_family {
     bool (*observe_matmuls)(ds4_family_model *m, ds4_backend *be, ds4_matmul_observer fn, void *ud, char *err,
                             size_t errlen);
     uint64_t (*state_bytes)(const ds4_family_model *m, int ctx);
-    /* --mtp FILE: binds a draft model from a support file made for this
-     * model, beside backend be; false with one line. NULL: the family has
-     * none (the engine refuses the option). draft_name: the bound drafter's
-     * name, NULL without one. */
-    bool (*draft_load)(ds4_family_model *m, ds4_backend *be, const char *path, char *err, size_t errlen);
+    /* --mtp FILE / --dspark FILE (dspark true): binds a draft model from a
+     * support file made for this model, beside backend be; false with one
+     * line. NULL: the family has none (the engine refuses the option).
+     * draft_name: the bound drafter's name, NULL without one. */
+    bool (*draft_load)(ds4_family_model *m, ds4_backend *be, const char *path, bool dspark, char *err,
+                       size_t errlen);
     const char *(*draft_name)(const ds4_family_model *m);
 
     ds4_family_state *(*state_new)(ds4_family_model *m, ds4_backend *be, int ctx, int prefill_chunk);
@@ -104,7 +105,8 @@ typedef struct ds4_family {
     int (*rewind)(ds4_family_state *st, int keep, char *err, size_t errlen);
     /* Up to max tokens the draft model expects after toks[0..n) (the
      * session's) and last (chosen, not yet appended), greedily, stopping at
-     * the first whose logit leads the runner-up by less than margin: how
+     * the first whose logit leads the runner-up by less than margin (MTP)
+     * or whose block prefix's confidence falls below margin (DSpark): how
      * many it wrote to out, or -1 with err; first_logits (NULL or n_vocab
      * floats) gets the logits of the first. The session's state is not
      * touched; the draft model's state is rebuilt, never persisted. */

@@ -145,6 +145,14 @@ bool ds4_cli_spec(ds4_cli *c, ds4_spec_params *p) {
     static const ds4_cli_int_opt lookup = {"--spec-lookup", 0, DS4_SPEC_MAX_DRAFT};
     static const ds4_cli_int_opt mtp_draft = {"--mtp-draft", 1, DS4_SPEC_MAX_DRAFT};
     if (ds4_cli_is(c, "--quality")) { p->quality = true; return true; }
+    if (ds4_cli_is(c, "--dspark-strict")) { p->dspark_strict = true; return true; }
+    if (ds4_cli_is(c, "--dspark-confidence")) {
+        const char *v = value(c);
+        float f;
+        if (v && (!ds4_parse_float(v, &f) || !(f >= 0 && f <= 1))) bad(c, "a number from 0 to 1");
+        else if (v) p->dspark_confidence = f;
+        return true;
+    }
     if (ds4_cli_is(c, "--mtp-margin")) {
         const char *v = value(c);
         float f;
@@ -152,7 +160,7 @@ bool ds4_cli_spec(ds4_cli *c, ds4_spec_params *p) {
         else if (v) p->mtp_margin = f;
         return true;
     }
-    return ds4_cli_str(c, "--mtp", &p->mtp_path) || ds4_cli_int(c, &mtp_draft, &p->mtp_draft) ||
+    return ds4_cli_str(c, "--mtp", &p->mtp_path) || ds4_cli_str(c, "--dspark", &p->dspark_path) || ds4_cli_int(c, &mtp_draft, &p->mtp_draft) ||
            ds4_cli_int(c, &lookup, &p->lookup_max);
 }
 
@@ -164,6 +172,11 @@ const char ds4_spec_usage[] =
     "                          its block drafts the next tokens; the output is the same as without it\n"
     "      --mtp-draft N       MTP tokens drafted per verification pass (1..16, default 1)\n"
     "      --mtp-margin F      draft a token only while its logit leads the runner-up by F (default 3)\n"
+    "      --dspark FILE       speculative decoding with a DSpark support file (DeepSeek V4): its block\n"
+    "                          drafter proposes up to five tokens per pass; replaces --mtp\n"
+    "      --dspark-confidence F  propose the longest block prefix whose confidence is >= F\n"
+    "                          (0..1, default 0.9; 0 = always the whole block)\n"
+    "      --dspark-strict     target-only decoding, as --quality\n"
     "      --quality           target-only decoding: no drafter runs, whatever else asks for one\n";
 
 const char ds4_gpu_usage[] =

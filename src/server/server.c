@@ -336,12 +336,12 @@ int ds4_server_run(const ds4_server_opts *opts) {
         return 2;
     }
     static ds4_spec spec;
-    if (s->o.spec.quality) s->o.spec.mtp_path = NULL;   /* --quality: target-only, nothing loaded for a draft */
-    if (s->o.spec.lookup_max > 0 || s->o.spec.mtp_path) {
+    if (ds4_spec_wanted(&s->o.spec)) {
         if (s->o.batched_sessions > 1) {
             /* batched slots advance together through the batcher, one token each per step */
             ds4_log(DS4_LOG_ERROR, "ds4-server: %s drafts for one session: it cannot be combined with "
-                                   "--batched-session %d\n", s->o.spec.mtp_path ? "--mtp" : "--spec-lookup",
+                                   "--batched-session %d\n",
+                    s->o.spec.dspark_path ? "--dspark" : s->o.spec.mtp_path ? "--mtp" : "--spec-lookup",
                     s->o.batched_sessions);
             return 2;
         }
@@ -382,6 +382,7 @@ int ds4_server_run(const ds4_server_opts *opts) {
     ep.gpu = s->o.gpu;
     ep.gpu_ctx = s->o.ctx;
     ep.mtp_path = ds4_spec_engine_mtp(&s->o.spec);
+    ep.dspark_path = ds4_spec_engine_dspark(&s->o.spec);
     ds4_runtime_apply(&s->o.runtime, &ep);
     s->eng = ds4_engine_load(&ep, err, sizeof err);
     if (!s->eng) { ds4_log(DS4_LOG_ERROR, "ds4-server: %s\n", err); return 1; }

@@ -11,6 +11,8 @@ answer and is counted in /metrics.
 - --mtp on the trained tiny model (models/ds4-tiny.gguf with its trained
   block): the chat answer and usage equal the plain server's, and most drafts
   are accepted (/metrics).
+- A server with --dspark (fixed five-token blocks) gives the same answers and
+  counts its passes and drafts.
 - --spec-lookup with --batched-session 2, and an out-of-range draft, are
   refused at start with one line.
 """
@@ -72,6 +74,20 @@ try:
               "every pass drafted at least one token")
 finally:
     spec.stop()
+
+# the DSpark block drafter at fixed five-token blocks: proposes on every pass, changes nothing
+dspark = Server("--dspark", "models/demo-dspark.gguf", "--dspark-confidence", "0")
+try:
+    got = answers(dspark)
+    for (a, b, what) in zip(ref, got, ("chat", "completion")):
+        res.check(a == b, f"{what}: the DSpark server's answer, logprobs and usage equal the plain server's")
+    passes, drafted = metric(dspark, "ds4_spec_passes_total"), metric(dspark, "ds4_spec_draft_tokens_total")
+    # five per pass, fewer only in the last four passes of each of the two answers, where the
+    # token budget left is under five (at most 4 + 3 + 2 + 1 fewer each)
+    res.check(passes > 0 and 5 * passes - 20 <= drafted <= 5 * passes,
+              f"DSpark drafted about five tokens on each pass: {drafted} on {passes} passes")
+finally:
+    dspark.stop()
 
 # scripted output that repeats the prompt's motif: what lookup drafts is what comes
 script = write_temp_file(" " + " ".join([MOTIF] * 3))

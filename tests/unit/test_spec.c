@@ -123,7 +123,7 @@ static outcome run(ds4_engine *e, const int32_t *prompt, int n_prompt, int ctx, 
     return o;
 }
 
-static uint64_t total_accepted, total_rejected, mtp_accepted, mtp_rejected;
+static uint64_t total_accepted, total_rejected, mtp_accepted, mtp_rejected, dspark_accepted, dspark_rejected;
 
 static void compare(const char *what, const outcome *ref, const outcome *got, const ds4_spec *sp) {
     CHECK(ref->r.end == got->r.end && ref->r.n_decoded == got->r.n_decoded, "%s: end %d/%d decoded %d/%d", what,
@@ -145,16 +145,21 @@ static void compare(const char *what, const outcome *ref, const outcome *got, co
         mtp_accepted += sp->stats.accepted;
         mtp_rejected += sp->stats.proposed - sp->stats.accepted;
     }
+    if (sp->p.dspark_path && !sp->p.lookup_max) {
+        dspark_accepted += sp->stats.accepted;
+        dspark_rejected += sp->stats.proposed - sp->stats.accepted;
+    }
 }
 
 /* The drafters a model is checked with: prompt lookup at several lengths,
  * or, with a support file, MTP alone (every margin 0 drafts on every pass)
- * and MTP behind lookup. */
-typedef struct { int lookup, min_ngram, mtp_draft; float mtp_margin; } drafter;
+ * and MTP behind lookup, or DSpark (confidence 0: the whole block on every
+ * pass) alone and behind lookup. */
+typedef struct { int lookup, min_ngram, mtp_draft; float mtp_margin; bool dspark; float confidence; } drafter;
 
-static void lossless(const char *path, const char *mtp, int numerics, const drafter *drafts, size_t n_drafts,
-                     size_t n_cases) {
-    ds4_engine *e = test_engine_load_mtp(path, mtp, numerics, 0);
+static void lossless(const char *path, const char *mtp, const char *dspark, int numerics, const drafter *drafts,
+                     size_t n_drafts, size_t n_cases) {
+    ds4_engine *e = test_engine_load_draft(path, mtp, dspark, numerics, 0);
     CHECK(e != NULL, "cannot load %s", path);
     if (!e) return;
     const int V = ds4_engine_n_vocab(e);
@@ -182,11 +187,15 @@ static void lossless(const char *path, const char *mtp, int numerics, const draf
             p.mtp_path = drafts[d].mtp_draft ? mtp : NULL;
             p.mtp_draft = drafts[d].mtp_draft ? drafts[d].mtp_draft : 1;
             p.mtp_margin = drafts[d].mtp_margin;
+            p.dspark_path = drafts[d].dspark ? dspark : NULL;
+            p.dspark_confidence = drafts[d].confidence;
+            p.draft_every_step = true;   /* as many verified drafts as possible */
             CHECK(ds4_spec_init(&sp, &p, err, sizeof err), "%s", err);
             outcome got = run(e, prompt, 48, cases[c].ctx, cases[c].max_tokens, cases[c].temp,
                               cases[c].cancel_after, cases[c].stop_after, &sp);
-            snprintf(what, sizeof what, "%s numerics %d case %zu lookup %d/%d mtp %d/%g", path, numerics, c,
-                     drafts[d].lookup, drafts[d].min_ngram, drafts[d].mtp_draft, (double)drafts[d].mtp_margin);
+            snprintf(what, sizeof what, "%s numerics %d case %zu lookup %d/%d mtp %d/%g dspark %d/%g", path, numerics,
+                     c, drafts[d].lookup, drafts[d].min_ngram, drafts[d].mtp_draft, (double)drafts[d].mtp_margin,
+                     drafts[d].dspark, (double)drafts[d].confidence);
             compare(what, &ref, &got, &sp);
             free(got.payload);
         }
@@ -225,9 +234,9 @@ static bool same_payload(const ds4_session *a, const ds4_session *b) {
  * target-only decoding, with payloads equal by memcmp; and the draft model's
  * logits after a prefill batched with another session equal those after the
  * same prefill alone. */
-static void mtp_snapshot_and_batch(const char *path, const char *mtp) {
+static void draft_snapshot_and_batch(const char *path, const char *mtp, const char *dspark) {
     char err[512];
-    ds4_engine *e = test_engine_load_mtp(path, mtp, 0, 0);
+    ds4_engine *e = test_engine_load_draft(path, mtp, dspark, 0, 0);
     CHECK(e != NULL, "cannot load %s with %s", path, mtp);
     if (!e) return;
     const int V = ds4_engine_n_vocab(e);
@@ -240,6 +249,8 @@ static void mtp_snapshot_and_batch(const char *path, const char *mtp) {
     p.mtp_path = mtp;
     p.mtp_draft = 3;
     p.mtp_margin = 0;
+    p.dspark_path = dspark;
+    p.dspark_confidence = 0;
     CHECK(ds4_spec_init(&sp, &p, err, sizeof err), "%s", err);
     static trace ref, first, rest, resumed;
     ref = first = rest = resumed = (trace){.n_vocab = V};
@@ -283,40 +294,91 @@ static void mtp_snapshot_and_batch(const char *path, const char *mtp) {
     ds4_engine_free(e);
 }
 
-static const drafter LOOKUP[] = {{4, 2, 0, 0}, {8, 1, 0, 0}, {16, 2, 0, 0}};
-static const drafter MTP[] = {{0, 0, 1, 0}, {0, 0, 3, 0}, {0, 0, 5, 0.5f}, {4, 2, 2, 0}};
+#define DSPARK_FIXTURE "tests/fixtures/ds4tiny/A/dspark/dspark.gguf"
+
+/* The back-off: a draft model that is never right (the demo's random MTP
+ * block at margin 0, which proposes on every try) is tried about once in 16
+ * steps after the first few failures, and the output is target-only's. */
+static void backoff_case(void) {
+    ds4_engine *e = test_engine_load_draft("models/demo.gguf", "models/demo-mtp.gguf", NULL, -1, 0);
+    CHECK(e != NULL, "cannot load the demo model with its MTP file");
+    if (!e) return;
+    int32_t prompt[16];
+    for (int i = 0; i < 16; i++) prompt[i] = 1000 + 37 * i;
+    outcome ref = run(e, prompt, 16, 400, 240, 0.0f, 0, 0, NULL);
+    ds4_spec sp;
+    ds4_spec_params p;
+    char err[128];
+    ds4_spec_params_default(&p);
+    p.mtp_path = "models/demo-mtp.gguf";
+    p.mtp_margin = 0;
+    CHECK(ds4_spec_init(&sp, &p, err, sizeof err), "%s", err);
+    outcome got = run(e, prompt, 16, 400, 240, 0.0f, 0, 0, &sp);
+    compare("demo MTP with back-off", &ref, &got, &sp);
+    /* waits 1, 2, 4, 8 then 16: at most 5 + 240/16 tries when none is accepted */
+    CHECK(sp.stats.accepted > 0 || sp.stats.passes <= 5 + 240 / 16, "back-off: %llu tries in 240 steps",
+          (unsigned long long)sp.stats.passes);
+    CHECK(sp.stats.passes >= 240 / 17, "back-off: only %llu tries in 240 steps", (unsigned long long)sp.stats.passes);
+    free(ref.payload);
+    free(got.payload);
+    ds4_engine_free(e);
+}
+
+static const drafter LOOKUP[] = {{4, 2, 0, 0, false, 0}, {8, 1, 0, 0, false, 0}, {16, 2, 0, 0, false, 0}};
+static const drafter MTP[] = {{0, 0, 1, 0, false, 0}, {0, 0, 3, 0, false, 0}, {0, 0, 5, 0.5f, false, 0},
+                              {4, 2, 2, 0, false, 0}};
+static const drafter DSPARK[] = {{0, 0, 0, 0, true, 0}, {4, 2, 0, 0, true, 0.3f}};
+/* the demo's 129k-row output head makes every block row costly: fixed blocks only */
+static const drafter DSPARK_FIXED[] = {{0, 0, 0, 0, true, 0}};
 
 int main(void) {
     lookup_cases();
     const char *build = getenv("BUILD");
     char path[512], mtp[512];
     /* paths under BUILD, or under models/ when they start with "models/" */
-    struct { const char *file, *mtp; int numerics; size_t cases; } models[] = {
-        {"ds4tiny/A-f32.gguf", NULL, 0, 5}, {"ds4tiny/A-f32.gguf", NULL, 1, 5}, {"ds4tiny/B-q8_0.gguf", NULL, 0, 5},
-        {"glmtiny/A-f32.gguf", NULL, -1, 5}, {"models/demo.gguf", NULL, -1, 5},
+    struct { const char *file, *mtp, *dspark; int numerics; size_t cases; } models[] = {
+        {"ds4tiny/A-f32.gguf", NULL, NULL, 0, 5}, {"ds4tiny/A-f32.gguf", NULL, NULL, 1, 5},
+        {"ds4tiny/B-q8_0.gguf", NULL, NULL, 0, 5}, {"glmtiny/A-f32.gguf", NULL, NULL, -1, 5},
+        {"models/demo.gguf", NULL, NULL, -1, 5},
         /* MTP: the oracle blocks (tests/fixtures/ds4tiny/<X>/mtp), the demo's
          * random one and the trained tiny model's, which accepts most drafts */
-        {"ds4tiny/A-f32.gguf", "ds4tiny/A-mtp-f32.gguf", 0, 5}, {"ds4tiny/A-f32.gguf", "ds4tiny/A-mtp-f32.gguf", 1, 1},
-        {"ds4tiny/B-q8_0.gguf", "ds4tiny/B-mtp-f32.gguf", 0, 1}, {"models/demo.gguf", "models/demo-mtp.gguf", -1, 1},
-        {"models/ds4-tiny.gguf", "models/ds4-tiny-mtp.gguf", -1, 1},
+        {"ds4tiny/A-f32.gguf", "ds4tiny/A-mtp-f32.gguf", NULL, 0, 5},
+        {"ds4tiny/A-f32.gguf", "ds4tiny/A-mtp-f32.gguf", NULL, 1, 1},
+        {"ds4tiny/B-q8_0.gguf", "ds4tiny/B-mtp-f32.gguf", NULL, 0, 1},
+        {"models/demo.gguf", "models/demo-mtp.gguf", NULL, -1, 1},
+        {"models/ds4-tiny.gguf", "models/ds4-tiny-mtp.gguf", NULL, -1, 1},
+        /* DSpark: the oracle drafter (tests/fixtures/ds4tiny/A/dspark) in both
+         * numerics, the demo's random one */
+        {"ds4tiny/A-f32.gguf", NULL, DSPARK_FIXTURE, 0, 5}, {"ds4tiny/A-f32.gguf", NULL, DSPARK_FIXTURE, 1, 1},
+        {"models/demo.gguf", NULL, "models/demo-dspark.gguf", -1, 1},
     };
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         const char *f = models[i].file, *m = models[i].mtp, *b = build ? build : "build";
         snprintf(path, sizeof path, "%s%s%s", strncmp(f, "models/", 7) ? b : "", strncmp(f, "models/", 7) ? "/" : "", f);
         if (m) snprintf(mtp, sizeof mtp, "%s%s%s", strncmp(m, "models/", 7) ? b : "", strncmp(m, "models/", 7) ? "/" : "", m);
-        if (m) lossless(path, mtp, models[i].numerics, MTP, sizeof MTP / sizeof MTP[0], models[i].cases);
-        else lossless(path, NULL, models[i].numerics, LOOKUP, sizeof LOOKUP / sizeof LOOKUP[0], models[i].cases);
+        if (models[i].dspark && !strncmp(models[i].dspark, "models/demo", 11))
+            lossless(path, NULL, models[i].dspark, models[i].numerics, DSPARK_FIXED, 1, models[i].cases);
+        else if (models[i].dspark)
+            lossless(path, NULL, models[i].dspark, models[i].numerics, DSPARK, sizeof DSPARK / sizeof DSPARK[0],
+                     models[i].cases);
+        else if (m) lossless(path, mtp, NULL, models[i].numerics, MTP, sizeof MTP / sizeof MTP[0], models[i].cases);
+        else lossless(path, NULL, NULL, models[i].numerics, LOOKUP, sizeof LOOKUP / sizeof LOOKUP[0], models[i].cases);
     }
     snprintf(path, sizeof path, "%s/ds4tiny/A-f32.gguf", build ? build : "build");
     snprintf(mtp, sizeof mtp, "%s/ds4tiny/A-mtp-f32.gguf", build ? build : "build");
-    mtp_snapshot_and_batch(path, mtp);
-    mtp_snapshot_and_batch("models/ds4-tiny.gguf", "models/ds4-tiny-mtp.gguf");
+    draft_snapshot_and_batch(path, mtp, NULL);
+    draft_snapshot_and_batch("models/ds4-tiny.gguf", "models/ds4-tiny-mtp.gguf", NULL);
+    draft_snapshot_and_batch(path, NULL, DSPARK_FIXTURE);
+    backoff_case();
     CHECK(total_accepted > 0 && total_rejected > 0,
           "drafts accepted %llu, rejected %llu: both must happen for the comparison to mean anything",
           (unsigned long long)total_accepted, (unsigned long long)total_rejected);
     CHECK(mtp_accepted > 0 && mtp_rejected > 0, "MTP drafts accepted %llu, rejected %llu",
           (unsigned long long)mtp_accepted, (unsigned long long)mtp_rejected);
-    printf("drafts accepted %llu, rejected %llu (MTP runs: %llu, %llu)\n", (unsigned long long)total_accepted,
-           (unsigned long long)total_rejected, (unsigned long long)mtp_accepted, (unsigned long long)mtp_rejected);
+    CHECK(dspark_accepted > 0 && dspark_rejected > 0, "DSpark drafts accepted %llu, rejected %llu",
+          (unsigned long long)dspark_accepted, (unsigned long long)dspark_rejected);
+    printf("drafts accepted %llu, rejected %llu (MTP runs: %llu, %llu; DSpark runs: %llu, %llu)\n",
+           (unsigned long long)total_accepted, (unsigned long long)total_rejected, (unsigned long long)mtp_accepted,
+           (unsigned long long)mtp_rejected, (unsigned long long)dspark_accepted, (unsigned long long)dspark_rejected);
     return check_done("test_spec");
 }

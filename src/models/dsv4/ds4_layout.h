@@ -212,6 +212,35 @@ int ds4_mtp_tensor_shape(const ds4_hparams *hp, enum ds4_mtp_tensor_id id, uint6
 int ds4_mtp_tensor_name(enum ds4_mtp_tensor_id id, char *buf, size_t n);
 uint32_t ds4_mtp_tensor_type(enum ds4_mtp_tensor_id id, enum ds4_mix mix);
 
+/* ---- the DSpark support file (block drafter, --dspark) ----
+ * A DwarfStar layout (no public GGUF naming exists for this draft): the
+ * dense draft of nemo-automodel's DeepSeek V4 DSpark module (dspark.h).
+ * general.architecture "dspark"; keys DS4_DSPARK_KEY(x) = "dspark.x":
+ *   embedding_length, vocab_size, target_block_count (the main model's
+ *   n_embd, n_vocab and layer count: a file for another model is refused),
+ *   target_layers (i32 array, ascending, each 0..target_block_count - 2),
+ *   block_count, block_size (1..16), mask_token_id, head_count, key_length,
+ *   rope.dimension_count, rope.freq_base, q_lora_rank, output_group_count,
+ *   output_lora_rank, feed_forward_length, markov_rank,
+ *   layer_norm_rms_epsilon.
+ * Tensors (ggml order: ne[0] is the input width; E embedding, V vocab, T
+ * target layers, H heads of D, Q q-LoRA, G output groups of O, F
+ * feed-forward, R Markov rank, C = E or E + R):
+ *   dspark.fc.weight [T*E, E]      dspark.hidden_norm.weight [E]
+ *   dspark.norm.weight [E]         dspark.markov_w1.weight [R, V]
+ *   dspark.markov_w2.weight [R, V] dspark.confidence.weight [C, 1]
+ *   dspark.confidence.bias [1]
+ *   dspark.blk.N.: attn_norm [E], attn_q_a [E, Q], attn_q_a_norm [Q],
+ *   attn_q_b [Q, H*D], attn_kv [E, D], attn_kv_a_norm [D], attn_sinks [H],
+ *   attn_output_a [H*D/G, G*O], attn_output_b [G*O, E], ffn_norm [E],
+ *   ffn_gate [E, F], ffn_up [E, F], ffn_down [F, E].
+ * Matrices may be any type the CPU kernels multiply; vectors F32/F16/BF16.
+ * The token embedding and the output matrix are the main model's. */
+#define DS4_DSPARK_ARCH "dspark"
+#define DS4_DSPARK_KEY(x) "dspark." x
+#define DS4_DSPARK_PREFIX "dspark."
+#define DS4_DSPARK_LAYER_PREFIX "dspark.blk.%d."
+
 /* ---- layer-range files ---- */
 /* u32, u32, bool. DwarfStar's own keys: llama.cpp-family readers ignore them. */
 #define DS4_SLICE_KEY_FIRST "ds4.slice.first_layer"

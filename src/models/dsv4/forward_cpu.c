@@ -962,6 +962,26 @@ static void mtp_input(batch *b) {
         }
 }
 
+/* The layer just run, for the sequences that keep its output (ring_layers):
+ * the mean of each row's streams into the row's slot. */
+static void keep_layer_means(batch *b) {
+    batch_scratch *s = &b->f->s;
+    const int E = b->f->c->n_embd, n_hc = b->f->c->n_hc;
+    for (int t = 0; t < b->T; t++) {
+        const ds4_backend_seq *sq = &b->seqs[s->row_seq[t]];
+        int i = 0;
+        while (sq->layer_ring && i < sq->n_ring_layers && sq->ring_layers[i] != b->l) i++;
+        if (!sq->layer_ring || i == sq->n_ring_layers) continue;
+        const float *streams = s->hc_state + (size_t)t * n_hc * E;
+        float *out = sq->layer_ring + ((size_t)(s->row_pos[t] % sq->layer_ring_slots) * sq->n_ring_layers + i) * E;
+        for (int e = 0; e < E; e++) {
+            float sum = 0;
+            for (int k = 0; k < n_hc; k++) sum += streams[(size_t)k * E + e];
+            out[e] = sum / (float)n_hc;
+        }
+    }
+}
+
 static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
     cpu *f = (cpu *)be;
     const ds4_config *c = f->c;
@@ -1030,6 +1050,7 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
     for (b.l = sl->first; b.l <= sl->last; b.l++) {
         attention(&b);
         ffn(&b);
+        keep_layer_means(&b);
         if (f->experts && ds4_expert_cache_take_error(f->experts, err, errlen)) return -1;
         ds4_power_pause(&be->power);
     }
@@ -1097,6 +1118,7 @@ bool ds4_cpu_numerics_supported(const ds4_config *c) {
 }
 
 int ds4_cpu_backend_threads(const ds4_backend *be) { return ((const cpu *)be)->n_threads; }
+ds4_pool *ds4_cpu_backend_pool(ds4_backend *be) { return ((cpu *)be)->pool; }
 void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud) {
     ((cpu *)be)->observe = fn;
     ((cpu *)be)->observe_ud = ud;

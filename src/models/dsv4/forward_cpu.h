@@ -60,6 +60,9 @@ ds4_backend *ds4_cpu_backend_new_sibling(const ds4_model *m, ds4_backend *host, 
                                          char *err, size_t errlen);
 bool ds4_cpu_numerics_supported(const ds4_config *c);
 int ds4_cpu_backend_threads(const ds4_backend *be);
+/* The backend's thread pool, for work another model runs between its evals
+ * on the same threads (the DSpark drafter); be must outlive its users. */
+struct ds4_pool *ds4_cpu_backend_pool(ds4_backend *be);
 struct ds4_expert_cache;
 void ds4_cpu_backend_stream_experts(ds4_backend *be, struct ds4_expert_cache *experts, bool predict);
 

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# ds4 --dspark: the greedy continuation dumped with every step's top logprobs
+# is byte-identical with and without the block drafter on the demo model (at
+# the default confidence and with fixed five-token blocks), the run prints
+# its drafter line, --dspark-strict decodes target-only without loading the
+# file, and bad input is refused with one line: --dspark with --mtp, a
+# confidence outside 0..1, a support file for another model, a truncated
+# one, an MTP file given as DSpark file.
+# (tests/unit/test_spec.c proves losslessness where drafts are accepted;
+# tests/unit/test_dspark.c checks the drafter against its reference.)
+set -u
+cd "$(dirname "$0")/../.."
+status=0
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; status=1; }
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+for f in models/demo.gguf models/demo-dspark.gguf models/demo-mtp.gguf; do
+    [ -f "$f" ] || { echo "FAIL $f missing (make demo-model)"; exit 1; }
+done
+prompt="Write a Python function that reverses a list."
+./ds4 -m models/demo.gguf -p "$prompt" --nothink -n 40 -t 2 --dump-logprobs "$d/ref.json" 2>/dev/null
+for conf in 0.9 0; do
+    rm -f "$d/spec.json"
+    ./ds4 -m models/demo.gguf -p "$prompt" --nothink -n 40 -t 2 --dspark models/demo-dspark.gguf \
+        --dspark-confidence $conf --dump-logprobs "$d/spec.json" 2>"$d/err"
+    if [ -s "$d/ref.json" ] && cmp -s "$d/ref.json" "$d/spec.json"; then ok "demo: --dspark-confidence $conf dumps the same 40 steps"
+    else bad "demo: --dspark-confidence $conf changed the greedy continuation or its logprobs: $(tail -2 "$d/err")"; fi
+    grep -q "^ds4: spec dspark: [0-9]* passes, proposed" "$d/err" && ok "demo: the DSpark drafter's line is printed" ||
+        bad "demo: no drafter line on stderr: $(cat "$d/err")"
+done
+# fixed blocks propose five tokens on every pass
+grep -q "by position 1:[0-9]*% 2:[0-9]*% 3:[0-9]*% 4:[0-9]*% 5:[0-9]*%$" "$d/err" &&
+    ok "--dspark-confidence 0: five-token blocks" || bad "--dspark-confidence 0: $(grep spec "$d/err")"
+# --dspark-strict: target-only, the file is not even opened
+rm -f "$d/strict.json"
+./ds4 -m models/demo.gguf -p "$prompt" --nothink -n 40 -t 2 --dspark "$d/no-such-file" --dspark-strict \
+    --dump-logprobs "$d/strict.json" 2>"$d/err"
+cmp -s "$d/ref.json" "$d/strict.json" && ! grep -q "spec dspark" "$d/err" && ok "--dspark-strict: target-only" ||
+    bad "--dspark-strict drafted or changed the output: $(tail -2 "$d/err")"
+one_line() {   # what, expected text, command...
+    local what=$1 want=$2; shift 2
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    if [ $rc != 0 ] && [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] && printf '%s' "$out" | grep -q -- "$want"; then
+        ok "$what refused in one line"
+    else bad "$what: rc $rc, output: $out"; fi
+}
+one_line "--dspark with --mtp" "replaces --mtp" \
+    ./ds4 -m models/demo.gguf -p hi -n 2 --dspark models/demo-dspark.gguf --mtp models/demo-mtp.gguf
+for v in 1.5 -0.1 x nan; do
+    one_line "--dspark-confidence '$v'" "dspark-confidence" \
+        ./ds4 -m models/demo.gguf -p hi -n 2 --dspark models/demo-dspark.gguf --dspark-confidence "$v"
+done
+one_line "a DSpark file for another model" "not a DSpark file for this model" \
+    ./ds4 -m models/demo.gguf -p hi -n 2 --dspark tests/fixtures/ds4tiny/A/dspark/dspark.gguf
+one_line "an MTP file as DSpark file" "not a DSpark file for this model" \
+    ./ds4 -m models/demo.gguf -p hi -n 2 --dspark models/demo-mtp.gguf
+head -c 100000 models/demo-dspark.gguf > "$d/cut.gguf"
+one_line "a truncated DSpark file" "--dspark $d/cut.gguf" \
+    ./ds4 -m models/demo.gguf -p hi -n 2 --dspark "$d/cut.gguf"
+exit $status
