@@ -111,6 +111,7 @@ typedef struct cpu {
     void *ts_block;
     ds4_matmul_observer observe;    /* NULL = off */
     void *observe_ud;
+    ds4_cpu_split split;            /* tensor parallelism: exchange NULL = off */
 } cpu;
 
 /* one eval: its sequences and the layer being run */
@@ -120,6 +121,8 @@ typedef struct {
     int n_seqs;
     int T, l;
     const float *hc_scale, *hc_base;   /* the HC sublayer being applied */
+    int group0;                        /* expert_group_task: the first group of the run */
+    int sum_lo, sum_hi;                /* expert_sum_task: the experts whose slots it adds */
 } batch;
 
 static ds4_kv *row_kv(const batch *b, int t) { return b->seqs[b->f->s.row_seq[t]].kv; }
@@ -579,12 +582,15 @@ static uint64_t expert_bytes(const ds4_layer *W) {
 static void expert_group_task(batch *b, int g, int thread) {
     batch_scratch *s = &b->f->s;
     expert_scratch x = s->thread_x[thread];
+    g += b->group0;
     x.out = s->slot_out + (size_t)s->group_row0[g] * b->f->c->n_embd;
     expert(b, s->group_expert[g], s->expert_rows + s->group_row0[g], s->group_n[g], NULL, &x);
 }
 
-/* Row t's expert outputs added in ascending expert order (slot order within
- * one expert), as the expert-major loop of routed() adds them. */
+/* Row t's outputs of the experts [sum_lo, sum_hi) added in ascending expert
+ * order (slot order within one expert), as the expert-major loop of routed()
+ * adds them: two calls over [0, m) and [m, n) add what one over [0, n) does,
+ * in the same order. */
 static void expert_sum_task(batch *b, int t, int thread) {
     const batch_scratch *s = &b->f->s;
     const int E = b->f->c->n_embd, k = b->f->c->n_expert_used;
@@ -594,8 +600,9 @@ static void expert_sum_task(batch *b, int t, int thread) {
         int best = -1;
         for (int j = 0; j < k; j++) {
             const bool after = last < 0 || ids[j] > ids[last] || (ids[j] == ids[last] && j > last);
-            if (after && (best < 0 || ids[j] < ids[best])) best = j;
+            if (after && ids[j] >= b->sum_lo && ids[j] < b->sum_hi && (best < 0 || ids[j] < ids[best])) best = j;
         }
+        if (best < 0) break;
         axpy(s->sublayer_out + (size_t)t * E, s->expert_w[(size_t)t * k + best],
              s->slot_out + (size_t)s->slot_at[(size_t)t * k + best] * E, E);
         last = best;
@@ -614,6 +621,7 @@ static int expert_group_rows(int T) { return T < EXPERT_GROUP_ROWS ? T : EXPERT_
 typedef struct {
     bool per_thread;    /* groups are recorded for one pool run, else run at once over the pool */
     int n_groups, used; /* groups recorded, entries of expert_rows they hold */
+    int lo, hi;         /* the experts this process computes (tensor parallelism: its half) */
 } routing;
 
 /* The next n rows of expert e (from expert_rows + r->used). */
@@ -621,7 +629,7 @@ static void expert_group(batch *b, routing *r, int e, int n) {
     cpu *f = b->f;
     batch_scratch *s = &f->s;
     const int E = f->c->n_embd, k = f->c->n_expert_used;
-    f->base.weight_bytes += expert_bytes(&f->m->layers[b->l]);
+    if (!f->split.exchange || (e >= r->lo && e < r->hi)) f->base.weight_bytes += expert_bytes(&f->m->layers[b->l]);
     if (r->per_thread) {
         s->group_expert[r->n_groups] = e;
         s->group_row0[r->n_groups] = r->used;
@@ -651,12 +659,19 @@ static void expert_group(batch *b, routing *r, int e, int n) {
  * group of at most T, since a hash row may name an expert twice) over the
  * pool. */
 static void routed(batch *b) {
-    batch_scratch *s = &b->f->s;
-    const ds4_config *c = b->f->c;
-    const int T = b->T, k = c->n_expert_used;
-    routing r = {.per_thread = !b->f->experts};
+    cpu *f = b->f;
+    batch_scratch *s = &f->s;
+    const ds4_config *c = f->c;
+    const int T = b->T, k = c->n_expert_used, mid = f->split.mid;
+    routing r = {.per_thread = !f->experts, .lo = 0, .hi = c->n_expert};
+    if (f->split.exchange) {
+        r.lo = f->split.rank ? mid : 0;
+        r.hi = f->split.rank ? c->n_expert : mid;
+    }
+    int mid_group = 0, mid_used = 0;   /* where the experts [mid, n) start in the groups and in expert_rows */
     const int group = r.per_thread ? expert_group_rows(T) : T;
     for (int e = 0; e < c->n_expert; e++) {
+        if (e == mid) { mid_group = r.n_groups; mid_used = r.used; }
         int n = 0;
         for (int j = 0; j < T * k; j++) {
             if (s->expert_ids[j] != e) continue;
@@ -667,7 +682,36 @@ static void routed(batch *b) {
         if (n) expert_group(b, &r, e, n);
     }
     if (!r.per_thread) return;
-    par(b, r.n_groups, expert_group_task);
+    b->sum_lo = 0;
+    if (!f->split.exchange) {
+        b->group0 = 0;
+        b->sum_hi = c->n_expert;
+        par(b, r.n_groups, expert_group_task);
+        par(b, T, expert_sum_task);
+        return;
+    }
+    /* Tensor parallelism (ds4_cpu_split): the groups are laid out as one
+     * process lays them out, each rank computes its own experts' groups, and
+     * the single process's sum is cut where the experts [mid, n) begin:
+     * rank 0 adds the shared expert and [0, mid) (the sum's first terms, in
+     * order) and sends that partial sum; rank 1 sends the slot outputs of
+     * [mid, n); both then add those onto the partial sum in the same order,
+     * so both hold the single process's bits. */
+    const size_t E = (size_t)c->n_embd, rows_hi = (size_t)(r.used - mid_used) * E;
+    float *slots_hi = s->slot_out + (size_t)mid_used * E;
+    if (f->split.rank == 0) {
+        b->group0 = 0;
+        par(b, mid_group, expert_group_task);
+        b->sum_hi = mid;
+        par(b, T, expert_sum_task);
+        f->split.exchange(f->split.ud, b->l, s->sublayer_out, (size_t)T * E, slots_hi, rows_hi);
+    } else {
+        b->group0 = mid_group;
+        par(b, r.n_groups - mid_group, expert_group_task);
+        f->split.exchange(f->split.ud, b->l, slots_hi, rows_hi, s->sublayer_out, (size_t)T * E);
+    }
+    b->sum_lo = mid;
+    b->sum_hi = c->n_expert;
     par(b, T, expert_sum_task);
 }
 
@@ -720,11 +764,14 @@ static void ffn(batch *b) {
         if (f->predict && b->l < f->m->slice.last && T * k < c->n_expert) predict_experts(b, b->l + 1);
     }
 
-    /* shared expert over the whole batch, into sublayer_out */
-    linear(f, &W->gate_shexp, 0, 0, F, s->normed, E, T, s->ffn_gate);
-    linear(f, &W->up_shexp, 0, 0, F, s->normed, E, T, s->ffn_up);
-    ds4_swiglu(f->pool, s->ffn_gate, s->ffn_up, T, F, c->clamp_shexp[b->l]);
-    linear(f, &W->down_shexp, 0, 0, E, s->ffn_gate, F, T, s->sublayer_out);
+    /* shared expert over the whole batch, into sublayer_out (tensor
+     * parallelism: rank 0's; rank 1 receives the partial sum it starts) */
+    if (!f->split.exchange || f->split.rank == 0) {
+        linear(f, &W->gate_shexp, 0, 0, F, s->normed, E, T, s->ffn_gate);
+        linear(f, &W->up_shexp, 0, 0, F, s->normed, E, T, s->ffn_up);
+        ds4_swiglu(f->pool, s->ffn_gate, s->ffn_up, T, F, c->clamp_shexp[b->l]);
+        linear(f, &W->down_shexp, 0, 0, E, s->ffn_gate, F, T, s->sublayer_out);
+    }
 
     routed(b);
     hc_post(b, DS4_STEER_FFN);
@@ -964,7 +1011,7 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
         snprintf(err, errlen, "out of memory for a batch of %d rows", T);
         return -1;
     }
-    batch b = {f, seqs, n_seqs, T, 0, NULL, NULL};
+    batch b = {f, seqs, n_seqs, T, 0, NULL, NULL, 0, 0, 0};
     batch_scratch *s = &f->s;
     const int E = c->n_embd, n_hc = c->n_hc;
     for (int q = 0, t = 0; q < n_seqs; q++) {
@@ -1059,6 +1106,7 @@ void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud) 
     ((cpu *)be)->observe = fn;
     ((cpu *)be)->observe_ud = ud;
 }
+void ds4_cpu_backend_split(ds4_backend *be, const ds4_cpu_split *sp) { ((cpu *)be)->split = *sp; }
 void ds4_cpu_backend_stream_experts(ds4_backend *be, ds4_expert_cache *experts, bool predict) {
     ((cpu *)be)->experts = experts;
     ((cpu *)be)->predict = predict;

@@ -33,6 +33,20 @@
  *   guessed experts (its router on this layer's FFN input; the token's row
  *   on hash layers) before this layer's experts are computed, and a
  *   hash-routed first layer's experts before its attention.
+ * - ds4_cpu_backend_split() (tensor parallelism, dist/tp.h) makes this
+ *   backend one of two ranks that evaluate the same batch together: rank 0
+ *   computes the shared expert and the routed experts [0, mid), rank 1 the
+ *   routed experts [mid, n_expert); every other weight is used by both.
+ *   At each layer's FFN, rank 0 calls exchange with its partial sum (shared
+ *   expert plus its experts, T x n_embd floats) to send and rank 1's slot
+ *   outputs (one n_embd row per selected slot of an expert >= mid, in the
+ *   single process's expert-major order) to receive; rank 1 the other way
+ *   round. Both then add rank 1's slots in ascending expert order, which is
+ *   where the single process's sum would add them, so each rank's logits,
+ *   states and hidden states are the single process's bit for bit. exchange
+ *   must fill recv (with anything, on a failed link: the caller then fails
+ *   the eval and restores the states). Requires the per-thread expert path
+ *   (no --ssd-streaming). A rank reads only its own experts' weights.
  * - The round-trip helpers are exposed for unit tests; n is a multiple of the
  *   block (64 for FP8, 32 for FP4), Hadamard needs a power of two.
  * - ds4_rope_inv_freq() is the RoPE (yarn = false) or YaRN inverse-frequency
@@ -50,6 +64,15 @@
 /* From now on every matrix product of this backend's evals goes to fn
  * first (NULL: off). */
 void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud);
+
+typedef struct {
+    int rank;   /* 0: the shared expert and experts [0, mid); 1: experts [mid, n_expert) */
+    int mid;
+    /* one exchange per layer; NULL: no split */
+    void (*exchange)(void *ud, int layer, const float *send, size_t n_send, float *recv, size_t n_recv);
+    void *ud;
+} ds4_cpu_split;
+void ds4_cpu_backend_split(ds4_backend *be, const ds4_cpu_split *sp);
 
 ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batch, bool numerics,
                                  char *err, size_t errlen);
