@@ -44,12 +44,14 @@ static int expert_mid(const ds4_model *m) { return m->cfg.n_expert / 2; }
 
 /* ================================================================ link */
 
-/* Sealed, counted frames on one pair socket. removals counts closed
- * connections (pipe notifications), so a rank sees its peer go. */
+/* Sealed, counted frames on one pair socket. current is the connection
+ * (pipe id) the socket has now, 0 while it has none (pipe notifications),
+ * so a rank sees the connection it registered on go, whatever the order in
+ * which the notifications of earlier connections arrive. */
 typedef struct {
     nng_socket s;
-    atomic_int removals;
-    int seen_removals;          /* removals when the peer was welcomed */
+    atomic_uint current;
+    uint32_t registered;        /* the connection the peer was welcomed on */
     uint8_t send_key[DS4_DIST_SEAL_BYTES], recv_key[DS4_DIST_SEAL_BYTES];
     uint64_t sent, received;
     double reply_s;
@@ -59,12 +61,19 @@ typedef struct {
     int gates;
 } tp_link;
 
-static void on_removed(nng_pipe pipe, nng_pipe_ev ev, void *arg) {
-    (void)pipe; (void)ev;
-    atomic_fetch_add((atomic_int *)arg, 1);
+static void on_pipe(nng_pipe pipe, nng_pipe_ev ev, void *arg) {
+    atomic_uint *current = arg;
+    unsigned id = nng_pipe_id(pipe);
+    if (ev == NNG_PIPE_EV_ADD_POST) atomic_store(current, id);
+    else atomic_compare_exchange_strong(current, &id, 0u);
 }
 
-static bool link_gone(tp_link *l) { return atomic_load(&l->removals) != l->seen_removals; }
+static int watch_pipes(tp_link *l) {
+    int rv = nng_pipe_notify(l->s, NNG_PIPE_EV_ADD_POST, on_pipe, &l->current);
+    return rv ? rv : nng_pipe_notify(l->s, NNG_PIPE_EV_REM_POST, on_pipe, &l->current);
+}
+
+static bool link_gone(tp_link *l) { return atomic_load(&l->current) != l->registered; }
 
 /* Seals msg (freed) under the send key and sends it. */
 static int link_send(tp_link *l, uint8_t *msg, size_t len) {
@@ -213,7 +222,7 @@ static void answer_registration(tp_coord *c, const void *buf, size_t blen, nng_p
     ds4_dist_link_key(c->p.secret, c->nonce_c, c->link.send_key);
     ds4_dist_link_key(c->p.secret, c->nonce_w, c->link.recv_key);
     c->link.sent = c->link.received = 0;
-    c->link.seen_removals = atomic_load(&c->link.removals);
+    c->link.registered = nng_pipe_id(pipe);
     c->worker_ctx = f.hello.ctx;
     c->pipe = pipe;
     for (int i = 0; i < c->q_n; i++) nng_free(c->q[i].buf, c->q[i].len);
@@ -247,6 +256,13 @@ static void *reader_loop(void *arg) {
         const size_t blen = nng_msg_len(msg);
         ds4_dist_frame f;
         char err[300];
+        ds4_dist_frame knock;
+        const bool registering = ds4_dist_decode(body, blen, &knock, err, sizeof err) && knock.type == DS4_DIST_KNOCK;
+        if (c->ready && registering) {
+            /* the worker gave up waiting for an answer and starts again */
+            c->ready = false;
+            pthread_cond_broadcast(&c->cv);
+        }
         if (c->ready && nng_pipe_id(nng_msg_get_pipe(msg)) == nng_pipe_id(c->pipe)) {
             if (!link_open(&c->link, body, blen, &f, err, sizeof err) || f.type != DS4_DIST_TP_PART) {
                 ds4_log(DS4_LOG_WARN, "ds4: tensor-parallel worker: %s; closing its connection\n",
@@ -621,7 +637,7 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
     if (!ds4_dist_tls_load(p, &c->tls, err, errlen)) { coord_free(&c->base); return NULL; }
     snprintf(c->url, sizeof c->url, "%s://%s:%d", ds4_dist_scheme(&c->tls), p->host, p->port);
     if (!rv) rv = nng_pair0_open(&c->link.s);
-    if (!rv) rv = nng_pipe_notify(c->link.s, NNG_PIPE_EV_REM_POST, on_removed, &c->link.removals);
+    if (!rv) rv = watch_pipes(&c->link);
     if (!rv) nng_socket_set_ms(c->link.s, NNG_OPT_RECVTIMEO, POLL_MS);
     if (!rv) nng_socket_set_ms(c->link.s, NNG_OPT_SENDTIMEO, (nng_duration)(p->reply_seconds * 1000));
     /* the worker sends registrations and PART frames: its expert outputs
@@ -867,7 +883,7 @@ int ds4_tp_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int 
     char curl[256];
     snprintf(curl, sizeof curl, "%s://%s:%d", ds4_dist_scheme(&tls), p->host, p->port);
     int rv = nng_pair0_open(&w.link.s);
-    if (!rv) rv = nng_pipe_notify(w.link.s, NNG_PIPE_EV_REM_POST, on_removed, &w.link.removals);
+    if (!rv) rv = watch_pipes(&w.link);
     if (!rv) ds4_dist_recv_limit(w.link.s, frame_max(&m->cfg, be->max_batch, ctx));
     if (!rv) rv = ds4_dist_dial(w.link.s, curl, &tls);
     if (rv) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
@@ -883,7 +899,6 @@ int ds4_tp_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int 
         while (!nng_recv(w.link.s, &stale, &slen, NNG_FLAG_ALLOC | NNG_FLAG_NONBLOCK)) nng_free(stale, slen);
         nng_socket_set_ms(w.link.s, NNG_OPT_SENDTIMEO, ANSWER_MS);
         nng_socket_set_ms(w.link.s, NNG_OPT_RECVTIMEO, ANSWER_MS);
-        const int seen = atomic_load(&w.link.removals);
         uint8_t nonces[2][DS4_DIST_NONCE_BYTES];
         const int hs = ds4_dist_handshake(w.link.s, p->secret, me, nonces, line, sizeof line);
         if (hs == -2 || (hs == -1 && registered)) {
@@ -901,7 +916,7 @@ int ds4_tp_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int 
         ds4_dist_link_key(p->secret, nonces[0], w.link.send_key);
         ds4_dist_link_key(p->secret, nonces[1], w.link.recv_key);
         w.link.sent = w.link.received = 0;
-        w.link.seen_removals = seen;
+        w.link.registered = atomic_load(&w.link.current);   /* the WELCOME's connection */
         w.step = 0;
         nng_socket_set_ms(w.link.s, NNG_OPT_RECVTIMEO, POLL_MS);
         nng_socket_set_ms(w.link.s, NNG_OPT_SENDTIMEO, (nng_duration)(p->reply_seconds * 1000));
