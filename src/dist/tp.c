@@ -379,8 +379,10 @@ static bool await_worker(tp_coord *c, char *err, size_t errlen) {
     const uint64_t gen = c->generation;
     pthread_mutex_unlock(&c->mu);
     if (!ok) {
-        snprintf(err, errlen, "no tensor-parallel worker registered at %s (waited %.0f s, --dist-wait)", c->url,
-                 c->p.wait_seconds);
+        snprintf(err, errlen, "%s at %s (waited %.0f s, --dist-wait)",
+                 gen ? "the tensor-parallel worker's connection closed and no worker registered again"
+                     : "no tensor-parallel worker registered",
+                 c->url, c->p.wait_seconds);
         return false;
     }
     if (gen != c->generation_known) {
