@@ -119,8 +119,15 @@ static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const
 /* The largest frame either rank sends: a PART of a batch's worker slots
  * (every row's every slot) or partial sums, a STEP of a batch, a STATE of
  * a ctx-token session. */
+static size_t part_max(const ds4_config *c, int max_batch) {
+    size_t per_row = (size_t)c->n_expert_used * c->n_embd;
+    const size_t latents = (size_t)c->o_groups * c->o_lora;
+    if (latents > per_row) per_row = latents;
+    return ds4_dist_tp_part_frame_max((size_t)max_batch * per_row);
+}
+
 static size_t frame_max(const ds4_config *c, int max_batch, int ctx) {
-    const size_t part = ds4_dist_tp_part_frame_max((size_t)max_batch * c->n_expert_used * c->n_embd);
+    const size_t part = part_max(c, max_batch);
     const size_t step = ds4_dist_tp_step_frame_max((size_t)max_batch, (size_t)max_batch, 4096);
     const size_t state = ds4_dist_tp_state_frame_max(ds4_kv_bytes_for(c, ctx, REWIND_SLACK));
     const size_t m = part > step ? part : step;
@@ -294,8 +301,8 @@ static void fail(tp_coord *c, bool transport, const char *fmt, const char *what)
     snprintf(c->why, sizeof c->why, fmt, what);
 }
 
-/* One layer's exchange (forward_cpu.h): this rank's partial sums out, the
- * worker's expert outputs in. After a failure, zeros: the step is undone. */
+/* One exchange (forward_cpu.h: gate 3 x layer + k): this rank's part out,
+ * the worker's in. After a failure, zeros: the step is undone. */
 static void coord_exchange(void *ud, int layer, const float *send, size_t n_send, float *recv, size_t n_recv) {
     tp_coord *c = ud;
     if (c->failed) { memset(recv, 0, n_recv * sizeof(float)); return; }
@@ -644,7 +651,7 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
     if (!rv) nng_socket_set_ms(c->link.s, NNG_OPT_SENDTIMEO, (nng_duration)(p->reply_seconds * 1000));
     /* the worker sends registrations and PART frames: its expert outputs
      * for a whole batch at most */
-    const size_t part = ds4_dist_tp_part_frame_max((size_t)local->max_batch * m->cfg.n_expert_used * m->cfg.n_embd);
+    const size_t part = part_max(&m->cfg, local->max_batch);
     if (!rv) ds4_dist_recv_limit(c->link.s, part > ((size_t)64 << 10) ? part : (size_t)64 << 10);
     if (!rv) rv = ds4_dist_listen(c->link.s, c->url, &c->tls, NULL);
     if (rv) {

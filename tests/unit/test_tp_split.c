@@ -1,7 +1,8 @@
-/* test_tp_split.c -- the tensor-parallel expert split of the CPU backend
+/* test_tp_split.c -- the tensor-parallel split of the CPU backend
  * (forward_cpu.h ds4_cpu_backend_split): two backends over the same model,
- * rank 0 (shared expert, experts [0, mid)) and rank 1 (experts [mid, n)),
- * each on its own thread and KV state, exchanging at every layer through
+ * rank 0 (shared expert, experts [0, mid), the first half of the heads and
+ * of out_b's rows) and rank 1 (experts [mid, n), the other halves), each on
+ * its own thread and KV state, exchanging three times per layer through
  * memory, give the single process's logits bit for bit (memcmp) on both
  * ranks, for a chunked prefill with every position's logits, for decode
  * steps after it, and for two sequences in one batch. Rank 1 also runs
@@ -172,7 +173,10 @@ static void check_model(const char *path, int threads) {
     }
     CHECK(ok && !rv.size_mismatch, "%s: split eval failed (or the ranks disagree on the slot count)", path);
     if (ok) {
-        CHECK(rv.exchanges > 0, "%s: no exchange happened", path);
+        /* 3 prefill calls and N_DECODE decode calls, each with three
+         * exchanges per layer (heads split: the models have 2 output groups) */
+        CHECK(ds4_cpu_split_heads(c) && rv.exchanges == (3 + N_DECODE) * 3 * c->n_layer, "%s: %d exchanges", path,
+              rv.exchanges);
         CHECK(!memcmp(want, got0, (size_t)2 * N * V * sizeof(float)), "%s: rank 0's logits differ from one process",
               path);
         CHECK(!memcmp(want, got1, (size_t)2 * N * V * sizeof(float)), "%s: rank 1's logits differ from one process",

@@ -76,6 +76,7 @@ typedef struct {
     int *seq_row0;          /* [T] a sequence's first row (at most T sequences) */
     int64_t *row_pos;       /* [T] a row's position in its sequence */
     int *head_rows;         /* [T] rows of one all-logits sequence */
+    float *tp_send, *tp_recv; /* [T][max(G*OL, E)] tensor parallelism: halves exchanged (empty without a split) */
     int *last_rows;         /* [T] last rows of the sequences that want only those */
     void *act;              /* [T] activations converted for the weight type */
 } batch_scratch;
@@ -112,6 +113,7 @@ typedef struct cpu {
     ds4_matmul_observer observe;    /* NULL = off */
     void *observe_ud;
     ds4_cpu_split split;            /* tensor parallelism: exchange NULL = off */
+    bool split_heads;               /* and attention's heads and out_b's rows split too */
 } cpu;
 
 /* one eval: its sequences and the layer being run */
@@ -122,6 +124,7 @@ typedef struct {
     int T, l;
     const float *hc_scale, *hc_base;   /* the HC sublayer being applied */
     int group0;                        /* expert_group_task: the first group of the run */
+    int h0, h1;                        /* attention: the heads this process computes */
     int sum_lo, sum_hi;                /* expert_sum_task: the experts whose slots it adds */
 } batch;
 
@@ -261,7 +264,7 @@ static void q_task(batch *b, int t, int thread) {
     const ds4_config *c = f->c;
     const int D = c->head_dim;
     const float *cs = rope_cs(b, t);
-    for (int h = 0; h < c->n_head; h++) {
+    for (int h = b->h0; h < b->h1; h++) {
         float *q = f->s.q_heads + ((size_t)t * c->n_head + h) * D;
         rmsnorm(q, D, NULL, c->rms_eps);
         rope_apply(q, D, c->n_rot, cs, false);
@@ -446,19 +449,37 @@ static int attn_rows(const batch *b, int t, const ds4_kv_layer *L, const float *
 /* A group of ATTN_GROUP heads of one row (ds4_attn_heads: softmax with sink
  * over the candidate rows, each row read once for the group). */
 enum { ATTN_GROUP = 8 };
-static int attn_groups(const ds4_config *c) { return (c->n_head + ATTN_GROUP - 1) / ATTN_GROUP; }
+static int attn_groups(const batch *b) { return (b->h1 - b->h0 + ATTN_GROUP - 1) / ATTN_GROUP; }
 
 static void attn_task(batch *b, int task, int thread) {
     const cpu *f = b->f;
     const ds4_config *c = f->c;
-    const int H = c->n_head, D = c->head_dim, t = task / attn_groups(c), h0 = task % attn_groups(c) * ATTN_GROUP;
-    const int nh = H - h0 < ATTN_GROUP ? H - h0 : ATTN_GROUP;
+    const int H = c->n_head, D = c->head_dim, t = task / attn_groups(b), h0 = b->h0 + task % attn_groups(b) * ATTN_GROUP;
+    const int nh = b->h1 - h0 < ATTN_GROUP ? b->h1 - h0 : ATTN_GROUP;
     thread_scratch *ts = &f->ts[thread];
     const int n = attn_rows(b, t, &row_kv(b, t)->L[b->l], ts->rows);
     float *o = f->s.attn_out + ((size_t)t * H + h0) * D;
     ds4_attn_heads(f->s.q_heads + ((size_t)t * H + h0) * D, nh, D, ts->rows, n, 1.0f / sqrtf((float)D),
                    f->m->layers[b->l].sinks + h0, ts->weights, o);
     for (int h = 0; h < nh; h++) rope_apply(o + (size_t)h * D, D, c->n_rot, rope_cs(b, t), true);
+}
+
+/* Tensor parallelism: rows of `width` floats per token in x, of which this
+ * rank computed the columns [c0, c1) and the other rank the rest; one
+ * exchange (gate `which` of the layer's three) gives each the other's. */
+static void allgather(batch *b, int which, float *x, int width, int c0, int c1) {
+    cpu *f = b->f;
+    batch_scratch *s = &f->s;
+    const int T = b->T, own = c1 - c0, other = width - own;
+    for (int t = 0; t < T; t++)
+        memcpy(s->tp_send + (size_t)t * own, x + (size_t)t * width + c0, (size_t)own * sizeof(float));
+    f->split.exchange(f->split.ud, 3 * b->l + which, s->tp_send, (size_t)T * own, s->tp_recv, (size_t)T * other);
+    for (int t = 0; t < T; t++) {
+        const float *in = s->tp_recv + (size_t)t * other;
+        float *row = x + (size_t)t * width;
+        memcpy(row, in, (size_t)c0 * sizeof(float));
+        memcpy(row + c1, in + c0, (size_t)(width - c1) * sizeof(float));
+    }
 }
 
 static void attention(batch *b) {
@@ -473,7 +494,21 @@ static void attention(batch *b) {
     hc_pre(b, &W->hc_attn_fn, W->hc_attn_scale, W->hc_attn_base, W->attn_norm);
     linear(f, &W->q_a, 0, 0, c->q_lora, s->normed, E, T, s->q_latent);
     for (int t = 0; t < T; t++) rmsnorm(s->q_latent + (size_t)t * c->q_lora, c->q_lora, W->q_a_norm, c->rms_eps);
-    linear(f, &W->q_b, 0, 0, HD, s->q_latent, c->q_lora, T, s->q_heads);
+    /* tensor parallelism: this rank's heads, those of its half of the
+     * output groups (attn_out is free until the heads write it) */
+    const int G = c->o_groups, OL = c->o_lora, gin = HD / G, hpg = c->n_head / G;
+    const bool split = f->split.exchange && f->split_heads;
+    const int g0 = split && f->split.rank ? G / 2 : 0, g1 = split && !f->split.rank ? G / 2 : G;
+    b->h0 = g0 * hpg;
+    b->h1 = g1 * hpg;
+    if (split) {
+        const size_t n = (size_t)(b->h1 - b->h0) * D;
+        linear(f, &W->q_b, 0, (int64_t)b->h0 * D, (int64_t)n, s->q_latent, c->q_lora, T, s->attn_out);
+        for (int t = 0; t < T; t++)
+            memcpy(s->q_heads + (size_t)t * HD + (size_t)b->h0 * D, s->attn_out + (size_t)t * n, n * sizeof(float));
+    } else {
+        linear(f, &W->q_b, 0, 0, HD, s->q_latent, c->q_lora, T, s->q_heads);
+    }
     linear(f, &W->kv, 0, 0, D, s->normed, E, T, s->kv_row);
     par(b, T, q_task);
 
@@ -487,7 +522,7 @@ static void attention(batch *b) {
         for (int q = 0; q < b->n_seqs; q++) compress_seq(b, q);
         if (has_indexer) indexer(b);
     }
-    par(b, T * attn_groups(c), attn_task);
+    par(b, T * attn_groups(b), attn_task);
 
     /* a sequence's rows become its ring only now: attention above read the
      * previous ring contents for positions before the batch */
@@ -500,13 +535,25 @@ static void attention(batch *b) {
     }
 
     /* grouped output projection: group g = heads g*hpg ... */
-    const int G = c->o_groups, OL = c->o_lora, gin = HD / G;
-    for (int g = 0; g < G; g++) {
+    for (int g = g0; g < g1; g++) {
         linear(f, &W->out_a, 0, (int64_t)g * OL, OL, s->attn_out + (size_t)g * gin, HD, T, s->out_group);
         for (int t = 0; t < T; t++)
             memcpy(s->out_latent + ((size_t)t * G + g) * OL, s->out_group + (size_t)t * OL, (size_t)OL * sizeof(float));
     }
-    linear(f, &W->out_b, 0, 0, E, s->out_latent, (int64_t)G * OL, T, s->sublayer_out);
+    if (!split) {
+        linear(f, &W->out_b, 0, 0, E, s->out_latent, (int64_t)G * OL, T, s->sublayer_out);
+    } else {
+        /* each rank's group latents to the other (the same bits one process
+         * computes), then each computes its half of out_b's rows and they
+         * swap those: sublayer_out is the single process's on both */
+        allgather(b, 0, s->out_latent, G * OL, g0 * OL, g1 * OL);
+        const int e0 = f->split.rank ? E / 2 : 0, e1 = f->split.rank ? E : E / 2;
+        linear(f, &W->out_b, 0, e0, e1 - e0, s->out_latent, (int64_t)G * OL, T, s->tp_recv);
+        for (int t = 0; t < T; t++)
+            memcpy(s->sublayer_out + (size_t)t * E + e0, s->tp_recv + (size_t)t * (e1 - e0),
+                   (size_t)(e1 - e0) * sizeof(float));
+        allgather(b, 1, s->sublayer_out, E, e0, e1);
+    }
     hc_post(b, DS4_STEER_ATTN);
 }
 
@@ -704,11 +751,11 @@ static void routed(batch *b) {
         par(b, mid_group, expert_group_task);
         b->sum_hi = mid;
         par(b, T, expert_sum_task);
-        f->split.exchange(f->split.ud, b->l, s->sublayer_out, (size_t)T * E, slots_hi, rows_hi);
+        f->split.exchange(f->split.ud, 3 * b->l + 2, s->sublayer_out, (size_t)T * E, slots_hi, rows_hi);
     } else {
         b->group0 = mid_group;
         par(b, r.n_groups - mid_group, expert_group_task);
-        f->split.exchange(f->split.ud, b->l, slots_hi, rows_hi, s->sublayer_out, (size_t)T * E);
+        f->split.exchange(f->split.ud, 3 * b->l + 2, slots_hi, rows_hi, s->sublayer_out, (size_t)T * E);
     }
     b->sum_lo = mid;
     b->sum_hi = c->n_expert;
@@ -818,6 +865,9 @@ static size_t layout_batch(const cpu *f, int T, carver *cv, batch_scratch *s) {
     s->idx_head_w = carve(cv, rows * c->n_idx_head, fl);
     s->out_latent = carve(cv, rows * c->o_groups * c->o_lora, fl);
     s->out_group = carve(cv, rows * c->o_lora, fl);
+    const size_t G_OL = (size_t)c->o_groups * c->o_lora, tp_cols = f->split.exchange ? (G_OL > E ? G_OL : E) : 0;
+    s->tp_send = carve(cv, rows * tp_cols, fl);
+    s->tp_recv = carve(cv, rows * tp_cols, fl);
     s->router = carve(cv, rows * c->n_expert, fl);
     s->expert_w = carve(cv, rows * k, fl);
     s->expert_in = carve(cv, rows * E, fl);
@@ -1011,7 +1061,7 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
         snprintf(err, errlen, "out of memory for a batch of %d rows", T);
         return -1;
     }
-    batch b = {f, seqs, n_seqs, T, 0, NULL, NULL, 0, 0, 0};
+    batch b = {f, seqs, n_seqs, T, 0, NULL, NULL, 0, 0, c->n_head, 0, 0};
     batch_scratch *s = &f->s;
     const int E = c->n_embd, n_hc = c->n_hc;
     for (int q = 0, t = 0; q < n_seqs; q++) {
@@ -1106,7 +1156,14 @@ void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud) 
     ((cpu *)be)->observe = fn;
     ((cpu *)be)->observe_ud = ud;
 }
-void ds4_cpu_backend_split(ds4_backend *be, const ds4_cpu_split *sp) { ((cpu *)be)->split = *sp; }
+void ds4_cpu_backend_split(ds4_backend *be, const ds4_cpu_split *sp) {
+    cpu *f = (cpu *)be;
+    f->split = *sp;
+    f->split_heads = ds4_cpu_split_heads(f->c);
+    f->cap = 0;   /* the next batch lays its scratch out with the exchange buffers */
+}
+
+bool ds4_cpu_split_heads(const ds4_config *c) { return c->o_groups % 2 == 0 && c->n_embd % 2 == 0; }
 void ds4_cpu_backend_stream_experts(ds4_backend *be, ds4_expert_cache *experts, bool predict) {
     ((cpu *)be)->experts = experts;
     ((cpu *)be)->predict = predict;
