@@ -5,20 +5,19 @@
  * Contract
  * - Roles (--tensor-parallel with --role): the coordinator (--listen HOST
  *   PORT) runs the engine, owns tokenization, sampling and the sessions,
- *   and computes the shared expert and the routed experts [0, n/2) of every
- *   layer; the worker (--coordinator HOST PORT) computes the routed experts
- *   [n/2, n). Attention, the router, the hyper-connections and the
- *   embedding run on both (replicated); the output head only on the
- *   coordinator (the worker binds every layer but not the head). Each
- *   process reads only the weights it uses, so the other half's experts are
- *   never paged in.
- * - The split arithmetic is forward_cpu.h's (ds4_cpu_backend_split): one
- *   exchange per layer (the coordinator's partial sum one way, the worker's
- *   expert outputs the other), added in the single process's order, so
- *   logits, states and sampled tokens are the single process's bit for
- *   bit, in batched prefill and token by token alike.
- *   token_prefill (--tensor-parallel-token-prefill) evaluates a prefill
- *   one token per step (one exchange per token and layer, as decode does).
+ *   and computes the shared expert, the routed experts [0, n/2) and the
+ *   first half of every layer's query heads (by output group) and out_b
+ *   rows; the worker (--coordinator HOST PORT) the routed experts
+ *   [n/2, n) and the other halves. The KV row, compressors, indexer,
+ *   router, hyper-connections and embedding run on both (replicated); the
+ *   output head only on the coordinator (the worker binds every layer but
+ *   not the head). Each process reads only the weights it uses.
+ * - The split arithmetic is forward_cpu.h's (ds4_cpu_backend_split): three
+ *   exchanges per layer, every value the single process's, so logits,
+ *   states and sampled tokens are the single process's bit for bit, in
+ *   batched prefill and token by token alike. token_prefill
+ *   (--tensor-parallel-token-prefill) evaluates a prefill one token per
+ *   step, as decode does.
  * - Registration: the worker dials and runs the pipeline's challenge-
  *   response (dist_proto.h: KNOCK, CHALLENGE with the coordinator's proof,
  *   HELLO sealed under the handshake key, WELCOME or REFUSED); the HELLO
