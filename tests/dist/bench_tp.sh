@@ -44,7 +44,8 @@ pair() {
     "${run[@]/@H@/0}" /usr/bin/time -f "%M" -o "$TMP/rss" ./ds4-bench "${BENCH[@]}" -t 1 --tensor-parallel \
         --role coordinator --listen "$2" "$port" --dist-secret bench --debug 2>"$TMP/pair.log" |
         awk -F, 'NR == 2 { printf "%s %s ", $2, $3 }'
-    printf "%s %s\n" "$(cat "$TMP/rss")" "$(awk '/VmHWM/ { print $2 }' "/proc/$WORKER/status")"
+    # a worker that died (its coordinator's run then failed) has no peak to report
+    printf "%s %s\n" "$(cat "$TMP/rss")" "$(awk '/VmHWM/ { print $2 }' "/proc/$WORKER/status" 2>/dev/null || echo 0)"
     kill -9 "$WORKER" 2>/dev/null
     wait "$WORKER" 2>/dev/null || true
     WORKER=""
