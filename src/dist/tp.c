@@ -75,10 +75,19 @@ static int watch_pipes(tp_link *l) {
 
 static bool link_gone(tp_link *l) { return atomic_load(&l->current) != l->registered; }
 
-/* Seals msg (freed) under the send key and sends it. */
+/* Seals msg (freed) under the send key and sends it. A pair socket's send
+ * waits while it has no connection, so it waits POLL_MS at a time (the
+ * socket's send timeout) and gives up with NNG_ECLOSED once the registered
+ * connection is gone, or NNG_ETIMEDOUT after reply_s. */
 static int link_send(tp_link *l, uint8_t *msg, size_t len) {
     msg = ds4_dist_seal(msg, &len, l->send_key, sizeof l->send_key);
-    const int rv = msg ? nng_send(l->s, msg, len, 0) : NNG_ENOMEM;
+    int rv = msg ? NNG_ETIMEDOUT : NNG_ENOMEM;
+    const double deadline = ds4_dist_now() + l->reply_s;
+    while (rv == NNG_ETIMEDOUT) {
+        if (link_gone(l)) { rv = NNG_ECLOSED; break; }
+        rv = nng_send(l->s, msg, len, 0);
+        if (rv == NNG_ETIMEDOUT && ds4_dist_now() > deadline) break;
+    }
     free(msg);
     if (!rv) { l->sent++; l->bytes_out += len; }
     return rv;
@@ -311,7 +320,8 @@ static void coord_exchange(void *ud, int layer, const float *send, size_t n_send
     uint8_t *msg = ds4_dist_encode_tp_part(c->link.sent, this_step, (uint32_t)layer, DS4_DIST_OK, send, n_send, NULL,
                                            &len);
     int rv = link_send(&c->link, msg, len);
-    if (rv) fail(c, true, "tensor-parallel worker: cannot send: %s", nng_strerror(rv));
+    if (rv == NNG_ECLOSED) fail(c, true, "%s", "the tensor-parallel worker's connection closed");
+    else if (rv) fail(c, true, "tensor-parallel worker: cannot send: %s", nng_strerror(rv));
     const double t0 = ds4_dist_now(), deadline = t0 + c->p.reply_seconds;
     pthread_mutex_lock(&c->mu);
     while (!c->failed) {
@@ -433,7 +443,8 @@ static int send_step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char 
             free(state);
             const int rv = msg ? link_send(&c->link, msg, len) : NNG_ENOMEM;
             if (rv) {
-                snprintf(err, errlen, "cannot send a session's state to the tensor-parallel worker: %s", nng_strerror(rv));
+                snprintf(err, errlen, "cannot send a session's state to the tensor-parallel worker: %s",
+                         rv == NNG_ECLOSED ? "the worker's connection closed" : nng_strerror(rv));
                 c->transport_failed = true;
                 rc = -1;
                 break;
@@ -449,7 +460,8 @@ static int send_step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char 
                                                toks, &len);
         const int rv = msg ? link_send(&c->link, msg, len) : NNG_ENOMEM;
         if (rv) {
-            snprintf(err, errlen, "cannot send the step to the tensor-parallel worker: %s", nng_strerror(rv));
+            snprintf(err, errlen, "cannot send the step to the tensor-parallel worker: %s",
+                     rv == NNG_ECLOSED ? "the tensor-parallel worker's connection closed" : nng_strerror(rv));
             c->transport_failed = true;
             rc = -1;
         } else {
@@ -648,7 +660,7 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
     if (!rv) rv = nng_pair0_open(&c->link.s);
     if (!rv) rv = watch_pipes(&c->link);
     if (!rv) nng_socket_set_ms(c->link.s, NNG_OPT_RECVTIMEO, POLL_MS);
-    if (!rv) nng_socket_set_ms(c->link.s, NNG_OPT_SENDTIMEO, (nng_duration)(p->reply_seconds * 1000));
+    if (!rv) nng_socket_set_ms(c->link.s, NNG_OPT_SENDTIMEO, POLL_MS);
     /* the worker sends registrations and PART frames: its expert outputs
      * for a whole batch at most */
     const size_t part = part_max(&m->cfg, local->max_batch);
@@ -928,7 +940,8 @@ int ds4_tp_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int 
         w.link.registered = atomic_load(&w.link.current);   /* the WELCOME's connection */
         w.step = 0;
         nng_socket_set_ms(w.link.s, NNG_OPT_RECVTIMEO, POLL_MS);
-        nng_socket_set_ms(w.link.s, NNG_OPT_SENDTIMEO, (nng_duration)(p->reply_seconds * 1000));
+        nng_socket_set_ms(w.link.s, NNG_OPT_SENDTIMEO, POLL_MS);
+        w.link.reply_s = p->reply_seconds;
         serve_link(&w);
         drop_sessions(&w);
         ds4_log(DS4_LOG_WARN, "ds4 worker: lost the coordinator at %s; registering again\n", curl);

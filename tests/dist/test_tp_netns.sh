@@ -32,28 +32,7 @@ if [ ! -x ./ds4 ] || [ "${#ORACLES[@]}" = 0 ] || [ ! -f "$DEMO" ]; then
     echo "test_tp_netns: SKIPPED: needs ./ds4, $BUILD/ds4tiny/*-f32.gguf and $DEMO (make test builds them)"
     exit $SKIPPED
 fi
-TAG=ds4tp$$
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-    netns_hosts_down "$TAG"
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-if [ "$(id -u)" != 0 ]; then
-    echo "test_tp_netns: SKIPPED: needs root (ip netns)"
-    exit $SKIPPED
-fi
-if ! netns_hosts_up "$TAG" 2 2>"$TMP/netns.err"; then
-    echo "test_tp_netns: SKIPPED: cannot make network namespaces: $(tail -1 "$TMP/netns.err")"
-    exit $SKIPPED
-fi
-passed=0 failed=0
-check() {   # check OK WHAT
-    if [ "$1" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2" >&2; fi
-}
+netns_test_begin test_tp_netns 2
 COORD=$(netns_host_addr 0)
 port=7100
 SECRET=(--dist-secret tp-netns-test)
