@@ -95,11 +95,6 @@ static uint32_t elapsed_us(double since) {
     return us > 4e9 ? 4000000000u : (uint32_t)us;
 }
 
-/* A float payload decoded into place (the frame's bytes need not be aligned). */
-static void copy_floats(float *dst, const uint8_t *src, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = ds4_dist_float_at(src, i);
-}
-
 
 /* A push socket dialed to url; sends queue instead of blocking while the
  * peer is busy. The dial does not wait for the connection (a peer that
@@ -737,7 +732,7 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
                          r->n_floats, (unsigned long long)r->session, (unsigned long long)r->hash_after, want);
                 rc = -1;
             } else if (want) {
-                copy_floats(x->all ? x->logits + (size_t)off * V : x->logits, r->floats, want);
+                ds4_dist_floats(r->floats, want, x->all ? x->logits + (size_t)off * V : x->logits);
             }
         }
         if (!rc && c->p.debug) print_telemetry(r, ds4_dist_now() - sent_at[done % DS4_DIST_MAX_WINDOW], blen);
@@ -897,7 +892,7 @@ static int coord_gather(ds4_backend *be, struct ds4_kv *kv, char *err, size_t er
             float *grown = (size_t)f.result.n_floats * sizeof(float) == bytes ? realloc(state, bytes + 1) : NULL;
             if (grown) {
                 state = grown;
-                copy_floats(state, f.result.floats, f.result.n_floats);
+                ds4_dist_floats(f.result.floats, f.result.n_floats, state);
             }
             char why[256] = "a different size, or out of memory";
             if (!grown || !ds4_kv_layers_load(kv, hp->first, hp->last, n, state, bytes, why, sizeof why)) {

@@ -300,10 +300,14 @@ float ds4_dist_float_at(const uint8_t *floats, size_t i) {
     return f;
 }
 
+void ds4_dist_floats(const uint8_t *floats, size_t n, float *out) {
+    for (size_t i = 0; i < n; i++) out[i] = ds4_dist_float_at(floats, i);
+}
+
 void ds4_dist_work_floats(const ds4_dist_work *w, float *out) {
     const uint8_t *p = w->floats;
     if (w->act == DS4_DIST_ACT_F32) {
-        for (size_t i = 0; i < w->n_floats; i++) out[i] = ds4_dist_float_at(p, i);
+        ds4_dist_floats(p, w->n_floats, out);
     } else if (w->act == DS4_DIST_ACT_F16) {
         for (size_t i = 0; i < w->n_floats; i++) out[i] = ds4_half_to_f32((ds4_half)(p[2 * i] | p[2 * i + 1] << 8));
     } else {

@@ -273,6 +273,9 @@ size_t ds4_dist_route_frame_max(size_t url_max);
 /* false (and one line in err) for anything but one whole valid frame */
 bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *err, size_t errlen);
 float ds4_dist_float_at(const uint8_t *floats, size_t i);
+/* n f32 values of an encoded payload decoded into place (the frame's bytes
+ * need not be aligned). */
+void ds4_dist_floats(const uint8_t *floats, size_t n, float *out);
 /* The payload's n_floats values, decoded from its transport format into out. */
 void ds4_dist_work_floats(const ds4_dist_work *w, float *out);
 /* Bytes of n floats in format act (row: Q8's row length). */

@@ -22,8 +22,9 @@
  * ranks byte for byte; POLL_MS: how often a waiting rank looks at the
  * connection; ANSWER_MS: how long the registration waits for each answer;
  * QUEUE: exchange frames the coordinator's reader holds (one is pending at
- * a time, plus a late one of a failed step). */
-enum { REWIND_SLACK = 256, POLL_MS = 100, ANSWER_MS = 5000, QUEUE = 8 };
+ * a time, plus a late one of a failed step); MAX_DROPS: freed sessions one
+ * STEP names at most (a worker keeping one more only holds its memory). */
+enum { REWIND_SLACK = 256, POLL_MS = 100, ANSWER_MS = 5000, QUEUE = 8, MAX_DROPS = 4096 };
 
 bool ds4_tp_check_options(const ds4_dist_params *p, char *err, size_t errlen) {
     if (!p->tp) return true;
@@ -114,10 +115,6 @@ static bool link_open(tp_link *l, const void *buf, size_t blen, ds4_dist_frame *
     return true;
 }
 
-static void copy_floats(float *dst, const uint8_t *src, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = ds4_dist_float_at(src, i);
-}
-
 /* Who a rank is, as a HELLO says it (the coordinator compares its own). */
 static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const uint8_t *nonce) {
     return (ds4_dist_hello){NULL, nonce, m->name, strlen(m->name), (uint32_t)m->cfg.n_layer, (uint32_t)m->cfg.n_embd,
@@ -125,9 +122,8 @@ static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const
                             (uint32_t)m->cfg.n_layer - 1, false, (uint32_t)ctx, "", 0, numerics};
 }
 
-/* The largest frame either rank sends: a PART of a batch's worker slots
- * (every row's every slot) or partial sums, a STEP of a batch, a STATE of
- * a ctx-token session. */
+/* The largest PART: a batch's worker slots (every row's every slot), its
+ * partial sums or its group latents. */
 static size_t part_max(const ds4_config *c, int max_batch) {
     size_t per_row = (size_t)c->n_expert_used * c->n_embd;
     const size_t latents = (size_t)c->o_groups * c->o_lora;
@@ -135,9 +131,11 @@ static size_t part_max(const ds4_config *c, int max_batch) {
     return ds4_dist_tp_part_frame_max((size_t)max_batch * per_row);
 }
 
+/* The largest frame a worker receives: a PART, a STEP of a batch, a STATE
+ * of a ctx-token session. */
 static size_t frame_max(const ds4_config *c, int max_batch, int ctx) {
     const size_t part = part_max(c, max_batch);
-    const size_t step = ds4_dist_tp_step_frame_max((size_t)max_batch, (size_t)max_batch, 4096);
+    const size_t step = ds4_dist_tp_step_frame_max((size_t)max_batch, (size_t)max_batch, MAX_DROPS);
     const size_t state = ds4_dist_tp_state_frame_max(ds4_kv_bytes_for(c, ctx, REWIND_SLACK));
     const size_t m = part > step ? part : step;
     return m > state ? m : state;
@@ -356,7 +354,7 @@ static void coord_exchange(void *ud, int layer, const float *send, size_t n_send
                      f.tp.n_floats, layer, n_recv);
             fail(c, true, "tensor-parallel worker out of step: %s", err);
         } else {
-            copy_floats(recv, f.tp.floats, n_recv);
+            ds4_dist_floats(f.tp.floats, n_recv, recv);
         }
         nng_free(q.buf, q.len + DS4_DIST_SEAL_BYTES);
         break;
@@ -598,7 +596,7 @@ static void coord_release(ds4_backend *be, struct ds4_kv *kv) {
             if (d) { c->drops = d; c->cap_drops = cap; }
         }
         /* a worker that keeps a session it was not told about only holds memory */
-        if (c->n_drops < c->cap_drops && c->n_drops < 4096) c->drops[c->n_drops++] = c->sess[i].id;
+        if (c->n_drops < c->cap_drops && c->n_drops < MAX_DROPS) c->drops[c->n_drops++] = c->sess[i].id;
         c->sess[i] = c->sess[--c->n_sess];
         return;
     }
@@ -779,7 +777,7 @@ static void worker_exchange(void *ud, int layer, const float *send, size_t n_sen
         } else if (f.tp.layer != (uint32_t)layer || f.tp.n_floats != n_recv) {
             worker_fail(w, true, "the coordinator is out of step");
         } else {
-            copy_floats(recv, f.tp.floats, n_recv);
+            ds4_dist_floats(f.tp.floats, n_recv, recv);
         }
         nng_free(buf, blen);
         break;
