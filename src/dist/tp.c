@@ -409,6 +409,16 @@ static bool await_worker(tp_coord *c, char *err, size_t errlen) {
     return true;
 }
 
+/* Sends msg (freed; NULL: out of memory) to the worker, or says why not. */
+static int send_or_say(tp_coord *c, uint8_t *msg, size_t len, const char *what, char *err, size_t errlen) {
+    const int rv = msg ? link_send(&c->link, msg, len) : NNG_ENOMEM;
+    if (!rv) return 0;
+    if (rv == NNG_ECLOSED) snprintf(err, errlen, "the tensor-parallel worker's connection closed (sending %s)", what);
+    else snprintf(err, errlen, "cannot send %s to the tensor-parallel worker: %s", what, nng_strerror(rv));
+    c->transport_failed = true;
+    return -1;
+}
+
 /* The worker's copy of each sequence's session brought to where the
  * coordinator's is (STATE frames for those it cannot reach by truncation),
  * then the STEP itself. */
@@ -439,14 +449,7 @@ static int send_step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char 
                 msg = ds4_dist_encode_tp_state(c->link.sent, s->id, (uint32_t)kv->ctx, state, n, &len);
             }
             free(state);
-            const int rv = msg ? link_send(&c->link, msg, len) : NNG_ENOMEM;
-            if (rv) {
-                snprintf(err, errlen, "cannot send a session's state to the tensor-parallel worker: %s",
-                         rv == NNG_ECLOSED ? "the worker's connection closed" : nng_strerror(rv));
-                c->transport_failed = true;
-                rc = -1;
-                break;
-            }
+            if ((rc = send_or_say(c, msg, len, "a session's state", err, errlen))) break;
         }
         recs[q] = (ds4_dist_tp_seq){s->id, (uint32_t)kv->ctx, (uint32_t)kv->n_pos, (uint32_t)seqs[q].n};
         memcpy(toks + at, seqs[q].toks, (size_t)seqs[q].n * sizeof *toks);
@@ -456,13 +459,7 @@ static int send_step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char 
         size_t len;
         uint8_t *msg = ds4_dist_encode_tp_step(c->link.sent, c->drops, (uint32_t)c->n_drops, recs, (uint32_t)n_seqs,
                                                toks, &len);
-        const int rv = msg ? link_send(&c->link, msg, len) : NNG_ENOMEM;
-        if (rv) {
-            snprintf(err, errlen, "cannot send the step to the tensor-parallel worker: %s",
-                     rv == NNG_ECLOSED ? "the tensor-parallel worker's connection closed" : nng_strerror(rv));
-            c->transport_failed = true;
-            rc = -1;
-        } else {
+        if (!(rc = send_or_say(c, msg, len, "the step", err, errlen))) {
             c->n_drops = 0;
             c->step++;
         }
@@ -470,6 +467,19 @@ static int send_step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char 
     free(recs);
     free(toks);
     return rc;
+}
+
+/* Where each sequence's state was before a call (ds4_kv_undo); NULL with
+ * err when out of memory. */
+static ds4_kv_undo *undo_all(const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
+    ds4_kv_undo *undo = calloc((size_t)(n_seqs ? n_seqs : 1), sizeof *undo);
+    int saved = 0;
+    while (undo && saved < n_seqs && ds4_kv_undo_save(&undo[saved], seqs[saved].kv, seqs[saved].n)) saved++;
+    if (saved == n_seqs) return undo;
+    for (int q = 0; q < saved; q++) ds4_kv_undo_free(&undo[q]);
+    free(undo);
+    snprintf(err, errlen, "out of memory for %d sequences", n_seqs);
+    return NULL;
 }
 
 /* One batch on both ranks. */
@@ -480,15 +490,8 @@ static int step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char *err,
             return -1;
         }
     if (!await_worker(c, err, errlen)) return -1;
-    ds4_kv_undo *undo = calloc((size_t)n_seqs, sizeof *undo);
-    int saved = 0;
-    while (undo && saved < n_seqs && ds4_kv_undo_save(&undo[saved], seqs[saved].kv, seqs[saved].n)) saved++;
-    if (saved < n_seqs) {
-        for (int q = 0; q < saved; q++) ds4_kv_undo_free(&undo[q]);
-        free(undo);
-        snprintf(err, errlen, "out of memory for %d sequences", n_seqs);
-        return -1;
-    }
+    ds4_kv_undo *undo = undo_all(seqs, n_seqs, err, errlen);
+    if (!undo) return -1;
     c->failed = c->transport_failed = false;
     c->link.bytes_out = c->link.bytes_in = 0;
     c->link.wait_s = 0;
@@ -542,11 +545,9 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
     tp_coord *c = (tp_coord *)be;
     if (!c->p.tp_token_prefill) return step(c, seqs, n_seqs, err, errlen);
     /* one token per step, as decode runs; sequences one after another */
-    ds4_kv_undo *undo = calloc((size_t)n_seqs, sizeof *undo);
-    int saved = 0;
-    while (undo && saved < n_seqs && ds4_kv_undo_save(&undo[saved], seqs[saved].kv, seqs[saved].n)) saved++;
-    int rc = saved < n_seqs ? -1 : 0;
-    if (rc) snprintf(err, errlen, "out of memory for %d sequences", n_seqs);
+    ds4_kv_undo *undo = undo_all(seqs, n_seqs, err, errlen);
+    if (!undo) return -1;
+    int rc = 0;
     const int V = c->m->cfg.n_vocab;
     for (int q = 0; !rc && q < n_seqs; q++) {
         const ds4_backend_seq *sq = &seqs[q];
@@ -561,12 +562,12 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
     }
     /* a failed call leaves every state where it found it; the worker's
      * copies of the sequences that advanced are sent again */
-    for (int q = 0; rc && q < saved; q++) {
+    for (int q = 0; rc && q < n_seqs; q++) {
         ds4_kv_undo_apply(&undo[q], seqs[q].kv);
         tp_session *s = session_of(c, seqs[q].kv);
         if (s) s->worker_pos = -1;
     }
-    for (int q = 0; q < saved; q++) ds4_kv_undo_free(&undo[q]);
+    for (int q = 0; q < n_seqs; q++) ds4_kv_undo_free(&undo[q]);
     free(undo);
     return rc;
 }

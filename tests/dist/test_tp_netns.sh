@@ -96,7 +96,7 @@ check $? "token prefill took $steps steps for a ${prompt:-?}-token prompt and 20
 port=$((port + 1))
 start_worker "$DEMO"
 ip netns exec "${TAG}h0" timeout 120 ./ds4 -t 1 -m "$DEMO" --numerics exact --tensor-parallel --role coordinator \
-    --listen "$COORD" "$port" "${SECRET[@]}" --dist-wait 20 --dist-reply-timeout 60 --debug \
+    --listen "$COORD" "$port" "${SECRET[@]}" --dist-wait 5 --dist-reply-timeout 60 --debug \
     -p "hello there" --nothink -n 100000 >/dev/null 2>"$TMP/kill.log" &
 CPID=$!
 for _ in $(seq 1 600); do
