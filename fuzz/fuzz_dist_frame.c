@@ -78,7 +78,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case DS4_DIST_TP_STEP: {
         const ds4_dist_tp *t = &f.tp;
         inside(data, size, t->drop, 8 * (size_t)t->n_drop);
-        inside(data, size, t->seqs, 20 * (size_t)t->n_seqs);
+        inside(data, size, t->seqs, 21 * (size_t)t->n_seqs);
         inside(data, size, t->tokens, 4 * (size_t)t->n_tokens);
         uint64_t *drop = malloc(8 * (size_t)t->n_drop + 8);
         ds4_dist_tp_seq *seqs = malloc(sizeof *seqs * (size_t)t->n_seqs + 1);

@@ -1427,7 +1427,7 @@ int ds4_dist_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, in
     for (;;) {
         if (!registered || nng_recv(w.data, &buf, &blen, NNG_FLAG_ALLOC)) {
             char line[300];
-            const int hs = ds4_dist_handshake(control, p->secret, me, NULL, line, sizeof line);
+            const int hs = ds4_dist_handshake(control, p->secret, me, NULL, NULL, line, sizeof line);
             if (hs == -2 && !registered && !waited) {
                 /* NNG keeps dialling and says nothing about why a connection fails */
                 ds4_log(DS4_LOG_WARN, "ds4 worker: no answer from %s yet (is it up? with TLS, do both sides trust each "

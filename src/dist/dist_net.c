@@ -21,14 +21,21 @@ double ds4_dist_now(void) {
  * error (NNG_ETIMEDOUT: no answer in time), or -1 for an answer that is
  * not a valid frame; a line in err either way. */
 int ds4_dist_request(nng_socket s, uint8_t *msg, size_t len, const uint8_t *key, void **buf, size_t *blen,
-                    ds4_dist_frame *f, char *err, size_t errlen) {
+                     ds4_dist_frame *f, uint32_t *pipe, char *err, size_t errlen) {
     int rv = msg ? nng_send(s, msg, len, 0) : NNG_ENOMEM;
     free(msg);
-    if (rv == 0) rv = nng_recv(s, buf, blen, NNG_FLAG_ALLOC);
+    nng_msg *m = NULL;
+    if (rv == 0) rv = nng_recvmsg(s, &m, 0);
     if (rv) { snprintf(err, errlen, "%s", nng_strerror(rv)); return rv; }
+    if (pipe) *pipe = nng_pipe_id(nng_msg_get_pipe(m));
+    *blen = nng_msg_len(m);
+    *buf = nng_alloc(*blen ? *blen : 1);
+    if (*buf) memcpy(*buf, nng_msg_body(m), *blen);
+    nng_msg_free(m);
+    if (!*buf) { snprintf(err, errlen, "out of memory"); return NNG_ENOMEM; }
     size_t frame_len = *blen;
     if (key && !ds4_dist_unseal(*buf, *blen, key, DS4_DIST_SEAL_BYTES, &frame_len)) {
-        snprintf(err, errlen, "the coordinator's answer fails the ds4_dist_handshake seal");
+        snprintf(err, errlen, "the coordinator's answer fails the handshake seal");
     } else if (ds4_dist_decode(*buf, frame_len, f, err, errlen)) {
         return 0;
     }
@@ -127,10 +134,10 @@ void ds4_dist_recv_limit(nng_socket s, size_t max) { nng_socket_set_size(s, NNG_
 
 /* Registration (dist_proto.h): KNOCK with a fresh nonce, check the
  * coordinator's proof before saying anything, then the HELLO sealed under
- * the ds4_dist_handshake key. 0 welcomed, 1 refused, -1 no valid answer, -2 no
+ * the handshake key. 0 welcomed, 1 refused, -1 no valid answer, -2 no
  * answer in time; the coordinator's line or the failure in line. */
 int ds4_dist_handshake(nng_socket control, const char *secret, ds4_dist_hello me, uint8_t nonces[2][DS4_DIST_NONCE_BYTES],
-                       char *line, size_t linelen) {
+                       uint32_t *pipe, char *line, size_t linelen) {
     uint8_t nonce_w[DS4_DIST_NONCE_BYTES], nonce_c[DS4_DIST_NONCE_BYTES], proof[DS4_DIST_SEAL_BYTES],
         key[DS4_DIST_SEAL_BYTES];
     if (!ds4_dist_random(nonce_w, sizeof nonce_w)) { snprintf(line, linelen, "cannot draw a random nonce"); return -1; }
@@ -138,7 +145,7 @@ int ds4_dist_handshake(nng_socket control, const char *secret, ds4_dist_hello me
     void *buf;
     ds4_dist_frame f;
     uint8_t *knock = ds4_dist_encode_challenge(nonce_w, NULL, &len);
-    int rv = ds4_dist_request(control, knock, len, NULL, &buf, &blen, &f, line, linelen);
+    int rv = ds4_dist_request(control, knock, len, NULL, &buf, &blen, &f, NULL, line, linelen);
     if (rv) return rv == NNG_ETIMEDOUT ? -2 : -1;
     const bool challenged = f.type == DS4_DIST_CHALLENGE;
     if (challenged) {
@@ -163,7 +170,8 @@ int ds4_dist_handshake(nng_socket control, const char *secret, ds4_dist_hello me
     me.challenge = nonce_c;
     uint8_t *hello = ds4_dist_encode_hello(&me, &len);
     hello = ds4_dist_seal(hello, &len, key, sizeof key);
-    if ((rv = ds4_dist_request(control, hello, len, key, &buf, &blen, &f, line, linelen))) return rv == NNG_ETIMEDOUT ? -2 : -1;
+    if ((rv = ds4_dist_request(control, hello, len, key, &buf, &blen, &f, pipe, line, linelen)))
+        return rv == NNG_ETIMEDOUT ? -2 : -1;
     const bool welcome = f.type == DS4_DIST_WELCOME;
     snprintf(line, linelen, "%.*s", welcome || f.type == DS4_DIST_REFUSED ? (int)f.result.text_len : 0, f.result.text);
     nng_free(buf, blen);

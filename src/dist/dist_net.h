@@ -21,7 +21,9 @@
  *   key): 0 welcomed, 1 refused, -1 no valid answer, -2 no answer in time;
  *   the coordinator's line or the failure in line. With nonces (may be
  *   NULL) it leaves the worker's and the coordinator's nonces there (Nw,
- *   Nc), from which a tensor-parallel link derives its keys.
+ *   Nc), from which a tensor-parallel link derives its keys; with pipe
+ *   (may be NULL) the id of the connection the answer came on (the one
+ *   registered). ds4_dist_request's pipe likewise.
  */
 #ifndef DS4_DIST_NET_H
 #define DS4_DIST_NET_H
@@ -51,8 +53,8 @@ void ds4_dist_recv_limit(nng_socket s, size_t max);
  * answer that is not a valid frame; a line in err either way; *buf is the
  * caller's to nng_free() on 0. Frees msg. */
 int ds4_dist_request(nng_socket s, uint8_t *msg, size_t len, const uint8_t *key, void **buf, size_t *blen,
-                     ds4_dist_frame *f, char *err, size_t errlen);
+                     ds4_dist_frame *f, uint32_t *pipe, char *err, size_t errlen);
 int ds4_dist_handshake(nng_socket control, const char *secret, ds4_dist_hello me, uint8_t nonces[2][DS4_DIST_NONCE_BYTES],
-                       char *line, size_t linelen);
+                       uint32_t *pipe, char *line, size_t linelen);
 
 #endif

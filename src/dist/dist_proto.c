@@ -132,7 +132,7 @@ uint8_t *ds4_dist_encode_challenge(const uint8_t *nonce, const uint8_t *proof, s
     return w.p;
 }
 
-enum { TP_SEQ_BYTES = 8 + 3 * 4 };
+enum { TP_SEQ_BYTES = 8 + 3 * 4 + 1 };
 
 uint8_t *ds4_dist_encode_tp_step(uint64_t counter, const uint64_t *drop, uint32_t n_drop, const ds4_dist_tp_seq *seqs,
                                  uint32_t n_seqs, const int32_t *toks, size_t *len) {
@@ -148,6 +148,7 @@ uint8_t *ds4_dist_encode_tp_step(uint64_t counter, const uint64_t *drop, uint32_
     for (uint32_t i = 0; i < n_seqs; i++) {
         put_le(&w, seqs[i].session, 8);
         put_le(&w, seqs[i].ctx, 4); put_le(&w, seqs[i].pos, 4); put_le(&w, seqs[i].n, 4);
+        put_le(&w, seqs[i].all_logits, 1);
     }
     put_le(&w, n_tok, 4);
     for (size_t i = 0; i < n_tok; i++) put_le(&w, (uint32_t)toks[i], 4);
@@ -336,7 +337,8 @@ uint64_t ds4_dist_u64_at(const uint8_t *p, size_t i) {
 ds4_dist_tp_seq ds4_dist_tp_seq_at(const uint8_t *seqs, size_t i) {
     const uint8_t *p = seqs + TP_SEQ_BYTES * i;
     return (ds4_dist_tp_seq){ds4_dist_u64_at(p, 0), (uint32_t)ds4_dist_token_at(p + 8, 0),
-                             (uint32_t)ds4_dist_token_at(p + 8, 1), (uint32_t)ds4_dist_token_at(p + 8, 2)};
+                             (uint32_t)ds4_dist_token_at(p + 8, 1), (uint32_t)ds4_dist_token_at(p + 8, 2),
+                             p[20] == 1};
 }
 
 static const uint8_t *get_hops(reader *r, uint32_t *n) {
@@ -445,7 +447,7 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
         uint64_t sum = 0;
         for (uint32_t i = 0; !r.bad && i < t->n_seqs; i++) {
             const ds4_dist_tp_seq q = ds4_dist_tp_seq_at(t->seqs, i);
-            if (q.n == 0) r.bad = true;
+            if (q.n == 0 || t->seqs[TP_SEQ_BYTES * i + 20] > 1) r.bad = true;
             sum += q.n;
         }
         if (sum != t->n_tokens) r.bad = true;

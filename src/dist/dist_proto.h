@@ -174,6 +174,7 @@ typedef struct {
 typedef struct {
     uint64_t session;
     uint32_t ctx, pos, n;      /* the session's context, first position and token count */
+    bool all_logits;           /* every position's logits (else the last one's) */
 } ds4_dist_tp_seq;
 
 typedef struct {

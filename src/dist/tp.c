@@ -24,7 +24,7 @@
  * QUEUE: exchange frames the coordinator's reader holds (one is pending at
  * a time, plus a late one of a failed step); MAX_DROPS: freed sessions one
  * STEP names at most (a worker keeping one more only holds its memory). */
-enum { REWIND_SLACK = 256, POLL_MS = 100, ANSWER_MS = 5000, QUEUE = 8, MAX_DROPS = 4096 };
+enum { REWIND_SLACK = 256, POLL_MS = 100, ANSWER_MS = 5000, QUEUE = 8, MAX_DROPS = 4096, HEAD_ROWS = 16 };
 
 bool ds4_tp_check_options(const ds4_dist_params *p, char *err, size_t errlen) {
     if (!p->tp) return true;
@@ -45,14 +45,17 @@ static int expert_mid(const ds4_model *m) { return m->cfg.n_expert / 2; }
 
 /* ================================================================ link */
 
-/* Sealed, counted frames on one pair socket. current is the connection
- * (pipe id) the socket has now, 0 while it has none (pipe notifications),
- * so a rank sees the connection it registered on go, whatever the order in
- * which the notifications of earlier connections arrive. */
+/* Sealed, counted frames on one pair socket, registered on one connection
+ * (pipe id). The pipe notification records every closed connection, so a
+ * rank sees the registered one go whatever the order in which NNG reports
+ * connections and messages: removed[] holds the last closed ids, and a
+ * connection that closed before it was registered is found there. */
+enum { REMOVED_KEPT = 8 };
 typedef struct {
     nng_socket s;
-    atomic_uint current;
-    uint32_t registered;        /* the connection the peer was welcomed on */
+    atomic_uint registered;     /* the connection the peer was welcomed on; 0: none */
+    atomic_bool gone;           /* and it closed */
+    atomic_uint removed[REMOVED_KEPT], n_removed;
     uint8_t send_key[DS4_DIST_SEAL_BYTES], recv_key[DS4_DIST_SEAL_BYTES];
     uint64_t sent, received;
     double reply_s;
@@ -62,19 +65,24 @@ typedef struct {
     int gates;
 } tp_link;
 
-static void on_pipe(nng_pipe pipe, nng_pipe_ev ev, void *arg) {
-    atomic_uint *current = arg;
-    unsigned id = nng_pipe_id(pipe);
-    if (ev == NNG_PIPE_EV_ADD_POST) atomic_store(current, id);
-    else atomic_compare_exchange_strong(current, &id, 0u);
+static void on_removed(nng_pipe pipe, nng_pipe_ev ev, void *arg) {
+    (void)ev;
+    tp_link *l = arg;
+    const unsigned id = nng_pipe_id(pipe);
+    atomic_store(&l->removed[atomic_fetch_add(&l->n_removed, 1) % REMOVED_KEPT], id);
+    if (atomic_load(&l->registered) == id) atomic_store(&l->gone, true);
 }
 
-static int watch_pipes(tp_link *l) {
-    int rv = nng_pipe_notify(l->s, NNG_PIPE_EV_ADD_POST, on_pipe, &l->current);
-    return rv ? rv : nng_pipe_notify(l->s, NNG_PIPE_EV_REM_POST, on_pipe, &l->current);
+static void link_register(tp_link *l, unsigned pipe) {
+    atomic_store(&l->gone, false);
+    atomic_store(&l->registered, pipe);
+    for (int i = 0; i < REMOVED_KEPT; i++)
+        if (atomic_load(&l->removed[i]) == pipe) atomic_store(&l->gone, true);
 }
 
-static bool link_gone(tp_link *l) { return atomic_load(&l->current) != l->registered; }
+static int watch_pipes(tp_link *l) { return nng_pipe_notify(l->s, NNG_PIPE_EV_REM_POST, on_removed, l); }
+
+static bool link_gone(tp_link *l) { return atomic_load(&l->gone); }
 
 /* Seals msg (freed) under the send key and sends it. A pair socket's send
  * waits while it has no connection, so it waits POLL_MS at a time (the
@@ -119,16 +127,18 @@ static bool link_open(tp_link *l, const void *buf, size_t blen, ds4_dist_frame *
 static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const uint8_t *nonce) {
     return (ds4_dist_hello){NULL, nonce, m->name, strlen(m->name), (uint32_t)m->cfg.n_layer, (uint32_t)m->cfg.n_embd,
                             (uint32_t)m->cfg.n_hc, (uint32_t)m->cfg.n_vocab, (uint32_t)ds4_model_expert_bits(m), 0,
-                            (uint32_t)m->cfg.n_layer - 1, false, (uint32_t)ctx, "", 0, numerics};
+                            (uint32_t)m->cfg.n_layer - 1, true, (uint32_t)ctx, "", 0, numerics};
 }
 
 /* The largest PART: a batch's worker slots (every row's every slot), its
- * partial sums or its group latents. */
+ * partial sums or its group latents, or a chunk of the vocabulary's half
+ * (HEAD_ROWS: forward_cpu's chunk of output rows, or more). */
 static size_t part_max(const ds4_config *c, int max_batch) {
     size_t per_row = (size_t)c->n_expert_used * c->n_embd;
-    const size_t latents = (size_t)c->o_groups * c->o_lora;
+    const size_t latents = (size_t)c->o_groups * c->o_lora, head = (size_t)HEAD_ROWS * (c->n_vocab - c->n_vocab / 2);
     if (latents > per_row) per_row = latents;
-    return ds4_dist_tp_part_frame_max((size_t)max_batch * per_row);
+    const size_t floats = (size_t)max_batch * per_row;
+    return ds4_dist_tp_part_frame_max(floats > head ? floats : head);
 }
 
 /* The largest frame a worker receives: a PART, a STEP of a batch, a STATE
@@ -220,8 +230,8 @@ static void answer_registration(tp_coord *c, const void *buf, size_t blen, nng_p
     c->challenged = false;   /* each challenge is answered once */
     char line[400] = "";
     bool ok = ds4_dist_hello_compatible(&c->me, &f.hello, line, sizeof line);
-    if (ok && f.hello.output) {
-        snprintf(line, sizeof line, "refused: a tensor-parallel worker holds every layer but not the output head");
+    if (ok && (f.hello.first != 0 || f.hello.last + 1 != f.hello.n_layer || !f.hello.output)) {
+        snprintf(line, sizeof line, "refused: a tensor-parallel worker holds the whole model");
         ok = false;
     }
     if (ok)
@@ -236,7 +246,7 @@ static void answer_registration(tp_coord *c, const void *buf, size_t blen, nng_p
     ds4_dist_link_key(c->p.secret, c->nonce_c, c->link.send_key);
     ds4_dist_link_key(c->p.secret, c->nonce_w, c->link.recv_key);
     c->link.sent = c->link.received = 0;
-    c->link.registered = nng_pipe_id(pipe);
+    link_register(&c->link, nng_pipe_id(pipe));
     c->worker_ctx = f.hello.ctx;
     c->pipe = pipe;
     for (int i = 0; i < c->q_n; i++) nng_free(c->q[i].buf, c->q[i].len);
@@ -312,7 +322,7 @@ static void fail(tp_coord *c, bool transport, const char *fmt, const char *what)
  * the worker's in. After a failure, zeros: the step is undone. */
 static void coord_exchange(void *ud, int layer, const float *send, size_t n_send, float *recv, size_t n_recv) {
     tp_coord *c = ud;
-    if (c->failed) { memset(recv, 0, n_recv * sizeof(float)); return; }
+    if (c->failed) { if (n_recv) memset(recv, 0, n_recv * sizeof(float)); return; }
     size_t len;
     const uint64_t this_step = c->step - 1;   /* send_step counted it */
     uint8_t *msg = ds4_dist_encode_tp_part(c->link.sent, this_step, (uint32_t)layer, DS4_DIST_OK, send, n_send, NULL,
@@ -362,7 +372,7 @@ static void coord_exchange(void *ud, int layer, const float *send, size_t n_send
     pthread_mutex_unlock(&c->mu);
     c->link.wait_s += ds4_dist_now() - t0;
     c->link.gates++;
-    if (c->failed) memset(recv, 0, n_recv * sizeof(float));
+    if (c->failed && n_recv) memset(recv, 0, n_recv * sizeof(float));
 }
 
 static tp_session *session_of(tp_coord *c, const ds4_kv *kv) {
@@ -451,7 +461,8 @@ static int send_step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char 
             free(state);
             if ((rc = send_or_say(c, msg, len, "a session's state", err, errlen))) break;
         }
-        recs[q] = (ds4_dist_tp_seq){s->id, (uint32_t)kv->ctx, (uint32_t)kv->n_pos, (uint32_t)seqs[q].n};
+        recs[q] = (ds4_dist_tp_seq){s->id, (uint32_t)kv->ctx, (uint32_t)kv->n_pos, (uint32_t)seqs[q].n,
+                                    seqs[q].all_logits};
         memcpy(toks + at, seqs[q].toks, (size_t)seqs[q].n * sizeof *toks);
         at += seqs[q].n;
     }
@@ -670,7 +681,11 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
         coord_free(&c->base);
         return NULL;
     }
-    ds4_cpu_backend_split(local, &(ds4_cpu_split){0, expert_mid(m), coord_exchange, c});
+    if (!ds4_cpu_backend_split(local, &(ds4_cpu_split){0, expert_mid(m), coord_exchange, c})) {
+        snprintf(err, errlen, "out of memory for the tensor-parallel split");
+        coord_free(&c->base);
+        return NULL;
+    }
     if (pthread_create(&c->reader, NULL, reader_loop, c)) {
         snprintf(err, errlen, "cannot start a thread");
         coord_free(&c->base);
@@ -697,8 +712,6 @@ typedef struct {
     uint64_t step;              /* STEP frames received */
     bool failed, transport_failed;
     char why[300];
-    float *hidden;
-    size_t hidden_cap;
 } tp_worker;
 
 static void drop_sessions(tp_worker *w) {
@@ -747,7 +760,7 @@ static void worker_fail(tp_worker *w, bool transport, const char *why) {
 /* The worker's side of one layer's exchange. */
 static void worker_exchange(void *ud, int layer, const float *send, size_t n_send, float *recv, size_t n_recv) {
     tp_worker *w = ud;
-    if (w->failed) { memset(recv, 0, n_recv * sizeof(float)); return; }
+    if (w->failed) { if (n_recv) memset(recv, 0, n_recv * sizeof(float)); return; }
     size_t len;
     uint8_t *msg = ds4_dist_encode_tp_part(w->link.sent, w->step - 1, (uint32_t)layer, DS4_DIST_OK, send, n_send, NULL,
                                            &len);
@@ -783,7 +796,7 @@ static void worker_exchange(void *ud, int layer, const float *send, size_t n_sen
         nng_free(buf, blen);
         break;
     }
-    if (w->failed) memset(recv, 0, n_recv * sizeof(float));
+    if (w->failed && n_recv) memset(recv, 0, n_recv * sizeof(float));
 }
 
 /* Tells the coordinator, at its first exchange, why this step does not run. */
@@ -806,16 +819,11 @@ static void serve_state(tp_worker *w, const ds4_dist_tp *t) {
 static bool serve_step(tp_worker *w, const ds4_dist_tp *t) {
     w->step++;
     for (uint32_t i = 0; i < t->n_drop; i++) drop_session(w, ds4_dist_u64_at(t->drop, i));
-    const size_t hcE = (size_t)w->m->cfg.n_hc * w->m->cfg.n_embd;
     ds4_backend_seq *seqs = calloc(t->n_seqs ? t->n_seqs : 1, sizeof *seqs);
     int32_t *toks = malloc((size_t)(t->n_tokens ? t->n_tokens : 1) * sizeof *toks);
     ds4_kv_undo *undo = calloc(t->n_seqs ? t->n_seqs : 1, sizeof *undo);
     char why[300] = "";
-    if (t->n_tokens * hcE > w->hidden_cap) {
-        float *h = realloc(w->hidden, t->n_tokens * hcE * sizeof(float));
-        if (h) { w->hidden = h; w->hidden_cap = t->n_tokens * hcE; }
-    }
-    if (!seqs || !toks || !undo || t->n_tokens * hcE > w->hidden_cap)
+    if (!seqs || !toks || !undo)
         snprintf(why, sizeof why, "worker: out of memory for a step of %u rows", t->n_tokens);
     for (uint32_t i = 0; i < t->n_tokens && !why[0]; i++) toks[i] = ds4_dist_token_at(t->tokens, i);
     uint32_t saved = 0;
@@ -837,7 +845,8 @@ static bool serve_step(tp_worker *w, const ds4_dist_tp *t) {
         }
         if (!ds4_kv_undo_save(&undo[q], kv, (int)r.n)) { snprintf(why, sizeof why, "worker: out of memory"); break; }
         saved = q + 1;
-        seqs[q] = (ds4_backend_seq){.kv = kv, .toks = toks + at, .n = (int)r.n, .hidden_out = w->hidden + at * hcE};
+        /* no logits: rank 1 of the split sends its half of them instead */
+        seqs[q] = (ds4_backend_seq){.kv = kv, .toks = toks + at, .n = (int)r.n, .all_logits = r.all_logits};
         at += r.n;
     }
     w->failed = w->transport_failed = false;
@@ -895,8 +904,8 @@ int ds4_tp_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int 
     w.link.s = (nng_socket)NNG_SOCKET_INITIALIZER;
     ds4_dist_tls tls;
     int rc = 1;
-    if (strcmp(be->name, "cpu") || m->slice.first != 0 || m->slice.last != m->cfg.n_layer - 1 || m->slice.output) {
-        ds4_log(DS4_LOG_ERROR, "ds4 worker: a tensor-parallel worker runs every layer but the head on the CPU backend\n");
+    if (strcmp(be->name, "cpu") || !ds4_model_is_whole(m)) {
+        ds4_log(DS4_LOG_ERROR, "ds4 worker: a tensor-parallel worker runs the whole model on the CPU backend\n");
         return 1;
     }
     if (!ds4_dist_tls_load(p, &tls, err, sizeof err)) { ds4_log(DS4_LOG_ERROR, "ds4 worker: %s\n", err); return 1; }
@@ -907,7 +916,10 @@ int ds4_tp_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int 
     if (!rv) ds4_dist_recv_limit(w.link.s, frame_max(&m->cfg, be->max_batch, ctx));
     if (!rv) rv = ds4_dist_dial(w.link.s, curl, &tls);
     if (rv) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
-    ds4_cpu_backend_split(be, &(ds4_cpu_split){1, expert_mid(m), worker_exchange, &w});
+    if (!ds4_cpu_backend_split(be, &(ds4_cpu_split){1, expert_mid(m), worker_exchange, &w})) {
+        ds4_log(DS4_LOG_ERROR, "ds4 worker: out of memory for the tensor-parallel split\n");
+        goto done;
+    }
     uint8_t nonce[DS4_DIST_NONCE_BYTES];
     if (!ds4_dist_random(nonce, sizeof nonce)) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot draw a random nonce\n"); goto done; }
     const ds4_dist_hello me = identity(m, numerics, ctx, nonce);
@@ -920,7 +932,8 @@ int ds4_tp_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int 
         nng_socket_set_ms(w.link.s, NNG_OPT_SENDTIMEO, ANSWER_MS);
         nng_socket_set_ms(w.link.s, NNG_OPT_RECVTIMEO, ANSWER_MS);
         uint8_t nonces[2][DS4_DIST_NONCE_BYTES];
-        const int hs = ds4_dist_handshake(w.link.s, p->secret, me, nonces, line, sizeof line);
+        uint32_t pipe = 0;
+        const int hs = ds4_dist_handshake(w.link.s, p->secret, me, nonces, &pipe, line, sizeof line);
         if (hs == -2 || (hs == -1 && registered)) {
             if (!waited && !registered)
                 ds4_log(DS4_LOG_WARN, "ds4 worker: no answer from %s yet (is it up?); still trying\n", curl);
@@ -936,7 +949,7 @@ int ds4_tp_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int 
         ds4_dist_link_key(p->secret, nonces[0], w.link.send_key);
         ds4_dist_link_key(p->secret, nonces[1], w.link.recv_key);
         w.link.sent = w.link.received = 0;
-        w.link.registered = atomic_load(&w.link.current);   /* the WELCOME's connection */
+        link_register(&w.link, pipe);   /* the WELCOME's connection */
         w.step = 0;
         nng_socket_set_ms(w.link.s, NNG_OPT_RECVTIMEO, POLL_MS);
         nng_socket_set_ms(w.link.s, NNG_OPT_SENDTIMEO, POLL_MS);
@@ -949,7 +962,6 @@ done:
     nng_close(w.link.s);
     drop_sessions(&w);
     free(w.sess);
-    free(w.hidden);
     ds4_dist_tls_free(&tls);
     return rc;
 }

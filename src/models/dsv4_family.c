@@ -45,11 +45,7 @@ static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4
     ds4_family_model *fm = calloc(1, sizeof *fm);
     if (!fm) { snprintf(err, errlen, "out of memory loading %s", p->model_path); return NULL; }
     fm->g = g;
-    /* a tensor-parallel worker runs every layer but not the head (the
-     * coordinator computes the logits) */
-    const bool tp_worker = p->dist.tp && p->dist.role == DS4_DIST_WORKER;
-    if (tp_worker) slice = (ds4_layer_slice){0, -1, false};
-    fm->m = ds4_model_bind_slice(g, p->layers || tp_worker ? &slice : NULL, err, errlen);
+    fm->m = ds4_model_bind_slice(g, p->layers ? &slice : NULL, err, errlen);
     if (!fm->m) { free(fm); return NULL; }
     if (p->dist.tp && (p->ssd.enabled || p->gpu.backend == DS4_BACKEND_CUDA)) {
         snprintf(err, errlen, "--tensor-parallel works with the CPU backend only, without --ssd-streaming");

@@ -455,7 +455,7 @@ static void test_tp_frames(void) {
     ds4_dist_frame f;
     char err[256];
     const uint64_t drop[2] = {7, 0x1122334455667788ull};
-    const ds4_dist_tp_seq seqs[2] = {{3, 4096, 0, 3}, {0xabcdef0123ull, 64, 17, 1}};
+    const ds4_dist_tp_seq seqs[2] = {{3, 4096, 0, 3, true}, {0xabcdef0123ull, 64, 17, 1, false}};
     const int32_t toks[4] = {5, -1, 129279, 42};
     size_t len;
     uint8_t *m = ds4_dist_encode_tp_step(9, drop, 2, seqs, 2, toks, &len);
@@ -463,11 +463,12 @@ static void test_tp_frames(void) {
     CHECK(f.tp.counter == 9 && f.tp.n_drop == 2 && ds4_dist_u64_at(f.tp.drop, 1) == drop[1] && f.tp.n_seqs == 2 &&
               f.tp.n_tokens == 4, "step fields");
     const ds4_dist_tp_seq b = ds4_dist_tp_seq_at(f.tp.seqs, 1);
-    CHECK(b.session == seqs[1].session && b.ctx == 64 && b.pos == 17 && b.n == 1, "step record");
+    CHECK(b.session == seqs[1].session && b.ctx == 64 && b.pos == 17 && b.n == 1 && !b.all_logits &&
+              ds4_dist_tp_seq_at(f.tp.seqs, 0).all_logits, "step record");
     CHECK(ds4_dist_token_at(f.tp.tokens, 1) == -1 && ds4_dist_token_at(f.tp.tokens, 3) == 42, "step tokens");
     check_all_cuts(m, len, "tp step");
     /* a record claiming one token more than the frame carries */
-    const ds4_dist_tp_seq over[1] = {{1, 64, 0, 2}};
+    const ds4_dist_tp_seq over[1] = {{1, 64, 0, 2, false}};
     uint8_t *bad = ds4_dist_encode_tp_step(0, NULL, 0, over, 1, toks, &len);
     const size_t at = len - 4 - 4 * 2;   /* the token count, before the two tokens */
     bad[at] = 1;

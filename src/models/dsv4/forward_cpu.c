@@ -114,6 +114,7 @@ typedef struct cpu {
     void *observe_ud;
     ds4_cpu_split split;            /* tensor parallelism: exchange NULL = off */
     bool split_heads;               /* and attention's heads and out_b's rows split too */
+    float *head_own, *head_other;   /* [HEAD_CHUNK][n_vocab - n_vocab / 2]: the split output head's halves */
 } cpu;
 
 /* one eval: its sequences and the layer being run */
@@ -125,6 +126,7 @@ typedef struct {
     const float *hc_scale, *hc_base;   /* the HC sublayer being applied */
     int group0;                        /* expert_group_task: the first group of the run */
     int h0, h1;                        /* attention: the heads this process computes */
+    int head_gate;                     /* the output head's exchanges so far in this eval */
     int sum_lo, sum_hi;                /* expert_sum_task: the experts whose slots it adds */
 } batch;
 
@@ -969,6 +971,7 @@ static bool grow_head(cpu *f, int rows) {
 }
 
 /* Output head (sheet 6.10) for the n batch rows listed in `rows` into logits (n x vocab). */
+enum { HEAD_CHUNK = 16 };
 static void head(batch *b, const int *rows, int n, float *logits) {
     cpu *f = b->f;
     batch_scratch *s = &f->s;
@@ -992,7 +995,30 @@ static void head(batch *b, const int *rows, int n, float *logits) {
         }
         rmsnorm(hidden, E, m->output_norm, c->rms_eps);
     }
-    linear(f, &m->output, 0, 0, c->n_vocab, s->normed, E, n, logits);
+    if (!f->split.exchange) {
+        linear(f, &m->output, 0, 0, c->n_vocab, s->normed, E, n, logits);
+        return;
+    }
+    /* tensor parallelism: rank 0 computes the vocabulary's first half, rank
+     * 1 the rest and sends it (rank 1 has no logits to write), HEAD_CHUNK
+     * rows at a time so the buffers stay small; every logit is the single
+     * process's */
+    const int V = c->n_vocab, vh = V / 2, v0 = f->split.rank ? vh : 0, v1 = f->split.rank ? V : vh;
+    for (int i0 = 0; i0 < n; i0 += HEAD_CHUNK) {
+        const int nc = n - i0 < HEAD_CHUNK ? n - i0 : HEAD_CHUNK;
+        linear(f, &m->output, 0, v0, v1 - v0, s->normed + (size_t)i0 * E, E, nc, f->head_own);
+        const int gate = 3 * c->n_layer + b->head_gate++;
+        if (f->split.rank) {
+            f->split.exchange(f->split.ud, gate, f->head_own, (size_t)nc * (V - vh), NULL, 0);
+            continue;
+        }
+        f->split.exchange(f->split.ud, gate, NULL, 0, f->head_other, (size_t)nc * (V - vh));
+        for (int i = 0; i < nc; i++) {
+            float *row = logits + (size_t)(i0 + i) * V;
+            memcpy(row, f->head_own + (size_t)i * vh, (size_t)vh * sizeof(float));
+            memcpy(row + vh, f->head_other + (size_t)i * (V - vh), (size_t)(V - vh) * sizeof(float));
+        }
+    }
 }
 
 /* Logits of every sequence: all rows of the all_logits ones straight into
@@ -1019,6 +1045,7 @@ static void heads(batch *b) {
     }
     if (!n_last) return;
     head(b, last, n_last, f->head_logits);
+    if (f->split.exchange && f->split.rank) return;   /* rank 1 wrote no logits */
     for (int q = 0, i = 0; q < b->n_seqs; q++)
         if (!b->seqs[q].all_logits)
             memcpy(b->seqs[q].logits, f->head_logits + (size_t)i++ * V, (size_t)V * sizeof(float));
@@ -1061,7 +1088,7 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
         snprintf(err, errlen, "out of memory for a batch of %d rows", T);
         return -1;
     }
-    batch b = {f, seqs, n_seqs, T, 0, NULL, NULL, 0, 0, c->n_head, 0, 0};
+    batch b = {f, seqs, n_seqs, T, 0, NULL, NULL, 0, 0, c->n_head, 0, 0, 0};
     batch_scratch *s = &f->s;
     const int E = c->n_embd, n_hc = c->n_hc;
     for (int q = 0, t = 0; q < n_seqs; q++) {
@@ -1112,6 +1139,8 @@ static void cpu_free(ds4_backend *be) {
     free(f->comp_cs);
     free(f->s_block);
     free(f->head_logits);
+    free(f->head_own);
+    free(f->head_other);
     free(f->ts_block);
     free(f->ts);
     free(f);
@@ -1156,11 +1185,18 @@ void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud) 
     ((cpu *)be)->observe = fn;
     ((cpu *)be)->observe_ud = ud;
 }
-void ds4_cpu_backend_split(ds4_backend *be, const ds4_cpu_split *sp) {
+bool ds4_cpu_backend_split(ds4_backend *be, const ds4_cpu_split *sp) {
     cpu *f = (cpu *)be;
+    const size_t half = (size_t)HEAD_CHUNK * (f->c->n_vocab - f->c->n_vocab / 2);
+    free(f->head_own);
+    free(f->head_other);
+    f->head_own = malloc(half * sizeof(float));
+    f->head_other = malloc(half * sizeof(float));
+    if (!f->head_own || !f->head_other) return false;
     f->split = *sp;
     f->split_heads = ds4_cpu_split_heads(f->c);
     f->cap = 0;   /* the next batch lays its scratch out with the exchange buffers */
+    return true;
 }
 
 bool ds4_cpu_split_heads(const ds4_config *c) { return c->o_groups % 2 == 0 && c->n_embd % 2 == 0; }

@@ -49,8 +49,12 @@
  *   (one n_embd row per selected slot of an expert >= mid, in the single
  *   process's expert-major order), rank 1 the other way round, and both add
  *   rank 1's slots in ascending expert order, where the single process's
- *   sum adds them. So each rank's logits, states and hidden states are the
- *   single process's bit for bit. exchange must fill recv (with anything,
+ *   sum adds them. The output head is split by vocabulary rows, HEAD_CHUNK
+ *   token rows per exchange (gates 3 x n_layer + i, i counting the eval's
+ *   head exchanges): rank 1 sends its half's logits and writes no logits
+ *   (its sequences' logits may be NULL); rank 0 receives them and writes
+ *   every logit. So rank 0's logits and both ranks' states and hidden
+ *   states are the single process's bit for bit. exchange must fill recv (with anything,
  *   on a failed link: the caller then fails the eval and restores the
  *   states). Requires the per-thread expert path (no --ssd-streaming). A
  *   rank reads only its own experts' and heads' weights.
@@ -75,11 +79,12 @@ void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud);
 typedef struct {
     int rank;   /* 0: the shared expert and experts [0, mid); 1: experts [mid, n_expert) */
     int mid;
-    /* three exchanges per layer (gate 3 x layer + k); NULL: no split */
+    /* three exchanges per layer (gate 3 x layer + k), then the head's; NULL: no split */
     void (*exchange)(void *ud, int gate, const float *send, size_t n_send, float *recv, size_t n_recv);
     void *ud;
 } ds4_cpu_split;
-void ds4_cpu_backend_split(ds4_backend *be, const ds4_cpu_split *sp);
+/* false when out of memory (no split then) */
+bool ds4_cpu_backend_split(ds4_backend *be, const ds4_cpu_split *sp);
 bool ds4_cpu_split_heads(const ds4_config *c);
 
 ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batch, bool numerics,
