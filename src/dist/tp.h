@@ -10,10 +10,12 @@
  *   rows; the worker (--coordinator HOST PORT) the routed experts
  *   [n/2, n) and the other halves. The KV row, compressors, indexer,
  *   router, hyper-connections and embedding run on both (replicated); the
- *   output head only on the coordinator (the worker binds every layer but
- *   not the head). Each process reads only the weights it uses.
+ *   vocabulary head is row-sharded, the worker sending its half of the
+ *   logits (both bind the whole model). Each process reads only the
+ *   weights it uses.
  * - The split arithmetic is forward_cpu.h's (ds4_cpu_backend_split): three
- *   exchanges per layer, every value the single process's, so logits,
+ *   exchanges per layer and one per 16 rows of logits, every value the
+ *   single process's, so logits,
  *   states and sampled tokens are the single process's bit for bit, in
  *   batched prefill and token by token alike. token_prefill
  *   (--tensor-parallel-token-prefill) evaluates a prefill one token per
