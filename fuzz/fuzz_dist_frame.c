@@ -1,4 +1,4 @@
-/* Fuzz target: the pipeline frame decoder (dist_proto.h). Invariants
+/* Fuzz target: the pipeline and tensor-parallel frame decoder (dist_proto.h). Invariants
  * (abort() on violation): a decoded frame's arrays and strings lie inside
  * the input; re-encoding a decoded frame gives the input back byte for byte
  * (the format has one spelling per frame; a hidden-state payload travels
@@ -75,6 +75,48 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         inside(data, size, f.route.home_nonce, DS4_DIST_NONCE_BYTES);
         again = ds4_dist_encode_route(&f.route, &len);
         break;
+    case DS4_DIST_TP_STEP: {
+        const ds4_dist_tp *t = &f.tp;
+        inside(data, size, t->drop, 8 * (size_t)t->n_drop);
+        inside(data, size, t->seqs, 21 * (size_t)t->n_seqs);
+        inside(data, size, t->tokens, 4 * (size_t)t->n_tokens);
+        uint64_t *drop = malloc(8 * (size_t)t->n_drop + 8);
+        ds4_dist_tp_seq *seqs = malloc(sizeof *seqs * (size_t)t->n_seqs + 1);
+        int32_t *toks = malloc(4 * (size_t)t->n_tokens + 4);
+        if (!drop || !seqs || !toks) abort();
+        uint64_t n = 0;
+        for (uint32_t i = 0; i < t->n_drop; i++) drop[i] = ds4_dist_u64_at(t->drop, i);
+        for (uint32_t i = 0; i < t->n_seqs; i++) { seqs[i] = ds4_dist_tp_seq_at(t->seqs, i); n += seqs[i].n; }
+        if (n != t->n_tokens) abort();   /* the records account for the tokens */
+        for (uint32_t i = 0; i < t->n_tokens; i++) toks[i] = ds4_dist_token_at(t->tokens, i);
+        again = ds4_dist_encode_tp_step(t->counter, drop, t->n_drop, seqs, t->n_seqs, toks, &len);
+        free(drop);
+        free(seqs);
+        free(toks);
+        break;
+    }
+    case DS4_DIST_TP_STATE:
+        inside(data, size, f.tp.bytes, f.tp.n_bytes);
+        again = ds4_dist_encode_tp_state(f.tp.counter, f.tp.session, f.tp.ctx, f.tp.bytes, f.tp.n_bytes, &len);
+        break;
+    case DS4_DIST_TP_PART: {
+        const ds4_dist_tp *t = &f.tp;
+        inside(data, size, t->floats, 4 * (size_t)t->n_floats);
+        inside(data, size, t->text, t->text_len);
+        float *fl = malloc(4 * (size_t)t->n_floats + 4);
+        char *text = malloc(t->text_len + 1);
+        if (!fl || !text) abort();
+        for (uint32_t i = 0; i < t->n_floats; i++) fl[i] = ds4_dist_float_at(t->floats, i);
+        memcpy(text, t->text, t->text_len);
+        text[t->text_len] = 0;
+        /* one spelling: floats only with OK, a text only with ERROR, no NUL inside */
+        if ((t->status == DS4_DIST_OK ? t->text_len == 0 : t->n_floats == 0) && strlen(text) == t->text_len)
+            again = ds4_dist_encode_tp_part(t->counter, t->step, t->layer, t->status, fl, t->n_floats, text, &len);
+        free(fl);
+        free(text);
+        if (!again) return 0;
+        break;
+    }
     case DS4_DIST_WELCOME: case DS4_DIST_REFUSED: {
         inside(data, size, f.result.text, f.result.text_len);
         char *t = malloc(f.result.text_len + 1);

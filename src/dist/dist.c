@@ -1,7 +1,9 @@
 /* dist.c -- coordinator backend and worker loop over NNG (see dist.h). */
 #include "dist/dist.h"
 #include "backends/backend.h"
+#include "dist/dist_net.h"
 #include "dist/dist_proto.h"
+#include "dist/tp.h"
 #include "models/dsv4/kv.h"
 #include "models/dsv4/model.h"
 #include "base/log.h"
@@ -61,17 +63,22 @@ bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size
         snprintf(err, errlen, "TLS needs all of --dist-tls-cert, --dist-tls-key and --dist-tls-ca");
         return false;
     }
+    if (!p->tp && (p->tp_token_prefill || p->transport_set)) {
+        snprintf(err, errlen, "%s goes with --tensor-parallel",
+                 p->tp_token_prefill ? "--tensor-parallel-token-prefill" : "--transport");
+        return false;
+    }
+    if (!p->transport_rdma && (p->rdma_device || p->rdma_gid_set)) {
+        snprintf(err, errlen, "%s goes with --transport rdma", p->rdma_device ? "--rdma-device" : "--rdma-gid-index");
+        return false;
+    }
+    if (!ds4_tp_check_options(p, err, errlen)) return false;
     if (p->wait_seconds <= 0) p->wait_seconds = 30;
     if (p->reply_seconds <= 0) p->reply_seconds = 120;
     if (p->prefill_window <= 0) p->prefill_window = 2;
     return true;
 }
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Who this process is, as a HELLO says it. */
 static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const char *url, const uint8_t *nonce,
@@ -85,126 +92,13 @@ static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const
     return h;
 }
 
-/* One request, one reply: the reply, unsealed with key when one is given,
- * is decoded into *f over *buf (caller nng_free()s). 0, the transport's
- * error (NNG_ETIMEDOUT: no answer in time), or -1 for an answer that is
- * not a valid frame; a line in err either way. */
-static int exchange(nng_socket s, uint8_t *msg, size_t len, const uint8_t *key, void **buf, size_t *blen,
-                    ds4_dist_frame *f, char *err, size_t errlen) {
-    int rv = msg ? nng_send(s, msg, len, 0) : NNG_ENOMEM;
-    free(msg);
-    if (rv == 0) rv = nng_recv(s, buf, blen, NNG_FLAG_ALLOC);
-    if (rv) { snprintf(err, errlen, "%s", nng_strerror(rv)); return rv; }
-    size_t frame_len = *blen;
-    if (key && !ds4_dist_unseal(*buf, *blen, key, DS4_DIST_SEAL_BYTES, &frame_len)) {
-        snprintf(err, errlen, "the coordinator's answer fails the handshake seal");
-    } else if (ds4_dist_decode(*buf, frame_len, f, err, errlen)) {
-        return 0;
-    }
-    nng_free(*buf, *blen);
-    *buf = NULL;
-    return -1;
-}
 
-static void on_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *closed) {
-    (void)ev;
-    atomic_store((atomic_int *)closed, nng_socket_id(nng_pipe_socket(pipe)));
-}
 
 static uint32_t elapsed_us(double since) {
-    const double us = (now_seconds() - since) * 1e6;
+    const double us = (ds4_dist_now() - since) * 1e6;
     return us > 4e9 ? 4000000000u : (uint32_t)us;
 }
 
-/* A float payload decoded into place (the frame's bytes need not be aligned). */
-static void copy_floats(float *dst, const uint8_t *src, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = ds4_dist_float_at(src, i);
-}
-
-/* TLS material (--dist-tls-*), read once: this host's certificate and key
- * and the CA, as PEM text; all NULL for plain TCP. */
-typedef struct {
-    char *cert, *key, *ca;
-} tls_pem;
-
-static void tls_free(tls_pem *t) {
-    free(t->cert); free(t->key); free(t->ca);
-    *t = (tls_pem){0};
-}
-
-static char *read_text(const char *path, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    char *text = NULL;
-    long n = -1;
-    if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) && (text = malloc((size_t)n + 1)) &&
-        fread(text, 1, (size_t)n, f) == (size_t)n) {
-        text[n] = 0;
-    } else {
-        snprintf(err, errlen, "cannot read %s%s", path, f && n >= 0 && !text ? ": out of memory" : "");
-        free(text);
-        text = NULL;
-    }
-    if (f) fclose(f);
-    return text;
-}
-
-static bool tls_load(const ds4_dist_params *p, tls_pem *t, char *err, size_t errlen) {
-    *t = (tls_pem){0};
-    if (!p->tls_cert) return true;
-    if ((t->cert = read_text(p->tls_cert, err, errlen)) && (t->key = read_text(p->tls_key, err, errlen)) &&
-        (t->ca = read_text(p->tls_ca, err, errlen)))
-        return true;
-    tls_free(t);
-    return false;
-}
-
-static const char *scheme(const tls_pem *t) { return t->cert ? "tls+tcp" : "tcp"; }
-
-/* Mutual TLS: each end presents this host's certificate and requires the
- * peer's, signed by the CA; a dialing end (host given) also requires it to
- * name that host. */
-static int tls_config(const tls_pem *t, const char *host, nng_tls_config **out) {
-    int rv = nng_tls_config_alloc(out, host ? NNG_TLS_MODE_CLIENT : NNG_TLS_MODE_SERVER);
-    if (rv) return rv;
-    rv = nng_tls_config_own_cert(*out, t->cert, t->key, NULL);
-    if (!rv) rv = nng_tls_config_ca_chain(*out, t->ca, NULL);
-    if (!rv) rv = nng_tls_config_auth_mode(*out, NNG_TLS_AUTH_MODE_REQUIRED);
-    if (!rv && host) rv = nng_tls_config_server_name(*out, host);
-    if (rv) nng_tls_config_free(*out);
-    return rv;
-}
-
-/* Starts a listener on url (TLS configured when t holds it); *l may be NULL. */
-static int start_listener(nng_socket s, const char *url, const tls_pem *t, nng_listener *l) {
-    nng_listener mine;
-    if (!l) l = &mine;
-    int rv = nng_listener_create(l, s, url);
-    nng_tls_config *cfg = NULL;
-    if (!rv && t->cert && !(rv = tls_config(t, NULL, &cfg))) {
-        rv = nng_listener_set_ptr(*l, NNG_OPT_TLS_CONFIG, cfg);
-        nng_tls_config_free(cfg);   /* the listener holds its own reference */
-    }
-    if (!rv) rv = nng_listener_start(*l, 0);
-    return rv;
-}
-
-/* Dials url without waiting for the connection (NNG retries until the peer
- * is up). */
-static int start_dialer(nng_socket s, const char *url, const tls_pem *t) {
-    nng_dialer d;
-    int rv = nng_dialer_create(&d, s, url);
-    if (!rv && t->cert) {
-        nng_url *u = NULL;
-        nng_tls_config *cfg = NULL;
-        if (!(rv = nng_url_parse(&u, url)) && !(rv = tls_config(t, u->u_hostname, &cfg))) {
-            rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg);
-            nng_tls_config_free(cfg);
-        }
-        nng_url_free(u);
-    }
-    if (!rv) rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK);
-    return rv;
-}
 
 /* A push socket dialed to url; sends queue instead of blocking while the
  * peer is busy. The dial does not wait for the connection (a peer that
@@ -213,13 +107,13 @@ static int start_dialer(nng_socket s, const char *url, const tls_pem *t) {
  * bounds the wait. When closed is given, the closed connection's socket id
  * is stored there (the watch is set before the dial, so no closing can be
  * missed). */
-static int open_push(nng_socket *s, const char *url, const tls_pem *t, double timeout_s, atomic_int *closed) {
+static int open_push(nng_socket *s, const char *url, const ds4_dist_tls *t, double timeout_s, atomic_int *closed) {
     int rv = nng_push0_open(s);
     if (rv) return rv;
     nng_socket_set_ms(*s, NNG_OPT_SENDTIMEO, (nng_duration)(timeout_s * 1000));
     nng_socket_set_int(*s, NNG_OPT_SENDBUF, SEND_QUEUE);
-    if (closed) rv = nng_pipe_notify(*s, NNG_PIPE_EV_REM_POST, on_pipe_removed, closed);
-    if (!rv) rv = start_dialer(*s, url, t);
+    if (closed) rv = nng_pipe_notify(*s, NNG_PIPE_EV_REM_POST, ds4_dist_on_pipe_removed, closed);
+    if (!rv) rv = ds4_dist_dial(*s, url, t);
     if (rv) nng_close(*s);
     return rv;
 }
@@ -285,9 +179,6 @@ static void ckpt_drop_after(ckpt_list *k, int pos) {
 
 /* Appends pos, first thinning a full list as the engine does; true when it
  * thinned. */
-/* Caps what one message on socket s may claim: NNG closes a connection
- * whose length prefix says more, before it allocates or reads the body. */
-static void recv_limit(nng_socket s, size_t max) { nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, max); }
 
 /* The sealed frames a slice's data port legitimately takes: WORK of up to
  * max_tokens tokens (their hidden states in f32, the widest format) and
@@ -362,7 +253,7 @@ typedef struct {
     const ds4_model *m;
     ds4_dist_params p;
     ds4_dist_hello me;
-    tls_pem tls;
+    ds4_dist_tls tls;
     nng_socket control, results;
     char home[URL_MAX];
     uint8_t home_nonce[DS4_DIST_NONCE_BYTES];        /* Nh, drawn at start */
@@ -457,7 +348,7 @@ static uint8_t *answer_knock(coord *c, const uint8_t *nonce_w, size_t *len) {
         return ds4_dist_encode_text(DS4_DIST_REFUSED, "refused: the coordinator cannot draw a random nonce", len);
     memcpy(ch->nonce_w, nonce_w, DS4_DIST_NONCE_BYTES);
     ch->live = true;
-    ch->expires = now_seconds() + CHALLENGE_TTL_S;
+    ch->expires = ds4_dist_now() + CHALLENGE_TTL_S;
     uint8_t proof[DS4_DIST_SEAL_BYTES];
     ds4_dist_handshake_key(c->p.secret, DS4_DIST_COORDINATOR_PROOF, ch->nonce_w, ch->nonce_c, proof);
     return ds4_dist_encode_challenge(ch->nonce_c, proof, len);
@@ -467,7 +358,7 @@ static uint8_t *answer_knock(coord *c, const uint8_t *nonce_w, size_t *len) {
  * the handshake key, and the answer sealed with the same key. */
 static uint8_t *answer_hello(coord *c, const uint8_t *buf, size_t n, const ds4_dist_hello *h, size_t *len) {
     challenge *ch = NULL;
-    const double now = now_seconds();
+    const double now = ds4_dist_now();
     for (int i = 0; i < MAX_PENDING && !ch; i++)
         if (c->pending[i].live && c->pending[i].expires >= now &&
             ds4_dist_same(c->pending[i].nonce_c, h->challenge, DS4_DIST_NONCE_BYTES))
@@ -585,7 +476,7 @@ static void unform_route(coord *c) {
  * a line when a hop's connection closed or nothing came for timeout_s. */
 static int await_result(coord *c, uint32_t seq, double timeout_s, void **buf, size_t *blen, ds4_dist_frame *f,
                         char *err, size_t errlen) {
-    const double deadline = now_seconds() + timeout_s;
+    const double deadline = ds4_dist_now() + timeout_s;
     for (;;) {
         const int rv = nng_recv(c->results, buf, blen, NNG_FLAG_ALLOC);
         if (rv == NNG_ETIMEDOUT) {
@@ -595,7 +486,7 @@ static int await_result(coord *c, uint32_t seq, double timeout_s, void **buf, si
                              c->hops[i].first, c->hops[i].last, c->hops[i].url);
                     return -2;
                 }
-            if (now_seconds() < deadline) continue;
+            if (ds4_dist_now() < deadline) continue;
             snprintf(err, errlen, "no answer from the route within %.0f s: route dropped", timeout_s);
             return -2;
         }
@@ -627,9 +518,9 @@ static int result_status(const ds4_dist_result *r, char *err, size_t errlen) {
 static int form_route(coord *c, bool wait, char *err, size_t errlen) {
     worker_reg *regs[MAX_WORKERS];
     pthread_mutex_lock(&c->mu);
-    const double deadline = now_seconds() + (wait ? c->p.wait_seconds : 0);
+    const double deadline = ds4_dist_now() + (wait ? c->p.wait_seconds : 0);
     int n;
-    while (!(n = route(c, regs, err, errlen)) && now_seconds() < deadline) {
+    while (!(n = route(c, regs, err, errlen)) && ds4_dist_now() < deadline) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += POLL_MS * 1000 * 1000;
@@ -655,7 +546,7 @@ static int form_route(coord *c, bool wait, char *err, size_t errlen) {
         if (state > floats) floats = state;
     }
     pthread_mutex_unlock(&c->mu);
-    if (n) recv_limit(c->results, ds4_dist_result_frame_max(floats));
+    if (n) ds4_dist_recv_limit(c->results, ds4_dist_result_frame_max(floats));
     for (int i = 0; i < c->n_hops; i++) close_hop(&c->hops[i]);
     c->n_hops = 0;
     c->route_id = 0;
@@ -806,7 +697,7 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
             const int off = to_send.off, m = chunk_len(c, sp, to_send);
             const bool last = off + m == x->n;
             if (off == 0) hash = x->hash;
-            const double t0 = now_seconds();
+            const double t0 = ds4_dist_now();
             ds4_backend_seq local = {.kv = x->kv, .toks = x->toks + off, .n = m, .hidden_out = c->hidden,
                                      .steer = x->steer};
             const int pos = x->kv->n_pos;
@@ -823,7 +714,7 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
                                 .act = c->act, .row = c->act == DS4_DIST_ACT_Q8 ? (uint32_t)c->m->cfg.n_embd : 0,
                                 .n_floats = (uint32_t)((size_t)m * hcE), .n_hops = 1};
             ds4_dist_hop me = {0, (uint32_t)c->m->slice.last, (uint32_t)pos, (uint32_t)m, eval_us, 0, 0, 0};
-            const double t1 = now_seconds();
+            const double t1 = ds4_dist_now();
             size_t len;
             uint8_t *msg = ds4_dist_encode_work(DS4_DIST_WORK, &wk, x->toks + off, c->hidden, &me, &len);
             if (msg) ds4_dist_set_send_us(msg, len, elapsed_us(t1));
@@ -859,10 +750,10 @@ static int pipeline(coord *c, const span *sp, int n_spans, char *err, size_t err
                          r->n_floats, (unsigned long long)r->session, (unsigned long long)r->hash_after, want);
                 rc = -1;
             } else if (want) {
-                copy_floats(x->all ? x->logits + (size_t)off * V : x->logits, r->floats, want);
+                ds4_dist_floats(r->floats, want, x->all ? x->logits + (size_t)off * V : x->logits);
             }
         }
-        if (!rc && c->p.debug) print_telemetry(r, now_seconds() - sent_at[done % DS4_DIST_MAX_WINDOW], blen);
+        if (!rc && c->p.debug) print_telemetry(r, ds4_dist_now() - sent_at[done % DS4_DIST_MAX_WINDOW], blen);
         nng_free(buf, blen);
         if (rc) return rc;
         chunk_next(c, sp, &to_get);
@@ -889,28 +780,6 @@ static int replay(coord *c, session_rec *r, int n, char *err, size_t errlen) {
     return rc;
 }
 
-/* Where a sequence's local state was before this call, so a failed call
- * puts it back: a span within the rings' slack is truncated away; a longer
- * one restores a ring checkpoint (exact while the rows before pos stay). */
-typedef struct {
-    int pos;
-    void *rings;
-} undo;
-
-static bool undo_save(undo *u, const ds4_backend_seq *sq) {
-    u->pos = sq->kv->n_pos;
-    u->rings = NULL;
-    if (sq->n <= sq->kv->slack) return true;
-    if (!(u->rings = malloc(ds4_kv_ring_bytes(sq->kv)))) return false;
-    ds4_kv_ring_save(sq->kv, u->rings);
-    return true;
-}
-
-static void undo_apply(const undo *u, struct ds4_kv *kv) {
-    if (u->rings) ds4_kv_ring_load(kv, u->rings);
-    else ds4_kv_truncate(kv, u->pos);
-}
-
 /* A sequence's span from position pos, flagged for a checkpoint where the
  * engine's rule takes one after it (ckpt_list). */
 static span span_of(session_rec *r, const ds4_backend_seq *sq, int pos) {
@@ -932,14 +801,14 @@ static void span_done(session_rec *r, const span *x, int pos) {
  * than its slack and checkpoints) is caught up by a replay of the session's
  * tokens, and one that is not on the route gets the route formed again,
  * before the one retry. On failure the local state is back at u. */
-static int route_step(coord *c, session_rec *r, const ds4_backend_seq *sq, const undo *u, char *err, size_t errlen) {
+static int route_step(coord *c, session_rec *r, const ds4_backend_seq *sq, const ds4_kv_undo *u, char *err, size_t errlen) {
     int rc = 0;
     for (int attempt = 0; attempt < 2; attempt++) {
         rc = form_route(c, true, err, errlen);
         const span x = span_of(r, sq, u->pos);
         if (!rc) rc = pipeline(c, &x, 1, err, errlen);
         if (!rc) span_done(r, &x, u->pos);
-        if (rc) undo_apply(u, sq->kv);
+        if (rc) ds4_kv_undo_apply(u, sq->kv);
         if ((rc != -3 && rc != -4) || attempt) break;
         if (rc == -4) unform_route(c);
         else if ((rc = replay(c, r, u->pos, err, errlen))) break;
@@ -955,7 +824,7 @@ static int route_step(coord *c, session_rec *r, const ds4_backend_seq *sq, const
  * changes nothing (backend.h); the workers truncate back at the next step. */
 static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
     coord *c = (coord *)be;
-    undo *undos = calloc((size_t)n_seqs, sizeof *undos);
+    ds4_kv_undo *undos = calloc((size_t)n_seqs, sizeof *undos);
     session_rec **recs = calloc((size_t)n_seqs, sizeof *recs);
     span *spans = calloc((size_t)n_seqs, sizeof *spans);
     int saved = 0, rc = 0;
@@ -963,7 +832,7 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
     for (; !rc && saved < n_seqs; saved++) {
         const ds4_backend_seq *sq = &seqs[saved];
         session_rec *r = recs[saved] = session_of(c, sq->kv);
-        if (!r || !undo_save(&undos[saved], sq)) {
+        if (!r || !ds4_kv_undo_save(&undos[saved], sq->kv, sq->n)) {
             snprintf(err, errlen, "out of memory for the session's token history or rollback checkpoint");
             rc = -1;
         } else if (sq->kv->n_pos > r->n) {
@@ -981,7 +850,7 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
         if (!rc) rc = pipeline(c, spans, n_seqs, err, errlen);
         for (int q = 0; q < n_seqs; q++) {
             if (!rc) span_done(recs[q], &spans[q], undos[q].pos);
-            else undo_apply(&undos[q], seqs[q].kv);
+            else ds4_kv_undo_apply(&undos[q], seqs[q].kv);
         }
         if (rc == -2) drop_route(c);
         if (rc == -4) unform_route(c);
@@ -991,11 +860,11 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
     int done = 0;
     for (; one_by_one && !rc && done < n_seqs; done++) rc = route_step(c, recs[done], &seqs[done], &undos[done], err, errlen);
     for (int q = 0; rc && q < done - 1; q++) {
-        undo_apply(&undos[q], seqs[q].kv);
+        ds4_kv_undo_apply(&undos[q], seqs[q].kv);
         recs[q]->n = undos[q].pos;
         ckpt_drop_after(&recs[q]->ckpts, undos[q].pos);
     }
-    for (int q = 0; undos && q < saved; q++) free(undos[q].rings);
+    for (int q = 0; undos && q < saved; q++) ds4_kv_undo_free(&undos[q]);
     free(undos);
     free(recs);
     free(spans);
@@ -1043,7 +912,7 @@ static int coord_gather(ds4_backend *be, struct ds4_kv *kv, char *err, size_t er
             float *grown = (size_t)f.result.n_floats * sizeof(float) == bytes ? realloc(state, bytes + 1) : NULL;
             if (grown) {
                 state = grown;
-                copy_floats(state, f.result.floats, f.result.n_floats);
+                ds4_dist_floats(f.result.floats, f.result.n_floats, state);
             }
             char why[256] = "a different size, or out of memory";
             if (!grown || !ds4_kv_layers_load(kv, hp->first, hp->last, n, state, bytes, why, sizeof why)) {
@@ -1124,7 +993,7 @@ static void coord_free(ds4_backend *be) {
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->changed);
     free(c->hidden);
-    tls_free(&c->tls);
+    ds4_dist_tls_free(&c->tls);
     c->local->free(c->local);
     free(c);
 }
@@ -1175,32 +1044,32 @@ ds4_backend *ds4_dist_coordinator_new(ds4_backend *local, const ds4_model *m, co
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->changed, NULL);
     char url[200], rurl[200];
-    if (!tls_load(p, &c->tls, err, errlen)) {
+    if (!ds4_dist_tls_load(p, &c->tls, err, errlen)) {
         coord_free(&c->base);
         return NULL;
     }
-    snprintf(url, sizeof url, "%s://%s:%d", scheme(&c->tls), p->host, p->port);
+    snprintf(url, sizeof url, "%s://%s:%d", ds4_dist_scheme(&c->tls), p->host, p->port);
     int rv = nng_rep0_open(&c->control);
     if (!rv) nng_socket_set_ms(c->control, NNG_OPT_RECVTIMEO, 200);
-    if (!rv) recv_limit(c->control, CONTROL_MAX);
-    if (!rv) rv = start_listener(c->control, url, &c->tls, NULL);
+    if (!rv) ds4_dist_recv_limit(c->control, CONTROL_MAX);
+    if (!rv) rv = ds4_dist_listen(c->control, url, &c->tls, NULL);
     /* results come back on their own port: the final hop's answers and the
      * workers' errors, whichever hop they come from */
-    snprintf(rurl, sizeof rurl, "%s://%s:0", scheme(&c->tls), p->host);
+    snprintf(rurl, sizeof rurl, "%s://%s:0", ds4_dist_scheme(&c->tls), p->host);
     nng_listener rl;
     int port = 0;
     int rv2 = rv ? rv : nng_pull0_open(&c->results);
     if (!rv2) nng_socket_set_ms(c->results, NNG_OPT_RECVTIMEO, POLL_MS);
     /* until a route forms (form_route raises it), nothing larger than an error line comes home */
-    if (!rv2) recv_limit(c->results, ds4_dist_result_frame_max(0));
-    if (!rv2) rv2 = start_listener(c->results, rurl, &c->tls, &rl);
+    if (!rv2) ds4_dist_recv_limit(c->results, ds4_dist_result_frame_max(0));
+    if (!rv2) rv2 = ds4_dist_listen(c->results, rurl, &c->tls, &rl);
     if (!rv2) rv2 = nng_listener_get_int(rl, NNG_OPT_TCP_BOUND_PORT, &port);
     if (rv || rv2) {
         snprintf(err, errlen, "cannot listen on %s: %s", rv ? url : rurl, nng_strerror(rv ? rv : rv2));
         coord_free(&c->base);
         return NULL;
     }
-    snprintf(c->home, sizeof c->home, "%s://%s:%d", scheme(&c->tls), p->host, port);
+    snprintf(c->home, sizeof c->home, "%s://%s:%d", ds4_dist_scheme(&c->tls), p->host, port);
     if (pthread_create(&c->thread, NULL, control_loop, c)) {
         snprintf(err, errlen, "cannot start the registration thread");
         coord_free(&c->base);
@@ -1241,7 +1110,7 @@ typedef struct {
      * carries, and those of the next hop and of home, which frames it sends
      * there carry */
     uint8_t key[DS4_DIST_SEAL_BYTES], next_key[DS4_DIST_SEAL_BYTES], home_key[DS4_DIST_SEAL_BYTES];
-    tls_pem tls;
+    ds4_dist_tls tls;
     nng_socket data, next, home;
     bool next_open, home_open;
     char next_url[160], home_url[URL_MAX];
@@ -1394,7 +1263,7 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
                               .all_logits = wk->logits == DS4_DIST_ALL, .hidden_in = w->in,
                               .hidden_out = output ? NULL : w->out,
                               .steer = ds4_steering_active(&steer) ? &steer : NULL};
-        const double t0 = now_seconds();
+        const double t0 = ds4_dist_now();
         if (w->be->eval(w->be, &sq, 1, why, sizeof why) == 0) {
             for (uint32_t i = 0; i < wk->n; i++)
                 s->hashes[wk->pos + i + 1] = ds4_dist_hash_tokens(s->hashes[wk->pos + i], toks + i, 1);
@@ -1403,7 +1272,7 @@ static void serve_work(worker *w, const ds4_dist_work *wk, size_t bytes_in, uint
             for (uint32_t i = 0; i < wk->n_hops; i++) hops[i] = ds4_dist_hop_at(wk->hops, i);
             hops[wk->n_hops] = (ds4_dist_hop){(uint32_t)w->m->slice.first, (uint32_t)w->m->slice.last, wk->pos, wk->n,
                                               elapsed_us(t0), wait_us, 0, (uint32_t)bytes_in};
-            const double t1 = now_seconds();
+            const double t1 = ds4_dist_now();
             if (output) {
                 const bool ack = wk->logits == DS4_DIST_ACK;
                 ds4_dist_result r = {.route = wk->route, .seq = wk->seq, .session = wk->session,
@@ -1475,45 +1344,6 @@ static void serve_kv(worker *w, enum ds4_dist_type type, const ds4_dist_work *wk
     free(toks);
 }
 
-/* Registration (dist_proto.h): KNOCK with a fresh nonce, check the
- * coordinator's proof before saying anything, then the HELLO sealed under
- * the handshake key. 0 welcomed, 1 refused, -1 no valid answer, -2 no
- * answer in time; the coordinator's line or the failure in line. */
-static int handshake(nng_socket control, const char *secret, ds4_dist_hello me, char *line, size_t linelen) {
-    uint8_t nonce_w[DS4_DIST_NONCE_BYTES], nonce_c[DS4_DIST_NONCE_BYTES], proof[DS4_DIST_SEAL_BYTES],
-        key[DS4_DIST_SEAL_BYTES];
-    if (!ds4_dist_random(nonce_w, sizeof nonce_w)) { snprintf(line, linelen, "cannot draw a random nonce"); return -1; }
-    size_t len, blen;
-    void *buf;
-    ds4_dist_frame f;
-    uint8_t *knock = ds4_dist_encode_challenge(nonce_w, NULL, &len);
-    int rv = exchange(control, knock, len, NULL, &buf, &blen, &f, line, linelen);
-    if (rv) return rv == NNG_ETIMEDOUT ? -2 : -1;
-    const bool challenged = f.type == DS4_DIST_CHALLENGE;
-    if (challenged) {
-        memcpy(nonce_c, f.challenge.nonce, sizeof nonce_c);
-        ds4_dist_handshake_key(secret, DS4_DIST_COORDINATOR_PROOF, nonce_w, nonce_c, proof);
-    } else {
-        snprintf(line, linelen, "%.*s", f.type == DS4_DIST_REFUSED ? (int)f.result.text_len : 0, f.result.text);
-    }
-    const bool proven = challenged && ds4_dist_same(proof, f.challenge.proof, sizeof proof);
-    nng_free(buf, blen);
-    if (!challenged) return 1;
-    if (!proven) {
-        snprintf(line, linelen, "refused: the coordinator does not prove it holds this secret (wrong --dist-secret "
-                                "here or there, or not the coordinator)");
-        return 1;
-    }
-    ds4_dist_handshake_key(secret, DS4_DIST_HANDSHAKE_KEY, nonce_w, nonce_c, key);
-    me.challenge = nonce_c;
-    uint8_t *hello = ds4_dist_encode_hello(&me, &len);
-    hello = ds4_dist_seal(hello, &len, key, sizeof key);
-    if ((rv = exchange(control, hello, len, key, &buf, &blen, &f, line, linelen))) return rv == NNG_ETIMEDOUT ? -2 : -1;
-    const bool welcome = f.type == DS4_DIST_WELCOME;
-    snprintf(line, linelen, "%.*s", welcome || f.type == DS4_DIST_REFUSED ? (int)f.result.text_len : 0, f.result.text);
-    nng_free(buf, blen);
-    return welcome ? 0 : 1;
-}
 
 /* Whether a ROUTE of this id was served already: ids are never reused (a
  * coordinator's start at random and grow), so that is a recorded frame. */
@@ -1525,7 +1355,7 @@ static bool route_taken(const worker *w, uint64_t id) {
 }
 
 /* Re-points a push socket when its address changed. */
-static int repoint(nng_socket *s, bool *open, char *cur, size_t cap, const char *url, size_t len, const tls_pem *t,
+static int repoint(nng_socket *s, bool *open, char *cur, size_t cap, const char *url, size_t len, const ds4_dist_tls *t,
                    double timeout_s) {
     if (*open && strlen(cur) == len && !memcmp(cur, url, len)) return 0;
     if (*open) nng_close(*s);
@@ -1558,7 +1388,7 @@ static void serve_route(worker *w, const ds4_dist_route *r, double timeout_s) {
      * than the context) */
     const size_t tokens = r->max_tokens < (uint32_t)w->ctx ? r->max_tokens : (size_t)w->ctx;
     const ds4_layer_slice *sl = &w->m->slice;
-    recv_limit(w->data, slice_frame_max(&w->m->cfg, sl->first, sl->last, w->ctx, tokens));
+    ds4_dist_recv_limit(w->data, slice_frame_max(&w->m->cfg, sl->first, sl->last, w->ctx, tokens));
     char why[300] = "";
     if (rv) snprintf(why, sizeof why, "cannot reach the next hop %.*s: %s", (int)r->next_len, r->next, nng_strerror(rv));
     ds4_dist_result res = {.route = r->route, .status = rv ? DS4_DIST_ERROR : DS4_DIST_OK, .text = why,
@@ -1589,24 +1419,24 @@ int ds4_dist_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, in
         ds4_log(DS4_LOG_ERROR, "ds4 worker: %s\n", err);
         goto done;
     }
-    if (!tls_load(p, &w.tls, err, sizeof err)) { ds4_log(DS4_LOG_ERROR, "ds4 worker: %s\n", err); goto done; }
+    if (!ds4_dist_tls_load(p, &w.tls, err, sizeof err)) { ds4_log(DS4_LOG_ERROR, "ds4 worker: %s\n", err); goto done; }
     if (!ds4_dist_random(nonce, sizeof nonce)) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot draw a random nonce\n"); goto done; }
     ds4_dist_link_key(p->secret, nonce, w.key);
     int rv = nng_pull0_open(&w.data);
-    snprintf(url, sizeof url, "%s://%s:0", scheme(&w.tls), here);
+    snprintf(url, sizeof url, "%s://%s:0", ds4_dist_scheme(&w.tls), here);
     /* until a ROUTE (sealed with this registration's key) raises it, the
      * data port takes nothing larger than a ROUTE */
-    if (!rv) recv_limit(w.data, ds4_dist_route_frame_max(URL_MAX));
-    if (!rv) rv = start_listener(w.data, url, &w.tls, &listener);
+    if (!rv) ds4_dist_recv_limit(w.data, ds4_dist_route_frame_max(URL_MAX));
+    if (!rv) rv = ds4_dist_listen(w.data, url, &w.tls, &listener);
     int port = 0;
     if (!rv) rv = nng_listener_get_int(listener, NNG_OPT_TCP_BOUND_PORT, &port);
     if (rv) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot listen on %s: %s\n", url, nng_strerror(rv)); goto done; }
-    snprintf(url, sizeof url, "%s://%s:%d", scheme(&w.tls), here, port);
+    snprintf(url, sizeof url, "%s://%s:%d", ds4_dist_scheme(&w.tls), here, port);
     char curl[200];
-    snprintf(curl, sizeof curl, "%s://%s:%d", scheme(&w.tls), p->host, p->port);
+    snprintf(curl, sizeof curl, "%s://%s:%d", ds4_dist_scheme(&w.tls), p->host, p->port);
     rv = nng_req0_open(&control);
-    if (!rv) recv_limit(control, CONTROL_MAX);
-    if (!rv) rv = start_dialer(control, curl, &w.tls);   /* retries until the coordinator is up */
+    if (!rv) ds4_dist_recv_limit(control, CONTROL_MAX);
+    if (!rv) rv = ds4_dist_dial(control, curl, &w.tls);   /* retries until the coordinator is up */
     if (rv) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
     const ds4_dist_hello me = identity(w.m, numerics, ctx, url, nonce, p);
     size_t blen;
@@ -1620,11 +1450,11 @@ int ds4_dist_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, in
     nng_socket_set_ms(control, NNG_OPT_SENDTIMEO, FIRST_ANSWER_MS);
     nng_socket_set_ms(control, NNG_OPT_RECVTIMEO, FIRST_ANSWER_MS);
     bool registered = false, waited = false;
-    double idle_since = now_seconds();
+    double idle_since = ds4_dist_now();
     for (;;) {
         if (!registered || nng_recv(w.data, &buf, &blen, NNG_FLAG_ALLOC)) {
             char line[300];
-            const int hs = handshake(control, p->secret, me, line, sizeof line);
+            const int hs = ds4_dist_handshake(control, p->secret, me, NULL, NULL, line, sizeof line);
             if (hs == -2 && !registered && !waited) {
                 /* NNG keeps dialling and says nothing about why a connection fails */
                 ds4_log(DS4_LOG_WARN, "ds4 worker: no answer from %s yet (is it up? with TLS, do both sides trust each "
@@ -1655,7 +1485,7 @@ int ds4_dist_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, in
             if (hs) goto done;
             if (!registered) nng_socket_set_ms(control, NNG_OPT_RECVTIMEO, 1000);
             registered = true;
-            idle_since = now_seconds();
+            idle_since = ds4_dist_now();
             continue;
         }
         const uint32_t wait_us = elapsed_us(idle_since);
@@ -1696,7 +1526,7 @@ int ds4_dist_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, in
             ds4_log(DS4_LOG_WARN, "ds4 worker: dropped a frame of type %d\n", f.type);
         }
         nng_free(buf, blen);
-        idle_since = now_seconds();
+        idle_since = ds4_dist_now();
     }
 done:
     nng_close(control);
@@ -1705,6 +1535,6 @@ done:
     if (w.home_open) nng_close(w.home);
     for (int i = 0; i < MAX_SESSIONS; i++) session_drop(&w.sessions[i]);
     free(w.in); free(w.out);
-    tls_free(&w.tls);
+    ds4_dist_tls_free(&w.tls);
     return rc;
 }

@@ -117,6 +117,12 @@ typedef struct {
      * directions ([n_layer][n_embd], NULL: none) and their SHA-1 */
     const float *steer_dir;
     unsigned char steer_sha1[20];
+    /* --tensor-parallel (tp.h) instead of the layer pipeline, and its options */
+    bool tp, tp_token_prefill;                   /* --tensor-parallel-token-prefill */
+    bool transport_set, transport_rdma;          /* --transport given; rdma chosen */
+    const char *rdma_device;                     /* --rdma-device (NULL: automatic) */
+    int rdma_gid_index;                          /* --rdma-gid-index, when rdma_gid_set */
+    bool rdma_gid_set;
 } ds4_dist_params;
 
 /* the most prefill chunks in flight along a route (--dist-prefill-window) */
@@ -126,7 +132,9 @@ typedef struct {
  * line in err for an inconsistent set (a role without its address, a worker
  * role where the binary runs no worker loop: !worker_ok, activation bits
  * given to a worker: the coordinator chooses them for the route, some of
- * the TLS files without the others). */
+ * the TLS files without the others, a tensor-parallel option without
+ * --tensor-parallel or the RDMA options without --transport rdma, and
+ * --transport rdma in a build without RDMA: tp.h). */
 bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size_t errlen);
 
 /* Takes ownership of `local` (the backend over the coordinator's slice). */

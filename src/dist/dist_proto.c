@@ -134,6 +134,68 @@ uint8_t *ds4_dist_encode_challenge(const uint8_t *nonce, const uint8_t *proof, s
     return w.p;
 }
 
+enum { TP_SEQ_BYTES = 8 + 3 * 4 + 1 };
+
+uint8_t *ds4_dist_encode_tp_step(uint64_t counter, const uint64_t *drop, uint32_t n_drop, const ds4_dist_tp_seq *seqs,
+                                 uint32_t n_seqs, const int32_t *toks, size_t *len) {
+    size_t n_tok = 0;
+    for (uint32_t i = 0; i < n_seqs; i++) n_tok += seqs[i].n;
+    writer w;
+    if (!start(&w, DS4_DIST_TP_STEP, 8 + 4 + 8 * (size_t)n_drop + 4 + TP_SEQ_BYTES * (size_t)n_seqs + 4 + 4 * n_tok))
+        return NULL;
+    put_le(&w, counter, 8);
+    put_le(&w, n_drop, 4);
+    for (uint32_t i = 0; i < n_drop; i++) put_le(&w, drop[i], 8);
+    put_le(&w, n_seqs, 4);
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        put_le(&w, seqs[i].session, 8);
+        put_le(&w, seqs[i].ctx, 4); put_le(&w, seqs[i].pos, 4); put_le(&w, seqs[i].n, 4);
+        put_le(&w, seqs[i].all_logits, 1);
+    }
+    put_le(&w, n_tok, 4);
+    for (size_t i = 0; i < n_tok; i++) put_le(&w, (uint32_t)toks[i], 4);
+    *len = w.at;
+    return w.p;
+}
+
+uint8_t *ds4_dist_encode_tp_state(uint64_t counter, uint64_t session, uint32_t ctx, const void *bytes, size_t n_bytes,
+                                  size_t *len) {
+    writer w;
+    if (n_bytes > 0xffffffffu || !start(&w, DS4_DIST_TP_STATE, 8 + 8 + 4 + 4 + n_bytes)) return NULL;
+    put_le(&w, counter, 8);
+    put_le(&w, session, 8);
+    put_le(&w, ctx, 4);
+    put_le(&w, n_bytes, 4);
+    put_bytes(&w, bytes, n_bytes);
+    *len = w.at;
+    return w.p;
+}
+
+uint8_t *ds4_dist_encode_tp_part(uint64_t counter, uint64_t step, uint32_t layer, uint8_t status, const float *floats,
+                                 size_t n, const char *text, size_t *len) {
+    if (status != DS4_DIST_OK) n = 0;
+    const size_t lt = status != DS4_DIST_OK && text ? str_len(strlen(text)) : 0;
+    writer w;
+    if (n > 0xffffffffu || !start(&w, DS4_DIST_TP_PART, 8 + 8 + 4 + 1 + 4 + 4 * n + 2 + lt)) return NULL;
+    put_le(&w, counter, 8);
+    put_le(&w, step, 8);
+    put_le(&w, layer, 4);
+    put_le(&w, status, 1);
+    put_le(&w, n, 4);
+    put_floats(&w, floats, n);
+    put_str(&w, text, lt);
+    *len = w.at;
+    return w.p;
+}
+
+size_t ds4_dist_tp_step_frame_max(size_t tokens, size_t seqs, size_t drops) {
+    return HEADER + 8 + 4 + 8 * drops + 4 + TP_SEQ_BYTES * seqs + 4 + 4 * tokens + DS4_DIST_SEAL_BYTES;
+}
+size_t ds4_dist_tp_state_frame_max(size_t bytes) { return HEADER + 8 + 8 + 4 + 4 + bytes + DS4_DIST_SEAL_BYTES; }
+size_t ds4_dist_tp_part_frame_max(size_t floats) {
+    return HEADER + 8 + 8 + 4 + 1 + 4 + 4 * floats + 2 + 0xffff + DS4_DIST_SEAL_BYTES;
+}
+
 static void put_hops(writer *w, const ds4_dist_hop *hops, uint32_t n) {
     put_le(w, n, 4);
     for (uint32_t i = 0; i < n; i++) {
@@ -248,10 +310,14 @@ float ds4_dist_float_at(const uint8_t *floats, size_t i) {
     return f;
 }
 
+void ds4_dist_floats(const uint8_t *floats, size_t n, float *out) {
+    for (size_t i = 0; i < n; i++) out[i] = ds4_dist_float_at(floats, i);
+}
+
 void ds4_dist_work_floats(const ds4_dist_work *w, float *out) {
     const uint8_t *p = w->floats;
     if (w->act == DS4_DIST_ACT_F32) {
-        for (size_t i = 0; i < w->n_floats; i++) out[i] = ds4_dist_float_at(p, i);
+        ds4_dist_floats(p, w->n_floats, out);
     } else if (w->act == DS4_DIST_ACT_F16) {
         for (size_t i = 0; i < w->n_floats; i++) out[i] = ds4_half_to_f32((ds4_half)(p[2 * i] | p[2 * i + 1] << 8));
     } else {
@@ -271,6 +337,17 @@ ds4_dist_hop ds4_dist_hop_at(const uint8_t *hops, size_t i) {
     uint32_t v[8];
     for (int k = 0; k < 8; k++) v[k] = (uint32_t)ds4_dist_token_at(hops + HOP_BYTES * i, (size_t)k);
     return (ds4_dist_hop){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+}
+
+uint64_t ds4_dist_u64_at(const uint8_t *p, size_t i) {
+    return (uint64_t)(uint32_t)ds4_dist_token_at(p + 8 * i, 0) | (uint64_t)(uint32_t)ds4_dist_token_at(p + 8 * i, 1) << 32;
+}
+
+ds4_dist_tp_seq ds4_dist_tp_seq_at(const uint8_t *seqs, size_t i) {
+    const uint8_t *p = seqs + TP_SEQ_BYTES * i;
+    return (ds4_dist_tp_seq){ds4_dist_u64_at(p, 0), (uint32_t)ds4_dist_token_at(p + 8, 0),
+                             (uint32_t)ds4_dist_token_at(p + 8, 1), (uint32_t)ds4_dist_token_at(p + 8, 2),
+                             p[20] == 1};
 }
 
 static const uint8_t *get_hops(reader *r, uint32_t *n) {
@@ -371,6 +448,46 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
         rt->next_nonce = get_bytes(&r, DS4_DIST_NONCE_BYTES);
         rt->home = get_str(&r, &rt->home_len);
         rt->home_nonce = get_bytes(&r, DS4_DIST_NONCE_BYTES);
+        break;
+    }
+    case DS4_DIST_TP_STEP: {
+        ds4_dist_tp *t = &out->tp;
+        t->counter = get_le(&r, 8);
+        t->n_drop = (uint32_t)get_le(&r, 4);
+        t->drop = get_bytes(&r, 8 * (uint64_t)t->n_drop);
+        t->n_seqs = (uint32_t)get_le(&r, 4);
+        t->seqs = get_bytes(&r, (uint64_t)TP_SEQ_BYTES * t->n_seqs);
+        t->n_tokens = (uint32_t)get_le(&r, 4);
+        t->tokens = get_bytes(&r, 4 * (uint64_t)t->n_tokens);
+        /* the records must account for the tokens, each with at least one */
+        uint64_t sum = 0;
+        for (uint32_t i = 0; !r.bad && i < t->n_seqs; i++) {
+            const ds4_dist_tp_seq q = ds4_dist_tp_seq_at(t->seqs, i);
+            if (q.n == 0 || t->seqs[TP_SEQ_BYTES * i + 20] > 1) r.bad = true;
+            sum += q.n;
+        }
+        if (sum != t->n_tokens) r.bad = true;
+        break;
+    }
+    case DS4_DIST_TP_STATE: {
+        ds4_dist_tp *t = &out->tp;
+        t->counter = get_le(&r, 8);
+        t->session = get_le(&r, 8);
+        t->ctx = (uint32_t)get_le(&r, 4);
+        t->n_bytes = (uint32_t)get_le(&r, 4);
+        t->bytes = get_bytes(&r, t->n_bytes);
+        break;
+    }
+    case DS4_DIST_TP_PART: {
+        ds4_dist_tp *t = &out->tp;
+        t->counter = get_le(&r, 8);
+        t->step = get_le(&r, 8);
+        t->layer = (uint32_t)get_le(&r, 4);
+        t->status = (uint8_t)get_le(&r, 1);
+        t->n_floats = (uint32_t)get_le(&r, 4);
+        t->floats = get_bytes(&r, 4 * (uint64_t)t->n_floats);
+        t->text = get_str(&r, &t->text_len);
+        if (t->status != DS4_DIST_OK && t->status != DS4_DIST_ERROR) r.bad = true;
         break;
     }
     default:

@@ -84,6 +84,8 @@
  * - ds4_dist_work_frame_max() and ds4_dist_result_frame_max() bound the
  *   sealed size of a legitimate frame, so a receiver can refuse a larger
  *   one by its length before buffering it.
+ * - TP_STEP, TP_STATE, TP_PART: the tensor-parallel frames (dist/tp.h),
+ *   described at ds4_dist_tp below; sealed like the data-port frames.
  * - ds4_dist_hash_tokens() is the rolling 64-bit prefix hash (FNV-1a over
  *   the token ids' little-endian bytes): hash(prefix + span) is
  *   ds4_dist_hash_tokens(hash(prefix), span).
@@ -103,7 +105,8 @@
 
 enum ds4_dist_type { DS4_DIST_HELLO = 1, DS4_DIST_WELCOME = 2, DS4_DIST_REFUSED = 3, DS4_DIST_WORK = 4,
                      DS4_DIST_RESULT = 5, DS4_DIST_ROUTE = 6, DS4_DIST_KV_GET = 7, DS4_DIST_KV_PUT = 8,
-                     DS4_DIST_KNOCK = 9, DS4_DIST_CHALLENGE = 10 };
+                     DS4_DIST_KNOCK = 9, DS4_DIST_CHALLENGE = 10, DS4_DIST_TP_STEP = 11, DS4_DIST_TP_STATE = 12,
+                     DS4_DIST_TP_PART = 13 };
 enum ds4_dist_status { DS4_DIST_OK = 0, DS4_DIST_HASH_MISMATCH = 1, DS4_DIST_ERROR = 2, DS4_DIST_WRONG_ROUTE = 3 };
 enum ds4_dist_logits { DS4_DIST_ACK = 0, DS4_DIST_LAST = 1, DS4_DIST_ALL = 2 };
 enum ds4_dist_act { DS4_DIST_ACT_F32 = 0, DS4_DIST_ACT_F16 = 1, DS4_DIST_ACT_Q8 = 2 };
@@ -169,6 +172,32 @@ typedef struct {
     const uint8_t *home_nonce;           /* NONCE_BYTES: the coordinator's Nh */
 } ds4_dist_route;
 
+/* Tensor parallelism (dist/tp.h). Every frame carries the sender's
+ * counter on the link (frames it sent before on it), so a receiver refuses
+ * one out of order or sent again. STEP: the sessions the coordinator freed
+ * (u64 ids), then one record per sequence of the batch (ds4_dist_tp_seq_at)
+ * and every sequence's tokens in batch order. STATE: one session's whole
+ * state (ds4_kv_save's bytes) for a context of ctx. PART: one layer's
+ * floats of one step, or status ERROR and a line instead. */
+typedef struct {
+    uint64_t session;
+    uint32_t ctx, pos, n;      /* the session's context, first position and token count */
+    bool all_logits;           /* every position's logits (else the last one's) */
+} ds4_dist_tp_seq;
+
+typedef struct {
+    uint64_t counter;
+    uint32_t n_drop; const uint8_t *drop;       /* STEP: u64 session ids (ds4_dist_u64_at) */
+    uint32_t n_seqs; const uint8_t *seqs;       /* STEP: records (ds4_dist_tp_seq_at) */
+    uint32_t n_tokens; const uint8_t *tokens;   /* STEP: the sum of the records' n */
+    uint64_t session; uint32_t ctx;             /* STATE */
+    uint32_t n_bytes; const uint8_t *bytes;     /* STATE */
+    uint64_t step; uint32_t layer;              /* PART: the coordinator's step (STEP frames sent before it) and layer */
+    uint8_t status;                             /* PART: DS4_DIST_OK or DS4_DIST_ERROR */
+    uint32_t n_floats; const uint8_t *floats;   /* PART */
+    const char *text; size_t text_len;          /* PART: the ERROR line */
+} ds4_dist_tp;
+
 /* KNOCK: nonce (Nw), proof NULL; CHALLENGE: nonce (Nc) and proof (SEAL_BYTES) */
 typedef struct {
     const uint8_t *nonce, *proof;
@@ -181,6 +210,7 @@ typedef struct {
     ds4_dist_work work;        /* WORK, KV_GET, KV_PUT */
     ds4_dist_result result;    /* RESULT, WELCOME, REFUSED (text only) */
     ds4_dist_route route;      /* ROUTE */
+    ds4_dist_tp tp;            /* TP_STEP, TP_STATE, TP_PART */
 } ds4_dist_frame;
 
 uint64_t ds4_dist_hash_tokens(uint64_t h, const int32_t *toks, int n);
@@ -218,6 +248,22 @@ uint8_t *ds4_dist_encode_work(enum ds4_dist_type type, const ds4_dist_work *w, c
                               const float *floats, const ds4_dist_hop *hops, size_t *len);
 uint8_t *ds4_dist_encode_result(const ds4_dist_result *r, const float *floats, const ds4_dist_hop *hops, size_t *len);
 uint8_t *ds4_dist_encode_route(const ds4_dist_route *r, size_t *len);
+uint8_t *ds4_dist_encode_tp_step(uint64_t counter, const uint64_t *drop, uint32_t n_drop, const ds4_dist_tp_seq *seqs,
+                                 uint32_t n_seqs, const int32_t *toks, size_t *len);
+uint8_t *ds4_dist_encode_tp_state(uint64_t counter, uint64_t session, uint32_t ctx, const void *bytes, size_t n_bytes,
+                                  size_t *len);
+/* status OK: n floats; ERROR: text (floats ignored) */
+uint8_t *ds4_dist_encode_tp_part(uint64_t counter, uint64_t step, uint32_t layer, uint8_t status, const float *floats, size_t n,
+                                 const char *text, size_t *len);
+/* The largest sealed TP frames: a STEP of at most `tokens` tokens in at
+ * most `seqs` sequences and `drops` freed sessions; a STATE of `bytes`; a
+ * PART of `floats` floats or an error line. */
+size_t ds4_dist_tp_step_frame_max(size_t tokens, size_t seqs, size_t drops);
+size_t ds4_dist_tp_state_frame_max(size_t bytes);
+size_t ds4_dist_tp_part_frame_max(size_t floats);
+ds4_dist_tp_seq ds4_dist_tp_seq_at(const uint8_t *seqs, size_t i);
+uint64_t ds4_dist_u64_at(const uint8_t *p, size_t i);
+
 /* Writes send_us into the last hop of an encoded WORK or RESULT frame with
  * at least one hop (the sender's own, whose send time is known only after
  * the frame was encoded). */
@@ -236,6 +282,9 @@ size_t ds4_dist_route_frame_max(size_t url_max);
 /* false (and one line in err) for anything but one whole valid frame */
 bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *err, size_t errlen);
 float ds4_dist_float_at(const uint8_t *floats, size_t i);
+/* n f32 values of an encoded payload decoded into place (the frame's bytes
+ * need not be aligned). */
+void ds4_dist_floats(const uint8_t *floats, size_t n, float *out);
 /* The payload's n_floats values, decoded from its transport format into out. */
 void ds4_dist_work_floats(const ds4_dist_work *w, float *out);
 /* Bytes of n floats in format act (row: Q8's row length). */

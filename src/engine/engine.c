@@ -162,6 +162,11 @@ static bool load_steering(ds4_engine *e, const ds4_engine_params *p, char *err, 
         snprintf(err, errlen, "--dir-steering-ffn and --dir-steering-attn need --dir-steering-file");
         return false;
     }
+    if (p->dist.tp) {
+        /* the worker's half of a layer is not told the scales */
+        snprintf(err, errlen, "directional steering does not run with --tensor-parallel");
+        return false;
+    }
     const float ffn = isnan(sp->ffn) ? 1.0f : sp->ffn, attn = isnan(sp->attn) ? 0.0f : sp->attn;
     if (!isfinite(ffn) || !isfinite(attn)) {
         snprintf(err, errlen, "steering scales must be finite");

@@ -7,6 +7,7 @@
 #include "base/log.h"
 
 #include "backends/cuda/cuda_backend.h"
+#include "dist/tp.h"
 #include "models/dsv4/expert_cache.h"
 #include "models/dsv4/forward_cpu.h"
 #include "format/gguf.h"
@@ -51,6 +52,12 @@ static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4
     fm->g = g;
     fm->m = ds4_model_bind_slice(g, p->layers ? &slice : NULL, err, errlen);
     if (!fm->m) { free(fm); return NULL; }
+    if (p->dist.tp && (p->ssd.enabled || p->gpu.backend == DS4_BACKEND_CUDA)) {
+        snprintf(err, errlen, "--tensor-parallel works with the CPU backend only, without --ssd-streaming");
+        ds4_model_free(fm->m);
+        free(fm);
+        return NULL;
+    }
     /* The expert cache and the GPU upload plan walk every layer; a slice
      * process runs on the CPU with its layers mapped. */
     if (!ds4_model_is_whole(fm->m) && (p->ssd.enabled || p->gpu.backend == DS4_BACKEND_CUDA)) {
@@ -62,7 +69,9 @@ static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4
     }
     const ds4_config *c = &fm->m->cfg;
     *info = (ds4_family_info){fm->m->name, c->n_vocab, c->n_layer, c->n_embd, ds4_model_expert_bits(fm->m), c->train_ctx,
-                              fm->m->file_bytes, fm->m->binds_file};
+                              fm->m->file_bytes, fm->m->binds_file && !p->dist.tp};
+    /* (a tensor-parallel process reads half of the routed experts: the
+     * whole file is not paged in at load) */
     fm->numerics = p->numerics < 0 ? ds4_cpu_numerics_supported(c) : p->numerics > 0;
     return fm;
 }
@@ -140,7 +149,8 @@ static ds4_backend *backend_new(ds4_family_model *fm, const ds4_engine_params *p
         be = ds4_cpu_backend_new(fm->m, p->n_threads, prefill_chunk, fm->numerics, err, errlen);
     fm->cpu_threads = be && p->gpu.backend == DS4_BACKEND_CPU ? ds4_cpu_backend_threads(be) : 0;
     if (be && p->dist.role == DS4_DIST_COORDINATOR)
-        be = ds4_dist_coordinator_new(be, fm->m, &p->dist, fm->numerics, err, errlen);
+        be = p->dist.tp ? ds4_tp_coordinator_new(be, fm->m, &p->dist, fm->numerics, err, errlen)
+                        : ds4_dist_coordinator_new(be, fm->m, &p->dist, fm->numerics, err, errlen);
     if (be && p->ssd.enabled && !start_streaming(fm, be, p, prefill_chunk, err, errlen)) {
         be->free(be);
         return NULL;
@@ -222,6 +232,7 @@ static bool can_eval(const ds4_family_model *fm, const ds4_backend *be, char *er
 }
 
 static int serve_worker(ds4_family_model *fm, ds4_backend *be, int ctx, const ds4_dist_params *p) {
+    if (p->tp) return ds4_tp_worker_serve(fm->m, be, fm->numerics, ctx, p);
     return ds4_dist_worker_serve(fm->m, be, fm->numerics, ctx, p);
 }
 
@@ -545,7 +556,8 @@ const ds4_chat_spec ds4_chat_spec_dsv4 = {
 
 const ds4_family ds4_family_dsv4 = {
     .arch = DS4_ARCH,
-    .features = DS4_FEAT_SSD_STREAMING | DS4_FEAT_NUMERICS | DS4_FEAT_CUDA | DS4_FEAT_LAYERS | DS4_FEAT_ROLE,
+    .features = DS4_FEAT_SSD_STREAMING | DS4_FEAT_NUMERICS | DS4_FEAT_CUDA | DS4_FEAT_LAYERS | DS4_FEAT_ROLE |
+                DS4_FEAT_TP,
     .refusal = NULL,
     .chat = &ds4_chat_spec_dsv4,
     .bind = bind,

@@ -23,11 +23,17 @@ const ds4_family *ds4_family_detect(const struct ds4_gguf *g) {
 }
 
 bool ds4_family_refuse(const ds4_family *f, const ds4_engine_params *p, char *err, size_t errlen) {
+    if (p->dist.tp && p->layers) {
+        snprintf(err, errlen, "--layers does not go with --tensor-parallel: each of its two processes holds every "
+                              "layer (and half of every layer's routed experts)");
+        return false;
+    }
     const char *refused = p->ssd.enabled && !(f->features & DS4_FEAT_SSD_STREAMING) ? "--ssd-streaming"
                           : p->numerics > 0 && !(f->features & DS4_FEAT_NUMERICS)
                               ? "--numerics ds4 (DeepSeek V4's FP8/FP4 storage simulation)"
                           : p->gpu.backend == DS4_BACKEND_CUDA && !(f->features & DS4_FEAT_CUDA) ? "--cuda"
                           : p->layers && !(f->features & DS4_FEAT_LAYERS) ? "--layers"
+                          : p->dist.tp && !(f->features & DS4_FEAT_TP) ? "--tensor-parallel"
                           : p->dist.role != DS4_DIST_NONE && !(f->features & DS4_FEAT_ROLE) ? "--role"
                                                                                            : NULL;
     if (!refused) return true;

@@ -10,8 +10,10 @@
  *   to DeepSeek V4, whose bind then names the first thing missing.
  * - ds4_family_refuse() writes the one-line refusal for the first engine
  *   option the family does not support (features, in the order --ssd-streaming,
- *   --numerics ds4, --cuda, --layers, --role) and returns false; true when
- *   every option asked for is supported.
+ *   --numerics ds4, --cuda, --layers, --tensor-parallel, --role) and returns
+ *   false; true when every option asked for is supported. --layers with
+ *   --tensor-parallel is refused for every family (each tensor-parallel
+ *   process holds every layer).
  * - bind maps the family's weights and fills the info the engine reports;
  *   backend_new makes its backend (and whatever the family starts with it,
  *   such as the expert cache); report prints the load line (after the
@@ -50,6 +52,7 @@ enum {
     DS4_FEAT_CUDA = 1 << 2,
     DS4_FEAT_LAYERS = 1 << 3,
     DS4_FEAT_ROLE = 1 << 4,
+    DS4_FEAT_TP = 1 << 5,           /* --tensor-parallel (dist/tp.h) */
 };
 
 /* What the engine reports about a bound model. */

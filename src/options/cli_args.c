@@ -275,6 +275,12 @@ const char ds4_dist_usage[] =
     "      --dist-tls-cert FILE  TLS for every pipeline connection: this host's certificate (PEM)\n"
     "      --dist-tls-key FILE   its private key (PEM)\n"
     "      --dist-tls-ca FILE    the CA that signs every host's certificate (PEM); peers must present one\n"
+    "      --tensor-parallel     with --role: two hosts evaluate every token together, each computing half\n"
+    "                            of every layer's routed experts (docs/distributed.md)\n"
+    "      --transport tcp|rdma  tensor parallelism's link (default tcp; rdma needs a build with libibverbs)\n"
+    "      --rdma-device D       --transport rdma: the verbs device (default: the active one)\n"
+    "      --rdma-gid-index N    --transport rdma: the GID (default: the IPv4-mapped one)\n"
+    "      --tensor-parallel-token-prefill  prefill one token per exchange, as decode runs\n"
     "      --debug               route formation and per-hop telemetry on stderr\n";
 
 static bool seconds_value(ds4_cli *c, double *out) {
@@ -314,6 +320,17 @@ bool ds4_cli_dist(ds4_cli *c, ds4_dist_params *p) {
             ds4_cli_fail(c, "--dist-activation-bits takes 32, 16 or 8, not '%s'", v);
         else if (v)
             p->activation_bits = atoi(v);
+        return true;
+    }
+    if (ds4_cli_is(c, "--tensor-parallel")) { p->tp = true; return true; }
+    if (ds4_cli_is(c, "--tensor-parallel-token-prefill")) { p->tp_token_prefill = true; return true; }
+    if (ds4_cli_str(c, "--rdma-device", &p->rdma_device)) return true;
+    static const ds4_cli_int_opt gid = {"--rdma-gid-index", 0, 255};
+    if (ds4_cli_int(c, &gid, &p->rdma_gid_index)) { p->rdma_gid_set = true; return true; }
+    if (ds4_cli_is(c, "--transport")) {
+        const char *v = value(c);
+        if (v && strcmp(v, "tcp") && strcmp(v, "rdma")) ds4_cli_fail(c, "--transport takes tcp or rdma, not '%s'", v);
+        else if (v) { p->transport_set = true; p->transport_rdma = !strcmp(v, "rdma"); }
         return true;
     }
     if (!ds4_cli_is(c, "--role")) return false;

@@ -27,6 +27,12 @@
 #                          running the function, and killing the subshell
 #                          leaves CMD running.
 #   netns_host_addr I      host I's address
+#   netns_test_begin NAME N  for a test script: TAG, TMP (removed at exit),
+#                          PIDS (killed at exit), N hosts up (deleted at
+#                          exit), passed=0 failed=0 and check OK WHAT; says
+#                          why and exits 77 (a skip, which CI as root counts
+#                          as a failure) when not root or when the
+#                          namespaces cannot be made
 #   netns_hosts_down TAG   stops the delaying switch, deletes every
 #                          namespace of TAG; deleting a namespace deletes
 #                          the veth ends in it, and so the pairs; safe to
@@ -86,4 +92,31 @@ netns_hosts_down() {
     for ns in $(ip netns list 2>/dev/null | awk '{ print $1 }'); do
         case $ns in "${tag}h"[0-9]* | "${tag}sw") ip netns del "$ns" 2>/dev/null || true ;; esac
     done
+}
+
+netns_test_cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    netns_hosts_down "$TAG"
+    rm -rf "$TMP"
+}
+
+netns_test_begin() {
+    TAG=ds4t$$
+    TMP=$(mktemp -d)
+    PIDS=()
+    passed=0 failed=0
+    trap netns_test_cleanup EXIT
+    if [ "$(id -u)" != 0 ]; then
+        echo "$1: SKIPPED: needs root (ip netns)"
+        exit 77
+    fi
+    if ! netns_hosts_up "$TAG" "$2" 2>"$TMP/netns.err"; then
+        echo "$1: SKIPPED: cannot make network namespaces: $(tail -1 "$TMP/netns.err")"
+        exit 77
+    fi
+}
+
+check() {   # check OK WHAT
+    if [ "$1" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2" >&2; fi
 }

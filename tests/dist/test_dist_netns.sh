@@ -20,28 +20,7 @@ if [ ! -x ./ds4 ] || [ ! -f "$DEMO" ]; then
     echo "test_dist_netns: SKIPPED: needs ./ds4 and $DEMO (make test builds them)"
     exit $SKIPPED
 fi
-TAG=ds4t$$
-TMP=$(mktemp -d)
-PIDS=()
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-    netns_hosts_down "$TAG"
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-if [ "$(id -u)" != 0 ]; then
-    echo "test_dist_netns: SKIPPED: needs root (ip netns)"
-    exit $SKIPPED
-fi
-if ! netns_hosts_up "$TAG" 3 2>"$TMP/netns.err"; then
-    echo "test_dist_netns: SKIPPED: cannot make network namespaces: $(tail -1 "$TMP/netns.err")"
-    exit $SKIPPED
-fi
-passed=0 failed=0
-check() {   # check OK WHAT
-    if [ "$1" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $2" >&2; fi
-}
+netns_test_begin test_dist_netns 3
 
 COORD=$(netns_host_addr 0)
 port=7000

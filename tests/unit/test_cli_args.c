@@ -107,6 +107,28 @@ int main(void) {
     CHECK(ds4_cli_next(&c) && ds4_cli_dist(&c, &d) && ds4_cli_next(&c) && ds4_cli_dist(&c, &d) && !ds4_cli_next(&c) &&
           !c.status && d.port == 7000 && !strcmp(d.host, "10.0.0.1") && d.debug, "--listen HOST PORT --debug");
 
+    /* tensor parallelism: its flags, and the one-line refusals of ds4_dist_finish_options */
+    ds4_dist_params t = {0};
+    CHECK(parse1(dist, &t, "--tensor-parallel", NULL) == 1 && t.tp, "--tensor-parallel");
+    CHECK(parse1(dist, &t, "--tensor-parallel-token-prefill", NULL) == 1 && t.tp_token_prefill, "token prefill");
+    CHECK(parse1(dist, &t, "--transport", "udp") == 2 && !strcmp(said, "t: --transport takes tcp or rdma, not 'udp'\n"),
+          "--transport udp: %s", said);
+    CHECK(parse1(dist, &t, "--rdma-gid-index", "256") == 2 && strstr(said, "[0, 255]"), "gid range: %s", said);
+    CHECK(parse1(dist, &t, "--transport", "tcp") == 1 && t.transport_set && !t.transport_rdma, "--transport tcp");
+    char err[256];
+    ds4_dist_params fo = {.role = DS4_DIST_COORDINATOR, .host = "127.0.0.1", .port = 1, .tp = true};
+    CHECK(ds4_dist_finish_options(&fo, true, err, sizeof err), "tensor parallel coordinator: %s", err);
+    fo.transport_rdma = fo.transport_set = true;
+    CHECK(!ds4_dist_finish_options(&fo, true, err, sizeof err) && strstr(err, "no RDMA transport"), "rdma: %s", err);
+    fo = (ds4_dist_params){.role = DS4_DIST_COORDINATOR, .host = "127.0.0.1", .port = 1, .tp = true, .rdma_device = "d"};
+    CHECK(!ds4_dist_finish_options(&fo, true, err, sizeof err) && !strcmp(err, "--rdma-device goes with --transport rdma"),
+          "rdma device over tcp: %s", err);
+    fo = (ds4_dist_params){.tp = true};
+    CHECK(!ds4_dist_finish_options(&fo, true, err, sizeof err) && strstr(err, "needs --role"), "no role: %s", err);
+    fo = (ds4_dist_params){.role = DS4_DIST_COORDINATOR, .host = "h", .port = 1, .tp_token_prefill = true};
+    CHECK(!ds4_dist_finish_options(&fo, true, err, sizeof err) &&
+              !strcmp(err, "--tensor-parallel-token-prefill goes with --tensor-parallel"), "token prefill alone: %s", err);
+
     ds4_ssd_params ssd = {0};
     CHECK(parse1(ssd_opt, &ssd, "--ssd-streaming-cache-experts", "2GiB") == 1 && ssd.cache_bytes == 2ull << 30,
           "cache size");

@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+enum { HEADER_BYTES = 8 };   /* magic, version, type */
+
 static void check_all_cuts(const uint8_t *buf, size_t len, const char *what) {
     ds4_dist_frame f;
     char err[256];
@@ -473,7 +475,58 @@ static void test_link_keys(void) {
     free(buf);
 }
 
+/* The tensor-parallel frames: round trips, every truncation refused, the
+ * STEP's records checked against its tokens, an unknown PART status refused. */
+static void test_tp_frames(void) {
+    ds4_dist_frame f;
+    char err[256];
+    const uint64_t drop[2] = {7, 0x1122334455667788ull};
+    const ds4_dist_tp_seq seqs[2] = {{3, 4096, 0, 3, true}, {0xabcdef0123ull, 64, 17, 1, false}};
+    const int32_t toks[4] = {5, -1, 129279, 42};
+    size_t len;
+    uint8_t *m = ds4_dist_encode_tp_step(9, drop, 2, seqs, 2, toks, &len);
+    CHECK(m && ds4_dist_decode(m, len, &f, err, sizeof err) && f.type == DS4_DIST_TP_STEP, "step: %s", err);
+    CHECK(f.tp.counter == 9 && f.tp.n_drop == 2 && ds4_dist_u64_at(f.tp.drop, 1) == drop[1] && f.tp.n_seqs == 2 &&
+              f.tp.n_tokens == 4, "step fields");
+    const ds4_dist_tp_seq b = ds4_dist_tp_seq_at(f.tp.seqs, 1);
+    CHECK(b.session == seqs[1].session && b.ctx == 64 && b.pos == 17 && b.n == 1 && !b.all_logits &&
+              ds4_dist_tp_seq_at(f.tp.seqs, 0).all_logits, "step record");
+    CHECK(ds4_dist_token_at(f.tp.tokens, 1) == -1 && ds4_dist_token_at(f.tp.tokens, 3) == 42, "step tokens");
+    check_all_cuts(m, len, "tp step");
+    /* a record claiming one token more than the frame carries */
+    const ds4_dist_tp_seq over[1] = {{1, 64, 0, 2, false}};
+    uint8_t *bad = ds4_dist_encode_tp_step(0, NULL, 0, over, 1, toks, &len);
+    const size_t at = len - 4 - 4 * 2;   /* the token count, before the two tokens */
+    bad[at] = 1;
+    CHECK(!ds4_dist_decode(bad, len - 4, &f, err, sizeof err), "a STEP whose records claim more tokens decoded");
+    free(bad);
+    free(m);
+
+    const uint8_t state[5] = {1, 2, 3, 4, 5};
+    m = ds4_dist_encode_tp_state(3, 77, 2048, state, sizeof state, &len);
+    CHECK(m && ds4_dist_decode(m, len, &f, err, sizeof err) && f.type == DS4_DIST_TP_STATE && f.tp.session == 77 &&
+              f.tp.ctx == 2048 && f.tp.n_bytes == 5 && !memcmp(f.tp.bytes, state, 5), "state: %s", err);
+    check_all_cuts(m, len, "tp state");
+    free(m);
+
+    const float x[3] = {1.5f, -0.0f, 3e-30f};
+    m = ds4_dist_encode_tp_part(12, 5, 3, DS4_DIST_OK, x, 3, NULL, &len);
+    CHECK(m && ds4_dist_decode(m, len, &f, err, sizeof err) && f.type == DS4_DIST_TP_PART && f.tp.counter == 12 &&
+              f.tp.step == 5 && f.tp.layer == 3 && f.tp.status == DS4_DIST_OK && f.tp.n_floats == 3 &&
+              ds4_dist_float_at(f.tp.floats, 2) == x[2] && f.tp.text_len == 0, "part: %s", err);
+    check_all_cuts(m, len, "tp part");
+    CHECK(len <= ds4_dist_tp_part_frame_max(3), "part larger than its bound");
+    m[HEADER_BYTES + 8 + 8 + 4] = DS4_DIST_WRONG_ROUTE;
+    CHECK(!ds4_dist_decode(m, len, &f, err, sizeof err), "a PART with status WRONG_ROUTE decoded");
+    free(m);
+    m = ds4_dist_encode_tp_part(0, 0, 0, DS4_DIST_ERROR, x, 3, "worker: no", &len);
+    CHECK(m && ds4_dist_decode(m, len, &f, err, sizeof err) && f.tp.status == DS4_DIST_ERROR && f.tp.n_floats == 0 &&
+              f.tp.text_len == 10 && !memcmp(f.tp.text, "worker: no", 10), "error part: %s", err);
+    free(m);
+}
+
 int main(void) {
+    test_tp_frames();
     test_link_keys();
     test_handshake();
     test_hello();

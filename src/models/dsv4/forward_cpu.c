@@ -76,6 +76,7 @@ typedef struct {
     int *seq_row0;          /* [T] a sequence's first row (at most T sequences) */
     int64_t *row_pos;       /* [T] a row's position in its sequence */
     int *head_rows;         /* [T] rows of one all-logits sequence */
+    float *tp_send, *tp_recv; /* [T][max(G*OL, E)] tensor parallelism: halves exchanged (empty without a split) */
     int *last_rows;         /* [T] last rows of the sequences that want only those */
     void *act;              /* [T] activations converted for the weight type */
 } batch_scratch;
@@ -112,6 +113,9 @@ typedef struct cpu {
     void *ts_block;
     ds4_matmul_observer observe;    /* NULL = off */
     void *observe_ud;
+    ds4_cpu_split split;            /* tensor parallelism: exchange NULL = off */
+    bool split_heads;               /* and attention's heads and out_b's rows split too */
+    float *head_own, *head_other;   /* [HEAD_CHUNK][n_vocab - n_vocab / 2]: the split output head's halves */
 } cpu;
 
 /* one eval: its sequences and the layer being run */
@@ -121,6 +125,10 @@ typedef struct {
     int n_seqs;
     int T, l;
     const float *hc_scale, *hc_base;   /* the HC sublayer being applied */
+    int group0;                        /* expert_group_task: the first group of the run */
+    int h0, h1;                        /* attention: the heads this process computes */
+    int head_gate;                     /* the output head's exchanges so far in this eval */
+    int sum_lo, sum_hi;                /* expert_sum_task: the experts whose slots it adds */
 } batch;
 
 static ds4_kv *row_kv(const batch *b, int t) { return b->seqs[b->f->s.row_seq[t]].kv; }
@@ -259,7 +267,7 @@ static void q_task(batch *b, int t, int thread) {
     const ds4_config *c = f->c;
     const int D = c->head_dim;
     const float *cs = rope_cs(b, t);
-    for (int h = 0; h < c->n_head; h++) {
+    for (int h = b->h0; h < b->h1; h++) {
         float *q = f->s.q_heads + ((size_t)t * c->n_head + h) * D;
         rmsnorm(q, D, NULL, c->rms_eps);
         rope_apply(q, D, c->n_rot, cs, false);
@@ -445,19 +453,37 @@ static int attn_rows(const batch *b, int t, const ds4_kv_layer *L, const float *
 /* A group of ATTN_GROUP heads of one row (ds4_attn_heads: softmax with sink
  * over the candidate rows, each row read once for the group). */
 enum { ATTN_GROUP = 8 };
-static int attn_groups(const ds4_config *c) { return (c->n_head + ATTN_GROUP - 1) / ATTN_GROUP; }
+static int attn_groups(const batch *b) { return (b->h1 - b->h0 + ATTN_GROUP - 1) / ATTN_GROUP; }
 
 static void attn_task(batch *b, int task, int thread) {
     const cpu *f = b->f;
     const ds4_config *c = f->c;
-    const int H = c->n_head, D = c->head_dim, t = task / attn_groups(c), h0 = task % attn_groups(c) * ATTN_GROUP;
-    const int nh = H - h0 < ATTN_GROUP ? H - h0 : ATTN_GROUP;
+    const int H = c->n_head, D = c->head_dim, t = task / attn_groups(b), h0 = b->h0 + task % attn_groups(b) * ATTN_GROUP;
+    const int nh = b->h1 - h0 < ATTN_GROUP ? b->h1 - h0 : ATTN_GROUP;
     thread_scratch *ts = &f->ts[thread];
     const int n = attn_rows(b, t, &row_kv(b, t)->L[b->l], ts->rows);
     float *o = f->s.attn_out + ((size_t)t * H + h0) * D;
     ds4_attn_heads(f->s.q_heads + ((size_t)t * H + h0) * D, nh, D, ts->rows, n, 1.0f / sqrtf((float)D),
                    f->m->layers[b->l].sinks + h0, ts->weights, o);
     for (int h = 0; h < nh; h++) rope_apply(o + (size_t)h * D, D, c->n_rot, rope_cs(b, t), true);
+}
+
+/* Tensor parallelism: rows of `width` floats per token in x, of which this
+ * rank computed the columns [c0, c1) and the other rank the rest; one
+ * exchange (gate `which` of the layer's three) gives each the other's. */
+static void allgather(batch *b, int which, float *x, int width, int c0, int c1) {
+    cpu *f = b->f;
+    batch_scratch *s = &f->s;
+    const int T = b->T, own = c1 - c0, other = width - own;
+    for (int t = 0; t < T; t++)
+        memcpy(s->tp_send + (size_t)t * own, x + (size_t)t * width + c0, (size_t)own * sizeof(float));
+    f->split.exchange(f->split.ud, 3 * b->l + which, s->tp_send, (size_t)T * own, s->tp_recv, (size_t)T * other);
+    for (int t = 0; t < T; t++) {
+        const float *in = s->tp_recv + (size_t)t * other;
+        float *row = x + (size_t)t * width;
+        memcpy(row, in, (size_t)c0 * sizeof(float));
+        memcpy(row + c1, in + c0, (size_t)(width - c1) * sizeof(float));
+    }
 }
 
 static void attention(batch *b) {
@@ -472,7 +498,21 @@ static void attention(batch *b) {
     hc_pre(b, &W->hc_attn_fn, W->hc_attn_scale, W->hc_attn_base, W->attn_norm);
     linear(f, &W->q_a, 0, 0, c->q_lora, s->normed, E, T, s->q_latent);
     for (int t = 0; t < T; t++) rmsnorm(s->q_latent + (size_t)t * c->q_lora, c->q_lora, W->q_a_norm, c->rms_eps);
-    linear(f, &W->q_b, 0, 0, HD, s->q_latent, c->q_lora, T, s->q_heads);
+    /* tensor parallelism: this rank's heads, those of its half of the
+     * output groups (attn_out is free until the heads write it) */
+    const int G = c->o_groups, OL = c->o_lora, gin = HD / G, hpg = c->n_head / G;
+    const bool split = f->split.exchange && f->split_heads;
+    const int g0 = split && f->split.rank ? G / 2 : 0, g1 = split && !f->split.rank ? G / 2 : G;
+    b->h0 = g0 * hpg;
+    b->h1 = g1 * hpg;
+    if (split) {
+        const size_t n = (size_t)(b->h1 - b->h0) * D;
+        linear(f, &W->q_b, 0, (int64_t)b->h0 * D, (int64_t)n, s->q_latent, c->q_lora, T, s->attn_out);
+        for (int t = 0; t < T; t++)
+            memcpy(s->q_heads + (size_t)t * HD + (size_t)b->h0 * D, s->attn_out + (size_t)t * n, n * sizeof(float));
+    } else {
+        linear(f, &W->q_b, 0, 0, HD, s->q_latent, c->q_lora, T, s->q_heads);
+    }
     linear(f, &W->kv, 0, 0, D, s->normed, E, T, s->kv_row);
     par(b, T, q_task);
 
@@ -486,7 +526,7 @@ static void attention(batch *b) {
         for (int q = 0; q < b->n_seqs; q++) compress_seq(b, q);
         if (has_indexer) indexer(b);
     }
-    par(b, T * attn_groups(c), attn_task);
+    par(b, T * attn_groups(b), attn_task);
 
     /* a sequence's rows become its ring only now: attention above read the
      * previous ring contents for positions before the batch */
@@ -499,13 +539,25 @@ static void attention(batch *b) {
     }
 
     /* grouped output projection: group g = heads g*hpg ... */
-    const int G = c->o_groups, OL = c->o_lora, gin = HD / G;
-    for (int g = 0; g < G; g++) {
+    for (int g = g0; g < g1; g++) {
         linear(f, &W->out_a, 0, (int64_t)g * OL, OL, s->attn_out + (size_t)g * gin, HD, T, s->out_group);
         for (int t = 0; t < T; t++)
             memcpy(s->out_latent + ((size_t)t * G + g) * OL, s->out_group + (size_t)t * OL, (size_t)OL * sizeof(float));
     }
-    linear(f, &W->out_b, 0, 0, E, s->out_latent, (int64_t)G * OL, T, s->sublayer_out);
+    if (!split) {
+        linear(f, &W->out_b, 0, 0, E, s->out_latent, (int64_t)G * OL, T, s->sublayer_out);
+    } else {
+        /* each rank's group latents to the other (the same bits one process
+         * computes), then each computes its half of out_b's rows and they
+         * swap those: sublayer_out is the single process's on both */
+        allgather(b, 0, s->out_latent, G * OL, g0 * OL, g1 * OL);
+        const int e0 = f->split.rank ? E / 2 : 0, e1 = f->split.rank ? E : E / 2;
+        linear(f, &W->out_b, 0, e0, e1 - e0, s->out_latent, (int64_t)G * OL, T, s->tp_recv);
+        for (int t = 0; t < T; t++)
+            memcpy(s->sublayer_out + (size_t)t * E + e0, s->tp_recv + (size_t)t * (e1 - e0),
+                   (size_t)(e1 - e0) * sizeof(float));
+        allgather(b, 1, s->sublayer_out, E, e0, e1);
+    }
     hc_post(b, DS4_STEER_ATTN);
 }
 
@@ -581,12 +633,15 @@ static uint64_t expert_bytes(const ds4_layer *W) {
 static void expert_group_task(batch *b, int g, int thread) {
     batch_scratch *s = &b->f->s;
     expert_scratch x = s->thread_x[thread];
+    g += b->group0;
     x.out = s->slot_out + (size_t)s->group_row0[g] * b->f->c->n_embd;
     expert(b, s->group_expert[g], s->expert_rows + s->group_row0[g], s->group_n[g], NULL, &x);
 }
 
-/* Row t's expert outputs added in ascending expert order (slot order within
- * one expert), as the expert-major loop of routed() adds them. */
+/* Row t's outputs of the experts [sum_lo, sum_hi) added in ascending expert
+ * order (slot order within one expert), as the expert-major loop of routed()
+ * adds them: two calls over [0, m) and [m, n) add what one over [0, n) does,
+ * in the same order. */
 static void expert_sum_task(batch *b, int t, int thread) {
     const batch_scratch *s = &b->f->s;
     const int E = b->f->c->n_embd, k = b->f->c->n_expert_used;
@@ -596,8 +651,9 @@ static void expert_sum_task(batch *b, int t, int thread) {
         int best = -1;
         for (int j = 0; j < k; j++) {
             const bool after = last < 0 || ids[j] > ids[last] || (ids[j] == ids[last] && j > last);
-            if (after && (best < 0 || ids[j] < ids[best])) best = j;
+            if (after && ids[j] >= b->sum_lo && ids[j] < b->sum_hi && (best < 0 || ids[j] < ids[best])) best = j;
         }
+        if (best < 0) break;
         axpy(s->sublayer_out + (size_t)t * E, s->expert_w[(size_t)t * k + best],
              s->slot_out + (size_t)s->slot_at[(size_t)t * k + best] * E, E);
         last = best;
@@ -616,6 +672,7 @@ static int expert_group_rows(int T) { return T < EXPERT_GROUP_ROWS ? T : EXPERT_
 typedef struct {
     bool per_thread;    /* groups are recorded for one pool run, else run at once over the pool */
     int n_groups, used; /* groups recorded, entries of expert_rows they hold */
+    int lo, hi;         /* the experts this process computes (tensor parallelism: its half) */
 } routing;
 
 /* The next n rows of expert e (from expert_rows + r->used). */
@@ -623,7 +680,7 @@ static void expert_group(batch *b, routing *r, int e, int n) {
     cpu *f = b->f;
     batch_scratch *s = &f->s;
     const int E = f->c->n_embd, k = f->c->n_expert_used;
-    f->base.weight_bytes += expert_bytes(&f->m->layers[b->l]);
+    if (!f->split.exchange || (e >= r->lo && e < r->hi)) f->base.weight_bytes += expert_bytes(&f->m->layers[b->l]);
     if (r->per_thread) {
         s->group_expert[r->n_groups] = e;
         s->group_row0[r->n_groups] = r->used;
@@ -653,12 +710,19 @@ static void expert_group(batch *b, routing *r, int e, int n) {
  * group of at most T, since a hash row may name an expert twice) over the
  * pool. */
 static void routed(batch *b) {
-    batch_scratch *s = &b->f->s;
-    const ds4_config *c = b->f->c;
-    const int T = b->T, k = c->n_expert_used;
-    routing r = {.per_thread = !b->f->experts};
+    cpu *f = b->f;
+    batch_scratch *s = &f->s;
+    const ds4_config *c = f->c;
+    const int T = b->T, k = c->n_expert_used, mid = f->split.mid;
+    routing r = {.per_thread = !f->experts, .lo = 0, .hi = c->n_expert};
+    if (f->split.exchange) {
+        r.lo = f->split.rank ? mid : 0;
+        r.hi = f->split.rank ? c->n_expert : mid;
+    }
+    int mid_group = 0, mid_used = 0;   /* where the experts [mid, n) start in the groups and in expert_rows */
     const int group = r.per_thread ? expert_group_rows(T) : T;
     for (int e = 0; e < c->n_expert; e++) {
+        if (e == mid) { mid_group = r.n_groups; mid_used = r.used; }
         int n = 0;
         for (int j = 0; j < T * k; j++) {
             if (s->expert_ids[j] != e) continue;
@@ -669,7 +733,36 @@ static void routed(batch *b) {
         if (n) expert_group(b, &r, e, n);
     }
     if (!r.per_thread) return;
-    par(b, r.n_groups, expert_group_task);
+    b->sum_lo = 0;
+    if (!f->split.exchange) {
+        b->group0 = 0;
+        b->sum_hi = c->n_expert;
+        par(b, r.n_groups, expert_group_task);
+        par(b, T, expert_sum_task);
+        return;
+    }
+    /* Tensor parallelism (ds4_cpu_split): the groups are laid out as one
+     * process lays them out, each rank computes its own experts' groups, and
+     * the single process's sum is cut where the experts [mid, n) begin:
+     * rank 0 adds the shared expert and [0, mid) (the sum's first terms, in
+     * order) and sends that partial sum; rank 1 sends the slot outputs of
+     * [mid, n); both then add those onto the partial sum in the same order,
+     * so both hold the single process's bits. */
+    const size_t E = (size_t)c->n_embd, rows_hi = (size_t)(r.used - mid_used) * E;
+    float *slots_hi = s->slot_out + (size_t)mid_used * E;
+    if (f->split.rank == 0) {
+        b->group0 = 0;
+        par(b, mid_group, expert_group_task);
+        b->sum_hi = mid;
+        par(b, T, expert_sum_task);
+        f->split.exchange(f->split.ud, 3 * b->l + 2, s->sublayer_out, (size_t)T * E, slots_hi, rows_hi);
+    } else {
+        b->group0 = mid_group;
+        par(b, r.n_groups - mid_group, expert_group_task);
+        f->split.exchange(f->split.ud, 3 * b->l + 2, slots_hi, rows_hi, s->sublayer_out, (size_t)T * E);
+    }
+    b->sum_lo = mid;
+    b->sum_hi = c->n_expert;
     par(b, T, expert_sum_task);
 }
 
@@ -722,11 +815,14 @@ static void ffn(batch *b) {
         if (f->predict && b->l < f->m->slice.last && T * k < c->n_expert) predict_experts(b, b->l + 1);
     }
 
-    /* shared expert over the whole batch, into sublayer_out */
-    linear(f, &W->gate_shexp, 0, 0, F, s->normed, E, T, s->ffn_gate);
-    linear(f, &W->up_shexp, 0, 0, F, s->normed, E, T, s->ffn_up);
-    ds4_swiglu(f->pool, s->ffn_gate, s->ffn_up, T, F, c->clamp_shexp[b->l]);
-    linear(f, &W->down_shexp, 0, 0, E, s->ffn_gate, F, T, s->sublayer_out);
+    /* shared expert over the whole batch, into sublayer_out (tensor
+     * parallelism: rank 0's; rank 1 receives the partial sum it starts) */
+    if (!f->split.exchange || f->split.rank == 0) {
+        linear(f, &W->gate_shexp, 0, 0, F, s->normed, E, T, s->ffn_gate);
+        linear(f, &W->up_shexp, 0, 0, F, s->normed, E, T, s->ffn_up);
+        ds4_swiglu(f->pool, s->ffn_gate, s->ffn_up, T, F, c->clamp_shexp[b->l]);
+        linear(f, &W->down_shexp, 0, 0, E, s->ffn_gate, F, T, s->sublayer_out);
+    }
 
     routed(b);
     hc_post(b, DS4_STEER_FFN);
@@ -773,6 +869,9 @@ static size_t layout_batch(const cpu *f, int T, carver *cv, batch_scratch *s) {
     s->idx_head_w = carve(cv, rows * c->n_idx_head, fl);
     s->out_latent = carve(cv, rows * c->o_groups * c->o_lora, fl);
     s->out_group = carve(cv, rows * c->o_lora, fl);
+    const size_t G_OL = (size_t)c->o_groups * c->o_lora, tp_cols = f->split.exchange ? (G_OL > E ? G_OL : E) : 0;
+    s->tp_send = carve(cv, rows * tp_cols, fl);
+    s->tp_recv = carve(cv, rows * tp_cols, fl);
     s->router = carve(cv, rows * c->n_expert, fl);
     s->expert_w = carve(cv, rows * k, fl);
     s->expert_in = carve(cv, rows * E, fl);
@@ -874,6 +973,7 @@ static bool grow_head(cpu *f, int rows) {
 }
 
 /* Output head (sheet 6.10) for the n batch rows listed in `rows` into logits (n x vocab). */
+enum { HEAD_CHUNK = 16 };
 static void head(batch *b, const int *rows, int n, float *logits) {
     cpu *f = b->f;
     batch_scratch *s = &f->s;
@@ -897,7 +997,30 @@ static void head(batch *b, const int *rows, int n, float *logits) {
         }
         rmsnorm(hidden, E, m->output_norm, c->rms_eps);
     }
-    linear(f, &m->output, 0, 0, c->n_vocab, s->normed, E, n, logits);
+    if (!f->split.exchange) {
+        linear(f, &m->output, 0, 0, c->n_vocab, s->normed, E, n, logits);
+        return;
+    }
+    /* tensor parallelism: rank 0 computes the vocabulary's first half, rank
+     * 1 the rest and sends it (rank 1 has no logits to write), HEAD_CHUNK
+     * rows at a time so the buffers stay small; every logit is the single
+     * process's */
+    const int V = c->n_vocab, vh = V / 2, v0 = f->split.rank ? vh : 0, v1 = f->split.rank ? V : vh;
+    for (int i0 = 0; i0 < n; i0 += HEAD_CHUNK) {
+        const int nc = n - i0 < HEAD_CHUNK ? n - i0 : HEAD_CHUNK;
+        linear(f, &m->output, 0, v0, v1 - v0, s->normed + (size_t)i0 * E, E, nc, f->head_own);
+        const int gate = 3 * c->n_layer + b->head_gate++;
+        if (f->split.rank) {
+            f->split.exchange(f->split.ud, gate, f->head_own, (size_t)nc * (V - vh), NULL, 0);
+            continue;
+        }
+        f->split.exchange(f->split.ud, gate, NULL, 0, f->head_other, (size_t)nc * (V - vh));
+        for (int i = 0; i < nc; i++) {
+            float *row = logits + (size_t)(i0 + i) * V;
+            memcpy(row, f->head_own + (size_t)i * vh, (size_t)vh * sizeof(float));
+            memcpy(row + vh, f->head_other + (size_t)i * (V - vh), (size_t)(V - vh) * sizeof(float));
+        }
+    }
 }
 
 /* Logits of every sequence: all rows of the all_logits ones straight into
@@ -924,6 +1047,7 @@ static void heads(batch *b) {
     }
     if (!n_last) return;
     head(b, last, n_last, f->head_logits);
+    if (f->split.exchange && f->split.rank) return;   /* rank 1 wrote no logits */
     for (int q = 0, i = 0; q < b->n_seqs; q++)
         if (!b->seqs[q].all_logits)
             memcpy(b->seqs[q].logits, f->head_logits + (size_t)i++ * V, (size_t)V * sizeof(float));
@@ -1020,7 +1144,7 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
         snprintf(err, errlen, "out of memory for a batch of %d rows", T);
         return -1;
     }
-    batch b = {f, seqs, n_seqs, T, 0, NULL, NULL};
+    batch b = {f, seqs, n_seqs, T, 0, NULL, NULL, 0, 0, c->n_head, 0, 0, 0};
     batch_scratch *s = &f->s;
     const int E = c->n_embd, n_hc = c->n_hc;
     for (int q = 0, t = 0; q < n_seqs; q++) {
@@ -1078,6 +1202,8 @@ static void cpu_free(ds4_backend *be) {
     free(f->comp_cs);
     free(f->s_block);
     free(f->head_logits);
+    free(f->head_own);
+    free(f->head_other);
     free(f->ts_block);
     free(f->ts);
     free(f);
@@ -1123,6 +1249,21 @@ void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud) 
     ((cpu *)be)->observe = fn;
     ((cpu *)be)->observe_ud = ud;
 }
+bool ds4_cpu_backend_split(ds4_backend *be, const ds4_cpu_split *sp) {
+    cpu *f = (cpu *)be;
+    const size_t half = (size_t)HEAD_CHUNK * (f->c->n_vocab - f->c->n_vocab / 2);
+    free(f->head_own);
+    free(f->head_other);
+    f->head_own = malloc(half * sizeof(float));
+    f->head_other = malloc(half * sizeof(float));
+    if (!f->head_own || !f->head_other) return false;
+    f->split = *sp;
+    f->split_heads = ds4_cpu_split_heads(f->c);
+    f->cap = 0;   /* the next batch lays its scratch out with the exchange buffers */
+    return true;
+}
+
+bool ds4_cpu_split_heads(const ds4_config *c) { return c->o_groups % 2 == 0 && c->n_embd % 2 == 0; }
 void ds4_cpu_backend_stream_experts(ds4_backend *be, ds4_expert_cache *experts, bool predict) {
     ((cpu *)be)->experts = experts;
     ((cpu *)be)->predict = predict;

@@ -33,6 +33,31 @@
  *   guessed experts (its router on this layer's FFN input; the token's row
  *   on hash layers) before this layer's experts are computed, and a
  *   hash-routed first layer's experts before its attention.
+ * - ds4_cpu_backend_split() (tensor parallelism, dist/tp.h) makes this
+ *   backend one of two ranks that evaluate the same batch together: rank 0
+ *   computes the shared expert and the routed experts [0, mid), rank 1 the
+ *   routed experts [mid, n_expert). When ds4_cpu_split_heads() (an even
+ *   number of output groups and an even n_embd), attention is split too:
+ *   each rank computes the query heads of its half of the output groups
+ *   (q_b's rows, the attention itself, out_a's groups) and half of out_b's
+ *   rows; the KV row, compressors, indexer, router and hyper-connections
+ *   are computed by both. exchange is called three times per layer, gate
+ *   3l + k: k = 0 and 1 swap the ranks' halves (the group latents, then the
+ *   out_b rows: each sends its own columns of every token and receives the
+ *   other's); k = 2 is the FFN: rank 0 sends its partial sum (shared expert
+ *   plus its experts, T x n_embd floats) and receives rank 1's slot outputs
+ *   (one n_embd row per selected slot of an expert >= mid, in the single
+ *   process's expert-major order), rank 1 the other way round, and both add
+ *   rank 1's slots in ascending expert order, where the single process's
+ *   sum adds them. The output head is split by vocabulary rows, HEAD_CHUNK
+ *   token rows per exchange (gates 3 x n_layer + i, i counting the eval's
+ *   head exchanges): rank 1 sends its half's logits and writes no logits
+ *   (its sequences' logits may be NULL); rank 0 receives them and writes
+ *   every logit. So rank 0's logits and both ranks' states and hidden
+ *   states are the single process's bit for bit. exchange must fill recv (with anything,
+ *   on a failed link: the caller then fails the eval and restores the
+ *   states). Requires the per-thread expert path (no --ssd-streaming). A
+ *   rank reads only its own experts' and heads' weights.
  * - The round-trip helpers are exposed for unit tests; n is a multiple of the
  *   block (64 for FP8, 32 for FP4), Hadamard needs a power of two.
  * - ds4_rope_inv_freq() is the RoPE (yarn = false) or YaRN inverse-frequency
@@ -50,6 +75,17 @@
 /* From now on every matrix product of this backend's evals goes to fn
  * first (NULL: off). */
 void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud);
+
+typedef struct {
+    int rank;   /* 0: the shared expert and experts [0, mid); 1: experts [mid, n_expert) */
+    int mid;
+    /* three exchanges per layer (gate 3 x layer + k), then the head's; NULL: no split */
+    void (*exchange)(void *ud, int gate, const float *send, size_t n_send, float *recv, size_t n_recv);
+    void *ud;
+} ds4_cpu_split;
+/* false when out of memory (no split then) */
+bool ds4_cpu_backend_split(ds4_backend *be, const ds4_cpu_split *sp);
+bool ds4_cpu_split_heads(const ds4_config *c);
 
 ds4_backend *ds4_cpu_backend_new(const ds4_model *m, int n_threads, int max_batch, bool numerics,
                                  char *err, size_t errlen);

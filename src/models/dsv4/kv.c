@@ -272,3 +272,22 @@ bool ds4_kv_layers_load(ds4_kv *kv, int first, int last, int n_pos, const void *
     kv->n_pos = n_pos;
     return true;
 }
+
+bool ds4_kv_undo_save(ds4_kv_undo *u, const ds4_kv *kv, int n) {
+    u->pos = kv->n_pos;
+    u->rings = NULL;
+    if (n <= kv->slack) return true;
+    if (!(u->rings = malloc(ds4_kv_ring_bytes(kv)))) return false;
+    ds4_kv_ring_save(kv, u->rings);
+    return true;
+}
+
+void ds4_kv_undo_apply(const ds4_kv_undo *u, ds4_kv *kv) {
+    if (u->rings) ds4_kv_ring_load(kv, u->rings);
+    else ds4_kv_truncate(kv, u->pos);
+}
+
+void ds4_kv_undo_free(ds4_kv_undo *u) {
+    free(u->rings);
+    u->rings = NULL;
+}

@@ -96,6 +96,18 @@ void ds4_kv_ring_load(ds4_kv *kv, const void *src);
  * which keep their checkpoints at the engine's positions. */
 int ds4_kv_ckpt_thin(int *pos, void **slots, int n);
 
+/* Where a state was before a call that appends n tokens and may fail half
+ * way, so the caller puts it back: a span within the rings' slack is
+ * truncated away; a longer one restores a ring checkpoint (exact while the
+ * rows before the position stay). save is false when out of memory. */
+typedef struct {
+    int pos;
+    void *rings;
+} ds4_kv_undo;
+bool ds4_kv_undo_save(ds4_kv_undo *u, const ds4_kv *kv, int n);
+void ds4_kv_undo_apply(const ds4_kv_undo *u, ds4_kv *kv);
+void ds4_kv_undo_free(ds4_kv_undo *u);
+
 size_t ds4_kv_live_bytes(const ds4_kv *kv);
 void ds4_kv_save(const ds4_kv *kv, void *dst);            /* writes ds4_kv_live_bytes() */
 /* False when the buffer does not fit this state's geometry. */
