@@ -98,7 +98,9 @@ int ds4_spec_draft(ds4_spec *sp, ds4_session *s, int32_t last, int max, int32_t 
         else back_off(sp);
         sp->draft_accepted_then = -1;
     }
-    if (sp->p.draft_every_step) sp->draft_skip = sp->draft_wait = 0;
+    /* --dspark-confidence 0 is the fixed-block diagnostic: a block every step */
+    if (sp->p.draft_every_step || (sp->p.dspark_path && sp->p.dspark_confidence == 0))
+        sp->draft_skip = sp->draft_wait = 0;
     if (sp->draft_skip > 0) {
         sp->draft_skip--;
         return 0;

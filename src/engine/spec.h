@@ -35,7 +35,8 @@
  *   all rejected, the drafter skips the next 1, 2, 4, ... up to
  *   DS4_SPEC_DRAFT_BACKOFF_MAX decode steps; an accepted draft resets the
  *   wait. A model that never agrees with its draft then pays for about one
- *   try in DS4_SPEC_DRAFT_BACKOFF_MAX steps.
+ *   try in DS4_SPEC_DRAFT_BACKOFF_MAX steps. DSpark at confidence 0 (fixed
+ *   blocks, a diagnostic) drafts on every step.
  * - ds4_spec_draft() is the loop's call: the proposal after the session's
  *   tokens followed by `last`, from every drafter that is on, up to max; -1
  *   (err) when the draft model failed.
