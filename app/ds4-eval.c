@@ -17,7 +17,7 @@
 
 typedef struct {
     const char *model, *select, *trace, *regrade, *script, *expect_tokens;
-    int threads, prefill_chunk, numerics, max_tokens, think_soft, think_hard;
+    int threads, prefill_chunk, numerics, max_tokens, think_soft, think_hard, isa;
     ds4_think_mode think;
     ds4_sampler_params sampling;
     ds4_ssd_params ssd;
@@ -50,16 +50,16 @@ static void usage(FILE *f) {
         "  -t, --threads N         CPU threads (default: all)\n"
         "      --prefill-chunk N   prefill chunk size (default 4096)\n"
         "      --numerics MODE     exact | ds4 (FP8 KV / FP4 indexer simulation; default)\n"
-        "%s%s"
+        "%s%s%s"
         "      --scripted-output F TEST ONLY: replies come from F (entries split by '@@@' lines), one per question in run order\n"
         "  -h, --help              this text\n"
         "keys (terminal view): p pause/resume, q quit and report, Up/Down select, Enter run the selected question next\n",
-        ds4_ssd_usage, ds4_gpu_usage);
+        ds4_ssd_usage, ds4_gpu_usage, ds4_isa_usage);
 }
 
 static int parse_args(int argc, char **argv, eval_args *o) {
     *o = (eval_args){.model = "./ds4flash.gguf", .numerics = -1, .max_tokens = 16000, .think_soft = -1, .think_hard = -1,
-                     .think = DS4_THINK_HIGH};
+                     .isa = -1, .think = DS4_THINK_HIGH};
     ds4_sampler_params_default(&o->sampling);
     o->sampling.seed = ds4_sampler_random_seed();
     ds4_gpu_opts_default(&o->gpu);
@@ -77,7 +77,7 @@ static int parse_args(int argc, char **argv, eval_args *o) {
             ds4_cli_int(&c, &ds4_opt_prefill_chunk, &o->prefill_chunk) || ds4_cli_sampling(&c, &o->sampling) ||
             ds4_cli_str(&c, "--questions", &o->select) || ds4_cli_str(&c, "--trace", &o->trace) ||
             ds4_cli_str(&c, "--regrade-trace", &o->regrade) || ds4_cli_str(&c, "--expect-tokens", &o->expect_tokens) ||
-            ds4_cli_str(&c, "--scripted-output", &o->script))
+            ds4_cli_str(&c, "--scripted-output", &o->script) || ds4_cli_isa(&c, &o->isa))
             continue;
         if (ds4_cli_is(&c, "--think")) o->think = DS4_THINK_HIGH;
         else if (ds4_cli_is(&c, "--nothink")) o->think = DS4_THINK_NONE;
@@ -85,7 +85,7 @@ static int parse_args(int argc, char **argv, eval_args *o) {
         else if (ds4_cli_is(&c, "--plain")) o->plain = true;
         else ds4_cli_unknown(&c);
     }
-    if (c.status) return -1;
+    if (c.status || !ds4_isa_select("ds4-eval", o->isa)) return -1;
     /* the reasoning must close early enough for "</think>" and an answer */
     int reserve = o->max_tokens / 8;
     if (o->think_hard < 0) o->think_hard = o->max_tokens - reserve;

@@ -142,6 +142,15 @@ const char *ds4_simd_level_name(enum ds4_simd_level lvl) {
     return "unknown";
 }
 
+bool ds4_simd_level_parse(const char *name, enum ds4_simd_level *lvl) {
+    for (int l = DS4_SIMD_SCALAR; l <= DS4_SIMD_AMX; l++)
+        if (name && !strcmp(name, ds4_simd_level_name((enum ds4_simd_level)l))) {
+            *lvl = (enum ds4_simd_level)l;
+            return true;
+        }
+    return false;
+}
+
 /* NULL means: use ds4_vec_dot_ref */
 static ds4_dot_fn dot_fn(uint32_t type) {
     enum ds4_simd_level lvl = ds4_kernels_level();

@@ -1,6 +1,7 @@
 #include "options/cli_args.h"
 #include "backends/cuda/cuda_backend.h"
 #include "base/log.h"
+#include "kernels/kernels_cpu.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -322,18 +323,56 @@ void ds4_runtime_opts_default(ds4_runtime_opts *o) {
     o->steering = (ds4_steering_params){NULL, NAN, NAN};
     o->power = 100;
     o->warm_weights = false;
+    o->isa = -1;
 }
+
+#define ISA_USAGE                                                                                  \
+    "      --isa LEVEL            highest CPU kernel level: scalar, avx2, avx512 or amx (default: the\n" \
+    "                             CPU's best, or $DS4_ISA; a level the CPU lacks runs its best)\n"
 
 const char ds4_runtime_usage[] =
     "      --dir-steering-file F  per-layer directions (n_layer x n_embd f32) removed from layer outputs\n"
     "      --dir-steering-ffn S   scale on the FFN outputs (default 1 with a file; negative adds)\n"
     "      --dir-steering-attn S  scale on the attention outputs (default 0)\n"
     "      --power N              compute about N% of the time, sleeping the rest (1..100, default 100)\n"
-    "      --warm-weights         page every weight in at load and report the time it took\n";
+    "      --warm-weights         page every weight in at load and report the time it took\n" ISA_USAGE;
+const char ds4_isa_usage[] = ISA_USAGE;
+
+static const char isa_values[] = "scalar, avx2, avx512 or amx";
+
+bool ds4_cli_isa(ds4_cli *c, int *isa) {
+    if (!ds4_cli_is(c, "--isa")) return false;
+    const char *v = value(c);
+    enum ds4_simd_level lvl;
+    if (v && !ds4_simd_level_parse(v, &lvl)) bad(c, isa_values);
+    else if (v) *isa = (int)lvl;
+    return true;
+}
+
+bool ds4_isa_select(const char *prog, int isa) {
+    const char *from = "--isa";
+    enum ds4_simd_level want = (enum ds4_simd_level)isa;
+    if (isa < 0) {
+        const char *env = getenv("DS4_ISA");
+        if (!env || !*env) return true;
+        if (!ds4_simd_level_parse(env, &want)) {
+            ds4_log(DS4_LOG_ERROR, "%s: DS4_ISA: bad value '%.32s' (%s)\n", prog, env, isa_values);
+            return false;
+        }
+        from = "DS4_ISA";
+    }
+    const enum ds4_simd_level best = ds4_cpu_best_level();
+    if (want > best)
+        ds4_log(DS4_LOG_WARN, "%s: %s %s: this CPU has %s at most, which runs instead\n", prog, from,
+                ds4_simd_level_name(want), ds4_simd_level_name(best));
+    ds4_kernels_set_level(want);
+    return true;
+}
 
 bool ds4_cli_runtime(ds4_cli *c, ds4_runtime_opts *o) {
     static const ds4_cli_int_opt power = {"--power", 1, 100};
     if (ds4_cli_is(c, "--warm-weights")) { o->warm_weights = true; return true; }
+    if (ds4_cli_isa(c, &o->isa)) return true;
     if (ds4_cli_int(c, &power, &o->power) || ds4_cli_str(c, "--dir-steering-file", &o->steering.file)) return true;
     const bool ffn = ds4_cli_is(c, "--dir-steering-ffn");
     if (!ffn && !ds4_cli_is(c, "--dir-steering-attn")) return false;

@@ -107,10 +107,24 @@ typedef struct {
     ds4_steering_params steering;
     int power;
     bool warm_weights;      /* --warm-weights */
+    int isa;                /* --isa: a ds4_simd_level, or -1 ($DS4_ISA, else the CPU's best) */
 } ds4_runtime_opts;
 void ds4_runtime_opts_default(ds4_runtime_opts *o);
 bool ds4_cli_runtime(ds4_cli *c, ds4_runtime_opts *o);
 void ds4_runtime_apply(const ds4_runtime_opts *o, ds4_engine_params *ep);
 extern const char ds4_runtime_usage[];
+
+/* --isa scalar|avx2|avx512|amx: the highest CPU kernel level to run
+ * (kernels/kernels_cpu.h), for measuring and testing a lower level on a
+ * better CPU. ds4_cli_runtime() takes it too; ds4-eval, which has no
+ * runtime group, takes it alone. *isa: a ds4_simd_level. */
+bool ds4_cli_isa(ds4_cli *c, int *isa);
+extern const char ds4_isa_usage[]; /* its help lines, also in ds4_runtime_usage */
+/* Caps the process's kernel level once, after parsing and before any
+ * kernel runs: to `isa` when >= 0, else to $DS4_ISA when set and not empty.
+ * A level above the CPU's runs the CPU's best, after one warning line; a
+ * bad $DS4_ISA is refused with one line ("PROG: DS4_ISA: bad value ...")
+ * and false (the binary exits 2). */
+bool ds4_isa_select(const char *prog, int isa);
 
 #endif
