@@ -91,8 +91,10 @@ float ds4_vec_dot_q8_0_blockwise(const void *w, const void *act, int64_t n);
 float ds4_vec_dot_iq2_xxs_blockwise(const void *w, const void *act, int64_t n);
 
 /* Sum of x[0..n) read with the widest vector loads of the level in use
- * (64-byte on AVX-512, four independent accumulators): the plain read loop
- * whose bandwidth is the honest denominator for the streaming kernels. */
+ * (64 bytes on AVX-512, 32 on AVX2, 16 at the scalar level; four independent
+ * accumulators; lines prefetched ahead as the weight kernels do): the plain
+ * read loop whose bandwidth is a denominator for the streaming kernels. x
+ * needs only float alignment. */
 float ds4_read_sum(const float *x, int64_t n);
 
 /* W: rows x n of `type` (row stride = ds4_type_row_bytes(type,n)). */

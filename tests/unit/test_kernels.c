@@ -519,16 +519,19 @@ static void test_act(enum ds4_simd_level lvl) {
 }
 
 /* ds4_read_sum against an exact (double) sum, for every length remainder of
- * the vector loop; integer values keep the float partial sums exact. */
+ * the vector loop, from an aligned start and a start one float off it;
+ * integer values keep the float partial sums exact. */
 static void test_read_sum(enum ds4_simd_level lvl) {
     ds4_kernels_set_level(lvl);
-    static float x[1000];
-    for (int i = 0; i < 1000; i++) x[i] = (float)((i * 7919) % 201 - 100);
-    for (int n = 0; n <= 1000; n += n < 130 ? 1 : 87) {
-        double want = 0.0;
-        for (int i = 0; i < n; i++) want += x[i];
-        CHECK(ds4_read_sum(x, n) == (float)want, "%s: read_sum n=%d", ds4_simd_level_name(lvl), n);
-    }
+    static _Alignas(64) float x[1001];
+    for (int i = 0; i < 1001; i++) x[i] = (float)((i * 7919) % 201 - 100);
+    for (int off = 0; off <= 1; off++)
+        for (int n = 0; n <= 1000; n += n < 130 ? 1 : 87) {
+            double want = 0.0;
+            for (int i = 0; i < n; i++) want += x[off + i];
+            CHECK(ds4_read_sum(x + off, n) == (float)want, "%s: read_sum n=%d at offset %d", ds4_simd_level_name(lvl),
+                  n, off);
+        }
 }
 
 /* Activation quants replaced by raw random bytes, the scales kept: for
