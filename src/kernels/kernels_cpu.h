@@ -21,7 +21,8 @@
  *   ds4_quantize_act; split across the thread pool by rows.
  * - ds4_matmul: Y[t,r] = W[r,:]·X[t,:] for a batch of T activations (prefill,
  *   batched decode): blocks of weight rows that stay in L2, and inside them
- *   rows x tokens tiles where the level has them (AVX-512 Q8_0: 4 x 4;
+ *   rows x tokens tiles where the level has them (AVX2 Q8_0: 2 x 2;
+ *   AVX-512 Q8_0: 4 x 4;
  *   IQ2_XXS: 2 rows x up to 16 tokens, each weight block decoded once for
  *   all of them; AMX Q8_0: 16 rows x 1..16 tokens, also used by ds4_matvec;
  *   the token group packed once per block), else one row against up to 8
@@ -59,6 +60,12 @@ bool ds4_simd_level_parse(const char *name, enum ds4_simd_level *lvl);
  * it off (tests compare the two) is clamped to the CPU like the level. */
 bool ds4_kernels_vbmi(void);
 void ds4_kernels_set_vbmi(bool on);
+/* Inside the AVX2 level, the Q8_0 kernels sum each group of four int8
+ * products with AVX-VNNI's vpdpbusd instead of vpmaddubsw + vpmaddwd where
+ * the CPU has it: the same exact integers, so the same float order and
+ * bit-identical results. Turning it off is clamped to the CPU like VBMI. */
+bool ds4_kernels_avxvnni(void);
+void ds4_kernels_set_avxvnni(bool on);
 
 /* bytes needed to hold n activations converted for weight type `type` */
 size_t ds4_act_bytes(uint32_t type, int64_t n);

@@ -57,6 +57,7 @@ bool ds4_kernels_self_prefetch(uint32_t type);   /* at the level in use */
 
 ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type);
+bool ds4_kernels_avx2_tile(uint32_t type, struct ds4_tile_kernel *k); /* false: none for the type */
 ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type); /* non-NULL exactly where _dot is */
 bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k); /* false: none for the type */
