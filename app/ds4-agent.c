@@ -115,7 +115,7 @@ static int parse_args(int argc, char **argv, agent_args *o) {
         else if (ds4_cli_is(&c, "--no-autosave")) o->autosave = false;
         else ds4_cli_unknown(&c);
     }
-    if (c.status || !ds4_isa_select("ds4-agent", o->runtime.isa)) return -1;
+    if (c.status || !ds4_cpu_select("ds4-agent", o->runtime.isa, o->runtime.cpu_affinity)) return -1;
     return 0;
 }
 

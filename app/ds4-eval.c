@@ -16,7 +16,7 @@
 #include "quality/eval_tui.h"
 
 typedef struct {
-    const char *model, *select, *trace, *regrade, *script, *expect_tokens;
+    const char *model, *select, *trace, *regrade, *script, *expect_tokens, *cpu_affinity;
     int threads, prefill_chunk, numerics, max_tokens, think_soft, think_hard, isa;
     ds4_think_mode think;
     ds4_sampler_params sampling;
@@ -54,7 +54,7 @@ static void usage(FILE *f) {
         "      --scripted-output F TEST ONLY: replies come from F (entries split by '@@@' lines), one per question in run order\n"
         "  -h, --help              this text\n"
         "keys (terminal view): p pause/resume, q quit and report, Up/Down select, Enter run the selected question next\n",
-        ds4_ssd_usage, ds4_gpu_usage, ds4_isa_usage);
+        ds4_ssd_usage, ds4_gpu_usage, ds4_cpu_usage);
 }
 
 static int parse_args(int argc, char **argv, eval_args *o) {
@@ -77,7 +77,7 @@ static int parse_args(int argc, char **argv, eval_args *o) {
             ds4_cli_int(&c, &ds4_opt_prefill_chunk, &o->prefill_chunk) || ds4_cli_sampling(&c, &o->sampling) ||
             ds4_cli_str(&c, "--questions", &o->select) || ds4_cli_str(&c, "--trace", &o->trace) ||
             ds4_cli_str(&c, "--regrade-trace", &o->regrade) || ds4_cli_str(&c, "--expect-tokens", &o->expect_tokens) ||
-            ds4_cli_str(&c, "--scripted-output", &o->script) || ds4_cli_isa(&c, &o->isa))
+            ds4_cli_str(&c, "--scripted-output", &o->script) || ds4_cli_cpu(&c, &o->isa, &o->cpu_affinity))
             continue;
         if (ds4_cli_is(&c, "--think")) o->think = DS4_THINK_HIGH;
         else if (ds4_cli_is(&c, "--nothink")) o->think = DS4_THINK_NONE;
@@ -85,7 +85,7 @@ static int parse_args(int argc, char **argv, eval_args *o) {
         else if (ds4_cli_is(&c, "--plain")) o->plain = true;
         else ds4_cli_unknown(&c);
     }
-    if (c.status || !ds4_isa_select("ds4-eval", o->isa)) return -1;
+    if (c.status || !ds4_cpu_select("ds4-eval", o->isa, o->cpu_affinity)) return -1;
     /* the reasoning must close early enough for "</think>" and an answer */
     int reserve = o->max_tokens / 8;
     if (o->think_hard < 0) o->think_hard = o->max_tokens - reserve;

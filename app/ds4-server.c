@@ -112,7 +112,7 @@ int main(int argc, char **argv) {
         else ds4_cli_unknown(&c);
     }
     if (c.status) return c.status;
-    if (!ds4_isa_select("ds4-server", o.runtime.isa)) return 2;
+    if (!ds4_cpu_select("ds4-server", o.runtime.isa, o.runtime.cpu_affinity)) return 2;
     o.spec_lookup = spec.quality ? 0 : spec.lookup_max;   /* --quality: target-only */
     if (!ds4_cli_model_usable("ds4-server", o.model_path)) return 1;
     char dist_err[256];

@@ -191,7 +191,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         }
         else ds4_cli_unknown(&c);
     }
-    if (c.status || !ds4_isa_select("ds4", o->runtime.isa)) return -1;
+    if (c.status || !ds4_cpu_select("ds4", o->runtime.isa, o->runtime.cpu_affinity)) return -1;
     if (!o->imatrix_dataset != !o->imatrix_out) {
         fprintf(stderr, "ds4: --imatrix-dataset and --imatrix-out go together\n");
         return -1;

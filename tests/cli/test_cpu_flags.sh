@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
+# The process-wide CPU options every binary that loads a model takes.
+# --cpu-affinity LIST: a bad list, or a CPU this process may not run on, is
+# refused with one line (exit 2); a pinned run gives the same greedy steps
+# and logprobs as an unpinned one (tests/unit/test_threadpool.c checks where
+# each thread runs).
 # --isa LEVEL / $DS4_ISA cap the CPU kernel level: the load line names the
 # level in use, a level above the CPU's runs the CPU's best after one warning
-# line, a bad value is refused with one line (exit 2), and every binary that
-# loads a model takes the option. The cap is real: on the demo model
+# line, a bad value is refused with one line (exit 2). The cap is real: on the demo model
 # `ds4 --isa avx2` dumps the same greedy steps and logprobs, byte for byte, as
 # the uncapped binary on an emulated AVX2-only CPU (qemu-x86_64 -cpu
 # Haswell), the level the AVX2 kernels' tests run under. That comparison
@@ -51,6 +55,38 @@ out=$(DS4_ISA=avx3 ./ds4 -m models/demo.gguf -p hi 2>&1); rc=$?
 out=$(./ds4-bench --kernels --isa 2>&1); rc=$?
 [ $rc = 2 ] && [ "$out" = "ds4-bench: --isa needs a value" ] && ok "--isa without a value: one line" ||
     bad "--isa without a value: rc $rc, '$out'"
+
+# --cpu-affinity
+first=$(taskset -pc $$ 2>/dev/null | sed 's/.*: *//; s/[-,].*//')
+first=${first:-0}
+run -t 2 --dump-logprobs "$d/free.json" >/dev/null 2>&1
+run -t 2 --cpu-affinity "$first" --dump-logprobs "$d/pinned.json" >/dev/null 2>"$d/err"; rc=$?
+[ $rc = 0 ] && [ -s "$d/free.json" ] && cmp -s "$d/free.json" "$d/pinned.json" &&
+    ok "--cpu-affinity $first: runs, the same steps and logprobs as unpinned" ||
+    bad "--cpu-affinity $first: rc $rc, $(head -c 300 "$d/err")"
+for v in x 3-1 0,,1 -1 1- 0-2-3 " 1" 1024; do
+    for bin in ds4 ds4-bench; do
+        out=$(./$bin -m models/demo.gguf --cpu-affinity "$v" 2>&1); rc=$?
+        [ $rc = 2 ] && [ "$out" = "$bin: --cpu-affinity: bad value '$v' (CPU numbers and ascending ranges, e.g. 0-3,8)" ] &&
+            ok "$bin --cpu-affinity '$v': one line, exit 2" || bad "$bin --cpu-affinity '$v': rc $rc, '$out'"
+    done
+done
+# a CPU outside this process's mask: run under a mask of the first CPU alone
+if command -v taskset >/dev/null && [ "$(nproc)" -gt 1 ]; then
+    other=$(taskset -pc $$ | sed 's/.*: *//' | tr ',' '\n' | sed -n 2p | sed 's/-.*//')
+    [ -n "$other" ] || other=$((first + 1))
+    out=$(taskset -c "$first" ./ds4 -m models/demo.gguf -p hi --cpu-affinity "$first,$other" 2>&1); rc=$?
+    case $out in
+        "ds4: --cpu-affinity $first,$other: CPU $other is not one this process may run on (1 CPUs allowed)")
+            [ $rc = 2 ] && ok "a CPU outside the process's mask: one line, exit 2" || bad "outside the mask: rc $rc" ;;
+        *) bad "a CPU outside the process's mask: rc $rc, '$out'" ;;
+    esac
+    out=$(./ds4 -m models/demo.gguf -p hi --cpu-affinity "$first,$first" 2>&1); rc=$?
+    [ $rc = 2 ] && [ "$out" = "ds4: --cpu-affinity $first,$first: CPU $first is listed twice" ] &&
+        ok "a CPU listed twice: one line, exit 2" || bad "a CPU listed twice: rc $rc, '$out'"
+else
+    echo "NOT RUN: a CPU outside the process's mask (needs taskset and 2 CPUs)"
+fi
 
 # the cap runs what an AVX2-only CPU runs
 if ! command -v qemu-x86_64 >/dev/null; then
