@@ -184,15 +184,31 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
     for (int r = 0; r < nr; r++)
         UNROLL
         for (int t = 0; t < nt; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
+    if (nr > 1) {
+        /* the tile: chain 0 is the even blocks in order (an odd last block
+         * is even), chain 1 the odd ones, so it runs them as two passes over
+         * its rows (the second from cache), with half the accumulators live:
+         * both at once spilled two of them to the stack in every block */
         UNROLL
-        for (int r = 0; r < nr; r++)
-            prefetch_weights((const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b);
-        q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b, acc, 0, vnni);
-        q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b + 1, acc, 1, vnni);
+        for (int chain = 0; chain < 2; chain++) {
+            for (int64_t b = chain; b < nb; b += 2) {
+                if (!chain) {
+                    UNROLL
+                    for (int r = 0; r < nr; r++)
+                        prefetch_weights((const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b);
+                }
+                q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b, acc, chain, vnni);
+            }
+        }
+    } else {
+        int64_t b = 0;
+        for (; b + 2 <= nb; b += 2) {
+            prefetch_weights((const ds4_block_q8_0 *)w + b);
+            q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b, acc, 0, vnni);
+            q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b + 1, acc, 1, vnni);
+        }
+        if (b < nb) q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b, acc, 0, vnni);
     }
-    if (b < nb) q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b, acc, 0, vnni);
     UNROLL
     for (int r = 0; r < nr; r++)
         UNROLL
