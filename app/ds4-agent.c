@@ -120,7 +120,7 @@ static int parse_args(int argc, char **argv, agent_args *o) {
         else if (ds4_cli_is(&c, "--no-autosave")) o->autosave = false;
         else ds4_cli_unknown(&c);
     }
-    if (c.status) return -1;
+    if (c.status || !ds4_cpu_select("ds4-agent", o->runtime.isa, o->runtime.cpu_affinity)) return -1;
     return 0;
 }
 

@@ -33,7 +33,7 @@ static const char *default_text(char *buf, size_t len) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: ds4-bench --kernels [-t N]\n"
+    fprintf(f, "usage: ds4-bench --kernels [-t N] [--isa LEVEL] [--cpu-affinity LIST]\n"
                "       ds4-bench -m MODEL.gguf [--prompt-file F] [--ctx-start N] [--ctx-max N]\n"
                "                 [--step-incr N | --step-mul F] [--gen-tokens N] [--prefill-chunk N]\n"
                "                 [--numerics exact|ds4] [--layers A:B|A:output] [-t N] [--ssd-streaming...] [--cuda|--cpu] [--gpu-vram ..]\n"
@@ -122,6 +122,7 @@ int main(int argc, char **argv) {
         else ds4_cli_unknown(&c);
     }
     if (c.status) return c.status;
+    if (!ds4_cpu_select("ds4-bench", mp.runtime.isa, mp.runtime.cpu_affinity)) return 2;
     if (!threads_set) threads = 2;
     if (mp.model_path && !kernels) {
         if (!ds4_cli_model_usable("ds4-bench", mp.model_path)) return 1;

@@ -90,7 +90,7 @@ static int parse_args(int argc, char **argv, eval_args *o) {
         else if (ds4_cli_is(&c, "--plain")) o->plain = true;
         else ds4_cli_unknown(&c);
     }
-    if (c.status) return -1;
+    if (c.status || !ds4_cpu_select("ds4-eval", o->runtime.isa, o->runtime.cpu_affinity)) return -1;
     /* the reasoning must close early enough for "</think>" and an answer */
     int reserve = o->max_tokens / 8;
     if (o->think_hard < 0) o->think_hard = o->max_tokens - reserve;

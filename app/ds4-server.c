@@ -111,6 +111,7 @@ int main(int argc, char **argv) {
         else ds4_cli_unknown(&c);
     }
     if (c.status) return c.status;
+    if (!ds4_cpu_select("ds4-server", o.runtime.isa, o.runtime.cpu_affinity)) return 2;
     if (!ds4_cli_model_usable("ds4-server", o.model_path)) return 1;
     char dist_err[256];
     if (!ds4_dist_finish_options(&o.dist, false, dist_err, sizeof dist_err)) {

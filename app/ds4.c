@@ -200,7 +200,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         }
         else ds4_cli_unknown(&c);
     }
-    if (c.status) return -1;
+    if (c.status || !ds4_cpu_select("ds4", o->runtime.isa, o->runtime.cpu_affinity)) return -1;
     if (o->dump_mtp_logits && (!o->token_ids || !o->spec_params.mtp_path || o->spec_params.quality)) {
         fprintf(stderr, "ds4: --dump-mtp-logits needs --token-ids and --mtp FILE (without --quality)\n");
         return -1;

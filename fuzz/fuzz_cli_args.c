@@ -3,8 +3,10 @@
  * binary uses, as the binaries do; messages go to a silent log hook.
  * Invariants (abort() on violation): the cursor only moves forward and stays
  * inside argv; a walk ends at the end or with status 2 (a refusal); a shared
- * integer option that was taken lies in its range. */
+ * integer option that was taken lies in its range; an --isa that was taken
+ * names a level; a --cpu-affinity that was taken is the argument itself. */
 #include "base/log.h"
+#include "kernels/kernels_cpu.h"
 #include "options/cli_args.h"
 
 #include <stdint.h>
@@ -38,6 +40,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ds4_dist_params dist = {0};
     const char *model = NULL, *layers = NULL;
     int numerics = -1, ctx = 32768, threads = 0, tokens = 1, chunk = 1;
+    ds4_runtime_opts rt;
+    ds4_runtime_opts_default(&rt);
     int last = 0;
     while (ds4_cli_next(&c)) {
         if (c.i <= last || c.at != c.i) abort();
@@ -45,7 +49,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             ds4_cli_dist(&c, &dist) || ds4_cli_model(&c, &model) || ds4_cli_layers(&c, &layers) ||
             ds4_cli_numerics(&c, &numerics) || ds4_cli_int(&c, &ds4_opt_ctx, &ctx) ||
             ds4_cli_int(&c, &ds4_opt_threads, &threads) || ds4_cli_int(&c, &ds4_opt_tokens, &tokens) ||
-            ds4_cli_int(&c, &ds4_opt_prefill_chunk, &chunk)) {
+            ds4_cli_int(&c, &ds4_opt_prefill_chunk, &chunk) || ds4_cli_runtime(&c, &rt)) {
         } else {
             ds4_cli_unknown(&c);
         }
@@ -56,8 +60,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!c.status && c.i != argc - 1) abort();
     if (ctx < ds4_opt_ctx.lo || ctx > ds4_opt_ctx.hi || threads < 0 || threads > ds4_opt_threads.hi ||
         tokens < 0 || chunk < 1 || (numerics != -1 && numerics != 0 && numerics != 1) ||
-        spec.lookup_max < 0 || spec.lookup_max > DS4_SPEC_MAX_DRAFT)
+        spec.lookup_max < 0 || spec.lookup_max > DS4_SPEC_MAX_DRAFT || rt.isa < -1 || rt.isa > DS4_SIMD_AMX)
         abort();
+    if (rt.cpu_affinity) {
+        bool found = false;
+        for (int i = 1; i < argc && !found; i++) found = argv[i] == rt.cpu_affinity;
+        if (!found) abort();
+    }
     free(buf);
     return 0;
 }

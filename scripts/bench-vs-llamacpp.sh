@@ -11,6 +11,14 @@
 # real per-layer shapes, random valid quantized blocks), made once and reused.
 #
 # Environment (defaults in brackets):
+#   ISA              one instruction-set level for both engines [empty: each
+#                    engine's best on this CPU]: scalar, avx2, avx512 or amx.
+#                    ds4-bench runs with --isa ISA; llama-bench is built once
+#                    per level into its own build directory, with GGML_NATIVE
+#                    off and the GGML_* options of that level (avx2: AVX, AVX2,
+#                    FMA, F16C, and AVX-VNNI where the CPU has it, as the
+#                    DwarfStar avx2 level uses it; avx512: those plus
+#                    AVX-512 F/BW/DQ/VL, VNNI and VBMI; amx: native)
 #   DS4_BENCH_CACHE  cache dir [~/.cache/dwarfstar/bench-vs-llamacpp]
 #   MODEL            GGUF to use [$DS4_BENCH_CACHE/flash-4l-q2.gguf, made if missing]
 #   PAIRS            interleaved pairs per case [3]
@@ -45,7 +53,12 @@ DECODE_DEPTHS=${DECODE_DEPTHS-512 4096}
 PREFILLS=${PREFILLS-512 2048}
 GEN=${GEN:-32}
 read -r -a POLL_VALUES <<< "${POLLS-50 0}"
-LLAMA_BENCH=$CACHE/llama.cpp-build/bin/llama-bench
+ISA=${ISA:-}
+case $ISA in ""|scalar|avx2|avx512|amx) ;; *) echo "# SKIPPED: ISA=$ISA: not scalar, avx2, avx512 or amx"; exit 0 ;; esac
+LLAMA_BUILD=$CACHE/llama.cpp-build${ISA:+-$ISA}
+LLAMA_BENCH=$LLAMA_BUILD/bin/llama-bench
+DS4_ISA_ARGS=()
+[ -n "$ISA" ] && DS4_ISA_ARGS=(--isa "$ISA")
 read -r -a LLAMA_EXTRA <<< "${LLAMA_ARGS---repack 0}"
 
 note() { echo "# $*"; }
@@ -66,12 +79,23 @@ build_llamacpp() {
     # cmake from PyPI goes into the repository's venv, never the system Python
     command -v cmake >/dev/null || { (cd "$ROOT" && make -s venv) &&
         "$ROOT/.venv/bin/python3" -m pip install -q cmake >/dev/null && PATH="$ROOT/.venv/bin:$PATH"; } || return 1
-    note "building llama-bench from $src (CPU backend, native ISA)"
-    cmake -S "$src" -B "$CACHE/llama.cpp-build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    local isa_flags=(-DGGML_NATIVE=ON) vnni=OFF
+    grep -qw avx_vnni /proc/cpuinfo && vnni=ON
+    local x86=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX512_BF16=OFF)
+    case $ISA in
+    scalar) isa_flags=("${x86[@]}" -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_AVX_VNNI=OFF
+                       -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF) ;;
+    avx2) isa_flags=("${x86[@]}" -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=$vnni
+                     -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF) ;;
+    avx512) isa_flags=("${x86[@]}" -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=$vnni
+                       -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON) ;;
+    esac
+    note "building llama-bench from $src (CPU backend, ISA ${ISA:-native}) into $LLAMA_BUILD"
+    cmake -S "$src" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release "${isa_flags[@]}" \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF >"$CACHE/cmake.log" 2>&1 || return 1
-    nice cmake --build "$CACHE/llama.cpp-build" --target llama-bench -j "$NCPU" \
-        >"$CACHE/build.log" 2>&1 || return 1
+        -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF >"$CACHE/cmake${ISA:+-$ISA}.log" 2>&1 || return 1
+    nice cmake --build "$LLAMA_BUILD" --target llama-bench -j "$NCPU" \
+        >"$CACHE/build${ISA:+-$ISA}.log" 2>&1 || return 1
     [ -x "$LLAMA_BENCH" ]
 }
 
@@ -104,7 +128,7 @@ run_ds4() {  # kind n threads
     local start=$2 gen=0 col=2
     [ "$1" = tg ] && { gen=$GEN; col=3; }
     "$ROOT/ds4-bench" -m "$MODEL" -t "$3" --ctx-start "$start" --ctx-max "$start" --gen-tokens "$gen" \
-        2>/dev/null | awk -F, -v c=$col 'NR == 2 { print $c }'
+        "${DS4_ISA_ARGS[@]}" 2>/dev/null | awk -F, -v c=$col 'NR == 2 { print $c }'
 }
 run_llama() {  # kind n threads poll
     local args
@@ -128,7 +152,7 @@ import statistics, sys
 v = [float(x) for x in sys.argv[1:] if x]
 print("%7.2f %7.2f %7.2f" % (min(v), statistics.median(v), max(v)) if v else "    n/a     n/a     n/a")' "$@"; }
 
-echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(lscpu | sed -n 's/^Model name: *//p'), $NCPU CPUs; model $(basename "$MODEL")"
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(lscpu | sed -n 's/^Model name: *//p'), $NCPU CPUs; model $(basename "$MODEL"); ISA ${ISA:-native}"
 echo "# llama.cpp: $(basename "$(ls -d "$CACHE"/llama_cpp_python-*/ | head -1)") vendored tree; pairs: $PAIRS, run order ds4, then llama.cpp with each --poll of (${POLL_VALUES[*]}), ds4, ..."
 printf "%-24s %3s %4s | %-23s | %-23s | %-23s\n" case thr poll "ds4 t/s min/med/max" "llama.cpp min/med/max" "ratio ds4/llama min/med/max"
 cases=()

@@ -86,10 +86,54 @@ struct worker_arg {
     int index;
 };
 
+/* --cpu-affinity: written once before any pool, read by ds4_pool_new */
+static int affinity_cpus[DS4_POOL_MAX_CPUS];
+static int affinity_n;
+
+bool ds4_pool_set_affinity(const int *cpus, int n, char *err, size_t errlen) {
+    cpu_set_t allowed;
+    if (n < 0 || n > DS4_POOL_MAX_CPUS || n > CPU_SETSIZE) {
+        snprintf(err, errlen, "%d CPUs: at most %d", n, DS4_POOL_MAX_CPUS);
+        return false;
+    }
+    if (n > 0 && sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+        snprintf(err, errlen, "cannot read this process's CPU affinity mask");
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        if (cpus[i] < 0 || cpus[i] >= CPU_SETSIZE || !CPU_ISSET(cpus[i], &allowed)) {
+            snprintf(err, errlen, "CPU %d is not one this process may run on (%d CPUs allowed)", cpus[i],
+                     CPU_COUNT(&allowed));
+            return false;
+        }
+        for (int j = 0; j < i; j++)
+            if (cpus[j] == cpus[i]) {
+                snprintf(err, errlen, "CPU %d is listed twice", cpus[i]);
+                return false;
+            }
+    }
+    for (int i = 0; i < n; i++) affinity_cpus[i] = cpus[i];
+    affinity_n = n;
+    return true;
+}
+
+/* pins the calling thread as thread i of a pool under --cpu-affinity. The
+ * CPUs were checked against this process's mask when set; one taken away
+ * since (cgroups, taskset) makes this fail, and the thread runs where the
+ * mask lets it. */
+static void pin_thread(int i) {
+    if (affinity_n == 0) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(affinity_cpus[i % affinity_n], &set);
+    (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
 static void *worker_main(void *arg) {
     struct worker_arg wa = *(struct worker_arg *)arg;
     free(arg);
     ds4_pool *p = wa.pool;
+    pin_thread(wa.index);
     uint32_t seen = 0;
     for (;;) {
         seen = wait_new_gen(p, seen);
@@ -160,6 +204,7 @@ ds4_pool *ds4_pool_new(int n_threads) {
         p->threads = calloc((size_t)n_threads - 1, sizeof(pthread_t));
         if (!p->threads) { p->n_threads = 1; ds4_pool_free(p); return NULL; }
     }
+    pin_thread(0);
     for (int i = 1; i < n_threads; i++) {
         struct worker_arg *wa = malloc(sizeof(*wa));
         if (wa) { wa->pool = p; wa->index = i; }

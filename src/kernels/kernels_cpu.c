@@ -92,9 +92,23 @@ static bool probe_vbmi(void) {
 #endif
 }
 
+/* AVX-VNNI (CPUID.(7,1):EAX bit 4), the VEX form of vpdpbusd on ymm: an
+ * extension inside the AVX2 level, like VBMI inside AVX-512 (same integers,
+ * same float order). The AVX2 probe already cleared the YMM state. */
+static bool probe_avxvnni(void) {
+    if (ds4_cpu_best_level() < DS4_SIMD_AVX2) return false;
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7) return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (a < 1) return false; /* no sub-leaf 1 */
+    __cpuid_count(7, 1, a, b, c, d);
+    return (a & bit_AVXVNNI) != 0;
+}
+
 static atomic_int best_level = -1;
 static atomic_int cur_level = -1;
 static atomic_int has_vbmi = -1, use_vbmi = -1;
+static atomic_int has_avxvnni = -1, use_avxvnni = -1;
 
 enum ds4_simd_level ds4_cpu_best_level(void) {
     int l = atomic_load_explicit(&best_level, memory_order_relaxed);
@@ -132,6 +146,24 @@ bool ds4_kernels_vbmi(void) {
 
 void ds4_kernels_set_vbmi(bool on) { atomic_store_explicit(&use_vbmi, on && cpu_vbmi(), memory_order_relaxed); }
 
+static bool cpu_avxvnni(void) {
+    int v = atomic_load_explicit(&has_avxvnni, memory_order_relaxed);
+    if (v < 0) {
+        v = probe_avxvnni();
+        atomic_store_explicit(&has_avxvnni, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+bool ds4_kernels_avxvnni(void) {
+    int v = atomic_load_explicit(&use_avxvnni, memory_order_relaxed);
+    return v < 0 ? cpu_avxvnni() : v;
+}
+
+void ds4_kernels_set_avxvnni(bool on) {
+    atomic_store_explicit(&use_avxvnni, on && cpu_avxvnni(), memory_order_relaxed);
+}
+
 const char *ds4_simd_level_name(enum ds4_simd_level lvl) {
     switch (lvl) {
     case DS4_SIMD_SCALAR: return "scalar";
@@ -140,6 +172,15 @@ const char *ds4_simd_level_name(enum ds4_simd_level lvl) {
     case DS4_SIMD_AMX: return "amx";
     }
     return "unknown";
+}
+
+bool ds4_simd_level_parse(const char *name, enum ds4_simd_level *lvl) {
+    for (int l = DS4_SIMD_SCALAR; l <= DS4_SIMD_AMX; l++)
+        if (name && !strcmp(name, ds4_simd_level_name((enum ds4_simd_level)l))) {
+            *lvl = (enum ds4_simd_level)l;
+            return true;
+        }
+    return false;
 }
 
 /* NULL means: use ds4_vec_dot_ref */
@@ -163,9 +204,10 @@ static ds4_dotn_fn dotn_fn(uint32_t type) {
     return f;
 }
 
-/* the rows x tokens kernel of the same file as dot_fn's choice (only
- * AVX-512 and AMX have them), and its kernel for a matrix's last rows
- * where it has one; false means per-row micro-kernels */
+/* the rows x tokens kernel of the same file as dot_fn's choice, and its
+ * kernel for a matrix's last rows where it has one; false means per-row
+ * micro-kernels. A level's tile is never borrowed by a higher level, whose
+ * dots run another float order. */
 static bool tile_kernel(uint32_t type, struct ds4_tile_kernel *k, ds4_tile_rows_fn *rows_fn) {
     enum ds4_simd_level lvl = ds4_kernels_level();
     *rows_fn = NULL;
@@ -173,7 +215,8 @@ static bool tile_kernel(uint32_t type, struct ds4_tile_kernel *k, ds4_tile_rows_
         *rows_fn = ds4_kernels_amx_tile_rows(type);
         return ds4_kernels_amx_tile(type, k);
     }
-    return lvl >= DS4_SIMD_AVX512 && ds4_kernels_avx512_tile(type, k);
+    if (lvl >= DS4_SIMD_AVX512) return ds4_kernels_avx512_tile(type, k);
+    return lvl >= DS4_SIMD_AVX2 && ds4_kernels_avx2_tile(type, k);
 }
 
 static inline float call_dot(ds4_dot_fn f, uint32_t type, const void *w, const void *act, int64_t n) {
@@ -215,13 +258,15 @@ float ds4_vec_dot_iq2_xxs_blockwise(const void *w, const void *act, int64_t n) {
     return acc;
 }
 
+/* the scalar level's: 16-byte vectors, which every x86-64 has (SSE2); a
+ * serial scalar sum would be bound by the add latency, not by memory */
+static READ_SUM_KERNEL(scalar_read_sum, 16)
+
 float ds4_read_sum(const float *x, int64_t n) {
     enum ds4_simd_level lvl = ds4_kernels_level();
     if (lvl >= DS4_SIMD_AVX512) return ds4_kernels_avx512_read_sum(x, n);
     if (lvl >= DS4_SIMD_AVX2) return ds4_kernels_avx2_read_sum(x, n);
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) s += x[i];
-    return s;
+    return scalar_read_sum(x, n);
 }
 
 /* ---- activation quantization ---- */

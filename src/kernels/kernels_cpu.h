@@ -21,7 +21,8 @@
  *   ds4_quantize_act; split across the thread pool by rows.
  * - ds4_matmul: Y[t,r] = W[r,:]·X[t,:] for a batch of T activations (prefill,
  *   batched decode): blocks of weight rows that stay in L2, and inside them
- *   rows x tokens tiles where the level has them (AVX-512 Q8_0: 4 x 4;
+ *   rows x tokens tiles where the level has them (AVX2 Q8_0: 2 x 2;
+ *   AVX-512 Q8_0: 4 x 4;
  *   IQ2_XXS: 2 rows x up to 16 tokens, each weight block decoded once for
  *   all of them; AMX Q8_0: 16 rows x 1..16 tokens, also used by ds4_matvec;
  *   the token group packed once per block), else one row against up to 8
@@ -49,6 +50,9 @@ enum ds4_simd_level ds4_cpu_best_level(void);        /* what this CPU supports *
 enum ds4_simd_level ds4_kernels_level(void);         /* what is in use */
 void ds4_kernels_set_level(enum ds4_simd_level lvl); /* clamped to best */
 const char *ds4_simd_level_name(enum ds4_simd_level lvl);
+/* The inverse of ds4_simd_level_name: "scalar", "avx2", "avx512" or "amx"
+ * into *lvl; false (and *lvl untouched) for anything else. */
+bool ds4_simd_level_parse(const char *name, enum ds4_simd_level *lvl);
 /* Inside the AVX-512 level, IQ2_XXS blocks are decoded with VBMI byte
  * permutes and GFNI bit-matrix multiplies, and Q2_K quants extracted with
  * the latter, where the CPU has both; else with gathers and shifts. The
@@ -56,6 +60,12 @@ const char *ds4_simd_level_name(enum ds4_simd_level lvl);
  * it off (tests compare the two) is clamped to the CPU like the level. */
 bool ds4_kernels_vbmi(void);
 void ds4_kernels_set_vbmi(bool on);
+/* Inside the AVX2 level, the Q8_0 kernels sum each group of four int8
+ * products with AVX-VNNI's vpdpbusd instead of vpmaddubsw + vpmaddwd where
+ * the CPU has it: the same exact integers, so the same float order and
+ * bit-identical results. Turning it off is clamped to the CPU like VBMI. */
+bool ds4_kernels_avxvnni(void);
+void ds4_kernels_set_avxvnni(bool on);
 
 /* bytes needed to hold n activations converted for weight type `type` */
 size_t ds4_act_bytes(uint32_t type, int64_t n);
@@ -88,8 +98,10 @@ float ds4_vec_dot_q8_0_blockwise(const void *w, const void *act, int64_t n);
 float ds4_vec_dot_iq2_xxs_blockwise(const void *w, const void *act, int64_t n);
 
 /* Sum of x[0..n) read with the widest vector loads of the level in use
- * (64-byte on AVX-512, four independent accumulators): the plain read loop
- * whose bandwidth is the honest denominator for the streaming kernels. */
+ * (64 bytes on AVX-512, 32 on AVX2, 16 at the scalar level; four independent
+ * accumulators; lines prefetched ahead as the weight kernels do): the plain
+ * read loop whose bandwidth is a denominator for the streaming kernels. x
+ * needs only float alignment. */
 float ds4_read_sum(const float *x, int64_t n);
 
 /* W: rows x n of `type` (row stride = ds4_type_row_bytes(type,n)). */

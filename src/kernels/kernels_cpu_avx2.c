@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "kernels/kernels_cpu.h"
 #include "kernels/kernels_cpu_simd.h"
 
 static inline float hsum_ps(__m256 v) {
@@ -80,40 +81,159 @@ INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t 
 
 FLOAT_KERNELS
 
-/* ---- Q8_0 x Q8_0 ---- */
+/* ---- Q8_0 x Q8_0 ----
+ * Every Q8_0 product of this level -- the dot (1 row x 1 token), the
+ * multi-token micro-kernel (1 x nt) and the matmul tile (Q8_TILE_ROWS x
+ * Q8_TILE_TOKENS) -- is q8_0_rt, so a (row, token) result is the same bit
+ * for bit whichever of them computes it. The float order per (row, token):
+ * lane k of block b holds the exact integer sum of products 4k..4k+3
+ * (maddubs of |w| by the activation carrying w's sign, then madd by ones),
+ * converted to float and added by one FMA with d_w * d_a (exact: two
+ * widened f16) into one of two 8-lane chains, block 2i into chain 0 and
+ * 2i+1 into chain 1 (an odd last block into chain 0); the result is the
+ * sum of the two chains' lanes in hsum_ps's order. The sign trick costs one
+ * vpsignb per (row, token), the one step a tile cannot share. Where the CPU
+ * has AVX-VNNI, one vpdpbusd (u8 x s8, groups of four summed into i32,
+ * without saturation) replaces maddubs + madd: the same exact lane sums
+ * (maddubs cannot saturate here: |w| <= 128 and |a| <= 128 keep a pair's
+ * sum within i16), so the same float order and the same bits. The tile
+ * shares each weight block's load, |w| and scale between its tokens, and
+ * each token's quants and widened scale (packed once per token group by
+ * q8_0_pack) between its rows. */
+enum { Q8_TILE_ROWS = 2, Q8_TILE_TOKENS = 2, Q8_PACKED_BYTES = 64 };
 
-/* block b into accumulator slot `slot` of every token (two slots per token
- * alternate between blocks to hide the FMA latency) */
-INLINE void q8_0_block(const ds4_block_q8_0 *x, const void *acts, size_t stride, int64_t b, int nt,
-                       __m256 acc[][2], int slot) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i qx = _mm256_loadu_si256((const __m256i *)x[b].qs);
-    __m256i ux = _mm256_sign_epi8(qx, qx);
-    float dx = h2f(x[b].d);
+/* activation block b of a token: its quants, and its scale in all 8 lanes */
+INLINE void q8_0_act(const void *packed, const void *act, int64_t b, int t, __m256i *q, __m256 *d) {
+    if (packed) {
+        const uint8_t *p = (const uint8_t *)packed + ((size_t)b * Q8_TILE_TOKENS + (size_t)t) * Q8_PACKED_BYTES;
+        *q = _mm256_load_si256((const __m256i *)p);
+        *d = _mm256_load_ps((const float *)(p + 32));
+    } else {
+        const ds4_block_q8_0 *y = (const ds4_block_q8_0 *)act + b;
+        *q = _mm256_loadu_si256((const __m256i *)y->qs);
+        *d = _mm256_set1_ps(h2f(y->d));
+    }
+}
+
+/* per block, per token: 32 bytes of quants, then the scale 8 times */
+static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
+    const int64_t nb = n / DS4_QK8_0;
+    if ((size_t)nb * Q8_TILE_TOKENS * Q8_PACKED_BYTES > packed_bytes) return false;
+    for (int64_t b = 0; b < nb; b++)
+        for (int t = 0; t < nt; t++) {
+            uint8_t *p = (uint8_t *)packed + ((size_t)b * Q8_TILE_TOKENS + (size_t)t) * Q8_PACKED_BYTES;
+            __m256i q;
+            __m256 d;
+            q8_0_act(NULL, tok(acts, stride, t), b, t, &q, &d);
+            _mm256_store_si256((__m256i *)p, q);
+            _mm256_store_ps((float *)(p + 32), d);
+        }
+    return true;
+}
+
+enum { RT_ROWS_MAX = Q8_TILE_ROWS, RT_TOKENS_MAX = NT_MAX };
+
+/* AVX-VNNI's VEX vpdpbusd, an extension inside this level (not the
+ * AVX-512 level's EVEX form, which needs AVX512-VNNI and VL) */
+#define AVXVNNI __attribute__((target("avxvnni")))
+
+/* not always_inline: the kernels below that never take the vnni branch
+ * are compiled without the target, and may only call it */
+AVXVNNI static inline __m256i dpbusd(__m256i u, __m256i s) {
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+}
+
+/* lane k: the exact sum of the products 4k..4k+3 of u (unsigned) and s */
+INLINE __m256i isums4(__m256i u, __m256i s, bool vnni) {
+    if (vnni) return dpbusd(u, s);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* block b of nr rows x nt tokens into chain `slot` */
+INLINE void q8_0_block(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, const void *packed,
+                       int nt, int64_t b, __m256 acc[RT_ROWS_MAX][RT_TOKENS_MAX][2], int slot, bool vnni) {
+    __m256i qx[RT_ROWS_MAX], ux[RT_ROWS_MAX];
+    __m256 dx[RT_ROWS_MAX];
+    UNROLL
+    for (int r = 0; r < nr; r++) {
+        const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b;
+        qx[r] = _mm256_loadu_si256((const __m256i *)x->qs);
+        ux[r] = _mm256_sign_epi8(qx[r], qx[r]);
+        dx[r] = _mm256_set1_ps(h2f(x->d));
+    }
     UNROLL
     for (int t = 0; t < nt; t++) {
-        const ds4_block_q8_0 *y = (const ds4_block_q8_0 *)tok(acts, stride, t) + b;
-        __m256i p = _mm256_maddubs_epi16(ux, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), qx));
-        __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-        acc[t][slot] = _mm256_fmadd_ps(s, _mm256_set1_ps(dx * h2f(y->d)), acc[t][slot]);
+        __m256i qa;
+        __m256 da;
+        q8_0_act(packed, packed ? NULL : tok(acts, stride, t), b, t, &qa, &da);
+        UNROLL
+        for (int r = 0; r < nr; r++) {
+            __m256 s = _mm256_cvtepi32_ps(isums4(ux[r], _mm256_sign_epi8(qa, qx[r]), vnni));
+            acc[r][t][slot] = _mm256_fmadd_ps(s, _mm256_mul_ps(dx[r], da), acc[r][t][slot]);
+        }
     }
+}
+
+/* y[t * y_stride + r] for nr rows (row_bytes apart) x nt tokens; the tokens
+ * come packed (nt <= Q8_TILE_TOKENS) or as activation rows */
+INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, const void *packed,
+                    int nt, int64_t n, float *y, int64_t y_stride, bool vnni) {
+    const int64_t nb = n / DS4_QK8_0;
+    __m256 acc[RT_ROWS_MAX][RT_TOKENS_MAX][2];
+    UNROLL
+    for (int r = 0; r < nr; r++)
+        UNROLL
+        for (int t = 0; t < nt; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+    if (nr > 1) {
+        /* the tile: chain 0 is the even blocks in order (an odd last block
+         * is even), chain 1 the odd ones, so it runs them as two passes over
+         * its rows (the second from cache), with half the accumulators live:
+         * both at once spilled two of them to the stack in every block */
+        UNROLL
+        for (int chain = 0; chain < 2; chain++) {
+            for (int64_t b = chain; b < nb; b += 2) {
+                if (!chain) {
+                    UNROLL
+                    for (int r = 0; r < nr; r++)
+                        prefetch_weights((const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b);
+                }
+                q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b, acc, chain, vnni);
+            }
+        }
+    } else {
+        int64_t b = 0;
+        for (; b + 2 <= nb; b += 2) {
+            prefetch_weights((const ds4_block_q8_0 *)w + b);
+            q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b, acc, 0, vnni);
+            q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b + 1, acc, 1, vnni);
+        }
+        if (b < nb) q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b, acc, 0, vnni);
+    }
+    UNROLL
+    for (int r = 0; r < nr; r++)
+        UNROLL
+        for (int t = 0; t < nt; t++) y[t * y_stride + r] = hsum_ps(_mm256_add_ps(acc[r][t][0], acc[r][t][1]));
 }
 
 INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
-    int64_t nb = n / DS4_QK8_0, b = 0;
-    __m256 acc[NT_MAX][2];
-    UNROLL
-    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-    for (; b + 2 <= nb; b += 2) {
-        prefetch_weights((const ds4_block_q8_0 *)w + b);
-        q8_0_block(w, acts, stride, b, nt, acc, 0);
-        q8_0_block(w, acts, stride, b + 1, nt, acc, 1);
-    }
-    if (b < nb) q8_0_block(w, acts, stride, b, nt, acc, 0);
-    UNROLL
-    for (int t = 0; t < nt; t++) out[t] = hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1]));
+    q8_0_rt(w, 0, 1, acts, stride, NULL, nt, n, out, 1, false);
 }
 DOT_ENTRY_POINTS(q8_0)
+
+AVXVNNI INLINE void q8_0_vnni_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    q8_0_rt(w, 0, 1, acts, stride, NULL, nt, n, out, 1, true);
+}
+DOT_ENTRY_POINTS_ATTR(q8_0_vnni, AVXVNNI)
+
+static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                      int64_t y_stride) {
+    q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, Q8_TILE_TOKENS, n, y, y_stride, false);
+}
+
+AVXVNNI static void q8_0_vnni_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                                   int64_t y_stride) {
+    q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, Q8_TILE_TOKENS, n, y, y_stride, true);
+}
 
 /* ---- K-quants x Q8_K ---- */
 
@@ -485,5 +605,21 @@ void ds4_kernels_avx2_quantize_q8_K(const float *x, ds4_block_q8_K *y, int64_t n
     case DS4_TYPE_Q5_K: return prefix##q5_K;                                                        \
     case DS4_TYPE_Q6_K: return prefix##q6_K;
 
-ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type) { DISPATCH(dot_, K_QUANTS) }
-ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type) { DISPATCH(dotn_, K_QUANTS) }
+/* the AVX-VNNI kernels where they are on (ds4_kernels_avxvnni) */
+static bool vnni_q8_0(uint32_t type) { return type == DS4_TYPE_Q8_0 && ds4_kernels_avxvnni(); }
+
+ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type) {
+    if (vnni_q8_0(type)) return dot_q8_0_vnni;
+    DISPATCH(dot_, K_QUANTS)
+}
+ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type) {
+    if (vnni_q8_0(type)) return dotn_q8_0_vnni;
+    DISPATCH(dotn_, K_QUANTS)
+}
+
+bool ds4_kernels_avx2_tile(uint32_t type, struct ds4_tile_kernel *k) {
+    if (type != DS4_TYPE_Q8_0) return false;
+    *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, Q8_TILE_TOKENS, Q8_TILE_TOKENS, q8_0_pack,
+                                  vnni_q8_0(type) ? q8_0_vnni_tile : q8_0_tile};
+    return true;
+}

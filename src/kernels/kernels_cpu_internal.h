@@ -57,6 +57,7 @@ bool ds4_kernels_self_prefetch(uint32_t type);   /* at the level in use */
 
 ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type);
+bool ds4_kernels_avx2_tile(uint32_t type, struct ds4_tile_kernel *k); /* false: none for the type */
 ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type); /* non-NULL exactly where _dot is */
 bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k); /* false: none for the type */
@@ -64,6 +65,37 @@ ds4_dot_fn ds4_kernels_amx_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_amx_dotn(uint32_t type);   /* non-NULL exactly where _dot is */
 bool ds4_kernels_amx_tile(uint32_t type, struct ds4_tile_kernel *k);
 ds4_tile_rows_fn ds4_kernels_amx_tile_rows(uint32_t type); /* non-NULL exactly where _tile is true */
+
+/* fn(x, n): the plain read loop of ds4_read_sum with vec_bytes-wide loads
+ * (the widest of the including file's ISA), four independent chains, and
+ * every line prefetched DS4_PREFETCH_AHEAD bytes ahead as the weight
+ * kernels do, so no kernel's weight stream can beat it by reading smarter.
+ * The loads are straight vector loads of a may_alias, 4-byte-aligned vector
+ * type: a memcpy into a vector array here was compiled (GCC 12, AVX2) to
+ * 16-byte loads stored to the stack and reloaded as 32 bytes, a
+ * store-forwarding stall per vector that held the loop to 3-4 GB/s on a
+ * core whose kernels streamed 20-30. */
+#define READ_SUM_KERNEL(fn, vec_bytes)                                                        \
+    float fn(const float *x, int64_t n) {                                                    \
+        typedef float vec __attribute__((vector_size(vec_bytes), aligned(4), may_alias));    \
+        enum { LANES = (vec_bytes) / 4 };                                                    \
+        vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                          \
+        int64_t i = 0;                                                                       \
+        for (; i + 4 * LANES <= n; i += 4 * LANES) {                                        \
+            const vec *v = (const vec *)(x + i);                                             \
+            for (int l = 0; l < 4 * (vec_bytes); l += 64)                                    \
+                __builtin_prefetch((const char *)v + DS4_PREFETCH_AHEAD + l, 0, 3);          \
+            a0 += v[0];                                                                      \
+            a1 += v[1];                                                                      \
+            a2 += v[2];                                                                      \
+            a3 += v[3];                                                                      \
+        }                                                                                    \
+        a0 += a1 + (a2 + a3);                                                                \
+        float s = 0.0f;                                                                      \
+        for (int l = 0; l < LANES; l++) s += a0[l];                                          \
+        for (; i < n; i++) s += x[i];                                                        \
+        return s;                                                                            \
+    }
 
 float ds4_kernels_avx2_read_sum(const float *x, int64_t n);
 float ds4_kernels_avx512_read_sum(const float *x, int64_t n);

@@ -54,28 +54,6 @@ INLINE void prefetch_lines(const char **cursor, const void *end) {
         _mm_prefetch(*cursor, _MM_HINT_T0);
 }
 
-/* fn(x, n): the plain read loop of ds4_read_sum with vec_bytes-wide loads
- * (the widest of the including file's ISA) and four independent chains */
-#define READ_SUM_KERNEL(fn, vec_bytes)                                              \
-    float fn(const float *x, int64_t n) {                                          \
-        typedef float vec __attribute__((vector_size(vec_bytes)));                \
-        enum { LANES = (vec_bytes) / 4 };                                          \
-        vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, v[4];                          \
-        int64_t i = 0;                                                             \
-        for (; i + 4 * LANES <= n; i += 4 * LANES) {                              \
-            memcpy(v, x + i, sizeof v);                                            \
-            a0 += v[0];                                                            \
-            a1 += v[1];                                                            \
-            a2 += v[2];                                                            \
-            a3 += v[3];                                                            \
-        }                                                                          \
-        a0 += a1 + (a2 + a3);                                                      \
-        float s = 0.0f;                                                            \
-        for (int l = 0; l < LANES; l++) s += a0[l];                                \
-        for (; i < n; i++) s += x[i];                                              \
-        return s;                                                                  \
-    }
-
 /* activation row t of a token batch */
 INLINE const void *tok(const void *acts, size_t stride, int t) { return (const uint8_t *)acts + stride * (size_t)t; }
 

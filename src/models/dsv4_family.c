@@ -10,6 +10,7 @@
 #include "dist/tp.h"
 #include "models/dsv4/expert_cache.h"
 #include "models/dsv4/forward_cpu.h"
+#include "kernels/kernels_cpu.h"
 #include "format/gguf.h"
 #include "models/dsv4/kv.h"
 #include "models/dsv4/ds4_layout.h"
@@ -164,7 +165,9 @@ static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_
     const ds4_model *m = fm->m;
     const ds4_config *c = &m->cfg;
     char where[64] = "cuda";
-    if (p->gpu.backend == DS4_BACKEND_CPU) snprintf(where, sizeof where, "%d threads", fm->cpu_threads);
+    if (p->gpu.backend == DS4_BACKEND_CPU)
+        snprintf(where, sizeof where, "%d threads, cpu kernels %s", fm->cpu_threads,
+                 ds4_simd_level_name(ds4_kernels_level()));
     const ds4_layer_slice *sl = &m->slice;
     char held[80] = "";
     if (!ds4_model_is_whole(m))

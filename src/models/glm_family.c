@@ -12,6 +12,7 @@
 #include "models/glm/glm_model.h"
 #include "models/glm/glm_payload.h"
 #include "text/glm_tools.h"
+#include "kernels/kernels_cpu.h"
 #include "kernels/quant.h"
 #include "text/tokenizer.h"
 
@@ -53,9 +54,9 @@ static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_
     const glm_model *m = M(fm);
     const glm_hparams *hp = &m->hp;
     ds4_log(DS4_LOG_INFO, "ds4: %s: GLM 5.2, %u layers, %u experts, %.2f GiB file, %.1f MiB resident, %d threads, "
-                          "numerics f32\n",
+                          "cpu kernels %s, numerics f32\n",
             m->name, glm_n_trunk(hp), hp->n_expert, (double)m->file_bytes / (1 << 30), (double)rss / (1 << 20),
-            ds4_glm_cpu_backend_threads(be));
+            ds4_glm_cpu_backend_threads(be), ds4_simd_level_name(ds4_kernels_level()));
 }
 
 static void model_free(ds4_family_model *fm) { ds4_glm_model_free(M(fm)); }

@@ -1,7 +1,10 @@
 #include "options/cli_args.h"
 #include "backends/cuda/cuda_backend.h"
 #include "base/log.h"
+#include "base/threadpool.h"
+#include "kernels/kernels_cpu.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -365,18 +368,106 @@ void ds4_runtime_opts_default(ds4_runtime_opts *o) {
     o->steering = (ds4_steering_params){NULL, NAN, NAN};
     o->power = 100;
     o->warm_weights = false;
+    o->isa = -1;
+    o->cpu_affinity = NULL;
 }
+
+#define CPU_USAGE                                                                                  \
+    "      --isa LEVEL            highest CPU kernel level: scalar, avx2, avx512 or amx (default: the\n" \
+    "                             CPU's best, or $DS4_ISA; a level the CPU lacks runs its best)\n"     \
+    "      --cpu-affinity LIST    pin compute thread i to the i-th CPU of LIST, e.g. 0-3 or 0,2,4,6\n"  \
+    "                             (the thread that loads the model is thread 0; default: unpinned)\n"
 
 const char ds4_runtime_usage[] =
     "      --dir-steering-file F  per-layer directions (n_layer x n_embd f32) removed from layer outputs\n"
     "      --dir-steering-ffn S   scale on the FFN outputs (default 1 with a file; negative adds)\n"
     "      --dir-steering-attn S  scale on the attention outputs (default 0)\n"
     "      --power N              compute about N% of the time, sleeping the rest (1..100, default 100)\n"
-    "      --warm-weights         page every weight in at load and report the time it took\n";
+    "      --warm-weights         page every weight in at load and report the time it took\n" CPU_USAGE;
+const char ds4_cpu_usage[] = CPU_USAGE;
+
+static const char isa_values[] = "scalar, avx2, avx512 or amx";
+
+/* "0-3,8" into cpus[0..*n): numbers and ascending ranges, in order; the
+ * shape only (ds4_pool_set_affinity checks the CPUs themselves) */
+static bool parse_cpu_list(const char *s, int *cpus, int max, int *n) {
+    *n = 0;
+    for (;;) {
+        char item[32];
+        const size_t len = strcspn(s, ",");
+        if (len == 0 || len >= sizeof item) return false;
+        memcpy(item, s, len);
+        item[len] = 0;
+        char *dash = strchr(item, '-');
+        int lo, hi;
+        if (dash) *dash = 0;
+        /* digits first: ds4_parse_int also takes a sign and white space */
+        if (!isdigit((unsigned char)item[0]) || !ds4_parse_int(item, 0, DS4_POOL_MAX_CPUS - 1, &lo)) return false;
+        hi = lo;
+        if (dash && (!isdigit((unsigned char)dash[1]) || !ds4_parse_int(dash + 1, lo, DS4_POOL_MAX_CPUS - 1, &hi)))
+            return false;
+        for (int cpu = lo; cpu <= hi; cpu++) {
+            if (*n == max) return false;
+            cpus[(*n)++] = cpu;
+        }
+        if (!s[len]) return true;
+        s += len + 1;
+    }
+}
+
+bool ds4_cli_cpu(ds4_cli *c, int *isa, const char **cpu_affinity) {
+    if (ds4_cli_is(c, "--cpu-affinity")) {
+        const char *v = value(c);
+        int cpus[DS4_POOL_MAX_CPUS], n;
+        if (v && !parse_cpu_list(v, cpus, DS4_POOL_MAX_CPUS, &n))
+            bad(c, "CPU numbers and ascending ranges, e.g. 0-3,8");
+        else if (v)
+            *cpu_affinity = v;
+        return true;
+    }
+    if (!ds4_cli_is(c, "--isa")) return false;
+    const char *v = value(c);
+    enum ds4_simd_level lvl;
+    if (v && !ds4_simd_level_parse(v, &lvl)) bad(c, isa_values);
+    else if (v) *isa = (int)lvl;
+    return true;
+}
+
+static bool select_affinity(const char *prog, const char *list) {
+    if (!list) return true;
+    int cpus[DS4_POOL_MAX_CPUS], n;
+    char err[160];
+    if (!parse_cpu_list(list, cpus, DS4_POOL_MAX_CPUS, &n)) snprintf(err, sizeof err, "not a CPU list");
+    else if (ds4_pool_set_affinity(cpus, n, err, sizeof err)) return true;
+    ds4_log(DS4_LOG_ERROR, "%s: --cpu-affinity %.64s: %s\n", prog, list, err);
+    return false;
+}
+
+bool ds4_cpu_select(const char *prog, int isa, const char *cpu_affinity) {
+    if (!select_affinity(prog, cpu_affinity)) return false;
+    const char *from = "--isa";
+    enum ds4_simd_level want = (enum ds4_simd_level)isa;
+    if (isa < 0) {
+        const char *env = getenv("DS4_ISA");
+        if (!env || !*env) return true;
+        if (!ds4_simd_level_parse(env, &want)) {
+            ds4_log(DS4_LOG_ERROR, "%s: DS4_ISA: bad value '%.32s' (%s)\n", prog, env, isa_values);
+            return false;
+        }
+        from = "DS4_ISA";
+    }
+    const enum ds4_simd_level best = ds4_cpu_best_level();
+    if (want > best)
+        ds4_log(DS4_LOG_WARN, "%s: %s %s: this CPU has %s at most, which runs instead\n", prog, from,
+                ds4_simd_level_name(want), ds4_simd_level_name(best));
+    ds4_kernels_set_level(want);
+    return true;
+}
 
 bool ds4_cli_runtime(ds4_cli *c, ds4_runtime_opts *o) {
     static const ds4_cli_int_opt power = {"--power", 1, 100};
     if (ds4_cli_is(c, "--warm-weights")) { o->warm_weights = true; return true; }
+    if (ds4_cli_cpu(c, &o->isa, &o->cpu_affinity)) return true;
     if (ds4_cli_int(c, &power, &o->power) || ds4_cli_str(c, "--dir-steering-file", &o->steering.file)) return true;
     const bool ffn = ds4_cli_is(c, "--dir-steering-ffn");
     if (!ffn && !ds4_cli_is(c, "--dir-steering-attn")) return false;

@@ -107,10 +107,30 @@ typedef struct {
     ds4_steering_params steering;
     int power;
     bool warm_weights;      /* --warm-weights */
+    int isa;                /* --isa: a ds4_simd_level, or -1 ($DS4_ISA, else the CPU's best) */
+    const char *cpu_affinity; /* --cpu-affinity LIST, checked for its shape; NULL: not given */
 } ds4_runtime_opts;
 void ds4_runtime_opts_default(ds4_runtime_opts *o);
 bool ds4_cli_runtime(ds4_cli *c, ds4_runtime_opts *o);
 void ds4_runtime_apply(const ds4_runtime_opts *o, ds4_engine_params *ep);
 extern const char ds4_runtime_usage[];
+
+/* The process-wide CPU settings, which ds4_cli_runtime() takes too
+ * (ds4-eval, which has no runtime group, takes them alone):
+ * --isa scalar|avx2|avx512|amx: the highest CPU kernel level to run
+ *   (kernels/kernels_cpu.h), for measuring and testing a lower level on a
+ *   better CPU; *isa: a ds4_simd_level.
+ * --cpu-affinity LIST: pin the thread pools' threads in order to the CPUs of
+ *   LIST ("0-3,8": numbers and ascending ranges, each CPU once;
+ *   base/threadpool.h says which thread gets which). */
+bool ds4_cli_cpu(ds4_cli *c, int *isa, const char **cpu_affinity);
+extern const char ds4_cpu_usage[]; /* their help lines, also in ds4_runtime_usage */
+/* Applies them once, after parsing and before any kernel runs or pool is
+ * made. The level: `isa` when >= 0, else $DS4_ISA when set and not empty; a
+ * level above the CPU's runs the CPU's best, after one warning line. A bad
+ * $DS4_ISA, or a CPU list naming a CPU this process may not run on, is
+ * refused with one line ("PROG: DS4_ISA: bad value ...", "PROG:
+ * --cpu-affinity 0,7: CPU 7 is not one ...") and false (the binary exits 2). */
+bool ds4_cpu_select(const char *prog, int isa, const char *cpu_affinity);
 
 #endif

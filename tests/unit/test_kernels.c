@@ -345,14 +345,15 @@ static void test_matmul_shapes(enum ds4_simd_level lvl) {
 }
 
 /* rows around the longest a token group can be packed for in the 128 KiB
- * buffer, then one block more: Q8_0 16384 elements (groups of 4 tokens),
- * IQ2_XXS 7936 (31 super-blocks x a group of 16 tokens; at 8192 a group of
- * 16 no longer fits). The packed tile and the per-row fallback both match
- * the dot. */
+ * buffer, then one block more: Q8_0 16384 elements (AVX-512: groups of 4
+ * tokens) and 32768 (AVX2: 2 tokens x 64 bytes a block), IQ2_XXS 7936 (31
+ * super-blocks x a group of 16 tokens; at 8192 a group of 16 no longer
+ * fits). The packed tile and the per-row fallback both match the dot. */
 static void test_matmul_long_rows(enum ds4_simd_level lvl) {
     ds4_kernels_set_level(lvl);
     static const struct { uint32_t type; int64_t n, T; } cases[] = {
         {DS4_TYPE_Q8_0, 16384, 9}, {DS4_TYPE_Q8_0, 16384 + 32, 9},
+        {DS4_TYPE_Q8_0, 32768, 5}, {DS4_TYPE_Q8_0, 32768 + 32, 5},
         {DS4_TYPE_IQ2_XXS, 7936, 20}, {DS4_TYPE_IQ2_XXS, 8192, 20}};
     const int64_t rows = 5;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -469,6 +470,43 @@ static void test_vbmi_matches_plain(void) {
     }
 }
 
+/* Inside the AVX2 level, the Q8_0 kernels on AVX-VNNI's vpdpbusd against
+ * the vpmaddubsw + vpmaddwd ones: the dot, every token count of the
+ * multi-token kernel, the 2 x 2 tile at every batch size, and matvec, bit
+ * for bit. Weights and activations are raw random quants (-128 included,
+ * which the activation quantizer never writes) with an odd block count. */
+static void test_avxvnni_matches_plain(void) {
+    enum { ROWS = 7, T_MAX = 20 };
+    const uint32_t type = DS4_TYPE_Q8_0;
+    const int64_t n = 5 * DS4_QK8_0;
+    ds4_kernels_set_level(DS4_SIMD_AVX2);
+    mm_case c = mm_case_new(type, n, ROWS, T_MAX);
+    for (int t = 0; t < T_MAX; t++) random_raw_row(type, c.acts + c.ab * (size_t)t, n);
+    /* per path: the matmul (T x ROWS), each row's dotn (ROWS x T), each row's dot of token 0, the matvec */
+    const size_t count = 2 * ROWS * T_MAX + 2 * ROWS;
+    float *res[2] = {malloc(sizeof(float) * count), malloc(sizeof(float) * count)};
+    int bad = 0;
+    for (int64_t T = 1; T <= T_MAX; T++) {
+        for (int vnni = 0; vnni <= 1; vnni++) {
+            ds4_kernels_set_avxvnni(vnni);
+            float *out = res[vnni];
+            ds4_matmul(NULL, type, c.W, ROWS, n, c.acts, T, out);
+            for (int64_t r = 0; r < ROWS; r++) {
+                const uint8_t *w = c.W + c.rb * (size_t)r;
+                ds4_vec_dotn(type, w, c.acts, c.ab, n, (int)T, out + ROWS * T + r * T);
+                out[2 * ROWS * T + r] = ds4_vec_dot(type, w, c.acts, n);
+            }
+            ds4_matvec(NULL, type, c.W, ROWS, n, c.acts, out + 2 * ROWS * T + ROWS);
+        }
+        bad += memcmp(res[0], res[1], sizeof(float) * (size_t)(2 * ROWS * T + 2 * ROWS)) != 0;
+    }
+    ds4_kernels_set_avxvnni(true);
+    CHECK(bad == 0, "Q8_0: the AVX-VNNI kernels differ from the plain AVX2 ones in %d of %d batch sizes", bad, T_MAX);
+    free(res[0]);
+    free(res[1]);
+    mm_case_free(&c);
+}
+
 /* ds4_quantize_act must produce the reference quantizer's bytes at every
  * level, including rounding ties, all-zero blocks and a negative maximum */
 static void test_act(enum ds4_simd_level lvl) {
@@ -519,16 +557,19 @@ static void test_act(enum ds4_simd_level lvl) {
 }
 
 /* ds4_read_sum against an exact (double) sum, for every length remainder of
- * the vector loop; integer values keep the float partial sums exact. */
+ * the vector loop, from an aligned start and a start one float off it;
+ * integer values keep the float partial sums exact. */
 static void test_read_sum(enum ds4_simd_level lvl) {
     ds4_kernels_set_level(lvl);
-    static float x[1000];
-    for (int i = 0; i < 1000; i++) x[i] = (float)((i * 7919) % 201 - 100);
-    for (int n = 0; n <= 1000; n += n < 130 ? 1 : 87) {
-        double want = 0.0;
-        for (int i = 0; i < n; i++) want += x[i];
-        CHECK(ds4_read_sum(x, n) == (float)want, "%s: read_sum n=%d", ds4_simd_level_name(lvl), n);
-    }
+    static _Alignas(64) float x[1001];
+    for (int i = 0; i < 1001; i++) x[i] = (float)((i * 7919) % 201 - 100);
+    for (int off = 0; off <= 1; off++)
+        for (int n = 0; n <= 1000; n += n < 130 ? 1 : 87) {
+            double want = 0.0;
+            for (int i = 0; i < n; i++) want += x[off + i];
+            CHECK(ds4_read_sum(x + off, n) == (float)want, "%s: read_sum n=%d at offset %d", ds4_simd_level_name(lvl),
+                  n, off);
+        }
 }
 
 /* Activation quants replaced by raw random bytes, the scales kept: for
@@ -746,6 +787,21 @@ int main(void) {
         test_vbmi_matches_plain();
     } else {
         printf("test_kernels: NOT RUN: the AVX-512 VBMI/GFNI kernels (this CPU lacks AVX-512, VBMI or GFNI)\n");
+    }
+    ds4_kernels_set_avxvnni(true);
+    if (ds4_kernels_avxvnni()) {
+        test_avxvnni_matches_plain();
+        /* the levels above ran the AVX-VNNI Q8_0 kernels at avx2: the
+         * plain ones against the oracles and the drivers too */
+        ds4_kernels_set_avxvnni(false);
+        test_dots(DS4_SIMD_AVX2);
+        test_drivers(DS4_SIMD_AVX2);
+        test_matmul_shapes(DS4_SIMD_AVX2);
+        test_matmul_long_rows(DS4_SIMD_AVX2);
+        ds4_kernels_set_avxvnni(true);
+    } else {
+        printf("test_kernels: NOT RUN: the AVX-VNNI Q8_0 kernels of the avx2 level (this CPU lacks AVX2 or "
+               "AVX-VNNI)\n");
     }
     test_blockwise_models();
     if (best >= DS4_SIMD_AMX) {

@@ -1,8 +1,14 @@
 /* test_threadpool.c -- every task of every run executes exactly once, on a
  * valid thread index, with 1..4 threads, across many back-to-back runs (the
  * spin path), runs separated by sleeps (the condition-variable path) and a
- * run with more tasks than one published batch holds. */
+ * run with more tasks than one published batch holds. Then --cpu-affinity:
+ * each thread of a pool runs pinned to its CPU of the list, in order
+ * (thread 0 the creating thread, wrapping round a short list), and a list
+ * with a CPU this process may not use, or one twice, is refused and
+ * changes nothing. */
+#include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +60,69 @@ static int run_and_check(ds4_pool *pool, struct counts *c, int n_tasks) {
     for (int i = 0; i < 8; i++) s += c->per_thread[i];
     ok &= s == (long long)n_tasks * (n_tasks - 1) / 2;
     return ok;
+}
+
+/* --cpu-affinity: every thread's mask, seen from inside one task per
+ * thread (a barrier in the tasks makes each thread take exactly one) */
+enum { PIN_THREADS = 3 };
+struct pins {
+    atomic_int arrived;
+    cpu_set_t mask[PIN_THREADS];
+    atomic_int bad_thread;
+};
+
+static void pin_task(void *ctx, int task, int n_tasks, int thread) {
+    struct pins *p = ctx;
+    if (thread < 0 || thread >= PIN_THREADS) { atomic_fetch_add(&p->bad_thread, 1); return; }
+    pthread_getaffinity_np(pthread_self(), sizeof p->mask[thread], &p->mask[thread]);
+    atomic_fetch_add(&p->arrived, 1);
+    while (atomic_load(&p->arrived) < n_tasks) sched_yield();
+}
+
+/* pool threads' masks against cpus[i % n]; 0 when every thread matches */
+static int pinned_mismatches(const int *cpus, int n) {
+    static struct pins p;
+    memset(&p, 0, sizeof p);
+    ds4_pool *pool = ds4_pool_new(PIN_THREADS);
+    if (!pool) return -1;
+    ds4_pool_run(pool, pin_task, &p, PIN_THREADS);
+    ds4_pool_free(pool);
+    int bad = atomic_load(&p.bad_thread);
+    for (int i = 0; i < PIN_THREADS; i++) {
+        cpu_set_t want;
+        CPU_ZERO(&want);
+        CPU_SET(cpus[i % n], &want);
+        bad += !CPU_EQUAL(&want, &p.mask[i]);
+    }
+    return bad;
+}
+
+static void test_affinity(void) {
+    cpu_set_t all;
+    CHECK(sched_getaffinity(0, sizeof all, &all) == 0, "affinity");
+    /* the allowed CPUs, highest first: the order of the list is what counts */
+    int cpus[DS4_POOL_MAX_CPUS], n = 0, not_allowed = -1;
+    for (int cpu = DS4_POOL_MAX_CPUS - 1; cpu >= 0; cpu--) {
+        if (CPU_ISSET(cpu, &all)) cpus[n++] = cpu;
+        else if (not_allowed < 0) not_allowed = cpu;
+    }
+    char err[160];
+    CHECK(ds4_pool_set_affinity(cpus, n, err, sizeof err), "the allowed CPUs: %s", err);
+    CHECK(pinned_mismatches(cpus, n) == 0, "threads not pinned to their CPUs in list order");
+    const int one[1] = {cpus[0]};
+    CHECK(ds4_pool_set_affinity(one, 1, err, sizeof err), "one CPU: %s", err);
+    CHECK(pinned_mismatches(one, 1) == 0, "a one-CPU list: every thread on it");
+    if (not_allowed >= 0) {
+        const int bad_list[2] = {cpus[0], not_allowed};
+        CHECK(!ds4_pool_set_affinity(bad_list, 2, err, sizeof err) && strstr(err, "may run on"),
+              "CPU %d, outside the mask, refused: '%s'", not_allowed, err);
+    }
+    const int twice[2] = {cpus[0], cpus[0]}, negative[1] = {-1};
+    CHECK(!ds4_pool_set_affinity(twice, 2, err, sizeof err) && strstr(err, "twice"), "a CPU twice refused: '%s'", err);
+    CHECK(!ds4_pool_set_affinity(negative, 1, err, sizeof err), "CPU -1 refused");
+    CHECK(pinned_mismatches(one, 1) == 0, "a refused list changed the pinning");
+    CHECK(ds4_pool_set_affinity(NULL, 0, err, sizeof err), "pinning off");
+    sched_setaffinity(0, sizeof all, &all); /* thread 0 was pinned: give the test its CPUs back */
 }
 
 int main(void) {
@@ -113,5 +182,6 @@ int main(void) {
     }
     ds4_pool_free(def);
     ds4_pool_free(NULL);
+    test_affinity();
     return check_done("test_threadpool");
 }
