@@ -53,22 +53,33 @@ void ds4_mtp_free(ds4_mtp *d) {
 
 ds4_mtp *ds4_mtp_load(const char *path, const ds4_model *main_model, ds4_backend *host, bool numerics, char *err,
                       size_t errlen) {
+    char why[384];
+    ds4_gguf *g = ds4_gguf_open(path, why, sizeof why);
+    if (!g) {
+        snprintf(err, errlen, "--mtp %s: %s", path, why);
+        return NULL;
+    }
+    return ds4_mtp_from_gguf(g, path, main_model, host, numerics, err, errlen);
+}
+
+ds4_mtp *ds4_mtp_from_gguf(ds4_gguf *g, const char *what, const ds4_model *main_model, ds4_backend *host,
+                           bool numerics, char *err, size_t errlen) {
     if (strcmp(host->name, "cpu")) {
         snprintf(err, errlen, "--mtp runs beside the CPU backend only (not %s)", host->name);
+        ds4_gguf_close(g);
         return NULL;
     }
     ds4_mtp *d = calloc(1, sizeof *d);
-    if (!d) { snprintf(err, errlen, "out of memory for the MTP drafter"); return NULL; }
-    char why[384];
-    d->g = ds4_gguf_open(path, why, sizeof why);
-    if (!d->g) {
-        snprintf(err, errlen, "--mtp %s: %s", path, why);
-        ds4_mtp_free(d);
+    if (!d) {
+        snprintf(err, errlen, "out of memory for the MTP drafter");
+        ds4_gguf_close(g);
         return NULL;
     }
+    d->g = g;
+    char why[384];
     d->m = ds4_model_bind_mtp(d->g, main_model, why, sizeof why);
     if (!d->m) {
-        snprintf(err, errlen, "--mtp %s: %s", path, why);
+        snprintf(err, errlen, "--mtp %s: %s", what, why);
         ds4_mtp_free(d);
         return NULL;
     }
@@ -80,7 +91,7 @@ ds4_mtp *ds4_mtp_load(const char *path, const ds4_model *main_model, ds4_backend
     d->toks = malloc((size_t)c->window * sizeof(int32_t));
     d->out_hc = malloc((size_t)d->slots * d->hcE * sizeof(float));
     d->logits = malloc((size_t)c->n_vocab * sizeof(float));
-    if (!d->be) snprintf(err, errlen, "--mtp %s: %s", path, why);
+    if (!d->be) snprintf(err, errlen, "--mtp %s: %s", what, why);
     else if (!d->in || !d->toks || !d->out_hc || !d->logits) snprintf(err, errlen, "out of memory for the MTP drafter");
     else return d;
     ds4_mtp_free(d);

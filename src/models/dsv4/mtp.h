@@ -39,11 +39,16 @@
 #include "backends/backend.h"
 #include "models/dsv4/model.h"
 
+struct ds4_gguf;
 typedef struct ds4_mtp ds4_mtp;
 typedef struct ds4_mtp_state ds4_mtp_state;
 
 ds4_mtp *ds4_mtp_load(const char *path, const ds4_model *main_model, ds4_backend *host, bool numerics, char *err,
                       size_t errlen);
+/* The same from an opened support file, which the drafter then owns (closed
+ * on failure too); `what` names it in the error line (fuzzing: a buffer). */
+ds4_mtp *ds4_mtp_from_gguf(struct ds4_gguf *g, const char *what, const ds4_model *main_model, ds4_backend *host,
+                           bool numerics, char *err, size_t errlen);
 void ds4_mtp_free(ds4_mtp *d);
 const char *ds4_mtp_name(const ds4_mtp *d);
 uint64_t ds4_mtp_file_bytes(const ds4_mtp *d);
