@@ -338,10 +338,38 @@ def run(cmd, cwd):
     return out + ("\n" if out else "") + "[exit status %d]" % p.returncode
 
 
-def agent_case(rng, roots, client):
+# More phrasings of each request (agent_case(more=True), used by the
+# multi-request sessions): the same tasks asked in other words, so the call
+# follows the request's content rather than one template's wording. Without
+# more, agent_case draws exactly as before (eval_tools.py replays its draws).
+MORE_PHRASINGS = {
+    "list_sub": ["List {d}.", "Show the files in {d}.", "What files does {d} contain?", "Give me a listing of {d}.",
+                 "Can you list {d}?", "What's inside {d}?", "List the contents of {d}.", "Show what is in {d}."],
+    "list_root": ["List the files.", "What's in this directory?", "Show me the files here.",
+                  "List the working directory.", "What files are in this folder?", "Show the current directory."],
+    "read_n": ["Show lines 1-{n} of {f}.", "Read the first {n} lines of {f}.", "Print the first {n} lines of {f}.",
+               "Open {f} and show me its first {n} lines.", "Give me lines 1 through {n} of {f}."],
+    "read": ["Read the file {f}.", "Show the contents of {f}.", "Print {f}.", "Can you read {f}?",
+             "Open the file {f}.", "What's in {f}?", "Display {f}.", "Let me see {f}."],
+    "count": ["How many lines are in {f}?", "Count the lines of {f}.", "What is the line count of {f}?",
+              "Tell me how many lines {f} has.", "Number of lines in {f}?", "How many lines is {f}?"],
+    "run": ["Run this command: `{c}`.", "Can you run `{c}`?", "Run {c}.", "Execute `{c}`.", "Please execute {c}.",
+            "Run `{c}` for me.", "Run `{c}` and show me the output."],
+    "edit": ["Replace `{o}` with `{n}` in {f}.", "Edit {f} so that `{o}` becomes `{n}`.",
+             "Update {f}: change `{o}` to `{n}`.", "In {f}, `{o}` should become `{n}`.",
+             "In {f}, change the line `{o}` to `{n}`."],
+}
+
+
+def agent_case(rng, roots, client, more=False, want=None):
     """One agent task on a real directory: the request, the expected call, the
     tool's real output, the reasoning of both steps and the grounded answer
-    (key: the fact from the tool result the answer must contain)."""
+    (key: the fact from the tool result the answer must contain). more: the
+    request's phrasing is drawn from MORE_PHRASINGS too; want: this kind of
+    task (when the directory allows it)."""
+    def ask(key, phrasings):
+        return pick(rng, phrasings + (MORE_PHRASINGS[key] if more else []))
+
     base = pick(rng, roots)                        # a real directory on this machine
     project = pick(rng, ["/home/user/project", "/home/ana/src/app", "/srv/work", "/tmp/demo", "/home/dev/code",
                          "/work/repo"])
@@ -349,6 +377,7 @@ def agent_case(rng, roots, client):
     files = [e for e in entries if os.path.isfile(os.path.join(base, e)) and e.endswith((".py", ".txt", ".cfg", ".h"))]
     subdirs = [e for e in entries if os.path.isdir(os.path.join(base, e))]
     kind = pick(rng, ["list", "list", "read", "read", "run", "run", "edit", "count"])
+    kind = want or kind
     if kind in ("read", "edit", "count") and not files:
         kind = "list"
     names = ("list_files", "read_file", "run_command") if client else ("list_dir", "read_file", "bash")
@@ -356,10 +385,11 @@ def agent_case(rng, roots, client):
         sub = pick(rng, subdirs) if subdirs and rng.random() < 0.5 else None
         shown = sub or "."
         path = os.path.join(base, sub) if sub else base
-        q = pick(rng, ["List the files in {d}.", "What is in {d}?", "Show me the contents of {d}.",
-                       "Which files are in {d}?", "ls {d}"] if sub else
-                 ["List the files in the current directory.", "What files are here?", "Show me the directory.",
-                  "List this directory.", "What is in the working directory?"]).format(d=sub)
+        q = (ask("list_sub", ["List the files in {d}.", "What is in {d}?", "Show me the contents of {d}.",
+                              "Which files are in {d}?", "ls {d}"]) if sub else
+             ask("list_root", ["List the files in the current directory.", "What files are here?",
+                               "Show me the directory.", "List this directory.", "What is in the working directory?"])
+             ).format(d=sub)
         out, listed = list_dir_result(path)
         if client:
             call = (names[0], [("path", shown)])
@@ -376,12 +406,12 @@ def agent_case(rng, roots, client):
         lines = open(os.path.join(base, f), encoding="utf-8", errors="replace").read().split("\n")
         n = rng.choice([5, 10, 20])
         if rng.random() < 0.5:
-            q = pick(rng, ["Show me the first {n} lines of {f}.", "Read lines 1 to {n} of {f}.",
-                           "Print the beginning of {f} ({n} lines)."]).format(n=n, f=f)
+            q = ask("read_n", ["Show me the first {n} lines of {f}.", "Read lines 1 to {n} of {f}.",
+                               "Print the beginning of {f} ({n} lines)."]).format(n=n, f=f)
             params = [("path", f), ("start_line", 1), ("end_line", n)] if not client else [("path", f)]
         else:
-            q = pick(rng, ["Read {f}.", "What is in {f}?", "Open {f}.", "Show me {f}.", "What does {f} start with?"]
-                     ).format(f=f)
+            q = ask("read", ["Read {f}.", "What is in {f}?", "Open {f}.", "Show me {f}.", "What does {f} start with?"]
+                    ).format(f=f)
             params = [("path", f), ("start_line", 1), ("end_line", 20)] if not client else [("path", f)]
             n = 20
         out = "".join(l + "\n" for l in lines[:n])
@@ -392,7 +422,7 @@ def agent_case(rng, roots, client):
         r2 = "I have the first lines of {}.".format(f)
     elif kind == "count":
         f = pick(rng, files)
-        q = pick(rng, ["How many lines does {f} have?", "Count the lines in {f}.", "How long is {f}?"]).format(f=f)
+        q = ask("count", ["How many lines does {f} have?", "Count the lines in {f}.", "How long is {f}?"]).format(f=f)
         cmd = "wc -l " + f
         out = run(cmd, base)
         call = (names[2], [("command", cmd)])
@@ -407,8 +437,8 @@ def agent_case(rng, roots, client):
                                ("grep -c def " + (pick(rng, files) if files else "x.py"), "the count of def lines"),
                                ("head -3 " + (pick(rng, files) if files else "x.py"), "the first three lines"),
                                ("echo hello", "hello"), ("date +%Y", "the year")])
-        q = pick(rng, ["Run `{c}`.", "Run {c} and tell me the result.", "Please run `{c}`.", "Execute {c}."]
-                 ).format(c=cmd)
+        q = ask("run", ["Run `{c}`.", "Run {c} and tell me the result.", "Please run `{c}`.", "Execute {c}."]
+                ).format(c=cmd)
         out = run(cmd, base).replace(base, project)
         call = (names[2], [("command", cmd)])
         r1 = "I will run the command with {}.".format(names[2])
@@ -425,15 +455,15 @@ def agent_case(rng, roots, client):
         cands = [(i, l) for i, l in enumerate(lines) if 8 < len(l.strip()) < 60 and
                  sum(1 for x in lines if l.strip() in x) == 1 and "=" in l]
         if not cands:
-            return agent_case(rng, roots, client)
+            return agent_case(rng, roots, client, more, want)
         i, line = pick(rng, cands)
         old = line.strip()
         lhs, rhs = old.split("=", 1)
         new = lhs.rstrip() + " = " + pick(rng, ["None", "0", "1", "True", "False", "''", "[]"])
-        q = pick(rng, ["In {f}, replace `{o}` with `{n}`.", "Change `{o}` to `{n}` in {f}.",
-                       "Edit {f}: `{o}` should be `{n}`."]).format(f=f, o=old, n=new)
+        q = ask("edit", ["In {f}, replace `{o}` with `{n}`.", "Change `{o}` to `{n}` in {f}.",
+                         "Edit {f}: `{o}` should be `{n}`."]).format(f=f, o=old, n=new)
         if client:
-            return agent_case(rng, roots, client)
+            return agent_case(rng, roots, client, more, want)
         call = ("edit_file", [("path", f), ("old_string", old), ("new_string", new)])
         out = "edited {} at line {}: replaced 1 lines with 1 lines".format(f, i + 1)
         r1 = "The user gave the exact old and new text, so one edit_file call does it."
@@ -458,6 +488,31 @@ def agent_task(rng, roots, think, client):
     return chat_doc(system, [(c["q"], steps)], think, tools)
 
 
+SESSION_KINDS = ["list", "read", "run", "count", "edit"]
+
+
+def agent_session(rng, roots, rounds, max_out):
+    """One ds4-agent session (non-thinking) with several requests in a row,
+    each answered with its call, the real result and the answer, as a user of
+    ds4-agent asks one thing after another. Each request's kind is drawn
+    evenly (the single-request documents favour list and read), its phrasing
+    from MORE_PHRASINGS too, and results longer than max_out characters are
+    drawn again, so a session fits a 2,048-token training sequence with
+    several tool calls: one fixed prefix (the agent's 752 tokens, no loss)
+    then carries many calls that do."""
+    turns, project = [], None
+    for _ in range(rounds):
+        want = pick(rng, SESSION_KINDS)
+        for _ in range(10):
+            c = agent_case(rng, roots, False, more=True, want=want)
+            if len(c["out"]) <= max_out:
+                break
+        project = project or c["project"]
+        content1 = "" if rng.random() < 0.8 else pick(rng, ["Let me check.", "Sure."])
+        turns.append((c["q"], [("", content1, [c["call"]], [c["out"]]), ("", c["ans"], None, None)]))
+    return chat_doc(AGENT_SYSTEM % project, turns, False, AGENT_TOOLS)
+
+
 def main():
     global PYLIB
     ap = argparse.ArgumentParser()
@@ -467,6 +522,8 @@ def main():
     ap.add_argument("--c-bytes", type=int, default=600_000)
     ap.add_argument("--chats", type=int, default=24000)
     ap.add_argument("--agent", type=int, default=9000)
+    ap.add_argument("--sessions", type=int, default=0, help="multi-request ds4-agent sessions (agent_session)")
+    ap.add_argument("--session-rounds", type=int, default=7)
     ap.add_argument("--pylib", default=PYLIB, help="the Python standard library to read (default: this "
                     "interpreter's; Debian's libpython3.11-stdlib is /usr/lib/python3.11)")
     a = ap.parse_args()
@@ -502,6 +559,9 @@ def main():
         client = rng.random() < 0.2
         text, start = agent_task(rng, roots, think, client)
         docs.append(("agent-client" if client else "agent", text, start))
+    for i in range(a.sessions):
+        text, start = agent_session(rng, roots, a.session_rounds, 700)
+        docs.append(("agent-session", text, start))
     rng.shuffle(docs)
     with open(os.path.join(a.out, "corpus.jsonl"), "w") as f:
         for kind, text, start in docs:

@@ -161,6 +161,8 @@ def main():
                     "~10%% less CPU per step after ~30 s of compiling; equal to float32 rounding (check_lean.py)")
     ap.add_argument("--max-agent", type=int, default=3000)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--init", default=None, help="start from this checkpoint's weights and vocabulary with a fresh "
+                    "optimizer and schedule (fine-tuning; e.g. from_gguf.py's rebuild of the committed model)")
     ap.add_argument("--kinds", default=None, help="train only on these document kinds (comma list), e.g. a "
                     "final phase on the agent and chat kinds")
     a = ap.parse_args()
@@ -180,6 +182,8 @@ def main():
     train, held = load(a.data, 50, a.max_agent, a.kinds.split(",") if a.kinds else None)
     ck = os.path.join(a.data, "ckpt.pt")
     st = torch.load(ck, weights_only=False) if a.resume and os.path.exists(ck) else None
+    if a.init:
+        st = torch.load(a.init, weights_only=False)
     # a resumed run keeps the checkpoint's vocabulary, whatever documents it trains on now
     keep = st["keep"] if st else build_vocab(train, a.vocab)
     n_rare = N_VOCAB - len(keep)
@@ -200,8 +204,9 @@ def main():
     step, seen = 0, 0
     if st:
         model.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
-        step, seen = st["step"], st["seen"]
+        if not a.init:
+            opt.load_state_dict(st["opt"])
+            step, seen = st["step"], st["seen"]
     say("params: %.2fM" % (sum(p.numel() for p in model.parameters()) / 1e6))
 
     def save():
