@@ -347,15 +347,22 @@ static void apply_overrides(int argc, char **argv, const key_table *kt) {
     }
 }
 
+/* The preset's hyperparameters with the command line's key overrides,
+ * checked; every DeepSeek file this tool writes starts from them. */
+static void ds4_preset_hparams(ds4_hparams *hp, int argc, char **argv, const char *pname, uint32_t n_layer) {
+    preset(hp, pname, n_layer);
+    apply_overrides(argc, argv, &(key_table){DS4_ARCH, ds4_hparam_keys, ds4_n_hparam_keys, hp, hp->n_layer});
+    /* overridden ratios mean what they mean in the released files */
+    ds4_hparams_default_kinds(hp);
+    char err[512];
+    if (ds4_hparams_check(hp, err, sizeof err)) die("%s", err);
+}
+
 static void plan_ds4(ds4_gguf_writer *w, int argc, char **argv, const char *pname, uint32_t n_layer,
                      enum ds4_mix mix, const char *slice_arg, plan *pl) {
     static ds4_hparams hp;
-    preset(&hp, pname, n_layer);
-    apply_overrides(argc, argv, &(key_table){DS4_ARCH, ds4_hparam_keys, ds4_n_hparam_keys, &hp, hp.n_layer});
-    /* overridden ratios mean what they mean in the released files */
-    ds4_hparams_default_kinds(&hp);
+    ds4_preset_hparams(&hp, argc, argv, pname, n_layer);
     char err[512];
-    if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
     ds4_layer_slice slice = DS4_SLICE_ALL;
     if (slice_arg && !ds4_layer_slice_parse(slice_arg, &slice, err, sizeof err)) die("%s", err);
     if (!ds4_layer_slice_resolve(&slice, (int)hp.n_layer, err, sizeof err)) die("--slice %s", err);
@@ -393,11 +400,7 @@ static enum ds4_tensor_id mtp_spread_like(enum ds4_mtp_tensor_id id) {
 static void plan_ds4_mtp(ds4_gguf_writer *w, int argc, char **argv, const char *pname, uint32_t n_layer,
                          enum ds4_mix mix, plan *pl) {
     static ds4_hparams hp, block;
-    preset(&hp, pname, n_layer);
-    apply_overrides(argc, argv, &(key_table){DS4_ARCH, ds4_hparam_keys, ds4_n_hparam_keys, &hp, hp.n_layer});
-    ds4_hparams_default_kinds(&hp);
-    char err[512];
-    if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
+    ds4_preset_hparams(&hp, argc, argv, pname, n_layer);
     hp.nextn_predict_layers = 1;
     ds4_hparams_mtp_block(&hp, &block);
     pl->n_expert = hp.n_expert;
@@ -441,11 +444,7 @@ static void dspark_tensor(plan *pl, const char *name, uint64_t n0, uint64_t n1, 
 static void plan_ds4_dspark(ds4_gguf_writer *w, int argc, char **argv, const char *pname, uint32_t n_layer,
                             enum ds4_mix mix, plan *pl) {
     static ds4_hparams hp;
-    preset(&hp, pname, n_layer);
-    apply_overrides(argc, argv, &(key_table){DS4_ARCH, ds4_hparam_keys, ds4_n_hparam_keys, &hp, hp.n_layer});
-    ds4_hparams_default_kinds(&hp);
-    char err[512];
-    if (ds4_hparams_check(&hp, err, sizeof err)) die("%s", err);
+    ds4_preset_hparams(&hp, argc, argv, pname, n_layer);
     if (hp.n_layer < 2) die("--support dspark: the model needs at least 2 layers");
     enum { LAYERS = 3, BLOCK = 5 };
     /* the released draft's rank; small models keep their Markov tables small */
