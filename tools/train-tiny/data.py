@@ -524,6 +524,7 @@ def main():
     ap.add_argument("--agent", type=int, default=9000)
     ap.add_argument("--sessions", type=int, default=0, help="multi-request ds4-agent sessions (agent_session)")
     ap.add_argument("--session-rounds", type=int, default=7)
+    ap.add_argument("--session-max-out", type=int, default=700, help="tool results longer than this are drawn again")
     ap.add_argument("--pylib", default=PYLIB, help="the Python standard library to read (default: this "
                     "interpreter's; Debian's libpython3.11-stdlib is /usr/lib/python3.11)")
     a = ap.parse_args()
@@ -560,7 +561,7 @@ def main():
         text, start = agent_task(rng, roots, think, client)
         docs.append(("agent-client" if client else "agent", text, start))
     for i in range(a.sessions):
-        text, start = agent_session(rng, roots, a.session_rounds, 700)
+        text, start = agent_session(rng, roots, a.session_rounds, a.session_max_out)
         docs.append(("agent-session", text, start))
     rng.shuffle(docs)
     with open(os.path.join(a.out, "corpus.jsonl"), "w") as f:

@@ -38,6 +38,42 @@ def build_vocab(docs, k):
     return sorted(keep)
 
 
+def grow_vocab(st, docs, k, gen):
+    """Fine-tuning with more trained rows: the checkpoint's kept ids plus the
+    most frequent other ids of docs, up to k. A new id's embedding and output
+    rows start as the aggregated row they belonged to (its embedding plus
+    noise of the initialisation's scale, so the new ids can be told apart; its
+    output row unchanged, so its logit starts at the aggregated row's own);
+    its hash-routing row is drawn as a fresh model's are. Every other
+    tensor is the checkpoint's."""
+    old = st["keep"]
+    K0 = len(old)
+    counts = {}
+    for ids, _, _ in docs:
+        for i in ids:
+            counts[i] = counts.get(i, 0) + 1
+    kept = set(old)
+    extra = sorted((i for i in counts if i not in kept), key=lambda i: (-counts[i], i))
+    keep = sorted(old + extra[:max(0, k - K0)])
+    pos = {t: n for n, t in enumerate(keep)}
+    src = torch.tensor([pos[t] for t in old] + [len(keep)])      # old compact row -> new compact row
+    new = torch.tensor([pos[t] for t in keep if t not in set(old)], dtype=torch.long)
+    state = {}
+    for name, t in st["model"].items():
+        if t.dim() == 0 or t.shape[0] != K0 + 1:
+            state[name] = t
+            continue
+        g = t[-1:].expand(len(keep) + 1, *t.shape[1:]).clone()
+        g[src] = t
+        if name.endswith("embed_tokens.weight"):
+            g[new] += 0.02 * torch.randn(len(new), t.shape[1], generator=gen)
+        elif t.dtype == torch.long:                                 # a hash router's tid2eid
+            n_exp = st["config"]["n_routed_experts"]
+            g[new] = torch.stack([torch.randperm(n_exp, generator=gen)[:t.shape[1]] for _ in range(len(new))])
+        state[name] = g
+    return {**st, "model": state, "keep": keep}
+
+
 def load(data_dir, held_out_every, max_agent, kinds=None):
     """Every held_out_every-th document is held out; at most max_agent agent
     documents are kept (their fixed prefix makes them long)."""
@@ -163,6 +199,8 @@ def main():
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--init", default=None, help="start from this checkpoint's weights and vocabulary with a fresh "
                     "optimizer and schedule (fine-tuning; e.g. from_gguf.py's rebuild of the committed model)")
+    ap.add_argument("--grow-vocab", type=int, default=0, help="with --init: train this many rows, the "
+                    "checkpoint's kept ids plus the most frequent other ids of the corpus (grow_vocab)")
     ap.add_argument("--kinds", default=None, help="train only on these document kinds (comma list), e.g. a "
                     "final phase on the agent and chat kinds")
     a = ap.parse_args()
@@ -184,6 +222,8 @@ def main():
     st = torch.load(ck, weights_only=False) if a.resume and os.path.exists(ck) else None
     if a.init:
         st = torch.load(a.init, weights_only=False)
+        if a.grow_vocab > len(st["keep"]):
+            st = grow_vocab(st, train, a.grow_vocab, gen)
     # a resumed run keeps the checkpoint's vocabulary, whatever documents it trains on now
     keep = st["keep"] if st else build_vocab(train, a.vocab)
     n_rare = N_VOCAB - len(keep)
