@@ -4,9 +4,6 @@
 #include "base/log.h"
 #include "dist/dist_net.h"
 #include "dist/dist_proto.h"
-#include "models/dsv4/forward_cpu.h"
-#include "models/dsv4/kv.h"
-#include "models/dsv4/model.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/pair0/pair.h>
@@ -18,13 +15,12 @@
 #include <string.h>
 #include <time.h>
 
-/* REWIND_SLACK: the engine's (dsv4_family.c), so a state moves between the
- * ranks byte for byte; POLL_MS: how often a waiting rank looks at the
+/* POLL_MS: how often a waiting rank looks at the
  * connection; ANSWER_MS: how long the registration waits for each answer;
  * QUEUE: exchange frames the coordinator's reader holds (one is pending at
  * a time, plus a late one of a failed step); MAX_DROPS: freed sessions one
  * STEP names at most (a worker keeping one more only holds its memory). */
-enum { REWIND_SLACK = 256, POLL_MS = 100, ANSWER_MS = 5000, QUEUE = 8, MAX_DROPS = 4096, HEAD_ROWS = 16 };
+enum { POLL_MS = 100, ANSWER_MS = 5000, QUEUE = 8, MAX_DROPS = 4096, HEAD_ROWS = 16 };
 
 bool ds4_tp_check_options(const ds4_dist_params *p, char *err, size_t errlen) {
     if (!p->tp) return true;
@@ -41,7 +37,10 @@ bool ds4_tp_check_options(const ds4_dist_params *p, char *err, size_t errlen) {
 }
 
 /* The worker's experts: the upper half, [mid, n_expert). */
-static int expert_mid(const ds4_model *m) { return m->cfg.n_expert / 2; }
+static int expert_mid(const ds4_tp_family *f) { return f->n_expert / 2; }
+
+/* A sequence's state: the union's one pointer, whichever family's. */
+static void *seq_state(const ds4_backend_seq *q) { return q->kv; }
 
 /* ================================================================ link */
 
@@ -124,29 +123,26 @@ static bool link_open(tp_link *l, const void *buf, size_t blen, ds4_dist_frame *
 }
 
 /* Who a rank is, as a HELLO says it (the coordinator compares its own). */
-static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const uint8_t *nonce) {
-    return (ds4_dist_hello){NULL, nonce, m->name, strlen(m->name), (uint32_t)m->cfg.n_layer, (uint32_t)m->cfg.n_embd,
-                            (uint32_t)m->cfg.n_hc, (uint32_t)m->cfg.n_vocab, (uint32_t)ds4_model_expert_bits(m), 0,
-                            (uint32_t)m->cfg.n_layer - 1, true, (uint32_t)ctx, "", 0, numerics, {0}};
+static ds4_dist_hello identity(const ds4_tp_family *f, bool numerics, int ctx, const uint8_t *nonce) {
+    return (ds4_dist_hello){NULL, nonce, f->name, strlen(f->name), (uint32_t)f->n_layer, (uint32_t)f->n_embd,
+                            (uint32_t)f->n_hc, (uint32_t)f->n_vocab, (uint32_t)f->expert_bits, 0,
+                            (uint32_t)f->n_layer - 1, true, (uint32_t)ctx, "", 0, numerics, {0}};
 }
 
-/* The largest PART: a batch's worker slots (every row's every slot), its
- * partial sums or its group latents, or a chunk of the vocabulary's half
- * (HEAD_ROWS: forward_cpu's chunk of output rows, or more). */
-static size_t part_max(const ds4_config *c, int max_batch) {
-    size_t per_row = (size_t)c->n_expert_used * c->n_embd;
-    const size_t latents = (size_t)c->o_groups * c->o_lora, head = (size_t)HEAD_ROWS * (c->n_vocab - c->n_vocab / 2);
-    if (latents > per_row) per_row = latents;
-    const size_t floats = (size_t)max_batch * per_row;
+/* The largest PART: a batch's layer exchange (the family's row_floats per
+ * row), or a chunk of the vocabulary's half (HEAD_ROWS: the forward passes'
+ * chunk of output rows, or more). */
+static size_t part_max(const ds4_tp_family *f, int max_batch) {
+    const size_t head = (size_t)HEAD_ROWS * (f->n_vocab - f->n_vocab / 2), floats = (size_t)max_batch * f->row_floats;
     return ds4_dist_tp_part_frame_max(floats > head ? floats : head);
 }
 
 /* The largest frame a worker receives: a PART, a STEP of a batch, a STATE
  * of a ctx-token session. */
-static size_t frame_max(const ds4_config *c, int max_batch, int ctx) {
-    const size_t part = part_max(c, max_batch);
+static size_t frame_max(const ds4_tp_family *f, int max_batch, int ctx) {
+    const size_t part = part_max(f, max_batch);
     const size_t step = ds4_dist_tp_step_frame_max((size_t)max_batch, (size_t)max_batch, MAX_DROPS);
-    const size_t state = ds4_dist_tp_state_frame_max(ds4_kv_bytes_for(c, ctx, REWIND_SLACK));
+    const size_t state = ds4_dist_tp_state_frame_max(f->state_max(f->m, ctx));
     const size_t m = part > step ? part : step;
     return m > state ? m : state;
 }
@@ -154,7 +150,7 @@ static size_t frame_max(const ds4_config *c, int max_batch, int ctx) {
 /* ================================================================ coordinator */
 
 typedef struct {
-    const ds4_kv *kv;
+    const void *kv;     /* the family's state */
     uint64_t id;
     int worker_pos;     /* where the worker's copy is; -1: it has none it can use */
 } tp_session;
@@ -167,7 +163,7 @@ typedef struct {
 typedef struct {
     ds4_backend base;
     ds4_backend *local;
-    const ds4_model *m;
+    ds4_tp_family fam;
     ds4_dist_params p;
     ds4_dist_tls tls;
     char url[256];
@@ -237,7 +233,7 @@ static void answer_registration(tp_coord *c, const void *buf, size_t blen, nng_p
     if (ok)
         snprintf(line, sizeof line, "welcome: tensor parallel with %s, this worker computes experts %d..%d of every "
                                     "layer",
-                 c->url, expert_mid(c->m), c->m->cfg.n_expert - 1);
+                 c->url, expert_mid(&c->fam), c->fam.n_expert - 1);
     uint8_t *msg = ds4_dist_encode_text(ok ? DS4_DIST_WELCOME : DS4_DIST_REFUSED, line, &len);
     msg = ds4_dist_seal(msg, &len, key, sizeof key);
     const int rv = msg ? nng_send(c->link.s, msg, len, 0) : NNG_ENOMEM;
@@ -375,7 +371,7 @@ static void coord_exchange(void *ud, int layer, const float *send, size_t n_send
     if (c->failed && n_recv) memset(recv, 0, n_recv * sizeof(float));
 }
 
-static tp_session *session_of(tp_coord *c, const ds4_kv *kv) {
+static tp_session *session_of(tp_coord *c, const void *kv) {
     for (int i = 0; i < c->n_sess; i++)
         if (c->sess[i].kv == kv) return &c->sess[i];
     if (c->n_sess == c->cap_sess) {
@@ -440,28 +436,30 @@ static int send_step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char 
     int rc = recs && toks ? 0 : -1;
     if (rc) snprintf(err, errlen, "out of memory for a step of %d rows", total);
     for (int q = 0, at = 0; !rc && q < n_seqs; q++) {
-        const ds4_kv *kv = seqs[q].kv;
+        const ds4_tp_family *fm = &c->fam;
+        const void *kv = seq_state(&seqs[q]);
+        const int ctx = fm->state_ctx(kv), pos = fm->state_pos(kv);
         tp_session *s = session_of(c, kv);
         if (!s) { snprintf(err, errlen, "out of memory"); rc = -1; break; }
-        if ((uint32_t)kv->ctx > c->worker_ctx) {
-            snprintf(err, errlen, "a session of %d tokens does not fit the tensor-parallel worker's --ctx %u", kv->ctx,
+        if ((uint32_t)ctx > c->worker_ctx) {
+            snprintf(err, errlen, "a session of %d tokens does not fit the tensor-parallel worker's --ctx %u", ctx,
                      c->worker_ctx);
             rc = -1;
             break;
         }
-        if (kv->n_pos > 0 && (s->worker_pos < 0 || s->worker_pos < kv->n_pos)) {
-            const size_t n = ds4_kv_live_bytes(kv);
+        if (pos > 0 && (s->worker_pos < 0 || s->worker_pos < pos)) {
+            const size_t n = fm->state_bytes(fm->m, kv);
             void *state = malloc(n ? n : 1);
             size_t len = 0;
             uint8_t *msg = NULL;
             if (state) {
-                ds4_kv_save(kv, state);
-                msg = ds4_dist_encode_tp_state(c->link.sent, s->id, (uint32_t)kv->ctx, state, n, &len);
+                fm->state_save(fm->m, kv, state);
+                msg = ds4_dist_encode_tp_state(c->link.sent, s->id, (uint32_t)ctx, state, n, &len);
             }
             free(state);
             if ((rc = send_or_say(c, msg, len, "a session's state", err, errlen))) break;
         }
-        recs[q] = (ds4_dist_tp_seq){s->id, (uint32_t)kv->ctx, (uint32_t)kv->n_pos, (uint32_t)seqs[q].n,
+        recs[q] = (ds4_dist_tp_seq){s->id, (uint32_t)ctx, (uint32_t)pos, (uint32_t)seqs[q].n,
                                     seqs[q].all_logits};
         memcpy(toks + at, seqs[q].toks, (size_t)seqs[q].n * sizeof *toks);
         at += seqs[q].n;
@@ -480,17 +478,22 @@ static int send_step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char 
     return rc;
 }
 
-/* Where each sequence's state was before a call (ds4_kv_undo); NULL with
- * err when out of memory. */
-static ds4_kv_undo *undo_all(const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
-    ds4_kv_undo *undo = calloc((size_t)(n_seqs ? n_seqs : 1), sizeof *undo);
+/* Where each sequence's state was before a call (the family's undo);
+ * NULL with err when out of memory. */
+static void **undo_all(const ds4_tp_family *fm, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
+    void **undo = calloc((size_t)(n_seqs ? n_seqs : 1), sizeof *undo);
     int saved = 0;
-    while (undo && saved < n_seqs && ds4_kv_undo_save(&undo[saved], seqs[saved].kv, seqs[saved].n)) saved++;
-    if (saved == n_seqs) return undo;
-    for (int q = 0; q < saved; q++) ds4_kv_undo_free(&undo[q]);
+    while (undo && saved < n_seqs && (undo[saved] = fm->undo_save(seq_state(&seqs[saved]), seqs[saved].n))) saved++;
+    if (undo && saved == n_seqs) return undo;
+    for (int q = 0; undo && q < saved; q++) fm->undo_free(undo[q]);
     free(undo);
     snprintf(err, errlen, "out of memory for %d sequences", n_seqs);
     return NULL;
+}
+
+static void undo_drop(const ds4_tp_family *fm, void **undo, int n) {
+    for (int q = 0; q < n; q++) fm->undo_free(undo[q]);
+    free(undo);
 }
 
 /* One batch on both ranks. */
@@ -501,7 +504,7 @@ static int step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char *err,
             return -1;
         }
     if (!await_worker(c, err, errlen)) return -1;
-    ds4_kv_undo *undo = undo_all(seqs, n_seqs, err, errlen);
+    void **undo = undo_all(&c->fam, seqs, n_seqs, err, errlen);
     if (!undo) return -1;
     c->failed = c->transport_failed = false;
     c->link.bytes_out = c->link.bytes_in = 0;
@@ -525,7 +528,7 @@ static int step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char *err,
         }
     }
     if (rc) {
-        for (int q = 0; q < n_seqs; q++) ds4_kv_undo_apply(&undo[q], seqs[q].kv);
+        for (int q = 0; q < n_seqs; q++) c->fam.undo_apply(undo[q], seq_state(&seqs[q]));
         if (c->transport_failed) {
             /* the worker's copies are unknown now: a worker registering
              * again gets every state; this one's connection is dropped */
@@ -536,7 +539,10 @@ static int step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char *err,
         }
         /* the worker undid its step too (or will be replaced) */
     } else {
-        for (int q = 0; q < n_seqs; q++) session_of(c, seqs[q].kv)->worker_pos = seqs[q].kv->n_pos;
+        for (int q = 0; q < n_seqs; q++) {
+            tp_session *s = session_of(c, seq_state(&seqs[q]));
+            if (s) s->worker_pos = c->fam.state_pos(seq_state(&seqs[q]));
+        }
     }
     if (c->p.debug) {
         int rows = 0;
@@ -547,8 +553,7 @@ static int step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char *err,
                 (unsigned long long)c->link.bytes_in, c->link.wait_s * 1e3, (ds4_dist_now() - t0) * 1e3,
                 rc ? " (failed)" : "");
     }
-    for (int q = 0; q < n_seqs; q++) ds4_kv_undo_free(&undo[q]);
-    free(undo);
+    undo_drop(&c->fam, undo, n_seqs);
     return rc;
 }
 
@@ -556,10 +561,10 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
     tp_coord *c = (tp_coord *)be;
     if (!c->p.tp_token_prefill) return step(c, seqs, n_seqs, err, errlen);
     /* one token per step, as decode runs; sequences one after another */
-    ds4_kv_undo *undo = undo_all(seqs, n_seqs, err, errlen);
+    void **undo = undo_all(&c->fam, seqs, n_seqs, err, errlen);
     if (!undo) return -1;
     int rc = 0;
-    const int V = c->m->cfg.n_vocab;
+    const int V = c->fam.n_vocab;
     for (int q = 0; !rc && q < n_seqs; q++) {
         const ds4_backend_seq *sq = &seqs[q];
         for (int i = 0; !rc && i < sq->n; i++) {
@@ -574,12 +579,11 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
     /* a failed call leaves every state where it found it; the worker's
      * copies of the sequences that advanced are sent again */
     for (int q = 0; rc && q < n_seqs; q++) {
-        ds4_kv_undo_apply(&undo[q], seqs[q].kv);
-        tp_session *s = session_of(c, seqs[q].kv);
+        c->fam.undo_apply(undo[q], seq_state(&seqs[q]));
+        tp_session *s = session_of(c, seq_state(&seqs[q]));
         if (s) s->worker_pos = -1;
     }
-    for (int q = 0; q < n_seqs; q++) ds4_kv_undo_free(&undo[q]);
-    free(undo);
+    undo_drop(&c->fam, undo, n_seqs);
     return rc;
 }
 
@@ -633,14 +637,14 @@ static void coord_free(ds4_backend *be) {
     free(c);
 }
 
-ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, const ds4_dist_params *p, bool numerics,
-                                    char *err, size_t errlen) {
-    if (strcmp(local->name, "cpu")) {
+ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_tp_family *fam, const ds4_dist_params *p,
+                                    bool numerics, char *err, size_t errlen) {
+    if (strcmp(local->name, fam->backend)) {
         snprintf(err, errlen, "--tensor-parallel runs on the CPU backend only");
         local->free(local);
         return NULL;
     }
-    if (!ds4_model_is_whole(m) || m->cfg.n_expert < 2) {
+    if (!fam->whole || fam->n_expert < 2) {
         snprintf(err, errlen, "--tensor-parallel needs the whole model with at least two routed experts");
         local->free(local);
         return NULL;
@@ -650,7 +654,7 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     c->local = local;
-    c->m = m;
+    c->fam = *fam;
     c->p = *p;
     c->base.name = "tp";
     c->base.max_batch = local->max_batch;
@@ -660,10 +664,10 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
     c->base.kv_scatter = coord_scatter;
     c->base.kv_release = coord_release;
     c->base.power = local->power;
-    c->me = identity(m, numerics, 0, NULL);
+    c->me = identity(fam, numerics, 0, NULL);
     c->link.reply_s = p->reply_seconds;
     c->link.s = (nng_socket)NNG_SOCKET_INITIALIZER;
-    c->scratch = malloc((size_t)m->cfg.n_vocab * sizeof(float));
+    c->scratch = malloc((size_t)fam->n_vocab * sizeof(float));
     int rv = c->scratch ? 0 : NNG_ENOMEM;
     if (!ds4_dist_tls_load(p, &c->tls, err, errlen)) { coord_free(&c->base); return NULL; }
     snprintf(c->url, sizeof c->url, "%s://%s:%d", ds4_dist_scheme(&c->tls), p->host, p->port);
@@ -673,7 +677,7 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
     if (!rv) nng_socket_set_ms(c->link.s, NNG_OPT_SENDTIMEO, POLL_MS);
     /* the worker sends registrations and PART frames: its expert outputs
      * for a whole batch at most */
-    const size_t part = part_max(&m->cfg, local->max_batch);
+    const size_t part = part_max(fam, local->max_batch);
     if (!rv) ds4_dist_recv_limit(c->link.s, part > ((size_t)64 << 10) ? part : (size_t)64 << 10);
     if (!rv) rv = ds4_dist_listen(c->link.s, c->url, &c->tls, NULL);
     if (rv) {
@@ -681,7 +685,7 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
         coord_free(&c->base);
         return NULL;
     }
-    if (!ds4_cpu_backend_split(local, &(ds4_cpu_split){0, expert_mid(m), coord_exchange, c})) {
+    if (!fam->split(local, &(ds4_cpu_split){0, expert_mid(fam), coord_exchange, c})) {
         snprintf(err, errlen, "out of memory for the tensor-parallel split");
         coord_free(&c->base);
         return NULL;
@@ -699,11 +703,11 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
 
 typedef struct {
     uint64_t id;
-    ds4_kv *kv;
+    void *kv;           /* the family's state */
 } worker_session;
 
 typedef struct {
-    const ds4_model *m;
+    const ds4_tp_family *fam;
     ds4_backend *be;
     const ds4_dist_params *p;
     tp_link link;
@@ -715,7 +719,7 @@ typedef struct {
 } tp_worker;
 
 static void drop_sessions(tp_worker *w) {
-    for (int i = 0; i < w->n_sess; i++) ds4_kv_free(w->sess[i].kv);
+    for (int i = 0; i < w->n_sess; i++) w->fam->state_free(w->sess[i].kv);
     w->n_sess = 0;
 }
 
@@ -728,21 +732,22 @@ static worker_session *find_session(tp_worker *w, uint64_t id) {
 static void drop_session(tp_worker *w, uint64_t id) {
     worker_session *s = find_session(w, id);
     if (!s) return;
-    ds4_kv_free(s->kv);
+    w->fam->state_free(s->kv);
     *s = w->sess[--w->n_sess];
 }
 
 /* A session of the given context, new or replaced by a fresh one. */
 static worker_session *fresh_session(tp_worker *w, uint64_t id, uint32_t ctx) {
     worker_session *s = find_session(w, id);
-    if (s && s->kv->ctx == (int)ctx) return s;
-    ds4_kv *kv = ds4_kv_new(&w->m->cfg, (int)ctx, REWIND_SLACK);
+    const ds4_tp_family *fm = w->fam;
+    if (s && fm->state_ctx(s->kv) == (int)ctx) return s;
+    void *kv = fm->state_new(fm->m, (int)ctx);
     if (!kv) return NULL;
-    if (s) { ds4_kv_free(s->kv); s->kv = kv; return s; }
+    if (s) { fm->state_free(s->kv); s->kv = kv; return s; }
     if (w->n_sess == w->cap_sess) {
         const int cap = w->cap_sess ? 2 * w->cap_sess : 8;
         worker_session *n = realloc(w->sess, (size_t)cap * sizeof *n);
-        if (!n) { ds4_kv_free(kv); return NULL; }
+        if (!n) { fm->state_free(kv); return NULL; }
         w->sess = n;
         w->cap_sess = cap;
     }
@@ -808,7 +813,7 @@ static void refuse_step(tp_worker *w, const char *why) {
 
 static void serve_state(tp_worker *w, const ds4_dist_tp *t) {
     worker_session *s = fresh_session(w, t->session, t->ctx);
-    if (!s || !ds4_kv_load(s->kv, t->bytes, t->n_bytes)) {
+    if (!s || !w->fam->state_load(w->fam->m, s->kv, t->bytes, t->n_bytes)) {
         /* the STEP that follows finds the session missing and says so */
         if (s) drop_session(w, t->session);
         ds4_log(DS4_LOG_WARN, "ds4 worker: a session's state (%u bytes, ctx %u) does not fit here\n", t->n_bytes, t->ctx);
@@ -821,7 +826,8 @@ static bool serve_step(tp_worker *w, const ds4_dist_tp *t) {
     for (uint32_t i = 0; i < t->n_drop; i++) drop_session(w, ds4_dist_u64_at(t->drop, i));
     ds4_backend_seq *seqs = calloc(t->n_seqs ? t->n_seqs : 1, sizeof *seqs);
     int32_t *toks = malloc((size_t)(t->n_tokens ? t->n_tokens : 1) * sizeof *toks);
-    ds4_kv_undo *undo = calloc(t->n_seqs ? t->n_seqs : 1, sizeof *undo);
+    const ds4_tp_family *fm = w->fam;
+    void **undo = calloc(t->n_seqs ? t->n_seqs : 1, sizeof *undo);
     char why[300] = "";
     if (!seqs || !toks || !undo)
         snprintf(why, sizeof why, "worker: out of memory for a step of %u rows", t->n_tokens);
@@ -835,17 +841,18 @@ static bool serve_step(tp_worker *w, const ds4_dist_tp *t) {
                      r.pos ? "is not held here" : "cannot be allocated");
             break;
         }
-        ds4_kv *kv = s->kv;
-        if (r.pos == 0) ds4_kv_reset(kv);
-        else if (kv->n_pos > (int)r.pos && !ds4_kv_truncate(kv, (int)r.pos)) ds4_kv_reset(kv);
-        if (kv->n_pos != (int)r.pos) {
+        void *kv = s->kv;
+        if (r.pos == 0) fm->state_reset(kv);
+        else if (fm->state_pos(kv) > (int)r.pos && !fm->state_truncate(kv, (int)r.pos)) fm->state_reset(kv);
+        if (fm->state_pos(kv) != (int)r.pos) {
             snprintf(why, sizeof why, "worker: session %llu is at position %d, the step starts at %u",
-                     (unsigned long long)r.session, kv->n_pos, r.pos);
+                     (unsigned long long)r.session, fm->state_pos(kv), r.pos);
             break;
         }
-        if (!ds4_kv_undo_save(&undo[q], kv, (int)r.n)) { snprintf(why, sizeof why, "worker: out of memory"); break; }
+        if (!(undo[q] = fm->undo_save(kv, (int)r.n))) { snprintf(why, sizeof why, "worker: out of memory"); break; }
         saved = q + 1;
-        /* no logits: rank 1 of the split sends its half of them instead */
+        /* no logits: rank 1 of the split sends its half of them instead
+         * (the state goes in the union's one pointer, whichever family's) */
         seqs[q] = (ds4_backend_seq){.kv = kv, .toks = toks + at, .n = (int)r.n, .all_logits = r.all_logits};
         at += r.n;
     }
@@ -857,11 +864,10 @@ static bool serve_step(tp_worker *w, const ds4_dist_tp *t) {
     if (why[0] && !w->failed) refuse_step(w, why);
     const bool undone = why[0] || w->failed;
     if (undone) {
-        for (uint32_t q = 0; q < saved; q++) ds4_kv_undo_apply(&undo[q], seqs[q].kv);
+        for (uint32_t q = 0; q < saved; q++) fm->undo_apply(undo[q], seq_state(&seqs[q]));
         ds4_log(DS4_LOG_WARN, "ds4 worker: step %llu failed: %s\n", (unsigned long long)w->step, why[0] ? why : w->why);
     }
-    for (uint32_t q = 0; q < saved; q++) ds4_kv_undo_free(&undo[q]);
-    free(undo);
+    undo_drop(fm, undo, (int)saved);
     free(seqs);
     free(toks);
     return !w->transport_failed;
@@ -895,16 +901,16 @@ static void serve_link(tp_worker *w) {
     }
 }
 
-int ds4_tp_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int ctx, const ds4_dist_params *p) {
+int ds4_tp_worker_serve(const ds4_tp_family *fam, ds4_backend *be, bool numerics, int ctx, const ds4_dist_params *p) {
     char err[512], line[400];
     tp_worker w = {0};
-    w.m = m;
+    w.fam = fam;
     w.be = be;
     w.p = p;
     w.link.s = (nng_socket)NNG_SOCKET_INITIALIZER;
     ds4_dist_tls tls;
     int rc = 1;
-    if (strcmp(be->name, "cpu") || !ds4_model_is_whole(m)) {
+    if (strcmp(be->name, fam->backend) || !fam->whole) {
         ds4_log(DS4_LOG_ERROR, "ds4 worker: a tensor-parallel worker runs the whole model on the CPU backend\n");
         return 1;
     }
@@ -913,16 +919,16 @@ int ds4_tp_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int 
     snprintf(curl, sizeof curl, "%s://%s:%d", ds4_dist_scheme(&tls), p->host, p->port);
     int rv = nng_pair0_open(&w.link.s);
     if (!rv) rv = watch_pipes(&w.link);
-    if (!rv) ds4_dist_recv_limit(w.link.s, frame_max(&m->cfg, be->max_batch, ctx));
+    if (!rv) ds4_dist_recv_limit(w.link.s, frame_max(fam, be->max_batch, ctx));
     if (!rv) rv = ds4_dist_dial(w.link.s, curl, &tls);
     if (rv) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
-    if (!ds4_cpu_backend_split(be, &(ds4_cpu_split){1, expert_mid(m), worker_exchange, &w})) {
+    if (!fam->split(be, &(ds4_cpu_split){1, expert_mid(fam), worker_exchange, &w})) {
         ds4_log(DS4_LOG_ERROR, "ds4 worker: out of memory for the tensor-parallel split\n");
         goto done;
     }
     uint8_t nonce[DS4_DIST_NONCE_BYTES];
     if (!ds4_dist_random(nonce, sizeof nonce)) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot draw a random nonce\n"); goto done; }
-    const ds4_dist_hello me = identity(m, numerics, ctx, nonce);
+    const ds4_dist_hello me = identity(fam, numerics, ctx, nonce);
     bool registered = false, waited = false;
     for (;;) {
         /* whatever a lost connection left behind is not for the next one */

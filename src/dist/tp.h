@@ -56,22 +56,54 @@
 #include <stddef.h>
 
 #include "dist/dist.h"
+#include "nn/tp_split.h"
 
 struct ds4_backend;
-struct ds4_model;
+
+/* What tensor parallelism needs of a model family (its bound model, its
+ * CPU backend's split, its session states), so this module names none:
+ * dsv4_family.c and glm_family.c fill it. The state functions act on the
+ * family's state (what ds4_backend_seq carries); state_save writes
+ * state_bytes() bytes that state_load restores bit for bit into a state of
+ * the same context (false, the state empty or unchanged, on bytes that do
+ * not fit); undo_save records what an evaluation of n more rows changes,
+ * undo_apply puts it back. */
+typedef struct ds4_tp_family {
+    const void *m;
+    const char *backend;        /* the name of its CPU backend (backend.h name) */
+    const char *name;           /* the model's, for the HELLO */
+    int n_layer, n_embd, n_hc, n_vocab, n_expert, expert_bits;
+    bool whole;                 /* it binds every layer and the output head */
+    size_t row_floats;          /* the most floats a layer exchange carries per row */
+    bool (*split)(struct ds4_backend *be, const ds4_cpu_split *sp);
+    size_t (*state_max)(const void *m, int ctx);    /* state_bytes() of a full ctx-token state at most */
+    void *(*state_new)(const void *m, int ctx);     /* NULL: out of memory */
+    void (*state_free)(void *st);
+    int (*state_pos)(const void *st);
+    int (*state_ctx)(const void *st);
+    void (*state_reset)(void *st);
+    bool (*state_truncate)(void *st, int n);        /* false: not reachable (then reset) */
+    size_t (*state_bytes)(const void *m, const void *st);
+    void (*state_save)(const void *m, const void *st, void *dst);
+    bool (*state_load)(const void *m, void *st, const void *src, size_t n);
+    void *(*undo_save)(const void *st, int n);      /* NULL: out of memory */
+    void (*undo_apply)(const void *u, void *st);
+    void (*undo_free)(void *u);
+} ds4_tp_family;
 
 /* One line in err for a tensor-parallel option this build or role cannot
  * honour (--transport rdma without RDMA support). */
 bool ds4_tp_check_options(const ds4_dist_params *p, char *err, size_t errlen);
 
-/* Takes ownership of local, the CPU backend over the whole model. */
-struct ds4_backend *ds4_tp_coordinator_new(struct ds4_backend *local, const struct ds4_model *m,
+/* Takes ownership of local, the family's CPU backend over the whole model;
+ * fam is copied. */
+struct ds4_backend *ds4_tp_coordinator_new(struct ds4_backend *local, const ds4_tp_family *fam,
                                            const ds4_dist_params *p, bool numerics, char *err, size_t errlen);
 
-/* The worker loop over m (every layer, no output head) and be, the CPU
- * backend over it; serves until refused or killed, freeing neither. A
- * process exit status (1 after one line on the log). */
-int ds4_tp_worker_serve(const struct ds4_model *m, struct ds4_backend *be, bool numerics, int ctx,
+/* The worker loop over the family's model and be, its CPU backend over it;
+ * serves until refused or killed, freeing neither. A process exit status
+ * (1 after one line on the log). */
+int ds4_tp_worker_serve(const ds4_tp_family *fam, struct ds4_backend *be, bool numerics, int ctx,
                         const ds4_dist_params *p);
 
 #endif
