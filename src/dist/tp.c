@@ -4,6 +4,7 @@
 #include "base/log.h"
 #include "dist/dist_net.h"
 #include "dist/dist_proto.h"
+#include "dist/rdma.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/pair0/pair.h>
@@ -22,13 +23,14 @@
  * STEP names at most (a worker keeping one more only holds its memory). */
 enum { POLL_MS = 100, ANSWER_MS = 5000, QUEUE = 8, MAX_DROPS = 4096, HEAD_ROWS = 16 };
 
-bool ds4_tp_check_options(const ds4_dist_params *p, char *err, size_t errlen) {
+bool ds4_tp_check_options(ds4_dist_params *p, char *err, size_t errlen) {
     if (!p->tp) return true;
-    if (p->transport_rdma) {
-        snprintf(err, errlen, "--transport rdma: this build has no RDMA transport (it was built without libibverbs); "
-                              "use --transport tcp");
-        return false;
+    if (p->transport_auto) {
+        char why[300];
+        p->transport_rdma = ds4_rdma_probe(p->rdma_device, why, sizeof why);
+        p->transport_auto = false;
     }
+    if (p->transport_rdma && !ds4_rdma_probe(p->rdma_device, err, errlen)) return false;
     if (p->role == DS4_DIST_NONE) {
         snprintf(err, errlen, "--tensor-parallel needs --role coordinator or --role worker");
         return false;

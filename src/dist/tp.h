@@ -91,9 +91,11 @@ typedef struct ds4_tp_family {
     void (*undo_free)(void *u);
 } ds4_tp_family;
 
-/* One line in err for a tensor-parallel option this build or role cannot
- * honour (--transport rdma without RDMA support). */
-bool ds4_tp_check_options(const ds4_dist_params *p, char *err, size_t errlen);
+/* One line in err for a tensor-parallel option this build, host or role
+ * cannot honour (--transport rdma without RDMA support or without an
+ * active device: rdma.h's line); --transport auto becomes rdma when a
+ * device is active (the named one with --rdma-device), else tcp. */
+bool ds4_tp_check_options(ds4_dist_params *p, char *err, size_t errlen);
 
 /* Takes ownership of local, the family's CPU backend over the whole model;
  * fam is copied. */
