@@ -60,6 +60,11 @@ typedef struct {
     uint8_t send_key[DS4_DIST_SEAL_BYTES], recv_key[DS4_DIST_SEAL_BYTES];
     uint64_t sent, received;
     double reply_s;
+    /* --transport rdma: the queue pair the exchange frames (TP_PART) go
+     * over once both hosts connected it (NULL: the connection carries them) */
+    ds4_rdma *rdma;
+    uint8_t rdma_gid[16];
+    char rdma_err[300];         /* why the last RDMA send failed */
     /* this step's telemetry */
     uint64_t bytes_out, bytes_in;
     double wait_s;
@@ -103,6 +108,50 @@ static int link_send(tp_link *l, uint8_t *msg, size_t len) {
     return rv;
 }
 
+/* An exchange frame (msg freed) to the peer: over the RDMA queue pair when
+ * there is one, else the connection. NNG_ECLOSED when the queue pair
+ * failed (rdma_err says why). */
+static int link_send_part(tp_link *l, uint8_t *msg, size_t len) {
+    if (!l->rdma) return link_send(l, msg, len);
+    msg = ds4_dist_seal(msg, &len, l->send_key, sizeof l->send_key);
+    int rv = NNG_ENOMEM;
+    if (msg) rv = ds4_rdma_send(l->rdma, msg, len, l->reply_s, l->rdma_err, sizeof l->rdma_err) ? NNG_ECLOSED : 0;
+    free(msg);
+    if (!rv) { l->sent++; l->bytes_out += len; }
+    return rv;
+}
+
+/* The local IPv4 address of connection pipe (false: not IPv4): the GID
+ * rule's address (rdma.h). */
+static bool pipe_ipv4(nng_pipe pipe, uint8_t out[4]) {
+    nng_sockaddr sa;
+    if (nng_pipe_get_addr(pipe, NNG_OPT_LOCADDR, &sa) || sa.s_family != NNG_AF_INET) return false;
+    memcpy(out, &sa.s_in.sa_addr, 4);   /* network order: a.b.c.d */
+    return true;
+}
+
+/* --transport rdma, after the WELCOME: this host's queue pair for the
+ * connection pipe (a previous one closed), its details sent over the link
+ * (TP_RDMA). max_bytes: the largest exchange frame it takes. */
+static bool rdma_offer(tp_link *l, const ds4_dist_params *p, nng_pipe pipe, size_t max_bytes, char *err,
+                       size_t errlen) {
+    ds4_rdma_close(l->rdma);
+    uint8_t ip[4];
+    const bool v4 = pipe_ipv4(pipe, ip);
+    ds4_dist_rdma mine;
+    l->rdma = ds4_rdma_open(p->rdma_device, p->rdma_gid_set ? p->rdma_gid_index : -1, v4 ? ip : NULL, max_bytes, &mine,
+                            l->rdma_gid, err, errlen);
+    if (!l->rdma) return false;
+    mine.counter = l->sent;
+    size_t len;
+    uint8_t *msg = ds4_dist_encode_tp_rdma(&mine, &len);
+    if (!msg || link_send(l, msg, len)) {
+        snprintf(err, errlen, "cannot send this host's RDMA queue pair over the connection");
+        return false;
+    }
+    return true;
+}
+
 /* A received message unsealed, decoded and checked against the counter. */
 static bool link_open(tp_link *l, const void *buf, size_t blen, ds4_dist_frame *f, char *err, size_t errlen) {
     size_t n;
@@ -113,7 +162,8 @@ static bool link_open(tp_link *l, const void *buf, size_t blen, ds4_dist_frame *
     if (!ds4_dist_decode(buf, n, f, err, errlen)) return false;
     const uint64_t counter = f->type == DS4_DIST_TP_STEP || f->type == DS4_DIST_TP_STATE || f->type == DS4_DIST_TP_PART
                                  ? f->tp.counter
-                                 : UINT64_MAX;
+                             : f->type == DS4_DIST_TP_RDMA ? f->rdma.counter
+                                                           : UINT64_MAX;
     if (counter != l->received) {
         snprintf(err, errlen, "frame %llu of type %d where frame %llu was due (out of order or sent again)",
                  (unsigned long long)counter, f->type, (unsigned long long)l->received);
@@ -286,9 +336,14 @@ static void *reader_loop(void *arg) {
             pthread_cond_broadcast(&c->cv);
         }
         if (c->ready && nng_pipe_id(nng_msg_get_pipe(msg)) == nng_pipe_id(c->pipe)) {
-            if (!link_open(&c->link, body, blen, &f, err, sizeof err) || f.type != DS4_DIST_TP_PART) {
+            const bool opened = link_open(&c->link, body, blen, &f, err, sizeof err);
+            /* its queue pair (TP_RDMA) waits for await_worker like an exchange frame */
+            const bool wanted = f.type == DS4_DIST_TP_PART || (f.type == DS4_DIST_TP_RDMA && c->p.transport_rdma);
+            if (!opened || !wanted) {
                 ds4_log(DS4_LOG_WARN, "ds4: tensor-parallel worker: %s; closing its connection\n",
-                        f.type != DS4_DIST_TP_PART ? "an unexpected frame" : err);
+                        !opened                          ? err
+                        : f.type == DS4_DIST_TP_RDMA     ? "it uses --transport rdma, this coordinator tcp"
+                                                         : "an unexpected frame");
                 nng_pipe_close(c->pipe);
                 c->ready = false;
                 pthread_cond_broadcast(&c->cv);
@@ -316,8 +371,60 @@ static void fail(tp_coord *c, bool transport, const char *fmt, const char *what)
     snprintf(c->why, sizeof c->why, fmt, what);
 }
 
-/* One exchange (forward_cpu.h: gate 3 x layer + k): this rank's part out,
- * the worker's in. After a failure, zeros: the step is undone. */
+/* The worker's exchange frame f of this step checked against the gate and
+ * its size, its floats into recv; else the step fails. */
+static void take_part(tp_coord *c, const ds4_dist_frame *f, int layer, float *recv, size_t n_recv) {
+    char err[300];
+    if (f->tp.status != DS4_DIST_OK) {
+        snprintf(err, sizeof err, "%.*s", (int)f->tp.text_len, f->tp.text);
+        fail(c, false, "tensor-parallel worker: %s", err);
+    } else if (f->tp.layer != (uint32_t)layer || f->tp.n_floats != n_recv) {
+        snprintf(err, sizeof err, "layer %u with %u floats where layer %d with %zu was due", f->tp.layer,
+                 f->tp.n_floats, layer, n_recv);
+        fail(c, true, "tensor-parallel worker out of step: %s", err);
+    } else {
+        ds4_dist_floats(f->tp.floats, n_recv, recv);
+    }
+}
+
+/* The worker's frame of this exchange over the RDMA queue pair (the engine
+ * thread alone reads it; the reader thread still watches the connection). */
+static void coord_receive_rdma(tp_coord *c, uint64_t this_step, int layer, float *recv, size_t n_recv,
+                               double deadline) {
+    while (!c->failed) {
+        pthread_mutex_lock(&c->mu);
+        const bool lost = !c->ready || c->generation != c->generation_known || link_gone(&c->link);
+        pthread_mutex_unlock(&c->mu);
+        if (lost) {
+            fail(c, true, "%s", "the tensor-parallel worker's connection closed");
+            break;
+        }
+        const void *buf;
+        size_t len;
+        char err[300];
+        const int got = ds4_rdma_recv(c->link.rdma, &buf, &len, POLL_MS, err, sizeof err);
+        if (got == 0) {
+            if (ds4_dist_now() > deadline)
+                fail(c, true, "%s", "the tensor-parallel worker did not answer within --dist-reply-timeout");
+            continue;
+        }
+        ds4_dist_frame f;
+        pthread_mutex_lock(&c->mu);   /* the counter is the reader thread's too */
+        const bool ok = got == 1 && link_open(&c->link, buf, len, &f, err, sizeof err);
+        pthread_mutex_unlock(&c->mu);
+        if (!ok || f.type != DS4_DIST_TP_PART) {
+            fail(c, true, "tensor-parallel worker: %s", ok ? "a frame other than an exchange over RDMA" : err);
+            break;
+        }
+        if (f.tp.step != this_step) continue;   /* a failed step's */
+        take_part(c, &f, layer, recv, n_recv);
+        break;
+    }
+}
+
+/* One exchange (the family's split: gate 3 x layer + k, then the head's):
+ * this rank's part out, the worker's in. After a failure, zeros: the step
+ * is undone. */
 static void coord_exchange(void *ud, int layer, const float *send, size_t n_send, float *recv, size_t n_recv) {
     tp_coord *c = ud;
     if (c->failed) { if (n_recv) memset(recv, 0, n_recv * sizeof(float)); return; }
@@ -325,12 +432,14 @@ static void coord_exchange(void *ud, int layer, const float *send, size_t n_send
     const uint64_t this_step = c->step - 1;   /* send_step counted it */
     uint8_t *msg = ds4_dist_encode_tp_part(c->link.sent, this_step, (uint32_t)layer, DS4_DIST_OK, send, n_send, NULL,
                                            &len);
-    int rv = link_send(&c->link, msg, len);
-    if (rv == NNG_ECLOSED) fail(c, true, "%s", "the tensor-parallel worker's connection closed");
+    int rv = link_send_part(&c->link, msg, len);
+    if (rv == NNG_ECLOSED && c->link.rdma) fail(c, true, "tensor-parallel worker: %s", c->link.rdma_err);
+    else if (rv == NNG_ECLOSED) fail(c, true, "%s", "the tensor-parallel worker's connection closed");
     else if (rv) fail(c, true, "tensor-parallel worker: cannot send: %s", nng_strerror(rv));
     const double t0 = ds4_dist_now(), deadline = t0 + c->p.reply_seconds;
+    if (c->link.rdma) coord_receive_rdma(c, this_step, layer, recv, n_recv, deadline);
     pthread_mutex_lock(&c->mu);
-    while (!c->failed) {
+    while (!c->failed && !c->link.rdma) {
         if (!c->ready || c->generation != c->generation_known || link_gone(&c->link)) {
             fail(c, true, "%s", "the tensor-parallel worker's connection closed");
             break;
@@ -354,16 +463,7 @@ static void coord_exchange(void *ud, int layer, const float *send, size_t n_send
         const bool ok = ds4_dist_decode(q.buf, q.len, &f, err, sizeof err);
         if (ok && f.tp.step != this_step) { nng_free(q.buf, q.len + DS4_DIST_SEAL_BYTES); continue; }   /* a failed step's */
         if (!ok) fail(c, true, "tensor-parallel worker: %s", err);
-        else if (f.tp.status != DS4_DIST_OK) {
-            snprintf(err, sizeof err, "%.*s", (int)f.tp.text_len, f.tp.text);
-            fail(c, false, "tensor-parallel worker: %s", err);
-        } else if (f.tp.layer != (uint32_t)layer || f.tp.n_floats != n_recv) {
-            snprintf(err, sizeof err, "layer %u with %u floats where layer %d with %zu was due", f.tp.layer,
-                     f.tp.n_floats, layer, n_recv);
-            fail(c, true, "tensor-parallel worker out of step: %s", err);
-        } else {
-            ds4_dist_floats(f.tp.floats, n_recv, recv);
-        }
+        else take_part(c, &f, layer, recv, n_recv);
         nng_free(q.buf, q.len + DS4_DIST_SEAL_BYTES);
         break;
     }
@@ -385,6 +485,47 @@ static tp_session *session_of(tp_coord *c, const void *kv) {
     }
     c->sess[c->n_sess] = (tp_session){kv, ++c->next_id, -1};
     return &c->sess[c->n_sess++];
+}
+
+/* --transport rdma, a new worker: this host's queue pair offered, the
+ * worker's (which it sends after its WELCOME) taken from the queue, and
+ * both connected; from now on the exchanges go over RDMA. */
+static bool coord_rdma(tp_coord *c, char *err, size_t errlen) {
+    pthread_mutex_lock(&c->mu);
+    const nng_pipe pipe = c->pipe;
+    pthread_mutex_unlock(&c->mu);
+    char why[300];
+    if (!rdma_offer(&c->link, &c->p, pipe, part_max(&c->fam, c->local->max_batch), why, sizeof why)) {
+        snprintf(err, errlen, "tensor-parallel worker: RDMA: %s", why);
+        return false;
+    }
+    const double deadline = ds4_dist_now() + ANSWER_MS / 1000.0;
+    pthread_mutex_lock(&c->mu);
+    while (c->q_n == 0 && c->ready && ds4_dist_now() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += POLL_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+    }
+    queued q = {NULL, 0};
+    if (c->q_n) {
+        q = c->q[0];
+        memmove(c->q, c->q + 1, (size_t)(--c->q_n) * sizeof *c->q);
+    }
+    pthread_mutex_unlock(&c->mu);
+    ds4_dist_frame f;
+    bool ok = q.buf && ds4_dist_decode(q.buf, q.len, &f, why, sizeof why) && f.type == DS4_DIST_TP_RDMA;
+    if (!ok)
+        snprintf(err, errlen, "the tensor-parallel worker sent no RDMA queue pair (is it started with --transport rdma?)");
+    else if (!(ok = ds4_rdma_connect(c->link.rdma, &f.rdma, why, sizeof why)))
+        snprintf(err, errlen, "tensor-parallel worker: RDMA: %s", why);
+    if (q.buf) nng_free(q.buf, q.len + DS4_DIST_SEAL_BYTES);
+    if (!ok) {
+        ds4_rdma_close(c->link.rdma);
+        c->link.rdma = NULL;
+    }
+    return ok;
 }
 
 /* Waits for a welcomed worker; a new one holds no session. */
@@ -413,6 +554,14 @@ static bool await_worker(tp_coord *c, char *err, size_t errlen) {
         c->n_drops = 0;
         c->generation_known = gen;
         c->step = 0;
+        if (c->p.transport_rdma && !coord_rdma(c, err, errlen)) {
+            /* this worker is dropped: it registers again */
+            pthread_mutex_lock(&c->mu);
+            if (c->ready) nng_pipe_close(c->pipe);
+            c->ready = false;
+            pthread_mutex_unlock(&c->mu);
+            return false;
+        }
     }
     return true;
 }
@@ -522,7 +671,7 @@ static int step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char *err,
             char line[300];
             snprintf(line, sizeof line, "the coordinator failed the step: %s", err);
             uint8_t *msg = ds4_dist_encode_tp_part(c->link.sent, c->step - 1, 0, DS4_DIST_ERROR, NULL, 0, line, &len);
-            link_send(&c->link, msg, len);
+            link_send_part(&c->link, msg, len);
         }
         if (!rc && c->failed) {
             snprintf(err, errlen, "%s", c->why);
@@ -630,6 +779,7 @@ static void coord_free(ds4_backend *be) {
     if (c->reader_started) pthread_join(c->reader, NULL);
     for (int i = 0; i < c->q_n; i++) nng_free(c->q[i].buf, c->q[i].len + DS4_DIST_SEAL_BYTES);
     if (c->local) c->local->free(c->local);
+    ds4_rdma_close(c->link.rdma);
     ds4_dist_tls_free(&c->tls);
     free(c->sess);
     free(c->drops);
@@ -764,33 +914,55 @@ static void worker_fail(tp_worker *w, bool transport, const char *why) {
     snprintf(w->why, sizeof w->why, "%s", why);
 }
 
-/* The worker's side of one layer's exchange. */
+/* The next frame from the coordinator in an exchange: over the RDMA queue
+ * pair when there is one, else the connection; 1 (f, whose bytes live in
+ * *buf when it is not NULL: nng_free them), 0 (none within POLL_MS), -1
+ * (err). */
+static int worker_receive(tp_worker *w, ds4_dist_frame *f, void **buf, size_t *blen, char *err, size_t errlen) {
+    *buf = NULL;
+    if (w->link.rdma) {
+        const void *msg;
+        size_t len;
+        const int got = ds4_rdma_recv(w->link.rdma, &msg, &len, POLL_MS, err, errlen);
+        return got == 1 ? link_open(&w->link, msg, len, f, err, errlen) ? 1 : -1 : got;
+    }
+    const int rv = nng_recv(w->link.s, buf, blen, NNG_FLAG_ALLOC);
+    if (rv == NNG_ETIMEDOUT) return 0;
+    if (rv) {
+        *buf = NULL;
+        snprintf(err, errlen, "%s", nng_strerror(rv));
+        return -1;
+    }
+    return link_open(&w->link, *buf, *blen, f, err, errlen) ? 1 : -1;
+}
+
+/* The worker's side of one exchange. */
 static void worker_exchange(void *ud, int layer, const float *send, size_t n_send, float *recv, size_t n_recv) {
     tp_worker *w = ud;
     if (w->failed) { if (n_recv) memset(recv, 0, n_recv * sizeof(float)); return; }
     size_t len;
     uint8_t *msg = ds4_dist_encode_tp_part(w->link.sent, w->step - 1, (uint32_t)layer, DS4_DIST_OK, send, n_send, NULL,
                                            &len);
-    if (link_send(&w->link, msg, len)) worker_fail(w, true, "cannot send to the coordinator");
+    if (link_send_part(&w->link, msg, len))
+        worker_fail(w, true, w->link.rdma ? w->link.rdma_err : "cannot send to the coordinator");
     const double deadline = ds4_dist_now() + w->p->reply_seconds;
     while (!w->failed) {
         void *buf;
-        size_t blen;
-        const int rv = nng_recv(w->link.s, &buf, &blen, NNG_FLAG_ALLOC);
-        if (rv == NNG_ETIMEDOUT) {
+        size_t blen = 0;
+        ds4_dist_frame f;
+        char err[300];
+        const int got = worker_receive(w, &f, &buf, &blen, err, sizeof err);
+        if (got == 0) {
             if (link_gone(&w->link)) worker_fail(w, true, "the coordinator's connection closed");
             else if (ds4_dist_now() > deadline) worker_fail(w, true, "the coordinator did not answer in time");
             continue;
         }
-        if (rv) { worker_fail(w, true, nng_strerror(rv)); break; }
-        ds4_dist_frame f;
-        char err[300];
-        if (!link_open(&w->link, buf, blen, &f, err, sizeof err)) {
+        if (got < 0) {
             worker_fail(w, true, err);
         } else if (f.type != DS4_DIST_TP_PART) {
             worker_fail(w, true, "the coordinator sent a step while one was running");
         } else if (f.tp.step != w->step - 1) {
-            nng_free(buf, blen);   /* a failed step's */
+            if (buf) nng_free(buf, blen);   /* a failed step's */
             continue;
         } else if (f.tp.status != DS4_DIST_OK) {
             snprintf(err, sizeof err, "%.*s", (int)f.tp.text_len, f.tp.text);
@@ -800,7 +972,7 @@ static void worker_exchange(void *ud, int layer, const float *send, size_t n_sen
         } else {
             ds4_dist_floats(f.tp.floats, n_recv, recv);
         }
-        nng_free(buf, blen);
+        if (buf) nng_free(buf, blen);
         break;
     }
     if (w->failed && n_recv) memset(recv, 0, n_recv * sizeof(float));
@@ -810,7 +982,7 @@ static void worker_exchange(void *ud, int layer, const float *send, size_t n_sen
 static void refuse_step(tp_worker *w, const char *why) {
     size_t len;
     uint8_t *msg = ds4_dist_encode_tp_part(w->link.sent, w->step - 1, 0, DS4_DIST_ERROR, NULL, 0, why, &len);
-    link_send(&w->link, msg, len);
+    link_send_part(&w->link, msg, len);
 }
 
 static void serve_state(tp_worker *w, const ds4_dist_tp *t) {
@@ -896,6 +1068,15 @@ static void serve_link(tp_worker *w) {
             serve_state(w, &f.tp);
         } else if (f.type == DS4_DIST_TP_STEP) {
             keep = serve_step(w, &f.tp);
+        } else if (f.type == DS4_DIST_TP_RDMA) {
+            /* the coordinator's queue pair: the exchanges go over RDMA from now on */
+            if (!w->link.rdma) {
+                ds4_log(DS4_LOG_WARN, "ds4 worker: the coordinator uses --transport rdma, this worker tcp\n");
+                keep = false;
+            } else if (!ds4_rdma_connect(w->link.rdma, &f.rdma, err, sizeof err)) {
+                ds4_log(DS4_LOG_WARN, "ds4 worker: RDMA: %s; registering again\n", err);
+                keep = false;
+            }
         }
         /* a PART here belongs to a step that failed: nothing waits for it */
         nng_free(buf, blen);
@@ -962,11 +1143,19 @@ int ds4_tp_worker_serve(const ds4_tp_family *fam, ds4_backend *be, bool numerics
         nng_socket_set_ms(w.link.s, NNG_OPT_RECVTIMEO, POLL_MS);
         nng_socket_set_ms(w.link.s, NNG_OPT_SENDTIMEO, POLL_MS);
         w.link.reply_s = p->reply_seconds;
+        if (p->transport_rdma &&
+            !rdma_offer(&w.link, p, (nng_pipe){pipe}, part_max(fam, be->max_batch), err, sizeof err)) {
+            ds4_log(DS4_LOG_ERROR, "ds4 worker: RDMA: %s\n", err);
+            goto done;
+        }
         serve_link(&w);
+        ds4_rdma_close(w.link.rdma);
+        w.link.rdma = NULL;
         drop_sessions(&w);
         ds4_log(DS4_LOG_WARN, "ds4 worker: lost the coordinator at %s; registering again\n", curl);
     }
 done:
+    ds4_rdma_close(w.link.rdma);
     nng_close(w.link.s);
     drop_sessions(&w);
     free(w.sess);

@@ -16,7 +16,8 @@
 #   coordinator with one line naming the lost worker, well before the
 #   timeout (no hang); a worker started again serves the next run.
 # - One line and a non-zero exit for --layers with --tensor-parallel,
-#   --transport rdma (this build has no RDMA), --role without
+#   --transport rdma (a build without RDMA, or a host without an RDMA
+#   device, where --transport auto runs over tcp), --role without
 #   --tensor-parallel on a GLM model (GLM has no pipeline), and a worker
 #   whose --dist-secret differs.
 # Needs root (ip netns): without it the test says why and exits 77, a skip
@@ -140,8 +141,23 @@ refused() {   # refused WHAT PATTERN CMD...
 }
 refused "--layers" "--layers does not go with --tensor-parallel" \
     ./ds4 -m "$DEMO" --tensor-parallel --role coordinator --listen 127.0.0.1 7199 --layers 0:2 -p hi
-refused "--transport rdma" "no RDMA transport" \
-    ./ds4 -m "$DEMO" --tensor-parallel --role coordinator --listen 127.0.0.1 7199 --transport rdma -p hi
+# --transport rdma: a build without libibverbs says so; a build with it on a
+# host without an RDMA device says that (and --transport auto runs over tcp)
+if ! ./ds4 --help 2>&1 | grep -q "this build has RDMA"; then
+    refused "--transport rdma" "no RDMA transport" \
+        ./ds4 -m "$DEMO" --tensor-parallel --role coordinator --listen 127.0.0.1 7199 --transport rdma -p hi
+elif [ -z "$(ls /sys/class/infiniband 2>/dev/null)" ]; then
+    refused "--transport rdma without a device" "no active RDMA device" \
+        ./ds4 -m "$DEMO" --tensor-parallel --role worker --coordinator 127.0.0.1 7199 --transport rdma
+    port=$((port + 1))
+    start_worker "$GLM_ORACLE" --transport auto
+    coordinator "$GLM_ORACLE" "$TMP/auto.log" --transport auto --token-ids "$PROMPT_IDS" --dump-logits "$TMP/auto" \
+        --logits-all
+    check $? "--transport auto without a device: $(tail -1 "$TMP/auto.log")"
+    cmp -s "$TMP/glmtiny-A-f32-prefill.single" "$TMP/auto"
+    check $? "--transport auto (tcp here): differs from the single process"
+    stop_workers
+fi
 refused "--rdma-device without rdma" "goes with --transport rdma" \
     ./ds4 -m "$DEMO" --tensor-parallel --role coordinator --listen 127.0.0.1 7199 --rdma-device mlx5_0 -p hi
 refused "--tensor-parallel without a role" "needs --role" ./ds4 -m "$DEMO" --tensor-parallel -p hi
