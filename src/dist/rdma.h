@@ -28,12 +28,14 @@
  *   peer's details. NULL / false with one line.
  * - ds4_rdma_send() sends one message of len bytes: its length (8 bytes)
  *   and its bytes, in pieces of at most the smaller of the two hosts'
- *   slots, each waited for (timeout_s for each at most). ds4_rdma_recv()
- *   waits up to timeout_ms for the rest of a message: 1 (buf, len: the
- *   whole message, valid until the next call), 0 (not complete yet: the
- *   next call goes on where this one stopped), -1 (the queue pair failed,
- *   or a message larger than max_bytes: one line). Every slot goes back to
- *   the receive queue as soon as its piece is copied. A failed send or
+ *   slots, each waited for (timeout_s for each at most), meanwhile taking
+ *   in what the peer sends (so two large messages crossing each other
+ *   cannot both wait for slots). ds4_rdma_recv() waits up to timeout_ms
+ *   for the rest of a message: 1 (buf, len: the whole message, valid until
+ *   the next send or receive), 0 (not complete yet: the next call goes on
+ *   where this one stopped), -1 (the queue pair failed, or a message larger
+ *   than max_bytes: one line). Every slot goes back to the receive queue as
+ *   soon as its piece is copied. A failed send or
  *   receive leaves the queue pair in error: the link is then set up again.
  */
 #ifndef DS4_RDMA_H
@@ -63,6 +65,8 @@ ds4_rdma *ds4_rdma_open(const char *device, int gid_index, const uint8_t *ipv4, 
 bool ds4_rdma_connect(ds4_rdma *r, const ds4_dist_rdma *peer, char *err, size_t errlen);
 int ds4_rdma_send(ds4_rdma *r, const void *buf, size_t len, double timeout_s, char *err, size_t errlen);
 int ds4_rdma_recv(ds4_rdma *r, const void **buf, size_t *len, int timeout_ms, char *err, size_t errlen);
+/* "DEVICE port P, GID index I", for the log */
+void ds4_rdma_describe(const ds4_rdma *r, char *out, size_t outlen);
 void ds4_rdma_close(ds4_rdma *r);
 
 #endif

@@ -40,4 +40,8 @@ int ds4_rdma_recv(ds4_rdma *r, const void **buf, size_t *len, int timeout_ms, ch
     return -1;
 }
 
+void ds4_rdma_describe(const ds4_rdma *r, char *out, size_t outlen) {
+    (void)r;
+    snprintf(out, outlen, "no RDMA");
+}
 void ds4_rdma_close(ds4_rdma *r) { (void)r; }

@@ -20,7 +20,7 @@ struct ds4_rdma {
     int slots, gid_index;
     /* the message being received: its length (once its first piece came), the bytes so far */
     size_t max_bytes, want, have;
-    bool started;
+    bool started, complete;
     uint8_t *msg;
     size_t msg_cap;
     uint8_t port;
@@ -192,18 +192,82 @@ bool ds4_rdma_connect(ds4_rdma *r, const ds4_dist_rdma *peer, char *err, size_t 
     return true;
 }
 
-/* One completion of cq within timeout_s: 1, 0 (none), -1 (a failed one: err). */
-static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc, double timeout_s, const char *what, char *err,
-                    size_t errlen) {
-    const double deadline = now() + timeout_s;
-    for (unsigned spin = 0;; spin++) {
-        const int n = ibv_poll_cq(cq, 1, wc);
-        if (n < 0) { snprintf(err, errlen, "RDMA %s: polling the completion queue failed", what); return -1; }
-        if (n == 1) {
-            if (wc->status == IBV_WC_SUCCESS) return 1;
-            snprintf(err, errlen, "RDMA %s failed: %s", what, ibv_wc_status_str(wc->status));
+/* One piece (a receive completion) into the message being assembled, its
+ * slot posted again; -1 with err. */
+static int take_piece(ds4_rdma *r, const struct ibv_wc *wc, char *err, size_t errlen) {
+    if (wc->status != IBV_WC_SUCCESS) {
+        snprintf(err, errlen, "RDMA receive failed: %s", ibv_wc_status_str(wc->status));
+        return -1;
+    }
+    const int slot = (int)wc->wr_id;
+    const uint8_t *in = r->buf + (size_t)slot * r->slot_bytes;
+    const size_t n = wc->byte_len;
+    size_t skip = 0;
+    if (!r->started) {
+        uint64_t want = 0;
+        for (size_t i = 0; i < 8 && i < n; i++) want |= (uint64_t)in[i] << (8 * i);
+        if (n < 8 || want > r->max_bytes) {
+            snprintf(err, errlen, "RDMA receive: a message of %llu bytes (at most %zu here)", (unsigned long long)want,
+                     r->max_bytes);
             return -1;
         }
+        if (want > r->msg_cap) {
+            uint8_t *m = realloc(r->msg, (size_t)want);
+            if (!m) {
+                snprintf(err, errlen, "out of memory for an RDMA message of %llu bytes", (unsigned long long)want);
+                return -1;
+            }
+            r->msg = m;
+            r->msg_cap = (size_t)want;
+        }
+        r->want = (size_t)want;
+        r->have = 0;
+        r->started = true;
+        skip = 8;
+    }
+    if (n - skip > r->want - r->have) {
+        snprintf(err, errlen, "RDMA receive: a piece past its message's end");
+        return -1;
+    }
+    memcpy(r->msg + r->have, in + skip, n - skip);
+    r->have += n - skip;
+    if (!post_recv(r, slot)) {
+        snprintf(err, errlen, "RDMA receive: cannot post a slot again: %s", strerror(errno));
+        return -1;
+    }
+    if (r->have == r->want) r->complete = true;
+    return 0;
+}
+
+/* Takes the receive completions there are now, up to the end of a message
+ * (the next one waits for ds4_rdma_recv): a host that sends also drains
+ * what the other sends at the same time, so two large messages crossing
+ * each other cannot both wait for slots. -1 with err. */
+static int pump(ds4_rdma *r, char *err, size_t errlen) {
+    struct ibv_wc wc;
+    while (!r->complete) {
+        const int n = ibv_poll_cq(r->recv_cq, 1, &wc);
+        if (n < 0) { snprintf(err, errlen, "RDMA receive: polling the completion queue failed"); return -1; }
+        if (n == 0) return 0;
+        if (take_piece(r, &wc, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+/* One send completion within timeout_s, receiving meanwhile: 1, 0 (none),
+ * -1 (a failed one: err). */
+static int wait_send(ds4_rdma *r, double timeout_s, char *err, size_t errlen) {
+    const double deadline = now() + timeout_s;
+    struct ibv_wc wc;
+    for (unsigned spin = 0;; spin++) {
+        const int n = ibv_poll_cq(r->send_cq, 1, &wc);
+        if (n < 0) { snprintf(err, errlen, "RDMA send: polling the completion queue failed"); return -1; }
+        if (n == 1) {
+            if (wc.status == IBV_WC_SUCCESS) return 1;
+            snprintf(err, errlen, "RDMA send failed: %s", ibv_wc_status_str(wc.status));
+            return -1;
+        }
+        if (pump(r, err, errlen)) return -1;
         /* the clock is read every 256 empty polls: polling is the latency */
         if ((spin & 255) == 255 && now() > deadline) return 0;
     }
@@ -220,8 +284,7 @@ static int send_piece(ds4_rdma *r, size_t len, double timeout_s, char *err, size
         snprintf(err, errlen, "RDMA send: cannot post it: %s", strerror(errno));
         return -1;
     }
-    struct ibv_wc wc;
-    const int got = poll_one(r->send_cq, &wc, timeout_s, "send", err, errlen);
+    const int got = wait_send(r, timeout_s, err, errlen);
     if (got == 0) snprintf(err, errlen, "RDMA send: no completion within %.0f s", timeout_s);
     return got == 1 ? 0 : -1;
 }
@@ -244,48 +307,16 @@ int ds4_rdma_send(ds4_rdma *r, const void *buf, size_t len, double timeout_s, ch
 
 int ds4_rdma_recv(ds4_rdma *r, const void **buf, size_t *len, int timeout_ms, char *err, size_t errlen) {
     const double deadline = now() + timeout_ms * 1e-3;
-    for (;;) {
-        struct ibv_wc wc;
-        const double left = deadline - now();
-        const int got = poll_one(r->recv_cq, &wc, left > 0 ? left : 0, "receive", err, errlen);
-        if (got != 1) return got;
-        const int slot = (int)wc.wr_id;
-        const uint8_t *in = r->buf + (size_t)slot * r->slot_bytes;
-        size_t n = wc.byte_len, skip = 0;
-        if (!r->started) {
-            uint64_t want = 0;
-            for (int i = 0; i < 8 && (size_t)i < n; i++) want |= (uint64_t)in[i] << (8 * i);
-            if (n < 8 || want > r->max_bytes) {
-                snprintf(err, errlen, "RDMA receive: a message of %llu bytes (at most %zu here)",
-                         (unsigned long long)want, r->max_bytes);
-                return -1;
-            }
-            if (want > r->msg_cap) {
-                uint8_t *m = realloc(r->msg, want ? want : 1);
-                if (!m) { snprintf(err, errlen, "out of memory for an RDMA message of %llu bytes", (unsigned long long)want); return -1; }
-                r->msg = m;
-                r->msg_cap = want;
-            }
-            r->want = want;
-            r->have = 0;
-            r->started = true;
-            skip = 8;
-        }
-        if (n - skip > r->want - r->have) {
-            snprintf(err, errlen, "RDMA receive: a piece past its message's end");
-            return -1;
-        }
-        memcpy(r->msg + r->have, in + skip, n - skip);
-        r->have += n - skip;
-        if (!post_recv(r, slot)) {
-            snprintf(err, errlen, "RDMA receive: cannot post a slot again: %s", strerror(errno));
-            return -1;
-        }
-        if (r->have == r->want) {
-            r->started = false;
-            *buf = r->msg;
-            *len = r->want;
-            return 1;
-        }
+    for (unsigned spin = 0; !r->complete; spin++) {
+        if (pump(r, err, errlen)) return -1;
+        if (!r->complete && (spin & 255) == 255 && now() > deadline) return 0;
     }
+    r->complete = r->started = false;
+    *buf = r->msg;
+    *len = r->want;
+    return 1;
+}
+
+void ds4_rdma_describe(const ds4_rdma *r, char *out, size_t outlen) {
+    snprintf(out, outlen, "%s port %u, GID index %d", ibv_get_device_name(r->ctx->device), r->port, r->gid_index);
 }

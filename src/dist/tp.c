@@ -524,8 +524,11 @@ static bool coord_rdma(tp_coord *c, char *err, size_t errlen) {
     if (!ok) {
         ds4_rdma_close(c->link.rdma);
         c->link.rdma = NULL;
+        return false;
     }
-    return ok;
+    ds4_rdma_describe(c->link.rdma, why, sizeof why);
+    ds4_log(DS4_LOG_INFO, "ds4: tensor-parallel exchanges over RDMA (%s)\n", why);
+    return true;
 }
 
 /* Waits for a welcomed worker; a new one holds no session. */
@@ -1076,6 +1079,9 @@ static void serve_link(tp_worker *w) {
             } else if (!ds4_rdma_connect(w->link.rdma, &f.rdma, err, sizeof err)) {
                 ds4_log(DS4_LOG_WARN, "ds4 worker: RDMA: %s; registering again\n", err);
                 keep = false;
+            } else {
+                ds4_rdma_describe(w->link.rdma, err, sizeof err);
+                ds4_log(DS4_LOG_INFO, "ds4 worker: exchanges over RDMA (%s)\n", err);
             }
         }
         /* a PART here belongs to a step that failed: nothing waits for it */
