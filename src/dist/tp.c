@@ -585,7 +585,7 @@ static int send_or_say(tp_coord *c, uint8_t *msg, size_t len, const char *what, 
 static int send_step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
     int total = 0;
     for (int q = 0; q < n_seqs; q++) total += seqs[q].n;
-    ds4_dist_tp_seq *recs = calloc((size_t)n_seqs, sizeof *recs);
+    ds4_dist_tp_seq *recs = calloc((size_t)(n_seqs > 0 ? n_seqs : 1), sizeof *recs);
     int32_t *toks = malloc((size_t)(total ? total : 1) * sizeof *toks);
     int rc = recs && toks ? 0 : -1;
     if (rc) snprintf(err, errlen, "out of memory for a step of %d rows", total);

@@ -63,7 +63,8 @@ static void exchange(void *ud, int layer, const float *send, size_t n_send, floa
     pthread_cond_broadcast(&r->cv);
     while (r->posted < 2 && r->gen == gen) pthread_cond_wait(&r->cv, &r->mu);
     if (r->n[1 - u->rank] != n_recv) r->size_mismatch = true;
-    else memcpy(recv, r->buf[1 - u->rank], n_recv * sizeof(float));
+    /* (the sending side of a head exchange receives nothing: recv NULL) */
+    else if (n_recv) memcpy(recv, r->buf[1 - u->rank], n_recv * sizeof(float));
     if (++r->taken == 2) {
         r->posted = r->taken = 0;
         r->gen++;
