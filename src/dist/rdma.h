@@ -16,6 +16,13 @@
  *   the RoCE v2 entry holding the IPv4-mapped address ::ffff:a.b.c.d of
  *   ipv4, the local address of the TCP link. -1 with one line in err when
  *   nothing fits.
+ * - ds4_rdma_take() assembles one message from the pieces it arrives in
+ *   (ds4_rdma_send's form: the first piece starts with the length, 8 bytes
+ *   little-endian, then the bytes follow in order): 1 when m->msg[0 ..
+ *   m->want) is complete, 0 while pieces are due, -1 with one line for a
+ *   first piece shorter than the length field, a length over m->max_bytes,
+ *   a piece past the message's end, or no memory. After 1 or -1 the next
+ *   piece starts a new message. The verbs side feeds it every receive.
  * - ds4_rdma_probe(): true when the named device (NULL: any) has an active
  *   port; else one line ("no active RDMA device ...").
  * - ds4_rdma_open() opens the device's first active port (the named
@@ -52,6 +59,14 @@ typedef struct {
     uint8_t raw[16];
     enum ds4_rdma_gid_type type;
 } ds4_rdma_gid;
+
+typedef struct {
+    uint8_t *msg;
+    size_t cap, want, have, max_bytes;
+    bool started;
+} ds4_rdma_message;
+int ds4_rdma_take(ds4_rdma_message *m, const uint8_t *piece, size_t n, char *err, size_t errlen);
+void ds4_rdma_message_free(ds4_rdma_message *m);
 
 bool ds4_rdma_built(void);
 int ds4_rdma_pick_gid(const ds4_rdma_gid *gids, int n, bool ethernet, const uint8_t *ipv4, int forced, char *err,

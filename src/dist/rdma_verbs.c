@@ -18,11 +18,8 @@ struct ds4_rdma {
     uint8_t *buf;               /* [slots + 1][slot_bytes]: the receive slots, then the send slot */
     size_t slot_bytes, piece;   /* piece: the smaller of the two hosts' slots */
     int slots, gid_index;
-    /* the message being received: its length (once its first piece came), the bytes so far */
-    size_t max_bytes, want, have;
-    bool started, complete;
-    uint8_t *msg;
-    size_t msg_cap;
+    ds4_rdma_message in;        /* the message being received */
+    bool complete;              /* and it is whole (ds4_rdma_recv hands it out) */
     uint8_t port;
     enum ibv_mtu mtu;
     uint32_t psn;
@@ -97,7 +94,7 @@ void ds4_rdma_close(ds4_rdma *r) {
     if (r->pd) ibv_dealloc_pd(r->pd);
     if (r->ctx) ibv_close_device(r->ctx);
     free(r->buf);
-    free(r->msg);
+    ds4_rdma_message_free(&r->in);
     free(r);
 }
 
@@ -109,7 +106,7 @@ ds4_rdma *ds4_rdma_open(const char *device, int gid_index, const uint8_t *ipv4, 
     const size_t slot_bytes = DS4_RDMA_SLOT_BYTES;
     r->slots = slots;
     r->slot_bytes = slot_bytes;
-    r->max_bytes = max_bytes;
+    r->in.max_bytes = max_bytes;
     struct ibv_port_attr pa;
     if (!(r->ctx = open_device(device, &r->port, &pa, err, errlen))) { ds4_rdma_close(r); return NULL; }
     r->mtu = pa.active_mtu;
@@ -200,42 +197,13 @@ static int take_piece(ds4_rdma *r, const struct ibv_wc *wc, char *err, size_t er
         return -1;
     }
     const int slot = (int)wc->wr_id;
-    const uint8_t *in = r->buf + (size_t)slot * r->slot_bytes;
-    const size_t n = wc->byte_len;
-    size_t skip = 0;
-    if (!r->started) {
-        uint64_t want = 0;
-        for (size_t i = 0; i < 8 && i < n; i++) want |= (uint64_t)in[i] << (8 * i);
-        if (n < 8 || want > r->max_bytes) {
-            snprintf(err, errlen, "RDMA receive: a message of %llu bytes (at most %zu here)", (unsigned long long)want,
-                     r->max_bytes);
-            return -1;
-        }
-        if (want > r->msg_cap) {
-            uint8_t *m = realloc(r->msg, (size_t)want);
-            if (!m) {
-                snprintf(err, errlen, "out of memory for an RDMA message of %llu bytes", (unsigned long long)want);
-                return -1;
-            }
-            r->msg = m;
-            r->msg_cap = (size_t)want;
-        }
-        r->want = (size_t)want;
-        r->have = 0;
-        r->started = true;
-        skip = 8;
-    }
-    if (n - skip > r->want - r->have) {
-        snprintf(err, errlen, "RDMA receive: a piece past its message's end");
-        return -1;
-    }
-    memcpy(r->msg + r->have, in + skip, n - skip);
-    r->have += n - skip;
+    const int got = ds4_rdma_take(&r->in, r->buf + (size_t)slot * r->slot_bytes, wc->byte_len, err, errlen);
+    if (got < 0) return -1;
     if (!post_recv(r, slot)) {
         snprintf(err, errlen, "RDMA receive: cannot post a slot again: %s", strerror(errno));
         return -1;
     }
-    if (r->have == r->want) r->complete = true;
+    r->complete = got == 1;
     return 0;
 }
 
@@ -311,9 +279,9 @@ int ds4_rdma_recv(ds4_rdma *r, const void **buf, size_t *len, int timeout_ms, ch
         if (pump(r, err, errlen)) return -1;
         if (!r->complete && (spin & 255) == 255 && now() > deadline) return 0;
     }
-    r->complete = r->started = false;
-    *buf = r->msg;
-    *len = r->want;
+    r->complete = false;
+    *buf = r->in.msg;
+    *len = r->in.want;
     return 1;
 }
 

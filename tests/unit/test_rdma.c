@@ -5,6 +5,10 @@
  *   link-local one), --rdma-gid-index taken as given unless its entry is
  *   missing or empty, the first entry on an InfiniBand port, and one line
  *   when nothing fits;
+ * - a message assembled from its pieces (ds4_rdma_take): whole in one
+ *   piece, across three, an empty one, and one line for a first piece
+ *   shorter than the length, a length over the limit, a piece past the end
+ *   (the next message then assembles again);
  * - the refusals: --transport rdma on a host without an active device (or
  *   in a build without libibverbs) gives rdma.h's one line, and --transport
  *   auto becomes tcp there (rdma where a device is active). */
@@ -52,6 +56,40 @@ static void test_pick(void) {
               !strcmp(err, "the InfiniBand port's GID table is empty"), "an empty InfiniBand table: %s", err);
 }
 
+/* The pieces of a message as ds4_rdma_send cuts them: the length first. */
+static size_t first_piece(uint8_t *out, uint64_t len, const char *bytes, size_t n) {
+    for (int i = 0; i < 8; i++) out[i] = (uint8_t)(len >> (8 * i));
+    memcpy(out + 8, bytes, n);
+    return 8 + n;
+}
+
+static void test_take(void) {
+    char err[256];
+    ds4_rdma_message m = {.max_bytes = 64};
+    uint8_t p[80];
+    size_t n = first_piece(p, 5, "hello", 5);
+    CHECK(ds4_rdma_take(&m, p, n, err, sizeof err) == 1 && m.want == 5 && !memcmp(m.msg, "hello", 5), "one piece");
+    n = first_piece(p, 11, "abc", 3);
+    CHECK(ds4_rdma_take(&m, p, n, err, sizeof err) == 0, "the first of three");
+    CHECK(ds4_rdma_take(&m, (const uint8_t *)"defg", 4, err, sizeof err) == 0, "the second of three");
+    CHECK(ds4_rdma_take(&m, (const uint8_t *)"hijk", 4, err, sizeof err) == 1 && m.want == 11 &&
+              !memcmp(m.msg, "abcdefghijk", 11), "three pieces");
+    n = first_piece(p, 0, "", 0);
+    CHECK(ds4_rdma_take(&m, p, n, err, sizeof err) == 1 && m.want == 0, "an empty message");
+    CHECK(ds4_rdma_take(&m, p, 7, err, sizeof err) == -1 && strstr(err, "a message of"), "a short first piece: %s",
+          err);
+    n = first_piece(p, 65, "x", 1);
+    CHECK(ds4_rdma_take(&m, p, n, err, sizeof err) == -1 &&
+              !strcmp(err, "RDMA receive: a message of 65 bytes (at most 64 here)"), "over the limit: %s", err);
+    n = first_piece(p, 4, "abcdef", 6);
+    CHECK(ds4_rdma_take(&m, p, n, err, sizeof err) == -1 && !strcmp(err, "RDMA receive: a piece past its message's end"),
+          "past the end: %s", err);
+    n = first_piece(p, 2, "ok", 2);
+    CHECK(ds4_rdma_take(&m, p, n, err, sizeof err) == 1 && m.want == 2 && !memcmp(m.msg, "ok", 2),
+          "the message after a refused one");
+    ds4_rdma_message_free(&m);
+}
+
 static void test_refusals(void) {
     char err[300], probe[300];
     const bool active = ds4_rdma_probe(NULL, probe, sizeof probe);
@@ -74,6 +112,7 @@ static void test_refusals(void) {
 
 int main(void) {
     test_pick();
+    test_take();
     test_refusals();
     return check_done("test_rdma");
 }
