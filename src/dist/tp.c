@@ -64,6 +64,7 @@ typedef struct {
      * over once both hosts connected it (NULL: the connection carries them) */
     ds4_rdma *rdma;
     uint8_t rdma_gid[16];
+    ds4_dist_rdma rdma_mine;    /* this host's queue pair as offered (its gid: rdma_gid) */
     char rdma_err[300];         /* why the last RDMA send failed */
     /* this step's telemetry */
     uint64_t bytes_out, bytes_in;
@@ -130,6 +131,19 @@ static bool pipe_ipv4(nng_pipe pipe, uint8_t out[4]) {
     return true;
 }
 
+/* This host's queue pair details (TP_RDMA) to the peer: over the
+ * connection when offered, over the queue pair itself once connected (the
+ * worker's proof that both ends are ready). */
+static bool rdma_announce(tp_link *l, bool over_rdma, char *err, size_t errlen) {
+    l->rdma_mine.counter = l->sent;
+    size_t len;
+    uint8_t *msg = ds4_dist_encode_tp_rdma(&l->rdma_mine, &len);
+    const int rv = !msg ? NNG_ENOMEM : over_rdma ? link_send_part(l, msg, len) : link_send(l, msg, len);
+    if (rv && over_rdma) snprintf(err, errlen, "cannot send over the RDMA queue pair: %s", l->rdma_err);
+    else if (rv) snprintf(err, errlen, "cannot send this host's RDMA queue pair over the connection");
+    return rv == 0;
+}
+
 /* --transport rdma, after the WELCOME: this host's queue pair for the
  * connection pipe (a previous one closed), its details sent over the link
  * (TP_RDMA). max_bytes: the largest exchange frame it takes. */
@@ -138,18 +152,10 @@ static bool rdma_offer(tp_link *l, const ds4_dist_params *p, nng_pipe pipe, size
     ds4_rdma_close(l->rdma);
     uint8_t ip[4];
     const bool v4 = pipe_ipv4(pipe, ip);
-    ds4_dist_rdma mine;
-    l->rdma = ds4_rdma_open(p->rdma_device, p->rdma_gid_set ? p->rdma_gid_index : -1, v4 ? ip : NULL, max_bytes, &mine,
-                            l->rdma_gid, err, errlen);
+    l->rdma = ds4_rdma_open(p->rdma_device, p->rdma_gid_set ? p->rdma_gid_index : -1, v4 ? ip : NULL, max_bytes,
+                            &l->rdma_mine, l->rdma_gid, err, errlen);
     if (!l->rdma) return false;
-    mine.counter = l->sent;
-    size_t len;
-    uint8_t *msg = ds4_dist_encode_tp_rdma(&mine, &len);
-    if (!msg || link_send(l, msg, len)) {
-        snprintf(err, errlen, "cannot send this host's RDMA queue pair over the connection");
-        return false;
-    }
-    return true;
+    return rdma_announce(l, false, err, errlen);
 }
 
 /* A received message unsealed, decoded and checked against the counter. */
@@ -488,8 +494,9 @@ static tp_session *session_of(tp_coord *c, const void *kv) {
 }
 
 /* --transport rdma, a new worker: this host's queue pair offered, the
- * worker's (which it sends after its WELCOME) taken from the queue, and
- * both connected; from now on the exchanges go over RDMA. */
+ * worker's (which it sends after its WELCOME) taken from the queue, both
+ * connected, and the worker's first message over the queue pair received;
+ * from now on the exchanges go over RDMA. */
 static bool coord_rdma(tp_coord *c, char *err, size_t errlen) {
     pthread_mutex_lock(&c->mu);
     const nng_pipe pipe = c->pipe;
@@ -520,7 +527,27 @@ static bool coord_rdma(tp_coord *c, char *err, size_t errlen) {
         snprintf(err, errlen, "the tensor-parallel worker sent no RDMA queue pair (is it started with --transport rdma?)");
     else if (!(ok = ds4_rdma_connect(c->link.rdma, &f.rdma, why, sizeof why)))
         snprintf(err, errlen, "tensor-parallel worker: RDMA: %s", why);
+    const uint32_t worker_qpn = ok ? f.rdma.qpn : 0;
     if (q.buf) nng_free(q.buf, q.len + DS4_DIST_SEAL_BYTES);
+    /* the worker, connected, sends its details again over the queue pair:
+     * the exchanges go over RDMA only once both ends are known ready */
+    int got = 0;
+    for (double end = ds4_dist_now() + ANSWER_MS / 1000.0; ok && !got && ds4_dist_now() < end;) {
+        const void *buf;
+        size_t len;
+        if ((got = ds4_rdma_recv(c->link.rdma, &buf, &len, POLL_MS, why, sizeof why)) != 1) continue;
+        pthread_mutex_lock(&c->mu);   /* the counter is the reader thread's too */
+        const bool opened = link_open(&c->link, buf, len, &f, why, sizeof why);
+        pthread_mutex_unlock(&c->mu);
+        if (!opened || f.type != DS4_DIST_TP_RDMA || f.rdma.qpn != worker_qpn) {
+            if (opened) snprintf(why, sizeof why, "another frame than its queue pair's");
+            got = -1;
+        }
+    }
+    if (ok && got != 1) {
+        snprintf(err, errlen, "tensor-parallel worker: RDMA: %s", got < 0 ? why : "no message over the queue pair");
+        ok = false;
+    }
     if (!ok) {
         ds4_rdma_close(c->link.rdma);
         c->link.rdma = NULL;
@@ -1076,7 +1103,8 @@ static void serve_link(tp_worker *w) {
             if (!w->link.rdma) {
                 ds4_log(DS4_LOG_WARN, "ds4 worker: the coordinator uses --transport rdma, this worker tcp\n");
                 keep = false;
-            } else if (!ds4_rdma_connect(w->link.rdma, &f.rdma, err, sizeof err)) {
+            } else if (!ds4_rdma_connect(w->link.rdma, &f.rdma, err, sizeof err) ||
+                       !rdma_announce(&w->link, true, err, sizeof err)) {
                 ds4_log(DS4_LOG_WARN, "ds4 worker: RDMA: %s; registering again\n", err);
                 keep = false;
             } else {
