@@ -145,17 +145,16 @@ static bool rdma_announce(tp_link *l, bool over_rdma, char *err, size_t errlen) 
 }
 
 /* --transport rdma, after the WELCOME: this host's queue pair for the
- * connection pipe (a previous one closed), its details sent over the link
- * (TP_RDMA). max_bytes: the largest exchange frame it takes. */
-static bool rdma_offer(tp_link *l, const ds4_dist_params *p, nng_pipe pipe, size_t max_bytes, char *err,
-                       size_t errlen) {
+ * connection pipe (a previous one closed). max_bytes: the largest exchange
+ * frame it takes. */
+static bool rdma_open_link(tp_link *l, const ds4_dist_params *p, nng_pipe pipe, size_t max_bytes, char *err,
+                           size_t errlen) {
     ds4_rdma_close(l->rdma);
     uint8_t ip[4];
     const bool v4 = pipe_ipv4(pipe, ip);
     l->rdma = ds4_rdma_open(p->rdma_device, p->rdma_gid_set ? p->rdma_gid_index : -1, v4 ? ip : NULL, max_bytes,
                             &l->rdma_mine, l->rdma_gid, err, errlen);
-    if (!l->rdma) return false;
-    return rdma_announce(l, false, err, errlen);
+    return l->rdma != NULL;
 }
 
 /* A received message unsealed, decoded and checked against the counter. */
@@ -493,16 +492,17 @@ static tp_session *session_of(tp_coord *c, const void *kv) {
     return &c->sess[c->n_sess++];
 }
 
-/* --transport rdma, a new worker: this host's queue pair offered, the
- * worker's (which it sends after its WELCOME) taken from the queue, both
- * connected, and the worker's first message over the queue pair received;
- * from now on the exchanges go over RDMA. */
+/* --transport rdma, a new worker: this host's queue pair opened, the
+ * worker's (which it sends after its WELCOME) taken from the queue, this
+ * one connected to it and offered to the worker, and the worker's first
+ * message over the queue pair (sent once it connected) received; from now
+ * on the exchanges go over RDMA. */
 static bool coord_rdma(tp_coord *c, char *err, size_t errlen) {
     pthread_mutex_lock(&c->mu);
     const nng_pipe pipe = c->pipe;
     pthread_mutex_unlock(&c->mu);
     char why[300];
-    if (!rdma_offer(&c->link, &c->p, pipe, part_max(&c->fam, c->local->max_batch), why, sizeof why)) {
+    if (!rdma_open_link(&c->link, &c->p, pipe, part_max(&c->fam, c->local->max_batch), why, sizeof why)) {
         snprintf(err, errlen, "tensor-parallel worker: RDMA: %s", why);
         return false;
     }
@@ -525,7 +525,10 @@ static bool coord_rdma(tp_coord *c, char *err, size_t errlen) {
     bool ok = q.buf && ds4_dist_decode(q.buf, q.len, &f, why, sizeof why) && f.type == DS4_DIST_TP_RDMA;
     if (!ok)
         snprintf(err, errlen, "the tensor-parallel worker sent no RDMA queue pair (is it started with --transport rdma?)");
-    else if (!(ok = ds4_rdma_connect(c->link.rdma, &f.rdma, why, sizeof why)))
+    /* connected before this host's details go out: the worker's answer
+     * over the queue pair finds it ready */
+    else if (!(ok = ds4_rdma_connect(c->link.rdma, &f.rdma, why, sizeof why) &&
+                    rdma_announce(&c->link, false, why, sizeof why)))
         snprintf(err, errlen, "tensor-parallel worker: RDMA: %s", why);
     const uint32_t worker_qpn = ok ? f.rdma.qpn : 0;
     if (q.buf) nng_free(q.buf, q.len + DS4_DIST_SEAL_BYTES);
@@ -1178,7 +1181,8 @@ int ds4_tp_worker_serve(const ds4_tp_family *fam, ds4_backend *be, bool numerics
         nng_socket_set_ms(w.link.s, NNG_OPT_SENDTIMEO, POLL_MS);
         w.link.reply_s = p->reply_seconds;
         if (p->transport_rdma &&
-            !rdma_offer(&w.link, p, (nng_pipe){pipe}, part_max(fam, be->max_batch), err, sizeof err)) {
+            !(rdma_open_link(&w.link, p, (nng_pipe){pipe}, part_max(fam, be->max_batch), err, sizeof err) &&
+              rdma_announce(&w.link, false, err, sizeof err))) {
             ds4_log(DS4_LOG_ERROR, "ds4 worker: RDMA: %s\n", err);
             goto done;
         }
