@@ -28,6 +28,17 @@ LIB_CU    := $(wildcard src/backends/cuda/*.cu)
 else
 LIB_SRC   += src/backends/cuda/none.c
 endif
+# RDMA=1 (the default where libibverbs' header is installed: Debian's
+# libibverbs-dev) links the RDMA transport of --tensor-parallel (--transport
+# rdma); other builds get its stub, which refuses it with one line.
+RDMA      ?= $(if $(wildcard /usr/include/infiniband/verbs.h),1,0)
+ifeq ($(RDMA),1)
+LIB_SRC   := $(filter-out src/dist/rdma_none.c,$(LIB_SRC))
+LDLIBS    += -libverbs
+$(BUILD)/src/options/cli_args.o: CFLAGS += -DDS4_RDMA=1
+else
+LIB_SRC   := $(filter-out src/dist/rdma_verbs.c,$(LIB_SRC))
+endif
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.o)
 LIB       := $(BUILD)/libds4.a
 APP_SRC   := $(wildcard app/*.c tools/*.c)

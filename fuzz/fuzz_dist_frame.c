@@ -117,6 +117,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!again) return 0;
         break;
     }
+    case DS4_DIST_TP_RDMA:
+        inside(data, size, f.rdma.gid, 16);
+        again = ds4_dist_encode_tp_rdma(&f.rdma, &len);
+        break;
     case DS4_DIST_WELCOME: case DS4_DIST_REFUSED: {
         inside(data, size, f.result.text, f.result.text_len);
         char *t = malloc(f.result.text_len + 1);

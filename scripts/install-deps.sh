@@ -15,7 +15,9 @@ export DEBIAN_FRONTEND=noninteractive
 print_only=0
 [ "${1:-}" = --print ] && print_only=1
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
-base="build-essential clang libcjson-dev libpcre2-dev libedit-dev libnng-dev libsimde-dev qemu-user tmux curl xz-utils python3 python3-venv"
+# libibverbs-dev: the RDMA transport of --tensor-parallel (the Makefile links
+# it when its header is there; a build without it refuses --transport rdma)
+base="build-essential clang libcjson-dev libpcre2-dev libedit-dev libnng-dev libsimde-dev libibverbs-dev qemu-user tmux curl xz-utils python3 python3-venv"
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 updated=0

@@ -68,7 +68,7 @@ bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size
                  p->tp_token_prefill ? "--tensor-parallel-token-prefill" : "--transport");
         return false;
     }
-    if (!p->transport_rdma && (p->rdma_device || p->rdma_gid_set)) {
+    if (!p->transport_rdma && !p->transport_auto && (p->rdma_device || p->rdma_gid_set)) {
         snprintf(err, errlen, "%s goes with --transport rdma", p->rdma_device ? "--rdma-device" : "--rdma-gid-index");
         return false;
     }

@@ -120,6 +120,7 @@ typedef struct {
     /* --tensor-parallel (tp.h) instead of the layer pipeline, and its options */
     bool tp, tp_token_prefill;                   /* --tensor-parallel-token-prefill */
     bool transport_set, transport_rdma;          /* --transport given; rdma chosen */
+    bool transport_auto;                         /* --transport auto: rdma when a device is active */
     const char *rdma_device;                     /* --rdma-device (NULL: automatic) */
     int rdma_gid_index;                          /* --rdma-gid-index, when rdma_gid_set */
     bool rdma_gid_set;
@@ -134,7 +135,8 @@ typedef struct {
  * given to a worker: the coordinator chooses them for the route, some of
  * the TLS files without the others, a tensor-parallel option without
  * --tensor-parallel or the RDMA options without --transport rdma, and
- * --transport rdma in a build without RDMA: tp.h). */
+ * --transport rdma in a build without RDMA or on a host without an active
+ * RDMA device: tp.h); --transport auto becomes rdma or tcp here. */
 bool ds4_dist_finish_options(ds4_dist_params *p, bool worker_ok, char *err, size_t errlen);
 
 /* Takes ownership of `local` (the backend over the coordinator's slice). */

@@ -134,7 +134,7 @@ uint8_t *ds4_dist_encode_challenge(const uint8_t *nonce, const uint8_t *proof, s
     return w.p;
 }
 
-enum { TP_SEQ_BYTES = 8 + 3 * 4 + 1 };
+enum { TP_SEQ_BYTES = 8 + 3 * 4 + 1, TP_RDMA_BYTES = 8 + 4 + 4 + 2 + 16 + 1 + 4 + 4 };
 
 uint8_t *ds4_dist_encode_tp_step(uint64_t counter, const uint64_t *drop, uint32_t n_drop, const ds4_dist_tp_seq *seqs,
                                  uint32_t n_seqs, const int32_t *toks, size_t *len) {
@@ -184,6 +184,21 @@ uint8_t *ds4_dist_encode_tp_part(uint64_t counter, uint64_t step, uint32_t layer
     put_le(&w, n, 4);
     put_floats(&w, floats, n);
     put_str(&w, text, lt);
+    *len = w.at;
+    return w.p;
+}
+
+uint8_t *ds4_dist_encode_tp_rdma(const ds4_dist_rdma *r, size_t *len) {
+    writer w;
+    if (!start(&w, DS4_DIST_TP_RDMA, TP_RDMA_BYTES)) return NULL;
+    put_le(&w, r->counter, 8);
+    put_le(&w, r->qpn, 4);
+    put_le(&w, r->psn, 4);
+    put_le(&w, r->lid, 2);
+    put_bytes(&w, r->gid, 16);
+    put_le(&w, r->mtu, 1);
+    put_le(&w, r->slots, 4);
+    put_le(&w, r->slot_bytes, 4);
     *len = w.at;
     return w.p;
 }
@@ -488,6 +503,21 @@ bool ds4_dist_decode(const uint8_t *buf, size_t len, ds4_dist_frame *out, char *
         t->floats = get_bytes(&r, 4 * (uint64_t)t->n_floats);
         t->text = get_str(&r, &t->text_len);
         if (t->status != DS4_DIST_OK && t->status != DS4_DIST_ERROR) r.bad = true;
+        break;
+    }
+    case DS4_DIST_TP_RDMA: {
+        ds4_dist_rdma *q = &out->rdma;
+        q->counter = get_le(&r, 8);
+        q->qpn = (uint32_t)get_le(&r, 4);
+        q->psn = (uint32_t)get_le(&r, 4);
+        q->lid = (uint16_t)get_le(&r, 2);
+        q->gid = get_bytes(&r, 16);
+        q->mtu = (uint8_t)get_le(&r, 1);
+        q->slots = (uint32_t)get_le(&r, 4);
+        q->slot_bytes = (uint32_t)get_le(&r, 4);
+        /* 24-bit numbers, a verbs MTU, at least one slot of a header's size */
+        if (q->qpn >> 24 || q->psn >> 24 || q->mtu < 1 || q->mtu > 5 || !q->slots || q->slot_bytes < HEADER)
+            r.bad = true;
         break;
     }
     default:

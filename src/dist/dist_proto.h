@@ -86,6 +86,7 @@
  *   one by its length before buffering it.
  * - TP_STEP, TP_STATE, TP_PART: the tensor-parallel frames (dist/tp.h),
  *   described at ds4_dist_tp below; sealed like the data-port frames.
+ *   TP_RDMA: one side's queue pair for --transport rdma (ds4_dist_rdma).
  * - ds4_dist_hash_tokens() is the rolling 64-bit prefix hash (FNV-1a over
  *   the token ids' little-endian bytes): hash(prefix + span) is
  *   ds4_dist_hash_tokens(hash(prefix), span).
@@ -106,7 +107,7 @@
 enum ds4_dist_type { DS4_DIST_HELLO = 1, DS4_DIST_WELCOME = 2, DS4_DIST_REFUSED = 3, DS4_DIST_WORK = 4,
                      DS4_DIST_RESULT = 5, DS4_DIST_ROUTE = 6, DS4_DIST_KV_GET = 7, DS4_DIST_KV_PUT = 8,
                      DS4_DIST_KNOCK = 9, DS4_DIST_CHALLENGE = 10, DS4_DIST_TP_STEP = 11, DS4_DIST_TP_STATE = 12,
-                     DS4_DIST_TP_PART = 13 };
+                     DS4_DIST_TP_PART = 13, DS4_DIST_TP_RDMA = 14 };
 enum ds4_dist_status { DS4_DIST_OK = 0, DS4_DIST_HASH_MISMATCH = 1, DS4_DIST_ERROR = 2, DS4_DIST_WRONG_ROUTE = 3 };
 enum ds4_dist_logits { DS4_DIST_ACK = 0, DS4_DIST_LAST = 1, DS4_DIST_ALL = 2 };
 enum ds4_dist_act { DS4_DIST_ACT_F32 = 0, DS4_DIST_ACT_F16 = 1, DS4_DIST_ACT_Q8 = 2 };
@@ -198,6 +199,23 @@ typedef struct {
     const char *text; size_t text_len;          /* PART: the ERROR line */
 } ds4_dist_tp;
 
+/* TP_RDMA: a host's reliable-connected queue pair and its receive slots,
+ * sent once each way after the WELCOME over the sealed link (dist/rdma.h):
+ * the queue pair number and first packet sequence number (24 bits each),
+ * the port's LID (InfiniBand; 0 on RoCE), the GID (16 bytes), the path MTU
+ * (the verbs enumeration, 1 = 256 .. 5 = 4096 bytes), and the receive slots
+ * it posted: how many, and the bytes each holds (a message is at most one
+ * slot). No memory key: the hosts only send and receive, neither writes
+ * into the other's memory. */
+typedef struct {
+    uint64_t counter;
+    uint32_t qpn, psn;
+    uint16_t lid;
+    const uint8_t *gid;
+    uint8_t mtu;
+    uint32_t slots, slot_bytes;
+} ds4_dist_rdma;
+
 /* KNOCK: nonce (Nw), proof NULL; CHALLENGE: nonce (Nc) and proof (SEAL_BYTES) */
 typedef struct {
     const uint8_t *nonce, *proof;
@@ -211,6 +229,7 @@ typedef struct {
     ds4_dist_result result;    /* RESULT, WELCOME, REFUSED (text only) */
     ds4_dist_route route;      /* ROUTE */
     ds4_dist_tp tp;            /* TP_STEP, TP_STATE, TP_PART */
+    ds4_dist_rdma rdma;        /* TP_RDMA */
 } ds4_dist_frame;
 
 uint64_t ds4_dist_hash_tokens(uint64_t h, const int32_t *toks, int n);
@@ -255,6 +274,7 @@ uint8_t *ds4_dist_encode_tp_state(uint64_t counter, uint64_t session, uint32_t c
 /* status OK: n floats; ERROR: text (floats ignored) */
 uint8_t *ds4_dist_encode_tp_part(uint64_t counter, uint64_t step, uint32_t layer, uint8_t status, const float *floats, size_t n,
                                  const char *text, size_t *len);
+uint8_t *ds4_dist_encode_tp_rdma(const ds4_dist_rdma *r, size_t *len);
 /* The largest sealed TP frames: a STEP of at most `tokens` tokens in at
  * most `seqs` sequences and `drops` freed sessions; a STATE of `bytes`; a
  * PART of `floats` floats or an error line. */

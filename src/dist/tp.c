@@ -4,9 +4,7 @@
 #include "base/log.h"
 #include "dist/dist_net.h"
 #include "dist/dist_proto.h"
-#include "models/dsv4/forward_cpu.h"
-#include "models/dsv4/kv.h"
-#include "models/dsv4/model.h"
+#include "dist/rdma.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/pair0/pair.h>
@@ -18,21 +16,21 @@
 #include <string.h>
 #include <time.h>
 
-/* REWIND_SLACK: the engine's (dsv4_family.c), so a state moves between the
- * ranks byte for byte; POLL_MS: how often a waiting rank looks at the
+/* POLL_MS: how often a waiting rank looks at the
  * connection; ANSWER_MS: how long the registration waits for each answer;
  * QUEUE: exchange frames the coordinator's reader holds (one is pending at
  * a time, plus a late one of a failed step); MAX_DROPS: freed sessions one
  * STEP names at most (a worker keeping one more only holds its memory). */
-enum { REWIND_SLACK = 256, POLL_MS = 100, ANSWER_MS = 5000, QUEUE = 8, MAX_DROPS = 4096, HEAD_ROWS = 16 };
+enum { POLL_MS = 100, ANSWER_MS = 5000, QUEUE = 8, MAX_DROPS = 4096, HEAD_ROWS = 16 };
 
-bool ds4_tp_check_options(const ds4_dist_params *p, char *err, size_t errlen) {
+bool ds4_tp_check_options(ds4_dist_params *p, char *err, size_t errlen) {
     if (!p->tp) return true;
-    if (p->transport_rdma) {
-        snprintf(err, errlen, "--transport rdma: this build has no RDMA transport (it was built without libibverbs); "
-                              "use --transport tcp");
-        return false;
+    if (p->transport_auto) {
+        char why[300];
+        p->transport_rdma = ds4_rdma_probe(p->rdma_device, why, sizeof why);
+        p->transport_auto = false;
     }
+    if (p->transport_rdma && !ds4_rdma_probe(p->rdma_device, err, errlen)) return false;
     if (p->role == DS4_DIST_NONE) {
         snprintf(err, errlen, "--tensor-parallel needs --role coordinator or --role worker");
         return false;
@@ -41,7 +39,10 @@ bool ds4_tp_check_options(const ds4_dist_params *p, char *err, size_t errlen) {
 }
 
 /* The worker's experts: the upper half, [mid, n_expert). */
-static int expert_mid(const ds4_model *m) { return m->cfg.n_expert / 2; }
+static int expert_mid(const ds4_tp_family *f) { return f->n_expert / 2; }
+
+/* A sequence's state: the union's one pointer, whichever family's. */
+static void *seq_state(const ds4_backend_seq *q) { return q->kv; }
 
 /* ================================================================ link */
 
@@ -59,6 +60,12 @@ typedef struct {
     uint8_t send_key[DS4_DIST_SEAL_BYTES], recv_key[DS4_DIST_SEAL_BYTES];
     uint64_t sent, received;
     double reply_s;
+    /* --transport rdma: the queue pair the exchange frames (TP_PART) go
+     * over once both hosts connected it (NULL: the connection carries them) */
+    ds4_rdma *rdma;
+    uint8_t rdma_gid[16];
+    ds4_dist_rdma rdma_mine;    /* this host's queue pair as offered (its gid: rdma_gid) */
+    char rdma_err[300];         /* why the last RDMA send failed */
     /* this step's telemetry */
     uint64_t bytes_out, bytes_in;
     double wait_s;
@@ -102,6 +109,54 @@ static int link_send(tp_link *l, uint8_t *msg, size_t len) {
     return rv;
 }
 
+/* An exchange frame (msg freed) to the peer: over the RDMA queue pair when
+ * there is one, else the connection. NNG_ECLOSED when the queue pair
+ * failed (rdma_err says why). */
+static int link_send_part(tp_link *l, uint8_t *msg, size_t len) {
+    if (!l->rdma) return link_send(l, msg, len);
+    msg = ds4_dist_seal(msg, &len, l->send_key, sizeof l->send_key);
+    int rv = NNG_ENOMEM;
+    if (msg) rv = ds4_rdma_send(l->rdma, msg, len, l->reply_s, l->rdma_err, sizeof l->rdma_err) ? NNG_ECLOSED : 0;
+    free(msg);
+    if (!rv) { l->sent++; l->bytes_out += len; }
+    return rv;
+}
+
+/* The local IPv4 address of connection pipe (false: not IPv4): the GID
+ * rule's address (rdma.h). */
+static bool pipe_ipv4(nng_pipe pipe, uint8_t out[4]) {
+    nng_sockaddr sa;
+    if (nng_pipe_get_addr(pipe, NNG_OPT_LOCADDR, &sa) || sa.s_family != NNG_AF_INET) return false;
+    memcpy(out, &sa.s_in.sa_addr, 4);   /* network order: a.b.c.d */
+    return true;
+}
+
+/* This host's queue pair details (TP_RDMA) to the peer: over the
+ * connection when offered, over the queue pair itself once connected (the
+ * worker's proof that both ends are ready). */
+static bool rdma_announce(tp_link *l, bool over_rdma, char *err, size_t errlen) {
+    l->rdma_mine.counter = l->sent;
+    size_t len;
+    uint8_t *msg = ds4_dist_encode_tp_rdma(&l->rdma_mine, &len);
+    const int rv = !msg ? NNG_ENOMEM : over_rdma ? link_send_part(l, msg, len) : link_send(l, msg, len);
+    if (rv && over_rdma) snprintf(err, errlen, "cannot send over the RDMA queue pair: %s", l->rdma_err);
+    else if (rv) snprintf(err, errlen, "cannot send this host's RDMA queue pair over the connection");
+    return rv == 0;
+}
+
+/* --transport rdma, after the WELCOME: this host's queue pair for the
+ * connection pipe (a previous one closed). max_bytes: the largest exchange
+ * frame it takes. */
+static bool rdma_open_link(tp_link *l, const ds4_dist_params *p, nng_pipe pipe, size_t max_bytes, char *err,
+                           size_t errlen) {
+    ds4_rdma_close(l->rdma);
+    uint8_t ip[4];
+    const bool v4 = pipe_ipv4(pipe, ip);
+    l->rdma = ds4_rdma_open(p->rdma_device, p->rdma_gid_set ? p->rdma_gid_index : -1, v4 ? ip : NULL, max_bytes,
+                            &l->rdma_mine, l->rdma_gid, err, errlen);
+    return l->rdma != NULL;
+}
+
 /* A received message unsealed, decoded and checked against the counter. */
 static bool link_open(tp_link *l, const void *buf, size_t blen, ds4_dist_frame *f, char *err, size_t errlen) {
     size_t n;
@@ -112,7 +167,8 @@ static bool link_open(tp_link *l, const void *buf, size_t blen, ds4_dist_frame *
     if (!ds4_dist_decode(buf, n, f, err, errlen)) return false;
     const uint64_t counter = f->type == DS4_DIST_TP_STEP || f->type == DS4_DIST_TP_STATE || f->type == DS4_DIST_TP_PART
                                  ? f->tp.counter
-                                 : UINT64_MAX;
+                             : f->type == DS4_DIST_TP_RDMA ? f->rdma.counter
+                                                           : UINT64_MAX;
     if (counter != l->received) {
         snprintf(err, errlen, "frame %llu of type %d where frame %llu was due (out of order or sent again)",
                  (unsigned long long)counter, f->type, (unsigned long long)l->received);
@@ -124,29 +180,26 @@ static bool link_open(tp_link *l, const void *buf, size_t blen, ds4_dist_frame *
 }
 
 /* Who a rank is, as a HELLO says it (the coordinator compares its own). */
-static ds4_dist_hello identity(const ds4_model *m, bool numerics, int ctx, const uint8_t *nonce) {
-    return (ds4_dist_hello){NULL, nonce, m->name, strlen(m->name), (uint32_t)m->cfg.n_layer, (uint32_t)m->cfg.n_embd,
-                            (uint32_t)m->cfg.n_hc, (uint32_t)m->cfg.n_vocab, (uint32_t)ds4_model_expert_bits(m), 0,
-                            (uint32_t)m->cfg.n_layer - 1, true, (uint32_t)ctx, "", 0, numerics, {0}};
+static ds4_dist_hello identity(const ds4_tp_family *f, bool numerics, int ctx, const uint8_t *nonce) {
+    return (ds4_dist_hello){NULL, nonce, f->name, strlen(f->name), (uint32_t)f->n_layer, (uint32_t)f->n_embd,
+                            (uint32_t)f->n_hc, (uint32_t)f->n_vocab, (uint32_t)f->expert_bits, 0,
+                            (uint32_t)f->n_layer - 1, true, (uint32_t)ctx, "", 0, numerics, {0}};
 }
 
-/* The largest PART: a batch's worker slots (every row's every slot), its
- * partial sums or its group latents, or a chunk of the vocabulary's half
- * (HEAD_ROWS: forward_cpu's chunk of output rows, or more). */
-static size_t part_max(const ds4_config *c, int max_batch) {
-    size_t per_row = (size_t)c->n_expert_used * c->n_embd;
-    const size_t latents = (size_t)c->o_groups * c->o_lora, head = (size_t)HEAD_ROWS * (c->n_vocab - c->n_vocab / 2);
-    if (latents > per_row) per_row = latents;
-    const size_t floats = (size_t)max_batch * per_row;
+/* The largest PART: a batch's layer exchange (the family's row_floats per
+ * row), or a chunk of the vocabulary's half (HEAD_ROWS: the forward passes'
+ * chunk of output rows, or more). */
+static size_t part_max(const ds4_tp_family *f, int max_batch) {
+    const size_t head = (size_t)HEAD_ROWS * (f->n_vocab - f->n_vocab / 2), floats = (size_t)max_batch * f->row_floats;
     return ds4_dist_tp_part_frame_max(floats > head ? floats : head);
 }
 
 /* The largest frame a worker receives: a PART, a STEP of a batch, a STATE
  * of a ctx-token session. */
-static size_t frame_max(const ds4_config *c, int max_batch, int ctx) {
-    const size_t part = part_max(c, max_batch);
+static size_t frame_max(const ds4_tp_family *f, int max_batch, int ctx) {
+    const size_t part = part_max(f, max_batch);
     const size_t step = ds4_dist_tp_step_frame_max((size_t)max_batch, (size_t)max_batch, MAX_DROPS);
-    const size_t state = ds4_dist_tp_state_frame_max(ds4_kv_bytes_for(c, ctx, REWIND_SLACK));
+    const size_t state = ds4_dist_tp_state_frame_max(f->state_max(f->m, ctx));
     const size_t m = part > step ? part : step;
     return m > state ? m : state;
 }
@@ -154,7 +207,7 @@ static size_t frame_max(const ds4_config *c, int max_batch, int ctx) {
 /* ================================================================ coordinator */
 
 typedef struct {
-    const ds4_kv *kv;
+    const void *kv;     /* the family's state */
     uint64_t id;
     int worker_pos;     /* where the worker's copy is; -1: it has none it can use */
 } tp_session;
@@ -167,7 +220,7 @@ typedef struct {
 typedef struct {
     ds4_backend base;
     ds4_backend *local;
-    const ds4_model *m;
+    ds4_tp_family fam;
     ds4_dist_params p;
     ds4_dist_tls tls;
     char url[256];
@@ -237,7 +290,7 @@ static void answer_registration(tp_coord *c, const void *buf, size_t blen, nng_p
     if (ok)
         snprintf(line, sizeof line, "welcome: tensor parallel with %s, this worker computes experts %d..%d of every "
                                     "layer",
-                 c->url, expert_mid(c->m), c->m->cfg.n_expert - 1);
+                 c->url, expert_mid(&c->fam), c->fam.n_expert - 1);
     uint8_t *msg = ds4_dist_encode_text(ok ? DS4_DIST_WELCOME : DS4_DIST_REFUSED, line, &len);
     msg = ds4_dist_seal(msg, &len, key, sizeof key);
     const int rv = msg ? nng_send(c->link.s, msg, len, 0) : NNG_ENOMEM;
@@ -288,9 +341,14 @@ static void *reader_loop(void *arg) {
             pthread_cond_broadcast(&c->cv);
         }
         if (c->ready && nng_pipe_id(nng_msg_get_pipe(msg)) == nng_pipe_id(c->pipe)) {
-            if (!link_open(&c->link, body, blen, &f, err, sizeof err) || f.type != DS4_DIST_TP_PART) {
+            const bool opened = link_open(&c->link, body, blen, &f, err, sizeof err);
+            /* its queue pair (TP_RDMA) waits for await_worker like an exchange frame */
+            const bool wanted = f.type == DS4_DIST_TP_PART || (f.type == DS4_DIST_TP_RDMA && c->p.transport_rdma);
+            if (!opened || !wanted) {
                 ds4_log(DS4_LOG_WARN, "ds4: tensor-parallel worker: %s; closing its connection\n",
-                        f.type != DS4_DIST_TP_PART ? "an unexpected frame" : err);
+                        !opened                          ? err
+                        : f.type == DS4_DIST_TP_RDMA     ? "it uses --transport rdma, this coordinator tcp"
+                                                         : "an unexpected frame");
                 nng_pipe_close(c->pipe);
                 c->ready = false;
                 pthread_cond_broadcast(&c->cv);
@@ -318,8 +376,60 @@ static void fail(tp_coord *c, bool transport, const char *fmt, const char *what)
     snprintf(c->why, sizeof c->why, fmt, what);
 }
 
-/* One exchange (forward_cpu.h: gate 3 x layer + k): this rank's part out,
- * the worker's in. After a failure, zeros: the step is undone. */
+/* The worker's exchange frame f of this step checked against the gate and
+ * its size, its floats into recv; else the step fails. */
+static void take_part(tp_coord *c, const ds4_dist_frame *f, int layer, float *recv, size_t n_recv) {
+    char err[300];
+    if (f->tp.status != DS4_DIST_OK) {
+        snprintf(err, sizeof err, "%.*s", (int)f->tp.text_len, f->tp.text);
+        fail(c, false, "tensor-parallel worker: %s", err);
+    } else if (f->tp.layer != (uint32_t)layer || f->tp.n_floats != n_recv) {
+        snprintf(err, sizeof err, "layer %u with %u floats where layer %d with %zu was due", f->tp.layer,
+                 f->tp.n_floats, layer, n_recv);
+        fail(c, true, "tensor-parallel worker out of step: %s", err);
+    } else {
+        ds4_dist_floats(f->tp.floats, n_recv, recv);
+    }
+}
+
+/* The worker's frame of this exchange over the RDMA queue pair (the engine
+ * thread alone reads it; the reader thread still watches the connection). */
+static void coord_receive_rdma(tp_coord *c, uint64_t this_step, int layer, float *recv, size_t n_recv,
+                               double deadline) {
+    while (!c->failed) {
+        pthread_mutex_lock(&c->mu);
+        const bool lost = !c->ready || c->generation != c->generation_known || link_gone(&c->link);
+        pthread_mutex_unlock(&c->mu);
+        if (lost) {
+            fail(c, true, "%s", "the tensor-parallel worker's connection closed");
+            break;
+        }
+        const void *buf;
+        size_t len;
+        char err[300];
+        const int got = ds4_rdma_recv(c->link.rdma, &buf, &len, POLL_MS, err, sizeof err);
+        if (got == 0) {
+            if (ds4_dist_now() > deadline)
+                fail(c, true, "%s", "the tensor-parallel worker did not answer within --dist-reply-timeout");
+            continue;
+        }
+        ds4_dist_frame f;
+        pthread_mutex_lock(&c->mu);   /* the counter is the reader thread's too */
+        const bool ok = got == 1 && link_open(&c->link, buf, len, &f, err, sizeof err);
+        pthread_mutex_unlock(&c->mu);
+        if (!ok || f.type != DS4_DIST_TP_PART) {
+            fail(c, true, "tensor-parallel worker: %s", ok ? "a frame other than an exchange over RDMA" : err);
+            break;
+        }
+        if (f.tp.step != this_step) continue;   /* a failed step's */
+        take_part(c, &f, layer, recv, n_recv);
+        break;
+    }
+}
+
+/* One exchange (the family's split: gate 3 x layer + k, then the head's):
+ * this rank's part out, the worker's in. After a failure, zeros: the step
+ * is undone. */
 static void coord_exchange(void *ud, int layer, const float *send, size_t n_send, float *recv, size_t n_recv) {
     tp_coord *c = ud;
     if (c->failed) { if (n_recv) memset(recv, 0, n_recv * sizeof(float)); return; }
@@ -327,12 +437,14 @@ static void coord_exchange(void *ud, int layer, const float *send, size_t n_send
     const uint64_t this_step = c->step - 1;   /* send_step counted it */
     uint8_t *msg = ds4_dist_encode_tp_part(c->link.sent, this_step, (uint32_t)layer, DS4_DIST_OK, send, n_send, NULL,
                                            &len);
-    int rv = link_send(&c->link, msg, len);
-    if (rv == NNG_ECLOSED) fail(c, true, "%s", "the tensor-parallel worker's connection closed");
+    int rv = link_send_part(&c->link, msg, len);
+    if (rv == NNG_ECLOSED && c->link.rdma) fail(c, true, "tensor-parallel worker: %s", c->link.rdma_err);
+    else if (rv == NNG_ECLOSED) fail(c, true, "%s", "the tensor-parallel worker's connection closed");
     else if (rv) fail(c, true, "tensor-parallel worker: cannot send: %s", nng_strerror(rv));
     const double t0 = ds4_dist_now(), deadline = t0 + c->p.reply_seconds;
+    if (c->link.rdma) coord_receive_rdma(c, this_step, layer, recv, n_recv, deadline);
     pthread_mutex_lock(&c->mu);
-    while (!c->failed) {
+    while (!c->failed && !c->link.rdma) {
         if (!c->ready || c->generation != c->generation_known || link_gone(&c->link)) {
             fail(c, true, "%s", "the tensor-parallel worker's connection closed");
             break;
@@ -356,16 +468,7 @@ static void coord_exchange(void *ud, int layer, const float *send, size_t n_send
         const bool ok = ds4_dist_decode(q.buf, q.len, &f, err, sizeof err);
         if (ok && f.tp.step != this_step) { nng_free(q.buf, q.len + DS4_DIST_SEAL_BYTES); continue; }   /* a failed step's */
         if (!ok) fail(c, true, "tensor-parallel worker: %s", err);
-        else if (f.tp.status != DS4_DIST_OK) {
-            snprintf(err, sizeof err, "%.*s", (int)f.tp.text_len, f.tp.text);
-            fail(c, false, "tensor-parallel worker: %s", err);
-        } else if (f.tp.layer != (uint32_t)layer || f.tp.n_floats != n_recv) {
-            snprintf(err, sizeof err, "layer %u with %u floats where layer %d with %zu was due", f.tp.layer,
-                     f.tp.n_floats, layer, n_recv);
-            fail(c, true, "tensor-parallel worker out of step: %s", err);
-        } else {
-            ds4_dist_floats(f.tp.floats, n_recv, recv);
-        }
+        else take_part(c, &f, layer, recv, n_recv);
         nng_free(q.buf, q.len + DS4_DIST_SEAL_BYTES);
         break;
     }
@@ -375,7 +478,7 @@ static void coord_exchange(void *ud, int layer, const float *send, size_t n_send
     if (c->failed && n_recv) memset(recv, 0, n_recv * sizeof(float));
 }
 
-static tp_session *session_of(tp_coord *c, const ds4_kv *kv) {
+static tp_session *session_of(tp_coord *c, const void *kv) {
     for (int i = 0; i < c->n_sess; i++)
         if (c->sess[i].kv == kv) return &c->sess[i];
     if (c->n_sess == c->cap_sess) {
@@ -387,6 +490,75 @@ static tp_session *session_of(tp_coord *c, const ds4_kv *kv) {
     }
     c->sess[c->n_sess] = (tp_session){kv, ++c->next_id, -1};
     return &c->sess[c->n_sess++];
+}
+
+/* --transport rdma, a new worker: this host's queue pair opened, the
+ * worker's (which it sends after its WELCOME) taken from the queue, this
+ * one connected to it and offered to the worker, and the worker's first
+ * message over the queue pair (sent once it connected) received; from now
+ * on the exchanges go over RDMA. */
+static bool coord_rdma(tp_coord *c, char *err, size_t errlen) {
+    pthread_mutex_lock(&c->mu);
+    const nng_pipe pipe = c->pipe;
+    pthread_mutex_unlock(&c->mu);
+    char why[300];
+    if (!rdma_open_link(&c->link, &c->p, pipe, part_max(&c->fam, c->local->max_batch), why, sizeof why)) {
+        snprintf(err, errlen, "tensor-parallel worker: RDMA: %s", why);
+        return false;
+    }
+    const double deadline = ds4_dist_now() + ANSWER_MS / 1000.0;
+    pthread_mutex_lock(&c->mu);
+    while (c->q_n == 0 && c->ready && ds4_dist_now() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += POLL_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+    }
+    queued q = {NULL, 0};
+    if (c->q_n) {
+        q = c->q[0];
+        memmove(c->q, c->q + 1, (size_t)(--c->q_n) * sizeof *c->q);
+    }
+    pthread_mutex_unlock(&c->mu);
+    ds4_dist_frame f;
+    bool ok = q.buf && ds4_dist_decode(q.buf, q.len, &f, why, sizeof why) && f.type == DS4_DIST_TP_RDMA;
+    if (!ok)
+        snprintf(err, errlen, "the tensor-parallel worker sent no RDMA queue pair (is it started with --transport rdma?)");
+    /* connected before this host's details go out: the worker's answer
+     * over the queue pair finds it ready */
+    else if (!(ok = ds4_rdma_connect(c->link.rdma, &f.rdma, why, sizeof why) &&
+                    rdma_announce(&c->link, false, why, sizeof why)))
+        snprintf(err, errlen, "tensor-parallel worker: RDMA: %s", why);
+    const uint32_t worker_qpn = ok ? f.rdma.qpn : 0;
+    if (q.buf) nng_free(q.buf, q.len + DS4_DIST_SEAL_BYTES);
+    /* the worker, connected, sends its details again over the queue pair:
+     * the exchanges go over RDMA only once both ends are known ready */
+    int got = 0;
+    for (double end = ds4_dist_now() + ANSWER_MS / 1000.0; ok && !got && ds4_dist_now() < end;) {
+        const void *buf;
+        size_t len;
+        if ((got = ds4_rdma_recv(c->link.rdma, &buf, &len, POLL_MS, why, sizeof why)) != 1) continue;
+        pthread_mutex_lock(&c->mu);   /* the counter is the reader thread's too */
+        const bool opened = link_open(&c->link, buf, len, &f, why, sizeof why);
+        pthread_mutex_unlock(&c->mu);
+        if (!opened || f.type != DS4_DIST_TP_RDMA || f.rdma.qpn != worker_qpn) {
+            if (opened) snprintf(why, sizeof why, "another frame than its queue pair's");
+            got = -1;
+        }
+    }
+    if (ok && got != 1) {
+        snprintf(err, errlen, "tensor-parallel worker: RDMA: %s", got < 0 ? why : "no message over the queue pair");
+        ok = false;
+    }
+    if (!ok) {
+        ds4_rdma_close(c->link.rdma);
+        c->link.rdma = NULL;
+        return false;
+    }
+    ds4_rdma_describe(c->link.rdma, why, sizeof why);
+    ds4_log(DS4_LOG_INFO, "ds4: tensor-parallel exchanges over RDMA (%s)\n", why);
+    return true;
 }
 
 /* Waits for a welcomed worker; a new one holds no session. */
@@ -415,6 +587,14 @@ static bool await_worker(tp_coord *c, char *err, size_t errlen) {
         c->n_drops = 0;
         c->generation_known = gen;
         c->step = 0;
+        if (c->p.transport_rdma && !coord_rdma(c, err, errlen)) {
+            /* this worker is dropped: it registers again */
+            pthread_mutex_lock(&c->mu);
+            if (c->ready) nng_pipe_close(c->pipe);
+            c->ready = false;
+            pthread_mutex_unlock(&c->mu);
+            return false;
+        }
     }
     return true;
 }
@@ -435,33 +615,35 @@ static int send_or_say(tp_coord *c, uint8_t *msg, size_t len, const char *what, 
 static int send_step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
     int total = 0;
     for (int q = 0; q < n_seqs; q++) total += seqs[q].n;
-    ds4_dist_tp_seq *recs = calloc((size_t)n_seqs, sizeof *recs);
+    ds4_dist_tp_seq *recs = calloc((size_t)(n_seqs > 0 ? n_seqs : 1), sizeof *recs);
     int32_t *toks = malloc((size_t)(total ? total : 1) * sizeof *toks);
     int rc = recs && toks ? 0 : -1;
     if (rc) snprintf(err, errlen, "out of memory for a step of %d rows", total);
     for (int q = 0, at = 0; !rc && q < n_seqs; q++) {
-        const ds4_kv *kv = seqs[q].kv;
+        const ds4_tp_family *fm = &c->fam;
+        const void *kv = seq_state(&seqs[q]);
+        const int ctx = fm->state_ctx(kv), pos = fm->state_pos(kv);
         tp_session *s = session_of(c, kv);
         if (!s) { snprintf(err, errlen, "out of memory"); rc = -1; break; }
-        if ((uint32_t)kv->ctx > c->worker_ctx) {
-            snprintf(err, errlen, "a session of %d tokens does not fit the tensor-parallel worker's --ctx %u", kv->ctx,
+        if ((uint32_t)ctx > c->worker_ctx) {
+            snprintf(err, errlen, "a session of %d tokens does not fit the tensor-parallel worker's --ctx %u", ctx,
                      c->worker_ctx);
             rc = -1;
             break;
         }
-        if (kv->n_pos > 0 && (s->worker_pos < 0 || s->worker_pos < kv->n_pos)) {
-            const size_t n = ds4_kv_live_bytes(kv);
+        if (pos > 0 && (s->worker_pos < 0 || s->worker_pos < pos)) {
+            const size_t n = fm->state_bytes(fm->m, kv);
             void *state = malloc(n ? n : 1);
             size_t len = 0;
             uint8_t *msg = NULL;
             if (state) {
-                ds4_kv_save(kv, state);
-                msg = ds4_dist_encode_tp_state(c->link.sent, s->id, (uint32_t)kv->ctx, state, n, &len);
+                fm->state_save(fm->m, kv, state);
+                msg = ds4_dist_encode_tp_state(c->link.sent, s->id, (uint32_t)ctx, state, n, &len);
             }
             free(state);
             if ((rc = send_or_say(c, msg, len, "a session's state", err, errlen))) break;
         }
-        recs[q] = (ds4_dist_tp_seq){s->id, (uint32_t)kv->ctx, (uint32_t)kv->n_pos, (uint32_t)seqs[q].n,
+        recs[q] = (ds4_dist_tp_seq){s->id, (uint32_t)ctx, (uint32_t)pos, (uint32_t)seqs[q].n,
                                     seqs[q].all_logits};
         memcpy(toks + at, seqs[q].toks, (size_t)seqs[q].n * sizeof *toks);
         at += seqs[q].n;
@@ -480,17 +662,22 @@ static int send_step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char 
     return rc;
 }
 
-/* Where each sequence's state was before a call (ds4_kv_undo); NULL with
- * err when out of memory. */
-static ds4_kv_undo *undo_all(const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
-    ds4_kv_undo *undo = calloc((size_t)(n_seqs ? n_seqs : 1), sizeof *undo);
+/* Where each sequence's state was before a call (the family's undo);
+ * NULL with err when out of memory. */
+static void **undo_all(const ds4_tp_family *fm, const ds4_backend_seq *seqs, int n_seqs, char *err, size_t errlen) {
+    void **undo = calloc((size_t)(n_seqs ? n_seqs : 1), sizeof *undo);
     int saved = 0;
-    while (undo && saved < n_seqs && ds4_kv_undo_save(&undo[saved], seqs[saved].kv, seqs[saved].n)) saved++;
-    if (saved == n_seqs) return undo;
-    for (int q = 0; q < saved; q++) ds4_kv_undo_free(&undo[q]);
+    while (undo && saved < n_seqs && (undo[saved] = fm->undo_save(seq_state(&seqs[saved]), seqs[saved].n))) saved++;
+    if (undo && saved == n_seqs) return undo;
+    for (int q = 0; undo && q < saved; q++) fm->undo_free(undo[q]);
     free(undo);
     snprintf(err, errlen, "out of memory for %d sequences", n_seqs);
     return NULL;
+}
+
+static void undo_drop(const ds4_tp_family *fm, void **undo, int n) {
+    for (int q = 0; q < n; q++) fm->undo_free(undo[q]);
+    free(undo);
 }
 
 /* One batch on both ranks. */
@@ -501,7 +688,7 @@ static int step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char *err,
             return -1;
         }
     if (!await_worker(c, err, errlen)) return -1;
-    ds4_kv_undo *undo = undo_all(seqs, n_seqs, err, errlen);
+    void **undo = undo_all(&c->fam, seqs, n_seqs, err, errlen);
     if (!undo) return -1;
     c->failed = c->transport_failed = false;
     c->link.bytes_out = c->link.bytes_in = 0;
@@ -517,7 +704,7 @@ static int step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char *err,
             char line[300];
             snprintf(line, sizeof line, "the coordinator failed the step: %s", err);
             uint8_t *msg = ds4_dist_encode_tp_part(c->link.sent, c->step - 1, 0, DS4_DIST_ERROR, NULL, 0, line, &len);
-            link_send(&c->link, msg, len);
+            link_send_part(&c->link, msg, len);
         }
         if (!rc && c->failed) {
             snprintf(err, errlen, "%s", c->why);
@@ -525,7 +712,7 @@ static int step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char *err,
         }
     }
     if (rc) {
-        for (int q = 0; q < n_seqs; q++) ds4_kv_undo_apply(&undo[q], seqs[q].kv);
+        for (int q = 0; q < n_seqs; q++) c->fam.undo_apply(undo[q], seq_state(&seqs[q]));
         if (c->transport_failed) {
             /* the worker's copies are unknown now: a worker registering
              * again gets every state; this one's connection is dropped */
@@ -536,7 +723,10 @@ static int step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char *err,
         }
         /* the worker undid its step too (or will be replaced) */
     } else {
-        for (int q = 0; q < n_seqs; q++) session_of(c, seqs[q].kv)->worker_pos = seqs[q].kv->n_pos;
+        for (int q = 0; q < n_seqs; q++) {
+            tp_session *s = session_of(c, seq_state(&seqs[q]));
+            if (s) s->worker_pos = c->fam.state_pos(seq_state(&seqs[q]));
+        }
     }
     if (c->p.debug) {
         int rows = 0;
@@ -547,8 +737,7 @@ static int step(tp_coord *c, const ds4_backend_seq *seqs, int n_seqs, char *err,
                 (unsigned long long)c->link.bytes_in, c->link.wait_s * 1e3, (ds4_dist_now() - t0) * 1e3,
                 rc ? " (failed)" : "");
     }
-    for (int q = 0; q < n_seqs; q++) ds4_kv_undo_free(&undo[q]);
-    free(undo);
+    undo_drop(&c->fam, undo, n_seqs);
     return rc;
 }
 
@@ -556,10 +745,10 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
     tp_coord *c = (tp_coord *)be;
     if (!c->p.tp_token_prefill) return step(c, seqs, n_seqs, err, errlen);
     /* one token per step, as decode runs; sequences one after another */
-    ds4_kv_undo *undo = undo_all(seqs, n_seqs, err, errlen);
+    void **undo = undo_all(&c->fam, seqs, n_seqs, err, errlen);
     if (!undo) return -1;
     int rc = 0;
-    const int V = c->m->cfg.n_vocab;
+    const int V = c->fam.n_vocab;
     for (int q = 0; !rc && q < n_seqs; q++) {
         const ds4_backend_seq *sq = &seqs[q];
         for (int i = 0; !rc && i < sq->n; i++) {
@@ -574,12 +763,11 @@ static int coord_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, 
     /* a failed call leaves every state where it found it; the worker's
      * copies of the sequences that advanced are sent again */
     for (int q = 0; rc && q < n_seqs; q++) {
-        ds4_kv_undo_apply(&undo[q], seqs[q].kv);
-        tp_session *s = session_of(c, seqs[q].kv);
+        c->fam.undo_apply(undo[q], seq_state(&seqs[q]));
+        tp_session *s = session_of(c, seq_state(&seqs[q]));
         if (s) s->worker_pos = -1;
     }
-    for (int q = 0; q < n_seqs; q++) ds4_kv_undo_free(&undo[q]);
-    free(undo);
+    undo_drop(&c->fam, undo, n_seqs);
     return rc;
 }
 
@@ -624,6 +812,7 @@ static void coord_free(ds4_backend *be) {
     if (c->reader_started) pthread_join(c->reader, NULL);
     for (int i = 0; i < c->q_n; i++) nng_free(c->q[i].buf, c->q[i].len + DS4_DIST_SEAL_BYTES);
     if (c->local) c->local->free(c->local);
+    ds4_rdma_close(c->link.rdma);
     ds4_dist_tls_free(&c->tls);
     free(c->sess);
     free(c->drops);
@@ -633,14 +822,14 @@ static void coord_free(ds4_backend *be) {
     free(c);
 }
 
-ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, const ds4_dist_params *p, bool numerics,
-                                    char *err, size_t errlen) {
-    if (strcmp(local->name, "cpu")) {
+ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_tp_family *fam, const ds4_dist_params *p,
+                                    bool numerics, char *err, size_t errlen) {
+    if (strcmp(local->name, fam->backend)) {
         snprintf(err, errlen, "--tensor-parallel runs on the CPU backend only");
         local->free(local);
         return NULL;
     }
-    if (!ds4_model_is_whole(m) || m->cfg.n_expert < 2) {
+    if (!fam->whole || fam->n_expert < 2) {
         snprintf(err, errlen, "--tensor-parallel needs the whole model with at least two routed experts");
         local->free(local);
         return NULL;
@@ -650,7 +839,7 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     c->local = local;
-    c->m = m;
+    c->fam = *fam;
     c->p = *p;
     c->base.name = "tp";
     c->base.max_batch = local->max_batch;
@@ -660,10 +849,10 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
     c->base.kv_scatter = coord_scatter;
     c->base.kv_release = coord_release;
     c->base.power = local->power;
-    c->me = identity(m, numerics, 0, NULL);
+    c->me = identity(fam, numerics, 0, NULL);
     c->link.reply_s = p->reply_seconds;
     c->link.s = (nng_socket)NNG_SOCKET_INITIALIZER;
-    c->scratch = malloc((size_t)m->cfg.n_vocab * sizeof(float));
+    c->scratch = malloc((size_t)fam->n_vocab * sizeof(float));
     int rv = c->scratch ? 0 : NNG_ENOMEM;
     if (!ds4_dist_tls_load(p, &c->tls, err, errlen)) { coord_free(&c->base); return NULL; }
     snprintf(c->url, sizeof c->url, "%s://%s:%d", ds4_dist_scheme(&c->tls), p->host, p->port);
@@ -673,7 +862,7 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
     if (!rv) nng_socket_set_ms(c->link.s, NNG_OPT_SENDTIMEO, POLL_MS);
     /* the worker sends registrations and PART frames: its expert outputs
      * for a whole batch at most */
-    const size_t part = part_max(&m->cfg, local->max_batch);
+    const size_t part = part_max(fam, local->max_batch);
     if (!rv) ds4_dist_recv_limit(c->link.s, part > ((size_t)64 << 10) ? part : (size_t)64 << 10);
     if (!rv) rv = ds4_dist_listen(c->link.s, c->url, &c->tls, NULL);
     if (rv) {
@@ -681,7 +870,7 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
         coord_free(&c->base);
         return NULL;
     }
-    if (!ds4_cpu_backend_split(local, &(ds4_cpu_split){0, expert_mid(m), coord_exchange, c})) {
+    if (!fam->split(local, &(ds4_cpu_split){0, expert_mid(fam), coord_exchange, c})) {
         snprintf(err, errlen, "out of memory for the tensor-parallel split");
         coord_free(&c->base);
         return NULL;
@@ -699,11 +888,11 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_model *m, cons
 
 typedef struct {
     uint64_t id;
-    ds4_kv *kv;
+    void *kv;           /* the family's state */
 } worker_session;
 
 typedef struct {
-    const ds4_model *m;
+    const ds4_tp_family *fam;
     ds4_backend *be;
     const ds4_dist_params *p;
     tp_link link;
@@ -715,7 +904,7 @@ typedef struct {
 } tp_worker;
 
 static void drop_sessions(tp_worker *w) {
-    for (int i = 0; i < w->n_sess; i++) ds4_kv_free(w->sess[i].kv);
+    for (int i = 0; i < w->n_sess; i++) w->fam->state_free(w->sess[i].kv);
     w->n_sess = 0;
 }
 
@@ -728,21 +917,22 @@ static worker_session *find_session(tp_worker *w, uint64_t id) {
 static void drop_session(tp_worker *w, uint64_t id) {
     worker_session *s = find_session(w, id);
     if (!s) return;
-    ds4_kv_free(s->kv);
+    w->fam->state_free(s->kv);
     *s = w->sess[--w->n_sess];
 }
 
 /* A session of the given context, new or replaced by a fresh one. */
 static worker_session *fresh_session(tp_worker *w, uint64_t id, uint32_t ctx) {
     worker_session *s = find_session(w, id);
-    if (s && s->kv->ctx == (int)ctx) return s;
-    ds4_kv *kv = ds4_kv_new(&w->m->cfg, (int)ctx, REWIND_SLACK);
+    const ds4_tp_family *fm = w->fam;
+    if (s && fm->state_ctx(s->kv) == (int)ctx) return s;
+    void *kv = fm->state_new(fm->m, (int)ctx);
     if (!kv) return NULL;
-    if (s) { ds4_kv_free(s->kv); s->kv = kv; return s; }
+    if (s) { fm->state_free(s->kv); s->kv = kv; return s; }
     if (w->n_sess == w->cap_sess) {
         const int cap = w->cap_sess ? 2 * w->cap_sess : 8;
         worker_session *n = realloc(w->sess, (size_t)cap * sizeof *n);
-        if (!n) { ds4_kv_free(kv); return NULL; }
+        if (!n) { fm->state_free(kv); return NULL; }
         w->sess = n;
         w->cap_sess = cap;
     }
@@ -757,33 +947,55 @@ static void worker_fail(tp_worker *w, bool transport, const char *why) {
     snprintf(w->why, sizeof w->why, "%s", why);
 }
 
-/* The worker's side of one layer's exchange. */
+/* The next frame from the coordinator in an exchange: over the RDMA queue
+ * pair when there is one, else the connection; 1 (f, whose bytes live in
+ * *buf when it is not NULL: nng_free them), 0 (none within POLL_MS), -1
+ * (err). */
+static int worker_receive(tp_worker *w, ds4_dist_frame *f, void **buf, size_t *blen, char *err, size_t errlen) {
+    *buf = NULL;
+    if (w->link.rdma) {
+        const void *msg;
+        size_t len;
+        const int got = ds4_rdma_recv(w->link.rdma, &msg, &len, POLL_MS, err, errlen);
+        return got == 1 ? link_open(&w->link, msg, len, f, err, errlen) ? 1 : -1 : got;
+    }
+    const int rv = nng_recv(w->link.s, buf, blen, NNG_FLAG_ALLOC);
+    if (rv == NNG_ETIMEDOUT) return 0;
+    if (rv) {
+        *buf = NULL;
+        snprintf(err, errlen, "%s", nng_strerror(rv));
+        return -1;
+    }
+    return link_open(&w->link, *buf, *blen, f, err, errlen) ? 1 : -1;
+}
+
+/* The worker's side of one exchange. */
 static void worker_exchange(void *ud, int layer, const float *send, size_t n_send, float *recv, size_t n_recv) {
     tp_worker *w = ud;
     if (w->failed) { if (n_recv) memset(recv, 0, n_recv * sizeof(float)); return; }
     size_t len;
     uint8_t *msg = ds4_dist_encode_tp_part(w->link.sent, w->step - 1, (uint32_t)layer, DS4_DIST_OK, send, n_send, NULL,
                                            &len);
-    if (link_send(&w->link, msg, len)) worker_fail(w, true, "cannot send to the coordinator");
+    if (link_send_part(&w->link, msg, len))
+        worker_fail(w, true, w->link.rdma ? w->link.rdma_err : "cannot send to the coordinator");
     const double deadline = ds4_dist_now() + w->p->reply_seconds;
     while (!w->failed) {
         void *buf;
-        size_t blen;
-        const int rv = nng_recv(w->link.s, &buf, &blen, NNG_FLAG_ALLOC);
-        if (rv == NNG_ETIMEDOUT) {
+        size_t blen = 0;
+        ds4_dist_frame f;
+        char err[300];
+        const int got = worker_receive(w, &f, &buf, &blen, err, sizeof err);
+        if (got == 0) {
             if (link_gone(&w->link)) worker_fail(w, true, "the coordinator's connection closed");
             else if (ds4_dist_now() > deadline) worker_fail(w, true, "the coordinator did not answer in time");
             continue;
         }
-        if (rv) { worker_fail(w, true, nng_strerror(rv)); break; }
-        ds4_dist_frame f;
-        char err[300];
-        if (!link_open(&w->link, buf, blen, &f, err, sizeof err)) {
+        if (got < 0) {
             worker_fail(w, true, err);
         } else if (f.type != DS4_DIST_TP_PART) {
             worker_fail(w, true, "the coordinator sent a step while one was running");
         } else if (f.tp.step != w->step - 1) {
-            nng_free(buf, blen);   /* a failed step's */
+            if (buf) nng_free(buf, blen);   /* a failed step's */
             continue;
         } else if (f.tp.status != DS4_DIST_OK) {
             snprintf(err, sizeof err, "%.*s", (int)f.tp.text_len, f.tp.text);
@@ -793,7 +1005,7 @@ static void worker_exchange(void *ud, int layer, const float *send, size_t n_sen
         } else {
             ds4_dist_floats(f.tp.floats, n_recv, recv);
         }
-        nng_free(buf, blen);
+        if (buf) nng_free(buf, blen);
         break;
     }
     if (w->failed && n_recv) memset(recv, 0, n_recv * sizeof(float));
@@ -803,12 +1015,12 @@ static void worker_exchange(void *ud, int layer, const float *send, size_t n_sen
 static void refuse_step(tp_worker *w, const char *why) {
     size_t len;
     uint8_t *msg = ds4_dist_encode_tp_part(w->link.sent, w->step - 1, 0, DS4_DIST_ERROR, NULL, 0, why, &len);
-    link_send(&w->link, msg, len);
+    link_send_part(&w->link, msg, len);
 }
 
 static void serve_state(tp_worker *w, const ds4_dist_tp *t) {
     worker_session *s = fresh_session(w, t->session, t->ctx);
-    if (!s || !ds4_kv_load(s->kv, t->bytes, t->n_bytes)) {
+    if (!s || !w->fam->state_load(w->fam->m, s->kv, t->bytes, t->n_bytes)) {
         /* the STEP that follows finds the session missing and says so */
         if (s) drop_session(w, t->session);
         ds4_log(DS4_LOG_WARN, "ds4 worker: a session's state (%u bytes, ctx %u) does not fit here\n", t->n_bytes, t->ctx);
@@ -821,7 +1033,8 @@ static bool serve_step(tp_worker *w, const ds4_dist_tp *t) {
     for (uint32_t i = 0; i < t->n_drop; i++) drop_session(w, ds4_dist_u64_at(t->drop, i));
     ds4_backend_seq *seqs = calloc(t->n_seqs ? t->n_seqs : 1, sizeof *seqs);
     int32_t *toks = malloc((size_t)(t->n_tokens ? t->n_tokens : 1) * sizeof *toks);
-    ds4_kv_undo *undo = calloc(t->n_seqs ? t->n_seqs : 1, sizeof *undo);
+    const ds4_tp_family *fm = w->fam;
+    void **undo = calloc(t->n_seqs ? t->n_seqs : 1, sizeof *undo);
     char why[300] = "";
     if (!seqs || !toks || !undo)
         snprintf(why, sizeof why, "worker: out of memory for a step of %u rows", t->n_tokens);
@@ -835,17 +1048,18 @@ static bool serve_step(tp_worker *w, const ds4_dist_tp *t) {
                      r.pos ? "is not held here" : "cannot be allocated");
             break;
         }
-        ds4_kv *kv = s->kv;
-        if (r.pos == 0) ds4_kv_reset(kv);
-        else if (kv->n_pos > (int)r.pos && !ds4_kv_truncate(kv, (int)r.pos)) ds4_kv_reset(kv);
-        if (kv->n_pos != (int)r.pos) {
+        void *kv = s->kv;
+        if (r.pos == 0) fm->state_reset(kv);
+        else if (fm->state_pos(kv) > (int)r.pos && !fm->state_truncate(kv, (int)r.pos)) fm->state_reset(kv);
+        if (fm->state_pos(kv) != (int)r.pos) {
             snprintf(why, sizeof why, "worker: session %llu is at position %d, the step starts at %u",
-                     (unsigned long long)r.session, kv->n_pos, r.pos);
+                     (unsigned long long)r.session, fm->state_pos(kv), r.pos);
             break;
         }
-        if (!ds4_kv_undo_save(&undo[q], kv, (int)r.n)) { snprintf(why, sizeof why, "worker: out of memory"); break; }
+        if (!(undo[q] = fm->undo_save(kv, (int)r.n))) { snprintf(why, sizeof why, "worker: out of memory"); break; }
         saved = q + 1;
-        /* no logits: rank 1 of the split sends its half of them instead */
+        /* no logits: rank 1 of the split sends its half of them instead
+         * (the state goes in the union's one pointer, whichever family's) */
         seqs[q] = (ds4_backend_seq){.kv = kv, .toks = toks + at, .n = (int)r.n, .all_logits = r.all_logits};
         at += r.n;
     }
@@ -857,11 +1071,10 @@ static bool serve_step(tp_worker *w, const ds4_dist_tp *t) {
     if (why[0] && !w->failed) refuse_step(w, why);
     const bool undone = why[0] || w->failed;
     if (undone) {
-        for (uint32_t q = 0; q < saved; q++) ds4_kv_undo_apply(&undo[q], seqs[q].kv);
+        for (uint32_t q = 0; q < saved; q++) fm->undo_apply(undo[q], seq_state(&seqs[q]));
         ds4_log(DS4_LOG_WARN, "ds4 worker: step %llu failed: %s\n", (unsigned long long)w->step, why[0] ? why : w->why);
     }
-    for (uint32_t q = 0; q < saved; q++) ds4_kv_undo_free(&undo[q]);
-    free(undo);
+    undo_drop(fm, undo, (int)saved);
     free(seqs);
     free(toks);
     return !w->transport_failed;
@@ -888,6 +1101,19 @@ static void serve_link(tp_worker *w) {
             serve_state(w, &f.tp);
         } else if (f.type == DS4_DIST_TP_STEP) {
             keep = serve_step(w, &f.tp);
+        } else if (f.type == DS4_DIST_TP_RDMA) {
+            /* the coordinator's queue pair: the exchanges go over RDMA from now on */
+            if (!w->link.rdma) {
+                ds4_log(DS4_LOG_WARN, "ds4 worker: the coordinator uses --transport rdma, this worker tcp\n");
+                keep = false;
+            } else if (!ds4_rdma_connect(w->link.rdma, &f.rdma, err, sizeof err) ||
+                       !rdma_announce(&w->link, true, err, sizeof err)) {
+                ds4_log(DS4_LOG_WARN, "ds4 worker: RDMA: %s; registering again\n", err);
+                keep = false;
+            } else {
+                ds4_rdma_describe(w->link.rdma, err, sizeof err);
+                ds4_log(DS4_LOG_INFO, "ds4 worker: exchanges over RDMA (%s)\n", err);
+            }
         }
         /* a PART here belongs to a step that failed: nothing waits for it */
         nng_free(buf, blen);
@@ -895,16 +1121,16 @@ static void serve_link(tp_worker *w) {
     }
 }
 
-int ds4_tp_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int ctx, const ds4_dist_params *p) {
+int ds4_tp_worker_serve(const ds4_tp_family *fam, ds4_backend *be, bool numerics, int ctx, const ds4_dist_params *p) {
     char err[512], line[400];
     tp_worker w = {0};
-    w.m = m;
+    w.fam = fam;
     w.be = be;
     w.p = p;
     w.link.s = (nng_socket)NNG_SOCKET_INITIALIZER;
     ds4_dist_tls tls;
     int rc = 1;
-    if (strcmp(be->name, "cpu") || !ds4_model_is_whole(m)) {
+    if (strcmp(be->name, fam->backend) || !fam->whole) {
         ds4_log(DS4_LOG_ERROR, "ds4 worker: a tensor-parallel worker runs the whole model on the CPU backend\n");
         return 1;
     }
@@ -913,16 +1139,16 @@ int ds4_tp_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int 
     snprintf(curl, sizeof curl, "%s://%s:%d", ds4_dist_scheme(&tls), p->host, p->port);
     int rv = nng_pair0_open(&w.link.s);
     if (!rv) rv = watch_pipes(&w.link);
-    if (!rv) ds4_dist_recv_limit(w.link.s, frame_max(&m->cfg, be->max_batch, ctx));
+    if (!rv) ds4_dist_recv_limit(w.link.s, frame_max(fam, be->max_batch, ctx));
     if (!rv) rv = ds4_dist_dial(w.link.s, curl, &tls);
     if (rv) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
-    if (!ds4_cpu_backend_split(be, &(ds4_cpu_split){1, expert_mid(m), worker_exchange, &w})) {
+    if (!fam->split(be, &(ds4_cpu_split){1, expert_mid(fam), worker_exchange, &w})) {
         ds4_log(DS4_LOG_ERROR, "ds4 worker: out of memory for the tensor-parallel split\n");
         goto done;
     }
     uint8_t nonce[DS4_DIST_NONCE_BYTES];
     if (!ds4_dist_random(nonce, sizeof nonce)) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot draw a random nonce\n"); goto done; }
-    const ds4_dist_hello me = identity(m, numerics, ctx, nonce);
+    const ds4_dist_hello me = identity(fam, numerics, ctx, nonce);
     bool registered = false, waited = false;
     for (;;) {
         /* whatever a lost connection left behind is not for the next one */
@@ -954,11 +1180,20 @@ int ds4_tp_worker_serve(const ds4_model *m, ds4_backend *be, bool numerics, int 
         nng_socket_set_ms(w.link.s, NNG_OPT_RECVTIMEO, POLL_MS);
         nng_socket_set_ms(w.link.s, NNG_OPT_SENDTIMEO, POLL_MS);
         w.link.reply_s = p->reply_seconds;
+        if (p->transport_rdma &&
+            !(rdma_open_link(&w.link, p, (nng_pipe){pipe}, part_max(fam, be->max_batch), err, sizeof err) &&
+              rdma_announce(&w.link, false, err, sizeof err))) {
+            ds4_log(DS4_LOG_ERROR, "ds4 worker: RDMA: %s\n", err);
+            goto done;
+        }
         serve_link(&w);
+        ds4_rdma_close(w.link.rdma);
+        w.link.rdma = NULL;
         drop_sessions(&w);
         ds4_log(DS4_LOG_WARN, "ds4 worker: lost the coordinator at %s; registering again\n", curl);
     }
 done:
+    ds4_rdma_close(w.link.rdma);
     nng_close(w.link.s);
     drop_sessions(&w);
     free(w.sess);

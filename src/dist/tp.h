@@ -6,16 +6,16 @@
  * - Roles (--tensor-parallel with --role): the coordinator (--listen HOST
  *   PORT) runs the engine, owns tokenization, sampling and the sessions,
  *   and computes the shared expert, the routed experts [0, n/2) and the
- *   first half of every layer's query heads (by output group) and out_b
- *   rows; the worker (--coordinator HOST PORT) the routed experts
- *   [n/2, n) and the other halves. The KV row, compressors, indexer,
- *   router, hyper-connections and embedding run on both (replicated); the
- *   vocabulary head is row-sharded, the worker sending its half of the
- *   logits (both bind the whole model). Each process reads only the
- *   weights it uses.
- * - The split arithmetic is forward_cpu.h's (ds4_cpu_backend_split): three
- *   exchanges per layer and one per 16 rows of logits, every value the
- *   single process's, so logits,
+ *   first half of every layer's query heads and attention output rows;
+ *   the worker (--coordinator HOST PORT) the routed experts [n/2, n) and
+ *   the other halves. What is left (the KV rows, indexers, router, ...)
+ *   runs on both (replicated); the vocabulary head is row-sharded, the
+ *   worker sending its half of the logits (both bind the whole model).
+ *   Each process reads only the weights it uses.
+ * - The split arithmetic is the family's (ds4_tp_family.split: DeepSeek
+ *   V4's forward_cpu.h ds4_cpu_backend_split, GLM 5.2's glm_forward.h
+ *   ds4_glm_forward_split): up to three exchanges per layer and one per 16
+ *   rows of logits, every value the single process's, so logits,
  *   states and sampled tokens are the single process's bit for bit, in
  *   batched prefill and token by token alike. token_prefill
  *   (--tensor-parallel-token-prefill) evaluates a prefill one token per
@@ -56,22 +56,56 @@
 #include <stddef.h>
 
 #include "dist/dist.h"
+#include "nn/tp_split.h"
 
 struct ds4_backend;
-struct ds4_model;
 
-/* One line in err for a tensor-parallel option this build or role cannot
- * honour (--transport rdma without RDMA support). */
-bool ds4_tp_check_options(const ds4_dist_params *p, char *err, size_t errlen);
+/* What tensor parallelism needs of a model family (its bound model, its
+ * CPU backend's split, its session states), so this module names none:
+ * dsv4_family.c and glm_family.c fill it. The state functions act on the
+ * family's state (what ds4_backend_seq carries); state_save writes
+ * state_bytes() bytes that state_load restores bit for bit into a state of
+ * the same context (false, the state empty or unchanged, on bytes that do
+ * not fit); undo_save records what an evaluation of n more rows changes,
+ * undo_apply puts it back. */
+typedef struct ds4_tp_family {
+    const void *m;
+    const char *backend;        /* the name of its CPU backend (backend.h name) */
+    const char *name;           /* the model's, for the HELLO */
+    int n_layer, n_embd, n_hc, n_vocab, n_expert, expert_bits;
+    bool whole;                 /* it binds every layer and the output head */
+    size_t row_floats;          /* the most floats a layer exchange carries per row */
+    bool (*split)(struct ds4_backend *be, const ds4_cpu_split *sp);
+    size_t (*state_max)(const void *m, int ctx);    /* state_bytes() of a full ctx-token state at most */
+    void *(*state_new)(const void *m, int ctx);     /* NULL: out of memory */
+    void (*state_free)(void *st);
+    int (*state_pos)(const void *st);
+    int (*state_ctx)(const void *st);
+    void (*state_reset)(void *st);
+    bool (*state_truncate)(void *st, int n);        /* false: not reachable (then reset) */
+    size_t (*state_bytes)(const void *m, const void *st);
+    void (*state_save)(const void *m, const void *st, void *dst);
+    bool (*state_load)(const void *m, void *st, const void *src, size_t n);
+    void *(*undo_save)(const void *st, int n);      /* NULL: out of memory */
+    void (*undo_apply)(const void *u, void *st);
+    void (*undo_free)(void *u);
+} ds4_tp_family;
 
-/* Takes ownership of local, the CPU backend over the whole model. */
-struct ds4_backend *ds4_tp_coordinator_new(struct ds4_backend *local, const struct ds4_model *m,
+/* One line in err for a tensor-parallel option this build, host or role
+ * cannot honour (--transport rdma without RDMA support or without an
+ * active device: rdma.h's line); --transport auto becomes rdma when a
+ * device is active (the named one with --rdma-device), else tcp. */
+bool ds4_tp_check_options(ds4_dist_params *p, char *err, size_t errlen);
+
+/* Takes ownership of local, the family's CPU backend over the whole model;
+ * fam is copied. */
+struct ds4_backend *ds4_tp_coordinator_new(struct ds4_backend *local, const ds4_tp_family *fam,
                                            const ds4_dist_params *p, bool numerics, char *err, size_t errlen);
 
-/* The worker loop over m (every layer, no output head) and be, the CPU
- * backend over it; serves until refused or killed, freeing neither. A
- * process exit status (1 after one line on the log). */
-int ds4_tp_worker_serve(const struct ds4_model *m, struct ds4_backend *be, bool numerics, int ctx,
+/* The worker loop over the family's model and be, its CPU backend over it;
+ * serves until refused or killed, freeing neither. A process exit status
+ * (1 after one line on the log). */
+int ds4_tp_worker_serve(const ds4_tp_family *fam, struct ds4_backend *be, bool numerics, int ctx,
                         const ds4_dist_params *p);
 
 #endif

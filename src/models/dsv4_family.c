@@ -77,6 +77,42 @@ static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4
     return fm;
 }
 
+/* ---- tensor parallelism (dist/tp.h): the model and its ds4_kv states ---- */
+
+static size_t tp_state_max(const void *m, int ctx) {
+    return (size_t)ds4_kv_bytes_for(&((const ds4_model *)m)->cfg, ctx, REWIND_SLACK);
+}
+static void *tp_state_new(const void *m, int ctx) { return ds4_kv_new(&((const ds4_model *)m)->cfg, ctx, REWIND_SLACK); }
+static void tp_state_free(void *st) { ds4_kv_free(st); }
+static int tp_state_pos(const void *st) { return ((const ds4_kv *)st)->n_pos; }
+static int tp_state_ctx(const void *st) { return ((const ds4_kv *)st)->ctx; }
+static void tp_state_reset(void *st) { ds4_kv_reset(st); }
+static bool tp_state_truncate(void *st, int n) { return ds4_kv_truncate(st, n); }
+static size_t tp_state_bytes(const void *m, const void *st) { return (void)m, ds4_kv_live_bytes(st); }
+static void tp_state_save(const void *m, const void *st, void *dst) { (void)m, ds4_kv_save(st, dst); }
+static bool tp_state_load(const void *m, void *st, const void *src, size_t n) { return (void)m, ds4_kv_load(st, src, n); }
+static void *tp_undo_save(const void *st, int n) {
+    ds4_kv_undo *u = calloc(1, sizeof *u);
+    if (u && !ds4_kv_undo_save(u, st, n)) { free(u); return NULL; }
+    return u;
+}
+static void tp_undo_apply(const void *u, void *st) { ds4_kv_undo_apply(u, st); }
+static void tp_undo_free(void *u) {
+    if (u) ds4_kv_undo_free(u);
+    free(u);
+}
+
+static ds4_tp_family tp_family(const ds4_model *m) {
+    const ds4_config *c = &m->cfg;
+    /* a layer exchange per row: every selected slot's output, or the group latents */
+    const size_t slots = (size_t)c->n_expert_used * c->n_embd, latents = (size_t)c->o_groups * c->o_lora;
+    return (ds4_tp_family){m, "cpu", m->name, c->n_layer, c->n_embd, c->n_hc, c->n_vocab, c->n_expert,
+                           ds4_model_expert_bits(m), ds4_model_is_whole(m), slots > latents ? slots : latents,
+                           ds4_cpu_backend_split, tp_state_max, tp_state_new, tp_state_free, tp_state_pos,
+                           tp_state_ctx, tp_state_reset, tp_state_truncate, tp_state_bytes, tp_state_save,
+                           tp_state_load, tp_undo_save, tp_undo_apply, tp_undo_free};
+}
+
 /* Batch scratch of the CPU backend at its largest batch (forward_cpu's
  * grow_batch, rounded up): the automatic expert budget leaves room for it. */
 static uint64_t scratch_bytes(const ds4_config *c, int batch) {
@@ -149,8 +185,9 @@ static ds4_backend *backend_new(ds4_family_model *fm, const ds4_engine_params *p
     else
         be = ds4_cpu_backend_new(fm->m, p->n_threads, prefill_chunk, fm->numerics, err, errlen);
     fm->cpu_threads = be && p->gpu.backend == DS4_BACKEND_CPU ? ds4_cpu_backend_threads(be) : 0;
+    const ds4_tp_family tp = tp_family(fm->m);
     if (be && p->dist.role == DS4_DIST_COORDINATOR)
-        be = p->dist.tp ? ds4_tp_coordinator_new(be, fm->m, &p->dist, fm->numerics, err, errlen)
+        be = p->dist.tp ? ds4_tp_coordinator_new(be, &tp, &p->dist, fm->numerics, err, errlen)
                         : ds4_dist_coordinator_new(be, fm->m, &p->dist, fm->numerics, err, errlen);
     if (be && p->ssd.enabled && !start_streaming(fm, be, p, prefill_chunk, err, errlen)) {
         be->free(be);
@@ -235,7 +272,8 @@ static bool can_eval(const ds4_family_model *fm, const ds4_backend *be, char *er
 }
 
 static int serve_worker(ds4_family_model *fm, ds4_backend *be, int ctx, const ds4_dist_params *p) {
-    if (p->tp) return ds4_tp_worker_serve(fm->m, be, fm->numerics, ctx, p);
+    const ds4_tp_family tp = tp_family(fm->m);
+    if (p->tp) return ds4_tp_worker_serve(&tp, be, fm->numerics, ctx, p);
     return ds4_dist_worker_serve(fm->m, be, fm->numerics, ctx, p);
 }
 

@@ -5,6 +5,7 @@
  * DeepSeek-only engine options are refused by name rather than ignored. */
 #include "models/model_family.h"
 #include "base/log.h"
+#include "dist/tp.h"
 
 #include "models/glm/glm_backend.h"
 #include "text/glm_chat.h"
@@ -22,8 +23,24 @@
 
 /* The engine's model is the bound glm_model itself. */
 static glm_model *M(const ds4_family_model *fm) { return (glm_model *)fm; }
-/* and a session's state is its glm_kv */
-static glm_kv *KV(const ds4_family_state *st) { return (glm_kv *)st; }
+/* A session's state: its glm_kv, and the backend told when the state
+ * changes other than by its evaluations (the tensor-parallel coordinator
+ * then sends the worker the whole state) or goes away. */
+typedef struct {
+    glm_kv *kv;
+    ds4_backend *be;
+} glm_state;
+static glm_kv *KV(const ds4_family_state *st) { return ((const glm_state *)st)->kv; }
+
+/* backend.h names a sequence's state struct ds4_kv; a backend uses it only
+ * as the session's key, the pointer the sequences carry (seq.glm). */
+static struct ds4_kv *KEY(const ds4_family_state *st) { return (struct ds4_kv *)(void *)KV(st); }
+
+static void changed(const ds4_family_state *st) {
+    ds4_backend *be = ((const glm_state *)st)->be;
+    char err[8];
+    if (be && be->kv_sync) be->kv_sync(be, KEY(st), false, err, sizeof err);
+}
 
 /* Whole bits per weight of the routed experts (of the head in an all-dense
  * file): the block formats' bits rounded down, as DS4 reports them. */
@@ -34,21 +51,96 @@ static int expert_bits(const glm_model *m) {
     return (int)(8 * ds4_type_row_bytes(t->type, 256) / 256);
 }
 
+/* ---- tensor parallelism (dist/tp.h): the model and its glm_kv states,
+ * moved as GLM payloads (zero tokens and logits: the coordinator's engine
+ * keeps those) ---- */
+
+static size_t tp_state_max(const void *m, int ctx) {
+    const glm_hparams *hp = &((const glm_model *)m)->hp;
+    return (size_t)ds4_glm_kv_bytes_for(hp, ctx) + GLM_PAYLOAD_HEADER_BYTES +
+           4 * ((size_t)ctx + hp->n_vocab + glm_n_trunk(hp));
+}
+static void *tp_state_new(const void *m, int ctx) { return ds4_glm_kv_new(&((const glm_model *)m)->hp, ctx); }
+static void tp_state_free(void *st) { ds4_glm_kv_free(st); }
+static int tp_state_pos(const void *st) { return ((const glm_kv *)st)->n_pos; }
+static int tp_state_ctx(const void *st) { return ((const glm_kv *)st)->ctx; }
+static void tp_state_reset(void *st) { ((glm_kv *)st)->n_pos = 0; }
+static bool tp_state_truncate(void *st, int n) { return ds4_glm_kv_truncate(st, n); }
+static size_t tp_state_bytes(const void *m, const void *st) {
+    return ds4_glm_payload_bytes(st, (int)((const glm_model *)m)->hp.n_vocab);
+}
+static void tp_state_save(const void *m, const void *st, void *dst) {
+    const glm_kv *kv = st;
+    const int V = (int)((const glm_model *)m)->hp.n_vocab;
+    int32_t *toks = calloc((size_t)kv->n_pos + 1, sizeof *toks);
+    float *logits = calloc((size_t)V, sizeof *logits);
+    /* out of memory: the payload carries no tokens, and the worker's load refuses it */
+    if (toks && logits) ds4_glm_payload_write(kv, toks, logits, V, dst);
+    else memset(dst, 0, ds4_glm_payload_bytes(kv, V));
+    free(toks);
+    free(logits);
+}
+static bool tp_state_load(const void *m, void *st, const void *src, size_t n) {
+    glm_kv *kv = st;
+    const int V = (int)((const glm_model *)m)->hp.n_vocab;
+    int32_t *toks = malloc((size_t)kv->ctx * sizeof *toks + 1);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    char err[256];
+    const bool ok = toks && logits && ds4_glm_payload_load(kv, toks, logits, V, src, n, err, sizeof err);
+    free(toks);
+    free(logits);
+    return ok;
+}
+/* every position is kept: undoing an evaluation is a truncation */
+static void *tp_undo_save(const void *st, int n) {
+    (void)n;
+    int *pos = malloc(sizeof *pos);
+    if (pos) *pos = ((const glm_kv *)st)->n_pos;
+    return pos;
+}
+static void tp_undo_apply(const void *u, void *st) { ds4_glm_kv_truncate(st, *(const int *)u); }
+static void tp_undo_free(void *u) { free(u); }
+
+static ds4_tp_family tp_family(const glm_model *m) {
+    const glm_hparams *hp = &m->hp;
+    /* a layer exchange per row: the heads' outputs, or the shared expert's
+     * row and every selected slot's */
+    const size_t heads = (size_t)hp->n_head * hp->value_length_mla, ffn = ((size_t)hp->n_expert_used + 1) * hp->n_embd;
+    return (ds4_tp_family){m, "glm-cpu", m->name, (int)glm_n_trunk(hp), (int)hp->n_embd, 1, (int)hp->n_vocab,
+                           (int)hp->n_expert, expert_bits(m), true, heads > ffn ? heads : ffn,
+                           ds4_glm_cpu_backend_split, tp_state_max, tp_state_new, tp_state_free, tp_state_pos,
+                           tp_state_ctx, tp_state_reset, tp_state_truncate, tp_state_bytes, tp_state_save,
+                           tp_state_load, tp_undo_save, tp_undo_apply, tp_undo_free};
+}
+
 static ds4_family_model *bind(const ds4_gguf *g, const ds4_engine_params *p, ds4_family_info *info, char *err,
                               size_t errlen) {
-    (void)p;
     glm_model *m = ds4_glm_model_bind(g, err, errlen);
     if (!m) return NULL;
     *info = (ds4_family_info){m->name, (int)m->hp.n_vocab, (int)glm_n_trunk(&m->hp), (int)m->hp.n_embd, expert_bits(m),
-                              m->hp.n_ctx_train, m->file_bytes, true};
+                              m->hp.n_ctx_train, m->file_bytes, !p->dist.tp};
+    /* (a tensor-parallel process reads half of the routed experts: the
+     * whole file is not paged in at load) */
     return (ds4_family_model *)m;
 }
 
 static ds4_backend *backend_new(ds4_family_model *fm, const ds4_engine_params *p, int prefill_chunk, char *err,
                                 size_t errlen) {
-    return ds4_glm_cpu_backend_new(M(fm), p->n_threads, prefill_chunk, err, errlen);
+    ds4_backend *be = ds4_glm_cpu_backend_new(M(fm), p->n_threads, prefill_chunk, err, errlen);
+    const ds4_tp_family tp = tp_family(M(fm));
+    if (be && p->dist.tp && p->dist.role == DS4_DIST_COORDINATOR)
+        be = ds4_tp_coordinator_new(be, &tp, &p->dist, false, err, errlen);
+    return be;
 }
 
+/* Only --tensor-parallel's worker (ds4_family_refuse: GLM has no pipeline). */
+static int serve_worker(ds4_family_model *fm, ds4_backend *be, int ctx, const ds4_dist_params *p) {
+    const ds4_tp_family tp = tp_family(M(fm));
+    return ds4_tp_worker_serve(&tp, be, false, ctx, p);
+}
+
+/* (be may be the tensor-parallel coordinator over the CPU backend: the
+ * thread count is the one its power accounting carries) */
 static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_engine_params *p, uint64_t rss) {
     (void)p;
     const glm_model *m = M(fm);
@@ -56,7 +148,7 @@ static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_
     ds4_log(DS4_LOG_INFO, "ds4: %s: GLM 5.2, %u layers, %u experts, %.2f GiB file, %.1f MiB resident, %d threads, "
                           "cpu kernels %s, numerics f32\n",
             m->name, glm_n_trunk(hp), hp->n_expert, (double)m->file_bytes / (1 << 30), (double)rss / (1 << 20),
-            ds4_glm_cpu_backend_threads(be), ds4_simd_level_name(ds4_kernels_level()));
+            be->power.threads, ds4_simd_level_name(ds4_kernels_level()));
 }
 
 static void model_free(ds4_family_model *fm) { ds4_glm_model_free(M(fm)); }
@@ -64,11 +156,20 @@ static void model_free(ds4_family_model *fm) { ds4_glm_model_free(M(fm)); }
 static uint64_t state_bytes(const ds4_family_model *fm, int ctx) { return ds4_glm_kv_bytes_for(&M(fm)->hp, ctx); }
 
 static ds4_family_state *state_new(ds4_family_model *fm, ds4_backend *be, int ctx, int prefill_chunk) {
-    (void)be, (void)prefill_chunk;
-    return (ds4_family_state *)ds4_glm_kv_new(&M(fm)->hp, ctx);
+    (void)prefill_chunk;
+    glm_state *st = malloc(sizeof *st);
+    if (st) *st = (glm_state){ds4_glm_kv_new(&M(fm)->hp, ctx), be};
+    if (st && !st->kv) { free(st); st = NULL; }
+    return (ds4_family_state *)st;
 }
 
-static void state_free(ds4_family_state *st) { ds4_glm_kv_free(KV(st)); }
+static void state_free(ds4_family_state *st) {
+    if (!st) return;
+    ds4_backend *be = ((glm_state *)st)->be;
+    if (be && be->kv_release) be->kv_release(be, KEY(st));
+    ds4_glm_kv_free(KV(st));
+    free(st);
+}
 static int n_pos(const ds4_family_state *st) { return KV(st)->n_pos; }
 static void seq_bind(ds4_family_state *st, ds4_backend_seq *q) { q->glm = KV(st); }
 static void stepped(ds4_family_state *st) { (void)st; }
@@ -100,9 +201,13 @@ static bool payload_save_to(const ds4_family_state *st, const int32_t *toks, con
     return ds4_glm_payload_write_to(KV(st), toks, logits, n_vocab, sink);
 }
 
+/* A load (whether it succeeds or leaves the state empty) is a change no
+ * evaluation made: the backend hears of it. */
 static int payload_load(ds4_family_state *st, int32_t *toks, float *logits, int n_vocab, const void *src, size_t n,
                         char *err, size_t errlen) {
-    return ds4_glm_payload_load(KV(st), toks, logits, n_vocab, src, n, err, errlen) ? 0 : -1;
+    const bool ok = ds4_glm_payload_load(KV(st), toks, logits, n_vocab, src, n, err, errlen);
+    changed(st);
+    return ok ? 0 : -1;
 }
 
 /* The snapshot is a payload: it carries the tokens and logits itself. */
@@ -114,7 +219,9 @@ static int snapshot_load(ds4_family_state *st, int32_t *toks, float *logits, int
 
 static int payload_load_from(ds4_family_state *st, int32_t *toks, float *logits, int n_vocab, const ds4_source *src,
                              size_t n, char *err, size_t errlen) {
-    return ds4_glm_payload_load_from(KV(st), toks, logits, n_vocab, src, n, err, errlen) ? 0 : -1;
+    const bool ok = ds4_glm_payload_load_from(KV(st), toks, logits, n_vocab, src, n, err, errlen);
+    changed(st);
+    return ok ? 0 : -1;
 }
 
 /* ---- chat ---- */
@@ -216,7 +323,7 @@ const ds4_chat_spec ds4_chat_spec_glm = {
 
 const ds4_family ds4_family_glm = {
     .arch = GLM_ARCH,
-    .features = 0,
+    .features = DS4_FEAT_TP,
     .refusal = "works with DeepSeek V4 models only, this is a GLM 5.2 (glm-dsa) model",
     .chat = &ds4_chat_spec_glm,
     .bind = bind,
@@ -224,7 +331,7 @@ const ds4_family ds4_family_glm = {
     .report = report,
     .model_free = model_free,
     .can_eval = NULL,
-    .serve_worker = NULL,
+    .serve_worker = serve_worker,
     .ssd_stats = NULL,
     .state_bytes = state_bytes,
     .state_new = state_new,

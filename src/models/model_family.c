@@ -34,7 +34,10 @@ bool ds4_family_refuse(const ds4_family *f, const ds4_engine_params *p, char *er
                           : p->gpu.backend == DS4_BACKEND_CUDA && !(f->features & DS4_FEAT_CUDA) ? "--cuda"
                           : p->layers && !(f->features & DS4_FEAT_LAYERS) ? "--layers"
                           : p->dist.tp && !(f->features & DS4_FEAT_TP) ? "--tensor-parallel"
-                          : p->dist.role != DS4_DIST_NONE && !(f->features & DS4_FEAT_ROLE) ? "--role"
+                          /* a family with tensor parallelism takes its two roles */
+                          : p->dist.role != DS4_DIST_NONE && !(f->features & DS4_FEAT_ROLE) &&
+                                    !(p->dist.tp && (f->features & DS4_FEAT_TP))
+                              ? "--role"
                                                                                            : NULL;
     if (!refused) return true;
     snprintf(err, errlen, "%s: %s %s", p->model_path, refused, f->refusal);

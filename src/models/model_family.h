@@ -11,7 +11,8 @@
  * - ds4_family_refuse() writes the one-line refusal for the first engine
  *   option the family does not support (features, in the order --ssd-streaming,
  *   --numerics ds4, --cuda, --layers, --tensor-parallel, --role) and returns
- *   false; true when every option asked for is supported. --layers with
+ *   false; true when every option asked for is supported (DS4_FEAT_TP
+ *   includes --role with --tensor-parallel). --layers with
  *   --tensor-parallel is refused for every family (each tensor-parallel
  *   process holds every layer).
  * - bind maps the family's weights and fills the info the engine reports;

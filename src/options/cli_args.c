@@ -264,6 +264,12 @@ bool ds4_cli_ssd(ds4_cli *c, ds4_ssd_params *p) {
     return true;
 }
 
+/* DS4_RDMA: the Makefile's RDMA (1: libibverbs linked, dist/rdma.h) */
+#if defined(DS4_RDMA) && DS4_RDMA
+#define RDMA_BUILD "has RDMA: libibverbs"
+#else
+#define RDMA_BUILD "has no RDMA: built without libibverbs"
+#endif
 const char ds4_dist_usage[] =
     "      --role coordinator|worker  pipeline parallelism over hosts (docs/distributed.md)\n"
     "      --listen HOST PORT    coordinator: where workers register\n"
@@ -280,7 +286,8 @@ const char ds4_dist_usage[] =
     "      --dist-tls-ca FILE    the CA that signs every host's certificate (PEM); peers must present one\n"
     "      --tensor-parallel     with --role: two hosts evaluate every token together, each computing half\n"
     "                            of every layer's routed experts (docs/distributed.md)\n"
-    "      --transport tcp|rdma  tensor parallelism's link (default tcp; rdma needs a build with libibverbs)\n"
+    "      --transport tcp|rdma|auto  tensor parallelism's link (default tcp; auto: rdma when a device is\n"
+    "                            active; this build " RDMA_BUILD ")\n"
     "      --rdma-device D       --transport rdma: the verbs device (default: the active one)\n"
     "      --rdma-gid-index N    --transport rdma: the GID (default: the IPv4-mapped one)\n"
     "      --tensor-parallel-token-prefill  prefill one token per exchange, as decode runs\n"
@@ -332,8 +339,13 @@ bool ds4_cli_dist(ds4_cli *c, ds4_dist_params *p) {
     if (ds4_cli_int(c, &gid, &p->rdma_gid_index)) { p->rdma_gid_set = true; return true; }
     if (ds4_cli_is(c, "--transport")) {
         const char *v = value(c);
-        if (v && strcmp(v, "tcp") && strcmp(v, "rdma")) ds4_cli_fail(c, "--transport takes tcp or rdma, not '%s'", v);
-        else if (v) { p->transport_set = true; p->transport_rdma = !strcmp(v, "rdma"); }
+        if (v && strcmp(v, "tcp") && strcmp(v, "rdma") && strcmp(v, "auto"))
+            ds4_cli_fail(c, "--transport takes tcp, rdma or auto, not '%s'", v);
+        else if (v) {
+            p->transport_set = true;
+            p->transport_rdma = !strcmp(v, "rdma");
+            p->transport_auto = !strcmp(v, "auto");
+        }
         return true;
     }
     if (!ds4_cli_is(c, "--role")) return false;

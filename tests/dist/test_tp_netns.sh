@@ -4,18 +4,21 @@
 # (tests/dist/netns_hosts.sh: 10.77.0.1 and 10.77.0.2), so they talk over a
 # veth pair as two machines do.
 # - On the transformers oracle models (build/ds4tiny/{A,B,C}-f32.gguf,
-#   mk/models.mk) with --numerics exact, every position's prefill logits
-#   (--logits-all) equal the single process's byte for byte, batched and
-#   with --tensor-parallel-token-prefill (one token per step, decode's
+#   mk/models.mk; GLM 5.2's build/glmtiny/A-f32.gguf, mk/glm.mk) with
+#   --numerics exact, every position's prefill logits (--logits-all) equal
+#   the single process's byte for byte, batched and with
+#   --tensor-parallel-token-prefill (one token per step, decode's
 #   arithmetic). On the demo model (K-quant and IQ2_XXS experts, hash
-#   layers; the oracle models have no tokenizer to generate with) a
-#   200-token greedy continuation's tokens and logprobs (--dump-logprobs)
-#   equal the single process's byte for byte, both ways.
+#   layers; the oracle models have no tokenizer to generate with) and on
+#   GLM's glm-demo a 200-token greedy continuation's tokens and logprobs
+#   (--dump-logprobs) equal the single process's byte for byte, both ways.
 # - Killing the worker (kill -9) in the middle of a generation ends the
 #   coordinator with one line naming the lost worker, well before the
 #   timeout (no hang); a worker started again serves the next run.
 # - One line and a non-zero exit for --layers with --tensor-parallel,
-#   --transport rdma (this build has no RDMA), a GLM model, and a worker
+#   --transport rdma (a build without RDMA, or a host without an RDMA
+#   device, where --transport auto runs over tcp), --role without
+#   --tensor-parallel on a GLM model (GLM has no pipeline), and a worker
 #   whose --dist-secret differs.
 # Needs root (ip netns): without it the test says why and exits 77, a skip
 # that CI (root) counts as a failure. Every namespace is deleted at exit.
@@ -28,8 +31,10 @@ ORACLES=()
 for m in A B C; do [ -f "$BUILD/ds4tiny/$m-f32.gguf" ] && ORACLES+=("$BUILD/ds4tiny/$m-f32.gguf"); done
 DEMO=models/demo.gguf
 GLM=$BUILD/glmchat/glm-demo.gguf
-if [ ! -x ./ds4 ] || [ "${#ORACLES[@]}" = 0 ] || [ ! -f "$DEMO" ]; then
-    echo "test_tp_netns: SKIPPED: needs ./ds4, $BUILD/ds4tiny/*-f32.gguf and $DEMO (make test builds them)"
+GLM_ORACLE=$BUILD/glmtiny/A-f32.gguf
+if [ ! -x ./ds4 ] || [ "${#ORACLES[@]}" = 0 ] || [ ! -f "$DEMO" ] || [ ! -f "$GLM" ] || [ ! -f "$GLM_ORACLE" ]; then
+    echo "test_tp_netns: SKIPPED: needs ./ds4, $BUILD/ds4tiny/*-f32.gguf, $GLM_ORACLE, $GLM and $DEMO" \
+        "(make test builds them)"
     exit $SKIPPED
 fi
 netns_test_begin test_tp_netns 2
@@ -81,10 +86,11 @@ same() {
 }
 
 PROMPT_IDS=5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20
-for model in "${ORACLES[@]}"; do
-    same "$model" "$(basename "$model" .gguf)-prefill" --token-ids "$PROMPT_IDS" --dump-logits @OUT@ --logits-all
+for model in "${ORACLES[@]}" "$GLM_ORACLE"; do
+    same "$model" "$(basename "$(dirname "$model")")-$(basename "$model" .gguf)-prefill" --token-ids "$PROMPT_IDS" --dump-logits @OUT@ --logits-all
 done
 same "$DEMO" demo-greedy -p "hello there" --nothink --temp 0 -n 200 --dump-logprobs @OUT@
+same "$GLM" glm-greedy -p "hello there" --nothink --temp 0 -n 200 --dump-logprobs @OUT@
 # the token-by-token run went one token per step: one per prompt token and
 # one per generated token but the last (sampled, never evaluated)
 prompt=$(sed -n 's/^{"prompt_tokens":\([0-9]*\),.*/\1/p' "$TMP/demo-greedy.single")
@@ -135,15 +141,28 @@ refused() {   # refused WHAT PATTERN CMD...
 }
 refused "--layers" "--layers does not go with --tensor-parallel" \
     ./ds4 -m "$DEMO" --tensor-parallel --role coordinator --listen 127.0.0.1 7199 --layers 0:2 -p hi
-refused "--transport rdma" "no RDMA transport" \
-    ./ds4 -m "$DEMO" --tensor-parallel --role coordinator --listen 127.0.0.1 7199 --transport rdma -p hi
+# --transport rdma: a build without libibverbs says so; a build with it on a
+# host without an RDMA device says that (and --transport auto runs over tcp)
+if ! ./ds4 --help 2>&1 | grep -q "this build has RDMA"; then
+    refused "--transport rdma" "no RDMA transport" \
+        ./ds4 -m "$DEMO" --tensor-parallel --role coordinator --listen 127.0.0.1 7199 --transport rdma -p hi
+elif [ -z "$(ls /sys/class/infiniband 2>/dev/null)" ]; then
+    refused "--transport rdma without a device" "no active RDMA device" \
+        ./ds4 -m "$DEMO" --tensor-parallel --role worker --coordinator 127.0.0.1 7199 --transport rdma
+    port=$((port + 1))
+    start_worker "$GLM_ORACLE" --transport auto
+    coordinator "$GLM_ORACLE" "$TMP/auto.log" --transport auto --token-ids "$PROMPT_IDS" --dump-logits "$TMP/auto" \
+        --logits-all
+    check $? "--transport auto without a device: $(tail -1 "$TMP/auto.log")"
+    cmp -s "$TMP/glmtiny-A-f32-prefill.single" "$TMP/auto"
+    check $? "--transport auto (tcp here): differs from the single process"
+    stop_workers
+fi
 refused "--rdma-device without rdma" "goes with --transport rdma" \
     ./ds4 -m "$DEMO" --tensor-parallel --role coordinator --listen 127.0.0.1 7199 --rdma-device mlx5_0 -p hi
 refused "--tensor-parallel without a role" "needs --role" ./ds4 -m "$DEMO" --tensor-parallel -p hi
-if [ -f "$GLM" ]; then
-    refused "GLM" "--tensor-parallel works with DeepSeek V4" \
-        ./ds4 -m "$GLM" --tensor-parallel --role coordinator --listen 127.0.0.1 7199 -p hi
-fi
+refused "GLM --role without --tensor-parallel" "--role works with DeepSeek V4" \
+    ./ds4 -m "$GLM" --role coordinator --listen 127.0.0.1 7199 -p hi
 port=$((port + 1))
 netns_spawn "$TAG" 0 ./ds4 -t 1 -m "$DEMO" --tensor-parallel --role coordinator --listen "$COORD" "$port" \
     "${SECRET[@]}" --dist-wait 60 -p hi -n 1 2>/dev/null >/dev/null

@@ -111,15 +111,14 @@ int main(void) {
     ds4_dist_params t = {0};
     CHECK(parse1(dist, &t, "--tensor-parallel", NULL) == 1 && t.tp, "--tensor-parallel");
     CHECK(parse1(dist, &t, "--tensor-parallel-token-prefill", NULL) == 1 && t.tp_token_prefill, "token prefill");
-    CHECK(parse1(dist, &t, "--transport", "udp") == 2 && !strcmp(said, "t: --transport takes tcp or rdma, not 'udp'\n"),
-          "--transport udp: %s", said);
+    CHECK(parse1(dist, &t, "--transport", "udp") == 2 &&
+              !strcmp(said, "t: --transport takes tcp, rdma or auto, not 'udp'\n"), "--transport udp: %s", said);
+    CHECK(parse1(dist, &t, "--transport", "auto") == 1 && t.transport_auto && !t.transport_rdma, "--transport auto");
     CHECK(parse1(dist, &t, "--rdma-gid-index", "256") == 2 && strstr(said, "[0, 255]"), "gid range: %s", said);
     CHECK(parse1(dist, &t, "--transport", "tcp") == 1 && t.transport_set && !t.transport_rdma, "--transport tcp");
     char err[256];
     ds4_dist_params fo = {.role = DS4_DIST_COORDINATOR, .host = "127.0.0.1", .port = 1, .tp = true};
     CHECK(ds4_dist_finish_options(&fo, true, err, sizeof err), "tensor parallel coordinator: %s", err);
-    fo.transport_rdma = fo.transport_set = true;
-    CHECK(!ds4_dist_finish_options(&fo, true, err, sizeof err) && strstr(err, "no RDMA transport"), "rdma: %s", err);
     fo = (ds4_dist_params){.role = DS4_DIST_COORDINATOR, .host = "127.0.0.1", .port = 1, .tp = true, .rdma_device = "d"};
     CHECK(!ds4_dist_finish_options(&fo, true, err, sizeof err) && !strcmp(err, "--rdma-device goes with --transport rdma"),
           "rdma device over tcp: %s", err);

@@ -525,8 +525,35 @@ static void test_tp_frames(void) {
     free(m);
 }
 
+/* TP_RDMA: a round trip, every truncation refused, and the fields a queue
+ * pair cannot have (numbers past 24 bits, an MTU outside the verbs
+ * enumeration, no slot, a slot smaller than a frame header) refused. */
+static void test_tp_rdma_frame(void) {
+    ds4_dist_frame f;
+    char err[256];
+    const uint8_t gid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 77, 0, 2};
+    const ds4_dist_rdma q = {5, 0xabcdef, 0x123456, 0x4321, gid, 5, 8, 1 << 20};
+    size_t len;
+    uint8_t *m = ds4_dist_encode_tp_rdma(&q, &len);
+    CHECK(m && ds4_dist_decode(m, len, &f, err, sizeof err) && f.type == DS4_DIST_TP_RDMA, "rdma: %s", err);
+    CHECK(f.rdma.counter == 5 && f.rdma.qpn == 0xabcdef && f.rdma.psn == 0x123456 && f.rdma.lid == 0x4321 &&
+              !memcmp(f.rdma.gid, gid, 16) && f.rdma.mtu == 5 && f.rdma.slots == 8 && f.rdma.slot_bytes == 1 << 20,
+          "rdma fields");
+    check_all_cuts(m, len, "tp rdma");
+    free(m);
+    const ds4_dist_rdma bad[] = {{0, 1u << 24, 0, 0, gid, 3, 1, 4096}, {0, 1, 1u << 24, 0, gid, 3, 1, 4096},
+                                 {0, 1, 1, 0, gid, 0, 1, 4096}, {0, 1, 1, 0, gid, 6, 1, 4096},
+                                 {0, 1, 1, 0, gid, 3, 0, 4096}, {0, 1, 1, 0, gid, 3, 1, 7}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        m = ds4_dist_encode_tp_rdma(&bad[i], &len);
+        CHECK(m && !ds4_dist_decode(m, len, &f, err, sizeof err), "bad rdma frame %zu decoded", i);
+        free(m);
+    }
+}
+
 int main(void) {
     test_tp_frames();
+    test_tp_rdma_frame();
     test_link_keys();
     test_handshake();
     test_hello();

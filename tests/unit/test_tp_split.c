@@ -9,14 +9,21 @@
  * and for two sequences in one batch; rank 1 writes no logits. After it,
  * both ranks' states continue a prefill in one call that again equals the
  * single process. Models: the converted oracle model and the demo-layout
- * random model (K-quant and IQ2_XXS experts, hash layers). The single
- * process runs with other chunk sizes than the ranks. */
+ * random model (K-quant and IQ2_XXS experts, hash layers) of DeepSeek V4,
+ * and of GLM 5.2 (glm_forward.h ds4_glm_forward_split) the converted
+ * transformers oracle (f32 and q8_0: a dense first layer, full and shared
+ * indexer layers) and the glm-demo model. The single process runs with
+ * other chunk sizes than the ranks. */
 #include "check.h"
 #include "backends/backend.h"
 #include "format/gguf.h"
 #include "models/dsv4/forward_cpu.h"
 #include "models/dsv4/kv.h"
 #include "models/dsv4/model.h"
+#include "models/glm/glm_backend.h"
+#include "models/glm/glm_forward.h"
+#include "models/glm/glm_kv.h"
+#include "models/glm/glm_model.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -56,7 +63,8 @@ static void exchange(void *ud, int layer, const float *send, size_t n_send, floa
     pthread_cond_broadcast(&r->cv);
     while (r->posted < 2 && r->gen == gen) pthread_cond_wait(&r->cv, &r->mu);
     if (r->n[1 - u->rank] != n_recv) r->size_mismatch = true;
-    else memcpy(recv, r->buf[1 - u->rank], n_recv * sizeof(float));
+    /* (the sending side of a head exchange receives nothing: recv NULL) */
+    else if (n_recv) memcpy(recv, r->buf[1 - u->rank], n_recv * sizeof(float));
     if (++r->taken == 2) {
         r->posted = r->taken = 0;
         r->gen++;
@@ -94,28 +102,37 @@ static int eval_both(ds4_backend *be0, const ds4_backend_seq *s0, ds4_backend *b
     return j[0].rc || j[1].rc ? -1 : 0;
 }
 
-static void check_model(const char *path, int threads) {
+/* What the check needs of a family: its backends, states and split, and
+ * how many exchanges one forward call over every layer makes. */
+typedef struct {
+    void *m;
+    int V, layer_exchanges, mid;
+    ds4_backend *(*backend)(void *m, int threads, char *err, size_t errlen);
+    void *(*state_new)(void *m);
+    void (*state_free)(void *kv);
+    bool (*split)(ds4_backend *be, const ds4_cpu_split *sp);
+    bool glm;
+} family;
+
+static ds4_backend_seq seq(const family *fm, void *kv, const int32_t *toks, int n, float *logits, bool all) {
+    ds4_backend_seq q = {.toks = toks, .n = n, .logits = logits, .all_logits = all};
+    if (fm->glm) q.glm = kv;
+    else q.kv = kv;
+    return q;
+}
+
+static void check_family(const char *path, const family *fm, int threads) {
     char err[512];
-    ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
-    CHECK(g != NULL, "%s: %s", path, err);
-    if (!g) return;
-    ds4_layer_slice all = DS4_SLICE_ALL;
-    ds4_model *m = ds4_model_bind_slice(g, &all, err, sizeof err);
-    CHECK(m != NULL, "%s: %s", path, err);
-    if (!m) { ds4_gguf_close(g); return; }
-    const ds4_config *c = &m->cfg;
-    const bool nm = ds4_cpu_numerics_supported(c);
-    ds4_backend *single = ds4_cpu_backend_new(m, threads, 64, nm, err, sizeof err);
-    ds4_backend *r0 = ds4_cpu_backend_new(m, threads, 64, nm, err, sizeof err);
-    ds4_backend *r1 = ds4_cpu_backend_new(m, threads, 64, nm, err, sizeof err);
+    ds4_backend *single = fm->backend(fm->m, threads, err, sizeof err);
+    ds4_backend *r0 = fm->backend(fm->m, threads, err, sizeof err);
+    ds4_backend *r1 = fm->backend(fm->m, threads, err, sizeof err);
     CHECK(single && r0 && r1, "backends: %s", err);
     rendezvous rv = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {0}, {0}, 0, 0, 0, 0, false};
     rank_ud u0 = {&rv, 0}, u1 = {&rv, 1};
-    const int mid = c->n_expert / 2;
     if (r0 && r1)
-        CHECK(ds4_cpu_backend_split(r0, &(ds4_cpu_split){0, mid, exchange, &u0}) &&
-                  ds4_cpu_backend_split(r1, &(ds4_cpu_split){1, mid, exchange, &u1}), "split: out of memory");
-    const int V = c->n_vocab, N = N_PROMPT + N_DECODE;
+        CHECK(fm->split(r0, &(ds4_cpu_split){0, fm->mid, exchange, &u0}) &&
+                  fm->split(r1, &(ds4_cpu_split){1, fm->mid, exchange, &u1}), "split: out of memory");
+    const int V = fm->V, N = N_PROMPT + N_DECODE;
     int32_t toks[2][N_PROMPT + N_DECODE];
     uint64_t r = 0x9e3779b97f4a7c15ull;
     for (int s = 0; s < 2; s++)
@@ -125,20 +142,20 @@ static void check_model(const char *path, int threads) {
         }
     float *want = calloc((size_t)2 * N * V, sizeof(float)), *got0 = calloc((size_t)2 * N * V, sizeof(float)),
           *got1 = calloc((size_t)2 * N * V, sizeof(float));
-    ds4_kv *kw[2], *k0[2], *k1[2];
+    void *kw[2], *k0[2], *k1[2];
     for (int s = 0; s < 2; s++) {
-        kw[s] = ds4_kv_new(c, CTX, 16);
-        k0[s] = ds4_kv_new(c, CTX, 16);
-        k1[s] = ds4_kv_new(c, CTX, 16);
+        kw[s] = fm->state_new(fm->m);
+        k0[s] = fm->state_new(fm->m);
+        k1[s] = fm->state_new(fm->m);
     }
     bool ok = single && r0 && r1 && want && got0 && got1;
     /* reference: sequence 0 alone, the prompt in one call, then decode; sequence 1 the same */
     for (int s = 0; ok && s < 2; s++) {
         float *w = want + (size_t)s * N * V;
-        ds4_backend_seq sq = {.kv = kw[s], .toks = toks[s], .n = N_PROMPT, .logits = w, .all_logits = true};
+        ds4_backend_seq sq = seq(fm, kw[s], toks[s], N_PROMPT, w, true);
         ok = !single->eval(single, &sq, 1, err, sizeof err);
         for (int i = N_PROMPT; ok && i < N; i++) {
-            sq = (ds4_backend_seq){.kv = kw[s], .toks = &toks[s][i], .n = 1, .logits = w + (size_t)i * V};
+            sq = seq(fm, kw[s], &toks[s][i], 1, w + (size_t)i * V, false);
             ok = !single->eval(single, &sq, 1, err, sizeof err);
         }
     }
@@ -148,28 +165,27 @@ static void check_model(const char *path, int threads) {
         const int n = N_PROMPT - p < 16 ? N_PROMPT - p : 16;
         ds4_backend_seq s0[2], s1[2];
         for (int s = 0; s < 2; s++) {
-            s0[s] = (ds4_backend_seq){.kv = k0[s], .toks = &toks[s][p], .n = n,
-                                      .logits = got0 + ((size_t)s * N + p) * V, .all_logits = true};
-            s1[s] = (ds4_backend_seq){.kv = k1[s], .toks = &toks[s][p], .n = n, .all_logits = true};
+            s0[s] = seq(fm, k0[s], &toks[s][p], n, got0 + ((size_t)s * N + p) * V, true);
+            s1[s] = seq(fm, k1[s], &toks[s][p], n, NULL, true);
         }
         ok = !eval_both(r0, s0, r1, s1, 2);
     }
     for (int i = N_PROMPT; ok && i < N; i++) {
         ds4_backend_seq s0[2], s1[2];
         for (int s = 0; s < 2; s++) {
-            s0[s] = (ds4_backend_seq){.kv = k0[s], .toks = &toks[s][i], .n = 1, .logits = got0 + ((size_t)s * N + i) * V};
-            s1[s] = (ds4_backend_seq){.kv = k1[s], .toks = &toks[s][i], .n = 1};
+            s0[s] = seq(fm, k0[s], &toks[s][i], 1, got0 + ((size_t)s * N + i) * V, false);
+            s1[s] = seq(fm, k1[s], &toks[s][i], 1, NULL, false);
         }
         ok = !eval_both(r0, s0, r1, s1, 2);
     }
     CHECK(ok && !rv.size_mismatch, "%s: split eval failed (or the ranks disagree on the slot count)", path);
     if (ok) {
-        /* 3 prefill calls and N_DECODE decode calls, each with three
-         * exchanges per layer (heads split: the models have 2 output groups) */
-        /* plus the head's: one per sequence of 16 rows in a prefill call,
-         * one for both decode rows */
-        CHECK(ds4_cpu_split_heads(c) && rv.exchanges == (3 + N_DECODE) * 3 * c->n_layer + 3 * 2 + N_DECODE,
-              "%s: %d exchanges", path, rv.exchanges);
+        /* 3 prefill calls and N_DECODE decode calls, each with the
+         * layers' exchanges (heads split: the models have an even number
+         * of output groups / heads), plus the head's: one per sequence of
+         * 16 rows in a prefill call, one for both decode rows */
+        CHECK(rv.exchanges == (3 + N_DECODE) * fm->layer_exchanges + 3 * 2 + N_DECODE, "%s: %d exchanges", path,
+              rv.exchanges);
         CHECK(!memcmp(want, got0, (size_t)2 * N * V * sizeof(float)), "%s: rank 0's logits differ from one process",
               path);
         float *zeros = calloc((size_t)2 * N * V, sizeof(float));
@@ -181,21 +197,70 @@ static void check_model(const char *path, int threads) {
     float *lg = calloc((size_t)24 * V, sizeof(float)), *lw = calloc((size_t)24 * V, sizeof(float));
     int32_t more[24];
     for (int i = 0; i < 24; i++) more[i] = toks[1][i];
-    ds4_backend_seq sw = {.kv = kw[0], .toks = more, .n = 24, .logits = lw, .all_logits = true};
+    ds4_backend_seq sw = seq(fm, kw[0], more, 24, lw, true);
     ok = ok && lg && lw && !single->eval(single, &sw, 1, err, sizeof err);
-    ds4_backend_seq s0 = {.kv = k0[0], .toks = more, .n = 24, .logits = lg, .all_logits = true};
-    ds4_backend_seq s1 = {.kv = k1[0], .toks = more, .n = 24, .all_logits = true};
+    ds4_backend_seq s0 = seq(fm, k0[0], more, 24, lg, true), s1 = seq(fm, k1[0], more, 24, NULL, true);
     ok = ok && !eval_both(r0, &s0, r1, &s1, 1);
     CHECK(ok, "%s: a further call: %s", path, err);
     if (ok) CHECK(!memcmp(lw, lg, (size_t)24 * V * sizeof(float)), "%s: the further call's logits differ", path);
     free(lw);
     free(lg);
-    for (int s = 0; s < 2; s++) { ds4_kv_free(kw[s]); ds4_kv_free(k0[s]); ds4_kv_free(k1[s]); }
+    for (int s = 0; s < 2; s++) { fm->state_free(kw[s]); fm->state_free(k0[s]); fm->state_free(k1[s]); }
     free(want); free(got0); free(got1);
     ds4_backend *all_be[] = {single, r0, r1};
     for (size_t i = 0; i < sizeof all_be / sizeof *all_be; i++)
         if (all_be[i]) all_be[i]->free(all_be[i]);
+}
+
+static bool ds4_numerics;
+static ds4_backend *ds4_be(void *m, int threads, char *err, size_t errlen) {
+    return ds4_cpu_backend_new(m, threads, 64, ds4_numerics, err, errlen);
+}
+static void *ds4_state(void *m) { return ds4_kv_new(&((ds4_model *)m)->cfg, CTX, 16); }
+static void ds4_state_free(void *kv) { ds4_kv_free(kv); }
+
+static void check_model(const char *path, int threads) {
+    char err[512];
+    ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
+    CHECK(g != NULL, "%s: %s", path, err);
+    if (!g) return;
+    ds4_layer_slice all = DS4_SLICE_ALL;
+    ds4_model *m = ds4_model_bind_slice(g, &all, err, sizeof err);
+    CHECK(m != NULL, "%s: %s", path, err);
+    if (!m) { ds4_gguf_close(g); return; }
+    const ds4_config *c = &m->cfg;
+    ds4_numerics = ds4_cpu_numerics_supported(c);
+    CHECK(ds4_cpu_split_heads(c), "%s: the model's output groups do not split", path);
+    const family fm = {m, c->n_vocab, 3 * c->n_layer, c->n_expert / 2, ds4_be, ds4_state, ds4_state_free,
+                       ds4_cpu_backend_split, false};
+    check_family(path, &fm, threads);
     ds4_model_free(m);
+    ds4_gguf_close(g);
+}
+
+static ds4_backend *glm_be(void *m, int threads, char *err, size_t errlen) {
+    return ds4_glm_cpu_backend_new(m, threads, 64, err, errlen);
+}
+static void *glm_state(void *m) { return ds4_glm_kv_new(&((glm_model *)m)->hp, CTX); }
+static void glm_state_free(void *kv) { ds4_glm_kv_free(kv); }
+
+static void check_glm(const char *path, int threads) {
+    char err[512];
+    ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
+    CHECK(g != NULL, "%s: %s", path, err);
+    if (!g) return;
+    glm_model *m = ds4_glm_model_bind(g, err, sizeof err);
+    CHECK(m != NULL, "%s: %s", path, err);
+    if (!m) { ds4_gguf_close(g); return; }
+    const glm_hparams *hp = &m->hp;
+    CHECK(ds4_glm_split_heads(m), "%s: the model's heads do not split", path);
+    /* per layer: the two attention exchanges, and the FFN's on MoE layers */
+    int per_call = 0;
+    for (uint32_t l = 0; l < glm_n_trunk(hp); l++) per_call += 2 + !glm_block_dense(hp, (int)l);
+    const family fm = {m, (int)hp->n_vocab, per_call, (int)hp->n_expert / 2, glm_be, glm_state, glm_state_free,
+                       ds4_glm_cpu_backend_split, true};
+    check_family(path, &fm, threads);
+    ds4_glm_model_free(m);
     ds4_gguf_close(g);
 }
 
@@ -206,6 +271,11 @@ int main(void) {
     int ran = 0;
     if (access(path, R_OK) == 0) { check_model(path, 1); check_model(path, 2); ran++; }
     if (access("models/demo.gguf", R_OK) == 0) { check_model("models/demo.gguf", 2); ran++; }
+    const char *glm[] = {"glmtiny/A-f32.gguf", "glmtiny/A-q8_0.gguf", "glmchat/glm-demo.gguf"};
+    for (size_t i = 0; i < sizeof glm / sizeof *glm; i++) {
+        snprintf(path, sizeof path, "%s/%s", build, glm[i]);
+        if (access(path, R_OK) == 0) { check_glm(path, i ? 2 : 1); ran++; }
+    }
     if (!ran) return check_skipped("test_tp_split", "no oracle or demo model (make test data)");
     return check_done("test_tp_split");
 }

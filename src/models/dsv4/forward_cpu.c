@@ -468,22 +468,11 @@ static void attn_task(batch *b, int task, int thread) {
     for (int h = 0; h < nh; h++) rope_apply(o + (size_t)h * D, D, c->n_rot, rope_cs(b, t), true);
 }
 
-/* Tensor parallelism: rows of `width` floats per token in x, of which this
- * rank computed the columns [c0, c1) and the other rank the rest; one
- * exchange (gate `which` of the layer's three) gives each the other's. */
+/* Tensor parallelism: the other rank's columns of x (tp_split.h), gate
+ * `which` of the layer's three. */
 static void allgather(batch *b, int which, float *x, int width, int c0, int c1) {
     cpu *f = b->f;
-    batch_scratch *s = &f->s;
-    const int T = b->T, own = c1 - c0, other = width - own;
-    for (int t = 0; t < T; t++)
-        memcpy(s->tp_send + (size_t)t * own, x + (size_t)t * width + c0, (size_t)own * sizeof(float));
-    f->split.exchange(f->split.ud, 3 * b->l + which, s->tp_send, (size_t)T * own, s->tp_recv, (size_t)T * other);
-    for (int t = 0; t < T; t++) {
-        const float *in = s->tp_recv + (size_t)t * other;
-        float *row = x + (size_t)t * width;
-        memcpy(row, in, (size_t)c0 * sizeof(float));
-        memcpy(row + c1, in + c0, (size_t)(width - c1) * sizeof(float));
-    }
+    ds4_split_allgather(&f->split, 3 * b->l + which, x, b->T, width, c0, c1, f->s.tp_send, f->s.tp_recv);
 }
 
 static void attention(batch *b) {

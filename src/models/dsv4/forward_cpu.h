@@ -71,18 +71,12 @@
 #include <stddef.h>
 #include "backends/backend.h"
 #include "models/dsv4/model.h"
+#include "nn/tp_split.h"
 
 /* From now on every matrix product of this backend's evals goes to fn
  * first (NULL: off). */
 void ds4_cpu_backend_observe(ds4_backend *be, ds4_matmul_observer fn, void *ud);
 
-typedef struct {
-    int rank;   /* 0: the shared expert and experts [0, mid); 1: experts [mid, n_expert) */
-    int mid;
-    /* three exchanges per layer (gate 3 x layer + k), then the head's; NULL: no split */
-    void (*exchange)(void *ud, int gate, const float *send, size_t n_send, float *recv, size_t n_recv);
-    void *ud;
-} ds4_cpu_split;
 /* false when out of memory (no split then) */
 bool ds4_cpu_backend_split(ds4_backend *be, const ds4_cpu_split *sp);
 bool ds4_cpu_split_heads(const ds4_config *c);

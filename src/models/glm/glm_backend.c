@@ -43,8 +43,11 @@ static int glm_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
             const ds4_backend_seq *sq = &seqs[q];
             const int n = sq->n - done < piece - rows ? sq->n - done : piece - rows;
             const bool last = done + n == sq->n;
-            float *out = sq->all_logits ? sq->logits + (size_t)done * c->n_vocab : last ? sq->logits : NULL;
-            c->runs[n_runs++] = (glm_run){sq->glm, sq->toks + done, n, out, sq->all_logits, sq->steer, sq->probe};
+            /* (logits NULL: rank 1 of a split, which computes its half of
+             * the head and writes none) */
+            float *out = !sq->logits ? NULL : sq->all_logits ? sq->logits + (size_t)done * c->n_vocab : sq->logits;
+            c->runs[n_runs++] = (glm_run){sq->glm, sq->toks + done, n, out, sq->all_logits, sq->all_logits || last,
+                                          sq->steer, sq->probe};
             rows += n;
             done += n;
             if (last) { q++; done = 0; }
@@ -80,3 +83,5 @@ ds4_backend *ds4_glm_cpu_backend_new(const glm_model *m, int n_threads, int max_
     ds4_glm_forward_pace(c->f, &c->be.power);
     return &c->be;
 }
+
+bool ds4_glm_cpu_backend_split(ds4_backend *be, const ds4_cpu_split *sp) { return ds4_glm_forward_split(((glm_cpu *)be)->f, sp); }

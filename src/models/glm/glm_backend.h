@@ -16,14 +16,19 @@
  *   sequence before any runs: on error no state has changed.
  * - Hidden-state slices (hidden_in / hidden_out, pipeline parallelism) are
  *   not supported for GLM: a sequence carrying them is refused.
+ * - ds4_glm_cpu_backend_split() makes the backend one rank of a
+ *   tensor-parallel pair (glm_forward.h ds4_glm_forward_split: rank 1's
+ *   sequences may carry NULL logits); false when out of memory.
  * - weight_bytes counts the weight matrices read (glm_forward.h).
  */
 #ifndef GLM_BACKEND_H
 #define GLM_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "backends/backend.h"
+#include "nn/tp_split.h"
 
 struct glm_model;
 
@@ -33,5 +38,6 @@ struct glm_model;
 
 ds4_backend *ds4_glm_cpu_backend_new(const struct glm_model *m, int n_threads, int max_batch, char *err, size_t errlen);
 int ds4_glm_cpu_backend_threads(const ds4_backend *be);
+bool ds4_glm_cpu_backend_split(ds4_backend *be, const ds4_cpu_split *sp);
 
 #endif

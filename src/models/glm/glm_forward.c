@@ -57,14 +57,40 @@ struct glm_forward {
     /* per position */
     float *score;
     float *head_out;                 /* [HEAD_ROWS][n_vocab] */
+    /* tensor parallelism (ds4_glm_forward_split): exchange NULL = off */
+    ds4_cpu_split split;
+    bool split_heads;                /* attention's heads and attn_output's rows split too */
+    int l, h0, h1;                   /* the layer being evaluated; its heads here: [h0, h1) */
+    int head_gate;                   /* the call's head exchanges so far */
+    float *tp_send, *tp_recv;        /* [max_rows][split_width()] */
+    float *head_own, *head_other;    /* [HEAD_ROWS][n_vocab - n_vocab / 2] */
 };
 
 /* Y[t][0..rows) = matrix `mat` of w times X[t] for t < T (X rows x_stride
  * floats apart); the activation is quantized once per row for w's type and
  * each weight row is read once for the whole batch. */
+static void matmul_rows(glm_forward *f, const ds4_tensor *w, int64_t mat, int64_t row0, int64_t rows, int T,
+                        const float *X, size_t x_stride, float *Y) {
+    ds4_linear(f->pool, f->acts, w, mat, row0, rows, X, (int64_t)x_stride, T, Y);
+    f->weight_bytes += (uint64_t)rows * w->row_bytes;
+}
+
 static void matmul(glm_forward *f, const ds4_tensor *w, int64_t mat, int T, const float *X, size_t x_stride, float *Y) {
-    ds4_linear(f->pool, f->acts, w, mat, 0, w->ne[1], X, (int64_t)x_stride, T, Y);
-    f->weight_bytes += (uint64_t)w->ne[1] * w->row_bytes;
+    matmul_rows(f, w, mat, 0, w->ne[1], T, X, x_stride, Y);
+}
+
+/* Rows [row0, row0 + rows) of w times X into the columns [row0, row0 +
+ * rows) of Y's T rows of y_width floats (a split rank's share of a product
+ * whose other columns the other rank computes; all of them without a split). */
+static void matmul_cols(glm_forward *f, const ds4_tensor *w, int64_t row0, int64_t rows, int T, const float *X,
+                        size_t x_stride, float *Y, size_t y_width) {
+    if ((size_t)rows == y_width) {   /* no split: straight into Y */
+        matmul_rows(f, w, 0, 0, rows, T, X, x_stride, Y);
+        return;
+    }
+    matmul_rows(f, w, 0, row0, rows, T, X, x_stride, f->tp_recv);
+    for (int t = 0; t < T; t++)
+        memcpy(Y + (size_t)t * y_width + row0, f->tp_recv + (size_t)t * rows, (size_t)rows * sizeof(float));
 }
 
 /* with the root in f32, as transformers' RMSNorm computes GLM's */
@@ -190,7 +216,7 @@ static void attend_head(void *ctx, int task, int n_tasks, int thread) {
     const attend_job *job = ctx;
     glm_forward *f = job->f;
     const glm_hparams *hp = &f->m->hp;
-    const int H = (int)hp->n_head, t = task / H, h = task % H;
+    const int nh = f->h1 - f->h0, t = task / nh, h = f->h0 + task % nh, H = (int)hp->n_head;
     const glm_kv *kv = f->row_kv[t];
     const int R = (int)hp->n_rot, LKV = (int)hp->kv_lora_rank, W = kv->row_width;
     const int DK = (int)hp->key_length_mla, nope = DK - R, DV = (int)hp->value_length_mla;
@@ -246,6 +272,36 @@ static void route(glm_forward *f, const glm_layer *L, int t) {
     }
 }
 
+/* Tensor parallelism, MoE layer: rank 0 holds the shared expert's rows
+ * (ffn) and its slots' outputs (experts < mid), rank 1 the other slots'.
+ * One exchange gives rank 1 the shared rows and rank 0's slots and rank 0
+ * rank 1's slots, slots packed in slot order; both then hold every slot's
+ * output, which routed() adds in selection order as one process does. */
+static void exchange_ffn(glm_forward *f, int T) {
+    const glm_hparams *hp = &f->m->hp;
+    const size_t E = hp->n_embd;
+    const int K = (int)hp->n_expert_used, mid = f->split.mid, rank = f->split.rank;
+    size_t n_lo = 0;
+    for (int i = 0; i < T * K; i++) n_lo += f->experts[i] < mid;
+    const size_t n_hi = (size_t)T * K - n_lo, shared = rank ? 0 : (size_t)T * E;
+    float *send = f->tp_send, *w = send;
+    if (!rank) { memcpy(w, f->ffn, shared * sizeof(float)); w += shared; }
+    for (int i = 0; i < T * K; i++)
+        if ((f->experts[i] >= mid) == (rank == 1)) {
+            memcpy(w, f->expert_out + (size_t)i * E, E * sizeof(float));
+            w += E;
+        }
+    const size_t n_recv = rank ? (size_t)T * E + n_lo * E : n_hi * E;
+    f->split.exchange(f->split.ud, 3 * f->l + 2, send, (size_t)(w - send), f->tp_recv, n_recv);
+    const float *r = f->tp_recv;
+    if (rank) { memcpy(f->ffn, r, (size_t)T * E * sizeof(float)); r += (size_t)T * E; }
+    for (int i = 0; i < T * K; i++)
+        if ((f->experts[i] >= mid) == (rank == 0)) {
+            memcpy(f->expert_out + (size_t)i * E, r, E * sizeof(float));
+            r += E;
+        }
+}
+
 /* Routed experts of T rows added to ffn (which holds the shared expert).
  * Each selected expert runs once over every row that chose it (its weights
  * read once per call); a row then adds its experts' outputs in selection
@@ -253,8 +309,10 @@ static void route(glm_forward *f, const glm_layer *L, int t) {
 static void routed(glm_forward *f, const glm_layer *L, int T) {
     const glm_hparams *hp = &f->m->hp;
     const int E = (int)hp->n_embd, X = (int)hp->n_expert, K = (int)hp->n_expert_used;
+    const bool split = f->split.exchange != NULL;
+    const int lo = split && f->split.rank ? f->split.mid : 0, hi = split && !f->split.rank ? f->split.mid : X;
     for (int t = 0; t < T; t++) route(f, L, t);
-    for (int e = 0; e < X; e++) {
+    for (int e = lo; e < hi; e++) {
         int m = 0;
         for (int i = 0; i < T * K; i++)
             if (f->experts[i] == e) {
@@ -268,6 +326,7 @@ static void routed(glm_forward *f, const glm_layer *L, int T) {
         for (int r = 0; r < m; r++)
             memcpy(f->expert_out + (size_t)f->expert_slot[r] * E, f->expert_in + (size_t)r * E, (size_t)E * sizeof(float));
     }
+    if (split) exchange_ffn(f, T);
     for (int t = 0; t < T; t++) {
         float *out = f->ffn + (size_t)t * E;
         for (int j = 0; j < K; j++) {
@@ -280,19 +339,37 @@ static void routed(glm_forward *f, const glm_layer *L, int T) {
 static void layer(glm_forward *f, int l, int T) {
     const glm_hparams *hp = &f->m->hp;
     const glm_layer *L = &f->m->layers[l];
-    const int E = (int)hp->n_embd, LQ = (int)hp->q_lora_rank;
+    const int E = (int)hp->n_embd, LQ = (int)hp->q_lora_rank, H = (int)hp->n_head;
+    const int DK = (int)hp->key_length_mla, DV = (int)hp->value_length_mla;
+    const bool split_heads = f->split.exchange && f->split_heads, rank = f->split.rank;
+    f->l = l;
+    f->h0 = split_heads && rank ? H / 2 : 0;
+    f->h1 = split_heads && !rank ? H / 2 : H;
     for (int t = 0; t < T; t++) rms(f->x + (size_t)t * E, L->attn_norm, hp->rms_eps, E, f->a + (size_t)t * E);
     matmul(f, &L->q_a, 0, T, f->a, (size_t)E, f->q);
     for (int t = 0; t < T; t++)
         rms(f->q + (size_t)t * LQ, L->q_a_norm, GLM_LATENT_NORM_EPS, LQ, f->qr + (size_t)t * LQ);
     cache_latent(f, L, l, T);
     if (hp->indexer_full[l]) indexer(f, L, l, T);
-    matmul(f, &L->q_b, 0, T, f->qr, (size_t)LQ, f->q);
+    /* a split rank computes the queries of its heads only */
+    matmul_cols(f, &L->q_b, (int64_t)f->h0 * DK, (int64_t)(f->h1 - f->h0) * DK, T, f->qr, (size_t)LQ, f->q,
+                (size_t)H * DK);
     attend_job job = {f, L, l};
-    ds4_pool_run(f->pool, attend_head, &job, T * (int)hp->n_head);
+    ds4_pool_run(f->pool, attend_head, &job, T * (f->h1 - f->h0));
     /* each (row, head) read that head's attn_k_b and attn_v_b matrices */
-    f->weight_bytes += (uint64_t)T * (uint64_t)(L->k_b.ne[1] * L->k_b.row_bytes + L->v_b.ne[1] * L->v_b.row_bytes) * hp->n_head;
-    matmul(f, &L->attn_output, 0, T, f->attn, (size_t)hp->n_head * hp->value_length_mla, f->h);
+    f->weight_bytes += (uint64_t)T * (uint64_t)(L->k_b.ne[1] * L->k_b.row_bytes + L->v_b.ne[1] * L->v_b.row_bytes) *
+                       (uint64_t)(f->h1 - f->h0);
+    if (!split_heads) {
+        matmul(f, &L->attn_output, 0, T, f->attn, (size_t)H * DV, f->h);
+    } else {
+        /* the heads' outputs to the other rank, then each computes half of
+         * attn_output's rows and they swap those: f->h is the single
+         * process's on both */
+        ds4_split_allgather(&f->split, 3 * l, f->attn, T, H * DV, f->h0 * DV, f->h1 * DV, f->tp_send, f->tp_recv);
+        const int e0 = rank ? E / 2 : 0, e1 = rank ? E : E / 2;
+        matmul_cols(f, &L->attn_output, e0, e1 - e0, T, f->attn, (size_t)H * DV, f->h, (size_t)E);
+        ds4_split_allgather(&f->split, 3 * l + 1, f->h, T, E, e0, e1, f->tp_send, f->tp_recv);
+    }
     for (int t = 0; t < T; t++) {
         float *x = f->x + (size_t)t * E, *h = f->h + (size_t)t * E;
         ds4_steer_row(f->row_steer[t], DS4_STEER_ATTN, l, h);
@@ -303,7 +380,9 @@ static void layer(glm_forward *f, int l, int T) {
     if (glm_block_dense(hp, l)) {
         swiglu(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, 0, T, f->y, f->gate, f->up, f->ffn);
     } else {
-        swiglu(f, &L->gate_shexp, &L->up_shexp, &L->down_shexp, 0, T, f->y, f->gate, f->up, f->ffn);
+        /* the shared expert: rank 0's alone in a split (routed() sends it) */
+        if (!f->split.exchange || !rank)
+            swiglu(f, &L->gate_shexp, &L->up_shexp, &L->down_shexp, 0, T, f->y, f->gate, f->up, f->ffn);
         routed(f, L, T);
     }
     for (int t = 0; t < T; t++) {
@@ -344,9 +423,32 @@ int ds4_glm_forward_prepare(glm_forward *f, const glm_kv *kv, const int32_t *tok
     return 0;
 }
 
-/* The output head over n rows of f->y from row `first` into out (n x n_vocab). */
+/* The output head over n rows of f->y from row `first` into out (n x
+ * n_vocab). Split: rank 0 computes the vocabulary's first half, rank 1 the
+ * rest and sends it (writing nothing), HEAD_ROWS rows per exchange. */
 static void head(glm_forward *f, int first, int n, float *out) {
-    matmul(f, &f->m->output, 0, n, f->y + (size_t)first * f->m->hp.n_embd, f->m->hp.n_embd, out);
+    const size_t E = f->m->hp.n_embd;
+    const float *y = f->y + (size_t)first * E;
+    if (!f->split.exchange) {
+        matmul(f, &f->m->output, 0, n, y, E, out);
+        return;
+    }
+    const int V = (int)f->m->hp.n_vocab, vh = V / 2, rank = f->split.rank, v0 = rank ? vh : 0, v1 = rank ? V : vh;
+    for (int i0 = 0; i0 < n; i0 += HEAD_ROWS) {
+        const int nc = n - i0 < HEAD_ROWS ? n - i0 : HEAD_ROWS;
+        matmul_rows(f, &f->m->output, 0, v0, v1 - v0, nc, y + (size_t)i0 * E, E, f->head_own);
+        const int gate = 3 * (int)glm_n_trunk(&f->m->hp) + f->head_gate++;
+        if (rank) {
+            f->split.exchange(f->split.ud, gate, f->head_own, (size_t)nc * (V - vh), NULL, 0);
+            continue;
+        }
+        f->split.exchange(f->split.ud, gate, NULL, 0, f->head_other, (size_t)nc * (V - vh));
+        for (int i = 0; i < nc; i++) {
+            float *row = out + (size_t)(i0 + i) * V;
+            memcpy(row, f->head_own + (size_t)i * vh, (size_t)vh * sizeof(float));
+            memcpy(row + vh, f->head_other + (size_t)i * (V - vh), (size_t)(V - vh) * sizeof(float));
+        }
+    }
 }
 
 /* The last rows gathered at the front of f->y, one per run in group_run:
@@ -354,6 +456,7 @@ static void head(glm_forward *f, int first, int n, float *out) {
 static void head_group(glm_forward *f, const glm_run *runs, const int *group_run, int group) {
     const size_t V = f->m->hp.n_vocab;
     head(f, 0, group, f->head_out);
+    if (f->split.exchange && f->split.rank) return;   /* rank 1 writes no logits */
     for (int g = 0; g < group; g++) memcpy(runs[group_run[g]].logits, f->head_out + g * V, V * sizeof(float));
 }
 
@@ -372,6 +475,7 @@ int ds4_glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *
     const glm_model *m = f->m;
     const glm_hparams *hp = &m->hp;
     const int E = (int)hp->n_embd;
+    f->head_gate = 0;
     for (int r = 0, t = 0; r < n_runs; r++)
         for (int i = 0; i < runs[r].n; i++, t++) {
             f->row_kv[t] = runs[r].kv;
@@ -396,7 +500,7 @@ int ds4_glm_forward_eval(glm_forward *f, const glm_run *runs, int n_runs, char *
     for (int r = 0, t = 0; r < n_runs; t += runs[r].n, r++) {
         const glm_run *run = &runs[r];
         run->kv->n_pos += run->n;
-        if (!run->logits) continue;
+        if (!run->head) continue;
         if (run->all_logits) { head(f, t, run->n, run->logits); continue; }
         memmove(f->y + (size_t)group * E, f->y + (size_t)(t + run->n - 1) * E, (size_t)E * sizeof(float));
         group_run[group++] = r;
@@ -415,7 +519,8 @@ void ds4_glm_forward_free(glm_forward *f) {
     void *owned[] = {f->rope_inv, f->x, f->a, f->qr, f->q, f->kvraw, f->attn, f->h, f->y, f->ffn, f->gate, f->up,
                      f->iq, f->ik, f->picks, f->n_picks, f->acts, f->iw, f->router,
                      f->expert_w, f->expert_in, f->expert_out, f->experts, f->expert_slot, f->score,
-                     f->row_kv, f->row_steer, f->row_probe, f->row_pos, f->head_out};
+                     f->row_kv, f->row_steer, f->row_probe, f->row_pos, f->head_out,
+                     f->tp_send, f->tp_recv, f->head_own, f->head_other};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
     for (int i = 0; f->heads && i < f->n_heads_scratch; i++) {
         free(f->heads[i].qlat);
@@ -520,9 +625,34 @@ int ds4_glm_forward_sequence(const glm_model *m, struct ds4_pool *pool, const in
     glm_kv *kv = ds4_glm_kv_new(&m->hp, n);
     glm_forward *f = kv ? ds4_glm_forward_new(m, pool, n, err, errlen) : NULL;
     if (!kv) snprintf(err, errlen, "out of memory for a %d-token GLM state", n);
-    const glm_run run = {kv, tokens, n, logits, true, NULL, NULL};
+    const glm_run run = {kv, tokens, n, logits, true, true, NULL, NULL};
     const int rc = f ? ds4_glm_forward_eval(f, &run, 1, err, errlen) : -1;
     ds4_glm_forward_free(f);
     ds4_glm_kv_free(kv);
     return rc;
+}
+
+bool ds4_glm_split_heads(const glm_model *m) { return m->hp.n_head % 2 == 0 && m->hp.n_embd % 2 == 0; }
+
+bool ds4_glm_forward_split(glm_forward *f, const ds4_cpu_split *sp) {
+    const glm_hparams *hp = &f->m->hp;
+    const size_t T = (size_t)f->max_rows, E = hp->n_embd, H = hp->n_head, K = hp->n_expert_used;
+    /* the widest exchange or split product: the heads' queries or outputs,
+     * or the FFN's shared rows plus every slot */
+    const size_t width = max_size((size_t[]){H * hp->key_length_mla, H * hp->value_length_mla, E + K * E}, 3);
+    const size_t half = (size_t)HEAD_ROWS * (hp->n_vocab - hp->n_vocab / 2);
+    float *send = malloc(T * width * sizeof(float)), *recv = malloc(T * width * sizeof(float));
+    float *own = malloc(half * sizeof(float)), *other = malloc(half * sizeof(float));
+    if (!send || !recv || !own || !other) {
+        free(send); free(recv); free(own); free(other);
+        return false;
+    }
+    free(f->tp_send); free(f->tp_recv); free(f->head_own); free(f->head_other);
+    f->tp_send = send;
+    f->tp_recv = recv;
+    f->head_own = own;
+    f->head_other = other;
+    f->split = *sp;
+    f->split_heads = ds4_glm_split_heads(f->m);
+    return true;
 }
