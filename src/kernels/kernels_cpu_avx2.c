@@ -12,6 +12,8 @@
  * block is loaded and unpacked once, then multiplied against each token.
  * NT = 1 is the matvec dot, NT = 1..DS4_DOT_TOKENS the matmul micro-kernel;
  * the per-token arithmetic is the same in all, so they agree bit for bit.
+ * Q8_0, IQ2_XXS and Q2_K also have matmul tiles (rows x packed tokens)
+ * with the dot's integer sums and float order.
  */
 #include <float.h>
 #include <math.h>
@@ -514,8 +516,9 @@ DOT_ENTRY_POINTS(iq2_xxs)
  * exact sum of the products of elements 4k..4k+3 of every 32-element chunk,
  * each times its sub-block scale -- and run the dot's float steps on it in
  * the dot's order, so every (row, token) equals the dot bit for bit. Where
- * the CPU has AVX-VNNI, vpdpbusd / vpdpwssd replace the vpmaddwd + vpaddd
- * pairs: the same exact sums, so the same bits with or without it. */
+ * the CPU has AVX-VNNI, vpdpwssd (IQ2_XXS) and vpdpbusd (Q2_K) replace the
+ * widening and adding steps: the same exact sums, so the same bits with or
+ * without it. */
 /* IQ2_XXS below 5 tokens stays with the multi-token kernel, whose groups of
  * 2 and 4 measured faster than the tile (2048 x 4096, 1 thread, AMD EPYC:
  * tile 0.74x at 2 tokens, 0.83x at 4, 1.17x at 5, 1.19x at 12); Q2_K's

@@ -16,9 +16,9 @@
  *
  * As in the AVX2 file, each kernel is written once for NT tokens: NT = 1
  * is the dot, NT = 1..DS4_DOT_TOKENS the matmul micro-kernel, with the same
- * per-token arithmetic so all give identical results. Q8_0 and IQ2_XXS also
- * have matmul tiles (rows x tokens, packed tokens) with the same integer
- * sums and float order.
+ * per-token arithmetic so all give identical results. Q8_0, IQ2_XXS and
+ * Q2_K also have matmul tiles (rows x tokens, packed tokens) with the same
+ * integer sums and float order.
  */
 #include <pthread.h>
 #include <stdbool.h>
