@@ -508,7 +508,7 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
 DOT_ENTRY_POINTS(iq2_xxs)
 
 /* ---- IQ2_XXS and Q2_K tiles ----
- * The routed experts' matmuls: KT_ROWS rows x up to KT_TOKENS tokens packed
+ * The routed experts' matmuls: KT_ROWS row x up to KT_TOKENS tokens packed
  * once per group (kq_pack), each weight super-block decoded once for the
  * group (the multi-token kernels above decode it once per 8 tokens and pay
  * per-token steps the decoded form makes unnecessary). Both build each
@@ -519,11 +519,14 @@ DOT_ENTRY_POINTS(iq2_xxs)
  * the CPU has AVX-VNNI, vpdpwssd (IQ2_XXS) and vpdpbusd (Q2_K) replace the
  * widening and adding steps: the same exact sums, so the same bits with or
  * without it. */
-/* IQ2_XXS below 5 tokens stays with the multi-token kernel, whose groups of
- * 2 and 4 measured faster than the tile (2048 x 4096, 1 thread, AMD EPYC:
- * tile 0.74x at 2 tokens, 0.83x at 4, 1.17x at 5, 1.19x at 12); Q2_K's
- * tile is as fast at 2 tokens and faster from 3 (1.28x at 3, 1.49x at 12) */
-enum { KT_ROWS = 2, KT_TOKENS = 16, IQ2_TILE_MIN_TOKENS = 5, Q2K_TILE_MIN_TOKENS = 2 };
+/* One row per tile: with two (each activation load serving both) the
+ * decoded rows no longer fit the 16 registers, and the tiles measured
+ * slower than with one (2048 x 4096 IQ2_XXS, 12 tokens, 1 thread, AMD
+ * EPYC: 1.21x against 1.47x over the multi-token kernel; Q2_K 4096 x 2048
+ * 1.47x against 1.93x). IQ2_XXS with 2 tokens stays with the multi-token
+ * kernel (tile 0.80x; 1.36x at 3, 0.99x at 4, 1.47x at 12); Q2_K's tile
+ * wins from 2 (1.22x; 1.87x at 12). */
+enum { KT_ROWS = 1, KT_TOKENS = 16, IQ2_TILE_MIN_TOKENS = 3, Q2K_TILE_MIN_TOKENS = 2 };
 
 /* per super-block, per token: the 256 quants (plus 128 for IQ2_XXS, below)
  * and the 16 bsums, 288 bytes; after all super-blocks the activation
