@@ -348,8 +348,9 @@ static void test_matmul_shapes(enum ds4_simd_level lvl) {
  * buffer, then one block more: Q8_0 16384 elements (AVX-512: groups of 4
  * tokens) and 32768 (AVX2: 2 tokens x 64 bytes a block), IQ2_XXS 7936 (31
  * super-blocks x a group of 16 tokens; at 8192 a group of 16 no longer
- * fits), and the AVX2 IQ2_XXS and Q2_K tiles' 7168 (28 super-blocks x 16
- * tokens x 292 bytes; one more and the group shrinks to 15). The packed
+ * fits), and 7168 for the AVX2 IQ2_XXS and Q2_K tiles and the AVX-512 Q2_K
+ * tile (28 super-blocks x 16 tokens x 292 bytes; one more and the group
+ * shrinks to 15). The packed
  * tile and the per-row fallback both match the dot. */
 static void test_matmul_long_rows(enum ds4_simd_level lvl) {
     ds4_kernels_set_level(lvl);
