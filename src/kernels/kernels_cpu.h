@@ -22,9 +22,10 @@
  * - ds4_matmul: Y[t,r] = W[r,:]·X[t,:] for a batch of T activations (prefill,
  *   batched decode): blocks of weight rows that stay in L2, and inside them
  *   rows x tokens tiles where the level has them (AVX2 Q8_0: 2 x 2;
- *   AVX-512 Q8_0: 4 x 4;
- *   IQ2_XXS: 2 rows x up to 16 tokens, each weight block decoded once for
- *   all of them; AMX Q8_0: 16 rows x 1..16 tokens, also used by ds4_matvec;
+ *   AVX-512 Q8_0: 4 x 3..4; IQ2_XXS and Q2_K: 1 row (AVX2) or 2 rows
+ *   (AVX-512) x up to 16 tokens, each weight block decoded once for all
+ *   of them;
+ *   AMX Q8_0: 16 rows x 1..16 tokens, also used by ds4_matvec;
  *   the token group packed once per block), else one row against up to 8
  *   tokens. Every Y[t,r] is bit-identical to ds4_matvec's
  *   y[r] for X[t] (same kernel arithmetic, whatever T, the other tokens or

@@ -16,9 +16,9 @@
  *
  * As in the AVX2 file, each kernel is written once for NT tokens: NT = 1
  * is the dot, NT = 1..DS4_DOT_TOKENS the matmul micro-kernel, with the same
- * per-token arithmetic so all give identical results. Q8_0 and IQ2_XXS also
- * have matmul tiles (rows x tokens, packed tokens) with the same integer
- * sums and float order.
+ * per-token arithmetic so all give identical results. Q8_0, IQ2_XXS and
+ * Q2_K also have matmul tiles (rows x tokens, packed tokens) with the same
+ * integer sums and float order.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -463,6 +463,116 @@ VBMI INLINE void q2_K_gfni_nt(const void *w, const void *acts, size_t stride, in
 }
 DOT_ENTRY_POINTS_ATTR(q2_K_gfni, VBMI)
 
+/* The Q2_K tile: Q2K_TILE_ROWS rows x 2..Q2K_TILE_TOKENS tokens packed once
+ * per group, each super-block of a row decoded once for the group. A
+ * quant times its sub-block scale is at most 3 * 15 = 45, still a byte, so
+ * the scale goes into the weights once per row (a word multiply by a scale
+ * in both bytes' words: the low byte's product cannot carry into the high
+ * one), and a token's 64 elements are one vpdpbusd, against the dot's
+ * vpdpbusd + vpdpwssd. Lane L of a super-block's sum is then the dot's:
+ * over m, the scale of sub-block 4m + L/4 times the sum of the products of
+ * elements 64m + 4L..64m + 4L + 3, exact, and the float steps are the dot's,
+ * so every (row, token) equals the dot bit for bit. */
+enum { Q2K_TILE_ROWS = 2, Q2K_TILE_TOKENS = 16 };
+
+/* packed: per super-block, per token, the 256 quants; then per super-block,
+ * per token, the 16 bsums; then the scales d[super-block][token] */
+static bool q2_K_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
+    const int64_t nb = n / DS4_QK_K;
+    const size_t slots = (size_t)nb * (size_t)nt;
+    if (slots * (DS4_QK_K + 32 + sizeof(float)) > packed_bytes) return false;
+    uint8_t *qs = packed, *bsums = qs + slots * DS4_QK_K;
+    float *d = (float *)(bsums + slots * 32);
+    for (int64_t i = 0; i < nb; i++)
+        for (int t = 0; t < nt; t++) {
+            const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
+            const size_t s = (size_t)i * (size_t)nt + (size_t)t;
+            for (int k = 0; k < DS4_QK_K; k += 64)
+                _mm512_store_si512(qs + s * DS4_QK_K + k, _mm512_loadu_si512(y->qs + k));
+            _mm256_store_si256((__m256i *)(bsums + s * 32), _mm256_loadu_si256((const __m256i *)y->bsums));
+            d[s] = y->d;
+        }
+    return true;
+}
+
+struct q2k_scaled {
+    __m512i w[4];
+    __m256i mins16;
+    __m128 dw; /* d, dmin */
+};
+
+INLINE void q2_K_decode_scaled(const ds4_block_q2_K *x, struct q2k_scaled *s) {
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m128i sc8 = _mm_loadu_si128((const __m128i *)x->scales);
+    s->mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
+    __m512i scales32 = _mm512_cvtepu8_epi32(_mm_and_si128(sc8, m4));
+    scales32 = _mm512_or_si512(scales32, _mm512_slli_epi32(scales32, 16)); /* the scale in both words */
+    UNROLL
+    for (int m = 0; m < 4; m++) {
+        __m512i half = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * (m / 2))));
+        __m512i sc = _mm512_permutexvar_epi32(
+            _mm512_setr_epi32(4 * m, 4 * m, 4 * m, 4 * m, 4 * m + 1, 4 * m + 1, 4 * m + 1, 4 * m + 1, 4 * m + 2,
+                              4 * m + 2, 4 * m + 2, 4 * m + 2, 4 * m + 3, 4 * m + 3, 4 * m + 3, 4 * m + 3),
+            scales32);
+        s->w[m] = _mm512_mullo_epi16(q2_K_quants(half, m, false), sc);
+    }
+    int32_t d_dmin;
+    memcpy(&d_dmin, &x->d, sizeof d_dmin);
+    s->dw = _mm_cvtph_ps(_mm_cvtsi32_si128(d_dmin));
+}
+
+static void q2_K_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                      int64_t y_stride) {
+    const int64_t nb = n / DS4_QK_K;
+    const size_t slots = (size_t)nb * (size_t)nt;
+    const uint8_t *qs = packed, *bsums = qs + slots * DS4_QK_K;
+    const float *da = (const float *)(bsums + slots * 32);
+    __m512 acc[Q2K_TILE_ROWS][Q2K_TILE_TOKENS];
+    for (int t = 0; t < nt; t++)
+        UNROLL
+        for (int r = 0; r < Q2K_TILE_ROWS; r++) acc[r][t] = _mm512_setzero_ps();
+    const char *prefetch[Q2K_TILE_ROWS];
+    UNROLL
+    for (int r = 0; r < Q2K_TILE_ROWS; r++) prefetch[r] = prefetch_cursor((const uint8_t *)w + row_bytes * (size_t)r);
+    for (int64_t i = 0; i < nb; i++) {
+        struct q2k_scaled sb[Q2K_TILE_ROWS];
+        UNROLL
+        for (int r = 0; r < Q2K_TILE_ROWS; r++) {
+            const ds4_block_q2_K *x = (const ds4_block_q2_K *)((const uint8_t *)w + row_bytes * (size_t)r) + i;
+            prefetch_lines(&prefetch[r], x + 1);
+            q2_K_decode_scaled(x, &sb[r]);
+        }
+        for (int t = 0; t < nt; t++) {
+            const size_t s = (size_t)i * (size_t)nt + (size_t)t;
+            const uint8_t *a = qs + s * DS4_QK_K;
+            __m512i sumi[Q2K_TILE_ROWS];
+            UNROLL
+            for (int r = 0; r < Q2K_TILE_ROWS; r++) sumi[r] = _mm512_setzero_si512();
+            UNROLL
+            for (int m = 0; m < 4; m++) {
+                __m512i av = _mm512_load_si512(a + 64 * m);
+                UNROLL
+                for (int r = 0; r < Q2K_TILE_ROWS; r++) sumi[r] = _mm512_dpbusd_epi32(sumi[r], sb[r].w[m], av);
+            }
+            const __m256i bs = _mm256_load_si256((const __m256i *)(bsums + s * 32));
+            const __m128 d_a = _mm_set1_ps(da[s]);
+            UNROLL
+            for (int r = 0; r < Q2K_TILE_ROWS; r++) {
+                /* q2_K_core's float steps */
+                __m256i mb = _mm256_madd_epi16(sb[r].mins16, bs);
+                __m512 scales = _mm512_castps128_ps512(_mm_mul_ps(sb[r].dw, d_a));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_setzero_si512(), scales),
+                                            _mm512_cvtepi32_ps(sumi[r]), acc[r][t]);
+                acc[r][t] = _mm512_fnmadd_ps(_mm512_permutexvar_ps(_mm512_set1_epi32(1), scales),
+                                             _mm512_cvtepi32_ps(_mm512_zextsi256_si512(mb)), acc[r][t]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        UNROLL
+        for (int r = 0; r < Q2K_TILE_ROWS; r++) y[t * y_stride + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
 /* ---- plain read loop (bandwidth denominator) ---- */
 
 READ_SUM_KERNEL(ds4_kernels_avx512_read_sum, 64)
@@ -497,6 +607,9 @@ bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k) {
         return true;
     case DS4_TYPE_IQ2_XXS:
         *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_tile};
+        return true;
+    case DS4_TYPE_Q2_K:
+        *k = (struct ds4_tile_kernel){Q2K_TILE_ROWS, 2, Q2K_TILE_TOKENS, q2_K_pack, q2_K_tile};
         return true;
     default: return false;
     }

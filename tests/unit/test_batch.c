@@ -12,9 +12,11 @@
  * token list one token at a time (decode path vs the chunked, batched and
  * rewound history). Models: the oracle models (f32 and q8_0 weights, ds4
  * numerics on and off), the micro model of the fuzz corpus and the demo
- * model (K-quant and IQ2_XXS experts). Plus the step's error cases. */
+ * model (K-quant and IQ2_XXS experts), the demo model also at each SIMD
+ * level from avx2 below the CPU's best. Plus the step's error cases. */
 #include "check.h"
 #include "engine_load.h"
+#include "kernels/kernels_cpu.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +177,22 @@ int main(void) {
         if (i == 0) step_errors(e);
         ds4_engine_free(e);
     }
+    /* The demo model again at each SIMD level below the CPU's best (from
+     * avx2; kernels of a level the CPU lacks never run): every level has its
+     * own matmul tiles for the experts' IQ2_XXS and Q2_K, which must keep a
+     * session's logits independent of its batch there too. */
+    const enum ds4_simd_level best = ds4_cpu_best_level();
+    for (int l = DS4_SIMD_AVX2; l < (int)best; l++) {
+        ds4_kernels_set_level((enum ds4_simd_level)l);
+        ds4_engine *e = test_engine_load("models/demo.gguf", -1, CHUNK);
+        CHECK(e != NULL, "cannot load models/demo.gguf");
+        if (!e) continue;
+        char what[64];
+        snprintf(what, sizeof what, "demo at %s", ds4_simd_level_name((enum ds4_simd_level)l));
+        mixture(e, what, 4, 8, 120, 2);
+        ds4_engine_free(e);
+    }
+    ds4_kernels_set_level(best);
     CHECK(deep_rewinds > 0, "no rewind went beyond the rings: the mixtures no longer cover recomputation");
     return check_done("test_batch");
 }

@@ -348,13 +348,18 @@ static void test_matmul_shapes(enum ds4_simd_level lvl) {
  * buffer, then one block more: Q8_0 16384 elements (AVX-512: groups of 4
  * tokens) and 32768 (AVX2: 2 tokens x 64 bytes a block), IQ2_XXS 7936 (31
  * super-blocks x a group of 16 tokens; at 8192 a group of 16 no longer
- * fits). The packed tile and the per-row fallback both match the dot. */
+ * fits), and 7168 for the AVX2 IQ2_XXS and Q2_K tiles and the AVX-512 Q2_K
+ * tile (28 super-blocks x 16 tokens x 292 bytes; one more and the group
+ * shrinks to 15). The packed
+ * tile and the per-row fallback both match the dot. */
 static void test_matmul_long_rows(enum ds4_simd_level lvl) {
     ds4_kernels_set_level(lvl);
     static const struct { uint32_t type; int64_t n, T; } cases[] = {
         {DS4_TYPE_Q8_0, 16384, 9}, {DS4_TYPE_Q8_0, 16384 + 32, 9},
         {DS4_TYPE_Q8_0, 32768, 5}, {DS4_TYPE_Q8_0, 32768 + 32, 5},
-        {DS4_TYPE_IQ2_XXS, 7936, 20}, {DS4_TYPE_IQ2_XXS, 8192, 20}};
+        {DS4_TYPE_IQ2_XXS, 7936, 20}, {DS4_TYPE_IQ2_XXS, 8192, 20},
+        {DS4_TYPE_IQ2_XXS, 7168, 20}, {DS4_TYPE_IQ2_XXS, 7168 + 256, 20},
+        {DS4_TYPE_Q2_K, 7168, 20}, {DS4_TYPE_Q2_K, 7168 + 256, 20}};
     const int64_t rows = 5;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         mm_case c = mm_case_new(cases[i].type, cases[i].n, rows, cases[i].T);
@@ -470,18 +475,20 @@ static void test_vbmi_matches_plain(void) {
     }
 }
 
-/* Inside the AVX2 level, the Q8_0 kernels on AVX-VNNI's vpdpbusd against
- * the vpmaddubsw + vpmaddwd ones: the dot, every token count of the
- * multi-token kernel, the 2 x 2 tile at every batch size, and matvec, bit
- * for bit. Weights and activations are raw random quants (-128 included,
- * which the activation quantizer never writes) with an odd block count. */
-static void test_avxvnni_matches_plain(void) {
+/* Inside the AVX2 level, the kernels on AVX-VNNI's vpdpbusd / vpdpwssd
+ * against the vpmaddubsw + vpmaddwd ones: Q8_0 (the dot, every token count
+ * of the multi-token kernel, the 2 x 2 tile at every batch size, and
+ * matvec) and the IQ2_XXS and Q2_K tiles, bit for bit. Weights are raw
+ * random blocks with an odd block count; Q8_0's activations too (-128
+ * included, which the activation quantizer never writes; IQ2_XXS and Q2_K
+ * take the quantizer's Q8_K rows, whose bsums they read). */
+static void test_avxvnni_matches_plain(uint32_t type) {
     enum { ROWS = 7, T_MAX = 20 };
-    const uint32_t type = DS4_TYPE_Q8_0;
-    const int64_t n = 5 * DS4_QK8_0;
+    const int64_t n = 5 * (int64_t)ds4_type_block_elems(type);
     ds4_kernels_set_level(DS4_SIMD_AVX2);
     mm_case c = mm_case_new(type, n, ROWS, T_MAX);
-    for (int t = 0; t < T_MAX; t++) random_raw_row(type, c.acts + c.ab * (size_t)t, n);
+    if (type == DS4_TYPE_Q8_0)
+        for (int t = 0; t < T_MAX; t++) random_raw_row(type, c.acts + c.ab * (size_t)t, n);
     /* per path: the matmul (T x ROWS), each row's dotn (ROWS x T), each row's dot of token 0, the matvec */
     const size_t count = 2 * ROWS * T_MAX + 2 * ROWS;
     float *res[2] = {malloc(sizeof(float) * count), malloc(sizeof(float) * count)};
@@ -501,7 +508,8 @@ static void test_avxvnni_matches_plain(void) {
         bad += memcmp(res[0], res[1], sizeof(float) * (size_t)(2 * ROWS * T + 2 * ROWS)) != 0;
     }
     ds4_kernels_set_avxvnni(true);
-    CHECK(bad == 0, "Q8_0: the AVX-VNNI kernels differ from the plain AVX2 ones in %d of %d batch sizes", bad, T_MAX);
+    CHECK(bad == 0, "%s: the AVX-VNNI kernels differ from the plain AVX2 ones in %d of %d batch sizes",
+          ds4_type_name(type), bad, T_MAX);
     free(res[0]);
     free(res[1]);
     mm_case_free(&c);
@@ -790,8 +798,10 @@ int main(void) {
     }
     ds4_kernels_set_avxvnni(true);
     if (ds4_kernels_avxvnni()) {
-        test_avxvnni_matches_plain();
-        /* the levels above ran the AVX-VNNI Q8_0 kernels at avx2: the
+        test_avxvnni_matches_plain(DS4_TYPE_Q8_0);
+        test_avxvnni_matches_plain(DS4_TYPE_IQ2_XXS);
+        test_avxvnni_matches_plain(DS4_TYPE_Q2_K);
+        /* the levels above ran the AVX-VNNI kernels at avx2: the
          * plain ones against the oracles and the drivers too */
         ds4_kernels_set_avxvnni(false);
         test_dots(DS4_SIMD_AVX2);
@@ -800,7 +810,7 @@ int main(void) {
         test_matmul_long_rows(DS4_SIMD_AVX2);
         ds4_kernels_set_avxvnni(true);
     } else {
-        printf("test_kernels: NOT RUN: the AVX-VNNI Q8_0 kernels of the avx2 level (this CPU lacks AVX2 or "
+        printf("test_kernels: NOT RUN: the AVX-VNNI kernels of the avx2 level (this CPU lacks AVX2 or "
                "AVX-VNNI)\n");
     }
     test_blockwise_models();
