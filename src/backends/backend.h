@@ -26,7 +26,11 @@
  *   same tokens gives the whole model's logits bit for bit.
  * - An MTP block (a model whose first stage takes a hidden state, model.h)
  *   takes hidden_in at layer 0 too: each row's streams are built from it and
- *   the row's token.
+ *   the row's token. Its sequences may be state_only: the rows only extend
+ *   the block's window state (their KV rows, bit for bit what a full
+ *   evaluation writes) and nothing else is computed (no logits, hc_ring,
+ *   probes): a drafter catching up on rows whose outputs it never reads.
+ *   A batch is all state_only or none; other models refuse it.
  * - On error (-1, one line in err) no state has changed.
  * - A backend owns its scratch and reuses it across calls; it may serve many
  *   states, one call at a time.
@@ -71,6 +75,7 @@ typedef struct {
     int n;
     float *logits;
     bool all_logits;
+    bool state_only;            /* MTP blocks: KV rows only (above) */
     const float *hidden_in;     /* slices not starting at layer 0 */
     float *hidden_out;          /* slices without the output head */
     /* NULL: unsteered; else directional steering of every layer's attention

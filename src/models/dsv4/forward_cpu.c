@@ -262,6 +262,20 @@ static void hc_post(batch *b, ds4_steer_site site) {
 
 /* ------------------------------------------------------------- attention */
 
+/* Row t's KV row: normed, rotated and (exact numerics) rounded in place. */
+static void kv_row_finish(batch *b, int t) {
+    const cpu *f = b->f;
+    const ds4_config *c = f->c;
+    const int D = c->head_dim;
+    float *kv = f->s.kv_row + (size_t)t * D;
+    rmsnorm(kv, D, f->m->layers[b->l].kv_norm, c->rms_eps);
+    rope_apply(kv, D, c->n_rot, rope_cs(b, t), false);
+    if (f->numerics) {
+        ds4_fp8_e4m3_roundtrip(kv, D - c->n_rot);
+        ds4_fwd_f16_round(kv, D);
+    }
+}
+
 static void q_task(batch *b, int t, int thread) {
     const cpu *f = b->f;
     const ds4_config *c = f->c;
@@ -272,14 +286,10 @@ static void q_task(batch *b, int t, int thread) {
         rmsnorm(q, D, NULL, c->rms_eps);
         rope_apply(q, D, c->n_rot, cs, false);
     }
-    float *kv = f->s.kv_row + (size_t)t * D;
-    rmsnorm(kv, D, f->m->layers[b->l].kv_norm, c->rms_eps);
-    rope_apply(kv, D, c->n_rot, cs, false);
-    if (f->numerics) {
-        ds4_fp8_e4m3_roundtrip(kv, D - c->n_rot);
-        ds4_fwd_f16_round(kv, D);
-    }
+    kv_row_finish(b, t);
 }
+
+static void kv_row_task(batch *b, int t, int thread) { kv_row_finish(b, t); }
 
 /* Pools window w of one compressor from its frontier ring (sheet 6.5). */
 static void pool_window(const float *fk, const float *fz, int f_cap, int coff, int d, int ratio, int64_t w,
@@ -475,6 +485,31 @@ static void allgather(batch *b, int which, float *x, int width, int c0, int c1) 
     ds4_split_allgather(&f->split, 3 * b->l + which, x, b->T, width, c0, c1, f->s.tp_send, f->s.tp_recv);
 }
 
+/* The batch's KV rows into each sequence's window ring of this layer. */
+static void kv_store(batch *b) {
+    batch_scratch *s = &b->f->s;
+    const int D = b->f->c->head_dim;
+    for (int q = 0; q < b->n_seqs; q++) {
+        ds4_kv *kv = b->seqs[q].kv;
+        const int row0 = s->seq_row0[q], n = b->seqs[q].n;
+        for (int t = row0 + (n > kv->raw_cap ? n - kv->raw_cap : 0); t < row0 + n; t++)
+            memcpy(kv->L[b->l].raw + (size_t)(row_pos(b, t) % kv->raw_cap) * D, s->kv_row + (size_t)t * D,
+                   (size_t)D * sizeof(float));
+    }
+}
+
+/* State-only rows of a window-only layer (backend.h): the attention's input
+ * mix and norm, the KV projection and its row finish, as attention() computes
+ * them, then the ring; no queries, attention, output or FFN. */
+static void kv_rows(batch *b) {
+    cpu *f = b->f;
+    const ds4_layer *W = &f->m->layers[b->l];
+    hc_pre(b, &W->hc_attn_fn, W->hc_attn_scale, W->hc_attn_base, W->attn_norm);
+    linear(f, &W->kv, 0, 0, f->c->head_dim, f->s.normed, f->c->n_embd, b->T, f->s.kv_row);
+    par(b, b->T, kv_row_task);
+    kv_store(b);
+}
+
 static void attention(batch *b) {
     cpu *f = b->f;
     batch_scratch *s = &f->s;
@@ -516,16 +551,9 @@ static void attention(batch *b) {
         if (has_indexer) indexer(b);
     }
     par(b, T * attn_groups(b), attn_task);
-
     /* a sequence's rows become its ring only now: attention above read the
      * previous ring contents for positions before the batch */
-    for (int q = 0; q < b->n_seqs; q++) {
-        ds4_kv *kv = b->seqs[q].kv;
-        const int row0 = s->seq_row0[q], n = b->seqs[q].n;
-        for (int t = row0 + (n > kv->raw_cap ? n - kv->raw_cap : 0); t < row0 + n; t++)
-            memcpy(kv->L[b->l].raw + (size_t)(row_pos(b, t) % kv->raw_cap) * D, s->kv_row + (size_t)t * D,
-                   (size_t)D * sizeof(float));
-    }
+    kv_store(b);
 
     /* grouped output projection: group g = heads g*hpg ... */
     for (int g = g0; g < g1; g++) {
@@ -1099,9 +1127,10 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
     cpu *f = (cpu *)be;
     const ds4_config *c = f->c;
     const ds4_layer_slice *sl = &f->m->slice;
-    int T = 0, max_ctx = 0, n_last = 0;
+    int T = 0, max_ctx = 0, n_last = 0, n_state_only = 0;
     for (int q = 0; q < n_seqs; q++) {
         const ds4_backend_seq *sq = &seqs[q];
+        n_state_only += sq->state_only;
         if (sq->n <= 0 || sq->kv->n_pos + sq->n > sq->kv->ctx) {
             snprintf(err, errlen, "sequence %d: %d tokens at position %d do not fit its context of %d", q, sq->n,
                      sq->kv->n_pos, sq->kv->ctx);
@@ -1125,6 +1154,11 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
         n_last += !sq->all_logits;
     }
     if (T == 0) return 0;
+    const bool state_only = n_state_only > 0;
+    if (state_only && (n_state_only < n_seqs || !f->m->mtp || sl->first != sl->last || ds4_cfg_ratio(c, sl->first))) {
+        snprintf(err, errlen, "state-only rows need a batch of them alone on a window-only MTP block");
+        return -1;
+    }
     if (T > be->max_batch) {
         snprintf(err, errlen, "a batch of %d rows exceeds the backend's %d", T, be->max_batch);
         return -1;
@@ -1158,6 +1192,12 @@ static int cpu_eval(ds4_backend *be, const ds4_backend_seq *seqs, int n_seqs, ch
             rope_table(f, kind, s->row_pos[t], s->rope_cs + ((size_t)t * 2 + kind) * c->n_rot);
     }
     if (f->m->mtp) mtp_input(&b);
+    if (state_only) {
+        b.l = sl->first;
+        kv_rows(&b);
+        for (int q = 0; q < n_seqs; q++) seqs[q].kv->n_pos += seqs[q].n;
+        return 0;
+    }
     if (f->experts && f->predict && T * c->n_expert_used < c->n_expert && f->m->layers[sl->first].tid2eid)
         predict_experts(&b, sl->first);
     for (b.l = sl->first; b.l <= sl->last; b.l++) {

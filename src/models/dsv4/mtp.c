@@ -171,6 +171,16 @@ static int eval_rows(ds4_mtp_state *st, int rows, char *err, size_t errlen) {
     return d->be->eval(d->be, &q, 1, err, errlen);
 }
 
+/* The rows before the last of a catch-up: only their window KV rows matter
+ * (the last row attends to them; no draft reads their outputs), so they
+ * skip the block's attention output and its routed experts, which made a
+ * catch-up of w rows cost about w draft rows after a back-off of w steps. */
+static int catch_up_rows(ds4_mtp_state *st, int rows, char *err, size_t errlen) {
+    ds4_mtp *d = st->d;
+    ds4_backend_seq q = {.kv = st->kv, .toks = d->toks, .n = rows, .state_only = true, .hidden_in = d->in};
+    return d->be->eval(d->be, &q, 1, err, errlen);
+}
+
 int ds4_mtp_draft(ds4_mtp_state *st, const int32_t *toks, int n, int32_t last, int max, float margin, int32_t *out,
                   float *first_logits, char *err, size_t errlen) {
     ds4_mtp *d = st->d;
@@ -191,7 +201,10 @@ int ds4_mtp_draft(ds4_mtp_state *st, const int32_t *toks, int n, int32_t last, i
         d->toks[i] = pos + 1 < n ? toks[pos + 1] : last;
     }
     int k = 0;
-    if (eval_rows(st, rows, err, errlen)) { ds4_kv_reset(st->kv); return -1; }
+    if (rows > 1 && catch_up_rows(st, rows - 1, err, errlen)) { ds4_kv_reset(st->kv); return -1; }
+    memmove(d->in, d->in + (size_t)(rows - 1) * d->hcE, (size_t)d->hcE * sizeof(float));
+    d->toks[0] = d->toks[rows - 1];
+    if (eval_rows(st, 1, err, errlen)) { ds4_kv_reset(st->kv); return -1; }
     if (first_logits) memcpy(first_logits, d->logits, (size_t)V * sizeof(float));
     for (int id; k < max && (id = confident_argmax(d->logits, V, margin)) >= 0;) {
         out[k++] = id;
