@@ -135,6 +135,15 @@ static void check_model(const char *path) {
               t.kv->n_pos == 0, "%s: missing hidden_in -> %s", path, err);
     }
     stage_close(&t);
+    /* state-only rows (backend.h) belong to MTP blocks: a main model refuses them and keeps its state */
+    {
+        const int before = whole.kv->n_pos;
+        ds4_backend_seq sq = {.kv = whole.kv, .toks = toks, .n = 2, .state_only = true};
+        err[0] = 0;
+        CHECK(whole.be->eval(whole.be, &sq, 1, err, sizeof err) == -1 && strstr(err, "state-only rows") &&
+                  whole.kv->n_pos == before,
+              "%s: state-only rows on a main model -> %s", path, err);
+    }
     free(want); free(got); free(ha); free(hb);
     stage_close(&whole);
     ds4_gguf_close(g);
