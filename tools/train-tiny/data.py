@@ -488,6 +488,63 @@ def agent_task(rng, roots, think, client):
     return chat_doc(system, [(c["q"], steps)], think, tools)
 
 
+def generated_trees(rng, where, n, sources):
+    """n directories under where whose file and subdirectory names are drawn
+    at random from identifiers of the standard library (joined by _, -, or
+    nothing, with .py, .h, .txt or .cfg), each file a run of lines of a
+    real source file. A request about such a file can only be answered by
+    copying its name from the request: the names of the machine's real
+    directories repeat across the corpus, and a model can get them right by
+    recalling frequent ones instead (docs/tiny-model.md)."""
+    words = sorted({w for text in sources for w in re.findall(r"\b[a-z][a-z0-9]{2,11}\b", text)})
+
+    def name():
+        parts = [pick(rng, words) for _ in range(rng.choice([1, 1, 2, 2, 3]))]
+        return pick(rng, ["_", "", "-"]).join(parts)
+
+    roots = []
+    for i in range(n):
+        base = os.path.join(where, "%04d" % i, name())
+        os.makedirs(base, exist_ok=True)
+        for _ in range(rng.randint(1, 3)):
+            os.makedirs(os.path.join(base, name()), exist_ok=True)
+        for _ in range(rng.randint(3, 14)):
+            lines = pick(rng, sources).split("\n")
+            start = rng.randrange(len(lines))
+            body = "\n".join(lines[start:start + rng.randint(5, 60)]) + "\n"
+            with open(os.path.join(base, name() + pick(rng, [".py", ".py", ".h", ".txt", ".cfg"])), "w") as f:
+                f.write(body)
+        roots.append(base)
+    return roots
+
+
+COPY_ASKS = ["Repeat exactly: {s}", "Say `{s}`.", "Echo {s}", "Copy this text: {s}", "Type `{s}` back to me.",
+             "Write {s} again.", "Repeat `{s}`.", "Print {s}"]
+
+
+def copy_drill(rng, words, lines, turns):
+    """A chat of `turns` requests to repeat a string (a random file name, a
+    line of real source, or a command on a random file), each answered with
+    exactly that string: every answer token is a copy from the request, the
+    skill a tool call's arguments need, which the agent documents teach too
+    slowly (their names repeat, so recalling a frequent one is a cheaper
+    guess than copying)."""
+    def name():
+        return pick(rng, ["_", "", "-"]).join(pick(rng, words) for _ in range(rng.choice([1, 2, 2, 3]))) + \
+            pick(rng, [".py", ".h", ".txt", ".cfg", ""])
+    out = []
+    for _ in range(turns):
+        r = rng.random()
+        if r < 0.45:
+            text = name()
+        elif r < 0.75:
+            text = pick(rng, lines)
+        else:
+            text = pick(rng, ["wc -l ", "head -3 ", "grep -c def ", "ls ", "cat "]) + name()
+        out.append((pick(rng, COPY_ASKS).format(s=text), [("", text, None, None)]))
+    return chat_doc(pick(rng, [CLI_SYSTEM, None]), out, False)
+
+
 SESSION_KINDS = ["list", "read", "run", "count", "edit"]
 
 
@@ -525,6 +582,10 @@ def main():
     ap.add_argument("--sessions", type=int, default=0, help="multi-request ds4-agent sessions (agent_session)")
     ap.add_argument("--session-rounds", type=int, default=7)
     ap.add_argument("--session-max-out", type=int, default=700, help="tool results longer than this are drawn again")
+    ap.add_argument("--generated-trees", type=int, default=0, help="directories with random names "
+                    "(generated_trees) that this share of the agent documents and sessions draws from")
+    ap.add_argument("--generated-share", type=float, default=0.7)
+    ap.add_argument("--copy-drills", type=int, default=0, help="chats of requests to repeat a string (copy_drill)")
     ap.add_argument("--pylib", default=PYLIB, help="the Python standard library to read (default: this "
                     "interpreter's; Debian's libpython3.11-stdlib is /usr/lib/python3.11)")
     a = ap.parse_args()
@@ -555,14 +616,27 @@ def main():
     roots = sorted(d for d in glob.glob(os.path.join(PYLIB, "*")) + glob.glob("/usr/include/*")
                    if os.path.isdir(d) and "__pycache__" not in d and os.access(d, os.R_OK) and os.listdir(d))
     roots = [d for d in roots if len(os.listdir(d)) < 200]
+    made = (generated_trees(rng, os.path.join(a.out, "trees"), a.generated_trees, python_sources(rng, 2_000_000))
+            if a.generated_trees else [])
+
+    def draw_roots():
+        return made if made and rng.random() < a.generated_share else roots
     for i in range(a.agent):
         think = rng.random() < 0.5
         client = rng.random() < 0.2
-        text, start = agent_task(rng, roots, think, client)
+        text, start = agent_task(rng, draw_roots(), think, client)
         docs.append(("agent-client" if client else "agent", text, start))
     for i in range(a.sessions):
-        text, start = agent_session(rng, roots, a.session_rounds, a.session_max_out)
+        text, start = agent_session(rng, draw_roots(), a.session_rounds, a.session_max_out)
         docs.append(("agent-session", text, start))
+    if a.copy_drills:
+        src = python_sources(rng, 2_000_000)
+        words = sorted({w for t in src for w in re.findall(r"\b[a-z][a-z0-9]{2,11}\b", t)
+                        if not re.fullmatch(r"[ux][0-9a-f]+", w)})
+        lines = sorted({l.strip() for t in src for l in t.split("\n") if 8 < len(l.strip()) < 60})
+        for i in range(a.copy_drills):
+            text, start = copy_drill(rng, words, lines, rng.randint(3, 8))
+            docs.append(("chat-copy", text, start))
     rng.shuffle(docs)
     with open(os.path.join(a.out, "corpus.jsonl"), "w") as f:
         for kind, text, start in docs:
