@@ -488,6 +488,14 @@ def agent_task(rng, roots, think, client):
     return chat_doc(system, [(c["q"], steps)], think, tools)
 
 
+def identifier_words(sources, skip_hex):
+    """The lower-case identifiers of 3-12 characters in sources, sorted;
+    skip_hex leaves out u/x-prefixed hex runs (u0e46, x90: escapes and
+    constants of the codec modules, far more frequent than real words)."""
+    return sorted({w for text in sources for w in re.findall(r"\b[a-z][a-z0-9]{2,11}\b", text)
+                   if not (skip_hex and re.fullmatch(r"[ux][0-9a-f]+", w))})
+
+
 def generated_trees(rng, where, n, sources):
     """n directories under where whose file and subdirectory names are drawn
     at random from identifiers of the standard library (joined by _, -, or
@@ -496,7 +504,7 @@ def generated_trees(rng, where, n, sources):
     copying its name from the request: the names of the machine's real
     directories repeat across the corpus, and a model can get them right by
     recalling frequent ones instead (docs/tiny-model.md)."""
-    words = sorted({w for text in sources for w in re.findall(r"\b[a-z][a-z0-9]{2,11}\b", text)})
+    words = identifier_words(sources, skip_hex=False)
 
     def name():
         parts = [pick(rng, words) for _ in range(rng.choice([1, 1, 2, 2, 3]))]
@@ -631,8 +639,7 @@ def main():
         docs.append(("agent-session", text, start))
     if a.copy_drills:
         src = python_sources(rng, 2_000_000)
-        words = sorted({w for t in src for w in re.findall(r"\b[a-z][a-z0-9]{2,11}\b", t)
-                        if not re.fullmatch(r"[ux][0-9a-f]+", w)})
+        words = identifier_words(src, skip_hex=True)
         lines = sorted({l.strip() for t in src for l in t.split("\n") if 8 < len(l.strip()) < 60})
         for i in range(a.copy_drills):
             text, start = copy_drill(rng, words, lines, rng.randint(3, 8))

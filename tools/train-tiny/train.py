@@ -57,7 +57,7 @@ def grow_vocab(st, docs, k, gen):
     keep = sorted(old + extra[:max(0, k - K0)])
     pos = {t: n for n, t in enumerate(keep)}
     src = torch.tensor([pos[t] for t in old] + [len(keep)])      # old compact row -> new compact row
-    new = torch.tensor([pos[t] for t in keep if t not in set(old)], dtype=torch.long)
+    new = torch.tensor([pos[t] for t in keep if t not in kept], dtype=torch.long)
     state = {}
     for name, t in st["model"].items():
         if t.dim() == 0 or t.shape[0] != K0 + 1:

@@ -163,21 +163,19 @@ static int confident_argmax(const float *logits, int n, float margin) {
 }
 
 /* One block evaluation of rows at positions kv->n_pos.. from d->in / d->toks;
- * the last row's logits in d->logits, every row's output streams in out_hc. */
-static int eval_rows(ds4_mtp_state *st, int rows, char *err, size_t errlen) {
+ * the last row's logits in d->logits, every row's output streams in out_hc.
+ * state_only (the rows before the last of a catch-up): only their window KV
+ * rows, which the last row attends to and no draft reads beyond; their
+ * attention output and routed experts would make a catch-up of w rows cost
+ * about w draft rows after a back-off of w steps (backend.h). */
+static int eval_rows(ds4_mtp_state *st, int rows, bool state_only, char *err, size_t errlen) {
     ds4_mtp *d = st->d;
-    ds4_backend_seq q = {.kv = st->kv, .toks = d->toks, .n = rows, .logits = d->logits, .hidden_in = d->in,
-                         .hc_ring = d->out_hc, .hc_ring_slots = d->slots};
-    return d->be->eval(d->be, &q, 1, err, errlen);
-}
-
-/* The rows before the last of a catch-up: only their window KV rows matter
- * (the last row attends to them; no draft reads their outputs), so they
- * skip the block's attention output and its routed experts, which made a
- * catch-up of w rows cost about w draft rows after a back-off of w steps. */
-static int catch_up_rows(ds4_mtp_state *st, int rows, char *err, size_t errlen) {
-    ds4_mtp *d = st->d;
-    ds4_backend_seq q = {.kv = st->kv, .toks = d->toks, .n = rows, .state_only = true, .hidden_in = d->in};
+    ds4_backend_seq q = {.kv = st->kv, .toks = d->toks, .n = rows, .state_only = state_only, .hidden_in = d->in};
+    if (!state_only) {
+        q.logits = d->logits;
+        q.hc_ring = d->out_hc;
+        q.hc_ring_slots = d->slots;
+    }
     return d->be->eval(d->be, &q, 1, err, errlen);
 }
 
@@ -201,10 +199,10 @@ int ds4_mtp_draft(ds4_mtp_state *st, const int32_t *toks, int n, int32_t last, i
         d->toks[i] = pos + 1 < n ? toks[pos + 1] : last;
     }
     int k = 0;
-    if (rows > 1 && catch_up_rows(st, rows - 1, err, errlen)) { ds4_kv_reset(st->kv); return -1; }
+    if (rows > 1 && eval_rows(st, rows - 1, true, err, errlen)) { ds4_kv_reset(st->kv); return -1; }
     memmove(d->in, d->in + (size_t)(rows - 1) * d->hcE, (size_t)d->hcE * sizeof(float));
     d->toks[0] = d->toks[rows - 1];
-    if (eval_rows(st, 1, err, errlen)) { ds4_kv_reset(st->kv); return -1; }
+    if (eval_rows(st, 1, false, err, errlen)) { ds4_kv_reset(st->kv); return -1; }
     if (first_logits) memcpy(first_logits, d->logits, (size_t)V * sizeof(float));
     for (int id; k < max && (id = confident_argmax(d->logits, V, margin)) >= 0;) {
         out[k++] = id;
@@ -213,7 +211,7 @@ int ds4_mtp_draft(ds4_mtp_state *st, const int32_t *toks, int n, int32_t last, i
         const int prev = n - 2 + k;
         memcpy(d->in, d->out_hc + (size_t)(prev % d->slots) * d->hcE, (size_t)d->hcE * sizeof(float));
         d->toks[0] = id;
-        if (eval_rows(st, 1, err, errlen)) { ds4_kv_reset(st->kv); return -1; }
+        if (eval_rows(st, 1, false, err, errlen)) { ds4_kv_reset(st->kv); return -1; }
     }
     /* chained rows read drafts, not committed tokens */
     if (!ds4_kv_truncate(st->kv, n)) ds4_kv_reset(st->kv);
