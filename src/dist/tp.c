@@ -18,8 +18,10 @@
 
 /* POLL_MS: how often a waiting rank looks at the
  * connection; ANSWER_MS: how long the registration waits for each answer;
- * QUEUE: exchange frames the coordinator's reader holds (one is pending at
- * a time, plus a late one of a failed step); MAX_DROPS: freed sessions one
+ * QUEUE: exchange frames the coordinator's reader holds (two are pending
+ * at a time at most: the worker sends a layer's MoE part once it has the
+ * coordinator's shared expert activation, which the coordinator may not
+ * have taken the worker's yet; plus a late one of a failed step); MAX_DROPS: freed sessions one
  * STEP names at most (a worker keeping one more only holds its memory). */
 enum { POLL_MS = 100, ANSWER_MS = 5000, QUEUE = 8, MAX_DROPS = 4096, HEAD_ROWS = 16 };
 
@@ -427,20 +429,25 @@ static void coord_receive_rdma(tp_coord *c, uint64_t this_step, int layer, float
     }
 }
 
-/* One exchange (the family's split: gate 3 x layer + k, then the head's):
- * this rank's part out, the worker's in. After a failure, zeros: the step
- * is undone. */
-static void coord_exchange(void *ud, int layer, const float *send, size_t n_send, float *recv, size_t n_recv) {
+/* One gate of the family's split (tp_split.h) is a send and a recv on each
+ * side: this rank's part out now, the worker's in when the forward pass
+ * needs it. After a failure, zeros: the step is undone. */
+static void coord_send(void *ud, int layer, const float *send, size_t n_send) {
     tp_coord *c = ud;
-    if (c->failed) { if (n_recv) memset(recv, 0, n_recv * sizeof(float)); return; }
+    if (c->failed) return;
     size_t len;
-    const uint64_t this_step = c->step - 1;   /* send_step counted it */
-    uint8_t *msg = ds4_dist_encode_tp_part(c->link.sent, this_step, (uint32_t)layer, DS4_DIST_OK, send, n_send, NULL,
-                                           &len);
+    uint8_t *msg = ds4_dist_encode_tp_part(c->link.sent, c->step - 1, (uint32_t)layer, DS4_DIST_OK, send, n_send, NULL,
+                                           &len);   /* (send_step counted this step) */
     int rv = link_send_part(&c->link, msg, len);
     if (rv == NNG_ECLOSED && c->link.rdma) fail(c, true, "tensor-parallel worker: %s", c->link.rdma_err);
     else if (rv == NNG_ECLOSED) fail(c, true, "%s", "the tensor-parallel worker's connection closed");
     else if (rv) fail(c, true, "tensor-parallel worker: cannot send: %s", nng_strerror(rv));
+}
+
+static void coord_recv(void *ud, int layer, float *recv, size_t n_recv) {
+    tp_coord *c = ud;
+    if (c->failed) { if (n_recv) memset(recv, 0, n_recv * sizeof(float)); return; }
+    const uint64_t this_step = c->step - 1;
     const double t0 = ds4_dist_now(), deadline = t0 + c->p.reply_seconds;
     if (c->link.rdma) coord_receive_rdma(c, this_step, layer, recv, n_recv, deadline);
     pthread_mutex_lock(&c->mu);
@@ -870,7 +877,7 @@ ds4_backend *ds4_tp_coordinator_new(ds4_backend *local, const ds4_tp_family *fam
         coord_free(&c->base);
         return NULL;
     }
-    if (!fam->split(local, &(ds4_cpu_split){0, expert_mid(fam), coord_exchange, c})) {
+    if (!fam->split(local, &(ds4_cpu_split){0, expert_mid(fam), coord_send, coord_recv, c})) {
         snprintf(err, errlen, "out of memory for the tensor-parallel split");
         coord_free(&c->base);
         return NULL;
@@ -969,15 +976,20 @@ static int worker_receive(tp_worker *w, ds4_dist_frame *f, void **buf, size_t *b
     return link_open(&w->link, *buf, *blen, f, err, errlen) ? 1 : -1;
 }
 
-/* The worker's side of one exchange. */
-static void worker_exchange(void *ud, int layer, const float *send, size_t n_send, float *recv, size_t n_recv) {
+/* The worker's side of one gate: its send, then its recv. */
+static void worker_send(void *ud, int layer, const float *send, size_t n_send) {
     tp_worker *w = ud;
-    if (w->failed) { if (n_recv) memset(recv, 0, n_recv * sizeof(float)); return; }
+    if (w->failed) return;
     size_t len;
     uint8_t *msg = ds4_dist_encode_tp_part(w->link.sent, w->step - 1, (uint32_t)layer, DS4_DIST_OK, send, n_send, NULL,
                                            &len);
     if (link_send_part(&w->link, msg, len))
         worker_fail(w, true, w->link.rdma ? w->link.rdma_err : "cannot send to the coordinator");
+}
+
+static void worker_recv(void *ud, int layer, float *recv, size_t n_recv) {
+    tp_worker *w = ud;
+    if (w->failed) { if (n_recv) memset(recv, 0, n_recv * sizeof(float)); return; }
     const double deadline = ds4_dist_now() + w->p->reply_seconds;
     while (!w->failed) {
         void *buf;
@@ -1142,7 +1154,7 @@ int ds4_tp_worker_serve(const ds4_tp_family *fam, ds4_backend *be, bool numerics
     if (!rv) ds4_dist_recv_limit(w.link.s, frame_max(fam, be->max_batch, ctx));
     if (!rv) rv = ds4_dist_dial(w.link.s, curl, &tls);
     if (rv) { ds4_log(DS4_LOG_ERROR, "ds4 worker: cannot reach %s: %s\n", curl, nng_strerror(rv)); goto done; }
-    if (!fam->split(be, &(ds4_cpu_split){1, expert_mid(fam), worker_exchange, &w})) {
+    if (!fam->split(be, &(ds4_cpu_split){1, expert_mid(fam), worker_send, worker_recv, &w})) {
         ds4_log(DS4_LOG_ERROR, "ds4 worker: out of memory for the tensor-parallel split\n");
         goto done;
     }

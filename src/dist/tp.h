@@ -5,16 +5,18 @@
  * Contract
  * - Roles (--tensor-parallel with --role): the coordinator (--listen HOST
  *   PORT) runs the engine, owns tokenization, sampling and the sessions,
- *   and computes the shared expert, the routed experts [0, n/2) and the
- *   first half of every layer's query heads and attention output rows;
- *   the worker (--coordinator HOST PORT) the routed experts [n/2, n) and
- *   the other halves. What is left (the KV rows, indexers, router, ...)
+ *   and computes the routed experts [0, n/2) and the first half of every
+ *   layer's query heads, attention output rows and shared expert rows
+ *   (its activation's, then its output's); the worker (--coordinator HOST
+ *   PORT) the routed experts [n/2, n) and the other halves. What is left (the KV rows, indexers, router, ...)
  *   runs on both (replicated); the vocabulary head is row-sharded, the
  *   worker sending its half of the logits (both bind the whole model).
  *   Each process reads only the weights it uses.
  * - The split arithmetic is the family's (ds4_tp_family.split: DeepSeek
  *   V4's forward_cpu.h ds4_cpu_backend_split, GLM 5.2's glm_forward.h
- *   ds4_glm_forward_split): up to three exchanges per layer and one per 16
+ *   ds4_glm_forward_split): up to four exchanges per layer (tp_split.h's
+ *   gates; the shared expert's goes out before the routed experts run and
+ *   is taken after, so its transfer overlaps them) and one per 16
  *   rows of logits, every value the single process's, so logits,
  *   states and sampled tokens are the single process's bit for bit, in
  *   batched prefill and token by token alike. token_prefill

@@ -104,10 +104,12 @@ static void tp_undo_free(void *u) {
 
 static ds4_tp_family tp_family(const ds4_model *m) {
     const ds4_config *c = &m->cfg;
-    /* a layer exchange per row: every selected slot's output, or the group latents */
-    const size_t slots = (size_t)c->n_expert_used * c->n_embd, latents = (size_t)c->o_groups * c->o_lora;
+    /* a layer exchange per row: the group latents, the shared expert's
+     * activation, or half its output row and every selected slot's */
+    const size_t slots = ((size_t)c->n_expert_used + 1) * c->n_embd, latents = (size_t)c->o_groups * c->o_lora;
+    const size_t wider = slots > latents ? slots : latents, shared = (size_t)c->n_ff_exp;
     return (ds4_tp_family){m, "cpu", m->name, c->n_layer, c->n_embd, c->n_hc, c->n_vocab, c->n_expert,
-                           ds4_model_expert_bits(m), ds4_model_is_whole(m), slots > latents ? slots : latents,
+                           ds4_model_expert_bits(m), ds4_model_is_whole(m), shared > wider ? shared : wider,
                            ds4_cpu_backend_split, tp_state_max, tp_state_new, tp_state_free, tp_state_pos,
                            tp_state_ctx, tp_state_reset, tp_state_truncate, tp_state_bytes, tp_state_save,
                            tp_state_load, tp_undo_save, tp_undo_apply, tp_undo_free};

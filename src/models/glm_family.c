@@ -103,11 +103,12 @@ static void tp_undo_free(void *u) { free(u); }
 
 static ds4_tp_family tp_family(const glm_model *m) {
     const glm_hparams *hp = &m->hp;
-    /* a layer exchange per row: the heads' outputs, or the shared expert's
-     * row and every selected slot's */
+    /* a layer exchange per row: the heads' outputs, the shared expert's
+     * activation, or half its output row and every selected slot's */
     const size_t heads = (size_t)hp->n_head * hp->value_length_mla, ffn = ((size_t)hp->n_expert_used + 1) * hp->n_embd;
+    const size_t shared = (size_t)hp->expert_ff * hp->n_expert_shared, wider = heads > ffn ? heads : ffn;
     return (ds4_tp_family){m, "glm-cpu", m->name, (int)glm_n_trunk(hp), (int)hp->n_embd, 1, (int)hp->n_vocab,
-                           (int)hp->n_expert, expert_bits(m), true, heads > ffn ? heads : ffn,
+                           (int)hp->n_expert, expert_bits(m), true, shared > wider ? shared : wider,
                            ds4_glm_cpu_backend_split, tp_state_max, tp_state_new, tp_state_free, tp_state_pos,
                            tp_state_ctx, tp_state_reset, tp_state_truncate, tp_state_bytes, tp_state_save,
                            tp_state_load, tp_undo_save, tp_undo_apply, tp_undo_free};

@@ -1,9 +1,10 @@
 /* test_tp_split.c -- the tensor-parallel split of the CPU backend
  * (forward_cpu.h ds4_cpu_backend_split): two backends over the same model,
- * rank 0 (shared expert, experts [0, mid), the first half of the heads, of
- * out_b's rows and of the vocabulary) and rank 1 (experts [mid, n), the
- * other halves), each on its own thread and KV state, exchanging three
- * times per layer and once per chunk of output rows through memory, give
+ * rank 0 (experts [0, mid), the first half of the heads, of out_b's rows,
+ * of the shared expert's rows and of the vocabulary) and rank 1 (experts
+ * [mid, n), the other halves), each on its own thread and KV state,
+ * exchanging four times per MoE layer (the gates tp_split.h numbers, each
+ * checked) and once per chunk of output rows through memory, give
  * the single process's logits bit for bit (memcmp) on rank 0, for a
  * chunked prefill with every position's logits, for decode steps after it,
  * and for two sequences in one batch; rank 1 writes no logits. After it,
@@ -13,7 +14,8 @@
  * and of GLM 5.2 (glm_forward.h ds4_glm_forward_split) the converted
  * transformers oracle (f32 and q8_0: a dense first layer, full and shared
  * indexer layers) and the glm-demo model. The single process runs with
- * other chunk sizes than the ranks. */
+ * other chunk sizes than the ranks. The shared expert's schedule also runs
+ * alone on widths that do not halve evenly. */
 #include "check.h"
 #include "backends/backend.h"
 #include "format/gguf.h"
@@ -24,6 +26,9 @@
 #include "models/glm/glm_forward.h"
 #include "models/glm/glm_kv.h"
 #include "models/glm/glm_model.h"
+#include "nn/nn_math.h"
+#include "nn/tp_split.h"
+#include "kernels/kernels_cpu.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -32,17 +37,26 @@
 
 enum { CTX = 96, N_PROMPT = 40, N_DECODE = 4 };
 
-/* One exchange: each rank posts its send buffer, waits for the other's and
- * copies it; a generation count keeps consecutive exchanges apart. */
+/* The link between the two ranks: a queue of frames per direction. send
+ * copies its floats into the other rank's queue and returns; recv waits for
+ * the head of its own queue, which must carry the gate and size it expects
+ * (a rank that sends a later gate before it receives an earlier one, as
+ * the shared expert does, leaves two frames queued). */
+enum { MAX_QUEUED = 8 };
+
+typedef struct {
+    int gate;
+    size_t n;
+    float *data;
+} frame;
+
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    const float *buf[2];
-    size_t n[2];
-    int posted, taken;
-    unsigned gen;
-    int exchanges;
-    bool size_mismatch;
+    frame q[2][MAX_QUEUED];   /* q[r]: the frames rank r has still to receive */
+    int n_q[2];
+    int exchanges;            /* rank 0's sends: one per gate */
+    bool mismatch;            /* a frame of another gate or size, or a full queue */
 } rendezvous;
 
 typedef struct {
@@ -50,30 +64,39 @@ typedef struct {
     int rank;
 } rank_ud;
 
-static void exchange(void *ud, int layer, const float *send, size_t n_send, float *recv, size_t n_recv) {
-    (void)layer;
+static void link_send(void *ud, int gate, const float *data, size_t n) {
+    rank_ud *u = ud;
+    rendezvous *r = u->rv;
+    float *copy = malloc((n + 1) * sizeof(float));
+    if (copy && n) memcpy(copy, data, n * sizeof(float));
+    pthread_mutex_lock(&r->mu);
+    const int to = 1 - u->rank;
+    if (!copy || r->n_q[to] == MAX_QUEUED) {
+        r->mismatch = true;
+        free(copy);
+    } else {
+        r->q[to][r->n_q[to]++] = (frame){gate, n, copy};
+    }
+    if (u->rank == 0) r->exchanges++;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void link_recv(void *ud, int gate, float *data, size_t n) {
     rank_ud *u = ud;
     rendezvous *r = u->rv;
     pthread_mutex_lock(&r->mu);
-    while (r->posted == 2) pthread_cond_wait(&r->cv, &r->mu);   /* the previous exchange is being read */
-    const unsigned gen = r->gen;
-    r->buf[u->rank] = send;
-    r->n[u->rank] = n_send;
-    r->posted++;
-    pthread_cond_broadcast(&r->cv);
-    while (r->posted < 2 && r->gen == gen) pthread_cond_wait(&r->cv, &r->mu);
-    if (r->n[1 - u->rank] != n_recv) r->size_mismatch = true;
-    /* (the sending side of a head exchange receives nothing: recv NULL) */
-    else if (n_recv) memcpy(recv, r->buf[1 - u->rank], n_recv * sizeof(float));
-    if (++r->taken == 2) {
-        r->posted = r->taken = 0;
-        r->gen++;
-        r->exchanges++;
-        pthread_cond_broadcast(&r->cv);
-    } else {
-        /* the other rank still reads our buffer: wait until it did */
-        while (r->gen == gen) pthread_cond_wait(&r->cv, &r->mu);
+    while (!r->n_q[u->rank] && !r->mismatch) pthread_cond_wait(&r->cv, &r->mu);
+    if (r->n_q[u->rank]) {
+        const frame fr = r->q[u->rank][0];
+        memmove(r->q[u->rank], r->q[u->rank] + 1, (size_t)--r->n_q[u->rank] * sizeof(frame));
+        if (fr.gate != gate || fr.n != n) r->mismatch = true;
+        /* (the sending side of a head exchange receives nothing: data NULL) */
+        else if (n) memcpy(data, fr.data, n * sizeof(float));
+        free(fr.data);
     }
+    if (r->mismatch && n) memset(data, 0, n * sizeof(float));
+    pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -127,11 +150,11 @@ static void check_family(const char *path, const family *fm, int threads) {
     ds4_backend *r0 = fm->backend(fm->m, threads, err, sizeof err);
     ds4_backend *r1 = fm->backend(fm->m, threads, err, sizeof err);
     CHECK(single && r0 && r1, "backends: %s", err);
-    rendezvous rv = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, {0}, {0}, 0, 0, 0, 0, false};
+    rendezvous rv = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     rank_ud u0 = {&rv, 0}, u1 = {&rv, 1};
     if (r0 && r1)
-        CHECK(fm->split(r0, &(ds4_cpu_split){0, fm->mid, exchange, &u0}) &&
-                  fm->split(r1, &(ds4_cpu_split){1, fm->mid, exchange, &u1}), "split: out of memory");
+        CHECK(fm->split(r0, &(ds4_cpu_split){0, fm->mid, link_send, link_recv, &u0}) &&
+                  fm->split(r1, &(ds4_cpu_split){1, fm->mid, link_send, link_recv, &u1}), "split: out of memory");
     const int V = fm->V, N = N_PROMPT + N_DECODE;
     int32_t toks[2][N_PROMPT + N_DECODE];
     uint64_t r = 0x9e3779b97f4a7c15ull;
@@ -178,7 +201,7 @@ static void check_family(const char *path, const family *fm, int threads) {
         }
         ok = !eval_both(r0, s0, r1, s1, 2);
     }
-    CHECK(ok && !rv.size_mismatch, "%s: split eval failed (or the ranks disagree on the slot count)", path);
+    CHECK(ok && !rv.mismatch, "%s: split eval failed (or the ranks disagree on a gate or its size)", path);
     if (ok) {
         /* 3 prefill calls and N_DECODE decode calls, each with the
          * layers' exchanges (heads split: the models have an even number
@@ -231,7 +254,7 @@ static void check_model(const char *path, int threads) {
     const ds4_config *c = &m->cfg;
     ds4_numerics = ds4_cpu_numerics_supported(c);
     CHECK(ds4_cpu_split_heads(c), "%s: the model's output groups do not split", path);
-    const family fm = {m, c->n_vocab, 3 * c->n_layer, c->n_expert / 2, ds4_be, ds4_state, ds4_state_free,
+    const family fm = {m, c->n_vocab, DS4_SPLIT_GATES * c->n_layer, c->n_expert / 2, ds4_be, ds4_state, ds4_state_free,
                        ds4_cpu_backend_split, false};
     check_family(path, &fm, threads);
     ds4_model_free(m);
@@ -254,9 +277,9 @@ static void check_glm(const char *path, int threads) {
     if (!m) { ds4_gguf_close(g); return; }
     const glm_hparams *hp = &m->hp;
     CHECK(ds4_glm_split_heads(m), "%s: the model's heads do not split", path);
-    /* per layer: the two attention exchanges, and the FFN's on MoE layers */
+    /* per layer: the two attention exchanges, and the shared expert's and the MoE's on MoE layers */
     int per_call = 0;
-    for (uint32_t l = 0; l < glm_n_trunk(hp); l++) per_call += 2 + !glm_block_dense(hp, (int)l);
+    for (uint32_t l = 0; l < glm_n_trunk(hp); l++) per_call += 2 + 2 * !glm_block_dense(hp, (int)l);
     const family fm = {m, (int)hp->n_vocab, per_call, (int)hp->n_expert / 2, glm_be, glm_state, glm_state_free,
                        ds4_glm_cpu_backend_split, true};
     check_family(path, &fm, threads);
@@ -264,7 +287,73 @@ static void check_glm(const char *path, int threads) {
     ds4_gguf_close(g);
 }
 
+/* The shared expert's schedule alone, on widths that do not halve evenly
+ * (F = 7, E = 5, 3 rows) and f32 weights: both ranks' joined output must
+ * be the single product's, bit for bit. */
+enum { SH_E = 5, SH_F = 7, SH_T = 3 };
+
+typedef struct {
+    const ds4_cpu_split *sp;
+    const ds4_tensor *gate, *up, *down;
+    const float *x;
+    float out[SH_T * SH_E];
+} shared_rank;
+
+static void f32_rows(void *ctx, const ds4_tensor *W, int64_t row0, int64_t rows, const float *X, size_t x_stride,
+                     int T, float *Y) {
+    (void)ctx;
+    static _Thread_local float act[64 * SH_T];
+    ds4_linear(NULL, act, W, 0, row0, rows, X, (int64_t)x_stride, T, Y);
+}
+
+static void *shared_rank_run(void *arg) {
+    shared_rank *r = arg;
+    const ds4_split_product pr = {f32_rows, NULL, NULL};
+    float act[SH_T * SH_F], up[SH_T * SH_F], recv[SH_T * SH_F], whole[SH_T * SH_F], mine[SH_T * SH_E];
+    float moe_recv[SH_T * SH_E];
+    ds4_split_shared_begin(r->sp, 0, &pr, r->gate, r->up, 1.5f, r->x, SH_E, SH_T, act, up);
+    ds4_split_shared_end(r->sp, 0, &pr, r->down, SH_T, act, recv, whole, mine);
+    const size_t own = (size_t)SH_T * ds4_split_len(r->sp, SH_E);
+    ds4_split_exchange(r->sp, ds4_split_gate(0, DS4_SPLIT_MOE), mine, own, moe_recv, (size_t)SH_T * SH_E - own);
+    ds4_split_join(r->sp, SH_T, SH_E, mine, moe_recv, r->out);
+    return NULL;
+}
+
+static void check_shared_odd(void) {
+    float wg[SH_F * SH_E], wu[SH_F * SH_E], wd[SH_E * SH_F], x[SH_T * SH_E];
+    uint64_t s = 12345;
+    float *all[] = {wg, wu, wd, x};
+    const int n[] = {SH_F * SH_E, SH_F * SH_E, SH_E * SH_F, SH_T * SH_E};
+    for (int a = 0; a < 4; a++)
+        for (int i = 0; i < n[a]; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            all[a][i] = (float)((int64_t)(s >> 40) - (1 << 23)) / (float)(1 << 22);
+        }
+    const ds4_tensor gate = {wg, DS4_TYPE_F32, {SH_E, SH_F, 1}, SH_E * sizeof(float)};
+    const ds4_tensor up = {wu, DS4_TYPE_F32, {SH_E, SH_F, 1}, SH_E * sizeof(float)};
+    const ds4_tensor down = {wd, DS4_TYPE_F32, {SH_F, SH_E, 1}, SH_F * sizeof(float)};
+    /* the single process: whole products */
+    float g[SH_T * SH_F], u[SH_T * SH_F], want[SH_T * SH_E];
+    f32_rows(NULL, &gate, 0, SH_F, x, SH_E, SH_T, g);
+    f32_rows(NULL, &up, 0, SH_F, x, SH_E, SH_T, u);
+    ds4_swiglu(NULL, g, u, SH_T, SH_F, 1.5f);
+    f32_rows(NULL, &down, 0, SH_E, g, SH_F, SH_T, want);
+    rendezvous rv = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    rank_ud u0 = {&rv, 0}, u1 = {&rv, 1};
+    const ds4_cpu_split s0 = {0, 0, link_send, link_recv, &u0}, s1 = {1, 0, link_send, link_recv, &u1};
+    shared_rank r0 = {&s0, &gate, &up, &down, x, {0}}, r1 = {&s1, &gate, &up, &down, x, {0}};
+    pthread_t t;
+    CHECK(!pthread_create(&t, NULL, shared_rank_run, &r1), "thread");
+    shared_rank_run(&r0);
+    pthread_join(t, NULL);
+    CHECK(!rv.mismatch && rv.exchanges == 2, "shared split: %d exchanges%s", rv.exchanges,
+          rv.mismatch ? ", a gate or size mismatch" : "");
+    CHECK(!memcmp(r0.out, want, sizeof want) && !memcmp(r1.out, want, sizeof want),
+          "shared split on odd widths differs from the whole product");
+}
+
 int main(void) {
+    check_shared_odd();
     const char *build = getenv("BUILD") ? getenv("BUILD") : "build";
     char path[512];
     snprintf(path, sizeof path, "%s/ds4tiny/A-f32.gguf", build);

@@ -76,7 +76,7 @@ typedef struct {
     int *seq_row0;          /* [T] a sequence's first row (at most T sequences) */
     int64_t *row_pos;       /* [T] a row's position in its sequence */
     int *head_rows;         /* [T] rows of one all-logits sequence */
-    float *tp_send, *tp_recv; /* [T][max(G*OL, E)] tensor parallelism: halves exchanged (empty without a split) */
+    float *tp_send, *tp_recv; /* [T][max(G*OL, F, (k + 1) * E)] tensor parallelism: halves exchanged (empty without a split) */
     int *last_rows;         /* [T] last rows of the sequences that want only those */
     void *act;              /* [T] activations converted for the weight type */
 } batch_scratch;
@@ -113,7 +113,7 @@ typedef struct cpu {
     void *ts_block;
     ds4_matmul_observer observe;    /* NULL = off */
     void *observe_ud;
-    ds4_cpu_split split;            /* tensor parallelism: exchange NULL = off */
+    ds4_cpu_split split;            /* tensor parallelism: send NULL = off */
     bool split_heads;               /* and attention's heads and out_b's rows split too */
     float *head_own, *head_other;   /* [HEAD_CHUNK][n_vocab - n_vocab / 2]: the split output head's halves */
 } cpu;
@@ -478,11 +478,11 @@ static void attn_task(batch *b, int task, int thread) {
     for (int h = 0; h < nh; h++) rope_apply(o + (size_t)h * D, D, c->n_rot, rope_cs(b, t), true);
 }
 
-/* Tensor parallelism: the other rank's columns of x (tp_split.h), gate
- * `which` of the layer's three. */
+/* Tensor parallelism: the other rank's columns of x (tp_split.h) at the
+ * layer's gate `which`. */
 static void allgather(batch *b, int which, float *x, int width, int c0, int c1) {
     cpu *f = b->f;
-    ds4_split_allgather(&f->split, 3 * b->l + which, x, b->T, width, c0, c1, f->s.tp_send, f->s.tp_recv);
+    ds4_split_allgather(&f->split, ds4_split_gate(b->l, which), x, b->T, width, c0, c1, f->s.tp_send, f->s.tp_recv);
 }
 
 /* The batch's KV rows into each sequence's window ring of this layer. */
@@ -525,7 +525,7 @@ static void attention(batch *b) {
     /* tensor parallelism: this rank's heads, those of its half of the
      * output groups (attn_out is free until the heads write it) */
     const int G = c->o_groups, OL = c->o_lora, gin = HD / G, hpg = c->n_head / G;
-    const bool split = f->split.exchange && f->split_heads;
+    const bool split = f->split.send && f->split_heads;
     const int g0 = split && f->split.rank ? G / 2 : 0, g1 = split && !f->split.rank ? G / 2 : G;
     b->h0 = g0 * hpg;
     b->h1 = g1 * hpg;
@@ -567,13 +567,13 @@ static void attention(batch *b) {
         /* each rank's group latents to the other (the same bits one process
          * computes), then each computes its half of out_b's rows and they
          * swap those: sublayer_out is the single process's on both */
-        allgather(b, 0, s->out_latent, G * OL, g0 * OL, g1 * OL);
+        allgather(b, DS4_SPLIT_HEADS, s->out_latent, G * OL, g0 * OL, g1 * OL);
         const int e0 = f->split.rank ? E / 2 : 0, e1 = f->split.rank ? E : E / 2;
         linear(f, &W->out_b, 0, e0, e1 - e0, s->out_latent, (int64_t)G * OL, T, s->tp_recv);
         for (int t = 0; t < T; t++)
             memcpy(s->sublayer_out + (size_t)t * E + e0, s->tp_recv + (size_t)t * (e1 - e0),
                    (size_t)(e1 - e0) * sizeof(float));
-        allgather(b, 1, s->sublayer_out, E, e0, e1);
+        allgather(b, DS4_SPLIT_ATTN_OUT, s->sublayer_out, E, e0, e1);
     }
     hc_post(b, DS4_STEER_ATTN);
 }
@@ -697,7 +697,7 @@ static void expert_group(batch *b, routing *r, int e, int n) {
     cpu *f = b->f;
     batch_scratch *s = &f->s;
     const int E = f->c->n_embd, k = f->c->n_expert_used;
-    if (!f->split.exchange || (e >= r->lo && e < r->hi)) f->base.weight_bytes += expert_bytes(&f->m->layers[b->l]);
+    if (!f->split.send || (e >= r->lo && e < r->hi)) f->base.weight_bytes += expert_bytes(&f->m->layers[b->l]);
     if (r->per_thread) {
         s->group_expert[r->n_groups] = e;
         s->group_row0[r->n_groups] = r->used;
@@ -709,6 +709,21 @@ static void expert_group(batch *b, routing *r, int e, int n) {
     expert(b, e, s->expert_rows, n, f->pool, &whole);
     expert_rows_ctx g = {s, s->expert_rows, n, E, k, &whole};
     ds4_pool_run_ranges(f->pool, (E + SCATTER_COLS - 1) / SCATTER_COLS, scatter_cols, &g);
+}
+
+/* rows of W for the shared split (tp_split.h), counted like linear() */
+static void split_rows(void *ctx, const ds4_tensor *W, int64_t row0, int64_t rows, const float *X, size_t x_stride,
+                       int T, float *Y) {
+    linear(ctx, W, 0, row0, rows, X, (int64_t)x_stride, T, Y);
+}
+
+/* Tensor parallelism, the shared expert's second half (tp_split.h): the
+ * other rank's activation, then this rank's output columns into out. */
+static void shared_split_end(batch *b, float *out) {
+    cpu *f = b->f;
+    const ds4_split_product pr = {split_rows, f, f->pool};
+    ds4_split_shared_end(&f->split, b->l, &pr, &f->m->layers[b->l].down_shexp, b->T, f->s.ffn_gate, f->s.tp_recv,
+                         f->s.ffn_up, out);
 }
 
 /* Routed experts added into sublayer_out: rows grouped per expert so each
@@ -732,7 +747,7 @@ static void routed(batch *b) {
     const ds4_config *c = f->c;
     const int T = b->T, k = c->n_expert_used, mid = f->split.mid;
     routing r = {.per_thread = !f->experts, .lo = 0, .hi = c->n_expert};
-    if (f->split.exchange) {
+    if (f->split.send) {
         r.lo = f->split.rank ? mid : 0;
         r.hi = f->split.rank ? c->n_expert : mid;
     }
@@ -751,7 +766,7 @@ static void routed(batch *b) {
     }
     if (!r.per_thread) return;
     b->sum_lo = 0;
-    if (!f->split.exchange) {
+    if (!f->split.send) {
         b->group0 = 0;
         b->sum_hi = c->n_expert;
         par(b, r.n_groups, expert_group_task);
@@ -759,26 +774,26 @@ static void routed(batch *b) {
         return;
     }
     /* Tensor parallelism (ds4_cpu_split): the groups are laid out as one
-     * process lays them out, each rank computes its own experts' groups, and
-     * the single process's sum is cut where the experts [mid, n) begin:
-     * rank 0 adds the shared expert and [0, mid) (the sum's first terms, in
-     * order) and sends that partial sum; rank 1 sends the slot outputs of
-     * [mid, n); both then add those onto the partial sum in the same order,
-     * so both hold the single process's bits. */
-    const size_t E = (size_t)c->n_embd, rows_hi = (size_t)(r.used - mid_used) * E;
-    float *slots_hi = s->slot_out + (size_t)mid_used * E;
-    if (f->split.rank == 0) {
-        b->group0 = 0;
-        par(b, mid_group, expert_group_task);
-        b->sum_hi = mid;
-        par(b, T, expert_sum_task);
-        f->split.exchange(f->split.ud, 3 * b->l + 2, s->sublayer_out, (size_t)T * E, slots_hi, rows_hi);
-    } else {
-        b->group0 = mid_group;
-        par(b, r.n_groups - mid_group, expert_group_task);
-        f->split.exchange(f->split.ud, 3 * b->l + 2, slots_hi, rows_hi, s->sublayer_out, (size_t)T * E);
-    }
-    b->sum_lo = mid;
+     * process lays them out and each rank computes its own experts' groups
+     * [0, mid_group) or [mid_group, n_groups), whose outputs fill the slots
+     * [0, mid_used) or [mid_used, used); then the shared expert's half of
+     * the output columns (shared_split_end). One exchange swaps those
+     * halves and slots, and each rank adds every row's experts as one
+     * process does. */
+    const int rank = f->split.rank, own_cols = ds4_split_len(&f->split, c->n_embd);
+    const size_t E = (size_t)c->n_embd, lo_rows = (size_t)mid_used * E, hi_rows = (size_t)(r.used - mid_used) * E;
+    b->group0 = rank ? mid_group : 0;
+    par(b, rank ? r.n_groups - mid_group : mid_group, expert_group_task);
+    shared_split_end(b, s->tp_send);
+    float *own_slots = s->slot_out + (rank ? lo_rows : 0), *other_slots = s->slot_out + (rank ? 0 : lo_rows);
+    const size_t own_n = rank ? hi_rows : lo_rows, other_n = rank ? lo_rows : hi_rows;
+    const size_t shared_own = (size_t)T * own_cols, shared_other = (size_t)T * E - shared_own;
+    memcpy(s->tp_send + shared_own, own_slots, own_n * sizeof(float));
+    ds4_split_exchange(&f->split, ds4_split_gate(b->l, DS4_SPLIT_MOE), s->tp_send, shared_own + own_n, s->tp_recv,
+                       shared_other + other_n);
+    ds4_split_join(&f->split, T, (int)E, s->tp_send, s->tp_recv, s->sublayer_out);
+    memcpy(other_slots, s->tp_recv + shared_other, other_n * sizeof(float));
+    b->sum_lo = 0;
     b->sum_hi = c->n_expert;
     par(b, T, expert_sum_task);
 }
@@ -833,12 +848,17 @@ static void ffn(batch *b) {
     }
 
     /* shared expert over the whole batch, into sublayer_out (tensor
-     * parallelism: rank 0's; rank 1 receives the partial sum it starts) */
-    if (!f->split.exchange || f->split.rank == 0) {
+     * parallelism: this rank's half of its activation, sent now so that
+     * the transfer overlaps the routed experts; routed() finishes it) */
+    if (!f->split.send) {
         linear(f, &W->gate_shexp, 0, 0, F, s->normed, E, T, s->ffn_gate);
         linear(f, &W->up_shexp, 0, 0, F, s->normed, E, T, s->ffn_up);
         ds4_swiglu(f->pool, s->ffn_gate, s->ffn_up, T, F, c->clamp_shexp[b->l]);
         linear(f, &W->down_shexp, 0, 0, E, s->ffn_gate, F, T, s->sublayer_out);
+    } else {
+        const ds4_split_product pr = {split_rows, f, f->pool};
+        ds4_split_shared_begin(&f->split, b->l, &pr, &W->gate_shexp, &W->up_shexp, c->clamp_shexp[b->l], s->normed,
+                               (size_t)E, T, s->ffn_gate, s->ffn_up);
     }
 
     routed(b);
@@ -886,7 +906,13 @@ static size_t layout_batch(const cpu *f, int T, carver *cv, batch_scratch *s) {
     s->idx_head_w = carve(cv, rows * c->n_idx_head, fl);
     s->out_latent = carve(cv, rows * c->o_groups * c->o_lora, fl);
     s->out_group = carve(cv, rows * c->o_lora, fl);
-    const size_t G_OL = (size_t)c->o_groups * c->o_lora, tp_cols = f->split.exchange ? (G_OL > E ? G_OL : E) : 0;
+    /* tensor parallelism: the widest exchange per row is the attention's
+     * group latents, the shared expert's activation or the MoE exchange
+     * (half the shared expert's output and up to k slots) */
+    const size_t G_OL = (size_t)c->o_groups * c->o_lora, moe_cols = (size_t)(k + 1) * E;
+    size_t tp_cols = G_OL > (size_t)F ? G_OL : (size_t)F;
+    if (moe_cols > tp_cols) tp_cols = moe_cols;
+    if (!f->split.send) tp_cols = 0;
     s->tp_send = carve(cv, rows * tp_cols, fl);
     s->tp_recv = carve(cv, rows * tp_cols, fl);
     s->router = carve(cv, rows * c->n_expert, fl);
@@ -1014,7 +1040,7 @@ static void head(batch *b, const int *rows, int n, float *logits) {
         }
         rmsnorm(hidden, E, m->output_norm, c->rms_eps);
     }
-    if (!f->split.exchange) {
+    if (!f->split.send) {
         linear(f, &m->output, 0, 0, c->n_vocab, s->normed, E, n, logits);
         return;
     }
@@ -1026,12 +1052,12 @@ static void head(batch *b, const int *rows, int n, float *logits) {
     for (int i0 = 0; i0 < n; i0 += HEAD_CHUNK) {
         const int nc = n - i0 < HEAD_CHUNK ? n - i0 : HEAD_CHUNK;
         linear(f, &m->output, 0, v0, v1 - v0, s->normed + (size_t)i0 * E, E, nc, f->head_own);
-        const int gate = 3 * c->n_layer + b->head_gate++;
+        const int gate = ds4_split_gate(c->n_layer, b->head_gate++);
         if (f->split.rank) {
-            f->split.exchange(f->split.ud, gate, f->head_own, (size_t)nc * (V - vh), NULL, 0);
+            ds4_split_exchange(&f->split, gate, f->head_own, (size_t)nc * (V - vh), NULL, 0);
             continue;
         }
-        f->split.exchange(f->split.ud, gate, NULL, 0, f->head_other, (size_t)nc * (V - vh));
+        ds4_split_exchange(&f->split, gate, NULL, 0, f->head_other, (size_t)nc * (V - vh));
         for (int i = 0; i < nc; i++) {
             float *row = logits + (size_t)(i0 + i) * V;
             memcpy(row, f->head_own + (size_t)i * vh, (size_t)vh * sizeof(float));
@@ -1064,7 +1090,7 @@ static void heads(batch *b) {
     }
     if (!n_last) return;
     head(b, last, n_last, f->head_logits);
-    if (f->split.exchange && f->split.rank) return;   /* rank 1 wrote no logits */
+    if (f->split.send && f->split.rank) return;   /* rank 1 wrote no logits */
     for (int q = 0, i = 0; q < b->n_seqs; q++)
         if (!b->seqs[q].all_logits)
             memcpy(b->seqs[q].logits, f->head_logits + (size_t)i++ * V, (size_t)V * sizeof(float));

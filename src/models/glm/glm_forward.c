@@ -57,12 +57,13 @@ struct glm_forward {
     /* per position */
     float *score;
     float *head_out;                 /* [HEAD_ROWS][n_vocab] */
-    /* tensor parallelism (ds4_glm_forward_split): exchange NULL = off */
+    /* tensor parallelism (ds4_glm_forward_split): send NULL = off */
     ds4_cpu_split split;
     bool split_heads;                /* attention's heads and attn_output's rows split too */
     int l, h0, h1;                   /* the layer being evaluated; its heads here: [h0, h1) */
     int head_gate;                   /* the call's head exchanges so far */
     float *tp_send, *tp_recv;        /* [max_rows][split_width()] */
+    float *tp_act, *tp_whole;        /* [max_rows][F]: the shared expert's activation, this rank's half and whole */
     float *head_own, *head_other;    /* [HEAD_ROWS][n_vocab - n_vocab / 2] */
 };
 
@@ -272,29 +273,39 @@ static void route(glm_forward *f, const glm_layer *L, int t) {
     }
 }
 
-/* Tensor parallelism, MoE layer: rank 0 holds the shared expert's rows
- * (ffn) and its slots' outputs (experts < mid), rank 1 the other slots'.
- * One exchange gives rank 1 the shared rows and rank 0's slots and rank 0
- * rank 1's slots, slots packed in slot order; both then hold every slot's
- * output, which routed() adds in selection order as one process does. */
-static void exchange_ffn(glm_forward *f, int T) {
+/* rows of w for the shared split (tp_split.h), counted like matmul() */
+static void split_rows(void *ctx, const ds4_tensor *w, int64_t row0, int64_t rows, const float *X, size_t x_stride,
+                       int T, float *Y) {
+    matmul_rows(ctx, w, 0, row0, rows, T, X, x_stride, Y);
+}
+
+/* Tensor parallelism, MoE layer: each rank holds half of the shared
+ * expert's output columns (ds4_split_shared_end, into tp_send) and its
+ * slots' outputs (rank 0 experts < mid, rank 1 the rest). One exchange
+ * swaps them, slots packed in slot order; both then hold the whole shared
+ * output in ffn and every slot's output, which routed() adds in selection
+ * order as one process does. */
+static void exchange_ffn(glm_forward *f, const glm_layer *L, int T) {
     const glm_hparams *hp = &f->m->hp;
     const size_t E = hp->n_embd;
     const int K = (int)hp->n_expert_used, mid = f->split.mid, rank = f->split.rank;
+    const ds4_split_product pr = {split_rows, f, f->pool};
+    ds4_split_shared_end(&f->split, f->l, &pr, &L->down_shexp, T, f->tp_act, f->tp_recv, f->tp_whole, f->tp_send);
     size_t n_lo = 0;
     for (int i = 0; i < T * K; i++) n_lo += f->experts[i] < mid;
-    const size_t n_hi = (size_t)T * K - n_lo, shared = rank ? 0 : (size_t)T * E;
-    float *send = f->tp_send, *w = send;
-    if (!rank) { memcpy(w, f->ffn, shared * sizeof(float)); w += shared; }
+    const size_t n_hi = (size_t)T * K - n_lo, own_cols = (size_t)ds4_split_len(&f->split, (int)E);
+    const size_t shared_own = (size_t)T * own_cols, shared_other = (size_t)T * E - shared_own;
+    float *w = f->tp_send + shared_own;
     for (int i = 0; i < T * K; i++)
         if ((f->experts[i] >= mid) == (rank == 1)) {
             memcpy(w, f->expert_out + (size_t)i * E, E * sizeof(float));
             w += E;
         }
-    const size_t n_recv = rank ? (size_t)T * E + n_lo * E : n_hi * E;
-    f->split.exchange(f->split.ud, 3 * f->l + 2, send, (size_t)(w - send), f->tp_recv, n_recv);
-    const float *r = f->tp_recv;
-    if (rank) { memcpy(f->ffn, r, (size_t)T * E * sizeof(float)); r += (size_t)T * E; }
+    const size_t n_recv = shared_other + (rank ? n_lo : n_hi) * E;
+    ds4_split_exchange(&f->split, ds4_split_gate(f->l, DS4_SPLIT_MOE), f->tp_send, (size_t)(w - f->tp_send),
+                       f->tp_recv, n_recv);
+    ds4_split_join(&f->split, T, (int)E, f->tp_send, f->tp_recv, f->ffn);
+    const float *r = f->tp_recv + shared_other;
     for (int i = 0; i < T * K; i++)
         if ((f->experts[i] >= mid) == (rank == 0)) {
             memcpy(f->expert_out + (size_t)i * E, r, E * sizeof(float));
@@ -309,7 +320,7 @@ static void exchange_ffn(glm_forward *f, int T) {
 static void routed(glm_forward *f, const glm_layer *L, int T) {
     const glm_hparams *hp = &f->m->hp;
     const int E = (int)hp->n_embd, X = (int)hp->n_expert, K = (int)hp->n_expert_used;
-    const bool split = f->split.exchange != NULL;
+    const bool split = f->split.send != NULL;
     const int lo = split && f->split.rank ? f->split.mid : 0, hi = split && !f->split.rank ? f->split.mid : X;
     for (int t = 0; t < T; t++) route(f, L, t);
     for (int e = lo; e < hi; e++) {
@@ -326,7 +337,7 @@ static void routed(glm_forward *f, const glm_layer *L, int T) {
         for (int r = 0; r < m; r++)
             memcpy(f->expert_out + (size_t)f->expert_slot[r] * E, f->expert_in + (size_t)r * E, (size_t)E * sizeof(float));
     }
-    if (split) exchange_ffn(f, T);
+    if (split) exchange_ffn(f, L, T);
     for (int t = 0; t < T; t++) {
         float *out = f->ffn + (size_t)t * E;
         for (int j = 0; j < K; j++) {
@@ -341,7 +352,7 @@ static void layer(glm_forward *f, int l, int T) {
     const glm_layer *L = &f->m->layers[l];
     const int E = (int)hp->n_embd, LQ = (int)hp->q_lora_rank, H = (int)hp->n_head;
     const int DK = (int)hp->key_length_mla, DV = (int)hp->value_length_mla;
-    const bool split_heads = f->split.exchange && f->split_heads, rank = f->split.rank;
+    const bool split_heads = f->split.send && f->split_heads, rank = f->split.rank;
     f->l = l;
     f->h0 = split_heads && rank ? H / 2 : 0;
     f->h1 = split_heads && !rank ? H / 2 : H;
@@ -365,10 +376,10 @@ static void layer(glm_forward *f, int l, int T) {
         /* the heads' outputs to the other rank, then each computes half of
          * attn_output's rows and they swap those: f->h is the single
          * process's on both */
-        ds4_split_allgather(&f->split, 3 * l, f->attn, T, H * DV, f->h0 * DV, f->h1 * DV, f->tp_send, f->tp_recv);
+        ds4_split_allgather(&f->split, ds4_split_gate(l, DS4_SPLIT_HEADS), f->attn, T, H * DV, f->h0 * DV, f->h1 * DV, f->tp_send, f->tp_recv);
         const int e0 = rank ? E / 2 : 0, e1 = rank ? E : E / 2;
         matmul_cols(f, &L->attn_output, e0, e1 - e0, T, f->attn, (size_t)H * DV, f->h, (size_t)E);
-        ds4_split_allgather(&f->split, 3 * l + 1, f->h, T, E, e0, e1, f->tp_send, f->tp_recv);
+        ds4_split_allgather(&f->split, ds4_split_gate(l, DS4_SPLIT_ATTN_OUT), f->h, T, E, e0, e1, f->tp_send, f->tp_recv);
     }
     for (int t = 0; t < T; t++) {
         float *x = f->x + (size_t)t * E, *h = f->h + (size_t)t * E;
@@ -380,9 +391,16 @@ static void layer(glm_forward *f, int l, int T) {
     if (glm_block_dense(hp, l)) {
         swiglu(f, &L->ffn_gate, &L->ffn_up, &L->ffn_down, 0, T, f->y, f->gate, f->up, f->ffn);
     } else {
-        /* the shared expert: rank 0's alone in a split (routed() sends it) */
-        if (!f->split.exchange || !rank)
+        /* the shared expert; split, this rank's half of its activation, sent
+         * now so the transfer overlaps the routed experts (exchange_ffn()
+         * finishes it) */
+        if (!f->split.send) {
             swiglu(f, &L->gate_shexp, &L->up_shexp, &L->down_shexp, 0, T, f->y, f->gate, f->up, f->ffn);
+        } else {
+            const ds4_split_product pr = {split_rows, f, f->pool};
+            ds4_split_shared_begin(&f->split, l, &pr, &L->gate_shexp, &L->up_shexp, INFINITY, f->y, (size_t)E, T,
+                                   f->tp_act, f->up);
+        }
         routed(f, L, T);
     }
     for (int t = 0; t < T; t++) {
@@ -429,7 +447,7 @@ int ds4_glm_forward_prepare(glm_forward *f, const glm_kv *kv, const int32_t *tok
 static void head(glm_forward *f, int first, int n, float *out) {
     const size_t E = f->m->hp.n_embd;
     const float *y = f->y + (size_t)first * E;
-    if (!f->split.exchange) {
+    if (!f->split.send) {
         matmul(f, &f->m->output, 0, n, y, E, out);
         return;
     }
@@ -437,12 +455,12 @@ static void head(glm_forward *f, int first, int n, float *out) {
     for (int i0 = 0; i0 < n; i0 += HEAD_ROWS) {
         const int nc = n - i0 < HEAD_ROWS ? n - i0 : HEAD_ROWS;
         matmul_rows(f, &f->m->output, 0, v0, v1 - v0, nc, y + (size_t)i0 * E, E, f->head_own);
-        const int gate = 3 * (int)glm_n_trunk(&f->m->hp) + f->head_gate++;
+        const int gate = ds4_split_gate((int)glm_n_trunk(&f->m->hp), f->head_gate++);
         if (rank) {
-            f->split.exchange(f->split.ud, gate, f->head_own, (size_t)nc * (V - vh), NULL, 0);
+            ds4_split_exchange(&f->split, gate, f->head_own, (size_t)nc * (V - vh), NULL, 0);
             continue;
         }
-        f->split.exchange(f->split.ud, gate, NULL, 0, f->head_other, (size_t)nc * (V - vh));
+        ds4_split_exchange(&f->split, gate, NULL, 0, f->head_other, (size_t)nc * (V - vh));
         for (int i = 0; i < nc; i++) {
             float *row = out + (size_t)(i0 + i) * V;
             memcpy(row, f->head_own + (size_t)i * vh, (size_t)vh * sizeof(float));
@@ -456,7 +474,7 @@ static void head(glm_forward *f, int first, int n, float *out) {
 static void head_group(glm_forward *f, const glm_run *runs, const int *group_run, int group) {
     const size_t V = f->m->hp.n_vocab;
     head(f, 0, group, f->head_out);
-    if (f->split.exchange && f->split.rank) return;   /* rank 1 writes no logits */
+    if (f->split.send && f->split.rank) return;   /* rank 1 writes no logits */
     for (int g = 0; g < group; g++) memcpy(runs[group_run[g]].logits, f->head_out + g * V, V * sizeof(float));
 }
 
@@ -520,7 +538,7 @@ void ds4_glm_forward_free(glm_forward *f) {
                      f->iq, f->ik, f->picks, f->n_picks, f->acts, f->iw, f->router,
                      f->expert_w, f->expert_in, f->expert_out, f->experts, f->expert_slot, f->score,
                      f->row_kv, f->row_steer, f->row_probe, f->row_pos, f->head_out,
-                     f->tp_send, f->tp_recv, f->head_own, f->head_other};
+                     f->tp_send, f->tp_recv, f->tp_act, f->tp_whole, f->head_own, f->head_other};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
     for (int i = 0; f->heads && i < f->n_heads_scratch; i++) {
         free(f->heads[i].qlat);
@@ -637,19 +655,25 @@ bool ds4_glm_split_heads(const glm_model *m) { return m->hp.n_head % 2 == 0 && m
 bool ds4_glm_forward_split(glm_forward *f, const ds4_cpu_split *sp) {
     const glm_hparams *hp = &f->m->hp;
     const size_t T = (size_t)f->max_rows, E = hp->n_embd, H = hp->n_head, K = hp->n_expert_used;
+    size_t F = 0;   /* the widest shared expert */
+    for (uint32_t l = 0; l < glm_n_trunk(hp); l++)
+        if ((size_t)f->m->layers[l].gate_shexp.ne[1] > F) F = (size_t)f->m->layers[l].gate_shexp.ne[1];
     /* the widest exchange or split product: the heads' queries or outputs,
-     * or the FFN's shared rows plus every slot */
-    const size_t width = max_size((size_t[]){H * hp->key_length_mla, H * hp->value_length_mla, E + K * E}, 3);
+     * the shared expert's activation, or half its output plus every slot */
+    const size_t width = max_size((size_t[]){H * hp->key_length_mla, H * hp->value_length_mla, F, E + K * E}, 4);
     const size_t half = (size_t)HEAD_ROWS * (hp->n_vocab - hp->n_vocab / 2);
     float *send = malloc(T * width * sizeof(float)), *recv = malloc(T * width * sizeof(float));
+    float *act = malloc((T * F + 1) * sizeof(float)), *whole = malloc((T * F + 1) * sizeof(float));
     float *own = malloc(half * sizeof(float)), *other = malloc(half * sizeof(float));
-    if (!send || !recv || !own || !other) {
-        free(send); free(recv); free(own); free(other);
+    if (!send || !recv || !act || !whole || !own || !other) {
+        free(send); free(recv); free(act); free(whole); free(own); free(other);
         return false;
     }
-    free(f->tp_send); free(f->tp_recv); free(f->head_own); free(f->head_other);
+    free(f->tp_send); free(f->tp_recv); free(f->tp_act); free(f->tp_whole); free(f->head_own); free(f->head_other);
     f->tp_send = send;
     f->tp_recv = recv;
+    f->tp_act = act;
+    f->tp_whole = whole;
     f->head_own = own;
     f->head_other = other;
     f->split = *sp;
