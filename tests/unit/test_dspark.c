@@ -198,9 +198,11 @@ static void through_engine(const char *main_path) {
     unsigned char *blocks = slurp(FIX "blocks", &blen);
     const size_t rec = sizeof(int32_t) * (1 + B) + sizeof(float) * B * (1 + (size_t)V);
     float *logits = malloc((size_t)V * sizeof(float)), *again = malloc((size_t)V * sizeof(float));
+    const size_t n_blocks = blocks ? blen / rec : 0;
+    float *mode0 = malloc((n_blocks + 1) * (size_t)V * sizeof(float));   /* mode 0's first rows, per block */
     double worst = 0;
     int n_checked = 0;
-    for (int mode = 0; mode < 2 && blocks; mode++) {
+    for (int mode = 0; mode < 3 && blocks && mode0; mode++) {
         ds4_session *s = ds4_session_new(e, 128, err, sizeof err);
         CHECK(s != NULL, "%s", err);
         if (!s) break;
@@ -209,12 +211,23 @@ static void through_engine(const char *main_path) {
             memcpy(hdr, blocks + off, sizeof hdr);
             const float *rlog = (const float *)(blocks + off + sizeof hdr) + B;
             const int a = hdr[0], have = ds4_session_n_tokens(s);
-            /* mode 0: one decode per token; mode 1: each anchor's missing tokens as one prefill */
-            if (mode == 0)
-                for (int i = have; i < a; i++) CHECK(!ds4_session_decode(s, fixture_tokens[i], err, sizeof err), "%s", err);
+            /* mode 0: one decode per token, the drafter's context rows made
+             * at the anchor in chunks; mode 1: each anchor's missing tokens
+             * as one prefill; mode 2: one decode per token with a draft
+             * after each, so every context row is made alone */
+            if (mode != 1)
+                for (int i = have; i < a; i++) {
+                    CHECK(!ds4_session_decode(s, fixture_tokens[i], err, sizeof err), "%s", err);
+                    if (mode == 2)
+                        CHECK(!ds4_session_draft_logits(s, fixture_tokens[i], again, err, sizeof err), "%s", err);
+                }
             else
                 CHECK(!ds4_session_prefill(s, fixture_tokens + have, a - have, NULL, NULL, NULL, err, sizeof err), "%s", err);
             CHECK(!ds4_session_draft_logits(s, anchor_token(a), logits, err, sizeof err), "anchor %d: %s", a, err);
+            float *first = mode0 + off / rec * (size_t)V;
+            if (mode == 0) memcpy(first, logits, (size_t)V * sizeof(float));
+            else CHECK(!memcmp(first, logits, (size_t)V * sizeof(float)), "anchor %d (mode %d): logits differ from "
+                       "the context made in chunks", a, mode);
             for (int v = 0; v < V; v++) {
                 const double d = fabs((double)logits[v] - rlog[v]);
                 if (d > worst) worst = d;
@@ -233,10 +246,11 @@ static void through_engine(const char *main_path) {
         ds4_session_free(s);
     }
     printf("dspark through the engine: %d blocks, max |first-row logit err| %.3g\n", n_checked, worst);
-    CHECK(n_checked >= 16, "checked %d blocks", n_checked);
+    CHECK(n_checked >= 27, "checked %d blocks", n_checked);
     CHECK(worst <= 1e-4, "first-row logits differ by %.3g", worst);
     free(logits);
     free(again);
+    free(mode0);
     free(blocks);
     ds4_engine_free(e);
 }

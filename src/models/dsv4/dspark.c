@@ -6,6 +6,7 @@
 
 #include "format/gguf.h"
 #include "format/tensor_bind.h"
+#include "kernels/attn_cpu.h"
 #include "kernels/kernels_cpu.h"
 #include "kernels/quant.h"
 #include "models/dsv4/kv.h"
@@ -35,12 +36,22 @@ struct ds4_dspark {
     dspark_layer *layers;
     /* scratch of one call (the engine is single-threaded) */
     void *act;
-    float *x, *h, *qa, *q, *kvb, *att, *oa, *ff_g, *ff_u, *ctxh, *w1row;
+    float *x, *h, *qa, *q, *kvb, *att, *oa, *oa_group, *ff_g, *ff_u, *ctxh, *w1row;
 };
+
+/* Context rows are made lazily: an evaluation only records that the ring
+ * now holds the features of [n, followed); the draft's next block turns
+ * them into K = V rows, CONTEXT_CHUNK at a time, so the fc and kv matrices
+ * are read once per chunk, not once per position (a session whose drafts
+ * back off for k steps then pays one read, not k). A row's values do not
+ * depend on the rows beside it (ds4_linear's contract), so a chunk gives
+ * the rows one push at a time gives. */
+enum { CONTEXT_CHUNK = 32 };
 
 struct ds4_dspark_state {
     ds4_dspark *d;
-    int ctx, n;
+    int ctx, n;                         /* n: context rows made */
+    int followed;                       /* the ring holds the features of [n, followed) */
     float *kv;                          /* [n_layer][ctx][D] roped context K = V rows */
     float *ring;                        /* [slots][n_tgt][E] target features, slot = position mod slots */
     int slots, bound_pos;
@@ -59,7 +70,7 @@ void ds4_dspark_free(ds4_dspark *d) {
         }
     free(d->layers);
     free(d->targets); free(d->inv_freq); free(d->hidden_norm); free(d->norm);
-    free(d->act); free(d->x); free(d->h); free(d->qa); free(d->q); free(d->kvb); free(d->att); free(d->oa);
+    free(d->act); free(d->x); free(d->h); free(d->qa); free(d->q); free(d->kvb); free(d->att); free(d->oa); free(d->oa_group);
     free(d->ff_g); free(d->ff_u); free(d->ctxh); free(d->w1row);
     ds4_gguf_close(d->g);
     free(d);
@@ -229,8 +240,9 @@ ds4_dspark *ds4_dspark_from_gguf(ds4_gguf *g, const char *path, const ds4_model 
     const int widths[] = {d->E, d->Q, HD, d->F, d->C, d->R, d->G * d->O};
     for (size_t i = 0; i < sizeof widths / sizeof *widths; i++)
         if (widths[i] > widest) widest = widths[i];
-    /* one F32-sized activation row per block row covers every weight type */
-    d->act = malloc((size_t)B * (ds4_act_bytes(DS4_TYPE_F32, widest) + 64));
+    /* one F32-sized activation row per block or context row covers every weight type */
+    const int act_rows = B > CONTEXT_CHUNK ? B : CONTEXT_CHUNK;
+    d->act = malloc((size_t)act_rows * (ds4_act_bytes(DS4_TYPE_F32, widest) + 64));
     d->x = malloc((size_t)B * d->E * sizeof(float));
     d->h = malloc((size_t)B * d->E * sizeof(float));
     d->qa = malloc((size_t)B * d->Q * sizeof(float));
@@ -238,11 +250,12 @@ ds4_dspark *ds4_dspark_from_gguf(ds4_gguf *g, const char *path, const ds4_model 
     d->kvb = malloc((size_t)B * d->D * sizeof(float));
     d->att = malloc((size_t)B * HD * sizeof(float));
     d->oa = malloc((size_t)B * d->G * d->O * sizeof(float));
+    d->oa_group = malloc((size_t)B * d->O * sizeof(float));
     d->ff_g = malloc((size_t)B * d->F * sizeof(float));
     d->ff_u = malloc((size_t)B * d->F * sizeof(float));
-    d->ctxh = malloc((size_t)d->E * sizeof(float));
+    d->ctxh = malloc((size_t)CONTEXT_CHUNK * d->E * sizeof(float));
     d->w1row = malloc((size_t)(d->E + d->R) * sizeof(float));
-    if (!d->inv_freq || !d->act || !d->x || !d->h || !d->qa || !d->q || !d->kvb || !d->att || !d->oa || !d->ff_g ||
+    if (!d->inv_freq || !d->act || !d->x || !d->h || !d->qa || !d->q || !d->kvb || !d->att || !d->oa || !d->oa_group || !d->ff_g ||
         !d->ff_u || !d->ctxh || !d->w1row) {
         snprintf(err, errlen, "out of memory for the DSpark drafter");
         ds4_dspark_free(d);
@@ -278,7 +291,12 @@ void ds4_dspark_state_free(ds4_dspark_state *st) {
     free(st);
 }
 
+static void make_context(ds4_dspark_state *st);
+
 void ds4_dspark_bind(ds4_dspark_state *st, ds4_backend_seq *q) {
+    /* the evaluation writes q->n slots: rows still to be made that it
+     * would overwrite are made first */
+    if (st->followed > st->n && st->followed - st->n + q->n > st->slots) make_context(st);
     q->layer_ring = st->ring;
     q->ring_layers = st->d->targets;
     q->n_ring_layers = st->d->n_tgt;
@@ -289,16 +307,17 @@ void ds4_dspark_bind(ds4_dspark_state *st, ds4_backend_seq *q) {
 /* Rows [bound_pos, n_pos) were just written: they extend the context when
  * it reaches bound_pos and they all still sit in the ring. */
 void ds4_dspark_evaluated(ds4_dspark_state *st, int n_pos) {
-    if (st->n != st->bound_pos || n_pos - st->bound_pos > st->slots) return;
-    const size_t row = (size_t)st->d->n_tgt * st->d->E;
-    while (st->n < n_pos && ds4_dspark_push(st, st->ring + (size_t)(st->n % st->slots) * row)) {}
+    if (st->followed != st->bound_pos || n_pos - st->bound_pos > st->slots) return;
+    st->followed = n_pos < st->ctx ? n_pos : st->ctx;
 }
 
-void ds4_dspark_forget(ds4_dspark_state *st) { st->n = 0; }
+void ds4_dspark_forget(ds4_dspark_state *st) { st->n = st->followed = 0; }
 
-int ds4_dspark_context(const ds4_dspark_state *st) { return st->n; }
+int ds4_dspark_context(const ds4_dspark_state *st) { return st->followed; }
 void ds4_dspark_rewound(ds4_dspark_state *st, int n_pos) {
-    if (st->n > n_pos) st->n = n_pos < 0 ? 0 : n_pos;
+    if (n_pos < 0) n_pos = 0;
+    if (st->n > n_pos) st->n = n_pos;
+    if (st->followed > n_pos) st->followed = n_pos;
 }
 
 static void linear(ds4_dspark *d, const ds4_tensor *W, int64_t row0, int64_t rows, const float *x, int64_t xstride,
@@ -325,52 +344,59 @@ static void latent(ds4_dspark *d, const dspark_layer *L, const float *x, int T, 
     }
 }
 
-bool ds4_dspark_push(ds4_dspark_state *st, const float *feat) {
+/* Context rows [n, n + T) from T feature rows x_stride floats apart. */
+static void context_rows(ds4_dspark_state *st, const float *feat, int64_t x_stride, int T) {
     ds4_dspark *d = st->d;
+    linear(d, &d->fc, 0, d->E, feat, x_stride, T, d->ctxh);
+    for (int t = 0; t < T; t++)
+        ds4_rmsnorm(d->ctxh + (size_t)t * d->E, d->hidden_norm, d->E, d->eps, DS4_RMS_F32, d->ctxh + (size_t)t * d->E);
+    for (int l = 0; l < d->n_layer; l++) latent(d, &d->layers[l], d->ctxh, T, st->n, kv_row(st, l, st->n));
+    st->n += T;
+}
+
+/* The rows [n, followed) from the ring, in chunks that do not wrap it. */
+static void make_context(ds4_dspark_state *st) {
+    const int64_t row = (int64_t)st->d->n_tgt * st->d->E;
+    while (st->n < st->followed) {
+        const int slot = st->n % st->slots, left = st->followed - st->n;
+        int T = left < CONTEXT_CHUNK ? left : CONTEXT_CHUNK;
+        if (T > st->slots - slot) T = st->slots - slot;
+        context_rows(st, st->ring + (size_t)slot * row, row, T);
+    }
+}
+
+bool ds4_dspark_push(ds4_dspark_state *st, const float *feat) {
+    make_context(st);
     if (st->n >= st->ctx) return false;
-    linear(d, &d->fc, 0, d->E, feat, (int64_t)d->n_tgt * d->E, 1, d->ctxh);
-    ds4_rmsnorm(d->ctxh, d->hidden_norm, d->E, d->eps, DS4_RMS_F32, d->ctxh);
-    for (int l = 0; l < d->n_layer; l++) latent(d, &d->layers[l], d->ctxh, 1, st->n, kv_row(st, l, st->n));
-    st->n++;
+    context_rows(st, feat, (int64_t)st->d->n_tgt * st->d->E, 1);
+    st->followed = st->n;
     return true;
 }
 
-static void attention(ds4_dspark_state *st, const dspark_layer *L, int n, float *scores) {
+/* The block rows' attention over the n context rows and the B block rows
+ * (one shared K = V head, as the main model's: attn_cpu.h's kernel). rows
+ * and weights: caller scratch of n + B pointers and H x (n + B) floats. */
+static void attention(ds4_dspark_state *st, const dspark_layer *L, int n, const float **rows, float *weights) {
     ds4_dspark *d = st->d;
-    const int B = d->B, D = d->D, HD = d->H * d->D;
-    const float scale = 1.0f / sqrtf((float)D);
-    for (int t = 0; t < B; t++)
-        for (int hh = 0; hh < d->H; hh++) {
-            const float *q = d->q + (size_t)t * HD + (size_t)hh * D;
-            float mx = L->sinks[hh];
-            for (int j = 0; j < n + B; j++) {
-                const float *k = j < n ? kv_row(st, (int)(L - d->layers), j) : d->kvb + (size_t)(j - n) * D;
-                float s = 0;
-                for (int i = 0; i < D; i++) s += q[i] * k[i];
-                scores[j] = s * scale;
-                if (scores[j] > mx) mx = scores[j];
-            }
-            double sum = exp((double)L->sinks[hh] - mx);
-            for (int j = 0; j < n + B; j++) sum += exp((double)scores[j] - mx);
-            float *o = d->att + (size_t)t * HD + (size_t)hh * D;
-            memset(o, 0, (size_t)D * sizeof(float));
-            for (int j = 0; j < n + B; j++) {
-                const float p = (float)(exp((double)scores[j] - mx) / sum);
-                const float *v = j < n ? kv_row(st, (int)(L - d->layers), j) : d->kvb + (size_t)(j - n) * D;
-                for (int i = 0; i < D; i++) o[i] += p * v[i];
-            }
-            rope(d, o, n + t, true);
-        }
+    const int B = d->B, D = d->D, HD = d->H * d->D, layer = (int)(L - d->layers);
+    for (int j = 0; j < n + B; j++) rows[j] = j < n ? kv_row(st, layer, j) : d->kvb + (size_t)(j - n) * D;
+    for (int t = 0; t < B; t++) {
+        float *o = d->att + (size_t)t * HD;
+        ds4_attn_heads(d->q + (size_t)t * HD, d->H, D, rows, n + B, 1.0f / sqrtf((float)D), L->sinks, weights, o);
+        for (int hh = 0; hh < d->H; hh++) rope(d, o + (size_t)hh * D, n + t, true);
+    }
 }
 
 int ds4_dspark_block(ds4_dspark_state *st, int32_t last, float threshold, int max, int32_t *tokens, float *logits,
                      float *confidence) {
     ds4_dspark *d = st->d;
+    make_context(st);
     const int B = d->B, E = d->E, V = d->V, D = d->D, HD = d->H * d->D, n = st->n;
     const ds4_tensor *emb = &d->main->token_embd;
-    float *scores = malloc((size_t)(n + B) * sizeof(float));
+    const float **rows = malloc((size_t)(n + B) * sizeof *rows);
+    float *weights = malloc((size_t)d->H * (n + B) * sizeof(float));
     float *row_logits = malloc((size_t)2 * V * sizeof(float)), *bias = row_logits + V;
-    if (!scores || !row_logits) { free(scores); free(row_logits); return 0; }
+    if (!rows || !weights || !row_logits) { free(rows); free(weights); free(row_logits); return 0; }
     for (int t = 0; t < B; t++) {
         const int32_t tok = t ? d->mask_tok : last;
         ds4_dequantize_row(emb->type, (const char *)emb->data + (size_t)tok * emb->row_bytes, d->x + (size_t)t * E, E);
@@ -388,13 +414,16 @@ int ds4_dspark_block(ds4_dspark_state *st, int32_t last, float threshold, int ma
                 rope(d, q, n + t, false);
             }
         latent(d, L, d->h, B, n, d->kvb);
-        attention(st, L, n, scores);
-        /* grouped output LoRA: group g's slice of the heads through its rows */
+        attention(st, L, n, rows, weights);
+        /* grouped output LoRA: group g's slice of the heads through its
+         * rows, for the whole block at once (its rows read once) */
         const int gin = HD / d->G;
-        for (int g = 0; g < d->G; g++)
+        for (int g = 0; g < d->G; g++) {
+            linear(d, &L->out_a, (int64_t)g * d->O, d->O, d->att + (size_t)g * gin, HD, B, d->oa_group);
             for (int t = 0; t < B; t++)
-                linear(d, &L->out_a, (int64_t)g * d->O, d->O, d->att + (size_t)t * HD + (size_t)g * gin, gin, 1,
-                       d->oa + (size_t)t * d->G * d->O + (size_t)g * d->O);
+                memcpy(d->oa + (size_t)t * d->G * d->O + (size_t)g * d->O, d->oa_group + (size_t)t * d->O,
+                       (size_t)d->O * sizeof(float));
+        }
         linear(d, &L->out_b, 0, E, d->oa, (int64_t)d->G * d->O, B, d->h);
         for (size_t i = 0; i < (size_t)B * E; i++) d->x[i] += d->h[i];
         for (int t = 0; t < B; t++) ds4_rmsnorm(d->x + (size_t)t * E, L->ffn_norm, E, d->eps, DS4_RMS_F32, d->h + (size_t)t * E);
@@ -433,7 +462,8 @@ int ds4_dspark_block(ds4_dspark_state *st, int32_t last, float threshold, int ma
         keep++;
         prev = best;
     }
-    free(scores);
+    free(rows);
+    free(weights);
     free(row_logits);
     return keep;
 }

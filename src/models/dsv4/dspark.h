@@ -31,7 +31,11 @@
  * - A state keeps, per context position, each draft layer's K = V row (they
  *   depend on that position's features only): ds4_dspark_push() adds
  *   position ds4_dspark_context(st) from its features; ds4_dspark_rewound()
- *   drops the rows at and past n_pos. Nothing of it is persisted.
+ *   drops the rows at and past n_pos. Nothing of it is persisted. The rows
+ *   of evaluated positions are made when the next block needs them (or
+ *   before an evaluation would overwrite their features), a chunk of
+ *   positions per read of the drafter's matrices: the same values as one
+ *   position at a time.
  * - Beside a session: ds4_dspark_bind() before each main evaluation points
  *   the sequence's layer ring (backend.h) at the state's ring of ring_rows
  *   slots; ds4_dspark_evaluated() after it pushes the new positions. The
