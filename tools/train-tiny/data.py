@@ -361,16 +361,22 @@ MORE_PHRASINGS = {
 }
 
 
-def agent_case(rng, roots, client, more=False, want=None):
+def agent_case(rng, roots, client, more=False, want=None, top=None):
     """One agent task on a real directory: the request, the expected call, the
     tool's real output, the reasoning of both steps and the grounded answer
     (key: the fact from the tool result the answer must contain). more: the
     request's phrasing is drawn from MORE_PHRASINGS too; want: this kind of
-    task (when the directory allows it)."""
+    task (when the directory allows it). top: the agent works in this
+    directory (a workspace), so files of a subdirectory are named by their
+    path from it and commands run in it; else in the drawn directory."""
     def ask(key, phrasings):
         return pick(rng, phrasings + (MORE_PHRASINGS[key] if more else []))
 
     base = pick(rng, roots)                        # a real directory on this machine
+    cwd = top or base
+
+    def shown(name):                               # a name as the request and the call give it
+        return os.path.relpath(os.path.join(base, name), cwd)
     project = pick(rng, ["/home/user/project", "/home/ana/src/app", "/srv/work", "/tmp/demo", "/home/dev/code",
                          "/work/repo"])
     entries = [e for e in sorted(os.listdir(base)) if not e.startswith(".")]
@@ -383,8 +389,12 @@ def agent_case(rng, roots, client, more=False, want=None):
     names = ("list_files", "read_file", "run_command") if client else ("list_dir", "read_file", "bash")
     if kind == "list":
         sub = pick(rng, subdirs) if subdirs and rng.random() < 0.5 else None
-        shown = sub or "."
-        path = os.path.join(base, sub) if sub else base
+        if not sub and base != cwd:                # "the current directory" is the workspace
+            sub = os.path.relpath(base, cwd)
+        else:
+            sub = sub and shown(sub)
+        path = os.path.join(cwd, sub) if sub else cwd
+        where = sub or "."
         q = (ask("list_sub", ["List the files in {d}.", "What is in {d}?", "Show me the contents of {d}.",
                               "Which files are in {d}?", "ls {d}"]) if sub else
              ask("list_root", ["List the files in the current directory.", "What files are here?",
@@ -392,18 +402,19 @@ def agent_case(rng, roots, client, more=False, want=None):
              ).format(d=sub)
         out, listed = list_dir_result(path)
         if client:
-            call = (names[0], [("path", shown)])
+            call = (names[0], [("path", where)])
         else:
             call = (names[0], [("path", sub)] if sub else [])
-        r1 = "The user wants the contents of {}. I will call {}.".format(shown if sub else "the working directory", names[0])
+        r1 = "The user wants the contents of {}. I will call {}.".format(where if sub else "the working directory", names[0])
         if len(listed) > 12:
             ans = "{} has {} entries, among them {}.".format(sub or "The directory", len(listed), ", ".join(listed[:8]))
         else:
             ans = "{} contains: {}.".format(sub or "The directory", ", ".join(listed) if listed else "nothing")
         r2 = "The listing has {} entries.".format(len(listed))
     elif kind == "read":
-        f = pick(rng, files)
-        lines = open(os.path.join(base, f), encoding="utf-8", errors="replace").read().split("\n")
+        name = pick(rng, files)
+        f = shown(name)
+        lines = open(os.path.join(base, name), encoding="utf-8", errors="replace").read().split("\n")
         n = rng.choice([5, 10, 20])
         if rng.random() < 0.5:
             q = ask("read_n", ["Show me the first {n} lines of {f}.", "Read lines 1 to {n} of {f}.",
@@ -421,10 +432,10 @@ def agent_case(rng, roots, client, more=False, want=None):
         ans = "{} starts with `{}`.".format(f, first[:100]) if first else "{} is empty.".format(f)
         r2 = "I have the first lines of {}.".format(f)
     elif kind == "count":
-        f = pick(rng, files)
+        f = shown(pick(rng, files))
         q = ask("count", ["How many lines does {f} have?", "Count the lines in {f}.", "How long is {f}?"]).format(f=f)
         cmd = "wc -l " + f
-        out = run(cmd, base)
+        out = run(cmd, cwd)
         call = (names[2], [("command", cmd)])
         cnt = out.split()[0] if out.split() else "?"
         r1 = "I can count the lines with wc -l."
@@ -434,12 +445,12 @@ def agent_case(rng, roots, client, more=False, want=None):
         cmd, what = pick(rng, [("ls", "the files"), ("ls -1 | head -5", "the first five files"),
                                ("pwd", "the directory"), ("python3 --version", "the Python version"),
                                ("ls | wc -l", "the number of files"), ("du -sh .", "the size"),
-                               ("grep -c def " + (pick(rng, files) if files else "x.py"), "the count of def lines"),
-                               ("head -3 " + (pick(rng, files) if files else "x.py"), "the first three lines"),
+                               ("grep -c def " + (shown(pick(rng, files)) if files else "x.py"), "the count of def lines"),
+                               ("head -3 " + (shown(pick(rng, files)) if files else "x.py"), "the first three lines"),
                                ("echo hello", "hello"), ("date +%Y", "the year")])
         q = ask("run", ["Run `{c}`.", "Run {c} and tell me the result.", "Please run `{c}`.", "Execute {c}."]
                 ).format(c=cmd)
-        out = run(cmd, base).replace(base, project)
+        out = run(cmd, cwd).replace(cwd, project)
         call = (names[2], [("command", cmd)])
         r1 = "I will run the command with {}.".format(names[2])
         body = out.rsplit("[exit status", 1)[0].strip()
@@ -450,12 +461,13 @@ def agent_case(rng, roots, client, more=False, want=None):
             ans = "The command failed with exit status {}.".format(status)
         r2 = "The command exited with status {}.".format(status)
     else:  # edit
-        f = pick(rng, files)
-        lines = open(os.path.join(base, f), encoding="utf-8", errors="replace").read().split("\n")
+        name = pick(rng, files)
+        f = shown(name)
+        lines = open(os.path.join(base, name), encoding="utf-8", errors="replace").read().split("\n")
         cands = [(i, l) for i, l in enumerate(lines) if 8 < len(l.strip()) < 60 and
                  sum(1 for x in lines if l.strip() in x) == 1 and "=" in l]
         if not cands:
-            return agent_case(rng, roots, client, more, want)
+            return agent_case(rng, roots, client, more, want, top)
         i, line = pick(rng, cands)
         old = line.strip()
         lhs, rhs = old.split("=", 1)
@@ -463,7 +475,7 @@ def agent_case(rng, roots, client, more=False, want=None):
         q = ask("edit", ["In {f}, replace `{o}` with `{n}`.", "Change `{o}` to `{n}` in {f}.",
                          "Edit {f}: `{o}` should be `{n}`."]).format(f=f, o=old, n=new)
         if client:
-            return agent_case(rng, roots, client, more, want)
+            return agent_case(rng, roots, client, more, want, top)
         call = ("edit_file", [("path", f), ("old_string", old), ("new_string", new)])
         out = "edited {} at line {}: replaced 1 lines with 1 lines".format(f, i + 1)
         r1 = "The user gave the exact old and new text, so one edit_file call does it."
@@ -476,8 +488,8 @@ def agent_case(rng, roots, client, more=False, want=None):
     return dict(kind=kind, q=q, call=call, out=out, r1=r1, r2=r2, ans=ans, project=project, key=key)
 
 
-def agent_task(rng, roots, think, client):
-    c = agent_case(rng, roots, client)
+def agent_task(rng, roots, think, client, top=None):
+    c = agent_case(rng, roots, client, top=top)
     if client:
         system = pick(rng, [CLI_SYSTEM, "You are a helpful assistant.", None])
         tools = CLIENT_TOOLS
@@ -553,10 +565,18 @@ def copy_drill(rng, words, lines, turns):
     return chat_doc(pick(rng, [CLI_SYSTEM, None]), out, False)
 
 
+def workspace_roots(path):
+    """The directories of a workspace (data/ds4-tiny/workspace: a small
+    project committed beside the model) as agent_case roots: the workspace
+    itself and each subdirectory, so a task runs in any of them."""
+    return [path] + sorted(os.path.join(path, d) for d in os.listdir(path)
+                           if os.path.isdir(os.path.join(path, d)) and d != "__pycache__")
+
+
 SESSION_KINDS = ["list", "read", "run", "count", "edit"]
 
 
-def agent_session(rng, roots, rounds, max_out):
+def agent_session(rng, roots, rounds, max_out, top=None):
     """One ds4-agent session (non-thinking) with several requests in a row,
     each answered with its call, the real result and the answer, as a user of
     ds4-agent asks one thing after another. Each request's kind is drawn
@@ -569,7 +589,7 @@ def agent_session(rng, roots, rounds, max_out):
     for _ in range(rounds):
         want = pick(rng, SESSION_KINDS)
         for _ in range(10):
-            c = agent_case(rng, roots, False, more=True, want=want)
+            c = agent_case(rng, roots, False, more=True, want=want, top=top)
             if len(c["out"]) <= max_out:
                 break
         project = project or c["project"]
@@ -594,6 +614,9 @@ def main():
                     "(generated_trees) that this share of the agent documents and sessions draws from")
     ap.add_argument("--generated-share", type=float, default=0.7)
     ap.add_argument("--copy-drills", type=int, default=0, help="chats of requests to repeat a string (copy_drill)")
+    ap.add_argument("--workspace", default=None, help="a workspace (workspace_roots) that --workspace-share of "
+                    "the agent documents and sessions draw from")
+    ap.add_argument("--workspace-share", type=float, default=0.8)
     ap.add_argument("--pylib", default=PYLIB, help="the Python standard library to read (default: this "
                     "interpreter's; Debian's libpython3.11-stdlib is /usr/lib/python3.11)")
     a = ap.parse_args()
@@ -627,15 +650,21 @@ def main():
     made = (generated_trees(rng, os.path.join(a.out, "trees"), a.generated_trees, python_sources(rng, 2_000_000))
             if a.generated_trees else [])
 
-    def draw_roots():
-        return made if made and rng.random() < a.generated_share else roots
+    ws = workspace_roots(a.workspace) if a.workspace else []
+
+    def draw_roots():   # the directories of a document and the workspace it works in (or None)
+        if ws and rng.random() < a.workspace_share:
+            return ws, a.workspace
+        return (made if made and rng.random() < a.generated_share else roots), None
     for i in range(a.agent):
         think = rng.random() < 0.5
         client = rng.random() < 0.2
-        text, start = agent_task(rng, draw_roots(), think, client)
+        dirs, top = draw_roots()
+        text, start = agent_task(rng, dirs, think, client, top)
         docs.append(("agent-client" if client else "agent", text, start))
     for i in range(a.sessions):
-        text, start = agent_session(rng, draw_roots(), a.session_rounds, a.session_max_out)
+        dirs, top = draw_roots()
+        text, start = agent_session(rng, dirs, a.session_rounds, a.session_max_out, top)
         docs.append(("agent-session", text, start))
     if a.copy_drills:
         src = python_sources(rng, 2_000_000)

@@ -59,15 +59,17 @@ def main():
     ap.add_argument("--client", action="store_true")
     ap.add_argument("--server", default="./ds4-server")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--workspace", default=None, help="draw the tasks from this workspace's files "
+                    "(data.workspace_roots) instead of the machine's directories")
     a = ap.parse_args()
     roots = sorted(d for d in glob.glob(os.path.join(data.PYLIB, "*")) + glob.glob("/usr/include/*")
                    if os.path.isdir(d) and "__pycache__" not in d and os.access(d, os.R_OK) and os.listdir(d))
-    roots = [d for d in roots if len(os.listdir(d)) < 200]
+    roots = data.workspace_roots(a.workspace) if a.workspace else [d for d in roots if len(os.listdir(d)) < 200]
     rng = random.Random(a.seed)
     kinds = ["list", "read", "run", "count"] + ([] if a.client else ["edit"])
     cases = {k: [] for k in kinds}
     while any(len(v) < a.n for v in cases.values()):
-        c = data.agent_case(rng, roots, a.client)
+        c = data.agent_case(rng, roots, a.client, top=a.workspace)
         if len(cases[c["kind"]]) < a.n:
             cases[c["kind"]].append(c)
     port = free_port()

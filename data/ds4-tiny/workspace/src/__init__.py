@@ -1,0 +1,2 @@
+"""The bookshelf package."""
+VERSION = "0.3.1"
