@@ -51,3 +51,19 @@ void ds4_split_shared_end(const ds4_cpu_split *sp, int layer, const ds4_split_pr
     ds4_split_join(sp, T, F, act, recv, whole);
     pr->rows(pr->ctx, down, ds4_split_lo(sp, E), ds4_split_len(sp, E), whole, (size_t)F, T, out);
 }
+
+const float *ds4_split_moe_exchange(const ds4_cpu_split *sp, int layer, int T, int E, const float *send, size_t n_own,
+                                    float *recv, size_t n_other, float *shared_out) {
+    const size_t own = (size_t)T * ds4_split_len(sp, E), other = (size_t)T * E - own;
+    ds4_split_exchange(sp, ds4_split_gate(layer, DS4_SPLIT_MOE), send, own + n_own, recv, other + n_other);
+    ds4_split_join(sp, T, E, send, recv, shared_out);
+    return recv + other;
+}
+
+void ds4_split_rows(const ds4_cpu_split *sp, int gate, const ds4_split_product *pr, const ds4_tensor *W,
+                    const float *X, size_t x_stride, int T, float *send, float *recv, float *out) {
+    const int rows = (int)W->ne[1], own = ds4_split_len(sp, rows);
+    pr->rows(pr->ctx, W, ds4_split_lo(sp, rows), own, X, x_stride, T, send);
+    ds4_split_exchange(sp, gate, send, (size_t)T * own, recv, (size_t)T * (rows - own));
+    ds4_split_join(sp, T, rows, send, recv, out);
+}

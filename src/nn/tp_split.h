@@ -1,8 +1,9 @@
 /* tp_split.h -- the arithmetic seam of tensor parallelism (dist/tp.h) that
  * every family's CPU forward pass shares: the link a rank of a two-rank
  * split talks through, the gates it numbers its exchanges by, the halves
- * it cuts, and the two schedules both families run on them (the all-gather
- * of column halves, the shared expert by halves).
+ * it cuts, and the schedules both families run on them (the all-gather of
+ * column halves, a product split by its rows, the shared expert by halves
+ * and the MoE exchange that ends it).
  *
  * Contract
  * - ds4_cpu_split describes one rank: rank 0 or 1, the routed-expert
@@ -29,6 +30,9 @@
  *   gives each rank the other's columns, so both hold every row whole.
  * - ds4_split_join(): out (T rows of width) from this rank's half of every
  *   row (own, packed T x len) and the other's (other, packed).
+ * - ds4_split_rows(): a product split by W's rows: this rank's half of
+ *   them over X into send (packed), one exchange (gate), the whole product
+ *   (T x W's rows) joined into out.
  * - The shared expert (F = its width): ds4_split_shared_begin() computes
  *   this rank's half of the gate and up rows over X, their SwiGLU into
  *   act (T x len(F), packed), and sends it; ds4_split_shared_end()
@@ -36,9 +40,12 @@
  *   whole (T x F) and computes this rank's half of the down projection's
  *   rows into out (T x len(E), packed). Every value is the one the single
  *   process computes (a row of a product does not depend on which rows
- *   run beside it; SwiGLU is elementwise): the caller sends out with its
- *   MoE exchange and joins the halves with ds4_split_join(). Nothing is
- *   summed across ranks anywhere, so nothing changes float order.
+ *   run beside it; SwiGLU is elementwise). ds4_split_moe_exchange() then
+ *   sends out (the head of send) with the n_own floats the caller put at
+ *   ds4_split_moe_extra(send), receives the other's half and n_other
+ *   floats into recv (it returns where those start), and joins the shared
+ *   output into shared_out (T x E). Nothing is summed across ranks
+ *   anywhere, so nothing changes float order.
  */
 #ifndef DS4_TP_SPLIT_H
 #define DS4_TP_SPLIT_H
@@ -86,5 +93,12 @@ void ds4_split_shared_begin(const ds4_cpu_split *sp, int layer, const ds4_split_
                             float *up_buf);
 void ds4_split_shared_end(const ds4_cpu_split *sp, int layer, const ds4_split_product *pr, const ds4_tensor *down,
                           int T, const float *act, float *recv, float *whole, float *out);
+static inline float *ds4_split_moe_extra(const ds4_cpu_split *sp, float *send, int T, int E) {
+    return send + (size_t)T * ds4_split_len(sp, E);
+}
+const float *ds4_split_moe_exchange(const ds4_cpu_split *sp, int layer, int T, int E, const float *send, size_t n_own,
+                                    float *recv, size_t n_other, float *shared_out);
+void ds4_split_rows(const ds4_cpu_split *sp, int gate, const ds4_split_product *pr, const ds4_tensor *W,
+                    const float *X, size_t x_stride, int T, float *send, float *recv, float *out);
 
 #endif

@@ -478,6 +478,12 @@ static void attn_task(batch *b, int task, int thread) {
     for (int h = 0; h < nh; h++) rope_apply(o + (size_t)h * D, D, c->n_rot, rope_cs(b, t), true);
 }
 
+/* rows of W for the split products (tp_split.h), counted like linear() */
+static void split_rows(void *ctx, const ds4_tensor *W, int64_t row0, int64_t rows, const float *X, size_t x_stride,
+                       int T, float *Y) {
+    linear(ctx, W, 0, row0, rows, X, (int64_t)x_stride, T, Y);
+}
+
 /* Tensor parallelism: the other rank's columns of x (tp_split.h) at the
  * layer's gate `which`. */
 static void allgather(batch *b, int which, float *x, int width, int c0, int c1) {
@@ -568,12 +574,9 @@ static void attention(batch *b) {
          * computes), then each computes its half of out_b's rows and they
          * swap those: sublayer_out is the single process's on both */
         allgather(b, DS4_SPLIT_HEADS, s->out_latent, G * OL, g0 * OL, g1 * OL);
-        const int e0 = f->split.rank ? E / 2 : 0, e1 = f->split.rank ? E : E / 2;
-        linear(f, &W->out_b, 0, e0, e1 - e0, s->out_latent, (int64_t)G * OL, T, s->tp_recv);
-        for (int t = 0; t < T; t++)
-            memcpy(s->sublayer_out + (size_t)t * E + e0, s->tp_recv + (size_t)t * (e1 - e0),
-                   (size_t)(e1 - e0) * sizeof(float));
-        allgather(b, DS4_SPLIT_ATTN_OUT, s->sublayer_out, E, e0, e1);
+        const ds4_split_product pr = {split_rows, f, f->pool};
+        ds4_split_rows(&f->split, ds4_split_gate(b->l, DS4_SPLIT_ATTN_OUT), &pr, &W->out_b, s->out_latent,
+                       (size_t)G * OL, T, s->tp_send, s->tp_recv, s->sublayer_out);
     }
     hc_post(b, DS4_STEER_ATTN);
 }
@@ -711,12 +714,6 @@ static void expert_group(batch *b, routing *r, int e, int n) {
     ds4_pool_run_ranges(f->pool, (E + SCATTER_COLS - 1) / SCATTER_COLS, scatter_cols, &g);
 }
 
-/* rows of W for the shared split (tp_split.h), counted like linear() */
-static void split_rows(void *ctx, const ds4_tensor *W, int64_t row0, int64_t rows, const float *X, size_t x_stride,
-                       int T, float *Y) {
-    linear(ctx, W, 0, row0, rows, X, (int64_t)x_stride, T, Y);
-}
-
 /* Tensor parallelism, the shared expert's second half (tp_split.h): the
  * other rank's activation, then this rank's output columns into out. */
 static void shared_split_end(batch *b, float *out) {
@@ -780,19 +777,17 @@ static void routed(batch *b) {
      * the output columns (shared_split_end). One exchange swaps those
      * halves and slots, and each rank adds every row's experts as one
      * process does. */
-    const int rank = f->split.rank, own_cols = ds4_split_len(&f->split, c->n_embd);
-    const size_t E = (size_t)c->n_embd, lo_rows = (size_t)mid_used * E, hi_rows = (size_t)(r.used - mid_used) * E;
+    const int rank = f->split.rank, E = c->n_embd;
+    const size_t lo_rows = (size_t)mid_used * E, hi_rows = (size_t)(r.used - mid_used) * E;
     b->group0 = rank ? mid_group : 0;
     par(b, rank ? r.n_groups - mid_group : mid_group, expert_group_task);
     shared_split_end(b, s->tp_send);
-    float *own_slots = s->slot_out + (rank ? lo_rows : 0), *other_slots = s->slot_out + (rank ? 0 : lo_rows);
     const size_t own_n = rank ? hi_rows : lo_rows, other_n = rank ? lo_rows : hi_rows;
-    const size_t shared_own = (size_t)T * own_cols, shared_other = (size_t)T * E - shared_own;
-    memcpy(s->tp_send + shared_own, own_slots, own_n * sizeof(float));
-    ds4_split_exchange(&f->split, ds4_split_gate(b->l, DS4_SPLIT_MOE), s->tp_send, shared_own + own_n, s->tp_recv,
-                       shared_other + other_n);
-    ds4_split_join(&f->split, T, (int)E, s->tp_send, s->tp_recv, s->sublayer_out);
-    memcpy(other_slots, s->tp_recv + shared_other, other_n * sizeof(float));
+    memcpy(ds4_split_moe_extra(&f->split, s->tp_send, T, E), s->slot_out + (rank ? lo_rows : 0),
+           own_n * sizeof(float));
+    const float *other = ds4_split_moe_exchange(&f->split, b->l, T, E, s->tp_send, own_n, s->tp_recv, other_n,
+                                                s->sublayer_out);
+    memcpy(s->slot_out + (rank ? 0 : lo_rows), other, other_n * sizeof(float));
     b->sum_lo = 0;
     b->sum_hi = c->n_expert;
     par(b, T, expert_sum_task);

@@ -293,19 +293,15 @@ static void exchange_ffn(glm_forward *f, const glm_layer *L, int T) {
     ds4_split_shared_end(&f->split, f->l, &pr, &L->down_shexp, T, f->tp_act, f->tp_recv, f->tp_whole, f->tp_send);
     size_t n_lo = 0;
     for (int i = 0; i < T * K; i++) n_lo += f->experts[i] < mid;
-    const size_t n_hi = (size_t)T * K - n_lo, own_cols = (size_t)ds4_split_len(&f->split, (int)E);
-    const size_t shared_own = (size_t)T * own_cols, shared_other = (size_t)T * E - shared_own;
-    float *w = f->tp_send + shared_own;
+    const size_t n_hi = (size_t)T * K - n_lo;
+    float *const slots = ds4_split_moe_extra(&f->split, f->tp_send, T, (int)E), *w = slots;
     for (int i = 0; i < T * K; i++)
         if ((f->experts[i] >= mid) == (rank == 1)) {
             memcpy(w, f->expert_out + (size_t)i * E, E * sizeof(float));
             w += E;
         }
-    const size_t n_recv = shared_other + (rank ? n_lo : n_hi) * E;
-    ds4_split_exchange(&f->split, ds4_split_gate(f->l, DS4_SPLIT_MOE), f->tp_send, (size_t)(w - f->tp_send),
-                       f->tp_recv, n_recv);
-    ds4_split_join(&f->split, T, (int)E, f->tp_send, f->tp_recv, f->ffn);
-    const float *r = f->tp_recv + shared_other;
+    const float *r = ds4_split_moe_exchange(&f->split, f->l, T, (int)E, f->tp_send, (size_t)(w - slots), f->tp_recv,
+                                            (rank ? n_lo : n_hi) * E, f->ffn);
     for (int i = 0; i < T * K; i++)
         if ((f->experts[i] >= mid) == (rank == 0)) {
             memcpy(f->expert_out + (size_t)i * E, r, E * sizeof(float));
@@ -376,10 +372,11 @@ static void layer(glm_forward *f, int l, int T) {
         /* the heads' outputs to the other rank, then each computes half of
          * attn_output's rows and they swap those: f->h is the single
          * process's on both */
-        ds4_split_allgather(&f->split, ds4_split_gate(l, DS4_SPLIT_HEADS), f->attn, T, H * DV, f->h0 * DV, f->h1 * DV, f->tp_send, f->tp_recv);
-        const int e0 = rank ? E / 2 : 0, e1 = rank ? E : E / 2;
-        matmul_cols(f, &L->attn_output, e0, e1 - e0, T, f->attn, (size_t)H * DV, f->h, (size_t)E);
-        ds4_split_allgather(&f->split, ds4_split_gate(l, DS4_SPLIT_ATTN_OUT), f->h, T, E, e0, e1, f->tp_send, f->tp_recv);
+        ds4_split_allgather(&f->split, ds4_split_gate(l, DS4_SPLIT_HEADS), f->attn, T, H * DV, f->h0 * DV,
+                            f->h1 * DV, f->tp_send, f->tp_recv);
+        const ds4_split_product pr = {split_rows, f, f->pool};
+        ds4_split_rows(&f->split, ds4_split_gate(l, DS4_SPLIT_ATTN_OUT), &pr, &L->attn_output, f->attn, (size_t)H * DV,
+                       T, f->tp_send, f->tp_recv, f->h);
     }
     for (int t = 0; t < T; t++) {
         float *x = f->x + (size_t)t * E, *h = f->h + (size_t)t * E;
