@@ -194,7 +194,7 @@ int ds4_session_rewind(ds4_session *s, int n_tokens, char *err, size_t errlen);
  * (err). */
 int ds4_session_truncate(ds4_session *s, int n_tokens, const float *logits, char *err, size_t errlen);
 
-/* --mtp FILE / --dspark FILE (engine params mtp_path / dspark_path, never
+/* --mtp FILE / --mtp FILE --dspark (engine params mtp_path / dspark_path, never
  * both): a draft model bound from a support file made for this model
  * (DeepSeek V4: the one-stage MTP block or the DSpark block drafter, CPU
  * backend only); a file for another model, or one that does not bind, fails

@@ -71,6 +71,7 @@ ds4_gen_result ds4_generate(ds4_session *s, const ds4_tokenizer *tok, ds4_sample
     ds4_spec *sp = ds4_spec_enabled(h->spec) ? h->spec : NULL;
     spec_block b = {.n_vocab = ds4_session_n_vocab(s)};
     if (sp && !(b.rows = malloc((size_t)(DS4_SPEC_MAX_DRAFT + 1) * b.n_vocab * sizeof(float)))) sp = NULL;
+    ds4_spec_begin(sp);
     for (int step = 0;; step++) {
         if (h->cancelled && h->cancelled(h->ud)) { r.end = DS4_GEN_CANCELLED; break; }
         if (step >= max_tokens) { r.end = DS4_GEN_LENGTH; break; }

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 void ds4_spec_params_default(ds4_spec_params *p) {
     *p = (ds4_spec_params){.lookup_max = 0, .lookup_min_ngram = 2, .mtp_draft = 1, .mtp_margin = 3.0f,
@@ -31,13 +32,17 @@ bool ds4_spec_init(ds4_spec *sp, const ds4_spec_params *p, char *err, size_t err
         snprintf(err, errlen, "--dspark-confidence %g: must be 0..1", (double)p->dspark_confidence);
         return false;
     }
+    if (p->dspark && !p->dspark_path) {
+        snprintf(err, errlen, "--dspark needs the DSpark support file: --mtp FILE --dspark");
+        return false;
+    }
     if (p->dspark_path && p->mtp_path) {
         snprintf(err, errlen, "--dspark replaces --mtp: give one of them");
         return false;
     }
     memset(sp, 0, sizeof *sp);
     sp->p = *p;
-    sp->draft_accepted_then = -1;
+    ds4_draft_budget_init(&sp->budget);
     return true;
 }
 
@@ -80,36 +85,71 @@ int ds4_spec_propose(const ds4_spec *sp, const int32_t *ctx, int n, int32_t last
     return lookup(&sp->p, &q, max, out);
 }
 
-/* A try that gave nothing: skip twice as many steps as the last wait. */
-static void back_off(ds4_spec *sp) {
-    const int wait = sp->draft_wait ? 2 * sp->draft_wait : 1;
-    sp->draft_wait = wait < DS4_SPEC_DRAFT_BACKOFF_MAX ? wait : DS4_SPEC_DRAFT_BACKOFF_MAX;
-    sp->draft_skip = sp->draft_wait;
+void ds4_draft_budget_init(ds4_draft_budget *b) {
+    *b = (ds4_draft_budget){.step_ms = 0, .credit = DS4_SPEC_DRAFT_CREDIT_START};
+}
+
+bool ds4_draft_budget_allows(const ds4_draft_budget *b) { return b->step_ms > 0 && b->credit > 0; }
+
+void ds4_draft_budget_note(ds4_draft_budget *b, double ms, int advanced, bool tried) {
+    if (!(ms >= 0) || advanced < 1) return;
+    if (!tried) {
+        /* a plain step: the running mean moves a quarter of the way, so one
+         * stall of the machine cannot make tries look cheap for long */
+        b->step_ms = b->step_ms > 0 ? 0.75 * b->step_ms + 0.25 * ms : ms;
+    } else if (b->step_ms > 0) {
+        /* the try's cost: its pass and draft against the steps target-only
+         * decoding would have taken for the same tokens (negative: a gain) */
+        b->credit -= ms / b->step_ms - advanced;
+    }
+    b->credit += DS4_SPEC_DRAFT_BUDGET * advanced;
+    if (b->credit > DS4_SPEC_DRAFT_CREDIT_MAX) b->credit = DS4_SPEC_DRAFT_CREDIT_MAX;
+}
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+void ds4_spec_begin(ds4_spec *sp) {
+    if (sp) sp->last_pass = DS4_SPEC_PASS_NONE;
+}
+
+/* Books the interval since the last call to the pass it timed: only a plain
+ * step or a try, and only when the session moved on by what that pass could
+ * commit (anything else, a rewind or a new prompt, is not a pass's time). */
+static void note_last_pass(ds4_spec *sp, double now, int n) {
+    const int advanced = n - sp->last_n;
+    if (sp->last_pass != DS4_SPEC_PASS_NONE && advanced >= 1 && advanced <= sp->last_span)
+        ds4_draft_budget_note(&sp->budget, now - sp->last_ms, advanced, sp->last_pass == DS4_SPEC_PASS_TRIED);
+    sp->last_pass = DS4_SPEC_PASS_NONE;
+    sp->last_ms = now;
+    sp->last_n = n;
 }
 
 int ds4_spec_draft(ds4_spec *sp, ds4_session *s, int32_t last, int max, int32_t *out, char *err,
                    size_t errlen) {
     if (!ds4_spec_enabled(sp) || max <= 0) return 0;
-    int k = ds4_spec_propose(sp, ds4_session_tokens(s), ds4_session_n_tokens(s), last, max, out);
-    if (k || (!sp->p.mtp_path && !sp->p.dspark_path)) return k;
-    /* the outcome of the last proposal: accepted resets the wait, rejected waits */
-    if (sp->draft_accepted_then >= 0) {
-        if ((int64_t)sp->stats.accepted > sp->draft_accepted_then) sp->draft_wait = 0;
-        else back_off(sp);
-        sp->draft_accepted_then = -1;
-    }
+    const int n = ds4_session_n_tokens(s);
+    const bool model = sp->p.mtp_path || sp->p.dspark_path;
+    if (model) note_last_pass(sp, now_ms(), n);
+    int k = ds4_spec_propose(sp, ds4_session_tokens(s), n, last, max, out);
+    if (k || !model) return k;
+    sp->stats.draft_calls++;
     /* --dspark-confidence 0 is the fixed-block diagnostic: a block every step */
-    if (sp->p.draft_every_step || (sp->p.dspark_path && sp->p.dspark_confidence == 0))
-        sp->draft_skip = sp->draft_wait = 0;
-    if (sp->draft_skip > 0) {
-        sp->draft_skip--;
+    const bool always = sp->p.draft_every_step || (sp->p.dspark_path && sp->p.dspark_confidence == 0);
+    if (!always && !ds4_draft_budget_allows(&sp->budget)) {
+        sp->last_pass = DS4_SPEC_PASS_PLAIN;
+        sp->last_span = 1;
         return 0;
     }
+    sp->stats.draft_tries++;
     if (sp->p.dspark_path) k = ds4_session_draft(s, last, max, sp->p.dspark_confidence, out, err, errlen);
     else k = ds4_session_draft(s, last, max < sp->p.mtp_draft ? max : sp->p.mtp_draft, sp->p.mtp_margin, out, err,
                                errlen);
-    if (k > 0) sp->draft_accepted_then = (int64_t)sp->stats.accepted;
-    else back_off(sp);
+    sp->last_pass = DS4_SPEC_PASS_TRIED;
+    sp->last_span = 1 + (k > 0 ? k : 0);
     return k;
 }
 
@@ -145,5 +185,8 @@ size_t ds4_spec_stats_line(const ds4_spec *sp, char *buf, size_t len) {
     for (int i = 0; i < DS4_SPEC_MAX_DRAFT && st->proposed_at[i] && o < len; i++)
         o += (size_t)snprintf(buf + o, len - o, " %d:%.0f%%", i + 1,
                               100.0 * st->accepted_at[i] / st->proposed_at[i]);
+    if (st->draft_calls && o < len)
+        o += (size_t)snprintf(buf + o, len - o, "; draft model run on %llu of %llu passes",
+                              (unsigned long long)st->draft_tries, (unsigned long long)st->draft_calls);
     return o < len ? o : len - 1;
 }

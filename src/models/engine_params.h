@@ -61,7 +61,7 @@ typedef struct {
     bool warm_weights;      /* --warm-weights: page the weights in at load even where the automatic rule would not */
     bool lazy_weights;      /* never page in at load (--inspect computes nothing) */
     const char *mtp_path;   /* --mtp FILE: the draft model's support file (NULL: none) */
-    const char *dspark_path;/* --dspark FILE: the DSpark block drafter's support file (NULL: none; not with mtp_path) */
+    const char *dspark_path;/* --mtp FILE --dspark: the DSpark block drafter's support file (NULL: none; not with mtp_path) */
 } ds4_engine_params;
 
 #endif

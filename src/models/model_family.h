@@ -93,7 +93,7 @@ typedef struct ds4_family {
     bool (*observe_matmuls)(ds4_family_model *m, ds4_backend *be, ds4_matmul_observer fn, void *ud, char *err,
                             size_t errlen);
     uint64_t (*state_bytes)(const ds4_family_model *m, int ctx);
-    /* --mtp FILE / --dspark FILE (dspark true): binds a draft model from a
+    /* --mtp FILE / --mtp FILE --dspark (dspark true): binds a draft model from a
      * support file made for this model, beside backend be; false with one
      * line. NULL: the family has none (the engine refuses the option).
      * draft_name: the bound drafter's name, NULL without one. */

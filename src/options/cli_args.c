@@ -163,8 +163,26 @@ bool ds4_cli_spec(ds4_cli *c, ds4_spec_params *p) {
         else if (v) p->mtp_margin = f;
         return true;
     }
-    return ds4_cli_str(c, "--mtp", &p->mtp_path) || ds4_cli_str(c, "--dspark", &p->dspark_path) || ds4_cli_int(c, &mtp_draft, &p->mtp_draft) ||
-           ds4_cli_int(c, &lookup, &p->lookup_max);
+    /* DSpark as the seed spells it: --dspark selects the runtime and --mtp
+     * FILE gives its support file, in either order; --dspark FILE names the
+     * file itself (no binary takes a bare word, so a value cannot be taken
+     * for anything else). */
+    const char *file = NULL;
+    if (ds4_cli_is(c, "--dspark")) {
+        p->dspark = true;
+        if (c->i + 1 < c->argc && c->argv[c->i + 1][0] != '-') file = c->argv[++c->i];
+        else if (p->mtp_path) file = p->mtp_path, p->mtp_path = NULL;
+    } else if (ds4_cli_str(c, "--mtp", &file)) {
+        if (!file) return true;
+        if (!p->dspark) { p->mtp_path = file; return true; }
+    } else {
+        return ds4_cli_int(c, &mtp_draft, &p->mtp_draft) || ds4_cli_int(c, &lookup, &p->lookup_max);
+    }
+    if (file && p->dspark_path && strcmp(file, p->dspark_path))
+        ds4_cli_fail(c, "--dspark takes one support file (--mtp %s or --dspark %s), not both", file, p->dspark_path);
+    else if (file)
+        p->dspark_path = file;
+    return true;
 }
 
 const char ds4_spec_usage[] =
@@ -175,8 +193,9 @@ const char ds4_spec_usage[] =
     "                          its block drafts the next tokens; the output is the same as without it\n"
     "      --mtp-draft N       MTP tokens drafted per verification pass (1..16, default 1)\n"
     "      --mtp-margin F      draft a token only while its logit leads the runner-up by F (default 3)\n"
-    "      --dspark FILE       speculative decoding with a DSpark support file (DeepSeek V4): its block\n"
-    "                          drafter proposes up to five tokens per pass; replaces --mtp\n"
+    "      --dspark            speculative decoding with DSpark (DeepSeek V4): the support file\n"
+    "                          given by --mtp FILE (or --dspark FILE) is a block drafter that\n"
+    "                          proposes up to five tokens per pass; replaces the MTP block\n"
     "      --dspark-confidence F  propose the longest block prefix whose confidence is >= F\n"
     "                          (0..1, default 0.9; 0 = always the whole block)\n"
     "      --dspark-strict     target-only decoding, as --quality\n"

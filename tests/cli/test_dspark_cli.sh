@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# ds4 --dspark: the greedy continuation dumped with every step's top logprobs
-# is byte-identical with and without the block drafter on the demo model (at
-# the default confidence and with fixed five-token blocks), the run prints
-# its drafter line, --dspark-strict decodes target-only without loading the
-# file, and bad input is refused with one line: --dspark with --mtp, a
+# ds4 --mtp FILE --dspark (the seed's spelling; --dspark FILE too): the greedy
+# continuation dumped with every step's top logprobs is byte-identical with
+# and without the block drafter on the demo model (at the default confidence
+# and with fixed five-token blocks, either spelling), the run prints its
+# drafter line, --dspark-strict decodes target-only without loading the
+# file, and bad input is refused with one line: --dspark without a support
+# file, a DSpark file given to --mtp without --dspark, two support files, a
 # confidence outside 0..1, a support file for another model, a truncated
 # one, an MTP file given as DSpark file.
 # (tests/unit/test_spec.c proves losslessness where drafts are accepted;
@@ -21,16 +23,19 @@ done
 prompt="Write a Python function that reverses a list."
 ./ds4 -m models/demo.gguf -p "$prompt" --nothink -n 40 -t 2 --dump-logprobs "$d/ref.json" 2>/dev/null
 for conf in 0.9 0; do
+  for spelling in "--mtp models/demo-dspark.gguf --dspark" "--dspark models/demo-dspark.gguf"; do
     rm -f "$d/spec.json"
-    ./ds4 -m models/demo.gguf -p "$prompt" --nothink -n 40 -t 2 --dspark models/demo-dspark.gguf \
+    # shellcheck disable=SC2086
+    ./ds4 -m models/demo.gguf -p "$prompt" --nothink -n 40 -t 2 $spelling \
         --dspark-confidence $conf --dump-logprobs "$d/spec.json" 2>"$d/err"
-    if [ -s "$d/ref.json" ] && cmp -s "$d/ref.json" "$d/spec.json"; then ok "demo: --dspark-confidence $conf dumps the same 40 steps"
-    else bad "demo: --dspark-confidence $conf changed the greedy continuation or its logprobs: $(tail -2 "$d/err")"; fi
+    if [ -s "$d/ref.json" ] && cmp -s "$d/ref.json" "$d/spec.json"; then ok "demo: $spelling --dspark-confidence $conf dumps the same 40 steps"
+    else bad "demo: $spelling --dspark-confidence $conf changed the greedy continuation or its logprobs: $(tail -2 "$d/err")"; fi
+  done
     grep -q "^ds4: spec dspark: [0-9]* passes, proposed" "$d/err" && ok "demo: the DSpark drafter's line is printed" ||
         bad "demo: no drafter line on stderr: $(cat "$d/err")"
 done
-# fixed blocks propose five tokens on every pass
-grep -q "by position 1:[0-9]*% 2:[0-9]*% 3:[0-9]*% 4:[0-9]*% 5:[0-9]*%$" "$d/err" &&
+# fixed blocks propose five tokens on every pass, the time budget aside
+grep -q "by position 1:[0-9]*% 2:[0-9]*% 3:[0-9]*% 4:[0-9]*% 5:[0-9]*%; draft model run on \([0-9]*\) of \1 passes$" "$d/err" &&
     ok "--dspark-confidence 0: five-token blocks" || bad "--dspark-confidence 0: $(grep spec "$d/err")"
 # --dspark-strict: target-only, the file is not even opened
 rm -f "$d/strict.json"
@@ -46,8 +51,14 @@ one_line() {   # what, expected text, command...
         ok "$what refused in one line"
     else bad "$what: rc $rc, output: $out"; fi
 }
-one_line "--dspark with --mtp" "replaces --mtp" \
+one_line "--dspark with --mtp" "one support file" \
     ./ds4 -m models/demo.gguf -p hi -n 2 --dspark models/demo-dspark.gguf --mtp models/demo-mtp.gguf
+one_line "an MTP file beside --dspark FILE" "replaces --mtp" \
+    ./ds4 -m models/demo.gguf -p hi -n 2 --mtp models/demo-mtp.gguf --dspark models/demo-dspark.gguf
+one_line "--dspark without a support file" "needs the DSpark support file" \
+    ./ds4 -m models/demo.gguf -p hi -n 2 --dspark
+one_line "a DSpark file to --mtp without --dspark" "add --dspark" \
+    ./ds4 -m models/demo.gguf -p hi -n 2 --mtp models/demo-dspark.gguf
 for v in 1.5 -0.1 x nan; do
     one_line "--dspark-confidence '$v'" "dspark-confidence" \
         ./ds4 -m models/demo.gguf -p hi -n 2 --dspark models/demo-dspark.gguf --dspark-confidence "$v"

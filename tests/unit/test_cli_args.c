@@ -26,6 +26,45 @@ static bool gpu(ds4_cli *c, void *p) { return ds4_cli_gpu(c, p); }
 static bool dist(ds4_cli *c, void *p) { return ds4_cli_dist(c, p); }
 static bool ssd_opt(ds4_cli *c, void *p) { return ds4_cli_ssd(c, p); }
 
+/* The drafter options of a whole command line: the walk's status (0 taken,
+ * 2 refused) and the params it left. */
+static int parse_spec(int argc, char **argv, ds4_spec_params *p) {
+    ds4_cli c;
+    ds4_cli_begin(&c, "t", argc, argv);
+    ds4_spec_params_default(p);
+    said[0] = 0;
+    while (ds4_cli_next(&c))
+        if (!ds4_cli_spec(&c, p)) return -1;
+    return c.status;
+}
+
+/* DSpark as the seed spells it (--mtp FILE --dspark, either order) and as
+ * --dspark FILE; the mistakes refused in one line each. */
+static void spec_case(void) {
+    ds4_spec_params p;
+    ds4_spec sp;
+    char err[160];
+    char *seed[] = {"t", "--mtp", "d.gguf", "--dspark", "--temp-is-not-ours"};
+    CHECK(parse_spec(4, seed, &p) == 0 && p.dspark && p.dspark_path && !strcmp(p.dspark_path, "d.gguf") &&
+          !p.mtp_path && ds4_spec_init(&sp, &p, err, sizeof err), "--mtp FILE --dspark");
+    char *flag_first[] = {"t", "--dspark", "--mtp", "d.gguf", "--dspark-confidence", "0"};
+    CHECK(parse_spec(6, flag_first, &p) == 0 && p.dspark_path && !strcmp(p.dspark_path, "d.gguf") && !p.mtp_path &&
+          p.dspark_confidence == 0, "--dspark --mtp FILE");
+    char *own[] = {"t", "--dspark", "d.gguf", "--spec-lookup", "4"};
+    CHECK(parse_spec(5, own, &p) == 0 && p.dspark_path && !strcmp(p.dspark_path, "d.gguf") && p.lookup_max == 4,
+          "--dspark FILE");
+    char *mtp[] = {"t", "--mtp", "m.gguf", "--mtp-draft", "3"};
+    CHECK(parse_spec(5, mtp, &p) == 0 && !p.dspark && !p.dspark_path && !strcmp(p.mtp_path, "m.gguf") &&
+          p.mtp_draft == 3, "--mtp FILE alone is MTP");
+    char *alone[] = {"t", "--dspark"};
+    CHECK(parse_spec(2, alone, &p) == 0 && ds4_spec_wanted(&p) && !ds4_spec_init(&sp, &p, err, sizeof err) &&
+          strstr(err, "needs the DSpark support file"), "--dspark without a file: %s", err);
+    char *two[] = {"t", "--dspark", "d.gguf", "--mtp", "m.gguf"};
+    CHECK(parse_spec(5, two, &p) == 2 && strstr(said, "one support file"), "two support files: %s", said);
+    char *strict[] = {"t", "--dspark", "--quality"};
+    CHECK(parse_spec(3, strict, &p) == 0 && !ds4_spec_wanted(&p), "--quality with --dspark: no drafter");
+}
+
 /* Offers "opt [value]" to one option group: 0 not its option, 1 taken (and
  * nothing left over), 2 refused with one line (in `said`). */
 static int parse1(group_fn fn, void *p, const char *opt, const char *value) {
@@ -40,6 +79,7 @@ static int parse1(group_fn fn, void *p, const char *opt, const char *value) {
 
 int main(void) {
     ds4_log_set_hook(hear, NULL);
+    spec_case();
     int v = -7;
     CHECK(ds4_parse_int("42", 0, 100, &v) && v == 42, "42 -> %d", v);
     CHECK(ds4_parse_int("-3", -5, 5, &v) && v == -3, "-3 -> %d", v);

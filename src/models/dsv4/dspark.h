@@ -1,4 +1,4 @@
-/* dspark.h -- DeepSeek V4's DSpark block drafter (--dspark FILE): a small
+/* dspark.h -- DeepSeek V4's DSpark block drafter (--mtp FILE --dspark): a small
  * dense draft model that reads hidden states of chosen layers of the main
  * model and proposes a block of up to block_size tokens in one forward pass,
  * with a Markov head that conditions each proposal on the one before it and
