@@ -137,8 +137,9 @@ int ds4_spec_draft(ds4_spec *sp, ds4_session *s, int32_t last, int max, int32_t 
     int k = ds4_spec_propose(sp, ds4_session_tokens(s), n, last, max, out);
     if (k || !model) return k;
     sp->stats.draft_calls++;
-    /* --dspark-confidence 0 is the fixed-block diagnostic: a block every step */
-    const bool always = sp->p.draft_every_step || (sp->p.dspark_path && sp->p.dspark_confidence == 0);
+    /* --dspark-confidence 0 and --mtp-margin 0 are the diagnostics: a draft every step */
+    const bool always = sp->p.draft_every_step || (sp->p.dspark_path ? sp->p.dspark_confidence == 0
+                                                                      : sp->p.mtp_margin == 0);
     if (!always && !ds4_draft_budget_allows(&sp->budget)) {
         sp->last_pass = DS4_SPEC_PASS_PLAIN;
         sp->last_span = 1;

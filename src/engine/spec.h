@@ -40,7 +40,8 @@
  *   positive. A drafter that never agrees thus costs at most about
  *   DS4_SPEC_DRAFT_BUDGET of the decode time after its first try; one that
  *   pays for itself is tried on every step. DSpark at confidence 0 (fixed
- *   blocks, a diagnostic) and `draft_every_step` try on every step.
+ *   blocks), MTP at margin 0 (every draft proposed), both diagnostics, and
+ *   `draft_every_step` try on every step.
  * - ds4_spec_begin() marks the start of a generation (the time since the
  *   last call is no decode step); ds4_spec_draft() is the loop's call once
  *   per pass: the proposal after the session's tokens followed by `last`,

@@ -345,8 +345,8 @@ static void budget_case(void) {
 }
 
 /* End to end: a draft model that is never right (the demo's random MTP block
- * at margin 0, which proposes on every try) runs on few of the steps, and the
- * output is target-only's. */
+ * at margin 0.5, which proposes on most tries) runs on few of the steps, and
+ * the output is target-only's; at margin 0 (the diagnostic) on every step. */
 static void backoff_case(void) {
     ds4_engine *e = test_engine_load_draft("models/demo.gguf", "models/demo-mtp.gguf", NULL, -1, 0);
     CHECK(e != NULL, "cannot load the demo model with its MTP file");
@@ -360,6 +360,14 @@ static void backoff_case(void) {
     ds4_spec_params_default(&p);
     p.mtp_path = "models/demo-mtp.gguf";
     p.mtp_margin = 0;
+    CHECK(ds4_spec_init(&sp, &p, err, sizeof err), "%s", err);
+    outcome every = run(e, prompt, 16, 400, 240, 0.0f, 0, 0, &sp);
+    compare("demo MTP at margin 0", &ref, &every, &sp);
+    CHECK(sp.stats.draft_tries == sp.stats.draft_calls && sp.stats.draft_calls >= 120,
+          "margin 0: the draft model ran on %llu of %llu passes", (unsigned long long)sp.stats.draft_tries,
+          (unsigned long long)sp.stats.draft_calls);
+    free(every.payload);
+    p.mtp_margin = 0.5f;
     CHECK(ds4_spec_init(&sp, &p, err, sizeof err), "%s", err);
     outcome got = run(e, prompt, 16, 400, 240, 0.0f, 0, 0, &sp);
     compare("demo MTP on its budget", &ref, &got, &sp);
