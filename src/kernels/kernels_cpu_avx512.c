@@ -149,6 +149,12 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
         UNROLL
         for (int r = 0; r < nr; r++) {
             const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r);
+            /* a tile also asks for the same bytes of the next tile's rows
+             * (into L2): its rows are streams the line prefetch of the
+             * row itself starts late, at every tile (3, 4 and 8 tokens,
+             * 32768 x 4096 at one thread, AMD EPYC: 8.4 -> 5.9, 8.5 -> 5.7,
+             * 12.2 -> 10.5 ms) */
+            if (nr > 1) _mm_prefetch((const char *)(x + b) + row_bytes * (size_t)nr, _MM_HINT_T1);
             prefetch_weights(x + b);
             wq[r] = pair256(x[b].qs, x[b1].qs);
             base[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq[r]));
