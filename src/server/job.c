@@ -87,7 +87,7 @@ ds4_gen_result ds4_job_generate(server *s, ds4_sampler *smp, int limit, ds4_gen_
     if (s->spec) {
         const ds4_spec_stats *now = &s->spec->stats;
         ds4_metrics_spec(now->passes - before.passes, now->proposed - before.proposed,
-                         now->accepted - before.accepted);
+                         now->accepted - before.accepted, now->draft_tries - before.draft_tries);
         /* the session grew by whole verification passes, not through ds4_srv_eval */
         ds4_srv_session_changed(s);
     }

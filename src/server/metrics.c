@@ -22,7 +22,7 @@ static request_count pairs[MAX_PAIRS];
 static int n_pairs;
 static unsigned long long prompt_tokens, cached_tokens, generated_tokens, prefill_tokens, decode_tokens;
 static double prefill_seconds, decode_seconds;
-static unsigned long long spec_passes, spec_drafted, spec_accepted;
+static unsigned long long spec_passes, spec_drafted, spec_accepted, spec_model_runs;
 static unsigned long long reuse[N_REUSE];
 
 void ds4_metrics_request(const char *path, int status) {
@@ -58,11 +58,12 @@ void ds4_metrics_decode(int tokens, double seconds) {
     pthread_mutex_unlock(&mu);
 }
 
-void ds4_metrics_spec(uint64_t passes, uint64_t drafted, uint64_t accepted) {
+void ds4_metrics_spec(uint64_t passes, uint64_t drafted, uint64_t accepted, uint64_t model_runs) {
     pthread_mutex_lock(&mu);
     spec_passes += passes;
     spec_drafted += drafted;
     spec_accepted += accepted;
+    spec_model_runs += model_runs;
     pthread_mutex_unlock(&mu);
 }
 
@@ -120,6 +121,8 @@ void ds4_metrics_render(ds4_buf *out, const ds4_metrics_gauges *g) {
     counter(out, "ds4_spec_draft_tokens_total", "Tokens drafted for verification.", spec_drafted);
     counter(out, "ds4_spec_accepted_tokens_total", "Drafted tokens the model's own choice confirmed.",
             spec_accepted);
+    counter(out, "ds4_spec_draft_model_runs_total",
+            "Decode steps on which the draft model (--mtp, --dspark) ran, within its time budget.", spec_model_runs);
     counter(out, "ds4_prefill_tokens_total", "Tokens prefilled.", prefill_tokens);
     seconds(out, "ds4_prefill_seconds_total", "Seconds spent prefilling (wall, per request).", prefill_seconds);
     gauge(out, "ds4_prefill_tokens_per_second", "Average prefill rate of a request since start.",

@@ -37,8 +37,9 @@ void ds4_metrics_request(const char *path, int status);
 void ds4_metrics_tokens(int prompt, int cached, int generated);
 void ds4_metrics_prefill(int tokens, double seconds);
 void ds4_metrics_decode(int tokens, double seconds);
-/* speculative decoding: verification passes, drafted tokens, drafted tokens kept */
-void ds4_metrics_spec(uint64_t passes, uint64_t drafted, uint64_t accepted);
+/* speculative decoding: verification passes, drafted tokens, drafted tokens
+ * kept, and the steps the draft model ran on */
+void ds4_metrics_spec(uint64_t passes, uint64_t drafted, uint64_t accepted, uint64_t model_runs);
 /* how: the prompt planner's reuse description (prefix.h) */
 void ds4_metrics_prefix(const char *how);
 

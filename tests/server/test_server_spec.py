@@ -86,6 +86,8 @@ try:
     # token budget left is under five (at most 4 + 3 + 2 + 1 fewer each)
     res.check(passes > 0 and 5 * passes - 20 <= drafted <= 5 * passes,
               f"DSpark drafted about five tokens on each pass: {drafted} on {passes} passes")
+    runs = metric(dspark, "ds4_spec_draft_model_runs_total")
+    res.check(runs >= passes, f"at confidence 0 the drafter ran on every pass: {runs} runs, {passes} passes")
 finally:
     dspark.stop()
 
