@@ -831,15 +831,15 @@ bool ds4_kernels_avx2_tile(uint32_t type, struct ds4_tile_kernel *k) {
     switch (type) {
     case DS4_TYPE_Q8_0:
         *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, Q8_TILE_TOKENS, Q8_TILE_TOKENS, q8_0_pack,
-                                      vnni ? q8_0_vnni_tile : q8_0_tile};
+                                      vnni ? q8_0_vnni_tile : q8_0_tile, 0};
         return true;
     case DS4_TYPE_IQ2_XXS:
         *k = (struct ds4_tile_kernel){KT_ROWS, IQ2_TILE_MIN_TOKENS, KT_TOKENS, iq2_xxs_pack,
-                                      vnni ? iq2_xxs_vnni_tile : iq2_xxs_tile};
+                                      vnni ? iq2_xxs_vnni_tile : iq2_xxs_tile, 0};
         return true;
     case DS4_TYPE_Q2_K:
         *k = (struct ds4_tile_kernel){KT_ROWS, Q2K_TILE_MIN_TOKENS, KT_TOKENS, q2_K_pack,
-                                      vnni ? q2_K_vnni_tile : q2_K_tile};
+                                      vnni ? q2_K_vnni_tile : q2_K_tile, 0};
         return true;
     default: return false;
     }

@@ -193,11 +193,15 @@ DOT_ENTRY_POINTS(q8_0)
  * (2..9 tokens) would otherwise run a group of 3 through the per-row kernel,
  * which converts every token's activations again for each row (3 tokens
  * cost what a 4-token tile does; 32768 x 4096 at one thread, AMD EPYC:
- * 9.5 -> 6.6 ms). Two tokens stay with the per-row kernel, which measured
- * faster for them (5.2 against 6.6 ms). */
+ * 9.5 -> 6.6 ms). Two tokens alone stay with the per-row kernel, which
+ * measured faster for them (5.2 against 6.6 ms); one or two left over after
+ * a group (rest_tokens) take the tile, the rows then coming from cache (5
+ * and 6 tokens: 8.8 -> 7.7, 10.4 -> 8.2 ms). */
 static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
                       int64_t y_stride) {
     switch (nt) {
+    case 1: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 1, n, y, y_stride); break;
+    case 2: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 2, n, y, y_stride); break;
     case 3: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 3, n, y, y_stride); break;
     default: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, Q8_TILE_TOKENS, n, y, y_stride); break;
     }
@@ -604,18 +608,18 @@ ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) {
 }
 bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k) {
     if (iq2_vbmi(type)) {
-        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_vbmi_tile};
+        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_vbmi_tile, 0};
         return true;
     }
     switch (type) {
     case DS4_TYPE_Q8_0:
-        *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, 3, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile};
+        *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, 3, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile, 1};
         return true;
     case DS4_TYPE_IQ2_XXS:
-        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_tile};
+        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_tile, 0};
         return true;
     case DS4_TYPE_Q2_K:
-        *k = (struct ds4_tile_kernel){Q2K_TILE_ROWS, 2, Q2K_TILE_TOKENS, q2_K_pack, q2_K_tile};
+        *k = (struct ds4_tile_kernel){Q2K_TILE_ROWS, 2, Q2K_TILE_TOKENS, q2_K_pack, q2_K_tile, 0};
         return true;
     default: return false;
     }

@@ -12,7 +12,11 @@ the expected name and arguments. Then the real tool output is sent back and
 the answer must contain the fact from it (the count, the first entry, ...).
 Nothing is executed: the tool outputs come from the generator.
 
-    python3 tools/train-tiny/eval_tools.py MODEL.gguf [--n 50] [--think] [--client]"""
+With --unseen CORPUS only requests that never occur in that corpus are sent
+(a closed workspace's kinds may have none left).
+
+    python3 tools/train-tiny/eval_tools.py MODEL.gguf [--n 50] [--think] [--client] [--workspace DIR]
+        [--unseen CORPUS.jsonl]"""
 import argparse
 import glob
 import json
@@ -61,6 +65,10 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--workspace", default=None, help="draw the tasks from this workspace's files "
                     "(data.workspace_roots) instead of the machine's directories")
+    ap.add_argument("--unseen", default=None, metavar="CORPUS",
+                    help="keep only requests that occur nowhere in this corpus.jsonl (as a user turn); a "
+                    "kind with fewer such requests in --max-draws draws is reported with what it has")
+    ap.add_argument("--max-draws", type=int, default=20000)
     a = ap.parse_args()
     roots = sorted(d for d in glob.glob(os.path.join(data.PYLIB, "*")) + glob.glob("/usr/include/*")
                    if os.path.isdir(d) and "__pycache__" not in d and os.access(d, os.R_OK) and os.listdir(d))
@@ -68,10 +76,20 @@ def main():
     rng = random.Random(a.seed)
     kinds = ["list", "read", "run", "count"] + ([] if a.client else ["edit"])
     cases = {k: [] for k in kinds}
-    while any(len(v) < a.n for v in cases.values()):
+    seen = None
+    if a.unseen:
+        # every user turn of the corpus, as data.py renders it
+        seen = set()
+        for line in open(a.unseen, encoding="utf-8"):
+            for turn in json.loads(line)["text"].split("<｜User｜>")[1:]:
+                seen.add(turn.split("<｜Assistant｜>", 1)[0])
+    draws = 0
+    while any(len(v) < a.n for v in cases.values()) and draws < a.max_draws:
         c = data.agent_case(rng, roots, a.client, top=a.workspace)
-        if len(cases[c["kind"]]) < a.n:
+        draws += 1
+        if len(cases[c["kind"]]) < a.n and not (seen is not None and c["q"] in seen):
             cases[c["kind"]].append(c)
+    kinds = [k for k in kinds if cases[k]]
     port = free_port()
     srv = subprocess.Popen([a.server, "-m", a.model, "--port", str(port), "--ctx", "4096", "-t", "1"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
