@@ -153,6 +153,6 @@ clean:
 	rm -rf build build-asan build-ubsan build-cuda $(APPS)
 
 distclean: clean
-	rm -rf $(VENV) models/demo.gguf models/ds4-tiny.gguf
+	rm -rf $(VENV) models/demo*.gguf models/ds4-tiny*.gguf
 
 -include $(LIB_OBJ:.o=.d) $(BENCH_OBJ:.o=.d)

@@ -49,7 +49,7 @@ TEST_DATA += models/demo-dspark.gguf
 # training data never used are one repeated row, which xz folds away), unpacked
 # here. The random demo model above stays for the tests that want random weights.
 .PHONY: tiny-model
-tiny-model: models/ds4-tiny.gguf models/ds4-tiny-mtp.gguf
+tiny-model: models/ds4-tiny.gguf models/ds4-tiny-mtp.gguf models/ds4-tiny-dspark.gguf
 models/ds4-tiny.gguf: data/ds4-tiny/ds4-tiny-q8_0.gguf.xz
 	@mkdir -p models
 	xz -dc $< > $@.tmp && mv $@.tmp $@
@@ -62,3 +62,9 @@ models/ds4-tiny-mtp.gguf: ds4-convert data/ds4-tiny/config.json data/ds4-tiny/mt
 	@ln -sf $(abspath data/ds4-tiny/mtp.safetensors) $(BUILD)/ds4-tiny-mtp/model.safetensors
 	@./ds4-convert $(BUILD)/ds4-tiny-mtp $@ --type q8_0 --mtp --name tiny-mtp > $(BUILD)/ds4-tiny-mtp/log 2>&1 || { cat $(BUILD)/ds4-tiny-mtp/log; exit 1; }
 TEST_DATA += models/ds4-tiny-mtp.gguf
+# Its trained DSpark block drafter (tools/train-tiny/train_dspark.py; F16
+# matrices), for --mtp FILE --dspark
+models/ds4-tiny-dspark.gguf: data/ds4-tiny/ds4-tiny-dspark.gguf.xz
+	@mkdir -p models
+	xz -dc $< > $@.tmp && mv $@.tmp $@
+TEST_DATA += models/ds4-tiny-dspark.gguf

@@ -198,14 +198,15 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
         UNROLL
         for (int chain = 0; chain < 2; chain++) {
             for (int64_t b = chain; b < nb; b += 2) {
-                if (!chain) {
-                    UNROLL
-                    for (int r = 0; r < nr; r++) {
-                        const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b;
-                        /* the next tile's rows into L2, as the AVX-512 tile does */
-                        _mm_prefetch((const char *)x + row_bytes * (size_t)nr, _MM_HINT_T1);
-                        prefetch_weights(x);
-                    }
+                UNROLL
+                for (int r = 0; r < nr; r++) {
+                    const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b;
+                    /* chain 0 reads the rows from memory, ahead of itself;
+                     * chain 1 reads them from cache and meanwhile asks for
+                     * the next tile's rows (into L2), so memory works
+                     * through both passes */
+                    if (!chain) prefetch_weights(x);
+                    else _mm_prefetch((const char *)(x - 1) + row_bytes * (size_t)nr, _MM_HINT_T1);
                 }
                 q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b, acc, chain, vnni);
             }

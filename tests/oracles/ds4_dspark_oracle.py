@@ -34,10 +34,12 @@ import json
 import os
 import shutil
 import sys
-import types
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "train-tiny"))
+import dspark_draft  # noqa: E402
 
 SEED = 6113
 TARGETS = [1, 3]
@@ -50,33 +52,9 @@ def bf16_round(t):
 
 
 def draft_config(cfg):
-    """The draft's config: the target's with DSpark's fields and a small
-    dense body (nemo derives the draft config from the target's the same way)."""
-    c = types.SimpleNamespace()
-    c.vocab_size = cfg.vocab_size
-    c.hidden_size = cfg.hidden_size
-    c.num_hidden_layers = 2
-    c.num_attention_heads = 2
-    c.head_dim = 64
-    c.qk_rope_head_dim = 32
-    c.q_lora_rank = 32
-    c.o_groups = 2
-    c.o_lora_rank = 32
-    c.moe_intermediate_size = 64
-    c.hidden_act = "silu"
-    c.rms_norm_eps = cfg.rms_norm_eps
-    c.rope_theta = 10000.0
-    c.pad_token_id = None
-    c.attention_dropout = 0.0
-    c.target_layer_ids = TARGETS
-    c.mask_token_id = cfg.vocab_size - 1
-    c.num_anchors = 1
-    c.block_size = BLOCK
-    c.enable_confidence_head = True
-    c.confidence_head_with_markov = True
-    c.markov_rank = 16
-    c.markov_head_type = "vanilla"
-    return c
+    """The oracle draft: two small layers reading TARGETS."""
+    return dspark_draft.draft_config(cfg, TARGETS, layers=2, heads=2, head_dim=64, rope_dim=32, q_lora=32, o_groups=2,
+                                     o_lora=32, ff=64, markov_rank=16, block_size=BLOCK)
 
 
 @torch.no_grad()
@@ -97,26 +75,10 @@ def randomise(draft, gen):
         p.copy_(bf16_round(p))
 
 
-@torch.no_grad()
 def target_features(model, ids):
     """[T][len(TARGETS)][E]: the mean of each target layer's output streams."""
-    from transformers.masking_utils import create_sliding_window_causal_mask
-    m, cfg = model.model, model.config
-    emb = m.embed_tokens(ids)
-    pos = torch.arange(ids.shape[1]).unsqueeze(0)
-    mask = create_sliding_window_causal_mask(config=cfg, inputs_embeds=emb, attention_mask=None, cache=None,
-                                             position_ids=pos)
-    pe = {"main": m.rotary_emb(emb, position_ids=pos, layer_type="main"),
-          "compress": m.rotary_emb(emb, position_ids=pos, layer_type="compress")}
-    h = emb.unsqueeze(2).expand(-1, -1, cfg.hc_mult, -1).contiguous()
-    feats = {}
-    for i, layer in enumerate(m.layers):
-        h = layer(h, position_embeddings=pe, position_ids=pos, attention_mask=mask, input_ids=ids, cache=None)
-        feats[i] = h.mean(dim=2)
-    head = model.lm_head(m.norm(m.hc_head(h)))
-    if (head - model(input_ids=ids, use_cache=False).logits).abs().max().item() != 0.0:
-        sys.exit("the trunk does not reproduce transformers' forward")
-    return torch.stack([feats[t][0] for t in TARGETS], dim=1)
+    feats, _ = dspark_draft.target_features(model, ids, TARGETS, check=True)
+    return feats[0].reshape(ids.shape[1], len(TARGETS), -1)
 
 
 @torch.no_grad()
@@ -138,51 +100,6 @@ def block(draft, feats, ids, a):
     prev = torch.cat([tok.view(1, 1), toks[:, :-1]], dim=1)
     conf = torch.sigmoid(draft.predict_confidence_step(hid, prev_token_ids=prev))
     return toks[0], conf[0], logits[0]
-
-
-def write_gguf(path, draft, c, n_layer_target):
-    import gguf
-    w = gguf.GGUFWriter(path, "dspark")
-    w.add_name("dspark-oracle-A")
-    k = lambda s: "dspark." + s
-    w.add_uint32(k("embedding_length"), c.hidden_size)
-    w.add_uint32(k("vocab_size"), c.vocab_size)
-    w.add_uint32(k("target_block_count"), n_layer_target)
-    w.add_array(k("target_layers"), [int(t) for t in TARGETS])
-    w.add_uint32(k("block_count"), c.num_hidden_layers)
-    w.add_uint32(k("block_size"), c.block_size)
-    w.add_uint32(k("mask_token_id"), c.mask_token_id)
-    w.add_uint32(k("head_count"), c.num_attention_heads)
-    w.add_uint32(k("key_length"), c.head_dim)
-    w.add_uint32(k("rope.dimension_count"), c.qk_rope_head_dim)
-    w.add_float32(k("rope.freq_base"), c.rope_theta)
-    w.add_uint32(k("q_lora_rank"), c.q_lora_rank)
-    w.add_uint32(k("output_group_count"), c.o_groups)
-    w.add_uint32(k("output_lora_rank"), c.o_lora_rank)
-    w.add_uint32(k("feed_forward_length"), c.moe_intermediate_size)
-    w.add_uint32(k("markov_rank"), c.markov_rank)
-    w.add_float32(k("layer_norm_rms_epsilon"), c.rms_norm_eps)
-    sd = draft.state_dict()
-    t = lambda name, src: w.add_tensor(name, sd[src].detach().float().contiguous().numpy())
-    t("dspark.fc.weight", "fc.weight")
-    t("dspark.hidden_norm.weight", "hidden_norm.weight")
-    t("dspark.norm.weight", "norm.weight")
-    t("dspark.markov_w1.weight", "markov_head.markov_w1.weight")
-    t("dspark.markov_w2.weight", "markov_head.markov_w2.weight")
-    t("dspark.confidence.weight", "confidence_head.proj.weight")
-    t("dspark.confidence.bias", "confidence_head.proj.bias")
-    names = {"attn_norm": "input_layernorm", "attn_q_a": "self_attn.wq_a", "attn_q_a_norm": "self_attn.q_norm",
-             "attn_q_b": "self_attn.wq_b", "attn_kv": "self_attn.wkv", "attn_kv_a_norm": "self_attn.kv_norm",
-             "attn_sinks": "self_attn.sinks_param", "attn_output_a": "self_attn.wo_a",
-             "attn_output_b": "self_attn.wo_b", "ffn_norm": "post_attention_layernorm",
-             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-    for l in range(c.num_hidden_layers):
-        for ours, theirs in names.items():
-            t(f"dspark.blk.{l}.{ours}.weight", f"layers.{l}.{theirs}.weight")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def main():
@@ -207,7 +124,8 @@ def main():
     out = os.path.join(d, "dspark")
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    write_gguf(os.path.join(out, "dspark.gguf"), draft, c, model.config.num_hidden_layers)
+    dspark_draft.write_gguf(os.path.join(out, "dspark.gguf"), draft, c, model.config.num_hidden_layers,
+                            "dspark-oracle-A")
     feats.numpy().astype("<f4").tofile(os.path.join(out, "features"))
     gap = float("inf")
     with open(os.path.join(out, "blocks"), "wb") as f:
