@@ -12,7 +12,7 @@ the expected name and arguments. Then the real tool output is sent back and
 the answer must contain the fact from it (the count, the first entry, ...).
 Nothing is executed: the tool outputs come from the generator.
 
-With --unseen CORPUS only requests that never occur in that corpus are sent
+With --unseen CORPUS[,...] only requests that never occur in those corpora are sent
 (a closed workspace's kinds may have none left).
 
     python3 tools/train-tiny/eval_tools.py MODEL.gguf [--n 50] [--think] [--client] [--workspace DIR]
@@ -65,8 +65,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--workspace", default=None, help="draw the tasks from this workspace's files "
                     "(data.workspace_roots) instead of the machine's directories")
-    ap.add_argument("--unseen", default=None, metavar="CORPUS",
-                    help="keep only requests that occur nowhere in this corpus.jsonl (as a user turn); a "
+    ap.add_argument("--unseen", default=None, metavar="CORPUS[,CORPUS...]",
+                    help="keep only requests that occur nowhere in these corpus.jsonl files (as a user turn); a "
                     "kind with fewer such requests in --max-draws draws is reported with what it has")
     ap.add_argument("--max-draws", type=int, default=20000)
     a = ap.parse_args()
@@ -80,9 +80,10 @@ def main():
     if a.unseen:
         # every user turn of the corpus, as data.py renders it
         seen = set()
-        for line in open(a.unseen, encoding="utf-8"):
-            for turn in json.loads(line)["text"].split("<｜User｜>")[1:]:
-                seen.add(turn.split("<｜Assistant｜>", 1)[0])
+        for corpus in a.unseen.split(","):
+            for line in open(corpus, encoding="utf-8"):
+                for turn in json.loads(line)["text"].split("<｜User｜>")[1:]:
+                    seen.add(turn.split("<｜Assistant｜>", 1)[0])
     draws = 0
     while any(len(v) < a.n for v in cases.values()) and draws < a.max_draws:
         c = data.agent_case(rng, roots, a.client, top=a.workspace)
