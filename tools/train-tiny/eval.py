@@ -53,6 +53,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=12000, help="held-out tokens per kind")
     ap.add_argument("--mtp-prompts", type=int, default=12)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--max-agent", type=int, default=None,
+                    help="agent documents read (default: the checkpoint's training run's, else 3000)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     ck = torch.load(a.ckpt, weights_only=False)
@@ -60,7 +62,8 @@ def main():
     remap = torch.full((N_VOCAB,), len(keep), dtype=torch.long)
     remap[torch.tensor(keep)] = torch.arange(len(keep))
     m = compact_model(ck)
-    train, held = load(a.data, 50, ck["args"].get("max_agent", 3000))
+    max_agent = a.max_agent if a.max_agent is not None else ck.get("args", {}).get("max_agent", 3000)
+    train, held = load(a.data, 50, max_agent)
     counts = torch.zeros(N_VOCAB, dtype=torch.float64)
     for ids, _, _ in train:
         counts += torch.bincount(torch.tensor(ids), minlength=N_VOCAB).double()
@@ -71,7 +74,7 @@ def main():
         for ids, mask, k in held:
             if k != kind or cnt >= a.tokens:
                 continue
-            t, c = nll_doc(m, remap, n_rare, ids, mask, ck["args"]["seq"])
+            t, c = nll_doc(m, remap, n_rare, ids, mask, ck.get("args", {}).get("seq", 1024))
             tgt = torch.tensor(ids[1:])[torch.tensor(mask[1:])]
             tot, cnt, utot = tot + t, cnt + c, utot - uni[tgt].sum().item()
         res[kind] = {"tokens": int(cnt), "ppl": math.exp(tot / cnt), "unigram_ppl": math.exp(utot / cnt)}
