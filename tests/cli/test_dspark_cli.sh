@@ -44,22 +44,24 @@ rm -f "$d/strict.json"
 cmp -s "$d/ref.json" "$d/strict.json" && ! grep -q "spec dspark" "$d/err" && ok "--dspark-strict: target-only" ||
     bad "--dspark-strict drafted or changed the output: $(tail -2 "$d/err")"
 # The trained tiny model with its trained drafter (tools/train-tiny/train_dspark.py):
-# the same greedy continuation and logprobs as target-only, and most first
-# drafts accepted on an answer the model has learnt.
+# the same greedy continuation and logprobs as target-only at fixed blocks and at
+# the default confidence, and at fixed blocks a real share of first drafts
+# accepted (measured 21% on this answer; the random demo drafter gets 0%).
 tiny=(./ds4 -m models/ds4-tiny.gguf -p "Explain Redis streams in one paragraph." --nothink -n 100 -t 2)
 "${tiny[@]}" --dump-logprobs "$d/tiny-ref.json" 2>/dev/null
-for conf in 0 0.5; do
+for conf in 0 0.9; do
     rm -f "$d/tiny.json"
     "${tiny[@]}" --mtp models/ds4-tiny-dspark.gguf --dspark --dspark-confidence $conf --dump-logprobs "$d/tiny.json" \
         2>"$d/err"
     cmp -s "$d/tiny-ref.json" "$d/tiny.json" && [ -s "$d/tiny.json" ] &&
         ok "tiny model, trained drafter at confidence $conf: the same 100 steps" ||
         bad "tiny model, trained drafter at confidence $conf changed the output: $(tail -2 "$d/err")"
-    line=$(grep "spec dspark:" "$d/err")
-    first=$(printf '%s' "$line" | sed -n 's/.*by position 1:\([0-9]*\)%.*/\1/p')
-    [ -n "$first" ] && [ "$first" -ge TINY_FIRST_MIN ] && ok "tiny model, confidence $conf: $line" ||
-        bad "tiny model, confidence $conf: first drafts accepted ${first:-?}% (want >= TINY_FIRST_MIN): $line"
 done
+"${tiny[@]}" --mtp models/ds4-tiny-dspark.gguf --dspark --dspark-confidence 0 2>"$d/err" >/dev/null
+line=$(grep "spec dspark:" "$d/err")
+first=$(printf '%s' "$line" | sed -n 's/.*by position 1:\([0-9]*\)%.*/\1/p')
+[ -n "$first" ] && [ "$first" -ge 10 ] && ok "tiny model, fixed blocks: $line" ||
+    bad "tiny model, fixed blocks: first drafts accepted ${first:-?}% (want >= 10%): $line"
 one_line() {   # what, expected text, command...
     local what=$1 want=$2; shift 2
     local out rc
