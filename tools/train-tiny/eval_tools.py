@@ -15,8 +15,11 @@ Nothing is executed: the tool outputs come from the generator.
 With --unseen CORPUS[,...] only requests that never occur in those corpora are sent
 (a closed workspace's kinds may have none left).
 
+With --openai-sdk the requests go through the openai Python SDK (a real
+client's own serialisation) instead of raw HTTP.
+
     python3 tools/train-tiny/eval_tools.py MODEL.gguf [--n 50] [--think] [--client] [--workspace DIR]
-        [--unseen CORPUS.jsonl]"""
+        [--unseen CORPUS.jsonl] [--openai-sdk]"""
 import argparse
 import glob
 import json
@@ -61,6 +64,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1001)
     ap.add_argument("--think", action="store_true")
     ap.add_argument("--client", action="store_true")
+    ap.add_argument("--openai-sdk", action="store_true",
+                    help="send the requests with the openai Python SDK (its own serialisation of the tools) "
+                    "instead of raw HTTP")
     ap.add_argument("--server", default="./ds4-server")
     ap.add_argument("--out", default=None)
     ap.add_argument("--workspace", default=None, help="draw the tasks from this workspace's files "
@@ -102,13 +108,26 @@ def main():
             except OSError:
                 time.sleep(0.2)
         tools = data.CLIENT_TOOLS if a.client else data.AGENT_TOOLS
+        if a.openai_sdk:
+            from openai import OpenAI
+            sdk = OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="unused")
+            tool_objs = [{"type": "function", "function": json.loads(line)}
+                         for line in data.schema_lines(tools).split("\n")]
+
+            def ask(messages):
+                return sdk.chat.completions.create(
+                    model="deepseek-v4-flash", messages=messages, tools=tool_objs, max_tokens=160, temperature=0,
+                    extra_body={"thinking": {"type": "enabled" if a.think else "disabled"}}).model_dump()
+        else:
+            def ask(messages):
+                return post(port, request(messages, tools, a.think, 160))
         res = {}
         for kind in kinds:
             ok_call = ok_ans = 0
             for c in cases[kind]:
                 system = None if a.client else data.AGENT_SYSTEM % c["project"]
                 msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": c["q"]}]
-                r = post(port, request(msgs, tools, a.think, 160))
+                r = ask(msgs)
                 msg = r["choices"][0]["message"]
                 calls = msg.get("tool_calls") or []
                 if os.environ.get("EVAL_DEBUG"):
@@ -126,8 +145,7 @@ def main():
                 call_msg = {"role": "assistant", "content": "", "tool_calls": [
                     {"id": "call_1", "type": "function",
                      "function": {"name": name, "arguments": json.dumps(dict(params), separators=(",", ":"))}}]}
-                r2 = post(port, request(msgs + [call_msg, {"role": "tool", "tool_call_id": "call_1", "content": c["out"]}],
-                                        tools, a.think, 160))
+                r2 = ask(msgs + [call_msg, {"role": "tool", "tool_call_id": "call_1", "content": c["out"]}])
                 ans = r2["choices"][0]["message"].get("content") or ""
                 ok_ans += bool(c["key"]) and c["key"] in ans
             res[kind] = {"n": len(cases[kind]), "call_ok": ok_call, "answer_ok": ok_ans}
