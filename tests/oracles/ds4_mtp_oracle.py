@@ -36,12 +36,12 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import DeepseekV4ForCausalLM
-from transformers.masking_utils import create_sliding_window_causal_mask
 
 from ds4_tiny_oracle import randomise_constants, round_weights
 
 # The block as tools/train-tiny trains it: transformers' modules only.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "train-tiny"))
+import hf_trunk  # noqa: E402
 from model import MTP  # noqa: E402
 
 SWA = "sliding_attention"
@@ -62,25 +62,9 @@ def randomise(mtp, cfg, gen):
 
 
 @torch.no_grad()
-def trunk(model, ids):
-    """The main model's final HC streams [1, T, hc, D] and the position inputs
-    its layers used (masks, RoPE tables)."""
-    m, cfg = model.model, model.config
-    emb = m.embed_tokens(ids)
-    pos = torch.arange(ids.shape[1]).unsqueeze(0)
-    mask = create_sliding_window_causal_mask(config=cfg, inputs_embeds=emb, attention_mask=None, cache=None,
-                                             position_ids=pos)
-    pe = {"main": m.rotary_emb(emb, position_ids=pos, layer_type="main"),
-          "compress": m.rotary_emb(emb, position_ids=pos, layer_type="compress")}
-    h = emb.unsqueeze(2).expand(-1, -1, cfg.hc_mult, -1).contiguous()
-    for layer in m.layers:
-        h = layer(h, position_embeddings=pe, position_ids=pos, attention_mask=mask, input_ids=ids, cache=None)
-    return h, pe, pos, mask
-
-
-@torch.no_grad()
 def mtp_logits(model, mtp, ids):
-    h, pe, pos, mask = trunk(model, ids)
+    layers, pe, pos, mask = hf_trunk.trunk(model, ids)
+    h = layers[-1]
     # the trunk is transformers' forward: its head reproduces the model's logits
     head = model.lm_head(model.model.norm(model.model.hc_head(h)))
     ref = model(input_ids=ids, use_cache=False).logits

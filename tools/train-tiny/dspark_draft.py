@@ -7,6 +7,8 @@ import types
 
 import torch
 
+import hf_trunk
+
 
 def draft_config(cfg, targets, *, layers, heads, head_dim, rope_dim, q_lora, o_groups, o_lora, ff, markov_rank,
                  block_size=5, num_anchors=1):
@@ -49,23 +51,12 @@ def target_features(model, ids, targets, check=False):
     wrapper concatenates them), and the input of the output head ([1][T][E],
     for the target's own next-token distribution). check: the trunk written
     out here must reproduce transformers' logits exactly."""
-    from transformers.masking_utils import create_sliding_window_causal_mask
-    m, cfg = model.model, model.config
-    emb = m.embed_tokens(ids)
-    pos = torch.arange(ids.shape[1]).unsqueeze(0)
-    mask = create_sliding_window_causal_mask(config=cfg, inputs_embeds=emb, attention_mask=None, cache=None,
-                                             position_ids=pos)
-    pe = {"main": m.rotary_emb(emb, position_ids=pos, layer_type="main"),
-          "compress": m.rotary_emb(emb, position_ids=pos, layer_type="compress")}
-    h = emb.unsqueeze(2).expand(-1, -1, cfg.hc_mult, -1).contiguous()
-    feats = {}
-    for i, layer in enumerate(m.layers):
-        h = layer(h, position_embeddings=pe, position_ids=pos, attention_mask=mask, input_ids=ids, cache=None)
-        feats[i] = h.mean(dim=2)
-    last = m.norm(m.hc_head(h))
+    layers, _, _, _ = hf_trunk.trunk(model, ids)
+    m = model.model
+    last = m.norm(m.hc_head(layers[-1]))
     if check and (model.lm_head(last) - model(input_ids=ids, use_cache=False).logits).abs().max().item() != 0.0:
         raise RuntimeError("the trunk does not reproduce transformers' forward")
-    return torch.cat([feats[t] for t in targets], dim=-1), last
+    return torch.cat([layers[t].mean(dim=2) for t in targets], dim=-1), last
 
 
 def write_gguf(path, draft, c, n_layer_target, name, f16=False):
@@ -75,22 +66,19 @@ def write_gguf(path, draft, c, n_layer_target, name, f16=False):
     w = gguf.GGUFWriter(path, "dspark")
     w.add_name(name)
     k = lambda s: "dspark." + s
-    w.add_uint32(k("embedding_length"), c.hidden_size)
-    w.add_uint32(k("vocab_size"), c.vocab_size)
-    w.add_uint32(k("target_block_count"), n_layer_target)
+    for key, value in (("embedding_length", c.hidden_size), ("vocab_size", c.vocab_size),
+                       ("target_block_count", n_layer_target)):
+        w.add_uint32(k(key), value)
     w.add_array(k("target_layers"), [int(t) for t in c.target_layer_ids])
-    w.add_uint32(k("block_count"), c.num_hidden_layers)
-    w.add_uint32(k("block_size"), c.block_size)
-    w.add_uint32(k("mask_token_id"), c.mask_token_id)
-    w.add_uint32(k("head_count"), c.num_attention_heads)
-    w.add_uint32(k("key_length"), c.head_dim)
-    w.add_uint32(k("rope.dimension_count"), c.qk_rope_head_dim)
+    for key, value in (("block_count", c.num_hidden_layers), ("block_size", c.block_size),
+                       ("mask_token_id", c.mask_token_id), ("head_count", c.num_attention_heads),
+                       ("key_length", c.head_dim), ("rope.dimension_count", c.qk_rope_head_dim)):
+        w.add_uint32(k(key), value)
     w.add_float32(k("rope.freq_base"), c.rope_theta)
-    w.add_uint32(k("q_lora_rank"), c.q_lora_rank)
-    w.add_uint32(k("output_group_count"), c.o_groups)
-    w.add_uint32(k("output_lora_rank"), c.o_lora_rank)
-    w.add_uint32(k("feed_forward_length"), c.moe_intermediate_size)
-    w.add_uint32(k("markov_rank"), c.markov_rank)
+    for key, value in (("q_lora_rank", c.q_lora_rank), ("output_group_count", c.o_groups),
+                       ("output_lora_rank", c.o_lora_rank), ("feed_forward_length", c.moe_intermediate_size),
+                       ("markov_rank", c.markov_rank)):
+        w.add_uint32(k(key), value)
     w.add_float32(k("layer_norm_rms_epsilon"), c.rms_norm_eps)
     sd = draft.state_dict()
     def t(name, src):
