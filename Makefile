@@ -100,12 +100,13 @@ TEST_DATA :=
 # (Debian/Ubuntu refuse a bare pip install). It sees the system's packages,
 # so where they are installed already it costs seconds and no download.
 # Nothing a user runs needs it: the binaries and `make demo` use no Python
-# packages.
+# packages. No pip cache: the two coding-agent clients are ~700 MB of wheels
+# that a cache would keep a second copy of.
 VENV ?= .venv
 venv: $(VENV)/.requirements-installed
 $(VENV)/.requirements-installed: tests/requirements-ci.txt
 	python3 -m venv --system-site-packages $(VENV)
-	$(VENV)/bin/python3 -m pip install -q --disable-pip-version-check -r tests/requirements-ci.txt
+	$(VENV)/bin/python3 -m pip install -q --disable-pip-version-check --no-cache-dir -r tests/requirements-ci.txt
 	touch $@
 
 test: $(APPS) $(TESTS) $(TEST_DATA) venv

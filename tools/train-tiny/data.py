@@ -576,8 +576,10 @@ def workspace_roots(path):
 SESSION_KINDS = ["list", "read", "run", "count", "edit"]
 
 
-def agent_session(rng, roots, rounds, max_out, top=None):
-    """One ds4-agent session (non-thinking) with several requests in a row,
+def agent_session(rng, roots, rounds, max_out, top=None, think=False):
+    """One ds4-agent session with several requests in a row (in thinking mode
+    when think: each step's reasoning stays in the transcript, as ds4-agent
+    keeps it whenever tools are in the prompt),
     each answered with its call, the real result and the answer, as a user of
     ds4-agent asks one thing after another. Each request's kind is drawn
     evenly (the single-request documents favour list and read), its phrasing
@@ -594,8 +596,8 @@ def agent_session(rng, roots, rounds, max_out, top=None):
                 break
         project = project or c["project"]
         content1 = "" if rng.random() < 0.8 else pick(rng, ["Let me check.", "Sure."])
-        turns.append((c["q"], [("", content1, [c["call"]], [c["out"]]), ("", c["ans"], None, None)]))
-    return chat_doc(AGENT_SYSTEM % project, turns, False, AGENT_TOOLS)
+        turns.append((c["q"], [(c["r1"], content1, [c["call"]], [c["out"]]), (c["r2"], c["ans"], None, None)]))
+    return chat_doc(AGENT_SYSTEM % project, turns, think, AGENT_TOOLS)
 
 
 def main():
@@ -610,6 +612,8 @@ def main():
     ap.add_argument("--sessions", type=int, default=0, help="multi-request ds4-agent sessions (agent_session)")
     ap.add_argument("--session-rounds", type=int, default=7)
     ap.add_argument("--session-max-out", type=int, default=700, help="tool results longer than this are drawn again")
+    ap.add_argument("--session-think", type=float, default=0.0, help="share of the sessions in thinking mode "
+                    "(ds4-agent's default)")
     ap.add_argument("--generated-trees", type=int, default=0, help="directories with random names "
                     "(generated_trees) that this share of the agent documents and sessions draws from")
     ap.add_argument("--generated-share", type=float, default=0.7)
@@ -664,7 +668,9 @@ def main():
         docs.append(("agent-client" if client else "agent", text, start))
     for i in range(a.sessions):
         dirs, top = draw_roots()
-        text, start = agent_session(rng, dirs, a.session_rounds, a.session_max_out, top)
+        # drawn only when asked, so the corpora of earlier phases reproduce
+        think = a.session_think > 0 and rng.random() < a.session_think
+        text, start = agent_session(rng, dirs, a.session_rounds, a.session_max_out, top, think)
         docs.append(("agent-session", text, start))
     if a.copy_drills:
         src = python_sources(rng, 2_000_000)
