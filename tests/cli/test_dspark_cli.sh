@@ -7,7 +7,8 @@
 # file, and bad input is refused with one line: --dspark without a support
 # file, a DSpark file given to --mtp without --dspark, two support files, a
 # confidence outside 0..1, a support file for another model, a truncated
-# one, an MTP file given as DSpark file.
+# one, an MTP file given as DSpark file, the released DeepSeek sidecar (whose
+# MoE/HC draft stages the engine does not run).
 # (tests/unit/test_spec.c proves losslessness where drafts are accepted;
 # tests/unit/test_dspark.c checks the drafter against its reference.)
 set -u
@@ -86,6 +87,23 @@ one_line "a DSpark file for another model" "not a DSpark file for this model" \
     ./ds4 -m models/demo.gguf -p hi -n 2 --dspark tests/fixtures/ds4tiny/A/dspark/dspark.gguf
 one_line "an MTP file as DSpark file" "not a DSpark file for this model" \
     ./ds4 -m models/demo.gguf -p hi -n 2 --dspark models/demo-mtp.gguf
+# the released DeepSeek sidecar's layout (arch, keys and a few of its names,
+# written by gguf-py) is recognised and refused, with either spelling
+python3 - "$d/released.gguf" <<'PY'
+import sys, numpy as np, gguf
+w = gguf.GGUFWriter(sys.argv[1], "deepseek4-dspark")
+for key, value in (("block_size", 5), ("markov_rank", 8), ("n_layers", 3), ("noise_token_id", 1), ("stage_count", 3)):
+    w.add_uint32("dspark." + key, value)
+w.add_array("dspark.target_layer_ids", [0, 1, 2])
+for name in ("mtp.0.main_proj.weight", "mtp.0.hc_attn_fn.weight", "mtp.2.markov_head.markov_w1.weight",
+             "mtp.2.confidence_head.proj.weight"):
+    w.add_tensor(name, np.zeros((4, 32), dtype=np.float32))
+w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+PY
+one_line "the released DeepSeek sidecar with --dspark" "released DeepSeek DSpark sidecar" \
+    ./ds4 -m models/demo.gguf -p hi -n 2 --mtp "$d/released.gguf" --dspark
+one_line "the released DeepSeek sidecar as MTP file" "released DeepSeek DSpark sidecar" \
+    ./ds4 -m models/demo.gguf -p hi -n 2 --mtp "$d/released.gguf"
 head -c 100000 models/demo-dspark.gguf > "$d/cut.gguf"
 one_line "a truncated DSpark file" "--dspark $d/cut.gguf" \
     ./ds4 -m models/demo.gguf -p hi -n 2 --dspark "$d/cut.gguf"

@@ -237,6 +237,18 @@ uint32_t ds4_mtp_tensor_type(enum ds4_mtp_tensor_id id, enum ds4_mix mix);
  * Matrices may be any type the CPU kernels multiply; vectors F32/F16/BF16.
  * The token embedding and the output matrix are the main model's. */
 #define DS4_DSPARK_ARCH "dspark"
+/* The released DeepSeek V4 Flash DSpark sidecar (general.architecture
+ * "deepseek4-dspark", dspark.block_size / markov_rank / n_layers /
+ * noise_token_id / stage_count / target_layer_ids, stages mtp.0..mtp.N-1 of
+ * full V4 blocks with hyper-connections and routed experts, mtp.0.main_proj /
+ * main_norm, the last stage's norm, hc_head_*, markov_head.markov_w1/w2 and
+ * confidence_head.proj) is recognised only to refuse it with this line: its
+ * forward (HC and MoE in the draft blocks) has no oracle here to prove an
+ * implementation against. */
+#define DS4_DSPARK_RELEASED_ARCH "deepseek4-dspark"
+#define DS4_DSPARK_RELEASED_REFUSAL \
+    "the released DeepSeek DSpark sidecar (\"" DS4_DSPARK_RELEASED_ARCH "\": MoE draft stages with " \
+    "hyper-connections) is not supported; --dspark runs the dense DSpark layout (docs/speculative.md)"
 #define DS4_DSPARK_KEY(x) "dspark." x
 #define DS4_DSPARK_PREFIX "dspark."
 #define DS4_DSPARK_LAYER_PREFIX "dspark.blk.%d."

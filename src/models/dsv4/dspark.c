@@ -119,8 +119,13 @@ static void bind_layer(ds4_binder *b, ds4_dspark *d, int l) {
 static void read_keys(ds4_binder *b, ds4_dspark *d) {
     const ds4_config *mc = &d->main->cfg;
     ds4_gguf_str arch;
-    if (!ds4_gguf_get_str(b->g, "general.architecture", &arch) || arch.len != strlen(DS4_DSPARK_ARCH) ||
-        memcmp(arch.ptr, DS4_DSPARK_ARCH, arch.len)) {
+    bool have_arch = ds4_gguf_get_str(b->g, "general.architecture", &arch);
+    if (have_arch && arch.len == strlen(DS4_DSPARK_RELEASED_ARCH) &&
+        !memcmp(arch.ptr, DS4_DSPARK_RELEASED_ARCH, arch.len)) {
+        ds4_bind_fail(b, "%s", DS4_DSPARK_RELEASED_REFUSAL);
+        return;
+    }
+    if (!have_arch || arch.len != strlen(DS4_DSPARK_ARCH) || memcmp(arch.ptr, DS4_DSPARK_ARCH, arch.len)) {
         ds4_bind_fail(b, "general.architecture is not \"" DS4_DSPARK_ARCH "\"");
         return;
     }

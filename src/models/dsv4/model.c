@@ -476,6 +476,11 @@ ds4_model *ds4_model_bind_mtp(const ds4_gguf *g, const ds4_model *main_model, ch
         snprintf(err, errlen, "a DSpark support file, not an MTP file: add --dspark to draft with it");
         return NULL;
     }
+    if (ds4_gguf_get_str(g, "general.architecture", &arch) && arch.len == strlen(DS4_DSPARK_RELEASED_ARCH) &&
+        !memcmp(arch.ptr, DS4_DSPARK_RELEASED_ARCH, arch.len)) {
+        snprintf(err, errlen, "%s", DS4_DSPARK_RELEASED_REFUSAL);
+        return NULL;
+    }
     ds4_model *m = calloc(1, sizeof *m);
     ds4_config file_cfg = {0};
     if (!m) { snprintf(err, errlen, "out of memory for the MTP block"); return NULL; }
