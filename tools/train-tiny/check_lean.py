@@ -22,7 +22,6 @@ kernels; transformers computes them in float32 whatever the model's dtype
 (measured: logits 3.0e-7, gradients 1.3e-5 of the largest) (a scalar such as hc_head.hc_scale sums the terms of 1,024
 positions that cancel, so its float32 gradient moves with summation order)."""
 import argparse
-import copy
 import os
 import sys
 

@@ -31,7 +31,6 @@ import os
 import random
 import re
 import subprocess
-import sys
 import sysconfig
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"

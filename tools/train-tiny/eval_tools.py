@@ -25,22 +25,12 @@ import glob
 import json
 import os
 import random
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 import data  # noqa: E402
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+from serve import Server  # noqa: E402
 
 
 def post(port, body):
@@ -97,16 +87,9 @@ def main():
         if len(cases[c["kind"]]) < a.n and not (seen is not None and c["q"] in seen):
             cases[c["kind"]].append(c)
     kinds = [k for k in kinds if cases[k]]
-    port = free_port()
-    srv = subprocess.Popen([a.server, "-m", a.model, "--port", str(port), "--ctx", "4096", "-t", "1"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = Server(a.server, a.model, ctx=4096)
+    port = srv.port
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen("http://127.0.0.1:%d/v1/models" % port, timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
         tools = data.CLIENT_TOOLS if a.client else data.AGENT_TOOLS
         if a.openai_sdk:
             from openai import OpenAI
@@ -155,8 +138,7 @@ def main():
         if a.out:
             json.dump(res, open(a.out, "w"), indent=1)
     finally:
-        srv.terminate()
-        srv.wait()
+        srv.stop()
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from transformers.models.deepseek_v4 import modeling_deepseek_v4
 from transformers.models.deepseek_v4.modeling_deepseek_v4 import (
     DeepseekV4DecoderLayer, DeepseekV4HyperHead, DeepseekV4Model, DeepseekV4RMSNorm)
 
-from tok import N_VOCAB
 
 @contextlib.contextmanager
 def indexer_ties_lower_first():

@@ -2,7 +2,6 @@
 the V3 byte-level BPE of data/deepseek-v3-tokenizer.json, with the seven chat
 protocol strings of a rendered document mapped to their ids and every other
 byte (client text included) encoded as plain text."""
-import json
 import os
 import re
 
