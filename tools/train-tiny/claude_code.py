@@ -21,8 +21,8 @@ The requests and answers are data.py's agent tasks on the workspace.
 
 eval: the success rate of a model over N requests per task (drawn under a
 seed the corpus did not use): the calls Claude Code executed (its stream-json
-events) must be the expected ones, and its final text must hold the fact of
-the tool result (the first entry, the first line, the count, ...).
+events) must be exactly the expected ones, and its final text must hold the
+fact of the tool result (the first entry, the first line, the count, ...).
 
     python3 tools/train-tiny/claude_code.py corpus --out DIR [--n 200] [--rounds 4] [--seed 31] [--even]
     python3 tools/train-tiny/claude_code.py eval MODEL.gguf [--n 50] [--out FILE.json]"""
@@ -84,7 +84,7 @@ def task(rng, kind, cwd):
             body = (p.stdout + p.stderr).strip()
             ans = ("The command succeeded." + (" Output:\n\n```\n" + body[:400] + "\n```" if body else "")
                    if p.returncode == 0 else "The command failed with exit status {}.".format(p.returncode))
-            reasons = ["I will run the command with Bash.", "The command exited with status {}.".format(p.returncode)]
+            reasons = ["I will run the command.", "The command exited with status {}.".format(p.returncode)]
             key = "succeeded" if p.returncode == 0 else str(p.returncode)
         else:
             reasons, ans, key = [c["r1"], c["r2"]], c["ans"], c["key"]
@@ -93,7 +93,7 @@ def task(rng, kind, cwd):
         calls = [("Read", [("file_path", f)]),
                  ("Edit", [("file_path", f), ("old_string", params["old_string"]),
                            ("new_string", params["new_string"])])]
-        reasons = ["I need to read {} before editing it.".format(f), "Now I replace the line.", c["r2"]]
+        reasons = ["I need to read {} first.".format(f), "I replace the line.", c["r2"]]
         ans, key = c["ans"], c["key"]
     return dict(kind=kind, q=c["q"], calls=calls, reasons=reasons, ans=ans, key=key)
 
@@ -224,7 +224,8 @@ def evaluate(a):
                 cwd = workspace_copy(root, rng)
                 t = task(rng, kind, cwd)
                 rc, calls, text = run_claude(t["q"], cwd, home, srv.base, len(t["calls"]) + 2)
-                good = len(calls) >= len(t["calls"]) and all(call_ok(g, w, cwd) for g, w in zip(calls, t["calls"]))
+                # exactly the expected calls: a read followed by an edit nobody asked for fails
+                good = len(calls) == len(t["calls"]) and all(call_ok(g, w, cwd) for g, w in zip(calls, t["calls"]))
                 got_answer = good and t["key"] != "" and t["key"] in text
                 ok += good
                 answered += got_answer
