@@ -894,6 +894,11 @@ bool ds4_gguf_get_str(const ds4_gguf *g, const char *key, ds4_gguf_str *out) {
     return true;
 }
 
+bool ds4_gguf_arch_is(const ds4_gguf *g, const char *arch) {
+    ds4_gguf_str s;
+    return ds4_gguf_get_str(g, "general.architecture", &s) && s.len == strlen(arch) && !memcmp(s.ptr, arch, s.len);
+}
+
 static bool arr_elem(const ds4_gguf_kv *kv, uint64_t i, union ds4_gguf_value *v) {
     if (kv->type != DS4_GGUF_ARRAY || i >= kv->arr_n || kv->arr_type == DS4_GGUF_BOOL) return false;
     unsigned es = scalar_size(kv->arr_type);

@@ -120,6 +120,9 @@ bool ds4_gguf_get_u64(const ds4_gguf *g, const char *key, uint64_t *out);
 bool ds4_gguf_get_f32(const ds4_gguf *g, const char *key, float *out);
 bool ds4_gguf_get_bool(const ds4_gguf *g, const char *key, bool *out);
 bool ds4_gguf_get_str(const ds4_gguf *g, const char *key, ds4_gguf_str *out);
+/* general.architecture is present and equals arch (what every binder and
+ * the family detection first ask of a file). */
+bool ds4_gguf_arch_is(const ds4_gguf *g, const char *arch);
 /* Array element i as integer / float (any numeric element type). */
 bool ds4_gguf_arr_i64(const ds4_gguf_kv *kv, uint64_t i, int64_t *out);
 bool ds4_gguf_arr_u64(const ds4_gguf_kv *kv, uint64_t i, uint64_t *out);

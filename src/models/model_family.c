@@ -14,11 +14,8 @@ static const ds4_family *const FAMILIES[] = {&ds4_family_dsv4, &ds4_family_glm};
 /* A file no family claims goes to DeepSeek V4, whose binder names the first
  * thing missing ("not a DeepSeek V4 GGUF: ..."). */
 const ds4_family *ds4_family_detect(const struct ds4_gguf *g) {
-    ds4_gguf_str arch;
-    if (!ds4_gguf_get_str(g, "general.architecture", &arch)) return &ds4_family_dsv4;
     for (size_t i = 0; i < sizeof FAMILIES / sizeof *FAMILIES; i++)
-        if (arch.len == strlen(FAMILIES[i]->arch) && !memcmp(arch.ptr, FAMILIES[i]->arch, arch.len))
-            return FAMILIES[i];
+        if (ds4_gguf_arch_is(g, FAMILIES[i]->arch)) return FAMILIES[i];
     return &ds4_family_dsv4;
 }
 

@@ -33,9 +33,17 @@ class Server:
                     break
                 time.sleep(0.05)
         self.proc.kill()
-        raise RuntimeError("ds4-server did not start: " + open(self.log.name).read()[-500:])
+        self.proc.wait()
+        self.log.seek(0)
+        why = self.log.read()[-500:]
+        self._drop_log()
+        raise RuntimeError("ds4-server did not start: " + why)
 
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=30)
+        self._drop_log()
+
+    def _drop_log(self):
+        self.log.close()
         os.unlink(self.log.name)

@@ -118,14 +118,11 @@ static void bind_layer(ds4_binder *b, ds4_dspark *d, int l) {
  * model are what makes a file for another model a one-line refusal. */
 static void read_keys(ds4_binder *b, ds4_dspark *d) {
     const ds4_config *mc = &d->main->cfg;
-    ds4_gguf_str arch;
-    bool have_arch = ds4_gguf_get_str(b->g, "general.architecture", &arch);
-    if (have_arch && arch.len == strlen(DS4_DSPARK_RELEASED_ARCH) &&
-        !memcmp(arch.ptr, DS4_DSPARK_RELEASED_ARCH, arch.len)) {
+    if (ds4_gguf_arch_is(b->g, DS4_DSPARK_RELEASED_ARCH)) {
         ds4_bind_fail(b, "%s", DS4_DSPARK_RELEASED_REFUSAL);
         return;
     }
-    if (!have_arch || arch.len != strlen(DS4_DSPARK_ARCH) || memcmp(arch.ptr, DS4_DSPARK_ARCH, arch.len)) {
+    if (!ds4_gguf_arch_is(b->g, DS4_DSPARK_ARCH)) {
         ds4_bind_fail(b, "general.architecture is not \"" DS4_DSPARK_ARCH "\"");
         return;
     }

@@ -8,9 +8,7 @@
 #include <string.h>
 
 bool ds4_glm_gguf_is_glm(const ds4_gguf *g) {
-    ds4_gguf_str arch;
-    return ds4_gguf_get_str(g, "general.architecture", &arch) && arch.len == strlen(GLM_ARCH) &&
-           !memcmp(arch.ptr, GLM_ARCH, arch.len);
+    return ds4_gguf_arch_is(g, GLM_ARCH);
 }
 
 /* Names and shapes from the layout table (glm_layout.h). */
