@@ -24,7 +24,7 @@ seed the corpus did not use): the calls Claude Code executed (its stream-json
 events) must be exactly the expected ones, and its final text must hold the
 fact of the tool result (the first entry, the first line, the count, ...).
 
-    python3 tools/train-tiny/claude_code.py corpus --out DIR [--n 200] [--rounds 4] [--seed 31] [--even]
+    python3 tools/train-tiny/claude_code.py corpus --out DIR [--n 200] [--rounds 4] [--seed 31] [--even] [--mix KIND,...]
     python3 tools/train-tiny/claude_code.py eval MODEL.gguf [--n 50] [--out FILE.json]"""
 import argparse
 import json
@@ -93,7 +93,10 @@ def task(rng, kind, cwd):
         calls = [("Read", [("file_path", f)]),
                  ("Edit", [("file_path", f), ("old_string", params["old_string"]),
                            ("new_string", params["new_string"])])]
-        reasons = ["I need to read {} first.".format(f), "I replace the line.", c["r2"]]
+        # the reasoning restates the requested text next to the request, so
+        # the edit after the file's text copies it from there as well
+        swap = "`{}` with `{}`".format(params["old_string"], params["new_string"])
+        reasons = ["I need to read {} first, then replace {}.".format(f, swap), "I replace " + swap + ".", c["r2"]]
         ans, key = c["ans"], c["key"]
     return dict(kind=kind, q=c["q"], calls=calls, reasons=reasons, ans=ans, key=key)
 
@@ -145,6 +148,9 @@ def corpus(a):
     last (--continue), so the ~3,800-token system prompt of one document
     carries several requests; one server per session plays all its answers."""
     rng = random.Random(a.seed)
+    mix = a.mix.split(",")
+    if not all(k in KINDS for k in mix):
+        sys.exit("claude_code.py: --mix takes kinds among " + ",".join(KINDS))
     root = tempfile.mkdtemp(prefix="ds4-claude-corpus-")
     os.makedirs(a.out, exist_ok=True)
     made = skipped = drawn = 0
@@ -154,7 +160,7 @@ def corpus(a):
             cwd = workspace_copy(root, rng)
             tasks = []
             for _ in range(a.rounds):
-                tasks.append(task(rng, KINDS[drawn % len(KINDS)] if a.even else data.pick(rng, KINDS), cwd))
+                tasks.append(task(rng, mix[drawn % len(mix)] if a.even else data.pick(rng, mix), cwd))
                 drawn += 1
             answers = []
             for t in tasks:
@@ -250,7 +256,8 @@ def main():
     c.add_argument("--n", type=int, default=200, help="sessions")
     c.add_argument("--rounds", type=int, default=4, help="requests per session")
     c.add_argument("--seed", type=int, default=31)
-    c.add_argument("--even", action="store_true", help="the kinds in turn instead of drawn")
+    c.add_argument("--even", action="store_true", help="the kinds of --mix in turn instead of drawn")
+    c.add_argument("--mix", default=",".join(KINDS), help="the kinds drawn, a kind named twice twice as often")
     c.add_argument("--model", default="models/ds4-tiny.gguf", help="any model with the tokenizer (scripted answers)")
     e = sub.add_parser("eval")
     e.add_argument("model")
