@@ -47,7 +47,7 @@ cmp -s "$d/ref.json" "$d/strict.json" && ! grep -q "spec dspark" "$d/err" && ok 
 # The trained tiny model with its trained drafter (tools/train-tiny/train_dspark.py):
 # the same greedy continuation and logprobs as target-only at fixed blocks and at
 # the default confidence, and at fixed blocks a real share of first drafts
-# accepted (measured 21% on this answer; the random demo drafter gets 0%).
+# accepted (measured 14% on this answer; the random demo drafter gets 0%).
 tiny=(./ds4 -m models/ds4-tiny.gguf -p "Explain Redis streams in one paragraph." --nothink -n 100 -t 2)
 "${tiny[@]}" --dump-logprobs "$d/tiny-ref.json" 2>/dev/null
 for conf in 0 0.9; do

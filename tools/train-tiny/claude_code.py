@@ -7,7 +7,7 @@ with its own default system prompt (about 3,600 tokens with these three
 tools), in a fresh copy of the workspace, ANTHROPIC_BASE_URL pointing at
 ds4-server. Its tools are not the agent's: a listing, a count and a command
 are Bash calls (`ls DIR`, `wc -l FILE`, the command), a read is
-Read{file_path[, limit]}, an edit is Read{file_path} then
+Read{file_path[, limit]}, an edit is Read{file_path, limit: 1} then
 Edit{file_path, old_string, new_string} (Claude Code refuses to edit a file
 it has not read).
 
@@ -25,6 +25,7 @@ events) must be exactly the expected ones, and its final text must hold the
 fact of the tool result (the first entry, the first line, the count, ...).
 
     python3 tools/train-tiny/claude_code.py corpus --out DIR [--n 200] [--rounds 4] [--seed 31] [--even] [--mix KIND,...]
+        [--edit-style line|restate|plain]
     python3 tools/train-tiny/claude_code.py eval MODEL.gguf [--n 50] [--out FILE.json]"""
 import argparse
 import json
@@ -52,7 +53,13 @@ def claude_binary():
     return os.path.join(os.path.dirname(claude_agent_sdk.__file__), "_bundled", "claude")
 
 
-def task(rng, kind, cwd):
+# How the scripted sessions edit (corpus --edit-style): "line" reads one
+# line and restates the text (below); the corpora of the earlier phases read
+# the whole file, "plain" with bare reasoning, "restate" restating the text.
+EDIT_STYLES = ("line", "restate", "plain")
+
+
+def task(rng, kind, cwd, edit_style="line"):
     """One request in the workspace copy cwd: the request, the expected calls
     [(name, [(param, value)])], each step's reasoning, the answer and the fact
     it must hold."""
@@ -90,13 +97,21 @@ def task(rng, kind, cwd):
             reasons, ans, key = [c["r1"], c["r2"]], c["ans"], c["key"]
     else:
         f = params["path"]
-        calls = [("Read", [("file_path", f)]),
+        # Claude Code edits only a file it has read, but the request holds
+        # the exact text: a one-line read satisfies it. The tiny model sees
+        # single tokens only 128 back (its sliding window; past it, pooled
+        # rows of the compressed layers that it never learned to copy from),
+        # so with a whole file between the request and the edit it wrote a
+        # wrong value; the reasoning restating the text before and after a
+        # one-line read keeps every copy within the window.
+        read = [("file_path", f)] + ([("limit", 1)] if edit_style == "line" else [])
+        calls = [("Read", read),
                  ("Edit", [("file_path", f), ("old_string", params["old_string"]),
                            ("new_string", params["new_string"])])]
-        # the reasoning restates the requested text next to the request, so
-        # the edit after the file's text copies it from there as well
         swap = "`{}` with `{}`".format(params["old_string"], params["new_string"])
-        reasons = ["I need to read {} first, then replace {}.".format(f, swap), "I replace " + swap + ".", c["r2"]]
+        reasons = (["I need to read {} first.".format(f), "I replace the line."] if edit_style == "plain" else
+                   ["I need to read {} first, then replace {}.".format(f, swap), "I replace " + swap + "."])
+        reasons.append(c["r2"])
         ans, key = c["ans"], c["key"]
     return dict(kind=kind, q=c["q"], calls=calls, reasons=reasons, ans=ans, key=key)
 
@@ -160,7 +175,7 @@ def corpus(a):
             cwd = workspace_copy(root, rng)
             tasks = []
             for _ in range(a.rounds):
-                tasks.append(task(rng, mix[drawn % len(mix)] if a.even else data.pick(rng, mix), cwd))
+                tasks.append(task(rng, mix[drawn % len(mix)] if a.even else data.pick(rng, mix), cwd, a.edit_style))
                 drawn += 1
             answers = []
             for t in tasks:
@@ -258,6 +273,7 @@ def main():
     c.add_argument("--seed", type=int, default=31)
     c.add_argument("--even", action="store_true", help="the kinds of --mix in turn instead of drawn")
     c.add_argument("--mix", default=",".join(KINDS), help="the kinds drawn, a kind named twice twice as often")
+    c.add_argument("--edit-style", default="line", choices=EDIT_STYLES)
     c.add_argument("--model", default="models/ds4-tiny.gguf", help="any model with the tokenizer (scripted answers)")
     e = sub.add_parser("eval")
     e.add_argument("model")
