@@ -74,12 +74,14 @@ def main():
     cases = {k: [] for k in kinds}
     seen = None
     if a.unseen:
-        # every user turn of the corpus, as data.py renders it
+        # every user turn of the corpus, as data.py renders it; in a Claude
+        # Code session (claude_code.py corpus) the request follows the
+        # client's reminders
         seen = set()
         for corpus in a.unseen.split(","):
             for line in open(corpus, encoding="utf-8"):
                 for turn in json.loads(line)["text"].split("<｜User｜>")[1:]:
-                    seen.add(turn.split("<｜Assistant｜>", 1)[0])
+                    seen.add(turn.split("<｜Assistant｜>", 1)[0].rsplit("</system-reminder>\n", 1)[-1])
     draws = 0
     while any(len(v) < a.n for v in cases.values()) and draws < a.max_draws:
         c = data.agent_case(rng, roots, a.client, top=a.workspace)
