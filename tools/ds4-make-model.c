@@ -44,7 +44,9 @@
  * the same options describe instead of the model (ds4_layout.h: the main
  * model's keys, the mtp.0.* block and its projections, norms and HC merge;
  * no vocabulary), for --mtp. --support dspark writes a random DSpark
- * support file for it (ds4_layout.h), for --dspark.
+ * support file for it in DwarfStar's dense layout, --support dspark-sidecar
+ * one in the layout of DeepSeek's released sidecar (ds4_layout.h), both for
+ * --dspark.
  *
  * --slice (DeepSeek presets) writes only that layer range (the embedding
  * with layer 0, the output head with "output") plus the ds4.slice.* keys
@@ -318,7 +320,7 @@ static int fill(void *ctx, size_t ti, void *dst, size_t n_bytes) {
 static void usage(void) {
     fputs("usage: ds4-make-model -o OUT.gguf [--preset demo|flash|pro|glm|glm-demo] [--layers N]\n"
           "       [--type f32|f16|q8_0|q2|q4] [--seed N] [--vocab tokenizer.json] [--vocab-added FILE]\n"
-          "       [--no-vocab] [--name NAME] [--slice A:B|A:output] [--support mtp|dspark]\n"
+          "       [--no-vocab] [--name NAME] [--slice A:B|A:output] [--support mtp|dspark|dspark-sidecar]\n"
           "       [--<metadata key without 'deepseek4.' / 'glm-dsa.'> VALUE ...]\n",
           stderr);
     exit(2);
@@ -501,6 +503,63 @@ static void plan_ds4_dspark(ds4_gguf_writer *w, int argc, char **argv, const cha
         }
 }
 
+/* The released DeepSeek DSpark sidecar's layout (ds4_layout.h) for the model
+ * the options describe: three stages that are the MTP block's layer
+ * (window-only attention, top-k routed experts) named mtp.0. .. mtp.2., the
+ * first with main_proj and main_norm over the inputs of the three last
+ * layers, the last with the HC merge, norm, the Markov head (rank as above)
+ * and the confidence head; the noise token the vocabulary's last id. Types
+ * as the MTP block's and the dense file's counterparts. */
+static void plan_ds4_dspark_sidecar(ds4_gguf_writer *w, int argc, char **argv, const char *pname, uint32_t n_layer,
+                                    enum ds4_mix mix, plan *pl) {
+    static ds4_hparams hp, block;
+    ds4_preset_hparams(&hp, argc, argv, pname, n_layer);
+    if (hp.n_layer < 2) die("--support dspark-sidecar: the model needs at least 2 layers");
+    ds4_hparams_mtp_block(&hp, &block);
+    enum { STAGES = 3, BLOCK = 5 };
+    const uint32_t rank = hp.n_embd >= 4096 ? 256 : 32;
+    int32_t targets[3];
+    int n_tgt = 0;
+    for (int l = (int)hp.n_layer - 3; l <= (int)hp.n_layer - 1; l++)
+        if (l >= 1) targets[n_tgt++] = l;
+    const uint64_t E = hp.n_embd, V = hp.n_vocab, hc = hp.hc_count;
+    ds4_gguf_w_str(w, "general.architecture", DS4_DSPARK_SIDECAR_ARCH);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("block_size"), BLOCK);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("markov_rank"), rank);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("n_layers"), STAGES);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("noise_token_id"), hp.n_vocab - 1);
+    ds4_gguf_w_u32(w, DS4_DSPARK_KEY("stage_count"), STAGES);
+    ds4_gguf_w_arr(w, DS4_DSPARK_KEY("target_layer_ids"), DS4_GGUF_I32, targets, (uint64_t)n_tgt);
+    pl->n_expert = hp.n_expert;
+    pl->t = calloc(STAGES * DS4_T_COUNT + 9, sizeof *pl->t);
+    if (!pl->t) die("out of memory");
+    char name[96], stage[96];
+    uint64_t ne[4];
+    for (int s = 0; s < STAGES; s++)
+        for (int id = 0; id < DS4_T_COUNT; id++) {
+            if (!ds4_tensor_present(&block, (enum ds4_tensor_id)id, DS4_LAYER_MTP)) continue;
+            ds4_tensor_name((enum ds4_tensor_id)id, DS4_LAYER_MTP, name, sizeof name);
+            snprintf(stage, sizeof stage, DS4_DSPARK_STAGE_PREFIX "%s", s, name + strlen(DS4_MTP_PREFIX));
+            int nd = ds4_tensor_shape(&block, (enum ds4_tensor_id)id, DS4_LAYER_MTP, ne);
+            mtensor *t = add_tensor(pl, stage, nd, ne, ds4_tensor_type((enum ds4_tensor_id)id, mix));
+            spread((enum ds4_tensor_id)id, ne[0], &t->centre, &t->half_width);
+        }
+    dspark_tensor(pl, DS4_DSPARK_STAGE_PREFIX_0 "main_proj.weight", (uint64_t)n_tgt * E, E, DS4_T_ATTN_Q_A, mix);
+    dspark_tensor(pl, DS4_DSPARK_STAGE_PREFIX_0 "main_norm.weight", E, 1, DS4_T_ATTN_NORM, mix);
+    static const struct { const char *name; enum ds4_tensor_id like; } last[] = {
+        {"hc_head_fn", DS4_T_OUTPUT_HC_FN}, {"hc_head_scale", DS4_T_OUTPUT_HC_SCALE},
+        {"hc_head_base", DS4_T_OUTPUT_HC_BASE}, {"norm", DS4_T_OUTPUT_NORM},
+        {"markov_head.markov_w1", DS4_T_TOKEN_EMBD}, {"markov_head.markov_w2", DS4_T_OUTPUT}};
+    const uint64_t shape[][2] = {{hc * E, hc}, {1, 1}, {hc, 1}, {E, 1}, {rank, V}, {rank, V}};
+    for (size_t i = 0; i < sizeof last / sizeof *last; i++) {
+        snprintf(name, sizeof name, DS4_DSPARK_STAGE_PREFIX "%s.weight", STAGES - 1, last[i].name);
+        dspark_tensor(pl, name, shape[i][0], shape[i][1], last[i].like, mix);
+    }
+    snprintf(name, sizeof name, DS4_DSPARK_STAGE_PREFIX "confidence_head.proj.weight", STAGES - 1);
+    mtensor *conf = add_tensor(pl, name, 2, (uint64_t[4]){E + rank, 1, 1, 1}, DS4_TYPE_F32);
+    spread(DS4_T_ATTN_Q_A, E + rank, &conf->centre, &conf->half_width);
+}
+
 /* GLM 5.2's hyperparameters (GLM sheet section 2) with the preset's sizes. */
 static void glm_preset(glm_hparams *hp, const char *name, uint32_t n_layer) {
     const bool real = !strcmp(name, "glm");
@@ -595,14 +654,18 @@ int main(int argc, char **argv) {
     if (mix < 0) die("unknown --type %s (f32, f16, q8_0, q2, q4)", type);
     const bool glm = !strcmp(pname, "glm") || !strcmp(pname, "glm-demo");
     if (glm && slice_arg) die("--slice: GLM presets are written whole");
-    if (support && ((strcmp(support, "mtp") && strcmp(support, "dspark")) || glm || slice_arg))
-        die("--support %s: the support files are mtp and dspark, for DeepSeek presets, without --slice", support);
+    if (support && ((strcmp(support, "mtp") && strcmp(support, "dspark") && strcmp(support, "dspark-sidecar")) || glm ||
+                    slice_arg))
+        die("--support %s: the support files are mtp, dspark and dspark-sidecar, for DeepSeek presets, without --slice",
+            support);
     rng_state = seed;
 
     plan pl = {0};
     ds4_gguf_writer *w = ds4_gguf_writer_new(32);
     if (glm) plan_glm(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, &pl);
     else if (support && !strcmp(support, "dspark")) plan_ds4_dspark(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, &pl);
+    else if (support && !strcmp(support, "dspark-sidecar"))
+        plan_ds4_dspark_sidecar(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, &pl);
     else if (support) plan_ds4_mtp(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, &pl);
     else plan_ds4(w, argc, argv, pname, n_layer, (enum ds4_mix)mix, slice_arg, &pl);
     char dflt[128], err[512];

@@ -7,8 +7,10 @@
 # file, and bad input is refused with one line: --dspark without a support
 # file, a DSpark file given to --mtp without --dspark, two support files, a
 # confidence outside 0..1, a support file for another model, a truncated
-# one, an MTP file given as DSpark file, the released DeepSeek sidecar (whose
-# MoE/HC draft stages the engine does not run).
+# one, an MTP file given as DSpark file, an incomplete sidecar. The same
+# holds for a drafter in the layout of DeepSeek's released sidecar (MoE
+# stages with hyper-connections; a random one for the demo model from
+# ds4-make-model --support dspark-sidecar).
 # (tests/unit/test_spec.c proves losslessness where drafts are accepted;
 # tests/unit/test_dspark.c checks the drafter against its reference.)
 set -u
@@ -87,23 +89,36 @@ one_line "a DSpark file for another model" "not a DSpark file for this model" \
     ./ds4 -m models/demo.gguf -p hi -n 2 --dspark tests/fixtures/ds4tiny/A/dspark/dspark.gguf
 one_line "an MTP file as DSpark file" "not a DSpark file for this model" \
     ./ds4 -m models/demo.gguf -p hi -n 2 --dspark models/demo-mtp.gguf
-# the released DeepSeek sidecar's layout (arch, keys and a few of its names,
-# written by gguf-py) is recognised and refused, with either spelling
+# the released DeepSeek sidecar's layout: the same output, its line, and
+# refusals in one line
+./ds4-make-model --preset demo --support dspark-sidecar -o "$d/sidecar.gguf" 2>/dev/null
+for conf in 0.9 0; do
+    rm -f "$d/spec.json"
+    ./ds4 -m models/demo.gguf -p "$prompt" --nothink -n 40 -t 2 --mtp "$d/sidecar.gguf" --dspark \
+        --dspark-confidence $conf --dump-logprobs "$d/spec.json" 2>"$d/err"
+    if [ -s "$d/ref.json" ] && cmp -s "$d/ref.json" "$d/spec.json" && grep -q "^ds4: spec dspark: [0-9]* passes" "$d/err"
+    then ok "demo, sidecar layout at --dspark-confidence $conf: the same 40 steps, the drafter's line"
+    else bad "demo, sidecar layout at --dspark-confidence $conf: $(tail -2 "$d/err")"; fi
+done
+one_line "a sidecar to --mtp without --dspark" "add --dspark" \
+    ./ds4 -m models/demo.gguf -p hi -n 2 --mtp "$d/sidecar.gguf"
+head -c 3000000 "$d/sidecar.gguf" > "$d/sidecar-cut.gguf"
+one_line "a truncated sidecar" "--dspark $d/sidecar-cut.gguf" \
+    ./ds4 -m models/demo.gguf -p hi -n 2 --dspark "$d/sidecar-cut.gguf"
+# arch, keys and a few of its names only (written by gguf-py)
 python3 - "$d/released.gguf" <<'PY'
 import sys, numpy as np, gguf
 w = gguf.GGUFWriter(sys.argv[1], "deepseek4-dspark")
 for key, value in (("block_size", 5), ("markov_rank", 8), ("n_layers", 3), ("noise_token_id", 1), ("stage_count", 3)):
     w.add_uint32("dspark." + key, value)
-w.add_array("dspark.target_layer_ids", [0, 1, 2])
+w.add_array("dspark.target_layer_ids", [1, 2, 3])
 for name in ("mtp.0.main_proj.weight", "mtp.0.hc_attn_fn.weight", "mtp.2.markov_head.markov_w1.weight",
              "mtp.2.confidence_head.proj.weight"):
     w.add_tensor(name, np.zeros((4, 32), dtype=np.float32))
 w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 PY
-one_line "the released DeepSeek sidecar with --dspark" "released DeepSeek DSpark sidecar" \
+one_line "an incomplete sidecar" "not a DSpark file for this model" \
     ./ds4 -m models/demo.gguf -p hi -n 2 --mtp "$d/released.gguf" --dspark
-one_line "the released DeepSeek sidecar as MTP file" "released DeepSeek DSpark sidecar" \
-    ./ds4 -m models/demo.gguf -p hi -n 2 --mtp "$d/released.gguf"
 head -c 100000 models/demo-dspark.gguf > "$d/cut.gguf"
 one_line "a truncated DSpark file" "--dspark $d/cut.gguf" \
     ./ds4 -m models/demo.gguf -p hi -n 2 --dspark "$d/cut.gguf"

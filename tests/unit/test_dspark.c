@@ -1,14 +1,21 @@
-/* test_dspark.c -- the DSpark block drafter against nemo-automodel's
- * DeepSeek V4 DSpark draft module (tests/oracles/ds4_dspark_oracle.py, the
- * committed fixture tests/fixtures/ds4tiny/A/dspark/): for every anchor of
- * the fixture, the block after the target features of the positions before
+/* test_dspark.c -- the DSpark block drafter in both layouts: the dense one
+ * against nemo-automodel's DeepSeek V4 DSpark draft module
+ * (tests/oracles/ds4_dspark_oracle.py, fixture tests/fixtures/ds4tiny/A/dspark/)
+ * and the released DeepSeek sidecar (MoE stages with hyper-connections)
+ * against a reference assembled from transformers' DeepSeek V4 modules
+ * (tests/oracles/ds4_dspark_sidecar_oracle.py, fixtures
+ * tests/fixtures/ds4tiny/{A,B}/dspark-sidecar/: three stages over a window of
+ * 8 rows, two over a window of 128 with contexts up to 299). For every anchor
+ * of a fixture, the block after the target features of the positions before
  * it must give the reference's logits within float tolerance, the same
  * greedy drafts (argmax) and the same confidences; the confidence schedule
  * keeps the prefix whose product of confidences reaches the threshold;
- * rewinding the context and pushing the same features again gives the
- * same block bit for bit. Then bad support files are refused with one line:
- * another model's, a truncated one, one naming a layer the model does not
- * expose. */
+ * rewinding the context and pushing the same features again gives the same
+ * block bit for bit; a sidecar's block depends on its window only, and
+ * after a rewind past the rows it holds it proposes nothing until a window
+ * is made again. Then bad support files are refused with one line: another
+ * model's, a truncated one, one naming a layer the model does not expose,
+ * one missing a stage's tensor. */
 #include "check.h"
 #include "format/gguf.h"
 #include "models/dsv4/dspark.h"
@@ -23,6 +30,23 @@
 #define FIX "tests/fixtures/ds4tiny/A/dspark/"
 #define MAIN_A "build/ds4tiny/A-f32.gguf"
 #define MAIN_B "build/ds4tiny/B-f32.gguf"
+#define MAIN_C "build/ds4tiny/C-f32.gguf"
+
+/* a drafter's fixture: its directory, its main model's token file, the
+ * main model's layers it reads (their outputs) */
+typedef struct {
+    const char *dir, *tokens;
+    int n_tgt, targets[3];
+} fixture;
+static const fixture DENSE_A = {FIX, "tests/fixtures/ds4tiny/A/tokens", 2, {1, 3}};
+static const fixture SIDECAR_A = {"tests/fixtures/ds4tiny/A/dspark-sidecar/", "tests/fixtures/ds4tiny/A/tokens", 3, {2, 3, 4}};
+static const fixture SIDECAR_B = {"tests/fixtures/ds4tiny/B/dspark-sidecar/", "tests/fixtures/ds4tiny/B/tokens", 2, {0, 1}};
+
+static char *fixture_path(const fixture *fx, const char *file) {
+    static char buf[256];
+    snprintf(buf, sizeof buf, "%s%s", fx->dir, file);
+    return buf;
+}
 
 static void *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -50,16 +74,17 @@ static ds4_model *bind_main(const char *path, ds4_gguf **g) {
 static int32_t *fixture_tokens;
 static int32_t anchor_token(int a) { return fixture_tokens[a]; }
 
-static void oracle(const ds4_model *m) {
+static void oracle(const fixture *fx, const ds4_model *m) {
     char err[512];
-    ds4_dspark *d = ds4_dspark_load(FIX "dspark.gguf", m, NULL, err, sizeof err);
+    ds4_dspark *d = ds4_dspark_load(fixture_path(fx, "dspark.gguf"), m, NULL, err, sizeof err);
     CHECK(d, "%s", err);
     if (!d) return;
     const int B = ds4_dspark_block_size(d), V = m->cfg.n_vocab, E = m->cfg.n_embd, nt = ds4_dspark_n_targets(d);
-    CHECK(B == 5 && nt == 2 && ds4_dspark_targets(d)[0] == 1 && ds4_dspark_targets(d)[1] == 3, "B=%d targets=%d", B, nt);
+    CHECK(B == 5 && nt == fx->n_tgt && !memcmp(ds4_dspark_targets(d), fx->targets, sizeof(int) * (size_t)nt),
+          "%s: B=%d targets=%d", fx->dir, B, nt);
     size_t flen, blen;
-    float *feat = slurp(FIX "features", &flen);
-    unsigned char *blocks = slurp(FIX "blocks", &blen);
+    float *feat = slurp(fixture_path(fx, "features"), &flen);
+    unsigned char *blocks = slurp(fixture_path(fx, "blocks"), &blen);
     CHECK(feat && blocks, "fixture missing");
     if (!feat || !blocks) { ds4_dspark_free(d); free(feat); free(blocks); return; }
     const int T = (int)(flen / (sizeof(float) * nt * E));
@@ -109,8 +134,8 @@ static void oracle(const ds4_model *m) {
         CHECK(!memcmp(logits, again, (size_t)B * V * sizeof(float)) && !memcmp(toks, toks2, sizeof(int32_t) * B),
               "anchor %d: a rebuilt context changed the block", a);
     }
-    printf("dspark oracle: %d blocks of %d, max |logit err| %.3g (logits up to %.3g), max |confidence err| %.3g\n",
-           blocks_seen, B, worst, top, worst_conf);
+    printf("%s: %d blocks of %d, max |logit err| %.3g (logits up to %.3g), max |confidence err| %.3g\n",
+           fx->dir, blocks_seen, B, worst, top, worst_conf);
     CHECK(blocks_seen >= 8, "only %d blocks in the fixture", blocks_seen);
     CHECK(worst <= 1e-4 * (top > 1 ? top : 1), "logits differ by %.3g", worst);
     CHECK(worst_conf <= 1e-5, "confidences differ by %.3g", worst_conf);
@@ -122,9 +147,9 @@ static void oracle(const ds4_model *m) {
     free(blocks);
 }
 
-static int32_t *read_tokens(void) {
+static int32_t *read_tokens(const char *path) {
     size_t n;
-    char *s = slurp("tests/fixtures/ds4tiny/A/tokens", &n);
+    char *s = slurp(path, &n);
     if (!s) return NULL;
     int32_t *t = calloc(n, sizeof *t);
     int k = 0;
@@ -137,7 +162,7 @@ static int32_t *read_tokens(void) {
 }
 
 /* A copy of the fixture with one key's u32 value replaced, or cut short. */
-static void bad_files(const ds4_model *a, const ds4_model *b) {
+static void bad_files(const ds4_model *a, const ds4_model *b, const ds4_model *c) {
     char err[512];
     ds4_dspark *d = ds4_dspark_load(FIX "dspark.gguf", b, NULL, err, sizeof err);
     CHECK(!d && strstr(err, "not a DSpark file for this model") && !strchr(err, '\n'), "another model's: %s", err);
@@ -173,6 +198,30 @@ static void bad_files(const ds4_model *a, const ds4_model *b) {
         ds4_dspark_free(d);
     }
     free(buf);
+    /* the sidecar: target layers model B does not have, expert shapes model
+     * C does not have, a stage's tensor missing */
+    d = ds4_dspark_load(fixture_path(&SIDECAR_A, "dspark.gguf"), b, NULL, err, sizeof err);
+    CHECK(!d && strstr(err, "not a DSpark file for this model") && strstr(err, "target_layer_ids") && !strchr(err, '\n'),
+          "A's sidecar on B: %s", err);
+    ds4_dspark_free(d);
+    d = ds4_dspark_load(fixture_path(&SIDECAR_B, "dspark.gguf"), c, NULL, err, sizeof err);
+    CHECK(!d && strstr(err, "not a DSpark file for this model") && !strchr(err, '\n'), "B's sidecar on C: %s", err);
+    ds4_dspark_free(d);
+    buf = slurp(fixture_path(&SIDECAR_A, "dspark.gguf"), &len);
+    const char *name = "mtp.1.ffn_up_exps.weight";
+    unsigned char *at = buf ? memmem(buf, len, name, strlen(name)) : NULL;
+    CHECK(at != NULL, "tensor in fixture");
+    if (at) {
+        at[strlen(name) - 8] = 'z';
+        const char *bad = "build/tests/dspark-sidecar-missing.gguf";
+        f = fopen(bad, "wb");
+        fwrite(buf, 1, len, f);
+        fclose(f);
+        d = ds4_dspark_load(bad, a, NULL, err, sizeof err);
+        CHECK(!d && strstr(err, name) && !strchr(err, '\n'), "missing stage tensor: %s", err);
+        ds4_dspark_free(d);
+    }
+    free(buf);
 }
 
 /* Through the engine: the main model (f32 numerics, as transformers
@@ -181,12 +230,14 @@ static void bad_files(const ds4_model *a, const ds4_model *b) {
  * one prefill; the first row's logits and the block's drafts must be the
  * reference's, within the main model's float tolerance; tokens appended
  * and rewound away change nothing. */
-static void through_engine(const char *main_path) {
+static void through_engine(const fixture *fx, const char *main_path, int ctx) {
     char err[512];
     ds4_engine_params p;
     ds4_engine_params_default(&p);
     p.model_path = main_path;
-    p.dspark_path = FIX "dspark.gguf";
+    char gguf[256];
+    snprintf(gguf, sizeof gguf, "%s", fixture_path(fx, "dspark.gguf"));
+    p.dspark_path = gguf;
     p.n_threads = 2;
     p.numerics = 0;
     p.quiet = true;
@@ -195,7 +246,7 @@ static void through_engine(const char *main_path) {
     if (!e) return;
     const int V = ds4_engine_n_vocab(e), B = 5;
     size_t blen;
-    unsigned char *blocks = slurp(FIX "blocks", &blen);
+    unsigned char *blocks = slurp(fixture_path(fx, "blocks"), &blen);
     const size_t rec = sizeof(int32_t) * (1 + B) + sizeof(float) * B * (1 + (size_t)V);
     float *logits = malloc((size_t)V * sizeof(float)), *again = malloc((size_t)V * sizeof(float));
     const size_t n_blocks = blocks ? blen / rec : 0;
@@ -203,7 +254,7 @@ static void through_engine(const char *main_path) {
     double worst = 0;
     int n_checked = 0;
     for (int mode = 0; mode < 3 && blocks && mode0; mode++) {
-        ds4_session *s = ds4_session_new(e, 128, err, sizeof err);
+        ds4_session *s = ds4_session_new(e, ctx, err, sizeof err);
         CHECK(s != NULL, "%s", err);
         if (!s) break;
         for (size_t off = 0; off + rec <= blen; off += rec) {
@@ -245,8 +296,8 @@ static void through_engine(const char *main_path) {
         }
         ds4_session_free(s);
     }
-    printf("dspark through the engine: %d blocks, max |first-row logit err| %.3g\n", n_checked, worst);
-    CHECK(n_checked >= 27, "checked %d blocks", n_checked);
+    printf("%s through the engine: %d blocks, max |first-row logit err| %.3g\n", fx->dir, n_checked, worst);
+    CHECK(n_blocks >= 8 && n_checked == 3 * (int)n_blocks, "checked %d blocks", n_checked);
     CHECK(worst <= 1e-4, "first-row logits differ by %.3g", worst);
     free(logits);
     free(again);
@@ -255,20 +306,74 @@ static void through_engine(const char *main_path) {
     ds4_engine_free(e);
 }
 
+/* A sidecar's block reads its window of context rows only, kept in a ring
+ * of a few windows: rows made for positions outside it (here garbage)
+ * change nothing, and a rewind past the rows the ring still holds stops
+ * the drafts until a window has been made again. */
+static void sidecar_window(const ds4_model *m) {
+    char err[512];
+    ds4_dspark *d = ds4_dspark_load(fixture_path(&SIDECAR_A, "dspark.gguf"), m, NULL, err, sizeof err);
+    CHECK(d, "%s", err);
+    if (!d) return;
+    const int E = m->cfg.n_embd, V = m->cfg.n_vocab, W = m->cfg.window, nt = ds4_dspark_n_targets(d), B = 5;
+    size_t flen;
+    float *feat = slurp(fixture_path(&SIDECAR_A, "features"), &flen), *zero = calloc((size_t)nt * E, sizeof(float));
+    const int T = (int)(flen / (sizeof(float) * nt * E)), ctx = 1000, at = 200;
+    ds4_dspark_state *st = ds4_dspark_state_new(d, ctx, 0), *other = ds4_dspark_state_new(d, ctx, 0);
+    float *logits = malloc((size_t)B * V * sizeof(float)), *again = malloc((size_t)B * V * sizeof(float));
+    int32_t toks[DS4_DSPARK_BLOCK_MAX], toks2[DS4_DSPARK_BLOCK_MAX];
+    CHECK(feat && zero && st && other && logits && again, "setup");
+    if (feat && zero && st && other && logits && again) {
+        CHECK(ds4_dspark_state_bytes(d, ctx, 0) < (uint64_t)3 * ctx * m->cfg.head_dim * sizeof(float), "a ring, not a row per position");
+        for (int p = 0; p < at; p++) ds4_dspark_push(st, feat + (size_t)(p % T) * nt * E);
+        for (int p = 0; p < at; p++) ds4_dspark_push(other, p < at - W ? zero : feat + (size_t)(p % T) * nt * E);
+        CHECK(ds4_dspark_block(st, 7, 0, B, toks, logits, NULL) == B, "a block at %d", at);
+        CHECK(ds4_dspark_block(other, 7, 0, B, toks2, again, NULL) == B &&
+              !memcmp(logits, again, (size_t)B * V * sizeof(float)), "rows outside the window changed the block");
+        ds4_dspark_rewound(st, 100);
+        CHECK(ds4_dspark_block(st, 7, 0, B, toks, logits, NULL) == 0, "rows overwritten in the ring: no proposal");
+        for (int p = 100; p < 100 + W; p++) ds4_dspark_push(st, feat + (size_t)(p % T) * nt * E);
+        ds4_dspark_rewound(other, 0);
+        for (int p = 0; p < 100 + W; p++) ds4_dspark_push(other, feat + (size_t)(p % T) * nt * E);
+        CHECK(ds4_dspark_block(st, 7, 0, B, toks, logits, NULL) == B &&
+              ds4_dspark_block(other, 7, 0, B, toks2, again, NULL) == B &&
+              !memcmp(logits, again, (size_t)B * V * sizeof(float)), "a window made again drafts as before");
+    }
+    free(feat); free(zero); free(logits); free(again);
+    ds4_dspark_state_free(st);
+    ds4_dspark_state_free(other);
+    ds4_dspark_free(d);
+}
+
+static void with_tokens(const fixture *fx) {
+    free(fixture_tokens);
+    fixture_tokens = read_tokens(fx->tokens);
+    CHECK(fixture_tokens, "%s", fx->tokens);
+}
+
 int main(void) {
-    ds4_gguf *ga, *gb;
-    ds4_model *a = bind_main(MAIN_A, &ga), *b = bind_main(MAIN_B, &gb);
-    fixture_tokens = read_tokens();
-    CHECK(a && b && fixture_tokens, "the oracle models (make " MAIN_A " " MAIN_B ")");
-    if (a && b && fixture_tokens) {
-        oracle(a);
-        bad_files(a, b);
-        through_engine(MAIN_A);
+    ds4_gguf *ga, *gb, *gc;
+    ds4_model *a = bind_main(MAIN_A, &ga), *b = bind_main(MAIN_B, &gb), *c = bind_main(MAIN_C, &gc);
+    CHECK(a && b && c, "the oracle models (make " MAIN_A " " MAIN_B " " MAIN_C ")");
+    if (a && b && c) {
+        with_tokens(&DENSE_A);
+        oracle(&DENSE_A, a);
+        bad_files(a, b, c);
+        through_engine(&DENSE_A, MAIN_A, 128);
+        with_tokens(&SIDECAR_A);
+        oracle(&SIDECAR_A, a);
+        through_engine(&SIDECAR_A, MAIN_A, 128);
+        sidecar_window(a);
+        with_tokens(&SIDECAR_B);
+        oracle(&SIDECAR_B, b);
+        through_engine(&SIDECAR_B, MAIN_B, 512);
     }
     free(fixture_tokens);
     ds4_model_free(a);
     ds4_model_free(b);
+    ds4_model_free(c);
     ds4_gguf_close(ga);
     ds4_gguf_close(gb);
+    ds4_gguf_close(gc);
     return check_done("test_dspark");
 }

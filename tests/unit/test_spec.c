@@ -124,6 +124,7 @@ static outcome run(ds4_engine *e, const int32_t *prompt, int n_prompt, int ctx, 
 }
 
 static uint64_t total_accepted, total_rejected, mtp_accepted, mtp_rejected, dspark_accepted, dspark_rejected;
+static uint64_t sidecar_accepted, sidecar_rejected;
 
 static void compare(const char *what, const outcome *ref, const outcome *got, const ds4_spec *sp) {
     CHECK(ref->r.end == got->r.end && ref->r.n_decoded == got->r.n_decoded, "%s: end %d/%d decoded %d/%d", what,
@@ -148,6 +149,10 @@ static void compare(const char *what, const outcome *ref, const outcome *got, co
     if (sp->p.dspark_path && !sp->p.lookup_max) {
         dspark_accepted += sp->stats.accepted;
         dspark_rejected += sp->stats.proposed - sp->stats.accepted;
+        if (strstr(sp->p.dspark_path, "sidecar")) {
+            sidecar_accepted += sp->stats.accepted;
+            sidecar_rejected += sp->stats.proposed - sp->stats.accepted;
+        }
     }
 }
 
@@ -295,6 +300,9 @@ static void draft_snapshot_and_batch(const char *path, const char *mtp, const ch
 }
 
 #define DSPARK_FIXTURE "tests/fixtures/ds4tiny/A/dspark/dspark.gguf"
+/* the released DeepSeek layout (MoE stages with hyper-connections) */
+#define SIDECAR_A "tests/fixtures/ds4tiny/A/dspark-sidecar/dspark.gguf"
+#define SIDECAR_B "tests/fixtures/ds4tiny/B/dspark-sidecar/dspark.gguf"
 
 /* Simulates `steps` decode steps of `step_ms` with a draft model whose try
  * costs `try_cost` steps and commits `gain` extra tokens; returns the tries
@@ -405,9 +413,11 @@ int main(void) {
         {"ds4tiny/B-q8_0.gguf", "ds4tiny/B-mtp-f32.gguf", NULL, 0, 1},
         {"models/demo.gguf", "models/demo-mtp.gguf", NULL, -1, 1},
         {"models/ds4-tiny.gguf", "models/ds4-tiny-mtp.gguf", NULL, -1, 1},
-        /* DSpark: the oracle drafter (tests/fixtures/ds4tiny/A/dspark) in both
-         * numerics, the demo's random one */
+        /* DSpark: the oracle drafters (tests/fixtures/ds4tiny/A/dspark, and the
+         * sidecar layout's of A and B) in both numerics, the demo's random one */
         {"ds4tiny/A-f32.gguf", NULL, DSPARK_FIXTURE, 0, 5}, {"ds4tiny/A-f32.gguf", NULL, DSPARK_FIXTURE, 1, 1},
+        {"ds4tiny/A-f32.gguf", NULL, SIDECAR_A, 0, 5}, {"ds4tiny/A-f32.gguf", NULL, SIDECAR_A, 1, 1},
+        {"ds4tiny/B-q8_0.gguf", NULL, SIDECAR_B, 0, 2},
         {"models/demo.gguf", NULL, "models/demo-dspark.gguf", -1, 1},
     };
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
@@ -427,6 +437,7 @@ int main(void) {
     draft_snapshot_and_batch(path, mtp, NULL);
     draft_snapshot_and_batch("models/ds4-tiny.gguf", "models/ds4-tiny-mtp.gguf", NULL);
     draft_snapshot_and_batch(path, NULL, DSPARK_FIXTURE);
+    draft_snapshot_and_batch(path, NULL, SIDECAR_A);
     budget_case();
     backoff_case();
     CHECK(total_accepted > 0 && total_rejected > 0,
@@ -436,8 +447,12 @@ int main(void) {
           (unsigned long long)mtp_accepted, (unsigned long long)mtp_rejected);
     CHECK(dspark_accepted > 0 && dspark_rejected > 0, "DSpark drafts accepted %llu, rejected %llu",
           (unsigned long long)dspark_accepted, (unsigned long long)dspark_rejected);
-    printf("drafts accepted %llu, rejected %llu (MTP runs: %llu, %llu; DSpark runs: %llu, %llu)\n",
+    CHECK(sidecar_accepted > 0 && sidecar_rejected > 0, "DSpark sidecar drafts accepted %llu, rejected %llu",
+          (unsigned long long)sidecar_accepted, (unsigned long long)sidecar_rejected);
+    printf("drafts accepted %llu, rejected %llu (MTP runs: %llu, %llu; DSpark runs: %llu, %llu, of which the "
+           "sidecar layout's %llu, %llu)\n",
            (unsigned long long)total_accepted, (unsigned long long)total_rejected, (unsigned long long)mtp_accepted,
-           (unsigned long long)mtp_rejected, (unsigned long long)dspark_accepted, (unsigned long long)dspark_rejected);
+           (unsigned long long)mtp_rejected, (unsigned long long)dspark_accepted, (unsigned long long)dspark_rejected,
+           (unsigned long long)sidecar_accepted, (unsigned long long)sidecar_rejected);
     return check_done("test_spec");
 }

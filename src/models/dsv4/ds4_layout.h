@@ -237,18 +237,21 @@ uint32_t ds4_mtp_tensor_type(enum ds4_mtp_tensor_id id, enum ds4_mix mix);
  * Matrices may be any type the CPU kernels multiply; vectors F32/F16/BF16.
  * The token embedding and the output matrix are the main model's. */
 #define DS4_DSPARK_ARCH "dspark"
-/* The released DeepSeek V4 Flash DSpark sidecar (general.architecture
- * "deepseek4-dspark", dspark.block_size / markov_rank / n_layers /
- * noise_token_id / stage_count / target_layer_ids, stages mtp.0..mtp.N-1 of
- * full V4 blocks with hyper-connections and routed experts, mtp.0.main_proj /
- * main_norm, the last stage's norm, hc_head_*, markov_head.markov_w1/w2 and
- * confidence_head.proj) is recognised only to refuse it with this line: its
- * forward (HC and MoE in the draft blocks) has no oracle here to prove an
- * implementation against. */
-#define DS4_DSPARK_RELEASED_ARCH "deepseek4-dspark"
-#define DS4_DSPARK_RELEASED_REFUSAL \
-    "the released DeepSeek DSpark sidecar (\"" DS4_DSPARK_RELEASED_ARCH "\": MoE draft stages with " \
-    "hyper-connections) is not supported; --dspark runs the dense DSpark layout (docs/speculative.md)"
+/* The released DeepSeek V4 Flash DSpark sidecar, as third-party converters
+ * write it (no DwarfStar key of its own): general.architecture
+ * "deepseek4-dspark"; keys dspark.block_size, markov_rank, noise_token_id,
+ * stage_count (or n_layers), target_layer_ids (i32 array, ascending, each
+ * 1..n_layer - 1: the layers whose input the drafter reads). Stage s is a
+ * full V4 block named DS4_DSPARK_STAGE_PREFIX (mtp.s.) + the main model's
+ * per-layer names (attn_*, hc_attn_*, hc_ffn_*, ffn_gate_inp, exp_probs_b,
+ * ffn_*_exps, ffn_*_shexp; no compressor, no hash routing) with the main
+ * model's shapes; mtp.0. adds main_proj [T*E, E] and main_norm [E]; the last
+ * stage adds hc_head_fn / hc_head_scale / hc_head_base (as the main model's
+ * output_hc_*), norm [E], markov_head.markov_w1 / markov_w2 [R, V] and
+ * confidence_head.proj [E + R, 1]. */
+#define DS4_DSPARK_SIDECAR_ARCH "deepseek4-dspark"
+#define DS4_DSPARK_STAGE_PREFIX "mtp.%d."
+#define DS4_DSPARK_STAGE_PREFIX_0 "mtp.0."
 #define DS4_DSPARK_KEY(x) "dspark." x
 #define DS4_DSPARK_PREFIX "dspark."
 #define DS4_DSPARK_LAYER_PREFIX "dspark.blk.%d."

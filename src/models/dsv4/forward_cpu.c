@@ -206,13 +206,7 @@ static void hc_pre_task(batch *b, int t, int thread) {
     float pre[64];
     double sinkhorn[64 * 64];
     ds4_hc_weights(mix, scale, base, n_hc, c->sinkhorn_iters, c->hc_eps, pre, post, comb, sinkhorn);
-    const float *streams = f->s.hc_state + (size_t)t * n_hc * E;
-    float *collapsed = f->s.hc_collapsed + (size_t)t * E;
-    for (int d = 0; d < E; d++) {
-        float acc = 0;
-        for (int k = 0; k < n_hc; k++) acc += pre[k] * streams[(size_t)k * E + d];
-        collapsed[d] = acc;
-    }
+    ds4_hc_collapse(pre, f->s.hc_state + (size_t)t * n_hc * E, n_hc, E, f->s.hc_collapsed + (size_t)t * E);
 }
 
 /* next[k] = post_k * out + sum_j comb[j][k] * streams[j] (swapped in afterwards). */
@@ -220,14 +214,8 @@ static void hc_post_task(batch *b, int t, int thread) {
     const cpu *f = b->f;
     const int n_hc = f->c->n_hc, E = f->c->n_embd;
     const float *post = f->s.hc_weights + (size_t)t * f->mixn, *comb = post + n_hc;
-    const float *streams = f->s.hc_state + (size_t)t * n_hc * E, *out = f->s.sublayer_out + (size_t)t * E;
-    float *next = f->s.hc_state_next + (size_t)t * n_hc * E;
-    for (int k = 0; k < n_hc; k++)
-        for (int d = 0; d < E; d++) {
-            float acc = post[k] * out[d];
-            for (int j = 0; j < n_hc; j++) acc += comb[j * n_hc + k] * streams[(size_t)j * E + d];
-            next[(size_t)k * E + d] = acc;
-        }
+    ds4_hc_expand(post, comb, f->s.hc_state + (size_t)t * n_hc * E, f->s.sublayer_out + (size_t)t * E, n_hc, E,
+                  f->s.hc_state_next + (size_t)t * n_hc * E);
 }
 
 /* collapsed = HC-pre(streams) for every row of the batch, then normed = RMSNorm(collapsed; norm). */
@@ -1025,14 +1013,10 @@ static void head(batch *b, const int *rows, int n, float *logits) {
     }
     linear(f, &m->output_hc_fn, 0, 0, n_hc, s->hc_flat, (int64_t)hcE, n, s->hc_mix);
     for (int i = 0; i < n; i++) {
-        const float *streams = s->hc_state + (size_t)rows[i] * hcE;
-        float *hidden = s->normed + (size_t)i * E;
-        memset(hidden, 0, (size_t)E * sizeof(float));
-        for (int k = 0; k < n_hc; k++) {
-            float w = ds4_sigmoid(s->hc_mix[(size_t)i * n_hc + k] * m->output_hc_scale[0] + m->output_hc_base[k]) +
-                      c->hc_eps;
-            for (int d = 0; d < E; d++) hidden[d] += w * streams[(size_t)k * E + d];
-        }
+        float pre[64], *hidden = s->normed + (size_t)i * E;
+        for (int k = 0; k < n_hc; k++)
+            pre[k] = ds4_sigmoid(s->hc_mix[(size_t)i * n_hc + k] * m->output_hc_scale[0] + m->output_hc_base[k]) + c->hc_eps;
+        ds4_hc_collapse(pre, s->hc_state + (size_t)rows[i] * hcE, n_hc, E, hidden);
         rmsnorm(hidden, E, m->output_norm, c->rms_eps);
     }
     if (!f->split.send) {

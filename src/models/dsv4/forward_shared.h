@@ -12,6 +12,9 @@
  *   -> pre[hc], post[hc], comb[hc*hc] (sheet 6.2: sigmoid gates, softmax
  *   rows + eps, Sinkhorn normalisation in double). C is caller scratch of
  *   hc*hc doubles.
+ * - ds4_hc_collapse(): one token's n_hc streams (n_hc x E) weighted by
+ *   pre[] into one row; ds4_hc_expand(): the streams after a sublayer,
+ *   next[k] = post[k] * out + sum_j comb[j][k] * streams[j].
  * - ds4_pool_lane(): lane j of compressed window w from a frontier ring
  *   (softmax over Z, K weighted; coff 2 mixes window w-1's A lanes with
  *   window w's B lanes).
@@ -71,6 +74,24 @@ DS4_HD static inline void ds4_hc_weights(const float *m, const float *sc, const 
         }
     }
     for (int i = 0; i < hc * hc; i++) comb[i] = (float)C[i];
+}
+
+DS4_HD static inline void ds4_hc_collapse(const float *pre, const float *streams, int hc, int E, float *out) {
+    for (int d = 0; d < E; d++) {
+        float acc = 0;
+        for (int k = 0; k < hc; k++) acc += pre[k] * streams[(size_t)k * E + d];
+        out[d] = acc;
+    }
+}
+
+DS4_HD static inline void ds4_hc_expand(const float *post, const float *comb, const float *streams, const float *out,
+                                        int hc, int E, float *next) {
+    for (int k = 0; k < hc; k++)
+        for (int d = 0; d < E; d++) {
+            float acc = post[k] * out[d];
+            for (int j = 0; j < hc; j++) acc += comb[j * hc + k] * streams[(size_t)j * E + d];
+            next[(size_t)k * E + d] = acc;
+        }
 }
 
 DS4_HD static inline float ds4_pool_lane(const float *fk, const float *fz, int f_cap, int coff, int d, int ratio,

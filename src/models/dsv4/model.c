@@ -470,12 +470,8 @@ ds4_model *ds4_model_bind_mtp(const ds4_gguf *g, const ds4_model *main_model, ch
         snprintf(err, errlen, "the MTP block needs the token embedding and the output head in this process");
         return NULL;
     }
-    if (ds4_gguf_arch_is(g, DS4_DSPARK_ARCH)) {
+    if (ds4_gguf_arch_is(g, DS4_DSPARK_ARCH) || ds4_gguf_arch_is(g, DS4_DSPARK_SIDECAR_ARCH)) {
         snprintf(err, errlen, "a DSpark support file, not an MTP file: add --dspark to draft with it");
-        return NULL;
-    }
-    if (ds4_gguf_arch_is(g, DS4_DSPARK_RELEASED_ARCH)) {
-        snprintf(err, errlen, "%s", DS4_DSPARK_RELEASED_REFUSAL);
         return NULL;
     }
     ds4_model *m = calloc(1, sizeof *m);
