@@ -27,12 +27,13 @@ files_for() {
         pro-q4-layers31-output) echo "DeepSeek-V4-Pro-Q4K-Layers-31-output.gguf" ;;
         pro-q4-split)          echo "DeepSeek-V4-Pro-Q4K-Layers00-30.gguf DeepSeek-V4-Pro-Q4K-Layers-31-output.gguf" ;;
         mtp)                   echo "DeepSeek-V4-Flash-MTP-Q4K-Q8_0-F32.gguf" ;;
+        dspark-support)        echo "DeepSeek-V4-Flash-DSpark-support.gguf" ;;
         *) return 1 ;;
     esac
 }
 # Support files and distributed halves never replace the main model link.
 updates_link() {
-    case $1 in mtp|pro-q4-*) return 1 ;; *) return 0 ;; esac
+    case $1 in mtp|dspark-support|pro-q4-*) return 1 ;; *) return 0 ;; esac
 }
 
 usage() {
@@ -49,8 +50,7 @@ distributed PRO Q4 halves (do not update ./ds4flash.gguf):
   pro-q4-layers00-30, pro-q4-layers31-output, pro-q4-split (both)
 support files (do not update ./ds4flash.gguf):
   mtp              the one-stage MTP block for Flash (--mtp FILE)
-not fetched:
-  dspark-support   the released DSpark sidecar: the engine does not run its draft stages
+  dspark-support   the DSpark block drafter for Flash (--mtp FILE --dspark), ~5.6 GiB
 USAGE
 }
 
@@ -66,13 +66,6 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ -n "$target" ] || { usage >&2; exit 2; }
-if [ "$target" = dspark-support ]; then
-    # ~5.6 GiB that every binary would refuse at load: say so before fetching
-    echo "dspark-support: the released DeepSeek DSpark sidecar is not supported (its draft stages are" \
-         "MoE blocks with hyper-connections); nothing fetched. --mtp with './download_model.sh mtp' drafts" \
-         "for Flash (docs/speculative.md)" >&2
-    exit 2
-fi
 files=$(files_for "$target") || { echo "unknown target: $target" >&2; usage >&2; exit 2; }
 
 if [ -z "$token" ]; then

@@ -40,11 +40,11 @@ static void usage(FILE *f) {
                "                 [--chat-prompt-file F] [--ctx-alloc N] [--csv FILE]\n"
                "       ds4-bench -m MODEL.gguf --sessions 1,2,4,8,16 [--prompt-tokens N] [--gen-tokens N]\n"
                "                 [--repeat N] [--prompt-file F] [-t N] [--cuda|--cpu] [--gpu-vram ..]\n"
-               "       ds4-bench -m MODEL.gguf --spec-verify [--mtp FILE] [--prompt-tokens N] [--repeat N] [-t N]\n"
+               "       ds4-bench -m MODEL.gguf --spec-verify [--mtp FILE | --dspark FILE] [--prompt-tokens N] [--repeat N] [-t N]\n"
                "  --kernels   memory bandwidth, matvec GB/s per weight type, matmul GFLOP/s\n"
                "  --spec-verify  table: a speculative verification pass of 1..9 tokens against one\n"
                "              decode step (time, weight bytes, tok/s at full and at no acceptance;\n"
-               "              with --mtp also the MTP drafter's cost)\n"
+               "              with --mtp or --dspark also the drafter's cost)\n"
                "  -m MODEL    CSV per context frontier: frontier,prefill_tps,gen_tps,kvcache_bytes\n"
                "  --csv FILE  write that CSV to FILE instead of stdout\n"
                "  --prompt-file F       the text whose tokens (repeated) fill the context (default: the novel\n"
@@ -101,7 +101,7 @@ int main(int argc, char **argv) {
             ds4_cli_int(&c, &gen_tokens, &mp.gen_tokens) || ds4_cli_int(&c, &repeat, &mp.repeat) ||
             ds4_cli_int(&c, &prompt_tokens, &mp.prompt_tokens) || ds4_cli_int(&c, &ctx_alloc, &mp.ctx_alloc) ||
             ds4_cli_runtime(&c, &mp.runtime) || ds4_cli_str(&c, "--csv", &csv) ||
-            ds4_cli_str(&c, "--mtp", &mp.mtp_path))
+            ds4_cli_str(&c, "--mtp", &mp.mtp_path) || ds4_cli_str(&c, "--dspark", &mp.dspark_path))
             continue;
         if (ds4_cli_str(&c, "--chat-prompt-file", &mp.prompt_file)) mp.chat_prompt = true;
         else if (ds4_cli_int(&c, &ds4_opt_threads, &threads)) threads_set = threads > 0;

@@ -145,6 +145,7 @@ static ds4_engine *load_engine(const ds4_bench_model_params *p) {
     ep.gpu = p->gpu;
     ep.gpu_ctx = p->ctx_max;
     ep.mtp_path = p->mtp_path;
+    ep.dspark_path = p->dspark_path;
     ds4_runtime_apply(&p->runtime, &ep);
     ds4_engine *e = ds4_engine_load(&ep, err, sizeof err);
     if (!e) fprintf(stderr, "ds4-bench: %s\n", err);
@@ -360,7 +361,8 @@ int ds4_bench_spec_verify(const ds4_bench_model_params *p, FILE *out) {
     for (int r = -1; r < p->repeat && rc == 0; r++)
         for (int k = 0; k <= MAX_K && rc == 0; k++) {
             if (mtp && k) {
-                /* margin 0: the drafter proposes all k, as a pass of k drafts needs */
+                /* margin (DSpark: confidence) 0: the drafter proposes all k it can, as a pass of k
+                 * drafts needs */
                 const double d0 = now();
                 if (ds4_session_draft(s, toks[prompt], k, 0.0f, drafted, err, sizeof err) < 0) {
                     fprintf(stderr, "ds4-bench: %s\n", err);
@@ -387,7 +389,7 @@ int ds4_bench_spec_verify(const ds4_bench_model_params *p, FILE *out) {
                 p->repeat);
         fprintf(out, "| tokens in the pass (k+1) | ms per pass | cost vs one decode step | weight bytes vs one step "
                      "| tok/s at 100%% acceptance vs target-only | at 0%% |%s\n|---|---|---|---|---|---|%s\n",
-                mtp ? " MTP drafting k, ms | vs one step | tok/s at 100% net of drafting |" : "",
+                mtp ? " drafting k, ms | vs one step | tok/s at 100% net of drafting |" : "",
                 mtp ? "---|---|---|" : "");
         for (int k = 0; k <= MAX_K; k++) {
             const double med = secs[k][p->repeat / 2], draft = draft_secs[k][p->repeat / 2];

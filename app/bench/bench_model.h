@@ -47,6 +47,7 @@ typedef struct {
     ds4_gpu_opts gpu;                   /* backend and placement (cuda_plan.h) */
     ds4_runtime_opts runtime;           /* --dir-steering-*, --power (cli_args.h) */
     const char *mtp_path;               /* --mtp FILE: --spec-verify also times the MTP drafter */
+    const char *dspark_path;            /* --dspark FILE: the same for the DSpark drafter */
 } ds4_bench_model_params;
 
 void ds4_bench_model_defaults(ds4_bench_model_params *p);
@@ -66,9 +67,10 @@ int ds4_bench_sessions(const ds4_bench_model_params *p, FILE *out);
  * speculative verification runs) against a 1-token decode, median of
  * `repeat` interleaved runs, with the weight bytes each pass read and the
  * tokens/s a pass gives when every draft is accepted (k + 1 tokens) and when
- * none is (1 token). With mtp_path it also times the MTP drafter proposing
- * the pass's k drafts at that depth and gives the full-acceptance tokens/s
- * net of that cost. A Markdown table; never asserts. */
+ * none is (1 token). With mtp_path (or dspark_path) it also times the MTP
+ * (or DSpark) drafter proposing the pass's k drafts at that depth (a DSpark
+ * block proposes at most its block size) and gives the full-acceptance
+ * tokens/s net of that cost. A Markdown table; never asserts. */
 int ds4_bench_spec_verify(const ds4_bench_model_params *p, FILE *out);
 
 #endif

@@ -687,8 +687,8 @@ int ds4_dspark_block(ds4_dspark_state *st, int32_t last, float threshold, int ma
     const ds4_tensor *emb = &d->main->token_embd;
     const float **rows = malloc((size_t)(n + B) * sizeof *rows);
     float *weights = malloc((size_t)d->H * (n + B) * sizeof(float));
-    float *row_logits = malloc((size_t)2 * V * sizeof(float)), *bias = row_logits + V;
-    if (!rows || !weights || !row_logits) { free(rows); free(weights); free(row_logits); return 0; }
+    float *head_logits = malloc((size_t)(B + 1) * V * sizeof(float)), *bias = head_logits ? head_logits + (size_t)B * V : NULL;
+    if (!rows || !weights || !head_logits) { free(rows); free(weights); free(head_logits); return 0; }
     for (int t = 0; t < B; t++) {
         const int32_t tok = t ? d->mask_tok : last;
         ds4_dequantize_row(emb->type, (const char *)emb->data + (size_t)tok * emb->row_bytes, d->x + (size_t)t * hcE, E);
@@ -697,12 +697,16 @@ int ds4_dspark_block(ds4_dspark_state *st, int32_t last, float threshold, int ma
     else dense_layers(st, n, rows, weights);
     const float *head_in = d->sidecar ? d->h : d->x;
     /* The Markov head makes the rows sequential: row t's bias and confidence
-     * read the draft of row t - 1. A row's confidence needs no logits, so the
-     * output head runs only for rows the schedule keeps. */
+     * read the draft of row t - 1. A row's confidence needs no logits, so a
+     * block whose first row misses the threshold reads no output matrix;
+     * otherwise the output head runs once for every row that may be kept
+     * (one read of the matrix, the rows' products independent of each
+     * other), before the schedule decides how many are. */
+    const int rows_max = B < max ? B : max;
     int keep = 0;
     double prefix = 1.0;
     int32_t prev = last;
-    for (int t = 0; t < B && t < max; t++) {
+    for (int t = 0; t < rows_max; t++) {
         float *feat = d->w1row;
         memcpy(feat, d->hid + (size_t)t * E, (size_t)E * sizeof(float));
         ds4_dequantize_row(d->w1.type, (const char *)d->w1.data + (size_t)prev * d->w1.row_bytes, feat + E, d->R);
@@ -712,7 +716,8 @@ int ds4_dspark_block(ds4_dspark_state *st, int32_t last, float threshold, int ma
         if (confidence) confidence[t] = p;
         prefix *= p;
         if (threshold > 0 && prefix < threshold) break;
-        linear(d, &d->main->output, 0, 0, V, head_in + (size_t)t * E, E, 1, row_logits);
+        if (t == 0) linear(d, &d->main->output, 0, 0, V, head_in, E, rows_max, head_logits);
+        float *row_logits = head_logits + (size_t)t * V;
         linear(d, &d->w2, 0, 0, V, feat + E, d->R, 1, bias);
         int best = 0;
         for (int v = 0; v < V; v++) {
@@ -726,6 +731,6 @@ int ds4_dspark_block(ds4_dspark_state *st, int32_t last, float threshold, int ma
     }
     free(rows);
     free(weights);
-    free(row_logits);
+    free(head_logits);
     return keep;
 }

@@ -1,48 +1,67 @@
 /* dspark.h -- DeepSeek V4's DSpark block drafter (--mtp FILE --dspark): a small
- * dense draft model that reads hidden states of chosen layers of the main
- * model and proposes a block of up to block_size tokens in one forward pass,
- * with a Markov head that conditions each proposal on the one before it and
- * a confidence head that says how likely each is to be accepted.
+ * draft model that reads hidden states of chosen layers of the main model and
+ * proposes a block of up to block_size tokens in one forward pass, with a
+ * Markov head that conditions each proposal on the one before it and a
+ * confidence head that says how likely each is to be accepted.
  *
  * Contract
- * - The support file's layout is ds4_layout.h's "DSpark support file". The
- *   forward is nemo-automodel's DeepSeek V4 DSpark draft (the reference of
- *   tests/oracles/ds4_dspark_oracle.py):
+ * - Two support-file layouts (ds4_layout.h), chosen by the file's
+ *   general.architecture:
+ *   the released sidecar ("deepseek4-dspark"; DeepSeek's inference/model.py
+ *   DSparkBlock, the reference of tests/oracles/ds4_dspark_sidecar_oracle.py):
+ *     feat_j       = the hyper-connection stream means entering each target
+ *                    layer at position j (the outputs of the layers before
+ *                    them), concatenated
+ *     context m_j  = RMSNorm(main_proj(feat_j); main_norm); per stage one
+ *                    K = V row RMSNorm(wkv(m_j)) roped at j, for the last
+ *                    `window` (the main model's sliding window) positions
+ *     block rows   = embed(last), embed(noise) x (block_size - 1) at
+ *                    positions n .., on every stream
+ *     each stage   = a V4 block: HC mix, attention (q-LoRA queries and K = V
+ *                    rows from the block, over the context rows and every
+ *                    block row both ways, sinks, grouped output LoRA), HC
+ *                    mix back; the same around the MoE (router with bias,
+ *                    top-k experts and the shared expert, the main model's
+ *                    counts and SwiGLU limits)
+ *     x_k          = the last stage's HC merge of row k's streams
+ *     logits_k     = output(RMSNorm(x_k; norm)) + w2 w1[prev_k]
+ *     confidence_k = sigmoid(proj([x_k; w1[prev_k]]))
+ *   the dense layout ("dspark"; nemo-automodel's DeepSeek V4 DSpark draft,
+ *   the reference of tests/oracles/ds4_dspark_oracle.py):
  *     context c_j   = RMSNorm(fc(feat_j); hidden_norm), feat_j the target
  *                     layers' outputs at position j (each the mean of its
  *                     hyper-connection streams), concatenated in file order
  *     block rows    = embed(last), embed(mask) x (block_size - 1) at
  *                     positions n .. n + block_size - 1
  *     each layer    = x += attn(RMSNorm(x)); x += swiglu_mlp(RMSNorm(x))
- *                     attn: q-LoRA queries from the block rows, one shared
- *                     K = V latent RMSNorm(wkv(.)) over every context row
- *                     j < n (from c_j) and every block row (bidirectional),
- *                     interleaved RoPE on the last n_rot dims of q and kv
- *                     (inverse on the output), per-head sink, grouped
- *                     output LoRA
- *     logits_k      = output(RMSNorm(x_k; norm)) + w2 w1[prev_k], prev_0 =
- *                     last, prev_k the draft at k - 1 (greedy)
+ *                     attn as above over every context row j < n
+ *     logits_k      = output(RMSNorm(x_k; norm)) + w2 w1[prev_k]
  *     confidence_k  = sigmoid(proj([RMSNorm(x_k); w1[prev_k]]) + b) (the
  *                     w1 part only when the head's input has it)
- *   The embedding and the output matrix are the main model's.
+ *   In both prev_0 = last and prev_k is the greedy draft at k - 1; the
+ *   embedding and the output matrix are the main model's; the arithmetic is
+ *   float32 (no FP8 simulation of the reference's K = V rows).
  * - ds4_dspark_load() binds and validates the file against the main model
- *   (embedding width, vocabulary, its layer count, target layers inside
- *   0..n_layer-2); anything else gives NULL and one line.
+ *   (dimensions, vocabulary, target layers it has: the dense layout's inside
+ *   0..n_layer-2, the sidecar's inside 1..n_layer-1; tensor shapes);
+ *   anything else gives NULL and one line. ds4_dspark_targets() are the main
+ *   model's layers whose outputs the drafter reads.
  * - A state keeps, per context position, each draft layer's K = V row (they
  *   depend on that position's features only): ds4_dspark_push() adds
  *   position ds4_dspark_context(st) from its features; ds4_dspark_rewound()
- *   drops the rows at and past n_pos. Nothing of it is persisted. The rows
- *   of evaluated positions are made when the next block needs them (or
- *   before an evaluation would overwrite their features), a chunk of
- *   positions per read of the drafter's matrices: the same values as one
- *   position at a time.
+ *   drops the rows at and past n_pos. The dense drafter keeps a row per
+ *   position, the sidecar a ring of a few windows. Nothing of it is
+ *   persisted. The rows of evaluated positions are made when the next block
+ *   needs them (or before an evaluation would overwrite their features), a
+ *   chunk of positions per read of the drafter's matrices: the same values
+ *   as one position at a time.
  * - Beside a session: ds4_dspark_bind() before each main evaluation points
  *   the sequence's layer ring (backend.h) at the state's ring of ring_rows
- *   slots; ds4_dspark_evaluated() after it pushes the new positions. The
- *   draft attends to every earlier position, so a context it cannot follow
- *   contiguously from position 0 (an evaluation of more than ring_rows rows,
- *   a restored snapshot: ds4_dspark_forget()) stops its drafts until the
- *   session is rewound to where it has rows (a reset: position 0).
+ *   slots; ds4_dspark_evaluated() after it pushes the new positions. When
+ *   the positions do not follow the context (a restored snapshot:
+ *   ds4_dspark_forget(); an evaluation of more than ring_rows rows) the
+ *   context starts again at the first position the ring holds, with no rows
+ *   before it.
  * - ds4_dspark_block(): the block after the context and `last` (the token at
  *   position ds4_dspark_context(st)): how many drafts to propose, the
  *   longest prefix of at most max rows whose product of confidences stays
@@ -51,7 +70,8 @@
  *   logits (row t at t x n_vocab) and their confidence probabilities to
  *   confidence, which also gets the row that ended the prefix. Rows past
  *   the prefix are not computed: the output head costs most. Returns 0
- *   when out of memory.
+ *   when out of memory, and when the rows the block reads are not all held
+ *   (the dense drafter: from position 0; the sidecar: the last window).
  */
 #ifndef DS4_DSPARK_H
 #define DS4_DSPARK_H
