@@ -241,9 +241,95 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
     q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, Q8_TILE_TOKENS, n, y, y_stride, false);
 }
 
+/* The AVX-VNNI tile: Q8_TILE_ROWS rows x 2..Q8V_TILE_TOKENS tokens.
+ * vpdpbusd multiplies unsigned by signed bytes, so its packed activations
+ * are stored + 128 (a ^ 0x80, exact for every byte) and each (row, block)
+ * starts its lane sums at -128 x the sum of its four weights: lane k gets
+ * sum (a_i + 128) w_i - 128 sum w_i = sum a_i w_i, the exact integers
+ * q8_0_block sums, so the same floats in the same order and the same bits
+ * as every other Q8_0 product of the level, for the activations the
+ * quantizer writes (-127..127: the sign trick would turn -128 x a negative
+ * weight into the wrong sign, this form would not). Neither sign step remains: a
+ * (row, token) costs one vpdpbusd, a conversion, a multiply and an FMA,
+ * and the registers the signed weights held take a third token. */
+enum { Q8V_TILE_TOKENS = 3 };
+
+static bool q8_0_vnni_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
+    const int64_t nb = n / DS4_QK8_0;
+    if ((size_t)nb * Q8V_TILE_TOKENS * Q8_PACKED_BYTES > packed_bytes) return false;
+    const __m256i offset = _mm256_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++)
+        for (int t = 0; t < nt; t++) {
+            uint8_t *p = (uint8_t *)packed + ((size_t)b * Q8V_TILE_TOKENS + (size_t)t) * Q8_PACKED_BYTES;
+            __m256i q;
+            __m256 d;
+            q8_0_act(NULL, tok(acts, stride, t), b, t, &q, &d);
+            _mm256_store_si256((__m256i *)p, _mm256_xor_si256(q, offset));
+            _mm256_store_ps((float *)(p + 32), d);
+        }
+    return true;
+}
+
+/* block b of the tile's rows x nt tokens into chain `slot` */
+AVXVNNI INLINE void q8_0_vnni_block(const void *w, size_t row_bytes, const void *packed, int nt, int64_t b,
+                                    __m256 acc[Q8_TILE_ROWS][Q8V_TILE_TOKENS][2], int slot) {
+    __m256i qx[Q8_TILE_ROWS], start[Q8_TILE_ROWS];
+    __m256 dx[Q8_TILE_ROWS];
+    UNROLL
+    for (int r = 0; r < Q8_TILE_ROWS; r++) {
+        const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b;
+        qx[r] = _mm256_loadu_si256((const __m256i *)x->qs);
+        start[r] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                    dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), qx[r]));
+        dx[r] = _mm256_set1_ps(h2f(x->d));
+    }
+    UNROLL
+    for (int t = 0; t < Q8V_TILE_TOKENS; t++) {
+        if (t >= nt) break;
+        const uint8_t *p = (const uint8_t *)packed + ((size_t)b * Q8V_TILE_TOKENS + (size_t)t) * Q8_PACKED_BYTES;
+        const __m256i qa = _mm256_load_si256((const __m256i *)p);
+        const __m256 da = _mm256_load_ps((const float *)(p + 32));
+        UNROLL
+        for (int r = 0; r < Q8_TILE_ROWS; r++) {
+            __m256 s = _mm256_cvtepi32_ps(dpbusd(start[r], qa, qx[r]));
+            acc[r][t][slot] = _mm256_fmadd_ps(s, _mm256_mul_ps(dx[r], da), acc[r][t][slot]);
+        }
+    }
+}
+
+/* the chains and the prefetches of q8_0_rt's tile */
+AVXVNNI INLINE void q8_0_vnni_rt(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                                 int64_t y_stride) {
+    const int64_t nb = n / DS4_QK8_0;
+    __m256 acc[Q8_TILE_ROWS][Q8V_TILE_TOKENS][2];
+    UNROLL
+    for (int r = 0; r < Q8_TILE_ROWS; r++)
+        UNROLL
+        for (int t = 0; t < Q8V_TILE_TOKENS; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+    UNROLL
+    for (int chain = 0; chain < 2; chain++) {
+        for (int64_t b = chain; b < nb; b += 2) {
+            UNROLL
+            for (int r = 0; r < Q8_TILE_ROWS; r++) {
+                const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b;
+                if (!chain) prefetch_weights(x);
+                else _mm_prefetch((const char *)(x - 1) + row_bytes * (size_t)Q8_TILE_ROWS, _MM_HINT_T1);
+            }
+            q8_0_vnni_block(w, row_bytes, packed, nt, b, acc, chain);
+        }
+    }
+    UNROLL
+    for (int r = 0; r < Q8_TILE_ROWS; r++)
+        UNROLL
+        for (int t = 0; t < Q8V_TILE_TOKENS; t++)
+            if (t < nt) y[t * y_stride + r] = hsum_ps(_mm256_add_ps(acc[r][t][0], acc[r][t][1]));
+}
+
+/* nt known at compile time in each branch: the token loop unrolls */
 AVXVNNI static void q8_0_vnni_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
                                    int64_t y_stride) {
-    q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, Q8_TILE_TOKENS, n, y, y_stride, true);
+    if (nt == Q8V_TILE_TOKENS) q8_0_vnni_rt(w, row_bytes, packed, n, Q8V_TILE_TOKENS, y, y_stride);
+    else q8_0_vnni_rt(w, row_bytes, packed, n, 2, y, y_stride);
 }
 
 /* ---- K-quants x Q8_K ---- */
@@ -831,8 +917,8 @@ bool ds4_kernels_avx2_tile(uint32_t type, struct ds4_tile_kernel *k) {
     const bool vnni = ds4_kernels_avxvnni();
     switch (type) {
     case DS4_TYPE_Q8_0:
-        *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, Q8_TILE_TOKENS, Q8_TILE_TOKENS, q8_0_pack,
-                                      vnni ? q8_0_vnni_tile : q8_0_tile, 0};
+        *k = vnni ? (struct ds4_tile_kernel){Q8_TILE_ROWS, 2, Q8V_TILE_TOKENS, q8_0_vnni_pack, q8_0_vnni_tile, 0}
+                  : (struct ds4_tile_kernel){Q8_TILE_ROWS, Q8_TILE_TOKENS, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile, 0};
         return true;
     case DS4_TYPE_IQ2_XXS:
         *k = (struct ds4_tile_kernel){KT_ROWS, IQ2_TILE_MIN_TOKENS, KT_TOKENS, iq2_xxs_pack,

@@ -477,18 +477,27 @@ static void test_vbmi_matches_plain(void) {
 
 /* Inside the AVX2 level, the kernels on AVX-VNNI's vpdpbusd / vpdpwssd
  * against the vpmaddubsw + vpmaddwd ones: Q8_0 (the dot, every token count
- * of the multi-token kernel, the 2 x 2 tile at every batch size, and
+ * of the multi-token kernel, the tile at every batch size, and
  * matvec) and the IQ2_XXS and Q2_K tiles, bit for bit. Weights are raw
- * random blocks with an odd block count; Q8_0's activations too (-128
- * included, which the activation quantizer never writes; IQ2_XXS and Q2_K
- * take the quantizer's Q8_K rows, whose bsums they read). */
+ * random blocks with an odd block count (-128 included); Q8_0's activations
+ * too, in the quantizer's -127..127 (IQ2_XXS and Q2_K take the quantizer's
+ * Q8_K rows, whose bsums they read). */
 static void test_avxvnni_matches_plain(uint32_t type) {
     enum { ROWS = 7, T_MAX = 20 };
     const int64_t n = 5 * (int64_t)ds4_type_block_elems(type);
     ds4_kernels_set_level(DS4_SIMD_AVX2);
     mm_case c = mm_case_new(type, n, ROWS, T_MAX);
     if (type == DS4_TYPE_Q8_0)
-        for (int t = 0; t < T_MAX; t++) random_raw_row(type, c.acts + c.ab * (size_t)t, n);
+        for (int t = 0; t < T_MAX; t++) {
+            /* any quants the activation quantizer writes (-127..127): the
+             * sign trick turns -128 x a negative weight into the wrong
+             * sign, the VNNI tile's +128 form does not */
+            ds4_block_q8_0 *a = (ds4_block_q8_0 *)(c.acts + c.ab * (size_t)t);
+            random_raw_row(type, a, n);
+            for (int64_t b = 0; b < n / 32; b++)
+                for (int i = 0; i < 32; i++)
+                    if (a[b].qs[i] == -128) a[b].qs[i] = -127;
+        }
     /* per path: the matmul (T x ROWS), each row's dotn (ROWS x T), each row's dot of token 0, the matvec */
     const size_t count = 2 * ROWS * T_MAX + 2 * ROWS;
     float *res[2] = {malloc(sizeof(float) * count), malloc(sizeof(float) * count)};
