@@ -180,6 +180,19 @@ INLINE void q8_0_block(const void *w, size_t row_bytes, int nr, const void *acts
     }
 }
 
+/* A tile's prefetches at block b of its nr rows: chain 0 reads the rows
+ * from memory, ahead of itself; chain 1 reads them from cache and meanwhile
+ * asks for the next tile's rows (into L2), so memory works through both
+ * passes. */
+INLINE void q8_0_tile_prefetch(const void *w, size_t row_bytes, int nr, int64_t b, int chain) {
+    UNROLL
+    for (int r = 0; r < nr; r++) {
+        const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b;
+        if (!chain) prefetch_weights(x);
+        else _mm_prefetch((const char *)(x - 1) + row_bytes * (size_t)nr, _MM_HINT_T1);
+    }
+}
+
 /* y[t * y_stride + r] for nr rows (row_bytes apart) x nt tokens; the tokens
  * come packed (nt <= Q8_TILE_TOKENS) or as activation rows */
 INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, const void *packed,
@@ -198,16 +211,7 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
         UNROLL
         for (int chain = 0; chain < 2; chain++) {
             for (int64_t b = chain; b < nb; b += 2) {
-                UNROLL
-                for (int r = 0; r < nr; r++) {
-                    const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b;
-                    /* chain 0 reads the rows from memory, ahead of itself;
-                     * chain 1 reads them from cache and meanwhile asks for
-                     * the next tile's rows (into L2), so memory works
-                     * through both passes */
-                    if (!chain) prefetch_weights(x);
-                    else _mm_prefetch((const char *)(x - 1) + row_bytes * (size_t)nr, _MM_HINT_T1);
-                }
+                q8_0_tile_prefetch(w, row_bytes, nr, b, chain);
                 q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b, acc, chain, vnni);
             }
         }
@@ -309,12 +313,7 @@ AVXVNNI INLINE void q8_0_vnni_rt(const void *w, size_t row_bytes, const void *pa
     UNROLL
     for (int chain = 0; chain < 2; chain++) {
         for (int64_t b = chain; b < nb; b += 2) {
-            UNROLL
-            for (int r = 0; r < Q8_TILE_ROWS; r++) {
-                const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b;
-                if (!chain) prefetch_weights(x);
-                else _mm_prefetch((const char *)(x - 1) + row_bytes * (size_t)Q8_TILE_ROWS, _MM_HINT_T1);
-            }
+            q8_0_tile_prefetch(w, row_bytes, Q8_TILE_ROWS, b, chain);
             q8_0_vnni_block(w, row_bytes, packed, nt, b, acc, chain);
         }
     }

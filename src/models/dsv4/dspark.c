@@ -534,8 +534,8 @@ static int context_first(const ds4_dspark *d, int n) { return d->window && n > d
  * (block rows at positions n..) into h: q-LoRA queries, the block's own
  * K = V rows, attention over the context rows c0..n-1 and the block rows
  * (one shared K = V head, as the main model's: attn_cpu.h's kernel), the
- * grouped output LoRA. rows and weights: caller scratch of n + B pointers
- * and H x (n + B) floats. */
+ * grouped output LoRA. rows and weights: caller scratch of one pointer
+ * and H floats per row attended to. */
 static void attention(ds4_dspark_state *st, int l, int n, const float **rows, float *weights) {
     ds4_dspark *d = st->d;
     const dspark_layer *L = &d->layers[l];
@@ -592,13 +592,20 @@ static void dense_layers(ds4_dspark_state *st, int n, const float **rows, float 
 
 /* ---- the sidecar's stages: V4 blocks over hyper-connection streams ---- */
 
+/* The rows' streams, each normed whole, through fn (width outputs) into mix. */
+static void hc_mix(ds4_dspark *d, const ds4_tensor *fn, int width) {
+    const int hcE = d->n_hc * d->E;
+    for (int t = 0; t < d->B; t++)
+        ds4_rmsnorm(d->x + (size_t)t * hcE, NULL, hcE, d->eps, DS4_RMS_F32, d->flat + (size_t)t * hcE);
+    linear(d, fn, 0, 0, width, d->flat, hcE, d->B, d->mix);
+}
+
 /* A sublayer's entry: the streams' mix (post and comb into hcw) and the
  * collapsed rows, normed, into h. */
 static void hc_enter(ds4_dspark *d, const ds4_tensor *fn, const float *scale, const float *base, const float *norm) {
     const ds4_config *c = &d->main->cfg;
     const int B = d->B, E = d->E, hc = d->n_hc, hcE = hc * E;
-    for (int t = 0; t < B; t++) ds4_rmsnorm(d->x + (size_t)t * hcE, NULL, hcE, d->eps, DS4_RMS_F32, d->flat + (size_t)t * hcE);
-    linear(d, fn, 0, 0, d->mixn, d->flat, hcE, B, d->mix);
+    hc_mix(d, fn, d->mixn);
     for (int t = 0; t < B; t++) {
         float pre[64], *post = d->hcw + (size_t)t * d->mixn;
         double sinkhorn[64 * 64];
@@ -665,13 +672,10 @@ static void sidecar_stages(ds4_dspark_state *st, int n, const float **rows, floa
     }
     /* the last stage's HC merge: the confidence head reads it, the output
      * head its norm */
-    for (int t = 0; t < B; t++) ds4_rmsnorm(d->x + (size_t)t * hcE, NULL, hcE, d->eps, DS4_RMS_F32, d->flat + (size_t)t * hcE);
-    linear(d, &d->hc_head_fn, 0, 0, hc, d->flat, hcE, B, d->mix);
+    hc_mix(d, &d->hc_head_fn, hc);
     for (int t = 0; t < B; t++) {
         float pre[64];
-        for (int k = 0; k < hc; k++)
-            pre[k] = ds4_sigmoid(d->mix[(size_t)t * hc + k] * d->hc_head_scale[0] + d->hc_head_base[k]) +
-                     d->main->cfg.hc_eps;
+        ds4_hc_head_weights(d->mix + (size_t)t * hc, d->hc_head_scale[0], d->hc_head_base, hc, d->main->cfg.hc_eps, pre);
         ds4_hc_collapse(pre, d->x + (size_t)t * hcE, hc, E, d->hid + (size_t)t * E);
         memcpy(d->h + (size_t)t * E, d->hid + (size_t)t * E, (size_t)E * sizeof(float));
         rmsnorm(d, d->h + (size_t)t * E, d->norm, E);
@@ -685,8 +689,10 @@ int ds4_dspark_block(ds4_dspark_state *st, int32_t last, float threshold, int ma
     const int B = d->B, E = d->E, V = d->V, n = st->n, hcE = d->sidecar ? d->n_hc * E : E;
     if (st->lo > context_first(d, n)) return 0;   /* its rows are gone: after a restore, or a deep rewind */
     const ds4_tensor *emb = &d->main->token_embd;
-    const float **rows = malloc((size_t)(n + B) * sizeof *rows);
-    float *weights = malloc((size_t)d->H * (n + B) * sizeof(float));
+    /* the rows a block attends to: the context's (a sidecar's window only) and its own */
+    const int seen = n - context_first(d, n) + B;
+    const float **rows = malloc((size_t)seen * sizeof *rows);
+    float *weights = malloc((size_t)d->H * seen * sizeof(float));
     float *head_logits = malloc((size_t)(B + 1) * V * sizeof(float)), *bias = head_logits ? head_logits + (size_t)B * V : NULL;
     if (!rows || !weights || !head_logits) { free(rows); free(weights); free(head_logits); return 0; }
     for (int t = 0; t < B; t++) {

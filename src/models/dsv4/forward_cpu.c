@@ -1014,8 +1014,7 @@ static void head(batch *b, const int *rows, int n, float *logits) {
     linear(f, &m->output_hc_fn, 0, 0, n_hc, s->hc_flat, (int64_t)hcE, n, s->hc_mix);
     for (int i = 0; i < n; i++) {
         float pre[64], *hidden = s->normed + (size_t)i * E;
-        for (int k = 0; k < n_hc; k++)
-            pre[k] = ds4_sigmoid(s->hc_mix[(size_t)i * n_hc + k] * m->output_hc_scale[0] + m->output_hc_base[k]) + c->hc_eps;
+        ds4_hc_head_weights(s->hc_mix + (size_t)i * n_hc, m->output_hc_scale[0], m->output_hc_base, n_hc, c->hc_eps, pre);
         ds4_hc_collapse(pre, s->hc_state + (size_t)rows[i] * hcE, n_hc, E, hidden);
         rmsnorm(hidden, E, m->output_norm, c->rms_eps);
     }

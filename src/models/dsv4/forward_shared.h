@@ -12,6 +12,8 @@
  *   -> pre[hc], post[hc], comb[hc*hc] (sheet 6.2: sigmoid gates, softmax
  *   rows + eps, Sinkhorn normalisation in double). C is caller scratch of
  *   hc*hc doubles.
+ * - ds4_hc_head_weights(): one token's output-head merge weights from its
+ *   mix m (hc values): sigmoid(m * scale + base) + eps.
  * - ds4_hc_collapse(): one token's n_hc streams (n_hc x E) weighted by
  *   pre[] into one row; ds4_hc_expand(): the streams after a sublayer,
  *   next[k] = post[k] * out + sum_j comb[j][k] * streams[j].
@@ -74,6 +76,11 @@ DS4_HD static inline void ds4_hc_weights(const float *m, const float *sc, const 
         }
     }
     for (int i = 0; i < hc * hc; i++) comb[i] = (float)C[i];
+}
+
+DS4_HD static inline void ds4_hc_head_weights(const float *m, float scale, const float *base, int hc, float eps,
+                                              float *pre) {
+    for (int k = 0; k < hc; k++) pre[k] = ds4_sigmoid(m[k] * scale + base[k]) + eps;
 }
 
 DS4_HD static inline void ds4_hc_collapse(const float *pre, const float *streams, int hc, int E, float *out) {
