@@ -117,20 +117,27 @@ INLINE void q8_0_act(const void *packed, const void *act, int64_t b, int t, __m2
     }
 }
 
-/* per block, per token: 32 bytes of quants, then the scale 8 times */
-static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
+/* per block, per token of a tile of `slots` tokens: 32 bytes of quants
+ * (xor `offset`: 0, or 0x80 for the +128 form), then the scale 8 times */
+INLINE bool q8_0_pack_slots(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes,
+                            int slots, char offset) {
     const int64_t nb = n / DS4_QK8_0;
-    if ((size_t)nb * Q8_TILE_TOKENS * Q8_PACKED_BYTES > packed_bytes) return false;
+    if ((size_t)nb * (size_t)slots * Q8_PACKED_BYTES > packed_bytes) return false;
+    const __m256i off = _mm256_set1_epi8(offset);
     for (int64_t b = 0; b < nb; b++)
         for (int t = 0; t < nt; t++) {
-            uint8_t *p = (uint8_t *)packed + ((size_t)b * Q8_TILE_TOKENS + (size_t)t) * Q8_PACKED_BYTES;
+            uint8_t *p = (uint8_t *)packed + ((size_t)b * (size_t)slots + (size_t)t) * Q8_PACKED_BYTES;
             __m256i q;
             __m256 d;
             q8_0_act(NULL, tok(acts, stride, t), b, t, &q, &d);
-            _mm256_store_si256((__m256i *)p, q);
+            _mm256_store_si256((__m256i *)p, _mm256_xor_si256(q, off));
             _mm256_store_ps((float *)(p + 32), d);
         }
     return true;
+}
+
+static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
+    return q8_0_pack_slots(acts, stride, n, nt, packed, packed_bytes, Q8_TILE_TOKENS, 0);
 }
 
 enum { RT_ROWS_MAX = Q8_TILE_ROWS, RT_TOKENS_MAX = NT_MAX };
@@ -259,19 +266,7 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
 enum { Q8V_TILE_TOKENS = 3 };
 
 static bool q8_0_vnni_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
-    const int64_t nb = n / DS4_QK8_0;
-    if ((size_t)nb * Q8V_TILE_TOKENS * Q8_PACKED_BYTES > packed_bytes) return false;
-    const __m256i offset = _mm256_set1_epi8((char)0x80);
-    for (int64_t b = 0; b < nb; b++)
-        for (int t = 0; t < nt; t++) {
-            uint8_t *p = (uint8_t *)packed + ((size_t)b * Q8V_TILE_TOKENS + (size_t)t) * Q8_PACKED_BYTES;
-            __m256i q;
-            __m256 d;
-            q8_0_act(NULL, tok(acts, stride, t), b, t, &q, &d);
-            _mm256_store_si256((__m256i *)p, _mm256_xor_si256(q, offset));
-            _mm256_store_ps((float *)(p + 32), d);
-        }
-    return true;
+    return q8_0_pack_slots(acts, stride, n, nt, packed, packed_bytes, Q8V_TILE_TOKENS, (char)0x80);
 }
 
 /* block b of the tile's rows x nt tokens into chain `slot` */
