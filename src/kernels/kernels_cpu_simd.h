@@ -17,6 +17,7 @@
 #define DS4_KERNELS_CPU_SIMD_H
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -86,6 +87,34 @@ enum float_kind { KIND_F32, KIND_F16, KIND_BF16 };
     DOT_ENTRY_POINTS(f32)                                                                                     \
     DOT_ENTRY_POINTS(f16)                                                                                     \
     DOT_ENTRY_POINTS(bf16)
+
+/* The float weights' matmul tiles read their f32 activations in place
+ * (there is nothing to convert): their "pack" records where the token
+ * group's rows are, and the tile reads that back. */
+struct float_group {
+    const float *acts;
+    size_t stride; /* bytes between token rows */
+};
+
+static inline bool float_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
+    (void)n, (void)nt;
+    if (packed_bytes < sizeof(struct float_group)) return false;
+    const struct float_group g = {acts, stride};
+    memcpy(packed, &g, sizeof g);
+    return true;
+}
+
+INLINE struct float_group float_group(const void *packed) {
+    struct float_group g;
+    memcpy(&g, packed, sizeof g);
+    return g;
+}
+
+INLINE size_t float_kind_bytes(enum float_kind k) { return k == KIND_F32 ? 4 : 2; }
+
+/* the tile for a float type, given its three kind instances */
+#define FLOAT_TILE_FOR(type, f32, f16, bf16) \
+    ((type) == DS4_TYPE_F32 ? (f32) : (type) == DS4_TYPE_F16 ? (f16) : (type) == DS4_TYPE_BF16 ? (bf16) : NULL)
 
 /* The body of each file's ds4_kernels_ISA_dot / _dotn lookup: the kernels
  * every ISA file has, then EXTRA(prefix), case lines for its own. */

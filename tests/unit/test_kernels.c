@@ -350,7 +350,9 @@ static void test_matmul_shapes(enum ds4_simd_level lvl) {
  * super-blocks x a group of 16 tokens; at 8192 a group of 16 no longer
  * fits), and 7168 for the AVX2 IQ2_XXS and Q2_K tiles and the AVX-512 Q2_K
  * tile (28 super-blocks x 16 tokens x 292 bytes; one more and the group
- * shrinks to 15). The packed
+ * shrinks to 15). The float tiles read their rows in place at any length:
+ * the 24 x 16384 HC mixes, and lengths whose tails take each level's last
+ * steps (a masked or 8-element vector step, single elements). The packed
  * tile and the per-row fallback both match the dot. */
 static void test_matmul_long_rows(enum ds4_simd_level lvl) {
     ds4_kernels_set_level(lvl);
@@ -359,7 +361,9 @@ static void test_matmul_long_rows(enum ds4_simd_level lvl) {
         {DS4_TYPE_Q8_0, 32768, 5}, {DS4_TYPE_Q8_0, 32768 + 32, 5},
         {DS4_TYPE_IQ2_XXS, 7936, 20}, {DS4_TYPE_IQ2_XXS, 8192, 20},
         {DS4_TYPE_IQ2_XXS, 7168, 20}, {DS4_TYPE_IQ2_XXS, 7168 + 256, 20},
-        {DS4_TYPE_Q2_K, 7168, 20}, {DS4_TYPE_Q2_K, 7168 + 256, 20}};
+        {DS4_TYPE_Q2_K, 7168, 20}, {DS4_TYPE_Q2_K, 7168 + 256, 20},
+        {DS4_TYPE_F16, 16384, 9}, {DS4_TYPE_F16, 16384 + 13, 9}, {DS4_TYPE_F32, 1037, 7}, {DS4_TYPE_BF16, 77, 6},
+        {DS4_TYPE_F32, 16 + 8 + 5, 4}};
     const int64_t rows = 5;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         mm_case c = mm_case_new(cases[i].type, cases[i].n, rows, cases[i].T);
