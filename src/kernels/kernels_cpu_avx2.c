@@ -88,85 +88,20 @@ INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t 
 
 FLOAT_KERNELS
 
-/* The float matmul tile: FT_ROWS rows x 2..FT_TOKENS tokens. The per-row
- * kernel reloads every token's activations for every row; from L2 (a few
- * tokens of 4096 f32 already fill L1) that traffic, not arithmetic, bound
- * it. The tile converts each weight vector once for its tokens, loads each
- * activation vector once for FT_SUB_ROWS rows held in registers, and runs
- * its rows over FT_K elements at a time, so a token group's slice of
- * activations stays in L1 while all FT_ROWS rows read it; the partial
- * chains wait in memory between slices. Per (row, token) the float order
- * is float_nt's: chain 0 takes elements [16j, 16j + 8) of every whole 16
- * and then the 8-element tail, chain 1 [16j + 8, 16j + 16), each in
- * ascending order, then float_finish. */
-enum { FT_ROWS = 6, FT_SUB_ROWS = 3, FT_TOKENS = 4, FT_K = 1024 };
-
-/* elements [i0, i1) of one chain (every 16th vector from i0) for the
- * FT_SUB_ROWS rows at w, on their chain accumulators in memory */
-INLINE void float_tile_span(enum float_kind k, const void *w, size_t row_bytes, struct float_group g, int64_t i0,
-                            int64_t i1, int64_t step, bool prefetch, int nt, __m256 *acc, size_t row_stride) {
-    __m256 sum[FT_SUB_ROWS][FT_TOKENS];
-    UNROLL
-    for (int r = 0; r < FT_SUB_ROWS; r++)
-        UNROLL
-        for (int t = 0; t < nt; t++) sum[r][t] = acc[r * row_stride + t];
-    const size_t line_elems = 64 / float_kind_bytes(k);
-    for (int64_t i = i0; i < i1; i += step) {
-        __m256 wv[FT_SUB_ROWS];
-        UNROLL
-        for (int r = 0; r < FT_SUB_ROWS; r++) {
-            const uint8_t *row = (const uint8_t *)w + row_bytes * (size_t)r;
-            if (prefetch && i % (int64_t)line_elems == 0) prefetch_weights(row + (size_t)i * float_kind_bytes(k));
-            wv[r] = load8(k, row, i);
-        }
-        UNROLL
-        for (int t = 0; t < nt; t++) {
-            const __m256 a = _mm256_loadu_ps((const float *)tok(g.acts, g.stride, t) + i);
-            UNROLL
-            for (int r = 0; r < FT_SUB_ROWS; r++) sum[r][t] = _mm256_fmadd_ps(wv[r], a, sum[r][t]);
-        }
-    }
-    UNROLL
-    for (int r = 0; r < FT_SUB_ROWS; r++)
-        UNROLL
-        for (int t = 0; t < nt; t++) acc[r * row_stride + t] = sum[r][t];
+/* the float tile's primitives (kernels_cpu_float_tile.h): 3 rows x 4
+ * tokens in 12 accumulators, 3 weight vectors and one activation vector;
+ * vectors are whole, the last elements go through float_finish */
+typedef __m256 ft_vec;
+enum { FT_LANES = 8, FT_ROWS = 6, FT_SUB_ROWS = 3 };
+INLINE ft_vec ft_zero(void) { return _mm256_setzero_ps(); }
+INLINE ft_vec ft_weights(enum float_kind k, const void *row, int64_t i, int64_t end) { return load8(k, row, i); }
+INLINE ft_vec ft_acts(const float *a, int64_t i, int64_t end) { return _mm256_loadu_ps(a + i); }
+INLINE ft_vec ft_fma(ft_vec w, ft_vec a, ft_vec acc) { return _mm256_fmadd_ps(w, a, acc); }
+INLINE int64_t ft_tail_end(int64_t n) { return n / 8 * 8; }
+INLINE float ft_result(enum float_kind k, const void *w, const float *a, int64_t n, ft_vec chain0, ft_vec chain1) {
+    return float_finish(k, w, a, ft_tail_end(n), n, chain0, chain1);
 }
-
-INLINE void float_tile_nt(enum float_kind k, const void *w, size_t row_bytes, const void *packed, int64_t n, int nt,
-                          float *y, int64_t y_stride) {
-    const struct float_group g = float_group(packed);
-    const int64_t whole = n / 16 * 16, vec = n / 8 * 8;
-    __m256 acc[2][FT_ROWS][FT_TOKENS]; /* [chain][row][token] */
-    for (int c = 0; c < 2; c++)
-        for (int r = 0; r < FT_ROWS; r++)
-            for (int t = 0; t < FT_TOKENS; t++) acc[c][r][t] = _mm256_setzero_ps();
-    for (int64_t k0 = 0; k0 < whole; k0 += FT_K) {
-        const int64_t k1 = k0 + FT_K < whole ? k0 + FT_K : whole;
-        for (int chain = 0; chain < 2; chain++)
-            for (int r = 0; r < FT_ROWS; r += FT_SUB_ROWS)
-                float_tile_span(k, (const uint8_t *)w + row_bytes * (size_t)r, row_bytes, g, k0 + 8 * chain, k1, 16,
-                                chain == 0, nt, &acc[chain][r][0], FT_TOKENS);
-    }
-    for (int r = 0; r < FT_ROWS; r += FT_SUB_ROWS)
-        float_tile_span(k, (const uint8_t *)w + row_bytes * (size_t)r, row_bytes, g, whole, vec, 8, false, nt,
-                        &acc[0][r][0], FT_TOKENS);
-    for (int r = 0; r < FT_ROWS; r++)
-        for (int t = 0; t < nt; t++)
-            y[t * y_stride + r] = float_finish(k, (const uint8_t *)w + row_bytes * (size_t)r, tok(g.acts, g.stride, t),
-                                               vec, n, acc[0][r][t], acc[1][r][t]);
-}
-
-/* nt known at compile time in each branch: the token loops unroll */
-#define FLOAT_TILE(name, kind)                                                                                 \
-    static void name(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,         \
-                     int64_t y_stride) {                                                                       \
-        if (nt >= 4) float_tile_nt(kind, w, row_bytes, packed, n, 4, y, y_stride);                             \
-        else if (nt == 3) float_tile_nt(kind, w, row_bytes, packed, n, 3, y, y_stride);                        \
-        else float_tile_nt(kind, w, row_bytes, packed, n, 2, y, y_stride);                                     \
-    }
-FLOAT_TILE(f32_tile, KIND_F32)
-FLOAT_TILE(f16_tile, KIND_F16)
-FLOAT_TILE(bf16_tile, KIND_BF16)
+#include "kernels/kernels_cpu_float_tile.h"
 
 /* ---- Q8_0 x Q8_0 ----
  * Every Q8_0 product of this level -- the dot (1 row x 1 token), the
@@ -994,12 +929,7 @@ ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type) {
 
 bool ds4_kernels_avx2_tile(uint32_t type, struct ds4_tile_kernel *k) {
     const bool vnni = ds4_kernels_avxvnni();
-    void (*float_tile)(const void *, size_t, const void *, int64_t, int, float *, int64_t) =
-        FLOAT_TILE_FOR(type, f32_tile, f16_tile, bf16_tile);
-    if (float_tile) {
-        *k = (struct ds4_tile_kernel){FT_ROWS, 2, FT_TOKENS, float_pack, float_tile, 0};
-        return true;
-    }
+    if (float_tile_kernel(type, k)) return true;
     switch (type) {
     case DS4_TYPE_Q8_0:
         *k = vnni ? (struct ds4_tile_kernel){Q8_TILE_ROWS, 2, Q8V_TILE_TOKENS, q8_0_vnni_pack, q8_0_vnni_tile, 0}

@@ -70,86 +70,23 @@ INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t 
 
 FLOAT_KERNELS
 
-/* The float matmul tile: FT_ROWS rows x 2..FT_TOKENS tokens. The per-row
- * kernel reloads every token's activations for every row; from L2 (a few
- * tokens of 4096 f32 already fill L1) that traffic, not arithmetic, bound
- * it. The tile converts each weight vector once for its tokens, loads each
- * activation vector once for FT_SUB_ROWS rows held in registers, and runs
- * its rows over FT_K elements at a time, so a token group's slice of
- * activations stays in L1 while all FT_ROWS rows read it; the partial
- * chains wait in memory between slices. Per (row, token) the float order
- * is float_nt's: chain 0 takes elements [32j, 32j + 16) of every whole 32
- * and then the masked 16-element tail, chain 1 [32j + 16, 32j + 32), each
- * in ascending order; the result is the reduction of chain 0 + chain 1. */
-enum { FT_ROWS = 12, FT_SUB_ROWS = 6, FT_TOKENS = 4, FT_K = 1024 };
-
-/* elements [i0, i1) of one chain (every step-th 16 from i0) for the
- * FT_SUB_ROWS rows at w, on their chain accumulators in memory */
-INLINE void float_tile_span(enum float_kind k, const void *w, size_t row_bytes, struct float_group g, int64_t i0,
-                            int64_t i1, int64_t step, bool prefetch, int nt, __m512 *acc, size_t row_stride) {
-    __m512 sum[FT_SUB_ROWS][FT_TOKENS];
-    UNROLL
-    for (int r = 0; r < FT_SUB_ROWS; r++)
-        UNROLL
-        for (int t = 0; t < nt; t++) sum[r][t] = acc[r * row_stride + t];
-    const size_t line_elems = 64 / float_kind_bytes(k);
-    for (int64_t i = i0; i < i1; i += step) {
-        const __mmask16 m = i1 - i >= 16 ? 0xFFFF : (__mmask16)((1u << (i1 - i)) - 1);
-        __m512 wv[FT_SUB_ROWS];
-        UNROLL
-        for (int r = 0; r < FT_SUB_ROWS; r++) {
-            const uint8_t *row = (const uint8_t *)w + row_bytes * (size_t)r;
-            if (prefetch)
-                for (size_t e = 0; e < 32; e += line_elems)
-                    prefetch_weights(row + (size_t)(i + (int64_t)e) * float_kind_bytes(k));
-            wv[r] = load16(k, row, i, m);
-        }
-        UNROLL
-        for (int t = 0; t < nt; t++) {
-            const __m512 a = _mm512_maskz_loadu_ps(m, (const float *)tok(g.acts, g.stride, t) + i);
-            UNROLL
-            for (int r = 0; r < FT_SUB_ROWS; r++) sum[r][t] = _mm512_fmadd_ps(wv[r], a, sum[r][t]);
-        }
-    }
-    UNROLL
-    for (int r = 0; r < FT_SUB_ROWS; r++)
-        UNROLL
-        for (int t = 0; t < nt; t++) acc[r * row_stride + t] = sum[r][t];
+/* the float tile's primitives (kernels_cpu_float_tile.h): 6 rows x 4
+ * tokens in 24 accumulators, 6 weight vectors and one activation vector;
+ * the last elements are a masked vector, as in float_nt */
+typedef __m512 ft_vec;
+enum { FT_LANES = 16, FT_ROWS = 12, FT_SUB_ROWS = 6 };
+INLINE __mmask16 ft_mask(int64_t i, int64_t end) { return end - i >= 16 ? 0xFFFF : (__mmask16)((1u << (end - i)) - 1); }
+INLINE ft_vec ft_zero(void) { return _mm512_setzero_ps(); }
+INLINE ft_vec ft_weights(enum float_kind k, const void *row, int64_t i, int64_t end) {
+    return load16(k, row, i, ft_mask(i, end));
 }
-
-INLINE void float_tile_nt(enum float_kind k, const void *w, size_t row_bytes, const void *packed, int64_t n, int nt,
-                          float *y, int64_t y_stride) {
-    const struct float_group g = float_group(packed);
-    const int64_t whole = n / 32 * 32;
-    __m512 acc[2][FT_ROWS][FT_TOKENS]; /* [chain][row][token] */
-    for (int c = 0; c < 2; c++)
-        for (int r = 0; r < FT_ROWS; r++)
-            for (int t = 0; t < FT_TOKENS; t++) acc[c][r][t] = _mm512_setzero_ps();
-    for (int64_t k0 = 0; k0 < whole; k0 += FT_K) {
-        const int64_t k1 = k0 + FT_K < whole ? k0 + FT_K : whole;
-        for (int chain = 0; chain < 2; chain++)
-            for (int r = 0; r < FT_ROWS; r += FT_SUB_ROWS)
-                float_tile_span(k, (const uint8_t *)w + row_bytes * (size_t)r, row_bytes, g, k0 + 16 * chain, k1, 32,
-                                chain == 0, nt, &acc[chain][r][0], FT_TOKENS);
-    }
-    for (int r = 0; r < FT_ROWS; r += FT_SUB_ROWS)
-        float_tile_span(k, (const uint8_t *)w + row_bytes * (size_t)r, row_bytes, g, whole, n, 16, false, nt,
-                        &acc[0][r][0], FT_TOKENS);
-    for (int r = 0; r < FT_ROWS; r++)
-        for (int t = 0; t < nt; t++) y[t * y_stride + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][r][t], acc[1][r][t]));
+INLINE ft_vec ft_acts(const float *a, int64_t i, int64_t end) { return _mm512_maskz_loadu_ps(ft_mask(i, end), a + i); }
+INLINE ft_vec ft_fma(ft_vec w, ft_vec a, ft_vec acc) { return _mm512_fmadd_ps(w, a, acc); }
+INLINE int64_t ft_tail_end(int64_t n) { return n; }
+INLINE float ft_result(enum float_kind k, const void *w, const float *a, int64_t n, ft_vec chain0, ft_vec chain1) {
+    return _mm512_reduce_add_ps(_mm512_add_ps(chain0, chain1));
 }
-
-/* nt known at compile time in each branch: the token loops unroll */
-#define FLOAT_TILE(name, kind)                                                                                 \
-    static void name(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,         \
-                     int64_t y_stride) {                                                                       \
-        if (nt >= 4) float_tile_nt(kind, w, row_bytes, packed, n, 4, y, y_stride);                             \
-        else if (nt == 3) float_tile_nt(kind, w, row_bytes, packed, n, 3, y, y_stride);                        \
-        else float_tile_nt(kind, w, row_bytes, packed, n, 2, y, y_stride);                                     \
-    }
-FLOAT_TILE(f32_tile, KIND_F32)
-FLOAT_TILE(f16_tile, KIND_F16)
-FLOAT_TILE(bf16_tile, KIND_BF16)
+#include "kernels/kernels_cpu_float_tile.h"
 
 /* ---- Q8_0 x Q8_0 ---- */
 
@@ -688,12 +625,7 @@ ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) {
     DISPATCH(dotn_, Q2_K_EXTRA)
 }
 bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k) {
-    void (*float_tile)(const void *, size_t, const void *, int64_t, int, float *, int64_t) =
-        FLOAT_TILE_FOR(type, f32_tile, f16_tile, bf16_tile);
-    if (float_tile) {
-        *k = (struct ds4_tile_kernel){FT_ROWS, 2, FT_TOKENS, float_pack, float_tile, 0};
-        return true;
-    }
+    if (float_tile_kernel(type, k)) return true;
     if (iq2_vbmi(type)) {
         *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_vbmi_tile, 0};
         return true;

@@ -112,10 +112,6 @@ INLINE struct float_group float_group(const void *packed) {
 
 INLINE size_t float_kind_bytes(enum float_kind k) { return k == KIND_F32 ? 4 : 2; }
 
-/* the tile for a float type, given its three kind instances */
-#define FLOAT_TILE_FOR(type, f32, f16, bf16) \
-    ((type) == DS4_TYPE_F32 ? (f32) : (type) == DS4_TYPE_F16 ? (f16) : (type) == DS4_TYPE_BF16 ? (bf16) : NULL)
-
 /* The body of each file's ds4_kernels_ISA_dot / _dotn lookup: the kernels
  * every ISA file has, then EXTRA(prefix), case lines for its own. */
 #define DISPATCH(prefix, EXTRA)                                                                     \
