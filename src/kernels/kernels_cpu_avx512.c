@@ -40,6 +40,14 @@ INLINE __m512 load16(enum float_kind k, const void *p, int64_t i, __mmask16 m) {
     }
 }
 
+/* the lanes of the 16 elements from i that lie before end */
+INLINE __mmask16 lanes_before(int64_t i, int64_t end) {
+    return end - i >= 16 ? 0xFFFF : (__mmask16)((1u << (end - i)) - 1);
+}
+
+/* a (row, token)'s result from its two chains */
+INLINE float chains_sum(__m512 chain0, __m512 chain1) { return _mm512_reduce_add_ps(_mm512_add_ps(chain0, chain1)); }
+
 /* two FMA chains per token; masked loads handle the tail */
 INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t stride, int64_t n, int nt,
                      float *out) {
@@ -57,7 +65,7 @@ INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t 
         }
     }
     for (; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __mmask16 m = lanes_before(i, n);
         __m512 w0 = load16(k, w, i, m);
         UNROLL
         for (int t = 0; t < nt; t++)
@@ -65,7 +73,7 @@ INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t 
                                         acc[t][0]);
     }
     UNROLL
-    for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+    for (int t = 0; t < nt; t++) out[t] = chains_sum(acc[t][0], acc[t][1]);
 }
 
 FLOAT_KERNELS
@@ -75,16 +83,15 @@ FLOAT_KERNELS
  * the last elements are a masked vector, as in float_nt */
 typedef __m512 ft_vec;
 enum { FT_LANES = 16, FT_ROWS = 12, FT_SUB_ROWS = 6 };
-INLINE __mmask16 ft_mask(int64_t i, int64_t end) { return end - i >= 16 ? 0xFFFF : (__mmask16)((1u << (end - i)) - 1); }
 INLINE ft_vec ft_zero(void) { return _mm512_setzero_ps(); }
 INLINE ft_vec ft_weights(enum float_kind k, const void *row, int64_t i, int64_t end) {
-    return load16(k, row, i, ft_mask(i, end));
+    return load16(k, row, i, lanes_before(i, end));
 }
-INLINE ft_vec ft_acts(const float *a, int64_t i, int64_t end) { return _mm512_maskz_loadu_ps(ft_mask(i, end), a + i); }
+INLINE ft_vec ft_acts(const float *a, int64_t i, int64_t end) { return _mm512_maskz_loadu_ps(lanes_before(i, end), a + i); }
 INLINE ft_vec ft_fma(ft_vec w, ft_vec a, ft_vec acc) { return _mm512_fmadd_ps(w, a, acc); }
 INLINE int64_t ft_tail_end(int64_t n) { return n; }
 INLINE float ft_result(enum float_kind k, const void *w, const float *a, int64_t n, ft_vec chain0, ft_vec chain1) {
-    return _mm512_reduce_add_ps(_mm512_add_ps(chain0, chain1));
+    return chains_sum(chain0, chain1);
 }
 #include "kernels/kernels_cpu_float_tile.h"
 
