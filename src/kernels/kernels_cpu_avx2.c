@@ -105,62 +105,50 @@ INLINE float ft_result(enum float_kind k, const void *w, const float *a, int64_t
 
 /* ---- Q8_0 x Q8_0 ----
  * Every Q8_0 product of this level -- the dot (1 row x 1 token), the
- * multi-token micro-kernel (1 x nt) and the matmul tile (Q8_TILE_ROWS x
- * Q8_TILE_TOKENS) -- is q8_0_rt, so a (row, token) result is the same bit
- * for bit whichever of them computes it. The float order per (row, token):
- * lane k of block b holds the exact integer sum of products 4k..4k+3
- * (maddubs of |w| by the activation carrying w's sign, then madd by ones),
- * converted to float and added by one FMA with d_w * d_a (exact: two
- * widened f16) into one of two 8-lane chains, block 2i into chain 0 and
- * 2i+1 into chain 1 (an odd last block into chain 0); the result is the
- * sum of the two chains' lanes in hsum_ps's order. The sign trick costs one
- * vpsignb per (row, token), the one step a tile cannot share. Where the CPU
- * has AVX-VNNI, one vpdpbusd (u8 x s8, groups of four summed into i32,
- * without saturation) replaces maddubs + madd: the same exact lane sums
- * (maddubs cannot saturate here: |w| <= 128 and |a| <= 128 keep a pair's
- * sum within i16), so the same float order and the same bits. The tile
- * shares each weight block's load, |w| and scale between its tokens, and
- * each token's quants and widened scale (packed once per token group by
- * q8_0_pack) between its rows. */
-enum { Q8_TILE_ROWS = 2, Q8_TILE_TOKENS = 2, Q8_PACKED_BYTES = 64 };
+ * multi-token micro-kernel (1 x nt) and the matmul tiles -- sums the same
+ * exact integers in the same float order, so a (row, token) result is the
+ * same bit for bit whichever of them computes it. The float order per
+ * (row, token): the blocks go in pairs (2p, 2p + 1), one 8-lane vector
+ * holding the first halves (elements 0..15) of both blocks and another their
+ * second halves, so lanes 0..3 belong to block 2p and lanes 4..7 to 2p + 1.
+ * Lane k of a block holds the exact integer sum of its products 4j..4j+3
+ * and 16+4j..16+4j+3 (j = k mod 4), converted to float and added by one FMA
+ * with d_w * d_a (exact: two widened f16) into one of two 8-lane chains,
+ * pair 2i into chain 0 and 2i + 1 into chain 1; an odd last block is paired
+ * with itself and weighted 0 in lanes 4..7. The result is the sum of the
+ * two chains' lanes in hsum_ps's order. Pairing the blocks halves the float
+ * steps (a conversion, a multiply and an FMA per pair, not per block), which
+ * were most of a tile's work.
+ * The integer sums: maddubs of |w| by the activation carrying w's sign,
+ * then madd by ones, the two halves added; where the CPU has AVX-VNNI, one
+ * vpdpbusd per half (u8 x s8, groups of four summed into i32, without
+ * saturation) replaces maddubs + madd, with the same exact sums (maddubs
+ * cannot saturate here: |w| <= 128 and |a| <= 128 keep a pair's sum within
+ * i16), so the same bits. The sign trick is exact for the activations the
+ * quantizer writes (-127..127; it would turn -128 x a negative weight into
+ * the wrong sign). The tiles share each weight pair's loads and scales
+ * between their tokens, and each token's quants and scales (packed once per
+ * token group) between their rows. */
+enum { Q8_TILE_ROWS = 2, Q8_TILE_TOKENS = 2, Q8_SLOT_BYTES = 96 };
 
-/* activation block b of a token: its quants, and its scale in all 8 lanes */
-INLINE void q8_0_act(const void *packed, const void *act, int64_t b, int t, __m256i *q, __m256 *d) {
-    if (packed) {
-        const uint8_t *p = (const uint8_t *)packed + ((size_t)b * Q8_TILE_TOKENS + (size_t)t) * Q8_PACKED_BYTES;
-        *q = _mm256_load_si256((const __m256i *)p);
-        *d = _mm256_load_ps((const float *)(p + 32));
-    } else {
-        const ds4_block_q8_0 *y = (const ds4_block_q8_0 *)act + b;
-        *q = _mm256_loadu_si256((const __m256i *)y->qs);
-        *d = _mm256_set1_ps(h2f(y->d));
-    }
+/* a block pair of a row or an activation: the halves and the scales */
+struct q8_pair {
+    __m256i lo, hi; /* elements 0..15 of blocks b0 | b1, elements 16..31 of b0 | b1 */
+    __m256 d;       /* d of b0 in lanes 0..3, of b1 in lanes 4..7 (0 where b1 == b0) */
+};
+
+INLINE struct q8_pair q8_0_pair(const ds4_block_q8_0 *x, int64_t b0, int64_t b1) {
+    const __m256i lanes = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    struct q8_pair q;
+    q.lo = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)x[b0].qs)),
+                                   _mm_loadu_si128((const __m128i *)x[b1].qs), 1);
+    q.hi = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(x[b0].qs + 16))),
+                                   _mm_loadu_si128((const __m128i *)(x[b1].qs + 16)), 1);
+    /* both f16 scales widened by one conversion (+0.0 for a lone block) */
+    const uint32_t halves = x[b0].d | (uint32_t)(b1 != b0 ? x[b1].d : 0) << 16;
+    q.d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128((int)halves))), lanes);
+    return q;
 }
-
-/* per block, per token of a tile of `slots` tokens: 32 bytes of quants
- * (xor `offset`: 0, or 0x80 for the +128 form), then the scale 8 times */
-INLINE bool q8_0_pack_slots(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes,
-                            int slots, char offset) {
-    const int64_t nb = n / DS4_QK8_0;
-    if ((size_t)nb * (size_t)slots * Q8_PACKED_BYTES > packed_bytes) return false;
-    const __m256i off = _mm256_set1_epi8(offset);
-    for (int64_t b = 0; b < nb; b++)
-        for (int t = 0; t < nt; t++) {
-            uint8_t *p = (uint8_t *)packed + ((size_t)b * (size_t)slots + (size_t)t) * Q8_PACKED_BYTES;
-            __m256i q;
-            __m256 d;
-            q8_0_act(NULL, tok(acts, stride, t), b, t, &q, &d);
-            _mm256_store_si256((__m256i *)p, _mm256_xor_si256(q, off));
-            _mm256_store_ps((float *)(p + 32), d);
-        }
-    return true;
-}
-
-static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
-    return q8_0_pack_slots(acts, stride, n, nt, packed, packed_bytes, Q8_TILE_TOKENS, 0);
-}
-
-enum { RT_ROWS_MAX = Q8_TILE_ROWS, RT_TOKENS_MAX = NT_MAX };
 
 /* AVX-VNNI's VEX vpdpbusd, an extension inside this level (not the
  * AVX-512 level's EVEX form, which needs AVX512-VNNI and VL) */
@@ -176,47 +164,100 @@ AVXVNNI static inline __m256i dpwssd(__m256i acc, __m256i a, __m256i b) {
     return _mm256_dpwssd_avx_epi32(acc, a, b);
 }
 
-/* lane k: the exact sum of the products 4k..4k+3 of u (unsigned) and s */
-INLINE __m256i isums4(__m256i u, __m256i s, bool vnni) {
-    if (vnni) return dpbusd(_mm256_setzero_si256(), u, s);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+/* lane k: the exact sum of the products 4k..4k+3 of ulo (unsigned) and slo
+ * and of uhi and shi */
+INLINE __m256i isums8(__m256i ulo, __m256i slo, __m256i uhi, __m256i shi, bool vnni) {
+    if (vnni) return dpbusd(dpbusd(_mm256_setzero_si256(), ulo, slo), uhi, shi);
+    const __m256i ones = _mm256_set1_epi16(1);
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(ulo, slo), ones),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(uhi, shi), ones));
 }
 
-/* block b of nr rows x nt tokens into chain `slot` */
-INLINE void q8_0_block(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, const void *packed,
-                       int nt, int64_t b, __m256 acc[RT_ROWS_MAX][RT_TOKENS_MAX][2], int slot, bool vnni) {
-    __m256i qx[RT_ROWS_MAX], ux[RT_ROWS_MAX];
-    __m256 dx[RT_ROWS_MAX];
+/* a (row, token)'s pair into its chain */
+INLINE __m256 q8_0_fold(__m256i isum, __m256 dw, __m256 da, __m256 chain) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), chain);
+}
+
+/* packed activations: per block pair, `slots` slots of 32 bytes of the
+ * first halves, 32 of the second and the 8 scale floats, then, for the
+ * VNNI tile (`vnni`), each lane's -128 x its activations' sum */
+enum { Q8V_SLOT_BYTES = Q8_SLOT_BYTES + 32 };
+
+INLINE bool q8_0_pack_slots(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes,
+                            int slots, bool vnni) {
+    const int64_t nb = n / DS4_QK8_0, pairs = (nb + 1) / 2;
+    const size_t slot_bytes = vnni ? Q8V_SLOT_BYTES : Q8_SLOT_BYTES;
+    if ((size_t)pairs * (size_t)slots * slot_bytes > packed_bytes) return false;
+    for (int64_t p = 0; p < pairs; p++)
+        for (int t = 0; t < nt; t++) {
+            uint8_t *s = (uint8_t *)packed + ((size_t)p * (size_t)slots + (size_t)t) * slot_bytes;
+            const struct q8_pair a = q8_0_pair(tok(acts, stride, t), 2 * p, 2 * p + 1 < nb ? 2 * p + 1 : 2 * p);
+            _mm256_store_si256((__m256i *)s, a.lo);
+            _mm256_store_si256((__m256i *)(s + 32), a.hi);
+            _mm256_store_ps((float *)(s + 64), a.d);
+            if (vnni) {
+                const __m256i u128 = _mm256_set1_epi8((char)0x80);
+                _mm256_store_si256((__m256i *)(s + 96),
+                                   _mm256_sub_epi32(_mm256_setzero_si256(), dpbusd(dpbusd(_mm256_setzero_si256(), u128, a.lo), u128, a.hi)));
+            }
+        }
+    return true;
+}
+
+static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
+    return q8_0_pack_slots(acts, stride, n, nt, packed, packed_bytes, Q8_TILE_TOKENS, false);
+}
+
+enum { RT_ROWS_MAX = Q8_TILE_ROWS, RT_TOKENS_MAX = NT_MAX };
+
+/* pair p (blocks b0, b1) of nr rows x nt tokens into chain `slot`; the
+ * tokens come packed (Q8_TILE_TOKENS slots) or as activation rows */
+INLINE void q8_0_pair_step(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride,
+                           const void *packed, int nt, int64_t p, int64_t b0, int64_t b1,
+                           __m256 acc[RT_ROWS_MAX][RT_TOKENS_MAX][2], int slot, bool vnni) {
+    struct q8_pair x[RT_ROWS_MAX];
+    __m256i ulo[RT_ROWS_MAX], uhi[RT_ROWS_MAX];
     UNROLL
     for (int r = 0; r < nr; r++) {
-        const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b;
-        qx[r] = _mm256_loadu_si256((const __m256i *)x->qs);
-        ux[r] = _mm256_sign_epi8(qx[r], qx[r]);
-        dx[r] = _mm256_set1_ps(h2f(x->d));
+        x[r] = q8_0_pair((const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r), b0, b1);
+        ulo[r] = _mm256_sign_epi8(x[r].lo, x[r].lo);
+        uhi[r] = _mm256_sign_epi8(x[r].hi, x[r].hi);
     }
     UNROLL
     for (int t = 0; t < nt; t++) {
-        __m256i qa;
-        __m256 da;
-        q8_0_act(packed, packed ? NULL : tok(acts, stride, t), b, t, &qa, &da);
+        struct q8_pair a;
+        if (packed) {
+            const uint8_t *s = (const uint8_t *)packed + ((size_t)p * Q8_TILE_TOKENS + (size_t)t) * Q8_SLOT_BYTES;
+            a.lo = _mm256_load_si256((const __m256i *)s);
+            a.hi = _mm256_load_si256((const __m256i *)(s + 32));
+            a.d = _mm256_load_ps((const float *)(s + 64));
+        } else {
+            a = q8_0_pair(tok(acts, stride, t), b0, b1);
+        }
         UNROLL
         for (int r = 0; r < nr; r++) {
-            __m256 s = _mm256_cvtepi32_ps(isums4(ux[r], _mm256_sign_epi8(qa, qx[r]), vnni));
-            acc[r][t][slot] = _mm256_fmadd_ps(s, _mm256_mul_ps(dx[r], da), acc[r][t][slot]);
+            const __m256i isum = isums8(ulo[r], _mm256_sign_epi8(a.lo, x[r].lo), uhi[r],
+                                        _mm256_sign_epi8(a.hi, x[r].hi), vnni);
+            acc[r][t][slot] = q8_0_fold(isum, x[r].d, a.d, acc[r][t][slot]);
         }
     }
 }
 
-/* A tile's prefetches at block b of its nr rows: chain 0 reads the rows
- * from memory, ahead of itself; chain 1 reads them from cache and meanwhile
- * asks for the next tile's rows (into L2), so memory works through both
- * passes. */
-INLINE void q8_0_tile_prefetch(const void *w, size_t row_bytes, int nr, int64_t b, int chain) {
+/* A tile's prefetches at pair p of its nr rows, two per 68 bytes as the
+ * rows are read: chain 0 reads the rows from memory, ahead of itself; chain
+ * 1 reads them from cache and meanwhile asks for the next tile's rows (into
+ * L2), so memory works through both passes. */
+INLINE void q8_0_tile_prefetch(const void *w, size_t row_bytes, int nr, int64_t p, int chain) {
     UNROLL
     for (int r = 0; r < nr; r++) {
-        const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b;
-        if (!chain) prefetch_weights(x);
-        else _mm_prefetch((const char *)(x - 1) + row_bytes * (size_t)nr, _MM_HINT_T1);
+        const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + 2 * p;
+        if (!chain) {
+            prefetch_weights(x);
+            prefetch_weights(x + 2);
+        } else {
+            _mm_prefetch((const char *)(x - 2) + row_bytes * (size_t)nr, _MM_HINT_T1);
+            _mm_prefetch((const char *)x + row_bytes * (size_t)nr, _MM_HINT_T1);
+        }
     }
 }
 
@@ -224,33 +265,39 @@ INLINE void q8_0_tile_prefetch(const void *w, size_t row_bytes, int nr, int64_t 
  * come packed (nt <= Q8_TILE_TOKENS) or as activation rows */
 INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, const void *packed,
                     int nt, int64_t n, float *y, int64_t y_stride, bool vnni) {
-    const int64_t nb = n / DS4_QK8_0;
+    const int64_t nb = n / DS4_QK8_0, full = nb / 2;
     __m256 acc[RT_ROWS_MAX][RT_TOKENS_MAX][2];
     UNROLL
     for (int r = 0; r < nr; r++)
         UNROLL
         for (int t = 0; t < nt; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+#define STEP(p, b0, b1, chain) q8_0_pair_step(w, row_bytes, nr, acts, stride, packed, nt, p, b0, b1, acc, chain, vnni)
     if (nr > 1) {
-        /* the tile: chain 0 is the even blocks in order (an odd last block
-         * is even), chain 1 the odd ones, so it runs them as two passes over
-         * its rows (the second from cache), with half the accumulators live:
-         * both at once spilled two of them to the stack in every block */
+        /* the tile runs its chains as two passes over its rows (the second
+         * from cache), with half the accumulators live: both at once
+         * spilled some of them to the stack in every step */
         UNROLL
         for (int chain = 0; chain < 2; chain++) {
-            for (int64_t b = chain; b < nb; b += 2) {
-                q8_0_tile_prefetch(w, row_bytes, nr, b, chain);
-                q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b, acc, chain, vnni);
+            for (int64_t p = chain; p < full; p += 2) {
+                q8_0_tile_prefetch(w, row_bytes, nr, p, chain);
+                STEP(p, 2 * p, 2 * p + 1, chain);
             }
         }
     } else {
-        int64_t b = 0;
-        for (; b + 2 <= nb; b += 2) {
-            prefetch_weights((const ds4_block_q8_0 *)w + b);
-            q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b, acc, 0, vnni);
-            q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b + 1, acc, 1, vnni);
+        int64_t p = 0;
+        for (; p + 2 <= full; p += 2) {
+            prefetch_weights((const ds4_block_q8_0 *)w + 2 * p);
+            prefetch_weights((const ds4_block_q8_0 *)w + 2 * p + 2);
+            STEP(p, 2 * p, 2 * p + 1, 0);
+            STEP(p + 1, 2 * p + 2, 2 * p + 3, 1);
         }
-        if (b < nb) q8_0_block(w, row_bytes, nr, acts, stride, packed, nt, b, acc, 0, vnni);
+        if (p < full) STEP(p, 2 * p, 2 * p + 1, 0);
     }
+    if (nb & 1) {
+        if (full & 1) STEP(full, nb - 1, nb - 1, 1);
+        else STEP(full, nb - 1, nb - 1, 0);
+    }
+#undef STEP
     UNROLL
     for (int r = 0; r < nr; r++)
         UNROLL
@@ -272,46 +319,45 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
     q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, Q8_TILE_TOKENS, n, y, y_stride, false);
 }
 
-/* The AVX-VNNI tile: Q8_TILE_ROWS rows x 2..Q8V_TILE_TOKENS tokens.
- * vpdpbusd multiplies unsigned by signed bytes, so its packed activations
- * are stored + 128 (a ^ 0x80, exact for every byte) and each (row, block)
- * starts its lane sums at -128 x the sum of its four weights: lane k gets
- * sum (a_i + 128) w_i - 128 sum w_i = sum a_i w_i, the exact integers
- * q8_0_block sums, so the same floats in the same order and the same bits
- * as every other Q8_0 product of the level, for the activations the
- * quantizer writes (-127..127: the sign trick would turn -128 x a negative
- * weight into the wrong sign, this form would not). Neither sign step remains: a
- * (row, token) costs one vpdpbusd, a conversion, a multiply and an FMA,
- * and the registers the signed weights held take a third token. */
-enum { Q8V_TILE_TOKENS = 3 };
+/* The AVX-VNNI tile: Q8_TILE_ROWS rows x 2..Q8V_TILE_TOKENS tokens, with
+ * the weights made unsigned instead of the activations: vpdpbusd takes
+ * w + 128 (w ^ 0x80, exact for every byte) and the signed activations, and
+ * each (token, pair) starts its lane sums at -128 x the sum of its
+ * activations, packed once per token group: lane k gets
+ * sum (w_i + 128) a_i - 128 sum a_i = sum w_i a_i, the exact integers of
+ * q8_0_pair_step, so the same floats in the same order and the same bits
+ * as every other Q8_0 product of the level. Neither sign step remains, and
+ * the activations are vpdpbusd's memory operands: a (row, token) costs a
+ * load of its start, two vpdpbusd, a conversion, a multiply and an FMA per
+ * pair of blocks, and the registers left take a fourth token. */
+enum { Q8V_TILE_TOKENS = 4 };
 
-static bool q8_0_vnni_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
-    return q8_0_pack_slots(acts, stride, n, nt, packed, packed_bytes, Q8V_TILE_TOKENS, (char)0x80);
+AVXVNNI static bool q8_0_vnni_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed,
+                                   size_t packed_bytes) {
+    return q8_0_pack_slots(acts, stride, n, nt, packed, packed_bytes, Q8V_TILE_TOKENS, true);
 }
 
-/* block b of the tile's rows x nt tokens into chain `slot` */
-AVXVNNI INLINE void q8_0_vnni_block(const void *w, size_t row_bytes, const void *packed, int nt, int64_t b,
-                                    __m256 acc[Q8_TILE_ROWS][Q8V_TILE_TOKENS][2], int slot) {
-    __m256i qx[Q8_TILE_ROWS], start[Q8_TILE_ROWS];
-    __m256 dx[Q8_TILE_ROWS];
+/* pair p (blocks b0, b1) of the tile's rows x nt tokens into chain `slot` */
+AVXVNNI INLINE void q8_0_vnni_step(const void *w, size_t row_bytes, const void *packed, int nt, int64_t p,
+                                   int64_t b0, int64_t b1, __m256 acc[Q8_TILE_ROWS][Q8V_TILE_TOKENS][2], int slot) {
+    const __m256i u128 = _mm256_set1_epi8((char)0x80);
+    struct q8_pair x[Q8_TILE_ROWS];
     UNROLL
     for (int r = 0; r < Q8_TILE_ROWS; r++) {
-        const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b;
-        qx[r] = _mm256_loadu_si256((const __m256i *)x->qs);
-        start[r] = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                    dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), qx[r]));
-        dx[r] = _mm256_set1_ps(h2f(x->d));
+        x[r] = q8_0_pair((const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r), b0, b1);
+        x[r].lo = _mm256_xor_si256(x[r].lo, u128);
+        x[r].hi = _mm256_xor_si256(x[r].hi, u128);
     }
     UNROLL
     for (int t = 0; t < Q8V_TILE_TOKENS; t++) {
         if (t >= nt) break;
-        const uint8_t *p = (const uint8_t *)packed + ((size_t)b * Q8V_TILE_TOKENS + (size_t)t) * Q8_PACKED_BYTES;
-        const __m256i qa = _mm256_load_si256((const __m256i *)p);
-        const __m256 da = _mm256_load_ps((const float *)(p + 32));
+        const uint8_t *s = (const uint8_t *)packed + ((size_t)p * Q8V_TILE_TOKENS + (size_t)t) * Q8V_SLOT_BYTES;
+        const __m256i a_lo = _mm256_load_si256((const __m256i *)s), a_hi = _mm256_load_si256((const __m256i *)(s + 32));
+        const __m256 da = _mm256_load_ps((const float *)(s + 64));
         UNROLL
         for (int r = 0; r < Q8_TILE_ROWS; r++) {
-            __m256 s = _mm256_cvtepi32_ps(dpbusd(start[r], qa, qx[r]));
-            acc[r][t][slot] = _mm256_fmadd_ps(s, _mm256_mul_ps(dx[r], da), acc[r][t][slot]);
+            const __m256i start = _mm256_load_si256((const __m256i *)(s + 96));
+            acc[r][t][slot] = q8_0_fold(dpbusd(dpbusd(start, x[r].lo, a_lo), x[r].hi, a_hi), x[r].d, da, acc[r][t][slot]);
         }
     }
 }
@@ -319,7 +365,7 @@ AVXVNNI INLINE void q8_0_vnni_block(const void *w, size_t row_bytes, const void 
 /* the chains and the prefetches of q8_0_rt's tile */
 AVXVNNI INLINE void q8_0_vnni_rt(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
                                  int64_t y_stride) {
-    const int64_t nb = n / DS4_QK8_0;
+    const int64_t nb = n / DS4_QK8_0, full = nb / 2;
     __m256 acc[Q8_TILE_ROWS][Q8V_TILE_TOKENS][2];
     UNROLL
     for (int r = 0; r < Q8_TILE_ROWS; r++)
@@ -327,10 +373,14 @@ AVXVNNI INLINE void q8_0_vnni_rt(const void *w, size_t row_bytes, const void *pa
         for (int t = 0; t < Q8V_TILE_TOKENS; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
     UNROLL
     for (int chain = 0; chain < 2; chain++) {
-        for (int64_t b = chain; b < nb; b += 2) {
-            q8_0_tile_prefetch(w, row_bytes, Q8_TILE_ROWS, b, chain);
-            q8_0_vnni_block(w, row_bytes, packed, nt, b, acc, chain);
+        for (int64_t p = chain; p < full; p += 2) {
+            q8_0_tile_prefetch(w, row_bytes, Q8_TILE_ROWS, p, chain);
+            q8_0_vnni_step(w, row_bytes, packed, nt, p, 2 * p, 2 * p + 1, acc, chain);
         }
+    }
+    if (nb & 1) {
+        if (full & 1) q8_0_vnni_step(w, row_bytes, packed, nt, full, nb - 1, nb - 1, acc, 1);
+        else q8_0_vnni_step(w, row_bytes, packed, nt, full, nb - 1, nb - 1, acc, 0);
     }
     UNROLL
     for (int r = 0; r < Q8_TILE_ROWS; r++)
@@ -342,8 +392,11 @@ AVXVNNI INLINE void q8_0_vnni_rt(const void *w, size_t row_bytes, const void *pa
 /* nt known at compile time in each branch: the token loop unrolls */
 AVXVNNI static void q8_0_vnni_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
                                    int64_t y_stride) {
-    if (nt == Q8V_TILE_TOKENS) q8_0_vnni_rt(w, row_bytes, packed, n, Q8V_TILE_TOKENS, y, y_stride);
-    else q8_0_vnni_rt(w, row_bytes, packed, n, 2, y, y_stride);
+    switch (nt) {
+    case 4: q8_0_vnni_rt(w, row_bytes, packed, n, 4, y, y_stride); break;
+    case 3: q8_0_vnni_rt(w, row_bytes, packed, n, 3, y, y_stride); break;
+    default: q8_0_vnni_rt(w, row_bytes, packed, n, 2, y, y_stride); break;
+    }
 }
 
 /* ---- K-quants x Q8_K ---- */

@@ -95,114 +95,150 @@ INLINE float ft_result(enum float_kind k, const void *w, const float *a, int64_t
 }
 #include "kernels/kernels_cpu_float_tile.h"
 
-/* ---- Q8_0 x Q8_0 ---- */
-
-INLINE __m512i pair256(const void *lo, const void *hi) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(lo)), _mm256_loadu_si256(hi), 1);
-}
-
-/* Every Q8_0 product here -- the dot (1 row x 1 token), the multi-token
+/* ---- Q8_0 x Q8_0 ----
+ * Every Q8_0 product here -- the dot (1 row x 1 token), the multi-token
  * micro-kernel (1 x nt) and the matmul tile (Q8_TILE_ROWS x
  * Q8_TILE_TOKENS) -- is q8_0_rt, so a (row, token) result is the same bit
- * for bit whichever of them computes it.
- * - Two blocks per register; an odd last block is paired with itself and
- *   weighted 0 in the high half.
- * - vpdpbusd wants one operand unsigned: the activation is made so by
- *   a + 128 (xor 0x80), and 128 * sum(w), which depends on the row alone,
- *   is subtracted back through the accumulator operand. Per (row, token)
- *   one vpdpbusd remains; the sum is exact (no saturation, |sum| < 2^18).
- * - The block scales d_w * d_a are one vector multiply per (row, token)
- *   from per-row and per-token vectors, then one FMA into the lane chains.
- * The tile reads its tokens' unsigned pairs and scale vectors from a
- * buffer packed once per token group (q8_0_pack), the others compute them
- * in place; both come from q8_0_act_pair, so the values are the same. */
-/* [d of block b x 8 | d of block b1 x 8] as floats, 0 in the high half for
- * an odd last block: the two f16 scales are half-words 0 and 17 of the 68
- * bytes from block b, fetched by one masked load (which reads nothing past
- * an odd last block and leaves its half 0) and spread by one permute */
-INLINE __m512 pair_scales(const ds4_block_q8_0 *x, int64_t b, int64_t b1) {
-    _Static_assert(sizeof(ds4_block_q8_0) == 34, "Q8_0 blocks are 34 bytes: d at 0 and 34");
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0x110011, 0x110011, 0x110011, 0x110011, 0, 0, 0, 0, 0, 0, 0, 0);
-    __m512i halves = _mm512_maskz_loadu_epi16(b1 != b ? 1u | 1u << 17 : 1u, &x[b]);
-    return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(spread, halves)));
+ * for bit whichever of them computes it. The float order per (row, token):
+ * - The blocks go in quads (4q .. 4q + 3): one 16-lane vector holds the
+ *   first halves (elements 0..15) of the four blocks, another their second
+ *   halves, so lanes 4i..4i+3 belong to block 4q + i. Lane 4i + j holds the
+ *   exact integer sum of that block's products 4j..4j+3 and 16+4j..16+4j+3,
+ *   converted to float and added by one FMA with d_w * d_a (exact: two
+ *   widened f16) into one 16-lane accumulator, quad after quad. The blocks
+ *   a last quad lacks are weighted 0 (their lanes repeat its last block).
+ *   The result is _mm512_reduce_add_ps of the accumulator.
+ * - vpdpbusd wants one operand unsigned: the weights are made so by w + 128
+ *   (xor 0x80), and 128 x the sum of the activations, which depends on the
+ *   token alone, is subtracted back through the accumulator operand. The
+ *   sums are exact for every byte (no saturation, |sum| < 2^19).
+ * Per (row, token) and quad: two vpdpbusd, a conversion, a multiply and an
+ * FMA; with two blocks per vector the float steps were twice as many.
+ * The tile reads its tokens' quads, scales and starts from a buffer packed
+ * once per token group (q8_0_pack), the others compute them in place; both
+ * come from q8_0_quad and q8_0_start, so the values are the same. */
+
+/* a quad of a row or an activation */
+struct q8_quad {
+    __m512i lo, hi; /* elements 0..15 of its four blocks, elements 16..31 */
+    __m512 d;       /* the block scales, each in its four lanes (0 where a block is missing) */
+};
+
+INLINE __m512i quad_halves(const ds4_block_q8_0 *q, int i1, int i2, int i3, int offset) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(q[0].qs + offset)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q[i1].qs + offset)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q[i2].qs + offset)), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q[i3].qs + offset)), 3);
 }
 
-INLINE void q8_0_act_pair(const ds4_block_q8_0 *a, int64_t b, int64_t b1, __m512i *au, __m512 *da) {
-    *au = _mm512_xor_si512(pair256(a[b].qs, a[b1].qs), _mm512_set1_epi8((char)0x80));
-    *da = pair_scales(a, b, b1);
+/* the quad of m (1..4) blocks at q. The four f16 scales are half-words 0,
+ * 17, 34 and 51 of its bytes: two loads (masked to the blocks that exist,
+ * so a missing block's scale reads as 0), one permute spreads them */
+INLINE struct q8_quad q8_0_quad(const ds4_block_q8_0 *q, int m) {
+    _Static_assert(sizeof(ds4_block_q8_0) == 34, "Q8_0 blocks are 34 bytes: d at half-words 0, 17, 34, 51");
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0x110011, 0x110011, 0x220022, 0x220022, 0x330033, 0x330033,
+                                             0, 0, 0, 0, 0, 0, 0, 0);
+    const int i1 = m > 1 ? 1 : 0, i2 = m > 2 ? 2 : i1, i3 = m > 3 ? 3 : i2, words = 17 * m;
+    struct q8_quad v;
+    v.lo = quad_halves(q, i1, i2, i3, 0);
+    v.hi = quad_halves(q, i1, i2, i3, 16);
+    const __mmask32 first = words >= 32 ? ~0u : (1u << words) - 1,
+                    second = words - 32 >= 32 ? ~0u : words > 32 ? (1u << (words - 32)) - 1 : 0;
+    const __m512i a = _mm512_maskz_loadu_epi16(first, q), b = _mm512_maskz_loadu_epi16(second, (const uint8_t *)q + 64);
+    v.d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(a, spread, b)));
+    return v;
 }
 
-/* packed tile activations: per block pair, Q8_TILE_TOKENS slots of 64
- * bytes of a + 128 then the 16 scale floats; a group of fewer tokens fills
+/* -128 x the sum of a quad's four activations per lane */
+INLINE __m512i q8_0_start(const struct q8_quad *a) {
+    const __m512i u128 = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    return _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, u128, a->lo), u128, a->hi));
+}
+
+/* packed tile activations: per quad, Q8_TILE_TOKENS slots of the two
+ * halves, the 16 scale floats and the start; a group of fewer tokens fills
  * the first slots */
-enum { PACKED_PAIR_BYTES = 128, Q8_TILE_ROWS = 4, Q8_TILE_TOKENS = 4 };
+enum { Q8_SLOT_BYTES = 256, Q8_TILE_ROWS = 4, Q8_TILE_TOKENS = 4 };
 
 static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *packed, size_t packed_bytes) {
-    int64_t nb = n / DS4_QK8_0;
-    if ((size_t)((nb + 1) / 2) * Q8_TILE_TOKENS * PACKED_PAIR_BYTES > packed_bytes) return false;
-    for (int64_t b = 0; b < nb; b += 2) {
-        int64_t b1 = b + 1 < nb ? b + 1 : b;
+    const int64_t nb = n / DS4_QK8_0;
+    if ((size_t)((nb + 3) / 4) * Q8_TILE_TOKENS * Q8_SLOT_BYTES > packed_bytes) return false;
+    for (int64_t b = 0; b < nb; b += 4)
         for (int t = 0; t < nt; t++) {
-            uint8_t *p = (uint8_t *)packed + ((size_t)(b / 2) * Q8_TILE_TOKENS + (size_t)t) * PACKED_PAIR_BYTES;
-            __m512i au;
-            __m512 da;
-            q8_0_act_pair(tok(acts, stride, t), b, b1, &au, &da);
-            _mm512_store_si512(p, au);
-            _mm512_store_ps(p + 64, da);
+            uint8_t *s = (uint8_t *)packed + ((size_t)(b / 4) * Q8_TILE_TOKENS + (size_t)t) * Q8_SLOT_BYTES;
+            const struct q8_quad a = q8_0_quad((const ds4_block_q8_0 *)tok(acts, stride, t) + b, nb - b < 4 ? (int)(nb - b) : 4);
+            _mm512_store_si512(s, a.lo);
+            _mm512_store_si512(s + 64, a.hi);
+            _mm512_store_ps(s + 128, a.d);
+            _mm512_store_si512(s + 192, q8_0_start(&a));
         }
-    }
     return true;
 }
 
 enum { TILE_ROWS_MAX = Q8_TILE_ROWS, TILE_TOKENS_MAX = Q8_TILE_TOKENS > NT_MAX ? Q8_TILE_TOKENS : NT_MAX };
 
+/* the quad at block b (m blocks) of nr rows x nt tokens into the
+ * accumulators; the tokens come packed or as activation rows */
+INLINE void q8_0_quad_step(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride,
+                           const uint8_t *packed, int nt, int64_t b, int m,
+                           __m512 acc[TILE_ROWS_MAX][TILE_TOKENS_MAX]) {
+    const __m512i u128 = _mm512_set1_epi8((char)0x80);
+    __m512i wlo[TILE_ROWS_MAX], whi[TILE_ROWS_MAX];
+    __m512 dw[TILE_ROWS_MAX];
+    UNROLL
+    for (int r = 0; r < nr; r++) {
+        const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b;
+        /* a tile also asks for the same bytes of the next tile's rows
+         * (into L2): its rows are streams the line prefetch of the
+         * row itself starts late, at every tile (3, 4 and 8 tokens,
+         * 32768 x 4096 at one thread, AMD EPYC: 8.4 -> 5.9, 8.5 -> 5.7,
+         * 12.2 -> 10.5 ms) */
+        if (nr > 1) {
+            _mm_prefetch((const char *)x + row_bytes * (size_t)nr, _MM_HINT_T1);
+            _mm_prefetch((const char *)(x + 2) + row_bytes * (size_t)nr, _MM_HINT_T1);
+        }
+        prefetch_weights(x);
+        prefetch_weights(x + 2);
+        const struct q8_quad v = q8_0_quad(x, m);
+        wlo[r] = _mm512_xor_si512(v.lo, u128);
+        whi[r] = _mm512_xor_si512(v.hi, u128);
+        dw[r] = v.d;
+    }
+    UNROLL
+    for (int t = 0; t < nt; t++) {
+        struct q8_quad a;
+        __m512i start;
+        if (packed) {
+            const uint8_t *s = packed + ((size_t)(b / 4) * Q8_TILE_TOKENS + (size_t)t) * Q8_SLOT_BYTES;
+            a.lo = _mm512_load_si512(s);
+            a.hi = _mm512_load_si512(s + 64);
+            a.d = _mm512_load_ps(s + 128);
+            start = _mm512_load_si512(s + 192);
+        } else {
+            a = q8_0_quad((const ds4_block_q8_0 *)tok(acts, stride, t) + b, m);
+            start = q8_0_start(&a);
+        }
+        UNROLL
+        for (int r = 0; r < nr; r++) {
+            const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, wlo[r], a.lo), whi[r], a.hi);
+            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[r], a.d), acc[r][t]);
+        }
+    }
+}
+
 /* y[t * y_stride + r] for nr rows (row_bytes apart) x nt tokens; the tokens
- * come packed (nt == Q8_TILE_TOKENS) or as activation rows */
+ * come packed (nt <= Q8_TILE_TOKENS) or as activation rows */
 INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, const uint8_t *packed,
                     int nt, int64_t n, float *y, int64_t y_stride) {
-    const __m512i bias = _mm512_set1_epi8((char)0x80);
-    int64_t nb = n / DS4_QK8_0;
+    const int64_t nb = n / DS4_QK8_0;
     __m512 acc[TILE_ROWS_MAX][TILE_TOKENS_MAX];
     UNROLL
     for (int r = 0; r < nr; r++)
         UNROLL
         for (int t = 0; t < nt; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b += 2) {
-        int64_t b1 = b + 1 < nb ? b + 1 : b;
-        __m512i wq[TILE_ROWS_MAX], base[TILE_ROWS_MAX];
-        __m512 dw[TILE_ROWS_MAX];
-        UNROLL
-        for (int r = 0; r < nr; r++) {
-            const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r);
-            /* a tile also asks for the same bytes of the next tile's rows
-             * (into L2): its rows are streams the line prefetch of the
-             * row itself starts late, at every tile (3, 4 and 8 tokens,
-             * 32768 x 4096 at one thread, AMD EPYC: 8.4 -> 5.9, 8.5 -> 5.7,
-             * 12.2 -> 10.5 ms) */
-            if (nr > 1) _mm_prefetch((const char *)(x + b) + row_bytes * (size_t)nr, _MM_HINT_T1);
-            prefetch_weights(x + b);
-            wq[r] = pair256(x[b].qs, x[b1].qs);
-            base[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq[r]));
-            dw[r] = pair_scales(x, b, b1);
-        }
-        UNROLL
-        for (int t = 0; t < nt; t++) {
-            __m512i au;
-            __m512 da;
-            if (packed) {
-                const uint8_t *p = packed + ((size_t)(b / 2) * Q8_TILE_TOKENS + (size_t)t) * PACKED_PAIR_BYTES;
-                au = _mm512_load_si512(p);
-                da = _mm512_load_ps(p + 64);
-            } else {
-                q8_0_act_pair(tok(acts, stride, t), b, b1, &au, &da);
-            }
-            UNROLL
-            for (int r = 0; r < nr; r++) {
-                __m512i s = _mm512_dpbusd_epi32(base[r], au, wq[r]);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[r], da), acc[r][t]);
-            }
-        }
-    }
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) q8_0_quad_step(w, row_bytes, nr, acts, stride, packed, nt, b, 4, acc);
+    if (b < nb) q8_0_quad_step(w, row_bytes, nr, acts, stride, packed, nt, b, (int)(nb - b), acc);
     UNROLL
     for (int r = 0; r < nr; r++)
         UNROLL

@@ -36,6 +36,7 @@ cat > "$d/shim/immintrin.h" <<'EOF'
 #include <stdint.h>
 #include <string.h>
 typedef simde__mmask16 __mmask16;
+typedef simde__mmask32 __mmask32;
 typedef simde__mmask64 __mmask64;
 static inline float _cvtsh_ss(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
 static inline __m512 _mm512_cvtph_ps(__m256i v) {

@@ -320,33 +320,41 @@ static void test_matmul_shapes(enum ds4_simd_level lvl) {
     ds4_kernels_set_level(lvl);
     const int64_t rows_list[] = {1, 3, 4, 5, 9, 38};
     enum { T_MAX = 40, ROWS_MAX = 38 };
+    /* Q8_0 blocks go in pairs (AVX2) and quads (AVX-512): every count of
+     * blocks left over in the last one */
+    const int64_t q8_0_blocks[] = {1, 2, 3, 5, 6, 8};
     for (size_t ti = 0; ti < N_TYPES; ti++) {
-        uint32_t type = types[ti];
-        int64_t n = ds4_type_block_elems(type) == 1 ? 72 : 3 * (int64_t)ds4_type_block_elems(type);
-        if (type == DS4_TYPE_Q8_0) n = 5 * 32; /* an odd number of blocks: the last pair is half empty */
-        mm_case c = mm_case_new(type, n, ROWS_MAX, T_MAX);
-        for (int threads = 1; threads <= 2; threads++) {
-            ds4_pool *pool = threads == 1 ? NULL : ds4_pool_new(threads);
-            for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++)
-                for (int64_t T = 1; T <= T_MAX; T++) {
-                    int bad = matmul_mismatches(pool, type, c.W, rows_list[ri], n, c.acts, T, c.y);
-                    CHECK(bad == 0, "%s matmul %s rows=%lld T=%lld threads=%d: %d outputs differ from the dot",
-                          ds4_simd_level_name(lvl), ds4_type_name(type), (long long)rows_list[ri], (long long)T,
-                          threads, bad);
-                }
-            /* a batch that starts elsewhere in the same tokens gives the same rows */
-            int bad = matmul_mismatches(pool, type, c.W, ROWS_MAX, n, c.acts + 3 * c.ab, T_MAX - 3, c.y);
-            CHECK(bad == 0, "%s matmul %s offset batch: %d outputs differ", ds4_simd_level_name(lvl),
-                  ds4_type_name(type), bad);
-            ds4_pool_free(pool);
+        const uint32_t type = types[ti];
+        const bool q8_0 = type == DS4_TYPE_Q8_0;
+        for (size_t qi = 0; qi < (q8_0 ? sizeof q8_0_blocks / sizeof q8_0_blocks[0] : 1); qi++) {
+            const int64_t n = q8_0 ? q8_0_blocks[qi] * 32
+                              : ds4_type_block_elems(type) == 1 ? 72
+                                                                 : 3 * (int64_t)ds4_type_block_elems(type);
+            mm_case c = mm_case_new(type, n, ROWS_MAX, T_MAX);
+            for (int threads = 1; threads <= 2; threads++) {
+                ds4_pool *pool = threads == 1 ? NULL : ds4_pool_new(threads);
+                for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++)
+                    for (int64_t T = 1; T <= T_MAX; T++) {
+                        int bad = matmul_mismatches(pool, type, c.W, rows_list[ri], n, c.acts, T, c.y);
+                        CHECK(bad == 0, "%s matmul %s rows=%lld T=%lld threads=%d: %d outputs differ from the dot",
+                              ds4_simd_level_name(lvl), ds4_type_name(type), (long long)rows_list[ri], (long long)T,
+                              threads, bad);
+                    }
+                /* a batch that starts elsewhere in the same tokens gives the same rows */
+                int bad = matmul_mismatches(pool, type, c.W, ROWS_MAX, n, c.acts + 3 * c.ab, T_MAX - 3, c.y);
+                CHECK(bad == 0, "%s matmul %s offset batch: %d outputs differ", ds4_simd_level_name(lvl),
+                      ds4_type_name(type), bad);
+                ds4_pool_free(pool);
+            }
+            mm_case_free(&c);
         }
-        mm_case_free(&c);
     }
 }
 
 /* rows around the longest a token group can be packed for in the 128 KiB
- * buffer, then one block more: Q8_0 16384 elements (AVX-512: groups of 4
- * tokens) and 32768 (AVX2: 2 tokens x 64 bytes a block), IQ2_XXS 7936 (31
+ * buffer, then one block more: Q8_0 16384 elements (AVX-512 and the AVX2
+ * VNNI tile: groups of 4 tokens x 8 bytes an element) and 43648 (the plain
+ * AVX2 tile: 2 tokens x 96 bytes a block pair), IQ2_XXS 7936 (31
  * super-blocks x a group of 16 tokens; at 8192 a group of 16 no longer
  * fits), and 7168 for the AVX2 IQ2_XXS and Q2_K tiles and the AVX-512 Q2_K
  * tile (28 super-blocks x 16 tokens x 292 bytes; one more and the group
@@ -358,7 +366,7 @@ static void test_matmul_long_rows(enum ds4_simd_level lvl) {
     ds4_kernels_set_level(lvl);
     static const struct { uint32_t type; int64_t n, T; } cases[] = {
         {DS4_TYPE_Q8_0, 16384, 9}, {DS4_TYPE_Q8_0, 16384 + 32, 9},
-        {DS4_TYPE_Q8_0, 32768, 5}, {DS4_TYPE_Q8_0, 32768 + 32, 5},
+        {DS4_TYPE_Q8_0, 43648, 5}, {DS4_TYPE_Q8_0, 43648 + 32, 5},
         {DS4_TYPE_IQ2_XXS, 7936, 20}, {DS4_TYPE_IQ2_XXS, 8192, 20},
         {DS4_TYPE_IQ2_XXS, 7168, 20}, {DS4_TYPE_IQ2_XXS, 7168 + 256, 20},
         {DS4_TYPE_Q2_K, 7168, 20}, {DS4_TYPE_Q2_K, 7168 + 256, 20},
