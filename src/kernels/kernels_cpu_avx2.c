@@ -111,8 +111,8 @@ INLINE float ft_result(enum float_kind k, const void *w, const float *a, int64_t
  * (row, token): the blocks go in pairs (2p, 2p + 1), one 8-lane vector
  * holding the first halves (elements 0..15) of both blocks and another their
  * second halves, so lanes 0..3 belong to block 2p and lanes 4..7 to 2p + 1.
- * Lane k of a block holds the exact integer sum of its products 4j..4j+3
- * and 16+4j..16+4j+3 (j = k mod 4), converted to float and added by one FMA
+ * Lane 4i + j holds the exact integer sum of that block's products 4j..4j+3
+ * and 16+4j..16+4j+3, converted to float and added by one FMA
  * with d_w * d_a (exact: two widened f16) into one of two 8-lane chains,
  * pair 2i into chain 0 and 2i + 1 into chain 1; an odd last block is paired
  * with itself and weighted 0 in lanes 4..7. The result is the sum of the
@@ -178,6 +178,12 @@ INLINE __m256 q8_0_fold(__m256i isum, __m256 dw, __m256 da, __m256 chain) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da), chain);
 }
 
+/* -128 x the sum of a pair's activations per lane, the VNNI tile's start */
+INLINE __m256i q8_0_start(const struct q8_pair *a) {
+    const __m256i u128 = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
+    return _mm256_sub_epi32(zero, dpbusd(dpbusd(zero, u128, a->lo), u128, a->hi));
+}
+
 /* packed activations: per block pair, `slots` slots of 32 bytes of the
  * first halves, 32 of the second and the 8 scale floats, then, for the
  * VNNI tile (`vnni`), each lane's -128 x its activations' sum */
@@ -195,11 +201,7 @@ INLINE bool q8_0_pack_slots(const void *acts, size_t stride, int64_t n, int nt, 
             _mm256_store_si256((__m256i *)s, a.lo);
             _mm256_store_si256((__m256i *)(s + 32), a.hi);
             _mm256_store_ps((float *)(s + 64), a.d);
-            if (vnni) {
-                const __m256i u128 = _mm256_set1_epi8((char)0x80);
-                _mm256_store_si256((__m256i *)(s + 96),
-                                   _mm256_sub_epi32(_mm256_setzero_si256(), dpbusd(dpbusd(_mm256_setzero_si256(), u128, a.lo), u128, a.hi)));
-            }
+            if (vnni) _mm256_store_si256((__m256i *)(s + 96), q8_0_start(&a));
         }
     return true;
 }
@@ -357,7 +359,8 @@ AVXVNNI INLINE void q8_0_vnni_step(const void *w, size_t row_bytes, const void *
         UNROLL
         for (int r = 0; r < Q8_TILE_ROWS; r++) {
             const __m256i start = _mm256_load_si256((const __m256i *)(s + 96));
-            acc[r][t][slot] = q8_0_fold(dpbusd(dpbusd(start, x[r].lo, a_lo), x[r].hi, a_hi), x[r].d, da, acc[r][t][slot]);
+            const __m256i isum = dpbusd(dpbusd(start, x[r].lo, a_lo), x[r].hi, a_hi);
+            acc[r][t][slot] = q8_0_fold(isum, x[r].d, da, acc[r][t][slot]);
         }
     }
 }

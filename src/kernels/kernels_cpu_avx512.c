@@ -166,7 +166,8 @@ static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *
     for (int64_t b = 0; b < nb; b += 4)
         for (int t = 0; t < nt; t++) {
             uint8_t *s = (uint8_t *)packed + ((size_t)(b / 4) * Q8_TILE_TOKENS + (size_t)t) * Q8_SLOT_BYTES;
-            const struct q8_quad a = q8_0_quad((const ds4_block_q8_0 *)tok(acts, stride, t) + b, nb - b < 4 ? (int)(nb - b) : 4);
+            const ds4_block_q8_0 *y = (const ds4_block_q8_0 *)tok(acts, stride, t) + b;
+            const struct q8_quad a = q8_0_quad(y, nb - b < 4 ? (int)(nb - b) : 4);
             _mm512_store_si512(s, a.lo);
             _mm512_store_si512(s + 64, a.hi);
             _mm512_store_ps(s + 128, a.d);
