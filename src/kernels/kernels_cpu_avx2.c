@@ -628,7 +628,7 @@ INLINE __m256i iq2_sign_bytes(uint32_t W) {
 
 /* sub-block b of super-block i into slot `slot` of every token */
 INLINE void iq2_subblock(const uint8_t *q8, const void *acts, size_t stride, int64_t i, int b, int nt,
-                         __m256i sumi[][2], int slot) {
+                         __m256i sumi[][2], int slot, bool vnni) {
     uint32_t W;
     memcpy(&W, q8 + 4, 4);
     __m256i grid = _mm256_setr_epi64x((long long)ds4_iq2xxs_grid[q8[0]], (long long)ds4_iq2xxs_grid[q8[1]],
@@ -639,11 +639,13 @@ INLINE void iq2_subblock(const uint8_t *q8, const void *acts, size_t stride, int
     for (int t = 0; t < nt; t++) {
         __m256i a = _mm256_loadu_si256((const __m256i *)(q8k(acts, stride, t, i)->qs + 32 * b));
         __m256i p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(a, sgn));
-        sumi[t][slot] = _mm256_add_epi32(sumi[t][slot], _mm256_madd_epi16(p, scale));
+        /* AVX-VNNI's vpdpwssd is madd + add in one step, the same exact sum */
+        sumi[t][slot] = vnni ? dpwssd(sumi[t][slot], p, scale)
+                             : _mm256_add_epi32(sumi[t][slot], _mm256_madd_epi16(p, scale));
     }
 }
 
-INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+INLINE void iq2_xxs_rt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out, bool vnni) {
     const ds4_block_iq2_xxs *x = w;
     __m256 acc[NT_MAX];
     UNROLL
@@ -655,8 +657,8 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
         for (int t = 0; t < nt; t++) sumi[t][0] = sumi[t][1] = _mm256_setzero_si256();
         UNROLL
         for (int b = 0; b < 8; b += 2) {
-            iq2_subblock(q + 8 * b, acts, stride, i, b, nt, sumi, 0);
-            iq2_subblock(q + 8 * b + 8, acts, stride, i, b + 1, nt, sumi, 1);
+            iq2_subblock(q + 8 * b, acts, stride, i, b, nt, sumi, 0, vnni);
+            iq2_subblock(q + 8 * b + 8, acts, stride, i, b + 1, nt, sumi, 1, vnni);
         }
         float dx = 0.125f * h2f(x[i].d);
         UNROLL
@@ -666,7 +668,15 @@ INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n
     }
     store_sums(acc, nt, out);
 }
+INLINE void iq2_xxs_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    iq2_xxs_rt(w, acts, stride, n, nt, out, false);
+}
 DOT_ENTRY_POINTS(iq2_xxs)
+
+AVXVNNI INLINE void iq2_xxs_vnni_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
+    iq2_xxs_rt(w, acts, stride, n, nt, out, true);
+}
+DOT_ENTRY_POINTS_ATTR(iq2_xxs_vnni, AVXVNNI)
 
 /* ---- IQ2_XXS and Q2_K tiles ----
  * The routed experts' matmuls: KT_ROWS row x up to KT_TOKENS tokens packed
@@ -971,15 +981,16 @@ void ds4_kernels_avx2_quantize_q8_K(const float *x, ds4_block_q8_K *y, int64_t n
     case DS4_TYPE_Q5_K: return prefix##q5_K;                                                        \
     case DS4_TYPE_Q6_K: return prefix##q6_K;
 
-/* the AVX-VNNI kernels where they are on (ds4_kernels_avxvnni) */
-static bool vnni_q8_0(uint32_t type) { return type == DS4_TYPE_Q8_0 && ds4_kernels_avxvnni(); }
-
+/* the AVX-VNNI kernels where they are on (ds4_kernels_avxvnni): Q8_0 and
+ * IQ2_XXS (one step less per sub-block: dot 1.03-1.04x, 2 tokens 1.12x) */
 ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type) {
-    if (vnni_q8_0(type)) return dot_q8_0_vnni;
+    if (ds4_kernels_avxvnni() && type == DS4_TYPE_Q8_0) return dot_q8_0_vnni;
+    if (ds4_kernels_avxvnni() && type == DS4_TYPE_IQ2_XXS) return dot_iq2_xxs_vnni;
     DISPATCH(dot_, K_QUANTS)
 }
 ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type) {
-    if (vnni_q8_0(type)) return dotn_q8_0_vnni;
+    if (ds4_kernels_avxvnni() && type == DS4_TYPE_Q8_0) return dotn_q8_0_vnni;
+    if (ds4_kernels_avxvnni() && type == DS4_TYPE_IQ2_XXS) return dotn_iq2_xxs_vnni;
     DISPATCH(dotn_, K_QUANTS)
 }
 

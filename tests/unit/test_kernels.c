@@ -488,9 +488,9 @@ static void test_vbmi_matches_plain(void) {
 }
 
 /* Inside the AVX2 level, the kernels on AVX-VNNI's vpdpbusd / vpdpwssd
- * against the vpmaddubsw + vpmaddwd ones: Q8_0 (the dot, every token count
- * of the multi-token kernel, the tile at every batch size, and
- * matvec) and the IQ2_XXS and Q2_K tiles, bit for bit. Weights are raw
+ * against the vpmaddubsw + vpmaddwd ones: Q8_0 and IQ2_XXS (the dot, every
+ * token count of the multi-token kernel, the tile at every batch size, and
+ * matvec) and the Q2_K tile, bit for bit. Weights are raw
  * random blocks with an odd block count (-128 included); Q8_0's activations
  * too, in the quantizer's -127..127 (IQ2_XXS and Q2_K take the quantizer's
  * Q8_K rows, whose bsums they read). */
