@@ -137,8 +137,11 @@ struct q8_pair {
     __m256 d;       /* d of b0 in lanes 0..3, of b1 in lanes 4..7 (0 where b1 == b0) */
 };
 
-INLINE struct q8_pair q8_0_pair(const ds4_block_q8_0 *x, int64_t b0, int64_t b1) {
+/* pair p of a row of nb blocks: blocks 2p and 2p + 1, or 2p twice for an
+ * odd last block */
+INLINE struct q8_pair q8_0_pair(const ds4_block_q8_0 *x, int64_t p, int64_t nb) {
     const __m256i lanes = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    const int64_t b0 = 2 * p, b1 = b0 + 1 < nb ? b0 + 1 : b0;
     struct q8_pair q;
     q.lo = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)x[b0].qs)),
                                    _mm_loadu_si128((const __m128i *)x[b1].qs), 1);
@@ -197,7 +200,7 @@ INLINE bool q8_0_pack_slots(const void *acts, size_t stride, int64_t n, int nt, 
     for (int64_t p = 0; p < pairs; p++)
         for (int t = 0; t < nt; t++) {
             uint8_t *s = (uint8_t *)packed + ((size_t)p * (size_t)slots + (size_t)t) * slot_bytes;
-            const struct q8_pair a = q8_0_pair(tok(acts, stride, t), 2 * p, 2 * p + 1 < nb ? 2 * p + 1 : 2 * p);
+            const struct q8_pair a = q8_0_pair(tok(acts, stride, t), p, nb);
             _mm256_store_si256((__m256i *)s, a.lo);
             _mm256_store_si256((__m256i *)(s + 32), a.hi);
             _mm256_store_ps((float *)(s + 64), a.d);
@@ -212,16 +215,16 @@ static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *
 
 enum { RT_ROWS_MAX = Q8_TILE_ROWS, RT_TOKENS_MAX = NT_MAX };
 
-/* pair p (blocks b0, b1) of nr rows x nt tokens into chain `slot`; the
- * tokens come packed (Q8_TILE_TOKENS slots) or as activation rows */
+/* pair p (of rows of nb blocks) of nr rows x nt tokens into chain `slot`;
+ * the tokens come packed (Q8_TILE_TOKENS slots) or as activation rows */
 INLINE void q8_0_pair_step(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride,
-                           const void *packed, int nt, int64_t p, int64_t b0, int64_t b1,
+                           const void *packed, int nt, int64_t p, int64_t nb,
                            __m256 acc[RT_ROWS_MAX][RT_TOKENS_MAX][2], int slot, bool vnni) {
     struct q8_pair x[RT_ROWS_MAX];
     __m256i ulo[RT_ROWS_MAX], uhi[RT_ROWS_MAX];
     UNROLL
     for (int r = 0; r < nr; r++) {
-        x[r] = q8_0_pair((const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r), b0, b1);
+        x[r] = q8_0_pair((const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r), p, nb);
         ulo[r] = _mm256_sign_epi8(x[r].lo, x[r].lo);
         uhi[r] = _mm256_sign_epi8(x[r].hi, x[r].hi);
     }
@@ -234,7 +237,7 @@ INLINE void q8_0_pair_step(const void *w, size_t row_bytes, int nr, const void *
             a.hi = _mm256_load_si256((const __m256i *)(s + 32));
             a.d = _mm256_load_ps((const float *)(s + 64));
         } else {
-            a = q8_0_pair(tok(acts, stride, t), b0, b1);
+            a = q8_0_pair(tok(acts, stride, t), p, nb);
         }
         UNROLL
         for (int r = 0; r < nr; r++) {
@@ -267,37 +270,33 @@ INLINE void q8_0_tile_prefetch(const void *w, size_t row_bytes, int nr, int64_t 
  * come packed (nt <= Q8_TILE_TOKENS) or as activation rows */
 INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, const void *packed,
                     int nt, int64_t n, float *y, int64_t y_stride, bool vnni) {
-    const int64_t nb = n / DS4_QK8_0, full = nb / 2;
+    const int64_t nb = n / DS4_QK8_0, pairs = (nb + 1) / 2;
     __m256 acc[RT_ROWS_MAX][RT_TOKENS_MAX][2];
     UNROLL
     for (int r = 0; r < nr; r++)
         UNROLL
         for (int t = 0; t < nt; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
-#define STEP(p, b0, b1, chain) q8_0_pair_step(w, row_bytes, nr, acts, stride, packed, nt, p, b0, b1, acc, chain, vnni)
+#define STEP(p, chain) q8_0_pair_step(w, row_bytes, nr, acts, stride, packed, nt, p, nb, acc, chain, vnni)
     if (nr > 1) {
         /* the tile runs its chains as two passes over its rows (the second
          * from cache), with half the accumulators live: both at once
          * spilled some of them to the stack in every step */
         UNROLL
         for (int chain = 0; chain < 2; chain++) {
-            for (int64_t p = chain; p < full; p += 2) {
+            for (int64_t p = chain; p < pairs; p += 2) {
                 q8_0_tile_prefetch(w, row_bytes, nr, p, chain);
-                STEP(p, 2 * p, 2 * p + 1, chain);
+                STEP(p, chain);
             }
         }
     } else {
         int64_t p = 0;
-        for (; p + 2 <= full; p += 2) {
+        for (; p + 2 <= pairs; p += 2) {
             prefetch_weights((const ds4_block_q8_0 *)w + 2 * p);
             prefetch_weights((const ds4_block_q8_0 *)w + 2 * p + 2);
-            STEP(p, 2 * p, 2 * p + 1, 0);
-            STEP(p + 1, 2 * p + 2, 2 * p + 3, 1);
+            STEP(p, 0);
+            STEP(p + 1, 1);
         }
-        if (p < full) STEP(p, 2 * p, 2 * p + 1, 0);
-    }
-    if (nb & 1) {
-        if (full & 1) STEP(full, nb - 1, nb - 1, 1);
-        else STEP(full, nb - 1, nb - 1, 0);
+        if (p < pairs) STEP(p, 0);
     }
 #undef STEP
     UNROLL
@@ -339,14 +338,14 @@ AVXVNNI static bool q8_0_vnni_pack(const void *acts, size_t stride, int64_t n, i
     return q8_0_pack_slots(acts, stride, n, nt, packed, packed_bytes, Q8V_TILE_TOKENS, true);
 }
 
-/* pair p (blocks b0, b1) of the tile's rows x nt tokens into chain `slot` */
+/* pair p (of rows of nb blocks) of the tile's rows x nt tokens into chain `slot` */
 AVXVNNI INLINE void q8_0_vnni_step(const void *w, size_t row_bytes, const void *packed, int nt, int64_t p,
-                                   int64_t b0, int64_t b1, __m256 acc[Q8_TILE_ROWS][Q8V_TILE_TOKENS][2], int slot) {
+                                   int64_t nb, __m256 acc[Q8_TILE_ROWS][Q8V_TILE_TOKENS][2], int slot) {
     const __m256i u128 = _mm256_set1_epi8((char)0x80);
     struct q8_pair x[Q8_TILE_ROWS];
     UNROLL
     for (int r = 0; r < Q8_TILE_ROWS; r++) {
-        x[r] = q8_0_pair((const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r), b0, b1);
+        x[r] = q8_0_pair((const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r), p, nb);
         x[r].lo = _mm256_xor_si256(x[r].lo, u128);
         x[r].hi = _mm256_xor_si256(x[r].hi, u128);
     }
@@ -368,7 +367,7 @@ AVXVNNI INLINE void q8_0_vnni_step(const void *w, size_t row_bytes, const void *
 /* the chains and the prefetches of q8_0_rt's tile */
 AVXVNNI INLINE void q8_0_vnni_rt(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
                                  int64_t y_stride) {
-    const int64_t nb = n / DS4_QK8_0, full = nb / 2;
+    const int64_t nb = n / DS4_QK8_0, pairs = (nb + 1) / 2;
     __m256 acc[Q8_TILE_ROWS][Q8V_TILE_TOKENS][2];
     UNROLL
     for (int r = 0; r < Q8_TILE_ROWS; r++)
@@ -376,14 +375,10 @@ AVXVNNI INLINE void q8_0_vnni_rt(const void *w, size_t row_bytes, const void *pa
         for (int t = 0; t < Q8V_TILE_TOKENS; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
     UNROLL
     for (int chain = 0; chain < 2; chain++) {
-        for (int64_t p = chain; p < full; p += 2) {
+        for (int64_t p = chain; p < pairs; p += 2) {
             q8_0_tile_prefetch(w, row_bytes, Q8_TILE_ROWS, p, chain);
-            q8_0_vnni_step(w, row_bytes, packed, nt, p, 2 * p, 2 * p + 1, acc, chain);
+            q8_0_vnni_step(w, row_bytes, packed, nt, p, nb, acc, chain);
         }
-    }
-    if (nb & 1) {
-        if (full & 1) q8_0_vnni_step(w, row_bytes, packed, nt, full, nb - 1, nb - 1, acc, 1);
-        else q8_0_vnni_step(w, row_bytes, packed, nt, full, nb - 1, nb - 1, acc, 0);
     }
     UNROLL
     for (int r = 0; r < Q8_TILE_ROWS; r++)

@@ -143,7 +143,7 @@ INLINE struct q8_quad q8_0_quad(const ds4_block_q8_0 *q, int m) {
     v.lo = quad_halves(q, i1, i2, i3, 0);
     v.hi = quad_halves(q, i1, i2, i3, 16);
     const __mmask32 first = words >= 32 ? ~0u : (1u << words) - 1,
-                    second = words - 32 >= 32 ? ~0u : words > 32 ? (1u << (words - 32)) - 1 : 0;
+                    second = words >= 64 ? ~0u : words > 32 ? (1u << (words - 32)) - 1 : 0;
     const __m512i a = _mm512_maskz_loadu_epi16(first, q), b = _mm512_maskz_loadu_epi16(second, (const uint8_t *)q + 64);
     v.d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(a, spread, b)));
     return v;
