@@ -385,12 +385,11 @@ static void mm_task(void *p, int task, int n_tasks, int thread) {
             const int64_t r_tiled = c->tile_rows ? r1 : rt;
             while (tt < t1) {
                 int nt = t1 - tt < k->tokens ? (int)(t1 - tt) : k->tokens;
-                const int least = tt > t0 && k->rest_tokens ? k->rest_tokens : k->min_tokens;
                 /* a long row packs fewer tokens per group, down to the least */
-                while (nt >= least &&
+                while (nt >= k->min_tokens &&
                        !k->pack(c->acts + (size_t)tt * c->act_bytes, c->act_bytes, c->n, nt, packed, sizeof packed))
                     nt--;
-                if (nt < least) break;
+                if (nt < k->min_tokens) break;
                 for (int64_t i = r0; i < rt; i += k->rows)
                     k->tile(c->W + (size_t)i * c->row_bytes, c->row_bytes, packed, c->n, nt, c->Y + tt * c->rows + i,
                             c->rows);

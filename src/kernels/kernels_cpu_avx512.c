@@ -251,14 +251,13 @@ INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, i
 }
 DOT_ENTRY_POINTS(q8_0)
 
-/* groups of 3 or 4 tokens: the verification passes of speculative decoding
- * (2..9 tokens) would otherwise run a group of 3 through the per-row kernel,
- * which converts every token's activations again for each row (3 tokens
- * cost what a 4-token tile does; 32768 x 4096 at one thread, AMD EPYC:
- * 9.5 -> 6.6 ms). Two tokens alone stay with the per-row kernel, which
- * measured faster for them (5.2 against 6.6 ms); one or two left over after
- * a group (rest_tokens) take the tile, the rows then coming from cache (5
- * and 6 tokens: 8.8 -> 7.7, 10.4 -> 8.2 ms). */
+/* Every group takes the tile, down to one token (a matvec): the per-row
+ * kernel assembles each token's activation quads and start again for every
+ * row, which the tile packs once per group. One thread, the Xeon VM: one
+ * token from L2 (256 rows of 4096) 22.6-23.4 -> 34.8-35.6 GB/s, from memory
+ * (1.1 GB) 13.8-14.0 -> 14.5-15.1; two tokens over 32768 x 4096 11.0-11.5
+ * -> 7.4-8.6 ms, a speculative pass of two tokens over the whole model
+ * 80-82 -> 74 ms. */
 static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
                       int64_t y_stride) {
     switch (nt) {
@@ -671,18 +670,18 @@ ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) {
 bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k) {
     if (float_tile_kernel(type, k)) return true;
     if (iq2_vbmi(type)) {
-        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_vbmi_tile, 0};
+        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_vbmi_tile};
         return true;
     }
     switch (type) {
     case DS4_TYPE_Q8_0:
-        *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, 3, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile, 1};
+        *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, 1, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile};
         return true;
     case DS4_TYPE_IQ2_XXS:
-        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_tile, 0};
+        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_tile};
         return true;
     case DS4_TYPE_Q2_K:
-        *k = (struct ds4_tile_kernel){Q2K_TILE_ROWS, 2, Q2K_TILE_TOKENS, q2_K_pack, q2_K_tile, 0};
+        *k = (struct ds4_tile_kernel){Q2K_TILE_ROWS, 2, Q2K_TILE_TOKENS, q2_K_pack, q2_K_tile};
         return true;
     default: return false;
     }

@@ -46,10 +46,6 @@ struct ds4_tile_kernel {
     int rows, min_tokens, tokens;
     bool (*pack)(const void *acts, size_t act_stride, int64_t n, int nt, void *packed, size_t packed_bytes);
     void (*tile)(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y, int64_t y_stride);
-    /* the fewest tokens of a group after the first over the same rows (0:
-     * min_tokens): those rows come from cache, where the tile's shared work
-     * beats the per-row kernel even for one token */
-    int rest_tokens;
 };
 /* A tile kernel for the last nr < rows rows of a matrix (same packing, same
  * results); where a level has none, those rows go through the per-row
