@@ -427,8 +427,10 @@ static void run_rows(struct ds4_pool *pool, struct mm_ctx *c, int64_t max_chunk)
     ds4_pool_run(pool, mm_task, c, (int)ceil_div(c->rows, chunk));
 }
 
-/* A tile that takes a single token (AMX: one tile instruction per 16 rows
- * and block, whatever the token count) serves the matvec too. */
+/* A tile that takes a single token serves the matvec too: AMX (one tile
+ * instruction per 16 rows and block, whatever the token count) and the
+ * Q8_0 tiles of avx512 and of avx2 with AVX-VNNI (the token's activations
+ * prepared once for all rows rather than per row). */
 void ds4_matvec(struct ds4_pool *pool, uint32_t type, const void *W, int64_t rows, int64_t n, const void *act,
                 float *y) {
     struct mm_ctx c = {.prefetch = !ds4_kernels_self_prefetch(type), .fn = dot_fn(type), .type = type, .W = W,
