@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -128,6 +129,59 @@ bool ds4_file_range_reread(const void *base, size_t len, int fd, uint64_t offset
     else if (madvise(p, len, MADV_POPULATE_READ)) step = "reading the file again";
     if (step) snprintf(err, errlen, "%s: %s", step, strerror(errno));
     return step == NULL;
+}
+
+/* The PAGEMAP_SCAN ioctl of /proc/<pid>/pagemap (Linux 6.7, uapi
+ * linux/fs.h), spelled out here because the C library's kernel headers may
+ * predate it; the layout is the kernel's ABI. */
+struct pm_page_region {
+    uint64_t start, end, categories;
+};
+struct pm_scan_arg {
+    uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+    uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+#define PM_PAGEMAP_SCAN _IOWR('f', 16, struct pm_scan_arg)
+#define PM_PAGE_IS_HUGE (1u << 6)
+
+int ds4_mem_small_ranges(const void *base, size_t len, ds4_mem_range_fn fn, void *ctx, char *err, size_t errlen) {
+    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open /proc/self/pagemap: %s", strerror(errno));
+        return -1;
+    }
+    /* pages whose categories, HUGE inverted, match HUGE: every page not in a
+     * huge mapping (4 KiB resident or not resident); returning only that
+     * category lets the kernel merge neighbours into one region */
+    struct pm_page_region vec[64];
+    const uint64_t hi = (uintptr_t)base + len;
+    uint64_t at = (uintptr_t)base, lo = 0, end = 0;  /* [lo, end): the range not yet passed to fn */
+    int count = 0;
+    bool go = true;
+    while (go && at < hi) {
+        struct pm_scan_arg a = {.size = sizeof a, .start = at, .end = hi, .vec = (uintptr_t)vec,
+                                .vec_len = sizeof vec / sizeof vec[0], .category_inverted = PM_PAGE_IS_HUGE,
+                                .category_mask = PM_PAGE_IS_HUGE, .return_mask = PM_PAGE_IS_HUGE};
+        const long got = ioctl(fd, PM_PAGEMAP_SCAN, &a);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            snprintf(err, errlen, "PAGEMAP_SCAN: %s", errno == ENOTTY || errno == EINVAL ? "not in this kernel (6.7+)" : strerror(errno));
+            close(fd);
+            return -1;
+        }
+        for (long i = 0; go && i < got; i++) {
+            if (end && vec[i].start == end) { end = vec[i].end; continue; }
+            if (end) { go = fn(ctx, (uintptr_t)lo, (uintptr_t)end); count++; }
+            lo = vec[i].start;
+            end = vec[i].end;
+        }
+        /* the walk stops early when vec fills; it never goes backwards */
+        if (a.walk_end <= at) break;
+        at = a.walk_end;
+    }
+    if (go && end) { fn(ctx, (uintptr_t)lo, (uintptr_t)end); count++; }
+    close(fd);
+    return count;
 }
 
 static uint64_t read_u64_file(const char *path) {

@@ -28,6 +28,14 @@
  *   which reads what was dropped from the file. The bytes read through the
  *   mapping never change. False with one line in err on the first failing
  *   step; the mapping stays readable either way (a later read faults pages in).
+ * - ds4_mem_small_ranges(base, len, fn, ctx, err, errlen): the parts of
+ *   [base, base+len) (page-aligned) that this process does not map with huge
+ *   (2 MiB) entries, resident in small pages or not resident, as the kernel's
+ *   PAGEMAP_SCAN ioctl reports them (Linux 6.7): fn(ctx, lo, hi) once per
+ *   maximal such range, in address order, within [base, base+len); fn
+ *   returning false stops the scan. Returns the number of calls made, or -1
+ *   with one line in err when the kernel has no such ioctl or the scan fails
+ *   (callers then fall back to the smaps totals above).
  */
 #ifndef DS4_MEMPAGES_H
 #define DS4_MEMPAGES_H
@@ -44,6 +52,8 @@ typedef struct {
 
 int ds4_smaps_sum_range(const char *text, size_t len, uintptr_t lo, uintptr_t hi, ds4_mem_sizes *out);
 bool ds4_mem_range_sizes(const void *base, size_t len, ds4_mem_sizes *out, char *err, size_t errlen);
+typedef bool (*ds4_mem_range_fn)(void *ctx, uintptr_t lo, uintptr_t hi);
+int ds4_mem_small_ranges(const void *base, size_t len, ds4_mem_range_fn fn, void *ctx, char *err, size_t errlen);
 bool ds4_file_range_reread(const void *base, size_t len, int fd, uint64_t offset, char *err, size_t errlen);
 
 /* Memory this process may still use: min(MemAvailable, its memory cgroup's

@@ -82,9 +82,9 @@ static double seconds_now(void) {
  * model larger than that memory, a layer slice (it reads only its layers) and
  * --ssd-streaming (which makes its own ranges resident) stay lazy. Then the
  * weights are moved to 2 MiB pages where the page cache holds them in 4 KiB
- * ones: decode streams them about twice as fast (docs/performance.md); the
- * probe keeps a system without large folios to one small
- * re-read per start. */
+ * ones (only those parts, where the kernel can list them): decode streams
+ * them about twice as fast (docs/performance.md); the probe keeps a system
+ * without large folios to one small re-read per start. */
 #define LARGE_PAGE_PROBE_BYTES ((uint64_t)64 << 20)
 
 static void page_in_weights(const ds4_engine *e, const ds4_engine_params *p) {
@@ -108,8 +108,8 @@ static void page_in_weights(const ds4_engine *e, const ds4_engine_params *p) {
     ds4_log_append(line, sizeof line, "ds4: weights paged in: %.2f GiB in %.2f s; in 2 MiB pages: %.0f%%",
                    (double)bytes / (1 << 30), t1 - t0, 100.0 * pages.before);
     if (pages.reread)
-        ds4_log_append(line, sizeof line, " -> %.0f%% after re-reading the page cache (%.2f s)", 100.0 * pages.after,
-                       seconds_now() - t1);
+        ds4_log_append(line, sizeof line, " -> %.0f%% after re-reading %.0f MiB of the page cache (%.2f s)",
+                       100.0 * pages.after, (double)pages.reread_bytes / (1 << 20), seconds_now() - t1);
     if (!large) ds4_log_append(line, sizeof line, " (kept: %s)", pages.note);
     ds4_log(DS4_LOG_INFO, "%s\n", line);
 }

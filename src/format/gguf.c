@@ -782,6 +782,48 @@ static bool pages_note(ds4_gguf_pages *r, const char *fmt, ...) {
     return false;
 }
 
+/* Re-reads the small-page parts of a shard's whole 2 MiB pages (the file's
+ * tail past the last one never gets a 2 MiB entry), up to `limit` bytes. */
+typedef struct {
+    const shard *sh;
+    uint64_t limit, bytes;  /* bytes re-read so far */
+    bool failed;
+    char *err;
+    size_t errlen;
+} small_reread;
+
+static bool reread_small_range(void *ctx, uintptr_t lo, uintptr_t hi) {
+    small_reread *w = ctx;
+    const uintptr_t base = (uintptr_t)w->sh->base;
+    /* a 2 MiB page is mapped whole by one entry or not at all */
+    const uint64_t from = (uint64_t)(lo - base) & ~(PMD_BYTES - 1);
+    uint64_t to = ((uint64_t)(hi - base) + PMD_BYTES - 1) & ~(PMD_BYTES - 1);
+    if (to > (w->sh->size & ~(PMD_BYTES - 1))) to = w->sh->size & ~(PMD_BYTES - 1);
+    if (to > from && to - from > w->limit - w->bytes) to = from + (w->limit - w->bytes);
+    if (to <= from) return true;
+    if (!reread_shard(w->sh, from, to, w->err, w->errlen)) {
+        w->failed = true;
+        return false;
+    }
+    w->bytes += to - from;
+    return w->bytes < w->limit;
+}
+
+/* 1: re-read (or nothing small), 0: a step failed (err), -1: the kernel
+ * cannot list the small parts (err) */
+static int reread_small_pages(const shard *sh, uint64_t limit, uint64_t *bytes, char *err, size_t errlen) {
+    small_reread w = {sh, limit, 0, false, err, errlen};
+    if (ds4_mem_small_ranges(sh->base, (size_t)(sh->size & ~(PMD_BYTES - 1)), reread_small_range, &w, err, errlen) < 0)
+        return -1;
+    *bytes += w.bytes;
+    return !w.failed;
+}
+
+static bool no_more_ranges(void *ctx, uintptr_t lo, uintptr_t hi) {
+    (void)ctx, (void)lo, (void)hi;
+    return false;
+}
+
 bool ds4_gguf_prefer_large_pages(const ds4_gguf *g, uint64_t probe_bytes, ds4_gguf_pages *r) {
     memset(r, 0, sizeof *r);
     char why[sizeof r->note];
@@ -791,36 +833,50 @@ bool ds4_gguf_prefer_large_pages(const ds4_gguf *g, uint64_t probe_bytes, ds4_gg
     if (!mapped_sizes(g, &before, why, sizeof why))
         return pages_note(r, "%s", why);
     r->before = r->after = pmd_share(&before);
-    if (r->before >= LARGE_ENOUGH) return true;
     /* File offset and address must agree modulo 2 MiB for a PMD entry to
      * fit; the kernel aligns large file mappings so, but it need not. */
+    if ((uintptr_t)first->base % PMD_BYTES) return pages_note(r, "the mapping is not 2 MiB aligned");
+    /* Linux 6.7+ lists the parts in small pages, so only those are read
+     * again, however few; otherwise only the share is known, and above
+     * LARGE_ENOUGH a whole re-read would gain too little for its cost. */
+    const bool listed = ds4_mem_small_ranges(first->base, PMD_BYTES, no_more_ranges, NULL, why, sizeof why) >= 0;
+    if (!listed && r->before >= LARGE_ENOUGH) return true;
     if (probe_bytes > first->size / 2) probe_bytes = first->size / 2;
     probe_bytes &= ~(PMD_BYTES - 1);
-    if ((uintptr_t)first->base % PMD_BYTES) return pages_note(r, "the mapping is not 2 MiB aligned");
     if (!probe_bytes) return pages_note(r, "smaller than two 2 MiB pages");
     /* Probe: one piece first, so that a kernel or file system without large
      * folios (or THP "never") costs one small re-read per start, not all.
      * 2 MiB entries already in the mapping prove the kernel makes them: the
      * probe would only say so again, and would say nothing when its own piece
      * is among those already large (part of the cache evicted and read back
-     * small), so the whole mapping is re-read then. */
+     * small). */
     const bool proven = before.file_pmd_kb * 1024 >= PMD_BYTES;
+    uint64_t probed_bytes = 0;
     if (!proven) {
-        if (!reread_shard(first, 0, probe_bytes, why, sizeof why) || !mapped_sizes(g, &probed, why, sizeof why))
-            return pages_note(r, "%s", why);
+        const bool ok = listed ? reread_small_pages(first, probe_bytes, &probed_bytes, why, sizeof why) == 1
+                               : reread_shard(first, 0, probe_bytes, why, sizeof why);
+        if (!listed) probed_bytes = probe_bytes;
+        if (!ok || !mapped_sizes(g, &probed, why, sizeof why)) return pages_note(r, "%s", why);
         const uint64_t gained_kb = probed.file_pmd_kb > before.file_pmd_kb ? probed.file_pmd_kb - before.file_pmd_kb : 0;
-        if (gained_kb * 1024 < probe_bytes / 2) {
+        if (gained_kb * 1024 < probed_bytes / 2) {
             r->after = pmd_share(&probed);
-            return pages_note(r, "a re-read of %" PRIu64 " MiB came back in small pages", probe_bytes >> 20);
+            return pages_note(r, "a re-read of %" PRIu64 " MiB came back in small pages", probed_bytes >> 20);
         }
     }
+    r->reread_bytes = probed_bytes;
     for (int s = 0; s < g->n_shards; s++) {
         const shard *sh = &g->shards[s];
-        const uint64_t from = sh == first && !proven ? probe_bytes : 0;
-        if (sh->mapped && !reread_shard(sh, from, sh->size, why, sizeof why))
-            return pages_note(r, "%s", why);
+        if (!sh->mapped) continue;
+        if (listed) {
+            if (reread_small_pages(sh, UINT64_MAX, &r->reread_bytes, why, sizeof why) != 1)
+                return pages_note(r, "%s", why);
+        } else {
+            const uint64_t from = sh == first && !proven ? probe_bytes : 0;
+            if (!reread_shard(sh, from, sh->size, why, sizeof why)) return pages_note(r, "%s", why);
+            r->reread_bytes += sh->size - from;
+        }
     }
-    r->reread = true;
+    r->reread = r->reread_bytes > 0;
     if (!mapped_sizes(g, &after, why, sizeof why)) return pages_note(r, "%s", why);
     r->after = pmd_share(&after);
     return true;

@@ -94,20 +94,24 @@ bool ds4_gguf_populate(const ds4_gguf *g, char *err, size_t errlen);
 
 /* After ds4_gguf_populate: makes the mapped weights sit in 2 MiB pages where
  * the kernel can, because a weight stream reads about twice as fast from them
- * (docs/performance.md). Reads this process's share of 2 MiB
- * entries (FilePmdMapped / Rss in /proc/self/smaps); below 90% it re-reads
- * every shard with ds4_file_range_reread when some 2 MiB entries exist
- * already (the kernel makes them), else first a probe piece of the first
- * shard (its first probe_bytes, at most half of it, rounded down to 2 MiB),
- * and only when that piece came back in 2 MiB entries (at least half of it)
- * the rest of every shard. Tensor
- * pointers and bytes never change. True when the weights are in large pages
- * or were re-read; false with the reason in r->note otherwise (no smaps, a
- * buffer, an unaligned mapping, a probe in small pages, a failed step: the
- * mapping is usable in every case). r->before / r->after: the shares. */
+ * (docs/performance.md). Where the kernel lists which parts of a mapping are
+ * in small pages (ds4_mem_small_ranges, Linux 6.7+), re-reads exactly those
+ * parts of each shard's whole 2 MiB pages with ds4_file_range_reread,
+ * whatever their share; elsewhere reads this process's share of 2 MiB
+ * entries (FilePmdMapped / Rss in /proc/self/smaps) and, below 90%,
+ * re-reads every shard whole. When no 2 MiB entry exists yet, a probe
+ * piece comes first (the first probe_bytes of the first shard's small parts,
+ * at most half the shard, rounded down to 2 MiB), and the rest only when that
+ * piece came back in 2 MiB entries (at least half of it). Tensor pointers and
+ * bytes never change. True when the weights are in large pages or were
+ * re-read; false with the reason in r->note otherwise (no smaps, a buffer, an
+ * unaligned mapping, a probe in small pages, a failed step: the mapping is
+ * usable in every case). r->before / r->after: the shares; r->reread_bytes:
+ * how much was read again. */
 typedef struct {
     double before, after;   /* share of the resident weights in 2 MiB entries */
-    bool reread;            /* the page cache was dropped and read again */
+    bool reread;            /* some of the page cache was dropped and read again */
+    uint64_t reread_bytes;
     char note[256];
 } ds4_gguf_pages;
 bool ds4_gguf_prefer_large_pages(const ds4_gguf *g, uint64_t probe_bytes, ds4_gguf_pages *r);

@@ -7,7 +7,10 @@
  * the figures printed in it. Whether this kernel gives 2 MiB folios is the
  * machine's business, so the re-read tests check the invariants that hold
  * either way: the bytes and the pointers do not change, every page is mapped
- * afterwards, a model loads and computes bit-identical logits. */
+ * afterwards, a model loads and computes bit-identical logits. The kernel's
+ * list of small-page ranges (PAGEMAP_SCAN, Linux 6.7+) is checked against
+ * the kernel's other account of the same pages, the smaps totals; on an
+ * older kernel those checks print NOT RUN. */
 #include "check.h"
 #include "engine/engine.h"
 #include "engine_load.h"
@@ -120,23 +123,109 @@ static void test_reread_file(void) {
     unlink(path);
 }
 
+/* the ranges one scan reports: their count, bytes and bounds */
+typedef struct { int calls, stop_after; uintptr_t lo, hi, first_lo, last_hi; uint64_t bytes; bool ordered; } range_sum;
+
+static bool sum_range(void *ctx, uintptr_t lo, uintptr_t hi) {
+    range_sum *r = ctx;
+    r->ordered &= lo < hi && lo >= r->lo && hi <= r->hi && (r->calls == 0 || lo > r->last_hi);
+    if (r->calls++ == 0) r->first_lo = lo;
+    r->last_hi = hi;
+    r->bytes += hi - lo;
+    return r->stop_after == 0 || r->calls < r->stop_after;
+}
+
+static int scan(const void *base, size_t len, range_sum *r, int stop_after) {
+    *r = (range_sum){.stop_after = stop_after, .lo = (uintptr_t)base, .hi = (uintptr_t)base + len, .ordered = true};
+    return ds4_mem_small_ranges(base, len, sum_range, r, err, sizeof err);
+}
+
+static bool can_list_small_ranges(void) {
+    range_sum r;
+    static char probe[4096] __attribute__((aligned(4096)));
+    return scan(probe, sizeof probe, &r, 0) >= 0;
+}
+
+/* 8 MiB of anonymous memory, 2 MiB aligned and its own VMA */
+static uint8_t *anon_aligned(size_t len, int advice) {
+    const size_t pmd = (size_t)2 << 20;
+    uint8_t *raw = mmap(NULL, len + pmd, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    uint8_t *p = (uint8_t *)(((uintptr_t)raw + pmd - 1) & ~(uintptr_t)(pmd - 1));
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    if (raw + len + pmd > p + len) munmap(p + len, (size_t)(raw + len + pmd - (p + len)));
+    (void)madvise(p, len, advice);
+    return p;
+}
+
+static void test_small_ranges(void) {
+    if (!can_list_small_ranges()) {
+        printf("  NOT RUN: listing small-page ranges (%s)\n", err);
+        return;
+    }
+    const size_t len = (size_t)8 << 20, pmd = (size_t)2 << 20;
+    range_sum r;
+    /* never touched: nothing resident, all of it outside huge entries */
+    uint8_t *p = anon_aligned(len, MADV_NOHUGEPAGE);
+    CHECK(p && scan(p, len, &r, 0) == 1 && r.ordered && r.first_lo == (uintptr_t)p && r.bytes == len,
+          "an untouched mapping is one range of %zu bytes: %d calls, %llu bytes", len, r.calls,
+          (unsigned long long)r.bytes);
+    if (!p) return;
+    memset(p, 1, len);
+    CHECK(scan(p, len, &r, 0) == 1 && r.bytes == len, "4 KiB pages: one range");
+    CHECK(scan(p + 4096, 2 * 4096, &r, 0) == 1 && r.first_lo == (uintptr_t)p + 4096 && r.bytes == 2 * 4096,
+          "a scan stays within its range");
+    munmap(p, len);
+
+    /* huge pages where the kernel gives them, then one 4 KiB page dropped
+     * from the second 2 MiB page (which then cannot stay one entry): the
+     * ranges listed add up to what smaps counts outside huge pages */
+    p = anon_aligned(len, MADV_HUGEPAGE);
+    CHECK(p != NULL, "mmap");
+    if (!p) return;
+    memset(p, 2, len);
+    CHECK(madvise(p + pmd + 4096, 4096, MADV_DONTNEED) == 0, "drop one page");
+    ds4_mem_sizes m;
+    const int calls = scan(p, len, &r, 0);
+    CHECK(ds4_mem_range_sizes(p, len, &m, err, sizeof err) && calls >= 1 && r.ordered &&
+              r.bytes == len - m.anon_huge_kb * 1024,
+          "listed %llu bytes outside huge pages, smaps %llu kB huge of %zu", (unsigned long long)r.bytes,
+          (unsigned long long)m.anon_huge_kb, len >> 10);
+    if (m.anon_huge_kb)
+        CHECK(r.first_lo <= (uintptr_t)p + pmd && r.last_hi >= (uintptr_t)p + 2 * pmd,
+              "the 2 MiB page with a hole is listed");
+    printf("  anonymous: %llu of %zu kB in 2 MiB pages, %d small range(s)\n", (unsigned long long)m.anon_huge_kb,
+           len >> 10, calls);
+    /* the callback stops the scan */
+    memset(p, 3, len);
+    CHECK(madvise(p, 4096, MADV_DONTNEED) == 0 && madvise(p + 3 * pmd, 4096, MADV_DONTNEED) == 0, "two holes");
+    if (scan(p, len, &r, 0) >= 2) CHECK(scan(p, len, &r, 1) == 1 && r.calls == 1, "stopped after the first range");
+    munmap(p, len);
+}
+
 static int fill_pattern(void *ctx, size_t idx, void *dst, size_t n) {
     (void)ctx;
     for (size_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = (uint8_t)(idx * 7 + i * 13 + (i >> 12));
     return 0;
 }
 
-static void test_gguf_large_pages(void) {
-    char path[128];
-    snprintf(path, sizeof path, "%s/w.gguf", tmpdir);
+/* A GGUF at path with one F32 tensor "w" of `mib` MiB, its page cache left
+ * in 4 KiB folios, opened and populated. */
+static ds4_gguf *small_cached_gguf(const char *path, uint64_t mib) {
     ds4_gguf_writer *w = ds4_gguf_writer_new(0);
-    uint64_t ne[2] = {(uint64_t)1 << 20, 3};   /* 12 MiB of F32 */
-    ds4_gguf_w_tensor(w, "w", DS4_TYPE_F32, 2, ne, NULL);
+    ds4_gguf_w_tensor(w, "w", DS4_TYPE_F32, 2, (uint64_t[2]){(uint64_t)1 << 20, mib / 4}, NULL);
     CHECK(ds4_gguf_writer_write_file(w, path, fill_pattern, NULL, err, sizeof err) == 0, "write: %s", err);
     ds4_gguf_writer_free(w);
     CHECK(small_page_cache(path), "page cache of %s", path);
     ds4_gguf *g = ds4_gguf_open(path, err, sizeof err);
     CHECK(g && ds4_gguf_populate(g, err, sizeof err), "open and populate: %s", err);
+    return g;
+}
+
+static void test_gguf_large_pages(void) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/w.gguf", tmpdir);
+    ds4_gguf *g = small_cached_gguf(path, 12);
     if (!g) return;
     const ds4_gguf_tensor *t = ds4_gguf_find_tensor(g, "w");
     const void *data = t->data;
@@ -167,9 +256,15 @@ static void test_gguf_large_pages(void) {
     if (fd >= 0) close(fd);
     const bool partial_ok = ds4_gguf_prefer_large_pages(g, (uint64_t)4 << 20, &r);
     CHECK(checksum(t->data, t->n_bytes) == before, "bytes unchanged after the partial case");
-    if (r.before > 0) /* this kernel made 2 MiB entries of the first 4 MiB */
+    const uint64_t whole_pages = ds4_gguf_file_bytes(g) & ~(((uint64_t)2 << 20) - 1);
+    if (r.before > 0) { /* this kernel made 2 MiB entries of the first 4 MiB */
         CHECK(partial_ok && r.reread && r.after > r.before, "partial cache re-read: %.0f%% -> %.0f%% (%s)",
               100 * r.before, 100 * r.after, r.note);
+        /* listed: only the small part of the whole 2 MiB pages is read again */
+        if (can_list_small_ranges())
+            CHECK(r.reread_bytes == whole_pages - ((uint64_t)4 << 20), "re-read %llu bytes, the small part is %llu",
+                  (unsigned long long)r.reread_bytes, (unsigned long long)(whole_pages - ((uint64_t)4 << 20)));
+    }
     printf("  partial cache: 2 MiB entries %.0f%% -> %.0f%%, %s%s\n", 100 * r.before, 100 * r.after,
            r.reread ? "re-read" : "not re-read: ", r.note);
     ds4_gguf_close(g);
@@ -177,7 +272,7 @@ static void test_gguf_large_pages(void) {
 
     /* a GGUF in a caller's buffer has no file behind it */
     snprintf(path, sizeof path, "%s/s.gguf", tmpdir);
-    w = ds4_gguf_writer_new(0);
+    ds4_gguf_writer *w = ds4_gguf_writer_new(0);
     ds4_gguf_w_tensor(w, "s", DS4_TYPE_F32, 2, (uint64_t[2]){64, 2}, NULL);
     CHECK(ds4_gguf_writer_write_file(w, path, fill_pattern, NULL, err, sizeof err) == 0, "write: %s", err);
     ds4_gguf_writer_free(w);
@@ -188,6 +283,53 @@ static void test_gguf_large_pages(void) {
           "a buffer: %s", g ? r.note : err);
     ds4_gguf_close(g);
     free(img);
+    unlink(path);
+}
+
+/* A cache mostly in 2 MiB pages already (22 of 24 MiB, 92%): where the
+ * kernel lists the small parts, only those 2 MiB are read again (a share
+ * above 90% was once left as it was); the scan of the file mapping agrees
+ * with smaps before and after. */
+static void test_gguf_mostly_large(void) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/m.gguf", tmpdir);
+    ds4_gguf *g = small_cached_gguf(path, 24);
+    if (!g) return;
+    const ds4_gguf_tensor *t = ds4_gguf_find_tensor(g, "w");
+    const uint8_t *base = (const uint8_t *)t->data - t->file_offset;
+    const size_t mapped = (size_t)((ds4_gguf_file_bytes(g) + 4095) & ~(uint64_t)4095);
+    const uint64_t sum = checksum(t->data, t->n_bytes), pmd = (uint64_t)2 << 20;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    CHECK(fd >= 0 && ds4_file_range_reread(base, (size_t)(11 * pmd), fd, 0, err, sizeof err), "re-read 22 MiB: %s",
+          err);
+    if (fd >= 0) close(fd);
+    range_sum listed;
+    ds4_mem_sizes m;
+    const bool can_list = can_list_small_ranges();
+    if (can_list)
+        CHECK(scan(base, mapped, &listed, 0) >= 1 && ds4_mem_range_sizes(base, mapped, &m, err, sizeof err) &&
+                  listed.bytes == (m.rss_kb - m.file_pmd_kb) * 1024,
+              "listed %llu bytes in small pages, smaps %llu kB of %llu kB", (unsigned long long)listed.bytes,
+              (unsigned long long)(m.rss_kb - m.file_pmd_kb), (unsigned long long)m.rss_kb);
+    ds4_gguf_pages r;
+    const bool ok = ds4_gguf_prefer_large_pages(g, (uint64_t)4 << 20, &r);
+    CHECK(checksum(t->data, t->n_bytes) == sum, "bytes unchanged");
+    if (!can_list)
+        printf("  NOT RUN: re-reading only the small parts (%s)\n", err);
+    else if (r.before < 0.9)
+        printf("  NOT RUN: this kernel kept the 22 MiB re-read in small pages (%.0f%%)\n", 100 * r.before);
+    else {
+        CHECK(ok && r.reread && r.reread_bytes == 12 * pmd - 11 * pmd && r.after > r.before,
+              "%.0f%% in 2 MiB pages: re-read %llu bytes -> %.0f%% (%s)", 100 * r.before,
+              (unsigned long long)r.reread_bytes, 100 * r.after, r.note);
+        CHECK(scan(base, mapped, &listed, 0) >= 0 && ds4_mem_range_sizes(base, mapped, &m, err, sizeof err) &&
+                  listed.bytes == (m.rss_kb - m.file_pmd_kb) * 1024 && listed.bytes < pmd,
+              "after: listed %llu bytes in small pages (the file's tail), smaps %llu kB",
+              (unsigned long long)listed.bytes, (unsigned long long)(m.rss_kb - m.file_pmd_kb));
+    }
+    printf("  mostly large: 2 MiB entries %.0f%% -> %.0f%%, %llu bytes re-read\n", 100 * r.before, 100 * r.after,
+           (unsigned long long)r.reread_bytes);
+    ds4_gguf_close(g);
     unlink(path);
 }
 
@@ -223,8 +365,10 @@ static void test_engine_logits(void) {
 int main(void) {
     test_smaps_fixture();
     CHECK(mkdtemp(tmpdir) != NULL, "mkdtemp");
+    test_small_ranges();
     test_reread_file();
     test_gguf_large_pages();
+    test_gguf_mostly_large();
     rmdir(tmpdir);
     test_engine_logits();
     return check_done("test_mempages");
