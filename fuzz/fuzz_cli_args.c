@@ -60,7 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!c.status && c.i != argc - 1) abort();
     if (ctx < ds4_opt_ctx.lo || ctx > ds4_opt_ctx.hi || threads < 0 || threads > ds4_opt_threads.hi ||
         tokens < 0 || chunk < 1 || (numerics != -1 && numerics != 0 && numerics != 1) ||
-        spec.lookup_max < 0 || spec.lookup_max > DS4_SPEC_MAX_DRAFT || rt.isa < -1 || rt.isa > DS4_SIMD_AMX)
+        spec.lookup_max < 0 || spec.lookup_max > DS4_SPEC_MAX_DRAFT || rt.isa < -1 || rt.isa > DS4_ISA_AMX)
         abort();
     if (rt.cpu_affinity) {
         bool found = false;

@@ -12,13 +12,14 @@
 #
 # Environment (defaults in brackets):
 #   ISA              one instruction-set level for both engines [empty: each
-#                    engine's best on this CPU]: scalar, avx2, avx512 or amx.
-#                    ds4-bench runs with --isa ISA; llama-bench is built once
-#                    per level into its own build directory, with GGML_NATIVE
-#                    off and the GGML_* options of that level (avx2: AVX, AVX2,
-#                    FMA, F16C, and AVX-VNNI where the CPU has it, as the
-#                    DwarfStar avx2 level uses it; avx512: those plus
-#                    AVX-512 F/BW/DQ/VL, VNNI and VBMI; amx: native)
+#                    engine's best on this CPU]: scalar, avx2, avxvnni, avx512
+#                    or amx. ds4-bench runs with --isa ISA; llama-bench is
+#                    built once per level into its own build directory, with
+#                    GGML_NATIVE off and the GGML_* options of that level
+#                    (avx2: AVX, AVX2, FMA, F16C; avxvnni: those and AVX-VNNI;
+#                    avx512: those plus AVX-512 F/BW/DQ/VL, VNNI and VBMI, and
+#                    AVX-VNNI where the CPU has it; amx: native); a build
+#                    whose recorded options differ is made again
 #   DS4_BENCH_CACHE  cache dir [~/.cache/dwarfstar/bench-vs-llamacpp]
 #   MODEL            GGUF to use [$DS4_BENCH_CACHE/flash-4l-q2.gguf, made if missing]
 #   PAIRS            interleaved pairs per case [3]
@@ -54,7 +55,8 @@ PREFILLS=${PREFILLS-512 2048}
 GEN=${GEN:-32}
 read -r -a POLL_VALUES <<< "${POLLS-50 0}"
 ISA=${ISA:-}
-case $ISA in ""|scalar|avx2|avx512|amx) ;; *) echo "# SKIPPED: ISA=$ISA: not scalar, avx2, avx512 or amx"; exit 0 ;; esac
+case $ISA in ""|scalar|avx2|avxvnni|avx512|amx) ;; *) echo "# SKIPPED: ISA=$ISA: not scalar, avx2, avxvnni, avx512 or amx"; exit 0 ;; esac
+if [ "$ISA" = avxvnni ] && ! grep -qw avx_vnni /proc/cpuinfo; then echo "# SKIPPED: ISA=avxvnni: this CPU has no AVX-VNNI"; exit 0; fi
 LLAMA_BUILD=$CACHE/llama.cpp-build${ISA:+-$ISA}
 LLAMA_BENCH=$LLAMA_BUILD/bin/llama-bench
 DS4_ISA_ARGS=()
@@ -65,8 +67,25 @@ note() { echo "# $*"; }
 fail() { echo "# SKIPPED: $*"; exit 0; }
 mkdir -p "$CACHE" || fail "cannot create $CACHE"
 
+# the GGML_* options of $ISA, one per line
+isa_flags() {
+    local vnni=OFF x86=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX512_BF16=OFF)
+    grep -qw avx_vnni /proc/cpuinfo && vnni=ON
+    local avx2=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON) no512=(-DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF)
+    case $ISA in
+    "" | amx) printf '%s\n' -DGGML_NATIVE=ON ;;
+    scalar) printf '%s\n' "${x86[@]}" -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_AVX_VNNI=OFF "${no512[@]}" ;;
+    avx2) printf '%s\n' "${x86[@]}" "${avx2[@]}" -DGGML_AVX_VNNI=OFF "${no512[@]}" ;;
+    avxvnni) printf '%s\n' "${x86[@]}" "${avx2[@]}" -DGGML_AVX_VNNI=ON "${no512[@]}" ;;
+    avx512) printf '%s\n' "${x86[@]}" "${avx2[@]}" -DGGML_AVX_VNNI=$vnni -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
+        -DGGML_AVX512_VBMI=ON ;;
+    esac
+}
+
 build_llamacpp() {
-    [ -x "$LLAMA_BENCH" ] && return 0
+    local flags stamp=$LLAMA_BUILD/ds4-isa-flags
+    flags=$(isa_flags)
+    [ -x "$LLAMA_BENCH" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$flags" ] && return 0
     local src
     src=$(ls -d "$CACHE"/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | head -1)
     if [ -z "$src" ]; then
@@ -79,24 +98,15 @@ build_llamacpp() {
     # cmake from PyPI goes into the repository's venv, never the system Python
     command -v cmake >/dev/null || { (cd "$ROOT" && make -s venv) &&
         "$ROOT/.venv/bin/python3" -m pip install -q cmake >/dev/null && PATH="$ROOT/.venv/bin:$PATH"; } || return 1
-    local isa_flags=(-DGGML_NATIVE=ON) vnni=OFF
-    grep -qw avx_vnni /proc/cpuinfo && vnni=ON
-    local x86=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX512_BF16=OFF)
-    case $ISA in
-    scalar) isa_flags=("${x86[@]}" -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_AVX_VNNI=OFF
-                       -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF) ;;
-    avx2) isa_flags=("${x86[@]}" -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=$vnni
-                     -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF) ;;
-    avx512) isa_flags=("${x86[@]}" -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=$vnni
-                       -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON) ;;
-    esac
+    local isa_flags
+    mapfile -t isa_flags <<< "$flags"
     note "building llama-bench from $src (CPU backend, ISA ${ISA:-native}) into $LLAMA_BUILD"
     cmake -S "$src" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release "${isa_flags[@]}" \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
         -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF >"$CACHE/cmake${ISA:+-$ISA}.log" 2>&1 || return 1
     nice cmake --build "$LLAMA_BUILD" --target llama-bench -j "$NCPU" \
         >"$CACHE/build${ISA:+-$ISA}.log" 2>&1 || return 1
-    [ -x "$LLAMA_BENCH" ]
+    [ -x "$LLAMA_BENCH" ] && printf '%s\n' "$flags" >"$stamp"
 }
 
 make_model() {

@@ -212,7 +212,7 @@ int ds4_bench_kernels(int threads, FILE *out) {
     char date[64];
     strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", gmtime(&now));
     fprintf(out, "ds4-bench --kernels  %s\ncpu: %s, kernels: %s\n\n", date, model,
-            ds4_simd_level_name(ds4_kernels_level()));
+            ds4_isa_cap_name(ds4_kernels_isa()));
 
     /* bandwidth: one allocation, first the three STREAM arrays, then the weights */
     size_t big_bytes = big_array_bytes();

@@ -183,6 +183,45 @@ bool ds4_simd_level_parse(const char *name, enum ds4_simd_level *lvl) {
     return false;
 }
 
+const char *ds4_isa_cap_name(enum ds4_isa_cap cap) {
+    switch (cap) {
+    case DS4_ISA_SCALAR: return "scalar";
+    case DS4_ISA_AVX2: return "avx2";
+    case DS4_ISA_AVXVNNI: return "avxvnni";
+    case DS4_ISA_AVX512: return "avx512";
+    case DS4_ISA_AMX: return "amx";
+    }
+    return "unknown";
+}
+
+bool ds4_isa_cap_parse(const char *name, enum ds4_isa_cap *cap) {
+    for (int c = DS4_ISA_SCALAR; c <= DS4_ISA_AMX; c++)
+        if (name && !strcmp(name, ds4_isa_cap_name((enum ds4_isa_cap)c))) {
+            *cap = (enum ds4_isa_cap)c;
+            return true;
+        }
+    return false;
+}
+
+static const enum ds4_simd_level cap_level[] = {
+    [DS4_ISA_SCALAR] = DS4_SIMD_SCALAR, [DS4_ISA_AVX2] = DS4_SIMD_AVX2, [DS4_ISA_AVXVNNI] = DS4_SIMD_AVX2,
+    [DS4_ISA_AVX512] = DS4_SIMD_AVX512, [DS4_ISA_AMX] = DS4_SIMD_AMX};
+
+void ds4_kernels_set_isa(enum ds4_isa_cap cap) {
+    ds4_kernels_set_level(cap_level[cap]);
+    ds4_kernels_set_avxvnni(cap != DS4_ISA_AVX2);
+}
+
+enum ds4_isa_cap ds4_kernels_isa(void) {
+    switch (ds4_kernels_level()) {
+    case DS4_SIMD_SCALAR: return DS4_ISA_SCALAR;
+    case DS4_SIMD_AVX2: return ds4_kernels_avxvnni() ? DS4_ISA_AVXVNNI : DS4_ISA_AVX2;
+    case DS4_SIMD_AVX512: return DS4_ISA_AVX512;
+    case DS4_SIMD_AMX: break;
+    }
+    return DS4_ISA_AMX;
+}
+
 /* NULL means: use ds4_vec_dot_ref */
 static ds4_dot_fn dot_fn(uint32_t type) {
     enum ds4_simd_level lvl = ds4_kernels_level();

@@ -68,6 +68,21 @@ void ds4_kernels_set_vbmi(bool on);
 bool ds4_kernels_avxvnni(void);
 void ds4_kernels_set_avxvnni(bool on);
 
+/* The caps --isa names: the levels above, with avx2 split in two, so that
+ * the AVX2 kernels of a CPU without AVX-VNNI (Haswell to Zen 3) can be run
+ * and measured on one that has it. "avx2" is AVX2 without AVX-VNNI,
+ * "avxvnni" AVX2 with it; avx512 and amx use AVX-VNNI where the CPU has it
+ * (wherever an AVX2 kernel serves them). Results are bit-identical between
+ * avx2 and avxvnni. */
+enum ds4_isa_cap { DS4_ISA_SCALAR, DS4_ISA_AVX2, DS4_ISA_AVXVNNI, DS4_ISA_AVX512, DS4_ISA_AMX };
+const char *ds4_isa_cap_name(enum ds4_isa_cap cap);
+/* the inverse of ds4_isa_cap_name; false (and *cap untouched) for anything else */
+bool ds4_isa_cap_parse(const char *name, enum ds4_isa_cap *cap);
+/* the level and the AVX-VNNI switch a cap sets, each clamped to the CPU */
+void ds4_kernels_set_isa(enum ds4_isa_cap cap);
+/* the cap in use: the level's, avxvnni for avx2 with AVX-VNNI on */
+enum ds4_isa_cap ds4_kernels_isa(void);
+
 /* bytes needed to hold n activations converted for weight type `type` */
 size_t ds4_act_bytes(uint32_t type, int64_t n);
 void ds4_quantize_act(uint32_t type, const float *x, void *dst, int64_t n);

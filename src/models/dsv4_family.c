@@ -206,7 +206,7 @@ static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_
     char where[64] = "cuda";
     if (p->gpu.backend == DS4_BACKEND_CPU)
         snprintf(where, sizeof where, "%d threads, cpu kernels %s", fm->cpu_threads,
-                 ds4_simd_level_name(ds4_kernels_level()));
+                 ds4_isa_cap_name(ds4_kernels_isa()));
     const ds4_layer_slice *sl = &m->slice;
     char held[80] = "";
     if (!ds4_model_is_whole(m))

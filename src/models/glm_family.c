@@ -149,7 +149,7 @@ static void report(const ds4_family_model *fm, const ds4_backend *be, const ds4_
     ds4_log(DS4_LOG_INFO, "ds4: %s: GLM 5.2, %u layers, %u experts, %.2f GiB file, %.1f MiB resident, %d threads, "
                           "cpu kernels %s, numerics f32\n",
             m->name, glm_n_trunk(hp), hp->n_expert, (double)m->file_bytes / (1 << 30), (double)rss / (1 << 20),
-            be->power.threads, ds4_simd_level_name(ds4_kernels_level()));
+            be->power.threads, ds4_isa_cap_name(ds4_kernels_isa()));
 }
 
 static void model_free(ds4_family_model *fm) { ds4_glm_model_free(M(fm)); }

@@ -404,8 +404,9 @@ void ds4_runtime_opts_default(ds4_runtime_opts *o) {
 }
 
 #define CPU_USAGE                                                                                  \
-    "      --isa LEVEL            highest CPU kernel level: scalar, avx2, avx512 or amx (default: the\n" \
-    "                             CPU's best, or $DS4_ISA; a level the CPU lacks runs its best)\n"     \
+    "      --isa LEVEL            highest CPU kernel level: scalar, avx2 (without AVX-VNNI), avxvnni,\n" \
+    "                             avx512 or amx (default: the CPU's best, or $DS4_ISA; a level the\n"   \
+    "                             CPU lacks runs its best)\n"                                          \
     "      --cpu-affinity LIST    pin compute thread i to the i-th CPU of LIST, e.g. 0-3 or 0,2,4,6\n"  \
     "                             (the thread that loads the model is thread 0; default: unpinned)\n"
 
@@ -417,7 +418,7 @@ const char ds4_runtime_usage[] =
     "      --warm-weights         page every weight in at load and report the time it took\n" CPU_USAGE;
 const char ds4_cpu_usage[] = CPU_USAGE;
 
-static const char isa_values[] = "scalar, avx2, avx512 or amx";
+static const char isa_values[] = "scalar, avx2, avxvnni, avx512 or amx";
 
 /* "0-3,8" into cpus[0..*n): numbers and ascending ranges, in order; the
  * shape only (ds4_pool_set_affinity checks the CPUs themselves) */
@@ -458,9 +459,9 @@ bool ds4_cli_cpu(ds4_cli *c, int *isa, const char **cpu_affinity) {
     }
     if (!ds4_cli_is(c, "--isa")) return false;
     const char *v = value(c);
-    enum ds4_simd_level lvl;
-    if (v && !ds4_simd_level_parse(v, &lvl)) bad(c, isa_values);
-    else if (v) *isa = (int)lvl;
+    enum ds4_isa_cap cap;
+    if (v && !ds4_isa_cap_parse(v, &cap)) bad(c, isa_values);
+    else if (v) *isa = (int)cap;
     return true;
 }
 
@@ -477,21 +478,24 @@ static bool select_affinity(const char *prog, const char *list) {
 bool ds4_cpu_select(const char *prog, int isa, const char *cpu_affinity) {
     if (!select_affinity(prog, cpu_affinity)) return false;
     const char *from = "--isa";
-    enum ds4_simd_level want = (enum ds4_simd_level)isa;
+    enum ds4_isa_cap want = (enum ds4_isa_cap)isa;
     if (isa < 0) {
         const char *env = getenv("DS4_ISA");
         if (!env || !*env) return true;
-        if (!ds4_simd_level_parse(env, &want)) {
+        if (!ds4_isa_cap_parse(env, &want)) {
             ds4_log(DS4_LOG_ERROR, "%s: DS4_ISA: bad value '%.32s' (%s)\n", prog, env, isa_values);
             return false;
         }
         from = "DS4_ISA";
     }
-    const enum ds4_simd_level best = ds4_cpu_best_level();
-    if (want > best)
+    ds4_kernels_set_isa(want);
+    const enum ds4_isa_cap got = ds4_kernels_isa();
+    if (got < want && want == DS4_ISA_AVXVNNI)
+        ds4_log(DS4_LOG_WARN, "%s: %s avxvnni: this CPU has no AVX-VNNI, so %s runs instead\n", prog, from,
+                ds4_isa_cap_name(got));
+    else if (got < want)
         ds4_log(DS4_LOG_WARN, "%s: %s %s: this CPU has %s at most, which runs instead\n", prog, from,
-                ds4_simd_level_name(want), ds4_simd_level_name(best));
-    ds4_kernels_set_level(want);
+                ds4_isa_cap_name(want), ds4_isa_cap_name(got));
     return true;
 }
 

@@ -107,7 +107,7 @@ typedef struct {
     ds4_steering_params steering;
     int power;
     bool warm_weights;      /* --warm-weights */
-    int isa;                /* --isa: a ds4_simd_level, or -1 ($DS4_ISA, else the CPU's best) */
+    int isa;                /* --isa: a ds4_isa_cap, or -1 ($DS4_ISA, else the CPU's best) */
     const char *cpu_affinity; /* --cpu-affinity LIST, checked for its shape; NULL: not given */
 } ds4_runtime_opts;
 void ds4_runtime_opts_default(ds4_runtime_opts *o);
@@ -117,9 +117,9 @@ extern const char ds4_runtime_usage[];
 
 /* The process-wide CPU settings, which ds4_cli_runtime() takes too
  * (ds4-eval, which has no runtime group, takes them alone):
- * --isa scalar|avx2|avx512|amx: the highest CPU kernel level to run
- *   (kernels/kernels_cpu.h), for measuring and testing a lower level on a
- *   better CPU; *isa: a ds4_simd_level.
+ * --isa scalar|avx2|avxvnni|avx512|amx: the highest CPU kernel level to run
+ *   (kernels/kernels_cpu.h; avx2 without AVX-VNNI, avxvnni with it), for
+ *   measuring and testing a lower level on a better CPU; *isa: a ds4_isa_cap.
  * --cpu-affinity LIST: pin the thread pools' threads in order to the CPUs of
  *   LIST ("0-3,8": numbers and ascending ranges, each CPU once;
  *   base/threadpool.h says which thread gets which). */
@@ -127,7 +127,8 @@ bool ds4_cli_cpu(ds4_cli *c, int *isa, const char **cpu_affinity);
 extern const char ds4_cpu_usage[]; /* their help lines, also in ds4_runtime_usage */
 /* Applies them once, after parsing and before any kernel runs or pool is
  * made. The level: `isa` when >= 0, else $DS4_ISA when set and not empty; a
- * level above the CPU's runs the CPU's best, after one warning line. A bad
+ * level above the CPU's (avxvnni on a CPU without AVX-VNNI: avx2) runs the
+ * best the CPU has below it, after one warning line. A bad
  * $DS4_ISA, or a CPU list naming a CPU this process may not run on, is
  * refused with one line ("PROG: DS4_ISA: bad value ...", "PROG:
  * --cpu-affinity 0,7: CPU 7 is not one ...") and false (the binary exits 2). */

@@ -6,7 +6,8 @@
 # each thread runs).
 # --isa LEVEL / $DS4_ISA cap the CPU kernel level: the load line names the
 # level in use, a level above the CPU's runs the CPU's best after one warning
-# line, a bad value is refused with one line (exit 2). The cap is real: on the demo model
+# line, a bad value is refused with one line (exit 2); avx2 runs without AVX-VNNI
+# and avxvnni with it, bit for bit alike. The cap is real: on the demo model
 # `ds4 --isa avx2` dumps the same greedy steps and logprobs, byte for byte, as
 # the uncapped binary on an emulated AVX2-only CPU (qemu-x86_64 -cpu
 # Haswell), the level the AVX2 kernels' tests run under. That comparison
@@ -26,13 +27,30 @@ run() { ./ds4 -m models/demo.gguf -p "Once upon a time" --nothink -n 8 -t 1 "$@"
 best=$(run 2>&1 >/dev/null | sed -n 's/.*cpu kernels \([a-z0-9]*\),.*/\1/p')
 [ -n "$best" ] && ok "the load line names the level in use ($best)" || bad "no 'cpu kernels LEVEL' in the load line"
 levels="scalar"
-case $best in avx2) levels="scalar avx2" ;; avx512) levels="scalar avx2 avx512" ;; amx) levels="scalar avx2 avx512 amx" ;; esac
+case $best in avx2) levels="scalar avx2" ;; avxvnni) levels="scalar avx2 avxvnni" ;;
+    avx512) levels="scalar avx2 avx512" ;; amx) levels="scalar avx2 avx512 amx" ;; esac
+# avxvnni (AVX2 with AVX-VNNI) is a cap of its own where the CPU has AVX-VNNI
+vnni=no
+grep -qw avx_vnni /proc/cpuinfo && vnni=yes
+case $best in avx512|amx) [ $vnni = yes ] && levels="$levels avxvnni" ;; esac
 for l in $levels; do
     line=$(run --isa "$l" 2>&1 >/dev/null | grep "cpu kernels")
     case $line in *"cpu kernels $l,"*) ok "--isa $l: the load line says $l" ;; *) bad "--isa $l: load line '$line'" ;; esac
     line=$(DS4_ISA=$l run 2>&1 >/dev/null | grep "cpu kernels")
     case $line in *"cpu kernels $l,"*) ok "DS4_ISA=$l: the load line says $l" ;; *) bad "DS4_ISA=$l: load line '$line'" ;; esac
 done
+# avx2 runs without AVX-VNNI, avxvnni with it: the same integers, so the same bits
+if [ $vnni = yes ]; then
+    run --isa avx2 --dump-logprobs "$d/avx2.json" >/dev/null 2>&1
+    run --isa avxvnni --dump-logprobs "$d/avxvnni.json" >/dev/null 2>&1
+    [ -s "$d/avx2.json" ] && cmp -s "$d/avx2.json" "$d/avxvnni.json" &&
+        ok "--isa avx2 and --isa avxvnni: the same steps and logprobs" || bad "--isa avx2 and avxvnni differ"
+else
+    run --isa avxvnni >/dev/null 2>"$d/err"; rc=$?
+    n=$(grep -c "this CPU has no AVX-VNNI" "$d/err")
+    [ $rc = 0 ] && [ "$n" = 1 ] && grep -q "cpu kernels avx2," "$d/err" &&
+        ok "--isa avxvnni without AVX-VNNI: one warning line, avx2 runs" || bad "--isa avxvnni: rc $rc, $(cat "$d/err")"
+fi
 # --isa wins over the environment
 line=$(DS4_ISA=$best run --isa scalar 2>&1 >/dev/null | grep "cpu kernels")
 case $line in *"cpu kernels scalar,"*) ok "--isa overrides DS4_ISA" ;; *) bad "--isa lost to DS4_ISA: '$line'" ;; esac
@@ -46,11 +64,11 @@ fi
 # bad values: one line, exit 2, for every binary that loads a model
 for bin in ds4 ds4-server ds4-agent ds4-bench ds4-eval; do
     out=$(./$bin -m models/demo.gguf --isa sse4 2>&1); rc=$?
-    [ $rc = 2 ] && [ "$out" = "$bin: --isa: bad value 'sse4' (scalar, avx2, avx512 or amx)" ] &&
+    [ $rc = 2 ] && [ "$out" = "$bin: --isa: bad value 'sse4' (scalar, avx2, avxvnni, avx512 or amx)" ] &&
         ok "$bin --isa sse4: one line, exit 2" || bad "$bin --isa sse4: rc $rc, '$out'"
 done
 out=$(DS4_ISA=avx3 ./ds4 -m models/demo.gguf -p hi 2>&1); rc=$?
-[ $rc = 2 ] && [ "$out" = "ds4: DS4_ISA: bad value 'avx3' (scalar, avx2, avx512 or amx)" ] &&
+[ $rc = 2 ] && [ "$out" = "ds4: DS4_ISA: bad value 'avx3' (scalar, avx2, avxvnni, avx512 or amx)" ] &&
     ok "DS4_ISA=avx3: one line, exit 2" || bad "DS4_ISA=avx3: rc $rc, '$out'"
 out=$(./ds4-bench --kernels --isa 2>&1); rc=$?
 [ $rc = 2 ] && [ "$out" = "ds4-bench: --isa needs a value" ] && ok "--isa without a value: one line" ||
