@@ -174,15 +174,6 @@ const char *ds4_simd_level_name(enum ds4_simd_level lvl) {
     return "unknown";
 }
 
-bool ds4_simd_level_parse(const char *name, enum ds4_simd_level *lvl) {
-    for (int l = DS4_SIMD_SCALAR; l <= DS4_SIMD_AMX; l++)
-        if (name && !strcmp(name, ds4_simd_level_name((enum ds4_simd_level)l))) {
-            *lvl = (enum ds4_simd_level)l;
-            return true;
-        }
-    return false;
-}
-
 const char *ds4_isa_cap_name(enum ds4_isa_cap cap) {
     switch (cap) {
     case DS4_ISA_SCALAR: return "scalar";

@@ -51,9 +51,6 @@ enum ds4_simd_level ds4_cpu_best_level(void);        /* what this CPU supports *
 enum ds4_simd_level ds4_kernels_level(void);         /* what is in use */
 void ds4_kernels_set_level(enum ds4_simd_level lvl); /* clamped to best */
 const char *ds4_simd_level_name(enum ds4_simd_level lvl);
-/* The inverse of ds4_simd_level_name: "scalar", "avx2", "avx512" or "amx"
- * into *lvl; false (and *lvl untouched) for anything else. */
-bool ds4_simd_level_parse(const char *name, enum ds4_simd_level *lvl);
 /* Inside the AVX-512 level, IQ2_XXS blocks are decoded with VBMI byte
  * permutes and GFNI bit-matrix multiplies, and Q2_K quants extracted with
  * the latter, where the CPU has both; else with gathers and shifts. The
