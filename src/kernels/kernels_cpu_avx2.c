@@ -255,9 +255,8 @@ INLINE void q8_0_pair_step(const void *w, size_t row_bytes, int nr, const void *
 
 /* A tile's prefetches at pair p of its nr rows, two per 68 bytes: chain
  * 0's ask for the rows themselves, ahead of their reads; chain 1's for the
- * same bytes of the next tile's rows (into L2). The plain tile runs a pass
- * per chain, the second from cache, so memory works through both; the VNNI
- * tile makes both requests in its one pass. */
+ * same bytes of the next tile's rows (into L2). Both tiles make both
+ * requests in their one pass over the rows. */
 INLINE void q8_0_tile_prefetch(const void *w, size_t row_bytes, int nr, int64_t p, int chain) {
     UNROLL
     for (int r = 0; r < nr; r++) {
@@ -284,8 +283,8 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
         for (int t = 0; t < nt; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
 #define STEP(p, chain) q8_0_pair_step(w, row_bytes, nr, acts, stride, packed, nt, p, nb, acc, chain, vnni)
     /* both chains in one pass: a tile's rows are read once, and the
-     * accumulators that do not fit the registers (the tile's 2 x 4 x 2)
-     * wait in L1, which its ALU-bound steps do not notice */
+     * accumulators that do not fit the registers (up to 2 x 8 x 2) wait
+     * in L1, which its ALU-bound steps do not notice */
     int64_t p = 0;
     for (; p + 2 <= pairs; p += 2) {
         q8_0_tile_prefetch(w, row_bytes, nr, p, 0);
@@ -339,8 +338,8 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
  * per-row kernel would apply the signs and assemble the activation pairs
  * again for every row. From L2 (256 rows of 4096, one thread, the Xeon VM)
  * 25-27 -> 32-35 GB/s; from memory (1.1 GB) 13.7-15.3 -> 14.9-15.2. The
- * plain tile stays at two tokens: from memory it streamed 5% slower than
- * the per-row kernel for one.
+ * plain tile starts at two tokens: for one, from memory it streamed 5%
+ * slower than the per-row kernel.
  * Groups of 8 rather than 4, in one pass rather than a pass per chain (one
  * thread, alternating, 65536 x 4096 = 285 MB): 8 tokens 48.2 -> 38.0 ms, 16
  * tokens 85.7 -> 71.0-74.7, 4 tokens 26.5-26.7 -> 24.1-25.1, from cache
