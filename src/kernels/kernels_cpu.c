@@ -357,9 +357,9 @@ struct mm_ctx {
  * stream read only through them restarts its ramp-up on every page. While
  * a row is computed, its own length of bytes DS4_PREFETCH_AHEAD further on
  * is requested, which keeps more than a page of reads in flight; the Q8_0
- * kernels (most of decode's bytes), the Q2_K kernels and the AVX-512
- * IQ2_XXS kernel instead prefetch line by line, which measured better for
- * them.
+ * kernels (most of decode's bytes), the Q2_K and float kernels and the
+ * AVX-512 IQ2_XXS kernel instead prefetch line by line, which measured
+ * better for them.
  * On a 2-core AVX-512 Xeon (1 thread, 1 GiB of weights, GB/s of CPU time,
  * A/B pairs): Q8_0 6.4 -> 8.2 (driver) / 9.3 (in-kernel), IQ2_XXS 3.2 ->
  * 4.9, Q2_K 5.0 -> 7.3, plain read 10-13; later, `ds4-bench --kernels`,
@@ -373,7 +373,12 @@ static inline void prefetch_ahead(const uint8_t *row, size_t row_bytes, const ui
 
 bool ds4_kernels_self_prefetch(uint32_t type) {
     const enum ds4_simd_level lvl = ds4_kernels_level();
-    if (type == DS4_TYPE_Q8_0 || type == DS4_TYPE_Q2_K) return lvl >= DS4_SIMD_AVX2;
+    /* the float dots too: the driver's burst per row queued behind their
+     * FMA chains (F16 matvec from DRAM, one thread, Xeon VM: avx2 11.9-13.0
+     * -> 14.0-15.1 GB/s) */
+    if (type == DS4_TYPE_Q8_0 || type == DS4_TYPE_Q2_K || type == DS4_TYPE_F16 || type == DS4_TYPE_BF16 ||
+        type == DS4_TYPE_F32)
+        return lvl >= DS4_SIMD_AVX2;
     /* the AVX2 IQ2_XXS kernel is bound by its table lookups (4 GB/s from L2):
      * prefetching in it measured slower than the driver's */
     return type == DS4_TYPE_IQ2_XXS && lvl >= DS4_SIMD_AVX512;

@@ -60,7 +60,7 @@ INLINE float float_finish(enum float_kind k, const void *w, const float *a, int6
     return sum;
 }
 
-/* two FMA chains per token */
+/* two FMA chains per token; the row's lines are prefetched as it goes */
 INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t stride, int64_t n, int nt,
                      float *out) {
     __m256 acc[NT_MAX][2];
@@ -68,6 +68,7 @@ INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t 
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
+        prefetch_float_lines(k, w, i, 16);
         __m256 w0 = load8(k, w, i), w1 = load8(k, w, i + 8);
         UNROLL
         for (int t = 0; t < nt; t++) {

@@ -48,7 +48,8 @@ INLINE __mmask16 lanes_before(int64_t i, int64_t end) {
 /* a (row, token)'s result from its two chains */
 INLINE float chains_sum(__m512 chain0, __m512 chain1) { return _mm512_reduce_add_ps(_mm512_add_ps(chain0, chain1)); }
 
-/* two FMA chains per token; masked loads handle the tail */
+/* two FMA chains per token; masked loads handle the tail; the row's lines
+ * are prefetched as it goes */
 INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t stride, int64_t n, int nt,
                      float *out) {
     __m512 acc[NT_MAX][2];
@@ -56,6 +57,7 @@ INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t 
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
+        prefetch_float_lines(k, w, i, 32);
         __m512 w0 = load16(k, w, i, 0xFFFF), w1 = load16(k, w, i + 16, 0xFFFF);
         UNROLL
         for (int t = 0; t < nt; t++) {

@@ -46,7 +46,6 @@ INLINE void float_tile_span(enum float_kind k, const void *w, size_t row_bytes, 
     for (int r = 0; r < FT_SUB_ROWS; r++)
         UNROLL
         for (int t = 0; t < nt; t++) sum[r][t] = acc[r * FT_TOKENS + t];
-    const int64_t line_elems = 64 / (int64_t)float_kind_bytes(k);
     for (int64_t i = i0; i < i1; i += step) {
         ft_vec wv[FT_SUB_ROWS];
         UNROLL
@@ -54,9 +53,7 @@ INLINE void float_tile_span(enum float_kind k, const void *w, size_t row_bytes, 
             const uint8_t *row = (const uint8_t *)w + row_bytes * (size_t)r;
             /* on the first chain's pass (i a multiple of the chain pair),
              * each line that starts in the pair's elements once */
-            if (prefetch)
-                for (int64_t e = 0; e < 2 * FT_LANES; e += line_elems)
-                    if ((i + e) % line_elems == 0) prefetch_weights(row + (size_t)(i + e) * float_kind_bytes(k));
+            if (prefetch) prefetch_float_lines(k, row, i, 2 * FT_LANES);
             wv[r] = ft_weights(k, row, i, i1);
         }
         UNROLL

@@ -111,6 +111,15 @@ INLINE struct float_group float_group(const void *packed) {
 
 INLINE size_t float_kind_bytes(enum float_kind k) { return k == KIND_F32 ? 4 : 2; }
 
+/* prefetch_weights for a float row read `count` elements per step from
+ * element i: each line that starts among them, so a pass asks for every
+ * line of the row once */
+INLINE void prefetch_float_lines(enum float_kind k, const void *row, int64_t i, int64_t count) {
+    const int64_t line_elems = 64 / (int64_t)float_kind_bytes(k);
+    for (int64_t e = 0; e < count; e += line_elems)
+        if ((i + e) % line_elems == 0) prefetch_weights((const uint8_t *)row + (size_t)(i + e) * float_kind_bytes(k));
+}
+
 /* The body of each file's ds4_kernels_ISA_dot / _dotn lookup: the kernels
  * every ISA file has, then EXTRA(prefix), case lines for its own. */
 #define DISPATCH(prefix, EXTRA)                                                                     \
