@@ -183,6 +183,14 @@ static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *
 
 enum { TILE_ROWS_MAX = Q8_TILE_ROWS, TILE_TOKENS_MAX = Q8_TILE_TOKENS > NT_MAX ? Q8_TILE_TOKENS : NT_MAX };
 
+/* How far ahead a tile asks for its own rows' lines: it streams up to
+ * Q8_TILE_ROWS rows at once, so half of a single stream's distance keeps
+ * the bytes in flight per thread near a single-row kernel's. On a 2-core
+ * AMD EPYC (Zen 4) VM, Q8_0 matvec from DRAM at one thread went from
+ * 20.7-22.2 to 23.1-25.1 GB/s and decode from 11.6-12.2 to 12.4-12.9 t/s;
+ * on the 2-core Xeon VM 1 KiB measured within noise of 2 KiB. */
+#define Q8_TILE_AHEAD (DS4_PREFETCH_AHEAD / 2)
+
 /* the quad at block b (m blocks) of nr rows x nt tokens into the
  * accumulators; the tokens come packed or as activation rows */
 INLINE void q8_0_quad_step(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride,
@@ -203,8 +211,8 @@ INLINE void q8_0_quad_step(const void *w, size_t row_bytes, int nr, const void *
             _mm_prefetch((const char *)x + row_bytes * (size_t)nr, _MM_HINT_T1);
             _mm_prefetch((const char *)(x + 2) + row_bytes * (size_t)nr, _MM_HINT_T1);
         }
-        prefetch_weights(x);
-        prefetch_weights(x + 2);
+        _mm_prefetch((const char *)x + Q8_TILE_AHEAD, _MM_HINT_T0);
+        _mm_prefetch((const char *)(x + 2) + Q8_TILE_AHEAD, _MM_HINT_T0);
         const struct q8_quad v = q8_0_quad(x, m);
         wlo[r] = _mm512_xor_si512(v.lo, u128);
         whi[r] = _mm512_xor_si512(v.hi, u128);
