@@ -461,15 +461,9 @@ static void iq2_xxs_tile(const void *w, size_t row_bytes, const void *packed, in
                          int64_t y_stride) {
     iq2_tile(w, row_bytes, packed, n, nt, y, y_stride, false);
 }
-/* The VBMI decode runs on the vector ports the tile's arithmetic needs,
- * the gathers mostly on the load ports, so from 8 tokens on a super-block's
- * arithmetic hides the gathers better (2048 x 4096, 1 thread, VBMI against
- * gather: 1.20x at 2 tokens, 1.14x at 4, 1.01x at 8, 0.97x at 16). */
-enum { IQ2_VBMI_TILE_MAX_TOKENS = 7 };
 VBMI static void iq2_xxs_vbmi_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
                                    int64_t y_stride) {
-    if (nt > IQ2_VBMI_TILE_MAX_TOKENS) iq2_tile(w, row_bytes, packed, n, nt, y, y_stride, false);
-    else iq2_tile(w, row_bytes, packed, n, nt, y, y_stride, true);
+    iq2_tile(w, row_bytes, packed, n, nt, y, y_stride, true);
 }
 
 /* ---- Q2_K x Q8_K ----

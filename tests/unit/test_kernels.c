@@ -393,7 +393,7 @@ static void test_matmul_long_rows(enum ds4_simd_level lvl) {
  * kernel's float result is exact whatever its order: the dot, the
  * multi-token kernel and the matmul tile must equal the oracle bit for bit. */
 static void test_iq2_xxs_exhaustive(enum ds4_simd_level lvl, const char *decode) {
-    enum { ROWS = 32, BLOCKS = 2, TOKENS = 6 }; /* the VBMI tile takes up to 7 tokens */
+    enum { ROWS = 32, BLOCKS = 2, TOKENS = 16 }; /* one tile group: the most a tile takes */
     const int64_t n = BLOCKS * DS4_QK_K;
     ds4_block_iq2_xxs w[ROWS][BLOCKS];
     ds4_block_q8_K a[TOKENS][BLOCKS];
