@@ -716,10 +716,11 @@ DOT_ENTRY_POINTS_ATTR(iq2_xxs_vnni, AVXVNNI)
  * decoded rows no longer fit the 16 registers, and the tiles measured
  * slower than with one (2048 x 4096 IQ2_XXS, 12 tokens, 1 thread, AMD
  * EPYC: 1.21x against 1.47x over the multi-token kernel; Q2_K 4096 x 2048
- * 1.47x against 1.93x). IQ2_XXS with 2 tokens stays with the multi-token
- * kernel (tile 0.80x; 1.36x at 3, 0.99x at 4, 1.47x at 12); Q2_K's tile
- * wins from 2 (1.22x; 1.87x at 12). */
-enum { KT_ROWS = 1, KT_TOKENS = 16, IQ2_TILE_MIN_TOKENS = 3, Q2K_TILE_MIN_TOKENS = 2 };
+ * 1.47x against 1.93x). IQ2_XXS up to 4 tokens stays with the multi-token
+ * kernel, which runs 3 tokens in one pass (the tile against it, 512 x 4096,
+ * Zen 4: 0.89x at 3, 0.90x at 4, 1.28x at 5); Q2_K's tile wins
+ * from 2 (1.22x; 1.87x at 12). */
+enum { KT_ROWS = 1, KT_TOKENS = 16, IQ2_TILE_MIN_TOKENS = 5, Q2K_TILE_MIN_TOKENS = 2 };
 
 /* per super-block, per token: the 256 quants (plus 128 for IQ2_XXS, below)
  * and the 16 bsums, 288 bytes; after all super-blocks the activation

@@ -10,7 +10,7 @@
  * - Every kernel is written once as NAME_nt(w, acts, stride, n, nt, out)
  *   for nt activation rows; DOT_ENTRY_POINTS(NAME) derives the matvec dot
  *   (nt = 1) and the matmul micro-kernel (nt = 1..DS4_DOT_TOKENS, run as
- *   straight-line groups of 8, 4, 2 and 1) from it, so all run the same
+ *   straight-line groups of 8, 4, 3, 2 and 1) from it, so all run the same
  *   per-token arithmetic.
  */
 #ifndef DS4_KERNELS_CPU_SIMD_H
@@ -27,10 +27,12 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define NT_MAX DS4_DOT_TOKENS
-/* dotn runs any count as groups of 8, 4, 2 and 1 tokens: four straight-line
- * instances per kernel (one per count 1..8 made the sanitizer builds of the
- * ISA files 10-20x slower to compile) */
-_Static_assert(NT_MAX == 8, "DOT_ENTRY_POINTS splits counts into 8, 4, 2, 1");
+/* dotn runs any count as groups of 8, 4, 3, 2 and 1 tokens: five
+ * straight-line instances per kernel (one per count 1..8 made the sanitizer
+ * builds of the ISA files 10-20x slower to compile; 3 is there because
+ * small expert batches of 3 tokens are common and 2 + 1 passes cost 1.5x
+ * one pass of 3) */
+_Static_assert(NT_MAX == 8, "DOT_ENTRY_POINTS splits counts into 8, 4, 3, 2, 1");
 /* the fixed-count loops over tokens and sub-blocks must become straight-line
  * code: lane masks and shift counts then fold to immediates */
 #define UNROLL _Pragma("GCC unroll 8")
@@ -71,6 +73,7 @@ INLINE const void *tok(const void *acts, size_t stride, int t) { return (const u
             const void *a = tok(acts, stride, t);                                                   \
             if (nt - t >= 8) { name##_nt(w, a, stride, n, 8, out + t); t += 8; }                    \
             else if (nt - t >= 4) { name##_nt(w, a, stride, n, 4, out + t); t += 4; }               \
+            else if (nt - t >= 3) { name##_nt(w, a, stride, n, 3, out + t); t += 3; }               \
             else if (nt - t >= 2) { name##_nt(w, a, stride, n, 2, out + t); t += 2; }               \
             else { name##_nt(w, a, stride, n, 1, out + t); t += 1; }                                \
         }                                                                                           \
