@@ -513,23 +513,29 @@ INLINE void q2_K_core(const void *w, const void *acts, size_t stride, int64_t n,
         prefetch_lines(&prefetch, x + i + 1);
         __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
-        __m512i scales32 = _mm512_cvtepu8_epi32(_mm_and_si128(sc8, m4));
+        const __m512i scales16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4)));
         __m512i sumi[NT_MAX];
         UNROLL
         for (int t = 0; t < nt; t++) sumi[t] = _mm512_setzero_si512();
         UNROLL
-        for (int m = 0; m < 4; m++) {
+        for (int m = 0; m < 4; m += 2) {
             __m512i half = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * (m / 2))));
-            __m512i q = q2_K_quants(half, m, gfni);
-            __m512i sc = _mm512_permutexvar_epi32(
-                _mm512_setr_epi32(4 * m, 4 * m, 4 * m, 4 * m, 4 * m + 1, 4 * m + 1, 4 * m + 1, 4 * m + 1, 4 * m + 2,
-                                  4 * m + 2, 4 * m + 2, 4 * m + 2, 4 * m + 3, 4 * m + 3, 4 * m + 3, 4 * m + 3),
-                scales32);
+            __m512i q0 = q2_K_quants(half, m, gfni), q1 = q2_K_quants(half, m + 1, gfni);
+            /* lane L: the scales of its groups in m (low word) and m + 1 */
+            const __m512i sc = _mm512_permutexvar_epi16(
+                _mm512_set_epi16(4 * m + 7, 4 * m + 3, 4 * m + 7, 4 * m + 3, 4 * m + 7, 4 * m + 3, 4 * m + 7, 4 * m + 3,
+                                 4 * m + 6, 4 * m + 2, 4 * m + 6, 4 * m + 2, 4 * m + 6, 4 * m + 2, 4 * m + 6, 4 * m + 2,
+                                 4 * m + 5, 4 * m + 1, 4 * m + 5, 4 * m + 1, 4 * m + 5, 4 * m + 1, 4 * m + 5, 4 * m + 1,
+                                 4 * m + 4, 4 * m + 0, 4 * m + 4, 4 * m + 0, 4 * m + 4, 4 * m + 0, 4 * m + 4, 4 * m + 0),
+                scales16);
             UNROLL
             for (int t = 0; t < nt; t++) {
                 const ds4_block_q8_K *y = (const ds4_block_q8_K *)tok(acts, stride, t) + i;
-                __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(y->qs + 64 * m));
-                sumi[t] = _mm512_dpwssd_epi32(sumi[t], s, sc);
+                /* each lane's two group sums (|sum| <= 4 * 3 * 127) as its
+                 * two words, so one vpdpwssd scales both */
+                __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, _mm512_loadu_si512(y->qs + 64 * m));
+                __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q1, _mm512_loadu_si512(y->qs + 64 * m + 64));
+                sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_mask_blend_epi16(0xAAAAAAAA, s0, _mm512_slli_epi32(s1, 16)), sc);
             }
         }
         /* d and dmin (adjacent halves) converted together, and each times
