@@ -256,8 +256,10 @@ INLINE void q8_0_pair_step(const void *w, size_t row_bytes, int nr, const void *
 
 /* A tile's prefetches at pair p of its nr rows, two per 68 bytes: chain
  * 0's ask for the rows themselves, ahead of their reads; chain 1's for the
- * same bytes of the next tile's rows (into L2). Both tiles make both
- * requests in their one pass over the rows. */
+ * same bytes of the rows two tiles on (into L2; against the next tile's,
+ * 65536 x 4096 from DRAM, one thread, plain avx2, Zen 4: 2 tokens
+ * 20.5-21.7 -> 19.3-20.4 ms, 8 tokens 47.0-47.6 -> 45.7-46.3). Both tiles
+ * make both requests in their one pass over the rows. */
 INLINE void q8_0_tile_prefetch(const void *w, size_t row_bytes, int nr, int64_t p, int chain) {
     UNROLL
     for (int r = 0; r < nr; r++) {
@@ -266,8 +268,8 @@ INLINE void q8_0_tile_prefetch(const void *w, size_t row_bytes, int nr, int64_t 
             prefetch_weights(x);
             prefetch_weights(x + 2);
         } else {
-            _mm_prefetch((const char *)(x - 2) + row_bytes * (size_t)nr, _MM_HINT_T1);
-            _mm_prefetch((const char *)x + row_bytes * (size_t)nr, _MM_HINT_T1);
+            _mm_prefetch((const char *)(x - 2) + row_bytes * (size_t)(2 * nr), _MM_HINT_T1);
+            _mm_prefetch((const char *)x + row_bytes * (size_t)(2 * nr), _MM_HINT_T1);
         }
     }
 }
