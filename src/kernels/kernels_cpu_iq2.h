@@ -318,6 +318,9 @@ struct iq2_decoded_pair {
     _Alignas(32) uint8_t sign_bytes[2][32];
 };
 
+/* the second super-block of the pair starting at i of nb */
+INLINE int64_t iq2_pair_second(int64_t i, int64_t nb) { return i + 1 < nb ? i + 1 : i; }
+
 INLINE void iq2_decode_pair(const ds4_block_iq2_xxs *x, int64_t i, int64_t i1, bool vbmi, struct iq2_decoded_pair *p) {
     __m512i codes[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
     if (vbmi) iq2_lookup_codes((const uint8_t *)x[i].qs, (const uint8_t *)x[i1].qs, codes);
@@ -370,11 +373,11 @@ INLINE void iq2_nt(const void *w, const void *acts, size_t stride, int64_t n, in
      * -> 31.3 cycles per super-block). */
     const char *prefetch = prefetch_cursor(x);
     struct iq2_decoded_pair pair[2];
-    if (nb > 0) iq2_decode_pair(x, 0, nb > 1 ? 1 : 0, vbmi, &pair[0]);
+    if (nb > 0) iq2_decode_pair(x, 0, iq2_pair_second(0, nb), vbmi, &pair[0]);
     for (int64_t i = 0, cur = 0; i < nb; i += 2, cur ^= 1) {
-        const int64_t i1 = i + 1 < nb ? i + 1 : i;
+        const int64_t i1 = iq2_pair_second(i, nb);
         prefetch_lines(&prefetch, x + i1 + 1);
-        if (i + 2 < nb) iq2_decode_pair(x, i + 2, i + 3 < nb ? i + 3 : i + 2, vbmi, &pair[cur ^ 1]);
+        if (i + 2 < nb) iq2_decode_pair(x, i + 2, iq2_pair_second(i + 2, nb), vbmi, &pair[cur ^ 1]);
         iq2_super_block(x, i, vbmi, blockwise, &pair[cur].d[0], acts, stride, nt, acc, pending);
         if (i1 > i) iq2_super_block(x, i1, vbmi, blockwise, &pair[cur].d[1], acts, stride, nt, acc, pending);
         const int64_t done = i1 + 1;
