@@ -133,21 +133,25 @@ INLINE __m512i quad_halves(const ds4_block_q8_0 *q, int i1, int i2, int i3, int 
     return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(q[i3].qs + offset)), 3);
 }
 
-/* the quad of m (1..4) blocks at q. The four f16 scales are half-words 0,
- * 17, 34 and 51 of its bytes: two loads (masked to the blocks that exist,
- * so a missing block's scale reads as 0), one permute spreads them */
+/* the quad of m (1..4) blocks at q. The four f16 scales (a missing
+ * block's is 0) are read as integers into one 64-bit word, converted by a
+ * 128-bit vcvtph2ps and spread to their lanes by one permute. (Two 64-byte
+ * loads, a two-source word permute and a 512-bit conversion before: the
+ * per-row kernel from L2, one thread, Zen 4, 33.8 -> 39.5 GB/s; the
+ * four-row tile unchanged.) */
 INLINE struct q8_quad q8_0_quad(const ds4_block_q8_0 *q, int m) {
-    _Static_assert(sizeof(ds4_block_q8_0) == 34, "Q8_0 blocks are 34 bytes: d at half-words 0, 17, 34, 51");
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0x110011, 0x110011, 0x220022, 0x220022, 0x330033, 0x330033,
-                                             0, 0, 0, 0, 0, 0, 0, 0);
-    const int i1 = m > 1 ? 1 : 0, i2 = m > 2 ? 2 : i1, i3 = m > 3 ? 3 : i2, words = 17 * m;
+    const int i1 = m > 1 ? 1 : 0, i2 = m > 2 ? 2 : i1, i3 = m > 3 ? 3 : i2;
     struct q8_quad v;
     v.lo = quad_halves(q, i1, i2, i3, 0);
     v.hi = quad_halves(q, i1, i2, i3, 16);
-    const __mmask32 first = words >= 32 ? ~0u : (1u << words) - 1,
-                    second = words >= 64 ? ~0u : words > 32 ? (1u << (words - 32)) - 1 : 0;
-    const __m512i a = _mm512_maskz_loadu_epi16(first, q), b = _mm512_maskz_loadu_epi16(second, (const uint8_t *)q + 64);
-    v.d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(a, spread, b)));
+    uint64_t scales = 0;
+    for (int k = 0; k < m; k++) {
+        uint16_t d;
+        memcpy(&d, &q[k].d, sizeof d);
+        scales |= (uint64_t)d << (16 * k);
+    }
+    v.d = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)scales))));
     return v;
 }
 
@@ -202,20 +206,23 @@ INLINE void q8_0_quad_step(const void *w, size_t row_bytes, int nr, const void *
     UNROLL
     for (int r = 0; r < nr; r++) {
         const ds4_block_q8_0 *x = (const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r) + b;
-        /* a tile also asks for the same bytes of the rows two tiles on
-         * (into L2): its rows are streams the line prefetch of the row
-         * itself starts late, at every tile (the next tile's rows: 3, 4
-         * and 8 tokens, 32768 x 4096 at one thread, AMD EPYC: 8.4 -> 5.9,
-         * 8.5 -> 5.7, 12.2 -> 10.5 ms; two tiles on instead of one, Q8_0
-         * matvec from DRAM at one thread, Zen 4: 23.3-23.7 -> 25.1-25.3
-         * GB/s, three on 23.9-24.1) */
+        /* Rows read side by side are several streams, which the hardware
+         * prefetchers follow worse than one: a tile asks for each row's
+         * lines Q8_TILE_AHEAD on, and for the same bytes of the rows two
+         * tiles on (into L2), whose line prefetch would otherwise start
+         * late at every tile (the next tile's rows: 3, 4 and 8 tokens,
+         * 32768 x 4096 at one thread, AMD EPYC: 8.4 -> 5.9, 8.5 -> 5.7,
+         * 12.2 -> 10.5 ms; two tiles on instead of one, Q8_0 matvec from
+         * DRAM at one thread, Zen 4: 23.3-23.7 -> 25.1-25.3 GB/s, three on
+         * 23.9-24.1). A lone row is one sequential stream, which the
+         * hardware alone serves best (below, q8_0_tile's one token). */
         if (nr > 1) {
             const size_t ahead = row_bytes * (size_t)(2 * nr);
             _mm_prefetch((const char *)x + ahead, _MM_HINT_T1);
             _mm_prefetch((const char *)(x + 2) + ahead, _MM_HINT_T1);
+            _mm_prefetch((const char *)x + Q8_TILE_AHEAD, _MM_HINT_T0);
+            _mm_prefetch((const char *)(x + 2) + Q8_TILE_AHEAD, _MM_HINT_T0);
         }
-        _mm_prefetch((const char *)x + Q8_TILE_AHEAD, _MM_HINT_T0);
-        _mm_prefetch((const char *)(x + 2) + Q8_TILE_AHEAD, _MM_HINT_T0);
         const struct q8_quad v = q8_0_quad(x, m);
         wlo[r] = _mm512_xor_si512(v.lo, u128);
         whi[r] = _mm512_xor_si512(v.hi, u128);
@@ -274,6 +281,12 @@ DOT_ENTRY_POINTS(q8_0)
  * (1.1 GB) 13.8-14.0 -> 14.5-15.1; two tokens over 32768 x 4096 11.0-11.5
  * -> 7.4-8.6 ms, a speculative pass of two tokens over the whole model
  * 80-82 -> 74 ms.
+ * One token reads the tile's rows one after another, not side by side: a
+ * matvec is then a single sequential stream, which a core reads faster
+ * than four interleaved ones (a plain read loop at one thread, Zen 4: 27-29
+ * against 21-23 GB/s for four rows in lockstep). Q8_0 matvec from DRAM,
+ * one thread, Zen 4, with the scale read above: 21.4-23.9 -> 23.1-24.7
+ * GB/s, two threads 29.5-31.5 -> 31.6-33.1.
  * Groups of 5..8 tokens run as two passes of 2 rows x nt (16 accumulators
  * of the 32 registers): each row is read once for all 8 tokens, where two
  * groups of 4 read a matrix from memory for the first and then computed the
@@ -285,7 +298,10 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
                       int64_t y_stride) {
     const uint8_t *w2 = (const uint8_t *)w + 2 * row_bytes;
     switch (nt) {
-    case 1: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 1, n, y, y_stride); break;
+    case 1:
+        for (int r = 0; r < Q8_TILE_ROWS; r++)
+            q8_0_rt((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, 1, NULL, 0, packed, 1, n, y + r, y_stride);
+        break;
     case 2: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 2, n, y, y_stride); break;
     case 3: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 3, n, y, y_stride); break;
     case 4: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 4, n, y, y_stride); break;
