@@ -105,6 +105,20 @@ static bool probe_avxvnni(void) {
     return (a & bit_AVXVNNI) != 0;
 }
 
+/* AMD's (and Hygon's, the same cores) vendor string, CPUID leaf 0 */
+static bool probe_amd(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    char vendor[13];
+    memcpy(vendor, &b, 4);
+    memcpy(vendor + 4, &d, 4);
+    memcpy(vendor + 8, &c, 4);
+    vendor[12] = '\0';
+    return !strcmp(vendor, "AuthenticAMD") || !strcmp(vendor, "HygonGenuine");
+}
+
+_Atomic int ds4_stream_prefetch_state = -1;
+
 static atomic_int best_level = -1;
 static atomic_int cur_level = -1;
 static atomic_int has_vbmi = -1, use_vbmi = -1;
@@ -115,6 +129,8 @@ enum ds4_simd_level ds4_cpu_best_level(void) {
     if (l < 0) {
         l = (int)probe_level();
         atomic_store_explicit(&best_level, l, memory_order_relaxed);
+        int unset = -1; /* a setter's choice stays */
+        atomic_compare_exchange_strong(&ds4_stream_prefetch_state, &unset, probe_amd() ? 0 : 1);
     }
     return (enum ds4_simd_level)l;
 }
@@ -162,6 +178,16 @@ bool ds4_kernels_avxvnni(void) {
 
 void ds4_kernels_set_avxvnni(bool on) {
     atomic_store_explicit(&use_avxvnni, on && cpu_avxvnni(), memory_order_relaxed);
+}
+
+bool ds4_kernels_stream_prefetch(void) {
+    ds4_cpu_best_level();
+    return atomic_load_explicit(&ds4_stream_prefetch_state, memory_order_relaxed) != 0;
+}
+
+void ds4_kernels_set_stream_prefetch(bool on) {
+    ds4_cpu_best_level();
+    atomic_store_explicit(&ds4_stream_prefetch_state, on ? 1 : 0, memory_order_relaxed);
 }
 
 const char *ds4_simd_level_name(enum ds4_simd_level lvl) {
@@ -384,6 +410,9 @@ bool ds4_kernels_self_prefetch(uint32_t type) {
     return type == DS4_TYPE_IQ2_XXS && lvl >= DS4_SIMD_AVX512;
 }
 
+/* whether the driver asks for each row's bytes ahead (prefetch_ahead) */
+static bool driver_prefetch(uint32_t type) { return !ds4_kernels_self_prefetch(type) && ds4_kernels_stream_prefetch(); }
+
 /* tokens [t, t1) against row r, up to DS4_DOT_TOKENS at a time where the
  * level has a micro-kernel: a weight row is unpacked once per group, so
  * leftover tokens form one smaller group rather than single dots */
@@ -468,7 +497,7 @@ static void run_rows(struct ds4_pool *pool, struct mm_ctx *c, int64_t max_chunk)
  * prepared once for all rows rather than per row). */
 void ds4_matvec(struct ds4_pool *pool, uint32_t type, const void *W, int64_t rows, int64_t n, const void *act,
                 float *y) {
-    struct mm_ctx c = {.prefetch = !ds4_kernels_self_prefetch(type), .fn = dot_fn(type), .type = type, .W = W,
+    struct mm_ctx c = {.prefetch = driver_prefetch(type), .fn = dot_fn(type), .type = type, .W = W,
                        .row_bytes = ds4_type_row_bytes(type, (uint64_t)n), .act_bytes = ds4_act_bytes(type, n),
                        .rows = rows, .n = n, .T = 1, .tile = 1, .acts = act, .Y = y};
     c.tiled = tile_kernel(type, &c.tk, &c.tile_rows) && c.tk.min_tokens <= 1;
@@ -478,7 +507,7 @@ void ds4_matvec(struct ds4_pool *pool, uint32_t type, const void *W, int64_t row
 void ds4_matmul(struct ds4_pool *pool, uint32_t type, const void *W, int64_t rows, int64_t n, const void *acts,
                 int64_t T, float *Y) {
     if (T <= 0) return;
-    struct mm_ctx c = {.prefetch = !ds4_kernels_self_prefetch(type), .fn = dot_fn(type), .fnn = dotn_fn(type),
+    struct mm_ctx c = {.prefetch = driver_prefetch(type), .fn = dot_fn(type), .fnn = dotn_fn(type),
                        .type = type, .W = W, .row_bytes = ds4_type_row_bytes(type, (uint64_t)n), .act_bytes = ds4_act_bytes(type, n),
                        .rows = rows, .n = n, .T = T, .acts = acts, .Y = Y};
     c.tiled = tile_kernel(type, &c.tk, &c.tile_rows);

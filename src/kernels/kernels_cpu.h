@@ -65,6 +65,18 @@ void ds4_kernels_set_vbmi(bool on);
 bool ds4_kernels_avxvnni(void);
 void ds4_kernels_set_avxvnni(bool on);
 
+/* Whether the kernels that read one weight row at a time (the per-row dots,
+ * a one-token Q8_0 matvec at the AVX-512 level, the read loop) also ask
+ * for its lines in software, a few KiB ahead. Measured opposite ways: on
+ * the Xeon VMs far faster with it (Q8_0 matvec from DRAM, one thread, 6.4
+ * -> 9.3 GB/s), on Zen 4 faster with the hardware prefetchers alone (F16
+ * 16 -> 22, avx2 Q8_0 19.5 -> 21.7), where one sequential stream also beats
+ * four rows read side by side. So it is on by default except on AMD (and
+ * Hygon) CPUs; kernels reading several rows at once keep their requests
+ * either way. It never changes a result. */
+bool ds4_kernels_stream_prefetch(void);
+void ds4_kernels_set_stream_prefetch(bool on);
+
 /* The caps --isa names: the levels above, with avx2 split in two, so that
  * the AVX2 kernels of a CPU without AVX-VNNI (Haswell to Zen 3) can be run
  * and measured on one that has it. "avx2" is AVX2 without AVX-VNNI,

@@ -126,8 +126,9 @@ INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, i
     float acc[NT_MAX];
     UNROLL
     for (int t = 0; t < nt; t++) acc[t] = 0.0f;
+    const bool prefetch = stream_prefetch();
     for (int64_t b = 0; b < n / DS4_QK8_0; b++) {
-        prefetch_weights(x + b);
+        if (prefetch) prefetch_weights(x + b);
         __m256i wq = _mm256_loadu_si256((const __m256i *)x[b].qs);
         __m256i base = _mm256_sub_epi32(_mm256_setzero_si256(),
                                         _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), wq));

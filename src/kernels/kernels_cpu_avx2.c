@@ -60,15 +60,17 @@ INLINE float float_finish(enum float_kind k, const void *w, const float *a, int6
     return sum;
 }
 
-/* two FMA chains per token; the row's lines are prefetched as it goes */
+/* two FMA chains per token; the row's lines are prefetched as it goes
+ * where stream_prefetch() says so */
 INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t stride, int64_t n, int nt,
                      float *out) {
     __m256 acc[NT_MAX][2];
     UNROLL
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    const bool prefetch = stream_prefetch();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        prefetch_float_lines(k, w, i, 16);
+        if (prefetch) prefetch_float_lines(k, w, i, 16);
         __m256 w0 = load8(k, w, i), w1 = load8(k, w, i + 8);
         UNROLL
         for (int t = 0; t < nt; t++) {
@@ -285,12 +287,13 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
         UNROLL
         for (int t = 0; t < nt; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
 #define STEP(p, chain) q8_0_pair_step(w, row_bytes, nr, acts, stride, packed, nt, p, nb, acc, chain, vnni)
+    const bool prefetch = stream_prefetch(); /* a lone row's own lines */
     /* both chains in one pass: a tile's rows are read once, and the
      * accumulators that do not fit the registers (up to 2 x 8 x 2) wait
      * in L1, which its ALU-bound steps do not notice */
     int64_t p = 0;
     for (; p + 2 <= pairs; p += 2) {
-        q8_0_tile_prefetch(w, row_bytes, nr, p, 0);
+        if (nr > 1 || prefetch) q8_0_tile_prefetch(w, row_bytes, nr, p, 0);
         if (nr > 1) q8_0_tile_prefetch(w, row_bytes, nr, p + 1, 1);
         STEP(p, 0);
         STEP(p + 1, 1);
@@ -474,8 +477,9 @@ INLINE void q2_K_nt(const void *w, const void *acts, size_t stride, int64_t n, i
     UNROLL
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     const char *prefetch = prefetch_cursor(x);
+    const bool prefetch_on = stream_prefetch();
     for (int64_t i = 0; i < n / DS4_QK_K; i++) {
-        prefetch_lines(&prefetch, x + i + 1);
+        if (prefetch_on) prefetch_lines(&prefetch, x + i + 1);
         __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
         __m256i scales = _mm256_broadcastsi128_si256(_mm_and_si128(sc8, m4));

@@ -49,15 +49,16 @@ INLINE __mmask16 lanes_before(int64_t i, int64_t end) {
 INLINE float chains_sum(__m512 chain0, __m512 chain1) { return _mm512_reduce_add_ps(_mm512_add_ps(chain0, chain1)); }
 
 /* two FMA chains per token; masked loads handle the tail; the row's lines
- * are prefetched as it goes */
+ * are prefetched as it goes where stream_prefetch() says so */
 INLINE void float_nt(enum float_kind k, const void *w, const void *acts, size_t stride, int64_t n, int nt,
                      float *out) {
     __m512 acc[NT_MAX][2];
     UNROLL
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+    const bool prefetch = stream_prefetch();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        prefetch_float_lines(k, w, i, 32);
+        if (prefetch) prefetch_float_lines(k, w, i, 32);
         __m512 w0 = load16(k, w, i, 0xFFFF), w1 = load16(k, w, i + 16, 0xFFFF);
         UNROLL
         for (int t = 0; t < nt; t++) {
@@ -196,9 +197,10 @@ enum { TILE_ROWS_MAX = Q8_TILE_ROWS, TILE_TOKENS_MAX = Q8_TILE_TOKENS > NT_MAX ?
 #define Q8_TILE_AHEAD (DS4_PREFETCH_AHEAD / 2)
 
 /* the quad at block b (m blocks) of nr rows x nt tokens into the
- * accumulators; the tokens come packed or as activation rows */
+ * accumulators; the tokens come packed or as activation rows; prefetch:
+ * stream_prefetch() */
 INLINE void q8_0_quad_step(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride,
-                           const uint8_t *packed, int nt, int64_t b, int m,
+                           const uint8_t *packed, int nt, int64_t b, int m, bool prefetch,
                            __m512 acc[TILE_ROWS_MAX][TILE_TOKENS_MAX]) {
     const __m512i u128 = _mm512_set1_epi8((char)0x80);
     __m512i wlo[TILE_ROWS_MAX], whi[TILE_ROWS_MAX];
@@ -214,12 +216,14 @@ INLINE void q8_0_quad_step(const void *w, size_t row_bytes, int nr, const void *
          * 32768 x 4096 at one thread, AMD EPYC: 8.4 -> 5.9, 8.5 -> 5.7,
          * 12.2 -> 10.5 ms; two tiles on instead of one, Q8_0 matvec from
          * DRAM at one thread, Zen 4: 23.3-23.7 -> 25.1-25.3 GB/s, three on
-         * 23.9-24.1). A lone row is one sequential stream, which the
-         * hardware alone serves best (below, q8_0_tile's one token). */
+         * 23.9-24.1). A lone row asks for its own lines only where
+         * stream_prefetch() says so. */
         if (nr > 1) {
             const size_t ahead = row_bytes * (size_t)(2 * nr);
             _mm_prefetch((const char *)x + ahead, _MM_HINT_T1);
             _mm_prefetch((const char *)(x + 2) + ahead, _MM_HINT_T1);
+        }
+        if (nr > 1 || prefetch) {
             _mm_prefetch((const char *)x + Q8_TILE_AHEAD, _MM_HINT_T0);
             _mm_prefetch((const char *)(x + 2) + Q8_TILE_AHEAD, _MM_HINT_T0);
         }
@@ -260,9 +264,10 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
     for (int r = 0; r < nr; r++)
         UNROLL
         for (int t = 0; t < nt; t++) acc[r][t] = _mm512_setzero_ps();
+    const bool prefetch = stream_prefetch();
     int64_t b = 0;
-    for (; b + 4 <= nb; b += 4) q8_0_quad_step(w, row_bytes, nr, acts, stride, packed, nt, b, 4, acc);
-    if (b < nb) q8_0_quad_step(w, row_bytes, nr, acts, stride, packed, nt, b, (int)(nb - b), acc);
+    for (; b + 4 <= nb; b += 4) q8_0_quad_step(w, row_bytes, nr, acts, stride, packed, nt, b, 4, prefetch, acc);
+    if (b < nb) q8_0_quad_step(w, row_bytes, nr, acts, stride, packed, nt, b, (int)(nb - b), prefetch, acc);
     UNROLL
     for (int r = 0; r < nr; r++)
         UNROLL
@@ -281,12 +286,14 @@ DOT_ENTRY_POINTS(q8_0)
  * (1.1 GB) 13.8-14.0 -> 14.5-15.1; two tokens over 32768 x 4096 11.0-11.5
  * -> 7.4-8.6 ms, a speculative pass of two tokens over the whole model
  * 80-82 -> 74 ms.
- * One token reads the tile's rows one after another, not side by side: a
- * matvec is then a single sequential stream, which a core reads faster
- * than four interleaved ones (a plain read loop at one thread, Zen 4: 27-29
- * against 21-23 GB/s for four rows in lockstep). Q8_0 matvec from DRAM,
- * one thread, Zen 4, with the scale read above: 21.4-23.9 -> 23.1-24.7
- * GB/s, two threads 29.5-31.5 -> 31.6-33.1.
+ * Where the kernels leave one row's stream to the hardware prefetchers
+ * (ds4_kernels_stream_prefetch() false: AMD), one token reads the tile's
+ * rows one after another, not side by side: a matvec is then a single
+ * sequential stream, which such a core reads faster than four interleaved
+ * ones (a plain read loop at one thread, Zen 4: 27-29 against 21-23 GB/s
+ * for four rows in lockstep). Q8_0 matvec from DRAM, one thread, Zen 4,
+ * with the scale read above: 21.4-23.9 -> 23.1-24.7 GB/s, two threads
+ * 29.5-31.5 -> 31.6-33.1.
  * Groups of 5..8 tokens run as two passes of 2 rows x nt (16 accumulators
  * of the 32 registers): each row is read once for all 8 tokens, where two
  * groups of 4 read a matrix from memory for the first and then computed the
@@ -299,6 +306,10 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
     const uint8_t *w2 = (const uint8_t *)w + 2 * row_bytes;
     switch (nt) {
     case 1:
+        if (stream_prefetch()) {
+            q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 1, n, y, y_stride);
+            break;
+        }
         for (int r = 0; r < Q8_TILE_ROWS; r++)
             q8_0_rt((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, 1, NULL, 0, packed, 1, n, y + r, y_stride);
         break;
@@ -528,8 +539,9 @@ INLINE void q2_K_core(const void *w, const void *acts, size_t stride, int64_t n,
     UNROLL
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     const char *prefetch = prefetch_cursor(x);
+    const bool prefetch_on = stream_prefetch();
     for (int64_t i = 0; i < n / DS4_QK_K; i++) {
-        prefetch_lines(&prefetch, x + i + 1);
+        if (prefetch_on) prefetch_lines(&prefetch, x + i + 1);
         __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
         const __m512i scales16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4)));

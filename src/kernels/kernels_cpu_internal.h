@@ -38,7 +38,9 @@
 /* Weight streams are prefetched this many bytes ahead of the row being
  * read (kernels_cpu.c explains why): by the matvec driver, row by row, or by
  * a kernel itself, line by line, where ds4_kernels_self_prefetch() says so;
- * the AVX-512 Q8_0 tile, which streams four rows at once, half as far. */
+ * the AVX-512 Q8_0 tile, which streams four rows at once, half as far. A
+ * single row's stream is prefetched only where ds4_kernels_stream_prefetch()
+ * says so. */
 #define DS4_PREFETCH_AHEAD 2048
 
 typedef float (*ds4_dot_fn)(const void *w, const void *act, int64_t n);
@@ -55,6 +57,9 @@ typedef void (*ds4_tile_rows_fn)(const void *w, size_t row_bytes, const void *pa
                                  int64_t y_stride, int nr);
 
 bool ds4_kernels_self_prefetch(uint32_t type);   /* at the level in use */
+/* ds4_kernels_stream_prefetch() for the kernels' inner loops: 1 on, 0 off,
+ * -1 before the CPU probe (on) */
+extern _Atomic int ds4_stream_prefetch_state;
 
 ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type);
 ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type);
@@ -70,7 +75,8 @@ ds4_tile_rows_fn ds4_kernels_amx_tile_rows(uint32_t type); /* non-NULL exactly w
 /* fn(x, n): the plain read loop of ds4_read_sum with vec_bytes-wide loads
  * (the widest of the including file's ISA), four independent chains, and
  * every line prefetched DS4_PREFETCH_AHEAD bytes ahead as the weight
- * kernels do, so no kernel's weight stream can beat it by reading smarter.
+ * kernels do (where ds4_kernels_stream_prefetch() says so), so no kernel's
+ * weight stream can beat it by reading smarter.
  * The loads are straight vector loads of a may_alias, 4-byte-aligned vector
  * type: a memcpy into a vector array here was compiled (GCC 12, AVX2) to
  * 16-byte loads stored to the stack and reloaded as 32 bytes, a
@@ -81,11 +87,13 @@ ds4_tile_rows_fn ds4_kernels_amx_tile_rows(uint32_t type); /* non-NULL exactly w
         typedef float vec __attribute__((vector_size(vec_bytes), aligned(4), may_alias));    \
         enum { LANES = (vec_bytes) / 4 };                                                    \
         vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                          \
+        const bool prefetch = __atomic_load_n(&ds4_stream_prefetch_state, __ATOMIC_RELAXED);  \
         int64_t i = 0;                                                                       \
         for (; i + 4 * LANES <= n; i += 4 * LANES) {                                        \
             const vec *v = (const vec *)(x + i);                                             \
-            for (int l = 0; l < 4 * (vec_bytes); l += 64)                                    \
-                __builtin_prefetch((const char *)v + DS4_PREFETCH_AHEAD + l, 0, 3);          \
+            if (prefetch)                                                                    \
+                for (int l = 0; l < 4 * (vec_bytes); l += 64)                                \
+                    __builtin_prefetch((const char *)v + DS4_PREFETCH_AHEAD + l, 0, 3);      \
             a0 += v[0];                                                                      \
             a1 += v[1];                                                                      \
             a2 += v[2];                                                                      \

@@ -352,13 +352,14 @@ INLINE void iq2_super_block(const ds4_block_iq2_xxs *x, int64_t i, bool vbmi, bo
 }
 
 /* the pair of super-blocks at i, decoded in *now, into the accumulators
- * or pending steps, with the next pair decoded into *next first */
+ * or pending steps, with the next pair decoded into *next first; the
+ * row's lines asked for through *prefetch unless it is NULL */
 INLINE void iq2_pair_step(const ds4_block_iq2_xxs *x, int64_t i, int64_t nb, bool vbmi, bool blockwise,
                           const struct iq2_decoded_pair *now, struct iq2_decoded_pair *next, const char **prefetch,
                           const void *acts, size_t stride, int nt, __m512 acc[], struct iq2_pending pending[],
                           float total[]) {
     const int64_t i1 = iq2_pair_second(i, nb);
-    prefetch_lines(prefetch, x + i1 + 1);
+    if (prefetch) prefetch_lines(prefetch, x + i1 + 1);
     if (i + 2 < nb) iq2_decode_pair(x, i + 2, iq2_pair_second(i + 2, nb), vbmi, next);
     iq2_super_block(x, i, vbmi, blockwise, &now->d[0], acts, stride, nt, acc, pending);
     if (i1 > i) iq2_super_block(x, i1, vbmi, blockwise, &now->d[1], acts, stride, nt, acc, pending);
@@ -386,7 +387,7 @@ INLINE void iq2_nt(const void *w, const void *acts, size_t stride, int64_t n, in
      * long dependent chain, and interleaving it in program order leaves the
      * out-of-order window free for the products (one token on Zen 4: 33.8
      * -> 31.3 cycles per super-block). */
-    const char *prefetch = prefetch_cursor(x);
+    const char *cursor = prefetch_cursor(x), **prefetch = stream_prefetch() ? &cursor : NULL;
     /* Two named pairs taking turns, the loop unrolled by two steps: with
      * pair[cur] indexed at run time the decoded vectors went through the
      * stack every step, and the sign bytes' pointers took general registers
@@ -398,9 +399,9 @@ INLINE void iq2_nt(const void *w, const void *acts, size_t stride, int64_t n, in
                             odd = {{{.sign_bytes = signs[1][0]}, {.sign_bytes = signs[1][1]}}};
     if (nb > 0) iq2_decode_pair(x, 0, iq2_pair_second(0, nb), vbmi, &even);
     for (int64_t i = 0; i < nb; i += 4) {
-        iq2_pair_step(x, i, nb, vbmi, blockwise, &even, &odd, &prefetch, acts, stride, nt, acc, pending, total);
+        iq2_pair_step(x, i, nb, vbmi, blockwise, &even, &odd, prefetch, acts, stride, nt, acc, pending, total);
         if (i + 2 < nb)
-            iq2_pair_step(x, i + 2, nb, vbmi, blockwise, &odd, &even, &prefetch, acts, stride, nt, acc, pending, total);
+            iq2_pair_step(x, i + 2, nb, vbmi, blockwise, &odd, &even, prefetch, acts, stride, nt, acc, pending, total);
     }
     UNROLL
     for (int t = 0; t < nt; t++) out[t] = blockwise ? total[t] : _mm512_reduce_add_ps(acc[t]);

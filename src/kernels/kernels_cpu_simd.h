@@ -39,6 +39,12 @@ _Static_assert(NT_MAX == 8, "DOT_ENTRY_POINTS splits counts into 8, 4, 3, 2, 1")
 
 INLINE float h2f(ds4_half h) { return _cvtsh_ss(h); }
 
+/* whether a kernel reading one row asks for its lines itself
+ * (ds4_kernels_stream_prefetch) */
+INLINE bool stream_prefetch(void) {
+    return __atomic_load_n(&ds4_stream_prefetch_state, __ATOMIC_RELAXED) != 0;
+}
+
 /* one line of the weight stream DS4_PREFETCH_AHEAD bytes on: interleaved with
  * the arithmetic, so requests never queue up in a burst */
 INLINE void prefetch_weights(const void *p) { _mm_prefetch((const char *)p + DS4_PREFETCH_AHEAD, _MM_HINT_T0); }

@@ -792,6 +792,27 @@ static void test_amx_kernels_against_model(void) {
     }
 }
 
+/* The stream-prefetch default follows the CPU's vendor as /proc/cpuinfo
+ * names it: off on AMD and Hygon, on elsewhere; the setter overrides it */
+static void test_stream_prefetch_default(void) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[256], vendor[64] = "";
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "vendor_id : %63s", vendor) == 1) break;
+    if (f) fclose(f);
+    if (!vendor[0]) {
+        printf("test_kernels: NOT RUN: the stream-prefetch default against the CPU vendor (no vendor_id in "
+               "/proc/cpuinfo)\n");
+        return;
+    }
+    const bool amd = !strcmp(vendor, "AuthenticAMD") || !strcmp(vendor, "HygonGenuine");
+    CHECK(ds4_kernels_stream_prefetch() == !amd, "stream prefetch %s by default on a %s CPU",
+          ds4_kernels_stream_prefetch() ? "on" : "off", vendor);
+    ds4_kernels_set_stream_prefetch(amd);
+    CHECK(ds4_kernels_stream_prefetch() == amd, "ds4_kernels_set_stream_prefetch sets it");
+    ds4_kernels_set_stream_prefetch(!amd);
+}
+
 int main(void) {
     enum ds4_simd_level best = ds4_cpu_best_level();
     report_levels_not_run("test_kernels");
@@ -808,6 +829,18 @@ int main(void) {
         test_read_sum((enum ds4_simd_level)l);
         test_iq2_xxs_exhaustive((enum ds4_simd_level)l, ds4_kernels_vbmi() ? "vbmi" : "no vbmi");
     }
+    /* the kernels that read one row, and a one-token Q8_0 matvec at
+     * avx512 (rows side by side or one after another), the other way
+     * round from this CPU's default: the same results */
+    test_stream_prefetch_default();
+    const bool stream_default = ds4_kernels_stream_prefetch();
+    ds4_kernels_set_stream_prefetch(!stream_default);
+    for (int l = DS4_SIMD_SCALAR; l <= (int)best; l++) {
+        test_drivers((enum ds4_simd_level)l);
+        test_matrix_at_mapping_end((enum ds4_simd_level)l);
+        test_read_sum((enum ds4_simd_level)l);
+    }
+    ds4_kernels_set_stream_prefetch(stream_default);
     ds4_kernels_set_vbmi(true);
     if (ds4_kernels_vbmi()) {
         ds4_kernels_set_level(DS4_SIMD_AVX512);
