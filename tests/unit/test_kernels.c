@@ -13,6 +13,7 @@
  * AMX, every AMX path must equal it bit for bit (elsewhere that part says
  * it did not run).
  */
+#include <cpuid.h>
 #include <math.h>
 #include <float.h>
 #include <stdbool.h>
@@ -792,19 +793,18 @@ static void test_amx_kernels_against_model(void) {
     }
 }
 
-/* The stream-prefetch default follows the CPU's vendor as /proc/cpuinfo
- * names it: off on AMD and Hygon, on elsewhere; the setter overrides it */
+/* The stream-prefetch default follows the vendor string CPUID gives this
+ * process (under qemu-x86_64 the emulated CPU's, which /proc/cpuinfo does
+ * not show): off on AMD and Hygon, on elsewhere; the setter overrides it */
 static void test_stream_prefetch_default(void) {
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[256], vendor[64] = "";
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "vendor_id : %63s", vendor) == 1) break;
-    if (f) fclose(f);
-    if (!vendor[0]) {
-        printf("test_kernels: NOT RUN: the stream-prefetch default against the CPU vendor (no vendor_id in "
-               "/proc/cpuinfo)\n");
+    unsigned a, regs[3];
+    if (!__get_cpuid(0, &a, &regs[0], &regs[2], &regs[1])) {
+        printf("test_kernels: NOT RUN: the stream-prefetch default against the CPU vendor (no CPUID leaf 0)\n");
         return;
     }
+    char vendor[13];
+    memcpy(vendor, regs, 12);
+    vendor[12] = '\0';
     const bool amd = !strcmp(vendor, "AuthenticAMD") || !strcmp(vendor, "HygonGenuine");
     CHECK(ds4_kernels_stream_prefetch() == !amd, "stream prefetch %s by default on a %s CPU",
           ds4_kernels_stream_prefetch() ? "on" : "off", vendor);
