@@ -42,7 +42,7 @@ INLINE float h2f(ds4_half h) { return _cvtsh_ss(h); }
 /* whether a kernel reading one row asks for its lines itself
  * (ds4_kernels_stream_prefetch) */
 INLINE bool stream_prefetch(void) {
-    return __atomic_load_n(&ds4_stream_prefetch_state, __ATOMIC_RELAXED) != 0;
+    return atomic_load_explicit(&ds4_stream_prefetch_state, memory_order_relaxed) != 0;
 }
 
 /* one line of the weight stream DS4_PREFETCH_AHEAD bytes on: interleaved with
