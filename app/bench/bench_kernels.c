@@ -220,7 +220,7 @@ int ds4_bench_kernels(int threads, FILE *out) {
     float *big = huge_array(big_bytes);
     const double touch_s = clock_s(CLOCK_MONOTONIC) - touch0;
     float *Y = malloc(big_bytes / 16); /* one float per row of any type at BENCH_N (>= 64 bytes a row) */
-    uint8_t *acts = malloc(ds4_act_bytes(DS4_TYPE_F32, BENCH_N) * MM_T);
+    uint8_t *acts = ds4_kernels_alloc(ds4_act_bytes(DS4_TYPE_F32, BENCH_N) * MM_T);
     float *x = malloc(sizeof(float) * BENCH_N);
     if (!big || !Y || !acts || !x) {
         fprintf(stderr, "ds4-bench: out of memory for the kernel benchmark (%zu MiB)\n", big_bytes >> 20);

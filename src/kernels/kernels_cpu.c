@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -188,6 +189,11 @@ bool ds4_kernels_stream_prefetch(void) {
 void ds4_kernels_set_stream_prefetch(bool on) {
     ds4_cpu_best_level();
     atomic_store_explicit(&ds4_stream_prefetch_state, on ? 1 : 0, memory_order_relaxed);
+}
+
+void *ds4_kernels_alloc(size_t bytes) {
+    const size_t line = 64;
+    return aligned_alloc(line, bytes ? (bytes + line - 1) & ~(line - 1) : line);
 }
 
 const char *ds4_simd_level_name(enum ds4_simd_level lvl) {

@@ -187,7 +187,10 @@ static void test_drivers(enum ds4_simd_level lvl) {
         const int64_t T = 9; /* two 4-token groups and a remainder */
         int64_t max_rows = 301;
         uint8_t *W = malloc(rb * (size_t)max_rows);
-        uint8_t *acts = malloc(ab * (size_t)T);
+        /* the activations on a line (as ds4_kernels_alloc gives them) and a
+         * copy 16 bytes past one (as a large malloc does): the same results */
+        uint8_t *acts = ds4_kernels_alloc(ab * (size_t)T), *off_line = ds4_kernels_alloc(ab * (size_t)T + 16);
+        CHECK(((uintptr_t)acts & 63) == 0 && ((uintptr_t)off_line & 63) == 0, "ds4_kernels_alloc: 64-byte aligned");
         float *x = malloc((size_t)n * sizeof(float));
         float *y = malloc(sizeof(float) * (size_t)(max_rows * T)), *want = malloc(sizeof(float) * (size_t)(max_rows * T));
         for (int64_t r = 0; r < max_rows; r++) random_raw_row(type, W + rb * (size_t)r, n);
@@ -195,25 +198,30 @@ static void test_drivers(enum ds4_simd_level lvl) {
             random_floats(x, n);
             ds4_quantize_act(type, x, acts + ab * (size_t)t, n);
         }
+        memcpy(off_line + 16, acts, ab * (size_t)T);
         for (int nt = 1; nt <= 4; nt++) {
             ds4_pool *pool = nt == 1 ? NULL : ds4_pool_new(nt);
             for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++) {
                 int64_t rows = rows_list[ri];
                 for (int64_t r = 0; r < rows; r++) want[r] = ds4_vec_dot(type, W + rb * (size_t)r, acts, n);
-                for (int64_t r = 0; r < rows; r++) y[r] = NAN;
-                ds4_matvec(pool, type, W, rows, n, acts, y);
                 int bad = 0;
-                for (int64_t r = 0; r < rows; r++) bad += memcmp(&y[r], &want[r], sizeof(float)) != 0;
+                for (int place = 0; place < 2; place++) {
+                    for (int64_t r = 0; r < rows; r++) y[r] = NAN;
+                    ds4_matvec(pool, type, W, rows, n, place ? off_line + 16 : acts, y);
+                    for (int64_t r = 0; r < rows; r++) bad += memcmp(&y[r], &want[r], sizeof(float)) != 0;
+                }
                 CHECK(bad == 0, "%s matvec %s rows=%lld threads=%d: %d rows differ", ds4_simd_level_name(lvl),
                       ds4_type_name(type), (long long)rows, nt, bad);
 
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t r = 0; r < rows; r++)
                         want[t * rows + r] = ds4_vec_dot(type, W + rb * (size_t)r, acts + ab * (size_t)t, n);
-                for (int64_t i = 0; i < rows * T; i++) y[i] = NAN;
-                ds4_matmul(pool, type, W, rows, n, acts, T, y);
                 bad = 0;
-                for (int64_t i = 0; i < rows * T; i++) bad += memcmp(&y[i], &want[i], sizeof(float)) != 0;
+                for (int place = 0; place < 2; place++) {
+                    for (int64_t i = 0; i < rows * T; i++) y[i] = NAN;
+                    ds4_matmul(pool, type, W, rows, n, place ? off_line + 16 : acts, T, y);
+                    for (int64_t i = 0; i < rows * T; i++) bad += memcmp(&y[i], &want[i], sizeof(float)) != 0;
+                }
                 CHECK(bad == 0, "%s matmul %s rows=%lld T=%lld threads=%d: %d outputs differ",
                       ds4_simd_level_name(lvl), ds4_type_name(type), (long long)rows, (long long)T, nt, bad);
             }
@@ -221,6 +229,7 @@ static void test_drivers(enum ds4_simd_level lvl) {
         }
         free(W);
         free(acts);
+        free(off_line);
         free(x);
         free(y);
         free(want);

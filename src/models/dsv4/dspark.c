@@ -355,7 +355,7 @@ ds4_dspark *ds4_dspark_from_gguf(ds4_gguf *g, const char *path, const ds4_model 
     const int act_rows = B > CONTEXT_CHUNK ? B : CONTEXT_CHUNK;
     bool ok = true;
 #define ALLOC(p, n) ok &= ((p) = malloc((size_t)(n) * sizeof *(p))) != NULL
-    ok &= (d->act = malloc((size_t)act_rows * (ds4_act_bytes(DS4_TYPE_F32, widest) + 64))) != NULL;
+    ok &= (d->act = ds4_kernels_alloc((size_t)act_rows * (ds4_act_bytes(DS4_TYPE_F32, widest) + 64))) != NULL;
     ALLOC(d->x, B * hcE);
     ALLOC(d->h, B * d->E);
     ALLOC(d->hid, B * d->E);

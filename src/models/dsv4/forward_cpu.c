@@ -942,7 +942,7 @@ static bool grow_batch(cpu *f, int T) {
     if (T <= f->cap) return true;
     carver sizing = {NULL, 0};
     batch_scratch unused;
-    char *block = malloc(layout_batch(f, T, &sizing, &unused));
+    char *block = ds4_kernels_alloc(layout_batch(f, T, &sizing, &unused));
     if (!block) return false;
     carver cv = {block, 0};
     layout_batch(f, T, &cv, &f->s);
@@ -974,7 +974,7 @@ static bool grow_rows(cpu *f, int ctx) {
     const size_t cand = max_candidates(f->c, rows);
     /* floats first (a multiple of 64 bytes), then the pointers: every piece stays aligned */
     const size_t floats = ((size_t)ATTN_GROUP * cand + (size_t)rows + 15) & ~(size_t)15, per_thread = floats * sizeof(float) + cand * sizeof(float *);
-    char *block = malloc((size_t)f->n_threads * per_thread);
+    char *block = ds4_kernels_alloc((size_t)f->n_threads * per_thread);
     if (!block) return false;
     for (int i = 0; i < f->n_threads; i++) {
         float *base = (float *)(block + (size_t)i * per_thread);

@@ -601,7 +601,7 @@ glm_forward *ds4_glm_forward_new(const glm_model *m, struct ds4_pool *pool, int 
     f->head_out = malloc((size_t)HEAD_ROWS * hp->n_vocab * sizeof(float));
     f->picks = malloc(T * hp->idx_topk * sizeof(int));
     f->n_picks = malloc(T * sizeof(int));
-    f->acts = malloc(T * act_row);
+    f->acts = ds4_kernels_alloc(T * act_row);
     f->n_heads_scratch = ds4_pool_threads(pool);
     f->heads = calloc((size_t)f->n_heads_scratch, sizeof(head_scratch));
     bool heads_ok = f->heads != NULL;
@@ -610,7 +610,7 @@ glm_forward *ds4_glm_forward_new(const glm_model *m, struct ds4_pool *pool, int 
         hs->qlat = malloc(hp->kv_lora_rank * sizeof(float));
         hs->obar = malloc(hp->kv_lora_rank * sizeof(float));
         hs->score = malloc(((size_t)hp->idx_topk + 1) * sizeof(float));
-        hs->act = malloc(act_row);
+        hs->act = ds4_kernels_alloc(act_row);
         heads_ok = hs->qlat && hs->obar && hs->score && hs->act;
     }
     f->iw = malloc(hp->idx_n_head * sizeof(float));
