@@ -197,10 +197,10 @@ enum { TILE_ROWS_MAX = Q8_TILE_ROWS, TILE_TOKENS_MAX = Q8_TILE_TOKENS > NT_MAX ?
 #define Q8_TILE_AHEAD (DS4_PREFETCH_AHEAD / 2)
 
 /* the quad at block b (m blocks) of nr rows x nt tokens into the
- * accumulators; the tokens come packed or as activation rows; prefetch:
- * stream_prefetch() */
+ * accumulators; the tokens come packed (slots per quad) or as activation
+ * rows; prefetch: stream_prefetch() */
 INLINE void q8_0_quad_step(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride,
-                           const uint8_t *packed, int nt, int64_t b, int m, bool prefetch,
+                           const uint8_t *packed, int slots, int nt, int64_t b, int m, bool prefetch,
                            __m512 acc[TILE_ROWS_MAX][TILE_TOKENS_MAX]) {
     const __m512i u128 = _mm512_set1_epi8((char)0x80);
     __m512i wlo[TILE_ROWS_MAX], whi[TILE_ROWS_MAX];
@@ -237,7 +237,7 @@ INLINE void q8_0_quad_step(const void *w, size_t row_bytes, int nr, const void *
         struct q8_quad a;
         __m512i start;
         if (packed) {
-            const uint8_t *s = q8_0_slot(packed, b, nt, t);
+            const uint8_t *s = q8_0_slot(packed, b, slots, t);
             a.lo = _mm512_load_si512(s);
             a.hi = _mm512_load_si512(s + 64);
             a.d = _mm512_load_ps(s + 128);
@@ -255,9 +255,10 @@ INLINE void q8_0_quad_step(const void *w, size_t row_bytes, int nr, const void *
 }
 
 /* y[t * y_stride + r] for nr rows (row_bytes apart) x nt tokens; the tokens
- * come packed (nt <= Q8_TILE_TOKENS) or as activation rows */
+ * come packed (the first nt of a group of `slots`, nt <= slots <=
+ * Q8_TILE_TOKENS) or as activation rows */
 INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride, const uint8_t *packed,
-                    int nt, int64_t n, float *y, int64_t y_stride) {
+                    int slots, int nt, int64_t n, float *y, int64_t y_stride) {
     const int64_t nb = n / DS4_QK8_0;
     __m512 acc[TILE_ROWS_MAX][TILE_TOKENS_MAX];
     UNROLL
@@ -266,8 +267,8 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
         for (int t = 0; t < nt; t++) acc[r][t] = _mm512_setzero_ps();
     const bool prefetch = stream_prefetch();
     int64_t b = 0;
-    for (; b + 4 <= nb; b += 4) q8_0_quad_step(w, row_bytes, nr, acts, stride, packed, nt, b, 4, prefetch, acc);
-    if (b < nb) q8_0_quad_step(w, row_bytes, nr, acts, stride, packed, nt, b, (int)(nb - b), prefetch, acc);
+    for (; b + 4 <= nb; b += 4) q8_0_quad_step(w, row_bytes, nr, acts, stride, packed, slots, nt, b, 4, prefetch, acc);
+    if (b < nb) q8_0_quad_step(w, row_bytes, nr, acts, stride, packed, slots, nt, b, (int)(nb - b), prefetch, acc);
     UNROLL
     for (int r = 0; r < nr; r++)
         UNROLL
@@ -275,7 +276,7 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
 }
 
 INLINE void q8_0_nt(const void *w, const void *acts, size_t stride, int64_t n, int nt, float *out) {
-    q8_0_rt(w, 0, 1, acts, stride, NULL, nt, n, out, 1);
+    q8_0_rt(w, 0, 1, acts, stride, NULL, 0, nt, n, out, 1);
 }
 DOT_ENTRY_POINTS(q8_0)
 
@@ -294,35 +295,37 @@ DOT_ENTRY_POINTS(q8_0)
  * for four rows in lockstep). Q8_0 matvec from DRAM, one thread, Zen 4,
  * with the scale read above: 21.4-23.9 -> 23.1-24.7 GB/s, two threads
  * 29.5-31.5 -> 31.6-33.1.
- * Groups of 5..8 tokens run as two passes of 2 rows x nt (16 accumulators
- * of the 32 registers): each row is read once for all 8 tokens, where two
- * groups of 4 read a matrix from memory for the first and then computed the
- * second from cache, and a row's quad, assembled once, serves 8 tokens. One
- * thread, in alternation: 65536 x 4096 (285 MB) at 8 tokens 37.3-37.8 ->
- * 32.9-34.0 ms, at 16 64.3-66.9 -> 59.6-61.3; from cache (2048 rows) 148-154
- * -> 159-165 GFLOP/s at 8 tokens, 6-7% at 16 and 32. */
+ * Groups of 5..8 tokens run as two passes over the tile's four rows, the
+ * first four tokens then the rest: the second pass finds the rows in L1, so
+ * each row still comes from memory once per group. Four rows side by side
+ * keep more of a stream in flight than two rows, and each pass reads a
+ * quarter of the packed activations per row that one pass of 2 rows x 8
+ * did (a token's quad slots are re-read for every row pair). 1 GiB from
+ * DRAM as 8192 x 4096 matrices, one thread, Zen 4, against two passes of
+ * 2 rows x nt: 5 tokens 98-101 -> 130-131 GFLOP/s, 6 107-109 -> 142-144,
+ * 8 128 -> 161-162, 16 147-148 -> 166-168; from cache (512 rows) within
+ * 1-3%. */
 static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
                       int64_t y_stride) {
-    const uint8_t *w2 = (const uint8_t *)w + 2 * row_bytes;
+    if (nt > 4) q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, nt, 4, n, y, y_stride);
+    const uint8_t *rest = nt > 4 ? packed + 4 * Q8_SLOT_BYTES : packed;
+    float *y_rest = nt > 4 ? y + 4 * y_stride : y;
     switch (nt) {
     case 1:
         if (stream_prefetch()) {
-            q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 1, n, y, y_stride);
+            q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 1, 1, n, y, y_stride);
             break;
         }
         for (int r = 0; r < Q8_TILE_ROWS; r++)
-            q8_0_rt((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, 1, NULL, 0, packed, 1, n, y + r, y_stride);
+            q8_0_rt((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, 1, NULL, 0, packed, 1, 1, n, y + r, y_stride);
         break;
-    case 2: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 2, n, y, y_stride); break;
-    case 3: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 3, n, y, y_stride); break;
-    case 4: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 4, n, y, y_stride); break;
-#define HALVES(k) q8_0_rt(w, row_bytes, 2, NULL, 0, packed, k, n, y, y_stride); \
-                  q8_0_rt(w2, row_bytes, 2, NULL, 0, packed, k, n, y + 2, y_stride)
-    case 5: HALVES(5); break;
-    case 6: HALVES(6); break;
-    case 7: HALVES(7); break;
-    default: HALVES(8); break;
-#undef HALVES
+    case 2: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 2, 2, n, y, y_stride); break;
+    case 3: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 3, 3, n, y, y_stride); break;
+    case 4: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 4, 4, n, y, y_stride); break;
+    case 5: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, rest, 5, 1, n, y_rest, y_stride); break;
+    case 6: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, rest, 6, 2, n, y_rest, y_stride); break;
+    case 7: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, rest, 7, 3, n, y_rest, y_stride); break;
+    default: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, rest, 8, 4, n, y_rest, y_stride); break;
     }
 }
 
