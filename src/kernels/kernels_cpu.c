@@ -460,9 +460,11 @@ static void mm_task(void *p, int task, int n_tasks, int thread) {
                        !k->pack(c->acts + (size_t)tt * c->act_bytes, c->act_bytes, c->n, nt, packed, sizeof packed))
                     nt--;
                 if (nt < k->min_tokens) break;
+                /* the block's rows come from memory for its first group only */
+                const bool from_memory = tt == 0 && k->tile_from_memory;
                 for (int64_t i = r0; i < rt; i += k->rows)
-                    k->tile(c->W + (size_t)i * c->row_bytes, c->row_bytes, packed, c->n, nt, c->Y + tt * c->rows + i,
-                            c->rows);
+                    (from_memory ? k->tile_from_memory : k->tile)(c->W + (size_t)i * c->row_bytes, c->row_bytes, packed,
+                                                                  c->n, nt, c->Y + tt * c->rows + i, c->rows);
                 if (r_tiled > rt)
                     c->tile_rows(c->W + (size_t)rt * c->row_bytes, c->row_bytes, packed, c->n, nt,
                                  c->Y + tt * c->rows + rt, c->rows, (int)(r_tiled - rt));

@@ -563,11 +563,11 @@ ds4_dotn_fn ds4_kernels_amx_dotn(uint32_t type) {
 }
 bool ds4_kernels_amx_tile(uint32_t type, struct ds4_tile_kernel *k) {
     if (type == DS4_TYPE_Q8_0) {
-        *k = (struct ds4_tile_kernel){AMX_ROWS, 1, AMX_TOKENS, q8_0_pack, q8_0_tile};
+        *k = (struct ds4_tile_kernel){AMX_ROWS, 1, AMX_TOKENS, q8_0_pack, q8_0_tile, NULL};
         return true;
     }
     if (type == DS4_TYPE_IQ2_XXS && iq2_tile_ready()) {
-        *k = (struct ds4_tile_kernel){AMX_ROWS, IQ2_MIN_TOKENS, AMX_TOKENS, iq2_xxs_pack, iq2_xxs_tile};
+        *k = (struct ds4_tile_kernel){AMX_ROWS, IQ2_MIN_TOKENS, AMX_TOKENS, iq2_xxs_pack, iq2_xxs_tile, NULL};
         return true;
     }
     return false;

@@ -1028,16 +1028,16 @@ bool ds4_kernels_avx2_tile(uint32_t type, struct ds4_tile_kernel *k) {
     if (float_tile_kernel(type, k)) return true;
     switch (type) {
     case DS4_TYPE_Q8_0:
-        *k = vnni ? (struct ds4_tile_kernel){Q8_TILE_ROWS, 1, Q8V_TILE_TOKENS, q8_0_vnni_pack, q8_0_vnni_tile}
-                  : (struct ds4_tile_kernel){Q8_TILE_ROWS, 2, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile};
+        *k = vnni ? (struct ds4_tile_kernel){Q8_TILE_ROWS, 1, Q8V_TILE_TOKENS, q8_0_vnni_pack, q8_0_vnni_tile, NULL}
+                  : (struct ds4_tile_kernel){Q8_TILE_ROWS, 2, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile, NULL};
         return true;
     case DS4_TYPE_IQ2_XXS:
         *k = (struct ds4_tile_kernel){KT_ROWS, IQ2_TILE_MIN_TOKENS, KT_TOKENS, iq2_xxs_pack,
-                                      vnni ? iq2_xxs_vnni_tile : iq2_xxs_tile};
+                                      vnni ? iq2_xxs_vnni_tile : iq2_xxs_tile, NULL};
         return true;
     case DS4_TYPE_Q2_K:
         *k = (struct ds4_tile_kernel){KT_ROWS, Q2K_TILE_MIN_TOKENS, KT_TOKENS, q2_K_pack,
-                                      vnni ? q2_K_vnni_tile : q2_K_tile};
+                                      vnni ? q2_K_vnni_tile : q2_K_tile, NULL};
         return true;
     default: return false;
     }

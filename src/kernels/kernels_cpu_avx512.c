@@ -295,38 +295,62 @@ DOT_ENTRY_POINTS(q8_0)
  * for four rows in lockstep). Q8_0 matvec from DRAM, one thread, Zen 4,
  * with the scale read above: 21.4-23.9 -> 23.1-24.7 GB/s, two threads
  * 29.5-31.5 -> 31.6-33.1.
- * Groups of 5..8 tokens run as two passes over the tile's four rows, the
- * first four tokens then the rest: the second pass finds the rows in L1, so
- * each row still comes from memory once per group. Four rows side by side
- * keep more of a stream in flight than two rows, and each pass reads a
- * quarter of the packed activations per row that one pass of 2 rows x 8
- * did (a token's quad slots are re-read for every row pair). 1 GiB from
- * DRAM as 8192 x 4096 matrices, one thread, Zen 4, against two passes of
- * 2 rows x nt: 5 tokens 98-101 -> 130-131 GFLOP/s, 6 107-109 -> 142-144,
- * 8 128 -> 161-162, 16 147-148 -> 166-168; from cache (512 rows) within
- * 1-3%. */
-static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
-                      int64_t y_stride) {
-    if (nt > 4) q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, nt, 4, n, y, y_stride);
-    const uint8_t *rest = nt > 4 ? packed + 4 * Q8_SLOT_BYTES : packed;
-    float *y_rest = nt > 4 ? y + 4 * y_stride : y;
+ * Groups of 5..8 tokens whose rows are in cache run as two passes of 2 rows
+ * x nt (16 accumulators of the 32 registers): a row's quad, assembled once,
+ * serves 8 tokens. Where the rows come from memory (the first token group
+ * of a block, and so every group of a batched decode step), they run as
+ * two passes over the four rows instead, the first four tokens then the
+ * rest, which find the rows in L1: four streams in flight rather than two,
+ * and a quarter of the packed-activation reads per row (a token's slots are
+ * re-read for every row pair). 1 GiB from DRAM as 8192 x 4096 matrices,
+ * one thread, Zen 4, against the cached arrangement: 5 tokens 91-98 ->
+ * 130-135 GFLOP/s, 8 114-128 -> 161-162, 16 140-148 -> 164-168; eight
+ * sessions at two threads 47.3-47.4 -> 51.3-51.6 t/s. From cache the 2 x 8
+ * passes stay ahead: the four-row passes for every group slowed prefill 512
+ * by 2-3% (54.3-55.3 -> 52.5-53.8 t/s). */
+
+/* 1..4 tokens (the first nt of a packed group of `slots`) over the four rows */
+INLINE void q8_0_rows4(const void *w, size_t row_bytes, const uint8_t *packed, int slots, int nt, int64_t n, float *y,
+                       int64_t y_stride) {
     switch (nt) {
     case 1:
         if (stream_prefetch()) {
-            q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 1, 1, n, y, y_stride);
+            q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, slots, 1, n, y, y_stride);
             break;
         }
         for (int r = 0; r < Q8_TILE_ROWS; r++)
-            q8_0_rt((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, 1, NULL, 0, packed, 1, 1, n, y + r, y_stride);
+            q8_0_rt((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, 1, NULL, 0, packed, slots, 1, n, y + r,
+                    y_stride);
         break;
-    case 2: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 2, 2, n, y, y_stride); break;
-    case 3: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 3, 3, n, y, y_stride); break;
-    case 4: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 4, 4, n, y, y_stride); break;
-    case 5: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, rest, 5, 1, n, y_rest, y_stride); break;
-    case 6: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, rest, 6, 2, n, y_rest, y_stride); break;
-    case 7: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, rest, 7, 3, n, y_rest, y_stride); break;
-    default: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, rest, 8, 4, n, y_rest, y_stride); break;
+    case 2: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, slots, 2, n, y, y_stride); break;
+    case 3: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, slots, 3, n, y, y_stride); break;
+    default: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, slots, 4, n, y, y_stride); break;
     }
+}
+
+static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                      int64_t y_stride) {
+    const uint8_t *w2 = (const uint8_t *)w + 2 * row_bytes;
+    switch (nt) {
+#define HALVES(k) q8_0_rt(w, row_bytes, 2, NULL, 0, packed, k, k, n, y, y_stride); \
+                  q8_0_rt(w2, row_bytes, 2, NULL, 0, packed, k, k, n, y + 2, y_stride)
+    case 5: HALVES(5); break;
+    case 6: HALVES(6); break;
+    case 7: HALVES(7); break;
+    case 8: HALVES(8); break;
+#undef HALVES
+    default: q8_0_rows4(w, row_bytes, packed, nt, nt, n, y, y_stride); break;
+    }
+}
+
+static void q8_0_tile_from_memory(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                                  int64_t y_stride) {
+    if (nt <= 4) {
+        q8_0_rows4(w, row_bytes, packed, nt, nt, n, y, y_stride);
+        return;
+    }
+    q8_0_rows4(w, row_bytes, packed, nt, 4, n, y, y_stride);
+    q8_0_rows4(w, row_bytes, (const uint8_t *)packed + 4 * Q8_SLOT_BYTES, nt, nt - 4, n, y + 4 * y_stride, y_stride);
 }
 
 /* ---- IQ2_XXS x Q8_K: the decode and the per-row kernel are in
@@ -740,18 +764,18 @@ bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k) {
     if (float_tile_kernel(type, k)) return true;
     if (iq2_vbmi(type)) {
         *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, IQ2_VBMI_TILE_MIN_TOKENS, IQ2_TILE_TOKENS, iq2_xxs_pack,
-                                      iq2_xxs_vbmi_tile};
+                                      iq2_xxs_vbmi_tile, NULL};
         return true;
     }
     switch (type) {
     case DS4_TYPE_Q8_0:
-        *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, 1, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile};
+        *k = (struct ds4_tile_kernel){Q8_TILE_ROWS, 1, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile, q8_0_tile_from_memory};
         return true;
     case DS4_TYPE_IQ2_XXS:
-        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_tile};
+        *k = (struct ds4_tile_kernel){IQ2_TILE_ROWS, 2, IQ2_TILE_TOKENS, iq2_xxs_pack, iq2_xxs_tile, NULL};
         return true;
     case DS4_TYPE_Q2_K:
-        *k = (struct ds4_tile_kernel){Q2K_TILE_ROWS, 2, Q2K_TILE_TOKENS, q2_K_pack, q2_K_tile};
+        *k = (struct ds4_tile_kernel){Q2K_TILE_ROWS, 2, Q2K_TILE_TOKENS, q2_K_pack, q2_K_tile, NULL};
         return true;
     default: return false;
     }

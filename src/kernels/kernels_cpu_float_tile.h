@@ -111,7 +111,7 @@ static inline bool float_tile_kernel(uint32_t type, struct ds4_tile_kernel *k) {
     void (*tile)(const void *, size_t, const void *, int64_t, int, float *, int64_t) =
         type == DS4_TYPE_F32 ? f32_tile : type == DS4_TYPE_F16 ? f16_tile : type == DS4_TYPE_BF16 ? bf16_tile : NULL;
     if (!tile) return false;
-    *k = (struct ds4_tile_kernel){FT_ROWS, 2, FT_TOKENS, float_pack, tile};
+    *k = (struct ds4_tile_kernel){FT_ROWS, 2, FT_TOKENS, float_pack, tile, NULL};
     return true;
 }
 

@@ -50,6 +50,11 @@ struct ds4_tile_kernel {
     int rows, min_tokens, tokens;
     bool (*pack)(const void *acts, size_t act_stride, int64_t n, int nt, void *packed, size_t packed_bytes);
     void (*tile)(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y, int64_t y_stride);
+    /* the same products, bit for bit, for rows read from memory rather than
+     * cache (the first token group over a block of rows), where passes
+     * ordered for memory parallelism win; NULL: tile */
+    void (*tile_from_memory)(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
+                             int64_t y_stride);
 };
 /* A tile kernel for the last nr < rows rows of a matrix (same packing, same
  * results); where a level has none, those rows go through the per-row
