@@ -345,12 +345,10 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
 
 static void q8_0_tile_from_memory(const void *w, size_t row_bytes, const void *packed, int64_t n, int nt, float *y,
                                   int64_t y_stride) {
-    if (nt <= 4) {
-        q8_0_rows4(w, row_bytes, packed, nt, nt, n, y, y_stride);
-        return;
-    }
-    q8_0_rows4(w, row_bytes, packed, nt, 4, n, y, y_stride);
-    q8_0_rows4(w, row_bytes, (const uint8_t *)packed + 4 * Q8_SLOT_BYTES, nt, nt - 4, n, y + 4 * y_stride, y_stride);
+    q8_0_rows4(w, row_bytes, packed, nt, nt < 4 ? nt : 4, n, y, y_stride);
+    if (nt > 4)
+        q8_0_rows4(w, row_bytes, (const uint8_t *)packed + 4 * Q8_SLOT_BYTES, nt, nt - 4, n, y + 4 * y_stride,
+                   y_stride);
 }
 
 /* ---- IQ2_XXS x Q8_K: the decode and the per-row kernel are in

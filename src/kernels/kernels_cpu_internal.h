@@ -93,7 +93,7 @@ ds4_tile_rows_fn ds4_kernels_amx_tile_rows(uint32_t type); /* non-NULL exactly w
         typedef float vec __attribute__((vector_size(vec_bytes), aligned(4), may_alias));    \
         enum { LANES = (vec_bytes) / 4 };                                                    \
         vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                          \
-        const bool prefetch = atomic_load_explicit(&ds4_stream_prefetch_state, memory_order_relaxed); \
+        const bool prefetch = ds4_kernels_stream_prefetch();                                 \
         int64_t i = 0;                                                                       \
         for (; i + 4 * LANES <= n; i += 4 * LANES) {                                        \
             const vec *v = (const vec *)(x + i);                                             \
