@@ -21,8 +21,8 @@
  *   ds4_quantize_act; split across the thread pool by rows.
  * - ds4_matmul: Y[t,r] = W[r,:]·X[t,:] for a batch of T activations (prefill,
  *   batched decode): blocks of weight rows that stay in L2, and inside them
- *   rows x tokens tiles where the level has them (AVX2 Q8_0: 2 x 2..8, or
- *   2 x 1..8 with AVX-VNNI;
+ *   rows x tokens tiles where the level has them (AVX2 Q8_0: 2 x 2..8 and
+ *   its two rows in turn for one token, or 2 x 1..8 with AVX-VNNI;
  *   AVX-512 Q8_0: 4 x 1..4 and 2 x 5..8, or 4 x 4 then 4 x the rest where
  *   the rows come from memory; IQ2_XXS and Q2_K: 1 row (AVX2) or 2 rows
  *   (AVX-512) x up to 16 tokens, each weight block decoded once for all

@@ -325,6 +325,18 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
     case 5: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 5, n, y, y_stride, false); break;
     case 4: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 4, n, y, y_stride, false); break;
     case 3: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 3, n, y, y_stride, false); break;
+    case 1:
+        /* one token (a decode step's matvec) reads the rows one after
+         * another, as the dot did: one sequential stream, with software
+         * prefetch where stream_prefetch() says so. What the tile saves is
+         * the activation pair, packed once per matvec instead of assembled
+         * again for every row (9 of about 30 vector steps per block pair).
+         * 4096-wide rows, one thread, plain avx2, Zen 4, against the dot:
+         * from L2 24.5-26.1 -> 29.2-32.5 GB/s, from DRAM 22.9 -> 24.6. */
+        for (int r = 0; r < Q8_TILE_ROWS; r++)
+            q8_0_rt((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, 1, NULL, 0, packed, 1, n, y + r, y_stride,
+                    false);
+        break;
     default: q8_0_rt(w, row_bytes, Q8_TILE_ROWS, NULL, 0, packed, 2, n, y, y_stride, false); break;
     }
 }
@@ -1029,7 +1041,7 @@ bool ds4_kernels_avx2_tile(uint32_t type, struct ds4_tile_kernel *k) {
     switch (type) {
     case DS4_TYPE_Q8_0:
         *k = vnni ? (struct ds4_tile_kernel){Q8_TILE_ROWS, 1, Q8V_TILE_TOKENS, q8_0_vnni_pack, q8_0_vnni_tile, NULL}
-                  : (struct ds4_tile_kernel){Q8_TILE_ROWS, 2, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile, NULL};
+                  : (struct ds4_tile_kernel){Q8_TILE_ROWS, 1, Q8_TILE_TOKENS, q8_0_pack, q8_0_tile, NULL};
         return true;
     case DS4_TYPE_IQ2_XXS:
         *k = (struct ds4_tile_kernel){KT_ROWS, IQ2_TILE_MIN_TOKENS, KT_TOKENS, iq2_xxs_pack,
