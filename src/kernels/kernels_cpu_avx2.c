@@ -146,10 +146,13 @@ struct q8_pair {
 };
 
 /* pair p of a row of nb blocks: blocks 2p and 2p + 1, or 2p twice for an
- * odd last block */
-INLINE struct q8_pair q8_0_pair(const ds4_block_q8_0 *x, int64_t p, int64_t nb) {
+ * odd last block. `whole` (a constant) says the caller knows 2p + 1 < nb:
+ * the hot loops then go without the check and its address steps, which
+ * were a quarter of a one-token loop's instructions (and that loop was
+ * bound by how many the core issues per cycle). */
+INLINE struct q8_pair q8_0_pair(const ds4_block_q8_0 *x, int64_t p, int64_t nb, bool whole) {
     const __m256i lanes = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-    const int64_t b0 = 2 * p, b1 = b0 + 1 < nb ? b0 + 1 : b0;
+    const int64_t b0 = 2 * p, b1 = whole || b0 + 1 < nb ? b0 + 1 : b0;
     struct q8_pair q;
     q.lo = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)x[b0].qs)),
                                    _mm_loadu_si128((const __m128i *)x[b1].qs), 1);
@@ -208,7 +211,7 @@ INLINE bool q8_0_pack_slots(const void *acts, size_t stride, int64_t n, int nt, 
     for (int64_t p = 0; p < pairs; p++)
         for (int t = 0; t < nt; t++) {
             uint8_t *s = (uint8_t *)packed + ((size_t)p * (size_t)slots + (size_t)t) * slot_bytes;
-            const struct q8_pair a = q8_0_pair(tok(acts, stride, t), p, nb);
+            const struct q8_pair a = q8_0_pair(tok(acts, stride, t), p, nb, false);
             _mm256_store_si256((__m256i *)s, a.lo);
             _mm256_store_si256((__m256i *)(s + 32), a.hi);
             _mm256_store_ps((float *)(s + 64), a.d);
@@ -224,28 +227,28 @@ static bool q8_0_pack(const void *acts, size_t stride, int64_t n, int nt, void *
 enum { RT_ROWS_MAX = Q8_TILE_ROWS, RT_TOKENS_MAX = NT_MAX };
 
 /* pair p (of rows of nb blocks) of nr rows x nt tokens into chain `slot`;
- * the tokens come packed (Q8_TILE_TOKENS slots) or as activation rows */
+ * the tokens come packed (acts NULL) or as activation rows */
 INLINE void q8_0_pair_step(const void *w, size_t row_bytes, int nr, const void *acts, size_t stride,
-                           const void *packed, int nt, int64_t p, int64_t nb,
+                           const void *packed, int nt, int64_t p, int64_t nb, bool whole,
                            __m256 acc[RT_ROWS_MAX][RT_TOKENS_MAX][2], int slot, bool vnni) {
     struct q8_pair x[RT_ROWS_MAX];
     __m256i ulo[RT_ROWS_MAX], uhi[RT_ROWS_MAX];
     UNROLL
     for (int r = 0; r < nr; r++) {
-        x[r] = q8_0_pair((const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r), p, nb);
+        x[r] = q8_0_pair((const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r), p, nb, whole);
         ulo[r] = _mm256_sign_epi8(x[r].lo, x[r].lo);
         uhi[r] = _mm256_sign_epi8(x[r].hi, x[r].hi);
     }
     UNROLL
     for (int t = 0; t < nt; t++) {
         struct q8_pair a;
-        if (packed) {
+        if (!acts) {
             const uint8_t *s = (const uint8_t *)packed + ((size_t)p * (size_t)nt + (size_t)t) * Q8_SLOT_BYTES;
             a.lo = _mm256_load_si256((const __m256i *)s);
             a.hi = _mm256_load_si256((const __m256i *)(s + 32));
             a.d = _mm256_load_ps((const float *)(s + 64));
         } else {
-            a = q8_0_pair(tok(acts, stride, t), p, nb);
+            a = q8_0_pair(tok(acts, stride, t), p, nb, whole);
         }
         UNROLL
         for (int r = 0; r < nr; r++) {
@@ -286,19 +289,22 @@ INLINE void q8_0_rt(const void *w, size_t row_bytes, int nr, const void *acts, s
     for (int r = 0; r < nr; r++)
         UNROLL
         for (int t = 0; t < nt; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
-#define STEP(p, chain) q8_0_pair_step(w, row_bytes, nr, acts, stride, packed, nt, p, nb, acc, chain, vnni)
+#define STEP(p, whole, chain) \
+    q8_0_pair_step(w, row_bytes, nr, acts, stride, packed, nt, p, nb, whole, acc, chain, vnni)
     const bool prefetch = stream_prefetch(); /* a lone row's own lines */
     /* both chains in one pass: a tile's rows are read once, and the
      * accumulators that do not fit the registers (up to 2 x 8 x 2) wait
      * in L1, which its ALU-bound steps do not notice */
     int64_t p = 0;
-    for (; p + 2 <= pairs; p += 2) {
+    for (; p + 2 <= nb / 2; p += 2) {
         if (nr > 1 || prefetch) q8_0_tile_prefetch(w, row_bytes, nr, p, 0);
         if (nr > 1) q8_0_tile_prefetch(w, row_bytes, nr, p + 1, 1);
-        STEP(p, 0);
-        STEP(p + 1, 1);
+        STEP(p, true, 0);
+        STEP(p + 1, true, 1);
     }
-    if (p < pairs) STEP(p, 0);
+    /* at most two pairs are left, the last maybe a lone block */
+    if (p < pairs) STEP(p, false, 0);
+    if (p + 1 < pairs) STEP(p + 1, false, 1);
 #undef STEP
     UNROLL
     for (int r = 0; r < nr; r++)
@@ -356,8 +362,8 @@ static void q8_0_tile(const void *w, size_t row_bytes, const void *packed, int64
  * per-row kernel would apply the signs and assemble the activation pairs
  * again for every row. From L2 (256 rows of 4096, one thread, the Xeon VM)
  * 25-27 -> 32-35 GB/s; from memory (1.1 GB) 13.7-15.3 -> 14.9-15.2. The
- * plain tile starts at two tokens: for one, from memory it streamed 5%
- * slower than the per-row kernel.
+ * plain tile takes one token as its rows in turn (q8_0_tile): its two rows
+ * side by side streamed 5% slower from memory than the per-row kernel.
  * Groups of 8 rather than 4, in one pass rather than a pass per chain (one
  * thread, alternating, 65536 x 4096 = 285 MB): 8 tokens 48.2 -> 38.0 ms, 16
  * tokens 85.7 -> 71.0-74.7, 4 tokens 26.5-26.7 -> 24.1-25.1, from cache
@@ -373,12 +379,12 @@ AVXVNNI static bool q8_0_vnni_pack(const void *acts, size_t stride, int64_t n, i
 
 /* pair p (of rows of nb blocks) of the tile's rows x nt tokens into chain `slot` */
 AVXVNNI INLINE void q8_0_vnni_step(const void *w, size_t row_bytes, const void *packed, int nt, int64_t p,
-                                   int64_t nb, __m256 acc[Q8_TILE_ROWS][Q8V_TILE_TOKENS][2], int slot) {
+                                   int64_t nb, bool whole, __m256 acc[Q8_TILE_ROWS][Q8V_TILE_TOKENS][2], int slot) {
     const __m256i u128 = _mm256_set1_epi8((char)0x80);
     struct q8_pair x[Q8_TILE_ROWS];
     UNROLL
     for (int r = 0; r < Q8_TILE_ROWS; r++) {
-        x[r] = q8_0_pair((const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r), p, nb);
+        x[r] = q8_0_pair((const ds4_block_q8_0 *)((const uint8_t *)w + row_bytes * (size_t)r), p, nb, whole);
         x[r].lo = _mm256_xor_si256(x[r].lo, u128);
         x[r].hi = _mm256_xor_si256(x[r].hi, u128);
     }
@@ -412,13 +418,14 @@ AVXVNNI INLINE void q8_0_vnni_rt(const void *w, size_t row_bytes, const void *pa
         UNROLL
         for (int t = 0; t < Q8V_TILE_TOKENS; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
     int64_t p = 0;
-    for (; p + 2 <= pairs; p += 2) {
+    for (; p + 2 <= nb / 2; p += 2) {
         q8_0_tile_prefetch(w, row_bytes, Q8_TILE_ROWS, p, 0);
         q8_0_tile_prefetch(w, row_bytes, Q8_TILE_ROWS, p + 1, 1);
-        q8_0_vnni_step(w, row_bytes, packed, nt, p, nb, acc, 0);
-        q8_0_vnni_step(w, row_bytes, packed, nt, p + 1, nb, acc, 1);
+        q8_0_vnni_step(w, row_bytes, packed, nt, p, nb, true, acc, 0);
+        q8_0_vnni_step(w, row_bytes, packed, nt, p + 1, nb, true, acc, 1);
     }
-    if (p < pairs) q8_0_vnni_step(w, row_bytes, packed, nt, p, nb, acc, 0);
+    if (p < pairs) q8_0_vnni_step(w, row_bytes, packed, nt, p, nb, false, acc, 0);
+    if (p + 1 < pairs) q8_0_vnni_step(w, row_bytes, packed, nt, p + 1, nb, false, acc, 1);
     UNROLL
     for (int r = 0; r < Q8_TILE_ROWS; r++)
         UNROLL
