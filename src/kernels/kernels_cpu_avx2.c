@@ -148,8 +148,8 @@ struct q8_pair {
 /* pair p of a row of nb blocks: blocks 2p and 2p + 1, or 2p twice for an
  * odd last block. `whole` (a constant) says the caller knows 2p + 1 < nb:
  * the hot loops then go without the check and its address steps, which
- * were a quarter of a one-token loop's instructions (and that loop was
- * bound by how many the core issues per cycle). */
+ * were a third of a one-token loop's instructions (and that loop was bound
+ * by how many the core issues per cycle). */
 INLINE struct q8_pair q8_0_pair(const ds4_block_q8_0 *x, int64_t p, int64_t nb, bool whole) {
     const __m256i lanes = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     const int64_t b0 = 2 * p, b1 = whole || b0 + 1 < nb ? b0 + 1 : b0;
@@ -678,7 +678,7 @@ INLINE __m256i iq2_sign_bytes(uint32_t W) {
  * (eight scalar steps and four loads, then three steps to assemble the
  * vector): per sub-block there remain a shuffle and three vector steps for
  * the signs and a shuffle for the scale. 2048 x 4096 from L2, one thread,
- * plain avx2, Zen 4, interleaved: 4.0-4.3 -> 4.4-4.6 GB/s. Two to four
+ * plain avx2, Zen 4, interleaved: 4.0-4.4 -> 4.4-4.8 GB/s. Two to four
  * tokens keep the table, whose steps are mostly scalar: there the vector
  * steps bound the kernel, and this decode measured 4-10% slower.
  * A sub-block's word W holds four 7-bit sign indices and its 4-bit scale;
