@@ -165,8 +165,15 @@ INLINE struct q8_pair q8_0_pair(const ds4_block_q8_0 *x, int64_t p, int64_t nb, 
 }
 
 /* AVX-VNNI's VEX vpdpbusd, an extension inside this level (not the
- * AVX-512 level's EVEX form, which needs AVX512-VNNI and VL) */
+ * AVX-512 level's EVEX form, which needs AVX512-VNNI and VL). The emulated
+ * test build (tests/kernels/test_avx512_emulated.sh) drops the attribute:
+ * its shim computes the two intrinsics element by element, so the AVX-VNNI
+ * kernels run, and are checked, on any AVX2 CPU. */
+#ifdef DS4_KERNELS_EMULATED
+#define AVXVNNI
+#else
 #define AVXVNNI __attribute__((target("avxvnni")))
+#endif
 
 /* not always_inline: the kernels below that never take the vnni branch
  * are compiled without the target, and may only call it */

@@ -8,7 +8,9 @@
 # runs the kernel unit tests on it: test_kernels checks every AVX-512 and AMX
 # dot against the scalar reference and the dequantized f64 oracle, the AMX
 # Q8_0 dot against the plain-C model of its float order bit for bit, and
-# every matmul against the dot of its level bit for bit; test_kernels_nonfinite
+# every matmul against the dot of its level bit for bit, and the avx2 level's
+# AVX-VNNI kernels (vpdpbusd / vpdpwssd computed element by element by a
+# second shim) against its plain ones bit for bit; test_kernels_nonfinite
 # and test_attn_cpu check those levels on NaN, infinities and 3e38.
 # "Emulated" is checked, not assumed: the binaries must hold no AVX-512 or AMX
 # instruction (objdump), and the two that reach every kernel entry point run
@@ -164,13 +166,38 @@ static inline void tile_dpbssd(int c, int a, int b) {
 }
 #define _tile_dpbssd(c, a, b) tile_dpbssd(c, a, b)
 EOF
+# AVX-VNNI's two instructions, as Intel defines them (u8 x s8 groups of four,
+# and s16 x s16 pairs, added to the lane without saturation), for the avx2
+# file, compiled with the native intrinsics otherwise; immintrin.h first, so
+# its own definitions keep their names when the macros take them
+cat > "$d/shim/avxvnni_emulated.h" <<'EOF'
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+static inline __m256i emulated_dpbusd(__m256i acc, __m256i u, __m256i s) {
+    int32_t r[8]; uint8_t a[32]; int8_t b[32];
+    memcpy(r, &acc, 32), memcpy(a, &u, 32), memcpy(b, &s, 32);
+    for (int i = 0; i < 32; i++) r[i / 4] += (int32_t)a[i] * b[i];
+    memcpy(&acc, r, 32);
+    return acc;
+}
+static inline __m256i emulated_dpwssd(__m256i acc, __m256i x, __m256i y) {
+    int32_t r[8]; int16_t a[16], b[16];
+    memcpy(r, &acc, 32), memcpy(a, &x, 32), memcpy(b, &y, 32);
+    for (int i = 0; i < 16; i++) r[i / 2] += (int32_t)a[i] * b[i];
+    memcpy(&acc, r, 32);
+    return acc;
+}
+#define _mm256_dpbusd_avx_epi32 emulated_dpbusd
+#define _mm256_dpwssd_avx_epi32 emulated_dpwssd
+EOF
 cf="-std=gnu11 -D_GNU_SOURCE -O1 -w -Wno-psabi -Isrc -DDS4_KERNELS_EMULATED"
 avx2="-mavx2 -mfma -mf16c"
 gcc $cf -I"$d/shim" -c src/kernels/kernels_cpu_avx512.c -o "$d/avx512.o" &
 gcc $cf -I"$d/shim" -c src/kernels/kernels_cpu_amx.c -o "$d/amx.o" &
 wait
 gcc $cf -c src/kernels/kernels_cpu.c -o "$d/kernels_cpu.o"
-gcc $cf $avx2 -c src/kernels/kernels_cpu_avx2.c -o "$d/avx2.o"
+gcc $cf $avx2 -include "$d/shim/avxvnni_emulated.h" -c src/kernels/kernels_cpu_avx2.c -o "$d/avx2.o"
 # the attention row sum is plain vector code: without the AVX-512 flags gcc
 # lowers its 64-byte vectors to SSE2
 gcc $cf -c src/kernels/attn_cpu.c -o "$d/attn_cpu.o"
@@ -180,12 +207,13 @@ tests="test_kernels test_kernels_nonfinite test_attn_cpu"
 for t in $tests; do
     gcc $cf -Itests/unit tests/unit/$t.c "$d"/*.o src/kernels/quant*.c src/base/threadpool.c -o "$d/$t" -lm -pthread
 done
-# no instruction of AVX-512 (zmm registers, opmasks) or AMX (tiles) anywhere:
-# the instruction column of the disassembly, symbol names (<...>) cut
+# no instruction of AVX-512 (zmm registers, opmasks), AMX (tiles) or
+# AVX-VNNI (vpdp*, whose EVEX form would be AVX-512 anyway) anywhere: the
+# instruction column of the disassembly, symbol names (<...>) cut
 for t in $tests; do
     if objdump -d --no-show-raw-insn "$d/$t" | awk -F'\t' 'NF >= 2 { sub(/<[^>]*>/, "", $2); print $2 }' |
-            grep -E '%zmm|%k[0-7]|^(ld|st)tilecfg|^tile|^tdpb' | head -5 | grep .; then
-        echo "FAIL: $t holds AVX-512/AMX instructions (above): the emulation would execute them"
+            grep -E '%zmm|%k[0-7]|^(ld|st)tilecfg|^tile|^tdpb|vpdp' | head -5 | grep .; then
+        echo "FAIL: $t holds AVX-512/AMX/AVX-VNNI instructions (above): the emulation would execute them"
         exit 1
     fi
 done
