@@ -24,11 +24,39 @@ void ds4_linear(ds4_pool *pool, void *act, const ds4_tensor *W, int64_t mat, int
     else ds4_matmul(pool, W->type, w, rows, n, act, T, y);
 }
 
+/* The sum of squares runs as RMS_PARTS interleaved partial sums, added in a
+ * fixed tree at the end: one running double sum is a chain of dependent
+ * adds (four cycles each), and the norms of a V4 decode step cover some
+ * 300k values (the hyper-connection rows, every query head); eight sums
+ * give the compiler independent adds to vectorize. Each square is exact in
+ * double, so only the order of the additions changes. */
+enum { RMS_PARTS = 8 };
+
+static inline double square(float v) { return (double)v * v; }
+
+static double sum_of_squares(const float *x, int n) {
+    /* named sums, not an array: gcc kept an array of them in memory */
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    int i = 0;
+    for (; i + RMS_PARTS <= n; i += RMS_PARTS) {
+        s0 += square(x[i]), s1 += square(x[i + 1]), s2 += square(x[i + 2]), s3 += square(x[i + 3]);
+        s4 += square(x[i + 4]), s5 += square(x[i + 5]), s6 += square(x[i + 6]), s7 += square(x[i + 7]);
+    }
+    /* the last n % 8 elements, each into its own sum (adding 0 changes none) */
+    double tail[RMS_PARTS] = {0};
+    for (int j = 0; i + j < n; j++) tail[j] = square(x[i + j]);
+    s0 += tail[0], s1 += tail[1], s2 += tail[2], s3 += tail[3];
+    s4 += tail[4], s5 += tail[5], s6 += tail[6], s7 += tail[7];
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+}
+
 void ds4_rmsnorm(const float *x, const float *w, int n, float eps, enum ds4_rms_rule rule, float *y) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    const double ss = sum_of_squares(x, n);
     const float r = rule == DS4_RMS_F64 ? (float)(1.0 / sqrt(ss / n + eps)) : 1.0f / sqrtf((float)(ss / n) + eps);
-    for (int i = 0; i < n; i++) y[i] = w ? x[i] * r * w[i] : x[i] * r;
+    if (w)
+        for (int i = 0; i < n; i++) y[i] = x[i] * r * w[i];
+    else
+        for (int i = 0; i < n; i++) y[i] = x[i] * r;
 }
 
 void ds4_rope_rotate(float *x, int n_rot, const float *cs, bool inverse) {

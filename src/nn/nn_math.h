@@ -16,11 +16,12 @@
  *   W's type, then one matvec (T = 1) or matmul reads every weight row once
  *   for the batch. pool NULL: the calling thread (inside a pool task).
  * - ds4_rmsnorm(): y = x * r * w (w NULL: x * r) with
- *   r = 1 / sqrt(sum(x^2) / n + eps), the sum in double; `rule` says how r
- *   itself is rounded, as each family's reference does: F64 computes the
- *   mean + eps and the root in double (DeepSeek V4), F32 rounds the mean to
- *   float and takes a float root (GLM 5.2, transformers' f32 RMSNorm). y may
- *   be x.
+ *   r = 1 / sqrt(sum(x^2) / n + eps), the sum in double (element i into
+ *   partial sum i % 8, the eight added as ((0 + 1) + (2 + 3)) + ((4 + 5) +
+ *   (6 + 7))); `rule` says how r itself is rounded, as each family's
+ *   reference does: F64 computes the mean + eps and the root in double
+ *   (DeepSeek V4), F32 rounds the mean to float and takes a float root
+ *   (GLM 5.2, transformers' f32 RMSNorm). y may be x.
  * - ds4_rope_pair(): (x[0], x[1]) rotated by the angle whose cosine and
  *   sine are c and s; ds4_rope_rotate(): the n_rot/2 interleaved pairs of x
  *   with a table cs[2i] = cos, cs[2i + 1] = sin (inverse: by minus the
