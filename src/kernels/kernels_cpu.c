@@ -327,7 +327,7 @@ float ds4_vec_dot_iq2_xxs_blockwise(const void *w, const void *act, int64_t n) {
  * serial scalar sum would be bound by the add latency, not by memory */
 static READ_SUM_KERNEL(scalar_read_sum, 16)
 
-float ds4_read_sum(const float *x, int64_t n) {
+uint32_t ds4_read_sum(const void *x, int64_t n) {
     enum ds4_simd_level lvl = ds4_kernels_level();
     if (lvl >= DS4_SIMD_AVX512) return ds4_kernels_avx512_read_sum(x, n);
     if (lvl >= DS4_SIMD_AVX2) return ds4_kernels_avx2_read_sum(x, n);

@@ -135,12 +135,14 @@ float ds4_vec_dot_q8_0_blockwise(const void *w, const void *act, int64_t n);
  * with a true FMA gets the same bits. The result is acc. */
 float ds4_vec_dot_iq2_xxs_blockwise(const void *w, const void *act, int64_t n);
 
-/* Sum of x[0..n) read with the widest vector loads of the level in use
- * (64 bytes on AVX-512, 32 on AVX2, 16 at the scalar level; four independent
- * accumulators; lines prefetched ahead as the weight kernels do): the plain
- * read loop whose bandwidth is a denominator for the streaming kernels. x
- * needs only float alignment. */
-float ds4_read_sum(const float *x, int64_t n);
+/* The wrap-around sum of the 32-bit words x[0..n), read with the widest
+ * vector loads of the level in use (64 bytes on AVX-512, 32 on AVX2, 16 at
+ * the scalar level; four independent accumulators; lines prefetched ahead as
+ * the weight kernels do): the plain read loop whose bandwidth is a
+ * denominator for the streaming kernels. Integer adds, so any bytes (weights
+ * too, whose bit patterns as floats include denormals, slow on some cores)
+ * read at the same speed. x needs only 4-byte alignment. */
+uint32_t ds4_read_sum(const void *x, int64_t n);
 
 /* W: rows x n of `type` (row stride = ds4_type_row_bytes(type,n)). */
 void ds4_matvec(struct ds4_pool *pool, uint32_t type, const void *W, int64_t rows, int64_t n,

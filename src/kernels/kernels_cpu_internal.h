@@ -89,8 +89,9 @@ ds4_tile_rows_fn ds4_kernels_amx_tile_rows(uint32_t type); /* non-NULL exactly w
  * store-forwarding stall per vector that held the loop to 3-4 GB/s on a
  * core whose kernels streamed 20-30. */
 #define READ_SUM_KERNEL(fn, vec_bytes)                                                        \
-    float fn(const float *x, int64_t n) {                                                    \
-        typedef float vec __attribute__((vector_size(vec_bytes), aligned(4), may_alias));    \
+    uint32_t fn(const void *words, int64_t n) {                                              \
+        const uint32_t *x = words;                                                           \
+        typedef uint32_t vec __attribute__((vector_size(vec_bytes), aligned(4), may_alias)); \
         enum { LANES = (vec_bytes) / 4 };                                                    \
         vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                          \
         const bool prefetch = ds4_kernels_stream_prefetch();                                 \
@@ -106,14 +107,14 @@ ds4_tile_rows_fn ds4_kernels_amx_tile_rows(uint32_t type); /* non-NULL exactly w
             a3 += v[3];                                                                      \
         }                                                                                    \
         a0 += a1 + (a2 + a3);                                                                \
-        float s = 0.0f;                                                                      \
+        uint32_t s = 0;                                                                      \
         for (int l = 0; l < LANES; l++) s += a0[l];                                          \
         for (; i < n; i++) s += x[i];                                                        \
         return s;                                                                            \
     }
 
-float ds4_kernels_avx2_read_sum(const float *x, int64_t n);
-float ds4_kernels_avx512_read_sum(const float *x, int64_t n);
+uint32_t ds4_kernels_avx2_read_sum(const void *x, int64_t n);
+uint32_t ds4_kernels_avx512_read_sum(const void *x, int64_t n);
 
 /* activation quantizers, byte-identical to ds4_quantize_row's */
 void ds4_kernels_avx2_quantize_q8_0(const float *x, ds4_block_q8_0 *y, int64_t n);
