@@ -547,18 +547,11 @@ static bool iq2_tile_ready(void) {
     return true;
 }
 
-ds4_dot_fn ds4_kernels_amx_dot(uint32_t type) {
+struct ds4_dot_kernels ds4_kernels_amx_dots(uint32_t type) {
     switch (type) {
-    case DS4_TYPE_Q8_0: return dot_q8_0;
-    case DS4_TYPE_IQ2_XXS: return ds4_kernels_iq2_vbmi() ? dot_iq2_xxs_vbmi : dot_iq2_xxs;
-    default: return NULL;
-    }
-}
-ds4_dotn_fn ds4_kernels_amx_dotn(uint32_t type) {
-    switch (type) {
-    case DS4_TYPE_Q8_0: return dotn_q8_0;
-    case DS4_TYPE_IQ2_XXS: return ds4_kernels_iq2_vbmi() ? dotn_iq2_xxs_vbmi : dotn_iq2_xxs;
-    default: return NULL;
+    case DS4_TYPE_Q8_0: return DOT_KERNELS(q8_0);
+    case DS4_TYPE_IQ2_XXS: return ds4_kernels_iq2_vbmi() ? DOT_KERNELS(iq2_xxs_vbmi) : DOT_KERNELS(iq2_xxs);
+    default: return (struct ds4_dot_kernels){0};
     }
 }
 bool ds4_kernels_amx_tile(uint32_t type, struct ds4_tile_kernel *k) {

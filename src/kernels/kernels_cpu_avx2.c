@@ -1114,23 +1114,18 @@ void ds4_kernels_avx2_quantize_q8_K(const float *x, ds4_block_q8_K *y, int64_t n
     }
 }
 
-#define K_QUANTS(prefix)                                                                            \
-    case DS4_TYPE_Q2_K: return prefix##q2_K;                                                        \
-    case DS4_TYPE_Q4_K: return prefix##q4_K;                                                        \
-    case DS4_TYPE_Q5_K: return prefix##q5_K;                                                        \
-    case DS4_TYPE_Q6_K: return prefix##q6_K;
+#define K_QUANTS                                                                                    \
+    case DS4_TYPE_Q2_K: return DOT_KERNELS(q2_K);                                                   \
+    case DS4_TYPE_Q4_K: return DOT_KERNELS(q4_K);                                                   \
+    case DS4_TYPE_Q5_K: return DOT_KERNELS(q5_K);                                                   \
+    case DS4_TYPE_Q6_K: return DOT_KERNELS(q6_K);
 
 /* the AVX-VNNI kernels where they are on (ds4_kernels_avxvnni): Q8_0 and
  * IQ2_XXS (one step less per sub-block: dot 1.03-1.04x, 2 tokens 1.12x) */
-ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type) {
-    if (ds4_kernels_avxvnni() && type == DS4_TYPE_Q8_0) return dot_q8_0_vnni;
-    if (ds4_kernels_avxvnni() && type == DS4_TYPE_IQ2_XXS) return dot_iq2_xxs_vnni;
-    DISPATCH(dot_, K_QUANTS)
-}
-ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type) {
-    if (ds4_kernels_avxvnni() && type == DS4_TYPE_Q8_0) return dotn_q8_0_vnni;
-    if (ds4_kernels_avxvnni() && type == DS4_TYPE_IQ2_XXS) return dotn_iq2_xxs_vnni;
-    DISPATCH(dotn_, K_QUANTS)
+struct ds4_dot_kernels ds4_kernels_avx2_dots(uint32_t type) {
+    if (ds4_kernels_avxvnni() && type == DS4_TYPE_Q8_0) return DOT_KERNELS(q8_0_vnni);
+    if (ds4_kernels_avxvnni() && type == DS4_TYPE_IQ2_XXS) return DOT_KERNELS(iq2_xxs_vnni);
+    DISPATCH(K_QUANTS)
 }
 
 bool ds4_kernels_avx2_tile(uint32_t type, struct ds4_tile_kernel *k) {

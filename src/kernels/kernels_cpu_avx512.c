@@ -740,23 +740,15 @@ static void q2_K_tile(const void *w, size_t row_bytes, const void *packed, int64
 READ_SUM_KERNEL(ds4_kernels_avx512_read_sum, 64)
 
 /* the other K-quants fall back to the AVX2 kernels */
-#define Q2_K_EXTRA(prefix) case DS4_TYPE_Q2_K: return prefix##q2_K;
+#define Q2_K_EXTRA case DS4_TYPE_Q2_K: return DOT_KERNELS(q2_K);
 
 static bool iq2_vbmi(uint32_t type) { return type == DS4_TYPE_IQ2_XXS && ds4_kernels_iq2_vbmi(); }
 
-/* the VBMI/GFNI kernels, NULL where the type has none or they are off */
-#define VBMI_KERNEL(prefix, type)                                                                  \
-    (iq2_vbmi(type) ? prefix##iq2_xxs_vbmi : (type) == DS4_TYPE_Q2_K && ds4_kernels_vbmi() ? prefix##q2_K_gfni : NULL)
-
-ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type) {
-    ds4_dot_fn f = VBMI_KERNEL(dot_, type);
-    if (f) return f;
-    DISPATCH(dot_, Q2_K_EXTRA)
-}
-ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type) {
-    ds4_dotn_fn f = VBMI_KERNEL(dotn_, type);
-    if (f) return f;
-    DISPATCH(dotn_, Q2_K_EXTRA)
+struct ds4_dot_kernels ds4_kernels_avx512_dots(uint32_t type) {
+    /* the VBMI/GFNI kernels where they are on */
+    if (iq2_vbmi(type)) return DOT_KERNELS(iq2_xxs_vbmi);
+    if (type == DS4_TYPE_Q2_K && ds4_kernels_vbmi()) return DOT_KERNELS(q2_K_gfni);
+    DISPATCH(Q2_K_EXTRA)
 }
 bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k) {
     if (float_tile_kernel(type, k)) return true;

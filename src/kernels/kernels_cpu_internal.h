@@ -46,6 +46,15 @@
 
 typedef float (*ds4_dot_fn)(const void *w, const void *act, int64_t n);
 typedef void (*ds4_dotn_fn)(const void *w, const void *acts, size_t act_stride, int64_t n, int nt, float *out);
+/* y[r] for rows r < rows (row_bytes apart) against one activation row */
+typedef void (*ds4_rows_fn)(const void *w, size_t row_bytes, int64_t rows, const void *act, int64_t n, float *y);
+/* a level's per-row kernels of a type, all three the same arithmetic (so
+ * the same bits per row and token); all NULL where the level has none */
+struct ds4_dot_kernels {
+    ds4_dot_fn dot;
+    ds4_dotn_fn dotn;
+    ds4_rows_fn rows;
+};
 struct ds4_tile_kernel {
     int rows, min_tokens, tokens;
     bool (*pack)(const void *acts, size_t act_stride, int64_t n, int nt, void *packed, size_t packed_bytes);
@@ -67,14 +76,11 @@ bool ds4_kernels_self_prefetch(uint32_t type);   /* at the level in use */
  * -1 before the CPU probe (on) */
 extern _Atomic int ds4_stream_prefetch_state;
 
-ds4_dot_fn ds4_kernels_avx2_dot(uint32_t type);
-ds4_dotn_fn ds4_kernels_avx2_dotn(uint32_t type);
+struct ds4_dot_kernels ds4_kernels_avx2_dots(uint32_t type);
 bool ds4_kernels_avx2_tile(uint32_t type, struct ds4_tile_kernel *k); /* false: none for the type */
-ds4_dot_fn ds4_kernels_avx512_dot(uint32_t type);
-ds4_dotn_fn ds4_kernels_avx512_dotn(uint32_t type); /* non-NULL exactly where _dot is */
+struct ds4_dot_kernels ds4_kernels_avx512_dots(uint32_t type);
 bool ds4_kernels_avx512_tile(uint32_t type, struct ds4_tile_kernel *k); /* false: none for the type */
-ds4_dot_fn ds4_kernels_amx_dot(uint32_t type);
-ds4_dotn_fn ds4_kernels_amx_dotn(uint32_t type);   /* non-NULL exactly where _dot is */
+struct ds4_dot_kernels ds4_kernels_amx_dots(uint32_t type);
 bool ds4_kernels_amx_tile(uint32_t type, struct ds4_tile_kernel *k);
 ds4_tile_rows_fn ds4_kernels_amx_tile_rows(uint32_t type); /* non-NULL exactly where _tile is true */
 

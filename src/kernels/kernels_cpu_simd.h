@@ -8,10 +8,12 @@
  *   only (the SIMDe shim of tests/kernels/test_avx512_emulated.sh has no
  *   include guard).
  * - Every kernel is written once as NAME_nt(w, acts, stride, n, nt, out)
- *   for nt activation rows; DOT_ENTRY_POINTS(NAME) derives the matvec dot
- *   (nt = 1) and the matmul micro-kernel (nt = 1..DS4_DOT_TOKENS, run as
- *   straight-line groups of 8, 4, 3, 2 and 1) from it, so all run the same
- *   per-token arithmetic.
+ *   for nt activation rows; DOT_ENTRY_POINTS(NAME) derives the dot (nt =
+ *   1), the matmul micro-kernel (nt = 1..DS4_DOT_TOKENS, run as
+ *   straight-line groups of 8, 4, 3, 2 and 1) and the matvec over a run of
+ *   rows (the dot of each, inlined in one loop) from it, so all run the same
+ *   per-token arithmetic; DOT_KERNELS(NAME) is the three as a struct
+ *   ds4_dot_kernels.
  */
 #ifndef DS4_KERNELS_CPU_SIMD_H
 #define DS4_KERNELS_CPU_SIMD_H
@@ -83,6 +85,10 @@ INLINE const void *tok(const void *acts, size_t stride, int t) { return (const u
             else if (nt - t >= 2) { name##_nt(w, a, stride, n, 2, out + t); t += 2; }               \
             else { name##_nt(w, a, stride, n, 1, out + t); t += 1; }                                \
         }                                                                                           \
+    }                                                                                               \
+    attr static void rows_##name(const void *w, size_t row_bytes, int64_t rows, const void *act, int64_t n,        \
+                                 float *y) {                                                                   \
+        for (int64_t r = 0; r < rows; r++) name##_nt((const uint8_t *)w + row_bytes * (size_t)r, act, 0, n, 1, y + r); \
     }
 #define DOT_ENTRY_POINTS(name) DOT_ENTRY_POINTS_ATTR(name, )
 
@@ -129,17 +135,19 @@ INLINE void prefetch_float_lines(enum float_kind k, const void *row, int64_t i, 
         if ((i + e) % line_elems == 0) prefetch_weights((const uint8_t *)row + (size_t)(i + e) * float_kind_bytes(k));
 }
 
-/* The body of each file's ds4_kernels_ISA_dot / _dotn lookup: the kernels
- * every ISA file has, then EXTRA(prefix), case lines for its own. */
-#define DISPATCH(prefix, EXTRA)                                                                     \
+#define DOT_KERNELS(name) ((struct ds4_dot_kernels){dot_##name, dotn_##name, rows_##name})
+
+/* The body of each file's ds4_kernels_ISA_dots lookup: the kernels every
+ * ISA file has, then EXTRA, case lines for its own. */
+#define DISPATCH(EXTRA)                                                                             \
     switch (type) {                                                                                 \
-    case DS4_TYPE_F32: return prefix##f32;                                                          \
-    case DS4_TYPE_F16: return prefix##f16;                                                          \
-    case DS4_TYPE_BF16: return prefix##bf16;                                                        \
-    case DS4_TYPE_Q8_0: return prefix##q8_0;                                                        \
-    case DS4_TYPE_IQ2_XXS: return prefix##iq2_xxs;                                                  \
-    EXTRA(prefix)                                                                                   \
-    default: return NULL;                                                                           \
+    case DS4_TYPE_F32: return DOT_KERNELS(f32);                                                     \
+    case DS4_TYPE_F16: return DOT_KERNELS(f16);                                                     \
+    case DS4_TYPE_BF16: return DOT_KERNELS(bf16);                                                   \
+    case DS4_TYPE_Q8_0: return DOT_KERNELS(q8_0);                                                   \
+    case DS4_TYPE_IQ2_XXS: return DOT_KERNELS(iq2_xxs);                                             \
+    EXTRA                                                                                           \
+    default: return (struct ds4_dot_kernels){0};                                                    \
     }
 
 #endif
