@@ -65,10 +65,17 @@ void ds4_rope_rotate(float *x, int n_rot, const float *cs, bool inverse) {
 
 typedef struct { float *gate; const float *up; int width; float limit; } swiglu_ctx;
 
+/* fminf(x, hi) and fminf(fmaxf(x, lo), hi) as comparisons: the same values,
+ * a NaN x included (it becomes the bound, as with fminf/fmaxf), without the
+ * libm calls gcc makes for those (x86 min/max instructions treat NaN
+ * otherwise) */
+static inline float at_most(float x, float hi) { return x <= hi ? x : hi; }
+static inline float clamped(float x, float lo, float hi) { return at_most(x >= lo ? x : lo, hi); }
+
 static void swiglu_rows(void *ctx, int first, int end) {
     const swiglu_ctx *sw = ctx;
     for (size_t i = (size_t)first * sw->width; i < (size_t)end * sw->width; i++) {
-        float g = fminf(sw->gate[i], sw->limit), u = fminf(fmaxf(sw->up[i], -sw->limit), sw->limit);
+        float g = at_most(sw->gate[i], sw->limit), u = clamped(sw->up[i], -sw->limit, sw->limit);
         sw->gate[i] = g / (1.0f + expf(-g)) * u;
     }
 }
