@@ -13,8 +13,8 @@
  *   groups, one FMA per lane and super-block, the lanes reduced at the
  *   end); true is the AMX level's (ds4_vec_dot_iq2_xxs_blockwise in
  *   kernels_cpu.h: one FMA per super-block of its exact integer sum).
- * - IQ2_DOT_ENTRY_POINTS(blockwise) defines the dot and dotn functions of
- *   both decodes in that order.
+ * - IQ2_DOT_ENTRY_POINTS(blockwise) defines the dot, dotn and row-run
+ *   functions (DOT_ENTRY_POINTS) of both decodes in that order.
  * - iq2_code_bits_vbmi() gives the 2-bit grid codes of a sub-block pair,
  *   from which the AMX tile builds its own weight bytes.
  */
